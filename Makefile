@@ -1,0 +1,39 @@
+# The two commands a user needs (see README): `make demo` and `make test`.
+# Both create .venv and install everything on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export UCX_WARN_UNUSED_ENV_VARS = n
+export UCX_LOG_LEVEL = error
+export PYTHONUNBUFFERED = 1
+
+.PHONY: demo test test-all bench lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@# CPU torch where there is no NVIDIA GPU: an unpinned torch pulls a multi-GB CUDA build.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m tools.local_cluster $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for b in tools/bench/*.py; do [ "$$(basename $$b)" = "__init__.py" ] || $(PY) -m tools.bench.$$(basename $$b .py) || exit 1; done
+
+lint: $(STAMP)
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""peers: the GIAANN-agnostic peer-to-peer layer (membership, transport, wire, placement)."""

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+from giaannd.model.rows import Row, RowBatch, merge_rows
+
+
+def _batch(rng, n, ncols=5, nfeat=4):
+    return RowBatch.from_entries(
+        rng.integers(1, ncols, n), rng.integers(0, nfeat, n), rng.integers(0, 9, n),
+        rng.integers(1, ncols, n), rng.integers(0, nfeat, n), rng.random(n).astype(np.float32),
+    )
+
+
+def _as_dict(batch):
+    out = {}
+    for (c, f), row in batch:
+        for s, tc, tf, v in zip(row.segment, row.target_column, row.target_feature, row.strength):
+            out[(c, f, int(s), int(tc), int(tf))] = out.get((c, f, int(s), int(tc), int(tf)), 0.0) + float(v)
+    return out
+
+
+def test_rowbatch_from_entries_sums_duplicates_and_is_canonical():
+    b = RowBatch.from_entries([2, 1, 2, 2], [0, 3, 0, 0], [8, 1, 8, 3], [7, 7, 7, 7], [1, 1, 1, 1],
+                              np.array([1.0, 2.0, 0.5, 4.0], np.float32))
+    b.validate()
+    assert b.num_rows == 2 and b.num_entries == 3
+    assert b.key(0) == (1, 3) and b.key(1) == (2, 0)
+    r = b.row(1)
+    assert list(r.segment) == [3, 8] and list(r.strength) == [4.0, 1.5]
+
+
+def test_rowbatch_concat_equals_sum_of_parts():
+    rng = np.random.default_rng(1)
+    parts = [_batch(rng, 200) for _ in range(4)]
+    total = RowBatch.concat(parts)
+    total.validate()
+    want = {}
+    for p in parts:
+        for k, v in _as_dict(p).items():
+            want[k] = want.get(k, 0.0) + v
+    got = _as_dict(total)
+    assert got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) < 1e-5 for k in want)
+
+
+def test_rowbatch_buffers_roundtrip_and_select_rows():
+    rng = np.random.default_rng(2)
+    b = _batch(rng, 500)
+    again = RowBatch.from_buffers(b.buffers())
+    assert _as_dict(again) == _as_dict(b)
+    mask = (b.row_column % 2) == 0
+    sub = b.select_rows(mask)
+    sub.validate()
+    assert {k for k, _ in sub} == {b.key(i) for i in np.flatnonzero(mask)}
+    for k, row in sub:
+        i = [j for j in range(b.num_rows) if b.key(j) == k][0]
+        assert row.equals(b.row(i))
+
+
+@pytest.mark.parametrize("breaker", ["unsorted_rows", "bad_offsets", "segment", "nan", "dtype"])
+def test_rowbatch_validate_rejects_bad_batches(breaker):
+    rng = np.random.default_rng(3)
+    bufs = [a.copy() for a in _batch(rng, 100).buffers()]
+    if breaker == "unsorted_rows":
+        bufs[0] = bufs[0][::-1].copy()
+    elif breaker == "bad_offsets":
+        bufs[2][-1] += 1
+    elif breaker == "segment":
+        bufs[3][0] = 9
+    elif breaker == "nan":
+        bufs[6][0] = np.nan
+    elif breaker == "dtype":
+        bufs[6] = bufs[6].astype(np.float64)
+    with pytest.raises(ValueError):
+        RowBatch.from_buffers(bufs)
+
+
+def test_merge_rows_adds_equal_keys():
+    a = Row(np.array([1, 8], np.uint8), np.array([5, 5], np.uint64), np.array([0, 2], np.uint64),
+            np.array([1.0, 2.0], np.float32))
+    d = Row(np.array([3, 8], np.uint8), np.array([5, 5], np.uint64), np.array([0, 2], np.uint64),
+            np.array([0.5, 0.25], np.float32))
+    m = merge_rows(a, d)
+    assert list(m.segment) == [1, 3, 8] and list(m.strength) == [1.0, 0.5, 2.25]
