@@ -1,0 +1,282 @@
+"""The admin HTTP API: JSON routes under ``/v1/``, ``/metrics`` and a read-only status page.
+
+Who may call what (documented in docs/operations.md):
+
+- ``/v1/*`` always needs ``Authorization: Bearer <token>``; the token comes from a file and is
+  compared in constant time (``hmac.compare_digest``) so response timing leaks nothing about it.
+- ``/metrics`` and the status page ``/`` are read-only; they need no token when the request comes
+  from a loopback address (a node-local Prometheus agent or an operator's browser over an SSH
+  tunnel cannot easily send a bearer token) unless ``admin.metrics-require-token`` is set. From
+  any other address they need the token like everything else.
+
+Routing is our own small table rather than aiohttp's router because aiohttp freezes its router
+when the server starts, and role services register routes while the daemon is already serving
+``/v1/status`` (a slow storage load must not make the node look dead). A route is a method and a
+template whose ``{name}`` segments match one path segment; handlers return any msgspec-encodable
+value (sent as JSON) or an aiohttp response, and raise ``AdminHTTPError`` for clean error replies.
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import inspect
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from giaannd.metrics import CONTENT_TYPE, Metrics
+
+__all__ = ["AdminApi", "AdminHTTPError", "Handler", "MembersSource"]
+
+log = logging.getLogger(__name__)
+
+#: A route handler: the request and the template's path parameters -> JSON-able body or response.
+Handler = Callable[[web.Request, Mapping[str, str]], Awaitable[Any]]
+#: What the membership service registers: the current member table, one mapping per member.
+MembersSource = Callable[[], Sequence[Mapping[str, Any]] | Awaitable[Sequence[Mapping[str, Any]]]]
+
+#: Request bodies above this are refused before being read: admin requests are small JSON
+#: documents; corpora travel by path, not through this API.
+MAX_REQUEST_BYTES = 1 << 20
+#: On stop, in-flight admin requests get this long to finish (aiohttp's default is 60 s, which
+#: would eat the whole systemd stop timeout after the drain already used its share).
+ADMIN_SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class AdminHTTPError(Exception):
+    """Raise from a handler to answer ``status`` with ``{"error": message, "code": code}``."""
+
+    def __init__(self, status: int, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass(frozen=True)
+class _Route:
+    method: str
+    template: str
+    segments: tuple[str, ...]
+    handler: Handler
+    public_on_loopback: bool
+
+    def match(self, parts: Sequence[str]) -> dict[str, str] | None:
+        if len(parts) != len(self.segments):
+            return None
+        params: dict[str, str] = {}
+        for want, got in zip(self.segments, parts):
+            if want.startswith("{") and want.endswith("}"):
+                params[want[1:-1]] = got
+            elif want != got:
+                return None
+        return params
+
+
+def _split(path: str) -> tuple[str, ...]:
+    return tuple(p for p in path.split("/") if p)
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False  # a unix socket peer or unparsable address: treat as remote
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status,
+                        content_type="application/json")
+
+
+class AdminApi:
+    """The admin server. Built by the daemon; services add routes through ``add_route``.
+
+    Args:
+        token: the bearer token (already read from its file).
+        metrics: the daemon's registry, served at ``/metrics``; request counters go there too.
+        status: returns the ``/v1/status`` document (node, roles, uptime, services' health).
+        metrics_require_token: demand the token for ``/metrics`` and ``/`` even from loopback.
+    """
+
+    def __init__(self, *, token: str, metrics: Metrics, status: Callable[[], Mapping[str, Any]],
+                 metrics_require_token: bool = False) -> None:
+        if not token:
+            raise ValueError("admin token must not be empty")
+        self._token = token.encode()
+        self._metrics = metrics
+        self._status = status
+        self._metrics_require_token = metrics_require_token
+        self._routes: list[_Route] = []
+        self._members: MembersSource | None = None
+        self._runner: web.AppRunner | None = None
+        self._requests = metrics.counter(
+            "giaannd_admin_requests_total", "Admin API requests by route and status.",
+            ["route", "method", "status"])
+        self._latency = metrics.histogram(
+            "giaannd_admin_request_duration_seconds", "Admin API request latency.", ["route"])
+        self.add_route("GET", "/v1/status", self._get_status)
+        self.add_route("GET", "/v1/members", self._get_members)
+        self.add_route("GET", "/metrics", self._get_metrics, public_on_loopback=True)
+        self.add_route("GET", "/", self._get_page, public_on_loopback=True)
+
+    def add_route(self, method: str, path: str, handler: Handler, *,
+                  public_on_loopback: bool = False) -> None:
+        """Serve ``method path`` with ``handler``; may be called while the server is running.
+
+        Args:
+            method: HTTP method, e.g. ``"GET"`` or ``"POST"``.
+            path: template such as ``/v1/jobs/{job_id}``; ``{name}`` matches one segment.
+            handler: ``async (request, params) -> body``; the body is sent as JSON unless it
+                is already an aiohttp response.
+            public_on_loopback: allow tokenless read access from loopback (metrics-like pages).
+
+        Raises:
+            ValueError: the same method and template is already registered.
+        """
+        method = method.upper()
+        if any(r.method == method and r.template == path for r in self._routes):
+            raise ValueError(f"admin route {method} {path} is already registered")
+        self._routes.append(_Route(method, path, _split(path), handler, public_on_loopback))
+
+    def set_members_source(self, source: MembersSource | None) -> None:
+        """Register (or clear) what ``GET /v1/members`` returns; the membership service calls it."""
+        self._members = source
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on ``host:port`` (port 0 picks one); returns the address actually bound."""
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=ADMIN_SHUTDOWN_TIMEOUT_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        bound = self._runner.addresses[0]
+        return str(bound[0]), int(bound[1])
+
+    async def stop(self) -> None:
+        """Stop listening and close open connections."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _authorised(self, request: web.Request, route: _Route | None) -> bool:
+        if route is not None and route.public_on_loopback and not self._metrics_require_token \
+                and _is_loopback(request.remote):
+            return True
+        header = request.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(presented.strip().encode(), self._token)
+
+    def _resolve(self, method: str, path: str) -> tuple[_Route | None, dict[str, str], bool]:
+        parts, path_known = _split(path), False
+        for route in self._routes:
+            params = route.match(parts)
+            if params is None:
+                continue
+            path_known = True
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route, params, True
+        return None, {}, path_known
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        route, params, path_known = self._resolve(request.method, request.path)
+        label = route.template if route else "unmatched"
+        try:
+            response = await self._handle(request, route, params, path_known)
+        except AdminHTTPError as exc:
+            response = _json({"error": exc.message, "code": exc.code}, exc.status)
+        except Exception:
+            log.exception("admin handler failed route=%s", label)
+            response = _json({"error": "internal error; see the daemon log", "code": "internal"},
+                             500)
+        self._requests.labels(label, request.method, str(response.status)).inc()
+        self._latency.labels(label).observe(time.perf_counter() - started)
+        log.debug("admin request method=%s path=%s status=%d", request.method, request.path,
+                  response.status)
+        return response
+
+    async def _handle(self, request: web.Request, route: _Route | None, params: dict[str, str],
+                      path_known: bool) -> web.StreamResponse:
+        if not self._authorised(request, route):
+            # Checked before 404 so that unauthenticated callers cannot probe which routes exist.
+            raise AdminHTTPError(401, "missing or wrong bearer token", "unauthorized")
+        if route is None:
+            if path_known:
+                raise AdminHTTPError(405, f"{request.method} not allowed on {request.path}",
+                                     "method_not_allowed")
+            raise AdminHTTPError(404, f"this node does not serve {request.path}", "not_served")
+        result = await route.handler(request, params)
+        return result if isinstance(result, web.StreamResponse) else _json(result)
+
+    # -- built-in routes --------------------------------------------------------------------
+
+    async def _get_status(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return dict(self._status())
+
+    async def _members_table(self) -> list[Mapping[str, Any]]:
+        if self._members is None:
+            raise AdminHTTPError(404, "membership is not running on this node", "not_served")
+        result = self._members()
+        if inspect.isawaitable(result):
+            result = await result
+        return list(result)
+
+    async def _get_members(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return {"members": await self._members_table()}
+
+    async def _get_metrics(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _get_page(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        status = self._status()
+        try:
+            members: list[Mapping[str, Any]] | None = await self._members_table()
+        except AdminHTTPError:
+            members = None
+        return web.Response(text=render_status_page(status, members), content_type="text/html")
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in keys)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(row.get(k, '')))}</td>" for k in keys) + "</tr>"
+        for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_status_page(status: Mapping[str, Any], members: Sequence[Mapping[str, Any]] | None
+                       ) -> str:
+    """The read-only HTML status page: node facts, services' health and the member table."""
+    node = {k: v for k, v in status.items() if not isinstance(v, (dict, list))}
+    services = [{"service": name, **health}
+                for name, health in dict(status.get("services", {})).items()]
+    member_html = _table(members) if members is not None else "<p>membership not running</p>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<meta http-equiv='refresh' content='5'><title>giaannd "
+        f"{html.escape(str(status.get('node_name', '')))}</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style>"
+        "</head><body><h1>giaannd</h1>"
+        f"<h2>Node</h2>{_table([node])}<h2>Services</h2>{_table(services)}"
+        f"<h2>Members</h2>{member_html}</body></html>"
+    )

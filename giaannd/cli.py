@@ -1,0 +1,124 @@
+"""``giaannd``: parse flags, load config, run the daemon, map errors to exit statuses.
+
+Commands::
+
+    giaannd [run] --config FILE [--role storage --role compute] [--set section.field=value ...]
+    giaannd config show [--config FILE] [--defaults] [--json] [--set ...]
+
+Exit statuses: 0 clean stop, 1 runtime failure, 2 usage or configuration error, 130 forced stop.
+Logging is configured here and nowhere else (STYLE.md item 21).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from giaannd import __version__
+from giaannd.config import ENV_PREFIX, Config, load_config, to_toml
+from giaannd.daemon import Daemon, Service, build_role_services
+from giaannd.errors import GiaannError
+from giaannd.logs import configure_logging
+
+__all__ = ["loop_factory", "main"]
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's loop when installed (faster sockets and timers), else the stdlib loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", metavar="FILE",
+                        help="TOML config file (default: built-in defaults only)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.FIELD=VALUE",
+                        help="override one config key, e.g. storage.capacity-bytes=2_000_000_000 "
+                             "(repeatable; applied after the file and "
+                             f"{ENV_PREFIX}SECTION__FIELD environment variables)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="giaannd", description="The GIAANN cluster daemon.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"giaannd {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the daemon (the default command)",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for target in (parser, run):
+        _config_args(target)
+        target.add_argument("--role", action="append", choices=["storage", "compute", "both"],
+                            help="roles to run, overriding node.roles (repeatable)")
+    config = sub.add_parser("config", help="inspect configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the effective (or default) configuration")
+    _config_args(show)
+    show.add_argument("--defaults", action="store_true",
+                      help="print the built-in defaults, ignoring file, environment and --set")
+    show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    roles = getattr(args, "role", None)
+    if roles:
+        expanded = sorted({r for role in roles
+                           for r in (("storage", "compute") if role == "both" else (role,))})
+        overrides.append("node.roles=" + msgspec.json.encode(expanded).decode())
+    return load_config(args.config, overrides=overrides)
+
+
+def _show(args: argparse.Namespace) -> int:
+    cfg = Config() if args.defaults else _load(args)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2) + "\n")
+    else:
+        sys.stdout.write(to_toml(cfg))
+    return 0
+
+
+def _run(args: argparse.Namespace, extra_services: Sequence[Service]) -> int:
+    cfg = _load(args)
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    role_services, unavailable = build_role_services(cfg)
+
+    async def _main() -> int:
+        daemon = Daemon(cfg, [*extra_services, *role_services], unavailable_roles=unavailable)
+        return await daemon.run()
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(_main())
+
+
+def main(argv: Sequence[str] | None = None, *, extra_services: Sequence[Service] = ()) -> int:
+    """Entry point of ``giaannd`` and ``python -m giaannd``; returns the exit status.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+        extra_services: services started before the role services (membership, or a test's).
+    """
+    args: Any = _parser().parse_args(argv)
+    try:
+        if args.command == "config":
+            return _show(args)
+        return _run(args, extra_services)
+    except GiaannError as exc:
+        print(f"giaannd: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # SIGINT before the daemon installed its handlers
+        return 128 + 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

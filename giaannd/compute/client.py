@@ -1,0 +1,521 @@
+"""StorageClient: the compute side's (and hint delivery's) way to storage nodes (ARCHITECTURE §8–§9).
+
+Theory of operation
+-------------------
+**Writes** (``write``): a RowBatch with a unique ``BatchId(writer, seq)`` is split by owner
+(``placement.owner_indices`` on ``row_column``, vectorised) and each owner's share is sent as one
+``ApplyBatch``. The call returns once every row has W *direct* durable acknowledgements (W defaults to
+a majority of R). An owner that is down (topology), fails, or refuses (``Unavailable``/``NotOwner``)
+gets its share as a **hint**: the same batch id, ``hint_for=<owner>``, sent to the next live node in
+the row's preference list after its owners (Dynamo's sloppy quorum), or, in a cluster with no node
+beyond the owners, to another live owner, which keeps it in a separate hint log. Hints do not count
+toward W (a strict quorum: a read from any W... owners sees the write); they only repair the missing
+replica later. What is not done when W is reached (a slow owner, a hint) finishes in the background;
+``flush()`` waits for it. Retrying a batch id is always safe: storage ignores a batch id it applied.
+
+**Writer floors** (applied_set.py): each ApplyBatch carries ``writer_floor`` = (lowest seq of this
+writer not yet *settled*) - 1. A seq is settled when every owner acknowledged it directly, or when a
+hinted owner later reports it applied (``confirm_hints``, asking ``BatchesApplied``). One global
+floor (not one per owner) so that a retry after a placement change can never land on a node whose
+floor already passed it. A write that failed and is never retried holds the floor until ``abandon``.
+
+**Reads** (``read_rows``): each row goes to its first live owner, the local node first when it is an
+owner; on failure, timeout or NotOwner the rows are retried on the next owner, then on owners
+believed down as a last resort.
+
+**Backpressure**: at most ``max_inflight_bytes_per_owner`` of ApplyBatch bytes in flight per owner:
+a slow owner makes ``write`` wait instead of queueing unbounded memory.
+
+Connections are opened on first use per address and reused; a closed one is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd import protocol as p
+from giaannd.model.rows import RowBatch
+from giaannd.storage.applied_set import BatchId
+from giaannd.topology import Topology
+from peers.errors import PeersError
+from peers.transport import Connection, Identity, Transport, connect, make_transport, scheme_of
+
+__all__ = [
+    "QuorumNotReached",
+    "ReadFailed",
+    "RemoteBadRequest",
+    "RemoteNotOwner",
+    "RemoteStoreFull",
+    "RemoteUnavailable",
+    "StorageClient",
+    "StorageRequestError",
+    "WriteResult",
+]
+
+log = logging.getLogger(__name__)
+
+#: Per-owner bytes of ApplyBatch in flight (backpressure); one coalesced delta batch is typically
+#: a few MiB, so 64 MiB keeps a pipeline of them without letting one slow owner hoard RAM.
+DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER: Final = 64 * 2**20
+DEFAULT_REQUEST_TIMEOUT_S: Final = 10.0
+DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
+
+
+class StorageRequestError(Exception):
+    """A storage node answered with a typed error, or a quorum/read could not be met."""
+
+    def __init__(self, message: str, node: str = "") -> None:
+        super().__init__(f"{node}: {message}" if node else message)
+        self.node = node
+
+
+class RemoteStoreFull(StorageRequestError):
+    """The node's store is at capacity; nothing changed there."""
+
+    def __init__(self, node: str, reply: p.StoreFull) -> None:
+        super().__init__(f"store full ({reply.used_bytes} of {reply.capacity_bytes} bytes used, "
+                         f"{reply.needed_bytes} more needed)", node)
+        self.reply = reply
+
+
+class RemoteNotOwner(StorageRequestError):
+    def __init__(self, node: str, reply: p.NotOwner) -> None:
+        super().__init__(f"not an owner under placement epoch {reply.epoch}: {reply.message}", node)
+        self.epoch = reply.epoch
+
+
+class RemoteBadRequest(StorageRequestError):
+    """The node rejected the request as malformed (a bug on our side)."""
+
+
+class RemoteUnavailable(StorageRequestError):
+    """The node cannot serve now (stopping, disk error, hint space full)."""
+
+
+class QuorumNotReached(StorageRequestError):
+    """Some row got fewer than W durable acknowledgements. Retry with the same batch id."""
+
+    def __init__(self, batch_id: BatchId, min_acks: int, quorum: int, failures: Mapping[str, str]) -> None:
+        detail = "; ".join(f"{n}: {e}" for n, e in sorted(failures.items()))
+        super().__init__(f"batch {tuple(batch_id)}: {min_acks} of {quorum} acks for some rows ({detail})")
+        self.batch_id, self.min_acks, self.quorum, self.failures = batch_id, min_acks, quorum, dict(failures)
+        # a StoreFull among the failures is what the caller most needs to see
+        self.store_full = any("store full" in e for e in failures.values())
+
+
+class ReadFailed(StorageRequestError):
+    """Every replica of some rows failed."""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """``acked``: owners that acknowledged before the call returned; ``hinted``: target -> holder of
+    hints made so far (more may follow in the background)."""
+
+    batch_id: BatchId
+    quorum: int
+    acked: tuple[str, ...]
+    hinted: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(eq=False)
+class _Unsettled:
+    """Owners of one seq that have not acknowledged it directly (writer floors)."""
+
+    pending: set[str]
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes in flight; one oversized request may go alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+def _raise_for(node: str, reply: p.Reply) -> None:
+    if isinstance(reply, p.StoreFull):
+        raise RemoteStoreFull(node, reply)
+    if isinstance(reply, p.NotOwner):
+        raise RemoteNotOwner(node, reply)
+    if isinstance(reply, p.BadRequest):
+        raise RemoteBadRequest(reply.message, node)
+    if isinstance(reply, p.Unavailable):
+        raise RemoteUnavailable(reply.message, node)
+
+
+_FAILURES: Final = (StorageRequestError, PeersError, OSError, p.ProtocolViolation, KeyError)
+
+
+class StorageClient:
+    """Reads, quorum writes, hints and digests against the storage members of ``topology``.
+
+    Args:
+        topology: the cluster view (owners, addresses, liveness).
+        transports: scheme -> transport to dial with; built from ``identity`` when missing.
+        identity: data-plane identity (only needed to build transports).
+        writer_id: 64-bit writer id for batch ids (random by default: unique per client lifetime).
+        write_quorum: W; default majority of the effective R.
+        request_timeout_s / connect_timeout_s: per request / per connection attempt series.
+        max_inflight_bytes_per_owner: backpressure bound.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        transports: Mapping[str, Transport] | None = None,
+        *,
+        identity: Identity | None = None,
+        writer_id: int | None = None,
+        write_quorum: int | None = None,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_inflight_bytes_per_owner: int = DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER,
+    ) -> None:
+        self.topology = topology
+        self.transports: dict[str, Transport] = dict(transports or {})
+        self.identity = identity
+        self.writer_id = secrets.randbits(64) if writer_id is None else writer_id
+        self.write_quorum = write_quorum
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_inflight = max_inflight_bytes_per_owner
+        self._next_seq = 1
+        self._unsettled: dict[int, _Unsettled] = {}
+        self._hinted: dict[str, set[int]] = {}
+        self._conns: dict[str, Connection] = {}
+        self._conn_locks: dict[str, asyncio.Lock] = {}
+        self._budgets: dict[str, _ByteBudget] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    async def _connection(self, node: str) -> Connection:
+        address = self.topology.address(node)
+        conn = self._conns.get(address)
+        if conn is not None and not conn.is_closed:
+            return conn
+        lock = self._conn_locks.setdefault(address, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(address)
+            if conn is None or conn.is_closed:
+                scheme = scheme_of(address)
+                if scheme not in self.transports:
+                    if self.identity is None:
+                        raise KeyError(f"no {scheme}:// transport to reach {node}")
+                    self.transports[scheme] = make_transport(scheme, self.identity)
+                conn = await connect(self.transports[scheme], address, timeout_s=self.connect_timeout_s)
+                self._conns[address] = conn
+            return conn
+
+    async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (),
+                    timeout_s: float | None = None) -> tuple[p.Reply, list[np.ndarray]]:
+        """One request; typed error replies become exceptions."""
+        conn = await self._connection(node)
+        result = await conn.request(p.encode(msg), bulk, timeout_s=timeout_s or self.request_timeout_s)
+        reply = p.decode_reply(result.payload)
+        _raise_for(node, reply)
+        return reply, result.bulk
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # -- single-node operations -------------------------------------------------------------------------
+    async def apply_to(self, node: str, batch_id: BatchId, batch: RowBatch, *, writer_floor: int = 0,
+                       hint_for: str | None = None, timeout_s: float | None = None) -> p.ApplyAck:
+        """Send one ApplyBatch to ``node`` and wait for its durable ack (backpressured per node).
+
+        Raises:
+            RemoteStoreFull, RemoteNotOwner, RemoteUnavailable, RemoteBadRequest: typed refusals.
+            PeersError / OSError: the transport failed (connection, deadline).
+        """
+        msg = p.ApplyBatch(batch_id.writer, batch_id.seq, writer_floor, self.topology.epoch, hint_for)
+        budget = self._budgets.setdefault(node, _ByteBudget(self.max_inflight))
+        n = batch.nbytes
+        await budget.acquire(n)
+        try:
+            reply, _ = await self._call(node, msg, batch.buffers(), timeout_s)
+        finally:
+            await budget.release(n)
+        if not isinstance(reply, p.ApplyAck) or not reply.durable:
+            raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ApplyBatch", node)
+        return reply
+
+    async def usage(self, node: str) -> p.UsageReply:
+        reply, _ = await self._call(node, p.GetUsage())
+        if not isinstance(reply, p.UsageReply):
+            raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to GetUsage", node)
+        return reply
+
+    async def digests(self, node: str, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64]
+                      ) -> list[tuple[int, int, int] | None]:
+        """Per-row (keys, strength, batches) digests from one node; None for an absent row."""
+        cols = np.ascontiguousarray(row_column, np.uint64)
+        feats = np.ascontiguousarray(row_feature, np.uint64)
+        reply, bulk = await self._call(node, p.RowDigests(), [cols, feats])
+        if not isinstance(reply, p.DigestsReply) or len(bulk) != 4:
+            raise RemoteBadRequest("unexpected reply to RowDigests", node)
+        present, keys, strength, batches = bulk
+        return [(int(k), int(s), int(b)) if ok else None
+                for ok, k, s, b in zip(present.tolist(), keys.tolist(), strength.tolist(), batches.tolist())]
+
+    async def read_from(self, node: str, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
+                        timeout_s: float | None = None) -> RowBatch:
+        """Rows from one node (absent rows left out), checked as a canonical batch."""
+        reply, bulk = await self._call(node, p.ReadRows(self.topology.epoch), [row_column, row_feature], timeout_s)
+        if not isinstance(reply, p.RowsReply):
+            raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRows", node)
+        return p.check_batch(bulk)
+
+    # -- replicated writes --------------------------------------------------------------------------------
+    def next_batch_id(self) -> BatchId:
+        bid = BatchId(self.writer_id, self._next_seq)
+        self._next_seq += 1
+        return bid
+
+    @property
+    def writer_floor(self) -> int:
+        """Every seq of this writer <= this is settled (module docstring)."""
+        return min(self._unsettled, default=self._next_seq) - 1
+
+    async def write(self, batch: RowBatch, batch_id: BatchId | None = None) -> WriteResult:
+        """Write ``batch`` to all R owners of each row; return once every row has W durable acks.
+
+        Args:
+            batch: canonical delta rows.
+            batch_id: to retry an earlier write (same id); a new one is allocated when None.
+
+        Raises:
+            QuorumNotReached: some row got fewer than W direct acks (retry with the same id).
+            LookupError: no storage members known.
+        """
+        bid = batch_id if batch_id is not None else self.next_batch_id()
+        placement = self.topology.placement
+        if batch.num_rows == 0:
+            return WriteResult(bid, 0, (), {})
+        r = placement.effective_replicas
+        quorum = min(self.write_quorum or r // 2 + 1, r)
+        owner_idx = placement.owner_indices(batch.row_column)
+        names = placement.names
+        shares = {names[int(m)]: (owner_idx == m).any(axis=1) for m in np.unique(owner_idx)}
+        state = _Unsettled(set(shares))
+        if bid.writer == self.writer_id:
+            self._unsettled[bid.seq] = state
+        floor = self.writer_floor
+        acks = np.zeros(batch.num_rows, np.int64)
+        acked: list[str] = []
+        hinted: dict[str, list[str]] = {}
+        failures: dict[str, str] = {}
+        tasks: dict[asyncio.Task[p.ApplyAck], str] = {}
+        for node, mask in shares.items():
+            sub = batch.select_rows(mask)
+            if self.topology.is_live(node):
+                tasks[self._spawn(self.apply_to(node, bid, sub, writer_floor=floor))] = node
+            else:
+                failures[node] = "down"
+                self._spawn(self._hint(node, bid, sub, floor, hinted))
+        pending = set(tasks)
+        while pending and int(acks.min()) < quorum:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                node = tasks[task]
+                if self._settle_direct(task, node, bid, state, batch, shares, floor, hinted, failures):
+                    acks[shares[node]] += 1
+                    acked.append(node)
+        for task in pending:  # W reached: the rest finish (or hint) in the background
+            node = tasks[task]
+            self._spawn(self._finish_late(task, node, bid, state, batch, shares, floor, hinted, failures))
+        if int(acks.min()) < quorum:
+            raise QuorumNotReached(bid, int(acks.min()), quorum, failures)
+        return WriteResult(bid, quorum, tuple(acked), {t: tuple(h) for t, h in hinted.items()})
+
+    def _settle_direct(self, task: asyncio.Task[p.ApplyAck], node: str, bid: BatchId, state: _Unsettled,
+                       batch: RowBatch, shares: Mapping[str, NDArray[np.bool_]], floor: int,
+                       hinted: dict[str, list[str]], failures: dict[str, str]) -> bool:
+        """Book one owner's outcome; on failure start its hint. True if it acknowledged."""
+        if task.cancelled():
+            return False
+        exc = task.exception()
+        if exc is None:
+            self._owner_done(bid, state, node)
+            return True
+        if not isinstance(exc, _FAILURES):
+            raise exc
+        failures[node] = str(exc) or type(exc).__name__
+        if isinstance(exc, (RemoteBadRequest, RemoteStoreFull)):
+            return False  # a hint would be refused the same way when delivered
+        self._spawn(self._hint(node, bid, batch.select_rows(shares[node]), floor, hinted))
+        return False
+
+    async def _finish_late(self, task: asyncio.Task[p.ApplyAck], node: str, *args: Any) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait({task})
+        self._settle_direct(task, node, *args)
+
+    def _owner_done(self, bid: BatchId, state: _Unsettled, node: str) -> None:
+        state.pending.discard(node)
+        if not state.pending and bid.writer == self.writer_id and self._unsettled.get(bid.seq) is state:
+            del self._unsettled[bid.seq]
+
+    def _hint_holders(self, target: str, rows: NDArray[np.uint64], exclude: set[str]) -> NDArray[np.intp]:
+        """Per row, the index of the node that should hold ``target``'s hint (-1: none live)."""
+        placement = self.topology.placement
+        names = placement.names
+        pref = self.topology.preference(rows)
+        usable = np.array([self.topology.is_live(n) and n != target and n not in exclude for n in names])
+        cand = usable[pref]
+        beyond = cand.copy()
+        beyond[:, : placement.effective_replicas] = False  # prefer nodes that are not owners (Dynamo)
+        pick = np.where(beyond.any(axis=1), beyond.argmax(axis=1), cand.argmax(axis=1))
+        chosen = pref[np.arange(pref.shape[0]), pick]
+        return np.where(cand.any(axis=1), chosen, -1)
+
+    async def _hint(self, target: str, bid: BatchId, share: RowBatch, floor: int,
+                    hinted: dict[str, list[str]]) -> None:
+        """Hand ``target``'s whole share to one other live node (hint_for=target).
+
+        The share is never split between holders: storage idempotency is per batch id, so two
+        parts delivered separately under one id would make the target drop the second part.
+        The holder is the node that the rows' preference lists name most often; on refusal, the
+        next one. Gives up (logged; the seq stays unsettled) when no node is left.
+        """
+        names = self.topology.placement.names
+        exclude: set[str] = set()
+        while True:
+            holders = self._hint_holders(target, share.row_column, exclude)
+            holders = holders[holders >= 0]
+            if holders.size == 0:
+                log.warning("no node can hold a hint target=%s batch=%s rows=%d", target, tuple(bid),
+                            share.num_rows)
+                return
+            holder = names[int(np.bincount(holders).argmax())]
+            try:
+                await self.apply_to(holder, bid, share, writer_floor=floor, hint_for=target)
+            except _FAILURES as exc:
+                log.info("hint refused holder=%s target=%s: %s", holder, target, exc)
+                exclude.add(holder)
+                continue
+            hinted.setdefault(target, []).append(holder)
+            if bid.writer == self.writer_id:
+                self._hinted.setdefault(target, set()).add(bid.seq)
+            return
+
+    async def confirm_hints(self) -> int:
+        """Ask live hinted owners whether our hinted batches reached them; settle those that did.
+        Returns the number of (owner, seq) pairs confirmed."""
+        confirmed = 0
+        for target in list(self._hinted):
+            if not self.topology.is_live(target):
+                continue
+            seqs = sorted(self._hinted[target])
+            for i in range(0, len(seqs), p.MAX_QUERY_SEQS):
+                chunk = seqs[i : i + p.MAX_QUERY_SEQS]
+                try:
+                    reply, _ = await self._call(target, p.BatchesApplied(self.writer_id, chunk))
+                except _FAILURES:
+                    break
+                if not isinstance(reply, p.AppliedMask) or len(reply.applied) != len(chunk):
+                    break
+                for seq, ok in zip(chunk, reply.applied):
+                    if ok:
+                        self._hinted[target].discard(seq)
+                        state = self._unsettled.get(seq)
+                        if state is not None:
+                            self._owner_done(BatchId(self.writer_id, seq), state, target)
+                        confirmed += 1
+            if not self._hinted[target]:
+                del self._hinted[target]
+        return confirmed
+
+    def abandon(self, batch_id: BatchId) -> None:
+        """Give up on a failed write of ours: it will never be sent again (lets the floor move)."""
+        if batch_id.writer == self.writer_id:
+            self._unsettled.pop(batch_id.seq, None)
+            for seqs in self._hinted.values():
+                seqs.discard(batch_id.seq)
+
+    # -- replicated reads ---------------------------------------------------------------------------------
+    async def read_rows(self, row_column: Any, row_feature: Any, timeout_s: float | None = None) -> RowBatch:
+        """Rows from the nearest live replica, failing over to the others (absent rows left out).
+
+        Raises:
+            ReadFailed: every owner of some rows failed.
+            LookupError: no storage members known.
+        """
+        cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
+        feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
+        if cols.shape != feats.shape:
+            raise ValueError("row_column and row_feature differ in length")
+        if cols.size == 0:
+            return RowBatch.empty()
+        placement = self.topology.placement
+        names = placement.names
+        owners = placement.owner_indices(cols)
+        r = owners.shape[1]
+        down = np.array([not self.topology.is_live(n) for n in names])
+        local = np.array([n == self.topology.local for n in names])
+        # candidate order per row: live before down, local before remote, then preference position
+        rank = down[owners] * (2 * r) + (~local[owners]) * r + np.arange(r)[None, :]
+        cand = np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
+        todo = np.ones(cols.size, bool)
+        parts: list[RowBatch] = []
+        errors: dict[str, str] = {}
+        for k in range(r):
+            if not todo.any():
+                break
+            jobs = []
+            for m in np.unique(cand[todo, k]):
+                mask = todo & (cand[:, k] == m)
+                for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
+                    rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
+                    jobs.append((names[int(m)], rows))
+            outcomes = await asyncio.gather(
+                *(self.read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
+                return_exceptions=True)
+            for (node, rows), out in zip(jobs, outcomes):
+                if isinstance(out, RowBatch):
+                    parts.append(out)
+                    todo[rows] = False
+                elif isinstance(out, _FAILURES):
+                    errors[node] = str(out) or type(out).__name__
+                elif isinstance(out, BaseException):
+                    raise out
+        if todo.any():
+            detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+            raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
+        return parts[0] if len(parts) == 1 else RowBatch.concat(parts)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Wait until background work (late acks, hints) is done."""
+        while self._background:
+            await asyncio.wait(set(self._background))
+
+    async def close(self) -> None:
+        """Finish background work (each step is bounded by its request timeout), close connections."""
+        await self.flush()
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.close()

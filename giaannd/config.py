@@ -1,0 +1,397 @@
+"""The daemon's configuration: the only place defaults live (STYLE.md items 13-15).
+
+One tree of msgspec Structs, every field ``Annotated[..., Meta(description=...)]`` with a default,
+so the TOML loader, ``giaannd config show --defaults`` and ``docs/config.md``
+(``tools/gen_config_docs.py``) all read the same source. Structs are ``kw_only``,
+``forbid_unknown_fields`` (a typo is an error, not a silently ignored key) and ``rename="kebab"``
+(TOML keys are ``capacity-bytes``; Python attributes are ``capacity_bytes``).
+
+Layers, later wins: built-in defaults < TOML file < environment (``GIAANND_SECTION__FIELD``) <
+command line (``--set section.field=value``). Every error becomes a ``ConfigError`` naming the key
+path, e.g. ``Expected int >= 1 - at `$.storage.replication-factor```, which the CLI turns into exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import msgspec
+from msgspec import Meta
+
+from giaannd.errors import ConfigError
+
+__all__ = [
+    "ENV_PREFIX",
+    "AdminConfig",
+    "ClusterConfig",
+    "ComputeConfig",
+    "Config",
+    "LoggingConfig",
+    "MembershipConfig",
+    "NodeConfig",
+    "StorageConfig",
+    "TransportConfig",
+    "load_config",
+    "parse_override",
+    "to_toml",
+]
+
+#: Environment overrides are ``GIAANND_<SECTION>__<FIELD>``; ``__`` separates section and field
+#: because field names themselves contain ``_`` (for ``-``).
+ENV_PREFIX = "GIAANND_"
+
+Role = Literal["storage", "compute"]
+_GIB = 1 << 30
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
+    """Base for config sections: strict keys, kebab-case names."""
+
+
+class NodeConfig(_Section):
+    """This process: its name, where it keeps state and which roles it runs."""
+
+    name: Annotated[str, Meta(description=(
+        "Human-readable node name shown in `giaannctl members list` and logs. Empty means the "
+        "host name. It is a label only: identity is the node id, so renaming a node is safe."
+    ))] = ""
+    data_dir: Annotated[str, Meta(min_length=1, description=(
+        "Directory for everything the node persists: node id, column snapshots, write-ahead log, "
+        "admin token and the actual admin address. Created (mode 0750) on first start. systemd "
+        "units point this at the StateDirectory."
+    ))] = "/var/lib/giaannd"
+    node_id_file: Annotated[str, Meta(min_length=1, description=(
+        "File, relative to `data-dir` unless absolute, holding this node's UUID. Created on first "
+        "start and never rewritten: a corrupt file stops the daemon (exit 1) instead of silently "
+        "minting a new identity, which would orphan the replicas this node holds."
+    ))] = "node-id"
+    roles: Annotated[list[Role], Meta(description=(
+        "Roles this node runs: `storage` (owns column replicas), `compute` (training and "
+        "inference workers), or both. A node with no roles only gossips and serves the admin API."
+    ))] = msgspec.field(default_factory=lambda: ["storage", "compute"])
+    drain_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "On SIGTERM each service gets this long, in total, to finish in-flight work, hand off "
+        "replicas and leave gossip before it is stopped forcefully. Keep systemd's "
+        "TimeoutStopSec above it (the shipped unit uses 90 s for the 60 s default)."
+    ))] = 60.0
+
+
+class ClusterConfig(_Section):
+    """Which cluster this node belongs to and how it finds it."""
+
+    name: Annotated[str, Meta(min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description=(
+        "Cluster name, checked in the handshake so two clusters on one network never merge."
+    ))] = "giaann"
+    key_file: Annotated[str, Meta(description=(
+        "File holding the cluster key used to authenticate the handshake (HMAC). Empty means no "
+        "key: acceptable on loopback only. Rotate with `giaannctl keys install/use/remove`."
+    ))] = ""
+    seeds: Annotated[list[str], Meta(description=(
+        "Addresses of existing members to join at start (`host:port` of their membership "
+        "listener). Empty starts a new cluster. One reachable seed is enough; list several so a "
+        "restart succeeds while one seed is down."
+    ))] = msgspec.field(default_factory=list)
+
+
+class AdminConfig(_Section):
+    """The admin HTTP API used by giaannctl, Prometheus and the status page."""
+
+    listen: Annotated[str, Meta(min_length=1, description=(
+        "`host:port` the admin API listens on. Loopback by default: the API can start training "
+        "and drain the node, so expose it beyond the host only behind a firewall. Port 0 picks a "
+        "free port; the address actually bound is written to `<data-dir>/admin.addr`."
+    ))] = "127.0.0.1:7480"
+    token_file: Annotated[str, Meta(description=(
+        "File holding the bearer token every `/v1/` request must present. Empty means "
+        "`<data-dir>/admin.token`, created with mode 0600 on first start. A configured file "
+        "must exist and be non-empty."
+    ))] = ""
+    metrics_require_token: Annotated[bool, Meta(description=(
+        "Require the token for `/metrics` and the status page even from loopback. By default "
+        "a scrape from a loopback address needs no token (Prometheus agents usually run on the "
+        "host); requests from other addresses always need it."
+    ))] = False
+
+
+class LoggingConfig(_Section):
+    """Logging to stderr (journald under systemd)."""
+
+    level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description=(
+        "Lowest level written. `debug` logs every admin request and membership message."
+    ))] = "info"
+    format: Annotated[Literal["auto", "plain", "journal"], Meta(description=(
+        "`plain` prefixes lines with a timestamp; `journal` omits it and prefixes the syslog "
+        "priority (`<6>`) that journald parses. `auto` picks `journal` when stderr is the stream "
+        "named by `JOURNAL_STREAM` (that is, under systemd) and `plain` otherwise."
+    ))] = "auto"
+
+
+class TransportConfig(_Section):
+    """Data-plane listeners: how other nodes reach this one for column traffic."""
+
+    bind: Annotated[list[str], Meta(description=(
+        "Listener URLs, one per transport, e.g. `tcp://0.0.0.0:7470`, `ucx://10.0.0.5:7471`. "
+        "The scheme selects the backend. Port 0 picks a free port."
+    ))] = msgspec.field(default_factory=lambda: ["tcp://127.0.0.1:7470"])
+    advertise: Annotated[list[str], Meta(description=(
+        "URLs other nodes should dial, in preference order (UCX before TCP). Empty advertises "
+        "the bound listeners; set it when binding a wildcard or behind NAT."
+    ))] = msgspec.field(default_factory=list)
+
+
+class MembershipConfig(_Section):
+    """Gossip membership (SWIM + Lifeguard). Timing comes from the named profile."""
+
+    profile: Annotated[Literal["loopback", "lan", "wan"], Meta(description=(
+        "Timing profile (memberlist's Local/LAN/WAN): probe interval, timeouts and gossip fan-out "
+        "tuned for one host, a data-centre network, or links with ~100 ms RTT."
+    ))] = "lan"
+    bind_address: Annotated[str, Meta(min_length=1, description=(
+        "Address the membership (gossip) listener binds."
+    ))] = "127.0.0.1"
+    bind_port: Annotated[int, Meta(ge=0, le=65535, description=(
+        "UDP/TCP port of the membership listener; 0 picks a free port."
+    ))] = 7946
+
+
+class StorageConfig(_Section):
+    """The storage role: column replicas in RAM, persisted to the data directory."""
+
+    capacity_bytes: Annotated[int, Meta(gt=0, description=(
+        "RAM this node offers for column replicas. Placement weights ownership by it; writes "
+        "beyond it are refused rather than swapping."
+    ))] = 8 * _GIB
+    replication_factor: Annotated[int, Meta(ge=1, le=16, description=(
+        "Replicas per column. Tolerates `replication-factor - write-quorum` failed owners for "
+        "writes and `replication-factor - 1` for reads. Must match across the cluster."
+    ))] = 3
+    write_quorum: Annotated[int, Meta(ge=1, le=16, description=(
+        "Replicas that must acknowledge an update before it is reported applied; at most "
+        "`replication-factor`. Majority (rf // 2 + 1) is the usual choice."
+    ))] = 2
+    snapshot_interval_s: Annotated[float, Meta(gt=0, description=(
+        "Seconds between snapshots of dirty columns; bounds log replay time after a crash."
+    ))] = 300.0
+    fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
+        "Window in which log appends share one fsync. Larger windows raise write throughput and "
+        "add that much latency to each acknowledged write; 0 syncs every append."
+    ))] = 5.0
+
+
+class ComputeConfig(_Section):
+    """The compute role: training workers and inference sessions."""
+
+    train_workers: Annotated[int, Meta(ge=1, le=1024, description=(
+        "Concurrent training workers on this node, each processing one sentence batch."
+    ))] = 2
+    coalesce_k: Annotated[int, Meta(ge=1, le=65536, description=(
+        "Sentences whose column updates are merged before being sent to owners. Larger K sends "
+        "fewer, bigger updates (throughput) at the cost of staler reads within a batch."
+    ))] = 32
+    row_cache_bytes: Annotated[int, Meta(ge=0, description=(
+        "RAM for caching column rows read from storage nodes during inference; 0 disables it."
+    ))] = 1 * _GIB
+    max_sessions: Annotated[int, Meta(ge=1, le=100000, description=(
+        "Concurrent inference (generate/eval) sessions; further requests get a busy error."
+    ))] = 64
+
+
+class Config(_Section):
+    """The whole daemon configuration; one TOML file maps onto it section by section."""
+
+    node: Annotated[NodeConfig, Meta(description="This node.")] = msgspec.field(
+        default_factory=NodeConfig)
+    cluster: Annotated[ClusterConfig, Meta(description="Cluster identity and seeds.")] = (
+        msgspec.field(default_factory=ClusterConfig))
+    admin: Annotated[AdminConfig, Meta(description="Admin API.")] = msgspec.field(
+        default_factory=AdminConfig)
+    logging: Annotated[LoggingConfig, Meta(description="Logging.")] = msgspec.field(
+        default_factory=LoggingConfig)
+    transport: Annotated[TransportConfig, Meta(description="Data-plane transports.")] = (
+        msgspec.field(default_factory=TransportConfig))
+    membership: Annotated[MembershipConfig, Meta(description="Gossip membership.")] = (
+        msgspec.field(default_factory=MembershipConfig))
+    storage: Annotated[StorageConfig, Meta(description="Storage role.")] = msgspec.field(
+        default_factory=StorageConfig)
+    compute: Annotated[ComputeConfig, Meta(description="Compute role.")] = msgspec.field(
+        default_factory=ComputeConfig)
+
+    @classmethod
+    def loopback(cls, data_dir: str, name: str = "", roles: list[Role] | None = None) -> Config:
+        """Profile for a node of a local cluster on one host (tools/local_cluster.py, tests).
+
+        Every listener is on 127.0.0.1 with port 0 (the OS picks; the admin address lands in
+        ``<data-dir>/admin.addr``), membership uses the ``loopback`` timing profile and the
+        replication factor drops to 1 so a single node can serve writes.
+        """
+        return cls(
+            node=NodeConfig(name=name, data_dir=data_dir,
+                            roles=["storage", "compute"] if roles is None else roles),
+            admin=AdminConfig(listen="127.0.0.1:0"),
+            transport=TransportConfig(bind=["tcp://127.0.0.1:0"]),
+            membership=MembershipConfig(profile="loopback", bind_address="127.0.0.1",
+                                        bind_port=0),
+            storage=StorageConfig(replication_factor=1, write_quorum=1),
+        )
+
+    def data_path(self, name: str) -> Path:
+        """Resolve ``name`` against ``node.data-dir`` unless it is absolute."""
+        return Path(self.node.data_dir) / name
+
+
+def _validate(cfg: Config) -> Config:
+    """Cross-field rules msgspec's per-field constraints cannot express."""
+    if cfg.storage.write_quorum > cfg.storage.replication_factor:
+        raise ConfigError(
+            f"write-quorum ({cfg.storage.write_quorum}) exceeds replication-factor "
+            f"({cfg.storage.replication_factor})", "$.storage.write-quorum")
+    if len(set(cfg.node.roles)) != len(cfg.node.roles):
+        raise ConfigError(f"duplicate role in {cfg.node.roles}", "$.node.roles")
+    return cfg
+
+
+def _section_fields(section: str) -> dict[str, msgspec.structs.FieldInfo]:
+    """Encoded (kebab) field name -> FieldInfo for one section, or ConfigError if unknown."""
+    top = {f.encode_name: f for f in msgspec.structs.fields(Config)}
+    if section not in top:
+        raise ConfigError(f"unknown config section {section!r}", f"$.{section}")
+    section_type = top[section].type
+    return {f.encode_name: f for f in msgspec.structs.fields(section_type)}
+
+
+def _is_text(tp: Any) -> bool:
+    """True for ``str`` and ``Literal`` of strings: override values for them are taken verbatim."""
+    if get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if tp is str:
+        return True
+    return get_origin(tp) is Literal and all(isinstance(a, str) for a in get_args(tp))
+
+
+def parse_override(key: str, raw: str) -> tuple[str, str, Any]:
+    """Parse one ``section.field=value`` style override into ``(section, field, value)``.
+
+    Text fields take the value verbatim; other fields parse it as a TOML value, so
+    ``storage.capacity-bytes=1_000_000``, ``node.roles=["storage"]`` and
+    ``admin.metrics-require-token=true`` work as they would in the file.
+
+    Raises:
+        ConfigError: unknown section or field, or a value that is not valid TOML.
+    """
+    parts = key.strip().replace("_", "-").lower().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} is not of the form section.field")
+    section, field = parts
+    fields = _section_fields(section)
+    if field not in fields:
+        raise ConfigError(f"unknown config key {field!r}", f"$.{section}.{field}")
+    if _is_text(fields[field].type):
+        return section, field, raw
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"value {raw!r} is not a valid TOML value ({exc})",
+                          f"$.{section}.{field}") from None
+    return section, field, value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, Any]]:
+    out = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        body = name[len(ENV_PREFIX):]
+        if "__" not in body:
+            raise ConfigError(f"environment variable {name} is not {ENV_PREFIX}SECTION__FIELD")
+        section, field = body.split("__", 1)
+        out.append(parse_override(f"{section}.{field}", environ[name]))
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _convert(data: dict[str, Any]) -> Config:
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        path: str | None = None
+        if " - at `" in message:
+            message, _, rest = message.rpartition(" - at `")
+            path = rest.rstrip("`")
+        if message.startswith("Object contains unknown field `"):
+            # Point at the offending key itself, not just its parent (msgspec omits `$` itself).
+            path = f"{path or '$'}.{message.split('`')[1]}"
+        raise ConfigError(message, path) from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Iterable[str] = (),
+) -> Config:
+    """Build the effective configuration from defaults, file, environment and ``--set`` flags.
+
+    Args:
+        path: TOML file, or None for defaults only.
+        environ: environment to read ``GIAANND_SECTION__FIELD`` overrides from (default
+            ``os.environ``; pass ``{}`` to ignore the environment).
+        overrides: ``section.field=value`` strings, applied last.
+
+    Returns:
+        The validated Config.
+
+    Raises:
+        ConfigError: anything invalid, naming the key path.
+    """
+    data: dict[str, Any] = _read_toml(Path(path)) if path is not None else {}
+    updates = _env_overrides(os.environ if environ is None else environ)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} is not of the form section.field=value")
+        updates.append(parse_override(key, raw))
+    for section, field, value in updates:
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"expected a table, got {type(target).__name__}", f"$.{section}")
+        target[field] = value
+    return _validate(_convert(data))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # JSON string escapes (quote, backslash, \n, \uXXXX) are all valid TOML basic-string escapes.
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def to_toml(cfg: Config) -> str:
+    """Render a Config as TOML that ``load_config`` reads back to an equal Config."""
+    lines: list[str] = []
+    for section, fields in msgspec.to_builtins(cfg).items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in fields.items())
+        lines.append("")
+    return "\n".join(lines)

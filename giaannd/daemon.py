@@ -1,0 +1,544 @@
+"""The daemon's lifecycle: startup -> run -> shutdown over a set of role services.
+
+Shape follows uvicorn's ``Server`` (STYLE.md item 24):
+
+- **startup**: lock the data directory, load or mint the node id, read the admin token, start the
+  admin API, then start each service in order. ``READY=1`` goes to systemd only after every
+  service's ``start`` returned, i.e. once the node has joined and is serving.
+- **run**: wait on an ``Event`` (no polling) until a signal, a failed service task or an admin
+  request asks to stop. A watchdog task pings ``WATCHDOG=1`` at half of ``WATCHDOG_USEC``.
+- **shutdown**: ``STOPPING=1``, then services stop in reverse order with ``stop(graceful=True)``
+  sharing one ``node.drain-timeout-s`` budget; a service that overruns it (or every service,
+  after a second SIGINT) is cancelled and given ``stop(graceful=False)`` with a short bound.
+  The admin API stops last so ``giaannctl node status`` can watch the drain.
+
+Services and background work run under one ``asyncio.TaskGroup``; a background task that raises
+is logged, marks its service failed and triggers a graceful shutdown with exit status 1, rather
+than tearing the group down mid-flight.
+
+Exit statuses: 0 clean stop, 1 a service failed, 2 configuration error (from ``ConfigError``),
+130 forced by a second SIGINT (128 + SIGINT, the shell convention).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import importlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from giaannd import __version__
+from giaannd.admin.api import AdminApi
+from giaannd.config import Config
+from giaannd.errors import EXIT_FAILURE, EXIT_OK, ConfigError, CorruptFileError, GiaannError
+from giaannd.metrics import Metrics
+from giaannd.sdnotify import SdNotifier, watchdog_interval_s
+
+__all__ = [
+    "EXIT_FORCED",
+    "ROLE_FACTORIES",
+    "Daemon",
+    "Service",
+    "ServiceContext",
+    "build_role_services",
+    "load_or_create_node_id",
+]
+
+log = logging.getLogger(__name__)
+
+EXIT_FORCED = 128 + signal.SIGINT
+#: Bound on ``stop(graceful=False)``: it must only close sockets and files, so seconds suffice;
+#: beyond this the daemon exits anyway rather than hang a systemd stop job.
+FORCE_STOP_TIMEOUT_S = 5.0
+ADMIN_ADDR_FILE = "admin.addr"
+ADMIN_TOKEN_FILE = "admin.token"
+LOCK_FILE = "lock"
+
+#: Role name -> "module:function" building its service from the Config. Imported lazily so a
+#: build without a role's package still runs the others; the lead fills in the modules as the
+#: roles land. The function's contract: ``create_service(config: Config) -> Service``, and the
+#: service's ``name`` is the role name, so ``/v1/status`` can report the role's state.
+ROLE_FACTORIES: dict[str, str] = {
+    "storage": "giaannd.storage.service:create_service",
+    "compute": "giaannd.compute.service:create_service",
+}
+
+
+@runtime_checkable
+class Service(Protocol):
+    """A role or subsystem the daemon runs. Everything a service needs arrives in ``start``."""
+
+    name: str
+
+    async def start(self, ctx: ServiceContext) -> None:
+        """Start serving; return once ready (long-running loops go in ``ctx.spawn``).
+
+        Register admin routes (``ctx.admin.add_route``) and metrics (``ctx.metrics``) here.
+        Raising aborts startup: services already started are stopped and the daemon exits 1.
+        """
+
+    async def stop(self, graceful: bool) -> None:
+        """Stop. ``graceful``: finish or hand off in-flight work and leave the cluster politely
+        (the daemon bounds this by the drain timeout). Not graceful: close everything now."""
+
+    def health(self) -> Mapping[str, Any]:
+        """A small JSON-able summary for ``/v1/status`` (cheap, synchronous, never raises)."""
+
+
+@dataclass
+class ServiceContext:
+    """What the daemon hands each service in ``start``."""
+
+    config: Config
+    node_id: uuid.UUID
+    node_name: str
+    metrics: Metrics
+    admin: AdminApi
+    #: Set when shutdown begins; background loops may wait on it.
+    stopping: asyncio.Event
+    #: Services started before this one, by name (e.g. compute finds membership here).
+    services: Mapping[str, Service]
+    _spawn: Callable[[Coroutine[Any, Any, Any], str, str], asyncio.Task[Any]]
+    _request_stop: Callable[[str], None]
+    service_name: str = ""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` under the daemon's TaskGroup. If it raises, the failure is logged, the
+        service is marked failed and the daemon shuts down gracefully with exit status 1.
+        It is cancelled at the end of shutdown if still running."""
+        return self._spawn(coro, self.service_name, name)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the daemon to shut down gracefully (e.g. ``giaannctl node leave``)."""
+        self._request_stop(reason)
+
+
+def build_role_services(config: Config) -> tuple[list[Service], dict[str, str]]:
+    """Create the services for ``config.node.roles``.
+
+    Returns:
+        (services, unavailable): the services built, and role -> reason for roles this build
+        cannot run yet (their module is absent). Reported in ``/v1/status``, never hidden.
+    """
+    services: list[Service] = []
+    unavailable: dict[str, str] = {}
+    for role in config.node.roles:
+        module_name, _, attr = ROLE_FACTORIES[role].partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise  # a missing dependency inside the role is a real error
+            unavailable[role] = f"not built into this daemon ({module_name} is absent)"
+            continue
+        factory = getattr(module, attr, None)
+        if factory is None:
+            unavailable[role] = f"{module_name} has no {attr}()"
+            continue
+        services.append(factory(config))
+    return services, unavailable
+
+
+def load_or_create_node_id(path: Path) -> uuid.UUID:
+    """Read this node's UUID from ``path``, creating it (atomically, fsynced) if absent.
+
+    Raises:
+        CorruptFileError: the file exists but is not a UUID. It is never overwritten: a new
+            identity would orphan the replicas the cluster believes this node holds.
+    """
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        node_id = uuid.uuid4()
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{node_id}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        log.info("created node id node_id=%s file=%s", node_id, path)
+        return node_id
+    except UnicodeDecodeError:
+        raise CorruptFileError(str(path), "not ASCII text; expected a UUID") from None
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise CorruptFileError(
+            str(path), f"expected a UUID, found {text[:40]!r}; restore it from backup, or delete "
+            "it only if this node's data is being discarded too") from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_token(config: Config) -> str:
+    """The admin token: the configured file, or ``<data-dir>/admin.token`` created on demand."""
+    if config.admin.token_file:
+        path = Path(config.admin.token_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read admin token file {path}: {exc.strerror}",
+                              "$.admin.token-file") from None
+        if not token:
+            raise ConfigError(f"admin token file {path} is empty", "$.admin.token-file")
+        return token
+    path = config.data_path(ADMIN_TOKEN_FILE)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+        log.info("created admin token file=%s", path)
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        raise CorruptFileError(str(path), "empty admin token")
+    return token
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"expected host:port, got {listen!r}", "$.admin.listen")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass
+class _Slot:
+    service: Service
+    state: str = "created"
+    error: str | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+class Daemon:
+    """One giaannd process. ``await Daemon(config, services).run()`` returns the exit status.
+
+    Args:
+        config: the effective configuration.
+        services: started in order, stopped in reverse (membership first, then roles).
+        unavailable_roles: role -> reason, reported in status (see ``build_role_services``).
+        notifier: sd_notify sender (default: from ``NOTIFY_SOCKET``).
+        handle_signals: install SIGTERM/SIGINT handlers (only possible in the main thread;
+            embedders and tests running the daemon elsewhere call ``request_stop``).
+    """
+
+    def __init__(self, config: Config, services: Sequence[Service] = (), *,
+                 unavailable_roles: Mapping[str, str] | None = None,
+                 notifier: SdNotifier | None = None, handle_signals: bool = True) -> None:
+        names = [s.name for s in services]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate service names: {names}")
+        self.config = config
+        self.metrics = Metrics()
+        self.node_name = config.node.name or socket.gethostname()
+        self.node_id: uuid.UUID | None = None
+        self.admin_address: tuple[str, int] | None = None
+        self._slots = [_Slot(s) for s in services]
+        self._unavailable = dict(unavailable_roles or {})
+        self._notifier = notifier or SdNotifier()
+        self._state = "starting"
+        self._started_at = time.monotonic()
+        self._stop_requested = asyncio.Event()
+        self._force = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._exit_code = EXIT_OK
+        self._tg: asyncio.TaskGroup | None = None
+        self._admin: AdminApi | None = None
+        self._lock_fd: int | None = None
+        self._signals_seen = 0
+        self._signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        info = self.metrics.gauge("giaannd_info", "Build and node facts (value is 1).",
+                                  ["version", "node_name"])
+        info.labels(__version__, self.node_name).set(1)
+        self.metrics.gauge("giaannd_uptime_seconds", "Seconds since the daemon started.") \
+            .set_function(lambda: time.monotonic() - self._started_at)
+        self._service_up = self.metrics.gauge(
+            "giaannd_service_up", "1 while the service is running, else 0.", ["service"])
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """starting, running, stopping or stopped."""
+        return self._state
+
+    def request_stop(self, reason: str) -> None:
+        """Begin a graceful shutdown (idempotent)."""
+        if not self._stop_requested.is_set():
+            log.info("shutdown requested reason=%s", reason)
+            self._stop_requested.set()
+
+    def force_stop(self, reason: str) -> None:
+        """Skip what is left of the graceful drain."""
+        log.warning("forced shutdown reason=%s", reason)
+        self._exit_code = EXIT_FORCED
+        self._stop_requested.set()
+        self._force.set()
+
+    def status(self) -> dict[str, Any]:
+        """The ``/v1/status`` document."""
+        roles: dict[str, str] = {r: f"unavailable: {why}" for r, why in self._unavailable.items()}
+        services: dict[str, Any] = {}
+        for slot in self._slots:
+            services[slot.service.name] = self._health(slot)
+            if slot.service.name in self.config.node.roles:
+                roles[slot.service.name] = slot.state
+        return {
+            "node_name": self.node_name,
+            "node_id": str(self.node_id) if self.node_id else None,
+            "cluster": self.config.cluster.name,
+            "version": __version__,
+            "pid": os.getpid(),
+            "state": self._state,
+            "uptime_s": round(time.monotonic() - self._started_at, 3),
+            "roles": {r: roles.get(r, "unavailable") for r in self.config.node.roles},
+            "services": services,
+        }
+
+    async def run(self) -> int:
+        """Run until stopped; returns the exit status.
+
+        Raises:
+            GiaannError: startup failed for a reason the user must fix (after cleaning up).
+        """
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        startup_error: GiaannError | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                startup_error = await self._startup_or_interrupt()
+                if startup_error is None and not self._stop_requested.is_set():
+                    self._state = "running"
+                    self._notifier.notify("READY=1", f"STATUS=serving as {self.node_name}")
+                    log.info("ready node=%s node_id=%s roles=%s", self.node_name, self.node_id,
+                             ",".join(self.config.node.roles) or "-")
+                    tg.create_task(self._watchdog(), name="watchdog")
+                    await self._stop_requested.wait()
+                await self._shutdown()
+                for slot in self._slots:
+                    for task in slot.tasks:
+                        task.cancel()
+        finally:
+            for sig in self._signals:
+                loop.remove_signal_handler(sig)
+            self._release_lock()
+        if startup_error is not None:
+            raise startup_error
+        return self._exit_code
+
+    # -- startup --------------------------------------------------------------------------
+
+    async def _startup_or_interrupt(self) -> GiaannError | None:
+        """Run startup, abandoning it if a stop is requested meanwhile."""
+        startup = asyncio.ensure_future(self._startup())
+        waiter = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait({startup, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not startup.done():
+            startup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await startup
+            log.info("startup interrupted")
+            return None
+        exc = startup.exception()
+        if exc is None:
+            return None
+        self._exit_code = EXIT_FAILURE
+        self.request_stop("startup failed")
+        if isinstance(exc, GiaannError):
+            self._exit_code = exc.exit_code
+            return exc
+        log.error("startup failed", exc_info=exc)
+        return None
+
+    async def _startup(self) -> None:
+        data_dir = Path(self.config.node.data_dir)
+        try:
+            data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create data directory {data_dir}: {exc.strerror}",
+                              "$.node.data-dir") from None
+        self._take_lock(data_dir)
+        self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
+        self._admin = AdminApi(token=_load_token(self.config), metrics=self.metrics,
+                               status=self.status,
+                               metrics_require_token=self.config.admin.metrics_require_token)
+        host, port = _split_listen(self.config.admin.listen)
+        try:
+            self.admin_address = await self._admin.start(host, port)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.config.admin.listen}: {exc.strerror}",
+                              "$.admin.listen") from None
+        # Written via rename so giaannctl --data-dir never reads a half-written address.
+        addr_file = self.config.data_path(ADMIN_ADDR_FILE)
+        tmp = addr_file.with_name(f".{ADMIN_ADDR_FILE}.tmp")
+        bound_host, bound_port = self.admin_address
+        url_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # RFC 3986 IPv6
+        tmp.write_text(f"http://{url_host}:{bound_port}\n")
+        os.replace(tmp, addr_file)
+        log.info("admin api listening address=%s:%d", *self.admin_address)
+        for role, why in self._unavailable.items():
+            log.warning("role unavailable role=%s reason=%r", role, why)
+        started: dict[str, Service] = {}
+        for slot in self._slots:
+            await self._start_one(slot, started)
+            started[slot.service.name] = slot.service
+
+    async def _start_one(self, slot: _Slot, started: Mapping[str, Service]) -> None:
+        assert self._admin is not None and self.node_id is not None
+        name = slot.service.name
+        ctx = ServiceContext(
+            config=self.config, node_id=self.node_id, node_name=self.node_name,
+            metrics=self.metrics, admin=self._admin, stopping=self._stopping,
+            services=dict(started), _spawn=self._spawn, _request_stop=self.request_stop,
+            service_name=name)
+        slot.state = "starting"
+        self._notifier.notify(f"STATUS=starting {name}")
+        log.info("service starting service=%s", name)
+        try:
+            await slot.service.start(ctx)
+        except BaseException as exc:
+            slot.state = "failed"
+            slot.error = repr(exc)
+            raise
+        slot.state = "running"
+        self._service_up.labels(name).set(1)
+        log.info("service running service=%s", name)
+
+    def _take_lock(self, data_dir: Path) -> None:
+        """Refuse to share a data directory with another live daemon (flock, released on exit)."""
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise GiaannError(f"data directory {data_dir} is in use by pid {holder}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- run --------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals_seen += 1
+        if self._signals_seen > 1 and sig == signal.SIGINT:
+            self.force_stop("second SIGINT")
+        else:
+            self.request_stop(sig.name)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], service: str, name: str
+               ) -> asyncio.Task[Any]:
+        assert self._tg is not None, "spawn is only valid while the daemon runs"
+        slot = next(s for s in self._slots if s.service.name == service)
+        task = self._tg.create_task(self._supervise(coro, slot, name), name=f"{service}:{name}")
+        slot.tasks.add(task)
+        task.add_done_callback(slot.tasks.discard)
+        return task
+
+    async def _supervise(self, coro: Awaitable[Any], slot: _Slot, name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("service task failed service=%s task=%s", slot.service.name, name)
+            slot.state, slot.error = "failed", f"{name}: {exc!r}"
+            self._service_up.labels(slot.service.name).set(0)
+            self._exit_code = EXIT_FAILURE
+            self.request_stop(f"{slot.service.name} failed")
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while not self._stopping.is_set():
+            self._notifier.notify("WATCHDOG=1")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        self._state = "stopping"
+        self._stopping.set()
+        self._notifier.notify("STOPPING=1", "STATUS=draining")
+        deadline = time.monotonic() + self.config.node.drain_timeout_s
+        for slot in reversed(self._slots):
+            if slot.state in ("running", "failed", "starting"):
+                await self._stop_one(slot, deadline)
+        if self._admin is not None:
+            await self._admin.stop()
+            with contextlib.suppress(FileNotFoundError):
+                self.config.data_path(ADMIN_ADDR_FILE).unlink()
+        self._state = "stopped"
+        log.info("stopped exit_status=%d", self._exit_code)
+
+    async def _stop_one(self, slot: _Slot, deadline: float) -> None:
+        name = slot.service.name
+        was_failed = slot.state == "failed"
+        slot.state = "stopping"
+        graceful = asyncio.ensure_future(slot.service.stop(graceful=True))
+        forced = asyncio.ensure_future(self._force.wait())
+        try:
+            budget_s = max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait({graceful, forced}, timeout=budget_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        if graceful in done and graceful.exception() is None:
+            slot.state = "failed" if was_failed else "stopped"
+            self._service_up.labels(name).set(0)
+            log.info("service stopped service=%s", name)
+            return
+        if graceful.done():
+            log.error("graceful stop failed service=%s", name, exc_info=graceful.exception())
+        else:
+            graceful.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await graceful
+            log.warning("graceful stop abandoned service=%s reason=%s", name,
+                        "forced" if self._force.is_set() else "drain timeout")
+        try:
+            await asyncio.wait_for(slot.service.stop(graceful=False), FORCE_STOP_TIMEOUT_S)
+        except Exception:
+            log.exception("forced stop failed service=%s", name)
+        slot.state = "failed" if was_failed else "killed"
+        self._service_up.labels(name).set(0)
+
+    @staticmethod
+    def _health(slot: _Slot) -> dict[str, Any]:
+        try:
+            health = dict(slot.service.health())
+        except Exception as exc:  # health must never take the status page down
+            health = {"health_error": repr(exc)}
+        health["state"] = slot.state
+        if slot.error:
+            health["error"] = slot.error
+        return health

@@ -1,0 +1,394 @@
+"""Leaky integrate-and-fire (LIF) inference, giaann-algorithm.md §4.3, as a step-wise session.
+
+Theory of operation
+-------------------
+A :class:`LifSession` walks one token sequence. At step ``k`` (1 ≤ k < length) the *current node*
+(column c, feature f) is the node chosen at step k−1; the session asks its caller for that node's
+outgoing row (``needs_row()``), and ``step(row)`` then does, in this order (§4.3 steps 2–11):
+
+1. column-constraint mode from f's delimiter flags: deterministic → ``delimiter``; else probabilistic
+   → none; else ``internal`` (allowed column set {c}). Only ``internal`` has an effect (the veto).
+2. propagate: feature segments 4..7 shift one toward the soma (7 merges into 8, by sum); column
+   segments 0..3 and the soma stay.
+3. fire, if the current node's soma + segment 3 ≥ θ (always, after its burst): every row entry adds
+   ``g(value)`` to (segment, target), ``g(x) = 2·sigmoid(x/100) − 1``, value = 1 (train-set constants:
+   boolean synapses) or the strength (test-set constants). Targets hit on the soma segment (the
+   distance-1 synapses of this row, *this step only*) form the eligible set.
+4. deactivate: current soma := 0 (train-set constants also clear its segment 3).
+5. select: seed steps (k < seed_tokens) take the real token. Otherwise among eligible neurons with
+   soma + segment 3 ≥ θ take the arg-max; **ties go to the lowest (column id, feature id)** (GIAANN
+   uses ``torch.topk`` over float32 values, which differs on a few tokens, §4.3 step 7). Under
+   ``internal`` an arg-max in another column is vetoed (no prediction); no candidate → no prediction.
+6. next node = real token k (teacher forcing) or the prediction (free running; no prediction ends it).
+7. column transition if the next node's column ≠ c: column segments advance 0→1→2→3, segment 3 is
+   decayed (× (1 − x_col)) and receives segment 2.
+8. soma decay: every soma × (1 − x_soma).
+9. burst the next node: soma += 1.
+
+Step 0 bursts token 0, applies the soma decay and bursts it again (it cannot be observed: the
+current node's soma is cleared before anything reads it at step 1).
+
+State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are contiguous) over the neurons touched so far in this sequence (a dict
+maps (column, feature) → slot), so propagation, transitions and decays are a few vector operations
+and a step costs O(row length) Python work. The session never does I/O: the caller fetches rows
+(from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so
+asynchronously.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.ids import PRIME_FEATURE
+from giaannd.model.rows import NUM_SEGMENTS, Row, RowKey
+
+__all__ = [
+    "SEED_TOKENS",
+    "TEST_SET",
+    "TRAIN_SET",
+    "DelimiterFlags",
+    "LifConstants",
+    "LifSession",
+    "NoDelimiters",
+    "RowSource",
+    "activation",
+    "run_session",
+]
+
+#: ``numSeedTokensInference``: tokens 0..7 seed the state; predictions start at token 8 (§4.2).
+SEED_TOKENS = 8
+_SOMA = NUM_SEGMENTS - 1
+_LAST_COLUMN_SEGMENT = 3
+_FIRST_FEATURE_SEGMENT = 4
+_INITIAL_SLOTS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class LifConstants:
+    """One constant set of §4.1."""
+
+    #: Soma firing / candidate threshold θ.
+    theta: float
+    #: Deposit g(1) for every synapse with strength > 0 (train-set) instead of g(strength).
+    boolean_synapses: bool
+    #: x in "soma × (1 − x)" after each step.
+    soma_decay: float
+    #: x in "segment 3 × (1 − x)" at each column change.
+    column_decay: float
+    #: Also zero the current node's segment 3 when it fires.
+    clear_segment3_on_fire: bool
+
+
+#: ``inferenceEvaluateTestSet=False``: boolean synapses, θ 0.004, soma cleared, decays 1.0.
+TRAIN_SET = LifConstants(theta=0.004, boolean_synapses=True, soma_decay=1.0, column_decay=1.0,
+                         clear_segment3_on_fire=True)
+#: ``inferenceEvaluateTestSet=True``: raw strengths, θ 0.008, decays 0.75.
+TEST_SET = LifConstants(theta=0.008, boolean_synapses=False, soma_decay=0.75, column_decay=0.75,
+                        clear_segment3_on_fire=False)
+
+
+def activation(x: float) -> float:
+    """g(x) = 2·sigmoid(x/100) − 1 (≈ x/200 for small x)."""
+    return 2.0 / (1.0 + math.exp(-x / 100.0)) - 1.0
+
+
+_MIX_INT = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+_MIX = np.uint64(_MIX_INT)
+
+
+def _mix(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """A 64-bit mix of (column id, feature id) for vectorised lookups (collisions are checked)."""
+    out: NDArray[np.uint64] = (col * _MIX) ^ feat
+    return out
+
+
+class DelimiterFlags(Protocol):
+    """The per-feature delimiter flags (the column assigner provides them)."""
+
+    def is_deterministic(self, feature_id: int) -> bool: ...
+
+    def is_probabilistic(self, feature_id: int) -> bool: ...
+
+
+class NoDelimiters:
+    """Flags with no delimiters at all: every step is ``internal`` (for tests and tools)."""
+
+    def is_deterministic(self, feature_id: int) -> bool:
+        return False
+
+    def is_probabilistic(self, feature_id: int) -> bool:
+        return False
+
+
+class RowSource(Protocol):
+    """Where rows come from: the local row store, or (later) a storage client."""
+
+    def get_row(self, column_id: int, feature_id: int) -> Row: ...
+
+
+class LifSession:
+    """One sequence of LIF inference, driven by the caller (sans-IO).
+
+    Args:
+        targets: the (column id, feature id) of every known token: the whole sentence for evaluation,
+            the prompt for generation. At least 1.
+        flags: delimiter flags (for the column-constraint mode).
+        constants: :data:`TRAIN_SET` or :data:`TEST_SET`.
+        length: total steps; defaults to ``len(targets)`` (generation passes prompt + max new tokens).
+        seed_tokens: steps < seed_tokens take the real token (teacher forcing, no prediction).
+        teacher_forced: after the seed, continue with the real token (True) or the prediction (False).
+
+    Raises:
+        ValueError: bad arguments (no targets, teacher forcing past the known targets...).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[RowKey],
+        flags: DelimiterFlags,
+        constants: LifConstants,
+        *,
+        length: int | None = None,
+        seed_tokens: int = SEED_TOKENS,
+        teacher_forced: bool = True,
+    ) -> None:
+        if not targets:
+            raise ValueError("a LIF session needs at least one token")
+        self._targets = list(targets)
+        self._length = len(self._targets) if length is None else length
+        if self._length < 1:
+            raise ValueError("length must be >= 1")
+        if teacher_forced and self._length > len(self._targets):
+            raise ValueError("teacher forcing needs a target for every step")
+        self._seed = max(1, min(seed_tokens, len(self._targets)))
+        self._flags = flags
+        self._k = constants
+        self._teacher = teacher_forced
+        self._slot: dict[RowKey, int] = {}
+        self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
+        self._n = 0
+        self._col: NDArray[np.uint64] = np.zeros(_INITIAL_SLOTS, np.uint64)
+        self._feat: NDArray[np.uint64] = np.zeros(_INITIAL_SLOTS, np.uint64)
+        self._skeys: NDArray[np.uint64] = np.empty(0, np.uint64)
+        self._sslot: NDArray[np.intp] = np.empty(0, np.intp)
+        self._exact = False
+        #: ``predictions[k]`` for every step k ≥ seed_tokens run so far (None = no prediction).
+        self.predictions: dict[int, RowKey | None] = {}
+        self._step = 1
+        self._done = self._length <= 1
+        first = self._targets[0]
+        s = self._slot_of(first)
+        self._act[_SOMA, s] += 1.0  # step 0: burst token 0
+        self._act[_SOMA, s] *= 1.0 - self._k.soma_decay
+        self._act[_SOMA, s] += 1.0
+        self._current = first
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def current(self) -> RowKey:
+        return self._current
+
+    @property
+    def steps_run(self) -> int:
+        """Steps k ≥ 1 completed."""
+        return self._step - 1
+
+    def needs_row(self) -> RowKey | None:
+        """The row the next ``step`` needs (the current node's), or None when the sequence is over."""
+        return None if self._done else self._current
+
+    def step(self, row: Row) -> RowKey | None:
+        """Run step k with the current node's outgoing ``row``; returns the node chosen at this step."""
+        if self._done:
+            raise RuntimeError("LIF session is finished")
+        k = self._step
+        c, f = self._current
+        internal = (f == PRIME_FEATURE) or not (
+            self._flags.is_deterministic(f) or self._flags.is_probabilistic(f)
+        )
+        act = self._act
+        n = self._n
+        cur = self._slot_of(self._current)
+        # 2. propagate feature segments one step toward the soma.
+        act[_SOMA, :n] += act[_SOMA - 1, :n]
+        act[_FIRST_FEATURE_SEGMENT + 1:_SOMA, :n] = act[_FIRST_FEATURE_SEGMENT:_SOMA - 1, :n]
+        act[_FIRST_FEATURE_SEGMENT, :n] = 0.0
+        # 3. fire.
+        eligible: NDArray[np.intp] = np.empty(0, np.intp)
+        if act[_SOMA, cur] + act[_LAST_COLUMN_SEGMENT, cur] >= self._k.theta and len(row):
+            slots = self._slots_of(row)
+            act = self._act  # may have grown
+            seg = row.segment.astype(np.intp)
+            if self._k.boolean_synapses:
+                value = np.where(row.strength > 0, activation(1.0), 0.0)
+            else:
+                value = 2.0 / (1.0 + np.exp(-row.strength.astype(np.float64) / 100.0)) - 1.0
+            act[seg, slots] += value
+            eligible = slots[seg == _SOMA]
+        # 4. deactivate the current node.
+        act[_SOMA, cur] = 0.0
+        if self._k.clear_segment3_on_fire:
+            act[_LAST_COLUMN_SEGMENT, cur] = 0.0
+        # 5./6. select and choose the next node.
+        if k < self._seed:
+            nxt: RowKey | None = self._targets[k]
+        else:
+            pred = self._select(eligible, row, c, internal)
+            self.predictions[k] = pred
+            nxt = self._targets[k] if self._teacher else pred
+        self._step += 1
+        if nxt is None:
+            self._done = True
+            return None
+        n = self._n
+        # 7. column transition.
+        if nxt[0] != c:
+            act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
+            act[_LAST_COLUMN_SEGMENT, :n] += act[_LAST_COLUMN_SEGMENT - 1, :n]
+            act[1:_LAST_COLUMN_SEGMENT, :n] = act[0:_LAST_COLUMN_SEGMENT - 1, :n]
+            act[0, :n] = 0.0
+        # 8. soma decay; 9. burst the next node.
+        act[_SOMA, :n] *= 1.0 - self._k.soma_decay
+        s = self._slot_of(nxt)
+        self._act[_SOMA, s] += 1.0
+        self._current = nxt
+        if self._step >= self._length:
+            self._done = True
+        return nxt
+
+    # -- internals ------------------------------------------------------------------------------
+    def _select(self, eligible: NDArray[np.intp], row: Row, column: int, internal: bool) -> RowKey | None:
+        if eligible.shape[0] == 0:
+            return None
+        act = self._act
+        value = act[_SOMA, eligible] + act[_LAST_COLUMN_SEGMENT, eligible]
+        ok = value >= self._k.theta
+        if not ok.any():
+            return None
+        # Eligible neurons are in row order: soma entries sorted by (column, feature), so argmax's
+        # first-maximum rule *is* "ties go to the lowest (column id, feature id)".
+        i = int(np.argmax(np.where(ok, value, -np.inf)))
+        soma = np.flatnonzero(row.segment == _SOMA)
+        pred = (int(row.target_column[soma[i]]), int(row.target_feature[soma[i]]))
+        if internal and pred[0] != column:
+            return None
+        return pred
+
+    def _slot_of(self, key: RowKey) -> int:
+        """Slot of one neuron (created if new). ``_slot`` caches scalar lookups (all slots once exact)."""
+        s = self._slot.get(key)
+        if s is not None:
+            return s
+        c, f = key
+        if not self._exact:
+            mixed = np.uint64(((c * _MIX_INT) & _MASK64) ^ f)
+            keys = self._skeys
+            i = int(keys.searchsorted(mixed))
+            if i < keys.shape[0] and keys[i] == mixed:
+                s = int(self._sslot[i])
+                if int(self._col[s]) != c or int(self._feat[s]) != f:
+                    s = None  # a mix collision: the array path below detects it and goes exact
+        if s is None:
+            s = int(self._slots_of_arrays(np.array([c], np.uint64), np.array([f], np.uint64))[0])
+        self._slot[key] = s
+        return s
+
+    def _slots_of(self, row: Row) -> NDArray[np.intp]:
+        return self._slots_of_arrays(row.target_column, row.target_feature)
+
+    def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
+        """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised).
+
+        Lookups go through a sorted array of 64-bit mixes of (column id, feature id); a mix
+        collision (≈ n²/2⁶⁵ per sequence) is detected by comparing the slot's real ids, after
+        which this session falls back to exact dict lookups for good.
+        """
+        if self._exact:
+            return self._slots_exact(tc, tf)
+        mixed = _mix(tc, tf)
+        keys = self._skeys
+        m = int(keys.shape[0])
+        pos = np.searchsorted(keys, mixed)
+        if m:
+            clipped = np.minimum(pos, m - 1)
+            found = keys[clipped] == mixed
+        else:
+            clipped = pos
+            found = np.zeros(mixed.shape[0], bool)
+        slots = np.empty(mixed.shape[0], np.intp)
+        slots[found] = self._sslot[clipped[found]]
+        if not found.all():
+            missing = ~found
+            newk, first_idx, inverse = np.unique(mixed[missing], return_index=True, return_inverse=True)
+            idx = np.flatnonzero(missing)[first_idx]
+            first = self._append_slots(tc[idx], tf[idx])
+            new_slots = np.arange(first, first + newk.shape[0], dtype=np.intp)
+            slots[missing] = new_slots[inverse.reshape(-1)]
+            # Sorted insert of the new (sorted, absent) keys.
+            u = int(newk.shape[0])
+            at = np.searchsorted(keys, newk) + np.arange(u)
+            old = np.ones(m + u, bool)
+            old[at] = False
+            merged_k = np.empty(m + u, np.uint64)
+            merged_s = np.empty(m + u, np.intp)
+            merged_k[at] = newk
+            merged_k[old] = keys
+            merged_s[at] = new_slots
+            merged_s[old] = self._sslot
+            self._skeys, self._sslot = merged_k, merged_s
+        if not ((self._col[slots] == tc).all() and (self._feat[slots] == tf).all()):
+            self._go_exact()
+            return self._slots_exact(tc, tf)
+        return slots
+
+    def _append_slots(self, col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> int:
+        first = self._n
+        self._n += int(col.shape[0])
+        if self._n > self._act.shape[1]:
+            self._grow(self._n)
+        self._col[first:self._n] = col
+        self._feat[first:self._n] = feat
+        return first
+
+    def _go_exact(self) -> None:
+        n = self._n
+        self._exact = True
+        self._slot = {key: i for i, key in enumerate(zip(self._col[:n].tolist(), self._feat[:n].tolist()))}
+
+    def _slots_exact(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
+        out: list[int] = []
+        slot = self._slot
+        for key in zip(tc.tolist(), tf.tolist()):
+            s = slot.get(key)
+            if s is None:
+                s = slot[key] = self._append_slots(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64))
+            out.append(s)
+        return np.array(out, dtype=np.intp)
+
+    def _grow(self, need: int) -> None:
+        cap = self._act.shape[1]
+        while cap < need:
+            cap *= 2
+        grown = np.zeros((NUM_SEGMENTS, cap), np.float64)
+        grown[:, : self._act.shape[1]] = self._act
+        self._act = grown
+        self._col = np.resize(self._col, cap)
+        self._feat = np.resize(self._feat, cap)
+
+
+def run_session(session: LifSession, source: RowSource) -> LifSession:
+    """Drive a session to its end against a synchronous row source."""
+    while (key := session.needs_row()) is not None:
+        session.step(source.get_row(key[0], key[1]))
+    return session

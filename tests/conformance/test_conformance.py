@@ -1,0 +1,308 @@
+"""One suite, every backend (dask's ``check_*`` idea): the same test bodies run over mem, tcp and ucx.
+
+Every wait is bounded (``asyncio.timeout``); leak checks count sockets/endpoints and pool leases.
+"""
+
+import asyncio
+
+import numpy as np
+import pytest
+import xxhash
+
+from peers.errors import (
+    DeadlineExceeded,
+    HandshakeRejected,
+    LocalProtocolError,
+    PeerDead,
+    RemoteError,
+    TransportClosed,
+)
+from peers.transport import Reply, connect
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+
+class Service:
+    """A test service: the payload names the operation."""
+
+    def __init__(self):
+        self.cancelled = 0
+        self.started = asyncio.Event()
+        self.calls = 0
+        self.sink_digest = None
+
+    async def __call__(self, incoming):
+        self.calls += 1
+        op = incoming.decode(object)
+        if isinstance(op, list):
+            op, arg = op
+        if op == "echo":
+            return Reply(["echo", incoming.peer], incoming.bulk)
+        if op == "double":
+            return Reply("ok", [a * 2 for a in incoming.bulk])
+        if op == "sized":
+            return Reply("ok", [np.arange(arg, dtype=np.int64)])
+        if op == "sink":
+            self.sink_digest = [xxhash.xxh3_64_intdigest(a) for a in incoming.bulk]
+            return Reply("ok")
+        if op == "sleep":
+            self.started.set()
+            try:
+                await asyncio.sleep(arg)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+            return Reply("slept")
+        if op == "fail":
+            raise ValueError("handler failed on purpose")
+        return Reply(op)
+
+
+async def _pair(harness, service=None, **kw):
+    service = service or Service()
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), service)
+    client = harness.transport("client", **kw)
+    conn = await connect(client, listener.address, timeout_s=10)
+    return server, listener, client, conn, service
+
+
+async def _teardown(server, listener, client, conn):
+    await conn.close()
+    await listener.close()
+    async with asyncio.timeout(5):
+        while client.open_resources or server.open_resources:
+            await asyncio.sleep(0.01)
+    assert server.pool.leased == 0
+
+
+async def test_conformance_request_response_in_order(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    for i in range(20):
+        assert (await conn.request(i, timeout_s=5)).decode(int) == i
+    assert (await conn.request("echo", timeout_s=5)).decode(list) == ["echo", "client"]
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_many_in_flight(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    arrays = [np.full(1000 + i, i, np.int32) for i in range(200)]
+    results = await asyncio.gather(*(conn.request("double", [a], timeout_s=20) for a in arrays))
+    for a, r in zip(arrays, results):
+        np.testing.assert_array_equal(r.bulk[0], a * 2)
+    assert server.metrics.requests_served == 200
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_bulk_dtypes_and_recv_into(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    bufs = [np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(5, dtype=np.int64),
+            np.array([1, 0, 1], np.uint8), np.zeros(0, np.float64), np.arange(7, dtype=np.float16)]
+    dests = [np.empty_like(b) for b in bufs]
+    result = await conn.request("echo", bufs, recv_into=dests, timeout_s=10)
+    for b, d, r in zip(bufs, dests, result.bulk):
+        np.testing.assert_array_equal(d, b)
+        assert r.shape == b.shape and r.dtype == b.dtype
+        assert d.size == 0 or np.shares_memory(r, d)  # received in place, no copy
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_recv_into_torch_tensor(harness):
+    torch = pytest.importorskip("torch")
+    server, listener, client, conn, _ = await _pair(harness)
+    src = torch.arange(1000, dtype=torch.float32)
+    dest = torch.zeros(1000, dtype=torch.float32)
+    await conn.request("double", [src], recv_into=[dest], timeout_s=10)
+    assert torch.equal(dest, src * 2)
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_large_buffer_256mib(harness):
+    server, listener, client, conn, service = await _pair(harness)
+    big = np.random.default_rng(0).integers(0, 255, 256 * 2**20, dtype=np.uint8)
+    assert (await conn.request("sink", [big], timeout_s=50)).decode(str) == "ok"
+    assert service.sink_digest == [xxhash.xxh3_64_intdigest(big)]
+    del big
+    # and a large response received into a caller's buffer
+    dest = np.empty(32 * 2**20, np.int64)
+    await conn.request(["sized", dest.size], recv_into=[dest], timeout_s=50)
+    assert dest[0] == 0 and dest[-1] == dest.size - 1
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_response_that_does_not_fit_fails_typed(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    with pytest.raises(LocalProtocolError):
+        await conn.request(["sized", 100], recv_into=[np.empty(10, np.int64)], timeout_s=5)
+    # the stream stayed in sync: the connection is still usable
+    assert (await conn.request(["sized", 3], timeout_s=5)).bulk[0].tolist() == [0, 1, 2]
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_handler_error_is_remote_error(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    with pytest.raises(RemoteError) as info:
+        await conn.request("fail", timeout_s=5)
+    assert info.value.remote_type == "ValueError" and "on purpose" in str(info.value)
+    assert (await conn.request(1, timeout_s=5)).decode(int) == 1
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_deadline_cancels_remote_handler(harness):
+    server, listener, client, conn, service = await _pair(harness)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(DeadlineExceeded):
+        await conn.request(["sleep", 30], timeout_s=0.2)
+    assert loop.time() - t0 < 2
+    async with asyncio.timeout(5):
+        while service.cancelled < 1:
+            await asyncio.sleep(0.01)
+    assert conn.in_flight == 0
+    assert (await conn.request(2, timeout_s=5)).decode(int) == 2
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_caller_cancellation_propagates(harness):
+    server, listener, client, conn, service = await _pair(harness)
+    task = asyncio.ensure_future(conn.request(["sleep", 30], timeout_s=30))
+    async with asyncio.timeout(5):
+        await service.started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        while service.cancelled < 1:
+            await asyncio.sleep(0.01)
+    assert conn.in_flight == 0
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_fail_peer_fails_pending_at_once(harness):
+    server, listener, client, conn, service = await _pair(harness)
+    pending = [asyncio.ensure_future(conn.request(["sleep", 30], timeout_s=30)) for _ in range(5)]
+    async with asyncio.timeout(5):
+        await service.started.wait()
+    conn.fail(PeerDead("membership declared server dead"))
+    async with asyncio.timeout(1):
+        results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, PeerDead) for r in results)
+    with pytest.raises(TransportClosed):
+        await conn.request(1, timeout_s=1)
+    await _teardown(server, listener, client, conn)
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    (dict(keyring=[b"another-key-0123456789abcdef0000"]), "bad_key"),
+    (dict(cluster="someone-else"), "wrong_cluster"),
+    (dict(versions=(7, 9)), "version"),
+])
+async def test_conformance_handshake_rejection(harness, kwargs, reason):
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), Service())
+    client = harness.transport("intruder", **kwargs)
+    with pytest.raises(HandshakeRejected) as info:
+        await connect(client, listener.address, timeout_s=5)
+    assert info.value.reason == reason
+    async with asyncio.timeout(5):
+        while server.metrics.handshake_rejections.get(reason, 0) < 1 or client.open_resources or server.open_resources:
+            await asyncio.sleep(0.01)
+    assert listener.connections == []
+    await listener.close()
+
+
+async def test_conformance_reconnect_after_server_restart(harness):
+    address = harness.fixed_address()
+    server = harness.transport("server")
+    listener = await server.listen(address, Service())
+    client = harness.transport("client")
+    conn = await connect(client, listener.address, timeout_s=5)
+    await listener.close()
+    async with asyncio.timeout(5):
+        await conn.closed.wait()
+    with pytest.raises(TransportClosed):
+        await conn.request(1, timeout_s=1)
+
+    async def restart_later():
+        await asyncio.sleep(0.3)
+        return await harness.transport("server").listen(address, Service())
+
+    restarter = asyncio.ensure_future(restart_later())
+    conn2 = await connect(client, address, timeout_s=10)  # retries with backoff meanwhile
+    listener2 = await restarter
+    assert (await conn2.request(5, timeout_s=5)).decode(int) == 5
+    await conn2.close()
+    await listener2.close()
+
+
+async def test_conformance_peer_crash_mid_transfer(harness):
+    service = Service()
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), service)
+    crash = await harness.crash_mid_upload(listener.address, 512)
+    async with asyncio.timeout(30):  # wait until the upload's pooled buffer is leased
+        while server.pool.leased == 0:
+            await asyncio.sleep(0.001)
+    await crash()
+    async with asyncio.timeout(10):
+        while server.pool.leased or server.open_resources or listener.connections:
+            await asyncio.sleep(0.01)
+    assert service.calls == 0  # the request never completed: the crash was mid-transfer
+    # the listener survives and serves the next peer
+    client = harness.transport("client")
+    conn = await connect(client, listener.address, timeout_s=10)
+    assert (await conn.request(3, timeout_s=5)).decode(int) == 3
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_garbage_from_peer_closes_only_that_connection(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    # inject garbage on the client's link: the server must count it and close that connection
+    conn.link.write([b"NOT A FRAME AT ALL, JUST GARBAGE BYTES"])
+    async with asyncio.timeout(5):
+        await conn.closed.wait()
+    assert sum(server.metrics.protocol_errors.values()) == 1
+    client2 = harness.transport("client2")
+    conn2 = await connect(client2, listener.address, timeout_s=5)
+    assert (await conn2.request(4, timeout_s=5)).decode(int) == 4
+    await _teardown(server, listener, client2, conn2)
+
+
+async def test_conformance_idle_connection_is_quiet(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    before = (server.metrics.bytes_sent, client.metrics.bytes_sent)
+    await asyncio.sleep(0.3)
+    assert (server.metrics.bytes_sent, client.metrics.bytes_sent) == before
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_pool_reuse_fail_peer_revive(harness):
+    from peers.transport import ConnectionPool
+
+    service = Service()
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), service)
+    client = harness.transport("client")
+    pool = ConnectionPool(client, connect_timeout_s=5)
+    a, b = await asyncio.gather(pool.get("server", listener.address), pool.get("server", listener.address))
+    assert a is b  # single-flight, then reused
+    pending = [asyncio.ensure_future(pool.request("server", listener.address, ["sleep", 30], timeout_s=30))
+               for _ in range(3)]
+    async with asyncio.timeout(5):
+        await service.started.wait()
+    assert pool.fail_peer("server", "membership: failed") == 3
+    async with asyncio.timeout(1):
+        results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, PeerDead) for r in results)
+    with pytest.raises(PeerDead):
+        await pool.get("server", listener.address)
+    pool.revive("server")
+    assert (await pool.request("server", listener.address, 6, timeout_s=5)).decode(int) == 6
+    with pytest.raises(HandshakeRejected) as info:
+        await pool.get("someone-else", listener.address)
+    assert info.value.reason == "wrong_peer"
+    await pool.close()
+    await listener.close()
+    async with asyncio.timeout(5):
+        while client.open_resources or server.open_resources or server.pool.leased:
+            await asyncio.sleep(0.01)

@@ -1,0 +1,192 @@
+"""giaannctl in-process (``main(argv)``) against a real Daemon running in a background thread.
+
+The daemon runs a test service that plugs in the way role services will: it registers a members
+source and a training job route pair (``POST /v1/train``, ``GET /v1/jobs/{job_id}``) whose job
+really reads the corpus file line by line, so the progress bar polls a moving target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from giaannd.admin import ctl
+from giaannd.admin.api import AdminHTTPError
+from giaannd.config import load_config
+from giaannd.daemon import Daemon, ServiceContext
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+WAIT_S = 10
+
+
+class JobService:
+    """Members source plus line-counting 'training' jobs."""
+
+    name = "jobs"
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self._ids = itertools.count(1)
+        self._ctx: ServiceContext | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        self._ctx = ctx
+        ctx.admin.set_members_source(lambda: [
+            {"name": ctx.node_name, "node_id": str(ctx.node_id), "state": "alive"},
+            {"name": "peer-2", "node_id": "n2", "state": "suspect"}])
+        ctx.admin.add_route("POST", "/v1/train", self._train)
+        ctx.admin.add_route("GET", "/v1/jobs/{job_id}", self._job)
+
+    async def _train(self, request: Any, params: Mapping[str, str]) -> Any:
+        body = await request.json()
+        lines = Path(body["corpus"]).read_text().splitlines()
+        job_id = f"job-{next(self._ids)}"
+        self.jobs[job_id] = {"job_id": job_id, "state": "running", "done": 0,
+                             "total": len(lines), "unit": "sentences"}
+        assert self._ctx is not None
+        self._ctx.spawn(self._run(job_id, lines), job_id)
+        return {"job_id": job_id}
+
+    async def _run(self, job_id: str, lines: list[str]) -> None:
+        job = self.jobs[job_id]
+        for line in lines:
+            await asyncio.sleep(0.002)
+            if line == "FAIL":
+                job.update(state="failed", error="bad sentence")
+                return
+            job["done"] += 1
+        job["state"] = "succeeded"
+
+    async def _job(self, request: Any, params: Mapping[str, str]) -> Any:
+        if params["job_id"] not in self.jobs:
+            raise AdminHTTPError(404, f"no job {params['job_id']}", "not_found")
+        return self.jobs[params["job_id"]]
+
+    async def stop(self, graceful: bool) -> None:
+        return None
+
+    def health(self) -> Mapping[str, Any]:
+        return {"jobs": len(self.jobs)}
+
+
+@dataclass
+class Node:
+    data_dir: Path
+    daemon: Daemon
+    loop: asyncio.AbstractEventLoop
+
+    def ctl(self, *argv: str) -> list[str]:
+        return ["--data-dir", str(self.data_dir), *argv]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    data = tmp_path / "data"
+    cfg = load_config(environ={}, overrides=[f"node.data-dir={data}", "admin.listen=127.0.0.1:0",
+                                             "node.name=ctl-node", "node.roles=[]"])
+    loop = asyncio.new_event_loop()
+    daemon = Daemon(cfg, [JobService()], handle_signals=False)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(loop.run_until_complete(daemon.run())))
+    thread.start()
+    try:
+        for _ in range(WAIT_S * 100):
+            if daemon.state != "starting":
+                break
+            threading.Event().wait(0.01)
+        assert daemon.state == "running"
+        yield Node(data, daemon, loop)
+    finally:
+        loop.call_soon_threadsafe(daemon.request_stop, "test over")
+        thread.join(WAIT_S)
+        loop.close()
+    assert result == [0]
+
+
+def test_ctl_node_status_human_and_json(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(node.ctl("node", "status")) == 0
+    out = capsys.readouterr().out
+    assert "node_name: ctl-node" in out and "state: running" in out
+    assert ctl.main(node.ctl("--json", "node", "status")) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["services"]["jobs"] == {"jobs": 0, "state": "running"}
+    assert status["node_id"] == str(node.daemon.node_id)
+
+
+def test_ctl_members_list(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(node.ctl("members", "list")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "NODE_ID", "STATE"]
+    assert lines[2].split() == ["peer-2", "n2", "suspect"]
+    assert ctl.main(node.ctl("--json", "members", "list")) == 0
+    assert len(json.loads(capsys.readouterr().out)["members"]) == 2
+
+
+def test_ctl_metrics_text_and_json(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(node.ctl("metrics")) == 0
+    assert "# TYPE giaannd_uptime_seconds gauge" in capsys.readouterr().out
+    assert ctl.main(node.ctl("--json", "metrics")) == 0
+    families = {f["name"]: f for f in json.loads(capsys.readouterr().out)}
+    assert families["giaannd_service_up"]["samples"][0]["labels"] == {"service": "jobs"}
+
+
+@pytest.mark.parametrize(("argv", "what"), [
+    (["ring", "owners", "dog"], "'ring owners'"),
+    (["column", "info", "dog"], "'column info'"),
+    (["generate", "the cat"], "'generate'"),
+    (["node", "drain"], "'node drain'"),
+    (["keys", "remove", "k1"], "'keys remove'"),
+])
+def test_ctl_unserved_routes_fail_honestly(node: Node, capsys: pytest.CaptureFixture[str],
+                                           argv: list[str], what: str) -> None:
+    assert ctl.main(node.ctl(*argv)) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"this node does not serve {what}" in captured.err
+    assert "role not enabled or not implemented" in captured.err
+
+
+def test_ctl_train_with_progress(node: Node, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence {i}" for i in range(40)))
+    assert ctl.main(node.ctl("--json", "train", "start", str(corpus))) == 0
+    final = json.loads(capsys.readouterr().out)
+    assert final["state"] == "succeeded" and final["done"] == 40
+    assert ctl.main(node.ctl("train", "start", str(corpus))) == 0
+    captured = capsys.readouterr()
+    assert "job job-2 succeeded" in captured.err  # stderr is not a TTY under pytest
+    assert "40/40 sentences" in captured.err
+    assert ctl.main(node.ctl("train", "status", "job-2")) == 0
+    assert "state: succeeded" in capsys.readouterr().out
+
+
+def test_ctl_train_failure_and_bad_input(node: Node, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "bad.txt"
+    corpus.write_text("ok\nFAIL\n")
+    assert ctl.main(node.ctl("train", "start", str(corpus))) == 1
+    assert "failed: bad sentence" in capsys.readouterr().err
+    assert ctl.main(node.ctl("train", "start", str(tmp_path / "absent.txt"))) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert ctl.main(node.ctl("train", "status", "job-99")) == 1
+    assert "no job job-99" in capsys.readouterr().err
+
+
+def test_ctl_wrong_token_and_unreachable(node: Node, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.token"
+    bad.write_text("nope\n")
+    assert ctl.main([*node.ctl("--token-file", str(bad)), "node", "status"]) == 1
+    assert "refused the admin token" in capsys.readouterr().err
+    assert ctl.main(["--addr", "http://127.0.0.1:1", "--token-file", str(bad),
+                     "node", "status"]) == 1
+    assert "cannot reach giaannd at http://127.0.0.1:1: is it running?" in capsys.readouterr().err

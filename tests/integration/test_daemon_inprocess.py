@@ -1,0 +1,251 @@
+"""The Daemon in-process: service lifecycle, drain budget, failures, admin API auth and routes.
+
+Real aiohttp server on a loopback port chosen by the OS; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from giaannd.admin.api import AdminHTTPError
+from giaannd.config import Config, load_config
+from giaannd.daemon import Daemon, Service, ServiceContext
+from giaannd.errors import ConfigError, CorruptFileError, GiaannError
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+WAIT_S = 10
+
+
+class Recorder(Service):
+    """A service that records its lifecycle calls; behaviour is tuned per test."""
+
+    def __init__(self, name: str, log: list[str], *, stop_delay_s: float = 0.0,
+                 fail_start: bool = False, fail_task: bool = False) -> None:
+        self.name = name
+        self.log = log
+        self.stop_delay_s = stop_delay_s
+        self.fail_start = fail_start
+        self.fail_task = fail_task
+        self.ctx: ServiceContext | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self.log.append(f"start {self.name} after={sorted(ctx.services)}")
+        if self.fail_start:
+            raise RuntimeError("boom at start")
+        ctx.admin.add_route("GET", f"/v1/{self.name}/{{item}}", self._item)
+        if self.fail_task:
+            ctx.spawn(self._crash(), "crash")
+
+    async def _crash(self) -> None:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("background boom")
+
+    async def _item(self, request: Any, params: Mapping[str, str]) -> Any:
+        if params["item"] == "missing":
+            raise AdminHTTPError(404, "no such item", "not_found")
+        if params["item"] == "bug":
+            raise ValueError("handler bug")
+        return {"service": self.name, "item": params["item"]}
+
+    async def stop(self, graceful: bool) -> None:
+        self.log.append(f"stop {self.name} graceful={graceful}")
+        if graceful and self.stop_delay_s:
+            await asyncio.sleep(self.stop_delay_s)
+
+    def health(self) -> Mapping[str, Any]:
+        return {"items": 3}
+
+
+def _config(tmp_path: Path, **sets: str) -> Config:
+    overrides = [f"node.data-dir={tmp_path / 'data'}", "admin.listen=127.0.0.1:0",
+                 "node.name=test-node", "node.roles=[]"]
+    return load_config(environ={}, overrides=overrides + [f"{k}={v}" for k, v in sets.items()])
+
+
+@asynccontextmanager
+async def running(daemon: Daemon) -> AsyncIterator[asyncio.Task[int]]:
+    task = asyncio.create_task(daemon.run())
+    async with asyncio.timeout(WAIT_S):
+        while daemon.state == "starting" and not task.done():
+            await asyncio.sleep(0.01)
+    try:
+        yield task
+    finally:
+        daemon.request_stop("test over")
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _url(daemon: Daemon, path: str) -> str:
+    assert daemon.admin_address is not None
+    host, port = daemon.admin_address
+    return f"http://{host}:{port}{path}"
+
+
+def _auth(cfg: Config) -> dict[str, str]:
+    token = cfg.data_path("admin.token").read_text().strip()
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.asyncio
+async def test_daemon_starts_in_order_and_stops_in_reverse(tmp_path: Path) -> None:
+    log: list[str] = []
+    cfg = _config(tmp_path)
+    daemon = Daemon(cfg, [Recorder("a", log), Recorder("b", log)], handle_signals=False)
+    async with running(daemon) as task:
+        assert daemon.state == "running"
+        status = daemon.status()
+        assert status["services"]["a"] == {"items": 3, "state": "running"}
+        assert (tmp_path / "data" / "admin.addr").read_text().startswith("http://127.0.0.1:")
+    assert task.result() == 0
+    assert log == ["start a after=[]", "start b after=['a']",
+                   "stop b graceful=True", "stop a graceful=True"]
+    assert daemon.state == "stopped"
+    assert not (tmp_path / "data" / "admin.addr").exists()
+
+
+@pytest.mark.asyncio
+async def test_daemon_drain_timeout_forces_slow_service(tmp_path: Path) -> None:
+    log: list[str] = []
+    cfg = _config(tmp_path, **{"node.drain-timeout-s": "0.2"})
+    daemon = Daemon(cfg, [Recorder("fast", log), Recorder("slow", log, stop_delay_s=30)],
+                    handle_signals=False)
+    async with running(daemon) as task:
+        pass
+    assert task.result() == 0
+    assert log[-3:] == ["stop slow graceful=True", "stop slow graceful=False",
+                        "stop fast graceful=True"]
+    assert daemon.status()["services"]["slow"]["state"] == "killed"
+
+
+@pytest.mark.asyncio
+async def test_daemon_force_stop_skips_drain(tmp_path: Path) -> None:
+    log: list[str] = []
+    daemon = Daemon(_config(tmp_path), [Recorder("slow", log, stop_delay_s=30)],
+                    handle_signals=False)
+    async with running(daemon) as task:
+        daemon.request_stop("first")
+        await asyncio.sleep(0.1)
+        daemon.force_stop("second")
+    assert task.result() == 130
+    assert log[-2:] == ["stop slow graceful=True", "stop slow graceful=False"]
+
+
+@pytest.mark.asyncio
+async def test_daemon_failed_start_stops_started_services(tmp_path: Path) -> None:
+    log: list[str] = []
+    services = [Recorder("ok", log), Recorder("bad", log, fail_start=True), Recorder("never", log)]
+    daemon = Daemon(_config(tmp_path), services, handle_signals=False)
+    async with asyncio.timeout(WAIT_S):
+        code = await daemon.run()
+    assert code == 1
+    assert log == ["start ok after=[]", "start bad after=['ok']",
+                   "stop bad graceful=True", "stop ok graceful=True"]
+
+
+@pytest.mark.asyncio
+async def test_daemon_failed_background_task_stops_with_exit_1(tmp_path: Path) -> None:
+    log: list[str] = []
+    daemon = Daemon(_config(tmp_path), [Recorder("x", log, fail_task=True)],
+                    handle_signals=False)
+    async with asyncio.timeout(WAIT_S):
+        code = await daemon.run()
+    assert code == 1
+    health = daemon.status()["services"]["x"]
+    assert health["state"] == "failed" and "background boom" in health["error"]
+
+
+@pytest.mark.asyncio
+async def test_daemon_refuses_corrupt_node_id_and_shared_data_dir(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    Path(cfg.node.data_dir).mkdir()
+    cfg.data_path("node-id").write_text("garbage")
+    with pytest.raises(CorruptFileError):
+        async with asyncio.timeout(WAIT_S):
+            await Daemon(cfg, handle_signals=False).run()
+    cfg.data_path("node-id").unlink()
+    first = Daemon(cfg, handle_signals=False)
+    async with running(first):
+        with pytest.raises(GiaannError, match="is in use by pid"):
+            async with asyncio.timeout(WAIT_S):
+                await Daemon(cfg, handle_signals=False).run()
+
+
+@pytest.mark.asyncio
+async def test_daemon_configured_token_file_must_exist(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, **{"admin.token-file": str(tmp_path / "nope")})
+    with pytest.raises(ConfigError) as info:
+        async with asyncio.timeout(WAIT_S):
+            await Daemon(cfg, handle_signals=False).run()
+    assert info.value.path == "$.admin.token-file"
+
+
+@pytest.mark.asyncio
+async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
+    log: list[str] = []
+    cfg = _config(tmp_path)
+    daemon = Daemon(cfg, [Recorder("svc", log)], handle_signals=False)
+    async with running(daemon), aiohttp.ClientSession() as http:
+        auth = _auth(cfg)
+        async def get(path: str, headers: dict[str, str] | None = None,
+                      method: str = "GET") -> tuple[int, Any]:
+            async with http.request(method, _url(daemon, path), headers=headers) as resp:
+                ctype = resp.headers.get("Content-Type", "")
+                return resp.status, await (resp.json() if "json" in ctype else resp.text())
+
+        status, body = await get("/v1/status", auth)
+        assert status == 200
+        assert body["node_name"] == "test-node" and body["state"] == "running"
+        assert body["node_id"] == cfg.data_path("node-id").read_text().strip()
+        assert (await get("/v1/status"))[0] == 401
+        assert (await get("/v1/status", {"Authorization": "Bearer wrong"}))[0] == 401
+        assert (await get("/v1/nosuch"))[0] == 401  # no probing without the token
+        assert await get("/v1/svc/thing", auth) == (200, {"service": "svc", "item": "thing"})
+        assert (await get("/v1/svc/missing", auth))[1]["code"] == "not_found"
+        assert (await get("/v1/svc/bug", auth))[0] == 500
+        assert (await get("/v1/nosuch", auth))[1]["code"] == "not_served"
+        assert (await get("/v1/status", auth, method="DELETE"))[0] == 405
+        assert (await get("/v1/members", auth))[0] == 404
+        daemon_ctx = daemon._slots[0].service.ctx  # type: ignore[attr-defined]
+        daemon_ctx.admin.set_members_source(lambda: [{"name": "test-node", "state": "alive"}])
+        assert (await get("/v1/members", auth))[1] == {
+            "members": [{"name": "test-node", "state": "alive"}]}
+        status, metrics = await get("/metrics")  # tokenless from loopback
+        assert status == 200
+        assert 'giaannd_admin_requests_total{method="GET",route="/v1/status",status="200"}' \
+            in metrics
+        assert 'giaannd_service_up{service="svc"} 1.0' in metrics
+        status, page = await get("/")
+        assert status == 200 and "test-node" in page and "alive" in page
+        with pytest.raises(ValueError, match="already registered"):
+            daemon_ctx.admin.add_route("GET", "/v1/svc/{item}", daemon_ctx.admin._get_status)
+
+
+@pytest.mark.asyncio
+async def test_admin_metrics_require_token(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, **{"admin.metrics-require-token": "true"})
+    daemon = Daemon(cfg, handle_signals=False)
+    async with running(daemon), aiohttp.ClientSession() as http:
+        async with http.get(_url(daemon, "/metrics")) as resp:
+            assert resp.status == 401
+        async with http.get(_url(daemon, "/metrics"), headers=_auth(cfg)) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+
+
+@pytest.mark.asyncio
+async def test_daemon_status_reports_roles(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, **{"node.roles": '["storage", "compute"]'})
+    daemon = Daemon(cfg, [Recorder("storage", [])], handle_signals=False,
+                    unavailable_roles={"compute": "not built"})
+    async with running(daemon):
+        assert daemon.status()["roles"] == {"storage": "running",
+                                            "compute": "unavailable: not built"}

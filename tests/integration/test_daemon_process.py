@@ -1,0 +1,212 @@
+"""A real ``python -m giaannd`` process: sd_notify READY/WATCHDOG/STOPPING over a datagram socket
+the test binds, admin API with the token, giaannctl as a subprocess, signals and exit statuses.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 30.0
+
+
+class NotifySocket:
+    """The service manager's end of NOTIFY_SOCKET, drained continuously by a thread (as systemd
+    does) so watchdog pings never fill the queue and crowd out READY or STOPPING."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages: list[str] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while not self._closed:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._cond:
+                self.messages.append(data.decode())
+                self._cond.notify_all()
+
+    def wait_for(self, assignment: str, timeout_s: float = WAIT_S) -> None:
+        def seen() -> bool:
+            return any(assignment in m.split("\n") for m in self.messages)
+        with self._cond:
+            if not self._cond.wait_for(seen, timeout_s):
+                raise AssertionError(f"no {assignment} within {timeout_s}s: {self.messages}")
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifySocket]:
+    ns = NotifySocket(tmp_path / "notify.sock")
+    yield ns
+    ns.close()
+
+
+def _write_config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "giaannd.toml"
+    path.write_text(f'[node]\nname = "proc-node"\ndata-dir = "{tmp_path / "data"}"\nroles = []\n'
+                    f'drain-timeout-s = 60.0\n[admin]\nlisten = "127.0.0.1:0"\n{extra}')
+    return path
+
+
+def _spawn(argv: list[str], notify: NotifySocket | None, stderr_path: Path,
+           extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GIAANND_", "NOTIFY_SOCKET", "WATCHDOG_", "JOURNAL_STREAM"))}
+    env["PYTHONPATH"] = str(ROOT)
+    if notify is not None:
+        env["NOTIFY_SOCKET"] = notify.path
+    env.update(extra_env or {})
+    with open(stderr_path, "wb") as err:
+        return subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(WAIT_S)
+
+
+def _get(url: str, token: str | None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=WAIT_S) as resp:
+        return resp.status, resp.read()
+
+
+def test_daemon_process_lifecycle(tmp_path: Path, notify: NotifySocket) -> None:
+    config = _write_config(tmp_path)
+    stderr_path = tmp_path / "stderr.log"
+    stderr_path.touch()
+    st = os.stat(stderr_path)
+    proc = _spawn(["-m", "giaannd", "--config", str(config)], notify, stderr_path,
+                  {"WATCHDOG_USEC": "200000", "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    try:
+        notify.wait_for("READY=1")
+        notify.wait_for("WATCHDOG=1", timeout_s=5)
+        data = tmp_path / "data"
+        addr = (data / "admin.addr").read_text().strip()
+        token = (data / "admin.token").read_text().strip()
+        assert oct((data / "admin.token").stat().st_mode & 0o777) == "0o600"
+        status, body = _get(f"{addr}/v1/status", token)
+        doc = json.loads(body)
+        assert status == 200 and doc["node_name"] == "proc-node" and doc["pid"] == proc.pid
+        status, metrics = _get(f"{addr}/metrics", token)
+        assert b'giaannd_info{node_name="proc-node",version=' in metrics
+
+        def ctl(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "giaannd.admin.ctl", "--data-dir", str(data), *argv],
+                cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+
+        result = ctl("--json", "node", "status")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["node_id"] == doc["node_id"]
+        result = ctl("ring", "owners", "dog")
+        assert result.returncode == 1
+        assert "does not serve 'ring owners'" in result.stderr
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+        notify.wait_for("STOPPING=1", timeout_s=5)
+    finally:
+        _stop(proc)
+    log = stderr_path.read_text()
+    assert "<6>INFO giaannd.daemon: ready node=proc-node" in log  # journald format, no time
+    assert "shutdown requested reason=SIGTERM" in log
+    assert not (tmp_path / "data" / "admin.addr").exists()
+
+
+def test_daemon_process_bad_config_exits_2(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "[storage]\ncapacity-bytes = -1\n")
+    result = subprocess.run([sys.executable, "-m", "giaannd", "--config", str(config)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+    assert result.returncode == 2
+    assert "$.storage.capacity-bytes" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "giaannd", "--config", str(config),
+                             "--set", "storage.capacity-bytes=5", "--set", "node.colour=red"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+    assert result.returncode == 2 and "$.node.colour" in result.stderr
+    assert not (tmp_path / "data").exists()  # nothing created before the config is valid
+
+
+def test_daemon_process_config_show(tmp_path: Path) -> None:
+    config = _write_config(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "giaannd", "config", "show", "--config",
+                             str(config), "--json", "--set", "compute.max-sessions=9"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+                            env={**os.environ, "GIAANND_COMPUTE__TRAIN_WORKERS": "5"})
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["node"]["name"] == "proc-node"
+    assert shown["compute"]["max-sessions"] == 9 and shown["compute"]["train-workers"] == 5
+    defaults = subprocess.run([sys.executable, "-m", "giaannd", "config", "show", "--defaults"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+    assert defaults.returncode == 0 and 'data-dir = "/var/lib/giaannd"' in defaults.stdout
+
+
+_SLOW_DAEMON = """
+import asyncio, sys
+from giaannd.cli import main
+
+class SlowDrain:
+    name = "slow"
+    async def start(self, ctx): pass
+    async def stop(self, graceful):
+        if graceful:
+            await asyncio.sleep(3600)  # a drain that would outlast any test
+    def health(self): return {}
+
+sys.exit(main(sys.argv[1:], extra_services=[SlowDrain()]))
+"""
+
+
+def test_daemon_process_second_sigint_forces_exit(tmp_path: Path, notify: NotifySocket) -> None:
+    script = tmp_path / "slow_daemon.py"
+    script.write_text(_SLOW_DAEMON)
+    proc = _spawn([str(script), "--config", str(_write_config(tmp_path))], notify,
+                  tmp_path / "stderr.log")
+    try:
+        notify.wait_for("READY=1")
+        proc.send_signal(signal.SIGINT)
+        notify.wait_for("STOPPING=1")
+        time.sleep(0.2)
+        assert proc.poll() is None  # still draining (drain-timeout-s is 60)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(WAIT_S) == 130
+        assert time.monotonic() - started < 10
+    finally:
+        _stop(proc)
+    assert "forced shutdown reason=second SIGINT" in (tmp_path / "stderr.log").read_text()

@@ -1,0 +1,111 @@
+"""Role service discovery, listen-address parsing, the loopback profile and CLI role flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from giaannd import cli, daemon
+from giaannd.config import Config, load_config
+from giaannd.errors import ConfigError
+
+
+@pytest.fixture
+def fake_roles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    pkg = tmp_path / "fakeroles"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text(
+        "class S:\n"
+        "    def __init__(self, config):\n"
+        "        self.name = 'storage'\n"
+        "        self.config = config\n"
+        "def create_service(config):\n"
+        "    return S(config)\n")
+    (pkg / "noattr.py").write_text("x = 1\n")
+    (pkg / "brokendep.py").write_text("import fakeroles_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return pkg
+
+
+def _roles(monkeypatch: pytest.MonkeyPatch, storage: str, compute: str) -> None:
+    monkeypatch.setattr(daemon, "ROLE_FACTORIES", {"storage": storage, "compute": compute})
+
+
+def test_roles_built_or_reported_unavailable(fake_roles: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    _roles(monkeypatch, "fakeroles.good:create_service", "fakeroles.absent:create_service")
+    cfg = Config()
+    services, unavailable = daemon.build_role_services(cfg)
+    assert [s.name for s in services] == ["storage"]
+    assert services[0].config is cfg  # type: ignore[attr-defined]
+    assert "fakeroles.absent is absent" in unavailable["compute"]
+
+
+def test_roles_missing_factory_is_reported(fake_roles: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _roles(monkeypatch, "fakeroles.noattr:create_service", "fakeroles.good:create_service")
+    services, unavailable = daemon.build_role_services(load_config(
+        environ={}, overrides=['node.roles=["storage"]']))
+    assert services == [] and unavailable == {"storage": "fakeroles.noattr has no create_service()"}
+
+
+def test_roles_broken_dependency_is_an_error_not_unavailable(
+        fake_roles: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _roles(monkeypatch, "fakeroles.brokendep:create_service", "fakeroles.good:create_service")
+    with pytest.raises(ModuleNotFoundError, match="fakeroles_missing_dependency"):
+        daemon.build_role_services(Config())
+
+
+@pytest.mark.parametrize(("listen", "expected"), [
+    ("127.0.0.1:7480", ("127.0.0.1", 7480)),
+    ("[::1]:0", ("::1", 0)),
+    (":9000", ("127.0.0.1", 9000)),
+])
+def test_split_listen(listen: str, expected: tuple[str, int]) -> None:
+    assert daemon._split_listen(listen) == expected
+
+
+@pytest.mark.parametrize("listen", ["localhost", "host:port", "h:70000"])
+def test_split_listen_rejects(listen: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        daemon._split_listen(listen)
+    assert info.value.path == "$.admin.listen"
+
+
+def test_loopback_profile_is_valid_and_local() -> None:
+    cfg = Config.loopback("/tmp/x", name="n1", roles=["compute"])
+    assert cfg.admin.listen == "127.0.0.1:0" and cfg.membership.profile == "loopback"
+    assert cfg.node.roles == ["compute"]
+    assert cfg.storage.write_quorum <= cfg.storage.replication_factor
+
+
+@pytest.mark.parametrize(("flags", "roles"), [
+    ([], ["storage", "compute"]),
+    (["--role", "storage"], ["storage"]),
+    (["--role", "compute", "--role", "storage"], ["compute", "storage"]),
+    (["--role", "both"], ["compute", "storage"]),
+])
+def test_cli_role_flags(flags: list[str], roles: list[str], monkeypatch: pytest.MonkeyPatch
+                        ) -> None:
+    for name in [k for k in __import__("os").environ if k.startswith("GIAANND_")]:
+        monkeypatch.delenv(name)
+    args = cli._parser().parse_args(flags)
+    assert cli._load(args).node.roles == roles
+
+
+def test_cli_usage_error_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--role", "gpu"])
+    assert info.value.code == 2
+
+
+def test_cli_loop_factory_prefers_uvloop_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import sys
+
+    uvloop = pytest.importorskip("uvloop")
+    assert cli.loop_factory() is uvloop.new_event_loop
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import now raises ImportError
+    assert cli.loop_factory() is asyncio.new_event_loop

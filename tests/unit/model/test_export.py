@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from giaannd.model.export import SnapshotError, iter_jsonl, load_snapshot, save_snapshot, write_jsonl
+from giaannd.model.rowstore import RowStore
+from giaannd.model.train import train_batch
+from giaannd.model.vocab import Vocabulary
+from tests.oracle.sentences import synthetic_corpus, worked_example
+
+
+def _vocab(sentences):
+    v = Vocabulary()
+    for s in sentences:
+        for lemma in s.column_lemma:
+            v.add_column(lemma)
+        for t, w in enumerate(s.words):
+            if not s.is_concept[t]:
+                v.add_feature(w)
+    return v
+
+
+def test_export_jsonl_worked_example_lines():
+    s = worked_example()
+    store = RowStore.from_batch(train_batch([s]).rows)
+    lines = [json.loads(x) for x in iter_jsonl(store, _vocab([s]))]
+    assert len(lines) == store.num_entries == 41
+    assert {"source_lemma": "cat", "source_word": "the", "segment": 8, "target_lemma": "cat",
+            "target_word": "cat", "strength": 5.0} in lines
+    assert {"source_lemma": "cat", "source_word": "on", "segment": 2, "target_lemma": "mat",
+            "target_word": "the", "strength": 5.0} in lines
+    dot = [x for x in lines if x["source_word"] == "the" and x["target_word"] == "."
+           and x["source_lemma"] == "cat"]
+    assert dot == [{"source_lemma": "cat", "source_word": "the", "segment": 2, "target_lemma": "mat",
+                    "target_word": ".", "strength": pytest.approx(10 / 7)}]
+
+
+def test_export_jsonl_missing_vocab_is_a_clear_error(tmp_path):
+    s = worked_example()
+    store = RowStore.from_batch(train_batch([s]).rows)
+    with pytest.raises(KeyError, match="not in the vocabulary"):
+        write_jsonl(store, Vocabulary(), tmp_path / "x.jsonl")
+    assert not list(tmp_path.iterdir())  # nothing half-written
+    n = write_jsonl(store, _vocab([s]), tmp_path / "x.jsonl")
+    assert n == 41 and len((tmp_path / "x.jsonl").read_text().splitlines()) == 41
+
+
+def test_snapshot_round_trip(tmp_path):
+    store = RowStore.from_batch(train_batch(synthetic_corpus(50, seed=7)).rows)
+    size = save_snapshot(store, tmp_path / "s.bin")
+    assert size == (tmp_path / "s.bin").stat().st_size
+    back = load_snapshot(tmp_path / "s.bin")
+    assert back.keys() == store.keys()
+    assert all(back.get(k).equals(r) for k, r in store)
+    empty = tmp_path / "e.bin"
+    save_snapshot(RowStore(), empty)
+    assert len(load_snapshot(empty)) == 0
+
+
+@pytest.mark.parametrize("where", ["magic", "header", "payload", "truncate", "extend"])
+def test_snapshot_corruption_is_detected(tmp_path, where):
+    path = tmp_path / "s.bin"
+    save_snapshot(RowStore.from_batch(train_batch(synthetic_corpus(10, seed=1)).rows), path)
+    data = bytearray(path.read_bytes())
+    if where == "magic":
+        data[0] ^= 0xFF
+    elif where == "header":
+        data[20] ^= 0x01  # row count
+    elif where == "payload":
+        data[len(data) // 2] ^= 0x10
+    elif where == "truncate":
+        data = data[:-3]
+    else:
+        data += b"\0"
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="s.bin"):
+        load_snapshot(path)
+
+
+def test_snapshot_rejects_other_version(tmp_path):
+    import struct
+
+    import xxhash
+
+    path = tmp_path / "s.bin"
+    save_snapshot(RowStore(), path)
+    data = bytearray(path.read_bytes())
+    data[8:12] = struct.pack("<I", 99)
+    data[40:48] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(data[:40])))
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="version 99"):
+        load_snapshot(path)

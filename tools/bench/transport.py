@@ -1,0 +1,304 @@
+"""Data-plane benchmark: our tcp/ucx transports against same-run baselines (prints a table).
+
+Two processes on loopback (client pinned to cpu0, server to cpu1 when there are 2+ cpus).
+Baselines measured in the same run: numpy memcpy of the same buffer into a touched destination; a
+raw asyncio ``BufferedProtocol`` sender/receiver (8-byte length + payload into a preallocated
+buffer, 1-byte ack); raw ucxx worker-address endpoints (error handling off, tag send/recv into a
+preallocated buffer, 1-byte ack). Ours: one ``request`` with the buffer as bulk, answered by an
+empty response (so each transfer is acknowledged, like the baselines). Latency: request/response
+with a small payload vs a raw TCP 64-byte ping-pong. Idle: CPU seconds used by a connected pair in
+2 s of doing nothing.
+
+Usage: python tools/bench/transport.py [--sizes 4K,64K,1M,16M,256M] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from peers.transport.ucx import UCX_ENV_DEFAULTS  # noqa: E402  (sets no env by itself)
+
+KEY = [b"bench-key-0123456789abcdef012345"]
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _size(text: str) -> int:
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def _label(n: int) -> str:
+    for unit, mult in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}iB"
+    return f"{n}B"
+
+
+def _iterations(size: int, quick: bool) -> int:
+    budget = (128 if quick else 1024) * 2**20
+    return max(3 if quick else 5, min(2000, budget // size))
+
+
+def _pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {cpu})
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+# ---- server process ---------------------------------------------------------------------------------
+
+class _RawReceiver(asyncio.BufferedProtocol):
+    def __init__(self, max_size: int) -> None:
+        self.buf = np.zeros(max_size + 8, np.uint8)  # touched
+        self.view = memoryview(self.buf)
+        self.want = 8
+        self.got = 0
+        self.in_header = True
+
+    def connection_made(self, transport):  # type: ignore[no-untyped-def]
+        self.t = transport
+
+    def get_buffer(self, sizehint):  # type: ignore[no-untyped-def]
+        return self.view[self.got:self.want]
+
+    def buffer_updated(self, n):  # type: ignore[no-untyped-def]
+        self.got += n
+        if self.got < self.want:
+            return
+        if self.in_header:
+            (length,) = struct.unpack_from("<Q", self.buf, 0)
+            self.in_header, self.got, self.want = False, 0, length
+            if length:
+                return
+        self.t.write(b"\x01")
+        self.in_header, self.got, self.want = True, 0, 8
+
+
+def _server(kind: str, max_size: int, pipe) -> None:  # type: ignore[no-untyped-def]
+    _pin(1)
+    loop = _loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(_serve(kind, max_size, pipe))
+
+
+async def _serve(kind: str, max_size: int, pipe) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    if kind == "raw_tcp":
+        server = await loop.create_server(lambda: _RawReceiver(max_size), "127.0.0.1", 0)
+        pipe.send(server.sockets[0].getsockname()[1])
+    elif kind == "raw_ucx":
+        from peers.transport.ucx import UcxRuntime
+        ucxx = UcxRuntime.get().ucxx  # blocking mode, with the idle re-arm fix
+        UcxRuntime.get().ensure_progress()
+        pipe.send(ucxx.get_worker_address().tobytes())
+        peer = pipe.recv()
+        ep = await ucxx.create_endpoint_from_worker_address(ucxx.get_ucx_address_from_buffer(peer),
+                                                            endpoint_error_handling=False)
+        dest = np.zeros(max_size, np.uint8)
+        ack = np.ones(1, np.uint8)
+        while True:
+            size, count = await loop.run_in_executor(None, pipe.recv)
+            if size == 0:
+                break
+            for _ in range(count):
+                await ucxx.recv(dest[:size], 2)
+                await ep.send(ack, 3, force_tag=True)
+        return
+    else:
+        from peers.transport import Identity, Reply, make_transport
+
+        async def sink(incoming):  # type: ignore[no-untyped-def]
+            return Reply()
+
+        transport = make_transport(kind.removeprefix("ours_"), Identity("server", "bench", KEY))
+        listener = await transport.listen(f"{kind.removeprefix('ours_')}://127.0.0.1:0", sink)
+        pipe.send(listener.address)
+    await loop.run_in_executor(None, pipe.recv)  # until told to stop
+
+
+# ---- client side ----------------------------------------------------------------------------------
+
+def _server_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _client(kind: str, sizes: list[int], pipe, pid: int, quick: bool) -> dict:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    out: dict = {"gbps": {}, "lat": None, "idle": None}
+    bufs = {s: np.ones(s, np.uint8) for s in sizes}
+    if kind == "raw_tcp":
+        port = pipe.recv()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for size in sizes:
+            n = _iterations(size, quick)
+            header = struct.pack("<Q", size)
+            for i in range(n + 1):
+                if i == 1:
+                    t0 = time.perf_counter()
+                writer.write(header)
+                writer.write(bufs[size].data)
+                await reader.readexactly(1)
+            out["gbps"][size] = size * n / (time.perf_counter() - t0) / 1e9
+        lat = []
+        msg = struct.pack("<Q", 56) + bytes(56)
+        for i in range(2000 if not quick else 300):
+            t = time.perf_counter()
+            writer.write(msg)
+            await reader.readexactly(1)
+            lat.append(time.perf_counter() - t)
+        out["lat"] = lat[50:]
+        writer.close()
+    elif kind == "raw_ucx":
+        from peers.transport.ucx import UcxRuntime
+        ucxx = UcxRuntime.get().ucxx
+        UcxRuntime.get().ensure_progress()
+        peer = pipe.recv()
+        pipe.send(ucxx.get_worker_address().tobytes())
+        ep = await ucxx.create_endpoint_from_worker_address(ucxx.get_ucx_address_from_buffer(peer),
+                                                            endpoint_error_handling=False)
+        ack = np.empty(1, np.uint8)
+        for size in sizes:
+            n = _iterations(size, quick)
+            pipe.send((size, n + 1))
+            for i in range(n + 1):
+                if i == 1:
+                    t0 = time.perf_counter()
+                await ep.send(bufs[size], 2, force_tag=True)
+                await ucxx.recv(ack, 3)
+            out["gbps"][size] = size * n / (time.perf_counter() - t0) / 1e9
+        pipe.send((0, 0))
+        return out
+    else:
+        from peers.transport import Identity, connect, make_transport
+        scheme = kind.removeprefix("ours_")
+        transport = make_transport(scheme, Identity("client", "bench", KEY))
+        conn = await connect(transport, pipe.recv(), timeout_s=30)
+        for size in sizes:
+            n = _iterations(size, quick)
+            for i in range(n + 1):
+                if i == 1:
+                    t0 = time.perf_counter()
+                await conn.request(None, [bufs[size]], timeout_s=60)
+            out["gbps"][size] = size * n / (time.perf_counter() - t0) / 1e9
+        lat = []
+        for i in range(2000 if not quick else 300):
+            t = time.perf_counter()
+            await conn.request(i, timeout_s=10)
+            lat.append(time.perf_counter() - t)
+        out["lat"] = lat[50:]
+        # idle: a connected pair doing nothing
+        c0, s0 = time.process_time(), _server_cpu(pid)
+        await asyncio.sleep(2.0)
+        out["idle"] = (time.process_time() - c0, _server_cpu(pid) - s0)
+        await conn.close()
+    pipe.send("stop")
+    return out
+
+
+def run_kind(kind: str, sizes: list[int], quick: bool) -> dict:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_server, args=(kind, max(sizes), child), daemon=True)
+    proc.start()
+    _pin(0)
+    loop = _loop()
+    try:
+        return loop.run_until_complete(_client(kind, sizes, parent, proc.pid, quick))
+    finally:
+        loop.close()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def memcpy_gbps(sizes: list[int], quick: bool) -> dict[int, float]:
+    out = {}
+    for size in sizes:
+        src, dst = np.ones(size, np.uint8), np.zeros(size, np.uint8)
+        n = _iterations(size, quick)
+        np.copyto(dst, src)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            np.copyto(dst, src)
+        out[size] = size * n / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+def checksum_gbps(sizes: list[int]) -> dict[int, float]:
+    import xxhash
+    out = {}
+    for size in sizes:
+        buf = np.ones(size, np.uint8)
+        n = max(3, min(1000, 2**28 // size))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            xxhash.xxh3_64_intdigest(buf)
+        out[size] = size * n / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="4K,64K,1M,16M,256M")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke)")
+    parser.add_argument("--skip-ucx", action="store_true")
+    args = parser.parse_args()
+    for key, value in UCX_ENV_DEFAULTS.items():  # before any ucxx import, here and in children
+        os.environ.setdefault(key, value)
+    sizes = [_size(s) for s in args.sizes.split(",")]
+    kinds = ["raw_tcp", "ours_tcp"] + ([] if args.skip_ucx else ["raw_ucx", "ours_ucx"])
+    res = {k: run_kind(k, sizes, args.quick) for k in kinds}
+    mem = memcpy_gbps(sizes, args.quick)
+    xxh = checksum_gbps(sizes)
+    print("\nOne-way bulk GB/s (1e9 B/s; each transfer acknowledged), two processes on loopback")
+    cols = ["size", "memcpy", "xxh3", *kinds, "ours_tcp/raw_tcp"]
+    if not args.skip_ucx:
+        cols += ["ours_ucx/raw_ucx", "ours_ucx/memcpy"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for s in sizes:
+        row = [_label(s), f"{mem[s]:.2f}", f"{xxh[s]:.2f}"] + [f"{res[k]['gbps'][s]:.2f}" for k in kinds]
+        row.append(f"{res['ours_tcp']['gbps'][s] / res['raw_tcp']['gbps'][s]:.2f}×")
+        if not args.skip_ucx:
+            row.append(f"{res['ours_ucx']['gbps'][s] / res['raw_ucx']['gbps'][s]:.2f}×")
+            row.append(f"{res['ours_ucx']['gbps'][s] / mem[s]:.2f}×")
+        print("| " + " | ".join(row) + " |")
+    raw = res["raw_tcp"]["lat"]
+    print("\nRequest/response latency (µs), small payload")
+    print("| path | p50 | p99 | p50 ratio vs raw TCP ping-pong |\n|---|---|---|---|")
+    for k in ["raw_tcp", *[k for k in kinds if k.startswith("ours")]]:
+        lat = res[k]["lat"]
+        print(f"| {k} | {_pct(lat, .5):.0f} | {_pct(lat, .99):.0f} | {_pct(lat, .5) / _pct(raw, .5):.2f}× |")
+    print("\nIdle CPU of a connected pair over 2 s (CPU seconds: client, server)")
+    for k in kinds:
+        if res[k]["idle"] is not None:
+            c, s = res[k]["idle"]
+            print(f"| {k} | {c:.3f} | {s:.3f} |")
+    print(f"\nmedian-free: each cell is one timed run after one warm-up transfer; cpus={os.cpu_count()}")
+
+
+if __name__ == "__main__":
+    main()

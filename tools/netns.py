@@ -1,0 +1,192 @@
+"""Network namespaces + veth + tc netem for fault tests (root only; always cleaned up).
+
+Builds a private star network that never touches the host's own interfaces:
+
+    hub namespace  <prefix>hub   with bridge  br0
+    node namespace <prefix>N     with veth    eth0 = 10.<net>.0.<N+1>/24, bridged in the hub
+
+Only namespaces whose names start with this object's prefix are created or
+deleted, and only addresses in its private /24 are used. ``netem`` shapes a
+node's egress (loss, delay, duplication). Use as a context manager; teardown
+runs on exit, on errors, and at interpreter exit as a last resort.
+
+    with NetnsCluster(3) as net:
+        net.netem(0, loss_pct=5)
+        proc = net.popen(0, ["python", "-m", "peers.membership", ...])
+
+Other engineers may reuse it (tests/faults). ``python -m tools.netns --cleanup PREFIX``
+removes namespaces left by a killed test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+
+__all__ = ["NetnsCluster", "NetnsUnavailable", "available", "cleanup_prefix"]
+
+#: Every namespace we create starts with this, so cleanup can never touch others'.
+PREFIX_ROOT = "gdns"
+
+
+class NetnsUnavailable(RuntimeError):
+    """Not root, no ip/tc, or the kernel lacks netns/veth/netem support."""
+
+
+def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, timeout=30)
+
+
+def available(need_netem: bool = True) -> str | None:
+    """None when fault tests can run here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs the {tool!r} command (iproute2)"
+    probe = f"{PREFIX_ROOT}probe{uuid.uuid4().hex[:6]}"
+    try:
+        if _run(["ip", "netns", "add", probe], check=False).returncode != 0:
+            return "cannot create network namespaces here"
+        if need_netem:
+            _run(["ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up"], check=False)
+            r = _run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root",
+                      "netem", "loss", "1%"], check=False)
+            if r.returncode != 0:
+                return f"tc netem unavailable: {r.stderr.strip()}"
+        return None
+    finally:
+        _run(["ip", "netns", "del", probe], check=False)
+
+
+def cleanup_prefix(prefix: str) -> list[str]:
+    """Delete namespaces named ``prefix*`` (prefix must start with PREFIX_ROOT)."""
+    if not prefix.startswith(PREFIX_ROOT):
+        raise ValueError(f"refusing to clean namespaces not starting with {PREFIX_ROOT!r}")
+    out = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    names = [line.split()[0] for line in out if line.strip()]
+    mine = [n for n in names if n.startswith(prefix)]
+    for name in mine:
+        _run(["ip", "netns", "del", name], check=False)
+    return mine
+
+
+class NetnsCluster:
+    """n node namespaces on one private bridge."""
+
+    def __init__(self, n: int, *, subnet: int | None = None) -> None:
+        if not 1 <= n <= 250:
+            raise ValueError("1..250 nodes")
+        self.n = n
+        self.prefix = f"{PREFIX_ROOT}{uuid.uuid4().hex[:6]}"
+        self.subnet = subnet if subnet is not None else 200 + os.getpid() % 50
+        self._created: list[str] = []
+        self._up = False
+
+    # ---- names -----------------------------------------------------------------------
+
+    @property
+    def hub(self) -> str:
+        return f"{self.prefix}hub"
+
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}{i}"
+
+    def ip(self, i: int) -> str:
+        return f"10.{self.subnet}.0.{i + 1}"
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> NetnsCluster:
+        self.create()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.teardown()
+
+    def create(self) -> None:
+        """Build the namespaces, bridge and veths. Raises NetnsUnavailable on failure."""
+        reason = available(need_netem=False)
+        if reason is not None:
+            raise NetnsUnavailable(reason)
+        atexit.register(self.teardown)
+        self._up = True
+        try:
+            self._ns_add(self.hub)
+            self._exec(self.hub, "ip", "link", "set", "lo", "up")
+            self._exec(self.hub, "ip", "link", "add", "br0", "type", "bridge")
+            self._exec(self.hub, "ip", "link", "set", "br0", "up")
+            for i in range(self.n):
+                ns = self.ns(i)
+                self._ns_add(ns)
+                self._exec(ns, "ip", "link", "set", "lo", "up")
+                _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name",
+                      f"p{i}", "netns", self.hub])
+                self._exec(ns, "ip", "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
+                self._exec(ns, "ip", "link", "set", "eth0", "up")
+                self._exec(self.hub, "ip", "link", "set", f"p{i}", "master", "br0")
+                self._exec(self.hub, "ip", "link", "set", f"p{i}", "up")
+        except subprocess.CalledProcessError as exc:
+            self.teardown()
+            raise NetnsUnavailable(f"{' '.join(exc.cmd)}: {exc.stderr.strip()}") from exc
+
+    def teardown(self) -> None:
+        """Delete everything this object created (veths go with their namespaces)."""
+        if not self._up:
+            return
+        for ns in reversed(self._created):
+            _run(["ip", "netns", "del", ns], check=False)
+        self._created.clear()
+        self._up = False
+
+    def _ns_add(self, name: str) -> None:
+        _run(["ip", "netns", "add", name])
+        self._created.append(name)
+
+    def _exec(self, ns: str, *cmd: str) -> None:
+        _run(["ip", "netns", "exec", ns, *cmd])
+
+    # ---- use -------------------------------------------------------------------------
+
+    def netem(self, i: int, *, loss_pct: float = 0.0, delay_ms: float = 0.0,
+              jitter_ms: float = 0.0, duplicate_pct: float = 0.0) -> None:
+        """Shape node i's egress with netem (replaces earlier shaping)."""
+        args = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
+        if delay_ms:
+            args += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        if loss_pct:
+            args += ["loss", f"{loss_pct}%"]
+        if duplicate_pct:
+            args += ["duplicate", f"{duplicate_pct}%"]
+        self._exec(self.ns(i), *args)
+
+    def popen(self, i: int, cmd: Sequence[str], **kw: object) -> subprocess.Popen[str]:
+        """Start a process inside node i's namespace."""
+        return subprocess.Popen(["ip", "netns", "exec", self.ns(i), *cmd],  # type: ignore[call-overload,no-any-return]
+                                text=True, **kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="netns helper for fault tests")
+    p.add_argument("--check", action="store_true", help="say whether fault tests can run")
+    p.add_argument("--cleanup", metavar="PREFIX", help=f"delete namespaces PREFIX* "
+                   f"(must start with {PREFIX_ROOT})")
+    args = p.parse_args(argv)
+    if args.cleanup:
+        print("\n".join(cleanup_prefix(args.cleanup)))
+        return 0
+    reason = available()
+    print(reason or "ok")
+    return 0 if reason is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
