@@ -91,10 +91,19 @@ def _show(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, extra_services: Sequence[Service]) -> int:
     cfg = _load(args)
     configure_logging(cfg.logging.level, cfg.logging.format)
-    role_services, unavailable = build_role_services(cfg)
+    # Imported here: the runtime pulls in the data plane, which `giaannd config show` never needs.
+    from giaannd.runtime import NodeRuntime
+    from giaannd.services.membership import MembershipService
+
+    runtime = NodeRuntime(cfg)
+    role_services, unavailable = build_role_services(cfg, runtime)
 
     async def _main() -> int:
-        daemon = Daemon(cfg, [*extra_services, *role_services], unavailable_roles=unavailable)
+        # Start order: runtime (keys, listeners), membership (join), extras, roles; stop is
+        # the reverse, so roles drain while the node is still a member and can still talk.
+        services: list[Service] = [runtime, MembershipService(runtime), *extra_services,
+                                   *role_services]
+        daemon = Daemon(cfg, services, unavailable_roles=unavailable, runtime=runtime)
         return await daemon.run()
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -106,7 +115,8 @@ def main(argv: Sequence[str] | None = None, *, extra_services: Sequence[Service]
 
     Args:
         argv: arguments without the program name (default ``sys.argv[1:]``).
-        extra_services: services started before the role services (membership, or a test's).
+        extra_services: services started after the runtime and membership and before the role
+            services (a test's, or an embedder's).
     """
     args: Any = _parser().parse_args(argv)
     try:

@@ -13,16 +13,18 @@ path, e.g. ``Expected int >= 1 - at `$.storage.replication-factor```, which the 
 
 from __future__ import annotations
 
+import inspect
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta
 
 from giaannd.errors import ConfigError
+from peers.membership.config import MembershipConfig as PeersMembershipConfig
 
 __all__ = [
     "ENV_PREFIX",
@@ -36,6 +38,7 @@ __all__ = [
     "StorageConfig",
     "TransportConfig",
     "load_config",
+    "membership_profile_values",
     "parse_override",
     "to_toml",
 ]
@@ -143,19 +146,72 @@ class TransportConfig(_Section):
     ))] = msgspec.field(default_factory=list)
 
 
-class MembershipConfig(_Section):
-    """Gossip membership (SWIM + Lifeguard). Timing comes from the named profile."""
+class _MembershipBase(_Section):
+    """Gossip membership (SWIM + Lifeguard): where it listens and its timing profile.
+
+    Every timing and size knob of ``peers.membership.config.MembershipConfig`` is also a key of
+    this section (same name, same description and bounds). Unset keys take the value of the named
+    `profile`; a set key overrides just that knob. The profiles and the knobs' documentation live
+    in ``peers/membership/config.py`` only, so there is one source of truth.
+    """
 
     profile: Annotated[Literal["loopback", "lan", "wan"], Meta(description=(
         "Timing profile (memberlist's Local/LAN/WAN): probe interval, timeouts and gossip fan-out "
-        "tuned for one host, a data-centre network, or links with ~100 ms RTT."
+        "tuned for one host, a data-centre network, or links with ~100 ms RTT. The timing keys "
+        "below override single values of the profile."
     ))] = "lan"
     bind_address: Annotated[str, Meta(min_length=1, description=(
-        "Address the membership (gossip) listener binds."
+        "Address the membership (gossip) listener binds, for both UDP (probes, gossip) and TCP "
+        "(push-pull, join)."
     ))] = "127.0.0.1"
     bind_port: Annotated[int, Meta(ge=0, le=65535, description=(
-        "UDP/TCP port of the membership listener; 0 picks a free port."
+        "UDP/TCP port of the membership listener; 0 picks a free port (the bound port is what "
+        "other members and `giaannctl members list` see). Seeds name this port."
     ))] = 7946
+    advertise_address: Annotated[str, Meta(description=(
+        "Host other members should use to reach this node's membership listener. Empty means "
+        "`bind-address`; set it when binding a wildcard address."
+    ))] = ""
+
+    def resolved(self) -> PeersMembershipConfig:
+        """The effective ``peers`` membership config: the profile, then each key set here."""
+        base = PeersMembershipConfig.profile(self.profile)
+        changes = {name: getattr(self, name) for name in _TUNING_FIELDS
+                   if getattr(self, name, None) is not None}
+        return msgspec.structs.replace(base, **changes) if changes else base
+
+
+def _tuning_fields() -> list[tuple[str, Any, Any]]:
+    """One optional field per ``peers`` membership knob, keeping its type, bounds and text."""
+    out: list[tuple[str, Any, Any]] = []
+    hints = get_type_hints(PeersMembershipConfig, include_extras=True)
+    for info in msgspec.structs.fields(PeersMembershipConfig):
+        tp = hints[info.name]
+        base_tp, metas = get_args(tp)[0], [m for m in get_args(tp)[1:] if isinstance(m, Meta)]
+        text = " ".join(m.description for m in metas if m.description)
+        bounds = {k: getattr(m, k) for m in metas for k in ("gt", "ge", "lt", "le")
+                  if getattr(m, k) is not None}
+        desc = f"{text} Unset: the profile's value."
+        inner = Annotated[base_tp, Meta(**bounds)] if bounds else base_tp
+        out.append((info.name, Annotated[inner | None, Meta(description=desc)], None))
+    return out
+
+
+_TUNING_FIELDS: tuple[str, ...] = tuple(f.name for f in msgspec.structs.fields(PeersMembershipConfig))
+
+if TYPE_CHECKING:
+    MembershipConfig = _MembershipBase
+else:
+    MembershipConfig = msgspec.defstruct(
+        "MembershipConfig", _tuning_fields(), bases=(_MembershipBase,), kw_only=True,
+        forbid_unknown_fields=True, rename="kebab", module=__name__)
+    MembershipConfig.__doc__ = inspect.cleandoc(_MembershipBase.__doc__ or "")
+
+
+def membership_profile_values(field: str) -> dict[str, Any]:
+    """``{profile: value}`` of one timing knob across the named profiles (for docs/config.md)."""
+    return {name: getattr(PeersMembershipConfig.profile(name), field)
+            for name in ("loopback", "lan", "wan")}
 
 
 class StorageConfig(_Section):
@@ -173,6 +229,11 @@ class StorageConfig(_Section):
         "Replicas that must acknowledge an update before it is reported applied; at most "
         "`replication-factor`. Majority (rf // 2 + 1) is the usual choice."
     ))] = 2
+    placement_weight: Annotated[float, Meta(gt=0, le=1000, description=(
+        "This node's weight in placement (weighted rendezvous hashing, ARCHITECTURE §6): a node "
+        "of weight 2 owns about twice the columns of a node of weight 1. Gossiped in the node's "
+        "metadata; give bigger hosts proportionally more. Changing it moves columns."
+    ))] = 1.0
     snapshot_interval_s: Annotated[float, Meta(gt=0, description=(
         "Seconds between snapshots of dirty columns; bounds log replay time after a crash."
     ))] = 300.0
@@ -251,6 +312,12 @@ def _validate(cfg: Config) -> Config:
             f"({cfg.storage.replication_factor})", "$.storage.write-quorum")
     if len(set(cfg.node.roles)) != len(cfg.node.roles):
         raise ConfigError(f"duplicate role in {cfg.node.roles}", "$.node.roles")
+    gossip = cfg.membership.resolved()
+    if gossip.probe_timeout_s >= gossip.probe_interval_s:
+        raise ConfigError(
+            f"probe-timeout-s ({gossip.probe_timeout_s}) must be below probe-interval-s "
+            f"({gossip.probe_interval_s}) (profile {cfg.membership.profile!r} plus overrides)",
+            "$.membership.probe-timeout-s")
     return cfg
 
 
@@ -390,8 +457,16 @@ def _toml_value(value: Any) -> str:
 def to_toml(cfg: Config) -> str:
     """Render a Config as TOML that ``load_config`` reads back to an equal Config."""
     lines: list[str] = []
+    gossip = msgspec.to_builtins(cfg.membership.resolved())
     for section, fields in msgspec.to_builtins(cfg).items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in fields.items())
+        for key, value in fields.items():
+            # Unset keys (membership timing) have no TOML form: shown as a comment with the
+            # profile's value; they read back as unset.
+            if value is None:
+                effective = _toml_value(gossip[key]) if section == "membership" else "-"
+                lines.append(f"# {key} = {effective}  (unset: from the profile)")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import fcntl
 import importlib
+import inspect
 import logging
 import os
 import secrets
@@ -36,7 +37,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from giaannd import __version__
 from giaannd.admin.api import AdminApi
@@ -44,6 +45,9 @@ from giaannd.config import Config
 from giaannd.errors import EXIT_FAILURE, EXIT_OK, ConfigError, CorruptFileError, GiaannError
 from giaannd.metrics import Metrics
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
+
+if TYPE_CHECKING:
+    from giaannd.runtime import NodeRuntime
 
 __all__ = [
     "EXIT_FORCED",
@@ -65,13 +69,16 @@ ADMIN_ADDR_FILE = "admin.addr"
 ADMIN_TOKEN_FILE = "admin.token"
 LOCK_FILE = "lock"
 
-#: Role name -> "module:function" building its service from the Config. Imported lazily so a
-#: build without a role's package still runs the others; the lead fills in the modules as the
-#: roles land. The function's contract: ``create_service(config: Config) -> Service``, and the
-#: service's ``name`` is the role name, so ``/v1/status`` can report the role's state.
+#: Role name -> "module:function" building its service. Imported lazily so a build without a
+#: role's package still runs the others. The function's contract:
+#: ``create_service(config: Config) -> Service`` or, to share the node's transports and cluster
+#: view, ``create_service(config: Config, runtime: NodeRuntime) -> Service`` (a parameter named
+#: ``runtime`` receives the ``giaannd.runtime.NodeRuntime``). The service's ``name`` is the role
+#: name, so ``/v1/status`` can report the role's state. Both roles go through adapters that
+#: build ``StorageService`` / ``ComputeService`` on the runtime (giaannd/services/roles.py).
 ROLE_FACTORIES: dict[str, str] = {
-    "storage": "giaannd.storage.service:create_service",
-    "compute": "giaannd.compute.service:create_service",
+    "storage": "giaannd.services.roles:create_storage_service",
+    "compute": "giaannd.services.roles:create_compute_service",
 }
 
 
@@ -112,6 +119,9 @@ class ServiceContext:
     _spawn: Callable[[Coroutine[Any, Any, Any], str, str], asyncio.Task[Any]]
     _request_stop: Callable[[str], None]
     service_name: str = ""
+    #: The node runtime (identity, keyring, transports, topology, storage clients) when the
+    #: daemon runs one (``giaannd`` always does; embedders and unit tests may not).
+    runtime: NodeRuntime | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``coro`` under the daemon's TaskGroup. If it raises, the failure is logged, the
@@ -124,8 +134,10 @@ class ServiceContext:
         self._request_stop(reason)
 
 
-def build_role_services(config: Config) -> tuple[list[Service], dict[str, str]]:
-    """Create the services for ``config.node.roles``.
+def build_role_services(config: Config, runtime: NodeRuntime | None = None
+                        ) -> tuple[list[Service], dict[str, str]]:
+    """Create the services for ``config.node.roles``; factories with a ``runtime`` parameter get
+    ``runtime`` (see ``ROLE_FACTORIES``).
 
     Returns:
         (services, unavailable): the services built, and role -> reason for roles this build
@@ -146,7 +158,8 @@ def build_role_services(config: Config) -> tuple[list[Service], dict[str, str]]:
         if factory is None:
             unavailable[role] = f"{module_name} has no {attr}()"
             continue
-        services.append(factory(config))
+        takes_runtime = "runtime" in inspect.signature(factory).parameters
+        services.append(factory(config, runtime=runtime) if takes_runtime else factory(config))
     return services, unavailable
 
 
@@ -237,15 +250,19 @@ class Daemon:
         notifier: sd_notify sender (default: from ``NOTIFY_SOCKET``).
         handle_signals: install SIGTERM/SIGINT handlers (only possible in the main thread;
             embedders and tests running the daemon elsewhere call ``request_stop``).
+        runtime: the node runtime handed to every service in its context (it should also be
+            the first of ``services``, so it starts first and stops last).
     """
 
     def __init__(self, config: Config, services: Sequence[Service] = (), *,
                  unavailable_roles: Mapping[str, str] | None = None,
-                 notifier: SdNotifier | None = None, handle_signals: bool = True) -> None:
+                 notifier: SdNotifier | None = None, handle_signals: bool = True,
+                 runtime: NodeRuntime | None = None) -> None:
         names = [s.name for s in services]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate service names: {names}")
         self.config = config
+        self.runtime = runtime
         self.metrics = Metrics()
         self.node_name = config.node.name or socket.gethostname()
         self.node_id: uuid.UUID | None = None
@@ -412,7 +429,7 @@ class Daemon:
             config=self.config, node_id=self.node_id, node_name=self.node_name,
             metrics=self.metrics, admin=self._admin, stopping=self._stopping,
             services=dict(started), _spawn=self._spawn, _request_stop=self.request_stop,
-            service_name=name)
+            service_name=name, runtime=self.runtime)
         slot.state = "starting"
         self._notifier.notify(f"STATUS=starting {name}")
         log.info("service starting service=%s", name)

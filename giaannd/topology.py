@@ -41,11 +41,13 @@ from peers.membership.events import (
     MemberReaped,
     MemberSuspected,
     MemberUpdated,
+    NameConflict,
 )
 from peers.membership.meta import NodeMeta
+from peers.membership.node import MembershipNode, member_status
 from peers.placement import DEFAULT_REPLICAS, Member, Placement, Strategy
 
-__all__ = ["StorageNode", "Topology", "TopologyChange", "pick_transport_address"]
+__all__ = ["StorageNode", "Topology", "TopologyChange", "follow_membership", "pick_transport_address"]
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +221,17 @@ class Topology:
             self._placement = self._order = None
         for callback in list(self._subscribers):
             callback(change)
+
+
+def follow_membership(topology: Topology, node: MembershipNode) -> None:
+    """Feed ``topology`` from a running membership node: the members alive now, then every event.
+    (The subscription lasts as long as the node; events arrive on the loop, in order.)"""
+    for info in node.alive_members():
+        topology.apply_event(MemberJoined(info.name, info.node_id, info.addr, info.incarnation,
+                                          member_status(info), info.meta, "initial"))
+
+    def on_event(event: object) -> None:
+        if not isinstance(event, NameConflict):
+            topology.apply_event(event)  # type: ignore[arg-type]
+
+    node.on_event(on_event)

@@ -191,7 +191,9 @@ class ServerHandshake(_Base):
             raise self._fail("version", f"no common protocol version: ours {self.versions}, "
                                         f"theirs {(msg.proto_min, msg.proto_max)}")
         self._transcript = _transcript(self.cluster, version, msg.node_id, self.node_id, msg.nonce, self.nonce)
-        bulk = choose_bulk(self.transports, msg.transports) if msg.ucx_address or "ucx" not in msg.transports else "inline"
+        bulk = choose_bulk(self.transports, msg.transports)
+        if bulk == "ucx" and not msg.ucx_address:  # offered ucx without an address: unusable
+            bulk = "inline"
         self._agreement = Agreement(version, msg.node_id, bulk, msg.ucx_address, msg.bulk_salt)
         return wire.Welcome(version, self.node_id, self.nonce, _proof(self.keyring[0], b"S", self._transcript),
                             list(self.transports), self.ucx_address, self.bulk_salt)

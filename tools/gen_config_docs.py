@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin
 
 import msgspec
 
-from giaannd.config import ENV_PREFIX, Config, _toml_value
+from giaannd.config import ENV_PREFIX, Config, _toml_value, membership_profile_values
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
@@ -49,6 +49,10 @@ def _type_name(tp: Any) -> str:
             (">", m.gt), (">=", m.ge), ("<", m.lt), ("<=", m.le)) if v is not None]
         constraints = f" ({', '.join(bounds)})" if bounds else ""
     origin = get_origin(tp)
+    args = get_args(tp)
+    if type(None) in args:  # ``T | None``: an optional key (unset means "from the profile")
+        inner = [a for a in args if a is not type(None)]
+        return _type_name(inner[0]) if len(inner) == 1 else str(tp)
     if origin is list:
         return f"list of {_type_name(get_args(tp)[0])}"
     if str(origin) == "typing.Literal":
@@ -73,10 +77,16 @@ def render() -> str:
         out.append(f"{(cls.__doc__ or '').strip()}\n")
         for f in msgspec.structs.fields(cls):
             env = f"{ENV_PREFIX}{section.encode_name}__{f.encode_name}".upper().replace("-", "_")
-            default = _toml_value(defaults[section.encode_name][f.encode_name])
+            value = defaults[section.encode_name][f.encode_name]
+            if value is None:  # a membership timing knob: its default comes from the profile
+                per_profile = membership_profile_values(f.name)
+                default = "unset: the profile's (" + ", ".join(
+                    f"{name} {_toml_value(v)}" for name, v in per_profile.items()) + ")"
+            else:
+                default = f"`{_toml_value(value)}`"
             out.append(f"### `{section.encode_name}.{f.encode_name}`\n")
             out.append(f"- type: {_type_name(f.type)}")
-            out.append(f"- default: `{default}`")
+            out.append(f"- default: {default}")
             out.append(f"- environment: `{env}`\n")
             out.append(f"{_description(f.type)}\n")
     return "\n".join(out).rstrip() + "\n"

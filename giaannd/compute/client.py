@@ -6,11 +6,13 @@ Theory of operation
 (``placement.owner_indices`` on ``row_column``, vectorised) and each owner's share is sent as one
 ``ApplyBatch``. The call returns once every row has W *direct* durable acknowledgements (W defaults to
 a majority of R). An owner that is down (topology), fails, or refuses (``Unavailable``/``NotOwner``)
-gets its share as a **hint**: the same batch id, ``hint_for=<owner>``, sent to the next live node in
-the row's preference list after its owners (Dynamo's sloppy quorum), or, in a cluster with no node
-beyond the owners, to another live owner, which keeps it in a separate hint log. Hints do not count
-toward W (a strict quorum: a read from any W... owners sees the write); they only repair the missing
-replica later. What is not done when W is reached (a slow owner, a hint) finishes in the background;
+gets its whole share as a **hint**: the same batch id, ``hint_for=<owner>``, sent to one other
+live node, the one the rows' preference lists name first after their owners (Dynamo), or, in a
+cluster with no node beyond the owners, another live owner, which keeps it in a separate hint log.
+A share is never split across holders: idempotency is per batch id, so the target would keep only
+the first part delivered. Hints do not count toward W (a strict quorum, unlike Dynamo's sloppy
+one: W acknowledgements always come from real owners); they only bring the missing replica up to
+date later. What is not done when W is reached (a slow owner, a hint) finishes in the background;
 ``flush()`` waits for it. Retrying a batch id is always safe: storage ignores a batch id it applied.
 
 **Writer floors** (applied_set.py): each ApplyBatch carries ``writer_floor`` = (lowest seq of this
@@ -36,7 +38,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -68,6 +70,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER: Final = 64 * 2**20
 DEFAULT_REQUEST_TIMEOUT_S: Final = 10.0
 DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
+#: ``write`` starts a background ``confirm_hints`` at most this often while hinted seqs are pending,
+#: so the writer floor recovers after an outage without anyone scheduling it.
+CONFIRM_HINTS_INTERVAL_S: Final = 2.0
 
 
 class StorageRequestError(Exception):
@@ -206,6 +211,7 @@ class StorageClient:
         self._conn_locks: dict[str, asyncio.Lock] = {}
         self._budgets: dict[str, _ByteBudget] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._last_confirm = float("-inf")
 
     # -- plumbing -------------------------------------------------------------------------------------
     async def _connection(self, node: str) -> Connection:
@@ -250,14 +256,21 @@ class StorageClient:
             RemoteStoreFull, RemoteNotOwner, RemoteUnavailable, RemoteBadRequest: typed refusals.
             PeersError / OSError: the transport failed (connection, deadline).
         """
+        budget = self._budget(node)
+        await budget.acquire(batch.nbytes)
+        return await self._apply_reserved(node, batch_id, batch, writer_floor, hint_for, timeout_s)
+
+    def _budget(self, node: str) -> _ByteBudget:
+        return self._budgets.setdefault(node, _ByteBudget(self.max_inflight))
+
+    async def _apply_reserved(self, node: str, batch_id: BatchId, batch: RowBatch, writer_floor: int,
+                              hint_for: str | None, timeout_s: float | None) -> p.ApplyAck:
+        """``apply_to`` once ``batch.nbytes`` of the node's budget is held; releases it."""
         msg = p.ApplyBatch(batch_id.writer, batch_id.seq, writer_floor, self.topology.epoch, hint_for)
-        budget = self._budgets.setdefault(node, _ByteBudget(self.max_inflight))
-        n = batch.nbytes
-        await budget.acquire(n)
         try:
             reply, _ = await self._call(node, msg, batch.buffers(), timeout_s)
         finally:
-            await budget.release(n)
+            await self._budget(node).release(batch.nbytes)
         if not isinstance(reply, p.ApplyAck) or not reply.durable:
             raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ApplyBatch", node)
         return reply
@@ -290,8 +303,11 @@ class StorageClient:
 
     # -- replicated writes --------------------------------------------------------------------------------
     def next_batch_id(self) -> BatchId:
+        """A fresh id of this writer. It counts as unsettled from now on (the floor cannot pass it
+        while the caller prepares the write), until written everywhere or ``abandon``-ed."""
         bid = BatchId(self.writer_id, self._next_seq)
         self._next_seq += 1
+        self._unsettled[bid.seq] = _Unsettled(set())
         return bid
 
     @property
@@ -310,9 +326,11 @@ class StorageClient:
             QuorumNotReached: some row got fewer than W direct acks (retry with the same id).
             LookupError: no storage members known.
         """
+        placement = self.topology.placement  # (raises LookupError before an id is taken)
         bid = batch_id if batch_id is not None else self.next_batch_id()
-        placement = self.topology.placement
+        self._maybe_confirm_hints()
         if batch.num_rows == 0:
+            self.abandon(bid)  # nothing to send anywhere: settled
             return WriteResult(bid, 0, (), {})
         r = placement.effective_replicas
         quorum = min(self.write_quorum or r // 2 + 1, r)
@@ -322,7 +340,8 @@ class StorageClient:
         state = _Unsettled(set(shares))
         if bid.writer == self.writer_id:
             self._unsettled[bid.seq] = state
-        floor = self.writer_floor
+        # a floor speaks for our own writer only: for a foreign id (hint replay, tools) send none
+        floor = self.writer_floor if bid.writer == self.writer_id else 0
         acks = np.zeros(batch.num_rows, np.int64)
         acked: list[str] = []
         hinted: dict[str, list[str]] = {}
@@ -331,7 +350,10 @@ class StorageClient:
         for node, mask in shares.items():
             sub = batch.select_rows(mask)
             if self.topology.is_live(node):
-                tasks[self._spawn(self.apply_to(node, bid, sub, writer_floor=floor))] = node
+                # Reserve before sending: a slow owner's full budget blocks this write here, even
+                # when the other owners would make the quorum (backpressure, module docstring).
+                await self._budget(node).acquire(sub.nbytes)
+                tasks[self._spawn(self._apply_reserved(node, bid, sub, floor, None, None))] = node
             else:
                 failures[node] = "down"
                 self._spawn(self._hint(node, bid, sub, floor, hinted))
@@ -420,6 +442,12 @@ class StorageClient:
             if bid.writer == self.writer_id:
                 self._hinted.setdefault(target, set()).add(bid.seq)
             return
+
+    def _maybe_confirm_hints(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._hinted and now - self._last_confirm >= CONFIRM_HINTS_INTERVAL_S:
+            self._last_confirm = now
+            self._spawn(self.confirm_hints())
 
     async def confirm_hints(self) -> int:
         """Ask live hinted owners whether our hinted batches reached them; settle those that did.

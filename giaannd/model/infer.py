@@ -209,7 +209,14 @@ class LifSession:
         return None if self._done else self._current
 
     def step(self, row: Row) -> RowKey | None:
-        """Run step k with the current node's outgoing ``row``; returns the node chosen at this step."""
+        """Run step k with the current node's outgoing ``row``; returns the node chosen at this step.
+
+        ``row`` must be canonical (sorted, unique entry keys, segments < 9): the local store only
+        holds such rows, and rows from the wire are checked by ``RowBatch.validate`` first.
+
+        Raises:
+            RuntimeError: the session is already finished.
+        """
         if self._done:
             raise RuntimeError("LIF session is finished")
         k = self._step

@@ -42,11 +42,12 @@ def _merge_add(base: list[Row], delta: RowBatch) -> list[Row]:
     tf = np.concatenate([x.target_feature for x in base] + [delta.target_feature])
     st = np.concatenate([x.strength for x in base] + [delta.strength]).astype(np.float64)
     order = np.lexsort((tf, tc))
+    tco, tfo = tc[order], tf[order]
     new = np.ones(order.shape[0], dtype=bool)
-    new[1:] = (tc[order][1:] != tc[order][:-1]) | (tf[order][1:] != tf[order][:-1])
+    new[1:] = (tco[1:] != tco[:-1]) | (tfo[1:] != tfo[:-1])
     rank = np.empty(order.shape[0], dtype=np.int64)
     rank[order] = np.cumsum(new) - 1
-    utc, utf = tc[order][new], tf[order][new]
+    utc, utf = tco[new], tfo[new]
     m = int(utc.shape[0])
     key = (row_idx * NUM_SEGMENTS + seg.astype(np.int64)) * m + rank
     uniq, inverse = np.unique(key, return_inverse=True)

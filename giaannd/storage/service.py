@@ -1,18 +1,18 @@
 """The storage service: the durable column store served on the peer transport (ARCHITECTURE §8).
 
-Asyncio glue only. What it serves (giaannd/protocol.py): ``ReadRows``, ``ApplyBatch`` (acknowledged
-only once the batch is in the synced update log: group commit, group_commit.py), hinted
-``ApplyBatch`` (kept in the hint log, hints.py, delivered when the target is back), ``RowDigests``,
-``GetUsage``, ``BatchesApplied``. Everything a peer sends is decoded, then checked against the named
-limits, then validated as a canonical RowBatch, and only then handed to the store; any failure is a
-typed error *reply* (``BadRequest``, ``StoreFull``, ``NotOwner``, ``Unavailable``) and the service
-keeps serving.
+Asyncio glue only. What a request does is decided by the sans-IO core, ``requests.StorageRequests``
+(decode → limits → canonical RowBatch → ownership → store; typed error replies). This module owns
+what needs a clock, threads or sockets: the listeners, the group commit (``group_commit.py``: an
+``ApplyBatch`` is acknowledged only once the update log is synced, one fsync shared by every apply
+waiting), hint logs synced in a worker thread and delivered to their targets when they come back
+(``hints.py``), the snapshot timer, metrics, and the lifecycle.
 
-Lifecycle: ``open()`` recovers the store and hints and binds the listeners (tests call it directly);
-``start(ctx)`` does the same under the daemon and adds metrics and the background loops (snapshot
-timer, hint retry); ``stop(graceful=True)`` stops accepting, lets in-flight applies finish, snapshots
-and closes. ``stop(graceful=False)`` closes listeners and files at once (the log is already durable
-for everything acknowledged).
+Lifecycle: ``open()`` recovers the store and hints and binds the listeners (tests, benchmarks, the
+standalone entry at the bottom); ``start(ctx)`` does the same under the daemon and adds metrics and
+the background loops (snapshot timer, hint retry). ``stop(graceful=True)`` refuses new writes, lets
+in-flight applies reach their durable ack, closes the listeners, snapshots and closes;
+``stop(graceful=False)`` closes at once (everything acknowledged is already in the synced log).
+Protocol and replication: docs/replication.md.
 """
 
 from __future__ import annotations
@@ -24,27 +24,26 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-
 from giaannd import protocol as p
 from giaannd.compute.client import StorageClient, StorageRequestError
-from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.errors import StoreFullError
+from giaannd.storage.column_store import StoreUsage
 from giaannd.storage.group_commit import GroupCommit
-from giaannd.storage.hints import DEFAULT_MAX_HINT_BYTES, HintSpaceFull, HintStore
+from giaannd.storage.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.recovery import DurableStore
-from giaannd.topology import Topology, TopologyChange
+from giaannd.storage.requests import Answer, StorageCounters, StorageRequests, WaitDurable, WaitHintSynced
+from giaannd.topology import Topology, TopologyChange, follow_membership
 from peers.errors import PeersError
+from peers.placement import DEFAULT_REPLICAS
 from peers.transport import Identity, Incoming, Listener, Reply, Transport, make_transport, scheme_of
 
 if TYPE_CHECKING:
     from giaannd.config import Config
     from giaannd.daemon import ServiceContext
+    from peers.membership.node import MembershipNode
 
 __all__ = ["HINT_RETRY_S", "StorageCounters", "StorageService", "create_service"]
 
@@ -59,32 +58,8 @@ STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 
 
-@dataclass
-class StorageCounters:
-    """Counters for /metrics and tests (``applies / fsync_batches`` is the group-commit ratio)."""
-
-    reads: int = 0
-    rows_read: int = 0
-    bytes_read: int = 0
-    applies: int = 0
-    applies_duplicate: int = 0
-    bytes_applied: int = 0
-    fsync_batches: int = 0
-    hints_received: int = 0
-    hints_delivered: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-
-    def error(self, kind: str) -> None:
-        self.errors[kind] = self.errors.get(kind, 0) + 1
-
-
 def _reply(msg: p.Reply, bulk: Sequence[Any] = ()) -> Reply:
     return Reply(p.encode(msg), list(bulk))
-
-
-def _owned(batch: RowBatch) -> RowBatch:
-    """A copy that no longer references the transport's pooled receive buffers."""
-    return RowBatch(*[np.array(b, copy=True) for b in batch.buffers()])
 
 
 class StorageService:
@@ -101,6 +76,8 @@ class StorageService:
         node_name: this node's member name (as in the topology).
         group_commit_window_s: see GroupCommit.
         snapshot_interval_s: snapshot timer period (daemon mode / ``run_snapshots``).
+        hint_max_bytes / hint_retry_s: hint budget (hints.py) and retry period.
+        replicas: R, for a topology this service creates itself (``attach_membership``).
     """
 
     name = "storage"
@@ -119,6 +96,7 @@ class StorageService:
         snapshot_interval_s: float = 300.0,
         hint_max_bytes: int = DEFAULT_MAX_HINT_BYTES,
         hint_retry_s: float = HINT_RETRY_S,
+        replicas: int = DEFAULT_REPLICAS,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.capacity_bytes = capacity_bytes
@@ -131,7 +109,8 @@ class StorageService:
         self.snapshot_interval_s = snapshot_interval_s
         self.hint_max_bytes = hint_max_bytes
         self.hint_retry_s = hint_retry_s
-        self.counters = StorageCounters()
+        self.replicas = replicas
+        self.core: StorageRequests | None = None
         self.store: DurableStore | None = None
         self.hints: HintStore | None = None
         self.listeners: list[Listener] = []
@@ -148,6 +127,10 @@ class StorageService:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
+    def counters(self) -> StorageCounters:
+        return self.core.counters if self.core is not None else StorageCounters()
+
+    @property
     def addresses(self) -> list[str]:
         """The bound data-plane addresses (ports resolved)."""
         return [lst.address for lst in self.listeners]
@@ -162,6 +145,7 @@ class StorageService:
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, self.capacity_bytes)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, self.hint_max_bytes)
         self._commit = GroupCommit(self.store.sync, self.store.log.durable_seq, self.window_s)
+        self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
@@ -188,34 +172,67 @@ class StorageService:
         await self.open()
         m = ctx.metrics
         for key in ("reads", "rows_read", "bytes_read", "applies", "applies_duplicate", "bytes_applied",
-                    "fsync_batches", "hints_received", "hints_delivered"):
+                    "hints_received", "hints_delivered"):
             self._prom[key] = m.counter(f"giaannd_storage_{key}_total", f"storage service: {key}")
         self._prom["errors"] = m.counter("giaannd_storage_errors_total", "storage service error replies", ["kind"])
+        m.gauge("giaannd_storage_used_bytes", "bytes the column store accounts for").set_function(
+            lambda: float(self.usage().used_bytes))
+        m.gauge("giaannd_storage_capacity_bytes", "configured store capacity").set_function(
+            lambda: float(self.capacity_bytes))
+        m.gauge("giaannd_storage_hints_held", "hinted batches held for other nodes").set_function(
+            lambda: float(self.hints.held if self.hints is not None else 0))
+        m.gauge("giaannd_storage_fsync_batches", "group-commit fsyncs since start").set_function(
+            lambda: float(self._commit.syncs if self._commit is not None else 0))
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
         ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
 
     async def stop(self, graceful: bool) -> None:
-        """Graceful: stop accepting, finish in-flight applies, snapshot, close. Else close now."""
+        """Graceful: refuse new applies (``Unavailable``: writers go to other replicas or hint),
+        let in-flight applies reach their durable ack, then close listeners, snapshot and close.
+        Not graceful: close everything now (every acknowledged batch is already in the synced log)."""
         self._stopping = True
-        for lst in self.listeners:
-            with contextlib.suppress(Exception):
-                await lst.close()
-        self.listeners = []
+        if self.core is not None:
+            self.core.refuse_writes = True
         for task in list(self._tasks):
             task.cancel()
         if graceful:
             await self._idle.wait()
             if self._commit is not None:
                 await self._commit.drain()
-            if self.store is not None:
-                async with self._snapshot_lock:
-                    await asyncio.to_thread(self.store.snapshot)
+        for lst in self.listeners:
+            with contextlib.suppress(Exception):
+                await lst.close()
+        self.listeners = []
+        if graceful and self.store is not None:
+            async with self._snapshot_lock:
+                await asyncio.to_thread(self.store.snapshot)
         if self._client is not None:
             await self._client.close()
         if self.store is not None:
             self.store.close()
         if self.hints is not None:
             self.hints.close()
+
+    def attach_membership(self, node: MembershipNode) -> Topology:
+        """Feed this service's topology from a running ``MembershipNode`` (the daemon's wiring):
+        the members known now, then every member event. Creates the topology if there is none.
+
+        Each storage member must advertise ``NodeMeta(roles=("storage", ...), transports={...})``.
+        """
+        if self.topology is None:
+            self.topology = Topology(local=self.node_name or None, replicas=self.replicas)
+            if self._client is None and self.hints is not None:
+                self._client = StorageClient(self.topology, self.transports, identity=self.identity)
+                self.topology.on_change(self._on_topology)
+        topo = self.topology
+        follow_membership(topo, node)
+        return topo
+
+    def usage(self) -> StoreUsage:
+        """Capacity and use, for the node's metadata (``NodeMeta.full`` = ``usage().is_full``)."""
+        if self.store is None:
+            return StoreUsage(0, self.capacity_bytes, 0, 0, 0)
+        return self.store.store.usage()
 
     def health(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"addresses": self.addresses}
@@ -235,7 +252,8 @@ class StorageService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.snapshot_interval_s)
                 return
-            await self.snapshot()
+            if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
+                await self.snapshot()  # (nothing logged since the last one: nothing to do)
 
     async def snapshot(self) -> Path:
         """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract)."""
@@ -290,7 +308,8 @@ class StorageService:
                              len(self.hints.pending(target)), exc)
                     break
                 self.hints.delivered(target, hint.batch_id)
-                self._count("hints_delivered")
+                if self.core is not None:
+                    self.core.count("hints_delivered")
                 done += 1
         finally:
             self._delivering.discard(target)
@@ -300,141 +319,56 @@ class StorageService:
 
     # -- request handling ---------------------------------------------------------------------------
     async def handle(self, incoming: Incoming) -> Reply:
-        """The transport handler: decode, check, serve; every failure is a typed reply."""
-        try:
-            msg = p.decode_request(incoming.payload)
-            if isinstance(msg, p.ReadRows):
-                return self._read(incoming.bulk)
-            if isinstance(msg, p.ApplyBatch):
-                return await self._apply(msg, incoming.bulk)
-            if isinstance(msg, p.RowDigests):
-                return self._digests(incoming.bulk)
-            if isinstance(msg, p.GetUsage):
-                return self._usage()
-            return self._batches_applied(msg)
-        except p.ProtocolViolation as exc:
-            log.debug("bad request peer=%s: %s", incoming.peer, exc)
-            return self._error(p.BadRequest(str(exc)[: p.MAX_TEXT_CHARS]))
+        """The transport handler: the core decides (requests.py), this waits for durability."""
+        core = self.core
+        if core is None:
+            return _reply(p.Unavailable("storage service is not open"))
+        msg = core.parse(incoming.payload)
+        if isinstance(msg, Answer):
+            return _reply(msg.reply, msg.bulk)
+        if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
+            async with self._snapshot_lock:  # a snapshot reads the store from a thread: no writes
+                step = core.serve(msg, incoming.bulk)
+        else:
+            step = core.serve(msg, incoming.bulk)
+        if isinstance(step, Answer):
+            return _reply(step.reply, step.bulk)
+        if isinstance(step, WaitHintSynced):
+            return await self._hint_synced(step)
+        return await self._durable(step)
 
-    def _error(self, msg: p.ErrorReply) -> Reply:
-        kind = type(msg).__name__
-        self.counters.error(kind)
-        if "errors" in self._prom:
-            self._prom["errors"].labels(kind).inc()
-        return _reply(msg)
-
-    def _count(self, key: str, n: int = 1) -> None:
-        setattr(self.counters, key, getattr(self.counters, key) + n)
-        if key in self._prom:
-            self._prom[key].inc(n)
-
-    def _not_owner(self, row_column: np.ndarray) -> p.NotOwner | None:
-        """NotOwner unless this node owns every row's column under its placement (standalone: owns all)."""
-        topo = self.topology
-        if topo is None or not self.node_name or self.node_name not in topo or row_column.size == 0:
-            return None
-        placement = topo.placement
-        me = placement.names.index(self.node_name)
-        owned = (placement.owner_indices(row_column) == me).any(axis=1)
-        if bool(owned.all()):
-            return None
-        return p.NotOwner(placement.epoch, f"{int((~owned).sum())} of {owned.size} rows not owned here")
-
-    def _read(self, bulk: Sequence[np.ndarray]) -> Reply:
-        assert self.store is not None
-        cols, feats = p.check_keys(bulk, p.MAX_READ_ROWS)
-        if (err := self._not_owner(cols)) is not None:
-            return self._error(err)
-        batch = self.store.store.read_rows(cols, feats)
-        self._count("reads")
-        self._count("rows_read", batch.num_rows)
-        self._count("bytes_read", batch.nbytes)
-        return _reply(p.RowsReply(), batch.buffers())
-
-    def _digests(self, bulk: Sequence[np.ndarray]) -> Reply:
-        assert self.store is not None
-        cols, feats = p.check_keys(bulk, p.MAX_DIGEST_ROWS)
-        n = cols.shape[0]
-        present = np.zeros(n, np.uint8)
-        keys, strength, batches = (np.zeros(n, np.uint64) for _ in range(3))
-        for i, key in enumerate(zip(cols.tolist(), feats.tolist())):
-            d = self.store.store.digest(key)
-            if d is not None:
-                present[i], keys[i], strength[i], batches[i] = 1, d.keys, d.strength, d.batches
-        return _reply(p.DigestsReply(), [present, keys, strength, batches])
-
-    def _usage(self) -> Reply:
-        assert self.store is not None and self.hints is not None
-        u = self.store.store.usage()
-        return _reply(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries, u.is_full,
-                                   self.hints.held))
-
-    def _batches_applied(self, msg: p.BatchesApplied) -> Reply:
-        assert self.store is not None
-        if len(msg.seqs) > p.MAX_QUERY_SEQS:
-            raise p.ProtocolViolation(f"{len(msg.seqs)} seqs in one query; the limit is {p.MAX_QUERY_SEQS}")
-        applied = self.store.store.applied
-        return _reply(p.AppliedMask([BatchId(msg.writer, s) in applied for s in msg.seqs]))
-
-    async def _apply(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Reply:
-        assert self.store is not None and self._commit is not None
-        if self._stopping:
-            return self._error(p.Unavailable("storage service is stopping"))
-        batch = p.check_batch(bulk)
-        batch_id = BatchId(msg.writer, msg.seq)
-        if msg.hint_for is not None and msg.hint_for != self.node_name:
-            return await self._hold_hint(msg.hint_for, batch_id, batch)
-        if (err := self._not_owner(batch.row_column)) is not None:
-            return self._error(err)
+    async def _durable(self, step: WaitDurable) -> Reply:
+        assert self._commit is not None and self.core is not None
         self._in_flight += 1
         self._idle.clear()
         try:
-            async with self._snapshot_lock:
-                try:
-                    result = self.store.apply(batch_id, batch, validate=False)  # check_batch validated
-                    seq = result.seq
-                    if msg.writer_floor > self.store.store.applied.floor(msg.writer):
-                        seq = max(seq, self.store.advance_floor(msg.writer, msg.writer_floor))
-                except StoreFullError as exc:
-                    return self._error(p.StoreFull(exc.needed_bytes, exc.used_bytes, exc.capacity_bytes))
-                except ValueError as exc:
-                    return self._error(p.BadRequest(str(exc)[: p.MAX_TEXT_CHARS]))
-                except OSError as exc:
-                    log.error("update log write failed: %s", exc)
-                    return self._error(p.Unavailable(f"update log write failed: {exc}"[: p.MAX_TEXT_CHARS]))
-            try:
-                await self._commit.wait_durable(seq)
-            except OSError as exc:
-                log.error("update log fsync failed: %s", exc)
-                return self._error(p.Unavailable(f"update log fsync failed: {exc}"[: p.MAX_TEXT_CHARS]))
-            self.counters.fsync_batches = self._commit.syncs
-            if result.applied:
-                self._count("applies")
-                self._count("bytes_applied", batch.nbytes)
-            else:
-                self._count("applies_duplicate")
-            return _reply(p.ApplyAck(durable=True, applied=result.applied))
+            await self._commit.wait_durable(step.seq)
+        except OSError as exc:
+            log.error("update log fsync failed: %s", exc)
+            return _reply(self.core.error(p.Unavailable(f"update log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+        self.counters.fsync_batches = self._commit.syncs
+        return _reply(step.ack)
 
-    async def _hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch) -> Reply:
-        assert self.hints is not None
+    async def _hint_synced(self, step: WaitHintSynced) -> Reply:
+        assert self.hints is not None and self.core is not None
         try:
-            added = self.hints.add(target, batch_id, _owned(batch))
-            await asyncio.to_thread(self.hints.sync, target)
-        except HintSpaceFull as exc:
-            return self._error(p.Unavailable(str(exc)))
-        except ValueError as exc:
-            return self._error(p.BadRequest(str(exc)))
+            await asyncio.to_thread(self.hints.sync, step.target)
         except OSError as exc:
-            return self._error(p.Unavailable(f"hint log write failed: {exc}"[: p.MAX_TEXT_CHARS]))
-        if added:
-            self._count("hints_received")
-        if self.topology is not None and self.topology.is_live(target) and not self._stopping:
-            self._spawn(self.deliver_hints_to(target))
-        return _reply(p.ApplyAck(durable=True, applied=added, hinted=True))
+            return _reply(self.core.error(p.Unavailable(f"hint log sync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
+        if self.topology is not None and self.topology.is_live(step.target) and not self._stopping:
+            self._spawn(self.deliver_hints_to(step.target))
+        return _reply(step.ack)
+
+    def _on_count(self, key: str, n: int) -> None:
+        if key.startswith("error:"):
+            if "errors" in self._prom:
+                self._prom["errors"].labels(key[6:]).inc(n)
+        elif key in self._prom:
+            self._prom[key].inc(n)
 
 
 def _identity_from_config(config: Config, node_id: str) -> Identity:
@@ -456,6 +390,7 @@ def create_service(config: Config) -> StorageService:
         config.data_path("storage"), s.capacity_bytes, config.transport.bind,
         group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
         snapshot_interval_s=s.snapshot_interval_s,
+        replicas=s.replication_factor,
     )
 
 

@@ -117,6 +117,10 @@ class Link(abc.ABC):
 class BulkChannel(abc.ABC):
     """An out-of-band path for bulk bytes (UCX). Messages are matched by a 64-bit tag."""
 
+    #: Frames whose bulk totals fewer bytes travel inline on the control stream instead: one
+    #: stream write beats a second transport's round trip for small buffers (measured, ucx.py).
+    min_bytes: int = 0
+
     @abc.abstractmethod
     async def send(self, tag: int, view: memoryview) -> None: ...
 

@@ -380,7 +380,10 @@ class Connection:
                 spec, view = framing.spec_for(buf, with_checksum=self._checksum)
             specs.append(spec)
             views.append(view)
-        via = wire.BULK_UCX if self._bulk is not None and specs else wire.BULK_INLINE
+        out_of_band = self._bulk is not None and specs and (
+            sum(sp.nbytes for sp in specs) >= self._bulk.min_bytes
+            or any(not isinstance(v, memoryview) for v in views))  # device buffers need UCX
+        via = wire.BULK_UCX if out_of_band else wire.BULK_INLINE
         raw = _payload(payload)
         message: wire.Message
         if response:

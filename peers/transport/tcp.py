@@ -25,6 +25,9 @@ from peers.transport.session import Session
 
 __all__ = ["TcpTransport", "parse_host_port"]
 
+#: Frames up to this size are handed to the socket as one write (see ``TcpLink.write``).
+_COALESCE_BYTES = 256 * 2**10
+
 
 def parse_host_port(address: str, scheme: str) -> tuple[str, int]:
     """``scheme://host:port`` → (host, port). Raises ``ValueError`` naming the address."""
@@ -82,8 +85,14 @@ class TcpLink(Link, asyncio.BufferedProtocol):
     def write(self, parts: Sequence[bytes | memoryview]) -> None:
         if self._transport is None or self._transport.is_closing():
             raise TransportClosed("socket is closed")
-        for part in parts:
-            self._transport.write(part)
+        # Small frames: joined into one write, so the frame leaves in one syscall/segment and the
+        # receiver wakes once per frame (a wake-up costs 20–30 µs on these VMs). Large frames:
+        # part by part, without copying the caller's buffers.
+        if len(parts) > 1 and sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts) <= _COALESCE_BYTES:
+            self._transport.write(b"".join(parts))  # ≤ 256 KiB copied: ~10 µs, cheaper than a wake-up
+        else:
+            for part in parts:
+                self._transport.write(part)
 
     async def drain(self) -> None:
         await self._can_write.wait()

@@ -59,6 +59,9 @@ UCX_ENV_DEFAULTS: Final = {
     "UCX_TCP_RX_SEG_SIZE": "1M",
 }
 PROGRESS_MODE: Final = "blocking"
+#: Bulk smaller than this (per frame) goes inline on the TCP control stream: below it one TCP
+#: write is cheaper than the extra UCX message (tools/bench/transport.py, docs/transport.md).
+INLINE_BELOW_BYTES: Final = 256 * 2**10
 
 
 class UcxRuntime:
@@ -139,6 +142,8 @@ def _ucx_buffer(buf: Any) -> Any:
 class UcxBulk(BulkChannel):
     """Out-of-band bulk to one peer over a worker-address endpoint (error handling off)."""
 
+    min_bytes = 0  # set by UcxTransport from its ``inline_below_bytes``
+
     def __init__(self, runtime: UcxRuntime, peer_address: bytes) -> None:
         self._rt, self._peer_address = runtime, peer_address
         self._ep: Any = None
@@ -192,8 +197,10 @@ class UcxTransport(TcpTransport):
 
     scheme: ClassVar[str] = "ucx"
 
-    def __init__(self, identity: Identity, *, pool: BufferPool | None = None, checksum: bool = False) -> None:
+    def __init__(self, identity: Identity, *, pool: BufferPool | None = None, checksum: bool = False,
+                 inline_below_bytes: int = INLINE_BELOW_BYTES) -> None:
         super().__init__(identity, pool=pool, checksum=checksum)
+        self.inline_below_bytes = inline_below_bytes
         self.runtime = UcxRuntime.get()
         self.runtime.ensure_progress()
         self._fallback_logged = False
@@ -206,6 +213,7 @@ class UcxTransport(TcpTransport):
             bulk = None
             if agreement.bulk == "ucx" and agreement.peer_ucx_address:
                 bulk = UcxBulk(self.runtime, agreement.peer_ucx_address)
+                bulk.min_bytes = self.inline_below_bytes
             else:
                 self.metrics.fallbacks += 1
                 if not self._fallback_logged:

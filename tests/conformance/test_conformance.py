@@ -306,3 +306,23 @@ async def test_conformance_pool_reuse_fail_peer_revive(harness):
     async with asyncio.timeout(5):
         while client.open_resources or server.open_resources or server.pool.leased:
             await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("blob,reason", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad_magic"),
+    (b"GP\x01\x00\xff\xff\xff\xff\x00\x00\x00\x00" + bytes(8), "oversize"),  # 4 GiB body announced
+])
+async def test_conformance_garbage_before_handshake_is_counted_and_closed(harness, blob, reason):
+    if harness.scheme == "mem":
+        pytest.skip("needs a raw socket")
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), Service())
+    host, port = listener.address.split("://")[1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(blob)
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # the server closed on us
+        while server.metrics.protocol_errors.get(reason, 0) < 1 or server.open_resources:
+            await asyncio.sleep(0.01)
+    writer.close()
+    await listener.close()

@@ -74,7 +74,8 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
 def _write_config(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "giaannd.toml"
     path.write_text(f'[node]\nname = "proc-node"\ndata-dir = "{tmp_path / "data"}"\nroles = []\n'
-                    f'drain-timeout-s = 60.0\n[admin]\nlisten = "127.0.0.1:0"\n{extra}')
+                    f'drain-timeout-s = 60.0\n[admin]\nlisten = "127.0.0.1:0"\n'
+                    f'[membership]\nprofile = "loopback"\nbind-port = 0\n{extra}')
     return path
 
 
@@ -133,9 +134,11 @@ def test_daemon_process_lifecycle(tmp_path: Path, notify: NotifySocket) -> None:
         result = ctl("--json", "node", "status")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["node_id"] == doc["node_id"]
-        result = ctl("ring", "owners", "dog")
+        result = ctl("column", "info", "dog")
         assert result.returncode == 1
-        assert "does not serve 'ring owners'" in result.stderr
+        assert "does not serve 'column info'" in result.stderr
+        result = ctl("ring", "owners", "dog")  # served by membership; no storage member yet
+        assert result.returncode == 1 and "no storage members known" in result.stderr
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT_S) == 0

@@ -265,14 +265,26 @@ def main() -> None:
     parser.add_argument("--sizes", default="4K,64K,1M,16M,256M")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke)")
     parser.add_argument("--skip-ucx", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every configuration N times, interleaved; report medians (noisy VM)")
     args = parser.parse_args()
     for key, value in UCX_ENV_DEFAULTS.items():  # before any ucxx import, here and in children
         os.environ.setdefault(key, value)
     sizes = [_size(s) for s in args.sizes.split(",")]
     kinds = ["raw_tcp", "ours_tcp"] + ([] if args.skip_ucx else ["raw_ucx", "ours_ucx"])
-    res = {k: run_kind(k, sizes, args.quick) for k in kinds}
-    mem = memcpy_gbps(sizes, args.quick)
-    xxh = checksum_gbps(sizes)
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    mems, xxhs = [], []
+    for _ in range(args.repeat):  # interleaved, so a noisy minute hits every configuration
+        for k in kinds:
+            runs[k].append(run_kind(k, sizes, args.quick))
+        mems.append(memcpy_gbps(sizes, args.quick))
+        xxhs.append(checksum_gbps(sizes))
+    med = statistics.median
+    res = {k: {"gbps": {s: med(r["gbps"][s] for r in rs) for s in sizes},
+               "lat": [x for r in rs if r["lat"] for x in r["lat"]],
+               "idle": max((r["idle"] for r in rs if r["idle"]), default=None)} for k, rs in runs.items()}
+    mem = {s: med(m[s] for m in mems) for s in sizes}
+    xxh = {s: med(x[s] for x in xxhs) for s in sizes}
     print("\nOne-way bulk GB/s (1e9 B/s; each transfer acknowledged), two processes on loopback")
     cols = ["size", "memcpy", "xxh3", *kinds, "ours_tcp/raw_tcp"]
     if not args.skip_ucx:
@@ -297,7 +309,8 @@ def main() -> None:
         if res[k]["idle"] is not None:
             c, s = res[k]["idle"]
             print(f"| {k} | {c:.3f} | {s:.3f} |")
-    print(f"\nmedian-free: each cell is one timed run after one warm-up transfer; cpus={os.cpu_count()}")
+    print(f"\neach cell: median over {args.repeat} run(s) of N acknowledged transfers after one warm-up; "
+          f"latency percentiles pool all runs; cpus={os.cpu_count()}")
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ def test_client_writer_floor_follows_unsettled_seqs():
     assert c.writer_floor == 0
     ids = [c.next_batch_id() for _ in range(3)]
     assert ids[0].writer == 7 and [i.seq for i in ids] == [1, 2, 3]
-    assert c.writer_floor == 3  # nothing in flight
-    from giaannd.compute.client import _Unsettled
-    c._unsettled[2] = _Unsettled({"n1"})
+    assert c.writer_floor == 0  # allocated, not yet written: unsettled
+    c.abandon(ids[0])
+    c.abandon(ids[2])
     assert c.writer_floor == 1
     c.abandon(ids[1])
     assert c.writer_floor == 3

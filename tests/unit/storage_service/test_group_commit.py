@@ -15,6 +15,7 @@ class FakeLog:
         self.fail = False
         self.gate = threading.Event()
         self.gate.set()
+        self.started = threading.Event()
 
     def append(self):
         self.appended += 1
@@ -22,6 +23,7 @@ class FakeLog:
 
     def sync(self):
         target = self.appended  # as UpdateLog.sync: what was appended before the fsync started
+        self.started.set()
         self.gate.wait(5)
         if self.fail:
             raise OSError("disk on fire")
@@ -46,7 +48,7 @@ async def test_group_commit_appends_during_a_sync_wait_for_the_next():
     gc = GroupCommit(log.sync)
     log.gate.clear()
     first = asyncio.ensure_future(gc.wait_durable(log.append()))
-    await asyncio.sleep(0.01)  # the sync is running (blocked in its thread)
+    assert await asyncio.to_thread(log.started.wait, 5)  # the sync is running, blocked in its thread
     later = [log.append() for _ in range(5)]
     waiting = asyncio.ensure_future(asyncio.gather(*(gc.wait_durable(s) for s in later)))
     log.gate.set()
@@ -61,7 +63,7 @@ async def test_group_commit_failure_reaches_every_waiter_and_cancel_is_isolated(
     log.gate.clear()
     log.fail = True
     waiters = [asyncio.ensure_future(gc.wait_durable(log.append())) for _ in range(3)]
-    await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(log.started.wait, 5)
     waiters[0].cancel()
     log.gate.set()
     results = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)

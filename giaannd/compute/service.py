@@ -1,0 +1,422 @@
+"""The compute role as a daemon Service: training jobs, evaluation, generation and export.
+
+Glue only: the pipeline is in train.py, the sessions in infer.py, the node's vocabulary in
+state.py. What this module adds is the wiring (which storage client, which row cache), the admin
+routes and the metrics.
+
+Admin routes (giaannctl has verbs for each; bodies are JSON):
+
+=========================  =======================================================================
+``POST /v1/train``         ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
+                           ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
+``GET /v1/jobs``           every job document
+``GET /v1/jobs/{job_id}``  ``{"state", "done", "total", "unit", ...figures}`` (jobs.py)
+``POST /v1/eval``          ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``POST /v1/generate``      ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
+``POST /v1/export``        ``{"path"}`` → JSONL export of the rows this node's jobs wrote
+=========================  =======================================================================
+
+**Which storage client.** The constructor takes either a ready ``storage`` client or a
+``storage_factory(ctx)``; without either, ``start`` looks in ``ctx.services`` for a service with a
+``storage_client`` attribute (the node runtime) or for the local storage service's topology and
+transports. Until one is found the routes answer 503, so a node whose storage view is not ready yet
+still starts and serves status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from giaannd.admin.api import AdminHTTPError
+from giaannd.compute.client import StorageClient, StorageRequestError
+from giaannd.compute.flags import without_flag_row
+from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
+from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
+from giaannd.compute.state import ComputeState
+from giaannd.compute.train import (
+    TrainingJob,
+    TrainResult,
+    TrainSettings,
+    job_client,
+    load_corpus,
+    read_flags,
+)
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.engine import constants_named
+from giaannd.model.export import write_jsonl
+from giaannd.model.lexicon import Lexicon
+from giaannd.model.rows import RowBatch
+from giaannd.model.rowstore import RowStore
+from giaannd.model.tokens import TaggedSentence, Token, load_bundled_corpus
+from peers.errors import PeersError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from giaannd.config import ComputeConfig, Config
+    from giaannd.daemon import ServiceContext
+
+__all__ = ["ComputeService", "create_service"]
+
+log = logging.getLogger(__name__)
+
+#: Prompts evaluated when ``/v1/eval`` names no limit.
+DEFAULT_EVAL_LIMIT: Final = 200
+#: Upper bounds on request sizes (admin requests are small; corpora travel by path).
+MAX_EVAL_PROMPTS: Final = 100_000
+MAX_GENERATE_TOKENS: Final = 1024
+MAX_EPOCHS: Final = 1000
+#: Rows per read while gathering an export.
+EXPORT_READ_ROWS: Final = 32_768
+TAG_CACHE_DIR: Final = "tag-cache"
+_STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
+
+
+class _PromSink:
+    """Training figures → one Prometheus counter labelled by figure."""
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+
+    def add(self, name: str, amount: float) -> None:
+        self._counter.labels(figure=name).inc(amount)
+
+
+class ComputeService:
+    """The compute role (module docstring).
+
+    Args:
+        settings: the ``compute`` config section (workers, K, row cache bytes, max sessions).
+        data_dir: where the node keeps its vocabulary and tag cache.
+        storage: a ready storage client, or None (see ``storage_factory``).
+        storage_factory: builds the client from the daemon context in ``start``.
+        prefetch_depth: teacher-forced lookahead of inference sessions.
+    """
+
+    name = "compute"
+
+    def __init__(self, settings: ComputeConfig, data_dir: str | Path, *, storage: StorageClient | None = None,
+                 storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None,
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+        self.settings = settings
+        self.data_dir = Path(data_dir)
+        self.storage = storage
+        self._factory = storage_factory
+        self._ctx: ServiceContext | None = None
+        self.jobs = JobRegistry()
+        self.state = ComputeState()
+        self.cache = RowCache(settings.row_cache_bytes)
+        self._fetcher: RowFetcher | None = None
+        self._inference: Inference | None = None
+        self._prefetch_depth = prefetch_depth
+        self._lexicon: Lexicon | None = None
+        self._nlp: Any = None
+        self._sink: _PromSink | None = None
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self, ctx: ServiceContext | None = None) -> None:
+        """Load the node state, register routes and metrics (with a context), find storage."""
+        self.state = await asyncio.to_thread(ComputeState.load, self.data_dir)
+        self._lexicon = await asyncio.to_thread(Lexicon.default)
+        self._ctx = ctx
+        if ctx is not None:
+            self._register(ctx)
+        self._started = True
+
+    async def stop(self, graceful: bool) -> None:
+        if graceful:
+            await self.jobs.wait_all()
+        await self.jobs.cancel_all()
+        if self.storage is not None:
+            await self.storage.flush()
+
+    def health(self) -> Mapping[str, Any]:
+        return {"storage": self.storage is not None, "jobs_running": len(self.jobs.running()),
+                "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
+                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
+
+    def _register(self, ctx: ServiceContext) -> None:
+        add = ctx.admin.add_route
+        add("POST", "/v1/train", self._post_train)
+        add("GET", "/v1/jobs", self._get_jobs)
+        add("GET", "/v1/jobs/{job_id}", self._get_job)
+        add("POST", "/v1/eval", self._post_eval)
+        add("POST", "/v1/generate", self._post_generate)
+        add("POST", "/v1/export", self._post_export)
+        m = ctx.metrics
+        self._sink = _PromSink(m.counter("giaannd_compute_train_total",
+                                         "Training figures summed over jobs (sentences, bytes, batches...).",
+                                         ["figure"]))
+        gauges = {
+            "giaannd_compute_row_cache_hits": ("Row cache hits.", lambda: self.cache.hits),
+            "giaannd_compute_row_cache_misses": ("Row cache misses.", lambda: self.cache.misses),
+            "giaannd_compute_row_cache_bytes": ("Bytes of rows cached.", lambda: self.cache.bytes),
+            "giaannd_compute_infer_steps": ("Inference steps run.", lambda: self._inference.steps
+                                            if self._inference else 0),
+            "giaannd_compute_jobs_running": ("Training jobs running.", lambda: len(self.jobs.running())),
+        }
+        for metric, (doc, fn) in gauges.items():
+            m.gauge(metric, doc).set_function(fn)
+
+    def _client(self) -> StorageClient:
+        """The storage client, resolved on first use (module docstring). Raises 503 if none."""
+        if self.storage is None and self._ctx is not None:
+            if self._factory is not None:
+                self.storage = self._factory(self._ctx)
+            else:
+                self.storage = _client_from_services(self._ctx.services)
+        if self.storage is None:
+            raise AdminHTTPError(503, "the compute role has no storage client yet (no storage members known "
+                                 "or not wired)", "unavailable")
+        return self.storage
+
+    def _infer(self) -> Inference:
+        client = self._client()
+        if self._inference is None:
+            self._fetcher = RowFetcher(client.read_rows, self.cache)
+            self._inference = Inference(self._fetcher, max_sessions=self.settings.max_sessions,
+                                        prefetch_depth=self._prefetch_depth)
+        return self._inference
+
+    # -- programmatic API (routes, tests, bench) ----------------------------------------------
+    def train_settings(self, workers: int | None = None, coalesce: int | None = None) -> TrainSettings:
+        return TrainSettings(workers=workers or self.settings.train_workers,
+                             coalesce_sentences=coalesce or self.settings.coalesce_k)
+
+    async def train(self, sentences: Sequence[TaggedSentence], settings: TrainSettings,
+                    progress: TrainProgress | None = None) -> TrainResult:
+        """Run one training job to its end and fold its vocabulary and keys into the node state."""
+        base = self._client()
+        client = job_client(base)
+        job = TrainingJob(sentences, client, settings, progress, lexicon=self._lexicon,
+                          on_written=self.cache.invalidate_batch)
+        try:
+            result = await job.run()
+        finally:
+            await client.close()
+        self._absorb(result)
+        await asyncio.to_thread(self.state.save, self.data_dir)
+        return result
+
+    def _absorb(self, result: TrainResult) -> None:
+        self.state.vocab.merge(result.vocab)
+        for fid, flag in result.deterministic_flags.items():
+            self.state.deterministic.setdefault(fid, flag)
+        self.state.probabilistic |= result.probabilistic_flags
+        self.state.add_keys(result.row_column, result.row_feature)
+
+    def submit(self, sentences: Sequence[TaggedSentence] | Callable[[], Sequence[TaggedSentence]],
+               settings: TrainSettings) -> Job:
+        """Start a training job in the background; returns its registry entry."""
+        self._client()
+        progress = TrainProgress(sink=self._sink)
+
+        async def run(job: Job) -> dict[str, Any]:
+            data = await asyncio.to_thread(sentences) if callable(sentences) else sentences
+            result = await self.train(data, settings, job.progress)
+            return {"rows_written": int(result.row_column.shape[0]),
+                    "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
+                    "probabilistic_flags": len(result.probabilistic_flags)}
+
+        spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
+        return self.jobs.start("train", progress, run, spawn)
+
+    async def prompt_assigner(self) -> ColumnAssigner:
+        """A column assigner for prompts: this node's vocabulary and deterministic flags, and the
+        probabilistic flags as storage holds them now (the replicated set)."""
+        flags = await read_flags(self._client())
+        assigner = ColumnAssigner(self._lexicon, flags | self.state.probabilistic)
+        assigner.add_deterministic_flags(self.state.deterministic)
+        assigner.vocab = self.state.vocab
+        return assigner
+
+    async def evaluate(self, prompts: Sequence[TaggedSentence], constants: str = "train",
+                       mode: str = "teacher") -> dict[str, Any]:
+        """Top-1 over tagged prompts (encoded with flags unchanged); figures as a dict."""
+        k = constants_named(constants)
+        inference = self._infer()
+        assigner = await self.prompt_assigner()
+        encoded = [e for p in prompts if (e := assigner.encode(p, update_flags=False)) is not None]
+        self.cache.clear()  # other nodes may have written since: start from storage's state
+        report = await inference.evaluate(encoded, assigner, k, "free" if mode == "free" else "teacher")
+        r = report.result
+        steps = r.steps
+        return {"constants": constants, "mode": mode, "prompts": r.prompts, "skipped": len(prompts) - r.prompts,
+                "prediction_tokens": r.prediction_tokens, "matches": r.matches, "top1": round(r.top1, 6),
+                "no_prediction": r.no_prediction, "steps": steps, "elapsed_s": round(report.elapsed_s, 3),
+                "steps_per_s": round(steps / report.elapsed_s, 1) if report.elapsed_s else 0.0,
+                "row_cache": self.cache.stats()}
+
+    async def generate(self, prompt: TaggedSentence, max_tokens: int, constants: str = "train") -> dict[str, Any]:
+        """Free-running continuation of one tagged prompt."""
+        k = constants_named(constants)
+        inference = self._infer()
+        assigner = await self.prompt_assigner()
+        assigner.min_tokens = 1  # a generation prompt may be shorter than the evaluation minimum
+        enc = assigner.encode(prompt, update_flags=False)
+        if enc is None:
+            raise AdminHTTPError(400, "the prompt was skipped by column assignment (no noun, or empty)",
+                                 "bad_request")
+        nodes = await inference.generate(list(zip(enc.column.tolist(), enc.feature.tolist())), assigner, k,
+                                         max_tokens)
+        words = [self.state.vocab.word_of(c, f) for c, f in nodes]
+        return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
+
+    async def export(self, path: str | Path) -> dict[str, Any]:
+        """JSONL export of every row this node's jobs wrote, read back from storage (storage has no
+        scan API, so rows written only by other compute nodes are not included)."""
+        client = self._client()
+        cols, feats = self.state.row_column, self.state.row_feature
+        parts: list[RowBatch] = []
+        for i in range(0, int(cols.shape[0]), EXPORT_READ_ROWS):
+            parts.append(await client.read_rows(cols[i:i + EXPORT_READ_ROWS], feats[i:i + EXPORT_READ_ROWS]))
+        batch = without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
+        store = RowStore.from_batch(batch)
+        lines = await asyncio.to_thread(write_jsonl, store, self.state.vocab, path)
+        return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
+                "source": "rows written by this node's training jobs, read back from storage"}
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        corpus = _corpus_path(body.get("corpus"), required=True)
+        workers = _opt_int(body, "workers", 1, 1024)
+        coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
+        epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
+        limit = _opt_int(body, "limit", 1, 1 << 31)
+        settings = self.train_settings(workers, coalesce or None)
+        cache_dir = self.data_dir / TAG_CACHE_DIR
+
+        def load() -> list[TaggedSentence]:
+            return load_corpus(corpus, cache_dir, limit) * epochs  # type: ignore[arg-type]
+
+        job = self.submit(load, settings)
+        return {"job_id": job.job_id}
+
+    async def _get_jobs(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return {"jobs": [j.as_dict() for j in self.jobs.all()]}
+
+    async def _get_job(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        job = self.jobs.get(params["job_id"])
+        if job is None:
+            raise AdminHTTPError(404, f"no job {params['job_id']!r} on this node", "not_found")
+        return job.as_dict()
+
+    async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
+        constants = body.get("constants") or "train"
+        mode = body.get("mode") or "teacher"
+        if constants not in ("train", "test") or mode not in ("teacher", "free"):
+            raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
+        path = _corpus_path(body.get("corpus"), required=False)
+        try:
+            prompts = await asyncio.to_thread(
+                (lambda: load_corpus(path, self.data_dir / TAG_CACHE_DIR, limit)) if path is not None
+                else (lambda: load_bundled_corpus(limit)))
+            return await self.evaluate(prompts, constants, mode)
+        except (ValueError, OSError) as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
+        except _STORAGE_ERRORS as exc:  # pragma: no cover - OSError caught above; kept for clarity
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+    async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        max_tokens = _opt_int(body, "max_tokens", 0, MAX_GENERATE_TOKENS)
+        constants = body.get("constants") or "train"
+        if constants not in ("train", "test"):
+            raise AdminHTTPError(400, "constants must be 'train' or 'test'", "bad_request")
+        prompt = await self._tagged_prompt(body.get("prompt"))
+        try:
+            return await self.generate(prompt, 20 if max_tokens is None else max_tokens, constants)
+        except _STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+    async def _tagged_prompt(self, prompt: Any) -> TaggedSentence:
+        if isinstance(prompt, list) and prompt and all(isinstance(t, (list, tuple)) for t in prompt):
+            if not all(len(t) == 4 and all(isinstance(x, str) and x for x in t) for t in prompt):
+                raise AdminHTTPError(400, "prompt tokens must be [form, lemma, upos, xpos] strings", "bad_request")
+            return tuple(Token(*t) for t in prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
+            prompt = " ".join(prompt)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise AdminHTTPError(400, "prompt must be non-empty text or a list of tokens", "bad_request")
+        return await asyncio.to_thread(self._tag, prompt)
+
+    def _tag(self, text: str) -> TaggedSentence:
+        from giaannd.model.tokens import TaggerUnavailableError, load_english, tag_texts
+        try:
+            if self._nlp is None:
+                self._nlp = load_english(sentences=True)
+        except TaggerUnavailableError as exc:
+            raise AdminHTTPError(503, str(exc), "unavailable") from None
+        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
+        return tuple(tokens)
+
+    async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        path = body.get("path")
+        if not isinstance(path, str) or not path or not Path(path).is_absolute():
+            raise AdminHTTPError(400, "path must be an absolute file path", "bad_request")
+        if not Path(path).parent.is_dir():
+            raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
+        try:
+            return await self.export(path)
+        except _STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    return body
+
+
+def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise AdminHTTPError(400, f"{key} must be an integer in [{lo}, {hi}]", "bad_request")
+    return value
+
+
+def _corpus_path(value: Any, *, required: bool) -> Path | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
+    path = Path(value)
+    if not path.is_file():
+        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
+    return path
+
+
+def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
+    """A storage client from the node's other services: a runtime's ``storage_client``, else one
+    built on the local storage service's topology and transports."""
+    for svc in services.values():
+        client = getattr(svc, "storage_client", None)
+        if isinstance(client, StorageClient):
+            return client
+    storage = services.get("storage")
+    topology = getattr(storage, "topology", None)
+    if storage is not None and topology is not None:
+        return StorageClient(topology, getattr(storage, "transports", None),
+                             identity=getattr(storage, "identity", None))
+    return None
+
+
+def create_service(config: Config) -> ComputeService:
+    """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
+    return ComputeService(config.compute, config.data_path("compute"))
+

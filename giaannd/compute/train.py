@@ -1,0 +1,369 @@
+"""Distributed training: corpus → B workers → coalesced delta batches → storage owners (ARCHITECTURE §9).
+
+Theory of operation
+-------------------
+The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences``). B workers
+(asyncio tasks; ``workers``) each take the next window and:
+
+1. **refresh flags**: read the reserved flag row (flags.py) and merge flags other workers (or other
+   compute nodes) found into this worker's :class:`ColumnAssigner`;
+2. **encode** the window in order with the worker's assigner (``update_flags=True``), exactly as the
+   single-process engine does — the assigner is per worker, like a separate compute node;
+3. **train**: ``train_batch`` (the core's code) over the window's encoded sentences. Because
+   training is a pure sum of increments (giaann-algorithm.md §3.3), one ``train_batch`` over K
+   sentences *is* the coalesced delta: equal (row, entry) keys of all K sentences are summed once.
+   Flags found in this window are added as the flag row of the same batch (one batch id: the flags
+   land together with the deltas of the sentences that found them);
+4. **send** the batch through :class:`~giaannd.compute.client.StorageClient`, which splits it by
+   owner and writes to R replicas with a quorum. The batch id is ``(writer, seq)`` with a writer id
+   random per job run and seq increasing; the client carries the writer floor. A failed write is
+   retried with the *same* id (storage ignores ids it applied, so a retry never double-counts).
+   Sends run in the background while the worker encodes its next window, bounded by
+   ``max_inflight_bytes`` (a slow storage node fills the budget and the workers wait: backpressure).
+
+With one worker the result equals the sequential core exactly (same encodings, same sums; only the
+float32 rounding of different batch boundaries can differ). With B workers the only difference is
+a flag found by one worker and not yet seen by another (flags.py).
+
+The coalescing ratio reported is *pair increments* (every (source token, target token, segment)
+increment the sentences produce before any summing, what a naive per-increment sender would ship)
+over entries actually sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.compute.client import QuorumNotReached, StorageClient, StorageRequestError
+from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, flags_batch
+from giaannd.compute.jobs import TrainProgress
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.lexicon import Lexicon
+from giaannd.model.rows import RowBatch
+from giaannd.model.sentence import EncodedSentence
+from giaannd.model.tokens import TaggedSentence, read_conllu, tag_file_cached
+from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, train_batch
+from giaannd.model.vocab import Vocabulary
+from giaannd.storage.applied_set import BatchId
+from peers.errors import PeersError
+
+__all__ = [
+    "DEFAULT_COALESCE_SENTENCES",
+    "TrainResult",
+    "TrainSettings",
+    "TrainingJob",
+    "job_client",
+    "load_corpus",
+    "pair_increments",
+    "read_flags",
+]
+
+log = logging.getLogger(__name__)
+
+#: K: sentences per coalesced batch. 256 = the single-process engine's batch (a few MB per batch).
+DEFAULT_COALESCE_SENTENCES: Final = 256
+#: Bytes of delta batches in flight per job (sends not yet acknowledged by a quorum).
+DEFAULT_MAX_INFLIGHT_BYTES: Final = 64 * 2**20
+#: Attempts per batch before the job fails (the same batch id every time).
+DEFAULT_MAX_ATTEMPTS: Final = 6
+#: First retry delay; doubles per attempt (0.05, 0.1, 0.2, ... s).
+DEFAULT_RETRY_BACKOFF_S: Final = 0.05
+_CONLLU_SUFFIXES: Final = (".conllu", ".conllu.gz", ".conll", ".conll.gz")
+_RETRYABLE: Final = (StorageRequestError, PeersError, OSError, LookupError)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSettings:
+    """Knobs of one training job (config: ``compute.train-workers``, ``compute.coalesce-k``).
+
+    Attributes:
+        workers: B concurrent workers, each with its own column assigner (as separate nodes would).
+        coalesce_sentences: K, sentences summed into one delta batch.
+        max_inflight_bytes: backpressure bound on unacknowledged batch bytes.
+        max_attempts / retry_backoff_s: retry policy for a failed batch (same batch id).
+        offload: run encode + train of a window in a worker thread (``asyncio.to_thread``) so the
+            event loop keeps serving sends and admin requests meanwhile.
+    """
+
+    workers: int = 1
+    coalesce_sentences: int = DEFAULT_COALESCE_SENTENCES
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.coalesce_sentences < 1 or self.max_attempts < 1:
+            raise ValueError("workers, coalesce_sentences and max_attempts must be >= 1")
+        if self.max_inflight_bytes < 1 or self.retry_backoff_s < 0:
+            raise ValueError("max_inflight_bytes must be >= 1 and retry_backoff_s >= 0")
+
+
+@dataclass
+class TrainResult:
+    """What a finished job leaves behind on the compute node."""
+
+    vocab: Vocabulary
+    deterministic_flags: dict[int, bool]
+    probabilistic_flags: set[int]
+    #: every row key this job wrote (flag row excluded), sorted: (row_column, row_feature)
+    row_column: NDArray[np.uint64] = field(default_factory=lambda: np.empty(0, np.uint64))
+    row_feature: NDArray[np.uint64] = field(default_factory=lambda: np.empty(0, np.uint64))
+
+
+def load_corpus(path: str | Path, cache_dir: str | Path | None = None, limit: int | None = None
+                ) -> list[TaggedSentence]:
+    """Sentences of a corpus file: CoNLL-U (plain or gzip) as is, anything else as UTF-8 text
+    tagged by spaCy once and cached (``tag_file_cached``) under ``cache_dir``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorpusFormatError: malformed CoNLL-U (names the line).
+        TaggerUnavailableError: a text corpus and no spaCy model.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"corpus {p} does not exist or is not a file")
+    if not p.name.endswith(_CONLLU_SUFFIXES):
+        if cache_dir is None:
+            raise ValueError("a text corpus needs a tag cache directory")
+        p = tag_file_cached(p, cache_dir)
+    out: list[TaggedSentence] = []
+    for sentence in read_conllu(p):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(sentence)
+    return out
+
+
+def pair_increments(sentences: Sequence[EncodedSentence]) -> int:
+    """Increments the sentences produce before any summing (§3.1 step 6): per source token p, one
+    feature entry per target within ``FEATURE_REACH`` tokens, one column entry per later target
+    fewer than ``COLUMN_SEGMENTS`` instances away."""
+    total = 0
+    for s in sentences:
+        n = len(s)
+        if n < 2:
+            continue
+        inst = np.asarray(s.instance, np.int64)
+        m = int(inst[-1]) + 1
+        pos = np.arange(n, dtype=np.int64)
+        feature = np.minimum(FEATURE_REACH, n - 1 - pos)
+        ends = np.searchsorted(inst, np.arange(m, dtype=np.int64), side="right")
+        column = ends[np.minimum(inst + (COLUMN_SEGMENTS - 1), m - 1)] - pos - 1
+        total += int(feature.sum() + column.sum())
+    return total
+
+
+def job_client(base: StorageClient) -> StorageClient:
+    """A client sharing ``base``'s topology, transports and policy, with a fresh random writer id
+    (one per job run: seqs restart at 1, so a restarted job can never reuse an applied id)."""
+    return StorageClient(
+        base.topology, base.transports, identity=base.identity, writer_id=secrets.randbits(64),
+        write_quorum=base.write_quorum, request_timeout_s=base.request_timeout_s,
+        connect_timeout_s=base.connect_timeout_s, max_inflight_bytes_per_owner=base.max_inflight,
+    )
+
+
+async def read_flags(client: StorageClient) -> set[int]:
+    """The replicated flag set as storage holds it now (empty before any flag was written)."""
+    batch = await client.read_rows(np.array([FLAG_ROW[0]], np.uint64), np.array([FLAG_ROW[1]], np.uint64))
+    return flag_ids(batch.row(0)) if batch.num_rows else set()
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes outstanding; one oversized batch may go alone (never deadlocks)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+@dataclass
+class _Window:
+    batch: RowBatch
+    handled: int
+    trained: int
+    tokens: int
+    increments: int
+    flags: int
+
+
+class _Worker:
+    """One worker's column assigner and view of the flag set."""
+
+    def __init__(self, lexicon: Lexicon, flags: set[int]) -> None:
+        self.assigner = ColumnAssigner(lexicon, flags)
+        self.tracker = FlagTracker(flags)
+
+    def process(self, window: Sequence[TaggedSentence]) -> _Window:
+        """Encode (updating flags) and train one window; synchronous (may run in a thread)."""
+        encoded = [e for t in window if (e := self.assigner.encode(t, update_flags=True)) is not None]
+        out = train_batch(encoded)
+        new_flags = self.tracker.take_unsent(self.assigner.probabilistic_flags)
+        batch = RowBatch.concat([flags_batch(new_flags), out.rows]) if new_flags else out.rows
+        return _Window(batch, len(window), out.sentences, out.tokens, pair_increments(encoded), len(new_flags))
+
+
+class TrainingJob:
+    """One training run over ``sentences`` (module docstring).
+
+    Args:
+        sentences: tagged sentences, in corpus order.
+        client: the job's storage client (use :func:`job_client` for a per-run writer id).
+        settings: workers, K, backpressure, retries.
+        progress: updated as windows are acknowledged (the job document).
+        lexicon: the ever-POS lexicon (default: the shipped one).
+        on_written: called with every acknowledged batch (the node's row cache invalidates on it).
+    """
+
+    def __init__(self, sentences: Sequence[TaggedSentence], client: StorageClient, settings: TrainSettings,
+                 progress: TrainProgress | None = None, *, lexicon: Lexicon | None = None,
+                 on_written: Callable[[RowBatch], None] | None = None) -> None:
+        self.sentences = sentences
+        self.client = client
+        self.settings = settings
+        self.progress = progress if progress is not None else TrainProgress()
+        self.progress.total = len(sentences)
+        self.lexicon = lexicon if lexicon is not None else Lexicon.default()
+        self.on_written = on_written
+        self._budget = _ByteBudget(settings.max_inflight_bytes)
+        self._sends: set[asyncio.Task[None]] = set()
+        self._keys: list[tuple[NDArray[np.uint64], NDArray[np.uint64]]] = []
+        self._next = 0
+        self._failure: BaseException | None = None
+
+    async def run(self) -> TrainResult:
+        """Train every sentence; returns once every batch is acknowledged by a quorum.
+
+        Raises:
+            QuorumNotReached / StorageRequestError: a batch failed ``max_attempts`` times.
+        """
+        initial = await self._read_flags()
+        workers = [_Worker(self.lexicon, initial) for _ in range(self.settings.workers)]
+        try:
+            await asyncio.gather(*(self._work(w) for w in workers))
+            while self._sends:
+                await asyncio.wait(set(self._sends))
+        except BaseException:
+            for task in self._sends:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*self._sends, return_exceptions=True)
+            raise
+        if self._failure is not None:
+            raise self._failure
+        return self._result(workers)
+
+    def _take_window(self) -> Sequence[TaggedSentence] | None:
+        if self._failure is not None or self._next >= len(self.sentences):
+            return None
+        start = self._next
+        self._next = min(start + self.settings.coalesce_sentences, len(self.sentences))
+        return self.sentences[start:self._next]
+
+    async def _work(self, worker: _Worker) -> None:
+        while (window := self._take_window()) is not None:
+            remote = await self._read_flags()
+            learned = worker.tracker.merge_remote(remote)
+            if learned:
+                worker.assigner.add_probabilistic_flags(learned)
+                self.progress.add(flags_learned=len(learned))
+            if self.settings.offload:
+                done = await asyncio.to_thread(worker.process, window)
+            else:
+                done = worker.process(window)
+            if done.batch.num_rows == 0:
+                self.progress.add(done=done.handled, skipped=done.handled - done.trained)
+                continue
+            await self._budget.acquire(done.batch.nbytes)
+            task = asyncio.get_running_loop().create_task(self._send(done))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+
+    async def _send(self, window: _Window) -> None:
+        batch = window.batch
+        try:
+            bid = self.client.next_batch_id()
+            await self._write_with_retries(batch, bid)
+        except _RETRYABLE as exc:  # recorded; run() raises it once the other sends have ended
+            if self._failure is None:
+                self._failure = exc
+            return
+        finally:
+            await self._budget.release(batch.nbytes)
+        keep = ~((batch.row_column == FLAG_ROW[0]) & (batch.row_feature == FLAG_ROW[1]))
+        self._keys.append((batch.row_column[keep], batch.row_feature[keep]))
+        self.progress.add(done=window.handled, trained=window.trained, skipped=window.handled - window.trained,
+                          tokens=window.tokens, batches=1, bytes_sent=batch.nbytes,
+                          entries_before=window.increments, entries_after=batch.num_entries,
+                          flags_sent=window.flags)
+        if self.on_written is not None:
+            self.on_written(batch)
+
+    async def _write_with_retries(self, batch: RowBatch, bid: BatchId) -> None:
+        s = self.settings
+        for attempt in range(s.max_attempts):
+            try:
+                await self.client.write(batch, bid)
+                return
+            except _RETRYABLE as exc:
+                if attempt + 1 >= s.max_attempts or (isinstance(exc, QuorumNotReached) and exc.store_full):
+                    self.client.abandon(bid)
+                    raise
+                self.progress.add(retries=1)
+                log.info("batch retry writer=%#x seq=%d attempt=%d: %s", bid.writer, bid.seq, attempt + 1, exc)
+                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
+
+    async def _read_flags(self) -> set[int]:
+        """The replicated flag set, retried like a write (a replica may be failing over)."""
+        s = self.settings
+        for attempt in range(s.max_attempts):
+            try:
+                return await read_flags(self.client)
+            except _RETRYABLE:
+                if attempt + 1 >= s.max_attempts:
+                    raise
+                self.progress.add(retries=1)
+                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
+        raise AssertionError("unreachable")
+
+    def _result(self, workers: Sequence[_Worker]) -> TrainResult:
+        vocab = Vocabulary()
+        deterministic: dict[int, bool] = {}
+        prob: set[int] = set()
+        for w in workers:
+            vocab.merge(w.assigner.vocab)
+            for fid, flag in w.assigner.deterministic_flags.items():
+                deterministic.setdefault(fid, flag)
+            prob |= w.assigner.probabilistic_flags
+        result = TrainResult(vocab, deterministic, prob)
+        if self._keys:
+            cols = np.concatenate([k[0] for k in self._keys])
+            feats = np.concatenate([k[1] for k in self._keys])
+            order = np.lexsort((feats, cols))
+            cols, feats = cols[order], feats[order]
+            new = np.ones(cols.shape[0], bool)
+            new[1:] = (cols[1:] != cols[:-1]) | (feats[1:] != feats[:-1])
+            result.row_column, result.row_feature = cols[new], feats[new]
+        return result

@@ -1,0 +1,318 @@
+"""The per-node runtime every role shares: identity, keyring, data-plane transports, the cluster
+view and the storage-client factory.
+
+Why one object: a node has one identity on the data plane and one view of the cluster. If the
+storage and compute roles each built their own transports and topology, a node would open two
+listeners, hold two connection sets to every peer, and could disagree with itself about who owns
+a column. So the daemon builds one ``NodeRuntime`` and starts it first (it is the ``runtime``
+service); the membership service feeds its ``topology``, the storage role serves on its
+listeners, and the compute role asks it for ``StorageClient`` objects sharing its transports.
+
+What it does on ``start``:
+
+1. **Keyring**: ``cluster.key-file`` (the ``peers.keyring`` JSON format) is loaded; the same
+   ``Keyring`` object seals gossip and proves the transport handshake, so a rotation
+   (``/v1/keys``) reaches both at once. Without a key file a key is derived from the cluster name:
+   no secret at all, which config.md says is acceptable on loopback only (and a warning says so).
+2. **Transports and listeners**: one ``Transport`` per scheme of ``transport.bind``, each bound
+   with one dispatching handler. A ``ucx://`` listener that cannot start here (ucxx missing, no
+   UCX context) is logged and skipped when another listener remains: the node then speaks TCP
+   only. Port 0 works: the bound addresses (real ports) are what ``advertised`` reports and what
+   the membership service gossips in ``NodeMeta``.
+3. **Topology**: the cluster view (``giaannd.topology``), created empty; the membership service
+   fills it from member events.
+
+Requests that arrive before a role registered its handler (``serve``), or on a node without the
+storage role, get a typed ``Unavailable`` reply, so a writer fails over instead of hanging.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from giaannd import protocol as p
+from giaannd.compute.client import StorageClient
+from giaannd.errors import ConfigError
+from giaannd.topology import Topology
+from peers.errors import PeerDead, PeersError, TransportUnavailable
+from peers.keyring import Keyring, KeyringError
+from peers.membership.meta import NodeMeta
+from peers.transport import Handler, Identity, Incoming, Listener, Reply, Transport
+from peers.transport import make_transport, scheme_of
+
+if TYPE_CHECKING:
+    from giaannd.config import Config
+    from giaannd.daemon import ServiceContext
+    from peers.membership.node import MembershipNode
+
+__all__ = ["UNKEYED_PREFIX", "LiveKeys", "NodeRuntime", "derived_cluster_key"]
+
+log = logging.getLogger(__name__)
+
+#: Namespace of the key derived from the cluster name when no key file is configured. The same
+#: derivation as ``giaannd.storage.service``'s standalone mode, so both interoperate.
+UNKEYED_PREFIX: Final = "giaannd-unkeyed:"
+#: Schemes a bind list may name that are optional on this host (skipped with a warning when they
+#: cannot start, as long as another listener remains).
+OPTIONAL_SCHEMES: Final = frozenset({"ucx"})
+_WILDCARDS: Final = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
+def derived_cluster_key(cluster: str) -> bytes:
+    """The stand-in key of an unkeyed cluster: public, so it authenticates nothing."""
+    return hashlib.sha256(f"{UNKEYED_PREFIX}{cluster}".encode()).digest()
+
+
+class LiveKeys(Sequence[bytes]):
+    """A read-only, always-current view of a ``Keyring`` for the transport ``Identity``.
+
+    The handshake copies the key list when each connection starts, so new connections see a
+    rotation at once and established ones keep the key they proved with.
+    """
+
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyring = keyring
+
+    def __len__(self) -> int:
+        return len(self._keyring.keys)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._keyring.keys[index]
+
+
+class _RuntimeCollector(Collector):
+    """Exports transport and membership counters at scrape time (they live in plain objects)."""
+
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self._rt = runtime
+
+    def collect(self) -> Iterator[Any]:
+        fields = ("requests_sent", "requests_served", "bytes_sent", "bytes_received", "deadlines",
+                  "cancels", "connections_opened", "connections_closed", "fallbacks")
+        for name in fields:
+            fam = CounterMetricFamily(f"giaannd_transport_{name}", f"data plane: {name}",
+                                      labels=["scheme"])
+            for scheme, transport in self._rt.transports.items():
+                metrics = getattr(transport, "metrics", None)
+                if metrics is not None:
+                    fam.add_metric([scheme], float(getattr(metrics, name)))
+            yield fam
+        node = self._rt.membership
+        if node is None:
+            return
+        try:
+            counters = node.counters()
+        except RuntimeError:  # not started yet
+            return
+        fam = CounterMetricFamily("giaannd_membership_events", "membership core and glue counters",
+                                  labels=["counter"])
+        for key, value in sorted(counters.items()):
+            if key != "members_live":
+                fam.add_metric([key], float(value))
+        yield fam
+        yield GaugeMetricFamily("giaannd_membership_members_live", "members believed alive",
+                                value=float(counters.get("members_live", 0)))
+        yield GaugeMetricFamily("giaannd_membership_local_health",
+                                "Lifeguard local health score (0 is healthy)",
+                                value=float(node.local_health()))
+
+
+class NodeRuntime:
+    """Identity, keyring, transports, listeners and the topology of one node (module docstring).
+
+    Args:
+        config: the effective configuration.
+    """
+
+    name = "runtime"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node_id = ""
+        self.node_name = ""
+        self.keyring: Keyring | None = None
+        self.keyring_path: str | None = config.cluster.key_file or None
+        self.identity: Identity | None = None
+        self.transports: dict[str, Transport] = {}
+        self.listeners: dict[str, Listener] = {}
+        self.skipped: dict[str, str] = {}
+        self.topology = Topology(local=None, replicas=config.storage.replication_factor)
+        #: Set by ``giaannctl node drain``: writes are refused (``Unavailable``), reads served.
+        self.draining = False
+        #: Set by the membership service once its node runs.
+        self.membership: MembershipNode | None = None
+        self._handler: Handler | None = None
+        self._clients: list[StorageClient] = []
+
+    # -- the Service protocol -------------------------------------------------------------
+
+    async def start(self, ctx: ServiceContext) -> None:
+        """Load the keyring, build transports and bind the listeners.
+
+        Raises:
+            ConfigError: bad key file, or no listener could be bound.
+        """
+        self.node_id, self.node_name = str(ctx.node_id), ctx.node_name
+        if "storage" in self.config.node.roles:
+            self.topology.local = self.node_name
+        self.keyring = self._load_keyring()
+        self.identity = Identity(self.node_id, self.config.cluster.name, LiveKeys(self.keyring))
+        if self.config.node.roles:
+            await self._bind()
+        else:  # gossip and admin only: no role uses the data plane
+            log.info("no roles: data plane not started")
+        self.topology.schemes = tuple(self.transports)
+        ctx.metrics.registry.register(_RuntimeCollector(self))
+        log.info("data plane listening addresses=%s", ",".join(self.advertised.values()))
+
+    async def stop(self, graceful: bool) -> None:
+        """Close storage clients, listeners and transports (the runtime stops last)."""
+        self._handler = None
+        for client in self._clients:
+            try:
+                await client.close()
+            except Exception:  # closing must go on for the others
+                log.exception("storage client close failed")
+        self._clients.clear()
+        for listener in self.listeners.values():
+            try:
+                await listener.close()
+            except Exception:
+                log.exception("listener close failed address=%s", listener.address)
+        self.listeners.clear()
+
+    def health(self) -> Mapping[str, Any]:
+        out: dict[str, Any] = {"advertised": self.advertised, "storage_members":
+                               len(self.topology.live())}
+        if self.skipped:
+            out["skipped_transports"] = dict(self.skipped)
+        if self.keyring is not None:
+            out["keys"] = len(self.keyring.keys)
+        return out
+
+    # -- what roles use ---------------------------------------------------------------------
+
+    @property
+    def advertised(self) -> dict[str, str]:
+        """Data-plane URL per scheme, in preference order: ``transport.advertise`` where set
+        (first URL per scheme), else the bound listeners."""
+        out: dict[str, str] = {}
+        for url in self.config.transport.advertise:
+            scheme = scheme_of(url)
+            if scheme in self.listeners:
+                out.setdefault(scheme, url)
+        for scheme, listener in self.listeners.items():
+            out.setdefault(scheme, listener.address)
+        return out
+
+    def serve(self, handler: Handler | None) -> None:
+        """Route data-plane requests to ``handler`` (the storage role); None: answer Unavailable."""
+        self._handler = handler
+
+    def node_meta(self) -> NodeMeta:
+        """The metadata this node gossips: roles, data-plane addresses, capacity and weight."""
+        storage = "storage" in self.config.node.roles
+        return NodeMeta(
+            roles=tuple(self.config.node.roles),
+            transports=self.advertised,
+            capacity_bytes=self.config.storage.capacity_bytes if storage else 0,
+            weight=self.config.storage.placement_weight if storage else 0.0,
+            full=self.draining,
+        )
+
+    def storage_client(self, **options: Any) -> StorageClient:
+        """A ``StorageClient`` over this node's topology and transports (closed on stop).
+
+        ``options`` go to ``StorageClient`` (``write_quorum``, timeouts...); the write quorum
+        defaults to ``storage.write-quorum``.
+        """
+        options.setdefault("write_quorum", self.config.storage.write_quorum)
+        client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
+        self._clients.append(client)
+        return client
+
+    def fail_peer(self, node_id: str, reason: str) -> int:
+        """Membership declared ``node_id`` dead: fail every data-plane connection to it now.
+
+        Pending requests fail at once with ``PeerDead`` instead of waiting for their deadlines
+        (a partitioned peer sends no RST); the next request to it reconnects, after the topology
+        stopped choosing it. Returns the number of connections failed.
+        """
+        failed = 0
+        for transport in self.transports.values():
+            for link in list(getattr(transport, "links", ())):
+                conn = getattr(getattr(link, "session", None), "conn", None)
+                if conn is not None and conn.peer == node_id and not conn.is_closed:
+                    conn.fail(PeerDead(f"peer {node_id} declared dead by membership: {reason}"))
+                    failed += 1
+        if failed:
+            log.info("failed data-plane connections peer=%s count=%d reason=%s", node_id, failed,
+                     reason)
+        return failed
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _load_keyring(self) -> Keyring:
+        if self.keyring_path is None:
+            log.warning("no cluster.key-file: using a key derived from the cluster name, which "
+                        "authenticates nothing (acceptable on loopback only)")
+            return Keyring([derived_cluster_key(self.config.cluster.name)])
+        try:
+            return Keyring.load(self.keyring_path)
+        except KeyringError as exc:
+            raise ConfigError(str(exc), "$.cluster.key-file") from None
+
+    async def _bind(self) -> None:
+        assert self.identity is not None
+        for url in self.config.transport.bind:
+            try:
+                scheme = scheme_of(url)
+            except ValueError as exc:
+                raise ConfigError(str(exc), "$.transport.bind") from None
+            host = url.partition("://")[2].rpartition(":")[0]
+            if host in _WILDCARDS and not any(
+                    a.startswith(f"{scheme}://") for a in self.config.transport.advertise):
+                raise ConfigError(f"{url} binds a wildcard address: set transport.advertise to "
+                                  "the URL peers should dial", "$.transport.advertise")
+            try:
+                transport = self.transports.get(scheme) or make_transport(scheme, self.identity)
+                listener = await transport.listen(url, self._dispatch)
+            except (TransportUnavailable, PeersError, OSError, RuntimeError) as exc:
+                if scheme in OPTIONAL_SCHEMES:
+                    self.skipped[scheme] = f"{type(exc).__name__}: {exc}"
+                    log.warning("transport unavailable, skipped scheme=%s url=%s reason=%r",
+                                scheme, url, exc)
+                    continue
+                raise ConfigError(f"cannot listen on {url}: {exc}", "$.transport.bind") from None
+            self.transports[scheme] = transport
+            self.listeners.setdefault(scheme, listener)
+        if not self.listeners:
+            raise ConfigError("no data-plane listener could be started", "$.transport.bind")
+        if "ucx" in self.listeners:
+            log.info("data plane: UCX bulk over ucxx worker-address endpoints, TCP control")
+        else:
+            log.info("data plane: TCP only%s", f" (skipped: {', '.join(self.skipped)})"
+                     if self.skipped else "")
+
+    async def _dispatch(self, incoming: Incoming) -> Reply:
+        handler = self._handler
+        if handler is None:
+            why = ("this node has no storage role" if "storage" not in self.config.node.roles
+                   else "the storage role is not serving (starting or stopping)")
+            return Reply(p.encode(p.Unavailable(why)))
+        if self.draining and self._is_write(incoming):
+            return Reply(p.encode(p.Unavailable("node is draining: writes go to other replicas")))
+        return await handler(incoming)
+
+    @staticmethod
+    def _is_write(incoming: Incoming) -> bool:
+        try:
+            return isinstance(p.decode_request(incoming.payload), p.ApplyBatch)
+        except p.ProtocolViolation:
+            return False  # the handler answers BadRequest

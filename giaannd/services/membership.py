@@ -1,0 +1,373 @@
+"""The membership service: gossip (``peers.membership.MembershipNode``) inside the daemon.
+
+Glue only (STYLE.md item 2). On ``start`` it builds this node's ``NodeMeta`` from the runtime
+(roles, the data-plane URLs actually bound, capacity, placement weight), starts the SWIM node on
+``membership.bind-address:bind-port`` with the runtime's keyring, joins ``cluster.seeds``, and
+from then on feeds every member event into the runtime's ``Topology``. It serves:
+
+- ``GET /v1/members`` (the admin members source): name, id, gossip address, status, incarnation,
+  roles, data-plane URLs, capacity, weight;
+- ``POST /v1/node/join`` ``{"seeds": ["host:port", ...]}``, ``POST /v1/node/leave`` (leave gossip,
+  then stop the daemon), ``POST /v1/node/drain`` (refuse writes, keep serving reads, gossip
+  ``full``), see docs/operations.md;
+- ``GET|POST /v1/keys``, ``POST /v1/keys/{id}/use``, ``DELETE /v1/keys/{id}``: keyring rotation,
+  saved to ``cluster.key-file``; ``id`` is the key's fingerprint (first 16 hex digits of SHA-256);
+- ``GET /v1/ring``, ``GET /v1/ring/owners/{column}``: the placement as this node computes it
+  (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does).
+
+``stop(graceful=True)`` (SIGTERM) leaves gossip politely: the daemon stops this service after the
+roles, so they drain while the node is still a member, then the leave spreads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+from aiohttp import web
+
+from giaannd.admin.api import AdminHTTPError
+from giaannd.errors import ConfigError, GiaannError
+from giaannd.model.ids import column_id
+from giaannd.topology import follow_membership
+from peers.keyring import Keyring, KeyringError
+from peers.membership.events import MemberEvent, MemberFailed
+from peers.membership.meta import NodeMeta
+from peers.membership.node import JoinError, MembershipNode, NameConflictError
+
+if TYPE_CHECKING:
+    from giaannd.daemon import ServiceContext
+    from giaannd.runtime import NodeRuntime
+
+__all__ = ["INCARNATION_FILE", "MembershipService", "key_id", "parse_column", "parse_seed"]
+
+log = logging.getLogger(__name__)
+
+#: Holds the incarnation this node last started with; a restart starts one above it, so its
+#: "alive" outranks what the cluster remembers of the previous run (ARCHITECTURE §4).
+INCARNATION_FILE: Final = "membership.incarnation"
+#: Bound on one admin join request (each seed round has its own TCP deadline inside).
+JOIN_TIMEOUT_S: Final = 60.0
+#: Seeds accepted in one join request.
+MAX_SEEDS: Final = 64
+
+
+def key_id(key: bytes) -> str:
+    """A key's public fingerprint: enough to name it in ``giaannctl keys``, useless to forge."""
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def parse_seed(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) of a membership listener.
+
+    Raises:
+        ValueError: not host:port with a port in 1..65535.
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"seed {text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def parse_column(text: str) -> tuple[int, str]:
+    """A column named by id (decimal or ``0x`` hex) or by concept word: ``(id, how)``."""
+    raw = text.strip()
+    try:
+        value = int(raw, 16) if raw.lower().startswith("0x") else int(raw)
+    except ValueError:
+        if not raw:
+            raise ValueError("empty column") from None
+        return column_id(raw.lower()), "word"
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"column id {raw} is not a 64-bit unsigned integer")
+    return value, "id"
+
+
+class MembershipService:
+    """The ``membership`` service (module docstring).
+
+    Args:
+        runtime: the node runtime (started before this service).
+    """
+
+    name = "membership"
+
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self.runtime = runtime
+        self.node: MembershipNode | None = None
+        self._ctx: ServiceContext | None = None
+        self._joined_seeds = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, ctx: ServiceContext) -> None:
+        """Start gossip, join the seeds, follow member events, register admin routes.
+
+        Raises:
+            GiaannError: the membership port cannot be bound, or no seed answered.
+        """
+        self._ctx = ctx
+        cfg = ctx.config
+        incarnation = self._next_incarnation(cfg.data_path(INCARNATION_FILE))
+        rt = self.runtime
+        assert rt.keyring is not None, "the runtime service starts before membership"
+        m = cfg.membership
+        node = MembershipNode(
+            name=ctx.node_name, bind=(m.bind_address, m.bind_port), cluster=cfg.cluster.name,
+            keyring=rt.keyring, config=m.resolved(), node_id=str(ctx.node_id),
+            meta=rt.node_meta().encode(), incarnation=incarnation,
+            advertise_host=m.advertise_address or None, keyring_path=rt.keyring_path)
+        try:
+            await node.start()
+        except OSError as exc:
+            raise GiaannError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
+                              f"{exc.strerror or exc}") from None
+        self.node = rt.membership = node
+        follow_membership(rt.topology, node)
+        node.on_event(self._on_member_event)
+        log.info("membership started addr=%s:%d incarnation=%d", *node.addr, incarnation)
+        seeds = self._seeds(cfg.cluster.seeds, node)
+        if seeds:
+            await self._join(seeds)
+        ctx.admin.set_members_source(self.members)
+        self._routes(ctx)
+
+    async def stop(self, graceful: bool) -> None:
+        """Graceful: announce the leave and wait while it spreads; then close sockets."""
+        node = self.node
+        if node is None:
+            return
+        if self._ctx is not None:
+            self._ctx.admin.set_members_source(None)
+        if graceful:
+            try:
+                await node.leave()
+            except Exception:  # leaving is best effort: failure detection covers the rest
+                log.exception("membership leave failed")
+        await node.stop()
+        self.runtime.membership = None
+
+    def health(self) -> Mapping[str, Any]:
+        if self.node is None:
+            return {}
+        node = self.node
+        return {"addr": f"{node.addr[0]}:{node.addr[1]}", "members_alive": len(node.alive_members()),
+                "members_known": len(node.members()), "local_health": node.local_health(),
+                "seeds_answered": self._joined_seeds}
+
+    # -- members -------------------------------------------------------------------------------
+
+    def members(self) -> list[dict[str, Any]]:
+        """The member table for ``GET /v1/members`` and ``giaannctl members list``."""
+        rows = []
+        for info in sorted(self._node().members(), key=lambda i: i.name):
+            try:
+                meta = NodeMeta.decode(info.meta)
+            except ValueError:
+                meta = NodeMeta()
+            rows.append({
+                "name": info.name, "node_id": info.node_id, "addr": f"{info.addr[0]}:{info.addr[1]}",
+                "status": info.status, "incarnation": info.incarnation,
+                "roles": ",".join(meta.roles) or "-",
+                "data_plane": " ".join(meta.transports.values()) or "-",
+                "capacity_gib": round(meta.capacity_bytes / 2**30, 2), "weight": meta.weight,
+                "full": meta.full,
+            })
+        return rows
+
+    def _on_member_event(self, event: MemberEvent) -> None:
+        # Death (not suspicion: often refuted) fails in-flight data-plane requests to the peer.
+        if isinstance(event, MemberFailed):
+            self.runtime.fail_peer(event.node_id, event.cause or "failed")
+
+    def _node(self) -> MembershipNode:
+        if self.node is None:
+            raise AdminHTTPError(503, "membership is not running", "unavailable")
+        return self.node
+
+    # -- join / leave / drain ------------------------------------------------------------------
+
+    @staticmethod
+    def _seeds(texts: list[str], node: MembershipNode) -> list[tuple[str, int]]:
+        seeds = []
+        for text in texts:
+            try:
+                seed = parse_seed(text)
+            except ValueError as exc:
+                raise ConfigError(str(exc), "$.cluster.seeds") from None
+            if seed != tuple(node.addr):  # the first node of a cluster may list itself
+                seeds.append(seed)
+        return seeds
+
+    async def _join(self, seeds: list[tuple[str, int]]) -> int:
+        node = self._node()
+        try:
+            self._joined_seeds = await node.join(seeds)
+        except (JoinError, NameConflictError) as exc:
+            raise GiaannError(str(exc)) from None
+        log.info("joined cluster seeds=%s answered=%d members=%d",
+                 ",".join(f"{h}:{p}" for h, p in seeds), self._joined_seeds, len(node.members()))
+        return self._joined_seeds
+
+    async def _post_join(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _json_body(request)
+        texts = body.get("seeds")
+        if not isinstance(texts, list) or not texts or len(texts) > MAX_SEEDS \
+                or not all(isinstance(t, str) for t in texts):
+            raise AdminHTTPError(400, f"expected {{\"seeds\": [\"host:port\", ...]}} with 1 to "
+                                 f"{MAX_SEEDS} seeds", "bad_request")
+        try:
+            seeds = [parse_seed(t) for t in texts]
+        except ValueError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
+        try:
+            async with asyncio.timeout(JOIN_TIMEOUT_S):
+                answered = await self._join(seeds)
+        except (GiaannError, TimeoutError) as exc:
+            raise AdminHTTPError(502, f"join failed: {exc or 'timed out'}", "join_failed") from None
+        return {"joined": True, "seeds_answered": answered, "members": len(self._node().members())}
+
+    async def _post_leave(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        assert self._ctx is not None
+        # The daemon's graceful shutdown runs the roles' drain, then our stop() leaves gossip.
+        self._ctx.request_stop("giaannctl node leave")
+        return {"leaving": True, "node": self._ctx.node_name}
+
+    async def _post_drain(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        rt = self.runtime
+        if not rt.draining:
+            rt.draining = True
+            self._node().update_meta(rt.node_meta().encode())
+            log.info("draining: refusing writes, serving reads")
+        return {"draining": True, "node": rt.node_name}
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _keyring(self) -> Keyring:
+        if self.runtime.keyring is None:
+            raise AdminHTTPError(503, "keyring not loaded", "unavailable")
+        return self.runtime.keyring
+
+    def _find_key(self, ident: str) -> bytes:
+        for key in self._keyring().keys:
+            if key_id(key) == ident or Keyring.encode_key(key) == ident:
+                return key
+        raise AdminHTTPError(404, f"no installed key {ident!r}", "not_found")
+
+    def _mutable_keys(self) -> MembershipNode:
+        if self.runtime.keyring_path is None:
+            raise AdminHTTPError(409, "this cluster has no cluster.key-file: keys cannot be "
+                                 "rotated (configure a key file first)", "no_key_file")
+        return self._node()
+
+    async def _get_keys(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        keys = self._keyring().keys
+        return {"keys": [{"id": key_id(k), "primary": i == 0, "bits": len(k) * 8}
+                         for i, k in enumerate(keys)],
+                "file": self.runtime.keyring_path or "(none: derived from the cluster name)"}
+
+    async def _post_key(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        node = self._mutable_keys()
+        body = await _json_body(request)
+        if not isinstance(body.get("key"), str):
+            raise AdminHTTPError(400, 'expected {"key": "<base64 key>"}', "bad_request")
+        try:
+            key = Keyring.decode_key(body["key"])
+            node.install_key(key)
+        except KeyringError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_key") from None
+        log.info("key installed key_id=%s", key_id(key))
+        return {"installed": key_id(key)}
+
+    async def _use_key(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        node = self._mutable_keys()
+        key = self._find_key(params["key_id"])
+        node.use_key(key)
+        log.info("key in use key_id=%s", key_id(key))
+        return {"primary": key_id(key)}
+
+    async def _delete_key(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        node = self._mutable_keys()
+        key = self._find_key(params["key_id"])
+        try:
+            node.remove_key(key)
+        except KeyringError as exc:
+            raise AdminHTTPError(409, str(exc), "key_in_use") from None
+        log.info("key removed key_id=%s", key_id(key))
+        return {"removed": key_id(key)}
+
+    # -- ring ----------------------------------------------------------------------------------
+
+    async def _get_ring(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        topo = self.runtime.topology
+        try:
+            placement = topo.placement
+        except LookupError:
+            return {"epoch": "", "replicas": topo.replicas, "members": []}
+        return {"epoch": placement.epoch, "replicas": min(topo.replicas, len(placement.names)),
+                "members": [{"name": m.name, "weight": m.weight, "address": topo.address(m.name),
+                             "live": topo.is_live(m.name)} for m in placement.members]}
+
+    async def _get_owners(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        try:
+            column, how = parse_column(params["column"])
+        except ValueError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
+        topo = self.runtime.topology
+        try:
+            placement = topo.placement
+        except LookupError:
+            raise AdminHTTPError(503, "no storage members known", "no_storage") from None
+        idx = placement.owner_indices(np.array([column], dtype=np.uint64))[0]
+        owners = [placement.names[int(i)] for i in idx]
+        return {"column": params["column"], "column_id": str(column), "named_by": how,
+                "epoch": placement.epoch,
+                "owners": [{"name": n, "live": topo.is_live(n)} for n in owners]}
+
+    def _routes(self, ctx: ServiceContext) -> None:
+        add = ctx.admin.add_route
+        add("POST", "/v1/node/join", self._post_join)
+        add("POST", "/v1/node/leave", self._post_leave)
+        add("POST", "/v1/node/drain", self._post_drain)
+        add("GET", "/v1/keys", self._get_keys)
+        add("POST", "/v1/keys", self._post_key)
+        add("POST", "/v1/keys/{key_id}/use", self._use_key)
+        add("DELETE", "/v1/keys/{key_id}", self._delete_key)
+        add("GET", "/v1/ring", self._get_ring)
+        add("GET", "/v1/ring/owners/{column}", self._get_owners)
+
+    # -- incarnation ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _next_incarnation(path: Path) -> int:
+        """Read the last start's incarnation, persist and return the next one."""
+        try:
+            last = int(path.read_text(encoding="ascii").strip() or "0")
+        except FileNotFoundError:
+            last = -1
+        except (ValueError, UnicodeDecodeError):
+            log.warning("unreadable %s; starting from incarnation 0 (refutation recovers)", path)
+            last = -1
+        current = last + 1
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f"{current}\n", encoding="ascii")
+        os.replace(tmp, path)
+        return current
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    return body

@@ -1,0 +1,75 @@
+"""Role services built on the shared node runtime.
+
+The compute role takes its storage client from the runtime (``storage_factory``), so its reads
+and writes use the node's transports and the topology membership feeds.
+
+``giaannd.storage.service.StorageService`` can bind its own listeners and build its own
+transports and topology (its standalone mode, used by its tests and benchmarks). Inside the
+daemon that would give a node two data planes and two cluster views, so this adapter builds it
+on the runtime's instead: no listeners of its own (``listen=[]``), the runtime's transports,
+identity and topology, and its request handler registered with the runtime's listeners. The
+service object is created in ``start``, once the runtime knows the node id and keyring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from giaannd.compute.service import ComputeService
+from giaannd.storage.service import StorageService
+
+if TYPE_CHECKING:
+    from giaannd.config import Config
+    from giaannd.daemon import ServiceContext
+    from giaannd.runtime import NodeRuntime
+
+__all__ = ["StorageRole", "create_compute_service", "create_storage_service"]
+
+
+class StorageRole:
+    """The ``storage`` service of a daemon: a ``StorageService`` on the node runtime."""
+
+    name = "storage"
+
+    def __init__(self, config: Config, runtime: NodeRuntime) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.service: StorageService | None = None
+
+    async def start(self, ctx: ServiceContext) -> None:
+        rt, s = self.runtime, self.config.storage
+        self.service = StorageService(
+            self.config.data_path("storage"), s.capacity_bytes, [],
+            transports=rt.transports, identity=rt.identity, topology=rt.topology,
+            node_name=rt.node_name, group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
+            snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor)
+        await self.service.start(ctx)
+        rt.serve(self.service.handle)
+
+    async def stop(self, graceful: bool) -> None:
+        """The service refuses new writes while it drains; the runtime answers Unavailable
+        once it is gone (its listeners close last, with the runtime)."""
+        if self.service is not None:
+            try:
+                await self.service.stop(graceful)
+            finally:
+                self.runtime.serve(None)
+
+    def health(self) -> Mapping[str, Any]:
+        out = dict(self.service.health()) if self.service is not None else {}
+        out["addresses"] = list(self.runtime.advertised.values())
+        if self.runtime.draining:
+            out["draining"] = True
+        return out
+
+
+def create_storage_service(config: Config, runtime: NodeRuntime) -> StorageRole:
+    """The daemon's storage factory (``giaannd.daemon.ROLE_FACTORIES``)."""
+    return StorageRole(config, runtime)
+
+
+def create_compute_service(config: Config, runtime: NodeRuntime) -> ComputeService:
+    """The daemon's compute factory: ``ComputeService`` with the runtime's storage client."""
+    return ComputeService(config.compute, config.data_path("compute"),
+                          storage_factory=lambda ctx: runtime.storage_client())

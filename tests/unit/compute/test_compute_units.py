@@ -1,0 +1,287 @@
+"""Pure parts of the compute role: flag row, progress, row cache, fetcher, state file, pipeline
+against a fake storage client (backpressure, retries)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, flags_batch, without_flag_row
+from giaannd.compute.infer import ROW_OVERHEAD_BYTES, RowCache, RowFetcher
+from giaannd.compute.jobs import JobRegistry, TrainProgress
+from giaannd.compute.state import STATE_FILE, ComputeState, StateFileError
+from giaannd.compute.train import TrainingJob, TrainSettings, pair_increments
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.rows import Row, RowBatch
+from giaannd.model.tokens import load_bundled_corpus
+from giaannd.model.train import train_batch
+from giaannd.storage.applied_set import BatchId
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def row(n, start=0):
+    return Row(np.zeros(n, np.uint8), np.arange(start, start + n, dtype=np.uint64),
+               np.ones(n, np.uint64), np.ones(n, np.float32))
+
+
+# -- flags -------------------------------------------------------------------------------------
+
+def test_flags_batch_round_trip():
+    b = flags_batch([7, 3, 7])
+    b.validate()
+    assert b.key(0) == FLAG_ROW and flag_ids(b.row(0)) == {3, 7}
+    assert flags_batch([]).num_rows == 0
+    # the set is grow-only under storage's merge-add: writing again only raises strengths
+    both = RowBatch.concat([b, flags_batch([3, 9])])
+    assert flag_ids(both.row(0)) == {3, 7, 9}
+
+
+def test_flag_ids_rejects_foreign_entries():
+    bad = Row(np.array([1], np.uint8), np.zeros(1, np.uint64), np.ones(1, np.uint64), np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        flag_ids(bad)
+
+
+def test_without_flag_row_drops_only_it():
+    model = RowBatch.from_entries(np.array([5]), np.array([1]), np.array([2]), np.array([5]), np.array([0]),
+                                  np.array([1.0]))
+    mixed = RowBatch.concat([flags_batch([4]), model])
+    out = without_flag_row(mixed)
+    assert out.num_rows == 1 and out.key(0) == (5, 1)
+    assert without_flag_row(model) is model
+
+
+def test_flag_tracker_sends_each_flag_once():
+    t = FlagTracker({1})
+    assert t.take_unsent({1, 2}) == {2}
+    assert t.take_unsent({1, 2}) == set()
+    assert t.merge_remote({2, 3}) == {3}
+    assert t.take_unsent({3, 4}) == {4}
+
+
+# -- progress and jobs ---------------------------------------------------------------------------
+
+class Sink:
+    def __init__(self):
+        self.seen = {}
+
+    def add(self, name, amount):
+        self.seen[name] = self.seen.get(name, 0) + amount
+
+
+def test_progress_dict_and_sink():
+    sink = Sink()
+    p = TrainProgress(total=10, sink=sink)
+    p.add(done=4, entries_before=300, entries_after=100, bytes_sent=2000)
+    d = p.as_dict()
+    assert (d["done"], d["total"], d["unit"]) == (4, 10, "sentences")
+    assert d["coalescing_ratio"] == 3.0 and d["bytes_per_sentence"] == 500.0
+    assert sink.seen == {"done": 4, "entries_before": 300, "entries_after": 100, "bytes_sent": 2000}
+
+
+@pytest.mark.asyncio
+async def test_job_registry_states():
+    reg = JobRegistry(max_finished=2)
+
+    async def ok(job):
+        return {"x": 1}
+
+    async def bad(job):
+        raise RuntimeError("boom")
+
+    async def hang(job):
+        await asyncio.Event().wait()
+
+    a, b, c = (reg.start("train", TrainProgress(), f) for f in (ok, bad, hang))
+    await asyncio.wait_for(asyncio.gather(a.task, b.task), 5)
+    assert a.as_dict()["state"] == "succeeded" and a.result == {"x": 1}
+    assert b.state == "failed" and "boom" in b.as_dict()["error"]
+    assert reg.running() == [c]
+    await asyncio.wait_for(reg.cancel_all(), 5)
+    assert c.state == "cancelled"
+    for _ in range(3):
+        reg.start("train", TrainProgress(), ok)
+    await asyncio.sleep(0.01)
+    assert reg.get(a.job_id) is None  # forgotten: only the newest finished jobs are kept
+
+
+# -- row cache and fetcher -------------------------------------------------------------------
+
+def test_row_cache_lru_bytes_and_invalidation():
+    size = row(10).nbytes + ROW_OVERHEAD_BYTES
+    cache = RowCache(3 * size)
+    for i in range(4):
+        cache.put((i, 0), row(10), cache.generation)
+    assert (0, 0) not in cache and cache.evictions == 1 and cache.bytes == 3 * size
+    assert cache.get((1, 0)) is not None and cache.get((0, 0)) is None
+    gen = cache.generation
+    cache.invalidate([(1, 0)])
+    assert (1, 0) not in cache
+    cache.put((1, 0), row(10), gen)  # a fetch started before the invalidation is not cached
+    assert (1, 0) not in cache
+    assert cache.stats()["hit_rate"] == 0.5
+    cache.clear()
+    assert cache.bytes == 0 and cache.stats()["rows"] == 0
+    assert RowCache(0).max_bytes == 0
+    with pytest.raises(ValueError):
+        RowCache(-1)
+
+
+@pytest.mark.asyncio
+async def test_row_fetcher_batches_single_flight_and_caches():
+    calls = []
+    stored = RowBatch.from_entries(np.array([1, 2]), np.array([0, 0]), np.array([8, 8]), np.array([5, 6]),
+                                   np.array([0, 0]), np.array([1.0, 2.0]))
+
+    async def read(cols, feats):
+        calls.append(list(zip(cols.tolist(), feats.tolist())))
+        await asyncio.sleep(0)
+        keep = np.isin(stored.row_column, cols)
+        return stored.select_rows(keep)
+
+    f = RowFetcher(read, RowCache(1 << 20))
+    rows = await asyncio.gather(f.get((1, 0)), f.get((2, 0)), f.get((1, 0)), f.get((3, 0)))
+    assert len(calls) == 1 and sorted(calls[0]) == [(1, 0), (2, 0), (3, 0)]
+    assert rows[0].strength.tolist() == [1.0] and len(rows[3]) == 0  # absent row: empty
+    await f.get((3, 0))
+    assert len(calls) == 1  # absent rows are cached too
+    f.prefetch([(1, 0), (4, 0)])
+    await asyncio.sleep(0.01)
+    assert calls[-1] == [(4, 0)]
+
+
+@pytest.mark.asyncio
+async def test_row_fetcher_propagates_failures_and_recovers():
+    fail = [True]
+
+    async def read(cols, feats):
+        if fail[0]:
+            raise OSError("all replicas down")
+        return RowBatch.empty()
+
+    f = RowFetcher(read, RowCache(1 << 20))
+    f.prefetch([(9, 9)])  # a failed prefetch is swallowed
+    with pytest.raises(OSError):
+        await f.get((1, 1))
+    fail[0] = False
+    assert len(await f.get((1, 1))) == 0
+
+
+# -- state file ------------------------------------------------------------------------------
+
+def test_state_round_trip_and_corruption(tmp_path):
+    st = ComputeState()
+    st.vocab.add_column("cat")
+    st.vocab.add_feature("the")
+    st.deterministic = {5: True}
+    st.probabilistic = {9}
+    st.add_keys(np.array([3, 1, 3], np.uint64), np.array([0, 2, 0], np.uint64))
+    st.save(tmp_path)
+    back = ComputeState.load(tmp_path)
+    assert back.vocab.column_lemma(st.vocab.add_column("cat")) == "cat"
+    assert back.deterministic == {5: True} and back.probabilistic == {9}
+    assert back.row_column.tolist() == [1, 3] and back.row_feature.tolist() == [2, 0]
+    assert ComputeState.load(tmp_path / "absent").vocab.num_columns == 0
+    (tmp_path / STATE_FILE).write_bytes(b"\x93garbage")
+    with pytest.raises(StateFileError):
+        ComputeState.load(tmp_path)
+
+
+# -- pipeline against a fake client -------------------------------------------------------------
+
+class FakeClient:
+    """Applies writes to a dict of batches; optional failures and a gate to hold writes."""
+
+    def __init__(self, fail_first=0):
+        self.applied = {}
+        self.fail_left = fail_first
+        self.gate = None
+        self.inflight = self.max_inflight = 0
+        self.seq = 0
+        self.abandoned = []
+
+    def next_batch_id(self):
+        self.seq += 1
+        return BatchId(1, self.seq)
+
+    def abandon(self, bid):
+        self.abandoned.append(bid)
+
+    async def write(self, batch, batch_id=None):
+        self.inflight += batch.nbytes
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail_left:
+                self.fail_left -= 1
+                raise OSError("connection reset")
+            self.applied.setdefault(batch_id, batch)  # idempotent by id, as storage is
+        finally:
+            self.inflight -= batch.nbytes
+
+    async def read_rows(self, cols, feats):
+        return RowBatch.empty()
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return load_bundled_corpus(300)
+
+
+@pytest.mark.asyncio
+async def test_pipeline_one_worker_sums_like_train_batch(sentences):
+    client = FakeClient(fail_first=2)
+    progress = TrainProgress()
+    result = await TrainingJob(sentences, client, TrainSettings(coalesce_sentences=50, retry_backoff_s=0),
+                               progress).run()
+    a = ColumnAssigner()
+    ref = train_batch([e for s in sentences if (e := a.encode(s)) is not None]).rows
+    got = without_flag_row(RowBatch.concat(list(client.applied.values())))
+    assert np.array_equal(got.row_column, ref.row_column) and np.array_equal(got.target_feature, ref.target_feature)
+    assert np.allclose(got.strength, ref.strength, rtol=1e-6)
+    assert progress.retries == 2 and progress.batches == len(client.applied) == 6
+    assert result.probabilistic_flags == a.probabilistic_flags
+    assert np.array_equal(result.row_column, ref.row_column)
+    assert progress.entries_before > progress.entries_after == sum(b.num_entries for b in client.applied.values())
+
+
+@pytest.mark.asyncio
+async def test_pipeline_backpressure_bounds_inflight_bytes(sentences):
+    client = FakeClient()
+    client.gate = asyncio.Event()
+    limit = 1  # each batch goes alone
+    job = TrainingJob(sentences, client, TrainSettings(coalesce_sentences=30, max_inflight_bytes=limit))
+    task = asyncio.create_task(job.run())
+    await asyncio.sleep(0.05)
+    assert len(client.applied) == 0 and job.progress.done == 0  # blocked: one batch out, workers wait
+    client.gate.set()
+    await asyncio.wait_for(task, 30)
+    assert client.max_inflight == max(b.nbytes for b in client.applied.values())
+
+
+@pytest.mark.asyncio
+async def test_pipeline_gives_up_after_max_attempts(sentences):
+    client = FakeClient(fail_first=100)
+    job = TrainingJob(sentences[:40], client, TrainSettings(max_attempts=3, retry_backoff_s=0))
+    with pytest.raises(OSError):
+        await asyncio.wait_for(job.run(), 10)
+    assert client.abandoned and job.progress.retries == 2
+
+
+def test_pair_increments_counts_raw_pairs(sentences):
+    a = ColumnAssigner()
+    enc = [e for s in sentences[:50] if (e := a.encode(s)) is not None]
+    per = [pair_increments([e]) for e in enc]
+    assert sum(per) == pair_increments(enc)
+    # summing can only merge increments: each sentence's deltas have at most that many entries
+    assert all(train_batch([e]).rows.num_entries <= n for e, n in zip(enc, per))
+    assert sum(per) >= train_batch(enc).rows.num_entries
+
+
+def test_train_settings_validation():
+    with pytest.raises(ValueError):
+        TrainSettings(workers=0)
+    with pytest.raises(ValueError):
+        TrainSettings(max_inflight_bytes=0)

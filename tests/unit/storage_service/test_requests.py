@@ -1,0 +1,130 @@
+"""giaannd.storage.requests: the storage node's request core, without a transport or a loop."""
+
+import numpy as np
+import pytest
+
+from giaannd import protocol as p
+from giaannd.model.rows import RowBatch
+from giaannd.storage.hints import HintStore
+from giaannd.storage.recovery import DurableStore
+from giaannd.storage.requests import Answer, StorageRequests, WaitDurable, WaitHintSynced
+from giaannd.topology import StorageNode, Topology
+
+
+def _batch(cols, seed=0):
+    rng = np.random.default_rng(seed)
+    cols = np.asarray(cols, np.uint64)
+    n = cols.size * 3
+    return RowBatch.from_entries(np.repeat(cols, 3), np.zeros(n, np.uint64), np.zeros(n, np.uint8),
+                                 rng.integers(1, 99, n, dtype=np.uint64), np.arange(n, dtype=np.uint64),
+                                 np.ones(n, np.float32))
+
+
+@pytest.fixture
+def core(tmp_path):
+    store = DurableStore.open(tmp_path / "store", 1 << 20)
+    hints = HintStore.open(tmp_path / "hints")
+    counts = []
+    c = StorageRequests(store, hints, "", lambda: None, lambda k, n: counts.append((k, n)))
+    c.counts = counts
+    yield c
+    store.close()
+    hints.close()
+
+
+def test_requests_apply_then_read_then_duplicate(core):
+    b = _batch([5, 7])
+    step = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), b.buffers())
+    assert isinstance(step, WaitDurable) and step.seq == 1 and step.ack.applied
+    again = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), b.buffers())
+    assert isinstance(again, WaitDurable) and not again.ack.applied
+    read = core.handle(p.encode(p.ReadRows()), [b.row_column, b.row_feature])
+    assert isinstance(read, Answer) and isinstance(read.reply, p.RowsReply)
+    got = RowBatch.from_buffers(list(read.bulk))
+    assert all(np.array_equal(x, y) for x, y in zip(got.buffers(), b.buffers()))
+    assert ("applies", 1) in core.counts and core.counters.applies_duplicate == 1
+
+
+def test_requests_floor_is_logged_only_when_it_moves(core):
+    b = _batch([5])
+    step = core.handle(p.encode(p.ApplyBatch(1, 10, 8)), b.buffers())
+    assert step.seq == 2  # batch record 1, floor record 2
+    assert core.store.store.applied.floor(1) == 8
+    step = core.handle(p.encode(p.ApplyBatch(1, 11, 8)), _batch([6]).buffers())
+    assert step.seq == 3  # no second floor record
+    assert core.store.store.applied.floor(1) == 8
+
+
+def test_requests_hint_is_held_not_applied(core):
+    b = _batch([5])
+    step = core.handle(p.encode(p.ApplyBatch(1, 1, 0, "", "other")), b.buffers())
+    assert isinstance(step, WaitHintSynced) and step.target == "other" and step.ack.hinted
+    assert core.hints.held == 1 and core.store.store.usage().num_rows == 0
+    # the hint owns its arrays: scribbling on the receive buffers does not change it
+    for buf in b.buffers():
+        buf[...] = 0
+    assert core.hints.pending("other")[0].batch.row_column[0] == 5
+
+
+def test_requests_errors_are_typed_and_change_nothing(core, tmp_path):
+    b = _batch([5])
+    assert isinstance(core.handle(b"\x90", []).reply, p.BadRequest)  # msgpack [] is no request
+    assert isinstance(core.handle(p.encode(p.ApplyBatch(1, 1)), b.buffers()[:2]).reply, p.BadRequest)
+    assert isinstance(core.handle(p.encode(p.ApplyBatch(1, 1, 0, "", "x" * 300)), b.buffers()).reply,
+                      p.BadRequest)
+    big = _batch(np.arange(1, 20000))
+    full = core.handle(p.encode(p.ApplyBatch(1, 1)), big.buffers())
+    assert isinstance(full.reply, p.StoreFull) and full.reply.capacity_bytes == 1 << 20
+    core.refuse_writes = True
+    assert isinstance(core.handle(p.encode(p.ApplyBatch(1, 1)), b.buffers()).reply, p.Unavailable)
+    assert core.store.log.last_seq == 0 and core.hints.held == 0
+    assert core.counters.errors == {"BadRequest": 3, "StoreFull": 1, "Unavailable": 1}
+    assert isinstance(core.handle(p.encode(p.GetUsage()), []).reply, p.UsageReply)  # reads still served
+
+
+def test_requests_not_owner_under_this_nodes_placement(core):
+    topo = Topology(replicas=1)
+    topo.set_members([StorageNode(n, f"mem://{n}") for n in ("a", "b", "c")])
+    core.node_name = "a"
+    core._topology = lambda: topo
+    cols = np.arange(1, 200, dtype=np.uint64)
+    mine = cols[[topo.placement.owners(int(c))[0] == "a" for c in cols]]
+    theirs = cols[[topo.placement.owners(int(c))[0] != "a" for c in cols]]
+    ok = core.handle(p.encode(p.ApplyBatch(1, 1)), _batch(mine).buffers())
+    assert isinstance(ok, WaitDurable)
+    no = core.handle(p.encode(p.ReadRows()), [theirs, np.zeros_like(theirs)])
+    assert isinstance(no.reply, p.NotOwner) and no.reply.epoch == topo.epoch
+
+
+def test_requests_fuzz_never_raises_and_only_valid_writes_change_state(core):
+    import msgspec
+
+    rng = np.random.default_rng(99)
+    dtypes = [np.uint64, np.int64, np.uint8, np.float32, np.float64, np.int8]
+    values = [0, 1, -1, 2**63, "x", None, [1, 2], {"a": 1}, 1.5, b"\x00", True]
+    applied = 0
+    for i in range(400):
+        fields = {"type": int(rng.choice([1, 2, 3, 4, 5, 6, 64]))}
+        for name in ("writer", "seq", "writer_floor", "placement_epoch", "hint_for", "seqs"):
+            if rng.random() < 0.6:
+                fields[name] = values[int(rng.integers(len(values)))]
+        payload = msgspec.msgpack.encode(fields)
+        if rng.random() < 0.3:  # a valid apply header with a mangled batch
+            payload = p.encode(p.ApplyBatch(1, i + 1))
+        b = _batch(rng.integers(1, 50, int(rng.integers(1, 4))), seed=i) if rng.random() < 0.5 else None
+        if b is not None and len(set(b.row_column.tolist())) == b.num_rows:
+            bulk = [x.copy() for x in b.buffers()]
+            j = int(rng.integers(len(bulk)))
+            if rng.random() < 0.7 and bulk[j].size:
+                bulk[j] = bulk[j][::-1].copy() if rng.random() < 0.5 else bulk[j][:-1].copy()
+        else:
+            bulk = [rng.integers(0, 9, int(rng.integers(0, 5))).astype(rng.choice(dtypes))
+                    for _ in range(int(rng.integers(0, 8)))]
+        before = core.store.log.last_seq
+        step = core.handle(payload, bulk)
+        assert isinstance(step, (Answer, WaitDurable, WaitHintSynced))
+        if isinstance(step, WaitDurable):
+            applied += 1
+        elif isinstance(step, Answer) and isinstance(step.reply, p.ErrorReply.__args__):
+            assert core.store.log.last_seq == before  # refused: nothing logged
+    assert core.counters.errors.get("BadRequest", 0) > 100
