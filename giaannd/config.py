@@ -283,7 +283,7 @@ class Config(_Section):
 
     @classmethod
     def loopback(cls, data_dir: str, name: str = "", roles: list[Role] | None = None) -> Config:
-        """Profile for a node of a local cluster on one host (tools/local_cluster.py, tests).
+        """Profile for a node of a local cluster on one host (tools/local_cluster, tests).
 
         Every listener is on 127.0.0.1 with port 0 (the OS picks; the admin address lands in
         ``<data-dir>/admin.addr``), membership uses the ``loopback`` timing profile and the

@@ -294,6 +294,14 @@ class NodeRuntime:
             self.listeners.setdefault(scheme, listener)
         if not self.listeners:
             raise ConfigError("no data-plane listener could be started", "$.transport.bind")
+        for url in self.config.transport.advertise:
+            try:
+                scheme = scheme_of(url)
+            except ValueError as exc:
+                raise ConfigError(str(exc), "$.transport.advertise") from None
+            if scheme not in self.listeners and scheme not in self.skipped:
+                raise ConfigError(f"{url} advertises {scheme}:// but transport.bind has no "
+                                  f"{scheme}:// listener", "$.transport.advertise")
         if "ucx" in self.listeners:
             log.info("data plane: UCX bulk over ucxx worker-address endpoints, TCP control")
         else:

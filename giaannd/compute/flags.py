@@ -29,7 +29,7 @@ import numpy as np
 
 from giaannd.model.rows import Row, RowBatch, RowKey
 
-__all__ = ["FLAG_ROW", "FlagTracker", "flag_ids", "flags_batch", "without_flag_row"]
+__all__ = ["FLAG_ROW", "FlagTracker", "flag_ids", "flags_batch", "with_flags", "without_flag_row"]
 
 #: The reserved row holding the replicated flag set (column 0 is never a real column).
 FLAG_ROW: Final[RowKey] = (0, 0)
@@ -47,6 +47,31 @@ def flags_batch(feature_ids: Iterable[int]) -> RowBatch:
         np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.array([0, n], np.int64),
         np.full(n, _FLAG_SEGMENT, np.uint8), np.full(n, _FLAG_TARGET_COLUMN, np.uint64), ids,
         np.ones(n, np.float32),
+    )
+
+
+def with_flags(batch: RowBatch, feature_ids: Iterable[int]) -> RowBatch:
+    """``batch`` plus the flag row for ``feature_ids``, still canonical, without a re-sort: the flag
+    row's key (0, 0) sorts before every real row (column ids are never 0).
+
+    Raises:
+        ValueError: ``batch`` already holds a row of column 0.
+    """
+    flags = flags_batch(feature_ids)
+    if flags.num_rows == 0:
+        return batch
+    if batch.num_rows == 0:
+        return flags
+    if int(batch.row_column[0]) == FLAG_ROW[0]:
+        raise ValueError("a model delta batch holds a row of the reserved column 0")
+    return RowBatch(
+        np.concatenate([flags.row_column, batch.row_column]),
+        np.concatenate([flags.row_feature, batch.row_feature]),
+        np.concatenate([flags.offsets, batch.offsets[1:] + flags.offsets[-1]]),
+        np.concatenate([flags.segment, batch.segment]),
+        np.concatenate([flags.target_column, batch.target_column]),
+        np.concatenate([flags.target_feature, batch.target_feature]),
+        np.concatenate([flags.strength, batch.strength]),
     )
 
 

@@ -168,13 +168,15 @@ class RowFetcher:
         for key in keys:
             if key not in self.cache and key not in self._pending:
                 self.prefetched += 1
-                self._future(key).add_done_callback(_consume)
+                self._future(key)
 
     def _future(self, key: RowKey) -> asyncio.Future[Row]:
         fut = self._pending.get(key)
         if fut is None:
             loop = asyncio.get_running_loop()
             fut = self._pending[key] = loop.create_future()
+            # a prefetch, or a waiter cancelled while its fetch ran, leaves nobody to read a failure
+            fut.add_done_callback(_consume)
             self._queued.append(key)
             if not self._scheduled:
                 self._scheduled = True
@@ -196,16 +198,23 @@ class RowFetcher:
         self.requests += 1
         try:
             batch = await self._read(cols, feats)
-        except Exception as exc:
+        except BaseException as exc:  # every waiter hears of it; nothing stays pending forever
             for key in keys:
                 fut = self._pending.pop(key)
-                if not fut.done():
+                if fut.done():
+                    continue
+                if isinstance(exc, Exception):
                     fut.set_exception(exc)
+                else:
+                    fut.cancel()
+            if not isinstance(exc, Exception):
+                raise
             return
         got = {batch.key(i): _own(batch.row(i)) for i in range(batch.num_rows)}
         self.rows_fetched += len(got)
         for key in keys:
-            row = got.get(key) or Row.empty()
+            found = got.get(key)
+            row = Row.empty() if found is None else found
             self.cache.put(key, row, generation)
             fut = self._pending.pop(key)
             if not fut.done():
@@ -213,7 +222,7 @@ class RowFetcher:
 
 
 def _consume(fut: asyncio.Future[Row]) -> None:
-    """Retrieve a prefetch's outcome so a failed prefetch is not reported as unhandled."""
+    """Mark a fetch's outcome retrieved, so a failure nobody awaits is not reported as unhandled."""
     if not fut.cancelled():
         fut.exception()
 
@@ -286,7 +295,17 @@ class Inference:
             session = LifSession(targets, flags, constants, seed_tokens=seed_tokens,
                                  teacher_forced=(mode == "teacher"))
             runs.append(self._run(session, targets if mode == "teacher" else ()))
-        sessions = await asyncio.gather(*runs)
+        # a TaskGroup, not gather: one failed session cancels the others instead of orphaning them
+        failure: BaseException | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(run) for run in runs]
+        except ExceptionGroup as eg:  # callers handle the first failure as if a session raised it
+            failure = eg.exceptions[0]
+        if failure is not None:
+            # raised outside the handler, so its context is not the group that holds it (a cycle)
+            raise failure
+        sessions = [t.result() for t in tasks]
         report = EvalReport(result)
         for sent, session in zip(kept, sessions):
             result.prompts += 1

@@ -51,7 +51,7 @@ from giaannd.model.export import write_jsonl
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
-from giaannd.model.tokens import TaggedSentence, Token, load_bundled_corpus
+from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from peers.errors import PeersError
 
 if TYPE_CHECKING:
@@ -166,10 +166,15 @@ class ComputeService:
     def _client(self) -> StorageClient:
         """The storage client, resolved on first use (module docstring). Raises 503 if none."""
         if self.storage is None and self._ctx is not None:
-            if self._factory is not None:
-                self.storage = self._factory(self._ctx)
-            else:
-                self.storage = _client_from_services(self._ctx.services)
+            try:
+                if self._factory is not None:
+                    self.storage = self._factory(self._ctx)
+                else:
+                    self.storage = _client_from_services(self._ctx.services)
+            except Exception as exc:  # the node's storage view is not ready: retry on the next call
+                log.warning("no storage client yet: %s", exc)
+                raise AdminHTTPError(503, f"the compute role has no storage client yet: {exc}",
+                                     "unavailable") from None
         if self.storage is None:
             raise AdminHTTPError(503, "the compute role has no storage client yet (no storage members known "
                                  "or not wired)", "unavailable")
@@ -197,6 +202,11 @@ class ComputeService:
                           on_written=self.cache.invalidate_batch)
         try:
             result = await job.run()
+        except BaseException:
+            # keep what was acknowledged: its rows are in storage and must stay exportable
+            self._absorb(job.partial_result())
+            await asyncio.shield(asyncio.to_thread(self.state.save, self.data_dir))
+            raise
         finally:
             await client.close()
         self._absorb(result)
@@ -264,8 +274,16 @@ class ComputeService:
                                  "bad_request")
         nodes = await inference.generate(list(zip(enc.column.tolist(), enc.feature.tolist())), assigner, k,
                                          max_tokens)
-        words = [self.state.vocab.word_of(c, f) for c, f in nodes]
+        words = [self._word(c, f) for c, f in nodes]
         return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
+
+    def _word(self, column: int, feature: int) -> str:
+        """The word of a node, or ``<column:feature>`` in hex when this node's vocabulary lacks it
+        (a row trained by another compute node: docs/compute.md, known gaps)."""
+        try:
+            return self.state.vocab.word_of(column, feature)
+        except KeyError:
+            return f"<{column:x}:{feature:x}>"
 
     async def export(self, path: str | Path) -> dict[str, Any]:
         """JSONL export of every row this node's jobs wrote, read back from storage (storage has no
@@ -319,10 +337,13 @@ class ComputeService:
             prompts = await asyncio.to_thread(
                 (lambda: load_corpus(path, self.data_dir / TAG_CACHE_DIR, limit)) if path is not None
                 else (lambda: load_bundled_corpus(limit)))
-            return await self.evaluate(prompts, constants, mode)
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
             raise AdminHTTPError(400, str(exc), "bad_request") from None
-        except _STORAGE_ERRORS as exc:  # pragma: no cover - OSError caught above; kept for clarity
+        except TaggerUnavailableError as exc:
+            raise AdminHTTPError(503, str(exc), "unavailable") from None
+        try:
+            return await self.evaluate(prompts, constants, mode)
+        except _STORAGE_ERRORS as exc:
             raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
 
     async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
@@ -349,7 +370,7 @@ class ComputeService:
         return await asyncio.to_thread(self._tag, prompt)
 
     def _tag(self, text: str) -> TaggedSentence:
-        from giaannd.model.tokens import TaggerUnavailableError, load_english, tag_texts
+        from giaannd.model.tokens import load_english, tag_texts
         try:
             if self._nlp is None:
                 self._nlp = load_english(sentences=True)

@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.compute.client import QuorumNotReached, StorageClient, StorageRequestError
-from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, flags_batch
+from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.lexicon import Lexicon
@@ -221,7 +221,7 @@ class _Worker:
         encoded = [e for t in window if (e := self.assigner.encode(t, update_flags=True)) is not None]
         out = train_batch(encoded)
         new_flags = self.tracker.take_unsent(self.assigner.probabilistic_flags)
-        batch = RowBatch.concat([flags_batch(new_flags), out.rows]) if new_flags else out.rows
+        batch = with_flags(out.rows, new_flags)
         return _Window(batch, len(window), out.sentences, out.tokens, pair_increments(encoded), len(new_flags))
 
 
@@ -252,6 +252,7 @@ class TrainingJob:
         self._keys: list[tuple[NDArray[np.uint64], NDArray[np.uint64]]] = []
         self._next = 0
         self._failure: BaseException | None = None
+        self._workers: list[_Worker] = []
 
     async def run(self) -> TrainResult:
         """Train every sentence; returns once every batch is acknowledged by a quorum.
@@ -260,7 +261,7 @@ class TrainingJob:
             QuorumNotReached / StorageRequestError: a batch failed ``max_attempts`` times.
         """
         initial = await self._read_flags()
-        workers = [_Worker(self.lexicon, initial) for _ in range(self.settings.workers)]
+        workers = self._workers = [_Worker(self.lexicon, initial) for _ in range(self.settings.workers)]
         try:
             await asyncio.gather(*(self._work(w) for w in workers))
             while self._sends:
@@ -306,7 +307,7 @@ class TrainingJob:
         try:
             bid = self.client.next_batch_id()
             await self._write_with_retries(batch, bid)
-        except _RETRYABLE as exc:  # recorded; run() raises it once the other sends have ended
+        except Exception as exc:  # recorded; run() raises it once the other sends have ended
             if self._failure is None:
                 self._failure = exc
             return
@@ -347,6 +348,11 @@ class TrainingJob:
                 self.progress.add(retries=1)
                 await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
         raise AssertionError("unreachable")
+
+    def partial_result(self) -> TrainResult:
+        """What a failed or cancelled run got acknowledged so far (vocabulary, flags, keys written),
+        so the node can still export and print those rows."""
+        return self._result(self._workers)
 
     def _result(self, workers: Sequence[_Worker]) -> TrainResult:
         vocab = Vocabulary()

@@ -252,7 +252,9 @@ class ColumnAssigner:
             if enc is not None:
                 yield enc
 
-    def encode(self, sentence: TaggedSentence, *, update_flags: bool = True) -> EncodedSentence | None:
+    def encode(
+        self, sentence: TaggedSentence, *, update_flags: bool = True, min_tokens: int | None = None
+    ) -> EncodedSentence | None:
         """Turn one tagged sentence into column instances (steps 1–6 of the module docstring).
 
         Args:
@@ -260,6 +262,8 @@ class ColumnAssigner:
             update_flags: store new deterministic flags and OR new probabilistic ones (training).
                 False for inference prompts: flags found in the sentence are used for it but the
                 stored flags are not changed.
+            min_tokens: overrides ``self.min_tokens`` for this call (generation prompts may be
+                shorter than the 9 tokens a training or evaluation sentence needs).
 
         Returns:
             the encoded sentence, or None if it was skipped (the reason is counted in ``stats``).
@@ -269,7 +273,7 @@ class ColumnAssigner:
         if not sentence:
             stats.skipped_empty += 1
             return None
-        if len(sentence) < self.min_tokens:
+        if len(sentence) < (self.min_tokens if min_tokens is None else min_tokens):
             stats.skipped_too_short += 1
             return None
         if len(sentence) > self.max_tokens:

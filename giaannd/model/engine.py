@@ -130,12 +130,7 @@ class Engine:
             enc: EncodedSentence | None = prompt
         else:
             # A generation prompt may be shorter than the evaluation minimum (9 tokens, §2.1).
-            saved = self.assigner.min_tokens
-            self.assigner.min_tokens = 1
-            try:
-                enc = self.assigner.encode(prompt, update_flags=False)
-            finally:
-                self.assigner.min_tokens = saved
+            enc = self.assigner.encode(prompt, update_flags=False, min_tokens=1)
         if enc is None:
             raise ValueError("the prompt was skipped by column assignment (no noun, or empty)")
         nodes = generate(list(zip(enc.column.tolist(), enc.feature.tolist())), self.store, self.assigner,

@@ -212,3 +212,64 @@ def test_cluster_parse_seed_and_column() -> None:
     assert parse_column("water")[1] == "word"
     with pytest.raises(ValueError):
         parse_column(str(1 << 64))
+
+
+@pytest.mark.asyncio
+async def test_cluster_inprocess_one_node_with_both_roles_trains_and_evaluates(
+        tmp_path: Path) -> None:
+    """roles = ["storage", "compute"]: compute writes to and reads from the storage role of its
+    own node through the runtime's one transport and topology (R = 1)."""
+    from tools.local_cluster import split_corpus
+
+    train, held, _, _ = split_corpus(tmp_path / "corpus", 60, 15)
+    node = Node(tmp_path, "both", "", [])
+    node.config = msgspec.structs.replace(
+        node.config, node=msgspec.structs.replace(node.config.node,
+                                                  roles=["storage", "compute"]))
+    node.runtime = NodeRuntime(node.config)
+    node.membership = MembershipService(node.runtime)
+    roles, unavailable = build_role_services(node.config, node.runtime)
+    assert [r.name for r in roles] == ["storage", "compute"] and not unavailable
+    node.daemon = Daemon(node.config, [node.runtime, node.membership, *roles],
+                         handle_signals=False, runtime=node.runtime)
+    try:
+        await node.start()
+        status, job = await node.call("POST", "/v1/train", {"corpus": str(train)})
+        assert status == 200, job
+
+        async def done() -> bool:
+            _, doc = await node.call("GET", f"/v1/jobs/{job['job_id']}")
+            return doc["state"] in ("succeeded", "failed")
+        await wait_async(done, "training job ends", timeout_s=60)
+        _, doc = await node.call("GET", f"/v1/jobs/{job['job_id']}")
+        assert doc["state"] == "succeeded" and doc["trained"] > 0, doc
+        _, health = await node.call("GET", "/v1/status")
+        assert health["services"]["storage"]["rows"] > 0
+        status, ev = await node.call("POST", "/v1/eval", {"corpus": str(held)})
+        assert status == 200 and ev["prediction_tokens"] > 0, ev
+    finally:
+        assert await node.stop() == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("change", "path"), [
+    ({"cluster": ClusterConfig(key_file="/nonexistent/cluster.key")}, "$.cluster.key-file"),
+    ({"cluster": ClusterConfig(seeds=["no-port"])}, "$.cluster.seeds"),
+    ({"transport": TransportConfig(bind=["tcp://0.0.0.0:0"])}, "$.transport.advertise"),
+    ({"transport": TransportConfig(bind=["tcp://127.0.0.1:0"], advertise=["ucx://h:1"])},
+     "$.transport.advertise"),
+    ({"transport": TransportConfig(bind=["udp://127.0.0.1:0"])}, "$.transport.bind"),
+])
+async def test_cluster_inprocess_bad_node_config_is_a_config_error(
+        tmp_path: Path, change: dict[str, Any], path: str) -> None:
+    from giaannd.errors import ConfigError
+
+    cfg = msgspec.structs.replace(Config.loopback(str(tmp_path / "n"), name="n",
+                                                  roles=["storage"]), **change)
+    runtime = NodeRuntime(cfg)
+    daemon = Daemon(cfg, [runtime, MembershipService(runtime)], handle_signals=False,
+                    runtime=runtime)
+    with pytest.raises(ConfigError) as info:
+        async with asyncio.timeout(WAIT_S):
+            await daemon.run()
+    assert info.value.path == path and info.value.exit_code == 2

@@ -246,3 +246,25 @@ async def test_compute_four_workers_equal_engine_once_flags_are_known(tmp_path, 
         assert differ == 0
     finally:
         await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_compute_cancelled_job_keeps_acknowledged_rows_exportable(tmp_path, corpus):
+    cluster = await Cluster(tmp_path / "storage", 3).start()
+    try:
+        svc = await make_service(cluster, tmp_path)
+        progress = TrainProgress()
+        task = asyncio.create_task(svc.train(corpus * 4, TrainSettings(coalesce_sentences=32), progress))
+        async with asyncio.timeout(30):
+            while progress.batches < 3:
+                await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert 0 < progress.done < progress.total
+        again = await make_service(cluster, tmp_path)  # reloads the saved state
+        assert again.state.row_column.shape[0] > 0 and again.state.vocab.num_features > 0
+        info = await again.export(tmp_path / "partial.jsonl")
+        assert info["lines"] > 0
+    finally:
+        await cluster.close()

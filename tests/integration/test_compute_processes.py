@@ -48,3 +48,41 @@ def test_compute_processes_one_worker_export_and_predictions_equal_engine(tmp_pa
         from giaannd.model.engine import constants_named
         expected = engine.evaluate(corpus[:80], constants=constants_named(name))
         assert (ev_["matches"], ev_["prediction_tokens"]) == (expected.matches, expected.prediction_tokens)
+
+
+def test_compute_daemons_equal_engine_export_and_top1(tmp_path):
+    """3 storage daemons + 1 compute daemon (real ``python -m giaannd`` processes, tcp): train with
+    one worker through the admin API; the export equals the core's and so do the top-1 counts."""
+    import time
+
+    from giaannd.model.engine import constants_named
+    from giaannd.model.tokens import write_conllu
+    from tools.local_cluster.cluster import running_cluster
+
+    corpus = load_bundled_corpus(300)
+    path = tmp_path / "train.conllu"
+    write_conllu(corpus, path)
+    engine = Engine()
+    engine.train(corpus)
+    with running_cluster(tmp_path / "cluster", storage=3, compute=1, transport="tcp") as cluster:
+        cluster.wait_converged()
+        admin = cluster.compute_nodes[0].admin
+        job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
+        deadline = time.monotonic() + 90
+        while (doc := admin.json("GET", f"/v1/jobs/{job['job_id']}"))["state"] == "running":
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.1)
+        assert doc["state"] == "succeeded", doc
+        out = tmp_path / "cluster.jsonl"
+        admin.json("POST", "/v1/export", {"path": str(out)})
+        evals = {name: admin.json("POST", "/v1/eval", {"corpus": str(path), "limit": 60, "constants": name})
+                 for name in ("train", "test")}
+    ref = [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(got) == len(ref) > 5000
+    for a, b in zip(ref, got):
+        assert (a["source_word"], a["segment"], a["target_word"]) == (b["source_word"], b["segment"], b["target_word"])
+        assert b["strength"] == pytest.approx(a["strength"], rel=1e-5)
+    for name, ev in evals.items():
+        expected = engine.evaluate(corpus[:60], constants=constants_named(name))
+        assert (ev["matches"], ev["prediction_tokens"]) == (expected.matches, expected.prediction_tokens)

@@ -146,3 +146,17 @@ async def test_compute_create_service_without_storage_answers_503(tmp_path):
     finally:
         await svc.stop(graceful=True)
         await admin.stop()
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_compute_generate_from_text_prompt(tmp_path):
+    pytest.importorskip("spacy")
+    async with Harness(tmp_path) as h:
+        await h.service.train(load_bundled_corpus(300), h.service.train_settings(workers=1))
+        status, gen = await h.call("POST", "/v1/generate", {"prompt": "In the beginning God created the heavens",
+                                                            "max_tokens": 6})
+        if status == 503:
+            pytest.skip(gen["error"])  # no English model installed
+        assert status == 200, gen
+        assert gen["prompt"][:2] == ["in", "the"] and len(gen["tokens"]) <= 6

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -81,9 +82,10 @@ def storage_processes(root: Path, n: int = 3, replicas: int = 3) -> Iterator[dic
         deadline = time.monotonic() + START_TIMEOUT_S
         for proc in procs:
             assert proc.stdout is not None
-            line = proc.stdout.readline()  # "LISTENING <addr>", or EOF if it died
-            if not line.startswith("LISTENING") or time.monotonic() > deadline:
-                raise RuntimeError(f"storage process failed to start (exit {proc.poll()})")
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = proc.stdout.readline() if ready else ""  # "LISTENING <addr>", or EOF if it died
+            if not line.startswith("LISTENING"):
+                raise RuntimeError(f"storage process did not start in {START_TIMEOUT_S} s (exit {proc.poll()})")
         yield addrs
     finally:
         for proc in procs:

@@ -285,3 +285,63 @@ def test_train_settings_validation():
         TrainSettings(workers=0)
     with pytest.raises(ValueError):
         TrainSettings(max_inflight_bytes=0)
+
+
+def test_with_flags_prepends_canonically():
+    from giaannd.compute.flags import with_flags
+
+    model = RowBatch.from_entries(np.array([5, 5, 9]), np.array([1, 2, 0]), np.array([2, 3, 8]),
+                                  np.array([5, 5, 9]), np.array([0, 1, 0]), np.array([1.0, 2.0, 3.0]))
+    out = with_flags(model, {11, 4})
+    out.validate()
+    assert out.key(0) == FLAG_ROW and flag_ids(out.row(0)) == {4, 11}
+    assert without_flag_row(out).num_entries == model.num_entries
+    assert np.array_equal(RowBatch.concat([flags_batch({4, 11}), model]).strength, out.strength)
+    assert with_flags(model, []) is model and with_flags(RowBatch.empty(), [3]).num_rows == 1
+    with pytest.raises(ValueError):
+        with_flags(out, [1])
+
+
+@pytest.mark.asyncio
+async def test_pipeline_coalescing_reduces_bytes(sentences):
+    sent = {}
+    for k in (1, 100):
+        progress = TrainProgress()
+        client = FakeClient()
+        await TrainingJob(sentences, client, TrainSettings(coalesce_sentences=k), progress).run()
+        assert progress.bytes_sent == sum(b.nbytes for b in client.applied.values())
+        sent[k] = progress.bytes_sent
+    assert sent[100] < 0.95 * sent[1]
+
+
+@pytest.mark.asyncio
+async def test_inference_failure_surfaces_as_the_storage_error():
+    from giaannd.compute.infer import Inference
+    from giaannd.model.infer import TRAIN_SET, NoDelimiters
+
+    a = ColumnAssigner()
+    enc = [e for s in load_bundled_corpus(20) if (e := a.encode(s, update_flags=False)) is not None]
+
+    async def read(cols, feats):
+        raise OSError("every replica down")
+
+    inference = Inference(RowFetcher(read, RowCache(1 << 20)), max_sessions=4)
+    with pytest.raises(OSError, match="every replica"):
+        await asyncio.wait_for(inference.evaluate(enc, NoDelimiters(), TRAIN_SET), 10)
+
+
+def test_service_finds_a_storage_client_among_the_node_services():
+    from types import SimpleNamespace
+
+    from giaannd.compute.client import StorageClient
+    from giaannd.compute.service import _client_from_services
+    from giaannd.topology import Topology
+
+    topo = Topology(local="s1")
+    storage = SimpleNamespace(topology=topo, transports={}, identity=None)
+    client = _client_from_services({"storage": storage})
+    assert isinstance(client, StorageClient) and client.topology is topo
+    runtime_client = StorageClient(Topology())
+    assert _client_from_services({"runtime": SimpleNamespace(storage_client=runtime_client),
+                                  "storage": storage}) is runtime_client
+    assert _client_from_services({"storage": SimpleNamespace(topology=None)}) is None

@@ -1,0 +1,74 @@
+"""The contract between the daemon and what it runs: ``Service`` and its ``ServiceContext``.
+
+Kept apart from giaannd/daemon.py (the lifecycle) so a role module can type against the contract
+without importing the daemon machinery. ``giaannd.daemon`` re-exports both names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from giaannd.admin.api import AdminApi
+from giaannd.config import Config
+from giaannd.metrics import Metrics
+
+if TYPE_CHECKING:
+    from giaannd.runtime import NodeRuntime
+
+__all__ = ["Service", "ServiceContext"]
+
+
+@runtime_checkable
+class Service(Protocol):
+    """A role or subsystem the daemon runs. Everything a service needs arrives in ``start``."""
+
+    name: str
+
+    async def start(self, ctx: ServiceContext) -> None:
+        """Start serving; return once ready (long-running loops go in ``ctx.spawn``).
+
+        Register admin routes (``ctx.admin.add_route``) and metrics (``ctx.metrics``) here.
+        Raising aborts startup: services already started are stopped and the daemon exits 1.
+        """
+
+    async def stop(self, graceful: bool) -> None:
+        """Stop. ``graceful``: finish or hand off in-flight work and leave the cluster politely
+        (the daemon bounds this by the drain timeout). Not graceful: close everything now."""
+
+    def health(self) -> Mapping[str, Any]:
+        """A small JSON-able summary for ``/v1/status`` (cheap, synchronous, never raises)."""
+
+
+@dataclass
+class ServiceContext:
+    """What the daemon hands each service in ``start``."""
+
+    config: Config
+    node_id: uuid.UUID
+    node_name: str
+    metrics: Metrics
+    admin: AdminApi
+    #: Set when shutdown begins; background loops may wait on it.
+    stopping: asyncio.Event
+    #: Services started before this one, by name (e.g. compute finds membership here).
+    services: Mapping[str, Service]
+    _spawn: Callable[[Coroutine[Any, Any, Any], str, str], asyncio.Task[Any]]
+    _request_stop: Callable[[str], None]
+    service_name: str = ""
+    #: The node runtime (identity, keyring, transports, topology, storage clients) when the
+    #: daemon runs one (``giaannd`` always does; embedders and unit tests may not).
+    runtime: NodeRuntime | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` under the daemon's TaskGroup. If it raises, the failure is logged, the
+        service is marked failed and the daemon shuts down gracefully with exit status 1.
+        It is cancelled at the end of shutdown if still running."""
+        return self._spawn(coro, self.service_name, name)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the daemon to shut down gracefully (e.g. ``giaannctl node leave``)."""
+        self._request_stop(reason)

@@ -1,0 +1,484 @@
+"""Asyncio glue for row streams (streaming.py): the receiver endpoint and the sender runner.
+
+Glue only: what is sent, accepted or applied is decided by ``StreamSender`` / ``StreamReceiver``.
+This module owns the sockets, the clock (throttle, retries, progress rates) and the local store
+access:
+
+- ``observe_applies(service)`` wraps the source service's store so every applied batch is offered
+  to the open streams (the DELTA items) synchronously, right after the apply, on the event loop;
+- ``StreamEndpoint`` listens on its own data-plane address (streams are not storage requests: they
+  apply under a stream writer id and bypass the ownership check, since the target does not own the
+  rows until cutover) and applies accepted items through the service's group commit;
+- ``StreamRunner`` drives one stream: hello/resume, chunk reads, send with a runtime throttle,
+  reconnect with backoff, verification by row digests, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch
+from giaannd.storage.applied_set import BatchId
+from giaannd.storage.errors import StoreFullError
+from giaannd.storage.recovery import ApplyResult, DurableStore
+from giaannd.storage.service import StorageService
+from giaannd.storage.streaming import (
+    Accept,
+    Duplicate,
+    StreamData,
+    StreamHello,
+    StreamPosition,
+    StreamReceiver,
+    StreamRefused,
+    StreamReply,
+    StreamRequest,
+    StreamSender,
+    StreamVerify,
+    VerifyReply,
+    stream_writer,
+)
+from peers.errors import PeersError
+from peers.transport import Connection, Incoming, Listener, Reply, Transport, connect
+
+__all__ = [
+    "AppliedTee",
+    "StreamEndpoint",
+    "StreamFailed",
+    "StreamRunner",
+    "apply_local",
+    "observe_applies",
+    "stream_writers_of",
+]
+
+log = logging.getLogger(__name__)
+
+#: Keys per StreamVerify request (the same bound as protocol.MAX_DIGEST_ROWS).
+MAX_VERIFY_ROWS: Final = 65_536
+STREAM_REQUEST_TIMEOUT_S: Final = 30.0
+#: Reconnect backoff of a sender whose receiver went away (it may be restarting).
+RECONNECT_BACKOFF_S: Final = (0.05, 1.0)
+_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest)
+_REPLY_DECODER: Final = msgspec.msgpack.Decoder(StreamReply)
+_ENC: Final = msgspec.msgpack.Encoder()
+
+
+class StreamFailed(RuntimeError):
+    """A stream cannot continue (receiver refused fatally, verification failed, state lost)."""
+
+
+Observer = Callable[[BatchId, RowBatch, str], None]
+
+
+class AppliedTee:
+    """Stands in for a service's ``DurableStore`` in its request core: applies through, then tells
+    the observers about every batch that was applied (not duplicates), with the placement epoch
+    the writer computed its shares under (``ApplyBatch.placement_epoch``; "" when unknown, e.g. a
+    stream item). Everything else delegates to the store."""
+
+    def __init__(self, inner: DurableStore) -> None:
+        self._inner = inner
+        self.observers: list[Observer] = []
+        self.epoch = ""  # of the ApplyBatch being served (set around each apply, synchronously)
+
+    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> ApplyResult:
+        result = self._inner.apply(batch_id, batch, validate)
+        if result.applied:
+            for observer in list(self.observers):
+                observer(batch_id, batch, self.epoch)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def observe_applies(service: StorageService) -> AppliedTee:
+    """The tee on ``service``'s apply path (installed once). The service must be open.
+
+    TODO(lead): a first-class ``on_applied(batch_id, batch, epoch)`` hook in
+    ``StorageRequests.apply`` would replace these two wrappers; the behaviour is the same.
+    """
+    core = service.core
+    if core is None:
+        raise RuntimeError("storage service is not open")
+    if isinstance(core.store, AppliedTee):
+        return core.store
+    tee = AppliedTee(core.store)
+    core.store = tee  # type: ignore[assignment]
+    serve_apply = core.apply
+
+    def apply_with_epoch(msg: Any, bulk: Any) -> Any:
+        tee.epoch = msg.placement_epoch or ""
+        try:
+            return serve_apply(msg, bulk)
+        finally:
+            tee.epoch = ""
+
+    core.apply = apply_with_epoch  # type: ignore[method-assign]
+    return tee
+
+
+async def apply_local(service: StorageService, batch_id: BatchId, batch: RowBatch) -> bool:
+    """Apply on this node's store, bypassing the ownership check, and wait until it is durable
+    (shares the service's group commit; holds off while a snapshot reads the store)."""
+    store, commit = service.store, service._commit  # noqa: SLF001 (see module docstring)
+    if store is None or commit is None:
+        raise RuntimeError("storage service is not open")
+    core = service.core
+    applier = core.store if core is not None else store  # the tee, if this node also sends streams
+    async with service._snapshot_lock:  # noqa: SLF001
+        result = applier.apply(batch_id, batch)
+    await commit.wait_durable(result.seq)
+    return result.applied
+
+
+def _digests(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
+             ) -> tuple[NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint64]]:
+    n = cols.size
+    present, keys, strength = np.zeros(n, np.uint8), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    for i, key in enumerate(zip(cols.tolist(), feats.tolist())):
+        d = store.store.digest(key)
+        if d is not None:
+            present[i], keys[i], strength[i] = 1, d.keys, d.strength
+    return present, keys, strength
+
+
+def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
+                ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
+    """Sorted row keys of ``columns`` in ``store`` and each row's byte size."""
+    wanted = set(columns.tolist())
+    keys = [k for k in store.store.keys() if k[0] in wanted]
+    sizes = [len(store.store.row_region(k) or b"") for k in keys]
+    return (np.array([k[0] for k in keys], np.uint64), np.array([k[1] for k in keys], np.uint64),
+            np.array(sizes, np.int64))
+
+
+#: Per storage data directory: the stream writer ids this node received items under (u64 each,
+#: appended and fsynced before the first item is applied). Repair excludes them (repair.py).
+STREAM_WRITERS_FILE: Final = "stream-writers.u64"
+
+
+def stream_writers_of(service: StorageService) -> set[int]:
+    path = service.data_dir / STREAM_WRITERS_FILE
+    if not path.exists():
+        return set()
+    raw = path.read_bytes()
+    return set(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64).tolist())
+
+
+def _record_stream_writer(service: StorageService, writer: int) -> None:
+    if writer in stream_writers_of(service):
+        return
+    service.data_dir.mkdir(parents=True, exist_ok=True)
+    with open(service.data_dir / STREAM_WRITERS_FILE, "ab") as f:
+        f.write(np.array([writer], np.uint64).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
+    return Reply(_ENC.encode(msg), list(bulk))
+
+
+class StreamEndpoint:
+    """Receives streams for one storage service (module docstring)."""
+
+    def __init__(self, service: StorageService, transport: Transport, address: str) -> None:
+        self.service, self.transport, self.listen_address = service, transport, address
+        self.listener: Listener | None = None
+        self._receivers: dict[int, StreamReceiver] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    @property
+    def address(self) -> str:
+        assert self.listener is not None
+        return self.listener.address
+
+    async def open(self) -> StreamEndpoint:
+        self.listener = await self.transport.listen(self.listen_address, self.handle)
+        return self
+
+    async def close(self) -> None:
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                await self.listener.close()
+            self.listener = None
+
+    def _store(self) -> DurableStore:
+        if self.service.store is None:
+            raise RuntimeError("storage service is not open")
+        return self.service.store
+
+    async def handle(self, incoming: Incoming) -> Reply:
+        try:
+            msg = _REQ_DECODER.decode(incoming.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
+        try:
+            if isinstance(msg, StreamHello):
+                return self._hello(msg, incoming.bulk)
+            if isinstance(msg, StreamData):
+                return await self._data(msg, incoming.bulk)
+            return self._verify(msg, incoming.bulk)
+        except (ValueError, RuntimeError) as exc:
+            return _reply(StreamRefused(msg.stream_id, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+
+    def _receiver(self, stream_id: int) -> StreamReceiver:
+        rx = self._receivers.get(stream_id)
+        if rx is None:
+            floor = self._store().store.applied.floor(stream_writer(stream_id))
+            rx = self._receivers[stream_id] = StreamReceiver(stream_id, floor)
+        return rx
+
+    def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        _record_stream_writer(self.service, rx.writer)
+        if rx.next_index == 0 and msg.fresh and bulk:
+            cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
+            wanted = set(cols.tolist())
+            stale = sum(1 for k in self._store().store.keys() if k[0] in wanted)
+            if stale:
+                return _reply(StreamRefused(msg.stream_id, 0, (
+                    f"this node already holds {stale} rows of the streamed columns from an earlier, "
+                    "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
+                    "node's data directory and join it again"), fatal=True))
+        return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
+        async with lock:  # one item of a stream at a time: items apply strictly in order
+            try:
+                batch = RowBatch.from_buffers(list(bulk), validate=True)
+            except ValueError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
+            decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
+            if isinstance(decision, Duplicate):
+                return _reply(StreamPosition(msg.stream_id, decision.next_index))
+            if not isinstance(decision, Accept):
+                return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
+            try:
+                await apply_local(self.service, decision.batch_id, batch)
+            except StoreFullError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
+            rx.applied(decision.index)
+            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
+        if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:
+            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
+        cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
+        feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
+        return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
+
+
+@dataclass
+class Throttle:
+    """Bytes per second (None or <= 0: unthrottled); change ``rate_bytes_s`` at any time."""
+
+    rate_bytes_s: float | None = None
+    _t0: float = 0.0
+    _sent: float = 0.0
+
+    async def spend(self, nbytes: int) -> None:
+        now = time.monotonic()
+        rate = self.rate_bytes_s
+        if not rate or rate <= 0:
+            self._t0, self._sent = now, 0.0
+            return
+        if self._sent == 0.0:
+            self._t0 = now
+        self._sent += nbytes
+        ahead = self._sent / rate - (now - self._t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+
+
+class StreamRunner:
+    """Drives one outgoing stream from a local source service to a target's StreamEndpoint.
+
+    States (``state``): ``streaming`` → ``caught-up`` (all chunks applied and verified; deltas keep
+    flowing) → ``closing`` (``close()``: the source stopped accepting writes for these columns) →
+    ``done``; or ``failed`` / ``paused``.
+    """
+
+    def __init__(self, source: StorageService, transport: Transport, target_address: str,
+                 columns: NDArray[np.uint64], stream_id: int, *, chunk_bytes: int | None = None,
+                 throttle: Throttle | None = None, label: str = "", direct_epoch: str = "",
+                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
+        if source.store is None:
+            raise RuntimeError("source storage service is not open")
+        self.source, self.transport, self.target_address = source, transport, target_address
+        self.store = source.store
+        self.label = label or f"stream {stream_id:#x}"
+        #: writes computed under this placement epoch reach the target directly: not forwarded
+        self.direct_epoch = direct_epoch
+        cols, feats, sizes = row_keys_of(self.store, np.asarray(columns, np.uint64))
+        kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
+        self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, **kw)
+        self.throttle = throttle or Throttle()
+        self.state = "streaming"
+        self.error: str | None = None
+        self.caught_up = asyncio.Event()
+        self.finished = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._conn: Connection | None = None
+        self._broken = False
+        self._started = time.monotonic()
+        self.reconnects = 0
+        self.resent_items = 0
+        self._tee = observe_applies(source)
+        self._tee.observers.append(self._on_applied)
+
+    # -- observer ---------------------------------------------------------------------------------
+    def _on_applied(self, batch_id: BatchId, batch: RowBatch, epoch: str) -> None:
+        if self.direct_epoch and epoch == self.direct_epoch:
+            return  # the writer sent the target its own share of this batch
+        try:
+            if self.sender.offer_delta(batch_id, batch):
+                self._wake.set()
+        except Exception as exc:  # noqa: BLE001 - never fail the source's write because of a stream
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str) -> None:
+        if self.state not in ("done", "failed"):
+            self.state, self.error = "failed", message
+            self._detach()
+            self.caught_up.set()
+            self.finished.set()
+            self._wake.set()
+            log.warning("%s failed: %s", self.label, message)
+
+    def _detach(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._tee.observers.remove(self._on_applied)
+
+    def close(self) -> None:
+        """The source no longer applies writes for the columns: finish once everything is acked."""
+        self.sender.close()
+        self._detach()
+        if self.state != "failed":
+            self.state = "closing"
+        self._wake.set()
+
+    # -- progress ---------------------------------------------------------------------------------
+    def progress(self) -> dict[str, Any]:
+        s = self.sender
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        rate = s.bytes_acked / elapsed
+        left = max(0, s.total_bytes_estimate - s.bytes_acked)
+        return {"stream": self.label, "state": self.state, "bytes_total_estimate": s.total_bytes_estimate,
+                "bytes_done": s.bytes_acked, "rate_bytes_s": rate,
+                "eta_s": (left / rate) if rate > 0 and s.chunks_left else 0.0,
+                "items_acked": s.acked, "deltas": s.deltas, "resent_items": self.resent_items,
+                "reconnects": self.reconnects, "error": self.error}
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        """(Re)connect and resume from the receiver's durable position."""
+        s = self.sender
+        if self._conn is not None:
+            self.reconnects += 1
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+        self._conn = await connect(self.transport, self.target_address, timeout_s=5.0)
+        self._broken = False
+        hello = StreamHello(s.stream_id, self.label, fresh=True)
+        res = await self._conn.request(_ENC.encode(hello), [s.columns], timeout_s=STREAM_REQUEST_TIMEOUT_S)
+        reply = _REPLY_DECODER.decode(res.payload)
+        if isinstance(reply, StreamRefused):
+            raise StreamFailed(reply.reason)
+        if not isinstance(reply, StreamPosition):
+            raise StreamFailed(f"unexpected reply {type(reply).__name__} to StreamHello")
+        self.resent_items += max(0, s.sent_upto - reply.next_index)
+        s.rewind(reply.next_index)
+
+    async def _request(self, msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> tuple[Any, list[np.ndarray]]:
+        if self._conn is None or self._conn.is_closed:
+            await self._connect()
+        assert self._conn is not None
+        res = await self._conn.request(_ENC.encode(msg), list(bulk), timeout_s=STREAM_REQUEST_TIMEOUT_S)
+        return _REPLY_DECODER.decode(res.payload), res.bulk
+
+    async def run(self) -> None:
+        """Run until done or failed (never raises for stream problems: see ``state``/``error``)."""
+        backoff = RECONNECT_BACKOFF_S[0]
+        while self.state not in ("done", "failed"):
+            try:
+                await self._step()
+                backoff = RECONNECT_BACKOFF_S[0]
+            except StreamFailed as exc:
+                self._fail(str(exc))
+            except ValueError as exc:
+                self._fail(f"{type(exc).__name__}: {exc}")
+            except (PeersError, OSError, asyncio.TimeoutError) as exc:
+                self._broken = True
+                log.info("%s: receiver unreachable (%s); retrying in %.2fs", self.label, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+
+    async def _step(self) -> None:
+        s = self.sender
+        if self._conn is None or self._conn.is_closed or self._broken:
+            await self._connect()
+        item = s.next_to_send()
+        if item is None and s.in_flight == 0 and s.chunks_left:
+            s.read_chunk(self.store.store.read_rows)  # synchronous: a consistent cut
+            item = s.next_to_send()
+        if item is None:
+            if s.done:
+                self.state = "done"
+                self._detach()
+                self.finished.set()
+                return
+            if not s.chunks_left and s.idle and not self.caught_up.is_set():
+                await self._verify()
+                if self.state == "streaming":
+                    self.state = "caught-up"
+                self.caught_up.set()
+                return
+            self._wake.clear()
+            if s.next_to_send() is None and not s.done:
+                await self._wake.wait()
+            return
+        msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
+                         item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
+        reply, _ = await self._request(msg, item.batch.buffers())
+        if isinstance(reply, StreamPosition):
+            s.on_position(reply.next_index)
+        elif isinstance(reply, StreamRefused):
+            if reply.fatal:
+                raise StreamFailed(reply.reason)
+            self.resent_items += 1
+            s.rewind(reply.next_index)
+        await self.throttle.spend(item.batch.nbytes)
+
+    async def _verify(self) -> None:
+        """Source digests now (no await in between: a consistent cut, nothing is in flight), then
+        the receiver's; keys and strengths must be equal bit for bit."""
+        cols, feats, _ = row_keys_of(self.store, self.sender.columns)
+        mine = _digests(self.store, cols, feats)
+        for start in range(0, max(1, cols.size), MAX_VERIFY_ROWS):
+            sl = slice(start, start + MAX_VERIFY_ROWS)
+            reply, bulk = await self._request(StreamVerify(self.sender.stream_id),
+                                              [np.ascontiguousarray(cols[sl]), np.ascontiguousarray(feats[sl])])
+            if not isinstance(reply, VerifyReply) or len(bulk) != 3:
+                raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
+            for a, b in zip((m[sl] for m in mine), bulk):
+                if not np.array_equal(a, np.asarray(b)):
+                    bad = int(np.count_nonzero(a != np.asarray(b)))
+                    raise StreamFailed(f"verify: {bad} of {cols[sl].size} rows differ on the receiver")
