@@ -41,8 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 from giaannd import __version__
 from giaannd.admin.api import AdminApi
+from giaannd.atomic_file import atomic_write_bytes
 from giaannd.config import Config
-from giaannd.errors import EXIT_FAILURE, EXIT_OK, ConfigError, CorruptFileError, GiaannError
+from giaannd.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    ConfigError,
+    CorruptFileError,
+    GiaannError,
+)
 from giaannd.metrics import Metrics
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
 from giaannd.service import Service, ServiceContext
@@ -123,13 +130,7 @@ def load_or_create_node_id(path: Path) -> uuid.UUID:
         text = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
         node_id = uuid.uuid4()
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="ascii") as fh:
-            fh.write(f"{node_id}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        atomic_write_bytes(path, f"{node_id}\n".encode("ascii"))
         log.info("created node id node_id=%s file=%s", node_id, path)
         return node_id
     except UnicodeDecodeError:
@@ -140,14 +141,6 @@ def load_or_create_node_id(path: Path) -> uuid.UUID:
         raise CorruptFileError(
             str(path), f"expected a UUID, found {text[:40]!r}; restore it from backup, or delete "
             "it only if this node's data is being discarded too") from None
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _load_token(config: Config) -> str:
@@ -358,11 +351,9 @@ class Daemon:
                               "$.admin.listen") from None
         # Written via rename so giaannctl --data-dir never reads a half-written address.
         addr_file = self.config.data_path(ADMIN_ADDR_FILE)
-        tmp = addr_file.with_name(f".{ADMIN_ADDR_FILE}.tmp")
         bound_host, bound_port = self.admin_address
         url_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # RFC 3986 IPv6
-        tmp.write_text(f"http://{url_host}:{bound_port}\n")
-        os.replace(tmp, addr_file)
+        atomic_write_bytes(addr_file, f"http://{url_host}:{bound_port}\n".encode("ascii"))
         log.info("admin api listening address=%s:%d", *self.admin_address)
         for role, why in self._unavailable.items():
             log.warning("role unavailable role=%s reason=%r", role, why)

@@ -12,6 +12,9 @@ request            bulk buffers                                    success reply
 ``RowDigests``     ``row_column`` u64[K], ``row_feature`` u64[K]   ``DigestsReply`` (4 arrays, below)
 ``GetUsage``       none                                            ``UsageReply``
 ``BatchesApplied`` none                                            ``AppliedMask``
+``ScanRows``       none                                            ``ScanPage`` (the 7 RowBatch arrays)
+``PutVocab``       none (entries in the payload: small strings)    ``VocabAck``
+``GetVocab``       none                                            ``VocabReply``
 =================  ==============================================  ====================================
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
@@ -44,6 +47,12 @@ __all__ = [
     "MAX_DIGEST_ROWS",
     "MAX_QUERY_SEQS",
     "MAX_READ_ROWS",
+    "MAX_SCAN_ENTRIES",
+    "MAX_SCAN_EXAMINE",
+    "MAX_SCAN_NODES",
+    "MAX_SCAN_ROWS",
+    "MAX_VOCAB_ENTRIES",
+    "MAX_VOCAB_TEXT_CHARS",
     "ApplyAck",
     "ApplyBatch",
     "AppliedMask",
@@ -51,17 +60,24 @@ __all__ = [
     "BatchesApplied",
     "DigestsReply",
     "ErrorReply",
+    "GetVocab",
     "GetUsage",
     "NotOwner",
     "ProtocolViolation",
+    "PutVocab",
     "ReadRows",
     "Reply",
     "Request",
     "RowDigests",
     "RowsReply",
+    "ScanPage",
+    "ScanRows",
     "StoreFull",
     "Unavailable",
     "UsageReply",
+    "VocabAck",
+    "VocabConflict",
+    "VocabReply",
     "check_batch",
     "check_keys",
     "decode_reply",
@@ -85,6 +101,19 @@ MAX_BATCH_ENTRIES: Final = 8 * 1_048_576
 MAX_QUERY_SEQS: Final = 65_536
 #: Bound on free-text fields (error messages, node names) so a reply stays small.
 MAX_TEXT_CHARS: Final = 4096
+#: Rows per ScanPage. A page is built (copied) on the event loop, so it is bounded like a read.
+MAX_SCAN_ROWS: Final = 65_536
+#: Entries per ScanPage (21 B each: 16 MiB); a single larger row is still sent, alone.
+MAX_SCAN_ENTRIES: Final = 800_000
+#: Row keys one ScanRows may look at (filtered out or not) before it answers, so a scan whose
+#: filter rejects most rows still answers promptly; the cursor then moves with an empty page.
+MAX_SCAN_EXAMINE: Final = 262_144
+#: Node names in a ScanRows' ``skip`` / ``via`` (far above any cluster's storage member count).
+MAX_SCAN_NODES: Final = 4096
+#: Entries per PutVocab / ids per GetVocab (a training window adds at most a few thousand).
+MAX_VOCAB_ENTRIES: Final = 65_536
+#: Characters per vocabulary string (a lemma or a lower-cased surface word).
+MAX_VOCAB_TEXT_CHARS: Final = 1024
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
@@ -132,7 +161,45 @@ class BatchesApplied(msgspec.Struct, frozen=True, tag=5):
     seqs: list[Annotated[int, msgspec.Meta(ge=1)]]
 
 
-Request = ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied
+class ScanRows(msgspec.Struct, frozen=True, tag=6):
+    """One page of this node's rows in key order after the cursor (docs/replication.md, "Scan").
+
+    ``after_column``/``after_feature``: the cursor (exclusive); ``started`` False = from the first row.
+    ``limit``: rows wanted (capped at MAX_SCAN_ROWS). ``owned``: when True, only rows of columns
+    whose owner list, with the nodes in ``skip`` removed, starts with ``via`` followed by this node
+    (so each column is read from exactly one node); ``placement_epoch`` must then equal the node's
+    own, else ``NotOwner`` (a filter computed on another placement could miss or repeat rows).
+    """
+
+    after_column: _U64 = 0
+    after_feature: _U64 = 0
+    started: bool = False
+    limit: Annotated[int, msgspec.Meta(ge=1)] = MAX_SCAN_ROWS
+    owned: bool = False
+    skip: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
+    via: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
+    placement_epoch: _Text = ""
+
+
+_VocabText = Annotated[str, msgspec.Meta(max_length=MAX_VOCAB_TEXT_CHARS)]
+#: A vocabulary entry: (kind, id, text); kind 0 = column (noun lemma), 1 = feature (lower-cased word).
+VocabEntry = tuple[Annotated[int, msgspec.Meta(ge=0, le=1)], _U64, _VocabText]
+
+
+class PutVocab(msgspec.Struct, frozen=True, tag=7):
+    """Add id → string entries (grow-only, idempotent; each text must hash to its id)."""
+
+    entries: Annotated[list[VocabEntry], msgspec.Meta(max_length=MAX_VOCAB_ENTRIES)]
+
+
+class GetVocab(msgspec.Struct, frozen=True, tag=8):
+    """Look up ids; ``kinds[i]`` (0 column, 1 feature) goes with ``ids[i]``."""
+
+    kinds: Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=1)]], msgspec.Meta(max_length=MAX_VOCAB_ENTRIES)]
+    ids: Annotated[list[_U64], msgspec.Meta(max_length=MAX_VOCAB_ENTRIES)]
+
+
+Request = ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
 
 
 # -- success replies (tags 64..127) ---------------------------------------------------------------
@@ -166,6 +233,29 @@ class AppliedMask(msgspec.Struct, frozen=True, tag=68):
     applied: list[bool]
 
 
+class ScanPage(msgspec.Struct, frozen=True, tag=69):
+    """Rows of one scan page (7 RowBatch buffers in bulk). ``next_column``/``next_feature``: the cursor
+    for the next request (the last key looked at, even when filtered out); ``done``: no rows after it."""
+
+    next_column: int = 0
+    next_feature: int = 0
+    done: bool = True
+    examined: int = 0
+
+
+class VocabAck(msgspec.Struct, frozen=True, tag=70):
+    """The entries are durable (the vocab log is synced). ``added``: new here; ``known``: held already."""
+
+    added: int = 0
+    known: int = 0
+
+
+class VocabReply(msgspec.Struct, frozen=True, tag=71):
+    """The entries found (ids this node does not hold are left out)."""
+
+    entries: list[VocabEntry] = []
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -194,8 +284,19 @@ class Unavailable(msgspec.Struct, frozen=True, tag=131):
     message: _Text
 
 
-ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable
-Reply = RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ErrorReply
+class VocabConflict(msgspec.Struct, frozen=True, tag=132):
+    """A PutVocab entry names an id held with a different string: a real 64-bit hash collision
+    (texts are checked against their ids first). The whole PutVocab is refused; nothing changed."""
+
+    kind: int
+    id: int
+    held: _Text
+    offered: _Text
+
+
+ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict
+Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
+         | ErrorReply)
 
 _REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
 _REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)

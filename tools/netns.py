@@ -1,4 +1,4 @@
-"""Network namespaces + veth + tc netem for fault tests (root only; always cleaned up).
+"""Network namespaces + veth + tc netem (or nftables) for fault tests (root only; always cleaned up).
 
 Builds a private star network that never touches the host's own interfaces:
 
@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from types import TracebackType
 
-__all__ = ["NetnsCluster", "NetnsUnavailable", "available", "cleanup_prefix"]
+__all__ = ["NetnsCluster", "NetnsUnavailable", "available", "cleanup_prefix", "loss_backend"]
 
 #: Every namespace we create starts with this, so cleanup can never touch others'.
 PREFIX_ROOT = "gdns"
@@ -44,8 +44,36 @@ def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
     return subprocess.run(list(cmd), check=check, capture_output=True, text=True, timeout=30)
 
 
+def _nft_loss_works(ns: str) -> bool:
+    """Whether nftables can drop packets at random in namespace ``ns`` (the netem fallback)."""
+    if shutil.which("nft") is None and shutil.which("apt-get") is not None:
+        # Like the systemd unit test: install the one package the check needs, bounded.
+        subprocess.run(["apt-get", "install", "-y", "-qq", "nftables"], check=False,
+                       capture_output=True, timeout=300)
+    if shutil.which("nft") is None:
+        return False
+    return _run(["ip", "netns", "exec", ns, "nft", "add", "table", "inet", "gdprobe"],
+                check=False).returncode == 0
+
+
+def loss_backend(ns: str) -> str | None:
+    """How packet loss can be made in namespace ``ns``: "netem", "nft", or None."""
+    _run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=False)
+    r = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
+              "netem", "loss", "1%"], check=False)
+    if r.returncode == 0:
+        return "netem"
+    return "nft" if _nft_loss_works(ns) else None
+
+
 def available(need_netem: bool = True) -> str | None:
-    """None when fault tests can run here, else the reason they cannot."""
+    """None when fault tests can run here, else the reason they cannot.
+
+    ``need_netem``: the tests need random packet loss. tc netem gives it; where the kernel has no
+    netem (seen here: "Specified qdisc kind is unknown") nftables' ``numgen random`` does the same
+    for loss, so either is accepted. Delay and duplication need netem itself (``NetnsCluster.netem``
+    says so when asked for them without it).
+    """
     if os.geteuid() != 0:
         return "needs root"
     for tool in ("ip", "tc"):
@@ -55,12 +83,8 @@ def available(need_netem: bool = True) -> str | None:
     try:
         if _run(["ip", "netns", "add", probe], check=False).returncode != 0:
             return "cannot create network namespaces here"
-        if need_netem:
-            _run(["ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up"], check=False)
-            r = _run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root",
-                      "netem", "loss", "1%"], check=False)
-            if r.returncode != 0:
-                return f"tc netem unavailable: {r.stderr.strip()}"
+        if need_netem and loss_backend(probe) is None:
+            return "neither tc netem nor nftables can drop packets here"
         return None
     finally:
         _run(["ip", "netns", "del", probe], check=False)
@@ -89,6 +113,7 @@ class NetnsCluster:
         self.subnet = subnet if subnet is not None else 200 + os.getpid() % 50
         self._created: list[str] = []
         self._up = False
+        self._loss_backend: str | None = None
 
     # ---- names -----------------------------------------------------------------------
 
@@ -158,7 +183,33 @@ class NetnsCluster:
 
     def netem(self, i: int, *, loss_pct: float = 0.0, delay_ms: float = 0.0,
               jitter_ms: float = 0.0, duplicate_pct: float = 0.0) -> None:
-        """Shape node i's egress with netem (replaces earlier shaping)."""
+        """Shape node i's egress (replaces earlier shaping): tc netem, or nftables for loss alone.
+
+        Raises:
+            NetnsUnavailable: delay or duplication asked for on a kernel without netem.
+        """
+        ns = self.ns(i)
+        if self._loss_backend is None:
+            self._loss_backend = loss_backend(self.hub) or "none"
+        if self._loss_backend != "netem":
+            if delay_ms or jitter_ms or duplicate_pct:
+                raise NetnsUnavailable("delay/duplication need tc netem, which this kernel lacks")
+            if self._loss_backend != "nft":
+                raise NetnsUnavailable("no way to drop packets here (neither netem nor nftables)")
+            # nftables drops on node i's *input* from eth0: a drop in the output hook would fail
+            # the sender's sendto() with EPERM instead of losing the packet silently, as a lossy
+            # link does. So with nft, "node i's loss" is on what it receives (netem: what it sends).
+            # The table is replaced on each call.
+            _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "gdloss"], check=False)
+            if loss_pct:
+                self._exec(ns, "nft", "add", "table", "inet", "gdloss")
+                self._exec(ns, "nft", "add", "chain", "inet", "gdloss", "in",
+                           "{ type filter hook input priority 0; policy accept; }")
+                # numgen random mod 10000 < loss*100: the rule drops loss_pct % of packets.
+                self._exec(ns, "nft", "add", "rule", "inet", "gdloss", "in", "iifname", "eth0",
+                           "numgen", "random", "mod", "10000", "<", str(int(round(loss_pct * 100))),
+                           "drop")
+            return
         args = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
         if delay_ms:
             args += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
@@ -166,7 +217,7 @@ class NetnsCluster:
             args += ["loss", f"{loss_pct}%"]
         if duplicate_pct:
             args += ["duplicate", f"{duplicate_pct}%"]
-        self._exec(self.ns(i), *args)
+        self._exec(ns, *args)
 
     def popen(self, i: int, cmd: Sequence[str], **kw: object) -> subprocess.Popen[str]:
         """Start a process inside node i's namespace."""

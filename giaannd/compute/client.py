@@ -25,6 +25,20 @@ floor already passed it. A write that failed and is never retried holds the floo
 owner; on failure, timeout or NotOwner the rows are retried on the next owner, then on owners
 believed down as a last resort.
 
+**Scan** (``scan_all``): every row of the cluster exactly once, as pages of ``ScanRows``. Each live
+storage node is asked for the rows of the columns whose first live owner it is (the request names
+the down nodes to skip and the placement epoch; the node filters with the same placement), so
+replicas never duplicate a row. If a node fails mid-scan, its remaining share (after its cursor) is
+asked of every other live node with ``via=[failed node]``: each returns the rows of those columns
+whose next owner it is — again a partition. A change of placement during a scan raises
+``ScanInterrupted`` (pages already yielded may then be inconsistent: start again).
+
+**Vocabulary** (``put_vocab`` / ``get_vocab``): id → string entries are owned like columns (by
+the id). A put goes to every live owner and succeeds once each entry has W durable acks (no
+hints: a replica that missed an entry is covered by the lookup, which asks the next owner for any
+id the first did not hold). Entries are content-checked by storage; a ``VocabConflict`` reply is a
+real 64-bit hash collision and raises ``RemoteVocabConflict``.
+
 **Backpressure**: at most ``max_inflight_bytes_per_owner`` of ApplyBatch bytes in flight per owner:
 a slow owner makes ``write`` wait instead of queueing unbounded memory.
 
@@ -37,7 +51,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -47,6 +62,7 @@ from numpy.typing import NDArray
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
+from giaannd.storage.requests import scan_chain_mask
 from giaannd.topology import Topology
 from peers.errors import PeersError
 from peers.transport import Connection, Identity, Transport, connect, make_transport, scheme_of
@@ -58,8 +74,11 @@ __all__ = [
     "RemoteNotOwner",
     "RemoteStoreFull",
     "RemoteUnavailable",
+    "RemoteVocabConflict",
+    "ScanInterrupted",
     "StorageClient",
     "StorageRequestError",
+    "VocabWriteFailed",
     "WriteResult",
 ]
 
@@ -73,6 +92,8 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 #: ``write`` starts a background ``confirm_hints`` at most this often while hinted seqs are pending,
 #: so the writer floor recovers after an outage without anyone scheduling it.
 CONFIRM_HINTS_INTERVAL_S: Final = 2.0
+#: Rows asked per ScanRows page (storage caps it at MAX_SCAN_ROWS and by entries).
+DEFAULT_SCAN_PAGE_ROWS: Final = 16_384
 
 
 class StorageRequestError(Exception):
@@ -121,6 +142,25 @@ class ReadFailed(StorageRequestError):
     """Every replica of some rows failed."""
 
 
+class ScanInterrupted(StorageRequestError):
+    """The placement changed during a scan (or a node scans under another placement): the pages
+    yielded so far may miss or repeat rows. Start the scan again."""
+
+
+class RemoteVocabConflict(StorageRequestError):
+    """A vocabulary id is held with another string: a real 64-bit hash collision (nothing changed)."""
+
+    def __init__(self, node: str, reply: p.VocabConflict) -> None:
+        kind = "column" if reply.kind == 0 else "feature"
+        super().__init__(f"{kind} id {reply.id:#018x} is held as {reply.held!r}, offered {reply.offered!r} "
+                         "(64-bit hash collision)", node)
+        self.reply = reply
+
+
+class VocabWriteFailed(StorageRequestError):
+    """Some vocabulary entries got fewer than W durable acks (retrying is always safe)."""
+
+
 @dataclass(frozen=True)
 class WriteResult:
     """``acked``: owners that acknowledged before the call returned; ``hinted``: target -> holder of
@@ -139,8 +179,11 @@ class _Unsettled:
     pending: set[str]
 
 
-class _ByteBudget:
-    """At most ``limit`` bytes in flight; one oversized request may go alone."""
+class ByteBudget:
+    """At most ``limit`` bytes in flight; one oversized request may go alone (never deadlocks).
+
+    Shared by the client (per-owner in-flight writes) and training jobs (unacknowledged batches).
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit, self.used = limit, 0
@@ -166,6 +209,8 @@ def _raise_for(node: str, reply: p.Reply) -> None:
         raise RemoteBadRequest(reply.message, node)
     if isinstance(reply, p.Unavailable):
         raise RemoteUnavailable(reply.message, node)
+    if isinstance(reply, p.VocabConflict):
+        raise RemoteVocabConflict(node, reply)
 
 
 _FAILURES: Final = (StorageRequestError, PeersError, OSError, p.ProtocolViolation, KeyError)
@@ -209,7 +254,7 @@ class StorageClient:
         self._hinted: dict[str, set[int]] = {}
         self._conns: dict[str, Connection] = {}
         self._conn_locks: dict[str, asyncio.Lock] = {}
-        self._budgets: dict[str, _ByteBudget] = {}
+        self._budgets: dict[str, ByteBudget] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._last_confirm = float("-inf")
 
@@ -260,8 +305,8 @@ class StorageClient:
         await budget.acquire(batch.nbytes)
         return await self._apply_reserved(node, batch_id, batch, writer_floor, hint_for, timeout_s)
 
-    def _budget(self, node: str) -> _ByteBudget:
-        return self._budgets.setdefault(node, _ByteBudget(self.max_inflight))
+    def _budget(self, node: str) -> ByteBudget:
+        return self._budgets.setdefault(node, ByteBudget(self.max_inflight))
 
     async def _apply_reserved(self, node: str, batch_id: BatchId, batch: RowBatch, writer_floor: int,
                               hint_for: str | None, timeout_s: float | None) -> p.ApplyAck:
@@ -533,6 +578,159 @@ class StorageClient:
             detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
             raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
         return parts[0] if len(parts) == 1 else RowBatch.concat(parts)
+
+    # -- cluster-wide scan --------------------------------------------------------------------------------
+    async def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS,
+                       timeout_s: float | None = None) -> AsyncIterator[RowBatch]:
+        """Every row of the cluster exactly once, as canonical pages (module docstring). Pages of
+        one node come in key order; pages of different nodes are not merged.
+
+        Raises:
+            ScanInterrupted: the placement changed during the scan (start again).
+            ReadFailed: a node failed and no other live owner is left for some of its columns.
+            LookupError: no storage members known.
+        """
+        placement = self.topology.placement
+        epoch, names, r = placement.epoch, placement.names, placement.effective_replicas
+        skip = [n for n in names if not self.topology.is_live(n)]
+        skip_mask = np.array([n in skip for n in names])
+        todo: deque[tuple[str, tuple[str, ...], tuple[int, int] | None]] = deque(
+            (n, (), None) for n in names if n not in skip)
+        if not todo:
+            raise ReadFailed("no live storage node to scan")
+        while todo:
+            node, via, after = todo.popleft()
+            while True:
+                if self.topology.placement.epoch != epoch:
+                    raise ScanInterrupted(f"placement changed from {epoch} during the scan")
+                msg = p.ScanRows(after[0] if after else 0, after[1] if after else 0, after is not None,
+                                 page_rows, True, skip, list(via), epoch)
+                try:
+                    reply, bulk = await self._call(node, msg, timeout_s=timeout_s)
+                    if not isinstance(reply, p.ScanPage):
+                        raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ScanRows", node)
+                    batch = p.check_batch(bulk)
+                except RemoteNotOwner as exc:
+                    raise ScanInterrupted(f"{node} scans under another placement ({exc})") from None
+                except _FAILURES as exc:
+                    chain = (*via, node)
+                    others = [n for n in names if n not in skip and n not in chain]
+                    if len(chain) >= r or not others:
+                        raise ReadFailed(f"scan: {node} failed ({exc}) and no other live owner is left "
+                                         f"for its columns") from None
+                    log.info("scan failover node=%s after=%s to=%s: %s", node, after, others, exc)
+                    todo.extend((o, chain, after) for o in others)
+                    break
+                if batch.num_rows:
+                    # the node filtered with our placement; re-check (a node that ignores the
+                    # filter, e.g. one running without a topology, must not duplicate rows)
+                    ok = scan_chain_mask(placement, batch.row_column, skip_mask,
+                                         [names.index(n) for n in (*via, node)])
+                    if not bool(ok.all()):
+                        log.warning("scan: %s returned %d rows outside its share; dropped", node,
+                                    int((~ok).sum()))
+                        batch = batch.select_rows(ok)
+                if batch.num_rows:
+                    yield batch
+                if reply.done:
+                    break
+                after = (reply.next_column, reply.next_feature)
+
+    # -- vocabulary -----------------------------------------------------------------------------------------
+    async def put_vocab(self, entries: Sequence[tuple[int, int, str]]) -> int:
+        """Store id → string entries on the R owners of each id; returns once each has W durable acks.
+        Returns the number of entries sent.
+
+        Raises:
+            RemoteVocabConflict: a real hash collision (not retryable).
+            VocabWriteFailed: some entry got fewer than W acks (retry: puts are idempotent).
+            LookupError: no storage members known.
+        """
+        if not entries:
+            return 0
+        placement = self.topology.placement
+        names, r = placement.names, placement.effective_replicas
+        quorum = min(self.write_quorum or r // 2 + 1, r)
+        ids = np.fromiter((e[1] for e in entries), np.uint64, len(entries))
+        owners = placement.owner_indices(ids)
+        jobs: list[tuple[str, NDArray[np.intp]]] = []
+        failures: dict[str, str] = {}
+        for m in np.unique(owners):
+            node = names[int(m)]
+            idx = np.flatnonzero((owners == m).any(axis=1))
+            if not self.topology.is_live(node):
+                failures[node] = "down"
+                continue
+            for start in range(0, idx.size, p.MAX_VOCAB_ENTRIES):
+                jobs.append((node, idx[start : start + p.MAX_VOCAB_ENTRIES]))
+        outcomes = await asyncio.gather(
+            *(self._call(node, p.PutVocab([entries[i] for i in idx.tolist()])) for node, idx in jobs),
+            return_exceptions=True)
+        acks = np.zeros(len(entries), np.int64)
+        for (node, idx), out in zip(jobs, outcomes):
+            if isinstance(out, RemoteVocabConflict):
+                raise out
+            if isinstance(out, tuple) and isinstance(out[0], p.VocabAck):
+                acks[idx] += 1
+            elif isinstance(out, _FAILURES) or isinstance(out, tuple):
+                failures[node] = str(out) or type(out).__name__
+            elif isinstance(out, BaseException):
+                raise out
+        if int(acks.min()) < quorum:
+            detail = "; ".join(f"{n}: {e}" for n, e in sorted(failures.items()))
+            raise VocabWriteFailed(f"{int((acks < quorum).sum())} vocabulary entries got fewer than "
+                                   f"{quorum} acks ({detail})")
+        return len(entries)
+
+    async def get_vocab(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        """Look up ``(kind, id)`` keys (kind 0 column, 1 feature) on their owners: the first live
+        owner, then the next ones for whatever it did not hold. Ids no owner holds are left out.
+
+        Raises:
+            ReadFailed: every owner of some ids failed (none answered).
+            LookupError: no storage members known.
+        """
+        if not keys:
+            return {}
+        placement = self.topology.placement
+        names = placement.names
+        kinds = [int(k) for k, _ in keys]
+        ids = np.fromiter((i for _, i in keys), np.uint64, len(keys))
+        owners = placement.owner_indices(ids)
+        r = owners.shape[1]
+        down = np.array([not self.topology.is_live(n) for n in names])
+        rank = down[owners] * r + np.arange(r)[None, :]
+        cand = np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
+        todo = np.ones(len(keys), bool)
+        answered = np.zeros(len(keys), bool)
+        found: dict[tuple[int, int], str] = {}
+        errors: dict[str, str] = {}
+        for k in range(r):
+            if not todo.any():
+                break
+            jobs: list[tuple[str, NDArray[np.intp]]] = []
+            for m in np.unique(cand[todo, k]):
+                idx = np.flatnonzero(todo & (cand[:, k] == m))
+                for start in range(0, idx.size, p.MAX_VOCAB_ENTRIES):
+                    jobs.append((names[int(m)], idx[start : start + p.MAX_VOCAB_ENTRIES]))
+            outcomes = await asyncio.gather(
+                *(self._call(node, p.GetVocab([kinds[i] for i in idx.tolist()],
+                                              [int(ids[i]) for i in idx.tolist()])) for node, idx in jobs),
+                return_exceptions=True)
+            for (node, idx), out in zip(jobs, outcomes):
+                if isinstance(out, tuple) and isinstance(out[0], p.VocabReply):
+                    answered[idx] = True
+                    for kind, ident, text in out[0].entries:
+                        found[(kind, ident)] = text
+                elif isinstance(out, _FAILURES) or isinstance(out, tuple):
+                    errors[node] = str(out) or type(out).__name__
+                elif isinstance(out, BaseException):
+                    raise out
+            todo &= np.array([(kd, int(i)) not in found for kd, i in zip(kinds, ids.tolist())])
+        if (todo & ~answered).any():
+            detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+            raise ReadFailed(f"{int((todo & ~answered).sum())} vocabulary ids unreadable on every owner ({detail})")
+        return found
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def flush(self) -> None:

@@ -39,7 +39,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.model.evaluate import EvalResult, Mode, prediction_matches
+from giaannd.model.evaluate import EvalResult, Mode, continuation, generation_session, prediction_matches
 from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
@@ -326,17 +326,8 @@ class Inference:
                        max_new_tokens: int) -> list[RowKey]:
         """Free-running continuation (as ``giaannd.model.evaluate.generate``): every prompt token
         seeds, then predictions drive; stops at the first step with no prediction."""
-        if max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if not prompt or max_new_tokens == 0:
+        session = generation_session(prompt, flags, constants, max_new_tokens)
+        if session is None:
             return []
-        session = LifSession(list(prompt), flags, constants, length=len(prompt) + max_new_tokens,
-                             seed_tokens=len(prompt), teacher_forced=False)
         await self._run(session, list(prompt))
-        out: list[RowKey] = []
-        for k in range(len(prompt), len(prompt) + max_new_tokens):
-            pred = session.predictions.get(k)
-            if pred is None:
-                break
-            out.append(pred)
-        return out
+        return continuation(session)

@@ -13,7 +13,7 @@ Admin routes (giaannctl has verbs for each; bodies are JSON):
 ``GET /v1/jobs/{job_id}``  ``{"state", "done", "total", "unit", ...figures}`` (jobs.py)
 ``POST /v1/eval``          ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
 ``POST /v1/generate``      ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``POST /v1/export``        ``{"path"}`` → JSONL export of the rows this node's jobs wrote
+``POST /v1/export``        ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
 =========================  =======================================================================
 
 **Which storage client.** The constructor takes either a ready ``storage`` client or a
@@ -31,8 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from giaannd.admin.api import AdminHTTPError
-from giaannd.compute.client import StorageClient, StorageRequestError
+from giaannd.compute.client import ScanInterrupted, StorageClient, StorageRequestError
 from giaannd.compute.flags import without_flag_row
 from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
@@ -48,6 +50,8 @@ from giaannd.compute.train import (
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.export import write_jsonl
+from giaannd.model.ids import PRIME_FEATURE
+from giaannd.model.vocab import IdCollisionError
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -60,7 +64,7 @@ if TYPE_CHECKING:
     from giaannd.config import ComputeConfig, Config
     from giaannd.daemon import ServiceContext
 
-__all__ = ["ComputeService", "create_service"]
+__all__ = ["ComputeService", "VocabularyMissing", "create_service"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,14 @@ MAX_GENERATE_TOKENS: Final = 1024
 MAX_EPOCHS: Final = 1000
 #: Rows per read while gathering an export.
 EXPORT_READ_ROWS: Final = 32_768
+#: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
+EXPORT_SCAN_ATTEMPTS: Final = 3
 TAG_CACHE_DIR: Final = "tag-cache"
 _STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
+
+
+class VocabularyMissing(ValueError):
+    """An exported row names an id whose string neither this node nor storage holds."""
 
 
 class _PromSink:
@@ -267,37 +277,105 @@ class ComputeService:
         k = constants_named(constants)
         inference = self._infer()
         assigner = await self.prompt_assigner()
-        assigner.min_tokens = 1  # a generation prompt may be shorter than the evaluation minimum
-        enc = assigner.encode(prompt, update_flags=False)
+        # A generation prompt may be shorter than the evaluation minimum (9 tokens).
+        enc = assigner.encode(prompt, update_flags=False, min_tokens=1)
         if enc is None:
             raise AdminHTTPError(400, "the prompt was skipped by column assignment (no noun, or empty)",
                                  "bad_request")
         nodes = await inference.generate(list(zip(enc.column.tolist(), enc.feature.tolist())), assigner, k,
                                          max_tokens)
+        try:
+            await self.resolve_vocab([c for c, _ in nodes], [f for _, f in nodes])
+        except _STORAGE_ERRORS as exc:  # words still print, as hex, for what could not be fetched
+            log.warning("vocabulary lookup failed: %s", exc)
         words = [self._word(c, f) for c, f in nodes]
         return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
 
     def _word(self, column: int, feature: int) -> str:
-        """The word of a node, or ``<column:feature>`` in hex when this node's vocabulary lacks it
-        (a row trained by another compute node: docs/compute.md, known gaps)."""
+        """The word of a node, or ``<column:feature>`` in hex when neither this node's vocabulary
+        nor storage's (``resolve_vocab``, called first) has it."""
         try:
             return self.state.vocab.word_of(column, feature)
         except KeyError:
             return f"<{column:x}:{feature:x}>"
 
-    async def export(self, path: str | Path) -> dict[str, Any]:
-        """JSONL export of every row this node's jobs wrote, read back from storage (storage has no
-        scan API, so rows written only by other compute nodes are not included)."""
+    def _missing_vocab(self, columns: Any, features: Any) -> list[tuple[int, int]]:
+        """(kind, id) keys of the given column and feature ids this node's vocabulary lacks."""
+        vocab = self.state.vocab
+        out: list[tuple[int, int]] = []
+        for cid in np.unique(np.asarray(columns, np.uint64)).tolist():
+            try:
+                vocab.column_lemma(cid)
+            except KeyError:
+                out.append((0, cid))
+        for fid in np.unique(np.asarray(features, np.uint64)).tolist():
+            if fid == PRIME_FEATURE:
+                continue
+            try:
+                vocab.feature_word(fid)
+            except KeyError:
+                out.append((1, fid))
+        return out
+
+    async def resolve_vocab(self, columns: Any, features: Any) -> int:
+        """Fetch the strings of ids this node's vocabulary lacks from storage (where training jobs of
+        any compute node put them) into the node's vocabulary, which is the local cache. Entries
+        are re-checked against their ids. Returns the number of entries added.
+
+        Raises:
+            ReadFailed: every owner of some ids failed.
+        """
+        missing = self._missing_vocab(columns, features)
+        if not missing:
+            return 0
+        found = await self._client().get_vocab(missing)
+        added = 0
+        vocab = self.state.vocab
+        for (kind, ident), text in found.items():
+            try:
+                got = vocab.add_column(text) if kind == 0 else vocab.add_feature(text)
+            except IdCollisionError as exc:
+                log.error("vocabulary from storage collides with this node's: %s", exc)
+                continue
+            if got != ident:  # a foreign or damaged entry: the add above is harmless (content-addressed)
+                log.warning("storage returned %r for id %#x, which hashes to %#x", text, ident, got)
+                continue
+            added += 1
+        return added
+
+    async def scan_cluster(self) -> RowBatch:
+        """Every model row of the cluster (each exactly once; the flag row left out), by scanning
+        storage (``StorageClient.scan_all``); restarted if the placement changes under it."""
         client = self._client()
-        cols, feats = self.state.row_column, self.state.row_feature
-        parts: list[RowBatch] = []
-        for i in range(0, int(cols.shape[0]), EXPORT_READ_ROWS):
-            parts.append(await client.read_rows(cols[i:i + EXPORT_READ_ROWS], feats[i:i + EXPORT_READ_ROWS]))
-        batch = without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
+        for attempt in range(EXPORT_SCAN_ATTEMPTS):
+            try:
+                parts = [page async for page in client.scan_all()]
+                break
+            except ScanInterrupted as exc:
+                if attempt + 1 >= EXPORT_SCAN_ATTEMPTS:
+                    raise
+                log.info("export scan restarted (attempt %d): %s", attempt + 1, exc)
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
+
+    async def export(self, path: str | Path) -> dict[str, Any]:
+        """JSONL export of every row of the cluster, whichever compute node trained it: a storage
+        scan, words resolved through this node's vocabulary and then storage's.
+
+        Raises:
+            VocabularyMissing: some id has no string anywhere (rows written by a node that did not
+                replicate its vocabulary); nothing is written.
+        """
+        batch = await self.scan_cluster()
+        await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
+                                 np.concatenate([batch.row_feature, batch.target_feature]))
         store = RowStore.from_batch(batch)
-        lines = await asyncio.to_thread(write_jsonl, store, self.state.vocab, path)
+        try:
+            lines = await asyncio.to_thread(write_jsonl, store, self.state.vocab, path)
+        except KeyError as exc:
+            raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
         return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
-                "source": "rows written by this node's training jobs, read back from storage"}
+                "source": "every row of the storage cluster (scan)"}
 
     # -- routes ---------------------------------------------------------------------------------
     async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
@@ -388,6 +466,9 @@ class ComputeService:
             raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
         try:
             return await self.export(path)
+        except VocabularyMissing as exc:
+            raise AdminHTTPError(409, f"{exc} (rows trained without a replicated vocabulary)",
+                                 "conflict") from None
         except _STORAGE_ERRORS as exc:
             raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
 

@@ -1,16 +1,17 @@
 """What a compute node keeps between restarts: vocabulary, delimiter flags, keys it wrote.
 
-Storage holds rows by id only (there is no string store yet, ARCHITECTURE §4 says the id → string
-tables should be sharded like columns). Until then the compute node that trained keeps:
+The id → string tables are replicated in storage (storage/vocab_store.py, docs/replication.md);
+the compute node keeps:
 
-* the :class:`~giaannd.model.vocab.Vocabulary` (to print predictions and export words),
+* the :class:`~giaannd.model.vocab.Vocabulary`: what its jobs learned plus what it fetched from
+  storage (the local cache of the replicated table),
 * the deterministic flags (fixed at first sighting; prompts are encoded with them),
 * the probabilistic flags it last saw (storage's flag row is the source of truth; this is a cache),
-* the row keys it wrote (storage has no scan API: export reads these rows back).
+* the row keys it wrote (informational: export scans storage, ``StorageClient.scan_all``).
 
 It is one msgpack file written atomically (temp file, fsync, rename, fsync of the directory), so a
 crash leaves the previous version or the new one, never a torn file. A second compute node does not
-have it: it must re-encode the corpus or be given the file (known gap, docs/compute.md).
+need it: it resolves words through storage.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.atomic_file import atomic_write_bytes
 from giaannd.model.vocab import Vocabulary
 
 __all__ = ["STATE_FILE", "ComputeState", "StateFileError"]
@@ -73,21 +75,7 @@ class ComputeState:
                    sorted(self.deterministic.items()), sorted(self.probabilistic),
                    self.row_column.tolist(), self.row_feature.tolist())
         path = d / STATE_FILE
-        tmp = d / f".{STATE_FILE}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(msgspec.msgpack.encode(doc))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write_bytes(path, msgspec.msgpack.encode(doc))
         return path
 
     @classmethod

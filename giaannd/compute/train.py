@@ -21,6 +21,12 @@ The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences
    Sends run in the background while the worker encodes its next window, bounded by
    ``max_inflight_bytes`` (a slow storage node fills the budget and the workers wait: backpressure).
 
+**Vocabulary**: each window also carries the id → string entries its worker's assigner learned since
+its previous window (``_Window.vocab``). They are written to storage (``StorageClient.put_vocab``,
+owned like columns by id) *before* the window's deltas, and a worker's vocabulary writes are chained
+in window order, so a row acknowledged by storage never names an id whose string is not durable
+there (docs/replication.md, "Vocabulary"). A client without ``put_vocab`` (a test stand-in) skips it.
+
 With one worker the result equals the sequential core exactly (same encodings, same sums; only the
 float32 rounding of different batch boundaries can differ). With B workers the only difference is
 a flag found by one worker and not yet seen by another (flags.py).
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 from collections.abc import Callable, Sequence
@@ -44,7 +51,13 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.compute.client import QuorumNotReached, StorageClient, StorageRequestError
+from giaannd.compute.client import (
+    ByteBudget,
+    QuorumNotReached,
+    RemoteVocabConflict,
+    StorageClient,
+    StorageRequestError,
+)
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
@@ -181,24 +194,6 @@ async def read_flags(client: StorageClient) -> set[int]:
     return flag_ids(batch.row(0)) if batch.num_rows else set()
 
 
-class _ByteBudget:
-    """At most ``limit`` bytes outstanding; one oversized batch may go alone (never deadlocks)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
-            self.used += n
-
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-
 @dataclass
 class _Window:
     batch: RowBatch
@@ -207,6 +202,8 @@ class _Window:
     tokens: int
     increments: int
     flags: int
+    #: (kind, id, text) entries new to the worker since its previous window (kind 0 column, 1 feature)
+    vocab: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 class _Worker:
@@ -215,6 +212,18 @@ class _Worker:
     def __init__(self, lexicon: Lexicon, flags: set[int]) -> None:
         self.assigner = ColumnAssigner(lexicon, flags)
         self.tracker = FlagTracker(flags)
+        self._vocab_seen = (0, 0)  # columns / features of the assigner's vocabulary already taken
+        #: the worker's last vocabulary write (each one waits for the one before: window order)
+        self.vocab_task: asyncio.Task[None] | None = None
+
+    def take_new_vocab(self) -> list[tuple[int, int, str]]:
+        """Entries added to the assigner's vocabulary since the last call (insertion order)."""
+        vocab = self.assigner.vocab
+        nc, nf = self._vocab_seen
+        out = [(0, cid, lemma) for cid, lemma in itertools.islice(vocab.columns(), nc, None)]
+        out += [(1, fid, word) for fid, word in itertools.islice(vocab.features(), nf, None)]
+        self._vocab_seen = (vocab.num_columns, vocab.num_features)
+        return out
 
     def process(self, window: Sequence[TaggedSentence]) -> _Window:
         """Encode (updating flags) and train one window; synchronous (may run in a thread)."""
@@ -222,7 +231,8 @@ class _Worker:
         out = train_batch(encoded)
         new_flags = self.tracker.take_unsent(self.assigner.probabilistic_flags)
         batch = with_flags(out.rows, new_flags)
-        return _Window(batch, len(window), out.sentences, out.tokens, pair_increments(encoded), len(new_flags))
+        return _Window(batch, len(window), out.sentences, out.tokens, pair_increments(encoded), len(new_flags),
+                       self.take_new_vocab())
 
 
 class TrainingJob:
@@ -247,8 +257,9 @@ class TrainingJob:
         self.progress.total = len(sentences)
         self.lexicon = lexicon if lexicon is not None else Lexicon.default()
         self.on_written = on_written
-        self._budget = _ByteBudget(settings.max_inflight_bytes)
+        self._budget = ByteBudget(settings.max_inflight_bytes)
         self._sends: set[asyncio.Task[None]] = set()
+        self._vocab_tasks: set[asyncio.Task[None]] = set()
         self._keys: list[tuple[NDArray[np.uint64], NDArray[np.uint64]]] = []
         self._next = 0
         self._failure: BaseException | None = None
@@ -267,11 +278,15 @@ class TrainingJob:
             while self._sends:
                 await asyncio.wait(set(self._sends))
         except BaseException:
-            for task in self._sends:
+            for task in (*self._sends, *self._vocab_tasks):
                 task.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.gather(*self._sends, return_exceptions=True)
+                await asyncio.gather(*self._sends, *self._vocab_tasks, return_exceptions=True)
             raise
+        # every send awaited its window's vocabulary write; any left (a trailing window with no
+        # rows) still has to land before the job says it is done
+        if self._vocab_tasks:
+            await asyncio.gather(*self._vocab_tasks, return_exceptions=True)
         if self._failure is not None:
             raise self._failure
         return self._result(workers)
@@ -294,17 +309,49 @@ class TrainingJob:
                 done = await asyncio.to_thread(worker.process, window)
             else:
                 done = worker.process(window)
+            loop = asyncio.get_running_loop()
+            if done.vocab:
+                vocab_task = loop.create_task(self._put_vocab(done.vocab, worker.vocab_task))
+                worker.vocab_task = vocab_task
+                self._vocab_tasks.add(vocab_task)
+                vocab_task.add_done_callback(self._vocab_done)
             if done.batch.num_rows == 0:
                 self.progress.add(done=done.handled, skipped=done.handled - done.trained)
                 continue
             await self._budget.acquire(done.batch.nbytes)
-            task = asyncio.get_running_loop().create_task(self._send(done))
+            task = loop.create_task(self._send(done, worker.vocab_task))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
 
-    async def _send(self, window: _Window) -> None:
+    def _vocab_done(self, task: asyncio.Task[None]) -> None:
+        self._vocab_tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None and self._failure is None:
+            self._failure = exc
+
+    async def _put_vocab(self, entries: list[tuple[int, int, str]], before: asyncio.Task[None] | None) -> None:
+        """Write vocabulary entries after the worker's previous vocabulary write, with retries
+        (puts are idempotent); a hash collision is not retried."""
+        if before is not None:
+            await before
+        s = self.settings
+        for attempt in range(s.max_attempts):
+            try:
+                await self.client.put_vocab(entries)
+                return
+            except RemoteVocabConflict:
+                raise
+            except _RETRYABLE as exc:
+                if attempt + 1 >= s.max_attempts:
+                    raise
+                self.progress.add(retries=1)
+                log.info("vocabulary write retry attempt=%d: %s", attempt + 1, exc)
+                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
+
+    async def _send(self, window: _Window, vocab: asyncio.Task[None] | None = None) -> None:
         batch = window.batch
         try:
+            if vocab is not None:  # the strings of this window's ids are durable before its rows
+                await asyncio.shield(vocab)
             bid = self.client.next_batch_id()
             await self._write_with_retries(batch, bid)
         except Exception as exc:  # recorded; run() raises it once the other sends have ended

@@ -117,15 +117,33 @@ def generate(
     Returns the generated (column id, feature id) nodes, stopping early at the first step with no
     prediction.
     """
+    session = generation_session(prompt, flags, constants, max_new_tokens)
+    if session is None:
+        return []
+    run_session(session, source)
+    return continuation(session)
+
+
+def generation_session(
+    prompt: Sequence[RowKey], flags: DelimiterFlags, constants: LifConstants, max_new_tokens: int
+) -> LifSession | None:
+    """The free-running session for ``generate`` (None when there is nothing to generate).
+
+    Shared by the local ``generate`` and the compute node's remote one, which drives the same
+    session with rows fetched from storage.
+    """
     if max_new_tokens < 0:
         raise ValueError("max_new_tokens must be >= 0")
     if not prompt or max_new_tokens == 0:
-        return []
-    session = LifSession(list(prompt), flags, constants, length=len(prompt) + max_new_tokens,
-                         seed_tokens=len(prompt), teacher_forced=False)
-    run_session(session, source)
+        return None
+    return LifSession(list(prompt), flags, constants, length=len(prompt) + max_new_tokens,
+                      seed_tokens=len(prompt), teacher_forced=False)
+
+
+def continuation(session: LifSession) -> list[RowKey]:
+    """The generated nodes of a finished free-running session, up to its first non-prediction."""
     out: list[RowKey] = []
-    for k in range(len(prompt), len(prompt) + max_new_tokens):
+    for k in range(session.seed_tokens, session.length):
         pred = session.predictions.get(k)
         if pred is None:
             break

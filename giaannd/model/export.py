@@ -33,13 +33,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO
+from collections.abc import Iterator
 
 import numpy as np
 import xxhash
 
+from giaannd.atomic_file import atomic_writer
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -97,31 +96,13 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
             }, ensure_ascii=False)
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-
 def write_jsonl(store: RowStore, vocab: Vocabulary, path: str | os.PathLike[str]) -> int:
     """Write the JSONL export atomically; returns the number of lines."""
     count = 0
-
-    def write(fh: IO[bytes]) -> None:
-        nonlocal count
+    with atomic_writer(path) as fh:
         for line in iter_jsonl(store, vocab):
             fh.write(line.encode("utf-8") + b"\n")
             count += 1
-
-    _atomic_write(Path(path), write)
     return count
 
 
@@ -137,12 +118,10 @@ def save_snapshot(store: RowStore, path: str | os.PathLike[str]) -> int:
                         digest.intdigest())
     head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
 
-    def write(fh: IO[bytes]) -> None:
+    with atomic_writer(path) as fh:
         fh.write(head)
         for b in buffers:
             fh.write(b.data.cast("B"))
-
-    _atomic_write(Path(path), write)
     return len(head) + sum(int(b.nbytes) for b in buffers)
 
 

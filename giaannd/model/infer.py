@@ -200,6 +200,16 @@ class LifSession:
         return self._current
 
     @property
+    def seed_tokens(self) -> int:
+        """Steps that take the real token (no prediction)."""
+        return self._seed
+
+    @property
+    def length(self) -> int:
+        """Total steps of the session."""
+        return self._length
+
+    @property
     def steps_run(self) -> int:
         """Steps k ≥ 1 completed."""
         return self._step - 1

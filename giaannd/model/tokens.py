@@ -21,16 +21,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import compress
 from importlib import resources
+from itertools import compress
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from giaannd.atomic_file import atomic_writer
 
 __all__ = [
     "BUNDLED_CORPUS",
@@ -329,27 +330,15 @@ def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[st
         OSError: the directory is not writable (nothing is written).
     """
     dest = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
     written = 0
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            os.fchmod(raw.fileno(), _FILE_MODE)  # mkstemp creates 0600; corpora are shared data
-            gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if dest.suffix == ".gz" else None
-            sink: IO[bytes] = gz if gz is not None else raw  # type: ignore[assignment]
-            for block in _conllu_lines(sentences):
-                sink.write(block.encode("utf-8"))
-                written += 1
-            if gz is not None:
-                gz.close()  # writes the gzip trailer into raw; raw stays open
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp_name, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_writer(dest, mode=_FILE_MODE) as raw:  # corpora are shared data: 0644
+        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if dest.suffix == ".gz" else None
+        sink: IO[bytes] = gz if gz is not None else raw  # type: ignore[assignment]
+        for block in _conllu_lines(sentences):
+            sink.write(block.encode("utf-8"))
+            written += 1
+        if gz is not None:
+            gz.close()  # writes the gzip trailer into raw; raw stays open
     return written
 
 

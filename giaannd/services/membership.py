@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -33,6 +32,7 @@ import numpy as np
 from aiohttp import web
 
 from giaannd.admin.api import AdminHTTPError
+from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import ConfigError, GiaannError
 from giaannd.model.ids import column_id
 from giaannd.topology import follow_membership
@@ -355,9 +355,7 @@ class MembershipService:
             log.warning("unreadable %s; starting from incarnation 0 (refutation recovers)", path)
             last = -1
         current = last + 1
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(f"{current}\n", encoding="ascii")
-        os.replace(tmp, path)
+        atomic_write_bytes(path, f"{current}\n".encode("ascii"))
         return current
 
 

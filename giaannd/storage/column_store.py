@@ -9,10 +9,13 @@ batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in
   ``target_column u64[n] | target_feature u64[n] | strength f32[n] | segment u8[n]`` (widest first, so
   every view is naturally aligned). One region = one contiguous buffer to send for an inference read
   of that row (``row_region``) and one ``readinto`` when a snapshot is loaded.
-- ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise every
-  row of the batch is *planned* first (row_merge.py) — pure, which yields the exact memory growth —
-  then refused as a whole with :class:`StoreFullError` if it does not fit, else committed. So a
-  refused or invalid batch leaves the store exactly as it was.
+- ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise the
+  whole batch is *planned* first, all rows in one vectorised pass (``row_merge.plan_batch``) — pure,
+  which yields the exact memory growth — then refused as a whole with :class:`StoreFullError` if it
+  does not fit, else committed: rows whose delta keys are all stored get an in-place add; every
+  growing or new row is merged in one pass (``merge_batch``), staged in one buffer and copied out
+  into its own region (``_cut_regions``). So a refused or invalid batch leaves the store exactly as
+  it was, and the Python work per row is a dict lookup and, for a growing row, one region.
 - Memory accounting: the regions' bytes plus ``ROW_OVERHEAD_BYTES`` per row plus
   ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``.
 
@@ -26,7 +29,7 @@ the old data alive). ``read_rows`` returns copies, safe to send while applies co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +39,15 @@ from numpy.typing import ArrayLike, NDArray
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.storage.applied_set import AppliedSet, BatchId
 from giaannd.storage.errors import StoreFullError
-from giaannd.storage.row_merge import MergePlan, add_in_place, merge_into, plan_merge
+from giaannd.storage.row_merge import (
+    BatchPlan,
+    MergePlan,
+    add_in_place,
+    merge_batch,
+    merge_into,
+    plan_batch,
+    plan_merge,
+)
 
 __all__ = [
     "APPLIED_ID_BYTES",
@@ -45,6 +56,7 @@ __all__ = [
     "ColumnStore",
     "PreparedApply",
     "RowDigest",
+    "ScanResult",
     "StoreUsage",
     "row_from_region",
 ]
@@ -56,6 +68,14 @@ ENTRY_BYTES = 21
 ROW_OVERHEAD_BYTES = 1024
 #: Per stored batch id in the applied set (a set/dict entry and an int), rounded up.
 APPLIED_ID_BYTES = 96
+#: Stored rows at least this long are merged one at a time (``plan_merge``: keys packed once,
+#: O(m log n) search, an in-place add when nothing is new); shorter ones together (``plan_batch``).
+#: The batch path copies every touched stored entry two or three more times, which costs more than
+#: the ~30 µs of per-row Python it saves once a row has several hundred entries. Measured (apply of
+#: the bundled corpus's K=256 training batches, 3.5k and 8.8k sentences): thresholds 256 and 512
+#: equally fastest, 1024 10 % slower, all-batched 15 % slower; tools/bench/storage.py's synthetic
+#: table: 200-entry rows 1.3-1.8x faster batched, 2000-entry rows about 2x slower.
+LARGE_ROW_ENTRIES = 512
 
 
 def row_from_region(region: NDArray[np.uint8]) -> Row:
@@ -76,14 +96,88 @@ def _new_region(n: int) -> tuple[NDArray[np.uint8], Row]:
     return region, row_from_region(region)
 
 
-@dataclass(slots=True)
 class _Slot:
-    region: NDArray[np.uint8]
-    row: Row
-    touches: int
+    """A stored row: its region, the number of applied batches that touched it, and its array views.
+
+    The views are made on first use of ``row`` (and then kept): a training batch replaces thousands
+    of regions of which few are read before the next batch replaces them again, and making the four
+    views costs more than copying a small region.
+    """
+
+    __slots__ = ("_row", "region", "touches")
+
+    def __init__(self, region: NDArray[np.uint8], row: Row | None, touches: int) -> None:
+        self.region = region
+        self._row = row
+        self.touches = touches
+
+    @property
+    def row(self) -> Row:
+        if self._row is None:
+            self._row = row_from_region(self.region)
+        return self._row
 
 
-_Plan = tuple[RowKey, Row, _Slot | None, MergePlan]
+_NO_REGION = np.empty(0, np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchApply:
+    """A planned batch: its non-empty rows' keys and current slots (batch order), and the plan."""
+
+    keys: list[RowKey]
+    slots: list[_Slot | None]
+    plan: BatchPlan
+    growth_bytes: int
+    #: stored rows of at least LARGE_ROW_ENTRIES: (key, delta, slot, per-row plan)
+    large: list[tuple[RowKey, Row, _Slot, MergePlan]]
+
+
+def _rows_of_regions(regions: list[NDArray[np.uint8]]) -> tuple[NDArray[np.int64], Row]:
+    """The rows of ``regions``, concatenated (a copy), with their offsets: ``plan_batch``'s input.
+
+    One concatenation of the raw regions, then four gathers over all entries, through views that
+    see a u64 / f32 at *every* byte offset (strides of 1 byte: unaligned reads, which numpy handles)
+    — cheaper than making each row's four array views first.
+    """
+    lengths = np.fromiter((r.shape[0] for r in regions), np.int64, count=len(regions)) // ENTRY_BYTES
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not regions or offsets[-1] == 0:
+        return offsets, Row.empty()
+    raw = np.concatenate(regions)
+    u64 = np.ndarray((raw.shape[0] - 7,), np.uint64, raw, 0, (1,))
+    f32 = np.ndarray((raw.shape[0] - 3,), np.float32, raw, 0, (1,))
+    e = np.arange(int(offsets[-1]))
+    o = np.repeat(offsets[:-1], lengths)  # entry e of a row at offset o, length n, is entry e - o of
+    n = np.repeat(lengths, lengths)  # a region starting at byte 21 o (layout: module docstring)
+    at_column = 8 * e + 13 * o
+    return offsets, Row(
+        raw[e + 20 * (o + n)], u64[at_column], u64[at_column + 8 * n], f32[4 * e + 17 * o + 16 * n]
+    )
+
+
+def _cut_regions(offsets: NDArray[np.int64], rows: Row) -> list[NDArray[np.uint8]]:
+    """One region per row of the concatenated ``rows`` (layout: module docstring).
+
+    The rows are first laid out as regions in one staging buffer, each starting 8-byte aligned, by
+    four scatters over all entries; then each region is one slice copy, so rows never share (and
+    keep alive) a buffer, and the per-row Python work is a single call.
+    """
+    lengths = np.diff(offsets)
+    span = (ENTRY_BYTES * lengths + 7) // 8 * 8
+    start = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(span, out=start[1:])
+    stage = np.empty(int(start[-1]), np.uint8)
+    n_each = np.repeat(lengths, lengths)
+    at = np.repeat(start[:-1], lengths)  # byte offset of each entry's region in the stage
+    i = np.arange(len(rows)) - np.repeat(offsets[:-1], lengths)  # entry index within its row
+    u64 = stage.view(np.uint64)
+    u64[at // 8 + i] = rows.target_column
+    u64[at // 8 + n_each + i] = rows.target_feature
+    stage.view(np.float32)[at // 4 + 4 * n_each + i] = rows.strength
+    stage[at + 20 * n_each + i] = rows.segment
+    return [stage[a : a + ENTRY_BYTES * n].copy() for a, n in zip(start.tolist(), lengths.tolist())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +185,7 @@ class PreparedApply:
     """A checked, planned apply (``ColumnStore.prepare``); opaque to callers."""
 
     batch_id: BatchId
-    plans: list[_Plan]
+    plans: _BatchApply
     version: int
 
 
@@ -195,10 +289,7 @@ class ColumnStore:
         if validate:
             batch.validate()
         plans = self._plan(batch)
-        growth = APPLIED_ID_BYTES + sum(
-            ENTRY_BYTES * plan.new_count + (ROW_OVERHEAD_BYTES if slot is None else 0)
-            for _, _, slot, plan in plans
-        )
+        growth = APPLIED_ID_BYTES + plans.growth_bytes
         if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
         return PreparedApply(batch_id, plans, self._version)
@@ -209,31 +300,75 @@ class ColumnStore:
             raise RuntimeError("stale PreparedApply: the store changed after prepare()")
         self._version += 1
         self.applied.add(prepared.batch_id)
-        for key, delta, slot, plan in prepared.plans:
-            self._commit(key, delta, slot, plan)
+        self._commit(prepared.plans)
 
-    def _plan(self, batch: RowBatch) -> list[_Plan]:
-        plans: list[_Plan] = []
-        for i in range(batch.num_rows):
-            delta = batch.row(i)
-            if len(delta) == 0:
-                continue
-            key = batch.key(i)
-            slot = self._rows.get(key)
-            plans.append((key, delta, slot, plan_merge(slot.row if slot else Row.empty(), delta)))
-        return plans
+    def _plan(self, batch: RowBatch) -> _BatchApply:
+        lengths = np.diff(batch.offsets)
+        keys = list(zip(batch.row_column.tolist(), batch.row_feature.tolist()))
+        get = self._rows.get
+        slots = [get(k) for k in keys]
+        stored = np.fromiter((0 if slot is None else slot.region.shape[0] for slot in slots), np.int64,
+                             count=len(slots)) // ENTRY_BYTES
+        large_rows = (stored >= LARGE_ROW_ENTRIES) & (stored > 0)
+        small = (lengths > 0) & ~large_rows  # empty delta rows change nothing
+        large: list[tuple[RowKey, Row, _Slot, MergePlan]] = []
+        growth = 0
+        for i in np.flatnonzero(large_rows & (lengths > 0)).tolist():
+            slot, delta = slots[i], batch.row(i)
+            assert slot is not None
+            row_plan = plan_merge(slot.row, delta)
+            large.append((keys[i], delta, slot, row_plan))
+            growth += ENTRY_BYTES * row_plan.new_count
+        if not small.all():
+            batch = batch.select_rows(small)
+            keys = [k for k, keep in zip(keys, small.tolist()) if keep]
+            slots = [slot for slot, keep in zip(slots, small.tolist()) if keep]
+        base_offsets, base = _rows_of_regions([slot.region if slot is not None else _NO_REGION for slot in slots])
+        plan = plan_batch(
+            base_offsets, base, batch.offsets,
+            Row(batch.segment, batch.target_column, batch.target_feature, batch.strength),
+        )
+        absent = sum(slot is None for slot in slots)
+        growth += ENTRY_BYTES * int(plan.new_count.sum()) + ROW_OVERHEAD_BYTES * absent
+        return _BatchApply(keys, slots, plan, growth, large)
 
-    def _commit(self, key: RowKey, delta: Row, slot: _Slot | None, plan: MergePlan) -> None:
-        if slot is not None and plan.in_place:
+    def _commit(self, planned: _BatchApply) -> None:
+        for key, delta, large_slot, row_plan in planned.large:
+            self._commit_large(key, delta, large_slot, row_plan)
+        plan, slots = planned.plan, planned.slots
+        grows = plan.new_count > 0  # every absent row grows: its delta row is not empty
+        if not grows.all():
+            # rows whose delta keys are all stored: strength[pos] += delta, in the live region
+            local_pos = plan.local_pos()
+            offsets = plan.delta_offsets.tolist()
+            strength = plan.delta.strength
+            for i in np.flatnonzero(~grows).tolist():
+                slot = slots[i]
+                assert slot is not None
+                a, b = offsets[i], offsets[i + 1]
+                slot.row.strength[local_pos[a:b]] += strength[a:b]
+                slot.touches += 1
+        if grows.any():
+            out_offsets, out = merge_batch(plan, None if grows.all() else grows)
+            rows = self._rows
+            keys = planned.keys
+            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out)):
+                slot = slots[i]
+                rows[keys[i]] = _Slot(region, None, 1 if slot is None else slot.touches + 1)
+            added = int(plan.new_count.sum())
+            self._region_bytes += ENTRY_BYTES * added
+            self._entries += added
+
+    def _commit_large(self, key: RowKey, delta: Row, slot: _Slot, plan: MergePlan) -> None:
+        slot.touches += 1
+        if plan.in_place:
             add_in_place(slot.row, delta, plan)
-            slot.touches += 1
             return
-        base = slot.row if slot is not None else Row.empty()
-        region, row = _new_region(len(base) + plan.new_count)
-        merge_into(base, delta, plan, row)
-        self._region_bytes += region.nbytes - (slot.region.nbytes if slot else 0)
+        region, row = _new_region(len(slot.row) + plan.new_count)
+        merge_into(slot.row, delta, plan, row)
+        self._region_bytes += ENTRY_BYTES * plan.new_count
         self._entries += plan.new_count
-        self._rows[key] = _Slot(region, row, (slot.touches if slot else 0) + 1)
+        self._rows[key] = _Slot(region, row, slot.touches)
 
     def advance_floor(self, writer: int, floor: int) -> None:
         """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
@@ -319,3 +454,71 @@ class ColumnStore:
         self._version += 1
         self._region_bytes += region.nbytes
         self._entries += len(row)
+
+    # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------
+    def scan(self, after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,
+             keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> ScanResult:
+        """One page of rows in key order strictly after ``after`` (None: from the first row).
+
+        Looks at most ``max_examine`` keys; of those, returns the rows whose column ``keep`` accepts
+        (all when None), at most ``limit_rows`` rows and ``limit_entries`` entries (but always at
+        least one row, so a huge row cannot stall a scan). The page is a copy (safe to send while
+        applies continue); ``next_key`` is the cursor for the next call, ``done`` says nothing
+        follows it. Rows added behind the cursor during a scan are not seen by it; rows added ahead
+        of it are (the index is rebuilt whenever the row count changed).
+        """
+        if limit_rows < 1 or limit_entries < 1 or max_examine < 1:
+            raise ValueError("scan limits must be >= 1")
+        cols, feats = self._sorted_keys()
+        n = int(cols.shape[0])
+        start = 0
+        if after is not None:
+            ac, af = np.uint64(after[0]), np.uint64(after[1])
+            lo, hi = int(np.searchsorted(cols, ac, "left")), int(np.searchsorted(cols, ac, "right"))
+            start = lo + int(np.searchsorted(feats[lo:hi], af, "right"))
+        end = min(start + max_examine, n)
+        if start >= end:
+            return ScanResult(RowBatch.empty(), after, True, 0)
+        window_c = cols[start:end]
+        sel = np.arange(start, end) if keep is None else start + np.flatnonzero(keep(window_c))
+        slots = self._rows
+        picked: list[RowKey] = []
+        entries = 0
+        last = end - 1  # the cursor: the last key looked at
+        for pos, i in enumerate(sel.tolist()):
+            key = (int(cols[i]), int(feats[i]))
+            slot = slots.get(key)
+            if slot is None:  # (an index entry for a row that no longer exists)
+                continue
+            size = len(slot.row)
+            if len(picked) >= limit_rows or (picked and entries + size > limit_entries):
+                last = int(sel[pos - 1])  # stopped by a limit: resume after the row before this one
+                break
+            picked.append(key)
+            entries += size
+        next_key = (int(cols[last]), int(feats[last]))
+        return ScanResult(self._gather(picked), next_key, last + 1 >= n, last + 1 - start)
+
+    def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """Every row key as two arrays sorted by (column, feature), cached while the row count is
+        unchanged (rows are only ever added: an in-place merge or a grown region keeps its key)."""
+        cached: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = getattr(self, "_scan_index", None)
+        n = len(self._rows)
+        if cached is None or cached[0] != n:
+            cols = np.fromiter((k[0] for k in self._rows), np.uint64, n)
+            feats = np.fromiter((k[1] for k in self._rows), np.uint64, n)
+            order = np.lexsort((feats, cols))
+            cached = (n, cols[order], feats[order])
+            self._scan_index = cached
+        return cached[1], cached[2]
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """One page of ``ColumnStore.scan``: the rows, the cursor to resume after, whether the end was
+    reached, and how many keys were looked at (filtered out or not)."""
+
+    batch: RowBatch
+    next_key: RowKey | None
+    done: bool
+    examined: int

@@ -34,7 +34,8 @@ from typing import Final
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
 from giaannd.storage.errors import StorageError
-from giaannd.storage.update_log import KIND_BATCH, UpdateLog, fsync_dir, list_segments, scan_segment
+from giaannd.atomic_file import fsync_dir
+from giaannd.storage.update_log import KIND_BATCH, UpdateLog, list_segments, scan_segment
 
 __all__ = ["DEFAULT_MAX_HINT_BYTES", "MAX_TARGET_NAME_BYTES", "Hint", "HintSpaceFull", "HintStore"]
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
+from giaannd.atomic_file import fsync_dir
 from giaannd.storage.column_store import ColumnStore
 from giaannd.storage.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.snapshot import list_snapshots, list_temporaries, read_snapshot, write_snapshot
@@ -41,7 +42,6 @@ from giaannd.storage.update_log import (
     KIND_BATCH,
     LogRecord,
     UpdateLog,
-    fsync_dir,
     list_segments,
     scan_segment,
 )

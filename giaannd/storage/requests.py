@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
@@ -35,9 +36,12 @@ from giaannd.storage.applied_set import BatchId
 from giaannd.storage.errors import StoreFullError
 from giaannd.storage.hints import HintSpaceFull, HintStore
 from giaannd.storage.recovery import DurableStore
+from giaannd.storage.vocab_store import VocabCollision, VocabStore
 from giaannd.topology import Topology
+from peers.placement import Placement
 
-__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced"]
+__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitVocabSynced",
+           "scan_chain_mask"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ class StorageCounters:
     fsync_batches: int = 0
     hints_received: int = 0
     hints_delivered: int = 0
+    vocab_added: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -82,7 +87,29 @@ class WaitHintSynced:
     ack: p.ApplyAck
 
 
-Step = Answer | WaitDurable | WaitHintSynced
+@dataclass(frozen=True)
+class WaitVocabSynced:
+    """Reply ``ack`` once the vocab log is synced through ``offset``."""
+
+    offset: int
+    ack: p.VocabAck
+
+
+Step = Answer | WaitDurable | WaitHintSynced | WaitVocabSynced
+
+
+def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArray[np.bool_],
+                    chain: Sequence[int]) -> NDArray[np.bool_]:
+    """Which columns an owned scan of ``chain[-1]`` returns: those whose owner list (preference
+    order), with the members where ``skip`` is True removed, starts with ``chain`` (member
+    indices). Pure; the node filters with it and the client re-checks every page with it."""
+    owners = placement.owner_indices(cols)  # (K, R)
+    live = ~skip[owners]
+    rank = np.cumsum(live, axis=1) - 1  # position of each owner among the non-skipped ones
+    ok = np.ones(cols.shape[0], bool)
+    for want_rank, member in enumerate(chain):
+        ok &= (live & (owners == member) & (rank == want_rank)).any(axis=1)
+    return ok
 
 
 def _owned(batch: RowBatch) -> RowBatch:
@@ -113,6 +140,8 @@ class StorageRequests:
         self.counters = StorageCounters()
         #: set while the service stops: new writes get Unavailable (reads still served)
         self.refuse_writes = False
+        #: the node's vocabulary table (vocab_store.py); None: PutVocab/GetVocab get Unavailable
+        self.vocab: VocabStore | None = None
 
     # -- entry point ------------------------------------------------------------------------------
     def handle(self, payload: bytes | memoryview, bulk: Sequence[np.ndarray]) -> Step:
@@ -138,6 +167,12 @@ class StorageRequests:
                 return self.digests(bulk)
             if isinstance(msg, p.GetUsage):
                 return self.usage()
+            if isinstance(msg, p.ScanRows):
+                return self.scan(msg)
+            if isinstance(msg, p.PutVocab):
+                return self.put_vocab(msg)
+            if isinstance(msg, p.GetVocab):
+                return self.get_vocab(msg)
             return self.batches_applied(msg)
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
@@ -241,3 +276,64 @@ class StorageRequests:
         if added:
             self.count("hints_received")
         return WaitHintSynced(target, p.ApplyAck(durable=True, applied=added, hinted=True))
+
+    # -- scan (docs/replication.md "Scan") -------------------------------------------------------
+    def scan_filter(self, msg: p.ScanRows) -> tuple[p.NotOwner | None, Callable[[np.ndarray], np.ndarray] | None]:
+        """The column filter of an owned scan: columns whose owner list minus ``skip`` is
+        ``via + [this node] + ...``. A standalone node (no topology) owns everything: no filter."""
+        topo = self._topology()
+        if not msg.owned or topo is None or not self.node_name or self.node_name not in topo:
+            return None, None
+        placement = topo.placement
+        if msg.placement_epoch != placement.epoch:
+            return p.NotOwner(placement.epoch, f"scan under placement {msg.placement_epoch!r}, "
+                                               f"this node is at {placement.epoch!r}"), None
+        names = placement.names
+        unknown = [n for n in (*msg.skip, *msg.via) if n not in names]
+        if unknown:
+            return p.NotOwner(placement.epoch, f"unknown nodes in the scan filter: {unknown[:4]}"), None
+        skip = np.array([n in msg.skip for n in names])
+        chain = [names.index(n) for n in msg.via] + [names.index(self.node_name)]
+        return None, lambda cols: scan_chain_mask(placement, cols, skip, chain)
+
+    def scan(self, msg: p.ScanRows) -> Answer:
+        err, keep = self.scan_filter(msg)
+        if err is not None:
+            return self.error(err)
+        after = (msg.after_column, msg.after_feature) if msg.started else None
+        res = self.store.store.scan(after, min(msg.limit, p.MAX_SCAN_ROWS), p.MAX_SCAN_ENTRIES,
+                                    p.MAX_SCAN_EXAMINE, keep)
+        self.count("reads")
+        self.count("rows_read", res.batch.num_rows)
+        self.count("bytes_read", res.batch.nbytes)
+        nc, nf = res.next_key if res.next_key is not None else (0, 0)
+        return Answer(p.ScanPage(nc, nf, res.done, res.examined), res.batch.buffers())
+
+    # -- vocabulary (vocab_store.py) -------------------------------------------------------------
+    def put_vocab(self, msg: p.PutVocab) -> Step:
+        if self.refuse_writes:
+            return self.error(p.Unavailable("storage service is stopping"))
+        if self.vocab is None:
+            return self.error(p.Unavailable("this node keeps no vocabulary table"))
+        if len(msg.entries) > p.MAX_VOCAB_ENTRIES:
+            raise p.ProtocolViolation(f"{len(msg.entries)} vocabulary entries in one request; "
+                                      f"the limit is {p.MAX_VOCAB_ENTRIES}")
+        try:
+            put = self.vocab.put(msg.entries)
+        except VocabCollision as exc:
+            return self.error(p.VocabConflict(exc.kind, exc.id, _text(exc.held), _text(exc.offered)))
+        except ValueError as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+        except OSError as exc:
+            log.error("vocab log write failed: %s", exc)
+            return self.error(p.Unavailable(_text(f"vocab log write failed: {exc}")))
+        self.count("vocab_added", put.added)
+        return WaitVocabSynced(put.offset, p.VocabAck(put.added, put.known))
+
+    def get_vocab(self, msg: p.GetVocab) -> Answer:
+        if self.vocab is None:
+            return self.error(p.Unavailable("this node keeps no vocabulary table"))
+        if len(msg.ids) > p.MAX_VOCAB_ENTRIES or len(msg.kinds) != len(msg.ids):
+            raise p.ProtocolViolation(f"GetVocab: {len(msg.kinds)} kinds for {len(msg.ids)} ids "
+                                      f"(at most {p.MAX_VOCAB_ENTRIES})")
+        return Answer(p.VocabReply(self.vocab.lookup(msg.kinds, msg.ids)))

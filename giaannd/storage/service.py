@@ -34,7 +34,15 @@ from giaannd.storage.column_store import StoreUsage
 from giaannd.storage.group_commit import GroupCommit
 from giaannd.storage.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import Answer, StorageCounters, StorageRequests, WaitDurable, WaitHintSynced
+from giaannd.storage.requests import (
+    Answer,
+    StorageCounters,
+    StorageRequests,
+    WaitDurable,
+    WaitHintSynced,
+    WaitVocabSynced,
+)
+from giaannd.storage.vocab_store import VocabStore
 from giaannd.topology import Topology, TopologyChange, follow_membership
 from peers.errors import PeersError
 from peers.placement import DEFAULT_REPLICAS
@@ -56,6 +64,7 @@ HINT_RETRY_S: Final = 5.0
 HINT_DELIVERY_TIMEOUT_S: Final = 10.0
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
+VOCAB_DIR: Final = "vocab"
 
 
 def _reply(msg: p.Reply, bulk: Sequence[Any] = ()) -> Reply:
@@ -113,6 +122,7 @@ class StorageService:
         self.core: StorageRequests | None = None
         self.store: DurableStore | None = None
         self.hints: HintStore | None = None
+        self.vocab: VocabStore | None = None
         self.listeners: list[Listener] = []
         self._commit: GroupCommit | None = None
         self._snapshot_lock = asyncio.Lock()
@@ -146,6 +156,8 @@ class StorageService:
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, self.hint_max_bytes)
         self._commit = GroupCommit(self.store.sync, self.store.log.durable_seq, self.window_s)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
+        self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
+        self.core.vocab = self.vocab
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
@@ -181,6 +193,8 @@ class StorageService:
             lambda: float(self.capacity_bytes))
         m.gauge("giaannd_storage_hints_held", "hinted batches held for other nodes").set_function(
             lambda: float(self.hints.held if self.hints is not None else 0))
+        m.gauge("giaannd_storage_vocab_entries", "vocabulary entries (id → string) held").set_function(
+            lambda: float(len(self.vocab) if self.vocab is not None else 0))
         m.gauge("giaannd_storage_fsync_batches", "group-commit fsyncs since start").set_function(
             lambda: float(self._commit.syncs if self._commit is not None else 0))
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
@@ -212,6 +226,8 @@ class StorageService:
             self.store.close()
         if self.hints is not None:
             self.hints.close()
+        if self.vocab is not None:
+            self.vocab.close()
 
     def attach_membership(self, node: MembershipNode) -> Topology:
         """Feed this service's topology from a running ``MembershipNode`` (the daemon's wiring):
@@ -242,6 +258,8 @@ class StorageService:
                        is_full=u.is_full)
         if self.hints is not None:
             out["hints_held"] = self.hints.held
+        if self.vocab is not None:
+            out["vocab_entries"] = len(self.vocab)
         out["counters"] = asdict(self.counters)
         return out
 
@@ -335,7 +353,26 @@ class StorageService:
             return _reply(step.reply, step.bulk)
         if isinstance(step, WaitHintSynced):
             return await self._hint_synced(step)
+        if isinstance(step, WaitVocabSynced):
+            return await self._vocab_synced(step)
         return await self._durable(step)
+
+    async def _vocab_synced(self, step: WaitVocabSynced) -> Reply:
+        """Ack a PutVocab once the vocab log is synced through its record (vocab_store.py)."""
+        assert self.vocab is not None and self.core is not None
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            if self.vocab.durable_offset < step.offset:  # (also for "known" entries still syncing)
+                await asyncio.to_thread(self.vocab.sync)
+        except OSError as exc:
+            log.error("vocab log fsync failed: %s", exc)
+            return _reply(self.core.error(p.Unavailable(f"vocab log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        return _reply(step.ack)
 
     async def _durable(self, step: WaitDurable) -> Reply:
         assert self._commit is not None and self.core is not None

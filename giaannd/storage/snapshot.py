@@ -32,7 +32,7 @@ from giaannd.storage.applied_set import AppliedSet
 from giaannd.storage.column_store import ENTRY_BYTES, ColumnStore, row_from_region
 from giaannd.storage.errors import CorruptSnapshotError
 from giaannd.storage.row_merge import packed_keys
-from giaannd.storage.update_log import fsync_dir
+from giaannd.atomic_file import fsync_dir
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "list_snapshots", "read_snapshot", "snapshot_name", "write_snapshot"]
 

@@ -1,14 +1,13 @@
-"""Asyncio glue for row streams (streaming.py): the receiver endpoint and the sender runner.
+"""Asyncio glue for the sending side of row streams (streaming.py) and the local store access
+both sides share. The receiving side is stream_endpoint.py.
 
-Glue only: what is sent, accepted or applied is decided by ``StreamSender`` / ``StreamReceiver``.
-This module owns the sockets, the clock (throttle, retries, progress rates) and the local store
-access:
+Glue only: what is sent is decided by ``StreamSender``. This module owns the sockets, the clock
+(throttle, retries, progress rates) and the local store access:
 
 - ``observe_applies(service)`` wraps the source service's store so every applied batch is offered
   to the open streams (the DELTA items) synchronously, right after the apply, on the event loop;
-- ``StreamEndpoint`` listens on its own data-plane address (streams are not storage requests: they
-  apply under a stream writer id and bypass the ownership check, since the target does not own the
-  rows until cutover) and applies accepted items through the service's group commit;
+- ``apply_local`` applies on a node's own store through its group commit, without the ownership
+  check (stream items, repair shares);
 - ``StreamRunner`` drives one stream: hello/resume, chunk reads, send with a runtime throttle,
   reconnect with backoff, verification by row digests, close.
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,35 +28,29 @@ from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
-from giaannd.storage.errors import StoreFullError
 from giaannd.storage.recovery import ApplyResult, DurableStore
 from giaannd.storage.service import StorageService
 from giaannd.storage.streaming import (
-    Accept,
-    Duplicate,
     StreamData,
     StreamHello,
     StreamPosition,
-    StreamReceiver,
     StreamRefused,
     StreamReply,
-    StreamRequest,
     StreamSender,
     StreamVerify,
     VerifyReply,
-    stream_writer,
 )
 from peers.errors import PeersError
-from peers.transport import Connection, Incoming, Listener, Reply, Transport, connect
+from peers.transport import Connection, Transport, connect
 
 __all__ = [
     "AppliedTee",
-    "StreamEndpoint",
     "StreamFailed",
     "StreamRunner",
+    "Throttle",
     "apply_local",
     "observe_applies",
-    "stream_writers_of",
+    "row_keys_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,7 +60,6 @@ MAX_VERIFY_ROWS: Final = 65_536
 STREAM_REQUEST_TIMEOUT_S: Final = 30.0
 #: Reconnect backoff of a sender whose receiver went away (it may be restarting).
 RECONNECT_BACKOFF_S: Final = (0.05, 1.0)
-_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(StreamReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
@@ -163,125 +154,6 @@ def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
             np.array(sizes, np.int64))
 
 
-#: Per storage data directory: the stream writer ids this node received items under (u64 each,
-#: appended and fsynced before the first item is applied). Repair excludes them (repair.py).
-STREAM_WRITERS_FILE: Final = "stream-writers.u64"
-
-
-def stream_writers_of(service: StorageService) -> set[int]:
-    path = service.data_dir / STREAM_WRITERS_FILE
-    if not path.exists():
-        return set()
-    raw = path.read_bytes()
-    return set(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64).tolist())
-
-
-def _record_stream_writer(service: StorageService, writer: int) -> None:
-    if writer in stream_writers_of(service):
-        return
-    service.data_dir.mkdir(parents=True, exist_ok=True)
-    with open(service.data_dir / STREAM_WRITERS_FILE, "ab") as f:
-        f.write(np.array([writer], np.uint64).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
-    return Reply(_ENC.encode(msg), list(bulk))
-
-
-class StreamEndpoint:
-    """Receives streams for one storage service (module docstring)."""
-
-    def __init__(self, service: StorageService, transport: Transport, address: str) -> None:
-        self.service, self.transport, self.listen_address = service, transport, address
-        self.listener: Listener | None = None
-        self._receivers: dict[int, StreamReceiver] = {}
-        self._locks: dict[int, asyncio.Lock] = {}
-
-    @property
-    def address(self) -> str:
-        assert self.listener is not None
-        return self.listener.address
-
-    async def open(self) -> StreamEndpoint:
-        self.listener = await self.transport.listen(self.listen_address, self.handle)
-        return self
-
-    async def close(self) -> None:
-        if self.listener is not None:
-            with contextlib.suppress(Exception):
-                await self.listener.close()
-            self.listener = None
-
-    def _store(self) -> DurableStore:
-        if self.service.store is None:
-            raise RuntimeError("storage service is not open")
-        return self.service.store
-
-    async def handle(self, incoming: Incoming) -> Reply:
-        try:
-            msg = _REQ_DECODER.decode(incoming.payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
-        try:
-            if isinstance(msg, StreamHello):
-                return self._hello(msg, incoming.bulk)
-            if isinstance(msg, StreamData):
-                return await self._data(msg, incoming.bulk)
-            return self._verify(msg, incoming.bulk)
-        except (ValueError, RuntimeError) as exc:
-            return _reply(StreamRefused(msg.stream_id, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
-
-    def _receiver(self, stream_id: int) -> StreamReceiver:
-        rx = self._receivers.get(stream_id)
-        if rx is None:
-            floor = self._store().store.applied.floor(stream_writer(stream_id))
-            rx = self._receivers[stream_id] = StreamReceiver(stream_id, floor)
-        return rx
-
-    def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
-        rx = self._receiver(msg.stream_id)
-        _record_stream_writer(self.service, rx.writer)
-        if rx.next_index == 0 and msg.fresh and bulk:
-            cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
-            wanted = set(cols.tolist())
-            stale = sum(1 for k in self._store().store.keys() if k[0] in wanted)
-            if stale:
-                return _reply(StreamRefused(msg.stream_id, 0, (
-                    f"this node already holds {stale} rows of the streamed columns from an earlier, "
-                    "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
-                    "node's data directory and join it again"), fatal=True))
-        return _reply(StreamPosition(msg.stream_id, rx.next_index))
-
-    async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
-        rx = self._receiver(msg.stream_id)
-        lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
-        async with lock:  # one item of a stream at a time: items apply strictly in order
-            try:
-                batch = RowBatch.from_buffers(list(bulk), validate=True)
-            except ValueError as exc:
-                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
-            decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
-            if isinstance(decision, Duplicate):
-                return _reply(StreamPosition(msg.stream_id, decision.next_index))
-            if not isinstance(decision, Accept):
-                return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
-            try:
-                await apply_local(self.service, decision.batch_id, batch)
-            except StoreFullError as exc:
-                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
-            rx.applied(decision.index)
-            return _reply(StreamPosition(msg.stream_id, rx.next_index))
-
-    def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
-        if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:
-            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
-        cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
-        feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
-        return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
-
-
 @dataclass
 class Throttle:
     """Bytes per second (None or <= 0: unthrottled); change ``rate_bytes_s`` at any time."""
@@ -289,6 +161,10 @@ class Throttle:
     rate_bytes_s: float | None = None
     _t0: float = 0.0
     _sent: float = 0.0
+
+    def set(self, rate_bytes_s: float | None) -> None:
+        """Change the rate; the budget restarts now (no burst, no debt from the old rate)."""
+        self.rate_bytes_s, self._sent = rate_bytes_s, 0.0
 
     async def spend(self, nbytes: int) -> None:
         now = time.monotonic()
@@ -315,14 +191,17 @@ class StreamRunner:
     def __init__(self, source: StorageService, transport: Transport, target_address: str,
                  columns: NDArray[np.uint64], stream_id: int, *, chunk_bytes: int | None = None,
                  throttle: Throttle | None = None, label: str = "", direct_epoch: str = "",
-                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
+                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
+                 source_keeps: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
         if source.store is None:
             raise RuntimeError("source storage service is not open")
         self.source, self.transport, self.target_address = source, transport, target_address
         self.store = source.store
         self.label = label or f"stream {stream_id:#x}"
-        #: writes computed under this placement epoch reach the target directly: not forwarded
+        #: writes computed under this placement epoch reach the target directly: not forwarded for
+        #: the columns ``source_keeps`` (the source stays an owner under it)
         self.direct_epoch = direct_epoch
+        self.source_keeps = source_keeps
         cols, feats, sizes = row_keys_of(self.store, np.asarray(columns, np.uint64))
         kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
         self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, **kw)
@@ -342,8 +221,14 @@ class StreamRunner:
 
     # -- observer ---------------------------------------------------------------------------------
     def _on_applied(self, batch_id: BatchId, batch: RowBatch, epoch: str) -> None:
-        if self.direct_epoch and epoch == self.direct_epoch:
-            return  # the writer sent the target its own share of this batch
+        if self.direct_epoch and epoch == self.direct_epoch and self.source_keeps is not None:
+            # Written under the new placement: the target got its own share directly, except of
+            # columns this source does not own any more (a late write computed under the old
+            # placement, whose epoch was read after the switch): forward those rows only.
+            keeps = self.source_keeps(batch.row_column)
+            if keeps.all():
+                return
+            batch = batch.select_rows(~keeps)
         try:
             if self.sender.offer_delta(batch_id, batch):
                 self._wake.set()
@@ -362,6 +247,10 @@ class StreamRunner:
     def _detach(self) -> None:
         with contextlib.suppress(ValueError):
             self._tee.observers.remove(self._on_applied)
+
+    def abort(self, reason: str) -> None:
+        """Give up this stream (the operation was cancelled)."""
+        self._fail(reason)
 
     def close(self) -> None:
         """The source no longer applies writes for the columns: finish once everything is acked."""
@@ -414,6 +303,9 @@ class StreamRunner:
     async def run(self) -> None:
         """Run until done or failed (never raises for stream problems: see ``state``/``error``)."""
         backoff = RECONNECT_BACKOFF_S[0]
+        # A previous run may have been cancelled (pause) with an item on the wire: resynchronise
+        # with the receiver's durable position before sending anything.
+        self._broken = self._conn is not None
         while self.state not in ("done", "failed"):
             try:
                 await self._step()
@@ -441,6 +333,8 @@ class StreamRunner:
             item = s.next_to_send()
         if item is None:
             if s.done:
+                with contextlib.suppress(PeersError, OSError, asyncio.TimeoutError):
+                    await self._request(StreamHello(s.stream_id, self.label, fresh=False, closing=True))
                 self.state = "done"
                 self._detach()
                 self.finished.set()

@@ -41,6 +41,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
 from giaannd.storage.errors import CorruptLogError
@@ -91,15 +92,6 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
             if len(digits) == 20 and digits.isdigit():
                 out.append((int(digits), p))
     return sorted(out)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames, creations and deletions in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encode_batch_payload(batch_id: BatchId, batch: RowBatch) -> list[memoryview | bytes]:

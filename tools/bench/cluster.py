@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,13 @@ class NullStorage:
 
     async def read_rows(self, cols: object, feats: object) -> RowBatch:
         return RowBatch.empty()
+
+    async def put_vocab(self, entries: Sequence[tuple[int, int, str]]) -> int:
+        await asyncio.sleep(0)
+        return len(entries)
+
+    async def get_vocab(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        return {}
 
 
 def core_rate(sentences: list[TaggedSentence]) -> tuple[float, Engine]:

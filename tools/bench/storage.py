@@ -5,7 +5,9 @@
 Prints Markdown tables:
 
 1. apply throughput (delta entries/s): the store's planned merge-add vs the plain numpy merge
-   (concatenate + lexsort + reduce, ``rows.merge_rows``) on the same rows and deltas;
+   (concatenate + lexsort + reduce, ``rows.merge_rows``) on the same rows and deltas; and on the
+   real training stream (bundled corpus, K-sentence delta batches): the store's batch apply, the
+   per-row plan + merge it replaced, and the core's in-memory ``RowStore.apply`` (the baseline);
 2. update-log throughput: appends with a group-commit fsync every k records, with an fsync per
    record, and raw ``os.write`` of the same bytes with no fsync;
 3. restart: snapshot write, snapshot load (+ row verification) and log replay, scaled to s/GB;
@@ -29,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from giaannd.model.rows import RowBatch, merge_rows
+from giaannd.model.rows import Row, RowBatch, merge_rows
 from giaannd.storage import BatchId, ColumnStore, DurableStore
-from giaannd.storage.column_store import ENTRY_BYTES
+from giaannd.storage.column_store import ENTRY_BYTES, row_from_region
+from giaannd.storage.row_merge import add_in_place, merge_into, plan_merge
 from peers.placement import Member, Placement
 
 BIG = 1 << 44
@@ -117,6 +120,78 @@ def bench_apply(quick: bool) -> None:
             ])
     _table("apply: merge-add throughput (delta entries/s, M)",
            ["entries/row", "delta entries/row", "new keys", "store", "plain numpy", "speed-up"], out)
+
+
+def _per_row_apply(rows: dict[tuple[int, int], Row], batch: RowBatch) -> None:
+    """The previous store path, kept as a baseline: plan + merge one row at a time (row_merge's
+    per-row functions), a fresh region for each growing row (without the store's bookkeeping)."""
+    for key, delta in batch:
+        base = rows.get(key)
+        plan = plan_merge(base if base is not None else Row.empty(), delta)
+        if base is not None and plan.in_place:
+            add_in_place(base, delta, plan)
+            continue
+        n = (len(base) if base is not None else 0) + plan.new_count
+        out = row_from_region(np.empty(ENTRY_BYTES * n, np.uint8))  # one region per row, as stored
+        merge_into(base if base is not None else Row.empty(), delta, plan, out)
+        rows[key] = out
+
+
+def bench_apply_training(tmp: Path, sentences: int, window: int) -> None:
+    """Apply the delta batches of real training (bundled corpus, ``window`` sentences per batch)."""
+    from giaannd.model.columns import ColumnAssigner
+    from giaannd.model.rowstore import RowStore
+    from giaannd.model.tokens import load_bundled_corpus
+    from giaannd.model.train import train_batch
+
+    encoded = list(ColumnAssigner().encode_many(load_bundled_corpus(sentences)))
+    batches = [train_batch(encoded[i : i + window]).rows for i in range(0, len(encoded), window)]
+    # stream copies, so an in-place add never touches the batch arrays the next run reads
+    def fresh() -> list[RowBatch]:
+        return [RowBatch.from_buffers([b.copy() for b in batch.buffers()], validate=False) for batch in batches]
+
+    def run(apply: Callable[[int, RowBatch], object], finish: Callable[[], object] = lambda: None) -> float:
+        stream = fresh()
+        t = time.perf_counter()
+        for i, batch in enumerate(stream):
+            apply(i + 1, batch)
+        finish()
+        return time.perf_counter() - t
+
+    timings: dict[str, list[float]] = {}
+    for rep in range(3):
+        core = RowStore()
+        timings.setdefault("core", []).append(run(lambda _i, b: core.apply(b)))
+        store = ColumnStore(BIG)
+        timings.setdefault("store", []).append(run(lambda i, b: store.apply(BatchId(1, i), b)))
+        rows: dict[tuple[int, int], Row] = {}
+        timings.setdefault("per_row", []).append(run(lambda _i, b: _per_row_apply(rows, b)))
+        d = tmp / f"apply-train-{rep}"
+        ds = DurableStore.open(d, BIG)
+
+        def durable(i: int, b: RowBatch) -> None:
+            ds.apply(BatchId(1, i), b)
+            ds.sync()
+
+        timings.setdefault("durable", []).append(run(durable))
+        ds.close()
+        shutil.rmtree(d)
+    for row_key, row in core:  # same result, exact strengths: the comparison is like for like
+        got = store.row(row_key)
+        if got is None or not got.equals(row):
+            raise AssertionError(f"store row {row_key} differs from the core's")
+    t_core = min(timings["core"])
+    entries = sum(b.num_entries for b in batches)
+    out = []
+    for label, key in (("core RowStore.apply (baseline)", "core"),
+                       ("ColumnStore.apply", "store"),
+                       ("DurableStore.apply + log fsync per batch, validated", "durable"),
+                       ("per-row plan + merge (the previous algorithm, no store bookkeeping)", "per_row")):
+        t = min(timings[key])
+        out.append([label, f"{t:.3f}", f"{entries / t / 1e6:.2f}", f"{t / t_core:.2f}x"])
+    _table(f"apply: training stream ({len(encoded)} sentences of the bundled corpus, K={window}: "
+           f"{len(batches)} batches, {sum(b.num_rows for b in batches):,} rows, {entries:,} entries; best of 3)",
+           ["path", "s", "M entries/s", "time / core RowStore"], out)
 
 
 def bench_log(tmp: Path, quick: bool) -> None:
@@ -352,6 +427,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--service-only", action="store_true", help="only section 6 (storage service)")
+    ap.add_argument("--apply-only", action="store_true", help="only section 1 (apply)")
+    ap.add_argument("--sentences", type=int, default=4000,
+                    help="bundled-corpus sentences for the training-stream apply table (default 4000)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-", dir=args.dir))
     try:
@@ -359,6 +437,9 @@ def main() -> None:
             bench_service(tmp, args.quick)
             return
         bench_apply(args.quick)
+        bench_apply_training(tmp, 1000 if args.quick else args.sentences, 256)
+        if args.apply_only:
+            return
         bench_log(tmp, args.quick)
         bench_restart(tmp, 32 if args.quick else args.rows_mb)
         bench_reads(args.quick)

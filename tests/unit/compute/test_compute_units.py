@@ -200,6 +200,7 @@ class FakeClient:
         self.inflight = self.max_inflight = 0
         self.seq = 0
         self.abandoned = []
+        self.vocab = {}
 
     def next_batch_id(self):
         self.seq += 1
@@ -207,6 +208,13 @@ class FakeClient:
 
     def abandon(self, bid):
         self.abandoned.append(bid)
+
+    async def put_vocab(self, entries):
+        self.vocab.update({(kind, ident): text for kind, ident, text in entries})
+        return len(entries)
+
+    async def get_vocab(self, keys):
+        return {k: self.vocab[k] for k in keys if k in self.vocab}
 
     async def write(self, batch, batch_id=None):
         self.inflight += batch.nbytes

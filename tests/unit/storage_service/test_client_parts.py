@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient, _ByteBudget
+from giaannd.compute.client import StorageClient, ByteBudget
 from giaannd.topology import StorageNode, Topology
 
 
@@ -53,7 +53,7 @@ def test_client_writer_floor_follows_unsettled_seqs():
 
 @pytest.mark.asyncio
 async def test_client_byte_budget_blocks_then_releases():
-    budget = _ByteBudget(100)
+    budget = ByteBudget(100)
     await budget.acquire(60)
     blocked = asyncio.ensure_future(budget.acquire(60))
     await asyncio.sleep(0)

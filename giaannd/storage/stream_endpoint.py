@@ -1,0 +1,242 @@
+"""The receiving side of row streams: ``StreamEndpoint`` (asyncio glue over streaming.py's
+``StreamReceiver``) and a standalone storage node with an endpoint (``python -m
+giaannd.storage.stream_endpoint``, for real-process tests and benchmarks).
+
+The endpoint listens on its own data-plane address: streams are not storage requests (they apply
+under a stream writer id and bypass the ownership check, since the target does not own the rows
+until cutover). Accepted items are applied through the service's group commit (``apply_local``);
+the durable resume point is the store's applied-set floor of the stream writer. It also keeps the
+per-stream dedupe state of stream_dedupe.py and installs that module's filter on the service's
+direct applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from giaannd.model.rows import RowBatch
+from giaannd.storage.applied_set import BatchId
+from giaannd.storage.errors import StoreFullError
+from giaannd.storage.recovery import DurableStore
+from giaannd.storage.service import StorageService
+from giaannd.storage.stream_dedupe import StreamScopes, direct_marker_id, install_direct_filter, marker_id
+from giaannd.storage.stream_io import MAX_VERIFY_ROWS, _digests, apply_local
+from giaannd.storage.streaming import (
+    Accept,
+    Duplicate,
+    ItemKind,
+    StreamData,
+    StreamHello,
+    StreamPosition,
+    StreamReceiver,
+    StreamRefused,
+    StreamRequest,
+    StreamVerify,
+    VerifyReply,
+    stream_writer,
+)
+from peers.transport import Incoming, Listener, Reply, Transport
+
+__all__ = ["STREAM_WRITERS_FILE", "StreamEndpoint", "stream_writers_of"]
+
+log = logging.getLogger(__name__)
+
+_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest)
+_ENC: Final = msgspec.msgpack.Encoder()
+
+#: Per storage data directory: the stream writer ids this node received items under (u64 each,
+#: appended and fsynced before the first item is applied). Repair excludes them (repair.py).
+STREAM_WRITERS_FILE: Final = "stream-writers.u64"
+
+
+def stream_writers_of(service: StorageService) -> set[int]:
+    path = service.data_dir / STREAM_WRITERS_FILE
+    if not path.exists():
+        return set()
+    raw = path.read_bytes()
+    return set(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64).tolist())
+
+
+def _record_stream_writer(service: StorageService, writer: int) -> None:
+    if writer in stream_writers_of(service):
+        return
+    service.data_dir.mkdir(parents=True, exist_ok=True)
+    with open(service.data_dir / STREAM_WRITERS_FILE, "ab") as f:
+        f.write(np.array([writer], np.uint64).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
+    return Reply(_ENC.encode(msg), list(bulk))
+
+
+class StreamEndpoint:
+    """Receives streams for one storage service (module docstring)."""
+
+    def __init__(self, service: StorageService, transport: Transport, address: str) -> None:
+        self.service, self.transport, self.listen_address = service, transport, address
+        self.listener: Listener | None = None
+        self._receivers: dict[int, StreamReceiver] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self.scopes = StreamScopes.open(service.data_dir)
+        self.deltas_skipped = 0
+
+    @property
+    def address(self) -> str:
+        assert self.listener is not None
+        return self.listener.address
+
+    async def open(self) -> StreamEndpoint:
+        if self.service.core is None:
+            raise RuntimeError("storage service is not open")
+        install_direct_filter(self.service.core, self.scopes, lambda: self._store().store.applied)
+        self.listener = await self.transport.listen(self.listen_address, self.handle)
+        return self
+
+    async def close(self) -> None:
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                await self.listener.close()
+            self.listener = None
+
+    def _store(self) -> DurableStore:
+        if self.service.store is None:
+            raise RuntimeError("storage service is not open")
+        return self.service.store
+
+    async def handle(self, incoming: Incoming) -> Reply:
+        try:
+            msg = _REQ_DECODER.decode(incoming.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
+        try:
+            if isinstance(msg, StreamHello):
+                return self._hello(msg, incoming.bulk)
+            if isinstance(msg, StreamData):
+                return await self._data(msg, incoming.bulk)
+            return self._verify(msg, incoming.bulk)
+        except (ValueError, RuntimeError) as exc:
+            return _reply(StreamRefused(msg.stream_id, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+
+    def _receiver(self, stream_id: int) -> StreamReceiver:
+        rx = self._receivers.get(stream_id)
+        if rx is None:
+            floor = self._store().store.applied.floor(stream_writer(stream_id))
+            rx = self._receivers[stream_id] = StreamReceiver(stream_id, floor)
+        return rx
+
+    def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        if msg.closing:
+            self.scopes.close(msg.stream_id)
+            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+        if len(bulk) != 1 or bulk[0].dtype != np.uint64 or bulk[0].ndim != 1:
+            return _reply(StreamRefused(msg.stream_id, rx.next_index,
+                                        "hello: expected one 1-d uint64 array of columns", fatal=True))
+        if rx.next_index == 0 and msg.fresh:
+            wanted = set(bulk[0].tolist())
+            stale = sum(1 for k in self._store().store.keys() if k[0] in wanted)
+            if stale:
+                return _reply(StreamRefused(msg.stream_id, 0, (
+                    f"this node already holds {stale} rows of the streamed columns from an earlier, "
+                    "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
+                    "node's data directory and join it again"), fatal=True))
+        _record_stream_writer(self.service, rx.writer)
+        self.scopes.add_columns(msg.stream_id, bulk[0])
+        return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
+        async with lock:  # one item of a stream at a time: items apply strictly in order
+            try:
+                batch = RowBatch.from_buffers(list(bulk), validate=True)
+            except ValueError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
+            decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
+            if isinstance(decision, Duplicate):
+                return _reply(StreamPosition(msg.stream_id, decision.next_index))
+            if not isinstance(decision, Accept):
+                return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
+            try:
+                if msg.kind == ItemKind.DELTA and msg.origin_seq:
+                    # stream_dedupe.py: the writer's retry may have come first (apply nothing), or
+                    # may come later (mark the origin first, so the retry drops these rows)
+                    origin = BatchId(msg.origin_writer, msg.origin_seq)
+                    if direct_marker_id(origin, msg.stream_id) in self._store().store.applied:
+                        batch = RowBatch.empty()
+                        self.deltas_skipped += 1
+                    else:
+                        self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
+                        await apply_local(self.service, marker_id(origin, msg.stream_id), RowBatch.empty())
+                await apply_local(self.service, decision.batch_id, batch)
+            except StoreFullError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
+            rx.applied(decision.index)
+            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
+        if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:
+            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
+        cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
+        feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
+        return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
+
+
+async def _main(argv: Sequence[str] | None = None) -> None:
+    """``python -m giaannd.storage.stream_endpoint``: one storage node (``giaannd.storage.service``'s
+    standalone options) plus its StreamEndpoint on ``--stream-listen``, for real-process topology
+    tests and benchmarks. Prints ``LISTENING <data address> <stream address>``."""
+    import argparse
+    import hashlib
+    import signal
+
+    from giaannd.topology import StorageNode, Topology
+    from peers.transport import Identity, make_transport, scheme_of
+
+    ap = argparse.ArgumentParser(prog="python -m giaannd.storage.stream_endpoint")
+    ap.add_argument("--listen", required=True)
+    ap.add_argument("--stream-listen", required=True)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--capacity-bytes", type=int, default=1 << 30)
+    ap.add_argument("--cluster", default="giaann")
+    ap.add_argument("--key-hex", default="", help="cluster key (hex); default: derived from --cluster")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--member", action="append", default=[], metavar="NAME=URL")
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--hint-retry-s", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    key = bytes.fromhex(args.key_hex) if args.key_hex else \
+        hashlib.sha256(f"giaannd-unkeyed:{args.cluster}".encode()).digest()
+    identity = Identity(args.name, args.cluster, [key])
+    topology = Topology(local=args.name, replicas=args.replicas)
+    topology.set_members([StorageNode(*m.split("=", 1)) for m in args.member])
+    service = StorageService(args.data_dir, args.capacity_bytes, [args.listen], identity=identity,
+                             topology=topology, node_name=args.name, hint_retry_s=args.hint_retry_s)
+    await service.open()
+    endpoint = await StreamEndpoint(service, make_transport(scheme_of(args.stream_listen), identity),
+                                    args.stream_listen).open()
+    print(f"LISTENING {service.addresses[0]} {endpoint.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    retry = loop.create_task(service.run_hint_retry(stop))
+    await stop.wait()
+    await retry
+    await endpoint.close()
+    await service.stop(graceful=True)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_main())

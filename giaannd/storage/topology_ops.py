@@ -1,0 +1,526 @@
+"""Topology operations: join, decommission, removenode, replace, repair (ARCHITECTURE §6, §8; issue 8).
+
+Theory of operation
+-------------------
+Every membership change is the same operation, ``Rebalance(new_members)``:
+
+1. **plan** (rebalance.py): old placement = the current one, new = over ``new_members``; for every
+   column with a new owner, one live old owner streams it. Columns no live node holds are *lost*:
+   the operation refuses to start (``DataLossError``) unless told ``allow_loss``.
+2. **stream** (streaming.py / stream_io.py), all transfers in parallel, one stream per (source,
+   target): chunks of the rows, then the writes the source keeps applying (deltas). Meanwhile the
+   old placement stays in force everywhere: old owners serve reads and take writes.
+3. **verify**: each stream, once every chunk is applied, compares the receiver's row digests
+   (keys and strengths, bit for bit) with the source's at one consistent instant.
+4. **cutover**, in this order, each step waiting for the previous:
+   0. hints held for the sources are delivered while every view is still the old one (a holder
+      delivers under its own view's placement epoch, which the sources' forwarding reads);
+   a. the *targets* switch to the new placement (they now accept direct writes for their new columns;
+      nobody sends them any yet);
+   b. the *writers* switch, and writes already computed under the old placement finish (they still
+      reach the old owners, which apply them and forward them through the open streams);
+   c. hints held for the sources are delivered (they may carry rows of moved columns; after (e) a
+      source would refuse them as a non-owner);
+   d. the streams close: no more deltas; each finishes when its receiver acknowledged everything;
+   e. every storage node switches; released columns stay on disk but are no longer served.
+   Only then is the new placement epoch in force: "a new owner serves a column only after its copy
+   is complete and verified" (ARCHITECTURE §6).
+
+The cluster side effects (switching views, draining writers) go through a ``ClusterControl``: the
+in-process implementation drives ``Topology`` objects directly (tests, bench); the daemon's
+implementation changes what the node advertises in membership (wiring: docs/topology.md).
+
+Properties: **idempotent** (re-running a verb whose placement is already in force plans nothing and
+returns ``done``; re-issuing it while it runs returns the same operation via ``OperationRegistry``),
+**progress** (bytes, rate, ETA per stream and in total), **abort / resume** (``pause()`` stops
+sending, the streams keep their state and keep collecting deltas; ``resume()`` continues from the
+receivers' durable positions), **bounded** (every wait has a timeout and a clear error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from giaannd.storage.local_control import LocalClusterControl
+from giaannd.storage.rebalance import Plan, Transfer, TransferRule, plan_transfers
+from giaannd.storage.repair_ops import repair
+from giaannd.storage.service import StorageService
+from giaannd.storage.stream_io import StreamRunner, Throttle
+from giaannd.topology import StorageNode, Topology
+from peers.placement import Member, Placement
+from peers.transport import Transport
+
+__all__ = [
+    "ClusterControl",
+    "DataLossError",
+    "OperationRegistry",
+    "Rebalance",
+    "LocalClusterControl",
+    "TopologyOpError",
+    "members_after",
+    "register_admin_routes",
+    "repair",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bound on each cutover wait (writers draining, hints delivered, streams acknowledged).
+CUTOVER_TIMEOUT_S: Final = 60.0
+#: Bound on the streaming phase as a whole unless the caller sets one.
+DEFAULT_STREAM_TIMEOUT_S: Final = 3600.0
+
+
+class TopologyOpError(RuntimeError):
+    """The operation cannot proceed; nothing moved to the new placement."""
+
+
+class DataLossError(TopologyOpError):
+    """Some columns have new owners but no live node holds a copy."""
+
+    def __init__(self, columns: NDArray[np.uint64], message: str = "") -> None:
+        shown = ", ".join(f"{c:#x}" for c in columns[:8].tolist())
+        super().__init__(message or f"{columns.size} columns have no live replica to copy from ({shown}...)")
+        self.columns = columns
+
+
+class ClusterControl(Protocol):
+    """What an operation needs from the cluster."""
+
+    transport: Transport
+
+    def view(self) -> Topology:
+        """The current cluster view (placement set + live set)."""
+
+    def service(self, name: str) -> StorageService | None:
+        """The local service of a member, if this process runs it (sources must be local)."""
+
+    def stream_address(self, name: str) -> str:
+        """The member's StreamEndpoint address."""
+
+    async def switch(self, names: Sequence[str], members: Sequence[StorageNode]) -> None:
+        """Set the placement set of these storage nodes' views to ``members``."""
+
+    async def switch_writers(self, members: Sequence[StorageNode]) -> None:
+        """Writers use ``members`` from now on; returns once writes computed before have finished."""
+
+    def hints_held_for(self, names: Sequence[str]) -> int:
+        """Hints held anywhere (that this process can see) for these members."""
+
+    async def deliver_hints(self) -> None:
+        """Push hint delivery now (it is also periodic)."""
+
+    def drop_hints_for(self, name: str) -> int:
+        """Forget hints held for a member that left the placement (returns how many)."""
+
+
+@dataclass
+class Rebalance:
+    """Move the cluster to ``new_members`` without losing an acknowledged update (module docstring).
+
+    Args:
+        control: the cluster.
+        kind: "join", "decommission", "removenode", "replace" (labels only: the plan decides).
+        new_members: the placement set after the operation.
+        avoid_sources: members to stream from only as a last resort.
+        allow_loss: start even if some columns have no live copy (they stay lost).
+        rate_bytes_s: throttle on the bytes all of its streams send together (change at run time
+            with ``set_rate``; None: unthrottled).
+        chunk_bytes: stream chunk size (default streaming.DEFAULT_CHUNK_BYTES).
+    """
+
+    control: ClusterControl
+    kind: str
+    new_members: list[StorageNode]
+    avoid_sources: tuple[str, ...] = ()
+    allow_loss: bool = False
+    rate_bytes_s: float | None = None
+    chunk_bytes: int | None = None
+    stream_timeout_s: float = DEFAULT_STREAM_TIMEOUT_S
+    state: str = "new"
+    error: str | None = None
+    plan: Plan | None = None
+    runners: list[StreamRunner] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _started: float = field(default_factory=time.monotonic)
+    _resumed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        # Stream ids are unique to this operation object: only it holds the senders' state (the
+        # queue of forwarded writes is in RAM), so only it can resume them (streaming.py).
+        self._nonce = secrets.randbits(64)
+        self._throttle = Throttle(self.rate_bytes_s)
+        self._resumed.set()
+
+    # -- planning ---------------------------------------------------------------------------------
+    def _placements(self) -> tuple[Placement, Placement]:
+        view = self.control.view()
+        old = view.placement
+        new = Placement(tuple(Member(n.name, n.weight) for n in self.new_members), view.replicas, view.strategy)
+        return old, new
+
+    def _columns(self, old: Placement) -> NDArray[np.uint64]:
+        """Every column held by a live, local old owner."""
+        view = self.control.view()
+        parts = []
+        for name in old.names:
+            svc = self.control.service(name)
+            if svc is not None and svc.store is not None and view.is_live(name):
+                keys = svc.store.store.keys()
+                parts.append(np.unique(np.array([k[0] for k in keys], np.uint64)))
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+    def make_plan(self) -> Plan:
+        old, new = self._placements()
+        return plan_transfers(old, new, self._columns(old), self.control.view().live(), self.avoid_sources)
+
+    def _check_dead_owners(self) -> None:
+        """Columns whose every replica is on dead members cannot even be listed (only their
+        owners knew them): refuse when that can happen (dead members >= R), unless allow_loss."""
+        old, _ = self._placements()
+        view = self.control.view()
+        dead = [n for n in old.names if not view.is_live(n) or self.control.service(n) is None]
+        if len(dead) >= old.effective_replicas and not self.allow_loss:
+            raise DataLossError(np.zeros(0, np.uint64), (
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} not reachable and R = "
+                f"{old.effective_replicas}: columns held only there are lost and cannot even be listed; "
+                "bring a replica back, or pass allow_loss"))
+
+    @property
+    def op_id(self) -> str:
+        old, new = self._placements()
+        return f"{self.kind}:{old.epoch[:12]}->{new.epoch[:12]}"
+
+    # -- running ----------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        """Plan, stream, verify, cut over. Returns the final progress.
+
+        Raises:
+            DataLossError: columns without a live copy (and not ``allow_loss``).
+            TopologyOpError: a stream failed, or a cutover wait timed out; the old placement stays.
+        """
+        try:
+            if self.plan is None:
+                self._check_dead_owners()
+                self.plan = self.make_plan()
+                if self.plan.lost.size and not self.allow_loss:
+                    raise DataLossError(self.plan.lost)
+                self._start_streams(self.plan)
+            self.state = "streaming"
+            await self._wait_caught_up()
+            await self._cutover()
+            self.state = "done"
+            return self.progress()
+        except BaseException as exc:
+            if self.state not in ("paused", "cancelled"):
+                self.state = "failed"
+                self.error = f"{type(exc).__name__}: {exc}"
+                for task in self._tasks:  # stop the other streams too (no forwarding forever)
+                    task.cancel()
+                for r in self.runners:
+                    r.abort(f"operation failed: {self.error}")
+            raise
+
+    def _stream_id(self, source: str, target: str) -> int:
+        key = f"{self.op_id}|{source}|{target}|{self._nonce}".encode()
+        return xxhash.xxh3_64_intdigest(key)
+
+    def _start_streams(self, plan: Plan) -> None:
+        old, new = self._placements()
+        rule = TransferRule(old, new, frozenset(self.control.view().live()), frozenset(self.avoid_sources))
+        targets = {m.name for m in self.new_members} - set(old.names)
+        for src, dst in sorted({(t.source, t.target) for t in plan.transfers} | self._idle_pairs(old, targets)):
+            t = next((t for t in plan.transfers if (t.source, t.target) == (src, dst)),
+                     Transfer(src, dst, np.zeros(0, np.uint64)))
+            source = self.control.service(t.source)
+            if source is None:
+                raise TopologyOpError(f"source {t.source} is not served by this process")
+            runner = StreamRunner(source, self.control.transport, self.control.stream_address(t.target),
+                                  t.columns, self._stream_id(t.source, t.target), chunk_bytes=self.chunk_bytes,
+                                  throttle=self._throttle, label=f"{t.source}->{t.target}",
+                                  direct_epoch=new.epoch,
+                                  claims=functools.partial(rule.claims, t.source, t.target),
+                                  source_keeps=functools.partial(_owns, new, t.source))
+            self.runners.append(runner)
+        self._spawn_runners()
+
+    def _idle_pairs(self, old: Placement, targets: set[str]) -> set[tuple[str, str]]:
+        """(source, target) pairs with nothing to copy yet that may still gain columns created
+        while the operation runs: every live local old owner to every new member."""
+        view = self.control.view()
+        return {(s, t) for s in old.names for t in targets
+                if view.is_live(s) and self.control.service(s) is not None}
+
+    def _spawn_runners(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(r.run()) for r in self.runners if r.state not in ("done", "failed")]
+
+    async def _wait_caught_up(self) -> None:
+        deadline = time.monotonic() + self.stream_timeout_s
+        for r in self.runners:
+            left = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(r.caught_up.wait(), max(0.0, left))
+            except TimeoutError:
+                raise TopologyOpError(f"{r.label}: not caught up within {self.stream_timeout_s}s") from None
+        failed = [r for r in self.runners if r.state == "failed"]
+        if failed:
+            raise TopologyOpError("; ".join(f"{r.label}: {r.error}" for r in failed))
+
+    async def _cutover(self) -> None:
+        assert self.plan is not None
+        self.state = "cutover"
+        control = self.control
+        view = control.view()
+        old_names = set(view.names)  # (the view object itself switches below)
+        targets = sorted({t.target for t in self.plan.transfers})
+        sources = sorted({t.source for t in self.plan.transfers})
+        # Hints for the sources are delivered before anyone switches (a holder delivers under its
+        # own view's epoch, and the sources forward by epoch), and again after the writers drained.
+        await self._wait_hints(sources)
+        await control.switch(targets, self.new_members)
+        await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
+        await self._wait_hints(sources)
+        for r in self.runners:
+            r.close()
+        for r in self.runners:
+            try:
+                await asyncio.wait_for(r.finished.wait(), CUTOVER_TIMEOUT_S)
+            except TimeoutError:
+                raise TopologyOpError(f"{r.label}: last deltas not acknowledged in time") from None
+            if r.state == "failed":
+                raise TopologyOpError(f"{r.label}: {r.error}")
+        everyone = sorted(old_names | {m.name for m in self.new_members})
+        await control.switch(everyone, self.new_members)
+        # Hints for a removed member are redundant now: its rows were copied from replicas that
+        # had every acknowledged batch (W direct acks among the old owners) or got it by hint.
+        for gone in old_names - {m.name for m in self.new_members}:
+            dropped = control.drop_hints_for(gone)
+            if dropped:
+                log.info("dropped hints for removed member=%s count=%d", gone, dropped)
+
+    async def _wait_hints(self, sources: Sequence[str]) -> None:
+        deadline = time.monotonic() + CUTOVER_TIMEOUT_S
+        while self.control.hints_held_for(sources):
+            if time.monotonic() > deadline:
+                raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
+            await self.control.deliver_hints()
+            await asyncio.sleep(0.05)
+
+    # -- control ------------------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop sending (streams keep their state and keep collecting the sources' writes)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.state = "paused"
+
+    def resume(self) -> None:
+        """Continue a paused operation from the receivers' durable positions (call ``run`` again)."""
+        if self.state == "paused":
+            self.state = "streaming"
+            self._spawn_runners()
+
+    def cancel(self) -> None:
+        """Give up: stop sending and stop collecting deltas. The old placement stays in force; the
+        receivers keep partial, unserved rows (a later join to them needs a wiped data directory)."""
+        self.pause()
+        self.state = "cancelled"
+        for r in self.runners:
+            r.abort("operation cancelled")
+
+    def set_rate(self, rate_bytes_s: float | None) -> None:
+        self._throttle.set(rate_bytes_s)
+
+    def progress(self) -> dict[str, Any]:
+        streams = [r.progress() for r in self.runners]
+        total = sum(s["bytes_total_estimate"] for s in streams)
+        done = sum(min(s["bytes_done"], s["bytes_total_estimate"]) for s in streams)
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        rate = done / elapsed
+        plan = self.plan
+        return {
+            "op": self.kind, "state": self.state, "error": self.error,
+            "columns_total": plan.columns_total if plan else 0,
+            "columns_moved": plan.columns_moved if plan else 0,
+            "lost_columns": int(plan.lost.size) if plan else 0,
+            "bytes_total": total, "bytes_done": done, "rate_bytes_s": rate,
+            "eta_s": (total - done) / rate if rate > 0 else None,
+            "streams": streams,
+        }
+
+
+def _owns(placement: Placement, member: str, columns: NDArray[np.uint64]) -> NDArray[np.bool_]:
+    """Per column: is ``member`` one of its owners under ``placement``?"""
+    if member not in placement.names or columns.size == 0:
+        return np.zeros(columns.size, np.bool_)
+    me = placement.names.index(member)
+    return np.asarray((placement.owner_indices(columns) == me).any(axis=1), np.bool_)
+
+
+class OperationRegistry:
+    """At most one topology operation per cluster view at a time; re-issuing the same verb returns
+    the running one (idempotent verbs)."""
+
+    def __init__(self) -> None:
+        self.current: Rebalance | None = None
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+
+    def start(self, op: Rebalance) -> Rebalance:
+        """Start ``op`` in the background unless an operation is running.
+
+        Raises:
+            TopologyOpError: a different operation is running.
+        """
+        cur = self.current
+        if cur is not None and cur.state not in ("done", "failed", "cancelled"):
+            if cur.kind == op.kind and [m.name for m in cur.new_members] == [m.name for m in op.new_members]:
+                if cur.state == "paused":
+                    cur.resume()
+                return cur
+            raise TopologyOpError(f"another topology operation is running: {cur.kind} ({cur.state})")
+        self.current = op
+        self._task = asyncio.get_running_loop().create_task(op.run())
+        self._task.add_done_callback(_log_result)
+        return op
+
+    async def wait(self, timeout_s: float) -> dict[str, Any]:
+        assert self._task is not None and self.current is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        return self.current.progress()
+
+
+def _log_result(task: asyncio.Task[dict[str, Any]]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.warning("topology operation failed: %s", exc)
+
+
+def members_after(view: Topology, *, add: Sequence[StorageNode] = (), remove: Sequence[str] = ()
+                  ) -> list[StorageNode]:
+    """The placement set after adding / removing members."""
+    gone = set(remove) | {n.name for n in add}
+    kept = [StorageNode(m.name, view.address(m.name), m.weight) for m in view.placement.members
+            if m.name not in gone]
+    return kept + list(add)
+
+
+# -- admin API ------------------------------------------------------------------------------------
+async def _body(request: Any) -> dict[str, Any]:
+    from giaannd.admin.api import AdminHTTPError
+
+    if not getattr(request, "can_read_body", True):
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    return body
+
+
+def register_admin_routes(admin: Any, control: ClusterControl, registry: OperationRegistry | None = None
+                          ) -> OperationRegistry:
+    """Serve the topology verbs of ``giaannctl node ...`` on the admin API:
+
+    ========================================  =====================================================
+    ``POST /v1/node/decommission``            stream this node's columns away, then switch (the
+                                              daemon then leaves membership); body optional:
+                                              ``{"rate_bytes_s": N}``
+    ``POST /v1/node/removenode``              ``{"node_id": NAME}``: re-replicate a dead member's
+                                              columns from the survivors and drop it
+    ``POST /v1/node/repair``                  hints, then rebuild missing batches, then compare
+    ``GET  /v1/node/topology``                the running / last operation's progress
+    ``POST /v1/node/topology/{action}``       ``pause`` / ``resume`` / ``cancel`` /
+                                              ``rate`` (``{"rate_bytes_s": N or null}``)
+    ========================================  =====================================================
+
+    Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
+    verb returns the same operation. Errors: 400 bad body, 404 unknown member / nothing running,
+    409 another operation is running, 422 the operation would lose data.
+    """
+    from giaannd.admin.api import AdminHTTPError
+
+    reg = registry or OperationRegistry()
+
+    def start(op: Rebalance) -> dict[str, Any]:
+        try:
+            return reg.start(op).progress()
+        except TopologyOpError as exc:
+            raise AdminHTTPError(409, str(exc), "conflict") from None
+
+    async def decommission(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        view = control.view()
+        if view.local is None or view.local not in view:
+            raise AdminHTTPError(404, "this node is not a storage member", "not_served")
+        others = tuple(n for n in view.names if n != view.local)  # stream from here: the source is local
+        return start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
+                               avoid_sources=others, rate_bytes_s=body.get("rate_bytes_s")))
+
+    async def removenode(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        name = body.get("node_id")
+        view = control.view()
+        if not isinstance(name, str) or name not in view:
+            raise AdminHTTPError(404, f"unknown storage member {name!r}", "not_found")
+        if view.is_live(name):
+            raise AdminHTTPError(409, f"{name} is alive: decommission it instead", "conflict")
+        op = Rebalance(control, "removenode", members_after(view, remove=[name]))
+        try:
+            op._check_dead_owners()  # noqa: SLF001 - refuse data loss before starting
+        except DataLossError as exc:
+            raise AdminHTTPError(422, str(exc), "data_loss") from None
+        return start(op)
+
+    async def do_repair(request: Any, params: Mapping[str, str]) -> Any:
+        return await repair(control)
+
+    async def status(request: Any, params: Mapping[str, str]) -> Any:
+        if reg.current is None:
+            raise AdminHTTPError(404, "no topology operation has run", "not_found")
+        return reg.current.progress()
+
+    async def action(request: Any, params: Mapping[str, str]) -> Any:
+        op = reg.current
+        if op is None:
+            raise AdminHTTPError(404, "no topology operation has run", "not_found")
+        what = params["action"]
+        if what == "pause":
+            op.pause()
+        elif what == "resume":
+            op.resume()
+        elif what == "cancel":
+            op.cancel()
+        elif what == "rate":
+            rate = (await _body(request)).get("rate_bytes_s")
+            if rate is not None and not isinstance(rate, (int, float)):
+                raise AdminHTTPError(400, "rate_bytes_s must be a number or null", "bad_request")
+            op.set_rate(rate)
+        else:
+            raise AdminHTTPError(404, f"unknown action {what!r}", "not_found")
+        return op.progress()
+
+    admin.add_route("POST", "/v1/node/decommission", decommission)
+    admin.add_route("POST", "/v1/node/removenode", removenode)
+    admin.add_route("POST", "/v1/node/repair", do_repair)
+    admin.add_route("GET", "/v1/node/topology", status)
+    admin.add_route("POST", "/v1/node/topology/{action}", action)
+    return reg

@@ -1,0 +1,281 @@
+"""The storage node's share of the vocabulary: a durable, grow-only id → string table.
+
+Theory of operation
+-------------------
+Column and feature ids are content-addressed (``giaannd.model.ids``): the id *is* a hash of its
+string, so the vocabulary is a grow-only map that any node may write and every writer agrees on.
+Storage nodes hold it like columns: an entry ``(kind, id)`` is owned by the R owners of ``id`` under
+the same placement as rows (docs/replication.md, "Vocabulary").
+
+Why this design (the simplest that is honest):
+
+* **A single append-only log + an in-RAM dict per node.** Entries are tiny (a lemma or a word), a
+  whole corpus' vocabulary is a few MB, and an entry is written once and never changed, so the log
+  *is* the table: only entries new to this node are appended, the log never needs compaction or
+  snapshots, and replay on start is one sequential read.
+* **Own record format, not the update log's.** The update log's records carry row batches and are
+  numbered, snapshotted and truncated with the column store; mixing strings into it would couple
+  vocabulary durability to row snapshots. A record here is::
+
+      header (28 B): magic "GIAV" | version u16 | reserved u16 | payload_len u32
+                     | payload_xxh3 u64 | header_xxh3 u64 (over the first 20 bytes)
+      payload:       msgpack list of [kind, id, text]
+
+  The header checksums itself, so a damaged length is never trusted (the update log's rule): a bad
+  record followed by no valid header is a *torn tail* (the last append was cut by a crash; it was
+  never acknowledged because acks wait for ``sync``) and is cut off and reported; a bad record
+  followed by a valid one is *corruption* and stops start-up naming the file and offset.
+* **Checked content.** ``put`` verifies that each text hashes to its id (a foreign or corrupted
+  entry is refused as a bad request), so two different strings under one id can only be a real
+  64-bit hash collision: the whole put is refused (nothing changed), counted and logged.
+
+Concurrency: ``put``/``get`` from one thread (the event loop); ``sync`` may run in a worker thread
+while puts continue (it syncs the bytes written before it started; a lock guards the descriptor).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import xxhash
+
+from giaannd.model.ids import column_id, feature_id
+
+__all__ = [
+    "KIND_COLUMN",
+    "KIND_FEATURE",
+    "MAX_VOCAB_RECORD_BYTES",
+    "VOCAB_FILE",
+    "VocabCollision",
+    "VocabLogCorrupt",
+    "VocabPut",
+    "VocabStore",
+]
+
+log = logging.getLogger(__name__)
+
+KIND_COLUMN: Final = 0
+KIND_FEATURE: Final = 1
+VOCAB_FILE: Final = "vocab.log"
+_MAGIC: Final = b"GIAV"
+_VERSION: Final = 1
+_HEADER: Final = struct.Struct("<4sHHIQQ")  # 28 bytes
+_HEADER_SUM_BYTES: Final = 20
+#: Largest payload a record may claim; checked before anything is allocated for it. A PutVocab is at
+#: most MAX_VOCAB_ENTRIES entries of MAX_VOCAB_TEXT_CHARS characters (≤ 4 B each in UTF-8).
+MAX_VOCAB_RECORD_BYTES: Final = 300 * 2**20
+
+Entry = tuple[int, int, str]
+_ENTRIES_DECODER: Final = msgspec.msgpack.Decoder(list[tuple[int, int, str]])
+_ENCODER: Final = msgspec.msgpack.Encoder()
+
+
+class VocabLogCorrupt(ValueError):
+    """The vocab log is damaged before its end (names the file and offset): start-up stops."""
+
+
+class VocabCollision(ValueError):
+    """An id is held with a different string than the one offered: a real 64-bit hash collision."""
+
+    def __init__(self, kind: int, ident: int, held: str, offered: str) -> None:
+        what = "column" if kind == KIND_COLUMN else "feature"
+        super().__init__(f"{what} id {ident:#018x} is held as {held!r}, offered {offered!r} (hash collision)")
+        self.kind, self.id, self.held, self.offered = kind, ident, held, offered
+
+
+@dataclass(frozen=True, slots=True)
+class VocabPut:
+    """Outcome of ``put``: entries new here, entries held already, and the file offset to sync."""
+
+    added: int
+    known: int
+    offset: int
+
+
+def hash_of(kind: int, text: str) -> int:
+    """The id a text must have (the content address of ``giaannd.model.ids``)."""
+    if kind == KIND_COLUMN:
+        return column_id(text)
+    if kind == KIND_FEATURE:
+        return feature_id(text)
+    raise ValueError(f"vocabulary kind must be 0 (column) or 1 (feature), got {kind}")
+
+
+def _record(entries: Sequence[Entry]) -> bytes:
+    payload = _ENCODER.encode([list(e) for e in entries])
+    head = struct.pack("<4sHHIQ", _MAGIC, _VERSION, 0, len(payload), xxhash.xxh3_64_intdigest(payload))
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + payload
+
+
+def _header_at(data: memoryview, off: int) -> tuple[int, int] | None:
+    """(payload length, payload checksum) of a valid header at ``off``, else None."""
+    if off + _HEADER.size > len(data):
+        return None
+    magic, version, _, length, psum, hsum = _HEADER.unpack_from(data, off)
+    if magic != _MAGIC or xxhash.xxh3_64_intdigest(data[off : off + _HEADER_SUM_BYTES]) != hsum:
+        return None
+    if version != _VERSION or length > MAX_VOCAB_RECORD_BYTES:
+        return None
+    return length, psum
+
+
+def _valid_header_after(data: bytes, start: int) -> bool:
+    """Whether a valid record header begins anywhere at or after ``start`` (corruption vs torn tail)."""
+    view = memoryview(data)
+    j = data.find(_MAGIC, start)
+    while j >= 0:
+        if _header_at(view, j) is not None:
+            return True
+        j = data.find(_MAGIC, j + 1)
+    return False
+
+
+class VocabStore:
+    """One node's vocabulary table (module docstring). Use :meth:`open`."""
+
+    def __init__(self, path: Path, fd: int, columns: dict[int, str], features: dict[int, str],
+                 size: int, torn_bytes: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._tables = (columns, features)
+        self._size = size
+        self._durable = size
+        self._lock = threading.Lock()
+        #: bytes cut off the end at open (a torn last record), for the log and tests
+        self.torn_bytes = torn_bytes
+        #: refused puts that named a held id with another string (real collisions)
+        self.collisions = 0
+
+    # -- open / recovery ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str]) -> VocabStore:
+        """Replay ``directory/vocab.log`` (created if missing); a torn tail is cut off and reported.
+
+        Raises:
+            VocabLogCorrupt: a bad record before the end, or an entry that does not hash to its id.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / VOCAB_FILE
+        data = path.read_bytes() if path.exists() else b""
+        view = memoryview(data)
+        columns: dict[int, str] = {}
+        features: dict[int, str] = {}
+        off = 0
+        while off < len(data):
+            head = _header_at(view, off)
+            body = off + _HEADER.size
+            if head is not None and body + head[0] <= len(data) \
+                    and xxhash.xxh3_64_intdigest(view[body : body + head[0]]) == head[1]:
+                try:
+                    entries = _ENTRIES_DECODER.decode(view[body : body + head[0]])
+                except msgspec.DecodeError as exc:
+                    raise VocabLogCorrupt(f"{path}: undecodable record at offset {off}: {exc}") from None
+                for kind, ident, text in entries:
+                    try:
+                        ok = hash_of(kind, text) == ident
+                    except ValueError:
+                        ok = False
+                    if not ok:
+                        raise VocabLogCorrupt(f"{path}: record at offset {off}: entry {text!r} does not "
+                                              f"hash to {ident:#x} (kind {kind})")
+                    (columns, features)[kind][ident] = text
+                off = body + head[0]
+                continue
+            if _valid_header_after(data, off + 1):
+                raise VocabLogCorrupt(f"{path}: damaged record at offset {off} with valid records after it")
+            break
+        torn = len(data) - off
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if torn:
+            log.warning("vocab log torn tail cut file=%s offset=%d bytes=%d", path, off, torn)
+            os.ftruncate(fd, off)
+            os.fsync(fd)
+        os.lseek(fd, off, os.SEEK_SET)
+        return cls(path, fd, columns, features, off, torn)
+
+    # -- reads -------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._tables[0]) + len(self._tables[1])
+
+    def get(self, kind: int, ident: int) -> str | None:
+        return self._tables[kind].get(ident) if kind in (KIND_COLUMN, KIND_FEATURE) else None
+
+    def lookup(self, kinds: Sequence[int], ids: Sequence[int]) -> list[Entry]:
+        """The entries held among ``(kinds[i], ids[i])`` (absent ones left out)."""
+        out: list[Entry] = []
+        for kind, ident in zip(kinds, ids):
+            text = self.get(kind, ident)
+            if text is not None:
+                out.append((kind, ident, text))
+        return out
+
+    @property
+    def durable_offset(self) -> int:
+        """Bytes of the log known to be synced."""
+        return self._durable
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the log (≈ the table's size)."""
+        return self._size
+
+    # -- writes ------------------------------------------------------------------------------------
+    def put(self, entries: Iterable[Entry]) -> VocabPut:
+        """Append the entries new to this node (one record) and add them to the table; not yet
+        durable: ack only after ``sync()`` covered ``VocabPut.offset``.
+
+        Raises:
+            ValueError: an entry whose text does not hash to its id, or a bad kind (nothing changed).
+            VocabCollision: an id held with a different string (nothing changed; counted).
+            OSError: the append failed (nothing added to the table).
+        """
+        new: dict[tuple[int, int], str] = {}
+        known = 0
+        for kind, ident, text in entries:
+            if hash_of(kind, text) != ident:
+                raise ValueError(f"vocabulary entry {text!r} does not hash to {ident:#x} (kind {kind})")
+            held = self._tables[kind].get(ident, new.get((kind, ident)))
+            if held is None:
+                new[(kind, ident)] = text
+            elif held != text:
+                self.collisions += 1
+                log.error("vocabulary hash collision kind=%d id=%#x held=%r offered=%r", kind, ident, held, text)
+                raise VocabCollision(kind, ident, held, text)
+            else:
+                known += 1
+        if new:
+            record = _record([(k, i, t) for (k, i), t in new.items()])
+            with self._lock:
+                written = os.write(self._fd, record)
+                if written != len(record):  # a short write: undo it so the log stays well-formed
+                    os.ftruncate(self._fd, self._size)
+                    os.lseek(self._fd, self._size, os.SEEK_SET)
+                    raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
+                self._size += len(record)
+            for (kind, ident), text in new.items():
+                self._tables[kind][ident] = text
+        return VocabPut(len(new), known, self._size)
+
+    def sync(self) -> int:
+        """fdatasync; returns the offset now durable (every put whose offset is ≤ it)."""
+        with self._lock:
+            target = self._size
+        os.fdatasync(self._fd)
+        with self._lock:
+            self._durable = max(self._durable, target)
+            return self._durable
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

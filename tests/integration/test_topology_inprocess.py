@@ -1,0 +1,282 @@
+"""Topology operations over in-process storage services (mem:// and tcp://): join, decommission,
+removenode with writes running, receiver crash mid-stream, pause/resume; every owner ends with
+exactly the reference rows (0 lost acknowledged updates, nothing counted twice)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from giaannd.storage.topology_ops import DataLossError, OperationRegistry, Rebalance, members_after
+from giaannd.topology import StorageNode
+from tests.integration.topology_harness import TopoCluster
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
+
+COLUMNS = np.random.default_rng(0).integers(1, 2**63, 120, dtype=np.uint64)
+
+
+async def settle(cluster):
+    await cluster.client.flush()
+    async with asyncio.timeout(10):
+        while cluster.control().hints_held_for(list(cluster.services)):
+            await cluster.control().deliver_hints()
+            await asyncio.sleep(0.02)
+
+
+async def with_writes(cluster, rng, coro, pause_s=0.002):
+    """Run ``coro`` while a writer keeps writing; returns (coro's result, batches written during)."""
+    stop = asyncio.Event()
+    writer = asyncio.create_task(cluster.write_many(rng, 10_000, COLUMNS, stop=stop, pause_s=pause_s))
+    try:
+        result = await coro
+    finally:
+        stop.set()
+        during = await writer
+    return result, during
+
+
+@pytest.mark.parametrize("scheme", ["mem", "tcp"])
+async def test_topology_join_with_concurrent_writes(tmp_path, scheme):
+    cluster = await TopoCluster(tmp_path, 3, scheme=scheme, replicas=2).start()
+    try:
+        rng = np.random.default_rng(1)
+        await cluster.write_many(rng, 60, COLUMNS)
+        await cluster.add_node("s3")
+        op = Rebalance(cluster.control(), "join",
+                       members_after(cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+                       chunk_bytes=2048)
+        progress, during = await with_writes(cluster, rng, op.run())
+        await settle(cluster)
+        assert during > 0 and progress["state"] == "done"
+        assert progress["bytes_done"] > 0 and all(s["state"] == "done" for s in progress["streams"])
+        assert sum(s["deltas"] for s in progress["streams"]) > 0  # writes landed during the stream
+        assert "s3" in cluster.client_topology.names
+        assert cluster.mismatches() == []
+        assert cluster.services["s3"].store.store.keys()  # the newcomer serves its share
+        # with R=2 of 4 nodes a column gains s3 with probability 1/2
+        assert 0.3 < progress["columns_moved"] / progress["columns_total"] < 0.7
+        # idempotent: the same verb again plans nothing and changes nothing
+        again = await Rebalance(cluster.control(), "join", cluster.members()).run()
+        assert again["state"] == "done" and again["streams"] == []
+        await cluster.write_many(rng, 20, COLUMNS)
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_decommission_with_concurrent_writes(tmp_path):
+    cluster = await TopoCluster(tmp_path, 4, replicas=2).start()
+    try:
+        rng = np.random.default_rng(2)
+        await cluster.write_many(rng, 60, COLUMNS)
+        op = Rebalance(cluster.control(), "decommission", members_after(cluster.client_topology, remove=["s1"]),
+                       chunk_bytes=4096)
+        progress, during = await with_writes(cluster, rng, op.run())
+        assert progress["state"] == "done" and during > 0
+        await cluster.retire("s1")
+        await settle(cluster)
+        assert "s1" not in cluster.client_topology.names
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_removenode_rereplicates_from_survivors(tmp_path):
+    cluster = await TopoCluster(tmp_path, 4, replicas=3).start()
+    try:
+        rng = np.random.default_rng(3)
+        await cluster.write_many(rng, 40, COLUMNS)
+        await cluster.kill("s2")
+        await cluster.write_many(rng, 20, COLUMNS)  # W=2 of 3: acknowledged without s2 (hinted)
+        op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]))
+        progress, _ = await with_writes(cluster, rng, op.run())
+        assert progress["state"] == "done" and progress["lost_columns"] == 0
+        assert cluster.control().hints_held_for(["s2"]) == 0  # redundant hints for s2 dropped
+        await settle_live(cluster)
+        assert cluster.mismatches() == []  # every column has R=3 exact copies on the survivors
+    finally:
+        await cluster.close()
+
+
+async def settle_live(cluster):
+    await cluster.client.flush()
+    live = list(cluster.services)
+    async with asyncio.timeout(10):
+        while cluster.control().hints_held_for(live):
+            await cluster.control().deliver_hints()
+            await asyncio.sleep(0.02)
+
+
+async def test_topology_removenode_refuses_data_loss(tmp_path):
+    cluster = await TopoCluster(tmp_path, 3, replicas=1).start()
+    try:
+        await cluster.write_many(np.random.default_rng(4), 20, COLUMNS)
+        await cluster.kill("s1")
+        op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s1"]))
+        with pytest.raises(DataLossError):
+            await op.run()
+        assert "s1" in cluster.client_topology.names  # nothing switched
+    finally:
+        await cluster.close()
+
+
+async def test_topology_join_receiver_killed_mid_stream_resumes(tmp_path):
+    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(5)
+        await cluster.write_many(rng, 150, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        op = Rebalance(cluster.control(), "join",
+                       members_after(cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+                       chunk_bytes=1024, rate_bytes_s=100_000)
+        task = asyncio.create_task(op.run())
+        async with asyncio.timeout(20):
+            while sum(r.sender.acked for r in op.runners) < 6:
+                await asyncio.sleep(0.01)
+        assert all(r.sender.chunks_left for r in op.runners if r.sender.total_bytes_estimate > 20_000)
+        before = {r.label: r.sender.acked for r in op.runners}
+        await cluster.kill("s3")  # receiver gone mid-stream (all it acknowledged is durable)
+        await asyncio.sleep(0.2)
+        await cluster.restart("s3")
+        op.set_rate(None)
+        progress = await asyncio.wait_for(task, 30)
+        assert progress["state"] == "done"
+        assert sum(s["reconnects"] for s in progress["streams"]) >= 1  # the busy streams reconnected
+        for s in progress["streams"]:
+            assert s["resent_items"] <= 1  # at most the one item in flight
+            assert s["items_acked"] >= before[s["stream"]]
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_pause_resume_and_registry(tmp_path):
+    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(6)
+        await cluster.write_many(rng, 100, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        members = members_after(cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])])
+        registry = OperationRegistry()
+        op = registry.start(Rebalance(cluster.control(), "join", members, chunk_bytes=1024, rate_bytes_s=200_000))
+        async with asyncio.timeout(20):
+            while op.progress()["bytes_done"] == 0:
+                await asyncio.sleep(0.01)
+        op.pause()
+        await asyncio.sleep(0.05)
+        paused_at = op.progress()["bytes_done"]
+        await asyncio.sleep(0.2)
+        assert op.progress()["bytes_done"] == paused_at and op.state == "paused"
+        assert 0 < paused_at < op.progress()["bytes_total"]
+        assert op.progress()["eta_s"] is not None
+        same = registry.start(Rebalance(cluster.control(), "join", members))  # re-issued verb: same op, resumed
+        assert same is op and op.state == "streaming"
+        op.set_rate(None)
+        progress = await registry.wait(30)
+        assert progress["state"] == "done"
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_cancel_keeps_old_placement(tmp_path):
+    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(7)
+        await cluster.write_many(rng, 60, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        before = cluster.client_topology.epoch
+        op = Rebalance(cluster.control(), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+            chunk_bytes=1024, rate_bytes_s=50_000)
+        task = asyncio.create_task(op.run())
+        async with asyncio.timeout(20):
+            while op.progress()["bytes_done"] == 0:
+                await asyncio.sleep(0.01)
+        op.cancel()
+        with pytest.raises(Exception, match="cancelled"):
+            await asyncio.wait_for(task, 10)
+        assert op.state == "cancelled" and cluster.client_topology.epoch == before
+        await cluster.write_many(rng, 10, COLUMNS)
+        await settle(cluster)
+        assert cluster.mismatches() == []  # the old owners kept everything
+        # a fresh stream to the half-filled receiver is refused with a clear message
+        again = Rebalance(cluster.control(), "join", op.new_members)
+        with pytest.raises(Exception, match="wipe"):
+            await asyncio.wait_for(again.run(), 20)
+    finally:
+        await cluster.close()
+
+
+async def test_topology_retry_straddling_the_cutover_counts_once(tmp_path):
+    """A batch applied by an old owner during the join (and forwarded), then retried by its writer
+    with the same id under the new placement: the newcomer must not count it twice."""
+    from giaannd.storage.stream_dedupe import marker_id
+    from tests.integration.storage_cluster import make_batch
+
+    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(8)
+        await cluster.write_many(rng, 40, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        op = Rebalance(cluster.control(), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+            chunk_bytes=512, rate_bytes_s=100_000)
+        task = asyncio.create_task(op.run())
+        async with asyncio.timeout(20):
+            while not op.runners or sum(r.sender.acked for r in op.runners) < len(op.runners) * 2:
+                await asyncio.sleep(0.01)
+        moving = np.concatenate([t.columns for t in op.plan.transfers])
+        batch = make_batch(rng, 6, 4, rng.choice(moving, 6))
+        bid = await cluster.write(batch)  # under the old placement: forwarded to s3
+        op.set_rate(None)
+        assert (await asyncio.wait_for(task, 30))["state"] == "done"
+        applied = cluster.services["s3"].store.store.applied
+        assert any(marker_id(bid, r.sender.stream_id) in applied for r in op.runners)
+        await cluster.client.write(batch, bid)  # the writer's retry, now to the new owners
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_retry_arriving_before_the_delayed_original_counts_once(tmp_path):
+    """The opposite order: the writer's retry reaches the newcomer directly first, then the old
+    owner applies the (delayed) original and forwards it: the forwarded copy must be skipped."""
+    from giaannd.compute.client import StorageClient
+    from giaannd.topology import Topology
+    from tests.integration.storage_cluster import make_batch
+
+    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(9)
+        await cluster.write_many(rng, 40, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        op = Rebalance(cluster.control(), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+            chunk_bytes=512, rate_bytes_s=100_000)
+        task = asyncio.create_task(op.run())
+        async with asyncio.timeout(20):
+            while not op.runners or sum(r.sender.acked for r in op.runners) < len(op.runners) * 2:
+                await asyncio.sleep(0.01)
+        moving = np.concatenate([t.columns for t in op.plan.transfers])
+        batch = make_batch(rng, 6, 4, rng.choice(moving, 6))
+        bid = cluster.client.next_batch_id()
+        retry_view = Topology(replicas=2)
+        retry_view.set_members(op.new_members)
+        retry = StorageClient(retry_view, {"mem": cluster._transport("retry")})
+        await retry.apply_to("s3", bid, batch)  # the retry, under the new placement, first
+        await retry.close()
+        await cluster.client.write(batch, bid)  # the original reaches the old owners: forwarded
+        cluster.reference.apply(bid, batch)
+        op.set_rate(None)
+        assert (await asyncio.wait_for(task, 30))["state"] == "done"
+        assert cluster.endpoints["s3"].deltas_skipped >= 1
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()

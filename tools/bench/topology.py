@@ -1,0 +1,200 @@
+"""Topology benchmarks (issue 8): each measurement next to its baseline from the same run.
+
+    python -m tools.bench.topology [--mb 48] [--quick]
+
+Prints Markdown tables:
+
+1. streaming rate: a join's row streams (chunk read, checksum, send, verify-free apply + group-commit
+   fsync on the receiver) vs the raw transport sending the same bytes in the same chunk size, one
+   request at a time, to a handler that only acknowledges (both tcp on loopback, in one process);
+2. rows moved when the (N+1)-th node joins: the planner's moved replica bytes vs 1/(N+1), and the
+   measured bytes moved by the join of table 1 vs the same bound;
+3. time to restore R after a node dies (``removenode`` re-replicating from the survivors) vs
+   bytes moved / the stream rate of table 1. Failure *detection* is membership's job (its suspicion
+   timeout, docs/membership.md) and adds to this; it is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from giaannd.model.rows import RowBatch
+from giaannd.storage.applied_set import BatchId
+from giaannd.storage.rebalance import plan_transfers
+from giaannd.storage.recovery import DurableStore
+from giaannd.storage.topology_ops import Rebalance, members_after
+from giaannd.topology import StorageNode
+from peers.placement import Member, Placement
+from peers.transport import Identity, Incoming, Reply, connect, make_transport
+from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address
+from tests.integration.topology_harness import TopoCluster
+
+CHUNK = 4 * 2**20
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+def _big_batch(rng: np.random.Generator, columns: np.ndarray, rows: int, per_row: int) -> RowBatch:
+    n = rows * per_row
+    sc = np.repeat(rng.choice(columns, rows), per_row)
+    sf = np.repeat(rng.integers(0, 1 << 20, rows, dtype=np.uint64), per_row)
+    return RowBatch.from_entries(sc, sf, rng.integers(0, 9, n).astype(np.uint8),
+                                 rng.integers(1, 1 << 30, n, dtype=np.uint64),
+                                 rng.integers(0, 1 << 30, n, dtype=np.uint64),
+                                 rng.integers(1, 5, n).astype(np.float32))
+
+
+async def _fill(cluster: TopoCluster, mb: float, rng: np.random.Generator, per_row: int) -> None:
+    columns = rng.integers(1, 2**63, 2000, dtype=np.uint64)
+    rows = max(1, 100_000 // per_row)
+    for _ in range(max(1, int(mb * 2**20 / (rows * per_row * 21)))):
+        b = _big_batch(rng, columns, rows, per_row)
+        await cluster.client.write(b)
+    await cluster.client.flush()
+
+
+async def _raw_rate(total_bytes: int, chunk: int) -> float:
+    """Bytes/s of the raw transport: same chunking, one request in flight, a handler that acks."""
+    ident = Identity("raw", CLUSTER, [KEY])
+    server, client = make_transport("tcp", ident), make_transport("tcp", Identity("raw-c", CLUSTER, [KEY]))
+
+    async def handler(incoming: Incoming) -> Reply:
+        return Reply(b"\x90")
+
+    listener = await server.listen(free_tcp_address(), handler)
+    conn = await connect(client, listener.address, timeout_s=5)
+    buf = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8)
+    await conn.request(b"\x90", [buf])
+    sent, start = 0, time.perf_counter()
+    while sent < total_bytes:
+        await conn.request(b"\x90", [buf])
+        sent += chunk
+    rate = sent / (time.perf_counter() - start)
+    await conn.close()
+    await listener.close()
+    return rate
+
+
+def _store_apply_rate(batch: RowBatch, root: Path) -> float:
+    """Bytes/s of applying ``batch`` (new rows) to an empty DurableStore in CHUNK-sized pieces with
+    an fsync each: what the receiver must do anyway, without the network."""
+    store = DurableStore.open(root, 8 << 30)
+    sizes = np.diff(batch.offsets) * 21
+    bounds = np.searchsorted(np.cumsum(sizes), np.arange(CHUNK, int(sizes.sum()) + CHUNK, CHUNK))
+    start, lo = time.perf_counter(), 0
+    for i, hi in enumerate(np.unique(np.minimum(bounds + 1, batch.num_rows)).tolist()):
+        mask = np.zeros(batch.num_rows, bool)
+        mask[lo:hi] = True
+        store.apply(BatchId(1, i + 1), batch.select_rows(mask))
+        store.sync()
+        lo = hi
+    rate = batch.nbytes / (time.perf_counter() - start)
+    store.close()
+    return rate
+
+
+async def _join_rate(root: Path, mb: float, per_row: int) -> tuple[float, int, int, float, float]:
+    """(stream bytes/s, bytes moved, bytes held before, seconds, store-apply bytes/s) of one join,
+    R=1, 2 -> 3 nodes."""
+    cluster = await TopoCluster(root, 2, scheme="tcp", replicas=1, capacity_bytes=8 << 30).start()
+    try:
+        await _fill(cluster, mb, np.random.default_rng(1), per_row)
+        held = sum(s.usage().used_bytes - 1024 * s.usage().num_rows for s in cluster.services.values())
+        await cluster.add_node("s2")
+        op = Rebalance(cluster.control(), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s2", cluster.addresses["s2"])]), chunk_bytes=CHUNK)
+        start = time.perf_counter()
+        task = asyncio.create_task(op.run())
+        while not op.runners:
+            await asyncio.sleep(0)
+        await asyncio.gather(*(r.caught_up.wait() for r in op.runners))
+        streamed = time.perf_counter() - start  # plan + every chunk applied + verified
+        progress = await task
+        total = time.perf_counter() - start
+        moved = progress["bytes_done"]
+        apply_rate = _store_apply_rate(cluster.services["s2"].store.store.read_all(), root / "apply")
+        return moved / streamed, moved, held, total, apply_rate
+    finally:
+        await cluster.close()
+
+
+async def _restore_rf(root: Path, mb: float) -> tuple[float, int]:
+    """(seconds, bytes) of removenode after a death: 3 nodes, R=2."""
+    cluster = await TopoCluster(root, 3, scheme="tcp", replicas=2, capacity_bytes=8 << 30).start()
+    try:
+        await _fill(cluster, mb, np.random.default_rng(2), 500)
+        await cluster.kill("s2")
+        op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]),
+                       chunk_bytes=CHUNK)
+        start = time.perf_counter()
+        progress = await op.run()
+        return time.perf_counter() - start, progress["bytes_done"]
+    finally:
+        await cluster.close()
+
+
+def _moved_fraction_rows() -> list[list[str]]:
+    rng = np.random.default_rng(3)
+    cols = rng.integers(1, 2**63, 100_000, dtype=np.uint64)
+    size = dict(zip(cols.tolist(), rng.integers(1, 1000, cols.size).tolist()))
+    total = sum(size.values())
+    out = []
+    for n, r in ((4, 1), (4, 3), (9, 3), (19, 3)):
+        names = [f"n{i}" for i in range(n + 1)]
+        old = Placement(tuple(Member(x) for x in names[:n]), r)
+        new = Placement(tuple(Member(x) for x in names), r)
+        plan = plan_transfers(old, new, cols, names)
+        moved = sum(size[c] for t in plan.transfers for c in t.columns.tolist())
+        frac = moved / (total * r)  # of all replica bytes
+        out.append([f"{n} -> {n + 1}", str(r), f"{frac:.4f}", f"{1 / (n + 1):.4f}", f"{frac * (n + 1):.3f}"])
+    return out
+
+
+async def main(mb: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        table = []
+        for per_row in (50, 500, 5000):
+            r, m, h, sec, apply_rate = await _join_rate(Path(tmp) / f"join{per_row}", mb, per_row)
+            raw = await _raw_rate(max(m, CHUNK * 4), CHUNK)
+            table += [[f"{per_row}", "join stream (read, checksum, send, apply, fsync; verify)",
+                       f"{r / 1e6:.1f}", f"{r / raw:.2f}x", f"{r / apply_rate:.2f}x"],
+                      [f"{per_row}", "store apply + fsync of the same rows, no network",
+                       f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "1.00x"],
+                      [f"{per_row}", "raw transport, same bytes and chunking",
+                       f"{raw / 1e6:.1f}", "1.00x", ""]]
+            if per_row == 500:
+                rate, moved, held, seconds = r, m, h, sec
+        _table("Streaming rate (tcp loopback, one process, 4 MiB chunks)",
+               ["entries/row", "path", "MB/s", "vs raw", "vs store apply"], table)
+        rows = _moved_fraction_rows()
+        rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
+                     f"{moved / max(1, held) * 3:.3f}"])
+        _table("Data moved when the (N+1)-th node joins (planner over 100k columns, random sizes)",
+               ["nodes", "R", "moved / all replica bytes", "1/(N+1)", "ratio"], rows)
+        rf_s, rf_bytes = await _restore_rf(Path(tmp) / "rf", mb)
+        bound = rf_bytes / rate
+        _table("Time to restore R after a death (removenode, 3 -> 2 nodes, R=2)",
+               ["bytes re-replicated", "seconds", "bytes / stream rate (s)", "ratio"],
+               [[f"{rf_bytes / 1e6:.1f} MB", f"{rf_s:.2f}", f"{bound:.2f}", f"{rf_s / bound:.2f}x"]])
+        print(f"\n(join: {moved / 1e6:.1f} MB; streaming phase at the rate above, whole operation "
+              f"with cutover {seconds:.2f} s; detection time not included)")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=48.0, help="rows held before the join (MB)")
+    ap.add_argument("--quick", action="store_true", help="8 MB instead")
+    a = ap.parse_args()
+    asyncio.run(main(8.0 if a.quick else a.mb))
