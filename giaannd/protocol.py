@@ -15,6 +15,7 @@ request            bulk buffers                                    success reply
 ``ScanRows``       none                                            ``ScanPage`` (the 7 RowBatch arrays)
 ``PutVocab``       none (entries in the payload: small strings)    ``VocabAck``
 ``GetVocab``       none                                            ``VocabReply``
+``ColumnInfo``     none                                            ``ColumnInfoPage``
 =================  ==============================================  ====================================
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
@@ -44,6 +45,7 @@ from giaannd.model.rows import RowBatch
 __all__ = [
     "MAX_BATCH_ENTRIES",
     "MAX_BATCH_ROWS",
+    "MAX_COLUMN_INFO_ROWS",
     "MAX_DIGEST_ROWS",
     "MAX_QUERY_SEQS",
     "MAX_READ_ROWS",
@@ -58,6 +60,8 @@ __all__ = [
     "AppliedMask",
     "BadRequest",
     "BatchesApplied",
+    "ColumnInfo",
+    "ColumnInfoPage",
     "DigestsReply",
     "ErrorReply",
     "GetVocab",
@@ -114,6 +118,9 @@ MAX_SCAN_NODES: Final = 4096
 MAX_VOCAB_ENTRIES: Final = 65_536
 #: Characters per vocabulary string (a lemma or a lower-cased surface word).
 MAX_VOCAB_TEXT_CHARS: Final = 1024
+#: Rows one ColumnInfo page looks at. Each row is hashed (its digest) on the event loop, so a page
+#: is bounded like a scan page; a column with more features is answered in several pages.
+MAX_COLUMN_INFO_ROWS: Final = 16_384
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
@@ -199,7 +206,20 @@ class GetVocab(msgspec.Struct, frozen=True, tag=8):
     ids: Annotated[list[_U64], msgspec.Meta(max_length=MAX_VOCAB_ENTRIES)]
 
 
-Request = ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
+class ColumnInfo(msgspec.Struct, frozen=True, tag=9):
+    """Size and digest of this node's rows of one column, a page at a time (docs/replication.md,
+    "Column info"). ``after_feature``: the cursor (exclusive) when ``started``; ``limit``: rows to
+    look at (capped at MAX_COLUMN_INFO_ROWS). Answered from whatever the node holds, owner or not:
+    the caller picks the nodes to ask (the column's owners)."""
+
+    column: _U64
+    after_feature: _U64 = 0
+    started: bool = False
+    limit: Annotated[int, msgspec.Meta(ge=1)] = MAX_COLUMN_INFO_ROWS
+
+
+Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
+           | ColumnInfo)
 
 
 # -- success replies (tags 64..127) ---------------------------------------------------------------
@@ -256,6 +276,23 @@ class VocabReply(msgspec.Struct, frozen=True, tag=71):
     entries: list[VocabEntry] = []
 
 
+class ColumnInfoPage(msgspec.Struct, frozen=True, tag=72):
+    """One page of a column's rows on one node. Counts and digests cover this page only; the caller
+    adds them up (digests: sum mod 2**64 of per-row hashes, ``requests.fold_row_digest``, so the
+    total does not depend on where pages end). ``bytes``: the store's accounting (regions plus the
+    per-row overhead). ``next_feature``: the cursor for the next page; ``done``: no row of the
+    column after it."""
+
+    rows: int = 0
+    entries: int = 0
+    bytes: int = 0
+    keys_digest: int = 0
+    strength_digest: int = 0
+    batches: int = 0
+    next_feature: int = 0
+    done: bool = True
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -296,7 +333,7 @@ class VocabConflict(msgspec.Struct, frozen=True, tag=132):
 
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
-         | ErrorReply)
+         | ColumnInfoPage | ErrorReply)
 
 _REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
 _REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)

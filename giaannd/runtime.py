@@ -22,6 +22,11 @@ What it does on ``start``:
 3. **Topology**: the cluster view (``giaannd.topology``), created empty; the membership service
    fills it from member events.
 
+Data-plane failures start suspicion (ARCHITECTURE §5): every ``StorageClient`` the runtime hands
+out (and the storage role's own) reports a peer it could not reach to ``report_unreachable``,
+which passes it to ``MembershipNode.report_unreachable`` at most once per peer per probe interval.
+Suspicion is refuted by a live node; only membership's own timers declare death.
+
 Requests that arrive before a role registered its handler (``serve``), or on a node without the
 storage role, get a typed ``Unavailable`` reply, so a writer fails over instead of hanging.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -103,6 +109,12 @@ class _RuntimeCollector(Collector):
                 if metrics is not None:
                     fam.add_metric([scheme], float(getattr(metrics, name)))
             yield fam
+        fam = CounterMetricFamily("giaannd_data_plane_unreachable_reports",
+                                  "peers the data plane could not reach, by what membership was told",
+                                  labels=["outcome"])
+        fam.add_metric(["reported"], float(self._rt.unreachable_reported))
+        fam.add_metric(["rate_limited"], float(self._rt.unreachable_suppressed))
+        yield fam
         node = self._rt.membership
         if node is None:
             return
@@ -149,6 +161,11 @@ class NodeRuntime:
         self.membership: MembershipNode | None = None
         self._handler: Handler | None = None
         self._clients: list[StorageClient] = []
+        #: peer name -> monotonic time of its last report to membership (rate limit)
+        self._unreachable_at: dict[str, float] = {}
+        #: data-plane unreachability reports passed to membership / dropped by the rate limit
+        self.unreachable_reported = 0
+        self.unreachable_suppressed = 0
 
     # -- the Service protocol -------------------------------------------------------------
 
@@ -233,9 +250,28 @@ class NodeRuntime:
         defaults to ``storage.write-quorum``.
         """
         options.setdefault("write_quorum", self.config.storage.write_quorum)
+        options.setdefault("on_unreachable", self.report_unreachable)
         client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
         self._clients.append(client)
         return client
+
+    def report_unreachable(self, name: str) -> bool:
+        """The data plane could not reach member ``name``: start suspicion (not death) through
+        membership, at most once per peer per probe interval (a burst of failed requests to one
+        peer is one report). Returns whether this call reported. No-op without membership."""
+        node = self.membership
+        if node is None or not name or name == self.node_name:
+            return False
+        now = time.monotonic()
+        last = self._unreachable_at.get(name)
+        if last is not None and now - last < node.config.probe_interval_s:
+            self.unreachable_suppressed += 1
+            return False
+        self._unreachable_at[name] = now
+        self.unreachable_reported += 1
+        log.info("data plane could not reach peer=%s: reporting it to membership", name)
+        node.report_unreachable(name)
+        return True
 
     def fail_peer(self, node_id: str, reason: str) -> int:
         """Membership declared ``node_id`` dead: fail every data-plane connection to it now.

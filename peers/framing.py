@@ -153,10 +153,12 @@ def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSp
         LocalProtocolError: unsupported dtype, non-contiguous, over ``MAX_BUFFER_BYTES``, or a
             device buffer (use ``device_spec``; only the ucx bulk path carries those).
     """
-    if is_device_buffer(buf):
-        raise LocalProtocolError("CUDA buffers can only travel on the ucx bulk path")
     arr: np.ndarray
-    if hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # a torch CPU tensor: shares memory
+    if type(buf) is np.ndarray:  # the hot case first: no attribute probing (a failed hasattr
+        arr = buf                # costs an exception inside) — an ndarray is never device memory
+    elif is_device_buffer(buf):
+        raise LocalProtocolError("CUDA buffers can only travel on the ucx bulk path")
+    elif hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # a torch CPU tensor: shares memory
         arr = buf.detach().numpy()  # type: ignore[attr-defined]
     elif isinstance(buf, np.ndarray):
         arr = buf
@@ -169,9 +171,10 @@ def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSp
         raise LocalProtocolError("bulk arrays must be C-contiguous")
     if arr.nbytes > MAX_BUFFER_BYTES:
         raise LocalProtocolError(f"buffer of {arr.nbytes} bytes exceeds MAX_BUFFER_BYTES")
-    view = arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
+    # a flat byte view sharing memory (C-contiguous was checked, so the cast is valid)
+    view = arr.data.cast("B") if arr.size else memoryview(b"")
     digest = checksum(view) if with_checksum else None
-    return wire.BufferSpec(dtype, tuple(int(d) for d in arr.shape), arr.nbytes, digest), view
+    return wire.BufferSpec(dtype, arr.shape, arr.nbytes, digest), view
 
 
 def verify_checksums(specs: Sequence[wire.BufferSpec], buffers: Sequence[memoryview]) -> None:
@@ -185,18 +188,23 @@ def verify_checksums(specs: Sequence[wire.BufferSpec], buffers: Sequence[memoryv
             raise RemoteProtocolError("bulk checksum mismatch", reason="checksum")
 
 
+#: Bytes per element of every wire dtype (``"<f4"`` → 4), looked up once per received buffer.
+_ITEMSIZE: Final = {dtype: int(dtype[2:]) for dtype in wire.DTYPES}
+
+
 def validate_spec(spec: wire.BufferSpec) -> None:
     """Check one descriptor is self-consistent before anything is allocated for it.
 
     Raises:
         RemoteProtocolError: unknown dtype, too many dims, negative dims, or nbytes ≠ dtype × shape.
     """
-    if spec.dtype not in wire.DTYPES:
+    itemsize = _ITEMSIZE.get(spec.dtype)
+    if itemsize is None:
         raise RemoteProtocolError(f"dtype {spec.dtype!r} not allowed", reason="bad_spec")
-    if len(spec.shape) > wire.MAX_NDIM or any(d < 0 for d in spec.shape):
+    shape = spec.shape
+    if len(shape) > wire.MAX_NDIM or (min(shape) < 0 if shape else False):
         raise RemoteProtocolError(f"bad shape {spec.shape}", reason="bad_spec")
-    itemsize = int(spec.dtype[2:])
-    if math.prod(spec.shape) * itemsize != spec.nbytes:
+    if math.prod(shape) * itemsize != spec.nbytes:
         raise RemoteProtocolError(f"nbytes {spec.nbytes} ≠ dtype × shape", reason="bad_spec")
     if spec.nbytes > MAX_BUFFER_BYTES:
         raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
@@ -215,14 +223,19 @@ def encode_frame(
         raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
     if len(buffers) > MAX_BUFFERS_PER_FRAME:
         raise LocalProtocolError(f"{len(buffers)} buffers exceed MAX_BUFFERS_PER_FRAME")
-    bulk_len = 0 if out_of_band else sum(b.nbytes for b in buffers)
+    bulk_len = 0
+    if not out_of_band:
+        for b in buffers:  # a plain loop: cheaper than sum(generator) for the usual 1–3 buffers
+            bulk_len += b.nbytes
     if bulk_len > MAX_BULK_BYTES_PER_FRAME:
         raise LocalProtocolError(f"{bulk_len} bulk bytes exceed MAX_BULK_BYTES_PER_FRAME")
     flags = FLAG_OUT_OF_BAND if out_of_band else 0
     header = HEADER.pack(MAGIC, FRAME_VERSION, flags, len(body), len(buffers), 0, bulk_len)
     parts: list[bytes | memoryview] = [header + body]
     if not out_of_band:
-        parts.extend(b for b in buffers if b.nbytes)
+        for b in buffers:
+            if b.nbytes:
+                parts.append(b)
     return parts
 
 
@@ -287,6 +300,13 @@ class FrameDecoder:
         Raises:
             RemoteProtocolError: the bytes violate the framing (the decoder is then dead).
         """
+        if self._state == _BULK:
+            # the hot path while a large buffer streams in (one call per socket read): bytes
+            # landed inside the current destination and complete nothing
+            offset = self._dest_offset + nbytes
+            if offset < self._dests[self._dest_index].nbytes:
+                self._dest_offset = offset
+                return []
         try:
             return self._advance(nbytes)
         except RemoteProtocolError:
@@ -403,9 +423,10 @@ class FrameDecoder:
         via = message.bulk_via if carries_bulk else wire.BULK_INLINE  # type: ignore[union-attr]
         if out_of_band != (via != wire.BULK_INLINE):
             raise RemoteProtocolError("bulk_via disagrees with header flags", reason="bad_header")
+        total = 0
         for spec in specs:
             validate_spec(spec)
-        total = sum(s.nbytes for s in specs)
+            total += spec.nbytes
         if not out_of_band and total != self._bulk_len:
             raise RemoteProtocolError("bulk length differs from header", reason="bad_header")
         if total > MAX_BULK_BYTES_PER_FRAME:

@@ -156,7 +156,7 @@ def _render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(none)"
     keys = list(dict.fromkeys(k for row in rows for k in row))
-    cells = [[str(row.get(k, "")) for k in keys] for row in rows]
+    cells = [["-" if row.get(k, "") is None else str(row.get(k, "")) for k in keys] for row in rows]
     widths = [max(len(k), *(len(r[i]) for r in cells)) for i, k in enumerate(keys)]
     lines = ["  ".join(k.upper().ljust(w) for k, w in zip(keys, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
@@ -178,6 +178,9 @@ def _render(result: Any) -> str:
             elif isinstance(value, Mapping):
                 lines.append(f"{key}:")
                 lines.extend(f"  {k}: {v}" for k, v in value.items())
+            elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+                lines.append(f"{key}:")  # e.g. column info's owners, ring show's members
+                lines.extend(f"  {line}" for line in _render_table(value).splitlines())
             else:
                 lines.append(f"{key}: {value}")
         return "\n".join(lines)

@@ -42,6 +42,18 @@ real 64-bit hash collision and raises ``RemoteVocabConflict``.
 **Backpressure**: at most ``max_inflight_bytes_per_owner`` of ApplyBatch bytes in flight per owner:
 a slow owner makes ``write`` wait instead of queueing unbounded memory.
 
+**Column info** (``column_info``): one column's owners (placement order, live or not) and, per
+live owner, its rows, entries, bytes and order-free digests of that column (``ColumnInfo`` pages,
+summed), so the caller can see whether the replicas agree.
+
+**Unreachable peers** (ARCHITECTURE §5): when a call cannot reach a node at the connection level
+(connect refused or timed out, connection lost mid-request) the client calls ``on_unreachable(node)``;
+the daemon's runtime passes a rate-limited ``MembershipNode.report_unreachable``, so a data-plane
+failure *starts* suspicion, which the node refutes if it is alive. Typed error replies (StoreFull,
+NotOwner...), request deadlines (a slow node is not an unreachable one), a peer membership already
+declared dead (``PeerDead``) and handshake rejections are not reported. The client imports nothing of
+membership: the hook is a plain callback.
+
 Connections are opened on first use per address and reused; a closed one is replaced on the next call.
 """
 
@@ -52,7 +64,7 @@ import contextlib
 import logging
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -64,10 +76,12 @@ from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
 from giaannd.storage.requests import scan_chain_mask
 from giaannd.topology import Topology
-from peers.errors import PeersError
+from peers.errors import DeadlineExceeded, HandshakeRejected, PeerDead, PeersError, TransportClosed
 from peers.transport import Connection, Identity, Transport, connect, make_transport, scheme_of
 
 __all__ = [
+    "ColumnReplicaInfo",
+    "ColumnReport",
     "QuorumNotReached",
     "ReadFailed",
     "RemoteBadRequest",
@@ -94,6 +108,9 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 CONFIRM_HINTS_INTERVAL_S: Final = 2.0
 #: Rows asked per ScanRows page (storage caps it at MAX_SCAN_ROWS and by entries).
 DEFAULT_SCAN_PAGE_ROWS: Final = 16_384
+#: Pages one owner may answer for one ``column_info`` (MAX_COLUMN_INFO_ROWS rows each: 16 Mi
+#: features, far beyond any column); a node still paging past it is reported as failed.
+MAX_COLUMN_INFO_PAGES: Final = 1024
 
 
 class StorageRequestError(Exception):
@@ -216,6 +233,63 @@ def _raise_for(node: str, reply: p.Reply) -> None:
 _FAILURES: Final = (StorageRequestError, PeersError, OSError, p.ProtocolViolation, KeyError)
 
 
+def _unreachable(exc: BaseException, connecting: bool) -> bool:
+    """Whether ``exc`` says the peer could not be reached (module docstring, "Unreachable peers").
+
+    While connecting: refused, reset, timed out (``DeadlineExceeded``) all count. On an open
+    connection only its loss counts; a request deadline (``TimeoutError``, an ``OSError`` too) does
+    not: the peer may just be slow."""
+    if isinstance(exc, PeerDead | HandshakeRejected):
+        return False
+    if connecting:
+        return isinstance(exc, OSError | DeadlineExceeded)
+    return isinstance(exc, TransportClosed | ConnectionError) and not isinstance(exc, TimeoutError)
+
+
+@dataclass(frozen=True)
+class ColumnReplicaInfo:
+    """One owner's view of a column (``StorageClient.column_info``). The counts are None when the
+    owner is believed down (not asked) or its answer failed (``error``)."""
+
+    node: str
+    live: bool
+    rows: int | None = None
+    entries: int | None = None
+    bytes: int | None = None
+    keys_digest: int | None = None
+    strength_digest: int | None = None
+    batches: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ColumnReport:
+    """A column's owners under ``epoch`` (placement order) with what each live one holds.
+
+    ``keys_agree``: every answering owner holds the same rows with the same entry keys;
+    ``strength_agree``: also bit-identical strengths (replicas that applied the same batches in
+    another order may differ in the last bit of a float sum, so this one can be False on a healthy
+    cluster); both None when fewer than two owners answered."""
+
+    column: int
+    epoch: str
+    replicas: list[ColumnReplicaInfo]
+
+    @property
+    def answered(self) -> list[ColumnReplicaInfo]:
+        return [r for r in self.replicas if r.rows is not None]
+
+    @property
+    def keys_agree(self) -> bool | None:
+        got = self.answered
+        return None if len(got) < 2 else len({(r.rows, r.entries, r.keys_digest) for r in got}) == 1
+
+    @property
+    def strength_agree(self) -> bool | None:
+        got = self.answered
+        return None if len(got) < 2 else len({(r.keys_digest, r.strength_digest) for r in got}) == 1
+
+
 class StorageClient:
     """Reads, quorum writes, hints and digests against the storage members of ``topology``.
 
@@ -227,6 +301,7 @@ class StorageClient:
         write_quorum: W; default majority of the effective R.
         request_timeout_s / connect_timeout_s: per request / per connection attempt series.
         max_inflight_bytes_per_owner: backpressure bound.
+        on_unreachable: told ``node`` when a call could not reach it (module docstring).
     """
 
     def __init__(
@@ -240,6 +315,7 @@ class StorageClient:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_inflight_bytes_per_owner: int = DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER,
+        on_unreachable: Callable[[str], object] | None = None,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -257,6 +333,7 @@ class StorageClient:
         self._budgets: dict[str, ByteBudget] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._last_confirm = float("-inf")
+        self.on_unreachable = on_unreachable
 
     # -- plumbing -------------------------------------------------------------------------------------
     async def _connection(self, node: str) -> Connection:
@@ -279,9 +356,20 @@ class StorageClient:
 
     async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (),
                     timeout_s: float | None = None) -> tuple[p.Reply, list[np.ndarray]]:
-        """One request; typed error replies become exceptions."""
-        conn = await self._connection(node)
-        result = await conn.request(p.encode(msg), bulk, timeout_s=timeout_s or self.request_timeout_s)
+        """One request; typed error replies become exceptions; connection-level failures are
+        reported to ``on_unreachable`` before they propagate."""
+        connecting = True
+        try:
+            conn = await self._connection(node)
+            connecting = False
+            result = await conn.request(p.encode(msg), bulk, timeout_s=timeout_s or self.request_timeout_s)
+        except Exception as exc:
+            if self.on_unreachable is not None and _unreachable(exc, connecting):
+                try:
+                    self.on_unreachable(node)
+                except Exception:  # a broken hook must not turn into a failed request
+                    log.exception("on_unreachable hook failed node=%s", node)
+            raise
         reply = p.decode_reply(result.payload)
         _raise_for(node, reply)
         return reply, result.bulk
@@ -309,9 +397,16 @@ class StorageClient:
         return self._budgets.setdefault(node, ByteBudget(self.max_inflight))
 
     async def _apply_reserved(self, node: str, batch_id: BatchId, batch: RowBatch, writer_floor: int,
-                              hint_for: str | None, timeout_s: float | None) -> p.ApplyAck:
-        """``apply_to`` once ``batch.nbytes`` of the node's budget is held; releases it."""
-        msg = p.ApplyBatch(batch_id.writer, batch_id.seq, writer_floor, self.topology.epoch, hint_for)
+                              hint_for: str | None, timeout_s: float | None,
+                              epoch: str | None = None) -> p.ApplyAck:
+        """``apply_to`` once ``batch.nbytes`` of the node's budget is held; releases it.
+
+        ``epoch``: the placement the batch was split with (default: the current one). Sources of a
+        topology change forward writes by it (docs/topology.md), so it must be the epoch of the
+        split, not the one in force when the task gets to send.
+        """
+        epoch = self.topology.epoch if epoch is None else epoch
+        msg = p.ApplyBatch(batch_id.writer, batch_id.seq, writer_floor, epoch, hint_for)
         try:
             reply, _ = await self._call(node, msg, batch.buffers(), timeout_s)
         finally:
@@ -398,7 +493,8 @@ class StorageClient:
                 # Reserve before sending: a slow owner's full budget blocks this write here, even
                 # when the other owners would make the quorum (backpressure, module docstring).
                 await self._budget(node).acquire(sub.nbytes)
-                tasks[self._spawn(self._apply_reserved(node, bid, sub, floor, None, None))] = node
+                tasks[self._spawn(self._apply_reserved(node, bid, sub, floor, None, None,
+                                                       placement.epoch))] = node
             else:
                 failures[node] = "down"
                 self._spawn(self._hint(node, bid, sub, floor, hinted))
@@ -731,6 +827,56 @@ class StorageClient:
             detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
             raise ReadFailed(f"{int((todo & ~answered).sum())} vocabulary ids unreadable on every owner ({detail})")
         return found
+
+    # -- column info ---------------------------------------------------------------------------------------
+    async def column_info(self, column: int, page_rows: int = p.MAX_COLUMN_INFO_ROWS,
+                          timeout_s: float | None = None) -> ColumnReport:
+        """The column's owners (live or not) and, per live owner, its counts and digests, asked
+        of all live owners at once; an owner that fails is reported with ``error``, not raised.
+
+        Raises:
+            LookupError: no storage members known (no placement).
+        """
+        placement = self.topology.placement
+        owners = [placement.names[int(i)]
+                  for i in placement.owner_indices(np.array([column], np.uint64))[0]]
+        live = [self.topology.is_live(n) for n in owners]
+        results = await asyncio.gather(
+            *(self._column_info_of(n, column, page_rows, timeout_s) for n, ok in zip(owners, live) if ok),
+            return_exceptions=True)
+        it = iter(results)
+        replicas = []
+        for name, ok in zip(owners, live):
+            if not ok:
+                replicas.append(ColumnReplicaInfo(name, False))
+                continue
+            got = next(it)
+            if isinstance(got, ColumnReplicaInfo):
+                replicas.append(got)
+            elif isinstance(got, _FAILURES):
+                replicas.append(ColumnReplicaInfo(name, True, error=f"{type(got).__name__}: {got}"))
+            else:
+                raise got
+        return ColumnReport(column, placement.epoch, replicas)
+
+    async def _column_info_of(self, node: str, column: int, page_rows: int,
+                              timeout_s: float | None) -> ColumnReplicaInfo:
+        mask = (1 << 64) - 1
+        rows = entries = nbytes = keys = strength = batches = 0
+        msg = p.ColumnInfo(column, limit=page_rows)
+        for _ in range(MAX_COLUMN_INFO_PAGES):
+            reply, _ = await self._call(node, msg, (), timeout_s)
+            if not isinstance(reply, p.ColumnInfoPage):
+                raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ColumnInfo", node)
+            rows, entries, nbytes = rows + reply.rows, entries + reply.entries, nbytes + reply.bytes
+            keys, strength = (keys + reply.keys_digest) & mask, (strength + reply.strength_digest) & mask
+            batches += reply.batches
+            if reply.done:
+                return ColumnReplicaInfo(node, True, rows, entries, nbytes, keys, strength, batches)
+            if reply.next_feature <= msg.after_feature and msg.started:
+                raise RemoteBadRequest("ColumnInfo cursor did not advance", node)
+            msg = p.ColumnInfo(column, reply.next_feature, True, page_rows)
+        raise RemoteBadRequest(f"column {column} not done after {MAX_COLUMN_INFO_PAGES} pages", node)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def flush(self) -> None:

@@ -185,6 +185,7 @@ def job_client(base: StorageClient) -> StorageClient:
         base.topology, base.transports, identity=base.identity, writer_id=secrets.randbits(64),
         write_quorum=base.write_quorum, request_timeout_s=base.request_timeout_s,
         connect_timeout_s=base.connect_timeout_s, max_inflight_bytes_per_owner=base.max_inflight,
+        on_unreachable=base.on_unreachable,
     )
 
 

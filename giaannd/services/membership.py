@@ -14,6 +14,9 @@ from then on feeds every member event into the runtime's ``Topology``. It serves
   saved to ``cluster.key-file``; ``id`` is the key's fingerprint (first 16 hex digits of SHA-256);
 - ``GET /v1/ring``, ``GET /v1/ring/owners/{column}``: the placement as this node computes it
   (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does).
+- ``GET /v1/columns/{column}`` (``giaannctl column info``): the column's owners and, per live
+  owner, its rows, entries, bytes and digests of that column, asked over the data plane
+  (``ColumnInfo``), with whether the replicas agree. Any node serves it, storage or not.
 
 ``stop(graceful=True)`` (SIGTERM) leaves gossip politely: the daemon stops this service after the
 roles, so they drain while the node is still a member, then the leave spreads.
@@ -42,6 +45,7 @@ from peers.membership.meta import NodeMeta
 from peers.membership.node import JoinError, MembershipNode, NameConflictError
 
 if TYPE_CHECKING:
+    from giaannd.compute.client import StorageClient
     from giaannd.daemon import ServiceContext
     from giaannd.runtime import NodeRuntime
 
@@ -56,6 +60,9 @@ INCARNATION_FILE: Final = "membership.incarnation"
 JOIN_TIMEOUT_S: Final = 60.0
 #: Seeds accepted in one join request.
 MAX_SEEDS: Final = 64
+#: Deadline of each ColumnInfo page asked for ``GET /v1/columns/{column}`` (an admin request
+#: must answer promptly; an owner slower than this is shown with its error).
+COLUMN_INFO_TIMEOUT_S: Final = 5.0
 
 
 def key_id(key: bytes) -> str:
@@ -103,6 +110,7 @@ class MembershipService:
         self.node: MembershipNode | None = None
         self._ctx: ServiceContext | None = None
         self._joined_seeds = 0
+        self._client: StorageClient | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -330,6 +338,30 @@ class MembershipService:
                 "epoch": placement.epoch,
                 "owners": [{"name": n, "live": topo.is_live(n)} for n in owners]}
 
+    async def _get_column(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        """``giaannctl column info``: owners in placement order, what each live one holds."""
+        try:
+            column, how = parse_column(params["column"])
+        except ValueError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
+        if self._client is None:  # closed by the runtime on stop
+            self._client = self.runtime.storage_client()
+        try:
+            report = await self._client.column_info(column, timeout_s=COLUMN_INFO_TIMEOUT_S)
+        except LookupError:
+            raise AdminHTTPError(503, "no storage members known", "no_storage") from None
+
+        def digest(value: int | None) -> str | None:
+            return None if value is None else f"{value:016x}"
+
+        return {"column": params["column"], "column_id": str(column), "named_by": how,
+                "epoch": report.epoch, "keys_agree": report.keys_agree,
+                "strength_agree": report.strength_agree,
+                "owners": [{"name": r.node, "live": r.live, "rows": r.rows, "entries": r.entries,
+                            "bytes": r.bytes, "keys_digest": digest(r.keys_digest),
+                            "strength_digest": digest(r.strength_digest), "batches": r.batches,
+                            "error": r.error} for r in report.replicas]}
+
     def _routes(self, ctx: ServiceContext) -> None:
         add = ctx.admin.add_route
         add("POST", "/v1/node/join", self._post_join)
@@ -341,6 +373,7 @@ class MembershipService:
         add("DELETE", "/v1/keys/{key_id}", self._delete_key)
         add("GET", "/v1/ring", self._get_ring)
         add("GET", "/v1/ring/owners/{column}", self._get_owners)
+        add("GET", "/v1/columns/{column}", self._get_column)
 
     # -- incarnation ---------------------------------------------------------------------------
 

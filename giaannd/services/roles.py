@@ -43,7 +43,8 @@ class StorageRole:
             self.config.data_path("storage"), s.capacity_bytes, [],
             transports=rt.transports, identity=rt.identity, topology=rt.topology,
             node_name=rt.node_name, group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
-            snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor)
+            snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor,
+            on_unreachable=rt.report_unreachable)
         await self.service.start(ctx)
         rt.serve(self.service.handle)
 

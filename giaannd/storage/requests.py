@@ -24,15 +24,18 @@ threads, transport and locks. Not thread-safe: call from one thread (the event l
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
+from giaannd.storage.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
 from giaannd.storage.errors import StoreFullError
 from giaannd.storage.hints import HintSpaceFull, HintStore
 from giaannd.storage.recovery import DurableStore
@@ -41,7 +44,7 @@ from giaannd.topology import Topology
 from peers.placement import Placement
 
 __all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitVocabSynced",
-           "scan_chain_mask"]
+           "fold_row_digest", "scan_chain_mask"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,17 @@ def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArra
     return ok
 
 
+_U64_MASK = (1 << 64) - 1
+_ROW_DIGEST = struct.Struct("<QQQ")
+
+
+def fold_row_digest(column: int, feature: int, digest: int) -> int:
+    """One row's share of a column digest (``ColumnInfoPage``): xxh3_64 of (column, feature,
+    row digest). Column digests are the sum of these mod 2**64: order-free, so two replicas holding
+    the same rows agree however their pages were cut, and adding pages up is a plain sum."""
+    return xxhash.xxh3_64_intdigest(_ROW_DIGEST.pack(column, feature, digest))
+
+
 def _owned(batch: RowBatch) -> RowBatch:
     """A copy that no longer references the transport's pooled receive buffers (hints outlive them)."""
     return RowBatch(*[np.array(b, copy=True) for b in batch.buffers()])
@@ -173,6 +187,8 @@ class StorageRequests:
                 return self.put_vocab(msg)
             if isinstance(msg, p.GetVocab):
                 return self.get_vocab(msg)
+            if isinstance(msg, p.ColumnInfo):
+                return self.column_info(msg)
             return self.batches_applied(msg)
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
@@ -308,6 +324,37 @@ class StorageRequests:
         self.count("bytes_read", res.batch.nbytes)
         nc, nf = res.next_key if res.next_key is not None else (0, 0)
         return Answer(p.ScanPage(nc, nf, res.done, res.examined), res.batch.buffers())
+
+    # -- column info (docs/replication.md "Column info") -----------------------------------------
+    def column_info(self, msg: p.ColumnInfo) -> Answer:
+        """Counts and digests of up to ``limit`` of this node's rows of ``msg.column`` after the
+        cursor: a store scan from the column's first key (the index is sorted by (column, feature))
+        that keeps only that column and stops where the column ends."""
+        column = msg.column
+        if msg.started:
+            after: tuple[int, int] | None = (column, msg.after_feature)
+        else:  # strictly before (column, 0): the end of the previous column
+            after = (column - 1, _U64_MASK) if column > 0 else None
+        limit = min(msg.limit, p.MAX_COLUMN_INFO_ROWS)
+        res = self.store.store.scan(after, limit, p.MAX_SCAN_ENTRIES, limit,
+                                    lambda cols: cols == np.uint64(column))
+        batch = res.batch
+        keys_sum = strength_sum = batches = 0
+        for feature in batch.row_feature.tolist():
+            d = self.store.store.digest((column, feature))
+            if d is None:  # (cannot happen single-threaded: the scan just read it)
+                continue
+            keys_sum = (keys_sum + fold_row_digest(column, feature, d.keys)) & _U64_MASK
+            strength_sum = (strength_sum + fold_row_digest(column, feature, d.strength)) & _U64_MASK
+            batches += d.batches
+        rows, entries = batch.num_rows, batch.num_entries
+        nxt = res.next_key
+        done = res.done or nxt is None or nxt[0] != column
+        self.count("reads")
+        return Answer(p.ColumnInfoPage(
+            rows=rows, entries=entries, bytes=entries * ENTRY_BYTES + rows * ROW_OVERHEAD_BYTES,
+            keys_digest=keys_sum, strength_digest=strength_sum, batches=batches,
+            next_feature=0 if done or nxt is None else nxt[1], done=done))
 
     # -- vocabulary (vocab_store.py) -------------------------------------------------------------
     def put_vocab(self, msg: p.PutVocab) -> Step:

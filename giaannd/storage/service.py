@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -87,6 +87,8 @@ class StorageService:
         snapshot_interval_s: snapshot timer period (daemon mode / ``run_snapshots``).
         hint_max_bytes / hint_retry_s: hint budget (hints.py) and retry period.
         replicas: R, for a topology this service creates itself (``attach_membership``).
+        on_unreachable: passed to the service's own ``StorageClient`` (hint delivery): told a
+            peer's name when it could not be reached (the daemon starts suspicion with it).
     """
 
     name = "storage"
@@ -106,6 +108,7 @@ class StorageService:
         hint_max_bytes: int = DEFAULT_MAX_HINT_BYTES,
         hint_retry_s: float = HINT_RETRY_S,
         replicas: int = DEFAULT_REPLICAS,
+        on_unreachable: Callable[[str], object] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.capacity_bytes = capacity_bytes
@@ -118,6 +121,7 @@ class StorageService:
         self.snapshot_interval_s = snapshot_interval_s
         self.hint_max_bytes = hint_max_bytes
         self.hint_retry_s = hint_retry_s
+        self.on_unreachable = on_unreachable
         self.replicas = replicas
         self.core: StorageRequests | None = None
         self.store: DurableStore | None = None
@@ -165,7 +169,8 @@ class StorageService:
             transport = self._transport(scheme_of(url))
             self.listeners.append(await transport.listen(url, self.handle))
         if self.topology is not None:
-            self._client = StorageClient(self.topology, self.transports, identity=self.identity)
+            self._client = StorageClient(self.topology, self.transports, identity=self.identity,
+                                         on_unreachable=self.on_unreachable)
             self.topology.on_change(self._on_topology)
 
     def _transport(self, scheme: str) -> Transport:
@@ -238,7 +243,8 @@ class StorageService:
         if self.topology is None:
             self.topology = Topology(local=self.node_name or None, replicas=self.replicas)
             if self._client is None and self.hints is not None:
-                self._client = StorageClient(self.topology, self.transports, identity=self.identity)
+                self._client = StorageClient(self.topology, self.transports, identity=self.identity,
+                                         on_unreachable=self.on_unreachable)
                 self.topology.on_change(self._on_topology)
         topo = self.topology
         follow_membership(topo, node)

@@ -78,6 +78,8 @@ def run_round(tmp: Path, lifeguard: bool, duration_s: float) -> list[dict]:
     return failed
 
 
+# One 180 s round with Lifeguard plus up to OFF_ROUNDS rounds without it, each with set-up and teardown.
+@pytest.mark.timeout(240 * (1 + OFF_ROUNDS))
 def test_membership_faults_lifeguard_prevents_false_dead(tmp_path):
     failed_on = run_round(tmp_path, lifeguard=True, duration_s=180.0)
     assert failed_on == [], f"false deaths with Lifeguard: {failed_on}"

@@ -1,0 +1,132 @@
+"""The request fast paths of ``peers.transport.connection``: the caller-side deadline heap, and
+writes that skip the lock/drain when the socket took everything (vs. the locked path under
+contention). The conformance suite checks behaviour end to end; these pin the new mechanisms."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from peers.errors import DeadlineExceeded
+from peers.transport import Identity, Reply, connect, make_transport
+from peers.transport.connection import _DEADLINE_SLACK, _Deadlines, _Pending
+
+KEY = [b"unit-fastpath-key-0123456789abcd"]
+
+
+@pytest.mark.asyncio
+async def test_deadlines_expire_live_ids_only_in_order():
+    loop = asyncio.get_running_loop()
+    pending: dict[int, object] = {i: object() for i in range(1, 5)}
+    expired: list[int] = []
+    deadlines = _Deadlines(loop, pending, expired.append)
+    now = loop.time()
+    deadlines.add(now + 0.20, 1, pending[1])
+    deadlines.add(now + 0.05, 2, pending[2])  # earlier than the armed timer: re-armed
+    deadlines.add(now + 0.10, 3, pending[3])
+    deadlines.add(now + 0.10, 4, pending[4])
+    del pending[3]  # answered before its deadline: must not expire
+    pending[4] = object()  # the id was reused by a new request: the old deadline is not its own
+    async with asyncio.timeout(2):
+        while len(expired) < 2:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert expired == [2, 1]
+    assert loop.time() - now >= 0.19
+    deadlines.close()
+
+
+@pytest.mark.asyncio
+async def test_deadlines_heap_stays_bounded_by_in_flight():
+    loop = asyncio.get_running_loop()
+    pending: dict[int, object] = {}
+    deadlines = _Deadlines(loop, pending, lambda _id: None)
+    for req_id in range(5000):  # sequential requests: each answered before the next one
+        pending[req_id] = token = object()
+        deadlines.add(loop.time() + 60, req_id, token)
+        del pending[req_id]
+    assert len(deadlines._heap) <= 2 * len(pending) + _DEADLINE_SLACK + 1
+    deadlines.close()
+
+
+async def _handler(incoming):
+    op = incoming.decode(object)
+    if op == "sleep":
+        await asyncio.sleep(30)
+    if incoming.bulk:
+        return Reply(op, [b * 2 for b in incoming.bulk])
+    return Reply(op)
+
+
+async def _pair():
+    server = make_transport("tcp", Identity("server", "unit", KEY))
+    listener = await server.listen("tcp://127.0.0.1:0", _handler)
+    client = make_transport("tcp", Identity("client", "unit", KEY))
+    conn = await connect(client, listener.address, timeout_s=10)
+    return server, listener, client, conn
+
+
+async def _teardown(server, listener, client, conn):
+    await conn.close()
+    await listener.close()
+    async with asyncio.timeout(5):
+        while client.open_resources or server.open_resources:
+            await asyncio.sleep(0.01)
+    assert server.pool.leased == 0
+
+
+@pytest.mark.asyncio
+async def test_small_requests_interleave_with_large_ones_intact():
+    """Large frames fill the socket (locked path, drain awaited) while small ones arrive: every
+    frame must stay whole and every response must match its request."""
+    server, listener, client, conn = await _pair()
+    big = [np.full(2 * 2**20, i, np.int32) for i in range(4)]  # 8 MiB each
+    small = [np.arange(100 + i, dtype=np.int64) for i in range(64)]
+    results = await asyncio.wait_for(asyncio.gather(
+        *(conn.request(i, [b], timeout_s=30) for i, b in enumerate(big)),
+        *(conn.request(100 + i, [s], timeout_s=30) for i, s in enumerate(small))), 60)
+    for i, (b, r) in enumerate(zip(big, results[:4])):
+        assert r.decode(int) == i
+        np.testing.assert_array_equal(r.bulk[0], b * 2)
+    for i, (s, r) in enumerate(zip(small, results[4:])):
+        assert r.decode(int) == 100 + i
+        np.testing.assert_array_equal(r.bulk[0], s * 2)
+    assert conn.in_flight == 0
+    await _teardown(server, listener, client, conn)
+
+
+@pytest.mark.asyncio
+async def test_many_sequential_deadlines_do_not_accumulate_and_expiry_still_fires():
+    server, listener, client, conn = await _pair()
+    for i in range(300):
+        assert (await conn.request(i, timeout_s=30)).decode(int) == i
+    assert len(conn._deadlines._heap) <= _DEADLINE_SLACK + 1
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(DeadlineExceeded):
+        await conn.request("sleep", timeout_s=0.2)  # earlier than every 30 s entry: re-armed
+    assert 0.15 <= loop.time() - t0 < 2
+    assert conn.in_flight == 0
+    assert client.metrics.deadlines == 1
+    await _teardown(server, listener, client, conn)
+
+
+@pytest.mark.asyncio
+async def test_server_budget_cancels_handler_with_a_deadline_error():
+    """The server enforces the request's budget itself (its heap, not the caller's timer): send a
+    request whose budget (0.1 s) is far shorter than how long the caller will wait."""
+    server, listener, client, conn = await _pair()
+    req_id = next(conn._ids)
+    entry = _Pending(asyncio.get_running_loop().create_future(), None)
+    conn._pending[req_id] = entry
+    sending = conn._send_message(req_id, "sleep", (), response=False, budget_s=0.1)
+    if sending is not None:
+        await sending
+    with pytest.raises(DeadlineExceeded, match="peer gave up"):
+        await asyncio.wait_for(entry.future, 5)
+    conn._pending.pop(req_id)
+    async with asyncio.timeout(5):
+        while any(c._serving for c in listener.connections):
+            await asyncio.sleep(0.01)
+    assert (await conn.request(7, timeout_s=5)).decode(int) == 7
+    await _teardown(server, listener, client, conn)
