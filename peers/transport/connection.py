@@ -134,8 +134,10 @@ class _Deadlines:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pending: dict[int, Any],
                  expire: Callable[[int], None]) -> None:
-        """``pending``: the live requests by id; an entry is live while ``pending[id]`` is still
-        the object it was added with (ids a peer reuses later never inherit an old deadline).
+        """``pending``: the live requests by id. An entry added with a ``token`` is live while
+        ``pending[id] is token`` (the server's ids come from the peer, which may reuse one later:
+        it must not inherit an old deadline); with ``token=None`` (the caller's own ids, never
+        reused) while the id is in ``pending`` — so a stale entry pins no response buffers.
         ``expire(req_id)``: called once per deadline that passes while its entry is live."""
         self._loop, self._pending, self._expire = loop, pending, expire
         self._heap: list[tuple[float, int, int, Any]] = []  # (when, seq, req_id, token)
@@ -144,7 +146,8 @@ class _Deadlines:
         self._seq = 0
 
     def _live(self, entry: tuple[float, int, int, Any]) -> bool:
-        return self._pending.get(entry[2]) is entry[3]
+        token = entry[3]
+        return entry[2] in self._pending if token is None else self._pending.get(entry[2]) is token
 
     def add(self, when: float, req_id: int, token: Any) -> None:
         heap = self._heap
@@ -266,7 +269,7 @@ class Connection:
                     await sending
             self.metrics.requests_sent += 1
             if deadline is not None:
-                self._deadlines.add(deadline, req_id, pending)
+                self._deadlines.add(deadline, req_id, None)
             return await pending.future
         except TimeoutError:
             self.metrics.deadlines += 1

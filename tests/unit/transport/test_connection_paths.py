@@ -21,9 +21,9 @@ async def test_deadlines_expire_live_ids_only_in_order():
     expired: list[int] = []
     deadlines = _Deadlines(loop, pending, expired.append)
     now = loop.time()
-    deadlines.add(now + 0.20, 1, pending[1])
+    deadlines.add(now + 0.20, 1, None)  # no token: live while the id is pending
     deadlines.add(now + 0.05, 2, pending[2])  # earlier than the armed timer: re-armed
-    deadlines.add(now + 0.10, 3, pending[3])
+    deadlines.add(now + 0.10, 3, None)
     deadlines.add(now + 0.10, 4, pending[4])
     del pending[3]  # answered before its deadline: must not expire
     pending[4] = object()  # the id was reused by a new request: the old deadline is not its own
