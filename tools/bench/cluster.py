@@ -46,6 +46,7 @@ from giaannd.model.tokens import TaggedSentence, load_bundled_corpus
 from giaannd.storage.applied_set import BatchId
 from giaannd.topology import StorageNode, Topology
 from peers.transport import Identity, make_transport
+from tools.bench.report import print_table
 
 CLUSTER = "bench-cluster"
 KEY = bytes(range(32))
@@ -56,14 +57,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
 
 
 @contextlib.contextmanager
@@ -267,11 +260,11 @@ def main() -> None:
         rows += asyncio.run(one(1, False))[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _table(f"Training, {len(sentences)} sentences (bundled corpus), K=256",
+    print_table(f"Training, {len(sentences)} sentences (bundled corpus), K=256",
            ["cluster", "sentences/s", "core sentences/s (same run)", "× core"], rows)
-    _table("Bytes sent per sentence vs K (600 sentences; delta payload, before ×R replication)",
+    print_table("Bytes sent per sentence vs K (600 sentences; delta payload, before ×R replication)",
            ["K (sentences per batch)", "bytes/sentence", "× K=1", "pair increments / entry sent", "batches"], krows)
-    _table(f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)",
+    print_table(f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)",
            ["runner", "steps/s", "× core", "row-cache hit rate", "row requests"], infer_rows)
 
 

@@ -36,6 +36,7 @@ from giaannd.storage import BatchId, ColumnStore, DurableStore
 from giaannd.storage.column_store import ENTRY_BYTES, row_from_region
 from giaannd.storage.row_merge import add_in_place, merge_into, plan_merge
 from peers.placement import Member, Placement
+from tools.bench.report import print_table
 
 BIG = 1 << 44
 
@@ -47,14 +48,6 @@ def _best(fn: Callable[[], object], repeat: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t)
     return best
-
-
-def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
 
 
 def _base_batch(rng: np.random.Generator, rows: int, entries_per_row: int) -> RowBatch:
@@ -118,7 +111,7 @@ def bench_apply(quick: bool) -> None:
                 f"{entries_per_row}", f"{per_row}", f"{new_share:.0%}",
                 f"{m / t_store / 1e6:.2f}", f"{m / t_plain / 1e6:.2f}", f"{t_plain / t_store:.1f}x",
             ])
-    _table("apply: merge-add throughput (delta entries/s, M)",
+    print_table("apply: merge-add throughput (delta entries/s, M)",
            ["entries/row", "delta entries/row", "new keys", "store", "plain numpy", "speed-up"], out)
 
 
@@ -189,7 +182,7 @@ def bench_apply_training(tmp: Path, sentences: int, window: int) -> None:
                        ("per-row plan + merge (the previous algorithm, no store bookkeeping)", "per_row")):
         t = min(timings[key])
         out.append([label, f"{t:.3f}", f"{entries / t / 1e6:.2f}", f"{t / t_core:.2f}x"])
-    _table(f"apply: training stream ({len(encoded)} sentences of the bundled corpus, K={window}: "
+    print_table(f"apply: training stream ({len(encoded)} sentences of the bundled corpus, K={window}: "
            f"{len(batches)} batches, {sum(b.num_rows for b in batches):,} rows, {entries:,} entries; best of 3)",
            ["path", "s", "M entries/s", "time / core RowStore"], out)
 
@@ -224,7 +217,7 @@ def bench_log(tmp: Path, quick: bool) -> None:
     el = time.perf_counter() - t
     os.close(fd)
     rows.append(["raw os.write, same bytes, no fsync (baseline)", f"{records / el:,.0f}", f"{records * record_bytes / el / 1e6:.0f}"])
-    _table(f"update log ({record_bytes / 1e3:.0f} KB records)", ["mode", "records/s", "MB/s"], rows)
+    print_table(f"update log ({record_bytes / 1e3:.0f} KB records)", ["mode", "records/s", "MB/s"], rows)
 
 
 def bench_restart(tmp: Path, rows_mb: int) -> None:
@@ -264,7 +257,7 @@ def bench_restart(tmp: Path, rows_mb: int) -> None:
         ["open = snapshot load, checksum only", f"{t_load_nv:.2f}", f"{t_load_nv / gb:.2f}"],
         ["memcpy of the same bytes (baseline)", f"{t_memcpy:.2f}", f"{t_memcpy / gb:.2f}"],
     ]
-    _table(f"restart ({gb:.2f} GB of rows, {size:.2f} GB on disk)", ["step", "s", "s/GB"], rows)
+    print_table(f"restart ({gb:.2f} GB of rows, {size:.2f} GB on disk)", ["step", "s", "s/GB"], rows)
     shutil.rmtree(d)
 
 
@@ -284,7 +277,7 @@ def bench_reads(quick: bool) -> None:
         t_copy = _best(lambda: src.copy(), 5)
         rows.append([f"{nrows}", f"{nbytes / 1e6:.1f}", f"{t_read * 1e6:.0f}", f"{nbytes / t_read / 1e9:.2f}",
                      f"{nbytes / t_copy / 1e9:.2f}", f"{t_read / t_copy:.1f}x"])
-    _table("row reads: read_rows (gather + copy) vs memcpy of the same bytes",
+    print_table("row reads: read_rows (gather + copy) vs memcpy of the same bytes",
            ["rows", "MB", "read µs", "read GB/s", "memcpy GB/s", "read/memcpy time"], rows)
 
 
@@ -299,7 +292,7 @@ def bench_placement() -> None:
         tw = _best(lambda: pw.owner_indices(keys), 5)
         t1 = _best(lambda: [p.owners(int(k)) for k in keys[:1000]], 1) / 1000
         rows.append([f"{members}", f"{t / len(keys) * 1e9:.0f}", f"{tw / len(keys) * 1e9:.0f}", f"{t1 * 1e9:.0f}"])
-    _table("placement: ns per key (10,000 keys per call, R=3)",
+    print_table("placement: ns per key (10,000 keys per call, R=3)",
            ["members", "hash, vectorised", "weighted, vectorised", "scalar owners() loop"], rows)
 
 
@@ -312,6 +305,7 @@ def bench_service(tmp: Path, quick: bool) -> None:
 
 async def _bench_service(tmp: Path, quick: bool) -> None:
     import asyncio
+
     from giaannd.compute.client import StorageClient
     from giaannd.storage.service import StorageService
     from giaannd.topology import StorageNode, Topology
@@ -360,7 +354,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
         mb = got.nbytes / 1e6
         rows.append([f"{len(pick)}", f"{mb:.2f}", f"{t_svc * 1e6:.0f}", f"{mb / t_svc / 1e3:.2f}",
                      f"{t_raw * 1e6:.0f}", f"{mb / t_raw / 1e3:.2f}", f"{t_svc / t_raw:.2f}x"])
-    _table("storage service: row read over tcp (in-process) vs a raw transport request of the same bytes",
+    print_table("storage service: row read over tcp (in-process) vs a raw transport request of the same bytes",
            ["rows", "MB", "service µs", "service GB/s", "raw µs", "raw GB/s", "service/raw time"], rows)
 
     # writes: R=3, W=2 over three services vs one local DurableStore apply + fsync
@@ -408,7 +402,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
     ap = sum(s.counters.applies for s in services) - ap0
     wrows.append([f"{len(batches)} concurrent 16x50", f"{batches[0].nbytes / 1e6:.2f}",
                   f"{t_c / len(batches) * 1e3:.2f} (amortised)", "-", f"{ap} applies / {fs} fsyncs"])
-    _table("storage service: quorum write R=3 W=2 over tcp, all three services in this process (one "
+    print_table("storage service: quorum write R=3 W=2 over tcp, all three services in this process (one "
            "core does all three applies) vs one local DurableStore apply + fsync",
            ["batch rows x entries", "MB", "quorum write ms", "local apply+fsync ms",
             "quorum / (3 x local)"], wrows)

@@ -34,16 +34,9 @@ from peers.placement import Member, Placement
 from peers.transport import Identity, Incoming, Reply, connect, make_transport
 from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address
 from tests.integration.topology_harness import TopoCluster
+from tools.bench.report import print_table
 
 CHUNK = 4 * 2**20
-
-
-def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
 
 
 def _big_batch(rng: np.random.Generator, columns: np.ndarray, rows: int, per_row: int) -> RowBatch:
@@ -176,16 +169,16 @@ async def main(mb: float) -> None:
                        f"{raw / 1e6:.1f}", "1.00x", ""]]
             if per_row == 500:
                 rate, moved, held, seconds = r, m, h, sec
-        _table("Streaming rate (tcp loopback, one process, 4 MiB chunks)",
+        print_table("Streaming rate (tcp loopback, one process, 4 MiB chunks)",
                ["entries/row", "path", "MB/s", "vs raw", "vs store apply"], table)
         rows = _moved_fraction_rows()
         rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
                      f"{moved / max(1, held) * 3:.3f}"])
-        _table("Data moved when the (N+1)-th node joins (planner over 100k columns, random sizes)",
+        print_table("Data moved when the (N+1)-th node joins (planner over 100k columns, random sizes)",
                ["nodes", "R", "moved / all replica bytes", "1/(N+1)", "ratio"], rows)
         rf_s, rf_bytes = await _restore_rf(Path(tmp) / "rf", mb)
         bound = rf_bytes / rate
-        _table("Time to restore R after a death (removenode, 3 -> 2 nodes, R=2)",
+        print_table("Time to restore R after a death (removenode, 3 -> 2 nodes, R=2)",
                ["bytes re-replicated", "seconds", "bytes / stream rate (s)", "ratio"],
                [[f"{rf_bytes / 1e6:.1f} MB", f"{rf_s:.2f}", f"{bound:.2f}", f"{rf_s / bound:.2f}x"]])
         print(f"\n(join: {moved / 1e6:.1f} MB; streaming phase at the rate above, whole operation "
