@@ -48,8 +48,10 @@ def _nft_loss_works(ns: str) -> bool:
     """Whether nftables can drop packets at random in namespace ``ns`` (the netem fallback)."""
     if shutil.which("nft") is None and shutil.which("apt-get") is not None:
         # Like the systemd unit test: install the one package the check needs, bounded.
-        subprocess.run(["apt-get", "install", "-y", "-qq", "nftables"], check=False,
-                       capture_output=True, timeout=300)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "nftables"]):
+            if subprocess.run(cmd, check=False, capture_output=True, timeout=300, env=env).returncode:
+                break
     if shutil.which("nft") is None:
         return False
     return _run(["ip", "netns", "exec", ns, "nft", "add", "table", "inet", "gdprobe"],
