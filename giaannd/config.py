@@ -241,6 +241,34 @@ class StorageConfig(_Section):
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."
     ))] = 5.0
+    ramp_up_s: Annotated[float, Meta(ge=0, le=3600, description=(
+        "Seconds over which hint delivery to a storage member that came back up (or joined) is "
+        "paced: a token bucket whose rate grows linearly from `hint-ramp-start-bytes-per-s` to 16 "
+        "times that, then unpaced. Spreads a long outage's hints so the returning node also serves "
+        "new writes and reads; delivery always completes. 0 delivers at once."
+    ))] = 30.0
+    hint_ramp_start_bytes_per_s: Annotated[float, Meta(gt=0, description=(
+        "Hint delivery rate to a member at the start of its ramp (see `ramp-up-s`). Bytes "
+        "deliverable during the ramp: 8.5 x this x ramp-up-s (1 GiB at 4 MiB/s over 30 s)."
+    ))] = 4.0 * 2**20
+    join_mode: Annotated[Literal["auto", "bootstrap", "manual"], Meta(description=(
+        "What a storage node not yet active in the storage ring (giaannd/ring.py) does at start. "
+        "`auto`: after joining the seeds, pull the ring (up to 3 s); if it has no active member "
+        "the node bootstraps (adds itself), else it stays standby and starts the streaming join. "
+        "`bootstrap`: add itself to the ring at once (the initial nodes of a new cluster). "
+        "`manual`: stay standby until `giaannctl node join-ring`. A node already active stays "
+        "active; a node the ring marks removed (decommissioned) never re-adds itself."
+    ))] = "auto"
+    stream_bind: Annotated[str, Meta(description=(
+        "Listener of this node's stream endpoint (topology operations: column streams in, "
+        "source control, repair), advertised in its metadata as `stream`. Empty: the host of the "
+        "first `tcp://` entry of `transport.bind`, port 0."
+    ))] = ""
+    release_delay_s: Annotated[float, Meta(ge=0, le=86400, description=(
+        "Seconds after a committed ring change that took columns away from this node before "
+        "their rows are deleted (if no stream has run here meanwhile and no override is set). "
+        "Leaves time for writes computed under the old placement to drain."
+    ))] = 30.0
 
 
 class ComputeConfig(_Section):
@@ -259,6 +287,17 @@ class ComputeConfig(_Section):
     max_sessions: Annotated[int, Meta(ge=1, le=100000, description=(
         "Concurrent inference (generate/eval) sessions; further requests get a busy error."
     ))] = 64
+    read_ramp_up_s: Annotated[float, Meta(ge=0, le=3600, description=(
+        "Seconds over which a storage member that came back up (or joined) is ramped into this "
+        "node's reads: it serves a fraction of the rows it is first in line for that grows linearly "
+        "from 0.1 to 1 (the other live replicas serve the rest), so a cold node is not flooded. "
+        "0 sends it its full share at once."
+    ))] = 30.0
+    resume_jobs: Annotated[bool, Meta(description=(
+        "Resume unfinished training jobs from their journals (<data-dir>/compute/jobs/) when the "
+        "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "
+        "the journals stay on disk and the jobs are listed as not resumed in the log."
+    ))] = True
 
 
 class Config(_Section):

@@ -16,7 +16,16 @@ request            bulk buffers                                    success reply
 ``PutVocab``       none (entries in the payload: small strings)    ``VocabAck``
 ``GetVocab``       none                                            ``VocabReply``
 ``ColumnInfo``     none                                            ``ColumnInfoPage``
+``RingGet``        none                                            ``RingState``
+``RingPush``       none (entries in the payload)                   ``RingState`` (the merged ring)
+``SetOverride``    none                                            ``OverrideSet``
 =================  ==============================================  ====================================
+
+``RingGet`` / ``RingPush`` / ``SetOverride`` are *runtime* requests (a separate union,
+``RuntimeRequest``): every node with a data plane, storage or compute, answers them in
+``giaannd.runtime`` before any role handler sees the request (``runtime_request`` peeks at the
+tag). They carry the storage ring (giaannd/ring.py) and a topology operation's cutover override
+(docs/topology.md).
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
 ``Unavailable``: they are *replies*, not transport errors, so the caller can tell "this node refuses
@@ -41,12 +50,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch
+from giaannd.ring import MAX_RING_ENTRIES, WireEntry
 
 __all__ = [
     "MAX_BATCH_ENTRIES",
     "MAX_BATCH_ROWS",
     "MAX_COLUMN_INFO_ROWS",
     "MAX_DIGEST_ROWS",
+    "MAX_FLUSH_TIMEOUT_S",
+    "MAX_OVERRIDE_MEMBERS",
     "MAX_QUERY_SEQS",
     "MAX_READ_ROWS",
     "MAX_SCAN_ENTRIES",
@@ -67,15 +79,22 @@ __all__ = [
     "GetVocab",
     "GetUsage",
     "NotOwner",
+    "OverrideMember",
+    "OverrideSet",
     "ProtocolViolation",
     "PutVocab",
     "ReadRows",
     "Reply",
     "Request",
     "RowDigests",
+    "RingGet",
+    "RingPush",
+    "RingState",
     "RowsReply",
+    "RuntimeRequest",
     "ScanPage",
     "ScanRows",
+    "SetOverride",
     "StoreFull",
     "Unavailable",
     "UsageReply",
@@ -87,6 +106,7 @@ __all__ = [
     "decode_reply",
     "decode_request",
     "encode",
+    "runtime_request",
 ]
 
 # -- named limits --------------------------------------------------------------------------------
@@ -121,6 +141,12 @@ MAX_VOCAB_TEXT_CHARS: Final = 1024
 #: Rows one ColumnInfo page looks at. Each row is hashed (its digest) on the event loop, so a page
 #: is bounded like a scan page; a column with more features is answered in several pages.
 MAX_COLUMN_INFO_ROWS: Final = 16_384
+#: Members in one SetOverride: a placement set, like the ring's entries (giaannd.ring
+#: MAX_RING_ENTRIES bounds RingState / RingPush the same way).
+MAX_OVERRIDE_MEMBERS: Final = MAX_RING_ENTRIES
+#: Bound on SetOverride's flush wait (a cutover step waits for writes in flight, each bounded by
+#: its own request timeout, so minutes would mean something is stuck).
+MAX_FLUSH_TIMEOUT_S: Final = 600.0
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
@@ -222,6 +248,39 @@ Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | Scan
            | ColumnInfo)
 
 
+# -- runtime requests (tags 10..): answered by every node with a data plane, before the roles -----
+class RingGet(msgspec.Struct, frozen=True, tag=10):
+    """This node's storage ring (giaannd/ring.py)."""
+
+
+class RingPush(msgspec.Struct, frozen=True, tag=11):
+    """Merge ``entries`` (``Ring.to_wire()``) into this node's ring, durably; the reply is the
+    merged ring."""
+
+    entries: Annotated[list[WireEntry], msgspec.Meta(max_length=MAX_RING_ENTRIES)]
+
+
+#: One member of a SetOverride: (name, data-plane address, weight).
+OverrideMember = tuple[
+    Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)], _Text,
+    Annotated[float, msgspec.Meta(gt=0)]]
+
+
+class SetOverride(msgspec.Struct, frozen=True, tag=12):
+    """Set (``members``) or clear (None) this node's placement override (a topology operation's
+    cutover, docs/topology.md). With ``flush``, the reply waits (at most ``flush_timeout_s``)
+    until every storage client of the node finished the writes it had in flight: writes computed
+    under the previous placement are done when ``OverrideSet`` arrives. A flush that times out is
+    answered ``Unavailable`` (the override stays set)."""
+
+    members: Annotated[list[OverrideMember], msgspec.Meta(max_length=MAX_OVERRIDE_MEMBERS)] | None = None
+    flush: bool = False
+    flush_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_FLUSH_TIMEOUT_S)] = 30.0
+
+
+RuntimeRequest = RingGet | RingPush | SetOverride
+
+
 # -- success replies (tags 64..127) ---------------------------------------------------------------
 class RowsReply(msgspec.Struct, frozen=True, tag=64):
     """The rows found (7 RowBatch buffers in bulk); absent rows are left out."""
@@ -293,6 +352,21 @@ class ColumnInfoPage(msgspec.Struct, frozen=True, tag=72):
     done: bool = True
 
 
+class RingState(msgspec.Struct, frozen=True, tag=73):
+    """A node's ring (``Ring.to_wire()``: ``[(name, stamp, state, weight), ...]``)."""
+
+    entries: Annotated[list[WireEntry], msgspec.Meta(max_length=MAX_RING_ENTRIES)] = []
+
+
+class OverrideSet(msgspec.Struct, frozen=True, tag=74):
+    """The override is in force (or cleared): ``epoch`` is the placement epoch now in force on
+    the node ("" when it knows no storage member); ``override`` whether one is set (False also
+    when the members equal the ring's active set, which ends an override by itself)."""
+
+    epoch: _Text = ""
+    override: bool = False
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -333,15 +407,26 @@ class VocabConflict(msgspec.Struct, frozen=True, tag=132):
 
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
-         | ColumnInfoPage | ErrorReply)
+         | ColumnInfoPage | RingState | OverrideSet | ErrorReply)
+
+
+class _Head(msgspec.Struct):
+    """Just the tag of a request (msgspec writes it first, as ``type``); other keys are skipped."""
+
+    type: int = -1
+
+
+_RUNTIME_TAGS: Final = frozenset({10, 11, 12})
 
 _REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
 _REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)
+_RUNTIME_DECODER: Final[msgspec.msgpack.Decoder[RuntimeRequest]] = msgspec.msgpack.Decoder(RuntimeRequest)
+_HEAD_DECODER: Final = msgspec.msgpack.Decoder(_Head)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
-def encode(msg: Request | Reply) -> bytes:
+def encode(msg: Request | RuntimeRequest | Reply) -> bytes:
     return _ENCODER.encode(msg)
 
 
@@ -353,6 +438,26 @@ def decode_request(payload: bytes | memoryview) -> Request:
     """
     try:
         return _REQUEST_DECODER.decode(payload)
+    except _DECODE_ERRORS as exc:
+        raise ProtocolViolation(f"undecodable request: {exc}") from None
+
+
+def runtime_request(payload: bytes | memoryview) -> RuntimeRequest | None:
+    """The runtime request in ``payload``, or None when it is not one (a role's request, or
+    garbage: the role handler answers that). Peeks at the tag first (~0.1 µs), so the data path
+    pays almost nothing for it.
+
+    Raises:
+        ProtocolViolation: a runtime tag with a bad body.
+    """
+    try:
+        tag = _HEAD_DECODER.decode(payload).type
+    except _DECODE_ERRORS:
+        return None
+    if tag not in _RUNTIME_TAGS:
+        return None
+    try:
+        return _RUNTIME_DECODER.decode(payload)
     except _DECODE_ERRORS as exc:
         raise ProtocolViolation(f"undecodable request: {exc}") from None
 

@@ -19,8 +19,23 @@ What it does on ``start``:
    UCX context) is logged and skipped when another listener remains: the node then speaks TCP
    only. Port 0 works: the bound addresses (real ports) are what ``advertised`` reports and what
    the membership service gossips in ``NodeMeta``.
-3. **Topology**: the cluster view (``giaannd.topology``), created empty; the membership service
-   fills it from member events.
+3. **Ring and topology**: the storage ring (giaannd/ring.py) is loaded from
+   ``<data dir>/ring.json`` (every node, storage or compute, persists the ring it knows) and the
+   cluster view (``giaannd.topology``) follows it (ring mode): its placement set is the ring's
+   active entries; the membership service feeds it addresses and liveness from member events.
+
+**The ring.** ``commit_ring(ring)`` merges a ring into ours; when that changes anything, the file
+is replaced durably *first* (a crash never leaves a node acting on a ring it has not persisted),
+then the topology follows and the new digest is gossiped (``NodeMeta.ring``), so peers pull it
+(giaannd/services/ring_sync.py). ``extra_transports`` adds addresses to the advertised metadata
+(e.g. ``"stream"``: the storage node's stream endpoint); ``refresh_meta()`` gossips a change.
+
+**Runtime requests** (``giaannd.protocol.RuntimeRequest``) are answered here, before any role
+handler and even on a compute-only node: ``RingGet`` (our ring), ``RingPush`` (merge, reply with
+the merged ring) and ``SetOverride`` (a topology operation's cutover: set or clear the topology's
+override; with ``flush``, the reply waits until every ``StorageClient`` this runtime handed out has
+finished the writes it had in flight, bounded by the request's ``flush_timeout_s``). The override
+is set *before* the flush, so no write computed after the reply uses the old placement.
 
 Data-plane failures start suspicion (ARCHITECTURE §5): every ``StorageClient`` the runtime hands
 out (and the storage role's own) reports a peer it could not reach to ``report_unreachable``,
@@ -33,10 +48,12 @@ storage role, get a typed ``Unavailable`` reply, so a writer fails over instead 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -45,7 +62,8 @@ from prometheus_client.registry import Collector
 from giaannd import protocol as p
 from giaannd.compute.client import StorageClient
 from giaannd.errors import ConfigError
-from giaannd.topology import Topology
+from giaannd.ring import RING_FILE, Ring
+from giaannd.topology import StorageNode, Topology
 from peers.errors import PeerDead, PeersError, TransportUnavailable
 from peers.keyring import Keyring, KeyringError
 from peers.membership.meta import NodeMeta
@@ -155,6 +173,20 @@ class NodeRuntime:
         self.listeners: dict[str, Listener] = {}
         self.skipped: dict[str, str] = {}
         self.topology = Topology(local=None, replicas=config.storage.replication_factor)
+        #: The storage ring this node holds (loaded in ``start``; change it with ``commit_ring``).
+        self.ring = Ring()
+        #: Extra addresses gossiped in ``NodeMeta.transports`` (e.g. ``{"stream": URL}``); call
+        #: ``refresh_meta()`` after changing it.
+        self.extra_transports: dict[str, str] = {}
+        #: called with the new ring after every change ``commit_ring`` made (release scheduling)
+        self.ring_listeners: list[Callable[[Ring], None]] = []
+        self._on_join_needed: Callable[[], Awaitable[Any]] | None = None
+        #: Set whenever ``on_join_needed`` holds a callback (ring sync waits for it).
+        self.join_handler_set = asyncio.Event()
+        #: Set while a role handler serves data-plane requests (``serve``).
+        self.serving = asyncio.Event()
+        self._ring_path: Path | None = None
+        self._ring_lock = asyncio.Lock()
         #: Set by ``giaannctl node drain``: writes are refused (``Unavailable``), reads served.
         self.draining = False
         #: Set by the membership service once its node runs.
@@ -178,6 +210,12 @@ class NodeRuntime:
         self.node_id, self.node_name = str(ctx.node_id), ctx.node_name
         if "storage" in self.config.node.roles:
             self.topology.local = self.node_name
+        self._ring_path = ctx.config.data_path(RING_FILE)
+        self.ring = Ring.load(self._ring_path)  # CorruptFileError: the operator decides
+        self.topology.set_ring(self.ring)
+        if len(self.ring):
+            log.info("ring loaded digest=%016x active=%s", self.ring.digest(),
+                     ",".join(n for n, _ in self.ring.active()) or "-")
         self.keyring = self._load_keyring()
         self.identity = Identity(self.node_id, self.config.cluster.name, LiveKeys(self.keyring))
         if self.config.node.roles:
@@ -207,6 +245,9 @@ class NodeRuntime:
     def health(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"advertised": self.advertised, "storage_members":
                                len(self.topology.live())}
+        out["ring"] = {"digest": f"{self.ring.digest():016x}", "active": len(self.ring.active()),
+                       "standby": self.topology.standby(),
+                       "override": self.topology.override is not None}
         if self.skipped:
             out["skipped_transports"] = dict(self.skipped)
         if self.keyring is not None:
@@ -231,26 +272,88 @@ class NodeRuntime:
     def serve(self, handler: Handler | None) -> None:
         """Route data-plane requests to ``handler`` (the storage role); None: answer Unavailable."""
         self._handler = handler
+        if handler is None:
+            self.serving.clear()
+        else:
+            self.serving.set()
+
+    @property
+    def on_join_needed(self) -> Callable[[], Awaitable[Any]] | None:
+        """Called (as a background task, once the storage role serves and this is set) when this
+        storage node starts standby in ``storage.join-mode = "auto"``: runs the streaming join
+        (giaannd/services/ring_sync.py). Still None a while after the role serves: ring sync logs
+        that ``giaannctl node join-ring`` is needed."""
+        return self._on_join_needed
+
+    @on_join_needed.setter
+    def on_join_needed(self, callback: Callable[[], Awaitable[Any]] | None) -> None:
+        self._on_join_needed = callback
+        if callback is None:
+            self.join_handler_set.clear()
+        else:
+            self.join_handler_set.set()
+
+    async def commit_ring(self, ring: Ring) -> bool:
+        """Merge ``ring`` into this node's ring. If that changed anything: persist it (atomic
+        replace + fsync, in a worker thread), then let the topology follow, then gossip the new
+        digest. Commits run one at a time (a lock), so none is lost.
+
+        Returns:
+            whether our ring changed.
+
+        Raises:
+            RuntimeError: before ``start`` (no data directory known).
+            OSError: the ring file could not be written (our ring is unchanged).
+            ValueError: the merge would exceed the ring's entry limit (unchanged).
+        """
+        path = self._ring_path
+        if path is None:
+            raise RuntimeError("commit_ring before the runtime started")
+        async with self._ring_lock:
+            merged = Ring(self.ring.entries)
+            if not merged.merge(ring):
+                return False
+            await asyncio.to_thread(merged.save, path)
+            self.ring = merged
+            self.topology.set_ring(merged)
+        log.info("ring changed digest=%016x active=%s removed=%s", merged.digest(),
+                 ",".join(n for n, _ in merged.active()) or "-",
+                 ",".join(sorted(n for n, e in merged.entries.items() if e.state == "removed")) or "-")
+        self.refresh_meta()
+        for callback in list(self.ring_listeners):
+            callback(merged)
+        return True
+
+    def refresh_meta(self) -> None:
+        """Gossip this node's metadata now (ring digest, ``extra_transports``, draining...).
+        No-op before membership runs (it starts with the current ``node_meta()``)."""
+        if self.membership is not None:
+            self.membership.update_meta(self.node_meta().encode())
 
     def node_meta(self) -> NodeMeta:
         """The metadata this node gossips: roles, data-plane addresses, capacity and weight."""
         storage = "storage" in self.config.node.roles
+        transports = self.advertised
+        for key, url in self.extra_transports.items():
+            transports.setdefault(key, url)
         return NodeMeta(
             roles=tuple(self.config.node.roles),
-            transports=self.advertised,
+            transports=transports,
             capacity_bytes=self.config.storage.capacity_bytes if storage else 0,
             weight=self.config.storage.placement_weight if storage else 0.0,
             full=self.draining,
+            ring=self.ring.digest(),
         )
 
     def storage_client(self, **options: Any) -> StorageClient:
         """A ``StorageClient`` over this node's topology and transports (closed on stop).
 
         ``options`` go to ``StorageClient`` (``write_quorum``, timeouts...); the write quorum
-        defaults to ``storage.write-quorum``.
+        defaults to ``storage.write-quorum``, the read ramp to ``compute.read-ramp-up-s``.
         """
         options.setdefault("write_quorum", self.config.storage.write_quorum)
         options.setdefault("on_unreachable", self.report_unreachable)
+        options.setdefault("read_ramp_s", self.config.compute.read_ramp_up_s)
         client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
         self._clients.append(client)
         return client
@@ -345,6 +448,12 @@ class NodeRuntime:
                      if self.skipped else "")
 
     async def _dispatch(self, incoming: Incoming) -> Reply:
+        try:
+            runtime_msg = p.runtime_request(incoming.payload)
+        except p.ProtocolViolation as exc:
+            return Reply(p.encode(p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])))
+        if runtime_msg is not None:
+            return Reply(p.encode(await self._serve_runtime(runtime_msg)))
         handler = self._handler
         if handler is None:
             why = ("this node has no storage role" if "storage" not in self.config.node.roles
@@ -353,6 +462,44 @@ class NodeRuntime:
         if self.draining and self._is_write(incoming):
             return Reply(p.encode(p.Unavailable("node is draining: writes go to other replicas")))
         return await handler(incoming)
+
+    async def _serve_runtime(self, msg: p.RuntimeRequest) -> p.Reply:
+        """Answer a ring or override request (module docstring)."""
+        if isinstance(msg, p.RingGet):
+            return p.RingState(self.ring.to_wire())
+        if isinstance(msg, p.RingPush):
+            try:
+                await self.commit_ring(Ring.from_wire(msg.entries))
+            except ValueError as exc:
+                return p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])
+            except (OSError, RuntimeError) as exc:
+                return p.Unavailable(f"cannot persist the ring: {exc}"[:p.MAX_TEXT_CHARS])
+            return p.RingState(self.ring.to_wire())
+        return await self._set_override(msg)
+
+    async def _set_override(self, msg: p.SetOverride) -> p.Reply:
+        members = None if msg.members is None else [StorageNode(n, a, w) for n, a, w in msg.members]
+        try:
+            self.topology.set_override(members)
+        except (RuntimeError, ValueError) as exc:
+            return p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])
+        epoch = self.topology.epoch
+        log.info("placement override %s epoch=%s flush=%s",
+                 "cleared" if members is None else "set members=" + ",".join(m.name for m in members),
+                 epoch[:12], msg.flush)
+        if msg.flush:
+            try:
+                async with asyncio.timeout(msg.flush_timeout_s):
+                    await self.flush_clients()
+            except TimeoutError:
+                return p.Unavailable(f"override set (epoch {epoch[:12]}) but writes in flight did "
+                                     f"not finish within {msg.flush_timeout_s}s")
+        return p.OverrideSet(epoch, self.topology.override is not None)
+
+    async def flush_clients(self) -> None:
+        """Wait until every ``StorageClient`` handed out by ``storage_client`` finished the writes
+        (and hints) it had in flight (``StorageClient.flush``)."""
+        await asyncio.gather(*(client.flush() for client in list(self._clients)))
 
     @staticmethod
     def _is_write(incoming: Incoming) -> bool:

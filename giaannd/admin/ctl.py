@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,66 @@ _simple("node", "join", "POST", "/v1/node/join", lambda a: {"seeds": a.seeds})
 _simple("node", "leave", "POST", "/v1/node/leave")
 _simple("node", "drain", "POST", "/v1/node/drain")
 # Topology verbs arrive with the topology issue; the routes are reserved now.
-_simple("node", "decommission", "POST", "/v1/node/decommission")
-_simple("node", "removenode", "POST", "/v1/node/removenode", lambda a: {"node_id": a.node_id})
+
+
+def _topology_verb(verb: str, path: str, body: Callable[[argparse.Namespace], dict[str, Any]]) -> None:
+    """A topology verb: start the operation (it runs in the daemon), then with ``--wait`` follow
+    its progress until it ends."""
+    def run(c: AdminClient, a: argparse.Namespace) -> Any:
+        doc = c.json("POST", path, body(a))
+        return wait_for_topology(c, progress=not a.json) if a.wait else doc
+    _VERBS[("node", verb)] = run
+
+
+def _rate(a: argparse.Namespace) -> dict[str, Any]:
+    return {} if a.rate is None else {"rate_bytes_s": a.rate}
+
+
+_topology_verb("join-ring", "/v1/node/join-ring", _rate)
+_topology_verb("decommission", "/v1/node/decommission", _rate)
+_topology_verb("removenode", "/v1/node/removenode", lambda a: {"node_id": a.node_id})
+_topology_verb("replace", "/v1/node/replace", lambda a: {"node_id": a.node_id})
+
+
+@_verb("node", "topology")
+def _node_topology(c: AdminClient, a: argparse.Namespace) -> Any:
+    if a.action == "status":
+        return c.json("GET", "/v1/node/topology")
+    if a.action == "watch":
+        return wait_for_topology(c, progress=not a.json)
+    if a.action == "rate":
+        if a.value is None:
+            raise CtlError("node topology rate needs BYTES_PER_S (or 'none' for unthrottled)", 2)
+        return c.json("POST", "/v1/node/topology/rate", {"rate_bytes_s": a.value})
+    return c.json("POST", f"/v1/node/topology/{a.action}")
+
+
+def _bytes_rate(text: str) -> float | None:
+    if text.lower() in ("none", "off", "unlimited"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rate in bytes/s: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("a rate must be > 0 bytes/s (or 'none')")
+    return value
+
+
+def wait_for_topology(c: AdminClient, *, progress: bool, poll_s: float = JOB_POLL_S,
+                      stream: Any = None) -> Any:
+    """Poll ``/v1/node/topology`` until the operation ends, drawing a byte progress bar.
+
+    Raises:
+        CtlError: it failed or was cancelled (exit 1).
+    """
+    return _follow(c, "/v1/node/topology", ("done", "failed", "cancelled"), "done",
+                   lambda d: str(d.get("op", "topology")),
+                   lambda d: (int(d.get("bytes_done", 0)), int(d.get("bytes_total", 0)) or None, "B"),
+                   lambda d: f"topology operation {d.get('op')}",
+                   progress=progress, poll_s=poll_s, stream=stream)
+
+
 _simple("node", "repair", "POST", "/v1/node/repair")
 _simple("ring", "show", "GET", "/v1/ring")
 _simple("ring", "owners", "GET", "/v1/ring/owners/{column}")
@@ -127,6 +185,31 @@ def _train_start(c: AdminClient, a: argparse.Namespace) -> Any:
     return wait_for_job(c, str(job["job_id"]), progress=not a.json)
 
 
+@_verb("train", "list")
+def _train_list(c: AdminClient, a: argparse.Namespace) -> Any:
+    """Every job of the node, one row each (a job resumed after a restart shows where from)."""
+    jobs = c.json("GET", "/v1/jobs").get("jobs", [])
+    if a.json:
+        return jobs
+    keys = ("job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")
+    return [{k: j.get(k) for k in keys} for j in jobs]
+
+
+@_verb("train", "resume")
+def _train_resume(c: AdminClient, a: argparse.Namespace) -> Any:
+    """Resume a failed journaled job (same writer id, from its cursor), then follow it."""
+    job = c.json("POST", f"/v1/jobs/{_quote(a.job_id)}/resume")
+    if a.no_wait:
+        return job
+    return wait_for_job(c, a.job_id, progress=not a.json)
+
+
+@_verb("train", "wait")
+def _train_wait(c: AdminClient, a: argparse.Namespace) -> Any:
+    """Attach the progress bar to a running job (e.g. one the node resumed on start)."""
+    return wait_for_job(c, a.job_id, progress=not a.json)
+
+
 def wait_for_job(c: AdminClient, job_id: str, *, progress: bool,
                  poll_s: float = JOB_POLL_S, stream: Any = None) -> Any:
     """Poll ``/v1/jobs/{job_id}`` until it ends, drawing a progress bar; returns the final status.
@@ -134,19 +217,36 @@ def wait_for_job(c: AdminClient, job_id: str, *, progress: bool,
     Raises:
         CtlError: the job failed or was cancelled (exit 1).
     """
-    bar = ProgressBar(stream or sys.stderr, f"job {job_id}") if progress else None
+    def label(status: Mapping[str, Any]) -> str:  # a resumed job says so (its count starts there)
+        resumed = status.get("resumed_from")
+        return f"job {job_id}" + (f" (resumed at {resumed})" if resumed is not None else "")
+
+    return _follow(c, f"/v1/jobs/{_quote(job_id)}", TERMINAL_JOB_STATES, "succeeded", label,
+                   lambda d: (int(d.get("done", 0)), d.get("total"), str(d.get("unit", "items"))),
+                   lambda d: f"job {job_id}", progress=progress, poll_s=poll_s, stream=stream)
+
+
+def _follow(c: AdminClient, path: str, terminal: Collection[str], ok: str,
+            label: Callable[[Mapping[str, Any]], str],
+            count: Callable[[Mapping[str, Any]], tuple[int, int | None, str]],
+            what: Callable[[Mapping[str, Any]], str], *, progress: bool, poll_s: float,
+            stream: Any) -> Any:
+    """Poll ``path`` until its ``state`` is terminal, drawing a bar; the final document, or
+    CtlError (exit 1) when it ended in another state than ``ok``."""
+    bar: ProgressBar | None = None
     while True:
-        status = c.json("GET", f"/v1/jobs/{_quote(job_id)}")
+        doc = c.json("GET", path)
+        if progress and bar is None:
+            bar = ProgressBar(stream or sys.stderr, label(doc))
         if bar is not None:
-            bar.update(int(status.get("done", 0)), status.get("total"),
-                       str(status.get("unit", "items")))
-        state = status.get("state")
-        if state in TERMINAL_JOB_STATES:
+            bar.update(*count(doc))
+        state = doc.get("state")
+        if state in terminal:
             if bar is not None:
                 bar.close(str(state))
-            if state != "succeeded":
-                raise CtlError(f"job {job_id} {state}: {status.get('error', 'no reason given')}")
-            return status
+            if state != ok:
+                raise CtlError(f"{what(doc)} {state}: {doc.get('error') or 'no reason given'}")
+            return doc
         time.sleep(poll_s)
 
 
@@ -215,12 +315,33 @@ def _parser() -> argparse.ArgumentParser:
         "seeds", nargs="+", help="host:port of existing members")
     node.add_parser("leave", help="leave the cluster gracefully and stop")
     node.add_parser("drain", help="hand off replicas and stop accepting work")
-    node.add_parser("decommission", help="(topology) move all data away, then leave")
-    node.add_parser("removenode", help="(topology) remove a dead node").add_argument("node_id")
-    node.add_parser("repair", help="(topology) re-replicate under-replicated columns")
+    for verb, help_text, arg in (
+            ("join-ring", "(topology) this standby storage node takes its share: streamed from "
+                          "the current owners, then switched in", None),
+            ("decommission", "(topology) stream this node's columns away, then drop it from the "
+                             "ring (it stays up as a standby member: stop it after)", None),
+            ("removenode", "(topology) re-replicate a dead node's columns from the survivors and "
+                           "drop it from the ring", "node_id"),
+            ("replace", "(topology) this standby node takes over a dead node's columns",
+             "node_id")):
+        sub = node.add_parser(verb, help=help_text)
+        if arg:
+            sub.add_argument(arg, metavar="NODE")
+        if verb in ("join-ring", "decommission"):
+            sub.add_argument("--rate", type=_bytes_rate, default=None, metavar="BYTES_PER_S",
+                             help="throttle the streams (all of them together)")
+        sub.add_argument("--wait", action="store_true",
+                         help="follow the operation's progress until it ends")
+    topo = node.add_parser("topology", help="(topology) the running or last operation: status, "
+                                            "watch, pause, resume, cancel, rate BYTES_PER_S|none")
+    topo.add_argument("action", choices=["status", "watch", "pause", "resume", "cancel", "rate"])
+    topo.add_argument("value", nargs="?", type=_bytes_rate, default=None, metavar="BYTES_PER_S")
+    node.add_parser("repair", help="(topology) deliver hints, rebuild this node's missing "
+                                   "batches from its peers' logs, compare its rows with theirs")
     noun("members", "cluster membership").add_parser("list", help="the member table")
     ring = noun("ring", "placement")
-    ring.add_parser("show", help="the placement ring")
+    ring.add_parser("show", help="the placement in force, the storage ring (entries, digest), "
+                    "the cutover override and the standby storage members")
     ring.add_parser("owners", help="owners of one column").add_argument(
         "column", help="column id or concept word")
     noun("column", "concept columns").add_parser("info", help="size and replicas of a column") \
@@ -231,6 +352,11 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--epochs", type=int, default=1)
     start.add_argument("--no-wait", action="store_true", help="print the job id and return")
     train.add_parser("status", help="status of a job").add_argument("job_id")
+    train.add_parser("list", help="every job of the node (resumed ones show resumed_from)")
+    train.add_parser("wait", help="follow a running job with a progress bar").add_argument("job_id")
+    resume = train.add_parser("resume", help="resume a failed job from its journal (nothing counted twice)")
+    resume.add_argument("job_id")
+    resume.add_argument("--no-wait", action="store_true", help="print the job id and return")
     # Single-word commands (no verb): `giaannctl eval`, `generate`, `export`, `metrics`.
     ev = nouns.add_parser("eval", help="top-1 next-token accuracy", formatter_class=fmt)
     ev.add_argument("--corpus", help="held-out sentences (default: the daemon's held-out set)")

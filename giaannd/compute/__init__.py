@@ -17,6 +17,8 @@ _EXPORTS = {
     "job_client": "train", "read_flags": "train",
     "RowCache": "infer", "RowFetcher": "infer", "Inference": "infer", "drive_session": "infer",
     "ComputeState": "state",
+    "JobJournal": "job_journal", "JobSpec": "job_journal", "JournalCorrupt": "job_journal",
+    "JournalWriter": "job_journal", "load_journals": "job_journal",
     "ComputeService": "service", "create_service": "service",
 }
 

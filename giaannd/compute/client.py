@@ -23,7 +23,10 @@ floor already passed it. A write that failed and is never retried holds the floo
 
 **Reads** (``read_rows``): each row goes to its first live owner, the local node first when it is an
 owner; on failure, timeout or NotOwner the rows are retried on the next owner, then on owners
-believed down as a last resort.
+believed down as a last resort. A member that came up recently (back from down, or new in the
+placement) is *ramping* (``read_ramp_s``, ramp.py): it keeps a growing fraction of the rows it
+would be first for, and the rest go first to the other live replicas, so a cold node is not
+flooded with reads the moment it returns.
 
 **Scan** (``scan_all``): every row of the cluster exactly once, as pages of ``ScanRows``. Each live
 storage node is asked for the rows of the columns whose first live owner it is (the request names
@@ -63,6 +66,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,9 +77,10 @@ from numpy.typing import NDArray
 
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
+from giaannd.ramp import READ_RAMP_FLOOR, RampTracker, row_draws
 from giaannd.storage.applied_set import BatchId
 from giaannd.storage.requests import scan_chain_mask
-from giaannd.topology import Topology
+from giaannd.topology import Topology, TopologyChange
 from peers.errors import DeadlineExceeded, HandshakeRejected, PeerDead, PeersError, TransportClosed
 from peers.transport import Connection, Identity, Transport, connect, make_transport, scheme_of
 
@@ -302,6 +307,9 @@ class StorageClient:
         request_timeout_s / connect_timeout_s: per request / per connection attempt series.
         max_inflight_bytes_per_owner: backpressure bound.
         on_unreachable: told ``node`` when a call could not reach it (module docstring).
+        read_ramp_s: a member that came up is ramped into reads over this many seconds (0: off).
+        read_ramp_floor: its read weight when it comes up (ramp.py).
+        clock: monotonic seconds (the read ramp's clock; tests inject one).
     """
 
     def __init__(
@@ -316,6 +324,9 @@ class StorageClient:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_inflight_bytes_per_owner: int = DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER,
         on_unreachable: Callable[[str], object] | None = None,
+        read_ramp_s: float = 0.0,
+        read_ramp_floor: float = READ_RAMP_FLOOR,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -334,6 +345,28 @@ class StorageClient:
         self._background: set[asyncio.Task[Any]] = set()
         self._last_confirm = float("-inf")
         self.on_unreachable = on_unreachable
+        self.clock = clock
+        self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
+        self._known: set[str] = set()  # members this client has seen (a came_up of one: a return)
+        with contextlib.suppress(LookupError):
+            self._known.update(topology.placement.names)
+        if read_ramp_s > 0:
+            topology.on_change(self._on_topology_change)
+
+    def _on_topology_change(self, change: TopologyChange) -> None:
+        """Start the read ramp of members that came up: back from down, or new in the placement
+        once this client knew some members (the first members it hears of are not ramped)."""
+        now = self.clock()
+        for name in change.went_down:
+            self.read_ramp.forget(name)
+            if name not in self.topology:
+                self._known.discard(name)
+        had_members = bool(self._known)
+        for name in sorted(change.came_up):
+            if name in self._known or had_members:
+                self.read_ramp.start(name, now)
+                log.info("read ramp started member=%s ramp_s=%.1f", name, self.read_ramp.ramp_s)
+            self._known.add(name)
 
     # -- plumbing -------------------------------------------------------------------------------------
     async def _connection(self, node: str) -> Connection:
@@ -382,8 +415,12 @@ class StorageClient:
 
     # -- single-node operations -------------------------------------------------------------------------
     async def apply_to(self, node: str, batch_id: BatchId, batch: RowBatch, *, writer_floor: int = 0,
-                       hint_for: str | None = None, timeout_s: float | None = None) -> p.ApplyAck:
+                       hint_for: str | None = None, timeout_s: float | None = None,
+                       epoch: str | None = None) -> p.ApplyAck:
         """Send one ApplyBatch to ``node`` and wait for its durable ack (backpressured per node).
+
+        ``epoch``: the ``placement_epoch`` to send (the placement the batch was split with; a hint
+        delivery sends the one its writer used). None: this client's current epoch.
 
         Raises:
             RemoteStoreFull, RemoteNotOwner, RemoteUnavailable, RemoteBadRequest: typed refusals.
@@ -391,7 +428,7 @@ class StorageClient:
         """
         budget = self._budget(node)
         await budget.acquire(batch.nbytes)
-        return await self._apply_reserved(node, batch_id, batch, writer_floor, hint_for, timeout_s)
+        return await self._apply_reserved(node, batch_id, batch, writer_floor, hint_for, timeout_s, epoch)
 
     def _budget(self, node: str) -> ByteBudget:
         return self._budgets.setdefault(node, ByteBudget(self.max_inflight))
@@ -420,6 +457,13 @@ class StorageClient:
         if not isinstance(reply, p.UsageReply):
             raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to GetUsage", node)
         return reply
+
+    async def batches_applied(self, node: str, writer: int, seqs: Sequence[int]) -> list[bool]:
+        """Which of ``writer``'s ``seqs`` (at most ``MAX_QUERY_SEQS``) ``node`` has applied."""
+        reply, _ = await self._call(node, p.BatchesApplied(writer, list(seqs)))
+        if not isinstance(reply, p.AppliedMask) or len(reply.applied) != len(seqs):
+            raise RemoteBadRequest("unexpected reply to BatchesApplied", node)
+        return list(reply.applied)
 
     async def digests(self, node: str, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64]
                       ) -> list[tuple[int, int, int] | None]:
@@ -497,26 +541,29 @@ class StorageClient:
                                                        placement.epoch))] = node
             else:
                 failures[node] = "down"
-                self._spawn(self._hint(node, bid, sub, floor, hinted))
+                self._spawn(self._hint(node, bid, sub, floor, hinted, placement.epoch))
         pending = set(tasks)
         while pending and int(acks.min()) < quorum:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 node = tasks[task]
-                if self._settle_direct(task, node, bid, state, batch, shares, floor, hinted, failures):
+                if self._settle_direct(task, node, bid, state, batch, shares, floor, hinted, failures,
+                                       placement.epoch):
                     acks[shares[node]] += 1
                     acked.append(node)
         for task in pending:  # W reached: the rest finish (or hint) in the background
             node = tasks[task]
-            self._spawn(self._finish_late(task, node, bid, state, batch, shares, floor, hinted, failures))
+            self._spawn(self._finish_late(task, node, bid, state, batch, shares, floor, hinted, failures,
+                                          placement.epoch))
         if int(acks.min()) < quorum:
             raise QuorumNotReached(bid, int(acks.min()), quorum, failures)
         return WriteResult(bid, quorum, tuple(acked), {t: tuple(h) for t, h in hinted.items()})
 
     def _settle_direct(self, task: asyncio.Task[p.ApplyAck], node: str, bid: BatchId, state: _Unsettled,
                        batch: RowBatch, shares: Mapping[str, NDArray[np.bool_]], floor: int,
-                       hinted: dict[str, list[str]], failures: dict[str, str]) -> bool:
-        """Book one owner's outcome; on failure start its hint. True if it acknowledged."""
+                       hinted: dict[str, list[str]], failures: dict[str, str], epoch: str) -> bool:
+        """Book one owner's outcome; on failure start its hint (``epoch``: the split's placement).
+        True if it acknowledged."""
         if task.cancelled():
             return False
         exc = task.exception()
@@ -528,7 +575,7 @@ class StorageClient:
         failures[node] = str(exc) or type(exc).__name__
         if isinstance(exc, (RemoteBadRequest, RemoteStoreFull)):
             return False  # a hint would be refused the same way when delivered
-        self._spawn(self._hint(node, bid, batch.select_rows(shares[node]), floor, hinted))
+        self._spawn(self._hint(node, bid, batch.select_rows(shares[node]), floor, hinted, epoch))
         return False
 
     async def _finish_late(self, task: asyncio.Task[p.ApplyAck], node: str, *args: Any) -> None:
@@ -555,8 +602,9 @@ class StorageClient:
         return np.where(cand.any(axis=1), chosen, -1)
 
     async def _hint(self, target: str, bid: BatchId, share: RowBatch, floor: int,
-                    hinted: dict[str, list[str]]) -> None:
-        """Hand ``target``'s whole share to one other live node (hint_for=target).
+                    hinted: dict[str, list[str]], epoch: str) -> None:
+        """Hand ``target``'s whole share to one other live node (hint_for=target), with the
+        ``epoch`` of the placement the share was split with (the holder keeps and delivers it).
 
         The share is never split between holders: storage idempotency is per batch id, so two
         parts delivered separately under one id would make the target drop the second part.
@@ -574,7 +622,7 @@ class StorageClient:
                 return
             holder = names[int(np.bincount(holders).argmax())]
             try:
-                await self.apply_to(holder, bid, share, writer_floor=floor, hint_for=target)
+                await self.apply_to(holder, bid, share, writer_floor=floor, hint_for=target, epoch=epoch)
             except _FAILURES as exc:
                 log.info("hint refused holder=%s target=%s: %s", holder, target, exc)
                 exclude.add(holder)
@@ -645,7 +693,11 @@ class StorageClient:
         down = np.array([not self.topology.is_live(n) for n in names])
         local = np.array([n == self.topology.local for n in names])
         # candidate order per row: live before down, local before remote, then preference position
-        rank = down[owners] * (2 * r) + (~local[owners]) * r + np.arange(r)[None, :]
+        rank = down[owners] * (4 * r) + (~local[owners]) * r + np.arange(r)[None, :]
+        weights = self.read_ramp.weights(names, self.clock())
+        if weights is not None:  # a ramping member goes behind the other live replicas of a row
+            demote = row_draws(cols, feats)[:, None] >= weights[owners]  # ... unless its draw is in
+            rank += (demote & ~local[owners]) * (2 * r)
         cand = np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
         todo = np.ones(cols.size, bool)
         parts: list[RowBatch] = []

@@ -4,6 +4,8 @@ A job is one asyncio task (a training run) with a :class:`TrainProgress` that th
 as batches are acknowledged. ``as_dict`` is the admin API's job document: ``state`` (running |
 succeeded | failed | cancelled), ``done`` / ``total`` / ``unit`` (what giaannctl's progress bar
 draws), and the pipeline's figures (sentences/s, bytes sent, coalescing ratio, retries, batches).
+A job resumed from its journal after a restart keeps its id and shows ``resumed_from`` (the
+sentences an earlier run had acknowledged; ``done`` starts there) and ``resumes`` (how many times).
 
 Counters also go to a :class:`ProgressSink` (the service's Prometheus counters) as they change, so
 ``/metrics`` sees totals across jobs without polling the registry.
@@ -54,6 +56,9 @@ class TrainProgress:
     entries_after: int = 0
     flags_sent: int = 0
     flags_learned: int = 0
+    #: sentences an earlier run of this job had acknowledged when this run resumed it (None: not
+    #: resumed); ``done`` starts there
+    resumed_from: int | None = None
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     sink: ProgressSink | None = None
@@ -85,7 +90,7 @@ class TrainProgress:
             "entries_before": self.entries_before, "entries_after": self.entries_after,
             "coalescing_ratio": round(self.coalescing_ratio, 4),
             "flags_sent": self.flags_sent, "flags_learned": self.flags_learned,
-            "elapsed_s": round(self.elapsed_s, 3),
+            "elapsed_s": round(self.elapsed_s, 3), "resumed_from": self.resumed_from,
         }
 
 
@@ -100,10 +105,13 @@ class Job:
     error: str = ""
     result: dict[str, Any] = field(default_factory=dict)
     task: asyncio.Task[Any] | None = None
+    #: how many times this job was resumed from its journal (0: a first run)
+    resumes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"job_id": self.job_id, "kind": self.kind, "state": self.state}
         doc.update(self.progress.as_dict())
+        doc["resumes"] = self.resumes
         if self.error:
             doc["error"] = self.error
         if self.result:
@@ -120,9 +128,11 @@ class JobRegistry:
 
     def start(self, kind: str, progress: TrainProgress,
               run: Callable[[Job], Coroutine[Any, Any, dict[str, Any]]],
-              spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None) -> Job:
-        """Register a job and start ``run(job)`` as a task; its return value becomes ``result``."""
-        job = Job(secrets.token_hex(8), kind, progress)
+              spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None,
+              *, job_id: str | None = None, resumes: int = 0) -> Job:
+        """Register a job and start ``run(job)`` as a task; its return value becomes ``result``.
+        ``job_id`` keeps a journaled job's id across restarts (default: a fresh random id)."""
+        job = Job(job_id or secrets.token_hex(8), kind, progress, resumes=resumes)
         self._jobs[job.job_id] = job
         self._forget_old()
         coro = self._supervise(job, run)
@@ -142,6 +152,15 @@ class JobRegistry:
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
             job.progress.finished_at = time.monotonic()
+
+    def add_finished(self, job_id: str, kind: str, state: JobState, error: str,
+                     progress: TrainProgress | None = None) -> Job:
+        """Register a job that is over without a task (a failed or corrupt journal found at start)."""
+        job = Job(job_id, kind, progress or TrainProgress(), state=state, error=error)
+        job.progress.finished_at = job.progress.started_at
+        self._jobs[job_id] = job
+        self._forget_old()
+        return job
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

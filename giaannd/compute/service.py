@@ -6,26 +6,34 @@ routes and the metrics.
 
 Admin routes (giaannctl has verbs for each; bodies are JSON):
 
-=========================  =======================================================================
-``POST /v1/train``         ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
-                           ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
-``GET /v1/jobs``           every job document
-``GET /v1/jobs/{job_id}``  ``{"state", "done", "total", "unit", ...figures}`` (jobs.py)
-``POST /v1/eval``          ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
-``POST /v1/generate``      ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``POST /v1/export``        ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
-=========================  =======================================================================
+==============================  ==================================================================
+``POST /v1/train``              ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
+                                ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
+``GET /v1/jobs``                every job document
+``GET /v1/jobs/{job_id}``       ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
+``POST /v1/jobs/{id}/resume``   resume a failed journaled job → ``{"job_id"}``
+``POST /v1/eval``               ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``POST /v1/generate``           ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
+``POST /v1/export``             ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
+==============================  ==================================================================
 
 **Which storage client.** The constructor takes either a ready ``storage`` client or a
 ``storage_factory(ctx)``; without either, ``start`` looks in ``ctx.services`` for a service with a
 ``storage_client`` attribute (the node runtime) or for the local storage service's topology and
 transports. Until one is found the routes answer 503, so a node whose storage view is not ready yet
 still starts and serves status.
+
+**Durable jobs.** A job started through ``POST /v1/train`` (``submit_corpus``) gets a journal
+(job_journal.py) before its id is returned; on start the service reloads every journal: running
+ones resume (config ``compute.resume-jobs``) once a storage client can read the flag row, failed
+ones are listed as failed, corrupt ones are listed as failed with the file's error (and left on
+disk). ``train`` / ``submit`` with in-memory sentences (tests, bench) keep no journal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +45,15 @@ from giaannd.admin.api import AdminHTTPError
 from giaannd.compute.client import ScanInterrupted, StorageClient, StorageRequestError
 from giaannd.compute.flags import without_flag_row
 from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
+from giaannd.compute.job_journal import (
+    JobJournal,
+    JobSpec,
+    JournalCorrupt,
+    JournalWriter,
+    corpus_sha256,
+    load_journals,
+    sentences_digest,
+)
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
 from giaannd.compute.state import ComputeState
 from giaannd.compute.train import (
@@ -76,6 +93,8 @@ MAX_GENERATE_TOKENS: Final = 1024
 MAX_EPOCHS: Final = 1000
 #: Rows per read while gathering an export.
 EXPORT_READ_ROWS: Final = 32_768
+#: Longest wait between tries to reach storage before resuming journaled jobs at start.
+RESUME_RETRY_MAX_S: Final = 2.0
 #: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
 EXPORT_SCAN_ATTEMPTS: Final = 3
 TAG_CACHE_DIR: Final = "tag-cache"
@@ -127,6 +146,7 @@ class ComputeService:
         self._nlp: Any = None
         self._sink: _PromSink | None = None
         self._started = False
+        self._resume_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext | None = None) -> None:
@@ -137,8 +157,29 @@ class ComputeService:
         if ctx is not None:
             self._register(ctx)
         self._started = True
+        journals = await asyncio.to_thread(load_journals, self.data_dir)
+        pending: list[JobJournal] = []
+        for item in journals:
+            if isinstance(item, JournalCorrupt):
+                log.error("training job journal is corrupt (left in place, job not resumed): %s", item)
+                self.jobs.add_finished(Path(item.file_path).stem, "train", "failed", f"corrupt journal: {item}")
+            elif item.doc.state == "failed":
+                self.jobs.add_finished(item.job_id, "train", "failed", item.doc.error, self._journal_progress(item))
+            elif item.doc.state == "running":
+                pending.append(item)
+        if pending and self.settings.resume_jobs:
+            coro = self._resume(pending)
+            self._resume_task = (ctx.spawn(coro, "resume-jobs") if ctx is not None
+                                 else asyncio.get_running_loop().create_task(coro))
+        elif pending:
+            log.warning("%d unfinished training job(s) not resumed (compute.resume-jobs = false): %s",
+                        len(pending), " ".join(j.job_id for j in pending))
 
     async def stop(self, graceful: bool) -> None:
+        if self._resume_task is not None:
+            self._resume_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resume_task
         if graceful:
             await self.jobs.wait_all()
         await self.jobs.cancel_all()
@@ -155,6 +196,7 @@ class ComputeService:
         add("POST", "/v1/train", self._post_train)
         add("GET", "/v1/jobs", self._get_jobs)
         add("GET", "/v1/jobs/{job_id}", self._get_job)
+        add("POST", "/v1/jobs/{job_id}/resume", self._post_resume)
         add("POST", "/v1/eval", self._post_eval)
         add("POST", "/v1/generate", self._post_generate)
         add("POST", "/v1/export", self._post_export)
@@ -204,12 +246,13 @@ class ComputeService:
                              coalesce_sentences=coalesce or self.settings.coalesce_k)
 
     async def train(self, sentences: Sequence[TaggedSentence], settings: TrainSettings,
-                    progress: TrainProgress | None = None) -> TrainResult:
-        """Run one training job to its end and fold its vocabulary and keys into the node state."""
+                    progress: TrainProgress | None = None, journal: JournalWriter | None = None) -> TrainResult:
+        """Run one training job to its end and fold its vocabulary and keys into the node state
+        (with a journal: under the journal's writer id, resuming where it says)."""
         base = self._client()
-        client = job_client(base)
+        client = job_client(base, journal.journal.doc.writer_id if journal is not None else None)
         job = TrainingJob(sentences, client, settings, progress, lexicon=self._lexicon,
-                          on_written=self.cache.invalidate_batch)
+                          on_written=self.cache.invalidate_batch, journal=journal)
         try:
             result = await job.run()
         except BaseException:
@@ -245,6 +288,108 @@ class ComputeService:
 
         spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
         return self.jobs.start("train", progress, run, spawn)
+
+    async def submit_corpus(self, corpus: str | Path, *, workers: int | None = None, coalesce: int | None = None,
+                            epochs: int = 1, limit: int | None = None) -> Job:
+        """Start a durable training job on a corpus file (module docstring, "Durable jobs"): its
+        journal is on disk before this returns, so a crash from here on resumes it on restart."""
+        self._client()
+        path = Path(corpus).resolve()
+        settings = self.train_settings(workers, coalesce)
+        digest = await asyncio.to_thread(corpus_sha256, path)
+        spec = JobSpec(str(path), digest, limit, epochs, settings.workers, settings.coalesce_sentences)
+        writer = JournalWriter(self.data_dir, JobJournal.create(spec))
+        await asyncio.to_thread(writer.save_now)
+        return self._start_journaled(writer)
+
+    def _start_journaled(self, writer: JournalWriter) -> Job:
+        journal = writer.journal
+        spec = journal.doc.spec
+        settings = TrainSettings(workers=spec.workers, coalesce_sentences=spec.coalesce)
+        cache_dir = self.data_dir / TAG_CACHE_DIR
+
+        def load() -> list[TaggedSentence]:
+            if corpus_sha256(spec.corpus) != spec.corpus_sha256:
+                raise ValueError(f"corpus {spec.corpus} changed since the job started (SHA-256 differs): "
+                                 "not resumed, its windows would differ from those already sent")
+            sentences = load_corpus(spec.corpus, cache_dir, spec.limit) * spec.epochs
+            journal.check_sentences(sentences_digest(sentences), len(sentences))
+            return sentences
+
+        async def run(job: Job) -> dict[str, Any]:
+            try:
+                data = await asyncio.to_thread(load)
+                result = await self.train(data, settings, job.progress, writer)
+            except asyncio.CancelledError:
+                raise  # a shutdown: the journal stays "running" and the job resumes on restart
+            except Exception as exc:
+                journal.finish("failed", f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(OSError):  # the job's own error is the one to report
+                    await writer.commit()
+                raise
+            await asyncio.to_thread(writer.remove)
+            return {"rows_written": int(result.row_column.shape[0]),
+                    "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
+                    "probabilistic_flags": len(result.probabilistic_flags)}
+
+        spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
+        return self.jobs.start("train", TrainProgress(sink=self._sink), run, spawn, job_id=journal.job_id,
+                               resumes=journal.doc.resumes)
+
+    async def resume(self, job_id: str) -> Job:
+        """Resume a journaled job that failed (e.g. storage was down past its retries), under its
+        writer id and from its cursor, as a restart would.
+
+        Raises:
+            KeyError: no journal for ``job_id``.
+            ValueError: the job is running, or its journal is corrupt.
+        """
+        current = self.jobs.get(job_id)
+        if current is not None and current.state == "running":
+            raise ValueError(f"job {job_id} is running")
+        self._client()
+        found = [j for j in await asyncio.to_thread(load_journals, self.data_dir)
+                 if (j.job_id if isinstance(j, JobJournal) else Path(j.file_path).stem) == job_id]
+        if not found:
+            raise KeyError(job_id)
+        journal = found[0]
+        if isinstance(journal, JournalCorrupt):
+            raise ValueError(str(journal))
+        journal.reopen()
+        writer = JournalWriter(self.data_dir, journal)
+        await writer.commit()
+        return self._start_journaled(writer)
+
+    @staticmethod
+    def _journal_progress(journal: JobJournal) -> TrainProgress:
+        """A finished job's figures as its journal knows them (sentences acknowledged)."""
+        doc = journal.doc
+        done = min(doc.cursor * doc.spec.coalesce, doc.total_sentences)
+        return TrainProgress(total=doc.total_sentences, done=done)
+
+    async def _resume(self, journals: Sequence[JobJournal]) -> None:
+        """Resume unfinished journaled jobs once storage answers (the node's storage view may
+        still be forming right after start)."""
+        delay = 0.05
+        while True:
+            try:
+                await read_flags(self._client())
+                break
+            except Exception as exc:  # never fail the node over this: keep waiting for storage
+                log.info("waiting for storage before resuming %d job(s): %s", len(journals), exc)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RESUME_RETRY_MAX_S)
+        for journal in journals:
+            journal.reopen()
+            writer = JournalWriter(self.data_dir, journal)
+            try:
+                await writer.commit()
+            except OSError as exc:
+                log.error("cannot update journal %s, job %s not resumed: %s", writer.path, journal.job_id, exc)
+                continue
+            log.info("resuming training job job=%s cursor=%d of %d windows", journal.job_id,
+                     journal.doc.cursor, -(-journal.doc.total_sentences // journal.doc.spec.coalesce))
+            self._start_journaled(writer)
 
     async def prompt_assigner(self) -> ColumnAssigner:
         """A column assigner for prompts: this node's vocabulary and deterministic flags, and the
@@ -385,13 +530,11 @@ class ComputeService:
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
         epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
         limit = _opt_int(body, "limit", 1, 1 << 31)
-        settings = self.train_settings(workers, coalesce or None)
-        cache_dir = self.data_dir / TAG_CACHE_DIR
-
-        def load() -> list[TaggedSentence]:
-            return load_corpus(corpus, cache_dir, limit) * epochs  # type: ignore[arg-type]
-
-        job = self.submit(load, settings)
+        assert corpus is not None  # required=True
+        try:
+            job = await self.submit_corpus(corpus, workers=workers, coalesce=coalesce, epochs=epochs, limit=limit)
+        except OSError as exc:
+            raise AdminHTTPError(400, f"corpus {corpus}: {exc}", "bad_request") from None
         return {"job_id": job.job_id}
 
     async def _get_jobs(self, request: web.Request, params: Mapping[str, str]) -> Any:
@@ -402,6 +545,15 @@ class ComputeService:
         if job is None:
             raise AdminHTTPError(404, f"no job {params['job_id']!r} on this node", "not_found")
         return job.as_dict()
+
+    async def _post_resume(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        try:
+            job = await self.resume(params["job_id"])
+        except KeyError:
+            raise AdminHTTPError(404, f"no journal for job {params['job_id']!r} on this node", "not_found") from None
+        except ValueError as exc:
+            raise AdminHTTPError(409, str(exc), "conflict") from None
+        return {"job_id": job.job_id}
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)

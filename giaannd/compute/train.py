@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences``). B workers
-(asyncio tasks; ``workers``) each take the next window and:
+The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences``): window ``i`` is
+``sentences[i*K:(i+1)*K]``. B workers (asyncio tasks; ``workers``) split them statically: worker
+``i mod B`` takes window ``i``, in order. For each window a worker:
 
 1. **refresh flags**: read the reserved flag row (flags.py) and merge flags other workers (or other
    compute nodes) found into this worker's :class:`ColumnAssigner`;
@@ -15,11 +16,22 @@ The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences
    Flags found in this window are added as the flag row of the same batch (one batch id: the flags
    land together with the deltas of the sentences that found them);
 4. **send** the batch through :class:`~giaannd.compute.client.StorageClient`, which splits it by
-   owner and writes to R replicas with a quorum. The batch id is ``(writer, seq)`` with a writer id
-   random per job run and seq increasing; the client carries the writer floor. A failed write is
-   retried with the *same* id (storage ignores ids it applied, so a retry never double-counts).
+   owner and writes to R replicas with a quorum. The batch id is ``(writer, i + 1)``: a
+   deterministic function of the window. Ids are taken from the job's fresh client in window order
+   (``next_batch_id``), so an id counts as unsettled from the moment a worker takes its window and
+   the client's writer floor never passes a window not yet written. A failed write is retried with
+   the *same* id (storage ignores ids it applied, so a retry never double-counts); a write that
+   exhausts its attempts is not abandoned, so the floor never passes it and the job can resume.
    Sends run in the background while the worker encodes its next window, bounded by
    ``max_inflight_bytes`` (a slow storage node fills the budget and the workers wait: backpressure).
+
+**Resuming** (job_journal.py has the full argument): with a journal, each window is recorded as
+started, with the flags its worker learned from storage, durably before it is encoded; a window
+acknowledged by W replicas (and its vocabulary) moves the journal's cursor. A restarted job (same
+writer id) replays the windows before ``journal.restart_window`` without sending them — rebuilding
+each worker's assigner exactly — and sends from there on: recorded windows with their recorded
+flags (byte-identical batches under the same ids, so storage drops what it already applied),
+unrecorded windows as a fresh run would.
 
 **Vocabulary**: each window also carries the id → string entries its worker's assigner learned since
 its previous window (``_Window.vocab``). They are written to storage (``StorageClient.put_vocab``,
@@ -59,6 +71,7 @@ from giaannd.compute.client import (
     StorageRequestError,
 )
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
+from giaannd.compute.job_journal import JournalWriter
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.lexicon import Lexicon
@@ -178,11 +191,13 @@ def pair_increments(sentences: Sequence[EncodedSentence]) -> int:
     return total
 
 
-def job_client(base: StorageClient) -> StorageClient:
-    """A client sharing ``base``'s topology, transports and policy, with a fresh random writer id
-    (one per job run: seqs restart at 1, so a restarted job can never reuse an applied id)."""
+def job_client(base: StorageClient, writer_id: int | None = None) -> StorageClient:
+    """A client sharing ``base``'s topology, transports and policy, with its own writer id: the
+    journal's (a resumed job reuses its ids on purpose: storage drops what it already applied) or a
+    fresh random one. Its seqs start at 1 (the job takes one per window, in window order)."""
     return StorageClient(
-        base.topology, base.transports, identity=base.identity, writer_id=secrets.randbits(64),
+        base.topology, base.transports, identity=base.identity,
+        writer_id=secrets.randbits(64) if writer_id is None else writer_id,
         write_quorum=base.write_quorum, request_timeout_s=base.request_timeout_s,
         connect_timeout_s=base.connect_timeout_s, max_inflight_bytes_per_owner=base.max_inflight,
         on_unreachable=base.on_unreachable,
@@ -226,6 +241,22 @@ class _Worker:
         self._vocab_seen = (vocab.num_columns, vocab.num_features)
         return out
 
+    def learn(self, remote: set[int]) -> set[int]:
+        """Merge flags read from storage (or recorded in the journal); returns the new ones."""
+        learned = self.tracker.merge_remote(remote)
+        if learned:
+            self.assigner.add_probabilistic_flags(learned)
+        return learned
+
+    def replay(self, window: Sequence[TaggedSentence], learned: set[int]) -> None:
+        """Redo a window of an earlier run that storage already holds: the same state changes as
+        ``learn`` + ``process`` (flags, deterministic flags, vocabulary taken), without training."""
+        self.learn(learned)
+        for t in window:
+            self.assigner.encode(t, update_flags=True)
+        self.tracker.take_unsent(self.assigner.probabilistic_flags)
+        self.take_new_vocab()
+
     def process(self, window: Sequence[TaggedSentence]) -> _Window:
         """Encode (updating flags) and train one window; synchronous (may run in a thread)."""
         encoded = [e for t in window if (e := self.assigner.encode(t, update_flags=True)) is not None]
@@ -241,16 +272,20 @@ class TrainingJob:
 
     Args:
         sentences: tagged sentences, in corpus order.
-        client: the job's storage client (use :func:`job_client` for a per-run writer id).
+        client: the job's storage client, fresh (seqs from 1; :func:`job_client`).
         settings: workers, K, backpressure, retries.
         progress: updated as windows are acknowledged (the job document).
         lexicon: the ever-POS lexicon (default: the shipped one).
         on_written: called with every acknowledged batch (the node's row cache invalidates on it).
+        journal: the job's durable journal (job_journal.py): records windows and the cursor, and
+            makes this run resume where an earlier run of the same job stopped. Its spec's workers
+            and K must be ``settings``'.
     """
 
     def __init__(self, sentences: Sequence[TaggedSentence], client: StorageClient, settings: TrainSettings,
                  progress: TrainProgress | None = None, *, lexicon: Lexicon | None = None,
-                 on_written: Callable[[RowBatch], None] | None = None) -> None:
+                 on_written: Callable[[RowBatch], None] | None = None,
+                 journal: JournalWriter | None = None) -> None:
         self.sentences = sentences
         self.client = client
         self.settings = settings
@@ -258,54 +293,101 @@ class TrainingJob:
         self.progress.total = len(sentences)
         self.lexicon = lexicon if lexicon is not None else Lexicon.default()
         self.on_written = on_written
+        self.journal = journal
+        if journal is not None:
+            spec = journal.journal.doc.spec
+            if (spec.workers, spec.coalesce) != (settings.workers, settings.coalesce_sentences):
+                raise ValueError("the journal's workers / coalesce differ from the settings")
+        k = settings.coalesce_sentences
+        self._num_windows = -(-len(sentences) // k)
         self._budget = ByteBudget(settings.max_inflight_bytes)
         self._sends: set[asyncio.Task[None]] = set()
-        self._vocab_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()  # vocabulary and journal writes
         self._keys: list[tuple[NDArray[np.uint64], NDArray[np.uint64]]] = []
-        self._next = 0
+        self._bids: dict[int, BatchId] = {}
+        self._allocated = 0
+        self._counted = 0  # windows below this were counted in progress by an earlier run
         self._failure: BaseException | None = None
         self._workers: list[_Worker] = []
 
+    def _window(self, index: int) -> Sequence[TaggedSentence]:
+        k = self.settings.coalesce_sentences
+        return self.sentences[index * k:(index + 1) * k]
+
+    def _batch_id(self, window: int) -> BatchId:
+        """The id of ``window`` (seq window + 1), taking ids from the client in window order."""
+        while self._allocated <= window:
+            bid = self.client.next_batch_id()
+            self._allocated += 1
+            if bid.seq != self._allocated:
+                raise ValueError(f"the job's client is not fresh: seq {bid.seq}, expected {self._allocated}")
+            self._bids[self._allocated - 1] = bid
+        return self._bids.pop(window)
+
     async def run(self) -> TrainResult:
-        """Train every sentence; returns once every batch is acknowledged by a quorum.
+        """Train every sentence (or, resumed, what an earlier run left); returns once every batch
+        is acknowledged by a quorum.
 
         Raises:
             QuorumNotReached / StorageRequestError: a batch failed ``max_attempts`` times.
         """
-        initial = await self._read_flags()
+        journal = self.journal.journal if self.journal is not None else None
+        resuming = journal is not None and journal.doc.initial_flags is not None
+        if journal is not None and journal.doc.initial_flags is not None:
+            initial = set(journal.doc.initial_flags)
+        else:
+            initial = await self._read_flags()
+            if self.journal is not None and journal is not None:
+                journal.begin(initial, len(self.sentences))
+                await self.journal.commit()
         workers = self._workers = [_Worker(self.lexicon, initial) for _ in range(self.settings.workers)]
+        restart = await self._replay(workers) if resuming else 0
         try:
-            await asyncio.gather(*(self._work(w) for w in workers))
+            await asyncio.gather(*(self._work(w, i, restart) for i, w in enumerate(workers)))
             while self._sends:
                 await asyncio.wait(set(self._sends))
         except BaseException:
-            for task in (*self._sends, *self._vocab_tasks):
+            for task in (*self._sends, *self._side_tasks):
                 task.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.gather(*self._sends, *self._vocab_tasks, return_exceptions=True)
+                await asyncio.gather(*self._sends, *self._side_tasks, return_exceptions=True)
             raise
-        # every send awaited its window's vocabulary write; any left (a trailing window with no
-        # rows) still has to land before the job says it is done
-        if self._vocab_tasks:
-            await asyncio.gather(*self._vocab_tasks, return_exceptions=True)
+        # every send awaited its window's vocabulary write; any left still has to land
+        if self._side_tasks:
+            await asyncio.gather(*self._side_tasks, return_exceptions=True)
         if self._failure is not None:
             raise self._failure
         return self._result(workers)
 
-    def _take_window(self) -> Sequence[TaggedSentence] | None:
-        if self._failure is not None or self._next >= len(self.sentences):
-            return None
-        start = self._next
-        self._next = min(start + self.settings.coalesce_sentences, len(self.sentences))
-        return self.sentences[start:self._next]
+    async def _replay(self, workers: Sequence[_Worker]) -> int:
+        """Resume (the journal says an earlier run began): rebuild the workers' state from the windows before the journal's restart window
+        (their ids settled: taken and given up); returns the first window to send."""
+        if self.journal is None:
+            return 0
+        journal = self.journal.journal
+        restart = min(journal.restart_window, self._num_windows)
+        self._counted = min(journal.doc.cursor, self._num_windows)
+        done = min(self._counted * self.settings.coalesce_sentences, len(self.sentences))
+        self.progress.done = self.progress.resumed_from = done  # ``done`` counts from here
+        for index in range(restart):
+            workers[journal.worker_of(index)].replay(self._window(index), journal.learned_before(index))
+            self.client.abandon(self._batch_id(index))
+            if index % 16 == 15:
+                await asyncio.sleep(0)  # keep the node's event loop serving while we replay
+        if restart:
+            log.info("job resumed job=%s writer=%#x replayed_windows=%d cursor=%d", journal.job_id,
+                     journal.doc.writer_id, restart, journal.doc.cursor)
+        return restart
 
-    async def _work(self, worker: _Worker) -> None:
-        while (window := self._take_window()) is not None:
-            remote = await self._read_flags()
-            learned = worker.tracker.merge_remote(remote)
-            if learned:
-                worker.assigner.add_probabilistic_flags(learned)
-                self.progress.add(flags_learned=len(learned))
+    async def _work(self, worker: _Worker, number: int, restart: int) -> None:
+        b = self.settings.workers
+        first = restart + (number - restart) % b
+        for index in range(first, self._num_windows, b):
+            if self._failure is not None:
+                return
+            bid = self._batch_id(index)
+            recorded = await self._learn(worker, index)
+            window = self._window(index)
             if self.settings.offload:
                 done = await asyncio.to_thread(worker.process, window)
             else:
@@ -314,18 +396,60 @@ class TrainingJob:
             if done.vocab:
                 vocab_task = loop.create_task(self._put_vocab(done.vocab, worker.vocab_task))
                 worker.vocab_task = vocab_task
-                self._vocab_tasks.add(vocab_task)
-                vocab_task.add_done_callback(self._vocab_done)
+                self._side_tasks.add(vocab_task)
+                vocab_task.add_done_callback(self._side_done)
             if done.batch.num_rows == 0:
-                self.progress.add(done=done.handled, skipped=done.handled - done.trained)
-                continue
-            await self._budget.acquire(done.batch.nbytes)
-            task = loop.create_task(self._send(done, worker.vocab_task))
+                self.client.abandon(bid)  # nothing to send: settled (the id is never used)
+                task = loop.create_task(self._finish_empty(index, done, worker.vocab_task, recorded))
+            else:
+                await self._budget.acquire(done.batch.nbytes)
+                task = loop.create_task(self._send(index, bid, done, worker.vocab_task, recorded))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
 
-    def _vocab_done(self, task: asyncio.Task[None]) -> None:
-        self._vocab_tasks.discard(task)
+    async def _learn(self, worker: _Worker, index: int) -> asyncio.Task[None] | None:
+        """Merge flags before encoding window ``index``: the journal's record for a window an
+        earlier run started, else storage's flag row, then recorded as started. Returns the
+        journal write of that record (it runs while the window is encoded; the window's send
+        awaits it, so the record is durable before any byte of the window leaves)."""
+        journal = self.journal.journal if self.journal is not None else None
+        commit: asyncio.Task[None] | None = None
+        if journal is not None and journal.is_started(index):
+            learned = worker.learn(journal.learned_before(index))
+        else:
+            learned = worker.learn(await self._read_flags())
+            if self.journal is not None and journal is not None:
+                journal.start_window(index, learned)
+                commit = asyncio.get_running_loop().create_task(self.journal.commit())
+                self._side_tasks.add(commit)  # cancelled with the job, failures fail it
+                commit.add_done_callback(self._side_done)
+        if learned:
+            self.progress.add(flags_learned=len(learned))
+        return commit
+
+    async def _acknowledged(self, index: int) -> None:
+        """Window ``index`` is acknowledged (W acks, vocabulary written): move the journal cursor."""
+        if self.journal is not None:
+            floor = int(getattr(self.client, "writer_floor", 0))
+            if self.journal.journal.acknowledge(index, floor):
+                await self.journal.commit()
+
+    async def _finish_empty(self, index: int, window: _Window, vocab: asyncio.Task[None] | None,
+                            recorded: asyncio.Task[None] | None) -> None:
+        """A window with no rows: acknowledged once its vocabulary and start record are written."""
+        try:
+            for task in (vocab, recorded):
+                if task is not None:
+                    await asyncio.shield(task)
+            if index >= self._counted:
+                self.progress.add(done=window.handled, skipped=window.handled - window.trained)
+            await self._acknowledged(index)
+        except Exception as exc:  # recorded; run() raises it once the other sends have ended
+            if self._failure is None:
+                self._failure = exc
+
+    def _side_done(self, task: asyncio.Task[None]) -> None:
+        self._side_tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None and self._failure is None:
             self._failure = exc
 
@@ -348,12 +472,15 @@ class TrainingJob:
                 log.info("vocabulary write retry attempt=%d: %s", attempt + 1, exc)
                 await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
 
-    async def _send(self, window: _Window, vocab: asyncio.Task[None] | None = None) -> None:
+    async def _send(self, index: int, bid: BatchId, window: _Window,
+                    vocab: asyncio.Task[None] | None = None, recorded: asyncio.Task[None] | None = None) -> None:
         batch = window.batch
         try:
-            if vocab is not None:  # the strings of this window's ids are durable before its rows
-                await asyncio.shield(vocab)
-            bid = self.client.next_batch_id()
+            # the strings of this window's ids are durable before its rows, and so is the
+            # journal's record that the window started (a resume must recompute it identically)
+            for task in (vocab, recorded):
+                if task is not None:
+                    await asyncio.shield(task)
             await self._write_with_retries(batch, bid)
         except Exception as exc:  # recorded; run() raises it once the other sends have ended
             if self._failure is None:
@@ -363,12 +490,18 @@ class TrainingJob:
             await self._budget.release(batch.nbytes)
         keep = ~((batch.row_column == FLAG_ROW[0]) & (batch.row_feature == FLAG_ROW[1]))
         self._keys.append((batch.row_column[keep], batch.row_feature[keep]))
-        self.progress.add(done=window.handled, trained=window.trained, skipped=window.handled - window.trained,
-                          tokens=window.tokens, batches=1, bytes_sent=batch.nbytes,
-                          entries_before=window.increments, entries_after=batch.num_entries,
-                          flags_sent=window.flags)
+        if index >= self._counted:  # a re-send of a window an earlier run acknowledged counts once
+            self.progress.add(done=window.handled, trained=window.trained, skipped=window.handled - window.trained,
+                              tokens=window.tokens, batches=1, bytes_sent=batch.nbytes,
+                              entries_before=window.increments, entries_after=batch.num_entries,
+                              flags_sent=window.flags)
         if self.on_written is not None:
             self.on_written(batch)
+        try:
+            await self._acknowledged(index)
+        except Exception as exc:
+            if self._failure is None:
+                self._failure = exc
 
     async def _write_with_retries(self, batch: RowBatch, bid: BatchId) -> None:
         s = self.settings
@@ -378,7 +511,8 @@ class TrainingJob:
                 return
             except _RETRYABLE as exc:
                 if attempt + 1 >= s.max_attempts or (isinstance(exc, QuorumNotReached) and exc.store_full):
-                    self.client.abandon(bid)
+                    # not abandoned: the id stays unsettled, so the writer floor never passes it
+                    # and a resumed run can still send it (module docstring)
                     raise
                 self.progress.add(retries=1)
                 log.info("batch retry writer=%#x seq=%d attempt=%d: %s", bid.writer, bid.seq, attempt + 1, exc)

@@ -13,10 +13,17 @@ from then on feeds every member event into the runtime's ``Topology``. It serves
 - ``GET|POST /v1/keys``, ``POST /v1/keys/{id}/use``, ``DELETE /v1/keys/{id}``: keyring rotation,
   saved to ``cluster.key-file``; ``id`` is the key's fingerprint (first 16 hex digits of SHA-256);
 - ``GET /v1/ring``, ``GET /v1/ring/owners/{column}``: the placement as this node computes it
-  (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does).
+  (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does); the ring
+  document shows the storage ring's entries and digest, the cutover override if one is in force,
+  and the standby storage members (alive, not in the placement set).
 - ``GET /v1/columns/{column}`` (``giaannctl column info``): the column's owners and, per live
   owner, its rows, entries, bytes and digests of that column, asked over the data plane
   (``ColumnInfo``), with whether the replicas agree. Any node serves it, storage or not.
+
+It also runs ring sync (giaannd/services/ring_sync.py): started right after the seeds are joined,
+it pulls the storage ring from members whose gossiped digest differs and, on a storage node,
+applies ``storage.join-mode`` (bootstrap, stay standby, or start the join) before ``start``
+returns, so the roles start on a settled ring.
 
 ``stop(graceful=True)`` (SIGTERM) leaves gossip politely: the daemon stops this service after the
 roles, so they drain while the node is still a member, then the leave spreads.
@@ -38,6 +45,7 @@ from giaannd.admin.api import AdminHTTPError
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import ConfigError, GiaannError
 from giaannd.model.ids import column_id
+from giaannd.services.ring_sync import RingSync
 from giaannd.topology import follow_membership
 from peers.keyring import Keyring, KeyringError
 from peers.membership.events import MemberEvent, MemberFailed
@@ -111,6 +119,7 @@ class MembershipService:
         self._ctx: ServiceContext | None = None
         self._joined_seeds = 0
         self._client: StorageClient | None = None
+        self.ring_sync: RingSync | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -140,9 +149,12 @@ class MembershipService:
         follow_membership(rt.topology, node)
         node.on_event(self._on_member_event)
         log.info("membership started addr=%s:%d incarnation=%d", *node.addr, incarnation)
+        self.ring_sync = RingSync(rt, node)
+        self.ring_sync.start()
         seeds = self._seeds(cfg.cluster.seeds, node)
         if seeds:
             await self._join(seeds)
+        await self.ring_sync.settle(cfg.storage.join_mode, had_seeds=bool(seeds), spawn=ctx.spawn)
         ctx.admin.set_members_source(self.members)
         self._routes(ctx)
 
@@ -153,6 +165,8 @@ class MembershipService:
             return
         if self._ctx is not None:
             self._ctx.admin.set_members_source(None)
+        if self.ring_sync is not None:
+            await self.ring_sync.stop()
         if graceful:
             try:
                 await node.leave()
@@ -165,9 +179,12 @@ class MembershipService:
         if self.node is None:
             return {}
         node = self.node
-        return {"addr": f"{node.addr[0]}:{node.addr[1]}", "members_alive": len(node.alive_members()),
-                "members_known": len(node.members()), "local_health": node.local_health(),
-                "seeds_answered": self._joined_seeds}
+        out = {"addr": f"{node.addr[0]}:{node.addr[1]}", "members_alive": len(node.alive_members()),
+               "members_known": len(node.members()), "local_health": node.local_health(),
+               "seeds_answered": self._joined_seeds}
+        if self.ring_sync is not None:
+            out["ring_sync"] = self.ring_sync.health()
+        return out
 
     # -- members -------------------------------------------------------------------------------
 
@@ -313,14 +330,35 @@ class MembershipService:
     # -- ring ----------------------------------------------------------------------------------
 
     async def _get_ring(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        topo = self.runtime.topology
+        """The placement in force (``members``), the storage ring, the override and standby."""
+        rt = self.runtime
+        topo = rt.topology
+
+        def address(name: str) -> str:
+            try:
+                return topo.address(name)
+            except KeyError:
+                return "-"
+
+        override = topo.override
+        entries = sorted(rt.ring.entries.items())
+        doc: dict[str, Any] = {
+            "ring": {"digest": f"{rt.ring.digest():016x}",
+                     "active": [n for n, e in entries if e.state == "active"],
+                     "removed": [n for n, e in entries if e.state == "removed"]},
+            "ring_entries": [{"name": n, "state": e.state, "stamp": e.stamp, "weight": e.weight}
+                             for n, e in entries],
+            "override": None if override is None else
+            [{"name": m.name, "weight": m.weight, "address": m.address} for m in override],
+            "standby": [{"name": n, "address": address(n)} for n in topo.standby()],
+        }
         try:
             placement = topo.placement
         except LookupError:
-            return {"epoch": "", "replicas": topo.replicas, "members": []}
+            return {"epoch": "", "replicas": topo.replicas, "members": [], **doc}
         return {"epoch": placement.epoch, "replicas": min(topo.replicas, len(placement.names)),
-                "members": [{"name": m.name, "weight": m.weight, "address": topo.address(m.name),
-                             "live": topo.is_live(m.name)} for m in placement.members]}
+                "members": [{"name": m.name, "weight": m.weight, "address": address(m.name),
+                             "live": topo.is_live(m.name)} for m in placement.members], **doc}
 
     async def _get_owners(self, request: web.Request, params: Mapping[str, str]) -> Any:
         try:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from giaannd.compute.service import ComputeService
+from giaannd.storage.daemon_topology import StorageTopology
 from giaannd.storage.service import StorageService
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class StorageRole:
         self.config = config
         self.runtime = runtime
         self.service: StorageService | None = None
+        self.topology_ops: StorageTopology | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         rt, s = self.runtime, self.config.storage
@@ -44,13 +46,18 @@ class StorageRole:
             transports=rt.transports, identity=rt.identity, topology=rt.topology,
             node_name=rt.node_name, group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
             snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor,
-            on_unreachable=rt.report_unreachable)
+            on_unreachable=rt.report_unreachable, hint_ramp_s=s.ramp_up_s,
+            hint_ramp_start_bytes_per_s=s.hint_ramp_start_bytes_per_s)
         await self.service.start(ctx)
         rt.serve(self.service.handle)
+        self.topology_ops = StorageTopology(self.config, rt, self.service)
+        await self.topology_ops.start(ctx)
 
     async def stop(self, graceful: bool) -> None:
         """The service refuses new writes while it drains; the runtime answers Unavailable
         once it is gone (its listeners close last, with the runtime)."""
+        if self.topology_ops is not None:
+            await self.topology_ops.stop()
         if self.service is not None:
             try:
                 await self.service.stop(graceful)
@@ -60,6 +67,8 @@ class StorageRole:
     def health(self) -> Mapping[str, Any]:
         out = dict(self.service.health()) if self.service is not None else {}
         out["addresses"] = list(self.runtime.advertised.values())
+        if self.topology_ops is not None:
+            out.update(self.topology_ops.health())
         if self.runtime.draining:
             out["draining"] = True
         return out

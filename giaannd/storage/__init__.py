@@ -7,7 +7,7 @@ the asyncio service sits on ``DurableStore``. On-disk formats: docs/storage.md.
 """
 
 from giaannd.storage.applied_set import AppliedSet, BatchId
-from giaannd.storage.column_store import ColumnStore, RowDigest, StoreUsage
+from giaannd.storage.column_store import ColumnStore, DropResult, RowDigest, StoreUsage
 from giaannd.storage.errors import CorruptLogError, CorruptSnapshotError, StorageError, StoreFullError
 from giaannd.storage.recovery import ApplyResult, DurableStore, RecoveryReport
 
@@ -18,6 +18,7 @@ __all__ = [
     "ColumnStore",
     "CorruptLogError",
     "CorruptSnapshotError",
+    "DropResult",
     "DurableStore",
     "RecoveryReport",
     "RowDigest",

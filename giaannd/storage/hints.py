@@ -19,6 +19,17 @@ acknowledged); damage elsewhere stops start-up naming the file and offset, as fo
 Hints are also held in RAM (the service delivers from there) and bounded by ``max_bytes``: past it the
 node refuses further hints (``Unavailable``), and the writer tries the next node in the preference list.
 
+**Placement epoch.** Each hint remembers the placement epoch its writer split the batch with
+(``ApplyBatch.placement_epoch``): delivery sends that epoch, not the holder's current one, so a
+topology-change source tells an old-placement write from a new one (docs/topology.md). In the log,
+an *epoch record* precedes the batch records it applies to: an update-log ``KIND_FLOOR`` record
+(hint logs hold no floors otherwise) whose two u64 fields are the low and high halves of the
+128-bit placement digest (``Placement.epoch`` is 32 hex digits); (0, 0) means "unknown" (the
+writer sent an empty or foreign epoch: delivery then sends the holder's current epoch, as before).
+It is written only when the epoch differs from the previous record's, so the cost is one 56-byte
+record per epoch change. Old hint logs (no epoch records) read as "unknown"; an older reader skips
+the epoch records (it only looks at batch records).
+
 Synchronous and I/O-only; the service runs ``sync`` in a worker thread.
 """
 
@@ -35,9 +46,10 @@ from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
 from giaannd.storage.errors import StorageError
 from giaannd.atomic_file import fsync_dir
-from giaannd.storage.update_log import KIND_BATCH, UpdateLog, list_segments, scan_segment
+from giaannd.storage.update_log import KIND_BATCH, KIND_FLOOR, UpdateLog, list_segments, scan_segment
 
-__all__ = ["DEFAULT_MAX_HINT_BYTES", "MAX_TARGET_NAME_BYTES", "Hint", "HintSpaceFull", "HintStore"]
+__all__ = ["DEFAULT_MAX_HINT_BYTES", "MAX_TARGET_NAME_BYTES", "Hint", "HintSpaceFull", "HintStore",
+           "decode_epoch", "encode_epoch"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,8 @@ DEFAULT_MAX_HINT_BYTES: Final = 256 * 2**20
 #: A target name becomes a directory name (hex-encoded, two characters per byte, under NAME_MAX 255).
 MAX_TARGET_NAME_BYTES: Final = 120
 _PREFIX: Final = "t-"
+_EPOCH_HEX: Final = 32  # Placement.epoch: xxh3-128 hex digest
+_U64: Final = (1 << 64) - 1
 
 
 class HintSpaceFull(StorageError):
@@ -60,12 +74,34 @@ class Hint:
     target: str
     batch_id: BatchId
     batch: RowBatch
+    #: placement epoch the writer split the batch with ("" unknown: an old hint log, or none sent)
+    epoch: str = ""
 
 
 @dataclass
 class _TargetLog:
     log: UpdateLog
     hints: dict[BatchId, Hint] = field(default_factory=dict)
+    #: epoch of the last epoch record in the log (None: none written yet, or unknown on recovery)
+    epoch: str | None = None
+
+
+def encode_epoch(epoch: str) -> tuple[int, int]:
+    """An epoch as the two u64 of an epoch record; (0, 0) for one that is not a 128-bit hex digest."""
+    if len(epoch) != _EPOCH_HEX:
+        return 0, 0
+    try:
+        value = int(epoch, 16)
+    except ValueError:
+        return 0, 0
+    return value & _U64, value >> 64
+
+
+def decode_epoch(low: int, high: int) -> str:
+    """The inverse of ``encode_epoch`` ("" for the unknown epoch)."""
+    if low == 0 and high == 0:
+        return ""
+    return f"{(high << 64) | low:0{_EPOCH_HEX}x}"
 
 
 def _dir_name(target: str) -> str:
@@ -109,6 +145,7 @@ class HintStore:
         segments = list_segments(sub)
         next_seq = 1
         hints: dict[BatchId, Hint] = {}
+        epoch: str | None = None
         for i, (first, path) in enumerate(segments):
             scan = scan_segment(path, first, is_last=i == len(segments) - 1)
             if scan.torn_bytes:
@@ -118,20 +155,23 @@ class HintStore:
                     f.truncate(scan.good_bytes)
                     os.fsync(f.fileno())
             for rec in scan.records:
-                if rec.kind == KIND_BATCH and rec.batch_id is not None and rec.batch is not None:
-                    hints[rec.batch_id] = Hint(target, rec.batch_id, rec.batch)
+                if rec.kind == KIND_FLOOR:  # an epoch record (module docstring)
+                    epoch = decode_epoch(rec.writer, rec.floor)
+                elif rec.kind == KIND_BATCH and rec.batch_id is not None and rec.batch is not None:
+                    hints[rec.batch_id] = Hint(target, rec.batch_id, rec.batch, epoch or "")
             next_seq = first + len(scan.records)
         if not hints:
             shutil.rmtree(sub)
             return
-        self._targets[target] = _TargetLog(UpdateLog(sub, next_seq), hints)
+        self._targets[target] = _TargetLog(UpdateLog(sub, next_seq), hints, epoch)
         self._held_bytes += sum(h.batch.nbytes for h in hints.values())
 
     # -- writes -------------------------------------------------------------------------------------
-    def add(self, target: str, batch_id: BatchId, batch: RowBatch) -> bool:
+    def add(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> bool:
         """Append a hint (durable after ``sync(target)``). False if already held (nothing written).
 
         The batch must be owned by the caller (not a view of a receive buffer): it is kept in RAM.
+        ``epoch``: the placement epoch the writer split it with (module docstring; "" unknown).
 
         Raises:
             HintSpaceFull: over ``max_bytes``.
@@ -149,8 +189,13 @@ class HintStore:
             sub.mkdir(exist_ok=True)
             fsync_dir(self.directory)
             tl = self._targets[target] = _TargetLog(UpdateLog(sub, 1))
+        low, high = encode_epoch(epoch)
+        epoch = decode_epoch(low, high)  # (a foreign epoch is kept as unknown, as on disk)
+        if tl.epoch != epoch:
+            tl.log.append_floor(low, high)
+            tl.epoch = epoch
         tl.log.append_batch(batch_id, batch)
-        tl.hints[batch_id] = Hint(target, batch_id, batch)
+        tl.hints[batch_id] = Hint(target, batch_id, batch, epoch)
         self._held_bytes += batch.nbytes
         return True
 

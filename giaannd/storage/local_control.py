@@ -59,7 +59,7 @@ class LocalClusterControl:
         for writer in self.writers:
             await writer.flush()
 
-    def hints_held_for(self, names: Sequence[str]) -> int:
+    async def hints_held_for(self, names: Sequence[str]) -> int:
         return sum(len(svc.hints.pending(n)) for svc in self.services.values() if svc.hints is not None
                    for n in names)
 
@@ -67,7 +67,7 @@ class LocalClusterControl:
         for svc in list(self.services.values()):
             await svc.deliver_hints()
 
-    def drop_hints_for(self, name: str) -> int:
+    async def drop_hints_for(self, name: str) -> int:
         dropped = 0
         for svc in self.services.values():
             if svc.hints is not None:
@@ -75,6 +75,13 @@ class LocalClusterControl:
                     svc.hints.delivered(name, hint.batch_id)
                     dropped += 1
         return dropped
+
+    async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
+        """Nothing to persist: the views switched are the whole state here."""
+
+    async def abandon(self) -> None:
+        """Nothing to undo: the targets' views switch only after every stream caught up, and a
+        failure after that is not rolled back here (the daemon's control clears its overrides)."""
 
 
 def _switch_view(view: Topology, members: Sequence[StorageNode]) -> None:

@@ -38,7 +38,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from peers.placement import Placement
 
-__all__ = ["Plan", "Transfer", "TransferRule", "choose_source", "plan_transfers"]
+__all__ = ["Plan", "Transfer", "TransferRule", "choose_source", "owns", "plan_transfers"]
 
 U64 = NDArray[np.uint64]
 
@@ -137,6 +137,14 @@ class TransferRule:
             preferred = _candidates(before, after, self.live, self.avoid_sources)
             out[i] = bool(preferred) and choose_source(col, target, preferred) == source
         return out
+
+
+def owns(placement: Placement, member: str, columns: U64) -> NDArray[np.bool_]:
+    """Per column: is ``member`` one of its owners under ``placement``?"""
+    if member not in placement.names or columns.size == 0:
+        return np.zeros(columns.size, np.bool_)
+    me = placement.names.index(member)
+    return np.asarray((placement.owner_indices(columns) == me).any(axis=1), np.bool_)
 
 
 def plan_transfers(old: Placement, new: Placement, columns: ArrayLike, live: Collection[str],

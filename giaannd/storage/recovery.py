@@ -12,6 +12,11 @@ S), and the log segments. Invariants:
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
   anyway: replay is idempotent twice over.
+- A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
+  too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
+  it is replayed and then dropped, a batch after it recreates the column exactly as it was created
+  live. Drops leave the applied set alone, so replay by batch id stays idempotent. A snapshot
+  holds what is left after the drops it covers, so truncation loses nothing.
 
 ``open`` recovers: deletes leftover snapshot temporaries, loads the newest snapshot (a corrupt one
 stops start-up: falling back to an older one would silently lose the rows it added, whose log
@@ -31,15 +36,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from numpy.typing import NDArray
+
 from giaannd.model.rows import RowBatch
 from giaannd.storage.applied_set import BatchId
 from giaannd.atomic_file import fsync_dir
-from giaannd.storage.column_store import ColumnStore
+from giaannd.storage.column_store import ColumnStore, DropResult
 from giaannd.storage.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.snapshot import list_snapshots, list_temporaries, read_snapshot, write_snapshot
 from giaannd.storage.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
+    KIND_DROP,
     LogRecord,
     UpdateLog,
     list_segments,
@@ -88,6 +97,9 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
                 skipped += 1
                 continue
             store.commit(prepared)
+        elif rec.kind == KIND_DROP:
+            assert rec.columns is not None
+            store.drop_columns(rec.columns)
         else:
             store.advance_floor(rec.writer, rec.floor)
         applied += 1
@@ -184,6 +196,21 @@ class DurableStore:
         seq = self.log.append_floor(writer, floor)
         self.store.advance_floor(writer, floor)
         return seq
+
+    def drop_columns(self, columns: NDArray[np.uint64]) -> DropResult:
+        """Log and carry out the deletion of every row of ``columns`` (those this store holds;
+        nothing is logged when it holds none). Durable once ``sync()`` returns >= ``log.last_seq``
+        as of the return; until then a crash may bring the rows back (dropping again is harmless).
+        The applied set is unchanged (``ColumnStore.drop_columns``).
+
+        Raises:
+            OSError: the log write failed; nothing was dropped.
+        """
+        held = self.store.held_columns(columns)
+        if held.shape[0] == 0:
+            return DropResult(0, 0)
+        self.log.append_drop(held)
+        return self.store.drop_columns(held)
 
     def sync(self) -> int:
         """Group commit: fsync the log; returns the highest durable seq."""

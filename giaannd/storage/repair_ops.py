@@ -1,5 +1,8 @@
 """Repair glue: drive hints, rebuild missing batches from the peers' update logs, compare replicas
-(the decisions are in repair.py; the services must be local to this process)."""
+(the decisions are in repair.py). Hints go through ``ClusterControl`` (remote nodes too); the
+rebuild and the comparison read update logs and stores, so they cover only the services local to
+this process (``control.service``): a remote repair (log records over the stream endpoint) is not
+built."""
 
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
     live = [n for n in control.view().live() if control.service(n) is not None]
     targets = [n for n in (names or live) if n in live]
     deadline = time.monotonic() + HINT_DRAIN_TIMEOUT_S
-    while control.hints_held_for(live) and time.monotonic() < deadline:
+    while await control.hints_held_for(live) and time.monotonic() < deadline:
         await control.deliver_hints()
         await asyncio.sleep(0.05)
     placement = control.view().placement
@@ -90,7 +93,7 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
     return {"batches_shipped": shipped, "rows_shipped": rows, "unrecoverable": unrecoverable,
             "unlogged": unlogged,
             "rows_compared": compared, "rows_divergent": divergent,
-            "hints_left": control.hints_held_for(live)}
+            "hints_left": await control.hints_held_for(live)}
 
 
 def _compare_replicas(placement: Placement, services: Mapping[str, StorageService | None],

@@ -209,8 +209,10 @@ class StorageRequests:
     def not_owner(self, row_column: np.ndarray) -> p.NotOwner | None:
         """NotOwner unless this node owns every row's column under its placement (standalone: all)."""
         topo = self._topology()
-        if topo is None or not self.node_name or self.node_name not in topo or row_column.size == 0:
+        if topo is None or not self.node_name or row_column.size == 0:
             return None
+        if self.node_name not in topo:  # ring mode: standby (joining / decommissioned) owns nothing
+            return p.NotOwner(topo.epoch, "standby: owns no columns") if topo.ring_mode else None
         placement = topo.placement
         me = placement.names.index(self.node_name)
         owned = (placement.owner_indices(row_column) == me).any(axis=1)
@@ -258,7 +260,7 @@ class StorageRequests:
         batch = p.check_batch(bulk)
         batch_id = BatchId(msg.writer, msg.seq)
         if msg.hint_for is not None and msg.hint_for != self.node_name:
-            return self.hold_hint(msg.hint_for, batch_id, batch)
+            return self.hold_hint(msg.hint_for, batch_id, batch, msg.placement_epoch)
         if (err := self.not_owner(batch.row_column)) is not None:
             return self.error(err)
         try:
@@ -280,9 +282,9 @@ class StorageRequests:
             self.count("applies_duplicate")
         return WaitDurable(seq, p.ApplyAck(durable=True, applied=result.applied))
 
-    def hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch) -> Step:
+    def hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> Step:
         try:
-            added = self.hints.add(target, batch_id, _owned(batch))
+            added = self.hints.add(target, batch_id, _owned(batch), epoch)
         except HintSpaceFull as exc:
             return self.error(p.Unavailable(str(exc)))
         except ValueError as exc:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd import protocol as p
-from giaannd.compute.client import StorageClient, StorageRequestError
+from giaannd.compute.client import StorageClient
 from giaannd.storage.column_store import StoreUsage
 from giaannd.storage.group_commit import GroupCommit
+from giaannd.storage.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S, HintDelivery
 from giaannd.storage.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.recovery import DurableStore
 from giaannd.storage.requests import (
@@ -44,7 +45,6 @@ from giaannd.storage.requests import (
 )
 from giaannd.storage.vocab_store import VocabStore
 from giaannd.topology import Topology, TopologyChange, follow_membership
-from peers.errors import PeersError
 from peers.placement import DEFAULT_REPLICAS
 from peers.transport import Identity, Incoming, Listener, Reply, Transport, make_transport, scheme_of
 
@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 #: How often undelivered hints are retried even without a topology event (a target that came back
 #: before its failure was noticed produces no "came up" event).
 HINT_RETRY_S: Final = 5.0
-#: Budget of one hint delivery request.
-HINT_DELIVERY_TIMEOUT_S: Final = 10.0
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 VOCAB_DIR: Final = "vocab"
@@ -86,6 +84,8 @@ class StorageService:
         group_commit_window_s: see GroupCommit.
         snapshot_interval_s: snapshot timer period (daemon mode / ``run_snapshots``).
         hint_max_bytes / hint_retry_s: hint budget (hints.py) and retry period.
+        hint_ramp_s / hint_ramp_start_bytes_per_s: pacing of hint delivery to a member that came
+            up (hint_delivery.py, ramp.py); 0 s: unpaced.
         replicas: R, for a topology this service creates itself (``attach_membership``).
         on_unreachable: passed to the service's own ``StorageClient`` (hint delivery): told a
             peer's name when it could not be reached (the daemon starts suspicion with it).
@@ -109,6 +109,8 @@ class StorageService:
         hint_retry_s: float = HINT_RETRY_S,
         replicas: int = DEFAULT_REPLICAS,
         on_unreachable: Callable[[str], object] | None = None,
+        hint_ramp_s: float = 0.0,
+        hint_ramp_start_bytes_per_s: float = DEFAULT_HINT_RAMP_START_BYTES_PER_S,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.capacity_bytes = capacity_bytes
@@ -121,6 +123,9 @@ class StorageService:
         self.snapshot_interval_s = snapshot_interval_s
         self.hint_max_bytes = hint_max_bytes
         self.hint_retry_s = hint_retry_s
+        self.hint_ramp_s = hint_ramp_s
+        self.hint_ramp_start_bytes_per_s = hint_ramp_start_bytes_per_s
+        self.delivery: HintDelivery | None = None
         self.on_unreachable = on_unreachable
         self.replicas = replicas
         self.core: StorageRequests | None = None
@@ -169,9 +174,21 @@ class StorageService:
             transport = self._transport(scheme_of(url))
             self.listeners.append(await transport.listen(url, self.handle))
         if self.topology is not None:
-            self._client = StorageClient(self.topology, self.transports, identity=self.identity,
-                                         on_unreachable=self.on_unreachable)
-            self.topology.on_change(self._on_topology)
+            self._attach_delivery(self.topology)
+
+    def _attach_delivery(self, topology: Topology) -> None:
+        """The client hint delivery sends with, and the topology subscription that drives it."""
+        assert self.hints is not None
+        self._client = StorageClient(topology, self.transports, identity=self.identity,
+                                     on_unreachable=self.on_unreachable)
+        self.delivery = HintDelivery(self.hints, self._client, topology, ramp_s=self.hint_ramp_s,
+                                     start_bytes_per_s=self.hint_ramp_start_bytes_per_s,
+                                     on_delivered=self._count_delivered)
+        topology.on_change(self._on_topology)
+
+    def _count_delivered(self) -> None:
+        if self.core is not None:
+            self.core.count("hints_delivered")
 
     def _transport(self, scheme: str) -> Transport:
         if scheme not in self.transports:
@@ -243,9 +260,7 @@ class StorageService:
         if self.topology is None:
             self.topology = Topology(local=self.node_name or None, replicas=self.replicas)
             if self._client is None and self.hints is not None:
-                self._client = StorageClient(self.topology, self.transports, identity=self.identity,
-                                         on_unreachable=self.on_unreachable)
-                self.topology.on_change(self._on_topology)
+                self._attach_delivery(self.topology)
         topo = self.topology
         follow_membership(topo, node)
         return topo
@@ -298,6 +313,11 @@ class StorageService:
     def _on_topology(self, change: TopologyChange) -> None:
         if self.hints is None or self._stopping:
             return
+        if self.delivery is not None:  # pacing ramps (hint_delivery.py)
+            for name in change.went_down:
+                self.delivery.went_down(name)
+            for name in change.came_up:
+                self.delivery.came_up(name)
         for target in change.came_up & set(self.hints.targets()):
             self._spawn(self.deliver_hints_to(target))
 
@@ -317,24 +337,15 @@ class StorageService:
         return done
 
     async def deliver_hints_to(self, target: str) -> int:
-        """Deliver the target's hints in order; stop at the first failure (retried later)."""
-        if self.hints is None or self._client is None or target in self._delivering:
+        """Deliver the target's hints in order, paced while it ramps up, re-split by the current
+        placement if it no longer owns them; stop at the first failure (retried later).
+        hint_delivery.py has the rules."""
+        if self.delivery is None or target in self._delivering:
             return 0
         self._delivering.add(target)
         done = 0
         try:
-            for hint in self.hints.pending(target):
-                try:
-                    await self._client.apply_to(target, hint.batch_id, hint.batch,
-                                                timeout_s=HINT_DELIVERY_TIMEOUT_S)
-                except (StorageRequestError, PeersError, OSError, KeyError, LookupError) as exc:
-                    log.info("hint delivery paused target=%s held=%d: %s", target,
-                             len(self.hints.pending(target)), exc)
-                    break
-                self.hints.delivered(target, hint.batch_id)
-                if self.core is not None:
-                    self.core.count("hints_delivered")
-                done += 1
+            done = await self.delivery.deliver_to(target)
         finally:
             self._delivering.discard(target)
         if done:
@@ -434,6 +445,7 @@ def create_service(config: Config) -> StorageService:
         group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
         snapshot_interval_s=s.snapshot_interval_s,
         replicas=s.replication_factor,
+        hint_ramp_s=s.ramp_up_s, hint_ramp_start_bytes_per_s=s.hint_ramp_start_bytes_per_s,
     )
 
 

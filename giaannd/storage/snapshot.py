@@ -83,14 +83,14 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
         w = _HashingWriter(f)
-        lengths = np.array([len(store.row(k) or ()) for k in keys], np.int64)
+        slots = list(store.iter_slots())  # (key order, as ``keys``)
         offsets = np.zeros(len(keys) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        np.cumsum(np.fromiter((len(region) // ENTRY_BYTES for _, _, region in slots), np.int64, len(slots)),
+                  out=offsets[1:])
         num_entries = int(offsets[-1])
         w.array(np.array([k[0] for k in keys], np.uint64))
         w.array(np.array([k[1] for k in keys], np.uint64))
         w.array(offsets)
-        slots = list(store.iter_slots())
         w.array(np.array([t for _, t, _ in slots], np.uint64))
         for _, _, region in slots:
             w.write(region)

@@ -8,6 +8,10 @@ until cutover). Accepted items are applied through the service's group commit (`
 the durable resume point is the store's applied-set floor of the stream writer. It also keeps the
 per-stream dedupe state of stream_dedupe.py and installs that module's filter on the service's
 direct applies.
+
+The same listener serves the *source-control* requests of source_control.py (a remote coordinator
+starts, polls, pauses, closes and aborts streams this node sends; lists its columns; counts,
+delivers and drops its hints): ``StreamEndpoint.sources`` is this node's ``SourceRegistry``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -27,8 +32,10 @@ from giaannd.storage.applied_set import BatchId
 from giaannd.storage.errors import StoreFullError
 from giaannd.storage.recovery import DurableStore
 from giaannd.storage.service import StorageService
+from giaannd.storage.source_control import SourceRegistry, SourceRequest
+from giaannd.storage.repair_wire import is_repair_request
 from giaannd.storage.stream_dedupe import StreamScopes, direct_marker_id, install_direct_filter, marker_id
-from giaannd.storage.stream_io import MAX_VERIFY_ROWS, _digests, apply_local
+from giaannd.storage.stream_io import MAX_VERIFY_ROWS, _combined_digest, _digests, apply_local
 from giaannd.storage.streaming import (
     Accept,
     Duplicate,
@@ -49,7 +56,8 @@ __all__ = ["STREAM_WRITERS_FILE", "StreamEndpoint", "stream_writers_of"]
 
 log = logging.getLogger(__name__)
 
-_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest)
+#: Stream items and source control share the endpoint (disjoint tags: streaming.py, source_control.py).
+_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest | SourceRequest)
 _ENC: Final = msgspec.msgpack.Encoder()
 
 #: Per storage data directory: the stream writer ids this node received items under (u64 each,
@@ -89,6 +97,15 @@ class StreamEndpoint:
         self._locks: dict[int, asyncio.Lock] = {}
         self.scopes = StreamScopes.open(service.data_dir)
         self.deltas_skipped = 0
+        #: monotonic time of the last stream or source-control request (release waits for quiet)
+        self.last_activity = -1e18
+        #: streams this node sends for remote coordinators (source_control.py)
+        self.sources = SourceRegistry(service, transport)
+        #: peers repairing themselves read this node's log and digests (repair_remote.py, which
+        #: imports this module: hence the late import)
+        from giaannd.storage.repair_remote import RepairServer
+
+        self.repair = RepairServer(service)
 
     @property
     def address(self) -> str:
@@ -107,6 +124,7 @@ class StreamEndpoint:
             with contextlib.suppress(Exception):
                 await self.listener.close()
             self.listener = None
+        await self.sources.close()  # after the listener: a coordinator sees the node go, not an abort
 
     def _store(self) -> DurableStore:
         if self.service.store is None:
@@ -114,10 +132,19 @@ class StreamEndpoint:
         return self.service.store
 
     async def handle(self, incoming: Incoming) -> Reply:
+        if is_repair_request(incoming.payload):  # its own tag space (>= 200)
+            return await self.repair.handle_incoming(incoming)
+        self.last_activity = time.monotonic()
         try:
             msg = _REQ_DECODER.decode(incoming.payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
+        if not isinstance(msg, (StreamHello, StreamData, StreamVerify)):  # source control
+            try:
+                reply, bulk = await self.sources.handle(msg, incoming.bulk)
+            except (ValueError, RuntimeError) as exc:
+                return _reply(StreamRefused(0, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+            return _reply(reply, bulk)
         try:
             if isinstance(msg, StreamHello):
                 return self._hello(msg, incoming.bulk)
@@ -142,9 +169,14 @@ class StreamEndpoint:
         if len(bulk) != 1 or bulk[0].dtype != np.uint64 or bulk[0].ndim != 1:
             return _reply(StreamRefused(msg.stream_id, rx.next_index,
                                         "hello: expected one 1-d uint64 array of columns", fatal=True))
+        if rx.next_index > 0 and msg.first:
+            return _reply(StreamRefused(msg.stream_id, rx.next_index, (
+                f"stream {msg.stream_id:#x} was started here by another sender ({rx.next_index} items "
+                "applied); a new sender's chunks are other cuts of the rows and cannot continue it "
+                "(the source restarted?): wipe this node's data directory and join it again"),
+                fatal=True))
         if rx.next_index == 0 and msg.fresh:
-            wanted = set(bulk[0].tolist())
-            stale = sum(1 for k in self._store().store.keys() if k[0] in wanted)
+            stale = int(self._store().store.rows_of_columns(bulk[0])[0].size)
             if stale:
                 return _reply(StreamRefused(msg.stream_id, 0, (
                     f"this node already holds {stale} rows of the streamed columns from an earlier, "
@@ -178,7 +210,8 @@ class StreamEndpoint:
                     else:
                         self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
                         await apply_local(self.service, marker_id(origin, msg.stream_id), RowBatch.empty())
-                await apply_local(self.service, decision.batch_id, batch)
+                # (validated once, by from_buffers above: the store need not check it again)
+                await apply_local(self.service, decision.batch_id, batch, validate=False)
             except StoreFullError as exc:
                 return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
             rx.applied(decision.index)
@@ -189,6 +222,8 @@ class StreamEndpoint:
             return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
         cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
         feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
+        if msg.combined:
+            return _reply(VerifyReply(), list(_combined_digest(self._store(), cols, feats)))
         return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
 
 

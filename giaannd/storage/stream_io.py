@@ -31,7 +31,9 @@ from giaannd.storage.applied_set import BatchId
 from giaannd.storage.recovery import ApplyResult, DurableStore
 from giaannd.storage.service import StorageService
 from giaannd.storage.streaming import (
+    ItemKind,
     StreamData,
+    StreamItem,
     StreamHello,
     StreamPosition,
     StreamRefused,
@@ -119,39 +121,47 @@ def observe_applies(service: StorageService) -> AppliedTee:
     return tee
 
 
-async def apply_local(service: StorageService, batch_id: BatchId, batch: RowBatch) -> bool:
+async def apply_local(service: StorageService, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> bool:
     """Apply on this node's store, bypassing the ownership check, and wait until it is durable
-    (shares the service's group commit; holds off while a snapshot reads the store)."""
+    (shares the service's group commit; holds off while a snapshot reads the store).
+    ``validate=False`` only for a batch the caller already checked (``RowBatch.validate``)."""
     store, commit = service.store, service._commit  # noqa: SLF001 (see module docstring)
     if store is None or commit is None:
         raise RuntimeError("storage service is not open")
     core = service.core
     applier = core.store if core is not None else store  # the tee, if this node also sends streams
     async with service._snapshot_lock:  # noqa: SLF001
-        result = applier.apply(batch_id, batch)
+        result = applier.apply(batch_id, batch, validate)
     await commit.wait_durable(result.seq)
     return result.applied
 
 
 def _digests(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
              ) -> tuple[NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint64]]:
-    n = cols.size
-    present, keys, strength = np.zeros(n, np.uint8), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-    for i, key in enumerate(zip(cols.tolist(), feats.tolist())):
-        d = store.store.digest(key)
-        if d is not None:
-            present[i], keys[i], strength[i] = 1, d.keys, d.strength
+    """Per-row digests (``ColumnStore.digest``): present, keys, strength. The per-row form of
+    verification (a receiver that does not know ``StreamVerify.combined``), and what a failed
+    combined check falls back to, to count the rows that differ."""
+    digest = store.store.digest
+    ds = [digest(key) for key in zip(cols.tolist(), feats.tolist())]
+    n = len(ds)
+    present = np.fromiter((d is not None for d in ds), np.uint8, n)
+    keys = np.fromiter((0 if d is None else d.keys for d in ds), np.uint64, n)
+    strength = np.fromiter((0 if d is None else d.strength for d in ds), np.uint64, n)
     return present, keys, strength
+
+
+def _combined_digest(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
+                     ) -> tuple[NDArray[np.uint8], NDArray[np.uint64]]:
+    """Presence per row and one digest over all the present rows' bytes (``ColumnStore.rows_digest``)."""
+    present, digest = store.store.rows_digest(cols, feats)
+    return present, np.array([digest], np.uint64)
 
 
 def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
                 ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
-    """Sorted row keys of ``columns`` in ``store`` and each row's byte size."""
-    wanted = set(columns.tolist())
-    keys = [k for k in store.store.keys() if k[0] in wanted]
-    sizes = [len(store.store.row_region(k) or b"") for k in keys]
-    return (np.array([k[0] for k in keys], np.uint64), np.array([k[1] for k in keys], np.uint64),
-            np.array(sizes, np.int64))
+    """Sorted row keys of ``columns`` in ``store`` and each row's byte size (vectorised:
+    ``ColumnStore.rows_of_columns``, no key tuple per stored row)."""
+    return store.store.rows_of_columns(np.asarray(columns, np.uint64))
 
 
 @dataclass
@@ -216,6 +226,10 @@ class StreamRunner:
         self._started = time.monotonic()
         self.reconnects = 0
         self.resent_items = 0
+        self._connected_once = False
+        #: read the next chunk while the current one is on the wire (``_send_and_read``)
+        self.prefetch = True
+        self._per_row_verify = False  # the receiver does not know StreamVerify.combined
         self._tee = observe_applies(source)
         self._tee.observers.append(self._on_applied)
 
@@ -247,6 +261,13 @@ class StreamRunner:
     def _detach(self) -> None:
         with contextlib.suppress(ValueError):
             self._tee.observers.remove(self._on_applied)
+
+    def retarget(self, address: str) -> None:
+        """The target is now at ``address`` (it restarted): the next send reconnects there and
+        resumes from its durable position."""
+        self.target_address = address
+        self._broken = True
+        self._wake.set()
 
     def abort(self, reason: str) -> None:
         """Give up this stream (the operation was cancelled)."""
@@ -283,13 +304,14 @@ class StreamRunner:
             self._conn = None
         self._conn = await connect(self.transport, self.target_address, timeout_s=5.0)
         self._broken = False
-        hello = StreamHello(s.stream_id, self.label, fresh=True)
+        hello = StreamHello(s.stream_id, self.label, fresh=True, first=not self._connected_once)
         res = await self._conn.request(_ENC.encode(hello), [s.columns], timeout_s=STREAM_REQUEST_TIMEOUT_S)
         reply = _REPLY_DECODER.decode(res.payload)
         if isinstance(reply, StreamRefused):
             raise StreamFailed(reply.reason)
         if not isinstance(reply, StreamPosition):
             raise StreamFailed(f"unexpected reply {type(reply).__name__} to StreamHello")
+        self._connected_once = True
         self.resent_items += max(0, s.sent_upto - reply.next_index)
         s.rewind(reply.next_index)
 
@@ -340,7 +362,8 @@ class StreamRunner:
                 self.finished.set()
                 return
             if not s.chunks_left and s.idle and not self.caught_up.is_set():
-                await self._verify()
+                if not await self._verify():
+                    return
                 if self.state == "streaming":
                     self.state = "caught-up"
                 self.caught_up.set()
@@ -351,7 +374,14 @@ class StreamRunner:
             return
         msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
                          item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
-        reply, _ = await self._request(msg, item.batch.buffers())
+        import os as _os  # DEBUG-REMOVE
+        _pf = _os.environ.get("DBG_PF_ANY") == "1"  # DEBUG-REMOVE
+        if self.prefetch and (item.kind == ItemKind.CHUNK or _pf) and s.chunks_left and s.unsent == 0:
+            reply = await self._send_and_read(msg, item)
+        else:
+            reply, _ = await self._request(msg, item.batch.buffers())
+        with open("/tmp/h/work/dbg.log", "a") as _f:  # DEBUG-REMOVE
+            _f.write(f"{time.time():.3f} {self.label} sent idx={item.index} kind={int(item.kind)} n={item.batch.nbytes} acked={s.bytes_acked} reply={reply}\n")  # DEBUG-REMOVE
         if isinstance(reply, StreamPosition):
             s.on_position(reply.next_index)
         elif isinstance(reply, StreamRefused):
@@ -361,18 +391,73 @@ class StreamRunner:
             s.rewind(reply.next_index)
         await self.throttle.spend(item.batch.nbytes)
 
-    async def _verify(self) -> None:
+    async def _send_and_read(self, msg: StreamData, item: StreamItem) -> Any:
+        """Send ``item`` and, while the receiver applies it, read the next chunk (a synchronous
+        cut, as always; it waits in the sender's queue: the window is still one item on the wire,
+        so a receiver crash still re-sends at most one item)."""
+        with open("/tmp/h/work/dbg.log", "a") as _f:  # DEBUG-REMOVE
+            _f.write(f"prefetch {self.label} idx={item.index} n={item.batch.nbytes} cursor={self.sender.cursor} total={self.sender.total_bytes_estimate}\n")  # DEBUG-REMOVE
+        task = asyncio.ensure_future(self._request(msg, item.batch.buffers()))
+        try:
+            await asyncio.sleep(0)  # the request writes the item (what the socket takes at once)
+            if self.state not in ("done", "failed") and not task.done():
+                self.sender.read_chunk(self.store.store.read_rows)
+            reply, _ = await task
+        except BaseException:
+            task.cancel()
+            raise
+        return reply
+
+    async def _verify(self) -> bool:
         """Source digests now (no await in between: a consistent cut, nothing is in flight), then
-        the receiver's; keys and strengths must be equal bit for bit."""
+        the receiver's; keys and strengths must be equal bit for bit. False: not verified yet,
+        verify again once idle (the receiver answered per-row digests: see below).
+
+        Per slice of at most MAX_VERIFY_ROWS keys, both ends compute one combined digest over the
+        rows' bytes (``ColumnStore.rows_digest``: no per-row hashing); only if that differs are the
+        per-row digests asked for, to say how many rows differ. A receiver that does not know
+        ``StreamVerify.combined`` answers per-row digests: the source's must then be taken at a new
+        consistent cut (writes may have come in meanwhile), so this returns False and the next
+        verification is per row throughout.
+
+        Raises:
+            StreamFailed: the receiver's rows differ, or it answered something unexpected.
+        """
         cols, feats, _ = row_keys_of(self.store, self.sender.columns)
-        mine = _digests(self.store, cols, feats)
-        for start in range(0, max(1, cols.size), MAX_VERIFY_ROWS):
-            sl = slice(start, start + MAX_VERIFY_ROWS)
-            reply, bulk = await self._request(StreamVerify(self.sender.stream_id),
-                                              [np.ascontiguousarray(cols[sl]), np.ascontiguousarray(feats[sl])])
-            if not isinstance(reply, VerifyReply) or len(bulk) != 3:
+        per_row = self._per_row_verify
+        slices = _slices(cols.size)
+        mine: list[Sequence[NDArray[Any]]] = [
+            (_digests if per_row else _combined_digest)(self.store, cols[sl], feats[sl]) for sl in slices]
+        for sl, digests in zip(slices, mine):
+            keys = [np.ascontiguousarray(cols[sl]), np.ascontiguousarray(feats[sl])]
+            reply, bulk = await self._request(StreamVerify(self.sender.stream_id, combined=not per_row), keys)
+            if not isinstance(reply, VerifyReply) or len(bulk) not in (2, 3):
                 raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
-            for a, b in zip((m[sl] for m in mine), bulk):
-                if not np.array_equal(a, np.asarray(b)):
-                    bad = int(np.count_nonzero(a != np.asarray(b)))
-                    raise StreamFailed(f"verify: {bad} of {cols[sl].size} rows differ on the receiver")
+            if not per_row and len(bulk) == 3:
+                self._per_row_verify = True
+                return False
+            if len(bulk) != len(digests):
+                raise StreamFailed(f"verify: {len(bulk)} digest arrays in the reply, {len(digests)} expected")
+            if all(np.array_equal(a, np.asarray(b)) for a, b in zip(digests, bulk)):
+                continue
+            if per_row:
+                rows: Sequence[NDArray[Any]] = digests
+            else:  # they differ: how many rows do (the source's per-row digests are taken now)
+                rows = _digests(self.store, keys[0], keys[1])
+                reply, bulk = await self._request(StreamVerify(self.sender.stream_id), keys)
+                if not isinstance(reply, VerifyReply) or len(bulk) != 3:
+                    raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
+            differ = np.zeros(keys[0].size, bool)
+            for a, theirs in zip(rows, bulk):
+                b = np.asarray(theirs)
+                if a.shape != b.shape:
+                    raise StreamFailed(f"verify: receiver answered {b.size} digests for {a.size} rows")
+                differ |= a != b
+            bad = max(1, int(np.count_nonzero(differ)))
+            raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
+        return True
+
+
+def _slices(n: int) -> list[slice]:
+    """The MAX_VERIFY_ROWS-key slices verification sends (one, empty, when there are no rows)."""
+    return [slice(start, start + MAX_VERIFY_ROWS) for start in range(0, max(1, n), MAX_VERIFY_ROWS)]

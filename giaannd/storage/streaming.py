@@ -99,6 +99,9 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     source: str
     fresh: bool = True  # index 0: the receiver must hold no rows of these columns
     closing: bool = False  # the sender finished: no more items (stream_dedupe.py)
+    #: this sender never connected before: it cannot continue a sequence the receiver already
+    #: started (another sender's, e.g. before the source restarted: its chunks were other cuts)
+    first: bool = False
 
 
 class StreamData(msgspec.Struct, frozen=True, tag=2):
@@ -116,6 +119,8 @@ class StreamVerify(msgspec.Struct, frozen=True, tag=3):
     """Row digests on the receiver (keys in bulk: u64 columns, u64 features). Reply: VerifyReply."""
 
     stream_id: _U64
+    #: one digest over all the rows (``ColumnStore.rows_digest``) instead of one per row
+    combined: bool = False
 
 
 class StreamPosition(msgspec.Struct, frozen=True, tag=64):
@@ -135,7 +140,8 @@ class StreamRefused(msgspec.Struct, frozen=True, tag=65):
 
 
 class VerifyReply(msgspec.Struct, frozen=True, tag=66):
-    """Bulk: present u8[K], keys-digest u64[K], strength-digest u64[K]."""
+    """Bulk: present u8[K], keys-digest u64[K], strength-digest u64[K]; for a ``combined`` request
+    present u8[K] and rows-digest u64[1]."""
 
 
 StreamRequest = StreamHello | StreamData | StreamVerify
@@ -251,7 +257,8 @@ class StreamSender:
         self._claims = claims
         self._keys_c = np.asarray(row_columns, np.uint64)
         self._keys_f = np.asarray(row_features, np.uint64)
-        self._pos = {k: i for i, k in enumerate(zip(self._keys_c.tolist(), self._keys_f.tolist()))}
+        #: row key -> position in the key list; built on the first delta (most streams see few)
+        self._pos: dict[tuple[int, int], int] | None = None
         self._row_bytes = (np.asarray(row_bytes, np.int64) if row_bytes is not None
                            else np.full(self._keys_c.size, 64, np.int64))
         self.total_bytes_estimate = int(self._row_bytes.sum())
@@ -310,13 +317,18 @@ class StreamSender:
                 mask = np.isin(batch.row_column, self.columns)
         if not mask.any():
             return False
-        cursor = self.cursor
-        for i in np.flatnonzero(mask).tolist():
-            pos = self._pos.get((int(batch.row_column[i]), int(batch.row_feature[i])))
-            if pos is not None and pos >= cursor:
-                mask[i] = False  # a later chunk reads this row, batch included
-        if not mask.any():
-            return False
+        if self.chunks_left:  # (all chunks read: no row is left for a later chunk)
+            cursor = self.cursor
+            if self._pos is None:
+                self._pos = {k: i for i, k in enumerate(zip(self._keys_c.tolist(), self._keys_f.tolist()))}
+            get = self._pos.get
+            rc, rf = batch.row_column.tolist(), batch.row_feature.tolist()
+            for i in np.flatnonzero(mask).tolist():
+                pos = get((rc[i], rf[i]))
+                if pos is not None and pos >= cursor:
+                    mask[i] = False  # a later chunk reads this row, batch included
+            if not mask.any():
+                return False
         self._push(ItemKind.DELTA, batch.select_rows(mask), batch_id)
         self.deltas += 1
         return True
@@ -371,6 +383,11 @@ class StreamSender:
     @property
     def in_flight(self) -> int:
         return self._send_from - self.acked
+
+    @property
+    def unsent(self) -> int:
+        """Items made but not sent yet (waiting for the window)."""
+        return self.next_index - self._send_from
 
     @property
     def idle(self) -> bool:

@@ -30,6 +30,12 @@ The cluster side effects (switching views, draining writers) go through a ``Clus
 in-process implementation drives ``Topology`` objects directly (tests, bench); the daemon's
 implementation changes what the node advertises in membership (wiring: docs/topology.md).
 
+Sources: a stream whose source is served by this process (``control.service(name)``) runs a local
+``StreamRunner``; any other source is driven through its stream endpoint by a
+``RemoteStreamRunner`` (source_control.py, remote_stream.py), and planning lists remote old
+owners' columns with ``ListColumns``. A live old owner that does not answer is treated as dead for
+planning (its columns are copied from other replicas, or the operation refuses as data loss).
+
 Properties: **idempotent** (re-running a verb whose placement is already in force plans nothing and
 returns ``done``; re-issuing it while it runs returns the same operation via ``OperationRegistry``),
 **progress** (bytes, rate, ETA per stream and in total), **abort / resume** (``pause()`` stops
@@ -45,7 +51,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -54,11 +60,15 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.storage.local_control import LocalClusterControl
-from giaannd.storage.rebalance import Plan, Transfer, TransferRule, plan_transfers
+from giaannd.storage.rebalance import Plan, Transfer, TransferRule, owns, plan_transfers
+from giaannd.storage.remote_stream import RemoteStreamRunner
 from giaannd.storage.repair_ops import repair
 from giaannd.storage.service import StorageService
+from giaannd.storage.source_control import SourceControlError, SourceStart, list_columns
 from giaannd.storage.stream_io import StreamRunner, Throttle
+from giaannd.storage.topology_admin import register_admin_routes
 from giaannd.topology import StorageNode, Topology
+from peers.errors import PeersError
 from peers.placement import Member, Placement
 from peers.transport import Transport
 
@@ -67,6 +77,8 @@ __all__ = [
     "DataLossError",
     "OperationRegistry",
     "Rebalance",
+    "RemoteStreamRunner",
+    "Runner",
     "LocalClusterControl",
     "TopologyOpError",
     "members_after",
@@ -80,6 +92,11 @@ log = logging.getLogger(__name__)
 CUTOVER_TIMEOUT_S: Final = 60.0
 #: Bound on the streaming phase as a whole unless the caller sets one.
 DEFAULT_STREAM_TIMEOUT_S: Final = 3600.0
+#: Bound on listing a remote old owner's columns while planning (it counts as unreachable after).
+LIST_COLUMNS_TIMEOUT_S: Final = 30.0
+
+#: A stream as the operation sees it: sent from this process, or driven on a remote source.
+Runner = StreamRunner | RemoteStreamRunner
 
 
 class TopologyOpError(RuntimeError):
@@ -96,7 +113,8 @@ class DataLossError(TopologyOpError):
 
 
 class ClusterControl(Protocol):
-    """What an operation needs from the cluster."""
+    """What an operation needs from the cluster. Sources need not be local: a member this process
+    does not serve is reached through its stream endpoint (``stream_address``)."""
 
     transport: Transport
 
@@ -104,10 +122,10 @@ class ClusterControl(Protocol):
         """The current cluster view (placement set + live set)."""
 
     def service(self, name: str) -> StorageService | None:
-        """The local service of a member, if this process runs it (sources must be local)."""
+        """The local service of a member, if this process runs it (else the member is remote)."""
 
     def stream_address(self, name: str) -> str:
-        """The member's StreamEndpoint address."""
+        """The member's StreamEndpoint address (stream items and source control)."""
 
     async def switch(self, names: Sequence[str], members: Sequence[StorageNode]) -> None:
         """Set the placement set of these storage nodes' views to ``members``."""
@@ -115,14 +133,20 @@ class ClusterControl(Protocol):
     async def switch_writers(self, members: Sequence[StorageNode]) -> None:
         """Writers use ``members`` from now on; returns once writes computed before have finished."""
 
-    def hints_held_for(self, names: Sequence[str]) -> int:
-        """Hints held anywhere (that this process can see) for these members."""
+    async def hints_held_for(self, names: Sequence[str]) -> int:
+        """Hints held anywhere (every live storage node) for these members."""
 
     async def deliver_hints(self) -> None:
         """Push hint delivery now (it is also periodic)."""
 
-    def drop_hints_for(self, name: str) -> int:
+    async def drop_hints_for(self, name: str) -> int:
         """Forget hints held for a member that left the placement (returns how many)."""
+
+    async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
+        """Every node switched to ``new_members``: make it durable (the daemon commits its ring)."""
+
+    async def abandon(self) -> None:
+        """The operation failed or was cancelled: undo partial switches (the old placement stays)."""
 
 
 @dataclass
@@ -148,10 +172,15 @@ class Rebalance:
     rate_bytes_s: float | None = None
     chunk_bytes: int | None = None
     stream_timeout_s: float = DEFAULT_STREAM_TIMEOUT_S
+    #: None: random per operation object (only it can resume its streams). A fixed value makes
+    #: the stream ids a function of the operation, so a coordinator that restarted (a joining
+    #: node coordinates its own join) resumes the streams its sources still run; a source that
+    #: restarted is told apart by ``StreamHello.first`` and refused.
+    stream_nonce: int | None = None
     state: str = "new"
     error: str | None = None
     plan: Plan | None = None
-    runners: list[StreamRunner] = field(default_factory=list)
+    runners: list[Runner] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _started: float = field(default_factory=time.monotonic)
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -159,9 +188,10 @@ class Rebalance:
     def __post_init__(self) -> None:
         # Stream ids are unique to this operation object: only it holds the senders' state (the
         # queue of forwarded writes is in RAM), so only it can resume them (streaming.py).
-        self._nonce = secrets.randbits(64)
+        self._nonce = secrets.randbits(64) if self.stream_nonce is None else self.stream_nonce
         self._throttle = Throttle(self.rate_bytes_s)
         self._resumed.set()
+        self._unreachable: set[str] = set()  # live old owners that did not answer ListColumns
 
     # -- planning ---------------------------------------------------------------------------------
     def _placements(self) -> tuple[Placement, Placement]:
@@ -170,27 +200,45 @@ class Rebalance:
         new = Placement(tuple(Member(n.name, n.weight) for n in self.new_members), view.replicas, view.strategy)
         return old, new
 
-    def _columns(self, old: Placement) -> NDArray[np.uint64]:
-        """Every column held by a live, local old owner."""
+    async def _columns(self, old: Placement) -> NDArray[np.uint64]:
+        """Every column held by a live old owner: local ones read their store, remote ones answer
+        ``ListColumns``; one that does not answer is recorded as unreachable (not a source)."""
         view = self.control.view()
         parts = []
         for name in old.names:
+            if not view.is_live(name):
+                continue
             svc = self.control.service(name)
-            if svc is not None and svc.store is not None and view.is_live(name):
-                keys = svc.store.store.keys()
-                parts.append(np.unique(np.array([k[0] for k in keys], np.uint64)))
+            if svc is not None:
+                if svc.store is not None:
+                    parts.append(svc.store.store.held_columns())
+                continue
+            try:
+                parts.append(await asyncio.wait_for(
+                    list_columns(self.control.transport, self.control.stream_address(name)), LIST_COLUMNS_TIMEOUT_S))
+            except (PeersError, OSError, TimeoutError, SourceControlError, TopologyOpError, KeyError) as exc:
+                log.warning("planning: %s did not list its columns (%s); treated as down", name, exc)
+                self._unreachable.add(name)
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
-    def make_plan(self) -> Plan:
-        old, new = self._placements()
-        return plan_transfers(old, new, self._columns(old), self.control.view().live(), self.avoid_sources)
+    def _live(self) -> list[str]:
+        return [n for n in self.control.view().live() if n not in self._unreachable]
 
-    def _check_dead_owners(self) -> None:
+    async def make_plan(self) -> Plan:
+        old, new = self._placements()
+        columns = await self._columns(old)
+        return plan_transfers(old, new, columns, self._live(), self.avoid_sources)
+
+    def check_dead_owners(self) -> None:
         """Columns whose every replica is on dead members cannot even be listed (only their
-        owners knew them): refuse when that can happen (dead members >= R), unless allow_loss."""
+        owners knew them): refuse when that can happen (dead members >= R), unless allow_loss.
+
+        Raises:
+            DataLossError: as many old owners are down (or did not answer) as R.
+        """
         old, _ = self._placements()
         view = self.control.view()
-        dead = [n for n in old.names if not view.is_live(n) or self.control.service(n) is None]
+        dead = [n for n in old.names if not view.is_live(n) or n in self._unreachable]
         if len(dead) >= old.effective_replicas and not self.allow_loss:
             raise DataLossError(np.zeros(0, np.uint64), (
                 f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} not reachable and R = "
@@ -212,8 +260,10 @@ class Rebalance:
         """
         try:
             if self.plan is None:
-                self._check_dead_owners()
-                self.plan = self.make_plan()
+                self.check_dead_owners()
+                plan = await self.make_plan()
+                self.check_dead_owners()  # again: an old owner may not have answered
+                self.plan = plan
                 if self.plan.lost.size and not self.allow_loss:
                     raise DataLossError(self.plan.lost)
                 self._start_streams(self.plan)
@@ -230,6 +280,9 @@ class Rebalance:
                     task.cancel()
                 for r in self.runners:
                     r.abort(f"operation failed: {self.error}")
+            if self.state in ("failed", "cancelled"):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
             raise
 
     def _stream_id(self, source: str, target: str) -> int:
@@ -238,29 +291,48 @@ class Rebalance:
 
     def _start_streams(self, plan: Plan) -> None:
         old, new = self._placements()
-        rule = TransferRule(old, new, frozenset(self.control.view().live()), frozenset(self.avoid_sources))
+        live = self._live()
+        rule = TransferRule(old, new, frozenset(live), frozenset(self.avoid_sources))
         targets = {m.name for m in self.new_members} - set(old.names)
         for src, dst in sorted({(t.source, t.target) for t in plan.transfers} | self._idle_pairs(old, targets)):
             t = next((t for t in plan.transfers if (t.source, t.target) == (src, dst)),
                      Transfer(src, dst, np.zeros(0, np.uint64)))
             source = self.control.service(t.source)
-            if source is None:
-                raise TopologyOpError(f"source {t.source} is not served by this process")
-            runner = StreamRunner(source, self.control.transport, self.control.stream_address(t.target),
-                                  t.columns, self._stream_id(t.source, t.target), chunk_bytes=self.chunk_bytes,
-                                  throttle=self._throttle, label=f"{t.source}->{t.target}",
-                                  direct_epoch=new.epoch,
-                                  claims=functools.partial(rule.claims, t.source, t.target),
-                                  source_keeps=functools.partial(_owns, new, t.source))
+            label = f"{t.source}->{t.target}"
+            runner: Runner
+            if source is not None:
+                runner = StreamRunner(source, self.control.transport, self.control.stream_address(t.target),
+                                      t.columns, self._stream_id(t.source, t.target), chunk_bytes=self.chunk_bytes,
+                                      throttle=self._throttle, label=label, direct_epoch=new.epoch,
+                                      claims=functools.partial(rule.claims, t.source, t.target),
+                                      source_keeps=functools.partial(owns, new, t.source))
+            else:
+                start = SourceStart(
+                    self._stream_id(t.source, t.target), self.control.stream_address(t.target), t.source, t.target,
+                    [(m.name, m.weight) for m in old.members], [(m.name, m.weight) for m in new.members],
+                    old.replicas, old.strategy, sorted(live), sorted(self.avoid_sources), self.chunk_bytes,
+                    None, label)
+                runner = RemoteStreamRunner(self.control.transport, self.control.stream_address(t.source),
+                                            start, t.columns)
             self.runners.append(runner)
+        self._share_rate(self.rate_bytes_s)
         self._spawn_runners()
+
+    def _share_rate(self, rate_bytes_s: float | None) -> None:
+        """One budget for all the streams: local streams share one throttle; each remote stream
+        gets an equal share at its source (rate / number of streams)."""
+        n = len(self.runners)
+        remote = [r for r in self.runners if isinstance(r, RemoteStreamRunner)]
+        share = None if not rate_bytes_s or rate_bytes_s <= 0 or n == 0 else rate_bytes_s / n
+        self._throttle.set(None if share is None else share * (n - len(remote)))
+        for r in remote:
+            r.set_rate(share)
 
     def _idle_pairs(self, old: Placement, targets: set[str]) -> set[tuple[str, str]]:
         """(source, target) pairs with nothing to copy yet that may still gain columns created
-        while the operation runs: every live local old owner to every new member."""
-        view = self.control.view()
-        return {(s, t) for s in old.names for t in targets
-                if view.is_live(s) and self.control.service(s) is not None}
+        while the operation runs: every live, reachable old owner to every new member."""
+        live = set(self._live())
+        return {(s, t) for s in old.names for t in targets if s in live}
 
     def _spawn_runners(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,16 +375,21 @@ class Rebalance:
                 raise TopologyOpError(f"{r.label}: {r.error}")
         everyone = sorted(old_names | {m.name for m in self.new_members})
         await control.switch(everyone, self.new_members)
+        await asyncio.wait_for(control.after_cutover(self.new_members), CUTOVER_TIMEOUT_S)
         # Hints for a removed member are redundant now: its rows were copied from replicas that
         # had every acknowledged batch (W direct acks among the old owners) or got it by hint.
         for gone in old_names - {m.name for m in self.new_members}:
-            dropped = control.drop_hints_for(gone)
+            try:
+                dropped = await control.drop_hints_for(gone)
+            except (PeersError, OSError, TimeoutError, SourceControlError) as exc:
+                log.warning("could not drop hints for removed member=%s: %s", gone, exc)
+                continue
             if dropped:
                 log.info("dropped hints for removed member=%s count=%d", gone, dropped)
 
     async def _wait_hints(self, sources: Sequence[str]) -> None:
         deadline = time.monotonic() + CUTOVER_TIMEOUT_S
-        while self.control.hints_held_for(sources):
+        while await self.control.hints_held_for(sources):
             if time.monotonic() > deadline:
                 raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
             await self.control.deliver_hints()
@@ -341,7 +418,12 @@ class Rebalance:
             r.abort("operation cancelled")
 
     def set_rate(self, rate_bytes_s: float | None) -> None:
-        self._throttle.set(rate_bytes_s)
+        """Change the budget of all the streams together (bytes/s; None: unthrottled)."""
+        self.rate_bytes_s = rate_bytes_s
+        if self.runners:
+            self._share_rate(rate_bytes_s)
+        else:
+            self._throttle.set(rate_bytes_s)
 
     def progress(self) -> dict[str, Any]:
         streams = [r.progress() for r in self.runners]
@@ -359,14 +441,6 @@ class Rebalance:
             "eta_s": (total - done) / rate if rate > 0 else None,
             "streams": streams,
         }
-
-
-def _owns(placement: Placement, member: str, columns: NDArray[np.uint64]) -> NDArray[np.bool_]:
-    """Per column: is ``member`` one of its owners under ``placement``?"""
-    if member not in placement.names or columns.size == 0:
-        return np.zeros(columns.size, np.bool_)
-    me = placement.names.index(member)
-    return np.asarray((placement.owner_indices(columns) == me).any(axis=1), np.bool_)
 
 
 class OperationRegistry:
@@ -417,110 +491,3 @@ def members_after(view: Topology, *, add: Sequence[StorageNode] = (), remove: Se
     kept = [StorageNode(m.name, view.address(m.name), m.weight) for m in view.placement.members
             if m.name not in gone]
     return kept + list(add)
-
-
-# -- admin API ------------------------------------------------------------------------------------
-async def _body(request: Any) -> dict[str, Any]:
-    from giaannd.admin.api import AdminHTTPError
-
-    if not getattr(request, "can_read_body", True):
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
-    return body
-
-
-def register_admin_routes(admin: Any, control: ClusterControl, registry: OperationRegistry | None = None
-                          ) -> OperationRegistry:
-    """Serve the topology verbs of ``giaannctl node ...`` on the admin API:
-
-    ========================================  =====================================================
-    ``POST /v1/node/decommission``            stream this node's columns away, then switch (the
-                                              daemon then leaves membership); body optional:
-                                              ``{"rate_bytes_s": N}``
-    ``POST /v1/node/removenode``              ``{"node_id": NAME}``: re-replicate a dead member's
-                                              columns from the survivors and drop it
-    ``POST /v1/node/repair``                  hints, then rebuild missing batches, then compare
-    ``GET  /v1/node/topology``                the running / last operation's progress
-    ``POST /v1/node/topology/{action}``       ``pause`` / ``resume`` / ``cancel`` /
-                                              ``rate`` (``{"rate_bytes_s": N or null}``)
-    ========================================  =====================================================
-
-    Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
-    verb returns the same operation. Errors: 400 bad body, 404 unknown member / nothing running,
-    409 another operation is running, 422 the operation would lose data.
-    """
-    from giaannd.admin.api import AdminHTTPError
-
-    reg = registry or OperationRegistry()
-
-    def start(op: Rebalance) -> dict[str, Any]:
-        try:
-            return reg.start(op).progress()
-        except TopologyOpError as exc:
-            raise AdminHTTPError(409, str(exc), "conflict") from None
-
-    async def decommission(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        view = control.view()
-        if view.local is None or view.local not in view:
-            raise AdminHTTPError(404, "this node is not a storage member", "not_served")
-        others = tuple(n for n in view.names if n != view.local)  # stream from here: the source is local
-        return start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
-                               avoid_sources=others, rate_bytes_s=body.get("rate_bytes_s")))
-
-    async def removenode(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        name = body.get("node_id")
-        view = control.view()
-        if not isinstance(name, str) or name not in view:
-            raise AdminHTTPError(404, f"unknown storage member {name!r}", "not_found")
-        if view.is_live(name):
-            raise AdminHTTPError(409, f"{name} is alive: decommission it instead", "conflict")
-        op = Rebalance(control, "removenode", members_after(view, remove=[name]))
-        try:
-            op._check_dead_owners()  # noqa: SLF001 - refuse data loss before starting
-        except DataLossError as exc:
-            raise AdminHTTPError(422, str(exc), "data_loss") from None
-        return start(op)
-
-    async def do_repair(request: Any, params: Mapping[str, str]) -> Any:
-        return await repair(control)
-
-    async def status(request: Any, params: Mapping[str, str]) -> Any:
-        if reg.current is None:
-            raise AdminHTTPError(404, "no topology operation has run", "not_found")
-        return reg.current.progress()
-
-    async def action(request: Any, params: Mapping[str, str]) -> Any:
-        op = reg.current
-        if op is None:
-            raise AdminHTTPError(404, "no topology operation has run", "not_found")
-        what = params["action"]
-        if what == "pause":
-            op.pause()
-        elif what == "resume":
-            op.resume()
-        elif what == "cancel":
-            op.cancel()
-        elif what == "rate":
-            rate = (await _body(request)).get("rate_bytes_s")
-            if rate is not None and not isinstance(rate, (int, float)):
-                raise AdminHTTPError(400, "rate_bytes_s must be a number or null", "bad_request")
-            op.set_rate(rate)
-        else:
-            raise AdminHTTPError(404, f"unknown action {what!r}", "not_found")
-        return op.progress()
-
-    admin.add_route("POST", "/v1/node/decommission", decommission)
-    admin.add_route("POST", "/v1/node/removenode", removenode)
-    admin.add_route("POST", "/v1/node/repair", do_repair)
-    admin.add_route("GET", "/v1/node/topology", status)
-    admin.add_route("POST", "/v1/node/topology/{action}", action)
-    return reg

@@ -13,6 +13,13 @@ to the next segment's. Byte layout (little-endian; docs/storage.md has the full 
                                    | target_column u64[N] | target_feature u64[N]
                                    | strength f32[N] | segment u8[N]
                    kind 2 (floor): writer u64 | floor u64
+                   kind 3 (drop, format version 2): count C u64 | column u64[C] (sorted, unique)
+
+Versions: a record carries the version that introduced its kind (batch and floor records: 1, drop
+records: 2), and the reader accepts every version up to ``LOG_FORMAT_VERSION``. So a log without
+drops stays readable by a version-1 reader (a downgrade works until the first drop), and a log with
+one stops a version-1 reader with "unsupported log format version 2" at that record instead of
+being misread; version-1 logs are read unchanged.
 
 The header has its own checksum so a damaged length is never trusted: that is what lets the reader
 tell a *torn tail* (the last write was cut short by a crash; it was never acknowledged, because acks
@@ -49,6 +56,7 @@ from giaannd.storage.errors import CorruptLogError
 __all__ = [
     "HEADER_BYTES",
     "KIND_BATCH",
+    "KIND_DROP",
     "KIND_FLOOR",
     "LOG_FORMAT_VERSION",
     "MAX_RECORD_PAYLOAD_BYTES",
@@ -56,14 +64,21 @@ __all__ = [
     "SegmentScan",
     "UpdateLog",
     "encode_batch_payload",
+    "encode_drop_payload",
     "list_segments",
     "scan_segment",
 ]
 
 MAGIC = b"GIAL"
-LOG_FORMAT_VERSION = 1
+#: The newest record format this code writes and reads (module docstring: versions).
+LOG_FORMAT_VERSION = 2
 KIND_BATCH = 1
 KIND_FLOOR = 2
+#: Delete every row of the listed columns (``ColumnStore.drop_columns``).
+KIND_DROP = 3
+#: The format version that introduced each kind: what a record of that kind is written with, and
+#: the least version a record of it may carry.
+_KIND_VERSION = {KIND_BATCH: 1, KIND_FLOOR: 1, KIND_DROP: 2}
 _HEADER = struct.Struct("<4sHHQQQQ")
 HEADER_BYTES = _HEADER.size  # 40
 _BATCH_HEAD = struct.Struct("<QQQQ")
@@ -104,19 +119,30 @@ def encode_batch_payload(batch_id: BatchId, batch: RowBatch) -> list[memoryview 
     return [head] + [np.ascontiguousarray(a).data.cast("B") for a in arrays]
 
 
+def encode_drop_payload(columns: NDArray[np.uint64]) -> list[memoryview | bytes]:
+    """The payload of a drop record (``columns`` sorted and unique, checked)."""
+    cols = np.ascontiguousarray(columns, np.uint64).reshape(-1)
+    if cols.shape[0] > 1 and not np.all(cols[1:] > cols[:-1]):
+        raise ValueError("drop record: columns must be sorted and unique")
+    if 8 + 8 * cols.shape[0] > MAX_RECORD_PAYLOAD_BYTES:
+        raise ValueError(f"drop record of {cols.shape[0]} columns over the record size limit")
+    return [struct.pack("<Q", cols.shape[0]), cols.data.cast("B")]
+
+
 def _header(kind: int, seq: int, payload: list[memoryview | bytes]) -> bytes:
     h = xxhash.xxh3_64()
     length = 0
     for part in payload:
         h.update(part)
         length += len(part)
-    first = _HEADER.pack(MAGIC, LOG_FORMAT_VERSION, kind, length, seq, h.intdigest(), 0)[:32]
+    first = _HEADER.pack(MAGIC, _KIND_VERSION[kind], kind, length, seq, h.intdigest(), 0)[:32]
     return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first))
 
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
-    """One decoded record: a batch (``batch_id``, ``batch``) or a floor (``writer``, ``floor``)."""
+    """One decoded record: a batch (``batch_id``, ``batch``), a floor (``writer``, ``floor``) or a
+    drop (``columns``)."""
 
     seq: int
     kind: int
@@ -124,10 +150,20 @@ class LogRecord:
     batch: RowBatch | None = None
     writer: int = 0
     floor: int = 0
+    columns: NDArray[np.uint64] | None = None
 
 
-def _decode_payload(kind: int, seq: int, payload: memoryview) -> LogRecord:
+def _decode_payload(kind: int, version: int, seq: int, payload: memoryview) -> LogRecord:
     """Raises ValueError on a payload that does not match its kind (caller adds file and offset)."""
+    if _KIND_VERSION.get(kind, version + 1) > version:
+        raise ValueError(f"unknown record kind {kind} in a version {version} record")
+    if kind == KIND_DROP:
+        if len(payload) < 8 or len(payload) != 8 + 8 * struct.unpack_from("<Q", payload)[0]:
+            raise ValueError(f"drop record of {len(payload)} bytes does not match its column count")
+        cols = np.frombuffer(payload, np.uint64, offset=8)
+        if cols.shape[0] > 1 and not np.all(cols[1:] > cols[:-1]):
+            raise ValueError("drop record: columns not sorted and unique")
+        return LogRecord(seq, kind, columns=cols)
     if kind == KIND_FLOOR:
         if len(payload) != _FLOOR.size:
             raise ValueError(f"floor record of {len(payload)} bytes")
@@ -201,7 +237,7 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
         magic, version, kind, length, rseq, p_sum, h_sum = _HEADER.unpack_from(data, off)
         if magic != MAGIC or h_sum != xxhash.xxh3_64_intdigest(data[off : off + 32]):
             return torn_or_corrupt("bad record magic or header checksum")
-        if version != LOG_FORMAT_VERSION:
+        if not 1 <= version <= LOG_FORMAT_VERSION:
             raise CorruptLogError(str(path), off, f"unsupported log format version {version}")
         if rseq != seq:
             raise CorruptLogError(str(path), off, f"record seq {rseq}, expected {seq}")
@@ -216,7 +252,7 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
                 return torn_or_corrupt("payload checksum mismatch in the last record")
             raise CorruptLogError(str(path), off, "payload checksum mismatch")
         try:
-            records.append(_decode_payload(kind, rseq, payload))
+            records.append(_decode_payload(kind, version, rseq, payload))
         except ValueError as exc:
             raise CorruptLogError(str(path), off, f"bad record payload: {exc}") from None
         off, seq = end, seq + 1
@@ -266,6 +302,14 @@ class UpdateLog:
 
     def append_floor(self, writer: int, floor: int) -> int:
         return self._append(KIND_FLOOR, [_FLOOR.pack(writer, floor)])
+
+    def append_drop(self, columns: NDArray[np.uint64]) -> int:
+        """Append a drop record (``columns`` sorted and unique); returns its seq.
+
+        Raises:
+            ValueError: columns not sorted and unique, or too many for one record.
+        """
+        return self._append(KIND_DROP, encode_drop_payload(columns))
 
     def _append(self, kind: int, payload: list[memoryview | bytes]) -> int:
         if self._fd < 0:

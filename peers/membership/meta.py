@@ -2,7 +2,9 @@
 
 Membership treats metadata as opaque bytes (bounded by MAX_META_BYTES). The
 daemon and placement agree on this one schema so every node can read roles,
-data-plane addresses, capacity and weight from any other member's entry.
+data-plane addresses, capacity, weight and the digest of its storage ring from any
+other member's entry. Fields are append-only with defaults (``omit_defaults``), so
+older nodes ignore newer keys.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class NodeMeta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         weight: placement weight (rendezvous hashing), 1.0 = average.
         proto_min / proto_max: data-plane protocol versions spoken.
         full: the storage node refuses writes (over capacity).
+        ring: digest of the storage ring this node holds (giaannd/ring.py; 0: none yet). A peer
+            whose digest differs pulls the ring from it (giaannd/services/ring_sync.py).
     """
 
     roles: tuple[str, ...] = ()
@@ -41,6 +45,7 @@ class NodeMeta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     proto_min: int = 1
     proto_max: int = 1
     full: bool = False
+    ring: Annotated[int, Meta(ge=0)] = 0
 
     def encode(self) -> bytes:
         """Encode to metadata bytes.

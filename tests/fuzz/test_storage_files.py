@@ -32,15 +32,20 @@ def _fingerprint(store: ColumnStore) -> tuple[bytes, ...]:
 
 
 def _build(root: Path, snapshot_after: int | None, segment_max_bytes: int) -> list[tuple[bytes, ...]]:
-    """A store directory with RECORDS batches; returns the fingerprint after each prefix 0..RECORDS."""
+    """A store directory with RECORDS records (batches, one drop); returns the fingerprint after each prefix 0..RECORDS."""
     rng = np.random.default_rng(42)
     ref = ColumnStore(BIG)
     prefixes = [_fingerprint(ref)]
     ds = DurableStore.open(root, BIG, segment_max_bytes=segment_max_bytes)
     for i in range(1, RECORDS + 1):
-        b: RowBatch = random_batch(rng, entries=60)
-        ds.apply(BatchId(1, i), b)
-        ref.apply(BatchId(1, i), b)
+        if i == 4:  # a drop record (log format version 2) among the batches
+            victim = ref.held_columns()[:2]
+            ds.drop_columns(victim)
+            ref.drop_columns(victim)
+        else:
+            b: RowBatch = random_batch(rng, entries=60)
+            ds.apply(BatchId(1, i), b)
+            ref.apply(BatchId(1, i), b)
         prefixes.append(_fingerprint(ref))
         if snapshot_after == i:
             ds.snapshot()

@@ -36,7 +36,9 @@ class Node:
         base = Config.loopback(str(root / name), name=name, roles=["storage"])
         self.config = msgspec.structs.replace(
             base, cluster=ClusterConfig(name="inproc", key_file=key_file, seeds=seeds),
-            transport=TransportConfig(bind=["tcp://127.0.0.1:0"]))
+            transport=TransportConfig(bind=["tcp://127.0.0.1:0"]),
+            # each starts as its own one-node cluster; joining merges the storage rings
+            storage=msgspec.structs.replace(base.storage, join_mode="bootstrap"))
         self.runtime = NodeRuntime(self.config)
         self.membership = MembershipService(self.runtime)
         roles, unavailable = build_role_services(self.config, self.runtime)
@@ -129,6 +131,16 @@ async def test_cluster_inprocess_join_ring_keys_drain_leave(tmp_path: Path) -> N
         assert row["roles"] == "storage" and row["data_plane"].startswith("tcp://127.0.0.1:")
         assert row["status"] == "alive"
 
+        async def rings_agree() -> bool:  # ring sync pulls on the digest mismatch
+            docs = [(await n.call("GET", "/v1/ring"))[1] for n in (a, b)]
+            return all([m["name"] for m in d["members"]] == ["a", "b"] for d in docs) and \
+                docs[0]["ring"]["digest"] == docs[1]["ring"]["digest"]
+        await wait_async(rings_agree, "storage rings merged")
+        _, ring = await a.call("GET", "/v1/ring")
+        assert ring["ring"]["active"] == ["a", "b"] and ring["ring"]["removed"] == []
+        assert [(e["name"], e["state"], e["stamp"]) for e in ring["ring_entries"]] == \
+            [("a", "active", 1), ("b", "active", 1)]
+        assert ring["override"] is None and ring["standby"] == []
         owners = [(await n.call("GET", "/v1/ring/owners/water"))[1] for n in (a, b)]
         assert owners[0]["owners"] == owners[1]["owners"] and owners[0]["epoch"]
 

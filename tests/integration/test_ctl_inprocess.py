@@ -44,6 +44,7 @@ class JobService:
             {"name": "peer-2", "node_id": "n2", "state": "suspect"}])
         ctx.admin.add_route("POST", "/v1/train", self._train)
         ctx.admin.add_route("GET", "/v1/jobs/{job_id}", self._job)
+        ctx.admin.add_route("GET", "/v1/jobs", self._all_jobs)
 
     async def _train(self, request: Any, params: Mapping[str, str]) -> Any:
         body = await request.json()
@@ -65,6 +66,9 @@ class JobService:
             job["done"] += 1
         job["state"] = "succeeded"
 
+    async def _all_jobs(self, request: Any, params: Mapping[str, str]) -> Any:
+        return {"jobs": list(self.jobs.values())}
+
     async def _job(self, request: Any, params: Mapping[str, str]) -> Any:
         if params["job_id"] not in self.jobs:
             raise AdminHTTPError(404, f"no job {params['job_id']}", "not_found")
@@ -82,6 +86,7 @@ class Node:
     data_dir: Path
     daemon: Daemon
     loop: asyncio.AbstractEventLoop
+    jobs: JobService
 
     def ctl(self, *argv: str) -> list[str]:
         return ["--data-dir", str(self.data_dir), *argv]
@@ -93,7 +98,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
     cfg = load_config(environ={}, overrides=[f"node.data-dir={data}", "admin.listen=127.0.0.1:0",
                                              "node.name=ctl-node", "node.roles=[]"])
     loop = asyncio.new_event_loop()
-    daemon = Daemon(cfg, [JobService()], handle_signals=False)
+    jobs = JobService()
+    daemon = Daemon(cfg, [jobs], handle_signals=False)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(loop.run_until_complete(daemon.run())))
     thread.start()
@@ -103,7 +109,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
                 break
             threading.Event().wait(0.01)
         assert daemon.state == "running"
-        yield Node(data, daemon, loop)
+        yield Node(data, daemon, loop, jobs)
     finally:
         loop.call_soon_threadsafe(daemon.request_stop, "test over")
         thread.join(WAIT_S)
@@ -167,6 +173,17 @@ def test_ctl_train_with_progress(node: Node, tmp_path: Path,
     assert "40/40 sentences" in captured.err
     assert ctl.main(node.ctl("train", "status", "job-2")) == 0
     assert "state: succeeded" in capsys.readouterr().out
+
+
+def test_ctl_train_list_and_wait_show_a_resumed_job(node: Node, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    node.jobs.jobs["r1"] = {"job_id": "r1", "state": "succeeded", "done": 30, "total": 30, "unit": "sentences",
+                      "resumed_from": 12, "resumes": 1}
+    assert ctl.main(node.ctl("train", "list")) == 0
+    out = capsys.readouterr().out
+    assert "RESUMED_FROM" in out and "r1" in out and " 12 " in out
+    assert ctl.main(node.ctl("train", "wait", "r1")) == 0
+    assert "job r1 (resumed at 12)" in capsys.readouterr().err
 
 
 def test_ctl_train_failure_and_bad_input(node: Node, tmp_path: Path,

@@ -19,7 +19,7 @@ COLUMNS = np.random.default_rng(0).integers(1, 2**63, 120, dtype=np.uint64)
 async def settle(cluster):
     await cluster.client.flush()
     async with asyncio.timeout(10):
-        while cluster.control().hints_held_for(list(cluster.services)):
+        while await cluster.control().hints_held_for(list(cluster.services)):
             await cluster.control().deliver_hints()
             await asyncio.sleep(0.02)
 
@@ -93,7 +93,7 @@ async def test_topology_removenode_rereplicates_from_survivors(tmp_path):
         op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]))
         progress, _ = await with_writes(cluster, rng, op.run())
         assert progress["state"] == "done" and progress["lost_columns"] == 0
-        assert cluster.control().hints_held_for(["s2"]) == 0  # redundant hints for s2 dropped
+        assert await cluster.control().hints_held_for(["s2"]) == 0  # redundant hints for s2 dropped
         await settle_live(cluster)
         assert cluster.mismatches() == []  # every column has R=3 exact copies on the survivors
     finally:
@@ -104,7 +104,7 @@ async def settle_live(cluster):
     await cluster.client.flush()
     live = list(cluster.services)
     async with asyncio.timeout(10):
-        while cluster.control().hints_held_for(live):
+        while await cluster.control().hints_held_for(live):
             await cluster.control().deliver_hints()
             await asyncio.sleep(0.02)
 

@@ -1,8 +1,14 @@
 """The local cluster launcher: N ``python -m giaannd`` processes on loopback (see the package doc).
 
 ``LocalCluster`` writes one config and one cluster-key copy per node, starts the first node (the
-seed), then the others with the seed's gossip address, waits (bounded) for READY and membership
-convergence, and stops them with SIGTERM (compute first) — or SIGKILLs one to simulate a crash.
+seed), then the others with the seed's gossip address, waits (bounded) for READY and for every
+node to hold the same storage ring, and stops them with SIGTERM (compute first) — or SIGKILLs one
+to simulate a crash.
+
+The storage nodes are a new cluster's initial nodes, so they start with ``storage.join-mode =
+"bootstrap"``: each adds itself to the storage ring (giaannd/ring.py) and ring sync merges the
+rings. (With the default ``auto`` every node after the first would wait standby for a streaming
+join.)
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import msgspec
 from giaannd.admin.client import AdminClient, CtlError
 from giaannd.config import ClusterConfig, Config, LoggingConfig, Role, StorageConfig, to_toml
 from giaannd.config import TransportConfig
+from giaannd.services.ring_sync import JoinMode
 from peers.keyring import Keyring
 
 __all__ = [
@@ -39,6 +46,8 @@ CLUSTER_NAME: Final = "giaann-local"
 READY_TIMEOUT_S: Final = 60.0
 #: Bound on every member seeing every other one alive (loopback gossip converges in < 1 s).
 CONVERGE_TIMEOUT_S: Final = 30.0
+#: Bound on every node holding the same storage ring (gossip of the digest + one pull).
+RING_TIMEOUT_S: Final = 30.0
 #: Bound on a graceful stop (drain + gossip leave); past it a daemon is killed and reported.
 STOP_TIMEOUT_S: Final = 60.0
 POLL_S: Final = 0.1
@@ -56,6 +65,8 @@ class Node:
     roles: list[Role]
     data_dir: Path
     config_path: Path
+    #: ``storage.join-mode`` of this node (None: the cluster's, "bootstrap" for the initial nodes)
+    join_mode: JoinMode | None = None
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
     log_path: Path = field(init=False)
@@ -115,19 +126,22 @@ class LocalCluster:
         root: directory for the nodes' data directories, configs, logs and the key file.
         storage / compute: node counts.
         transport: ``auto`` (UCX where it starts, else TCP), ``ucx`` or ``tcp``.
-        replication_factor: R (default min(3, storage)); the write quorum is a majority.
+        replication_factor: R (default min(3, storage)).
+        write_quorum: W (default a majority of R).
         log_level: the daemons' log level.
     """
 
     def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
-                 replication_factor: int | None = None, log_level: str = "info") -> None:
+                 replication_factor: int | None = None, write_quorum: int | None = None,
+                 log_level: str = "info", storage_options: dict[str, Any] | None = None) -> None:
         if storage < 1 and compute < 1:
             raise ValueError("a cluster needs at least one node")
         self.root = root
         self.transport = transport
         rf = replication_factor or max(1, min(3, storage))
-        self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=rf // 2 + 1,
-                                         capacity_bytes=2 << 30, fsync_group_commit_ms=2.0)
+        self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
+                                         capacity_bytes=2 << 30, fsync_group_commit_ms=2.0,
+                                         join_mode="bootstrap", **(storage_options or {}))
         self.log_level = log_level
         self.key_file = root / "cluster.key"
         self.nodes: list[Node] = []
@@ -156,7 +170,8 @@ class LocalCluster:
             base,
             cluster=ClusterConfig(name=CLUSTER_NAME, key_file=str(key_copy), seeds=seeds),
             transport=TransportConfig(bind=self._bind()),
-            storage=self.storage_cfg,
+            storage=self.storage_cfg if node.join_mode is None else
+            msgspec.structs.replace(self.storage_cfg, join_mode=node.join_mode),
             logging=LoggingConfig(level=self.log_level, format="plain"),  # type: ignore[arg-type]
         )
         node.config_path.write_text(to_toml(cfg), encoding="utf-8")
@@ -192,6 +207,47 @@ class LocalCluster:
             self._spawn(node)
         for node in rest:
             self.wait_ready(node, timeout_s)
+        self.wait_ring(timeout_s=RING_TIMEOUT_S)
+
+    def add_node(self, name: str, roles: list[Role], *, join_mode: JoinMode = "auto",
+                 timeout_s: float = READY_TIMEOUT_S) -> Node:
+        """Start one more node (a storage node joining a running cluster: ``join_mode`` "auto"
+        makes it run the streaming join once it is up) with the running members as seeds, and
+        wait until it is READY (not until it joined the ring)."""
+        if any(n.name == name for n in self.nodes):
+            raise ValueError(f"{name} is already a node of this cluster")
+        data_dir = self.root / name
+        node = Node(name, roles, data_dir, data_dir / "giaannd.toml", join_mode=join_mode)
+        seeds = [n.status()["services"]["membership"]["addr"] for n in self.nodes
+                 if n.proc is not None and n.proc.poll() is None]
+        self.nodes.append(node)
+        self._write_config(node, seeds)
+        self._spawn(node)
+        self.wait_ready(node, timeout_s)
+        return node
+
+    def ring_docs(self) -> dict[str, dict[str, Any]]:
+        """``GET /v1/ring`` of every running node."""
+        return {n.name: n.admin.json("GET", "/v1/ring") for n in self.nodes
+                if n.proc is not None and n.proc.poll() is None}
+
+    def wait_ring(self, timeout_s: float = RING_TIMEOUT_S) -> dict[str, Any]:
+        """Wait until every running node holds the same storage ring and its active members are
+        exactly the storage nodes started with the cluster. Returns one node's ring document."""
+        want = sorted(n.name for n in self.nodes if "storage" in n.roles and n.join_mode is None)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            docs: dict[str, dict[str, Any]] = {}
+            with contextlib.suppress(CtlError, OSError):
+                docs = self.ring_docs()
+            digests = {d["ring"]["digest"] for d in docs.values()}
+            active = [sorted(d["ring"]["active"]) for d in docs.values()]
+            if docs and len(digests) == 1 and all(a == want for a in active):
+                return next(iter(docs.values()))
+            if time.monotonic() > deadline:
+                raise NodeFailed(f"storage rings did not converge in {timeout_s:.0f}s: "
+                                 f"{ {k: d['ring'] for k, d in docs.items()} }")
+            time.sleep(POLL_S)
 
     def wait_ready(self, node: Node, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
         """Poll ``/v1/status`` until ``state`` is ``running`` (the daemon sent READY)."""

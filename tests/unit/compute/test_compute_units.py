@@ -275,7 +275,9 @@ async def test_pipeline_gives_up_after_max_attempts(sentences):
     job = TrainingJob(sentences[:40], client, TrainSettings(max_attempts=3, retry_backoff_s=0))
     with pytest.raises(OSError):
         await asyncio.wait_for(job.run(), 10)
-    assert client.abandoned and job.progress.retries == 2
+    # the failed id is kept unsettled (never abandoned): the writer floor cannot pass it, so a
+    # resumed run may still send it
+    assert not client.abandoned and job.progress.retries == 2
 
 
 def test_pair_increments_counts_raw_pairs(sentences):

@@ -1,0 +1,234 @@
+"""Topology operations on real ``giaannd`` daemons while a training job runs (issue 8 fault suite).
+
+Each test starts a small loopback cluster (tools/local_cluster), starts a one-worker training job
+through the compute node's admin API, changes the topology in the middle of it (a storage node
+joins; one is decommissioned; one is killed with SIGKILL and removed), waits for the job and the
+operation, and compares the cluster's export with the single-process core trained on the same
+sentences: the same entries with the same strengths (no update lost or counted twice).
+Every wait is bounded; the cluster is always stopped (SIGKILL as a last resort).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from giaannd.admin.client import CtlError
+from giaannd.model.engine import Engine
+from giaannd.model.export import iter_jsonl
+from giaannd.model.tokens import load_bundled_corpus, write_conllu
+from tools.local_cluster.cluster import Node, running_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SENTENCES = 1500
+#: Small coalescing windows: many quorum writes, so the job outlasts the topology change.
+COALESCE = 2
+WAIT_S = 120.0
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The training corpus and the single-process core's export of it."""
+    corpus = load_bundled_corpus(SENTENCES)
+    path = tmp_path_factory.mktemp("corpus") / "train.conllu"
+    write_conllu(corpus, path)
+    engine = Engine()
+    engine.train(corpus)
+    return path, [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
+
+
+def start_job(compute: Node, corpus: Path) -> str:
+    job = compute.admin.json("POST", "/v1/train", {"corpus": str(corpus), "workers": 1,
+                                                 "coalesce": COALESCE})
+    return str(job["job_id"])
+
+
+def job_doc(compute: Node, job_id: str) -> dict[str, Any]:
+    doc: dict[str, Any] = compute.admin.json("GET", f"/v1/jobs/{job_id}")
+    return doc
+
+
+def wait_job_started(compute: Node, job_id: str) -> None:
+    wait_until(lambda: job_doc(compute, job_id).get("done", 0) > 0 or
+               job_doc(compute, job_id)["state"] != "running", "the job made progress", 60)
+
+
+def wait_job(compute: Node, job_id: str) -> dict[str, Any]:
+    doc = wait_until(lambda: (d := job_doc(compute, job_id))["state"] != "running" and d,
+                     "the training job ended", 240)
+    assert doc["state"] == "succeeded", doc
+    return doc
+
+
+def topology_op(node: Node) -> dict[str, Any]:
+    doc: dict[str, Any] = node.admin.json("GET", "/v1/node/topology")
+    return doc
+
+
+def assert_still_running(compute: Node, job_id: str) -> None:
+    """The topology change really overlapped the job."""
+    doc = job_doc(compute, job_id)
+    assert doc["state"] == "running", f"the job ended before the topology change: {doc}"
+
+
+def wait_op_done(node: Node) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        if not _op_started(node):
+            return None
+        doc = topology_op(node)
+        return doc if doc["state"] in ("done", "failed", "cancelled") else None
+    doc = wait_until(ended, f"the topology operation on {node.name} ended", 180)
+    assert doc["state"] == "done", doc
+    return doc
+
+
+def _op_started(node: Node) -> bool:
+    try:
+        topology_op(node)
+    except CtlError:  # 404 until an operation has started
+        return False
+    return True
+
+
+def ring_active(node: Node) -> list[str]:
+    doc = node.admin.json("GET", "/v1/ring")
+    return sorted(doc["ring"]["active"])
+
+
+def assert_export_equals(compute: Node, reference: list[dict[str, Any]], out: Path) -> None:
+    compute.admin.json("POST", "/v1/export", {"path": str(out)})
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(got) == len(reference) > 5000
+    for a, b in zip(reference, got, strict=True):
+        assert (a["source_word"], a["segment"], a["target_word"]) == \
+            (b["source_word"], b["segment"], b["target_word"])
+        assert b["strength"] == pytest.approx(a["strength"], rel=1e-5)
+
+
+def test_daemon_join_during_training_equals_core(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", storage=2, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1,
+                         storage_options={"release_delay_s": 1.0}) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="auto")
+        wait_until(lambda: _op_started(joiner), "the join started", 60)
+        assert_still_running(compute, job)
+        wait_op_done(joiner)
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                       f"{node.name} has storage-3 in its ring", 30)
+        wait_job(compute, job)
+        rows = joiner.status()["services"]["storage"]["rows"]
+        assert rows > 0  # it streamed its share
+        # The old owners delete the columns they gave away (storage.release-delay-s after the
+        # ring changed), and the export below still has every entry.
+        wait_until(lambda: all(cluster.node(n).status()["services"]["storage"].get("released_rows", 0) > 0
+                               for n in ("storage-1", "storage-2")), "old owners released rows", 60)
+        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+
+
+def test_daemon_decommission_during_training_equals_core(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        leaving = cluster.node("storage-3")
+        proc = leaving.ctl("--json", "node", "decommission")
+        assert proc.returncode == 0, proc.stderr
+        assert_still_running(compute, job)
+        wait_op_done(leaving)
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2"],
+                       f"{node.name} dropped storage-3 from its ring", 30)
+        wait_job(compute, job)
+        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        # The decommissioned node keeps its files (they go with its data directory); it is a
+        # standby member now and owns nothing.
+        assert leaving.admin.json("GET", "/v1/ring")["standby"]
+
+
+def test_daemon_kill9_storage_during_training_then_removenode_and_repair_equals_core(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        victim = cluster.node("storage-3")
+        cluster.kill(victim)
+        assert_still_running(compute, job)
+        survivor = cluster.node("storage-1")
+        wait_until(lambda: {m["name"]: m["status"] for m in
+                            survivor.admin.json("GET", "/v1/members")["members"]}["storage-3"] == "dead",
+                   "storage-3 declared dead", 60)
+        wait_job(compute, job)  # writes go on with W=1 and hints
+        proc = survivor.ctl("--json", "node", "removenode", "storage-3")
+        assert proc.returncode == 0, proc.stderr
+        wait_op_done(survivor)
+        for node in (n for n in cluster.nodes if n is not victim):
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2"],
+                       f"{node.name} removed storage-3 from its ring", 30)
+        proc = survivor.ctl("--json", "node", "repair", timeout_s=120)
+        assert proc.returncode == 0, proc.stderr
+        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+
+
+def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """kill -9 the receiving (and coordinating) node of a throttled join while a training job
+    runs; after its restart the join resumes the sources' streams from its durable positions
+    (re-sending at most one item per stream) and completes; the export equals the core's."""
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", storage=2, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
+        proc = joiner.ctl("--json", "node", "join-ring", "--rate", "200000")
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+        before = topology_op(joiner)
+        assert before["state"] == "streaming" and before["bytes_done"] < before["bytes_total"], before
+        cluster.kill(joiner)
+        cluster.restart(joiner)
+        proc = joiner.ctl("--json", "node", "join-ring")  # manual mode: the operator re-issues it
+        assert proc.returncode == 0, proc.stderr
+        joiner.ctl("--json", "node", "topology", "rate", "none")
+        done = wait_op_done(joiner)
+        assert all(s["resent_items"] <= 1 for s in done["streams"]), done["streams"]
+        assert sum(s["reconnects"] for s in done["streams"]) >= 1, done["streams"]
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                       f"{node.name} has storage-3 in its ring", 30)
+        wait_job(compute, job)
+        assert_export_equals(compute, ref, tmp_path / "export.jsonl")

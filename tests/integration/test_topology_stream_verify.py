@@ -1,0 +1,127 @@
+"""Stream verification (stream_io.StreamRunner._verify): the combined digest passes an exact copy,
+catches one differing row on the receiver and counts it, and a receiver that answers per-row
+digests (no ``combined``) still verifies."""
+
+import asyncio
+
+import msgspec
+import numpy as np
+import pytest
+
+from giaannd.model.rows import RowBatch
+from giaannd.storage.applied_set import BatchId
+from giaannd.storage.stream_endpoint import StreamEndpoint
+from giaannd.storage.stream_io import StreamRunner
+from giaannd.storage.streaming import StreamReply, StreamVerify, VerifyReply
+from peers.transport import connect
+from tests.integration.storage_cluster import make_batch
+from tests.integration.topology_harness import TopoCluster
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
+
+COLUMNS = np.arange(1, 9, dtype=np.uint64)
+
+
+async def _cluster(tmp_path):
+    """s0 holds rows of COLUMNS (and of other columns); s1 is empty."""
+    cluster = await TopoCluster(tmp_path, 2, replicas=1).start()
+    store = cluster.services["s0"].store
+    rng = np.random.default_rng(5)
+    for seq in range(1, 7):
+        store.apply(BatchId(3, seq), make_batch(rng, 30, 7, rng.choice(np.arange(1, 15, dtype=np.uint64), 30)))
+    return cluster
+
+
+def _runner(cluster, stream_id):
+    return StreamRunner(cluster.services["s0"], cluster.ops_transport, cluster.stream_addresses["s1"],
+                        COLUMNS, stream_id, chunk_bytes=4000)
+
+
+def _same_rows(cluster):
+    src, dst = cluster.services["s0"].store.store, cluster.services["s1"].store.store
+    keys = [k for k in src.keys() if k[0] in set(COLUMNS.tolist())]
+    assert keys and keys == dst.keys()
+    a = src.read_rows([k[0] for k in keys], [k[1] for k in keys])
+    b = dst.read_rows([k[0] for k in keys], [k[1] for k in keys])
+    return all(np.array_equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
+
+
+async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x51)
+        asked = []
+        endpoint = cluster.endpoints["s1"]
+        serve = endpoint._verify
+
+        def spy(msg, bulk):
+            asked.append(msg)
+            return serve(msg, bulk)
+
+        endpoint._verify = spy
+        task = asyncio.create_task(runner.run())
+        await runner.caught_up.wait()
+        assert runner.state == "caught-up", runner.error
+        assert asked and all(m.combined for m in asked)
+        assert runner.sender.acked > 3  # several chunks
+        assert _same_rows(cluster)
+        # the reply's shape: presence per key, one digest
+        conn = await connect(cluster.ops_transport, cluster.stream_addresses["s1"], timeout_s=2)
+        cols, feats, _ = cluster.services["s0"].store.store.rows_of_columns(COLUMNS)
+        res = await conn.request(msgspec.msgpack.encode(StreamVerify(0x51, combined=True)), [cols, feats],
+                                 timeout_s=5)
+        assert isinstance(msgspec.msgpack.decode(res.payload, type=StreamReply), VerifyReply)
+        assert res.bulk[0].tolist() == [1] * cols.size and res.bulk[1].shape == (1,)
+        assert int(res.bulk[1][0]) == cluster.services["s0"].store.store.rows_digest(cols, feats)[1]
+        await conn.close()
+        runner.close()
+        await task
+        assert runner.state == "done"
+    finally:
+        await cluster.close()
+
+
+async def test_one_differing_row_fails_verification_and_is_counted(tmp_path):
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x52)
+        endpoint: StreamEndpoint = cluster.endpoints["s1"]
+        serve, tampered = endpoint._data, []
+
+        async def data_then_tamper(msg, bulk):
+            reply = await serve(msg, bulk)
+            dst = cluster.services["s1"].store
+            if not tampered and len(dst.store):
+                key = dst.store.keys()[0]
+                row = dst.store.row(key)
+                one = RowBatch.from_entries(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64),
+                                            row.segment[:1].copy(), row.target_column[:1].copy(),
+                                            row.target_feature[:1].copy(), np.array([0.5], np.float32))
+                dst.apply(BatchId(12345, 1), one)  # a write the source never saw
+                tampered.append(key)
+            return reply
+
+        endpoint._data = data_then_tamper
+        await runner.run()
+        assert tampered and runner.state == "failed"
+        assert runner.error is not None and "verify: 1 of" in runner.error and "differ" in runner.error
+    finally:
+        await cluster.close()
+
+
+async def test_receiver_answering_per_row_digests_still_verifies(tmp_path):
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x53)
+        endpoint = cluster.endpoints["s1"]
+        serve = endpoint._verify
+        endpoint._verify = lambda msg, bulk: serve(StreamVerify(msg.stream_id), bulk)  # ignores `combined`
+        task = asyncio.create_task(runner.run())
+        await runner.caught_up.wait()
+        assert runner.state == "caught-up", runner.error
+        assert runner._per_row_verify  # it switched to per-row verification
+        assert _same_rows(cluster)
+        runner.close()
+        await task
+    finally:
+        await cluster.close()
