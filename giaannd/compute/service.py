@@ -1,21 +1,13 @@
 """The compute role as a daemon Service: training jobs, evaluation, generation and export.
 
 Glue only: the pipeline is in train.py, the sessions in infer.py, the node's vocabulary in
-state.py. What this module adds is the wiring (which storage client, which row cache), the admin
-routes and the metrics.
+state.py. What this module adds is the wiring (which storage client, which row cache), the
+service lifecycle and the metrics; the rest of the role lives beside it:
 
-Admin routes (giaannctl has verbs for each; bodies are JSON):
-
-==============================  ==================================================================
-``POST /v1/train``              ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
-                                ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
-``GET /v1/jobs``                every job document
-``GET /v1/jobs/{job_id}``       ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
-``POST /v1/jobs/{id}/resume``   resume a failed journaled job → ``{"job_id"}``
-``POST /v1/eval``               ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
-``POST /v1/generate``           ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``POST /v1/export``             ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
-==============================  ==================================================================
+- routes.py: the admin HTTP routes (``/v1/train``, ``/v1/jobs``, ``/v1/eval``, ``/v1/generate``,
+  ``/v1/export``; giaannctl has verbs for each), request checking and error mapping;
+- durable_jobs.py: journaled training jobs and their resume after a crash or failure;
+- cluster_export.py: the storage scan, vocabulary resolution and the JSONL export.
 
 **Which storage client.** The constructor takes either a ready ``storage`` client or a
 ``storage_factory(ctx)``; without either, ``start`` looks in ``ctx.services`` for a service with a
@@ -35,74 +27,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from giaannd.admin.api import AdminHTTPError
-from giaannd.compute.client import ScanInterrupted, StorageClient, StorageRequestError
-from giaannd.compute.flags import without_flag_row
+from giaannd.compute.client import StorageClient
+from giaannd.compute.cluster_export import EXPORT_READ_ROWS as EXPORT_READ_ROWS
+from giaannd.compute.cluster_export import EXPORT_SCAN_ATTEMPTS as EXPORT_SCAN_ATTEMPTS
+from giaannd.compute.cluster_export import (
+    VocabularyMissing,
+    resolve_vocab,
+    scan_cluster,
+    word_of,
+    write_export,
+)
+from giaannd.compute.durable_jobs import RESUME_RETRY_MAX_S as RESUME_RETRY_MAX_S
+from giaannd.compute.durable_jobs import TAG_CACHE_DIR as TAG_CACHE_DIR
+from giaannd.compute.durable_jobs import DurableJobs
 from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
-from giaannd.compute.job_journal import (
-    JobJournal,
-    JobSpec,
-    JournalCorrupt,
-    JournalWriter,
-    corpus_sha256,
-    load_journals,
-    sentences_digest,
-)
+from giaannd.compute.job_journal import JournalWriter
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
+from giaannd.compute.routes import DEFAULT_EVAL_LIMIT as DEFAULT_EVAL_LIMIT
+from giaannd.compute.routes import MAX_EPOCHS as MAX_EPOCHS
+from giaannd.compute.routes import MAX_EVAL_PROMPTS as MAX_EVAL_PROMPTS
+from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
+from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
 from giaannd.compute.state import ComputeState
-from giaannd.compute.train import (
-    TrainingJob,
-    TrainResult,
-    TrainSettings,
-    job_client,
-    load_corpus,
-    read_flags,
-)
+from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_client, read_flags
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
-from giaannd.model.export import write_jsonl
-from giaannd.model.ids import PRIME_FEATURE
-from giaannd.model.vocab import IdCollisionError
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
-from giaannd.model.rowstore import RowStore
-from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
-from peers.errors import PeersError
+from giaannd.model.tokens import TaggedSentence
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from giaannd.config import ComputeConfig, Config
     from giaannd.daemon import ServiceContext
 
 __all__ = ["ComputeService", "VocabularyMissing", "create_service"]
 
 log = logging.getLogger(__name__)
-
-#: Prompts evaluated when ``/v1/eval`` names no limit.
-DEFAULT_EVAL_LIMIT: Final = 200
-#: Upper bounds on request sizes (admin requests are small; corpora travel by path).
-MAX_EVAL_PROMPTS: Final = 100_000
-MAX_GENERATE_TOKENS: Final = 1024
-MAX_EPOCHS: Final = 1000
-#: Rows per read while gathering an export.
-EXPORT_READ_ROWS: Final = 32_768
-#: Longest wait between tries to reach storage before resuming journaled jobs at start.
-RESUME_RETRY_MAX_S: Final = 2.0
-#: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
-EXPORT_SCAN_ATTEMPTS: Final = 3
-TAG_CACHE_DIR: Final = "tag-cache"
-_STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
-
-
-class VocabularyMissing(ValueError):
-    """An exported row names an id whose string neither this node nor storage holds."""
 
 
 class _PromSink:
@@ -137,13 +104,15 @@ class ComputeService:
         self._factory = storage_factory
         self._ctx: ServiceContext | None = None
         self.jobs = JobRegistry()
+        self.durable = DurableJobs(self.data_dir, self.jobs, train=self.train, summary=self._summary,
+                                   launch=self._launch, require_storage=self._client)
         self.state = ComputeState()
         self.cache = RowCache(settings.row_cache_bytes)
         self._fetcher: RowFetcher | None = None
         self._inference: Inference | None = None
         self._prefetch_depth = prefetch_depth
         self._lexicon: Lexicon | None = None
-        self._nlp: Any = None
+        self._routes = ComputeRoutes(self)
         self._sink: _PromSink | None = None
         self._started = False
         self._resume_task: asyncio.Task[None] | None = None
@@ -157,18 +126,9 @@ class ComputeService:
         if ctx is not None:
             self._register(ctx)
         self._started = True
-        journals = await asyncio.to_thread(load_journals, self.data_dir)
-        pending: list[JobJournal] = []
-        for item in journals:
-            if isinstance(item, JournalCorrupt):
-                log.error("training job journal is corrupt (left in place, job not resumed): %s", item)
-                self.jobs.add_finished(Path(item.file_path).stem, "train", "failed", f"corrupt journal: {item}")
-            elif item.doc.state == "failed":
-                self.jobs.add_finished(item.job_id, "train", "failed", item.doc.error, self._journal_progress(item))
-            elif item.doc.state == "running":
-                pending.append(item)
+        pending = await self.durable.reload()
         if pending and self.settings.resume_jobs:
-            coro = self._resume(pending)
+            coro = self.durable.resume_all(pending, lambda: read_flags(self._client()))
             self._resume_task = (ctx.spawn(coro, "resume-jobs") if ctx is not None
                                  else asyncio.get_running_loop().create_task(coro))
         elif pending:
@@ -192,14 +152,7 @@ class ComputeService:
                 "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
 
     def _register(self, ctx: ServiceContext) -> None:
-        add = ctx.admin.add_route
-        add("POST", "/v1/train", self._post_train)
-        add("GET", "/v1/jobs", self._get_jobs)
-        add("GET", "/v1/jobs/{job_id}", self._get_job)
-        add("POST", "/v1/jobs/{job_id}/resume", self._post_resume)
-        add("POST", "/v1/eval", self._post_eval)
-        add("POST", "/v1/generate", self._post_generate)
-        add("POST", "/v1/export", self._post_export)
+        self._routes.register(ctx.admin.add_route)
         m = ctx.metrics
         self._sink = _PromSink(m.counter("giaannd_compute_train_total",
                                          "Training figures summed over jobs (sentences, bytes, batches...).",
@@ -240,7 +193,7 @@ class ComputeService:
                                         prefetch_depth=self._prefetch_depth)
         return self._inference
 
-    # -- programmatic API (routes, tests, bench) ----------------------------------------------
+    # -- training (journaled jobs: durable_jobs.py) -------------------------------------------
     def train_settings(self, workers: int | None = None, coalesce: int | None = None) -> TrainSettings:
         return TrainSettings(workers=workers or self.settings.train_workers,
                              coalesce_sentences=coalesce or self.settings.coalesce_k)
@@ -273,68 +226,35 @@ class ComputeService:
         self.state.probabilistic |= result.probabilistic_flags
         self.state.add_keys(result.row_column, result.row_feature)
 
+    def _summary(self, result: TrainResult) -> dict[str, Any]:
+        """A succeeded training job's result document."""
+        return {"rows_written": int(result.row_column.shape[0]),
+                "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
+                "probabilistic_flags": len(result.probabilistic_flags)}
+
+    def _launch(self, run: Callable[[Job], Coroutine[Any, Any, dict[str, Any]]], *,
+                job_id: str | None = None, resumes: int = 0) -> Job:
+        """Register a training job and start ``run(job)`` (in the daemon's task group if any)."""
+        spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
+        return self.jobs.start("train", TrainProgress(sink=self._sink), run, spawn, job_id=job_id, resumes=resumes)
+
     def submit(self, sentences: Sequence[TaggedSentence] | Callable[[], Sequence[TaggedSentence]],
                settings: TrainSettings) -> Job:
         """Start a training job in the background; returns its registry entry."""
         self._client()
-        progress = TrainProgress(sink=self._sink)
 
         async def run(job: Job) -> dict[str, Any]:
             data = await asyncio.to_thread(sentences) if callable(sentences) else sentences
-            result = await self.train(data, settings, job.progress)
-            return {"rows_written": int(result.row_column.shape[0]),
-                    "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
-                    "probabilistic_flags": len(result.probabilistic_flags)}
+            return self._summary(await self.train(data, settings, job.progress))
 
-        spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
-        return self.jobs.start("train", progress, run, spawn)
+        return self._launch(run)
 
     async def submit_corpus(self, corpus: str | Path, *, workers: int | None = None, coalesce: int | None = None,
                             epochs: int = 1, limit: int | None = None) -> Job:
         """Start a durable training job on a corpus file (module docstring, "Durable jobs"): its
         journal is on disk before this returns, so a crash from here on resumes it on restart."""
         self._client()
-        path = Path(corpus).resolve()
-        settings = self.train_settings(workers, coalesce)
-        digest = await asyncio.to_thread(corpus_sha256, path)
-        spec = JobSpec(str(path), digest, limit, epochs, settings.workers, settings.coalesce_sentences)
-        writer = JournalWriter(self.data_dir, JobJournal.create(spec))
-        await asyncio.to_thread(writer.save_now)
-        return self._start_journaled(writer)
-
-    def _start_journaled(self, writer: JournalWriter) -> Job:
-        journal = writer.journal
-        spec = journal.doc.spec
-        settings = TrainSettings(workers=spec.workers, coalesce_sentences=spec.coalesce)
-        cache_dir = self.data_dir / TAG_CACHE_DIR
-
-        def load() -> list[TaggedSentence]:
-            if corpus_sha256(spec.corpus) != spec.corpus_sha256:
-                raise ValueError(f"corpus {spec.corpus} changed since the job started (SHA-256 differs): "
-                                 "not resumed, its windows would differ from those already sent")
-            sentences = load_corpus(spec.corpus, cache_dir, spec.limit) * spec.epochs
-            journal.check_sentences(sentences_digest(sentences), len(sentences))
-            return sentences
-
-        async def run(job: Job) -> dict[str, Any]:
-            try:
-                data = await asyncio.to_thread(load)
-                result = await self.train(data, settings, job.progress, writer)
-            except asyncio.CancelledError:
-                raise  # a shutdown: the journal stays "running" and the job resumes on restart
-            except Exception as exc:
-                journal.finish("failed", f"{type(exc).__name__}: {exc}")
-                with contextlib.suppress(OSError):  # the job's own error is the one to report
-                    await writer.commit()
-                raise
-            await asyncio.to_thread(writer.remove)
-            return {"rows_written": int(result.row_column.shape[0]),
-                    "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
-                    "probabilistic_flags": len(result.probabilistic_flags)}
-
-        spawn = (lambda c: self._ctx.spawn(c, "train-job")) if self._ctx is not None else None  # type: ignore[union-attr]
-        return self.jobs.start("train", TrainProgress(sink=self._sink), run, spawn, job_id=journal.job_id,
-                               resumes=journal.doc.resumes)
+        return await self.durable.submit(corpus, self.train_settings(workers, coalesce), epochs, limit)
 
     async def resume(self, job_id: str) -> Job:
         """Resume a journaled job that failed (e.g. storage was down past its retries), under its
@@ -344,53 +264,9 @@ class ComputeService:
             KeyError: no journal for ``job_id``.
             ValueError: the job is running, or its journal is corrupt.
         """
-        current = self.jobs.get(job_id)
-        if current is not None and current.state == "running":
-            raise ValueError(f"job {job_id} is running")
-        self._client()
-        found = [j for j in await asyncio.to_thread(load_journals, self.data_dir)
-                 if (j.job_id if isinstance(j, JobJournal) else Path(j.file_path).stem) == job_id]
-        if not found:
-            raise KeyError(job_id)
-        journal = found[0]
-        if isinstance(journal, JournalCorrupt):
-            raise ValueError(str(journal))
-        journal.reopen()
-        writer = JournalWriter(self.data_dir, journal)
-        await writer.commit()
-        return self._start_journaled(writer)
+        return await self.durable.resume(job_id)
 
-    @staticmethod
-    def _journal_progress(journal: JobJournal) -> TrainProgress:
-        """A finished job's figures as its journal knows them (sentences acknowledged)."""
-        doc = journal.doc
-        done = min(doc.cursor * doc.spec.coalesce, doc.total_sentences)
-        return TrainProgress(total=doc.total_sentences, done=done)
-
-    async def _resume(self, journals: Sequence[JobJournal]) -> None:
-        """Resume unfinished journaled jobs once storage answers (the node's storage view may
-        still be forming right after start)."""
-        delay = 0.05
-        while True:
-            try:
-                await read_flags(self._client())
-                break
-            except Exception as exc:  # never fail the node over this: keep waiting for storage
-                log.info("waiting for storage before resuming %d job(s): %s", len(journals), exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, RESUME_RETRY_MAX_S)
-        for journal in journals:
-            journal.reopen()
-            writer = JournalWriter(self.data_dir, journal)
-            try:
-                await writer.commit()
-            except OSError as exc:
-                log.error("cannot update journal %s, job %s not resumed: %s", writer.path, journal.job_id, exc)
-                continue
-            log.info("resuming training job job=%s cursor=%d of %d windows", journal.job_id,
-                     journal.doc.cursor, -(-journal.doc.total_sentences // journal.doc.spec.coalesce))
-            self._start_journaled(writer)
-
+    # -- inference --------------------------------------------------------------------------------
     async def prompt_assigner(self) -> ColumnAssigner:
         """A column assigner for prompts: this node's vocabulary and deterministic flags, and the
         probabilistic flags as storage holds them now (the replicated set)."""
@@ -431,37 +307,12 @@ class ComputeService:
                                          max_tokens)
         try:
             await self.resolve_vocab([c for c, _ in nodes], [f for _, f in nodes])
-        except _STORAGE_ERRORS as exc:  # words still print, as hex, for what could not be fetched
+        except STORAGE_ERRORS as exc:  # words still print, as hex, for what could not be fetched
             log.warning("vocabulary lookup failed: %s", exc)
-        words = [self._word(c, f) for c, f in nodes]
+        words = [word_of(self.state.vocab, c, f) for c, f in nodes]
         return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
 
-    def _word(self, column: int, feature: int) -> str:
-        """The word of a node, or ``<column:feature>`` in hex when neither this node's vocabulary
-        nor storage's (``resolve_vocab``, called first) has it."""
-        try:
-            return self.state.vocab.word_of(column, feature)
-        except KeyError:
-            return f"<{column:x}:{feature:x}>"
-
-    def _missing_vocab(self, columns: Any, features: Any) -> list[tuple[int, int]]:
-        """(kind, id) keys of the given column and feature ids this node's vocabulary lacks."""
-        vocab = self.state.vocab
-        out: list[tuple[int, int]] = []
-        for cid in np.unique(np.asarray(columns, np.uint64)).tolist():
-            try:
-                vocab.column_lemma(cid)
-            except KeyError:
-                out.append((0, cid))
-        for fid in np.unique(np.asarray(features, np.uint64)).tolist():
-            if fid == PRIME_FEATURE:
-                continue
-            try:
-                vocab.feature_word(fid)
-            except KeyError:
-                out.append((1, fid))
-        return out
-
+    # -- vocabulary and export (cluster_export.py) --------------------------------------------
     async def resolve_vocab(self, columns: Any, features: Any) -> int:
         """Fetch the strings of ids this node's vocabulary lacks from storage (where training jobs of
         any compute node put them) into the node's vocabulary, which is the local cache. Entries
@@ -470,38 +321,13 @@ class ComputeService:
         Raises:
             ReadFailed: every owner of some ids failed.
         """
-        missing = self._missing_vocab(columns, features)
-        if not missing:
-            return 0
-        found = await self._client().get_vocab(missing)
-        added = 0
-        vocab = self.state.vocab
-        for (kind, ident), text in found.items():
-            try:
-                got = vocab.add_column(text) if kind == 0 else vocab.add_feature(text)
-            except IdCollisionError as exc:
-                log.error("vocabulary from storage collides with this node's: %s", exc)
-                continue
-            if got != ident:  # a foreign or damaged entry: the add above is harmless (content-addressed)
-                log.warning("storage returned %r for id %#x, which hashes to %#x", text, ident, got)
-                continue
-            added += 1
-        return added
+        return await resolve_vocab(self.state.vocab, lambda keys: self._client().get_vocab(keys),
+                                   columns, features)
 
     async def scan_cluster(self) -> RowBatch:
         """Every model row of the cluster (each exactly once; the flag row left out), by scanning
         storage (``StorageClient.scan_all``); restarted if the placement changes under it."""
-        client = self._client()
-        for attempt in range(EXPORT_SCAN_ATTEMPTS):
-            try:
-                parts = [page async for page in client.scan_all()]
-                break
-            except ScanInterrupted as exc:
-                if attempt + 1 >= EXPORT_SCAN_ATTEMPTS:
-                    raise
-                log.info("export scan restarted (attempt %d): %s", attempt + 1, exc)
-                await asyncio.sleep(0.2 * (attempt + 1))
-        return without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
+        return await scan_cluster(self._client())
 
     async def export(self, path: str | Path) -> dict[str, Any]:
         """JSONL export of every row of the cluster, whichever compute node trained it: a storage
@@ -514,145 +340,7 @@ class ComputeService:
         batch = await self.scan_cluster()
         await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
                                  np.concatenate([batch.row_feature, batch.target_feature]))
-        store = RowStore.from_batch(batch)
-        try:
-            lines = await asyncio.to_thread(write_jsonl, store, self.state.vocab, path)
-        except KeyError as exc:
-            raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
-        return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
-                "source": "every row of the storage cluster (scan)"}
-
-    # -- routes ---------------------------------------------------------------------------------
-    async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        corpus = _corpus_path(body.get("corpus"), required=True)
-        workers = _opt_int(body, "workers", 1, 1024)
-        coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
-        epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
-        limit = _opt_int(body, "limit", 1, 1 << 31)
-        assert corpus is not None  # required=True
-        try:
-            job = await self.submit_corpus(corpus, workers=workers, coalesce=coalesce, epochs=epochs, limit=limit)
-        except OSError as exc:
-            raise AdminHTTPError(400, f"corpus {corpus}: {exc}", "bad_request") from None
-        return {"job_id": job.job_id}
-
-    async def _get_jobs(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        return {"jobs": [j.as_dict() for j in self.jobs.all()]}
-
-    async def _get_job(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        job = self.jobs.get(params["job_id"])
-        if job is None:
-            raise AdminHTTPError(404, f"no job {params['job_id']!r} on this node", "not_found")
-        return job.as_dict()
-
-    async def _post_resume(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        try:
-            job = await self.resume(params["job_id"])
-        except KeyError:
-            raise AdminHTTPError(404, f"no journal for job {params['job_id']!r} on this node", "not_found") from None
-        except ValueError as exc:
-            raise AdminHTTPError(409, str(exc), "conflict") from None
-        return {"job_id": job.job_id}
-
-    async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
-        constants = body.get("constants") or "train"
-        mode = body.get("mode") or "teacher"
-        if constants not in ("train", "test") or mode not in ("teacher", "free"):
-            raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
-        path = _corpus_path(body.get("corpus"), required=False)
-        try:
-            prompts = await asyncio.to_thread(
-                (lambda: load_corpus(path, self.data_dir / TAG_CACHE_DIR, limit)) if path is not None
-                else (lambda: load_bundled_corpus(limit)))
-        except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
-            raise AdminHTTPError(400, str(exc), "bad_request") from None
-        except TaggerUnavailableError as exc:
-            raise AdminHTTPError(503, str(exc), "unavailable") from None
-        try:
-            return await self.evaluate(prompts, constants, mode)
-        except _STORAGE_ERRORS as exc:
-            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
-
-    async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        max_tokens = _opt_int(body, "max_tokens", 0, MAX_GENERATE_TOKENS)
-        constants = body.get("constants") or "train"
-        if constants not in ("train", "test"):
-            raise AdminHTTPError(400, "constants must be 'train' or 'test'", "bad_request")
-        prompt = await self._tagged_prompt(body.get("prompt"))
-        try:
-            return await self.generate(prompt, 20 if max_tokens is None else max_tokens, constants)
-        except _STORAGE_ERRORS as exc:
-            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
-
-    async def _tagged_prompt(self, prompt: Any) -> TaggedSentence:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, (list, tuple)) for t in prompt):
-            if not all(len(t) == 4 and all(isinstance(x, str) and x for x in t) for t in prompt):
-                raise AdminHTTPError(400, "prompt tokens must be [form, lemma, upos, xpos] strings", "bad_request")
-            return tuple(Token(*t) for t in prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
-            prompt = " ".join(prompt)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise AdminHTTPError(400, "prompt must be non-empty text or a list of tokens", "bad_request")
-        return await asyncio.to_thread(self._tag, prompt)
-
-    def _tag(self, text: str) -> TaggedSentence:
-        from giaannd.model.tokens import load_english, tag_texts
-        try:
-            if self._nlp is None:
-                self._nlp = load_english(sentences=True)
-        except TaggerUnavailableError as exc:
-            raise AdminHTTPError(503, str(exc), "unavailable") from None
-        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
-        return tuple(tokens)
-
-    async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
-        path = body.get("path")
-        if not isinstance(path, str) or not path or not Path(path).is_absolute():
-            raise AdminHTTPError(400, "path must be an absolute file path", "bad_request")
-        if not Path(path).parent.is_dir():
-            raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
-        try:
-            return await self.export(path)
-        except VocabularyMissing as exc:
-            raise AdminHTTPError(409, f"{exc} (rows trained without a replicated vocabulary)",
-                                 "conflict") from None
-        except _STORAGE_ERRORS as exc:
-            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
-    if not isinstance(body, dict):
-        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
-    return body
-
-
-def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise AdminHTTPError(400, f"{key} must be an integer in [{lo}, {hi}]", "bad_request")
-    return value
-
-
-def _corpus_path(value: Any, *, required: bool) -> Path | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
-    path = Path(value)
-    if not path.is_file():
-        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
-    return path
+        return await write_export(batch, self.state.vocab, path)
 
 
 def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
@@ -673,4 +361,3 @@ def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
 def create_service(config: Config) -> ComputeService:
     """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
     return ComputeService(config.compute, config.data_path("compute"))
-

@@ -93,7 +93,7 @@ async def test_storage_owner_down_hint_held_then_delivered(tmp_path, scheme):
 
 @pytest.mark.asyncio
 async def test_storage_writes_confirm_delivered_hints_on_their_own(tmp_path, monkeypatch):
-    from giaannd.compute import client as client_module
+    from giaannd.compute import writes as client_module  # CONFIRM_HINTS_INTERVAL_S lives there
 
     monkeypatch.setattr(client_module, "CONFIRM_HINTS_INTERVAL_S", 0.0)
     cluster = await Cluster(tmp_path, 3).start()

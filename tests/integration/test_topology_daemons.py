@@ -232,3 +232,34 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
                        f"{node.name} has storage-3 in its ring", 30)
         wait_job(compute, job)
         assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+
+
+def test_daemon_replace_dead_node_with_new_host_equals_core(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """kill -9 a storage node during training; a new host started in manual join mode takes
+    over its columns with ``giaannctl node replace``; the ring swaps them and the export equals
+    the core's."""
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        victim = cluster.node("storage-3")
+        cluster.kill(victim)
+        assert_still_running(compute, job)
+        survivor = cluster.node("storage-1")
+        wait_until(lambda: {m["name"]: m["status"] for m in
+                            survivor.admin.json("GET", "/v1/members")["members"]}["storage-3"] == "dead",
+                   "storage-3 declared dead", 60)
+        newcomer = cluster.add_node("storage-4", ["storage"], join_mode="manual")
+        proc = newcomer.ctl("--json", "node", "replace", "storage-3", "--wait", timeout_s=180)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["state"] == "done"
+        for node in (n for n in cluster.nodes if n is not victim):
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-4"],
+                       f"{node.name} swapped storage-3 for storage-4", 30)
+        wait_job(compute, job)
+        assert newcomer.status()["services"]["storage"]["rows"] > 0
+        assert_export_equals(compute, ref, tmp_path / "export.jsonl")

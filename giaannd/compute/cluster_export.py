@@ -1,0 +1,145 @@
+"""The whole trained model, read back from the storage cluster: scan, vocabulary, JSONL export.
+
+Theory of operation
+-------------------
+No compute node holds the model: every row lives on its owners in storage, and every id → string
+entry a training job learned was put into storage's replicated vocabulary (remote_vocab.py). So a
+node can export, or print the words of, rows that *any* compute node trained:
+
+1. **Scan** (``scan_cluster``): ``StorageClient.scan_all`` yields every row of the cluster exactly
+   once; the reserved flag row (flags.py) is left out. A placement change during the scan
+   (``ScanInterrupted``) restarts it, at most ``EXPORT_SCAN_ATTEMPTS`` times, with a short backoff.
+2. **Vocabulary** (``resolve_vocab``): the node's own vocabulary (state.py) is the local cache.
+   Ids it lacks (``missing_vocab``) are fetched from storage; each entry is re-checked by hashing
+   its text (the vocabulary is content-addressed), so a foreign or damaged entry cannot attach a
+   wrong word to an id. Storage is not asked at all when nothing is missing.
+3. **Write** (``write_export``): the rows as one ``RowStore``, written as JSONL by
+   ``giaannd.model.export`` (atomically). An id with no string anywhere raises
+   ``VocabularyMissing`` and nothing is written (rows trained before vocabulary replication);
+   ``word_of`` prints such an id as ``<column:feature>`` in hex instead, for generation output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from giaannd.compute.client import ScanInterrupted, StorageClient
+from giaannd.compute.flags import without_flag_row
+from giaannd.model.export import write_jsonl
+from giaannd.model.ids import PRIME_FEATURE
+from giaannd.model.rows import RowBatch
+from giaannd.model.rowstore import RowStore
+from giaannd.model.vocab import IdCollisionError, Vocabulary
+
+__all__ = [
+    "EXPORT_READ_ROWS",
+    "EXPORT_SCAN_ATTEMPTS",
+    "VocabularyMissing",
+    "missing_vocab",
+    "resolve_vocab",
+    "scan_cluster",
+    "word_of",
+    "write_export",
+]
+
+# Logged under the compute service's name, as before these functions left service.py.
+log = logging.getLogger("giaannd.compute.service")
+
+#: Rows per read while gathering an export (kept for importers; the scan pages by its own size).
+EXPORT_READ_ROWS: Final = 32_768
+#: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
+EXPORT_SCAN_ATTEMPTS: Final = 3
+
+#: Fetches ``(kind, id)`` keys from storage's vocabulary (``StorageClient.get_vocab``).
+GetVocab = Callable[[Sequence[tuple[int, int]]], Awaitable[dict[tuple[int, int], str]]]
+
+
+class VocabularyMissing(ValueError):
+    """An exported row names an id whose string neither this node nor storage holds."""
+
+
+def word_of(vocab: Vocabulary, column: int, feature: int) -> str:
+    """The word of a node, or ``<column:feature>`` in hex when ``vocab`` lacks it."""
+    try:
+        return vocab.word_of(column, feature)
+    except KeyError:
+        return f"<{column:x}:{feature:x}>"
+
+
+def missing_vocab(vocab: Vocabulary, columns: Any, features: Any) -> list[tuple[int, int]]:
+    """(kind, id) keys of the given column and feature ids ``vocab`` lacks."""
+    out: list[tuple[int, int]] = []
+    for cid in np.unique(np.asarray(columns, np.uint64)).tolist():
+        try:
+            vocab.column_lemma(cid)
+        except KeyError:
+            out.append((0, cid))
+    for fid in np.unique(np.asarray(features, np.uint64)).tolist():
+        if fid == PRIME_FEATURE:
+            continue
+        try:
+            vocab.feature_word(fid)
+        except KeyError:
+            out.append((1, fid))
+    return out
+
+
+async def resolve_vocab(vocab: Vocabulary, get_vocab: GetVocab, columns: Any, features: Any) -> int:
+    """Add to ``vocab`` the strings of the ids it lacks, fetched with ``get_vocab`` (module
+    docstring, step 2). Returns the number of entries added.
+
+    Raises:
+        ReadFailed: every owner of some ids failed.
+    """
+    missing = missing_vocab(vocab, columns, features)
+    if not missing:
+        return 0
+    found = await get_vocab(missing)
+    added = 0
+    for (kind, ident), text in found.items():
+        try:
+            got = vocab.add_column(text) if kind == 0 else vocab.add_feature(text)
+        except IdCollisionError as exc:
+            log.error("vocabulary from storage collides with this node's: %s", exc)
+            continue
+        if got != ident:  # a foreign or damaged entry: the add above is harmless (content-addressed)
+            log.warning("storage returned %r for id %#x, which hashes to %#x", text, ident, got)
+            continue
+        added += 1
+    return added
+
+
+async def scan_cluster(client: StorageClient) -> RowBatch:
+    """Every model row of the cluster (each exactly once; the flag row left out), restarted if
+    the placement changes under the scan (module docstring, step 1)."""
+    for attempt in range(EXPORT_SCAN_ATTEMPTS):
+        try:
+            parts = [page async for page in client.scan_all()]
+            break
+        except ScanInterrupted as exc:
+            if attempt + 1 >= EXPORT_SCAN_ATTEMPTS:
+                raise
+            log.info("export scan restarted (attempt %d): %s", attempt + 1, exc)
+            await asyncio.sleep(0.2 * (attempt + 1))
+    return without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
+
+
+async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> dict[str, Any]:
+    """Write ``batch`` as JSONL at ``path`` with the words of ``vocab`` (module docstring, step 3).
+
+    Raises:
+        VocabularyMissing: some id has no string in ``vocab``.
+    """
+    store = RowStore.from_batch(batch)
+    try:
+        lines = await asyncio.to_thread(write_jsonl, store, vocab, path)
+    except KeyError as exc:
+        raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
+    return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
+            "source": "every row of the storage cluster (scan)"}

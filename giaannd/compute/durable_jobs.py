@@ -1,0 +1,193 @@
+"""Durable training jobs of one compute node: journal first, resume after a crash or a failure.
+
+Theory of operation
+-------------------
+A job started on a corpus file (``submit``, behind ``POST /v1/train``) gets a journal
+(job_journal.py: the job's spec, its writer id, its window cursor) on disk *before* its id is
+returned, so from then on a crash of the node cannot lose it. The journal moves through:
+
+- ``running``: while the job runs, and when the node stops under it (a cancellation leaves the
+  journal as it is);
+- ``failed``: the job raised; the journal is kept with the error, so an operator can ``resume`` it;
+- removed: the job succeeded.
+
+On start the service calls ``reload``: every journal found is classified. Running ones are handed
+back to be resumed (config ``compute.resume-jobs``); ``resume_all`` waits until storage answers
+(``probe``, with doubling backoff up to ``RESUME_RETRY_MAX_S``: right after start the node's storage
+view may still be forming), then restarts each under its writer id from its cursor. Failed ones are
+listed as failed jobs; corrupt ones are listed as failed with the file's error and left on disk.
+
+A resumed job re-reads its corpus and checks it is the one it started with (SHA-256 of the file,
+then a digest of the tagged sentences): a changed corpus would make its windows differ from those
+already sent, so it is not resumed. Resuming reuses the job's writer id and batch ids on purpose:
+storage drops the batches it already applied.
+
+``train`` / ``submit`` with in-memory sentences (tests, bench) keep no journal; they are the
+service's, not this module's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from giaannd.compute.job_journal import (
+    JobJournal,
+    JobSpec,
+    JournalCorrupt,
+    JournalWriter,
+    corpus_sha256,
+    load_journals,
+    sentences_digest,
+)
+from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
+from giaannd.compute.train import TrainResult, TrainSettings, load_corpus
+from giaannd.model.tokens import TaggedSentence
+
+__all__ = ["RESUME_RETRY_MAX_S", "TAG_CACHE_DIR", "DurableJobs", "journal_progress"]
+
+# Logged under the compute service's name, as before this module left service.py.
+log = logging.getLogger("giaannd.compute.service")
+
+#: Longest wait between tries to reach storage before resuming journaled jobs at start.
+RESUME_RETRY_MAX_S: Final = 2.0
+#: Under the node's data directory: tagged text corpora, cached (train.py ``load_corpus``).
+TAG_CACHE_DIR: Final = "tag-cache"
+
+#: Runs one training job to its end (``ComputeService.train``).
+Train = Callable[[Sequence[TaggedSentence], TrainSettings, TrainProgress, JournalWriter],
+                 Awaitable[TrainResult]]
+#: Starts a registered job: ``run(job)`` as a task (``ComputeService._launch``).
+Launch = Callable[..., Job]
+
+
+def journal_progress(journal: JobJournal) -> TrainProgress:
+    """A finished job's figures as its journal knows them (sentences acknowledged)."""
+    doc = journal.doc
+    done = min(doc.cursor * doc.spec.coalesce, doc.total_sentences)
+    return TrainProgress(total=doc.total_sentences, done=done)
+
+
+class DurableJobs:
+    """The journaled training jobs under ``data_dir`` (module docstring).
+
+    Args:
+        data_dir: the compute role's data directory (journals, tag cache).
+        registry: the node's job registry (failed and corrupt journals are listed there).
+        train: runs one job with its journal writer.
+        summary: a succeeded job's result document.
+        launch: ``launch(run, job_id=..., resumes=...)`` registers and starts a job.
+        require_storage: raises if the node has no storage client yet (called before any work).
+    """
+
+    def __init__(self, data_dir: Path, registry: JobRegistry, *, train: Train,
+                 summary: Callable[[TrainResult], dict[str, Any]],
+                 launch: Launch, require_storage: Callable[[], object]) -> None:
+        self.data_dir = data_dir
+        self.registry = registry
+        self._train = train
+        self._summary = summary
+        self._launch = launch
+        self._require_storage = require_storage
+
+    async def submit(self, corpus: str | Path, settings: TrainSettings, epochs: int,
+                     limit: int | None) -> Job:
+        """Journal a job on ``corpus`` (on disk before this returns), then start it."""
+        path = Path(corpus).resolve()
+        digest = await asyncio.to_thread(corpus_sha256, path)
+        spec = JobSpec(str(path), digest, limit, epochs, settings.workers, settings.coalesce_sentences)
+        writer = JournalWriter(self.data_dir, JobJournal.create(spec))
+        await asyncio.to_thread(writer.save_now)
+        return self.start(writer)
+
+    def start(self, writer: JournalWriter) -> Job:
+        """Run the journaled job of ``writer`` from its cursor (module docstring)."""
+        journal = writer.journal
+        spec = journal.doc.spec
+        settings = TrainSettings(workers=spec.workers, coalesce_sentences=spec.coalesce)
+        cache_dir = self.data_dir / TAG_CACHE_DIR
+
+        def load() -> list[TaggedSentence]:
+            if corpus_sha256(spec.corpus) != spec.corpus_sha256:
+                raise ValueError(f"corpus {spec.corpus} changed since the job started (SHA-256 differs): "
+                                 "not resumed, its windows would differ from those already sent")
+            sentences = load_corpus(spec.corpus, cache_dir, spec.limit) * spec.epochs
+            journal.check_sentences(sentences_digest(sentences), len(sentences))
+            return sentences
+
+        async def run(job: Job) -> dict[str, Any]:
+            try:
+                data = await asyncio.to_thread(load)
+                result = await self._train(data, settings, job.progress, writer)
+            except asyncio.CancelledError:
+                raise  # a shutdown: the journal stays "running" and the job resumes on restart
+            except Exception as exc:
+                journal.finish("failed", f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(OSError):  # the job's own error is the one to report
+                    await writer.commit()
+                raise
+            await asyncio.to_thread(writer.remove)
+            return self._summary(result)
+
+        return self._launch(run, job_id=journal.job_id, resumes=journal.doc.resumes)
+
+    async def resume(self, job_id: str) -> Job:
+        """``ComputeService.resume`` (its docstring)."""
+        current = self.registry.get(job_id)
+        if current is not None and current.state == "running":
+            raise ValueError(f"job {job_id} is running")
+        self._require_storage()
+        found = [j for j in await asyncio.to_thread(load_journals, self.data_dir)
+                 if (j.job_id if isinstance(j, JobJournal) else Path(j.file_path).stem) == job_id]
+        if not found:
+            raise KeyError(job_id)
+        journal = found[0]
+        if isinstance(journal, JournalCorrupt):
+            raise ValueError(str(journal))
+        journal.reopen()
+        writer = JournalWriter(self.data_dir, journal)
+        await writer.commit()
+        return self.start(writer)
+
+    async def reload(self) -> list[JobJournal]:
+        """Classify the journals on disk (module docstring): failed and corrupt ones go to the
+        registry; returns the running ones, to resume."""
+        journals = await asyncio.to_thread(load_journals, self.data_dir)
+        pending: list[JobJournal] = []
+        for item in journals:
+            if isinstance(item, JournalCorrupt):
+                log.error("training job journal is corrupt (left in place, job not resumed): %s", item)
+                self.registry.add_finished(Path(item.file_path).stem, "train", "failed", f"corrupt journal: {item}")
+            elif item.doc.state == "failed":
+                self.registry.add_finished(item.job_id, "train", "failed", item.doc.error, journal_progress(item))
+            elif item.doc.state == "running":
+                pending.append(item)
+        return pending
+
+    async def resume_all(self, journals: Sequence[JobJournal],
+                         probe: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        """Resume unfinished journaled jobs once ``probe()`` (a storage read) succeeds."""
+        delay = 0.05
+        while True:
+            try:
+                await probe()
+                break
+            except Exception as exc:  # never fail the node over this: keep waiting for storage
+                log.info("waiting for storage before resuming %d job(s): %s", len(journals), exc)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RESUME_RETRY_MAX_S)
+        for journal in journals:
+            journal.reopen()
+            writer = JournalWriter(self.data_dir, journal)
+            try:
+                await writer.commit()
+            except OSError as exc:
+                log.error("cannot update journal %s, job %s not resumed: %s", writer.path, journal.job_id, exc)
+                continue
+            log.info("resuming training job job=%s cursor=%d of %d windows", journal.job_id,
+                     journal.doc.cursor, -(-journal.doc.total_sentences // journal.doc.spec.coalesce))
+            self.start(writer)

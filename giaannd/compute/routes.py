@@ -1,0 +1,215 @@
+"""The compute role's admin HTTP routes: request checking and error mapping around ComputeService.
+
+Theory of operation
+-------------------
+Each route parses and bounds its JSON body, calls one ``ComputeService`` method and maps the
+outcome to HTTP (giaannctl has verbs for each):
+
+==============================  ==================================================================
+``POST /v1/train``              ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
+                                ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
+``GET /v1/jobs``                every job document
+``GET /v1/jobs/{job_id}``       ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
+``POST /v1/jobs/{id}/resume``   resume a failed journaled job → ``{"job_id"}``
+``POST /v1/eval``               ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``POST /v1/generate``           ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
+``POST /v1/export``             ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
+==============================  ==================================================================
+
+Error mapping: bad input of every kind (missing or unreadable corpus, bad JSON, out-of-range
+numbers, relative export path, malformed tokens) is a 400 that changed nothing; an unknown job or
+journal is a 404; a running job to resume, a corrupt journal, or an export with ids no vocabulary
+holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or no storage client yet) and a
+missing tagger are 503. Prompt text is tagged here with spaCy (loaded on first use, in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from giaannd.admin.api import AdminHTTPError
+from giaannd.compute.client import StorageRequestError
+from giaannd.compute.cluster_export import VocabularyMissing
+from giaannd.compute.durable_jobs import TAG_CACHE_DIR
+from giaannd.compute.train import load_corpus
+from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
+from peers.errors import PeersError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from giaannd.compute.service import ComputeService
+
+__all__ = [
+    "DEFAULT_EVAL_LIMIT",
+    "MAX_EPOCHS",
+    "MAX_EVAL_PROMPTS",
+    "MAX_GENERATE_TOKENS",
+    "STORAGE_ERRORS",
+    "ComputeRoutes",
+]
+
+#: Prompts evaluated when ``/v1/eval`` names no limit.
+DEFAULT_EVAL_LIMIT: Final = 200
+#: Upper bounds on request sizes (admin requests are small; corpora travel by path).
+MAX_EVAL_PROMPTS: Final = 100_000
+MAX_GENERATE_TOKENS: Final = 1024
+MAX_EPOCHS: Final = 1000
+#: Failures of using storage at all: answered 503 (LookupError: no storage members known).
+STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
+
+#: ``add_route(method, path, handler)`` of the admin API.
+AddRoute = Callable[..., object]
+
+
+class ComputeRoutes:
+    """The admin routes of ``service`` (module docstring)."""
+
+    def __init__(self, service: ComputeService) -> None:
+        self.service = service
+        self._nlp: Any = None  # the spaCy pipeline for prompt text, loaded on first use
+
+    def register(self, add: AddRoute) -> None:
+        add("POST", "/v1/train", self._post_train)
+        add("GET", "/v1/jobs", self._get_jobs)
+        add("GET", "/v1/jobs/{job_id}", self._get_job)
+        add("POST", "/v1/jobs/{job_id}/resume", self._post_resume)
+        add("POST", "/v1/eval", self._post_eval)
+        add("POST", "/v1/generate", self._post_generate)
+        add("POST", "/v1/export", self._post_export)
+
+    async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        corpus = _corpus_path(body.get("corpus"), required=True)
+        workers = _opt_int(body, "workers", 1, 1024)
+        coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
+        epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
+        limit = _opt_int(body, "limit", 1, 1 << 31)
+        assert corpus is not None  # required=True
+        try:
+            job = await self.service.submit_corpus(corpus, workers=workers, coalesce=coalesce, epochs=epochs,
+                                                   limit=limit)
+        except OSError as exc:
+            raise AdminHTTPError(400, f"corpus {corpus}: {exc}", "bad_request") from None
+        return {"job_id": job.job_id}
+
+    async def _get_jobs(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return {"jobs": [j.as_dict() for j in self.service.jobs.all()]}
+
+    async def _get_job(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        job = self.service.jobs.get(params["job_id"])
+        if job is None:
+            raise AdminHTTPError(404, f"no job {params['job_id']!r} on this node", "not_found")
+        return job.as_dict()
+
+    async def _post_resume(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        try:
+            job = await self.service.resume(params["job_id"])
+        except KeyError:
+            raise AdminHTTPError(404, f"no journal for job {params['job_id']!r} on this node", "not_found") from None
+        except ValueError as exc:
+            raise AdminHTTPError(409, str(exc), "conflict") from None
+        return {"job_id": job.job_id}
+
+    async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
+        constants = body.get("constants") or "train"
+        mode = body.get("mode") or "teacher"
+        if constants not in ("train", "test") or mode not in ("teacher", "free"):
+            raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
+        path = _corpus_path(body.get("corpus"), required=False)
+        cache_dir = self.service.data_dir / TAG_CACHE_DIR
+        try:
+            prompts = await asyncio.to_thread(
+                (lambda: load_corpus(path, cache_dir, limit)) if path is not None
+                else (lambda: load_bundled_corpus(limit)))
+        except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
+        except TaggerUnavailableError as exc:
+            raise AdminHTTPError(503, str(exc), "unavailable") from None
+        try:
+            return await self.service.evaluate(prompts, constants, mode)
+        except STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+    async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        max_tokens = _opt_int(body, "max_tokens", 0, MAX_GENERATE_TOKENS)
+        constants = body.get("constants") or "train"
+        if constants not in ("train", "test"):
+            raise AdminHTTPError(400, "constants must be 'train' or 'test'", "bad_request")
+        prompt = await self._tagged_prompt(body.get("prompt"))
+        try:
+            return await self.service.generate(prompt, 20 if max_tokens is None else max_tokens, constants)
+        except STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+    async def _tagged_prompt(self, prompt: Any) -> TaggedSentence:
+        if isinstance(prompt, list) and prompt and all(isinstance(t, (list, tuple)) for t in prompt):
+            if not all(len(t) == 4 and all(isinstance(x, str) and x for x in t) for t in prompt):
+                raise AdminHTTPError(400, "prompt tokens must be [form, lemma, upos, xpos] strings", "bad_request")
+            return tuple(Token(*t) for t in prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
+            prompt = " ".join(prompt)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise AdminHTTPError(400, "prompt must be non-empty text or a list of tokens", "bad_request")
+        return await asyncio.to_thread(self._tag, prompt)
+
+    def _tag(self, text: str) -> TaggedSentence:
+        from giaannd.model.tokens import load_english, tag_texts
+        try:
+            if self._nlp is None:
+                self._nlp = load_english(sentences=True)
+        except TaggerUnavailableError as exc:
+            raise AdminHTTPError(503, str(exc), "unavailable") from None
+        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
+        return tuple(tokens)
+
+    async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        path = body.get("path")
+        if not isinstance(path, str) or not path or not Path(path).is_absolute():
+            raise AdminHTTPError(400, "path must be an absolute file path", "bad_request")
+        if not Path(path).parent.is_dir():
+            raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
+        try:
+            return await self.service.export(path)
+        except VocabularyMissing as exc:
+            raise AdminHTTPError(409, f"{exc} (rows trained without a replicated vocabulary)",
+                                 "conflict") from None
+        except STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    return body
+
+
+def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise AdminHTTPError(400, f"{key} must be an integer in [{lo}, {hi}]", "bad_request")
+    return value
+
+
+def _corpus_path(value: Any, *, required: bool) -> Path | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
+    path = Path(value)
+    if not path.is_file():
+        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
+    return path
