@@ -8,8 +8,13 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
   to the open streams (the DELTA items) synchronously, right after the apply, on the event loop;
 - ``apply_local`` applies on a node's own store through its group commit, without the ownership
   check (stream items, repair shares);
-- ``StreamRunner`` drives one stream: hello/resume, chunk reads, send with a runtime throttle,
-  reconnect with backoff, verification by row digests, close.
+- ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled;
+  optionally the next one read while the current one is on the wire), send with a runtime throttle,
+  reconnect with backoff, verification (one digest over the rows' bytes per slice of keys on both
+  ends, ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
+
+Listing a stream's rows is vectorised (``ColumnStore.rows_of_columns``): no Python key tuple per
+stored row.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ log = logging.getLogger(__name__)
 #: Keys per StreamVerify request (the same bound as protocol.MAX_DIGEST_ROWS).
 MAX_VERIFY_ROWS: Final = 65_536
 STREAM_REQUEST_TIMEOUT_S: Final = 30.0
+#: A throttled stream's chunks carry about this many seconds of its rate (``_chunk_limit``) ...
+THROTTLED_CHUNK_S: Final = 0.5
+#: ... but at least this many bytes.
+MIN_THROTTLED_CHUNK_BYTES: Final = 64 * 2**10
 #: Reconnect backoff of a sender whose receiver went away (it may be restarting).
 RECONNECT_BACKOFF_S: Final = (0.05, 1.0)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(StreamReply)
@@ -227,8 +236,11 @@ class StreamRunner:
         self.reconnects = 0
         self.resent_items = 0
         self._connected_once = False
-        #: read the next chunk while the current one is on the wire (``_send_and_read``)
-        self.prefetch = True
+        #: read the next chunk while the current one is on the wire (``_send_and_read``). Off by
+        #: default: in one process (tools/bench/topology.py) it measured neutral at 50 entries/row
+        #: and slower at 5000 (the read then blocks the loop the receiver runs on); its gain, the
+        #: source's read overlapping a remote receiver's apply and fsync, is not measured yet.
+        self.prefetch = False
         self._per_row_verify = False  # the receiver does not know StreamVerify.combined
         self._tee = observe_applies(source)
         self._tee.observers.append(self._on_applied)
@@ -351,7 +363,7 @@ class StreamRunner:
             await self._connect()
         item = s.next_to_send()
         if item is None and s.in_flight == 0 and s.chunks_left:
-            s.read_chunk(self.store.store.read_rows)  # synchronous: a consistent cut
+            s.read_chunk(self.store.store.read_rows, self._chunk_limit())  # synchronous: a consistent cut
             item = s.next_to_send()
         if item is None:
             if s.done:
@@ -374,14 +386,10 @@ class StreamRunner:
             return
         msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
                          item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
-        import os as _os  # DEBUG-REMOVE
-        _pf = _os.environ.get("DBG_PF_ANY") == "1"  # DEBUG-REMOVE
-        if self.prefetch and (item.kind == ItemKind.CHUNK or _pf) and s.chunks_left and s.unsent == 0:
+        if self.prefetch and item.kind == ItemKind.CHUNK and s.chunks_left and s.unsent == 0:
             reply = await self._send_and_read(msg, item)
         else:
             reply, _ = await self._request(msg, item.batch.buffers())
-        with open("/tmp/h/work/dbg.log", "a") as _f:  # DEBUG-REMOVE
-            _f.write(f"{time.time():.3f} {self.label} sent idx={item.index} kind={int(item.kind)} n={item.batch.nbytes} acked={s.bytes_acked} reply={reply}\n")  # DEBUG-REMOVE
         if isinstance(reply, StreamPosition):
             s.on_position(reply.next_index)
         elif isinstance(reply, StreamRefused):
@@ -391,17 +399,26 @@ class StreamRunner:
             s.rewind(reply.next_index)
         await self.throttle.spend(item.batch.nbytes)
 
+    def _chunk_limit(self) -> int | None:
+        """Throttled, chunks carry about THROTTLED_CHUNK_S of the rate (at least
+        MIN_THROTTLED_CHUNK_BYTES): the throttle waits after each item, so one big chunk would go
+        at full speed and then wait for a long time; smaller ones keep the rate smooth."""
+        rate = self.throttle.rate_bytes_s
+        if not rate or rate <= 0:
+            return None
+        return max(MIN_THROTTLED_CHUNK_BYTES, int(rate * THROTTLED_CHUNK_S))
+
     async def _send_and_read(self, msg: StreamData, item: StreamItem) -> Any:
-        """Send ``item`` and, while the receiver applies it, read the next chunk (a synchronous
-        cut, as always; it waits in the sender's queue: the window is still one item on the wire,
-        so a receiver crash still re-sends at most one item)."""
-        with open("/tmp/h/work/dbg.log", "a") as _f:  # DEBUG-REMOVE
-            _f.write(f"prefetch {self.label} idx={item.index} n={item.batch.nbytes} cursor={self.sender.cursor} total={self.sender.total_bytes_estimate}\n")  # DEBUG-REMOVE
+        """Send chunk ``item`` and, while the receiver applies it, read the next chunk (a
+        synchronous cut, as always; it waits in the sender's queue: the window is still one item
+        on the wire, so a receiver crash still re-sends at most one item). Only behind a chunk:
+        behind a delta the next chunk is read once the queue is empty, as without prefetch (a
+        throttled stream under writes then sends the pending deltas first)."""
         task = asyncio.ensure_future(self._request(msg, item.batch.buffers()))
         try:
             await asyncio.sleep(0)  # the request writes the item (what the socket takes at once)
             if self.state not in ("done", "failed") and not task.done():
-                self.sender.read_chunk(self.store.store.read_rows)
+                self.sender.read_chunk(self.store.store.read_rows, self._chunk_limit())
             reply, _ = await task
         except BaseException:
             task.cancel()

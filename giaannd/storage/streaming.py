@@ -287,13 +287,15 @@ class StreamSender:
         if self.pending_bytes > self.max_pending_bytes:
             raise StreamTooSlow(f"stream {self.stream_id:#x}: {self.pending_bytes} bytes unacknowledged")
 
-    def read_chunk(self, read: RowReader) -> StreamItem | None:
-        """Read the next slice of rows (``read`` must be synchronous: the cut is consistent)."""
+    def read_chunk(self, read: RowReader, max_bytes: int | None = None) -> StreamItem | None:
+        """Read the next slice of rows (``read`` must be synchronous: the cut is consistent), of
+        about ``chunk_bytes``, or ``max_bytes`` if smaller (a throttled stream's smaller chunks)."""
         if not self.chunks_left:
             return None
         start = self.cursor
         sizes = np.cumsum(self._row_bytes[start:])
-        stop = start + max(1, int(np.searchsorted(sizes, self.chunk_bytes, side="right")))
+        limit = self.chunk_bytes if max_bytes is None else max(1, min(self.chunk_bytes, max_bytes))
+        stop = start + max(1, int(np.searchsorted(sizes, limit, side="right")))
         batch = read(self._keys_c[start:stop], self._keys_f[start:stop])
         self.cursor = stop
         self._push(ItemKind.CHUNK, batch, None)

@@ -50,6 +50,7 @@ async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
     cluster = await _cluster(tmp_path)
     try:
         runner = _runner(cluster, 0x51)
+        runner.prefetch = True  # (opt-in) read the next chunk while one is on the wire
         asked = []
         endpoint = cluster.endpoints["s1"]
         serve = endpoint._verify
@@ -59,11 +60,20 @@ async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
             return serve(msg, bulk)
 
         endpoint._verify = spy
+        serve_data, ahead = endpoint._data, []
+
+        async def data(msg, bulk):
+            ahead.append(runner.sender.next_index - msg.index)  # items made when this one arrives
+            return await serve_data(msg, bulk)
+
+        endpoint._data = data
         task = asyncio.create_task(runner.run())
         await runner.caught_up.wait()
         assert runner.state == "caught-up", runner.error
         assert asked and all(m.combined for m in asked)
         assert runner.sender.acked > 3  # several chunks
+        # the next chunk was read while each was on the wire, never more than one ahead
+        assert max(ahead) == 2 and ahead[-1] == 1
         assert _same_rows(cluster)
         # the reply's shape: presence per key, one digest
         conn = await connect(cluster.ops_transport, cluster.stream_addresses["s1"], timeout_s=2)
