@@ -19,23 +19,21 @@ What it does on ``start``:
    UCX context) is logged and skipped when another listener remains: the node then speaks TCP
    only. Port 0 works: the bound addresses (real ports) are what ``advertised`` reports and what
    the membership service gossips in ``NodeMeta``.
-3. **Ring and topology**: the storage ring (giaannd/ring.py) is loaded from
-   ``<data dir>/ring.json`` (every node, storage or compute, persists the ring it knows) and the
-   cluster view (``giaannd.topology``) follows it (ring mode): its placement set is the ring's
-   active entries; the membership service feeds it addresses and liveness from member events.
+3. **Ring and topology**: the storage ring is loaded from ``<data dir>/ring.json`` (every node,
+   storage or compute, persists the ring it knows) and the cluster view (``giaannd.topology``)
+   follows it (ring mode); the membership service feeds it addresses and liveness from member
+   events.
 
-**The ring.** ``commit_ring(ring)`` merges a ring into ours; when that changes anything, the file
-is replaced durably *first* (a crash never leaves a node acting on a ring it has not persisted),
-then the topology follows and the new digest is gossiped (``NodeMeta.ring``), so peers pull it
-(giaannd/services/ring_sync.py). ``extra_transports`` adds addresses to the advertised metadata
-(e.g. ``"stream"``: the storage node's stream endpoint); ``refresh_meta()`` gossips a change.
+**The ring** lives in a ``NodeRing`` (giaannd/runtime_ring.py) the runtime owns and exposes as
+``ring``, ``commit_ring(ring)`` (merge; when that changes anything: persist durably first, then
+the topology follows, then the new digest is gossiped, then ``ring_listeners`` are called) and
+``ring_listeners``. ``extra_transports`` adds addresses to the advertised metadata (e.g.
+``"stream"``: the storage node's stream endpoint); ``refresh_meta()`` gossips a change.
 
-**Runtime requests** (``giaannd.protocol.RuntimeRequest``) are answered here, before any role
-handler and even on a compute-only node: ``RingGet`` (our ring), ``RingPush`` (merge, reply with
-the merged ring) and ``SetOverride`` (a topology operation's cutover: set or clear the topology's
-override; with ``flush``, the reply waits until every ``StorageClient`` this runtime handed out has
-finished the writes it had in flight, bounded by the request's ``flush_timeout_s``). The override
-is set *before* the flush, so no write computed after the reply uses the old placement.
+**Runtime requests** (``giaannd.protocol.RuntimeRequest``: ``RingGet``, ``RingPush``,
+``SetOverride``) are answered by that ``NodeRing``, before any role handler and even on a
+compute-only node; a ``SetOverride`` with ``flush`` waits on ``flush_clients()`` (every
+``StorageClient`` this runtime handed out finishes the writes it had in flight).
 
 Data-plane failures start suspicion (ARCHITECTURE §5): every ``StorageClient`` the runtime hands
 out (and the storage role's own) reports a peer it could not reach to ``report_unreachable``,
@@ -52,23 +50,29 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from giaannd import protocol as p
 from giaannd.compute.client import StorageClient
 from giaannd.errors import ConfigError
 from giaannd.ring import RING_FILE, Ring
-from giaannd.topology import StorageNode, Topology
+from giaannd.runtime_metrics import RuntimeCollector
+from giaannd.runtime_ring import NodeRing
+from giaannd.topology import Topology
 from peers.errors import PeerDead, PeersError, TransportUnavailable
 from peers.keyring import Keyring, KeyringError
 from peers.membership.meta import NodeMeta
-from peers.transport import Handler, Identity, Incoming, Listener, Reply, Transport
-from peers.transport import make_transport, scheme_of
+from peers.transport import (
+    Handler,
+    Identity,
+    Incoming,
+    Listener,
+    Reply,
+    Transport,
+    make_transport,
+    scheme_of,
+)
 
 if TYPE_CHECKING:
     from giaannd.config import Config
@@ -110,49 +114,6 @@ class LiveKeys(Sequence[bytes]):
         return self._keyring.keys[index]
 
 
-class _RuntimeCollector(Collector):
-    """Exports transport and membership counters at scrape time (they live in plain objects)."""
-
-    def __init__(self, runtime: NodeRuntime) -> None:
-        self._rt = runtime
-
-    def collect(self) -> Iterator[Any]:
-        fields = ("requests_sent", "requests_served", "bytes_sent", "bytes_received", "deadlines",
-                  "cancels", "connections_opened", "connections_closed", "fallbacks")
-        for name in fields:
-            fam = CounterMetricFamily(f"giaannd_transport_{name}", f"data plane: {name}",
-                                      labels=["scheme"])
-            for scheme, transport in self._rt.transports.items():
-                metrics = getattr(transport, "metrics", None)
-                if metrics is not None:
-                    fam.add_metric([scheme], float(getattr(metrics, name)))
-            yield fam
-        fam = CounterMetricFamily("giaannd_data_plane_unreachable_reports",
-                                  "peers the data plane could not reach, by what membership was told",
-                                  labels=["outcome"])
-        fam.add_metric(["reported"], float(self._rt.unreachable_reported))
-        fam.add_metric(["rate_limited"], float(self._rt.unreachable_suppressed))
-        yield fam
-        node = self._rt.membership
-        if node is None:
-            return
-        try:
-            counters = node.counters()
-        except RuntimeError:  # not started yet
-            return
-        fam = CounterMetricFamily("giaannd_membership_events", "membership core and glue counters",
-                                  labels=["counter"])
-        for key, value in sorted(counters.items()):
-            if key != "members_live":
-                fam.add_metric([key], float(value))
-        yield fam
-        yield GaugeMetricFamily("giaannd_membership_members_live", "members believed alive",
-                                value=float(counters.get("members_live", 0)))
-        yield GaugeMetricFamily("giaannd_membership_local_health",
-                                "Lifeguard local health score (0 is healthy)",
-                                value=float(node.local_health()))
-
-
 class NodeRuntime:
     """Identity, keyring, transports, listeners and the topology of one node (module docstring).
 
@@ -173,20 +134,17 @@ class NodeRuntime:
         self.listeners: dict[str, Listener] = {}
         self.skipped: dict[str, str] = {}
         self.topology = Topology(local=None, replicas=config.storage.replication_factor)
-        #: The storage ring this node holds (loaded in ``start``; change it with ``commit_ring``).
-        self.ring = Ring()
+        #: The storage ring, its file and listeners, and the runtime requests (runtime_ring.py).
+        #: (late-bound, so the runtime's ``refresh_meta``/``flush_clients`` are looked up per call)
+        self.rings = NodeRing(self.topology, lambda: self.refresh_meta(), lambda: self.flush_clients())
         #: Extra addresses gossiped in ``NodeMeta.transports`` (e.g. ``{"stream": URL}``); call
         #: ``refresh_meta()`` after changing it.
         self.extra_transports: dict[str, str] = {}
-        #: called with the new ring after every change ``commit_ring`` made (release scheduling)
-        self.ring_listeners: list[Callable[[Ring], None]] = []
         self._on_join_needed: Callable[[], Awaitable[Any]] | None = None
         #: Set whenever ``on_join_needed`` holds a callback (ring sync waits for it).
         self.join_handler_set = asyncio.Event()
         #: Set while a role handler serves data-plane requests (``serve``).
         self.serving = asyncio.Event()
-        self._ring_path: Path | None = None
-        self._ring_lock = asyncio.Lock()
         #: Set by ``giaannctl node drain``: writes are refused (``Unavailable``), reads served.
         self.draining = False
         #: Set by the membership service once its node runs.
@@ -210,12 +168,7 @@ class NodeRuntime:
         self.node_id, self.node_name = str(ctx.node_id), ctx.node_name
         if "storage" in self.config.node.roles:
             self.topology.local = self.node_name
-        self._ring_path = ctx.config.data_path(RING_FILE)
-        self.ring = Ring.load(self._ring_path)  # CorruptFileError: the operator decides
-        self.topology.set_ring(self.ring)
-        if len(self.ring):
-            log.info("ring loaded digest=%016x active=%s", self.ring.digest(),
-                     ",".join(n for n, _ in self.ring.active()) or "-")
+        self.rings.load(ctx.config.data_path(RING_FILE))  # CorruptFileError: the operator decides
         self.keyring = self._load_keyring()
         self.identity = Identity(self.node_id, self.config.cluster.name, LiveKeys(self.keyring))
         if self.config.node.roles:
@@ -223,7 +176,7 @@ class NodeRuntime:
         else:  # gossip and admin only: no role uses the data plane
             log.info("no roles: data plane not started")
         self.topology.schemes = tuple(self.transports)
-        ctx.metrics.registry.register(_RuntimeCollector(self))
+        ctx.metrics.registry.register(RuntimeCollector(self))
         log.info("data plane listening addresses=%s", ",".join(self.advertised.values()))
 
     async def stop(self, graceful: bool) -> None:
@@ -293,10 +246,24 @@ class NodeRuntime:
         else:
             self.join_handler_set.set()
 
+    @property
+    def ring(self) -> Ring:
+        """The storage ring this node holds (loaded in ``start``; change it with ``commit_ring``)."""
+        return self.rings.ring
+
+    @ring.setter
+    def ring(self, ring: Ring) -> None:
+        self.rings.ring = ring
+
+    @property
+    def ring_listeners(self) -> list[Callable[[Ring], None]]:
+        """Called with the new ring after every change ``commit_ring`` made (release scheduling)."""
+        return self.rings.listeners
+
     async def commit_ring(self, ring: Ring) -> bool:
-        """Merge ``ring`` into this node's ring. If that changed anything: persist it (atomic
-        replace + fsync, in a worker thread), then let the topology follow, then gossip the new
-        digest. Commits run one at a time (a lock), so none is lost.
+        """Merge ``ring`` into this node's ring (``NodeRing.commit``). If that changed anything:
+        persist it (atomic replace + fsync, in a worker thread), then let the topology follow, then
+        gossip the new digest. Commits run one at a time (a lock), so none is lost.
 
         Returns:
             whether our ring changed.
@@ -306,23 +273,7 @@ class NodeRuntime:
             OSError: the ring file could not be written (our ring is unchanged).
             ValueError: the merge would exceed the ring's entry limit (unchanged).
         """
-        path = self._ring_path
-        if path is None:
-            raise RuntimeError("commit_ring before the runtime started")
-        async with self._ring_lock:
-            merged = Ring(self.ring.entries)
-            if not merged.merge(ring):
-                return False
-            await asyncio.to_thread(merged.save, path)
-            self.ring = merged
-            self.topology.set_ring(merged)
-        log.info("ring changed digest=%016x active=%s removed=%s", merged.digest(),
-                 ",".join(n for n, _ in merged.active()) or "-",
-                 ",".join(sorted(n for n, e in merged.entries.items() if e.state == "removed")) or "-")
-        self.refresh_meta()
-        for callback in list(self.ring_listeners):
-            callback(merged)
-        return True
+        return await self.rings.commit(ring)
 
     def refresh_meta(self) -> None:
         """Gossip this node's metadata now (ring digest, ``extra_transports``, draining...).
@@ -453,7 +404,7 @@ class NodeRuntime:
         except p.ProtocolViolation as exc:
             return Reply(p.encode(p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])))
         if runtime_msg is not None:
-            return Reply(p.encode(await self._serve_runtime(runtime_msg)))
+            return Reply(p.encode(await self.rings.serve(runtime_msg)))
         handler = self._handler
         if handler is None:
             why = ("this node has no storage role" if "storage" not in self.config.node.roles
@@ -462,39 +413,6 @@ class NodeRuntime:
         if self.draining and self._is_write(incoming):
             return Reply(p.encode(p.Unavailable("node is draining: writes go to other replicas")))
         return await handler(incoming)
-
-    async def _serve_runtime(self, msg: p.RuntimeRequest) -> p.Reply:
-        """Answer a ring or override request (module docstring)."""
-        if isinstance(msg, p.RingGet):
-            return p.RingState(self.ring.to_wire())
-        if isinstance(msg, p.RingPush):
-            try:
-                await self.commit_ring(Ring.from_wire(msg.entries))
-            except ValueError as exc:
-                return p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])
-            except (OSError, RuntimeError) as exc:
-                return p.Unavailable(f"cannot persist the ring: {exc}"[:p.MAX_TEXT_CHARS])
-            return p.RingState(self.ring.to_wire())
-        return await self._set_override(msg)
-
-    async def _set_override(self, msg: p.SetOverride) -> p.Reply:
-        members = None if msg.members is None else [StorageNode(n, a, w) for n, a, w in msg.members]
-        try:
-            self.topology.set_override(members)
-        except (RuntimeError, ValueError) as exc:
-            return p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])
-        epoch = self.topology.epoch
-        log.info("placement override %s epoch=%s flush=%s",
-                 "cleared" if members is None else "set members=" + ",".join(m.name for m in members),
-                 epoch[:12], msg.flush)
-        if msg.flush:
-            try:
-                async with asyncio.timeout(msg.flush_timeout_s):
-                    await self.flush_clients()
-            except TimeoutError:
-                return p.Unavailable(f"override set (epoch {epoch[:12]}) but writes in flight did "
-                                     f"not finish within {msg.flush_timeout_s}s")
-        return p.OverrideSet(epoch, self.topology.override is not None)
 
     async def flush_clients(self) -> None:
         """Wait until every ``StorageClient`` handed out by ``storage_client`` finished the writes

@@ -2,23 +2,24 @@
 
 Theory of operation
 -------------------
-State: ``rows`` (row key -> slot: the row's region, its four array views, the number of applied
-batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in use.
+State: ``rows`` (row key -> ``RowSlot``: the row's region, its four array views, the number of
+applied batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in use.
 
 - A row of n entries lives in one ``uint8`` region of ``ENTRY_BYTES * n`` bytes laid out
-  ``target_column u64[n] | target_feature u64[n] | strength f32[n] | segment u8[n]`` (widest first, so
-  every view is naturally aligned). One region = one contiguous buffer to send for an inference read
-  of that row (``row_region``) and one ``readinto`` when a snapshot is loaded.
+  ``target_column u64[n] | target_feature u64[n] | strength f32[n] | segment u8[n]`` (regions.py
+  owns the layout and every vectorised conversion to and from it). One region = one contiguous
+  buffer to send for an inference read of that row (``row_region``) and one ``readinto`` when a
+  snapshot is loaded.
 - ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise the
-  whole batch is *planned* first, all rows in one vectorised pass (``row_merge.plan_batch``) — pure,
-  which yields the exact memory growth — then refused as a whole with :class:`StoreFullError` if it
+  whole batch is *planned* first (apply_plan.py: all small rows in one vectorised pass,
+  ``row_merge.plan_batch``) — pure, which yields the exact memory growth — then refused as a whole with :class:`StoreFullError` if it
   does not fit, else committed: rows whose delta keys are all stored get an in-place add; every
   growing or new row is merged in one pass (``merge_batch``), staged in one buffer and copied out
-  into its own region (``_cut_regions``). So a refused or invalid batch leaves the store exactly as
-  it was, and the Python work per row is a dict lookup and, for a growing row, one region.
+  into its own region (``regions.cut_regions``). So a refused or invalid batch leaves the store
+  exactly as it was, and the Python work per row is a dict lookup and, for a growing row, one region.
 - Rows a batch creates (no stored entries: every row of a stream chunk a joining node receives,
   and the new rows of training batches) skip planning and merging: a canonical delta row *is* the
-  merged row, so its region is laid out straight from the batch (``_install_regions``: one
+  merged row, so its region is laid out straight from the batch (``regions.install_regions``: one
   vectorised scatter for all short rows, one byte concatenation per long row). Same bytes as the
   merge path (tests compare the two), a fraction of the work.
 - ``drop_columns(columns)`` deletes every row of the given columns (rows of columns the node no
@@ -26,6 +27,15 @@ batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in
   applied set is kept: batch ids stay applied, so a late duplicate is still ignored.
 - Memory accounting: the regions' bytes plus ``ROW_OVERHEAD_BYTES`` per row plus
   ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``.
+- Reads: ``row``/``row_region`` (one row, live), ``read_rows``/``read_all`` (copies,
+  ``regions.gather_rows``), ``digest``/``rows_digest`` for repair and stream verification
+  (row_digest.py) and ``scan`` pages for the cluster-wide export (row_scan.py); the store keeps
+  one sorted key index for ``keys``, ``scan`` and the per-column queries.
+
+This module is the facade: ``ColumnStore`` owns the state and the apply/drop logic, and re-exports
+the names callers import from it (``ENTRY_BYTES``, ``row_from_region``, ``RowDigest``,
+``ScanResult``). The tuning flags below are read here at each call, so tests can patch them on
+this module.
 
 The store is synchronous and does no I/O: durability (update log, snapshots) wraps it in
 recovery.py, and the asyncio service is glue on top of that.
@@ -41,21 +51,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 from numpy.typing import ArrayLike, NDArray
 
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.storage.applied_set import AppliedSet, BatchId
+from giaannd.storage.apply_plan import ApplyPlan, plan_apply
 from giaannd.storage.errors import StoreFullError
-from giaannd.storage.row_merge import (
-    BatchPlan,
-    MergePlan,
-    add_in_place,
-    merge_batch,
-    merge_into,
-    plan_batch,
-    plan_merge,
+from giaannd.storage.regions import (
+    ENTRY_BYTES,
+    RowSlot,
+    gather_rows,
+    install_regions,
+    new_region,
+    row_from_region,
 )
+from giaannd.storage.regions import cut_regions as _cut_regions
+from giaannd.storage.regions import rows_of_regions as _rows_of_regions  # noqa: F401 (tests use it)
+from giaannd.storage.row_digest import RowDigest, row_digest, rows_digest
+from giaannd.storage.row_merge import MergePlan, add_in_place, merge_batch, merge_into
+from giaannd.storage.row_scan import ScanResult, scan_page
 
 __all__ = [
     "APPLIED_ID_BYTES",
@@ -70,8 +84,6 @@ __all__ = [
     "row_from_region",
 ]
 
-#: Bytes per entry in a region: u64 + u64 + f32 + u8, no padding.
-ENTRY_BYTES = 21
 #: Python bookkeeping per row (dict entry, key tuple, slot, Row and four ndarray views): 860 bytes
 #: measured with tracemalloc on CPython 3.11 / numpy 2.4, rounded up.
 ROW_OVERHEAD_BYTES = 1024
@@ -83,7 +95,8 @@ APPLIED_ID_BYTES = 96
 #: the ~30 µs of per-row Python it saves once a row has several hundred entries. Measured (apply of
 #: the bundled corpus's K=256 training batches, 3.5k and 8.8k sentences): thresholds 256 and 512
 #: equally fastest, 1024 10 % slower, all-batched 15 % slower; tools/bench/storage.py's synthetic
-#: table: 200-entry rows 1.3-1.8x faster batched, 2000-entry rows about 2x slower.
+#: table: 200-entry rows 1.3-1.8x faster batched, 2000-entry rows about 2x slower. (Read at each
+#: ``prepare`` and passed to ``apply_plan.plan_apply``, as is ``INSTALL_NEW_ROWS``.)
 LARGE_ROW_ENTRIES = 512
 #: Rows a batch creates (no stored entries yet) are *installed*: their merged form is the delta row
 #: itself, so planning and merging are skipped and each region is laid out straight from the batch
@@ -92,8 +105,8 @@ LARGE_ROW_ENTRIES = 512
 INSTALL_NEW_ROWS = True
 #: New rows at least this long are laid out one at a time (one ``concatenate`` of four byte slices:
 #: about 1 µs of Python, then memcpy speed); shorter ones by one vectorised scatter over all of them
-#: (``_cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20 entries per
-#: row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
+#: (``regions.cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20
+#: entries per row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
 INSTALL_CONCAT_ENTRIES = 64
 
 
@@ -102,148 +115,10 @@ def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
     return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
 
 
-def row_from_region(region: NDArray[np.uint8]) -> Row:
-    """The four array views of a region (see the module docstring for the layout)."""
-    if region.shape[0] % ENTRY_BYTES:
-        raise ValueError(f"region of {region.shape[0]} bytes is not a whole number of entries")
-    n = region.shape[0] // ENTRY_BYTES
-    return Row(
-        segment=region[20 * n : 21 * n],
-        target_column=region[0 : 8 * n].view(np.uint64),
-        target_feature=region[8 * n : 16 * n].view(np.uint64),
-        strength=region[16 * n : 20 * n].view(np.float32),
-    )
-
-
-def _new_region(n: int) -> tuple[NDArray[np.uint8], Row]:
-    region = np.empty(ENTRY_BYTES * n, np.uint8)
-    return region, row_from_region(region)
-
-
-class _Slot:
-    """A stored row: its region, the number of applied batches that touched it, and its array views.
-
-    The views are made on first use of ``row`` (and then kept): a training batch replaces thousands
-    of regions of which few are read before the next batch replaces them again, and making the four
-    views costs more than copying a small region.
-    """
-
-    __slots__ = ("_row", "region", "touches")
-
-    def __init__(self, region: NDArray[np.uint8], row: Row | None, touches: int) -> None:
-        self.region = region
-        self._row = row
-        self.touches = touches
-
-    @property
-    def row(self) -> Row:
-        if self._row is None:
-            self._row = row_from_region(self.region)
-        return self._row
-
-
-_NO_REGION = np.empty(0, np.uint8)
-
-
-@dataclass(frozen=True, slots=True)
-class _BatchApply:
-    """A planned batch: its merged rows' keys and current slots (batch order) and their plan (None:
-    no such rows), the stored rows merged one at a time, and the rows installed new."""
-
-    keys: list[RowKey]
-    slots: list[_Slot | None]
-    plan: BatchPlan | None
-    growth_bytes: int
-    #: stored rows of at least LARGE_ROW_ENTRIES: (key, delta, slot, per-row plan)
-    large: list[tuple[RowKey, Row, _Slot, MergePlan]]
-    #: rows not stored yet (``INSTALL_NEW_ROWS``): their keys and their delta rows, as one batch
-    new_keys: list[RowKey]
-    new_rows: RowBatch | None
-
-
-def _rows_of_regions(regions: list[NDArray[np.uint8]]) -> tuple[NDArray[np.int64], Row]:
-    """The rows of ``regions``, concatenated (a copy), with their offsets: ``plan_batch``'s input.
-
-    One concatenation of the raw regions, then four gathers over all entries, through views that
-    see a u64 / f32 at *every* byte offset (strides of 1 byte: unaligned reads, which numpy handles)
-    — cheaper than making each row's four array views first.
-    """
-    lengths = np.fromiter((r.shape[0] for r in regions), np.int64, count=len(regions)) // ENTRY_BYTES
-    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if not regions or offsets[-1] == 0:
-        return offsets, Row.empty()
-    raw = np.concatenate(regions)
-    u64 = np.ndarray((raw.shape[0] - 7,), np.uint64, raw, 0, (1,))
-    f32 = np.ndarray((raw.shape[0] - 3,), np.float32, raw, 0, (1,))
-    e = np.arange(int(offsets[-1]))
-    o = np.repeat(offsets[:-1], lengths)  # entry e of a row at offset o, length n, is entry e - o of
-    n = np.repeat(lengths, lengths)  # a region starting at byte 21 o (layout: module docstring)
-    at_column = 8 * e + 13 * o
-    return offsets, Row(
-        raw[e + 20 * (o + n)], u64[at_column], u64[at_column + 8 * n], f32[4 * e + 17 * o + 16 * n]
-    )
-
-
-def _cut_regions(offsets: NDArray[np.int64], rows: Row) -> list[NDArray[np.uint8]]:
-    """One region per row of the concatenated ``rows`` (layout: module docstring).
-
-    The rows are first laid out as regions in one staging buffer, each starting 8-byte aligned, by
-    four scatters over all entries; then each region is one slice copy, so rows never share (and
-    keep alive) a buffer, and the per-row Python work is a single call. Entry e of a row starting
-    at entry o, n long, whose region starts at byte s, goes to u64 index s/8 + (e - o) (column),
-    that + n (feature), f32 index s/4 + 4n + (e - o) (strength) and byte s + 20n + (e - o)
-    (segment): one per-row shift repeated over the row's entries, plus e, per field.
-    """
-    lengths = np.diff(offsets)
-    span = (ENTRY_BYTES * lengths + 7) // 8 * 8
-    start = np.zeros(lengths.shape[0] + 1, np.int64)
-    np.cumsum(span, out=start[1:])
-    stage = np.empty(int(start[-1]), np.uint8)
-    e = np.arange(len(rows))
-    s, first = start[:-1], offsets[:-1]
-    u64 = stage.view(np.uint64)
-    at = np.repeat(s // 8 - first, lengths)
-    at += e
-    u64[at] = rows.target_column
-    at += np.repeat(lengths, lengths)
-    u64[at] = rows.target_feature
-    at = np.repeat(s // 4 + 4 * lengths - first, lengths)
-    at += e
-    stage.view(np.float32)[at] = rows.strength
-    at = np.repeat(s + 20 * lengths - first, lengths)
-    at += e
-    stage[at] = rows.segment
-    return [stage[a : a + ENTRY_BYTES * n].copy() for a, n in zip(start.tolist(), lengths.tolist())]
-
-
 def _install_regions(batch: RowBatch) -> list[NDArray[np.uint8]]:
-    """One region per row of ``batch`` (every row non-empty and canonical): the rows as they are,
-    since a row not stored yet merges to its delta. Long rows are one byte concatenation each,
-    short ones one vectorised scatter (``INSTALL_CONCAT_ENTRIES``); the result is the same bytes."""
-    offsets = batch.offsets
-    lengths = np.diff(offsets)
-    long_rows = lengths >= INSTALL_CONCAT_ENTRIES
-    if not long_rows.any():
-        return _cut_regions(offsets, Row(batch.segment, batch.target_column, batch.target_feature,
-                                         batch.strength))
-    out: list[NDArray[np.uint8]] = [_NO_REGION] * int(lengths.shape[0])
-    # byte views of the four fields (native, contiguous: a no-op for arrays off the wire)
-    col = np.ascontiguousarray(batch.target_column, np.uint64).view(np.uint8)
-    feat = np.ascontiguousarray(batch.target_feature, np.uint64).view(np.uint8)
-    strength = np.ascontiguousarray(batch.strength, np.float32).view(np.uint8)
-    seg = np.ascontiguousarray(batch.segment, np.uint8)
-    cat = np.concatenate
-    idx = np.flatnonzero(long_rows)
-    for i, a, z in zip(idx.tolist(), offsets[idx].tolist(), offsets[idx + 1].tolist()):
-        out[i] = cat((col[8 * a : 8 * z], feat[8 * a : 8 * z], strength[4 * a : 4 * z], seg[a:z]))
-    if not long_rows.all():
-        short = batch.select_rows(~long_rows)
-        regions = _cut_regions(short.offsets, Row(short.segment, short.target_column, short.target_feature,
-                                                   short.strength))
-        for i, region in zip(np.flatnonzero(~long_rows).tolist(), regions):
-            out[i] = region
-    return out
+    """``regions.install_regions`` with this module's ``INSTALL_CONCAT_ENTRIES``, read at each call
+    (tests patch it)."""
+    return install_regions(batch, INSTALL_CONCAT_ENTRIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,22 +126,8 @@ class PreparedApply:
     """A checked, planned apply (``ColumnStore.prepare``); opaque to callers."""
 
     batch_id: BatchId
-    plans: _BatchApply
+    plans: ApplyPlan
     version: int
-
-
-@dataclass(frozen=True, slots=True)
-class RowDigest:
-    """What repair compares between replicas.
-
-    ``keys``: xxh3_64 of the row's key arrays (order-independent of how the batches were applied);
-    ``strength``: xxh3_64 of the strengths (float sums may differ in the last bit between replicas
-    that applied the same batches in a different order); ``batches``: applied batches touching it.
-    """
-
-    keys: int
-    strength: int
-    batches: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +166,7 @@ class ColumnStore:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.applied = AppliedSet()
-        self._rows: dict[RowKey, _Slot] = {}
+        self._rows: dict[RowKey, RowSlot] = {}
         self._region_bytes = 0
         self._entries = 0
         self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
@@ -365,8 +226,8 @@ class ColumnStore:
             return None
         if validate:
             batch.validate()
-        plans = self._plan(batch)
-        growth = APPLIED_ID_BYTES + plans.growth_bytes
+        plans = plan_apply(self._rows, batch, LARGE_ROW_ENTRIES, INSTALL_NEW_ROWS)
+        growth = APPLIED_ID_BYTES + ENTRY_BYTES * plans.new_entries + ROW_OVERHEAD_BYTES * plans.new_slots
         if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
         return PreparedApply(batch_id, plans, self._version)
@@ -379,48 +240,7 @@ class ColumnStore:
         self.applied.add(prepared.batch_id)
         self._commit(prepared.plans)
 
-    def _plan(self, batch: RowBatch) -> _BatchApply:
-        lengths = np.diff(batch.offsets)
-        keys = list(zip(batch.row_column.tolist(), batch.row_feature.tolist()))
-        get = self._rows.get
-        slots = [get(k) for k in keys]
-        stored = np.fromiter((0 if slot is None else slot.region.shape[0] for slot in slots), np.int64,
-                             count=len(slots)) // ENTRY_BYTES  # 0: not stored (a stored row is never empty)
-        large_rows = (stored >= LARGE_ROW_ENTRIES) & (stored > 0)
-        small = (lengths > 0) & ~large_rows  # empty delta rows change nothing
-        new_keys: list[RowKey] = []
-        new_rows: RowBatch | None = None
-        growth = 0
-        if INSTALL_NEW_ROWS:
-            new = small & (stored == 0)
-            if new.any():
-                new_rows = batch if new.all() else batch.select_rows(new)
-                new_keys = keys if new.all() else [k for k, keep in zip(keys, new.tolist()) if keep]
-                growth += ENTRY_BYTES * new_rows.num_entries + ROW_OVERHEAD_BYTES * len(new_keys)
-                small &= ~new
-        large: list[tuple[RowKey, Row, _Slot, MergePlan]] = []
-        for i in np.flatnonzero(large_rows & (lengths > 0)).tolist():
-            slot, delta = slots[i], batch.row(i)
-            assert slot is not None
-            row_plan = plan_merge(slot.row, delta)
-            large.append((keys[i], delta, slot, row_plan))
-            growth += ENTRY_BYTES * row_plan.new_count
-        if not small.any():
-            return _BatchApply([], [], None, growth, large, new_keys, new_rows)
-        if not small.all():
-            batch = batch.select_rows(small)
-            keys = [k for k, keep in zip(keys, small.tolist()) if keep]
-            slots = [slot for slot, keep in zip(slots, small.tolist()) if keep]
-        base_offsets, base = _rows_of_regions([slot.region if slot is not None else _NO_REGION for slot in slots])
-        plan = plan_batch(
-            base_offsets, base, batch.offsets,
-            Row(batch.segment, batch.target_column, batch.target_feature, batch.strength),
-        )
-        absent = sum(slot is None for slot in slots)
-        growth += ENTRY_BYTES * int(plan.new_count.sum()) + ROW_OVERHEAD_BYTES * absent
-        return _BatchApply(keys, slots, plan, growth, large, new_keys, new_rows)
-
-    def _commit(self, planned: _BatchApply) -> None:
+    def _commit(self, planned: ApplyPlan) -> None:
         for key, delta, large_slot, row_plan in planned.large:
             self._commit_large(key, delta, large_slot, row_plan)
         if planned.new_rows is not None:
@@ -446,27 +266,27 @@ class ColumnStore:
             keys = planned.keys
             for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out)):
                 slot = slots[i]
-                rows[keys[i]] = _Slot(region, None, 1 if slot is None else slot.touches + 1)
+                rows[keys[i]] = RowSlot(region, None, 1 if slot is None else slot.touches + 1)
             added = int(plan.new_count.sum())
             self._region_bytes += ENTRY_BYTES * added
             self._entries += added
 
     def _install(self, keys: list[RowKey], batch: RowBatch) -> None:
         """Add the rows of ``batch`` (none stored yet) as they are: one applied batch each."""
-        self._rows.update(zip(keys, [_Slot(region, None, 1) for region in _install_regions(batch)]))
+        self._rows.update(zip(keys, [RowSlot(region, None, 1) for region in _install_regions(batch)]))
         self._region_bytes += ENTRY_BYTES * batch.num_entries
         self._entries += batch.num_entries
 
-    def _commit_large(self, key: RowKey, delta: Row, slot: _Slot, plan: MergePlan) -> None:
+    def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
         slot.touches += 1
         if plan.in_place:
             add_in_place(slot.row, delta, plan)
             return
-        region, row = _new_region(len(slot.row) + plan.new_count)
+        region, row = new_region(len(slot.row) + plan.new_count)
         merge_into(slot.row, delta, plan, row)
         self._region_bytes += ENTRY_BYTES * plan.new_count
         self._entries += plan.new_count
-        self._rows[key] = _Slot(region, row, slot.touches)
+        self._rows[key] = RowSlot(region, row, slot.touches)
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
@@ -553,58 +373,21 @@ class ColumnStore:
         return self._gather(self.keys())
 
     def _gather(self, keys: list[RowKey]) -> RowBatch:
-        """The rows of ``keys`` as one batch: per field, one concatenation of the regions' byte
-        slices (no per-row array views are made: most rows are never read one at a time)."""
-        if not keys:
-            return RowBatch.empty()
-        slots = self._rows
-        regions = [slots[k].region for k in keys]
-        ns = [r.shape[0] // ENTRY_BYTES for r in regions]
-        offsets = np.zeros(len(regions) + 1, np.int64)
-        np.cumsum(ns, out=offsets[1:])
-        cat = np.concatenate
-        return RowBatch(
-            np.fromiter((k[0] for k in keys), np.uint64, len(keys)),
-            np.fromiter((k[1] for k in keys), np.uint64, len(keys)),
-            offsets,
-            cat([r[20 * n :] for r, n in zip(regions, ns)]),
-            cat([r[: 8 * n] for r, n in zip(regions, ns)]).view(np.uint64),
-            cat([r[8 * n : 16 * n] for r, n in zip(regions, ns)]).view(np.uint64),
-            cat([r[16 * n : 20 * n] for r, n in zip(regions, ns)]).view(np.float32),
-        )
+        """The stored rows ``keys`` as one batch (a copy: ``regions.gather_rows``)."""
+        rows = self._rows
+        return gather_rows(keys, [rows[k].region for k in keys])
 
     def digest(self, key: RowKey) -> RowDigest | None:
         """The row's digest for repair (see :class:`RowDigest`), or None if absent."""
         slot = self._rows.get(key)
-        if slot is None:
-            return None
-        region = slot.region.data  # (a memoryview: slicing it is cheaper than making array views)
-        n = len(region) // ENTRY_BYTES
-        keys = xxhash.xxh3_64(region[: 16 * n])
-        keys.update(region[20 * n :])
-        return RowDigest(keys.intdigest(), xxhash.xxh3_64_intdigest(region[16 * n : 20 * n]), slot.touches)
+        return None if slot is None else row_digest(slot)
 
     def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uint8], int]:
         """Which of the given rows are stored (1/0 per key, in the given order), and one xxh3-64
         over the stored ones' region sizes (i64) then their regions, in that order: two stores
-        give equal results exactly when they hold the same rows bit for bit (keys, strengths,
-        segments), up to a 2**-64 collision. Per row a dict lookup and one streaming-hash update
-        (measured faster than hashing concatenations of the regions, which copies them first).
+        give equal results exactly when they hold the same rows bit for bit (row_digest.py).
         For stream verification (stream_io.py)."""
-        rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
-        rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
-        if rc.shape != rf.shape:
-            raise ValueError("row_column and row_feature differ in length")
-        get = self._rows.get
-        slots = [get(k) for k in zip(rc.tolist(), rf.tolist())]
-        present = np.fromiter((s is not None for s in slots), np.uint8, len(slots))
-        regions = [s.region for s in slots if s is not None]
-        h = xxhash.xxh3_64(np.fromiter((r.shape[0] for r in regions), np.int64, len(regions)).tobytes())
-        # (an ndarray is a buffer; hashing it directly is faster than through ``.data``)
-        update: Callable[[NDArray[np.uint8]], None] = h.update  # type: ignore[assignment]
-        for region in regions:
-            update(region)
-        return present, h.intdigest()
+        return rows_digest(self._rows, row_column, row_feature)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
     def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
@@ -619,7 +402,7 @@ class ColumnStore:
         if key in self._rows:
             raise ValueError(f"row {key} loaded twice")
         row = row_from_region(region)
-        self._rows[key] = _Slot(region, row, touches)
+        self._rows[key] = RowSlot(region, row, touches)
         self._version += 1
         self._region_bytes += region.nbytes
         self._entries += len(row)
@@ -639,34 +422,7 @@ class ColumnStore:
         if limit_rows < 1 or limit_entries < 1 or max_examine < 1:
             raise ValueError("scan limits must be >= 1")
         cols, feats = self._sorted_keys()
-        n = int(cols.shape[0])
-        start = 0
-        if after is not None:
-            ac, af = np.uint64(after[0]), np.uint64(after[1])
-            lo, hi = int(np.searchsorted(cols, ac, "left")), int(np.searchsorted(cols, ac, "right"))
-            start = lo + int(np.searchsorted(feats[lo:hi], af, "right"))
-        end = min(start + max_examine, n)
-        if start >= end:
-            return ScanResult(RowBatch.empty(), after, True, 0)
-        window_c = cols[start:end]
-        sel = np.arange(start, end) if keep is None else start + np.flatnonzero(keep(window_c))
-        slots = self._rows
-        picked: list[RowKey] = []
-        entries = 0
-        last = end - 1  # the cursor: the last key looked at
-        for pos, i in enumerate(sel.tolist()):
-            key = (int(cols[i]), int(feats[i]))
-            slot = slots.get(key)
-            if slot is None:  # (an index entry for a row that no longer exists)
-                continue
-            size = len(slot.row)
-            if len(picked) >= limit_rows or (picked and entries + size > limit_entries):
-                last = int(sel[pos - 1])  # stopped by a limit: resume after the row before this one
-                break
-            picked.append(key)
-            entries += size
-        next_key = (int(cols[last]), int(feats[last]))
-        return ScanResult(self._gather(picked), next_key, last + 1 >= n, last + 1 - start)
+        return scan_page(self._rows, cols, feats, after, limit_rows, limit_entries, max_examine, keep)
 
     def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
         """Every row key as two arrays sorted by (column, feature), cached while the row count is
@@ -681,14 +437,3 @@ class ColumnStore:
             cached = (n, cols[order], feats[order])
             self._scan_index = cached
         return cached[1], cached[2]
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    """One page of ``ColumnStore.scan``: the rows, the cursor to resume after, whether the end was
-    reached, and how many keys were looked at (filtered out or not)."""
-
-    batch: RowBatch
-    next_key: RowKey | None
-    done: bool
-    examined: int

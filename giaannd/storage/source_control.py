@@ -199,6 +199,13 @@ class _Source:
     throttle: Throttle
     task: asyncio.Task[None] | None = None
     last_seen: float = field(default_factory=time.monotonic)
+    #: (old members, new members) of the operation: one operation at a time per source
+    change: tuple[Any, ...] = ()
+
+
+def _change_of(msg: SourceStart) -> tuple[Any, ...]:
+    """The placement change a stream belongs to (its operation, as far as a source can tell)."""
+    return (tuple(map(tuple, msg.old_members)), tuple(map(tuple, msg.new_members)))
 
 
 def _restarted(source: str, stream_id: int) -> str:
@@ -279,8 +286,15 @@ class SourceRegistry:
                 return SourceRefused(msg.stream_id, _restarted(self.service.node_name, msg.stream_id))
             if msg.source != self.service.node_name:
                 return SourceRefused(msg.stream_id, f"this node is {self.service.node_name!r}, not {msg.source!r}")
+            change = _change_of(msg)
+            busy = [e for e in self._sources.values() if not e.runner.finished.is_set() and e.change != change]
+            if busy:
+                return SourceRefused(msg.stream_id, (
+                    f"another topology operation is streaming from {self.service.node_name} "
+                    f"({busy[0].runner.label}): one operation at a time; wait for it or cancel it"))
             try:
                 entry = self._new(msg, bulk)
+                entry.change = change
             except (ValueError, TypeError, RuntimeError) as exc:
                 return SourceRefused(msg.stream_id, f"{type(exc).__name__}: {exc}"[:400])
             self._prune()

@@ -299,6 +299,11 @@ async def test_source_registry_aborts_an_orphaned_stream(tmp_path):
         assert state.state == "streaming" and not state.finished
         again, _ = await client.request(start)  # idempotent: the same stream, not a second one
         assert again.stream_id == 321 and len(registry._sources) == 1
+        other = sc.SourceStart(322, cluster.stream_addresses["s1"], "s0", "s1", [("s0", 1.0)],
+                               [("s1", 1.0)], 1, label="another operation")
+        with pytest.raises(sc.SourceControlError, match="one operation at a time"):
+            await client.request(other)  # a different placement change while the first streams
+        assert len(registry._sources) == 1
         await client.close()
         async with asyncio.timeout(10):  # nobody polls: the coordinator is gone
             while registry._sources[321].runner.state != "failed":
