@@ -38,6 +38,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from giaannd.ring_client import push_ring, set_override
+from giaannd.storage import source_control as sc
 from giaannd.storage.topology_ops import TopologyOpError
 from giaannd.topology import StorageNode, Topology, pick_transport_address
 from peers.membership.meta import NodeMeta
@@ -125,8 +127,6 @@ class DaemonClusterControl:
             if flush:
                 await asyncio.wait_for(self.runtime.flush_clients(), CONTROL_TIMEOUT_S)
             return
-        from giaannd.ring_client import set_override
-
         await set_override(self.runtime.transports, self.runtime.identity, self._data_address(name),
                            members, flush=flush, timeout_s=CONTROL_TIMEOUT_S)
 
@@ -158,25 +158,24 @@ class DaemonClusterControl:
                         "changes, or on restart)", exc)
 
     # -- hints ----------------------------------------------------------------------------------
-    async def hints_held_for(self, names: Sequence[str]) -> int:
-        from giaannd.storage import source_control as sc
+    def _storage_endpoints(self) -> list[str]:
+        """Stream-endpoint addresses of the live storage members (one metadata read)."""
+        return [m.transports[STREAM_SCHEME] for _, m in sorted(self._metas().items())
+                if "storage" in m.roles and m.transports.get(STREAM_SCHEME)]
 
-        counts = await asyncio.gather(*(
-            sc.hints_held(self.transport, self.stream_address(n), list(names))
-            for n in self._live("storage")))
+    async def hints_held_for(self, names: Sequence[str]) -> int:
+        counts = await asyncio.gather(*(sc.hints_held(self.transport, address, list(names))
+                                        for address in self._storage_endpoints()))
         return sum(counts)
 
     async def deliver_hints(self) -> None:
-        from giaannd.storage import source_control as sc
-
-        await asyncio.gather(*(sc.deliver_hints(self.transport, self.stream_address(n))
-                               for n in self._live("storage")), return_exceptions=True)
+        await asyncio.gather(*(sc.deliver_hints(self.transport, address)
+                               for address in self._storage_endpoints()), return_exceptions=True)
 
     async def drop_hints_for(self, name: str) -> int:
-        from giaannd.storage import source_control as sc
-
-        counts = await asyncio.gather(*(sc.drop_hints(self.transport, self.stream_address(n), name)
-                                        for n in self._live("storage")), return_exceptions=True)
+        counts = await asyncio.gather(*(sc.drop_hints(self.transport, address, name)
+                                        for address in self._storage_endpoints()),
+                                      return_exceptions=True)
         return sum(c for c in counts if isinstance(c, int))
 
     # -- the durable outcome --------------------------------------------------------------------
@@ -191,8 +190,6 @@ class DaemonClusterControl:
             if name not in old or dict(ring.active()).get(name) != weight:
                 ring = ring.with_active(name, weight)
         await self.runtime.commit_ring(ring)
-        from giaannd.ring_client import push_ring
-
         names = [n for n in self._metas() if n != self.me]
         results = await asyncio.gather(*(
             push_ring(self.runtime.transports, self.runtime.identity, self._data_address(n),

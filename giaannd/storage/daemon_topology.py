@@ -26,15 +26,21 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.storage.daemon_control import STREAM_SCHEME, DaemonClusterControl
-from giaannd.storage.stream_endpoint import StreamEndpoint
-from giaannd.storage.topology_ops import OperationRegistry, Rebalance, members_after, register_admin_routes
 from giaannd.storage.release import release_unowned
+from giaannd.storage.repair_remote import repair_self
+from giaannd.storage.stream_endpoint import StreamEndpoint
+from giaannd.storage.topology_ops import (
+    OperationRegistry,
+    Rebalance,
+    members_after,
+    register_admin_routes,
+)
 from giaannd.topology import StorageNode
 
 if TYPE_CHECKING:
     from giaannd.config import Config
-    from giaannd.ring import Ring
     from giaannd.daemon import ServiceContext
+    from giaannd.ring import Ring
     from giaannd.runtime import NodeRuntime
     from giaannd.storage.service import StorageService
 
@@ -67,7 +73,7 @@ class StorageTopology:
         self.registry = OperationRegistry()
         self._release_task: asyncio.Task[None] | None = None
         self.released_rows = 0
-        self._ring_seen: int | None = None
+        self._ring_seen = 0
 
     async def start(self, ctx: ServiceContext) -> None:
         rt = self.runtime
@@ -123,8 +129,6 @@ class StorageTopology:
         """``giaannctl node repair`` here: push hints everywhere until none are held (bounded),
         then rebuild this node's missing batches from its live peers' logs and compare its rows
         with theirs (repair_remote.repair_self). Run it on each storage node to repair all."""
-        from giaannd.storage.repair_remote import repair_self
-
         assert self.control is not None
         control, view = self.control, self.runtime.topology
         live = view.live()
@@ -147,9 +151,9 @@ class StorageTopology:
         digest = ring.digest()
         if digest == self._ring_seen:
             return
-        first, self._ring_seen = self._ring_seen is None, digest
-        if first or not ring.is_active(self.runtime.node_name):
-            return  # start-up; or standby (joining: keeps what it receives) / decommissioned
+        self._ring_seen = digest
+        if not ring.is_active(self.runtime.node_name):
+            return  # standby (joining: keeps what it receives) or decommissioned (data dir)
         if self._release_task is not None:
             self._release_task.cancel()
         self._release_task = asyncio.get_running_loop().create_task(self._release_later(digest))
