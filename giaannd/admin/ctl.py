@@ -85,7 +85,7 @@ def _quote(segment: str) -> str:
 _simple("node", "join", "POST", "/v1/node/join", lambda a: {"seeds": a.seeds})
 _simple("node", "leave", "POST", "/v1/node/leave")
 _simple("node", "drain", "POST", "/v1/node/drain")
-# Topology verbs arrive with the topology issue; the routes are reserved now.
+# Topology verbs (docs/topology.md): start the operation, optionally follow it with --wait.
 
 
 def _topology_verb(verb: str, path: str, body: Callable[[argparse.Namespace], dict[str, Any]]) -> None:

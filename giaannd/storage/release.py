@@ -24,11 +24,12 @@ new owners hold complete, verified copies. Otherwise it loses data:
   arrived). A source reads the rows it streams chunk by chunk while the stream runs, and serves
   them until cutover: rows dropped before their chunk is read never reach the target. Cancelling
   an operation leaves the old placement in force, under which nothing moved is unowned.
-- *On an unsettled ring* the placement can change without any copy being made: today a member
-  joining through gossip enters the placement set at once, without streaming (docs/topology.md:
-  the daemon does not run the operations yet), so the old owners hold the only copies of the
-  columns the newcomer now "owns". A node whose view lags (a member it has not heard of, one that
-  left and is coming back) computes ownership from a placement nobody else uses.
+- *On an unsettled ring* (a placement override in force, or a ring this node has not caught up
+  with) the placement this node computes is not the one every node uses: a node whose view lags
+  (a ring change it has not pulled yet, a member it has not heard of) would drop columns it still
+  owns, or whose new owners have no verified copy. The daemon calls it only after a committed ring
+  change, once no stream ran here for ``storage.release-delay-s`` and no override is set
+  (daemon_topology.py).
 
 A node outside the placement (decommissioned, or not switched in yet) is refused with
 ``LookupError`` rather than emptied: a decommissioned node's data is removed with its data
