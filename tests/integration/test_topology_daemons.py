@@ -22,7 +22,7 @@ from giaannd.admin.client import CtlError
 from giaannd.model.engine import Engine
 from giaannd.model.export import iter_jsonl
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
-from tools.local_cluster.cluster import Node, running_cluster
+from tools.local_cluster.cluster import LocalCluster, Node, running_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -97,6 +97,18 @@ def wait_op_done(node: Node) -> dict[str, Any]:
     doc = wait_until(ended, f"the topology operation on {node.name} ended", 180)
     assert doc["state"] == "done", doc
     return doc
+
+
+def kill_storage_during_job(cluster: LocalCluster, compute: Node, job_id: str) -> tuple[Node, Node]:
+    """SIGKILL storage-3 while the job runs; return (victim, storage-1) once storage-1's
+    membership declares it dead."""
+    victim, survivor = cluster.node("storage-3"), cluster.node("storage-1")
+    cluster.kill(victim)
+    assert_still_running(compute, job_id)
+    wait_until(lambda: {m["name"]: m["status"] for m in
+                        survivor.admin.json("GET", "/v1/members")["members"]}["storage-3"] == "dead",
+               "storage-3 declared dead", 60)
+    return victim, survivor
 
 
 def _op_started(node: Node) -> bool:
@@ -182,13 +194,7 @@ def test_daemon_kill9_storage_during_training_then_removenode_and_repair_equals_
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
-        victim = cluster.node("storage-3")
-        cluster.kill(victim)
-        assert_still_running(compute, job)
-        survivor = cluster.node("storage-1")
-        wait_until(lambda: {m["name"]: m["status"] for m in
-                            survivor.admin.json("GET", "/v1/members")["members"]}["storage-3"] == "dead",
-                   "storage-3 declared dead", 60)
+        victim, survivor = kill_storage_during_job(cluster, compute, job)
         wait_job(compute, job)  # writes go on with W=1 and hints
         proc = survivor.ctl("--json", "node", "removenode", "storage-3")
         assert proc.returncode == 0, proc.stderr
@@ -246,13 +252,7 @@ def test_daemon_replace_dead_node_with_new_host_equals_core(
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
-        victim = cluster.node("storage-3")
-        cluster.kill(victim)
-        assert_still_running(compute, job)
-        survivor = cluster.node("storage-1")
-        wait_until(lambda: {m["name"]: m["status"] for m in
-                            survivor.admin.json("GET", "/v1/members")["members"]}["storage-3"] == "dead",
-                   "storage-3 declared dead", 60)
+        victim, _ = kill_storage_during_job(cluster, compute, job)
         newcomer = cluster.add_node("storage-4", ["storage"], join_mode="manual")
         proc = newcomer.ctl("--json", "node", "replace", "storage-3", "--wait", timeout_s=180)
         assert proc.returncode == 0, proc.stderr
