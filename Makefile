@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# CPU torch where there is no NVIDIA GPU: an unpinned torch pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,6 +34,8 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m mypy
+	$(VENV)/bin/ruff check giaannd peers tools tests
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -21,9 +21,10 @@ import msgspec
 
 from giaannd import __version__
 from giaannd.config import ENV_PREFIX, Config, load_config, to_toml
-from giaannd.daemon import Daemon, Service, build_role_services
+from giaannd.daemon import Daemon, build_role_services
 from giaannd.errors import GiaannError
 from giaannd.logs import configure_logging
+from giaannd.service import Service
 
 __all__ = ["loop_factory", "main"]
 
@@ -92,7 +93,7 @@ def _run(args: argparse.Namespace, extra_services: Sequence[Service]) -> int:
     cfg = _load(args)
     configure_logging(cfg.logging.level, cfg.logging.format)
     # Imported here: the runtime pulls in the data plane, which `giaannd config show` never needs.
-    from giaannd.runtime import NodeRuntime
+    from giaannd.runtime.node import NodeRuntime
     from giaannd.services.membership import MembershipService
 
     runtime = NodeRuntime(cfg)

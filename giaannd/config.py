@@ -252,7 +252,7 @@ class StorageConfig(_Section):
         "deliverable during the ramp: 8.5 x this x ramp-up-s (1 GiB at 4 MiB/s over 30 s)."
     ))] = 4.0 * 2**20
     join_mode: Annotated[Literal["auto", "bootstrap", "manual"], Meta(description=(
-        "What a storage node not yet active in the storage ring (giaannd/ring.py) does at start. "
+        "What a storage node not yet active in the storage ring (giaannd/cluster/ring.py) does at start. "
         "`auto`: after joining the seeds, pull the ring (up to 3 s); if it has no active member "
         "the node bootstraps (adds itself), else it stays standby and starts the streaming join. "
         "`bootstrap`: add itself to the ring at once (the initial nodes of a new cluster). "

@@ -55,14 +55,12 @@ from giaannd.sdnotify import SdNotifier, watchdog_interval_s
 from giaannd.service import Service, ServiceContext
 
 if TYPE_CHECKING:
-    from giaannd.runtime import NodeRuntime
+    from giaannd.runtime.node import NodeRuntime
 
 __all__ = [
     "EXIT_FORCED",
     "ROLE_FACTORIES",
     "Daemon",
-    "Service",
-    "ServiceContext",
     "build_role_services",
     "load_or_create_node_id",
 ]
@@ -81,7 +79,7 @@ LOCK_FILE = "lock"
 #: role's package still runs the others. The function's contract:
 #: ``create_service(config: Config) -> Service`` or, to share the node's transports and cluster
 #: view, ``create_service(config: Config, runtime: NodeRuntime) -> Service`` (a parameter named
-#: ``runtime`` receives the ``giaannd.runtime.NodeRuntime``). The service's ``name`` is the role
+#: ``runtime`` receives the ``giaannd.runtime.node.NodeRuntime``). The service's ``name`` is the role
 #: name, so ``/v1/status`` can report the role's state. Both roles go through adapters that
 #: build ``StorageService`` / ``ComputeService`` on the runtime (giaannd/services/roles.py).
 ROLE_FACTORIES: dict[str, str] = {

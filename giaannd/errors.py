@@ -17,6 +17,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "AdminHTTPError",
     "ConfigError",
     "CorruptFileError",
     "GiaannError",
@@ -60,3 +61,13 @@ class CorruptFileError(GiaannError):
 
 class NotOwnerError(GiaannError):
     """This node does not own the requested column (placement moved or the client used stale owners)."""
+
+
+class AdminHTTPError(GiaannError):
+    """An admin API request is refused: the handler raises it, the API answers ``status`` with
+    ``{"error": message, "code": code}``. ``code`` is a stable reason token (``bad_request``,
+    ``not_found``, ``conflict``, ...) that clients match on; the message is for people."""
+
+    def __init__(self, status: int, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code

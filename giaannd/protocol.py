@@ -23,8 +23,8 @@ request            bulk buffers                                    success reply
 
 ``RingGet`` / ``RingPush`` / ``SetOverride`` are *runtime* requests (a separate union,
 ``RuntimeRequest``): every node with a data plane, storage or compute, answers them in
-``giaannd.runtime`` before any role handler sees the request (``runtime_request`` peeks at the
-tag). They carry the storage ring (giaannd/ring.py) and a topology operation's cutover override
+``giaannd.runtime.node`` before any role handler sees the request (``runtime_request`` peeks at the
+tag). They carry the storage ring (giaannd/cluster/ring.py) and a topology operation's cutover override
 (docs/topology.md).
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
@@ -43,14 +43,15 @@ the bulk buffers against the named limits *before* anything copies or allocates 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Final
+from typing import Annotated, Final, NamedTuple
 
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.cluster.ring import MAX_RING_ENTRIES, WireEntry
 from giaannd.model.rows import RowBatch
-from giaannd.ring import MAX_RING_ENTRIES, WireEntry
+from peers.placement import Placement
 
 __all__ = [
     "MAX_BATCH_ENTRIES",
@@ -70,6 +71,7 @@ __all__ = [
     "ApplyAck",
     "ApplyBatch",
     "AppliedMask",
+    "BatchId",
     "BadRequest",
     "BatchesApplied",
     "ColumnInfo",
@@ -107,7 +109,15 @@ __all__ = [
     "decode_request",
     "encode",
     "runtime_request",
+    "scan_chain_mask",
 ]
+
+class BatchId(NamedTuple):
+    """Identity of a delta batch: the writer and its sequence number (both uint64, seq >= 1)."""
+
+    writer: int
+    seq: int
+
 
 # -- named limits --------------------------------------------------------------------------------
 #: Rows per ReadRows. An inference step reads a handful; a training worker prefetching a sentence's
@@ -141,7 +151,7 @@ MAX_VOCAB_TEXT_CHARS: Final = 1024
 #: Rows one ColumnInfo page looks at. Each row is hashed (its digest) on the event loop, so a page
 #: is bounded like a scan page; a column with more features is answered in several pages.
 MAX_COLUMN_INFO_ROWS: Final = 16_384
-#: Members in one SetOverride: a placement set, like the ring's entries (giaannd.ring
+#: Members in one SetOverride: a placement set, like the ring's entries (giaannd.cluster.ring
 #: MAX_RING_ENTRIES bounds RingState / RingPush the same way).
 MAX_OVERRIDE_MEMBERS: Final = MAX_RING_ENTRIES
 #: Bound on SetOverride's flush wait (a cutover step waits for writes in flight, each bounded by
@@ -250,7 +260,7 @@ Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | Scan
 
 # -- runtime requests (tags 10..): answered by every node with a data plane, before the roles -----
 class RingGet(msgspec.Struct, frozen=True, tag=10):
-    """This node's storage ring (giaannd/ring.py)."""
+    """This node's storage ring (giaannd/cluster/ring.py)."""
 
 
 class RingPush(msgspec.Struct, frozen=True, tag=11):
@@ -511,3 +521,17 @@ def check_batch(bulk: Sequence[np.ndarray]) -> RowBatch:
         return RowBatch.from_buffers(list(bulk), validate=True)
     except ValueError as exc:
         raise ProtocolViolation(str(exc)) from None
+
+
+def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArray[np.bool_],
+                    chain: Sequence[int]) -> NDArray[np.bool_]:
+    """Which columns an owned scan of ``chain[-1]`` returns: those whose owner list (preference
+    order), with the members where ``skip`` is True removed, starts with ``chain`` (member
+    indices). Pure; the node filters with it and the client re-checks every page with it."""
+    owners = placement.owner_indices(cols)  # (K, R)
+    live = ~skip[owners]
+    rank = np.cumsum(live, axis=1) - 1  # position of each owner among the non-skipped ones
+    ok = np.ones(cols.shape[0], bool)
+    for want_rank, member in enumerate(chain):
+        ok &= (live & (owners == member) & (rank == want_rank)).any(axis=1)
+    return ok

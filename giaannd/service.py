@@ -12,12 +12,12 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from giaannd.admin.api import AdminApi
 from giaannd.config import Config
 from giaannd.metrics import Metrics
 
 if TYPE_CHECKING:
-    from giaannd.runtime import NodeRuntime
+    from giaannd.admin.api import AdminApi
+    from giaannd.runtime.node import NodeRuntime
 
 __all__ = ["Service", "ServiceContext"]
 

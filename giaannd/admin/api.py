@@ -31,9 +31,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from giaannd.errors import AdminHTTPError
 from giaannd.metrics import CONTENT_TYPE, Metrics
 
-__all__ = ["AdminApi", "AdminHTTPError", "Handler", "MembersSource"]
+__all__ = ["AdminApi", "Handler", "MembersSource"]
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,6 @@ MAX_REQUEST_BYTES = 1 << 20
 #: On stop, in-flight admin requests get this long to finish (aiohttp's default is 60 s, which
 #: would eat the whole systemd stop timeout after the drain already used its share).
 ADMIN_SHUTDOWN_TIMEOUT_S = 2.0
-
-
-class AdminHTTPError(Exception):
-    """Raise from a handler to answer ``status`` with ``{"error": message, "code": code}``."""
-
-    def __init__(self, status: int, message: str, code: str = "error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
 
 
 @dataclass(frozen=True)

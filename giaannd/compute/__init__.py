@@ -1,7 +1,7 @@
 """The compute role: distributed training and inference over the storage cluster (ARCHITECTURE §9).
 
-Names are imported lazily (PEP 562) so that ``import giaannd.compute.client`` (used by storage
-for hint delivery) does not pull in torch or the lexicon.
+Names are imported lazily (PEP 562): importing one submodule (the job journal, say) does not pull
+in torch or the lexicon.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "StorageClient": "client",
     "FLAG_ROW": "flags", "FlagTracker": "flags", "flags_batch": "flags", "flag_ids": "flags",
     "Job": "jobs", "JobRegistry": "jobs", "TrainProgress": "jobs",
     "TrainSettings": "train", "TrainingJob": "train", "TrainResult": "train", "load_corpus": "train",

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from giaannd.compute.client import ScanInterrupted, StorageClient
+from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
 from giaannd.model.export import write_jsonl
 from giaannd.model.ids import PRIME_FEATURE

@@ -30,11 +30,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from giaannd.admin.api import AdminHTTPError
-from giaannd.compute.client import StorageRequestError
+from giaannd.client.storage_client import StorageRequestError
 from giaannd.compute.cluster_export import VocabularyMissing
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR
 from giaannd.compute.train import load_corpus
+from giaannd.errors import AdminHTTPError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from peers.errors import PeersError
 

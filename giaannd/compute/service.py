@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from giaannd.admin.api import AdminHTTPError
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
 from giaannd.compute.cluster_export import EXPORT_READ_ROWS as EXPORT_READ_ROWS
 from giaannd.compute.cluster_export import EXPORT_SCAN_ATTEMPTS as EXPORT_SCAN_ATTEMPTS
 from giaannd.compute.cluster_export import (
@@ -57,6 +56,7 @@ from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
 from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
 from giaannd.compute.state import ComputeState
 from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_client, read_flags
+from giaannd.errors import AdminHTTPError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon
@@ -65,7 +65,7 @@ from giaannd.model.tokens import TaggedSentence
 
 if TYPE_CHECKING:
     from giaannd.config import ComputeConfig, Config
-    from giaannd.daemon import ServiceContext
+    from giaannd.service import ServiceContext
 
 __all__ = ["ComputeService", "VocabularyMissing", "create_service"]
 

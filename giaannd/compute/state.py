@@ -1,6 +1,6 @@
 """What a compute node keeps between restarts: vocabulary, delimiter flags, keys it wrote.
 
-The id → string tables are replicated in storage (storage/vocab_store.py, docs/replication.md);
+The id → string tables are replicated in storage (storage/engine/vocab_store.py, docs/replication.md);
 the compute node keeps:
 
 * the :class:`~giaannd.model.vocab.Vocabulary`: what its jobs learned plus what it fetched from

@@ -15,7 +15,7 @@ The corpus is cut, in order, into *windows* of K sentences (``coalesce_sentences
    sentences *is* the coalesced delta: equal (row, entry) keys of all K sentences are summed once.
    Flags found in this window are added as the flag row of the same batch (one batch id: the flags
    land together with the deltas of the sentences that found them);
-4. **send** the batch through :class:`~giaannd.compute.client.StorageClient`, which splits it by
+4. **send** the batch through :class:`~giaannd.client.storage_client.StorageClient`, which splits it by
    owner and writes to R replicas with a quorum. The batch id is ``(writer, i + 1)``: a
    deterministic function of the window. Ids are taken from the job's fresh client in window order
    (``next_batch_id``), so an id counts as unsettled from the moment a worker takes its window and
@@ -63,7 +63,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.compute.client import (
+from giaannd.client.storage_client import (
     ByteBudget,
     QuorumNotReached,
     RemoteVocabConflict,
@@ -80,7 +80,7 @@ from giaannd.model.sentence import EncodedSentence
 from giaannd.model.tokens import TaggedSentence, read_conllu, tag_file_cached
 from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, train_batch
 from giaannd.model.vocab import Vocabulary
-from giaannd.storage.applied_set import BatchId
+from giaannd.protocol import BatchId
 from peers.errors import PeersError
 
 __all__ = [

@@ -3,7 +3,7 @@
 Glue only (STYLE.md item 2). On ``start`` it builds this node's ``NodeMeta`` from the runtime
 (roles, the data-plane URLs actually bound, capacity, placement weight), starts the SWIM node on
 ``membership.bind-address:bind-port`` with the runtime's keyring, joins ``cluster.seeds``, and
-from then on feeds every member event into the runtime's ``Topology``. It serves:
+from then on feeds every member event into the runtime's ``ClusterView``. It serves:
 
 - ``GET /v1/members`` (the admin members source): name, id, gossip address, status, incarnation,
   roles, data-plane URLs, capacity, weight;
@@ -41,23 +41,22 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 from aiohttp import web
 
-from giaannd.admin.api import AdminHTTPError
 from giaannd.atomic_file import atomic_write_bytes
-from giaannd.errors import ConfigError, GiaannError
+from giaannd.cluster.view import ClusterView
+from giaannd.errors import AdminHTTPError, ConfigError, GiaannError
 from giaannd.model.ids import column_id
 from giaannd.services.ring_sync import RingSync
-from giaannd.topology import follow_membership
 from peers.keyring import Keyring, KeyringError
-from peers.membership.events import MemberEvent, MemberFailed
+from peers.membership.events import MemberEvent, MemberFailed, MemberJoined, NameConflict
 from peers.membership.meta import NodeMeta
-from peers.membership.node import JoinError, MembershipNode, NameConflictError
+from peers.membership.node import JoinError, MembershipNode, NameConflictError, member_status
 
 if TYPE_CHECKING:
-    from giaannd.compute.client import StorageClient
-    from giaannd.daemon import ServiceContext
-    from giaannd.runtime import NodeRuntime
+    from giaannd.client.storage_client import StorageClient
+    from giaannd.runtime.node import NodeRuntime
+    from giaannd.service import ServiceContext
 
-__all__ = ["INCARNATION_FILE", "MembershipService", "key_id", "parse_column", "parse_seed"]
+__all__ = ["INCARNATION_FILE", "MembershipService", "follow_membership", "key_id", "parse_column", "parse_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -440,3 +439,17 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
     return body
+
+
+def follow_membership(topology: ClusterView, node: MembershipNode) -> None:
+    """Feed ``topology`` from a running membership node: the members alive now, then every event.
+    (The subscription lasts as long as the node; events arrive on the loop, in order.)"""
+    for info in node.alive_members():
+        topology.apply_event(MemberJoined(info.name, info.node_id, info.addr, info.incarnation,
+                                          member_status(info), info.meta, "initial"))
+
+    def on_event(event: object) -> None:
+        if not isinstance(event, NameConflict):
+            topology.apply_event(event)  # type: ignore[arg-type]
+
+    node.on_event(on_event)

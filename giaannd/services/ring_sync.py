@@ -1,4 +1,4 @@
-"""Ring sync: every node converges on the same storage ring (giaannd/ring.py), and a storage node
+"""Ring sync: every node converges on the same storage ring (giaannd/cluster/ring.py), and a storage node
 decides at start whether it is active, bootstraps, or waits standby for a join.
 
 Glue (STYLE.md item 2); the one rule with choices in it, the start decision, is the pure
@@ -6,7 +6,7 @@ Glue (STYLE.md item 2); the one rule with choices in it, the start decision, is 
 
 **Pull on a digest mismatch.** Every node gossips its ring's digest in ``NodeMeta.ring``. On a
 member event whose digest is non-zero and differs from ours, we pull that member's ring
-(``RingGet`` over the data plane, giaannd/ring_client.py) and ``runtime.commit_ring`` it: a merge,
+(``RingGet`` over the data plane, giaannd/client/ring_calls.py) and ``runtime.commit_ring`` it: a merge,
 persisted before it takes effect, after which our own digest is gossiped. Rings are a CRDT, so
 pulling in any order converges: once every change reached every node by some path, all digests
 are equal and pulls stop. At most one pull per peer is in flight and a peer is pulled at most
@@ -49,14 +49,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from giaannd.ring import Ring
-from giaannd.ring_client import get_ring
-from giaannd.topology import pick_transport_address
+from giaannd.client.ring_calls import get_ring
+from giaannd.cluster.ring import Ring
+from giaannd.cluster.view import pick_transport_address
 from peers.membership.events import MemberEvent, MemberFailed, MemberLeft, MemberReaped, NameConflict
 from peers.membership.meta import NodeMeta
 
 if TYPE_CHECKING:
-    from giaannd.runtime import NodeRuntime
+    from giaannd.runtime.node import NodeRuntime
     from peers.membership.node import MembershipNode
 
 __all__ = ["ANTI_ENTROPY_S", "INITIAL_SYNC_S", "JoinAction", "JoinMode", "RingSync", "join_action"]

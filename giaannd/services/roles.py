@@ -3,7 +3,7 @@
 The compute role takes its storage client from the runtime (``storage_factory``), so its reads
 and writes use the node's transports and the topology membership feeds.
 
-``giaannd.storage.service.StorageService`` can bind its own listeners and build its own
+``giaannd.storage.replication.service.StorageService`` can bind its own listeners and build its own
 transports and topology (its standalone mode, used by its tests and benchmarks). Inside the
 daemon that would give a node two data planes and two cluster views, so this adapter builds it
 on the runtime's instead: no listeners of its own (``listen=[]``), the runtime's transports,
@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from giaannd.compute.service import ComputeService
-from giaannd.storage.daemon_topology import StorageTopology
-from giaannd.storage.service import StorageService
+from giaannd.storage.rebalance.daemon import StorageTopology
+from giaannd.storage.replication.service import StorageService
 
 if TYPE_CHECKING:
     from giaannd.config import Config
-    from giaannd.daemon import ServiceContext
-    from giaannd.runtime import NodeRuntime
+    from giaannd.runtime.node import NodeRuntime
+    from giaannd.service import ServiceContext
 
 __all__ = ["StorageRole", "create_compute_service", "create_storage_service"]
 

@@ -6,15 +6,14 @@ Layers, bottom up: ``row_merge`` (pure merge-add planning), ``applied_set`` (ide
 the asyncio service sits on ``DurableStore``. On-disk formats: docs/storage.md.
 """
 
-from giaannd.storage.applied_set import AppliedSet, BatchId
-from giaannd.storage.column_store import ColumnStore, DropResult, RowDigest, StoreUsage
-from giaannd.storage.errors import CorruptLogError, CorruptSnapshotError, StorageError, StoreFullError
-from giaannd.storage.recovery import ApplyResult, DurableStore, RecoveryReport
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.column_store import ColumnStore, DropResult, RowDigest, StoreUsage
+from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError, StorageError, StoreFullError
+from giaannd.storage.engine.recovery import ApplyResult, DurableStore, RecoveryReport
 
 __all__ = [
     "AppliedSet",
     "ApplyResult",
-    "BatchId",
     "ColumnStore",
     "CorruptLogError",
     "CorruptSnapshotError",

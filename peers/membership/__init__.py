@@ -7,8 +7,14 @@ UDP and TCP with AES-GCM sealing. See docs/membership.md.
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
-    MemberEvent, MemberFailed, MemberJoined, MemberLeft, MemberReaped, MemberSuspected,
-    MemberUpdated, NameConflict,
+    MemberEvent,
+    MemberFailed,
+    MemberJoined,
+    MemberLeft,
+    MemberReaped,
+    MemberSuspected,
+    MemberUpdated,
+    NameConflict,
 )
 from peers.membership.messages import MAX_META_BYTES, MemberStatus
 from peers.membership.meta import MetaTooLargeError, NodeMeta

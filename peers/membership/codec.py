@@ -25,7 +25,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from peers.errors import RemoteProtocolError
 from peers.keyring import Keyring
 from peers.membership.messages import (
-    PushPull, StreamMessage, Message, decode_compound, decode_stream, encode_compound,
+    Message,
+    PushPull,
+    StreamMessage,
+    decode_compound,
+    decode_stream,
+    encode_compound,
     encode_stream,
 )
 

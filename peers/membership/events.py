@@ -6,8 +6,8 @@ Stimuli are nouns/past tense, actions imperative, member events past tense
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 from peers.membership.messages import Addr, MemberStatus, Message, PushPull, StreamMessage
 

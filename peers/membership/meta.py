@@ -34,7 +34,7 @@ class NodeMeta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         weight: placement weight (rendezvous hashing), 1.0 = average.
         proto_min / proto_max: data-plane protocol versions spoken.
         full: the storage node refuses writes (over capacity).
-        ring: digest of the storage ring this node holds (giaannd/ring.py; 0: none yet). A peer
+        ring: digest of the storage ring this node holds (giaannd/cluster/ring.py; 0: none yet). A peer
             whose digest differs pulls the ring from it (giaannd/services/ring_sync.py).
     """
 

@@ -15,8 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Hashable
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 
 import msgspec
 
@@ -24,9 +23,25 @@ from peers.keyring import Keyring
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
-    Action, Emit, Join, JoinFinished, Leave, MemberEvent, NameConflict, OpenStream, Received,
-    ReplyStream, ReportUnreachable, Send, SetTimer, Start, Stimulus, StreamReply,
-    StreamRequest, TimerFired, UpdateMeta,
+    Action,
+    Emit,
+    Join,
+    JoinFinished,
+    Leave,
+    MemberEvent,
+    NameConflict,
+    OpenStream,
+    Received,
+    ReplyStream,
+    ReportUnreachable,
+    Send,
+    SetTimer,
+    Start,
+    Stimulus,
+    StreamReply,
+    StreamRequest,
+    TimerFired,
+    UpdateMeta,
 )
 from peers.membership.messages import Addr, MemberStatus, PushPull, StreamMessage
 from peers.membership.state import Membership

@@ -33,21 +33,53 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 from peers.membership.awareness import Awareness
 from peers.membership.broadcast import BroadcastQueue, retransmit_limit
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
-    Action, Emit, Join, JoinFinished, Leave, MemberFailed, MemberJoined, MemberLeft,
-    MemberReaped, MemberSuspected, MemberUpdated, NameConflict, OpenStream, Received,
-    ReplyStream, ReportUnreachable, Send, SetTimer, Start, Stimulus, StreamReply,
-    StreamRequest, TimerFired, UpdateMeta,
+    Action,
+    Emit,
+    Join,
+    JoinFinished,
+    Leave,
+    MemberFailed,
+    MemberJoined,
+    MemberLeft,
+    MemberReaped,
+    MemberSuspected,
+    MemberUpdated,
+    NameConflict,
+    OpenStream,
+    Received,
+    ReplyStream,
+    ReportUnreachable,
+    Send,
+    SetTimer,
+    Start,
+    Stimulus,
+    StreamReply,
+    StreamRequest,
+    TimerFired,
+    UpdateMeta,
 )
 from peers.membership.messages import (
-    MAX_META_BYTES, Ack, Addr, Alive, Dead, IndirectPing, MemberState, MemberStatus,
-    Message, Nack, Ping, PushPull, Suspect, message_size,
+    MAX_META_BYTES,
+    Ack,
+    Addr,
+    Alive,
+    Dead,
+    IndirectPing,
+    MemberState,
+    MemberStatus,
+    Message,
+    Nack,
+    Ping,
+    PushPull,
+    Suspect,
+    message_size,
 )
 from peers.membership.suspicion import Suspicion, push_pull_scale, suspicion_timeout_s
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _ucx_available():
     try:
         import ucxx  # noqa: F401
+
         from peers.transport import ucx  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure means: not here
         return False

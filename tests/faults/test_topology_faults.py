@@ -2,7 +2,7 @@
 link down in the hub: TCP connections hang, nothing is refused) while a writer keeps writing; after
 the heal, hinted handoff brings it level and every owner holds exactly the reference rows.
 
-Three storage nodes (``python -m giaannd.storage.stream_endpoint``) and one writer (this module run as a
+Three storage nodes (``python -m giaannd.storage.rebalance.endpoint``) and one writer (this module run as a
 script, ``driver``) each run in their own namespace on a private bridge (tools/netns.py). The test
 process only toggles the link and reads the driver's progress lines; every wait is bounded.
 Needs root and ``ip`` only (no netem), but ``tests/faults/conftest.py`` currently skips the whole
@@ -52,7 +52,7 @@ def test_topology_partitioned_node_gets_hints_after_heal(tmp_path, partition_s):
         procs = []
         try:
             for i in range(3):
-                cmd = [sys.executable, "-m", "giaannd.storage.stream_endpoint", "--listen", f"tcp://{net.ip(i)}:{PORT}",
+                cmd = [sys.executable, "-m", "giaannd.storage.rebalance.endpoint", "--listen", f"tcp://{net.ip(i)}:{PORT}",
                        "--stream-listen", f"tcp://{net.ip(i)}:{PORT + 1}", "--data-dir", str(tmp_path / f"p{i}"),
                        "--cluster", "faults", "--name", f"p{i}", "--replicas", "3", "--hint-retry-s", "0.2"]
                 for m in members:
@@ -96,14 +96,14 @@ async def _drive(members: list[str]) -> None:
 
     import numpy as np
 
-    from giaannd.compute.client import QuorumNotReached, StorageClient
-    from giaannd.storage.column_store import ColumnStore
-    from giaannd.topology import StorageNode, Topology
+    from giaannd.client.storage_client import QuorumNotReached, StorageClient
+    from giaannd.cluster.view import ClusterView, StorageNode
+    from giaannd.storage.engine.column_store import ColumnStore
     from peers.transport import Identity, make_transport
     from tests.integration.storage_cluster import make_batch
 
     key = hashlib.sha256(b"giaannd-unkeyed:faults").digest()
-    topo = Topology(replicas=3)
+    topo = ClusterView(replicas=3)
     topo.set_members([StorageNode(*m.split("=", 1)) for m in members])
     client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("driver", "faults", [key]))},
                            request_timeout_s=1.0, connect_timeout_s=0.5)

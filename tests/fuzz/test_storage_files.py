@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage import BatchId, ColumnStore, CorruptLogError, CorruptSnapshotError, DurableStore
-from giaannd.storage.snapshot import list_snapshots
-from giaannd.storage.update_log import list_segments
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, CorruptLogError, CorruptSnapshotError, DurableStore
+from giaannd.storage.engine.snapshot import list_snapshots
+from giaannd.storage.engine.update_log import list_segments
 from tests.unit.storage._gen import random_batch
 
 BIG = 1 << 40

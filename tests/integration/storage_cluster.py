@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.service import StorageService
-from giaannd.topology import StorageNode, Topology
+from giaannd.storage.replication.service import StorageService
 from peers.transport import Identity, make_transport
 from peers.transport.memory import MemoryNetwork
 
@@ -35,8 +35,8 @@ class Cluster:
         self.addresses = {name: (f"mem://{name}" if scheme == "mem" else free_tcp_address())
                           for name in self.names}
         self.services: dict[str, StorageService] = {}
-        self.topologies: dict[str, Topology] = {}
-        self.client_topology = Topology(local=None, replicas=replicas)
+        self.topologies: dict[str, ClusterView] = {}
+        self.client_topology = ClusterView(local=None, replicas=replicas)
         self.client = StorageClient(self.client_topology, {scheme: self._transport("client")},
                                     write_quorum=write_quorum, request_timeout_s=request_timeout_s,
                                     connect_timeout_s=0.5)
@@ -45,14 +45,14 @@ class Cluster:
         options = {"network": self.network} if self.scheme == "mem" else {}
         return make_transport(self.scheme, Identity(node_id, CLUSTER, [KEY]), **options)
 
-    def _all_topologies(self) -> list[Topology]:
+    def _all_topologies(self) -> list[ClusterView]:
         return [*self.topologies.values(), self.client_topology]
 
     def _members(self) -> list[StorageNode]:
         return [StorageNode(n, self.addresses[n]) for n in self.names]
 
     def _make_service(self, name: str, **kw) -> StorageService:
-        topo = self.topologies.setdefault(name, Topology(local=name, replicas=self.replicas))
+        topo = self.topologies.setdefault(name, ClusterView(local=name, replicas=self.replicas))
         return StorageService(self.root / name, self.capacity, [self.addresses[name]],
                               transports={self.scheme: self._transport(name)}, topology=topo,
                               node_name=name, hint_retry_s=0.2, **kw)

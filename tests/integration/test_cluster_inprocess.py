@@ -18,12 +18,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from giaannd.compute.client import RemoteUnavailable
+from giaannd.client.storage_client import RemoteUnavailable
 from giaannd.config import ClusterConfig, Config, TransportConfig
 from giaannd.daemon import Daemon, build_role_services
-from giaannd.runtime import NodeRuntime
+from giaannd.protocol import BatchId
+from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService, key_id, parse_column, parse_seed
-from giaannd.storage.applied_set import BatchId
 from peers.keyring import Keyring
 from tests.integration.storage_cluster import make_batch
 

@@ -17,9 +17,9 @@ from giaannd.admin import ctl
 from giaannd.config import ClusterConfig, Config, TransportConfig
 from giaannd.daemon import Daemon, build_role_services
 from giaannd.model.rows import RowBatch
-from giaannd.runtime import NodeRuntime
+from giaannd.protocol import BatchId
+from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService, parse_column
-from giaannd.storage.applied_set import BatchId
 from peers.keyring import Keyring
 from tests.integration.test_cluster_inprocess import Node, wait_async
 

@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from giaannd.compute.client import QuorumNotReached, StorageClient
-from giaannd.compute.flags import FLAG_ROW, flag_ids
+from giaannd.client.storage_client import QuorumNotReached, StorageClient
+from giaannd.compute.flags import flag_ids
 from giaannd.compute.infer import Inference, RowCache, RowFetcher
 from giaannd.compute.jobs import TrainProgress
 from giaannd.compute.service import ComputeService

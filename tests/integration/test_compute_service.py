@@ -10,9 +10,9 @@ import pytest
 from giaannd.admin.api import AdminApi
 from giaannd.compute.service import ComputeService, create_service
 from giaannd.config import ComputeConfig, Config
-from giaannd.daemon import ServiceContext
 from giaannd.metrics import Metrics
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
+from giaannd.service import ServiceContext
 from tests.integration.storage_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]

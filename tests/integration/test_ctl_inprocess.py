@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from giaannd.admin import ctl
-from giaannd.admin.api import AdminHTTPError
 from giaannd.config import load_config
-from giaannd.daemon import Daemon, ServiceContext
+from giaannd.daemon import Daemon
+from giaannd.errors import AdminHTTPError
+from giaannd.service import ServiceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 WAIT_S = 10

@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from giaannd.admin.api import AdminHTTPError
 from giaannd.config import Config, load_config
-from giaannd.daemon import Daemon, Service, ServiceContext
-from giaannd.errors import ConfigError, CorruptFileError, GiaannError
+from giaannd.daemon import Daemon
+from giaannd.errors import AdminHTTPError, ConfigError, CorruptFileError, GiaannError
+from giaannd.service import Service, ServiceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 WAIT_S = 10

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute.client import ReadFailed, RemoteVocabConflict, ScanInterrupted, VocabWriteFailed
+from giaannd.client.storage_client import ReadFailed, RemoteVocabConflict, ScanInterrupted, VocabWriteFailed
 from giaannd.compute.service import ComputeService
 from giaannd.compute.train import TrainSettings
 from giaannd.config import ComputeConfig
@@ -20,7 +20,7 @@ from giaannd.model.export import iter_jsonl
 from giaannd.model.ids import column_id, feature_id
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import load_bundled_corpus
-from giaannd.storage.vocab_store import KIND_COLUMN
+from giaannd.storage.engine.vocab_store import KIND_COLUMN
 from tests.integration.storage_cluster import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -119,7 +119,7 @@ async def test_scan_all_is_every_row_exactly_once_with_a_node_down_and_a_failove
 
         # a node failing mid-scan (not yet known down): the rest of its share fails over
         victim = "s2"
-        caplog.set_level("INFO", logger="giaannd.compute.client")
+        caplog.set_level("INFO", logger="giaannd.client.storage_client")
         seen_from_victim = 0
         scan = cluster.client.scan_all(page_rows=20)
         got = []
@@ -227,7 +227,7 @@ async def test_scan_drops_rows_a_node_returns_outside_its_share(tmp_path, caplog
         await cluster.client.write(make_batch(rng, 400))
         stored = await all_stored_keys(cluster)
         cluster.services["s0"].topology = None
-        caplog.set_level("WARNING", logger="giaannd.compute.client")
+        caplog.set_level("WARNING", logger="giaannd.client.storage_client")
         got = keys_of([b async for b in cluster.client.scan_all(page_rows=64)])
         assert len(got) == len(set(got)) and set(got) == stored
         assert any("outside its share" in r.getMessage() for r in caplog.records)

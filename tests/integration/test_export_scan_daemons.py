@@ -14,7 +14,7 @@ import pytest
 from giaannd.model.engine import Engine
 from giaannd.model.export import iter_jsonl
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
-from giaannd.storage.vocab_store import VocabStore
+from giaannd.storage.engine.vocab_store import VocabStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

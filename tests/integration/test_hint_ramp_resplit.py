@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import StorageNode
 from giaannd.ramp import HINT_BURST_S, HINT_RAMP_FACTOR
-from giaannd.topology import StorageNode
 from tests.integration.storage_cluster import Cluster, make_batch
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,12 @@ import pytest
 
 from peers.keyring import Keyring
 from peers.membership import (
-    JoinError, MemberFailed, MembershipConfig, MembershipNode, NameConflictError, NodeMeta,
+    JoinError,
+    MemberFailed,
+    MembershipConfig,
+    MembershipNode,
+    NameConflictError,
+    NodeMeta,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -5,10 +5,10 @@ the release survives a restart."""
 import numpy as np
 import pytest
 
-from giaannd.storage.column_store import DropResult
-from giaannd.storage.release import release_unowned, unowned_columns
-from giaannd.storage.topology_ops import Rebalance, members_after
-from giaannd.topology import StorageNode
+from giaannd.cluster.view import StorageNode
+from giaannd.storage.engine.column_store import DropResult
+from giaannd.storage.rebalance.operations import Rebalance, members_after
+from giaannd.storage.rebalance.release import release_unowned, unowned_columns
 from tests.integration.topology_harness import TopoCluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.repair_remote import RepairServer, repair_self, with_repair
-from giaannd.storage.repair_wire import (
+from giaannd.protocol import BatchId
+from giaannd.storage.repair.remote import RepairServer, repair_self, with_repair
+from giaannd.storage.repair.wire import (
     DigestsFor,
     LoggedFor,
     LoggedPage,
@@ -23,8 +23,8 @@ from giaannd.storage.repair_wire import (
     is_repair_request,
     spec_of,
 )
-from giaannd.storage.stream_io import apply_local
-from giaannd.storage.streaming import StreamReply, StreamVerify, VerifyReply
+from giaannd.storage.streaming.sender import apply_local
+from giaannd.storage.streaming.stream import StreamReply, StreamVerify, VerifyReply
 from peers.transport import connect
 from tests.integration.topology_harness import TopoCluster
 

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from giaannd.admin import ctl
-from giaannd.compute.client import RemoteNotOwner
+from giaannd.client.ring_calls import RingRequestError, get_ring, push_ring, set_override
+from giaannd.client.storage_client import RemoteNotOwner
+from giaannd.cluster.ring import RING_FILE, Ring
+from giaannd.cluster.view import StorageNode
 from giaannd.config import ClusterConfig, Config, Role, TransportConfig
 from giaannd.daemon import Daemon, build_role_services
-from giaannd.ring import RING_FILE, Ring
-from giaannd.ring_client import RingRequestError, get_ring, push_ring, set_override
-from giaannd.storage import daemon_topology
-from giaannd.runtime import NodeRuntime
+from giaannd.protocol import BatchId
+from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService
-from giaannd.storage.applied_set import BatchId
-from giaannd.topology import StorageNode
+from giaannd.storage.rebalance import daemon as daemon_topology
 from peers.keyring import Keyring
 from peers.placement import Member, Placement
 from tests.integration.storage_cluster import make_batch

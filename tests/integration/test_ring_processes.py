@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from giaannd.ring import RING_FILE, Ring
-from giaannd.ring_client import push_ring
+from giaannd.client.ring_calls import push_ring
+from giaannd.cluster.ring import RING_FILE, Ring
 from peers.keyring import Keyring
 from peers.transport import Identity
 from tools.local_cluster import LocalCluster

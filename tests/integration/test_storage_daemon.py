@@ -9,11 +9,11 @@ import hashlib
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.config import load_config
 from giaannd.daemon import Daemon
-from giaannd.storage.service import create_service
-from giaannd.topology import StorageNode, Topology
+from giaannd.storage.replication.service import create_service
 from peers.transport import Identity, make_transport
 from tests.integration.storage_cluster import make_batch
 
@@ -37,7 +37,7 @@ async def test_storage_role_runs_under_the_daemon(tmp_path):
         assert status["roles"]["storage"] == "running"
         assert status["services"]["storage"]["addresses"] == svc.addresses
         (address,) = svc.addresses
-        topo = Topology(replicas=1)
+        topo = ClusterView(replicas=1)
         topo.set_members([StorageNode("st", address)])
         key = hashlib.sha256(b"giaannd-unkeyed:" + config.cluster.name.encode()).digest()
         client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("c", config.cluster.name, [key]))})

@@ -7,9 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient
-from giaannd.storage.service import StorageService
-from giaannd.topology import Topology, follow_membership
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView
+from giaannd.services.membership import follow_membership
+from giaannd.storage.replication.service import StorageService
 from peers.keyring import Keyring
 from peers.membership.config import MembershipConfig
 from peers.membership.meta import NodeMeta
@@ -46,10 +47,11 @@ async def test_storage_topology_follows_membership(tmp_path):
     services = {}
 
     async def start_service(n):
+        view = ClusterView(local=n, replicas=3)
         svc = StorageService(tmp_path / n, 64 << 20, [f"mem://{n}"], transports={"mem": transport(n)},
-                             node_name=n, hint_retry_s=0.2)
+                             topology=view, node_name=n, hint_retry_s=0.2)
         await svc.open()
-        svc.attach_membership(gossip[n])
+        follow_membership(view, gossip[n])
         services[n] = svc
 
     for node in gossip.values():
@@ -59,7 +61,7 @@ async def test_storage_topology_follows_membership(tmp_path):
     await wait_for(lambda: all(len(x.alive_members()) == 4 for x in gossip.values()), 10)
     for n in names:
         await start_service(n)
-    topo = Topology(replicas=3)
+    topo = ClusterView(replicas=3)
     follow_membership(topo, gossip["c"])
     client = StorageClient(topo, {"mem": transport("c")}, request_timeout_s=2, connect_timeout_s=0.5)
     try:

@@ -1,5 +1,5 @@
 """Storage services as real processes over tcp://: quorum writes, SIGKILL of an owner, hinted
-handoff across processes, restart from the data directory (``python -m giaannd.storage.service``;
+handoff across processes, restart from the data directory (``python -m giaannd.storage.replication.service``;
 the daemon wiring is tested by the daemon's own tests once the role is wired)."""
 
 import asyncio
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient
-from giaannd.topology import StorageNode, Topology
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 from peers.transport import Identity, make_transport
 from tests.integration.storage_cluster import free_tcp_address, make_batch
 
@@ -31,7 +31,7 @@ class Proc:
         self.popen = None
 
     def start(self):
-        args = [sys.executable, "-m", "giaannd.storage.service", "--listen", self.address,
+        args = [sys.executable, "-m", "giaannd.storage.replication.service", "--listen", self.address,
                 "--data-dir", str(self.data_dir), "--cluster", CLUSTER, "--name", self.name,
                 "--hint-retry-s", "0.2", "--capacity-bytes", str(64 << 20)]
         for n, a in self.members.items():
@@ -55,7 +55,7 @@ async def test_storage_processes_kill_owner_hint_delivered_restart(tmp_path):
     procs = {n: Proc(n, members[n], tmp_path / n, members) for n in names}
     for proc in procs.values():
         proc.start()
-    topo = Topology(replicas=3)
+    topo = ClusterView(replicas=3)
     topo.set_members([StorageNode(n, a) for n, a in members.items()])
     client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("client", CLUSTER, [KEY]))},
                            request_timeout_s=5, connect_timeout_s=0.5)

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute.client import (
+from giaannd.client.storage_client import (
     QuorumNotReached,
     ReadFailed,
     RemoteNotOwner,
     RemoteStoreFull,
     StorageClient,
 )
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.topology import StorageNode, Topology
+from giaannd.protocol import BatchId
 from peers.transport import connect
 from tests.integration.storage_cluster import Cluster, make_batch
 
@@ -93,7 +93,7 @@ async def test_storage_owner_down_hint_held_then_delivered(tmp_path, scheme):
 
 @pytest.mark.asyncio
 async def test_storage_writes_confirm_delivered_hints_on_their_own(tmp_path, monkeypatch):
-    from giaannd.compute import writes as client_module  # CONFIRM_HINTS_INTERVAL_S lives there
+    from giaannd.client import writes as client_module  # CONFIRM_HINTS_INTERVAL_S lives there
 
     monkeypatch.setattr(client_module, "CONFIRM_HINTS_INTERVAL_S", 0.0)
     cluster = await Cluster(tmp_path, 3).start()
@@ -356,10 +356,10 @@ async def test_storage_writer_floor_travels_and_compacts(tmp_path):
 
 @pytest.mark.asyncio
 async def test_storage_client_without_members_raises(tmp_path):
-    client = StorageClient(Topology())
+    client = StorageClient(ClusterView())
     with pytest.raises(LookupError):
         await client.write(make_batch(np.random.default_rng(0), 1))
-    topo = Topology(replicas=2)
+    topo = ClusterView(replicas=2)
     topo.set_members([StorageNode("a", "mem://nowhere-a"), StorageNode("b", "mem://nowhere-b")])
     client = StorageClient(topo)
     with pytest.raises(QuorumNotReached):

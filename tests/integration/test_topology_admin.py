@@ -5,8 +5,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.admin.api import AdminHTTPError
-from giaannd.storage.topology_ops import register_admin_routes
+from giaannd.errors import AdminHTTPError
+from giaannd.storage.rebalance.routes import register_admin_routes
 from tests.integration.topology_harness import TopoCluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]

@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.storage.topology_ops import DataLossError, OperationRegistry, Rebalance, members_after
-from giaannd.topology import StorageNode
+from giaannd.cluster.view import StorageNode
+from giaannd.storage.rebalance.operations import DataLossError, OperationRegistry, Rebalance, members_after
 from tests.integration.topology_harness import TopoCluster
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
@@ -215,7 +215,7 @@ async def test_topology_cancel_keeps_old_placement(tmp_path):
 async def test_topology_retry_straddling_the_cutover_counts_once(tmp_path):
     """A batch applied by an old owner during the join (and forwarded), then retried by its writer
     with the same id under the new placement: the newcomer must not count it twice."""
-    from giaannd.storage.stream_dedupe import marker_id
+    from giaannd.storage.streaming.dedupe import marker_id
     from tests.integration.storage_cluster import make_batch
 
     cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
@@ -247,8 +247,8 @@ async def test_topology_retry_straddling_the_cutover_counts_once(tmp_path):
 async def test_topology_retry_arriving_before_the_delayed_original_counts_once(tmp_path):
     """The opposite order: the writer's retry reaches the newcomer directly first, then the old
     owner applies the (delayed) original and forwards it: the forwarded copy must be skipped."""
-    from giaannd.compute.client import StorageClient
-    from giaannd.topology import Topology
+    from giaannd.client.storage_client import StorageClient
+    from giaannd.cluster.view import ClusterView
     from tests.integration.storage_cluster import make_batch
 
     cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
@@ -266,7 +266,7 @@ async def test_topology_retry_arriving_before_the_delayed_original_counts_once(t
         moving = np.concatenate([t.columns for t in op.plan.transfers])
         batch = make_batch(rng, 6, 4, rng.choice(moving, 6))
         bid = cluster.client.next_batch_id()
-        retry_view = Topology(replicas=2)
+        retry_view = ClusterView(replicas=2)
         retry_view.set_members(op.new_members)
         retry = StorageClient(retry_view, {"mem": cluster._transport("retry")})
         await retry.apply_to("s3", bid, batch)  # the retry, under the new placement, first

@@ -1,7 +1,7 @@
 """Topology faults with real processes over tcp://: SIGKILL of the receiving node in the middle of
 a join stream (it restarts from its data directory and the stream resumes, re-sending at most one
 item), and SIGKILL of a storage node during writes (after hint delivery every owner holds exactly
-the reference rows). Storage nodes run ``python -m giaannd.storage.stream_endpoint``."""
+the reference rows). Storage nodes run ``python -m giaannd.storage.rebalance.endpoint``."""
 
 import asyncio
 import hashlib
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient
-from giaannd.storage.topology_ops import Rebalance, members_after
-from giaannd.topology import StorageNode, Topology
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.storage.rebalance.operations import Rebalance, members_after
 from peers.transport import Identity, make_transport
 from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address
 from tests.integration.topology_harness import TopoCluster
@@ -37,7 +37,7 @@ class NodeProc:
         self.popen = None
 
     def start(self):
-        args = [sys.executable, "-m", "giaannd.storage.stream_endpoint", "--listen", self.address,
+        args = [sys.executable, "-m", "giaannd.storage.rebalance.endpoint", "--listen", self.address,
                 "--stream-listen", self.stream_address, "--data-dir", str(self.data_dir),
                 "--cluster", self.cluster, "--key-hex", self.key.hex(), "--name", self.name, "--replicas", str(self.replicas),
                 "--hint-retry-s", "0.2", "--capacity-bytes", str(256 << 20)]
@@ -116,7 +116,7 @@ class ProcCluster:
     """Three storage processes (R=3), a client and a single-store reference."""
 
     def __init__(self, tmp_path, name):
-        from giaannd.storage.column_store import ColumnStore
+        from giaannd.storage.engine.column_store import ColumnStore
 
         self.key = hashlib.sha256(f"giaannd-unkeyed:{name}".encode()).digest()
         self.names = ["p0", "p1", "p2"]
@@ -124,7 +124,7 @@ class ProcCluster:
         self.procs = {n: NodeProc(n, tmp_path / n, members, name, 3, self.key) for n in self.names}
         for p in self.procs.values():
             p.start()
-        topo = Topology(replicas=3)
+        topo = ClusterView(replicas=3)
         topo.set_members([StorageNode(n, a) for n, a in members.items()])
         self.client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("client", name, [self.key]))},
                                     request_timeout_s=1.0, connect_timeout_s=0.5)
@@ -132,7 +132,7 @@ class ProcCluster:
         self.rng = np.random.default_rng(32)
 
     async def write(self, n):
-        from giaannd.compute.client import QuorumNotReached
+        from giaannd.client.storage_client import QuorumNotReached
         from tests.integration.storage_cluster import make_batch
 
         for _ in range(n):

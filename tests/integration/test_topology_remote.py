@@ -10,13 +10,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.admin.api import AdminHTTPError
-from giaannd.storage import source_control as sc
-from giaannd.storage.local_control import LocalClusterControl
-from giaannd.storage.remote_stream import RemoteStreamRunner
-from giaannd.storage.stream_io import StreamRunner
-from giaannd.storage.topology_ops import OperationRegistry, Rebalance, TopologyOpError, members_after, register_admin_routes
-from giaannd.topology import StorageNode
+from giaannd.cluster.view import StorageNode
+from giaannd.errors import AdminHTTPError
+from giaannd.storage.rebalance import source_control as sc
+from giaannd.storage.rebalance.local_control import LocalClusterControl
+from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, TopologyOpError, members_after
+from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
+from giaannd.storage.rebalance.routes import register_admin_routes
+from giaannd.storage.streaming.sender import StreamRunner
 from tests.integration.test_topology_admin import FakeAdmin
 from tests.integration.topology_harness import TopoCluster
 

@@ -1,5 +1,5 @@
 """A join whose sources are other processes: three storage nodes run ``python -m
-giaannd.storage.stream_endpoint``; the newcomer runs in this process and coordinates, so every
+giaannd.storage.rebalance.endpoint``; the newcomer runs in this process and coordinates, so every
 stream is started, polled and closed through the sources' stream endpoints over tcp://. Writes
 run during the join; afterwards every owner holds exactly the reference rows. A source killed
 with SIGKILL and restarted mid-join is refused clearly (its forwarded-write queue died with it)."""
@@ -9,15 +9,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.compute.client import QuorumNotReached, StorageClient
-from giaannd.storage import source_control as sc
-from giaannd.storage.column_store import ColumnStore
-from giaannd.storage.local_control import LocalClusterControl
-from giaannd.storage.remote_stream import RemoteStreamRunner
-from giaannd.storage.service import StorageService
-from giaannd.storage.stream_endpoint import StreamEndpoint
-from giaannd.storage.topology_ops import Rebalance, TopologyOpError, members_after
-from giaannd.topology import StorageNode, Topology
+from giaannd.client.storage_client import QuorumNotReached, StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.rebalance import source_control as sc
+from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.rebalance.local_control import LocalClusterControl
+from giaannd.storage.rebalance.operations import Rebalance, TopologyOpError, members_after
+from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
+from giaannd.storage.replication.service import StorageService
 from peers.transport import Identity, make_transport
 from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address, make_batch
 from tests.integration.test_topology_processes import NodeProc, assert_owner_rows_equal_reference
@@ -38,7 +38,7 @@ class ProcJoin:
         self.tmp_path = tmp_path
         self.members = {n: free_tcp_address() for n in ("p0", "p1", "p2")}
         self.procs = {n: NodeProc(n, tmp_path / n, self.members, CLUSTER, 2, KEY) for n in self.members}
-        self.client_topology = Topology(replicas=2)
+        self.client_topology = ClusterView(replicas=2)
         self.client = StorageClient(self.client_topology, {"tcp": tcp("client")}, request_timeout_s=2.0,
                                     connect_timeout_s=0.5)
         self.reference = ColumnStore(1 << 32)
@@ -51,7 +51,7 @@ class ProcJoin:
         nodes = [StorageNode(n, a) for n, a in self.members.items()]
         self.client_topology.set_members(nodes)
         self.address3 = free_tcp_address()
-        self.topology3 = Topology(local="s3", replicas=2)
+        self.topology3 = ClusterView(local="s3", replicas=2)
         self.topology3.set_members(nodes)
         self.svc = StorageService(self.tmp_path / "s3", 256 << 20, [self.address3], transports={"tcp": tcp("s3")},
                                   topology=self.topology3, node_name="s3", hint_retry_s=0.2)

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.storage.topology_ops import repair
+from giaannd.storage.repair.local import repair
 from tests.integration.topology_harness import TopoCluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]

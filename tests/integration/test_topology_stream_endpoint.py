@@ -4,7 +4,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from giaannd.storage.streaming import (
+from giaannd.storage.streaming.stream import (
     ItemKind,
     StreamData,
     StreamHello,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.stream_endpoint import StreamEndpoint
-from giaannd.storage.stream_io import StreamRunner
-from giaannd.storage.streaming import StreamReply, StreamVerify, VerifyReply
+from giaannd.protocol import BatchId
+from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.streaming.sender import StreamRunner
+from giaannd.storage.streaming.stream import StreamReply, StreamVerify, VerifyReply
 from peers.transport import connect
 from tests.integration.storage_cluster import make_batch
 from tests.integration.topology_harness import TopoCluster

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute.client import RemoteNotOwner, StorageRequestError
+from giaannd.client.storage_client import RemoteNotOwner, StorageRequestError
 from peers.errors import PeersError
 from peers.membership.events import MemberEvent, MemberFailed, MemberSuspected
 from tests.integration.test_cluster_inprocess import pair, wait_async, wait_for

@@ -8,14 +8,14 @@ import contextlib
 
 import numpy as np
 
-from giaannd.compute.client import QuorumNotReached
+from giaannd.client.storage_client import QuorumNotReached
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.column_store import ColumnStore
-from giaannd.storage.service import StorageService
-from giaannd.storage.stream_endpoint import StreamEndpoint
-from giaannd.storage.topology_ops import LocalClusterControl
-from giaannd.topology import StorageNode, Topology
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.rebalance.local_control import LocalClusterControl
+from giaannd.storage.replication.service import StorageService
 from tests.integration.storage_cluster import Cluster, free_tcp_address, make_batch
 
 
@@ -52,7 +52,7 @@ class TopoCluster(Cluster):
         """A new, empty node that knows the cluster but is not in anyone's placement yet."""
         self.names.append(name)
         self.addresses[name] = f"mem://{name}" if self.scheme == "mem" else free_tcp_address()
-        view = self.topologies[name] = Topology(local=name, replicas=self.replicas)
+        view = self.topologies[name] = ClusterView(local=name, replicas=self.replicas)
         view.set_members(self.members())
         svc = self._make_service(name)
         await svc.open()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import heapq
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgspec
 
@@ -25,9 +25,23 @@ from peers.keyring import Keyring
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
-    Emit, Join, JoinFinished, Leave, MemberEvent, OpenStream, Received, ReplyStream,
-    ReportUnreachable, Send, SetTimer, Start, Stimulus, StreamReply, StreamRequest,
-    TimerFired, UpdateMeta,
+    Emit,
+    Join,
+    JoinFinished,
+    Leave,
+    MemberEvent,
+    OpenStream,
+    Received,
+    ReplyStream,
+    ReportUnreachable,
+    Send,
+    SetTimer,
+    Start,
+    Stimulus,
+    StreamReply,
+    StreamRequest,
+    TimerFired,
+    UpdateMeta,
 )
 from peers.membership.messages import Addr, MemberStatus
 from peers.membership.state import DEFAULT_PACKET_OVERHEAD, Membership

@@ -4,9 +4,8 @@ import pytest
 
 from peers.keyring import Keyring
 from peers.membership.config import MembershipConfig
-from peers.membership.events import MemberFailed, MemberJoined, MemberLeft, MemberSuspected, NameConflict
+from peers.membership.events import MemberFailed, MemberLeft, MemberSuspected, NameConflict
 from peers.membership.messages import MemberStatus
-
 from tests.sim.cluster import NetModel, SimCluster
 
 pytestmark = pytest.mark.sim

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import AppliedSet, BatchId
-from giaannd.storage.column_store import ColumnStore
-from giaannd.storage.repair_wire import (
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.update_log import KIND_BATCH, KIND_FLOOR, LogRecord
+from giaannd.storage.repair.wire import (
     DigestsFor,
     LoggedFor,
     LoggedPage,
@@ -29,8 +31,7 @@ from giaannd.storage.repair_wire import (
     spec_of,
     unpack_batches,
 )
-from giaannd.storage.streaming import StreamHello, StreamPosition
-from giaannd.storage.update_log import KIND_BATCH, KIND_FLOOR, LogRecord
+from giaannd.storage.streaming.stream import StreamHello, StreamPosition
 from peers.placement import Member, Placement
 from tests.integration.storage_cluster import make_batch
 

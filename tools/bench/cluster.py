@@ -3,7 +3,7 @@
     python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick]
 
 Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback — real processes
-(``python -m giaannd.storage.service``, static membership) by default, or StorageServices inside
+(``python -m giaannd.storage.replication.service``, static membership) by default, or StorageServices inside
 this process with ``--in-process``. Compute: this process (the pipeline of giaannd/compute).
 Baseline: ``giaannd.model.engine.Engine`` (encode → train_batch → in-memory RowStore) on the same
 sentences, in the same run. Prints Markdown tables:
@@ -32,7 +32,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.compute.infer import Inference, RowCache, RowFetcher
 from giaannd.compute.jobs import TrainProgress
 from giaannd.compute.service import ComputeService
@@ -43,8 +44,7 @@ from giaannd.model.infer import TRAIN_SET
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence, load_bundled_corpus
-from giaannd.storage.applied_set import BatchId
-from giaannd.topology import StorageNode, Topology
+from giaannd.protocol import BatchId
 from peers.transport import Identity, make_transport
 from tools.bench.report import print_table
 
@@ -68,7 +68,7 @@ def storage_processes(root: Path, n: int = 3, replicas: int = 3) -> Iterator[dic
     try:
         for name, addr in addrs.items():
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "giaannd.storage.service", "--listen", addr, "--data-dir",
+                [sys.executable, "-m", "giaannd.storage.replication.service", "--listen", addr, "--data-dir",
                  str(root / name), "--cluster", CLUSTER, "--key-hex", KEY.hex(), "--name", name,
                  "--replicas", str(replicas), *members],
                 stdout=subprocess.PIPE, text=True))
@@ -95,13 +95,13 @@ def storage_processes(root: Path, n: int = 3, replicas: int = 3) -> Iterator[dic
 
 @contextlib.asynccontextmanager
 async def in_process_storage(root: Path, n: int = 3, replicas: int = 3) -> Any:
-    from giaannd.storage.service import StorageService
+    from giaannd.storage.replication.service import StorageService
 
     addrs = {f"s{i}": f"tcp://127.0.0.1:{_free_port()}" for i in range(n)}
     services = []
     try:
         for name, addr in addrs.items():
-            topo = Topology(local=name, replicas=replicas)
+            topo = ClusterView(local=name, replicas=replicas)
             topo.set_members([StorageNode(k, v) for k, v in addrs.items()])
             svc = StorageService(root / name, 1 << 30, [addr], identity=Identity(name, CLUSTER, [KEY]),
                                  topology=topo, node_name=name)
@@ -114,7 +114,7 @@ async def in_process_storage(root: Path, n: int = 3, replicas: int = 3) -> Any:
 
 
 def make_client(addrs: dict[str, str], replicas: int = 3) -> StorageClient:
-    topo = Topology(local=None, replicas=replicas)
+    topo = ClusterView(local=None, replicas=replicas)
     topo.set_members([StorageNode(k, v) for k, v in addrs.items()])
     return StorageClient(topo, {"tcp": make_transport("tcp", Identity("bench-compute", CLUSTER, [KEY]))},
                          write_quorum=replicas // 2 + 1)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from giaannd.compute.client import StorageClient
-from giaannd.storage.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S
+from giaannd.client.storage_client import StorageClient
+from giaannd.storage.replication.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S
 from tests.integration.storage_cluster import Cluster, make_batch
 from tools.bench.report import print_table
 

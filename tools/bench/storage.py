@@ -32,9 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from giaannd.model.rows import Row, RowBatch, merge_rows
-from giaannd.storage import BatchId, ColumnStore, DurableStore
-from giaannd.storage.column_store import ENTRY_BYTES, row_from_region
-from giaannd.storage.row_merge import add_in_place, merge_into, plan_merge
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, DurableStore
+from giaannd.storage.engine.column_store import ENTRY_BYTES, row_from_region
+from giaannd.storage.engine.row_merge import add_in_place, merge_into, plan_merge
 from peers.placement import Member, Placement
 from tools.bench.report import print_table
 
@@ -192,7 +193,7 @@ def bench_log(tmp: Path, quick: bool) -> None:
     batch = _base_batch(rng, 16, 200)  # ~67 KB per record
     records = 200 if quick else 1000
     rows = []
-    from giaannd.storage.update_log import UpdateLog, encode_batch_payload
+    from giaannd.storage.engine.update_log import UpdateLog, encode_batch_payload
 
     record_bytes = 40 + sum(len(p) for p in encode_batch_payload(BatchId(1, 1), batch))
     for label, every in (("group commit, fsync / 32 records", 32), ("group commit, fsync / 4 records", 4),
@@ -248,7 +249,7 @@ def bench_restart(tmp: Path, rows_mb: int) -> None:
     t_load_nv = time.perf_counter() - t
     size = sum(p.stat().st_size for p in d.iterdir()) / 1e9
     buf = np.empty(int(gb * 1e9), np.uint8)
-    t_memcpy = _best(lambda: buf.copy(), 2)
+    t_memcpy = _best(buf.copy, 2)
     del buf
     rows = [
         ["log replay (open with no snapshot)", f"{t_replay:.2f}", f"{t_replay / gb:.2f}"],
@@ -306,9 +307,9 @@ def bench_service(tmp: Path, quick: bool) -> None:
 async def _bench_service(tmp: Path, quick: bool) -> None:
     import asyncio
 
-    from giaannd.compute.client import StorageClient
-    from giaannd.storage.service import StorageService
-    from giaannd.topology import StorageNode, Topology
+    from giaannd.client.storage_client import StorageClient
+    from giaannd.cluster.view import ClusterView, StorageNode
+    from giaannd.storage.replication.service import StorageService
     from peers.transport import Identity, Reply, connect, make_transport
 
     ident = Identity("bench", "bench", [b"bench-key-0123456789abcdef012345"])
@@ -319,7 +320,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
         svc = StorageService(tmp / f"svc{i}", BIG, ["tcp://127.0.0.1:0"], identity=ident)
         await svc.open()
         services.append(svc)
-    topo = Topology(replicas=1)
+    topo = ClusterView(replicas=1)
     topo.set_members([StorageNode("svc0", services[0].addresses[0])])
     client = StorageClient(topo, identity=ident)
     await client.write(base)
@@ -358,7 +359,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
            ["rows", "MB", "service µs", "service GB/s", "raw µs", "raw GB/s", "service/raw time"], rows)
 
     # writes: R=3, W=2 over three services vs one local DurableStore apply + fsync
-    topo3 = Topology(replicas=3)
+    topo3 = ClusterView(replicas=3)
     topo3.set_members([StorageNode(f"svc{i}", s.addresses[0]) for i, s in enumerate(services)])
     client3 = StorageClient(topo3, identity=ident)
     local = DurableStore.open(tmp / "local", BIG)

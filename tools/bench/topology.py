@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from giaannd.cluster.view import StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.rebalance import plan_transfers
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.topology_ops import Rebalance, members_after
-from giaannd.topology import StorageNode
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.rebalance.operations import Rebalance, members_after
+from giaannd.storage.rebalance.plan import plan_transfers
 from peers.placement import Member, Placement
 from peers.transport import Identity, Incoming, Reply, connect, make_transport
 from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address

@@ -24,7 +24,12 @@ is still shut down and the node logs are kept for inspection), 2 bad arguments.
 """
 
 from tools.local_cluster.cluster import (
-    BUNDLED_CORPUS, LocalCluster, Node, NodeFailed, running_cluster, split_corpus,
+    BUNDLED_CORPUS,
+    LocalCluster,
+    Node,
+    NodeFailed,
+    running_cluster,
+    split_corpus,
 )
 from tools.local_cluster.demo import main
 

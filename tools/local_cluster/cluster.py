@@ -6,7 +6,7 @@ node to hold the same storage ring, and stops them with SIGTERM (compute first) 
 to simulate a crash.
 
 The storage nodes are a new cluster's initial nodes, so they start with ``storage.join-mode =
-"bootstrap"``: each adds itself to the storage ring (giaannd/ring.py) and ring sync merges the
+"bootstrap"``: each adds itself to the storage ring (giaannd/cluster/ring.py) and ring sync merges the
 rings. (With the default ``auto`` every node after the first would wait standby for a streaming
 join.)
 """
@@ -29,8 +29,7 @@ from typing import Any, Final
 import msgspec
 
 from giaannd.admin.client import AdminClient, CtlError
-from giaannd.config import ClusterConfig, Config, LoggingConfig, Role, StorageConfig, to_toml
-from giaannd.config import TransportConfig
+from giaannd.config import ClusterConfig, Config, LoggingConfig, Role, StorageConfig, TransportConfig, to_toml
 from giaannd.services.ring_sync import JoinMode
 from peers.keyring import Keyring
 

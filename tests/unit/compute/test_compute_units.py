@@ -15,7 +15,7 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.rows import Row, RowBatch
 from giaannd.model.tokens import load_bundled_corpus
 from giaannd.model.train import train_batch
-from giaannd.storage.applied_set import BatchId
+from giaannd.protocol import BatchId
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -343,15 +343,15 @@ async def test_inference_failure_surfaces_as_the_storage_error():
 def test_service_finds_a_storage_client_among_the_node_services():
     from types import SimpleNamespace
 
-    from giaannd.compute.client import StorageClient
+    from giaannd.client.storage_client import StorageClient
+    from giaannd.cluster.view import ClusterView
     from giaannd.compute.service import _client_from_services
-    from giaannd.topology import Topology
 
-    topo = Topology(local="s1")
+    topo = ClusterView(local="s1")
     storage = SimpleNamespace(topology=topo, transports={}, identity=None)
     client = _client_from_services({"storage": storage})
     assert isinstance(client, StorageClient) and client.topology is topo
-    runtime_client = StorageClient(Topology())
+    runtime_client = StorageClient(ClusterView())
     assert _client_from_services({"runtime": SimpleNamespace(storage_client=runtime_client),
                                   "storage": storage}) is runtime_client
     assert _client_from_services({"storage": SimpleNamespace(topology=None)}) is None

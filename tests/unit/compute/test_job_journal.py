@@ -20,7 +20,7 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import Token, load_bundled_corpus
 from giaannd.model.train import train_batch
-from giaannd.storage.applied_set import BatchId
+from giaannd.protocol import BatchId
 
 SPEC = JobSpec("/c.conllu", "ab" * 32, None, 1, 2, 10)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import time
 import socket
+import time
 import uuid
 from pathlib import Path
 

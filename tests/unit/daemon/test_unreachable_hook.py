@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute import client as client_mod
-from giaannd.compute.client import RemoteNotOwner, StorageClient
+from giaannd.client import storage_client as client_mod
+from giaannd.client.storage_client import RemoteNotOwner, StorageClient
+from giaannd.cluster.view import ClusterView
 from giaannd.config import Config
-from giaannd.runtime import NodeRuntime
-from giaannd.topology import Topology
+from giaannd.runtime.node import NodeRuntime
 from peers.errors import (
     DeadlineExceeded,
     HandshakeRejected,
@@ -58,7 +58,7 @@ def test_runtime_rate_limits_reports_per_peer(tmp_path: Path, monkeypatch: pytes
     fake = FakeMembership(1.0)
     rt.membership = fake  # type: ignore[assignment]
     now = [100.0]
-    monkeypatch.setattr("giaannd.runtime.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("giaannd.runtime.node.time.monotonic", lambda: now[0])
     assert rt.report_unreachable("b") is True
     assert rt.report_unreachable("b") is False  # same peer, same probe interval
     assert rt.report_unreachable("c") is True  # another peer has its own budget
@@ -74,7 +74,7 @@ def test_runtime_rate_limits_reports_per_peer(tmp_path: Path, monkeypatch: pytes
 @pytest.mark.asyncio
 async def test_client_calls_the_hook_on_connect_failure_only(monkeypatch: pytest.MonkeyPatch) -> None:
     told: list[str] = []
-    client = StorageClient(Topology(local=None), {}, on_unreachable=told.append)
+    client = StorageClient(ClusterView(local=None), {}, on_unreachable=told.append)
 
     async def refuse(node: str) -> Any:
         raise ConnectionRefusedError(f"{node} refused")

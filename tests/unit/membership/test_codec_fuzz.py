@@ -13,7 +13,16 @@ import pytest
 from peers.keyring import Keyring
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.messages import (
-    Ack, Alive, Dead, IndirectPing, MemberState, MemberStatus, Nack, Ping, PushPull, Suspect,
+    Ack,
+    Alive,
+    Dead,
+    IndirectPing,
+    MemberState,
+    MemberStatus,
+    Nack,
+    Ping,
+    PushPull,
+    Suspect,
     encode_compound,
 )
 

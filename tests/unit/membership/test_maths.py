@@ -7,7 +7,10 @@ import pytest
 from peers.membership.awareness import Awareness
 from peers.membership.broadcast import BroadcastQueue, retransmit_limit
 from peers.membership.suspicion import (
-    Suspicion, push_pull_scale, remaining_suspicion_s, suspicion_timeout_s,
+    Suspicion,
+    push_pull_scale,
+    remaining_suspicion_s,
+    suspicion_timeout_s,
 )
 
 

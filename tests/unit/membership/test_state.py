@@ -6,13 +6,40 @@ import pytest
 
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
-    Emit, Join, JoinFinished, Leave, MemberFailed, MemberJoined, MemberLeft,
-    MemberReaped, MemberSuspected, MemberUpdated, NameConflict, OpenStream, Received,
-    ReplyStream, ReportUnreachable, Send, SetTimer, Start, StreamReply, StreamRequest,
-    TimerFired, UpdateMeta,
+    Emit,
+    Join,
+    JoinFinished,
+    Leave,
+    MemberFailed,
+    MemberJoined,
+    MemberLeft,
+    MemberReaped,
+    MemberSuspected,
+    MemberUpdated,
+    NameConflict,
+    OpenStream,
+    Received,
+    ReplyStream,
+    ReportUnreachable,
+    Send,
+    SetTimer,
+    Start,
+    StreamReply,
+    StreamRequest,
+    TimerFired,
+    UpdateMeta,
 )
 from peers.membership.messages import (
-    Ack, Alive, Dead, IndirectPing, MemberState, MemberStatus, Nack, Ping, PushPull, Suspect,
+    Ack,
+    Alive,
+    Dead,
+    IndirectPing,
+    MemberState,
+    MemberStatus,
+    Nack,
+    Ping,
+    PushPull,
+    Suspect,
 )
 from peers.membership.state import Membership
 

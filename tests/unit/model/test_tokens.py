@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.model.tokens import (
-    _parse_conllu_fast,
-    _parse_conllu_strict,
     CorpusFormatError,
     Token,
+    _parse_conllu_fast,
+    _parse_conllu_strict,
     load_bundled_corpus,
     read_conllu,
     write_conllu,

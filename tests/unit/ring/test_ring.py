@@ -1,4 +1,4 @@
-"""giaannd.ring: the CRDT laws (hypothesis), changes, digest, wire and file round trips."""
+"""giaannd.cluster.ring: the CRDT laws (hypothesis), changes, digest, wire and file round trips."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from giaannd.cluster.ring import MAX_RING_ENTRIES, Ring, RingEntry
 from giaannd.errors import CorruptFileError
-from giaannd.ring import MAX_RING_ENTRIES, Ring, RingEntry
 
 _NAMES = st.sampled_from(["a", "b", "c", "d"])
 _ENTRIES = st.builds(RingEntry, st.integers(0, 4), st.sampled_from(["active", "removed"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from giaannd import protocol as p
-from giaannd.ring import Ring
+from giaannd.cluster.ring import Ring
 from peers.membership.messages import MAX_META_BYTES
 from peers.membership.meta import NodeMeta
 

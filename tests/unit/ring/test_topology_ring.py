@@ -1,13 +1,13 @@
-"""giaannd.topology in ring mode: placement from the ring, liveness from membership, standby,
+"""giaannd.cluster.view in ring mode: placement from the ring, liveness from membership, standby,
 the cutover override; and the start decision of ring sync (join_action)."""
 
 from __future__ import annotations
 
 import pytest
 
-from giaannd.ring import Ring
+from giaannd.cluster.ring import Ring
+from giaannd.cluster.view import ClusterView, StorageNode, ViewChange
 from giaannd.services.ring_sync import join_action
-from giaannd.topology import StorageNode, Topology, TopologyChange
 from peers.membership.events import MemberFailed, MemberJoined, MemberLeft, MemberReaped, MemberUpdated
 from peers.membership.meta import NodeMeta
 
@@ -24,9 +24,9 @@ def _ring(*names: str, **weights: float) -> Ring:
     return r
 
 
-def _topo(ring: Ring, *alive: str) -> tuple[Topology, list[TopologyChange]]:
-    t = Topology(local="a", replicas=2, schemes=("tcp",))
-    changes: list[TopologyChange] = []
+def _topo(ring: Ring, *alive: str) -> tuple[ClusterView, list[ViewChange]]:
+    t = ClusterView(local="a", replicas=2, schemes=("tcp",))
+    changes: list[ViewChange] = []
     t.on_change(changes.append)
     t.set_ring(ring)
     for n in alive:
@@ -46,7 +46,7 @@ def test_topology_ring_mode_placement_is_the_ring_not_membership() -> None:
     epoch = t.epoch
     # c appears: it comes up, the placement does not move
     t.apply_event(_event(MemberJoined, "c"))
-    assert changes[-1] == TopologyChange(came_up=frozenset({"c"}))
+    assert changes[-1] == ViewChange(came_up=frozenset({"c"}))
     # leaving or being reaped only marks a ring member down (never removes it)
     for cls in (MemberLeft, MemberReaped, MemberFailed):
         t.apply_event(_event(MemberJoined, "b"))
@@ -110,7 +110,7 @@ def test_topology_ring_mode_refuses_member_mode_inputs() -> None:
         with pytest.raises(RuntimeError, match="ring mode"):
             call()
     with pytest.raises(RuntimeError, match="ring mode"):
-        Topology().set_override(None)
+        ClusterView().set_override(None)
     # mark_down / mark_up act on liveness
     t.mark_down("a")
     assert not t.is_live("a") and t.live() == []

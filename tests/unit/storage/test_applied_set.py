@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giaannd.storage import AppliedSet, BatchId
+from giaannd.protocol import BatchId
+from giaannd.storage import AppliedSet
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import Row, RowBatch, RowKey, merge_rows
-from giaannd.storage import BatchId, ColumnStore, StoreFullError
-from giaannd.storage import column_store
-from giaannd.storage.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, LARGE_ROW_ENTRIES, ROW_OVERHEAD_BYTES
-from giaannd.storage.row_merge import concat_rows, merge_batch, plan_batch
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, StoreFullError
+from giaannd.storage.engine import column_store
+from giaannd.storage.engine.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, LARGE_ROW_ENTRIES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.row_merge import concat_rows, merge_batch, plan_batch
 
 from ._gen import random_batch, random_row
 

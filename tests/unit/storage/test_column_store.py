@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage import BatchId, ColumnStore, StoreFullError
-from giaannd.storage.column_store import ENTRY_BYTES
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, StoreFullError
+from giaannd.storage.engine.column_store import ENTRY_BYTES
 
 from ._gen import random_batch, same_state
 

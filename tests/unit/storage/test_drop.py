@@ -11,10 +11,11 @@ import pytest
 import xxhash
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage import BatchId, ColumnStore, CorruptLogError, DurableStore
-from giaannd.storage.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, ROW_OVERHEAD_BYTES, DropResult
-from giaannd.storage.snapshot import list_snapshots
-from giaannd.storage.update_log import (
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, CorruptLogError, DurableStore
+from giaannd.storage.engine.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, ROW_OVERHEAD_BYTES, DropResult
+from giaannd.storage.engine.snapshot import list_snapshots
+from giaannd.storage.engine.update_log import (
     KIND_DROP,
     LOG_FORMAT_VERSION,
     UpdateLog,

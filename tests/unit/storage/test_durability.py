@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.storage import BatchId, ColumnStore, CorruptLogError, CorruptSnapshotError, DurableStore
-from giaannd.storage.recovery import replay
-from giaannd.storage.snapshot import list_snapshots, read_snapshot
-from giaannd.storage.update_log import UpdateLog, list_segments, scan_segment
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, CorruptLogError, CorruptSnapshotError, DurableStore
+from giaannd.storage.engine.recovery import replay
+from giaannd.storage.engine.snapshot import list_snapshots, read_snapshot
+from giaannd.storage.engine.update_log import UpdateLog, list_segments, scan_segment
 
 from ._gen import random_batch, same_state
 
@@ -190,7 +191,7 @@ def test_snapshot_row_check_catches_unsorted_row(tmp_path: Path) -> None:
 
     import xxhash
 
-    from giaannd.storage.snapshot import HEADER_BYTES
+    from giaannd.storage.engine.snapshot import HEADER_BYTES
 
     ds = DurableStore.open(tmp_path, BIG)
     ds.apply(BatchId(1, 1), random_batch(np.random.default_rng(11)))
@@ -215,7 +216,7 @@ def test_snapshot_row_check_catches_unsorted_row(tmp_path: Path) -> None:
 def test_update_log_failed_write_leaves_no_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os as os_mod
 
-    from giaannd.storage import update_log as ul
+    from giaannd.storage.engine import update_log as ul
 
     log = UpdateLog(tmp_path, 1)
     b = random_batch(np.random.default_rng(12))

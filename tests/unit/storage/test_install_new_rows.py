@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import Row, RowBatch
-from giaannd.storage import BatchId, ColumnStore, StoreFullError
-from giaannd.storage import column_store
-from giaannd.storage.column_store import _cut_regions, _install_regions
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, StoreFullError
+from giaannd.storage.engine import column_store
+from giaannd.storage.engine.column_store import _cut_regions, _install_regions
 
 from ._gen import same_state
 

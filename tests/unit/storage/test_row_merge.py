@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import Row, merge_rows
-from giaannd.storage.row_merge import merge_into, plan_merge, add_in_place
+from giaannd.storage.engine.row_merge import add_in_place, merge_into, plan_merge
 
 from ._gen import random_row
 

@@ -3,8 +3,8 @@
 import numpy as np
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.column_store import ColumnStore
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore
 
 CAP = 1 << 30
 

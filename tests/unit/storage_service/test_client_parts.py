@@ -5,12 +5,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient, ByteBudget
-from giaannd.topology import StorageNode, Topology
+from giaannd.client.storage_client import ByteBudget, StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 
 
 def _client(n=5, replicas=3):
-    t = Topology(replicas=replicas)
+    t = ClusterView(replicas=replicas)
     t.set_members([StorageNode(f"n{i}", f"mem://n{i}") for i in range(n)])
     return t, StorageClient(t, writer_id=7)
 

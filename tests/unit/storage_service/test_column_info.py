@@ -10,10 +10,10 @@ import pytest
 
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
-from giaannd.storage.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
-from giaannd.storage.hints import HintStore
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import Answer, StorageRequests, fold_row_digest
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.replication.hints import HintStore
+from giaannd.storage.replication.requests import Answer, StorageRequests, fold_row_digest
 
 U64_MAX = (1 << 64) - 1
 #: (column, features): a column before, the one under test, one after, and the id-space edges.

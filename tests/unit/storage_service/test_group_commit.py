@@ -1,11 +1,11 @@
-"""giaannd.storage.group_commit: one fsync per generation of concurrent appends."""
+"""giaannd.storage.engine.group_commit: one fsync per generation of concurrent appends."""
 
 import asyncio
 import threading
 
 import pytest
 
-from giaannd.storage.group_commit import GroupCommit
+from giaannd.storage.engine.group_commit import GroupCommit
 
 
 class FakeLog:

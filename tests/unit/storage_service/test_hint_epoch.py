@@ -5,12 +5,12 @@ import pytest
 
 from giaannd import protocol as p
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.hint_delivery import split_by_owner
-from giaannd.storage.hints import HintStore, decode_epoch, encode_epoch
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import StorageRequests, WaitHintSynced
-from giaannd.storage.update_log import UpdateLog
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.update_log import UpdateLog
+from giaannd.storage.replication.hint_delivery import split_by_owner
+from giaannd.storage.replication.hints import HintStore, decode_epoch, encode_epoch
+from giaannd.storage.replication.requests import StorageRequests, WaitHintSynced
 from peers.placement import Member, Placement
 
 

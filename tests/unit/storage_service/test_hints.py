@@ -1,13 +1,13 @@
-"""giaannd.storage.hints: durable per-target hint logs."""
+"""giaannd.storage.replication.hints: durable per-target hint logs."""
 
 import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.errors import CorruptLogError
-from giaannd.storage.hints import HintSpaceFull, HintStore
-from giaannd.storage.update_log import list_segments
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.errors import CorruptLogError
+from giaannd.storage.engine.update_log import list_segments
+from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
 
 def _batch(seed, rows=3):

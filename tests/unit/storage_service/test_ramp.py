@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from giaannd.compute.client import StorageClient
+from giaannd.client.storage_client import StorageClient
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
 from giaannd.ramp import HintPacer, RampTracker, ramp_fraction, read_weight, row_draws
-from giaannd.topology import StorageNode, Topology
 
 
 @pytest.mark.parametrize("elapsed, ramp, frac", [
@@ -101,7 +101,7 @@ class _Clock:
 
 
 def _client(ramp_s=10.0, names=("s0", "s1", "s2")):
-    topo = Topology(replicas=3)
+    topo = ClusterView(replicas=3)
     clock = _Clock()
     client = StorageClient(topo, {}, read_ramp_s=ramp_s, read_ramp_floor=0.1, clock=clock)
     topo.set_members([StorageNode(n, f"mem://{n}") for n in names])

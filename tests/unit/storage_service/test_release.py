@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.column_store import DropResult
-from giaannd.storage.release import release_unowned, unowned_columns
-from giaannd.storage.service import StorageService
-from giaannd.topology import StorageNode, Topology
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import DropResult
+from giaannd.storage.rebalance.release import release_unowned, unowned_columns
+from giaannd.storage.replication.service import StorageService
 from peers.placement import Member, Placement
 from peers.transport import Identity, make_transport
 from peers.transport.memory import MemoryNetwork
@@ -33,7 +33,7 @@ def test_unowned_columns_is_the_complement_of_the_owner_lists():
         unowned_columns(placement, "z", COLUMNS)
 
 
-async def _service(tmp_path: Path, topology: Topology | None, name: str = "a") -> StorageService:
+async def _service(tmp_path: Path, topology: ClusterView | None, name: str = "a") -> StorageService:
     transport = make_transport("mem", Identity(name, "t", [b"k" * 32]), network=MemoryNetwork())
     svc = StorageService(tmp_path / name, 1 << 30, [f"mem://{name}"], transports={"mem": transport},
                          topology=topology, node_name=name)
@@ -43,7 +43,7 @@ async def _service(tmp_path: Path, topology: Topology | None, name: str = "a") -
 
 @pytest.mark.asyncio
 async def test_release_unowned_drops_durably_through_the_service(tmp_path):
-    topology = Topology(local="a", replicas=1)
+    topology = ClusterView(local="a", replicas=1)
     topology.set_members([StorageNode(n, f"mem://{n}") for n in "abc"])
     svc = await _service(tmp_path, topology)
     try:
@@ -78,7 +78,7 @@ async def test_release_unowned_standalone_keeps_everything_and_outsider_is_refus
     try:
         svc.store.apply(BatchId(1, 1), make_batch(np.random.default_rng(2), 5, 2, COLUMNS[:5]))
         assert await release_unowned(svc) == DropResult(0, 0) and len(svc.store.store) == 5
-        svc.topology = Topology(local="a", replicas=1)
+        svc.topology = ClusterView(local="a", replicas=1)
         svc.topology.set_members([StorageNode("b", "mem://b")])  # "a" is not in the placement
         with pytest.raises(LookupError):
             await release_unowned(svc)

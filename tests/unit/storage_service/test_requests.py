@@ -1,14 +1,14 @@
-"""giaannd.storage.requests: the storage node's request core, without a transport or a loop."""
+"""giaannd.storage.replication.requests: the storage node's request core, without a transport or a loop."""
 
 import numpy as np
 import pytest
 
 from giaannd import protocol as p
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.hints import HintStore
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import Answer, StorageRequests, WaitDurable, WaitHintSynced
-from giaannd.topology import StorageNode, Topology
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.replication.hints import HintStore
+from giaannd.storage.replication.requests import Answer, StorageRequests, WaitDurable, WaitHintSynced
 
 
 def _batch(cols, seed=0):
@@ -83,7 +83,7 @@ def test_requests_errors_are_typed_and_change_nothing(core, tmp_path):
 
 
 def test_requests_not_owner_under_this_nodes_placement(core):
-    topo = Topology(replicas=1)
+    topo = ClusterView(replicas=1)
     topo.set_members([StorageNode(n, f"mem://{n}") for n in ("a", "b", "c")])
     core.node_name = "a"
     core._topology = lambda: topo

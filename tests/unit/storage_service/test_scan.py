@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
+from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
-from giaannd.storage.column_store import ColumnStore
-from giaannd.storage.hints import HintStore
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import Answer, StorageRequests
-from giaannd.topology import StorageNode, Topology
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.replication.hints import HintStore
+from giaannd.storage.replication.requests import Answer, StorageRequests
 
 
 def _batch(keys, per_row=3, seed=0):
@@ -85,7 +85,7 @@ def test_scan_sees_rows_added_ahead_of_the_cursor():
 def cluster_cores(tmp_path):
     """Three request cores sharing one topology, each holding the rows it owns (R = 2)."""
     names = ["a", "b", "c"]
-    topo = Topology(local=None, replicas=2)
+    topo = ClusterView(local=None, replicas=2)
     topo.set_members([StorageNode(n, f"mem://{n}") for n in names])
     keys = [(c, f) for c in range(1, 301) for f in (0, 1)]
     batch = _batch(keys)

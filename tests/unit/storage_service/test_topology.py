@@ -1,9 +1,9 @@
-"""giaannd.topology: placement set vs live set, membership events, preference lists."""
+"""giaannd.cluster.view: placement set vs live set, membership events, preference lists."""
 
 import numpy as np
 import pytest
 
-from giaannd.topology import StorageNode, Topology, TopologyChange, pick_transport_address
+from giaannd.cluster.view import ClusterView, StorageNode, ViewChange, pick_transport_address
 from peers.membership.events import MemberFailed, MemberJoined, MemberLeft, MemberSuspected, MemberUpdated
 from peers.membership.meta import NodeMeta
 
@@ -16,7 +16,7 @@ def _event(cls, name, roles=("storage",), transports=None, weight=1.0, meta=None
 
 def _topo():
     changes = []
-    t = Topology(local="a", replicas=2)
+    t = ClusterView(local="a", replicas=2)
     t.on_change(changes.append)
     t.set_members([StorageNode(n, f"mem://{n}") for n in "abc"])
     return t, changes
@@ -25,14 +25,14 @@ def _topo():
 def test_topology_down_keeps_placement_up_notifies():
     t, changes = _topo()
     epoch = t.epoch
-    assert changes[-1] == TopologyChange(frozenset("abc"), frozenset(), True)
+    assert changes[-1] == ViewChange(frozenset("abc"), frozenset(), True)
     t.mark_down("b")
     assert t.epoch == epoch and not t.is_live("b") and t.live() == ["a", "c"]
-    assert changes[-1] == TopologyChange(went_down=frozenset({"b"}))
+    assert changes[-1] == ViewChange(went_down=frozenset({"b"}))
     t.mark_down("b")  # idempotent: no second event
     assert len(changes) == 2
     t.mark_up("b")
-    assert changes[-1] == TopologyChange(came_up=frozenset({"b"})) and t.is_live("b")
+    assert changes[-1] == ViewChange(came_up=frozenset({"b"})) and t.is_live("b")
     t.remove("b")
     assert t.epoch != epoch and "b" not in t and changes[-1].placement_changed
 
@@ -47,7 +47,7 @@ def test_topology_preference_starts_with_owners():
 
 
 def test_topology_membership_events():
-    t = Topology(replicas=3, schemes=("tcp",))
+    t = ClusterView(replicas=3, schemes=("tcp",))
     t.apply_event(_event(MemberJoined, "x", transports={"tcp": "tcp://x:1", "ucx": "ucx://x:2"}))
     t.apply_event(_event(MemberJoined, "y", weight=2.0))
     t.apply_event(_event(MemberJoined, "z", roles=("compute",)))

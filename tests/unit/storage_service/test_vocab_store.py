@@ -1,4 +1,4 @@
-"""giaannd.storage.vocab_store and the PutVocab / GetVocab requests."""
+"""giaannd.storage.engine.vocab_store and the PutVocab / GetVocab requests."""
 
 import os
 
@@ -7,10 +7,10 @@ import pytest
 
 from giaannd import protocol as p
 from giaannd.model.ids import column_id, feature_id
-from giaannd.storage.hints import HintStore
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.requests import Answer, StorageRequests, WaitVocabSynced
-from giaannd.storage.vocab_store import VOCAB_FILE, VocabCollision, VocabLogCorrupt, VocabStore
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.vocab_store import VOCAB_FILE, VocabCollision, VocabLogCorrupt, VocabStore
+from giaannd.storage.replication.hints import HintStore
+from giaannd.storage.replication.requests import Answer, StorageRequests, WaitVocabSynced
 
 
 def col(text):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from giaannd.storage.rebalance import choose_source, plan_transfers
+from giaannd.storage.rebalance.plan import choose_source, plan_transfers
 from peers.placement import Member, Placement
 
 

@@ -6,9 +6,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from giaannd.storage import source_control as sc
-from giaannd.storage import streaming
-from giaannd.storage.rebalance import TransferRule, plan_transfers
+from giaannd.storage.rebalance import source_control as sc
+from giaannd.storage.rebalance.plan import TransferRule, plan_transfers
+from giaannd.storage.streaming import stream as streaming
 from peers.placement import Member, Placement
 
 START = sc.SourceStart(7, "tcp://127.0.0.1:1", "a", "d", [("a", 1.0), ("b", 2.0)], [("a", 1.0), ("d", 1.0)], 2,

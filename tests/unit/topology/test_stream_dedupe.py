@@ -3,8 +3,9 @@
 import numpy as np
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import AppliedSet, BatchId
-from giaannd.storage.stream_dedupe import StreamScopes, filter_direct, marker_id, scoped_writer
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.streaming.dedupe import StreamScopes, filter_direct, marker_id, scoped_writer
 
 
 def rows(cols):
@@ -40,7 +41,7 @@ def test_scopes_survive_restart_and_markers_are_scoped(tmp_path):
 
 
 def test_open_streams_and_close_survive_restart(tmp_path):
-    from giaannd.storage.stream_dedupe import direct_marker_id
+    from giaannd.storage.streaming.dedupe import direct_marker_id
 
     scopes = StreamScopes.open(tmp_path)
     scopes.add_columns(7, np.array([1, 2], np.uint64))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
-from giaannd.storage.applied_set import BatchId
-from giaannd.storage.recovery import DurableStore
-from giaannd.storage.streaming import (
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.streaming.stream import (
     Accept,
     Duplicate,
     ItemKind,

@@ -1,12 +1,12 @@
 """Wire schema rules and pure helpers (backoff, pool, registry)."""
 
+import importlib
 import random
 
 import msgspec
 import pytest
 
 from peers import wire
-import importlib
 from peers.transport.pool import BufferPool
 from peers.transport.registry import scheme_of
 

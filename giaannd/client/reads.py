@@ -1,0 +1,144 @@
+"""Replicated reads of the StorageClient: replica choice, failover, ramp-up of returning members.
+
+Theory of operation
+-------------------
+**Replica choice** (``replica_order``, pure): each row is read from one of its R owners, tried in
+this order: live owners before owners believed down, the local node before remote ones, then the
+row's preference-list position. A member that came up recently (back from down, or new in the
+placement) is *ramping* (``read_ramp_s``, giaannd/ramp.py): for the rows whose pseudo-random draw
+is at or above its current read weight it goes behind the other live replicas of the row, so it
+keeps a growing fraction of the rows it would be first for and a cold node is not flooded with
+reads the moment it returns. The local node is never demoted (reading it costs no network).
+
+**Failover** (``read_replicated``): round k sends every row still unread to its k-th candidate,
+grouped per node and chunked by ``MAX_READ_ROWS``, all nodes at once. A node that fails, times out
+or answers NotOwner leaves its rows for the next round, i.e. the next owner; owners believed down
+come last, as a last resort. After R rounds, rows no replica served raise ``ReadFailed`` (absent
+rows are not failures: a node leaves out rows it does not hold).
+
+**Starting a ramp** (``ReadRampStarter``): on each topology change, members that went down stop
+ramping; members that came up start, unless they are the first members this client hears of (a
+client starting against a running cluster does not ramp everyone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd import protocol as p
+from giaannd.client.errors import REQUEST_FAILURES, ReadFailed
+from giaannd.cluster.view import ClusterView, ViewChange
+from giaannd.model.rows import RowBatch
+from giaannd.ramp import RampTracker, row_draws
+
+__all__ = ["ReadFrom", "ReadRampStarter", "read_replicated", "replica_order"]
+
+# The storage client's parts log under the client's name (operators and tests filter on it).
+log = logging.getLogger("giaannd.client.storage_client")
+
+#: Rows from one node (``StorageClient.read_from``): node, row_column, row_feature, timeout_s.
+ReadFrom = Callable[[str, NDArray[np.uint64], NDArray[np.uint64], float | None], Awaitable[RowBatch]]
+
+
+def replica_order(owners: NDArray[np.intp], down: NDArray[np.bool_], local: NDArray[np.bool_],
+                  demote: NDArray[np.bool_] | None = None) -> NDArray[np.intp]:
+    """Per row, its owners (member indices, placement order) in the order to try them.
+
+    Args:
+        owners: [rows, R] member indices of each row's owners.
+        down: per member, believed down.
+        local: per member, is this node.
+        demote: [rows, R], owner ramping and this row's draw outside its weight (None: no ramp).
+    """
+    r = owners.shape[1]
+    # candidate order per row: live before down, local before remote, then preference position
+    rank = down[owners] * (4 * r) + (~local[owners]) * r + np.arange(r)[None, :]
+    if demote is not None:  # a ramping member goes behind the other live replicas of a row
+        rank += (demote & ~local[owners]) * (2 * r)
+    return np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
+
+
+async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: RampTracker, clock: Callable[[], float],
+                          row_column: Any, row_feature: Any, timeout_s: float | None = None) -> RowBatch:
+    """``StorageClient.read_rows`` (its docstring): rows from the first candidate replica, failing
+    over round by round (module docstring)."""
+    cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
+    feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
+    if cols.shape != feats.shape:
+        raise ValueError("row_column and row_feature differ in length")
+    if cols.size == 0:
+        return RowBatch.empty()
+    placement = topology.placement
+    names = placement.names
+    owners = placement.owner_indices(cols)
+    r = owners.shape[1]
+    down = np.array([not topology.is_live(n) for n in names])
+    local = np.array([n == topology.local for n in names])
+    weights = ramp.weights(names, clock())
+    demote = None if weights is None else row_draws(cols, feats)[:, None] >= weights[owners]
+    cand = replica_order(owners, down, local, demote)
+    todo = np.ones(cols.size, bool)
+    parts: list[RowBatch] = []
+    errors: dict[str, str] = {}
+    for k in range(r):
+        if not todo.any():
+            break
+        jobs = []
+        for m in np.unique(cand[todo, k]):
+            mask = todo & (cand[:, k] == m)
+            for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
+                rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
+                jobs.append((names[int(m)], rows))
+        outcomes = await asyncio.gather(
+            *(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
+            return_exceptions=True)
+        for (node, rows), out in zip(jobs, outcomes):
+            if isinstance(out, RowBatch):
+                parts.append(out)
+                todo[rows] = False
+            elif isinstance(out, REQUEST_FAILURES):
+                errors[node] = str(out) or type(out).__name__
+            elif isinstance(out, BaseException):
+                raise out
+    if todo.any():
+        detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+        raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
+    return parts[0] if len(parts) == 1 else RowBatch.concat(parts)
+
+
+class ReadRampStarter:
+    """Starts and stops read ramps on topology changes (module docstring, "Starting a ramp").
+
+    Args:
+        topology: the cluster view; the members it holds now count as already known.
+        ramp: the tracker whose ramps this starts (the client's ``read_ramp``).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, topology: ClusterView, ramp: RampTracker, clock: Callable[[], float]) -> None:
+        self.topology, self.ramp, self.clock = topology, ramp, clock
+        self._known: set[str] = set()  # members this client has seen (a came_up of one: a return)
+        with contextlib.suppress(LookupError):
+            self._known.update(topology.placement.names)
+
+    def on_topology_change(self, change: ViewChange) -> None:
+        """Start the read ramp of members that came up: back from down, or new in the placement
+        once this client knew some members (the first members it hears of are not ramped)."""
+        now = self.clock()
+        for name in change.went_down:
+            self.ramp.forget(name)
+            if name not in self.topology:
+                self._known.discard(name)
+        had_members = bool(self._known)
+        for name in sorted(change.came_up):
+            if name in self._known or had_members:
+                self.ramp.start(name, now)
+                log.info("read ramp started member=%s ramp_s=%.1f", name, self.ramp.ramp_s)
+            self._known.add(name)

@@ -1,0 +1,283 @@
+"""QuorumWriter: the StorageClient's replicated writes, hints and hint confirmation (ARCHITECTURE §8).
+
+Theory of operation
+-------------------
+**Writes** (``write``): a RowBatch with a unique ``BatchId(writer, seq)`` is split by owner
+(``placement.owner_indices`` on ``row_column``, vectorised) and each owner's share is sent as one
+``ApplyBatch``. The call returns once every row has W *direct* durable acknowledgements (W defaults to
+a majority of R). An owner that is down (topology), fails, or refuses (``Unavailable``/``NotOwner``)
+gets its whole share as a **hint**: the same batch id, ``hint_for=<owner>``, sent to one other
+live node, the one the rows' preference lists name first after their owners (Dynamo), or, in a
+cluster with no node beyond the owners, another live owner, which keeps it in a separate hint log.
+A share is never split across holders: idempotency is per batch id, so the target would keep only
+the first part delivered. Hints do not count toward W (a strict quorum, unlike Dynamo's sloppy
+one: W acknowledgements always come from real owners); they only bring the missing replica up to
+date later. An owner that refused with ``BadRequest`` or ``StoreFull`` gets no hint: the hint
+would be refused the same way when delivered. What is not done when W is reached (a slow owner, a
+hint) finishes in the background; ``flush()`` waits for it. Retrying a batch id is always safe:
+storage ignores a batch id it applied.
+
+**Writer floors** (writer_floor.py): a seq settles when every owner acknowledged it directly, or
+when a hinted owner later reports it applied. ``write`` starts a background ``confirm_hints`` (ask
+each live hinted owner ``BatchesApplied``) at most every ``CONFIRM_HINTS_INTERVAL_S`` while hinted
+seqs are pending, so the floor recovers after an outage without anyone scheduling it.
+
+**Backpressure**: each owner's share reserves its bytes in that owner's ``ByteBudget`` *before* it
+is sent, in the write loop: a slow owner's full budget blocks the write there, even when the other
+owners would make the quorum.
+
+All I/O goes through callables the client passes in (its per-owner budgets, its ApplyBatch sender,
+its ``_call``); this module holds the policy and the background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd import protocol as p
+from giaannd.client.byte_budget import ByteBudget
+from giaannd.client.errors import (
+    REQUEST_FAILURES,
+    QuorumNotReached,
+    RemoteBadRequest,
+    RemoteStoreFull,
+)
+from giaannd.client.node_call import NodeCall
+from giaannd.client.writer_floor import Unsettled, WriterFloor
+from giaannd.cluster.view import ClusterView
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+
+__all__ = ["CONFIRM_HINTS_INTERVAL_S", "QuorumWriter", "WriteResult", "hint_holders", "write_quorum"]
+
+# The storage client's parts log under the client's name (operators and tests filter on it).
+log = logging.getLogger("giaannd.client.storage_client")
+
+#: ``write`` starts a background ``confirm_hints`` at most this often while hinted seqs are pending,
+#: so the writer floor recovers after an outage without anyone scheduling it.
+CONFIRM_HINTS_INTERVAL_S: Final = 2.0
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """``acked``: owners that acknowledged before the call returned; ``hinted``: target -> holder of
+    hints made so far (more may follow in the background)."""
+
+    batch_id: BatchId
+    quorum: int
+    acked: tuple[str, ...]
+    hinted: Mapping[str, tuple[str, ...]]
+
+
+class SendReserved(Protocol):
+    """Send one ApplyBatch whose bytes are already held in the node's budget; releases them."""
+
+    async def __call__(self, node: str, batch_id: BatchId, batch: RowBatch, writer_floor: int,
+                       hint_for: str | None, timeout_s: float | None,
+                       epoch: str | None = None) -> p.ApplyAck: ...
+
+
+class ApplyTo(Protocol):
+    """Reserve the bytes in the node's budget, then send (``StorageClient.apply_to``)."""
+
+    async def __call__(self, node: str, batch_id: BatchId, batch: RowBatch, *, writer_floor: int = 0,
+                       hint_for: str | None = None, timeout_s: float | None = None,
+                       epoch: str | None = None) -> p.ApplyAck: ...
+
+
+def write_quorum(configured: int | None, replicas: int) -> int:
+    """W: the configured quorum, else a majority of the effective R; never more than R."""
+    return min(configured or replicas // 2 + 1, replicas)
+
+
+def hint_holders(topology: ClusterView, target: str, rows: NDArray[np.uint64],
+                 exclude: set[str]) -> NDArray[np.intp]:
+    """Per row, the index of the node that should hold ``target``'s hint (-1: none live): the
+    first live node of the row's preference list beyond its owners (Dynamo), else a live owner."""
+    placement = topology.placement
+    names = placement.names
+    pref = topology.preference(rows)
+    usable = np.array([topology.is_live(n) and n != target and n not in exclude for n in names])
+    cand = usable[pref]
+    beyond = cand.copy()
+    beyond[:, : placement.effective_replicas] = False  # prefer nodes that are not owners (Dynamo)
+    pick = np.where(beyond.any(axis=1), beyond.argmax(axis=1), cand.argmax(axis=1))
+    chosen = pref[np.arange(pref.shape[0]), pick]
+    return np.where(cand.any(axis=1), chosen, -1)
+
+
+class QuorumWriter:
+    """Quorum writes and hints of one writer (module docstring).
+
+    Args:
+        topology: the cluster view (placement, liveness, preference lists).
+        floors: the writer's batch ids and floor.
+        budget: node -> its in-flight byte budget.
+        send_reserved: sends one ApplyBatch whose bytes are reserved (releases them).
+        apply_to: reserves, then sends (hint holders).
+        call: one request to one node (``BatchesApplied`` for hint confirmation).
+    """
+
+    def __init__(self, topology: ClusterView, floors: WriterFloor, *, budget: Callable[[str], ByteBudget],
+                 send_reserved: SendReserved, apply_to: ApplyTo, call: NodeCall) -> None:
+        self.topology = topology
+        self.floors = floors
+        self._budget = budget
+        self._send_reserved = send_reserved
+        self._apply_to = apply_to
+        self._call = call
+        self._background: set[asyncio.Task[Any]] = set()
+        self._last_confirm = float("-inf")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def flush(self) -> None:
+        """Wait until background work (late acks, hints, hint confirmation) is done."""
+        while self._background:
+            await asyncio.wait(set(self._background))
+
+    async def write(self, batch: RowBatch, batch_id: BatchId | None, quorum_setting: int | None) -> WriteResult:
+        """``StorageClient.write`` (its docstring); ``quorum_setting``: the configured W or None."""
+        placement = self.topology.placement  # (raises LookupError before an id is taken)
+        floors = self.floors
+        bid = batch_id if batch_id is not None else floors.next_batch_id()
+        self._maybe_confirm_hints()
+        if batch.num_rows == 0:
+            floors.abandon(bid)  # nothing to send anywhere: settled
+            return WriteResult(bid, 0, (), {})
+        quorum = write_quorum(quorum_setting, placement.effective_replicas)
+        owner_idx = placement.owner_indices(batch.row_column)
+        names = placement.names
+        shares = {names[int(m)]: (owner_idx == m).any(axis=1) for m in np.unique(owner_idx)}
+        state = floors.track(bid, shares)
+        # a floor speaks for our own writer only: for a foreign id (hint replay, tools) send none
+        floor = floors.floor if floors.is_ours(bid) else 0
+        acks = np.zeros(batch.num_rows, np.int64)
+        acked: list[str] = []
+        hinted: dict[str, list[str]] = {}
+        failures: dict[str, str] = {}
+        tasks: dict[asyncio.Task[p.ApplyAck], str] = {}
+        for node, mask in shares.items():
+            sub = batch.select_rows(mask)
+            if self.topology.is_live(node):
+                # Reserve before sending: a slow owner's full budget blocks this write here, even
+                # when the other owners would make the quorum (backpressure, module docstring).
+                await self._budget(node).acquire(sub.nbytes)
+                tasks[self._spawn(self._send_reserved(node, bid, sub, floor, None, None,
+                                                      placement.epoch))] = node
+            else:
+                failures[node] = "down"
+                self._spawn(self._hint(node, bid, sub, floor, hinted, placement.epoch))
+        pending = set(tasks)
+        while pending and int(acks.min()) < quorum:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                node = tasks[task]
+                if self._settle_direct(task, node, bid, state, batch, shares, floor, hinted, failures,
+                                       placement.epoch):
+                    acks[shares[node]] += 1
+                    acked.append(node)
+        for task in pending:  # W reached: the rest finish (or hint) in the background
+            node = tasks[task]
+            self._spawn(self._finish_late(task, node, bid, state, batch, shares, floor, hinted, failures,
+                                          placement.epoch))
+        if int(acks.min()) < quorum:
+            raise QuorumNotReached(bid, int(acks.min()), quorum, failures)
+        return WriteResult(bid, quorum, tuple(acked), {t: tuple(h) for t, h in hinted.items()})
+
+    def _settle_direct(self, task: asyncio.Task[p.ApplyAck], node: str, bid: BatchId, state: Unsettled,
+                       batch: RowBatch, shares: Mapping[str, NDArray[np.bool_]], floor: int,
+                       hinted: dict[str, list[str]], failures: dict[str, str], epoch: str) -> bool:
+        """Book one owner's outcome; on failure start its hint (``epoch``: the split's placement).
+        True if it acknowledged."""
+        if task.cancelled():
+            return False
+        exc = task.exception()
+        if exc is None:
+            self.floors.owner_done(bid, state, node)
+            return True
+        if not isinstance(exc, REQUEST_FAILURES):
+            raise exc
+        failures[node] = str(exc) or type(exc).__name__
+        if isinstance(exc, (RemoteBadRequest, RemoteStoreFull)):
+            return False  # a hint would be refused the same way when delivered
+        self._spawn(self._hint(node, bid, batch.select_rows(shares[node]), floor, hinted, epoch))
+        return False
+
+    async def _finish_late(self, task: asyncio.Task[p.ApplyAck], node: str, *args: Any) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait({task})
+        self._settle_direct(task, node, *args)
+
+    async def _hint(self, target: str, bid: BatchId, share: RowBatch, floor: int,
+                    hinted: dict[str, list[str]], epoch: str) -> None:
+        """Hand ``target``'s whole share to one other live node (hint_for=target), with the
+        ``epoch`` of the placement the share was split with (the holder keeps and delivers it).
+
+        The share is never split between holders: storage idempotency is per batch id, so two
+        parts delivered separately under one id would make the target drop the second part.
+        The holder is the node that the rows' preference lists name most often; on refusal, the
+        next one. Gives up (logged; the seq stays unsettled) when no node is left.
+        """
+        names = self.topology.placement.names
+        exclude: set[str] = set()
+        while True:
+            holders = hint_holders(self.topology, target, share.row_column, exclude)
+            holders = holders[holders >= 0]
+            if holders.size == 0:
+                log.warning("no node can hold a hint target=%s batch=%s rows=%d", target, tuple(bid),
+                            share.num_rows)
+                return
+            holder = names[int(np.bincount(holders).argmax())]
+            try:
+                await self._apply_to(holder, bid, share, writer_floor=floor, hint_for=target, epoch=epoch)
+            except REQUEST_FAILURES as exc:
+                log.info("hint refused holder=%s target=%s: %s", holder, target, exc)
+                exclude.add(holder)
+                continue
+            hinted.setdefault(target, []).append(holder)
+            self.floors.hinted_for(target, bid)
+            return
+
+    def _maybe_confirm_hints(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.floors.hinted and now - self._last_confirm >= CONFIRM_HINTS_INTERVAL_S:
+            self._last_confirm = now
+            self._spawn(self.confirm_hints())
+
+    async def confirm_hints(self) -> int:
+        """Ask live hinted owners whether our hinted batches reached them; settle those that did.
+        Returns the number of (owner, seq) pairs confirmed."""
+        floors = self.floors
+        confirmed = 0
+        for target in list(floors.hinted):
+            if not self.topology.is_live(target):
+                continue
+            seqs = sorted(floors.hinted[target])
+            for i in range(0, len(seqs), p.MAX_QUERY_SEQS):
+                chunk = seqs[i : i + p.MAX_QUERY_SEQS]
+                try:
+                    reply, _ = await self._call(target, p.BatchesApplied(floors.writer_id, chunk))
+                except REQUEST_FAILURES:
+                    break
+                if not isinstance(reply, p.AppliedMask) or len(reply.applied) != len(chunk):
+                    break
+                for seq, ok in zip(chunk, reply.applied):
+                    if ok:
+                        floors.confirmed(target, seq)
+                        confirmed += 1
+            if not floors.hinted[target]:
+                del floors.hinted[target]
+        return confirmed

@@ -1,0 +1,440 @@
+"""The in-RAM column store: one contiguous region per (column, feature) row (ARCHITECTURE §8).
+
+Theory of operation
+-------------------
+State: ``rows`` (row key -> ``RowSlot``: the row's region, its four array views, the number of
+applied batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in use.
+
+- A row of n entries lives in one ``uint8`` region of ``ENTRY_BYTES * n`` bytes laid out
+  ``target_column u64[n] | target_feature u64[n] | strength f32[n] | segment u8[n]`` (regions.py
+  owns the layout and every vectorised conversion to and from it). One region = one contiguous
+  buffer to send for an inference read of that row (``row_region``) and one ``readinto`` when a
+  snapshot is loaded.
+- ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise the
+  whole batch is *planned* first (apply_plan.py: all small rows in one vectorised pass,
+  ``row_merge.plan_batch``) — pure, which yields the exact memory growth — then refused as a whole with :class:`StoreFullError` if it
+  does not fit, else committed: rows whose delta keys are all stored get an in-place add; every
+  growing or new row is merged in one pass (``merge_batch``), staged in one buffer and copied out
+  into its own region (``regions.cut_regions``). So a refused or invalid batch leaves the store
+  exactly as it was, and the Python work per row is a dict lookup and, for a growing row, one region.
+- Rows a batch creates (no stored entries: every row of a stream chunk a joining node receives,
+  and the new rows of training batches) skip planning and merging: a canonical delta row *is* the
+  merged row, so its region is laid out straight from the batch (``regions.install_regions``: one
+  vectorised scatter for all short rows, one byte concatenation per long row). Same bytes as the
+  merge path (tests compare the two), a fraction of the work.
+- ``drop_columns(columns)`` deletes every row of the given columns (rows of columns the node no
+  longer owns after a topology change: release.py) and returns their bytes to the capacity. The
+  applied set is kept: batch ids stay applied, so a late duplicate is still ignored.
+- Memory accounting: the regions' bytes plus ``ROW_OVERHEAD_BYTES`` per row plus
+  ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``.
+- Reads: ``row``/``row_region`` (one row, live), ``read_rows``/``read_all`` (copies,
+  ``regions.gather_rows``), ``digest``/``rows_digest`` for repair and stream verification
+  (row_digest.py) and ``scan`` pages for the cluster-wide export (row_scan.py); the store keeps
+  one sorted key index for ``keys``, ``scan`` and the per-column queries.
+
+This module is the facade: ``ColumnStore`` owns the state and the apply/drop logic, and re-exports
+the names callers import from it (``ENTRY_BYTES``, ``row_from_region``, ``RowDigest``,
+``ScanResult``). The tuning flags below are read here at each call, so tests can patch them on
+this module.
+
+The store is synchronous and does no I/O: durability (update log, snapshots) wraps it in
+recovery.py, and the asyncio service is glue on top of that.
+
+Concurrency: single-threaded by contract. Views returned by ``row``/``row_region`` are live: an
+in-place merge-add changes their strengths, a growing merge replaces the region (the old views keep
+the old data alive). ``read_rows`` returns copies, safe to send while applies continue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from giaannd.model.rows import Row, RowBatch, RowKey
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.apply_plan import ApplyPlan, plan_apply
+from giaannd.storage.engine.errors import StoreFullError
+from giaannd.storage.engine.regions import (
+    ENTRY_BYTES,
+    RowSlot,
+    gather_rows,
+    install_regions,
+    new_region,
+    row_from_region,
+)
+from giaannd.storage.engine.regions import cut_regions as _cut_regions
+from giaannd.storage.engine.regions import rows_of_regions as _rows_of_regions  # noqa: F401 (tests use it)
+from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest
+from giaannd.storage.engine.row_merge import MergePlan, add_in_place, merge_batch, merge_into
+from giaannd.storage.engine.row_scan import ScanResult, scan_page
+
+__all__ = [
+    "APPLIED_ID_BYTES",
+    "ENTRY_BYTES",
+    "ROW_OVERHEAD_BYTES",
+    "ColumnStore",
+    "DropResult",
+    "PreparedApply",
+    "RowDigest",
+    "ScanResult",
+    "StoreUsage",
+    "row_from_region",
+]
+
+#: Python bookkeeping per row (dict entry, key tuple, slot, Row and four ndarray views): 860 bytes
+#: measured with tracemalloc on CPython 3.11 / numpy 2.4, rounded up.
+ROW_OVERHEAD_BYTES = 1024
+#: Per stored batch id in the applied set (a set/dict entry and an int), rounded up.
+APPLIED_ID_BYTES = 96
+#: Stored rows at least this long are merged one at a time (``plan_merge``: keys packed once,
+#: O(m log n) search, an in-place add when nothing is new); shorter ones together (``plan_batch``).
+#: The batch path copies every touched stored entry two or three more times, which costs more than
+#: the ~30 µs of per-row Python it saves once a row has several hundred entries. Measured (apply of
+#: the bundled corpus's K=256 training batches, 3.5k and 8.8k sentences): thresholds 256 and 512
+#: equally fastest, 1024 10 % slower, all-batched 15 % slower; tools/bench/storage.py's synthetic
+#: table: 200-entry rows 1.3-1.8x faster batched, 2000-entry rows about 2x slower. (Read at each
+#: ``prepare`` and passed to ``apply_plan.plan_apply``, as is ``INSTALL_NEW_ROWS``.)
+LARGE_ROW_ENTRIES = 512
+#: Rows a batch creates (no stored entries yet) are *installed*: their merged form is the delta row
+#: itself, so planning and merging are skipped and each region is laid out straight from the batch
+#: (``_install_regions``). False sends them through the general merge path instead (tests compare
+#: the two bit for bit).
+INSTALL_NEW_ROWS = True
+#: New rows at least this long are laid out one at a time (one ``concatenate`` of four byte slices:
+#: about 1 µs of Python, then memcpy speed); shorter ones by one vectorised scatter over all of them
+#: (``regions.cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20
+#: entries per row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
+INSTALL_CONCAT_ENTRIES = 64
+
+
+def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
+    """Whether the keys (rc[i], rf[i]) are sorted by (column, feature) and unique."""
+    return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
+
+
+def _install_regions(batch: RowBatch) -> list[NDArray[np.uint8]]:
+    """``regions.install_regions`` with this module's ``INSTALL_CONCAT_ENTRIES``, read at each call
+    (tests patch it)."""
+    return install_regions(batch, INSTALL_CONCAT_ENTRIES)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedApply:
+    """A checked, planned apply (``ColumnStore.prepare``); opaque to callers."""
+
+    batch_id: BatchId
+    plans: ApplyPlan
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropResult:
+    """What ``drop_columns`` removed: ``rows``, and ``bytes``, the accounted bytes returned to the
+    capacity (the rows' regions plus ``ROW_OVERHEAD_BYTES`` each)."""
+
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    """For the node's metadata: bytes used / capacity, and whether writes are being refused."""
+
+    used_bytes: int
+    capacity_bytes: int
+    num_rows: int
+    num_entries: int
+    applied_ids: int
+
+    @property
+    def is_full(self) -> bool:
+        return self.used_bytes >= self.capacity_bytes
+
+
+class ColumnStore:
+    """Rows in RAM with idempotent, capacity-checked merge-add (module docstring).
+
+    Args:
+        capacity_bytes: the most bytes the store may account for; applies past it are refused.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.applied = AppliedSet()
+        self._rows: dict[RowKey, RowSlot] = {}
+        self._region_bytes = 0
+        self._entries = 0
+        self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
+        #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
+        self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
+
+    # -- accounting -------------------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        return self._region_bytes + ROW_OVERHEAD_BYTES * len(self._rows) + APPLIED_ID_BYTES * len(self.applied)
+
+    def usage(self) -> StoreUsage:
+        return StoreUsage(self.used_bytes, self.capacity_bytes, len(self._rows), self._entries, len(self.applied))
+
+    @property
+    def is_full(self) -> bool:
+        return self.usage().is_full
+
+    # -- writes -----------------------------------------------------------------------------------
+    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> bool:
+        """Merge-add ``batch`` unless ``batch_id`` was applied before (``prepare`` + ``commit``).
+
+        Returns:
+            True if applied, False if the id was already applied (nothing changed).
+
+        Raises:
+            StoreFullError: the batch would not fit; nothing changed.
+            ValueError: the batch is not canonical or the id is out of range; nothing changed.
+        """
+        prepared = self.prepare(batch_id, batch, validate)
+        if prepared is None:
+            return False
+        self.commit(prepared)
+        return True
+
+    def prepare(
+        self, batch_id: BatchId, batch: RowBatch, validate: bool = True, enforce_capacity: bool = True
+    ) -> PreparedApply | None:
+        """Check and plan an apply without changing anything; None if the id was already applied.
+
+        The durable store logs the batch between ``prepare`` and ``commit``, so a batch that would
+        be refused never reaches the log.
+
+        Args:
+            batch_id: the batch's identity (applied_set.py).
+            batch: the delta rows (canonical; checked unless ``validate`` is False).
+            validate: skip the O(N) canonical check only for batches this process built itself.
+            enforce_capacity: False only for log replay, which must restore what was acknowledged.
+
+        Raises:
+            StoreFullError, ValueError: as for ``apply``.
+        """
+        batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
+        if not (0 <= batch_id.writer < 2**64 and 1 <= batch_id.seq < 2**64):
+            raise ValueError(f"batch id out of range: {batch_id}")
+        if batch_id in self.applied:
+            return None
+        if validate:
+            batch.validate()
+        plans = plan_apply(self._rows, batch, LARGE_ROW_ENTRIES, INSTALL_NEW_ROWS)
+        growth = APPLIED_ID_BYTES + ENTRY_BYTES * plans.new_entries + ROW_OVERHEAD_BYTES * plans.new_slots
+        if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
+            raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
+        return PreparedApply(batch_id, plans, self._version)
+
+    def commit(self, prepared: PreparedApply) -> None:
+        """Carry out a plan from ``prepare``; no other write may come between the two."""
+        if prepared.version != self._version:
+            raise RuntimeError("stale PreparedApply: the store changed after prepare()")
+        self._version += 1
+        self.applied.add(prepared.batch_id)
+        self._commit(prepared.plans)
+
+    def _commit(self, planned: ApplyPlan) -> None:
+        for key, delta, large_slot, row_plan in planned.large:
+            self._commit_large(key, delta, large_slot, row_plan)
+        if planned.new_rows is not None:
+            self._install(planned.new_keys, planned.new_rows)
+        plan, slots = planned.plan, planned.slots
+        if plan is None:
+            return
+        grows = plan.new_count > 0  # every absent row grows: its delta row is not empty
+        if not grows.all():
+            # rows whose delta keys are all stored: strength[pos] += delta, in the live region
+            local_pos = plan.local_pos()
+            offsets = plan.delta_offsets.tolist()
+            strength = plan.delta.strength
+            for i in np.flatnonzero(~grows).tolist():
+                slot = slots[i]
+                assert slot is not None
+                a, b = offsets[i], offsets[i + 1]
+                slot.row.strength[local_pos[a:b]] += strength[a:b]
+                slot.touches += 1
+        if grows.any():
+            out_offsets, out = merge_batch(plan, None if grows.all() else grows)
+            rows = self._rows
+            keys = planned.keys
+            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out)):
+                slot = slots[i]
+                rows[keys[i]] = RowSlot(region, None, 1 if slot is None else slot.touches + 1)
+            added = int(plan.new_count.sum())
+            self._region_bytes += ENTRY_BYTES * added
+            self._entries += added
+
+    def _install(self, keys: list[RowKey], batch: RowBatch) -> None:
+        """Add the rows of ``batch`` (none stored yet) as they are: one applied batch each."""
+        self._rows.update(zip(keys, [RowSlot(region, None, 1) for region in _install_regions(batch)]))
+        self._region_bytes += ENTRY_BYTES * batch.num_entries
+        self._entries += batch.num_entries
+
+    def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
+        slot.touches += 1
+        if plan.in_place:
+            add_in_place(slot.row, delta, plan)
+            return
+        region, row = new_region(len(slot.row) + plan.new_count)
+        merge_into(slot.row, delta, plan, row)
+        self._region_bytes += ENTRY_BYTES * plan.new_count
+        self._entries += plan.new_count
+        self._rows[key] = RowSlot(region, row, slot.touches)
+
+    def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
+        """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
+        cols = np.unique(self._sorted_keys()[0])
+        if columns is None:
+            return cols
+        wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
+        return cols[np.isin(cols, wanted)]
+
+    def rows_of_columns(self, columns: ArrayLike) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
+        """The keys of every row of ``columns``, sorted (as two arrays), and each row's region size
+        in bytes: what a stream source cuts its chunks from, without a key tuple per stored row."""
+        wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
+        cols, feats = self._sorted_keys()
+        hit = np.flatnonzero(np.isin(cols, wanted))
+        c, f = cols[hit], feats[hit]
+        rows = self._rows
+        sizes = np.fromiter((rows[k].region.shape[0] for k in zip(c.tolist(), f.tolist())), np.int64, hit.shape[0])
+        return c, f, sizes
+
+    def drop_columns(self, columns: ArrayLike) -> DropResult:
+        """Delete every row of ``columns`` (columns with no rows are ignored) and return their bytes
+        to the capacity. The applied set is not changed: a batch id applied before stays applied,
+        so a late duplicate of it is still ignored (and does not bring the rows back). Views and
+        copies handed out earlier keep their data alive until they are dropped themselves.
+        """
+        wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
+        cols, feats = self._sorted_keys()
+        hit = np.flatnonzero(np.isin(cols, wanted))
+        if hit.shape[0] == 0:
+            return DropResult(0, 0)
+        self._version += 1
+        rows = self._rows
+        region_bytes = 0
+        for key in zip(cols[hit].tolist(), feats[hit].tolist()):
+            region_bytes += rows.pop(key).region.shape[0]
+        self._scan_index = None  # rows were removed: the cached index is stale whatever the count
+        self._region_bytes -= region_bytes
+        self._entries -= region_bytes // ENTRY_BYTES
+        return DropResult(int(hit.shape[0]), region_bytes + ROW_OVERHEAD_BYTES * int(hit.shape[0]))
+
+    def advance_floor(self, writer: int, floor: int) -> None:
+        """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
+        self._version += 1
+        self.applied.advance_floor(writer, floor)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._rows
+
+    def keys(self) -> list[RowKey]:
+        """Every row key, sorted."""
+        cols, feats = self._sorted_keys()
+        return list(zip(cols.tolist(), feats.tolist()))
+
+    def row(self, key: RowKey) -> Row | None:
+        """Live views of one row (module docstring), or None if the store has no entries for it."""
+        slot = self._rows.get(key)
+        return slot.row if slot else None
+
+    def row_region(self, key: RowKey) -> memoryview | None:
+        """The row's single contiguous region (layout in the module docstring), for a zero-copy send."""
+        slot = self._rows.get(key)
+        return slot.region.data if slot else None
+
+    def read_rows(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
+        """A canonical batch (a copy) of the requested rows that exist; absent rows are left out."""
+        rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
+        rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
+        if rc.shape != rf.shape:
+            raise ValueError("row_column and row_feature differ in length")
+        if rc.shape[0] > 1 and not _strictly_ascending(rc, rf):
+            wanted = sorted(set(zip(rc.tolist(), rf.tolist())))
+        else:  # already sorted and unique (a stream's chunk of sorted keys): no set, no sort
+            wanted = list(zip(rc.tolist(), rf.tolist()))
+        rows = self._rows
+        return self._gather([k for k in wanted if k in rows])
+
+    def read_all(self) -> RowBatch:
+        """Every row, as one canonical batch (a copy)."""
+        return self._gather(self.keys())
+
+    def _gather(self, keys: list[RowKey]) -> RowBatch:
+        """The stored rows ``keys`` as one batch (a copy: ``regions.gather_rows``)."""
+        rows = self._rows
+        return gather_rows(keys, [rows[k].region for k in keys])
+
+    def digest(self, key: RowKey) -> RowDigest | None:
+        """The row's digest for repair (see :class:`RowDigest`), or None if absent."""
+        slot = self._rows.get(key)
+        return None if slot is None else row_digest(slot)
+
+    def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uint8], int]:
+        """Which of the given rows are stored (1/0 per key, in the given order), and one xxh3-64
+        over the stored ones' region sizes (i64) then their regions, in that order: two stores
+        give equal results exactly when they hold the same rows bit for bit (row_digest.py).
+        For stream verification (stream_io.py)."""
+        return rows_digest(self._rows, row_column, row_feature)
+
+    # -- snapshot support (snapshot.py) -----------------------------------------------------------
+    def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
+        """(key, applied-batch count, region) of every row, in key order."""
+        for key in self.keys():
+            slot = self._rows[key]
+            yield key, slot.touches, slot.region.data
+
+    def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
+        """Install a row read from a snapshot (the caller validated it). Not capacity-checked:
+        recovery must restore what was acknowledged; ``is_full`` then tells the operator."""
+        if key in self._rows:
+            raise ValueError(f"row {key} loaded twice")
+        row = row_from_region(region)
+        self._rows[key] = RowSlot(region, row, touches)
+        self._version += 1
+        self._region_bytes += region.nbytes
+        self._entries += len(row)
+
+    # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------
+    def scan(self, after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,
+             keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> ScanResult:
+        """One page of rows in key order strictly after ``after`` (None: from the first row).
+
+        Looks at most ``max_examine`` keys; of those, returns the rows whose column ``keep`` accepts
+        (all when None), at most ``limit_rows`` rows and ``limit_entries`` entries (but always at
+        least one row, so a huge row cannot stall a scan). The page is a copy (safe to send while
+        applies continue); ``next_key`` is the cursor for the next call, ``done`` says nothing
+        follows it. Rows added behind the cursor during a scan are not seen by it; rows added ahead
+        of it are (the index is rebuilt whenever the row count changed).
+        """
+        if limit_rows < 1 or limit_entries < 1 or max_examine < 1:
+            raise ValueError("scan limits must be >= 1")
+        cols, feats = self._sorted_keys()
+        return scan_page(self._rows, cols, feats, after, limit_rows, limit_entries, max_examine, keep)
+
+    def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """Every row key as two arrays sorted by (column, feature), cached while the row count is
+        unchanged (between drops rows are only added: an in-place merge or a grown region keeps its
+        key; ``drop_columns`` resets the cache)."""
+        cached = self._scan_index
+        n = len(self._rows)
+        if cached is None or cached[0] != n:
+            cols = np.fromiter((k[0] for k in self._rows), np.uint64, n)
+            feats = np.fromiter((k[1] for k in self._rows), np.uint64, n)
+            order = np.lexsort((feats, cols))
+            cached = (n, cols[order], feats[order])
+            self._scan_index = cached
+        return cached[1], cached[2]

@@ -1,0 +1,232 @@
+"""The durable store: column store + update log + snapshots, and restart (= snapshot + log replay).
+
+Theory of operation
+-------------------
+Directory contents: at most one current ``snapshot-<S>.snap`` (rows and applied set through log seq
+S), and the log segments. Invariants:
+
+- Every acknowledged batch is in a synced log record, or in a snapshot.
+- A record is appended only after ``ColumnStore.prepare`` accepted the batch (capacity, shape), and
+  applied in RAM right after, so the log never holds a batch the store refused and replay never
+  meets one it cannot apply.
+- Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
+  a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
+  anyway: replay is idempotent twice over.
+- A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
+  too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
+  it is replayed and then dropped, a batch after it recreates the column exactly as it was created
+  live. Drops leave the applied set alone, so replay by batch id stays idempotent. A snapshot
+  holds what is left after the drops it covers, so truncation loses nothing.
+
+``open`` recovers: deletes leftover snapshot temporaries, loads the newest snapshot (a corrupt one
+stops start-up: falling back to an older one would silently lose the rows it added, whose log
+segments are gone), scans all segments (a torn tail of the last one is cut off: truncated on disk,
+logged as a warning and counted in the report; any other damage stops start-up), replays, and opens
+a fresh segment for new records.
+
+The async service (to come) drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a
+worker thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the
+returned durable seq; ``snapshot()`` from time to time (it blocks applies while it runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.atomic_file import fsync_dir
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore, DropResult
+from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
+from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot, write_snapshot
+from giaannd.storage.engine.update_log import (
+    DEFAULT_SEGMENT_MAX_BYTES,
+    KIND_BATCH,
+    KIND_DROP,
+    LogRecord,
+    UpdateLog,
+    list_segments,
+    scan_segment,
+)
+
+__all__ = ["ApplyResult", "DurableStore", "RecoveryReport", "replay"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What ``DurableStore.open`` found and did (for logs and the node's metadata)."""
+
+    snapshot: str | None
+    snapshot_seq: int
+    records_replayed: int
+    records_skipped: int
+    last_seq: int
+    torn_tail_bytes: int
+    torn_tail_file: str | None
+    temporaries_removed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """``applied``: False for a batch id seen before. ``seq``: acknowledge once ``sync()`` >= seq
+    (for a duplicate, the last seq appended so far, which covers the original's record)."""
+
+    applied: bool
+    seq: int
+
+
+def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
+    """Apply the records with seq > ``after_seq``; returns (applied, skipped). Idempotent."""
+    applied = skipped = 0
+    for rec in records:
+        if rec.seq <= after_seq:
+            skipped += 1
+            continue
+        if rec.kind == KIND_BATCH:
+            assert rec.batch_id is not None and rec.batch is not None
+            prepared = store.prepare(rec.batch_id, rec.batch, validate=False, enforce_capacity=False)
+            if prepared is None:
+                skipped += 1
+                continue
+            store.commit(prepared)
+        elif rec.kind == KIND_DROP:
+            assert rec.columns is not None
+            store.drop_columns(rec.columns)
+        else:
+            store.advance_floor(rec.writer, rec.floor)
+        applied += 1
+    return applied, skipped
+
+
+class DurableStore:
+    """A :class:`ColumnStore` whose writes survive restarts. Build it with :meth:`open`."""
+
+    def __init__(self, directory: Path, store: ColumnStore, log_: UpdateLog, report: RecoveryReport) -> None:
+        self.directory = directory
+        self.store = store
+        self.log = log_
+        self.recovery = report
+        self.snapshot_seq = report.snapshot_seq
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path | str,
+        capacity_bytes: int,
+        segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+        verify_rows: bool = True,
+    ) -> DurableStore:
+        """Recover the store in ``directory`` (created if missing).
+
+        Raises:
+            CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
+                left untouched for the operator.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        temporaries = list_temporaries(d)
+        snapshots = list_snapshots(d)
+        if snapshots:
+            snap_seq, snap_path = snapshots[-1]
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
+            if seq_in_file != snap_seq:
+                raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
+        else:
+            snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
+        segments = list_segments(d)
+        scans = []
+        expected: int | None = None
+        for i, (first, path) in enumerate(segments):
+            if expected is not None and first != expected:
+                raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
+            if expected is None and first > snap_seq + 1:
+                raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {snap_seq}")
+            scan = scan_segment(path, first, is_last=i == len(segments) - 1)
+            scans.append(scan)
+            expected = first + len(scan.records)
+        last_seq = max(snap_seq, (expected or 1) - 1)
+        torn = next((s for s in scans if s.torn_bytes), None)
+        # Everything is checked: only now change files.
+        for p in temporaries:
+            p.unlink()
+        if torn is not None:
+            log.warning("update log torn tail cut off file=%s offset=%d bytes=%d", torn.path, torn.good_bytes, torn.torn_bytes)
+            with open(torn.path, "r+b") as f:
+                f.truncate(torn.good_bytes)
+                os.fsync(f.fileno())
+        for _, old in snapshots[:-1]:
+            old.unlink()
+        if temporaries or torn or snapshots[:-1]:
+            fsync_dir(d)
+        applied = skipped = 0
+        for scan in scans:
+            a, s = replay(store, scan.records, snap_seq)
+            applied, skipped = applied + a, skipped + s
+        report = RecoveryReport(
+            str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
+            torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
+        )
+        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes), report)
+
+    # -- writes -------------------------------------------------------------------------------------
+    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> ApplyResult:
+        """Log and apply a batch (idempotent). Durable once ``sync()`` returns >= the result's seq.
+
+        Raises:
+            StoreFullError, ValueError: refused before logging; nothing changed.
+            OSError: the log write failed; the batch is not applied (the caller retries or fails).
+        """
+        prepared = self.store.prepare(batch_id, batch, validate)
+        if prepared is None:
+            return ApplyResult(False, self.log.last_seq)
+        seq = self.log.append_batch(prepared.batch_id, batch)
+        self.store.commit(prepared)
+        return ApplyResult(True, seq)
+
+    def advance_floor(self, writer: int, floor: int) -> int:
+        """Log and apply a writer's floor (applied_set.py); returns the record's seq."""
+        seq = self.log.append_floor(writer, floor)
+        self.store.advance_floor(writer, floor)
+        return seq
+
+    def drop_columns(self, columns: NDArray[np.uint64]) -> DropResult:
+        """Log and carry out the deletion of every row of ``columns`` (those this store holds;
+        nothing is logged when it holds none). Durable once ``sync()`` returns >= ``log.last_seq``
+        as of the return; until then a crash may bring the rows back (dropping again is harmless).
+        The applied set is unchanged (``ColumnStore.drop_columns``).
+
+        Raises:
+            OSError: the log write failed; nothing was dropped.
+        """
+        held = self.store.held_columns(columns)
+        if held.shape[0] == 0:
+            return DropResult(0, 0)
+        self.log.append_drop(held)
+        return self.store.drop_columns(held)
+
+    def sync(self) -> int:
+        """Group commit: fsync the log; returns the highest durable seq."""
+        return self.log.sync()
+
+    def snapshot(self) -> Path:
+        """Write a snapshot of everything applied, then drop the log segments it covers."""
+        self.log.rotate()
+        seq = self.log.last_seq
+        path = write_snapshot(self.directory, self.store, seq)
+        self.snapshot_seq = seq
+        for s, old in list_snapshots(self.directory):
+            if s < seq:
+                old.unlink()
+        self.log.drop_through(seq)
+        return path
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,391 @@
+"""The append-only update log: checksummed records in segment files, group-committed fsync.
+
+Theory of operation
+-------------------
+Files: ``log-<first seq, 20 digits>.seg`` in the store directory. Records are numbered by a global
+``seq`` (1, 2, 3, ... with no gaps across segments); a segment holds the records from its first seq up
+to the next segment's. Byte layout (little-endian; docs/storage.md has the full table):
+
+    header (40 B): magic "GIAL" | version u16 | kind u16 | payload_len u64 | seq u64
+                   | payload_xxh3 u64 | header_xxh3 u64 (over the first 32 bytes)
+    payload:       kind 1 (batch): writer u64 | batch seq u64 | rows R u64 | entries N u64
+                                   | row_column u64[R] | row_feature u64[R] | offsets i64[R+1]
+                                   | target_column u64[N] | target_feature u64[N]
+                                   | strength f32[N] | segment u8[N]
+                   kind 2 (floor): writer u64 | floor u64
+                   kind 3 (drop, format version 2): count C u64 | column u64[C] (sorted, unique)
+
+Versions: a record carries the version that introduced its kind (batch and floor records: 1, drop
+records: 2), and the reader accepts every version up to ``LOG_FORMAT_VERSION``. So a log without
+drops stays readable by a version-1 reader (a downgrade works until the first drop), and a log with
+one stops a version-1 reader with "unsupported log format version 2" at that record instead of
+being misread; version-1 logs are read unchanged.
+
+The header has its own checksum so a damaged length is never trusted: that is what lets the reader
+tell a *torn tail* (the last write was cut short by a crash; it was never acknowledged, because acks
+wait for ``sync``) from *corruption* (anything else), and stop with the file and offset in the second
+case instead of silently dropping the records after it.
+
+Writing: ``append_*`` writes one record with ``os.writev`` (the row buffers go to the kernel without
+being copied into one bytes object) and returns its seq; ``sync()`` fdatasyncs and returns the highest
+seq now durable. Many appends share one sync (group commit): the service acknowledges every batch with
+seq <= the returned value. ``sync`` may run in a worker thread while appends continue on the event loop
+thread: it syncs the file descriptor current when it started and only claims the seq appended before.
+Segments rotate at ``segment_max_bytes`` and on ``rotate()`` (before a snapshot), so truncating after a
+snapshot deletes whole files.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from giaannd.atomic_file import fsync_dir
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.errors import CorruptLogError
+
+__all__ = [
+    "HEADER_BYTES",
+    "KIND_BATCH",
+    "KIND_DROP",
+    "KIND_FLOOR",
+    "LOG_FORMAT_VERSION",
+    "MAX_RECORD_PAYLOAD_BYTES",
+    "LogRecord",
+    "SegmentScan",
+    "UpdateLog",
+    "encode_batch_payload",
+    "encode_drop_payload",
+    "list_segments",
+    "scan_segment",
+]
+
+MAGIC = b"GIAL"
+#: The newest record format this code writes and reads (module docstring: versions).
+LOG_FORMAT_VERSION = 2
+KIND_BATCH = 1
+KIND_FLOOR = 2
+#: Delete every row of the listed columns (``ColumnStore.drop_columns``).
+KIND_DROP = 3
+#: The format version that introduced each kind: what a record of that kind is written with, and
+#: the least version a record of it may carry.
+_KIND_VERSION = {KIND_BATCH: 1, KIND_FLOOR: 1, KIND_DROP: 2}
+_HEADER = struct.Struct("<4sHHQQQQ")
+HEADER_BYTES = _HEADER.size  # 40
+_BATCH_HEAD = struct.Struct("<QQQQ")
+_FLOOR = struct.Struct("<QQ")
+#: Largest record payload accepted (checked before allocating): a delta batch from one compute step
+#: is megabytes; 1 GiB leaves room while stopping a damaged length from asking for terabytes.
+MAX_RECORD_PAYLOAD_BYTES = 1 << 30
+#: Default segment size: small enough that truncation after a snapshot frees space promptly,
+#: large enough that rotation (an fsync of the old file and the directory) is rare.
+DEFAULT_SEGMENT_MAX_BYTES = 64 << 20
+
+_SEGMENT_PREFIX, _SEGMENT_SUFFIX = "log-", ".seg"
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{_SEGMENT_PREFIX}{first_seq:020d}{_SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """(first seq, path) of every segment file, in seq order."""
+    out = []
+    for p in directory.iterdir():
+        name = p.name
+        if name.startswith(_SEGMENT_PREFIX) and name.endswith(_SEGMENT_SUFFIX):
+            digits = name[len(_SEGMENT_PREFIX) : -len(_SEGMENT_SUFFIX)]
+            if len(digits) == 20 and digits.isdigit():
+                out.append((int(digits), p))
+    return sorted(out)
+
+
+def encode_batch_payload(batch_id: BatchId, batch: RowBatch) -> list[memoryview | bytes]:
+    """The payload of a batch record as buffers (no copy of the row arrays)."""
+    head = _BATCH_HEAD.pack(batch_id[0], batch_id[1], batch.num_rows, batch.num_entries)
+    arrays: list[NDArray[np.generic]] = [
+        batch.row_column, batch.row_feature, batch.offsets,
+        batch.target_column, batch.target_feature, batch.strength, batch.segment,
+    ]
+    return [head] + [np.ascontiguousarray(a).data.cast("B") for a in arrays]
+
+
+def encode_drop_payload(columns: NDArray[np.uint64]) -> list[memoryview | bytes]:
+    """The payload of a drop record (``columns`` sorted and unique, checked)."""
+    cols = np.ascontiguousarray(columns, np.uint64).reshape(-1)
+    if cols.shape[0] > 1 and not np.all(cols[1:] > cols[:-1]):
+        raise ValueError("drop record: columns must be sorted and unique")
+    if 8 + 8 * cols.shape[0] > MAX_RECORD_PAYLOAD_BYTES:
+        raise ValueError(f"drop record of {cols.shape[0]} columns over the record size limit")
+    return [struct.pack("<Q", cols.shape[0]), cols.data.cast("B")]
+
+
+def _header(kind: int, seq: int, payload: list[memoryview | bytes]) -> bytes:
+    h = xxhash.xxh3_64()
+    length = 0
+    for part in payload:
+        h.update(part)
+        length += len(part)
+    first = _HEADER.pack(MAGIC, _KIND_VERSION[kind], kind, length, seq, h.intdigest(), 0)[:32]
+    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first))
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One decoded record: a batch (``batch_id``, ``batch``), a floor (``writer``, ``floor``) or a
+    drop (``columns``)."""
+
+    seq: int
+    kind: int
+    batch_id: BatchId | None = None
+    batch: RowBatch | None = None
+    writer: int = 0
+    floor: int = 0
+    columns: NDArray[np.uint64] | None = None
+
+
+def _decode_payload(kind: int, version: int, seq: int, payload: memoryview) -> LogRecord:
+    """Raises ValueError on a payload that does not match its kind (caller adds file and offset)."""
+    if _KIND_VERSION.get(kind, version + 1) > version:
+        raise ValueError(f"unknown record kind {kind} in a version {version} record")
+    if kind == KIND_DROP:
+        if len(payload) < 8 or len(payload) != 8 + 8 * struct.unpack_from("<Q", payload)[0]:
+            raise ValueError(f"drop record of {len(payload)} bytes does not match its column count")
+        cols = np.frombuffer(payload, np.uint64, offset=8)
+        if cols.shape[0] > 1 and not np.all(cols[1:] > cols[:-1]):
+            raise ValueError("drop record: columns not sorted and unique")
+        return LogRecord(seq, kind, columns=cols)
+    if kind == KIND_FLOOR:
+        if len(payload) != _FLOOR.size:
+            raise ValueError(f"floor record of {len(payload)} bytes")
+        writer, floor = _FLOOR.unpack(payload)
+        return LogRecord(seq, kind, writer=writer, floor=floor)
+    if kind != KIND_BATCH:
+        raise ValueError(f"unknown record kind {kind}")
+    if len(payload) < _BATCH_HEAD.size:
+        raise ValueError("batch record shorter than its head")
+    writer, bseq, r, n = _BATCH_HEAD.unpack(payload[: _BATCH_HEAD.size])
+    if len(payload) != _BATCH_HEAD.size + 8 * (3 * r + 1) + 21 * n:
+        raise ValueError(f"batch record length does not match {r} rows, {n} entries")
+    pos = _BATCH_HEAD.size
+    parts: list[NDArray[np.generic]] = []
+    for dtype, count in ((np.uint64, r), (np.uint64, r), (np.int64, r + 1), (np.uint64, n),
+                         (np.uint64, n), (np.float32, n), (np.uint8, n)):
+        parts.append(np.frombuffer(payload, dtype, count, pos))
+        pos += np.dtype(dtype).itemsize * count
+    rc, rf, off, tc, tf, st, seg = parts
+    batch = RowBatch.from_buffers([rc, rf, off, seg, tc, tf, st], validate=True)
+    if bseq < 1:
+        raise ValueError("batch seq 0")
+    return LogRecord(seq, kind, batch_id=BatchId(writer, bseq), batch=batch)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """A segment read from disk: its records, where the good data ends, and a torn tail if any."""
+
+    path: Path
+    records: list[LogRecord]
+    good_bytes: int
+    torn_bytes: int
+
+
+def _valid_header_after(data: memoryview, start: int) -> bool:
+    """Whether a record header with a valid header checksum starts anywhere at or after ``start``."""
+    raw = bytes(data)
+    i = raw.find(MAGIC, start)
+    while i != -1 and i + HEADER_BYTES <= len(raw):
+        if struct.unpack_from("<Q", raw, i + 32)[0] == xxhash.xxh3_64_intdigest(raw[i : i + 32]):
+            return True
+        i = raw.find(MAGIC, i + 1)
+    return False
+
+
+def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
+    """Read and check one segment.
+
+    Args:
+        path: the segment file.
+        first_seq: the seq its first record must have (from its name).
+        is_last: only the last segment may end in a torn record.
+
+    Raises:
+        CorruptLogError: any damage that is not a torn tail of the last segment.
+    """
+    data = memoryview(path.read_bytes())
+    size, off, seq = len(data), 0, first_seq
+    records: list[LogRecord] = []
+
+    def torn_or_corrupt(reason: str) -> SegmentScan:
+        # A torn tail: the last segment, and no intact record header anywhere after this point.
+        if is_last and not _valid_header_after(data, off + 1):
+            return SegmentScan(path, records, off, size - off)
+        raise CorruptLogError(str(path), off, reason)
+
+    while off < size:
+        if size - off < HEADER_BYTES:
+            return torn_or_corrupt(f"{size - off} bytes, less than a record header")
+        magic, version, kind, length, rseq, p_sum, h_sum = _HEADER.unpack_from(data, off)
+        if magic != MAGIC or h_sum != xxhash.xxh3_64_intdigest(data[off : off + 32]):
+            return torn_or_corrupt("bad record magic or header checksum")
+        if not 1 <= version <= LOG_FORMAT_VERSION:
+            raise CorruptLogError(str(path), off, f"unsupported log format version {version}")
+        if rseq != seq:
+            raise CorruptLogError(str(path), off, f"record seq {rseq}, expected {seq}")
+        if length > MAX_RECORD_PAYLOAD_BYTES:
+            raise CorruptLogError(str(path), off, f"payload of {length} bytes over the limit")
+        end = off + HEADER_BYTES + length
+        if end > size:
+            return torn_or_corrupt(f"record of {length} bytes runs past the end of the file")
+        payload = data[off + HEADER_BYTES : end]
+        if xxhash.xxh3_64_intdigest(payload) != p_sum:
+            if end == size:
+                return torn_or_corrupt("payload checksum mismatch in the last record")
+            raise CorruptLogError(str(path), off, "payload checksum mismatch")
+        try:
+            records.append(_decode_payload(kind, version, rseq, payload))
+        except ValueError as exc:
+            raise CorruptLogError(str(path), off, f"bad record payload: {exc}") from None
+        off, seq = end, seq + 1
+    return SegmentScan(path, records, size, 0)
+
+
+class UpdateLog:
+    """The writer side: append records, group-commit them, rotate and drop segments.
+
+    Args:
+        directory: where the segments live (created by the caller).
+        next_seq: the seq of the next record (1 + the last one recovered).
+        segment_max_bytes: rotate once the current segment is this large.
+    """
+
+    def __init__(self, directory: Path, next_seq: int, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES) -> None:
+        if segment_max_bytes < HEADER_BYTES:
+            raise ValueError("segment_max_bytes too small")
+        self.directory = directory
+        self.segment_max_bytes = segment_max_bytes
+        self._next_seq = next_seq
+        self._durable_seq = next_seq - 1
+        self._lock = threading.Lock()  # guards fd swaps between append/rotate and a threaded sync
+        self._fd = -1
+        self._segment_bytes = 0
+        self._failed: OSError | None = None
+        self._open_segment()
+
+    def _open_segment(self) -> None:
+        path = self.directory / segment_name(self._next_seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._segment_bytes = os.fstat(self._fd).st_size
+        fsync_dir(self.directory)
+
+    @property
+    def last_seq(self) -> int:
+        """Seq of the last record appended (durable or not); 0 before the first."""
+        return self._next_seq - 1
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    def append_batch(self, batch_id: BatchId, batch: RowBatch) -> int:
+        """Append a batch record; returns its seq (durable only after ``sync`` returns >= it)."""
+        return self._append(KIND_BATCH, encode_batch_payload(batch_id, batch))
+
+    def append_floor(self, writer: int, floor: int) -> int:
+        return self._append(KIND_FLOOR, [_FLOOR.pack(writer, floor)])
+
+    def append_drop(self, columns: NDArray[np.uint64]) -> int:
+        """Append a drop record (``columns`` sorted and unique); returns its seq.
+
+        Raises:
+            ValueError: columns not sorted and unique, or too many for one record.
+        """
+        return self._append(KIND_DROP, encode_drop_payload(columns))
+
+    def _append(self, kind: int, payload: list[memoryview | bytes]) -> int:
+        if self._fd < 0:
+            raise ValueError("update log is closed")
+        with self._lock:
+            if self._segment_bytes >= self.segment_max_bytes:
+                self._rotate_locked()
+            if self._failed is not None:
+                raise OSError(f"update log unusable after an earlier write error: {self._failed}")
+            seq = self._next_seq
+            parts = [_header(kind, seq, payload), *payload]
+            total = sum(len(p) for p in parts)
+            try:
+                written = os.writev(self._fd, parts)
+                if written != total:  # short write: finish it, the record must be whole
+                    rest = b"".join(bytes(p) for p in parts)[written:]
+                    while rest:
+                        rest = rest[os.write(self._fd, rest) :]
+            except OSError as exc:
+                # A partial record followed by later records would read as corruption in the middle
+                # at the next start: cut it off now, or refuse every later append.
+                try:
+                    os.ftruncate(self._fd, self._segment_bytes)
+                except OSError:
+                    self._failed = exc
+                raise
+            self._segment_bytes += total
+            self._next_seq = seq + 1
+            return seq
+
+    def sync(self) -> int:
+        """fdatasync the current segment; returns the highest seq now durable (group commit)."""
+        with self._lock:
+            fd, target = self._fd, self._next_seq - 1
+            if fd < 0:
+                return self._durable_seq
+            fd = os.dup(fd)  # survives a concurrent rotate closing the original
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._durable_seq = max(self._durable_seq, target)
+            return self._durable_seq
+
+    def rotate(self) -> None:
+        """Close the current segment (synced) and start a new one at the next seq."""
+        with self._lock:
+            self._rotate_locked()
+
+    def _rotate_locked(self) -> None:
+        os.fdatasync(self._fd)
+        os.close(self._fd)
+        self._durable_seq = self._next_seq - 1
+        self._open_segment()
+
+    def drop_through(self, seq: int) -> list[Path]:
+        """Delete the segments whose records all have seq <= ``seq`` (never the current one)."""
+        segments = list_segments(self.directory)
+        dropped = []
+        for (first, path), nxt in zip(segments, segments[1:]):
+            if nxt[0] - 1 <= seq and first < self._next_seq:
+                path.unlink()
+                dropped.append(path)
+        if dropped:
+            fsync_dir(self.directory)
+        return dropped
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.sync()
+            with self._lock:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def iter_records(scans: list[SegmentScan]) -> Iterator[LogRecord]:
+    for scan in scans:
+        yield from scan.records

@@ -1,0 +1,188 @@
+"""The storage role's share of topology operations inside the daemon.
+
+What a storage daemon runs for issue 8, started by ``StorageRole`` once its service is open:
+
+- its **stream endpoint** (stream_endpoint.py) on ``storage.stream-bind`` (default: the host of
+  the first ``tcp://`` bind, port 0), advertised as ``NodeMeta.transports["stream"]``. The same
+  endpoint receives streams (join targets) and takes source-control requests (sources driven by
+  a coordinator elsewhere);
+- the **admin routes** of the topology verbs (topology_ops.register_admin_routes) over a
+  ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
+- the **auto-join**: a node that starts outside the ring with ``storage.join-mode = "auto"`` and
+  finds an active ring runs the streaming join itself (``runtime.on_join_needed``);
+- the **release** of columns this node stopped owning: when a committed ring change takes
+  columns away from this node (and it is still in the ring), their rows are deleted after
+  ``storage.release-delay-s`` (release.py) — if by then no topology operation is running here (no stream sent or
+  received, no placement override) and the ring is still the same. The delay leaves time for
+  writes computed under the old placement to drain; the guard keeps a later operation's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from giaannd.cluster.view import StorageNode
+from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
+from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, members_after
+from giaannd.storage.rebalance.release import release_unowned
+from giaannd.storage.rebalance.routes import register_admin_routes
+from giaannd.storage.repair.remote import repair_self
+
+if TYPE_CHECKING:
+    from giaannd.cluster.ring import Ring
+    from giaannd.config import Config
+    from giaannd.runtime.node import NodeRuntime
+    from giaannd.service import ServiceContext
+    from giaannd.storage.replication.service import StorageService
+
+__all__ = ["StorageTopology", "stream_bind_of"]
+
+log = logging.getLogger(__name__)
+
+#: Bound on pushing hinted handoff to completion before a repair compares replicas.
+REPAIR_HINT_WAIT_S: Final = 60.0
+
+
+def stream_bind_of(config: Config) -> str:
+    """``storage.stream-bind``, else the first tcp bind's host with port 0."""
+    if config.storage.stream_bind:
+        return config.storage.stream_bind
+    for url in config.transport.bind:
+        if url.startswith("tcp://"):
+            host = url[len("tcp://"):].rpartition(":")[0]
+            return f"tcp://{host}:0"
+    return "tcp://127.0.0.1:0"
+
+
+class StorageTopology:
+    """Stream endpoint, topology admin routes, auto-join and release for one storage daemon."""
+
+    def __init__(self, config: Config, runtime: NodeRuntime, service: StorageService) -> None:
+        self.config, self.runtime, self.service = config, runtime, service
+        self.endpoint: StreamEndpoint | None = None
+        self.control: DaemonClusterControl | None = None
+        self.registry = OperationRegistry()
+        self._release_task: asyncio.Task[None] | None = None
+        self.released_rows = 0
+        self._ring_seen = 0
+
+    async def start(self, ctx: ServiceContext) -> None:
+        rt = self.runtime
+        self.control = DaemonClusterControl(rt, self.service)
+        self.endpoint = await StreamEndpoint(self.service, self.control.transport,
+                                             stream_bind_of(self.config)).open()
+        rt.extra_transports[STREAM_SCHEME] = self.endpoint.address
+        rt.refresh_meta()
+        register_admin_routes(ctx.admin, self.control, self.registry, local_node=self.local_node,
+                              repair_fn=self.repair)
+        rt.on_join_needed = self.join
+        self._ring_seen = rt.ring.digest()
+        rt.ring_listeners.append(self._on_ring_change)
+        log.info("stream endpoint listening address=%s", self.endpoint.address)
+
+    async def stop(self) -> None:
+        self.runtime.on_join_needed = None
+        with contextlib.suppress(ValueError):
+            self.runtime.ring_listeners.remove(self._on_ring_change)
+        if self._release_task is not None:
+            self._release_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._release_task
+        op = self.registry.current
+        if op is not None and op.state not in ("done", "failed", "cancelled"):
+            op.cancel()
+        if self.endpoint is not None:
+            await self.endpoint.close()
+            self.endpoint = None
+
+    # -- join -----------------------------------------------------------------------------------
+    def local_node(self) -> StorageNode:
+        rt = self.runtime
+        address = next(iter(rt.advertised.values()), "")
+        return StorageNode(rt.node_name, address, self.config.storage.placement_weight)
+
+    def join_operation(self) -> Rebalance:
+        """The streaming join of this node (it becomes active in the ring when it completes)."""
+        assert self.control is not None
+        view = self.runtime.topology
+        # Fixed stream ids: if this node restarts mid-join, its next join resumes the streams the
+        # sources still run (from this node's durable positions) instead of starting over.
+        return Rebalance(self.control, "join", members_after(view, add=[self.local_node()]),
+                         stream_nonce=0)
+
+    async def join(self) -> dict[str, Any]:
+        """Run (or return the running) streaming join of this node."""
+        op = self.registry.start(self.join_operation())
+        return op.progress()
+
+    # -- repair -------------------------------------------------------------------------------
+    async def repair(self) -> dict[str, Any]:
+        """``giaannctl node repair`` here: push hints everywhere until none are held (bounded),
+        then rebuild this node's missing batches from its live peers' logs and compare its rows
+        with theirs (repair_remote.repair_self). Run it on each storage node to repair all."""
+        assert self.control is not None
+        control, view = self.control, self.runtime.topology
+        live = view.live()
+        deadline = asyncio.get_running_loop().time() + REPAIR_HINT_WAIT_S
+        while await control.hints_held_for(live):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await control.deliver_hints()
+            await asyncio.sleep(0.1)
+        peers = {n: control.stream_address(n) for n in live if n != self.runtime.node_name}
+        report = await repair_self(self.service, control.transport, peers, view.placement)
+        report["hints_left"] = await control.hints_held_for(live)
+        report["node"] = self.runtime.node_name
+        return report
+
+    # -- release --------------------------------------------------------------------------------
+    def _on_ring_change(self, ring: Ring) -> None:
+        """Schedule a release when the committed ring changed (overrides come and go during a
+        cutover; the ring changes once, at its end)."""
+        digest = ring.digest()
+        if digest == self._ring_seen:
+            return
+        self._ring_seen = digest
+        if not ring.is_active(self.runtime.node_name):
+            return  # standby (joining: keeps what it receives) or decommissioned (data dir)
+        if self._release_task is not None:
+            self._release_task.cancel()
+        self._release_task = asyncio.get_running_loop().create_task(self._release_later(digest))
+
+    async def _release_later(self, digest: int) -> None:
+        delay = float(self.config.storage.release_delay_s)
+        while True:
+            await asyncio.sleep(delay)
+            endpoint = self.endpoint
+            quiet = endpoint is None or time.monotonic() - endpoint.last_activity >= delay
+            busy = (self.runtime.topology.override is not None
+                    or (endpoint is not None and endpoint.sources.active)
+                    or (self.registry.current is not None
+                        and self.registry.current.state not in ("done", "failed", "cancelled")))
+            if self.runtime.ring.digest() != digest:
+                return  # a newer change scheduled its own release
+            if quiet and not busy:
+                break
+        try:
+            result = await release_unowned(self.service)
+        except (LookupError, RuntimeError, OSError) as exc:
+            log.warning("release of unowned columns skipped: %s", exc)
+            return
+        self.released_rows += result.rows
+
+    # -- health --------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.endpoint is not None:
+            out["stream_address"] = self.endpoint.address
+        op = self.registry.current
+        if op is not None:
+            out["topology_op"] = {"op": op.kind, "state": op.state}
+        if self.released_rows:
+            out["released_rows"] = self.released_rows
+        return out

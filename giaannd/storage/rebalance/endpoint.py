@@ -1,0 +1,252 @@
+"""The receiving side of row streams: ``StreamEndpoint`` (asyncio glue over streaming.py's
+``StreamReceiver``) and a standalone storage node with an endpoint (``python -m
+giaannd.storage.rebalance.endpoint``, for real-process tests and benchmarks).
+
+The endpoint listens on its own data-plane address: streams are not storage requests (they apply
+under a stream writer id and bypass the ownership check, since the target does not own the rows
+until cutover). Accepted items are applied through the service's group commit (``apply_local``);
+the durable resume point is the store's applied-set floor of the stream writer. It also keeps the
+per-stream dedupe state of stream_dedupe.py and installs that module's filter on the service's
+direct applies.
+
+The same listener serves the *source-control* requests of source_control.py (a remote coordinator
+starts, polls, pauses, closes and aborts streams this node sends; lists its columns; counts,
+delivers and drops its hints): ``StreamEndpoint.sources`` is this node's ``SourceRegistry``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.errors import StoreFullError
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.rebalance.source_control import SourceRegistry, SourceRequest
+from giaannd.storage.repair.remote import RepairServer
+from giaannd.storage.repair.wire import is_repair_request
+from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.dedupe import StreamScopes, direct_marker_id, install_direct_filter, marker_id
+from giaannd.storage.streaming.sender import MAX_VERIFY_ROWS, _combined_digest, _digests, apply_local
+from giaannd.storage.streaming.stream import (
+    Accept,
+    Duplicate,
+    ItemKind,
+    StreamData,
+    StreamHello,
+    StreamPosition,
+    StreamReceiver,
+    StreamRefused,
+    StreamRequest,
+    StreamVerify,
+    VerifyReply,
+    stream_writer,
+)
+from giaannd.storage.streaming.writers import record_stream_writer
+from peers.transport import Incoming, Listener, Reply, Transport
+
+__all__ = ["StreamEndpoint"]
+
+log = logging.getLogger(__name__)
+
+#: Stream items and source control share the endpoint (disjoint tags: streaming.py, source_control.py).
+_REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest | SourceRequest)
+_ENC: Final = msgspec.msgpack.Encoder()
+
+def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
+    return Reply(_ENC.encode(msg), list(bulk))
+
+
+class StreamEndpoint:
+    """Receives streams for one storage service (module docstring)."""
+
+    def __init__(self, service: StorageService, transport: Transport, address: str) -> None:
+        self.service, self.transport, self.listen_address = service, transport, address
+        self.listener: Listener | None = None
+        self._receivers: dict[int, StreamReceiver] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self.scopes = StreamScopes.open(service.data_dir)
+        self.deltas_skipped = 0
+        #: monotonic time of the last stream or source-control request (release waits for quiet)
+        self.last_activity = -1e18
+        #: streams this node sends for remote coordinators (source_control.py)
+        self.sources = SourceRegistry(service, transport)
+        #: peers repairing themselves read this node's log and digests (repair/remote.py)
+        self.repair = RepairServer(service)
+
+    @property
+    def address(self) -> str:
+        assert self.listener is not None
+        return self.listener.address
+
+    async def open(self) -> StreamEndpoint:
+        if self.service.core is None:
+            raise RuntimeError("storage service is not open")
+        install_direct_filter(self.service.core, self.scopes, lambda: self._store().store.applied)
+        self.listener = await self.transport.listen(self.listen_address, self.handle)
+        return self
+
+    async def close(self) -> None:
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                await self.listener.close()
+            self.listener = None
+        await self.sources.close()  # after the listener: a coordinator sees the node go, not an abort
+
+    def _store(self) -> DurableStore:
+        if self.service.store is None:
+            raise RuntimeError("storage service is not open")
+        return self.service.store
+
+    async def handle(self, incoming: Incoming) -> Reply:
+        if is_repair_request(incoming.payload):  # its own tag space (>= 200)
+            return await self.repair.handle_incoming(incoming)
+        self.last_activity = time.monotonic()
+        try:
+            msg = _REQ_DECODER.decode(incoming.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
+        if not isinstance(msg, (StreamHello, StreamData, StreamVerify)):  # source control
+            try:
+                reply, bulk = await self.sources.handle(msg, incoming.bulk)
+            except (ValueError, RuntimeError) as exc:
+                return _reply(StreamRefused(0, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+            return _reply(reply, bulk)
+        try:
+            if isinstance(msg, StreamHello):
+                return self._hello(msg, incoming.bulk)
+            if isinstance(msg, StreamData):
+                return await self._data(msg, incoming.bulk)
+            return self._verify(msg, incoming.bulk)
+        except (ValueError, RuntimeError) as exc:
+            return _reply(StreamRefused(msg.stream_id, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+
+    def _receiver(self, stream_id: int) -> StreamReceiver:
+        rx = self._receivers.get(stream_id)
+        if rx is None:
+            floor = self._store().store.applied.floor(stream_writer(stream_id))
+            rx = self._receivers[stream_id] = StreamReceiver(stream_id, floor)
+        return rx
+
+    def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        if msg.closing:
+            self.scopes.close(msg.stream_id)
+            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+        if len(bulk) != 1 or bulk[0].dtype != np.uint64 or bulk[0].ndim != 1:
+            return _reply(StreamRefused(msg.stream_id, rx.next_index,
+                                        "hello: expected one 1-d uint64 array of columns", fatal=True))
+        if rx.next_index > 0 and msg.first:
+            return _reply(StreamRefused(msg.stream_id, rx.next_index, (
+                f"stream {msg.stream_id:#x} was started here by another sender ({rx.next_index} items "
+                "applied); a new sender's chunks are other cuts of the rows and cannot continue it "
+                "(the source restarted?): wipe this node's data directory and join it again"),
+                fatal=True))
+        if rx.next_index == 0 and msg.fresh:
+            stale = int(self._store().store.rows_of_columns(bulk[0])[0].size)
+            if stale:
+                return _reply(StreamRefused(msg.stream_id, 0, (
+                    f"this node already holds {stale} rows of the streamed columns from an earlier, "
+                    "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
+                    "node's data directory and join it again"), fatal=True))
+        record_stream_writer(self.service, rx.writer)
+        self.scopes.add_columns(msg.stream_id, bulk[0])
+        return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
+        rx = self._receiver(msg.stream_id)
+        lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
+        async with lock:  # one item of a stream at a time: items apply strictly in order
+            try:
+                batch = RowBatch.from_buffers(list(bulk), validate=True)
+            except ValueError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
+            decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
+            if isinstance(decision, Duplicate):
+                return _reply(StreamPosition(msg.stream_id, decision.next_index))
+            if not isinstance(decision, Accept):
+                return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
+            try:
+                if msg.kind == ItemKind.DELTA and msg.origin_seq:
+                    # stream_dedupe.py: the writer's retry may have come first (apply nothing), or
+                    # may come later (mark the origin first, so the retry drops these rows)
+                    origin = BatchId(msg.origin_writer, msg.origin_seq)
+                    if direct_marker_id(origin, msg.stream_id) in self._store().store.applied:
+                        batch = RowBatch.empty()
+                        self.deltas_skipped += 1
+                    else:
+                        self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
+                        await apply_local(self.service, marker_id(origin, msg.stream_id), RowBatch.empty())
+                # (validated once, by from_buffers above: the store need not check it again)
+                await apply_local(self.service, decision.batch_id, batch, validate=False)
+            except StoreFullError as exc:
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
+            rx.applied(decision.index)
+            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
+        if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:
+            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
+        cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
+        feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
+        if msg.combined:
+            return _reply(VerifyReply(), list(_combined_digest(self._store(), cols, feats)))
+        return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
+
+
+async def _main(argv: Sequence[str] | None = None) -> None:
+    """``python -m giaannd.storage.rebalance.endpoint``: one storage node (``giaannd.storage.replication.service``'s
+    standalone options) plus its StreamEndpoint on ``--stream-listen``, for real-process topology
+    tests and benchmarks. Prints ``LISTENING <data address> <stream address>``."""
+    import argparse
+    import hashlib
+    import signal
+
+    from giaannd.cluster.view import ClusterView, StorageNode
+    from peers.transport import Identity, make_transport, scheme_of
+
+    ap = argparse.ArgumentParser(prog="python -m giaannd.storage.rebalance.endpoint")
+    ap.add_argument("--listen", required=True)
+    ap.add_argument("--stream-listen", required=True)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--capacity-bytes", type=int, default=1 << 30)
+    ap.add_argument("--cluster", default="giaann")
+    ap.add_argument("--key-hex", default="", help="cluster key (hex); default: derived from --cluster")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--member", action="append", default=[], metavar="NAME=URL")
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--hint-retry-s", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    key = bytes.fromhex(args.key_hex) if args.key_hex else \
+        hashlib.sha256(f"giaannd-unkeyed:{args.cluster}".encode()).digest()
+    identity = Identity(args.name, args.cluster, [key])
+    topology = ClusterView(local=args.name, replicas=args.replicas)
+    topology.set_members([StorageNode(*m.split("=", 1)) for m in args.member])
+    service = StorageService(args.data_dir, args.capacity_bytes, [args.listen], identity=identity,
+                             topology=topology, node_name=args.name, hint_retry_s=args.hint_retry_s)
+    await service.open()
+    endpoint = await StreamEndpoint(service, make_transport(scheme_of(args.stream_listen), identity),
+                                    args.stream_listen).open()
+    print(f"LISTENING {service.addresses[0]} {endpoint.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    retry = loop.create_task(service.run_hint_retry(stop))
+    await stop.wait()
+    await retry
+    await endpoint.close()
+    await service.stop(graceful=True)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_main())

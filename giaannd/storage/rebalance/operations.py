@@ -1,0 +1,486 @@
+"""Topology operations: join, decommission, removenode, replace, repair (ARCHITECTURE §6, §8; issue 8).
+
+Theory of operation
+-------------------
+Every membership change is the same operation, ``Rebalance(new_members)``:
+
+1. **plan** (rebalance.py): old placement = the current one, new = over ``new_members``; for every
+   column with a new owner, one live old owner streams it. Columns no live node holds are *lost*:
+   the operation refuses to start (``DataLossError``) unless told ``allow_loss``.
+2. **stream** (streaming.py / stream_io.py), all transfers in parallel, one stream per (source,
+   target): chunks of the rows, then the writes the source keeps applying (deltas). Meanwhile the
+   old placement stays in force everywhere: old owners serve reads and take writes.
+3. **verify**: each stream, once every chunk is applied, compares the receiver's row digests
+   (keys and strengths, bit for bit) with the source's at one consistent instant.
+4. **cutover**, in this order, each step waiting for the previous:
+   0. hints held for the sources are delivered while every view is still the old one (a holder
+      delivers under its own view's placement epoch, which the sources' forwarding reads);
+   a. the *targets* switch to the new placement (they now accept direct writes for their new columns;
+      nobody sends them any yet);
+   b. the *writers* switch, and writes already computed under the old placement finish (they still
+      reach the old owners, which apply them and forward them through the open streams);
+   c. hints held for the sources are delivered (they may carry rows of moved columns; after (e) a
+      source would refuse them as a non-owner);
+   d. the streams close: no more deltas; each finishes when its receiver acknowledged everything;
+   e. every storage node switches; released columns stay on disk but are no longer served.
+   Only then is the new placement epoch in force: "a new owner serves a column only after its copy
+   is complete and verified" (ARCHITECTURE §6).
+
+The cluster side effects (switching views, draining writers) go through a ``ClusterControl``: the
+in-process implementation drives ``ClusterView`` objects directly (tests, bench); the daemon's
+implementation changes what the node advertises in membership (wiring: docs/topology.md).
+
+Sources: a stream whose source is served by this process (``control.service(name)``) runs a local
+``StreamRunner``; any other source is driven through its stream endpoint by a
+``RemoteStreamRunner`` (source_control.py, remote_stream.py), and planning lists remote old
+owners' columns with ``ListColumns``. A live old owner that does not answer is treated as dead for
+planning (its columns are copied from other replicas, or the operation refuses as data loss).
+
+Properties: **idempotent** (re-running a verb whose placement is already in force plans nothing and
+returns ``done``; re-issuing it while it runs returns the same operation via ``OperationRegistry``),
+**progress** (bytes, rate, ETA per stream and in total), **abort / resume** (``pause()`` stops
+sending, the streams keep their state and keep collecting deltas; ``resume()`` continues from the
+receivers' durable positions), **bounded** (every wait has a timeout and a clear error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
+from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
+from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns
+from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.sender import StreamRunner, Throttle
+from peers.errors import PeersError
+from peers.placement import Member, Placement
+from peers.transport import Transport
+
+__all__ = [
+    "ClusterControl",
+    "DataLossError",
+    "OperationRegistry",
+    "Rebalance",
+    "Runner",
+    "TopologyOpError",
+    "members_after",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bound on each cutover wait (writers draining, hints delivered, streams acknowledged).
+CUTOVER_TIMEOUT_S: Final = 60.0
+#: Bound on the streaming phase as a whole unless the caller sets one.
+DEFAULT_STREAM_TIMEOUT_S: Final = 3600.0
+#: Bound on listing a remote old owner's columns while planning (it counts as unreachable after).
+LIST_COLUMNS_TIMEOUT_S: Final = 30.0
+
+#: A stream as the operation sees it: sent from this process, or driven on a remote source.
+Runner = StreamRunner | RemoteStreamRunner
+
+
+class TopologyOpError(RuntimeError):
+    """The operation cannot proceed; nothing moved to the new placement."""
+
+
+class DataLossError(TopologyOpError):
+    """Some columns have new owners but no live node holds a copy."""
+
+    def __init__(self, columns: NDArray[np.uint64], message: str = "") -> None:
+        shown = ", ".join(f"{c:#x}" for c in columns[:8].tolist())
+        super().__init__(message or f"{columns.size} columns have no live replica to copy from ({shown}...)")
+        self.columns = columns
+
+
+class ClusterControl(Protocol):
+    """What an operation needs from the cluster. Sources need not be local: a member this process
+    does not serve is reached through its stream endpoint (``stream_address``)."""
+
+    transport: Transport
+
+    def view(self) -> ClusterView:
+        """The current cluster view (placement set + live set)."""
+
+    def service(self, name: str) -> StorageService | None:
+        """The local service of a member, if this process runs it (else the member is remote)."""
+
+    def stream_address(self, name: str) -> str:
+        """The member's StreamEndpoint address (stream items and source control)."""
+
+    async def switch(self, names: Sequence[str], members: Sequence[StorageNode]) -> None:
+        """Set the placement set of these storage nodes' views to ``members``."""
+
+    async def switch_writers(self, members: Sequence[StorageNode]) -> None:
+        """Writers use ``members`` from now on; returns once writes computed before have finished."""
+
+    async def hints_held_for(self, names: Sequence[str]) -> int:
+        """Hints held anywhere (every live storage node) for these members."""
+
+    async def deliver_hints(self) -> None:
+        """Push hint delivery now (it is also periodic)."""
+
+    async def drop_hints_for(self, name: str) -> int:
+        """Forget hints held for a member that left the placement (returns how many)."""
+
+    async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
+        """Every node switched to ``new_members``: make it durable (the daemon commits its ring)."""
+
+    async def abandon(self) -> None:
+        """The operation failed or was cancelled: undo partial switches (the old placement stays)."""
+
+
+@dataclass
+class Rebalance:
+    """Move the cluster to ``new_members`` without losing an acknowledged update (module docstring).
+
+    Args:
+        control: the cluster.
+        kind: "join", "decommission", "removenode", "replace" (labels only: the plan decides).
+        new_members: the placement set after the operation.
+        avoid_sources: members to stream from only as a last resort.
+        allow_loss: start even if some columns have no live copy (they stay lost).
+        rate_bytes_s: throttle on the bytes all of its streams send together (change at run time
+            with ``set_rate``; None: unthrottled).
+        chunk_bytes: stream chunk size (default streaming.DEFAULT_CHUNK_BYTES).
+    """
+
+    control: ClusterControl
+    kind: str
+    new_members: list[StorageNode]
+    avoid_sources: tuple[str, ...] = ()
+    allow_loss: bool = False
+    rate_bytes_s: float | None = None
+    chunk_bytes: int | None = None
+    stream_timeout_s: float = DEFAULT_STREAM_TIMEOUT_S
+    #: None: random per operation object (only it can resume its streams). A fixed value makes
+    #: the stream ids a function of the operation, so a coordinator that restarted (a joining
+    #: node coordinates its own join) resumes the streams its sources still run; a source that
+    #: restarted is told apart by ``StreamHello.first`` and refused.
+    stream_nonce: int | None = None
+    state: str = "new"
+    error: str | None = None
+    plan: Plan | None = None
+    runners: list[Runner] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _started: float = field(default_factory=time.monotonic)
+    _resumed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        # Stream ids are unique to this operation object: only it holds the senders' state (the
+        # queue of forwarded writes is in RAM), so only it can resume them (streaming.py).
+        self._nonce = secrets.randbits(64) if self.stream_nonce is None else self.stream_nonce
+        self._throttle = Throttle(self.rate_bytes_s)
+        self._resumed.set()
+        self._unreachable: set[str] = set()  # live old owners that did not answer ListColumns
+
+    # -- planning ---------------------------------------------------------------------------------
+    def _placements(self) -> tuple[Placement, Placement]:
+        view = self.control.view()
+        old = view.placement
+        new = Placement(tuple(Member(n.name, n.weight) for n in self.new_members), view.replicas, view.strategy)
+        return old, new
+
+    async def _columns(self, old: Placement) -> NDArray[np.uint64]:
+        """Every column held by a live old owner: local ones read their store, remote ones answer
+        ``ListColumns``; one that does not answer is recorded as unreachable (not a source)."""
+        view = self.control.view()
+        parts = []
+        for name in old.names:
+            if not view.is_live(name):
+                continue
+            svc = self.control.service(name)
+            if svc is not None:
+                if svc.store is not None:
+                    parts.append(svc.store.store.held_columns())
+                continue
+            try:
+                parts.append(await asyncio.wait_for(
+                    list_columns(self.control.transport, self.control.stream_address(name)), LIST_COLUMNS_TIMEOUT_S))
+            except (PeersError, OSError, TimeoutError, SourceControlError, TopologyOpError, KeyError) as exc:
+                log.warning("planning: %s did not list its columns (%s); treated as down", name, exc)
+                self._unreachable.add(name)
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+    def _live(self) -> list[str]:
+        return [n for n in self.control.view().live() if n not in self._unreachable]
+
+    async def make_plan(self) -> Plan:
+        old, new = self._placements()
+        columns = await self._columns(old)
+        return plan_transfers(old, new, columns, self._live(), self.avoid_sources)
+
+    def check_dead_owners(self) -> None:
+        """Columns whose every replica is on dead members cannot even be listed (only their
+        owners knew them): refuse when that can happen (dead members >= R), unless allow_loss.
+
+        Raises:
+            DataLossError: as many old owners are down (or did not answer) as R.
+        """
+        old, _ = self._placements()
+        view = self.control.view()
+        dead = [n for n in old.names if not view.is_live(n) or n in self._unreachable]
+        if len(dead) >= old.effective_replicas and not self.allow_loss:
+            raise DataLossError(np.zeros(0, np.uint64), (
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} not reachable and R = "
+                f"{old.effective_replicas}: columns held only there are lost and cannot even be listed; "
+                "bring a replica back, or pass allow_loss"))
+
+    @property
+    def op_id(self) -> str:
+        old, new = self._placements()
+        return f"{self.kind}:{old.epoch[:12]}->{new.epoch[:12]}"
+
+    # -- running ----------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        """Plan, stream, verify, cut over. Returns the final progress.
+
+        Raises:
+            DataLossError: columns without a live copy (and not ``allow_loss``).
+            TopologyOpError: a stream failed, or a cutover wait timed out; the old placement stays.
+        """
+        try:
+            if self.plan is None:
+                self.check_dead_owners()
+                plan = await self.make_plan()
+                self.check_dead_owners()  # again: an old owner may not have answered
+                self.plan = plan
+                if self.plan.lost.size and not self.allow_loss:
+                    raise DataLossError(self.plan.lost)
+                self._start_streams(self.plan)
+            self.state = "streaming"
+            await self._wait_caught_up()
+            await self._cutover()
+            self.state = "done"
+            return self.progress()
+        except BaseException as exc:
+            if self.state not in ("paused", "cancelled"):
+                self.state = "failed"
+                self.error = f"{type(exc).__name__}: {exc}"
+                for task in self._tasks:  # stop the other streams too (no forwarding forever)
+                    task.cancel()
+                for r in self.runners:
+                    r.abort(f"operation failed: {self.error}")
+            if self.state in ("failed", "cancelled"):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
+            raise
+
+    def _stream_id(self, source: str, target: str) -> int:
+        key = f"{self.op_id}|{source}|{target}|{self._nonce}".encode()
+        return xxhash.xxh3_64_intdigest(key)
+
+    def _start_streams(self, plan: Plan) -> None:
+        old, new = self._placements()
+        live = self._live()
+        rule = TransferRule(old, new, frozenset(live), frozenset(self.avoid_sources))
+        targets = {m.name for m in self.new_members} - set(old.names)
+        for src, dst in sorted({(t.source, t.target) for t in plan.transfers} | self._idle_pairs(old, targets)):
+            t = next((t for t in plan.transfers if (t.source, t.target) == (src, dst)),
+                     Transfer(src, dst, np.zeros(0, np.uint64)))
+            source = self.control.service(t.source)
+            label = f"{t.source}->{t.target}"
+            runner: Runner
+            if source is not None:
+                runner = StreamRunner(source, self.control.transport, self.control.stream_address(t.target),
+                                      t.columns, self._stream_id(t.source, t.target), chunk_bytes=self.chunk_bytes,
+                                      throttle=self._throttle, label=label, direct_epoch=new.epoch,
+                                      claims=functools.partial(rule.claims, t.source, t.target),
+                                      source_keeps=functools.partial(owns, new, t.source))
+            else:
+                start = SourceStart(
+                    self._stream_id(t.source, t.target), self.control.stream_address(t.target), t.source, t.target,
+                    [(m.name, m.weight) for m in old.members], [(m.name, m.weight) for m in new.members],
+                    old.replicas, old.strategy, sorted(live), sorted(self.avoid_sources), self.chunk_bytes,
+                    None, label)
+                runner = RemoteStreamRunner(self.control.transport, self.control.stream_address(t.source),
+                                            start, t.columns)
+            self.runners.append(runner)
+        self._share_rate(self.rate_bytes_s)
+        self._spawn_runners()
+
+    def _share_rate(self, rate_bytes_s: float | None) -> None:
+        """One budget for all the streams: local streams share one throttle; each remote stream
+        gets an equal share at its source (rate / number of streams)."""
+        n = len(self.runners)
+        remote = [r for r in self.runners if isinstance(r, RemoteStreamRunner)]
+        share = None if not rate_bytes_s or rate_bytes_s <= 0 or n == 0 else rate_bytes_s / n
+        self._throttle.set(None if share is None else share * (n - len(remote)))
+        for r in remote:
+            r.set_rate(share)
+
+    def _idle_pairs(self, old: Placement, targets: set[str]) -> set[tuple[str, str]]:
+        """(source, target) pairs with nothing to copy yet that may still gain columns created
+        while the operation runs: every live, reachable old owner to every new member."""
+        live = set(self._live())
+        return {(s, t) for s in old.names for t in targets if s in live}
+
+    def _spawn_runners(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(r.run()) for r in self.runners if r.state not in ("done", "failed")]
+
+    async def _wait_caught_up(self) -> None:
+        deadline = time.monotonic() + self.stream_timeout_s
+        for r in self.runners:
+            left = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(r.caught_up.wait(), max(0.0, left))
+            except TimeoutError:
+                raise TopologyOpError(f"{r.label}: not caught up within {self.stream_timeout_s}s") from None
+        failed = [r for r in self.runners if r.state == "failed"]
+        if failed:
+            raise TopologyOpError("; ".join(f"{r.label}: {r.error}" for r in failed))
+
+    async def _cutover(self) -> None:
+        assert self.plan is not None
+        self.state = "cutover"
+        control = self.control
+        view = control.view()
+        old_names = set(view.names)  # (the view object itself switches below)
+        targets = sorted({t.target for t in self.plan.transfers})
+        sources = sorted({t.source for t in self.plan.transfers})
+        # Hints for the sources are delivered before anyone switches (a holder delivers under its
+        # own view's epoch, and the sources forward by epoch), and again after the writers drained.
+        await self._wait_hints(sources)
+        await control.switch(targets, self.new_members)
+        await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
+        await self._wait_hints(sources)
+        for r in self.runners:
+            r.close()
+        for r in self.runners:
+            try:
+                await asyncio.wait_for(r.finished.wait(), CUTOVER_TIMEOUT_S)
+            except TimeoutError:
+                raise TopologyOpError(f"{r.label}: last deltas not acknowledged in time") from None
+            if r.state == "failed":
+                raise TopologyOpError(f"{r.label}: {r.error}")
+        everyone = sorted(old_names | {m.name for m in self.new_members})
+        await control.switch(everyone, self.new_members)
+        await asyncio.wait_for(control.after_cutover(self.new_members), CUTOVER_TIMEOUT_S)
+        # Hints for a removed member are redundant now: its rows were copied from replicas that
+        # had every acknowledged batch (W direct acks among the old owners) or got it by hint.
+        for gone in old_names - {m.name for m in self.new_members}:
+            try:
+                dropped = await control.drop_hints_for(gone)
+            except (PeersError, OSError, TimeoutError, SourceControlError) as exc:
+                log.warning("could not drop hints for removed member=%s: %s", gone, exc)
+                continue
+            if dropped:
+                log.info("dropped hints for removed member=%s count=%d", gone, dropped)
+
+    async def _wait_hints(self, sources: Sequence[str]) -> None:
+        deadline = time.monotonic() + CUTOVER_TIMEOUT_S
+        while await self.control.hints_held_for(sources):
+            if time.monotonic() > deadline:
+                raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
+            await self.control.deliver_hints()
+            await asyncio.sleep(0.05)
+
+    # -- control ------------------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop sending (streams keep their state and keep collecting the sources' writes)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.state = "paused"
+
+    def resume(self) -> None:
+        """Continue a paused operation from the receivers' durable positions (call ``run`` again)."""
+        if self.state == "paused":
+            self.state = "streaming"
+            self._spawn_runners()
+
+    def cancel(self) -> None:
+        """Give up: stop sending and stop collecting deltas. The old placement stays in force; the
+        receivers keep partial, unserved rows (a later join to them needs a wiped data directory)."""
+        self.pause()
+        self.state = "cancelled"
+        for r in self.runners:
+            r.abort("operation cancelled")
+
+    def set_rate(self, rate_bytes_s: float | None) -> None:
+        """Change the budget of all the streams together (bytes/s; None: unthrottled)."""
+        self.rate_bytes_s = rate_bytes_s
+        if self.runners:
+            self._share_rate(rate_bytes_s)
+        else:
+            self._throttle.set(rate_bytes_s)
+
+    def progress(self) -> dict[str, Any]:
+        streams = [r.progress() for r in self.runners]
+        total = sum(s["bytes_total_estimate"] for s in streams)
+        done = sum(min(s["bytes_done"], s["bytes_total_estimate"]) for s in streams)
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        rate = done / elapsed
+        plan = self.plan
+        return {
+            "op": self.kind, "state": self.state, "error": self.error,
+            "columns_total": plan.columns_total if plan else 0,
+            "columns_moved": plan.columns_moved if plan else 0,
+            "lost_columns": int(plan.lost.size) if plan else 0,
+            "bytes_total": total, "bytes_done": done, "rate_bytes_s": rate,
+            "eta_s": (total - done) / rate if rate > 0 else None,
+            "streams": streams,
+        }
+
+
+class OperationRegistry:
+    """At most one topology operation per cluster view at a time; re-issuing the same verb returns
+    the running one (idempotent verbs)."""
+
+    def __init__(self) -> None:
+        self.current: Rebalance | None = None
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+
+    def start(self, op: Rebalance) -> Rebalance:
+        """Start ``op`` in the background unless an operation is running.
+
+        Raises:
+            TopologyOpError: a different operation is running.
+        """
+        cur = self.current
+        if cur is not None and cur.state not in ("done", "failed", "cancelled"):
+            if cur.kind == op.kind and [m.name for m in cur.new_members] == [m.name for m in op.new_members]:
+                if cur.state == "paused":
+                    cur.resume()
+                return cur
+            raise TopologyOpError(f"another topology operation is running: {cur.kind} ({cur.state})")
+        self.current = op
+        self._task = asyncio.get_running_loop().create_task(op.run())
+        self._task.add_done_callback(_log_result)
+        return op
+
+    async def wait(self, timeout_s: float) -> dict[str, Any]:
+        assert self._task is not None and self.current is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        return self.current.progress()
+
+
+def _log_result(task: asyncio.Task[dict[str, Any]]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.warning("topology operation failed: %s", exc)
+
+
+def members_after(view: ClusterView, *, add: Sequence[StorageNode] = (), remove: Sequence[str] = ()
+                  ) -> list[StorageNode]:
+    """The placement set after adding / removing members."""
+    gone = set(remove) | {n.name for n in add}
+    kept = [StorageNode(m.name, view.address(m.name), m.weight) for m in view.placement.members
+            if m.name not in gone]
+    return kept + list(add)

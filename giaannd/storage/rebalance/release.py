@@ -1,0 +1,100 @@
+"""Releasing columns a node no longer owns: the old owners' half of a finished topology change.
+
+Theory of operation
+-------------------
+A join, decommission, removenode or replace (topology_ops.py) copies each moved column to its new
+owners and then switches every node to the new placement; the old owners that lost a column keep
+its rows, unserved (reads and writes of it go to the new owners, and requests.py refuses the
+column here as not owned). ``release_unowned`` deletes them: it asks the placement in force on
+this node which of the columns its store holds have this node among their R owners, and drops the
+rest through ``DurableStore.drop_columns`` (a logged, replayed record: docs/storage.md), then
+syncs the log. ``unowned_columns`` is that decision, pure.
+
+Only the rows go. The applied set keeps every batch id, so a late duplicate of a batch this node
+applied before the move is still ignored, and a stray old write cannot bring part of a column back
+(ownership is checked before any apply anyway).
+
+When it is safe (the caller's duty; this module cannot see it): no topology operation is running
+and the ring is settled, i.e. every node computes the placement this node does and the columns'
+new owners hold complete, verified copies. Otherwise it loses data:
+
+- *During an operation* the old placement stays in force until cutover. A receiving node holds
+  partial copies of columns it does not own yet: dropping them leaves holes that the stream will
+  never re-send (its durable resume point, the stream writer's applied-set floor, says they
+  arrived). A source reads the rows it streams chunk by chunk while the stream runs, and serves
+  them until cutover: rows dropped before their chunk is read never reach the target. Cancelling
+  an operation leaves the old placement in force, under which nothing moved is unowned.
+- *On an unsettled ring* (a placement override in force, or a ring this node has not caught up
+  with) the placement this node computes is not the one every node uses: a node whose view lags
+  (a ring change it has not pulled yet, a member it has not heard of) would drop columns it still
+  owns, or whose new owners have no verified copy. The daemon calls it only after a committed ring
+  change, once no stream ran here for ``storage.release-delay-s`` and no override is set
+  (daemon_topology.py).
+
+A node outside the placement (decommissioned, or not switched in yet) is refused with
+``LookupError`` rather than emptied: a decommissioned node's data is removed with its data
+directory, and a joining node must keep what it is receiving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.storage.engine.column_store import DropResult
+from giaannd.storage.replication.service import StorageService
+from peers.placement import Placement
+
+__all__ = ["release_unowned", "unowned_columns"]
+
+log = logging.getLogger(__name__)
+
+
+def unowned_columns(placement: Placement, node: str, columns: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The ``columns`` of which ``node`` is not one of the owners under ``placement``. Pure.
+
+    Raises:
+        LookupError: ``node`` is not a member of ``placement``.
+    """
+    if node not in placement.names:
+        raise LookupError(f"{node!r} is not in the placement ({len(placement.names)} members)")
+    cols = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
+    if cols.shape[0] == 0:
+        return cols
+    me = placement.names.index(node)
+    owned: NDArray[np.bool_] = (placement.owner_indices(cols) == me).any(axis=1)
+    return cols[~owned]
+
+
+async def release_unowned(service: StorageService) -> DropResult:
+    """Drop every column this node holds that it does not own under ``service.topology.placement``
+    (module docstring: call it only with no topology operation running and the ring settled).
+    Returns what was dropped, durable (the log is synced) on return. A standalone service (no
+    topology) owns everything and drops nothing.
+
+    Raises:
+        RuntimeError: the service is not open.
+        LookupError: no storage members known, or this node is not one of them.
+        OSError: the log write or sync failed (a failed write drops nothing; after a failed sync
+            the rows are gone in RAM but may come back at restart: call it again).
+    """
+    durable = service.store
+    if durable is None:
+        raise RuntimeError("storage service is not open")
+    topology = service.topology
+    if topology is None:
+        return DropResult(0, 0)
+    # A snapshot reads the store from a worker thread under this lock (service.py); the decision
+    # and the drop run with no await in between, so they see one placement and one store state.
+    async with service._snapshot_lock:  # noqa: SLF001 (as stream_io.apply_local)
+        placement = topology.placement
+        drop = unowned_columns(placement, service.node_name, durable.store.held_columns())
+        result = durable.drop_columns(drop)
+    if result.rows:
+        await asyncio.to_thread(durable.sync)
+    log.info("released unowned columns node=%s epoch=%s columns=%d rows=%d bytes=%d",
+             service.node_name, placement.epoch, drop.shape[0], result.rows, result.bytes)
+    return result

@@ -1,0 +1,168 @@
+"""The topology verbs on the admin API (``giaannctl node ...``): thin glue that builds a
+``Rebalance`` (topology_ops.py) from the request and the cluster view, starts it in the
+``OperationRegistry`` and answers at once with its progress (docs/topology.md, "Admin API")."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.errors import AdminHTTPError
+from giaannd.storage.rebalance.operations import (
+    ClusterControl,
+    DataLossError,
+    OperationRegistry,
+    Rebalance,
+    TopologyOpError,
+    members_after,
+)
+from giaannd.storage.repair.local import repair
+
+__all__ = ["register_admin_routes"]
+
+
+async def _body(request: Any) -> dict[str, Any]:
+    if not getattr(request, "can_read_body", True):
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    return body
+
+
+def register_admin_routes(admin: Any, control: ClusterControl, registry: OperationRegistry | None = None,
+                          *, local_node: Callable[[], StorageNode | None] | None = None,
+                          repair_fn: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> OperationRegistry:
+    """Serve the topology verbs of ``giaannctl node ...`` on the admin API:
+
+    ========================================  =====================================================
+    ``POST /v1/node/decommission``            stream this node's columns away, then switch (the
+                                              daemon then leaves membership); body optional:
+                                              ``{"rate_bytes_s": N}``
+    ``POST /v1/node/join-ring``               this node (``local_node()``) joins the placement
+                                              set: the old owners stream it its share (remote
+                                              sources); body optional: ``{"rate_bytes_s": N}``
+    ``POST /v1/node/replace``                 ``{"node_id": DEAD}``: this node takes over a dead
+                                              member (remove DEAD + add this node)
+    ``POST /v1/node/removenode``              ``{"node_id": NAME}``: re-replicate a dead member's
+                                              columns from the survivors and drop it
+    ``POST /v1/node/repair``                  hints, then rebuild missing batches, then compare
+    ``GET  /v1/node/topology``                the running / last operation's progress
+    ``POST /v1/node/topology/{action}``       ``pause`` / ``resume`` / ``cancel`` /
+                                              ``rate`` (``{"rate_bytes_s": N or null}``)
+    ========================================  =====================================================
+
+    Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
+    verb returns the same operation. Errors: 400 bad body, 404 unknown member / nothing running,
+    409 another operation is running, 422 the operation would lose data. ``local_node`` gives this
+    node's own ``StorageNode`` (name, data address, weight) for join / replace; without it (or
+    when it returns None: not a storage node) those verbs answer 404. Sources need not be local:
+    the operation drives remote ones through their stream endpoints.
+    """
+    reg = registry or OperationRegistry()
+
+    def start(op: Rebalance) -> dict[str, Any]:
+        try:
+            return reg.start(op).progress()
+        except TopologyOpError as exc:
+            raise AdminHTTPError(409, str(exc), "conflict") from None
+
+    async def decommission(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        view = control.view()
+        if view.local is None or view.local not in view:
+            raise AdminHTTPError(404, "this node is not a storage member", "not_served")
+        others = tuple(n for n in view.names if n != view.local)  # stream from here: the source is local
+        return start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
+                               avoid_sources=others, rate_bytes_s=rate_of(body)))
+
+    def rate_of(body: Mapping[str, Any]) -> float | None:
+        rate = body.get("rate_bytes_s")
+        if rate is not None and not isinstance(rate, (int, float)):
+            raise AdminHTTPError(400, "rate_bytes_s must be a number or null", "bad_request")
+        return rate
+
+    def me() -> StorageNode:
+        node = local_node() if local_node is not None else None
+        if node is None:
+            raise AdminHTTPError(404, "this node is not a storage node: it cannot join", "not_served")
+        return node
+
+    def dead_member(body: Mapping[str, Any], view: ClusterView) -> str:
+        name = body.get("node_id")
+        if not isinstance(name, str) or name not in view:
+            raise AdminHTTPError(404, f"unknown storage member {name!r}", "not_found")
+        if view.is_live(name):
+            raise AdminHTTPError(409, f"{name} is alive: decommission it instead", "conflict")
+        return name
+
+    def start_checked(op: Rebalance) -> dict[str, Any]:
+        try:
+            op.check_dead_owners()  # refuse data loss before starting
+        except DataLossError as exc:
+            raise AdminHTTPError(422, str(exc), "data_loss") from None
+        return start(op)
+
+    async def removenode(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        view = control.view()
+        name = dead_member(body, view)
+        return start_checked(Rebalance(control, "removenode", members_after(view, remove=[name]),
+                                       rate_bytes_s=rate_of(body)))
+
+    async def join(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        node, view = me(), control.view()
+        # stream_nonce=0: this node coordinates its own join; if it restarts mid-join, the next
+        # join resumes the streams the sources still run (topology_ops.Rebalance.stream_nonce).
+        return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
+                               stream_nonce=0))
+
+    async def replace(request: Any, params: Mapping[str, str]) -> Any:
+        body = await _body(request)
+        node, view = me(), control.view()
+        name = dead_member(body, view)
+        if name == node.name:
+            raise AdminHTTPError(409, "a node cannot replace itself", "conflict")
+        return start_checked(Rebalance(control, "replace", members_after(view, add=[node], remove=[name]),
+                                       rate_bytes_s=rate_of(body), stream_nonce=0))
+
+    async def do_repair(request: Any, params: Mapping[str, str]) -> Any:
+        return await (repair_fn() if repair_fn is not None else repair(control))
+
+    async def status(request: Any, params: Mapping[str, str]) -> Any:
+        if reg.current is None:
+            raise AdminHTTPError(404, "no topology operation has run", "not_found")
+        return reg.current.progress()
+
+    async def action(request: Any, params: Mapping[str, str]) -> Any:
+        op = reg.current
+        if op is None:
+            raise AdminHTTPError(404, "no topology operation has run", "not_found")
+        what = params["action"]
+        if what == "pause":
+            op.pause()
+        elif what == "resume":
+            op.resume()
+        elif what == "cancel":
+            op.cancel()
+        elif what == "rate":
+            op.set_rate(rate_of(await _body(request)))
+        else:
+            raise AdminHTTPError(404, f"unknown action {what!r}", "not_found")
+        return op.progress()
+
+    admin.add_route("POST", "/v1/node/decommission", decommission)
+    admin.add_route("POST", "/v1/node/removenode", removenode)
+    admin.add_route("POST", "/v1/node/join-ring", join)
+    admin.add_route("POST", "/v1/node/replace", replace)
+    admin.add_route("POST", "/v1/node/repair", do_repair)
+    admin.add_route("GET", "/v1/node/topology", status)
+    admin.add_route("POST", "/v1/node/topology/{action}", action)
+    return reg

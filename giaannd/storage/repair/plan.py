@@ -1,0 +1,144 @@
+"""Replica repair: find the batches a replica is missing and rebuild its share of each (pure).
+
+Theory of operation
+-------------------
+Rows are sums of batches, so two replicas of a row cannot be reconciled by comparing values ("take
+the max" would drop one side's increments, "add the difference" is inexact in floating point and
+wrong when both sides miss something). What can be compared exactly is *which batches* each node
+applied: its applied set (applied_set.py). Repair therefore works on batches:
+
+1. Hints first. A replica that was down gets its missed batches by hinted handoff (hints.py); repair
+   pushes delivery to completion before comparing anything, since most gaps close there.
+2. Candidates. Every batch record still in a peer's update log whose rows touch a column the
+   repaired node ``dst`` owns, and whose id ``dst`` has not applied, is a candidate.
+3. Share assembly. ``dst``'s share of batch ``b`` is ``b``'s rows in the columns ``dst`` owns. Each
+   peer logged ``b``'s rows in the columns *it* owns, so the union over the peers that logged ``b``,
+   restricted to ``dst``'s columns, is ``dst``'s share — provided no peer that applied ``b`` has lost
+   its record of it (snapshotted the log away): then a row only that peer knew might be missing,
+   and marking ``b`` applied at ``dst`` would make ``dst`` ignore that row forever. Such a batch is
+   reported as *unrecoverable from logs*, never half-applied. Rows logged by two peers must be
+   identical (they are the same writer's rows); a conflict is reported.
+4. Apply. The share is applied at ``dst`` under the original id ``b``, atomically with its applied-set
+   entry, so a late hint or writer retry of ``b`` is ignored as a duplicate (its share is the same).
+5. Verify. Row digests of the replicas: keys exactly, strengths within a tolerance (replicas apply
+   batches in different orders; float addition is not associative), applied-batch counts ignored
+   (stream copies apply one batch per chunk).
+
+Batches a node applied as *stream items* (streaming.py: copies, not writes) are not writer batches:
+their writer ids are listed by the receiving node and excluded from candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+
+__all__ = ["RepairPlan", "assemble_share", "plan_repair"]
+
+Owned = Callable[[NDArray[np.uint64]], NDArray[np.bool_]]
+
+
+@dataclass
+class RepairPlan:
+    """What to apply at one node.
+
+    Attributes:
+        shares: batch id -> the node's assembled share (apply under that id).
+        unrecoverable: batch id -> why it cannot be rebuilt from the peers' logs.
+        unlogged: per peer, how many ids it applied that the node has not and that no peer has a
+            log record of. They may not touch the node's columns at all (one writer's batches go
+            to many owner sets): only the row comparison can tell; a non-zero count with
+            divergent rows means updates lost beyond what the logs retain.
+    """
+
+    shares: dict[BatchId, RowBatch] = field(default_factory=dict)
+    unrecoverable: dict[BatchId, str] = field(default_factory=dict)
+    unlogged: dict[str, int] = field(default_factory=dict)
+
+
+def assemble_share(parts: Iterable[RowBatch], owned: Owned) -> RowBatch:
+    """The union of ``parts``' rows in owned columns, each row once.
+
+    Raises:
+        ValueError: two parts disagree on a row (they must be copies of the same writer's row).
+    """
+    rows: dict[tuple[int, int], tuple[RowBatch, int]] = {}
+    for part in parts:
+        mask = owned(part.row_column)
+        for i in np.flatnonzero(mask).tolist():
+            key = part.key(i)
+            seen = rows.get(key)
+            if seen is None:
+                rows[key] = (part, i)
+            elif not seen[0].row(seen[1]).equals(part.row(i)):
+                raise ValueError(f"peers logged different contents for row {key}")
+    if not rows:
+        return RowBatch.empty()
+    return RowBatch.from_rows({k: b.row(i) for k, (b, i) in sorted(rows.items())})
+
+
+def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, Mapping[BatchId, RowBatch]],
+                peer_applied: Mapping[str, AppliedSet], excluded_writers: set[int]) -> RepairPlan:
+    """Plan the repair of one node (module docstring, steps 2–3).
+
+    Args:
+        dst_applied: the repaired node's applied set.
+        owned: which row columns the repaired node owns (current placement).
+        peer_logs: per peer, the batch records still in its update log.
+        peer_applied: per peer, its applied set (to detect records lost to a snapshot).
+        excluded_writers: stream writer ids (copies, never candidates).
+    """
+    plan = RepairPlan()
+    candidates: dict[BatchId, list[RowBatch]] = {}
+    for peer, records in peer_logs.items():
+        for bid, batch in records.items():
+            if bid.writer in excluded_writers or bid in dst_applied:
+                continue
+            if owned(batch.row_column).any():
+                candidates.setdefault(bid, []).append(batch)
+    for bid, parts in candidates.items():
+        lost = [p for p, applied in peer_applied.items() if bid in applied and bid not in peer_logs.get(p, {})]
+        if lost:
+            plan.unrecoverable[bid] = f"applied on {', '.join(sorted(lost))} but no longer in its log"
+            continue
+        try:
+            share = assemble_share(parts, owned)
+        except ValueError as exc:
+            plan.unrecoverable[bid] = str(exc)
+            continue
+        if share.num_rows:
+            plan.shares[bid] = share
+    logged = set().union(*(set(r) for r in peer_logs.values())) if peer_logs else set()
+    for peer, applied in peer_applied.items():
+        n = count_missing(applied, dst_applied, logged | excluded_ids(applied, excluded_writers))
+        if n:
+            plan.unlogged[peer] = n
+    return plan
+
+
+def excluded_ids(applied: AppliedSet, writers: set[int]) -> set[BatchId]:
+    """Placeholder set semantics for ``count_missing``: every id of an excluded writer."""
+    return {BatchId(w, 0) for w in writers if w in set(applied.writers())}
+
+
+def count_missing(have: AppliedSet, other: AppliedSet, skip: set[BatchId]) -> int:
+    """How many ids ``have`` covers (floor ranges + exceptions) that ``other`` lacks, not counting
+    ``skip`` (ids with seq 0 in ``skip`` mean "the whole writer")."""
+    writers, floors, counts, exceptions = have.to_arrays()
+    total, pos = 0, 0
+    for w, f, c in zip(writers.tolist(), floors.tolist(), counts.tolist()):
+        exc = exceptions[pos : pos + c].tolist()
+        pos += c
+        if BatchId(w, 0) in skip:
+            continue
+        of = other.floor(w)
+        seqs = list(range(of + 1, f + 1)) + [s for s in exc if s > of]
+        total += sum(1 for s in seqs if BatchId(w, s) not in other and BatchId(w, s) not in skip)
+    return total

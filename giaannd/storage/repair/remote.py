@@ -1,0 +1,421 @@
+"""Repair across processes: ``RepairServer`` answers a peer's questions about this node's update log
+and rows; ``repair_self`` repairs the local node from its live peers (the daemon's ``giaannctl
+node repair``, one storage process each).
+
+Glue only: the messages and their rules are in repair_wire.py, what to apply is repair.py's
+``plan_repair`` (the same decisions as repair_ops.repair, which needs every service in one process):
+
+1. Hints are pushed by the caller before this runs (they close most gaps).
+2. For every live peer, all ``LoggedFor`` pages: the records it still logs that this node lacks,
+   restricted to this node's columns, every id it logs that this node lacks, its applied set and
+   its stream writers. If any peer fails to answer completely, nothing is applied (a share built
+   without that peer's rows could be incomplete, and once applied under its id it could never be
+   completed) and the peer is reported in ``peers_failed``.
+3. ``plan_repair``; each share is applied through ``apply_local`` under its original batch id.
+4. Every peer's ``DigestsFor`` pages against this node's rows in the columns both own; rows whose
+   strength digests differ are fetched (``RowsOf``) and compared within ``tolerance``.
+
+A batch applied by a peer *after* that peer's last page was read is not seen by this run (a write
+still in flight reaches this node by itself); this is the same window repair_ops has.
+
+Serving: the storage node's stream endpoint hands every payload for which
+``repair_wire.is_repair_request(payload)`` is true (tag >= 200) to
+``RepairServer.handle_incoming(incoming)`` and returns its ``Reply`` (``with_repair`` builds that
+dispatching handler around another one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch, RowKey
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.errors import CorruptLogError
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.update_log import LogRecord, list_segments, scan_segment
+from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.repair.wire import (
+    DEFAULT_PAGE_BYTES,
+    MAX_PAGE_BYTES,
+    MAX_PAGE_ROWS,
+    DigestsFor,
+    DigestsPage,
+    LoggedFor,
+    LoggedPage,
+    RepairRefused,
+    RepairRequest,
+    RowsOf,
+    RowsPage,
+    applied_arrays,
+    applied_from_bulk,
+    compare_digests,
+    decode_repair,
+    decode_repair_reply,
+    is_repair_request,
+    owned_mask,
+    pack_batches,
+    placement_from_spec,
+    select_log_page,
+    spec_of,
+    unpack_batches,
+)
+from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.sender import apply_local
+from giaannd.storage.streaming.writers import stream_writers_of
+from peers.errors import PeersError
+from peers.placement import Placement
+from peers.transport import Connection, Handler, Incoming, Reply, Transport, connect
+
+__all__ = ["RepairFailed", "RepairServer", "repair_self", "with_repair"]
+
+log = logging.getLogger(__name__)
+
+_ENC: Final = msgspec.msgpack.Encoder()
+#: Entries copied per DigestsFor page at most (the scan gathers the rows it looks at).
+_DIGEST_PAGE_ENTRIES: Final = 1 << 20
+#: Keys looked at per DigestsFor page (filtered out or not), as protocol.MAX_SCAN_EXAMINE.
+_DIGEST_PAGE_EXAMINE: Final = 262_144
+REQUEST_TIMEOUT_S: Final = 30.0
+CONNECT_TIMEOUT_S: Final = 5.0
+
+
+class RepairFailed(RuntimeError):
+    """A peer refused a repair request or answered something else than the protocol says."""
+
+
+def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
+    return Reply(_ENC.encode(msg), list(bulk))
+
+
+def _u64(values: Sequence[int]) -> NDArray[np.uint64]:
+    return np.array(values, np.uint64) if len(values) else np.zeros(0, np.uint64)
+
+
+# -- server -------------------------------------------------------------------------------------------
+def _records_after(directory: Path, after_seq: int) -> Iterator[LogRecord]:
+    """The log's records with seq > ``after_seq``, segment by segment (skipping earlier segments;
+    a segment dropped by a snapshot meanwhile is skipped: its records left the log)."""
+    segments = list_segments(directory)
+    for i, (first, path) in enumerate(segments):
+        if i + 1 < len(segments) and segments[i + 1][0] - 1 <= after_seq:
+            continue
+        try:
+            scan = scan_segment(path, first, is_last=i == len(segments) - 1)
+        except FileNotFoundError:
+            continue
+        yield from scan.records
+
+
+class RepairServer:
+    """Answers repair requests (repair_wire.py) about one local storage service."""
+
+    def __init__(self, service: StorageService) -> None:
+        self.service = service
+
+    def _store(self) -> DurableStore:
+        if self.service.store is None:
+            raise RuntimeError("storage service is not open")
+        return self.service.store
+
+    async def handle_incoming(self, incoming: Incoming) -> Reply:
+        """Decode and serve one request; bad input gets a ``RepairRefused`` reply."""
+        try:
+            msg = decode_repair(incoming.payload)
+        except ValueError as exc:
+            return _reply(RepairRefused(str(exc)[:400]))
+        return await self.handle(msg, incoming.bulk)
+
+    async def handle(self, msg: RepairRequest, bulk: Sequence[Any]) -> Reply:
+        """Serve one decoded request (``RepairRefused`` for anything it cannot serve; never raises
+        for peer input, never changes this node's state)."""
+        try:
+            if isinstance(msg, LoggedFor):
+                return await self._logged(msg, bulk)
+            if isinstance(msg, DigestsFor):
+                return self._digests(msg, bulk)
+            return self._rows(msg, bulk)
+        except (ValueError, RuntimeError, CorruptLogError, OSError) as exc:
+            log.warning("repair request refused: %s: %s", type(exc).__name__, exc)
+            return _reply(RepairRefused(f"{type(msg).__name__}: {type(exc).__name__}: {exc}"[:400]))
+
+    def _placement_with(self, spec: Any, node: str) -> Placement:
+        placement = placement_from_spec(spec)
+        if node not in placement.names:
+            raise ValueError(f"node {node!r} is not a member of the placement")
+        return placement
+
+    async def _logged(self, msg: LoggedFor, bulk: Sequence[Any]) -> Reply:
+        store = self._store()
+        placement = self._placement_with(msg.placement, msg.node)
+        node_applied = applied_from_bulk(bulk)
+        mine = stream_writers_of(self.service)
+        excluded = mine | set(msg.stream_writers)
+        # One instant on the event loop (no await between): every id in ``applied`` was appended
+        # to the log at a seq <= upto before it was applied (DurableStore.apply).
+        upto, applied = store.log.last_seq, applied_arrays(store.store.applied)
+        page = await asyncio.to_thread(
+            lambda: select_log_page(_records_after(store.directory, msg.after_seq), msg.after_seq, upto,
+                                    owned_mask(placement, msg.node), node_applied, excluded,
+                                    min(msg.max_bytes, MAX_PAGE_BYTES)))
+        reply = LoggedPage(self.service.node_name, [(b.writer, b.seq, r.num_rows) for b, r in page.records],
+                           page.next_after_seq, page.reached_end, sorted(mine))
+        ids = [_u64([b.writer for b in page.ids]), _u64([b.seq for b in page.ids])]
+        return _reply(reply, [*pack_batches([r for _, r in page.records]), *ids,
+                              *(applied if page.reached_end else applied_arrays(None))])
+
+    def _digests(self, msg: DigestsFor, bulk: Sequence[Any]) -> Reply:
+        if bulk:
+            raise ValueError("DigestsFor takes no bulk")
+        rows = self._store().store
+        placement = self._placement_with(msg.placement, msg.node)
+        owned = owned_mask(placement, msg.node, self.service.node_name)
+        res = rows.scan(msg.after, min(msg.max_rows, MAX_PAGE_ROWS), _DIGEST_PAGE_ENTRIES, _DIGEST_PAGE_EXAMINE,
+                        keep=owned)
+        b = res.batch
+        kd, sd = np.zeros(b.num_rows, np.uint64), np.zeros(b.num_rows, np.uint64)
+        for i, key in enumerate(zip(b.row_column.tolist(), b.row_feature.tolist())):
+            d = rows.digest(key)
+            if d is not None:  # (a scan is one synchronous call: the row is still there)
+                kd[i], sd[i] = d.keys, d.strength
+        return _reply(DigestsPage(res.next_key, res.done), [b.row_column, b.row_feature, kd, sd])
+
+    def _rows(self, msg: RowsOf, bulk: Sequence[Any]) -> Reply:
+        if len(bulk) != 2 or any(not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != np.uint64
+                                 for a in bulk) or bulk[0].shape != bulk[1].shape:
+            raise ValueError("RowsOf: expected two equal-length 1-d uint64 key arrays")
+        if bulk[0].size > MAX_PAGE_ROWS:
+            raise ValueError(f"RowsOf: at most {MAX_PAGE_ROWS} keys per request")
+        rows = self._store().store
+        cols, feats = bulk[0].tolist(), bulk[1].tolist()
+        limit, used, served = min(msg.max_bytes, MAX_PAGE_BYTES), 0, 0
+        for key in zip(cols, feats):
+            region = rows.row_region(key)
+            size = 16 + (len(region) if region is not None else 0)
+            if served and used + size > limit:
+                break
+            used, served = used + size, served + 1
+        batch = rows.read_rows(np.array(cols[:served], np.uint64), np.array(feats[:served], np.uint64))
+        return _reply(RowsPage(served), batch.buffers())
+
+
+def with_repair(server: RepairServer, other: Handler) -> Handler:
+    """A listener handler serving repair requests (tag >= 200) with ``server`` and everything else
+    with ``other`` (e.g. ``StreamEndpoint.handle``)."""
+
+    async def handle(incoming: Incoming) -> Reply:
+        if is_repair_request(incoming.payload):
+            return await server.handle_incoming(incoming)
+        return await other(incoming)
+
+    return handle
+
+
+# -- client ---------------------------------------------------------------------------------------------
+class _Peer:
+    """One connection to a peer's repair server, with the paging loops."""
+
+    def __init__(self, name: str, conn: Connection, me: str, placement: Placement) -> None:
+        self.name, self.conn, self.me = name, conn, me
+        self.spec = spec_of(placement)
+
+    async def _ask(self, msg: msgspec.Struct, bulk: Sequence[Any], want: type[Any]) -> tuple[Any, list[Any]]:
+        res = await self.conn.request(_ENC.encode(msg), list(bulk), timeout_s=REQUEST_TIMEOUT_S)
+        try:
+            reply = decode_repair_reply(res.payload)
+        except ValueError as exc:
+            raise RepairFailed(f"{self.name}: {exc}") from exc
+        if isinstance(reply, RepairRefused):
+            raise RepairFailed(f"{self.name} refused: {reply.reason}")
+        if not isinstance(reply, want):
+            raise RepairFailed(f"{self.name}: unexpected {type(reply).__name__} to {type(msg).__name__}")
+        return reply, res.bulk
+
+    async def logged(self, my_applied: AppliedSet, my_writers: set[int], page_bytes: int
+                     ) -> tuple[dict[BatchId, RowBatch], AppliedSet, set[int]]:
+        """Every page: (records by id, ids without rows mapped to empty batches), applied, writers."""
+        out: dict[BatchId, RowBatch] = {}
+        after, arrays = 0, applied_arrays(my_applied)
+        while True:
+            req = LoggedFor(self.me, self.spec, after, page_bytes, sorted(my_writers))
+            page, bulk = await self._ask(req, arrays, LoggedPage)
+            if len(bulk) != 13:
+                raise RepairFailed(f"{self.name}: LoggedPage with {len(bulk)} buffers, expected 13")
+            try:
+                batches = unpack_batches(bulk[:7], [n for _, _, n in page.records])
+                if any(a.dtype != np.uint64 or a.ndim != 1 for a in bulk[7:9]) or bulk[7].shape != bulk[8].shape:
+                    raise ValueError("ids: expected two equal-length 1-d uint64 arrays")
+                for w, s in zip(bulk[7].tolist(), bulk[8].tolist()):
+                    out.setdefault(BatchId(w, s), RowBatch.empty())
+                for (w, s, _), batch in zip(page.records, batches):
+                    out[BatchId(w, s)] = batch
+                if page.done:
+                    return out, applied_from_bulk(bulk[9:13]), set(page.stream_writers)
+            except ValueError as exc:
+                raise RepairFailed(f"{self.name}: bad LoggedPage: {exc}") from exc
+            if page.next_after_seq <= after:
+                raise RepairFailed(f"{self.name}: LoggedPage made no progress")
+            after = page.next_after_seq
+
+    async def compare(self, store: DurableStore, mine: Sequence[RowKey], tolerance: float, seen: set[RowKey]
+                      ) -> list[str]:
+        """This node's rows ``mine`` (the columns both own) against the peer's; adds the peer's keys
+        to ``seen``."""
+        after: tuple[int, int] | None = None
+        divergent: list[str] = []
+        recheck: list[RowKey] = []
+        reported: set[RowKey] = set()
+        while True:
+            page, bulk = await self._ask(DigestsFor(self.me, self.spec, after), (), DigestsPage)
+            if len(bulk) != 4:
+                raise RepairFailed(f"{self.name}: DigestsPage with {len(bulk)} buffers, expected 4")
+            keys = list(zip(bulk[0].tolist(), bulk[1].tolist()))
+            verdict = compare_digests(store.store.digest, keys, bulk[2].tolist(), bulk[3].tolist(),
+                                      self.me, self.name)
+            divergent += verdict.divergent
+            recheck += verdict.recheck
+            reported.update(keys)
+            if page.done or page.next_after is None:
+                break
+            if after is not None and tuple(page.next_after) <= after:
+                raise RepairFailed(f"{self.name}: DigestsPage made no progress")
+            after = tuple(page.next_after)
+        seen |= reported
+        divergent += [f"row {k}: missing on {self.name}, present on {self.me}" for k in mine if k not in reported]
+        divergent += await self._recheck(store, recheck, tolerance)
+        return divergent
+
+    async def _recheck(self, store: DurableStore, keys: list[RowKey], tolerance: float) -> list[str]:
+        out: list[str] = []
+        while keys:
+            chunk = keys[:MAX_PAGE_ROWS]
+            req = [_u64([k[0] for k in chunk]), _u64([k[1] for k in chunk])]
+            page, bulk = await self._ask(RowsOf(DEFAULT_PAGE_BYTES), req, RowsPage)
+            if not 1 <= page.served <= len(chunk):
+                raise RepairFailed(f"{self.name}: RowsPage served {page.served} of {len(chunk)} keys")
+            try:
+                theirs = dict(iter(RowBatch.from_buffers(bulk, validate=True)))
+            except ValueError as exc:
+                raise RepairFailed(f"{self.name}: bad RowsPage: {exc}") from exc
+            for key in chunk[: page.served]:
+                here, there = store.store.row(key), theirs.get(key)
+                if here is None or there is None or not here.equals(there, rtol=tolerance):
+                    out.append(f"row {key}: {self.name} differs from {self.me}")
+            keys = keys[page.served :]
+        return out
+
+
+async def _open_peers(transport: Transport, peer_addresses: dict[str, str], me: str, placement: Placement,
+                      failed: dict[str, str]) -> list[_Peer]:
+    peers: list[_Peer] = []
+    for name, address in sorted(peer_addresses.items()):
+        if name == me:
+            continue
+        try:
+            conn = await connect(transport, address, timeout_s=CONNECT_TIMEOUT_S)
+        except (PeersError, OSError) as exc:
+            failed[name] = f"connect: {type(exc).__name__}: {exc}"
+            continue
+        peers.append(_Peer(name, conn, me, placement))
+    return peers
+
+
+def _keys_by_peer(store: DurableStore, placement: Placement, me: str, peers: Sequence[str]
+                  ) -> tuple[list[RowKey], dict[str, list[RowKey]]]:
+    """This node's row keys in columns it owns, and of those, the ones each peer also owns."""
+    keys = store.store.keys()
+    if me not in placement.names or not keys:
+        return [], {p: [] for p in peers}
+    owners = placement.owner_indices(np.fromiter((k[0] for k in keys), np.uint64, len(keys)))
+    mine = (owners == placement.names.index(me)).any(axis=1)
+    out: dict[str, list[RowKey]] = {}
+    for p in peers:
+        both = mine & (owners == placement.names.index(p)).any(axis=1) if p in placement.names else mine & False
+        out[p] = [keys[i] for i in np.flatnonzero(both).tolist()]
+    return [keys[i] for i in np.flatnonzero(mine).tolist()], out
+
+
+async def repair_self(service: StorageService, transport: Transport, peer_addresses: dict[str, str],
+                      placement: Placement, tolerance: float = 1e-5, *,
+                      page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str, Any]:
+    """Repair this node from its live peers (module docstring). Hints must have been pushed first.
+
+    Args:
+        service: the local, open storage service (its ``node_name`` is the repaired node).
+        transport: used to connect to the peers' repair servers.
+        peer_addresses: live peer name -> address of the listener serving its ``RepairServer``.
+        placement: the placement in force (every peer is asked under it).
+        tolerance: relative tolerance of the strength comparison.
+        page_bytes: bytes per LoggedFor page (smaller: more round trips, less memory per page).
+
+    Returns:
+        ``{"batches_shipped", "rows_shipped", "unrecoverable": {node: [...]}, "unlogged": {node:
+        {peer: count}}, "rows_compared", "rows_divergent": [...], "peers_failed": {peer: reason}}``
+        (repair_ops.repair's shape for one node; "unrecoverable"/"unlogged" empty when nothing).
+    """
+    store = service.store
+    if store is None:
+        raise RuntimeError("storage service is not open")
+    me = service.node_name
+    failed: dict[str, str] = {}
+    report: dict[str, Any] = {"batches_shipped": 0, "rows_shipped": 0, "unrecoverable": {}, "unlogged": {},
+                              "rows_compared": 0, "rows_divergent": [], "peers_failed": failed}
+    peers = await _open_peers(transport, peer_addresses, me, placement, failed)
+    try:
+        await _rebuild(service, store, peers, placement, page_bytes, report)
+        await _compare(store, me, peers, placement, tolerance, report)
+    finally:
+        for p in peers:
+            with contextlib.suppress(Exception):
+                await p.conn.close()
+    return report
+
+
+async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Peer], placement: Placement,
+                   page_bytes: int, report: dict[str, Any]) -> None:
+    me, failed = service.node_name, report["peers_failed"]
+    mine = stream_writers_of(service)
+    logs: dict[str, dict[BatchId, RowBatch]] = {}
+    applied: dict[str, AppliedSet] = {}
+    excluded = set(mine)
+    for p in peers:
+        try:
+            logs[p.name], applied[p.name], writers = await p.logged(store.store.applied, mine, page_bytes)
+            excluded |= writers
+        except (RepairFailed, PeersError, OSError) as exc:
+            failed[p.name] = f"logged: {exc}"
+    if failed:
+        log.warning("repair node=%s: applying nothing, peers did not answer: %s", me, failed)
+        return
+    plan = plan_repair(store.store.applied, owned_mask(placement, me), logs, applied, excluded)
+    for bid, share in plan.shares.items():
+        if await apply_local(service, bid, share):
+            report["batches_shipped"] += 1
+            report["rows_shipped"] += share.num_rows
+    if plan.unlogged:
+        report["unlogged"][me] = plan.unlogged
+    if plan.unrecoverable:
+        report["unrecoverable"][me] = [f"{b.writer:#x}/{b.seq}: {why}" for b, why in plan.unrecoverable.items()]
+
+
+async def _compare(store: DurableStore, me: str, peers: list[_Peer], placement: Placement, tolerance: float,
+                   report: dict[str, Any]) -> None:
+    mine, shared = _keys_by_peer(store, placement, me, [p.name for p in peers])
+    seen: set[RowKey] = set(mine)
+    for p in peers:
+        if p.name in report["peers_failed"]:
+            continue
+        try:
+            report["rows_divergent"] += await p.compare(store, shared[p.name], tolerance, seen)
+        except (RepairFailed, PeersError, OSError) as exc:
+            report["peers_failed"][p.name] = f"compare: {exc}"
+    report["rows_compared"] = len(seen)

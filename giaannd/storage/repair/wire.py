@@ -1,0 +1,390 @@
+"""Repair across processes: the messages and the pure rules behind them (no I/O).
+
+Theory of operation
+-------------------
+repair.py decides *what* a node is missing from its peers' update logs and applied sets; in the
+daemon those live in other processes, so the node asks for them (repair_remote.py is the glue).
+Every request is self-contained (no server-side session), so a page can be re-asked after a
+reconnect and a server keeps no state between pages:
+
+- ``LoggedFor(node, placement, after_seq)`` + the asking node's applied set (bulk): one page of
+  the batch records in the server's update log with log seq > ``after_seq``, each restricted to
+  the rows in columns ``node`` owns under ``placement``, leaving out records ``node`` has applied
+  and records of stream writers (copies, not writes: repair.py). The page also lists the ids of
+  *every* logged record ``node`` lacks, touching its columns or not: plan_repair needs them to tell
+  "applied there but left its log" (unrecoverable) from "logged, just not in my columns". The last
+  page (``done``) carries the server's applied set, read on the event loop at the same instant as
+  the log's last seq that bounds the page: every id in that set was appended to the log before
+  it was applied, so it is either in the pages or truly gone from the log (snapshotted away).
+- ``DigestsFor(node, placement, after)``: one page of (row key, keys digest, strength digest) of the
+  server's rows in columns both it and ``node`` own (column_store.RowDigest).
+- ``RowsOf(keys)``: the server's rows of those keys, for the rows whose strength digests differ
+  (replicas sum the same batches in different orders; strengths are compared within a tolerance).
+
+Tags: requests 200..229, replies 230..255. The storage node's stream endpoint serves these next to
+its stream messages (tags 1..63 / 64..127), so tags are append only and never reused
+(``is_repair_request`` tells the two apart by the tag alone). Placement travels as its members,
+weights, replicas, strategy and pins plus its epoch; the server rebuilds it and refuses a request
+whose epoch does not match (the two would disagree on ownership).
+
+Bulk layouts (all 1-d, little-endian numpy arrays):
+
+=============  =========================================================================
+LoggedFor      applied set: writers u64, floors u64, exception counts u64, exceptions u64
+LoggedPage     7 RowBatch buffers of all records' rows concatenated (``pack_batches``),
+               ids: writer u64, seq u64; the server's applied set (4 arrays, empty unless done)
+DigestsPage    row_column u64, row_feature u64, keys digest u64, strength digest u64
+RowsOf         row_column u64, row_feature u64
+RowsPage       7 RowBatch buffers
+=============  =========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final, cast
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch, RowKey
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.column_store import RowDigest
+from giaannd.storage.engine.update_log import LogRecord
+from peers.placement import Member, Placement, Strategy
+
+__all__ = [
+    "DEFAULT_PAGE_BYTES",
+    "MAX_PAGE_BYTES",
+    "MAX_PAGE_RECORDS",
+    "MAX_PAGE_ROWS",
+    "REPAIR_TAG_MIN",
+    "DigestVerdict",
+    "DigestsFor",
+    "DigestsPage",
+    "LogPage",
+    "LoggedFor",
+    "LoggedPage",
+    "PlacementSpec",
+    "RepairRefused",
+    "RepairReply",
+    "RepairRequest",
+    "RowsOf",
+    "RowsPage",
+    "applied_arrays",
+    "applied_from_bulk",
+    "compare_digests",
+    "decode_repair",
+    "decode_repair_reply",
+    "is_repair_request",
+    "owned_mask",
+    "pack_batches",
+    "placement_from_spec",
+    "select_log_page",
+    "spec_of",
+    "unpack_batches",
+]
+
+#: Smallest tag of this message family; everything below belongs to the stream endpoint.
+REPAIR_TAG_MIN: Final = 200
+#: Default and largest bytes of rows (+16 per listed id) in one LoggedPage / RowsPage: big enough
+#: to amortise a round trip, small enough that a page is a fraction of the frame limits
+#: (peers.framing.MAX_BULK_BYTES_PER_FRAME) and of a receiver's memory.
+DEFAULT_PAGE_BYTES: Final = 8 * 2**20
+MAX_PAGE_BYTES: Final = 256 * 2**20
+#: Records listed in one LoggedPage header (the header is msgpack, bounded by MAX_BODY_BYTES).
+MAX_PAGE_RECORDS: Final = 65_536
+#: Rows per DigestsPage and keys per RowsOf (as protocol.MAX_DIGEST_ROWS).
+MAX_PAGE_ROWS: Final = 65_536
+
+_U64 = Annotated[int, msgspec.Meta(ge=0)]  # (msgpack uint64 at most)
+_Bytes = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class PlacementSpec(msgspec.Struct, frozen=True):
+    """A placement as data: enough to rebuild it exactly (``epoch`` checks that)."""
+
+    members: list[tuple[str, float]]
+    replicas: int
+    strategy: str = "hash"
+    pins: list[tuple[_U64, list[str]]] = []
+    epoch: str = ""
+
+
+# -- requests (tags 200..229; append only) ---------------------------------------------------------
+class LoggedFor(msgspec.Struct, frozen=True, tag=200):
+    """Logged records ``node`` lacks, restricted to its columns. Bulk: its applied set (4 arrays).
+    Reply: ``LoggedPage``."""
+
+    node: str
+    placement: PlacementSpec
+    after_seq: _U64 = 0
+    max_bytes: _Bytes = DEFAULT_PAGE_BYTES
+    stream_writers: list[_U64] = []  # the asking node's (excluded like the server's own)
+
+
+class DigestsFor(msgspec.Struct, frozen=True, tag=201):
+    """Row digests in columns both ``node`` and the server own, keys > ``after`` (if given).
+    Reply: ``DigestsPage``."""
+
+    node: str
+    placement: PlacementSpec
+    after: tuple[_U64, _U64] | None = None
+    max_rows: _Bytes = MAX_PAGE_ROWS
+
+
+class RowsOf(msgspec.Struct, frozen=True, tag=202):
+    """The rows of the keys in bulk (absent ones left out). Reply: ``RowsPage``."""
+
+    max_bytes: _Bytes = DEFAULT_PAGE_BYTES
+
+
+# -- replies (tags 230..255; append only) ----------------------------------------------------------
+class LoggedPage(msgspec.Struct, frozen=True, tag=230):
+    """``records``: (writer, seq, rows in the packed bulk) in log order. Resume after
+    ``next_after_seq`` unless ``done``."""
+
+    server: str
+    records: list[tuple[_U64, _U64, int]]
+    next_after_seq: _U64
+    done: bool
+    stream_writers: list[_U64] = []
+
+
+class RepairRefused(msgspec.Struct, frozen=True, tag=231):
+    """The request was not served; nothing changed on the server."""
+
+    reason: str
+
+
+class DigestsPage(msgspec.Struct, frozen=True, tag=232):
+    next_after: tuple[_U64, _U64] | None
+    done: bool
+
+
+class RowsPage(msgspec.Struct, frozen=True, tag=233):
+    """``served``: how many of the requested keys this page answers (ask again for the rest)."""
+
+    served: int
+
+
+RepairRequest = LoggedFor | DigestsFor | RowsOf
+RepairReply = LoggedPage | RepairRefused | DigestsPage | RowsPage
+
+_REQ: Final = msgspec.msgpack.Decoder(RepairRequest)
+_REP: Final = msgspec.msgpack.Decoder(RepairReply)
+
+
+class _Tag(msgspec.Struct):
+    type: int = -1
+
+
+_TAG: Final = msgspec.msgpack.Decoder(_Tag)
+
+
+def is_repair_request(payload: bytes | memoryview) -> bool:
+    """True if ``payload`` is a msgpack map whose tag is in this family (>= ``REPAIR_TAG_MIN``).
+
+    The stream endpoint's dispatcher calls this first and hands such payloads to
+    ``RepairServer.handle_incoming``; anything undecodable is left to the stream decoder.
+    """
+    try:
+        return _TAG.decode(payload).type >= REPAIR_TAG_MIN
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+
+
+def decode_repair(payload: bytes | memoryview) -> RepairRequest:
+    """Decode one request.
+
+    Raises:
+        ValueError: undecodable, unknown tag, or a field out of range (msgspec's ``$.path`` kept).
+    """
+    try:
+        return cast(RepairRequest, _REQ.decode(payload))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"undecodable repair request: {exc}") from exc
+
+
+def decode_repair_reply(payload: bytes | memoryview) -> RepairReply:
+    """Decode one reply (ValueError as ``decode_repair``)."""
+    try:
+        return cast(RepairReply, _REP.decode(payload))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"undecodable repair reply: {exc}") from exc
+
+
+# -- placement ---------------------------------------------------------------------------------------
+def spec_of(placement: Placement) -> PlacementSpec:
+    return PlacementSpec([(m.name, m.weight) for m in placement.members], placement.replicas,
+                         placement.strategy, sorted((k, list(v)) for k, v in placement.pins.items()),
+                         placement.epoch)
+
+
+def placement_from_spec(spec: PlacementSpec) -> Placement:
+    """Rebuild a placement.
+
+    Raises:
+        ValueError: invalid members/strategy, or the rebuilt epoch differs from ``spec.epoch``.
+    """
+    try:
+        placement = Placement(tuple(Member(n, w) for n, w in spec.members), spec.replicas,
+                              cast(Strategy, spec.strategy), {k: tuple(v) for k, v in spec.pins})
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"bad placement: {exc}") from exc
+    if spec.epoch and placement.epoch != spec.epoch:
+        raise ValueError(f"placement epoch mismatch: sent {spec.epoch}, rebuilt {placement.epoch}")
+    return placement
+
+
+Owned = Callable[[NDArray[np.uint64]], NDArray[np.bool_]]
+
+
+def owned_mask(placement: Placement, *names: str) -> Owned:
+    """Which columns every one of ``names`` owns (none, for a name not in the placement)."""
+    idx = [placement.names.index(n) if n in placement.names else -1 for n in names]
+
+    def owned(cols: NDArray[np.uint64]) -> NDArray[np.bool_]:
+        if cols.size == 0 or -1 in idx:
+            return np.zeros(cols.shape[0], np.bool_)
+        owners = placement.owner_indices(cols)
+        mask = np.ones(cols.shape[0], np.bool_)
+        for i in idx:
+            mask &= (owners == i).any(axis=1)
+        return mask
+
+    return owned
+
+
+# -- applied sets and batches as bulk ------------------------------------------------------------------
+def applied_arrays(applied: AppliedSet | None) -> list[NDArray[np.uint64]]:
+    if applied is None:
+        return [np.zeros(0, np.uint64) for _ in range(4)]
+    return list(applied.to_arrays())
+
+
+def _u64(arr: Any, what: str) -> NDArray[np.uint64]:
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype != np.uint64:
+        raise ValueError(f"{what}: expected a 1-d uint64 array")
+    return arr
+
+
+def applied_from_bulk(bulk: Sequence[Any]) -> AppliedSet:
+    """Raises ValueError unless ``bulk`` is four consistent u64 arrays (AppliedSet.from_arrays)."""
+    if len(bulk) != 4:
+        raise ValueError(f"applied set: expected 4 arrays, got {len(bulk)}")
+    w, f, c, e = (_u64(a, "applied set") for a in bulk)
+    return AppliedSet.from_arrays(w, f, c, e)
+
+
+def pack_batches(batches: Sequence[RowBatch]) -> list[NDArray[Any]]:
+    """Seven buffers holding every batch's rows back to back (offsets rebased; not canonical as a
+    whole: split with ``unpack_batches`` and the per-batch row counts)."""
+    if not batches:
+        return RowBatch.empty().buffers()
+    starts = np.cumsum([0] + [b.num_entries for b in batches[:-1]], dtype=np.int64)
+    offsets = np.concatenate([np.zeros(1, np.int64)] + [b.offsets[1:] + s for b, s in zip(batches, starts)])
+    cat = [np.concatenate([b.buffers()[i] for b in batches]) for i in (0, 1, 3, 4, 5, 6)]
+    return [cat[0], cat[1], offsets, *cat[2:]]
+
+
+def unpack_batches(buffers: Sequence[Any], row_counts: Sequence[int]) -> list[RowBatch]:
+    """Inverse of ``pack_batches``; every batch is validated (peer input).
+
+    Raises:
+        ValueError: wrong buffers, counts that do not add up, or a non-canonical batch.
+    """
+    whole = RowBatch.from_buffers(list(buffers), validate=False)
+    if any(n < 0 for n in row_counts) or sum(row_counts) != whole.num_rows:
+        raise ValueError("packed batches: row counts do not add up")
+    off = whole.offsets
+    if off.shape[0] != whole.num_rows + 1 or off[0] != 0 or off[-1] != whole.num_entries or np.any(np.diff(off) < 0):
+        raise ValueError("packed batches: bad offsets")
+    out, r0 = [], 0
+    for n in row_counts:
+        e0, e1 = int(off[r0]), int(off[r0 + n])
+        b = RowBatch(whole.row_column[r0 : r0 + n], whole.row_feature[r0 : r0 + n], off[r0 : r0 + n + 1] - e0,
+                     whole.segment[e0:e1], whole.target_column[e0:e1], whole.target_feature[e0:e1],
+                     whole.strength[e0:e1])
+        b.validate()
+        out.append(b)
+        r0 += n
+    return out
+
+
+# -- the server's page of its log (pure over the records it is given) ------------------------------
+@dataclass
+class LogPage:
+    """One page of a log for ``node``: restricted records, ids ``node`` lacks, and the cursor."""
+
+    records: list[tuple[BatchId, RowBatch]] = field(default_factory=list)
+    ids: list[BatchId] = field(default_factory=list)
+    next_after_seq: int = 0
+    reached_end: bool = False
+
+
+def select_log_page(records: Iterable[LogRecord], after_seq: int, upto_seq: int, owned: Owned,
+                    node_applied: AppliedSet, excluded_writers: set[int], max_bytes: int,
+                    max_records: int = MAX_PAGE_RECORDS) -> LogPage:
+    """Walk ``records`` (log order) with ``after_seq < seq <= upto_seq`` until the page is full.
+
+    A record the node lacks is listed in ``ids`` (16 bytes) and, when it has rows in the node's
+    columns, in ``records`` restricted to them. The page always makes progress (at least one record
+    past ``after_seq`` is consumed when one exists). ``reached_end``: nothing up to ``upto_seq`` is
+    left, so the caller may attach its applied set read at ``upto_seq``.
+    """
+    page = LogPage(next_after_seq=after_seq)
+    used = 0
+    for rec in records:
+        if rec.seq <= after_seq:
+            continue
+        if rec.seq > upto_seq:
+            break
+        if rec.batch_id is not None and rec.batch is not None and rec.batch_id.writer not in excluded_writers \
+                and rec.batch_id not in node_applied:
+            mask = owned(rec.batch.row_column)
+            share = rec.batch.select_rows(mask) if mask.any() else None
+            cost = 16 + (share.nbytes if share is not None else 0)
+            if page.ids and (used + cost > max_bytes or len(page.records) >= max_records):
+                return page
+            used += cost
+            page.ids.append(rec.batch_id)
+            if share is not None:
+                page.records.append((rec.batch_id, share))
+        page.next_after_seq = rec.seq
+    page.reached_end = True
+    return page
+
+
+# -- replica comparison ------------------------------------------------------------------------------
+@dataclass
+class DigestVerdict:
+    """Rows of one digest page: ``divergent`` messages, and keys whose key digests agree but whose
+    strength digests differ (``recheck``: compare the strengths within the tolerance)."""
+
+    divergent: list[str] = field(default_factory=list)
+    recheck: list[RowKey] = field(default_factory=list)
+
+
+def compare_digests(local: Callable[[RowKey], RowDigest | None], keys: Sequence[RowKey],
+                    keys_digest: Sequence[int], strength_digest: Sequence[int], me: str, peer: str
+                    ) -> DigestVerdict:
+    """Classify the peer's rows against this node's (``local``: the node's digest of a key).
+
+    Keys must match exactly (same targets, segments); equal strength digests mean bit-identical
+    strengths; anything else is left to ``recheck``. Rows the peer lacks are found by the caller
+    (the keys it did not report).
+    """
+    out = DigestVerdict()
+    for key, kd, sd in zip(keys, keys_digest, strength_digest):
+        mine = local(key)
+        if mine is None:
+            out.divergent.append(f"row {key}: missing on {me}, present on {peer}")
+        elif mine.keys != kd:
+            out.divergent.append(f"row {key}: {peer} differs from {me} (targets)")
+        elif mine.strength != sd:
+            out.recheck.append(key)
+    return out

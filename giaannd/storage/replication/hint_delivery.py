@@ -1,0 +1,202 @@
+"""Hint delivery: paced for a member that came up, re-split when the placement moved on.
+
+Theory of operation
+-------------------
+``HintDelivery.deliver_to(target)`` sends the hints held for ``target`` (hints.py) in order, each
+as an ordinary ``ApplyBatch`` under its original batch id and with the placement epoch its writer
+split it with (``Hint.epoch``; the holder's current epoch for old hints without one), and forgets
+each one the target acknowledged as durable. The first failure pauses delivery (the service
+retries on the next ``came_up`` event or retry tick). Two refinements:
+
+**Pacing** (ramp.py, issue 8 "a rejoining node is not flooded"). When a member comes up
+(``came_up``) it gets a ``HintPacer``: a token bucket whose byte rate grows over ``ramp_s``. Each
+hint waits for its bytes before it is sent, so a node back from a long outage is not hit with all
+its hints at once while it also takes new writes and its first reads. Pacing only delays: every
+hint is still delivered, in order; after ``ramp_s`` delivery is unpaced. A target that was never
+seen going down (its failure went unnoticed) has no pacer: nothing to protect it from.
+
+**Re-split after a placement change** (docs/topology.md, hints vs cutover). A hint was the
+target's share under the placement of its write. If the placement changed before delivery, the
+target may no longer own some rows and refuses the whole batch with ``NotOwner``. Dropping the
+hint would lose the write on the rows' new owners (when the target was the source that streamed
+them, it never had this write to forward); keeping it forever never delivers it. So:
+
+1. Ask the target whether it applied the batch id (``BatchesApplied``). If so the hint is done:
+   either a writer's retry reached it (and the new owners by the same retry), or an earlier
+   re-split of this hint finished, because the target's part is always sent last (step 3).
+2. Split the rows by the current placement (``split_by_owner``): rows the target still owns stay
+   with it; every other row goes to each of its current owners, under the **same batch id** and
+   the current epoch. An owner that already applied that id (it got the write directly) ignores
+   it, so nothing is applied twice; a new owner that never saw it applies it.
+3. Send the moved parts, then the target's remaining part. Any failure keeps the hint; the next
+   attempt repeats the parts (ignored where already applied, by batch id). The hint is forgotten
+   only once every part was acknowledged as durable: never dropped.
+
+Limits (docs/topology.md "Known gaps"): a node applies only one share per batch id, so if a new
+owner later receives another share of the same batch (a second hint for another old owner, a
+writer retry with more rows), that later share is ignored; and a new owner that received the rows
+by a stream *chunk* copied from a source that had applied the batch (possible only when the losing
+owner was down during the stream) holds them without the batch id, and would apply them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from giaannd.client.storage_client import RemoteNotOwner, StorageClient, StorageRequestError
+from giaannd.cluster.view import ClusterView
+from giaannd.model.rows import RowBatch
+from giaannd.ramp import HintPacer
+from giaannd.storage.replication.hints import Hint, HintStore
+from peers.errors import PeersError
+from peers.placement import Placement
+
+__all__ = ["DEFAULT_HINT_RAMP_START_BYTES_PER_S", "HINT_DELIVERY_TIMEOUT_S", "HintDelivery",
+           "HintSplit", "split_by_owner"]
+
+log = logging.getLogger(__name__)
+
+#: Budget of one hint delivery request.
+HINT_DELIVERY_TIMEOUT_S: Final = 10.0
+#: Hint bytes per second to a member at the start of its ramp (ramp.py: ×16 at its end): a few
+#: MiB/s is far below what one node applies, so its own writes and reads keep the priority.
+DEFAULT_HINT_RAMP_START_BYTES_PER_S: Final = 4.0 * 2**20
+
+_FAILURES: Final = (StorageRequestError, PeersError, OSError, KeyError, LookupError)
+
+
+@dataclass(frozen=True)
+class HintSplit:
+    """A hint's rows by current owner: ``kept`` (still the target's; None when empty) and
+    ``moved`` (node -> the rows it owns among those the target lost)."""
+
+    kept: RowBatch | None
+    moved: dict[str, RowBatch] = field(default_factory=dict)
+
+
+def split_by_owner(placement: Placement, target: str, batch: RowBatch) -> HintSplit:
+    """Split a hint for ``target`` by ``placement`` (module docstring, step 2). Pure."""
+    names = placement.names
+    owners = placement.owner_indices(batch.row_column)  # (rows, R)
+    me = names.index(target) if target in names else -1
+    kept_mask = (owners == me).any(axis=1)
+    kept = batch.select_rows(kept_mask) if kept_mask.any() else None
+    lost = ~kept_mask
+    moved: dict[str, RowBatch] = {}
+    for m in np.unique(owners[lost]).tolist():
+        if m == me:
+            continue
+        mask = lost & (owners == m).any(axis=1)
+        moved[names[m]] = batch.select_rows(mask)
+    return HintSplit(kept, moved)
+
+
+class HintDelivery:
+    """Delivers a node's held hints (module docstring).
+
+    Args:
+        hints: the node's hint store.
+        client: the storage client to send with.
+        topology: the node's cluster view.
+        ramp_s: pacing ramp after a member comes up (0: unpaced).
+        start_bytes_per_s: pacing rate at the start of the ramp.
+        on_delivered: told once per hint delivered (the service's counter).
+        clock: the loop's clock by default (pacing waits with ``asyncio.sleep``).
+    """
+
+    def __init__(self, hints: HintStore, client: StorageClient, topology: ClusterView, *,
+                 ramp_s: float = 0.0, start_bytes_per_s: float = DEFAULT_HINT_RAMP_START_BYTES_PER_S,
+                 on_delivered: Callable[[], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.hints, self.client, self.topology = hints, client, topology
+        self.ramp_s, self.start_bytes_per_s = ramp_s, start_bytes_per_s
+        self.on_delivered = on_delivered
+        self._clock = clock
+        self.pacers: dict[str, HintPacer] = {}
+        self.resplit = 0  # hints delivered by re-splitting (tests, logs)
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def came_up(self, name: str) -> None:
+        """(Re)start ``name``'s pacing ramp."""
+        if self.ramp_s > 0:
+            self.pacers[name] = HintPacer(self.start_bytes_per_s, self.ramp_s, self.now())
+
+    def went_down(self, name: str) -> None:
+        self.pacers.pop(name, None)
+
+    async def _pace(self, target: str, nbytes: int) -> None:
+        pacer = self.pacers.get(target)
+        if pacer is None:
+            return
+        now = self.now()
+        if pacer.done(now):
+            del self.pacers[target]
+            return
+        wait = pacer.reserve(now, nbytes)
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def deliver_to(self, target: str) -> int:
+        """Deliver ``target``'s hints in order; stop at the first failure. Returns hints delivered."""
+        done = 0
+        for hint in self.hints.pending(target):
+            await self._pace(target, hint.batch.nbytes)
+            try:
+                await self.client.apply_to(target, hint.batch_id, hint.batch,
+                                           timeout_s=HINT_DELIVERY_TIMEOUT_S, epoch=hint.epoch or None)
+            except RemoteNotOwner as exc:
+                try:
+                    ok = await self._resplit(target, hint)
+                except _FAILURES as exc2:
+                    log.info("hint re-split paused target=%s batch=%s: %s", target, tuple(hint.batch_id), exc2)
+                    break
+                if not ok:
+                    log.info("hint refused as not owner, and the target owns every row here: paused "
+                             "target=%s batch=%s: %s", target, tuple(hint.batch_id), exc)
+                    break
+            except _FAILURES as exc:
+                log.info("hint delivery paused target=%s held=%d: %s", target,
+                         len(self.hints.pending(target)), exc)
+                break
+            self.hints.delivered(target, hint.batch_id)
+            if self.on_delivered is not None:
+                self.on_delivered()
+            done += 1
+        return done
+
+    async def _resplit(self, target: str, hint: Hint) -> bool:
+        """Deliver a hint the target refused as not owner by the current placement (module
+        docstring, steps 1–3). False when there is nothing to re-route (views disagree: retry).
+
+        Raises:
+            StorageRequestError, PeersError, OSError: a part failed (the hint is kept).
+        """
+        bid = hint.batch_id
+        if (await self.client.batches_applied(target, bid.writer, [bid.seq]))[0]:
+            log.info("hint already applied by its target target=%s batch=%s", target, tuple(bid))
+            return True
+        placement = self.topology.placement
+        split = split_by_owner(placement, target, hint.batch)
+        if not split.moved:
+            return False
+        for node, part in sorted(split.moved.items()):
+            if not self.topology.is_live(node):
+                raise StorageRequestError("new owner is down", node)
+            await self.client.apply_to(node, bid, part, timeout_s=HINT_DELIVERY_TIMEOUT_S,
+                                       epoch=placement.epoch)
+        if split.kept is not None:  # last: the target's applied set then means "all parts done"
+            await self.client.apply_to(target, bid, split.kept, timeout_s=HINT_DELIVERY_TIMEOUT_S,
+                                       epoch=placement.epoch)
+        self.resplit += 1
+        log.info("hint re-split by the current placement target=%s batch=%s kept=%d moved=%s", target,
+                 tuple(bid), split.kept.num_rows if split.kept is not None else 0,
+                 {n: b.num_rows for n, b in split.moved.items()})
+        return True

@@ -1,0 +1,372 @@
+"""The storage service's request logic without I/O: decode → check → serve (ARCHITECTURE §8).
+
+Theory of operation
+-------------------
+``StorageRequests.handle(payload, bulk)`` is the whole protocol of a storage node in one synchronous
+call. It decodes the payload (``protocol.decode_request``), checks the bulk buffers against the
+named limits and the RowBatch canonical form, checks ownership under this node's placement, and then
+either answers (reads, digests, usage, applied-mask) or *steps* a write:
+
+- ``ApplyBatch``: ``DurableStore.apply`` appends the batch to the update log and applies it in RAM
+  (idempotent by batch id; refused with nothing changed if the store is full), then the writer's
+  floor is logged if it moved. The result is ``WaitDurable(seq, ...)``: the caller (service.py)
+  must not send the ack until the log is synced through ``seq`` (group commit);
+- ``ApplyBatch`` with ``hint_for``: the batch is appended to the hint log for that node; the result
+  is ``WaitHintSynced(target, ...)``: ack once that hint log is synced.
+
+Every failure is a typed error *reply* (``BadRequest``, ``StoreFull``, ``NotOwner``, ``Unavailable``);
+the order decode → limits → validate → mutate means peer garbage never changes state.
+
+Everything that decides what a request does lives in this file; the service only owns the clock,
+threads, transport and locks. Not thread-safe: call from one thread (the event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from giaannd import protocol as p
+from giaannd.cluster.view import ClusterView
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId, scan_chain_mask
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.errors import StoreFullError
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
+from giaannd.storage.replication.hints import HintSpaceFull, HintStore
+
+__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitVocabSynced",
+           "fold_row_digest"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StorageCounters:
+    """Counters for /metrics and tests (``applies / fsync_batches`` is the group-commit ratio)."""
+
+    reads: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    applies: int = 0
+    applies_duplicate: int = 0
+    bytes_applied: int = 0
+    fsync_batches: int = 0
+    hints_received: int = 0
+    hints_delivered: int = 0
+    vocab_added: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Send this reply now."""
+
+    reply: p.Reply
+    bulk: Sequence[np.ndarray] = ()
+
+
+@dataclass(frozen=True)
+class WaitDurable:
+    """Reply ``ack`` once the update log is durable through ``seq``."""
+
+    seq: int
+    ack: p.ApplyAck
+
+
+@dataclass(frozen=True)
+class WaitHintSynced:
+    """Reply ``ack`` once ``target``'s hint log is synced."""
+
+    target: str
+    ack: p.ApplyAck
+
+
+@dataclass(frozen=True)
+class WaitVocabSynced:
+    """Reply ``ack`` once the vocab log is synced through ``offset``."""
+
+    offset: int
+    ack: p.VocabAck
+
+
+Step = Answer | WaitDurable | WaitHintSynced | WaitVocabSynced
+
+
+_U64_MASK = (1 << 64) - 1
+_ROW_DIGEST = struct.Struct("<QQQ")
+
+
+def fold_row_digest(column: int, feature: int, digest: int) -> int:
+    """One row's share of a column digest (``ColumnInfoPage``): xxh3_64 of (column, feature,
+    row digest). Column digests are the sum of these mod 2**64: order-free, so two replicas holding
+    the same rows agree however their pages were cut, and adding pages up is a plain sum."""
+    return xxhash.xxh3_64_intdigest(_ROW_DIGEST.pack(column, feature, digest))
+
+
+def _owned(batch: RowBatch) -> RowBatch:
+    """A copy that no longer references the transport's pooled receive buffers (hints outlive them)."""
+    return RowBatch(*[np.array(b, copy=True) for b in batch.buffers()])
+
+
+def _text(message: str) -> str:
+    return message[: p.MAX_TEXT_CHARS]
+
+
+class StorageRequests:
+    """The request core of one storage node (module docstring).
+
+    Args:
+        store, hints: the node's durable store and hint log.
+        node_name: this node's member name ("" for a standalone node).
+        topology: returns the current topology (None: standalone, owns every row).
+        on_count: told about every counter increment (metrics export), as (name, amount).
+    """
+
+    def __init__(self, store: DurableStore, hints: HintStore, node_name: str,
+                 topology: Callable[[], ClusterView | None],
+                 on_count: Callable[[str, int], None] | None = None) -> None:
+        self.store, self.hints, self.node_name = store, hints, node_name
+        self._topology = topology
+        self._on_count = on_count
+        self.counters = StorageCounters()
+        #: set while the service stops: new writes get Unavailable (reads still served)
+        self.refuse_writes = False
+        #: the node's vocabulary table (vocab_store.py); None: PutVocab/GetVocab get Unavailable
+        self.vocab: VocabStore | None = None
+
+    # -- entry point ------------------------------------------------------------------------------
+    def handle(self, payload: bytes | memoryview, bulk: Sequence[np.ndarray]) -> Step:
+        """One request → an answer now, or a write step to finish once durable."""
+        msg = self.parse(payload)
+        return msg if isinstance(msg, Answer) else self.serve(msg, bulk)
+
+    def parse(self, payload: bytes | memoryview) -> p.Request | Answer:
+        """Decode (a BadRequest answer for garbage). Split from ``serve`` so the service can hold
+        store writes back while a snapshot runs, without holding reads back."""
+        try:
+            return p.decode_request(payload)
+        except p.ProtocolViolation as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+
+    def serve(self, msg: p.Request, bulk: Sequence[np.ndarray]) -> Step:
+        try:
+            if isinstance(msg, p.ReadRows):
+                return self.read(bulk)
+            if isinstance(msg, p.ApplyBatch):
+                return self.apply(msg, bulk)
+            if isinstance(msg, p.RowDigests):
+                return self.digests(bulk)
+            if isinstance(msg, p.GetUsage):
+                return self.usage()
+            if isinstance(msg, p.ScanRows):
+                return self.scan(msg)
+            if isinstance(msg, p.PutVocab):
+                return self.put_vocab(msg)
+            if isinstance(msg, p.GetVocab):
+                return self.get_vocab(msg)
+            if isinstance(msg, p.ColumnInfo):
+                return self.column_info(msg)
+            return self.batches_applied(msg)
+        except p.ProtocolViolation as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+
+    def error(self, msg: p.ErrorReply) -> Answer:
+        kind = type(msg).__name__
+        self.counters.errors[kind] = self.counters.errors.get(kind, 0) + 1
+        if self._on_count is not None:
+            self._on_count(f"error:{kind}", 1)
+        return Answer(msg)
+
+    def count(self, key: str, n: int = 1) -> None:
+        setattr(self.counters, key, getattr(self.counters, key) + n)
+        if self._on_count is not None:
+            self._on_count(key, n)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def not_owner(self, row_column: np.ndarray) -> p.NotOwner | None:
+        """NotOwner unless this node owns every row's column under its placement (standalone: all)."""
+        topo = self._topology()
+        if topo is None or not self.node_name or row_column.size == 0:
+            return None
+        if self.node_name not in topo:  # ring mode: standby (joining / decommissioned) owns nothing
+            return p.NotOwner(topo.epoch, "standby: owns no columns") if topo.ring_mode else None
+        placement = topo.placement
+        me = placement.names.index(self.node_name)
+        owned = (placement.owner_indices(row_column) == me).any(axis=1)
+        if bool(owned.all()):
+            return None
+        return p.NotOwner(placement.epoch, f"{int((~owned).sum())} of {owned.size} rows not owned here")
+
+    def read(self, bulk: Sequence[np.ndarray]) -> Answer:
+        cols, feats = p.check_keys(bulk, p.MAX_READ_ROWS)
+        if (err := self.not_owner(cols)) is not None:
+            return self.error(err)
+        batch = self.store.store.read_rows(cols, feats)
+        self.count("reads")
+        self.count("rows_read", batch.num_rows)
+        self.count("bytes_read", batch.nbytes)
+        return Answer(p.RowsReply(), batch.buffers())
+
+    def digests(self, bulk: Sequence[np.ndarray]) -> Answer:
+        cols, feats = p.check_keys(bulk, p.MAX_DIGEST_ROWS)
+        n = cols.shape[0]
+        present = np.zeros(n, np.uint8)
+        keys, strength, batches = (np.zeros(n, np.uint64) for _ in range(3))
+        for i, key in enumerate(zip(cols.tolist(), feats.tolist())):
+            d = self.store.store.digest(key)
+            if d is not None:
+                present[i], keys[i], strength[i], batches[i] = 1, d.keys, d.strength, d.batches
+        return Answer(p.DigestsReply(), [present, keys, strength, batches])
+
+    def usage(self) -> Answer:
+        u = self.store.store.usage()
+        return Answer(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries, u.is_full,
+                                   self.hints.held))
+
+    def batches_applied(self, msg: p.BatchesApplied) -> Answer:
+        if len(msg.seqs) > p.MAX_QUERY_SEQS:
+            raise p.ProtocolViolation(f"{len(msg.seqs)} seqs in one query; the limit is {p.MAX_QUERY_SEQS}")
+        applied = self.store.store.applied
+        return Answer(p.AppliedMask([BatchId(msg.writer, s) in applied for s in msg.seqs]))
+
+    # -- writes -----------------------------------------------------------------------------------
+    def apply(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step:
+        """Log + apply a batch (or hold it as a hint); the ack waits for durability (module docstring)."""
+        if self.refuse_writes:
+            return self.error(p.Unavailable("storage service is stopping"))
+        batch = p.check_batch(bulk)
+        batch_id = BatchId(msg.writer, msg.seq)
+        if msg.hint_for is not None and msg.hint_for != self.node_name:
+            return self.hold_hint(msg.hint_for, batch_id, batch, msg.placement_epoch)
+        if (err := self.not_owner(batch.row_column)) is not None:
+            return self.error(err)
+        try:
+            result = self.store.apply(batch_id, batch, validate=False)  # check_batch validated it
+            seq = result.seq
+            if msg.writer_floor > self.store.store.applied.floor(msg.writer):
+                seq = max(seq, self.store.advance_floor(msg.writer, msg.writer_floor))
+        except StoreFullError as exc:
+            return self.error(p.StoreFull(exc.needed_bytes, exc.used_bytes, exc.capacity_bytes))
+        except ValueError as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+        except OSError as exc:
+            log.error("update log write failed: %s", exc)
+            return self.error(p.Unavailable(_text(f"update log write failed: {exc}")))
+        if result.applied:
+            self.count("applies")
+            self.count("bytes_applied", batch.nbytes)
+        else:
+            self.count("applies_duplicate")
+        return WaitDurable(seq, p.ApplyAck(durable=True, applied=result.applied))
+
+    def hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> Step:
+        try:
+            added = self.hints.add(target, batch_id, _owned(batch), epoch)
+        except HintSpaceFull as exc:
+            return self.error(p.Unavailable(str(exc)))
+        except ValueError as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+        except OSError as exc:
+            return self.error(p.Unavailable(_text(f"hint log write failed: {exc}")))
+        if added:
+            self.count("hints_received")
+        return WaitHintSynced(target, p.ApplyAck(durable=True, applied=added, hinted=True))
+
+    # -- scan (docs/replication.md "Scan") -------------------------------------------------------
+    def scan_filter(self, msg: p.ScanRows) -> tuple[p.NotOwner | None, Callable[[np.ndarray], np.ndarray] | None]:
+        """The column filter of an owned scan: columns whose owner list minus ``skip`` is
+        ``via + [this node] + ...``. A standalone node (no topology) owns everything: no filter."""
+        topo = self._topology()
+        if not msg.owned or topo is None or not self.node_name or self.node_name not in topo:
+            return None, None
+        placement = topo.placement
+        if msg.placement_epoch != placement.epoch:
+            return p.NotOwner(placement.epoch, f"scan under placement {msg.placement_epoch!r}, "
+                                               f"this node is at {placement.epoch!r}"), None
+        names = placement.names
+        unknown = [n for n in (*msg.skip, *msg.via) if n not in names]
+        if unknown:
+            return p.NotOwner(placement.epoch, f"unknown nodes in the scan filter: {unknown[:4]}"), None
+        skip = np.array([n in msg.skip for n in names])
+        chain = [names.index(n) for n in msg.via] + [names.index(self.node_name)]
+        return None, lambda cols: scan_chain_mask(placement, cols, skip, chain)
+
+    def scan(self, msg: p.ScanRows) -> Answer:
+        err, keep = self.scan_filter(msg)
+        if err is not None:
+            return self.error(err)
+        after = (msg.after_column, msg.after_feature) if msg.started else None
+        res = self.store.store.scan(after, min(msg.limit, p.MAX_SCAN_ROWS), p.MAX_SCAN_ENTRIES,
+                                    p.MAX_SCAN_EXAMINE, keep)
+        self.count("reads")
+        self.count("rows_read", res.batch.num_rows)
+        self.count("bytes_read", res.batch.nbytes)
+        nc, nf = res.next_key if res.next_key is not None else (0, 0)
+        return Answer(p.ScanPage(nc, nf, res.done, res.examined), res.batch.buffers())
+
+    # -- column info (docs/replication.md "Column info") -----------------------------------------
+    def column_info(self, msg: p.ColumnInfo) -> Answer:
+        """Counts and digests of up to ``limit`` of this node's rows of ``msg.column`` after the
+        cursor: a store scan from the column's first key (the index is sorted by (column, feature))
+        that keeps only that column and stops where the column ends."""
+        column = msg.column
+        if msg.started:
+            after: tuple[int, int] | None = (column, msg.after_feature)
+        else:  # strictly before (column, 0): the end of the previous column
+            after = (column - 1, _U64_MASK) if column > 0 else None
+        limit = min(msg.limit, p.MAX_COLUMN_INFO_ROWS)
+        res = self.store.store.scan(after, limit, p.MAX_SCAN_ENTRIES, limit,
+                                    lambda cols: cols == np.uint64(column))
+        batch = res.batch
+        keys_sum = strength_sum = batches = 0
+        for feature in batch.row_feature.tolist():
+            d = self.store.store.digest((column, feature))
+            if d is None:  # (cannot happen single-threaded: the scan just read it)
+                continue
+            keys_sum = (keys_sum + fold_row_digest(column, feature, d.keys)) & _U64_MASK
+            strength_sum = (strength_sum + fold_row_digest(column, feature, d.strength)) & _U64_MASK
+            batches += d.batches
+        rows, entries = batch.num_rows, batch.num_entries
+        nxt = res.next_key
+        done = res.done or nxt is None or nxt[0] != column
+        self.count("reads")
+        return Answer(p.ColumnInfoPage(
+            rows=rows, entries=entries, bytes=entries * ENTRY_BYTES + rows * ROW_OVERHEAD_BYTES,
+            keys_digest=keys_sum, strength_digest=strength_sum, batches=batches,
+            next_feature=0 if done or nxt is None else nxt[1], done=done))
+
+    # -- vocabulary (vocab_store.py) -------------------------------------------------------------
+    def put_vocab(self, msg: p.PutVocab) -> Step:
+        if self.refuse_writes:
+            return self.error(p.Unavailable("storage service is stopping"))
+        if self.vocab is None:
+            return self.error(p.Unavailable("this node keeps no vocabulary table"))
+        if len(msg.entries) > p.MAX_VOCAB_ENTRIES:
+            raise p.ProtocolViolation(f"{len(msg.entries)} vocabulary entries in one request; "
+                                      f"the limit is {p.MAX_VOCAB_ENTRIES}")
+        try:
+            put = self.vocab.put(msg.entries)
+        except VocabCollision as exc:
+            return self.error(p.VocabConflict(exc.kind, exc.id, _text(exc.held), _text(exc.offered)))
+        except ValueError as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+        except OSError as exc:
+            log.error("vocab log write failed: %s", exc)
+            return self.error(p.Unavailable(_text(f"vocab log write failed: {exc}")))
+        self.count("vocab_added", put.added)
+        return WaitVocabSynced(put.offset, p.VocabAck(put.added, put.known))
+
+    def get_vocab(self, msg: p.GetVocab) -> Answer:
+        if self.vocab is None:
+            return self.error(p.Unavailable("this node keeps no vocabulary table"))
+        if len(msg.ids) > p.MAX_VOCAB_ENTRIES or len(msg.kinds) != len(msg.ids):
+            raise p.ProtocolViolation(f"GetVocab: {len(msg.kinds)} kinds for {len(msg.ids)} ids "
+                                      f"(at most {p.MAX_VOCAB_ENTRIES})")
+        return Answer(p.VocabReply(self.vocab.lookup(msg.kinds, msg.ids)))

@@ -1,0 +1,168 @@
+"""Dedupe between forwarded stream deltas and a writer's retry under the new placement.
+
+The problem (docs/topology.md, "Known gaps" before this module): a batch ``b`` applied by a source
+under the old placement is forwarded to the target as a stream delta (under the stream's writer
+id, not ``b``'s). If ``b``'s writer then retries ``b`` under the new placement (same id: the client's
+contract), the target gets its share of ``b`` directly — including the rows it already has through
+the stream — and would count them twice.
+
+The fix, per target node and per stream ``s``, with two kinds of marker (empty batches under
+``BatchId(scoped_writer(b.writer, s, kind), b.seq)``, durable in the update log like any batch id):
+
+- *forwarded* ``F(b, s)``: applied just before a forwarded delta of origin ``b`` (a crash in between
+  at worst leaves a marker whose delta the resumed stream then brings);
+- *direct* ``D(b, s)``: applied right after a direct batch ``b`` that carried rows in the columns of
+  stream ``s`` while ``s`` is open (the ack waits for it to be durable too);
+- a direct batch drops its rows in ``s``'s columns when ``F(b, s)`` exists (the retry after the
+  forward); a forwarded delta is applied empty when ``D(b, s)`` exists (the delayed original after
+  the retry). A direct batch carries rows of ``s``'s columns only if it was computed under the new
+  placement (under the old one this node did not own them), so ``D`` never hides an old-placement
+  share this node needs.
+- the columns each stream carried are kept in ``<data dir>/streams/<stream id>.cols`` (u64, append
+  only, fsynced before the first item that uses them); a ``.closed`` file marks a stream whose
+  sender finished (no more forwarded deltas: no more ``D`` markers needed).
+
+Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
+is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves the
+delayed-original case uncovered for that batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.applied_set import AppliedSet
+
+__all__ = ["StreamScopes", "direct_marker_id", "filter_direct", "marker_id", "scoped_writer"]
+
+SCOPES_DIR: Final = "streams"
+
+
+def scoped_writer(writer: int, stream_id: int, kind: bytes = b"F") -> int:
+    """The writer id of ``writer``'s markers of ``kind`` (F: forwarded, D: direct) in a stream."""
+    raw = b"giaannd-scope-" + kind + int(writer).to_bytes(8, "little") + int(stream_id).to_bytes(8, "little")
+    return xxhash.xxh3_64_intdigest(raw)
+
+
+def marker_id(origin: BatchId, stream_id: int) -> BatchId:
+    """``F(b, s)``: origin ``b`` reached this node as a forwarded delta of stream ``s``."""
+    return BatchId(scoped_writer(origin.writer, stream_id, b"F"), origin.seq)
+
+
+def direct_marker_id(origin: BatchId, stream_id: int) -> BatchId:
+    """``D(b, s)``: ``b`` reached this node directly with rows in stream ``s``'s columns."""
+    return BatchId(scoped_writer(origin.writer, stream_id, b"D"), origin.seq)
+
+
+class StreamScopes:
+    """The columns each stream brought to this node, durable (module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._columns: dict[int, NDArray[np.uint64]] = {}
+        self._closed: set[int] = set()
+
+    @classmethod
+    def open(cls, data_dir: Path) -> StreamScopes:
+        scopes = cls(data_dir / SCOPES_DIR)
+        if scopes.directory.is_dir():
+            for path in scopes.directory.glob("*.cols"):
+                try:
+                    sid = int(path.stem, 16)
+                except ValueError:
+                    continue
+                raw = path.read_bytes()
+                scopes._columns[sid] = np.unique(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64))
+                if path.with_suffix(".closed").exists():
+                    scopes._closed.add(sid)
+        return scopes
+
+    def close(self, stream_id: int) -> None:
+        """The stream's sender finished: no more forwarded deltas will come (durable)."""
+        if stream_id in self._closed or stream_id not in self._columns:
+            return
+        with open(self.directory / f"{stream_id:016x}.closed", "wb") as f:
+            os.fsync(f.fileno())
+        self._closed.add(stream_id)
+
+    def open_streams_touching(self, row_column: NDArray[np.uint64]) -> list[int]:
+        return [sid for sid, cols in self._columns.items()
+                if sid not in self._closed and bool(np.isin(row_column, cols).any())]
+
+    def add_columns(self, stream_id: int, columns: NDArray[np.uint64]) -> None:
+        """Record (durably) that ``stream_id`` carries ``columns``."""
+        have = self._columns.get(stream_id, np.zeros(0, np.uint64))
+        new = np.setdiff1d(np.asarray(columns, np.uint64), have)
+        if new.size == 0 and stream_id in self._columns:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / f"{stream_id:016x}.cols", "ab") as f:
+            f.write(new.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        self._columns[stream_id] = np.union1d(have, new)
+
+    def items(self) -> Iterator[tuple[int, NDArray[np.uint64]]]:
+        return iter(self._columns.items())
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
+def filter_direct(batch_id: BatchId, batch: RowBatch, applied: AppliedSet, scopes: StreamScopes) -> RowBatch | None:
+    """The part of a direct batch this node still needs, or None if it needs all of it."""
+    keep: NDArray[np.bool_] | None = None
+    for sid, cols in scopes.items():
+        if marker_id(batch_id, sid) in applied:
+            drop = np.isin(batch.row_column, cols)
+            keep = ~drop if keep is None else keep & ~drop
+    if keep is None or keep.all():
+        return None
+    return batch.select_rows(keep)
+
+
+def install_direct_filter(core: Any, scopes: StreamScopes, applied: Callable[[], AppliedSet]) -> None:
+    """Wrap ``core.apply`` (StorageRequests) so direct batches pass ``filter_direct`` first and
+    leave ``D`` markers for open streams (module docstring).
+
+    TODO(lead): a hook in ``StorageRequests.apply`` would replace this wrapper.
+    """
+    from giaannd import protocol as p
+    from giaannd.storage.replication.requests import WaitDurable
+
+    if getattr(core, "_stream_filter_installed", False):
+        return
+    serve_apply = core.apply
+
+    def apply_filtered(msg: Any, bulk: Any) -> Any:
+        if not (len(scopes) and isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, core.node_name)):
+            return serve_apply(msg, bulk)
+        try:
+            batch = p.check_batch(bulk)
+        except p.ProtocolViolation:
+            return serve_apply(msg, bulk)  # the core answers BadRequest
+        bid = BatchId(msg.writer, msg.seq)
+        reduced = filter_direct(bid, batch, applied(), scopes)
+        kept = batch if reduced is None else reduced
+        step = serve_apply(msg, bulk if reduced is None else reduced.buffers())
+        if not (isinstance(step, WaitDurable) and step.ack.applied):
+            return step
+        seq = step.seq
+        for sid in scopes.open_streams_touching(kept.row_column):
+            try:
+                seq = max(seq, core.store.apply(direct_marker_id(bid, sid), RowBatch.empty()).seq)
+            except (OSError, ValueError):
+                break  # the batch is applied; only the delayed-original dedupe is weakened
+        return WaitDurable(seq, step.ack) if seq != step.seq else step
+
+    core.apply = apply_filtered
+    core._stream_filter_installed = True

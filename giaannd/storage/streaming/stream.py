@@ -1,0 +1,401 @@
+"""Resumable, checksummed row streams between storage nodes (join, decommission, removenode).
+
+Theory of operation
+-------------------
+A *stream* moves the rows of a set of columns from one source node to one target node while the
+source keeps serving and applying writes. It is an ordered sequence of *items*, numbered 0, 1, 2...:
+
+- ``CHUNK``: the rows of the next slice of the source's row keys (sorted), read in one synchronous
+  call, so a chunk is a consistent cut of those rows;
+- ``DELTA``: a batch the source applied *after* the stream opened, restricted to the rows the
+  stream has already read (``StreamSender.offer_delta``). Rows not read yet are left out: the chunk
+  that reads them later includes the batch. Rows created after the stream opened are always
+  forwarded (no chunk will read them).
+
+The receiver applies item ``n`` to its store as the batch ``BatchId(stream_writer, n + 1)`` — strictly
+in order, so the store's applied-set *floor* for ``stream_writer`` is exactly the number of items
+applied. That floor is the durable resume point: it is in the receiver's update log (and snapshots)
+like every batch id, so a receiver killed mid-stream restarts, recovers, and answers the next
+``StreamHello`` with ``next_index = floor``; the sender rewinds to it. With a window of one item (the
+default) at most the one item in flight when the receiver died is sent twice, and even that one is
+ignored if it had been applied (idempotent batch id).
+
+Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
+have (checked when the stream opens), so it is a copy; every later change of those rows at the
+source is one applied batch, forwarded as a DELTA in the order the source applied it, and the
+receiver applies the same float additions in the same order: bit-identical strengths. No row is
+merged by "max" (rows are sums), and no original batch id is reused on the receiver (its applied set
+is per node, and one original batch's rows reach it from several sources; see docs/topology.md).
+
+Every item carries an xxh3-64 checksum over (stream id, index, kind, the seven buffers); the receiver
+verifies it before anything is applied and refuses a bad item (the sender re-sends it).
+
+States of the sender: OPEN (chunks left) → DRAINING (all chunks read; deltas may still arrive while
+the source owns the columns) → CLOSED (``close()``: no more deltas; done once everything is acked).
+Everything that decides what is sent or applied lives in this file; the glue (topology_ops.py) does
+the reading, sending and applying.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Annotated, Final
+
+import msgspec
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_PENDING_BYTES",
+    "ItemKind",
+    "StreamData",
+    "StreamHello",
+    "StreamItem",
+    "StreamPosition",
+    "StreamReceiver",
+    "StreamRefused",
+    "StreamSender",
+    "StreamTooSlow",
+    "StreamVerify",
+    "VerifyReply",
+    "item_checksum",
+    "stream_writer",
+]
+
+#: Target bytes per chunk: large enough that per-request overhead (one round trip, one fsync shared
+#: by the group commit) is amortised, small enough that a re-sent chunk after a receiver crash is
+#: cheap and a chunk fits the protocol's batch limits many times over.
+DEFAULT_CHUNK_BYTES: Final = 4 * 2**20
+#: Unacknowledged items (chunks + forwarded deltas) a sender may hold. Deltas are produced by the
+#: source's own writes, which cannot be slowed down by a slow receiver, so past this the stream is
+#: aborted (``StreamTooSlow``) and restarted later rather than growing without bound.
+MAX_PENDING_BYTES: Final = 256 * 2**20
+_U64 = Annotated[int, msgspec.Meta(ge=0)]
+_U64_MASK: Final = 0xFFFFFFFFFFFFFFFF
+
+
+class ItemKind(IntEnum):
+    CHUNK = 1
+    DELTA = 2
+
+
+class StreamTooSlow(RuntimeError):
+    """The receiver acknowledges more slowly than the source's writes produce deltas."""
+
+
+# -- messages on the stream endpoint (own tag space; append only) -------------------------------
+class StreamHello(msgspec.Struct, frozen=True, tag=1):
+    """Open or resume a stream. ``columns`` in bulk (u64). Reply: ``StreamPosition``."""
+
+    stream_id: _U64
+    source: str
+    fresh: bool = True  # index 0: the receiver must hold no rows of these columns
+    closing: bool = False  # the sender finished: no more items (stream_dedupe.py)
+    #: this sender never connected before: it cannot continue a sequence the receiver already
+    #: started (another sender's, e.g. before the source restarted: its chunks were other cuts)
+    first: bool = False
+
+
+class StreamData(msgspec.Struct, frozen=True, tag=2):
+    """Item ``index`` (7 RowBatch buffers in bulk). Reply: ``StreamPosition`` or ``StreamRefused``."""
+
+    stream_id: _U64
+    index: _U64
+    kind: int
+    checksum: _U64
+    origin_writer: _U64 = 0
+    origin_seq: _U64 = 0
+
+
+class StreamVerify(msgspec.Struct, frozen=True, tag=3):
+    """Row digests on the receiver (keys in bulk: u64 columns, u64 features). Reply: VerifyReply."""
+
+    stream_id: _U64
+    #: one digest over all the rows (``ColumnStore.rows_digest``) instead of one per row
+    combined: bool = False
+
+
+class StreamPosition(msgspec.Struct, frozen=True, tag=64):
+    """The receiver's next expected index (= items durably applied)."""
+
+    stream_id: _U64
+    next_index: _U64
+
+
+class StreamRefused(msgspec.Struct, frozen=True, tag=65):
+    """The item was not applied (bad checksum, gap, unknown stream, precondition)."""
+
+    stream_id: _U64
+    next_index: _U64
+    reason: str
+    fatal: bool = False
+
+
+class VerifyReply(msgspec.Struct, frozen=True, tag=66):
+    """Bulk: present u8[K], keys-digest u64[K], strength-digest u64[K]; for a ``combined`` request
+    present u8[K] and rows-digest u64[1]."""
+
+
+StreamRequest = StreamHello | StreamData | StreamVerify
+StreamReply = StreamPosition | StreamRefused | VerifyReply
+
+
+def stream_writer(stream_id: int) -> int:
+    """The writer id under which the receiver applies a stream's items. Distinct from every
+    training writer with probability 1 - 2**-64 (both are random 64-bit values)."""
+    return xxhash.xxh3_64_intdigest(b"giaannd-stream\x00" + int(stream_id).to_bytes(8, "little"))
+
+
+def item_checksum(stream_id: int, index: int, kind: int, batch: RowBatch) -> int:
+    h = xxhash.xxh3_64()
+    h.update(np.array([stream_id & _U64_MASK, index, kind], np.uint64).tobytes())
+    for buf in batch.buffers():
+        h.update(np.ascontiguousarray(buf).data)
+    return h.intdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class StreamItem:
+    index: int
+    kind: ItemKind
+    batch: RowBatch
+    checksum: int
+    origin: BatchId | None = None
+
+
+@dataclass(frozen=True)
+class Accept:
+    """Apply ``batch`` as ``batch_id`` durably, then call ``StreamReceiver.applied(index)``."""
+
+    index: int
+    batch_id: BatchId
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """Already applied: answer the current position."""
+
+    next_index: int
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str
+    next_index: int
+
+
+class StreamReceiver:
+    """Receiver side of one stream (module docstring).
+
+    Args:
+        stream_id: the stream.
+        next_index: the durable resume point (``applied.floor(stream_writer(stream_id))``).
+    """
+
+    def __init__(self, stream_id: int, next_index: int) -> None:
+        self.stream_id = stream_id
+        self.writer = stream_writer(stream_id)
+        self.next_index = next_index
+        self.items_refused = 0
+
+    def check(self, index: int, kind: int, checksum: int, batch: RowBatch) -> Accept | Duplicate | Refuse:
+        """Decide what to do with one item; changes nothing until ``applied``."""
+        if index < self.next_index:
+            return Duplicate(self.next_index)
+        if index > self.next_index:
+            self.items_refused += 1
+            return Refuse(f"gap: expected item {self.next_index}, got {index}", self.next_index)
+        if kind not in (ItemKind.CHUNK, ItemKind.DELTA):
+            self.items_refused += 1
+            return Refuse(f"unknown item kind {kind}", self.next_index)
+        if item_checksum(self.stream_id, index, kind, batch) != checksum:
+            self.items_refused += 1
+            return Refuse(f"checksum mismatch on item {index}", self.next_index)
+        return Accept(index, BatchId(self.writer, index + 1))
+
+    def applied(self, index: int) -> None:
+        """Item ``index`` is durably applied."""
+        if index == self.next_index:
+            self.next_index += 1
+
+
+RowReader = Callable[[NDArray[np.uint64], NDArray[np.uint64]], RowBatch]
+
+
+class StreamSender:
+    """Sender side of one stream (module docstring).
+
+    Args:
+        stream_id: the stream.
+        columns: the columns streamed (any order).
+        claims: for a column not in ``columns`` (created after the stream opened), whether this
+            stream carries it (rebalance.TransferRule.claims); None: only ``columns``.
+        row_columns, row_features: the row keys of those columns at the source when the stream
+            opens, sorted by (column, feature).
+        chunk_bytes: target chunk size.
+        window: items in flight at once (1: a receiver crash re-sends at most one item).
+        max_pending_bytes: see MAX_PENDING_BYTES.
+    """
+
+    def __init__(self, stream_id: int, columns: NDArray[np.uint64], row_columns: NDArray[np.uint64],
+                 row_features: NDArray[np.uint64], row_bytes: NDArray[np.int64] | None = None, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, window: int = 1,
+                 max_pending_bytes: int = MAX_PENDING_BYTES,
+                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
+        if window < 1 or chunk_bytes < 1:
+            raise ValueError("window and chunk_bytes must be >= 1")
+        self.stream_id = stream_id
+        self.columns = np.unique(np.asarray(columns, np.uint64))
+        self._claims = claims
+        self._keys_c = np.asarray(row_columns, np.uint64)
+        self._keys_f = np.asarray(row_features, np.uint64)
+        #: row key -> position in the key list; built on the first delta (most streams see few)
+        self._pos: dict[tuple[int, int], int] | None = None
+        self._row_bytes = (np.asarray(row_bytes, np.int64) if row_bytes is not None
+                           else np.full(self._keys_c.size, 64, np.int64))
+        self.total_bytes_estimate = int(self._row_bytes.sum())
+        self.chunk_bytes, self.window, self.max_pending_bytes = chunk_bytes, window, max_pending_bytes
+        self.cursor = 0  # rows [0, cursor) of the key list have been read into chunks
+        self.next_index = 0  # next index to assign
+        self.acked = 0  # receiver's next expected index
+        self._send_from = 0  # lowest index not yet sent (rewinds on resume)
+        self._pending: deque[StreamItem] = deque()
+        self.pending_bytes = 0
+        self.closed = False
+        self.bytes_acked = 0
+        self.deltas = 0
+
+    # -- producing items ----------------------------------------------------------------------------
+    @property
+    def chunks_left(self) -> bool:
+        return self.cursor < self._keys_c.size
+
+    def _push(self, kind: ItemKind, batch: RowBatch, origin: BatchId | None) -> None:
+        item = StreamItem(self.next_index, kind, batch,
+                          item_checksum(self.stream_id, self.next_index, kind, batch), origin)
+        self.next_index += 1
+        self._pending.append(item)
+        self.pending_bytes += batch.nbytes
+        if self.pending_bytes > self.max_pending_bytes:
+            raise StreamTooSlow(f"stream {self.stream_id:#x}: {self.pending_bytes} bytes unacknowledged")
+
+    def read_chunk(self, read: RowReader, max_bytes: int | None = None) -> StreamItem | None:
+        """Read the next slice of rows (``read`` must be synchronous: the cut is consistent), of
+        about ``chunk_bytes``, or ``max_bytes`` if smaller (a throttled stream's smaller chunks)."""
+        if not self.chunks_left:
+            return None
+        start = self.cursor
+        sizes = np.cumsum(self._row_bytes[start:])
+        limit = self.chunk_bytes if max_bytes is None else max(1, min(self.chunk_bytes, max_bytes))
+        stop = start + max(1, int(np.searchsorted(sizes, limit, side="right")))
+        batch = read(self._keys_c[start:stop], self._keys_f[start:stop])
+        self.cursor = stop
+        self._push(ItemKind.CHUNK, batch, None)
+        return self._pending[-1]
+
+    def offer_delta(self, batch_id: BatchId, batch: RowBatch) -> bool:
+        """The source applied ``batch``: forward the part the receiver must see (module docstring).
+        Call synchronously after the source's apply. Returns True if an item was made.
+
+        Raises:
+            StreamTooSlow: past ``max_pending_bytes``.
+        """
+        if self.closed or batch.num_rows == 0:
+            return False
+        mask = np.isin(batch.row_column, self.columns)
+        if self._claims is not None and not mask.all():
+            other = np.unique(batch.row_column[~mask])
+            new_cols = other[self._claims(other)]
+            if new_cols.size:  # columns born after the stream opened: all their rows are new
+                self.columns = np.union1d(self.columns, new_cols)
+                mask = np.isin(batch.row_column, self.columns)
+        if not mask.any():
+            return False
+        if self.chunks_left:  # (all chunks read: no row is left for a later chunk)
+            cursor = self.cursor
+            if self._pos is None:
+                self._pos = {k: i for i, k in enumerate(zip(self._keys_c.tolist(), self._keys_f.tolist()))}
+            get = self._pos.get
+            rc, rf = batch.row_column.tolist(), batch.row_feature.tolist()
+            for i in np.flatnonzero(mask).tolist():
+                pos = get((rc[i], rf[i]))
+                if pos is not None and pos >= cursor:
+                    mask[i] = False  # a later chunk reads this row, batch included
+            if not mask.any():
+                return False
+        self._push(ItemKind.DELTA, batch.select_rows(mask), batch_id)
+        self.deltas += 1
+        return True
+
+    def close(self) -> None:
+        """No more deltas (the source no longer accepts writes for these columns)."""
+        self.closed = True
+
+    # -- sending ------------------------------------------------------------------------------------
+    def next_to_send(self) -> StreamItem | None:
+        """The next item to send, if the window allows."""
+        if self._send_from - self.acked >= self.window:
+            return None
+        for item in self._pending:
+            if item.index >= self._send_from:
+                self._send_from = item.index + 1
+                return item
+        return None
+
+    def on_position(self, next_index: int) -> None:
+        """The receiver says it applied everything below ``next_index``.
+
+        Raises:
+            ValueError: the receiver claims items that were never made (a different stream).
+        """
+        if next_index > self.next_index:
+            raise ValueError(f"receiver at {next_index}, but only {self.next_index} items exist")
+        while self._pending and self._pending[0].index < next_index:
+            item = self._pending.popleft()
+            self.pending_bytes -= item.batch.nbytes
+            self.bytes_acked += item.batch.nbytes
+        self.acked = max(self.acked, next_index)
+        self._send_from = max(self._send_from, self.acked)
+
+    def rewind(self, next_index: int) -> None:
+        """After a reconnect / refusal: resend from the receiver's position.
+
+        Raises:
+            ValueError: the receiver is behind an index it already acknowledged (it lost durable
+                state: the stream cannot be resumed, only restarted).
+        """
+        if next_index < self.acked:
+            raise ValueError(f"receiver went back from {self.acked} to {next_index}: state lost")
+        self.on_position(next_index)
+        self._send_from = next_index
+
+    @property
+    def sent_upto(self) -> int:
+        """Items below this index have been sent at least once."""
+        return self._send_from
+
+    @property
+    def in_flight(self) -> int:
+        return self._send_from - self.acked
+
+    @property
+    def unsent(self) -> int:
+        """Items made but not sent yet (waiting for the window)."""
+        return self.next_index - self._send_from
+
+    @property
+    def idle(self) -> bool:
+        """Everything made so far is acknowledged."""
+        return not self._pending
+
+    @property
+    def done(self) -> bool:
+        return self.closed and not self.chunks_left and not self._pending
