@@ -65,7 +65,6 @@ def _prompt(engine: Engine, text: str, heldout: list[TaggedSentence]) -> tuple[T
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     t0 = time.perf_counter()
-    want = args.sentences + args.heldout
     source = read_conllu(args.corpus) if args.corpus else iter(load_bundled_corpus())
     engine = Engine()
     # Take sentences in order until --sentences are usable for training; the next ones are held out.

@@ -360,7 +360,8 @@ class TrainingJob:
         return self._result(workers)
 
     async def _replay(self, workers: Sequence[_Worker]) -> int:
-        """Resume (the journal says an earlier run began): rebuild the workers' state from the windows before the journal's restart window
+        """Resume (the journal says an earlier run began): rebuild the workers' state from the windows before the
+        journal's restart window
         (their ids settled: taken and given up); returns the first window to send."""
         if self.journal is None:
             return 0

@@ -122,7 +122,8 @@ class TrainOutput:
     tokens: int
 
 
-def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint64]]:
+def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]
+                ) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint64]]:
     """Dense ranks of (col, feat) pairs in ascending (col, feat) order, and the unique pairs."""
     order = np.lexsort((feat, col))
     sc, sf = col[order], feat[order]
@@ -134,7 +135,8 @@ def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> tuple[NDAr
     return rank, sc[new], sf[new]
 
 
-def _concat(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
+def _concat(sentences: Sequence[EncodedSentence]
+            ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
     """Concatenate token arrays; instances get batch-global ids; also the per-token range end."""
     cols, feats, insts, his = [], [], [], []
     tok_base = 0
@@ -162,7 +164,8 @@ def _concat(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], N
     return np.concatenate(cols), np.concatenate(feats), np.concatenate(insts), np.concatenate(his)
 
 
-def _pair_entries(inst: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pair_entries(inst: torch.Tensor, hi: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """All (source token, target token, segment, value) entries of the batch, as flat tensors.
 
     ``inst`` and ``hi`` are int64[T] over the concatenated tokens (global positions).
@@ -189,7 +192,8 @@ def _pair_entries(inst: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, t
     )
 
 
-def _pair_entries_numpy(inst: NDArray[np.int64], hi: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+def _pair_entries_numpy(inst: NDArray[np.int64], hi: NDArray[np.int64]
+                        ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """The same computation as :func:`_pair_entries`, in numpy (see ``Backend``)."""
     t = inst.shape[0]
     pos = np.arange(t, dtype=np.int64)
@@ -235,7 +239,8 @@ def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDA
         return tuniq.numpy(), tsummed.numpy()
 
 
-def _neuron_entries(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
+def _neuron_entries(sentences: Sequence[EncodedSentence]
+                    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
     """(column, feature, segment) of every +1 neuron-strength hit (§3.1 step 5), not coalesced."""
     cols, feats, segs = [], [], []
     for s in sentences:

@@ -39,7 +39,8 @@ class NodeProc:
     def start(self):
         args = [sys.executable, "-m", "giaannd.storage.rebalance.endpoint", "--listen", self.address,
                 "--stream-listen", self.stream_address, "--data-dir", str(self.data_dir),
-                "--cluster", self.cluster, "--key-hex", self.key.hex(), "--name", self.name, "--replicas", str(self.replicas),
+                "--cluster", self.cluster, "--key-hex", self.key.hex(), "--name", self.name,
+                "--replicas", str(self.replicas),
                 "--hint-retry-s", "0.2", "--capacity-bytes", str(256 << 20)]
         for n, a in self.members.items():
             args += ["--member", f"{n}={a}"]

@@ -161,7 +161,8 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
             raise CorruptSnapshotError(str(path), 8, f"unsupported snapshot version {version} flags {flags}")
         if HEADER_BYTES + body_len != size:
             raise CorruptSnapshotError(
-                str(path), min(size, HEADER_BYTES + body_len), f"file is {size} bytes, header says {HEADER_BYTES + body_len}"
+                str(path), min(size, HEADER_BYTES + body_len),
+                f"file is {size} bytes, header says {HEADER_BYTES + body_len}"
             )
         rd = _Reader(f, path, size)
         rc, rf = rd.array(np.uint64, r), rd.array(np.uint64, r)

@@ -2,11 +2,11 @@
 
 What a storage daemon runs for issue 8, started by ``StorageRole`` once its service is open:
 
-- its **stream endpoint** (stream_endpoint.py) on ``storage.stream-bind`` (default: the host of
+- its **stream endpoint** (rebalance/endpoint.py) on ``storage.stream-bind`` (default: the host of
   the first ``tcp://`` bind, port 0), advertised as ``NodeMeta.transports["stream"]``. The same
   endpoint receives streams (join targets) and takes source-control requests (sources driven by
   a coordinator elsewhere);
-- the **admin routes** of the topology verbs (topology_ops.register_admin_routes) over a
+- the **admin routes** of the topology verbs (rebalance.routes.register_admin_routes) over a
   ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
 - the **auto-join**: a node that starts outside the ring with ``storage.join-mode = "auto"`` and
   finds an active ring runs the streaming join itself (``runtime.on_join_needed``);
@@ -124,7 +124,7 @@ class StorageTopology:
     async def repair(self) -> dict[str, Any]:
         """``giaannctl node repair`` here: push hints everywhere until none are held (bounded),
         then rebuild this node's missing batches from its live peers' logs and compare its rows
-        with theirs (repair_remote.repair_self). Run it on each storage node to repair all."""
+        with theirs (repair.remote.repair_self). Run it on each storage node to repair all."""
         assert self.control is not None
         control, view = self.control, self.runtime.topology
         live = view.live()

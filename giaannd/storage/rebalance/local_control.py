@@ -1,5 +1,5 @@
 """``ClusterControl`` for services and views that live in one process (tests, benchmarks, a
-single-process deployment): switching a node's view is setting its members (topology_ops.py)."""
+single-process deployment): switching a node's view is setting its members (rebalance/operations.py)."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 Every membership change is the same operation, ``Rebalance(new_members)``:
 
-1. **plan** (rebalance.py): old placement = the current one, new = over ``new_members``; for every
+1. **plan** (rebalance/plan.py): old placement = the current one, new = over ``new_members``; for every
    column with a new owner, one live old owner streams it. Columns no live node holds are *lost*:
    the operation refuses to start (``DataLossError``) unless told ``allow_loss``.
-2. **stream** (streaming.py / stream_io.py), all transfers in parallel, one stream per (source,
+2. **stream** (streaming/stream.py / streaming/sender.py), all transfers in parallel, one stream per (source,
    target): chunks of the rows, then the writes the source keeps applying (deltas). Meanwhile the
    old placement stays in force everywhere: old owners serve reads and take writes.
 3. **verify**: each stream, once every chunk is applied, compares the receiver's row digests
@@ -32,7 +32,7 @@ implementation changes what the node advertises in membership (wiring: docs/topo
 
 Sources: a stream whose source is served by this process (``control.service(name)``) runs a local
 ``StreamRunner``; any other source is driven through its stream endpoint by a
-``RemoteStreamRunner`` (source_control.py, remote_stream.py), and planning lists remote old
+``RemoteStreamRunner`` (source_control.py, rebalance/remote_source.py), and planning lists remote old
 owners' columns with ``ListColumns``. A live old owner that does not answer is treated as dead for
 planning (its columns are copied from other replicas, or the operation refuses as data loss).
 
@@ -180,7 +180,7 @@ class Rebalance:
 
     def __post_init__(self) -> None:
         # Stream ids are unique to this operation object: only it holds the senders' state (the
-        # queue of forwarded writes is in RAM), so only it can resume them (streaming.py).
+        # queue of forwarded writes is in RAM), so only it can resume them (streaming/stream.py).
         self._nonce = secrets.randbits(64) if self.stream_nonce is None else self.stream_nonce
         self._throttle = Throttle(self.rate_bytes_s)
         self._resumed.set()

@@ -1,5 +1,5 @@
 """The topology verbs on the admin API (``giaannctl node ...``): thin glue that builds a
-``Rebalance`` (topology_ops.py) from the request and the cluster view, starts it in the
+``Rebalance`` (rebalance/operations.py) from the request and the cluster view, starts it in the
 ``OperationRegistry`` and answers at once with its progress (docs/topology.md, "Admin API")."""
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def register_admin_routes(admin: Any, control: ClusterControl, registry: Operati
         body = await _body(request)
         node, view = me(), control.view()
         # stream_nonce=0: this node coordinates its own join; if it restarts mid-join, the next
-        # join resumes the streams the sources still run (topology_ops.Rebalance.stream_nonce).
+        # join resumes the streams the sources still run (rebalance.operations.Rebalance.stream_nonce).
         return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
                                stream_nonce=0))
 

@@ -1,5 +1,5 @@
 """Repair glue: drive hints, rebuild missing batches from the peers' update logs, compare replicas
-(the decisions are in repair.py). Hints go through ``ClusterControl`` (remote nodes too); the
+(the decisions are in repair/plan.py). Hints go through ``ClusterControl`` (remote nodes too); the
 rebuild and the comparison read update logs and stores, so they cover only the services local to
 this process (``control.service``): a remote repair (log records over the stream endpoint) is not
 built."""
@@ -49,7 +49,7 @@ def _logged_batches(service: StorageService) -> dict[BatchId, RowBatch]:
 
 async def repair(control: ClusterControl, names: Sequence[str] | None = None,
                  tolerance: float = 1e-5) -> dict[str, Any]:
-    """Repair the replicas served by this process (repair.py): deliver hints, rebuild each node's
+    """Repair the replicas served by this process (repair/plan.py): deliver hints, rebuild each node's
     missing batches from its peers' update logs, then compare every replica of every row.
 
     Returns:

@@ -1,5 +1,5 @@
-"""Asyncio glue for the sending side of row streams (streaming.py) and the local store access
-both sides share. The receiving side is stream_endpoint.py.
+"""Asyncio glue for the sending side of row streams (streaming/stream.py) and the local store access
+both sides share. The receiving side is rebalance/endpoint.py.
 
 Glue only: what is sent is decided by ``StreamSender``. This module owns the sockets, the clock
 (throttle, retries, progress rates) and the local store access:

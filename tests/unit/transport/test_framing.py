@@ -80,7 +80,8 @@ def test_framing_bulk_lands_in_destination_not_a_copy():
     ("bulk_len", framing.MAX_BULK_BYTES_PER_FRAME + 1, "oversize"),
 ])
 def test_framing_bad_header_rejected_before_allocating(field, value, reason):
-    fields = dict(magic=framing.MAGIC, version=framing.FRAME_VERSION, flags=0, body_len=3, nbufs=0, reserved=0, bulk_len=0)
+    fields = dict(magic=framing.MAGIC, version=framing.FRAME_VERSION, flags=0, body_len=3, nbufs=0, reserved=0,
+                  bulk_len=0)
     fields[field] = value
     header = framing.HEADER.pack(*fields.values())
     calls = []
