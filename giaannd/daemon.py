@@ -16,8 +16,8 @@ Services and background work run under one ``asyncio.TaskGroup``; a background t
 is logged, marks its service failed and triggers a graceful shutdown with exit status 1, rather
 than tearing the group down mid-flight.
 
-Exit statuses: 0 clean stop, 1 a service failed, 2 configuration error (from ``ConfigError``),
-130 forced by a second SIGINT (128 + SIGINT, the shell convention).
+Exit statuses: 0 clean stop, 1 a service failed, 2 configuration or host error (``ConfigError``,
+``HostEnvironmentError``), 130 forced by a second SIGINT (128 + SIGINT, the shell convention).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from giaannd.errors import (
     ConfigError,
     CorruptFileError,
     GiaannError,
+    HostEnvironmentError,
 )
 from giaannd.metrics import Metrics
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
@@ -334,8 +335,8 @@ class Daemon:
         try:
             data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create data directory {data_dir}: {exc.strerror}",
-                              "$.node.data-dir") from None
+            raise HostEnvironmentError(f"cannot create data directory {data_dir}: {exc.strerror} "
+                                       "(set by $.node.data-dir)", reason="data_dir_unusable") from None
         self._take_lock(data_dir)
         self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
         self._admin = AdminApi(token=_load_token(self.config), metrics=self.metrics,
@@ -345,8 +346,8 @@ class Daemon:
         try:
             self.admin_address = await self._admin.start(host, port)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.config.admin.listen}: {exc.strerror}",
-                              "$.admin.listen") from None
+            raise HostEnvironmentError(f"cannot listen on {self.config.admin.listen}: {exc.strerror} "
+                                       "(set by $.admin.listen)", reason="listen_failed") from None
         # Written via rename so giaannctl --data-dir never reads a half-written address.
         addr_file = self.config.data_path(ADMIN_ADDR_FILE)
         bound_host, bound_port = self.admin_address
@@ -389,7 +390,8 @@ class Daemon:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise GiaannError(f"data directory {data_dir} is in use by pid {holder}") from None
+            raise HostEnvironmentError(f"data directory {data_dir} is in use by pid {holder}",
+                                       reason="data_dir_locked") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd

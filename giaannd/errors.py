@@ -1,14 +1,34 @@
-"""The daemon's small exception tree (STYLE.md item 10).
+"""The daemon's exception tree (STYLE.md item 10).
 
-Each error knows the process exit code it maps to, so the CLI boundary turns any ``GiaannError``
-into one clear line on stderr and the right status without a table of special cases:
+Every exception giaannd defines roots in ``GiaannError`` (tests/unit/daemon/test_error_tree.py walks
+the package to hold that). Like peers/errors.py, an error says **whose fault** it is, because that
+decides what the caller does, and carries a **reason**: a short stable token (``store_full``,
+``corrupt_log``) usable as a metrics label or an API ``code``. ``reason`` is a class default; one
+instance may override it (``HostEnvironmentError(..., reason="port_in_use")``). The message is for
+people; callers match on the type or the reason, never on the words.
 
-- ``ConfigError`` is a user error (bad TOML, unknown key, out-of-range value): exit 2, the key path
-  in the message (``$.storage.capacity-bytes``) so the user can find the line to fix.
-- ``CorruptFileError`` means a file the daemon owns failed validation. It is never "repaired" by
-  overwriting, because that could lose data; the operator decides (exit 1).
-- ``NotOwnerError`` is raised by the storage role when a request reaches a node that does not own
-  the column; callers re-resolve owners and retry.
+Each error also knows the process exit code it maps to, so the CLI boundary turns any
+``GiaannError`` into one clear line on stderr and the right status without a table of special cases.
+The fault classes:
+
+- ``InputError``: what the user handed us is wrong. ``ConfigError`` (bad TOML, unknown key,
+  out-of-range value; the key path such as ``$.storage.capacity-bytes`` in the message so the user
+  can find the line to fix), or a corpus or lexicon file. Exit 2.
+- ``HostEnvironmentError``: the host refuses what a correct config asks for (port in use,
+  permission denied, data directory locked by another daemon, an optional dependency such as spaCy
+  not installed). Exit 2, as the user fixes it, not the code.
+- ``CorruptDataError``: data the daemon owns (or reads back) fails validation; ``CorruptFileError``
+  when it names the file. It is never "repaired" by overwriting, because that could lose data; the
+  operator decides (exit 1).
+- ``RemoteFault``: another node refused, misbehaved (``ProtocolViolation``), or too few answered
+  (``QuorumNotReached``); this node did nothing wrong and may retry or try another node.
+- ``Refused``: this node declines in its current state (store full, another operation running, a
+  hash collision); nothing changed, and the caller may retry later or elsewhere.
+
+Two boundary errors sit directly under ``GiaannError``: ``AdminHTTPError`` (an admin API handler's
+answer; its ``code`` *is* its reason) and giaannctl's ``CtlError`` (giaannd/admin/client.py; a
+per-instance exit code). Some errors are also a builtin (``ProtocolViolation`` is a ``ValueError``)
+where existing ``except`` sites rely on it, as peers' ``TransportClosed`` is an ``OSError``.
 """
 
 from __future__ import annotations
@@ -19,9 +39,13 @@ __all__ = [
     "EXIT_USAGE",
     "AdminHTTPError",
     "ConfigError",
+    "CorruptDataError",
     "CorruptFileError",
     "GiaannError",
-    "NotOwnerError",
+    "HostEnvironmentError",
+    "InputError",
+    "Refused",
+    "RemoteFault",
 ]
 
 EXIT_OK = 0
@@ -31,12 +55,31 @@ EXIT_USAGE = 2
 
 
 class GiaannError(Exception):
-    """Base of every error giaannd raises on purpose; ``exit_code`` is what the CLI returns."""
+    """Base of every error giaannd raises on purpose; ``exit_code`` is what the CLI returns.
+
+    Args:
+        args: as for ``Exception`` (the first is the message).
+        reason: overrides the class's ``reason`` token for this instance.
+    """
 
     exit_code: int = EXIT_FAILURE
+    #: short stable token: a metrics label value, an API ``code``; subclasses set their own
+    reason: str = "error"
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        if reason is not None:
+            self.reason = reason
 
 
-class ConfigError(GiaannError):
+class InputError(GiaannError):
+    """What the user handed us (config, corpus, lexicon) is invalid: the user's fault, exit 2."""
+
+    exit_code = EXIT_USAGE
+    reason = "bad_input"
+
+
+class ConfigError(InputError):
     """The configuration (file, environment or ``--set``) is invalid.
 
     Args:
@@ -44,30 +87,65 @@ class ConfigError(GiaannError):
         path: the JSON-path style key (``$.section.field``) the error is about, when known.
     """
 
-    exit_code = EXIT_USAGE
+    reason = "config"
 
     def __init__(self, message: str, path: str | None = None) -> None:
         self.path = path
         super().__init__(f"{message} - at `{path}`" if path and path not in message else message)
 
 
-class CorruptFileError(GiaannError):
-    """A file the daemon owns exists but does not validate; it is left untouched for the operator."""
+class HostEnvironmentError(GiaannError):
+    """The host refuses what the configuration asks for: port in use, permission denied, the data
+    directory locked by another daemon, a dependency not installed. Not an ``OSError`` (the
+    builtin ``EnvironmentError`` is one): it is raised after translating one, with the fix to make."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    exit_code = EXIT_USAGE
+    reason = "host_environment"
+
+
+class CorruptDataError(GiaannError):
+    """Data the daemon owns fails validation; it is left untouched for the operator (exit 1)."""
+
+    reason = "corrupt_data"
+
+
+class CorruptFileError(CorruptDataError):
+    """A file the daemon owns exists but does not validate; it is left untouched for the operator.
+
+    Args:
+        path: the file.
+        detail: what failed, in words.
+    """
+
+    reason = "corrupt_file"
+
+    def __init__(self, path: str, detail: str) -> None:
         self.file_path = path
-        super().__init__(f"{path} is corrupt: {reason}")
+        super().__init__(f"{path} is corrupt: {detail}")
 
 
-class NotOwnerError(GiaannError):
-    """This node does not own the requested column (placement moved or the client used stale owners)."""
+class RemoteFault(GiaannError):
+    """Another node refused, broke the protocol, or too few nodes answered: not this node's fault."""
+
+    reason = "remote"
+
+
+class Refused(GiaannError):
+    """This node declines the request in its current state; nothing changed (retry later/elsewhere)."""
+
+    reason = "refused"
 
 
 class AdminHTTPError(GiaannError):
     """An admin API request is refused: the handler raises it, the API answers ``status`` with
     ``{"error": message, "code": code}``. ``code`` is a stable reason token (``bad_request``,
-    ``not_found``, ``conflict``, ...) that clients match on; the message is for people."""
+    ``not_found``, ``conflict``, ...) that clients match on; the message is for people. It is this
+    error's ``reason`` (one attribute; ``code`` reads it)."""
 
     def __init__(self, status: int, message: str, code: str = "error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        super().__init__(message, reason=code)
+        self.status, self.message = status, message
+
+    @property
+    def code(self) -> str:
+        return self.reason

@@ -13,14 +13,18 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from giaannd.errors import GiaannError
+
 __all__ = ["AdminClient", "CtlError", "NotServedError"]
 
 #: Bound on one admin request; long operations return a job id and are polled instead.
 DEFAULT_TIMEOUT_S = 30.0
 
 
-class CtlError(Exception):
+class CtlError(GiaannError):
     """A failure to report to the user; ``exit_code`` 1 (operation failed) or 2 (usage)."""
+
+    reason = "ctl_failed"
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
@@ -29,6 +33,8 @@ class CtlError(Exception):
 
 class NotServedError(CtlError):
     """The daemon answered 404: the route's role is not enabled or not implemented there."""
+
+    reason = "not_served"
 
 
 class AdminClient:

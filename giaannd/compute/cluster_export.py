@@ -31,6 +31,7 @@ import numpy as np
 
 from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
+from giaannd.errors import Refused
 from giaannd.model.export import write_jsonl
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
@@ -60,8 +61,10 @@ EXPORT_SCAN_ATTEMPTS: Final = 3
 GetVocab = Callable[[Sequence[tuple[int, int]]], Awaitable[dict[tuple[int, int], str]]]
 
 
-class VocabularyMissing(ValueError):
+class VocabularyMissing(Refused, ValueError):
     """An exported row names an id whose string neither this node nor storage holds."""
+
+    reason = "vocabulary_missing"
 
 
 def word_of(vocab: Vocabulary, column: int, feature: int) -> str:

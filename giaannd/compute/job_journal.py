@@ -84,6 +84,8 @@ JournalState = Literal["running", "succeeded", "failed"]
 class JournalCorrupt(CorruptFileError):
     """A journal file failed validation (left in place; the message names the file)."""
 
+    reason = "corrupt_journal"
+
 
 class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What the job trains on and how it is cut into windows."""

@@ -39,6 +39,7 @@ import numpy as np
 import xxhash
 
 from giaannd.atomic_file import atomic_writer
+from giaannd.errors import CorruptDataError
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -57,8 +58,10 @@ _ENTRY_BYTES = 1 + 8 + 8 + 4
 _DTYPES = (np.uint64, np.uint64, np.int64, np.uint8, np.uint64, np.uint64, np.float32)
 
 
-class SnapshotError(ValueError):
+class SnapshotError(CorruptDataError, ValueError):
     """A snapshot file is corrupt, truncated, of another format or version."""
+
+    reason = "corrupt_row_snapshot"
 
 
 def _word(vocab: Vocabulary, column: int, feature: int) -> str:

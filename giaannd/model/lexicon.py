@@ -22,6 +22,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import IO
 
+from giaannd.errors import CorruptDataError
+
 __all__ = [
     "DEFAULT_LEXICON_FILE",
     "FLAG_LETTERS",
@@ -61,8 +63,10 @@ FLAG_LETTERS: Mapping[str, PosClass] = {
 }
 
 
-class LexiconFormatError(ValueError):
+class LexiconFormatError(CorruptDataError, ValueError):
     """A lexicon file is malformed; the message names the file and line."""
+
+    reason = "corrupt_lexicon"
 
 
 def normalise(word: str) -> str:

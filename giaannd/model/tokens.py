@@ -32,6 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from giaannd.atomic_file import atomic_writer
+from giaannd.errors import HostEnvironmentError, InputError
 
 __all__ = [
     "BUNDLED_CORPUS",
@@ -90,19 +91,24 @@ _FILE_MODE = 0o644
 _SPACY_BATCH = 256
 
 
-class CorpusFormatError(ValueError):
-    """A corpus file is malformed, truncated or unreadable; the message names the file and line."""
+class CorpusFormatError(InputError, ValueError):
+    """A corpus file is malformed, truncated or unreadable; the message names the file and line.
+    ``detail`` is what is wrong, in words."""
 
-    def __init__(self, source: str, line: int | None, reason: str) -> None:
+    reason = "corpus_format"
+
+    def __init__(self, source: str, line: int | None, detail: str) -> None:
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{where}: {detail}")
         self.source = source
         self.line = line
-        self.reason = reason
+        self.detail = detail
 
 
-class TaggerUnavailableError(RuntimeError):
+class TaggerUnavailableError(HostEnvironmentError):
     """spaCy or the English model is not installed."""
+
+    reason = "tagger_unavailable"
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from aiohttp import web
 
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
-from giaannd.errors import AdminHTTPError, ConfigError, GiaannError
+from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
 from giaannd.model.ids import column_id
 from giaannd.services.ring_sync import RingSync
 from peers.keyring import Keyring, KeyringError
@@ -126,7 +126,8 @@ class MembershipService:
         """Start gossip, join the seeds, follow member events, register admin routes.
 
         Raises:
-            GiaannError: the membership port cannot be bound, or no seed answered.
+            HostEnvironmentError: the membership port cannot be bound.
+            RemoteFault: no seed answered, or another member has this node's name.
         """
         self._ctx = ctx
         cfg = ctx.config
@@ -142,8 +143,8 @@ class MembershipService:
         try:
             await node.start()
         except OSError as exc:
-            raise GiaannError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
-                              f"{exc.strerror or exc}") from None
+            raise HostEnvironmentError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
+                                       f"{exc.strerror or exc}", reason="listen_failed") from None
         self.node = rt.membership = node
         follow_membership(rt.topology, node)
         node.on_event(self._on_member_event)
@@ -234,7 +235,7 @@ class MembershipService:
         try:
             self._joined_seeds = await node.join(seeds)
         except (JoinError, NameConflictError) as exc:
-            raise GiaannError(str(exc)) from None
+            raise RemoteFault(str(exc), reason="join_failed") from None
         log.info("joined cluster seeds=%s answered=%d members=%d",
                  ",".join(f"{h}:{p}" for h, p in seeds), self._joined_seeds, len(node.members()))
         return self._joined_seeds
@@ -253,7 +254,7 @@ class MembershipService:
         try:
             async with asyncio.timeout(JOIN_TIMEOUT_S):
                 answered = await self._join(seeds)
-        except (GiaannError, TimeoutError) as exc:
+        except (RemoteFault, TimeoutError) as exc:
             raise AdminHTTPError(502, f"join failed: {exc or 'timed out'}", "join_failed") from None
         return {"joined": True, "seeds_answered": answered, "members": len(self._node().members())}
 

@@ -47,6 +47,7 @@ from typing import Final
 import msgspec
 import xxhash
 
+from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.ids import column_id, feature_id
 
 __all__ = [
@@ -78,12 +79,16 @@ _ENTRIES_DECODER: Final = msgspec.msgpack.Decoder(list[tuple[int, int, str]])
 _ENCODER: Final = msgspec.msgpack.Encoder()
 
 
-class VocabLogCorrupt(ValueError):
+class VocabLogCorrupt(CorruptDataError, ValueError):
     """The vocab log is damaged before its end (names the file and offset): start-up stops."""
 
+    reason = "corrupt_vocab_log"
 
-class VocabCollision(ValueError):
+
+class VocabCollision(Refused, ValueError):
     """An id is held with a different string than the one offered: a real 64-bit hash collision."""
+
+    reason = "vocab_collision"
 
     def __init__(self, kind: int, ident: int, held: str, offered: str) -> None:
         what = "column" if kind == KIND_COLUMN else "feature"

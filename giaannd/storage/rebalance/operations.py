@@ -60,6 +60,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.errors import Refused
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns
@@ -92,12 +93,16 @@ LIST_COLUMNS_TIMEOUT_S: Final = 30.0
 Runner = StreamRunner | RemoteStreamRunner
 
 
-class TopologyOpError(RuntimeError):
+class TopologyOpError(Refused):
     """The operation cannot proceed; nothing moved to the new placement."""
+
+    reason = "topology_op_refused"
 
 
 class DataLossError(TopologyOpError):
     """Some columns have new owners but no live node holds a copy."""
+
+    reason = "data_loss"
 
     def __init__(self, columns: NDArray[np.uint64], message: str = "") -> None:
         shown = ", ".join(f"{c:#x}" for c in columns[:8].tolist())

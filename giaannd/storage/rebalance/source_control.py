@@ -50,6 +50,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.storage.rebalance.plan import TransferRule, owns
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
@@ -188,8 +189,10 @@ _REPLY_DECODER: Final = msgspec.msgpack.Decoder(SourceReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
 
-class SourceControlError(RuntimeError):
+class SourceControlError(RemoteFault):
     """The source refused (restarted, wrong node, bad request): the stream cannot continue."""
+
+    reason = "source_refused"
 
 
 # -- the node-local registry ----------------------------------------------------------------------

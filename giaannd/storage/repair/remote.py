@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch, RowKey
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
@@ -89,8 +90,10 @@ REQUEST_TIMEOUT_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
 
 
-class RepairFailed(RuntimeError):
+class RepairFailed(RemoteFault):
     """A peer refused a repair request or answered something else than the protocol says."""
+
+    reason = "repair_failed"
 
 
 def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:

@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore
@@ -75,8 +76,10 @@ _REPLY_DECODER: Final = msgspec.msgpack.Decoder(StreamReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
 
-class StreamFailed(RuntimeError):
+class StreamFailed(RemoteFault):
     """A stream cannot continue (receiver refused fatally, verification failed, state lost)."""
+
+    reason = "stream_failed"
 
 
 Observer = Callable[[BatchId, RowBatch, str], None]

@@ -49,6 +49,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 
@@ -87,8 +88,10 @@ class ItemKind(IntEnum):
     DELTA = 2
 
 
-class StreamTooSlow(RuntimeError):
+class StreamTooSlow(RemoteFault):
     """The receiver acknowledges more slowly than the source's writes produce deltas."""
+
+    reason = "stream_too_slow"
 
 
 # -- messages on the stream endpoint (own tag space; append only) -------------------------------
