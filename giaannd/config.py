@@ -126,10 +126,12 @@ class LoggingConfig(_Section):
     level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description=(
         "Lowest level written. `debug` logs every admin request and membership message."
     ))] = "info"
-    format: Annotated[Literal["auto", "plain", "journal"], Meta(description=(
+    format: Annotated[Literal["auto", "plain", "journal", "json"], Meta(description=(
         "`plain` prefixes lines with a timestamp; `journal` omits it and prefixes the syslog "
         "priority (`<6>`) that journald parses. `auto` picks `journal` when stderr is the stream "
-        "named by `JOURNAL_STREAM` (that is, under systemd) and `plain` otherwise."
+        "named by `JOURNAL_STREAM` (that is, under systemd) and `plain` otherwise. `json` writes "
+        "one object per line (`time`, `level`, `logger`, `message`, and each `key=value` field of "
+        "the message as a key) for log shippers such as Loki or Elasticsearch."
     ))] = "auto"
 
 
