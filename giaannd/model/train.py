@@ -24,21 +24,26 @@ canonical :class:`RowBatch` without a multi-key sort. Nothing here depends on th
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.model.sentence import EncodedSentence
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "COLUMN_SEGMENTS",
-    "DEFAULT_BACKEND",
     "Backend",
     "FEATURE_REACH",
     "FEATURE_SEGMENTS",
@@ -46,6 +51,7 @@ __all__ = [
     "SOMA_SEGMENT",
     "NeuronBatch",
     "TrainOutput",
+    "default_backend",
     "proximity",
     "train_batch",
     "train_sentence",
@@ -69,11 +75,31 @@ PROXIMITY_SCALE = 10.0
 TRAIN_TORCH_THREADS = 1
 
 #: Which library computes the pairs. Both give identical results (same integer keys, float64 sums).
-#: "torch" is the dense torch computation the design asks for (and the path to a GPU later);
+#: "torch" is the dense torch computation the design asks for (and the path to a GPU);
 #: "numpy" measured ~4.5x faster for the pair expansion on CPU here (small tensors, per-op overhead):
-#: batch of 256 WEB sentences, 1 thread: torch 15.4k vs numpy 70.3k sentences/s.
+#: batch of 256 WEB sentences, 1 thread: torch 15.4k vs numpy 70.3k sentences/s. Hence the default
+#: (``default_backend``): numpy unless the host has a CUDA device.
 Backend = Literal["torch", "numpy"]
-DEFAULT_BACKEND: Backend = "torch"
+#: The NVIDIA driver's control device: without it there is no CUDA device, and checking for it
+#: spares a CPU-only host (every storage node) from importing torch just to learn that.
+_NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+
+
+def _torch() -> ModuleType:
+    """torch, imported on first use: only the torch backend needs it (STYLE.md item 22's lazy
+    import of an optional heavy dependency; a storage node never loads it)."""
+    return importlib.import_module("torch")
+
+
+@cache
+def default_backend() -> Backend:
+    """``"torch"`` where a CUDA device is usable, else ``"numpy"`` (measured faster on CPU)."""
+    if not os.path.exists(_NVIDIA_CONTROL_DEVICE):
+        return "numpy"
+    try:
+        return "torch" if _torch().cuda.is_available() else "numpy"
+    except ImportError:
+        return "numpy"
 
 assert SOMA_SEGMENT + 1 == NUM_SEGMENTS
 
@@ -81,6 +107,7 @@ assert SOMA_SEGMENT + 1 == NUM_SEGMENTS
 @contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Temporarily set torch's intra-op thread count (process-global; restored on exit)."""
+    torch = _torch()
     before = torch.get_num_threads()
     if before != n:
         torch.set_num_threads(n)
@@ -170,6 +197,7 @@ def _pair_entries(inst: torch.Tensor, hi: torch.Tensor
 
     ``inst`` and ``hi`` are int64[T] over the concatenated tokens (global positions).
     """
+    torch = _torch()
     t = inst.shape[0]
     pos = torch.arange(t, dtype=torch.int64)
     count = hi - pos - 1  # number of targets q in (p, hi(p))
@@ -230,6 +258,7 @@ def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDA
         summed: NDArray[np.float64] = np.bincount(inverse.reshape(-1), weights=value,
                                                   minlength=uniq.shape[0]).astype(np.float64, copy=False)
         return uniq.astype(np.int64, copy=False), summed
+    torch = _torch()
     with _torch_threads(TRAIN_TORCH_THREADS):
         tsrc, tdst, tseg, tvalue = _pair_entries(torch.from_numpy(inst_np), torch.from_numpy(hi_np))
         rank = torch.from_numpy(rank_np)
@@ -274,13 +303,14 @@ def _neuron_batch(sentences: Sequence[EncodedSentence]) -> NeuronBatch:
 
 
 def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = False,
-                backend: Backend = DEFAULT_BACKEND) -> TrainOutput:
+                backend: Backend | None = None) -> TrainOutput:
     """The summed increments of many sentences as one canonical (coalesced) RowBatch.
 
     Args:
         sentences: encoded sentences (any length; empty ones contribute nothing).
         neuron_strengths: also compute the optional neuron-strength increments (§3.1 step 5).
-        backend: ``"torch"`` or ``"numpy"`` for the pair computation (identical results).
+        backend: ``"torch"`` or ``"numpy"`` for the pair computation (identical results); None:
+            ``default_backend()``.
 
     Returns:
         A :class:`TrainOutput` whose ``rows`` is canonical (sorted rows, sorted unique entries).
@@ -292,7 +322,7 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
         return TrainOutput(RowBatch.empty(), neurons, len(sentences), 0)
     rank_np, ucol, ufeat = _rank_pairs(col, feat)
     m = int(ucol.shape[0])
-    u, summed = _coalesce(inst_np, hi_np, rank_np, m, backend)
+    u, summed = _coalesce(inst_np, hi_np, rank_np, m, backend or default_backend())
     tgt = u % m
     rest = u // m
     seg_np = (rest % NUM_SEGMENTS).astype(np.uint8)
@@ -309,6 +339,6 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
 
 
 def train_sentence(sentence: EncodedSentence, neuron_strengths: bool = False,
-                   backend: Backend = DEFAULT_BACKEND) -> TrainOutput:
+                   backend: Backend | None = None) -> TrainOutput:
     """The increments of one sentence (same as ``train_batch([sentence])``)."""
     return train_batch([sentence], neuron_strengths, backend)

@@ -212,3 +212,21 @@ def test_daemon_process_second_sigint_forces_exit(tmp_path: Path, notify: Notify
     finally:
         _stop(proc)
     assert "forced shutdown reason=second SIGINT" in (tmp_path / "stderr.log").read_text()
+
+
+def test_daemon_process_storage_role_loads_no_torch_or_spacy(tmp_path: Path, notify: NotifySocket) -> None:
+    """A storage node needs neither torch nor spaCy (issue 18): once it is READY, none of their
+    shared libraries is mapped into the process (``/proc/PID/maps``), i.e. nothing imported them."""
+    config = _write_config(tmp_path, '[transport]\nbind = ["tcp://127.0.0.1:0"]\n')
+    stderr_path = tmp_path / "stderr.log"
+    proc = _spawn(["-m", "giaannd", "--config", str(config), "--role", "storage"], notify, stderr_path)
+    try:
+        notify.wait_for("READY=1")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "/site-packages/" in maps or "/dist-packages/" in maps  # the check sees packages
+        for package in ("torch", "spacy", "thinc"):
+            assert f"/{package}/" not in maps, f"{package} is loaded in a storage-only daemon"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    finally:
+        _stop(proc)
