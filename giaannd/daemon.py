@@ -374,6 +374,7 @@ class Daemon:
         log.info("service starting service=%s", name)
         try:
             await slot.service.start(ctx)
+            self._admin.require_bound(name)  # a role must serve every operation it declares
         except BaseException as exc:
             slot.state = "failed"
             slot.error = repr(exc)

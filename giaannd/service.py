@@ -31,7 +31,9 @@ class Service(Protocol):
     async def start(self, ctx: ServiceContext) -> None:
         """Start serving; return once ready (long-running loops go in ``ctx.spawn``).
 
-        Register admin routes (``ctx.admin.add_route``) and metrics (``ctx.metrics``) here.
+        Bind admin operations (``ctx.admin.bind(op_id, handler)``, giaannd/operations.py) and
+        register metrics (``ctx.metrics``) here. A service named after a role (or ``membership``)
+        must have bound every operation declared for it by the time ``start`` returns.
         Raising aborts startup: services already started are stopped and the daemon exits 1.
         """
 

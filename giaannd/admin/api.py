@@ -9,11 +9,16 @@ Who may call what (documented in docs/operations.md):
   tunnel cannot easily send a bearer token) unless ``admin.metrics-require-token`` is set. From
   any other address they need the token like everything else.
 
+Every route is an operation declared in giaannd/operations.py: services ``bind`` a handler to an
+operation id, and the method and path template come from that table (a ``{name}`` segment matches
+one path segment). Binding an undeclared id is refused; ``require_bound`` (called by the daemon
+after each service starts) refuses a service that left one of its operations unbound. Handlers
+return any msgspec-encodable value (sent as JSON) or an aiohttp response, and raise
+``AdminHTTPError`` for clean error replies.
+
 Routing is our own small table rather than aiohttp's router because aiohttp freezes its router
-when the server starts, and role services register routes while the daemon is already serving
-``/v1/status`` (a slow storage load must not make the node look dead). A route is a method and a
-template whose ``{name}`` segments match one path segment; handlers return any msgspec-encodable
-value (sent as JSON) or an aiohttp response, and raise ``AdminHTTPError`` for clean error replies.
+when the server starts, and role services bind operations while the daemon is already serving
+``/v1/status`` (a slow storage load must not make the node look dead).
 """
 
 from __future__ import annotations
@@ -33,13 +38,12 @@ from aiohttp import web
 
 from giaannd.errors import AdminHTTPError
 from giaannd.metrics import CONTENT_TYPE, Metrics
+from giaannd.operations import OPERATIONS, Handler, Operation, match_path, operations_of, split_path
 
-__all__ = ["AdminApi", "Handler", "MembersSource"]
+__all__ = ["AdminApi", "MembersSource"]
 
 log = logging.getLogger(__name__)
 
-#: A route handler: the request and the template's path parameters -> JSON-able body or response.
-Handler = Callable[[web.Request, Mapping[str, str]], Awaitable[Any]]
 #: What the membership service registers: the current member table, one mapping per member.
 MembersSource = Callable[[], Sequence[Mapping[str, Any]] | Awaitable[Sequence[Mapping[str, Any]]]]
 
@@ -53,26 +57,13 @@ ADMIN_SHUTDOWN_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class _Route:
+    """A bound operation; ``method`` and ``template`` are the operation's, set by ``bind``."""
+
+    op: Operation
     method: str
     template: str
     segments: tuple[str, ...]
     handler: Handler
-    public_on_loopback: bool
-
-    def match(self, parts: Sequence[str]) -> dict[str, str] | None:
-        if len(parts) != len(self.segments):
-            return None
-        params: dict[str, str] = {}
-        for want, got in zip(self.segments, parts):
-            if want.startswith("{") and want.endswith("}"):
-                params[want[1:-1]] = got
-            elif want != got:
-                return None
-        return params
-
-
-def _split(path: str) -> tuple[str, ...]:
-    return tuple(p for p in path.split("/") if p)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -88,7 +79,7 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 class AdminApi:
-    """The admin server. Built by the daemon; services add routes through ``add_route``.
+    """The admin server. Built by the daemon; services bind their operations through ``bind``.
 
     Args:
         token: the bearer token (already read from its file).
@@ -105,7 +96,7 @@ class AdminApi:
         self._metrics = metrics
         self._status = status
         self._metrics_require_token = metrics_require_token
-        self._routes: list[_Route] = []
+        self._routes: dict[str, _Route] = {}
         self._members: MembersSource | None = None
         self._runner: web.AppRunner | None = None
         self._requests = metrics.counter(
@@ -113,29 +104,46 @@ class AdminApi:
             ["route", "method", "status"])
         self._latency = metrics.histogram(
             "giaannd_admin_request_duration_seconds", "Admin API request latency.", ["route"])
-        self.add_route("GET", "/v1/status", self._get_status)
-        self.add_route("GET", "/v1/members", self._get_members)
-        self.add_route("GET", "/metrics", self._get_metrics, public_on_loopback=True)
-        self.add_route("GET", "/", self._get_page, public_on_loopback=True)
+        self.bind("node.status", self._get_status)
+        self.bind("members.list", self._get_members)
+        self.bind("metrics", self._get_metrics)
+        self.bind("status-page", self._get_page)
 
-    def add_route(self, method: str, path: str, handler: Handler, *,
-                  public_on_loopback: bool = False) -> None:
-        """Serve ``method path`` with ``handler``; may be called while the server is running.
+    def bind(self, op_id: str, handler: Handler) -> None:
+        """Serve the operation ``op_id`` (giaannd/operations.py) with ``handler``; may be called
+        while the server is running. The method and path come from the operations table.
 
         Args:
-            method: HTTP method, e.g. ``"GET"`` or ``"POST"``.
-            path: template such as ``/v1/jobs/{job_id}``; ``{name}`` matches one segment.
-            handler: ``async (request, params) -> body``; the body is sent as JSON unless it
-                is already an aiohttp response.
-            public_on_loopback: allow tokenless read access from loopback (metrics-like pages).
+            op_id: e.g. ``"node.decommission"``.
+            handler: ``async (request, params) -> body``; ``params`` holds the path template's
+                ``{name}`` segments; the body is sent as JSON unless it is an aiohttp response.
 
         Raises:
-            ValueError: the same method and template is already registered.
+            ValueError: no operation with a route has that id, or it is bound already.
         """
-        method = method.upper()
-        if any(r.method == method and r.template == path for r in self._routes):
-            raise ValueError(f"admin route {method} {path} is already registered")
-        self._routes.append(_Route(method, path, _split(path), handler, public_on_loopback))
+        op = OPERATIONS.get(op_id)
+        if op is None or op.method is None or op.path is None:
+            raise ValueError(f"admin operation {op_id!r} is not declared (giaannd/operations.py)")
+        if op_id in self._routes:
+            raise ValueError(f"admin operation {op_id} ({op.method} {op.path}) is already bound")
+        self._routes[op_id] = _Route(op, op.method, op.path, split_path(op.path), handler)
+
+    def unbound(self, service: str) -> list[str]:
+        """The ids of ``service``'s declared operations that nothing has bound yet."""
+        return [op.id for op in operations_of(service) if op.id not in self._routes]
+
+    def require_bound(self, service: str) -> None:
+        """Check that ``service`` bound every operation declared for it (a no-op for services
+        that declare none); the daemon calls it once the service has started.
+
+        Raises:
+            RuntimeError: some are unbound: a bug in the service, which would otherwise answer
+                404 for an operation its role promises.
+        """
+        missing = self.unbound(service)
+        if missing:
+            raise RuntimeError(f"service {service} started without binding its admin operations "
+                               f"{', '.join(missing)} (declared in giaannd/operations.py)")
 
     def set_members_source(self, source: MembersSource | None) -> None:
         """Register (or clear) what ``GET /v1/members`` returns; the membership service calls it."""
@@ -167,7 +175,7 @@ class AdminApi:
     # -- dispatch ---------------------------------------------------------------------------
 
     def _authorised(self, request: web.Request, route: _Route | None) -> bool:
-        if route is not None and route.public_on_loopback and not self._metrics_require_token \
+        if route is not None and route.op.public_on_loopback and not self._metrics_require_token \
                 and _is_loopback(request.remote):
             return True
         header = request.headers.get("Authorization", "")
@@ -177,9 +185,9 @@ class AdminApi:
         return hmac.compare_digest(presented.strip().encode(), self._token)
 
     def _resolve(self, method: str, path: str) -> tuple[_Route | None, dict[str, str], bool]:
-        parts, path_known = _split(path), False
-        for route in self._routes:
-            params = route.match(parts)
+        parts, path_known = split_path(path), False
+        for route in self._routes.values():
+            params = match_path(route.segments, parts)
             if params is None:
                 continue
             path_known = True
@@ -214,7 +222,7 @@ class AdminApi:
             if path_known:
                 raise AdminHTTPError(405, f"{request.method} not allowed on {request.path}",
                                      "method_not_allowed")
-            raise AdminHTTPError(404, f"this node does not serve {request.path}", "not_served")
+            raise AdminHTTPError(404, _not_served(request.path), "not_served")
         result = await route.handler(request, params)
         return result if isinstance(result, web.StreamResponse) else _json(result)
 
@@ -244,6 +252,15 @@ class AdminApi:
         except AdminHTTPError:
             members = None
         return web.Response(text=render_status_page(status, members), content_type="text/html")
+
+
+def _not_served(path: str) -> str:
+    """Why a path has no route here: which service serves it, when it is a declared operation."""
+    parts = split_path(path)
+    for op in OPERATIONS.values():
+        if op.path is not None and match_path(split_path(op.path), parts) is not None:
+            return f"this node does not serve {path}: the {op.service} service is not running here"
+    return f"this node does not serve {path}"
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:

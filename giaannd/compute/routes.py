@@ -1,20 +1,21 @@
-"""The compute role's admin HTTP routes: request checking and error mapping around ComputeService.
+"""The compute role's admin operations: request checking and error mapping around ComputeService.
 
 Theory of operation
 -------------------
-Each route parses and bounds its JSON body, calls one ``ComputeService`` method and maps the
-outcome to HTTP (giaannctl has verbs for each):
+Each handler parses and bounds its JSON body, calls one ``ComputeService`` method and maps the
+outcome to HTTP. The operations (routes, giaannctl verbs) are declared in giaannd/operations.py;
+by id, what each accepts and answers:
 
-==============================  ==================================================================
-``POST /v1/train``              ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
-                                ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
-``GET /v1/jobs``                every job document
-``GET /v1/jobs/{job_id}``       ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
-``POST /v1/jobs/{id}/resume``   resume a failed journaled job → ``{"job_id"}``
-``POST /v1/eval``               ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
-``POST /v1/generate``           ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``POST /v1/export``             ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
-==============================  ==================================================================
+==================  ==============================================================================
+``train.start``     ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
+                    ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
+``train.list``      every job document
+``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
+``train.resume``    resume a failed journaled job → ``{"job_id"}``
+``eval``            ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
+``export``          ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
+==================  ==============================================================================
 
 Error mapping: bad input of every kind (missing or unreadable corpus, bad JSON, out-of-range
 numbers, relative export path, malformed tokens) is a 400 that changed nothing; an unknown job or
@@ -26,7 +27,7 @@ missing tagger are 503. Prompt text is tagged here with spaCy (loaded on first u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -36,6 +37,7 @@ from giaannd.compute.durable_jobs import TAG_CACHE_DIR
 from giaannd.compute.train import load_corpus
 from giaannd.errors import AdminHTTPError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
+from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
 
 if TYPE_CHECKING:
@@ -61,25 +63,22 @@ MAX_EPOCHS: Final = 1000
 #: Failures of using storage at all: answered 503 (LookupError: no storage members known).
 STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
 
-#: ``add_route(method, path, handler)`` of the admin API.
-AddRoute = Callable[..., object]
-
 
 class ComputeRoutes:
-    """The admin routes of ``service`` (module docstring)."""
+    """The admin operations of ``service`` (module docstring)."""
 
     def __init__(self, service: ComputeService) -> None:
         self.service = service
         self._nlp: Any = None  # the spaCy pipeline for prompt text, loaded on first use
 
-    def register(self, add: AddRoute) -> None:
-        add("POST", "/v1/train", self._post_train)
-        add("GET", "/v1/jobs", self._get_jobs)
-        add("GET", "/v1/jobs/{job_id}", self._get_job)
-        add("POST", "/v1/jobs/{job_id}/resume", self._post_resume)
-        add("POST", "/v1/eval", self._post_eval)
-        add("POST", "/v1/generate", self._post_generate)
-        add("POST", "/v1/export", self._post_export)
+    def register(self, admin: Binder) -> None:
+        """Bind every compute operation to its handler."""
+        handlers: dict[str, Handler] = {
+            "train.start": self._post_train, "train.list": self._get_jobs, "train.status": self._get_job,
+            "train.resume": self._post_resume, "eval": self._post_eval, "generate": self._post_generate,
+            "export": self._post_export}
+        for op_id, handler in handlers.items():
+            admin.bind(op_id, handler)
 
     async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)

@@ -4,8 +4,8 @@ Glue only: the pipeline is in train.py, the sessions in infer.py, the node's voc
 state.py. What this module adds is the wiring (which storage client, which row cache), the
 service lifecycle and the metrics; the rest of the role lives beside it:
 
-- routes.py: the admin HTTP routes (``/v1/train``, ``/v1/jobs``, ``/v1/eval``, ``/v1/generate``,
-  ``/v1/export``; giaannctl has verbs for each), request checking and error mapping;
+- routes.py: the handlers of the compute admin operations (``train.*``, ``eval``, ``generate``,
+  ``export``, declared in giaannd/operations.py), request checking and error mapping;
 - durable_jobs.py: journaled training jobs and their resume after a crash or failure;
 - cluster_export.py: the storage scan, vocabulary resolution and the JSONL export.
 
@@ -152,7 +152,7 @@ class ComputeService:
                 "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
 
     def _register(self, ctx: ServiceContext) -> None:
-        self._routes.register(ctx.admin.add_route)
+        self._routes.register(ctx.admin)
         m = ctx.metrics
         self._sink = _PromSink(m.counter("giaannd_compute_train_total",
                                          "Training figures summed over jobs (sentences, bytes, batches...).",

@@ -3,22 +3,22 @@
 Glue only (STYLE.md item 2). On ``start`` it builds this node's ``NodeMeta`` from the runtime
 (roles, the data-plane URLs actually bound, capacity, placement weight), starts the SWIM node on
 ``membership.bind-address:bind-port`` with the runtime's keyring, joins ``cluster.seeds``, and
-from then on feeds every member event into the runtime's ``ClusterView``. It serves:
+from then on feeds every member event into the runtime's ``ClusterView``. It serves (operation
+ids of giaannd/operations.py, which declares their routes and arguments):
 
-- ``GET /v1/members`` (the admin members source): name, id, gossip address, status, incarnation,
-  roles, data-plane URLs, capacity, weight;
-- ``POST /v1/node/join`` ``{"seeds": ["host:port", ...]}``, ``POST /v1/node/leave`` (leave gossip,
-  then stop the daemon), ``POST /v1/node/drain`` (refuse writes, keep serving reads, gossip
-  ``full``), see docs/operations.md;
-- ``GET|POST /v1/keys``, ``POST /v1/keys/{id}/use``, ``DELETE /v1/keys/{id}``: keyring rotation,
-  saved to ``cluster.key-file``; ``id`` is the key's fingerprint (first 16 hex digits of SHA-256);
-- ``GET /v1/ring``, ``GET /v1/ring/owners/{column}``: the placement as this node computes it
-  (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does); the ring
-  document shows the storage ring's entries and digest, the cutover override if one is in force,
-  and the standby storage members (alive, not in the placement set).
-- ``GET /v1/columns/{column}`` (``giaannctl column info``): the column's owners and, per live
-  owner, its rows, entries, bytes and digests of that column, asked over the data plane
-  (``ColumnInfo``), with whether the replicas agree. Any node serves it, storage or not.
+- ``members.list`` (as the admin API's members source): name, id, gossip address, status,
+  incarnation, roles, data-plane URLs, capacity, weight;
+- ``node.join`` ``{"seeds": ["host:port", ...]}``, ``node.leave`` (leave gossip, then stop the
+  daemon), ``node.drain`` (refuse writes, keep serving reads, gossip ``full``);
+- ``keys.list|install|use|remove``: keyring rotation, saved to ``cluster.key-file``; a key's id is
+  its fingerprint (first 16 hex digits of SHA-256);
+- ``ring.show``, ``ring.owners``: the placement as this node computes it (``column`` is a decimal
+  or ``0x`` id, or a concept word hashed like the model does); the ring document shows the
+  storage ring's entries and digest, the cutover override if one is in force, and the standby
+  storage members (alive, not in the placement set).
+- ``column.info``: the column's owners and, per live owner, its rows, entries, bytes and digests
+  of that column, asked over the data plane (``ColumnInfo``), with whether the replicas agree.
+  Any node serves it, storage or not.
 
 It also runs ring sync (giaannd/services/ring_sync.py): started right after the seeds are joined,
 it pulls the storage ring from members whose gossiped digest differs and, on a storage node,
@@ -45,6 +45,7 @@ from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
 from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
 from giaannd.model.ids import column_id
+from giaannd.operations import Handler
 from giaannd.services.ring_sync import RingSync
 from peers.keyring import Keyring, KeyringError
 from peers.membership.events import MemberEvent, MemberFailed, MemberJoined, NameConflict
@@ -123,7 +124,7 @@ class MembershipService:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, ctx: ServiceContext) -> None:
-        """Start gossip, join the seeds, follow member events, register admin routes.
+        """Start gossip, join the seeds, follow member events, bind the admin operations.
 
         Raises:
             HostEnvironmentError: the membership port cannot be bound.
@@ -156,7 +157,7 @@ class MembershipService:
             await self._join(seeds)
         await self.ring_sync.settle(cfg.storage.join_mode, had_seeds=bool(seeds), spawn=ctx.spawn)
         ctx.admin.set_members_source(self.members)
-        self._routes(ctx)
+        self._bind(ctx)
 
     async def stop(self, graceful: bool) -> None:
         """Graceful: announce the leave and wait while it spreads; then close sockets."""
@@ -400,18 +401,15 @@ class MembershipService:
                             "strength_digest": digest(r.strength_digest), "batches": r.batches,
                             "error": r.error} for r in report.replicas]}
 
-    def _routes(self, ctx: ServiceContext) -> None:
-        add = ctx.admin.add_route
-        add("POST", "/v1/node/join", self._post_join)
-        add("POST", "/v1/node/leave", self._post_leave)
-        add("POST", "/v1/node/drain", self._post_drain)
-        add("GET", "/v1/keys", self._get_keys)
-        add("POST", "/v1/keys", self._post_key)
-        add("POST", "/v1/keys/{key_id}/use", self._use_key)
-        add("DELETE", "/v1/keys/{key_id}", self._delete_key)
-        add("GET", "/v1/ring", self._get_ring)
-        add("GET", "/v1/ring/owners/{column}", self._get_owners)
-        add("GET", "/v1/columns/{column}", self._get_column)
+    def _bind(self, ctx: ServiceContext) -> None:
+        """Bind the membership operations (giaannd/operations.py declares their routes)."""
+        handlers: dict[str, Handler] = {
+            "node.join": self._post_join, "node.leave": self._post_leave, "node.drain": self._post_drain,
+            "keys.list": self._get_keys, "keys.install": self._post_key, "keys.use": self._use_key,
+            "keys.remove": self._delete_key, "ring.show": self._get_ring, "ring.owners": self._get_owners,
+            "column.info": self._get_column}
+        for op_id, handler in handlers.items():
+            ctx.admin.bind(op_id, handler)
 
     # -- incarnation ---------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """giaannctl in-process (``main(argv)``) against a real Daemon running in a background thread.
 
-The daemon runs a test service that plugs in the way role services will: it registers a members
-source and a training job route pair (``POST /v1/train``, ``GET /v1/jobs/{job_id}``) whose job
+The daemon runs a test service that plugs in the way role services do: it registers a members
+source and binds the training job operations (``train.start``, ``train.status``, ``train.list``) whose job
 really reads the corpus file line by line, so the progress bar polls a moving target.
 """
 
@@ -43,9 +43,9 @@ class JobService:
         ctx.admin.set_members_source(lambda: [
             {"name": ctx.node_name, "node_id": str(ctx.node_id), "state": "alive"},
             {"name": "peer-2", "node_id": "n2", "state": "suspect"}])
-        ctx.admin.add_route("POST", "/v1/train", self._train)
-        ctx.admin.add_route("GET", "/v1/jobs/{job_id}", self._job)
-        ctx.admin.add_route("GET", "/v1/jobs", self._all_jobs)
+        ctx.admin.bind("train.start", self._train)
+        ctx.admin.bind("train.status", self._job)
+        ctx.admin.bind("train.list", self._all_jobs)
 
     async def _train(self, request: Any, params: Mapping[str, str]) -> Any:
         body = await request.json()

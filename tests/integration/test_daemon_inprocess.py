@@ -6,7 +6,7 @@ Real aiohttp server on a loopback port chosen by the OS; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 from giaannd.config import Config, load_config
 from giaannd.daemon import Daemon
 from giaannd.errors import AdminHTTPError, ConfigError, CorruptFileError, GiaannError
+from giaannd.operations import operations_of
 from giaannd.service import Service, ServiceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -24,12 +25,14 @@ WAIT_S = 10
 
 
 class Recorder(Service):
-    """A service that records its lifecycle calls; behaviour is tuned per test."""
+    """A service that records its lifecycle calls and binds ``binds`` (operation ids) to its item
+    handler; behaviour is tuned per test."""
 
     def __init__(self, name: str, log: list[str], *, stop_delay_s: float = 0.0,
-                 fail_start: bool = False, fail_task: bool = False) -> None:
+                 fail_start: bool = False, fail_task: bool = False, binds: Sequence[str] = ()) -> None:
         self.name = name
         self.log = log
+        self.binds = binds
         self.stop_delay_s = stop_delay_s
         self.fail_start = fail_start
         self.fail_task = fail_task
@@ -40,7 +43,8 @@ class Recorder(Service):
         self.log.append(f"start {self.name} after={sorted(ctx.services)}")
         if self.fail_start:
             raise RuntimeError("boom at start")
-        ctx.admin.add_route("GET", f"/v1/{self.name}/{{item}}", self._item)
+        for op_id in self.binds:
+            ctx.admin.bind(op_id, self._item)
         if self.fail_task:
             ctx.spawn(self._crash(), "crash")
 
@@ -49,11 +53,12 @@ class Recorder(Service):
         raise RuntimeError("background boom")
 
     async def _item(self, request: Any, params: Mapping[str, str]) -> Any:
-        if params["item"] == "missing":
+        item = params.get("column", "")
+        if item == "missing":
             raise AdminHTTPError(404, "no such item", "not_found")
-        if params["item"] == "bug":
+        if item == "bug":
             raise ValueError("handler bug")
-        return {"service": self.name, "item": params["item"]}
+        return {"service": self.name, "item": item}
 
     async def stop(self, graceful: bool) -> None:
         self.log.append(f"stop {self.name} graceful={graceful}")
@@ -192,7 +197,7 @@ async def test_daemon_configured_token_file_must_exist(tmp_path: Path) -> None:
 async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
     log: list[str] = []
     cfg = _config(tmp_path)
-    daemon = Daemon(cfg, [Recorder("svc", log)], handle_signals=False)
+    daemon = Daemon(cfg, [Recorder("svc", log, binds=["column.info"])], handle_signals=False)
     async with running(daemon), aiohttp.ClientSession() as http:
         auth = _auth(cfg)
         async def get(path: str, headers: dict[str, str] | None = None,
@@ -208,9 +213,9 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
         assert (await get("/v1/status"))[0] == 401
         assert (await get("/v1/status", {"Authorization": "Bearer wrong"}))[0] == 401
         assert (await get("/v1/nosuch"))[0] == 401  # no probing without the token
-        assert await get("/v1/svc/thing", auth) == (200, {"service": "svc", "item": "thing"})
-        assert (await get("/v1/svc/missing", auth))[1]["code"] == "not_found"
-        assert (await get("/v1/svc/bug", auth))[0] == 500
+        assert await get("/v1/columns/thing", auth) == (200, {"service": "svc", "item": "thing"})
+        assert (await get("/v1/columns/missing", auth))[1]["code"] == "not_found"
+        assert (await get("/v1/columns/bug", auth))[0] == 500
         assert (await get("/v1/nosuch", auth))[1]["code"] == "not_served"
         assert (await get("/v1/status", auth, method="DELETE"))[0] == 405
         assert (await get("/v1/members", auth))[0] == 404
@@ -225,8 +230,10 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
         assert 'giaannd_service_up{service="svc"} 1.0' in metrics
         status, page = await get("/")
         assert status == 200 and "test-node" in page and "alive" in page
-        with pytest.raises(ValueError, match="already registered"):
-            daemon_ctx.admin.add_route("GET", "/v1/svc/{item}", daemon_ctx.admin._get_status)
+        with pytest.raises(ValueError, match="already bound"):
+            daemon_ctx.admin.bind("column.info", daemon_ctx.admin._get_status)
+        with pytest.raises(ValueError, match="not declared"):
+            daemon_ctx.admin.bind("svc.item", daemon_ctx.admin._get_status)
 
 
 @pytest.mark.asyncio
@@ -244,8 +251,23 @@ async def test_admin_metrics_require_token(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_daemon_status_reports_roles(tmp_path: Path) -> None:
     cfg = _config(tmp_path, **{"node.roles": '["storage", "compute"]'})
-    daemon = Daemon(cfg, [Recorder("storage", [])], handle_signals=False,
+    storage_ops = [op.id for op in operations_of("storage")]
+    daemon = Daemon(cfg, [Recorder("storage", [], binds=storage_ops)], handle_signals=False,
                     unavailable_roles={"compute": "not built"})
     async with running(daemon):
         assert daemon.status()["roles"] == {"storage": "running",
                                             "compute": "unavailable: not built"}
+
+
+@pytest.mark.asyncio
+async def test_daemon_role_leaving_an_operation_unbound_fails_startup(tmp_path: Path) -> None:
+    log: list[str] = []
+    storage_ops = [op.id for op in operations_of("storage")]
+    daemon = Daemon(_config(tmp_path, **{"node.roles": '["storage"]'}),
+                    [Recorder("storage", log, binds=storage_ops[1:])], handle_signals=False)
+    async with asyncio.timeout(WAIT_S):
+        code = await daemon.run()
+    assert code == 1
+    health = daemon.status()["services"]["storage"]
+    assert health["state"] == "failed" and f"binding its admin operations {storage_ops[0]} " in health["error"]
+    assert log == ["start storage after=[]", "stop storage graceful=True"]

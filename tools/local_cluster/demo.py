@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from giaannd.admin.client import AdminClient, CtlError
-from giaannd.admin.ctl import wait_for_job
+from giaannd.admin.follow import wait_for_job
 from tools.local_cluster.cluster import BUNDLED_CORPUS, LocalCluster, NodeFailed, split_corpus
 
 __all__ = ["main"]

@@ -6,7 +6,8 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   the first ``tcp://`` bind, port 0), advertised as ``NodeMeta.transports["stream"]``. The same
   endpoint receives streams (join targets) and takes source-control requests (sources driven by
   a coordinator elsewhere);
-- the **admin routes** of the topology verbs (rebalance.routes.register_admin_routes) over a
+- the **admin routes** of the topology verbs (rebalance.routes.register_admin_routes, bound by operation
+  id) over a
   ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
 - the **auto-join**: a node that starts outside the ring with ``storage.join-mode = "auto"`` and
   finds an active ring runs the streaming join itself (``runtime.on_join_needed``);

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from giaannd.admin import ctl
+from giaannd.admin.render import render_document
+from giaannd.operations import OPERATIONS
 
 
 @pytest.mark.parametrize("argv", [
@@ -16,8 +18,9 @@ from giaannd.admin import ctl
     ["keys", "remove", "k1"], ["metrics"],
 ])
 def test_ctl_every_verb_parses_and_has_a_handler(argv: list[str]) -> None:
-    args = ctl._parser().parse_args(["--json", *argv])
-    assert (args.noun, args.verb) in ctl._VERBS
+    args = ctl.build_parser().parse_args(["--json", *argv])
+    words = tuple(argv[:len(args.op.words)])  # the command words, then its arguments
+    assert args.op.words == words and args.op is OPERATIONS[".".join(words)]
 
 
 @pytest.mark.parametrize("argv", [[], ["node"], ["node", "fly"], ["nosuch", "verb"]])
@@ -36,10 +39,10 @@ def test_ctl_missing_token_file_is_a_usage_error(tmp_path: object,
 
 
 def test_ctl_render_tables() -> None:
-    text = ctl._render({"members": [{"name": "a", "state": "alive"},
+    text = render_document({"members": [{"name": "a", "state": "alive"},
                                     {"name": "bb", "state": "suspect", "extra": 1}]})
     assert text.splitlines() == ["NAME  STATE    EXTRA", "a     alive", "bb    suspect  1"]
-    assert ctl._render({"members": []}) == "(none)"
-    status = ctl._render({"node_name": "n", "services": {"s": {"state": "running"}},
+    assert render_document({"members": []}) == "(none)"
+    status = render_document({"node_name": "n", "services": {"s": {"state": "running"}},
                           "roles": {"storage": "running"}})
     assert "node_name: n" in status and "  storage: running" in status
