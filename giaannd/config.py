@@ -118,6 +118,30 @@ class AdminConfig(_Section):
         "a scrape from a loopback address needs no token (Prometheus agents usually run on the "
         "host); requests from other addresses always need it."
     ))] = False
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30, description=(
+        "Largest request body accepted. Admin requests are small JSON documents (corpora and "
+        "exports travel by path, never through the API), so 1 MiB is far above any real one. A "
+        "larger declared `Content-Length` is refused with 413 before any of it is read; a chunked "
+        "body is refused with 413 as soon as it passes the limit."
+    ))] = 1 << 20
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "A connection must deliver a complete request line and headers within this many seconds "
+        "of opening, or of its previous request's end; otherwise it is closed. This is also how "
+        "long an idle keep-alive connection stays open. Bounds slowloris clients, which would "
+        "otherwise hold a connection (and a slot of `max-connections`) forever. Raise it only "
+        "for clients on very slow links."
+    ))] = 10.0
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Once its headers are in, a request's body must arrive in full within this many seconds, "
+        "or the request is answered 408 and the connection closed. With `max-body-bytes` = 1 MiB "
+        "the default demands about 35 KB/s of a client."
+    ))] = 30.0
+    max_connections: Annotated[int, Meta(ge=1, le=65536, description=(
+        "Admin connections open at once. One more is answered 503 and closed at once, so a "
+        "flood of connections costs at most this many file descriptors. Each idle or slow "
+        "connection is freed after `header-timeout-s`. Keep it well under the process's open-file "
+        "limit (the daemon's data plane needs descriptors too)."
+    ))] = 256
 
 
 class LoggingConfig(_Section):
@@ -300,6 +324,22 @@ class ComputeConfig(_Section):
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "
         "the journals stay on disk and the jobs are listed as not resumed in the log."
     ))] = True
+    corpus_dir: Annotated[str, Meta(description=(
+        "The only directory whose files `POST /v1/train` and `POST /v1/eval` read (`giaannctl "
+        "train start`, `eval --corpus`): a relative request path is taken inside it, symlinks "
+        "are resolved before the check, and a path that ends up outside is refused with 403. "
+        "Without it the admin token would make the daemon read, and cache a tagged copy of, any "
+        "file it can read (its cluster key; /etc/shadow as root). Empty means "
+        "`<data-dir>/corpora`; relative to `data-dir` unless absolute; created (mode 0750) on "
+        "start. Put corpora there or point this at where they live."
+    ))] = ""
+    export_dir: Annotated[str, Meta(description=(
+        "The only directory `POST /v1/export` (`giaannctl export`) writes into, with the same "
+        "rules as `corpus-dir`, so the token cannot replace the daemon's own files (admin token, "
+        "ring, keys). Inside it an existing file that is not a previous export is only replaced "
+        "when the request says `overwrite`. Empty means `<data-dir>/exports`; relative to "
+        "`data-dir` unless absolute; created (mode 0750) on start."
+    ))] = ""
 
 
 class Config(_Section):

@@ -341,7 +341,8 @@ class Daemon:
         self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
         self._admin = AdminApi(token=_load_token(self.config), metrics=self.metrics,
                                status=self.status,
-                               metrics_require_token=self.config.admin.metrics_require_token)
+                               metrics_require_token=self.config.admin.metrics_require_token,
+                               config=self.config.admin)
         host, port = _split_listen(self.config.admin.listen)
         try:
             self.admin_address = await self._admin.start(host, port)

@@ -63,9 +63,11 @@ SERVED_BY: Final[Mapping[Service, str]] = {
     "storage": "storage nodes", "compute": "compute nodes"}
 
 #: How giaannctl reads an argument and what it sends: ``rate`` is bytes/s or ``none`` (a number
-#: or null); ``path`` is made absolute (the daemon resolves nothing against giaannctl's working
-#: directory); ``existing-path`` must also exist; ``file-text`` sends the file's text (a key).
-ArgType = Literal["str", "int", "rate", "path", "existing-path", "file-text"]
+#: or null); ``path`` is sent absolute as typed, or relative as typed (the daemon takes a relative
+#: path inside its corpus or export directory, never giaannctl's working directory);
+#: ``existing-path`` must also exist when absolute; ``file-text`` sends the file's text (a key);
+#: ``flag`` is a switch taking no value, sent as true when given (left out otherwise).
+ArgType = Literal["str", "int", "rate", "path", "existing-path", "file-text", "flag"]
 
 #: A handler: (request, the path template's parameters) -> a JSON-able body or an aiohttp response.
 Handler = Callable[[Any, Mapping[str, str]], Awaitable[Any]]
@@ -154,7 +156,9 @@ class Operation:
     args: tuple[Arg, ...] = ()
     render: Render = DOCUMENT
     follow: Follow | None = None
-    #: Tokenless from loopback unless ``admin.metrics-require-token`` (giaannd/admin/api.py).
+    #: Tokenless from loopback unless ``admin.metrics-require-token`` (giaannd/admin/api.py): the
+    #: read-only views a browser or a node-local scraper fetches without a bearer token (the
+    #: status page and the JSON it polls, ``/metrics``).
     public_on_loopback: bool = False
     ctl: bool = True
     words: tuple[str, ...] = field(init=False)
@@ -225,7 +229,7 @@ NOUNS: Final[Mapping[str, str]] = {
 }
 
 _TABLE: Final[tuple[Operation, ...]] = (
-    Operation(noun="node", verb="status", service="admin", method="GET", path="/v1/status",
+    Operation(noun="node", verb="status", service="admin", method="GET", path="/v1/status", public_on_loopback=True,
               help="node name and id, cluster, version, pid, state, uptime, roles and each service's health"),
     Operation(noun="node", verb="join", service="membership", method="POST", path="/v1/node/join",
               args=(Arg(name="seeds", positional=True, many=True, metavar="SEED",
@@ -269,11 +273,19 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="node", verb="repair", service="storage", method="POST", path="/v1/node/repair",
               help="(topology) deliver hints, rebuild this node's missing batches from its peers' logs, "
                    "compare its rows with theirs (docs/topology.md)"),
-    Operation(noun="members", verb="list", service="admin", method="GET", path="/v1/members",
+    Operation(noun="members", verb="list", service="admin", method="GET", path="/v1/members", public_on_loopback=True,
               help="the member table (answered while the membership service runs)"),
     Operation(noun="ring", verb="show", service="membership", method="GET", path="/v1/ring",
-              help="the placement in force, the storage ring (entries, digest), the cutover override and "
-                   "the standby storage members"),
+              public_on_loopback=True,
+              help="the placement in force with each member's owner counts (of a fixed sample of column ids), "
+                   "the storage ring (entries, digest), the cutover override and the standby storage members"),
+    Operation(noun="ring", verb="usage", service="membership", method="GET", path="/v1/ring/usage",
+              public_on_loopback=True,
+              render=Render(kind="table", rows="nodes", columns=(
+                  "name", "live", "used_bytes", "capacity_bytes", "disk_bytes", "disk_free_bytes", "rows",
+                  "entries", "full", "error")),
+              help="each storage node's fill: RAM used of capacity, disk (its files; free space), rows and "
+                   "entries, asked over the data plane"),
     Operation(noun="ring", verb="owners", service="membership", method="GET", path="/v1/ring/owners/{column}",
               args=(_COLUMN,), help="owners of one column, in placement order"),
     Operation(noun="column", verb="info", service="membership", method="GET", path="/v1/columns/{column}",
@@ -282,13 +294,13 @@ _TABLE: Final[tuple[Operation, ...]] = (
                    "whether the replicas agree (docs/replication.md, \"Column info\")"),
     Operation(noun="train", verb="start", service="compute", method="POST", path="/v1/train",
               args=(Arg(name="corpus", positional=True, type="existing-path",
-                        help="corpus file, readable by the daemon"),
+                        help="corpus file in the daemon's compute.corpus-dir (a relative path is taken there)"),
                     Arg(name="epochs", type="int", default=1, help="passes over the corpus")),
               follow=Follow(kind="job", when="--no-wait"),
               help="train on a corpus, with a live progress bar"),
     Operation(noun="train", verb="status", service="compute", method="GET", path="/v1/jobs/{job_id}",
               args=(_JOB,), help="status of a job"),
-    Operation(noun="train", verb="list", service="compute", method="GET", path="/v1/jobs",
+    Operation(noun="train", verb="list", service="compute", method="GET", path="/v1/jobs", public_on_loopback=True,
               render=Render(kind="table", rows="jobs", columns=(
                   "job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")),
               help="every job of the node (a job resumed after a crash shows resumed_from)"),
@@ -298,14 +310,17 @@ _TABLE: Final[tuple[Operation, ...]] = (
               args=(_JOB,), follow=Follow(kind="job", when="--no-wait"),
               help="resume a failed journaled job from its cursor, nothing counted twice (docs/compute.md)"),
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
-              args=(Arg(name="corpus", type="path", help="held-out sentences (default: the daemon's held-out set)"),
+              args=(Arg(name="corpus", type="path", help="held-out sentences, in compute.corpus-dir "
+                                                            "(default: the daemon's held-out set)"),
                     Arg(name="limit", type="int", help="evaluate at most N sentences")),
               help="top-1 next-token accuracy"),
     Operation(noun="generate", verb="", service="compute", method="POST", path="/v1/generate",
               args=(_pos("prompt"), Arg(name="max_tokens", type="int", default=20, help="tokens to generate at most")),
               help="generate text from a prompt"),
     Operation(noun="export", verb="", service="compute", method="POST", path="/v1/export",
-              args=(Arg(name="path", positional=True, type="path", help="output file, writable by the daemon"),),
+              args=(Arg(name="path", positional=True, type="path",
+                        help="output file in the daemon's compute.export-dir (a relative path is taken there)"),
+                    Arg(name="overwrite", type="flag", help="replace an existing file that is not a previous export")),
               help="write every row of the cluster to a JSONL file"),
     Operation(noun="keys", verb="list", service="membership", method="GET", path="/v1/keys",
               help="installed cluster keys and the one in use"),
@@ -320,7 +335,8 @@ _TABLE: Final[tuple[Operation, ...]] = (
               render=Render(kind="prometheus"), public_on_loopback=True,
               help="this node's Prometheus metrics (--json parses them into families)"),
     Operation(noun="status-page", verb="", service="admin", method="GET", path="/", public_on_loopback=True,
-              ctl=False, help="a read-only HTML status page (node, services, members), refreshing every 5 s"),
+              ctl=False, help="a read-only HTML status page (node, services, members, ring owner counts, storage "
+                              "fill, training jobs), refreshed live from the tokenless read-only views"),
 )
 
 #: The operation each ``Follow.kind`` polls.

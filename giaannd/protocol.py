@@ -314,12 +314,19 @@ class DigestsReply(msgspec.Struct, frozen=True, tag=66):
 
 
 class UsageReply(msgspec.Struct, frozen=True, tag=67):
+    """``used_bytes`` of ``capacity_bytes`` is RAM; the ``disk_*`` fields (0 from a node that
+    predates them) are the bytes of the node's storage files and its file system's free and total
+    bytes."""
+
     capacity_bytes: int
     used_bytes: int
     num_rows: int
     num_entries: int
     is_full: bool
     hints_held: int = 0
+    disk_bytes: int = 0
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
 
 
 class AppliedMask(msgspec.Struct, frozen=True, tag=68):

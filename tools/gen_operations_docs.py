@@ -27,7 +27,7 @@ def _arg(arg: Arg) -> str:
     name = arg.metavar or arg.name.upper()
     if arg.positional:
         return f"{name}..." if arg.many else name
-    return f"[{arg.flag} {name}]"
+    return f"[{arg.flag}]" if arg.type == "flag" else f"[{arg.flag} {name}]"
 
 
 def synopsis(op: Operation) -> str:

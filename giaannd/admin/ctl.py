@@ -52,7 +52,7 @@ def _bytes_rate(text: str) -> float | None:
 
 #: How argparse reads each argument type (giaannd/operations.py ``ArgType``).
 _PARSE: Final[Mapping[ArgType, Callable[[str], Any]]] = {
-    "str": str, "int": int, "rate": _bytes_rate, "path": str, "existing-path": str, "file-text": str}
+    "str": str, "int": int, "rate": _bytes_rate, "path": str, "existing-path": str, "file-text": str, "flag": bool}
 #: The follow flags (``Follow.when``) and their help.
 _WAIT_HELP: Final[Mapping[str, str]] = {
     "--wait": "follow the operation's progress until it ends",
@@ -98,6 +98,8 @@ def _add_arguments(parser: argparse.ArgumentParser, op: Operation) -> None:
         kw: dict[str, Any] = {"help": arg.help or None, "metavar": arg.metavar, "type": _PARSE[arg.type]}
         if arg.positional:
             parser.add_argument(arg.name, nargs="+" if arg.many else None, **kw)
+        elif arg.type == "flag":  # no value; None (not sent) unless given
+            parser.add_argument(arg.flag, dest=arg.name, action="store_const", const=True, help=kw["help"])
         else:
             parser.add_argument(arg.flag, dest=arg.name, default=arg.default, **kw)
     if op.follow is not None and op.follow.when != "always":
@@ -136,9 +138,12 @@ def _send(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
 
 
 def _value(arg: Arg, value: Any) -> Any:
-    """What is sent for ``arg``: paths made absolute (the daemon resolves them, not us), files read."""
+    """What is sent for ``arg``: paths as typed (a relative one is the daemon's to place inside its
+    corpus or export directory), files read."""
     if arg.type in ("path", "existing-path") and value is not None:
-        path = Path(value).resolve()
+        path = Path(value)
+        if not path.is_absolute():
+            return value
         if arg.type == "existing-path" and not path.exists():
             raise CtlError(f"{arg.name} {path} does not exist", 2)
         return str(path)

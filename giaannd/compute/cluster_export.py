@@ -15,7 +15,9 @@ node can export, or print the words of, rows that *any* compute node trained:
    wrong word to an id. Storage is not asked at all when nothing is missing.
 3. **Write** (``write_export``): the rows as one ``RowStore``, written as JSONL by
    ``giaannd.model.export`` (atomically). An id with no string anywhere raises
-   ``VocabularyMissing`` and nothing is written (rows trained before vocabulary replication);
+   ``VocabularyMissing`` and nothing is written (rows trained before vocabulary replication); a
+   file that cannot be written raises ``ExportWriteError`` naming it (the caller's input, not
+   storage's fault);
    ``word_of`` prints such an id as ``<column:feature>`` in hex instead, for generation output.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
-from giaannd.errors import Refused
+from giaannd.errors import InputError, Refused
 from giaannd.model.export import write_jsonl
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
@@ -41,6 +43,7 @@ from giaannd.model.vocab import IdCollisionError, Vocabulary
 __all__ = [
     "EXPORT_READ_ROWS",
     "EXPORT_SCAN_ATTEMPTS",
+    "ExportWriteError",
     "VocabularyMissing",
     "missing_vocab",
     "resolve_vocab",
@@ -56,6 +59,10 @@ log = logging.getLogger("giaannd.compute.service")
 EXPORT_READ_ROWS: Final = 32_768
 #: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
 EXPORT_SCAN_ATTEMPTS: Final = 3
+
+class ExportWriteError(InputError):
+    """The export's file cannot be written (a directory, a read-only place, a full disk)."""
+
 
 #: Fetches ``(kind, id)`` keys from storage's vocabulary (``StorageClient.get_vocab``).
 GetVocab = Callable[[Sequence[tuple[int, int]]], Awaitable[dict[tuple[int, int], str]]]
@@ -138,11 +145,14 @@ async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> 
 
     Raises:
         VocabularyMissing: some id has no string in ``vocab``.
+        ExportWriteError: ``path`` cannot be written (nothing is).
     """
     store = RowStore.from_batch(batch)
     try:
         lines = await asyncio.to_thread(write_jsonl, store, vocab, path)
     except KeyError as exc:
         raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
+    except OSError as exc:
+        raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
     return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
             "source": "every row of the storage cluster (scan)"}

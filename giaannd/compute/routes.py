@@ -14,14 +14,21 @@ by id, what each accepts and answers:
 ``train.resume``    resume a failed journaled job → ``{"job_id"}``
 ``eval``            ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``export``          ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
+``export``          ``{"path", "overwrite"?}`` → JSONL export of every row of the cluster (storage
+                    scan)
 ==================  ==============================================================================
 
-Error mapping: bad input of every kind (missing or unreadable corpus, bad JSON, out-of-range
-numbers, relative export path, malformed tokens) is a 400 that changed nothing; an unknown job or
-journal is a 404; a running job to resume, a corrupt journal, or an export with ids no vocabulary
-holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or no storage client yet) and a
-missing tagger are 503. Prompt text is tagged here with spaCy (loaded on first use, in a thread).
+Paths: a corpus must resolve inside the service's ``corpus_dir``, an export inside its
+``export_dir`` (relative paths are taken inside them; paths.py); an export replaces an existing
+file only if it is a previous export or ``overwrite`` is true.
+
+Error mapping: a path outside its allowed directory is a 403; other bad input (missing or
+unreadable corpus, bad JSON, out-of-range numbers, an export path that is a directory or cannot be
+written, malformed tokens) is a 400 that changed nothing; an unknown job or journal is a 404; a
+running job to resume, a corrupt journal, an export over a file that is not a previous export, or
+an export with ids no vocabulary holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or
+no storage client yet) and a missing tagger are 503. Prompt text is tagged here with spaCy (loaded
+on first use, in a thread).
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.client.storage_client import StorageRequestError
-from giaannd.compute.cluster_export import VocabularyMissing
+from giaannd.compute.cluster_export import ExportWriteError, VocabularyMissing
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR
+from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
 from giaannd.compute.train import load_corpus
-from giaannd.errors import AdminHTTPError
+from giaannd.errors import AdminHTTPError, InputError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
@@ -82,7 +90,7 @@ class ComputeRoutes:
 
     async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        corpus = _corpus_path(body.get("corpus"), required=True)
+        corpus = self._corpus_path(body.get("corpus"), required=True)
         workers = _opt_int(body, "workers", 1, 1024)
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
         epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
@@ -120,7 +128,7 @@ class ComputeRoutes:
         mode = body.get("mode") or "teacher"
         if constants not in ("train", "test") or mode not in ("teacher", "free"):
             raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
-        path = _corpus_path(body.get("corpus"), required=False)
+        path = self._corpus_path(body.get("corpus"), required=False)
         cache_dir = self.service.data_dir / TAG_CACHE_DIR
         try:
             prompts = await asyncio.to_thread(
@@ -168,15 +176,34 @@ class ComputeRoutes:
         tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
         return tuple(tokens)
 
+    def _corpus_path(self, value: Any, *, required: bool) -> Path | None:
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value:
+            raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
+        path = _inside(value, self.service.corpus_dir, "corpus", "compute.corpus-dir")
+        if not path.is_file():
+            raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
+        return path
+
     async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        path = body.get("path")
-        if not isinstance(path, str) or not path or not Path(path).is_absolute():
-            raise AdminHTTPError(400, "path must be an absolute file path", "bad_request")
-        if not Path(path).parent.is_dir():
-            raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
+        value, overwrite = body.get("path"), body.get("overwrite", False)
+        if not isinstance(value, str) or not value:
+            raise AdminHTTPError(400, "path must be a file path", "bad_request")
+        if not isinstance(overwrite, bool):
+            raise AdminHTTPError(400, "overwrite must be true or false", "bad_request")
+        path = _inside(value, self.service.export_dir, "export path", "compute.export-dir")
+        try:
+            await asyncio.to_thread(check_export_target, path, overwrite=overwrite)
+        except NotAnExport as exc:
+            raise AdminHTTPError(409, str(exc), "not_an_export") from None
+        except (InputError, OSError) as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
         try:
             return await self.service.export(path)
+        except ExportWriteError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
         except VocabularyMissing as exc:
             raise AdminHTTPError(409, f"{exc} (rows trained without a replicated vocabulary)",
                                  "conflict") from None
@@ -186,7 +213,7 @@ class ComputeRoutes:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json() if request.body_exists else {}
     except ValueError:
         raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
     if not isinstance(body, dict):
@@ -203,12 +230,8 @@ def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _corpus_path(value: Any, *, required: bool) -> Path | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
-    path = Path(value)
-    if not path.is_file():
-        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
-    return path
+def _inside(value: str, root: Path, what: str, knob: str) -> Path:
+    try:
+        return resolve_inside(value, root, what=what, knob=knob)
+    except PathOutside as exc:
+        raise AdminHTTPError(403, str(exc), "forbidden") from None

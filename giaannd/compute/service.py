@@ -56,7 +56,7 @@ from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
 from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
 from giaannd.compute.state import ComputeState
 from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_client, read_flags
-from giaannd.errors import AdminHTTPError
+from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon
@@ -88,6 +88,9 @@ class ComputeService:
     Args:
         settings: the ``compute`` config section (workers, K, row cache bytes, max sessions).
         data_dir: where the node keeps its vocabulary and tag cache.
+        corpus_dir / export_dir: the only directories the admin operations read corpora from and
+            write exports to (paths.py; config ``compute.corpus-dir``/``export-dir``); default
+            ``<data_dir>/corpora`` and ``<data_dir>/exports``. Created on start.
         storage: a ready storage client, or None (see ``storage_factory``).
         storage_factory: builds the client from the daemon context in ``start``.
         prefetch_depth: teacher-forced lookahead of inference sessions.
@@ -97,9 +100,12 @@ class ComputeService:
 
     def __init__(self, settings: ComputeConfig, data_dir: str | Path, *, storage: StorageClient | None = None,
                  storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None,
-                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, corpus_dir: str | Path | None = None,
+                 export_dir: str | Path | None = None) -> None:
         self.settings = settings
         self.data_dir = Path(data_dir)
+        self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else self.data_dir / "corpora"
+        self.export_dir = Path(export_dir) if export_dir is not None else self.data_dir / "exports"
         self.storage = storage
         self._factory = storage_factory
         self._ctx: ServiceContext | None = None
@@ -117,9 +123,31 @@ class ComputeService:
         self._started = False
         self._resume_task: asyncio.Task[None] | None = None
 
+    @classmethod
+    def from_config(cls, config: Config,
+                    storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None) -> ComputeService:
+        """The service a daemon runs: state under ``<data-dir>/compute``, the corpus and export
+        directories of ``compute.corpus-dir``/``export-dir`` (default ``<data-dir>/corpora`` and
+        ``<data-dir>/exports``)."""
+        c = config.compute
+        return cls(c, config.data_path("compute"), storage_factory=storage_factory,
+                   corpus_dir=config.data_path(c.corpus_dir or "corpora"),
+                   export_dir=config.data_path(c.export_dir or "exports"))
+
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext | None = None) -> None:
-        """Load the node state, register routes and metrics (with a context), find storage."""
+        """Load the node state, create the corpus and export directories, register routes and
+        metrics (with a context), find storage.
+
+        Raises:
+            HostEnvironmentError: a corpus or export directory cannot be created.
+        """
+        for path, knob in ((self.corpus_dir, "$.compute.corpus-dir"), (self.export_dir, "$.compute.export-dir")):
+            try:
+                await asyncio.to_thread(path.mkdir, mode=0o750, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise HostEnvironmentError(f"cannot create {path}: {exc.strerror or exc} (set by {knob})",
+                                           reason="data_dir_unusable") from None
         self.state = await asyncio.to_thread(ComputeState.load, self.data_dir)
         self._lexicon = await asyncio.to_thread(Lexicon.default)
         self._ctx = ctx
@@ -336,6 +364,7 @@ class ComputeService:
         Raises:
             VocabularyMissing: some id has no string anywhere (rows written by a node that did not
                 replicate its vocabulary); nothing is written.
+            ExportWriteError: ``path`` cannot be written; nothing is.
         """
         batch = await self.scan_cluster()
         await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
@@ -360,4 +389,4 @@ def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
 
 def create_service(config: Config) -> ComputeService:
     """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
-    return ComputeService(config.compute, config.data_path("compute"))
+    return ComputeService.from_config(config)

@@ -7,7 +7,9 @@ JSONL (one synapse per line, rows in ascending id order, entries in row order)::
 
 ``*_lemma`` is the column's noun lemma, ``*_word`` the neuron's word — for a prime concept neuron
 (feature 0) the word is the column lemma (giaann-algorithm.md §1.4). Strengths are float32 values
-printed with Python's shortest round-trip repr.
+printed with Python's shortest round-trip repr. ``is_jsonl_export`` recognises a file of this
+format by its first line (the fields above, in that order) so that an export only ever replaces a
+previous export unless told otherwise (giaannd/compute/paths.py).
 
 Binary snapshot (little-endian), version 1::
 
@@ -45,8 +47,13 @@ from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import Vocabulary
 
-__all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "iter_jsonl", "load_snapshot",
-           "save_snapshot", "write_jsonl"]
+__all__ = ["JSONL_FIELDS", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "is_jsonl_export",
+           "iter_jsonl", "load_snapshot", "save_snapshot", "write_jsonl"]
+
+#: The keys of every JSONL line, in order.
+JSONL_FIELDS = ("source_lemma", "source_word", "segment", "target_lemma", "target_word", "strength")
+#: ``is_jsonl_export`` reads at most this much of a first line (lemmas and words are short).
+_MAX_JSONL_LINE_BYTES = 64 * 1024
 
 SNAPSHOT_MAGIC = b"GIAROWS\x00"
 SNAPSHOT_VERSION = 1
@@ -97,6 +104,24 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
                 "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
                 "strength": float(np.float32(v)),
             }, ensure_ascii=False)
+
+
+def is_jsonl_export(path: str | os.PathLike[str]) -> bool:
+    """True if the regular file ``path`` is empty (the export of an empty model) or its first line
+    is a JSONL export line: a JSON object with exactly ``JSONL_FIELDS``, in order.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        first = fh.readline(_MAX_JSONL_LINE_BYTES)
+    if not first:
+        return True
+    try:
+        doc = json.loads(first)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
+    return isinstance(doc, dict) and tuple(doc) == JSONL_FIELDS
 
 
 def write_jsonl(store: RowStore, vocab: Vocabulary, path: str | os.PathLike[str]) -> int:

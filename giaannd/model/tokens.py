@@ -86,6 +86,9 @@ _CONLLU_COLUMNS = 10
 
 #: Permissions of files written by write_conllu (mkstemp would leave 0600).
 _FILE_MODE = 0o644
+#: The tag cache (``tag_file_cached``): only the daemon's user may read it.
+_PRIVATE_DIR_MODE = 0o700
+_PRIVATE_FILE_MODE = 0o600
 
 #: spaCy batch size for nlp.pipe (the speed table of corpus-and-tagging.md was measured with 256).
 _SPACY_BATCH = 256
@@ -317,7 +320,8 @@ def _conllu_lines(sentences: Iterable[TaggedSentence]) -> Iterator[str]:
         yield "".join(parts)
 
 
-def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[str]) -> int:
+def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[str], *, mode: int = _FILE_MODE
+                 ) -> int:
     """Write sentences as CoNLL-U, atomically; gzip'd when the name ends in ``.gz``.
 
     The data goes to a temporary file in the target directory, is fsync'd, and only then renamed
@@ -327,6 +331,7 @@ def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[st
     Args:
         sentences: the sentences to write (consumed once).
         path: the destination file.
+        mode: its permission bits (0o644: corpora are shared data; a cache of private text: 0o600).
 
     Returns:
         the number of sentences written.
@@ -337,7 +342,7 @@ def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[st
     """
     dest = Path(path)
     written = 0
-    with atomic_writer(dest, mode=_FILE_MODE) as raw:  # corpora are shared data: 0644
+    with atomic_writer(dest, mode=mode) as raw:
         gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if dest.suffix == ".gz" else None
         sink: IO[bytes] = gz if gz is not None else raw  # type: ignore[assignment]
         for block in _conllu_lines(sentences):
@@ -459,6 +464,9 @@ def tag_file_cached(
 ) -> Path:
     """Tag a UTF-8 text file once and cache the result as ``.conllu.gz``.
 
+    The cache is private to the daemon's user (directory 0700, files 0600): a tagged copy carries
+    the whole text of a file that may itself be private.
+
     The cache key is the sha256 of the file's bytes plus the model name, model version, spaCy
     version and pipe names, so a changed text or tagger never serves stale tags. Paragraphs
     (blank-line separated blocks) are tagged as separate texts.
@@ -475,11 +483,12 @@ def tag_file_cached(
     model = nlp if nlp is not None else load_english(sentences=True)
     key = hashlib.sha256(data + b"\x00" + _model_fingerprint(model).encode()).hexdigest()[:32]
     out_dir = Path(cache_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(mode=_PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(out_dir, _PRIVATE_DIR_MODE)  # also closes a cache made before it was private
     target = out_dir / f"{Path(text_path).name}.{key}.conllu.gz"
     if target.exists():
         return target
     text = data.decode("utf-8")
     paragraphs = [p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
-    write_conllu(tag_texts(paragraphs, nlp=model), target)
+    write_conllu(tag_texts(paragraphs, nlp=model), target, mode=_PRIVATE_FILE_MODE)
     return target

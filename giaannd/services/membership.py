@@ -15,7 +15,10 @@ ids of giaannd/operations.py, which declares their routes and arguments):
 - ``ring.show``, ``ring.owners``: the placement as this node computes it (``column`` is a decimal
   or ``0x`` id, or a concept word hashed like the model does); the ring document shows the
   storage ring's entries and digest, the cutover override if one is in force, and the standby
-  storage members (alive, not in the placement set).
+  storage members (alive, not in the placement set); each placement member carries its owner
+  counts over a fixed sample of column ids (giaannd/services/storage_usage.py);
+- ``ring.usage``: each placement member's RAM and disk fill, rows and entries, asked over the
+  data plane (``GetUsage``);
 - ``column.info``: the column's owners and, per live owner, its rows, entries, bytes and digests
   of that column, asked over the data plane (``ColumnInfo``), with whether the replicas agree.
   Any node serves it, storage or not.
@@ -47,6 +50,7 @@ from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, Re
 from giaannd.model.ids import column_id
 from giaannd.operations import Handler
 from giaannd.services.ring_sync import RingSync
+from giaannd.services.storage_usage import OWNER_SAMPLE, owner_counts, storage_usage
 from peers.keyring import Keyring, KeyringError
 from peers.membership.events import MemberEvent, MemberFailed, MemberJoined, NameConflict
 from peers.membership.meta import NodeMeta
@@ -356,10 +360,21 @@ class MembershipService:
         try:
             placement = topo.placement
         except LookupError:
-            return {"epoch": "", "replicas": topo.replicas, "members": [], **doc}
+            return {"epoch": "", "replicas": topo.replicas, "members": [], "owner_sample": OWNER_SAMPLE, **doc}
+        counts = owner_counts(placement)
         return {"epoch": placement.epoch, "replicas": min(topo.replicas, len(placement.names)),
                 "members": [{"name": m.name, "weight": m.weight, "address": address(m.name),
-                             "live": topo.is_live(m.name)} for m in placement.members], **doc}
+                             "live": topo.is_live(m.name), **counts[m.name]} for m in placement.members],
+                "owner_sample": OWNER_SAMPLE, **doc}
+
+    async def _get_usage(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        """``giaannctl ring usage``: every placement member's fill (storage_usage.py)."""
+        return await storage_usage(self.runtime.topology, self._storage_client())
+
+    def _storage_client(self) -> StorageClient:
+        if self._client is None:  # closed by the runtime on stop
+            self._client = self.runtime.storage_client()
+        return self._client
 
     async def _get_owners(self, request: web.Request, params: Mapping[str, str]) -> Any:
         try:
@@ -383,10 +398,8 @@ class MembershipService:
             column, how = parse_column(params["column"])
         except ValueError as exc:
             raise AdminHTTPError(400, str(exc), "bad_request") from None
-        if self._client is None:  # closed by the runtime on stop
-            self._client = self.runtime.storage_client()
         try:
-            report = await self._client.column_info(column, timeout_s=COLUMN_INFO_TIMEOUT_S)
+            report = await self._storage_client().column_info(column, timeout_s=COLUMN_INFO_TIMEOUT_S)
         except LookupError:
             raise AdminHTTPError(503, "no storage members known", "no_storage") from None
 
@@ -407,7 +420,7 @@ class MembershipService:
             "node.join": self._post_join, "node.leave": self._post_leave, "node.drain": self._post_drain,
             "keys.list": self._get_keys, "keys.install": self._post_key, "keys.use": self._use_key,
             "keys.remove": self._delete_key, "ring.show": self._get_ring, "ring.owners": self._get_owners,
-            "column.info": self._get_column}
+            "ring.usage": self._get_usage, "column.info": self._get_column}
         for op_id, handler in handlers.items():
             ctx.admin.bind(op_id, handler)
 
@@ -429,7 +442,7 @@ class MembershipService:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
+    if not request.body_exists:
         return {}
     try:
         body = await request.json()

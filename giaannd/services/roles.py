@@ -81,5 +81,4 @@ def create_storage_service(config: Config, runtime: NodeRuntime) -> StorageRole:
 
 def create_compute_service(config: Config, runtime: NodeRuntime) -> ComputeService:
     """The daemon's compute factory: ``ComputeService`` with the runtime's storage client."""
-    return ComputeService(config.compute, config.data_path("compute"),
-                          storage_factory=lambda ctx: runtime.storage_client())
+    return ComputeService.from_config(config, storage_factory=lambda ctx: runtime.storage_client())

@@ -210,7 +210,8 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
         assert status == 200
         assert body["node_name"] == "test-node" and body["state"] == "running"
         assert body["node_id"] == cfg.data_path("node-id").read_text().strip()
-        assert (await get("/v1/status"))[0] == 401
+        assert (await get("/v1/columns/thing"))[0] == 401
+        assert (await get("/v1/status"))[0] == 200  # a read-only view: tokenless from loopback
         assert (await get("/v1/status", {"Authorization": "Bearer wrong"}))[0] == 401
         assert (await get("/v1/nosuch"))[0] == 401  # no probing without the token
         assert await get("/v1/columns/thing", auth) == (200, {"service": "svc", "item": "thing"})
@@ -243,6 +244,9 @@ async def test_admin_metrics_require_token(tmp_path: Path) -> None:
     async with running(daemon), aiohttp.ClientSession() as http:
         async with http.get(_url(daemon, "/metrics")) as resp:
             assert resp.status == 401
+        for view in ("/", "/v1/status", "/v1/members"):  # the status page and what it polls
+            async with http.get(_url(daemon, view)) as resp:
+                assert resp.status == 401, view
         async with http.get(_url(daemon, "/metrics"), headers=_auth(cfg)) as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")

@@ -37,7 +37,7 @@ class FakeAdmin:
 class FakeRequest:
     def __init__(self, body):
         self.body = body
-        self.can_read_body = body is not None
+        self.body_exists = body is not None
 
     async def json(self):
         if isinstance(self.body, str):

@@ -9,6 +9,11 @@ The storage nodes are a new cluster's initial nodes, so they start with ``storag
 "bootstrap"``: each adds itself to the storage ring (giaannd/cluster/ring.py) and ring sync merges the
 rings. (With the default ``auto`` every node after the first would wait standby for a streaming
 join.)
+
+Every node's ``compute.corpus-dir`` and ``compute.export-dir`` (the only directories the admin API
+reads corpora from and writes exports to) are the cluster's ``corpus_dir`` and ``export_dir``,
+``<root>/corpus`` and ``<root>/exports`` unless given: one place for the whole local cluster, as a
+shared file system would be.
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ from typing import Any, Final
 import msgspec
 
 from giaannd.admin.client import AdminClient, CtlError
-from giaannd.config import ClusterConfig, Config, LoggingConfig, Role, StorageConfig, TransportConfig, to_toml
+from giaannd.config import (
+    ClusterConfig,
+    ComputeConfig,
+    Config,
+    LoggingConfig,
+    Role,
+    StorageConfig,
+    TransportConfig,
+    to_toml,
+)
 from giaannd.services.ring_sync import JoinMode
 from peers.keyring import Keyring
 
@@ -128,14 +142,19 @@ class LocalCluster:
         replication_factor: R (default min(3, storage)).
         write_quorum: W (default a majority of R).
         log_level: the daemons' log level.
+        corpus_dir / export_dir: every node's ``compute.corpus-dir`` / ``export-dir`` (default
+            ``<root>/corpus`` and ``<root>/exports``; created by ``start``).
     """
 
     def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
                  replication_factor: int | None = None, write_quorum: int | None = None,
-                 log_level: str = "info", storage_options: dict[str, Any] | None = None) -> None:
+                 log_level: str = "info", storage_options: dict[str, Any] | None = None,
+                 corpus_dir: Path | None = None, export_dir: Path | None = None) -> None:
         if storage < 1 and compute < 1:
             raise ValueError("a cluster needs at least one node")
         self.root = root
+        self.corpus_dir = (corpus_dir or root / "corpus").resolve()
+        self.export_dir = (export_dir or root / "exports").resolve()
         self.transport = transport
         rf = replication_factor or max(1, min(3, storage))
         self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
@@ -172,6 +191,7 @@ class LocalCluster:
             storage=self.storage_cfg if node.join_mode is None else
             msgspec.structs.replace(self.storage_cfg, join_mode=node.join_mode),
             logging=LoggingConfig(level=self.log_level, format="plain"),  # type: ignore[arg-type]
+            compute=ComputeConfig(corpus_dir=str(self.corpus_dir), export_dir=str(self.export_dir)),
         )
         node.config_path.write_text(to_toml(cfg), encoding="utf-8")
 
@@ -195,6 +215,8 @@ class LocalCluster:
                 ``stop``/the context manager).
         """
         self.root.mkdir(parents=True, exist_ok=True)
+        self.corpus_dir.mkdir(parents=True, exist_ok=True)
+        self.export_dir.mkdir(parents=True, exist_ok=True)
         Keyring.generate().save(self.key_file)
         first, rest = self.nodes[0], self.nodes[1:]
         self._write_config(first, [])

@@ -84,7 +84,7 @@ def _figure_lines(doc: Any, prefix: str = "") -> list[str]:
     return [f"  {prefix[:-1]}: {json.dumps(doc)[:200]}"]
 
 
-def _demo(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> None:
+def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
     """Steps 2-6 of the module docstring; raises on the first failing step."""
     compute = cluster.compute_nodes[0]
     status = compute.status()
@@ -95,7 +95,7 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> None:
     _say("\n$ giaannctl members list")
     _say(compute.ctl("members", "list").stdout.rstrip())
 
-    train_path, held_path, n_train, n_held = split_corpus(root / "corpus", args.sentences,
+    train_path, held_path, n_train, n_held = split_corpus(cluster.corpus_dir, args.sentences,
                                                           args.heldout)
     _say(f"\ncorpus: {n_train} training sentences -> {train_path}; {n_held} held-out -> "
          f"{held_path} (bundled {BUNDLED_CORPUS.name}, nothing downloaded)")
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.serve:
             _serve(cluster)
         else:
-            _demo(cluster, args, root)
+            _demo(cluster, args)
     except (NodeFailed, CtlError, OSError, KeyError, urllib.error.URLError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
     except KeyboardInterrupt:

@@ -25,7 +25,7 @@ __all__ = ["register_admin_routes"]
 
 
 async def _body(request: Any) -> dict[str, Any]:
-    if not getattr(request, "can_read_body", True):
+    if not getattr(request, "body_exists", True):
         return {}
     try:
         body = await request.json()

@@ -36,6 +36,7 @@ from giaannd.cluster.view import ClusterView
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId, scan_chain_mask
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.disk_usage import DiskUsage
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
@@ -127,14 +128,18 @@ class StorageRequests:
         node_name: this node's member name ("" for a standalone node).
         topology: returns the current topology (None: standalone, owns every row).
         on_count: told about every counter increment (metrics export), as (name, amount).
+        disk: measures the node's storage files for ``GetUsage`` (the glue's, since it does
+            I/O); None answers zeros.
     """
 
     def __init__(self, store: DurableStore, hints: HintStore, node_name: str,
                  topology: Callable[[], ClusterView | None],
-                 on_count: Callable[[str, int], None] | None = None) -> None:
+                 on_count: Callable[[str, int], None] | None = None,
+                 disk: Callable[[], DiskUsage] | None = None) -> None:
         self.store, self.hints, self.node_name = store, hints, node_name
         self._topology = topology
         self._on_count = on_count
+        self._disk = disk
         self.counters = StorageCounters()
         #: set while the service stops: new writes get Unavailable (reads still served)
         self.refuse_writes = False
@@ -227,8 +232,9 @@ class StorageRequests:
 
     def usage(self) -> Answer:
         u = self.store.store.usage()
+        d = self._disk() if self._disk is not None else DiskUsage(0, 0, 0)
         return Answer(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries, u.is_full,
-                                   self.hints.held))
+                                   self.hints.held, d.files_bytes, d.free_bytes, d.total_bytes))
 
     def batches_applied(self, msg: p.BatchesApplied) -> Answer:
         if len(msg.seqs) > p.MAX_QUERY_SEQS:

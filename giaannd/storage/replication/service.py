@@ -32,6 +32,7 @@ from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.storage.engine.column_store import StoreUsage
+from giaannd.storage.engine.disk_usage import disk_usage
 from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.vocab_store import VocabStore
@@ -163,7 +164,8 @@ class StorageService:
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, self.capacity_bytes)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, self.hint_max_bytes)
         self._commit = GroupCommit(self.store.sync, self.store.log.durable_seq, self.window_s)
-        self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
+        self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
+                                    disk=lambda: disk_usage(self.data_dir))
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
         rec = self.store.recovery

@@ -33,7 +33,7 @@ def test_ctl_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[
 def test_ctl_missing_token_file_is_a_usage_error(tmp_path: object,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     code = ctl.main(["--addr", "127.0.0.1:9", "--token-file", "/nonexistent/token",
-                     "node", "status"])
+                     "keys", "list"])  # an operation that always needs the token
     assert code == 2
     assert "cannot read token file /nonexistent/token" in capsys.readouterr().err
 

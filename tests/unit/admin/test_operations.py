@@ -138,7 +138,7 @@ def _sample(arg: Arg, tmp_path: Path) -> tuple[str, Any]:
     if arg.type == "rate":
         return "1000", 1000.0
     if arg.type == "path":
-        return "rel/out", str(Path("rel/out").resolve())
+        return "rel/out", "rel/out"  # sent as typed: the daemon places it in its directory
     if arg.type == "existing-path":
         (tmp_path / "corpus.txt").write_text("a\n")
         return str(tmp_path / "corpus.txt"), str(tmp_path / "corpus.txt")
@@ -153,6 +153,10 @@ def test_ctl_every_operation_parses_and_sends_what_the_table_declares(op: Operat
     argv, sent = [*op.words], {}
     for arg in op.args:
         typed, value = _sample(arg, tmp_path)
+        if arg.type == "flag":
+            argv.append(arg.flag)
+            sent[arg.wire] = True
+            continue
         argv += [typed, typed] if arg.many else [typed] if arg.positional else [arg.flag, typed]
         sent[arg.wire] = [value, value] if arg.many else value
     args = ctl.build_parser().parse_args(argv)
