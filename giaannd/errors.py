@@ -52,11 +52,20 @@ class ConfigError(GiaannError):
 
 
 class CorruptFileError(GiaannError):
-    """A file the daemon owns exists but does not validate; it is left untouched for the operator."""
+    """A file the daemon owns exists but does not validate; it is left untouched for the operator.
 
-    def __init__(self, path: str, reason: str) -> None:
+    Args:
+        path: the file.
+        reason: what failed, in words.
+        offset: the byte offset where validation failed, when the failure is in the file's bytes
+            (None for "unreadable", "too large", a name that does not match the content, ...).
+    """
+
+    def __init__(self, path: str, reason: str, *, offset: int | None = None) -> None:
         self.file_path = path
-        super().__init__(f"{path} is corrupt: {reason}")
+        self.offset = offset
+        where = "" if offset is None else f"at byte offset {offset}: "
+        super().__init__(f"{path} is corrupt: {where}{reason}")
 
 
 class NotOwnerError(GiaannError):

@@ -29,11 +29,12 @@ class StoreFullError(StorageError):
 
 
 class _CorruptAt(CorruptFileError):
-    """A corrupt file, with the byte offset where validation failed."""
+    """A corrupt file, with the byte offset where validation failed (always known here)."""
+
+    offset: int
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
-        self.offset = offset
-        super().__init__(path, f"at byte offset {offset}: {reason}")
+        super().__init__(path, reason, offset=offset)
 
 
 class CorruptLogError(_CorruptAt):
