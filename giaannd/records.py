@@ -74,7 +74,6 @@ Reason = Literal["short_header", "bad_magic", "header_checksum", "version", "ove
 #: Failures a write cut short by a crash can leave at the end of a segment (module docstring).
 TEARABLE: Final[frozenset[str]] = frozenset(
     {"short_header", "bad_magic", "header_checksum", "truncated", "payload_checksum"})
-_SPECIAL: Final = ("version", "length", "payload_xxh3")
 _CODES: Final = "BHIQ"  # unsigned little-endian integers; the header checksum is a trailing Q
 
 
@@ -172,6 +171,9 @@ class RecordFormat:
         #: bytes of the header, its checksum included
         self.header_bytes = self._fields.size + (8 if header_checksum else 0)
         self._index = {n: i + 1 for i, n in enumerate(names)}  # position in unpacked values
+        self._settable = frozenset(names) - {"length", "payload_xxh3"}
+        self._at_version, self._at_payload_xxh3 = names.index("version"), names.index("payload_xxh3")
+        self._at_length = names.index("length") if payload_bytes is None else -1
 
     # -- writing ---------------------------------------------------------------------------------
     def pack_header(self, *, payload_bytes: int, payload_xxh3: int, **fields: int) -> bytes:
@@ -181,17 +183,17 @@ class RecordFormat:
         Raises:
             ValueError: an unknown field, or (derived lengths) fields that do not give this length.
         """
-        unknown = set(fields) - set(self._names) - {"version"}
-        if unknown or any(n in fields for n in _SPECIAL[1:]):
-            raise ValueError(f"{self.name} header: cannot set {sorted(unknown) or 'length/payload_xxh3'}")
-        values = {n: fields.get(n, 0) for n in self._names}
-        values.update(version=fields.get("version", self.versions[1]), payload_xxh3=payload_xxh3)
+        if not self._settable.issuperset(fields):
+            raise ValueError(f"{self.name} header: cannot set {sorted(set(fields) - self._settable)}")
+        # A list by position, not a dict: this runs once per appended log record.
+        values = [fields.get(n, 0) for n in self._names]
+        values[self._at_version] = fields.get("version", self.versions[1])
+        values[self._at_payload_xxh3] = payload_xxh3
         if self._derive is None:
-            values["length"] = payload_bytes
-        elif self._derive(values) != payload_bytes:
-            raise ValueError(f"{self.name} header fields give {self._derive(values)} payload bytes, "
-                             f"not {payload_bytes}")
-        head = self._fields.pack(self.magic, *(values[n] for n in self._names))
+            values[self._at_length] = payload_bytes
+        elif (derived := self._derive(dict(zip(self._names, values)))) != payload_bytes:
+            raise ValueError(f"{self.name} header fields give {derived} payload bytes, not {payload_bytes}")
+        head = self._fields.pack(self.magic, *values)
         if self.header_checksum:
             head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
         return head
@@ -203,7 +205,7 @@ class RecordFormat:
         length = 0
         for part in payload:
             h.update(part)
-            length += memoryview(part).nbytes
+            length += part.nbytes if isinstance(part, memoryview) else len(part)
         return self.pack_header(payload_bytes=length, payload_xxh3=h.intdigest(), **fields)
 
     def encode(self, payload: Buffer, **fields: int) -> bytes:
