@@ -115,13 +115,17 @@ class CorruptFileError(CorruptDataError):
     Args:
         path: the file.
         detail: what failed, in words.
+        offset: the byte offset where validation failed, when the failure is in the file's bytes
+            (None for "unreadable", "too large", a name that does not match the content, ...).
     """
 
     reason = "corrupt_file"
 
-    def __init__(self, path: str, detail: str) -> None:
+    def __init__(self, path: str, detail: str, *, offset: int | None = None) -> None:
         self.file_path = path
-        super().__init__(f"{path} is corrupt: {detail}")
+        self.offset = offset
+        where = "" if offset is None else f"at byte offset {offset}: "
+        super().__init__(f"{path} is corrupt: {where}{detail}")
 
 
 class RemoteFault(GiaannError):

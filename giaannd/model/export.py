@@ -24,7 +24,9 @@ Binary snapshot (little-endian), version 1::
                   segment u8[N], target_column u64[N], target_feature u64[N], strength f32[N])
 
 Loading checks the header checksum, the sizes against the file length (before allocating), the
-payload checksum and the batch invariants; any failure raises :class:`SnapshotError` naming the file.
+payload checksum and the batch invariants; any failure raises :class:`SnapshotError` naming the file
+and the byte offset. The header and those checks are the shared record codec's (``giaannd.records``,
+``EXPORT_RECORD``: a format without a length field, its payload size derived from R and N).
 Writing goes to a temporary file that is fsynced and renamed, so a failure leaves nothing half-written.
 """
 
@@ -32,8 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import xxhash
@@ -44,24 +45,45 @@ from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import Vocabulary
+from giaannd.records import RecordError, RecordFormat
 
-__all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "iter_jsonl", "load_snapshot",
+__all__ = ["EXPORT_RECORD", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "iter_jsonl", "load_snapshot",
            "save_snapshot", "write_jsonl"]
 
 SNAPSHOT_MAGIC = b"GIAROWS\x00"
 SNAPSHOT_VERSION = 1
-_HEADER = struct.Struct("<8sIIQQQ")
-_HEADER_BYTES = _HEADER.size + 8
 #: Bytes per row and per entry in the payload (see the table above).
 _ROW_BYTES = 8 + 8 + 8
 _ENTRY_BYTES = 1 + 8 + 8 + 4
 _DTYPES = (np.uint64, np.uint64, np.int64, np.uint8, np.uint64, np.uint64, np.float32)
 
 
+def _payload_bytes(fields: Mapping[str, int]) -> int:
+    """The payload size the header's counts give (the extra 8: offsets has R + 1 entries)."""
+    return fields["rows"] * _ROW_BYTES + 8 + fields["entries"] * _ENTRY_BYTES
+
+
+#: The 48-byte header of the table above. No length field and no payload limit: the derived size
+#: must equal the file's, checked before anything is allocated.
+EXPORT_RECORD = RecordFormat(
+    "row snapshot", SNAPSHOT_MAGIC,
+    [("version", "I"), ("reserved", "I"), ("rows", "Q"), ("entries", "Q"), ("payload_xxh3", "Q")],
+    versions=(SNAPSHOT_VERSION, SNAPSHOT_VERSION), max_payload_bytes=None, payload_bytes=_payload_bytes)
+
+
 class SnapshotError(CorruptDataError, ValueError):
-    """A snapshot file is corrupt, truncated, of another format or version."""
+    """A snapshot file is corrupt, truncated, of another format or version.
+
+    Args:
+        message: names the file and what failed.
+        offset: the byte offset where validation failed.
+    """
 
     reason = "corrupt_row_snapshot"
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 def _word(vocab: Vocabulary, column: int, feature: int) -> str:
@@ -114,12 +136,8 @@ def save_snapshot(store: RowStore, path: str | os.PathLike[str]) -> int:
     batch = store.export()
     buffers = [np.ascontiguousarray(b, dtype=dt).astype(np.dtype(dt).newbyteorder("<"), copy=False)
                for b, dt in zip(batch.buffers(), _DTYPES)]
-    digest = xxhash.xxh3_64()
-    for b in buffers:
-        digest.update(b.data.cast("B"))
-    head = _HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, batch.num_rows, batch.num_entries,
-                        digest.intdigest())
-    head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+    head = EXPORT_RECORD.header_for([b.data.cast("B") for b in buffers], rows=batch.num_rows,
+                                    entries=batch.num_entries)
 
     with atomic_writer(path) as fh:
         fh.write(head)
@@ -139,34 +157,28 @@ def load_snapshot(path: str | os.PathLike[str]) -> RowStore:
     name = os.fspath(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        head = fh.read(_HEADER_BYTES)
-        if len(head) < _HEADER_BYTES:
-            raise SnapshotError(f"{name}: truncated header ({len(head)} of {_HEADER_BYTES} bytes)")
-        magic, version, _reserved, rows, entries, payload_sum = _HEADER.unpack_from(head)
-        if magic != SNAPSHOT_MAGIC:
-            raise SnapshotError(f"{name}: not a giaannd row snapshot (magic {magic!r})")
-        (head_sum,) = struct.unpack_from("<Q", head, _HEADER.size)
-        if head_sum != xxhash.xxh3_64_intdigest(head[: _HEADER.size]):
-            raise SnapshotError(f"{name}: header checksum mismatch")
-        if version != SNAPSHOT_VERSION:
-            raise SnapshotError(f"{name}: snapshot version {version}, this build reads {SNAPSHOT_VERSION}")
-        expected = _HEADER_BYTES + rows * _ROW_BYTES + 8 + entries * _ENTRY_BYTES
-        if expected != size:
-            raise SnapshotError(f"{name}: size {size} bytes, header says {expected}")
+        try:
+            head = EXPORT_RECORD.read_header(fh.read(EXPORT_RECORD.header_bytes))
+            EXPORT_RECORD.check_extent(head, size)
+        except RecordError as exc:
+            raise SnapshotError(f"{name}: {exc.detail}", exc.offset) from None
+        rows, entries = head.fields["rows"], head.fields["entries"]
         counts = (rows, rows, rows + 1, entries, entries, entries, entries)
         digest = xxhash.xxh3_64()
         buffers = []
         for count, dt in zip(counts, _DTYPES):
+            at = fh.tell()
             want = count * np.dtype(dt).itemsize
             raw = fh.read(want)
-            if len(raw) != want:
-                raise SnapshotError(f"{name}: truncated payload")
+            if len(raw) != want:  # the file shrank under us: its size was checked above
+                raise SnapshotError(f"{name}: truncated payload", at)
             digest.update(raw)
             buffers.append(np.frombuffer(raw, dtype=np.dtype(dt).newbyteorder("<")).astype(dt))
-    if digest.intdigest() != payload_sum:
-        raise SnapshotError(f"{name}: payload checksum mismatch")
     try:
+        EXPORT_RECORD.check_payload(head, digest.intdigest())
         batch = RowBatch.from_buffers(buffers, validate=True)
+    except RecordError as exc:
+        raise SnapshotError(f"{name}: {exc.detail}", exc.offset) from None
     except ValueError as exc:
-        raise SnapshotError(f"{name}: {exc}") from exc
+        raise SnapshotError(f"{name}: {exc}", head.payload_offset) from exc
     return RowStore.from_batch(batch)

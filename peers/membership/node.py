@@ -45,6 +45,7 @@ from peers.membership.events import (
 )
 from peers.membership.messages import Addr, MemberStatus, PushPull, StreamMessage
 from peers.membership.state import Membership
+from peers.retry import RetryPolicy, attempts
 
 __all__ = ["JoinError", "MemberInfo", "MembershipNode", "NameConflictError"]
 
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 REJECT_LOG_INTERVAL_S = 10.0
 #: Member events buffered per subscriber before the oldest are dropped.
 SUBSCRIBER_QUEUE = 4096
+#: Ceiling of the wait between join rounds (``join_backoff_s`` doubles up to it): with the default
+#: profiles the rounds end well below it; a config with many rounds still retries twice a minute.
+JOIN_BACKOFF_CAP_S = 30.0
 
 
 class JoinError(ConnectionError):
@@ -157,8 +161,8 @@ class MembershipNode:
             NameConflictError: a different live node already has our name.
             JoinError: no seed answered in ``config.join_attempts`` rounds.
         """
-        delay = self.config.join_backoff_s
-        for attempt in range(1, self.config.join_attempts + 1):
+        rounds = RetryPolicy(self.config.join_backoff_s, JOIN_BACKOFF_CAP_S, self.config.join_attempts)
+        async for attempt in attempts(rounds, rng=self._rng):  # full jitter, from the node's own rng
             self._join_waiter = asyncio.get_running_loop().create_future()
             self._run(Join(tuple(seeds)))
             finished = await self._join_waiter
@@ -170,10 +174,7 @@ class MembershipNode:
                     f"{finished.conflict.claimed_node_id} at {finished.conflict.claimed_addr}")
             if finished.contacted > 0:
                 return finished.contacted
-            log.info("join attempt failed attempt=%d seeds=%s", attempt, seeds)
-            if attempt < self.config.join_attempts:
-                await asyncio.sleep(self._rng.uniform(0, delay))
-                delay *= 2
+            log.info("join attempt failed attempt=%d seeds=%s", attempt + 1, seeds)
         raise JoinError(f"could not join: none of the seeds {seeds} answered after "
                         f"{self.config.join_attempts} attempts")
 

@@ -33,6 +33,8 @@ from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, m
 from giaannd.storage.rebalance.release import release_unowned
 from giaannd.storage.rebalance.routes import register_admin_routes
 from giaannd.storage.repair.remote import repair_self
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
+from peers.retry import attempts
 
 if TYPE_CHECKING:
     from giaannd.cluster.ring import Ring
@@ -130,11 +132,10 @@ class StorageTopology:
         control, view = self.control, self.runtime.topology
         live = view.live()
         deadline = asyncio.get_running_loop().time() + REPAIR_HINT_WAIT_S
-        while await control.hints_held_for(live):
-            if asyncio.get_running_loop().time() > deadline:
+        async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+            if not await control.hints_held_for(live):
                 break
             await control.deliver_hints()
-            await asyncio.sleep(0.1)
         peers = {n: control.stream_address(n) for n in live if n != self.runtime.node_name}
         report = await repair_self(self.service, control.transport, peers, view.placement)
         report["hints_left"] = await control.hints_held_for(live)
