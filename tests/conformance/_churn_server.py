@@ -28,7 +28,7 @@ async def main() -> None:
         op = incoming.decode(object)
         if op == "stats":
             metrics = transport.metrics
-            refused = sum(getattr(metrics, "connections_refused", {}).values())
+            refused = sum(metrics.connections_refused.values())
             return Reply([rss_bytes(), len(transport.links), sum(metrics.protocol_errors.values()), refused])
         return Reply(op, incoming.bulk)
 
