@@ -25,6 +25,13 @@ from msgspec import Meta
 
 from giaannd.errors import ConfigError
 from peers.membership.config import MembershipConfig as PeersMembershipConfig
+from peers.transport.limits import (
+    DEFAULT_HANDSHAKE_MAX_BODY_BYTES,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS_PER_HOST,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    TransportLimits,
+)
 
 __all__ = [
     "ENV_PREFIX",
@@ -146,6 +153,37 @@ class TransportConfig(_Section):
         "URLs other nodes should dial, in preference order (UCX before TCP). Empty advertises "
         "the bound listeners; set it when binding a wildcard or behind NAT."
     ))] = msgspec.field(default_factory=list)
+    max_pending_handshakes: Annotated[int, Meta(ge=1, description=(
+        "Accepted connections that have not finished the handshake (not yet proved the cluster "
+        "key), at once; further ones are closed on accept and counted as refused. Each holds a "
+        "64 KiB receive buffer, so the cap bounds what strangers can pin (128 × 64 KiB = 8 MiB); "
+        "real peers finish in milliseconds. Raise it only for very large clusters reconnecting "
+        "at once."
+    ))] = DEFAULT_MAX_PENDING_HANDSHAKES
+    max_connections_per_host: Annotated[int, Meta(ge=1, description=(
+        "Open accepted connections from one remote IP address; further ones are closed on "
+        "accept. A peer needs one pooled connection plus a few for streams and clients; the "
+        "default leaves room for a whole loopback test cluster on 127.0.0.1 while keeping one "
+        "host from exhausting file descriptors."
+    ))] = DEFAULT_MAX_CONNECTIONS_PER_HOST
+    handshake_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "An accepted connection that has not completed the handshake after this long is "
+        "dropped. The handshake is two round trips; lower values free a stranger's slot "
+        "sooner, too low ones cut off peers on slow links."
+    ))] = DEFAULT_HANDSHAKE_TIMEOUT_S
+    handshake_max_body_bytes: Annotated[int, Meta(ge=1024, le=16 * 2**20, description=(
+        "Largest frame body accepted before the handshake completed (a Hello is under 2 KiB). "
+        "A larger announced length closes the connection before anything is allocated; after "
+        "the handshake the framing limit (16 MiB) applies."
+    ))] = DEFAULT_HANDSHAKE_MAX_BODY_BYTES
+
+    def limits(self) -> TransportLimits:
+        """The admission limits every transport of this node is built with."""
+        return TransportLimits(
+            max_pending_handshakes=self.max_pending_handshakes,
+            max_connections_per_host=self.max_connections_per_host,
+            handshake_timeout_s=self.handshake_timeout_s,
+            handshake_max_body_bytes=self.handshake_max_body_bytes)
 
 
 class _MembershipBase(_Section):

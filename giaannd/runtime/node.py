@@ -371,7 +371,8 @@ class NodeRuntime:
                 raise ConfigError(f"{url} binds a wildcard address: set transport.advertise to "
                                   "the URL peers should dial", "$.transport.advertise")
             try:
-                transport = self.transports.get(scheme) or make_transport(scheme, self.identity)
+                transport = self.transports.get(scheme) or make_transport(
+                    scheme, self.identity, limits=self.config.transport.limits())
                 listener = await transport.listen(url, self._dispatch)
             except (TransportUnavailable, PeersError, OSError, RuntimeError) as exc:
                 if scheme in OPTIONAL_SCHEMES:
