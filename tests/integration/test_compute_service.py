@@ -93,8 +93,8 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         assert ex["lines"] > 1000 and set(first) >= {"source_lemma", "target_word", "strength"}
 
         status, metrics = await h.call("GET", "/metrics")
-        assert 'giaannd_compute_train_total{figure="done"} 300.0' in metrics
-        assert "giaannd_compute_row_cache_hits" in metrics
+        assert "giaannd_compute_train_sentences_total 300.0" in metrics
+        assert "giaannd_compute_row_cache_hits_total" in metrics
 
 
 @pytest.mark.asyncio

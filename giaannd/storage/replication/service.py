@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
+from giaannd.metrics import STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from giaannd.config import Config
     from giaannd.service import ServiceContext
 
-__all__ = ["HINT_RETRY_S", "StorageCounters", "StorageService", "create_service"]
+__all__ = ["HINT_RETRY_S", "STORAGE_COUNTERS", "StorageCounters", "StorageService", "create_service"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,30 @@ HINT_RETRY_S: Final = 5.0
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 VOCAB_DIR: Final = "vocab"
+
+#: ``StorageCounters`` field (requests.py counts them) -> (metric, HELP).
+STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "reads": ("giaannd_storage_reads_total",
+              "Read requests served: ReadRows, and each ScanRows or ColumnInfo page."),
+    "rows_read": ("giaannd_storage_rows_read_total", "Rows returned by ReadRows and ScanRows requests."),
+    "bytes_read": ("giaannd_storage_read_bytes_total",
+                   "Bytes of the row batches returned by ReadRows and ScanRows (array buffers)."),
+    "applies": ("giaannd_storage_applies_total",
+                "Batches applied to this node's store (counted at apply, before their fsync)."),
+    "applies_duplicate": ("giaannd_storage_applies_duplicate_total",
+                          "ApplyBatch requests for a batch already applied here (a retry: acknowledged, "
+                          "not reapplied)."),
+    "bytes_applied": ("giaannd_storage_applied_bytes_total",
+                      "Bytes of the row batches applied to this node's store (array buffers)."),
+    "hints_received": ("giaannd_storage_hints_received_total",
+                       "Batches held here as hints for an owner that could not take them."),
+    "hints_delivered": ("giaannd_storage_hints_delivered_total",
+                        "Hinted batches delivered to their owner once it was back."),
+    "vocab_added": ("giaannd_storage_vocab_entries_added_total",
+                    "Vocabulary entries (id -> string) new to this node, from PutVocab requests."),
+}
+#: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
+_TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
 
 
 def _reply(msg: p.Reply, bulk: Sequence[Any] = ()) -> Reply:
@@ -162,7 +187,7 @@ class StorageService:
         """
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, self.capacity_bytes)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, self.hint_max_bytes)
-        self._commit = GroupCommit(self.store.sync, self.store.log.durable_seq, self.window_s)
+        self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, self.window_s)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
@@ -203,23 +228,50 @@ class StorageService:
         if not self.node_name:
             self.node_name = ctx.node_name
         await self.open()
-        m = ctx.metrics
-        for key in ("reads", "rows_read", "bytes_read", "applies", "applies_duplicate", "bytes_applied",
-                    "hints_received", "hints_delivered"):
-            self._prom[key] = m.counter(f"giaannd_storage_{key}_total", f"storage service: {key}")
-        self._prom["errors"] = m.counter("giaannd_storage_errors_total", "storage service error replies", ["kind"])
-        m.gauge("giaannd_storage_used_bytes", "bytes the column store accounts for").set_function(
-            lambda: float(self.usage().used_bytes))
-        m.gauge("giaannd_storage_capacity_bytes", "configured store capacity").set_function(
-            lambda: float(self.capacity_bytes))
-        m.gauge("giaannd_storage_hints_held", "hinted batches held for other nodes").set_function(
-            lambda: float(self.hints.held if self.hints is not None else 0))
-        m.gauge("giaannd_storage_vocab_entries", "vocabulary entries (id → string) held").set_function(
-            lambda: float(len(self.vocab) if self.vocab is not None else 0))
-        m.gauge("giaannd_storage_fsync_batches", "group-commit fsyncs since start").set_function(
-            lambda: float(self._commit.syncs if self._commit is not None else 0))
+        self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
         ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
+
+    def _register_metrics(self, ctx: ServiceContext) -> None:
+        m = ctx.metrics
+        for key, (name, doc) in STORAGE_COUNTERS.items():
+            self._prom[key] = m.counter(name, doc)
+        self._prom["errors"] = m.counter(
+            "giaannd_storage_errors_total",
+            "Error replies to storage requests, by reply type (NotOwner, StoreFull, Unavailable...).",
+            ["error"])
+        self._prom["read_seconds"] = m.histogram(
+            "giaannd_storage_read_duration_seconds",
+            "ReadRows requests, from decoded to reply ready (or cancelled).", buckets=STORAGE_LATENCY_BUCKETS_S)
+        self._prom["apply_seconds"] = m.histogram(
+            "giaannd_storage_apply_duration_seconds",
+            "ApplyBatch requests (hinted ones too), from decoded to durable acknowledgement or error reply "
+            "(group-commit wait and fsync included).", buckets=STORAGE_LATENCY_BUCKETS_S)
+        self._prom["fsync_seconds"] = m.histogram(
+            "giaannd_storage_fsync_duration_seconds",
+            "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
+            buckets=STORAGE_LATENCY_BUCKETS_S)
+        m.gauge("giaannd_storage_used_bytes",
+                "Bytes the column store accounts for now (rows, entries, index).").set_function(
+            lambda: float(self.usage().used_bytes))
+        m.gauge("giaannd_storage_capacity_bytes",
+                "Configured store capacity (storage.capacity-bytes); writes past it get StoreFull.").set_function(
+            lambda: float(self.capacity_bytes))
+        m.gauge("giaannd_storage_hints_held", "Hinted batches held here for other nodes, not yet delivered.") \
+            .set_function(lambda: float(self.hints.held if self.hints is not None else 0))
+        m.gauge("giaannd_storage_vocab_entries", "Vocabulary entries (id -> string) this node holds now.") \
+            .set_function(lambda: float(len(self.vocab) if self.vocab is not None else 0))
+
+    def _sync_log(self) -> int:
+        """``DurableStore.sync``, timed (GroupCommit runs it in a worker thread: one observation
+        per group commit, not per batch)."""
+        assert self.store is not None
+        started = time.perf_counter()
+        try:
+            return self.store.sync()
+        finally:
+            if (hist := self._prom.get("fsync_seconds")) is not None:
+                hist.observe(time.perf_counter() - started)
 
     async def stop(self, graceful: bool) -> None:
         """Graceful: refuse new applies (``Unavailable``: writers go to other replicas or hint),
@@ -346,6 +398,16 @@ class StorageService:
         msg = core.parse(incoming.payload)
         if isinstance(msg, Answer):
             return _reply(msg.reply, msg.bulk)
+        hist = self._prom.get(_TIMED.get(type(msg), ""))
+        if hist is None:
+            return await self._serve(core, msg, incoming)
+        started = time.perf_counter()
+        try:
+            return await self._serve(core, msg, incoming)
+        finally:
+            hist.observe(time.perf_counter() - started)
+
+    async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
             async with self._snapshot_lock:  # a snapshot reads the store from a thread: no writes
                 step = core.serve(msg, incoming.bulk)
