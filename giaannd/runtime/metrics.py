@@ -54,6 +54,18 @@ TRANSPORT_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
 
 #: ``MembershipNode.counters()`` key -> (metric, HELP) (keys: peers/membership/state.py, node.py).
 MEMBERSHIP_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "address_claims": ("giaannd_membership_address_claims_total",
+                       "Gossip claims that a live member moved to a new address, held back until the "
+                       "member answers there (a forged claim never takes effect)."),
+    "address_claims_confirmed": ("giaannd_membership_address_claims_confirmed_total",
+                                 "Address claims confirmed by the member answering at its new address; "
+                                 "only then is the new address used."),
+    "address_claims_expired": ("giaannd_membership_address_claims_expired_total",
+                               "Address claims dropped because nothing answered at the claimed address "
+                               "within address-confirm-timeout-s."),
+    "incarnations_clamped": ("giaannd_membership_incarnations_clamped_total",
+                             "Received incarnations capped at max-incarnation-step above the known one "
+                             "(a suspect or dead claim far in the future cannot overflow a refutation)."),
     "packets_sent": ("giaannd_membership_packets_sent_total",
                      "Gossip UDP packets sent carrying a probe, ack or join message (piggy-backed "
                      "broadcasts ride along)."),
