@@ -52,6 +52,7 @@ from giaannd.errors import (
     HostEnvironmentError,
 )
 from giaannd.metrics import Metrics
+from giaannd.operations import ADMIN_ADDR_FILE, ADMIN_TOKEN_FILE
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
 from giaannd.service import Service, ServiceContext
 
@@ -72,8 +73,6 @@ EXIT_FORCED = 128 + signal.SIGINT
 #: Bound on ``stop(graceful=False)``: it must only close sockets and files, so seconds suffice;
 #: beyond this the daemon exits anyway rather than hang a systemd stop job.
 FORCE_STOP_TIMEOUT_S = 5.0
-ADMIN_ADDR_FILE = "admin.addr"
-ADMIN_TOKEN_FILE = "admin.token"
 LOCK_FILE = "lock"
 
 #: Role name -> "module:function" building its service. Imported lazily so a build without a
@@ -251,7 +250,8 @@ class Daemon:
         self._force.set()
 
     def status(self) -> dict[str, Any]:
-        """The ``/v1/status`` document."""
+        """The ``/v1/status`` document (``GET /v1/health`` answers from its ``state`` and
+        ``draining``: giaannd/admin/api.py ``health_of``)."""
         roles: dict[str, str] = {r: f"unavailable: {why}" for r, why in self._unavailable.items()}
         services: dict[str, Any] = {}
         for slot in self._slots:
@@ -265,6 +265,8 @@ class Daemon:
             "version": __version__,
             "pid": os.getpid(),
             "state": self._state,
+            # `giaannctl node drain`: writes refused, the node gossiped as full (it still serves)
+            "draining": self.runtime is not None and self.runtime.draining,
             "uptime_s": round(time.monotonic() - self._started_at, 3),
             "roles": {r: roles.get(r, "unavailable") for r in self.config.node.roles},
             "services": services,

@@ -134,6 +134,11 @@ def test_daemon_process_lifecycle(tmp_path: Path, notify: NotifySocket) -> None:
         result = ctl("--json", "node", "status")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["node_id"] == doc["node_id"]
+        assert _get(f"{addr}/v1/health", None) == (200, b'{"status":"ready"}')  # no token: for systemd, LBs
+        result = ctl("node", "health", "--token-file", str(tmp_path / "absent"))
+        assert (result.returncode, result.stdout) == (0, "status: ready\n"), result.stderr
+        result = ctl("node", "status", "--json")  # global flags after the command words too
+        assert result.returncode == 0 and json.loads(result.stdout)["pid"] == proc.pid, result.stderr
         result = ctl("column", "info", "dog")  # served by every node; no storage member yet
         assert result.returncode == 1 and "no storage members known" in result.stderr
         result = ctl("ring", "owners", "dog")  # served by membership; no storage member yet
