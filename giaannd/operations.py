@@ -299,8 +299,11 @@ _TABLE: Final[tuple[Operation, ...]] = (
               help="resume a failed journaled job from its cursor, nothing counted twice (docs/compute.md)"),
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
               args=(Arg(name="corpus", type="path", help="held-out sentences (default: the daemon's held-out set)"),
+                    Arg(name="prompts", type="path", metavar="FILE",
+                        help="a prompt file instead: one prompt per non-blank line, each tagged whole as "
+                             "the reference tags it (CoNLL-U: one sentence per prompt); readable by the daemon"),
                     Arg(name="limit", type="int", help="evaluate at most N sentences")),
-              help="top-1 next-token accuracy"),
+              help="top-1 next-token accuracy (teacher-forced, 8 seed tokens)"),
     Operation(noun="generate", verb="", service="compute", method="POST", path="/v1/generate",
               args=(_pos("prompt"), Arg(name="max_tokens", type="int", default=20, help="tokens to generate at most")),
               help="generate text from a prompt"),
