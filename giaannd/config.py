@@ -338,6 +338,13 @@ class ComputeConfig(_Section):
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "
         "the journals stay on disk and the jobs are listed as not resumed in the log."
     ))] = True
+    lexicon: Annotated[str, Meta(description=(
+        "Ever-POS lexicon the delimiter rules read (docs/model.md, \"The lexicon\"): empty for the "
+        "one shipped with giaannd, or a file, relative to `data-dir` unless absolute: giaannd's "
+        "format, the reference's `everPos.wordnet.pkl.gz` (parsed safely: it cannot run code) or "
+        "`word<TAB>UPOS` lines. It decides column spans, so every compute node of a cluster must "
+        "use the same one; a file that cannot be read stops the node at start."
+    ))] = ""
 
 
 class Config(_Section):

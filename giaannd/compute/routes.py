@@ -12,7 +12,8 @@ by id, what each accepts and answers:
 ``train.list``      every job document
 ``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
 ``train.resume``    resume a failed journaled job → ``{"job_id"}``
-``eval``            ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``eval``            ``{"corpus"? | "prompts"?, "limit"?, "constants": "train"|"test", "mode"?}`` →
+                    top-1; ``prompts``: one prompt per non-blank line, tagged whole (cached)
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
 ``export``          ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
 ==================  ==============================================================================
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd.client.storage_client import StorageRequestError
 from giaannd.compute.cluster_export import VocabularyMissing
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR
-from giaannd.compute.train import load_corpus
+from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from giaannd.operations import Binder, Handler
@@ -54,7 +55,8 @@ __all__ = [
     "ComputeRoutes",
 ]
 
-#: Prompts evaluated when ``/v1/eval`` names no limit.
+#: Prompts evaluated when ``/v1/eval`` names no limit and no prompt file (a prompt file is
+#: evaluated whole, up to MAX_EVAL_PROMPTS: the benchmark files have ~1,000 lines).
 DEFAULT_EVAL_LIMIT: Final = 200
 #: Upper bounds on request sizes (admin requests are small; corpora travel by path).
 MAX_EVAL_PROMPTS: Final = 100_000
@@ -115,17 +117,23 @@ class ComputeRoutes:
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
+        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS)
         constants = body.get("constants") or "train"
         mode = body.get("mode") or "teacher"
         if constants not in ("train", "test") or mode not in ("teacher", "free"):
             raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
         path = _corpus_path(body.get("corpus"), required=False)
+        prompt_file = _corpus_path(body.get("prompts"), required=False, what="prompts")
+        if path is not None and prompt_file is not None:
+            raise AdminHTTPError(400, "give corpus or prompts, not both", "bad_request")
         cache_dir = self.service.data_dir / TAG_CACHE_DIR
         try:
-            prompts = await asyncio.to_thread(
-                (lambda: load_corpus(path, cache_dir, limit)) if path is not None
-                else (lambda: load_bundled_corpus(limit)))
+            if prompt_file is not None:
+                prompts = await asyncio.to_thread(load_prompts, prompt_file, cache_dir, limit or MAX_EVAL_PROMPTS)
+            else:
+                n = limit or DEFAULT_EVAL_LIMIT
+                prompts = await asyncio.to_thread(
+                    (lambda: load_corpus(path, cache_dir, n)) if path is not None else (lambda: load_bundled_corpus(n)))
         except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
             raise AdminHTTPError(400, str(exc), "bad_request") from None
         except TaggerUnavailableError as exc:
@@ -159,14 +167,14 @@ class ComputeRoutes:
         return await asyncio.to_thread(self._tag, prompt)
 
     def _tag(self, text: str) -> TaggedSentence:
-        from giaannd.model.tokens import load_english, tag_texts
+        # A prompt is one sequence, tagged whole, as the reference tags a prompt line.
+        from giaannd.model.tokens import load_english, tag_lines
         try:
             if self._nlp is None:
-                self._nlp = load_english(sentences=True)
+                self._nlp = load_english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
-        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
-        return tuple(tokens)
+        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=self._nlp) for t in s)
 
     async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
@@ -203,12 +211,12 @@ def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _corpus_path(value: Any, *, required: bool) -> Path | None:
+def _corpus_path(value: Any, *, required: bool, what: str = "corpus") -> Path | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
+        raise AdminHTTPError(400, f"{what} must be a file path", "bad_request")
     path = Path(value)
     if not path.is_file():
-        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
+        raise AdminHTTPError(400, f"{what} {path} does not exist or is not a file", "bad_request")
     return path

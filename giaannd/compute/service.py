@@ -59,7 +59,7 @@ from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_c
 from giaannd.errors import AdminHTTPError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
-from giaannd.model.lexicon import Lexicon
+from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence
 
@@ -122,14 +122,16 @@ class ComputeService:
         storage: a ready storage client, or None (see ``storage_factory``).
         storage_factory: builds the client from the daemon context in ``start``.
         prefetch_depth: teacher-forced lookahead of inference sessions.
+        lexicon: the ever-POS lexicon file (config ``compute.lexicon``); None for the shipped one.
     """
 
     name = "compute"
 
     def __init__(self, settings: ComputeConfig, data_dir: str | Path, *, storage: StorageClient | None = None,
                  storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None,
-                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, lexicon: str | Path | None = None) -> None:
         self.settings = settings
+        self._lexicon_path = lexicon
         self.data_dir = Path(data_dir)
         self.storage = storage
         self._factory = storage_factory
@@ -152,7 +154,9 @@ class ComputeService:
     async def start(self, ctx: ServiceContext | None = None) -> None:
         """Load the node state, register routes and metrics (with a context), find storage."""
         self.state = await asyncio.to_thread(ComputeState.load, self.data_dir)
-        self._lexicon = await asyncio.to_thread(Lexicon.default)
+        path = self._lexicon_path
+        self._lexicon = await asyncio.to_thread(Lexicon.default) if path is None else \
+            await asyncio.to_thread(load_lexicon, path)
         self._ctx = ctx
         if ctx is not None:
             self._register(ctx)
@@ -403,4 +407,5 @@ def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
 
 def create_service(config: Config) -> ComputeService:
     """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
-    return ComputeService(config.compute, config.data_path("compute"))
+    lexicon = config.data_path(config.compute.lexicon) if config.compute.lexicon else None
+    return ComputeService(config.compute, config.data_path("compute"), lexicon=lexicon)

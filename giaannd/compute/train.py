@@ -91,6 +91,7 @@ __all__ = [
     "TrainingJob",
     "job_client",
     "load_corpus",
+    "load_prompts",
     "pair_increments",
     "read_flags",
 ]
@@ -181,6 +182,27 @@ def load_corpus(path: str | Path, cache_dir: str | Path | None = None, limit: in
             break
         out.append(sentence)
     return out
+
+
+def load_prompts(path: str | Path, cache_dir: str | Path | None = None, limit: int | None = None
+                 ) -> list[TaggedSentence]:
+    """Prompts of a prompt file: CoNLL-U as is (one sentence per prompt), anything else as UTF-8
+    text with one prompt per non-blank line, each tagged whole as the reference tags a prompt line
+    (``tag_file_cached(..., lines=True)``, cached under ``cache_dir``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorpusFormatError: malformed CoNLL-U, or text that is not UTF-8.
+        TaggerUnavailableError: a text file and no spaCy model.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"prompt file {p} does not exist or is not a file")
+    if not p.name.endswith(_CONLLU_SUFFIXES):
+        if cache_dir is None:
+            raise ValueError("a text prompt file needs a tag cache directory")
+        p = tag_file_cached(p, cache_dir, lines=True)
+    return list(itertools.islice(read_conllu(p), limit))
 
 
 def pair_increments(sentences: Sequence[EncodedSentence]) -> int:

@@ -2,12 +2,15 @@
 
 JSONL (one synapse per line, rows in ascending id order, entries in row order)::
 
-    {"source_lemma": "cat", "source_word": "the", "segment": 8,
-     "target_lemma": "cat", "target_word": "cat", "strength": 5.0}
+    {"source_lemma": "cat", "source_word": "the", "source_prime": false, "segment": 8,
+     "target_lemma": "cat", "target_word": "cat", "target_prime": true, "strength": 5.0}
 
 ``*_lemma`` is the column's noun lemma, ``*_word`` the neuron's word — for a prime concept neuron
-(feature 0) the word is the column lemma (giaann-algorithm.md §1.4). Strengths are float32 values
-printed with Python's shortest round-trip repr.
+(feature 0) the word is the column lemma (giaann-algorithm.md §1.4). ``*_prime`` tells the prime
+neuron (column, 0) from a feature neuron whose word happens to equal the lemma (the noun "fire"
+and the verb "fire" in column ``fire``): without it the two export the same key. Strengths are
+float32 values printed with Python's shortest round-trip repr. :func:`read_jsonl` reads these
+lines, and those of older exports, which have no ``*_prime`` fields (module docstring there).
 
 Binary snapshot (little-endian), version 1::
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -47,8 +51,8 @@ from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import Vocabulary
 from giaannd.records import RecordError, RecordFormat
 
-__all__ = ["EXPORT_RECORD", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "iter_jsonl", "load_snapshot",
-           "save_snapshot", "write_jsonl"]
+__all__ = ["EXPORT_RECORD", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "ExportEntry", "SnapshotError", "iter_jsonl",
+           "load_snapshot", "read_jsonl", "save_snapshot", "write_jsonl"]
 
 SNAPSHOT_MAGIC = b"GIAROWS\x00"
 SNAPSHOT_VERSION = 1
@@ -115,10 +119,67 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
             except KeyError:
                 raise KeyError(f"export: column id {tc:#018x} is not in the vocabulary") from None
             yield json.dumps({
-                "source_lemma": src_lemma, "source_word": src_word, "segment": s,
-                "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
-                "strength": float(np.float32(v)),
+                "source_lemma": src_lemma, "source_word": src_word, "source_prime": f == PRIME_FEATURE,
+                "segment": s, "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
+                "target_prime": tf == PRIME_FEATURE, "strength": float(np.float32(v)),
             }, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportEntry:
+    """One JSONL line: a synapse from neuron (source_lemma, source_word) onto segment ``segment``
+    of neuron (target_lemma, target_word); ``*_prime`` marks a prime concept neuron."""
+
+    source_lemma: str
+    source_word: str
+    source_prime: bool
+    segment: int
+    target_lemma: str
+    target_word: str
+    target_prime: bool
+    strength: float
+
+
+def _entry(d: object) -> ExportEntry:
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    try:
+        src_lemma, src_word, tgt_lemma, tgt_word = (d["source_lemma"], d["source_word"], d["target_lemma"],
+                                                    d["target_word"])
+        segment, strength = d["segment"], d["strength"]
+    except KeyError as exc:
+        raise ValueError(f"missing field {exc.args[0]!r}") from None
+    if not all(isinstance(x, str) for x in (src_lemma, src_word, tgt_lemma, tgt_word)):
+        raise ValueError("lemmas and words must be strings")
+    if isinstance(segment, bool) or not isinstance(segment, int) or isinstance(strength, bool) \
+            or not isinstance(strength, (int, float)):
+        raise ValueError("segment must be an integer and strength a number")
+    # An export written before the *_prime fields: a word equal to its column's lemma is read as
+    # the prime neuron, the only reading the old key allows (the ambiguity the fields remove).
+    src_prime = d.get("source_prime", src_word == src_lemma)
+    tgt_prime = d.get("target_prime", tgt_word == tgt_lemma)
+    if not isinstance(src_prime, bool) or not isinstance(tgt_prime, bool):
+        raise ValueError("source_prime and target_prime must be true or false")
+    return ExportEntry(src_lemma, src_word, src_prime, segment, tgt_lemma, tgt_word, tgt_prime, float(strength))
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[ExportEntry]:
+    """The entries of a JSONL export, this version's or an older one without ``*_prime`` fields
+    (then a word equal to its lemma is taken for the prime neuron). Blank lines are skipped.
+
+    Raises:
+        ValueError: a line is not an export entry; the message names the file and line.
+        OSError: the file cannot be read.
+    """
+    name = os.fspath(path)
+    with open(name, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _entry(json.loads(line))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{name}:{lineno}: not an export entry: {exc}") from None
 
 
 def write_jsonl(store: RowStore, vocab: Vocabulary, path: str | os.PathLike[str]) -> int:

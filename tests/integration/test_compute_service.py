@@ -160,3 +160,50 @@ async def test_compute_generate_from_text_prompt(tmp_path):
             pytest.skip(gen["error"])  # no English model installed
         assert status == 200, gen
         assert gen["prompt"][:2] == ["in", "the"] and len(gen["tokens"]) <= 6
+
+
+async def _train(h, corpus):
+    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+    assert status == 200, reply
+    async with asyncio.timeout(60):
+        while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
+            await asyncio.sleep(0.05)
+    assert doc["state"] == "succeeded", doc
+
+
+@pytest.mark.asyncio
+async def test_eval_reads_a_prompt_file(tmp_path):
+    sentences = load_bundled_corpus(120)
+    corpus, prompts = tmp_path / "corpus.conllu", tmp_path / "prompts.conllu"
+    write_conllu(sentences, corpus)
+    write_conllu(sentences[:30], prompts)
+    async with Harness(tmp_path) as h:
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "constants": "train"})
+        assert status == 200, ev
+        # the whole file is evaluated (no default limit of 200 applies to a prompt file)
+        assert ev["prompts"] + ev["skipped"] == 30 and ev["prompts"] > 20 and ev["top1"] > 0.5
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "limit": 10})
+        assert status == 200 and ev["prompts"] + ev["skipped"] == 10
+        for body in ({"prompts": str(prompts), "corpus": str(corpus)}, {"prompts": str(tmp_path / "absent.txt")},
+                     {"prompts": 7}):
+            status, reply = await h.call("POST", "/v1/eval", body)
+            assert status == 400 and reply["code"] == "bad_request", (body, reply)
+        assert "prompts must be a file path" in reply["error"]
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
+    corpus, prompts = tmp_path / "corpus.txt", tmp_path / "prompts.txt"
+    story = ("The old man walked to the river with his dog. The dog jumped into the cold water near the "
+             "bridge. ")
+    corpus.write_text((story * 3 + "\n\n") * 4, encoding="utf-8")
+    prompts.write_text("The old man walked to the river with his dog. The dog jumped into the cold water.\n"
+                       "\nToo short.\nThe dog jumped into the cold water near the bridge.\n", encoding="utf-8")
+    async with Harness(tmp_path) as h:
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts)})
+        assert status == 200, ev
+        # three non-blank lines, each one prompt (the first holds two sentences); one is too short
+        assert ev["prompts"] == 2 and ev["skipped"] == 1 and ev["top1"] > 0.5
