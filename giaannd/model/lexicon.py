@@ -91,7 +91,7 @@ class LexiconFormatError(CorruptDataError, ValueError):
     reason = "corrupt_lexicon"
 
 
-class LexiconFileError(InputError, ValueError):
+class LexiconFileError(InputError):
     """A lexicon file the user named cannot be read or parsed; the message names the file."""
 
     reason = "bad_lexicon"
