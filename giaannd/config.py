@@ -309,6 +309,43 @@ class StorageConfig(_Section):
         "their rows are deleted (if no stream has run here meanwhile and no override is set). "
         "Leaves time for writes computed under the old placement to drain."
     ))] = 30.0
+    retry_base_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Backoff of the storage role's background retries: a snapshot that failed (a full disk, an "
+        "I/O error) and the automatic repair after a torn log tail. The wait after failure n is "
+        "drawn from U(0, min(`retry-cap-s`, retry-base-s x 2^n)) (full jitter), so nodes that "
+        "failed together do not retry in step."
+    ))] = 1.0
+    retry_cap_s: Annotated[float, Meta(gt=0, le=86400, description=(
+        "Ceiling of the retry backoff (see `retry-base-s`): a node whose disk stays full tries "
+        "its snapshot at least this often, so it catches up soon after space returns."
+    ))] = 60.0
+    disk_full_probe_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "While the node refuses writes because its disk is full (a write failed with ENOSPC or "
+        "EDQUOT), how often it checks the free space of its data directory's file system "
+        "(statvfs) to resume writes by itself."
+    ))] = 5.0
+    disk_resume_free_bytes: Annotated[int, Meta(ge=0, description=(
+        "Free bytes the data directory's file system needs before writes resume after a disk-full "
+        "refusal. Hysteresis: resuming at the first free byte would flip between full and not "
+        "full, and gossip each flip, on every write; one update-log segment (64 MiB) leaves room "
+        "for a burst of writes and the first blocks of the snapshot that shrinks the log."
+    ))] = 64 * 2**20
+    error_log_interval_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Repeated storage errors of one kind (writes refused for a full disk, a log write "
+        "failing with the same error, a snapshot retried) are logged at most once per this many "
+        "seconds, with the number held back; counters and /v1/status show every one."
+    ))] = 10.0
+    auto_repair: Annotated[bool, Meta(description=(
+        "When recovery cut a torn update-log tail (bytes a crash or a damaged disk left "
+        "incomplete, possibly acknowledged ones), repair this node from its live peers by itself "
+        "once it has joined (what `giaannctl node repair` does). Off: /v1/status still shows "
+        "`torn_tail_bytes` and the operator runs the repair."
+    ))] = True
+    auto_repair_timeout_s: Annotated[float, Meta(gt=0, le=86400, description=(
+        "Bound on the automatic repair: attempts that find no live peer or a peer that does not "
+        "answer are retried with the `retry-base-s` backoff until this many seconds after start; "
+        "then the repair is reported failed (status, log, metrics) and left to the operator."
+    ))] = 600.0
 
 
 class ComputeConfig(_Section):
@@ -475,6 +512,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 (TOML 1.0 "Spec"); tomllib decodes first
+        raise ConfigError(f"config file {path} is not UTF-8 text: byte {exc.object[exc.start]:#04x} "
+                          f"at offset {exc.start}") from None
 
 
 def _convert(data: dict[str, Any]) -> Config:

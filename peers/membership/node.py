@@ -4,7 +4,8 @@ This module owns no protocol rules (STYLE.md item 2): it feeds stimuli into
 ``Membership.handle`` and carries out the returned actions. UDP carries probes
 and gossip; TCP carries push-pull, join and the fallback probe, one sealed
 length-prefixed frame each way per connection. Peer garbage is dropped, counted
-(``rejected_<reason>``) and logged at most once per reason every 10 s.
+(``rejected_<reason>``) and logged at most once per reason every 10 s, with the number held back
+(``peers.log_limiter``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 import msgspec
 
 from peers.keyring import Keyring
+from peers.log_limiter import LogLimiter
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
@@ -129,7 +131,7 @@ class MembershipNode:
         self._subscribers: list[asyncio.Queue[MemberEvent | None]] = []
         self._callbacks: list[Callable[[MemberEvent], None]] = []
         self._counters: dict[str, int] = {}
-        self._reject_logged: dict[str, float] = {}
+        self._reject_log = LogLimiter(REJECT_LOG_INTERVAL_S)
         self._inbound = 0
         self._token = 0
         self.addr: Addr = bind
@@ -332,11 +334,10 @@ class MembershipNode:
 
     def _reject(self, reason: str, peer: Addr, detail: str) -> None:
         self._count(f"rejected_{reason}")
-        now = time.monotonic()
-        if now - self._reject_logged.get(reason, -1e9) >= REJECT_LOG_INTERVAL_S:
-            self._reject_logged[reason] = now
-            log.warning("dropped membership packet reason=%s peer=%s:%s total=%d detail=%s",
-                        reason, peer[0], peer[1], self._counters[f"rejected_{reason}"], detail)
+        held = self._reject_log.admit(reason, time.monotonic())
+        if held is not None:
+            log.warning("dropped membership packet reason=%s peer=%s:%s total=%d suppressed=%d detail=%s",
+                        reason, peer[0], peer[1], self._counters[f"rejected_{reason}"], held, detail)
 
     def _on_datagram(self, data: bytes, addr: Addr) -> None:
         try:

@@ -11,8 +11,12 @@ Byte layout (little-endian; docs/storage.md has the full table):
 Writing: ``.snapshot-<seq>.tmp`` is streamed (each row region written straight from RAM), the header
 patched in, then fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync:
 a crash at any point leaves either the old snapshot or the new one, never a half file under the
-final name. Reading verifies both checksums before anything is trusted, then checks the structure;
-every failure is a :class:`CorruptSnapshotError` naming the file and byte offset. The header and its
+final name. A write that fails (a full disk) deletes its temporary before raising, so a failed
+snapshot does not keep the space it could not finish using; a crash's temporary is deleted by the
+next start (``remove_temporaries``, before anything else is written).
+
+Reading verifies both checksums before anything is trusted, then checks the structure; every
+failure is a :class:`CorruptSnapshotError` naming the file and byte offset. The header and its
 checks are the shared record codec's (``giaannd.records``, ``SNAPSHOT_RECORD``: the whole file is one
 record whose payload, the body, is streamed rather than held twice).
 """
@@ -37,8 +41,8 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, row_fr
 from giaannd.storage.engine.errors import CorruptSnapshotError
 from giaannd.storage.engine.row_merge import packed_keys
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "list_snapshots", "read_snapshot", "snapshot_name",
-           "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "list_snapshots", "list_temporaries", "read_snapshot",
+           "remove_temporaries", "snapshot_name", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
 SNAPSHOT_FORMAT_VERSION = 1
@@ -71,6 +75,25 @@ def list_temporaries(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir() if p.name.startswith(_TMP_PREFIX) and p.name.endswith(".tmp")]
 
 
+def remove_temporaries(directory: Path) -> tuple[int, int]:
+    """Delete the snapshot temporaries in ``directory`` (missing: nothing to do); returns (files,
+    bytes) removed. Only for the directory's owner (the daemon holding its lock): a live writer's
+    temporary would vanish under it. Deleting frees space and writes nothing, so it works on a
+    full disk; the directory is not fsynced (a temporary that comes back after a power loss is
+    deleted again)."""
+    if not directory.is_dir():
+        return 0, 0
+    files = freed = 0
+    for path in list_temporaries(directory):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        files, freed = files + 1, freed + size
+    return files, freed
+
+
 class _HashingWriter:
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.h, self.n = f, xxhash.xxh3_64(), 0
@@ -85,9 +108,25 @@ class _HashingWriter:
 
 
 def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
-    """Write ``store`` as the snapshot at ``last_seq``; returns the final path (durable on return)."""
-    keys = store.keys()
+    """Write ``store`` as the snapshot at ``last_seq``; returns the final path (durable on return).
+
+    Raises:
+        OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
+    """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
+    try:
+        _write_temporary(tmp, store, last_seq)
+        final = directory / snapshot_name(last_seq)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(directory)
+    return final
+
+
+def _write_temporary(tmp: Path, store: ColumnStore, last_seq: int) -> None:
+    keys = store.keys()
     num_entries = 0
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
@@ -113,10 +152,6 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
         f.write(header)
         f.flush()
         os.fsync(f.fileno())
-    final = directory / snapshot_name(last_seq)
-    os.replace(tmp, final)
-    fsync_dir(directory)
-    return final
 
 
 class _Reader:

@@ -249,10 +249,22 @@ class UpdateLog:
         self._open_segment()
 
     def _open_segment(self) -> None:
+        """Open (create) the segment starting at the next seq and make it current. On failure (a
+        full disk) nothing changed: the current segment, if any, stays open and in use, and a file
+        this call created is removed (an empty segment named after records that end up in the
+        previous one would read as a gap at the next start)."""
         path = self.directory / segment_name(self._next_seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._segment_bytes = os.fstat(self._fd).st_size
-        fsync_dir(self.directory)
+        existed = path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            if not existed:
+                path.unlink(missing_ok=True)
+            raise
+        self._fd, self._segment_bytes = fd, size
 
     @property
     def last_seq(self) -> int:
@@ -328,10 +340,11 @@ class UpdateLog:
             self._rotate_locked()
 
     def _rotate_locked(self) -> None:
-        os.fdatasync(self._fd)
-        os.close(self._fd)
+        old = self._fd
+        os.fdatasync(old)
         self._durable_seq = self._next_seq - 1
-        self._open_segment()
+        self._open_segment()  # raises with ``old`` still current: appends go on into it
+        os.close(old)
 
     def drop_through(self, seq: int) -> list[Path]:
         """Delete the segments whose records all have seq <= ``seq`` (never the current one)."""

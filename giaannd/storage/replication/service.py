@@ -5,12 +5,15 @@ Asyncio glue only. What a request does is decided by the sans-IO core, ``request
 what needs a clock, threads or sockets: the listeners, the group commit (``group_commit.py``: an
 ``ApplyBatch`` is acknowledged only once the update log is synced, one fsync shared by every apply
 waiting), hint logs synced in a worker thread and delivered to their targets when they come back
-(``hints.py``), the snapshot timer, metrics, and the lifecycle.
+(``hints.py``), the snapshot timer, metrics, and the lifecycle. A full disk (disk_full.py) makes the
+node refuse writes and keep serving reads until space returns; a failed snapshot is retried with
+backoff, never fatal.
 
 Lifecycle: ``open()`` recovers the store and hints and binds the listeners (tests, benchmarks, the
 standalone entry at the bottom); ``start(ctx)`` does the same under the daemon and adds metrics and
 the background loops (snapshot timer, hint retry). ``stop(graceful=True)`` refuses new writes, lets
-in-flight applies reach their durable ack, closes the listeners, snapshots and closes;
+in-flight applies reach their durable ack, closes the listeners, snapshots and closes (a final
+snapshot that fails is raised after everything is closed, so the daemon's exit status says so);
 ``stop(graceful=False)`` closes at once (everything acknowledged is already in the synced log).
 Protocol and replication: docs/replication.md.
 """
@@ -36,6 +39,7 @@ from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.vocab_store import VocabStore
+from giaannd.storage.replication.disk_full import DiskWatch
 from giaannd.storage.replication.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S, HintDelivery
 from giaannd.storage.replication.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.replication.requests import (
@@ -84,6 +88,14 @@ STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                         "Hinted batches delivered to their owner once it was back."),
     "vocab_added": ("giaannd_storage_vocab_entries_added_total",
                     "Vocabulary entries (id -> string) new to this node, from PutVocab requests."),
+}
+#: Counts of the disk-full state (disk_full.py counts them through ``on_count``) -> (metric, HELP).
+DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "snapshot_failures": ("giaannd_storage_snapshot_failures_total",
+                          "Snapshots that failed (disk full or another write error); each is retried "
+                          "after a capped, jittered backoff."),
+    "disk_full_refusals": ("giaannd_storage_disk_full_refusals_total",
+                           "Writes (batches, hints, vocabulary) refused because the disk is full."),
 }
 #: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
 _TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
@@ -167,6 +179,8 @@ class StorageService:
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prom: dict[str, Any] = {}
+        #: disk-full state, snapshot retries, rate-limited write errors (``start`` configures it)
+        self.disk = DiskWatch(self.data_dir / STORE_DIR)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -191,6 +205,8 @@ class StorageService:
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
+        self.core.guard = self.disk
+        self.disk.on_count = self._on_count
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
@@ -227,6 +243,7 @@ class StorageService:
             self.identity = _identity_from_config(ctx.config, str(ctx.node_id))
         if not self.node_name:
             self.node_name = ctx.node_name
+        self.disk.configure(ctx.config.storage)
         await self.open()
         self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
@@ -234,7 +251,7 @@ class StorageService:
 
     def _register_metrics(self, ctx: ServiceContext) -> None:
         m = ctx.metrics
-        for key, (name, doc) in STORAGE_COUNTERS.items():
+        for key, (name, doc) in {**STORAGE_COUNTERS, **DISK_COUNTERS}.items():
             self._prom[key] = m.counter(name, doc)
         self._prom["errors"] = m.counter(
             "giaannd_storage_errors_total",
@@ -261,6 +278,14 @@ class StorageService:
             .set_function(lambda: float(self.hints.held if self.hints is not None else 0))
         m.gauge("giaannd_storage_vocab_entries", "Vocabulary entries (id -> string) this node holds now.") \
             .set_function(lambda: float(len(self.vocab) if self.vocab is not None else 0))
+        m.gauge("giaannd_storage_disk_full", "1 while writes are refused because the disk is full, else 0.") \
+            .set_function(lambda: float(self.disk.full))
+        m.gauge("giaannd_storage_full",
+                "1 while writes are refused because the store is at capacity or the disk is full, else 0.") \
+            .set_function(lambda: float(self.is_full))
+        m.gauge("giaannd_storage_torn_tail_bytes",
+                "Bytes recovery cut off a torn update-log tail at this start (0: the log ended cleanly).") \
+            .set_function(lambda: float(self.store.recovery.torn_tail_bytes if self.store is not None else 0))
 
     def _sync_log(self) -> int:
         """``DurableStore.sync``, timed (GroupCommit runs it in a worker thread: one observation
@@ -290,9 +315,16 @@ class StorageService:
             with contextlib.suppress(Exception):
                 await lst.close()
         self.listeners = []
+        self.disk.close()
+        final_snapshot_error: OSError | None = None
         if graceful and self.store is not None:
-            async with self._snapshot_lock:
-                await asyncio.to_thread(self.store.snapshot)
+            try:
+                async with self._snapshot_lock:
+                    await asyncio.to_thread(self.store.snapshot)
+            except OSError as exc:
+                final_snapshot_error = exc
+                log.error("final snapshot failed: %r; every acknowledged write is in the synced update log and "
+                          "is replayed at the next start", exc)
         if self._client is not None:
             await self._client.close()
         if self.store is not None:
@@ -301,9 +333,16 @@ class StorageService:
             self.hints.close()
         if self.vocab is not None:
             self.vocab.close()
+        if final_snapshot_error is not None:
+            raise final_snapshot_error
+
+    @property
+    def is_full(self) -> bool:
+        """Writes are refused: the store is at capacity, or the disk is full."""
+        return self.disk.full or (self.store is not None and self.store.store.usage().is_full)
 
     def usage(self) -> StoreUsage:
-        """Capacity and use, for the node's metadata (``NodeMeta.full`` = ``usage().is_full``)."""
+        """Capacity and use of the column store (``is_full`` adds a full disk to ``usage().is_full``)."""
         if self.store is None:
             return StoreUsage(0, self.capacity_bytes, 0, 0, 0)
         return self.store.store.usage()
@@ -312,8 +351,10 @@ class StorageService:
         out: dict[str, Any] = {"addresses": self.addresses}
         if self.store is not None:
             u = self.store.store.usage()
+            full = u.is_full or self.disk.full
             out.update(used_bytes=u.used_bytes, capacity_bytes=u.capacity_bytes, rows=u.num_rows,
-                       is_full=u.is_full)
+                       is_full=full, full=full, torn_tail_bytes=self.store.recovery.torn_tail_bytes)
+        out.update(self.disk.health())
         if self.hints is not None:
             out["hints_held"] = self.hints.held
         if self.vocab is not None:
@@ -323,21 +364,31 @@ class StorageService:
 
     # -- background loops ---------------------------------------------------------------------------
     async def run_snapshots(self, stopping: asyncio.Event) -> None:
-        """Snapshot every ``snapshot_interval_s`` (truncates the log, bounds replay time)."""
+        """Snapshot every ``snapshot_interval_s`` (truncates the log, bounds replay time). A failed
+        snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
+        wait_s = self.snapshot_interval_s
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.snapshot_interval_s)
+                await asyncio.wait_for(stopping.wait(), wait_s)
                 return
+            wait_s = self.snapshot_interval_s
             if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
-                await self.snapshot()  # (nothing logged since the last one: nothing to do)
+                try:
+                    await self.snapshot()  # (nothing logged since the last one: nothing to do)
+                except OSError as exc:
+                    wait_s = self.disk.snapshot_failed(exc)
 
     async def snapshot(self) -> Path:
-        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract)."""
+        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract).
+
+        Raises:
+            OSError: it failed (its temporary is deleted; the log is intact).
+        """
         assert self.store is not None
         async with self._snapshot_lock:
             start = time.perf_counter()
             path = await asyncio.to_thread(self.store.snapshot)
-        log.info("snapshot written path=%s seconds=%.3f", path, time.perf_counter() - start)
+        self.disk.snapshot_written(path, time.perf_counter() - start)
         return path
 
     async def run_hint_retry(self, stopping: asyncio.Event) -> None:
@@ -430,7 +481,7 @@ class StorageService:
             if self.vocab.durable_offset < step.offset:  # (also for "known" entries still syncing)
                 await asyncio.to_thread(self.vocab.sync)
         except OSError as exc:
-            log.error("vocab log fsync failed: %s", exc)
+            self.disk.write_failed("vocab_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"vocab log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         finally:
             self._in_flight -= 1
@@ -445,7 +496,7 @@ class StorageService:
         try:
             await self._commit.wait_durable(step.seq)
         except OSError as exc:
-            log.error("update log fsync failed: %s", exc)
+            self.disk.write_failed("update_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"update log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         finally:
             self._in_flight -= 1
@@ -459,6 +510,7 @@ class StorageService:
         try:
             await asyncio.to_thread(self.hints.sync, step.target)
         except OSError as exc:
+            self.disk.write_failed("hint_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"hint log sync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         if self.topology is not None and self.topology.is_live(step.target) and not self._stopping:
             self._spawn(self.deliver_hints_to(step.target))
