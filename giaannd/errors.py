@@ -9,7 +9,8 @@ people; callers match on the type or the reason, never on the words.
 
 Each error also knows the process exit code it maps to, so the CLI boundary turns any
 ``GiaannError`` into one clear line on stderr and the right status without a table of special cases.
-The fault classes:
+Exit 2 means "the operator must act; restarting the same way cannot help" (a configuration or host
+error, a corrupt file); exit 1 is a runtime failure a restart may cure. The fault classes:
 
 - ``InputError``: what the user handed us is wrong. ``ConfigError`` (bad TOML, unknown key,
   out-of-range value; the key path such as ``$.storage.capacity-bytes`` in the message so the user
@@ -19,7 +20,9 @@ The fault classes:
   not installed). Exit 2, as the user fixes it, not the code.
 - ``CorruptDataError``: data the daemon owns (or reads back) fails validation; ``CorruptFileError``
   when it names the file. It is never "repaired" by overwriting, because that could lose data; the
-  operator decides (exit 1).
+  operator decides. Exit 2 as well: restarting cannot make the file valid, so systemd must not
+  restart-loop on it (``RestartPreventExitStatus=2``); the one ``giaannd: error:`` line names the
+  file and the offset.
 - ``RemoteFault``: another node refused, misbehaved (``ProtocolViolation``), or too few answered
   (``QuorumNotReached``); this node did nothing wrong and may retry or try another node.
 - ``Refused``: this node declines in its current state (store full, another operation running, a
@@ -33,10 +36,14 @@ where existing ``except`` sites rely on it, as peers' ``TransportClosed`` is an 
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "HOST_ERRNOS",
     "AdminHTTPError",
     "ConfigError",
     "CorruptDataError",
@@ -50,8 +57,21 @@ __all__ = [
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-#: Usage and configuration errors, as argparse and the BSD sysexits convention for "usage" use.
+#: Usage and configuration errors, as argparse and the BSD sysexits convention for "usage" use;
+#: also every other error a restart cannot fix (host environment, corrupt data): the systemd unit's
+#: ``RestartPreventExitStatus=2`` keeps it from restart-looping.
 EXIT_USAGE = 2
+
+#: ``OSError`` numbers that mean "the host refuses" (not a bug, not a transient failure): a full or
+#: read-only file system, a quota, permissions. Start-up turns them into ``HostEnvironmentError``.
+HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+_HOST_ERRNO_FIX = {
+    errno.ENOSPC: "free space on that file system",
+    errno.EDQUOT: "raise the disk quota or free space",
+    errno.EROFS: "the data directory must be on a writable file system",
+    errno.EACCES: "the daemon's user needs read and write access there",
+    errno.EPERM: "the daemon's user needs read and write access there",
+}
 
 
 class GiaannError(Exception):
@@ -102,10 +122,30 @@ class HostEnvironmentError(GiaannError):
     exit_code = EXIT_USAGE
     reason = "host_environment"
 
+    @classmethod
+    def from_os_error(cls, exc: OSError, path: str | os.PathLike[str] | None = None
+                      ) -> HostEnvironmentError | None:
+        """The host error an ``OSError`` stands for, or None when it is not one (``HOST_ERRNOS``).
+
+        Args:
+            exc: the error.
+            path: the file or directory to name when ``exc`` carries no file name (``os.write``
+                on a descriptor).
+        """
+        if exc.errno not in HOST_ERRNOS:
+            return None
+        where = exc.filename if exc.filename is not None else path
+        what = exc.strerror or os.strerror(exc.errno or 0)
+        text = f"{what}: {os.fsdecode(where)}" if where is not None else what
+        return cls(f"{text} ({_HOST_ERRNO_FIX[exc.errno or 0]})",
+                   reason="disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "file_access")
+
 
 class CorruptDataError(GiaannError):
-    """Data the daemon owns fails validation; it is left untouched for the operator (exit 1)."""
+    """Data the daemon owns fails validation; it is left untouched for the operator (exit 2: a
+    restart cannot fix it)."""
 
+    exit_code = EXIT_USAGE
     reason = "corrupt_data"
 
 
@@ -115,13 +155,17 @@ class CorruptFileError(CorruptDataError):
     Args:
         path: the file.
         detail: what failed, in words.
+        offset: the byte offset where validation failed, when the failure is in the file's bytes
+            (None for "unreadable", "too large", a name that does not match the content, ...).
     """
 
     reason = "corrupt_file"
 
-    def __init__(self, path: str, detail: str) -> None:
+    def __init__(self, path: str, detail: str, *, offset: int | None = None) -> None:
         self.file_path = path
-        super().__init__(f"{path} is corrupt: {detail}")
+        self.offset = offset
+        where = "" if offset is None else f"at byte offset {offset}: "
+        super().__init__(f"{path} is corrupt: {where}{detail}")
 
 
 class RemoteFault(GiaannError):

@@ -33,6 +33,8 @@ from typing import Any, Final, Literal, Protocol
 from urllib.parse import quote
 
 __all__ = [
+    "ADMIN_ADDR_FILE",
+    "ADMIN_TOKEN_FILE",
     "FOLLOWED",
     "NOUNS",
     "OPERATIONS",
@@ -52,6 +54,12 @@ __all__ = [
     "path_params",
     "split_path",
 ]
+
+#: The files in a node's data directory through which giaannctl finds it (``--data-dir``): the
+#: admin URL actually bound (written by the daemon at start, removed on a clean exit) and the
+#: bearer token (unless ``admin.token-file`` names another file).
+ADMIN_ADDR_FILE: Final = "admin.addr"
+ADMIN_TOKEN_FILE: Final = "admin.token"
 
 #: The services that bind operations: the admin API itself, membership (every giaannd node) and
 #: the two roles. A service whose ``name`` is one of these must bind all of its operations.
@@ -112,16 +120,24 @@ class Arg:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Render:
-    """How giaannctl shows the answer.
+    """How giaannctl shows the answer (giaannd/admin/render.py): the curated view by default,
+    every field with ``--detailed``, the API's JSON with ``--json``.
 
-    ``document``: ``key: value`` lines, nested mappings indented and lists of rows as tables
-    (``--json``: the reply). ``table``: the rows under ``rows``, only ``columns`` (``--json``: the
-    rows, all fields). ``prometheus``: the text as is (``--json``: parsed into metric families).
+    ``document``: ``key: value`` lines in the order of ``fields`` (only those, unless
+    ``--detailed``: then the rest follow); nested mappings flattened to dotted keys
+    (``ring.digest``), lists of rows as indented tables, and each key named in ``tables`` (a list
+    of rows, or a mapping of name -> mapping such as status's ``services``) as a table of only
+    those columns (every column with ``--detailed``). ``--json``: the reply.
+    ``table``: the rows under ``rows``, only ``columns`` (every column with ``--detailed``;
+    ``--json``: the rows, all fields). ``prometheus``: the text as is (``--json``: parsed into
+    metric families).
     """
 
     kind: Literal["document", "table", "prometheus"] = "document"
     rows: str = ""
     columns: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    tables: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,6 +176,9 @@ class Operation:
     #: read-only views a browser or a node-local scraper fetches without a bearer token (the
     #: status page and the JSON it polls, ``/metrics``).
     public_on_loopback: bool = False
+    #: Tokenless from any address (``GET /v1/health``, for load balancers and systemd checks):
+    #: only for a GET whose answer reveals nothing an unauthenticated caller should not know.
+    public: bool = False
     ctl: bool = True
     words: tuple[str, ...] = field(init=False)
 
@@ -217,6 +236,19 @@ _COLUMN = Arg(name="column", positional=True, into="path", help="column id (deci
 _JOB = Arg(name="job_id", positional=True, into="path")
 _KEY = Arg(name="key_id", positional=True, into="path")
 
+# What giaannctl shows of each answer without --detailed (Render): the fields an operator reads
+# first, the way nodetool and consul curate theirs; --detailed and --json show everything.
+_STATUS = Render(fields=("node_name", "node_id", "cluster", "version", "pid", "state", "draining", "uptime_s",
+                         "roles", "services"), tables=(("services", ("state", "error")),))
+#: A topology operation's progress (every topology verb answers it; ``--wait`` follows it).
+_TOPOLOGY = Render(fields=("op", "state", "error", "columns_moved", "columns_total", "lost_columns", "bytes_done",
+                           "bytes_total", "rate_bytes_s", "eta_s", "streams"),
+                   tables=(("streams", ("stream", "state", "bytes_done", "bytes_total_estimate", "rate_bytes_s",
+                                        "eta_s", "error")),))
+#: A training job (``train status``; ``train start`` / ``wait`` / ``resume`` follow it).
+_JOB_DOC = Render(fields=("job_id", "kind", "state", "error", "done", "total", "unit", "trained", "skipped",
+                          "sentences_per_s", "elapsed_s", "resumed_from", "resumes", "result"))
+
 #: Help of the command groups (a noun with verbs); single-word commands use their own help.
 NOUNS: Final[Mapping[str, str]] = {
     "node": "this node: status and lifecycle",
@@ -229,8 +261,13 @@ NOUNS: Final[Mapping[str, str]] = {
 }
 
 _TABLE: Final[tuple[Operation, ...]] = (
-    Operation(noun="node", verb="status", service="admin", method="GET", path="/v1/status", public_on_loopback=True,
+    Operation(noun="node", verb="status", service="admin", method="GET", path="/v1/status", render=_STATUS,
+              public_on_loopback=True,
               help="node name and id, cluster, version, pid, state, uptime, roles and each service's health"),
+    Operation(noun="node", verb="health", service="admin", method="GET", path="/v1/health", public=True,
+              render=Render(fields=("status",)),
+              help="ready, starting or draining (exit status 1 unless ready); GET /v1/health needs no token "
+                   "and answers 200 only when ready, for load balancers and systemd checks"),
     Operation(noun="node", verb="join", service="membership", method="POST", path="/v1/node/join",
               args=(Arg(name="seeds", positional=True, many=True, metavar="SEED",
                         help="host:port of existing members"),),
@@ -240,33 +277,41 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="node", verb="drain", service="membership", method="POST", path="/v1/node/drain",
               help="refuse writes, keep serving reads and gossip the node as full, to hand off its work"),
     Operation(noun="node", verb="join-ring", service="storage", method="POST", path="/v1/node/join-ring",
+              render=_TOPOLOGY,
               args=(Arg(name="rate", type="rate", metavar="BYTES_PER_S", key="rate_bytes_s", help=_RATE_HELP),),
               follow=Follow(kind="topology", when="--wait"),
               help="(topology) this standby storage node takes its share: streamed from the current owners, "
                    "then switched in (storage.join-mode = \"auto\" does it at start)"),
     Operation(noun="node", verb="decommission", service="storage", method="POST", path="/v1/node/decommission",
+              render=_TOPOLOGY,
               args=(Arg(name="rate", type="rate", metavar="BYTES_PER_S", key="rate_bytes_s", help=_RATE_HELP),),
               follow=Follow(kind="topology", when="--wait"),
               help="(topology) stream this node's columns away, then drop it from the ring (it stays up "
                    "as a standby member: stop it after)"),
     Operation(noun="node", verb="removenode", service="storage", method="POST", path="/v1/node/removenode",
+              render=_TOPOLOGY,
               args=(_pos("node_id", "NODE"),), follow=Follow(kind="topology", when="--wait"),
               help="(topology) re-replicate a dead node's columns from the survivors and drop it from the "
                    "ring (refused if a column would have no live copy)"),
     Operation(noun="node", verb="replace", service="storage", method="POST", path="/v1/node/replace",
+              render=_TOPOLOGY,
               args=(_pos("node_id", "NODE"),), follow=Follow(kind="topology", when="--wait"),
               help="(topology) this standby node takes over a dead node's columns"),
     Operation(noun="node topology", verb="status", service="storage", method="GET", path="/v1/node/topology",
+              render=_TOPOLOGY,
               help="progress of the running or last topology operation: bytes, rate and ETA per stream"),
     Operation(noun="node topology", verb="watch", service="storage", follow=Follow(kind="topology", when="always"),
               help="follow the running or last topology operation with a progress bar until it ends"),
     Operation(noun="node topology", verb="pause", service="storage", method="POST",
-              path="/v1/node/topology/pause", help="pause the running topology operation's streams"),
+              path="/v1/node/topology/pause", render=_TOPOLOGY,
+              help="pause the running topology operation's streams"),
     Operation(noun="node topology", verb="resume", service="storage", method="POST",
-              path="/v1/node/topology/resume", help="resume a paused topology operation"),
+              path="/v1/node/topology/resume", render=_TOPOLOGY, help="resume a paused topology operation"),
     Operation(noun="node topology", verb="cancel", service="storage", method="POST",
-              path="/v1/node/topology/cancel", help="cancel the running topology operation (the ring is unchanged)"),
+              path="/v1/node/topology/cancel", render=_TOPOLOGY,
+              help="cancel the running topology operation (the ring is unchanged)"),
     Operation(noun="node topology", verb="rate", service="storage", method="POST", path="/v1/node/topology/rate",
+              render=_TOPOLOGY,
               args=(Arg(name="rate", positional=True, type="rate", metavar="BYTES_PER_S", key="rate_bytes_s",
                         help="bytes/s for all the streams together, or 'none' for unthrottled"),),
               help="change the running topology operation's stream rate"),
@@ -274,9 +319,13 @@ _TABLE: Final[tuple[Operation, ...]] = (
               help="(topology) deliver hints, rebuild this node's missing batches from its peers' logs, "
                    "compare its rows with theirs (docs/topology.md)"),
     Operation(noun="members", verb="list", service="admin", method="GET", path="/v1/members", public_on_loopback=True,
+              render=Render(tables=(("members", ("name", "status", "roles", "addr", "data_plane")),)),
               help="the member table (answered while the membership service runs)"),
     Operation(noun="ring", verb="show", service="membership", method="GET", path="/v1/ring",
               public_on_loopback=True,
+              render=Render(fields=("epoch", "replicas", "members", "owner_sample", "ring", "ring_entries", "override",
+                                    "standby"),
+                            tables=(("members", ("name", "weight", "address", "live", "owned", "primary")),)),
               help="the placement in force with each member's owner counts (of a fixed sample of column ids), "
                    "the storage ring (entries, digest), the cutover override and the standby storage members"),
     Operation(noun="ring", verb="usage", service="membership", method="GET", path="/v1/ring/usage",
@@ -299,7 +348,7 @@ _TABLE: Final[tuple[Operation, ...]] = (
               follow=Follow(kind="job", when="--no-wait"),
               help="train on a corpus, with a live progress bar"),
     Operation(noun="train", verb="status", service="compute", method="GET", path="/v1/jobs/{job_id}",
-              args=(_JOB,), help="status of a job"),
+              args=(_JOB,), render=_JOB_DOC, help="status of a job"),
     Operation(noun="train", verb="list", service="compute", method="GET", path="/v1/jobs", public_on_loopback=True,
               render=Render(kind="table", rows="jobs", columns=(
                   "job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")),
@@ -312,10 +361,16 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
               args=(Arg(name="corpus", type="path", help="held-out sentences, in compute.corpus-dir "
                                                             "(default: the daemon's held-out set)"),
+                    Arg(name="prompts", type="path", metavar="FILE",
+                        help="a prompt file instead, in compute.corpus-dir: one prompt per non-blank line, each "
+                             "tagged whole as the reference tags it (CoNLL-U: one sentence per prompt)"),
                     Arg(name="limit", type="int", help="evaluate at most N sentences")),
-              help="top-1 next-token accuracy"),
+              render=Render(fields=("top1", "matches", "prediction_tokens", "prompts", "skipped", "no_prediction",
+                                    "steps_per_s", "elapsed_s", "constants", "mode")),
+              help="top-1 next-token accuracy (teacher-forced, 8 seed tokens)"),
     Operation(noun="generate", verb="", service="compute", method="POST", path="/v1/generate",
               args=(_pos("prompt"), Arg(name="max_tokens", type="int", default=20, help="tokens to generate at most")),
+              render=Render(fields=("text",)),
               help="generate text from a prompt"),
     Operation(noun="export", verb="", service="compute", method="POST", path="/v1/export",
               args=(Arg(name="path", positional=True, type="path",
@@ -350,7 +405,8 @@ def index_operations(table: Iterable[Operation], nouns: Mapping[str, str] = NOUN
     Raises:
         ValueError: a duplicate id or route, a route's path parameters that are not exactly its
             path arguments, a verb without a route that follows nothing, a command that is also
-            a command group, or a group without help.
+            a command group, a group without help, a public operation that is not a GET, or a
+            render spec that contradicts itself.
     """
     ops: dict[str, Operation] = {}
     routes: set[tuple[str, str]] = set()
@@ -358,6 +414,7 @@ def index_operations(table: Iterable[Operation], nouns: Mapping[str, str] = NOUN
         if op.id in ops:
             raise ValueError(f"operation {op.id} is declared twice")
         ops[op.id] = op
+        _check_access_and_render(op)
         if (op.method is None) != (op.path is None):
             raise ValueError(f"operation {op.id}: method and path go together")
         in_path = {a.wire for a in op.args if a.into == "path"}
@@ -383,6 +440,17 @@ def index_operations(table: Iterable[Operation], nouns: Mapping[str, str] = NOUN
             if op.ctl and group not in nouns:
                 raise ValueError(f"command group {group!r} has no help in NOUNS")
     return ops
+
+
+def _check_access_and_render(op: Operation) -> None:
+    if op.public and (op.method != "GET" or op.public_on_loopback):
+        raise ValueError(f"operation {op.id}: only a GET may be public (and public includes loopback)")
+    spec = op.render
+    if (spec.kind == "table") != bool(spec.rows):
+        raise ValueError(f"operation {op.id}: a table renders the rows under `rows`, and only a table has rows")
+    hidden = [key for key, _ in spec.tables if spec.fields and key not in spec.fields]
+    if hidden:
+        raise ValueError(f"operation {op.id}: render tables {hidden} are not among its fields")
 
 
 #: Every operation, by id, in the order giaannctl's help and the docs list them.

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = list(chapters(args.module_dir, per_verse=args.per_verse))[: args.max_chapters]
     if args.full is None:  # the excerpt needs only the first chapters; stop tagging early
         texts = _enough_chapters(texts, args.excerpt_sentences)
-    nlp = load_english(sentences=True)
+    nlp = load_english()
     t0, c0 = time.perf_counter(), time.process_time()
     sentences: list[TaggedSentence] = []
     batch = 256 if args.per_verse else _CHAPTERS_PER_BATCH

@@ -4,12 +4,17 @@ Who may call what (documented in docs/operations.md):
 
 - ``/v1/*`` needs ``Authorization: Bearer <token>``; the token comes from a file and is compared
   in constant time (``hmac.compare_digest``) so response timing leaks nothing about it.
+  The one exception is an operation declared ``public`` (``GET /v1/health``): load balancers and
+  systemd checks hold no token, and its answer (ready, starting or draining) tells a caller
+  nothing the TCP connect did not. ``public`` is a property of the declared operation, never of
+  a path prefix, so every other ``/v1/`` route (and every unknown path) still needs the token.
 - ``/metrics``, the status page ``/`` and the read-only views the page polls (operations marked
   ``public_on_loopback``: ``/v1/status``, ``/v1/members``, ``/v1/ring``, ``/v1/ring/usage``,
   ``/v1/jobs``) need no token when the request comes from a loopback address (a node-local
   Prometheus agent or an operator's browser over an SSH tunnel cannot easily send a bearer token)
   unless ``admin.metrics-require-token`` is set. From any other address they need the token like
-  everything else, and a token that is presented must be right.
+  everything else, and a token that is presented must be right. Like ``public``, this is a
+  property of the declared operation, not of a path.
 
 Every route is an operation declared in giaannd/operations.py: services ``bind`` a handler to an
 operation id, and the method and path template come from that table (a ``{name}`` segment matches
@@ -39,7 +44,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 import msgspec
 from aiohttp import web
@@ -51,7 +56,7 @@ from giaannd.errors import AdminHTTPError
 from giaannd.metrics import CONTENT_TYPE, Metrics
 from giaannd.operations import OPERATIONS, Handler, Operation, match_path, operations_of, split_path
 
-__all__ = ["AdminApi", "MembersSource"]
+__all__ = ["AdminApi", "MembersSource", "Readiness", "health_of"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,23 @@ ADMIN_SHUTDOWN_TIMEOUT_S = 2.0
 #: still coming for this long before closing, so the client sees the answer rather than a reset
 #: (its default, 10 s, would let a client claiming a 10 GB body hold the socket that long).
 ADMIN_LINGER_S = 1.0
+
+
+#: What ``GET /v1/health`` answers: ``ready`` (200) or, with 503, ``starting`` (services still
+#: starting) or ``draining`` (``giaannctl node drain``, or the daemon is stopping).
+Readiness = Literal["ready", "starting", "draining"]
+_HEALTH_STATUS: Final[Mapping[Readiness, int]] = {"ready": 200, "starting": 503, "draining": 503}
+
+
+def health_of(status: Mapping[str, Any]) -> Readiness:
+    """The readiness of a node whose ``/v1/status`` document is ``status``: its daemon ``state``
+    (starting, running, stopping, stopped; giaannd/daemon.py) and ``draining`` flag."""
+    state = status.get("state")
+    if state == "starting":
+        return "starting"
+    if state == "running" and not status.get("draining"):
+        return "ready"
+    return "draining"
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,8 @@ class AdminApi:
     Args:
         token: the bearer token (already read from its file).
         metrics: the daemon's registry, served at ``/metrics``; request counters go there too.
-        status: returns the ``/v1/status`` document (node, roles, uptime, services' health).
+        status: returns the ``/v1/status`` document (node, roles, uptime, services' health);
+            ``GET /v1/health`` answers from its ``state`` and ``draining`` (``health_of``).
         metrics_require_token: demand the token for ``/metrics`` and ``/`` even from loopback.
         config: the ``[admin]`` section, for its limits (module docstring); defaults if None.
     """
@@ -127,6 +150,7 @@ class AdminApi:
         self._latency = metrics.histogram(
             "giaannd_admin_request_duration_seconds", "Admin API request latency.", ["route"])
         self.bind("node.status", self._get_status)
+        self.bind("node.health", self._get_health)
         self.bind("members.list", self._get_members)
         self.bind("metrics", self._get_metrics)
         self.bind("status-page", self._get_page)
@@ -200,6 +224,8 @@ class AdminApi:
     # -- dispatch ---------------------------------------------------------------------------
 
     def _authorised(self, request: web.Request, route: _Route | None) -> bool:
+        if route is not None and route.op.public:
+            return True
         header = request.headers.get("Authorization", "")
         # A presented token is always checked, so a wrong one is reported even where none is needed.
         if not header and route is not None and route.op.public_on_loopback \
@@ -286,6 +312,10 @@ class AdminApi:
 
     async def _get_status(self, request: web.Request, params: Mapping[str, str]) -> Any:
         return dict(self._status())
+
+    async def _get_health(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        readiness = health_of(self._status())
+        return _json({"status": readiness}, _HEALTH_STATUS[readiness])
 
     async def _members_table(self) -> list[Mapping[str, Any]]:
         if self._members is None:

@@ -6,13 +6,19 @@ request from the arguments (path, query, JSON body), send it, follow the operati
 says so (``--wait`` / ``--no-wait``, giaannd/admin/follow.py), and print the answer with the
 table's renderer (giaannd/admin/render.py).
 
-Verbs whose route a node does not serve (its role is not enabled, or that feature is not
-implemented yet) fail honestly: the daemon answers 404 and we print "this node does not serve ..."
-with exit status 1; no output is ever invented here.
+A refusal from the daemon is printed as the command and the daemon's own message, with exit
+status 1: an unknown job, key or node says which (``not_found``), and a verb whose role does not
+run on that node says so (``not_served``); no output is ever invented here.
 
-Global flags: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or ``GIAANNCTL_TOKEN_FILE``),
-``--data-dir`` (read both from a node's data directory), ``--json``, ``--timeout``.
-Exit statuses: 0 ok, 1 the operation failed, 2 usage or configuration error.
+Global flags, before the command words or after them (``giaannctl node status --json``), with
+the same meaning: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or
+``GIAANNCTL_TOKEN_FILE``), ``--data-dir`` (read both from a node's data directory; without any
+of these, the host's only instance: giaannd/admin/locate.py), ``--json``, ``--detailed`` (every
+field, not the curated view) and ``--timeout``. The globals are declared on the top parser with
+their defaults, and again on every command group and verb with no default at all (``SUPPRESS``),
+so that one given after the words overrides and one left out changes nothing.
+Exit statuses: 0 ok, 1 the operation failed, 2 usage or configuration error (one line on stderr,
+``giaannctl: error: ...``).
 """
 
 from __future__ import annotations
@@ -22,20 +28,64 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NoReturn, TypeAlias
 
 from giaannd import __version__
-from giaannd.admin.client import DEFAULT_TIMEOUT_S, AdminClient, CtlError, NotServedError
+from giaannd.admin.client import DEFAULT_TIMEOUT_S, AdminClient, CtlError, RequestError, check_timeout
 from giaannd.admin.follow import follow
+from giaannd.admin.locate import DEFAULT_ADDR, locate
 from giaannd.admin.render import render
-from giaannd.operations import FOLLOWED, NOUNS, OPERATIONS, Arg, ArgType, Follow, Operation, fill_path, path_params
+from giaannd.errors import EXIT_USAGE
+from giaannd.operations import (
+    ADMIN_ADDR_FILE,
+    ADMIN_TOKEN_FILE,
+    FOLLOWED,
+    NOUNS,
+    OPERATIONS,
+    Arg,
+    ArgType,
+    Follow,
+    Operation,
+    Render,
+    fill_path,
+    path_params,
+)
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["GLOBAL_FLAGS", "build_parser", "main", "run"]
 
-DEFAULT_ADDR = "http://127.0.0.1:7480"
-DEFAULT_DATA_DIR = "/var/lib/giaannd"
-_FORMAT = argparse.ArgumentDefaultsHelpFormatter
 _Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, ``giaannctl: error: ...`` and where the help is (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"giaannctl: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Help(argparse.HelpFormatter):
+    """argparse's help, plus ``(default: X)`` only where there is a default to show: not for
+    None (the daemon's default applies, and the help says which), a switch's False or SUPPRESS."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        return check_timeout(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bytes_rate(text: str) -> float | None:
@@ -53,6 +103,8 @@ def _bytes_rate(text: str) -> float | None:
 #: How argparse reads each argument type (giaannd/operations.py ``ArgType``).
 _PARSE: Final[Mapping[ArgType, Callable[[str], Any]]] = {
     "str": str, "int": int, "rate": _bytes_rate, "path": str, "existing-path": str, "file-text": str, "flag": bool}
+#: The global flags' destinations: no operation argument may take one of these names.
+GLOBAL_FLAGS: Final = frozenset({"addr", "token_file", "data_dir", "json", "detailed", "timeout"})
 #: The follow flags (``Follow.when``) and their help.
 _WAIT_HELP: Final[Mapping[str, str]] = {
     "--wait": "follow the operation's progress until it ends",
@@ -63,37 +115,55 @@ _WAIT_HELP: Final[Mapping[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """``giaannctl``'s parser: the global flags, then one sub-command per operation; each leaf
-    sets ``op`` to its ``Operation``."""
-    p = argparse.ArgumentParser(prog="giaannctl", description="Administer a giaannd node.",
-                                formatter_class=_FORMAT)
+    sets ``op`` to its ``Operation`` and takes the global flags too (module docstring)."""
+    p: argparse.ArgumentParser = _Parser(prog="giaannctl", description="Administer a giaannd node.",
+                                         formatter_class=_Help)
     p.add_argument("--version", action="version", version=f"giaannctl {__version__}")
-    p.add_argument("--addr", help=f"admin API URL (env GIAANNCTL_ADDR; default {DEFAULT_ADDR}, "
-                   "or <data-dir>/admin.addr with --data-dir)")
-    p.add_argument("--token-file", help="bearer token file (env GIAANNCTL_TOKEN_FILE; default "
-                   f"{DEFAULT_DATA_DIR}/admin.token, or <data-dir>/admin.token with --data-dir)")
-    p.add_argument("--data-dir", help="read the address and token from this node's data dir")
-    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request seconds")
+    _add_global_flags(p, top=True)
     groups: dict[tuple[str, ...], _Subparsers] = {(): p.add_subparsers(dest="noun", required=True, metavar="NOUN")}
     for op in OPERATIONS.values():
         if op.ctl:
             leaf = _group(groups, op.words[:-1]).add_parser(
-                op.words[-1], help=op.help, description=op.help, formatter_class=_FORMAT)
+                op.words[-1], help=op.help, description=op.help, formatter_class=_Help)
             _add_arguments(leaf, op)
+            _add_global_flags(leaf, top=False)
             leaf.set_defaults(op=op)
     return p
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The global flags: with their defaults on the top parser; with none (``SUPPRESS``) on a
+    command group or verb, where they only override what was given before the words."""
+    group = parser.add_argument_group("global options" if top else "global options (also before the command)")
+    unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    group.add_argument("--addr", metavar="URL", **unset, help=(
+        f"admin API URL (env GIAANNCTL_ADDR; else DIR/{ADMIN_ADDR_FILE} with --data-dir; else {DEFAULT_ADDR})"))
+    group.add_argument("--token-file", metavar="FILE", **unset, help=(
+        f"bearer token file (env GIAANNCTL_TOKEN_FILE; else DIR/{ADMIN_TOKEN_FILE} with --data-dir)"))
+    group.add_argument("--data-dir", metavar="DIR", **unset, help=(
+        "read the address and token from this node's data directory (default: the node's, if "
+        "it is the only giaannd on this host)"))
+    group.add_argument("--json", action="store_true", **unset, help="machine-readable JSON output")
+    group.add_argument("--detailed", action="store_true", **unset,
+                       help="show every field of the answer, not the curated view")
+    group.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                       default=DEFAULT_TIMEOUT_S if top else argparse.SUPPRESS, help="per-request bound")
 
 
 def _group(groups: dict[tuple[str, ...], _Subparsers], words: tuple[str, ...]) -> _Subparsers:
     """The subparsers of command group ``words`` (``node``, ``node topology``), made on first use."""
     if words not in groups:
         parser = _group(groups, words[:-1]).add_parser(words[-1], help=NOUNS[" ".join(words)],
-                                                       formatter_class=_FORMAT)
+                                                       description=NOUNS[" ".join(words)], formatter_class=_Help)
+        _add_global_flags(parser, top=False)
         groups[words] = parser.add_subparsers(dest=f"_{'_'.join(words)}", required=True, metavar="VERB")
     return groups[words]
 
 
 def _add_arguments(parser: argparse.ArgumentParser, op: Operation) -> None:
+    taken = GLOBAL_FLAGS & {arg.name for arg in op.args}
+    if taken:
+        raise ValueError(f"operation {op.id}: arguments {sorted(taken)} would shadow giaannctl's global flags")
     for arg in op.args:
         kw: dict[str, Any] = {"help": arg.help or None, "metavar": arg.metavar, "type": _PARSE[arg.type]}
         if arg.positional:
@@ -183,25 +253,23 @@ def _poll_params(op: Operation, f: Follow, a: argparse.Namespace, reply: Any) ->
 # -- entry point -----------------------------------------------------------------------------
 
 def _client(a: argparse.Namespace, op: Operation) -> AdminClient:
-    env = os.environ
-    data_dir = Path(a.data_dir) if a.data_dir else None
-    addr = a.addr or env.get("GIAANNCTL_ADDR")
-    if addr is None and data_dir is not None:
-        try:
-            addr = (data_dir / "admin.addr").read_text().strip()
-        except OSError as exc:
-            raise CtlError(f"cannot read {data_dir / 'admin.addr'}: {exc.strerror} "
-                           "(is the daemon running?)") from None
-    token_file = a.token_file or env.get("GIAANNCTL_TOKEN_FILE") or str(
-        (data_dir or Path(DEFAULT_DATA_DIR)) / "admin.token")
+    target = locate(addr=a.addr, token_file=a.token_file, data_dir=a.data_dir, environ=os.environ)
     try:
-        token: str | None = Path(token_file).read_text(encoding="utf-8").strip()
+        token: str | None = target.token_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        if not op.public_on_loopback:  # /metrics is tokenless from loopback
-            raise CtlError(f"cannot read token file {token_file}: {exc.strerror} "
-                           "(use --token-file or GIAANNCTL_TOKEN_FILE)", 2) from None
+        if not (op.public or op.public_on_loopback):  # /v1/health, and /metrics from loopback
+            raise CtlError(f"cannot read token file {target.token_file}: {exc.strerror} ({target.hint})",
+                           EXIT_USAGE) from None
         token = None
-    return AdminClient(addr or DEFAULT_ADDR, token, a.timeout)
+    return AdminClient(target.addr, token, a.timeout)
+
+
+def _render_spec(op: Operation, a: argparse.Namespace) -> Render:
+    """How to show what ``run`` returned: a verb that followed another shows that one's final
+    document (``train start`` shows the job as ``train status`` does)."""
+    if op.follow is not None and _following(op.follow, a):
+        return OPERATIONS[FOLLOWED[op.follow.kind]].render
+    return op.render
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,9 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     op: Operation = args.op
     try:
-        text = render(op.render, run(_client(args, op), op, args), as_json=args.json)
-    except NotServedError as exc:
-        print(f"giaannctl: error: this node does not serve '{op.command}' ({exc})", file=sys.stderr)
+        result = run(_client(args, op), op, args)
+        text = render(_render_spec(op, args), result, as_json=args.json, detailed=args.detailed)
+    except RequestError as exc:  # the daemon's own words: what it did not find, or does not serve
+        print(f"giaannctl: error: {op.command}: {exc.detail}", file=sys.stderr)
         return exc.exit_code
     except CtlError as exc:
         print(f"giaannctl: error: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ node can export, or print the words of, rows that *any* compute node trained:
 
 1. **Scan** (``scan_cluster``): ``StorageClient.scan_all`` yields every row of the cluster exactly
    once; the reserved flag row (flags.py) is left out. A placement change during the scan
-   (``ScanInterrupted``) restarts it, at most ``EXPORT_SCAN_ATTEMPTS`` times, with a short backoff.
+   (``ScanInterrupted``) restarts it, at most ``EXPORT_SCAN_ATTEMPTS`` times, with a short full-jitter backoff.
 2. **Vocabulary** (``resolve_vocab``): the node's own vocabulary (state.py) is the local cache.
    Ids it lacks (``missing_vocab``) are fetched from storage; each entry is re-checked by hashing
    its text (the vocabulary is content-addressed), so a foreign or damaged entry cannot attach a
@@ -39,6 +39,7 @@ from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import IdCollisionError, Vocabulary
+from peers.retry import RetryPolicy, retry
 
 __all__ = [
     "EXPORT_READ_ROWS",
@@ -59,6 +60,8 @@ log = logging.getLogger("giaannd.compute.service")
 EXPORT_READ_ROWS: Final = 32_768
 #: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
 EXPORT_SCAN_ATTEMPTS: Final = 3
+#: Their waits: full jitter under 0.2 s, then 0.4 s (peers/retry.py); a placement change settles fast.
+EXPORT_SCAN_RETRY: Final = RetryPolicy(0.2, 1.0, EXPORT_SCAN_ATTEMPTS)
 
 class ExportWriteError(InputError):
     """The export's file cannot be written (a directory, a read-only place, a full disk)."""
@@ -128,15 +131,12 @@ async def resolve_vocab(vocab: Vocabulary, get_vocab: GetVocab, columns: Any, fe
 async def scan_cluster(client: StorageClient) -> RowBatch:
     """Every model row of the cluster (each exactly once; the flag row left out), restarted if
     the placement changes under the scan (module docstring, step 1)."""
-    for attempt in range(EXPORT_SCAN_ATTEMPTS):
-        try:
-            parts = [page async for page in client.scan_all()]
-            break
-        except ScanInterrupted as exc:
-            if attempt + 1 >= EXPORT_SCAN_ATTEMPTS:
-                raise
-            log.info("export scan restarted (attempt %d): %s", attempt + 1, exc)
-            await asyncio.sleep(0.2 * (attempt + 1))
+    async def scan() -> list[RowBatch]:
+        return [page async for page in client.scan_all()]
+
+    parts = await retry(scan, EXPORT_SCAN_RETRY, retry_on=ScanInterrupted,
+                        on_retry=lambda failures, exc, wait_s: log.info(
+                            "export scan restarted (attempt %d): %s", failures, exc))
     return without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
 
 

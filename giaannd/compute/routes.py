@@ -12,15 +12,16 @@ by id, what each accepts and answers:
 ``train.list``      every job document
 ``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
 ``train.resume``    resume a failed journaled job → ``{"job_id"}``
-``eval``            ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
+``eval``            ``{"corpus"? | "prompts"?, "limit"?, "constants": "train"|"test", "mode"?}`` →
+                    top-1; ``prompts``: one prompt per non-blank line, tagged whole (cached)
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
 ``export``          ``{"path", "overwrite"?}`` → JSONL export of every row of the cluster (storage
                     scan)
 ==================  ==============================================================================
 
-Paths: a corpus must resolve inside the service's ``corpus_dir``, an export inside its
-``export_dir`` (relative paths are taken inside them; paths.py); an export replaces an existing
-file only if it is a previous export or ``overwrite`` is true.
+Paths: a corpus or prompt file must resolve inside the service's ``corpus_dir``, an export inside
+its ``export_dir`` (relative paths are taken inside them; paths.py); an export replaces an
+existing file only if it is a previous export or ``overwrite`` is true.
 
 Error mapping: a path outside its allowed directory is a 403; other bad input (missing or
 unreadable corpus, bad JSON, out-of-range numbers, an export path that is a directory or cannot be
@@ -42,7 +43,7 @@ from giaannd.client.storage_client import StorageRequestError
 from giaannd.compute.cluster_export import ExportWriteError, VocabularyMissing
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR
 from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
-from giaannd.compute.train import load_corpus
+from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError, InputError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from giaannd.operations import Binder, Handler
@@ -62,7 +63,8 @@ __all__ = [
     "ComputeRoutes",
 ]
 
-#: Prompts evaluated when ``/v1/eval`` names no limit.
+#: Prompts evaluated when ``/v1/eval`` names no limit and no prompt file (a prompt file is
+#: evaluated whole, up to MAX_EVAL_PROMPTS: the benchmark files have ~1,000 lines).
 DEFAULT_EVAL_LIMIT: Final = 200
 #: Upper bounds on request sizes (admin requests are small; corpora travel by path).
 MAX_EVAL_PROMPTS: Final = 100_000
@@ -123,17 +125,23 @@ class ComputeRoutes:
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
+        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS)
         constants = body.get("constants") or "train"
         mode = body.get("mode") or "teacher"
         if constants not in ("train", "test") or mode not in ("teacher", "free"):
             raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
         path = self._corpus_path(body.get("corpus"), required=False)
+        prompt_file = self._corpus_path(body.get("prompts"), required=False, what="prompts")
+        if path is not None and prompt_file is not None:
+            raise AdminHTTPError(400, "give corpus or prompts, not both", "bad_request")
         cache_dir = self.service.data_dir / TAG_CACHE_DIR
         try:
-            prompts = await asyncio.to_thread(
-                (lambda: load_corpus(path, cache_dir, limit)) if path is not None
-                else (lambda: load_bundled_corpus(limit)))
+            if prompt_file is not None:
+                prompts = await asyncio.to_thread(load_prompts, prompt_file, cache_dir, limit or MAX_EVAL_PROMPTS)
+            else:
+                n = limit or DEFAULT_EVAL_LIMIT
+                prompts = await asyncio.to_thread(
+                    (lambda: load_corpus(path, cache_dir, n)) if path is not None else (lambda: load_bundled_corpus(n)))
         except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
             raise AdminHTTPError(400, str(exc), "bad_request") from None
         except TaggerUnavailableError as exc:
@@ -167,23 +175,25 @@ class ComputeRoutes:
         return await asyncio.to_thread(self._tag, prompt)
 
     def _tag(self, text: str) -> TaggedSentence:
-        from giaannd.model.tokens import load_english, tag_texts
+        # A prompt is one sequence, tagged whole, as the reference tags a prompt line.
+        from giaannd.model.tokens import load_english, tag_lines
         try:
             if self._nlp is None:
-                self._nlp = load_english(sentences=True)
+                self._nlp = load_english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
-        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
-        return tuple(tokens)
+        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=self._nlp) for t in s)
 
-    def _corpus_path(self, value: Any, *, required: bool) -> Path | None:
+    def _corpus_path(self, value: Any, *, required: bool, what: str = "corpus") -> Path | None:
+        """A file the request names for reading (a corpus, a prompt file): inside
+        ``compute.corpus-dir`` (403 otherwise), and an existing file (400 otherwise)."""
         if value is None and not required:
             return None
         if not isinstance(value, str) or not value:
-            raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
-        path = _inside(value, self.service.corpus_dir, "corpus", "compute.corpus-dir")
+            raise AdminHTTPError(400, f"{what} must be a file path", "bad_request")
+        path = _inside(value, self.service.corpus_dir, what, "compute.corpus-dir")
         if not path.is_file():
-            raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
+            raise AdminHTTPError(400, f"{what} {path} does not exist or is not a file", "bad_request")
         return path
 
     async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:

@@ -9,6 +9,11 @@ daemon that would give a node two data planes and two cluster views, so this ada
 on the runtime's instead: no listeners of its own (``listen=[]``), the runtime's transports,
 identity and topology, and its request handler registered with the runtime's listeners. The
 service object is created in ``start``, once the runtime knows the node id and keyring.
+
+The adapter also connects the service to the node: a full disk (the service refuses writes,
+disk_full.py) is gossiped as ``NodeMeta.full``, and ``reclaim_space`` lets the daemon delete a
+failed snapshot's temporary before it writes anything at start-up (a disk that temporary filled
+would otherwise stop the node from starting).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from giaannd.compute.service import ComputeService
+from giaannd.storage.engine.snapshot import remove_temporaries
 from giaannd.storage.rebalance.daemon import StorageTopology
-from giaannd.storage.replication.service import StorageService
+from giaannd.storage.replication.service import STORE_DIR, StorageService
 
 if TYPE_CHECKING:
     from giaannd.config import Config
@@ -48,6 +54,7 @@ class StorageRole:
             snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor,
             on_unreachable=rt.report_unreachable, hint_ramp_s=s.ramp_up_s,
             hint_ramp_start_bytes_per_s=s.hint_ramp_start_bytes_per_s)
+        self.service.disk.on_change = self._disk_full_changed
         await self.service.start(ctx)
         rt.serve(self.service.handle)
         self.topology_ops = StorageTopology(self.config, rt, self.service)
@@ -63,6 +70,14 @@ class StorageRole:
                 await self.service.stop(graceful)
             finally:
                 self.runtime.serve(None)
+
+    def reclaim_space(self) -> tuple[int, int]:
+        """Delete snapshot temporaries a failed or interrupted snapshot left (``ReclaimsSpace``)."""
+        return remove_temporaries(self.config.data_path("storage") / STORE_DIR)
+
+    def _disk_full_changed(self, full: bool) -> None:
+        self.runtime.disk_full = full
+        self.runtime.refresh_meta()
 
     def health(self) -> Mapping[str, Any]:
         out = dict(self.service.health()) if self.service is not None else {}

@@ -192,7 +192,7 @@ async def test_cluster_inprocess_join_ring_keys_drain_leave(tmp_path: Path) -> N
 
         status, metrics = await a.call("GET", "/metrics")
         assert "giaannd_membership_members_live" in metrics
-        assert "giaannd_transport_bytes_sent_total" in metrics
+        assert "giaannd_transport_sent_bytes_total" in metrics
 
 
 @pytest.mark.asyncio

@@ -94,8 +94,8 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         assert ex["lines"] > 1000 and set(first) >= {"source_lemma", "target_word", "strength"}
 
         status, metrics = await h.call("GET", "/metrics")
-        assert 'giaannd_compute_train_total{figure="done"} 300.0' in metrics
-        assert "giaannd_compute_row_cache_hits" in metrics
+        assert "giaannd_compute_train_sentences_total 300.0" in metrics
+        assert "giaannd_compute_row_cache_hits_total" in metrics
 
 
 @pytest.mark.asyncio
@@ -188,6 +188,8 @@ async def test_compute_paths_outside_the_allowed_directories_are_refused_403(tmp
             ("/v1/train", {"corpus": "escape.conllu"}, outside, corpora),
             ("/v1/train", {"corpus": "../outside.conllu"}, None, corpora),
             ("/v1/eval", {"corpus": str(outside)}, outside, corpora),
+            ("/v1/eval", {"prompts": str(outside)}, outside, corpora),
+            ("/v1/eval", {"prompts": "../../outside.conllu"}, None, corpora),
             ("/v1/export", {"path": str(secret)}, secret, exports),
             ("/v1/export", {"path": "/proc/self/mem"}, "/proc/self/mem", exports),
         ]
@@ -264,3 +266,52 @@ async def test_compute_tag_cache_files_are_private(tmp_path):
         files = list(cache.iterdir())
         assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files), files
         assert cache.stat().st_mode & 0o777 == 0o700
+
+
+async def _train(h, corpus):
+    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+    assert status == 200, reply
+    async with asyncio.timeout(60):
+        while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
+            await asyncio.sleep(0.05)
+    assert doc["state"] == "succeeded", doc
+
+
+@pytest.mark.asyncio
+async def test_eval_reads_a_prompt_file(tmp_path):
+    sentences = load_bundled_corpus(120)
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus, prompts = corpora / "corpus.conllu", corpora / "prompts.conllu"
+        write_conllu(sentences, corpus)
+        write_conllu(sentences[:30], prompts)
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "constants": "train"})
+        assert status == 200, ev
+        # the whole file is evaluated (no default limit of 200 applies to a prompt file)
+        assert ev["prompts"] + ev["skipped"] == 30 and ev["prompts"] > 20 and ev["top1"] > 0.5
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "limit": 10})
+        assert status == 200 and ev["prompts"] + ev["skipped"] == 10
+        for body in ({"prompts": str(prompts), "corpus": str(corpus)}, {"prompts": str(corpora / "absent.txt")},
+                     {"prompts": 7}):
+            status, reply = await h.call("POST", "/v1/eval", body)
+            assert status == 400 and reply["code"] == "bad_request", (body, reply)
+        assert "prompts must be a file path" in reply["error"]
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
+    story = ("The old man walked to the river with his dog. The dog jumped into the cold water near the "
+             "bridge. ")
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus, prompts = corpora / "corpus.txt", corpora / "prompts.txt"
+        corpus.write_text((story * 3 + "\n\n") * 4, encoding="utf-8")
+        prompts.write_text("The old man walked to the river with his dog. The dog jumped into the cold water.\n"
+                           "\nToo short.\nThe dog jumped into the cold water near the bridge.\n", encoding="utf-8")
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts)})
+        assert status == 200, ev
+        # three non-blank lines, each one prompt (the first holds two sentences); one is too short
+        assert ev["prompts"] == 2 and ev["skipped"] == 1 and ev["top1"] > 0.5

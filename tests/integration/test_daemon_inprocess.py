@@ -6,6 +6,7 @@ Real aiohttp server on a loopback port chosen by the OS; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -235,6 +236,67 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
             daemon_ctx.admin.bind("column.info", daemon_ctx.admin._get_status)
         with pytest.raises(ValueError, match="not declared"):
             daemon_ctx.admin.bind("svc.item", daemon_ctx.admin._get_status)
+
+
+class Gated(Service):
+    """A service whose start and stop wait for the test, so the daemon can be caught starting
+    and stopping."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.started, self.may_start = asyncio.Event(), asyncio.Event()
+        self.stopping, self.may_stop = asyncio.Event(), asyncio.Event()
+
+    async def start(self, ctx: ServiceContext) -> None:
+        self.started.set()
+        await self.may_start.wait()
+
+    async def stop(self, graceful: bool) -> None:
+        self.stopping.set()
+        await self.may_stop.wait()
+
+    def health(self) -> Mapping[str, Any]:
+        return {}
+
+
+@pytest.mark.asyncio
+async def test_admin_health_is_tokenless_and_follows_the_daemon(tmp_path: Path) -> None:
+    """GET /v1/health (issue 18.4): no token, 200 only when ready; starting, drained (node drain)
+    and stopping answer 503."""
+    gated, runtime = Gated(), types.SimpleNamespace(draining=False)
+    daemon = Daemon(_config(tmp_path), [gated], handle_signals=False, runtime=runtime)  # type: ignore[arg-type]
+    task = asyncio.create_task(daemon.run())
+    try:
+        async with asyncio.timeout(WAIT_S), aiohttp.ClientSession() as http:
+            async def health() -> tuple[int, Any]:
+                async with http.get(_url(daemon, "/v1/health")) as resp:
+                    return resp.status, await resp.json()
+
+            await gated.started.wait()
+            assert await health() == (503, {"status": "starting"})
+            gated.may_start.set()
+            while daemon.state != "running":
+                await asyncio.sleep(0.01)
+            assert await health() == (200, {"status": "ready"})
+            assert daemon.status()["draining"] is False
+            runtime.draining = True  # what `giaannctl node drain` sets
+            assert await health() == (503, {"status": "draining"})
+            assert daemon.status()["draining"] is True
+            runtime.draining = False
+            async with http.get(_url(daemon, "/v1/keys")) as resp:
+                assert resp.status == 401  # the rest of /v1 still needs the token
+            daemon.request_stop("test")
+            await gated.stopping.wait()
+            assert await health() == (503, {"status": "draining"})
+            gated.may_stop.set()
+            assert await task == 0
+    finally:
+        gated.may_start.set()
+        gated.may_stop.set()
+        daemon.request_stop("test over")
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.asyncio

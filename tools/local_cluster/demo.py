@@ -121,8 +121,8 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
     tokens = gen.get("tokens") if isinstance(gen, dict) else None
     _say(f"{args.prompt} -> {' '.join(map(str, tokens)) if tokens else json.dumps(gen)}")
 
-    sent = _metric(client, "giaannd_transport_bytes_sent_total")
-    received = sum(_metric(n.admin, "giaannd_transport_bytes_received_total")
+    sent = _metric(client, "giaannd_transport_sent_bytes_total")
+    received = sum(_metric(n.admin, "giaannd_transport_received_bytes_total")
                    for n in cluster.nodes if "storage" in n.roles and n.exit_code is None)
     _say("\nmeasured figures (reported by the compute node; wall times measured here)")
     rows = [

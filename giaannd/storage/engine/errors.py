@@ -27,11 +27,12 @@ class StoreFullError(Refused):
 
 
 class _CorruptAt(CorruptFileError):
-    """A corrupt file, with the byte offset where validation failed."""
+    """A corrupt file, with the byte offset where validation failed (always known here)."""
+
+    offset: int
 
     def __init__(self, path: str, offset: int, detail: str) -> None:
-        self.offset = offset
-        super().__init__(path, f"at byte offset {offset}: {detail}")
+        super().__init__(path, detail, offset=offset)
 
 
 class CorruptLogError(_CorruptAt):

@@ -64,10 +64,12 @@ from giaannd.errors import Refused
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
 from peers.errors import PeersError
 from peers.placement import Member, Placement
+from peers.retry import attempts
 from peers.transport import Transport
 
 __all__ = [
@@ -386,12 +388,13 @@ class Rebalance:
                 log.info("dropped hints for removed member=%s count=%d", gone, dropped)
 
     async def _wait_hints(self, sources: Sequence[str]) -> None:
-        deadline = time.monotonic() + CUTOVER_TIMEOUT_S
-        while await self.control.hints_held_for(sources):
-            if time.monotonic() > deadline:
-                raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
+        deadline = asyncio.get_running_loop().time() + CUTOVER_TIMEOUT_S
+        async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+            if not await self.control.hints_held_for(sources):
+                return
             await self.control.deliver_hints()
-            await asyncio.sleep(0.05)
+        if await self.control.hints_held_for(sources):
+            raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
 
     # -- control ------------------------------------------------------------------------------------
     def pause(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -19,10 +18,12 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import apply_local
 from giaannd.storage.streaming.writers import stream_writers_of
 from peers.placement import Placement
+from peers.retry import attempts
 
 if TYPE_CHECKING:
     from giaannd.storage.rebalance.operations import ClusterControl
@@ -59,10 +60,11 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
     """
     live = [n for n in control.view().live() if control.service(n) is not None]
     targets = [n for n in (names or live) if n in live]
-    deadline = time.monotonic() + HINT_DRAIN_TIMEOUT_S
-    while await control.hints_held_for(live) and time.monotonic() < deadline:
+    deadline = asyncio.get_running_loop().time() + HINT_DRAIN_TIMEOUT_S
+    async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+        if not await control.hints_held_for(live):
+            break
         await control.deliver_hints()
-        await asyncio.sleep(0.05)
     placement = control.view().placement
     services = {n: control.service(n) for n in live}
     logs = {n: _logged_batches(s) for n, s in services.items() if s is not None}

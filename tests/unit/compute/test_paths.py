@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,11 @@ import pytest
 
 from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
 from giaannd.errors import InputError
-from giaannd.model.export import JSONL_FIELDS, is_jsonl_export
+from giaannd.model.export import JSONL_FIELDS, JSONL_FIELDS_V1, is_jsonl_export, write_jsonl
+from giaannd.model.rowstore import RowStore
+from giaannd.model.train import train_batch
+from giaannd.model.vocab import Vocabulary
+from tests.oracle.sentences import worked_example
 
 
 @pytest.fixture
@@ -52,17 +57,33 @@ def test_resolve_inside_names_where_a_link_leads(root: Path) -> None:
 
 
 def test_is_jsonl_export_recognises_export_lines_only(tmp_path: Path) -> None:
-    line = '{"source_lemma": "a", "source_word": "b", "segment": 1, "target_lemma": "c", "target_word": "d", ' \
-           '"strength": 1.0}\n'
-    assert tuple(k for k in ("source_lemma", "source_word", "segment", "target_lemma", "target_word", "strength")) \
-        == JSONL_FIELDS
-    cases = {"export": (line * 3, True), "empty": ("", True), "token": ("0123456789abcdef\n", False),
-             "json-other": ('{"ring": []}\n', False), "reordered": (line.replace('"segment": 1, ', "") , False),
-             "binary": ("\x00\xff", False)}
+    old = '{"source_lemma": "a", "source_word": "b", "segment": 1, "target_lemma": "c", "target_word": "d", ' \
+          '"strength": 1.0}\n'
+    line = '{"source_lemma": "a", "source_word": "b", "source_prime": false, "segment": 1, "target_lemma": "c", ' \
+           '"target_word": "c", "target_prime": true, "strength": 1.0}\n'
+    assert JSONL_FIELDS_V1 == ("source_lemma", "source_word", "segment", "target_lemma", "target_word", "strength")
+    cases = {"export": (line * 3, True), "export-before-prime-fields": (old * 3, True), "empty": ("", True),
+             "token": ("0123456789abcdef\n", False), "json-other": ('{"ring": []}\n', False),
+             "reordered": (line.replace('"segment": 1, ', ""), False),
+             "old-reordered": (old.replace('"segment": 1, ', ""), False), "binary": ("\x00\xff", False)}
     for name, (text, expected) in cases.items():
         path = tmp_path / name
         path.write_bytes(text.encode("latin-1"))
         assert is_jsonl_export(path) is expected, name
+
+
+def test_is_jsonl_export_recognises_what_write_jsonl_writes(tmp_path: Path) -> None:
+    s = worked_example()
+    vocab = Vocabulary()
+    for lemma in s.column_lemma:
+        vocab.add_column(lemma)
+    for t, w in enumerate(s.words):
+        if not s.is_concept[t]:
+            vocab.add_feature(w)
+    path = tmp_path / "x.jsonl"
+    assert write_jsonl(RowStore.from_batch(train_batch([s]).rows), vocab, path) > 0
+    assert tuple(json.loads(path.read_text().splitlines()[0])) == JSONL_FIELDS
+    assert is_jsonl_export(path)
 
 
 def test_check_export_target(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@ from peers.errors import PeersError
 REASON = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 #: The fault classes: whose fault it is decides the exit status.
-FAULTS = {InputError: EXIT_USAGE, HostEnvironmentError: EXIT_USAGE, CorruptDataError: EXIT_FAILURE,
+#: (Corrupt data is exit 2 as well, issue 16 item 8: a restart cannot fix the file, so systemd's
+#: RestartPreventExitStatus=2 must stop the restart loop.)
+FAULTS = {InputError: EXIT_USAGE, HostEnvironmentError: EXIT_USAGE, CorruptDataError: EXIT_USAGE,
           RemoteFault: EXIT_FAILURE, Refused: EXIT_FAILURE}
 
 
@@ -109,7 +111,7 @@ def test_error_tree_keeps_the_builtin_bases_callers_catch() -> None:
     (InputError("corpus.txt: empty"), EXIT_USAGE),
     (HostEnvironmentError("cannot listen on 127.0.0.1:1: address in use"), EXIT_USAGE),
     (TaggerUnavailableError("spaCy is not installed"), EXIT_USAGE),
-    (CorruptFileError("/var/lib/giaannd/node-id", "not a UUID"), EXIT_FAILURE),
+    (CorruptFileError("/var/lib/giaannd/node-id", "not a UUID"), EXIT_USAGE),
     (RemoteFault("no seed answered"), EXIT_FAILURE),
     (Refused("another operation is running"), EXIT_FAILURE),
     (GiaannError("failed"), EXIT_FAILURE),
