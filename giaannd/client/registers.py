@@ -36,8 +36,12 @@ An owner refusing a phase because it saw a higher ballot (``RemoteRegisterConfli
 proposer at work) makes the round start again above that ballot after a full-jitter wait; an
 owner that fails or is down is simply not counted. Fewer than Q answers, or ``max_rounds`` rounds
 lost to contention, raise ``RegisterUnavailable``. A round that lost its accept phase may still
-have taken effect on some owners: the next round of the same call recognises its own value (same
-counter, value and proposer) and reports success.
+have taken effect: the next round of the same call recognises its own value if it is still the
+current one (same counter, value and proposer) and reports success; if another proposer already
+built on it, the call reports a refusal with the current value, which then *contains* the change.
+A refusal after a lost round is therefore not proof that nothing changed (``CasOutcome.doubtful``);
+callers that must know compare the current value with what they asked for (the lease agent does:
+it adopts any lease the row names it as holder).
 
 **Read** ``read(key)``: ``RegisterGet`` to the owners (no promise, no disk write), the value under
 the highest accepted ballot among the first Q answers, and ``settled`` when Q of them agree on it.
@@ -107,6 +111,9 @@ class CasOutcome:
     ok: bool
     version: Version
     value: bytes
+    #: a refusal that followed a round of the same call which sent its value to be accepted and
+    #: lost: that value may have taken effect (and been built upon) all the same
+    doubtful: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,9 @@ class CasRound:
         self.outcome: CasOutcome | None = None
         self.retry_above: Ballot | None = None
         self.error: str | None = None
+        #: the new (version, value) this round sends to be accepted, if it got that far: it may
+        #: take effect even when the round is lost (a later proposer can build on it)
+        self.proposal: tuple[Version, bytes] | None = None
 
     @property
     def done(self) -> bool:
@@ -239,6 +249,7 @@ class CasRound:
         if self.expect is not None and current == self.expect:
             version: Version = (current[0] + 1, *self.ballot)
             self._result, value = CasOutcome(True, version, self.value), self.value
+            self.proposal = (version, value)
         else:  # a read, a refusal, or our own earlier round that landed: settle the current value
             mine = (self.expect is not None and current[0] == self.expect[0] + 1 and current[2] == self.ballot[1]
                     and best.value == self.value)
@@ -332,6 +343,7 @@ class RegisterClient:
         """
         if len(value) > p.MAX_REGISTER_VALUE_BYTES:
             raise ValueError(f"register value of {len(value)} bytes, over {p.MAX_REGISTER_VALUE_BYTES}")
+        proposed = False
         for attempt in range(self.max_rounds):
             rnd = CasRound(key, register_owners(self.topology, key), self._next_ballot(key), expect, value,
                            self.topology.epoch)
@@ -348,7 +360,9 @@ class RegisterClient:
 
             await self._exchange(rnd.start(), feed, finished, timeout_s)
             if rnd.outcome is not None:
-                return rnd.outcome
+                out = rnd.outcome
+                return CasOutcome(out.ok, out.version, out.value, True) if proposed and not out.ok else out
+            proposed = proposed or rnd.proposal is not None
             if rnd.retry_above is None:
                 raise RegisterUnavailable(rnd.error or "no quorum")
             self.conflicts += 1

@@ -8,7 +8,15 @@ import pytest
 
 from giaannd import protocol as p
 from giaannd.client.errors import RegisterUnavailable, RemoteRegisterConflict, RemoteUnavailable
-from giaannd.client.registers import ABSENT, CasOutcome, CasRound, ReadRound, RegisterClient, RegisterRead, register_owners
+from giaannd.client.registers import (
+    ABSENT,
+    CasOutcome,
+    CasRound,
+    ReadRound,
+    RegisterClient,
+    RegisterRead,
+    register_owners,
+)
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.storage.engine.register_store import RegisterState, accept, prepare
 
@@ -131,9 +139,24 @@ class Acceptors:
         self.down = set()
         self.drop_accepts = set()
         self.calls = 0
+        self.before = None  # called with (node, msg) before each request is served
+
+    def serve(self, node, msg):
+        """The acceptor rules on ``node``'s state, synchronously (also to inject another proposer)."""
+        state = self.states.get((node, msg.key), RegisterState())
+        if isinstance(msg, p.RegisterPrepare):
+            got = prepare(state, (msg.round, msg.proposer))
+        else:
+            got = accept(state, (msg.round, msg.proposer), (msg.version, msg.origin_round, msg.origin_proposer),
+                         msg.value)
+        if isinstance(got, RegisterState):
+            self.states[(node, msg.key)] = got
+        return got
 
     async def call(self, node, msg, bulk=(), timeout_s=None):
         self.calls += 1
+        if self.before is not None:
+            self.before(node, msg)
         await asyncio.sleep(0)
         if node in self.down:
             raise ConnectionError(f"{node} down")
@@ -239,3 +262,25 @@ async def test_register_client_concurrent_proposers_never_both_win_a_version():
     final = await clients[0].cas("counter", None)
     assert final.version[0] == 60 and final.value == b"60"
     assert sum(c.conflicts for c in clients) > 0  # the proposers did duel
+
+
+@pytest.mark.asyncio
+async def test_register_client_refusal_after_a_lost_accept_is_doubtful():
+    acc, view = Acceptors(), view3()
+    c = client(acc, view, 1)
+    other = (100, 999)  # another proposer's ballot, far above ours
+
+    def interfere(node, msg):
+        # right after our prepares, the other proposer promises b and c and writes its own value
+        if isinstance(msg, p.RegisterAccept) and msg.proposer == 1 and acc.before is not None:
+            acc.before = None
+            for n in ("b", "c"):
+                acc.serve(n, p.RegisterPrepare("k", *other))
+            for n in ("b", "c"):
+                acc.serve(n, p.RegisterAccept("k", *other, 1, *other, b"theirs"))
+
+    acc.before = interfere
+    out = await c.cas("k", ABSENT, b"mine")
+    assert out == CasOutcome(False, (1, *other), b"theirs", doubtful=True) and c.conflicts == 1
+    plain = await c.cas("k", ABSENT, b"mine")  # no lost round in this call: a plain refusal
+    assert plain == CasOutcome(False, (1, *other), b"theirs", doubtful=False)
