@@ -295,8 +295,8 @@ class LeaseAgent:
         if view is None or not view.version[0]:
             if create is not None:
                 self._write(now, out, key, lambda: encode_row(create))
-            else:
-                self._read(now, out, key)
+            elif view is None:
+                self._read(now, out, key)  # (an absent row is read again every interval, above)
             return
         job = self.job
         assert job is not None

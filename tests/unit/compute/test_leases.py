@@ -216,3 +216,12 @@ def test_agent_halt_completes_written_windows_and_releases_the_rest():
     assert row.done == 1 and row.leases == () and row.free == ((1, 4),)
     out = a.handle(0.3, CasDone(SK, True, v(3), rel.data))
     assert of(out, Finished) == [Finished("released")] and DropWindow(0, 1) in out
+
+
+def test_agent_waits_a_probe_interval_before_reading_an_absent_job_again():
+    # a node told of a job before its row is written used to read it again at once, forever
+    a = agent()
+    assert of(a.handle(0.0, Begin()), ReadRow) == [ReadRow(job_key("j"))]
+    out = a.handle(0.001, RowRead(job_key("j"), ABSENT, b""))
+    assert not of(out, ReadRow) and out[-1] == SetTimer(1.001)
+    assert of(a.handle(1.001, Tick()), ReadRow) == [ReadRow(job_key("j"))]
