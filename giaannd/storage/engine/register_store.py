@@ -101,7 +101,7 @@ _DECODER: Final = msgspec.msgpack.Decoder(_Payload)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 
 
-class RegisterLogCorrupt(CorruptDataError, ValueError):
+class RegisterLogCorrupt(CorruptDataError):
     """The register log is damaged before its end (names the file and offset): start-up stops."""
 
     reason = "corrupt_register_log"
