@@ -19,7 +19,15 @@ request            bulk buffers                                    success reply
 ``RingGet``        none                                            ``RingState``
 ``RingPush``       none (entries in the payload)                   ``RingState`` (the merged ring)
 ``SetOverride``    none                                            ``OverrideSet``
+``RegisterGet``    none                                            ``RegisterValue``
+``RegisterPrepare`` none                                           ``RegisterValue`` (the accepted one)
+``RegisterAccept`` none (the value in the payload: small)          ``RegisterAccepted``
 =================  ==============================================  ====================================
+
+``Register*`` are the acceptor side of replicated registers (small versioned rows with
+compare-and-set, CASPaxos: giaannd/storage/engine/register_store.py has the rules,
+giaannd/client/registers.py the proposer and what it guarantees); a refused prepare or accept is
+answered ``RegisterConflict`` with the higher ballot.
 
 ``RingGet`` / ``RingPush`` / ``SetOverride`` are *runtime* requests (a separate union,
 ``RuntimeRequest``): every node with a data plane, storage or compute, answers them in
@@ -28,8 +36,9 @@ tag). They carry the storage ring (giaannd/cluster/ring.py) and a topology opera
 (docs/topology.md).
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
-``Unavailable``: they are *replies*, not transport errors, so the caller can tell "this node refuses
-this write" (route elsewhere, surface to the user) from "the connection broke" (retry another replica).
+``Unavailable`` (and ``VocabConflict``, ``RegisterConflict`` for their requests): they are *replies*,
+not transport errors, so the caller can tell "this node refuses this write" (route elsewhere,
+surface to the user) from "the connection broke" (retry another replica).
 
 Tags and field order are part of the protocol. **Append only**: never renumber a tag, never reorder or
 remove a field; new fields go last with a default (memberlist's rule for its message types). Structs
@@ -47,6 +56,7 @@ from typing import Annotated, Final, NamedTuple
 
 import msgspec
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from giaannd.cluster.ring import MAX_RING_ENTRIES, WireEntry
@@ -63,6 +73,8 @@ __all__ = [
     "MAX_OVERRIDE_MEMBERS",
     "MAX_QUERY_SEQS",
     "MAX_READ_ROWS",
+    "MAX_REGISTER_KEY_CHARS",
+    "MAX_REGISTER_VALUE_BYTES",
     "MAX_SCAN_ENTRIES",
     "MAX_SCAN_EXAMINE",
     "MAX_SCAN_NODES",
@@ -87,6 +99,12 @@ __all__ = [
     "ProtocolViolation",
     "PutVocab",
     "ReadRows",
+    "RegisterAccept",
+    "RegisterAccepted",
+    "RegisterConflict",
+    "RegisterGet",
+    "RegisterPrepare",
+    "RegisterValue",
     "Reply",
     "Request",
     "RowDigests",
@@ -109,6 +127,7 @@ __all__ = [
     "decode_reply",
     "decode_request",
     "encode",
+    "register_key_id",
     "runtime_request",
     "scan_chain_mask",
 ]
@@ -158,6 +177,12 @@ MAX_OVERRIDE_MEMBERS: Final = MAX_RING_ENTRIES
 #: Bound on SetOverride's flush wait (a cutover step waits for writes in flight, each bounded by
 #: its own request timeout, so minutes would mean something is stuck).
 MAX_FLUSH_TIMEOUT_S: Final = 600.0
+
+#: Characters of a register key (``job/<id>/<stage>/<shard>``, compute/lease_table.py).
+MAX_REGISTER_KEY_CHARS: Final = 256
+#: Bytes of a register value. A lease shard costs ~30 B per lease, so 256 KiB holds thousands of
+#: leases; every change copies the value to R acceptors and fsyncs it, so it stays small.
+MAX_REGISTER_VALUE_BYTES: Final = 256 * 1024
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
@@ -258,8 +283,45 @@ class ColumnInfo(msgspec.Struct, frozen=True, tag=9):
     limit: Annotated[int, msgspec.Meta(ge=1)] = MAX_COLUMN_INFO_ROWS
 
 
+_RegisterKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REGISTER_KEY_CHARS)]
+_RegisterValue = Annotated[bytes, msgspec.Meta(max_length=MAX_REGISTER_VALUE_BYTES)]
+
+
+class RegisterGet(msgspec.Struct, frozen=True, tag=13):
+    """This node's accepted state of register ``key``, promising nothing (one vote of a quorum read)."""
+
+    key: _RegisterKey
+    placement_epoch: _Text = ""
+
+
+class RegisterPrepare(msgspec.Struct, frozen=True, tag=14):
+    """CASPaxos phase 1: promise to accept nothing below ballot ``(round, proposer)``; answered with
+    the accepted state (``RegisterValue``) once the promise is durable."""
+
+    key: _RegisterKey
+    round: _U64
+    proposer: _U64
+    placement_epoch: _Text = ""
+
+
+class RegisterAccept(msgspec.Struct, frozen=True, tag=15):
+    """CASPaxos phase 2: accept ``value`` under ballot ``(round, proposer)`` unless a higher ballot
+    was promised or accepted; ``RegisterAccepted`` once durable. Its version is ``(version,
+    origin_round, origin_proposer)``: a counter and the ballot that first proposed the value, so
+    two different values never share a version (a value written back keeps its version)."""
+
+    key: _RegisterKey
+    round: _U64
+    proposer: _U64
+    version: _U64
+    origin_round: _U64
+    origin_proposer: _U64
+    value: _RegisterValue = b""
+    placement_epoch: _Text = ""
+
+
 Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
-           | ColumnInfo)
+           | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept)
 
 
 # -- runtime requests (tags 10..): answered by every node with a data plane, before the roles -----
@@ -388,6 +450,22 @@ class OverrideSet(msgspec.Struct, frozen=True, tag=74):
     override: bool = False
 
 
+class RegisterValue(msgspec.Struct, frozen=True, tag=75):
+    """A node's accepted state of a register: ballot ``(round, proposer)``, version ``(version,
+    origin_round, origin_proposer)`` and value; all zero / empty when it never accepted one."""
+
+    round: int = 0
+    proposer: int = 0
+    version: int = 0
+    origin_round: int = 0
+    origin_proposer: int = 0
+    value: bytes = b""
+
+
+class RegisterAccepted(msgspec.Struct, frozen=True, tag=76):
+    """The accept is durable."""
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -426,9 +504,23 @@ class VocabConflict(msgspec.Struct, frozen=True, tag=132):
     offered: _Text
 
 
-ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict
+class RegisterConflict(msgspec.Struct, frozen=True, tag=133):
+    """A ``RegisterPrepare`` / ``RegisterAccept`` refused: this node promised or accepted the higher
+    ballot ``(round, proposer)``. Nothing changed; the proposer retries above it."""
+
+    round: int
+    proposer: int
+
+
+ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict | RegisterConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
-         | ColumnInfoPage | RingState | OverrideSet | ErrorReply)
+         | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | ErrorReply)
+
+
+def register_key_id(key: str) -> int:
+    """The 64-bit placement key of a register (its owners are ``placement.owners`` of it, like a
+    column's). Namespaced so it is not the id of any column or feature."""
+    return xxhash.xxh3_64_intdigest(b"register\0" + key.encode())
 
 
 class _Head(msgspec.Struct):

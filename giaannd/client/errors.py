@@ -5,8 +5,8 @@ Theory of operation
 Every request the client sends (client.py ``StorageClient._call``) ends in one of three ways:
 
 - **a typed error reply** (``StoreFull``, ``NotOwner``, ``BadRequest``, ``Unavailable``,
-  ``VocabConflict``): ``raise_for_reply`` turns it into the matching ``Remote*`` exception, so
-  callers never inspect reply types for refusals;
+  ``VocabConflict``, ``RegisterConflict``): ``raise_for_reply`` turns it into the matching
+  ``Remote*`` exception, so callers never inspect reply types for refusals;
 - **a transport or protocol failure** (``PeersError``, ``OSError``, ``protocol.ProtocolViolation``,
   or ``KeyError`` for "no transport for this scheme"): raised as is;
 - a success reply, which the caller checks for the type it expects.
@@ -14,8 +14,8 @@ Every request the client sends (client.py ``StorageClient._call``) ends in one o
 ``REQUEST_FAILURES`` is the tuple of all of those a replicated operation treats as "this node
 failed, try another / book the failure" (anything else is a bug and propagates). Operations over
 many nodes raise their own summary error: ``QuorumNotReached`` (writes), ``ReadFailed`` (reads,
-scans, vocabulary lookups), ``VocabWriteFailed``, ``ScanInterrupted``. Both kinds, the
-``Remote*`` refusals and these summaries, are ``RemoteFault``s (giaannd/errors.py).
+scans, vocabulary lookups), ``VocabWriteFailed``, ``ScanInterrupted``, ``RegisterUnavailable``.
+Both kinds, the ``Remote*`` refusals and these summaries, are ``RemoteFault``s (giaannd/errors.py).
 
 **Unreachable peers** (ARCHITECTURE §5): ``is_unreachable`` says whether a failure means the node
 could not be reached at the connection level (connect refused or timed out, connection lost
@@ -38,8 +38,10 @@ __all__ = [
     "REQUEST_FAILURES",
     "QuorumNotReached",
     "ReadFailed",
+    "RegisterUnavailable",
     "RemoteBadRequest",
     "RemoteNotOwner",
+    "RemoteRegisterConflict",
     "RemoteStoreFull",
     "RemoteUnavailable",
     "RemoteVocabConflict",
@@ -136,6 +138,24 @@ class VocabWriteFailed(StorageRequestError):
     reason = "vocab_write_failed"
 
 
+class RemoteRegisterConflict(StorageRequestError):
+    """A register acceptor saw a higher ballot than the one we sent (another proposer is at work);
+    nothing changed there. The proposer retries above ``ballot`` (registers.py)."""
+
+    reason = "register_conflict"
+
+    def __init__(self, node: str, reply: p.RegisterConflict) -> None:
+        super().__init__(f"register ballot refused: ({reply.round}, {reply.proposer:#x}) seen", node)
+        self.ballot = (reply.round, reply.proposer)
+
+
+class RegisterUnavailable(StorageRequestError):
+    """Fewer than a majority of a register's owners answered (or contention outlasted the attempts).
+    A compare-and-set may or may not have taken effect: read the register again."""
+
+    reason = "register_unavailable"
+
+
 def raise_for_reply(node: str, reply: p.Reply) -> None:
     """Raise the ``Remote*`` error of a typed error reply from ``node``; return for any other reply."""
     if isinstance(reply, p.StoreFull):
@@ -148,6 +168,8 @@ def raise_for_reply(node: str, reply: p.Reply) -> None:
         raise RemoteUnavailable(reply.message, node)
     if isinstance(reply, p.VocabConflict):
         raise RemoteVocabConflict(node, reply)
+    if isinstance(reply, p.RegisterConflict):
+        raise RemoteRegisterConflict(node, reply)
 
 
 #: What one node's failure looks like to a replicated operation (module docstring). ``KeyError``:

@@ -15,6 +15,8 @@ state and the read ramp, and hands each replicated operation to the module that 
 - ``scan_all`` → scan.py: every row of the cluster exactly once, failover ``via`` a failed node;
 - ``put_vocab`` / ``get_vocab`` → remote_vocab.py: id → string entries, owned like columns;
 - ``column_info`` → column_info.py: one column on each of its owners, digests compared;
+- ``read_register`` / ``cas_register`` → registers.py: small versioned rows with compare-and-set
+  (CASPaxos over the key's owners; what it guarantees is written there);
 - the error types and reply checking → client/errors.py.
 
 What stays here is the plumbing the parts share and the single-node requests (``apply_to``,
@@ -74,6 +76,7 @@ from giaannd.client.errors import (
 )
 from giaannd.client.errors import is_unreachable as _unreachable
 from giaannd.client.reads import ReadRampStarter, read_replicated
+from giaannd.client.registers import CasOutcome, RegisterClient, RegisterRead, Version
 from giaannd.client.remote_vocab import get_vocab, put_vocab
 from giaannd.client.scan import DEFAULT_SCAN_PAGE_ROWS, scan_cluster
 from giaannd.client.writer_floor import WriterFloor
@@ -160,6 +163,7 @@ class StorageClient:
         self.on_unreachable = on_unreachable
         self.clock = clock
         self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
+        self.registers = RegisterClient(topology, self._call)
         self._ramp_starter = ReadRampStarter(topology, self.read_ramp, clock)
         if read_ramp_s > 0:
             topology.on_change(self._ramp_starter.on_topology_change)
@@ -367,6 +371,29 @@ class StorageClient:
             LookupError: no storage members known.
         """
         return await get_vocab(self.topology, self._call, keys)
+
+    # -- registers (registers.py) ---------------------------------------------------------------------------
+    async def read_register(self, key: str, timeout_s: float | None = None) -> RegisterRead:
+        """Quorum read of register ``key`` (registers.py: what it guarantees).
+
+        Raises:
+            RegisterUnavailable: fewer than a majority of its owners answered.
+            LookupError: no storage members known.
+        """
+        return await self.registers.read(key, timeout_s)
+
+    async def cas_register(self, key: str, expect: Version | None, value: bytes = b"",
+                           timeout_s: float | None = None) -> CasOutcome:
+        """Set register ``key`` to ``value`` if it is at version ``expect`` (``registers.ABSENT``:
+        never written); else refused with its current version and value. ``expect`` None: a
+        linearizable read.
+
+        Raises:
+            RegisterUnavailable: no majority answered, or contention outlasted the rounds (the
+                write may or may not have taken effect).
+            LookupError: no storage members known.
+        """
+        return await self.registers.cas(key, expect, value, timeout_s)
 
     # -- column info (column_info.py) -----------------------------------------------------------------------
     async def column_info(self, column: int, page_rows: int = p.MAX_COLUMN_INFO_ROWS,

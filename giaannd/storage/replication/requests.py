@@ -12,7 +12,11 @@ either answers (reads, digests, usage, applied-mask) or *steps* a write:
   floor is logged if it moved. The result is ``WaitDurable(seq, ...)``: the caller (service.py)
   must not send the ack until the log is synced through ``seq`` (group commit);
 - ``ApplyBatch`` with ``hint_for``: the batch is appended to the hint log for that node; the result
-  is ``WaitHintSynced(target, ...)``: ack once that hint log is synced.
+  is ``WaitHintSynced(target, ...)``: ack once that hint log is synced;
+- ``RegisterPrepare`` / ``RegisterAccept``: the register acceptor's rule (register_store.py) on the
+  key's state; a change is ``WaitRegistersSynced(seq, ...)`` (answer once the register log is synced
+  through it), a refusal is answered at once (``RegisterConflict``). ``RegisterGet`` is answered at
+  once. A node answers only for keys it owns under its placement (``NotOwner``).
 
 Every failure is a typed error *reply* (``BadRequest``, ``StoreFull``, ``NotOwner``, ``Unavailable``);
 the order decode → limits → validate → mutate means peer garbage never changes state.
@@ -44,11 +48,12 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
 from giaannd.storage.engine.disk_usage import DiskUsage
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.register_store import RegisterState, RegisterStore, RegisterStoreFull
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
 from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
-__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitVocabSynced",
-           "WriteGuard", "fold_row_digest"]
+__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitRegistersSynced",
+           "WaitVocabSynced", "WriteGuard", "fold_row_digest"]
 
 @dataclass
 class StorageCounters:
@@ -64,6 +69,7 @@ class StorageCounters:
     hints_received: int = 0
     hints_delivered: int = 0
     vocab_added: int = 0
+    register_changes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -99,7 +105,15 @@ class WaitVocabSynced:
     ack: p.VocabAck
 
 
-Step = Answer | WaitDurable | WaitHintSynced | WaitVocabSynced
+@dataclass(frozen=True)
+class WaitRegistersSynced:
+    """Reply ``reply`` once the register log is durable through change ``seq``."""
+
+    seq: int
+    reply: p.RegisterValue | p.RegisterAccepted
+
+
+Step = Answer | WaitDurable | WaitHintSynced | WaitVocabSynced | WaitRegistersSynced
 
 
 class WriteGuard(Protocol):
@@ -176,6 +190,8 @@ class StorageRequests:
         self.vocab: VocabStore | None = None
         #: refuses writes while the disk is full and hears about write errors (disk_full.py)
         self.guard: WriteGuard = _Unguarded()
+        #: the node's register acceptors (register_store.py); None: Register* get Unavailable
+        self.registers: RegisterStore | None = None
 
     # -- entry point ------------------------------------------------------------------------------
     def handle(self, payload: bytes | memoryview, bulk: Sequence[np.ndarray]) -> Step:
@@ -209,6 +225,8 @@ class StorageRequests:
                 return self.get_vocab(msg)
             if isinstance(msg, p.ColumnInfo):
                 return self.column_info(msg)
+            if isinstance(msg, p.RegisterGet | p.RegisterPrepare | p.RegisterAccept):
+                return self.register(msg)
             return self.batches_applied(msg)
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
@@ -413,3 +431,39 @@ class StorageRequests:
             raise p.ProtocolViolation(f"GetVocab: {len(msg.kinds)} kinds for {len(msg.ids)} ids "
                                       f"(at most {p.MAX_VOCAB_ENTRIES})")
         return Answer(p.VocabReply(self.vocab.lookup(msg.kinds, msg.ids)))
+
+    # -- registers (register_store.py) -----------------------------------------------------------
+    def register(self, msg: p.RegisterGet | p.RegisterPrepare | p.RegisterAccept) -> Step:
+        """One acceptor step on ``msg.key`` (module docstring)."""
+        store = self.registers
+        if store is None:
+            return self.error(p.Unavailable("this node keeps no registers"))
+        if (err := self.not_owner(np.array([p.register_key_id(msg.key)], np.uint64))) is not None:
+            return self.error(err)
+        if isinstance(msg, p.RegisterGet):
+            return Answer(_register_value(store.get(msg.key)))
+        if self.refuse_writes:
+            return self.error(p.Unavailable("storage service is stopping"))
+        if self.guard.full:
+            return self.error(p.Unavailable(_text(self.guard.refuse())))
+        ballot = (msg.round, msg.proposer)
+        try:
+            if isinstance(msg, p.RegisterPrepare):
+                result, seq = store.prepare(msg.key, ballot)
+            else:
+                version = (msg.version, msg.origin_round, msg.origin_proposer)
+                result, seq = store.accept(msg.key, ballot, version, msg.value)
+        except RegisterStoreFull as exc:
+            return self.error(p.Unavailable(_text(str(exc))))
+        except OSError as exc:
+            self.guard.write_failed("register_log", exc)  # logged (rate-limited); ENOSPC: disk full
+            return self.error(p.Unavailable(_text(f"register log write failed: {exc}")))
+        if not isinstance(result, RegisterState):
+            return self.error(p.RegisterConflict(*result))
+        self.count("register_changes")
+        reply = _register_value(result) if isinstance(msg, p.RegisterPrepare) else p.RegisterAccepted()
+        return WaitRegistersSynced(seq, reply)
+
+
+def _register_value(state: RegisterState) -> p.RegisterValue:
+    return p.RegisterValue(*state.accepted, *state.version, state.value)

@@ -39,6 +39,7 @@ from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
 from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.disk_full import DiskWatch
 from giaannd.storage.replication.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S, HintDelivery
@@ -49,6 +50,7 @@ from giaannd.storage.replication.requests import (
     StorageRequests,
     WaitDurable,
     WaitHintSynced,
+    WaitRegistersSynced,
     WaitVocabSynced,
 )
 from peers.placement import DEFAULT_REPLICAS
@@ -68,6 +70,7 @@ HINT_RETRY_S: Final = 5.0
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 VOCAB_DIR: Final = "vocab"
+REGISTERS_DIR: Final = "registers"
 
 #: ``StorageCounters`` field (requests.py counts them) -> (metric, HELP).
 STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
@@ -89,6 +92,8 @@ STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                         "Hinted batches delivered to their owner once it was back."),
     "vocab_added": ("giaannd_storage_vocab_entries_added_total",
                     "Vocabulary entries (id -> string) new to this node, from PutVocab requests."),
+    "register_changes": ("giaannd_storage_register_changes_total",
+                         "Register promises and accepts written here (RegisterPrepare / RegisterAccept)."),
 }
 #: Counts of the disk-full state (disk_full.py counts them through ``on_count``) -> (metric, HELP).
 DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
@@ -169,6 +174,7 @@ class StorageService:
         self.store: DurableStore | None = None
         self.hints: HintStore | None = None
         self.vocab: VocabStore | None = None
+        self.registers: RegisterStore | None = None
         self.listeners: list[Listener] = []
         self._commit: GroupCommit | None = None
         self._snapshot_lock = asyncio.Lock()
@@ -209,6 +215,8 @@ class StorageService:
         self.core.vocab = self.vocab
         self.core.guard = self.disk
         self.disk.on_count = self._on_count
+        self.registers = await asyncio.to_thread(RegisterStore.open, self.data_dir / REGISTERS_DIR)
+        self.core.registers = self.registers
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
@@ -335,6 +343,8 @@ class StorageService:
             self.hints.close()
         if self.vocab is not None:
             self.vocab.close()
+        if self.registers is not None:
+            self.registers.close()
         if final_snapshot_error is not None:
             raise final_snapshot_error
 
@@ -472,7 +482,27 @@ class StorageService:
             return await self._hint_synced(step)
         if isinstance(step, WaitVocabSynced):
             return await self._vocab_synced(step)
+        if isinstance(step, WaitRegistersSynced):
+            return await self._registers_synced(step)
         return await self._durable(step)
+
+    async def _registers_synced(self, step: WaitRegistersSynced) -> Reply:
+        """Answer a register promise or accept once the register log is synced through it
+        (register_store.py: an acceptor must not forget what it answered)."""
+        assert self.registers is not None and self.core is not None
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            if self.registers.durable_seq < step.seq:
+                await asyncio.to_thread(self.registers.sync)
+        except OSError as exc:
+            log.error("register log fsync failed: %s", exc)
+            return _reply(self.core.error(p.Unavailable(f"register log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        return _reply(step.reply)
 
     async def _vocab_synced(self, step: WaitVocabSynced) -> Reply:
         """Ack a PutVocab once the vocab log is synced through its record (vocab_store.py)."""

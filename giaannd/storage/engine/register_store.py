@@ -1,0 +1,323 @@
+"""Replicated registers, the storage node's side: a durable CASPaxos acceptor per key.
+
+Theory of operation
+-------------------
+A *register* is a small named row (a training job's row and lease table, compute/lease_table.py)
+that several compute nodes update with compare-and-set. It must stay consistent with no
+coordinator and survive any minority of its R owners failing, so it is replicated with CASPaxos
+(D. Rystsov, "CASPaxos: Replicated State Machines without logs", 2018): single-decree Paxos
+re-run for every change, the new value computed by the proposer from the latest one. The
+proposer is the client (giaannd/client/registers.py, which states what a read and a CAS
+guarantee); this module is the **acceptor**, one per owner of the key.
+
+Acceptor state per key: the ballot it *promised* (it accepts nothing below it), the ballot it
+last *accepted* and that value: a version ``(counter, origin round, origin proposer)`` (the
+proposer's business, opaque here) and bytes. A ballot is ``(round, proposer)``, ordered
+as a tuple: ``round`` grows, ``proposer`` is the client's random 64-bit id and breaks ties. The
+rules (``prepare`` / ``accept``, pure, tested with tables):
+
+* ``prepare(b)``: if ``b`` is above both the promise and the accepted ballot, promise ``b`` and
+  answer the accepted ballot and value; else refuse with the highest ballot seen.
+* ``accept(b, version, value)``: unless a ballot above ``b`` was promised or accepted, take
+  ``(b, version, value)`` as accepted (and as the promise); else refuse with the highest ballot.
+  An accept of the ballot already accepted is a retransmission: answered, nothing changes.
+* ``get``: the accepted ballot and value, no promise (the client's quorum read).
+
+**Durability**: a promise or an accept is answered only once it is on disk (the service waits
+for ``sync`` to cover its record, as for vocabulary puts): an acceptor that forgot a promise
+after a crash could accept a lower ballot and break Paxos. One append-only log,
+``registers.log``, holds a record per state change (``REGISTER_RECORD``: the shared record codec,
+``giaannd.records``, magic ``GIAR``; payload msgpack ``[key, promised round, promised proposer,
+accepted round, accepted proposer, counter, origin round, origin proposer, value]``); the last
+record of a key is its state.
+A torn tail (a change never acknowledged) is cut off at start; damage before the end stops
+start-up naming the file and offset. **Compaction**: when the log is more than
+``COMPACT_RATIO`` times the live states and over ``COMPACT_MIN_BYTES``, ``sync`` (a worker
+thread) rewrites it as one record per key: the states as they were at the start, then the
+records appended meanwhile, copied under the lock, fsync, rename over the log, directory fsync.
+
+Limits: ``MAX_REGISTER_STORE_BYTES`` of live states per node (a change past it is refused with
+nothing changed: ``RegisterStoreFull``). Concurrency: ``prepare``/``accept``/``get`` from one
+thread (the event loop); ``sync`` from worker threads (one at a time, serialised inside).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from giaannd.atomic_file import fsync_dir
+from giaannd.errors import CorruptDataError, Refused
+from giaannd.records import RecordError, RecordFormat
+
+__all__ = [
+    "COMPACT_MIN_BYTES",
+    "COMPACT_RATIO",
+    "MAX_REGISTER_STORE_BYTES",
+    "REGISTERS_FILE",
+    "REGISTER_RECORD",
+    "Ballot",
+    "RegisterLogCorrupt",
+    "RegisterState",
+    "RegisterStore",
+    "RegisterStoreFull",
+    "Version",
+    "accept",
+    "prepare",
+]
+
+log = logging.getLogger(__name__)
+
+REGISTERS_FILE: Final = "registers.log"
+#: Live register bytes (keys + values) one node holds. Registers are job rows and lease tables:
+#: a few KiB per job (at most 64 unfinished jobs, lease_table.MAX_ACTIVE_JOBS), so 64 MiB is far
+#: above real use and bounds what a misbehaving client can make a node keep and rewrite.
+MAX_REGISTER_STORE_BYTES: Final = 64 * 2**20
+#: Compact when the log is this many times the live states (every CAS appends two records per
+#: acceptor: the log grows with traffic, the states do not)...
+COMPACT_RATIO: Final = 4
+#: ...and over this size (rewriting a small log often would cost more fsyncs than it saves).
+COMPACT_MIN_BYTES: Final = 4 * 2**20
+#: Largest record payload read back: one state (a value is at most protocol.MAX_REGISTER_VALUE_BYTES).
+_MAX_RECORD_BYTES: Final = 2 * 2**20
+REGISTER_RECORD: Final = RecordFormat(
+    "register log", b"GIAR", [("version", "H"), ("reserved", "H"), ("length", "I"), ("payload_xxh3", "Q")],
+    versions=(1, 1), max_payload_bytes=_MAX_RECORD_BYTES)
+#: Per-key bookkeeping charged against MAX_REGISTER_STORE_BYTES besides key and value.
+_STATE_OVERHEAD_BYTES: Final = 64
+
+Ballot = tuple[int, int]
+#: (counter, origin round, origin proposer); (0, 0, 0): never written
+Version = tuple[int, int, int]
+_ZERO: Final[Ballot] = (0, 0)
+_Payload = tuple[str, int, int, int, int, int, int, int, bytes]
+_DECODER: Final = msgspec.msgpack.Decoder(_Payload)
+_ENCODER: Final = msgspec.msgpack.Encoder()
+
+
+class RegisterLogCorrupt(CorruptDataError):
+    """The register log is damaged before its end (names the file and offset): start-up stops."""
+
+    reason = "corrupt_register_log"
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(f"{path}: record at offset {offset}: {detail}")
+        self.file_path, self.offset = path, offset
+
+
+class RegisterStoreFull(Refused):
+    """The change would take the node's registers past ``MAX_REGISTER_STORE_BYTES``; nothing changed."""
+
+    reason = "register_store_full"
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterState:
+    """One key's acceptor state (module docstring). ``version`` (0, 0, 0): never written."""
+
+    promised: Ballot = _ZERO
+    accepted: Ballot = _ZERO
+    version: Version = (0, 0, 0)
+    value: bytes = b""
+
+    @property
+    def top(self) -> Ballot:
+        """The highest ballot this acceptor has seen."""
+        return max(self.promised, self.accepted)
+
+
+EMPTY: Final = RegisterState()
+
+
+def prepare(state: RegisterState, ballot: Ballot) -> RegisterState | Ballot:
+    """Phase 1 (module docstring): the new state, or the higher ballot that refuses ``ballot``."""
+    if ballot <= state.top:
+        return state.top
+    return RegisterState(ballot, state.accepted, state.version, state.value)
+
+
+def accept(state: RegisterState, ballot: Ballot, version: Version, value: bytes) -> RegisterState | Ballot:
+    """Phase 2 (module docstring): the new state (the same one for a retransmission), or the
+    higher ballot that refuses ``ballot``."""
+    if ballot < state.top:
+        return state.top
+    if ballot == state.accepted:
+        return state
+    return RegisterState(ballot, ballot, version, value)
+
+
+def _size(key: str, state: RegisterState) -> int:
+    return len(key) + len(state.value) + _STATE_OVERHEAD_BYTES
+
+
+def _record(key: str, s: RegisterState) -> bytes:
+    payload: _Payload = (key, *s.promised, *s.accepted, *s.version, s.value)
+    return REGISTER_RECORD.encode(_ENCODER.encode(payload))
+
+
+class RegisterStore:
+    """One node's register acceptors (module docstring). Use :meth:`open`."""
+
+    def __init__(self, path: Path, fd: int, states: dict[str, RegisterState], size: int, torn_bytes: int,
+                 max_bytes: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._states = states
+        self._live = sum(_size(k, s) for k, s in states.items())
+        self._size = size
+        self._seq = 0  # changes appended by this process
+        self._durable = 0
+        self._lock = threading.Lock()  # the descriptor, size and seq (puts vs. syncs)
+        self._sync_lock = threading.Lock()  # one sync or compaction at a time
+        self.max_bytes = max_bytes
+        #: bytes cut off the end at open (a torn last record)
+        self.torn_bytes = torn_bytes
+        #: log rewrites done (tests, metrics)
+        self.compactions = 0
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], max_bytes: int = MAX_REGISTER_STORE_BYTES) -> RegisterStore:
+        """Replay ``directory/registers.log`` (created if missing); a torn tail is cut off and reported.
+
+        Raises:
+            RegisterLogCorrupt: a bad record before the end.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / REGISTERS_FILE
+        data = path.read_bytes() if path.exists() else b""
+        states: dict[str, RegisterState] = {}
+        end = 0
+        try:
+            for rec in REGISTER_RECORD.scan(data, torn_tail=True):
+                try:
+                    key, pr, pp, ar, ap, vc, vr, vp, value = _DECODER.decode(rec.payload)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise RegisterLogCorrupt(str(path), rec.header.offset, f"undecodable record: {exc}") from None
+                states[key] = RegisterState((pr, pp), (ar, ap), (vc, vr, vp), value)
+                end = rec.header.end
+        except RecordError as exc:
+            raise RegisterLogCorrupt(str(path), exc.offset, exc.explanation) from None
+        torn = len(data) - end
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if torn:
+            log.warning("register log torn tail cut file=%s offset=%d bytes=%d", path, end, torn)
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        os.lseek(fd, end, os.SEEK_SET)
+        return cls(path, fd, states, end, torn, max_bytes)
+
+    # -- the acceptor ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, key: str) -> RegisterState:
+        return self._states.get(key, EMPTY)
+
+    def prepare(self, key: str, ballot: Ballot) -> tuple[RegisterState | Ballot, int]:
+        """``prepare`` on ``key``'s state; a change is appended. Returns (result, seq to sync; 0: none).
+
+        Raises:
+            RegisterStoreFull, OSError: nothing changed.
+        """
+        result = prepare(self.get(key), ballot)
+        return result, self._put(key, result) if isinstance(result, RegisterState) else 0
+
+    def accept(self, key: str, ballot: Ballot, version: Version, value: bytes) -> tuple[RegisterState | Ballot, int]:
+        """``accept`` on ``key``'s state; a change is appended. Returns (result, seq to sync; 0: none).
+
+        Raises:
+            RegisterStoreFull, OSError: nothing changed.
+        """
+        old = self.get(key)
+        result = accept(old, ballot, version, value)
+        if isinstance(result, RegisterState) and result is old:
+            return result, self._seq  # a retransmission: answer once what is already written is durable
+        return result, self._put(key, result) if isinstance(result, RegisterState) else 0
+
+    def _put(self, key: str, state: RegisterState) -> int:
+        old = self._states.get(key)
+        live = self._live + _size(key, state) - (_size(key, old) if old is not None else 0)
+        if live > self.max_bytes:
+            raise RegisterStoreFull(f"registers would hold {live} bytes, over the {self.max_bytes}-byte limit")
+        record = _record(key, state)
+        with self._lock:
+            written = os.write(self._fd, record)
+            if written != len(record):  # a short write: undo it so the log stays well-formed
+                os.ftruncate(self._fd, self._size)
+                os.lseek(self._fd, self._size, os.SEEK_SET)
+                raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
+            self._size += len(record)
+            self._seq += 1
+            seq = self._seq
+        self._states[key] = state
+        self._live = live
+        return seq
+
+    # -- durability --------------------------------------------------------------------------------
+    @property
+    def durable_seq(self) -> int:
+        """Changes known to be on disk (every change whose seq is <= it)."""
+        return self._durable
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the log."""
+        return self._size
+
+    def sync(self) -> int:
+        """fdatasync (or compact, module docstring); returns the seq now durable. Worker threads;
+        one sync at a time (a compaction replaces the descriptor), and a sync that finds its
+        changes already durable (another sync covered them: group commit) returns at once."""
+        with self._sync_lock:
+            with self._lock:
+                target, size = self._seq, self._size
+                if self._durable >= target:
+                    return self._durable
+                big = size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * self._live)
+                snapshot = dict(self._states) if big else None
+            if snapshot is not None:
+                return self._compact(snapshot, size)
+            os.fdatasync(self._fd)
+            with self._lock:
+                self._durable = max(self._durable, target)
+                return self._durable
+
+    def _compact(self, snapshot: dict[str, RegisterState], size: int) -> int:
+        """Rewrite the log: ``snapshot`` (the states when the log was ``size`` bytes), then the
+        records appended since, copied under the lock. Returns the seq now durable."""
+        tmp = self.path.with_name(self.path.name + ".compact")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"".join(_record(k, s) for k, s in snapshot.items()))
+            with self._lock:
+                os.write(fd, os.pread(self._fd, self._size - size, size))
+                os.fsync(fd)
+                os.replace(tmp, self.path)
+                # from here the log *is* the new file: switch to it before anything else can fail
+                old, self._fd = self._fd, fd
+                self._size = os.lseek(fd, 0, os.SEEK_END)
+                seq = self._seq
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(old)
+        fsync_dir(self.path.parent)  # the rename is durable: so is every change up to seq
+        with self._lock:
+            self._durable = max(self._durable, seq)
+            self.compactions += 1
+        log.info("register log compacted file=%s bytes=%d keys=%d", self.path, self._size, len(snapshot))
+        return self._durable
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,180 @@
+"""giaannd.storage.engine.register_store (the CASPaxos acceptor and its log) and the Register*
+requests of the storage request core."""
+
+import numpy as np
+import pytest
+
+from giaannd import protocol as p
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.storage.engine import register_store as rs
+from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.register_store import (
+    REGISTERS_FILE,
+    RegisterLogCorrupt,
+    RegisterState,
+    RegisterStore,
+    RegisterStoreFull,
+    accept,
+    prepare,
+)
+from giaannd.storage.replication.hints import HintStore
+from giaannd.storage.replication.requests import Answer, StorageRequests, WaitRegistersSynced
+
+S0 = RegisterState()
+V7 = (7, 4, 4)
+PROMISED = RegisterState((5, 1))
+ACCEPTED = RegisterState((5, 1), (5, 1), (3, 5, 1), b"x")
+
+
+@pytest.mark.parametrize(("state", "ballot", "want"), [
+    (S0, (1, 1), RegisterState((1, 1))),
+    (S0, (0, 0), (0, 0)),                                      # the zero ballot is never above anything
+    (PROMISED, (5, 1), (5, 1)),                                # the same ballot again: refused
+    (PROMISED, (5, 0), (5, 1)),                                # proposer id breaks the tie
+    (PROMISED, (5, 2), RegisterState((5, 2))),
+    (ACCEPTED, (4, 9), (5, 1)),
+    (ACCEPTED, (6, 0), RegisterState((6, 0), (5, 1), (3, 5, 1), b"x")),  # keeps the accepted value
+])
+def test_register_prepare_rule(state, ballot, want):
+    assert prepare(state, ballot) == want
+
+
+@pytest.mark.parametrize(("state", "ballot", "want"), [
+    (S0, (1, 1), RegisterState((1, 1), (1, 1), V7, b"v")),      # no promise needed first
+    (PROMISED, (5, 1), RegisterState((5, 1), (5, 1), V7, b"v")),
+    (PROMISED, (4, 1), (5, 1)),                                 # below the promise: refused
+    (PROMISED, (6, 1), RegisterState((6, 1), (6, 1), V7, b"v")),
+    (ACCEPTED, (5, 1), ACCEPTED),                               # a retransmission: nothing changes
+    (RegisterState((9, 9), (5, 1), V7, b"x"), (5, 1), (9, 9)),  # promised higher since: refused
+])
+def test_register_accept_rule(state, ballot, want):
+    assert accept(state, ballot, V7, b"v") == want
+
+
+def test_register_store_survives_restart_and_answers_after_sync(tmp_path):
+    s = RegisterStore.open(tmp_path)
+    got, seq = s.prepare("job/a", (1, 7))
+    assert got == RegisterState((1, 7)) and seq == 1 and s.durable_seq == 0
+    got, seq = s.accept("job/a", (1, 7), (1, 1, 7), b"row")
+    assert seq == 2
+    refused, seq = s.prepare("job/a", (1, 6))
+    assert refused == (1, 7) and seq == 0  # a refusal writes nothing
+    again, seq = s.accept("job/a", (1, 7), (1, 1, 7), b"row")
+    assert again == s.get("job/a") and seq == 2  # retransmission: answered once seq 2 is durable
+    assert s.sync() == 2 == s.durable_seq
+    s.close()
+    t = RegisterStore.open(tmp_path)
+    assert t.get("job/a") == RegisterState((1, 7), (1, 7), (1, 1, 7), b"row") and t.get("other") == rs.EMPTY
+    t.close()
+
+
+def test_register_store_torn_tail_cut_corruption_named(tmp_path):
+    s = RegisterStore.open(tmp_path)
+    s.prepare("k", (1, 1))
+    first = s.nbytes
+    s.accept("k", (1, 1), (1, 1, 1), b"v1")
+    s.prepare("k", (2, 1))
+    s.sync()
+    s.close()
+    path = tmp_path / REGISTERS_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])
+    t = RegisterStore.open(tmp_path)
+    assert t.torn_bytes > 0 and t.get("k") == RegisterState((1, 1), (1, 1), (1, 1, 1), b"v1")
+    t.close()
+    bad = bytearray(path.read_bytes())
+    bad[first - 2] ^= 0xFF  # damage the first record; an intact one follows
+    path.write_bytes(bytes(bad))
+    with pytest.raises(RegisterLogCorrupt, match="offset 0"):
+        RegisterStore.open(tmp_path)
+
+
+def test_register_store_compaction_keeps_states_and_later_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(rs, "COMPACT_MIN_BYTES", 2000)
+    s = RegisterStore.open(tmp_path)
+    for i in range(1, 200):
+        s.prepare("k", (i, 1))
+        s.accept("k", (i, 1), (i, i, 1), b"v" * 20)
+    s.prepare("other", (1, 2))
+    big = s.nbytes
+    assert s.sync() == s.durable_seq and s.compactions == 1 and s.nbytes < big / 10
+    s.accept("other", (1, 2), (1, 1, 2), b"after")  # appended to the new file
+    s.sync()
+    s.close()
+    t = RegisterStore.open(tmp_path)
+    assert t.get("k") == RegisterState((199, 1), (199, 1), (199, 199, 1), b"v" * 20)
+    assert t.get("other") == RegisterState((1, 2), (1, 2), (1, 1, 2), b"after")
+    assert not list(tmp_path.glob("*.compact"))
+    t.close()
+
+
+def test_register_store_refuses_past_its_limit_without_change(tmp_path):
+    s = RegisterStore.open(tmp_path, max_bytes=300)
+    s.accept("a", (1, 1), (1, 1, 1), b"x" * 100)
+    size = s.nbytes
+    with pytest.raises(RegisterStoreFull):
+        s.accept("b", (1, 1), (1, 1, 1), b"y" * 200)
+    assert s.get("b") == rs.EMPTY and s.nbytes == size
+    s.accept("a", (2, 1), (2, 2, 1), b"z" * 150)  # replacing a value is charged the difference only
+    s.close()
+
+
+@pytest.fixture
+def core(tmp_path):
+    store = DurableStore.open(tmp_path / "store", 1 << 20)
+    hints = HintStore.open(tmp_path / "hints")
+    c = StorageRequests(store, hints, "", lambda: None)
+    c.registers = registers = RegisterStore.open(tmp_path / "registers")
+    yield c
+    registers.close()
+    store.close()
+    hints.close()
+
+
+def test_requests_register_prepare_accept_get_and_conflict(core):
+    step = core.handle(p.encode(p.RegisterPrepare("job/x", 3, 9)), [])
+    assert isinstance(step, WaitRegistersSynced) and step.reply == p.RegisterValue()
+    step = core.handle(p.encode(p.RegisterAccept("job/x", 3, 9, 1, 3, 9, b"row")), [])
+    assert isinstance(step, WaitRegistersSynced) and step.reply == p.RegisterAccepted() and step.seq == 2
+    step = core.handle(p.encode(p.RegisterGet("job/x")), [])
+    assert isinstance(step, Answer) and step.reply == p.RegisterValue(3, 9, 1, 3, 9, b"row")
+    step = core.handle(p.encode(p.RegisterPrepare("job/x", 3, 8)), [])
+    assert isinstance(step, Answer) and step.reply == p.RegisterConflict(3, 9)
+    step = core.handle(p.encode(p.RegisterPrepare("job/x", 4, 1)), [])
+    assert step.reply == p.RegisterValue(3, 9, 1, 3, 9, b"row")  # the promise answers the accepted value
+    assert core.counters.register_changes == 3 and core.counters.errors == {"RegisterConflict": 1}
+
+
+def test_requests_register_limits_and_refusals(core):
+    raw = p.encode(p.RegisterAccept("k", 1, 1, 1, 1, 1, b"v"))
+    huge = p.encode(p.RegisterAccept("k", 1, 1, 1, 1, 1, b"\0" * (p.MAX_REGISTER_VALUE_BYTES + 1)))
+    for payload in (huge, p.encode(p.RegisterGet("k" * (p.MAX_REGISTER_KEY_CHARS + 1))), raw[:-1]):
+        step = core.handle(payload, [])
+        assert isinstance(step.reply, p.BadRequest)
+    assert len(core.registers) == 0
+    core.refuse_writes = True
+    assert isinstance(core.handle(raw, []).reply, p.Unavailable)
+    assert isinstance(core.handle(p.encode(p.RegisterGet("k")), []).reply, p.RegisterValue)  # reads still served
+    core.refuse_writes, core.registers = False, None
+    assert isinstance(core.handle(raw, []).reply, p.Unavailable)
+
+
+def test_requests_register_not_owner(tmp_path):
+    store = DurableStore.open(tmp_path / "store", 1 << 20)
+    hints = HintStore.open(tmp_path / "hints")
+    view = ClusterView(local="n0", replicas=1)
+    view.set_members([StorageNode("n0", "mem://n0"), StorageNode("n1", "mem://n1")])
+    core = StorageRequests(store, hints, "n0", lambda: view)
+    core.registers = RegisterStore.open(tmp_path / "registers")
+    keys = [f"job/{i}" for i in range(40)]
+    mine = [k for k in keys if view.placement.owners(p.register_key_id(k)) == ("n0",)]
+    other = [k for k in keys if k not in mine]
+    assert mine and other
+    assert isinstance(core.handle(p.encode(p.RegisterPrepare(mine[0], 1, 1)), []), WaitRegistersSynced)
+    step = core.handle(p.encode(p.RegisterPrepare(other[0], 1, 1)), [])
+    assert isinstance(step.reply, p.NotOwner) and len(core.registers) == 1
+    assert p.register_key_id("job/1") != p.register_key_id("job/2")
+    assert np.uint64(p.register_key_id("job/1")) >= 0
+    core.registers.close()
+    store.close()
+    hints.close()
