@@ -16,9 +16,9 @@ State (run.py describes the two kinds of run):
 1. Row ids for the batch's keys (new rows get the next ids); entries put in row-id order.
 2. Base: every entry is searched in its row's slice (search.lower_bound, all at once). Found keys
    get the increment added **in place**. Every entry now knows its lower bound in the base.
-3. Delta runs, largest first: the entries not found yet are located (run.locate: two
-   ``searchsorted`` on (pos, row) and a search of a gap of a few entries); found keys are added in
-   place.
+3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
+   narrowed to the entries near its base position by the run's bucket index, run.gap_ranges and
+   posindex.py, then a key search over the few entries left); found keys are added in place.
 4. Keys found nowhere are new: they become a new delta run (with their base positions).
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
    the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
@@ -58,7 +58,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.keyindex import KeyIndex
-from giaannd.rowengine.run import Run, fold_into_base, merge_deltas, merge_into_slice, offsets_of
+from giaannd.rowengine.run import Run, fold_into_base, gap_ranges, merge_deltas, merge_into_slice, offsets_of
 from giaannd.rowengine.search import lower_bound
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "EngineStats", "Entries", "RowEngine"]
@@ -69,12 +69,15 @@ I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 
 #: A newer delta run is merged into the one before it once it holds at least 1/DEFAULT_FANOUT of
-#: its entries. Larger: fewer rewrites of delta entries, more delta runs to search per batch.
-DEFAULT_FANOUT = 4
+#: its entries, so each delta run is at least ``fanout`` times the next: at most
+#: log_fanout(deltas / batch) runs to search per batch. Larger: fewer runs, more rewriting (a run
+#: absorbs more merges before it moves up).
+DEFAULT_FANOUT = 2
 #: The delta runs are folded into the base once they hold 1/DEFAULT_BASE_RATIO of its entries.
-#: Larger: less base copying per entry (about ratio + 1 copies in an entry's life), but up to
-#: 16/ratio more bytes per entry held as deltas, and more delta entries for reads to merge.
-DEFAULT_BASE_RATIO = 8
+#: Each fold copies the whole base, so an entry is copied about ratio + 1 times in its life as
+#: part of the base: smaller is less copying, but up to 1/ratio of the entries then sit in delta
+#: runs (8 more bytes each, and more to search per batch and to merge on a read).
+DEFAULT_BASE_RATIO = 4
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -205,10 +208,10 @@ class RowEngine:
         for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
             if q.shape[0] == 0:
                 break
-            lo, hi = delta.ranges(ids)
-            hi_q = np.repeat(hi, lengths)[q]
+            row_lo, row_hi = delta.ranges(ids)
+            lo, hi_q = gap_ranges(delta, np.repeat(row_lo, lengths)[q], np.repeat(row_hi, lengths)[q], pos[q])
             qs, qc, qf = seg[q], tc[q], tf[q]
-            at = lower_bound(delta.seg, delta.tc, delta.tf, np.repeat(lo, lengths)[q], hi_q, qs, qc, qf)
+            at = lower_bound(delta.seg, delta.tc, delta.tf, lo, hi_q, qs, qc, qf)
             inside = np.flatnonzero(at < hi_q)
             at_in = at[inside]
             hit = (delta.seg[at_in] == qs[inside]) & (delta.tc[at_in] == qc[inside]) & (delta.tf[at_in] == qf[inside])

@@ -18,8 +18,8 @@ runs, so no delta outlives the base it points into.
 
 Operations (each vectorised over every row and entry involved; inputs are not changed):
 
-- :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are searched
-  in their row's slice of the older run).
+- :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
+  the older one by base position first, :func:`gap_ranges`, then by key inside that gap).
 - :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
   memory on top is one field of the new base (8 bytes per entry), not a second base.
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
@@ -27,14 +27,15 @@ Operations (each vectorised over every row and entry involved; inputs are not ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import lower_bound, merge_positions
 
-__all__ = ["FIELDS", "Run", "fold_into_base", "merge_deltas", "merge_into_slice", "offsets_of"]
+__all__ = ["FIELDS", "Run", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice", "offsets_of"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -66,6 +67,15 @@ class Run:
     tf: U64
     st: F32
     pos: I64 | None = None
+    #: a delta run's position index, made on its first lookup (runs never move their entries)
+    _pos_index: PosIndex | None = field(default=None, repr=False)
+
+    def pos_index(self) -> PosIndex:
+        """The bucketed search over ``pos`` (posindex.py); a delta run only."""
+        assert self.pos is not None
+        if self._pos_index is None:
+            self._pos_index = PosIndex(self.pos)
+        return self._pos_index
 
     @classmethod
     def empty(cls) -> Run:
@@ -88,7 +98,8 @@ class Run:
     @property
     def nbytes(self) -> int:
         arrays = (self.rows, self.offsets, self.seg, self.tc, self.tf, self.st, self.pos)
-        return sum(int(a.nbytes) for a in arrays if a is not None)
+        extra = self._pos_index.nbytes if self._pos_index is not None else 0
+        return extra + sum(int(a.nbytes) for a in arrays if a is not None)
 
     def counts(self) -> I64:
         """Entries of each row of ``rows``."""
@@ -122,34 +133,42 @@ def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
     b_counts = b.counts()
     counts[i[held]] += b_counts[held]
     dst, keep = merge_positions(a.rows.shape[0], i[~held])
-    rows = np.empty(keep.shape[0], np.int64)
-    rows[keep] = a.rows
-    rows[dst] = b.rows[~held]
-    all_counts = np.empty(keep.shape[0], np.int64)
-    all_counts[keep] = counts
-    all_counts[dst] = b_counts[~held]
-    return rows, all_counts
+    return _scatter(a.rows, b.rows[~held], keep, dst), _scatter(counts, b_counts[~held], keep, dst)  # type: ignore[return-value]
 
 
-def _scatter(old: NDArray[np.generic], new: NDArray[np.generic], old_slot: NDArray[np.bool_],
-             dst: I64) -> NDArray[np.generic]:
-    out = np.empty(old_slot.shape[0], old.dtype)
-    out[old_slot] = old
+def _scatter(old: NDArray[np.generic], new: NDArray[np.generic], keep: I64, dst: I64) -> NDArray[np.generic]:
+    """The merged field: ``old`` entries at ``keep``, ``new`` ones at ``dst`` (search.merge_positions)."""
+    out = np.empty(keep.shape[0] + dst.shape[0], old.dtype)
+    out[keep] = old
     out[dst] = new
     return out
+
+
+def gap_ranges(run: Run, row_lo: I64, row_hi: I64, pos: I64) -> tuple[I64, I64]:
+    """Narrow queries' row slices ``[row_lo, row_hi)`` of a delta run to the entries that share their
+    base position ``pos`` (entries with a smaller position are smaller, larger ones larger). What is
+    left is the query's gap: usually empty or a few entries, where a key search (search.lower_bound)
+    ends in a round or two.
+
+    The position's range comes from the run's bucket index (posindex.py), not a binary search: it
+    may hold a few more entries than the gap, which the key search then passes over.
+    """
+    left, right = run.pos_index().bucket(pos)
+    lo = np.minimum(np.maximum(left, row_lo), row_hi)
+    return lo, np.maximum(np.minimum(right, row_hi), lo)
 
 
 def merge_deltas(older: Run, newer: Run) -> Run:
     """The union of two key-disjoint delta runs, as a new delta run (nothing is added)."""
     assert older.pos is not None and newer.pos is not None
-    lo, hi = older.ranges(newer.rows)
+    row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
-    at = lower_bound(older.seg, older.tc, older.tf, np.repeat(lo, n), np.repeat(hi, n),
-                     newer.seg, newer.tc, newer.tf)
-    dst, old_slot = merge_positions(older.num_entries, at)
+    lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
+    at = lower_bound(older.seg, older.tc, older.tf, lo, hi, newer.seg, newer.tc, newer.tf)
+    dst, keep = merge_positions(older.num_entries, at)
     rows, counts = _union_rows(older, newer)
-    seg, tc, tf, st = (_scatter(getattr(older, f), getattr(newer, f), old_slot, dst) for f in FIELDS)
-    return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, old_slot, dst))  # type: ignore[arg-type]
+    seg, tc, tf, st = (_scatter(getattr(older, f), getattr(newer, f), keep, dst) for f in FIELDS)
+    return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
 
 
 def fold_into_base(base: Run, delta: Run) -> Run:
@@ -161,10 +180,10 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     """
     assert delta.pos is not None
     rows, counts = _union_rows(base, delta)
-    dst, base_slot = merge_positions(base.num_entries, delta.pos)
+    dst, keep = merge_positions(base.num_entries, delta.pos)
     out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st)
     for f in FIELDS:
-        field = _scatter(getattr(base, f), getattr(delta, f), base_slot, dst)
+        field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
     return out
@@ -174,6 +193,6 @@ def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) ->
     """One row: its base slice (the four arrays, starting at base index ``lo``) with its delta
     entries (``delta``: that row's entries only, with base positions), merged: a copy."""
     assert delta.pos is not None
-    dst, base_slot = merge_positions(int(st.shape[0]), delta.pos - lo)
-    return (_scatter(seg, delta.seg, base_slot, dst), _scatter(tc, delta.tc, base_slot, dst),  # type: ignore[return-value]
-            _scatter(tf, delta.tf, base_slot, dst), _scatter(st, delta.st, base_slot, dst))
+    dst, keep = merge_positions(int(st.shape[0]), delta.pos - lo)
+    return (_scatter(seg, delta.seg, keep, dst), _scatter(tc, delta.tc, keep, dst),  # type: ignore[return-value]
+            _scatter(tf, delta.tf, keep, dst), _scatter(st, delta.st, keep, dst))
