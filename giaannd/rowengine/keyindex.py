@@ -73,9 +73,14 @@ class KeyIndex:
         """The id of every key (a[i], b[i]), or -1 where the key is not indexed."""
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
-        out = np.full(a.shape[0], -1, np.int64)
-        pending = np.arange(a.shape[0])
         slot = self._home(a, b)
+        out = self._slots[slot]  # round 0 over every key, without gathering the keys again
+        held = out >= 0
+        safe = np.where(held, out, 0)
+        match = held & (self._a[safe] == a) & (self._b[safe] == b)
+        out[~match] = -1
+        pending = np.flatnonzero(held & ~match)
+        slot = (slot[pending] + 1) & ((1 << self._bits) - 1)
         mask = (1 << self._bits) - 1
         while pending.shape[0]:
             sid = self._slots[slot]
@@ -88,11 +93,15 @@ class KeyIndex:
             slot = (slot[go_on] + 1) & mask
         return out
 
-    def lookup_one(self, a: int, b: int) -> int:
-        """The id of one key, or -1: ``lookup`` in Python ints (a few µs less than a 1-element call)."""
+    def _home_one(self, a: int, b: int) -> int:
+        """``_home`` of one key, in Python ints (the same slot)."""
         h = ((a * _MIX_A_INT) ^ (b * _MIX_B_INT)) & _MASK64
         h ^= h >> 29
-        slot = ((h * _MIX_A_INT) & _MASK64) >> (64 - self._bits)
+        return ((h * _MIX_A_INT) & _MASK64) >> (64 - self._bits)
+
+    def lookup_one(self, a: int, b: int) -> int:
+        """The id of one key, or -1: ``lookup`` in Python ints (a few µs less than a 1-element call)."""
+        slot = self._home_one(a, b)
         mask = (1 << self._bits) - 1
         slots, ka, kb = self._slots, self._a, self._b
         while True:
@@ -104,65 +113,82 @@ class KeyIndex:
             slot = (slot + 1) & mask
 
     def lookup_or_add(self, a: U64, b: U64) -> tuple[I64, NDArray[np.bool_]]:
-        """Ids of the keys, adding those not indexed yet (new ids in the order of first occurrence).
+        """Ids of the keys, adding those not indexed yet (new keys get the next dense ids).
+
+        One probe loop for lookups and inserts, no sort: a key meeting an empty slot claims it (of
+        several claimants of one slot, one wins; the rest look again at the same slot, which now
+        holds a key that may be theirs). Keys may repeat in the input.
 
         Returns:
-            (ids, added): ``added[i]`` is True where key i got a new id in this call (only its first
-            occurrence, if a key repeats).
+            (ids, added): ``added[i]`` is True for exactly one occurrence of each key this call added.
         """
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         ids = self.lookup(a, b)
-        missing = np.flatnonzero(ids < 0)
         added = np.zeros(a.shape[0], bool)
-        if missing.shape[0] == 0:
-            return ids, added
-        # first occurrences of the missing keys, in order (a batch's keys are usually unique already)
-        ma, mb = a[missing], b[missing]
-        pair = np.empty(missing.shape[0], [("a", np.uint64), ("b", np.uint64)])
-        pair["a"], pair["b"] = ma, mb
-        _, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        first = first[order]
-        new_ids = np.arange(self._n, self._n + first.shape[0], dtype=np.int64)
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.shape[0])
-        self._append(ma[first], mb[first])
-        ids[missing] = new_ids[rank[inverse.reshape(-1)]]
-        added[missing[first]] = True
+        missing = np.flatnonzero(ids < 0)
+        if missing.shape[0]:
+            self._reserve(self._n + int(missing.shape[0]))
+            self._probe(a, b, missing, ids, added)
         return ids, added
 
-    def _append(self, a: U64, b: U64) -> None:
-        k = int(a.shape[0])
-        first = self._n
-        if first + k > self._a.shape[0]:
-            cap = max(self._a.shape[0] * 2, first + k)
+    def _probe(self, a: U64, b: U64, pending: I64, ids: I64, added: NDArray[np.bool_]) -> None:
+        """Resolve keys ``(a[i], b[i])`` for i in ``pending``: find, or claim a slot for, each."""
+        mask = (1 << self._bits) - 1
+        slot = self._home(a[pending], b[pending])
+        slots = self._slots
+        while pending.shape[0]:
+            sid = slots[slot]
+            held = sid >= 0
+            safe = np.where(held, sid, 0)
+            match = held & (self._a[safe] == a[pending]) & (self._b[safe] == b[pending])
+            ids[pending[match]] = sid[match]
+            settled = match
+            free = np.flatnonzero(~held)
+            if free.shape[0]:
+                at, who = slot[free], pending[free]
+                slots[at] = -2 - who  # claim marks; one per slot survives
+                won = free[slots[at] == -2 - who]
+                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
+                self._a[new] = a[pending[won]]
+                self._b[new] = b[pending[won]]
+                self._n += int(won.shape[0])
+                slots[slot[won]] = new
+                ids[pending[won]] = new
+                added[pending[won]] = True
+                settled = settled.copy()
+                settled[won] = True
+            go_on = ~settled
+            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
+            slot = np.where(held[go_on], slot[go_on] + 1, slot[go_on]) & mask
+            pending = pending[go_on]
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` keys: key arrays, and a table at most half full (re-placing every id)."""
+        if n > self._a.shape[0]:
+            cap = max(self._a.shape[0] * 2, n)
             self._a = np.resize(self._a, cap)
             self._b = np.resize(self._b, cap)
-        self._a[first:first + k] = a
-        self._b[first:first + k] = b
-        self._n = first + k
-        if self._n > _MAX_LOAD * self._slots.shape[0]:
+        if n > _MAX_LOAD * self._slots.shape[0]:
             bits = self._bits
-            while self._n > _MAX_LOAD * (1 << bits):
+            while n > _MAX_LOAD * (1 << bits):
                 bits += 1
             self._bits = bits
             self._slots = np.full(1 << bits, -1, np.int64)
             self._place(np.arange(self._n, dtype=np.int64))
-        else:
-            self._place(np.arange(first, self._n, dtype=np.int64))
 
     def _place(self, ids: I64) -> None:
-        """Put ids (whose keys are not in the table) into free slots, all at once."""
+        """Put ids (unique keys, none in the table) into free slots, all at once (claims as in
+        ``_probe``; a claimant that loses probes on)."""
         mask = (1 << self._bits) - 1
         slot = self._home(self._a[ids], self._b[ids])
+        slots = self._slots
         while ids.shape[0]:
-            free = self._slots[slot] < 0
-            # among claimants of one free slot, the first wins; everyone else probes on
-            cand = np.flatnonzero(free)
-            _, win = np.unique(slot[cand], return_index=True)
-            won = cand[win]
-            self._slots[slot[won]] = ids[won]
+            free = np.flatnonzero(slots[slot] < 0)
+            at = slot[free]
+            slots[at] = -2 - free
+            won = free[slots[at] == -2 - free]
+            slots[slot[won]] = ids[won]
             keep = np.ones(ids.shape[0], bool)
             keep[won] = False
             ids = ids[keep]
