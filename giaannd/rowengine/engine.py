@@ -42,10 +42,11 @@ its keys) or that slice merged with its delta entries (a copy; ``compact`` folds
 the base, after which every read is views). Views are live until the next ``apply``/``compact``:
 an in-place add changes their strengths; a fold replaces the arrays (old views keep the old data).
 
-Memory per entry: the 21 bytes of the entry in the base; 16 bytes more (pos, row) while it is in a
-delta run (the delta runs hold at most 1/``base_ratio`` of the base); per row, 16 bytes in the
-base's row index, 8 of length and 32-48 in the key index. A fold needs one field of the new base
-(8 bytes per entry) on top, a delta merge the merged delta run.
+Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
+run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
+hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
+and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) and an index
+array on top, a delta merge the merged delta run.
 
 Not thread-safe (one owner).
 """
@@ -116,14 +117,14 @@ class RowEngine:
     """Rows keyed by (a, b) uint64 pairs, merged by add (module docstring).
 
     Args:
-        fanout: the delta tiers' size ratio (``DEFAULT_FANOUT``), at least 2.
+        fanout: the delta tiers' size ratio (``DEFAULT_FANOUT``), at least 1.
         base_ratio: fold deltas into the base at 1/base_ratio of its size (``DEFAULT_BASE_RATIO``),
             at least 1.
     """
 
     def __init__(self, fanout: int = DEFAULT_FANOUT, base_ratio: int = DEFAULT_BASE_RATIO) -> None:
-        if fanout < 2 or base_ratio < 1:
-            raise ValueError("need fanout >= 2 and base_ratio >= 1")
+        if fanout < 1 or base_ratio < 1:
+            raise ValueError("need fanout >= 1 and base_ratio >= 1")
         self.fanout = fanout
         self.base_ratio = base_ratio
         self.stats = EngineStats()
@@ -204,23 +205,25 @@ class RowEngine:
         base.st[at[hit]] += st[inside[hit]]
         left = np.ones(row.shape[0], bool)
         left[inside[hit]] = False
-        q = np.flatnonzero(left)
+        q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
+        q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
+        qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
         for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
             if q.shape[0] == 0:
                 break
             row_lo, row_hi = delta.ranges(ids)
-            lo, hi_q = gap_ranges(delta, np.repeat(row_lo, lengths)[q], np.repeat(row_hi, lengths)[q], pos[q])
-            qs, qc, qf = seg[q], tc[q], tf[q]
+            lo, hi_q = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
             at = lower_bound(delta.seg, delta.tc, delta.tf, lo, hi_q, qs, qc, qf)
             inside = np.flatnonzero(at < hi_q)
-            at_in = at[inside]
-            hit = (delta.seg[at_in] == qs[inside]) & (delta.tc[at_in] == qc[inside]) & (delta.tf[at_in] == qf[inside])
-            delta.st[at_in[hit]] += st[q[inside[hit]]]
-            keep = np.ones(q.shape[0], bool)
-            keep[inside[hit]] = False
-            q = q[keep]
+            a_in = at[inside]
+            hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
+            if hit.any():
+                delta.st[a_in[hit]] += st[q[inside[hit]]]
+                keep = np.ones(q.shape[0], bool)
+                keep[inside[hit]] = False
+                q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         if q.shape[0]:
-            self._add_delta(Run.from_sorted(row[q], seg[q], tc[q], tf[q], st[q], pos[q]))
+            self._add_delta(Run.from_sorted(row[q], qs, qc, qf, st[q], qpos))
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
