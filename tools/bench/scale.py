@@ -220,12 +220,22 @@ def _print(results: dict[str, list[dict[str, Any]]]) -> None:
                     [[f, _fmt(v, 2), t, verdict] for f, v, t, verdict in _targets(recs)])
 
 
+#: The target each per-checkpoint figure is held to (None: context, no target).
+_FIGURE_TARGETS = {
+    "sent_per_s": f">= {TARGET_THROUGHPUT_RATIO}x the first checkpoint's",
+    "sent_per_cpu_s": f">= {TARGET_THROUGHPUT_RATIO}x the first checkpoint's",
+    "rss_per_entry": f"<= {TARGET_RSS_BYTES_PER_ENTRY:.0f} once entries >= {TARGET_RSS_MIN_ENTRIES:.0e}",
+    "lif_ns": f"<= {TARGET_LIF_NS_PER_ENTRY:.0f}",
+}
+
+
 def _json(results: dict[str, list[dict[str, Any]]]) -> None:
     for engine, recs in results.items():
         for r in recs:
             for key, value in r.items():
                 if key != "engine":
-                    print(json.dumps({"figure": f"{engine}/{key}@{r['sentences']}", "value": value, "target": None}))
+                    print(json.dumps({"figure": f"{engine}/{key}@{r['sentences']}", "value": value,
+                                      "target": _FIGURE_TARGETS.get(key)}))
         for figure, value, target, _ in _targets(recs):
             print(json.dumps({"figure": f"{engine}/{figure}", "value": value, "target": target}))
 
