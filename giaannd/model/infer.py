@@ -28,10 +28,12 @@ outgoing row (``needs_row()``), and ``step(row)`` then does, in this order (§4.
 Step 0 bursts token 0, applies the soma decay and bursts it again (it cannot be observed: the
 current node's soma is cleared before anything reads it at step 1).
 
-State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are contiguous) over the neurons
-touched so far in this sequence (a dict
-maps (column, feature) → slot), so propagation, transitions and decays are a few vector operations
-and a step costs O(row length) Python work. The session never does I/O: the caller fetches rows
+State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are
+contiguous) over the neurons touched so far in this sequence; a numpy hash index
+(giaannd/rowengine/keyindex.py) maps (column, feature) → slot. Propagation, transitions and decays
+are a few vector operations; firing a row is a vectorised lookup of its targets' slots (new ones
+added in the same pass, no sort) and one scatter-add into the flattened state: O(row length) numpy
+work, no Python per entry. The session never does I/O: the caller fetches rows
 (from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so
 asynchronously.
 """
@@ -48,6 +50,7 @@ from numpy.typing import NDArray
 
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowKey
+from giaannd.rowengine import KeyIndex
 
 __all__ = [
     "SEED_TOKENS",
@@ -97,17 +100,6 @@ TEST_SET = LifConstants(theta=0.008, boolean_synapses=False, soma_decay=0.75, co
 def activation(x: float) -> float:
     """g(x) = 2·sigmoid(x/100) − 1 (≈ x/200 for small x)."""
     return 2.0 / (1.0 + math.exp(-x / 100.0)) - 1.0
-
-
-_MIX_INT = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
-_MIX = np.uint64(_MIX_INT)
-
-
-def _mix(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> NDArray[np.uint64]:
-    """A 64-bit mix of (column id, feature id) for vectorised lookups (collisions are checked)."""
-    out: NDArray[np.uint64] = (col * _MIX) ^ feat
-    return out
 
 
 class DelimiterFlags(Protocol):
@@ -172,14 +164,8 @@ class LifSession:
         self._flags = flags
         self._k = constants
         self._teacher = teacher_forced
-        self._slot: dict[RowKey, int] = {}
+        self._slots = KeyIndex()  # (column, feature) -> slot: the neuron's column of ``_act``
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
-        self._n = 0
-        self._col: NDArray[np.uint64] = np.zeros(_INITIAL_SLOTS, np.uint64)
-        self._feat: NDArray[np.uint64] = np.zeros(_INITIAL_SLOTS, np.uint64)
-        self._skeys: NDArray[np.uint64] = np.empty(0, np.uint64)
-        self._sslot: NDArray[np.intp] = np.empty(0, np.intp)
-        self._exact = False
         #: ``predictions[k]`` for every step k ≥ seed_tokens run so far (None = no prediction).
         self.predictions: dict[int, RowKey | None] = {}
         self._step = 1
@@ -236,7 +222,7 @@ class LifSession:
             self._flags.is_deterministic(f) or self._flags.is_probabilistic(f)
         )
         act = self._act
-        n = self._n
+        n = len(self._slots)
         cur = self._slot_of(self._current)
         # 2. propagate feature segments one step toward the soma.
         act[_SOMA, :n] += act[_SOMA - 1, :n]
@@ -247,13 +233,16 @@ class LifSession:
         if act[_SOMA, cur] + act[_LAST_COLUMN_SEGMENT, cur] >= self._k.theta and len(row):
             slots = self._slots_of(row)
             act = self._act  # may have grown
-            seg = row.segment.astype(np.intp)
             if self._k.boolean_synapses:
                 value = np.where(row.strength > 0, activation(1.0), 0.0)
             else:
                 value = 2.0 / (1.0 + np.exp(-row.strength.astype(np.float64) / 100.0)) - 1.0
-            act[seg, slots] += value
-            eligible = slots[seg == _SOMA]
+            # (segment, slot) pairs are unique in a canonical row, so a plain scatter-add is exact
+            flat = row.segment.astype(np.intp)
+            flat *= act.shape[1]
+            flat += slots
+            act.reshape(-1)[flat] += value
+            eligible = slots[row.segment == _SOMA]
         # 4. deactivate the current node.
         act[_SOMA, cur] = 0.0
         if self._k.clear_segment3_on_fire:
@@ -269,7 +258,7 @@ class LifSession:
         if nxt is None:
             self._done = True
             return None
-        n = self._n
+        n = len(self._slots)
         # 7. column transition.
         if nxt[0] != c:
             act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
@@ -304,95 +293,21 @@ class LifSession:
         return pred
 
     def _slot_of(self, key: RowKey) -> int:
-        """Slot of one neuron (created if new). ``_slot`` caches scalar lookups (all slots once exact)."""
-        s = self._slot.get(key)
-        if s is not None:
-            return s
-        c, f = key
-        if not self._exact:
-            mixed = np.uint64(((c * _MIX_INT) & _MASK64) ^ f)
-            keys = self._skeys
-            i = int(keys.searchsorted(mixed))
-            if i < keys.shape[0] and keys[i] == mixed:
-                s = int(self._sslot[i])
-                if int(self._col[s]) != c or int(self._feat[s]) != f:
-                    s = None  # a mix collision: the array path below detects it and goes exact
-        if s is None:
-            s = int(self._slots_of_arrays(np.array([c], np.uint64), np.array([f], np.uint64))[0])
-        self._slot[key] = s
+        """Slot of one neuron (created if new)."""
+        s = self._slots.lookup_one(key[0], key[1])
+        if s < 0:
+            s = int(self._slots_of_arrays(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64))[0])
         return s
 
     def _slots_of(self, row: Row) -> NDArray[np.intp]:
         return self._slots_of_arrays(row.target_column, row.target_feature)
 
     def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
-        """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised).
-
-        Lookups go through a sorted array of 64-bit mixes of (column id, feature id); a mix
-        collision (≈ n²/2⁶⁵ per sequence) is detected by comparing the slot's real ids, after
-        which this session falls back to exact dict lookups for good.
-        """
-        if self._exact:
-            return self._slots_exact(tc, tf)
-        mixed = _mix(tc, tf)
-        keys = self._skeys
-        m = int(keys.shape[0])
-        pos = np.searchsorted(keys, mixed)
-        if m:
-            clipped = np.minimum(pos, m - 1)
-            found = keys[clipped] == mixed
-        else:
-            clipped = pos
-            found = np.zeros(mixed.shape[0], bool)
-        slots = np.empty(mixed.shape[0], np.intp)
-        slots[found] = self._sslot[clipped[found]]
-        if not found.all():
-            missing = ~found
-            newk, first_idx, inverse = np.unique(mixed[missing], return_index=True, return_inverse=True)
-            idx = np.flatnonzero(missing)[first_idx]
-            first = self._append_slots(tc[idx], tf[idx])
-            new_slots = np.arange(first, first + newk.shape[0], dtype=np.intp)
-            slots[missing] = new_slots[inverse.reshape(-1)]
-            # Sorted insert of the new (sorted, absent) keys.
-            u = int(newk.shape[0])
-            at = np.searchsorted(keys, newk) + np.arange(u)
-            old = np.ones(m + u, bool)
-            old[at] = False
-            merged_k = np.empty(m + u, np.uint64)
-            merged_s = np.empty(m + u, np.intp)
-            merged_k[at] = newk
-            merged_k[old] = keys
-            merged_s[at] = new_slots
-            merged_s[old] = self._sslot
-            self._skeys, self._sslot = merged_k, merged_s
-        if not ((self._col[slots] == tc).all() and (self._feat[slots] == tf).all()):
-            self._go_exact()
-            return self._slots_exact(tc, tf)
-        return slots
-
-    def _append_slots(self, col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> int:
-        first = self._n
-        self._n += int(col.shape[0])
-        if self._n > self._act.shape[1]:
-            self._grow(self._n)
-        self._col[first:self._n] = col
-        self._feat[first:self._n] = feat
-        return first
-
-    def _go_exact(self) -> None:
-        n = self._n
-        self._exact = True
-        self._slot = {key: i for i, key in enumerate(zip(self._col[:n].tolist(), self._feat[:n].tolist()))}
-
-    def _slots_exact(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
-        out: list[int] = []
-        slot = self._slot
-        for key in zip(tc.tolist(), tf.tolist()):
-            s = slot.get(key)
-            if s is None:
-                s = slot[key] = self._append_slots(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64))
-            out.append(s)
-        return np.array(out, dtype=np.intp)
+        """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""
+        slots, _ = self._slots.lookup_or_add(tc, tf)
+        if len(self._slots) > self._act.shape[1]:
+            self._grow(len(self._slots))
+        return slots.astype(np.intp, copy=False)
 
     def _grow(self, need: int) -> None:
         cap = self._act.shape[1]
@@ -401,8 +316,6 @@ class LifSession:
         grown = np.zeros((NUM_SEGMENTS, cap), np.float64)
         grown[:, : self._act.shape[1]] = self._act
         self._act = grown
-        self._col = np.resize(self._col, cap)
-        self._feat = np.resize(self._feat, cap)
 
 
 def run_session(session: LifSession, source: RowSource) -> LifSession:

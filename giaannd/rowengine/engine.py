@@ -1,0 +1,299 @@
+"""The row engine: rows of sorted entries, updated by add in O(delta · log) whatever their size.
+
+Theory of operation
+-------------------
+State (run.py describes the two kinds of run):
+
+- ``_index`` (keyindex.py): row key ``(a, b)`` -> dense row id; ``_lengths[id]``: entries per row.
+- ``_base``: one base run, each row a contiguous canonical slice;
+- ``_deltas``: a few delta runs (oldest, largest first) holding the keys that arrived since the
+  base was last rebuilt, each entry located in the base by its lower bound ``pos``.
+- Invariant: **every key lives in exactly one run**; a run's entries are in the global order
+  (row id, segment, target column, target feature).
+
+``apply`` (one canonical batch: rows unique, each row's entries sorted with unique keys):
+
+1. Row ids for the batch's keys (new rows get the next ids); entries put in row-id order.
+2. Base: every entry is searched in its row's slice (search.lower_bound, all at once). Found keys
+   get the increment added **in place**. Every entry now knows its lower bound in the base.
+3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
+   narrowed to the entries near its base position by the run's bucket index, run.gap_ranges and
+   posindex.py, then a key search over the few entries left); found keys are added in place.
+4. Keys found nowhere are new: they become a new delta run (with their base positions).
+5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
+   the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
+   merged and folded into the base (run.fold_into_base: entry j of the delta lands at
+   ``pos[j] + j``, no search).
+
+Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
+the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
+O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
+life (each fold copies the base, which by then has grown by 1/``base_ratio``). Python work is per
+run and per search round, never per row or per entry. Today's ``RowStore`` (before this engine)
+re-sorted every touched row in full per batch: O(N²) for the rows at the head of a Zipf stream.
+
+Exactness: a key's strength is the left fold of its increments in batch order, rounded to float32
+after each batch, exactly as merging a batch into a row did before (float32 + float32 is the
+correctly rounded sum, equal to adding in float64 and rounding once: 53 >= 2·24 + 2 bits, so the
+double rounding is innocuous). Merges and folds move entries and never add.
+
+Reads see one canonical row: the row's base slice (views, no copy, when no delta run holds any of
+its keys) or that slice merged with its delta entries (a copy; ``compact`` folds everything into
+the base, after which every read is views). Views are live until the next ``apply``/``compact``:
+an in-place add changes their strengths; a fold replaces the arrays (old views keep the old data).
+
+Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
+run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
+hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
+and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) and an index
+array on top, a delta merge the merged delta run.
+
+Not thread-safe (one owner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.rowengine.keyindex import KeyIndex
+from giaannd.rowengine.run import Run, fold_into_base, gap_ranges, merge_deltas, merge_into_slice, offsets_of
+from giaannd.rowengine.search import lower_bound
+
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "EngineStats", "Entries", "RowEngine"]
+
+U8 = NDArray[np.uint8]
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+F32 = NDArray[np.float32]
+
+#: A newer delta run is merged into the one before it once it holds at least 1/DEFAULT_FANOUT of
+#: its entries, so each delta run is at least ``fanout`` times the next: at most
+#: log_fanout(deltas / batch) runs to search per batch. Larger: fewer runs, more rewriting (a run
+#: absorbs more merges before it moves up).
+DEFAULT_FANOUT = 2
+#: The delta runs are folded into the base once they hold 1/DEFAULT_BASE_RATIO of its entries.
+#: Each fold copies the whole base, so an entry is copied about ratio + 1 times in its life as
+#: part of the base: smaller is less copying, but up to 1/ratio of the entries then sit in delta
+#: runs (8 more bytes each, and more to search per batch and to merge on a read).
+DEFAULT_BASE_RATIO = 4
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Entries:
+    """Sorted entries (one row, or many rows with offsets elsewhere): the Row format's four arrays."""
+
+    seg: U8
+    tc: U64
+    tf: U64
+    st: F32
+
+    def __len__(self) -> int:
+        return int(self.st.shape[0])
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Work counters: folds into the base and the base entries they wrote, delta merges and theirs."""
+
+    folds: int = 0
+    fold_entries: int = 0
+    delta_merges: int = 0
+    delta_merge_entries: int = 0
+
+
+_EMPTY = Entries(np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
+
+
+def _block_gather(starts: I64, lengths: I64) -> I64:
+    """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
+    out = offsets_of(lengths)
+    return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
+
+
+class RowEngine:
+    """Rows keyed by (a, b) uint64 pairs, merged by add (module docstring).
+
+    Args:
+        fanout: the delta tiers' size ratio (``DEFAULT_FANOUT``), at least 1.
+        base_ratio: fold deltas into the base at 1/base_ratio of its size (``DEFAULT_BASE_RATIO``),
+            at least 1.
+    """
+
+    def __init__(self, fanout: int = DEFAULT_FANOUT, base_ratio: int = DEFAULT_BASE_RATIO) -> None:
+        if fanout < 1 or base_ratio < 1:
+            raise ValueError("need fanout >= 1 and base_ratio >= 1")
+        self.fanout = fanout
+        self.base_ratio = base_ratio
+        self.stats = EngineStats()
+        self._index = KeyIndex()
+        self._lengths: I64 = np.zeros(1024, np.int64)
+        self._base = Run.empty()
+        self._deltas: list[Run] = []
+        self._entries = 0
+
+    # -- sizes ------------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return len(self._index)
+
+    @property
+    def num_entries(self) -> int:
+        return self._entries
+
+    @property
+    def num_deltas(self) -> int:
+        return len(self._deltas)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array the engine holds (runs, row indexes, key index, lengths)."""
+        return (self._base.nbytes + sum(d.nbytes for d in self._deltas) + self._index.nbytes
+                + int(self._lengths.nbytes))
+
+    def lengths(self) -> I64:
+        """Entries of every row, by row id (a view; do not mutate)."""
+        return self._lengths[: len(self._index)]
+
+    def keys(self) -> tuple[U64, U64]:
+        """The key of every row, by row id (views; do not mutate)."""
+        return self._index.keys()
+
+    def row_ids(self, a: U64, b: U64) -> I64:
+        """The id of every key (a[i], b[i]); -1 for a row never applied."""
+        return self._index.lookup(a, b)
+
+    def row_id(self, a: int, b: int) -> int:
+        """The id of one key; -1 for a row never applied."""
+        return self._index.lookup_one(a, b)
+
+    def largest(self, k: int) -> I64:
+        """Ids of the ``k`` longest rows, longest first."""
+        lengths = self.lengths()
+        k = min(k, lengths.shape[0])
+        if k == 0:
+            return np.empty(0, np.int64)
+        top = np.argpartition(lengths, lengths.shape[0] - k)[lengths.shape[0] - k:]
+        return top[np.argsort(-lengths[top], kind="stable")].astype(np.int64)
+
+    # -- writes -----------------------------------------------------------------------------------
+    def apply(self, a: U64, b: U64, offsets: I64, entries: Entries) -> None:
+        """Add a canonical batch: rows ``(a[i], b[i])`` unique, row i's entries (sorted, unique keys)
+        are ``entries[offsets[i]:offsets[i+1]]``. Equal keys add, new keys are inserted; rows with
+        no entries are registered (``row_ids`` finds them) and hold nothing."""
+        lengths = np.diff(offsets)
+        ids, _ = self._index.lookup_or_add(np.asarray(a, np.uint64), np.asarray(b, np.uint64))
+        self._grow_lengths(len(self._index))
+        if len(entries) == 0:
+            return
+        if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
+            order = np.argsort(ids, kind="stable")
+            ids, lengths = ids[order], lengths[order]
+            g = _block_gather(offsets[:-1][order], lengths)
+            entries = Entries(entries.seg[g], entries.tc[g], entries.tf[g], entries.st[g])
+        seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
+        row = np.repeat(ids, lengths)
+        base = self._base
+        lo, hi = base.ranges(ids)
+        hi_e = np.repeat(hi, lengths)
+        pos = lower_bound(base.seg, base.tc, base.tf, np.repeat(lo, lengths), hi_e, seg, tc, tf)
+        inside = np.flatnonzero(pos < hi_e)
+        at = pos[inside]
+        hit = (base.seg[at] == seg[inside]) & (base.tc[at] == tc[inside]) & (base.tf[at] == tf[inside])
+        base.st[at[hit]] += st[inside[hit]]
+        left = np.ones(row.shape[0], bool)
+        left[inside[hit]] = False
+        q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
+        q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
+        qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
+        for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
+            if q.shape[0] == 0:
+                break
+            row_lo, row_hi = delta.ranges(ids)
+            lo, hi_q = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
+            at = lower_bound(delta.seg, delta.tc, delta.tf, lo, hi_q, qs, qc, qf)
+            inside = np.flatnonzero(at < hi_q)
+            a_in = at[inside]
+            hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
+            if hit.any():
+                delta.st[a_in[hit]] += st[q[inside[hit]]]
+                keep = np.ones(q.shape[0], bool)
+                keep[inside[hit]] = False
+                q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
+        if q.shape[0]:
+            self._add_delta(Run.from_sorted(row[q], qs, qc, qf, st[q], qpos))
+
+    def _add_delta(self, delta: Run) -> None:
+        self._lengths[delta.rows] += delta.counts()
+        self._entries += delta.num_entries
+        deltas = self._deltas
+        deltas.append(delta)
+        while len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries:
+            newer = deltas.pop()
+            deltas[-1] = self._merge(deltas[-1], newer)
+        if sum(d.num_entries for d in deltas) * self.base_ratio >= self._base.num_entries:
+            self.compact()
+
+    def _merge(self, older: Run, newer: Run) -> Run:
+        self.stats.delta_merges += 1
+        self.stats.delta_merge_entries += older.num_entries + newer.num_entries
+        return merge_deltas(older, newer)
+
+    def compact(self) -> None:
+        """Fold every delta run into the base (reads then return views, without a copy)."""
+        deltas = self._deltas
+        if not deltas:
+            return
+        while len(deltas) >= 2:
+            newer = deltas.pop()
+            deltas[-1] = self._merge(deltas[-1], newer)
+        delta = deltas.pop()
+        base, self._base = self._base, Run.empty()
+        self.stats.folds += 1
+        self.stats.fold_entries += base.num_entries + delta.num_entries
+        self._base = fold_into_base(base, delta)
+
+    def _grow_lengths(self, n: int) -> None:
+        if n > self._lengths.shape[0]:
+            grown = np.zeros(max(n, 2 * self._lengths.shape[0]), np.int64)
+            grown[: self._lengths.shape[0]] = self._lengths
+            self._lengths = grown
+
+    # -- reads ------------------------------------------------------------------------------------
+    def read(self, row_id: int) -> Entries:
+        """Row ``row_id``, canonical: views into the base when no delta holds part of it, else a copy."""
+        base = self._base
+        lo, hi = base.row_slice(row_id)
+        pieces = []
+        for delta in self._deltas:
+            a, z = delta.row_slice(row_id)
+            if z > a:
+                assert delta.pos is not None
+                pieces.append(Run(np.array([row_id], np.int64), np.array([0, z - a], np.int64), delta.seg[a:z],
+                                  delta.tc[a:z], delta.tf[a:z], delta.st[a:z], delta.pos[a:z]))
+        seg, tc, tf, st = base.seg[lo:hi], base.tc[lo:hi], base.tf[lo:hi], base.st[lo:hi]
+        if not pieces:
+            return Entries(seg, tc, tf, st) if hi > lo else _EMPTY
+        merged = pieces[0]
+        for piece in pieces[1:]:
+            merged = merge_deltas(merged, piece)
+        return Entries(*merge_into_slice(seg, tc, tf, st, lo, merged))
+
+    def read_many(self, row_ids: I64) -> tuple[I64, Entries]:
+        """Rows ``row_ids`` (in that order) concatenated, with offsets (a copy; compacts first)."""
+        self.compact()
+        row_ids = np.asarray(row_ids, np.int64)
+        lengths = self._lengths[row_ids]
+        lo, _ = self._base.ranges(row_ids)
+        g = _block_gather(lo, lengths)
+        base = self._base
+        return offsets_of(lengths), Entries(base.seg[g], base.tc[g], base.tf[g], base.st[g])
+
+    def export(self) -> tuple[U64, U64, I64, Entries]:
+        """Every row (empty ones too), sorted by key, concatenated: (a, b, offsets, entries), a copy."""
+        a, b = self.keys()
+        order = np.lexsort((b, a)).astype(np.int64)
+        offsets, entries = self.read_many(order)
+        return a[order], b[order], offsets, entries

@@ -1,0 +1,195 @@
+"""An index from 128-bit row keys (two uint64) to dense row ids, in numpy arrays (no Python dict).
+
+Theory of operation
+-------------------
+A row key is ``(a, b)`` = (source column id, source feature id), both 64-bit content hashes. Ids
+are handed out densely in insertion order (0, 1, 2, ...) and never change or get reused, so other
+arrays can be indexed by id (the row engine's lengths, the runs' row lists). The index is an
+open-addressing hash table with linear probing:
+
+- ``_slots``: int64[capacity] (a power of two), the id stored in each slot or -1 (empty);
+- ``_a``, ``_b``: uint64, the key of each id (grown by doubling).
+
+Lookups and inserts are vectorised over many keys at once: each *probe round* is a few numpy
+operations over the keys still unresolved, so the Python work is per round (1-3 rounds at load
+≤ 1/2, a few more for the rare long cluster), never per key. Inserting many new keys at once
+settles slot conflicts between them by letting the first claimant of a free slot win; the others
+probe on. The table doubles (a vectorised re-insert of every id) when it is half full.
+
+Memory: 8 bytes per slot (2-4 slots per key) plus 16 bytes of key per id: 32-48 bytes per row.
+The slot hash is multiplicative on a mix of both words (the ids are already uniform hashes; the
+mix keeps keys that share a column id apart).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["KeyIndex"]
+
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+
+#: Initial number of slots (a power of two).
+_INITIAL_SLOTS = 1024
+#: The table doubles before more than this fraction of its slots is used.
+_MAX_LOAD = 0.5
+_MIX_A_INT = 0x9E3779B97F4A7C15
+_MIX_B_INT = 0xC2B2AE3D27D4EB4F
+_MASK64 = (1 << 64) - 1
+_MIX_A = np.uint64(_MIX_A_INT)
+_MIX_B = np.uint64(_MIX_B_INT)
+
+
+class KeyIndex:
+    """Dense ids for (a, b) uint64 key pairs (module docstring). Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._slots: I64 = np.full(_INITIAL_SLOTS, -1, np.int64)
+        self._bits = int(_INITIAL_SLOTS).bit_length() - 1
+        self._a: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
+        self._b: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._slots.nbytes + self._a.nbytes + self._b.nbytes)
+
+    def keys(self) -> tuple[U64, U64]:
+        """The key of every id, in id order (views; do not mutate)."""
+        return self._a[: self._n], self._b[: self._n]
+
+    def _home(self, a: U64, b: U64) -> I64:
+        h = (a * _MIX_A) ^ (b * _MIX_B)
+        h ^= h >> np.uint64(29)
+        h *= _MIX_A
+        return (h >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def lookup(self, a: U64, b: U64) -> I64:
+        """The id of every key (a[i], b[i]), or -1 where the key is not indexed."""
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        slot = self._home(a, b)
+        out = self._slots[slot]  # round 0 over every key, without gathering the keys again
+        held = out >= 0
+        safe = np.where(held, out, 0)
+        match = held & (self._a[safe] == a) & (self._b[safe] == b)
+        out[~match] = -1
+        pending = np.flatnonzero(held & ~match)
+        slot = (slot[pending] + 1) & ((1 << self._bits) - 1)
+        mask = (1 << self._bits) - 1
+        while pending.shape[0]:
+            sid = self._slots[slot]
+            held = sid >= 0
+            safe = np.where(held, sid, 0)
+            match = held & (self._a[safe] == a[pending]) & (self._b[safe] == b[pending])
+            out[pending[match]] = sid[match]
+            go_on = held & ~match
+            pending = pending[go_on]
+            slot = (slot[go_on] + 1) & mask
+        return out
+
+    def _home_one(self, a: int, b: int) -> int:
+        """``_home`` of one key, in Python ints (the same slot)."""
+        h = ((a * _MIX_A_INT) ^ (b * _MIX_B_INT)) & _MASK64
+        h ^= h >> 29
+        return ((h * _MIX_A_INT) & _MASK64) >> (64 - self._bits)
+
+    def lookup_one(self, a: int, b: int) -> int:
+        """The id of one key, or -1: ``lookup`` in Python ints (a few µs less than a 1-element call)."""
+        slot = self._home_one(a, b)
+        mask = (1 << self._bits) - 1
+        slots, ka, kb = self._slots, self._a, self._b
+        while True:
+            sid = int(slots[slot])
+            if sid < 0:
+                return -1
+            if int(ka[sid]) == a and int(kb[sid]) == b:
+                return sid
+            slot = (slot + 1) & mask
+
+    def lookup_or_add(self, a: U64, b: U64) -> tuple[I64, NDArray[np.bool_]]:
+        """Ids of the keys, adding those not indexed yet (new keys get the next dense ids).
+
+        One probe loop for lookups and inserts, no sort: a key meeting an empty slot claims it (of
+        several claimants of one slot, one wins; the rest look again at the same slot, which now
+        holds a key that may be theirs). Keys may repeat in the input.
+
+        Returns:
+            (ids, added): ``added[i]`` is True for exactly one occurrence of each key this call added.
+        """
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        ids = self.lookup(a, b)
+        added = np.zeros(a.shape[0], bool)
+        missing = np.flatnonzero(ids < 0)
+        if missing.shape[0]:
+            self._reserve(self._n + int(missing.shape[0]))
+            self._probe(a, b, missing, ids, added)
+        return ids, added
+
+    def _probe(self, a: U64, b: U64, pending: I64, ids: I64, added: NDArray[np.bool_]) -> None:
+        """Resolve keys ``(a[i], b[i])`` for i in ``pending``: find, or claim a slot for, each."""
+        mask = (1 << self._bits) - 1
+        slot = self._home(a[pending], b[pending])
+        slots = self._slots
+        while pending.shape[0]:
+            sid = slots[slot]
+            held = sid >= 0
+            safe = np.where(held, sid, 0)
+            match = held & (self._a[safe] == a[pending]) & (self._b[safe] == b[pending])
+            ids[pending[match]] = sid[match]
+            settled = match
+            free = np.flatnonzero(~held)
+            if free.shape[0]:
+                at, who = slot[free], pending[free]
+                slots[at] = -2 - who  # claim marks; one per slot survives
+                won = free[slots[at] == -2 - who]
+                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
+                self._a[new] = a[pending[won]]
+                self._b[new] = b[pending[won]]
+                self._n += int(won.shape[0])
+                slots[slot[won]] = new
+                ids[pending[won]] = new
+                added[pending[won]] = True
+                settled = settled.copy()
+                settled[won] = True
+            go_on = ~settled
+            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
+            slot = np.where(held[go_on], slot[go_on] + 1, slot[go_on]) & mask
+            pending = pending[go_on]
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` keys: key arrays, and a table at most half full (re-placing every id)."""
+        if n > self._a.shape[0]:
+            cap = max(self._a.shape[0] * 2, n)
+            self._a = np.resize(self._a, cap)
+            self._b = np.resize(self._b, cap)
+        if n > _MAX_LOAD * self._slots.shape[0]:
+            bits = self._bits
+            while n > _MAX_LOAD * (1 << bits):
+                bits += 1
+            self._bits = bits
+            self._slots = np.full(1 << bits, -1, np.int64)
+            self._place(np.arange(self._n, dtype=np.int64))
+
+    def _place(self, ids: I64) -> None:
+        """Put ids (unique keys, none in the table) into free slots, all at once (claims as in
+        ``_probe``; a claimant that loses probes on)."""
+        mask = (1 << self._bits) - 1
+        slot = self._home(self._a[ids], self._b[ids])
+        slots = self._slots
+        while ids.shape[0]:
+            free = np.flatnonzero(slots[slot] < 0)
+            at = slot[free]
+            slots[at] = -2 - free
+            won = free[slots[at] == -2 - free]
+            slots[slot[won]] = ids[won]
+            keep = np.ones(ids.shape[0], bool)
+            keep[won] = False
+            ids = ids[keep]
+            slot = (slot[keep] + 1) & mask

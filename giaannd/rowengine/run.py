@@ -1,0 +1,198 @@
+"""Runs: many rows' entries in shared arrays, sorted by (row id, entry key), with a row index.
+
+Theory of operation
+-------------------
+A :class:`Run` stores entries as a struct of arrays (``seg u8``, ``tc u64``, ``tf u64``, ``st f32``:
+the Row format's 21 bytes per entry, giaannd/model/rows.py) in the *global order*
+``(row id, segment, target column, target feature)``, with a row index: ``rows`` (sorted ids of
+the rows it holds) and ``offsets`` (row ``rows[i]`` is ``[offsets[i], offsets[i+1])``). One row's
+part of a run is a contiguous canonical slice: a read is four views, and finding a key of row r
+is a binary search inside r's slice (search.lower_bound).
+
+The row engine (engine.py) keeps one *base* run and a few *delta* runs, with disjoint keys. A delta
+run has one more array, ``pos``: each entry's lower bound in the base (how many base entries come
+before it in the global order), found when the entry arrived. Folding a delta run into the base
+therefore needs no search: delta entry j lands at ``pos[j] + j``. Positions stay valid while the
+base keeps its entries where they are (in-place adds move nothing); every fold takes all the delta
+runs, so no delta outlives the base it points into.
+
+Operations (each vectorised over every row and entry involved; inputs are not changed):
+
+- :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
+  the older one by base position first, :func:`gap_ranges`, then by key inside that gap).
+- :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
+  memory on top is one field of the new base (8 bytes per entry), not a second base.
+- :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.rowengine.posindex import PosIndex
+from giaannd.rowengine.search import lower_bound, merge_positions
+
+__all__ = ["FIELDS", "Run", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice", "offsets_of"]
+
+U8 = NDArray[np.uint8]
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+F32 = NDArray[np.float32]
+
+#: The entry fields, in the order every loop over them uses.
+FIELDS = ("seg", "tc", "tf", "st")
+
+
+def offsets_of(lengths: I64) -> I64:
+    """``[0, l0, l0+l1, ...]``: the offsets of consecutive blocks of the given lengths."""
+    out = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """Entries of many rows in the global order, with a row index (module docstring).
+
+    ``pos`` is None for the base run; in a delta run, each entry's lower bound in the base.
+    """
+
+    rows: I64
+    offsets: I64
+    seg: U8
+    tc: U64
+    tf: U64
+    st: F32
+    pos: I64 | None = None
+    #: a delta run's position index, made on its first lookup (runs never move their entries)
+    _pos_index: PosIndex | None = field(default=None, repr=False)
+
+    def pos_index(self) -> PosIndex:
+        """The bucketed search over ``pos`` (posindex.py); a delta run only."""
+        assert self.pos is not None
+        if self._pos_index is None:
+            self._pos_index = PosIndex(self.pos)
+        return self._pos_index
+
+    @classmethod
+    def empty(cls) -> Run:
+        return cls(np.empty(0, np.int64), np.zeros(1, np.int64), np.empty(0, np.uint8),
+                   np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
+
+    @classmethod
+    def from_sorted(cls, row: I64, seg: U8, tc: U64, tf: U64, st: F32, pos: I64 | None = None) -> Run:
+        """A run from entries already in the global order, ``row`` giving each entry's row id."""
+        first = np.ones(row.shape[0], bool)
+        first[1:] = row[1:] != row[:-1]
+        starts = np.flatnonzero(first)
+        return cls(row[starts].astype(np.int64, copy=False), np.append(starts, row.shape[0]).astype(np.int64),
+                   seg, tc, tf, st, pos)
+
+    @property
+    def num_entries(self) -> int:
+        return int(self.st.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.rows, self.offsets, self.seg, self.tc, self.tf, self.st, self.pos)
+        extra = self._pos_index.nbytes if self._pos_index is not None else 0
+        return extra + sum(int(a.nbytes) for a in arrays if a is not None)
+
+    def counts(self) -> I64:
+        """Entries of each row of ``rows``."""
+        return np.diff(self.offsets)
+
+    def ranges(self, row_ids: I64) -> tuple[I64, I64]:
+        """(lo, hi): the slice of each row; a row the run does not hold gets the empty slice at the
+        place its entries would go (``lo == hi``)."""
+        i = np.searchsorted(self.rows, row_ids)
+        lo = self.offsets[i]
+        if self.rows.shape[0] == 0:
+            return lo, lo
+        held = self.rows[np.minimum(i, self.rows.shape[0] - 1)] == row_ids
+        return lo, np.where(held, self.offsets[np.minimum(i + 1, self.rows.shape[0])], lo)
+
+    def row_slice(self, row_id: int) -> tuple[int, int]:
+        """The slice of one row (``(x, x)``, empty, when the run does not hold it)."""
+        i = int(np.searchsorted(self.rows, row_id))
+        if i < self.rows.shape[0] and int(self.rows[i]) == row_id:
+            return int(self.offsets[i]), int(self.offsets[i + 1])
+        return int(self.offsets[i]), int(self.offsets[i])
+
+
+def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
+    """The sorted union of two runs' row ids and each row's total entry count."""
+    i = np.searchsorted(a.rows, b.rows)
+    held = np.zeros(b.rows.shape[0], bool)
+    if a.rows.shape[0]:
+        held = a.rows[np.minimum(i, a.rows.shape[0] - 1)] == b.rows
+    counts = a.counts()
+    b_counts = b.counts()
+    counts[i[held]] += b_counts[held]
+    dst, keep = merge_positions(a.rows.shape[0], i[~held])
+    return _scatter(a.rows, b.rows[~held], keep, dst), _scatter(counts, b_counts[~held], keep, dst)  # type: ignore[return-value]
+
+
+def _scatter(old: NDArray[np.generic], new: NDArray[np.generic], keep: I64, dst: I64) -> NDArray[np.generic]:
+    """The merged field: ``old`` entries at ``keep``, ``new`` ones at ``dst`` (search.merge_positions)."""
+    out = np.empty(keep.shape[0] + dst.shape[0], old.dtype)
+    out[keep] = old
+    out[dst] = new
+    return out
+
+
+def gap_ranges(run: Run, row_lo: I64, row_hi: I64, pos: I64) -> tuple[I64, I64]:
+    """Narrow queries' row slices ``[row_lo, row_hi)`` of a delta run to the entries that share their
+    base position ``pos`` (entries with a smaller position are smaller, larger ones larger). What is
+    left is the query's gap: usually empty or a few entries, where a key search (search.lower_bound)
+    ends in a round or two.
+
+    The position's range comes from the run's bucket index (posindex.py), not a binary search: it
+    may hold a few more entries than the gap, which the key search then passes over.
+    """
+    left, right = run.pos_index().bucket(pos)
+    lo = np.minimum(np.maximum(left, row_lo), row_hi)
+    return lo, np.maximum(np.minimum(right, row_hi), lo)
+
+
+def merge_deltas(older: Run, newer: Run) -> Run:
+    """The union of two key-disjoint delta runs, as a new delta run (nothing is added)."""
+    assert older.pos is not None and newer.pos is not None
+    row_lo, row_hi = older.ranges(newer.rows)
+    n = newer.counts()
+    lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
+    at = lower_bound(older.seg, older.tc, older.tf, lo, hi, newer.seg, newer.tc, newer.tf)
+    dst, keep = merge_positions(older.num_entries, at)
+    rows, counts = _union_rows(older, newer)
+    seg, tc, tf, st = (_scatter(getattr(older, f), getattr(newer, f), keep, dst) for f in FIELDS)
+    return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
+
+
+def fold_into_base(base: Run, delta: Run) -> Run:
+    """``base`` with every entry of ``delta`` inserted (keys disjoint), as a new base.
+
+    Consumes ``base``: each new field is built, then the old one is dropped from ``base`` before the
+    next, so the memory on top is one field at a time (when nothing else holds the old arrays;
+    views handed out earlier keep theirs alive, unchanged).
+    """
+    assert delta.pos is not None
+    rows, counts = _union_rows(base, delta)
+    dst, keep = merge_positions(base.num_entries, delta.pos)
+    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st)
+    for f in FIELDS:
+        field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
+        setattr(base, f, field[:0])  # drop the old field before building the next
+        setattr(out, f, field)
+    return out
+
+
+def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:
+    """One row: its base slice (the four arrays, starting at base index ``lo``) with its delta
+    entries (``delta``: that row's entries only, with base positions), merged: a copy."""
+    assert delta.pos is not None
+    dst, keep = merge_positions(int(st.shape[0]), delta.pos - lo)
+    return (_scatter(seg, delta.seg, keep, dst), _scatter(tc, delta.tc, keep, dst),  # type: ignore[return-value]
+            _scatter(tf, delta.tf, keep, dst), _scatter(st, delta.st, keep, dst))

@@ -1,0 +1,96 @@
+"""Vectorised binary search of entry keys inside per-query ranges.
+
+An entry key is ``(segment u8, target_column u64, target_feature u64)``, compared lexicographically
+(the canonical entry order of giaannd/model/rows.py). The engine keeps each row's entries contiguous
+and sorted, so finding where a delta entry of row r belongs is a binary search inside r's range,
+not over all entries: ``lower_bound`` runs one such search for every query at once.
+
+How it stays cheap in numpy: the search is the branch-free form (``n`` halves each round, the base
+moves by ``half`` when the probed key is smaller), so a query over a range of n entries takes
+exactly ceil(log2 n) rounds. Queries are ordered by that round count, longest first (a radix sort
+of one byte), so the queries still searching at round j are always a *prefix* of the arrays: each
+round is ~15 numpy operations on views, with no compaction, and queries into short ranges (most
+rows are short) drop out after a few rounds whatever the longest row is.
+
+Why not ``np.searchsorted``: it needs one key dtype and one global order. Packing the key into
+bytes (``S17``, or ``S21`` with a row prefix) costs 17-21 bytes per stored entry, or O(row) work per
+search to pack, and measured 2.7x slower than a uint64 search (memcmp per comparison); here the
+entry arrays are read in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["keys_less", "lower_bound", "merge_positions"]
+
+U8 = NDArray[np.uint8]
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+Bools = NDArray[np.bool_]
+
+
+def keys_less(seg: U8, tc: U64, tf: U64, at: I64, qs: U8, qc: U64, qf: U64) -> Bools:
+    """Whether the entry at ``at[i]`` has a smaller key than query i (lexicographic, 3 fields)."""
+    ms = seg[at]
+    mc = tc[at]
+    less: Bools = (ms < qs) | ((ms == qs) & (mc < qc))
+    tie = np.flatnonzero((ms == qs) & (mc == qc))
+    if tie.shape[0]:
+        less[tie] = tf[at[tie]] < qf[tie]
+    return less
+
+
+def lower_bound(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64) -> I64:
+    """For every query i, the first index in ``[lo[i], hi[i])`` whose key is ≥ query i's key.
+
+    ``seg``, ``tc``, ``tf``: the entry arrays, sorted by key inside every queried range.
+    Returns ``hi[i]`` where every key of the range is smaller, ``lo[i]`` for an empty range.
+    """
+    out = np.array(lo, np.int64, copy=True)
+    n = np.asarray(hi, np.int64) - out
+    live = np.flatnonzero(n > 0)
+    if live.shape[0] == 0:
+        return out
+    n = n[live]
+    # rounds = ceil(log2(n)): bit length of n - 1 (exact for any int64, unlike a float log)
+    rounds = np.zeros(n.shape[0], np.uint8)
+    rest = n - 1
+    while True:
+        more = rest > 0
+        if not more.any():
+            break
+        rounds += more
+        rest >>= 1
+    order = np.argsort(np.uint8(255) - rounds, kind="stable")  # longest first; a one-byte radix sort
+    q = live[order]
+    base, width = out[q], n[order]
+    s, c, f = qs[q], qc[q], qf[q]
+    # searching[j]: how many queries take more than j rounds (a prefix, by the order above)
+    searching = np.cumsum(np.bincount(rounds, minlength=1)[::-1])[::-1][1:]
+    for k in searching.tolist():
+        half = width[:k] >> 1
+        probe = base[:k] + half
+        base[:k] += half * keys_less(seg, tc, tf, probe, s[:k], c[:k], f[:k])
+        width[:k] -= half
+    out[q] = base + keys_less(seg, tc, tf, base, s, c, f)
+    return out
+
+
+def merge_positions(base_len: int, pos: I64) -> tuple[I64, I64]:
+    """Where things go when sorted entries are inserted at positions ``pos`` of a base sequence.
+
+    ``pos`` (non-decreasing) is each inserted entry's lower bound in the base. Inserted entry j
+    goes to ``pos[j] + j``; the base entries fill the other slots in order.
+
+    Returns:
+        (dst, keep): the destination of every inserted entry, and of every base entry (both int64
+        index arrays into the merged sequence of ``base_len + len(pos)``). Computed once, they
+        serve every field (an index scatter measured 25-45 % faster per field than a mask).
+    """
+    k = int(pos.shape[0])
+    dst = pos + np.arange(k, dtype=np.int64)
+    base_slot = np.ones(base_len + k, bool)
+    base_slot[dst] = False
+    return dst, np.flatnonzero(base_slot)

@@ -1,0 +1,188 @@
+"""RowEngine against plain references: exact strengths (bit for bit), canonical order, any tiering.
+
+The reference is the sequential left fold of every key's increments, each batch's sum rounded to
+float32 (float64 add, then round: what ``rows.merge_rows`` and the old ``RowStore`` computed).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from giaannd.model.rows import RowBatch
+from giaannd.rowengine import Entries, RowEngine
+
+KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
+
+
+def apply(engine, batch):
+    engine.apply(batch.row_column, batch.row_feature, batch.offsets,
+                 Entries(batch.segment, batch.target_column, batch.target_feature, batch.strength))
+
+
+def random_batch(rng, row_pool, tc_pool, tf_pool, rows, per_row):
+    r = rng.choice(len(row_pool), size=min(rows, len(row_pool)), replace=False)
+    n = rng.integers(0, per_row + 1, r.shape[0])
+    rk = np.repeat(np.asarray(row_pool, np.uint64)[r], n, axis=0)
+    total = int(n.sum())
+    return RowBatch.from_entries(
+        rk[:, 0], rk[:, 1], rng.integers(0, 9, total), rng.choice(tc_pool, total), rng.choice(tf_pool, total),
+        rng.random(total, dtype=np.float32) * np.float32(5.0) + np.float32(0.01),
+    )
+
+
+class DictReference:
+    def __init__(self):
+        self.rows = {}
+
+    def apply(self, batch):
+        for (c, f), r in batch:
+            row = self.rows.setdefault((c, f), {})
+            for s, tc, tf, v in zip(r.segment.tolist(), r.target_column.tolist(), r.target_feature.tolist(),
+                                    r.strength.tolist()):
+                old = row.get((s, tc, tf))
+                row[(s, tc, tf)] = np.float32(v) if old is None else np.float32(float(old) + v)
+
+    def row(self, key):
+        items = sorted(self.rows.get(key, {}).items())
+        return ([k[0] for k, _ in items], [k[1] for k, _ in items], [k[2] for k, _ in items],
+                np.array([v for _, v in items], np.float32))
+
+
+def same(entries, want):
+    seg, tc, tf, strength = want
+    return (entries.seg.tolist() == seg and entries.tc.tolist() == tc and entries.tf.tolist() == tf
+            and np.array_equal(entries.st.view(np.uint32), strength.view(np.uint32)))
+
+
+POOL64 = np.array([0, 1, 2, 3, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1], np.uint64)  # high bits decide the order
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 40), fanout=st.integers(2, 5),
+       base_ratio=st.integers(1, 6), per_row=st.sampled_from([1, 5, 40]))
+def test_engine_equals_sequential_fold_after_every_batch(seed, batches, fanout, base_ratio, per_row):
+    rng = np.random.default_rng(seed)
+    row_pool = [(a, b) for a in POOL64[:5].tolist() for b in (0, 1, 2**64 - 1)]
+    engine, ref = RowEngine(fanout, base_ratio), DictReference()
+    for _ in range(batches):
+        batch = random_batch(rng, row_pool, POOL64, POOL64[:4], int(rng.integers(0, 10)), per_row)
+        apply(engine, batch)
+        ref.apply(batch)
+        for key in [row_pool[i] for i in rng.choice(len(row_pool), 4, replace=False)]:
+            rid = engine.row_id(*key)
+            assert (rid >= 0) == (key in ref.rows)
+            if rid >= 0:
+                assert same(engine.read(rid), ref.row(key))
+    a, b, offsets, entries = engine.export()
+    keys = sorted(ref.rows)
+    assert list(zip(a.tolist(), b.tolist())) == keys
+    assert engine.num_rows == len(keys) and engine.num_entries == sum(len(r) for r in ref.rows.values())
+    for i, key in enumerate(keys):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        assert same(Entries(entries.seg[lo:hi], entries.tc[lo:hi], entries.tf[lo:hi], entries.st[lo:hi]),
+                    ref.row(key))
+    assert engine.num_deltas == 0  # export compacts
+    assert sorted(engine.lengths().tolist()) == sorted(len(r) for r in ref.rows.values())
+
+
+def test_engine_order_of_batches_changes_only_rounding():
+    rng = np.random.default_rng(1)
+    pool = [(a, b) for a in range(20) for b in range(3)]
+    batches = [random_batch(rng, pool, np.arange(50, dtype=np.uint64), POOL64, 15, 30) for _ in range(12)]
+    one, two = RowEngine(2, 2), RowEngine(3, 5)
+    for batch in batches:
+        apply(one, batch)
+    for batch in reversed(batches):
+        apply(two, batch)
+    x, y = one.export(), two.export()
+    for u, v in zip(x[:3], y[:3]):
+        assert np.array_equal(u, v)
+    assert np.array_equal(x[3].seg, y[3].seg) and np.array_equal(x[3].tc, y[3].tc)
+    assert np.allclose(x[3].st, y[3].st, rtol=1e-6, atol=0)
+
+
+def test_engine_registers_empty_rows_and_reads_missing_ones():
+    engine = RowEngine()
+    empty = RowBatch(np.array([7, 9], np.uint64), np.array([1, 1], np.uint64), np.zeros(3, np.int64),
+                     np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
+    apply(engine, empty)
+    apply(engine, RowBatch.empty())
+    assert engine.num_rows == 2 and engine.num_entries == 0
+    assert len(engine.read(engine.row_id(7, 1))) == 0 and engine.row_id(8, 1) == -1
+    a, b, offsets, entries = engine.export()
+    assert a.tolist() == [7, 9] and offsets.tolist() == [0, 0, 0] and len(entries) == 0
+
+
+class PackedReference:
+    """One row as sorted packed keys (S17, big-endian: byte order = key order) and float32 strengths."""
+
+    def __init__(self):
+        self.keys = np.empty(0, "S17")
+        self.st = np.empty(0, np.float32)
+
+    def apply(self, seg, tc, tf, st):
+        k = np.empty(seg.shape[0], KEY)
+        k["seg"], k["tc"], k["tf"] = seg, tc, tf
+        k = k.view("S17")
+        pos = np.searchsorted(self.keys, k)
+        found = np.zeros(k.shape[0], bool)
+        if self.keys.shape[0]:
+            found = self.keys[np.minimum(pos, self.keys.shape[0] - 1)] == k
+        self.st[pos[found]] = (self.st[pos[found]].astype(np.float64) + st[found]).astype(np.float32)
+        self.keys = np.insert(self.keys, pos[~found], k[~found])
+        self.st = np.insert(self.st, pos[~found], st[~found])
+
+    def matches(self, e):
+        k = np.empty(len(e), KEY)
+        k["seg"], k["tc"], k["tf"] = e.seg, e.tc, e.tf
+        return np.array_equal(k.view("S17"), self.keys) and np.array_equal(e.st.view(np.uint32),
+                                                                           self.st.view(np.uint32))
+
+
+def test_engine_row_of_a_million_entries_takes_small_deltas_exactly():
+    rng = np.random.default_rng(7)
+    engine, ref = RowEngine(fanout=2, base_ratio=8), PackedReference()
+    big = 1_000_000
+
+    def delta(n, known):
+        seg = rng.integers(0, 9, n).astype(np.uint8)
+        tc = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+        tf = rng.integers(0, 4, n).astype(np.uint64)
+        if known and ref.keys.shape[0]:  # a third of the keys are stored ones
+            pick = rng.integers(0, ref.keys.shape[0], n // 3)
+            old = ref.keys[pick].view(KEY)
+            seg[: n // 3], tc[: n // 3], tf[: n // 3] = old["seg"], old["tc"], old["tf"]
+        return RowBatch.from_entries(np.full(n, 11, np.uint64), np.zeros(n, np.uint64), seg, tc, tf,
+                                     rng.random(n, dtype=np.float32) + np.float32(0.5))
+
+    for i in range(40):
+        batch = delta(big if i == 0 else int(rng.integers(1, 20_000)), known=i > 0)
+        small = random_batch(rng, [(a, 0) for a in range(12, 40)], POOL64, POOL64, 6, 20)
+        apply(engine, RowBatch.concat([batch, small]))
+        ref.apply(batch.segment, batch.target_column, batch.target_feature, batch.strength)
+        if i % 13 == 0 or i == 39:
+            assert ref.matches(engine.read(engine.row_id(11, 0)))
+    assert engine.stats.folds >= 2 and engine.stats.delta_merges >= 1
+    engine.compact()
+    row = engine.read(engine.row_id(11, 0))
+    assert ref.matches(row) and row.st.base is not None  # views into the base after compaction
+    assert engine.largest(1).tolist() == [engine.row_id(11, 0)]
+
+
+@pytest.mark.parametrize("fanout,base_ratio", [(2, 1), (4, 8)])
+def test_engine_reads_are_views_without_deltas_and_copies_with_them(fanout, base_ratio):
+    rng = np.random.default_rng(3)
+    engine = RowEngine(fanout, base_ratio)
+    pool = [(a, 0) for a in range(30)]
+    for _ in range(6):
+        apply(engine, random_batch(rng, pool, POOL64, POOL64, 30, 50))
+    engine.compact()
+    rid = engine.row_id(3, 0)
+    view = engine.read(rid)
+    before = view.st.copy()
+    batch = RowBatch.from_entries([3], [0], [int(view.seg[0])], [int(view.tc[0])], [int(view.tf[0])],
+                                  np.array([1.0], np.float32))
+    apply(engine, batch)  # an in-place add: the live view sees it
+    assert view.st[0] == np.float32(float(before[0]) + 1.0)
+    assert np.array_equal(view.st[1:], before[1:])
