@@ -233,6 +233,12 @@ class Daemon:
             .set_function(lambda: time.monotonic() - self._started_at)
         self._service_up = self.metrics.gauge(
             "giaannd_service_up", "1 while the service is running, else 0.", ["service"])
+        # Read at scrape time, on the loop (the admin handler runs there): a count that only
+        # grows under steady load is a task leak (tools/bench/soak.py watches it).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics.gauge("giaannd_event_loop_tasks",
+                           "asyncio tasks not yet done on the daemon's event loop.") \
+            .set_function(lambda: len(asyncio.all_tasks(self._loop)) if self._loop else 0)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -283,7 +289,7 @@ class Daemon:
         Raises:
             GiaannError: startup failed for a reason the user must fix (after cleaning up).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in self._signals:
             loop.add_signal_handler(sig, self._on_signal, sig)
         startup_error: GiaannError | None = None

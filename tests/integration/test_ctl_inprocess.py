@@ -150,6 +150,14 @@ def test_ctl_metrics_text_and_json(node: Node, capsys: pytest.CaptureFixture[str
     assert families["giaannd_service_up"]["samples"][0]["labels"] == {"service": "jobs"}
 
 
+
+def test_ctl_metrics_count_the_event_loop_tasks(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    """The soak benchmark (tools/bench/soak.py) watches this gauge for task leaks."""
+    assert ctl.main(node.ctl("metrics")) == 0
+    samples = [line.split() for line in capsys.readouterr().out.splitlines()
+               if line.startswith("giaannd_event_loop_tasks ")]
+    assert len(samples) == 1 and float(samples[0][1]) >= 1  # at least the admin handler's task
+
 @pytest.mark.parametrize(("argv", "path", "service"), [
     (["ring", "owners", "dog"], "/v1/ring/owners/dog", "membership"),
     (["column", "info", "dog"], "/v1/columns/dog", "membership"),

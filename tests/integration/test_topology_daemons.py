@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 from giaannd.admin.client import CtlError
-from giaannd.model.engine import Engine
-from giaannd.model.export import iter_jsonl
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
 from tools.local_cluster.cluster import LocalCluster, Node, running_cluster
+from tools.local_cluster.exports import diff_exports, read_export, reference_export
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -49,9 +48,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
     corpus = load_bundled_corpus(SENTENCES)
     path = tmp_path_factory.mktemp("corpus") / "train.conllu"
     write_conllu(corpus, path)
-    engine = Engine()
-    engine.train(corpus)
-    return path, [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
+    return path, reference_export(corpus)
 
 
 def start_job(compute: Node, corpus: Path) -> str:
@@ -126,12 +123,8 @@ def ring_active(node: Node) -> list[str]:
 
 def assert_export_equals(compute: Node, reference: list[dict[str, Any]], out: Path) -> None:
     compute.admin.json("POST", "/v1/export", {"path": str(out)})
-    got = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(got) == len(reference) > 5000
-    for a, b in zip(reference, got, strict=True):
-        assert (a["source_word"], a["segment"], a["target_word"]) == \
-            (b["source_word"], b["segment"], b["target_word"])
-        assert b["strength"] == pytest.approx(a["strength"], rel=1e-5)
+    diff = diff_exports(reference, read_export(out))
+    assert diff.clean and diff.got == diff.reference > 5000, diff
 
 
 def test_daemon_join_during_training_equals_core(
