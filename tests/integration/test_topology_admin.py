@@ -7,7 +7,7 @@ import pytest
 
 from giaannd.errors import AdminHTTPError
 from giaannd.storage.rebalance.routes import register_admin_routes
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -37,7 +37,7 @@ class FakeRequest:
 
 
 async def test_topology_admin_removenode_repair_and_errors(tmp_path):
-    cluster = await TopoCluster(tmp_path, 4, replicas=3).start()
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         admin = FakeAdmin()
         register_admin_routes(admin, cluster.control())
