@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-import numpy as np
 
 from giaannd.client.ring_calls import push_ring
-from giaannd.client.storage_client import QuorumNotReached, StorageClient
+from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.ring import Ring
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.config import StorageConfig
@@ -50,8 +49,9 @@ from peers.membership.messages import MemberStatus
 from peers.membership.meta import NodeMeta
 from peers.transport import Identity, Transport, make_transport
 from peers.transport.memory import MemoryNetwork
-from tools.cluster_harness.data import free_tcp_address, make_batch
+from tools.cluster_harness.data import free_tcp_address
 from tools.cluster_harness.node import InProcessNode, node_config
+from tools.cluster_harness.reference import ReferenceWrites
 from tools.local_cluster.cluster import LocalCluster, Node
 
 __all__ = ["CLUSTER_NAME", "CONVERGE_TIMEOUT_S", "Cluster"]
@@ -62,7 +62,7 @@ CLIENT: Final = "client"
 CONVERGE_TIMEOUT_S: Final = 30.0
 
 
-class Cluster:
+class Cluster(ReferenceWrites):
     """Storage nodes plus a client and a reference (module docstring).
 
     Args:
@@ -248,7 +248,11 @@ class Cluster:
         proc.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
     async def close(self) -> None:
-        """Stop everything (in-process nodes at once, process nodes gracefully, then SIGKILL)."""
+        """Stop everything (in-process nodes at once, process nodes gracefully, then SIGKILL).
+
+        Raises:
+            RuntimeError: a background task of an in-process node failed meanwhile (``failures``).
+        """
         if self._client is not None:
             await self._client.close()
         for name in list(self.nodes):
@@ -258,12 +262,15 @@ class Cluster:
         self.services.clear()
         if self._client_node is not None:
             await self._client_node.stop(graceful=False)
+            self.failures += self._client_node.failures
         if self.local is not None:
             local = self.local
             try:
                 await asyncio.to_thread(local.stop)
             finally:
                 await asyncio.to_thread(local.kill_all)
+        if self.failures:  # (the daemon would have stopped with status 1)
+            raise RuntimeError(f"background tasks of the cluster's nodes failed: {self.failures!r}")
 
     # -- membership, as the harness plays it ----------------------------------------------------------
     def notice_down(self, name: str) -> None:
@@ -407,62 +414,6 @@ class Cluster:
         self.addresses[name], self.stream_addresses[name] = transports["tcp"], transports["stream"]
         if notice:
             self.notice_up(name)
-
-    # -- writes with a reference --------------------------------------------------------------------
-    async def write(self, batch: RowBatch, attempts: int = 20) -> BatchId:
-        """Write until acknowledged (retrying the same id: the client's contract); then, and only
-        then, the batch counts in the reference."""
-        bid = self.client.next_batch_id()
-        for attempt in range(attempts):
-            try:
-                await self.client.write(batch, bid)
-                break
-            except QuorumNotReached:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(0.05)
-        self.reference.apply(bid, batch)
-        self.written.append((bid, batch))
-        return bid
-
-    async def write_many(self, rng: np.random.Generator, n: int, columns: np.ndarray, rows: int = 8,
-                         stop: asyncio.Event | None = None, pause_s: float = 0.0) -> int:
-        done = 0
-        for _ in range(n):
-            if stop is not None and stop.is_set():
-                break
-            await self.write(make_batch(rng, rows, 4, rng.choice(columns, rows)))
-            done += 1
-            if pause_s:
-                await asyncio.sleep(pause_s)
-        return done
-
-    def mismatches(self, names: list[str] | None = None) -> list[str]:
-        """Every (row, owner) where an in-process owner's copy differs from the reference, under
-        the client's placement; an owner must hold exactly the reference rows of its columns."""
-        placement = self.client_topology.placement
-        ref_keys = self.reference.keys()
-        cols = np.unique(np.array([k[0] for k in ref_keys], np.uint64))
-        owners = placement.owner_indices(cols)
-        problems: list[str] = []
-        by_col: dict[int, list[tuple[int, int]]] = {}
-        for k in ref_keys:
-            by_col.setdefault(k[0], []).append(k)
-        for i, c in enumerate(cols.tolist()):
-            for j in owners[i]:
-                name = placement.names[int(j)]
-                if names is not None and name not in names:
-                    continue
-                store = self.services[name].store
-                assert store is not None
-                have = [k for k in store.store.keys() if k[0] == c]
-                if have != by_col[c]:
-                    problems.append(f"{name} column {c:#x}: {len(have)} rows, reference {len(by_col[c])}")
-                    continue
-                for k in have:
-                    if not self.reference.row(k).equals(store.store.row(k)):
-                        problems.append(f"{name} row {k}: strengths differ from the reference")
-        return problems
 
 
 class _Control(LocalClusterControl):
