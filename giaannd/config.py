@@ -25,6 +25,13 @@ from msgspec import Meta
 
 from giaannd.errors import ConfigError
 from peers.membership.config import MembershipConfig as PeersMembershipConfig
+from peers.transport.limits import (
+    DEFAULT_HANDSHAKE_MAX_BODY_BYTES,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS_PER_HOST,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    TransportLimits,
+)
 
 __all__ = [
     "ENV_PREFIX",
@@ -118,6 +125,30 @@ class AdminConfig(_Section):
         "a scrape from a loopback address needs no token (Prometheus agents usually run on the "
         "host); requests from other addresses always need it."
     ))] = False
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30, description=(
+        "Largest request body accepted. Admin requests are small JSON documents (corpora and "
+        "exports travel by path, never through the API), so 1 MiB is far above any real one. A "
+        "larger declared `Content-Length` is refused with 413 before any of it is read; a chunked "
+        "body is refused with 413 as soon as it passes the limit."
+    ))] = 1 << 20
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "A connection must deliver a complete request line and headers within this many seconds "
+        "of opening, or of its previous request's end; otherwise it is closed. This is also how "
+        "long an idle keep-alive connection stays open. Bounds slowloris clients, which would "
+        "otherwise hold a connection (and a slot of `max-connections`) forever. Raise it only "
+        "for clients on very slow links."
+    ))] = 10.0
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Once its headers are in, a request's body must arrive in full within this many seconds, "
+        "or the request is answered 408 and the connection closed. With `max-body-bytes` = 1 MiB "
+        "the default demands about 35 KB/s of a client."
+    ))] = 30.0
+    max_connections: Annotated[int, Meta(ge=1, le=65536, description=(
+        "Admin connections open at once. One more is answered 503 and closed at once, so a "
+        "flood of connections costs at most this many file descriptors. Each idle or slow "
+        "connection is freed after `header-timeout-s`. Keep it well under the process's open-file "
+        "limit (the daemon's data plane needs descriptors too)."
+    ))] = 256
 
 
 class LoggingConfig(_Section):
@@ -126,10 +157,12 @@ class LoggingConfig(_Section):
     level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description=(
         "Lowest level written. `debug` logs every admin request and membership message."
     ))] = "info"
-    format: Annotated[Literal["auto", "plain", "journal"], Meta(description=(
+    format: Annotated[Literal["auto", "plain", "journal", "json"], Meta(description=(
         "`plain` prefixes lines with a timestamp; `journal` omits it and prefixes the syslog "
         "priority (`<6>`) that journald parses. `auto` picks `journal` when stderr is the stream "
-        "named by `JOURNAL_STREAM` (that is, under systemd) and `plain` otherwise."
+        "named by `JOURNAL_STREAM` (that is, under systemd) and `plain` otherwise. `json` writes "
+        "one object per line (`time`, `level`, `logger`, `message`, and each `key=value` field of "
+        "the message as a key) for log shippers such as Loki or Elasticsearch."
     ))] = "auto"
 
 
@@ -144,6 +177,37 @@ class TransportConfig(_Section):
         "URLs other nodes should dial, in preference order (UCX before TCP). Empty advertises "
         "the bound listeners; set it when binding a wildcard or behind NAT."
     ))] = msgspec.field(default_factory=list)
+    max_pending_handshakes: Annotated[int, Meta(ge=1, description=(
+        "Accepted connections that have not finished the handshake (not yet proved the cluster "
+        "key), at once; further ones are closed on accept and counted as refused. Each holds a "
+        "64 KiB receive buffer, so the cap bounds what strangers can pin (128 × 64 KiB = 8 MiB); "
+        "real peers finish in milliseconds. Raise it only for very large clusters reconnecting "
+        "at once."
+    ))] = DEFAULT_MAX_PENDING_HANDSHAKES
+    max_connections_per_host: Annotated[int, Meta(ge=1, description=(
+        "Open accepted connections from one remote IP address; further ones are closed on "
+        "accept. A peer needs one pooled connection plus a few for streams and clients; the "
+        "default leaves room for a whole loopback test cluster on 127.0.0.1 while keeping one "
+        "host from exhausting file descriptors."
+    ))] = DEFAULT_MAX_CONNECTIONS_PER_HOST
+    handshake_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "An accepted connection that has not completed the handshake after this long is "
+        "dropped. The handshake is two round trips; lower values free a stranger's slot "
+        "sooner, too low ones cut off peers on slow links."
+    ))] = DEFAULT_HANDSHAKE_TIMEOUT_S
+    handshake_max_body_bytes: Annotated[int, Meta(ge=1024, le=16 * 2**20, description=(
+        "Largest frame body accepted before the handshake completed (a Hello is under 2 KiB). "
+        "A larger announced length closes the connection before anything is allocated; after "
+        "the handshake the framing limit (16 MiB) applies."
+    ))] = DEFAULT_HANDSHAKE_MAX_BODY_BYTES
+
+    def limits(self) -> TransportLimits:
+        """The admission limits every transport of this node is built with."""
+        return TransportLimits(
+            max_pending_handshakes=self.max_pending_handshakes,
+            max_connections_per_host=self.max_connections_per_host,
+            handshake_timeout_s=self.handshake_timeout_s,
+            handshake_max_body_bytes=self.handshake_max_body_bytes)
 
 
 class _MembershipBase(_Section):
@@ -275,6 +339,43 @@ class StorageConfig(_Section):
         "their rows are deleted (if no stream has run here meanwhile and no override is set). "
         "Leaves time for writes computed under the old placement to drain."
     ))] = 30.0
+    retry_base_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Backoff of the storage role's background retries: a snapshot that failed (a full disk, an "
+        "I/O error) and the automatic repair after a torn log tail. The wait after failure n is "
+        "drawn from U(0, min(`retry-cap-s`, retry-base-s x 2^n)) (full jitter), so nodes that "
+        "failed together do not retry in step."
+    ))] = 1.0
+    retry_cap_s: Annotated[float, Meta(gt=0, le=86400, description=(
+        "Ceiling of the retry backoff (see `retry-base-s`): a node whose disk stays full tries "
+        "its snapshot at least this often, so it catches up soon after space returns."
+    ))] = 60.0
+    disk_full_probe_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "While the node refuses writes because its disk is full (a write failed with ENOSPC or "
+        "EDQUOT), how often it checks the free space of its data directory's file system "
+        "(statvfs) to resume writes by itself."
+    ))] = 5.0
+    disk_resume_free_bytes: Annotated[int, Meta(ge=0, description=(
+        "Free bytes the data directory's file system needs before writes resume after a disk-full "
+        "refusal. Hysteresis: resuming at the first free byte would flip between full and not "
+        "full, and gossip each flip, on every write; one update-log segment (64 MiB) leaves room "
+        "for a burst of writes and the first blocks of the snapshot that shrinks the log."
+    ))] = 64 * 2**20
+    error_log_interval_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Repeated storage errors of one kind (writes refused for a full disk, a log write "
+        "failing with the same error, a snapshot retried) are logged at most once per this many "
+        "seconds, with the number held back; counters and /v1/status show every one."
+    ))] = 10.0
+    auto_repair: Annotated[bool, Meta(description=(
+        "When recovery cut a torn update-log tail (bytes a crash or a damaged disk left "
+        "incomplete, possibly acknowledged ones), repair this node from its live peers by itself "
+        "once it has joined (what `giaannctl node repair` does). Off: /v1/status still shows "
+        "`torn_tail_bytes` and the operator runs the repair."
+    ))] = True
+    auto_repair_timeout_s: Annotated[float, Meta(gt=0, le=86400, description=(
+        "Bound on the automatic repair: attempts that find no live peer or a peer that does not "
+        "answer are retried with the `retry-base-s` backoff until this many seconds after start; "
+        "then the repair is reported failed (status, log, metrics) and left to the operator."
+    ))] = 600.0
 
 
 class ComputeConfig(_Section):
@@ -304,6 +405,29 @@ class ComputeConfig(_Section):
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "
         "the journals stay on disk and the jobs are listed as not resumed in the log."
     ))] = True
+    corpus_dir: Annotated[str, Meta(description=(
+        "The only directory whose files `POST /v1/train` and `POST /v1/eval` read (`giaannctl "
+        "train start`, `eval --corpus`): a relative request path is taken inside it, symlinks "
+        "are resolved before the check, and a path that ends up outside is refused with 403. "
+        "Without it the admin token would make the daemon read, and cache a tagged copy of, any "
+        "file it can read (its cluster key; /etc/shadow as root). Empty means "
+        "`<data-dir>/corpora`; relative to `data-dir` unless absolute; created (mode 0750) on "
+        "start. Put corpora there or point this at where they live."
+    ))] = ""
+    export_dir: Annotated[str, Meta(description=(
+        "The only directory `POST /v1/export` (`giaannctl export`) writes into, with the same "
+        "rules as `corpus-dir`, so the token cannot replace the daemon's own files (admin token, "
+        "ring, keys). Inside it an existing file that is not a previous export is only replaced "
+        "when the request says `overwrite`. Empty means `<data-dir>/exports`; relative to "
+        "`data-dir` unless absolute; created (mode 0750) on start."
+    ))] = ""
+    lexicon: Annotated[str, Meta(description=(
+        "Ever-POS lexicon the delimiter rules read (docs/model.md, \"The lexicon\"): empty for the "
+        "one shipped with giaannd, or a file, relative to `data-dir` unless absolute: giaannd's "
+        "format, the reference's `everPos.wordnet.pkl.gz` (parsed safely: it cannot run code) or "
+        "`word<TAB>UPOS` lines. It decides column spans, so every compute node of a cluster must "
+        "use the same one; a file that cannot be read stops the node at start."
+    ))] = ""
 
 
 class Config(_Section):
@@ -434,6 +558,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 (TOML 1.0 "Spec"); tomllib decodes first
+        raise ConfigError(f"config file {path} is not UTF-8 text: byte {exc.object[exc.start]:#04x} "
+                          f"at offset {exc.start}") from None
 
 
 def _convert(data: dict[str, Any]) -> Config:

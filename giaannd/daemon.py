@@ -2,8 +2,10 @@
 
 Shape follows uvicorn's ``Server`` (STYLE.md item 24):
 
-- **startup**: lock the data directory, load or mint the node id, read the admin token, start the
-  admin API, then start each service in order. ``READY=1`` goes to systemd only after every
+- **startup**: lock the data directory, let services delete leftovers of interrupted writes
+  (``ReclaimsSpace``: a failed snapshot's temporary that filled the disk) before anything is
+  written, load or mint the node id, read the admin token, start the admin API, then start each
+  service in order. ``READY=1`` goes to systemd only after every
   service's ``start`` returned, i.e. once the node has joined and is serving.
 - **run**: wait on an ``Event`` (no polling) until a signal, a failed service task or an admin
   request asks to stop. A watchdog task pings ``WATCHDOG=1`` at half of ``WATCHDOG_USEC``.
@@ -16,8 +18,11 @@ Services and background work run under one ``asyncio.TaskGroup``; a background t
 is logged, marks its service failed and triggers a graceful shutdown with exit status 1, rather
 than tearing the group down mid-flight.
 
-Exit statuses: 0 clean stop, 1 a service failed, 2 configuration error (from ``ConfigError``),
-130 forced by a second SIGINT (128 + SIGINT, the shell convention).
+Exit statuses: 0 clean stop, 1 a service failed (at run time, or its graceful stop raised: e.g. the
+final snapshot failed), 2 an error a restart cannot fix (``ConfigError``, ``HostEnvironmentError``,
+``CorruptDataError``; an ``OSError`` at start-up whose errno says the host refuses, ``HOST_ERRNOS``:
+a full or read-only disk, permissions), 130 forced by a second SIGINT (128 + SIGINT, the shell
+convention).
 """
 
 from __future__ import annotations
@@ -49,10 +54,12 @@ from giaannd.errors import (
     ConfigError,
     CorruptFileError,
     GiaannError,
+    HostEnvironmentError,
 )
 from giaannd.metrics import Metrics
+from giaannd.operations import ADMIN_ADDR_FILE, ADMIN_TOKEN_FILE
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
-from giaannd.service import Service, ServiceContext
+from giaannd.service import ReclaimsSpace, Service, ServiceContext
 
 if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
@@ -71,8 +78,6 @@ EXIT_FORCED = 128 + signal.SIGINT
 #: Bound on ``stop(graceful=False)``: it must only close sockets and files, so seconds suffice;
 #: beyond this the daemon exits anyway rather than hang a systemd stop job.
 FORCE_STOP_TIMEOUT_S = 5.0
-ADMIN_ADDR_FILE = "admin.addr"
-ADMIN_TOKEN_FILE = "admin.token"
 LOCK_FILE = "lock"
 
 #: Role name -> "module:function" building its service. Imported lazily so a build without a
@@ -250,7 +255,8 @@ class Daemon:
         self._force.set()
 
     def status(self) -> dict[str, Any]:
-        """The ``/v1/status`` document."""
+        """The ``/v1/status`` document (``GET /v1/health`` answers from its ``state`` and
+        ``draining``: giaannd/admin/api.py ``health_of``)."""
         roles: dict[str, str] = {r: f"unavailable: {why}" for r, why in self._unavailable.items()}
         services: dict[str, Any] = {}
         for slot in self._slots:
@@ -264,6 +270,8 @@ class Daemon:
             "version": __version__,
             "pid": os.getpid(),
             "state": self._state,
+            # `giaannctl node drain`: writes refused, the node gossiped as full (it still serves)
+            "draining": self.runtime is not None and self.runtime.draining,
             "uptime_s": round(time.monotonic() - self._started_at, 3),
             "roles": {r: roles.get(r, "unavailable") for r in self.config.node.roles},
             "services": services,
@@ -323,6 +331,8 @@ class Daemon:
             return None
         self._exit_code = EXIT_FAILURE
         self.request_stop("startup failed")
+        if isinstance(exc, OSError):  # a full or read-only disk: one line and exit 2, no traceback
+            exc = HostEnvironmentError.from_os_error(exc, self.config.node.data_dir) or exc
         if isinstance(exc, GiaannError):
             self._exit_code = exc.exit_code
             return exc
@@ -334,19 +344,20 @@ class Daemon:
         try:
             data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create data directory {data_dir}: {exc.strerror}",
-                              "$.node.data-dir") from None
+            raise HostEnvironmentError(f"cannot create data directory {data_dir}: {exc.strerror} "
+                                       "(set by $.node.data-dir)", reason="data_dir_unusable") from None
         self._take_lock(data_dir)
         self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
         self._admin = AdminApi(token=_load_token(self.config), metrics=self.metrics,
                                status=self.status,
-                               metrics_require_token=self.config.admin.metrics_require_token)
+                               metrics_require_token=self.config.admin.metrics_require_token,
+                               config=self.config.admin)
         host, port = _split_listen(self.config.admin.listen)
         try:
             self.admin_address = await self._admin.start(host, port)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.config.admin.listen}: {exc.strerror}",
-                              "$.admin.listen") from None
+            raise HostEnvironmentError(f"cannot listen on {self.config.admin.listen}: {exc.strerror} "
+                                       "(set by $.admin.listen)", reason="listen_failed") from None
         # Written via rename so giaannctl --data-dir never reads a half-written address.
         addr_file = self.config.data_path(ADMIN_ADDR_FILE)
         bound_host, bound_port = self.admin_address
@@ -373,6 +384,7 @@ class Daemon:
         log.info("service starting service=%s", name)
         try:
             await slot.service.start(ctx)
+            self._admin.require_bound(name)  # a role must serve every operation it declares
         except BaseException as exc:
             slot.state = "failed"
             slot.error = repr(exc)
@@ -382,17 +394,34 @@ class Daemon:
         log.info("service running service=%s", name)
 
     def _take_lock(self, data_dir: Path) -> None:
-        """Refuse to share a data directory with another live daemon (flock, released on exit)."""
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        """Refuse to share a data directory with another live daemon (flock, released on exit).
+        Once held, and before the pid is written into the lock file (the first write), services
+        delete leftovers of interrupted writes (``_reclaim_space``)."""
+        path = data_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise GiaannError(f"data directory {data_dir} is in use by pid {holder}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            raise HostEnvironmentError(f"data directory {data_dir} is in use by pid {holder}",
+                                       reason="data_dir_locked") from None
         self._lock_fd = fd
+        self._reclaim_space()
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # os.write names no file: name the lock file
+            raise HostEnvironmentError.from_os_error(exc, path) or exc from None
+
+    def _reclaim_space(self) -> None:
+        """Let every ``ReclaimsSpace`` service delete what interrupted writes left behind."""
+        for slot in self._slots:
+            if isinstance(slot.service, ReclaimsSpace):
+                files, freed = slot.service.reclaim_space()
+                if files:
+                    log.info("reclaimed space service=%s files=%d bytes=%d", slot.service.name,
+                             files, freed)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -473,7 +502,15 @@ class Daemon:
             log.info("service stopped service=%s", name)
             return
         if graceful.done():
-            log.error("graceful stop failed service=%s", name, exc_info=graceful.exception())
+            # e.g. the storage role's final snapshot failed: nothing acknowledged is lost (the
+            # synced log replays), but the stop did not do what it should, so the status says so
+            exc = graceful.exception()
+            if self._exit_code == EXIT_OK:
+                self._exit_code = EXIT_FAILURE
+            if isinstance(exc, (GiaannError, OSError)):  # says it all: no traceback
+                log.error("graceful stop failed service=%s error=%r", name, exc)
+            else:
+                log.error("graceful stop failed service=%s", name, exc_info=exc)
         else:
             graceful.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

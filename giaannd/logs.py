@@ -9,15 +9,25 @@ Under systemd, stderr is connected to journald, which adds its own timestamps an
 we emit that prefix and no timestamp there. systemd sets ``JOURNAL_STREAM=<dev>:<inode>`` for the
 stream it connected; comparing it with stderr's own device and inode (the check sd_journal's
 documentation recommends) avoids misdetecting a child whose stderr was redirected elsewhere.
+
+``format = "json"`` is for operators who ship logs to Loki or Elasticsearch: one JSON object per
+line with ``time`` (RFC 3339, UTC, milliseconds), ``level``, ``logger`` and ``message``, plus every
+``key=value`` field of the message as a key of its own (numbers as numbers), and ``exc`` with the
+traceback when there is one. A field named like one of the four fixed keys is kept as
+``field_<name>`` so it can never hide them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import time
 from collections.abc import Mapping
-from typing import TextIO
+from typing import Any, TextIO
+
+import msgspec
 
 __all__ = ["configure_logging", "stream_is_journal"]
 
@@ -44,6 +54,44 @@ class _JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
+#: A ``key=value`` field in a message: the key a word, the value up to the next blank.
+_FIELD = re.compile(r"(?<![\w.])([A-Za-z_][\w.-]*)=(\S+)")
+_FIXED_KEYS = frozenset({"time", "level", "logger", "message", "exc"})
+_JSON = msgspec.json.Encoder()
+
+
+def _field_value(text: str) -> Any:
+    """A field's value as JSON would carry it: an int or float when it reads as one."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if value == value and abs(value) != float("inf") else text  # no NaN/inf in JSON
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per record (module docstring); never raises on odd messages."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                    + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message,
+        }
+        for key, value in _FIELD.findall(message):
+            doc["field_" + key if key in _FIXED_KEYS else key] = _field_value(value)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return _JSON.encode(doc).decode()
+
+
 def stream_is_journal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """True when ``stream`` is the journald stream systemd named in ``JOURNAL_STREAM``."""
     value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
@@ -63,15 +111,21 @@ def configure_logging(
     stream: TextIO | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> None:
-    """Send the root logger to ``stream`` (stderr) at ``level`` in ``fmt`` (auto/plain/journal).
+    """Send the root logger to ``stream`` (stderr) at ``level`` in ``fmt`` (auto/plain/journal/json).
 
     Replaces handlers installed by an earlier call, so calling it twice does not duplicate lines.
     """
     stream = sys.stderr if stream is None else stream
     journal = fmt == "journal" or (fmt == "auto" and stream_is_journal(stream, environ))
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(_JournalFormatter(_JOURNAL_FORMAT) if journal
-                         else logging.Formatter(_PLAIN_FORMAT))
+    formatter: logging.Formatter
+    if fmt == "json":
+        formatter = _JsonFormatter()
+    elif journal:
+        formatter = _JournalFormatter(_JOURNAL_FORMAT)
+    else:
+        formatter = logging.Formatter(_PLAIN_FORMAT)
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, "_giaannd", False):

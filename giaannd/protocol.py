@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.cluster.ring import MAX_RING_ENTRIES, WireEntry
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from peers.placement import Placement
 
@@ -162,9 +163,12 @@ _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 
 
-class ProtocolViolation(ValueError):
+class ProtocolViolation(RemoteFault, ValueError):
     """The peer sent something this protocol does not accept (undecodable, over a limit, wrong
-    buffers). The service answers it with ``BadRequest`` and keeps serving; it never mutates state."""
+    buffers). The service answers it with ``BadRequest`` and keeps serving; it never mutates state.
+    Still a ``ValueError``, as broad ``except ValueError`` refusals (stream endpoint, sender) catch it."""
+
+    reason = "protocol_violation"
 
 
 # -- requests (tags 1..63) -----------------------------------------------------------------------
@@ -310,12 +314,19 @@ class DigestsReply(msgspec.Struct, frozen=True, tag=66):
 
 
 class UsageReply(msgspec.Struct, frozen=True, tag=67):
+    """``used_bytes`` of ``capacity_bytes`` is RAM; the ``disk_*`` fields (0 from a node that
+    predates them) are the bytes of the node's storage files and its file system's free and total
+    bytes."""
+
     capacity_bytes: int
     used_bytes: int
     num_rows: int
     num_entries: int
     is_full: bool
     hints_held: int = 0
+    disk_bytes: int = 0
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
 
 
 class AppliedMask(msgspec.Struct, frozen=True, tag=68):

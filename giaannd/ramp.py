@@ -16,10 +16,10 @@ spread the load over ``ramp_s`` seconds from the moment the member came up:
   its rows only grows (a row once sent to it stays with it: its cache warms monotonically).
   Deterministic: the same rows at the same instant always go to the same replica.
 - **Hint delivery** (``HintPacer``, used by ``StorageService``): hints for the member are sent
-  through a token bucket (GCRA form) whose rate grows linearly from ``start_bytes_per_s`` to
-  ``HINT_RAMP_FACTOR`` times that over ``ramp_s``; after the ramp, delivery is unpaced. Pacing
-  only delays: every hint is still delivered, in order, and a hint larger than the bucket goes
-  alone (the next one waits until its bytes are paid for).
+  through a token bucket (``peers.token_bucket.TokenBucket``, GCRA form) whose rate grows
+  linearly from ``start_bytes_per_s`` to ``HINT_RAMP_FACTOR`` times that over ``ramp_s``; after the
+  ramp, delivery is unpaced. Pacing only delays: every hint is still delivered, in order, and a
+  hint larger than the bucket goes alone (the next one waits until its bytes are paid for).
 
 Both restart when the member goes down and comes up again. Pure: no clock of its own (every
 method takes ``now``), no I/O; the client and the service own the clocks.
@@ -33,6 +33,8 @@ from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
+
+from peers.token_bucket import TokenBucket
 
 __all__ = [
     "HINT_BURST_S",
@@ -130,8 +132,8 @@ class HintPacer:
     """Paces hint bytes to one member that came up at ``started_at`` (module docstring).
 
     ``reserve(now, nbytes)`` books a send and returns how long to wait before it; the caller sends
-    after that wait. A generic cell rate algorithm: ``_tat`` is when the bytes booked so far are
-    paid for; a send may start once ``_tat`` is at most ``burst_s`` ahead of its start.
+    after that wait. The bucket is the shared GCRA one; this class only sets its rate for each send
+    (the ramp's rate at the send's start) and stops pacing once the ramp is over.
 
     Args:
         start_bytes_per_s: rate at ``started_at``.
@@ -150,7 +152,7 @@ class HintPacer:
         self.started_at = started_at
         self.factor = factor
         self.burst_s = burst_s
-        self._tat = started_at
+        self._bucket = TokenBucket(start_bytes_per_s, started_at, burst_s=burst_s)
 
     def rate(self, now: float) -> float:
         """Bytes per second allowed at ``now`` (infinite once the ramp is over)."""
@@ -164,8 +166,8 @@ class HintPacer:
 
     def reserve(self, now: float, nbytes: int) -> float:
         """Book ``nbytes`` to send as soon as allowed; returns the seconds to wait first (>= 0)."""
-        start = max(now, self._tat - self.burst_s)
+        start = self._bucket.start_at(now)
         if self.done(start):
             return max(0.0, start - now)
-        self._tat = max(self._tat, start) + nbytes / self.rate(start)
-        return start - now
+        self._bucket.rate = self.rate(start)
+        return self._bucket.reserve(now, nbytes)

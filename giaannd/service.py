@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from giaannd.admin.api import AdminApi
     from giaannd.runtime.node import NodeRuntime
 
-__all__ = ["Service", "ServiceContext"]
+__all__ = ["ReclaimsSpace", "Service", "ServiceContext"]
 
 
 @runtime_checkable
@@ -31,7 +31,9 @@ class Service(Protocol):
     async def start(self, ctx: ServiceContext) -> None:
         """Start serving; return once ready (long-running loops go in ``ctx.spawn``).
 
-        Register admin routes (``ctx.admin.add_route``) and metrics (``ctx.metrics``) here.
+        Bind admin operations (``ctx.admin.bind(op_id, handler)``, giaannd/operations.py) and
+        register metrics (``ctx.metrics``) here. A service named after a role (or ``membership``)
+        must have bound every operation declared for it by the time ``start`` returns.
         Raising aborts startup: services already started are stopped and the daemon exits 1.
         """
 
@@ -41,6 +43,18 @@ class Service(Protocol):
 
     def health(self) -> Mapping[str, Any]:
         """A small JSON-able summary for ``/v1/status`` (cheap, synchronous, never raises)."""
+
+
+@runtime_checkable
+class ReclaimsSpace(Protocol):
+    """A service whose files may include leftovers of writes that a crash or a full disk
+    interrupted (a snapshot's temporary): never valid data, but they take space."""
+
+    def reclaim_space(self) -> tuple[int, int]:
+        """Delete those leftovers; returns (files, bytes) removed. The daemon calls it once it
+        holds the data directory's lock and before it writes anything there (the lock's pid, the
+        node id, the admin address, the incarnation...), so a disk the leftovers filled does not
+        stop start-up. Synchronous and quick (unlinks only); raises ``OSError`` when it cannot."""
 
 
 @dataclass

@@ -24,6 +24,14 @@ frame's bulk is being received, ``get_buffer()`` returns a slice of the *destina
 into it: no copy between wire and tensor. Only bytes that arrive in the same read as the header (at
 most ``STAGING_BYTES``) are copied once out of the staging buffer.
 
+A body is never allocated ahead of its bytes: one larger than the staging buffer is received in
+chunks of at most ``BODY_CHUNK_BYTES``, each allocated when the previous one is full, so a header
+that announces 16 MiB and sends nothing more costs one chunk, not 16 MiB. ``max_body_bytes`` can be
+lowered below ``MAX_BODY_BYTES`` (the session does so until the handshake has authenticated the
+peer), and ``stepwise`` makes the decoder return after each frame, so that its owner can change the
+limit (or its allocator's state) between a handshake frame and the frame that follows it in the
+same read; ``more()`` then decodes what is still buffered.
+
 Everything that affects decoding lives in this file. It does no I/O, logging or timing.
 """
 
@@ -52,6 +60,7 @@ __all__ = [
     "MAX_BUFFER_BYTES",
     "MAX_BULK_BYTES_PER_FRAME",
     "STAGING_BYTES",
+    "BODY_CHUNK_BYTES",
     "Frame",
     "Allocate",
     "FrameDecoder",
@@ -83,6 +92,10 @@ MAX_BUFFER_BYTES: Final = 2 * 2**30
 MAX_BULK_BYTES_PER_FRAME: Final = 4 * 2**30
 #: Size of the staging buffer used while reading headers and bodies (one socket read).
 STAGING_BYTES: Final = 64 * 2**10
+#: Bodies larger than the staging buffer are received in chunks of at most this size, each allocated
+#: only once the previous one is full: memory follows the bytes that arrived (plus one chunk), not
+#: the length a header claims. 1 MiB keeps the chunk count of a 16 MiB body at 16 (one join copy).
+BODY_CHUNK_BYTES: Final = 1 * 2**20
 
 
 def checksum(view: memoryview) -> int:
@@ -260,9 +273,21 @@ _HEADER, _BODY, _BULK = 0, 1, 2
 class FrameDecoder:
     """Incremental decoder; see the module docstring. After it raises, it is dead: close the link."""
 
-    def __init__(self, allocate: Allocate, *, verify_checksums: bool = True) -> None:
+    def __init__(self, allocate: Allocate, *, verify_checksums: bool = True,
+                 max_body_bytes: int = MAX_BODY_BYTES, stepwise: bool = False) -> None:
+        """Args:
+            allocate: where a frame's bulk goes (see ``Allocate``).
+            verify_checksums: check bulk buffers against the checksums their specs carry.
+            max_body_bytes: bodies announced larger are refused (``oversize``) before anything is
+                allocated; at most ``MAX_BODY_BYTES``. Settable between frames.
+            stepwise: return after each complete frame; ``more()`` continues. Settable.
+        """
+        if not 0 <= max_body_bytes <= MAX_BODY_BYTES:
+            raise ValueError(f"max_body_bytes must be in [0, {MAX_BODY_BYTES}]")
         self._allocate = allocate
         self._verify = verify_checksums
+        self.max_body_bytes = max_body_bytes
+        self.stepwise = stepwise
         self._decoder = wire.decoder()
         self._staging = bytearray(STAGING_BYTES)
         self._staged = 0  # valid bytes at the start of _staging
@@ -271,8 +296,10 @@ class FrameDecoder:
         self._flags = 0
         self._nbufs = 0
         self._bulk_len = 0
-        self._big_body: bytearray | None = None  # bodies larger than the staging buffer
-        self._big_filled = 0
+        # a body larger than the staging buffer: chunks allocated as its bytes arrive
+        self._chunks: list[bytearray] = []
+        self._chunk_filled = 0  # valid bytes in the last chunk
+        self._big_filled = 0  # valid bytes in all chunks
         self._message: wire.Message | None = None
         self._specs: Sequence[wire.BufferSpec] = ()
         self._dests: list[memoryview] = []
@@ -290,8 +317,8 @@ class FrameDecoder:
         if self._state == _BULK:
             dest = self._dests[self._dest_index]
             return dest[self._dest_offset :]
-        if self._big_body is not None:
-            return memoryview(self._big_body)[self._big_filled :]
+        if self._chunks:
+            return memoryview(self._chunks[-1])[self._chunk_filled :]
         return memoryview(self._staging)[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
@@ -325,10 +352,31 @@ class FrameDecoder:
             frames.extend(self.buffer_updated(n))
         return frames
 
+    def more(self) -> list[Frame]:
+        """Frames still complete in the bytes already buffered (after a ``stepwise`` return).
+
+        Raises:
+            RemoteProtocolError: as ``buffer_updated``.
+        """
+        return self.buffer_updated(0)
+
     @property
     def idle(self) -> bool:
         """True between frames (no partial frame buffered): a clean place for EOF."""
-        return self._state == _HEADER and self._staged == 0 and self._big_body is None
+        return self._state == _HEADER and self._staged == 0 and not self._chunks
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of memory the decoder holds for headers and bodies (not bulk destinations)."""
+        return len(self._staging) + sum(len(c) for c in self._chunks)
+
+    def close(self) -> None:
+        """Drop every buffer (the link is gone); the decoder is dead afterwards."""
+        self._dead = True
+        self._staging = bytearray()
+        self._staged = 0
+        self._chunks = []
+        self._message, self._specs, self._dests = None, (), []
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -338,15 +386,28 @@ class FrameDecoder:
             self._dest_offset += nbytes
             self._finish_bulk_if_done(frames)
             return frames
-        if self._big_body is not None:
+        if self._chunks:
+            self._chunk_filled += nbytes
             self._big_filled += nbytes
-            if self._big_filled == len(self._big_body):
-                body, self._big_body = bytes(self._big_body), None
-                self._on_body(body, frames)
+            if self._big_filled == self._body_len:
+                self._on_body(self._take_chunks(), frames)
+            elif self._chunk_filled == len(self._chunks[-1]):
+                self._add_chunk()
             return frames
         self._staged += nbytes
         self._drain_staging(frames)
         return frames
+
+    def _add_chunk(self) -> None:
+        """Allocate the next chunk of a large body: never more than is still to come, ≤ 1 chunk."""
+        size = min(BODY_CHUNK_BYTES, self._body_len - self._big_filled)
+        self._chunks.append(bytearray(size))
+        self._chunk_filled = 0
+
+    def _take_chunks(self) -> bytes:
+        chunks, self._chunks = self._chunks, []
+        self._chunk_filled = self._big_filled = 0
+        return b"".join(chunks)
 
     def _drain_staging(self, frames: list[Frame]) -> None:
         """Parse as many headers/bodies as the staging buffer holds; spill bulk into destinations."""
@@ -368,18 +429,22 @@ class FrameDecoder:
                 continue
             if staged - pos < HEADER_BYTES:
                 break
+            if self.stepwise and frames:
+                break  # one frame per call: the owner looks at it before the next is decoded
             self._parse_header(buf, pos)
             pos += HEADER_BYTES
             if self._body_len > STAGING_BYTES - HEADER_BYTES:
-                self._big_body = bytearray(self._body_len)  # checked against MAX_BODY_BYTES
+                # the staged part is < STAGING_BYTES ≤ BODY_CHUNK_BYTES: it fits the first chunk
+                self._add_chunk()
                 take = min(self._body_len, staged - pos)
-                self._big_body[:take] = buf[pos : pos + take]
-                self._big_filled = take
+                self._chunks[0][:take] = buf[pos : pos + take]
+                self._chunk_filled = self._big_filled = take
                 pos += take
                 if self._big_filled < self._body_len:
+                    if self._chunk_filled == len(self._chunks[-1]):
+                        self._add_chunk()
                     break
-                body, self._big_body = bytes(self._big_body), None
-                self._on_body(body, frames)
+                self._on_body(self._take_chunks(), frames)
                 continue
             if staged - pos < self._body_len:
                 pos -= HEADER_BYTES  # wait for the whole body; re-parse the header then
@@ -400,8 +465,9 @@ class FrameDecoder:
             raise RemoteProtocolError(f"unknown frame version {version}", reason="bad_version")
         if flags & ~_KNOWN_FLAGS:
             raise RemoteProtocolError(f"unknown frame flags {flags:#x}", reason="bad_flags")
-        if body_len > MAX_BODY_BYTES:
-            raise RemoteProtocolError(f"body of {body_len} bytes over limit", reason="oversize")
+        if body_len > self.max_body_bytes:
+            raise RemoteProtocolError(f"body of {body_len} bytes over limit {self.max_body_bytes}",
+                                      reason="oversize")
         if nbufs > MAX_BUFFERS_PER_FRAME:
             raise RemoteProtocolError(f"{nbufs} buffers over limit", reason="oversize")
         if bulk_len > MAX_BULK_BYTES_PER_FRAME:

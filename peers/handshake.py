@@ -160,7 +160,8 @@ class ClientHandshake(_Base):
             raise HandshakeRejected(f"rejected by server: {msg.message}", reason=msg.reason, by_peer=True)
         if not isinstance(msg, wire.Ready) or self._welcome is None:
             raise self._fail("protocol", f"expected Ready, got {type(msg).__name__}")
-        if msg.bulk_path not in TRANSPORT_PREFERENCE or (msg.bulk_path != "inline" and msg.bulk_path not in self.transports):
+        if msg.bulk_path not in TRANSPORT_PREFERENCE or (
+                msg.bulk_path != "inline" and msg.bulk_path not in self.transports):
             raise self._fail("protocol", f"server chose unknown bulk path {msg.bulk_path!r}")
         return Agreement(self._version, self._server_id, msg.bulk_path, self._welcome.ucx_address,
                          self._welcome.bulk_salt)

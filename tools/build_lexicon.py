@@ -8,8 +8,11 @@ Usage (root; installs the Debian package if missing is up to you)::
 What goes in (giaann-algorithm.md §2.4 asks "can this word, or its lemma, ever be VERB / ADP /
 CCONJ / SCONJ?"):
 
-* **VERB**: every single-word lemma of WordNet 3.0 ``index.verb``; every inflected form and base of
-  ``verb.exc`` (irregular forms: "went", "sang", "abode"); regular inflections generated here from
+* **VERB**: every single-word lemma of WordNet 3.0 ``index.verb``; every inflected form of
+  ``verb.exc`` whose base is such a lemma (irregular forms: "went", "sang", "abode"; a base that is
+  no verb lemma, e.g. "easy" of "easied", "may" of "might", "pretty" of "prettied", adds nothing:
+  WordNet lists those exceptions for lemmatisation, and v1 of this builder wrongly made every
+  base a verb, so "may" became a deterministic delimiter); regular inflections generated here from
   each lemma (-s/-es/-ies, -ed/-d/-ied, -ing, with consonant doubling in both variants when the
   stress cannot be known: "prefer" -> "preferred" and "prefered"); the verb contractions
   ('s 're 'm 've 'd) that Penn Treebank tags VBZ/VBP/VBD.
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from giaannd.model.lexicon import DEFAULT_LEXICON_FILE, Lexicon, PosClass
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 DEFAULT_WORDNET_DIR = Path("/usr/share/wordnet")
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "giaannd" / "data" / DEFAULT_LEXICON_FILE
 
@@ -189,9 +192,9 @@ def build(wordnet_dir: Path) -> Lexicon:
     add(lemmas, PosClass.VERB)
     for lemma in lemmas:
         add(inflections(lemma), PosClass.VERB)
-    exc = read_verb_exc(verb_exc)
+    verbs = set(lemmas)
+    exc = [(form, base) for form, base in read_verb_exc(verb_exc) if base in verbs]
     add((form for form, _ in exc), PosClass.VERB)
-    add((base for _, base in exc), PosClass.VERB)
     add(VERB_CONTRACTIONS, PosClass.VERB)
     ptb_in = PosClass.ADP | PosClass.SCONJ  # the reference maps PTB IN to both
     add(PREPOSITIONS, ptb_in)
@@ -203,7 +206,7 @@ def build(wordnet_dir: Path) -> Lexicon:
         f"source: WordNet 3.0, Debian wordnet-base {_package_version('wordnet-base')} "
         "(Princeton WordNet licence)",
         f"source: index.verb sha256 {_sha256(index_verb)} ({len(lemmas)} single-word lemmas)",
-        f"source: verb.exc sha256 {_sha256(verb_exc)} ({len(exc)} irregular pairs)",
+        f"source: verb.exc sha256 {_sha256(verb_exc)} ({len(exc)} irregular pairs whose base is a verb lemma)",
         "source: generated regular inflections (-s/-es/-ies, -ed/-d/-ied, -ing, doubling)",
         "source: closed-class lists (UD English ADP/SCONJ/CCONJ/AUX guidelines; PTB IN -> ADP+SCONJ)",
         "flags: V=VERB A=ADP C=CCONJ S=SCONJ X=AUX",

@@ -15,7 +15,8 @@ uncompressed size)`` uint32 triples, one per zlib block stored in ``*.bzz``. ``*
 ``(block number: uint32, offset: uint32, size: uint16)`` entries, one per index slot of the KJV
 versification (module/testament/book/chapter headings and verses); a slot's text is bytes
 ``[offset, offset+size)`` of its decompressed block, UTF-8 OSIS markup. A slot holding a
-``<chapter .../>`` element starts a new chapter (any text in it belongs to that chapter): we join the verses of one chapter into one text so that spaCy's sentence
+``<chapter .../>`` element starts a new chapter (any text in it belongs to that chapter): we join the verses of one
+chapter into one text so that spaCy's sentence
 splitter sees sentences that run across verse boundaries.
 
 Cleaning: footnotes (``<note>``) and headings (``<title>``) are dropped (a space is kept where a
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = list(chapters(args.module_dir, per_verse=args.per_verse))[: args.max_chapters]
     if args.full is None:  # the excerpt needs only the first chapters; stop tagging early
         texts = _enough_chapters(texts, args.excerpt_sentences)
-    nlp = load_english(sentences=True)
+    nlp = load_english()
     t0, c0 = time.perf_counter(), time.process_time()
     sentences: list[TaggedSentence] = []
     batch = 256 if args.per_verse else _CHAPTERS_PER_BATCH

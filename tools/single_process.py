@@ -2,16 +2,27 @@
 
     python -m tools.single_process [--sentences 8000] [--heldout 500] [--prompts 500]
                                    [--prompt "In the beginning, God created the heavens"] [--max-new 20]
-                                   [--corpus FILE.conllu[.gz]] [--jsonl OUT] [--snapshot OUT]
+                                   [--corpus FILE] [--tag-cache DIR] [--lexicon FILE]
+                                   [--prompts-file FILE] [--constants train|test]
+                                   [--jsonl OUT] [--snapshot OUT]
 
-* trains on the first ``--sentences`` usable sentences (in corpus order);
+* trains on the first ``--sentences`` usable sentences (in corpus order) of the bundled excerpt or
+  of ``--corpus``: CoNLL-U (``.conllu``, ``.conllu.gz``) as is, any other file as UTF-8 text tagged
+  as the training path tags it (articles split at blank lines, the reference's sentencizer, each
+  sentence tagged alone; cached under ``--tag-cache`` when given);
 * train-set evaluation: teacher-forced top-1 (§7) on the first ``--prompts`` *training* sentences
   with the train-set constants; test-set evaluation: on the ``--heldout`` sentences that follow the
   training ones, never trained, with the test-set constants (the reference's two protocols);
 * generation: free-running continuation of ``--prompt`` (tagged with spaCy when it is installed;
-  without spaCy, the first tokens of a held-out sentence are used and said so).
+  without spaCy, the first tokens of a held-out sentence are used and said so);
+* ``--prompts-file FILE`` replaces both evaluations and the generation: every non-blank line is one
+  prompt, tagged whole as the reference tags a prompt line (a CoNLL-U file: one sentence per
+  prompt), evaluated teacher-forced with 8 seed tokens and the ``--constants`` set (default
+  ``train``); each prompt is printed with its predictions, then the top-1 over all of them;
+* ``--lexicon FILE``: the ever-POS lexicon (the reference's ``everPos.wordnet.pkl.gz``, a
+  ``word<TAB>UPOS`` file, or giaannd's format) instead of the shipped one.
 
-Exit status 0 on success, 2 on bad arguments.
+Exit status 0 on success, 2 on bad arguments or unreadable input.
 """
 
 from __future__ import annotations
@@ -21,12 +32,25 @@ import itertools
 import resource
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
-from giaannd.model.columns import EncodeStats
-from giaannd.model.engine import Engine
+from giaannd.errors import GiaannError
+from giaannd.model.columns import ColumnAssigner, EncodeStats
+from giaannd.model.engine import Engine, constants_named
 from giaannd.model.export import save_snapshot, write_jsonl
-from giaannd.model.infer import TEST_SET, TRAIN_SET
-from giaannd.model.tokens import TaggedSentence, load_bundled_corpus, read_conllu
+from giaannd.model.infer import SEED_TOKENS, TEST_SET, TRAIN_SET
+from giaannd.model.lexicon import load_lexicon
+from giaannd.model.tokens import (
+    TaggedSentence,
+    load_bundled_corpus,
+    read_conllu,
+    tag_file,
+    tag_file_cached,
+)
+
+#: File names read as CoNLL-U; anything else is text to tag.
+CONLLU_SUFFIXES = (".conllu", ".conllu.gz")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,7 +60,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=500, help="train-set evaluation prompts (default 500)")
     ap.add_argument("--prompt", default="In the beginning, God created the heavens", help="generation prompt")
     ap.add_argument("--max-new", type=int, default=20, help="tokens to generate (default 20)")
-    ap.add_argument("--corpus", default=None, help="a CoNLL-U file instead of the bundled excerpt")
+    ap.add_argument("--corpus", default=None,
+                    help="a CoNLL-U or UTF-8 text file instead of the bundled excerpt (text is tagged)")
+    ap.add_argument("--tag-cache", default=None, help="cache tagged text files here (.conllu.gz)")
+    ap.add_argument("--lexicon", default=None, help="ever-POS lexicon file instead of the shipped one")
+    ap.add_argument("--prompts-file", default=None,
+                    help="evaluate these prompts (one per non-blank line) instead of the default runs")
+    ap.add_argument("--constants", choices=("train", "test"), default="train",
+                    help="constant set for --prompts-file (default train)")
     ap.add_argument("--jsonl", default=None, help="write the JSONL export of all rows here")
     ap.add_argument("--snapshot", default=None, help="write a binary row snapshot here")
     args = ap.parse_args(argv)
@@ -48,9 +79,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def _prompt(engine: Engine, text: str, heldout: list[TaggedSentence]) -> tuple[TaggedSentence | None, str]:
     try:
-        from giaannd.model.tokens import tag_texts
+        from giaannd.model.tokens import tag_lines
 
-        tagged = next(iter(tag_texts([text])), None)
+        tagged = next(iter(tag_lines([text])), None)  # one sequence, as the reference tags a prompt
         if tagged:
             return tagged, "tagged with spaCy"
     except Exception as exc:  # spaCy or its model missing: say so, fall back
@@ -62,12 +93,60 @@ def _prompt(engine: Engine, text: str, heldout: list[TaggedSentence]) -> tuple[T
     return None, note
 
 
+def _read(path: str, tag_cache: str | None, *, lines: bool) -> list[TaggedSentence]:
+    """Sentences of a CoNLL-U file as is, or of a text file tagged (articles, or one per line)."""
+    if path.endswith(CONLLU_SUFFIXES):
+        return list(read_conllu(path))
+    if tag_cache:
+        return list(read_conllu(tag_file_cached(path, tag_cache, lines=lines)))
+    return tag_file(path, lines=lines)
+
+
+def _show(words: Iterator[str] | list[str]) -> str:
+    # whitespace tokens (the reference keeps runs of tabs/spaces) are shown escaped
+    return " ".join(repr(w)[1:-1] if w.isspace() else w for w in words)
+
+
+def _evaluate_prompt_file(engine: Engine, path: str, tag_cache: str | None, constants_name: str) -> None:
+    prompts = _read(path, tag_cache, lines=True)
+    constants = constants_named(constants_name)
+    vocab = engine.assigner.vocab
+    total = skipped = 0
+    matches = tokens = none = 0
+    t0 = time.perf_counter()
+    for number, tagged in enumerate(prompts, 1):
+        enc = engine.assigner.encode(tagged, update_flags=False)
+        if enc is None or len(enc) < SEED_TOKENS + 1:
+            skipped += 1
+            print(f"prompt {number}: skipped ({len(tagged)} tokens; column assignment kept "
+                  f"{0 if enc is None else len(enc)}, {SEED_TOKENS + 1} needed, with a noun)")
+            continue
+        r = engine.evaluate([enc], constants=constants, keep_details=True)
+        total += 1
+        matches, tokens, none = matches + r.matches, tokens + r.prediction_tokens, none + r.no_prediction
+        predicted = ["-" if p is None else vocab.word_of(*p) for p in r.predictions[0]]
+        print(f"prompt {number}: {_show(list(enc.words))}")
+        print(f"  targets:   {_show([enc.target_word(k) for k in range(SEED_TOKENS, len(enc))])}")
+        print(f"  predicted: {_show(predicted)}")
+        print(f"  top-1 {r.matches}/{r.prediction_tokens}")
+    dt = time.perf_counter() - t0
+    top1 = matches / tokens if tokens else 0.0
+    print(f"top-1 prompt file ({constants_name} constants): {top1:.4f} ({matches}/{tokens} prediction tokens, "
+          f"{total} prompts, {skipped} skipped, {none} without prediction; {dt:.2f}s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     t0 = time.perf_counter()
-    want = args.sentences + args.heldout
-    source = read_conllu(args.corpus) if args.corpus else iter(load_bundled_corpus())
-    engine = Engine()
+    try:
+        assigner = ColumnAssigner(load_lexicon(args.lexicon) if args.lexicon else None)
+        source = iter(_read(args.corpus, args.tag_cache, lines=False) if args.corpus else load_bundled_corpus())
+        if args.prompts_file and not Path(args.prompts_file).is_file():
+            raise FileNotFoundError(f"prompt file {args.prompts_file} does not exist or is not a file")
+    except (GiaannError, OSError) as exc:
+        print(f"single_process: {exc}", file=sys.stderr)
+        return 2
+    engine = Engine(assigner)
     # Take sentences in order until --sentences are usable for training; the next ones are held out.
     train_tagged: list[TaggedSentence] = []
     usable = 0
@@ -94,6 +173,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{store.nbytes / 2**20:.1f} MiB; vocabulary {engine.assigner.vocab.num_columns} columns, "
           f"{engine.assigner.vocab.num_features} features")
 
+    if args.prompts_file:
+        try:
+            _evaluate_prompt_file(engine, args.prompts_file, args.tag_cache, args.constants)
+        except (GiaannError, OSError) as exc:
+            print(f"single_process: {exc}", file=sys.stderr)
+            return 2
+        _exports(engine, args)
+        print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
+              f"total {time.perf_counter() - t0:.1f}s")
+        return 0
+
     train_prompts = engine.encode_prompts(train_tagged)[: args.prompts]
     held = engine.encode_prompts(heldout)[: args.heldout]
     for label, prompts, constants in (("train-set", train_prompts, TRAIN_SET),
@@ -112,15 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generate ({how}): {words!r} -> {' '.join(out)!r}")
     else:
         print(f"generate: skipped ({how})")
-    if args.jsonl:
-        n = write_jsonl(store, engine.assigner.vocab, args.jsonl)
-        print(f"wrote {n} JSONL lines to {args.jsonl}")
-    if args.snapshot:
-        size = save_snapshot(store, args.snapshot)
-        print(f"wrote a {size / 2**20:.1f} MiB snapshot to {args.snapshot}")
+    _exports(engine, args)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
           f"total {time.perf_counter() - t0:.1f}s")
     return 0
+
+
+def _exports(engine: Engine, args: argparse.Namespace) -> None:
+    if args.jsonl:
+        n = write_jsonl(engine.store, engine.assigner.vocab, args.jsonl)
+        print(f"wrote {n} JSONL lines to {args.jsonl}")
+    if args.snapshot:
+        size = save_snapshot(engine.store, args.snapshot)
+        print(f"wrote a {size / 2**20:.1f} MiB snapshot to {args.snapshot}")
 
 
 if __name__ == "__main__":

@@ -2,77 +2,102 @@
 
 Who may call what (documented in docs/operations.md):
 
-- ``/v1/*`` always needs ``Authorization: Bearer <token>``; the token comes from a file and is
-  compared in constant time (``hmac.compare_digest``) so response timing leaks nothing about it.
-- ``/metrics`` and the status page ``/`` are read-only; they need no token when the request comes
-  from a loopback address (a node-local Prometheus agent or an operator's browser over an SSH
-  tunnel cannot easily send a bearer token) unless ``admin.metrics-require-token`` is set. From
-  any other address they need the token like everything else.
+- ``/v1/*`` needs ``Authorization: Bearer <token>``; the token comes from a file and is compared
+  in constant time (``hmac.compare_digest``) so response timing leaks nothing about it.
+  The one exception is an operation declared ``public`` (``GET /v1/health``): load balancers and
+  systemd checks hold no token, and its answer (ready, starting or draining) tells a caller
+  nothing the TCP connect did not. ``public`` is a property of the declared operation, never of
+  a path prefix, so every other ``/v1/`` route (and every unknown path) still needs the token.
+- ``/metrics``, the status page ``/`` and the read-only views the page polls (operations marked
+  ``public_on_loopback``: ``/v1/status``, ``/v1/members``, ``/v1/ring``, ``/v1/ring/usage``,
+  ``/v1/jobs``) need no token when the request comes from a loopback address (a node-local
+  Prometheus agent or an operator's browser over an SSH tunnel cannot easily send a bearer token)
+  unless ``admin.metrics-require-token`` is set. From any other address they need the token like
+  everything else, and a token that is presented must be right. Like ``public``, this is a
+  property of the declared operation, not of a path.
+
+Every route is an operation declared in giaannd/operations.py: services ``bind`` a handler to an
+operation id, and the method and path template come from that table (a ``{name}`` segment matches
+one path segment). Binding an undeclared id is refused; ``require_bound`` (called by the daemon
+after each service starts) refuses a service that left one of its operations unbound. Handlers
+return any msgspec-encodable value (sent as JSON) or an aiohttp response, and raise
+``AdminHTTPError`` for clean error replies.
 
 Routing is our own small table rather than aiohttp's router because aiohttp freezes its router
-when the server starts, and role services register routes while the daemon is already serving
-``/v1/status`` (a slow storage load must not make the node look dead). A route is a method and a
-template whose ``{name}`` segments match one path segment; handlers return any msgspec-encodable
-value (sent as JSON) or an aiohttp response, and raise ``AdminHTTPError`` for clean error replies.
+when the server starts, and role services bind operations while the daemon is already serving
+``/v1/status`` (a slow storage load must not make the node look dead).
+
+Limits (config ``[admin]``, docs/operations.md "Limits and hardening"): at most
+``max-connections`` open connections and a deadline for each request head (connections.py); a
+body is read here, before the handler, under ``body-timeout-s`` (408) and ``max-body-bytes`` (413,
+checked against a declared ``Content-Length`` before reading anything), so handlers only ever see
+a body already in memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import html
 import inspect
 import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 import msgspec
 from aiohttp import web
 
+from giaannd.admin.connections import ConnectionGuard, GuardedSite
+from giaannd.admin.status_page import render_status_page
+from giaannd.config import AdminConfig
 from giaannd.errors import AdminHTTPError
 from giaannd.metrics import CONTENT_TYPE, Metrics
+from giaannd.operations import OPERATIONS, Handler, Operation, match_path, operations_of, split_path
 
-__all__ = ["AdminApi", "Handler", "MembersSource"]
+__all__ = ["AdminApi", "MembersSource", "Readiness", "health_of"]
 
 log = logging.getLogger(__name__)
 
-#: A route handler: the request and the template's path parameters -> JSON-able body or response.
-Handler = Callable[[web.Request, Mapping[str, str]], Awaitable[Any]]
 #: What the membership service registers: the current member table, one mapping per member.
 MembersSource = Callable[[], Sequence[Mapping[str, Any]] | Awaitable[Sequence[Mapping[str, Any]]]]
 
-#: Request bodies above this are refused before being read: admin requests are small JSON
-#: documents; corpora travel by path, not through this API.
-MAX_REQUEST_BYTES = 1 << 20
 #: On stop, in-flight admin requests get this long to finish (aiohttp's default is 60 s, which
 #: would eat the whole systemd stop timeout after the drain already used its share).
 ADMIN_SHUTDOWN_TIMEOUT_S = 2.0
+#: After answering a request whose body was not read (408, 413), aiohttp reads and drops what is
+#: still coming for this long before closing, so the client sees the answer rather than a reset
+#: (its default, 10 s, would let a client claiming a 10 GB body hold the socket that long).
+ADMIN_LINGER_S = 1.0
+
+
+#: What ``GET /v1/health`` answers: ``ready`` (200) or, with 503, ``starting`` (services still
+#: starting) or ``draining`` (``giaannctl node drain``, or the daemon is stopping).
+Readiness = Literal["ready", "starting", "draining"]
+_HEALTH_STATUS: Final[Mapping[Readiness, int]] = {"ready": 200, "starting": 503, "draining": 503}
+
+
+def health_of(status: Mapping[str, Any]) -> Readiness:
+    """The readiness of a node whose ``/v1/status`` document is ``status``: its daemon ``state``
+    (starting, running, stopping, stopped; giaannd/daemon.py) and ``draining`` flag."""
+    state = status.get("state")
+    if state == "starting":
+        return "starting"
+    if state == "running" and not status.get("draining"):
+        return "ready"
+    return "draining"
 
 
 @dataclass(frozen=True)
 class _Route:
+    """A bound operation; ``method`` and ``template`` are the operation's, set by ``bind``."""
+
+    op: Operation
     method: str
     template: str
     segments: tuple[str, ...]
     handler: Handler
-    public_on_loopback: bool
-
-    def match(self, parts: Sequence[str]) -> dict[str, str] | None:
-        if len(parts) != len(self.segments):
-            return None
-        params: dict[str, str] = {}
-        for want, got in zip(self.segments, parts):
-            if want.startswith("{") and want.endswith("}"):
-                params[want[1:-1]] = got
-            elif want != got:
-                return None
-        return params
-
-
-def _split(path: str) -> tuple[str, ...]:
-    return tuple(p for p in path.split("/") if p)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -88,24 +113,35 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 class AdminApi:
-    """The admin server. Built by the daemon; services add routes through ``add_route``.
+    """The admin server. Built by the daemon; services bind their operations through ``bind``.
 
     Args:
         token: the bearer token (already read from its file).
         metrics: the daemon's registry, served at ``/metrics``; request counters go there too.
-        status: returns the ``/v1/status`` document (node, roles, uptime, services' health).
+        status: returns the ``/v1/status`` document (node, roles, uptime, services' health);
+            ``GET /v1/health`` answers from its ``state`` and ``draining`` (``health_of``).
         metrics_require_token: demand the token for ``/metrics`` and ``/`` even from loopback.
+        config: the ``[admin]`` section, for its limits (module docstring); defaults if None.
     """
 
     def __init__(self, *, token: str, metrics: Metrics, status: Callable[[], Mapping[str, Any]],
-                 metrics_require_token: bool = False) -> None:
+                 metrics_require_token: bool = False, config: AdminConfig | None = None) -> None:
         if not token:
             raise ValueError("admin token must not be empty")
         self._token = token.encode()
         self._metrics = metrics
         self._status = status
         self._metrics_require_token = metrics_require_token
-        self._routes: list[_Route] = []
+        self._limits = config or AdminConfig()
+        closed = metrics.counter("giaannd_admin_connections_closed_total",
+                                 "Admin connections refused over the cap or closed for a late request head.",
+                                 ["reason"])
+        self._guard = ConnectionGuard(max_connections=self._limits.max_connections,
+                                      header_timeout_s=self._limits.header_timeout_s,
+                                      on_close=lambda reason: closed.labels(reason).inc())
+        metrics.gauge("giaannd_admin_connections_open", "Admin connections open now.").set_function(
+            lambda: self._guard.open_connections)
+        self._routes: dict[str, _Route] = {}
         self._members: MembersSource | None = None
         self._runner: web.AppRunner | None = None
         self._requests = metrics.counter(
@@ -113,29 +149,47 @@ class AdminApi:
             ["route", "method", "status"])
         self._latency = metrics.histogram(
             "giaannd_admin_request_duration_seconds", "Admin API request latency.", ["route"])
-        self.add_route("GET", "/v1/status", self._get_status)
-        self.add_route("GET", "/v1/members", self._get_members)
-        self.add_route("GET", "/metrics", self._get_metrics, public_on_loopback=True)
-        self.add_route("GET", "/", self._get_page, public_on_loopback=True)
+        self.bind("node.status", self._get_status)
+        self.bind("node.health", self._get_health)
+        self.bind("members.list", self._get_members)
+        self.bind("metrics", self._get_metrics)
+        self.bind("status-page", self._get_page)
 
-    def add_route(self, method: str, path: str, handler: Handler, *,
-                  public_on_loopback: bool = False) -> None:
-        """Serve ``method path`` with ``handler``; may be called while the server is running.
+    def bind(self, op_id: str, handler: Handler) -> None:
+        """Serve the operation ``op_id`` (giaannd/operations.py) with ``handler``; may be called
+        while the server is running. The method and path come from the operations table.
 
         Args:
-            method: HTTP method, e.g. ``"GET"`` or ``"POST"``.
-            path: template such as ``/v1/jobs/{job_id}``; ``{name}`` matches one segment.
-            handler: ``async (request, params) -> body``; the body is sent as JSON unless it
-                is already an aiohttp response.
-            public_on_loopback: allow tokenless read access from loopback (metrics-like pages).
+            op_id: e.g. ``"node.decommission"``.
+            handler: ``async (request, params) -> body``; ``params`` holds the path template's
+                ``{name}`` segments; the body is sent as JSON unless it is an aiohttp response.
 
         Raises:
-            ValueError: the same method and template is already registered.
+            ValueError: no operation with a route has that id, or it is bound already.
         """
-        method = method.upper()
-        if any(r.method == method and r.template == path for r in self._routes):
-            raise ValueError(f"admin route {method} {path} is already registered")
-        self._routes.append(_Route(method, path, _split(path), handler, public_on_loopback))
+        op = OPERATIONS.get(op_id)
+        if op is None or op.method is None or op.path is None:
+            raise ValueError(f"admin operation {op_id!r} is not declared (giaannd/operations.py)")
+        if op_id in self._routes:
+            raise ValueError(f"admin operation {op_id} ({op.method} {op.path}) is already bound")
+        self._routes[op_id] = _Route(op, op.method, op.path, split_path(op.path), handler)
+
+    def unbound(self, service: str) -> list[str]:
+        """The ids of ``service``'s declared operations that nothing has bound yet."""
+        return [op.id for op in operations_of(service) if op.id not in self._routes]
+
+    def require_bound(self, service: str) -> None:
+        """Check that ``service`` bound every operation declared for it (a no-op for services
+        that declare none); the daemon calls it once the service has started.
+
+        Raises:
+            RuntimeError: some are unbound: a bug in the service, which would otherwise answer
+                404 for an operation its role promises.
+        """
+        missing = self.unbound(service)
+        if missing:
+            raise RuntimeError(f"service {service} started without binding its admin operations "
+                               f"{', '.join(missing)} (declared in giaannd/operations.py)")
 
     def set_members_source(self, source: MembersSource | None) -> None:
         """Register (or clear) what ``GET /v1/members`` returns; the membership service calls it."""
@@ -143,12 +197,15 @@ class AdminApi:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen on ``host:port`` (port 0 picks one); returns the address actually bound."""
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        # aiohttp stops reading a body past client_max_size; _read_body checks the exact limit.
+        app = web.Application(client_max_size=self._limits.max_body_bytes + 1)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=ADMIN_SHUTDOWN_TIMEOUT_S)
+                                     shutdown_timeout=ADMIN_SHUTDOWN_TIMEOUT_S,
+                                     keepalive_timeout=self._limits.header_timeout_s,
+                                     lingering_time=ADMIN_LINGER_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = GuardedSite(self._runner, host, port, self._guard)
         try:
             await site.start()
         except BaseException:
@@ -167,19 +224,22 @@ class AdminApi:
     # -- dispatch ---------------------------------------------------------------------------
 
     def _authorised(self, request: web.Request, route: _Route | None) -> bool:
-        if route is not None and route.public_on_loopback and not self._metrics_require_token \
-                and _is_loopback(request.remote):
+        if route is not None and route.op.public:
             return True
         header = request.headers.get("Authorization", "")
+        # A presented token is always checked, so a wrong one is reported even where none is needed.
+        if not header and route is not None and route.op.public_on_loopback \
+                and not self._metrics_require_token and _is_loopback(request.remote):
+            return True
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer":
             return False
         return hmac.compare_digest(presented.strip().encode(), self._token)
 
     def _resolve(self, method: str, path: str) -> tuple[_Route | None, dict[str, str], bool]:
-        parts, path_known = _split(path), False
-        for route in self._routes:
-            params = route.match(parts)
+        parts, path_known = split_path(path), False
+        for route in self._routes.values():
+            params = match_path(route.segments, parts)
             if params is None:
                 continue
             path_known = True
@@ -189,12 +249,19 @@ class AdminApi:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
+        self._guard.request_started(request.protocol)
         route, params, path_known = self._resolve(request.method, request.path)
         label = route.template if route else "unmatched"
         try:
             response = await self._handle(request, route, params, path_known)
         except AdminHTTPError as exc:
             response = _json({"error": exc.message, "code": exc.code}, exc.status)
+            if exc.status in (408, 413):  # the body was not read: this connection is done
+                response.force_close()
+        except web.HTTPException as exc:  # raised by aiohttp itself on a bad request
+            response = _json({"error": exc.text or exc.reason,
+                              "code": exc.reason.lower().replace(" ", "_")}, exc.status)
+            response.force_close()
         except Exception:
             log.exception("admin handler failed route=%s", label)
             response = _json({"error": "internal error; see the daemon log", "code": "internal"},
@@ -203,6 +270,7 @@ class AdminApi:
         self._latency.labels(label).observe(time.perf_counter() - started)
         log.debug("admin request method=%s path=%s status=%d", request.method, request.path,
                   response.status)
+        self._guard.request_finished(request.protocol)
         return response
 
     async def _handle(self, request: web.Request, route: _Route | None, params: dict[str, str],
@@ -214,14 +282,40 @@ class AdminApi:
             if path_known:
                 raise AdminHTTPError(405, f"{request.method} not allowed on {request.path}",
                                      "method_not_allowed")
-            raise AdminHTTPError(404, f"this node does not serve {request.path}", "not_served")
+            raise AdminHTTPError(404, _not_served(request.path), "not_served")
+        await self._read_body(request)
         result = await route.handler(request, params)
         return result if isinstance(result, web.StreamResponse) else _json(result)
+
+    async def _read_body(self, request: web.Request) -> None:
+        """Read the body into the request (``request.json()`` then reads memory) within the
+        limits, so no handler can be held by a client that is slow to send it."""
+        if not request.body_exists:
+            return
+        limit = self._limits.max_body_bytes
+        too_large = AdminHTTPError(413, f"request body over the {limit}-byte limit (admin.max-body-bytes)",
+                                   "request_too_large")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large  # refused on the declared length: not one byte of it is awaited
+        try:
+            async with asyncio.timeout(self._limits.body_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            raise AdminHTTPError(408, f"request body not received within {self._limits.body_timeout_s:g}s "
+                                      "(admin.body-timeout-s)", "request_timeout") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large from None
+        if len(body) > limit:  # aiohttp stops past client_max_size; its own test is > or >= by version
+            raise too_large
 
     # -- built-in routes --------------------------------------------------------------------
 
     async def _get_status(self, request: web.Request, params: Mapping[str, str]) -> Any:
         return dict(self._status())
+
+    async def _get_health(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        readiness = health_of(self._status())
+        return _json({"status": readiness}, _HEALTH_STATUS[readiness])
 
     async def _members_table(self) -> list[Mapping[str, Any]]:
         if self._members is None:
@@ -246,30 +340,10 @@ class AdminApi:
         return web.Response(text=render_status_page(status, members), content_type="text/html")
 
 
-def _table(rows: Sequence[Mapping[str, Any]]) -> str:
-    if not rows:
-        return "<p>none</p>"
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in keys)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(row.get(k, '')))}</td>" for k in keys) + "</tr>"
-        for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def render_status_page(status: Mapping[str, Any], members: Sequence[Mapping[str, Any]] | None
-                       ) -> str:
-    """The read-only HTML status page: node facts, services' health and the member table."""
-    node = {k: v for k, v in status.items() if not isinstance(v, (dict, list))}
-    services = [{"service": name, **health}
-                for name, health in dict(status.get("services", {})).items()]
-    member_html = _table(members) if members is not None else "<p>membership not running</p>"
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        "<meta http-equiv='refresh' content='5'><title>giaannd "
-        f"{html.escape(str(status.get('node_name', '')))}</title>"
-        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style>"
-        "</head><body><h1>giaannd</h1>"
-        f"<h2>Node</h2>{_table([node])}<h2>Services</h2>{_table(services)}"
-        f"<h2>Members</h2>{member_html}</body></html>"
-    )
+def _not_served(path: str) -> str:
+    """Why a path has no route here: which service serves it, when it is a declared operation."""
+    parts = split_path(path)
+    for op in OPERATIONS.values():
+        if op.path is not None and match_path(split_path(op.path), parts) is not None:
+            return f"this node does not serve {path}: the {op.service} service is not running here"
+    return f"this node does not serve {path}"

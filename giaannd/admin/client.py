@@ -2,33 +2,111 @@
 
 Synchronous on purpose: giaannctl makes one or a few requests per run, so an event loop and an
 aiohttp session would only add start-up time. Every failure becomes a ``CtlError`` carrying the
-message for the user and the exit status (1 operation failed, 2 usage/config).
+message for the user and the exit status (1 operation failed, 2 usage/config). An error answer
+from the daemon is a ``RequestError`` that keeps the API's ``code`` (``not_found``,
+``not_served``, ``conflict``...) and message, so giaannctl says *what* was refused instead of
+guessing from the HTTP status (a 404 is an unknown job as often as a role that is not running).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["AdminClient", "CtlError", "NotServedError"]
+from giaannd.errors import EXIT_USAGE, GiaannError
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_TIMEOUT_S",
+    "AdminClient",
+    "CtlError",
+    "NotServedError",
+    "RequestError",
+    "admin_url",
+    "check_timeout",
+]
 
 #: Bound on one admin request; long operations return a job id and are polled instead.
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S: Final = 30.0
+#: The most ``--timeout`` accepts: one request never needs a day (long operations are followed by
+#: polling, each poll its own request), and the socket layer overflows on huge values.
+MAX_TIMEOUT_S: Final = 86_400.0
+#: A host name as giaannctl accepts it (RFC 1123 labels, plus ``_`` seen in container names);
+#: IPv6 literals are checked by ``ipaddress`` instead.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
-class CtlError(Exception):
+class CtlError(GiaannError):
     """A failure to report to the user; ``exit_code`` 1 (operation failed) or 2 (usage)."""
+
+    reason = "ctl_failed"
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
 
-class NotServedError(CtlError):
-    """The daemon answered 404: the route's role is not enabled or not implemented there."""
+class RequestError(CtlError):
+    """The daemon answered ``status`` with an error: ``reason`` is the API's ``code`` (empty when
+    the answer had none: an older daemon, a proxy) and ``detail`` its message, or the HTTP reason
+    phrase when it sent none."""
+
+    def __init__(self, method: str, path: str, status: int, code: str, detail: str) -> None:
+        super().__init__(f"{method} {path}: {detail}")
+        self.status, self.detail = status, detail
+        self.reason = code or "request_failed"
+
+
+class NotServedError(RequestError):
+    """404 ``not_served``: the route's service (a role) does not run on that node."""
+
+
+def admin_url(text: str) -> str:
+    """The base URL of an admin API given as ``http[s]://host[:port]`` or ``host:port``.
+
+    Raises:
+        ValueError: not such an address (the reason, for a usage error naming where it came from).
+    """
+    raw = text.strip()
+    if not raw or any(c.isspace() or not c.isprintable() for c in raw):
+        raise ValueError("expected http://HOST:PORT or HOST:PORT, without spaces")
+    try:
+        parts = urllib.parse.urlsplit(raw if "://" in raw else f"http://{raw}")
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number, or out of range; a bad IPv6 literal
+        raise ValueError(str(exc)) from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"the scheme must be http or https, not {parts.scheme!r}")
+    host = parts.hostname or ""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    elif not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"{host!r} is not a host name or address" if host else "no host")
+    if port == 0:
+        raise ValueError("port 0 is not an address to connect to")
+    if parts.username is not None or parts.query or parts.fragment or parts.path not in ("", "/"):
+        raise ValueError("give only the scheme, host and port (the API's paths are giaannctl's)")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def check_timeout(value: float) -> float:
+    """``value`` if it is a usable per-request bound in seconds.
+
+    Raises:
+        ValueError: not finite, not > 0, or above ``MAX_TIMEOUT_S``.
+    """
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(f"a timeout must be seconds > 0 and <= {MAX_TIMEOUT_S:.0f}, not {value}")
+    return value
 
 
 class AdminClient:
@@ -36,21 +114,28 @@ class AdminClient:
 
     Args:
         addr: base URL, e.g. ``http://127.0.0.1:7480`` (``host:port`` is accepted too).
-        token: bearer token, or None to send none (tokenless loopback ``/metrics``).
+        token: bearer token, or None to send none (tokenless loopback ``/metrics``, ``/v1/health``).
         timeout_s: per-request bound.
+
+    Raises:
+        CtlError: ``addr`` is not an admin API address or ``timeout_s`` is not usable (exit 2).
     """
 
     def __init__(self, addr: str, token: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.addr = (addr if "://" in addr else f"http://{addr}").rstrip("/")
+        try:
+            self.addr = admin_url(addr)
+            self._timeout_s = check_timeout(timeout_s)
+        except ValueError as exc:
+            raise CtlError(f"admin API {addr!r}: {exc}", EXIT_USAGE) from None
         self._token = token
-        self._timeout_s = timeout_s
 
     def request(self, method: str, path: str, body: Any = None,
                 query: dict[str, str] | None = None) -> tuple[bytes, str]:
         """Send one request; returns (body, content type) of a 2xx reply.
 
         Raises:
-            CtlError: connection failure, 401, or any non-2xx reply (``NotServedError`` for 404).
+            CtlError: connection failure or 401; ``RequestError`` for any other non-2xx reply
+                (``NotServedError`` for 404 ``not_served``).
         """
         url = self.addr + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body).encode()
@@ -63,7 +148,7 @@ class AdminClient:
             with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:
                 return resp.read(), resp.headers.get("Content-Type", "")
         except urllib.error.HTTPError as exc:
-            raise self._http_error(exc, path) from None
+            raise self._http_error(exc, method, path) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CtlError(f"cannot reach giaannd at {self.addr}: is it running? ({reason})"
@@ -78,16 +163,19 @@ class AdminClient:
         except ValueError:
             raise CtlError(f"giaannd at {self.addr} sent a non-JSON reply for {path}") from None
 
-    def _http_error(self, exc: urllib.error.HTTPError, path: str) -> CtlError:
+    def _http_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> CtlError:
         try:
-            detail = json.loads(exc.read()).get("error", "")
-        except (ValueError, AttributeError, OSError):
-            detail = ""
+            doc = json.loads(exc.read())
+        except (ValueError, OSError):
+            doc = None
+        doc = doc if isinstance(doc, dict) else {}
         if exc.code == 401:
             return CtlError(f"giaannd at {self.addr} refused the admin token "
                             "(check --token-file / GIAANNCTL_TOKEN_FILE)")
-        if exc.code == 404:
-            return NotServedError(
-                f"{path}: role not enabled or not implemented"
-                + (f"; {detail}" if detail and path not in detail else ""))
-        return CtlError(f"giaannd answered {exc.code} for {path}: {detail or exc.reason}")
+        code = str(doc.get("code") or "")
+        # The API's message says what was refused; GET /v1/health says only its status.
+        detail = str(doc.get("error") or doc.get("status") or "")
+        if exc.code == 404 and code in ("", "not_served"):  # no code: a daemon or proxy that says nothing
+            return NotServedError(method, path, exc.code, code or "not_served",
+                                  detail or f"this node does not serve {path}")
+        return RequestError(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}")

@@ -1,123 +1,91 @@
 """``giaannctl <noun> <verb>``: the operator's tool for the admin API (STYLE.md item 25).
 
-Every verb is one or a few admin API calls. Verbs whose route a node does not serve (its role is
-not enabled, or that feature is not implemented yet) fail honestly: the daemon answers 404 and we
-print "this node does not serve ..." with exit status 1; no output is ever invented here.
+Nothing here names a verb: the parser is generated from the operations table
+(giaannd/operations.py: nouns, verbs, arguments, help) and one dispatch serves them all: build the
+request from the arguments (path, query, JSON body), send it, follow the operation when the table
+says so (``--wait`` / ``--no-wait``, giaannd/admin/follow.py), and print the answer with the
+table's renderer (giaannd/admin/render.py).
 
-Global flags: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or ``GIAANNCTL_TOKEN_FILE``),
-``--data-dir`` (read both from a node's data directory), ``--json``, ``--timeout``.
-Exit statuses: 0 ok, 1 the operation failed, 2 usage or configuration error.
+A refusal from the daemon is printed as the command and the daemon's own message, with exit
+status 1: an unknown job, key or node says which (``not_found``), and a verb whose role does not
+run on that node says so (``not_served``); no output is ever invented here.
+
+Global flags, before the command words or after them (``giaannctl node status --json``), with
+the same meaning: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or
+``GIAANNCTL_TOKEN_FILE``), ``--data-dir`` (read both from a node's data directory; without any
+of these, the host's only instance: giaannd/admin/locate.py), ``--json``, ``--detailed`` (every
+field, not the curated view) and ``--timeout``. The globals are declared on the top parser with
+their defaults, and again on every command group and verb with no default at all (``SUPPRESS``),
+so that one given after the words overrides and one left out changes nothing.
+Exit statuses: 0 ok, 1 the operation failed, 2 usage or configuration error (one line on stderr,
+``giaannctl: error: ...``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, NoReturn, TypeAlias
 
 from giaannd import __version__
-from giaannd.admin.client import DEFAULT_TIMEOUT_S, AdminClient, CtlError, NotServedError
-from giaannd.admin.progress import ProgressBar
+from giaannd.admin.client import DEFAULT_TIMEOUT_S, AdminClient, CtlError, RequestError, check_timeout
+from giaannd.admin.follow import follow
+from giaannd.admin.locate import DEFAULT_ADDR, locate
+from giaannd.admin.render import render
+from giaannd.errors import EXIT_USAGE
+from giaannd.operations import (
+    ADMIN_ADDR_FILE,
+    ADMIN_TOKEN_FILE,
+    FOLLOWED,
+    NOUNS,
+    OPERATIONS,
+    Arg,
+    ArgType,
+    Follow,
+    Operation,
+    Render,
+    fill_path,
+    path_params,
+)
 
-__all__ = ["main"]
+__all__ = ["GLOBAL_FLAGS", "build_parser", "main", "run"]
 
-DEFAULT_ADDR = "http://127.0.0.1:7480"
-DEFAULT_DATA_DIR = "/var/lib/giaannd"
-#: How often ``train start`` polls the job; the bar redraws at most this often anyway.
-JOB_POLL_S = 0.5
-TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
-
-Run = Callable[[AdminClient, argparse.Namespace], Any]
-_VERBS: dict[tuple[str, str], Run] = {}
-
-
-def _verb(noun: str, verb: str) -> Callable[[Run], Run]:
-    def register(fn: Run) -> Run:
-        _VERBS[(noun, verb)] = fn
-        return fn
-    return register
-
-
-# -- verbs --------------------------------------------------------------------------------
-# Each returns the decoded JSON reply (printed as JSON or rendered for humans) or a string.
-
-@_verb("node", "status")
-def _node_status(c: AdminClient, a: argparse.Namespace) -> Any:
-    return c.json("GET", "/v1/status")
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-@_verb("members", "list")
-def _members_list(c: AdminClient, a: argparse.Namespace) -> Any:
-    return c.json("GET", "/v1/members")
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, ``giaannctl: error: ...`` and where the help is (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"giaannctl: error: {message} (see '{self.prog} --help')\n")
 
 
-@_verb("metrics", "")
-def _metrics(c: AdminClient, a: argparse.Namespace) -> Any:
-    raw, _ = c.request("GET", "/metrics")
-    text = raw.decode()
-    if not a.json:
+class _Help(argparse.HelpFormatter):
+    """argparse's help, plus ``(default: X)`` only where there is a default to show: not for
+    None (the daemon's default applies, and the help says which), a switch's False or SUPPRESS."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            text += " (default: %(default)s)"
         return text
-    from prometheus_client.parser import text_string_to_metric_families
-    return [{"name": f.name, "type": f.type, "help": f.documentation,
-             "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in f.samples]}
-            for f in text_string_to_metric_families(text)]
 
 
-def _simple(noun: str, verb: str, method: str, path: str,
-            body: Callable[[argparse.Namespace], Any] | None = None) -> None:
-    """Register a verb that is exactly one JSON call; ``{name}`` in ``path`` comes from args."""
-    def run(c: AdminClient, a: argparse.Namespace) -> Any:
-        url = path.format(**{k: _quote(str(v)) for k, v in vars(a).items()})
-        return c.json(method, url, body(a) if body else None)
-    _VERBS[(noun, verb)] = run
-
-
-def _quote(segment: str) -> str:
-    from urllib.parse import quote
-    return quote(segment, safe="")
-
-
-_simple("node", "join", "POST", "/v1/node/join", lambda a: {"seeds": a.seeds})
-_simple("node", "leave", "POST", "/v1/node/leave")
-_simple("node", "drain", "POST", "/v1/node/drain")
-# Topology verbs (docs/topology.md): start the operation, optionally follow it with --wait.
-
-
-def _topology_verb(verb: str, path: str, body: Callable[[argparse.Namespace], dict[str, Any]]) -> None:
-    """A topology verb: start the operation (it runs in the daemon), then with ``--wait`` follow
-    its progress until it ends."""
-    def run(c: AdminClient, a: argparse.Namespace) -> Any:
-        doc = c.json("POST", path, body(a))
-        return wait_for_topology(c, progress=not a.json) if a.wait else doc
-    _VERBS[("node", verb)] = run
-
-
-def _rate(a: argparse.Namespace) -> dict[str, Any]:
-    return {} if a.rate is None else {"rate_bytes_s": a.rate}
-
-
-_topology_verb("join-ring", "/v1/node/join-ring", _rate)
-_topology_verb("decommission", "/v1/node/decommission", _rate)
-_topology_verb("removenode", "/v1/node/removenode", lambda a: {"node_id": a.node_id})
-_topology_verb("replace", "/v1/node/replace", lambda a: {"node_id": a.node_id})
-
-
-@_verb("node", "topology")
-def _node_topology(c: AdminClient, a: argparse.Namespace) -> Any:
-    if a.action == "status":
-        return c.json("GET", "/v1/node/topology")
-    if a.action == "watch":
-        return wait_for_topology(c, progress=not a.json)
-    if a.action == "rate":
-        if a.value is None:
-            raise CtlError("node topology rate needs BYTES_PER_S (or 'none' for unthrottled)", 2)
-        return c.json("POST", "/v1/node/topology/rate", {"rate_bytes_s": a.value})
-    return c.json("POST", f"/v1/node/topology/{a.action}")
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        return check_timeout(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bytes_rate(text: str) -> float | None:
@@ -132,280 +100,187 @@ def _bytes_rate(text: str) -> float | None:
     return value
 
 
-def wait_for_topology(c: AdminClient, *, progress: bool, poll_s: float = JOB_POLL_S,
-                      stream: Any = None) -> Any:
-    """Poll ``/v1/node/topology`` until the operation ends, drawing a byte progress bar.
-
-    Raises:
-        CtlError: it failed or was cancelled (exit 1).
-    """
-    return _follow(c, "/v1/node/topology", ("done", "failed", "cancelled"), "done",
-                   lambda d: str(d.get("op", "topology")),
-                   lambda d: (int(d.get("bytes_done", 0)), int(d.get("bytes_total", 0)) or None, "B"),
-                   lambda d: f"topology operation {d.get('op')}",
-                   progress=progress, poll_s=poll_s, stream=stream)
+#: How argparse reads each argument type (giaannd/operations.py ``ArgType``).
+_PARSE: Final[Mapping[ArgType, Callable[[str], Any]]] = {
+    "str": str, "int": int, "rate": _bytes_rate, "path": str, "existing-path": str, "file-text": str, "flag": bool}
+#: The global flags' destinations: no operation argument may take one of these names.
+GLOBAL_FLAGS: Final = frozenset({"addr", "token_file", "data_dir", "json", "detailed", "timeout"})
+#: The follow flags (``Follow.when``) and their help.
+_WAIT_HELP: Final[Mapping[str, str]] = {
+    "--wait": "follow the operation's progress until it ends",
+    "--no-wait": "print the job id and return"}
 
 
-_simple("node", "repair", "POST", "/v1/node/repair")
-_simple("ring", "show", "GET", "/v1/ring")
-_simple("ring", "owners", "GET", "/v1/ring/owners/{column}")
-_simple("column", "info", "GET", "/v1/columns/{column}")
-_simple("train", "status", "GET", "/v1/jobs/{job_id}")
-_simple("eval", "", "POST", "/v1/eval", lambda a: {
-    "corpus": str(Path(a.corpus).resolve()) if a.corpus else None, "limit": a.limit})
-_simple("generate", "", "POST", "/v1/generate", lambda a: {
-    "prompt": a.prompt, "max_tokens": a.max_tokens})
-_simple("export", "", "POST", "/v1/export", lambda a: {"path": str(Path(a.path).resolve())})
-_simple("keys", "list", "GET", "/v1/keys")
-_simple("keys", "install", "POST", "/v1/keys", lambda a: {"key": _read_key(a.key_file)})
-_simple("keys", "use", "POST", "/v1/keys/{key_id}/use")
-_simple("keys", "remove", "DELETE", "/v1/keys/{key_id}")
+# -- the parser, from the table ------------------------------------------------------------
 
-
-def _read_key(path: str) -> str:
-    try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise CtlError(f"cannot read key file {path}: {exc.strerror}", 2) from None
-    if not key:
-        raise CtlError(f"key file {path} is empty", 2)
-    return key
-
-
-@_verb("train", "start")
-def _train_start(c: AdminClient, a: argparse.Namespace) -> Any:
-    corpus = Path(a.corpus).resolve()
-    if not corpus.exists():
-        raise CtlError(f"corpus {corpus} does not exist", 2)
-    job = c.json("POST", "/v1/train", {"corpus": str(corpus), "epochs": a.epochs})
-    if not isinstance(job, dict) or "job_id" not in job:
-        raise CtlError(f"giaannd answered POST /v1/train without a job_id: {job!r}")
-    if a.no_wait:
-        return job
-    return wait_for_job(c, str(job["job_id"]), progress=not a.json)
-
-
-@_verb("train", "list")
-def _train_list(c: AdminClient, a: argparse.Namespace) -> Any:
-    """Every job of the node, one row each (a job resumed after a restart shows where from)."""
-    jobs = c.json("GET", "/v1/jobs").get("jobs", [])
-    if a.json:
-        return jobs
-    keys = ("job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")
-    return [{k: j.get(k) for k in keys} for j in jobs]
-
-
-@_verb("train", "resume")
-def _train_resume(c: AdminClient, a: argparse.Namespace) -> Any:
-    """Resume a failed journaled job (same writer id, from its cursor), then follow it."""
-    job = c.json("POST", f"/v1/jobs/{_quote(a.job_id)}/resume")
-    if a.no_wait:
-        return job
-    return wait_for_job(c, a.job_id, progress=not a.json)
-
-
-@_verb("train", "wait")
-def _train_wait(c: AdminClient, a: argparse.Namespace) -> Any:
-    """Attach the progress bar to a running job (e.g. one the node resumed on start)."""
-    return wait_for_job(c, a.job_id, progress=not a.json)
-
-
-def wait_for_job(c: AdminClient, job_id: str, *, progress: bool,
-                 poll_s: float = JOB_POLL_S, stream: Any = None) -> Any:
-    """Poll ``/v1/jobs/{job_id}`` until it ends, drawing a progress bar; returns the final status.
-
-    Raises:
-        CtlError: the job failed or was cancelled (exit 1).
-    """
-    def label(status: Mapping[str, Any]) -> str:  # a resumed job says so (its count starts there)
-        resumed = status.get("resumed_from")
-        return f"job {job_id}" + (f" (resumed at {resumed})" if resumed is not None else "")
-
-    return _follow(c, f"/v1/jobs/{_quote(job_id)}", TERMINAL_JOB_STATES, "succeeded", label,
-                   lambda d: (int(d.get("done", 0)), d.get("total"), str(d.get("unit", "items"))),
-                   lambda d: f"job {job_id}", progress=progress, poll_s=poll_s, stream=stream)
-
-
-def _follow(c: AdminClient, path: str, terminal: Collection[str], ok: str,
-            label: Callable[[Mapping[str, Any]], str],
-            count: Callable[[Mapping[str, Any]], tuple[int, int | None, str]],
-            what: Callable[[Mapping[str, Any]], str], *, progress: bool, poll_s: float,
-            stream: Any) -> Any:
-    """Poll ``path`` until its ``state`` is terminal, drawing a bar; the final document, or
-    CtlError (exit 1) when it ended in another state than ``ok``."""
-    bar: ProgressBar | None = None
-    while True:
-        doc = c.json("GET", path)
-        if progress and bar is None:
-            bar = ProgressBar(stream or sys.stderr, label(doc))
-        if bar is not None:
-            bar.update(*count(doc))
-        state = doc.get("state")
-        if state in terminal:
-            if bar is not None:
-                bar.close(str(state))
-            if state != ok:
-                raise CtlError(f"{what(doc)} {state}: {doc.get('error') or 'no reason given'}")
-            return doc
-        time.sleep(poll_s)
-
-
-# -- output -------------------------------------------------------------------------------
-
-def _render_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    if not rows:
-        return "(none)"
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    cells = [["-" if row.get(k, "") is None else str(row.get(k, "")) for k in keys] for row in rows]
-    widths = [max(len(k), *(len(r[i]) for r in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.upper().ljust(w) for k, w in zip(keys, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _render(result: Any) -> str:
-    if isinstance(result, str):
-        return result.rstrip("\n")
-    if isinstance(result, Mapping):
-        if set(result) == {"members"} and isinstance(result["members"], list):
-            return _render_table(result["members"])
-        lines = []
-        for key, value in result.items():
-            if isinstance(value, Mapping) and value and all(
-                    isinstance(v, Mapping) for v in value.values()):
-                lines.append(f"{key}:")
-                lines.append(_render_table([{"name": k, **v} for k, v in value.items()]))
-            elif isinstance(value, Mapping):
-                lines.append(f"{key}:")
-                lines.extend(f"  {k}: {v}" for k, v in value.items())
-            elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
-                lines.append(f"{key}:")  # e.g. column info's owners, ring show's members
-                lines.extend(f"  {line}" for line in _render_table(value).splitlines())
-            else:
-                lines.append(f"{key}: {value}")
-        return "\n".join(lines)
-    if isinstance(result, list) and all(isinstance(r, Mapping) for r in result):
-        return _render_table(result)
-    return json.dumps(result, indent=2)
-
-
-# -- arguments ----------------------------------------------------------------------------
-
-def _parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = argparse.ArgumentParser(prog="giaannctl", description="Administer a giaannd node.",
-                                formatter_class=fmt)
+def build_parser() -> argparse.ArgumentParser:
+    """``giaannctl``'s parser: the global flags, then one sub-command per operation; each leaf
+    sets ``op`` to its ``Operation`` and takes the global flags too (module docstring)."""
+    p: argparse.ArgumentParser = _Parser(prog="giaannctl", description="Administer a giaannd node.",
+                                         formatter_class=_Help)
     p.add_argument("--version", action="version", version=f"giaannctl {__version__}")
-    p.add_argument("--addr", help=f"admin API URL (env GIAANNCTL_ADDR; default {DEFAULT_ADDR}, "
-                   "or <data-dir>/admin.addr with --data-dir)")
-    p.add_argument("--token-file", help="bearer token file (env GIAANNCTL_TOKEN_FILE; default "
-                   f"{DEFAULT_DATA_DIR}/admin.token, or <data-dir>/admin.token with --data-dir)")
-    p.add_argument("--data-dir", help="read the address and token from this node's data dir")
-    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request seconds")
-    nouns = p.add_subparsers(dest="noun", required=True, metavar="NOUN")
-
-    def noun(name: str, help: str) -> Any:
-        return nouns.add_parser(name, help=help, formatter_class=fmt).add_subparsers(
-            dest="verb", required=True, metavar="VERB")
-
-    node = noun("node", "this node: status and lifecycle")
-    node.add_parser("status", help="node name, id, roles, uptime and services' health")
-    node.add_parser("join", help="join a cluster through seeds").add_argument(
-        "seeds", nargs="+", help="host:port of existing members")
-    node.add_parser("leave", help="leave the cluster gracefully and stop")
-    node.add_parser("drain", help="hand off replicas and stop accepting work")
-    for verb, help_text, arg in (
-            ("join-ring", "(topology) this standby storage node takes its share: streamed from "
-                          "the current owners, then switched in", None),
-            ("decommission", "(topology) stream this node's columns away, then drop it from the "
-                             "ring (it stays up as a standby member: stop it after)", None),
-            ("removenode", "(topology) re-replicate a dead node's columns from the survivors and "
-                           "drop it from the ring", "node_id"),
-            ("replace", "(topology) this standby node takes over a dead node's columns",
-             "node_id")):
-        sub = node.add_parser(verb, help=help_text)
-        if arg:
-            sub.add_argument(arg, metavar="NODE")
-        if verb in ("join-ring", "decommission"):
-            sub.add_argument("--rate", type=_bytes_rate, default=None, metavar="BYTES_PER_S",
-                             help="throttle the streams (all of them together)")
-        sub.add_argument("--wait", action="store_true",
-                         help="follow the operation's progress until it ends")
-    topo = node.add_parser("topology", help="(topology) the running or last operation: status, "
-                                            "watch, pause, resume, cancel, rate BYTES_PER_S|none")
-    topo.add_argument("action", choices=["status", "watch", "pause", "resume", "cancel", "rate"])
-    topo.add_argument("value", nargs="?", type=_bytes_rate, default=None, metavar="BYTES_PER_S")
-    node.add_parser("repair", help="(topology) deliver hints, rebuild this node's missing "
-                                   "batches from its peers' logs, compare its rows with theirs")
-    noun("members", "cluster membership").add_parser("list", help="the member table")
-    ring = noun("ring", "placement")
-    ring.add_parser("show", help="the placement in force, the storage ring (entries, digest), "
-                    "the cutover override and the standby storage members")
-    ring.add_parser("owners", help="owners of one column").add_argument(
-        "column", help="column id or concept word")
-    noun("column", "concept columns").add_parser("info", help="size and replicas of a column") \
-        .add_argument("column", help="column id or concept word")
-    train = noun("train", "training jobs")
-    start = train.add_parser("start", help="train on a corpus with a live progress bar")
-    start.add_argument("corpus", help="corpus file, readable by the daemon")
-    start.add_argument("--epochs", type=int, default=1)
-    start.add_argument("--no-wait", action="store_true", help="print the job id and return")
-    train.add_parser("status", help="status of a job").add_argument("job_id")
-    train.add_parser("list", help="every job of the node (resumed ones show resumed_from)")
-    train.add_parser("wait", help="follow a running job with a progress bar").add_argument("job_id")
-    resume = train.add_parser("resume", help="resume a failed job from its journal (nothing counted twice)")
-    resume.add_argument("job_id")
-    resume.add_argument("--no-wait", action="store_true", help="print the job id and return")
-    # Single-word commands (no verb): `giaannctl eval`, `generate`, `export`, `metrics`.
-    ev = nouns.add_parser("eval", help="top-1 next-token accuracy", formatter_class=fmt)
-    ev.add_argument("--corpus", help="held-out sentences (default: the daemon's held-out set)")
-    ev.add_argument("--limit", type=int, default=None, help="evaluate at most N sentences")
-    gen = nouns.add_parser("generate", help="generate text from a prompt", formatter_class=fmt)
-    gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=20)
-    nouns.add_parser("export", help="write the model to a file").add_argument("path")
-    keys = noun("keys", "cluster keys")
-    keys.add_parser("list", help="installed keys and the one in use")
-    keys.add_parser("install", help="install a key from a file").add_argument("key_file")
-    keys.add_parser("use", help="make an installed key primary").add_argument("key_id")
-    keys.add_parser("remove", help="remove a key that is not in use").add_argument("key_id")
-    nouns.add_parser("metrics", help="this node's Prometheus metrics")
-    for name in ("eval", "generate", "export", "metrics"):
-        nouns.choices[name].set_defaults(verb="")
+    _add_global_flags(p, top=True)
+    groups: dict[tuple[str, ...], _Subparsers] = {(): p.add_subparsers(dest="noun", required=True, metavar="NOUN")}
+    for op in OPERATIONS.values():
+        if op.ctl:
+            leaf = _group(groups, op.words[:-1]).add_parser(
+                op.words[-1], help=op.help, description=op.help, formatter_class=_Help)
+            _add_arguments(leaf, op)
+            _add_global_flags(leaf, top=False)
+            leaf.set_defaults(op=op)
     return p
 
 
-def _client(a: argparse.Namespace) -> AdminClient:
-    env = os.environ
-    data_dir = Path(a.data_dir) if a.data_dir else None
-    addr = a.addr or env.get("GIAANNCTL_ADDR")
-    if addr is None and data_dir is not None:
+def _add_global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The global flags: with their defaults on the top parser; with none (``SUPPRESS``) on a
+    command group or verb, where they only override what was given before the words."""
+    group = parser.add_argument_group("global options" if top else "global options (also before the command)")
+    unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    group.add_argument("--addr", metavar="URL", **unset, help=(
+        f"admin API URL (env GIAANNCTL_ADDR; else DIR/{ADMIN_ADDR_FILE} with --data-dir; else {DEFAULT_ADDR})"))
+    group.add_argument("--token-file", metavar="FILE", **unset, help=(
+        f"bearer token file (env GIAANNCTL_TOKEN_FILE; else DIR/{ADMIN_TOKEN_FILE} with --data-dir)"))
+    group.add_argument("--data-dir", metavar="DIR", **unset, help=(
+        "read the address and token from this node's data directory (default: the node's, if "
+        "it is the only giaannd on this host)"))
+    group.add_argument("--json", action="store_true", **unset, help="machine-readable JSON output")
+    group.add_argument("--detailed", action="store_true", **unset,
+                       help="show every field of the answer, not the curated view")
+    group.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                       default=DEFAULT_TIMEOUT_S if top else argparse.SUPPRESS, help="per-request bound")
+
+
+def _group(groups: dict[tuple[str, ...], _Subparsers], words: tuple[str, ...]) -> _Subparsers:
+    """The subparsers of command group ``words`` (``node``, ``node topology``), made on first use."""
+    if words not in groups:
+        parser = _group(groups, words[:-1]).add_parser(words[-1], help=NOUNS[" ".join(words)],
+                                                       description=NOUNS[" ".join(words)], formatter_class=_Help)
+        _add_global_flags(parser, top=False)
+        groups[words] = parser.add_subparsers(dest=f"_{'_'.join(words)}", required=True, metavar="VERB")
+    return groups[words]
+
+
+def _add_arguments(parser: argparse.ArgumentParser, op: Operation) -> None:
+    taken = GLOBAL_FLAGS & {arg.name for arg in op.args}
+    if taken:
+        raise ValueError(f"operation {op.id}: arguments {sorted(taken)} would shadow giaannctl's global flags")
+    for arg in op.args:
+        kw: dict[str, Any] = {"help": arg.help or None, "metavar": arg.metavar, "type": _PARSE[arg.type]}
+        if arg.positional:
+            parser.add_argument(arg.name, nargs="+" if arg.many else None, **kw)
+        elif arg.type == "flag":  # no value; None (not sent) unless given
+            parser.add_argument(arg.flag, dest=arg.name, action="store_const", const=True, help=kw["help"])
+        else:
+            parser.add_argument(arg.flag, dest=arg.name, default=arg.default, **kw)
+    if op.follow is not None and op.follow.when != "always":
+        parser.add_argument(op.follow.when, action="store_true", help=_WAIT_HELP[op.follow.when])
+
+
+# -- one dispatch for every operation ------------------------------------------------------
+
+def run(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
+    """Send ``op``'s request built from the parsed arguments ``a`` (if it has a route), then
+    follow it when the table says so; returns what to render (the reply, or the followed
+    operation's final document).
+
+    Raises:
+        CtlError: bad local input (exit 2), a failed request or a followed operation that failed.
+    """
+    reply = _send(c, op, a) if op.path is not None else None
+    if op.follow is None or not _following(op.follow, a):
+        return reply
+    return follow(c, op.follow.kind, _poll_params(op, op.follow, a, reply), progress=not a.json)
+
+
+def _send(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
+    assert op.method is not None and op.path is not None
+    where: dict[str, dict[str, Any]] = {"path": {}, "query": {}, "body": {}}
+    for arg in op.args:
+        value = getattr(a, arg.name)
+        if arg.positional or value is not None:  # an unset flag: the daemon's default applies
+            where[arg.into][arg.wire] = _value(arg, value)
+    path = fill_path(op.path, where["path"])
+    query = {k: str(v) for k, v in where["query"].items()} or None
+    body = where["body"] if any(arg.into == "body" for arg in op.args) else None
+    if op.render.kind == "prometheus":  # text, not JSON
+        return c.request(op.method, path, body, query)[0].decode()
+    return c.json(op.method, path, body, query)
+
+
+def _value(arg: Arg, value: Any) -> Any:
+    """What is sent for ``arg``: paths as typed (a relative one is the daemon's to place inside its
+    corpus or export directory), files read."""
+    if arg.type in ("path", "existing-path") and value is not None:
+        path = Path(value)
+        if not path.is_absolute():
+            return value
+        if arg.type == "existing-path" and not path.exists():
+            raise CtlError(f"{arg.name} {path} does not exist", 2)
+        return str(path)
+    if arg.type == "file-text":
+        what = arg.name.replace("_", " ")
         try:
-            addr = (data_dir / "admin.addr").read_text().strip()
+            text = Path(value).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise CtlError(f"cannot read {data_dir / 'admin.addr'}: {exc.strerror} "
-                           "(is the daemon running?)") from None
-    token_file = a.token_file or env.get("GIAANNCTL_TOKEN_FILE") or str(
-        (data_dir or Path(DEFAULT_DATA_DIR)) / "admin.token")
+            raise CtlError(f"cannot read {what} {value}: {exc.strerror}", 2) from None
+        if not text:
+            raise CtlError(f"{what} {value} is empty", 2)
+        return text
+    return value
+
+
+def _following(f: Follow, a: argparse.Namespace) -> bool:
+    if f.when == "--wait":
+        return bool(a.wait)
+    return f.when == "always" or not a.no_wait
+
+
+def _poll_params(op: Operation, f: Follow, a: argparse.Namespace, reply: Any) -> dict[str, str]:
+    """The followed operation's path parameters: from the reply to ``op``'s own request
+    (``train start`` answers the new job's id), else from ``op``'s arguments (``train wait``)."""
+    poll = OPERATIONS[FOLLOWED[f.kind]]
+    params: dict[str, str] = {}
+    for name in path_params(poll.path or ""):
+        if op.path is None:
+            params[name] = str(getattr(a, next(x.name for x in op.args if x.wire == name)))
+        elif isinstance(reply, Mapping) and reply.get(name) is not None:
+            params[name] = str(reply[name])
+        else:
+            raise CtlError(f"giaannd answered {op.method} {op.path} without a {name}: {reply!r}")
+    return params
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+def _client(a: argparse.Namespace, op: Operation) -> AdminClient:
+    target = locate(addr=a.addr, token_file=a.token_file, data_dir=a.data_dir, environ=os.environ)
     try:
-        token: str | None = Path(token_file).read_text(encoding="utf-8").strip()
+        token: str | None = target.token_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        if a.noun != "metrics":  # /metrics is tokenless from loopback
-            raise CtlError(f"cannot read token file {token_file}: {exc.strerror} "
-                           "(use --token-file or GIAANNCTL_TOKEN_FILE)", 2) from None
+        if not (op.public or op.public_on_loopback):  # /v1/health, and /metrics from loopback
+            raise CtlError(f"cannot read token file {target.token_file}: {exc.strerror} ({target.hint})",
+                           EXIT_USAGE) from None
         token = None
-    return AdminClient(addr or DEFAULT_ADDR, token, a.timeout)
+    return AdminClient(target.addr, token, a.timeout)
+
+
+def _render_spec(op: Operation, a: argparse.Namespace) -> Render:
+    """How to show what ``run`` returned: a verb that followed another shows that one's final
+    document (``train start`` shows the job as ``train status`` does)."""
+    if op.follow is not None and _following(op.follow, a):
+        return OPERATIONS[FOLLOWED[op.follow.kind]].render
+    return op.render
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``giaannctl``; returns the exit status."""
-    args = _parser().parse_args(argv)
-    command = f"{args.noun} {args.verb}".strip()
+    args = build_parser().parse_args(argv)
+    op: Operation = args.op
     try:
-        result = _VERBS[(args.noun, args.verb)](_client(args), args)
-    except NotServedError as exc:
-        print(f"giaannctl: error: this node does not serve '{command}' ({exc})", file=sys.stderr)
+        result = run(_client(args, op), op, args)
+        text = render(_render_spec(op, args), result, as_json=args.json, detailed=args.detailed)
+    except RequestError as exc:  # the daemon's own words: what it did not find, or does not serve
+        print(f"giaannctl: error: {op.command}: {exc.detail}", file=sys.stderr)
         return exc.exit_code
     except CtlError as exc:
         print(f"giaannctl: error: {exc}", file=sys.stderr)
@@ -414,10 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("giaannctl: interrupted (the operation may continue on the daemon)", file=sys.stderr)
         return 1
     try:
-        if args.json and not isinstance(result, str):
-            print(json.dumps(result, indent=2))
-        else:
-            print(_render(result))
+        print(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `giaannctl metrics | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -14,7 +14,8 @@ Every request the client sends (client.py ``StorageClient._call``) ends in one o
 ``REQUEST_FAILURES`` is the tuple of all of those a replicated operation treats as "this node
 failed, try another / book the failure" (anything else is a bug and propagates). Operations over
 many nodes raise their own summary error: ``QuorumNotReached`` (writes), ``ReadFailed`` (reads,
-scans, vocabulary lookups), ``VocabWriteFailed``, ``ScanInterrupted``.
+scans, vocabulary lookups), ``VocabWriteFailed``, ``ScanInterrupted``. Both kinds, the
+``Remote*`` refusals and these summaries, are ``RemoteFault``s (giaannd/errors.py).
 
 **Unreachable peers** (ARCHITECTURE §5): ``is_unreachable`` says whether a failure means the node
 could not be reached at the connection level (connect refused or timed out, connection lost
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from giaannd import protocol as p
+from giaannd.errors import RemoteFault
 from giaannd.protocol import BatchId
 from peers.errors import DeadlineExceeded, HandshakeRejected, PeerDead, PeersError, TransportClosed
 
@@ -49,8 +51,10 @@ __all__ = [
 ]
 
 
-class StorageRequestError(Exception):
+class StorageRequestError(RemoteFault):
     """A storage node answered with a typed error, or a quorum/read could not be met."""
+
+    reason = "storage_request"
 
     def __init__(self, message: str, node: str = "") -> None:
         super().__init__(f"{node}: {message}" if node else message)
@@ -60,6 +64,8 @@ class StorageRequestError(Exception):
 class RemoteStoreFull(StorageRequestError):
     """The node's store is at capacity; nothing changed there."""
 
+    reason = "store_full"
+
     def __init__(self, node: str, reply: p.StoreFull) -> None:
         super().__init__(f"store full ({reply.used_bytes} of {reply.capacity_bytes} bytes used, "
                          f"{reply.needed_bytes} more needed)", node)
@@ -67,6 +73,8 @@ class RemoteStoreFull(StorageRequestError):
 
 
 class RemoteNotOwner(StorageRequestError):
+    reason = "not_owner"
+
     def __init__(self, node: str, reply: p.NotOwner) -> None:
         super().__init__(f"not an owner under placement epoch {reply.epoch}: {reply.message}", node)
         self.epoch = reply.epoch
@@ -75,13 +83,19 @@ class RemoteNotOwner(StorageRequestError):
 class RemoteBadRequest(StorageRequestError):
     """The node rejected the request as malformed (a bug on our side)."""
 
+    reason = "bad_request"
+
 
 class RemoteUnavailable(StorageRequestError):
     """The node cannot serve now (stopping, disk error, hint space full)."""
 
+    reason = "unavailable"
+
 
 class QuorumNotReached(StorageRequestError):
     """Some row got fewer than W durable acknowledgements. Retry with the same batch id."""
+
+    reason = "quorum_not_reached"
 
     def __init__(self, batch_id: BatchId, min_acks: int, quorum: int, failures: Mapping[str, str]) -> None:
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(failures.items()))
@@ -94,14 +108,20 @@ class QuorumNotReached(StorageRequestError):
 class ReadFailed(StorageRequestError):
     """Every replica of some rows failed."""
 
+    reason = "read_failed"
+
 
 class ScanInterrupted(StorageRequestError):
     """The placement changed during a scan (or a node scans under another placement): the pages
     yielded so far may miss or repeat rows. Start the scan again."""
 
+    reason = "scan_interrupted"
+
 
 class RemoteVocabConflict(StorageRequestError):
     """A vocabulary id is held with another string: a real 64-bit hash collision (nothing changed)."""
+
+    reason = "vocab_conflict"
 
     def __init__(self, node: str, reply: p.VocabConflict) -> None:
         kind = "column" if reply.kind == 0 else "feature"
@@ -112,6 +132,8 @@ class RemoteVocabConflict(StorageRequestError):
 
 class VocabWriteFailed(StorageRequestError):
     """Some vocabulary entries got fewer than W durable acks (retrying is always safe)."""
+
+    reason = "vocab_write_failed"
 
 
 def raise_for_reply(node: str, reply: p.Reply) -> None:

@@ -1,7 +1,7 @@
 """NodeCall: the one primitive the StorageClient's parts are written against.
 
 ``StorageClient._call`` (client.py) sends one request to one named storage node over a reused
-connection, raises typed error replies as exceptions (client_errors.py) and reports unreachable
+connection, raises typed error replies as exceptions (client/errors.py) and reports unreachable
 nodes. The parts that run an operation over many nodes (writes.py, reads.py, scan.py,
 remote_vocab.py, column_info.py) take that method as a ``NodeCall`` argument instead of the whole
 client, so each one says exactly what it needs and can be driven by a fake in tests.
@@ -26,7 +26,7 @@ class NodeCall(Protocol):
     """One request to ``node``; returns the reply and its bulk buffers.
 
     Raises:
-        StorageRequestError: a typed error reply (``Remote*``, client_errors.py).
+        StorageRequestError: a typed error reply (``Remote*``, client/errors.py).
         PeersError / OSError / ProtocolViolation / KeyError: the node could not be used.
     """
 

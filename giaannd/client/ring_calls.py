@@ -21,6 +21,7 @@ from typing import Final
 from giaannd import protocol as p
 from giaannd.cluster.ring import Ring
 from giaannd.cluster.view import StorageNode
+from giaannd.errors import RemoteFault
 from peers.transport import Identity, Transport, connect, make_transport, scheme_of
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RingRequestError", "get_ring", "push_ring", "set_override"]
@@ -32,8 +33,10 @@ DEFAULT_TIMEOUT_S: Final = 5.0
 _FLUSH_MARGIN_S: Final = 5.0
 
 
-class RingRequestError(RuntimeError):
+class RingRequestError(RemoteFault):
     """The node refused the request (``reply``: its BadRequest / Unavailable / ... answer)."""
+
+    reason = "ring_request_refused"
 
     def __init__(self, address: str, reply: p.Reply) -> None:
         super().__init__(f"{address}: {type(reply).__name__}: {getattr(reply, 'message', reply)}")

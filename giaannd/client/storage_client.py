@@ -15,7 +15,7 @@ state and the read ramp, and hands each replicated operation to the module that 
 - ``scan_all`` → scan.py: every row of the cluster exactly once, failover ``via`` a failed node;
 - ``put_vocab`` / ``get_vocab`` → remote_vocab.py: id → string entries, owned like columns;
 - ``column_info`` → column_info.py: one column on each of its owners, digests compared;
-- the error types and reply checking → client_errors.py.
+- the error types and reply checking → client/errors.py.
 
 What stays here is the plumbing the parts share and the single-node requests (``apply_to``,
 ``usage``, ``batches_applied``, ``digests``, ``read_from``):
@@ -30,7 +30,7 @@ error replies become exceptions.
 the daemon's runtime passes a rate-limited ``MembershipNode.report_unreachable``, so a data-plane
 failure *starts* suspicion, which the node refutes if it is alive. Typed error replies (StoreFull,
 NotOwner...), request deadlines (a slow node is not an unreachable one), a peer membership already
-declared dead (``PeerDead``) and handshake rejections are not reported (client_errors.py
+declared dead (``PeerDead``) and handshake rejections are not reported (client/errors.py
 ``is_unreachable``). The client imports nothing of membership: the hook is a plain callback, and a
 hook that raises is logged without changing the request's outcome.
 

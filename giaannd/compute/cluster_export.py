@@ -8,14 +8,16 @@ node can export, or print the words of, rows that *any* compute node trained:
 
 1. **Scan** (``scan_cluster``): ``StorageClient.scan_all`` yields every row of the cluster exactly
    once; the reserved flag row (flags.py) is left out. A placement change during the scan
-   (``ScanInterrupted``) restarts it, at most ``EXPORT_SCAN_ATTEMPTS`` times, with a short backoff.
+   (``ScanInterrupted``) restarts it, at most ``EXPORT_SCAN_ATTEMPTS`` times, with a short full-jitter backoff.
 2. **Vocabulary** (``resolve_vocab``): the node's own vocabulary (state.py) is the local cache.
    Ids it lacks (``missing_vocab``) are fetched from storage; each entry is re-checked by hashing
    its text (the vocabulary is content-addressed), so a foreign or damaged entry cannot attach a
    wrong word to an id. Storage is not asked at all when nothing is missing.
 3. **Write** (``write_export``): the rows as one ``RowStore``, written as JSONL by
    ``giaannd.model.export`` (atomically). An id with no string anywhere raises
-   ``VocabularyMissing`` and nothing is written (rows trained before vocabulary replication);
+   ``VocabularyMissing`` and nothing is written (rows trained before vocabulary replication); a
+   file that cannot be written raises ``ExportWriteError`` naming it (the caller's input, not
+   storage's fault);
    ``word_of`` prints such an id as ``<column:feature>`` in hex instead, for generation output.
 """
 
@@ -31,15 +33,18 @@ import numpy as np
 
 from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
+from giaannd.errors import InputError, Refused
 from giaannd.model.export import write_jsonl
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import IdCollisionError, Vocabulary
+from peers.retry import RetryPolicy, retry
 
 __all__ = [
     "EXPORT_READ_ROWS",
     "EXPORT_SCAN_ATTEMPTS",
+    "ExportWriteError",
     "VocabularyMissing",
     "missing_vocab",
     "resolve_vocab",
@@ -55,13 +60,21 @@ log = logging.getLogger("giaannd.compute.service")
 EXPORT_READ_ROWS: Final = 32_768
 #: Whole-scan attempts of an export when the placement changes under it (ScanInterrupted).
 EXPORT_SCAN_ATTEMPTS: Final = 3
+#: Their waits: full jitter under 0.2 s, then 0.4 s (peers/retry.py); a placement change settles fast.
+EXPORT_SCAN_RETRY: Final = RetryPolicy(0.2, 1.0, EXPORT_SCAN_ATTEMPTS)
+
+class ExportWriteError(InputError):
+    """The export's file cannot be written (a directory, a read-only place, a full disk)."""
+
 
 #: Fetches ``(kind, id)`` keys from storage's vocabulary (``StorageClient.get_vocab``).
 GetVocab = Callable[[Sequence[tuple[int, int]]], Awaitable[dict[tuple[int, int], str]]]
 
 
-class VocabularyMissing(ValueError):
+class VocabularyMissing(Refused, ValueError):
     """An exported row names an id whose string neither this node nor storage holds."""
+
+    reason = "vocabulary_missing"
 
 
 def word_of(vocab: Vocabulary, column: int, feature: int) -> str:
@@ -118,15 +131,12 @@ async def resolve_vocab(vocab: Vocabulary, get_vocab: GetVocab, columns: Any, fe
 async def scan_cluster(client: StorageClient) -> RowBatch:
     """Every model row of the cluster (each exactly once; the flag row left out), restarted if
     the placement changes under the scan (module docstring, step 1)."""
-    for attempt in range(EXPORT_SCAN_ATTEMPTS):
-        try:
-            parts = [page async for page in client.scan_all()]
-            break
-        except ScanInterrupted as exc:
-            if attempt + 1 >= EXPORT_SCAN_ATTEMPTS:
-                raise
-            log.info("export scan restarted (attempt %d): %s", attempt + 1, exc)
-            await asyncio.sleep(0.2 * (attempt + 1))
+    async def scan() -> list[RowBatch]:
+        return [page async for page in client.scan_all()]
+
+    parts = await retry(scan, EXPORT_SCAN_RETRY, retry_on=ScanInterrupted,
+                        on_retry=lambda failures, exc, wait_s: log.info(
+                            "export scan restarted (attempt %d): %s", failures, exc))
     return without_flag_row(RowBatch.concat(parts)) if parts else RowBatch.empty()
 
 
@@ -135,11 +145,14 @@ async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> 
 
     Raises:
         VocabularyMissing: some id has no string in ``vocab``.
+        ExportWriteError: ``path`` cannot be written (nothing is).
     """
     store = RowStore.from_batch(batch)
     try:
         lines = await asyncio.to_thread(write_jsonl, store, vocab, path)
     except KeyError as exc:
         raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
+    except OSError as exc:
+        raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
     return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
             "source": "every row of the storage cluster (scan)"}

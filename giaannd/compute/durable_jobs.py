@@ -13,9 +13,10 @@ returned, so from then on a crash of the node cannot lose it. The journal moves 
 
 On start the service calls ``reload``: every journal found is classified. Running ones are handed
 back to be resumed (config ``compute.resume-jobs``); ``resume_all`` waits until storage answers
-(``probe``, with doubling backoff up to ``RESUME_RETRY_MAX_S``: right after start the node's storage
-view may still be forming), then restarts each under its writer id from its cursor. Failed ones are
-listed as failed jobs; corrupt ones are listed as failed with the file's error and left on disk.
+(``probe``, with full-jitter backoff doubling up to ``RESUME_RETRY_MAX_S``, peers/retry.py: right after
+start the node's storage view may still be forming), then restarts each under its writer id from its
+cursor. Failed ones are listed as failed jobs; corrupt ones are listed as failed with the file's
+error and left on disk.
 
 A resumed job re-reads its corpus and checks it is the one it started with (SHA-256 of the file,
 then a digest of the tagged sentences): a changed corpus would make its windows differ from those
@@ -47,6 +48,7 @@ from giaannd.compute.job_journal import (
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
 from giaannd.compute.train import TrainResult, TrainSettings, load_corpus
 from giaannd.model.tokens import TaggedSentence
+from peers.retry import RetryPolicy, retry
 
 __all__ = ["RESUME_RETRY_MAX_S", "TAG_CACHE_DIR", "DurableJobs", "journal_progress"]
 
@@ -55,6 +57,8 @@ log = logging.getLogger("giaannd.compute.service")
 
 #: Longest wait between tries to reach storage before resuming journaled jobs at start.
 RESUME_RETRY_MAX_S: Final = 2.0
+#: Those tries: a first wait of up to 0.1 s (full jitter, peers/retry.py), doubling to the cap, forever.
+RESUME_PROBE_RETRY: Final = RetryPolicy(0.1, RESUME_RETRY_MAX_S)
 #: Under the node's data directory: tagged text corpora, cached (train.py ``load_corpus``).
 TAG_CACHE_DIR: Final = "tag-cache"
 
@@ -171,15 +175,10 @@ class DurableJobs:
     async def resume_all(self, journals: Sequence[JobJournal],
                          probe: Callable[[], Coroutine[Any, Any, object]]) -> None:
         """Resume unfinished journaled jobs once ``probe()`` (a storage read) succeeds."""
-        delay = 0.05
-        while True:
-            try:
-                await probe()
-                break
-            except Exception as exc:  # never fail the node over this: keep waiting for storage
-                log.info("waiting for storage before resuming %d job(s): %s", len(journals), exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, RESUME_RETRY_MAX_S)
+        # never fail the node over this: keep waiting for storage (no attempt limit)
+        await retry(probe, RESUME_PROBE_RETRY, retry_on=Exception,
+                    on_retry=lambda failures, exc, wait_s: log.info(
+                        "waiting for storage before resuming %d job(s): %s", len(journals), exc))
         for journal in journals:
             journal.reopen()
             writer = JournalWriter(self.data_dir, journal)

@@ -30,9 +30,11 @@ States: ``running`` (resumed on daemon start) → ``succeeded`` (the file is rem
 (kept for the operator; listed, not resumed). A job cancelled by a shutdown stays ``running``.
 
 File format: ``MAGIC (4) | version u16 | payload length u32 | xxh3-64 of payload u64 | payload``
-(msgpack of :class:`JournalDoc`), replaced atomically (``atomic_file``: temp file, fsync, rename,
-directory fsync). A file that fails any check raises :class:`JournalCorrupt` naming the file; it is
-never deleted or overwritten by the loader.
+(msgpack of :class:`JournalDoc`; the shared record codec's ``JOURNAL_RECORD``, ``giaannd.records``,
+without a header checksum: the whole file is one record), replaced atomically (``atomic_file``:
+temp file, fsync, rename, directory fsync). A file that fails any check raises
+:class:`JournalCorrupt` naming the file (and the byte offset); it is never deleted or overwritten
+by the loader.
 
 Everything that affects the cursor and the replay plan lives in this file; ``train.py`` calls
 ``start_window`` / ``acknowledge`` and :class:`JournalWriter` puts the state on disk.
@@ -44,7 +46,6 @@ import asyncio
 import hashlib
 import os
 import secrets
-import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final, Literal
@@ -55,9 +56,11 @@ import xxhash
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import CorruptFileError
 from giaannd.model.tokens import Token
+from giaannd.records import RecordError, RecordFormat
 
 __all__ = [
     "JOURNAL_DIR",
+    "JOURNAL_RECORD",
     "JobJournal",
     "JobSpec",
     "JournalCorrupt",
@@ -72,17 +75,22 @@ __all__ = [
 #: Directory (under the compute data directory) holding one journal file per job.
 JOURNAL_DIR: Final = "jobs"
 _SUFFIX: Final = ".journal"
-_MAGIC: Final = b"GJNL"
-_VERSION: Final = 1
-_HEADER: Final = struct.Struct("<4sHIQ")
 #: A journal is small (a few ints per window that learned flags); anything bigger is not ours.
 MAX_JOURNAL_BYTES: Final = 256 * 2**20
+#: The file's header (module docstring): 18 bytes, no header checksum (the file size bounds the
+#: length, and the payload checksum covers the rest).
+JOURNAL_RECORD: Final = RecordFormat(
+    "journal", b"GJNL", [("version", "H"), ("length", "I"), ("payload_xxh3", "Q")],
+    versions=(1, 1), max_payload_bytes=MAX_JOURNAL_BYTES, header_checksum=False)
 
 JournalState = Literal["running", "succeeded", "failed"]
 
 
 class JournalCorrupt(CorruptFileError):
-    """A journal file failed validation (left in place; the message names the file)."""
+    """A journal file failed validation (left in place; the message names the file, and the byte
+    offset when the failure is in its bytes)."""
+
+    reason = "corrupt_journal"
 
 
 class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -242,8 +250,7 @@ class JobJournal:
 
     def encode(self) -> bytes:
         """The file's bytes (header + checksummed msgpack payload)."""
-        payload = msgspec.msgpack.encode(self.doc)
-        return _HEADER.pack(_MAGIC, _VERSION, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+        return JOURNAL_RECORD.encode(msgspec.msgpack.encode(self.doc))
 
     @classmethod
     def decode(cls, data: bytes, path: str = "<journal>") -> JobJournal:
@@ -252,23 +259,15 @@ class JobJournal:
         Raises:
             JournalCorrupt: bad magic, version, length, checksum or document.
         """
-        if len(data) < _HEADER.size:
-            raise JournalCorrupt(path, f"{len(data)} bytes, shorter than the {_HEADER.size}-byte header")
-        magic, version, length, checksum = _HEADER.unpack_from(data)
-        if magic != _MAGIC:
-            raise JournalCorrupt(path, f"bad magic {magic!r}")
-        if version != _VERSION:
-            raise JournalCorrupt(path, f"journal version {version}, this node reads {_VERSION}")
-        payload = data[_HEADER.size:]
-        if len(payload) != length:
-            raise JournalCorrupt(path, f"payload is {len(payload)} bytes, header says {length} (torn write?)")
-        if xxhash.xxh3_64_intdigest(payload) != checksum:
-            raise JournalCorrupt(path, "checksum mismatch")
         try:
-            doc = msgspec.msgpack.decode(payload, type=JournalDoc)
+            record = JOURNAL_RECORD.decode_file(data)
+        except RecordError as exc:
+            raise JournalCorrupt(path, exc.detail, offset=exc.offset) from None
+        try:
+            doc = msgspec.msgpack.decode(record.payload, type=JournalDoc)
             return cls(doc)
         except (msgspec.DecodeError, ValueError) as exc:  # ValidationError is a DecodeError
-            raise JournalCorrupt(path, f"bad document: {exc}") from None
+            raise JournalCorrupt(path, f"bad document: {exc}", offset=record.header.payload_offset) from None
 
 
 def journal_path(directory: str | os.PathLike[str], job_id: str) -> Path:

@@ -1,41 +1,52 @@
-"""The compute role's admin HTTP routes: request checking and error mapping around ComputeService.
+"""The compute role's admin operations: request checking and error mapping around ComputeService.
 
 Theory of operation
 -------------------
-Each route parses and bounds its JSON body, calls one ``ComputeService`` method and maps the
-outcome to HTTP (giaannctl has verbs for each):
+Each handler parses and bounds its JSON body, calls one ``ComputeService`` method and maps the
+outcome to HTTP. The operations (routes, giaannctl verbs) are declared in giaannd/operations.py;
+by id, what each accepts and answers:
 
-==============================  ==================================================================
-``POST /v1/train``              ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
-                                ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
-``GET /v1/jobs``                every job document
-``GET /v1/jobs/{job_id}``       ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
-``POST /v1/jobs/{id}/resume``   resume a failed journaled job → ``{"job_id"}``
-``POST /v1/eval``               ``{"corpus"?, "limit"?, "constants": "train"|"test", "mode"?}`` → top-1
-``POST /v1/generate``           ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
-``POST /v1/export``             ``{"path"}`` → JSONL export of every row of the cluster (storage scan)
-==============================  ==================================================================
+==================  ==============================================================================
+``train.start``     ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
+                    ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
+``train.list``      every job document
+``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
+``train.resume``    resume a failed journaled job → ``{"job_id"}``
+``eval``            ``{"corpus"? | "prompts"?, "limit"?, "constants": "train"|"test", "mode"?}`` →
+                    top-1; ``prompts``: one prompt per non-blank line, tagged whole (cached)
+``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
+``export``          ``{"path", "overwrite"?}`` → JSONL export of every row of the cluster (storage
+                    scan)
+==================  ==============================================================================
 
-Error mapping: bad input of every kind (missing or unreadable corpus, bad JSON, out-of-range
-numbers, relative export path, malformed tokens) is a 400 that changed nothing; an unknown job or
-journal is a 404; a running job to resume, a corrupt journal, or an export with ids no vocabulary
-holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or no storage client yet) and a
-missing tagger are 503. Prompt text is tagged here with spaCy (loaded on first use, in a thread).
+Paths: a corpus or prompt file must resolve inside the service's ``corpus_dir``, an export inside
+its ``export_dir`` (relative paths are taken inside them; paths.py); an export replaces an
+existing file only if it is a previous export or ``overwrite`` is true.
+
+Error mapping: a path outside its allowed directory is a 403; other bad input (missing or
+unreadable corpus, bad JSON, out-of-range numbers, an export path that is a directory or cannot be
+written, malformed tokens) is a 400 that changed nothing; an unknown job or journal is a 404; a
+running job to resume, a corrupt journal, an export over a file that is not a previous export, or
+an export with ids no vocabulary holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or
+no storage client yet) and a missing tagger are 503. Prompt text is tagged here with spaCy (loaded
+on first use, in a thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.client.storage_client import StorageRequestError
-from giaannd.compute.cluster_export import VocabularyMissing
+from giaannd.compute.cluster_export import ExportWriteError, VocabularyMissing
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR
-from giaannd.compute.train import load_corpus
-from giaannd.errors import AdminHTTPError
+from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
+from giaannd.compute.train import load_corpus, load_prompts
+from giaannd.errors import AdminHTTPError, InputError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
+from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
 
 if TYPE_CHECKING:
@@ -52,7 +63,8 @@ __all__ = [
     "ComputeRoutes",
 ]
 
-#: Prompts evaluated when ``/v1/eval`` names no limit.
+#: Prompts evaluated when ``/v1/eval`` names no limit and no prompt file (a prompt file is
+#: evaluated whole, up to MAX_EVAL_PROMPTS: the benchmark files have ~1,000 lines).
 DEFAULT_EVAL_LIMIT: Final = 200
 #: Upper bounds on request sizes (admin requests are small; corpora travel by path).
 MAX_EVAL_PROMPTS: Final = 100_000
@@ -61,29 +73,26 @@ MAX_EPOCHS: Final = 1000
 #: Failures of using storage at all: answered 503 (LookupError: no storage members known).
 STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
 
-#: ``add_route(method, path, handler)`` of the admin API.
-AddRoute = Callable[..., object]
-
 
 class ComputeRoutes:
-    """The admin routes of ``service`` (module docstring)."""
+    """The admin operations of ``service`` (module docstring)."""
 
     def __init__(self, service: ComputeService) -> None:
         self.service = service
         self._nlp: Any = None  # the spaCy pipeline for prompt text, loaded on first use
 
-    def register(self, add: AddRoute) -> None:
-        add("POST", "/v1/train", self._post_train)
-        add("GET", "/v1/jobs", self._get_jobs)
-        add("GET", "/v1/jobs/{job_id}", self._get_job)
-        add("POST", "/v1/jobs/{job_id}/resume", self._post_resume)
-        add("POST", "/v1/eval", self._post_eval)
-        add("POST", "/v1/generate", self._post_generate)
-        add("POST", "/v1/export", self._post_export)
+    def register(self, admin: Binder) -> None:
+        """Bind every compute operation to its handler."""
+        handlers: dict[str, Handler] = {
+            "train.start": self._post_train, "train.list": self._get_jobs, "train.status": self._get_job,
+            "train.resume": self._post_resume, "eval": self._post_eval, "generate": self._post_generate,
+            "export": self._post_export}
+        for op_id, handler in handlers.items():
+            admin.bind(op_id, handler)
 
     async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        corpus = _corpus_path(body.get("corpus"), required=True)
+        corpus = self._corpus_path(body.get("corpus"), required=True)
         workers = _opt_int(body, "workers", 1, 1024)
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
         epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
@@ -116,17 +125,23 @@ class ComputeRoutes:
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS) or DEFAULT_EVAL_LIMIT
+        limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS)
         constants = body.get("constants") or "train"
         mode = body.get("mode") or "teacher"
         if constants not in ("train", "test") or mode not in ("teacher", "free"):
             raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
-        path = _corpus_path(body.get("corpus"), required=False)
+        path = self._corpus_path(body.get("corpus"), required=False)
+        prompt_file = self._corpus_path(body.get("prompts"), required=False, what="prompts")
+        if path is not None and prompt_file is not None:
+            raise AdminHTTPError(400, "give corpus or prompts, not both", "bad_request")
         cache_dir = self.service.data_dir / TAG_CACHE_DIR
         try:
-            prompts = await asyncio.to_thread(
-                (lambda: load_corpus(path, cache_dir, limit)) if path is not None
-                else (lambda: load_bundled_corpus(limit)))
+            if prompt_file is not None:
+                prompts = await asyncio.to_thread(load_prompts, prompt_file, cache_dir, limit or MAX_EVAL_PROMPTS)
+            else:
+                n = limit or DEFAULT_EVAL_LIMIT
+                prompts = await asyncio.to_thread(
+                    (lambda: load_corpus(path, cache_dir, n)) if path is not None else (lambda: load_bundled_corpus(n)))
         except (ValueError, OSError) as exc:  # CorpusFormatError is a ValueError
             raise AdminHTTPError(400, str(exc), "bad_request") from None
         except TaggerUnavailableError as exc:
@@ -160,24 +175,45 @@ class ComputeRoutes:
         return await asyncio.to_thread(self._tag, prompt)
 
     def _tag(self, text: str) -> TaggedSentence:
-        from giaannd.model.tokens import load_english, tag_texts
+        # A prompt is one sequence, tagged whole, as the reference tags a prompt line.
+        from giaannd.model.tokens import load_english, tag_lines
         try:
             if self._nlp is None:
-                self._nlp = load_english(sentences=True)
+                self._nlp = load_english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
-        tokens = [t for s in tag_texts([text], nlp=self._nlp) for t in s]
-        return tuple(tokens)
+        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=self._nlp) for t in s)
+
+    def _corpus_path(self, value: Any, *, required: bool, what: str = "corpus") -> Path | None:
+        """A file the request names for reading (a corpus, a prompt file): inside
+        ``compute.corpus-dir`` (403 otherwise), and an existing file (400 otherwise)."""
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value:
+            raise AdminHTTPError(400, f"{what} must be a file path", "bad_request")
+        path = _inside(value, self.service.corpus_dir, what, "compute.corpus-dir")
+        if not path.is_file():
+            raise AdminHTTPError(400, f"{what} {path} does not exist or is not a file", "bad_request")
+        return path
 
     async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)
-        path = body.get("path")
-        if not isinstance(path, str) or not path or not Path(path).is_absolute():
-            raise AdminHTTPError(400, "path must be an absolute file path", "bad_request")
-        if not Path(path).parent.is_dir():
-            raise AdminHTTPError(400, f"directory {Path(path).parent} does not exist", "bad_request")
+        value, overwrite = body.get("path"), body.get("overwrite", False)
+        if not isinstance(value, str) or not value:
+            raise AdminHTTPError(400, "path must be a file path", "bad_request")
+        if not isinstance(overwrite, bool):
+            raise AdminHTTPError(400, "overwrite must be true or false", "bad_request")
+        path = _inside(value, self.service.export_dir, "export path", "compute.export-dir")
+        try:
+            await asyncio.to_thread(check_export_target, path, overwrite=overwrite)
+        except NotAnExport as exc:
+            raise AdminHTTPError(409, str(exc), "not_an_export") from None
+        except (InputError, OSError) as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
         try:
             return await self.service.export(path)
+        except ExportWriteError as exc:
+            raise AdminHTTPError(400, str(exc), "bad_request") from None
         except VocabularyMissing as exc:
             raise AdminHTTPError(409, f"{exc} (rows trained without a replicated vocabulary)",
                                  "conflict") from None
@@ -187,7 +223,7 @@ class ComputeRoutes:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json() if request.body_exists else {}
     except ValueError:
         raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
     if not isinstance(body, dict):
@@ -204,12 +240,8 @@ def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _corpus_path(value: Any, *, required: bool) -> Path | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise AdminHTTPError(400, "corpus must be a file path", "bad_request")
-    path = Path(value)
-    if not path.is_file():
-        raise AdminHTTPError(400, f"corpus {path} does not exist or is not a file", "bad_request")
-    return path
+def _inside(value: str, root: Path, what: str, knob: str) -> Path:
+    try:
+        return resolve_inside(value, root, what=what, knob=knob)
+    except PathOutside as exc:
+        raise AdminHTTPError(403, str(exc), "forbidden") from None

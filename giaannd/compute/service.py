@@ -4,8 +4,8 @@ Glue only: the pipeline is in train.py, the sessions in infer.py, the node's voc
 state.py. What this module adds is the wiring (which storage client, which row cache), the
 service lifecycle and the metrics; the rest of the role lives beside it:
 
-- routes.py: the admin HTTP routes (``/v1/train``, ``/v1/jobs``, ``/v1/eval``, ``/v1/generate``,
-  ``/v1/export``; giaannctl has verbs for each), request checking and error mapping;
+- routes.py: the handlers of the compute admin operations (``train.*``, ``eval``, ``generate``,
+  ``export``, declared in giaannd/operations.py), request checking and error mapping;
 - durable_jobs.py: journaled training jobs and their resume after a crash or failure;
 - cluster_export.py: the storage scan, vocabulary resolution and the JSONL export.
 
@@ -29,7 +29,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -56,10 +56,10 @@ from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
 from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
 from giaannd.compute.state import ComputeState
 from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_client, read_flags
-from giaannd.errors import AdminHTTPError
+from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
-from giaannd.model.lexicon import Lexicon
+from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence
 
@@ -67,19 +67,50 @@ if TYPE_CHECKING:
     from giaannd.config import ComputeConfig, Config
     from giaannd.service import ServiceContext
 
-__all__ = ["ComputeService", "VocabularyMissing", "create_service"]
+__all__ = ["TRAIN_COUNTERS", "ComputeService", "VocabularyMissing", "create_service"]
 
 log = logging.getLogger(__name__)
 
+#: ``TrainProgress`` figure -> (metric, HELP): one counter per quantity, summed over jobs, counted
+#: as each window's batch is acknowledged by storage (a resumed job does not count its acknowledged
+#: windows again).
+TRAIN_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "done": ("giaannd_compute_train_sentences_total",
+             "Corpus sentences handled by training jobs (trained, or skipped by column assignment)."),
+    "trained": ("giaannd_compute_train_sentences_trained_total",
+                "Corpus sentences whose updates training jobs wrote to storage."),
+    "skipped": ("giaannd_compute_train_sentences_skipped_total",
+                "Corpus sentences training jobs skipped (column assignment found no noun, or empty)."),
+    "tokens": ("giaannd_compute_train_tokens_total", "Tokens of the sentences training jobs trained on."),
+    "batches": ("giaannd_compute_train_batches_total",
+                "Coalesced row batches training jobs wrote, counted once storage acknowledged them."),
+    "retries": ("giaannd_compute_train_retries_total",
+                "Storage calls training jobs retried (batch writes, vocabulary writes, flag reads)."),
+    "bytes_sent": ("giaannd_compute_train_sent_bytes_total",
+                   "Bytes of the coalesced row batches training jobs wrote (array buffers, once per batch)."),
+    "entries_before": ("giaannd_compute_train_delta_entries_total",
+                       "Entries of the per-micro-batch deltas before coalescing (over sent_entries: the ratio)."),
+    "entries_after": ("giaannd_compute_train_sent_entries_total",
+                      "Entries of the coalesced row batches training jobs wrote."),
+    "flags_sent": ("giaannd_compute_train_flags_sent_total",
+                   "Delimiter flags training jobs wrote to the replicated flag row."),
+    "flags_learned": ("giaannd_compute_train_flags_learned_total",
+                      "Delimiter flags training jobs read from the flag row that they had not seen."),
+}
+
 
 class _PromSink:
-    """Training figures → one Prometheus counter labelled by figure."""
+    """Training figures -> their Prometheus counters (``TRAIN_COUNTERS``)."""
 
-    def __init__(self, counter: Any) -> None:
-        self._counter = counter
+    def __init__(self, counters: Mapping[str, Any]) -> None:
+        self._counters = counters
 
     def add(self, name: str, amount: float) -> None:
-        self._counter.labels(figure=name).inc(amount)
+        # A figure without a metric is not exported rather than failing a job;
+        # tests/unit/daemon/test_metric_tables.py keeps TRAIN_COUNTERS complete.
+        counter = self._counters.get(name)
+        if counter is not None:
+            counter.inc(amount)
 
 
 class ComputeService:
@@ -88,18 +119,26 @@ class ComputeService:
     Args:
         settings: the ``compute`` config section (workers, K, row cache bytes, max sessions).
         data_dir: where the node keeps its vocabulary and tag cache.
+        corpus_dir / export_dir: the only directories the admin operations read corpora from and
+            write exports to (paths.py; config ``compute.corpus-dir``/``export-dir``); default
+            ``<data_dir>/corpora`` and ``<data_dir>/exports``. Created on start.
         storage: a ready storage client, or None (see ``storage_factory``).
         storage_factory: builds the client from the daemon context in ``start``.
         prefetch_depth: teacher-forced lookahead of inference sessions.
+        lexicon: the ever-POS lexicon file (config ``compute.lexicon``); None for the shipped one.
     """
 
     name = "compute"
 
     def __init__(self, settings: ComputeConfig, data_dir: str | Path, *, storage: StorageClient | None = None,
                  storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None,
-                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, lexicon: str | Path | None = None,
+                 corpus_dir: str | Path | None = None, export_dir: str | Path | None = None) -> None:
         self.settings = settings
+        self._lexicon_path = lexicon
         self.data_dir = Path(data_dir)
+        self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else self.data_dir / "corpora"
+        self.export_dir = Path(export_dir) if export_dir is not None else self.data_dir / "exports"
         self.storage = storage
         self._factory = storage_factory
         self._ctx: ServiceContext | None = None
@@ -117,11 +156,37 @@ class ComputeService:
         self._started = False
         self._resume_task: asyncio.Task[None] | None = None
 
+    @classmethod
+    def from_config(cls, config: Config,
+                    storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None) -> ComputeService:
+        """The service a daemon runs: state under ``<data-dir>/compute``, the lexicon of
+        ``compute.lexicon`` (the shipped one if empty), the corpus and export directories of
+        ``compute.corpus-dir``/``export-dir`` (default ``<data-dir>/corpora`` and
+        ``<data-dir>/exports``)."""
+        c = config.compute
+        return cls(c, config.data_path("compute"), storage_factory=storage_factory,
+                   lexicon=config.data_path(c.lexicon) if c.lexicon else None,
+                   corpus_dir=config.data_path(c.corpus_dir or "corpora"),
+                   export_dir=config.data_path(c.export_dir or "exports"))
+
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext | None = None) -> None:
-        """Load the node state, register routes and metrics (with a context), find storage."""
+        """Load the node state, create the corpus and export directories, register routes and
+        metrics (with a context), find storage.
+
+        Raises:
+            HostEnvironmentError: a corpus or export directory cannot be created.
+        """
+        for path, knob in ((self.corpus_dir, "$.compute.corpus-dir"), (self.export_dir, "$.compute.export-dir")):
+            try:
+                await asyncio.to_thread(path.mkdir, mode=0o750, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise HostEnvironmentError(f"cannot create {path}: {exc.strerror or exc} (set by {knob})",
+                                           reason="data_dir_unusable") from None
         self.state = await asyncio.to_thread(ComputeState.load, self.data_dir)
-        self._lexicon = await asyncio.to_thread(Lexicon.default)
+        lexicon = self._lexicon_path
+        self._lexicon = await asyncio.to_thread(Lexicon.default) if lexicon is None else \
+            await asyncio.to_thread(load_lexicon, lexicon)
         self._ctx = ctx
         if ctx is not None:
             self._register(ctx)
@@ -152,18 +217,30 @@ class ComputeService:
                 "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
 
     def _register(self, ctx: ServiceContext) -> None:
-        self._routes.register(ctx.admin.add_route)
+        self._routes.register(ctx.admin)
         m = ctx.metrics
-        self._sink = _PromSink(m.counter("giaannd_compute_train_total",
-                                         "Training figures summed over jobs (sentences, bytes, batches...).",
-                                         ["figure"]))
-        gauges = {
-            "giaannd_compute_row_cache_hits": ("Row cache hits.", lambda: self.cache.hits),
-            "giaannd_compute_row_cache_misses": ("Row cache misses.", lambda: self.cache.misses),
-            "giaannd_compute_row_cache_bytes": ("Bytes of rows cached.", lambda: self.cache.bytes),
-            "giaannd_compute_infer_steps": ("Inference steps run.", lambda: self._inference.steps
-                                            if self._inference else 0),
-            "giaannd_compute_jobs_running": ("Training jobs running.", lambda: len(self.jobs.running())),
+        self._sink = _PromSink({figure: m.counter(name, doc) for figure, (name, doc) in TRAIN_COUNTERS.items()})
+        counters: dict[str, tuple[str, Callable[[], float]]] = {
+            "giaannd_compute_row_cache_hits_total": (
+                "Row cache lookups answered from the cache (inference).", lambda: self.cache.hits),
+            "giaannd_compute_row_cache_misses_total": (
+                "Row cache lookups that had to read storage (inference).", lambda: self.cache.misses),
+            "giaannd_compute_row_cache_evictions_total": (
+                "Rows evicted from the row cache to stay under compute.row-cache-bytes.",
+                lambda: self.cache.evictions),
+            "giaannd_compute_row_cache_invalidations_total": (
+                "Cached rows dropped as possibly stale (training here rewrote them, or an evaluation began).",
+                lambda: self.cache.invalidations),
+            "giaannd_compute_infer_steps_total": (
+                "Inference session steps run (one row fetched each) by evaluation and generation.",
+                lambda: self._inference.steps if self._inference else 0),
+        }
+        for metric, (doc, fn) in counters.items():
+            m.counter_function(metric, doc, fn)
+        gauges: dict[str, tuple[str, Callable[[], float]]] = {
+            "giaannd_compute_row_cache_bytes": ("Bytes of rows the row cache holds now.", lambda: self.cache.bytes),
+            "giaannd_compute_jobs_running": ("Training jobs running now on this node.",
+                                             lambda: len(self.jobs.running())),
         }
         for metric, (doc, fn) in gauges.items():
             m.gauge(metric, doc).set_function(fn)
@@ -336,6 +413,7 @@ class ComputeService:
         Raises:
             VocabularyMissing: some id has no string anywhere (rows written by a node that did not
                 replicate its vocabulary); nothing is written.
+            ExportWriteError: ``path`` cannot be written; nothing is.
         """
         batch = await self.scan_cluster()
         await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
@@ -360,4 +438,4 @@ def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:
 
 def create_service(config: Config) -> ComputeService:
     """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
-    return ComputeService(config.compute, config.data_path("compute"))
+    return ComputeService.from_config(config)

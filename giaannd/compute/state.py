@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import atomic_write_bytes
+from giaannd.errors import CorruptDataError
 from giaannd.model.vocab import Vocabulary
 
 __all__ = ["STATE_FILE", "ComputeState", "StateFileError"]
@@ -33,8 +34,10 @@ STATE_FILE: Final = "compute-state.msgpack"
 _VERSION: Final = 1
 
 
-class StateFileError(ValueError):
+class StateFileError(CorruptDataError, ValueError):
     """The state file is corrupt or of another version (the message names the file)."""
+
+    reason = "corrupt_compute_state"
 
 
 class _Doc(msgspec.Struct, frozen=True):

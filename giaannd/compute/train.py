@@ -82,6 +82,7 @@ from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, train_batch
 from giaannd.model.vocab import Vocabulary
 from giaannd.protocol import BatchId
 from peers.errors import PeersError
+from peers.retry import RetryPolicy, retry
 
 __all__ = [
     "DEFAULT_COALESCE_SENTENCES",
@@ -90,6 +91,7 @@ __all__ = [
     "TrainingJob",
     "job_client",
     "load_corpus",
+    "load_prompts",
     "pair_increments",
     "read_flags",
 ]
@@ -102,8 +104,12 @@ DEFAULT_COALESCE_SENTENCES: Final = 256
 DEFAULT_MAX_INFLIGHT_BYTES: Final = 64 * 2**20
 #: Attempts per batch before the job fails (the same batch id every time).
 DEFAULT_MAX_ATTEMPTS: Final = 6
-#: First retry delay; doubles per attempt (0.05, 0.1, 0.2, ... s).
-DEFAULT_RETRY_BACKOFF_S: Final = 0.05
+#: Ceiling of the first retry wait; doubles per attempt (0.1, 0.2, 0.4, ... s), and each wait is
+#: drawn uniformly below it (full jitter, peers/retry.py). The mean wait is half the ceiling, so this
+#: is twice the fixed 0.05 s first wait it replaced: about 1.5 s over six attempts on average, as before.
+DEFAULT_RETRY_BACKOFF_S: Final = 0.1
+#: No retry of a batch waits longer than this (a long job with many attempts).
+RETRY_CAP_S: Final = 5.0
 _CONLLU_SUFFIXES: Final = (".conllu", ".conllu.gz", ".conll", ".conll.gz")
 _RETRYABLE: Final = (StorageRequestError, PeersError, OSError, LookupError)
 
@@ -116,7 +122,8 @@ class TrainSettings:
         workers: B concurrent workers, each with its own column assigner (as separate nodes would).
         coalesce_sentences: K, sentences summed into one delta batch.
         max_inflight_bytes: backpressure bound on unacknowledged batch bytes.
-        max_attempts / retry_backoff_s: retry policy for a failed batch (same batch id).
+        max_attempts / retry_backoff_s: retry policy for a failed batch (same batch id): attempts in
+            all, and the ceiling of the first full-jitter wait (``retry_policy``).
         offload: run encode + train of a window in a worker thread (``asyncio.to_thread``) so the
             event loop keeps serving sends and admin requests meanwhile.
     """
@@ -133,6 +140,11 @@ class TrainSettings:
             raise ValueError("workers, coalesce_sentences and max_attempts must be >= 1")
         if self.max_inflight_bytes < 1 or self.retry_backoff_s < 0:
             raise ValueError("max_inflight_bytes must be >= 1 and retry_backoff_s >= 0")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """How a failed write, vocabulary put or flag read is retried (always with the same id)."""
+        return RetryPolicy(self.retry_backoff_s, max(RETRY_CAP_S, self.retry_backoff_s), self.max_attempts)
 
 
 @dataclass
@@ -170,6 +182,27 @@ def load_corpus(path: str | Path, cache_dir: str | Path | None = None, limit: in
             break
         out.append(sentence)
     return out
+
+
+def load_prompts(path: str | Path, cache_dir: str | Path | None = None, limit: int | None = None
+                 ) -> list[TaggedSentence]:
+    """Prompts of a prompt file: CoNLL-U as is (one sentence per prompt), anything else as UTF-8
+    text with one prompt per non-blank line, each tagged whole as the reference tags a prompt line
+    (``tag_file_cached(..., lines=True)``, cached under ``cache_dir``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorpusFormatError: malformed CoNLL-U, or text that is not UTF-8.
+        TaggerUnavailableError: a text file and no spaCy model.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"prompt file {p} does not exist or is not a file")
+    if not p.name.endswith(_CONLLU_SUFFIXES):
+        if cache_dir is None:
+            raise ValueError("a text prompt file needs a tag cache directory")
+        p = tag_file_cached(p, cache_dir, lines=True)
+    return list(itertools.islice(read_conllu(p), limit))
 
 
 def pair_increments(sentences: Sequence[EncodedSentence]) -> int:
@@ -360,7 +393,8 @@ class TrainingJob:
         return self._result(workers)
 
     async def _replay(self, workers: Sequence[_Worker]) -> int:
-        """Resume (the journal says an earlier run began): rebuild the workers' state from the windows before the journal's restart window
+        """Resume (the journal says an earlier run began): rebuild the workers' state from the windows before the
+        journal's restart window
         (their ids settled: taken and given up); returns the first window to send."""
         if self.journal is None:
             return 0
@@ -458,19 +492,13 @@ class TrainingJob:
         (puts are idempotent); a hash collision is not retried."""
         if before is not None:
             await before
-        s = self.settings
-        for attempt in range(s.max_attempts):
-            try:
-                await self.client.put_vocab(entries)
-                return
-            except RemoteVocabConflict:
-                raise
-            except _RETRYABLE as exc:
-                if attempt + 1 >= s.max_attempts:
-                    raise
-                self.progress.add(retries=1)
-                log.info("vocabulary write retry attempt=%d: %s", attempt + 1, exc)
-                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
+
+        def note(failures: int, exc: BaseException, wait_s: float) -> None:
+            self.progress.add(retries=1)
+            log.info("vocabulary write retry attempt=%d in %.2fs: %s", failures, wait_s, exc)
+
+        await retry(lambda: self.client.put_vocab(entries), self.settings.retry_policy, retry_on=_RETRYABLE,
+                    give_up=lambda exc: isinstance(exc, RemoteVocabConflict), on_retry=note)
 
     async def _send(self, index: int, bid: BatchId, window: _Window,
                     vocab: asyncio.Task[None] | None = None, recorded: asyncio.Task[None] | None = None) -> None:
@@ -504,32 +532,21 @@ class TrainingJob:
                 self._failure = exc
 
     async def _write_with_retries(self, batch: RowBatch, bid: BatchId) -> None:
-        s = self.settings
-        for attempt in range(s.max_attempts):
-            try:
-                await self.client.write(batch, bid)
-                return
-            except _RETRYABLE as exc:
-                if attempt + 1 >= s.max_attempts or (isinstance(exc, QuorumNotReached) and exc.store_full):
-                    # not abandoned: the id stays unsettled, so the writer floor never passes it
-                    # and a resumed run can still send it (module docstring)
-                    raise
-                self.progress.add(retries=1)
-                log.info("batch retry writer=%#x seq=%d attempt=%d: %s", bid.writer, bid.seq, attempt + 1, exc)
-                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
+        # A write that runs out of attempts (or meets a full store) is not abandoned: the id stays
+        # unsettled, so the writer floor never passes it and a resumed run can still send it
+        # (module docstring).
+        def note(failures: int, exc: BaseException, wait_s: float) -> None:
+            self.progress.add(retries=1)
+            log.info("batch retry writer=%#x seq=%d attempt=%d in %.2fs: %s", bid.writer, bid.seq, failures,
+                     wait_s, exc)
+
+        await retry(lambda: self.client.write(batch, bid), self.settings.retry_policy, retry_on=_RETRYABLE,
+                    give_up=lambda exc: isinstance(exc, QuorumNotReached) and exc.store_full, on_retry=note)
 
     async def _read_flags(self) -> set[int]:
         """The replicated flag set, retried like a write (a replica may be failing over)."""
-        s = self.settings
-        for attempt in range(s.max_attempts):
-            try:
-                return await read_flags(self.client)
-            except _RETRYABLE:
-                if attempt + 1 >= s.max_attempts:
-                    raise
-                self.progress.add(retries=1)
-                await asyncio.sleep(s.retry_backoff_s * (2 ** attempt))
-        raise AssertionError("unreachable")
+        return await retry(lambda: read_flags(self.client), self.settings.retry_policy, retry_on=_RETRYABLE,
+                           on_retry=lambda failures, exc, wait_s: self.progress.add(retries=1))
 
     def partial_result(self) -> TrainResult:
         """What a failed or cancelled run got acknowledged so far (vocabulary, flags, keys written),

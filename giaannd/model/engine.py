@@ -110,8 +110,9 @@ class Engine:
         return out
 
     def evaluate(self, prompts: Iterable[TaggedSentence] | Sequence[EncodedSentence], mode: Mode = "teacher",
-                 constants: LifConstants = TRAIN_SET) -> EvalResult:
-        """Top-1 accuracy (§7) over tagged or already-encoded prompts."""
+                 constants: LifConstants = TRAIN_SET, *, keep_details: bool = False) -> EvalResult:
+        """Top-1 accuracy (§7) over tagged or already-encoded prompts (``keep_details``: also every
+        prediction, per prompt)."""
         encoded: list[EncodedSentence] = []
         tagged: list[TaggedSentence] = []
         for p in prompts:
@@ -121,7 +122,7 @@ class Engine:
                 tagged.append(p)
         if tagged:
             encoded.extend(self.encode_prompts(tagged))
-        return evaluate(encoded, self.store, self.assigner, constants, mode)
+        return evaluate(encoded, self.store, self.assigner, constants, mode, keep_details=keep_details)
 
     def generate(self, prompt: TaggedSentence | EncodedSentence, max_new_tokens: int = 20,
                  constants: LifConstants = TRAIN_SET) -> list[str]:

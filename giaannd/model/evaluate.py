@@ -39,6 +39,8 @@ class EvalResult:
     steps: int = 0
     #: Per prompt: list of (target word index k, matched) — only when ``keep_details``.
     details: list[list[tuple[int, bool]]] = field(default_factory=list)
+    #: Per prompt: the prediction of every step k ≥ seed (None: no prediction) — only when ``keep_details``.
+    predictions: list[list[RowKey | None]] = field(default_factory=list)
 
     @property
     def top1(self) -> float:
@@ -75,7 +77,8 @@ def evaluate(
         constants: :data:`~giaannd.model.infer.TRAIN_SET` or ``TEST_SET``.
         mode: ``"teacher"`` (the benchmark metric) or ``"free"`` (predictions drive the sequence).
         seed_tokens: seed length (8).
-        keep_details: record per-token hits in ``EvalResult.details``.
+        keep_details: record per-token hits and predictions in ``EvalResult.details`` and
+            ``EvalResult.predictions``.
     """
     if mode not in ("teacher", "free"):
         raise ValueError(f"mode must be 'teacher' or 'free', got {mode!r}")
@@ -93,6 +96,7 @@ def evaluate(
         result.prompts += 1
         result.steps += session.steps_run
         hits: list[tuple[int, bool]] = []
+        preds: list[RowKey | None] = []
         for k in range(seed_tokens, n):
             pred = session.predictions.get(k)
             ok = prediction_matches(pred, sent.target_word(k))
@@ -100,8 +104,10 @@ def evaluate(
             result.matches += ok
             result.no_prediction += pred is None
             hits.append((k, ok))
+            preds.append(pred)
         if keep_details:
             result.details.append(hits)
+            result.predictions.append(preds)
     return result
 
 

@@ -2,12 +2,18 @@
 
 JSONL (one synapse per line, rows in ascending id order, entries in row order)::
 
-    {"source_lemma": "cat", "source_word": "the", "segment": 8,
-     "target_lemma": "cat", "target_word": "cat", "strength": 5.0}
+    {"source_lemma": "cat", "source_word": "the", "source_prime": false, "segment": 8,
+     "target_lemma": "cat", "target_word": "cat", "target_prime": true, "strength": 5.0}
 
 ``*_lemma`` is the column's noun lemma, ``*_word`` the neuron's word — for a prime concept neuron
-(feature 0) the word is the column lemma (giaann-algorithm.md §1.4). Strengths are float32 values
-printed with Python's shortest round-trip repr.
+(feature 0) the word is the column lemma (giaann-algorithm.md §1.4). ``*_prime`` tells the prime
+neuron (column, 0) from a feature neuron whose word happens to equal the lemma (the noun "fire"
+and the verb "fire" in column ``fire``): without it the two export the same key. Strengths are
+float32 values printed with Python's shortest round-trip repr. :func:`read_jsonl` reads these
+lines, and those of older exports, which have no ``*_prime`` fields (module docstring there).
+``is_jsonl_export`` recognises a file of this format, or of the older one, by its first line (the
+fields above, in that order) so that an export only ever replaces a previous export unless told
+otherwise (giaannd/compute/paths.py).
 
 Binary snapshot (little-endian), version 1::
 
@@ -24,7 +30,9 @@ Binary snapshot (little-endian), version 1::
                   segment u8[N], target_column u64[N], target_feature u64[N], strength f32[N])
 
 Loading checks the header checksum, the sizes against the file length (before allocating), the
-payload checksum and the batch invariants; any failure raises :class:`SnapshotError` naming the file.
+payload checksum and the batch invariants; any failure raises :class:`SnapshotError` naming the file
+and the byte offset. The header and those checks are the shared record codec's (``giaannd.records``,
+``EXPORT_RECORD``: a format without a length field, its payload size derived from R and N).
 Writing goes to a temporary file that is fsynced and renamed, so a failure leaves nothing half-written.
 """
 
@@ -32,33 +40,66 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
 from giaannd.atomic_file import atomic_writer
+from giaannd.errors import CorruptDataError
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import Vocabulary
+from giaannd.records import RecordError, RecordFormat
 
-__all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "SnapshotError", "iter_jsonl", "load_snapshot",
-           "save_snapshot", "write_jsonl"]
+__all__ = ["EXPORT_RECORD", "JSONL_FIELDS", "JSONL_FIELDS_V1", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "ExportEntry",
+           "SnapshotError", "is_jsonl_export", "iter_jsonl", "load_snapshot", "read_jsonl", "save_snapshot",
+           "write_jsonl"]
+
+#: The keys of every JSONL line, in order.
+JSONL_FIELDS = ("source_lemma", "source_word", "source_prime", "segment", "target_lemma", "target_word",
+                "target_prime", "strength")
+#: The keys of a line of an export written before the ``*_prime`` fields.
+JSONL_FIELDS_V1 = ("source_lemma", "source_word", "segment", "target_lemma", "target_word", "strength")
+#: ``is_jsonl_export`` reads at most this much of a first line (lemmas and words are short).
+_MAX_JSONL_LINE_BYTES = 64 * 1024
 
 SNAPSHOT_MAGIC = b"GIAROWS\x00"
 SNAPSHOT_VERSION = 1
-_HEADER = struct.Struct("<8sIIQQQ")
-_HEADER_BYTES = _HEADER.size + 8
 #: Bytes per row and per entry in the payload (see the table above).
 _ROW_BYTES = 8 + 8 + 8
 _ENTRY_BYTES = 1 + 8 + 8 + 4
 _DTYPES = (np.uint64, np.uint64, np.int64, np.uint8, np.uint64, np.uint64, np.float32)
 
 
-class SnapshotError(ValueError):
-    """A snapshot file is corrupt, truncated, of another format or version."""
+def _payload_bytes(fields: Mapping[str, int]) -> int:
+    """The payload size the header's counts give (the extra 8: offsets has R + 1 entries)."""
+    return fields["rows"] * _ROW_BYTES + 8 + fields["entries"] * _ENTRY_BYTES
+
+
+#: The 48-byte header of the table above. No length field and no payload limit: the derived size
+#: must equal the file's, checked before anything is allocated.
+EXPORT_RECORD = RecordFormat(
+    "row snapshot", SNAPSHOT_MAGIC,
+    [("version", "I"), ("reserved", "I"), ("rows", "Q"), ("entries", "Q"), ("payload_xxh3", "Q")],
+    versions=(SNAPSHOT_VERSION, SNAPSHOT_VERSION), max_payload_bytes=None, payload_bytes=_payload_bytes)
+
+
+class SnapshotError(CorruptDataError, ValueError):
+    """A snapshot file is corrupt, truncated, of another format or version.
+
+    Args:
+        message: names the file and what failed.
+        offset: the byte offset where validation failed.
+    """
+
+    reason = "corrupt_row_snapshot"
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 def _word(vocab: Vocabulary, column: int, feature: int) -> str:
@@ -90,10 +131,87 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
             except KeyError:
                 raise KeyError(f"export: column id {tc:#018x} is not in the vocabulary") from None
             yield json.dumps({
-                "source_lemma": src_lemma, "source_word": src_word, "segment": s,
-                "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
-                "strength": float(np.float32(v)),
+                "source_lemma": src_lemma, "source_word": src_word, "source_prime": f == PRIME_FEATURE,
+                "segment": s, "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
+                "target_prime": tf == PRIME_FEATURE, "strength": float(np.float32(v)),
             }, ensure_ascii=False)
+
+
+def is_jsonl_export(path: str | os.PathLike[str]) -> bool:
+    """True if the regular file ``path`` is empty (the export of an empty model) or its first line
+    is a JSONL export line: a JSON object with exactly ``JSONL_FIELDS``, in order, or the fields of
+    an export written before the ``*_prime`` fields (``JSONL_FIELDS_V1``), so that a re-export
+    replaces an export this daemon wrote before an upgrade.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        first = fh.readline(_MAX_JSONL_LINE_BYTES)
+    if not first:
+        return True
+    try:
+        doc = json.loads(first)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
+    return isinstance(doc, dict) and tuple(doc) in (JSONL_FIELDS, JSONL_FIELDS_V1)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportEntry:
+    """One JSONL line: a synapse from neuron (source_lemma, source_word) onto segment ``segment``
+    of neuron (target_lemma, target_word); ``*_prime`` marks a prime concept neuron."""
+
+    source_lemma: str
+    source_word: str
+    source_prime: bool
+    segment: int
+    target_lemma: str
+    target_word: str
+    target_prime: bool
+    strength: float
+
+
+def _entry(d: object) -> ExportEntry:
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    try:
+        src_lemma, src_word, tgt_lemma, tgt_word = (d["source_lemma"], d["source_word"], d["target_lemma"],
+                                                    d["target_word"])
+        segment, strength = d["segment"], d["strength"]
+    except KeyError as exc:
+        raise ValueError(f"missing field {exc.args[0]!r}") from None
+    if not all(isinstance(x, str) for x in (src_lemma, src_word, tgt_lemma, tgt_word)):
+        raise ValueError("lemmas and words must be strings")
+    if isinstance(segment, bool) or not isinstance(segment, int) or isinstance(strength, bool) \
+            or not isinstance(strength, (int, float)):
+        raise ValueError("segment must be an integer and strength a number")
+    # An export written before the *_prime fields: a word equal to its column's lemma is read as
+    # the prime neuron, the only reading the old key allows (the ambiguity the fields remove).
+    src_prime = d.get("source_prime", src_word == src_lemma)
+    tgt_prime = d.get("target_prime", tgt_word == tgt_lemma)
+    if not isinstance(src_prime, bool) or not isinstance(tgt_prime, bool):
+        raise ValueError("source_prime and target_prime must be true or false")
+    return ExportEntry(src_lemma, src_word, src_prime, segment, tgt_lemma, tgt_word, tgt_prime, float(strength))
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[ExportEntry]:
+    """The entries of a JSONL export, this version's or an older one without ``*_prime`` fields
+    (then a word equal to its lemma is taken for the prime neuron). Blank lines are skipped.
+
+    Raises:
+        ValueError: a line is not an export entry; the message names the file and line.
+        OSError: the file cannot be read.
+    """
+    name = os.fspath(path)
+    with open(name, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _entry(json.loads(line))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{name}:{lineno}: not an export entry: {exc}") from None
 
 
 def write_jsonl(store: RowStore, vocab: Vocabulary, path: str | os.PathLike[str]) -> int:
@@ -111,12 +229,8 @@ def save_snapshot(store: RowStore, path: str | os.PathLike[str]) -> int:
     batch = store.export()
     buffers = [np.ascontiguousarray(b, dtype=dt).astype(np.dtype(dt).newbyteorder("<"), copy=False)
                for b, dt in zip(batch.buffers(), _DTYPES)]
-    digest = xxhash.xxh3_64()
-    for b in buffers:
-        digest.update(b.data.cast("B"))
-    head = _HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 0, batch.num_rows, batch.num_entries,
-                        digest.intdigest())
-    head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+    head = EXPORT_RECORD.header_for([b.data.cast("B") for b in buffers], rows=batch.num_rows,
+                                    entries=batch.num_entries)
 
     with atomic_writer(path) as fh:
         fh.write(head)
@@ -136,34 +250,28 @@ def load_snapshot(path: str | os.PathLike[str]) -> RowStore:
     name = os.fspath(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        head = fh.read(_HEADER_BYTES)
-        if len(head) < _HEADER_BYTES:
-            raise SnapshotError(f"{name}: truncated header ({len(head)} of {_HEADER_BYTES} bytes)")
-        magic, version, _reserved, rows, entries, payload_sum = _HEADER.unpack_from(head)
-        if magic != SNAPSHOT_MAGIC:
-            raise SnapshotError(f"{name}: not a giaannd row snapshot (magic {magic!r})")
-        (head_sum,) = struct.unpack_from("<Q", head, _HEADER.size)
-        if head_sum != xxhash.xxh3_64_intdigest(head[: _HEADER.size]):
-            raise SnapshotError(f"{name}: header checksum mismatch")
-        if version != SNAPSHOT_VERSION:
-            raise SnapshotError(f"{name}: snapshot version {version}, this build reads {SNAPSHOT_VERSION}")
-        expected = _HEADER_BYTES + rows * _ROW_BYTES + 8 + entries * _ENTRY_BYTES
-        if expected != size:
-            raise SnapshotError(f"{name}: size {size} bytes, header says {expected}")
+        try:
+            head = EXPORT_RECORD.read_header(fh.read(EXPORT_RECORD.header_bytes))
+            EXPORT_RECORD.check_extent(head, size)
+        except RecordError as exc:
+            raise SnapshotError(f"{name}: {exc.detail}", exc.offset) from None
+        rows, entries = head.fields["rows"], head.fields["entries"]
         counts = (rows, rows, rows + 1, entries, entries, entries, entries)
         digest = xxhash.xxh3_64()
         buffers = []
         for count, dt in zip(counts, _DTYPES):
+            at = fh.tell()
             want = count * np.dtype(dt).itemsize
             raw = fh.read(want)
-            if len(raw) != want:
-                raise SnapshotError(f"{name}: truncated payload")
+            if len(raw) != want:  # the file shrank under us: its size was checked above
+                raise SnapshotError(f"{name}: truncated payload", at)
             digest.update(raw)
             buffers.append(np.frombuffer(raw, dtype=np.dtype(dt).newbyteorder("<")).astype(dt))
-    if digest.intdigest() != payload_sum:
-        raise SnapshotError(f"{name}: payload checksum mismatch")
     try:
+        EXPORT_RECORD.check_payload(head, digest.intdigest())
         batch = RowBatch.from_buffers(buffers, validate=True)
+    except RecordError as exc:
+        raise SnapshotError(f"{name}: {exc.detail}", exc.offset) from None
     except ValueError as exc:
-        raise SnapshotError(f"{name}: {exc}") from exc
+        raise SnapshotError(f"{name}: {exc}", head.payload_offset) from exc
     return RowStore.from_batch(batch)

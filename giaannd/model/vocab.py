@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from giaannd.errors import Refused
 from giaannd.model.ids import PRIME_FEATURE, column_id, feature_id
 
 __all__ = ["IdCollisionError", "Vocabulary"]
 
 
-class IdCollisionError(ValueError):
+class IdCollisionError(Refused, ValueError):
     """Two different strings hashed to the same 64-bit id."""
+
+    reason = "id_collision"
 
 
 class Vocabulary:

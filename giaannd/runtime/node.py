@@ -152,6 +152,9 @@ class NodeRuntime:
         self.serving = asyncio.Event()
         #: Set by ``giaannctl node drain``: writes are refused (``Unavailable``), reads served.
         self.draining = False
+        #: Set by the storage role while its disk is full (it refuses writes, serves reads);
+        #: gossiped as ``NodeMeta.full`` like ``draining`` (call ``refresh_meta()`` after a change).
+        self.disk_full = False
         #: Set by the membership service once its node runs.
         self.membership: MembershipNode | None = None
         self._handler: Handler | None = None
@@ -297,7 +300,7 @@ class NodeRuntime:
             transports=transports,
             capacity_bytes=self.config.storage.capacity_bytes if storage else 0,
             weight=self.config.storage.placement_weight if storage else 0.0,
-            full=self.draining,
+            full=self.draining or self.disk_full,
             ring=self.ring.digest(),
         )
 
@@ -376,8 +379,9 @@ class NodeRuntime:
                 raise ConfigError(f"{url} binds a wildcard address: set transport.advertise to "
                                   "the URL peers should dial", "$.transport.advertise")
             try:
-                transport = self.transports.get(scheme) or make_transport(
-                    scheme, self.identity, **self.transport_options.get(scheme, {}))
+                # (the config's admission limits unless the caller's options for the scheme say otherwise)
+                options = {"limits": self.config.transport.limits(), **self.transport_options.get(scheme, {})}
+                transport = self.transports.get(scheme) or make_transport(scheme, self.identity, **options)
                 listener = await transport.listen(url, self._dispatch)
             except (TransportUnavailable, PeersError, OSError, RuntimeError) as exc:
                 if scheme in OPTIONAL_SCHEMES:

@@ -3,22 +3,25 @@
 Glue only (STYLE.md item 2). On ``start`` it builds this node's ``NodeMeta`` from the runtime
 (roles, the data-plane URLs actually bound, capacity, placement weight), starts the SWIM node on
 ``membership.bind-address:bind-port`` with the runtime's keyring, joins ``cluster.seeds``, and
-from then on feeds every member event into the runtime's ``ClusterView``. It serves:
+from then on feeds every member event into the runtime's ``ClusterView``. It serves (operation
+ids of giaannd/operations.py, which declares their routes and arguments):
 
-- ``GET /v1/members`` (the admin members source): name, id, gossip address, status, incarnation,
-  roles, data-plane URLs, capacity, weight;
-- ``POST /v1/node/join`` ``{"seeds": ["host:port", ...]}``, ``POST /v1/node/leave`` (leave gossip,
-  then stop the daemon), ``POST /v1/node/drain`` (refuse writes, keep serving reads, gossip
-  ``full``), see docs/operations.md;
-- ``GET|POST /v1/keys``, ``POST /v1/keys/{id}/use``, ``DELETE /v1/keys/{id}``: keyring rotation,
-  saved to ``cluster.key-file``; ``id`` is the key's fingerprint (first 16 hex digits of SHA-256);
-- ``GET /v1/ring``, ``GET /v1/ring/owners/{column}``: the placement as this node computes it
-  (``column`` is a decimal or ``0x`` id, or a concept word hashed like the model does); the ring
-  document shows the storage ring's entries and digest, the cutover override if one is in force,
-  and the standby storage members (alive, not in the placement set).
-- ``GET /v1/columns/{column}`` (``giaannctl column info``): the column's owners and, per live
-  owner, its rows, entries, bytes and digests of that column, asked over the data plane
-  (``ColumnInfo``), with whether the replicas agree. Any node serves it, storage or not.
+- ``members.list`` (as the admin API's members source): name, id, gossip address, status,
+  incarnation, roles, data-plane URLs, capacity, weight;
+- ``node.join`` ``{"seeds": ["host:port", ...]}``, ``node.leave`` (leave gossip, then stop the
+  daemon), ``node.drain`` (refuse writes, keep serving reads, gossip ``full``);
+- ``keys.list|install|use|remove``: keyring rotation, saved to ``cluster.key-file``; a key's id is
+  its fingerprint (first 16 hex digits of SHA-256);
+- ``ring.show``, ``ring.owners``: the placement as this node computes it (``column`` is a decimal
+  or ``0x`` id, or a concept word hashed like the model does); the ring document shows the
+  storage ring's entries and digest, the cutover override if one is in force, and the standby
+  storage members (alive, not in the placement set); each placement member carries its owner
+  counts over a fixed sample of column ids (giaannd/services/storage_usage.py);
+- ``ring.usage``: each placement member's RAM and disk fill, rows and entries, asked over the
+  data plane (``GetUsage``);
+- ``column.info``: the column's owners and, per live owner, its rows, entries, bytes and digests
+  of that column, asked over the data plane (``ColumnInfo``), with whether the replicas agree.
+  Any node serves it, storage or not.
 
 It also runs ring sync (giaannd/services/ring_sync.py): started right after the seeds are joined,
 it pulls the storage ring from members whose gossiped digest differs and, on a storage node,
@@ -43,9 +46,11 @@ from aiohttp import web
 
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
-from giaannd.errors import AdminHTTPError, ConfigError, GiaannError
+from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
 from giaannd.model.ids import column_id
+from giaannd.operations import Handler
 from giaannd.services.ring_sync import RingSync
+from giaannd.services.storage_usage import OWNER_SAMPLE, owner_counts, storage_usage
 from peers.keyring import Keyring, KeyringError
 from peers.membership.events import MemberEvent, MemberFailed, MemberJoined, NameConflict
 from peers.membership.meta import NodeMeta
@@ -123,10 +128,11 @@ class MembershipService:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, ctx: ServiceContext) -> None:
-        """Start gossip, join the seeds, follow member events, register admin routes.
+        """Start gossip, join the seeds, follow member events, bind the admin operations.
 
         Raises:
-            GiaannError: the membership port cannot be bound, or no seed answered.
+            HostEnvironmentError: the membership port cannot be bound.
+            RemoteFault: no seed answered, or another member has this node's name.
         """
         self._ctx = ctx
         cfg = ctx.config
@@ -142,8 +148,8 @@ class MembershipService:
         try:
             await node.start()
         except OSError as exc:
-            raise GiaannError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
-                              f"{exc.strerror or exc}") from None
+            raise HostEnvironmentError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
+                                       f"{exc.strerror or exc}", reason="listen_failed") from None
         self.node = rt.membership = node
         follow_membership(rt.topology, node)
         node.on_event(self._on_member_event)
@@ -155,7 +161,7 @@ class MembershipService:
             await self._join(seeds)
         await self.ring_sync.settle(cfg.storage.join_mode, had_seeds=bool(seeds), spawn=ctx.spawn)
         ctx.admin.set_members_source(self.members)
-        self._routes(ctx)
+        self._bind(ctx)
 
     async def stop(self, graceful: bool) -> None:
         """Graceful: announce the leave and wait while it spreads; then close sockets."""
@@ -234,7 +240,7 @@ class MembershipService:
         try:
             self._joined_seeds = await node.join(seeds)
         except (JoinError, NameConflictError) as exc:
-            raise GiaannError(str(exc)) from None
+            raise RemoteFault(str(exc), reason="join_failed") from None
         log.info("joined cluster seeds=%s answered=%d members=%d",
                  ",".join(f"{h}:{p}" for h, p in seeds), self._joined_seeds, len(node.members()))
         return self._joined_seeds
@@ -253,7 +259,7 @@ class MembershipService:
         try:
             async with asyncio.timeout(JOIN_TIMEOUT_S):
                 answered = await self._join(seeds)
-        except (GiaannError, TimeoutError) as exc:
+        except (RemoteFault, TimeoutError) as exc:
             raise AdminHTTPError(502, f"join failed: {exc or 'timed out'}", "join_failed") from None
         return {"joined": True, "seeds_answered": answered, "members": len(self._node().members())}
 
@@ -354,10 +360,21 @@ class MembershipService:
         try:
             placement = topo.placement
         except LookupError:
-            return {"epoch": "", "replicas": topo.replicas, "members": [], **doc}
+            return {"epoch": "", "replicas": topo.replicas, "members": [], "owner_sample": OWNER_SAMPLE, **doc}
+        counts = owner_counts(placement)
         return {"epoch": placement.epoch, "replicas": min(topo.replicas, len(placement.names)),
                 "members": [{"name": m.name, "weight": m.weight, "address": address(m.name),
-                             "live": topo.is_live(m.name)} for m in placement.members], **doc}
+                             "live": topo.is_live(m.name), **counts[m.name]} for m in placement.members],
+                "owner_sample": OWNER_SAMPLE, **doc}
+
+    async def _get_usage(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        """``giaannctl ring usage``: every placement member's fill (storage_usage.py)."""
+        return await storage_usage(self.runtime.topology, self._storage_client())
+
+    def _storage_client(self) -> StorageClient:
+        if self._client is None:  # closed by the runtime on stop
+            self._client = self.runtime.storage_client()
+        return self._client
 
     async def _get_owners(self, request: web.Request, params: Mapping[str, str]) -> Any:
         try:
@@ -381,10 +398,8 @@ class MembershipService:
             column, how = parse_column(params["column"])
         except ValueError as exc:
             raise AdminHTTPError(400, str(exc), "bad_request") from None
-        if self._client is None:  # closed by the runtime on stop
-            self._client = self.runtime.storage_client()
         try:
-            report = await self._client.column_info(column, timeout_s=COLUMN_INFO_TIMEOUT_S)
+            report = await self._storage_client().column_info(column, timeout_s=COLUMN_INFO_TIMEOUT_S)
         except LookupError:
             raise AdminHTTPError(503, "no storage members known", "no_storage") from None
 
@@ -399,18 +414,15 @@ class MembershipService:
                             "strength_digest": digest(r.strength_digest), "batches": r.batches,
                             "error": r.error} for r in report.replicas]}
 
-    def _routes(self, ctx: ServiceContext) -> None:
-        add = ctx.admin.add_route
-        add("POST", "/v1/node/join", self._post_join)
-        add("POST", "/v1/node/leave", self._post_leave)
-        add("POST", "/v1/node/drain", self._post_drain)
-        add("GET", "/v1/keys", self._get_keys)
-        add("POST", "/v1/keys", self._post_key)
-        add("POST", "/v1/keys/{key_id}/use", self._use_key)
-        add("DELETE", "/v1/keys/{key_id}", self._delete_key)
-        add("GET", "/v1/ring", self._get_ring)
-        add("GET", "/v1/ring/owners/{column}", self._get_owners)
-        add("GET", "/v1/columns/{column}", self._get_column)
+    def _bind(self, ctx: ServiceContext) -> None:
+        """Bind the membership operations (giaannd/operations.py declares their routes)."""
+        handlers: dict[str, Handler] = {
+            "node.join": self._post_join, "node.leave": self._post_leave, "node.drain": self._post_drain,
+            "keys.list": self._get_keys, "keys.install": self._post_key, "keys.use": self._use_key,
+            "keys.remove": self._delete_key, "ring.show": self._get_ring, "ring.owners": self._get_owners,
+            "ring.usage": self._get_usage, "column.info": self._get_column}
+        for op_id, handler in handlers.items():
+            ctx.admin.bind(op_id, handler)
 
     # -- incarnation ---------------------------------------------------------------------------
 
@@ -430,7 +442,7 @@ class MembershipService:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
+    if not request.body_exists:
         return {}
     try:
         body = await request.json()

@@ -34,7 +34,8 @@ absent, others active       join          bootstrap             standby
 in a background task, waits until the storage role serves and ``runtime.on_join_needed`` is set
 (the roles start after membership; bounded by ``JOIN_HANDLER_WAIT_S``), then runs it unless the
 node became active meanwhile (its failure is logged; the node stays standby). No callback in time:
-it logs that ``giaannctl node join-ring`` is needed. A removed node never re-adds itself: an operator's decommission must not be undone by a
+it logs that ``giaannctl node join-ring`` is needed. A removed node never re-adds itself: an operator's decommission
+must not be undone by a
 restart (run ``giaannctl node join-ring`` to bring it back).
 """
 

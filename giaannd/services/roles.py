@@ -10,6 +10,11 @@ Each role is built from its config section and the node runtime, the one way the
   view, so a node has one data plane and one view of the cluster; ``StorageRole`` adds the
   topology operations (giaannd/storage/rebalance/daemon.py).
 
+``StorageRole`` also connects the service to the node: a full disk (the service refuses writes,
+disk_full.py) is gossiped as ``NodeMeta.full``, and ``reclaim_space`` lets the daemon delete a
+failed snapshot's temporary before it writes anything at start-up (a disk that temporary filled
+would otherwise stop the node from starting).
+
 In-process test clusters (tools/cluster_harness) build nodes with these same factories.
 """
 
@@ -19,8 +24,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from giaannd.compute.service import ComputeService
+from giaannd.storage.engine.snapshot import remove_temporaries
 from giaannd.storage.rebalance.daemon import StorageTopology
-from giaannd.storage.replication.service import StorageService
+from giaannd.storage.replication.service import STORE_DIR, StorageService
 
 if TYPE_CHECKING:
     from giaannd.config import Config
@@ -39,6 +45,7 @@ class StorageRole:
         self.config = config
         self.runtime = runtime
         self.service = StorageService(config.storage, config.data_path("storage"), runtime)
+        self.service.disk.on_change = self._disk_full_changed
         self.topology_ops: StorageTopology | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
@@ -58,6 +65,14 @@ class StorageRole:
         finally:
             self.runtime.serve(None)
 
+    def reclaim_space(self) -> tuple[int, int]:
+        """Delete snapshot temporaries a failed or interrupted snapshot left (``ReclaimsSpace``)."""
+        return remove_temporaries(self.config.data_path("storage") / STORE_DIR)
+
+    def _disk_full_changed(self, full: bool) -> None:
+        self.runtime.disk_full = full
+        self.runtime.refresh_meta()
+
     def health(self) -> Mapping[str, Any]:
         out = dict(self.service.health())
         out["addresses"] = list(self.runtime.advertised.values())
@@ -75,5 +90,4 @@ def create_storage_service(config: Config, runtime: NodeRuntime) -> StorageRole:
 
 def create_compute_service(config: Config, runtime: NodeRuntime) -> ComputeService:
     """The daemon's compute factory: ``ComputeService`` with the runtime's storage client."""
-    return ComputeService(config.compute, config.data_path("compute"),
-                          storage_factory=lambda ctx: runtime.storage_client())
+    return ComputeService.from_config(config, storage_factory=lambda ctx: runtime.storage_client())

@@ -8,7 +8,7 @@ the asyncio service sits on ``DurableStore``. On-disk formats: docs/storage.md.
 
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ColumnStore, DropResult, RowDigest, StoreUsage
-from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError, StorageError, StoreFullError
+from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError, StoreFullError
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore, RecoveryReport
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "DurableStore",
     "RecoveryReport",
     "RowDigest",
-    "StorageError",
     "StoreFullError",
     "StoreUsage",
 ]

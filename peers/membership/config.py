@@ -86,6 +86,20 @@ class MembershipConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         "First delay between join rounds; doubles each round with full jitter."))] = 0.5
     leave_propagate_s: Annotated[float, Meta(ge=0, description=(
         "How long leave() keeps answering probes while its leave message spreads."))] = 1.0
+    max_incarnation_step: Annotated[int, Meta(ge=1, le=2**40, description=(
+        "Most an accusation (suspect, dead) may raise a member's incarnation above the one this "
+        "node knows (0 for an unknown member); an alive message may go one further, the "
+        "refutation of such an accusation. Larger values are clamped, not trusted: a member only "
+        "ever adds 1 per refutation or metadata update, while one forged message at the wire's "
+        "limit would otherwise leave its victim unable to refute (issue 16). Lower limits what "
+        "one forged message can do; too low (below the changes a member makes while another "
+        "cannot hear it) slows convergence after long partitions."))] = 2**32
+    address_confirm_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "A live member's claimed new address is used only after it answered a ping (UDP and "
+        "TCP) as that member; meanwhile the old address stays in use and the member is told of "
+        "the claim at it, so a forged one is refuted. The claim is dropped when no answer comes "
+        "within this time (a later copy of the claim starts again). A member that really moved "
+        "answers within one round trip."))] = 3.0
 
     @classmethod
     def lan(cls) -> MembershipConfig:
@@ -97,7 +111,7 @@ class MembershipConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         """memberlist's DefaultWANConfig: links across regions, higher RTT and loss."""
         return cls(probe_interval_s=5.0, probe_timeout_s=3.0, suspicion_mult=6,
                    gossip_interval_s=0.5, gossip_nodes=4, gossip_to_dead_s=60.0,
-                   push_pull_interval_s=60.0, tcp_timeout_s=30.0)
+                   push_pull_interval_s=60.0, tcp_timeout_s=30.0, address_confirm_timeout_s=15.0)
 
     @classmethod
     def loopback(cls) -> MembershipConfig:
@@ -105,7 +119,7 @@ class MembershipConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         return cls(probe_interval_s=0.2, probe_timeout_s=0.1, indirect_checks=2,
                    suspicion_mult=3, retransmit_mult=3, gossip_interval_s=0.05,
                    gossip_to_dead_s=5.0, push_pull_interval_s=5.0, tcp_timeout_s=1.0,
-                   leave_propagate_s=0.3, join_backoff_s=0.1)
+                   leave_propagate_s=0.3, join_backoff_s=0.1, address_confirm_timeout_s=1.0)
 
     @classmethod
     def profile(cls, name: str) -> MembershipConfig:

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
-    "MAX_MEMBERS_PER_PUSH_PULL", "MAX_META_BYTES", "MAX_NAME_BYTES", "PROTOCOL_MAX",
+    "MAX_INCARNATION", "MAX_MEMBERS_PER_PUSH_PULL", "MAX_META_BYTES", "MAX_NAME_BYTES", "PROTOCOL_MAX",
     "PROTOCOL_MIN", "Ack", "Addr", "Alive", "Dead", "IndirectPing", "MemberState",
     "MemberStatus", "Message", "Nack", "Ping", "PushPull", "StreamMessage", "Suspect",
     "compound_size", "decode_compound", "decode_stream", "encode_compound",
@@ -38,12 +38,16 @@ MAX_NAME_BYTES = 128
 MAX_MEMBERS_PER_PUSH_PULL = 20_000
 #: A UDP compound packet never holds more messages than this.
 MAX_MESSAGES_PER_PACKET = 255
+#: Largest incarnation on the wire (msgpack's signed 64-bit range; memberlist uses uint32). A
+#: decoder drops a whole packet carrying a larger one, so the core never computes one: every
+#: incarnation it makes (refutation, metadata update) is clamped to this (state.py).
+MAX_INCARNATION = 2**63 - 1
 
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_BYTES)]
 NodeId = Annotated[str, Meta(max_length=64)]
 Host = Annotated[str, Meta(max_length=255)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
-Incarnation = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Incarnation = Annotated[int, Meta(ge=0, le=MAX_INCARNATION)]
 Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 MetaBytes = Annotated[bytes, Meta(max_length=MAX_META_BYTES)]
 Addr = tuple[Host, Port]

@@ -4,7 +4,8 @@ This module owns no protocol rules (STYLE.md item 2): it feeds stimuli into
 ``Membership.handle`` and carries out the returned actions. UDP carries probes
 and gossip; TCP carries push-pull, join and the fallback probe, one sealed
 length-prefixed frame each way per connection. Peer garbage is dropped, counted
-(``rejected_<reason>``) and logged at most once per reason every 10 s.
+(``rejected_<reason>``) and logged at most once per reason every 10 s, with the number held back
+(``peers.log_limiter``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 import msgspec
 
 from peers.keyring import Keyring
+from peers.log_limiter import LogLimiter
 from peers.membership.codec import PacketCodec, PacketRejected
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
@@ -45,6 +47,7 @@ from peers.membership.events import (
 )
 from peers.membership.messages import Addr, MemberStatus, PushPull, StreamMessage
 from peers.membership.state import Membership
+from peers.retry import RetryPolicy, attempts
 
 __all__ = ["JoinError", "MemberInfo", "MembershipNode", "NameConflictError"]
 
@@ -54,6 +57,9 @@ log = logging.getLogger(__name__)
 REJECT_LOG_INTERVAL_S = 10.0
 #: Member events buffered per subscriber before the oldest are dropped.
 SUBSCRIBER_QUEUE = 4096
+#: Ceiling of the wait between join rounds (``join_backoff_s`` doubles up to it): with the default
+#: profiles the rounds end well below it; a config with many rounds still retries twice a minute.
+JOIN_BACKOFF_CAP_S = 30.0
 
 
 class JoinError(ConnectionError):
@@ -125,7 +131,7 @@ class MembershipNode:
         self._subscribers: list[asyncio.Queue[MemberEvent | None]] = []
         self._callbacks: list[Callable[[MemberEvent], None]] = []
         self._counters: dict[str, int] = {}
-        self._reject_logged: dict[str, float] = {}
+        self._reject_log = LogLimiter(REJECT_LOG_INTERVAL_S)
         self._inbound = 0
         self._token = 0
         self.addr: Addr = bind
@@ -157,8 +163,8 @@ class MembershipNode:
             NameConflictError: a different live node already has our name.
             JoinError: no seed answered in ``config.join_attempts`` rounds.
         """
-        delay = self.config.join_backoff_s
-        for attempt in range(1, self.config.join_attempts + 1):
+        rounds = RetryPolicy(self.config.join_backoff_s, JOIN_BACKOFF_CAP_S, self.config.join_attempts)
+        async for attempt in attempts(rounds, rng=self._rng):  # full jitter, from the node's own rng
             self._join_waiter = asyncio.get_running_loop().create_future()
             self._run(Join(tuple(seeds)))
             finished = await self._join_waiter
@@ -170,10 +176,7 @@ class MembershipNode:
                     f"{finished.conflict.claimed_node_id} at {finished.conflict.claimed_addr}")
             if finished.contacted > 0:
                 return finished.contacted
-            log.info("join attempt failed attempt=%d seeds=%s", attempt, seeds)
-            if attempt < self.config.join_attempts:
-                await asyncio.sleep(self._rng.uniform(0, delay))
-                delay *= 2
+            log.info("join attempt failed attempt=%d seeds=%s", attempt + 1, seeds)
         raise JoinError(f"could not join: none of the seeds {seeds} answered after "
                         f"{self.config.join_attempts} attempts")
 
@@ -331,11 +334,10 @@ class MembershipNode:
 
     def _reject(self, reason: str, peer: Addr, detail: str) -> None:
         self._count(f"rejected_{reason}")
-        now = time.monotonic()
-        if now - self._reject_logged.get(reason, -1e9) >= REJECT_LOG_INTERVAL_S:
-            self._reject_logged[reason] = now
-            log.warning("dropped membership packet reason=%s peer=%s:%s total=%d detail=%s",
-                        reason, peer[0], peer[1], self._counters[f"rejected_{reason}"], detail)
+        held = self._reject_log.admit(reason, time.monotonic())
+        if held is not None:
+            log.warning("dropped membership packet reason=%s peer=%s:%s total=%d suppressed=%d detail=%s",
+                        reason, peer[0], peer[1], self._counters[f"rejected_{reason}"], held, detail)
 
     def _on_datagram(self, data: bytes, addr: Addr) -> None:
         try:

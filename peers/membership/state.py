@@ -25,8 +25,23 @@ ack by the end of the interval suspects the target. Lifeguard adds the local
 health score (awareness.py), the decaying suspicion timeout with confirmations
 (suspicion.py) and the buddy system (a Suspect rides on pings to the suspect).
 
+Forged gossip (issue 16; a key holder can seal anything, so these are plausibility rules):
+
+- Incarnations are clamped, not trusted: a received Suspect/Dead counts as at most
+  ``max_incarnation_step`` above the incarnation we know of its member (0 if unknown), an
+  Alive as one more (the refutation of such an accusation), and nothing reaches
+  ``MAX_INCARNATION``. What we gossip on is the clamped message. So one forged message moves
+  a member by a bounded step, its refutation always fits the wire, and a restarted member
+  (fresh state) can still outrank what the cluster holds.
+- A live member's address changes only once the new address answers a Ping (UDP and TCP)
+  naming that member: the claim waits in ``_claims``, the old address stays in use, and the
+  claim is forwarded to the member at its old address, which refutes it if it is forged.
+  The claim expires after ``address_confirm_timeout_s``. Dead or left members' new
+  addresses (a restart on a new port) are taken at once.
+
 Invariants: the local member is always in the table and never SUSPECT/DEAD in it;
-at most one probe is outstanding; ``_live`` counts members that are ALIVE or SUSPECT.
+at most one probe is outstanding; ``_live`` counts members that are ALIVE or SUSPECT;
+at most one address claim per member; no incarnation above ``MAX_INCARNATION``.
 """
 
 from __future__ import annotations
@@ -35,6 +50,8 @@ import random
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
+
+import msgspec
 
 from peers.membership.awareness import Awareness
 from peers.membership.broadcast import BroadcastQueue, retransmit_limit
@@ -66,6 +83,7 @@ from peers.membership.events import (
     UpdateMeta,
 )
 from peers.membership.messages import (
+    MAX_INCARNATION,
     MAX_META_BYTES,
     Ack,
     Addr,
@@ -133,6 +151,14 @@ class _Relay:
 
 
 @dataclass(slots=True)
+class _Claim:
+    """An unconfirmed new address of a live member: ``alive`` waits for the Ack to ``seq``."""
+
+    alive: Alive
+    seq: int
+
+
+@dataclass(slots=True)
 class _JoinState:
     pending: int
     contacted: int = 0
@@ -164,6 +190,8 @@ class Membership:
         self._streams: dict[int, tuple[str, int]] = {}
         self._joins: dict[int, _JoinState] = {}
         self._suspicions: dict[str, Suspicion] = {}
+        self._claims: dict[str, _Claim] = {}  # member name -> its unconfirmed new address
+        self._claim_seqs: dict[int, str] = {}  # confirming ping's seq -> member name
         self._timers: dict[Hashable, float] = {}
         self._broadcasts: BroadcastQueue[Message] = BroadcastQueue()
         self.awareness = Awareness(config.awareness_max_multiplier)
@@ -352,6 +380,8 @@ class Membership:
                     self._send(relay.origin, [Nack(relay.origin_seq)])
             elif kind == "suspicion":
                 self._suspicion_timeout(arg)
+            elif kind == "claim":
+                self._end_claim(arg, confirmed=False)
 
     def _gossip_tick(self) -> None:
         cfg = self.config
@@ -459,6 +489,9 @@ class Membership:
             self._on_suspect(Suspect(m.incarnation, m.name, self.name))
 
     def _on_ack(self, seq: int) -> None:
+        if seq in self._claim_seqs:
+            self._end_claim(seq, confirmed=True)
+            return
         probe = self._probe
         if probe is not None and probe.seq == seq:
             if not probe.acked:
@@ -499,9 +532,25 @@ class Membership:
             case Dead():
                 self._on_dead(message)
 
+    def _bounded(self, name: str, incarnation: int, *, alive: bool) -> int:
+        """``incarnation`` clamped to what one message may claim (module docstring; issue 16).
+
+        An accusation at most ``max_incarnation_step`` above the incarnation we know of ``name``
+        (0 for a stranger) and below ``MAX_INCARNATION``, so that the accused can refute it; an
+        Alive one more, as that refutation is. Pure apart from the counter.
+        """
+        known = self._members.get(name)
+        base = known.incarnation if known is not None else 0
+        limit = min(base + self.config.max_incarnation_step, MAX_INCARNATION - 1) + int(alive)
+        if incarnation <= limit:
+            return incarnation
+        self._count("incarnations_clamped")
+        return limit
+
     def _refute(self, accused_incarnation: int) -> None:
         local = self.local
-        local.incarnation = max(local.incarnation, accused_incarnation) + 1
+        # never past the wire's limit: receivers would drop every packet carrying it
+        local.incarnation = min(max(local.incarnation, accused_incarnation) + 1, MAX_INCARNATION)
         self._count("refutes")
         if self.config.lifeguard:
             self.awareness.apply_delta(1)
@@ -544,6 +593,9 @@ class Membership:
         self._out.append(Emit(event))
 
     def _on_alive(self, a: Alive, *, direct: bool) -> None:
+        bounded = self._bounded(a.name, a.incarnation, alive=True)
+        if bounded != a.incarnation:
+            a = msgspec.structs.replace(a, incarnation=bounded)
         m = self._members.get(a.name)
         if a.name == self.name and m is not None:
             if a.node_id != self.node_id:
@@ -572,6 +624,17 @@ class Membership:
             changed = (a.meta, a.addr) != (m.meta, m.addr)
             if not (changed and direct and m.status == MemberStatus.ALIVE):
                 return
+        if a.addr != m.addr and m.status not in _GONE:
+            self._claim_address(m, a)  # confirmed before it is used (module docstring)
+            return
+        self._apply_alive(m, a)
+
+    def _apply_alive(self, m: Member, a: Alive) -> None:
+        """Take an accepted Alive for a known member: state, broadcast, event."""
+        claim = self._claims.get(m.name)
+        if claim is not None and claim.alive.incarnation <= a.incarnation:
+            del self._claims[m.name]  # superseded (e.g. the member refuted a forged claim)
+            self._claim_seqs.pop(claim.seq, None)
         old = m.status
         changed = (a.meta, a.addr, a.vsn) != (m.meta, m.addr, m.vsn)
         self._cancel_suspicion(a.name)
@@ -586,6 +649,46 @@ class Membership:
         elif changed:
             self._emit(MemberUpdated, m, "meta")
 
+    def _claim_address(self, m: Member, a: Alive) -> None:
+        """A live member is said to be elsewhere: ask the new address, tell the old one.
+
+        Issue 16 item 4: a forged Alive with a wrong address made every receiver probe (and
+        gossip to) the wrong port, declare the member dead, and never let it hear why. Now the
+        Alive waits until the new address acks a Ping naming the member (sent raw, without
+        piggy-backed gossip: the address is not trusted yet) and the member hears the claim at
+        its current address, where a forged claim is refuted at once.
+        """
+        pending = self._claims.get(m.name)
+        if pending is not None:
+            if pending.alive.incarnation >= a.incarnation:
+                return  # already asking
+            self._claim_seqs.pop(pending.seq, None)
+        seq = self._next_seq()
+        self._claims[m.name] = _Claim(a, seq)
+        self._claim_seqs[seq] = m.name
+        self._count("address_claims")
+        self.story.append((self._now, m.name, m.status.name, m.status.name,
+                           f"address claim {a.addr[0]}:{a.addr[1]} at {a.incarnation}"))
+        ping = Ping(seq, m.name, self.name)
+        self._out.append(Send(a.addr, [ping], message_size(ping) + 1))
+        self._open_stream(a.addr, ("claim", seq), ping)  # a lost datagram must not lose the claim
+        self._out.append(Send(m.addr, [a], message_size(a) + 1))
+        self._set_timer(("claim", seq), self._now + self.config.address_confirm_timeout_s)
+
+    def _end_claim(self, seq: int, *, confirmed: bool) -> None:
+        """The claimed address acked (adopt it, unless something newer came) or timed out."""
+        name = self._claim_seqs.pop(seq, None)
+        if name is None:
+            return  # superseded, or already settled
+        claim = self._claims.pop(name)
+        self._timers.pop(("claim", seq), None)
+        m = self._members.get(name)
+        if not confirmed:
+            self._count("address_claims_expired")
+        elif m is not None and m.node_id == claim.alive.node_id and claim.alive.incarnation >= m.incarnation:
+            self._count("address_claims_confirmed")
+            self._apply_alive(m, claim.alive)
+
     def _cancel_suspicion(self, name: str) -> None:
         if self._suspicions.pop(name, None) is not None:
             self._timers.pop(("suspicion", name), None)
@@ -594,6 +697,9 @@ class Membership:
         m = self._members.get(s.name)
         if m is None:
             return
+        bounded = self._bounded(s.name, s.incarnation, alive=False)
+        if bounded != s.incarnation:
+            s = msgspec.structs.replace(s, incarnation=bounded)
         if s.name == self.name:
             self._accused(s.incarnation, s.source)
             return
@@ -642,6 +748,9 @@ class Membership:
         m = self._members.get(d.name)
         if m is None:
             return
+        bounded = self._bounded(d.name, d.incarnation, alive=False)
+        if bounded != d.incarnation:
+            d = msgspec.structs.replace(d, incarnation=bounded)
         if d.name == self.name:
             self._accused(d.incarnation, d.source)
             return
@@ -699,6 +808,9 @@ class Membership:
             if isinstance(message, Ack) and message.seq == arg:
                 self._count("fallback_probe_acks")
                 self._on_ack(arg)
+        elif kind == "claim":
+            if isinstance(message, Ack) and message.seq == arg:
+                self._end_claim(arg, confirmed=True)
         elif kind == "push_pull":
             if isinstance(message, PushPull):
                 self._merge(message)
@@ -739,5 +851,5 @@ class Membership:
             raise ValueError(f"metadata is {len(meta)} bytes; limit {MAX_META_BYTES}")
         local = self.local
         local.meta = meta
-        local.incarnation += 1
+        local.incarnation = min(local.incarnation + 1, MAX_INCARNATION)
         self._broadcast(self.name, self._alive_of(local))

@@ -5,6 +5,7 @@ from peers.transport.base import Handler, Identity, Incoming, Listener, Reply, R
 from peers.transport.connect import connect
 from peers.transport.connection import Connection, Metrics
 from peers.transport.connections import ConnectionPool
+from peers.transport.limits import TransportLimits
 from peers.transport.pool import BufferPool
 from peers.transport.registry import make_transport, scheme_of
 
@@ -20,6 +21,7 @@ __all__ = [
     "Reply",
     "Result",
     "Transport",
+    "TransportLimits",
     "connect",
     "make_transport",
     "scheme_of",

@@ -10,58 +10,50 @@ import random
 from typing import Final
 
 from peers.errors import DeadlineExceeded, HandshakeRejected, PeersError, TransportClosed
+from peers.retry import RetryPolicy, retry
 from peers.transport.base import Transport
 from peers.transport.connection import Connection
 
-__all__ = ["connect", "backoff_delay", "backoff_delays", "BACKOFF_BASE_S", "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]
+__all__ = ["connect", "BACKOFF_BASE_S", "BACKOFF_CAP_S", "CONNECT_BACKOFF", "ATTEMPT_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S: Final = 0.01
 BACKOFF_CAP_S: Final = 1.0
+#: Waits between connection attempts (peers/retry.py); the caller's timeout bounds the attempts.
+CONNECT_BACKOFF: Final = RetryPolicy(BACKOFF_BASE_S, BACKOFF_CAP_S)
 #: One attempt (TCP connect + handshake) may take at most this long, within the overall deadline.
 ATTEMPT_TIMEOUT_S: Final = 5.0
-
-
-def backoff_delay(attempt: int, rng: random.Random, *, base_s: float = BACKOFF_BASE_S,
-                  cap_s: float = BACKOFF_CAP_S) -> float:
-    """Full-jitter delay before retry ``attempt`` (0-based): U(0, min(cap, base·2^attempt)). Pure."""
-    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, 62)))
-
-
-def backoff_delays(n: int, rng: random.Random) -> list[float]:
-    """The first ``n`` delays (for tests and docs)."""
-    return [backoff_delay(i, rng) for i in range(n)]
 
 
 async def connect(transport: Transport, address: str, *, timeout_s: float,
                   rng: random.Random | None = None) -> Connection:
     """Connect with retries until ``timeout_s`` has passed.
 
-    Handshake rejections are not retried (a wrong key stays wrong).
+    Handshake rejections are not retried (a wrong key stays wrong); a protocol error during the
+    handshake is (the peer may have been half-started).
 
     Raises:
         HandshakeRejected: the peer refused us (or we it).
         DeadlineExceeded: no attempt succeeded in time; chained to the last error.
     """
-    rng = rng or random.Random()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    attempt = 0
-    last: BaseException | None = None
-    while True:
+
+    async def attempt() -> Connection:
         remaining = deadline - loop.time()
         if remaining <= 0:
-            raise DeadlineExceeded(f"could not connect to {address} within {timeout_s}s: {last}") from last
-        try:
-            return await transport.connect_once(address, timeout_s=min(remaining, ATTEMPT_TIMEOUT_S))
-        except HandshakeRejected:
-            raise
-        except (TransportClosed, DeadlineExceeded, OSError) as exc:
-            last = exc
-        except PeersError as exc:  # a protocol error during the handshake: retrying may help
-            last = exc
-        delay = min(backoff_delay(attempt, rng), max(deadline - loop.time(), 0.0))
-        log.debug("connect retry address=%s attempt=%d delay_s=%.3f: %s", address, attempt, delay, last)
-        attempt += 1
-        await asyncio.sleep(delay)
+            raise DeadlineExceeded("no time left for an attempt")
+        return await transport.connect_once(address, timeout_s=min(remaining, ATTEMPT_TIMEOUT_S))
+
+    def note(failures: int, exc: BaseException, wait_s: float) -> None:
+        log.debug("connect retry address=%s attempt=%d delay_s=%.3f: %s", address, failures - 1, wait_s, exc)
+
+    try:
+        return await retry(attempt, CONNECT_BACKOFF, retry_on=(TransportClosed, DeadlineExceeded, OSError, PeersError),
+                           give_up=lambda exc: isinstance(exc, HandshakeRejected), on_retry=note,
+                           deadline=deadline, rng=rng)
+    except HandshakeRejected:
+        raise
+    except (TransportClosed, DeadlineExceeded, OSError, PeersError) as exc:
+        raise DeadlineExceeded(f"could not connect to {address} within {timeout_s}s: {exc}") from exc

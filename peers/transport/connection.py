@@ -75,12 +75,18 @@ class Metrics:
     connections_opened: int = 0
     connections_closed: int = 0
     fallbacks: int = 0
+    #: accepted sockets closed before the handshake by an admission cap, by reason
+    #: (``pending_handshakes``, ``per_host``; see ``TransportLimits``)
+    connections_refused: dict[str, int] = field(default_factory=dict)
 
     def count_protocol_error(self, reason: str) -> None:
         self.protocol_errors[reason] = self.protocol_errors.get(reason, 0) + 1
 
     def count_rejection(self, reason: str) -> None:
         self.handshake_rejections[reason] = self.handshake_rejections.get(reason, 0) + 1
+
+    def count_refusal(self, reason: str) -> None:
+        self.connections_refused[reason] = self.connections_refused.get(reason, 0) + 1
 
 
 @dataclass(eq=False, slots=True)

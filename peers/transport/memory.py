@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from peers.errors import DeadlineExceeded, TransportClosed
 from peers.transport.base import Handler, Identity, Link, Listener, Transport
 from peers.transport.connection import Connection, Metrics
+from peers.transport.limits import TransportLimits
 from peers.transport.pool import BufferPool
 from peers.transport.session import Session
 
@@ -155,8 +156,10 @@ class MemoryTransport(Transport):
     scheme: ClassVar[str] = "mem"
 
     def __init__(self, identity: Identity, *, network: MemoryNetwork | None = None,
-                 pool: BufferPool | None = None, checksum: bool = False) -> None:
+                 pool: BufferPool | None = None, checksum: bool = False,
+                 limits: TransportLimits | None = None) -> None:
         super().__init__(identity)
+        self.limits = limits or TransportLimits()  # the handshake's; there are no sockets to cap
         self.network = network or DEFAULT_NETWORK
         self.pool = pool or BufferPool()
         self.metrics = Metrics()
@@ -172,7 +175,8 @@ class MemoryTransport(Transport):
             return Connection(link, peer=agreement.peer_node_id, handler=handler, pool=self.pool,
                               metrics=self.metrics, checksum=self.checksum, on_close=on_close)
 
-        return Session(link, client=client, identity=self.identity, metrics=self.metrics, make_connection=make)
+        return Session(link, client=client, identity=self.identity, metrics=self.metrics, make_connection=make,
+                       limits=self.limits)
 
     async def listen(self, address: str, handler: Handler) -> Listener:
         name = address.removeprefix("mem://")

@@ -3,7 +3,10 @@
 
 Driving the handshake synchronously inside the receive callback matters: the frame after ``Ready``
 may arrive in the same read, and it must find the ``Connection`` (and its buffer allocator) already
-in place. Protocol errors are counted by reason and close the link; they never escape to the loop.
+in place. So until the handshake is done the decoder runs ``stepwise`` (one frame per call) with
+the small pre-authentication body limit of ``TransportLimits``; once the peer is authenticated the
+limit rises to ``MAX_BODY_BYTES`` and the rest of the read is decoded. Protocol errors are counted
+by reason and close the link; they never escape to the loop.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ from peers import framing, handshake, wire
 from peers.errors import HandshakeRejected, LocalProtocolError, RemoteProtocolError, TransportClosed
 from peers.transport.base import Identity, Link
 from peers.transport.connection import Connection, Metrics
+from peers.transport.limits import DEFAULT_HANDSHAKE_TIMEOUT_S, TransportLimits
 
 __all__ = ["Session", "HANDSHAKE_TIMEOUT_S", "MakeConnection"]
 
 log = logging.getLogger(__name__)
 
 #: A connection that has not finished its handshake after this long is dropped (a silent client
-#: must not hold a socket forever).
-HANDSHAKE_TIMEOUT_S: Final = 10.0
+#: must not hold a socket forever); ``TransportLimits.handshake_timeout_s`` overrides it.
+HANDSHAKE_TIMEOUT_S: Final = DEFAULT_HANDSHAKE_TIMEOUT_S
+_DEFAULT_LIMITS: Final = TransportLimits()
 
 MakeConnection = Callable[[handshake.Agreement], Connection]
 
@@ -44,11 +49,15 @@ class Session:
         transports: Sequence[str] = ("inline",),
         ucx_address: bytes | None = None,
         bulk_salt: int = 0,
+        limits: TransportLimits = _DEFAULT_LIMITS,
     ) -> None:
         self.link, self.metrics, self._make = link, metrics, make_connection
         self.ready: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self.conn: Connection | None = None
-        self.decoder = framing.FrameDecoder(self._allocate)
+        self._timeout_s = limits.handshake_timeout_s
+        # a stranger's frames: small bodies, one frame at a time (module docstring)
+        self.decoder = framing.FrameDecoder(self._allocate, max_body_bytes=limits.handshake_max_body_bytes,
+                                            stepwise=True)
         args = dict(node_id=identity.node_id, cluster=identity.cluster, keyring=identity.keyring,
                     nonce=os.urandom(wire.NONCE_BYTES), transports=transports, ucx_address=ucx_address,
                     versions=identity.versions, bulk_salt=bulk_salt)
@@ -61,7 +70,7 @@ class Session:
         if self._client is not None:
             self._send(self._client.hello())
         else:
-            handle = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+            handle = asyncio.get_running_loop().call_later(self._timeout_s, self._handshake_timeout)
             self.ready.add_done_callback(lambda _f: handle.cancel())
 
     # ---- called by the backend's receive path ---------------------------------------------------
@@ -70,12 +79,19 @@ class Session:
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        decoder = self.decoder
         try:
-            for frame in self.decoder.buffer_updated(nbytes):
-                if self.conn is not None:
-                    self.conn.on_frame(frame)
-                else:
-                    self._on_handshake_frame(frame.message)
+            frames = decoder.buffer_updated(nbytes)
+            while frames:
+                stepwise = decoder.stepwise  # the handshake may end in this batch and turn it off
+                for frame in frames:
+                    if self.conn is not None:
+                        self.conn.on_frame(frame)
+                    else:
+                        self._on_handshake_frame(frame.message)
+                if not stepwise or (self.conn is None and self.ready.done()):
+                    break  # all decoded, or the handshake failed
+                frames = decoder.more()  # the rest of the read, under the limits now in force
         except RemoteProtocolError as exc:
             self.metrics.count_protocol_error(exc.reason)
             log.warning("protocol error, closing peer=%s reason=%s: %s", self._peer(), exc.reason, exc)
@@ -89,6 +105,7 @@ class Session:
             self.conn.on_lost(exc)
         elif not self.ready.done():
             self.ready.set_exception(TransportClosed(f"connection lost during handshake: {exc or 'EOF'}"))
+        self.decoder.close()  # nothing more arrives: give its buffers back now, not at the next GC
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -130,6 +147,9 @@ class Session:
             self.link.close()
 
     def _attach(self, agreement: handshake.Agreement) -> None:
+        # the peer proved the cluster key: the framing's own limits apply from the next frame on
+        self.decoder.max_body_bytes = framing.MAX_BODY_BYTES
+        self.decoder.stepwise = False
         self.conn = self._make(agreement)
         self.metrics.connections_opened += 1
         if not self.ready.done():

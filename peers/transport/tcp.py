@@ -7,26 +7,38 @@ caller's tensor. Writes hand the caller's buffers to the transport without joini
 write-buffer high-water mark is 0 so ``drain()`` returns only once everything reached the kernel
 (the caller may then reuse its buffers). uvloop is used when the running loop is uvloop; nothing
 here requires it.
+
+Admission (``TransportLimits``): an accepted socket is closed at once when the listener already has
+``max_pending_handshakes`` connections in their handshake or ``max_connections_per_host`` open
+connections from the same IP address; both are counted in ``Metrics.connections_refused``. A link
+leaves ``TcpTransport.links`` when its socket is lost, so churn leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from peers.errors import DeadlineExceeded, LocalProtocolError, TransportClosed
 from peers.transport.base import Handler, Identity, Link, Listener, Transport
 from peers.transport.connection import Connection, Metrics
+from peers.transport.limits import TransportLimits
 from peers.transport.pool import BufferPool
 from peers.transport.session import Session
 
 __all__ = ["TcpTransport", "parse_host_port"]
 
+log = logging.getLogger(__name__)
+
 #: Frames up to this size are handed to the socket as one write (see ``TcpLink.write``).
 _COALESCE_BYTES = 256 * 2**10
+#: A refused connection is logged at most once per reason in this many seconds (counted always):
+#: a connection flood must not become a log flood.
+_REFUSAL_LOG_INTERVAL_S: Final = 10.0
 
 
 def _frame_bytes(parts: Sequence[bytes | memoryview]) -> int:
@@ -47,9 +59,16 @@ def parse_host_port(address: str, scheme: str) -> tuple[str, int]:
 class TcpLink(Link, asyncio.BufferedProtocol):
     """One TCP connection as a frame link; its ``session`` decodes what arrives."""
 
-    def __init__(self, make_session: Callable[[TcpLink], Session]) -> None:
+    def __init__(self, make_session: Callable[[TcpLink], Session], *,
+                 admit: Callable[[TcpLink], bool] | None = None,
+                 on_lost: Callable[[TcpLink], None] | None = None) -> None:
+        """``admit(link)`` decides on ``connection_made`` whether the socket may stay (False: it is
+        aborted before the handshake starts); ``on_lost(link)`` runs when the socket is gone."""
         self.session = make_session(self)
         self._decoder_buffer = self.session.decoder.get_buffer
+        self._admit, self._on_lost = admit, on_lost
+        self.host = ""  # the remote IP address, once connected
+        self.admitted = False  # counted by the listener's caps (``TcpTransport._admit``)
         self._transport: asyncio.Transport | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -64,6 +83,11 @@ class TcpLink(Link, asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
         self._vectored = type(transport).__module__.startswith("uvloop")
+        peername = transport.get_extra_info("peername")
+        self.host = str(peername[0]) if peername else ""
+        if self._admit is not None and not self._admit(self):
+            self.abort()  # connection_lost follows, which fails the session's ``ready``
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -83,6 +107,8 @@ class TcpLink(Link, asyncio.BufferedProtocol):
         self._lost = exc or TransportClosed("EOF")
         self._can_write.set()
         self.session.lost(exc)
+        if self._on_lost is not None:
+            self._on_lost(self)
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -157,12 +183,17 @@ class TcpTransport(Transport):
 
     scheme: ClassVar[str] = "tcp"
 
-    def __init__(self, identity: Identity, *, pool: BufferPool | None = None, checksum: bool = False) -> None:
+    def __init__(self, identity: Identity, *, pool: BufferPool | None = None, checksum: bool = False,
+                 limits: TransportLimits | None = None) -> None:
         super().__init__(identity)
         self.pool = pool or BufferPool()
         self.metrics = Metrics()
         self.checksum = checksum
-        self.links: set[TcpLink] = set()  # for leak checks
+        self.limits = limits or TransportLimits()
+        self.links: set[TcpLink] = set()  # open sockets (leak checks; membership's fail_peer)
+        self._pending_handshakes = 0  # accepted links whose handshake has not finished
+        self._per_host: dict[str, int] = {}  # open accepted links by remote IP address
+        self._refusal_logged: dict[str, float] = {}
 
     def _session(self, link: TcpLink, *, client: bool, handler: Handler | None,
                  on_close: Callable[[Connection], None] | None = None) -> Session:
@@ -170,7 +201,47 @@ class TcpTransport(Transport):
             return Connection(link, peer=agreement.peer_node_id, handler=handler, pool=self.pool,
                               metrics=self.metrics, checksum=self.checksum, on_close=on_close)
 
-        return Session(link, client=client, identity=self.identity, metrics=self.metrics, make_connection=make)
+        return Session(link, client=client, identity=self.identity, metrics=self.metrics, make_connection=make,
+                       limits=self.limits)
+
+    # ---- admission of accepted sockets (module docstring) -------------------------------------
+
+    def _admit(self, link: TcpLink) -> bool:
+        limits = self.limits
+        if self._pending_handshakes >= limits.max_pending_handshakes:
+            return self._refuse(link, "pending_handshakes", limits.max_pending_handshakes)
+        if self._per_host.get(link.host, 0) >= limits.max_connections_per_host:
+            return self._refuse(link, "per_host", limits.max_connections_per_host)
+        self._pending_handshakes += 1
+        self._per_host[link.host] = self._per_host.get(link.host, 0) + 1
+        link.admitted = True
+        link.session.ready.add_done_callback(self._handshake_over)
+        return True
+
+    def _handshake_over(self, _ready: asyncio.Future[Connection]) -> None:
+        self._pending_handshakes -= 1
+
+    def _refuse(self, link: TcpLink, reason: str, cap: int) -> bool:
+        self.metrics.count_refusal(reason)
+        now = asyncio.get_running_loop().time()
+        if now - self._refusal_logged.get(reason, -_REFUSAL_LOG_INTERVAL_S) >= _REFUSAL_LOG_INTERVAL_S:
+            self._refusal_logged[reason] = now
+            log.warning("connection refused reason=%s peer=%s cap=%d refused_total=%d", reason, link.host,
+                        cap, self.metrics.connections_refused[reason])
+        return False
+
+    def _link_lost(self, link: TcpLink) -> None:
+        self.links.discard(link)
+
+    def _accepted_link_lost(self, link: TcpLink) -> None:
+        self.links.discard(link)
+        if not link.admitted:
+            return
+        count = self._per_host.get(link.host, 0) - 1
+        if count > 0:
+            self._per_host[link.host] = count
+        else:
+            self._per_host.pop(link.host, None)
 
     async def listen(self, address: str, handler: Handler) -> Listener:
         host, port = parse_host_port(address, self.scheme)
@@ -186,7 +257,7 @@ class TcpTransport(Transport):
                 session.ready.add_done_callback(lambda f: None if f.exception() else lst._conns.add(f.result()))
                 return session
 
-            link = TcpLink(make)
+            link = TcpLink(make, admit=self._admit, on_lost=self._accepted_link_lost)
             self.links.add(link)
             return link
 
@@ -203,7 +274,8 @@ class TcpTransport(Transport):
             async with asyncio.timeout(timeout_s):
                 def factory() -> TcpLink:
                     nonlocal link
-                    link = TcpLink(lambda lk: self._session(lk, client=True, handler=self._client_handler))
+                    link = TcpLink(lambda lk: self._session(lk, client=True, handler=self._client_handler),
+                                   on_lost=self._link_lost)
                     self.links.add(link)
                     return link
 
@@ -234,5 +306,4 @@ class TcpTransport(Transport):
     @property
     def open_resources(self) -> int:
         """Sockets still open (leak checks)."""
-        self.links = {lk for lk in self.links if lk.resources}
-        return len(self.links)
+        return sum(1 for lk in self.links if lk.resources)

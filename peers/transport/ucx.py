@@ -44,6 +44,7 @@ import numpy as np
 from peers.errors import RemoteProtocolError, TransportClosed, TransportUnavailable
 from peers.transport.base import BulkChannel, Handler, Identity
 from peers.transport.connection import Connection
+from peers.transport.limits import TransportLimits
 from peers.transport.pool import BufferPool
 from peers.transport.session import Session
 from peers.transport.tcp import TcpLink, TcpTransport
@@ -198,8 +199,8 @@ class UcxTransport(TcpTransport):
     scheme: ClassVar[str] = "ucx"
 
     def __init__(self, identity: Identity, *, pool: BufferPool | None = None, checksum: bool = False,
-                 inline_below_bytes: int = INLINE_BELOW_BYTES) -> None:
-        super().__init__(identity, pool=pool, checksum=checksum)
+                 inline_below_bytes: int = INLINE_BELOW_BYTES, limits: TransportLimits | None = None) -> None:
+        super().__init__(identity, pool=pool, checksum=checksum, limits=limits)
         self.inline_below_bytes = inline_below_bytes
         self.runtime = UcxRuntime.get()
         self.runtime.ensure_progress()
@@ -224,4 +225,5 @@ class UcxTransport(TcpTransport):
                               bulk=bulk, bulk_salt=(agreement.peer_bulk_salt, salt))
 
         return Session(link, client=client, identity=self.identity, metrics=self.metrics, make_connection=make,
-                       transports=("ucx", "inline"), ucx_address=self.runtime.address, bulk_salt=salt)
+                       transports=("ucx", "inline"), ucx_address=self.runtime.address, bulk_salt=salt,
+                       limits=self.limits)

@@ -33,7 +33,8 @@ def _fingerprint(store: ColumnStore) -> tuple[bytes, ...]:
 
 
 def _build(root: Path, snapshot_after: int | None, segment_max_bytes: int) -> list[tuple[bytes, ...]]:
-    """A store directory with RECORDS records (batches, one drop); returns the fingerprint after each prefix 0..RECORDS."""
+    """A store directory with RECORDS records (batches, one drop); returns the fingerprint after each prefix
+    0..RECORDS."""
     rng = np.random.default_rng(42)
     ref = ColumnStore(BIG)
     prefixes = [_fingerprint(ref)]

@@ -43,8 +43,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    train, held, _, _ = split_corpus(tmp_path_factory.mktemp("corpus"), 120, 30)
+def corpus(cluster: LocalCluster) -> tuple[Path, Path]:
+    train, held, _, _ = split_corpus(cluster.corpus_dir, 120, 30)  # where the nodes may read
     return train, held
 
 
@@ -98,7 +98,7 @@ def test_cluster_bad_requests_get_clear_errors(cluster: LocalCluster) -> None:
 
 
 def test_cluster_train_eval_generate_export_through_giaannctl(
-        cluster: LocalCluster, corpus: tuple[Path, Path], tmp_path: Path) -> None:
+        cluster: LocalCluster, corpus: tuple[Path, Path]) -> None:
     compute = cluster.node("compute-1")
     train, held = corpus
     job = ctl_json(compute, "train", "start", str(train))
@@ -108,14 +108,13 @@ def test_cluster_train_eval_generate_export_through_giaannctl(
         if "storage" in node.roles:
             health = node.status()["services"]["storage"]
             assert health["rows"] > 0 and health["counters"]["applies"] > 0, node.name
-    ev = ctl_json(compute, "eval", "--corpus", str(held))
+    ev = ctl_json(compute, "eval", "--corpus", held.name)  # relative: inside compute.corpus-dir
     assert 0.0 <= ev["top1"] <= 1.0 and ev["prediction_tokens"] > 0, ev
     gen = ctl_json(compute, "generate", "In the beginning, God created the heavens",
                    "--max-tokens", "5")
     assert 0 < len(gen["tokens"]) <= 5, gen
-    out = tmp_path / "export.jsonl"
-    ctl_json(compute, "export", str(out))
-    lines = out.read_text().splitlines()
+    ctl_json(compute, "export", "export.jsonl")  # relative: inside compute.export-dir
+    lines = (cluster.export_dir / "export.jsonl").read_text().splitlines()
     assert lines and all(json.loads(line) for line in lines[:10])
 
 

@@ -192,7 +192,7 @@ async def test_cluster_inprocess_join_ring_keys_drain_leave(tmp_path: Path) -> N
 
         status, metrics = await a.call("GET", "/metrics")
         assert "giaannd_membership_members_live" in metrics
-        assert "giaannd_transport_bytes_sent_total" in metrics
+        assert "giaannd_transport_sent_bytes_total" in metrics
 
 
 @pytest.mark.asyncio
@@ -233,11 +233,12 @@ async def test_cluster_inprocess_one_node_with_both_roles_trains_and_evaluates(
     own node through the runtime's one transport and topology (R = 1)."""
     from tools.local_cluster import split_corpus
 
-    train, held, _, _ = split_corpus(tmp_path / "corpus", 60, 15)
     node = Node(tmp_path, "both", "", [])
     node.config = msgspec.structs.replace(
         node.config, node=msgspec.structs.replace(node.config.node,
                                                   roles=["storage", "compute"]))
+    # the default compute.corpus-dir: <data-dir>/corpora
+    train, held, _, _ = split_corpus(node.config.data_path("corpora"), 60, 15)
     node.runtime = NodeRuntime(node.config)
     node.membership = MembershipService(node.runtime)
     roles, unavailable = build_role_services(node.config, node.runtime)

@@ -119,7 +119,7 @@ async def test_column_info_route_and_ctl(tmp_path: Path, capsys: pytest.CaptureF
         capsys.readouterr()
         assert await asyncio.to_thread(ctl.main, [*base, "column", "info", "water"]) == 0
         text = capsys.readouterr().out
-        assert "keys_agree: False" in text and "KEYS_DIGEST" in text and "\n  a " in text
+        assert "keys_agree: no" in text and "KEYS_DIGEST" in text and "\n  a " in text
         assert await asyncio.to_thread(ctl.main, [*base, "--json", "column", "info", "water"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert {o["name"]: o["rows"] for o in out["owners"]} == {"a": 4, "b": 5}

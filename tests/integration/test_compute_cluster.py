@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 
+from giaannd.client.errors import StorageRequestError
 from giaannd.client.storage_client import QuorumNotReached, StorageClient
 from giaannd.compute.flags import flag_ids
 from giaannd.compute.infer import Inference, RowCache, RowFetcher
@@ -166,7 +167,7 @@ async def test_compute_job_fails_cleanly_when_storage_is_gone(tmp_path, corpus):
             await cluster.stop_node(name)
         client = job_client(cluster.client)
         job = TrainingJob(corpus[:50], client, TrainSettings(max_attempts=2, retry_backoff_s=0.0))
-        with pytest.raises(Exception):
+        with pytest.raises(StorageRequestError):  # a typed storage error, not a hang or a crash
             await asyncio.wait_for(job.run(), 30)
         await client.close()
     finally:

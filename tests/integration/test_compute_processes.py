@@ -61,11 +61,11 @@ def test_compute_daemons_equal_engine_export_and_top1(tmp_path):
     from tools.local_cluster.cluster import running_cluster
 
     corpus = load_bundled_corpus(300)
-    path = tmp_path / "train.conllu"
-    write_conllu(corpus, path)
     engine = Engine()
     engine.train(corpus)
     with running_cluster(tmp_path / "cluster", storage=3, compute=1, transport="tcp") as cluster:
+        path = cluster.corpus_dir / "train.conllu"  # the nodes' compute.corpus-dir
+        write_conllu(corpus, path)
         cluster.wait_converged()
         admin = cluster.compute_nodes[0].admin
         job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
@@ -74,7 +74,7 @@ def test_compute_daemons_equal_engine_export_and_top1(tmp_path):
             assert time.monotonic() < deadline, doc
             time.sleep(0.1)
         assert doc["state"] == "succeeded", doc
-        out = tmp_path / "cluster.jsonl"
+        out = cluster.export_dir / "cluster.jsonl"
         admin.json("POST", "/v1/export", {"path": str(out)})
         evals = {name: admin.json("POST", "/v1/eval", {"corpus": str(path), "limit": 60, "constants": name})
                  for name in ("train", "test")}

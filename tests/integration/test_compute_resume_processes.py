@@ -45,11 +45,14 @@ def test_compute_daemon_killed_mid_job_resumes_without_double_counting(tmp_path)
     from tools.local_cluster.cluster import running_cluster
 
     corpus = load_bundled_corpus(N_SENTENCES)
-    path = tmp_path / "train.conllu"
+    corpora, exports = tmp_path / "corpus", tmp_path / "exports"  # the nodes' allowed directories
+    corpora.mkdir()
+    path = corpora / "train.conllu"
     write_conllu(corpus, path)
     engine = Engine()
     engine.train(corpus)
-    with running_cluster(tmp_path / "cluster", storage=2, compute=1, transport="tcp") as cluster:
+    with running_cluster(tmp_path / "cluster", storage=2, compute=1, transport="tcp",
+                         corpus_dir=corpora, export_dir=exports) as cluster:
         cluster.wait_converged()
         node = cluster.compute_nodes[0]
         admin = node.admin
@@ -69,7 +72,7 @@ def test_compute_daemon_killed_mid_job_resumes_without_double_counting(tmp_path)
         assert doc["resumes"] == 1 and doc["resumed_from"] is not None and doc["done"] == N_SENTENCES
         listed = json.loads(node.ctl("--json", "train", "list").stdout)
         assert [j["resumed_from"] for j in listed if j["job_id"] == job_id] == [doc["resumed_from"]]
-        out = tmp_path / "cluster.jsonl"
+        out = exports / "cluster.jsonl"
         admin.json("POST", "/v1/export", {"path": str(out)})
         for storage in (n for n in cluster.nodes if "storage" in n.roles):
             applies, duplicates = _storage_applies(storage)

@@ -59,10 +59,11 @@ class Harness:
 
 @pytest.mark.asyncio
 async def test_compute_routes_train_eval_generate_export(tmp_path):
-    corpus = tmp_path / "corpus.conllu"
     sentences = load_bundled_corpus(300)
-    write_conllu(sentences, corpus)
     async with Harness(tmp_path) as h:
+        corpora, exports = _dirs(h)
+        corpus = corpora / "corpus.conllu"
+        write_conllu(sentences, corpus)
         status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
         assert status == 200, reply
         job_id = reply["job_id"]
@@ -86,30 +87,31 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         assert status == 200, gen
         assert gen["text"] == " ".join(gen["tokens"]) and len(gen["prompt"]) <= 9
 
-        out = tmp_path / "export.jsonl"
+        out = exports / "export.jsonl"
         status, ex = await h.call("POST", "/v1/export", {"path": str(out)})
         assert status == 200, ex
         first = json.loads(out.read_text().splitlines()[0])
         assert ex["lines"] > 1000 and set(first) >= {"source_lemma", "target_word", "strength"}
 
         status, metrics = await h.call("GET", "/metrics")
-        assert 'giaannd_compute_train_total{figure="done"} 300.0' in metrics
-        assert "giaannd_compute_row_cache_hits" in metrics
+        assert "giaannd_compute_train_sentences_total 300.0" in metrics
+        assert "giaannd_compute_row_cache_hits_total" in metrics
 
 
 @pytest.mark.asyncio
 async def test_compute_routes_reject_bad_input(tmp_path):
     async with Harness(tmp_path) as h:
+        corpora, exports = _dirs(h)
         cases = [
             ("POST", "/v1/train", {}, None),
-            ("POST", "/v1/train", {"corpus": str(tmp_path / "absent.conllu")}, None),
-            ("POST", "/v1/train", {"corpus": str(tmp_path), "workers": 0}, None),
+            ("POST", "/v1/train", {"corpus": str(corpora / "absent.conllu")}, None),
+            ("POST", "/v1/train", {"corpus": str(corpora), "workers": 0}, None),
             ("POST", "/v1/train", None, b"{not json"),
             ("POST", "/v1/eval", {"constants": "nope"}, None),
             ("POST", "/v1/generate", {"prompt": ""}, None),
             ("POST", "/v1/generate", {"prompt": [["a", "b"]]}, None),
-            ("POST", "/v1/export", {"path": "relative.jsonl"}, None),
-            ("POST", "/v1/export", {"path": str(tmp_path / "no" / "dir.jsonl")}, None),
+            ("POST", "/v1/export", {"path": ""}, None),
+            ("POST", "/v1/export", {"path": str(exports / "no" / "dir.jsonl")}, None),
         ]
         for method, path, body, raw in cases:
             status, reply = await h.call(method, path, body, raw)
@@ -118,7 +120,7 @@ async def test_compute_routes_reject_bad_input(tmp_path):
         status, reply = await h.call("GET", "/v1/jobs/nope")
         assert status == 404
         # a corpus that is not CoNLL-U and not text the job can parse fails the job, not the node
-        bad = tmp_path / "bad.conllu"
+        bad = corpora / "bad.conllu"
         bad.write_text("1\tonly-two-columns\n\n")
         status, reply = await h.call("POST", "/v1/train", {"corpus": str(bad)})
         assert status == 200
@@ -160,3 +162,156 @@ async def test_compute_generate_from_text_prompt(tmp_path):
             pytest.skip(gen["error"])  # no English model installed
         assert status == 200, gen
         assert gen["prompt"][:2] == ["in", "the"] and len(gen["tokens"]) <= 6
+
+
+# -- what paths the admin token can reach (issue 16 items 5 and 6) ------------------------------
+
+def _dirs(h):
+    """The compute node's corpus and export directories (defaults: under its data dir)."""
+    corpora, exports = h.tmp_path / "compute" / "corpora", h.tmp_path / "compute" / "exports"
+    corpora.mkdir(parents=True, exist_ok=True)
+    exports.mkdir(parents=True, exist_ok=True)
+    return corpora, exports
+
+
+@pytest.mark.asyncio
+async def test_compute_paths_outside_the_allowed_directories_are_refused_403(tmp_path):
+    outside = tmp_path / "outside.conllu"
+    write_conllu(load_bundled_corpus(20), outside)
+    async with Harness(tmp_path) as h:
+        corpora, exports = _dirs(h)
+        (corpora / "escape.conllu").symlink_to(outside)  # symlinks are resolved before the check
+        secret = tmp_path / "compute" / "ring.json"  # a daemon file export must never replace
+        secret.write_text('{"ring": []}')
+        cases = [
+            ("/v1/train", {"corpus": str(outside)}, outside, corpora),
+            ("/v1/train", {"corpus": "escape.conllu"}, outside, corpora),
+            ("/v1/train", {"corpus": "../outside.conllu"}, None, corpora),
+            ("/v1/eval", {"corpus": str(outside)}, outside, corpora),
+            ("/v1/eval", {"prompts": str(outside)}, outside, corpora),
+            ("/v1/eval", {"prompts": "../../outside.conllu"}, None, corpora),
+            ("/v1/export", {"path": str(secret)}, secret, exports),
+            ("/v1/export", {"path": "/proc/self/mem"}, "/proc/self/mem", exports),
+        ]
+        for path, body, named, allowed in cases:
+            status, reply = await h.call("POST", path, body)
+            assert status == 403, (path, body, reply)
+            assert reply["code"] == "forbidden" and str(allowed) in reply["error"], reply
+            assert named is None or str(named) in reply["error"], reply
+        assert secret.read_text() == '{"ring": []}'
+        assert [j["job_id"] for j in (await h.call("GET", "/v1/jobs"))[1]["jobs"]] == []
+
+
+@pytest.mark.asyncio
+async def test_compute_relative_paths_resolve_inside_the_allowed_directories(tmp_path):
+    async with Harness(tmp_path) as h:
+        corpora, exports = _dirs(h)
+        write_conllu(load_bundled_corpus(100), corpora / "train.conllu")
+        status, reply = await h.call("POST", "/v1/train", {"corpus": "train.conllu", "workers": 1})
+        assert status == 200, reply
+        async with asyncio.timeout(60):
+            while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
+                await asyncio.sleep(0.05)
+        assert doc["state"] == "succeeded", doc
+        status, ev = await h.call("POST", "/v1/eval", {"corpus": "train.conllu", "limit": 10})
+        assert status == 200, ev
+        status, ex = await h.call("POST", "/v1/export", {"path": "model.jsonl"})
+        assert status == 200, ex
+        assert ex["path"] == str(exports / "model.jsonl") and (exports / "model.jsonl").stat().st_size > 0
+
+
+@pytest.mark.asyncio
+async def test_compute_export_replaces_only_previous_exports_unless_told(tmp_path):
+    async with Harness(tmp_path) as h:
+        _, exports = _dirs(h)
+        await h.service.train(load_bundled_corpus(50), h.service.train_settings(workers=1))
+        notes = exports / "notes.txt"
+        notes.write_text("not an export\n")
+        status, reply = await h.call("POST", "/v1/export", {"path": str(notes)})
+        assert status == 409 and reply["code"] == "not_an_export" and str(notes) in reply["error"], reply
+        assert notes.read_text() == "not an export\n"
+        status, reply = await h.call("POST", "/v1/export", {"path": str(notes), "overwrite": True})
+        assert status == 200, reply
+        again = notes.read_text()
+        status, reply = await h.call("POST", "/v1/export", {"path": str(notes)})  # a previous export
+        assert status == 200 and notes.read_text() == again, reply
+        status, reply = await h.call("POST", "/v1/export", {"path": str(notes), "overwrite": "yes"})
+        assert status == 400 and reply["code"] == "bad_request", reply
+
+
+@pytest.mark.asyncio
+async def test_compute_export_to_a_directory_is_400_naming_the_path(tmp_path):
+    async with Harness(tmp_path) as h:
+        _, exports = _dirs(h)
+        await h.service.train(load_bundled_corpus(20), h.service.train_settings(workers=1))
+        target = exports / "a-directory"
+        target.mkdir()
+        status, reply = await h.call("POST", "/v1/export", {"path": str(target)})
+        assert status == 400 and reply["code"] == "bad_request" and str(target) in reply["error"], reply
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_compute_tag_cache_files_are_private(tmp_path):
+    pytest.importorskip("spacy")
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        await h.service.train(load_bundled_corpus(50), h.service.train_settings(workers=1))
+        (corpora / "held.txt").write_text("In the beginning God created the heavens and the earth.\n")
+        status, ev = await h.call("POST", "/v1/eval", {"corpus": str(corpora / "held.txt")})
+        if status == 503:
+            pytest.skip(ev["error"])  # no English model installed
+        assert status == 200, ev
+        cache = tmp_path / "compute" / "tag-cache"
+        files = list(cache.iterdir())
+        assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files), files
+        assert cache.stat().st_mode & 0o777 == 0o700
+
+
+async def _train(h, corpus):
+    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+    assert status == 200, reply
+    async with asyncio.timeout(60):
+        while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
+            await asyncio.sleep(0.05)
+    assert doc["state"] == "succeeded", doc
+
+
+@pytest.mark.asyncio
+async def test_eval_reads_a_prompt_file(tmp_path):
+    sentences = load_bundled_corpus(120)
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus, prompts = corpora / "corpus.conllu", corpora / "prompts.conllu"
+        write_conllu(sentences, corpus)
+        write_conllu(sentences[:30], prompts)
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "constants": "train"})
+        assert status == 200, ev
+        # the whole file is evaluated (no default limit of 200 applies to a prompt file)
+        assert ev["prompts"] + ev["skipped"] == 30 and ev["prompts"] > 20 and ev["top1"] > 0.5
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts), "limit": 10})
+        assert status == 200 and ev["prompts"] + ev["skipped"] == 10
+        for body in ({"prompts": str(prompts), "corpus": str(corpus)}, {"prompts": str(corpora / "absent.txt")},
+                     {"prompts": 7}):
+            status, reply = await h.call("POST", "/v1/eval", body)
+            assert status == 400 and reply["code"] == "bad_request", (body, reply)
+        assert "prompts must be a file path" in reply["error"]
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
+    story = ("The old man walked to the river with his dog. The dog jumped into the cold water near the "
+             "bridge. ")
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus, prompts = corpora / "corpus.txt", corpora / "prompts.txt"
+        corpus.write_text((story * 3 + "\n\n") * 4, encoding="utf-8")
+        prompts.write_text("The old man walked to the river with his dog. The dog jumped into the cold water.\n"
+                           "\nToo short.\nThe dog jumped into the cold water near the bridge.\n", encoding="utf-8")
+        await _train(h, corpus)
+        status, ev = await h.call("POST", "/v1/eval", {"prompts": str(prompts)})
+        assert status == 200, ev
+        # three non-blank lines, each one prompt (the first holds two sentences); one is too short
+        assert ev["prompts"] == 2 and ev["skipped"] == 1 and ev["top1"] > 0.5

@@ -1,7 +1,7 @@
 """giaannctl in-process (``main(argv)``) against a real Daemon running in a background thread.
 
-The daemon runs a test service that plugs in the way role services will: it registers a members
-source and a training job route pair (``POST /v1/train``, ``GET /v1/jobs/{job_id}``) whose job
+The daemon runs a test service that plugs in the way role services do: it registers a members
+source and binds the training job operations (``train.start``, ``train.status``, ``train.list``) whose job
 really reads the corpus file line by line, so the progress bar polls a moving target.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from giaannd.admin import ctl
+from giaannd.admin import ctl, locate
 from giaannd.config import load_config
 from giaannd.daemon import Daemon
 from giaannd.errors import AdminHTTPError
@@ -40,12 +40,14 @@ class JobService:
 
     async def start(self, ctx: ServiceContext) -> None:
         self._ctx = ctx
-        ctx.admin.set_members_source(lambda: [
-            {"name": ctx.node_name, "node_id": str(ctx.node_id), "state": "alive"},
-            {"name": "peer-2", "node_id": "n2", "state": "suspect"}])
-        ctx.admin.add_route("POST", "/v1/train", self._train)
-        ctx.admin.add_route("GET", "/v1/jobs/{job_id}", self._job)
-        ctx.admin.add_route("GET", "/v1/jobs", self._all_jobs)
+        ctx.admin.set_members_source(lambda: [  # the rows the membership service answers
+            {"name": ctx.node_name, "node_id": str(ctx.node_id), "addr": "127.0.0.1:1", "status": "alive",
+             "incarnation": 1, "roles": "-", "data_plane": "-", "full": False},
+            {"name": "peer-2", "node_id": "n2", "addr": "127.0.0.1:2", "status": "suspect", "incarnation": 4,
+             "roles": "storage", "data_plane": "tcp://127.0.0.1:3", "full": True}])
+        ctx.admin.bind("train.start", self._train)
+        ctx.admin.bind("train.status", self._job)
+        ctx.admin.bind("train.list", self._all_jobs)
 
     async def _train(self, request: Any, params: Mapping[str, str]) -> Any:
         body = await request.json()
@@ -95,7 +97,7 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    data = tmp_path / "data"
+    data = tmp_path / "lib" / "main"  # as systemd lays out giaannd@main (StateDirectory=giaannd/%i)
     cfg = load_config(environ={}, overrides=[f"node.data-dir={data}", "admin.listen=127.0.0.1:0",
                                              "node.name=ctl-node", "node.roles=[]"])
     loop = asyncio.new_event_loop()
@@ -131,8 +133,11 @@ def test_ctl_node_status_human_and_json(node: Node, capsys: pytest.CaptureFixtur
 def test_ctl_members_list(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     assert ctl.main(node.ctl("members", "list")) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "NODE_ID", "STATE"]
-    assert lines[2].split() == ["peer-2", "n2", "suspect"]
+    assert lines[0].split() == ["NAME", "STATUS", "ROLES", "ADDR", "DATA_PLANE"]  # curated (operations.py)
+    assert lines[2].split() == ["peer-2", "suspect", "storage", "127.0.0.1:2", "tcp://127.0.0.1:3"]
+    assert ctl.main(node.ctl("members", "list", "--detailed")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "NODE_ID", "ADDR"] and lines[2].split()[-1] == "yes"
     assert ctl.main(node.ctl("--json", "members", "list")) == 0
     assert len(json.loads(capsys.readouterr().out)["members"]) == 2
 
@@ -145,20 +150,70 @@ def test_ctl_metrics_text_and_json(node: Node, capsys: pytest.CaptureFixture[str
     assert families["giaannd_service_up"]["samples"][0]["labels"] == {"service": "jobs"}
 
 
-@pytest.mark.parametrize(("argv", "what"), [
-    (["ring", "owners", "dog"], "'ring owners'"),
-    (["column", "info", "dog"], "'column info'"),
-    (["generate", "the cat"], "'generate'"),
-    (["node", "drain"], "'node drain'"),
-    (["keys", "remove", "k1"], "'keys remove'"),
+@pytest.mark.parametrize(("argv", "path", "service"), [
+    (["ring", "owners", "dog"], "/v1/ring/owners/dog", "membership"),
+    (["column", "info", "dog"], "/v1/columns/dog", "membership"),
+    (["generate", "the cat"], "/v1/generate", "compute"),
+    (["node", "drain"], "/v1/node/drain", "membership"),
+    (["keys", "remove", "k1"], "/v1/keys/k1", "membership"),
 ])
 def test_ctl_unserved_routes_fail_honestly(node: Node, capsys: pytest.CaptureFixture[str],
-                                           argv: list[str], what: str) -> None:
+                                           argv: list[str], path: str, service: str) -> None:
     assert ctl.main(node.ctl(*argv)) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert f"this node does not serve {what}" in captured.err
-    assert "role not enabled or not implemented" in captured.err
+    command = " ".join(argv[:1 if argv[0] == "generate" else 2])
+    assert captured.err == (f"giaannctl: error: {command}: this node does not serve {path}: the {service} "
+                            "service is not running here\n")
+
+
+def test_ctl_not_found_says_what_was_not_found(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16.9: an unknown job was reported as "this node does not serve 'train status'"."""
+    assert ctl.main(node.ctl("train", "status", "job-99")) == 1
+    assert capsys.readouterr().err == "giaannctl: error: train status: no job job-99\n"
+    assert ctl.main(node.ctl("train", "wait", "job-98")) == 1  # the poll's 404 too
+    assert capsys.readouterr().err == "giaannctl: error: train wait: no job job-98\n"
+
+
+def test_ctl_global_flags_after_the_command(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(["node", "status", "--json", "--data-dir", str(node.data_dir), "--timeout", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["node_name"] == "ctl-node"
+    assert ctl.main(["members", "--data-dir", str(node.data_dir), "list", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["members"]) == 2
+
+
+def test_ctl_node_health_needs_no_token(node: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = (node.data_dir / "admin.addr").read_text().strip()
+    absent = str(tmp_path / "no-token")
+    assert ctl.main(["node", "health", "--addr", addr, "--token-file", absent]) == 0
+    assert capsys.readouterr().out == "status: ready\n"
+    assert ctl.main(["node", "health", "--json", "--addr", addr, "--token-file", absent]) == 0
+    assert json.loads(capsys.readouterr().out) == {"status": "ready"}
+    # node status is tokenless from loopback too (public_on_loopback: the status page polls it)
+    assert ctl.main(["node", "status", "--addr", addr, "--token-file", absent]) == 0
+    capsys.readouterr()
+    assert ctl.main(["keys", "list", "--addr", addr, "--token-file", absent]) == 2  # the rest needs it
+    assert f"cannot read token file {absent}" in capsys.readouterr().err
+
+
+def test_ctl_bare_finds_the_only_instance(node: Node, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """No --addr, --token-file, --data-dir or environment: the only running giaannd@ instance under
+    the state root (/var/lib/giaannd on a systemd host) is the node."""
+    for name in ("GIAANNCTL_ADDR", "GIAANNCTL_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    root = node.data_dir.parent
+    monkeypatch.setattr(locate, "STATE_ROOT", root)
+    assert ctl.main(["node", "status"]) == 0
+    assert "node_name: ctl-node" in capsys.readouterr().out
+    other = root / "other"
+    other.mkdir()
+    (other / "admin.addr").write_text("http://127.0.0.1:1\n")
+    assert ctl.main(["node", "status"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 giaannd instances run here (main, other)" in err
+    assert f"--data-dir {root}/INSTANCE" in err
+    assert ctl.main(["node", "status", "--data-dir", str(node.data_dir)]) == 0  # choosing one works
 
 
 def test_ctl_train_with_progress(node: Node, tmp_path: Path,

@@ -6,7 +6,8 @@ Real aiohttp server on a loopback port chosen by the OS; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import types
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from giaannd.config import Config, load_config
 from giaannd.daemon import Daemon
 from giaannd.errors import AdminHTTPError, ConfigError, CorruptFileError, GiaannError
+from giaannd.operations import operations_of
 from giaannd.service import Service, ServiceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -24,12 +26,14 @@ WAIT_S = 10
 
 
 class Recorder(Service):
-    """A service that records its lifecycle calls; behaviour is tuned per test."""
+    """A service that records its lifecycle calls and binds ``binds`` (operation ids) to its item
+    handler; behaviour is tuned per test."""
 
     def __init__(self, name: str, log: list[str], *, stop_delay_s: float = 0.0,
-                 fail_start: bool = False, fail_task: bool = False) -> None:
+                 fail_start: bool = False, fail_task: bool = False, binds: Sequence[str] = ()) -> None:
         self.name = name
         self.log = log
+        self.binds = binds
         self.stop_delay_s = stop_delay_s
         self.fail_start = fail_start
         self.fail_task = fail_task
@@ -40,7 +44,8 @@ class Recorder(Service):
         self.log.append(f"start {self.name} after={sorted(ctx.services)}")
         if self.fail_start:
             raise RuntimeError("boom at start")
-        ctx.admin.add_route("GET", f"/v1/{self.name}/{{item}}", self._item)
+        for op_id in self.binds:
+            ctx.admin.bind(op_id, self._item)
         if self.fail_task:
             ctx.spawn(self._crash(), "crash")
 
@@ -49,11 +54,12 @@ class Recorder(Service):
         raise RuntimeError("background boom")
 
     async def _item(self, request: Any, params: Mapping[str, str]) -> Any:
-        if params["item"] == "missing":
+        item = params.get("column", "")
+        if item == "missing":
             raise AdminHTTPError(404, "no such item", "not_found")
-        if params["item"] == "bug":
+        if item == "bug":
             raise ValueError("handler bug")
-        return {"service": self.name, "item": params["item"]}
+        return {"service": self.name, "item": item}
 
     async def stop(self, graceful: bool) -> None:
         self.log.append(f"stop {self.name} graceful={graceful}")
@@ -192,7 +198,7 @@ async def test_daemon_configured_token_file_must_exist(tmp_path: Path) -> None:
 async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
     log: list[str] = []
     cfg = _config(tmp_path)
-    daemon = Daemon(cfg, [Recorder("svc", log)], handle_signals=False)
+    daemon = Daemon(cfg, [Recorder("svc", log, binds=["column.info"])], handle_signals=False)
     async with running(daemon), aiohttp.ClientSession() as http:
         auth = _auth(cfg)
         async def get(path: str, headers: dict[str, str] | None = None,
@@ -205,12 +211,13 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
         assert status == 200
         assert body["node_name"] == "test-node" and body["state"] == "running"
         assert body["node_id"] == cfg.data_path("node-id").read_text().strip()
-        assert (await get("/v1/status"))[0] == 401
+        assert (await get("/v1/columns/thing"))[0] == 401
+        assert (await get("/v1/status"))[0] == 200  # a read-only view: tokenless from loopback
         assert (await get("/v1/status", {"Authorization": "Bearer wrong"}))[0] == 401
         assert (await get("/v1/nosuch"))[0] == 401  # no probing without the token
-        assert await get("/v1/svc/thing", auth) == (200, {"service": "svc", "item": "thing"})
-        assert (await get("/v1/svc/missing", auth))[1]["code"] == "not_found"
-        assert (await get("/v1/svc/bug", auth))[0] == 500
+        assert await get("/v1/columns/thing", auth) == (200, {"service": "svc", "item": "thing"})
+        assert (await get("/v1/columns/missing", auth))[1]["code"] == "not_found"
+        assert (await get("/v1/columns/bug", auth))[0] == 500
         assert (await get("/v1/nosuch", auth))[1]["code"] == "not_served"
         assert (await get("/v1/status", auth, method="DELETE"))[0] == 405
         assert (await get("/v1/members", auth))[0] == 404
@@ -225,8 +232,71 @@ async def test_admin_auth_routes_and_errors(tmp_path: Path) -> None:
         assert 'giaannd_service_up{service="svc"} 1.0' in metrics
         status, page = await get("/")
         assert status == 200 and "test-node" in page and "alive" in page
-        with pytest.raises(ValueError, match="already registered"):
-            daemon_ctx.admin.add_route("GET", "/v1/svc/{item}", daemon_ctx.admin._get_status)
+        with pytest.raises(ValueError, match="already bound"):
+            daemon_ctx.admin.bind("column.info", daemon_ctx.admin._get_status)
+        with pytest.raises(ValueError, match="not declared"):
+            daemon_ctx.admin.bind("svc.item", daemon_ctx.admin._get_status)
+
+
+class Gated(Service):
+    """A service whose start and stop wait for the test, so the daemon can be caught starting
+    and stopping."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.started, self.may_start = asyncio.Event(), asyncio.Event()
+        self.stopping, self.may_stop = asyncio.Event(), asyncio.Event()
+
+    async def start(self, ctx: ServiceContext) -> None:
+        self.started.set()
+        await self.may_start.wait()
+
+    async def stop(self, graceful: bool) -> None:
+        self.stopping.set()
+        await self.may_stop.wait()
+
+    def health(self) -> Mapping[str, Any]:
+        return {}
+
+
+@pytest.mark.asyncio
+async def test_admin_health_is_tokenless_and_follows_the_daemon(tmp_path: Path) -> None:
+    """GET /v1/health (issue 18.4): no token, 200 only when ready; starting, drained (node drain)
+    and stopping answer 503."""
+    gated, runtime = Gated(), types.SimpleNamespace(draining=False)
+    daemon = Daemon(_config(tmp_path), [gated], handle_signals=False, runtime=runtime)  # type: ignore[arg-type]
+    task = asyncio.create_task(daemon.run())
+    try:
+        async with asyncio.timeout(WAIT_S), aiohttp.ClientSession() as http:
+            async def health() -> tuple[int, Any]:
+                async with http.get(_url(daemon, "/v1/health")) as resp:
+                    return resp.status, await resp.json()
+
+            await gated.started.wait()
+            assert await health() == (503, {"status": "starting"})
+            gated.may_start.set()
+            while daemon.state != "running":
+                await asyncio.sleep(0.01)
+            assert await health() == (200, {"status": "ready"})
+            assert daemon.status()["draining"] is False
+            runtime.draining = True  # what `giaannctl node drain` sets
+            assert await health() == (503, {"status": "draining"})
+            assert daemon.status()["draining"] is True
+            runtime.draining = False
+            async with http.get(_url(daemon, "/v1/keys")) as resp:
+                assert resp.status == 401  # the rest of /v1 still needs the token
+            daemon.request_stop("test")
+            await gated.stopping.wait()
+            assert await health() == (503, {"status": "draining"})
+            gated.may_stop.set()
+            assert await task == 0
+    finally:
+        gated.may_start.set()
+        gated.may_stop.set()
+        daemon.request_stop("test over")
+        async with asyncio.timeout(WAIT_S):
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.asyncio
@@ -236,6 +306,9 @@ async def test_admin_metrics_require_token(tmp_path: Path) -> None:
     async with running(daemon), aiohttp.ClientSession() as http:
         async with http.get(_url(daemon, "/metrics")) as resp:
             assert resp.status == 401
+        for view in ("/", "/v1/status", "/v1/members"):  # the status page and what it polls
+            async with http.get(_url(daemon, view)) as resp:
+                assert resp.status == 401, view
         async with http.get(_url(daemon, "/metrics"), headers=_auth(cfg)) as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -244,8 +317,23 @@ async def test_admin_metrics_require_token(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_daemon_status_reports_roles(tmp_path: Path) -> None:
     cfg = _config(tmp_path, **{"node.roles": '["storage", "compute"]'})
-    daemon = Daemon(cfg, [Recorder("storage", [])], handle_signals=False,
+    storage_ops = [op.id for op in operations_of("storage")]
+    daemon = Daemon(cfg, [Recorder("storage", [], binds=storage_ops)], handle_signals=False,
                     unavailable_roles={"compute": "not built"})
     async with running(daemon):
         assert daemon.status()["roles"] == {"storage": "running",
                                             "compute": "unavailable: not built"}
+
+
+@pytest.mark.asyncio
+async def test_daemon_role_leaving_an_operation_unbound_fails_startup(tmp_path: Path) -> None:
+    log: list[str] = []
+    storage_ops = [op.id for op in operations_of("storage")]
+    daemon = Daemon(_config(tmp_path, **{"node.roles": '["storage"]'}),
+                    [Recorder("storage", log, binds=storage_ops[1:])], handle_signals=False)
+    async with asyncio.timeout(WAIT_S):
+        code = await daemon.run()
+    assert code == 1
+    health = daemon.status()["services"]["storage"]
+    assert health["state"] == "failed" and f"binding its admin operations {storage_ops[0]} " in health["error"]
+    assert log == ["start storage after=[]", "stop storage graceful=True"]

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from giaannd.storage.engine.vocab_store import VOCAB_RECORD
+from tests.integration.small_fs import fill, remount, small_tmpfs
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
@@ -134,6 +137,11 @@ def test_daemon_process_lifecycle(tmp_path: Path, notify: NotifySocket) -> None:
         result = ctl("--json", "node", "status")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["node_id"] == doc["node_id"]
+        assert _get(f"{addr}/v1/health", None) == (200, b'{"status":"ready"}')  # no token: for systemd, LBs
+        result = ctl("node", "health", "--token-file", str(tmp_path / "absent"))
+        assert (result.returncode, result.stdout) == (0, "status: ready\n"), result.stderr
+        result = ctl("node", "status", "--json")  # global flags after the command words too
+        assert result.returncode == 0 and json.loads(result.stdout)["pid"] == proc.pid, result.stderr
         result = ctl("column", "info", "dog")  # served by every node; no storage member yet
         assert result.returncode == 1 and "no storage members known" in result.stderr
         result = ctl("ring", "owners", "dog")  # served by membership; no storage member yet
@@ -212,3 +220,128 @@ def test_daemon_process_second_sigint_forces_exit(tmp_path: Path, notify: Notify
     finally:
         _stop(proc)
     assert "forced shutdown reason=second SIGINT" in (tmp_path / "stderr.log").read_text()
+
+
+def test_daemon_process_storage_role_loads_no_torch_or_spacy(tmp_path: Path, notify: NotifySocket) -> None:
+    """A storage node needs neither torch nor spaCy (issue 18): once it is READY, none of their
+    shared libraries is mapped into the process (``/proc/PID/maps``), i.e. nothing imported them."""
+    config = _write_config(tmp_path, '[transport]\nbind = ["tcp://127.0.0.1:0"]\n')
+    stderr_path = tmp_path / "stderr.log"
+    proc = _spawn(["-m", "giaannd", "--config", str(config), "--role", "storage"], notify, stderr_path)
+    try:
+        notify.wait_for("READY=1")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "/site-packages/" in maps or "/dist-packages/" in maps  # the check sees packages
+        for package in ("torch", "spacy", "thinc"):
+            assert f"/{package}/" not in maps, f"{package} is loaded in a storage-only daemon"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    finally:
+        _stop(proc)
+
+
+# -- start-up on a full or unusable disk, and start-up errors (issue 16 items 2 and 8) -------------
+
+def _run_daemon(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GIAANND_", "NOTIFY_SOCKET", "WATCHDOG_", "JOURNAL_STREAM"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "giaannd", "--config", str(config), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S, env=env)
+
+
+def _assert_one_error_line(result: subprocess.CompletedProcess[str], *names: str) -> str:
+    """Exit 2 (systemd's RestartPreventExitStatus), no traceback, exactly one ``giaannd: error:``
+    line, naming each of ``names``."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("giaannd: error:")]
+    assert len(lines) == 1, result.stderr
+    for name in names:
+        assert name in lines[0], lines[0]
+    assert result.returncode == 2, result.stderr
+    return lines[0]
+
+
+def _storage_config(tmp_path: Path, data_dir: Path, extra: str = "") -> Path:
+    path = tmp_path / "storage.toml"
+    path.write_text(f'[node]\nname = "proc-storage"\ndata-dir = "{data_dir}"\nroles = ["storage"]\n'
+                    f'drain-timeout-s = 30.0\n[admin]\nlisten = "127.0.0.1:0"\n'
+                    f'[transport]\nbind = ["tcp://127.0.0.1:0"]\n'
+                    f'[membership]\nprofile = "loopback"\nbind-address = "127.0.0.1"\nbind-port = 0\n'
+                    f'[storage]\njoin-mode = "bootstrap"\nreplication-factor = 1\nwrite-quorum = 1\n{extra}')
+    return path
+
+
+def test_daemon_process_starts_on_a_disk_filled_by_a_failed_snapshot(tmp_path: Path, notify: NotifySocket) -> None:
+    """A snapshot temporary a full disk left behind filled the file system: start-up deletes it
+    before writing anything (lock, node id, incarnation...), recovers, and serves."""
+    with small_tmpfs(tmp_path / "fs") as fs:
+        store = fs / "data" / "storage" / "store"
+        store.mkdir(parents=True)
+        fill(store, ".snapshot-00000000000000000007.tmp")
+        stderr_path = tmp_path / "stderr.log"
+        proc = _spawn(["-m", "giaannd", "--config", str(_storage_config(tmp_path, fs / "data"))], notify,
+                      stderr_path)
+        try:
+            notify.wait_for("READY=1")
+            assert not list(store.glob(".snapshot-*.tmp"))
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(WAIT_S) == 0, stderr_path.read_text()
+        finally:
+            _stop(proc)
+    assert "reclaimed space service=storage files=1" in stderr_path.read_text()
+
+
+def test_daemon_process_full_disk_at_start_exits_2_with_one_line(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "fs") as fs:
+        fill(fs)  # not ours: nothing the daemon may delete
+        result = _run_daemon(_storage_config(tmp_path, fs / "data"))
+    _assert_one_error_line(result, "No space left on device", str(fs / "data"))
+
+
+def test_daemon_process_read_only_data_dir_exits_2_with_one_line(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "fs") as fs:
+        (fs / "data").mkdir()
+        remount(fs, read_only=True)
+        result = _run_daemon(_storage_config(tmp_path, fs / "data"))
+    _assert_one_error_line(result, "Read-only file system", str(fs / "data"))
+
+
+def test_daemon_process_non_utf8_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "latin1.toml"
+    config.write_bytes('[node]\nname = "n\u00e6ud"\n'.encode("latin-1"))
+    result = _run_daemon(config)
+    _assert_one_error_line(result, str(config), "UTF-8")
+
+
+def test_daemon_process_corrupt_vocab_log_exits_2_with_one_line(tmp_path: Path) -> None:
+    """Data corruption is exit 2 as well: a restart cannot repair the file, the operator must act
+    (systemd must not restart-loop on it)."""
+    data = tmp_path / "data"
+    vocab = data / "storage" / "vocab"
+    vocab.mkdir(parents=True)
+    first = VOCAB_RECORD.encode(b"\x91\x93\x00\x01\xa3dog")
+    damaged = first[:-1] + bytes([first[-1] ^ 0xFF])  # payload checksum fails; a record follows
+    (vocab / "vocab.log").write_bytes(damaged + VOCAB_RECORD.encode(b"\x90"))
+    result = _run_daemon(_storage_config(tmp_path, data))
+    _assert_one_error_line(result, str(vocab / "vocab.log"))
+
+
+@pytest.mark.parametrize("which", ["membership", "admin", "transport"])
+def test_daemon_process_port_in_use_exits_2_with_one_line(tmp_path: Path, which: str) -> None:
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        port = tcp.getsockname()[1]
+        udp.bind(("127.0.0.1", port))
+        config = _storage_config(tmp_path, tmp_path / "data")
+        text = config.read_text()
+        if which == "membership":
+            text = text.replace("bind-port = 0", f"bind-port = {port}")
+        elif which == "admin":
+            text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"')
+        else:
+            text = text.replace('"tcp://127.0.0.1:0"', f'"tcp://127.0.0.1:{port}"')
+        config.write_text(text)
+        result = _run_daemon(config)
+    _assert_one_error_line(result, str(port))

@@ -31,14 +31,17 @@ def test_second_compute_daemon_exports_and_generates_words(tmp_path):
     from tools.local_cluster.cluster import running_cluster
 
     corpus = load_bundled_corpus(300)
-    path = tmp_path / "train.conllu"
+    corpora, exports = tmp_path / "corpus", tmp_path / "exports"  # the nodes' allowed directories
+    corpora.mkdir()
+    path = corpora / "train.conllu"
     write_conllu(corpus, path)
     engine = Engine()
     engine.train(corpus)
     ref = [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
     prompt = [[t.form, t.lemma, t.upos, t.xpos] for t in corpus[3][:10]]
     expected_words = engine.generate(corpus[3][:10], 8)
-    with running_cluster(tmp_path / "cluster", storage=3, compute=2, transport="tcp") as cluster:
+    with running_cluster(tmp_path / "cluster", storage=3, compute=2, transport="tcp",
+                         corpus_dir=corpora, export_dir=exports) as cluster:
         cluster.wait_converged()
         trainer, other = (n.admin for n in cluster.compute_nodes)
         job = trainer.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
@@ -48,7 +51,7 @@ def test_second_compute_daemon_exports_and_generates_words(tmp_path):
             time.sleep(0.1)
         assert doc["state"] == "succeeded", doc
         assert other.json("GET", "/v1/status")  # (reachable)
-        out = tmp_path / "other.jsonl"
+        out = exports / "other.jsonl"
         info = other.json("POST", "/v1/export", {"path": str(out)})
         assert info["lines"] == len(ref)
         same_export(ref, out)
@@ -61,12 +64,12 @@ def test_second_compute_daemon_exports_and_generates_words(tmp_path):
         n_held = len(held)
         held.close()
         assert n_held > 500
-        out2 = tmp_path / "after-kill.jsonl"
+        out2 = exports / "after-kill.jsonl"
         other.json("POST", "/v1/export", {"path": str(out2)})
         same_export(ref, out2)
         cluster.restart(victim)
         cluster.wait_converged()
-        out3 = tmp_path / "after-restart.jsonl"
+        out3 = exports / "after-restart.jsonl"
         other.json("POST", "/v1/export", {"path": str(out3)})
         same_export(ref, out3)
     reopened = VocabStore.open(victim.data_dir / "storage" / "vocab")

@@ -1,4 +1,4 @@
-"""Repair across processes (repair_remote.py), in one process: every storage service gets its own
+"""Repair across processes (repair/remote.py), in one process: every storage service gets its own
 data-plane listener serving a ``RepairServer``, and the repaired node only talks to them through
 the transport. A replica that missed batches while down (hints lost) is rebuilt exactly; batches
 whose records left a peer's log are reported, never half-applied; pages can be tiny; bad

@@ -429,7 +429,7 @@ async def test_storage_churn_converges_to_exact_sums(tmp_path, seed):
     columns = rng.integers(1, 2**63, 12, dtype=np.uint64)  # few columns: rows overlap across batches
     written = []
     try:
-        for step in range(40):
+        for _step in range(40):
             action = rng.random()
             up = sorted(cluster.services)
             down = [n for n in cluster.names if n not in cluster.services]

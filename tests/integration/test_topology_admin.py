@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from giaannd.errors import AdminHTTPError
+from giaannd.operations import OPERATIONS, match_path, split_path
+from giaannd.storage.rebalance.operations import OperationRegistry
 from giaannd.storage.rebalance.routes import register_admin_routes
 from tools.cluster_harness import Cluster
 
@@ -15,20 +17,27 @@ COLUMNS = np.random.default_rng(40).integers(1, 2**63, 60, dtype=np.uint64)
 
 
 class FakeAdmin:
+    """Routes like the AdminApi: operations bound by id, a request matched to the templates."""
+
     def __init__(self):
         self.routes = {}
 
-    def add_route(self, method, path, handler, **kw):
-        self.routes[(method, path)] = handler
+    def bind(self, op_id, handler):
+        op = OPERATIONS[op_id]
+        self.routes[(op.method, op.path)] = handler
 
-    async def call(self, method, path, body=None, **params):
-        return await self.routes[(method, path)](FakeRequest(body), params)
+    async def call(self, method, path, body=None):
+        for (m, template), handler in self.routes.items():
+            params = match_path(split_path(template), split_path(path))
+            if m == method and params is not None:
+                return await handler(FakeRequest(body), params)
+        raise AdminHTTPError(404, f"this node does not serve {path}", "not_served")
 
 
 class FakeRequest:
     def __init__(self, body):
         self.body = body
-        self.can_read_body = body is not None
+        self.body_exists = body is not None
 
     async def json(self):
         if isinstance(self.body, str):
@@ -68,9 +77,47 @@ async def test_topology_admin_removenode_repair_and_errors(tmp_path):
         report = await admin.call("POST", "/v1/node/repair")
         assert report["rows_divergent"] == [] and report["batches_shipped"] == 0
         assert cluster.mismatches() == []
-        rate = await admin.call("POST", "/v1/node/topology/{action}", {"rate_bytes_s": 5}, action="rate")
+        rate = await admin.call("POST", "/v1/node/topology/rate", {"rate_bytes_s": 5})
         assert rate["state"] == "done"
         with pytest.raises(AdminHTTPError):
-            await admin.call("POST", "/v1/node/topology/{action}", None, action="explode")
+            await admin.call("POST", "/v1/node/topology/explode", None)
     finally:
         await cluster.close()
+
+
+class StubOp:
+    """The registry's current operation, recording what the action verbs did to it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def pause(self):
+        self.calls.append("pause")
+
+    def resume(self):
+        self.calls.append("resume")
+
+    def cancel(self):
+        self.calls.append("cancel")
+
+    def set_rate(self, rate):
+        self.calls.append(("rate", rate))
+
+    def progress(self):
+        return {"calls": list(self.calls)}
+
+
+async def test_topology_admin_actions_act_on_the_current_operation():
+    admin, registry = FakeAdmin(), OperationRegistry()
+    register_admin_routes(admin, control=None, registry=registry)
+    with pytest.raises(AdminHTTPError) as err:
+        await admin.call("POST", "/v1/node/topology/pause")
+    assert err.value.status == 404 and err.value.code == "not_found"
+    registry.current = StubOp()
+    for action in ("pause", "resume", "cancel"):
+        await admin.call("POST", f"/v1/node/topology/{action}")
+    assert await admin.call("POST", "/v1/node/topology/rate", {"rate_bytes_s": None}) == {
+        "calls": ["pause", "resume", "cancel", ("rate", None)]}
+    with pytest.raises(AdminHTTPError) as err:
+        await admin.call("POST", "/v1/node/topology/rate", {"rate_bytes_s": "fast"})
+    assert err.value.status == 400

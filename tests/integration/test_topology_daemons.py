@@ -137,7 +137,8 @@ def assert_export_equals(compute: Node, reference: list[dict[str, Any]], out: Pa
 def test_daemon_join_during_training_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", storage=2, compute=1, transport="tcp",
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=2, compute=1, transport="tcp",
                          replication_factor=2, write_quorum=1,
                          storage_options={"release_delay_s": 1.0}) as cluster:
         cluster.wait_converged()
@@ -158,13 +159,14 @@ def test_daemon_join_during_training_equals_core(
         # ring changed), and the export below still has every entry.
         wait_until(lambda: all(cluster.node(n).status()["services"]["storage"].get("released_rows", 0) > 0
                                for n in ("storage-1", "storage-2")), "old owners released rows", 60)
-        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
 def test_daemon_decommission_during_training_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=3, compute=1, transport="tcp",
                          replication_factor=2, write_quorum=1) as cluster:
         cluster.wait_converged()
         compute = cluster.node("compute-1")
@@ -179,7 +181,7 @@ def test_daemon_decommission_during_training_equals_core(
             wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2"],
                        f"{node.name} dropped storage-3 from its ring", 30)
         wait_job(compute, job)
-        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
         # The decommissioned node keeps its files (they go with its data directory); it is a
         # standby member now and owns nothing.
         assert leaving.admin.json("GET", "/v1/ring")["standby"]
@@ -188,7 +190,8 @@ def test_daemon_decommission_during_training_equals_core(
 def test_daemon_kill9_storage_during_training_then_removenode_and_repair_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=3, compute=1, transport="tcp",
                          replication_factor=2, write_quorum=1) as cluster:
         cluster.wait_converged()
         compute = cluster.node("compute-1")
@@ -204,7 +207,7 @@ def test_daemon_kill9_storage_during_training_then_removenode_and_repair_equals_
                        f"{node.name} removed storage-3 from its ring", 30)
         proc = survivor.ctl("--json", "node", "repair", timeout_s=120)
         assert proc.returncode == 0, proc.stderr
-        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
 def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
@@ -213,7 +216,8 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
     runs; after its restart the join resumes the sources' streams from its durable positions
     (re-sending at most one item per stream) and completes; the export equals the core's."""
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", storage=2, compute=1, transport="tcp",
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=2, compute=1, transport="tcp",
                          replication_factor=2, write_quorum=1) as cluster:
         cluster.wait_converged()
         compute = cluster.node("compute-1")
@@ -237,7 +241,7 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
             wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
                        f"{node.name} has storage-3 in its ring", 30)
         wait_job(compute, job)
-        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
 def test_daemon_replace_dead_node_with_new_host_equals_core(
@@ -246,7 +250,8 @@ def test_daemon_replace_dead_node_with_new_host_equals_core(
     over its columns with ``giaannctl node replace``; the ring swaps them and the export equals
     the core's."""
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", storage=3, compute=1, transport="tcp",
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=3, compute=1, transport="tcp",
                          replication_factor=2, write_quorum=1) as cluster:
         cluster.wait_converged()
         compute = cluster.node("compute-1")
@@ -262,4 +267,4 @@ def test_daemon_replace_dead_node_with_new_host_equals_core(
                        f"{node.name} swapped storage-3 for storage-4", 30)
         wait_job(compute, job)
         assert newcomer.status()["services"]["storage"]["rows"] > 0
-        assert_export_equals(compute, ref, tmp_path / "export.jsonl")
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")

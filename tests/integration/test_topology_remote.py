@@ -1,6 +1,6 @@
 """Topology operations whose sources are *remote*: the coordinator's control serves only its own
 node (``service(name)`` is None for every other), so every other source is driven through its
-stream endpoint (source_control.py / remote_stream.py) and every hint step is a request. join /
+stream endpoint (source_control.py / rebalance/remote_source.py) and every hint step is a request. join /
 decommission / removenode under concurrent writes end exactly equal to the single-store
 reference; a dropped control connection is survived; pause / resume / cancel reach the sources;
 a source that restarted is refused clearly; the admin join / replace verbs."""

@@ -1,4 +1,4 @@
-"""Stream verification (stream_io.StreamRunner._verify): the combined digest passes an exact copy,
+"""Stream verification (streaming.sender.StreamRunner._verify): the combined digest passes an exact copy,
 catches one differing row on the receiver and counts it, and a receiver that answers per-row
 digests (no ``combined``) still verifies."""
 

@@ -43,7 +43,7 @@ from peers.membership.events import (
     TimerFired,
     UpdateMeta,
 )
-from peers.membership.messages import Addr, MemberStatus
+from peers.membership.messages import Ack, Addr, MemberStatus, Message, Ping
 from peers.membership.state import DEFAULT_PACKET_OVERHEAD, Membership
 
 __all__ = ["NetModel", "SimCluster", "SimNode"]
@@ -101,6 +101,7 @@ class SimCluster:
         self.events: list[tuple[float, str, MemberEvent]] = []
         self.on_event: Callable[[float, str, MemberEvent], None] | None = None
         self.stream_bytes = 0
+        self._impostors: dict[Addr, str] = {}
 
     # ---- building --------------------------------------------------------------------
 
@@ -188,6 +189,22 @@ class SimCluster:
 
     def report_unreachable(self, observer: str, subject: str) -> None:
         self._stimulate(self.nodes[observer], ReportUnreachable(subject))
+
+    def impersonate(self, addr: Addr, name: str) -> None:
+        """A key holder listening at ``addr`` that acks every UDP Ping naming ``name``."""
+        self._impostors[addr] = name
+
+    def forge(self, to: list[str], messages: list[Message], *,
+              from_addr: Addr = ("10.66.6.6", 7946)) -> None:
+        """A key holder's packet (sealed with the cluster's keys when ``sealed``), delivered to each
+        node of ``to`` from ``from_addr`` — an attacker, not a member."""
+        codec = PacketCodec(self.cluster_name, Keyring(list(self._keys))) if self.sealed else None
+        for name in to:
+            dst = self.nodes[name]
+            opened = messages
+            if codec is not None and dst.codec is not None:
+                opened = dst.codec.open_packet(codec.seal_packet(messages))
+            self._push(self.now + self._delay(), dst, Received(from_addr, opened))
 
     # ---- observing -------------------------------------------------------------------
 
@@ -283,6 +300,12 @@ class SimCluster:
         src.bytes_sent += action.size + overhead
         src.packets_sent += 1
         dst = self._by_addr.get(action.addr)
+        if dst is None and action.addr in self._impostors:
+            target = self._impostors[action.addr]
+            acks: list[Message] = [Ack(m.seq) for m in action.messages if isinstance(m, Ping) and m.target == target]
+            if acks:
+                self._push(self.now + 2 * self._delay(), src, Received(action.addr, acks))
+            return
         if dst is None or self._blocked(src.addr, action.addr):
             return
         copies = 0 if self.rng.random() < self.net.loss else 1

@@ -1,4 +1,4 @@
-"""The pure parts of cross-process repair (repair_wire.py): messages, placement as data, packed
+"""The pure parts of cross-process repair (repair/wire.py): messages, placement as data, packed
 batches, log pages, digest comparison."""
 
 import random

@@ -5,7 +5,8 @@
 Three in-process storage nodes (mem://, tools/cluster_harness), R = 3. A node is stopped, writes continue (its share
 becomes hints on the others), then it comes back while a reader keeps reading. Printed per second
 after its return: the share of the rows it is first in line for that it served, the rows it served
-(and their share of all rows read), and the hint bytes delivered to it — once with the ramp off (the baseline: what it got
+(and their share of all rows read), and the hint bytes delivered to it — once with the ramp off (the baseline: what it
+got
 before this change) and once with ``--ramp-s`` for both reads and hints, in the same run.
 """
 

@@ -63,7 +63,7 @@ def main(sentences: int) -> None:
         corpus = root / "train.conllu"
         write_conllu(load_bundled_corpus(sentences), corpus)
         with running_cluster(root / "c", storage=3, compute=1, transport="tcp", replication_factor=2,
-                             write_quorum=1, log_level="warning") as cluster:
+                             write_quorum=1, log_level="warning", corpus_dir=root) as cluster:
             cluster.wait_converged()
             compute = cluster.node("compute-1")
             job = compute.admin.json("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})

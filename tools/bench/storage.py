@@ -217,7 +217,8 @@ def bench_log(tmp: Path, quick: bool) -> None:
         os.write(fd, payload)
     el = time.perf_counter() - t
     os.close(fd)
-    rows.append(["raw os.write, same bytes, no fsync (baseline)", f"{records / el:,.0f}", f"{records * record_bytes / el / 1e6:.0f}"])
+    rows.append(["raw os.write, same bytes, no fsync (baseline)", f"{records / el:,.0f}",
+                 f"{records * record_bytes / el / 1e6:.0f}"])
     print_table(f"update log ({record_bytes / 1e3:.0f} KB records)", ["mode", "records/s", "MB/s"], rows)
 
 

@@ -142,7 +142,6 @@ def _server_cpu(pid: int) -> float:
 
 
 async def _client(kind: str, sizes: list[int], pipe, pid: int, quick: bool) -> dict:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
     out: dict = {"gbps": {}, "lat": None, "idle": None}
     bufs = {s: np.ones(s, np.uint8) for s in sizes}
     if kind == "raw_tcp":
@@ -160,7 +159,7 @@ async def _client(kind: str, sizes: list[int], pipe, pid: int, quick: bool) -> d
             out["gbps"][size] = size * n / (time.perf_counter() - t0) / 1e9
         lat = []
         msg = struct.pack("<Q", 56) + bytes(56)
-        for i in range(2000 if not quick else 300):
+        for _ in range(2000 if not quick else 300):
             t = time.perf_counter()
             writer.write(msg)
             await reader.readexactly(1)

@@ -19,7 +19,8 @@ listeners on 127.0.0.1 with port 0, and the first node as the seed. The demo the
 
 Nothing is downloaded: the corpus ships in ``giaannd/data``. The data plane is UCX (ucxx) where
 it starts here and TCP otherwise; the demo says which. ``LocalCluster`` (cluster.py) is
-importable: the integration tests drive the same launcher; demo.py holds the demo steps. Exit status: 0 success, 1 a step failed (the cluster
+importable: the integration tests drive the same launcher; demo.py holds the demo steps. Exit status: 0 success, 1 a
+step failed (the cluster
 is still shut down and the node logs are kept for inspection), 2 bad arguments.
 """
 

@@ -10,6 +10,11 @@ The storage nodes are a new cluster's initial nodes, so they start with ``storag
 rings. (With the default ``auto`` every node after the first would wait standby for a streaming
 join.)
 
+Every node's ``compute.corpus-dir`` and ``compute.export-dir`` (the only directories the admin API
+reads corpora from and writes exports to) are the cluster's ``corpus_dir`` and ``export_dir``,
+``<root>/corpus`` and ``<root>/exports`` unless given: one place for the whole local cluster, as a
+shared file system would be.
+
 It is also the process mode of the test harness (tools/cluster_harness): there the nodes are named,
 may have no role at all (membership only), keep their data-plane and stream ports across restarts
 (``pin_ports``), and share the harness's cluster name and key file.
@@ -36,6 +41,7 @@ import msgspec
 from giaannd.admin.client import AdminClient, CtlError
 from giaannd.config import (
     ClusterConfig,
+    ComputeConfig,
     Config,
     LoggingConfig,
     MembershipConfig,
@@ -152,6 +158,8 @@ class LocalCluster:
         write_quorum: W (default a majority of R).
         log_level: the daemons' log level.
         storage_options: further ``storage`` config keys (Python names).
+        corpus_dir / export_dir: every node's ``compute.corpus-dir`` / ``export-dir`` (default
+            ``<root>/corpus`` and ``<root>/exports``; created by ``start``).
         nodes: ``(name, roles)`` of every node, instead of ``storage`` / ``compute`` counts
             (roles may be empty: a membership-only node).
         cluster_name: ``cluster.name``.
@@ -165,6 +173,7 @@ class LocalCluster:
     def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
                  replication_factor: int | None = None, write_quorum: int | None = None,
                  log_level: str = "info", storage_options: dict[str, Any] | None = None,
+                 corpus_dir: Path | None = None, export_dir: Path | None = None,
                  nodes: Sequence[tuple[str, Sequence[Role]]] | None = None,
                  cluster_name: str = CLUSTER_NAME, key_file: Path | None = None,
                  pin_ports: bool = False, membership_options: dict[str, Any] | None = None) -> None:
@@ -176,6 +185,8 @@ class LocalCluster:
         if pin_ports and transport != "tcp":
             raise ValueError("pin_ports needs the tcp transport")
         self.root = root
+        self.corpus_dir = (corpus_dir or root / "corpus").resolve()
+        self.export_dir = (export_dir or root / "exports").resolve()
         self.transport = transport
         n_storage = sum("storage" in roles for _, roles in specs)
         rf = replication_factor or max(1, min(3, n_storage))
@@ -228,6 +239,7 @@ class LocalCluster:
             membership=membership,
             storage=storage,
             logging=LoggingConfig(level=self.log_level, format="plain"),  # type: ignore[arg-type]
+            compute=ComputeConfig(corpus_dir=str(self.corpus_dir), export_dir=str(self.export_dir)),
         )
         node.config_path.write_text(to_toml(cfg), encoding="utf-8")
 
@@ -251,6 +263,8 @@ class LocalCluster:
                 ``stop``/the context manager).
         """
         self.root.mkdir(parents=True, exist_ok=True)
+        self.corpus_dir.mkdir(parents=True, exist_ok=True)
+        self.export_dir.mkdir(parents=True, exist_ok=True)
         if self._own_key:
             Keyring.generate().save(self.key_file)
         if not self.nodes:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from giaannd.admin.client import AdminClient, CtlError
-from giaannd.admin.ctl import wait_for_job
+from giaannd.admin.follow import wait_for_job
 from tools.local_cluster.cluster import BUNDLED_CORPUS, LocalCluster, NodeFailed, split_corpus
 
 __all__ = ["main"]
@@ -84,7 +84,7 @@ def _figure_lines(doc: Any, prefix: str = "") -> list[str]:
     return [f"  {prefix[:-1]}: {json.dumps(doc)[:200]}"]
 
 
-def _demo(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> None:
+def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
     """Steps 2-6 of the module docstring; raises on the first failing step."""
     compute = cluster.compute_nodes[0]
     status = compute.status()
@@ -95,7 +95,7 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> None:
     _say("\n$ giaannctl members list")
     _say(compute.ctl("members", "list").stdout.rstrip())
 
-    train_path, held_path, n_train, n_held = split_corpus(root / "corpus", args.sentences,
+    train_path, held_path, n_train, n_held = split_corpus(cluster.corpus_dir, args.sentences,
                                                           args.heldout)
     _say(f"\ncorpus: {n_train} training sentences -> {train_path}; {n_held} held-out -> "
          f"{held_path} (bundled {BUNDLED_CORPUS.name}, nothing downloaded)")
@@ -121,8 +121,8 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> None:
     tokens = gen.get("tokens") if isinstance(gen, dict) else None
     _say(f"{args.prompt} -> {' '.join(map(str, tokens)) if tokens else json.dumps(gen)}")
 
-    sent = _metric(client, "giaannd_transport_bytes_sent_total")
-    received = sum(_metric(n.admin, "giaannd_transport_bytes_received_total")
+    sent = _metric(client, "giaannd_transport_sent_bytes_total")
+    received = sum(_metric(n.admin, "giaannd_transport_received_bytes_total")
                    for n in cluster.nodes if "storage" in n.roles and n.exit_code is None)
     _say("\nmeasured figures (reported by the compute node; wall times measured here)")
     rows = [
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.serve:
             _serve(cluster)
         else:
-            _demo(cluster, args, root)
+            _demo(cluster, args)
     except (NodeFailed, CtlError, OSError, KeyError, urllib.error.URLError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
     except KeyboardInterrupt:

@@ -12,7 +12,8 @@ applied batches that touched it), the :class:`AppliedSet` of batch ids, and the 
   snapshot is loaded.
 - ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise the
   whole batch is *planned* first (apply_plan.py: all small rows in one vectorised pass,
-  ``row_merge.plan_batch``) — pure, which yields the exact memory growth — then refused as a whole with :class:`StoreFullError` if it
+  ``row_merge.plan_batch``) — pure, which yields the exact memory growth — then refused as a whole with
+  :class:`StoreFullError` if it
   does not fit, else committed: rows whose delta keys are all stored get an in-place add; every
   growing or new row is merged in one pass (``merge_batch``), staged in one buffer and copied out
   into its own region (``regions.cut_regions``). So a refused or invalid batch leaves the store
@@ -387,7 +388,7 @@ class ColumnStore:
         """Which of the given rows are stored (1/0 per key, in the given order), and one xxh3-64
         over the stored ones' region sizes (i64) then their regions, in that order: two stores
         give equal results exactly when they hold the same rows bit for bit (row_digest.py).
-        For stream verification (stream_io.py)."""
+        For stream verification (streaming/sender.py)."""
         return rows_digest(self._rows, row_column, row_feature)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------

@@ -158,7 +158,8 @@ class DurableStore:
         for p in temporaries:
             p.unlink()
         if torn is not None:
-            log.warning("update log torn tail cut off file=%s offset=%d bytes=%d", torn.path, torn.good_bytes, torn.torn_bytes)
+            log.warning("update log torn tail cut off file=%s offset=%d bytes=%d",
+                        torn.path, torn.good_bytes, torn.torn_bytes)
             with open(torn.path, "r+b") as f:
                 f.truncate(torn.good_bytes)
                 os.fsync(f.fileno())

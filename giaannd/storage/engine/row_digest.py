@@ -4,12 +4,12 @@ Theory of operation
 -------------------
 Two digests over the column store's regions (layout: regions.py), both xxh3-64:
 
-- ``row_digest`` (anti-entropy repair, repair.py / repair_wire.py): per row, a :class:`RowDigest`
+- ``row_digest`` (anti-entropy repair, repair/plan.py / repair/wire.py): per row, a :class:`RowDigest`
   of three parts. ``keys`` hashes the key arrays and segments, ``strength`` the strengths, kept
   apart because float sums may differ in the last bit between replicas that applied the same
   batches in a different order (repair decides what such a difference means), and ``batches``
   is the number of applied batches that touched the row.
-- ``rows_digest`` (stream verification, stream_io.py): for a list of row keys, which are stored,
+- ``rows_digest`` (stream verification, streaming/sender.py): for a list of row keys, which are stored,
   and one hash over the stored ones' region sizes then their regions, in the given order. Two
   stores give equal results exactly when they hold the same rows bit for bit (keys, strengths,
   segments), up to a 2**-64 collision.

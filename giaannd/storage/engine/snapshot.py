@@ -11,8 +11,14 @@ Byte layout (little-endian; docs/storage.md has the full table):
 Writing: ``.snapshot-<seq>.tmp`` is streamed (each row region written straight from RAM), the header
 patched in, then fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync:
 a crash at any point leaves either the old snapshot or the new one, never a half file under the
-final name. Reading verifies both checksums before anything is trusted, then checks the structure;
-every failure is a :class:`CorruptSnapshotError` naming the file and byte offset.
+final name. A write that fails (a full disk) deletes its temporary before raising, so a failed
+snapshot does not keep the space it could not finish using; a crash's temporary is deleted by the
+next start (``remove_temporaries``, before anything else is written).
+
+Reading verifies both checksums before anything is trusted, then checks the structure; every
+failure is a :class:`CorruptSnapshotError` naming the file and byte offset. The header and its
+checks are the shared record codec's (``giaannd.records``, ``SNAPSHOT_RECORD``: the whole file is one
+record whose payload, the body, is streamed rather than held twice).
 """
 
 from __future__ import annotations
@@ -29,17 +35,24 @@ from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import NUM_SEGMENTS
+from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, row_from_region
 from giaannd.storage.engine.errors import CorruptSnapshotError
 from giaannd.storage.engine.row_merge import packed_keys
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "list_snapshots", "read_snapshot", "snapshot_name", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "list_snapshots", "list_temporaries", "read_snapshot",
+           "remove_temporaries", "snapshot_name", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
 SNAPSHOT_FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sIIQQQQQQ")
-HEADER_BYTES = _HEADER.size  # 64
+#: The header (64 bytes; module docstring). No payload limit: the length must equal the file's size.
+SNAPSHOT_RECORD = RecordFormat(
+    "snapshot", MAGIC,
+    [("version", "I"), ("flags", "I"), ("last_seq", "Q"), ("rows", "Q"), ("entries", "Q"), ("length", "Q"),
+     ("payload_xxh3", "Q")],
+    versions=(SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
+HEADER_BYTES = SNAPSHOT_RECORD.header_bytes  # 64
 _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
 
 
@@ -62,6 +75,25 @@ def list_temporaries(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir() if p.name.startswith(_TMP_PREFIX) and p.name.endswith(".tmp")]
 
 
+def remove_temporaries(directory: Path) -> tuple[int, int]:
+    """Delete the snapshot temporaries in ``directory`` (missing: nothing to do); returns (files,
+    bytes) removed. Only for the directory's owner (the daemon holding its lock): a live writer's
+    temporary would vanish under it. Deleting frees space and writes nothing, so it works on a
+    full disk; the directory is not fsynced (a temporary that comes back after a power loss is
+    deleted again)."""
+    if not directory.is_dir():
+        return 0, 0
+    files = freed = 0
+    for path in list_temporaries(directory):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        files, freed = files + 1, freed + size
+    return files, freed
+
+
 class _HashingWriter:
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.h, self.n = f, xxhash.xxh3_64(), 0
@@ -76,9 +108,25 @@ class _HashingWriter:
 
 
 def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
-    """Write ``store`` as the snapshot at ``last_seq``; returns the final path (durable on return)."""
-    keys = store.keys()
+    """Write ``store`` as the snapshot at ``last_seq``; returns the final path (durable on return).
+
+    Raises:
+        OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
+    """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
+    try:
+        _write_temporary(tmp, store, last_seq)
+        final = directory / snapshot_name(last_seq)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(directory)
+    return final
+
+
+def _write_temporary(tmp: Path, store: ColumnStore, last_seq: int) -> None:
+    keys = store.keys()
     num_entries = 0
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
@@ -98,17 +146,12 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
         w.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
             w.array(arr)
-        first = _HEADER.pack(
-            MAGIC, SNAPSHOT_FORMAT_VERSION, 0, last_seq, len(keys), num_entries, w.n, w.h.intdigest(), 0
-        )[:56]
+        header = SNAPSHOT_RECORD.pack_header(payload_bytes=w.n, payload_xxh3=w.h.intdigest(), last_seq=last_seq,
+                                             rows=len(keys), entries=num_entries)
         f.seek(0)
-        f.write(first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first)))
+        f.write(header)
         f.flush()
         os.fsync(f.fileno())
-    final = directory / snapshot_name(last_seq)
-    os.replace(tmp, final)
-    fsync_dir(directory)
-    return final
 
 
 class _Reader:
@@ -149,20 +192,14 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
     """
     size = path.stat().st_size
     with open(path, "rb") as f:
-        raw = f.read(HEADER_BYTES)
-        if len(raw) < HEADER_BYTES:
-            raise CorruptSnapshotError(str(path), len(raw), "file shorter than the snapshot header")
-        magic, version, flags, last_seq, r, n, body_len, body_sum, h_sum = _HEADER.unpack(raw)
-        if magic != MAGIC:
-            raise CorruptSnapshotError(str(path), 0, "bad magic: not a giaannd snapshot")
-        if h_sum != xxhash.xxh3_64_intdigest(raw[:56]):
-            raise CorruptSnapshotError(str(path), 56, "header checksum mismatch")
-        if version != SNAPSHOT_FORMAT_VERSION or flags != 0:
-            raise CorruptSnapshotError(str(path), 8, f"unsupported snapshot version {version} flags {flags}")
-        if HEADER_BYTES + body_len != size:
-            raise CorruptSnapshotError(
-                str(path), min(size, HEADER_BYTES + body_len), f"file is {size} bytes, header says {HEADER_BYTES + body_len}"
-            )
+        try:
+            head = SNAPSHOT_RECORD.read_header(f.read(HEADER_BYTES))
+            SNAPSHOT_RECORD.check_extent(head, size)
+        except RecordError as err:
+            raise CorruptSnapshotError(str(path), err.offset, err.detail) from None
+        if head.fields["flags"] != 0:
+            raise CorruptSnapshotError(str(path), 12, f"unsupported snapshot flags {head.fields['flags']}")
+        last_seq, r, n = head.fields["last_seq"], head.fields["rows"], head.fields["entries"]
         rd = _Reader(f, path, size)
         rc, rf = rd.array(np.uint64, r), rd.array(np.uint64, r)
         off_at = rd.pos
@@ -180,8 +217,10 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         exc = rd.array(np.uint64, int(counts.sum(dtype=np.uint64)) if num_writers else 0)
         if rd.pos != size:
             raise rd.fail("trailing bytes after the applied set")
-        if rd.h.intdigest() != body_sum:
-            raise CorruptSnapshotError(str(path), HEADER_BYTES, "body checksum mismatch")
+        try:
+            SNAPSHOT_RECORD.check_payload(head, rd.h.intdigest())
+        except RecordError:
+            raise CorruptSnapshotError(str(path), HEADER_BYTES, "body checksum mismatch") from None
         # The bytes are the ones written; now check that what was written is well formed.
         if r > 1 and not np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))):
             raise CorruptSnapshotError(str(path), HEADER_BYTES, "row keys not sorted and unique")

@@ -33,6 +33,9 @@ seq <= the returned value. ``sync`` may run in a worker thread while appends con
 thread: it syncs the file descriptor current when it started and only claims the seq appended before.
 Segments rotate at ``segment_max_bytes`` and on ``rotate()`` (before a snapshot), so truncating after a
 snapshot deletes whole files.
+
+The header, the checksums and the torn-tail rule are the shared record codec's (``giaannd.records``,
+format ``LOG_RECORD``); this module adds the seq numbering, the payload kinds and the segment files.
 """
 
 from __future__ import annotations
@@ -45,12 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import xxhash
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.errors import CorruptLogError
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "KIND_DROP",
     "KIND_FLOOR",
     "LOG_FORMAT_VERSION",
+    "LOG_RECORD",
     "MAX_RECORD_PAYLOAD_BYTES",
     "LogRecord",
     "SegmentScan",
@@ -79,13 +83,17 @@ KIND_DROP = 3
 #: The format version that introduced each kind: what a record of that kind is written with, and
 #: the least version a record of it may carry.
 _KIND_VERSION = {KIND_BATCH: 1, KIND_FLOOR: 1, KIND_DROP: 2}
-_HEADER = struct.Struct("<4sHHQQQQ")
-HEADER_BYTES = _HEADER.size  # 40
 _BATCH_HEAD = struct.Struct("<QQQQ")
 _FLOOR = struct.Struct("<QQ")
 #: Largest record payload accepted (checked before allocating): a delta batch from one compute step
 #: is megabytes; 1 GiB leaves room while stopping a damaged length from asking for terabytes.
 MAX_RECORD_PAYLOAD_BYTES = 1 << 30
+#: The record header (module docstring; docs/storage.md has the byte table).
+LOG_RECORD = RecordFormat(
+    "log", MAGIC,
+    [("version", "H"), ("kind", "H"), ("length", "Q"), ("seq", "Q"), ("payload_xxh3", "Q")],
+    versions=(1, LOG_FORMAT_VERSION), max_payload_bytes=MAX_RECORD_PAYLOAD_BYTES)
+HEADER_BYTES = LOG_RECORD.header_bytes  # 40
 #: Default segment size: small enough that truncation after a snapshot frees space promptly,
 #: large enough that rotation (an fsync of the old file and the directory) is rare.
 DEFAULT_SEGMENT_MAX_BYTES = 64 << 20
@@ -127,16 +135,6 @@ def encode_drop_payload(columns: NDArray[np.uint64]) -> list[memoryview | bytes]
     if 8 + 8 * cols.shape[0] > MAX_RECORD_PAYLOAD_BYTES:
         raise ValueError(f"drop record of {cols.shape[0]} columns over the record size limit")
     return [struct.pack("<Q", cols.shape[0]), cols.data.cast("B")]
-
-
-def _header(kind: int, seq: int, payload: list[memoryview | bytes]) -> bytes:
-    h = xxhash.xxh3_64()
-    length = 0
-    for part in payload:
-        h.update(part)
-        length += len(part)
-    first = _HEADER.pack(MAGIC, _KIND_VERSION[kind], kind, length, seq, h.intdigest(), 0)[:32]
-    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,17 +197,6 @@ class SegmentScan:
     torn_bytes: int
 
 
-def _valid_header_after(data: memoryview, start: int) -> bool:
-    """Whether a record header with a valid header checksum starts anywhere at or after ``start``."""
-    raw = bytes(data)
-    i = raw.find(MAGIC, start)
-    while i != -1 and i + HEADER_BYTES <= len(raw):
-        if struct.unpack_from("<Q", raw, i + 32)[0] == xxhash.xxh3_64_intdigest(raw[i : i + 32]):
-            return True
-        i = raw.find(MAGIC, i + 1)
-    return False
-
-
 def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
     """Read and check one segment.
 
@@ -221,42 +208,22 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
     Raises:
         CorruptLogError: any damage that is not a torn tail of the last segment.
     """
-    data = memoryview(path.read_bytes())
-    size, off, seq = len(data), 0, first_seq
+    data = path.read_bytes()
     records: list[LogRecord] = []
-
-    def torn_or_corrupt(reason: str) -> SegmentScan:
-        # A torn tail: the last segment, and no intact record header anywhere after this point.
-        if is_last and not _valid_header_after(data, off + 1):
-            return SegmentScan(path, records, off, size - off)
-        raise CorruptLogError(str(path), off, reason)
-
-    while off < size:
-        if size - off < HEADER_BYTES:
-            return torn_or_corrupt(f"{size - off} bytes, less than a record header")
-        magic, version, kind, length, rseq, p_sum, h_sum = _HEADER.unpack_from(data, off)
-        if magic != MAGIC or h_sum != xxhash.xxh3_64_intdigest(data[off : off + 32]):
-            return torn_or_corrupt("bad record magic or header checksum")
-        if not 1 <= version <= LOG_FORMAT_VERSION:
-            raise CorruptLogError(str(path), off, f"unsupported log format version {version}")
-        if rseq != seq:
-            raise CorruptLogError(str(path), off, f"record seq {rseq}, expected {seq}")
-        if length > MAX_RECORD_PAYLOAD_BYTES:
-            raise CorruptLogError(str(path), off, f"payload of {length} bytes over the limit")
-        end = off + HEADER_BYTES + length
-        if end > size:
-            return torn_or_corrupt(f"record of {length} bytes runs past the end of the file")
-        payload = data[off + HEADER_BYTES : end]
-        if xxhash.xxh3_64_intdigest(payload) != p_sum:
-            if end == size:
-                return torn_or_corrupt("payload checksum mismatch in the last record")
-            raise CorruptLogError(str(path), off, "payload checksum mismatch")
-        try:
-            records.append(_decode_payload(kind, version, rseq, payload))
-        except ValueError as exc:
-            raise CorruptLogError(str(path), off, f"bad record payload: {exc}") from None
-        off, seq = end, seq + 1
-    return SegmentScan(path, records, size, 0)
+    good, seq = 0, first_seq
+    try:
+        for rec in LOG_RECORD.scan(data, torn_tail=is_last):
+            head = rec.header
+            if head.fields["seq"] != seq:
+                raise CorruptLogError(str(path), head.offset, f"record seq {head.fields['seq']}, expected {seq}")
+            try:
+                records.append(_decode_payload(head.fields["kind"], head.version, seq, rec.payload))
+            except ValueError as exc:
+                raise CorruptLogError(str(path), head.offset, f"bad record payload: {exc}") from None
+            good, seq = head.end, seq + 1
+    except RecordError as exc:
+        raise CorruptLogError(str(path), exc.offset, exc.explanation) from None
+    return SegmentScan(path, records, good, len(data) - good)
 
 
 class UpdateLog:
@@ -282,10 +249,22 @@ class UpdateLog:
         self._open_segment()
 
     def _open_segment(self) -> None:
+        """Open (create) the segment starting at the next seq and make it current. On failure (a
+        full disk) nothing changed: the current segment, if any, stays open and in use, and a file
+        this call created is removed (an empty segment named after records that end up in the
+        previous one would read as a gap at the next start)."""
         path = self.directory / segment_name(self._next_seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._segment_bytes = os.fstat(self._fd).st_size
-        fsync_dir(self.directory)
+        existed = path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            if not existed:
+                path.unlink(missing_ok=True)
+            raise
+        self._fd, self._segment_bytes = fd, size
 
     @property
     def last_seq(self) -> int:
@@ -320,7 +299,7 @@ class UpdateLog:
             if self._failed is not None:
                 raise OSError(f"update log unusable after an earlier write error: {self._failed}")
             seq = self._next_seq
-            parts = [_header(kind, seq, payload), *payload]
+            parts = [LOG_RECORD.header_for(payload, version=_KIND_VERSION[kind], kind=kind, seq=seq), *payload]
             total = sum(len(p) for p in parts)
             try:
                 written = os.writev(self._fd, parts)
@@ -361,10 +340,11 @@ class UpdateLog:
             self._rotate_locked()
 
     def _rotate_locked(self) -> None:
-        os.fdatasync(self._fd)
-        os.close(self._fd)
+        old = self._fd
+        os.fdatasync(old)
         self._durable_seq = self._next_seq - 1
-        self._open_segment()
+        self._open_segment()  # raises with ``old`` still current: appends go on into it
+        os.close(old)
 
     def drop_through(self, seq: int) -> list[Path]:
         """Delete the segments whose records all have seq <= ``seq`` (never the current one)."""

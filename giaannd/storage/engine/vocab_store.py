@@ -24,7 +24,8 @@ Why this design (the simplest that is honest):
   The header checksums itself, so a damaged length is never trusted (the update log's rule): a bad
   record followed by no valid header is a *torn tail* (the last append was cut by a crash; it was
   never acknowledged because acks wait for ``sync``) and is cut off and reported; a bad record
-  followed by a valid one is *corruption* and stops start-up naming the file and offset.
+  followed by a valid one is *corruption* and stops start-up naming the file and offset. Header,
+  checksums and that rule are the shared record codec's (``giaannd.records``, ``VOCAB_RECORD``).
 * **Checked content.** ``put`` verifies that each text hashes to its id (a foreign or corrupted
   entry is refused as a bad request), so two different strings under one id can only be a real
   64-bit hash collision: the whole put is refused (nothing changed), counted and logged.
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,15 +45,17 @@ from pathlib import Path
 from typing import Final
 
 import msgspec
-import xxhash
 
+from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.ids import column_id, feature_id
+from giaannd.records import RecordError, RecordFormat
 
 __all__ = [
     "KIND_COLUMN",
     "KIND_FEATURE",
     "MAX_VOCAB_RECORD_BYTES",
     "VOCAB_FILE",
+    "VOCAB_RECORD",
     "VocabCollision",
     "VocabLogCorrupt",
     "VocabPut",
@@ -65,25 +67,33 @@ log = logging.getLogger(__name__)
 KIND_COLUMN: Final = 0
 KIND_FEATURE: Final = 1
 VOCAB_FILE: Final = "vocab.log"
-_MAGIC: Final = b"GIAV"
-_VERSION: Final = 1
-_HEADER: Final = struct.Struct("<4sHHIQQ")  # 28 bytes
-_HEADER_SUM_BYTES: Final = 20
 #: Largest payload a record may claim; checked before anything is allocated for it. A PutVocab is at
 #: most MAX_VOCAB_ENTRIES entries of MAX_VOCAB_TEXT_CHARS characters (≤ 4 B each in UTF-8).
 MAX_VOCAB_RECORD_BYTES: Final = 300 * 2**20
+#: The record header (28 bytes; module docstring).
+VOCAB_RECORD: Final = RecordFormat(
+    "vocab log", b"GIAV", [("version", "H"), ("reserved", "H"), ("length", "I"), ("payload_xxh3", "Q")],
+    versions=(1, 1), max_payload_bytes=MAX_VOCAB_RECORD_BYTES)
 
 Entry = tuple[int, int, str]
 _ENTRIES_DECODER: Final = msgspec.msgpack.Decoder(list[tuple[int, int, str]])
 _ENCODER: Final = msgspec.msgpack.Encoder()
 
 
-class VocabLogCorrupt(ValueError):
+class VocabLogCorrupt(CorruptDataError, ValueError):
     """The vocab log is damaged before its end (names the file and offset): start-up stops."""
 
+    reason = "corrupt_vocab_log"
 
-class VocabCollision(ValueError):
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(f"{path}: record at offset {offset}: {detail}")
+        self.file_path, self.offset = path, offset
+
+
+class VocabCollision(Refused, ValueError):
     """An id is held with a different string than the one offered: a real 64-bit hash collision."""
+
+    reason = "vocab_collision"
 
     def __init__(self, kind: int, ident: int, held: str, offered: str) -> None:
         what = "column" if kind == KIND_COLUMN else "feature"
@@ -110,32 +120,28 @@ def hash_of(kind: int, text: str) -> int:
 
 
 def _record(entries: Sequence[Entry]) -> bytes:
-    payload = _ENCODER.encode([list(e) for e in entries])
-    head = struct.pack("<4sHHIQ", _MAGIC, _VERSION, 0, len(payload), xxhash.xxh3_64_intdigest(payload))
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + payload
+    return VOCAB_RECORD.encode(_ENCODER.encode([list(e) for e in entries]))
 
 
-def _header_at(data: memoryview, off: int) -> tuple[int, int] | None:
-    """(payload length, payload checksum) of a valid header at ``off``, else None."""
-    if off + _HEADER.size > len(data):
-        return None
-    magic, version, _, length, psum, hsum = _HEADER.unpack_from(data, off)
-    if magic != _MAGIC or xxhash.xxh3_64_intdigest(data[off : off + _HEADER_SUM_BYTES]) != hsum:
-        return None
-    if version != _VERSION or length > MAX_VOCAB_RECORD_BYTES:
-        return None
-    return length, psum
+def _load_entries(path: str, offset: int, payload: memoryview,
+                  tables: tuple[dict[int, str], dict[int, str]]) -> None:
+    """Add one record's entries to ``tables``, each checked against its id.
 
-
-def _valid_header_after(data: bytes, start: int) -> bool:
-    """Whether a valid record header begins anywhere at or after ``start`` (corruption vs torn tail)."""
-    view = memoryview(data)
-    j = data.find(_MAGIC, start)
-    while j >= 0:
-        if _header_at(view, j) is not None:
-            return True
-        j = data.find(_MAGIC, j + 1)
-    return False
+    Raises:
+        VocabLogCorrupt: undecodable, or an entry that does not hash to its id.
+    """
+    try:
+        entries = _ENTRIES_DECODER.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise VocabLogCorrupt(path, offset, f"undecodable record: {exc}") from None
+    for kind, ident, text in entries:
+        try:
+            ok = hash_of(kind, text) == ident
+        except ValueError:
+            ok = False
+        if not ok:
+            raise VocabLogCorrupt(path, offset, f"entry {text!r} does not hash to {ident:#x} (kind {kind})")
+        tables[kind][ident] = text
 
 
 class VocabStore:
@@ -166,33 +172,15 @@ class VocabStore:
         d.mkdir(parents=True, exist_ok=True)
         path = d / VOCAB_FILE
         data = path.read_bytes() if path.exists() else b""
-        view = memoryview(data)
         columns: dict[int, str] = {}
         features: dict[int, str] = {}
         off = 0
-        while off < len(data):
-            head = _header_at(view, off)
-            body = off + _HEADER.size
-            if head is not None and body + head[0] <= len(data) \
-                    and xxhash.xxh3_64_intdigest(view[body : body + head[0]]) == head[1]:
-                try:
-                    entries = _ENTRIES_DECODER.decode(view[body : body + head[0]])
-                except msgspec.DecodeError as exc:
-                    raise VocabLogCorrupt(f"{path}: undecodable record at offset {off}: {exc}") from None
-                for kind, ident, text in entries:
-                    try:
-                        ok = hash_of(kind, text) == ident
-                    except ValueError:
-                        ok = False
-                    if not ok:
-                        raise VocabLogCorrupt(f"{path}: record at offset {off}: entry {text!r} does not "
-                                              f"hash to {ident:#x} (kind {kind})")
-                    (columns, features)[kind][ident] = text
-                off = body + head[0]
-                continue
-            if _valid_header_after(data, off + 1):
-                raise VocabLogCorrupt(f"{path}: damaged record at offset {off} with valid records after it")
-            break
+        try:
+            for rec in VOCAB_RECORD.scan(data, torn_tail=True):
+                _load_entries(str(path), rec.header.offset, rec.payload, (columns, features))
+                off = rec.header.end
+        except RecordError as exc:
+            raise VocabLogCorrupt(str(path), exc.offset, exc.explanation) from None
         torn = len(data) - off
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if torn:

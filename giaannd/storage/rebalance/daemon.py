@@ -2,11 +2,12 @@
 
 What a storage daemon runs for issue 8, started by ``StorageRole`` once its service is open:
 
-- its **stream endpoint** (endpoint.py) on ``storage.stream-bind`` (default: the host of
+- its **stream endpoint** (rebalance/endpoint.py) on ``storage.stream-bind`` (default: the host of
   the first ``tcp://`` bind, port 0; ``mem://NAME-stream`` on a mem-only node), advertised as
   ``NodeMeta.transports["stream"]``. The same endpoint receives streams (join targets) and takes
   source-control requests (sources driven by a coordinator elsewhere);
-- the **admin routes** of the topology verbs (topology_ops.register_admin_routes) over a
+- the **admin routes** of the topology verbs (rebalance.routes.register_admin_routes, bound by operation
+  id) over a
   ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
 - the **auto-join**: a node that starts outside the ring with ``storage.join-mode = "auto"`` and
   finds an active ring runs the streaming join itself (``runtime.on_join_needed``);
@@ -14,7 +15,10 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   columns away from this node (and it is still in the ring), their rows are deleted after
   ``storage.release-delay-s`` (release.py) — if by then no topology operation is running here (no stream sent or
   received, no placement override) and the ring is still the same. The delay leaves time for
-  writes computed under the old placement to drain; the guard keeps a later operation's rows.
+  writes computed under the old placement to drain; the guard keeps a later operation's rows;
+- the **automatic repair** (auto_repair.py) when recovery cut a torn update-log tail: the same
+  repair as ``giaannctl node repair``, started by the node itself once it is active in the ring
+  and sees a live peer, and shown in status (``auto_repair``) and metrics.
 """
 
 from __future__ import annotations
@@ -23,15 +27,19 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.cluster.view import StorageNode
+from giaannd.storage.rebalance.auto_repair import AUTO_REPAIR_STATES, AutoRepair
 from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
 from giaannd.storage.rebalance.endpoint import StreamEndpoint
-from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, members_after
+from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, TopologyOpError, members_after
 from giaannd.storage.rebalance.release import release_unowned
 from giaannd.storage.rebalance.routes import register_admin_routes
 from giaannd.storage.repair.remote import repair_self
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
+from peers.retry import attempts
 
 if TYPE_CHECKING:
     from giaannd.cluster.ring import Ring
@@ -74,6 +82,9 @@ class StorageTopology:
         self._release_task: asyncio.Task[None] | None = None
         self.released_rows = 0
         self._ring_seen = 0
+        #: the repair started because recovery cut a torn log tail (None: nothing was cut)
+        self.auto_repair: AutoRepair | None = None
+        self._auto_repair_task: asyncio.Task[Any] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         rt = self.runtime
@@ -88,9 +99,49 @@ class StorageTopology:
         self._ring_seen = rt.ring.digest()
         rt.ring_listeners.append(self._on_ring_change)
         log.info("stream endpoint listening address=%s", self.endpoint.address)
+        self._start_auto_repair(ctx)
+
+    def _start_auto_repair(self, ctx: ServiceContext) -> None:
+        state = ctx.metrics.gauge("giaannd_storage_auto_repair",
+                                  "1 for the state the automatic repair after a torn log tail is in", ["state"])
+        for name in AUTO_REPAIR_STATES:
+            state.labels(name).set_function(self._auto_repair_is(name))
+        store = self.service.store
+        torn = store.recovery.torn_tail_bytes if store is not None else 0
+        if not torn:
+            return
+        if not self.config.storage.auto_repair:
+            log.warning("update log lost %d bytes at recovery and storage.auto-repair is off: run giaannctl "
+                        "node repair", torn)
+            return
+        self.auto_repair = AutoRepair(torn, self.config.storage)
+        self._auto_repair_task = ctx.spawn(self.auto_repair.run(self.repair, self._repair_blocked), "auto-repair")
+
+    def _auto_repair_is(self, state: str) -> Callable[[], float]:
+        return lambda: float(self.auto_repair is not None and self.auto_repair.state == state)
+
+    def _repair_blocked(self) -> str | None:
+        """Why a repair of this node cannot start now (None: it can)."""
+        rt = self.runtime
+        if not rt.ring.is_active(rt.node_name):
+            return "this node is not active in the storage ring"
+        peers = [n for n in rt.topology.live() if n != rt.node_name]
+        if not peers:
+            return "no live storage peer"
+        assert self.control is not None
+        try:
+            for name in peers:
+                self.control.stream_address(name)
+        except TopologyOpError as exc:
+            return str(exc)
+        return None
 
     async def stop(self) -> None:
         self.runtime.on_join_needed = None
+        if self._auto_repair_task is not None:  # before the service it repairs closes
+            self._auto_repair_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._auto_repair_task
         with contextlib.suppress(ValueError):
             self.runtime.ring_listeners.remove(self._on_ring_change)
         if self._release_task is not None:
@@ -128,16 +179,15 @@ class StorageTopology:
     async def repair(self) -> dict[str, Any]:
         """``giaannctl node repair`` here: push hints everywhere until none are held (bounded),
         then rebuild this node's missing batches from its live peers' logs and compare its rows
-        with theirs (repair_remote.repair_self). Run it on each storage node to repair all."""
+        with theirs (repair.remote.repair_self). Run it on each storage node to repair all."""
         assert self.control is not None
         control, view = self.control, self.runtime.topology
         live = view.live()
         deadline = asyncio.get_running_loop().time() + REPAIR_HINT_WAIT_S
-        while await control.hints_held_for(live):
-            if asyncio.get_running_loop().time() > deadline:
+        async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+            if not await control.hints_held_for(live):
                 break
             await control.deliver_hints()
-            await asyncio.sleep(0.1)
         peers = {n: control.stream_address(n) for n in live if n != self.runtime.node_name}
         report = await repair_self(self.service, control.transport, peers, view.placement)
         report["hints_left"] = await control.hints_held_for(live)
@@ -189,4 +239,6 @@ class StorageTopology:
             out["topology_op"] = {"op": op.kind, "state": op.state}
         if self.released_rows:
             out["released_rows"] = self.released_rows
+        if self.auto_repair is not None:
+            out["auto_repair"] = self.auto_repair.health()
         return out

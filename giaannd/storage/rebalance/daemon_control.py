@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``Rebalance`` (topology_ops.py) is written against a ``ClusterControl``; the in-process one
+``Rebalance`` (rebalance/operations.py) is written against a ``ClusterControl``; the in-process one
 (local_control.py) flips ``ClusterView`` objects it holds. Here every step is a request to another
 ``giaannd`` over the data plane, and the durable outcome is a change of the cluster's **ring**
 (giaannd/cluster/ring.py: the placement set, a gossiped CRDT every node persists):

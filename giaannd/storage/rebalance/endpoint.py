@@ -1,11 +1,11 @@
-"""The receiving side of row streams: ``StreamEndpoint``, asyncio glue over streaming.py's
+"""The receiving side of row streams: ``StreamEndpoint``, asyncio glue over streaming/stream.py's
 ``StreamReceiver`` (the storage role opens one per node, giaannd/storage/rebalance/daemon.py).
 
 The endpoint listens on its own data-plane address: streams are not storage requests (they apply
 under a stream writer id and bypass the ownership check, since the target does not own the rows
 until cutover). Accepted items are applied through the service's group commit (``apply_local``);
 the durable resume point is the store's applied-set floor of the stream writer. It also keeps the
-per-stream dedupe state of stream_dedupe.py and installs that module's filter on the service's
+per-stream dedupe state of streaming/dedupe.py and installs that module's filter on the service's
 direct applies.
 
 The same listener serves the *source-control* requests of source_control.py (a remote coordinator
@@ -56,7 +56,7 @@ __all__ = ["StreamEndpoint"]
 
 log = logging.getLogger(__name__)
 
-#: Stream items and source control share the endpoint (disjoint tags: streaming.py, source_control.py).
+#: Stream items and source control share the endpoint (disjoint tags: streaming/stream.py, source_control.py).
 _REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest | SourceRequest)
 _ENC: Final = msgspec.msgpack.Encoder()
 
@@ -175,7 +175,7 @@ class StreamEndpoint:
                 return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
             try:
                 if msg.kind == ItemKind.DELTA and msg.origin_seq:
-                    # stream_dedupe.py: the writer's retry may have come first (apply nothing), or
+                    # streaming/dedupe.py: the writer's retry may have come first (apply nothing), or
                     # may come later (mark the origin first, so the retry drops these rows)
                     origin = BatchId(msg.origin_writer, msg.origin_seq)
                     if direct_marker_id(origin, msg.stream_id) in self._store().store.applied:

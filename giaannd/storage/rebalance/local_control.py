@@ -1,6 +1,6 @@
 """``ClusterControl`` for services and views that live in one process (tests, benchmarks, a
 single-process deployment): switching a node's view is setting its placement set directly
-(topology_ops.py). A view that follows the ring (a node runtime's, ring mode) gets a placement
+(rebalance/operations.py). A view that follows the ring (a node runtime's, ring mode) gets a placement
 override, as the daemon's control sets by request; it ends once the ring is committed
 (``after_cutover``, which an owner of the runtimes overrides to commit it)."""
 

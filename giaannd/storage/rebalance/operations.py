@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 Every membership change is the same operation, ``Rebalance(new_members)``:
 
-1. **plan** (rebalance.py): old placement = the current one, new = over ``new_members``; for every
+1. **plan** (rebalance/plan.py): old placement = the current one, new = over ``new_members``; for every
    column with a new owner, one live old owner streams it. Columns no live node holds are *lost*:
    the operation refuses to start (``DataLossError``) unless told ``allow_loss``.
-2. **stream** (streaming.py / stream_io.py), all transfers in parallel, one stream per (source,
+2. **stream** (streaming/stream.py / streaming/sender.py), all transfers in parallel, one stream per (source,
    target): chunks of the rows, then the writes the source keeps applying (deltas). Meanwhile the
    old placement stays in force everywhere: old owners serve reads and take writes.
 3. **verify**: each stream, once every chunk is applied, compares the receiver's row digests
@@ -32,7 +32,7 @@ implementation changes what the node advertises in membership (wiring: docs/topo
 
 Sources: a stream whose source is served by this process (``control.service(name)``) runs a local
 ``StreamRunner``; any other source is driven through its stream endpoint by a
-``RemoteStreamRunner`` (source_control.py, remote_stream.py), and planning lists remote old
+``RemoteStreamRunner`` (source_control.py, rebalance/remote_source.py), and planning lists remote old
 owners' columns with ``ListColumns``. A live old owner that does not answer is treated as dead for
 planning (its columns are copied from other replicas, or the operation refuses as data loss).
 
@@ -60,13 +60,16 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.errors import Refused
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
 from peers.errors import PeersError
 from peers.placement import Member, Placement
+from peers.retry import attempts
 from peers.transport import Transport
 
 __all__ = [
@@ -92,12 +95,16 @@ LIST_COLUMNS_TIMEOUT_S: Final = 30.0
 Runner = StreamRunner | RemoteStreamRunner
 
 
-class TopologyOpError(RuntimeError):
+class TopologyOpError(Refused):
     """The operation cannot proceed; nothing moved to the new placement."""
+
+    reason = "topology_op_refused"
 
 
 class DataLossError(TopologyOpError):
     """Some columns have new owners but no live node holds a copy."""
+
+    reason = "data_loss"
 
     def __init__(self, columns: NDArray[np.uint64], message: str = "") -> None:
         shown = ", ".join(f"{c:#x}" for c in columns[:8].tolist())
@@ -180,7 +187,7 @@ class Rebalance:
 
     def __post_init__(self) -> None:
         # Stream ids are unique to this operation object: only it holds the senders' state (the
-        # queue of forwarded writes is in RAM), so only it can resume them (streaming.py).
+        # queue of forwarded writes is in RAM), so only it can resume them (streaming/stream.py).
         self._nonce = secrets.randbits(64) if self.stream_nonce is None else self.stream_nonce
         self._throttle = Throttle(self.rate_bytes_s)
         self._resumed.set()
@@ -381,12 +388,13 @@ class Rebalance:
                 log.info("dropped hints for removed member=%s count=%d", gone, dropped)
 
     async def _wait_hints(self, sources: Sequence[str]) -> None:
-        deadline = time.monotonic() + CUTOVER_TIMEOUT_S
-        while await self.control.hints_held_for(sources):
-            if time.monotonic() > deadline:
-                raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
+        deadline = asyncio.get_running_loop().time() + CUTOVER_TIMEOUT_S
+        async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+            if not await self.control.hints_held_for(sources):
+                return
             await self.control.deliver_hints()
-            await asyncio.sleep(0.05)
+        if await self.control.hints_held_for(sources):
+            raise TopologyOpError(f"hints for {', '.join(sources)} not delivered in {CUTOVER_TIMEOUT_S}s")
 
     # -- control ------------------------------------------------------------------------------------
     def pause(self) -> None:

@@ -19,7 +19,8 @@ Rules, and why:
   reach it for that column, so whatever it applies meanwhile is forwarded as is. Otherwise
   (removenode, replace: the losing owner is dead) any live old owner, and writes are told apart by
   their placement epoch. Among equals the source is chosen by a hash of (column, target), so a join
-  streams from all old nodes in parallel. The choice is a pure function of the inputs, so every node computes the same plan from
+  streams from all old nodes in parallel. The choice is a pure function of the inputs, so every node computes the same
+  plan from
   the same two placements and can find the transfers it must *send* without a coordinator.
 - Members in ``avoid_sources`` (a node being decommissioned that should not be loaded, a suspect
   node) are used only when no other live old owner exists.
@@ -105,7 +106,7 @@ def choose_source(column: int, target: str, candidates: Collection[str]) -> str:
 def _candidates(before: set[str], after: set[str], live: Collection[str], avoid: Collection[str]) -> set[str]:
     """Sources to choose from: live old owners, those *losing* the column first (no write computed
     under the new placement reaches them for it, so everything they apply for it is forwarded
-    without needing to know the writer's placement: stream_io.StreamRunner), ``avoid`` last."""
+    without needing to know the writer's placement: streaming.sender.StreamRunner), ``avoid`` last."""
     holders = before & set(live)
     released = holders - after
     ok = holders - set(avoid)

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A join, decommission, removenode or replace (topology_ops.py) copies each moved column to its new
+A join, decommission, removenode or replace (rebalance/operations.py) copies each moved column to its new
 owners and then switches every node to the new placement; the old owners that lost a column keep
 its rows, unserved (reads and writes of it go to the new owners, and requests.py refuses the
 column here as not owned). ``release_unowned`` deletes them: it asks the placement in force on
@@ -29,7 +29,7 @@ new owners hold complete, verified copies. Otherwise it loses data:
   (a ring change it has not pulled yet, a member it has not heard of) would drop columns it still
   owns, or whose new owners have no verified copy. The daemon calls it only after a committed ring
   change, once no stream ran here for ``storage.release-delay-s`` and no override is set
-  (daemon_topology.py).
+  (rebalance/daemon.py).
 
 A node outside the placement (decommissioned, or not switched in yet) is refused with
 ``LookupError`` rather than emptied: a decommissioned node's data is removed with its data
@@ -85,7 +85,7 @@ async def release_unowned(service: StorageService) -> DropResult:
         raise RuntimeError("storage service is not open")
     # A snapshot reads the store from a worker thread under this lock (service.py); the decision
     # and the drop run with no await in between, so they see one placement and one store state.
-    async with service._snapshot_lock:  # noqa: SLF001 (as stream_io.apply_local)
+    async with service._snapshot_lock:  # noqa: SLF001 (as streaming.sender.apply_local)
         placement = topology.placement
         drop = unowned_columns(placement, service.node_name, durable.store.held_columns())
         result = durable.drop_columns(drop)

@@ -50,6 +50,7 @@ from giaannd.storage.rebalance.source_control import (
     SourceStatus,
 )
 from peers.errors import PeersError
+from peers.retry import Backoff
 from peers.transport import Transport
 
 __all__ = ["POLL_S", "SOURCE_UNREACHABLE_S", "RemoteStreamRunner"]
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 
 #: Status poll interval: first and largest (grows 1.5x per unchanged poll).
 POLL_S: Final = (0.02, 0.5)
-#: Reconnect backoff to an unreachable source: first and largest.
+#: Reconnect backoff to an unreachable source: ceiling of the first full-jitter wait, and the largest.
 RECONNECT_BACKOFF_S: Final = (0.05, 1.0)
 #: A source unreachable this long fails the stream (the operation then fails; the old placement stays).
 SOURCE_UNREACHABLE_S: Final = 120.0
@@ -144,13 +145,14 @@ class RemoteStreamRunner:
                 await self._pausing
             self._pausing = None
         self._need_start = True
-        poll, backoff = POLL_S[0], RECONNECT_BACKOFF_S[0]
+        poll, backoff = POLL_S[0], Backoff(*RECONNECT_BACKOFF_S)
         unreachable_since: float | None = None
         try:
             while self.state not in ("done", "failed"):
                 try:
                     changed = self._absorb(await self._step())
-                    unreachable_since, backoff = None, RECONNECT_BACKOFF_S[0]
+                    unreachable_since = None
+                    backoff.reset()
                 except SourceControlError as exc:
                     self._fail(f"source refused: {exc}")
                     break
@@ -160,10 +162,10 @@ class RemoteStreamRunner:
                     if now - unreachable_since > SOURCE_UNREACHABLE_S:
                         self._fail(f"source unreachable for {SOURCE_UNREACHABLE_S}s: {exc}")
                         break
-                    log.info("%s: source unreachable (%s); retrying in %.2fs", self.label, exc, backoff)
+                    wait_s = backoff.next_delay()
+                    log.info("%s: source unreachable (%s); retrying in %.2fs", self.label, exc, wait_s)
                     await self._reset()
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
+                    await asyncio.sleep(wait_s)
                     continue
                 if self.state in ("done", "failed"):
                     break

@@ -1,6 +1,7 @@
 """The topology verbs on the admin API (``giaannctl node ...``): thin glue that builds a
-``Rebalance`` (topology_ops.py) from the request and the cluster view, starts it in the
-``OperationRegistry`` and answers at once with its progress (docs/topology.md, "Admin API")."""
+``Rebalance`` (rebalance/operations.py) from the request and the cluster view, starts it in the
+``OperationRegistry`` and answers at once with its progress (docs/topology.md, "Admin API").
+Their routes and arguments are declared in giaannd/operations.py; this module binds handlers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
+from giaannd.operations import Binder, Handler
 from giaannd.storage.rebalance.operations import (
     ClusterControl,
     DataLossError,
@@ -23,7 +25,7 @@ __all__ = ["register_admin_routes"]
 
 
 async def _body(request: Any) -> dict[str, Any]:
-    if not getattr(request, "can_read_body", True):
+    if not getattr(request, "body_exists", True):
         return {}
     try:
         body = await request.json()
@@ -36,27 +38,27 @@ async def _body(request: Any) -> dict[str, Any]:
     return body
 
 
-def register_admin_routes(admin: Any, control: ClusterControl, registry: OperationRegistry | None = None,
+def register_admin_routes(admin: Binder, control: ClusterControl, registry: OperationRegistry | None = None,
                           *, local_node: Callable[[], StorageNode | None] | None = None,
                           repair_fn: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> OperationRegistry:
-    """Serve the topology verbs of ``giaannctl node ...`` on the admin API:
+    """Bind the topology verbs of ``giaannctl node ...`` (operation ids) on the admin API:
 
-    ========================================  =====================================================
-    ``POST /v1/node/decommission``            stream this node's columns away, then switch (the
-                                              daemon then leaves membership); body optional:
-                                              ``{"rate_bytes_s": N}``
-    ``POST /v1/node/join-ring``               this node (``local_node()``) joins the placement
-                                              set: the old owners stream it its share (remote
-                                              sources); body optional: ``{"rate_bytes_s": N}``
-    ``POST /v1/node/replace``                 ``{"node_id": DEAD}``: this node takes over a dead
-                                              member (remove DEAD + add this node)
-    ``POST /v1/node/removenode``              ``{"node_id": NAME}``: re-replicate a dead member's
-                                              columns from the survivors and drop it
-    ``POST /v1/node/repair``                  hints, then rebuild missing batches, then compare
-    ``GET  /v1/node/topology``                the running / last operation's progress
-    ``POST /v1/node/topology/{action}``       ``pause`` / ``resume`` / ``cancel`` /
-                                              ``rate`` (``{"rate_bytes_s": N or null}``)
-    ========================================  =====================================================
+    ===========================  ==================================================================
+    ``node.decommission``        stream this node's columns away, then switch (the daemon then
+                                 leaves membership); body optional: ``{"rate_bytes_s": N}``
+    ``node.join-ring``           this node (``local_node()``) joins the placement set: the old
+                                 owners stream it its share (remote sources); body optional:
+                                 ``{"rate_bytes_s": N}``
+    ``node.replace``             ``{"node_id": DEAD}``: this node takes over a dead member
+                                 (remove DEAD + add this node)
+    ``node.removenode``          ``{"node_id": NAME}``: re-replicate a dead member's columns from
+                                 the survivors and drop it
+    ``node.repair``              hints, then rebuild missing batches, then compare
+    ``node.topology.status``     the running / last operation's progress
+    ``node.topology.pause``,     act on the running / last operation; ``rate`` takes
+    ``.resume``, ``.cancel``,    ``{"rate_bytes_s": N or null}``
+    ``.rate``
+    ===========================  ==================================================================
 
     Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
     verb returns the same operation. Errors: 400 bad body, 404 unknown member / nothing running,
@@ -120,7 +122,7 @@ def register_admin_routes(admin: Any, control: ClusterControl, registry: Operati
         body = await _body(request)
         node, view = me(), control.view()
         # stream_nonce=0: this node coordinates its own join; if it restarts mid-join, the next
-        # join resumes the streams the sources still run (topology_ops.Rebalance.stream_nonce).
+        # join resumes the streams the sources still run (rebalance.operations.Rebalance.stream_nonce).
         return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
                                stream_nonce=0))
 
@@ -136,33 +138,31 @@ def register_admin_routes(admin: Any, control: ClusterControl, registry: Operati
     async def do_repair(request: Any, params: Mapping[str, str]) -> Any:
         return await (repair_fn() if repair_fn is not None else repair(control))
 
-    async def status(request: Any, params: Mapping[str, str]) -> Any:
+    def current() -> Rebalance:
         if reg.current is None:
             raise AdminHTTPError(404, "no topology operation has run", "not_found")
-        return reg.current.progress()
+        return reg.current
 
-    async def action(request: Any, params: Mapping[str, str]) -> Any:
-        op = reg.current
-        if op is None:
-            raise AdminHTTPError(404, "no topology operation has run", "not_found")
-        what = params["action"]
-        if what == "pause":
-            op.pause()
-        elif what == "resume":
-            op.resume()
-        elif what == "cancel":
-            op.cancel()
-        elif what == "rate":
-            op.set_rate(rate_of(await _body(request)))
-        else:
-            raise AdminHTTPError(404, f"unknown action {what!r}", "not_found")
+    async def status(request: Any, params: Mapping[str, str]) -> Any:
+        return current().progress()
+
+    def act(what: Callable[[Rebalance], object]) -> Handler:
+        async def handler(request: Any, params: Mapping[str, str]) -> Any:
+            op = current()
+            what(op)
+            return op.progress()
+        return handler
+
+    async def set_rate(request: Any, params: Mapping[str, str]) -> Any:
+        op = current()
+        op.set_rate(rate_of(await _body(request)))
         return op.progress()
 
-    admin.add_route("POST", "/v1/node/decommission", decommission)
-    admin.add_route("POST", "/v1/node/removenode", removenode)
-    admin.add_route("POST", "/v1/node/join-ring", join)
-    admin.add_route("POST", "/v1/node/replace", replace)
-    admin.add_route("POST", "/v1/node/repair", do_repair)
-    admin.add_route("GET", "/v1/node/topology", status)
-    admin.add_route("POST", "/v1/node/topology/{action}", action)
+    handlers: dict[str, Handler] = {
+        "node.decommission": decommission, "node.removenode": removenode, "node.join-ring": join,
+        "node.replace": replace, "node.repair": do_repair, "node.topology.status": status,
+        "node.topology.pause": act(lambda op: op.pause()), "node.topology.resume": act(lambda op: op.resume()),
+        "node.topology.cancel": act(lambda op: op.cancel()), "node.topology.rate": set_rate}
+    for op_id, handler in handlers.items():
+        admin.bind(op_id, handler)
     return reg

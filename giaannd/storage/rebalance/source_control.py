@@ -4,13 +4,13 @@
 Theory of operation
 -------------------
 A stream's *sender* must run where its source's rows are: it reads them in synchronous cuts and
-tees every batch the source applies (stream_io.py). In the daemon each storage node is its own
+tees every batch the source applies (streaming/sender.py). In the daemon each storage node is its own
 process and a topology operation is coordinated by one of them (the joining node, a survivor for
 removenode), so the coordinator drives each remote source through that source's stream endpoint:
 
 - ``SourceStart`` carries the operation's two member lists (name, weight), R, the strategy, the
   live set and the avoided sources. The source rebuilds both ``Placement``\\ s and the
-  ``TransferRule`` and computes the columns it sends to that target itself (rebalance.py: every
+  ``TransferRule`` and computes the columns it sends to that target itself (rebalance/plan.py: every
   node computes the same plan from the same inputs); the coordinator may add the columns it
   planned in bulk (u64; the union is taken). The source then runs an ordinary ``StreamRunner``
   (same tee, same forwarding rules: ``direct_epoch`` is the new placement's epoch).
@@ -31,7 +31,7 @@ removenode), so the coordinator drives each remote source through that source's 
   ``DeliverHints()``, ``DropHints(name)``; planning uses ``ListColumns()`` (the u64 column ids the
   node holds, in bulk).
 
-Tags share the stream endpoint's tag space (streaming.py uses 1-3 and 64-66): source requests are
+Tags share the stream endpoint's tag space (streaming/stream.py uses 1-3 and 64-66): source requests are
 16-25, replies 96-99. Append only.
 """
 
@@ -50,6 +50,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.storage.rebalance.plan import TransferRule, owns
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
@@ -188,8 +189,10 @@ _REPLY_DECODER: Final = msgspec.msgpack.Decoder(SourceReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
 
-class SourceControlError(RuntimeError):
+class SourceControlError(RemoteFault):
     """The source refused (restarted, wrong node, bad request): the stream cannot continue."""
+
+    reason = "source_refused"
 
 
 # -- the node-local registry ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Repair glue: drive hints, rebuild missing batches from the peers' update logs, compare replicas
-(the decisions are in repair.py). Hints go through ``ClusterControl`` (remote nodes too); the
+(the decisions are in repair/plan.py). Hints go through ``ClusterControl`` (remote nodes too); the
 rebuild and the comparison read update logs and stores, so they cover only the services local to
 this process (``control.service``): a remote repair (log records over the stream endpoint) is not
 built."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -19,10 +18,12 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import apply_local
 from giaannd.storage.streaming.writers import stream_writers_of
 from peers.placement import Placement
+from peers.retry import attempts
 
 if TYPE_CHECKING:
     from giaannd.storage.rebalance.operations import ClusterControl
@@ -49,7 +50,7 @@ def _logged_batches(service: StorageService) -> dict[BatchId, RowBatch]:
 
 async def repair(control: ClusterControl, names: Sequence[str] | None = None,
                  tolerance: float = 1e-5) -> dict[str, Any]:
-    """Repair the replicas served by this process (repair.py): deliver hints, rebuild each node's
+    """Repair the replicas served by this process (repair/plan.py): deliver hints, rebuild each node's
     missing batches from its peers' update logs, then compare every replica of every row.
 
     Returns:
@@ -59,10 +60,11 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
     """
     live = [n for n in control.view().live() if control.service(n) is not None]
     targets = [n for n in (names or live) if n in live]
-    deadline = time.monotonic() + HINT_DRAIN_TIMEOUT_S
-    while await control.hints_held_for(live) and time.monotonic() < deadline:
+    deadline = asyncio.get_running_loop().time() + HINT_DRAIN_TIMEOUT_S
+    async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+        if not await control.hints_held_for(live):
+            break
         await control.deliver_hints()
-        await asyncio.sleep(0.05)
     placement = control.view().placement
     services = {n: control.service(n) for n in live}
     logs = {n: _logged_batches(s) for n, s in services.items() if s is not None}

@@ -24,7 +24,7 @@ applied: its applied set (applied_set.py). Repair therefore works on batches:
    batches in different orders; float addition is not associative), applied-batch counts ignored
    (stream copies apply one batch per chunk).
 
-Batches a node applied as *stream items* (streaming.py: copies, not writes) are not writer batches:
+Batches a node applied as *stream items* (streaming/stream.py: copies, not writes) are not writer batches:
 their writer ids are listed by the receiving node and excluded from candidates.
 """
 
@@ -97,7 +97,7 @@ def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, M
     """
     plan = RepairPlan()
     candidates: dict[BatchId, list[RowBatch]] = {}
-    for peer, records in peer_logs.items():
+    for records in peer_logs.values():
         for bid, batch in records.items():
             if bid.writer in excluded_writers or bid in dst_applied:
                 continue

@@ -2,8 +2,8 @@
 and rows; ``repair_self`` repairs the local node from its live peers (the daemon's ``giaannctl
 node repair``, one storage process each).
 
-Glue only: the messages and their rules are in repair_wire.py, what to apply is repair.py's
-``plan_repair`` (the same decisions as repair_ops.repair, which needs every service in one process):
+Glue only: the messages and their rules are in repair/wire.py, what to apply is repair/plan.py's
+``plan_repair`` (the same decisions as repair.local.repair, which needs every service in one process):
 
 1. Hints are pushed by the caller before this runs (they close most gaps).
 2. For every live peer, all ``LoggedFor`` pages: the records it still logs that this node lacks,
@@ -19,7 +19,7 @@ A batch applied by a peer *after* that peer's last page was read is not seen by 
 still in flight reaches this node by itself); this is the same window repair_ops has.
 
 Serving: the storage node's stream endpoint hands every payload for which
-``repair_wire.is_repair_request(payload)`` is true (tag >= 200) to
+``repair.wire.is_repair_request(payload)`` is true (tag >= 200) to
 ``RepairServer.handle_incoming(incoming)`` and returns its ``Reply`` (``with_repair`` builds that
 dispatching handler around another one).
 """
@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch, RowKey
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
@@ -89,8 +90,10 @@ REQUEST_TIMEOUT_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
 
 
-class RepairFailed(RuntimeError):
+class RepairFailed(RemoteFault):
     """A peer refused a repair request or answered something else than the protocol says."""
+
+    reason = "repair_failed"
 
 
 def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
@@ -117,7 +120,7 @@ def _records_after(directory: Path, after_seq: int) -> Iterator[LogRecord]:
 
 
 class RepairServer:
-    """Answers repair requests (repair_wire.py) about one local storage service."""
+    """Answers repair requests (repair/wire.py) about one local storage service."""
 
     def __init__(self, service: StorageService) -> None:
         self.service = service
@@ -360,7 +363,7 @@ async def repair_self(service: StorageService, transport: Transport, peer_addres
     Returns:
         ``{"batches_shipped", "rows_shipped", "unrecoverable": {node: [...]}, "unlogged": {node:
         {peer: count}}, "rows_compared", "rows_divergent": [...], "peers_failed": {peer: reason}}``
-        (repair_ops.repair's shape for one node; "unrecoverable"/"unlogged" empty when nothing).
+        (repair.local.repair's shape for one node; "unrecoverable"/"unlogged" empty when nothing).
     """
     store = service.store
     if store is None:

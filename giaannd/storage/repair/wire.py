@@ -2,15 +2,15 @@
 
 Theory of operation
 -------------------
-repair.py decides *what* a node is missing from its peers' update logs and applied sets; in the
-daemon those live in other processes, so the node asks for them (repair_remote.py is the glue).
+repair/plan.py decides *what* a node is missing from its peers' update logs and applied sets; in the
+daemon those live in other processes, so the node asks for them (repair/remote.py is the glue).
 Every request is self-contained (no server-side session), so a page can be re-asked after a
 reconnect and a server keeps no state between pages:
 
 - ``LoggedFor(node, placement, after_seq)`` + the asking node's applied set (bulk): one page of
   the batch records in the server's update log with log seq > ``after_seq``, each restricted to
   the rows in columns ``node`` owns under ``placement``, leaving out records ``node`` has applied
-  and records of stream writers (copies, not writes: repair.py). The page also lists the ids of
+  and records of stream writers (copies, not writes: repair/plan.py). The page also lists the ids of
   *every* logged record ``node`` lacks, touching its columns or not: plan_repair needs them to tell
   "applied there but left its log" (unrecoverable) from "logged, just not in my columns". The last
   page (``done``) carries the server's applied set, read on the event loop at the same instant as

@@ -56,14 +56,19 @@ from giaannd.ramp import HintPacer
 from giaannd.storage.replication.hints import Hint, HintStore
 from peers.errors import PeersError
 from peers.placement import Placement
+from peers.retry import RetryPolicy
 
-__all__ = ["DEFAULT_HINT_RAMP_START_BYTES_PER_S", "HINT_DELIVERY_TIMEOUT_S", "HintDelivery",
+__all__ = ["DEFAULT_HINT_RAMP_START_BYTES_PER_S", "HINT_DELIVERY_TIMEOUT_S", "HINT_DRAIN_RETRY", "HintDelivery",
            "HintSplit", "split_by_owner"]
 
 log = logging.getLogger(__name__)
 
 #: Budget of one hint delivery request.
 HINT_DELIVERY_TIMEOUT_S: Final = 10.0
+#: Waits between rounds of a caller that delivers hints again until none are held (repair, a
+#: topology cutover), each bounded by its own deadline: full jitter under 50 ms at first, growing to
+#: 200 ms while deliveries keep failing (peers/retry.py).
+HINT_DRAIN_RETRY: Final = RetryPolicy(0.05, 0.2)
 #: Hint bytes per second to a member at the start of its ramp (ramp.py: ×16 at its end): a few
 #: MiB/s is far below what one node applies, so its own writes and reads keep the priority.
 DEFAULT_HINT_RAMP_START_BYTES_PER_S: Final = 4.0 * 2**20

@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Final
 
 from giaannd.atomic_file import fsync_dir
+from giaannd.errors import Refused
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from giaannd.storage.engine.errors import StorageError
 from giaannd.storage.engine.update_log import KIND_BATCH, KIND_FLOOR, UpdateLog, list_segments, scan_segment
 
 __all__ = ["DEFAULT_MAX_HINT_BYTES", "MAX_TARGET_NAME_BYTES", "Hint", "HintSpaceFull", "HintStore",
@@ -63,8 +63,10 @@ _EPOCH_HEX: Final = 32  # Placement.epoch: xxh3-128 hex digest
 _U64: Final = (1 << 64) - 1
 
 
-class HintSpaceFull(StorageError):
+class HintSpaceFull(Refused):
     """Holding this hint would exceed the node's hint budget; the writer should try another node."""
+
+    reason = "hint_space_full"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,16 +17,21 @@ either answers (reads, digests, usage, applied-mask) or *steps* a write:
 Every failure is a typed error *reply* (``BadRequest``, ``StoreFull``, ``NotOwner``, ``Unavailable``);
 the order decode → limits → validate → mutate means peer garbage never changes state.
 
+Writes (batches, hints, vocabulary) pass the node's ``WriteGuard`` first (disk_full.py): while the
+disk is full they are refused with ``Unavailable`` before touching a file, and a write that fails
+with an ``OSError`` is reported to the guard (which logs, rate-limited, and may switch to refusing)
+instead of being logged here once per request.
+
 Everything that decides what a request does lives in this file; the service only owns the clock,
 threads, transport and locks. Not thread-safe: call from one thread (the event loop).
 """
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import xxhash
@@ -36,16 +41,14 @@ from giaannd.cluster.view import ClusterView
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId, scan_chain_mask
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.disk_usage import DiskUsage
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
 from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
 __all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitVocabSynced",
-           "fold_row_digest"]
-
-log = logging.getLogger(__name__)
-
+           "WriteGuard", "fold_row_digest"]
 
 @dataclass
 class StorageCounters:
@@ -99,6 +102,33 @@ class WaitVocabSynced:
 Step = Answer | WaitDurable | WaitHintSynced | WaitVocabSynced
 
 
+class WriteGuard(Protocol):
+    """Whether writes are refused before they touch a file, and where write errors go
+    (``disk_full.DiskWatch``)."""
+
+    @property
+    def full(self) -> bool:
+        """Refuse every write (the disk is full)."""
+
+    def refuse(self) -> str:
+        """Count one refused write; returns the ``Unavailable`` message."""
+
+    def write_failed(self, op: str, exc: OSError, detail: str = "") -> None:
+        """A write of ``op`` failed with ``exc`` (the request answers ``Unavailable``)."""
+
+
+class _Unguarded:
+    """No guard: never refuses, drops write errors (the reply carries them)."""
+
+    full = False
+
+    def refuse(self) -> str:
+        return "writes refused"
+
+    def write_failed(self, op: str, exc: OSError, detail: str = "") -> None:
+        pass
+
+
 _U64_MASK = (1 << 64) - 1
 _ROW_DIGEST = struct.Struct("<QQQ")
 
@@ -127,19 +157,25 @@ class StorageRequests:
         node_name: this node's member name ("" for a standalone node).
         topology: returns the current topology (None: standalone, owns every row).
         on_count: told about every counter increment (metrics export), as (name, amount).
+        disk: measures the node's storage files for ``GetUsage`` (the glue's, since it does
+            I/O); None answers zeros.
     """
 
     def __init__(self, store: DurableStore, hints: HintStore, node_name: str,
                  topology: Callable[[], ClusterView | None],
-                 on_count: Callable[[str, int], None] | None = None) -> None:
+                 on_count: Callable[[str, int], None] | None = None,
+                 disk: Callable[[], DiskUsage] | None = None) -> None:
         self.store, self.hints, self.node_name = store, hints, node_name
         self._topology = topology
         self._on_count = on_count
+        self._disk = disk
         self.counters = StorageCounters()
         #: set while the service stops: new writes get Unavailable (reads still served)
         self.refuse_writes = False
         #: the node's vocabulary table (vocab_store.py); None: PutVocab/GetVocab get Unavailable
         self.vocab: VocabStore | None = None
+        #: refuses writes while the disk is full and hears about write errors (disk_full.py)
+        self.guard: WriteGuard = _Unguarded()
 
     # -- entry point ------------------------------------------------------------------------------
     def handle(self, payload: bytes | memoryview, bulk: Sequence[np.ndarray]) -> Step:
@@ -227,8 +263,10 @@ class StorageRequests:
 
     def usage(self) -> Answer:
         u = self.store.store.usage()
-        return Answer(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries, u.is_full,
-                                   self.hints.held))
+        d = self._disk() if self._disk is not None else DiskUsage(0, 0, 0)
+        return Answer(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries,
+                                   u.is_full or self.guard.full, self.hints.held,
+                                   d.files_bytes, d.free_bytes, d.total_bytes))
 
     def batches_applied(self, msg: p.BatchesApplied) -> Answer:
         if len(msg.seqs) > p.MAX_QUERY_SEQS:
@@ -241,6 +279,8 @@ class StorageRequests:
         """Log + apply a batch (or hold it as a hint); the ack waits for durability (module docstring)."""
         if self.refuse_writes:
             return self.error(p.Unavailable("storage service is stopping"))
+        if self.guard.full:
+            return self.error(p.Unavailable(_text(self.guard.refuse())))
         batch = p.check_batch(bulk)
         batch_id = BatchId(msg.writer, msg.seq)
         if msg.hint_for is not None and msg.hint_for != self.node_name:
@@ -257,7 +297,7 @@ class StorageRequests:
         except ValueError as exc:
             return self.error(p.BadRequest(_text(str(exc))))
         except OSError as exc:
-            log.error("update log write failed: %s", exc)
+            self.guard.write_failed("update_log", exc)
             return self.error(p.Unavailable(_text(f"update log write failed: {exc}")))
         if result.applied:
             self.count("applies")
@@ -274,6 +314,7 @@ class StorageRequests:
         except ValueError as exc:
             return self.error(p.BadRequest(_text(str(exc))))
         except OSError as exc:
+            self.guard.write_failed("hint_log", exc)
             return self.error(p.Unavailable(_text(f"hint log write failed: {exc}")))
         if added:
             self.count("hints_received")
@@ -348,6 +389,8 @@ class StorageRequests:
             return self.error(p.Unavailable("storage service is stopping"))
         if self.vocab is None:
             return self.error(p.Unavailable("this node keeps no vocabulary table"))
+        if self.guard.full:
+            return self.error(p.Unavailable(_text(self.guard.refuse())))
         if len(msg.entries) > p.MAX_VOCAB_ENTRIES:
             raise p.ProtocolViolation(f"{len(msg.entries)} vocabulary entries in one request; "
                                       f"the limit is {p.MAX_VOCAB_ENTRIES}")
@@ -358,7 +401,7 @@ class StorageRequests:
         except ValueError as exc:
             return self.error(p.BadRequest(_text(str(exc))))
         except OSError as exc:
-            log.error("vocab log write failed: %s", exc)
+            self.guard.write_failed("vocab_log", exc)
             return self.error(p.Unavailable(_text(f"vocab log write failed: {exc}")))
         self.count("vocab_added", put.added)
         return WaitVocabSynced(put.offset, p.VocabAck(put.added, put.known))

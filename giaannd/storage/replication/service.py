@@ -5,7 +5,9 @@ Asyncio glue only. What a request does is decided by the sans-IO core, ``request
 what needs a clock or threads: the group commit (``group_commit.py``: an ``ApplyBatch`` is
 acknowledged only once the update log is synced, one fsync shared by every apply waiting), hint logs
 synced in a worker thread and delivered to their targets when they come back (``hints.py``), the
-snapshot timer, metrics, and the lifecycle.
+snapshot timer, metrics, and the lifecycle. A full disk (disk_full.py) makes the node refuse writes
+and keep serving reads until space returns; a failed snapshot is retried with backoff, never fatal.
+
 
 One way to build it: from the ``storage`` config section and the node runtime
 (``giaannd.runtime.node.NodeRuntime``), as ``ComputeService`` is built from ``compute``. The runtime
@@ -15,8 +17,9 @@ over them, so a node has one data plane and one view of the cluster.
 
 Lifecycle: ``start(ctx)`` recovers the store, hints and vocabulary, registers metrics and starts the
 background loops (snapshot timer, hint retry). ``stop(graceful=True)`` refuses new writes, lets
-in-flight applies reach their durable ack, snapshots and closes; ``stop(graceful=False)`` closes at
-once (everything acknowledged is already in the synced log). Protocol and replication:
+in-flight applies reach their durable ack, snapshots and closes (a final snapshot that fails is
+raised after everything is closed, so the daemon's exit status says so); ``stop(graceful=False)``
+closes at once (everything acknowledged is already in the synced log). Protocol and replication:
 docs/replication.md.
 """
 
@@ -34,10 +37,13 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
+from giaannd.metrics import STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
+from giaannd.storage.engine.disk_usage import disk_usage
 from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.vocab_store import VocabStore
+from giaannd.storage.replication.disk_full import DiskWatch
 from giaannd.storage.replication.hint_delivery import HintDelivery
 from giaannd.storage.replication.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.replication.requests import (
@@ -55,13 +61,45 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
 
-__all__ = ["StorageCounters", "StorageService"]
+__all__ = ["DISK_COUNTERS", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
 
 log = logging.getLogger(__name__)
 
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 VOCAB_DIR: Final = "vocab"
+
+#: ``StorageCounters`` field (requests.py counts them) -> (metric, HELP).
+STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "reads": ("giaannd_storage_reads_total",
+              "Read requests served: ReadRows, and each ScanRows or ColumnInfo page."),
+    "rows_read": ("giaannd_storage_rows_read_total", "Rows returned by ReadRows and ScanRows requests."),
+    "bytes_read": ("giaannd_storage_read_bytes_total",
+                   "Bytes of the row batches returned by ReadRows and ScanRows (array buffers)."),
+    "applies": ("giaannd_storage_applies_total",
+                "Batches applied to this node's store (counted at apply, before their fsync)."),
+    "applies_duplicate": ("giaannd_storage_applies_duplicate_total",
+                          "ApplyBatch requests for a batch already applied here (a retry: acknowledged, "
+                          "not reapplied)."),
+    "bytes_applied": ("giaannd_storage_applied_bytes_total",
+                      "Bytes of the row batches applied to this node's store (array buffers)."),
+    "hints_received": ("giaannd_storage_hints_received_total",
+                       "Batches held here as hints for an owner that could not take them."),
+    "hints_delivered": ("giaannd_storage_hints_delivered_total",
+                        "Hinted batches delivered to their owner once it was back."),
+    "vocab_added": ("giaannd_storage_vocab_entries_added_total",
+                    "Vocabulary entries (id -> string) new to this node, from PutVocab requests."),
+}
+#: Counts of the disk-full state (disk_full.py counts them through ``on_count``) -> (metric, HELP).
+DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
+    "snapshot_failures": ("giaannd_storage_snapshot_failures_total",
+                          "Snapshots that failed (disk full or another write error); each is retried "
+                          "after a capped, jittered backoff."),
+    "disk_full_refusals": ("giaannd_storage_disk_full_refusals_total",
+                           "Writes (batches, hints, vocabulary) refused because the disk is full."),
+}
+#: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
+_TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
 
 
 def _reply(msg: p.Reply, bulk: Sequence[Any] = ()) -> Reply:
@@ -105,6 +143,8 @@ class StorageService:
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prom: dict[str, Any] = {}
+        #: disk-full state, snapshot retries, rate-limited write errors (limits from ``settings``)
+        self.disk = DiskWatch(self.data_dir / STORE_DIR, settings)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -133,10 +173,13 @@ class StorageService:
         s = self.settings
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
-        self._commit = GroupCommit(self.store.sync, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
-        self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count)
+        self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
+        self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
+                                    disk=lambda: disk_usage(self.data_dir))
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
+        self.core.guard = self.disk
+        self.disk.on_count = self._on_count
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
@@ -158,20 +201,52 @@ class StorageService:
 
     def _register_metrics(self, ctx: ServiceContext) -> None:
         m = ctx.metrics
-        for key in ("reads", "rows_read", "bytes_read", "applies", "applies_duplicate", "bytes_applied",
-                    "hints_received", "hints_delivered"):
-            self._prom[key] = m.counter(f"giaannd_storage_{key}_total", f"storage service: {key}")
-        self._prom["errors"] = m.counter("giaannd_storage_errors_total", "storage service error replies", ["kind"])
-        m.gauge("giaannd_storage_used_bytes", "bytes the column store accounts for").set_function(
+        for key, (name, doc) in {**STORAGE_COUNTERS, **DISK_COUNTERS}.items():
+            self._prom[key] = m.counter(name, doc)
+        self._prom["errors"] = m.counter(
+            "giaannd_storage_errors_total",
+            "Error replies to storage requests, by reply type (NotOwner, StoreFull, Unavailable...).",
+            ["error"])
+        self._prom["read_seconds"] = m.histogram(
+            "giaannd_storage_read_duration_seconds",
+            "ReadRows requests, from decoded to reply ready (or cancelled).", buckets=STORAGE_LATENCY_BUCKETS_S)
+        self._prom["apply_seconds"] = m.histogram(
+            "giaannd_storage_apply_duration_seconds",
+            "ApplyBatch requests (hinted ones too), from decoded to durable acknowledgement or error reply "
+            "(group-commit wait and fsync included).", buckets=STORAGE_LATENCY_BUCKETS_S)
+        self._prom["fsync_seconds"] = m.histogram(
+            "giaannd_storage_fsync_duration_seconds",
+            "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
+            buckets=STORAGE_LATENCY_BUCKETS_S)
+        m.gauge("giaannd_storage_used_bytes",
+                "Bytes the column store accounts for now (rows, entries, index).").set_function(
             lambda: float(self.usage().used_bytes))
-        m.gauge("giaannd_storage_capacity_bytes", "configured store capacity").set_function(
+        m.gauge("giaannd_storage_capacity_bytes",
+                "Configured store capacity (storage.capacity-bytes); writes past it get StoreFull.").set_function(
             lambda: float(self.capacity_bytes))
-        m.gauge("giaannd_storage_hints_held", "hinted batches held for other nodes").set_function(
-            lambda: float(self.hints.held if self.hints is not None else 0))
-        m.gauge("giaannd_storage_vocab_entries", "vocabulary entries (id → string) held").set_function(
-            lambda: float(len(self.vocab) if self.vocab is not None else 0))
-        m.gauge("giaannd_storage_fsync_batches", "group-commit fsyncs since start").set_function(
-            lambda: float(self._commit.syncs if self._commit is not None else 0))
+        m.gauge("giaannd_storage_hints_held", "Hinted batches held here for other nodes, not yet delivered.") \
+            .set_function(lambda: float(self.hints.held if self.hints is not None else 0))
+        m.gauge("giaannd_storage_vocab_entries", "Vocabulary entries (id -> string) this node holds now.") \
+            .set_function(lambda: float(len(self.vocab) if self.vocab is not None else 0))
+        m.gauge("giaannd_storage_disk_full", "1 while writes are refused because the disk is full, else 0.") \
+            .set_function(lambda: float(self.disk.full))
+        m.gauge("giaannd_storage_full",
+                "1 while writes are refused because the store is at capacity or the disk is full, else 0.") \
+            .set_function(lambda: float(self.is_full))
+        m.gauge("giaannd_storage_torn_tail_bytes",
+                "Bytes recovery cut off a torn update-log tail at this start (0: the log ended cleanly).") \
+            .set_function(lambda: float(self.store.recovery.torn_tail_bytes if self.store is not None else 0))
+
+    def _sync_log(self) -> int:
+        """``DurableStore.sync``, timed (GroupCommit runs it in a worker thread: one observation
+        per group commit, not per batch)."""
+        assert self.store is not None
+        started = time.perf_counter()
+        try:
+            return self.store.sync()
+        finally:
+            if (hist := self._prom.get("fsync_seconds")) is not None:
+                hist.observe(time.perf_counter() - started)
 
     async def stop(self, graceful: bool) -> None:
         """Graceful: refuse new applies (``Unavailable``: writers go to other replicas or hint),
@@ -186,9 +261,16 @@ class StorageService:
             await self._idle.wait()
             if self._commit is not None:
                 await self._commit.drain()
+        self.disk.close()
+        final_snapshot_error: OSError | None = None
         if graceful and self.store is not None:
-            async with self._snapshot_lock:
-                await asyncio.to_thread(self.store.snapshot)
+            try:
+                async with self._snapshot_lock:
+                    await asyncio.to_thread(self.store.snapshot)
+            except OSError as exc:
+                final_snapshot_error = exc
+                log.error("final snapshot failed: %r; every acknowledged write is in the synced update log and "
+                          "is replayed at the next start", exc)
         if self._client is not None:
             await self._client.close()
         if self.store is not None:
@@ -197,9 +279,16 @@ class StorageService:
             self.hints.close()
         if self.vocab is not None:
             self.vocab.close()
+        if final_snapshot_error is not None:
+            raise final_snapshot_error
+
+    @property
+    def is_full(self) -> bool:
+        """Writes are refused: the store is at capacity, or the disk is full."""
+        return self.disk.full or (self.store is not None and self.store.store.usage().is_full)
 
     def usage(self) -> StoreUsage:
-        """Capacity and use, for the node's metadata (``NodeMeta.full`` = ``usage().is_full``)."""
+        """Capacity and use of the column store (``is_full`` adds a full disk to ``usage().is_full``)."""
         if self.store is None:
             return StoreUsage(0, self.capacity_bytes, 0, 0, 0)
         return self.store.store.usage()
@@ -208,8 +297,10 @@ class StorageService:
         out: dict[str, Any] = {}
         if self.store is not None:
             u = self.store.store.usage()
+            full = u.is_full or self.disk.full
             out.update(used_bytes=u.used_bytes, capacity_bytes=u.capacity_bytes, rows=u.num_rows,
-                       is_full=u.is_full)
+                       is_full=full, full=full, torn_tail_bytes=self.store.recovery.torn_tail_bytes)
+        out.update(self.disk.health())
         if self.hints is not None:
             out["hints_held"] = self.hints.held
         if self.vocab is not None:
@@ -219,21 +310,31 @@ class StorageService:
 
     # -- background loops ---------------------------------------------------------------------------
     async def run_snapshots(self, stopping: asyncio.Event) -> None:
-        """Snapshot every ``storage.snapshot-interval-s`` (truncates the log, bounds replay time)."""
+        """Snapshot every ``storage.snapshot-interval-s`` (truncates the log, bounds replay time). A
+        failed snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
+        wait_s = self.settings.snapshot_interval_s
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.settings.snapshot_interval_s)
+                await asyncio.wait_for(stopping.wait(), wait_s)
                 return
+            wait_s = self.settings.snapshot_interval_s
             if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
-                await self.snapshot()  # (nothing logged since the last one: nothing to do)
+                try:
+                    await self.snapshot()  # (nothing logged since the last one: nothing to do)
+                except OSError as exc:
+                    wait_s = self.disk.snapshot_failed(exc)
 
     async def snapshot(self) -> Path:
-        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract)."""
+        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract).
+
+        Raises:
+            OSError: it failed (its temporary is deleted; the log is intact).
+        """
         assert self.store is not None
         async with self._snapshot_lock:
             start = time.perf_counter()
             path = await asyncio.to_thread(self.store.snapshot)
-        log.info("snapshot written path=%s seconds=%.3f", path, time.perf_counter() - start)
+        self.disk.snapshot_written(path, time.perf_counter() - start)
         return path
 
     async def run_hint_retry(self, stopping: asyncio.Event) -> None:
@@ -296,6 +397,16 @@ class StorageService:
         msg = core.parse(incoming.payload)
         if isinstance(msg, Answer):
             return _reply(msg.reply, msg.bulk)
+        hist = self._prom.get(_TIMED.get(type(msg), ""))
+        if hist is None:
+            return await self._serve(core, msg, incoming)
+        started = time.perf_counter()
+        try:
+            return await self._serve(core, msg, incoming)
+        finally:
+            hist.observe(time.perf_counter() - started)
+
+    async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
             async with self._snapshot_lock:  # a snapshot reads the store from a thread: no writes
                 step = core.serve(msg, incoming.bulk)
@@ -318,7 +429,7 @@ class StorageService:
             if self.vocab.durable_offset < step.offset:  # (also for "known" entries still syncing)
                 await asyncio.to_thread(self.vocab.sync)
         except OSError as exc:
-            log.error("vocab log fsync failed: %s", exc)
+            self.disk.write_failed("vocab_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"vocab log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         finally:
             self._in_flight -= 1
@@ -333,7 +444,7 @@ class StorageService:
         try:
             await self._commit.wait_durable(step.seq)
         except OSError as exc:
-            log.error("update log fsync failed: %s", exc)
+            self.disk.write_failed("update_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"update log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         finally:
             self._in_flight -= 1
@@ -347,6 +458,7 @@ class StorageService:
         try:
             await asyncio.to_thread(self.hints.sync, step.target)
         except OSError as exc:
+            self.disk.write_failed("hint_log_sync", exc)
             return _reply(self.core.error(p.Unavailable(f"hint log sync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
         if self.topology is not None and self.topology.is_live(step.target) and not self._stopping:
             self._spawn(self.deliver_hints_to(step.target))

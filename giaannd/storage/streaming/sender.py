@@ -1,5 +1,5 @@
-"""Asyncio glue for the sending side of row streams (streaming.py) and the local store access
-both sides share. The receiving side is stream_endpoint.py.
+"""Asyncio glue for the sending side of row streams (streaming/stream.py) and the local store access
+both sides share. The receiving side is rebalance/endpoint.py.
 
 Glue only: what is sent is decided by ``StreamSender``. This module owns the sockets, the clock
 (throttle, retries, progress rates) and the local store access:
@@ -9,9 +9,10 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
 - ``apply_local`` applies on a node's own store through its group commit, without the ownership
   check (stream items, repair shares);
 - ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled;
-  optionally the next one read while the current one is on the wire), send with a runtime throttle,
-  reconnect with backoff, verification (one digest over the rows' bytes per slice of keys on both
-  ends, ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
+  optionally the next one read while the current one is on the wire), send with a runtime throttle
+  (a token bucket, ``peers.token_bucket``), reconnect with full-jitter backoff (``peers.retry``),
+  verification (one digest over the rows' bytes per slice of keys on both ends,
+  ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
 
 Listing a stream's rows is vectorised (``ColumnStore.rows_of_columns``): no Python key tuple per
 stored row.
@@ -24,13 +25,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore
@@ -48,6 +49,8 @@ from giaannd.storage.streaming.stream import (
     VerifyReply,
 )
 from peers.errors import PeersError
+from peers.retry import Backoff
+from peers.token_bucket import TokenBucket
 from peers.transport import Connection, Transport, connect
 
 __all__ = [
@@ -69,14 +72,17 @@ STREAM_REQUEST_TIMEOUT_S: Final = 30.0
 THROTTLED_CHUNK_S: Final = 0.5
 #: ... but at least this many bytes.
 MIN_THROTTLED_CHUNK_BYTES: Final = 64 * 2**10
-#: Reconnect backoff of a sender whose receiver went away (it may be restarting).
+#: Reconnect backoff of a sender whose receiver went away (it may be restarting): the ceiling of
+#: the first full-jitter wait, and the largest.
 RECONNECT_BACKOFF_S: Final = (0.05, 1.0)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(StreamReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
 
-class StreamFailed(RuntimeError):
+class StreamFailed(RemoteFault):
     """A stream cannot continue (receiver refused fatally, verification failed, state lost)."""
+
+    reason = "stream_failed"
 
 
 Observer = Callable[[BatchId, RowBatch, str], None]
@@ -173,30 +179,35 @@ def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
     return store.store.rows_of_columns(np.asarray(columns, np.uint64))
 
 
-@dataclass
 class Throttle:
-    """Bytes per second (None or <= 0: unthrottled); change ``rate_bytes_s`` at any time."""
+    """Bytes per second for the streams that share it (None or <= 0: unthrottled).
 
-    rate_bytes_s: float | None = None
-    _t0: float = 0.0
-    _sent: float = 0.0
+    A token bucket without burst (``peers.token_bucket``): a stream books an item's bytes just
+    before sending it and first waits until they are paid for, so the time a send takes counts
+    towards the rate. ``set`` changes the rate at any time; the budget restarts then (no burst, no
+    debt from the old rate), as it does after a time unthrottled.
+    """
+
+    def __init__(self, rate_bytes_s: float | None = None) -> None:
+        self.rate_bytes_s = rate_bytes_s
+        self._bucket: TokenBucket | None = None
 
     def set(self, rate_bytes_s: float | None) -> None:
-        """Change the rate; the budget restarts now (no burst, no debt from the old rate)."""
-        self.rate_bytes_s, self._sent = rate_bytes_s, 0.0
+        """Change the rate; the budget restarts at the next send."""
+        self.rate_bytes_s, self._bucket = rate_bytes_s, None
 
     async def spend(self, nbytes: int) -> None:
-        now = time.monotonic()
+        """Wait until ``nbytes`` may be sent (call it before sending them)."""
         rate = self.rate_bytes_s
         if not rate or rate <= 0:
-            self._t0, self._sent = now, 0.0
+            self._bucket = None
             return
-        if self._sent == 0.0:
-            self._t0 = now
-        self._sent += nbytes
-        ahead = self._sent / rate - (now - self._t0)
-        if ahead > 0:
-            await asyncio.sleep(ahead)
+        now = time.monotonic()
+        if self._bucket is None or self._bucket.rate != rate:
+            self._bucket = TokenBucket(rate, now)
+        wait = self._bucket.reserve(now, nbytes)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 class StreamRunner:
@@ -336,23 +347,23 @@ class StreamRunner:
 
     async def run(self) -> None:
         """Run until done or failed (never raises for stream problems: see ``state``/``error``)."""
-        backoff = RECONNECT_BACKOFF_S[0]
+        backoff = Backoff(*RECONNECT_BACKOFF_S)
         # A previous run may have been cancelled (pause) with an item on the wire: resynchronise
         # with the receiver's durable position before sending anything.
         self._broken = self._conn is not None
         while self.state not in ("done", "failed"):
             try:
                 await self._step()
-                backoff = RECONNECT_BACKOFF_S[0]
+                backoff.reset()
             except StreamFailed as exc:
                 self._fail(str(exc))
             except ValueError as exc:
                 self._fail(f"{type(exc).__name__}: {exc}")
             except (TimeoutError, PeersError, OSError) as exc:
                 self._broken = True
-                log.info("%s: receiver unreachable (%s); retrying in %.2fs", self.label, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
+                wait_s = backoff.next_delay()
+                log.info("%s: receiver unreachable (%s); retrying in %.2fs", self.label, exc, wait_s)
+                await asyncio.sleep(wait_s)
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close()
@@ -386,6 +397,9 @@ class StreamRunner:
             return
         msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
                          item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
+        await self.throttle.spend(item.batch.nbytes)
+        if self.state in ("done", "failed"):  # aborted while the throttle held the item back
+            return
         if self.prefetch and item.kind == ItemKind.CHUNK and s.chunks_left and s.unsent == 0:
             reply = await self._send_and_read(msg, item)
         else:
@@ -397,12 +411,11 @@ class StreamRunner:
                 raise StreamFailed(reply.reason)
             self.resent_items += 1
             s.rewind(reply.next_index)
-        await self.throttle.spend(item.batch.nbytes)
 
     def _chunk_limit(self) -> int | None:
         """Throttled, chunks carry about THROTTLED_CHUNK_S of the rate (at least
-        MIN_THROTTLED_CHUNK_BYTES): the throttle waits after each item, so one big chunk would go
-        at full speed and then wait for a long time; smaller ones keep the rate smooth."""
+        MIN_THROTTLED_CHUNK_BYTES): the throttle waits before each item, so one big chunk would go
+        at full speed after a long wait; smaller ones keep the rate smooth."""
         rate = self.throttle.rate_bytes_s
         if not rate or rate <= 0:
             return None

@@ -32,7 +32,7 @@ verifies it before anything is applied and refuses a bad item (the sender re-sen
 
 States of the sender: OPEN (chunks left) → DRAINING (all chunks read; deltas may still arrive while
 the source owns the columns) → CLOSED (``close()``: no more deltas; done once everything is acked).
-Everything that decides what is sent or applied lives in this file; the glue (topology_ops.py) does
+Everything that decides what is sent or applied lives in this file; the glue (rebalance/operations.py) does
 the reading, sending and applying.
 """
 
@@ -49,6 +49,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 
@@ -87,8 +88,10 @@ class ItemKind(IntEnum):
     DELTA = 2
 
 
-class StreamTooSlow(RuntimeError):
+class StreamTooSlow(RemoteFault):
     """The receiver acknowledges more slowly than the source's writes produce deltas."""
+
+    reason = "stream_too_slow"
 
 
 # -- messages on the stream endpoint (own tag space; append only) -------------------------------
@@ -98,7 +101,7 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     stream_id: _U64
     source: str
     fresh: bool = True  # index 0: the receiver must hold no rows of these columns
-    closing: bool = False  # the sender finished: no more items (stream_dedupe.py)
+    closing: bool = False  # the sender finished: no more items (streaming/dedupe.py)
     #: this sender never connected before: it cannot continue a sequence the receiver already
     #: started (another sender's, e.g. before the source restarted: its chunks were other cuts)
     first: bool = False

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["STREAM_WRITERS_FILE", "record_stream_writer", "stream_writers_of"]
 
 #: Per storage data directory: the stream writer ids this node received items under (u64 each,
-#: appended and fsynced before the first item is applied). Repair excludes them (repair.py).
+#: appended and fsynced before the first item is applied). Repair excludes them (repair/plan.py).
 STREAM_WRITERS_FILE: Final = "stream-writers.u64"
 
 

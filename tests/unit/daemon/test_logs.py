@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -58,3 +60,29 @@ def test_logs_importing_giaannd_configures_nothing() -> None:
     code = ("import logging, giaannd.cli, giaannd.daemon, giaannd.admin.api, giaannd.admin.ctl;"
             "assert logging.getLogger().handlers == [], logging.getLogger().handlers")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_logs_json_format_one_object_per_line_with_fields(restore_root: None) -> None:
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    log = logging.getLogger("giaannd.test")
+    log.warning("torn tail cut file=%s offset=%d ratio=%s level=%s", "/d/log.0001", 4096, "0.5", "x")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("apply failed batch=%s", "7:1")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first["level"] == "WARNING" and first["logger"] == "giaannd.test"
+    assert first["message"] == "torn tail cut file=/d/log.0001 offset=4096 ratio=0.5 level=x"
+    assert first["file"] == "/d/log.0001" and first["offset"] == 4096 and first["ratio"] == 0.5
+    assert first["field_level"] == "x"  # a field never hides a fixed key
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["time"])
+    assert second["batch"] == "7:1" and "ValueError: boom" in second["exc"]
+
+
+def test_logs_json_format_from_config() -> None:
+    from giaannd.config import load_config
+
+    assert load_config(None, overrides=["logging.format=json"]).logging.format == "json"

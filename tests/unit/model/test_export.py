@@ -25,14 +25,15 @@ def test_export_jsonl_worked_example_lines():
     store = RowStore.from_batch(train_batch([s]).rows)
     lines = [json.loads(x) for x in iter_jsonl(store, _vocab([s]))]
     assert len(lines) == store.num_entries == 41
-    assert {"source_lemma": "cat", "source_word": "the", "segment": 8, "target_lemma": "cat",
-            "target_word": "cat", "strength": 5.0} in lines
-    assert {"source_lemma": "cat", "source_word": "on", "segment": 2, "target_lemma": "mat",
-            "target_word": "the", "strength": 5.0} in lines
+    assert {"source_lemma": "cat", "source_word": "the", "source_prime": False, "segment": 8, "target_lemma": "cat",
+            "target_word": "cat", "target_prime": True, "strength": 5.0} in lines
+    assert {"source_lemma": "cat", "source_word": "on", "source_prime": False, "segment": 2, "target_lemma": "mat",
+            "target_word": "the", "target_prime": False, "strength": 5.0} in lines
     dot = [x for x in lines if x["source_word"] == "the" and x["target_word"] == "."
            and x["source_lemma"] == "cat"]
-    assert dot == [{"source_lemma": "cat", "source_word": "the", "segment": 2, "target_lemma": "mat",
-                    "target_word": ".", "strength": pytest.approx(10 / 7)}]
+    assert dot == [{"source_lemma": "cat", "source_word": "the", "source_prime": False, "segment": 2,
+                    "target_lemma": "mat", "target_word": ".", "target_prime": False,
+                    "strength": pytest.approx(10 / 7)}]
 
 
 def test_export_jsonl_missing_vocab_is_a_clear_error(tmp_path):

@@ -1,5 +1,7 @@
 """The single-process tool end to end on a tiny corpus (in-process, seconds)."""
 
+import pytest
+
 from giaannd.model.export import load_snapshot
 from giaannd.model.tokens import write_conllu
 from tests.unit.model.test_infer_engine import STORY, tagged
@@ -33,3 +35,47 @@ def test_single_process_rejects_bad_arguments(capsys):
         single_process.main(["--sentences", "-1"])
     assert exc.value.code == 2
     assert "--sentences must be >= 0" in capsys.readouterr().err
+
+
+def test_single_process_evaluates_a_conllu_prompt_file(tmp_path, capsys):
+    corpus, prompts = tmp_path / "c.conllu", tmp_path / "p.conllu"
+    write_conllu([STORY, OTHER] * 12, corpus)
+    write_conllu([OTHER, STORY[:5], STORY], prompts)
+    lexicon = tmp_path / "lex.tsv"
+    lexicon.write_text("sat\tVERB\non\tADP\nflew\tVERB\nover\tADP\nran\tVERB\nto\tADP\nslept\tVERB\n"
+                       "and\tCCONJ\n", encoding="utf-8")
+    rc = single_process.main(["--corpus", str(corpus), "--sentences", "20", "--prompts-file", str(prompts),
+                              "--constants", "test", "--lexicon", str(lexicon)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "prompt 1: a bird flew over the hill and the fox ran to the den ." in out
+    assert "  predicted: fox ran to the den ." in out
+    assert "prompt 2: skipped" in out
+    assert "top-1 prompt file (test constants): 1.0000 (12/12 prediction tokens, 2 prompts, 1 skipped" in out
+    assert "top-1 train-set" not in out and "generate" not in out  # the prompt file replaces them
+
+
+def test_single_process_bad_input_files_exit_2(tmp_path, capsys):
+    assert single_process.main(["--lexicon", str(tmp_path / "absent.pkl")]) == 2
+    assert "absent.pkl: cannot read" in capsys.readouterr().err
+    assert single_process.main(["--prompts-file", str(tmp_path / "none.txt"), "--sentences", "1"]) == 2
+    assert "none.txt does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.spacy
+def test_single_process_text_corpus_and_text_prompt_file(tmp_path, capsys):
+    corpus, prompts = tmp_path / "train.txt", tmp_path / "prompts.txt"
+    story = ("The old man walked to the river with his dog. The dog jumped into the cold water near the "
+             "bridge. ")
+    corpus.write_text((story * 3 + "\n\n") * 4, encoding="utf-8")
+    prompts.write_text("The old man walked to the river with his dog. The dog jumped into the cold water.\n"
+                       "\nToo short here.\n", encoding="utf-8")
+    rc = single_process.main(["--corpus", str(corpus), "--sentences", "10", "--prompts-file", str(prompts),
+                              "--tag-cache", str(tmp_path / "cache")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    # the two sentences of the first line are one prompt; the short line is skipped
+    assert "prompt 1: the old man walked to the river with his dog . the dog jumped" in out
+    assert "prompt 2: skipped" in out and "prompt 3" not in out
+    assert "top-1 prompt file (train constants): " in out and ", 1 prompts, 1 skipped" in out
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # the corpus (articles) and the prompts (lines)

@@ -68,7 +68,8 @@ def test_topology_ring_mode_follows_ring_changes_and_weights() -> None:
     assert t.names == ("b", "c") and t.standby() == ["a"]
     assert changes[-1].went_down == frozenset({"a"})
     t.set_ring(_ring("b", "c", c=2.0))
-    assert t.placement.members[1].weight == 2.0 and changes[-1].placement_changed  # (epoch: weights count under "weighted")
+    # (epoch: weights count under "weighted")
+    assert t.placement.members[1].weight == 2.0 and changes[-1].placement_changed
     # a member that stops being a storage node is forgotten (address, liveness)
     t.apply_event(_event(MemberUpdated, "a", roles=("compute",)))
     assert t.standby() == [] and not t.is_live("a")
@@ -124,7 +125,7 @@ def test_topology_ring_mode_empty_ring_has_no_placement() -> None:
     t, _ = _topo(Ring(), "a")
     assert t.standby() == ["a"] and t.epoch == ""
     with pytest.raises(LookupError):
-        t.placement
+        _ = t.placement
 
 
 @pytest.mark.parametrize(("mode", "ring", "action"), [

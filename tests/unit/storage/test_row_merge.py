@@ -43,8 +43,10 @@ def test_row_merge_all_found_is_in_place() -> None:
 
 def test_row_merge_extreme_keys_order() -> None:
     top = np.uint64(2**64 - 1)
-    base = Row(np.array([0, 8], np.uint8), np.array([top, 0], np.uint64), np.array([top, 0], np.uint64), np.ones(2, np.float32))
-    delta = Row(np.array([0, 0, 8], np.uint8), np.array([0, top, top], np.uint64), np.array([top, top, top], np.uint64), np.ones(3, np.float32))
+    base = Row(np.array([0, 8], np.uint8), np.array([top, 0], np.uint64), np.array([top, 0], np.uint64),
+               np.ones(2, np.float32))
+    delta = Row(np.array([0, 0, 8], np.uint8), np.array([0, top, top], np.uint64),
+                np.array([top, top, top], np.uint64), np.ones(3, np.float32))
     got = _merge(base, delta)
     assert got.equals(merge_rows(base, delta))
     assert got.strength.tolist() == [1.0, 2.0, 1.0, 1.0]

@@ -62,7 +62,7 @@ def test_topology_membership_events():
     t.apply_event(_event(MemberUpdated, "y", roles=("compute",)))  # no longer a storage node
     t.apply_event(_event(MemberLeft, "x"))
     with pytest.raises(LookupError):
-        t.placement
+        _ = t.placement
 
 
 def test_pick_transport_address_prefers_ucx_when_spoken():

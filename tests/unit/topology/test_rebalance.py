@@ -1,4 +1,4 @@
-"""Planner (rebalance.py): which columns move, from whom, and what is lost."""
+"""Planner (rebalance/plan.py): which columns move, from whom, and what is lost."""
 
 import numpy as np
 import pytest

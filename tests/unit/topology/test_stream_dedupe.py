@@ -1,4 +1,4 @@
-"""stream_dedupe.py: markers and per-stream columns decide which rows of a direct batch to drop."""
+"""streaming/dedupe.py: markers and per-stream columns decide which rows of a direct batch to drop."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Stream core (streaming.py): exact copies under concurrent writes, checksums, durable resume."""
+"""Stream core (streaming/stream.py): exact copies under concurrent writes, checksums, durable resume."""
 
 import numpy as np
 import pytest

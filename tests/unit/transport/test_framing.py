@@ -80,7 +80,8 @@ def test_framing_bulk_lands_in_destination_not_a_copy():
     ("bulk_len", framing.MAX_BULK_BYTES_PER_FRAME + 1, "oversize"),
 ])
 def test_framing_bad_header_rejected_before_allocating(field, value, reason):
-    fields = dict(magic=framing.MAGIC, version=framing.FRAME_VERSION, flags=0, body_len=3, nbufs=0, reserved=0, bulk_len=0)
+    fields = dict(magic=framing.MAGIC, version=framing.FRAME_VERSION, flags=0, body_len=3, nbufs=0, reserved=0,
+                  bulk_len=0)
     fields[field] = value
     header = framing.HEADER.pack(*fields.values())
     calls = []
@@ -145,3 +146,68 @@ def test_framing_torch_tensor_spec_shares_memory():
     dest = torch.zeros(3, 4)
     framing.as_bytes_view(dest)[:] = view
     assert torch.equal(dest, t)
+
+
+# -- issue 16 item 1: memory follows the bytes that arrived, not the lengths a header claims ----------
+
+def _body_frame(nbytes, req_id=1):
+    msg = wire.Request(req_id, msgspec.Raw(msgspec.msgpack.encode(b"x" * nbytes)))
+    return msg, b"".join(bytes(p) for p in framing.encode_frame(msg))
+
+
+def test_framing_large_body_is_allocated_as_it_arrives():
+    # a header announcing the largest body, then a few bytes: at most one chunk is allocated
+    header = framing.HEADER.pack(framing.MAGIC, framing.FRAME_VERSION, 0, framing.MAX_BODY_BYTES, 0, 0, 0)
+    dec = framing.FrameDecoder(_alloc_fresh([]))
+    assert dec.feed(header + bytes(100)) == []
+    assert dec.get_buffer().nbytes <= framing.BODY_CHUNK_BYTES
+    assert dec.buffered_bytes <= framing.STAGING_BYTES + framing.BODY_CHUNK_BYTES
+
+
+@pytest.mark.parametrize("step", [None, framing.BODY_CHUNK_BYTES + 3, 65536, 4093])
+def test_framing_chunked_body_round_trip(step):
+    msg, data = _body_frame(2 * framing.BODY_CHUNK_BYTES + 12345)
+    tail_msg, tail = _request([np.arange(10, dtype=np.int32)], req_id=2)
+    data += tail
+    dec = framing.FrameDecoder(_alloc_fresh([]))
+    step = step or len(data)
+    frames = []
+    for i in range(0, len(data), step):
+        frames += dec.feed(data[i:i + step])
+        assert dec.buffered_bytes <= framing.STAGING_BYTES + i + step + framing.BODY_CHUNK_BYTES
+    assert [f.message for f in frames] == [msg, tail_msg] and dec.idle
+
+
+def test_framing_lowered_body_limit_refuses_before_allocating():
+    header = framing.HEADER.pack(framing.MAGIC, framing.FRAME_VERSION, 0, 2**20, 0, 0, 0)
+    dec = framing.FrameDecoder(_alloc_fresh([]), max_body_bytes=64 * 2**10)
+    with pytest.raises(RemoteProtocolError) as info:
+        dec.feed(header)
+    assert info.value.reason == "oversize" and dec.buffered_bytes <= framing.STAGING_BYTES
+    with pytest.raises(ValueError):
+        framing.FrameDecoder(_alloc_fresh([]), max_body_bytes=framing.MAX_BODY_BYTES + 1)
+
+
+def test_framing_stepwise_hands_out_one_frame_then_the_rest_under_new_limits():
+    # what the session does: a handshake frame, then (same read) a frame over the stranger limit
+    small = _body_frame(10, req_id=1)
+    big = _body_frame(200_000, req_id=2)
+    data = memoryview(small[1] + big[1])
+    dec = framing.FrameDecoder(_alloc_fresh([]), max_body_bytes=64 * 2**10, stepwise=True)
+    target = dec.get_buffer()  # one socket read: the small frame and the start of the big one
+    n = target.nbytes
+    target[:] = data[:n]
+    assert [f.message for f in dec.buffer_updated(n)] == [small[0]]
+    dec.max_body_bytes, dec.stepwise = framing.MAX_BODY_BYTES, False
+    assert dec.more() == []  # the big one is incomplete, and no longer over the limit
+    assert [f.message for f in dec.feed(data[n:])] == [big[0]]
+    assert dec.idle and dec.more() == []
+
+
+def test_framing_close_drops_buffers():
+    dec = framing.FrameDecoder(_alloc_fresh([]))
+    dec.feed(_body_frame(200_000)[1][:100_000])
+    dec.close()
+    assert dec.buffered_bytes == 0
+    with pytest.raises(LocalProtocolError):
+        dec.get_buffer()

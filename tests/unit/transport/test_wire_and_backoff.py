@@ -30,12 +30,14 @@ def test_wire_bounds_enforced():
 
 def test_backoff_full_jitter_bounds():
     connect_mod = importlib.import_module("peers.transport.connect")
+    retry_mod = importlib.import_module("peers.retry")
     rng = random.Random(1)
-    delays = connect_mod.backoff_delays(20, rng)
+    bounds = {"base_s": connect_mod.BACKOFF_BASE_S, "cap_s": connect_mod.BACKOFF_CAP_S}
+    delays = retry_mod.backoff_delays(20, rng, **bounds)
     for i, d in enumerate(delays):
         assert 0.0 <= d <= min(connect_mod.BACKOFF_CAP_S, connect_mod.BACKOFF_BASE_S * 2 ** i)
     assert max(delays[10:]) > connect_mod.BACKOFF_BASE_S * 4  # it does grow
-    assert connect_mod.backoff_delays(20, random.Random(1)) == delays  # seeded: reproducible
+    assert retry_mod.backoff_delays(20, random.Random(1), **bounds) == delays  # seeded: reproducible
 
 
 def test_pool_reuses_touched_buffers():
