@@ -315,6 +315,12 @@ class StorageConfig(_Section):
         "Hint delivery rate to a member at the start of its ramp (see `ramp-up-s`). Bytes "
         "deliverable during the ramp: 8.5 x this x ramp-up-s (1 GiB at 4 MiB/s over 30 s)."
     ))] = 4.0 * 2**20
+    hint_retry_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "Seconds between retries of the hints held for members that are live, besides the "
+        "delivery a member's return starts at once. Catches a target that came back before its "
+        "failure was noticed (no \"came up\" event); shorter delivers sooner in that case at the "
+        "cost of one request per such target per retry."
+    ))] = 5.0
     join_mode: Annotated[Literal["auto", "bootstrap", "manual"], Meta(description=(
         "What a storage node not yet active in the storage ring (giaannd/cluster/ring.py) does at start. "
         "`auto`: after joining the seeds, pull the ring (up to 3 s); if it has no active member "

@@ -12,7 +12,7 @@ runs on exit, on errors, and at interpreter exit as a last resort.
 
     with NetnsCluster(3) as net:
         net.netem(0, loss_pct=5)
-        proc = net.popen(0, ["python", "-m", "peers.membership", ...])
+        proc = net.popen(0, ["python", "-m", "giaannd", "--config", ...])
 
 Other engineers may reuse it (tests/faults). ``python -m tools.netns --cleanup PREFIX``
 removes namespaces left by a killed test run.

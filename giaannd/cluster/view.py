@@ -17,7 +17,7 @@ refinement that makes hinted handoff meaningful; docs/replication.md explains it
 
 Where the placement set comes from, two modes:
 
-- **member mode** (the default; in-process tests, benchmarks, the standalone storage service):
+- **member mode** (the default; a view fed directly, e.g. a test's own client view):
   storage members that joined and have not left nor been reaped. Inputs ``set_members`` /
   ``add`` / ``remove`` / ``mark_down`` / ``mark_up``, or membership events (``apply_event``):
   ``MemberLeft`` / ``MemberReaped`` remove the member and its columns get new owners.

@@ -83,8 +83,8 @@ __all__ = ["UNKEYED_PREFIX", "LiveKeys", "NodeRuntime", "derived_cluster_key"]
 
 log = logging.getLogger(__name__)
 
-#: Namespace of the key derived from the cluster name when no key file is configured. The same
-#: derivation as ``giaannd.storage.replication.service``'s standalone mode, so both interoperate.
+#: Namespace of the key derived from the cluster name when no key file is configured
+#: (``derived_cluster_key``: the one place it is derived).
 UNKEYED_PREFIX: Final = "giaannd-unkeyed:"
 #: Schemes a bind list may name that are optional on this host (skipped with a warning when they
 #: cannot start, as long as another listener remains).
@@ -119,12 +119,17 @@ class NodeRuntime:
 
     Args:
         config: the effective configuration.
+        transport_options: scheme -> keyword options for that backend (``make_transport``), e.g.
+            ``{"mem": {"network": MemoryNetwork()}}`` to keep an in-process cluster's ``mem://``
+            listeners in a namespace of their own.
     """
 
     name = "runtime"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config,
+                 transport_options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.config = config
+        self.transport_options = dict(transport_options or {})
         self.node_id = ""
         self.node_name = ""
         self.keyring: Keyring | None = None
@@ -368,14 +373,15 @@ class NodeRuntime:
                 scheme = scheme_of(url)
             except ValueError as exc:
                 raise ConfigError(str(exc), "$.transport.bind") from None
-            host = url.partition("://")[2].rpartition(":")[0]
-            if host in _WILDCARDS and not any(
+            host, port_sep, _ = url.partition("://")[2].rpartition(":")
+            if port_sep and host in _WILDCARDS and not any(  # (mem://NAME has no host)
                     a.startswith(f"{scheme}://") for a in self.config.transport.advertise):
                 raise ConfigError(f"{url} binds a wildcard address: set transport.advertise to "
                                   "the URL peers should dial", "$.transport.advertise")
             try:
-                transport = self.transports.get(scheme) or make_transport(
-                    scheme, self.identity, limits=self.config.transport.limits())
+                # (the config's admission limits unless the caller's options for the scheme say otherwise)
+                options = {"limits": self.config.transport.limits(), **self.transport_options.get(scheme, {})}
+                transport = self.transports.get(scheme) or make_transport(scheme, self.identity, **options)
                 listener = await transport.listen(url, self._dispatch)
             except (TransportUnavailable, PeersError, OSError, RuntimeError) as exc:
                 if scheme in OPTIONAL_SCHEMES:

@@ -1,19 +1,21 @@
 """Role services built on the shared node runtime.
 
-The compute role takes its storage client from the runtime (``storage_factory``), so its reads
-and writes use the node's transports and the topology membership feeds.
+Each role is built from its config section and the node runtime, the one way there is:
 
-``giaannd.storage.replication.service.StorageService`` can bind its own listeners and build its own
-transports and topology (its standalone mode, used by its tests and benchmarks). Inside the
-daemon that would give a node two data planes and two cluster views, so this adapter builds it
-on the runtime's instead: no listeners of its own (``listen=[]``), the runtime's transports,
-identity and topology, and its request handler registered with the runtime's listeners. The
-service object is created in ``start``, once the runtime knows the node id and keyring.
+- compute: ``ComputeService(config.compute, ...)`` takes its storage client from the runtime
+  (``storage_factory``), so its reads and writes use the node's transports and the topology
+  membership feeds;
+- storage: ``StorageService(config.storage, ..., runtime)`` serves on the runtime's listeners
+  (``StorageRole`` registers its handler) and delivers hints over the runtime's transports and
+  view, so a node has one data plane and one view of the cluster; ``StorageRole`` adds the
+  topology operations (giaannd/storage/rebalance/daemon.py).
 
-The adapter also connects the service to the node: a full disk (the service refuses writes,
+``StorageRole`` also connects the service to the node: a full disk (the service refuses writes,
 disk_full.py) is gossiped as ``NodeMeta.full``, and ``reclaim_space`` lets the daemon delete a
 failed snapshot's temporary before it writes anything at start-up (a disk that temporary filled
 would otherwise stop the node from starting).
+
+In-process test clusters (tools/cluster_harness) build nodes with these same factories.
 """
 
 from __future__ import annotations
@@ -42,19 +44,12 @@ class StorageRole:
     def __init__(self, config: Config, runtime: NodeRuntime) -> None:
         self.config = config
         self.runtime = runtime
-        self.service: StorageService | None = None
+        self.service = StorageService(config.storage, config.data_path("storage"), runtime)
+        self.service.disk.on_change = self._disk_full_changed
         self.topology_ops: StorageTopology | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
-        rt, s = self.runtime, self.config.storage
-        self.service = StorageService(
-            self.config.data_path("storage"), s.capacity_bytes, [],
-            transports=rt.transports, identity=rt.identity, topology=rt.topology,
-            node_name=rt.node_name, group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
-            snapshot_interval_s=s.snapshot_interval_s, replicas=s.replication_factor,
-            on_unreachable=rt.report_unreachable, hint_ramp_s=s.ramp_up_s,
-            hint_ramp_start_bytes_per_s=s.hint_ramp_start_bytes_per_s)
-        self.service.disk.on_change = self._disk_full_changed
+        rt = self.runtime
         await self.service.start(ctx)
         rt.serve(self.service.handle)
         self.topology_ops = StorageTopology(self.config, rt, self.service)
@@ -65,11 +60,10 @@ class StorageRole:
         once it is gone (its listeners close last, with the runtime)."""
         if self.topology_ops is not None:
             await self.topology_ops.stop()
-        if self.service is not None:
-            try:
-                await self.service.stop(graceful)
-            finally:
-                self.runtime.serve(None)
+        try:
+            await self.service.stop(graceful)
+        finally:
+            self.runtime.serve(None)
 
     def reclaim_space(self) -> tuple[int, int]:
         """Delete snapshot temporaries a failed or interrupted snapshot left (``ReclaimsSpace``)."""
@@ -80,7 +74,7 @@ class StorageRole:
         self.runtime.refresh_meta()
 
     def health(self) -> Mapping[str, Any]:
-        out = dict(self.service.health()) if self.service is not None else {}
+        out = dict(self.service.health())
         out["addresses"] = list(self.runtime.advertised.values())
         if self.topology_ops is not None:
             out.update(self.topology_ops.health())

@@ -1,8 +1,8 @@
 """Membership under 5 % loss (tc netem) with one node's process frozen 2 s in every 10 s.
 
-Five agents (``python -m peers.membership``) run in their own network namespaces on a
-private bridge (tools/netns.py); netem drops 5 % of every node's egress; SIGSTOP /
-SIGCONT freezes node 1's whole process (its event loop) for 2 s every 10 s.
+Five ``giaannd`` daemons with no role (membership only) run in their own network namespaces on a
+private bridge (tools/netns.py, tests/faults/daemons.py); netem drops 5 % of every node's egress;
+SIGSTOP / SIGCONT freezes node 1's whole process (its event loop) for 2 s every 10 s.
 
 With Lifeguard no live member may ever be declared dead. The same run with
 Lifeguard disabled must show false deaths, so the test can fail. Both halves use
@@ -13,49 +13,47 @@ freeze), where the simulator (tests/sim, same scenario, 30 seeds) measured 0 of
 runs up to OFF_ROUNDS rounds and stops at the first false death.
 """
 
-import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from peers.keyring import Keyring
+from tests.faults.daemons import member_events, spawn, stop, wait_logged, write_config
 from tools.netns import NetnsCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 5
 PORT = 7946
-CONFIG = {"suspicion-mult": 2}
 OFF_ROUNDS = 4
+READY_S = 60.0
 
 
 def run_round(tmp: Path, lifeguard: bool, duration_s: float) -> list[dict]:
-    """One cluster run; returns every MemberFailed event any agent printed."""
-    key_file = tmp / "keys.json"
+    """One cluster run; returns every MemberFailed event any daemon logged."""
+    root = tmp / f"lifeguard-{lifeguard}-{time.monotonic_ns()}"
+    root.mkdir(parents=True)
+    key_file = root / "keys.json"
     Keyring.generate().save(key_file)
-    procs = []
+    procs, logs = [], []
     with NetnsCluster(N) as net:
         try:
             for i in range(N):
                 net.netem(i, loss_pct=5)
-                cmd = [sys.executable, "-m", "peers.membership", "--name", f"n{i}",
-                       "--bind", f"{net.ip(i)}:{PORT}", "--key-file", str(key_file),
-                       "--profile", "lan", "--config-json", json.dumps(CONFIG)]
-                if i:
-                    cmd += ["--seed", f"{net.ip(0)}:{PORT}"]
-                if not lifeguard:
-                    cmd.append("--no-lifeguard")
-                out = (tmp / f"n{i}-{lifeguard}.out").open("w")
-                procs.append((net.popen(i, cmd, cwd=ROOT, stdout=out,
-                                        stderr=subprocess.DEVNULL), out))
-                time.sleep(0.3)
-            time.sleep(5.0)  # join and converge
-            frozen = procs[1][0]
+                config = write_config(root, f"n{i}", ip=net.ip(i), gossip_port=PORT, roles=[],
+                                      cluster="faults", key_file=key_file,
+                                      seeds=[f"{net.ip(0)}:{PORT}"] if i else [],
+                                      membership={"profile": "lan", "suspicion_mult": 2, "lifeguard": lifeguard})
+                logs.append(root / f"n{i}" / "giaannd.log")
+                procs.append(spawn(net, i, config, logs[i]))
+                if i == 0:  # the seed answers before the others join
+                    wait_logged(procs[0], logs[0], "ready node=", READY_S)
+            for proc, log in zip(procs, logs):
+                wait_logged(proc, log, "ready node=", READY_S)
+            time.sleep(5.0)  # converge
+            frozen = procs[1]
             end = time.monotonic() + duration_s
             while time.monotonic() < end:
                 frozen.send_signal(signal.SIGSTOP)
@@ -63,19 +61,9 @@ def run_round(tmp: Path, lifeguard: bool, duration_s: float) -> list[dict]:
                 frozen.send_signal(signal.SIGCONT)
                 time.sleep(8.0)
         finally:
-            for proc, out in procs:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-                proc.wait(timeout=10)
-                out.close()
-    failed = []
-    for i in range(N):
-        for line in (tmp / f"n{i}-{lifeguard}.out").read_text().splitlines():
-            if line.startswith("{"):
-                event = json.loads(line)
-                if event["event"] == "MemberFailed":
-                    failed.append({"observer": f"n{i}", **event})
-    return failed
+            stop(procs, graceful=False)  # (no leave: nothing may happen after the measured run)
+    return [{"observer": f"n{i}", **e} for i, log in enumerate(logs) for e in member_events(log)
+            if e["event"] == "MemberFailed"]
 
 
 # One 180 s round with Lifeguard plus up to OFF_ROUNDS rounds without it, each with set-up and teardown.

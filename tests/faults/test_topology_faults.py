@@ -2,9 +2,9 @@
 link down in the hub: TCP connections hang, nothing is refused) while a writer keeps writing; after
 the heal, hinted handoff brings it level and every owner holds exactly the reference rows.
 
-Three storage nodes (``python -m giaannd.storage.rebalance.endpoint``) and one writer (this module run as a
-script, ``driver``) each run in their own namespace on a private bridge (tools/netns.py). The test
-process only toggles the link and reads the driver's progress lines; every wait is bounded.
+Three storage nodes (``giaannd`` daemons, tests/faults/daemons.py) and one writer (this module run
+as a script, ``driver``) each run in their own namespace on a private bridge (tools/netns.py). The
+test process only toggles the link and reads the driver's progress lines; every wait is bounded.
 Needs root and ``ip`` only (no netem), but ``tests/faults/conftest.py`` currently skips the whole
 directory on kernels without netem.
 """
@@ -18,13 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from peers.keyring import Keyring
+from tests.faults.daemons import spawn, stop, wait_logged, write_config
 from tools.netns import NetnsCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7300
+GOSSIP_PORT = 7946
 PARTITION_S = 5.0  # the issue's 30 s scaled down: hints are what matter, not the duration
+READY_S = 60.0
 
 
 def _expect(proc, word, timeout_s):
@@ -47,21 +51,26 @@ def test_topology_partitioned_node_gets_hints_after_heal(tmp_path, partition_s):
     ``make test-all``) while a writer keeps writing; after the heal its hints arrive and every
     replica equals a single-store reference."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    key_file = tmp_path / "cluster.key"
+    Keyring.generate().save(key_file)
     with NetnsCluster(4) as net:
         members = [f"p{i}=tcp://{net.ip(i)}:{PORT}" for i in range(3)]
         procs = []
         try:
             for i in range(3):
-                cmd = [sys.executable, "-m", "giaannd.storage.rebalance.endpoint", "--listen", f"tcp://{net.ip(i)}:{PORT}",
-                       "--stream-listen", f"tcp://{net.ip(i)}:{PORT + 1}", "--data-dir", str(tmp_path / f"p{i}"),
-                       "--cluster", "faults", "--name", f"p{i}", "--replicas", "3", "--hint-retry-s", "0.2"]
-                for m in members:
-                    cmd += ["--member", m]
-                p = net.popen(i, cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                procs.append(p)
-                assert p.stdout.readline().startswith("LISTENING")
-            driver = net.popen(3, [sys.executable, "-m", "tests.faults.test_topology_faults", *members],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+                config = write_config(
+                    tmp_path, f"p{i}", ip=net.ip(i), gossip_port=GOSSIP_PORT, roles=["storage"],
+                    cluster="faults", key_file=key_file, seeds=[f"{net.ip(0)}:{GOSSIP_PORT}"] if i else [],
+                    bind=[f"tcp://{net.ip(i)}:{PORT}"], membership={"profile": "lan"},
+                    storage={"replication_factor": 3, "write_quorum": 2, "hint_retry_s": 0.2,
+                             "join_mode": "bootstrap", "stream_bind": f"tcp://{net.ip(i)}:{PORT + 1}"})
+                procs.append(spawn(net, i, config, tmp_path / f"p{i}" / "giaannd.log"))
+                if i == 0:  # the seed answers before the others join
+                    wait_logged(procs[0], tmp_path / "p0" / "giaannd.log", "ready node=", READY_S)
+            for i, p in enumerate(procs):  # every ring holds all three (ring sync over gossip)
+                wait_logged(p, tmp_path / f"p{i}" / "giaannd.log", "ring changed .* active=p0,p1,p2 ", READY_S)
+            driver = net.popen(3, [sys.executable, "-m", "tests.faults.test_topology_faults", str(key_file),
+                                   *members], cwd=ROOT, env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
             procs.append(driver)
             _expect(driver, "READY", 30)
             net._exec(net.hub, "ip", "link", "set", "p2", "down")  # partition p2
@@ -77,35 +86,28 @@ def test_topology_partitioned_node_gets_hints_after_heal(tmp_path, partition_s):
             driver.stdin.flush()
             _expect(driver, "OK", 60)
         finally:
+            stop(procs)
             for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait(timeout=10)
                 for pipe in (p.stdin, p.stdout):
                     if pipe is not None:
                         pipe.close()
 
 
 # -- the driver (runs in its own namespace) -------------------------------------------------------
-async def _drive(members: list[str]) -> None:
-    import hashlib
-
+async def _drive(key_file: str, members: list[str]) -> None:
     import numpy as np
 
     from giaannd.client.storage_client import QuorumNotReached, StorageClient
     from giaannd.cluster.view import ClusterView, StorageNode
     from giaannd.storage.engine.column_store import ColumnStore
+    from peers.keyring import Keyring
     from peers.transport import Identity, make_transport
-    from tests.integration.storage_cluster import make_batch
+    from tools.cluster_harness import make_batch
 
-    key = hashlib.sha256(b"giaannd-unkeyed:faults").digest()
+    keys = list(Keyring.load(key_file).keys)
     topo = ClusterView(replicas=3)
     topo.set_members([StorageNode(*m.split("=", 1)) for m in members])
-    client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("driver", "faults", [key]))},
+    client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("driver", "faults", keys))},
                            request_timeout_s=1.0, connect_timeout_s=0.5)
     reference = ColumnStore(1 << 32)
     rng = np.random.default_rng(50)
@@ -157,4 +159,4 @@ async def _drive(members: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_drive(sys.argv[1:]))
+    asyncio.run(_drive(sys.argv[1], sys.argv[2:]))

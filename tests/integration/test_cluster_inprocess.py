@@ -25,7 +25,7 @@ from giaannd.protocol import BatchId
 from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService, key_id, parse_column, parse_seed
 from peers.keyring import Keyring
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 WAIT_S = 15.0

@@ -25,7 +25,7 @@ from giaannd.model.infer import TEST_SET, TRAIN_SET, LifSession, run_session
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.tokens import load_bundled_corpus
-from tests.integration.storage_cluster import Cluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]
 

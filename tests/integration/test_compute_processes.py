@@ -1,4 +1,5 @@
-"""Equivalence on a real loopback cluster: 3 storage *processes* (tcp, R=3, W=2), compute here."""
+"""Equivalence on a real loopback cluster: 3 storage *processes* (``giaannd`` daemons, tcp, R=3, W=2),
+compute here (on the cluster harness's client)."""
 
 import asyncio
 import json
@@ -11,7 +12,7 @@ from giaannd.config import ComputeConfig
 from giaannd.model.engine import Engine
 from giaannd.model.export import iter_jsonl
 from giaannd.model.tokens import load_bundled_corpus
-from tools.bench.cluster import make_client, storage_processes
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -21,9 +22,10 @@ def test_compute_processes_one_worker_export_and_predictions_equal_engine(tmp_pa
     engine = Engine()
     engine.train(corpus)
 
-    async def run(addrs):
-        client = make_client(addrs)
-        svc = ComputeService(ComputeConfig(), tmp_path / "compute", storage=client)
+    async def run():
+        cluster = await Cluster(tmp_path / "storage", processes=True, replicas=3, write_quorum=2,
+                                request_timeout_s=10.0).start()
+        svc = ComputeService(ComputeConfig(), tmp_path / "compute", storage=cluster.client)
         await svc.start()
         try:
             await svc.train(corpus, TrainSettings(workers=1, coalesce_sentences=100))
@@ -34,10 +36,9 @@ def test_compute_processes_one_worker_export_and_predictions_equal_engine(tmp_pa
             return out, ev, ev_test
         finally:
             await svc.stop(graceful=True)
-            await client.close()
+            await cluster.close()
 
-    with storage_processes(tmp_path / "storage") as addrs:
-        out, ev, ev_test = asyncio.run(asyncio.wait_for(run(addrs), 150))
+    out, ev, ev_test = asyncio.run(asyncio.wait_for(run(), 150))
     ref = [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
     got = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(got) == len(ref) > 5000

@@ -18,7 +18,7 @@ from giaannd.config import ComputeConfig
 from giaannd.model.engine import Engine
 from giaannd.model.export import iter_jsonl
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
-from tests.integration.storage_cluster import Cluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]
 

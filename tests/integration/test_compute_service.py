@@ -13,7 +13,7 @@ from giaannd.config import ComputeConfig, Config
 from giaannd.metrics import Metrics
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
 from giaannd.service import ServiceContext
-from tests.integration.storage_cluster import Cluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]
 TOKEN = "compute-test-token"

@@ -27,7 +27,7 @@ from giaannd.protocol import BatchId
 from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService
 from tests.integration.small_fs import fill, small_tmpfs
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 WAIT_S = 20.0

@@ -21,7 +21,7 @@ from giaannd.model.ids import column_id, feature_id
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import load_bundled_corpus
 from giaannd.storage.engine.vocab_store import KIND_COLUMN
-from tests.integration.storage_cluster import Cluster, make_batch
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -128,7 +128,7 @@ async def test_scan_all_is_every_row_exactly_once_with_a_node_down_and_a_failove
             first_live = {[n for n in cluster.owners(k[0]) if n != "s1"][0] for k, _ in page}
             if first_live == {victim} and victim in cluster.services:  # a page *from* the victim:
                 seen_from_victim = 1  # stop it mid-way through its share
-                await cluster.services.pop(victim).stop(False)  # the client's topology still says live
+                await cluster.kill(victim, noticed=False)  # the client's topology still says live
         assert len(got) == len(set(got)) and set(got) == stored
         assert seen_from_victim and any("scan failover node=s2" in r.getMessage() for r in caplog.records)
     finally:
@@ -141,14 +141,14 @@ async def test_scan_fails_clearly_when_no_owner_is_left_and_on_placement_change(
     cluster = await Cluster(tmp_path / "storage", 3, replicas=1, request_timeout_s=0.5).start()
     try:
         await cluster.client.write(make_batch(rng, 200))
-        await cluster.services.pop("s0").stop(False)  # R = 1: its rows have no other owner
+        await cluster.kill("s0", noticed=False)  # R = 1: its rows have no other owner
         with pytest.raises(ReadFailed, match="no other live owner"):
             _ = [b async for b in cluster.client.scan_all()]
         # a placement change mid-scan is detected, not silently mixed
         cluster.client_topology.mark_down("s0")
         scan = cluster.client.scan_all(page_rows=5)
         await anext(scan)
-        cluster.client_topology.remove("s1")
+        await cluster.client_runtime.commit_ring(cluster.ring.with_removed("s1"))  # (this view only)
         with pytest.raises(ScanInterrupted):
             _ = [b async for b in scan]
     finally:
@@ -219,8 +219,8 @@ async def test_scan_request_limits_are_enforced_by_the_node(tmp_path):
 
 @pytest.mark.asyncio
 async def test_scan_drops_rows_a_node_returns_outside_its_share(tmp_path, caplog):
-    """A node that ignores the ownership filter (here: it lost its topology, so it serves as a
-    standalone node) cannot make the scan repeat rows: the client re-checks every page."""
+    """A node that ignores the ownership filter (here: its service's topology is unset, so its
+    core filters nothing) cannot make the scan repeat rows: the client re-checks every page."""
     rng = np.random.default_rng(5)
     cluster = await Cluster(tmp_path / "storage", 3, replicas=2).start()
     try:

@@ -8,9 +8,8 @@ import pytest
 
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
-from giaannd.cluster.view import StorageNode
 from giaannd.ramp import HINT_BURST_S, HINT_RAMP_FACTOR
-from tests.integration.storage_cluster import Cluster, make_batch
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = pytest.mark.integration
 
@@ -24,9 +23,9 @@ async def _wait_for(pred, timeout_s=20.0, step_s=0.02):
 
 
 async def _restart_recording_epochs(cluster, name):
-    """Restart ``name`` and record the placement epoch of every ApplyBatch it serves."""
-    svc = cluster._make_service(name)
-    await svc.open()
+    """Restart ``name`` and record the placement epoch of every ApplyBatch it serves (recording
+    from before the views hear it is up)."""
+    svc = await cluster.restart_node(name, noticed=False)
     seen = []
     serve = svc.core.serve
 
@@ -36,9 +35,7 @@ async def _restart_recording_epochs(cluster, name):
         return serve(msg, bulk)
 
     svc.core.serve = recording
-    cluster.services[name] = svc
-    for topo in cluster._all_topologies():
-        topo.mark_up(name)
+    cluster.notice_up(name)
     return svc, seen
 
 
@@ -61,8 +58,8 @@ async def test_hint_delivery_sends_the_writers_epoch(tmp_path):
         holders = _holders(cluster, "s1")
         assert holders and all(h.epoch == e1 for s in holders.values() for h in s.hints.pending("s1"))
         for name in holders:  # the holders' placement moves on (a member the target never heard of)
-            cluster.topologies[name].add(StorageNode("s9", "mem://s9"))
-            cluster.topologies[name].mark_down("s9")
+            await cluster.nodes[name].runtime.commit_ring(cluster.ring.with_active("s9"))
+            assert not cluster.topologies[name].is_live("s9")
             assert cluster.topologies[name].epoch != e1
         _, seen = await _restart_recording_epochs(cluster, "s1")
         await _wait_for(lambda: not _holders(cluster, "s1"))
@@ -87,17 +84,9 @@ async def test_hint_refused_as_not_owner_is_resplit_to_the_new_owners(tmp_path):
         assert len(holders) == 1
         (holder_name, holder), = holders.items()
         # s3 joins the placement while s1 is down (no stream: s3 starts empty)
-        cluster.names.append("s3")
-        cluster.addresses["s3"] = "mem://s3"
-        s3 = cluster._make_service("s3")
-        await s3.open()
-        cluster.services["s3"] = s3
-        for name, topo in cluster.topologies.items():
-            if name != "s3":
-                topo.add(StorageNode("s3", "mem://s3"))
-        cluster.client_topology.add(StorageNode("s3", "mem://s3"))
-        cluster.topologies["s3"].set_members(cluster._members())
-        cluster.topologies["s3"].mark_down("s1")
+        await cluster.add_node("s3")
+        await cluster.commit_ring(cluster.ring.with_active("s3"))
+        assert not cluster.topologies["s3"].is_live("s1")
         new = cluster.client_topology.placement
         lost = ~(new.owner_indices(share.row_column) == new.names.index("s1")).any(axis=1)
         assert lost.any() and (~lost).any()  # s1 keeps some rows and loses others to s3
@@ -147,7 +136,7 @@ def _pacer_bound(t, rate, ramp, biggest):
 @pytest.mark.asyncio
 async def test_returning_node_read_share_and_hint_delivery_ramp(tmp_path):
     ramp, rate = 3.0, 40_000.0
-    cluster = await Cluster(tmp_path, n=3, replicas=3).start(hint_ramp_s=ramp, hint_ramp_start_bytes_per_s=rate)
+    cluster = await Cluster(tmp_path, n=3, replicas=3).start(ramp_up_s=ramp, hint_ramp_start_bytes_per_s=rate)
     clock = _Clock()
     reader = StorageClient(cluster.client_topology, cluster.client.transports, read_ramp_s=10.0,
                            clock=clock, connect_timeout_s=0.5)

@@ -9,7 +9,7 @@ from giaannd.cluster.view import StorageNode
 from giaannd.storage.engine.column_store import DropResult
 from giaannd.storage.rebalance.operations import Rebalance, members_after
 from giaannd.storage.rebalance.release import release_unowned, unowned_columns
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -17,7 +17,7 @@ COLUMNS = np.random.default_rng(0).integers(1, 2**63, 80, dtype=np.uint64)
 
 
 async def test_release_after_join_frees_the_old_owners(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         rng = np.random.default_rng(1)
         await cluster.write_many(rng, 40, COLUMNS)
@@ -46,7 +46,7 @@ async def test_release_after_join_frees_the_old_owners(tmp_path):
         await cluster.write_many(rng, 10, COLUMNS)
         await cluster.client.flush()
         await cluster.kill("s0")
-        await cluster.restart("s0")
+        await cluster.restart_node("s0")
         assert unowned_columns(placement, "s0", cluster.services["s0"].store.store.held_columns()).size == 0
         assert cluster.mismatches() == []
     finally:

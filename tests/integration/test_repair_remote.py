@@ -26,7 +26,7 @@ from giaannd.storage.repair.wire import (
 from giaannd.storage.streaming.sender import apply_local
 from giaannd.storage.streaming.stream import StreamReply, StreamVerify, VerifyReply
 from peers.transport import connect
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
 
@@ -49,8 +49,8 @@ class CountingServer(RepairServer):
         return await super().handle_incoming(incoming)
 
 
-class RepairCluster(TopoCluster):
-    """TopoCluster plus one listener per live node serving its RepairServer next to its stream
+class RepairCluster(Cluster):
+    """The harness's Cluster plus one listener per live node serving its RepairServer next to its stream
     endpoint (``with_repair``, as the daemon's endpoint does), re-opened on restart."""
 
     def __init__(self, *args, **kw) -> None:
@@ -58,12 +58,12 @@ class RepairCluster(TopoCluster):
         self.repair_listeners = {}
         self.repair_addresses = {}
         self.requests: list[str] = []  # request types served, in order
-        self.repair_transport = self._transport("repairer")
+        self.repair_transport = self.transport("repairer")
 
     async def _open_repair(self, name: str) -> None:
         handler = with_repair(CountingServer(self.services[name], self.requests), self.endpoints[name].handle)
         address = f"mem://{name}-repair" if self.scheme == "mem" else "tcp://127.0.0.1:0"
-        listener = await self._transport(f"{name}-repair").listen(address, handler)
+        listener = await self.transport(f"{name}-repair").listen(address, handler)
         self.repair_listeners[name] = listener
         self.repair_addresses[name] = listener.address
 
@@ -78,8 +78,8 @@ class RepairCluster(TopoCluster):
         del self.repair_addresses[name]
         await super().kill(name)
 
-    async def restart(self, name: str):
-        svc = await super().restart(name)
+    async def restart_node(self, name: str):
+        svc = await super().restart_node(name)
         await self._open_repair(name)
         return svc
 
@@ -113,7 +113,7 @@ async def cluster_with_a_gap(tmp_path, n, seed, target, **kw):
     await cluster.kill(target)
     await cluster.write_many(rng, 20, COLUMNS)
     assert await lose_hints_for(cluster, target) > 0
-    await cluster.restart(target)
+    await cluster.restart_node(target)
     await cluster.write_many(rng, 5, COLUMNS)
     await cluster.client.flush()
     applied = cluster.services[target].store.store.applied

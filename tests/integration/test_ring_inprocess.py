@@ -28,8 +28,8 @@ from giaannd.services.membership import MembershipService
 from giaannd.storage.rebalance import daemon as daemon_topology
 from peers.keyring import Keyring
 from peers.placement import Member, Placement
-from tests.integration.storage_cluster import make_batch
 from tests.integration.test_cluster_inprocess import Node, wait_async
+from tools.cluster_harness import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,10 +1,11 @@
-"""StorageService's own daemon entry (``create_service(config)``, standalone mode: its own
-listeners) under the real Daemon lifecycle, in-process: startup, metrics, a client writing and
-reading through the bound address, graceful shutdown. (The daemon itself hosts the storage role
-on its shared node runtime, giaannd/services/roles.py; that wiring is tested with the daemon.)"""
+"""The storage role under the real Daemon lifecycle, in-process, built as ``giaannd`` builds it
+(the node runtime, membership, then ``build_role_services``; a one-node cluster that bootstraps
+its storage ring): startup, metrics, a client writing and reading
+through the advertised address, graceful shutdown. (Formerly the standalone storage service's own
+daemon entry, ``create_service(config)``; that mode is gone: the runtime's wiring is the only one.)
+No key file: the key derived from the cluster name (``derived_cluster_key``) authenticates."""
 
 import asyncio
-import hashlib
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ import pytest
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.config import load_config
-from giaannd.daemon import Daemon
-from giaannd.storage.replication.service import create_service
+from giaannd.daemon import Daemon, build_role_services
+from giaannd.runtime.node import NodeRuntime, derived_cluster_key
+from giaannd.services.membership import MembershipService
 from peers.transport import Identity, make_transport
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -25,9 +27,13 @@ async def test_storage_role_runs_under_the_daemon(tmp_path):
     config = load_config(environ={}, overrides=[
         f"node.data-dir={tmp_path / 'data'}", "admin.listen=127.0.0.1:0", "node.name=st",
         'node.roles=["storage"]', 'transport.bind=["tcp://127.0.0.1:0"]',
-        "storage.replication-factor=1", "storage.write-quorum=1"])
-    svc = create_service(config)
-    daemon = Daemon(config, [svc], handle_signals=False)
+        "storage.replication-factor=1", "storage.write-quorum=1", "storage.join-mode=bootstrap",
+        "membership.bind-port=0", "membership.profile=loopback"])
+    runtime = NodeRuntime(config)
+    roles, unavailable = build_role_services(config, runtime)
+    assert not unavailable
+    daemon = Daemon(config, [runtime, MembershipService(runtime), *roles], handle_signals=False,
+                    runtime=runtime)
     task = asyncio.create_task(daemon.run())
     try:
         async with asyncio.timeout(10):
@@ -35,11 +41,11 @@ async def test_storage_role_runs_under_the_daemon(tmp_path):
                 await asyncio.sleep(0.01)
         status = daemon.status()
         assert status["roles"]["storage"] == "running"
-        assert status["services"]["storage"]["addresses"] == svc.addresses
-        (address,) = svc.addresses
+        (address,) = runtime.advertised.values()
+        assert status["services"]["storage"]["addresses"] == [address]
         topo = ClusterView(replicas=1)
         topo.set_members([StorageNode("st", address)])
-        key = hashlib.sha256(b"giaannd-unkeyed:" + config.cluster.name.encode()).digest()
+        key = derived_cluster_key(config.cluster.name)
         client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("c", config.cluster.name, [key]))})
         batch = make_batch(np.random.default_rng(1), 10)
         await client.write(batch)

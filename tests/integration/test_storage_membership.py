@@ -1,23 +1,18 @@
-"""Storage services whose topology follows real membership (SWIM over UDP on loopback): the
-wiring the daemon will use. A crash is seen as MemberFailed (writes hint), the return as
-MemberJoined (hints delivered), a graceful leave changes the placement epoch everywhere."""
+"""Storage nodes whose views follow real membership (SWIM over UDP on loopback), each built as the
+daemon builds it (runtime, membership service, storage role: tools/cluster_harness, gossip mode).
+A crash is seen as MemberFailed (writes hint), the return as MemberJoined (hints delivered); a
+graceful leave marks the member down everywhere. The daemon's views follow the storage ring, so
+the leave keeps the placement (a ring change moves columns); a view in member mode (placement
+over the live storage members) drops the member and changes epoch."""
 
 import asyncio
 
 import numpy as np
 import pytest
 
-from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView
 from giaannd.services.membership import follow_membership
-from giaannd.storage.replication.service import StorageService
-from peers.keyring import Keyring
-from peers.membership.config import MembershipConfig
-from peers.membership.meta import NodeMeta
-from peers.membership.node import MembershipNode
-from peers.transport import Identity, make_transport
-from peers.transport.memory import MemoryNetwork
-from tests.integration.storage_cluster import CLUSTER, KEY, make_batch
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,51 +25,25 @@ async def wait_for(predicate, timeout_s):
 
 @pytest.mark.asyncio
 async def test_storage_topology_follows_membership(tmp_path):
-    keyring = Keyring.generate()
-    network = MemoryNetwork()
-
-    def member(name, roles, address=None):
-        meta = NodeMeta(roles=roles, transports={"mem": address} if address else {}).encode()
-        return MembershipNode(name=name, bind=("127.0.0.1", 0), cluster="t", keyring=Keyring(list(keyring.keys)),
-                              config=MembershipConfig.loopback(), meta=meta)
-
-    def transport(node_id):
-        return make_transport("mem", Identity(node_id, CLUSTER, [KEY]), network=network)
-
     names = ["s0", "s1", "s2"]
-    gossip = {n: member(n, ("storage",), f"mem://{n}") for n in names}
-    gossip["c"] = member("c", ("compute",))
-    services = {}
-
-    async def start_service(n):
-        view = ClusterView(local=n, replicas=3)
-        svc = StorageService(tmp_path / n, 64 << 20, [f"mem://{n}"], transports={"mem": transport(n)},
-                             topology=view, node_name=n, hint_retry_s=0.2)
-        await svc.open()
-        follow_membership(view, gossip[n])
-        services[n] = svc
-
-    for node in gossip.values():
-        await node.start()
-    for node in list(gossip.values())[1:]:
-        await node.join([gossip["s0"].addr])
-    await wait_for(lambda: all(len(x.alive_members()) == 4 for x in gossip.values()), 10)
-    for n in names:
-        await start_service(n)
-    topo = ClusterView(replicas=3)
-    follow_membership(topo, gossip["c"])
-    client = StorageClient(topo, {"mem": transport("c")}, request_timeout_s=2, connect_timeout_s=0.5)
+    cluster = await Cluster(tmp_path, 3, gossip=True).start()
+    services = cluster.services
+    topo = cluster.client_topology
+    client_gossip = cluster.client_runtime.membership
+    assert client_gossip is not None
+    member_view = ClusterView(replicas=3)  # member mode, fed by the client's gossip
+    follow_membership(member_view, client_gossip)
+    client = cluster.client
     try:
         assert topo.names == tuple(names) and topo.address("s1") == "mem://s1"
-        assert {s.topology.epoch for s in services.values()} == {topo.epoch}
+        assert {s.topology.epoch for s in services.values()} == {topo.epoch} == {member_view.epoch}
 
         batch = make_batch(np.random.default_rng(1), 20)
         await client.write(batch)
         await client.flush()  # s1's own ack of the first batch, not a hint
 
         # crash s1 (gossip and storage): membership declares it failed, the views mark it down
-        await gossip["s1"].stop()
-        await services.pop("s1").stop(graceful=False)
+        await cluster.kill("s1")
         await wait_for(lambda: not topo.is_live("s1") and not services["s0"].topology.is_live("s1"), 15)
         epoch = topo.epoch  # a failed member keeps its columns: same placement
         second = make_batch(np.random.default_rng(2), 20)
@@ -84,22 +53,19 @@ async def test_storage_topology_follows_membership(tmp_path):
         assert sum(s.hints.held for s in services.values()) == 1
 
         # s1 comes back: MemberJoined -> came up -> the holder delivers
-        gossip["s1"] = member("s1", ("storage",), "mem://s1")
-        await gossip["s1"].start()
-        await gossip["s1"].join([gossip["s0"].addr])
-        await start_service("s1")
+        await cluster.restart_node("s1")
         await wait_for(lambda: all(s.hints.held == 0 for s in services.values()), 15)
         assert topo.epoch == epoch
         got = await client.read_from("s1", second.row_column, second.row_feature)
         assert got.num_rows == second.num_rows
 
-        # a graceful leave takes s2 out of the placement on every view
-        await gossip["s2"].leave()
-        await wait_for(lambda: "s2" not in topo and "s2" not in services["s0"].topology, 10)
-        assert topo.epoch != epoch and services["s0"].topology.epoch == topo.epoch
+        # a graceful leave: down on every view; out of the placement of a member-mode view only
+        await wait_for(lambda: "s1" in member_view and member_view.is_live("s1"), 10)
+        before = member_view.epoch
+        await cluster.stop_node("s2")
+        await wait_for(lambda: not topo.is_live("s2") and not services["s0"].topology.is_live("s2"), 10)
+        assert topo.epoch == epoch and services["s0"].topology.epoch == epoch
+        await wait_for(lambda: "s2" not in member_view, 10)
+        assert member_view.epoch != before
     finally:
-        await client.close()
-        for svc in services.values():
-            await svc.stop(graceful=False)
-        for node in gossip.values():
-            await node.stop()
+        await cluster.close()

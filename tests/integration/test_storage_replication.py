@@ -1,4 +1,5 @@
-"""Storage services and replication, several nodes in one process over mem:// and tcp://."""
+"""Storage services and replication, several nodes in one process over mem:// and tcp:// (each
+node built as the daemon builds it: tools/cluster_harness)."""
 
 import asyncio
 
@@ -18,7 +19,7 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from peers.transport import connect
-from tests.integration.storage_cluster import Cluster, make_batch
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +87,7 @@ async def test_storage_owner_down_hint_held_then_delivered(tmp_path, scheme):
         assert await cluster.client.confirm_hints() == 1
         assert cluster.client.writer_floor == 1
         # the hint directory is gone once delivered
-        assert not any(list((tmp_path / n / "hints").iterdir()) for n in cluster.names if n != "s1")
+        assert not any(list((cluster.storage_dir(n) / "hints").iterdir()) for n in cluster.names if n != "s1")
     finally:
         await cluster.close()
 
@@ -156,7 +157,7 @@ async def test_storage_quorum_not_reached_then_retry_succeeds_once(tmp_path):
         batch = make_batch(np.random.default_rng(5), 10)
         # Two owners fail without the views knowing (no mark_down): the client sees the errors.
         for name in ("s1", "s2"):
-            await cluster.services.pop(name).stop(graceful=True)
+            await cluster.stop_node(name, noticed=False)
         with pytest.raises(QuorumNotReached) as err:
             await cluster.client.write(batch)
         await cluster.client.flush()
@@ -185,10 +186,10 @@ async def test_storage_reads_fail_over(tmp_path, mark_down):
         if mark_down:
             await cluster.stop_node(victim)
         else:
-            await cluster.services.pop(victim).stop(graceful=True)
+            await cluster.stop_node(victim, noticed=False)
         assert same_rows(await cluster.client.read_rows(batch.row_column, batch.row_feature), batch)
         for name in list(cluster.services):
-            await cluster.services.pop(name).stop(graceful=True)
+            await cluster.stop_node(name, noticed=False)
         with pytest.raises(ReadFailed):
             await cluster.client.read_rows(batch.row_column, batch.row_feature)
     finally:
@@ -324,7 +325,7 @@ async def test_storage_restart_gives_same_rows(tmp_path, graceful):
 
 @pytest.mark.asyncio
 async def test_storage_group_commit_shares_fsyncs(tmp_path):
-    cluster = await Cluster(tmp_path, 1, replicas=1).start(group_commit_window_s=0.002)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(fsync_group_commit_ms=2.0)
     try:
         rng = np.random.default_rng(13)
         batches = [make_batch(rng, 3) for _ in range(40)]
@@ -377,7 +378,7 @@ async def test_storage_snapshot_timer_truncates_the_log(tmp_path):
         await cluster.client.write(make_batch(np.random.default_rng(30), 5))
         seq = svc.store.log.last_seq
         await wait_for(lambda: svc.store.snapshot_seq >= seq)
-        assert list((tmp_path / "s0" / "store").glob("*.snap"))
+        assert list((cluster.storage_dir("s0") / "store").glob("*.snap"))
         stopping.set()
         await asyncio.wait_for(loop_task, 5)
     finally:
@@ -437,7 +438,7 @@ async def test_storage_churn_converges_to_exact_sums(tmp_path, seed):
                 if rng.random() < 0.5:
                     await cluster.stop_node(victim, graceful=bool(rng.random() < 0.5))
                 else:  # a crash the views have not noticed yet
-                    await cluster.services.pop(victim).stop(graceful=False)
+                    await cluster.kill(victim, noticed=False)
             elif action < 0.3 and down:
                 await cluster.restart_node(str(rng.choice(down)))
             batch = make_batch(rng, 3, columns=rng.choice(columns, 3, replace=False))

@@ -9,7 +9,7 @@ from giaannd.errors import AdminHTTPError
 from giaannd.operations import OPERATIONS, match_path, split_path
 from giaannd.storage.rebalance.operations import OperationRegistry
 from giaannd.storage.rebalance.routes import register_admin_routes
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -46,7 +46,7 @@ class FakeRequest:
 
 
 async def test_topology_admin_removenode_repair_and_errors(tmp_path):
-    cluster = await TopoCluster(tmp_path, 4, replicas=3).start()
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         admin = FakeAdmin()
         register_admin_routes(admin, cluster.control())

@@ -19,7 +19,7 @@ from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.routes import register_admin_routes
 from giaannd.storage.streaming.sender import StreamRunner
 from tests.integration.test_topology_admin import FakeAdmin
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
 
@@ -30,7 +30,7 @@ class RemoteControl(LocalClusterControl):
     """The coordinator ``me`` serves only itself; views still switch in-process (as the daemon's
     control would by request), hints go through every live node's stream endpoint."""
 
-    def __init__(self, cluster: TopoCluster, me: str) -> None:
+    def __init__(self, cluster: Cluster, me: str) -> None:
         super().__init__(cluster.ops_transport, cluster.services, cluster.topologies, [cluster.client_topology],
                          [cluster.client], cluster.stream_addresses, drain_grace_s=0.05)
         self.me, self.cluster = me, cluster
@@ -83,7 +83,7 @@ def join_members(cluster, name="s3"):
 
 @pytest.mark.parametrize("scheme", ["mem", "tcp"])
 async def test_topology_remote_join_with_concurrent_writes(tmp_path, scheme):
-    cluster = await TopoCluster(tmp_path, 3, scheme=scheme, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, scheme=scheme, replicas=2).start()
     try:
         rng = np.random.default_rng(1)
         await cluster.write_many(rng, 60, COLUMNS)
@@ -112,7 +112,7 @@ async def test_topology_remote_join_with_concurrent_writes(tmp_path, scheme):
 
 
 async def test_topology_remote_decommission_coordinated_elsewhere(tmp_path):
-    cluster = await TopoCluster(tmp_path, 4, replicas=2).start()
+    cluster = await Cluster(tmp_path, 4, replicas=2).start()
     try:
         rng = np.random.default_rng(2)
         await cluster.write_many(rng, 60, COLUMNS)
@@ -132,7 +132,7 @@ async def test_topology_remote_decommission_coordinated_elsewhere(tmp_path):
 
 
 async def test_topology_remote_removenode_mixed_sources(tmp_path):
-    cluster = await TopoCluster(tmp_path, 4, replicas=3).start()
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         rng = np.random.default_rng(3)
         await cluster.write_many(rng, 40, COLUMNS)
@@ -153,7 +153,7 @@ async def test_topology_remote_removenode_mixed_sources(tmp_path):
 
 
 async def test_topology_remote_survives_dropped_control_connection(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, scheme="tcp", replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, scheme="tcp", replicas=2).start()
     try:
         rng = np.random.default_rng(4)
         await cluster.write_many(rng, 100, COLUMNS, rows=16)
@@ -180,7 +180,7 @@ async def test_topology_remote_survives_dropped_control_connection(tmp_path):
 
 
 async def test_topology_remote_pause_resume_via_registry(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         rng = np.random.default_rng(6)
         await cluster.write_many(rng, 100, COLUMNS, rows=16)
@@ -211,7 +211,7 @@ async def test_topology_remote_pause_resume_via_registry(tmp_path):
 
 
 async def test_topology_remote_cancel_aborts_sources(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         rng = np.random.default_rng(7)
         await cluster.write_many(rng, 60, COLUMNS, rows=16)
@@ -239,7 +239,7 @@ async def test_topology_remote_cancel_aborts_sources(tmp_path):
 
 
 async def test_topology_remote_source_restart_is_refused_clearly(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         rng = np.random.default_rng(8)
         await cluster.write_many(rng, 100, COLUMNS, rows=16)
@@ -251,7 +251,7 @@ async def test_topology_remote_source_restart_is_refused_clearly(tmp_path):
             while not op.runners or not all(r.progress()["items_acked"] for r in op.runners):
                 await asyncio.sleep(0.01)
         await cluster.kill("s1")  # a source restarts: its queue of forwarded writes is gone
-        await cluster.restart("s1")
+        await cluster.restart_node("s1")
         with pytest.raises(TopologyOpError, match="restarted"):
             await asyncio.wait_for(task, 30)
         assert op.state == "failed" and "s1->s3" in op.error
@@ -260,7 +260,7 @@ async def test_topology_remote_source_restart_is_refused_clearly(tmp_path):
 
 
 async def test_source_control_refusals_and_hint_calls(tmp_path):
-    cluster = await TopoCluster(tmp_path, 2, replicas=2).start()
+    cluster = await Cluster(tmp_path, 2, replicas=2).start()
     try:
         t, addr = cluster.ops_transport, cluster.stream_addresses["s0"]
         await cluster.write_many(np.random.default_rng(9), 10, COLUMNS)
@@ -288,7 +288,7 @@ async def test_source_control_refusals_and_hint_calls(tmp_path):
 
 
 async def test_source_registry_aborts_an_orphaned_stream(tmp_path):
-    cluster = await TopoCluster(tmp_path, 2, replicas=1).start()
+    cluster = await Cluster(tmp_path, 2, replicas=1).start()
     try:
         await cluster.write_many(np.random.default_rng(12), 40, COLUMNS, rows=16)
         registry = cluster.endpoints["s0"].sources
@@ -316,7 +316,7 @@ async def test_source_registry_aborts_an_orphaned_stream(tmp_path):
 
 
 async def test_topology_admin_join_and_replace(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         await cluster.write_many(np.random.default_rng(10), 40, COLUMNS)
         await cluster.add_node("s3")
@@ -346,7 +346,7 @@ async def test_topology_admin_join_and_replace(tmp_path):
 async def test_topology_admin_replace_dead_member(tmp_path):
     # (a fresh cluster: after a join the old owners keep released rows, and a node that regains
     # such a column refuses a fresh stream for it: docs/topology.md, known gaps)
-    cluster = await TopoCluster(tmp_path, 3, replicas=2).start()
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         await cluster.write_many(np.random.default_rng(11), 40, COLUMNS)
         # s4 replaces s1 (dead): remove s1 + add s4, coordinated by s4

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from giaannd.storage.repair.local import repair
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -26,7 +26,7 @@ async def lose_hints_for(cluster, target):
 
 
 async def test_repair_rebuilds_batches_whose_hints_were_lost(tmp_path):
-    cluster = await TopoCluster(tmp_path, 4, replicas=3).start()
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         rng = np.random.default_rng(1)
         await cluster.write_many(rng, 20, COLUMNS)
@@ -34,7 +34,7 @@ async def test_repair_rebuilds_batches_whose_hints_were_lost(tmp_path):
         await cluster.write_many(rng, 25, COLUMNS)
         lost = await lose_hints_for(cluster, "s2")
         assert lost > 0
-        await cluster.restart("s2")
+        await cluster.restart_node("s2")
         await cluster.write_many(rng, 10, COLUMNS)
         await cluster.client.flush()
         assert any("s2" in m for m in cluster.mismatches())  # s2 really is missing updates
@@ -52,7 +52,7 @@ async def test_repair_rebuilds_batches_whose_hints_were_lost(tmp_path):
 
 
 async def test_repair_reports_batches_no_longer_in_any_log(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=3).start()
+    cluster = await Cluster(tmp_path, 3, replicas=3).start()
     try:
         rng = np.random.default_rng(2)
         await cluster.write_many(rng, 10, COLUMNS)
@@ -61,7 +61,7 @@ async def test_repair_reports_batches_no_longer_in_any_log(tmp_path):
         lost = await lose_hints_for(cluster, "s1")
         for name in ("s0", "s2"):
             await cluster.services[name].snapshot()  # the records leave the logs
-        await cluster.restart("s1")
+        await cluster.restart_node("s1")
         report = await repair(cluster.control())
         assert report["batches_shipped"] == 0
         applied = cluster.services["s1"].store.store.applied
@@ -74,7 +74,7 @@ async def test_repair_reports_batches_no_longer_in_any_log(tmp_path):
 
 
 async def test_repair_after_kill_during_writes_matches_reference(tmp_path):
-    cluster = await TopoCluster(tmp_path, 3, replicas=3).start()
+    cluster = await Cluster(tmp_path, 3, replicas=3).start()
     try:
         rng = np.random.default_rng(3)
         stop = asyncio.Event()
@@ -82,7 +82,7 @@ async def test_repair_after_kill_during_writes_matches_reference(tmp_path):
         await asyncio.sleep(0.15)
         await cluster.kill("s0")  # no graceful stop: mid-write
         await asyncio.sleep(0.15)
-        await cluster.restart("s0")
+        await cluster.restart_node("s0")
         await asyncio.sleep(0.1)
         stop.set()
         assert await writer > 0

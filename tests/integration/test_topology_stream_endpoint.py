@@ -16,8 +16,7 @@ from giaannd.storage.streaming.stream import (
     item_checksum,
 )
 from peers.transport import connect
-from tests.integration.storage_cluster import make_batch
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.asyncio]
 
@@ -26,7 +25,7 @@ DEC = msgspec.msgpack.Decoder(StreamReply)
 
 
 async def test_stream_endpoint_refuses_garbage_and_keeps_state(tmp_path):
-    cluster = await TopoCluster(tmp_path, 1, replicas=1).start()
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
     try:
         conn = await connect(cluster.ops_transport, cluster.stream_addresses["s0"], timeout_s=2)
         store = cluster.services["s0"].store.store

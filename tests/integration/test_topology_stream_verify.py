@@ -14,8 +14,7 @@ from giaannd.storage.rebalance.endpoint import StreamEndpoint
 from giaannd.storage.streaming.sender import StreamRunner
 from giaannd.storage.streaming.stream import StreamReply, StreamVerify, VerifyReply
 from peers.transport import connect
-from tests.integration.storage_cluster import make_batch
-from tests.integration.topology_harness import TopoCluster
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -24,7 +23,7 @@ COLUMNS = np.arange(1, 9, dtype=np.uint64)
 
 async def _cluster(tmp_path):
     """s0 holds rows of COLUMNS (and of other columns); s1 is empty."""
-    cluster = await TopoCluster(tmp_path, 2, replicas=1).start()
+    cluster = await Cluster(tmp_path, 2, replicas=1).start()
     store = cluster.services["s0"].store
     rng = np.random.default_rng(5)
     for seq in range(1, 7):

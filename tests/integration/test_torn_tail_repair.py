@@ -26,7 +26,7 @@ from giaannd.runtime.node import NodeRuntime
 from giaannd.services.membership import MembershipService
 from giaannd.storage.engine.update_log import LOG_RECORD, list_segments
 from peers.keyring import Keyring
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 WAIT_S = 60.0

@@ -33,7 +33,7 @@ from giaannd.storage.repair.wire import (
 )
 from giaannd.storage.streaming.stream import StreamHello, StreamPosition
 from peers.placement import Member, Placement
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 ENC = msgspec.msgpack.Encoder()
 PLACEMENT = Placement(tuple(Member(f"s{i}") for i in range(4)), replicas=2)

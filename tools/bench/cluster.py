@@ -2,9 +2,10 @@
 
     python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick]
 
-Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback — real processes
-(``python -m giaannd.storage.replication.service``, static membership) by default, or StorageServices inside
-this process with ``--in-process``. Compute: this process (the pipeline of giaannd/compute).
+Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback, built by the cluster harness
+(tools/cluster_harness) — ``giaannd`` processes by default, or nodes inside this process (the
+daemon's runtime and storage role) with ``--in-process``. Compute: this process (the pipeline of
+giaannd/compute, on the harness's client).
 Baseline: ``giaannd.model.engine.Engine`` (encode → train_batch → in-memory RowStore) on the same
 sentences, in the same run. Prints Markdown tables:
 
@@ -21,19 +22,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import select
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from giaannd.client.storage_client import StorageClient
-from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.compute.infer import Inference, RowCache, RowFetcher
 from giaannd.compute.jobs import TrainProgress
 from giaannd.compute.service import ComputeService
@@ -45,79 +40,21 @@ from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence, load_bundled_corpus
 from giaannd.protocol import BatchId
-from peers.transport import Identity, make_transport
 from tools.bench.report import print_table
-
-CLUSTER = "bench-cluster"
-KEY = bytes(range(32))
-START_TIMEOUT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def storage_processes(root: Path, n: int = 3, replicas: int = 3) -> Iterator[dict[str, str]]:
-    """n storage processes with static membership; yields name -> address; always stops them."""
-    addrs = {f"s{i}": f"tcp://127.0.0.1:{_free_port()}" for i in range(n)}
-    members = [a for name, addr in addrs.items() for a in ("--member", f"{name}={addr}")]
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for name, addr in addrs.items():
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "giaannd.storage.replication.service", "--listen", addr, "--data-dir",
-                 str(root / name), "--cluster", CLUSTER, "--key-hex", KEY.hex(), "--name", name,
-                 "--replicas", str(replicas), *members],
-                stdout=subprocess.PIPE, text=True))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for proc in procs:
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            line = proc.stdout.readline() if ready else ""  # "LISTENING <addr>", or EOF if it died
-            if not line.startswith("LISTENING"):
-                raise RuntimeError(f"storage process did not start in {START_TIMEOUT_S} s (exit {proc.poll()})")
-        yield addrs
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+from tools.cluster_harness import Cluster
 
 
 @contextlib.asynccontextmanager
-async def in_process_storage(root: Path, n: int = 3, replicas: int = 3) -> Any:
-    from giaannd.storage.replication.service import StorageService
-
-    addrs = {f"s{i}": f"tcp://127.0.0.1:{_free_port()}" for i in range(n)}
-    services = []
+async def storage_cluster(root: Path, replicas: int = 3, *, in_process: bool = False) -> AsyncIterator[Cluster]:
+    """3 storage nodes over tcp on loopback (processes unless ``in_process``), W = a majority of R;
+    always stopped."""
+    cluster = await Cluster(root, 3, processes=not in_process, scheme="tcp", replicas=replicas,
+                            write_quorum=replicas // 2 + 1, capacity_bytes=1 << 30, request_timeout_s=10.0,
+                            log_level="warning").start()
     try:
-        for name, addr in addrs.items():
-            topo = ClusterView(local=name, replicas=replicas)
-            topo.set_members([StorageNode(k, v) for k, v in addrs.items()])
-            svc = StorageService(root / name, 1 << 30, [addr], identity=Identity(name, CLUSTER, [KEY]),
-                                 topology=topo, node_name=name)
-            await svc.open()
-            services.append(svc)
-        yield addrs
+        yield cluster
     finally:
-        for svc in services:
-            await svc.stop(graceful=False)
-
-
-def make_client(addrs: dict[str, str], replicas: int = 3) -> StorageClient:
-    topo = ClusterView(local=None, replicas=replicas)
-    topo.set_members([StorageNode(k, v) for k, v in addrs.items()])
-    return StorageClient(topo, {"tcp": make_transport("tcp", Identity("bench-compute", CLUSTER, [KEY]))},
-                         write_quorum=replicas // 2 + 1)
+        await cluster.close()
 
 
 class NullStorage:
@@ -156,10 +93,9 @@ def core_rate(sentences: list[TaggedSentence]) -> tuple[float, Engine]:
     return len(sentences) / (time.perf_counter() - t0), engine
 
 
-async def bench(addrs: dict[str, str], replicas: int, sentences: list[TaggedSentence], n_prompts: int, tmp: Path,
+async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSentence], n_prompts: int, tmp: Path,
                 mode: str, quick: bool, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
     """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster."""
-    client = make_client(addrs, replicas)
     svc = ComputeService(ComputeConfig(row_cache_bytes=256 << 20), tmp / f"compute-r{replicas}", storage=client)
     await svc.start()
     n = len(sentences)
@@ -198,7 +134,7 @@ async def bench(addrs: dict[str, str], replicas: int, sentences: list[TaggedSent
                 krows.append([str(k), f"{bps:,.0f}", f"{bps / base_bps:.2f}", f"{progress.coalescing_ratio:.2f}",
                               str(progress.batches)])
     finally:
-        await client.close()
+        await svc.stop(graceful=True)
     return rows, krows, infer_rows
 
 
@@ -248,12 +184,8 @@ def main() -> None:
           "tcp loopback; compute: this process")
 
     async def one(replicas: int, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
-        root = tmp / f"r{replicas}"
-        if args.in_process:
-            async with in_process_storage(root, replicas=replicas) as addrs:
-                return await bench(addrs, replicas, sentences, args.prompts, tmp, mode, args.quick, full)
-        with storage_processes(root, replicas=replicas) as addrs:
-            return await bench(addrs, replicas, sentences, args.prompts, tmp, mode, args.quick, full)
+        async with storage_cluster(tmp / f"r{replicas}", replicas, in_process=args.in_process) as cluster:
+            return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full)
 
     try:
         rows, krows, infer_rows = asyncio.run(one(3, True))

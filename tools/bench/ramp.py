@@ -2,7 +2,7 @@
 
     python -m tools.bench.ramp [--ramp-s 8] [--hint-mb 6] [--seconds 10]
 
-Three in-process storage services (mem://), R = 3. A node is stopped, writes continue (its share
+Three in-process storage nodes (mem://, tools/cluster_harness), R = 3. A node is stopped, writes continue (its share
 becomes hints on the others), then it comes back while a reader keeps reading. Printed per second
 after its return: the share of the rows it is first in line for that it served, the rows it served
 (and their share of all rows read), and the hint bytes delivered to it — once with the ramp off (the baseline: what it
@@ -21,17 +21,17 @@ from pathlib import Path
 import numpy as np
 
 from giaannd.client.storage_client import StorageClient
-from giaannd.storage.replication.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S
-from tests.integration.storage_cluster import Cluster, make_batch
+from giaannd.config import StorageConfig
 from tools.bench.report import print_table
+from tools.cluster_harness import Cluster, make_batch
 
 READ_ROWS = 2000
 
 
 async def _phase(root: Path, ramp_s: float, hint_mb: float, seconds: int, start_rate: float
                  ) -> list[tuple[float, int, float]]:
-    cluster = await Cluster(root, n=3, replicas=3, capacity_bytes=4 << 30).start(hint_ramp_s=ramp_s,
-                                                         hint_ramp_start_bytes_per_s=start_rate)
+    cluster = await Cluster(root, n=3, replicas=3, capacity_bytes=4 << 30).start(
+        ramp_up_s=ramp_s, hint_ramp_start_bytes_per_s=start_rate)
     reader = StorageClient(cluster.client_topology, cluster.client.transports, read_ramp_s=ramp_s)
     rng = np.random.default_rng(11)
     try:
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--ramp-s", type=float, default=8.0)
     ap.add_argument("--hint-mb", type=float, default=6.0)
     ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--start-rate", type=float, default=DEFAULT_HINT_RAMP_START_BYTES_PER_S / 16,
+    ap.add_argument("--start-rate", type=float, default=StorageConfig().hint_ramp_start_bytes_per_s / 16,
                     help="hint bytes/s at the start of the ramp (scaled down with the hint volume)")
     asyncio.run(_main(ap.parse_args()))
 

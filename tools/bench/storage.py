@@ -310,23 +310,21 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
 
     from giaannd.client.storage_client import StorageClient
     from giaannd.cluster.view import ClusterView, StorageNode
-    from giaannd.storage.replication.service import StorageService
-    from peers.transport import Identity, Reply, connect, make_transport
+    from peers.transport import Reply, connect
+    from tools.cluster_harness import Cluster
 
-    ident = Identity("bench", "bench", [b"bench-key-0123456789abcdef012345"])
     rng = np.random.default_rng(6)
     base = _base_batch(rng, 200 if quick else 2000, 500)
-    services = []
-    for i in range(3):
-        svc = StorageService(tmp / f"svc{i}", BIG, ["tcp://127.0.0.1:0"], identity=ident)
-        await svc.open()
-        services.append(svc)
-    topo = ClusterView(replicas=1)
-    topo.set_members([StorageNode("svc0", services[0].addresses[0])])
-    client = StorageClient(topo, identity=ident)
+    # three storage nodes in this process (the daemon's runtime + storage role), R=3 of 3
+    cluster = await Cluster(tmp / "service", 3, scheme="tcp", replicas=3, capacity_bytes=BIG,
+                            request_timeout_s=10.0).start()
+    services = list(cluster.services.values())
+    topo = ClusterView(replicas=1)  # reads: all from s0
+    topo.set_members([StorageNode("s0", cluster.addresses["s0"])])
+    client = StorageClient(topo, cluster.client.transports)
     await client.write(base)
     # the raw baseline: a handler that answers with 7 buffers of the same sizes, no decode, no gather
-    raw_t = make_transport("tcp", ident)
+    raw_t = cluster.transport("bench-raw")
     canned: list[np.ndarray] = []
     async def raw_handler(_incoming: object) -> Reply:
         return Reply(b"\x90", canned)
@@ -360,9 +358,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
            ["rows", "MB", "service µs", "service GB/s", "raw µs", "raw GB/s", "service/raw time"], rows)
 
     # writes: R=3, W=2 over three services vs one local DurableStore apply + fsync
-    topo3 = ClusterView(replicas=3)
-    topo3.set_members([StorageNode(f"svc{i}", s.addresses[0]) for i, s in enumerate(services)])
-    client3 = StorageClient(topo3, identity=ident)
+    client3 = cluster.client
     local = DurableStore.open(tmp / "local", BIG)
     wrows = []
     seq = iter(range(1, 10**9))  # one writer for the local store: a repeated id would be skipped
@@ -410,11 +406,9 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
             "quorum / (3 x local)"], wrows)
     local.close()
     await client.close()
-    await client3.close()
     await raw_conn.close()
     await raw_listener.close()
-    for svc in services:
-        await svc.stop(graceful=False)
+    await cluster.close()
 
 
 def main() -> None:

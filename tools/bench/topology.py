@@ -32,9 +32,8 @@ from giaannd.storage.rebalance.operations import Rebalance, members_after
 from giaannd.storage.rebalance.plan import plan_transfers
 from peers.placement import Member, Placement
 from peers.transport import Identity, Incoming, Reply, connect, make_transport
-from tests.integration.storage_cluster import CLUSTER, KEY, free_tcp_address
-from tests.integration.topology_harness import TopoCluster
 from tools.bench.report import print_table
+from tools.cluster_harness import Cluster, free_tcp_address
 
 CHUNK = 4 * 2**20
 
@@ -49,7 +48,7 @@ def _big_batch(rng: np.random.Generator, columns: np.ndarray, rows: int, per_row
                                  rng.integers(1, 5, n).astype(np.float32))
 
 
-async def _fill(cluster: TopoCluster, mb: float, rng: np.random.Generator, per_row: int) -> None:
+async def _fill(cluster: Cluster, mb: float, rng: np.random.Generator, per_row: int) -> None:
     columns = rng.integers(1, 2**63, 2000, dtype=np.uint64)
     rows = max(1, 100_000 // per_row)
     for _ in range(max(1, int(mb * 2**20 / (rows * per_row * 21)))):
@@ -60,8 +59,9 @@ async def _fill(cluster: TopoCluster, mb: float, rng: np.random.Generator, per_r
 
 async def _raw_rate(total_bytes: int, chunk: int) -> float:
     """Bytes/s of the raw transport: same chunking, one request in flight, a handler that acks."""
-    ident = Identity("raw", CLUSTER, [KEY])
-    server, client = make_transport("tcp", ident), make_transport("tcp", Identity("raw-c", CLUSTER, [KEY]))
+    key = b"bench-raw-transport-key-01234567"
+    server, client = make_transport("tcp", Identity("raw", "bench", [key])), \
+        make_transport("tcp", Identity("raw-c", "bench", [key]))
 
     async def handler(incoming: Incoming) -> Reply:
         return Reply(b"\x90")
@@ -101,7 +101,7 @@ def _store_apply_rate(batch: RowBatch, root: Path) -> float:
 async def _join_rate(root: Path, mb: float, per_row: int) -> tuple[float, int, int, float, float]:
     """(stream bytes/s, bytes moved, bytes held before, seconds, store-apply bytes/s) of one join,
     R=1, 2 -> 3 nodes."""
-    cluster = await TopoCluster(root, 2, scheme="tcp", replicas=1, capacity_bytes=8 << 30).start()
+    cluster = await Cluster(root, 2, scheme="tcp", replicas=1, capacity_bytes=8 << 30).start()
     try:
         await _fill(cluster, mb, np.random.default_rng(1), per_row)
         held = sum(s.usage().used_bytes - 1024 * s.usage().num_rows for s in cluster.services.values())
@@ -125,7 +125,7 @@ async def _join_rate(root: Path, mb: float, per_row: int) -> tuple[float, int, i
 
 async def _restore_rf(root: Path, mb: float) -> tuple[float, int]:
     """(seconds, bytes) of removenode after a death: 3 nodes, R=2."""
-    cluster = await TopoCluster(root, 3, scheme="tcp", replicas=2, capacity_bytes=8 << 30).start()
+    cluster = await Cluster(root, 3, scheme="tcp", replicas=2, capacity_bytes=8 << 30).start()
     try:
         await _fill(cluster, mb, np.random.default_rng(2), 500)
         await cluster.kill("s2")

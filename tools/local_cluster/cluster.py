@@ -14,6 +14,10 @@ Every node's ``compute.corpus-dir`` and ``compute.export-dir`` (the only directo
 reads corpora from and writes exports to) are the cluster's ``corpus_dir`` and ``export_dir``,
 ``<root>/corpus`` and ``<root>/exports`` unless given: one place for the whole local cluster, as a
 shared file system would be.
+
+It is also the process mode of the test harness (tools/cluster_harness): there the nodes are named,
+may have no role at all (membership only), keep their data-plane and stream ports across restarts
+(``pin_ports``), and share the harness's cluster name and key file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import gzip
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +44,7 @@ from giaannd.config import (
     ComputeConfig,
     Config,
     LoggingConfig,
+    MembershipConfig,
     Role,
     StorageConfig,
     TransportConfig,
@@ -70,6 +76,13 @@ class NodeFailed(RuntimeError):
     """A daemon exited or did not become ready; the message ends with its log's tail."""
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now (for a listener that must keep its port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
 class Node:
     """One daemon process of the local cluster."""
@@ -82,6 +95,8 @@ class Node:
     join_mode: JoinMode | None = None
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
+    #: (data-plane port, stream port) kept across restarts (``LocalCluster(pin_ports=True)``)
+    ports: tuple[int, int] | None = None
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,37 +157,63 @@ class LocalCluster:
         replication_factor: R (default min(3, storage)).
         write_quorum: W (default a majority of R).
         log_level: the daemons' log level.
+        storage_options: further ``storage`` config keys (Python names).
         corpus_dir / export_dir: every node's ``compute.corpus-dir`` / ``export-dir`` (default
             ``<root>/corpus`` and ``<root>/exports``; created by ``start``).
+        nodes: ``(name, roles)`` of every node, instead of ``storage`` / ``compute`` counts
+            (roles may be empty: a membership-only node).
+        cluster_name: ``cluster.name``.
+        key_file: an existing cluster key file to copy to the nodes (default: one generated in
+            ``root`` by ``start``).
+        pin_ports: give every node fixed ports for its ``tcp://`` listener and its stream
+            endpoint, kept across restarts (``tcp`` transport only).
+        membership_options: ``membership`` config keys (Python names), e.g. ``profile``.
     """
 
     def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
                  replication_factor: int | None = None, write_quorum: int | None = None,
                  log_level: str = "info", storage_options: dict[str, Any] | None = None,
-                 corpus_dir: Path | None = None, export_dir: Path | None = None) -> None:
-        if storage < 1 and compute < 1:
-            raise ValueError("a cluster needs at least one node")
+                 corpus_dir: Path | None = None, export_dir: Path | None = None,
+                 nodes: Sequence[tuple[str, Sequence[Role]]] | None = None,
+                 cluster_name: str = CLUSTER_NAME, key_file: Path | None = None,
+                 pin_ports: bool = False, membership_options: dict[str, Any] | None = None) -> None:
+        specs: list[tuple[str, list[Role]]] = [(f"storage-{i + 1}", ["storage"])
+                                               for i in range(storage)]
+        specs += [(f"compute-{i + 1}", ["compute"]) for i in range(compute)]
+        if nodes is not None:
+            specs = [(name, list(roles)) for name, roles in nodes]
+        if pin_ports and transport != "tcp":
+            raise ValueError("pin_ports needs the tcp transport")
         self.root = root
         self.corpus_dir = (corpus_dir or root / "corpus").resolve()
         self.export_dir = (export_dir or root / "exports").resolve()
         self.transport = transport
-        rf = replication_factor or max(1, min(3, storage))
+        n_storage = sum("storage" in roles for _, roles in specs)
+        rf = replication_factor or max(1, min(3, n_storage))
+        options: dict[str, Any] = {"capacity_bytes": 2 << 30, "fsync_group_commit_ms": 2.0,
+                                   "join_mode": "bootstrap", **(storage_options or {})}
         self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
-                                         capacity_bytes=2 << 30, fsync_group_commit_ms=2.0,
-                                         join_mode="bootstrap", **(storage_options or {}))
+                                         **options)
         self.log_level = log_level
-        self.key_file = root / "cluster.key"
+        self.cluster_name = cluster_name
+        self.key_file = key_file or root / "cluster.key"
+        self._own_key = key_file is None
+        self.pin_ports = pin_ports
+        self.membership_options = dict(membership_options or {})
         self.nodes: list[Node] = []
-        specs: list[tuple[str, list[Role]]] = [(f"storage-{i + 1}", ["storage"])
-                                               for i in range(storage)]
-        specs += [(f"compute-{i + 1}", ["compute"]) for i in range(compute)]
         for name, roles in specs:
-            data_dir = root / name
-            self.nodes.append(Node(name, roles, data_dir, data_dir / "giaannd.toml"))
+            self.nodes.append(self._node(name, roles))
+
+    def _node(self, name: str, roles: list[Role], join_mode: JoinMode | None = None) -> Node:
+        data_dir = self.root / name
+        ports = (free_port(), free_port()) if self.pin_ports else None
+        return Node(name, roles, data_dir, data_dir / "giaannd.toml", join_mode=join_mode, ports=ports)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def _bind(self) -> list[str]:
+    def _bind(self, node: Node) -> list[str]:
+        if node.ports is not None:
+            return [f"tcp://127.0.0.1:{node.ports[0]}"]
         urls = {"auto": ["ucx://127.0.0.1:0", "tcp://127.0.0.1:0"], "ucx": ["ucx://127.0.0.1:0"],
                 "tcp": ["tcp://127.0.0.1:0"]}
         return urls[self.transport]
@@ -184,12 +225,19 @@ class LocalCluster:
             shutil.copyfile(self.key_file, key_copy)
             key_copy.chmod(0o600)
         base = Config.loopback(str(node.data_dir), name=node.name, roles=node.roles)
+        storage = self.storage_cfg if node.join_mode is None else \
+            msgspec.structs.replace(self.storage_cfg, join_mode=node.join_mode)
+        if node.ports is not None:
+            storage = msgspec.structs.replace(storage, stream_bind=f"tcp://127.0.0.1:{node.ports[1]}")
+        membership: MembershipConfig = base.membership
+        if self.membership_options:
+            membership = msgspec.structs.replace(membership, **self.membership_options)
         cfg = msgspec.structs.replace(
             base,
-            cluster=ClusterConfig(name=CLUSTER_NAME, key_file=str(key_copy), seeds=seeds),
-            transport=TransportConfig(bind=self._bind()),
-            storage=self.storage_cfg if node.join_mode is None else
-            msgspec.structs.replace(self.storage_cfg, join_mode=node.join_mode),
+            cluster=ClusterConfig(name=self.cluster_name, key_file=str(key_copy), seeds=seeds),
+            transport=TransportConfig(bind=self._bind(node)),
+            membership=membership,
+            storage=storage,
             logging=LoggingConfig(level=self.log_level, format="plain"),  # type: ignore[arg-type]
             compute=ComputeConfig(corpus_dir=str(self.corpus_dir), export_dir=str(self.export_dir)),
         )
@@ -217,7 +265,10 @@ class LocalCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.corpus_dir.mkdir(parents=True, exist_ok=True)
         self.export_dir.mkdir(parents=True, exist_ok=True)
-        Keyring.generate().save(self.key_file)
+        if self._own_key:
+            Keyring.generate().save(self.key_file)
+        if not self.nodes:
+            raise ValueError("a cluster needs at least one node")
         first, rest = self.nodes[0], self.nodes[1:]
         self._write_config(first, [])
         self._spawn(first)
@@ -237,8 +288,7 @@ class LocalCluster:
         wait until it is READY (not until it joined the ring)."""
         if any(n.name == name for n in self.nodes):
             raise ValueError(f"{name} is already a node of this cluster")
-        data_dir = self.root / name
-        node = Node(name, roles, data_dir, data_dir / "giaannd.toml", join_mode=join_mode)
+        node = self._node(name, roles, join_mode)
         seeds = [n.status()["services"]["membership"]["addr"] for n in self.nodes
                  if n.proc is not None and n.proc.poll() is None]
         self.nodes.append(node)
@@ -315,6 +365,19 @@ class LocalCluster:
     @property
     def compute_nodes(self) -> list[Node]:
         return [n for n in self.nodes if "compute" in n.roles]
+
+    def stop_node(self, node: Node, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM one node (graceful: drain, snapshot, leave) and wait; SIGKILL it if it overruns
+        ``timeout_s``. Returns its exit status."""
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+            try:
+                node.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(10)
+        node.exit_code = node.proc.returncode if node.proc is not None else None
+        return node.exit_code
 
     def kill(self, node: Node) -> None:
         """SIGKILL (a crash: no leave, no snapshot)."""

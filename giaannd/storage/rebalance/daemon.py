@@ -3,9 +3,9 @@
 What a storage daemon runs for issue 8, started by ``StorageRole`` once its service is open:
 
 - its **stream endpoint** (rebalance/endpoint.py) on ``storage.stream-bind`` (default: the host of
-  the first ``tcp://`` bind, port 0), advertised as ``NodeMeta.transports["stream"]``. The same
-  endpoint receives streams (join targets) and takes source-control requests (sources driven by
-  a coordinator elsewhere);
+  the first ``tcp://`` bind, port 0; ``mem://NAME-stream`` on a mem-only node), advertised as
+  ``NodeMeta.transports["stream"]``. The same endpoint receives streams (join targets) and takes
+  source-control requests (sources driven by a coordinator elsewhere);
 - the **admin routes** of the topology verbs (rebalance.routes.register_admin_routes, bound by operation
   id) over a
   ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
@@ -57,13 +57,17 @@ REPAIR_HINT_WAIT_S: Final = 60.0
 
 
 def stream_bind_of(config: Config) -> str:
-    """``storage.stream-bind``, else the first tcp bind's host with port 0."""
+    """``storage.stream-bind``, else the first tcp bind's host with port 0; on a node bound to
+    ``mem://`` only (an in-process cluster), the first mem bind's name plus ``-stream``."""
     if config.storage.stream_bind:
         return config.storage.stream_bind
     for url in config.transport.bind:
         if url.startswith("tcp://"):
             host = url[len("tcp://"):].rpartition(":")[0]
             return f"tcp://{host}:0"
+    for url in config.transport.bind:
+        if url.startswith("mem://"):
+            return f"{url}-stream"
     return "tcp://127.0.0.1:0"
 
 

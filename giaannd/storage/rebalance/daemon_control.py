@@ -70,7 +70,8 @@ class DaemonClusterControl:
     def __init__(self, runtime: NodeRuntime, storage: StorageService | None) -> None:
         self.runtime = runtime
         self.storage = storage
-        transport = runtime.transports.get("tcp")
+        # tcp:// (mem:// on a node of an in-process cluster, whose stream endpoint is mem://)
+        transport = runtime.transports.get("tcp") or runtime.transports.get("mem")
         if transport is None:
             raise TopologyOpError("topology operations need a tcp:// data-plane listener")
         self.transport: Transport = transport

@@ -1,6 +1,5 @@
-"""The receiving side of row streams: ``StreamEndpoint`` (asyncio glue over streaming/stream.py's
-``StreamReceiver``) and a standalone storage node with an endpoint (``python -m
-giaannd.storage.rebalance.endpoint``, for real-process tests and benchmarks).
+"""The receiving side of row streams: ``StreamEndpoint``, asyncio glue over streaming/stream.py's
+``StreamReceiver`` (the storage role opens one per node, giaannd/storage/rebalance/daemon.py).
 
 The endpoint listens on its own data-plane address: streams are not storage requests (they apply
 under a stream writer id and bypass the ownership check, since the target does not own the rows
@@ -201,52 +200,3 @@ class StreamEndpoint:
             return _reply(VerifyReply(), list(_combined_digest(self._store(), cols, feats)))
         return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
 
-
-async def _main(argv: Sequence[str] | None = None) -> None:
-    """``python -m giaannd.storage.rebalance.endpoint``: one storage node (``giaannd.storage.replication.service``'s
-    standalone options) plus its StreamEndpoint on ``--stream-listen``, for real-process topology
-    tests and benchmarks. Prints ``LISTENING <data address> <stream address>``."""
-    import argparse
-    import hashlib
-    import signal
-
-    from giaannd.cluster.view import ClusterView, StorageNode
-    from peers.transport import Identity, make_transport, scheme_of
-
-    ap = argparse.ArgumentParser(prog="python -m giaannd.storage.rebalance.endpoint")
-    ap.add_argument("--listen", required=True)
-    ap.add_argument("--stream-listen", required=True)
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--capacity-bytes", type=int, default=1 << 30)
-    ap.add_argument("--cluster", default="giaann")
-    ap.add_argument("--key-hex", default="", help="cluster key (hex); default: derived from --cluster")
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--member", action="append", default=[], metavar="NAME=URL")
-    ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--hint-retry-s", type=float, default=1.0)
-    args = ap.parse_args(argv)
-    key = bytes.fromhex(args.key_hex) if args.key_hex else \
-        hashlib.sha256(f"giaannd-unkeyed:{args.cluster}".encode()).digest()
-    identity = Identity(args.name, args.cluster, [key])
-    topology = ClusterView(local=args.name, replicas=args.replicas)
-    topology.set_members([StorageNode(*m.split("=", 1)) for m in args.member])
-    service = StorageService(args.data_dir, args.capacity_bytes, [args.listen], identity=identity,
-                             topology=topology, node_name=args.name, hint_retry_s=args.hint_retry_s)
-    await service.open()
-    endpoint = await StreamEndpoint(service, make_transport(scheme_of(args.stream_listen), identity),
-                                    args.stream_listen).open()
-    print(f"LISTENING {service.addresses[0]} {endpoint.address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    retry = loop.create_task(service.run_hint_retry(stop))
-    await stop.wait()
-    await retry
-    await endpoint.close()
-    await service.stop(graceful=True)
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    asyncio.run(_main())

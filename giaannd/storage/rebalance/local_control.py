@@ -1,5 +1,8 @@
 """``ClusterControl`` for services and views that live in one process (tests, benchmarks, a
-single-process deployment): switching a node's view is setting its members (rebalance/operations.py)."""
+single-process deployment): switching a node's view is setting its placement set directly
+(rebalance/operations.py). A view that follows the ring (a node runtime's, ring mode) gets a placement
+override, as the daemon's control sets by request; it ends once the ring is committed
+(``after_cutover``, which an owner of the runtimes overrides to commit it)."""
 
 from __future__ import annotations
 
@@ -85,7 +88,11 @@ class LocalClusterControl:
 
 
 def _switch_view(view: ClusterView, members: Sequence[StorageNode]) -> None:
-    """Set a view's placement set, keeping members it believes down marked down."""
+    """Set a view's placement set, keeping members it believes down marked down (ring mode: an
+    override, which leaves liveness to membership)."""
+    if view.ring_mode:
+        view.set_override(members)
+        return
     down = [m.name for m in members if m.name in view and not view.is_live(m.name)]
     view.set_members(members)
     for name in down:

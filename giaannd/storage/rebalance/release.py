@@ -72,8 +72,7 @@ def unowned_columns(placement: Placement, node: str, columns: NDArray[np.uint64]
 async def release_unowned(service: StorageService) -> DropResult:
     """Drop every column this node holds that it does not own under ``service.topology.placement``
     (module docstring: call it only with no topology operation running and the ring settled).
-    Returns what was dropped, durable (the log is synced) on return. A standalone service (no
-    topology) owns everything and drops nothing.
+    Returns what was dropped, durable (the log is synced) on return.
 
     Raises:
         RuntimeError: the service is not open.
@@ -81,12 +80,9 @@ async def release_unowned(service: StorageService) -> DropResult:
         OSError: the log write or sync failed (a failed write drops nothing; after a failed sync
             the rows are gone in RAM but may come back at restart: call it again).
     """
-    durable = service.store
-    if durable is None:
+    durable, topology = service.store, service.topology
+    if durable is None or topology is None:
         raise RuntimeError("storage service is not open")
-    topology = service.topology
-    if topology is None:
-        return DropResult(0, 0)
     # A snapshot reads the store from a worker thread under this lock (service.py); the decision
     # and the drop run with no await in between, so they see one placement and one store state.
     async with service._snapshot_lock:  # noqa: SLF001 (as streaming.sender.apply_local)

@@ -2,31 +2,34 @@
 
 Asyncio glue only. What a request does is decided by the sans-IO core, ``requests.StorageRequests``
 (decode → limits → canonical RowBatch → ownership → store; typed error replies). This module owns
-what needs a clock, threads or sockets: the listeners, the group commit (``group_commit.py``: an
-``ApplyBatch`` is acknowledged only once the update log is synced, one fsync shared by every apply
-waiting), hint logs synced in a worker thread and delivered to their targets when they come back
-(``hints.py``), the snapshot timer, metrics, and the lifecycle. A full disk (disk_full.py) makes the
-node refuse writes and keep serving reads until space returns; a failed snapshot is retried with
-backoff, never fatal.
+what needs a clock or threads: the group commit (``group_commit.py``: an ``ApplyBatch`` is
+acknowledged only once the update log is synced, one fsync shared by every apply waiting), hint logs
+synced in a worker thread and delivered to their targets when they come back (``hints.py``), the
+snapshot timer, metrics, and the lifecycle. A full disk (disk_full.py) makes the node refuse writes
+and keep serving reads until space returns; a failed snapshot is retried with backoff, never fatal.
 
-Lifecycle: ``open()`` recovers the store and hints and binds the listeners (tests, benchmarks, the
-standalone entry at the bottom); ``start(ctx)`` does the same under the daemon and adds metrics and
-the background loops (snapshot timer, hint retry). ``stop(graceful=True)`` refuses new writes, lets
-in-flight applies reach their durable ack, closes the listeners, snapshots and closes (a final
-snapshot that fails is raised after everything is closed, so the daemon's exit status says so);
-``stop(graceful=False)`` closes at once (everything acknowledged is already in the synced log).
-Protocol and replication: docs/replication.md.
+
+One way to build it: from the ``storage`` config section and the node runtime
+(``giaannd.runtime.node.NodeRuntime``), as ``ComputeService`` is built from ``compute``. The runtime
+owns the node's identity, transports, listeners and cluster view; the service serves on them
+(the storage role registers ``handle`` with the runtime, giaannd/services/roles.py) and sends hints
+over them, so a node has one data plane and one view of the cluster.
+
+Lifecycle: ``start(ctx)`` recovers the store, hints and vocabulary, registers metrics and starts the
+background loops (snapshot timer, hint retry). ``stop(graceful=True)`` refuses new writes, lets
+in-flight applies reach their durable ack, snapshots and closes (a final snapshot that fails is
+raised after everything is closed, so the daemon's exit status says so); ``stop(graceful=False)``
+closes at once (everything acknowledged is already in the synced log). Protocol and replication:
+docs/replication.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -42,7 +45,7 @@ from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.disk_full import DiskWatch
-from giaannd.storage.replication.hint_delivery import DEFAULT_HINT_RAMP_START_BYTES_PER_S, HintDelivery
+from giaannd.storage.replication.hint_delivery import HintDelivery
 from giaannd.storage.replication.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.replication.requests import (
     Answer,
@@ -53,20 +56,17 @@ from giaannd.storage.replication.requests import (
     WaitRegistersSynced,
     WaitVocabSynced,
 )
-from peers.placement import DEFAULT_REPLICAS
-from peers.transport import Identity, Incoming, Listener, Reply, Transport, make_transport, scheme_of
+from peers.transport import Incoming, Reply
 
 if TYPE_CHECKING:
-    from giaannd.config import Config
+    from giaannd.config import StorageConfig
+    from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
 
-__all__ = ["HINT_RETRY_S", "STORAGE_COUNTERS", "StorageCounters", "StorageService", "create_service"]
+__all__ = ["DISK_COUNTERS", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
 
 log = logging.getLogger(__name__)
 
-#: How often undelivered hints are retried even without a topology event (a target that came back
-#: before its failure was noticed produces no "came up" event).
-HINT_RETRY_S: Final = 5.0
 STORE_DIR: Final = "store"
 HINTS_DIR: Final = "hints"
 VOCAB_DIR: Final = "vocab"
@@ -115,67 +115,30 @@ class StorageService:
     """Serve one ``DurableStore`` (module docstring).
 
     Args:
-        data_dir: holds ``store/`` (update log + snapshots) and ``hints/``.
-        capacity_bytes: the store's capacity (writes past it get ``StoreFull``).
-        listen: data-plane URLs to bind (``tcp://127.0.0.1:0``, ``mem://n1``...).
-        transports: scheme -> transport to listen and dial with (built from ``identity`` if absent).
-        identity: data-plane identity (needed only when ``transports`` lacks a scheme).
-        topology: the cluster view (ownership checks, hint delivery); None: a standalone node that
-            owns everything and delivers no hints.
-        node_name: this node's member name (as in the topology).
-        group_commit_window_s: see GroupCommit.
-        snapshot_interval_s: snapshot timer period (daemon mode / ``run_snapshots``).
-        hint_max_bytes / hint_retry_s: hint budget (hints.py) and retry period.
-        hint_ramp_s / hint_ramp_start_bytes_per_s: pacing of hint delivery to a member that came
-            up (hint_delivery.py, ramp.py); 0 s: unpaced.
-        replicas: R, for the service's checks when it has no topology.
-        on_unreachable: passed to the service's own ``StorageClient`` (hint delivery): told a
-            peer's name when it could not be reached (the daemon starts suspicion with it).
+        settings: the ``storage`` config section (capacity, group commit, snapshot interval,
+            hint retry and delivery ramp).
+        data_dir: holds ``store/`` (update log + snapshots), ``hints/`` and ``vocab/``.
+        runtime: the node runtime; ``start`` takes the node's name, identity, transports and
+            cluster view from it (ownership checks, hint delivery) and reports peers it could
+            not reach to it (``report_unreachable``: suspicion through membership).
     """
 
     name = "storage"
 
-    def __init__(
-        self,
-        data_dir: Path | str,
-        capacity_bytes: int,
-        listen: Sequence[str],
-        *,
-        transports: Mapping[str, Transport] | None = None,
-        identity: Identity | None = None,
-        topology: ClusterView | None = None,
-        node_name: str = "",
-        group_commit_window_s: float = 0.0,
-        snapshot_interval_s: float = 300.0,
-        hint_max_bytes: int = DEFAULT_MAX_HINT_BYTES,
-        hint_retry_s: float = HINT_RETRY_S,
-        replicas: int = DEFAULT_REPLICAS,
-        on_unreachable: Callable[[str], object] | None = None,
-        hint_ramp_s: float = 0.0,
-        hint_ramp_start_bytes_per_s: float = DEFAULT_HINT_RAMP_START_BYTES_PER_S,
-    ) -> None:
+    def __init__(self, settings: StorageConfig, data_dir: Path | str, runtime: NodeRuntime) -> None:
+        self.settings = settings
         self.data_dir = Path(data_dir)
-        self.capacity_bytes = capacity_bytes
-        self.listen_urls = list(listen)
-        self.transports: dict[str, Transport] = dict(transports or {})
-        self.identity = identity
-        self.topology = topology
-        self.node_name = node_name
-        self.window_s = group_commit_window_s
-        self.snapshot_interval_s = snapshot_interval_s
-        self.hint_max_bytes = hint_max_bytes
-        self.hint_retry_s = hint_retry_s
-        self.hint_ramp_s = hint_ramp_s
-        self.hint_ramp_start_bytes_per_s = hint_ramp_start_bytes_per_s
+        self.capacity_bytes = settings.capacity_bytes
+        self.runtime = runtime
+        #: the node's name and cluster view, from the runtime at ``start``
+        self.node_name = ""
+        self.topology: ClusterView | None = None
         self.delivery: HintDelivery | None = None
-        self.on_unreachable = on_unreachable
-        self.replicas = replicas
         self.core: StorageRequests | None = None
         self.store: DurableStore | None = None
         self.hints: HintStore | None = None
         self.vocab: VocabStore | None = None
         self.registers: RegisterStore | None = None
-        self.listeners: list[Listener] = []
         self._commit: GroupCommit | None = None
         self._snapshot_lock = asyncio.Lock()
         self._in_flight = 0
@@ -186,29 +149,37 @@ class StorageService:
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prom: dict[str, Any] = {}
-        #: disk-full state, snapshot retries, rate-limited write errors (``start`` configures it)
-        self.disk = DiskWatch(self.data_dir / STORE_DIR)
+        #: disk-full state, snapshot retries, rate-limited write errors (limits from ``settings``)
+        self.disk = DiskWatch(self.data_dir / STORE_DIR, settings)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
     def counters(self) -> StorageCounters:
         return self.core.counters if self.core is not None else StorageCounters()
 
-    @property
-    def addresses(self) -> list[str]:
-        """The bound data-plane addresses (ports resolved)."""
-        return [lst.address for lst in self.listeners]
-
-    async def open(self) -> None:
-        """Recover the store and hints, then bind the listeners.
+    async def start(self, ctx: ServiceContext) -> None:
+        """Recover the store, hints and vocabulary; attach hint delivery to the runtime's view;
+        register metrics; start the snapshot and hint-retry loops.
 
         Raises:
+            RuntimeError: the runtime has not started (no identity yet).
             CorruptLogError, CorruptSnapshotError: damaged files (start-up stops).
-            OSError: a listener could not bind.
         """
-        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, self.capacity_bytes)
-        self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, self.hint_max_bytes)
-        self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, self.window_s)
+        rt = self.runtime
+        if rt.identity is None:
+            raise RuntimeError("the node runtime starts before the storage service")
+        self.node_name, self.topology = rt.node_name, rt.topology
+        await self._recover()
+        self._attach_delivery(rt.topology)
+        self._register_metrics(ctx)
+        ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
+        ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
+
+    async def _recover(self) -> None:
+        s = self.settings
+        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
+        self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
+        self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
                                     disk=lambda: disk_usage(self.data_dir))
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
@@ -220,44 +191,21 @@ class StorageService:
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
-        for url in self.listen_urls:
-            transport = self._transport(scheme_of(url))
-            self.listeners.append(await transport.listen(url, self.handle))
-        if self.topology is not None:
-            self._attach_delivery(self.topology)
 
     def _attach_delivery(self, topology: ClusterView) -> None:
         """The client hint delivery sends with, and the topology subscription that drives it."""
         assert self.hints is not None
-        self._client = StorageClient(topology, self.transports, identity=self.identity,
-                                     on_unreachable=self.on_unreachable)
-        self.delivery = HintDelivery(self.hints, self._client, topology, ramp_s=self.hint_ramp_s,
-                                     start_bytes_per_s=self.hint_ramp_start_bytes_per_s,
+        rt = self.runtime
+        self._client = StorageClient(topology, rt.transports, identity=rt.identity,
+                                     on_unreachable=rt.report_unreachable)
+        self.delivery = HintDelivery(self.hints, self._client, topology, ramp_s=self.settings.ramp_up_s,
+                                     start_bytes_per_s=self.settings.hint_ramp_start_bytes_per_s,
                                      on_delivered=self._count_delivered)
         topology.on_change(self._on_topology)
 
     def _count_delivered(self) -> None:
         if self.core is not None:
             self.core.count("hints_delivered")
-
-    def _transport(self, scheme: str) -> Transport:
-        if scheme not in self.transports:
-            if self.identity is None:
-                raise ValueError(f"no {scheme}:// transport and no identity to build one")
-            self.transports[scheme] = make_transport(scheme, self.identity)
-        return self.transports[scheme]
-
-    async def start(self, ctx: ServiceContext) -> None:
-        """Daemon entry: open, register metrics, start the snapshot and hint-retry loops."""
-        if self.identity is None:
-            self.identity = _identity_from_config(ctx.config, str(ctx.node_id))
-        if not self.node_name:
-            self.node_name = ctx.node_name
-        self.disk.configure(ctx.config.storage)
-        await self.open()
-        self._register_metrics(ctx)
-        ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
-        ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
 
     def _register_metrics(self, ctx: ServiceContext) -> None:
         m = ctx.metrics
@@ -310,7 +258,7 @@ class StorageService:
 
     async def stop(self, graceful: bool) -> None:
         """Graceful: refuse new applies (``Unavailable``: writers go to other replicas or hint),
-        let in-flight applies reach their durable ack, then close listeners, snapshot and close.
+        let in-flight applies reach their durable ack, then snapshot and close.
         Not graceful: close everything now (every acknowledged batch is already in the synced log)."""
         self._stopping = True
         if self.core is not None:
@@ -321,10 +269,6 @@ class StorageService:
             await self._idle.wait()
             if self._commit is not None:
                 await self._commit.drain()
-        for lst in self.listeners:
-            with contextlib.suppress(Exception):
-                await lst.close()
-        self.listeners = []
         self.disk.close()
         final_snapshot_error: OSError | None = None
         if graceful and self.store is not None:
@@ -360,7 +304,7 @@ class StorageService:
         return self.store.store.usage()
 
     def health(self) -> Mapping[str, Any]:
-        out: dict[str, Any] = {"addresses": self.addresses}
+        out: dict[str, Any] = {}
         if self.store is not None:
             u = self.store.store.usage()
             full = u.is_full or self.disk.full
@@ -376,14 +320,14 @@ class StorageService:
 
     # -- background loops ---------------------------------------------------------------------------
     async def run_snapshots(self, stopping: asyncio.Event) -> None:
-        """Snapshot every ``snapshot_interval_s`` (truncates the log, bounds replay time). A failed
-        snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
-        wait_s = self.snapshot_interval_s
+        """Snapshot every ``storage.snapshot-interval-s`` (truncates the log, bounds replay time). A
+        failed snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
+        wait_s = self.settings.snapshot_interval_s
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), wait_s)
                 return
-            wait_s = self.snapshot_interval_s
+            wait_s = self.settings.snapshot_interval_s
             if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
                 try:
                     await self.snapshot()  # (nothing logged since the last one: nothing to do)
@@ -404,9 +348,11 @@ class StorageService:
         return path
 
     async def run_hint_retry(self, stopping: asyncio.Event) -> None:
+        """Retry undelivered hints every ``storage.hint-retry-s`` (a target that came back before
+        its failure was noticed produces no "came up" event)."""
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.hint_retry_s)
+                await asyncio.wait_for(stopping.wait(), self.settings.hint_retry_s)
                 return
             await self.deliver_hints()
 
@@ -555,75 +501,3 @@ class StorageService:
         elif key in self._prom:
             self._prom[key].inc(n)
 
-
-def _identity_from_config(config: Config, node_id: str) -> Identity:
-    """The data-plane identity: the cluster keyring if configured, else a key derived from the
-    cluster name (no secret: config says an empty key file is acceptable on loopback only)."""
-    if config.cluster.key_file:
-        from peers.keyring import Keyring
-
-        keys = list(Keyring.load(config.cluster.key_file).keys)
-    else:
-        keys = [hashlib.sha256(f"giaannd-unkeyed:{config.cluster.name}".encode()).digest()]
-    return Identity(node_id, config.cluster.name, keys)
-
-
-def create_service(config: Config) -> StorageService:
-    """The daemon's factory (giaannd.daemon.ROLE_FACTORIES)."""
-    s = config.storage
-    return StorageService(
-        config.data_path("storage"), s.capacity_bytes, config.transport.bind,
-        group_commit_window_s=s.fsync_group_commit_ms / 1000.0,
-        snapshot_interval_s=s.snapshot_interval_s,
-        replicas=s.replication_factor,
-        hint_ramp_s=s.ramp_up_s, hint_ramp_start_bytes_per_s=s.hint_ramp_start_bytes_per_s,
-    )
-
-
-async def _main(argv: Sequence[str] | None = None) -> None:
-    """``python -m giaannd.storage.replication.service``: one storage node without the daemon (real-process
-    tests and benchmarks). With ``--member`` it knows its peers (static topology, no membership):
-    ownership checks and hint delivery then work across processes."""
-    ap = argparse.ArgumentParser(prog="python -m giaannd.storage.replication.service",
-                                 description="Run one storage service (no daemon, no membership).")
-    ap.add_argument("--listen", required=True, help="data-plane URL, e.g. tcp://127.0.0.1:0")
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--capacity-bytes", type=int, default=1 << 30)
-    ap.add_argument("--cluster", default="giaann")
-    ap.add_argument("--key-hex", default="", help="cluster key (hex); default: derived from --cluster")
-    ap.add_argument("--name", default="", help="this node's member name (with --member)")
-    ap.add_argument("--member", action="append", default=[], metavar="NAME=URL",
-                    help="a storage member (repeat; include this node)")
-    ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--hint-retry-s", type=float, default=HINT_RETRY_S)
-    ap.add_argument("--snapshot-interval-s", type=float, default=300.0)
-    args = ap.parse_args(argv)
-    key = bytes.fromhex(args.key_hex) if args.key_hex else \
-        hashlib.sha256(f"giaannd-unkeyed:{args.cluster}".encode()).digest()
-    topology = None
-    if args.member:
-        from giaannd.cluster.view import StorageNode
-
-        topology = ClusterView(local=args.name or None, replicas=args.replicas)
-        topology.set_members([StorageNode(*m.split("=", 1)) for m in args.member])
-    service = StorageService(args.data_dir, args.capacity_bytes, [args.listen],
-                             identity=Identity(args.name or f"storage-{args.listen}", args.cluster, [key]),
-                             topology=topology, node_name=args.name, hint_retry_s=args.hint_retry_s,
-                             snapshot_interval_s=args.snapshot_interval_s)
-    await service.open()
-    print(f"LISTENING {service.addresses[0]}", flush=True)
-    stop = asyncio.Event()
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loops = [loop.create_task(service.run_hint_retry(stop)), loop.create_task(service.run_snapshots(stop))]
-    await stop.wait()
-    await asyncio.gather(*loops)
-    await service.stop(graceful=True)
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    asyncio.run(_main())

@@ -9,7 +9,7 @@ from giaannd.storage.engine import snapshot as snapshot_module
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.rebalance.auto_repair import summary, verdict
 from giaannd.storage.replication.disk_full import DiskFull
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import make_batch
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 

@@ -5,15 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import DropResult
 from giaannd.storage.rebalance.release import release_unowned, unowned_columns
-from giaannd.storage.replication.service import StorageService
 from peers.placement import Member, Placement
-from peers.transport import Identity, make_transport
-from peers.transport.memory import MemoryNetwork
-from tests.integration.storage_cluster import make_batch
+from tools.cluster_harness import Cluster, make_batch
 
 COLUMNS = np.random.default_rng(0).integers(1, 2**63, 200, dtype=np.uint64)
 
@@ -33,20 +29,21 @@ def test_unowned_columns_is_the_complement_of_the_owner_lists():
         unowned_columns(placement, "z", COLUMNS)
 
 
-async def _service(tmp_path: Path, topology: ClusterView | None, name: str = "a") -> StorageService:
-    transport = make_transport("mem", Identity(name, "t", [b"k" * 32]), network=MemoryNetwork())
-    svc = StorageService(tmp_path / name, 1 << 30, [f"mem://{name}"], transports={"mem": transport},
-                         topology=topology, node_name=name)
-    await svc.open()
-    return svc
+async def _node_a(tmp_path: Path, *others: str) -> Cluster:
+    """Storage node "a" (in this process, over mem://), with ``others`` in its ring but not running."""
+    cluster = await Cluster(tmp_path, names=["a"], replicas=1).start()
+    ring = cluster.ring
+    for name in others:
+        ring = ring.with_active(name)
+    await cluster.commit_ring(ring)
+    return cluster
 
 
 @pytest.mark.asyncio
 async def test_release_unowned_drops_durably_through_the_service(tmp_path):
-    topology = ClusterView(local="a", replicas=1)
-    topology.set_members([StorageNode(n, f"mem://{n}") for n in "abc"])
-    svc = await _service(tmp_path, topology)
+    cluster = await _node_a(tmp_path, "b", "c")
     try:
+        svc, topology = cluster.services["a"], cluster.topologies["a"]
         rng = np.random.default_rng(1)
         for i in range(1, 11):  # as a stream would: every column, bypassing the ownership check
             svc.store.apply(BatchId(9, i), make_batch(rng, 20, 3, rng.choice(COLUMNS, 20)))
@@ -60,28 +57,29 @@ async def test_release_unowned_drops_durably_through_the_service(tmp_path):
         assert result.bytes == before.used_bytes - svc.usage().used_bytes
         assert await release_unowned(svc) == DropResult(0, 0)  # nothing left to release
         kept = svc.store.store.read_all()
-    finally:
-        await svc.stop(graceful=False)
-    again = await _service(tmp_path, topology)  # restart: log replay repeats the drop
-    try:
+        await cluster.kill("a")
+        again = await cluster.restart_node("a")  # restart: log replay repeats the drop
         assert again.store.store.held_columns().tolist() == mine.tolist()
         got = again.store.store.read_all()
         assert all(np.array_equal(x, y) for x, y in zip(got.buffers(), kept.buffers()))
         assert all(BatchId(9, i) in again.store.store.applied for i in range(1, 11))
     finally:
-        await again.stop(graceful=False)
+        await cluster.close()
 
 
 @pytest.mark.asyncio
-async def test_release_unowned_standalone_keeps_everything_and_outsider_is_refused(tmp_path):
-    svc = await _service(tmp_path, None)
+async def test_release_unowned_outside_the_placement_is_refused_and_keeps_everything(tmp_path):
+    """(Formerly also: a standalone service, no topology, keeps everything. Through the daemon's
+    construction a node always has the ring's view: outside the placement it is refused.)"""
+    cluster = await Cluster(tmp_path, 0, replicas=1).start()
     try:
+        svc = await cluster.add_node("a")  # standby: the ring is empty
         svc.store.apply(BatchId(1, 1), make_batch(np.random.default_rng(2), 5, 2, COLUMNS[:5]))
-        assert await release_unowned(svc) == DropResult(0, 0) and len(svc.store.store) == 5
-        svc.topology = ClusterView(local="a", replicas=1)
-        svc.topology.set_members([StorageNode("b", "mem://b")])  # "a" is not in the placement
+        with pytest.raises(LookupError):
+            await release_unowned(svc)
+        await cluster.commit_ring(cluster.ring.with_active("b"))  # "a" is not in the placement
         with pytest.raises(LookupError):
             await release_unowned(svc)
         assert len(svc.store.store) == 5
     finally:
-        await svc.stop(graceful=False)
+        await cluster.close()
