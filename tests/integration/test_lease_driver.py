@@ -20,7 +20,7 @@ from giaannd.compute.lease_table import JobRow, decode_index, decode_job, job_ke
 from giaannd.compute.leases import LeaseAgent
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from tests.integration.storage_cluster import Cluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -11,7 +11,7 @@ import pytest
 from giaannd.client.errors import RegisterUnavailable
 from giaannd.client.registers import ABSENT, CasOutcome, register_owners
 from giaannd.client.storage_client import StorageClient
-from tests.integration.storage_cluster import Cluster
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
