@@ -178,7 +178,7 @@ MAX_OVERRIDE_MEMBERS: Final = MAX_RING_ENTRIES
 #: its own request timeout, so minutes would mean something is stuck).
 MAX_FLUSH_TIMEOUT_S: Final = 600.0
 
-#: Characters of a register key (``job/<id>/<stage>/<shard>``, compute/lease_table.py).
+#: Characters of a register key (``job/<id>/<stage>/<shard>``, compute/cluster_jobs/lease_table.py).
 MAX_REGISTER_KEY_CHARS: Final = 256
 #: Bytes of a register value. A lease shard costs ~30 B per lease, so 256 KiB holds thousands of
 #: leases; every change copies the value to R acceptors and fsyncs it, so it stays small.

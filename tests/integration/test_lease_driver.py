@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.lease_driver import LeaseDriver
-from giaannd.compute.lease_events import Begin, LeaseSettings, RunWindow, batch_seq
-from giaannd.compute.lease_table import JobRow, decode_index, decode_job, job_key
-from giaannd.compute.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.lease_driver import LeaseDriver
+from giaannd.compute.cluster_jobs.lease_events import Begin, LeaseSettings, RunWindow, batch_seq
+from giaannd.compute.cluster_jobs.lease_table import JobRow, decode_index, decode_job, job_key
+from giaannd.compute.cluster_jobs.leases import LeaseAgent
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from tools.cluster_harness import Cluster

@@ -30,7 +30,7 @@ from typing import Any
 from giaannd import protocol as p
 from giaannd.client.errors import RemoteRegisterConflict
 from giaannd.client.registers import ABSENT, CasRound, ReadRound, Version
-from giaannd.compute.lease_events import (
+from giaannd.compute.cluster_jobs.lease_events import (
     Begin,
     CasDone,
     CasRow,
@@ -45,8 +45,8 @@ from giaannd.compute.lease_events import (
     Tick,
     WindowWritten,
 )
-from giaannd.compute.lease_table import INDEX_KEY, JobRow, Shard, decode_index, decode_shard
-from giaannd.compute.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.lease_table import INDEX_KEY, JobRow, Shard, decode_index, decode_shard
+from giaannd.compute.cluster_jobs.leases import LeaseAgent
 from giaannd.storage.engine.register_store import RegisterState, accept, prepare
 from peers.placement import Member, Placement
 

@@ -5,8 +5,8 @@ came within lease_s + probe_interval_s of the lease's last renewal."""
 
 import pytest
 
-from giaannd.compute.lease_events import CancelJob, Halt, LeaseSettings
-from giaannd.compute.lease_table import JobRow, job_key
+from giaannd.compute.cluster_jobs.lease_events import CancelJob, Halt, LeaseSettings
+from giaannd.compute.cluster_jobs.lease_table import JobRow, job_key
 from tests.sim.leases import LeaseSim, SimNet
 
 pytestmark = pytest.mark.sim

@@ -27,8 +27,8 @@ import json
 import time
 from typing import Any
 
-from giaannd.compute.lease_events import LeaseSettings
-from giaannd.compute.lease_table import JobRow
+from giaannd.compute.cluster_jobs.lease_events import LeaseSettings
+from giaannd.compute.cluster_jobs.lease_table import JobRow
 from tests.sim.leases import LeaseSim, SimNet
 from tools.bench.report import print_table
 

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A *register* is a small named row (a training job's row and lease table, compute/lease_table.py)
+A *register* is a small named row (a training job's row and lease table, compute/cluster_jobs/lease_table.py)
 that several compute nodes update with compare-and-set. It must stay consistent with no
 coordinator and survive any minority of its R owners failing, so it is replicated with CASPaxos
 (D. Rystsov, "CASPaxos: Replicated State Machines without logs", 2018): single-decree Paxos

@@ -40,11 +40,11 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.metrics import STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
-from giaannd.storage.engine.group_commit import GroupCommit
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.disk_full import DiskWatch
+from giaannd.storage.replication.group_commit import GroupCommit
 from giaannd.storage.replication.hint_delivery import HintDelivery
 from giaannd.storage.replication.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.replication.requests import (

@@ -1,9 +1,9 @@
-"""giaannd.compute.lease_table: the job / shard rows and their pure transitions (tables)."""
+"""giaannd.compute.cluster_jobs.lease_table: the job / shard rows and their pure transitions (tables)."""
 
 import msgspec
 import pytest
 
-from giaannd.compute.lease_table import (
+from giaannd.compute.cluster_jobs.lease_table import (
     JobIndex,
     JobRow,
     Lease,

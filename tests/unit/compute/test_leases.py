@@ -1,11 +1,11 @@
-"""giaannd.compute.leases: the lease agent as a sans-IO core, fed events by hand (no clock, no I/O)."""
+"""giaannd.compute.cluster_jobs.leases: the lease agent as a sans-IO core, fed events by hand (no clock, no I/O)."""
 
 import random
 
 import msgspec
 
 from giaannd.client.registers import ABSENT
-from giaannd.compute.lease_events import (
+from giaannd.compute.cluster_jobs.lease_events import (
     Begin,
     CancelJob,
     CasDone,
@@ -24,7 +24,7 @@ from giaannd.compute.lease_events import (
     WindowWritten,
     batch_seq,
 )
-from giaannd.compute.lease_table import (
+from giaannd.compute.cluster_jobs.lease_table import (
     INDEX_KEY,
     JobIndex,
     JobRow,
@@ -38,7 +38,7 @@ from giaannd.compute.lease_table import (
     new_shard,
     shard_key,
 )
-from giaannd.compute.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.leases import LeaseAgent
 
 S = LeaseSettings(lease_s=10.0, renew_s=3.0, probe_interval_s=1.0, lease_windows=4, parallel=2, retry_s=0.1)
 JOB = JobRow(job_id="j", windows=8, shards=1, writer_id=9, state="running")

@@ -1,11 +1,11 @@
-"""giaannd.storage.engine.group_commit: one fsync per generation of concurrent appends."""
+"""giaannd.storage.replication.group_commit: one fsync per generation of concurrent appends."""
 
 import asyncio
 import threading
 
 import pytest
 
-from giaannd.storage.engine.group_commit import GroupCommit
+from giaannd.storage.replication.group_commit import GroupCommit
 
 
 class FakeLog:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from giaannd.client.registers import Version
-from giaannd.compute.lease_table import JobRow
+from giaannd.compute.cluster_jobs.lease_table import JobRow
 
 __all__ = [
     "Action",

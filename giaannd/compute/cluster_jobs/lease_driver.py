@@ -36,7 +36,7 @@ from typing import Protocol
 
 from giaannd.client.errors import REQUEST_FAILURES
 from giaannd.client.registers import CasOutcome, RegisterRead, Version
-from giaannd.compute.lease_events import (
+from giaannd.compute.cluster_jobs.lease_events import (
     Action,
     Begin,
     CancelJob,
@@ -55,7 +55,7 @@ from giaannd.compute.lease_events import (
     WindowFailed,
     WindowWritten,
 )
-from giaannd.compute.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.leases import LeaseAgent
 
 __all__ = ["LeaseDriver", "Registers"]
 

@@ -61,7 +61,7 @@ from functools import partial
 from typing import Final
 
 from giaannd.client.registers import ABSENT, Version
-from giaannd.compute.lease_events import (
+from giaannd.compute.cluster_jobs.lease_events import (
     Action,
     Begin,
     CancelJob,
@@ -80,7 +80,7 @@ from giaannd.compute.lease_events import (
     WindowFailed,
     WindowWritten,
 )
-from giaannd.compute.lease_table import (
+from giaannd.compute.cluster_jobs.lease_table import (
     INDEX_KEY,
     JobRow,
     JobState,
