@@ -26,11 +26,7 @@ DEFAULT_MAX_POOLED_BUFFER_BYTES: Final = 512 * 2**20
 _MIN_CLASS_BYTES: Final = 4096
 
 
-def _size_class(nbytes: int) -> int:
-    return max(_MIN_CLASS_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
-
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """A borrowed buffer: ``view`` is exactly the requested size."""
 
@@ -73,7 +69,7 @@ class BufferPool:
 
     def lease(self, nbytes: int) -> Lease:
         """Borrow a buffer of at least ``nbytes`` (the caller checked the limits already)."""
-        size = _size_class(nbytes)
+        size = _MIN_CLASS_BYTES if nbytes <= _MIN_CLASS_BYTES else 1 << (nbytes - 1).bit_length()
         free = self._free.get(size)
         if free:
             backing = free.pop()
@@ -88,8 +84,8 @@ class BufferPool:
     def _give_back(self, backing: np.ndarray) -> None:
         self.leased -= 1
         size = backing.nbytes
-        if size > self.max_pooled_buffer_bytes or size != _size_class(size):
-            return
+        if size > self.max_pooled_buffer_bytes or size < _MIN_CLASS_BYTES or size & (size - 1):
+            return  # a one-off buffer (not a power-of-two class)
         if self.idle_bytes + size > self.max_idle_bytes:
             return
         self._free.setdefault(size, []).append(backing)
