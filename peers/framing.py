@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import xxhash
 
@@ -159,6 +160,10 @@ def device_spec(buf: Any) -> wire.BufferSpec:
     return wire.BufferSpec(dtype, shape, nbytes, None)
 
 
+#: numpy dtype → its wire spelling, for the dtypes the wire allows.
+_WIRE_DTYPES: Final = {np.dtype(name): name for name in wire.DTYPES}
+
+
 def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSpec, memoryview]:
     """Describe a numpy array / torch CPU tensor / bytes-like for sending (host memory only).
 
@@ -168,7 +173,13 @@ def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSp
     """
     arr: np.ndarray
     if type(buf) is np.ndarray:  # the hot case first: no attribute probing (a failed hasattr
-        arr = buf                # costs an exception inside) — an ndarray is never device memory
+        # costs an exception inside) — an ndarray is never device memory
+        wire_dtype = _WIRE_DTYPES.get(buf.dtype)  # a dict hit, not ``dtype.str`` (builds a string)
+        if wire_dtype is not None and buf.flags.c_contiguous and buf.nbytes <= MAX_BUFFER_BYTES:
+            view = buf.data.cast("B") if buf.size else memoryview(b"")
+            digest = checksum(view) if with_checksum else None
+            return wire.BufferSpec(wire_dtype, buf.shape, buf.nbytes, digest), view
+        arr = buf  # refused below, with the reason
     elif is_device_buffer(buf):
         raise LocalProtocolError("CUDA buffers can only travel on the ucx bulk path")
     elif hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # a torch CPU tensor: shares memory
@@ -223,7 +234,8 @@ def validate_spec(spec: wire.BufferSpec) -> None:
         raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
 
 
-_encode: Final = wire.encoder().encode
+#: Bound once (``wire.encode`` is the same msgpack encoding, one Python call deeper).
+_encode: Final = msgspec.msgpack.Encoder().encode
 _HEADER_PACK: Final = HEADER.pack
 _HEADER_UNPACK: Final = HEADER.unpack_from
 
@@ -293,7 +305,7 @@ class FrameDecoder:
         """
         if not 0 <= max_body_bytes <= MAX_BODY_BYTES:
             raise ValueError(f"max_body_bytes must be in [0, {MAX_BODY_BYTES}]")
-        self._allocate = allocate
+        self.allocate = allocate  # settable: where bulk goes
         self._verify = verify_checksums
         self.max_body_bytes = max_body_bytes
         self.stepwise = stepwise
@@ -546,7 +558,7 @@ class FrameDecoder:
             raise RemoteProtocolError("bulk length differs from header", reason="bad_header")
         if total > MAX_BULK_BYTES_PER_FRAME:
             raise RemoteProtocolError(f"{total} bulk bytes over limit", reason="oversize")
-        dests = self._allocate(message, specs)
+        dests = self.allocate(message, specs)
         if len(dests) != len(specs):
             raise LocalProtocolError("allocator returned destinations of the wrong size")
         for dest, spec in zip(dests, specs):
@@ -557,7 +569,7 @@ class FrameDecoder:
         self._state = _BULK
         if out_of_band:
             self._complete(frames, out_of_band=True)
-        else:
+        elif not total:  # only empty buffers: nothing more to receive
             self._finish_bulk_if_done(frames)
 
     def _finish_bulk_if_done(self, frames: list[Frame]) -> None:
@@ -568,7 +580,11 @@ class FrameDecoder:
             self._dest_offset = 0
         if self._verify and self._checksums:
             verify_checksums(self._specs, self._dests)
-        self._complete(frames, out_of_band=False)
+        assert self._message is not None
+        frames.append(Frame(self._message, self._dests, False))
+        self.frames_decoded += 1
+        self._message, self._specs, self._dests = None, (), []
+        self._state = _HEADER
 
     def _complete(self, frames: list[Frame], *, out_of_band: bool) -> None:
         assert self._message is not None

@@ -45,7 +45,6 @@ __all__ = [
     "BULK_UCX",
     "DECODE_ERRORS",
     "encode",
-    "encoder",
     "decoder",
 ]
 
@@ -196,11 +195,6 @@ _encoder = msgspec.msgpack.Encoder()
 def encode(message: Message) -> bytes:
     """Encode one control message to msgpack bytes."""
     return _encoder.encode(message)
-
-
-def encoder() -> msgspec.msgpack.Encoder:
-    """The encoder ``encode`` uses (hot paths bind its ``encode`` method once)."""
-    return _encoder
 
 
 def decoder() -> msgspec.msgpack.Decoder[Message]:

@@ -7,7 +7,7 @@ Theory of operation:
   responses may come back in any order.
 - Caller side: ``request()`` registers a pending entry (future, optional ``recv_into`` buffers,
   deadline), sends the frame, and waits. When the response's header arrives the decoder asks
-  ``_allocate`` where its bulk goes: into the caller's buffers if they match the specs exactly,
+  ``allocate`` where its bulk goes: into the caller's buffers if they match the specs exactly,
   otherwise into scratch and the request fails with ``LocalProtocolError`` (the bytes must still be
   consumed to keep the stream in sync). On deadline or task cancellation the entry is removed and a
   ``Cancel`` is sent; a late response then lands in scratch and is dropped.
@@ -108,12 +108,15 @@ class _Pending:
     arrays: list[Any] | None = None
 
 
+_encode_payload = msgspec.msgpack.Encoder().encode
+
+
 def _payload(obj: Any) -> msgspec.Raw:
     if obj is None:
         return _RAW_NONE
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return msgspec.Raw(obj)
-    return msgspec.Raw(msgspec.msgpack.encode(obj))
+    return msgspec.Raw(_encode_payload(obj))
 
 
 class _DeviceDest:
@@ -330,6 +333,15 @@ class Connection:
 
     def allocate(self, message: wire.Message, specs: Sequence[wire.BufferSpec]) -> list[memoryview]:
         """The framing decoder's allocator: where this frame's bulk bytes go."""
+        if type(message) is wire.Request:  # incoming bulk lands in pooled, pre-touched buffers
+            take = self._pool.lease
+            if len(specs) == 1:  # the usual case, without two list comprehensions
+                lease = take(specs[0].nbytes)
+                self._leases[message.id] = [lease]
+                return [lease.view]
+            leases = [take(s.nbytes) for s in specs]
+            self._leases[message.id] = leases
+            return [lease.view for lease in leases]
         if isinstance(message, wire.Response):
             pending = self._pending.get(message.id)
             if pending is not None:
@@ -341,11 +353,6 @@ class Connection:
                 except LocalProtocolError as exc:
                     self._settle(message.id, exc)
             return [np.empty(s.nbytes, np.uint8).data for s in specs]  # late/mismatched: drop
-        if isinstance(message, wire.Request):
-            take = self._pool.lease
-            leases = [take(s.nbytes) for s in specs]
-            self._leases[message.id] = leases
-            return [lease.view for lease in leases]
         raise RemoteProtocolError(f"{type(message).__name__} may not carry bulk", reason="bad_message")
 
     def on_frame(self, frame: framing.Frame) -> None:
@@ -465,13 +472,13 @@ class Connection:
             stand_in = eager.TaskStandIn()
             context = contextvars.copy_context()
             try:
-                finished, waiting = eager.first_step(loop, coro, stand_in, context)
+                waiting = context.run(eager.step, loop, stand_in, coro)
+            except StopIteration:  # replied from inside the read callback: no Task was needed
+                self._served(req_id)
+                return
             except BaseException:
                 self._served(req_id)
                 raise
-            if finished:  # replied from inside the read callback: no Task was needed
-                self._served(req_id)
-                return
             task = eager.continue_in_task(loop, coro, waiting, stand_in, context)
         self._serving[req_id] = task
         # a done-callback (not ``finally``) because a task cancelled before it first runs never
@@ -506,9 +513,13 @@ class Connection:
                 raise LocalProtocolError("this side serves no requests")
             deadline = None if msg.budget_ms is None else arrived + max(msg.budget_ms / 1000.0, 0.0)
             # the body is an immutable ``bytes`` (framing), so the payload is viewed, not copied
-            incoming = Incoming(memoryview(msg.payload),
-                                [_typed(v, s) for v, s in zip(buffers, msg.bulk)] if buffers else [],
-                                deadline, self.peer)
+            if not buffers:
+                arrays = []
+            elif len(buffers) == 1:
+                arrays = [_typed(buffers[0], msg.bulk[0])]
+            else:
+                arrays = [_typed(v, s) for v, s in zip(buffers, msg.bulk)]
+            incoming = Incoming(memoryview(msg.payload), arrays, deadline, self.peer)
             reply = await self._handler(incoming)
             handled = True
             if deadline is not None:

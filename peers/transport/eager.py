@@ -7,10 +7,10 @@ for its done-callback). Most handlers (reads served from memory, rejections) nev
 reply can leave from inside the read callback, as a raw socket server's does. Python 3.12 has
 this built in (``eager_start``); 3.11, which giaannd runs on, does not, so it is done here:
 
-- ``first_step(loop, coro)`` sends ``None`` into the coroutine in a copy of the current context
-  (a handler's ``ContextVar.set`` stays its own, as in a Task) while a ``TaskStandIn`` is the
-  loop's current task, so ``asyncio.current_task()``, ``asyncio.timeout`` and ``TaskGroup`` work
-  before the handler's first ``await``.
+- ``context.run(step, loop, stand_in, coro)`` sends ``None`` into the coroutine, in a copy of the
+  current context (a handler's ``ContextVar.set`` stays its own, as in a Task), while a
+  ``TaskStandIn`` is the loop's current task, so ``asyncio.current_task()``, ``asyncio.timeout``
+  and ``TaskGroup`` work before the handler's first ``await``. ``StopIteration``: it finished.
 - finished: nothing else is made. Waiting: ``continue_in_task`` wraps the suspended coroutine in
   ``Resumed`` (it first hands the Task what the coroutine waits for, then forwards ``send`` and
   ``throw``) and runs it in a real Task in the same context; the stand-in forwards ``cancel``,
@@ -29,7 +29,7 @@ from collections.abc import Coroutine, Generator
 from types import TracebackType
 from typing import Any
 
-__all__ = ["TaskStandIn", "Resumed", "first_step", "continue_in_task"]
+__all__ = ["TaskStandIn", "Resumed", "step", "continue_in_task"]
 
 _enter_task = asyncio.tasks._enter_task
 _leave_task = asyncio.tasks._leave_task
@@ -43,12 +43,10 @@ class TaskStandIn:
     forwarded to it.
     """
 
-    __slots__ = ("task", "_cancels", "_name")
-
-    def __init__(self, name: str = "request handler") -> None:
-        self.task: asyncio.Task[Any] | None = None
-        self._cancels = 0
-        self._name = name
+    # class-level defaults and no __init__: made once per request, usually never touched again
+    task: asyncio.Task[Any] | None = None
+    _cancels = 0
+    _name = "request handler"
 
     def attach(self, task: asyncio.Task[Any]) -> None:
         self.task = task
@@ -118,27 +116,20 @@ class Resumed(Coroutine[Any, Any, Any]):
         raise TypeError("Resumed is run by a Task (continue_in_task), not awaited")
 
 
-def _step(loop: asyncio.AbstractEventLoop, stand_in: TaskStandIn, coro: Coroutine[Any, Any, Any]) -> Any:
+def step(loop: asyncio.AbstractEventLoop, stand_in: TaskStandIn, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Send ``None`` into ``coro`` with ``stand_in`` as the current task; returns what the
+    coroutine now waits for. Run it in a context copy: ``context.run(step, loop, stand_in, coro)``.
+
+    Raises:
+        StopIteration: the coroutine finished (no Task is needed).
+        RuntimeError: a task is current (use a Task from the start).
+        BaseException: whatever the coroutine raised (it is finished then).
+    """
     _enter_task(loop, stand_in)  # type: ignore[arg-type]  # a stand-in, see TaskStandIn
     try:
         return coro.send(None)
     finally:
         _leave_task(loop, stand_in)  # type: ignore[arg-type]
-
-
-def first_step(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], stand_in: TaskStandIn,
-               context: contextvars.Context) -> tuple[bool, Any]:
-    """Run ``coro`` until it finishes or first waits. Returns ``(True, None)`` when it finished,
-    ``(False, what_it_waits_for)`` otherwise (then ``continue_in_task`` must be called).
-
-    Raises:
-        RuntimeError: a task is current (use a Task from the start).
-        BaseException: whatever the coroutine raised (it is finished then).
-    """
-    try:
-        return False, context.run(_step, loop, stand_in, coro)
-    except StopIteration:
-        return True, None
 
 
 def continue_in_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], waiting: Any,

@@ -168,6 +168,7 @@ class Session:
         self.decoder.max_body_bytes = framing.MAX_BODY_BYTES
         self.decoder.stepwise = False
         self.conn = self._make(agreement)
+        self.decoder.allocate = self.conn.allocate  # authenticated: bulk may come, straight there
         self.metrics.connections_opened += 1
         if not self.ready.done():
             self.ready.set_result(self.conn)
