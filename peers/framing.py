@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 import xxhash
 
@@ -159,6 +160,10 @@ def device_spec(buf: Any) -> wire.BufferSpec:
     return wire.BufferSpec(dtype, shape, nbytes, None)
 
 
+#: numpy dtype → its wire spelling, for the dtypes the wire allows.
+_WIRE_DTYPES: Final = {np.dtype(name): name for name in wire.DTYPES}
+
+
 def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSpec, memoryview]:
     """Describe a numpy array / torch CPU tensor / bytes-like for sending (host memory only).
 
@@ -168,7 +173,13 @@ def spec_for(buf: object, *, with_checksum: bool = False) -> tuple[wire.BufferSp
     """
     arr: np.ndarray
     if type(buf) is np.ndarray:  # the hot case first: no attribute probing (a failed hasattr
-        arr = buf                # costs an exception inside) — an ndarray is never device memory
+        # costs an exception inside) — an ndarray is never device memory
+        wire_dtype = _WIRE_DTYPES.get(buf.dtype)  # a dict hit, not ``dtype.str`` (builds a string)
+        if wire_dtype is not None and buf.flags.c_contiguous and buf.nbytes <= MAX_BUFFER_BYTES:
+            view = buf.data.cast("B") if buf.size else memoryview(b"")
+            digest = checksum(view) if with_checksum else None
+            return wire.BufferSpec(wire_dtype, buf.shape, buf.nbytes, digest), view
+        arr = buf  # refused below, with the reason
     elif is_device_buffer(buf):
         raise LocalProtocolError("CUDA buffers can only travel on the ucx bulk path")
     elif hasattr(buf, "numpy") and hasattr(buf, "is_contiguous"):  # a torch CPU tensor: shares memory
@@ -223,6 +234,12 @@ def validate_spec(spec: wire.BufferSpec) -> None:
         raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
 
 
+#: Bound once (``wire.encode`` is the same msgpack encoding, one Python call deeper).
+_encode: Final = msgspec.msgpack.Encoder().encode
+_HEADER_PACK: Final = HEADER.pack
+_HEADER_UNPACK: Final = HEADER.unpack_from
+
+
 def encode_frame(
     message: wire.Message, buffers: Sequence[memoryview] = (), *, out_of_band: bool = False
 ) -> list[bytes | memoryview]:
@@ -231,9 +248,11 @@ def encode_frame(
     Raises:
         LocalProtocolError: a limit would be exceeded (we refuse to send what the peer must refuse).
     """
-    body = wire.encode(message)
+    body = _encode(message)
     if len(body) > MAX_BODY_BYTES:
         raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
+    if not buffers:  # most frames: header and body only
+        return [_HEADER_PACK(MAGIC, FRAME_VERSION, FLAG_OUT_OF_BAND if out_of_band else 0, len(body), 0, 0, 0) + body]
     if len(buffers) > MAX_BUFFERS_PER_FRAME:
         raise LocalProtocolError(f"{len(buffers)} buffers exceed MAX_BUFFERS_PER_FRAME")
     bulk_len = 0
@@ -268,6 +287,8 @@ class Frame:
 Allocate = Callable[[wire.Message, Sequence[wire.BufferSpec]], list[memoryview]]
 
 _HEADER, _BODY, _BULK = 0, 1, 2
+#: The messages that may carry bulk (checked by exact type: wire's Structs are final).
+_CARRIERS: Final = (wire.Request, wire.Response)
 
 
 class FrameDecoder:
@@ -284,12 +305,13 @@ class FrameDecoder:
         """
         if not 0 <= max_body_bytes <= MAX_BODY_BYTES:
             raise ValueError(f"max_body_bytes must be in [0, {MAX_BODY_BYTES}]")
-        self._allocate = allocate
+        self.allocate = allocate  # settable: where bulk goes
         self._verify = verify_checksums
         self.max_body_bytes = max_body_bytes
         self.stepwise = stepwise
-        self._decoder = wire.decoder()
+        self._decode = wire.decoder().decode
         self._staging = bytearray(STAGING_BYTES)
+        self._view = memoryview(self._staging)  # sliced, never copied, on the hot path
         self._staged = 0  # valid bytes at the start of _staging
         self._state = _HEADER
         self._body_len = 0
@@ -305,13 +327,15 @@ class FrameDecoder:
         self._dests: list[memoryview] = []
         self._dest_index = 0
         self._dest_offset = 0
+        self._checksums = False  # a spec of the current frame carries a checksum
         self._dead = False
         self.frames_decoded = 0
 
     # -- the BufferedProtocol face ------------------------------------------------------------
 
-    def get_buffer(self) -> memoryview:
-        """Where the next bytes from the link must be written (never empty)."""
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next bytes from the link must be written (never empty). ``sizehint`` is
+        ignored; it lets a ``BufferedProtocol`` use this method as its own ``get_buffer``."""
         if self._dead:
             raise LocalProtocolError("decoder used after an error")
         if self._state == _BULK:
@@ -319,7 +343,7 @@ class FrameDecoder:
             return dest[self._dest_offset :]
         if self._chunks:
             return memoryview(self._chunks[-1])[self._chunk_filled :]
-        return memoryview(self._staging)[self._staged :]
+        return self._view[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
         """Account for ``nbytes`` written into the last ``get_buffer()``; return completed frames.
@@ -335,6 +359,11 @@ class FrameDecoder:
                 self._dest_offset = offset
                 return []
         try:
+            if self._state == _HEADER and not self._chunks:  # headers and small bodies: staging
+                self._staged += nbytes
+                frames: list[Frame] = []
+                self._drain_staging(frames)
+                return frames
             return self._advance(nbytes)
         except RemoteProtocolError:
             self._dead = True
@@ -374,6 +403,7 @@ class FrameDecoder:
         """Drop every buffer (the link is gone); the decoder is dead afterwards."""
         self._dead = True
         self._staging = bytearray()
+        self._view = memoryview(self._staging)
         self._staged = 0
         self._chunks = []
         self._message, self._specs, self._dests = None, (), []
@@ -414,16 +444,24 @@ class FrameDecoder:
         pos = 0
         staged = self._staged
         buf = self._staging
+        view = self._view  # slices of a memoryview share memory: each byte below is copied once
         while True:
             if self._state == _BULK:
                 # bytes of this frame's bulk that arrived with its header: the one bounded copy
-                while pos < staged and self._state == _BULK:
-                    dest = self._dests[self._dest_index]
-                    n = min(dest.nbytes - self._dest_offset, staged - pos)
-                    dest[self._dest_offset : self._dest_offset + n] = buf[pos : pos + n]
-                    pos += n
-                    self._dest_offset += n
-                    self._finish_bulk_if_done(frames)
+                dests = self._dests
+                index, offset = self._dest_index, self._dest_offset
+                while pos < staged and index < len(dests):
+                    dest = dests[index]
+                    n = min(dest.nbytes - offset, staged - pos)
+                    if n:
+                        dest[offset : offset + n] = view[pos : pos + n]
+                        pos += n
+                        offset += n
+                    if offset >= dest.nbytes:
+                        index += 1
+                        offset = 0
+                self._dest_index, self._dest_offset = index, offset
+                self._finish_bulk_if_done(frames)  # also steps over empty buffers at the end
                 if self._state == _BULK:
                     break
                 continue
@@ -431,13 +469,18 @@ class FrameDecoder:
                 break
             if self.stepwise and frames:
                 break  # one frame per call: the owner looks at it before the next is decoded
-            self._parse_header(buf, pos)
+            magic, version, flags, body_len, nbufs, _reserved, bulk_len = _HEADER_UNPACK(buf, pos)
+            if (magic != MAGIC or version != FRAME_VERSION or flags & ~_KNOWN_FLAGS
+                    or body_len > self.max_body_bytes or nbufs > MAX_BUFFERS_PER_FRAME
+                    or bulk_len > MAX_BULK_BYTES_PER_FRAME or (flags and bulk_len)):
+                self._parse_header(buf, pos)  # raises the precise error
+            self._flags, self._body_len, self._nbufs, self._bulk_len = flags, body_len, nbufs, bulk_len
             pos += HEADER_BYTES
             if self._body_len > STAGING_BYTES - HEADER_BYTES:
                 # the staged part is < STAGING_BYTES ≤ BODY_CHUNK_BYTES: it fits the first chunk
                 self._add_chunk()
                 take = min(self._body_len, staged - pos)
-                self._chunks[0][:take] = buf[pos : pos + take]
+                self._chunks[0][:take] = view[pos : pos + take]
                 self._chunk_filled = self._big_filled = take
                 pos += take
                 if self._big_filled < self._body_len:
@@ -449,7 +492,9 @@ class FrameDecoder:
             if staged - pos < self._body_len:
                 pos -= HEADER_BYTES  # wait for the whole body; re-parse the header then
                 break
-            self._on_body(bytes(buf[pos : pos + self._body_len]), frames)
+            # an immutable copy: decoded payloads (msgspec.Raw) are views of it, and the staging
+            # buffer is reused by the next read
+            self._on_body(bytes(view[pos : pos + self._body_len]), frames)
             pos += self._body_len
         # keep the unconsumed tail at the front of the staging buffer
         rest = staged - pos
@@ -458,6 +503,7 @@ class FrameDecoder:
         self._staged = rest
 
     def _parse_header(self, buf: bytearray, pos: int) -> None:
+        """Check a header and raise the error it deserves (the hot path checks them all at once)."""
         magic, version, flags, body_len, nbufs, _reserved, bulk_len = HEADER.unpack_from(buf, pos)
         if magic != MAGIC:
             raise RemoteProtocolError(f"bad magic {magic!r}", reason="bad_magic")
@@ -478,10 +524,15 @@ class FrameDecoder:
 
     def _on_body(self, body: bytes, frames: list[Frame]) -> None:
         try:
-            message = self._decoder.decode(body)
+            message = self._decode(body)
         except wire.DECODE_ERRORS as exc:
             raise RemoteProtocolError(f"undecodable body: {exc}", reason="bad_body") from exc
-        carries_bulk = isinstance(message, (wire.Request, wire.Response))
+        carries_bulk = type(message) in _CARRIERS
+        if carries_bulk and not (message.bulk or self._nbufs or self._flags or self._bulk_len  # type: ignore[union-attr]
+                                 or message.bulk_via):  # type: ignore[union-attr]
+            frames.append(Frame(message, [], False))  # the common small request/response
+            self.frames_decoded += 1
+            return
         specs: Sequence[wire.BufferSpec] = message.bulk if carries_bulk else ()  # type: ignore[union-attr]
         if len(specs) != self._nbufs:
             raise RemoteProtocolError("buffer count differs from header", reason="bad_header")
@@ -489,23 +540,36 @@ class FrameDecoder:
         via = message.bulk_via if carries_bulk else wire.BULK_INLINE  # type: ignore[union-attr]
         if out_of_band != (via != wire.BULK_INLINE):
             raise RemoteProtocolError("bulk_via disagrees with header flags", reason="bad_header")
+        if not specs:  # the common small frame: complete now, nothing to allocate or verify
+            if self._bulk_len:
+                raise RemoteProtocolError("bulk length differs from header", reason="bad_header")
+            frames.append(Frame(message, [], out_of_band))
+            self.frames_decoded += 1
+            return
         total = 0
+        checksums = False
         for spec in specs:
             validate_spec(spec)
             total += spec.nbytes
+            if spec.checksum is not None:
+                checksums = True
+        self._checksums = checksums
         if not out_of_band and total != self._bulk_len:
             raise RemoteProtocolError("bulk length differs from header", reason="bad_header")
         if total > MAX_BULK_BYTES_PER_FRAME:
             raise RemoteProtocolError(f"{total} bulk bytes over limit", reason="oversize")
-        dests = self._allocate(message, specs) if specs else []
-        if len(dests) != len(specs) or any(d.nbytes != s.nbytes for d, s in zip(dests, specs)):
+        dests = self.allocate(message, specs)
+        if len(dests) != len(specs):
             raise LocalProtocolError("allocator returned destinations of the wrong size")
+        for dest, spec in zip(dests, specs):
+            if dest.nbytes != spec.nbytes:
+                raise LocalProtocolError("allocator returned destinations of the wrong size")
         self._message, self._specs, self._dests = message, specs, dests
         self._dest_index = self._dest_offset = 0
         self._state = _BULK
         if out_of_band:
             self._complete(frames, out_of_band=True)
-        else:
+        elif not total:  # only empty buffers: nothing more to receive
             self._finish_bulk_if_done(frames)
 
     def _finish_bulk_if_done(self, frames: list[Frame]) -> None:
@@ -514,9 +578,13 @@ class FrameDecoder:
                 return
             self._dest_index += 1
             self._dest_offset = 0
-        if self._verify:
+        if self._verify and self._checksums:
             verify_checksums(self._specs, self._dests)
-        self._complete(frames, out_of_band=False)
+        assert self._message is not None
+        frames.append(Frame(self._message, self._dests, False))
+        self.frames_decoded += 1
+        self._message, self._specs, self._dests = None, (), []
+        self._state = _HEADER
 
     def _complete(self, frames: list[Frame], *, out_of_band: bool) -> None:
         assert self._message is not None

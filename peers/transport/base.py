@@ -47,7 +47,7 @@ class Identity:
     versions: tuple[int, int] = (wire.PROTOCOL_MIN, wire.PROTOCOL_MAX)
 
 
-@dataclass
+@dataclass(slots=True)
 class Incoming:
     """A request as the server's handler sees it.
 
@@ -65,7 +65,7 @@ class Incoming:
         return msgspec.msgpack.decode(self.payload, type=type_)
 
 
-@dataclass
+@dataclass(slots=True)
 class Reply:
     """What a handler returns: an application message (a msgspec Struct, or pre-encoded bytes) and
     bulk buffers (numpy arrays / torch CPU tensors, contiguous; kept alive until sent)."""
@@ -74,7 +74,7 @@ class Reply:
     bulk: Sequence[Any] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Result:
     """What ``Connection.request`` returns. ``bulk`` are the caller's ``recv_into`` buffers (typed
     views of them) or freshly allocated arrays when none were given."""
@@ -107,6 +107,17 @@ class Link(abc.ABC):
     def close(self) -> None:
         """Close after what was written has been sent (a Reject must reach the peer)."""
         self.abort()
+
+    def cork(self) -> None:
+        """Hold small frames written from now on until the matching ``uncork``, which writes them
+        together (one syscall for a burst). A frame is held whole and its bytes are the link's own
+        (copied if they were the caller's), so ``write`` still returns with the caller's buffers
+        free; frames stay in write order. Nested calls nest. Default: nothing is held."""
+        return None  # a backend without a syscall to save (mem) keeps writing at once
+
+    def uncork(self) -> None:
+        """End one ``cork``; the outermost writes what was held."""
+        return None
 
     @property
     @abc.abstractmethod

@@ -26,11 +26,7 @@ DEFAULT_MAX_POOLED_BUFFER_BYTES: Final = 512 * 2**20
 _MIN_CLASS_BYTES: Final = 4096
 
 
-def _size_class(nbytes: int) -> int:
-    return max(_MIN_CLASS_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
-
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """A borrowed buffer: ``view`` is exactly the requested size."""
 
@@ -41,8 +37,17 @@ class Lease:
     def release(self) -> None:
         """Give the buffer back (idempotent). The caller must not use ``view`` afterwards."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool._give_back(self._backing)
+        if pool is None:
+            return
+        pool.leased -= 1
+        backing = self._backing
+        size = backing.nbytes
+        if size > pool.max_pooled_buffer_bytes or size < _MIN_CLASS_BYTES or size & (size - 1):
+            return  # a one-off buffer (not a power-of-two class)
+        if pool.idle_bytes + size > pool.max_idle_bytes:
+            return
+        pool._free.setdefault(size, []).append(backing)
+        pool.idle_bytes += size
 
 
     def forget(self) -> None:
@@ -73,7 +78,7 @@ class BufferPool:
 
     def lease(self, nbytes: int) -> Lease:
         """Borrow a buffer of at least ``nbytes`` (the caller checked the limits already)."""
-        size = _size_class(nbytes)
+        size = _MIN_CLASS_BYTES if nbytes <= _MIN_CLASS_BYTES else 1 << (nbytes - 1).bit_length()
         free = self._free.get(size)
         if free:
             backing = free.pop()
@@ -83,17 +88,8 @@ class BufferPool:
             backing.fill(0)  # touch every page now, not on the hot receive path
             self.allocations += 1
         self.leased += 1
-        return Lease(backing.data[:nbytes], backing, self)
-
-    def _give_back(self, backing: np.ndarray) -> None:
-        self.leased -= 1
-        size = backing.nbytes
-        if size > self.max_pooled_buffer_bytes or size != _size_class(size):
-            return
-        if self.idle_bytes + size > self.max_idle_bytes:
-            return
-        self._free.setdefault(size, []).append(backing)
-        self.idle_bytes += size
+        # memoryview(ndarray): 0.14 µs here, numpy's backing.data 0.34 µs
+        return Lease(memoryview(backing)[:nbytes], backing, self)  # type: ignore[arg-type]
 
     def clear(self) -> None:
         """Drop every idle buffer."""

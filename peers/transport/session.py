@@ -82,6 +82,23 @@ class Session:
         decoder = self.decoder
         try:
             frames = decoder.buffer_updated(nbytes)
+            if not frames:
+                return
+            conn = self.conn
+            if conn is not None and not decoder.stepwise:  # authenticated: the hot path
+                if len(frames) == 1:
+                    conn.on_frame(frames[0])
+                    return
+                # several frames in one read (pipelined requests): the replies that handlers send
+                # while they are dispatched leave together, in one write
+                link = self.link
+                link.cork()
+                try:
+                    for frame in frames:
+                        conn.on_frame(frame)
+                finally:
+                    link.uncork()
+                return
             while frames:
                 stepwise = decoder.stepwise  # the handshake may end in this batch and turn it off
                 for frame in frames:
@@ -151,6 +168,7 @@ class Session:
         self.decoder.max_body_bytes = framing.MAX_BODY_BYTES
         self.decoder.stepwise = False
         self.conn = self._make(agreement)
+        self.decoder.allocate = self.conn.allocate  # authenticated: bulk may come, straight there
         self.metrics.connections_opened += 1
         if not self.ready.done():
             self.ready.set_result(self.conn)

@@ -1,10 +1,19 @@
-"""Printing of benchmark results: every bench prints Markdown tables (pasted into the README)."""
+"""Printing of benchmark results: every bench prints Markdown tables (pasted into the README), or
+with ``--json`` one JSON object per figure (``emit_figure``), for scripts that compare runs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
-__all__ = ["print_table"]
+__all__ = ["print_table", "emit_figure"]
+
+
+def emit_figure(figure: str, value: float | None, target: str | None = None) -> None:
+    """Print one figure as a JSON line ``{"figure", "value", "target"}``. ``target`` says the
+    bound and its direction (``">= 0.6"``, ``"<= 1.5"``), or None where the issue sets none."""
+    print(json.dumps({"figure": figure, "value": None if value is None else round(float(value), 4),
+                      "target": target}))
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
