@@ -52,8 +52,9 @@ from peers.errors import (
     RequestCancelled,
     TransportClosed,
 )
-from peers.transport import eager
 from peers.transport.base import BulkChannel, Handler, Incoming, Link, Reply, Result
+from peers.transport.eager import TaskStandIn, continue_in_task
+from peers.transport.eager import step as eager_step
 from peers.transport.pool import BufferPool, Lease
 
 __all__ = ["Connection", "Metrics", "bulk_tag"]
@@ -469,17 +470,17 @@ class Connection:
             task = loop.create_task(coro)
         else:
             # one per request, never reused: a handler may keep current_task() and cancel it later
-            stand_in = eager.TaskStandIn()
+            stand_in = TaskStandIn()
             context = contextvars.copy_context()
             try:
-                waiting = context.run(eager.step, loop, stand_in, coro)
+                waiting = context.run(eager_step, loop, stand_in, coro)
             except StopIteration:  # replied from inside the read callback: no Task was needed
                 self._served(req_id)
                 return
             except BaseException:
                 self._served(req_id)
                 raise
-            task = eager.continue_in_task(loop, coro, waiting, stand_in, context)
+            task = continue_in_task(loop, coro, waiting, stand_in, context)
         self._serving[req_id] = task
         # a done-callback (not ``finally``) because a task cancelled before it first runs never
         # executes its body, and its pooled buffers must still go back
