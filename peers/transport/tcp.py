@@ -10,9 +10,9 @@ here requires it.
 
 Corking (``Link.cork``): while corked, frames up to ``_HOLD_FRAME_BYTES`` are held (their bulk
 copied, header and body are immutable bytes already) and leave in one ``writev`` at ``uncork``: a
-burst of replies or window requests costs one syscall and one wake-up of the peer instead of one
-per frame. A larger frame, or one that would hold more than ``_HOLD_MAX_BYTES``, first writes what
-is held, so the stream keeps write order.
+burst of replies costs one syscall and one wake-up of the peer instead of one per frame. A
+larger frame, or one that would hold more than ``_HOLD_MAX_BYTES``, first writes what is held, so
+the stream keeps write order.
 
 Admission (``TransportLimits``): an accepted socket is closed at once when the listener already has
 ``max_pending_handshakes`` connections in their handshake or ``max_connections_per_host`` open
