@@ -53,6 +53,8 @@ a memoryview (no copy, no per-entry work).
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +66,7 @@ from giaannd.errors import CorruptDataError
 
 __all__ = [
     "TEARABLE",
+    "open_for_append",
     "Reason",
     "Record",
     "RecordError",
@@ -329,3 +332,18 @@ class RecordFormat:
                 raise
             yield record
             off = record.header.end
+
+
+def open_for_append(path: str | os.PathLike[str], good_bytes: int, what: str) -> int:
+    """Open a record log for appending after a scan found ``good_bytes`` intact: a torn tail
+    beyond them (a write a crash cut short) is logged, truncated and fsynced first, so the next
+    record starts on a record boundary. Returns the file descriptor, positioned at the end."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    torn = os.fstat(fd).st_size - good_bytes
+    if torn > 0:
+        logging.getLogger(__name__).warning("%s torn tail cut file=%s offset=%d bytes=%d",
+                                            what, os.fspath(path), good_bytes, torn)
+        os.ftruncate(fd, good_bytes)
+        os.fsync(fd)
+    os.lseek(fd, good_bytes, os.SEEK_SET)
+    return fd

@@ -54,7 +54,7 @@ import msgspec
 
 from giaannd.atomic_file import fsync_dir
 from giaannd.errors import CorruptDataError, Refused
-from giaannd.records import RecordError, RecordFormat
+from giaannd.records import RecordError, RecordFormat, open_for_append
 
 __all__ = [
     "COMPACT_MIN_BYTES",
@@ -205,12 +205,7 @@ class RegisterStore:
         except RecordError as exc:
             raise RegisterLogCorrupt(str(path), exc.offset, exc.explanation) from None
         torn = len(data) - end
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        if torn:
-            log.warning("register log torn tail cut file=%s offset=%d bytes=%d", path, end, torn)
-            os.ftruncate(fd, end)
-            os.fsync(fd)
-        os.lseek(fd, end, os.SEEK_SET)
+        fd = open_for_append(path, end, "register log")
         return cls(path, fd, states, end, torn, max_bytes)
 
     # -- the acceptor ------------------------------------------------------------------------------

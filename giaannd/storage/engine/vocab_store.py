@@ -48,7 +48,7 @@ import msgspec
 
 from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.ids import column_id, feature_id
-from giaannd.records import RecordError, RecordFormat
+from giaannd.records import RecordError, RecordFormat, open_for_append
 
 __all__ = [
     "KIND_COLUMN",
@@ -182,12 +182,7 @@ class VocabStore:
         except RecordError as exc:
             raise VocabLogCorrupt(str(path), exc.offset, exc.explanation) from None
         torn = len(data) - off
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        if torn:
-            log.warning("vocab log torn tail cut file=%s offset=%d bytes=%d", path, off, torn)
-            os.ftruncate(fd, off)
-            os.fsync(fd)
-        os.lseek(fd, off, os.SEEK_SET)
+        fd = open_for_append(path, off, "vocab log")
         return cls(path, fd, columns, features, off, torn)
 
     # -- reads -------------------------------------------------------------------------------------
