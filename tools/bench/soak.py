@@ -107,12 +107,15 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "size and the reference's training time")
     ap.add_argument("--train-pause-s", type=float, default=5.0,
                     help="pause between training jobs (default 5)")
+    ap.add_argument("--train-workers", type=int, default=None,
+                    help="workers per training job (default: the node's compute.train-workers); 1 makes "
+                         "the flag sets a function of the corpus alone, so the export comparison is exact")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     ap.add_argument("--dir", type=Path, default=None, help="cluster root (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the data directories and logs")
     args = ap.parse_args(argv)
     if min(args.minutes, args.kill_every_s, args.sample_s, args.reconnect_s) <= 0 \
-            or min(args.chunk, args.sentences) < 1 or args.train_pause_s < 0 \
+            or min(args.chunk, args.sentences, args.train_workers or 1) < 1 or args.train_pause_s < 0 \
             or not 0 <= args.down_s < args.kill_every_s:
         ap.error("durations must be positive, --chunk >= 1, 0 <= --down-s < --kill-every-s")
     return args
@@ -157,7 +160,7 @@ def _stoppable(stop: threading.Event, fn: Callable[[], None], pause_s: float) ->
 
 
 def _train_loop(compute: Node, corpus_dir: Path, chunks: list[list[TaggedSentence]],
-                pause_s: float, stats: Stats, stop: threading.Event) -> None:
+                pause_s: float, stats: Stats, stop: threading.Event, workers: int | None = None) -> None:
     i = 0
     while not stop.is_set():
         chunk = chunks[i % len(chunks)]
@@ -165,7 +168,10 @@ def _train_loop(compute: Node, corpus_dir: Path, chunks: list[list[TaggedSentenc
         write_conllu(chunk, path)
         stats.trained += chunk  # counted whether or not it succeeds: a failure shows as lost
         try:
-            job = compute.admin.json("POST", "/v1/train", {"corpus": str(path)})
+            body: dict[str, object] = {"corpus": str(path)}
+            if workers is not None:
+                body["workers"] = workers
+            job = compute.admin.json("POST", "/v1/train", body)
             deadline = time.monotonic() + JOB_TIMEOUT_S
             while (doc := compute.admin.json("GET", f"/v1/jobs/{job['job_id']}"))["state"] == "running":
                 if time.monotonic() > deadline:
@@ -271,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         turn = [0]
         loops = [
             threading.Thread(target=_train_loop, daemon=True,
-                             args=(compute1, cluster.corpus_dir, chunks, args.train_pause_s, stats, stop)),
+                             args=(compute1, cluster.corpus_dir, chunks, args.train_pause_s, stats, stop,
+                                   args.train_workers)),
             threading.Thread(target=_stoppable, daemon=True, args=(
                 stop, lambda: _prompt_round(compute2, heldout, stats, turn), 1.0)),
             threading.Thread(target=_stoppable, daemon=True, args=(
