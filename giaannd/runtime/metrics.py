@@ -97,6 +97,9 @@ MEMBERSHIP_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                        "Dead or left members forgotten after membership.reap-after-s."),
     "push_pulls_served": ("giaannd_membership_push_pulls_served_total",
                           "Full-state push-pull exchanges (joins and anti-entropy) answered over TCP."),
+    "reconnect_attempts": ("giaannd_membership_reconnect_attempts_total",
+                           "Push-pulls tried with a dead member so a healed partition merges "
+                           "(membership.reconnect-interval-s)."),
     "unreachable_reports": ("giaannd_membership_unreachable_reports_total",
                             "Data-plane reports that a member could not be reached (each starts a suspicion)."),
     "udp_errors": ("giaannd_membership_udp_errors_total", "Errors the gossip UDP socket reported."),

@@ -59,6 +59,13 @@ class MembershipConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         "Period of the full-state TCP exchange with one random member (anti-entropy). "
         "0 disables it. Scaled up for large clusters: above 32 members the interval is "
         "multiplied by ceil(log2(N) - log2(32)) + 1, as memberlist does."))] = 30.0
+    reconnect_interval_s: Annotated[float, Meta(ge=0, description=(
+        "How often to try a push-pull with one failed (dead, not left) member, so that the two "
+        "sides of a partition that outlived suspicion merge again once it heals: nobody probes or "
+        "gossips to a dead member, and push-pull only picks live ones (Serf's reconnect). Each "
+        "node tries with probability failed/alive, so the cluster makes about one attempt per "
+        "failed member per interval. Stops when the member is reaped (reap-after-s). 0 disables "
+        "it (an operator then has to join the halves)."))] = 30.0
     max_concurrent_push_pulls: Annotated[int, Meta(ge=1, description=(
         "Incoming push-pull exchanges served at once; more are refused so that a join "
         "storm cannot exhaust memory (memberlist maxPushPullRequests)."))] = 128
@@ -111,14 +118,16 @@ class MembershipConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         """memberlist's DefaultWANConfig: links across regions, higher RTT and loss."""
         return cls(probe_interval_s=5.0, probe_timeout_s=3.0, suspicion_mult=6,
                    gossip_interval_s=0.5, gossip_nodes=4, gossip_to_dead_s=60.0,
-                   push_pull_interval_s=60.0, tcp_timeout_s=30.0, address_confirm_timeout_s=15.0)
+                   push_pull_interval_s=60.0, reconnect_interval_s=60.0, tcp_timeout_s=30.0,
+                   address_confirm_timeout_s=15.0)
 
     @classmethod
     def loopback(cls) -> MembershipConfig:
         """Tests on one host: tight timings so a failure is seen within a few seconds."""
         return cls(probe_interval_s=0.2, probe_timeout_s=0.1, indirect_checks=2,
                    suspicion_mult=3, retransmit_mult=3, gossip_interval_s=0.05,
-                   gossip_to_dead_s=5.0, push_pull_interval_s=5.0, tcp_timeout_s=1.0,
+                   gossip_to_dead_s=5.0, push_pull_interval_s=5.0, reconnect_interval_s=2.0,
+                   tcp_timeout_s=1.0,
                    leave_propagate_s=0.3, join_backoff_s=0.1, address_confirm_timeout_s=1.0)
 
     @classmethod

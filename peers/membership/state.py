@@ -356,6 +356,10 @@ class Membership:
                                                                    self._live)
             self._set_timer("push_pull", self._now + first)
         self._set_timer("reap", self._now + min(REAP_CHECK_S, cfg.reap_after_s))
+        if cfg.reconnect_interval_s > 0:
+            # no draw from the shared rng here: seeded runs keep their sequence (the attempts are
+            # spread by the probability in the tick, not by the phase)
+            self._set_timer("reconnect", self._now + cfg.reconnect_interval_s)
 
     def _on_timer(self, key: Hashable) -> None:
         at = self._timers.get(key)
@@ -370,6 +374,8 @@ class Membership:
             self._push_pull_tick()
         elif key == "reap":
             self._reap_tick()
+        elif key == "reconnect":
+            self._reconnect_tick()
         elif isinstance(key, tuple):
             kind, arg = key
             if kind == "probe_timeout":
@@ -407,6 +413,28 @@ class Membership:
         for m in self._k_random(1, ""):
             self._open_stream(m.addr, ("push_pull", 0),
                               PushPull(False, self.name, self._states()))
+
+    def _reconnect_tick(self) -> None:
+        """Push-pull with one failed member now and then (Serf's reconnect; config field docs).
+
+        After a partition longer than the suspicion timeout each side holds the other DEAD, and
+        nothing reaches a dead member: probes and push-pull pick live ones, gossip to the dead
+        stops after gossip-to-dead-s. The exchange carries our view (it DEAD), which it refutes with
+        a higher incarnation in its reply; its view (we DEAD) makes us refute in turn, straight to
+        it. Left members are not tried: they meant to go.
+        """
+        cfg = self.config
+        self._set_timer("reconnect", self._now + cfg.reconnect_interval_s)
+        if self.leaving:
+            return
+        failed = [m for m in self._members.values() if m.status == MemberStatus.DEAD]
+        # with probability failed/alive (capped at 1), so the cluster as a whole tries about one
+        # reconnect per failed member per interval, however many nodes there are
+        if not failed or self._rng.random() > len(failed) / max(1, self._live):
+            return
+        target = failed[self._rng.randrange(len(failed))]
+        self._count("reconnect_attempts")
+        self._open_stream(target.addr, ("push_pull", 0), PushPull(False, self.name, self._states()))
 
     def _reap_tick(self) -> None:
         cfg = self.config

@@ -76,6 +76,39 @@ def test_sim_partition_and_heal():
     assert c.run_until(c.now + 30, c.converged)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sim_partition_heals_without_a_join(seed):
+    """Both halves declared each other dead; nobody probes or gossips to the dead any more, so only
+    the reconnect timer (Serf's reconnect of failed members) brings them back, within a few of its
+    intervals and with no operator action."""
+    c, names = joined_cluster(8, seed=seed)
+    left, right = names[:4], names[4:]
+    c.partition(left, right)
+    c.run_for(120)
+    assert all(c.status(a, b) == MemberStatus.DEAD for a in left for b in right)
+    c.heal()
+    t0 = c.now
+    assert c.run_until(t0 + 6 * LAN.reconnect_interval_s, c.converged), "halves never merged"
+    assert sum(n.core.counters.get("reconnect_attempts", 0) for n in c.nodes.values()) >= 1
+
+
+def test_sim_lone_node_cut_off_rejoins_by_itself():
+    c, names = joined_cluster(5)
+    c.partition(names[:4], names[4:])
+    c.run_for(120)
+    assert c.status(names[4], names[0]) == MemberStatus.DEAD
+    c.heal()
+    assert c.run_until(c.now + 6 * LAN.reconnect_interval_s, c.converged)
+
+
+def test_sim_left_members_are_not_reconnected():
+    c, _ = joined_cluster(5)
+    c.leave("n3")
+    c.run_for(5 * LAN.reconnect_interval_s)
+    assert c.all_see("n3", MemberStatus.LEFT)
+    assert sum(n.core.counters.get("reconnect_attempts", 0) for n in c.nodes.values()) == 0
+
+
 def test_sim_name_conflict_rejected():
     c, _ = joined_cluster(5)
     original = c.nodes["n2"]
