@@ -4,7 +4,7 @@
                                    [--prompt "In the beginning, God created the heavens"] [--max-new 20]
                                    [--corpus FILE] [--tag-cache DIR] [--lexicon FILE]
                                    [--prompts-file FILE] [--constants train|test]
-                                   [--jsonl OUT] [--snapshot OUT]
+                                   [--jsonl OUT] [--snapshot OUT] [--profile word|giaann-v2]
 
 * trains on the first ``--sentences`` usable sentences (in corpus order) of the bundled excerpt or
   of ``--corpus``: CoNLL-U (``.conllu``, ``.conllu.gz``) as is, any other file as UTF-8 text tagged
@@ -19,6 +19,10 @@
   prompt, tagged whole as the reference tags a prompt line (a CoNLL-U file: one sentence per
   prompt), evaluated teacher-forced with 8 seed tokens and the ``--constants`` set (default
   ``train``); each prompt is printed with its predictions, then the top-1 over all of them;
+* ``--profile giaann-v2``: the reference's v2 profile (giaann-algorithm.md §2.7, docs/model.md): o200k
+  subwords, 3-sentence sequences (text is split and tagged a group at a time; CoNLL-U sentences are
+  joined three by three and their text rebuilt), fixed dictionaries; ``word`` (default) is the
+  word-level, single-sentence core;
 * ``--lexicon FILE``: the ever-POS lexicon (the reference's ``everPos.wordnet.pkl.gz``, a
   ``word<TAB>UPOS`` file, or giaannd's format) instead of the shipped one.
 
@@ -36,15 +40,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from giaannd.errors import GiaannError
-from giaannd.model.columns import ColumnAssigner, EncodeStats
+from giaannd.model.columns import EncodeStats
 from giaannd.model.engine import Engine, constants_named
 from giaannd.model.export import save_snapshot, write_jsonl
 from giaannd.model.infer import SEED_TOKENS, TEST_SET, TRAIN_SET
 from giaannd.model.lexicon import load_lexicon
+from giaannd.model.subwords import PROFILES, Profile, group_sentences, make_assigner, tag_groups, tag_prompt_lines
 from giaannd.model.tokens import (
     TaggedSentence,
+    TaggedText,
     load_bundled_corpus,
     read_conllu,
+    read_prompt_lines,
     tag_file,
     tag_file_cached,
 )
@@ -70,6 +77,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="constant set for --prompts-file (default train)")
     ap.add_argument("--jsonl", default=None, help="write the JSONL export of all rows here")
     ap.add_argument("--snapshot", default=None, help="write a binary row snapshot here")
+    ap.add_argument("--profile", choices=PROFILES, default="word",
+                    help="model profile: word (default) or giaann-v2 (subwords, 3-sentence sequences)")
     args = ap.parse_args(argv)
     for name in ("sentences", "heldout", "prompts", "max_new"):
         if getattr(args, name) < 0:
@@ -77,11 +86,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _prompt(engine: Engine, text: str, heldout: list[TaggedSentence]) -> tuple[TaggedSentence | None, str]:
+def _prompt(text: str, heldout: list[Seq], profile: Profile) -> tuple[Seq | None, str]:
     try:
         from giaannd.model.tokens import tag_lines
 
-        tagged = next(iter(tag_lines([text])), None)  # one sequence, as the reference tags a prompt
+        # one sequence, as the reference tags a prompt
+        tagged: Seq | None
+        if profile == "giaann-v2":
+            tagged = next(iter(tag_prompt_lines([text])), None)
+        else:
+            tagged = next(iter(tag_lines([text])), None)
         if tagged:
             return tagged, "tagged with spaCy"
     except Exception as exc:  # spaCy or its model missing: say so, fall back
@@ -89,17 +103,34 @@ def _prompt(engine: Engine, text: str, heldout: list[TaggedSentence]) -> tuple[T
     else:
         note = "spaCy returned no sentence"
     if heldout:
-        return heldout[0][:6], f"{note}; using the first 6 tokens of a held-out sentence"
+        first = heldout[0]
+        words = first.words if isinstance(first, TaggedText) else first
+        return words[:6], f"{note}; using the first 6 tokens of a held-out sentence"
     return None, note
 
 
-def _read(path: str, tag_cache: str | None, *, lines: bool) -> list[TaggedSentence]:
-    """Sentences of a CoNLL-U file as is, or of a text file tagged (articles, or one per line)."""
+#: A sequence as a profile reads it: tagged tokens, or (giaann-v2, from text) tokens with their text.
+Seq = TaggedSentence | TaggedText
+
+
+def _read(path: str, tag_cache: str | None, *, lines: bool, profile: Profile = "word") -> list[Seq]:
+    """Sequences of a CoNLL-U file as is, or of a text file tagged (articles, or one per line);
+    giaann-v2 groups sentences three by three (prompt lines stay one sequence each)."""
+    if profile == "giaann-v2":
+        if path.endswith(CONLLU_SUFFIXES):
+            sentences = read_conllu(path)
+            return list(sentences) if lines else list(group_sentences(sentences))
+        if lines:
+            return list(tag_prompt_lines(read_prompt_lines(path)))
+        return list(tag_groups(_articles_of(path)))
+    out: list[Seq] = []
     if path.endswith(CONLLU_SUFFIXES):
-        return list(read_conllu(path))
-    if tag_cache:
-        return list(read_conllu(tag_file_cached(path, tag_cache, lines=lines)))
-    return tag_file(path, lines=lines)
+        out.extend(read_conllu(path))
+    elif tag_cache:
+        out.extend(read_conllu(tag_file_cached(path, tag_cache, lines=lines)))
+    else:
+        out.extend(tag_file(path, lines=lines))
+    return out
 
 
 def _show(words: Iterator[str] | list[str]) -> str:
@@ -107,8 +138,15 @@ def _show(words: Iterator[str] | list[str]) -> str:
     return " ".join(repr(w)[1:-1] if w.isspace() else w for w in words)
 
 
-def _evaluate_prompt_file(engine: Engine, path: str, tag_cache: str | None, constants_name: str) -> None:
-    prompts = _read(path, tag_cache, lines=True)
+def _articles_of(path: str) -> list[str]:
+    """A text file's articles: blocks separated by blank lines (as tokens.tag_file reads them)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+
+
+def _evaluate_prompt_file(engine: Engine, path: str, tag_cache: str | None, constants_name: str,
+                          profile: Profile) -> None:
+    prompts = _read(path, tag_cache, lines=True, profile=profile)
     constants = constants_named(constants_name)
     vocab = engine.assigner.vocab
     total = skipped = 0
@@ -118,7 +156,8 @@ def _evaluate_prompt_file(engine: Engine, path: str, tag_cache: str | None, cons
         enc = engine.assigner.encode(tagged, update_flags=False)
         if enc is None or len(enc) < SEED_TOKENS + 1:
             skipped += 1
-            print(f"prompt {number}: skipped ({len(tagged)} tokens; column assignment kept "
+            n_words = len(tagged.words if isinstance(tagged, TaggedText) else tagged)
+            print(f"prompt {number}: skipped ({n_words} tokens; column assignment kept "
                   f"{0 if enc is None else len(enc)}, {SEED_TOKENS + 1} needed, with a noun)")
             continue
         r = engine.evaluate([enc], constants=constants, keep_details=True)
@@ -139,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     t0 = time.perf_counter()
     try:
-        assigner = ColumnAssigner(load_lexicon(args.lexicon) if args.lexicon else None)
-        source = iter(_read(args.corpus, args.tag_cache, lines=False) if args.corpus else load_bundled_corpus())
+        assigner = make_assigner(args.profile, load_lexicon(args.lexicon) if args.lexicon else None)
+        source: Iterator[Seq] = iter(
+            _read(args.corpus, args.tag_cache, lines=False, profile=args.profile) if args.corpus
+            else load_bundled_corpus() if args.profile == "word" else group_sentences(load_bundled_corpus()))
         if args.prompts_file and not Path(args.prompts_file).is_file():
             raise FileNotFoundError(f"prompt file {args.prompts_file} does not exist or is not a file")
     except (GiaannError, OSError) as exc:
@@ -148,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine = Engine(assigner)
     # Take sentences in order until --sentences are usable for training; the next ones are held out.
-    train_tagged: list[TaggedSentence] = []
+    train_tagged: list[Seq] = []
     usable = 0
     for tagged in source:
         train_tagged.append(tagged)
@@ -164,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     stats = engine.train(train_tagged)
     train_s = time.perf_counter() - t1
     store = engine.store
-    print(f"corpus: {len(train_tagged)} tagged sentences read in {load_s:.1f}s; trained "
+    print(f"profile: {args.profile}")
+    print(f"corpus: {len(train_tagged)} tagged sequences read in {load_s:.1f}s; trained "
           f"{stats.sentences_trained} ({engine.assigner.stats.skipped} skipped: "
           f"{engine.assigner.stats.as_dict()})")
     print(f"training: {stats.sentences_trained / max(train_s, 1e-9):.0f} sentences/s "
@@ -175,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.prompts_file:
         try:
-            _evaluate_prompt_file(engine, args.prompts_file, args.tag_cache, args.constants)
+            _evaluate_prompt_file(engine, args.prompts_file, args.tag_cache, args.constants, args.profile)
         except (GiaannError, OSError) as exc:
             print(f"single_process: {exc}", file=sys.stderr)
             return 2
@@ -195,11 +237,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.prompts} prompts, {r.no_prediction} without prediction; {r.steps / max(dt, 1e-9):.0f} "
               f"LIF steps/s)")
 
-    prompt, how = _prompt(engine, args.prompt, heldout)
+    prompt, how = _prompt(args.prompt, heldout, args.profile)
     if prompt is not None:
-        words = " ".join(t.form for t in prompt)
+        words = (prompt.text if isinstance(prompt, TaggedText) else " ".join(t.form for t in prompt))
         out = engine.generate(prompt, args.max_new, constants=TRAIN_SET)
-        print(f"generate ({how}): {words!r} -> {' '.join(out)!r}")
+        shown = "".join(out) if args.profile == "giaann-v2" else " ".join(out)  # subwords carry their spaces
+        print(f"generate ({how}): {words!r} -> {shown!r}")
     else:
         print(f"generate: skipped ({how})")
     _exports(engine, args)

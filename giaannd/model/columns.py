@@ -30,16 +30,17 @@ Theory of operation (everything that decides a token's column lives in this file
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.lexicon import Lexicon, PosClass
 from giaannd.model.sentence import EncodedSentence
-from giaannd.model.tokens import TaggedSentence, Token
+from giaannd.model.tokens import TaggedSentence, TaggedText, Token
 from giaannd.model.vocab import Vocabulary
 
 __all__ = [
@@ -87,11 +88,15 @@ class EncodeStats:
     cropped: int = 0
     #: adjacent noun pairs with no delimiter between them that used the nᵢ₊₁−1 fallback
     fallback_boundaries: int = 0
+    #: giaann-v2 profile only (subwords.py): sequences refused for their UTF-8 size, and sequences
+    #: cropped to the subword limit
+    skipped_too_many_bytes: int = 0
+    cropped_subwords: int = 0
 
     @property
     def skipped(self) -> int:
         return (self.skipped_empty + self.skipped_too_short + self.skipped_too_long
-                + self.skipped_no_concept + self.skipped_no_delimiter)
+                + self.skipped_no_concept + self.skipped_no_delimiter + self.skipped_too_many_bytes)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -253,12 +258,13 @@ class ColumnAssigner:
                 yield enc
 
     def encode(
-        self, sentence: TaggedSentence, *, update_flags: bool = True, min_tokens: int | None = None
+        self, sentence: TaggedSentence | TaggedText, *, update_flags: bool = True, min_tokens: int | None = None
     ) -> EncodedSentence | None:
         """Turn one tagged sentence into column instances (steps 1–6 of the module docstring).
 
         Args:
-            sentence: the tagger's tokens.
+            sentence: the tagger's tokens (of a :class:`TaggedText`: its words; this profile does
+                not read the text).
             update_flags: store new deterministic flags and OR new probabilistic ones (training).
                 False for inference prompts: flags found in the sentence are used for it but the
                 stored flags are not changed.
@@ -268,6 +274,8 @@ class ColumnAssigner:
         Returns:
             the encoded sentence, or None if it was skipped (the reason is counted in ``stats``).
         """
+        if isinstance(sentence, TaggedText):
+            sentence = sentence.words
         stats = self.stats
         stats.seen += 1
         if not sentence:
@@ -290,26 +298,54 @@ class ColumnAssigner:
         words = tuple(tok.form.lower() for tok in merged)
         lemmas = tuple(tok.lemma.lower() for tok in merged)
         n = len(merged)
-        is_noun = np.zeros(n, dtype=np.bool_)
-        is_noun[nouns] = True
         vocab = self.vocab
         # Noun tokens keep PRIME_FEATURE (0): each is the prime concept neuron of its own instance.
         feature = np.full(n, PRIME_FEATURE, dtype=np.uint64)
         det_ctx = [False] * n  # contextual deterministic test, per token
+        is_noun = set(nouns)
+        for t in range(n):
+            if t in is_noun:
+                continue
+            feature[t] = vocab.add_feature(words[t])
+            det_ctx[t] = self.token_is_deterministic(words[t], lemmas[t], merged[t].xpos)
+        column_lemma = tuple(lemmas[p] for p in nouns)
+        return self._assign(
+            words, lemmas, nouns, feature, det_ctx, lambda t: self.token_is_candidate(words[t], lemmas[t]),
+            lambda: np.array([vocab.add_column(lem) for lem in column_lemma], dtype=np.uint64),
+            column_lemma, update_flags=update_flags)
+
+    def _assign(
+        self,
+        words: tuple[str, ...],
+        lemmas: tuple[str, ...],
+        nouns: list[int],
+        feature: NDArray[np.uint64],
+        det_ctx: list[bool],
+        is_candidate: Callable[[int], bool],
+        instance_columns: Callable[[], NDArray[np.uint64]],
+        column_lemma: tuple[str, ...],
+        *,
+        update_flags: bool,
+        token_id: NDArray[np.int64] | None = None,
+    ) -> EncodedSentence | None:
+        """Steps 4–6 for any tokenisation profile: store/OR the flags, cut the spans, build the
+        sentence. ``feature`` holds every token's feature id (0 at the nouns in ``nouns``),
+        ``det_ctx`` the contextual deterministic test and ``is_candidate`` the probabilistic one;
+        ``instance_columns`` gives the column id of each noun (called only if the sentence is kept).
+        """
+        n = len(words)
         det_stored = [False] * n  # the feature's deterministic flag as column assignment sees it
         for t in range(n):
-            if is_noun[t]:
+            fid = int(feature[t])
+            if fid == PRIME_FEATURE:
                 continue
-            fid = vocab.add_feature(words[t])
-            feature[t] = fid
-            det_ctx[t] = self.token_is_deterministic(words[t], lemmas[t], merged[t].xpos)
             stored = self._deterministic.get(fid)
             if stored is None:
                 stored = det_ctx[t]
                 if update_flags:
                     self._deterministic[fid] = stored
             det_stored[t] = stored
-        new_prob = self._detect_probabilistic(words, lemmas, nouns, det_ctx, feature)
+        new_prob = self._detect_probabilistic(nouns, det_ctx, is_candidate, feature)
         if update_flags:
             self.probabilistic_flags.update(new_prob)
             prob = self.probabilistic_flags
@@ -317,13 +353,14 @@ class ColumnAssigner:
             prob = self.probabilistic_flags | new_prob if new_prob else self.probabilistic_flags
         starts = self._span_starts(nouns, det_stored, feature, prob)
         if starts is None:
-            stats.skipped_no_delimiter += 1
+            self.stats.skipped_no_delimiter += 1
             return None
         instance = (np.searchsorted(np.asarray(starts, dtype=np.int64), np.arange(n), side="right")
                     - 1).astype(np.int32)
-        column_lemma = tuple(lemmas[p] for p in nouns)
-        inst_column = np.array([vocab.add_column(lem) for lem in column_lemma], dtype=np.uint64)
-        stats.encoded += 1
+        is_noun = np.zeros(n, dtype=np.bool_)
+        is_noun[nouns] = True
+        inst_column = instance_columns()
+        self.stats.encoded += 1
         return EncodedSentence(
             words=words,
             lemmas=lemmas,
@@ -333,15 +370,15 @@ class ColumnAssigner:
             feature=feature,
             noun_position=np.asarray(nouns, dtype=np.int32),
             column_lemma=column_lemma,
+            token_id=token_id,
         )
 
+    @staticmethod
     def _detect_probabilistic(
-        self,
-        words: tuple[str, ...],
-        lemmas: tuple[str, ...],
         nouns: list[int],
         det_ctx: list[bool],
-        feature: np.ndarray,
+        is_candidate: Callable[[int], bool],
+        feature: NDArray[np.uint64],
     ) -> set[int]:
         """Feature ids that this sentence makes probabilistic delimiters (§2.4)."""
         found: set[int] = set()
@@ -350,7 +387,7 @@ class ColumnAssigner:
             if any(det_ctx[t] for t in between):
                 continue
             for t in between:
-                if self.token_is_candidate(words[t], lemmas[t]):
+                if is_candidate(t):
                     found.add(int(feature[t]))
                     break
         return found

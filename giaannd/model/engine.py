@@ -20,7 +20,7 @@ from giaannd.model.evaluate import EvalResult, Mode, evaluate, generate
 from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants
 from giaannd.model.rowstore import RowStore
 from giaannd.model.sentence import EncodedSentence
-from giaannd.model.tokens import TaggedSentence
+from giaannd.model.tokens import TaggedSentence, TaggedText
 from giaannd.model.train import train_batch
 
 __all__ = ["Engine", "TrainStats", "constants_named"]
@@ -68,7 +68,7 @@ class Engine:
         self.stats = TrainStats()
 
     # -- training -------------------------------------------------------------------------------
-    def train(self, sentences: Iterable[TaggedSentence]) -> TrainStats:
+    def train(self, sentences: Iterable[TaggedSentence | TaggedText]) -> TrainStats:
         """Encode (updating flags and vocabulary) and train tagged sentences, in order."""
         pending: list[EncodedSentence] = []
         for tagged in sentences:
@@ -100,7 +100,7 @@ class Engine:
         self.stats.batches += 1
 
     # -- inference ------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: Iterable[TaggedSentence]) -> list[EncodedSentence]:
+    def encode_prompts(self, prompts: Iterable[TaggedSentence | TaggedText]) -> list[EncodedSentence]:
         """Encode prompts for inference: stored flags are read, never changed."""
         out = []
         for tagged in prompts:
@@ -109,12 +109,13 @@ class Engine:
                 out.append(enc)
         return out
 
-    def evaluate(self, prompts: Iterable[TaggedSentence] | Sequence[EncodedSentence], mode: Mode = "teacher",
+    def evaluate(self, prompts: Iterable[TaggedSentence | TaggedText] | Sequence[EncodedSentence],
+                 mode: Mode = "teacher",
                  constants: LifConstants = TRAIN_SET, *, keep_details: bool = False) -> EvalResult:
         """Top-1 accuracy (§7) over tagged or already-encoded prompts (``keep_details``: also every
         prediction, per prompt)."""
         encoded: list[EncodedSentence] = []
-        tagged: list[TaggedSentence] = []
+        tagged: list[TaggedSentence | TaggedText] = []
         for p in prompts:
             if isinstance(p, EncodedSentence):
                 encoded.append(p)
@@ -124,7 +125,7 @@ class Engine:
             encoded.extend(self.encode_prompts(tagged))
         return evaluate(encoded, self.store, self.assigner, constants, mode, keep_details=keep_details)
 
-    def generate(self, prompt: TaggedSentence | EncodedSentence, max_new_tokens: int = 20,
+    def generate(self, prompt: TaggedSentence | TaggedText | EncodedSentence, max_new_tokens: int = 20,
                  constants: LifConstants = TRAIN_SET) -> list[str]:
         """Free-running continuation of one prompt, as words (stops at the first non-prediction)."""
         if isinstance(prompt, EncodedSentence):

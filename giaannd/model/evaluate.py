@@ -6,6 +6,9 @@ predicted word is the feature's word (or the column lemma for a prime-concept pr
 target word is the lower-cased word (or the lemma for a noun). Column identity need not match.
 "No prediction" is a miss; in free-running mode it also ends the prompt (the rest are misses).
 
+Under the ``giaann-v2`` profile (§2.7) a hit is the exact target subword: :func:`token_matches`
+compares token ids (the encoded sentence carries them).
+
 Words are compared through their content-addressed ids (ids.py): a prime prediction (c, 0) matches
 iff ``column_id(target word) == c``, a feature prediction (c, f) iff ``feature_id(target word) == f``
 — the same test as comparing strings, short of a 64-bit hash collision, and it needs no vocabulary.
@@ -22,7 +25,7 @@ from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSe
 from giaannd.model.rows import RowKey
 from giaannd.model.sentence import EncodedSentence
 
-__all__ = ["EvalResult", "Mode", "evaluate", "generate", "prediction_matches"]
+__all__ = ["EvalResult", "Mode", "evaluate", "generate", "prediction_matches", "token_matches"]
 
 Mode = Literal["teacher", "free"]
 
@@ -56,6 +59,15 @@ def prediction_matches(pred: RowKey | None, target_word: str) -> bool:
     if feat == PRIME_FEATURE:
         return col == column_id(target_word)
     return feat == feature_id(target_word)
+
+
+def token_matches(pred: RowKey | None, token_id: int) -> bool:
+    """§7's match test under the ``giaann-v2`` profile (§2.7): the prediction is the exact target
+    subword, as the prime neuron of its column (c = token id) or as a feature (f = token id + 1)."""
+    if pred is None:
+        return False
+    col, feat = pred
+    return col == token_id if feat == PRIME_FEATURE else feat == token_id + 1
 
 
 def evaluate(
@@ -97,9 +109,11 @@ def evaluate(
         result.steps += session.steps_run
         hits: list[tuple[int, bool]] = []
         preds: list[RowKey | None] = []
+        token_id = sent.token_id
         for k in range(seed_tokens, n):
             pred = session.predictions.get(k)
-            ok = prediction_matches(pred, sent.target_word(k))
+            ok = (prediction_matches(pred, sent.target_word(k)) if token_id is None
+                  else token_matches(pred, int(token_id[k])))
             result.prediction_tokens += 1
             result.matches += ok
             result.no_prediction += pred is None

@@ -30,6 +30,9 @@ class EncodedSentence:
             else the feature id of its lower-cased word.
         noun_position: int32[num_instances], token position of each instance's noun.
         column_lemma: the lemma of each instance's noun (its column name), length num_instances.
+        token_id: int64[n], the o200k token id of every token under the ``giaann-v2`` profile
+            (giaann-algorithm.md §2.7: a prediction hits iff it *is* that token); None under the
+            word profile, where a hit compares words through their hashed ids.
     """
 
     words: tuple[str, ...]
@@ -40,6 +43,7 @@ class EncodedSentence:
     feature: NDArray[np.uint64]
     noun_position: NDArray[np.int32]
     column_lemma: tuple[str, ...]
+    token_id: NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return len(self.words)
@@ -49,5 +53,6 @@ class EncodedSentence:
         return int(self.noun_position.shape[0])
 
     def target_word(self, t: int) -> str:
-        """The word token t is scored against (§7): the lemma for a noun, else the lower-cased word."""
+        """The word token t is scored against (§7): the lemma for a noun, else the lower-cased word
+        (giaann-v2: both are the subword's exact text)."""
         return self.lemmas[t] if bool(self.is_concept[t]) else self.words[t]

@@ -57,6 +57,7 @@ __all__ = [
     "CorpusFormatError",
     "SPACY_MODEL_NAMES",
     "TaggedSentence",
+    "TaggedText",
     "Token",
     "TaggerUnavailableError",
     "load_bundled_corpus",
@@ -92,6 +93,24 @@ class Token:
 
 #: One sentence: a tuple of tokens in text order.
 TaggedSentence = tuple[Token, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TaggedText:
+    """A tagged sequence together with the text it was tagged from: what the ``giaann-v2``
+    profile needs to cut the same text into subwords and give each one the POS of the word it
+    overlaps (giaann-algorithm.md §2.7). The word profile reads only ``words``.
+
+    Attributes:
+        text: the sequence's text, exactly as tagged.
+        words: the tagger's tokens.
+        starts: the character offset of each token in ``text`` (``token.form`` is
+            ``text[start:start + len(form)]``).
+    """
+
+    text: str
+    words: TaggedSentence
+    starts: tuple[int, ...]
 
 #: File name of the bundled, pre-tagged World English Bible excerpt (package data).
 BUNDLED_CORPUS = "web_excerpt.conllu.gz"
