@@ -428,6 +428,15 @@ class ComputeConfig(_Section):
         "`word<TAB>UPOS` lines. It decides column spans, so every compute node of a cluster must "
         "use the same one; a file that cannot be read stops the node at start."
     ))] = ""
+    model_profile: Annotated[Literal["word", "giaann-v2"], Meta(description=(
+        "How text becomes columns and features (docs/model.md, \"Model profiles\"): `word` (the "
+        "default) trains word-level tokens, one sentence per sequence, with hashed, grow-only "
+        "dictionaries; `giaann-v2` is the reference's v2 profile: o200k_base subwords that inherit "
+        "their word's POS, 3-sentence sequences, fixed 200k dictionaries (needs the `bpe-openai` "
+        "package). The two cannot share a cluster: a training job records its profile in "
+        "storage's vocabulary and refuses to start on a cluster trained under the other, so every "
+        "compute node of a cluster must use the same one."
+    ))] = "word"
 
 
 class Config(_Section):

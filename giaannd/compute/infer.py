@@ -39,7 +39,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.model.evaluate import EvalResult, Mode, continuation, generation_session, prediction_matches
+from giaannd.model.evaluate import EvalResult, Mode, continuation, generation_session, prediction_matches, token_matches
 from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
@@ -314,7 +314,8 @@ class Inference:
             for k in range(seed_tokens, len(sent)):
                 pred = session.predictions.get(k)
                 preds.append(pred)
-                ok = prediction_matches(pred, sent.target_word(k))
+                ok = (prediction_matches(pred, sent.target_word(k)) if sent.token_id is None
+                      else token_matches(pred, int(sent.token_id[k])))
                 result.prediction_tokens += 1
                 result.matches += ok
                 result.no_prediction += pred is None

@@ -61,7 +61,9 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
+from giaannd.model.subwords import SubwordVocabulary, make_assigner
 from giaannd.model.tokens import TaggedSentence
+from giaannd.model.vocab import Vocabulary
 
 if TYPE_CHECKING:
     from giaannd.config import ComputeConfig, Config
@@ -282,7 +284,8 @@ class ComputeService:
         base = self._client()
         client = job_client(base, journal.journal.doc.writer_id if journal is not None else None)
         job = TrainingJob(sentences, client, settings, progress, lexicon=self._lexicon,
-                          on_written=self.cache.invalidate_batch, journal=journal)
+                          on_written=self.cache.invalidate_batch, journal=journal,
+                          profile=self.settings.model_profile)
         try:
             result = await job.run()
         except BaseException:
@@ -348,10 +351,14 @@ class ComputeService:
         """A column assigner for prompts: this node's vocabulary and deterministic flags, and the
         probabilistic flags as storage holds them now (the replicated set)."""
         flags = await read_flags(self._client())
-        assigner = ColumnAssigner(self._lexicon, flags | self.state.probabilistic)
+        assigner = make_assigner(self.settings.model_profile, self._lexicon, flags | self.state.probabilistic)
         assigner.add_deterministic_flags(self.state.deterministic)
-        assigner.vocab = self.state.vocab
+        assigner.vocab = self._vocab()
         return assigner
+
+    def _vocab(self) -> Vocabulary:
+        """Names of ids: the node's (and storage's) tables, or giaann-v2's fixed ones."""
+        return SubwordVocabulary() if self.settings.model_profile == "giaann-v2" else self.state.vocab
 
     async def evaluate(self, prompts: Sequence[TaggedSentence], constants: str = "train",
                        mode: str = "teacher") -> dict[str, Any]:
@@ -386,7 +393,7 @@ class ComputeService:
             await self.resolve_vocab([c for c, _ in nodes], [f for _, f in nodes])
         except STORAGE_ERRORS as exc:  # words still print, as hex, for what could not be fetched
             log.warning("vocabulary lookup failed: %s", exc)
-        words = [word_of(self.state.vocab, c, f) for c, f in nodes]
+        words = [word_of(assigner.vocab, c, f) for c, f in nodes]
         return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
 
     # -- vocabulary and export (cluster_export.py) --------------------------------------------
@@ -398,7 +405,7 @@ class ComputeService:
         Raises:
             ReadFailed: every owner of some ids failed.
         """
-        return await resolve_vocab(self.state.vocab, lambda keys: self._client().get_vocab(keys),
+        return await resolve_vocab(self._vocab(), lambda keys: self._client().get_vocab(keys),
                                    columns, features)
 
     async def scan_cluster(self) -> RowBatch:
@@ -418,7 +425,7 @@ class ComputeService:
         batch = await self.scan_cluster()
         await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
                                  np.concatenate([batch.row_feature, batch.target_feature]))
-        return await write_export(batch, self.state.vocab, path)
+        return await write_export(batch, self._vocab(), path)
 
 
 def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:

@@ -77,6 +77,14 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.sentence import EncodedSentence
+from giaannd.model.subwords import (
+    PROFILES,
+    Profile,
+    ProfileMismatchError,
+    group_sentences,
+    make_assigner,
+    profile_marker,
+)
 from giaannd.model.tokens import TaggedSentence, read_conllu, tag_file_cached
 from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, train_batch
 from giaannd.model.vocab import Vocabulary
@@ -258,8 +266,8 @@ class _Window:
 class _Worker:
     """One worker's column assigner and view of the flag set."""
 
-    def __init__(self, lexicon: Lexicon, flags: set[int]) -> None:
-        self.assigner = ColumnAssigner(lexicon, flags)
+    def __init__(self, lexicon: Lexicon, flags: set[int], profile: Profile = "word") -> None:
+        self.assigner: ColumnAssigner = make_assigner(profile, lexicon, flags)
         self.tracker = FlagTracker(flags)
         self._vocab_seen = (0, 0)  # columns / features of the assigner's vocabulary already taken
         #: the worker's last vocabulary write (each one waits for the one before: window order)
@@ -313,12 +321,18 @@ class TrainingJob:
         journal: the job's durable journal (job_journal.py): records windows and the cursor, and
             makes this run resume where an earlier run of the same job stopped. Its spec's workers
             and K must be ``settings``'.
+        profile: the model profile (config ``compute.model-profile``); ``giaann-v2`` joins the
+            sentences three by three into sequences. The job records it in storage's vocabulary
+            (``profile_marker``) and refuses a cluster trained under another (``_claim_profile``).
     """
 
     def __init__(self, sentences: Sequence[TaggedSentence], client: StorageClient, settings: TrainSettings,
                  progress: TrainProgress | None = None, *, lexicon: Lexicon | None = None,
                  on_written: Callable[[RowBatch], None] | None = None,
-                 journal: JournalWriter | None = None) -> None:
+                 journal: JournalWriter | None = None, profile: Profile = "word") -> None:
+        self.profile = profile
+        if profile == "giaann-v2":
+            sentences = list(group_sentences(sentences))
         self.sentences = sentences
         self.client = client
         self.settings = settings
@@ -369,11 +383,12 @@ class TrainingJob:
         if journal is not None and journal.doc.initial_flags is not None:
             initial = set(journal.doc.initial_flags)
         else:
+            await self._claim_profile()
             initial = await self._read_flags()
             if self.journal is not None and journal is not None:
                 journal.begin(initial, len(self.sentences))
                 await self.journal.commit()
-        workers = self._workers = [_Worker(self.lexicon, initial) for _ in range(self.settings.workers)]
+        workers = self._workers = [_Worker(self.lexicon, initial, self.profile) for _ in range(self.settings.workers)]
         restart = await self._replay(workers) if resuming else 0
         try:
             await asyncio.gather(*(self._work(w, i, restart) for i, w in enumerate(workers)))
@@ -542,6 +557,29 @@ class TrainingJob:
 
         await retry(lambda: self.client.write(batch, bid), self.settings.retry_policy, retry_on=_RETRYABLE,
                     give_up=lambda exc: isinstance(exc, QuorumNotReached) and exc.store_full, on_retry=note)
+
+    async def _claim_profile(self) -> None:
+        """Refuse a cluster that holds another profile's marker, then write this one's (before any
+        row, so the rows of a cluster always have a marker). Check then write: two jobs of different
+        profiles started at the same moment are not caught (docs/model.md). A client without a
+        vocabulary (a test stand-in) skips it.
+
+        Raises:
+            ProfileMismatchError: the cluster was trained under another profile.
+        """
+        get, put = getattr(self.client, "get_vocab", None), getattr(self.client, "put_vocab", None)
+        if get is None or put is None:
+            return
+        markers = {p: profile_marker(p) for p in PROFILES}
+        found = await retry(lambda: get([(k, i) for k, i, _ in markers.values()]), self.settings.retry_policy,
+                            retry_on=_RETRYABLE)
+        others = [p for p, (k, i, text) in markers.items() if p != self.profile and found.get((k, i)) == text]
+        if others:
+            raise ProfileMismatchError(
+                f"this cluster was trained under model profile {others[0]!r}; this node's is "
+                f"{self.profile!r} (compute.model-profile): profiles cannot be mixed in one cluster")
+        await retry(lambda: put([markers[self.profile]]), self.settings.retry_policy, retry_on=_RETRYABLE,
+                    give_up=lambda exc: isinstance(exc, RemoteVocabConflict))
 
     async def _read_flags(self) -> set[int]:
         """The replicated flag set, retried like a write (a replica may be failing over)."""
