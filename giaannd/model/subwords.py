@@ -37,6 +37,7 @@ A cluster records which profile trained it with :func:`profile_marker` (compute/
 from __future__ import annotations
 
 import unicodedata
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -135,13 +136,17 @@ def encoding() -> Any:
     Raises:
         EncodingUnavailableError: ``bpe-openai`` is not installed.
     """
-    try:
-        import bpe_openai
-    except ImportError as exc:
-        raise EncodingUnavailableError(
-            "the giaann-v2 profile needs o200k_base: pip install 'bpe-openai>=0.1.4,<0.2' "
-            "(or giaannd[compute])") from exc
-    return bpe_openai.get_encoding(ENCODING)
+    # bpe-openai 0.1.4 reads its data with importlib.resources.open_binary, deprecated since 3.11:
+    # its warning is silenced here, where the package is loaded, and nowhere else.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import bpe_openai
+        except ImportError as exc:
+            raise EncodingUnavailableError(
+                "the giaann-v2 profile needs o200k_base: pip install 'bpe-openai>=0.1.4,<0.2' "
+                "(or giaannd[compute])") from exc
+        return bpe_openai.get_encoding(ENCODING)
 
 
 @dataclass(frozen=True, slots=True)
