@@ -133,9 +133,10 @@ def _read(path: str, tag_cache: str | None, *, lines: bool, profile: Profile = "
     return out
 
 
-def _show(words: Iterator[str] | list[str]) -> str:
-    # whitespace tokens (the reference keeps runs of tabs/spaces) are shown escaped
-    return " ".join(repr(w)[1:-1] if w.isspace() else w for w in words)
+def _show(words: Iterator[str] | list[str], sep: str = " ") -> str:
+    # whitespace tokens (the reference keeps runs of tabs/spaces) are shown escaped; giaann-v2
+    # subwords carry their own spaces, so they are shown between "|"
+    return sep.join(repr(w)[1:-1] if w.isspace() else w for w in words)
 
 
 def _articles_of(path: str) -> list[str]:
@@ -164,9 +165,10 @@ def _evaluate_prompt_file(engine: Engine, path: str, tag_cache: str | None, cons
         total += 1
         matches, tokens, none = matches + r.matches, tokens + r.prediction_tokens, none + r.no_prediction
         predicted = ["-" if p is None else vocab.word_of(*p) for p in r.predictions[0]]
-        print(f"prompt {number}: {_show(list(enc.words))}")
-        print(f"  targets:   {_show([enc.target_word(k) for k in range(SEED_TOKENS, len(enc))])}")
-        print(f"  predicted: {_show(predicted)}")
+        sep = "|" if profile == "giaann-v2" else " "
+        print(f"prompt {number}: {_show(list(enc.words), sep)}")
+        print(f"  targets:   {_show([enc.target_word(k) for k in range(SEED_TOKENS, len(enc))], sep)}")
+        print(f"  predicted: {_show(predicted, sep)}")
         print(f"  top-1 {r.matches}/{r.prediction_tokens}")
     dt = time.perf_counter() - t0
     top1 = matches / tokens if tokens else 0.0

@@ -79,3 +79,18 @@ def test_single_process_text_corpus_and_text_prompt_file(tmp_path, capsys):
     assert "prompt 2: skipped" in out and "prompt 3" not in out
     assert "top-1 prompt file (train constants): " in out and ", 1 prompts, 1 skipped" in out
     assert len(list((tmp_path / "cache").iterdir())) == 2  # the corpus (articles) and the prompts (lines)
+
+
+def test_single_process_giaann_v2_profile_trains_and_evaluates_subwords(tmp_path, capsys):
+    corpus, prompts = tmp_path / "c.conllu", tmp_path / "p.conllu"
+    write_conllu([STORY, OTHER, OTHER] * 8, corpus)  # 24 sentences -> 8 sequences of 3
+    write_conllu([OTHER], prompts)
+    rc = single_process.main(["--profile", "giaann-v2", "--corpus", str(corpus), "--sentences", "8",
+                              "--prompts-file", str(prompts), "--constants", "train"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "profile: giaann-v2" in out and "trained 8" in out
+    # one prompt line is one sequence; subwords keep their leading spaces, shown between "|"
+    assert "prompt 1: a| bird| flew| over| the| hill| and| the| fox| ran| to| the| den|." in out
+    assert "  predicted:  fox| ran| to| the| den|." in out
+    assert "top-1 prompt file (train constants): 1.0000 (6/6 prediction tokens, 1 prompts" in out
