@@ -22,6 +22,8 @@ This module owns that layout, and is the only place that computes byte offsets i
   (a row not stored yet merges to its delta): long rows one byte concatenation each, short ones
   through ``cut_regions``. The same bytes either way (tests compare them).
 - ``gather_rows``: regions -> one ``RowBatch`` (a copy), one concatenation of byte slices per field.
+- ``region_part``: entries ``[offset, offset + limit)`` of one region (a copy of just those bytes:
+  a part of a large row read in chunks, protocol ``ReadRowPart``).
 
 Everything here is pure (no store state, no I/O); the functions never keep references to their
 inputs' buffers in what they return.
@@ -42,6 +44,7 @@ __all__ = [
     "gather_rows",
     "install_regions",
     "new_region",
+    "region_part",
     "row_from_region",
     "rows_of_regions",
 ]
@@ -197,4 +200,22 @@ def gather_rows(keys: list[RowKey], regions: list[NDArray[np.uint8]]) -> RowBatc
         cat([r[: 8 * n] for r, n in zip(regions, ns)]).view(np.uint64),
         cat([r[8 * n : 16 * n] for r, n in zip(regions, ns)]).view(np.uint64),
         cat([r[16 * n : 20 * n] for r, n in zip(regions, ns)]).view(np.float32),
+    )
+
+
+def region_part(region: NDArray[np.uint8], offset: int, limit: int) -> Row:
+    """Entries ``[offset, offset + limit)`` of ``region`` (clipped to the row) as four fresh arrays.
+
+    A copy of the slice only, never of the whole row, and a copy rather than views: the transport
+    sends bulk buffers after the handler returns (uvloop's writev keeps references), and an
+    in-place merge-add may change the region's strengths meanwhile; a copy is the cut the reply's
+    version describes."""
+    n = region.shape[0] // ENTRY_BYTES
+    a = min(max(offset, 0), n)
+    b = min(a + max(limit, 0), n)
+    return Row(
+        segment=region[20 * n + a : 20 * n + b].copy(),
+        target_column=region[8 * a : 8 * b].view(np.uint64).copy(),
+        target_feature=region[8 * (n + a) : 8 * (n + b)].view(np.uint64).copy(),
+        strength=region[16 * n + 4 * a : 16 * n + 4 * b].view(np.float32).copy(),
     )

@@ -1,0 +1,202 @@
+"""Chunked reads: rows of any size from one storage node (protocol "Rows of any size").
+
+Theory of operation
+-------------------
+**Replies are bounded.** ``read_chunked`` sends ``ReadRows(chunked=True)``. The node answers with
+rows up to its read chunk (``storage.read-chunk-bytes``) in key order; rows larger than the chunk
+are not in the reply but listed in ``RowsReply.large`` with their size and version; ``more`` says
+the node stopped early, and the keys after ``(next_column, next_feature)`` are asked again. So no
+reply, and no copy a node makes for one, is larger than a chunk, whatever the rows.
+
+**Large rows by parts.** ``read_large_row`` allocates the row's four entry arrays once and fills
+them with ``ReadRowPart`` requests of one chunk each, ``READ_PARTS_IN_FLIGHT`` at a time on the
+node's connection (a loopback round trip per part would otherwise cap the rate). Each part's
+arrays are copied once, from the receive buffers into place. The assembled row is validated as a
+canonical row (sorted, unique targets, finite strengths) before it is returned.
+
+**No torn rows.** Every part reports the row's version: its entry count, ``touches`` (batches
+applied to it) and the store's ``drops`` (column drops). A read is consistent when every part
+reports the version it started from: any change of the row in between (a merge-add changes
+``touches``, a growth ``entries`` too, a drop and re-write ``drops``) stops the read, which starts
+again from the version the part saw. A row that vanished (``entries`` 0) is absent. After
+``MAX_READ_RESTARTS`` restarts the read gives up with ``ReadFailed`` (a row written faster than it
+can be read; the replica loop then tries the next owner).
+
+**Joining.** Rows from several replies (and nodes) are disjoint; ``join_disjoint`` puts them in
+key order with one copy per field, slicing whole runs of rows (never per-entry work on a large
+row), and returns a single part as it is: reading one large row copies it once in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd import protocol as p
+from giaannd.client.errors import ReadFailed, RemoteBadRequest
+from giaannd.client.node_call import NodeCall
+from giaannd.model.rows import RowBatch
+
+__all__ = ["MAX_READ_RESTARTS", "READ_PARTS_IN_FLIGHT", "join_disjoint", "read_chunked", "read_large_row"]
+
+#: Part requests of one large row in flight at once. One part at a time pays a round trip plus the
+#: node's copy per chunk with the socket idle; four keep the connection busy (tools/bench/bigrow.py)
+#: while the node holds at most four chunks of copies for this reader.
+READ_PARTS_IN_FLIGHT: Final = 4
+#: Restarts of a large-row read whose row changed between parts before the read fails
+#: (module docstring, "No torn rows").
+MAX_READ_RESTARTS: Final = 8
+#: Runs of consecutive rows ``join_disjoint`` slices one by one; more (rows of many replies
+#: interleaved key by key: small rows) go through one vectorised coalescing pass instead.
+MAX_JOIN_RUNS: Final = 256
+
+_Version = tuple[int, int, int]  # entries, touches, drops
+
+
+async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feats: NDArray[np.uint64], *,
+                       chunk_entries: int, epoch: str, timeout_s: float | None = None,
+                       in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch:
+    """The rows ``(cols, feats)`` that ``node`` holds (absent ones left out), any size, as one
+    canonical batch (module docstring).
+
+    Raises:
+        ProtocolViolation: a malformed reply or part.
+        ReadFailed: a large row kept changing while it was read.
+        StorageRequestError / PeersError / OSError: the node refused or could not be reached.
+    """
+    parts: list[RowBatch] = []
+    while cols.size:
+        reply, bulk = await call(node, p.ReadRows(epoch, chunked=True), [cols, feats], timeout_s)
+        if not isinstance(reply, p.RowsReply):
+            raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRows", node)
+        parts.append(p.check_batch(bulk))
+        if reply.large:
+            asked = set(zip(cols.tolist(), feats.tolist()))
+            for row in reply.large:
+                if (row[0], row[1]) not in asked:
+                    raise p.ProtocolViolation(f"large row ({row[0]}, {row[1]}) was not asked for")
+                big = await read_large_row(call, node, row, chunk_entries=chunk_entries, epoch=epoch,
+                                           timeout_s=timeout_s, in_flight=in_flight)
+                if big is not None:
+                    parts.append(big)
+        if not reply.more:
+            break
+        nc, nf = np.uint64(reply.next_column), np.uint64(reply.next_feature)
+        later = (cols > nc) | ((cols == nc) & (feats > nf))
+        if int(later.sum()) == cols.size:
+            raise p.ProtocolViolation("ReadRows reply says 'more' but its cursor is before every key")
+        cols, feats = cols[later], feats[later]
+    return join_disjoint(parts)
+
+
+async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_entries: int, epoch: str,
+                         timeout_s: float | None = None, in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch | None:
+    """One row listed in ``RowsReply.large``, read by parts into one allocation (module docstring);
+    None when it vanished meanwhile.
+
+    Raises:
+        ReadFailed: it changed during each of ``MAX_READ_RESTARTS + 1`` reads.
+        ProtocolViolation: a malformed part, or a row that is not canonical.
+    """
+    column, feature, entries, touches, drops = row
+    version: _Version = (entries, touches, drops)
+    for _ in range(MAX_READ_RESTARTS + 1):
+        if version[0] == 0:
+            return None
+        got = await _read_parts(call, node, column, feature, version, max(1, chunk_entries), max(1, in_flight),
+                                epoch, timeout_s)
+        if isinstance(got, RowBatch):
+            return got
+        version = got  # changed: read again, at the version the part saw
+    raise ReadFailed(f"row ({column}, {feature}) changed during each of {MAX_READ_RESTARTS + 1} reads", node)
+
+
+async def _read_parts(call: NodeCall, node: str, column: int, feature: int, version: _Version, chunk: int,
+                      in_flight: int, epoch: str, timeout_s: float | None) -> RowBatch | _Version:
+    """One attempt: the whole row at ``version``, or the version a part saw instead."""
+    n = version[0]
+    out: list[NDArray[Any]] = [np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64),
+                               np.empty(n, np.float32)]
+    starts = iter(range(0, n, chunk))
+    changed: list[_Version] = []
+
+    async def worker() -> None:
+        for a in starts:  # the shared iterator hands each chunk to one worker
+            b = min(a + chunk, n)
+            while a < b:
+                if changed:
+                    return
+                reply, bulk = await call(node, p.ReadRowPart(column, feature, a, b - a, epoch), (), timeout_s)
+                if not isinstance(reply, p.RowPart):
+                    raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRowPart", node)
+                seen = (int(reply.entries), int(reply.touches), int(reply.drops))
+                if seen != version:
+                    changed.append(seen)
+                    return
+                got = p.check_part(reply, bulk, a, b - a)
+                k = int(got[0].shape[0])
+                for dst, src in zip(out, got):
+                    dst[a : a + k] = src
+                a += k
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(min(in_flight, -(-n // chunk))):
+            tg.create_task(worker())
+    if changed:
+        return changed[0]
+    batch = RowBatch(np.array([column], np.uint64), np.array([feature], np.uint64), np.array([0, n], np.int64),
+                     out[0], out[1], out[2], out[3])
+    try:
+        batch.validate()
+    except ValueError as exc:
+        raise p.ProtocolViolation(f"row ({column}, {feature}) read by parts: {exc}") from None
+    return batch
+
+
+def _rows_slice(b: RowBatch, r0: int, r1: int) -> RowBatch:
+    """Rows ``[r0, r1)`` of ``b`` as views."""
+    e0, e1 = int(b.offsets[r0]), int(b.offsets[r1])
+    return RowBatch(b.row_column[r0:r1], b.row_feature[r0:r1], b.offsets[r0 : r1 + 1] - e0, b.segment[e0:e1],
+                    b.target_column[e0:e1], b.target_feature[e0:e1], b.strength[e0:e1])
+
+
+def _concat_in_order(pieces: list[RowBatch]) -> RowBatch:
+    """Batches already in ascending, disjoint key order, as one batch: one copy per field."""
+    lengths = np.concatenate([np.diff(b.offsets) for b in pieces])
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    cat: Any = np.concatenate
+    return RowBatch(cat([b.row_column for b in pieces]), cat([b.row_feature for b in pieces]), offsets,
+                    cat([b.segment for b in pieces]), cat([b.target_column for b in pieces]),
+                    cat([b.target_feature for b in pieces]), cat([b.strength for b in pieces]))
+
+
+def join_disjoint(parts: list[RowBatch]) -> RowBatch:
+    """Canonical batches holding disjoint rows, as one canonical batch (module docstring, "Joining").
+
+    Raises:
+        ValueError: two parts hold the same row.
+    """
+    parts = [b for b in parts if b.num_rows]
+    if not parts:
+        return RowBatch.empty()
+    if len(parts) == 1:
+        return parts[0]
+    rc = np.concatenate([b.row_column for b in parts])
+    rf = np.concatenate([b.row_feature for b in parts])
+    src = np.repeat(np.arange(len(parts)), [b.num_rows for b in parts])
+    idx = np.concatenate([np.arange(b.num_rows) for b in parts])
+    order = np.lexsort((rf, rc))
+    rc, rf, src, idx = rc[order], rf[order], src[order], idx[order]
+    if bool(((rc[1:] == rc[:-1]) & (rf[1:] == rf[:-1])).any()):
+        raise ValueError("join_disjoint: a row is in two parts")
+    cut = np.flatnonzero((src[1:] != src[:-1]) | (idx[1:] != idx[:-1] + 1)) + 1
+    if cut.shape[0] + 1 > MAX_JOIN_RUNS:  # many short runs: small rows, one coalescing pass is cheap
+        return RowBatch.concat(parts)
+    starts = [0, *cut.tolist()]
+    ends = [*cut.tolist(), int(src.shape[0])]
+    return _concat_in_order([_rows_slice(parts[int(src[a])], int(idx[a]), int(idx[e - 1]) + 1)
+                             for a, e in zip(starts, ends)])
