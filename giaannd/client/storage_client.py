@@ -204,15 +204,16 @@ class StorageClient:
                 self._conns[address] = conn
             return conn
 
-    async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (),
-                    timeout_s: float | None = None) -> tuple[p.Reply, list[np.ndarray]]:
+    async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (), timeout_s: float | None = None,
+                    *, recv_into: Sequence[Any] | None = None) -> tuple[p.Reply, list[np.ndarray]]:
         """One request; typed error replies become exceptions; connection-level failures are
         reported to ``on_unreachable`` before they propagate."""
         connecting = True
         try:
             conn = await self._connection(node)
             connecting = False
-            result = await conn.request(p.encode(msg), bulk, timeout_s=timeout_s or self.request_timeout_s)
+            result = await conn.request(p.encode(msg), bulk, recv_into=recv_into,
+                                        timeout_s=timeout_s or self.request_timeout_s)
         except Exception as exc:
             if self.on_unreachable is not None and _unreachable(exc, connecting):
                 try:

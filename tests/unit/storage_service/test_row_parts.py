@@ -15,6 +15,7 @@ from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.regions import new_region
 from giaannd.storage.replication.hints import HintStore
 from giaannd.storage.replication.requests import Answer, StorageRequests
+from peers.errors import LocalProtocolError
 
 
 def big_row(n, column=7, feature=3, seed=0):
@@ -46,7 +47,7 @@ class FakeCall:
     def __init__(self, core, after_part=None):
         self.core, self.after_part, self.sent = core, after_part, []
 
-    async def __call__(self, node, msg, bulk=(), timeout_s=None):
+    async def __call__(self, node, msg, bulk=(), timeout_s=None, *, recv_into=None):
         self.sent.append(type(msg).__name__)
         step = self.core.serve(msg, [np.asarray(b) for b in bulk])
         assert isinstance(step, Answer)
@@ -54,7 +55,14 @@ class FakeCall:
         if isinstance(msg, p.ReadRowPart) and self.after_part is not None:
             self.after_part(self.sent.count("ReadRowPart"))
         await asyncio.sleep(0)  # let the other part workers interleave
-        return step.reply, [np.array(b) for b in step.bulk]
+        out = [np.array(b) for b in step.bulk]
+        if recv_into is not None:  # as the transport does: exactly matching buffers, else refused
+            if len(recv_into) != len(out) or any(d.nbytes != b.nbytes for d, b in zip(recv_into, out)):
+                raise LocalProtocolError("response did not fit recv_into")
+            for d, b in zip(recv_into, out):
+                d[...] = b
+            out = list(recv_into)
+        return step.reply, out
 
 
 def same(a, b):
