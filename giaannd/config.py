@@ -382,12 +382,12 @@ class StorageConfig(_Section):
     read_chunk_bytes: Annotated[int, Meta(ge=4096, le=MAX_READ_CHUNK_BYTES, description=(
         "Bytes (21 per entry) of one read reply: a storage node answers a `ReadRows` with rows up "
         "to this many bytes and lists any row larger than it, which the client then reads in parts "
-        "of this size (`ReadRowPart`), several in flight, into one preallocated row; stream chunks "
-        "of rebalance and repair cut a larger row the same way. No row is too big to read or move. "
-        "Larger parts cost fewer round trips; smaller ones bound what a node copies and holds per "
-        "request (one part per request in flight). The storage node caps a client's parts at its "
-        "own value. 8 MiB: a part is copied in about a millisecond and a loopback round trip is "
-        "well under 1 % of its transfer time."
+        "of this size (`ReadRowPart`), four in flight, into one preallocated row: no row is too "
+        "big to read. Larger parts cost fewer round trips; smaller ones bound what a node copies "
+        "and holds per request (one part per request in flight). The storage node caps a "
+        "client's parts at its own value; a client reads with the value of its own config. 8 MiB: "
+        "a part is copied in about a millisecond, and four in flight keep a loopback connection "
+        "busy (tools/bench/bigrow.py). Streams (rebalance) cut rows by their own chunk size."
     ))] = DEFAULT_READ_CHUNK_BYTES
     auto_repair_timeout_s: Annotated[float, Meta(gt=0, le=86400, description=(
         "Bound on the automatic repair: attempts that find no live peer or a peer that does not "
