@@ -11,18 +11,24 @@ reply, and no copy a node makes for one, is larger than a chunk, whatever the ro
 **Large rows by parts.** ``read_large_row`` allocates the row's four entry arrays once and fills
 them with ``ReadRowPart`` requests of one chunk each, ``READ_PARTS_IN_FLIGHT`` at a time on the
 node's connection (a loopback round trip per part would otherwise cap the rate). Each part is
-received straight into its place (the transport's ``recv_into``: no copy on this side); a reply
+checked on arrival (while the others are on the wire), the entries across part edges at the end,
+and received straight into its place (the transport's ``recv_into``: no copy on this side); a reply
 that does not fit (an error reply, a node whose read chunk is smaller than ours) is asked for again
-into fresh buffers and copied into place. The assembled row is validated as a
-canonical row (sorted, unique targets, finite strengths) before it is returned.
+into fresh buffers and copied into place. The row is validated as canonical (sorted, unique
+targets, finite strengths) before it is returned.
 
 **No torn rows.** Every part reports the row's version: its entry count, ``touches`` (batches
-applied to it) and the store's ``drops`` (column drops). A read is consistent when every part
-reports the version it started from: any change of the row in between (a merge-add changes
-``touches``, a growth ``entries`` too, a drop and re-write ``drops``) stops the read, which starts
-again from the version the part saw. A row that vanished (``entries`` 0) is absent. After
-``MAX_READ_RESTARTS`` restarts the read gives up with ``ReadFailed`` (a row written faster than it
-can be read; the replica loop then tries the next owner).
+applied to it) and the store's ``drops`` (column drops); each only grows, and every change of a
+row's entries changes one of them (a merge-add ``touches``, a growth ``entries`` too, a drop and
+re-write ``drops``). The node serves parts as views of the row's region (no copy), so a part's
+bytes may be changed while they wait in its socket queue; hence the rule: **a row is accepted only
+if every part and one version check sent after the last part arrived (an empty ``ReadRowPart``
+at the row's end) report the version the read started from.** A change that reached bytes of a
+part before they were handed to the kernel happened before that check was served, so the check
+sees it. Otherwise the read starts again from the version the part or check saw. A row that
+vanished (``entries`` 0) is absent. After ``MAX_READ_RESTARTS`` restarts the read gives up with
+``ReadFailed`` (a row written faster than it can be read; the replica loop then tries the next
+owner).
 
 **Joining.** Rows from several replies (and nodes) are disjoint; ``join_disjoint`` puts them in
 key order with one copy per field, slicing whole runs of rows (never per-entry work on a large
@@ -128,6 +134,8 @@ async def _read_parts(call: NodeCall, node: str, column: int, feature: int, vers
     out: list[NDArray[Any]] = [np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64),
                                np.empty(n, np.float32)]
     starts = iter(range(0, n, chunk))
+    edges: list[int] = []  # where each received part starts
+    what = f"row ({column}, {feature}) read by parts"
     changed: list[_Version] = []
 
     async def worker() -> None:
@@ -154,16 +162,40 @@ async def _read_parts(call: NodeCall, node: str, column: int, feature: int, vers
                 if not in_place:
                     for dst, src in zip(out, got):
                         dst[a : a + k] = src
+                # checked on arrival, while other parts are on the wire; the pairs across part
+                # edges once all are in (``_check_edges``)
+                check_canonical_row(out[0][a : a + k], out[1][a : a + k], out[2][a : a + k], out[3][a : a + k], what)
+                edges.append(a)
                 a += k
 
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(min(in_flight, -(-n // chunk))):
-            tg.create_task(worker())
+    try:
+        async with asyncio.TaskGroup() as tg:  # one failing part cancels the others
+            for _ in range(min(in_flight, -(-n // chunk))):
+                tg.create_task(worker())
+    except* Exception as group:  # the first failure, as itself: callers sort errors by type
+        raise group.exceptions[0] from None
     if changed:
         return changed[0]
-    check_canonical_row(out[0], out[1], out[2], out[3], f"row ({column}, {feature}) read by parts")
+    # the version check after every part arrived (module docstring, "No torn rows")
+    reply, bulk = await call(node, p.ReadRowPart(column, feature, n, 1, epoch), (), timeout_s)
+    if not isinstance(reply, p.RowPart):
+        raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRowPart", node)
+    seen = (int(reply.entries), int(reply.touches), int(reply.drops))
+    if seen != version:
+        return seen
+    _check_edges(out, edges, what)
     return RowBatch(np.array([column], np.uint64), np.array([feature], np.uint64), np.array([0, n], np.int64),
                     out[0], out[1], out[2], out[3])
+
+
+def _check_edges(out: list[NDArray[Any]], edges: list[int], what: str) -> None:
+    """The entry pairs across part edges (each part was checked alone) are in canonical order."""
+    at = np.array(sorted(e for e in edges if e > 0), np.int64)
+    if at.size:
+        pairs = np.stack((at - 1, at), axis=1).reshape(-1)  # (last of one part, first of the next)
+        seg, tc, tf, st = (o[pairs] for o in out)
+        for i in range(0, pairs.shape[0], 2):
+            check_canonical_row(seg[i : i + 2], tc[i : i + 2], tf[i : i + 2], st[i : i + 2], what)
 
 
 def check_canonical_row(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.uint64],

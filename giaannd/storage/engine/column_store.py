@@ -150,7 +150,7 @@ class BoundedRead:
 
 @dataclass(frozen=True, slots=True)
 class PartRead:
-    """``read_part``: the row's version now (``entries`` 0: absent) and a copy of the entries asked for."""
+    """``read_part``: the row's version now (``entries`` 0: absent) and views of the entries asked for."""
 
     entries: int
     touches: int
@@ -431,7 +431,8 @@ class ColumnStore:
         return BoundedRead(self._gather(keys), large, last if stopped else None)
 
     def read_part(self, key: RowKey, offset: int, limit: int) -> PartRead:
-        """Entries ``[offset, offset + limit)`` of one row (a copy of those only) and its version."""
+        """Entries ``[offset, offset + limit)`` of one row (live views: ``regions.region_part``
+        says why that is safe) and its version."""
         slot = self._rows.get(key)
         if slot is None:
             return PartRead(0, 0, self.drops, Row.empty())

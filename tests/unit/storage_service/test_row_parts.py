@@ -53,7 +53,7 @@ class FakeCall:
         assert isinstance(step, Answer)
         raise_for_reply(node, step.reply)
         if isinstance(msg, p.ReadRowPart) and self.after_part is not None:
-            self.after_part(self.sent.count("ReadRowPart"))
+            self.after_part(self.sent.count("ReadRowPart"), msg)  # (before the bulk is "sent")
         await asyncio.sleep(0)  # let the other part workers interleave
         out = [np.array(b) for b in step.bulk]
         if recv_into is not None:  # as the transport does: exactly matching buffers, else refused
@@ -81,7 +81,7 @@ def test_row_parts_row_read_in_many_chunks(core):
     core.store.apply(BatchId(1, 1), small)
     call = FakeCall(core)
     got = read(call, [9, 7, 8], [0, 3, 0])  # unsorted, one absent
-    assert call.sent.count("ReadRowPart") == -(-10_000 // 195)
+    assert call.sent.count("ReadRowPart") == -(-10_000 // 195) + 1  # the parts, then the version check
     assert same(got, join_disjoint([want, small]))
     assert got.num_rows == 2 and [*got.row_column.tolist()] == [7, 9]
 
@@ -102,7 +102,7 @@ def test_row_parts_row_changing_between_chunks_is_read_again(core):
     core.store.store.load_row((7, 3), region, 1)
     delta = RowBatch.from_entries([7], [3], [0], [0], [1], [0.5])  # an existing target: in-place add
 
-    def write_once(i):
+    def write_once(i, msg):
         if i == 3:
             core.store.apply(BatchId(2, 1), delta)
 
@@ -118,7 +118,7 @@ def test_row_parts_row_growing_between_chunks_is_read_again(core):
     core.store.store.load_row((7, 3), region, 1)
     grow = RowBatch.from_entries([7], [3], [0], [1], [1], [2.0])  # a new target: the row grows
 
-    def write_once(i):
+    def write_once(i, msg):
         if i == 2:
             core.store.apply(BatchId(2, 1), grow)
 
@@ -127,12 +127,33 @@ def test_row_parts_row_growing_between_chunks_is_read_again(core):
     assert same(got, core.store.store.read_rows([7], [3]))
 
 
+def test_row_parts_change_to_a_part_waiting_to_be_sent_is_caught(core):
+    """Parts are views of the row: a merge-add after the node answered the last part, before its
+    bytes left (FakeCall copies the bulk after the hook), changes what the reader gets of that part
+    but not of the parts it already has. The version check after the last part catches it; without
+    it the row would be torn (entry 0 old, the last part's entry new)."""
+    region, _ = big_row(2_000)
+    core.store.store.load_row((7, 3), region, 1)
+    parts = -(-2_000 // 195)
+
+    def write_into_last_part(i, msg):
+        if i == parts:  # the last data part (the check comes after all of them)
+            e = min(msg.offset, 1_999)  # one batch: an entry of a part already read, one of this part
+            core.store.apply(BatchId(2, 1), RowBatch.from_entries([7, 7], [3, 3], [0, 0], [0, 2 * e], [1, 1],
+                                                                  [0.5, 0.5]))
+
+    call = FakeCall(core, write_into_last_part)
+    got = read(call, [7], [3])
+    assert same(got, core.store.store.read_rows([7], [3]))
+    assert call.sent.count("ReadRowPart") == 2 * (parts + 1)  # read again, whole
+
+
 def test_row_parts_row_changing_on_every_read_fails(core):
     region, _ = big_row(2_000)
     core.store.store.load_row((7, 3), region, 1)
     seq = iter(range(1, 1000))
 
-    def write_always(i):
+    def write_always(i, msg):
         core.store.apply(BatchId(3, next(seq)), RowBatch.from_entries([7], [3], [0], [0], [1], [0.5]))
 
     call = FakeCall(core, write_always)
@@ -144,7 +165,7 @@ def test_row_parts_row_changing_on_every_read_fails(core):
 def test_row_parts_row_dropped_between_chunks_is_absent(core):
     region, _ = big_row(2_000)
     core.store.store.load_row((7, 3), region, 1)
-    got = read(FakeCall(core, lambda i: core.store.store.drop_columns([7]) if i == 2 else None), [7], [3])
+    got = read(FakeCall(core, lambda i, msg: core.store.store.drop_columns([7]) if i == 2 else None), [7], [3])
     assert got.num_rows == 0
 
 
@@ -213,3 +234,32 @@ def test_row_parts_join_disjoint_orders_runs_and_refuses_overlap():
     assert same(joined, RowBatch.concat([a, b]))
     with pytest.raises(ValueError, match="two parts"):
         join_disjoint([a, a])
+
+
+def test_row_parts_parts_out_of_order_across_an_edge_are_rejected(core):
+    region, _ = big_row(1_000)
+    core.store.store.load_row((7, 3), region, 1)
+
+    class Tamper(FakeCall):
+        async def __call__(self, node, msg, bulk=(), timeout_s=None, *, recv_into=None):
+            reply, out = await super().__call__(node, msg, bulk, timeout_s, recv_into=recv_into)
+            if isinstance(msg, p.ReadRowPart) and msg.offset == 195 and out[1].size:
+                out[1][0] = 0  # still sorted within the part, not after the part before it
+            return reply, out
+
+    with pytest.raises(p.ProtocolViolation, match="not sorted and unique"):
+        read(Tamper(core), [7], [3])
+
+
+def test_row_parts_a_failing_part_raises_its_own_error(core):
+    region, _ = big_row(1_000)
+    core.store.store.load_row((7, 3), region, 1)
+
+    class Broken(FakeCall):
+        async def __call__(self, node, msg, bulk=(), timeout_s=None, *, recv_into=None):
+            if isinstance(msg, p.ReadRowPart) and msg.offset == 390:
+                raise ConnectionResetError("part lost")
+            return await super().__call__(node, msg, bulk, timeout_s, recv_into=recv_into)
+
+    with pytest.raises(ConnectionResetError, match="part lost"):  # not an ExceptionGroup
+        read(Broken(core), [7], [3])
