@@ -34,7 +34,9 @@ from peers.transport.limits import (
 )
 
 __all__ = [
+    "DEFAULT_READ_CHUNK_BYTES",
     "ENV_PREFIX",
+    "MAX_READ_CHUNK_BYTES",
     "AdminConfig",
     "ClusterConfig",
     "ComputeConfig",
@@ -56,6 +58,12 @@ ENV_PREFIX = "GIAANND_"
 
 Role = Literal["storage", "compute"]
 _GIB = 1 << 30
+#: Default of ``storage.read-chunk-bytes`` (its description says why); the storage node's read handler
+#: and the storage client take it from here when no config is given (tests, tools).
+DEFAULT_READ_CHUNK_BYTES = 8 * 2**20
+#: Ceiling of ``storage.read-chunk-bytes``: one part must stay under the protocol's per-reply entry cap
+#: (protocol.MAX_READ_PART_ENTRIES, 8 Mi entries = 168 MiB at 21 B each).
+MAX_READ_CHUNK_BYTES = 128 * 2**20
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -371,6 +379,16 @@ class StorageConfig(_Section):
         "once it has joined (what `giaannctl node repair` does). Off: /v1/status still shows "
         "`torn_tail_bytes` and the operator runs the repair."
     ))] = True
+    read_chunk_bytes: Annotated[int, Meta(ge=4096, le=MAX_READ_CHUNK_BYTES, description=(
+        "Bytes (21 per entry) of one read reply: a storage node answers a `ReadRows` with rows up "
+        "to this many bytes and lists any row larger than it, which the client then reads in parts "
+        "of this size (`ReadRowPart`), four in flight, into one preallocated row: no row is too "
+        "big to read. Larger parts cost fewer round trips; smaller ones bound what a node copies "
+        "and holds per request (one part per request in flight). The storage node caps a "
+        "client's parts at its own value; a client reads with the value of its own config. 8 MiB: "
+        "a part is copied in about a millisecond, and four in flight keep a loopback connection "
+        "busy (tools/bench/bigrow.py). Streams (rebalance) cut rows by their own chunk size."
+    ))] = DEFAULT_READ_CHUNK_BYTES
     auto_repair_timeout_s: Annotated[float, Meta(gt=0, le=86400, description=(
         "Bound on the automatic repair: attempts that find no live peer or a peer that does not "
         "answer are retried with the `retry-base-s` backoff until this many seconds after start; "

@@ -8,6 +8,7 @@ bulk buffers, received in place, and this module only says *which* buffers a mes
 request            bulk buffers                                    success reply (bulk)
 =================  ==============================================  ====================================
 ``ReadRows``       ``row_column`` u64[K], ``row_feature`` u64[K]   ``RowsReply`` (the 7 RowBatch arrays)
+``ReadRowPart``    none                                            ``RowPart`` (4 entry arrays, below)
 ``ApplyBatch``     the 7 ``RowBatch.buffers()``                    ``ApplyAck``
 ``RowDigests``     ``row_column`` u64[K], ``row_feature`` u64[K]   ``DigestsReply`` (4 arrays, below)
 ``GetUsage``       none                                            ``UsageReply``
@@ -23,6 +24,16 @@ request            bulk buffers                                    success reply
 ``RegisterPrepare`` none                                           ``RegisterValue`` (the accepted one)
 ``RegisterAccept`` none (the value in the payload: small)          ``RegisterAccepted``
 =================  ==============================================  ====================================
+
+**Rows of any size** (docs/transport.md, "Chunked reads"): a ``ReadRows`` with ``chunked`` is
+answered with at most the node's read chunk (``storage.read-chunk-bytes``) of rows, in key order;
+a row larger than the chunk is not sent but listed in ``RowsReply.large`` with its size and
+version, and ``more`` says the reply stopped early (keys after ``next_column``/``next_feature``
+are to be asked again). A large row is then read with ``ReadRowPart`` requests, entries
+``[offset, offset + limit)`` each, answered ``RowPart`` with the row's current size and version
+(its applied-batch count and the store's drop count) and the four entry arrays of that slice. A
+read is consistent when every part reports the version the read started from; otherwise the
+row changed between parts and the client restarts it (giaannd/client/row_parts.py).
 
 ``Register*`` are the acceptor side of replicated registers (small versioned rows with
 compare-and-set, CASPaxos: giaannd/storage/engine/register_store.py has the rules,
@@ -70,8 +81,10 @@ __all__ = [
     "MAX_COLUMN_INFO_ROWS",
     "MAX_DIGEST_ROWS",
     "MAX_FLUSH_TIMEOUT_S",
+    "MAX_LARGE_ROWS",
     "MAX_OVERRIDE_MEMBERS",
     "MAX_QUERY_SEQS",
+    "MAX_READ_PART_ENTRIES",
     "MAX_READ_ROWS",
     "MAX_REGISTER_KEY_CHARS",
     "MAX_REGISTER_VALUE_BYTES",
@@ -98,6 +111,8 @@ __all__ = [
     "OverrideSet",
     "ProtocolViolation",
     "PutVocab",
+    "LargeRow",
+    "ReadRowPart",
     "ReadRows",
     "RegisterAccept",
     "RegisterAccepted",
@@ -111,6 +126,7 @@ __all__ = [
     "RingGet",
     "RingPush",
     "RingState",
+    "RowPart",
     "RowsReply",
     "RuntimeRequest",
     "ScanPage",
@@ -124,6 +140,7 @@ __all__ = [
     "VocabReply",
     "check_batch",
     "check_keys",
+    "check_part",
     "decode_reply",
     "decode_request",
     "encode",
@@ -151,6 +168,12 @@ MAX_BATCH_ROWS: Final = 1_048_576
 #: Entries per ApplyBatch: 8 Mi entries are 168 MiB on the wire (21 B each), which is also the most
 #: one apply may hold in RAM twice (wire buffer + merged region) — far below a storage node's capacity.
 MAX_BATCH_ENTRIES: Final = 8 * 1_048_576
+#: Entries per RowPart (and so per chunked RowsReply, whose rows stay under the node's read chunk):
+#: ``storage.read-chunk-bytes`` is at most 128 MiB (config.MAX_READ_CHUNK_BYTES), below this cap.
+MAX_READ_PART_ENTRIES: Final = MAX_BATCH_ENTRIES
+#: Rows one RowsReply may list as ``large``: each is at least a read chunk, so 4096 of them are
+#: already 32 GiB at the default chunk; the rest of the request is asked again (``more``).
+MAX_LARGE_ROWS: Final = 4096
 #: Seqs per BatchesApplied query (the writer asks about its hinted batches in chunks).
 MAX_QUERY_SEQS: Final = 65_536
 #: Bound on free-text fields (error messages, node names) so a reply stays small.
@@ -198,9 +221,12 @@ class ProtocolViolation(RemoteFault, ValueError):
 
 # -- requests (tags 1..63) -----------------------------------------------------------------------
 class ReadRows(msgspec.Struct, frozen=True, tag=1):
-    """Read rows; keys in bulk (two u64 arrays). ``placement_epoch``: the caller's view, for NotOwner."""
+    """Read rows; keys in bulk (two u64 arrays). ``placement_epoch``: the caller's view, for NotOwner.
+    ``chunked``: the caller reads large rows by parts (module docstring, "Rows of any size"); without
+    it the reply holds every row whole (a client that predates chunked reads)."""
 
     placement_epoch: _Text = ""
+    chunked: bool = False
 
 
 class ApplyBatch(msgspec.Struct, frozen=True, tag=2):
@@ -320,8 +346,19 @@ class RegisterAccept(msgspec.Struct, frozen=True, tag=15):
     placement_epoch: _Text = ""
 
 
+class ReadRowPart(msgspec.Struct, frozen=True, tag=16):
+    """Entries ``[offset, offset + limit)`` of row ``(column, feature)`` (module docstring, "Rows of
+    any size"); the node serves at most its read chunk, so the reply may hold fewer."""
+
+    column: _U64
+    feature: _U64
+    offset: _U64
+    limit: Annotated[int, msgspec.Meta(ge=1)]
+    placement_epoch: _Text = ""
+
+
 Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
-           | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept)
+           | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept | ReadRowPart)
 
 
 # -- runtime requests (tags 10..): answered by every node with a data plane, before the roles -----
@@ -358,8 +395,20 @@ RuntimeRequest = RingGet | RingPush | SetOverride
 
 
 # -- success replies (tags 64..127) ---------------------------------------------------------------
+#: A row a chunked ReadRows left out for being larger than the read chunk:
+#: (column, feature, entries, touches, drops); the last three as in ``RowPart``.
+LargeRow = tuple[_U64, _U64, _U64, _U64, _U64]
+
+
 class RowsReply(msgspec.Struct, frozen=True, tag=64):
-    """The rows found (7 RowBatch buffers in bulk); absent rows are left out."""
+    """The rows found (7 RowBatch buffers in bulk); absent rows are left out. For a ``chunked``
+    request: ``large`` lists the rows to read by parts, and ``more`` says keys after
+    ``(next_column, next_feature)`` were not looked at (ask for them again)."""
+
+    more: bool = False
+    next_column: _U64 = 0
+    next_feature: _U64 = 0
+    large: Annotated[list[LargeRow], msgspec.Meta(max_length=MAX_LARGE_ROWS)] = []
 
 
 class ApplyAck(msgspec.Struct, frozen=True, tag=65):
@@ -466,6 +515,18 @@ class RegisterAccepted(msgspec.Struct, frozen=True, tag=76):
     """The accept is durable."""
 
 
+class RowPart(msgspec.Struct, frozen=True, tag=77):
+    """Entries from ``offset`` of one row (bulk: ``segment`` u8[k], ``target_column`` u64[k],
+    ``target_feature`` u64[k], ``strength`` f32[k]). The row's version now: ``entries`` (0: absent),
+    ``touches`` (batches applied to it) and ``drops`` (the store's count of column drops, so a row
+    deleted and written again is not mistaken for the old one)."""
+
+    entries: _U64
+    touches: _U64
+    drops: _U64
+    offset: _U64
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -514,7 +575,7 @@ class RegisterConflict(msgspec.Struct, frozen=True, tag=133):
 
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict | RegisterConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
-         | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | ErrorReply)
+         | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | RowPart | ErrorReply)
 
 
 def register_key_id(key: str) -> int:
@@ -624,6 +685,38 @@ def check_batch(bulk: Sequence[np.ndarray]) -> RowBatch:
         return RowBatch.from_buffers(list(bulk), validate=True)
     except ValueError as exc:
         raise ProtocolViolation(str(exc)) from None
+
+
+_PART_DTYPES: Final = (("segment", np.uint8), ("target_column", np.uint64), ("target_feature", np.uint64),
+                       ("strength", np.float32))
+
+
+def check_part(reply: RowPart, bulk: Sequence[np.ndarray], offset: int, limit: int
+               ) -> tuple[NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.float32]]:
+    """The four entry arrays of a ``RowPart`` answering a ``ReadRowPart(offset, limit)``, checked:
+    buffer count, dtypes, equal lengths, the offset asked for, and a length that fits both the
+    request and the row (a part of a row that still exists holds at least one entry).
+
+    Raises:
+        ProtocolViolation: anything else.
+    """
+    if len(bulk) != 4:
+        raise ProtocolViolation(f"a row part has 4 buffers, got {len(bulk)}")
+    for (name, dt), arr in zip(_PART_DTYPES, bulk):
+        if arr.dtype != dt or arr.ndim != 1:
+            raise ProtocolViolation(f"row part {name}: expected 1-d {np.dtype(dt)}, got {arr.ndim}-d {arr.dtype}")
+    k = int(bulk[0].shape[0])
+    if any(int(arr.shape[0]) != k for arr in bulk):
+        raise ProtocolViolation("row part buffers differ in length")
+    if reply.offset != offset:
+        raise ProtocolViolation(f"row part at offset {reply.offset}, asked for {offset}")
+    if k > min(limit, MAX_READ_PART_ENTRIES):
+        raise ProtocolViolation(f"row part of {k} entries; asked for at most {limit}")
+    left = max(0, reply.entries - offset)  # entries of the row at and after the offset
+    if k > left or (k == 0 and left > 0):
+        raise ProtocolViolation(f"row part of {k} entries at {offset} of a {reply.entries}-entry row")
+    seg, tc, tf, st = bulk
+    return seg, tc, tf, st
 
 
 def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArray[np.bool_],

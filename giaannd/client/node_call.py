@@ -23,7 +23,9 @@ NodeReply = tuple[p.Reply, list[np.ndarray]]
 
 
 class NodeCall(Protocol):
-    """One request to ``node``; returns the reply and its bulk buffers.
+    """One request to ``node``; returns the reply and its bulk buffers (received straight into
+    ``recv_into`` when given: the reply's buffers must then match them exactly in number and bytes,
+    else ``LocalProtocolError``, ``peers.transport.Connection.request``).
 
     Raises:
         StorageRequestError: a typed error reply (``Remote*``, client/errors.py).
@@ -31,4 +33,4 @@ class NodeCall(Protocol):
     """
 
     async def __call__(self, node: str, msg: p.Request, bulk: Sequence[Any] = (),
-                       timeout_s: float | None = None) -> NodeReply: ...
+                       timeout_s: float | None = None, *, recv_into: Sequence[Any] | None = None) -> NodeReply: ...

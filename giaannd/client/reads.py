@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from giaannd import protocol as p
 from giaannd.client.errors import REQUEST_FAILURES, ReadFailed
+from giaannd.client.row_parts import join_disjoint
 from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.model.rows import RowBatch
 from giaannd.ramp import RampTracker, row_draws
@@ -110,7 +111,7 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
     if todo.any():
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
-    return parts[0] if len(parts) == 1 else RowBatch.concat(parts)
+    return join_disjoint(parts)  # each row came from one node: disjoint (a lone part is not copied)
 
 
 class ReadRampStarter:

@@ -78,11 +78,13 @@ from giaannd.client.errors import is_unreachable as _unreachable
 from giaannd.client.reads import ReadRampStarter, read_replicated
 from giaannd.client.registers import CasOutcome, RegisterClient, RegisterRead, Version
 from giaannd.client.remote_vocab import get_vocab, put_vocab
+from giaannd.client.row_parts import READ_PARTS_IN_FLIGHT, read_chunked
 from giaannd.client.scan import DEFAULT_SCAN_PAGE_ROWS, scan_cluster
 from giaannd.client.writer_floor import WriterFloor
 from giaannd.client.writes import CONFIRM_HINTS_INTERVAL_S as CONFIRM_HINTS_INTERVAL_S
 from giaannd.client.writes import QuorumWriter, WriteResult, hint_holders
 from giaannd.cluster.view import ClusterView
+from giaannd.config import DEFAULT_READ_CHUNK_BYTES
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.ramp import READ_RAMP_FLOOR, RampTracker
@@ -112,6 +114,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_INFLIGHT_BYTES_PER_OWNER: Final = 64 * 2**20
 DEFAULT_REQUEST_TIMEOUT_S: Final = 10.0
 DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
+#: Bytes per row entry on the wire (u64 + u64 + f32 + u8), to turn the read chunk into entries.
+_ENTRY_BYTES: Final = 21
 
 
 class StorageClient:
@@ -129,6 +133,9 @@ class StorageClient:
         read_ramp_s: a member that came up is ramped into reads over this many seconds (0: off).
         read_ramp_floor: its read weight when it comes up (ramp.py).
         clock: monotonic seconds (the read ramp's clock; tests inject one).
+        read_chunk_bytes: bytes of one read part (``storage.read-chunk-bytes``): rows larger than
+            a storage node's read chunk are read in parts of this size (client/row_parts.py).
+        read_parts_in_flight: part requests of one large row in flight at once.
     """
 
     def __init__(
@@ -146,6 +153,8 @@ class StorageClient:
         read_ramp_s: float = 0.0,
         read_ramp_floor: float = READ_RAMP_FLOOR,
         clock: Callable[[], float] = time.monotonic,
+        read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES,
+        read_parts_in_flight: int = READ_PARTS_IN_FLIGHT,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -162,6 +171,9 @@ class StorageClient:
                                     send_reserved=self._apply_reserved, apply_to=self.apply_to, call=self._call)
         self.on_unreachable = on_unreachable
         self.clock = clock
+        #: entries per ReadRowPart (21 bytes each), capped by the protocol's part limit
+        self.read_chunk_entries = max(1, min(read_chunk_bytes // _ENTRY_BYTES, p.MAX_READ_PART_ENTRIES))
+        self.read_parts_in_flight = max(1, read_parts_in_flight)
         self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
         self.registers = RegisterClient(topology, self._call)
         self._ramp_starter = ReadRampStarter(topology, self.read_ramp, clock)
@@ -192,15 +204,16 @@ class StorageClient:
                 self._conns[address] = conn
             return conn
 
-    async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (),
-                    timeout_s: float | None = None) -> tuple[p.Reply, list[np.ndarray]]:
+    async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (), timeout_s: float | None = None,
+                    *, recv_into: Sequence[Any] | None = None) -> tuple[p.Reply, list[np.ndarray]]:
         """One request; typed error replies become exceptions; connection-level failures are
         reported to ``on_unreachable`` before they propagate."""
         connecting = True
         try:
             conn = await self._connection(node)
             connecting = False
-            result = await conn.request(p.encode(msg), bulk, timeout_s=timeout_s or self.request_timeout_s)
+            result = await conn.request(p.encode(msg), bulk, recv_into=recv_into,
+                                        timeout_s=timeout_s or self.request_timeout_s)
         except Exception as exc:
             if self.on_unreachable is not None and _unreachable(exc, connecting):
                 try:
@@ -278,11 +291,13 @@ class StorageClient:
 
     async def read_from(self, node: str, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
                         timeout_s: float | None = None) -> RowBatch:
-        """Rows from one node (absent rows left out), checked as a canonical batch."""
-        reply, bulk = await self._call(node, p.ReadRows(self.topology.epoch), [row_column, row_feature], timeout_s)
-        if not isinstance(reply, p.RowsReply):
-            raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRows", node)
-        return p.check_batch(bulk)
+        """Rows from one node (absent rows left out), any size, checked as a canonical batch: replies
+        bounded by the node's read chunk, larger rows read in parts (client/row_parts.py)."""
+        cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
+        feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
+        return await read_chunked(self._call, node, cols, feats, chunk_entries=self.read_chunk_entries,
+                                  epoch=self.topology.epoch, timeout_s=timeout_s,
+                                  in_flight=self.read_parts_in_flight)
 
     # -- replicated writes (writes.py, writer_floor.py) -----------------------------------------------------
     def next_batch_id(self) -> BatchId:

@@ -313,6 +313,7 @@ class NodeRuntime:
         options.setdefault("write_quorum", self.config.storage.write_quorum)
         options.setdefault("on_unreachable", self.report_unreachable)
         options.setdefault("read_ramp_s", self.config.compute.read_ramp_up_s)
+        options.setdefault("read_chunk_bytes", self.config.storage.read_chunk_bytes)
         client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
         self._clients.append(client)
         return client

@@ -29,7 +29,10 @@ applied batches that touched it), the :class:`AppliedSet` of batch ids, and the 
 - Memory accounting: the regions' bytes plus ``ROW_OVERHEAD_BYTES`` per row plus
   ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``.
 - Reads: ``row``/``row_region`` (one row, live), ``read_rows``/``read_all`` (copies,
-  ``regions.gather_rows``), ``digest``/``rows_digest`` for repair and stream verification
+  ``regions.gather_rows``), ``read_bounded`` / ``read_part`` (the chunked reads of rows of any
+  size, protocol "Rows of any size": a reply bounded in entries, large rows listed with their
+  version, then read by parts; a row's version is its applied-batch count ``touches`` and the
+  store's ``drops``, bumped by every ``drop_columns``), ``digest``/``rows_digest`` for repair and stream verification
   (row_digest.py) and ``scan`` pages for the cluster-wide export (row_scan.py); the store keeps
   one sorted key index for ``keys``, ``scan`` and the per-column queries.
 
@@ -65,6 +68,7 @@ from giaannd.storage.engine.regions import (
     gather_rows,
     install_regions,
     new_region,
+    region_part,
     row_from_region,
 )
 from giaannd.storage.engine.regions import cut_regions as _cut_regions
@@ -75,10 +79,12 @@ from giaannd.storage.engine.row_scan import ScanResult, scan_page
 
 __all__ = [
     "APPLIED_ID_BYTES",
+    "BoundedRead",
     "ENTRY_BYTES",
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
+    "PartRead",
     "PreparedApply",
     "RowDigest",
     "ScanResult",
@@ -133,6 +139,26 @@ class PreparedApply:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundedRead:
+    """``read_bounded``: the rows that fit, the large rows left out as (column, feature, entries,
+    touches, drops), and the last key looked at when it stopped early (None: every key was)."""
+
+    batch: RowBatch
+    large: list[tuple[int, int, int, int, int]]
+    stopped_after: RowKey | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartRead:
+    """``read_part``: the row's version now (``entries`` 0: absent) and views of the entries asked for."""
+
+    entries: int
+    touches: int
+    drops: int
+    part: Row
+
+
+@dataclass(frozen=True, slots=True)
 class DropResult:
     """What ``drop_columns`` removed: ``rows``, and ``bytes``, the accounted bytes returned to the
     capacity (the rows' regions plus ``ROW_OVERHEAD_BYTES`` each)."""
@@ -172,6 +198,8 @@ class ColumnStore:
         self._region_bytes = 0
         self._entries = 0
         self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
+        #: bumped by every drop_columns: part of a row's version for chunked reads (module docstring)
+        self.drops = 0
         #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
         self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
 
@@ -321,6 +349,7 @@ class ColumnStore:
         if hit.shape[0] == 0:
             return DropResult(0, 0)
         self._version += 1
+        self.drops += 1
         rows = self._rows
         region_bytes = 0
         for key in zip(cols[hit].tolist(), feats[hit].tolist()):
@@ -369,6 +398,46 @@ class ColumnStore:
             wanted = list(zip(rc.tolist(), rf.tolist()))
         rows = self._rows
         return self._gather([k for k in wanted if k in rows])
+
+    def read_bounded(self, row_column: ArrayLike, row_feature: ArrayLike, max_entries: int,
+                     max_large: int) -> BoundedRead:
+        """The requested rows in key order (a copy) while they add up to at most ``max_entries``
+        entries; a row longer than ``max_entries`` is left out and listed in ``large`` (at most
+        ``max_large`` of them). Stops before the first row that does not fit, so the caller asks
+        again for the keys after ``stopped_after``. The Python work is one dict lookup per key."""
+        rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
+        rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
+        order = np.lexsort((rf, rc))
+        rc, rf = rc[order], rf[order]
+        rows, drops = self._rows, self.drops
+        keys: list[RowKey] = []
+        large: list[tuple[int, int, int, int, int]] = []
+        total, last, stopped = 0, None, False
+        for key in zip(rc.tolist(), rf.tolist()):
+            if key == last:
+                continue  # a key asked twice
+            slot = rows.get(key)
+            if slot is not None:
+                n = slot.region.shape[0] // ENTRY_BYTES
+                if n > max_entries and len(large) < max_large:
+                    large.append((key[0], key[1], n, slot.touches, drops))
+                elif n > max_entries or total + n > max_entries:
+                    stopped = True
+                    break
+                else:
+                    keys.append(key)
+                    total += n
+            last = key
+        return BoundedRead(self._gather(keys), large, last if stopped else None)
+
+    def read_part(self, key: RowKey, offset: int, limit: int) -> PartRead:
+        """Entries ``[offset, offset + limit)`` of one row (live views: ``regions.region_part``
+        says why that is safe) and its version."""
+        slot = self._rows.get(key)
+        if slot is None:
+            return PartRead(0, 0, self.drops, Row.empty())
+        region = slot.region
+        return PartRead(region.shape[0] // ENTRY_BYTES, slot.touches, self.drops, region_part(region, offset, limit))
 
     def read_all(self) -> RowBatch:
         """Every row, as one canonical batch (a copy)."""

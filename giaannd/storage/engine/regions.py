@@ -22,9 +22,11 @@ This module owns that layout, and is the only place that computes byte offsets i
   (a row not stored yet merges to its delta): long rows one byte concatenation each, short ones
   through ``cut_regions``. The same bytes either way (tests compare them).
 - ``gather_rows``: regions -> one ``RowBatch`` (a copy), one concatenation of byte slices per field.
+- ``region_part``: entries ``[offset, offset + limit)`` of one region as views (a part of a large
+  row read in chunks, protocol ``ReadRowPart``; why views are safe: its docstring).
 
 Everything here is pure (no store state, no I/O); the functions never keep references to their
-inputs' buffers in what they return.
+inputs' buffers in what they return, except the views ``row_from_region`` and ``region_part`` make.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "gather_rows",
     "install_regions",
     "new_region",
+    "region_part",
     "row_from_region",
     "rows_of_regions",
 ]
@@ -197,4 +200,26 @@ def gather_rows(keys: list[RowKey], regions: list[NDArray[np.uint8]]) -> RowBatc
         cat([r[: 8 * n] for r, n in zip(regions, ns)]).view(np.uint64),
         cat([r[8 * n : 16 * n] for r, n in zip(regions, ns)]).view(np.uint64),
         cat([r[16 * n : 20 * n] for r, n in zip(regions, ns)]).view(np.float32),
+    )
+
+
+def region_part(region: NDArray[np.uint8], offset: int, limit: int) -> Row:
+    """Entries ``[offset, offset + limit)`` of ``region`` (clipped to the row) as four *views*.
+
+    Views, not copies, so serving a part of a large row costs no memory and no copy on the node:
+    the transport sends them after the handler returns (uvloop's writev keeps references), and an
+    in-place merge-add may change strengths of a part still waiting in the socket's queue. That is
+    safe because every such change bumps the row's ``touches``, and a reader accepts a row only if a
+    version check made *after* it received every part still reports the version the parts did
+    (giaannd/client/row_parts.py, "No torn rows"): bytes handed to the kernel after a change mean
+    the change happened before that check was served. A growing merge replaces the region: the old
+    one, unchanged, lives on while its views are queued."""
+    n = region.shape[0] // ENTRY_BYTES
+    a = min(max(offset, 0), n)
+    b = min(a + max(limit, 0), n)
+    return Row(
+        segment=region[20 * n + a : 20 * n + b],
+        target_column=region[8 * a : 8 * b].view(np.uint64),
+        target_feature=region[8 * (n + a) : 8 * (n + b)].view(np.uint64),
+        strength=region[16 * n + 4 * a : 16 * n + 4 * b].view(np.float32),
     )

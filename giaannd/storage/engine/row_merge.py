@@ -15,6 +15,10 @@ Here, with n = stored entries and m = delta entries (m << n in steady training):
    goes to ``i + (number of new entries with pos <= i)``, new entry j to ``pos_j + j``; both index
    arrays come from one ``searchsorted`` each, so the whole merge is O(n + m log n) in a few calls.
 
+An *append* (every delta key above the last stored key: the parts of a large row a stream sends
+one after another, streaming/stream.py) is recognised from two entries and skips steps 1-3: the
+merged row is the stored row followed by the delta, four slice copies at memcpy speed.
+
 Plans are computed for every row of a batch first (that is where the new size, hence the memory
 growth, becomes known), so a batch refused for capacity leaves the store untouched.
 
@@ -105,11 +109,18 @@ class MergePlan:
         return self.new_count == 0
 
 
+def _entry_key(row: Row, i: int) -> tuple[int, int, int]:
+    """Entry ``i``'s key in canonical order: (segment, target_column, target_feature)."""
+    return int(row.segment[i]), int(row.target_column[i]), int(row.target_feature[i])
+
+
 def plan_merge(base: Row, delta: Row) -> MergePlan:
     """Plan ``base + delta`` (both canonical). Pure: reads its arguments, mutates nothing."""
     n, m = len(base), len(delta)
     if n == 0 or m == 0:
         return MergePlan(np.zeros(m, np.intp), np.zeros(m, bool), m)
+    if _entry_key(delta, 0) > _entry_key(base, n - 1):  # an append (a stream's next part of a row):
+        return MergePlan(np.full(m, n, np.intp), np.zeros(m, bool), m)  # no key packing, no search
     base_keys, delta_keys = packed_keys(base), packed_keys(delta)
     pos = np.searchsorted(base_keys, delta_keys, side="left")
     # pos == n means the key is above every stored key, so comparing with the last one is False.
@@ -125,6 +136,13 @@ def add_in_place(base: Row, delta: Row, plan: MergePlan) -> None:
 def merge_into(base: Row, delta: Row, plan: MergePlan, out: Row) -> None:
     """Write ``base + delta`` into ``out`` (length ``len(base) + plan.new_count``)."""
     n = len(base)
+    m = len(delta)
+    if m and plan.new_count == m and int(plan.pos[0]) == n:  # an append (pos is non-decreasing)
+        for field in ("segment", "target_column", "target_feature", "strength"):
+            dst = getattr(out, field)
+            dst[:n] = getattr(base, field)
+            dst[n:] = getattr(delta, field)
+        return
     new_idx = np.flatnonzero(~plan.found)
     new_pos = plan.pos[new_idx]  # non-decreasing, since delta is sorted
     # Stored entry i moves right by the number of new entries inserted at or before it.

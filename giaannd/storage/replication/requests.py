@@ -42,6 +42,7 @@ import xxhash
 
 from giaannd import protocol as p
 from giaannd.cluster.view import ClusterView
+from giaannd.config import DEFAULT_READ_CHUNK_BYTES
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId, scan_chain_mask
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
@@ -173,13 +174,18 @@ class StorageRequests:
         on_count: told about every counter increment (metrics export), as (name, amount).
         disk: measures the node's storage files for ``GetUsage`` (the glue's, since it does
             I/O); None answers zeros.
+        read_chunk_bytes: entries x 21 of one read reply (``storage.read-chunk-bytes``): a chunked
+            ReadRows answers at most this much, a ReadRowPart at most this much of its row.
     """
 
     def __init__(self, store: DurableStore, hints: HintStore, node_name: str,
                  topology: Callable[[], ClusterView | None],
                  on_count: Callable[[str, int], None] | None = None,
-                 disk: Callable[[], DiskUsage] | None = None) -> None:
+                 disk: Callable[[], DiskUsage] | None = None,
+                 read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES) -> None:
         self.store, self.hints, self.node_name = store, hints, node_name
+        #: entries per read reply / row part (at least 1, at most the protocol's part cap)
+        self.read_chunk_entries = max(1, min(read_chunk_bytes // ENTRY_BYTES, p.MAX_READ_PART_ENTRIES))
         self._topology = topology
         self._on_count = on_count
         self._disk = disk
@@ -210,7 +216,9 @@ class StorageRequests:
     def serve(self, msg: p.Request, bulk: Sequence[np.ndarray]) -> Step:
         try:
             if isinstance(msg, p.ReadRows):
-                return self.read(bulk)
+                return self.read_chunked(bulk) if msg.chunked else self.read(bulk)
+            if isinstance(msg, p.ReadRowPart):
+                return self.read_part(msg)
             if isinstance(msg, p.ApplyBatch):
                 return self.apply(msg, bulk)
             if isinstance(msg, p.RowDigests):
@@ -267,6 +275,32 @@ class StorageRequests:
         self.count("rows_read", batch.num_rows)
         self.count("bytes_read", batch.nbytes)
         return Answer(p.RowsReply(), batch.buffers())
+
+    def read_chunked(self, bulk: Sequence[np.ndarray]) -> Answer:
+        """A ReadRows of a client that reads large rows by parts: rows up to the read chunk, rows
+        larger than it listed (protocol "Rows of any size")."""
+        cols, feats = p.check_keys(bulk, p.MAX_READ_ROWS)
+        if (err := self.not_owner(cols)) is not None:
+            return self.error(err)
+        res = self.store.store.read_bounded(cols, feats, self.read_chunk_entries, p.MAX_LARGE_ROWS)
+        batch = res.batch
+        self.count("reads")
+        self.count("rows_read", batch.num_rows)
+        self.count("bytes_read", batch.nbytes)
+        nc, nf = res.stopped_after if res.stopped_after is not None else (0, 0)
+        return Answer(p.RowsReply(res.stopped_after is not None, nc, nf, res.large), batch.buffers())
+
+    def read_part(self, msg: p.ReadRowPart) -> Answer:
+        """Entries of one large row from ``msg.offset`` (at most the read chunk), with its version."""
+        if (err := self.not_owner(np.array([msg.column], np.uint64))) is not None:
+            return self.error(err)
+        res = self.store.store.read_part((msg.column, msg.feature), msg.offset,
+                                         min(msg.limit, self.read_chunk_entries))
+        part = res.part
+        self.count("reads")
+        self.count("bytes_read", part.nbytes)
+        return Answer(p.RowPart(res.entries, res.touches, res.drops, msg.offset),
+                      [part.segment, part.target_column, part.target_feature, part.strength])
 
     def digests(self, bulk: Sequence[np.ndarray]) -> Answer:
         cols, feats = p.check_keys(bulk, p.MAX_DIGEST_ROWS)

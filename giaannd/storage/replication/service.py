@@ -181,7 +181,7 @@ class StorageService:
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
-                                    disk=lambda: disk_usage(self.data_dir))
+                                    disk=lambda: disk_usage(self.data_dir), read_chunk_bytes=s.read_chunk_bytes)
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
         self.core.guard = self.disk

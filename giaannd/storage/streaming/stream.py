@@ -27,6 +27,18 @@ receiver applies the same float additions in the same order: bit-identical stren
 merged by "max" (rows are sums), and no original batch id is reused on the receiver (its applied set
 is per node, and one original batch's rows reach it from several sources; see docs/topology.md).
 
+**A row larger than a chunk** is read whole, in the same synchronous call (a consistent cut: one
+copy of it on the source while its parts are unacknowledged), and cut by entries into *parts*:
+consecutive CHUNK items of that one row, each a canonical row of consecutive entries, made
+together so no delta can come between them. The receiver applies them in order like any chunk:
+the first creates the row, each next one lies wholly after the entries before it, which the store
+applies as an append (row_merge.py: slice copies, no merge). A part holds as many entries as the
+parts before it together (at least a chunk), up to ``MAX_PART_BYTES``: the receiver's regrowths
+then copy the row about twice in all instead of once per chunk, and the part count stays near
+log2(row / chunk) + row / MAX_PART_BYTES. Parts count toward ``pending_bytes`` but not toward the
+``max_pending_bytes`` abort (they are one copy of a row the source holds anyway; only deltas, which
+a slow receiver lets pile up, do).
+
 Every item carries an xxh3-64 checksum over (stream id, index, kind, the seven buffers); the receiver
 verifies it before anything is applied and refuses a bad item (the sender re-sends it).
 
@@ -55,6 +67,7 @@ from giaannd.protocol import BatchId
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "MAX_PART_BYTES",
     "MAX_PENDING_BYTES",
     "ItemKind",
     "StreamData",
@@ -67,6 +80,7 @@ __all__ = [
     "StreamTooSlow",
     "StreamVerify",
     "VerifyReply",
+    "cut_row",
     "item_checksum",
     "stream_writer",
 ]
@@ -79,6 +93,10 @@ DEFAULT_CHUNK_BYTES: Final = 4 * 2**20
 #: source's own writes, which cannot be slowed down by a slow receiver, so past this the stream is
 #: aborted (``StreamTooSlow``) and restarted later rather than growing without bound.
 MAX_PENDING_BYTES: Final = 256 * 2**20
+#: Largest part of a row cut into parts (module docstring): far under the update log's 1 GiB record
+#: and the framing's 2 GiB buffer limits, and the most the receiver holds of a part besides the row.
+MAX_PART_BYTES: Final = 256 * 2**20
+_ENTRY_BYTES: Final = 21  # one entry on the wire: u64 + u64 + f32 + u8
 _U64 = Annotated[int, msgspec.Meta(ge=0)]
 _U64_MASK: Final = 0xFFFFFFFFFFFFFFFF
 
@@ -172,6 +190,20 @@ class StreamItem:
     batch: RowBatch
     checksum: int
     origin: BatchId | None = None
+    part: bool = False  # one part of a row cut into parts (module docstring)
+
+
+def cut_row(row: RowBatch, first_entries: int, max_entries: int) -> list[RowBatch]:
+    """The one row of ``row`` as consecutive parts, each a one-row batch of views: ``first_entries``,
+    then each part as long as all before it together, at most ``max_entries`` (module docstring)."""
+    n = row.num_entries
+    bounds = [0]
+    while bounds[-1] < n:
+        done = bounds[-1]
+        bounds.append(min(n, done + min(max_entries, max(first_entries, done))))
+    rc, rf = row.row_column[:1], row.row_feature[:1]
+    return [RowBatch(rc, rf, np.array([0, b - a], np.int64), row.segment[a:b], row.target_column[a:b],
+                     row.target_feature[a:b], row.strength[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass(frozen=True)
@@ -272,6 +304,8 @@ class StreamSender:
         self._send_from = 0  # lowest index not yet sent (rewinds on resume)
         self._pending: deque[StreamItem] = deque()
         self.pending_bytes = 0
+        self._part_bytes = 0  # of pending_bytes: parts of cut rows (module docstring)
+        self.parts = 0  # items that were parts of a cut row
         self.closed = False
         self.bytes_acked = 0
         self.deltas = 0
@@ -281,13 +315,16 @@ class StreamSender:
     def chunks_left(self) -> bool:
         return self.cursor < self._keys_c.size
 
-    def _push(self, kind: ItemKind, batch: RowBatch, origin: BatchId | None) -> None:
+    def _push(self, kind: ItemKind, batch: RowBatch, origin: BatchId | None, part: bool = False) -> None:
         item = StreamItem(self.next_index, kind, batch,
-                          item_checksum(self.stream_id, self.next_index, kind, batch), origin)
+                          item_checksum(self.stream_id, self.next_index, kind, batch), origin, part)
         self.next_index += 1
         self._pending.append(item)
         self.pending_bytes += batch.nbytes
-        if self.pending_bytes > self.max_pending_bytes:
+        if part:
+            self._part_bytes += batch.nbytes
+            self.parts += 1
+        if self.pending_bytes - self._part_bytes > self.max_pending_bytes:
             raise StreamTooSlow(f"stream {self.stream_id:#x}: {self.pending_bytes} bytes unacknowledged")
 
     def read_chunk(self, read: RowReader, max_bytes: int | None = None) -> StreamItem | None:
@@ -301,8 +338,13 @@ class StreamSender:
         stop = start + max(1, int(np.searchsorted(sizes, limit, side="right")))
         batch = read(self._keys_c[start:stop], self._keys_f[start:stop])
         self.cursor = stop
-        self._push(ItemKind.CHUNK, batch, None)
-        return self._pending[-1]
+        first = self.next_index
+        if batch.num_rows == 1 and batch.num_entries * _ENTRY_BYTES > limit:
+            for part in cut_row(batch, max(1, limit // _ENTRY_BYTES), max(1, MAX_PART_BYTES // _ENTRY_BYTES)):
+                self._push(ItemKind.CHUNK, part, None, part=True)
+        else:
+            self._push(ItemKind.CHUNK, batch, None)
+        return self._pending[-(self.next_index - first)]
 
     def offer_delta(self, batch_id: BatchId, batch: RowBatch) -> bool:
         """The source applied ``batch``: forward the part the receiver must see (module docstring).
@@ -364,6 +406,8 @@ class StreamSender:
         while self._pending and self._pending[0].index < next_index:
             item = self._pending.popleft()
             self.pending_bytes -= item.batch.nbytes
+            if item.part:
+                self._part_bytes -= item.batch.nbytes
             self.bytes_acked += item.batch.nbytes
         self.acked = max(self.acked, next_index)
         self._send_from = max(self._send_from, self.acked)
