@@ -71,6 +71,8 @@ _SOMA = NUM_SEGMENTS - 1
 _LAST_COLUMN_SEGMENT = 3
 _FIRST_FEATURE_SEGMENT = 4
 _INITIAL_SLOTS = 256
+#: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
+_SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,10 @@ TEST_SET = LifConstants(theta=0.008, boolean_synapses=False, soma_decay=0.75, co
 def activation(x: float) -> float:
     """g(x) = 2·sigmoid(x/100) − 1 (≈ x/200 for small x)."""
     return 2.0 / (1.0 + math.exp(-x / 100.0)) - 1.0
+
+
+#: g(1), the deposit of every boolean synapse (train-set constants).
+_G_ONE = activation(1.0)
 
 
 class DelimiterFlags(Protocol):
@@ -229,20 +235,11 @@ class LifSession:
         act[_FIRST_FEATURE_SEGMENT + 1:_SOMA, :n] = act[_FIRST_FEATURE_SEGMENT:_SOMA - 1, :n]
         act[_FIRST_FEATURE_SEGMENT, :n] = 0.0
         # 3. fire.
-        eligible: NDArray[np.intp] = np.empty(0, np.intp)
+        eligible: NDArray[np.int64] = np.empty(0, np.int64)
+        soma_start = 0
         if act[_SOMA, cur] + act[_LAST_COLUMN_SEGMENT, cur] >= self._k.theta and len(row):
-            slots = self._slots_of(row)
+            eligible, soma_start = self._fire(row)
             act = self._act  # may have grown
-            if self._k.boolean_synapses:
-                value = np.where(row.strength > 0, activation(1.0), 0.0)
-            else:
-                value = 2.0 / (1.0 + np.exp(-row.strength.astype(np.float64) / 100.0)) - 1.0
-            # (segment, slot) pairs are unique in a canonical row, so a plain scatter-add is exact
-            flat = row.segment.astype(np.intp)
-            flat *= act.shape[1]
-            flat += slots
-            act.reshape(-1)[flat] += value
-            eligible = slots[row.segment == _SOMA]
         # 4. deactivate the current node.
         act[_SOMA, cur] = 0.0
         if self._k.clear_segment3_on_fire:
@@ -251,7 +248,7 @@ class LifSession:
         if k < self._seed:
             nxt: RowKey | None = self._targets[k]
         else:
-            pred = self._select(eligible, row, c, internal)
+            pred = self._select(eligible, row, soma_start, c, internal)
             self.predictions[k] = pred
             nxt = self._targets[k] if self._teacher else pred
         self._step += 1
@@ -275,7 +272,45 @@ class LifSession:
         return nxt
 
     # -- internals ------------------------------------------------------------------------------
-    def _select(self, eligible: NDArray[np.intp], row: Row, column: int, internal: bool) -> RowKey | None:
+    def _fire(self, row: Row) -> tuple[NDArray[np.int64], int]:
+        """Deposit g(value) of every entry of ``row`` into (segment, target); returns the slots of the
+        soma entries (the eligible set) and where they start in the row.
+
+        The row is canonical, so its segments are nine contiguous runs (found by one binary search)
+        and within a run every target is distinct: one plain fancy ``+=`` per run is an exact
+        scatter-add (no flat index array, no ``np.add.at``), and the soma run *is* the eligible set.
+        """
+        edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
+        slots = self._slots_of(row)
+        self._scatter(edges, slots, self._deposits(row.strength))
+        return slots[edges[_SOMA]:edges[_SOMA + 1]], edges[_SOMA]
+
+    def _scatter(self, edges: list[int], slots: NDArray[np.int64], value: NDArray[np.float64] | float) -> None:
+        """``act[segment, slot] += value`` for every entry, one segment run at a time."""
+        for seg in range(NUM_SEGMENTS):
+            lo, hi = edges[seg], edges[seg + 1]
+            if lo < hi:
+                lane = self._act[seg]
+                lane[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+
+    def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
+        """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or
+        an array computed in place in float64 — the same operations, so the same bits, as
+        ``2 / (1 + exp(-s / 100)) - 1`` (negating before or after dividing by 100 is exact)."""
+        if self._k.boolean_synapses:
+            if strength.shape[0] and float(strength.min()) > 0.0:
+                return _G_ONE
+            return np.where(strength > 0, _G_ONE, 0.0)
+        value = strength.astype(np.float64)
+        np.divide(value, -100.0, out=value)
+        np.exp(value, out=value)
+        value += 1.0
+        np.divide(2.0, value, out=value)
+        value -= 1.0
+        return value
+
+    def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
+                internal: bool) -> RowKey | None:
         if eligible.shape[0] == 0:
             return None
         act = self._act
@@ -285,9 +320,8 @@ class LifSession:
             return None
         # Eligible neurons are in row order: soma entries sorted by (column, feature), so argmax's
         # first-maximum rule *is* "ties go to the lowest (column id, feature id)".
-        i = int(np.argmax(np.where(ok, value, -np.inf)))
-        soma = np.flatnonzero(row.segment == _SOMA)
-        pred = (int(row.target_column[soma[i]]), int(row.target_feature[soma[i]]))
+        i = soma_start + int(np.argmax(np.where(ok, value, -np.inf)))
+        pred = (int(row.target_column[i]), int(row.target_feature[i]))
         if internal and pred[0] != column:
             return None
         return pred
@@ -299,15 +333,15 @@ class LifSession:
             s = int(self._slots_of_arrays(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64))[0])
         return s
 
-    def _slots_of(self, row: Row) -> NDArray[np.intp]:
+    def _slots_of(self, row: Row) -> NDArray[np.int64]:
         return self._slots_of_arrays(row.target_column, row.target_feature)
 
-    def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
+    def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:
         """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""
-        slots, _ = self._slots.lookup_or_add(tc, tf)
+        slots = self._slots.ids_of(tc, tf)
         if len(self._slots) > self._act.shape[1]:
             self._grow(len(self._slots))
-        return slots.astype(np.intp, copy=False)
+        return slots
 
     def _grow(self, need: int) -> None:
         cap = self._act.shape[1]

@@ -64,10 +64,13 @@ class KeyIndex:
         return self._a[: self._n], self._b[: self._n]
 
     def _home(self, a: U64, b: U64) -> I64:
-        h = (a * _MIX_A) ^ (b * _MIX_B)
+        # in place where numpy allows: two temporaries instead of five (the same values)
+        h = a * _MIX_A
+        h ^= b * _MIX_B
         h ^= h >> np.uint64(29)
         h *= _MIX_A
-        return (h >> np.uint64(64 - self._bits)).astype(np.int64)
+        h >>= np.uint64(64 - self._bits)
+        return h.view(np.int64)  # < 2**bits: the same numbers as int64, without a copy
 
     def lookup(self, a: U64, b: U64) -> I64:
         """The id of every key (a[i], b[i]), or -1 where the key is not indexed."""
@@ -132,6 +135,61 @@ class KeyIndex:
             self._probe(a, b, missing, ids, added)
         return ids, added
 
+    def ids_of(self, a: U64, b: U64) -> I64:
+        """Ids of the keys, adding those not indexed yet: ``lookup_or_add`` in one probe loop.
+
+        For callers that need the ids only (the LIF session's state slots): no ``added`` mask, and
+        the order in which new keys get the next dense ids is unspecified (it is the claim order,
+        not the input order). Round 0 works on the inputs as given (no gather of the keys), and
+        lookups and inserts share every round, so a key costs one pass of the loop, not a lookup
+        pass and then an insert pass as in ``lookup_or_add``. Keys may repeat in the input.
+        """
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        m = int(a.shape[0])
+        if m == 0:
+            return np.empty(0, np.int64)
+        self._reserve(self._n + m)  # room for every key at once: no rehash inside the loop
+        mask = (1 << self._bits) - 1
+        slots, ka, kb = self._slots, self._a, self._b
+        slot = self._home(a, b)
+        out: I64 | None = None
+        pending = np.empty(0, np.int64)
+        pa, pb = a, b
+        while True:
+            sid = slots[slot]
+            held = sid >= 0
+            safe = np.maximum(sid, 0)
+            match = ka[safe] == pa
+            match &= kb[safe] == pb
+            match &= held
+            free = np.flatnonzero(~held)
+            if free.shape[0]:
+                # claim marks as in _probe: of several claimants of one slot the last write wins
+                at = slot[free]
+                tag = -2 - free
+                slots[at] = tag
+                won = free[slots[at] == tag]
+                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
+                ka[new] = pa[won]
+                kb[new] = pb[won]
+                self._n += int(won.shape[0])
+                slots[slot[won]] = new
+                sid[won] = new
+                match[won] = True
+            go_on = np.flatnonzero(~match)
+            if out is None:
+                out = sid  # round 0: every key; the unresolved ones are overwritten below
+                pending = go_on
+            else:
+                out[pending[match]] = sid[match]
+                pending = pending[go_on]
+            if pending.shape[0] == 0:
+                return out
+            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
+            slot = (slot[go_on] + held[go_on]) & mask
+            pa, pb = a[pending], b[pending]
+
     def _probe(self, a: U64, b: U64, pending: I64, ids: I64, added: NDArray[np.bool_]) -> None:
         """Resolve keys ``(a[i], b[i])`` for i in ``pending``: find, or claim a slot for, each."""
         mask = (1 << self._bits) - 1
@@ -167,8 +225,11 @@ class KeyIndex:
         """Room for ``n`` keys: key arrays, and a table at most half full (re-placing every id)."""
         if n > self._a.shape[0]:
             cap = max(self._a.shape[0] * 2, n)
-            self._a = np.resize(self._a, cap)
-            self._b = np.resize(self._b, cap)
+            # not np.resize: it fills the new tail by repeating the keys (a pass over it for nothing)
+            for name in ("_a", "_b"):
+                grown = np.empty(cap, np.uint64)
+                grown[: self._n] = getattr(self, name)[: self._n]
+                setattr(self, name, grown)
         if n > _MAX_LOAD * self._slots.shape[0]:
             bits = self._bits
             while n > _MAX_LOAD * (1 << bits):

@@ -1,0 +1,202 @@
+"""The LIF step on long rows (issue 14 item 6, "Inference steps at memory speed"), with a breakdown.
+
+    python -m tools.bench.lif [--sizes 10000,100000,1000000] [--repeat 5] [--seed 0] [--json]
+
+Builds canonical rows of the given lengths with realistic target ids (columns Zipf(1) over 10^6, features
+Zipf(1) over 10^5, both turned into uniform 64-bit ids as ``giaannd.model.ids`` makes them, 9 segments)
+and times ``LifSession.step`` per row entry on a fresh session where the row fires once (the figure
+tools/bench/scale.py reports on the store's longest rows), with both constant sets, against the step
+before this item (tools/bench/baseline_lif.py) in the same run. Then the new step's phases, each timed
+alone on the same row (best of ``--repeat``; a fresh session each time):
+
+- ``slot map``: ``KeyIndex.ids_of`` on a fresh index (every target new: the insert path, with the
+  table's allocation);
+- ``state grow``: allocating the ``float64[9, slots]`` state for the row's neurons;
+- ``deposits``: g(strength) in float64 (test-set constants; train-set is one float);
+- ``scatter``: the nine per-segment scatter-adds into the fresh state (its first touch: page faults);
+- ``dense step``: a whole step with an empty row on a session holding the row's neurons (the
+  propagation, the column transition and the soma decay over every slot), per slot.
+
+Target: ≤ 10 ns per entry (the issue). Compare ratios from one run; the machine load is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants, LifSession, NoDelimiters
+from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch
+from giaannd.rowengine import KeyIndex
+from tools.bench.baseline_lif import BaselineLifSession
+from tools.bench.report import print_table
+
+TARGET_LIF_NS_PER_ENTRY = 10.0
+_SOURCE = (1, 1)
+
+
+def _splitmix(x: np.ndarray[Any, np.dtype[np.uint64]], salt: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """Uniform 64-bit ids from ranks (what xxh3 of distinct strings looks like), never 0."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(salt)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    z[z == 0] = 1
+    return z
+
+
+def _zipf_ranks(rng: np.random.Generator, vocab: int, k: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    cdf = np.cumsum(1.0 / np.arange(1, vocab + 1, dtype=np.float64))
+    cdf /= cdf[-1]
+    return np.searchsorted(cdf, rng.random(k)).astype(np.uint64)
+
+
+def synthetic_row(n: int, seed: int = 0) -> Row:
+    """A canonical row of exactly ``n`` entries (module docstring). Draws until n distinct keys."""
+    rng = np.random.default_rng(seed)
+    draw = n + n // 2 + 16
+    while True:
+        seg = rng.integers(0, NUM_SEGMENTS, draw).astype(np.uint8)
+        col = _splitmix(_zipf_ranks(rng, 10**6, draw), 0x1234)
+        feat = _splitmix(_zipf_ranks(rng, 10**5, draw), 0x5678)
+        strength = (rng.random(draw) * 9.0 + 0.1).astype(np.float32)
+        zeros = np.zeros(draw, np.uint64)
+        batch = RowBatch.from_entries(zeros, zeros + np.uint64(1), seg, col, feat, strength)
+        if batch.num_entries >= n:
+            break
+        draw *= 2
+    keep = np.sort(rng.choice(batch.num_entries, n, replace=False))  # a sub-row stays canonical
+    return Row(batch.segment[keep], batch.target_column[keep], batch.target_feature[keep], batch.strength[keep])
+
+
+def _best(fn: Callable[[], Callable[[], object]], repeat: int) -> float:
+    """Best wall time of the timed callable that ``fn`` prepares (set-up outside the timing)."""
+    best = float("inf")
+    for _ in range(repeat):
+        timed = fn()
+        t = time.perf_counter()
+        timed()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def step_ns(cls: type[LifSession] | type[BaselineLifSession], row: Row, constants: LifConstants,
+            repeat: int) -> float:
+    """ns per entry of one step on a fresh session whose first node fires ``row``."""
+    def prepare() -> Callable[[], object]:
+        session = cls([_SOURCE, _SOURCE], NoDelimiters(), constants)
+        return lambda: session.step(row)
+    return _best(prepare, repeat) * 1e9 / max(len(row), 1)
+
+
+def phases_ns(row: Row, repeat: int) -> dict[str, float]:
+    """The new step's phases on ``row`` (module docstring), ns per entry (dense step: per slot)."""
+    n = max(len(row), 1)
+    counted = KeyIndex()
+    counted.ids_of(row.target_column, row.target_feature)
+    neurons = len(counted)
+
+    def fresh() -> LifSession:
+        return LifSession([_SOURCE, _SOURCE], NoDelimiters(), TEST_SET)
+
+    def slot_map() -> Callable[[], object]:
+        index = KeyIndex()
+        return lambda: index.ids_of(row.target_column, row.target_feature)
+
+    def grow() -> Callable[[], object]:
+        session = fresh()
+        return lambda: session._grow(neurons)
+
+    def deposits() -> Callable[[], object]:
+        session = fresh()
+        return lambda: session._deposits(row.strength)
+
+    def scatter() -> Callable[[], object]:
+        session = fresh()
+        slots = session._slots_of(row)  # mapped, and the state grown (not yet touched)
+        value = session._deposits(row.strength)
+        edges: list[int] = np.searchsorted(row.segment, np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)).tolist()
+        return lambda: session._scatter(edges, slots, value)
+
+    def dense() -> Callable[[], object]:
+        session = LifSession([_SOURCE, _SOURCE, (2, 2), (3, 3)], NoDelimiters(), TEST_SET)
+        session.step(row)
+        empty = Row.empty()
+        return lambda: session.step(empty)
+
+    out = {name: _best(fn, repeat) * 1e9 / n for name, fn in
+           (("slot map", slot_map), ("state grow", grow), ("deposits", deposits), ("scatter", scatter))}
+    out["dense step (per slot)"] = _best(dense, repeat) * 1e9 / max(neurons, 1)
+    out["neurons per entry"] = neurons / n
+    return out
+
+
+def measure(sizes: list[int], repeat: int, seed: int) -> list[dict[str, Any]]:
+    records = []
+    for n in sizes:
+        row = synthetic_row(n, seed)
+        rec: dict[str, Any] = {"entries": n}
+        for name, constants in (("train", TRAIN_SET), ("test", TEST_SET)):
+            rec[f"{name}_old_ns"] = step_ns(BaselineLifSession, row, constants, repeat)
+            rec[f"{name}_new_ns"] = step_ns(LifSession, row, constants, repeat)
+        rec["phases"] = phases_ns(row, repeat)
+        records.append(rec)
+    return records
+
+
+def _ints(text: str) -> list[int]:
+    out = [int(x) for x in text.split(",") if x]
+    if not out or any(x <= 0 for x in out):
+        raise argparse.ArgumentTypeError("sizes: positive integers, comma-separated")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=_ints, default=_ints("10000,100000,1000000"), help="row lengths")
+    ap.add_argument("--repeat", type=int, default=5, help="timings per figure, best kept (default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="row seed (default 0)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per figure")
+    args = ap.parse_args(argv)
+    load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    records = measure(args.sizes, max(args.repeat, 1), args.seed)
+    load += f" before, {os.getloadavg()[0]:.2f} after"
+    target = f"<= {TARGET_LIF_NS_PER_ENTRY:.0f}"
+    if args.json:
+        print(json.dumps({"figure": "machine load", "value": load, "target": None}))
+        for r in records:
+            for name in ("train", "test"):
+                for which in ("old", "new"):
+                    print(json.dumps({"figure": f"LIF step ns/entry {which} {name}-set @{r['entries']}",
+                                      "value": round(r[f"{name}_{which}_ns"], 2),
+                                      "target": target if which == "new" else None}))
+                print(json.dumps({"figure": f"LIF step old/new {name}-set @{r['entries']}",
+                                  "value": round(r[f"{name}_old_ns"] / r[f"{name}_new_ns"], 2), "target": None}))
+            for phase, value in r["phases"].items():
+                print(json.dumps({"figure": f"LIF phase {phase} @{r['entries']}", "value": round(value, 2),
+                                  "target": None}))
+        return 0
+    print(f"\nmachine: {load}")
+    rows = []
+    for r in records:
+        for name in ("train", "test"):
+            old, new = r[f"{name}_old_ns"], r[f"{name}_new_ns"]
+            rows.append([f"{r['entries']:,}", f"{name}-set", f"{old:.1f}", f"{new:.1f}", f"{old / new:.2f}x",
+                         target, "met" if new <= TARGET_LIF_NS_PER_ENTRY else "MISSED"])
+    print_table("LIF step, ns per row entry (fresh session, the row fires once)",
+                ["entries", "constants", "old (baseline)", "new", "old/new", "target", "verdict"], rows)
+    names = list(records[0]["phases"])
+    print_table("New step by phase (ns per entry; dense step per slot)", ["entries", *names],
+                [[f"{r['entries']:,}", *(f"{r['phases'][p]:.2f}" for p in names)] for r in records])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
