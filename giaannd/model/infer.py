@@ -172,6 +172,9 @@ class LifSession:
         self._teacher = teacher_forced
         self._slots = KeyIndex()  # (column, feature) -> slot: the neuron's column of ``_act``
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
+        #: The row of ``_act`` holding each segment. Segments 0..2 and 4..7 move by relabelling these
+        #: rows (a ring each), not by copying them; segment 3 and the soma stay in rows 3 and 8.
+        self._lane = list(range(NUM_SEGMENTS))
         #: ``predictions[k]`` for every step k ≥ seed_tokens run so far (None = no prediction).
         self.predictions: dict[int, RowKey | None] = {}
         self._step = 1
@@ -230,10 +233,13 @@ class LifSession:
         act = self._act
         n = len(self._slots)
         cur = self._slot_of(self._current)
-        # 2. propagate feature segments one step toward the soma.
-        act[_SOMA, :n] += act[_SOMA - 1, :n]
-        act[_FIRST_FEATURE_SEGMENT + 1:_SOMA, :n] = act[_FIRST_FEATURE_SEGMENT:_SOMA - 1, :n]
-        act[_FIRST_FEATURE_SEGMENT, :n] = 0.0
+        lane = self._lane
+        # 2. propagate feature segments one step toward the soma: 7 merges into the soma, and its
+        #    row, cleared, becomes segment 4 (6, 5, 4 become 7, 6, 5 by relabelling, no copy).
+        last = lane[_SOMA - 1]
+        act[_SOMA, :n] += act[last, :n]
+        act[last, :n] = 0.0
+        lane[_FIRST_FEATURE_SEGMENT:_SOMA] = [last, *lane[_FIRST_FEATURE_SEGMENT:_SOMA - 1]]
         # 3. fire.
         eligible: NDArray[np.int64] = np.empty(0, np.int64)
         soma_start = 0
@@ -258,10 +264,12 @@ class LifSession:
         n = len(self._slots)
         # 7. column transition.
         if nxt[0] != c:
+            # segment 3 decays and receives 2; 2's row, cleared, becomes 0 (1, 0 become 2, 1)
+            prev = lane[_LAST_COLUMN_SEGMENT - 1]
             act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
-            act[_LAST_COLUMN_SEGMENT, :n] += act[_LAST_COLUMN_SEGMENT - 1, :n]
-            act[1:_LAST_COLUMN_SEGMENT, :n] = act[0:_LAST_COLUMN_SEGMENT - 1, :n]
-            act[0, :n] = 0.0
+            act[_LAST_COLUMN_SEGMENT, :n] += act[prev, :n]
+            act[prev, :n] = 0.0
+            lane[0:_LAST_COLUMN_SEGMENT] = [prev, *lane[0:_LAST_COLUMN_SEGMENT - 1]]
         # 8. soma decay; 9. burst the next node.
         act[_SOMA, :n] *= 1.0 - self._k.soma_decay
         s = self._slot_of(nxt)
@@ -290,8 +298,8 @@ class LifSession:
         for seg in range(NUM_SEGMENTS):
             lo, hi = edges[seg], edges[seg + 1]
             if lo < hi:
-                lane = self._act[seg]
-                lane[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+                row = self._act[self._lane[seg]]
+                row[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
 
     def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
         """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or
