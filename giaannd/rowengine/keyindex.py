@@ -45,7 +45,13 @@ _MIX_B = np.uint64(_MIX_B_INT)
 class KeyIndex:
     """Dense ids for (a, b) uint64 key pairs (module docstring). Not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_load: float = _MAX_LOAD) -> None:
+        """``max_load``: the table doubles before more than this fraction of its slots is used. Lower
+        means fewer probe rounds per vectorised call (each round is a few numpy calls over the keys
+        left) for more memory (8 bytes per slot): the LIF session's short-lived index uses 1/4."""
+        if not 0.0 < max_load <= _MAX_LOAD:
+            raise ValueError(f"max_load must be in (0, {_MAX_LOAD}]")
+        self._max_load = max_load
         self._slots: I64 = np.full(_INITIAL_SLOTS, -1, np.int64)
         self._bits = int(_INITIAL_SLOTS).bit_length() - 1
         self._a: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
@@ -159,9 +165,9 @@ class KeyIndex:
         while True:
             sid = slots[slot]
             held = sid >= 0
-            safe = np.maximum(sid, 0)
-            match = ka[safe] == pa
-            match &= kb[safe] == pb
+            # an empty slot's -1 reads the last key array entry (any value): ``held`` masks it out
+            match = ka[sid] == pa
+            match &= kb[sid] == pb
             match &= held
             free = np.flatnonzero(~held)
             if free.shape[0]:
@@ -230,9 +236,9 @@ class KeyIndex:
                 grown = np.empty(cap, np.uint64)
                 grown[: self._n] = getattr(self, name)[: self._n]
                 setattr(self, name, grown)
-        if n > _MAX_LOAD * self._slots.shape[0]:
+        if n > self._max_load * self._slots.shape[0]:
             bits = self._bits
-            while n > _MAX_LOAD * (1 << bits):
+            while n > self._max_load * (1 << bits):
                 bits += 1
             self._bits = bits
             self._slots = np.full(1 << bits, -1, np.int64)

@@ -92,13 +92,14 @@ def test_lif_dense_step_copies_no_segment_rows():
     assert peak < neurons  # under one byte per neuron: no row-sized temporary
 
 
+@pytest.mark.parametrize("max_load", [0.5, 0.25])
 @pytest.mark.parametrize("collide", [False, True])
-def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, monkeypatch):
+def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, max_load, monkeypatch):
     if collide:  # every key of a column on one home slot: long probe chains and many lost claims
         monkeypatch.setattr(KeyIndex, "_home", lambda self, a, b: (a % np.uint64(7)).astype(np.int64))
         monkeypatch.setattr(KeyIndex, "_home_one", lambda self, a, b: a % 7)
     rng = np.random.default_rng(2)
-    index, ref = KeyIndex(), {}
+    index, ref = KeyIndex(max_load=max_load), {}
     for _ in range(40):
         k = int(rng.integers(0, 3000))
         a = rng.integers(0, 50, k, dtype=np.uint64)
@@ -114,3 +115,9 @@ def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, monkeyp
     assert index.lookup(probe_a, probe_b).tolist() == [ref.get(k, -1) for k in zip(probe_a.tolist(),
                                                                                     probe_b.tolist())]
     assert index.ids_of(np.empty(0, np.uint64), np.empty(0, np.uint64)).shape == (0,)
+
+
+def test_keyindex_max_load_is_checked():
+    for bad in (0.0, 0.6, -1.0):
+        with pytest.raises(ValueError):
+            KeyIndex(max_load=bad)
