@@ -30,12 +30,20 @@ current node's soma is cleared before anything reads it at step 1).
 
 State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are
 contiguous) over the neurons touched so far in this sequence; a numpy hash index
-(giaannd/rowengine/keyindex.py) maps (column, feature) → slot. Propagation, transitions and decays
-are a few vector operations; firing a row is a vectorised lookup of its targets' slots (new ones
-added in the same pass, no sort) and one scatter-add into the flattened state: O(row length) numpy
-work, no Python per entry. The session never does I/O: the caller fetches rows
-(from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so
-asynchronously.
+(giaannd/rowengine/keyindex.py, ``ids_of``: lookups and inserts in one probe loop, table at load 1/4)
+maps (column, feature) → slot. Segments move by relabelling rows, not by copying them: the rows
+holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do those
+of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and becomes 0),
+so a step's dense work is three or four passes over the slots instead of a dozen. Firing a row is a
+vectorised lookup of its targets' slots, its deposits g(strength) computed in place, and one plain
+scatter-add per segment run (a canonical row is nine sorted runs with distinct targets in each, so
+``+=`` is exact, and the soma run *is* the eligible set): O(row length) numpy work, no Python per
+entry. Every float operation is the one the spec states, in the same order, so the state is the same
+bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py checks it
+against the previous one, step by step). What bounds the step on long rows is the slot lookup's
+random access into the hash table (tools/bench/lif.py breaks the step down). The session never
+does I/O: the caller fetches rows (from a local :class:`~giaannd.model.rowstore.RowStore` or a
+remote storage client) and may do so asynchronously.
 """
 
 from __future__ import annotations

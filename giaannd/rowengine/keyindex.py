@@ -35,6 +35,9 @@ I64 = NDArray[np.int64]
 _INITIAL_SLOTS = 1024
 #: The table doubles before more than this fraction of its slots is used.
 _MAX_LOAD = 0.5
+#: ``ids_of`` makes room for every input key up front while the index holds fewer than 1/_FEW_KEYS
+#: as many keys (re-placing them is then cheap next to the input); otherwise it looks up first.
+_FEW_KEYS = 16
 _MIX_A_INT = 0x9E3779B97F4A7C15
 _MIX_B_INT = 0xC2B2AE3D27D4EB4F
 _MASK64 = (1 << 64) - 1
@@ -146,22 +149,34 @@ class KeyIndex:
 
         For callers that need the ids only (the LIF session's state slots): no ``added`` mask, and
         the order in which new keys get the next dense ids is unspecified (it is the claim order,
-        not the input order). Round 0 works on the inputs as given (no gather of the keys), and
-        lookups and inserts share every round, so a key costs one pass of the loop, not a lookup
-        pass and then an insert pass as in ``lookup_or_add``. Keys may repeat in the input.
+        not the input order). When the index is small next to the input (a session's first long
+        row), room is made for every key up front and lookups and inserts share every probe round,
+        the first on the inputs as given: a key costs one pass of the loop, not a lookup pass and
+        then an insert pass as in ``lookup_or_add``. Otherwise (most keys may be there already) it
+        looks all up first and makes room for the missing ones only. Keys may repeat in the input.
         """
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         m = int(a.shape[0])
         if m == 0:
             return np.empty(0, np.int64)
-        self._reserve(self._n + m)  # room for every key at once: no rehash inside the loop
-        mask = (1 << self._bits) - 1
-        slots, ka, kb = self._slots, self._a, self._b
-        slot = self._home(a, b)
         out: I64 | None = None
         pending = np.empty(0, np.int64)
         pa, pb = a, b
+        if self._n + m > self._max_load * self._slots.shape[0] and self._n * _FEW_KEYS > m:
+            # Room for every key as a new one would mean re-placing many ids for nothing if most are
+            # there already (a row fired again): look them all up first, make room for the rest only.
+            out = self.lookup(a, b)
+            pending = np.flatnonzero(out < 0)
+            if pending.shape[0] == 0:
+                return out
+            self._reserve(self._n + int(pending.shape[0]))
+            pa, pb = a[pending], b[pending]
+        else:
+            self._reserve(self._n + m)  # few ids to re-place: room for every key, no lookup pass
+        mask = (1 << self._bits) - 1
+        slots, ka, kb = self._slots, self._a, self._b
+        slot = self._home(pa, pb)
         while True:
             sid = slots[slot]
             held = sid >= 0
