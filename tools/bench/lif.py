@@ -1,6 +1,7 @@
 """The LIF step on long rows (issue 14 item 6, "Inference steps at memory speed"), with a breakdown.
 
-    python -m tools.bench.lif [--sizes 10000,100000,1000000] [--repeat 5] [--seed 0] [--json]
+    python -m tools.bench.lif [--sizes 10000,100000,1000000] [--repeat 5] [--seed 0]
+                              [--sentences 5000 --prompts 300] [--json]
 
 Builds canonical rows of the given lengths with realistic target ids (columns Zipf(1) over 10^6, features
 Zipf(1) over 10^5, both turned into uniform 64-bit ids as ``giaannd.model.ids`` makes them, 9 segments)
@@ -17,6 +18,11 @@ new step's phases, each timed alone on the same row (best of ``--repeat``; a fre
 - ``scatter``: the nine per-segment scatter-adds into the fresh state (its first touch: page faults);
 - ``dense step``: a whole step with an empty row on a session holding the row's neurons (the
   propagation, the column transition and the soma decay over every slot), per slot.
+
+Then whole sessions as evaluation runs them: ``--sentences`` of the bundled corpus trained into a
+``RowStore``, teacher-forced sessions over the first ``--prompts`` of them (train-set and test-set
+constants), the old and the new session alternately per prompt: steps per CPU second and ns per
+entry of the rows fired. (0 sentences skips it.)
 
 Times are CPU time of this process (``time.process_time``), best of ``--repeat``: on a shared, loaded
 machine wall-clock times also count the waits for a CPU. Target: ≤ 10 ns per entry (the issue).
@@ -163,6 +169,42 @@ def measure(sizes: list[int], repeat: int, seed: int) -> list[dict[str, Any]]:
     return records
 
 
+def sessions(sentences: int, prompts: int) -> dict[str, float]:
+    """Teacher-forced evaluation sessions on the bundled corpus, old and new step alternately."""
+    from giaannd.model.columns import ColumnAssigner
+    from giaannd.model.rowstore import RowStore
+    from giaannd.model.tokens import load_bundled_corpus
+    from giaannd.model.train import train_batch
+
+    assigner = ColumnAssigner()
+    encoded = list(assigner.encode_many(load_bundled_corpus(limit=int(sentences * 1.5) + 200),
+                                        update_flags=True))[:sentences]
+    store = RowStore()
+    for i in range(0, len(encoded), 256):
+        store.apply(train_batch(encoded[i:i + 256]).rows)
+    targets = [list(zip(s.column.tolist(), s.feature.tolist())) for s in encoded[:prompts]]
+    out: dict[str, float] = {}
+    for name, constants in (("train", TRAIN_SET), ("test", TEST_SET)):
+        cpu = {"old": 0.0, "new": 0.0}
+        steps = entries = 0
+        for prompt in targets:
+            for which, cls in (("old", BaselineLifSession), ("new", LifSession)):
+                session = cls(prompt, assigner, constants)
+                t = time.process_time()
+                while (key := session.needs_row()) is not None:
+                    row = store.get_row(*key)
+                    if which == "new":
+                        steps += 1
+                        entries += len(row)
+                    session.step(row)  # the fetch is in both timings alike
+                cpu[which] += time.process_time() - t
+        for which, seconds in cpu.items():
+            out[f"{name}_{which}_steps_per_s"] = steps / max(seconds, 1e-9)
+            out[f"{name}_{which}_ns_per_entry"] = seconds * 1e9 / max(entries, 1)
+        out[f"{name}_entries_per_step"] = entries / max(steps, 1)
+    return out
+
+
 def _ints(text: str) -> list[int]:
     out = [int(x) for x in text.split(",") if x]
     if not out or any(x <= 0 for x in out):
@@ -175,10 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=_ints, default=_ints("10000,100000,1000000"), help="row lengths")
     ap.add_argument("--repeat", type=int, default=5, help="timings per figure, best kept (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="row seed (default 0)")
+    ap.add_argument("--sentences", type=int, default=5000, help="bundled sentences trained for the "
+                    "session figures (default 5000; 0 skips them)")
+    ap.add_argument("--prompts", type=int, default=300, help="teacher-forced prompts (default 300)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args(argv)
     load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     records = measure(args.sizes, max(args.repeat, 1), args.seed)
+    sess = sessions(args.sentences, max(args.prompts, 1)) if args.sentences > 0 else {}
     load += f" before, {os.getloadavg()[0]:.2f} after"
     target = f"<= {TARGET_LIF_NS_PER_ENTRY:.0f}"
     if args.json:
@@ -196,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             for phase, value in r["phases"].items():
                 print(json.dumps({"figure": f"LIF phase {phase} @{r['entries']}", "value": round(value, 2),
                                   "target": None}))
+        for key, value in sess.items():
+            print(json.dumps({"figure": f"LIF sessions {key}", "value": round(value, 2), "target": None}))
         return 0
     print(f"\nmachine: {load}")
     rows = []
@@ -212,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     names = list(records[0]["phases"])
     print_table("New step by phase (ns per entry; dense step per slot)", ["entries", *names],
                 [[f"{r['entries']:,}", *(f"{r['phases'][p]:.2f}" for p in names)] for r in records])
+    if sess:
+        print_table(f"Teacher-forced sessions ({args.sentences:,} bundled sentences, {args.prompts} prompts)",
+                    ["constants", "entries/step", "steps/CPU-s old", "new", "new/old", "ns/entry old", "new"],
+                    [[f"{n}-set", f"{sess[f'{n}_entries_per_step']:,.0f}", f"{sess[f'{n}_old_steps_per_s']:,.0f}",
+                      f"{sess[f'{n}_new_steps_per_s']:,.0f}",
+                      f"{sess[f'{n}_new_steps_per_s'] / sess[f'{n}_old_steps_per_s']:.2f}x",
+                      f"{sess[f'{n}_old_ns_per_entry']:.1f}", f"{sess[f'{n}_new_ns_per_entry']:.1f}"]
+                     for n in ("train", "test")])
     return 0
 
 
