@@ -17,7 +17,8 @@ new step's phases, each timed alone on the same row (best of ``--repeat``; a fre
 - ``deposits``: g(strength) in float64 (test-set constants; train-set is one float);
 - ``scatter``: the nine per-segment scatter-adds into the fresh state (its first touch: page faults);
 - ``dense step``: a whole step with an empty row on a session holding the row's neurons (the
-  propagation, the column transition and the soma decay over every slot), per slot.
+  propagation, the column transition and the soma decay over every slot), per slot; and the same
+  for the old step.
 
 Then whole sessions as evaluation runs them: ``--sentences`` of the bundled corpus trained into a
 ``RowStore``, teacher-forced sessions over the first ``--prompts`` of them (train-set and test-set
@@ -143,15 +144,18 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
         edges: list[int] = np.searchsorted(row.segment, np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)).tolist()
         return lambda: session._scatter(edges, slots, value)
 
-    def dense() -> Callable[[], object]:
-        session = LifSession([_SOURCE, _SOURCE, (2, 2), (3, 3)], NoDelimiters(), TEST_SET)
-        session.step(row)
-        empty = Row.empty()
-        return lambda: session.step(empty)
+    def dense(cls: type[LifSession] | type[BaselineLifSession]) -> Callable[[], Callable[[], object]]:
+        def prepare() -> Callable[[], object]:
+            session = cls([_SOURCE, _SOURCE, (2, 2), (3, 3)], NoDelimiters(), TEST_SET)
+            session.step(row)
+            empty = Row.empty()
+            return lambda: session.step(empty)
+        return prepare
 
     out = {name: _best(fn, repeat) * 1e9 / n for name, fn in
            (("slot map", slot_map), ("state grow", grow), ("deposits", deposits), ("scatter", scatter))}
-    out["dense step (per slot)"] = _best(dense, repeat) * 1e9 / max(neurons, 1)
+    out["dense step (per slot)"] = _best(dense(LifSession), repeat) * 1e9 / max(neurons, 1)
+    out["dense step, old (per slot)"] = _best(dense(BaselineLifSession), repeat) * 1e9 / max(neurons, 1)
     out["neurons per entry"] = neurons / n
     return out
 
