@@ -80,8 +80,9 @@ _LAST_COLUMN_SEGMENT = 3
 _FIRST_FEATURE_SEGMENT = 4
 _INITIAL_SLOTS = 256
 #: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets resolve in
-#: about half the probe rounds (measured by tools/bench/lif.py on 3·10^4-entry rows: ~1.5x faster
-#: mapping), for 8 more bytes per neuron of a table that lives as long as the session.
+#: fewer probe rounds (15 instead of 44 for 10^6 new keys; 1.1-1.5x faster mapping at 10^4-10^6,
+#: measured with tools/bench/lif.py's rows), for 16-32 more bytes per neuron of a table that lives
+#: as long as the session.
 _SLOT_TABLE_LOAD = 0.25
 #: Rows up to this many entries are scattered through flat indices (four numpy calls, 8 bytes per
 #: entry of index) rather than per segment run (up to nine calls, none per entry): below it the
