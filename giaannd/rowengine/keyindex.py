@@ -182,10 +182,16 @@ class KeyIndex:
         while True:
             sid = slots[slot]
             held = sid >= 0
-            # an empty slot's -1 reads the last key array entry (any value): ``held`` masks it out
-            match = ka[sid] == pa
-            match &= kb[sid] == pb
-            match &= held
+            if out is None and self._n * _FEW_KEYS <= m:
+                # round 0 over a (nearly) fresh index: most slots are empty, compare the held ones only
+                on = held.nonzero()[0]
+                match = np.zeros(held.shape[0], np.bool_)
+                match[on] = (ka[sid[on]] == pa[on]) & (kb[sid[on]] == pb[on])
+            else:
+                # an empty slot's -1 reads the last key array entry (any value): ``held`` masks it out
+                match = ka[sid] == pa
+                match &= kb[sid] == pb
+                match &= held
             free = (~held).nonzero()[0]
             if free.shape[0]:
                 # claim marks as in _probe: of several claimants of one slot the last write wins
