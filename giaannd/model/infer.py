@@ -303,8 +303,8 @@ class LifSession:
         soma entries (the eligible set) and where they start in the row.
 
         The row is canonical, so its segments are nine contiguous runs (found by one binary search)
-        and within a run every target is distinct: one plain fancy ``+=`` per run is an exact
-        scatter-add (no flat index array, no ``np.add.at``), and the soma run *is* the eligible set.
+        and within a run every target is distinct: a plain fancy ``+=`` (no ``np.add.at``) is an
+        exact scatter-add, and the soma run *is* the eligible set.
         """
         edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
         slots = self._slots_of(row)
@@ -324,8 +324,8 @@ class LifSession:
         for seg in range(NUM_SEGMENTS):
             lo, hi = edges[seg], edges[seg + 1]
             if lo < hi:
-                row = self._act[self._lane[seg]]
-                row[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+                state = self._act[self._lane[seg]]
+                state[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
 
     def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
         """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or

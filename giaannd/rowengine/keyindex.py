@@ -18,7 +18,8 @@ which adds up over the rounds of a short row), so the Python work is per round (
 settles slot conflicts between them by letting the first claimant of a free slot win; the others
 probe on. The table doubles (a vectorised re-insert of every id) when it is half full.
 
-Memory: 8 bytes per slot (2-4 slots per key) plus 16 bytes of key per id: 32-48 bytes per row.
+Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
+bytes of key per id: 32-48 bytes per row.
 The slot hash is multiplicative on a mix of both words (the ids are already uniform hashes; the
 mix keeps keys that share a column id apart).
 """
@@ -251,7 +252,7 @@ class KeyIndex:
             pending = pending[go_on]
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` keys: key arrays, and a table at most half full (re-placing every id)."""
+        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id)."""
         if n > self._a.shape[0]:
             cap = max(self._a.shape[0] * 2, n)
             # not np.resize: it fills the new tail by repeating the keys (a pass over it for nothing)
