@@ -16,7 +16,7 @@ loops of ``lookup`` and ``ids_of``: the same indices without ~2 µs of Python wr
 which adds up over the rounds of a short row), so the Python work is per round (1-3 rounds at load
 ≤ 1/2, a few more for the rare long cluster), never per key. Inserting many new keys at once
 settles slot conflicts between them by letting the first claimant of a free slot win; the others
-probe on. The table doubles (a vectorised re-insert of every id) when it is half full.
+probe on. The table doubles (a vectorised re-insert of every id) when it is more than ``max_load`` full.
 
 Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
 bytes of key per id: 32-48 bytes per row.
