@@ -121,3 +121,14 @@ def test_keyindex_max_load_is_checked():
     for bad in (0.0, 0.6, -1.0):
         with pytest.raises(ValueError):
             KeyIndex(max_load=bad)
+
+
+def test_keyindex_ids_of_keys_already_there_do_not_grow_the_table():
+    # A row fired again in a session: every key is there. Making room for all of them as new ones
+    # would double the table and re-place every id for nothing.
+    row = synthetic_row(50_000, seed=4)
+    index = KeyIndex(max_load=0.25)
+    first = index.ids_of(row.target_column, row.target_feature)
+    size = index._slots.shape[0]
+    again = index.ids_of(row.target_column, row.target_feature)
+    assert np.array_equal(first, again) and index._slots.shape[0] == size
