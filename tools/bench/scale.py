@@ -225,7 +225,7 @@ def _print(results: dict[str, list[dict[str, Any]]]) -> None:
                                  f"{o['rss_per_entry'] / max(r['rss_per_entry'], 1e-9):.1f}x",
                                  f"{o['lif_ns'] / max(r['lif_ns'], 1e-9):.1f}x"])
         print_table("New vs old (same run, same checkpoint)", ["sentences", "sent/s new/old",
-                    "apply CPU old/new", "RSS/entry old/new", "LIF ns old/new"], cmp_rows)
+                    "apply CPU old/new", "RSS/entry old/new", "LIF ns, old store/new store"], cmp_rows)
     for engine, recs in results.items():
         print_table(f"Targets ({engine})", ["figure", "value", "target", "verdict"],
                     [[f, _fmt(v, 2), t, verdict] for f, v, t, verdict in _targets(recs)])
