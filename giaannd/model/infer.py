@@ -30,12 +30,20 @@ current node's soma is cleared before anything reads it at step 1).
 
 State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are
 contiguous) over the neurons touched so far in this sequence; a numpy hash index
-(giaannd/rowengine/keyindex.py) maps (column, feature) → slot. Propagation, transitions and decays
-are a few vector operations; firing a row is a vectorised lookup of its targets' slots (new ones
-added in the same pass, no sort) and one scatter-add into the flattened state: O(row length) numpy
-work, no Python per entry. The session never does I/O: the caller fetches rows
-(from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so
-asynchronously.
+(giaannd/rowengine/keyindex.py, ``ids_of``: lookups and inserts in one probe loop, table at load 1/4)
+maps (column, feature) → slot. Segments move by relabelling rows, not by copying them: the rows
+holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do those
+of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and becomes 0),
+so a step's dense work is three or four passes over the slots instead of a dozen. Firing a row is a
+vectorised lookup of its targets' slots, its deposits g(strength) computed in place, and one plain
+scatter-add per segment run (a canonical row is nine sorted runs with distinct targets in each, so
+``+=`` is exact, and the soma run *is* the eligible set): O(row length) numpy work, no Python per
+entry. Every float operation is the one the spec states, in the same order, so the state is the same
+bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py checks it
+against the previous one, step by step). What bounds the step on long rows is the slot lookup's
+random access into the hash table (tools/bench/lif.py breaks the step down). The session never
+does I/O: the caller fetches rows (from a local :class:`~giaannd.model.rowstore.RowStore` or a
+remote storage client) and may do so asynchronously.
 """
 
 from __future__ import annotations
@@ -71,6 +79,17 @@ _SOMA = NUM_SEGMENTS - 1
 _LAST_COLUMN_SEGMENT = 3
 _FIRST_FEATURE_SEGMENT = 4
 _INITIAL_SLOTS = 256
+#: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets resolve in
+#: fewer probe rounds (15 instead of 44 for 10^6 new keys; 1.1-1.5x faster mapping at 10^4-10^6,
+#: measured with tools/bench/lif.py's rows), for 16-32 more bytes per neuron of a table that lives
+#: as long as the session.
+_SLOT_TABLE_LOAD = 0.25
+#: Rows up to this many entries are scattered through flat indices (four numpy calls, 8 bytes per
+#: entry of index) rather than per segment run (up to nine calls, none per entry): below it the
+#: calls cost more than the passes (most rows of a real session are a few hundred entries).
+_FLAT_SCATTER_MAX = 4096
+#: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
+_SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +119,10 @@ TEST_SET = LifConstants(theta=0.008, boolean_synapses=False, soma_decay=0.75, co
 def activation(x: float) -> float:
     """g(x) = 2·sigmoid(x/100) − 1 (≈ x/200 for small x)."""
     return 2.0 / (1.0 + math.exp(-x / 100.0)) - 1.0
+
+
+#: g(1), the deposit of every boolean synapse (train-set constants).
+_G_ONE = activation(1.0)
 
 
 class DelimiterFlags(Protocol):
@@ -164,8 +187,12 @@ class LifSession:
         self._flags = flags
         self._k = constants
         self._teacher = teacher_forced
-        self._slots = KeyIndex()  # (column, feature) -> slot: the neuron's column of ``_act``
+        # (column, feature) -> slot: the neuron's column of ``_act``
+        self._slots = KeyIndex(max_load=_SLOT_TABLE_LOAD)
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
+        #: The row of ``_act`` holding each segment. Segments 0..2 and 4..7 move by relabelling these
+        #: rows (a ring each), not by copying them; segment 3 and the soma stay in rows 3 and 8.
+        self._lane = list(range(NUM_SEGMENTS))
         #: ``predictions[k]`` for every step k ≥ seed_tokens run so far (None = no prediction).
         self.predictions: dict[int, RowKey | None] = {}
         self._step = 1
@@ -224,25 +251,19 @@ class LifSession:
         act = self._act
         n = len(self._slots)
         cur = self._slot_of(self._current)
-        # 2. propagate feature segments one step toward the soma.
-        act[_SOMA, :n] += act[_SOMA - 1, :n]
-        act[_FIRST_FEATURE_SEGMENT + 1:_SOMA, :n] = act[_FIRST_FEATURE_SEGMENT:_SOMA - 1, :n]
-        act[_FIRST_FEATURE_SEGMENT, :n] = 0.0
+        lane = self._lane
+        # 2. propagate feature segments one step toward the soma: 7 merges into the soma, and its
+        #    row, cleared, becomes segment 4 (6, 5, 4 become 7, 6, 5 by relabelling, no copy).
+        last = lane[_SOMA - 1]
+        act[_SOMA, :n] += act[last, :n]
+        act[last, :n] = 0.0
+        lane[_FIRST_FEATURE_SEGMENT:_SOMA] = [last, *lane[_FIRST_FEATURE_SEGMENT:_SOMA - 1]]
         # 3. fire.
-        eligible: NDArray[np.intp] = np.empty(0, np.intp)
+        eligible: NDArray[np.int64] = np.empty(0, np.int64)
+        soma_start = 0
         if act[_SOMA, cur] + act[_LAST_COLUMN_SEGMENT, cur] >= self._k.theta and len(row):
-            slots = self._slots_of(row)
+            eligible, soma_start = self._fire(row)
             act = self._act  # may have grown
-            if self._k.boolean_synapses:
-                value = np.where(row.strength > 0, activation(1.0), 0.0)
-            else:
-                value = 2.0 / (1.0 + np.exp(-row.strength.astype(np.float64) / 100.0)) - 1.0
-            # (segment, slot) pairs are unique in a canonical row, so a plain scatter-add is exact
-            flat = row.segment.astype(np.intp)
-            flat *= act.shape[1]
-            flat += slots
-            act.reshape(-1)[flat] += value
-            eligible = slots[row.segment == _SOMA]
         # 4. deactivate the current node.
         act[_SOMA, cur] = 0.0
         if self._k.clear_segment3_on_fire:
@@ -251,7 +272,7 @@ class LifSession:
         if k < self._seed:
             nxt: RowKey | None = self._targets[k]
         else:
-            pred = self._select(eligible, row, c, internal)
+            pred = self._select(eligible, row, soma_start, c, internal)
             self.predictions[k] = pred
             nxt = self._targets[k] if self._teacher else pred
         self._step += 1
@@ -261,10 +282,12 @@ class LifSession:
         n = len(self._slots)
         # 7. column transition.
         if nxt[0] != c:
+            # segment 3 decays and receives 2; 2's row, cleared, becomes 0 (1, 0 become 2, 1)
+            prev = lane[_LAST_COLUMN_SEGMENT - 1]
             act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
-            act[_LAST_COLUMN_SEGMENT, :n] += act[_LAST_COLUMN_SEGMENT - 1, :n]
-            act[1:_LAST_COLUMN_SEGMENT, :n] = act[0:_LAST_COLUMN_SEGMENT - 1, :n]
-            act[0, :n] = 0.0
+            act[_LAST_COLUMN_SEGMENT, :n] += act[prev, :n]
+            act[prev, :n] = 0.0
+            lane[0:_LAST_COLUMN_SEGMENT] = [prev, *lane[0:_LAST_COLUMN_SEGMENT - 1]]
         # 8. soma decay; 9. burst the next node.
         act[_SOMA, :n] *= 1.0 - self._k.soma_decay
         s = self._slot_of(nxt)
@@ -275,7 +298,53 @@ class LifSession:
         return nxt
 
     # -- internals ------------------------------------------------------------------------------
-    def _select(self, eligible: NDArray[np.intp], row: Row, column: int, internal: bool) -> RowKey | None:
+    def _fire(self, row: Row) -> tuple[NDArray[np.int64], int]:
+        """Deposit g(value) of every entry of ``row`` into (segment, target); returns the slots of the
+        soma entries (the eligible set) and where they start in the row.
+
+        The row is canonical, so its segments are nine contiguous runs (found by one binary search)
+        and within a run every target is distinct: a plain fancy ``+=`` (no ``np.add.at``) is an
+        exact scatter-add, and the soma run *is* the eligible set.
+        """
+        edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
+        slots = self._slots_of(row)
+        self._scatter(edges, slots, self._deposits(row.strength), row.segment)
+        return slots[edges[_SOMA]:edges[_SOMA + 1]], edges[_SOMA]
+
+    def _scatter(self, edges: list[int], slots: NDArray[np.int64], value: NDArray[np.float64] | float,
+                 segment: NDArray[np.uint8] | None = None) -> None:
+        """``act[segment, slot] += value`` for every entry: one segment run at a time, or for a short
+        row (``segment`` given) through flat indices into the state, in one call instead of nine."""
+        if segment is not None and slots.shape[0] <= _FLAT_SCATTER_MAX:
+            flat = np.array(self._lane, np.int64)[segment]
+            flat *= self._act.shape[1]
+            flat += slots
+            self._act.reshape(-1)[flat] += value
+            return
+        for seg in range(NUM_SEGMENTS):
+            lo, hi = edges[seg], edges[seg + 1]
+            if lo < hi:
+                state = self._act[self._lane[seg]]
+                state[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+
+    def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
+        """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or
+        an array computed in place in float64 — the same operations, so the same bits, as
+        ``2 / (1 + exp(-s / 100)) - 1`` (negating before or after dividing by 100 is exact)."""
+        if self._k.boolean_synapses:
+            if strength.shape[0] and float(strength.min()) > 0.0:
+                return _G_ONE
+            return np.where(strength > 0, _G_ONE, 0.0)
+        value = strength.astype(np.float64)
+        np.divide(value, -100.0, out=value)
+        np.exp(value, out=value)
+        value += 1.0
+        np.divide(2.0, value, out=value)
+        value -= 1.0
+        return value
+
+    def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
+                internal: bool) -> RowKey | None:
         if eligible.shape[0] == 0:
             return None
         act = self._act
@@ -285,9 +354,8 @@ class LifSession:
             return None
         # Eligible neurons are in row order: soma entries sorted by (column, feature), so argmax's
         # first-maximum rule *is* "ties go to the lowest (column id, feature id)".
-        i = int(np.argmax(np.where(ok, value, -np.inf)))
-        soma = np.flatnonzero(row.segment == _SOMA)
-        pred = (int(row.target_column[soma[i]]), int(row.target_feature[soma[i]]))
+        i = soma_start + int(np.argmax(np.where(ok, value, -np.inf)))
+        pred = (int(row.target_column[i]), int(row.target_feature[i]))
         if internal and pred[0] != column:
             return None
         return pred
@@ -299,15 +367,15 @@ class LifSession:
             s = int(self._slots_of_arrays(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64))[0])
         return s
 
-    def _slots_of(self, row: Row) -> NDArray[np.intp]:
+    def _slots_of(self, row: Row) -> NDArray[np.int64]:
         return self._slots_of_arrays(row.target_column, row.target_feature)
 
-    def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.intp]:
+    def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:
         """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""
-        slots, _ = self._slots.lookup_or_add(tc, tf)
+        slots = self._slots.ids_of(tc, tf)
         if len(self._slots) > self._act.shape[1]:
             self._grow(len(self._slots))
-        return slots.astype(np.intp, copy=False)
+        return slots
 
     def _grow(self, need: int) -> None:
         cap = self._act.shape[1]

@@ -11,12 +11,15 @@ open-addressing hash table with linear probing:
 - ``_a``, ``_b``: uint64, the key of each id (grown by doubling).
 
 Lookups and inserts are vectorised over many keys at once: each *probe round* is a few numpy
-operations over the keys still unresolved, so the Python work is per round (1-3 rounds at load
+operations over the keys still unresolved (``x.nonzero()[0]``, not ``np.flatnonzero``, in the probe
+loops of ``lookup`` and ``ids_of``: the same indices without ~2 µs of Python wrapping per call,
+which adds up over the rounds of a short row), so the Python work is per round (1-3 rounds at load
 ≤ 1/2, a few more for the rare long cluster), never per key. Inserting many new keys at once
 settles slot conflicts between them by letting the first claimant of a free slot win; the others
-probe on. The table doubles (a vectorised re-insert of every id) when it is half full.
+probe on. The table doubles (a vectorised re-insert of every id) when it is more than ``max_load`` full.
 
-Memory: 8 bytes per slot (2-4 slots per key) plus 16 bytes of key per id: 32-48 bytes per row.
+Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
+bytes of key per id: 32-48 bytes per row.
 The slot hash is multiplicative on a mix of both words (the ids are already uniform hashes; the
 mix keeps keys that share a column id apart).
 """
@@ -35,6 +38,9 @@ I64 = NDArray[np.int64]
 _INITIAL_SLOTS = 1024
 #: The table doubles before more than this fraction of its slots is used.
 _MAX_LOAD = 0.5
+#: ``ids_of`` makes room for every input key up front while the index holds fewer than 1/_FEW_KEYS
+#: as many keys (re-placing them is then cheap next to the input); otherwise it looks up first.
+_FEW_KEYS = 16
 _MIX_A_INT = 0x9E3779B97F4A7C15
 _MIX_B_INT = 0xC2B2AE3D27D4EB4F
 _MASK64 = (1 << 64) - 1
@@ -45,7 +51,13 @@ _MIX_B = np.uint64(_MIX_B_INT)
 class KeyIndex:
     """Dense ids for (a, b) uint64 key pairs (module docstring). Not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_load: float = _MAX_LOAD) -> None:
+        """``max_load``: the table doubles before more than this fraction of its slots is used. Lower
+        means fewer probe rounds per vectorised call (each round is a few numpy calls over the keys
+        left) for more memory (8 bytes per slot): the LIF session's short-lived index uses 1/4."""
+        if not 0.0 < max_load <= _MAX_LOAD:
+            raise ValueError(f"max_load must be in (0, {_MAX_LOAD}]")
+        self._max_load = max_load
         self._slots: I64 = np.full(_INITIAL_SLOTS, -1, np.int64)
         self._bits = int(_INITIAL_SLOTS).bit_length() - 1
         self._a: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
@@ -64,10 +76,13 @@ class KeyIndex:
         return self._a[: self._n], self._b[: self._n]
 
     def _home(self, a: U64, b: U64) -> I64:
-        h = (a * _MIX_A) ^ (b * _MIX_B)
+        # in place where numpy allows: two temporaries instead of five (the same values)
+        h = a * _MIX_A
+        h ^= b * _MIX_B
         h ^= h >> np.uint64(29)
         h *= _MIX_A
-        return (h >> np.uint64(64 - self._bits)).astype(np.int64)
+        h >>= np.uint64(64 - self._bits)
+        return h.view(np.int64)  # < 2**bits: the same numbers as int64, without a copy
 
     def lookup(self, a: U64, b: U64) -> I64:
         """The id of every key (a[i], b[i]), or -1 where the key is not indexed."""
@@ -79,7 +94,7 @@ class KeyIndex:
         safe = np.where(held, out, 0)
         match = held & (self._a[safe] == a) & (self._b[safe] == b)
         out[~match] = -1
-        pending = np.flatnonzero(held & ~match)
+        pending = (held & ~match).nonzero()[0]
         slot = (slot[pending] + 1) & ((1 << self._bits) - 1)
         mask = (1 << self._bits) - 1
         while pending.shape[0]:
@@ -132,6 +147,79 @@ class KeyIndex:
             self._probe(a, b, missing, ids, added)
         return ids, added
 
+    def ids_of(self, a: U64, b: U64) -> I64:
+        """Ids of the keys, adding those not indexed yet: ``lookup_or_add`` in one probe loop.
+
+        For callers that need the ids only (the LIF session's state slots): no ``added`` mask, and
+        the order in which new keys get the next dense ids is unspecified (it is the claim order,
+        not the input order). When the index is small next to the input (a session's first long
+        row), room is made for every key up front and lookups and inserts share every probe round,
+        the first on the inputs as given: a key costs one pass of the loop, not a lookup pass and
+        then an insert pass as in ``lookup_or_add``. Otherwise (most keys may be there already) it
+        looks all up first and makes room for the missing ones only. Keys may repeat in the input.
+        """
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        m = int(a.shape[0])
+        if m == 0:
+            return np.empty(0, np.int64)
+        out: I64 | None = None
+        pending = np.empty(0, np.int64)
+        pa, pb = a, b
+        if self._n + m > self._max_load * self._slots.shape[0] and self._n * _FEW_KEYS > m:
+            # Room for every key as a new one would mean re-placing many ids for nothing if most are
+            # there already (a row fired again): look them all up first, make room for the rest only.
+            out = self.lookup(a, b)
+            pending = (out < 0).nonzero()[0]
+            if pending.shape[0] == 0:
+                return out
+            self._reserve(self._n + int(pending.shape[0]))
+            pa, pb = a[pending], b[pending]
+        else:
+            self._reserve(self._n + m)  # few ids to re-place: room for every key, no lookup pass
+        mask = (1 << self._bits) - 1
+        slots, ka, kb = self._slots, self._a, self._b
+        slot = self._home(pa, pb)
+        while True:
+            sid = slots[slot]
+            held = sid >= 0
+            if out is None and self._n * _FEW_KEYS <= m:
+                # round 0 over a (nearly) fresh index: most slots are empty, compare the held ones only
+                on = held.nonzero()[0]
+                match = np.zeros(held.shape[0], np.bool_)
+                match[on] = (ka[sid[on]] == pa[on]) & (kb[sid[on]] == pb[on])
+            else:
+                # an empty slot's -1 reads the last key array entry (any value): ``held`` masks it out
+                match = ka[sid] == pa
+                match &= kb[sid] == pb
+                match &= held
+            free = (~held).nonzero()[0]
+            if free.shape[0]:
+                # claim marks as in _probe: of several claimants of one slot the last write wins
+                at = slot[free]
+                tag = -2 - free
+                slots[at] = tag
+                won = free[slots[at] == tag]
+                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
+                ka[new] = pa[won]
+                kb[new] = pb[won]
+                self._n += int(won.shape[0])
+                slots[slot[won]] = new
+                sid[won] = new
+                match[won] = True
+            go_on = (~match).nonzero()[0]
+            if out is None:
+                out = sid  # round 0: every key; the unresolved ones are overwritten below
+                pending = go_on
+            else:
+                out[pending[match]] = sid[match]
+                pending = pending[go_on]
+            if pending.shape[0] == 0:
+                return out
+            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
+            slot = (slot[go_on] + held[go_on]) & mask
+            pa, pb = a[pending], b[pending]
+
     def _probe(self, a: U64, b: U64, pending: I64, ids: I64, added: NDArray[np.bool_]) -> None:
         """Resolve keys ``(a[i], b[i])`` for i in ``pending``: find, or claim a slot for, each."""
         mask = (1 << self._bits) - 1
@@ -164,14 +252,17 @@ class KeyIndex:
             pending = pending[go_on]
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` keys: key arrays, and a table at most half full (re-placing every id)."""
+        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id)."""
         if n > self._a.shape[0]:
             cap = max(self._a.shape[0] * 2, n)
-            self._a = np.resize(self._a, cap)
-            self._b = np.resize(self._b, cap)
-        if n > _MAX_LOAD * self._slots.shape[0]:
+            # not np.resize: it fills the new tail by repeating the keys (a pass over it for nothing)
+            for name in ("_a", "_b"):
+                grown = np.empty(cap, np.uint64)
+                grown[: self._n] = getattr(self, name)[: self._n]
+                setattr(self, name, grown)
+        if n > self._max_load * self._slots.shape[0]:
             bits = self._bits
-            while n > _MAX_LOAD * (1 << bits):
+            while n > self._max_load * (1 << bits):
                 bits += 1
             self._bits = bits
             self._slots = np.full(1 << bits, -1, np.int64)

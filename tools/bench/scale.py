@@ -15,7 +15,9 @@ The stream (tools/bench/zipf_stream.py) is generated as it is consumed. The core
   memory now minus before training, over the store's entries) and the store's own bytes per entry
   where it counts them;
 - a LIF step on the longest rows (``--lif-rows``): ns per row entry of ``LifSession.step`` on a
-  fresh session (the row fires once), and of fetching the row from the store.
+  fresh session (the row fires once; CPU time), of the step before issue 14 item 6 on the same rows (its
+  baseline, tools/bench/baseline_lif.py; the ratio is "LIF old/new"), and of fetching the row from
+  the store. ``python -m tools.bench.lif`` breaks the step down by phase on synthetic rows.
 
 ``--engine both`` (default) runs the pre-issue-14 store (tools/bench/baseline_rowstore.py, the
 baseline) up to ``--old-checkpoints`` and the current ``giaannd.model.rowstore.RowStore`` to every
@@ -70,26 +72,30 @@ def _largest(store: Any, k: int) -> list[tuple[tuple[int, int], int]]:
 
 
 def _lif(store: Any, k: int, repeat: int = 3) -> dict[str, float]:
-    """ns per entry of a LIF step (fresh session, the row fires once) and of the row fetch."""
+    """ns per entry of a LIF step (fresh session, the row fires once), of the same step before issue 14
+    item 6 (tools/bench/baseline_lif.py, the baseline, timed alternately with it), and of the row fetch."""
     from giaannd.model.infer import TRAIN_SET, LifSession, NoDelimiters
+    from tools.bench.baseline_lif import BaselineLifSession
 
-    step_s = fetch_s = 0.0
+    step_s = old_s = fetch_s = 0.0
     entries = 0
     for key, _ in _largest(store, k):
-        best_step = best_fetch = float("inf")
+        best = {"new": float("inf"), "old": float("inf"), "fetch": float("inf")}
         for _ in range(repeat):
             t = time.perf_counter()
             row = store.get_row(*key)
-            best_fetch = min(best_fetch, time.perf_counter() - t)
-            session = LifSession([key, key], NoDelimiters(), TRAIN_SET)
-            t = time.perf_counter()
-            session.step(row)
-            best_step = min(best_step, time.perf_counter() - t)
-        step_s += best_step
-        fetch_s += best_fetch
+            best["fetch"] = min(best["fetch"], time.perf_counter() - t)
+            for name, cls in (("new", LifSession), ("old", BaselineLifSession)):
+                session = cls([key, key], NoDelimiters(), TRAIN_SET)
+                t = time.process_time()  # CPU time: on a loaded machine wall clock counts waits too
+                session.step(row)
+                best[name] = min(best[name], time.process_time() - t)
+        step_s += best["new"]
+        old_s += best["old"]
+        fetch_s += best["fetch"]
         entries += len(row)
     per = 1e9 / max(entries, 1)
-    return {"lif_ns": step_s * per, "fetch_ns": fetch_s * per, "lif_entries": entries}
+    return {"lif_ns": step_s * per, "lif_old_ns": old_s * per, "fetch_ns": fetch_s * per, "lif_entries": entries}
 
 
 def _child(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
@@ -189,18 +195,23 @@ def _targets(records: list[dict[str, Any]]) -> list[tuple[str, float | None, str
          "not reached" if rss is None else "met" if rss <= TARGET_RSS_BYTES_PER_ENTRY else "MISSED"),
         (f"LIF step ns/entry at {last['sentences']:,}", last["lif_ns"], f"<= {TARGET_LIF_NS_PER_ENTRY:.0f}",
          "met" if last["lif_ns"] <= TARGET_LIF_NS_PER_ENTRY else "MISSED"),
+        (f"LIF step old/new at {last['sentences']:,} (same rows, same run)",
+         last["lif_old_ns"] / max(last["lif_ns"], 1e-9), "—", "context"),
     ]
     return out
 
 
 def _print(results: dict[str, list[dict[str, Any]]]) -> None:
     header = ["engine", "sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent encode", "train", "apply",
-              "entries", "rows", "largest row", "RSS growth B/entry", "store B/entry", "LIF ns/entry", "fetch ns/entry"]
+              "entries", "rows", "largest row", "RSS growth B/entry", "store B/entry", "LIF ns/entry",
+              "LIF old step ns/entry", "LIF old/new", "fetch ns/entry"]
     rows = [[r["engine"], f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]),
              _fmt(r["cpu_us_encode"]),
              _fmt(r["cpu_us_train"]), _fmt(r["cpu_us_apply"]), f"{r['entries']:,}", f"{r['rows']:,}",
              f"{r['largest_row']:,}", _fmt(r["rss_per_entry"], 1), _fmt(r["store_per_entry"], 1),
-             _fmt(r["lif_ns"], 1), _fmt(r["fetch_ns"], 1)]
+             _fmt(r["lif_ns"], 1), _fmt(r.get("lif_old_ns"), 1),
+             f"{r['lif_old_ns'] / max(r['lif_ns'], 1e-9):.2f}x" if "lif_old_ns" in r else "—",
+             _fmt(r["fetch_ns"], 1)]
             for recs in results.values() for r in recs]
     print_table("Core rows at scale (synthetic Zipf stream)", header, rows)
     if "old" in results and "new" in results:
@@ -214,7 +225,7 @@ def _print(results: dict[str, list[dict[str, Any]]]) -> None:
                                  f"{o['rss_per_entry'] / max(r['rss_per_entry'], 1e-9):.1f}x",
                                  f"{o['lif_ns'] / max(r['lif_ns'], 1e-9):.1f}x"])
         print_table("New vs old (same run, same checkpoint)", ["sentences", "sent/s new/old",
-                    "apply CPU old/new", "RSS/entry old/new", "LIF ns old/new"], cmp_rows)
+                    "apply CPU old/new", "RSS/entry old/new", "LIF ns, old store/new store"], cmp_rows)
     for engine, recs in results.items():
         print_table(f"Targets ({engine})", ["figure", "value", "target", "verdict"],
                     [[f, _fmt(v, 2), t, verdict] for f, v, t, verdict in _targets(recs)])
