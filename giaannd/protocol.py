@@ -78,6 +78,7 @@ __all__ = [
     "MAX_SCAN_ENTRIES",
     "MAX_SCAN_EXAMINE",
     "MAX_SCAN_NODES",
+    "MAX_SCAN_PAGE_BYTES",
     "MAX_SCAN_ROWS",
     "MAX_VOCAB_ENTRIES",
     "MAX_VOCAB_TEXT_CHARS",
@@ -159,6 +160,10 @@ MAX_TEXT_CHARS: Final = 4096
 MAX_SCAN_ROWS: Final = 65_536
 #: Entries per ScanPage (21 B each: 16 MiB); a single larger row is still sent, alone.
 MAX_SCAN_ENTRIES: Final = 800_000
+#: Bytes of the arrays of one ScanPage when the client asks for a byte cap (``ScanRows.max_bytes``):
+#: the page is built (copied) on the event loop and held once more by the client's k-way merge per
+#: node, so it bounds the exporter's memory (compute.export-page-bytes). 16 MiB = MAX_SCAN_ENTRIES'.
+MAX_SCAN_PAGE_BYTES: Final = 16 << 20
 #: Row keys one ScanRows may look at (filtered out or not) before it answers, so a scan whose
 #: filter rejects most rows still answers promptly; the cursor then moves with an empty page.
 MAX_SCAN_EXAMINE: Final = 262_144
@@ -241,6 +246,9 @@ class ScanRows(msgspec.Struct, frozen=True, tag=6):
     whose owner list, with the nodes in ``skip`` removed, starts with ``via`` followed by this node
     (so each column is read from exactly one node); ``placement_epoch`` must then equal the node's
     own, else ``NotOwner`` (a filter computed on another placement could miss or repeat rows).
+    ``max_bytes`` > 0 (appended): the page's arrays stay under min(max_bytes, MAX_SCAN_PAGE_BYTES)
+    and a row over that is cut into pieces; ``after_entry`` > 0 (appended) resumes inside the cursor
+    row at that entry (``ScanPage.next_entry``). 0: whole rows, a big one alone (older clients).
     """
 
     after_column: _U64 = 0
@@ -251,6 +259,8 @@ class ScanRows(msgspec.Struct, frozen=True, tag=6):
     skip: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
     via: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
     placement_epoch: _Text = ""
+    max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    after_entry: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 _VocabText = Annotated[str, msgspec.Meta(max_length=MAX_VOCAB_TEXT_CHARS)]
@@ -397,12 +407,15 @@ class AppliedMask(msgspec.Struct, frozen=True, tag=68):
 
 class ScanPage(msgspec.Struct, frozen=True, tag=69):
     """Rows of one scan page (7 RowBatch buffers in bulk). ``next_column``/``next_feature``: the cursor
-    for the next request (the last key looked at, even when filtered out); ``done``: no rows after it."""
+    for the next request (the last key looked at, even when filtered out); ``done``: no rows after it.
+    ``next_entry`` > 0 (appended): the page ended inside the row ``next_*``; ask again with it as
+    ``ScanRows.after_entry`` for the rest (only when the request set ``max_bytes``)."""
 
     next_column: int = 0
     next_feature: int = 0
     done: bool = True
     examined: int = 0
+    next_entry: int = 0
 
 
 class VocabAck(msgspec.Struct, frozen=True, tag=70):

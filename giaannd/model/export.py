@@ -15,6 +15,15 @@ lines, and those of older exports, which have no ``*_prime`` fields (module docs
 fields above, in that order) so that an export only ever replaces a previous export unless told
 otherwise (giaannd/compute/paths.py).
 
+Streaming (issue 14 item 7): the cluster export writes the lines as the scan delivers rows in key
+order, a bounded chunk at a time (:class:`JsonlWriter`: a temporary file, fsynced and renamed by
+``commit``; ``abort`` removes it), so the format needs no header and no pass over the whole model.
+``jsonl_bytes`` makes the lines of one chunk with per-entry work done by C loops (the fragments of
+each distinct source row and target neuron are made once per chunk, the strengths by ``repr``, the
+lines by one ``str.format`` map), byte for byte the lines ``iter_jsonl`` makes with ``json.dumps``
+(tests compare them). A row cut into pieces by the scan is two chunks: its lines, concatenated,
+are the row's.
+
 Binary snapshot (little-endian), version 1::
 
     offset size  field
@@ -40,13 +49,16 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 import xxhash
 
-from giaannd.atomic_file import atomic_writer
+from giaannd.atomic_file import atomic_writer, fsync_dir
 from giaannd.errors import CorruptDataError
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
@@ -55,8 +67,8 @@ from giaannd.model.vocab import Vocabulary
 from giaannd.records import RecordError, RecordFormat
 
 __all__ = ["EXPORT_RECORD", "JSONL_FIELDS", "JSONL_FIELDS_V1", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "ExportEntry",
-           "SnapshotError", "is_jsonl_export", "iter_jsonl", "load_snapshot", "read_jsonl", "save_snapshot",
-           "write_jsonl"]
+           "JsonlWriter", "SnapshotError", "is_jsonl_export", "iter_jsonl", "jsonl_bytes", "load_snapshot",
+           "read_jsonl", "save_snapshot", "write_jsonl"]
 
 #: The keys of every JSONL line, in order.
 JSONL_FIELDS = ("source_lemma", "source_word", "source_prime", "segment", "target_lemma", "target_word",
@@ -135,6 +147,112 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
                 "segment": s, "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
                 "target_prime": tf == PRIME_FEATURE, "strength": float(np.float32(v)),
             }, ensure_ascii=False)
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False).encode
+#: One line from its four parts: the source row's fragment, the segment, the target neuron's, the strength.
+_LINE = "{}{}{}{}}}\n".format
+_SEGMENTS = np.array([str(i) for i in range(256)], dtype=object)
+
+
+def _lemma(vocab: Vocabulary, column: int) -> str:
+    try:
+        return vocab.column_lemma(column)
+    except KeyError:
+        raise KeyError(f"export: column id {column:#018x} is not in the vocabulary") from None
+
+
+def jsonl_bytes(batch: RowBatch, vocab: Vocabulary) -> bytes:
+    """The JSONL lines of every entry of ``batch`` (rows in its order), UTF-8: the bytes
+    ``iter_jsonl`` gives for the same rows (module docstring, "Streaming").
+
+    Raises:
+        KeyError: an id of the batch is missing from ``vocab`` (the message names it).
+    """
+    if batch.num_entries == 0:
+        return b""
+    lengths = np.diff(batch.offsets)
+    rows = np.flatnonzero(lengths)
+    sources = np.empty(rows.shape[0], dtype=object)
+    for j, (c, f) in enumerate(zip(batch.row_column[rows].tolist(), batch.row_feature[rows].tolist())):
+        sources[j] = (f'{{"source_lemma": {_JSON(_lemma(vocab, c))}, "source_word": {_JSON(_word(vocab, c, f))}, '
+                      f'"source_prime": {"true" if f == PRIME_FEATURE else "false"}, "segment": ')
+    keys = np.stack([batch.target_column, batch.target_feature], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    targets = np.empty(uniq.shape[0], dtype=object)
+    for j, (c, f) in enumerate(uniq.tolist()):
+        targets[j] = (f', "target_lemma": {_JSON(_lemma(vocab, c))}, "target_word": {_JSON(_word(vocab, c, f))}, '
+                      f'"target_prime": {"true" if f == PRIME_FEATURE else "false"}, "strength": ')
+    per_entry_source = sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])]
+    strengths = map(float.__repr__, batch.strength.tolist())
+    text = "".join(map(_LINE, per_entry_source.tolist(), _SEGMENTS[batch.segment].tolist(),
+                       targets[inverse.reshape(-1)].tolist(), strengths))
+    return text.encode("utf-8")
+
+
+class JsonlWriter:
+    """A JSONL export written chunk by chunk (module docstring, "Streaming"): into a temporary file
+    next to ``path`` until ``commit`` fsyncs it and renames it over ``path``; ``abort`` (or any
+    failure of ``commit``) removes it, leaving ``path`` untouched. Synchronous: the asyncio glue
+    calls it in a thread.
+
+    Raises:
+        OSError: the temporary file cannot be made (``path``'s directory does not exist, ...).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self._tmp = tmp
+        self._fh: IO[bytes] | None = os.fdopen(fd, "wb")
+        os.fchmod(fd, 0o644)
+        #: lines written so far
+        self.lines = 0
+
+    def write(self, batch: RowBatch, vocab: Vocabulary) -> None:
+        """Append the lines of ``batch`` (the rows after every row written before).
+
+        Raises:
+            KeyError: an id is missing from ``vocab`` (nothing of ``batch`` is written).
+            OSError: the write failed.
+        """
+        if self._fh is None:
+            raise ValueError("export writer already closed")
+        data = jsonl_bytes(batch, vocab)
+        self._fh.write(data)
+        self.lines += batch.num_entries
+
+    def commit(self) -> None:
+        """Make the file complete and durable at ``path``.
+
+        Raises:
+            OSError: the flush, fsync or rename failed (the temporary file is removed).
+        """
+        if self._fh is None:
+            raise ValueError("export writer already closed")
+        fh, self._fh = self._fh, None
+        try:
+            with fh:
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self._remove()
+            raise
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        """Drop the partial file (idempotent; a no-op after ``commit``)."""
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
+            fh.close()
+            self._remove()
+
+    def _remove(self) -> None:
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
 
 
 def is_jsonl_export(path: str | os.PathLike[str]) -> bool:
