@@ -79,6 +79,8 @@ __all__ = [
     "MAX_SCAN_EXAMINE",
     "MAX_SCAN_NODES",
     "MAX_SCAN_PAGE_BYTES",
+    "SCAN_ENTRY_BYTES",
+    "SCAN_ROW_BYTES",
     "MAX_SCAN_ROWS",
     "MAX_VOCAB_ENTRIES",
     "MAX_VOCAB_TEXT_CHARS",
@@ -131,6 +133,7 @@ __all__ = [
     "register_key_id",
     "runtime_request",
     "scan_chain_mask",
+    "scan_page_bytes",
 ]
 
 class BatchId(NamedTuple):
@@ -164,6 +167,17 @@ MAX_SCAN_ENTRIES: Final = 800_000
 #: the page is built (copied) on the event loop and held once more by the client's k-way merge per
 #: node, so it bounds the exporter's memory (compute.export-page-bytes). 16 MiB = MAX_SCAN_ENTRIES'.
 MAX_SCAN_PAGE_BYTES: Final = 16 << 20
+#: How ``ScanRows.max_bytes`` counts a page: the bytes of its seven arrays (``RowBatch.nbytes``),
+#: 24 per row (key u64 x 2, offset i64), 21 per entry (u64 x 2, f32, u8) and the closing offset.
+SCAN_ROW_BYTES: Final = 24
+SCAN_ENTRY_BYTES: Final = 21
+
+
+def scan_page_bytes(rows: int, entries: int) -> int:
+    """The bytes a scan page of ``rows`` rows and ``entries`` entries counts against ``max_bytes``."""
+    return SCAN_ROW_BYTES * rows + 8 + SCAN_ENTRY_BYTES * entries
+
+
 #: Row keys one ScanRows may look at (filtered out or not) before it answers, so a scan whose
 #: filter rejects most rows still answers promptly; the cursor then moves with an empty page.
 MAX_SCAN_EXAMINE: Final = 262_144

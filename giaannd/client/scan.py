@@ -93,6 +93,9 @@ async def scan_cluster(topology: ClusterView, call: NodeCall, page_rows: int = D
     placement = topology.placement
     names = tuple(placement.names)
     skip = [n for n in names if not topology.is_live(n)]
+    # never ask for a page this client would refuse (check_batch's limits): a row over them is
+    # then cut by the node instead of making the scan fail (no row may be unscannable)
+    page_bytes = min(page_bytes, p.scan_page_bytes(0, p.MAX_BATCH_ENTRIES), p.scan_page_bytes(p.MAX_BATCH_ROWS, 0))
     scan = _Scan(topology, call, placement, placement.epoch, names, placement.effective_replicas, skip,
                  np.array([n in skip for n in names]), page_rows, page_bytes, timeout_s)
     first = [n for n in names if n not in skip]

@@ -44,20 +44,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch, RowKey
+from giaannd.protocol import SCAN_ROW_BYTES, scan_page_bytes
 from giaannd.storage.engine.regions import ENTRY_BYTES, RowSlot, row_from_region, rows_of_regions
 
-__all__ = ["PAGE_ROW_BYTES", "ScanResult", "page_bytes", "scan_page"]
+__all__ = ["ScanResult", "page_bytes", "scan_page"]
 
-#: Bytes a row adds to a page besides its entries: its key (2 x u64) and its offset (i64).
-PAGE_ROW_BYTES = 24
 #: Keys filtered and looked up at a time: the per-row work stops soon after a limit is reached,
 #: without a Python step per row to check it (a 4 MiB page of 17-entry rows is ~11,000 rows).
 _LOOKUP_BLOCK = 1024
 
 
-def page_bytes(rows: int, entries: int) -> int:
-    """The bytes of a page's seven arrays (``RowBatch.nbytes``) of ``rows`` rows and ``entries``."""
-    return PAGE_ROW_BYTES * rows + 8 + ENTRY_BYTES * entries
+#: The bytes of a page's seven arrays (``RowBatch.nbytes``) of ``rows`` rows and ``entries``
+#: (the protocol's count for ``ScanRows.max_bytes``).
+page_bytes = scan_page_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +142,7 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
         cum_rows = rows + np.arange(1, sizes.shape[0] + 1)
         fits = (cum_rows <= limit_rows) & (cum_entries <= limit_entries)
         if limit_bytes is not None:
-            fits &= page_bytes(1, 0) + PAGE_ROW_BYTES * cum_rows + ENTRY_BYTES * cum_entries <= limit_bytes
+            fits &= page_bytes(0, 0) + SCAN_ROW_BYTES * cum_rows + ENTRY_BYTES * cum_entries <= limit_bytes
         k = int(np.argmin(fits)) if not bool(fits.all()) else int(fits.shape[0])
         if k == 0 and rows == 0 and sizes.shape[0]:  # the first row alone is over a limit
             key = (int(cols[idx[0]]), int(feats[idx[0]]))
