@@ -50,13 +50,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 import xxhash
+from numpy.typing import NDArray
 
 from giaannd.atomic_file import atomic_writer, fsync_dir
 from giaannd.errors import CorruptDataError
@@ -150,8 +151,9 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False).encode
-#: One line from its four parts: the source row's fragment, the segment, the target neuron's, the strength.
-_LINE = "{}{}{}{}}}\n".format
+#: One line from its five parts: the source row's fragment, the segment, the target column's, the
+#: target neuron's word (and prime flag), the strength.
+_LINE = "{}{}{}{}{}}}\n".format
 _SEGMENTS = np.array([str(i) for i in range(256)], dtype=object)
 
 
@@ -162,31 +164,87 @@ def _lemma(vocab: Vocabulary, column: int) -> str:
         raise KeyError(f"export: column id {column:#018x} is not in the vocabulary") from None
 
 
-def jsonl_bytes(batch: RowBatch, vocab: Vocabulary) -> bytes:
+class JsonlFragments:
+    """The JSON fragments of the ids an export has met, made once each (``jsonl_bytes``): what
+    depends on the source row, on the target column, and on the target word."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self._lemmas: dict[int, str] = {}
+        self._words: dict[int, str] = {}
+        self._columns: dict[int, str] = {}
+
+    def lemma(self, cid: int) -> str:
+        """Column ``cid``'s lemma as JSON."""
+        got = self._lemmas.get(cid)
+        if got is None:
+            got = self._lemmas[cid] = _JSON(_lemma(self.vocab, cid))
+        return got
+
+    def word(self, fid: int) -> str:
+        """Feature ``fid``'s word as JSON."""
+        got = self._words.get(fid)
+        if got is None:
+            try:
+                word = self.vocab.feature_word(fid)
+            except KeyError:
+                raise KeyError(f"export: feature id {fid:#018x} is not in the vocabulary") from None
+            got = self._words[fid] = _JSON(word)
+        return got
+
+    def column(self, cid: int) -> str:
+        """``, "target_lemma": L, "target_word": `` of column ``cid``."""
+        got = self._columns.get(cid)
+        if got is None:
+            got = self._columns[cid] = f', "target_lemma": {self.lemma(cid)}, "target_word": '
+        return got
+
+    def prime(self, cid: int) -> str:
+        """The rest of a line's target of the prime neuron of ``cid``, up to the strength."""
+        return f'{self.lemma(cid)}, "target_prime": true, "strength": '
+
+    def feature(self, fid: int) -> str:
+        """The rest of a line's target of feature neuron ``fid``, up to the strength."""
+        return f'{self.word(fid)}, "target_prime": false, "strength": '
+
+    def source(self, cid: int, fid: int) -> str:
+        """Everything of a line up to the segment, for the row (cid, fid)."""
+        prime = fid == PRIME_FEATURE
+        return (f'{{"source_lemma": {self.lemma(cid)}, "source_word": {self.lemma(cid) if prime else self.word(fid)}, '
+                f'"source_prime": {"true" if prime else "false"}, "segment": ')
+
+
+def _table(ids: NDArray[np.uint64], make: Callable[[int], str]) -> NDArray[np.object_]:
+    out = np.empty(ids.shape[0], dtype=object)
+    out[:] = [make(i) for i in ids.tolist()]
+    return out
+
+
+def jsonl_bytes(batch: RowBatch, vocab: Vocabulary, fragments: JsonlFragments | None = None) -> bytes:
     """The JSONL lines of every entry of ``batch`` (rows in its order), UTF-8: the bytes
-    ``iter_jsonl`` gives for the same rows (module docstring, "Streaming").
+    ``iter_jsonl`` gives for the same rows (module docstring, "Streaming"). ``fragments``: a cache
+    kept across the chunks of one export (a new one when None).
 
     Raises:
         KeyError: an id of the batch is missing from ``vocab`` (the message names it).
     """
     if batch.num_entries == 0:
         return b""
+    frag = fragments if fragments is not None and fragments.vocab is vocab else JsonlFragments(vocab)
     lengths = np.diff(batch.offsets)
     rows = np.flatnonzero(lengths)
     sources = np.empty(rows.shape[0], dtype=object)
-    for j, (c, f) in enumerate(zip(batch.row_column[rows].tolist(), batch.row_feature[rows].tolist())):
-        sources[j] = (f'{{"source_lemma": {_JSON(_lemma(vocab, c))}, "source_word": {_JSON(_word(vocab, c, f))}, '
-                      f'"source_prime": {"true" if f == PRIME_FEATURE else "false"}, "segment": ')
-    keys = np.stack([batch.target_column, batch.target_feature], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    targets = np.empty(uniq.shape[0], dtype=object)
-    for j, (c, f) in enumerate(uniq.tolist()):
-        targets[j] = (f', "target_lemma": {_JSON(_lemma(vocab, c))}, "target_word": {_JSON(_word(vocab, c, f))}, '
-                      f'"target_prime": {"true" if f == PRIME_FEATURE else "false"}, "strength": ')
-    per_entry_source = sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])]
-    strengths = map(float.__repr__, batch.strength.tolist())
-    text = "".join(map(_LINE, per_entry_source.tolist(), _SEGMENTS[batch.segment].tolist(),
-                       targets[inverse.reshape(-1)].tolist(), strengths))
+    sources[:] = [frag.source(c, f) for c, f in zip(batch.row_column[rows].tolist(), batch.row_feature[rows].tolist())]
+    tc, tf = batch.target_column, batch.target_feature
+    columns, at_column = np.unique(tc, return_inverse=True)
+    features, at_feature = np.unique(tf, return_inverse=True)
+    words = _table(features, lambda f: "" if f == PRIME_FEATURE else frag.feature(f))[at_feature.reshape(-1)]
+    prime = tf == PRIME_FEATURE
+    if prime.any():
+        words[prime] = _table(columns, frag.prime)[at_column.reshape(-1)[prime]]
+    text = "".join(map(_LINE, sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])].tolist(),
+                       _SEGMENTS[batch.segment].tolist(), _table(columns, frag.column)[at_column.reshape(-1)].tolist(),
+                       words.tolist(), map(float.__repr__, batch.strength.tolist())))
     return text.encode("utf-8")
 
 
@@ -208,6 +266,7 @@ class JsonlWriter:
         os.fchmod(fd, 0o644)
         #: lines written so far
         self.lines = 0
+        self._fragments: JsonlFragments | None = None
 
     def write(self, batch: RowBatch, vocab: Vocabulary) -> None:
         """Append the lines of ``batch`` (the rows after every row written before).
@@ -218,7 +277,9 @@ class JsonlWriter:
         """
         if self._fh is None:
             raise ValueError("export writer already closed")
-        data = jsonl_bytes(batch, vocab)
+        if self._fragments is None or self._fragments.vocab is not vocab:
+            self._fragments = JsonlFragments(vocab)
+        data = jsonl_bytes(batch, vocab, self._fragments)
         self._fh.write(data)
         self.lines += batch.num_entries
 

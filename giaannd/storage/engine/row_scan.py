@@ -39,13 +39,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch, RowKey
 from giaannd.protocol import SCAN_ROW_BYTES, scan_page_bytes
-from giaannd.storage.engine.regions import ENTRY_BYTES, RowSlot, row_from_region, rows_of_regions
+from giaannd.storage.engine.regions import ENTRY_BYTES, RowSlot, row_from_region
 
 __all__ = ["ScanResult", "page_bytes", "scan_page"]
 
@@ -126,6 +127,7 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
     if start >= end:
         return ScanResult(RowBatch.empty(), after, True, 0)
     taken: list[NDArray[np.intp]] = []
+    taken_sizes: list[NDArray[np.int64]] = []
     regions: list[NDArray[np.uint8]] = []
     rows = entries = 0
     last = end - 1  # the cursor: the last key looked at
@@ -133,11 +135,13 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
         idx = np.arange(b, min(b + _LOOKUP_BLOCK, end))
         if keep is not None:
             idx = idx[keep(cols[idx])]
-        found = [slots.get(k) for k in zip(cols[idx].tolist(), feats[idx].tolist())]
-        block = [s.region for s in found if s is not None]  # (an index entry of a dropped row: skipped)
-        if len(block) < len(found):
-            idx = idx[np.fromiter((s is not None for s in found), bool, len(found))]
-        sizes = np.fromiter((r.shape[0] for r in block), np.int64, len(block)) // ENTRY_BYTES
+        # C loops (map), no bytecode per row: the per-row cost left is the memory each row touches
+        found = list(map(slots.get, zip(cols[idx].tolist(), feats[idx].tolist())))
+        if None in found:  # (an index entry of a dropped row: skipped)
+            idx = idx[np.fromiter(map(_present, found), bool, len(found))]
+            found = [slot for slot in found if slot is not None]
+        block = list(map(_REGION, found))
+        sizes = np.fromiter(map(len, block), np.int64, len(block)) // ENTRY_BYTES
         cum_entries = entries + np.cumsum(sizes)
         cum_rows = rows + np.arange(1, sizes.shape[0] + 1)
         fits = (cum_rows <= limit_rows) & (cum_entries <= limit_entries)
@@ -151,6 +155,7 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
             return _rest_of_row(key, RowSlot(block[0], None, 0), 0, int(idx[0]) + 1, n, limit_entries,
                                 limit_bytes, examined=int(idx[0]) + 1 - start)
         taken.append(idx[:k])
+        taken_sizes.append(sizes[:k])
         regions += block[:k]
         rows, entries = int(cum_rows[k - 1]) if k else rows, int(cum_entries[k - 1]) if k else entries
         if k < sizes.shape[0]:
@@ -160,10 +165,45 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
     next_key = (int(cols[last]), int(feats[last]))
     if not regions:
         return ScanResult(RowBatch.empty(), next_key, last + 1 >= n, last + 1 - start)
-    offsets, row = rows_of_regions(regions)
-    batch = RowBatch(cols[picked], feats[picked], offsets, row.segment, row.target_column,
-                     row.target_feature, row.strength)
+    sizes_taken = np.concatenate(taken_sizes)
+    offsets = np.zeros(sizes_taken.shape[0] + 1, np.int64)
+    np.cumsum(sizes_taken, out=offsets[1:])
+    batch = RowBatch(cols[picked], feats[picked], offsets, *_fields(np.concatenate(regions), offsets, sizes_taken))
     return ScanResult(batch, next_key, last + 1 >= n, last + 1 - start)
+
+
+_REGION = attrgetter("region")
+
+
+def _present(slot: RowSlot | None) -> bool:
+    return slot is not None
+
+
+def _fields(raw: NDArray[np.uint8], offsets: NDArray[np.int64],
+            lengths: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint64],
+                                                 NDArray[np.float32]]:
+    """The four entry arrays (segment, target_column, target_feature, strength) of regions laid end
+    to end in ``raw`` (``regions.rows_of_regions``' gathers, with the lengths already known):
+    entry e of a row of n entries starting at entry o is at byte 21 o + 8 (e - o) (its column),
+    that + 8 n (feature), 21 o + 16 n + 4 (e - o) (strength), 21 o + 20 n + (e - o) (segment)."""
+    total = int(offsets[-1])
+    u64 = np.ndarray((raw.shape[0] - 7,), np.uint64, raw, 0, (1,))  # unaligned views: every byte offset
+    f32 = np.ndarray((raw.shape[0] - 3,), np.float32, raw, 0, (1,))
+    e = np.arange(total)
+    o = np.repeat(offsets[:-1], lengths)
+    n = np.repeat(lengths, lengths)
+    at = 13 * o
+    at += 8 * e
+    column = u64[at]
+    at += 8 * n
+    feature = u64[at]
+    at = 17 * o
+    at += 16 * n
+    at += 4 * e
+    strength = f32[at]
+    at = 20 * (o + n)
+    at += e
+    return raw[at], column, feature, strength
 
 
 def _whole(key: RowKey, region: NDArray[np.uint8]) -> RowBatch:
