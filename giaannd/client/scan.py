@@ -119,8 +119,7 @@ async def _merged(streams: Sequence[AsyncGenerator[RowBatch, None]]) -> AsyncGen
         while not merge.done:
             wanted = merge.wanted()
             if wanted:
-                fed = await asyncio.gather(*(anext(streams[i], None) for i in wanted))
-                for i, next_page in zip(wanted, fed):
+                for i, next_page in zip(wanted, await _next_pages([streams[i] for i in wanted])):
                     merge.feed(i, next_page)
             out = merge.pop()
             if out is not None and out.num_rows:
@@ -130,6 +129,21 @@ async def _merged(streams: Sequence[AsyncGenerator[RowBatch, None]]) -> AsyncGen
     finally:
         for s in streams:
             await s.aclose()
+
+
+async def _next_pages(streams: Sequence[AsyncGenerator[RowBatch, None]]) -> list[RowBatch | None]:
+    """The next page of each of ``streams`` (None: finished), read concurrently. If one fails, the
+    others' reads are cancelled and awaited first, so every stream can then be closed."""
+    if len(streams) == 1:
+        return [await anext(streams[0], None)]
+    tasks = [asyncio.ensure_future(anext(s, None)) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _node_pages(scan: _Scan, node: str, via: tuple[str, ...],

@@ -6,8 +6,11 @@ an in-process storage cluster (tools/cluster_harness: real storage services, ``m
 id named in the exporting node's vocabulary. Measured, each path in the same run:
 
 - **storage scan page** (one node's store, every row): the vectorised page (row_scan.py) against
-  the per-row page it replaced (baseline_scan.py, a frozen copy), MB/s of row bytes (21 per entry);
-- **cluster scan**: ``StorageClient.scan_all`` (every node's share, merged k-way in key order), MB/s;
+  the per-row page it replaced (baseline_scan.py, a frozen copy), MB/s of row bytes (21 per entry),
+  best of ``SCAN_REPEATS`` interleaved runs;
+- **cluster scan**: ``StorageClient.scan_all`` (every node's share, merged k-way in key order),
+  MB/s, best of ``SCAN_REPEATS``. Every node serves from this one process, so this is the
+  nodes' page building, the transport and the client's checks and merge on one core, in series;
 - **export**: ``export_cluster`` (the stream: pages merged, lines written as they come) against the
   one-piece path it replaced (``scan_cluster`` + ``write_export``: the whole model in one batch and
   one RowStore), MB/s of row bytes, and each one's **peak RSS growth** (VmHWM, reset through
@@ -66,22 +69,30 @@ def model_batch(rng: np.random.Generator, vocab: Vocabulary, ids: tuple[np.ndarr
                                  rng.choice(cols, n), rng.choice(feats, n), rng.integers(1, 50, n).astype(np.float32))
 
 
+#: Scans are timed this many times each, the best kept (a shared host is noisy; the export and its
+#: memory are measured once: their run is long and the peak is what it is).
+SCAN_REPEATS = 3
+
+
 def store_scan_rates(cluster: Cluster) -> tuple[float, float]:
-    """MB/s of the new and the baseline page over one node's whole store (4 MiB pages)."""
+    """MB/s of the new and the baseline page over one node's whole store (4 MiB pages), best of
+    ``SCAN_REPEATS`` each, interleaved."""
     store = next(iter(cluster.services.values())).store.store
     cols, feats = store._sorted_keys()
-    rates = []
-    for page in (lambda after: row_scan.scan_page(store._rows, cols, feats, after, 65_536, 800_000, 262_144,
-                                                  limit_bytes=4 << 20),
-                 lambda after: baseline_scan.scan_page(store._rows, cols, feats, after, 65_536, 200_000, 262_144)):
-        t, nbytes, after = time.perf_counter(), 0, None
-        while True:
-            res = page(after)
-            nbytes += res.batch.num_entries * 21
-            if res.done:
-                break
-            after = res.next_key
-        rates.append(nbytes / (time.perf_counter() - t) / 1e6)
+    rates = [0.0, 0.0]
+    for _ in range(SCAN_REPEATS):
+        for i, page in enumerate((
+                lambda after: row_scan.scan_page(store._rows, cols, feats, after, 65_536, 800_000, 262_144,
+                                                 limit_bytes=4 << 20),
+                lambda after: baseline_scan.scan_page(store._rows, cols, feats, after, 65_536, 200_000, 262_144))):
+            t, nbytes, after = time.perf_counter(), 0, None
+            while True:
+                res = page(after)
+                nbytes += res.batch.num_entries * 21
+                if res.done:
+                    break
+                after = res.next_key
+            rates[i] = max(rates[i], nbytes / (time.perf_counter() - t) / 1e6)
     return rates[0], rates[1]
 
 
@@ -101,10 +112,12 @@ async def run(entries: int, nodes: int, replicas: int, scheme: str, root: Path) 
         out: dict[str, Any] = {"entries": written, "write_s": time.perf_counter() - t}
         out["store_new"], out["store_old"] = store_scan_rates(cluster)
 
-        t, nbytes = time.perf_counter(), 0
-        async for page in cluster.client.scan_all():
-            nbytes += page.num_entries * 21
-        out["scan_mb_s"] = nbytes / (time.perf_counter() - t) / 1e6
+        out["scan_mb_s"] = 0.0
+        for _ in range(SCAN_REPEATS):
+            t, nbytes = time.perf_counter(), 0
+            async for page in cluster.client.scan_all():
+                nbytes += page.num_entries * 21
+            out["scan_mb_s"] = max(out["scan_mb_s"], nbytes / (time.perf_counter() - t) / 1e6)
         model_bytes = nbytes
 
         async def no_lookup(keys: Any) -> dict[tuple[int, int], str]:

@@ -138,3 +138,25 @@ def test_jsonl_writer_commits_whole_or_nothing(tmp_path):
     w.write(batch, v)
     w.commit()
     assert w.lines == batch.num_entries and [p.name for p in tmp_path.iterdir()] == ["e.jsonl"]
+
+
+def test_a_streamed_export_cut_mid_line_or_damaged_is_rejected_by_the_reader(tmp_path):
+    """JSONL has no checksum: what a reader can refuse is a last line cut short or a damaged line,
+    named by file and line; a file whole at its path is the writer's rename (JsonlWriter)."""
+    from giaannd.model.export import JsonlWriter, read_jsonl
+
+    v, batch = _odd_vocab_batch()
+    out = tmp_path / "e.jsonl"
+    w = JsonlWriter(out)
+    w.write(batch, v)
+    w.commit()
+    data = out.read_bytes()
+    assert len(list(read_jsonl(out))) == batch.num_entries
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) - 10])
+    with pytest.raises(ValueError, match=rf"cut.jsonl:{batch.num_entries}: not an export entry"):
+        list(read_jsonl(cut))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(data.replace(b'"segment": ', b'"segment": x', 1))
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not an export entry"):
+        list(read_jsonl(bad))
