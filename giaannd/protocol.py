@@ -657,7 +657,17 @@ def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArra
                     chain: Sequence[int]) -> NDArray[np.bool_]:
     """Which columns an owned scan of ``chain[-1]`` returns: those whose owner list (preference
     order), with the members where ``skip`` is True removed, starts with ``chain`` (member
-    indices). Pure; the node filters with it and the client re-checks every page with it."""
+    indices). Pure; the node filters with it and the client re-checks every page with it.
+
+    The owners are computed once per distinct column: a scan's keys come sorted, many rows to a
+    column, so this is a fraction of the rows (the hashing was most of a scan page's filter cost).
+    """
+    if cols.shape[0] > 1:
+        change = np.flatnonzero(cols[1:] != cols[:-1]) + 1
+        if change.shape[0] + 1 < cols.shape[0] and bool(np.all(cols[change] > cols[change - 1])):
+            starts = np.concatenate([[0], change])
+            per_column = scan_chain_mask(placement, cols[starts], skip, chain)
+            return np.repeat(per_column, np.diff(np.append(starts, cols.shape[0])))
     owners = placement.owner_indices(cols)  # (K, R)
     live = ~skip[owners]
     rank = np.cumsum(live, axis=1) - 1  # position of each owner among the non-skipped ones
