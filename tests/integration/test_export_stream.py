@@ -127,3 +127,16 @@ async def test_export_that_fails_midway_leaves_nothing_behind(tmp_path, monkeypa
         await svc.stop(True)
     finally:
         await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_export_bench_runs_small_and_its_paths_agree(tmp_path, capsys):
+    """tools/bench/export.py at a tiny size: both export paths write the same bytes, every figure
+    is reported (speed targets live in the benchmark, not here)."""
+    from tools.bench import export as bench
+
+    r = await bench.run(30_000, 2, 2, "mem", tmp_path)
+    assert r["same_bytes"] and r["lines"] == r["entries"] >= 30_000
+    bench.report(r, as_json=True)
+    figures = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {f["figure"] for f in figures} >= {"cluster_scan_mb_s", "export_peak_rss_growth_mib", "export_mb_s"}
