@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
-from giaannd.compute.cluster_export import ExportWriteError
+from giaannd.compute.cluster_export import ExportWriteError, write_export
 from giaannd.compute.service import ComputeService
 from giaannd.config import ComputeConfig
 from giaannd.model import export as export_mod
@@ -140,3 +140,36 @@ async def test_export_bench_runs_small_and_its_paths_agree(tmp_path, capsys):
     bench.report(r, as_json=True)
     figures = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {f["figure"] for f in figures} >= {"cluster_scan_mb_s", "export_peak_rss_growth_mib", "export_mb_s"}
+
+
+@pytest.mark.asyncio
+async def test_export_of_a_row_cut_across_pages_counts_it_once_and_equals_the_one_piece_export(tmp_path):
+    cluster = await Cluster(tmp_path / "storage", 3, replicas=2).start()
+    try:
+        svc = ComputeService(ComputeConfig(export_page_bytes=64 * 1024, export_chunk_entries=1_024),
+                             tmp_path / "c", storage=cluster.client)
+        await svc.start()
+        vocab = svc.state.vocab
+        rng = np.random.default_rng(8)
+        await cluster.client.write(_vocab_rows(vocab, rng, 300, 12))
+        n = 9_000  # one row of 9,000 entries: ~190 KB, three 64 KiB pages
+        cols = np.array([vocab.add_column(f"lemma{i}") for i in range(30)], np.uint64)
+        feats = np.array([vocab.add_feature(f"word{i}") for i in range(300)], np.uint64)
+        tc, tf = np.meshgrid(cols, feats)
+        await cluster.client.write(RowBatch.from_entries(
+            np.full(n, cols[7], np.uint64), np.full(n, feats[3], np.uint64), np.zeros(n, np.uint8),
+            tc.reshape(-1), tf.reshape(-1), np.ones(n, np.float32)))
+        pieces = [b async for b in cluster.client.scan_all(page_bytes=64 * 1024)
+                  if (int(cols[7]), int(feats[3])) in zip(b.row_column.tolist(), b.row_feature.tolist())]
+        assert len(pieces) >= 3  # the export below meets the row in pieces
+        out = tmp_path / "c" / "exports" / "model.jsonl"
+        result = await svc.export(out)
+        stored = {k for s in cluster.services.values() for k in s.store.store.keys()}
+        assert result["rows"] == len(stored) and result["lines"] == result["entries"]
+        batch = await svc.scan_cluster()  # the one-piece path, for comparison
+        ref = tmp_path / "ref.jsonl"
+        await write_export(batch, vocab, ref)
+        assert out.read_bytes() == ref.read_bytes()
+        await svc.stop(True)
+    finally:
+        await cluster.close()
