@@ -187,6 +187,8 @@ def _fields(raw: NDArray[np.uint8], offsets: NDArray[np.int64],
     entry e of a row of n entries starting at entry o is at byte 21 o + 8 (e - o) (its column),
     that + 8 n (feature), 21 o + 16 n + 4 (e - o) (strength), 21 o + 20 n + (e - o) (segment)."""
     total = int(offsets[-1])
+    if total == 0:  # (rows without entries: the views below need 8 bytes)
+        return np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32)
     u64 = np.ndarray((raw.shape[0] - 7,), np.uint64, raw, 0, (1,))  # unaligned views: every byte offset
     f32 = np.ndarray((raw.shape[0] - 3,), np.float32, raw, 0, (1,))
     e = np.arange(total)
