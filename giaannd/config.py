@@ -439,6 +439,21 @@ class ComputeConfig(_Section):
         "when the request says `overwrite`. Empty means `<data-dir>/exports`; relative to "
         "`data-dir` unless absolute; created (mode 0750) on start."
     ))] = ""
+    export_page_bytes: Annotated[int, Meta(ge=64 * 1024, le=16 * 1024 * 1024, description=(
+        "Bytes of one scan page an export asks of each storage node (`ScanRows.max-bytes`; "
+        "storage caps it at 16 MiB). The export reads every live node's share concurrently and "
+        "merges them k-way in key order, holding about two pages per node (the merge's and the "
+        "one in flight), so its memory is about 2 x nodes x this, whatever the model size. "
+        "A row bigger than a page comes in pieces. Larger pages: fewer requests (each costs "
+        "a round trip and a placement filter), more memory; 4 MiB reaches the scan's full "
+        "speed (docs/operations.md, \"Limits and hardening\")."
+    ))] = 4 * 1024 * 1024
+    export_chunk_entries: Annotated[int, Meta(ge=1024, le=16 * 1024 * 1024, description=(
+        "Entries an export turns into JSONL lines at a time (one line each, about 150 bytes as "
+        "text, ~400 bytes while being made), so the text in memory stays near 25 MiB at the "
+        "default however big a merged scan page is. Smaller: less memory, more per-chunk work "
+        "(one lookup of each distinct source row and target neuron per chunk)."
+    ))] = 65_536
     lexicon: Annotated[str, Meta(description=(
         "Ever-POS lexicon the delimiter rules read (docs/model.md, \"The lexicon\"): empty for the "
         "one shipped with giaannd, or a file, relative to `data-dir` unless absolute: giaannd's "

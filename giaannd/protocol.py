@@ -91,6 +91,9 @@ __all__ = [
     "MAX_SCAN_ENTRIES",
     "MAX_SCAN_EXAMINE",
     "MAX_SCAN_NODES",
+    "MAX_SCAN_PAGE_BYTES",
+    "SCAN_ENTRY_BYTES",
+    "SCAN_ROW_BYTES",
     "MAX_SCAN_ROWS",
     "MAX_VOCAB_ENTRIES",
     "MAX_VOCAB_TEXT_CHARS",
@@ -147,6 +150,7 @@ __all__ = [
     "register_key_id",
     "runtime_request",
     "scan_chain_mask",
+    "scan_page_bytes",
 ]
 
 class BatchId(NamedTuple):
@@ -182,6 +186,21 @@ MAX_TEXT_CHARS: Final = 4096
 MAX_SCAN_ROWS: Final = 65_536
 #: Entries per ScanPage (21 B each: 16 MiB); a single larger row is still sent, alone.
 MAX_SCAN_ENTRIES: Final = 800_000
+#: Bytes of the arrays of one ScanPage when the client asks for a byte cap (``ScanRows.max_bytes``):
+#: the page is built (copied) on the event loop and held once more by the client's k-way merge per
+#: node, so it bounds the exporter's memory (compute.export-page-bytes). 16 MiB = MAX_SCAN_ENTRIES'.
+MAX_SCAN_PAGE_BYTES: Final = 16 << 20
+#: How ``ScanRows.max_bytes`` counts a page: the bytes of its seven arrays (``RowBatch.nbytes``),
+#: 24 per row (key u64 x 2, offset i64), 21 per entry (u64 x 2, f32, u8) and the closing offset.
+SCAN_ROW_BYTES: Final = 24
+SCAN_ENTRY_BYTES: Final = 21
+
+
+def scan_page_bytes(rows: int, entries: int) -> int:
+    """The bytes a scan page of ``rows`` rows and ``entries`` entries counts against ``max_bytes``."""
+    return SCAN_ROW_BYTES * rows + 8 + SCAN_ENTRY_BYTES * entries
+
+
 #: Row keys one ScanRows may look at (filtered out or not) before it answers, so a scan whose
 #: filter rejects most rows still answers promptly; the cursor then moves with an empty page.
 MAX_SCAN_EXAMINE: Final = 262_144
@@ -267,6 +286,9 @@ class ScanRows(msgspec.Struct, frozen=True, tag=6):
     whose owner list, with the nodes in ``skip`` removed, starts with ``via`` followed by this node
     (so each column is read from exactly one node); ``placement_epoch`` must then equal the node's
     own, else ``NotOwner`` (a filter computed on another placement could miss or repeat rows).
+    ``max_bytes`` > 0 (appended): the page's arrays stay under min(max_bytes, MAX_SCAN_PAGE_BYTES)
+    and a row over that is cut into pieces; ``after_entry`` > 0 (appended) resumes inside the cursor
+    row at that entry (``ScanPage.next_entry``). 0: whole rows, a big one alone (older clients).
     """
 
     after_column: _U64 = 0
@@ -277,6 +299,8 @@ class ScanRows(msgspec.Struct, frozen=True, tag=6):
     skip: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
     via: Annotated[list[_Text], msgspec.Meta(max_length=MAX_SCAN_NODES)] = []
     placement_epoch: _Text = ""
+    max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    after_entry: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 _VocabText = Annotated[str, msgspec.Meta(max_length=MAX_VOCAB_TEXT_CHARS)]
@@ -446,12 +470,15 @@ class AppliedMask(msgspec.Struct, frozen=True, tag=68):
 
 class ScanPage(msgspec.Struct, frozen=True, tag=69):
     """Rows of one scan page (7 RowBatch buffers in bulk). ``next_column``/``next_feature``: the cursor
-    for the next request (the last key looked at, even when filtered out); ``done``: no rows after it."""
+    for the next request (the last key looked at, even when filtered out); ``done``: no rows after it.
+    ``next_entry`` > 0 (appended): the page ended inside the row ``next_*``; ask again with it as
+    ``ScanRows.after_entry`` for the rest (only when the request set ``max_bytes``)."""
 
     next_column: int = 0
     next_feature: int = 0
     done: bool = True
     examined: int = 0
+    next_entry: int = 0
 
 
 class VocabAck(msgspec.Struct, frozen=True, tag=70):
@@ -723,7 +750,17 @@ def scan_chain_mask(placement: Placement, cols: NDArray[np.uint64], skip: NDArra
                     chain: Sequence[int]) -> NDArray[np.bool_]:
     """Which columns an owned scan of ``chain[-1]`` returns: those whose owner list (preference
     order), with the members where ``skip`` is True removed, starts with ``chain`` (member
-    indices). Pure; the node filters with it and the client re-checks every page with it."""
+    indices). Pure; the node filters with it and the client re-checks every page with it.
+
+    The owners are computed once per distinct column: a scan's keys come sorted, many rows to a
+    column, so this is a fraction of the rows (the hashing was most of a scan page's filter cost).
+    """
+    if cols.shape[0] > 1:
+        change = np.flatnonzero(cols[1:] != cols[:-1]) + 1
+        if change.shape[0] + 1 < cols.shape[0] and bool(np.all(cols[change] > cols[change - 1])):
+            starts = np.concatenate([[0], change])
+            per_column = scan_chain_mask(placement, cols[starts], skip, chain)
+            return np.repeat(per_column, np.diff(np.append(starts, cols.shape[0])))
     owners = placement.owner_indices(cols)  # (K, R)
     live = ~skip[owners]
     rank = np.cumsum(live, axis=1) - 1  # position of each owner among the non-skipped ones

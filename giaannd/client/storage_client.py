@@ -79,7 +79,7 @@ from giaannd.client.reads import ReadRampStarter, read_replicated
 from giaannd.client.registers import CasOutcome, RegisterClient, RegisterRead, Version
 from giaannd.client.remote_vocab import get_vocab, put_vocab
 from giaannd.client.row_parts import READ_PARTS_IN_FLIGHT, read_chunked
-from giaannd.client.scan import DEFAULT_SCAN_PAGE_ROWS, scan_cluster
+from giaannd.client.scan import DEFAULT_SCAN_PAGE_BYTES, DEFAULT_SCAN_PAGE_ROWS, scan_cluster
 from giaannd.client.writer_floor import WriterFloor
 from giaannd.client.writes import CONFIRM_HINTS_INTERVAL_S as CONFIRM_HINTS_INTERVAL_S
 from giaannd.client.writes import QuorumWriter, WriteResult, hint_holders
@@ -353,17 +353,18 @@ class StorageClient:
                                      row_column, row_feature, timeout_s)
 
     # -- cluster-wide scan (scan.py) ------------------------------------------------------------------------
-    def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS,
-                 timeout_s: float | None = None) -> AsyncIterator[RowBatch]:
-        """Every row of the cluster exactly once, as canonical pages (scan.py). Pages of one node
-        come in key order; pages of different nodes are not merged.
+    def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS, timeout_s: float | None = None,
+                 page_bytes: int = DEFAULT_SCAN_PAGE_BYTES) -> AsyncIterator[RowBatch]:
+        """Every row of the cluster exactly once, as canonical pages in key order (scan.py: every
+        node's pages merged k-way). A row over ``page_bytes`` comes in pieces, one per page, so
+        consecutive pages may share a key (``RowBatch.concat`` adds the pieces back up).
 
         Raises (while iterating):
             ScanInterrupted: the placement changed during the scan (start again).
             ReadFailed: a node failed and no other live owner is left for some of its columns.
             LookupError: no storage members known.
         """
-        return scan_cluster(self.topology, self._call, page_rows, timeout_s)
+        return scan_cluster(self.topology, self._call, page_rows, timeout_s, page_bytes)
 
     # -- vocabulary (remote_vocab.py) -----------------------------------------------------------------------
     async def put_vocab(self, entries: Sequence[tuple[int, int, str]]) -> int:

@@ -19,6 +19,18 @@ node can export, or print the words of, rows that *any* compute node trained:
    file that cannot be written raises ``ExportWriteError`` naming it (the caller's input, not
    storage's fault);
    ``word_of`` prints such an id as ``<column:feature>`` in hex instead, for generation output.
+
+**The export as a stream** (``export_cluster``, issue 14 item 7; what ``POST /v1/export`` runs):
+steps 1-3 a page at a time. The scan yields the cluster's rows in global key order (every node's
+pages merged k-way, client/scan.py), so each page is, in turn: the flag row dropped, the
+vocabulary it lacks fetched, its lines made and appended to the export's temporary file
+(``JsonlWriter``, ``chunk_entries`` entries at a time, in a thread: the event loop keeps
+serving), and released. The process holds about two scan pages per storage node plus one chunk
+of text, whatever the model size (``compute.export-page-bytes``, ``export-chunk-entries``). The
+file appears only when complete (fsync, rename); a restarted scan (``ScanInterrupted``), a missing
+string (``VocabularyMissing``) or a write error drops the partial file, so nothing half-written is
+ever seen at ``path``. The lines are byte for byte those of the one-piece path (``write_export``,
+kept for ``scan_cluster``'s callers and as the benchmark's baseline).
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ import numpy as np
 from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
 from giaannd.errors import InputError, Refused
-from giaannd.model.export import write_jsonl
+from giaannd.model.export import JsonlWriter, write_jsonl
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -46,6 +58,8 @@ __all__ = [
     "EXPORT_SCAN_ATTEMPTS",
     "ExportWriteError",
     "VocabularyMissing",
+    "entry_window",
+    "export_cluster",
     "missing_vocab",
     "resolve_vocab",
     "scan_cluster",
@@ -156,3 +170,71 @@ async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> 
         raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
     return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
             "source": "every row of the storage cluster (scan)"}
+
+
+def entry_window(batch: RowBatch, first: int, stop: int) -> RowBatch:
+    """Entries ``first .. stop`` of ``batch`` as a batch (views): the rows they fall in, the first
+    and last possibly cut (a chunk of lines may end inside a row, module docstring)."""
+    offsets = batch.offsets
+    r0 = int(np.searchsorted(offsets, first, "right")) - 1
+    r1 = int(np.searchsorted(offsets, stop, "left"))
+    window = np.clip(offsets[r0 : r1 + 1], first, stop) - first
+    return RowBatch(batch.row_column[r0:r1], batch.row_feature[r0:r1], window, batch.segment[first:stop],
+                    batch.target_column[first:stop], batch.target_feature[first:stop], batch.strength[first:stop])
+
+
+async def _write_page(writer: JsonlWriter, page: RowBatch, vocab: Vocabulary, chunk_entries: int) -> None:
+    """The lines of ``page``, ``chunk_entries`` at a time, appended in a thread."""
+    for first in range(0, page.num_entries, chunk_entries):
+        chunk = entry_window(page, first, min(first + chunk_entries, page.num_entries))
+        try:
+            await asyncio.to_thread(writer.write, chunk, vocab)
+        except KeyError as exc:
+            raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
+        except OSError as exc:
+            raise ExportWriteError(f"cannot write the export to {writer.path}: {exc.strerror or exc}") from None
+
+
+async def export_cluster(client: StorageClient, vocab: Vocabulary, get_vocab: GetVocab, path: str | Path, *,
+                         page_bytes: int, chunk_entries: int) -> dict[str, Any]:
+    """The JSONL export of every model row of the cluster, written as the scan goes (module
+    docstring, "The export as a stream"); restarted if the placement changes under the scan.
+
+    Raises:
+        VocabularyMissing: some id has no string in ``vocab`` nor in storage (nothing is written).
+        ExportWriteError: ``path`` cannot be written (nothing is).
+        ReadFailed: a node failed and no other live owner is left for some of its columns.
+        ScanInterrupted: the placement kept changing (``EXPORT_SCAN_ATTEMPTS`` scans).
+    """
+    async def attempt() -> dict[str, Any]:
+        try:
+            writer = await asyncio.to_thread(JsonlWriter, path)
+        except OSError as exc:
+            raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
+        rows = entries = 0
+        last: tuple[int, int] | None = None
+        try:
+            async for scanned in client.scan_all(page_bytes=page_bytes):
+                page = without_flag_row(scanned)
+                if not page.num_rows:
+                    continue
+                await resolve_vocab(vocab, get_vocab, np.concatenate([page.row_column, page.target_column]),
+                                    np.concatenate([page.row_feature, page.target_feature]))
+                await _write_page(writer, page, vocab, chunk_entries)
+                # a row cut into pieces ends one page and starts the next: count it once
+                rows += page.num_rows - int(last == (int(page.row_column[0]), int(page.row_feature[0])))
+                entries += page.num_entries
+                last = (int(page.row_column[-1]), int(page.row_feature[-1]))
+            await asyncio.to_thread(writer.commit)
+        except OSError as exc:  # (commit's: the scan's own failures are ReadFailed)
+            writer.abort()
+            raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
+        except BaseException:
+            writer.abort()
+            raise
+        return {"path": str(path), "lines": writer.lines, "rows": rows, "entries": entries,
+                "source": "every row of the storage cluster (scan, written as it goes)"}
+
+    return await retry(attempt, EXPORT_SCAN_RETRY, retry_on=ScanInterrupted,
+                       on_retry=lambda failures, exc, wait_s: log.info(
+                           "export scan restarted (attempt %d): %s", failures, exc))

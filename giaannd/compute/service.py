@@ -31,17 +31,15 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.cluster_export import EXPORT_READ_ROWS as EXPORT_READ_ROWS
 from giaannd.compute.cluster_export import EXPORT_SCAN_ATTEMPTS as EXPORT_SCAN_ATTEMPTS
 from giaannd.compute.cluster_export import (
     VocabularyMissing,
+    export_cluster,
     resolve_vocab,
     scan_cluster,
     word_of,
-    write_export,
 )
 from giaannd.compute.durable_jobs import RESUME_RETRY_MAX_S as RESUME_RETRY_MAX_S
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR as TAG_CACHE_DIR
@@ -415,17 +413,18 @@ class ComputeService:
 
     async def export(self, path: str | Path) -> dict[str, Any]:
         """JSONL export of every row of the cluster, whichever compute node trained it: a storage
-        scan, words resolved through this node's vocabulary and then storage's.
+        scan, words resolved through this node's vocabulary and then storage's, written as the
+        scan goes in bounded memory (cluster_export.py ``export_cluster``).
 
         Raises:
             VocabularyMissing: some id has no string anywhere (rows written by a node that did not
                 replicate its vocabulary); nothing is written.
             ExportWriteError: ``path`` cannot be written; nothing is.
         """
-        batch = await self.scan_cluster()
-        await self.resolve_vocab(np.concatenate([batch.row_column, batch.target_column]),
-                                 np.concatenate([batch.row_feature, batch.target_feature]))
-        return await write_export(batch, self._vocab(), path)
+        return await export_cluster(self._client(), self._vocab(),
+                                    lambda keys: self._client().get_vocab(keys), path,
+                                    page_bytes=self.settings.export_page_bytes,
+                                    chunk_entries=self.settings.export_chunk_entries)
 
 
 def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:

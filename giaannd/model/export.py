@@ -15,6 +15,15 @@ lines, and those of older exports, which have no ``*_prime`` fields (module docs
 fields above, in that order) so that an export only ever replaces a previous export unless told
 otherwise (giaannd/compute/paths.py).
 
+Streaming (issue 14 item 7): the cluster export writes the lines as the scan delivers rows in key
+order, a bounded chunk at a time (:class:`JsonlWriter`: a temporary file, fsynced and renamed by
+``commit``; ``abort`` removes it), so the format needs no header and no pass over the whole model.
+``jsonl_bytes`` makes the lines of one chunk with per-entry work done by C loops (the fragments of
+each distinct source row and target neuron are made once per chunk, the strengths by ``repr``, the
+lines by one ``str.format`` map), byte for byte the lines ``iter_jsonl`` makes with ``json.dumps``
+(tests compare them). A row cut into pieces by the scan is two chunks: its lines, concatenated,
+are the row's.
+
 Binary snapshot (little-endian), version 1::
 
     offset size  field
@@ -40,13 +49,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 import xxhash
+from numpy.typing import NDArray
 
-from giaannd.atomic_file import atomic_writer
+from giaannd.atomic_file import atomic_writer, fsync_dir
 from giaannd.errors import CorruptDataError
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
@@ -55,8 +68,8 @@ from giaannd.model.vocab import Vocabulary
 from giaannd.records import RecordError, RecordFormat
 
 __all__ = ["EXPORT_RECORD", "JSONL_FIELDS", "JSONL_FIELDS_V1", "SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "ExportEntry",
-           "SnapshotError", "is_jsonl_export", "iter_jsonl", "load_snapshot", "read_jsonl", "save_snapshot",
-           "write_jsonl"]
+           "JsonlWriter", "SnapshotError", "is_jsonl_export", "iter_jsonl", "jsonl_bytes", "load_snapshot",
+           "read_jsonl", "save_snapshot", "write_jsonl"]
 
 #: The keys of every JSONL line, in order.
 JSONL_FIELDS = ("source_lemma", "source_word", "source_prime", "segment", "target_lemma", "target_word",
@@ -135,6 +148,172 @@ def iter_jsonl(store: RowStore, vocab: Vocabulary) -> Iterator[str]:
                 "segment": s, "target_lemma": tgt_lemma, "target_word": _word(vocab, tc, tf),
                 "target_prime": tf == PRIME_FEATURE, "strength": float(np.float32(v)),
             }, ensure_ascii=False)
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False).encode
+#: One line from its five parts: the source row's fragment, the segment, the target column's, the
+#: target neuron's word (and prime flag), the strength.
+_LINE = "{}{}{}{}{}}}\n".format
+_SEGMENTS = np.array([str(i) for i in range(256)], dtype=object)
+
+
+def _lemma(vocab: Vocabulary, column: int) -> str:
+    try:
+        return vocab.column_lemma(column)
+    except KeyError:
+        raise KeyError(f"export: column id {column:#018x} is not in the vocabulary") from None
+
+
+class JsonlFragments:
+    """The JSON fragments of the ids an export has met, made once each (``jsonl_bytes``): what
+    depends on the source row, on the target column, and on the target word."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self._lemmas: dict[int, str] = {}
+        self._words: dict[int, str] = {}
+        self._columns: dict[int, str] = {}
+
+    def lemma(self, cid: int) -> str:
+        """Column ``cid``'s lemma as JSON."""
+        got = self._lemmas.get(cid)
+        if got is None:
+            got = self._lemmas[cid] = _JSON(_lemma(self.vocab, cid))
+        return got
+
+    def word(self, fid: int) -> str:
+        """Feature ``fid``'s word as JSON."""
+        got = self._words.get(fid)
+        if got is None:
+            try:
+                word = self.vocab.feature_word(fid)
+            except KeyError:
+                raise KeyError(f"export: feature id {fid:#018x} is not in the vocabulary") from None
+            got = self._words[fid] = _JSON(word)
+        return got
+
+    def column(self, cid: int) -> str:
+        """``, "target_lemma": L, "target_word": `` of column ``cid``."""
+        got = self._columns.get(cid)
+        if got is None:
+            got = self._columns[cid] = f', "target_lemma": {self.lemma(cid)}, "target_word": '
+        return got
+
+    def prime(self, cid: int) -> str:
+        """The rest of a line's target of the prime neuron of ``cid``, up to the strength."""
+        return f'{self.lemma(cid)}, "target_prime": true, "strength": '
+
+    def feature(self, fid: int) -> str:
+        """The rest of a line's target of feature neuron ``fid``, up to the strength."""
+        return f'{self.word(fid)}, "target_prime": false, "strength": '
+
+    def source(self, cid: int, fid: int) -> str:
+        """Everything of a line up to the segment, for the row (cid, fid)."""
+        prime = fid == PRIME_FEATURE
+        return (f'{{"source_lemma": {self.lemma(cid)}, "source_word": {self.lemma(cid) if prime else self.word(fid)}, '
+                f'"source_prime": {"true" if prime else "false"}, "segment": ')
+
+
+def _table(ids: NDArray[np.uint64], make: Callable[[int], str]) -> NDArray[np.object_]:
+    out = np.empty(ids.shape[0], dtype=object)
+    out[:] = [make(i) for i in ids.tolist()]
+    return out
+
+
+def jsonl_bytes(batch: RowBatch, vocab: Vocabulary, fragments: JsonlFragments | None = None) -> bytes:
+    """The JSONL lines of every entry of ``batch`` (rows in its order), UTF-8: the bytes
+    ``iter_jsonl`` gives for the same rows (module docstring, "Streaming"). ``fragments``: a cache
+    kept across the chunks of one export (a new one when None).
+
+    Raises:
+        KeyError: an id of the batch is missing from ``vocab`` (the message names it).
+    """
+    if batch.num_entries == 0:
+        return b""
+    frag = fragments if fragments is not None and fragments.vocab is vocab else JsonlFragments(vocab)
+    lengths = np.diff(batch.offsets)
+    rows = np.flatnonzero(lengths)
+    sources = np.empty(rows.shape[0], dtype=object)
+    sources[:] = [frag.source(c, f) for c, f in zip(batch.row_column[rows].tolist(), batch.row_feature[rows].tolist())]
+    tc, tf = batch.target_column, batch.target_feature
+    columns, at_column = np.unique(tc, return_inverse=True)
+    features, at_feature = np.unique(tf, return_inverse=True)
+    words = _table(features, lambda f: "" if f == PRIME_FEATURE else frag.feature(f))[at_feature.reshape(-1)]
+    prime = tf == PRIME_FEATURE
+    if prime.any():
+        words[prime] = _table(columns, frag.prime)[at_column.reshape(-1)[prime]]
+    text = "".join(map(_LINE, sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])].tolist(),
+                       _SEGMENTS[batch.segment].tolist(), _table(columns, frag.column)[at_column.reshape(-1)].tolist(),
+                       words.tolist(), map(float.__repr__, batch.strength.tolist())))
+    return text.encode("utf-8")
+
+
+class JsonlWriter:
+    """A JSONL export written chunk by chunk (module docstring, "Streaming"): into a temporary file
+    next to ``path`` until ``commit`` fsyncs it and renames it over ``path``; ``abort`` (or any
+    failure of ``commit``) removes it, leaving ``path`` untouched. Synchronous: the asyncio glue
+    calls it in a thread.
+
+    Raises:
+        OSError: the temporary file cannot be made (``path``'s directory does not exist, ...).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self._tmp = tmp
+        self._fh: IO[bytes] | None = os.fdopen(fd, "wb")
+        os.fchmod(fd, 0o644)
+        #: lines written so far
+        self.lines = 0
+        self._fragments: JsonlFragments | None = None
+
+    def write(self, batch: RowBatch, vocab: Vocabulary) -> None:
+        """Append the lines of ``batch`` (the rows after every row written before).
+
+        Raises:
+            KeyError: an id is missing from ``vocab`` (nothing of ``batch`` is written).
+            OSError: the write failed.
+        """
+        if self._fh is None:
+            raise ValueError("export writer already closed")
+        if self._fragments is None or self._fragments.vocab is not vocab:
+            self._fragments = JsonlFragments(vocab)
+        data = jsonl_bytes(batch, vocab, self._fragments)
+        self._fh.write(data)
+        self.lines += batch.num_entries
+
+    def commit(self) -> None:
+        """Make the file complete and durable at ``path``.
+
+        Raises:
+            OSError: the flush, fsync or rename failed (the temporary file is removed).
+        """
+        if self._fh is None:
+            raise ValueError("export writer already closed")
+        fh, self._fh = self._fh, None
+        try:
+            with fh:
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self._remove()
+            raise
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        """Drop the partial file (idempotent; a no-op after ``commit``)."""
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
+            fh.close()
+            self._remove()
+
+    def _remove(self) -> None:
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
 
 
 def is_jsonl_export(path: str | os.PathLike[str]) -> bool:

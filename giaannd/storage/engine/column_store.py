@@ -480,20 +480,23 @@ class ColumnStore:
 
     # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------
     def scan(self, after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,
-             keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> ScanResult:
-        """One page of rows in key order strictly after ``after`` (None: from the first row).
+             keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
+             limit_bytes: int | None = None, after_entry: int = 0) -> ScanResult:
+        """One page of rows in key order after the cursor ``(after, after_entry)`` (None: from the
+        first row; row_scan.py has the rules).
 
         Looks at most ``max_examine`` keys; of those, returns the rows whose column ``keep`` accepts
-        (all when None), at most ``limit_rows`` rows and ``limit_entries`` entries (but always at
-        least one row, so a huge row cannot stall a scan). The page is a copy (safe to send while
-        applies continue); ``next_key`` is the cursor for the next call, ``done`` says nothing
-        follows it. Rows added behind the cursor during a scan are not seen by it; rows added ahead
-        of it are (the index is rebuilt whenever the row count changed).
+        (all when None), at most ``limit_rows`` rows, ``limit_entries`` entries and ``limit_bytes``
+        bytes. A first row over the limits is cut into pieces when ``limit_bytes`` is given
+        (``next_entry`` then says where the next piece starts), else sent whole, alone, so a huge
+        row cannot stall a scan. The page is a copy (safe to send while applies continue);
+        ``next_key`` is the cursor for the next call, ``done`` says nothing follows it. Rows added
+        behind the cursor during a scan are not seen by it; rows added ahead of it are (the index
+        is rebuilt whenever the row count changed).
         """
-        if limit_rows < 1 or limit_entries < 1 or max_examine < 1:
-            raise ValueError("scan limits must be >= 1")
         cols, feats = self._sorted_keys()
-        return scan_page(self._rows, cols, feats, after, limit_rows, limit_entries, max_examine, keep)
+        return scan_page(self._rows, cols, feats, after, limit_rows, limit_entries, max_examine, keep,
+                         limit_bytes, after_entry)
 
     def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
         """Every row key as two arrays sorted by (column, feature), cached while the row count is

@@ -396,13 +396,17 @@ class StorageRequests:
         if err is not None:
             return self.error(err)
         after = (msg.after_column, msg.after_feature) if msg.started else None
+        if msg.after_entry and after is None:
+            return self.error(p.BadRequest("after_entry needs a cursor (started)"))
         res = self.store.store.scan(after, min(msg.limit, p.MAX_SCAN_ROWS), p.MAX_SCAN_ENTRIES,
-                                    p.MAX_SCAN_EXAMINE, keep)
+                                    p.MAX_SCAN_EXAMINE, keep,
+                                    min(msg.max_bytes, p.MAX_SCAN_PAGE_BYTES) if msg.max_bytes else None,
+                                    msg.after_entry)
         self.count("reads")
         self.count("rows_read", res.batch.num_rows)
         self.count("bytes_read", res.batch.nbytes)
         nc, nf = res.next_key if res.next_key is not None else (0, 0)
-        return Answer(p.ScanPage(nc, nf, res.done, res.examined), res.batch.buffers())
+        return Answer(p.ScanPage(nc, nf, res.done, res.examined, res.next_entry), res.batch.buffers())
 
     # -- column info (docs/replication.md "Column info") -----------------------------------------
     def column_info(self, msg: p.ColumnInfo) -> Answer:

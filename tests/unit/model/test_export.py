@@ -91,3 +91,72 @@ def test_snapshot_rejects_other_version(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(SnapshotError, match="version 99"):
         load_snapshot(path)
+
+
+def _odd_vocab_batch():
+    """Rows whose words need escaping (quotes, a ", " inside, non-ASCII), primes as sources and targets."""
+    import numpy as np
+
+    from giaannd.model.rows import RowBatch
+
+    v = Vocabulary()
+    cols = np.array([v.add_column(w) for w in ("cat", 'say "hi"', "café")], np.uint64)
+    feats = np.array([v.add_feature(w) for w in ("a, b", "the", "naïve\\", "\u2028")] + [0], np.uint64)
+    rng = np.random.default_rng(4)
+    n = 400
+    batch = RowBatch.from_entries(rng.choice(cols, n), rng.choice(feats, n), rng.integers(0, 9, n).astype(np.uint8),
+                                  rng.choice(cols, n), rng.choice(feats, n),
+                                  (rng.random(n) * 1e3).astype(np.float32) ** rng.choice([-3.0, 1.0, 4.0], n))
+    return v, batch
+
+
+def test_jsonl_bytes_are_the_lines_of_iter_jsonl_in_chunks_cut_inside_rows():
+    from giaannd.compute.cluster_export import entry_window
+    from giaannd.model.export import JsonlFragments, jsonl_bytes
+
+    v, batch = _odd_vocab_batch()
+    ref = "".join(x + "\n" for x in iter_jsonl(RowStore.from_batch(batch), v)).encode()
+    assert jsonl_bytes(batch, v) == ref
+    frag = JsonlFragments(v)
+    parts = [jsonl_bytes(entry_window(batch, a, min(a + 37, batch.num_entries)), v, frag)
+             for a in range(0, batch.num_entries, 37)]
+    assert b"".join(parts) == ref
+
+
+def test_jsonl_writer_commits_whole_or_nothing(tmp_path):
+    from giaannd.model.export import JsonlWriter
+
+    v, batch = _odd_vocab_batch()
+    out = tmp_path / "e.jsonl"
+    w = JsonlWriter(out)
+    w.write(batch, v)
+    with pytest.raises(KeyError, match="not in the vocabulary"):
+        w.write(batch, Vocabulary())
+    w.abort()
+    assert list(tmp_path.iterdir()) == []
+    w = JsonlWriter(out)
+    w.write(batch, v)
+    w.commit()
+    assert w.lines == batch.num_entries and [p.name for p in tmp_path.iterdir()] == ["e.jsonl"]
+
+
+def test_a_streamed_export_cut_mid_line_or_damaged_is_rejected_by_the_reader(tmp_path):
+    """JSONL has no checksum: what a reader can refuse is a last line cut short or a damaged line,
+    named by file and line; a file whole at its path is the writer's rename (JsonlWriter)."""
+    from giaannd.model.export import JsonlWriter, read_jsonl
+
+    v, batch = _odd_vocab_batch()
+    out = tmp_path / "e.jsonl"
+    w = JsonlWriter(out)
+    w.write(batch, v)
+    w.commit()
+    data = out.read_bytes()
+    assert len(list(read_jsonl(out))) == batch.num_entries
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) - 10])
+    with pytest.raises(ValueError, match=rf"cut.jsonl:{batch.num_entries}: not an export entry"):
+        list(read_jsonl(cut))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(data.replace(b'"segment": ', b'"segment": x', 1))
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not an export entry"):
+        list(read_jsonl(bad))
