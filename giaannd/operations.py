@@ -247,7 +247,10 @@ _TOPOLOGY = Render(fields=("op", "state", "error", "columns_moved", "columns_tot
                                         "eta_s", "error")),))
 #: A training job (``train status``; ``train start`` / ``wait`` / ``resume`` follow it).
 _JOB_DOC = Render(fields=("job_id", "kind", "state", "error", "done", "total", "unit", "trained", "skipped",
-                          "sentences_per_s", "elapsed_s", "resumed_from", "resumes", "result"))
+                          "sentences_per_s", "elapsed_s", "resumed_from", "resumes", "result", "cluster", "phase",
+                          "by_node"),
+                  tables=(("by_node", ("sentences", "windows", "leases_held", "leases_expired",
+                                       "leases_taken_over")),))
 
 #: Help of the command groups (a noun with verbs); single-word commands use their own help.
 NOUNS: Final[Mapping[str, str]] = {
@@ -358,6 +361,9 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="train", verb="resume", service="compute", method="POST", path="/v1/jobs/{job_id}/resume",
               args=(_JOB,), follow=Follow(kind="job", when="--no-wait"),
               help="resume a failed journaled job from its cursor, nothing counted twice (docs/compute.md)"),
+    Operation(noun="train", verb="cancel", service="compute", method="POST", path="/v1/jobs/{job_id}/cancel",
+              args=(_JOB,), render=_JOB_DOC,
+              help="cancel a job: this node's, or a cluster job from any compute node (docs/compute.md)"),
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
               args=(Arg(name="corpus", type="path", help="held-out sentences, in compute.corpus-dir "
                                                             "(default: the daemon's held-out set)"),

@@ -1,0 +1,134 @@
+"""Cluster training jobs (issue 15) with in-process compute services over three StorageServices
+(mem://, R = 3, W = 2): the corpus streamed into registers, two or three compute nodes leasing its
+windows (flag pass, then training), a node "killed" mid-job (its drivers cancelled: it writes
+nothing more), and the export equal to the single-process core's each time. Every wait bounded."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from giaannd.client.storage_client import StorageClient
+from giaannd.compute.flags import flag_ids
+from giaannd.compute.service import ComputeService
+from giaannd.config import ComputeConfig
+from giaannd.model.engine import Engine
+from giaannd.model.export import iter_jsonl
+from giaannd.model.tokens import load_bundled_corpus, write_conllu
+from tools.cluster_harness import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+N_SENTENCES = 500
+K = 20
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_bundled_corpus(N_SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def engine(corpus):
+    e = Engine()
+    e.train(corpus)
+    return e
+
+
+async def node(cluster: Cluster, tmp_path, name: str) -> ComputeService:
+    cfg = ComputeConfig(cluster_jobs=True, coalesce_k=K, train_workers=2, lease_s=1.0, lease_probe_interval_s=0.1,
+                        lease_windows=2, corpus_dir=str(tmp_path / "corpus"))
+    client = StorageClient(cluster.client_topology, cluster.client.transports, request_timeout_s=2.0,
+                           connect_timeout_s=1.0)
+    svc = ComputeService(cfg, tmp_path / name, storage=client, node_name=name, corpus_dir=tmp_path / "corpus")
+    await svc.start()
+    return svc
+
+
+async def wait_state(svc: ComputeService, job_id: str, timeout_s: float = 60.0) -> dict:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            doc = await svc.cluster.document(job_id)
+            if doc is not None and doc["state"] != "running":
+                return doc
+            await asyncio.sleep(0.05)
+
+
+def assert_export_equals_engine(path, engine):
+    ref = [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
+    got = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(got) == len(ref) > 5000
+    for a, b in zip(ref, got):
+        assert {k: v for k, v in a.items() if k != "strength"} == {k: v for k, v in b.items() if k != "strength"}
+        assert b["strength"] == pytest.approx(a["strength"], rel=1e-5)
+
+
+def kill(svc: ComputeService) -> None:
+    """As kill -9 would, for the cluster: its drivers and watcher stop at once, nothing handed back."""
+    cluster = svc.cluster
+    cluster._stopping = True
+    for task in [cluster._watcher, *(f.task for f in cluster.followed.values())]:
+        if task is not None:
+            task.cancel()
+
+
+@pytest.mark.asyncio
+async def test_cluster_job_two_nodes_export_equals_engine(tmp_path, corpus, engine):
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    (tmp_path / "corpus").mkdir()
+    write_conllu(corpus, tmp_path / "corpus" / "train.conllu")
+    nodes = [await node(cluster, tmp_path, f"c{i}") for i in range(2)]
+    try:
+        job_id = nodes[0].submit_cluster(tmp_path / "corpus" / "train.conllu")
+        doc = await wait_state(nodes[1], job_id)  # any node answers for the job
+        assert doc["state"] == "succeeded", doc
+        assert doc["done"] == doc["total"] == N_SENTENCES
+        assert doc["flag_pass"] == doc["train_windows"] == {"done": N_SENTENCES // K, "total": N_SENTENCES // K}
+        assert sum(e["windows"] for e in doc["by_node"].values()) == N_SENTENCES // K
+        out = tmp_path / "corpus" / "export.jsonl"
+        nodes[1].export_dir = tmp_path / "corpus"
+        await nodes[1].export(out)
+        assert_export_equals_engine(out, engine)
+        flags = await cluster.client.read_rows(np.array([0], np.uint64), np.array([0], np.uint64))
+        assert flag_ids(flags.row(0)) == engine.assigner.probabilistic_flags
+        async with asyncio.timeout(10):  # every node folds the job's flags once it ends
+            while nodes[1].state.probabilistic != engine.assigner.probabilistic_flags:
+                await asyncio.sleep(0.05)
+        assert nodes[1].state.deterministic == engine.assigner.deterministic_flags
+    finally:
+        for n in nodes:
+            await n.stop(graceful=False)
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("victim", [0, 1])
+async def test_cluster_job_survives_a_node_killed_mid_job(tmp_path, corpus, engine, victim):
+    """victim 0: the node that received the job; 1: another one. A third node joins mid-job."""
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    (tmp_path / "corpus").mkdir()
+    write_conllu(corpus, tmp_path / "corpus" / "train.conllu")
+    nodes = [await node(cluster, tmp_path, f"c{i}") for i in range(2)]
+    try:
+        job_id = nodes[0].submit_cluster(tmp_path / "corpus" / "train.conllu")
+        async with asyncio.timeout(30):  # the victim is training when it dies
+            while (doc := await nodes[1].cluster.document(job_id)) is None or doc["phase"] != "training" or \
+                    doc["by_node"].get(f"c{victim}", {}).get("leases_held", 0) == 0:
+                await asyncio.sleep(0.02)
+        kill(nodes[victim])
+        nodes.append(await node(cluster, tmp_path, "c2"))  # joins mid-job
+        survivor = nodes[1 - victim]
+        doc = await wait_state(survivor, job_id)
+        assert doc["state"] == "succeeded", doc
+        assert doc["done"] == doc["total"] == N_SENTENCES
+        assert doc["by_node"][f"c{victim}"]["leases_expired"] >= 1
+        assert sum(e["leases_taken_over"] for e in doc["by_node"].values()) >= 1
+        out = tmp_path / "corpus" / "export.jsonl"
+        survivor.export_dir = tmp_path / "corpus"
+        await survivor.export(out)
+        assert_export_equals_engine(out, engine)
+    finally:
+        for n in nodes:
+            await n.stop(graceful=False)
+        await cluster.close()
