@@ -84,6 +84,7 @@ async def test_cluster_job_two_nodes_export_equals_engine(tmp_path, corpus, engi
         doc = await wait_state(nodes[1], job_id)  # any node answers for the job
         assert doc["state"] == "succeeded", doc
         assert doc["done"] == doc["total"] == N_SENTENCES
+        assert doc["trained"] == engine.stats.sentences_trained and doc["skipped"] == N_SENTENCES - doc["trained"]
         assert doc["flag_pass"] == doc["train_windows"] == {"done": N_SENTENCES // K, "total": N_SENTENCES // K}
         assert sum(e["windows"] for e in doc["by_node"].values()) == N_SENTENCES // K
         out = tmp_path / "corpus" / "export.jsonl"
@@ -122,6 +123,7 @@ async def test_cluster_job_survives_a_node_killed_mid_job(tmp_path, corpus, engi
         doc = await wait_state(survivor, job_id)
         assert doc["state"] == "succeeded", doc
         assert doc["done"] == doc["total"] == N_SENTENCES
+        assert doc["trained"] == engine.stats.sentences_trained  # nothing counted twice
         assert doc["by_node"][f"c{victim}"]["leases_expired"] >= 1
         assert sum(e["leases_taken_over"] for e in doc["by_node"].values()) >= 1
         out = tmp_path / "corpus" / "export.jsonl"

@@ -139,6 +139,9 @@ class ClusterJobs:
         """Start a cluster job on the corpus ``sentences()`` yields (read as a stream, in a thread);
         returns its id at once (module docstring, "create")."""
         job_id = secrets.token_hex(8)
+        failed = [j for j, u in self.uploading.items() if u.error]
+        for old in failed[: max(0, len(failed) - MAX_ENDED_JOBS)]:  # failed uploads are kept as ended jobs are
+            del self.uploading[old]
         up = self.uploading[job_id] = _Uploading(corpus, TrainProgress(sink=self._sink))
         up.task = self._spawn(self._create(job_id, up, sentences, k), "cluster-job-create")
         return job_id
@@ -163,8 +166,11 @@ class ClusterJobs:
             log.exception("cluster job upload failed job=%s", job_id)
             up.error = f"{type(exc).__name__}: {exc}"
             return
+        f = self._follow(job_id, row)
+        # the record answers for the job until its row is in the registers (no 404 in between)
+        while f.agent.job is None and f.task is not None and not f.task.done():
+            await asyncio.sleep(self.lease.probe_interval_s / 4)
         del self.uploading[job_id]
-        self._follow(job_id, row)
 
     # -- follow -----------------------------------------------------------------------------------
     def start_watcher(self) -> None:
@@ -223,8 +229,8 @@ class ClusterJobs:
                                     f.progress, self._on_trained)
         return f.runner
 
-    async def _run(self, f: _Followed, action: RunWindow) -> None:
-        await self._runner(f)(action)
+    async def _run(self, f: _Followed, action: RunWindow) -> int:
+        return await self._runner(f)(action)
 
     # -- cancel, resume, stop ---------------------------------------------------------------------
     async def cancel(self, job_id: str) -> dict[str, Any]:
@@ -273,26 +279,31 @@ class ClusterJobs:
     # -- report -----------------------------------------------------------------------------------
     async def document(self, job_id: str) -> dict[str, Any] | None:
         """The job's document from the registers (None: no such job anywhere)."""
+        client = self._client()
+        got = await client.read_register(job_key(job_id))
         up = self.uploading.get(job_id)
-        if up is not None:
+        if not got.version[0] and up is not None:
             state = "failed" if up.error else "running"
             return {"job_id": job_id, "kind": "train", "cluster": True, "state": state, "phase": "uploading",
                     "done": 0, "total": up.progress.total, "unit": "sentences", "resumed_from": None,
                     "resumes": 0, "corpus": up.corpus, **({"error": up.error} if up.error else {})}
-        client = self._client()
-        got = await client.read_register(job_key(job_id))
         if not got.version[0]:
             return None
         job = decode_job(got.value)
+        f = self.followed.get(job_id)
+        if job.state == "done" and f is not None and f.task is not None:
+            # this node's driver sees ``done`` at its next read and folds the job's flags: answer
+            # ``succeeded`` once the node's prompts get them (an eval right after the job)
+            await asyncio.wait({f.task}, timeout=self.lease.lease_s)
         keys = [shard_key(job_id, st, s) for st in range(job.stages) for s in range(job.shards)]
         reads = await asyncio.gather(*(client.read_register(k) for k in keys))
         shards = [decode_shard(r.value) for r in reads if r.version[0]]
-        return job_document(job, shards, self.followed.get(job_id))
+        return job_document(job, shards, f)
 
     async def list_ids(self) -> list[str]:
         """Jobs of the index, then those that ended on this node (newest last)."""
         got = await self._client().read_register(INDEX_KEY)
-        ids = list(self.uploading) + list(decode_index(got.value).jobs)
+        ids = list(dict.fromkeys([*self.uploading, *decode_index(got.value).jobs]))
         return ids + [j for j in self.ended if j not in ids]
 
 
@@ -307,8 +318,8 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
     by_node: dict[str, dict[str, int]] = {}
 
     def entry(node: str) -> dict[str, int]:
-        return by_node.setdefault(node, {"sentences": 0, "windows": 0, "flag_windows": 0, "leases_held": 0,
-                                         "leases_expired": 0, "leases_taken_over": 0})
+        return by_node.setdefault(node, {"sentences": 0, "trained": 0, "windows": 0, "flag_windows": 0,
+                                         "leases_held": 0, "leases_expired": 0, "leases_taken_over": 0})
 
     done_windows = [0] * job.stages
     for shard in shards:
@@ -323,14 +334,17 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
                 e["flag_windows"] += t.windows
                 continue
             e["windows"] += t.windows
+            e["trained"] += t.units
             # every window holds K sentences but the job's last, which may hold fewer
             short = job.windows * spec.k - spec.sentences if t.tail and shard.stop == job.windows else 0
             e["sentences"] += t.windows * spec.k - short
     done = sum(e["sentences"] for e in by_node.values())
+    trained = sum(e["trained"] for e in by_node.values())
     doc: dict[str, Any] = {
         "job_id": job.job_id, "kind": "train", "cluster": True, "state": _STATES[job.state],
         "phase": "flag_pass" if job.state in ("created", "running") and job.stage == 0 else "training",
-        "done": done, "total": spec.sentences, "unit": "sentences", "trained": done, "resumed_from": None,
+        "done": done, "total": spec.sentences, "unit": "sentences", "trained": trained,
+        "skipped": done - trained, "resumed_from": None,
         "resumes": 0, "windows": job.windows, "k": spec.k, "shards": job.shards, "stage": job.stage,
         "corpus": spec.corpus, "created_by": job.created_by,
         "flag_pass": {"done": done_windows[0], "total": job.windows},

@@ -59,7 +59,7 @@ asks for one. Pure: no I/O, no clock (times are arguments), no logging.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, TypeVar
 
 import msgspec
@@ -169,6 +169,8 @@ class Tally(msgspec.Struct, frozen=True, array_like=True):
     tail: bool = False
     lost: int = 0
     won: int = 0
+    #: what its completed windows counted (``complete``'s ``units``: sentences trained)
+    units: int = 0
 
 
 class Shard(msgspec.Struct, frozen=True, kw_only=True, tag="shard"):
@@ -329,10 +331,10 @@ def _holder(shard: Shard, node: str, lease_id: int) -> Lease:
 
 
 def _tallied(shard: Shard, node: str, *, windows: int = 0, tail: bool = False, lost: int = 0,
-             won: int = 0) -> tuple[Tally, ...]:
+             won: int = 0, units: int = 0) -> tuple[Tally, ...]:
     """``shard``'s tallies with ``node``'s counts increased."""
     old = next((t for t in shard.tallies if t.node == node), Tally(node))
-    new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won)
+    new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won, old.units + units)
     return tuple(sorted((*(t for t in shard.tallies if t.node != node), new), key=lambda t: t.node))
 
 
@@ -372,9 +374,10 @@ def renew(shard: Shard, node: str, lease_ids: Iterable[int]) -> Shard:
     return msgspec.structs.replace(shard, leases=leases)
 
 
-def complete(shard: Shard, node: str, lease_id: int, upto: int) -> Shard:
+def complete(shard: Shard, node: str, lease_id: int, upto: int, units: Mapping[int, int] | None = None) -> Shard:
     """Windows ``[cursor, upto)`` of ``node``'s lease are done (their batches have W acks); counts
-    as a renewal too. Idempotent: ``upto <= cursor`` changes nothing.
+    as a renewal too. Idempotent: ``upto <= cursor`` changes nothing. ``units`` (window -> count)
+    of those windows are added to ``node``'s tally.
 
     Raises:
         LeaseRefused: ``not_holder`` (taken over, released, never granted), ``bad_range``.
@@ -388,7 +391,9 @@ def complete(shard: Shard, node: str, lease_id: int, upto: int) -> Shard:
     return msgspec.structs.replace(shard, leases=_replace_lease(shard, lease, new),
                                    done=shard.done + (upto - lease.cursor),
                                    tallies=_tallied(shard, node, windows=upto - lease.cursor,
-                                                    tail=upto == shard.stop))
+                                                    tail=upto == shard.stop,
+                                                    units=sum((units or {}).get(w, 0)
+                                                              for w in range(lease.cursor, upto))))
 
 
 def take_over(shard: Shard, node: str, lease_id: int, beats: int) -> tuple[Shard, Lease]:

@@ -130,12 +130,13 @@ class WindowRunner:
         self.fold = FlagFold()
         self._fold_lock = asyncio.Lock()
 
-    async def __call__(self, action: RunWindow) -> None:
+    async def __call__(self, action: RunWindow) -> int:
+        """Run one window; returns the sentences it trained (0 in the flag pass)."""
         sentences = await read_window(self.client.read_register, self.job_id, action.window, RETRYABLE)
-        if action.stage == 0:
+        if action.stage == FLAG_STAGE:
             await self._find(action.window, sentences)
-        else:
-            await self._train_window(action, sentences)
+            return 0
+        return await self._train_window(action, sentences)
 
     async def _find(self, window: int, sentences: list[TaggedSentence]) -> None:
         findings = await asyncio.to_thread(window_findings, self.lexicon, sentences)
@@ -156,7 +157,7 @@ class WindowRunner:
                 self.fold.add(self.fold.upto, decode_findings(got.value))
         return self.fold
 
-    async def _train_window(self, action: RunWindow, sentences: list[TaggedSentence]) -> None:
+    async def _train_window(self, action: RunWindow, sentences: list[TaggedSentence]) -> int:
         fold = await self.extend_fold(action.window)
         assigner = fold.assigner(self.lexicon, action.window)
         done = await asyncio.to_thread(_train, assigner, sentences)
@@ -176,6 +177,7 @@ class WindowRunner:
                           entries_after=done.batch.num_entries, flags_sent=done.flags)
         if self._on_trained is not None:
             self._on_trained(vocab, done.batch)
+        return done.trained
 
     async def _retry(self, call: Callable[[], Awaitable[_T]],
                      give_up: Callable[[BaseException], bool] | None = None) -> _T:
