@@ -351,11 +351,13 @@ _TABLE: Final[tuple[Operation, ...]] = (
               follow=Follow(kind="job", when="--no-wait"),
               help="train on a corpus, with a live progress bar"),
     Operation(noun="train", verb="status", service="compute", method="GET", path="/v1/jobs/{job_id}",
-              args=(_JOB,), render=_JOB_DOC, help="status of a job"),
+              args=(_JOB,), render=_JOB_DOC,
+              help="status of a job (a cluster job on any compute node, with what each node did: by_node)"),
     Operation(noun="train", verb="list", service="compute", method="GET", path="/v1/jobs", public_on_loopback=True,
               render=Render(kind="table", rows="jobs", columns=(
                   "job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")),
-              help="every job of the node (a job resumed after a crash shows resumed_from)"),
+              help="every job of the node (a job resumed after a crash shows resumed_from), then the cluster "
+                   "jobs: unfinished ones and those that ended while this node followed them"),
     Operation(noun="train", verb="wait", service="compute", args=(_JOB,), follow=Follow(kind="job", when="always"),
               help="follow a running job with a progress bar (e.g. one the node resumed on start)"),
     Operation(noun="train", verb="resume", service="compute", method="POST", path="/v1/jobs/{job_id}/resume",

@@ -20,9 +20,8 @@ A register call that raises a storage failure (no quorum, a timeout, no storage 
 cancellation is a ``WindowFailed`` (the caller's runner retries storage itself; what reaches the
 driver is final). ``halt()`` (a node stopping) and ``cancel()`` (the operator) are events too.
 
-Not yet wired into the compute service (docs/compute.md, "One job across every compute node",
-lists what remains); tests/integration/test_lease_driver.py runs several drivers against real
-storage services.
+The compute service runs one driver per cluster job it follows (cluster_train.py);
+tests/integration/test_lease_driver.py runs several drivers against real storage services.
 """
 
 from __future__ import annotations
@@ -85,8 +84,9 @@ class LeaseDriver:
         clock: monotonic seconds (the agent's ``now``).
     """
 
-    def __init__(self, agent: LeaseAgent, registers: Registers, run_window: Callable[[RunWindow], Awaitable[int | None]],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, agent: LeaseAgent, registers: Registers,
+                 run_window: Callable[[RunWindow], Awaitable[int | None]], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.agent, self._registers, self._run_window, self._clock = agent, registers, run_window, clock
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
