@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from giaannd.client.storage_client import StorageClient
+from giaannd.compute.cluster_jobs.corpus_chunks import chunk_key
+from giaannd.compute.cluster_jobs.lease_table import decode_index
 from giaannd.compute.flags import flag_ids
 from giaannd.compute.service import ComputeService
 from giaannd.config import ComputeConfig
@@ -97,6 +99,11 @@ async def test_cluster_job_two_nodes_export_equals_engine(tmp_path, corpus, engi
             while nodes[1].state.probabilistic != engine.assigner.probabilistic_flags:
                 await asyncio.sleep(0.05)
         assert nodes[1].state.deterministic == engine.assigner.deterministic_flags
+        async with asyncio.timeout(20):  # the node that ended the job empties its corpus chunks
+            while any([(await cluster.client.read_register(chunk_key(job_id, w, 0))).value
+                       for w in range(N_SENTENCES // K)]):
+                await asyncio.sleep(0.1)
+        assert job_id not in decode_index((await cluster.client.read_register("jobs")).value).jobs
     finally:
         for n in nodes:
             await n.stop(graceful=False)
@@ -130,6 +137,31 @@ async def test_cluster_job_survives_a_node_killed_mid_job(tmp_path, corpus, engi
         survivor.export_dir = tmp_path / "corpus"
         await survivor.export(out)
         assert_export_equals_engine(out, engine)
+    finally:
+        for n in nodes:
+            await n.stop(graceful=False)
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_cluster_job_cancelled_from_another_node(tmp_path, corpus):
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    (tmp_path / "corpus").mkdir()
+    write_conllu(corpus * 4, tmp_path / "corpus" / "train.conllu")
+    nodes = [await node(cluster, tmp_path, f"c{i}") for i in range(2)]
+    try:
+        job_id = nodes[0].submit_cluster(tmp_path / "corpus" / "train.conllu")
+        async with asyncio.timeout(30):
+            while (doc := await nodes[1].cluster.document(job_id)) is None or doc["phase"] == "uploading":
+                await asyncio.sleep(0.02)
+        await nodes[1].cluster.cancel(job_id)
+        doc = await wait_state(nodes[0], job_id, 20)
+        assert doc["state"] == "cancelled" and doc["done"] < doc["total"], doc
+        async with asyncio.timeout(10):  # off the index; listed as ended where it was followed
+            while job_id in decode_index((await cluster.client.read_register("jobs")).value).jobs or \
+                    job_id not in nodes[0].cluster.ended:
+                await asyncio.sleep(0.05)
+        assert job_id in await nodes[0].cluster.list_ids()
     finally:
         for n in nodes:
             await n.stop(graceful=False)

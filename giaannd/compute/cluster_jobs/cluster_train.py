@@ -14,7 +14,8 @@ Theory of operation
   run by a :class:`WindowRunner`. When the driver ends (``done``, ``failed``, ``cancelled``), the
   job is remembered as ended here (``MAX_ENDED_JOBS``) so the watcher does not follow it again
   while the index still lists it; on ``done`` the node folds every window's findings into its own
-  flag state (prompts are then encoded with the flags the job learned).
+  flag state (prompts are then encoded with the flags the job learned), and the node whose write
+  ended the job empties its corpus chunks.
 * **report**: any node builds a job's document from the registers (job row and every shard of
   every stage), so ``train status`` / ``list`` / ``wait`` work on any node for any job.
   ``by_node`` comes from the shards' tallies (lease_table.py ``Tally``).
@@ -39,7 +40,7 @@ from typing import Any, Final
 
 from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.cluster_jobs.corpus_chunks import upload_windows
+from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, upload_windows
 from giaannd.compute.cluster_jobs.flag_pass import INITIAL, encode_findings, findings_key, initial_findings
 from giaannd.compute.cluster_jobs.lease_driver import LeaseDriver
 from giaannd.compute.cluster_jobs.lease_events import Begin, Finished, LeaseSettings, RunWindow
@@ -91,6 +92,8 @@ class _Followed:
     progress: TrainProgress
     task: asyncio.Task[Finished] | None = None
     runner: WindowRunner | None = None
+    #: set once the driver ended and, for a job done, the node folded its flags
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -202,24 +205,32 @@ class ClusterJobs:
     async def _drive(self, job_id: str, f: _Followed, create: JobRow | None) -> Finished:
         try:
             end = await f.driver.run(Begin(create))
-        except BaseException:
+            log.info("cluster job left job=%s state=%s grants=%d takeovers=%d %s", job_id, end.state,
+                     f.agent.grants, f.agent.takeovers, end.error)
+            if end.state != "released":
+                self.ended[job_id] = end.state
+                while len(self.ended) > MAX_ENDED_JOBS:
+                    self.ended.popitem(last=False)
+            job = f.agent.job
+            if end.state == "done" and job is not None and self._on_flags is not None:
+                try:
+                    fold = await self._runner(f).extend_fold(job.windows)
+                    self._on_flags(*fold.flags_before(job.windows))
+                except Exception as exc:  # the model is in storage; only prompts' flags are behind
+                    log.warning("cluster job flags not folded job=%s: %s", job_id, exc)
+            f.settled.set()
+            if end.state != "released" and f.agent.ended_it and job is not None:
+                try:  # the corpus chunks are not needed any more (corpus_chunks.py)
+                    client = self._client()
+                    cleared = await clear_windows(client.cas_register, client.read_register, job_id, job.windows,
+                                                  RETRYABLE)
+                    log.info("cluster job chunks emptied job=%s parts=%d", job_id, cleared)
+                except Exception as exc:
+                    log.warning("cluster job chunks not emptied job=%s: %s", job_id, exc)
+            return end
+        finally:
+            f.settled.set()
             self.followed.pop(job_id, None)
-            raise
-        log.info("cluster job left job=%s state=%s grants=%d takeovers=%d %s", job_id, end.state,
-                 f.agent.grants, f.agent.takeovers, end.error)
-        self.followed.pop(job_id, None)
-        if end.state != "released":
-            self.ended[job_id] = end.state
-            while len(self.ended) > MAX_ENDED_JOBS:
-                self.ended.popitem(last=False)
-        if end.state == "done" and f.agent.job is not None and self._on_flags is not None:
-            try:
-                runner = self._runner(f)
-                fold = await runner.extend_fold(f.agent.job.windows)
-                self._on_flags(*fold.flags_before(f.agent.job.windows))
-            except Exception as exc:  # the model is in storage; only prompts' flags are behind
-                log.warning("cluster job flags not folded job=%s: %s", job_id, exc)
-        return end
 
     def _runner(self, f: _Followed) -> WindowRunner:
         if f.runner is None:
@@ -291,10 +302,11 @@ class ClusterJobs:
             return None
         job = decode_job(got.value)
         f = self.followed.get(job_id)
-        if job.state == "done" and f is not None and f.task is not None:
+        if job.state == "done" and f is not None:
             # this node's driver sees ``done`` at its next read and folds the job's flags: answer
             # ``succeeded`` once the node's prompts get them (an eval right after the job)
-            await asyncio.wait({f.task}, timeout=self.lease.lease_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(f.settled.wait(), self.lease.lease_s)
         keys = [shard_key(job_id, st, s) for st in range(job.stages) for s in range(job.shards)]
         reads = await asyncio.gather(*(client.read_register(k) for k in keys))
         shards = [decode_shard(r.value) for r in reads if r.version[0]]

@@ -13,6 +13,10 @@ the write returns: the chunk survives the loss of the node that uploaded it, and
 its owners. A write whose answer is lost is sent again; finding the register already holding the
 same bytes counts as done (the uploads are idempotent).
 
+When the job ends, the node whose write ended it empties every chunk (``clear_windows``: a CAS of
+empty bytes; a register key is never deleted, but its bytes stop counting against the storage
+node's register store, ``MAX_REGISTER_STORE_BYTES``), so finished jobs do not fill it.
+
 The job row is written only after every chunk is (cluster_train.py): a job that exists always has
 its whole corpus in the cluster. A compute node reads only the windows it leases
 (``read_window``), one window at a time, so its memory holds ``parallel`` windows, whatever the
@@ -42,6 +46,7 @@ __all__ = [
     "UPLOAD_CONCURRENCY",
     "ChunkMissing",
     "chunk_key",
+    "clear_windows",
     "encode_window",
     "read_window",
     "upload_windows",
@@ -194,3 +199,30 @@ async def read_window(read: Read, job_id: str, window: int, failures: tuple[type
         out.extend(tuple(Token(*t) for t in s) for s in chunk.sentences)
         part += 1
     return out
+
+
+async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
+                        failures: tuple[type[BaseException], ...]) -> int:
+    """Empty the chunks of windows ``[0, windows)`` (module docstring); returns the parts emptied.
+    A chunk already empty (or absent) is skipped, so a second run is cheap.
+
+    Raises:
+        ``failures`` after ``CHUNK_ATTEMPTS`` on one part (the rest stays: a later run finishes).
+    """
+    async def clear(window: int) -> int:
+        parts, part, cleared = 1, 0, 0
+        while part < parts:
+            key = chunk_key(job_id, window, part)
+            got = await _retried(lambda key=key: read(key), failures)  # type: ignore[misc]
+            if got.value:
+                parts = max(parts, _decode(got.value, key).parts)
+                out = await _retried(lambda key=key, got=got: cas(key, got.version, b""), failures)  # type: ignore[misc]
+                cleared += out.ok
+            part += 1
+        return cleared
+
+    total = 0
+    for start in range(0, windows, UPLOAD_CONCURRENCY):
+        done = await asyncio.gather(*(clear(w) for w in range(start, min(windows, start + UPLOAD_CONCURRENCY))))
+        total += sum(done)
+    return total

@@ -185,6 +185,11 @@ class LeaseAgent:
         self.grants = 0
         self.takeovers = 0
 
+    @property
+    def ended_it(self) -> bool:
+        """Whether a write of this agent ended the job (it took it off the index)."""
+        return self._ended_it
+
     # -- entry point ------------------------------------------------------------------------------
     def handle(self, now: float, event: Event) -> list[Action]:
         """Feed one event; returns what to do now (the last action is a ``SetTimer`` unless finished)."""
