@@ -147,7 +147,7 @@ class ComputeRoutes:
         if cluster is None:
             raise AdminHTTPError(404, f"no job {job_id!r} on this node", "not_found")
         try:
-            self.service._client()  # 503 while there is no storage client
+            self.service.storage_client()  # 503 while there is no storage client
             doc = await cluster.document(job_id)
         except STORAGE_ERRORS as exc:
             raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None

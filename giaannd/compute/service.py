@@ -228,7 +228,8 @@ class ComputeService:
     def health(self) -> Mapping[str, Any]:
         return {"storage": self.storage is not None, "jobs_running": len(self.jobs.running()),
                 "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
-                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
+                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats(),
+                "cluster_jobs_followed": len(self.cluster.followed) if self.cluster is not None else 0}
 
     def lease_settings(self) -> LeaseSettings:
         """The lease protocol's settings from config (``compute.lease-*``; parallel windows =
@@ -287,6 +288,10 @@ class ComputeService:
         }
         for metric, (doc, fn) in gauges.items():
             m.gauge(metric, doc).set_function(fn)
+
+    def storage_client(self) -> StorageClient:
+        """The storage client (503 ``AdminHTTPError`` while there is none)."""
+        return self._client()
 
     def _client(self) -> StorageClient:
         """The storage client, resolved on first use (module docstring). Raises 503 if none."""
