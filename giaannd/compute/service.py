@@ -64,7 +64,7 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
-from giaannd.model.tokens import TaggedSentence, read_conllu, tag_file_cached
+from giaannd.model.tokens import TaggedSentence, stream_conllu, tag_file_cached
 from giaannd.model.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -395,7 +395,7 @@ class ComputeService:
         def sentences() -> Iterator[TaggedSentence]:
             # CoNLL-U is read as a stream; text is tagged once into the tag cache first (train.py)
             conllu = path if path.name.endswith(CONLLU_SUFFIXES) else tag_file_cached(path, cache_dir)
-            return itertools.islice(read_conllu(conllu), limit)
+            return itertools.islice(stream_conllu(conllu), limit)
 
         return self.cluster.create(sentences, path.name, coalesce or self.settings.coalesce_k)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import zlib
 from collections.abc import Iterable, Iterator
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from importlib import resources
 from itertools import compress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import numpy as np
 
@@ -63,6 +64,7 @@ __all__ = [
     "load_english",
     "load_sentencizer",
     "read_conllu",
+    "stream_conllu",
     "read_prompt_lines",
     "split_sentences",
     "tag_file",
@@ -227,6 +229,52 @@ def read_conllu(
     """
     name, text = _read_text(path_or_file)
     return _parse_conllu(name, text)
+
+
+#: Lines ``stream_conllu`` parses at a time (a few MB of text), cut at a sentence break.
+STREAM_BLOCK_LINES: Final = 65536
+
+
+def stream_conllu(path: str | os.PathLike[str], block_lines: int = STREAM_BLOCK_LINES) -> Iterator[TaggedSentence]:
+    """:func:`read_conllu` of a file, holding one block of about ``block_lines`` lines in memory at a
+    time instead of the whole file (a corpus larger than memory): each block ends at a blank line,
+    where a sentence ends, and is parsed by the same code as a whole file, so the sentences are
+    the same. Errors name the file and its line number, as ``read_conllu``'s do.
+
+    Raises:
+        CorpusFormatError: as :func:`read_conllu`.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as probe:
+            packed = probe.read(2) == b"\x1f\x8b"
+        raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
+    except OSError as exc:
+        raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+    first = 1  # the file's line number of the block's first line
+    with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+        block: list[str] = []
+        try:
+            for line in text:
+                block.append(line)
+                if len(block) >= block_lines and not line.strip():
+                    yield from _parse_block(name, block, first)
+                    first += len(block)
+                    block = []
+        except UnicodeDecodeError as exc:
+            raise CorpusFormatError(name, first + len(block), f"not valid UTF-8 ({exc.reason})") from exc
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise CorpusFormatError(name, None, f"truncated or corrupt gzip data ({exc})") from exc
+        yield from _parse_block(name, block, first)
+
+
+def _parse_block(name: str, block: list[str], first: int) -> list[TaggedSentence]:
+    try:
+        return list(_parse_conllu(name, "".join(block)))
+    except CorpusFormatError as exc:
+        if exc.line is None or exc.source != name:
+            raise
+        raise CorpusFormatError(name, exc.line + first - 1, exc.detail) from None
 
 
 def _parse_conllu(name: str, text: str) -> Iterator[TaggedSentence]:

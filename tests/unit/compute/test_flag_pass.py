@@ -77,3 +77,22 @@ def test_shard_tallies_count_windows_and_takeovers():
     tallies = {t.node: t for t in shard.tallies}
     assert (tallies["a"].windows, tallies["a"].lost, tallies["a"].tail) == (2, 1, False)
     assert (tallies["b"].windows, tallies["b"].won, tallies["b"].tail) == (2, 1, True)
+
+
+def test_stream_conllu_equals_read_conllu_block_by_block(tmp_path):
+    """The receiving node's reader (a block of lines at a time) gives read_conllu's sentences, for
+    plain and gzip files, and names the file's own line in an error past the first block."""
+    from giaannd.model.tokens import CorpusFormatError, read_conllu, stream_conllu, write_conllu
+
+    corpus = load_bundled_corpus(300)
+    for name in ("c.conllu", "c.conllu.gz"):
+        path = tmp_path / name
+        write_conllu(corpus, path)
+        assert list(stream_conllu(path, block_lines=50)) == list(read_conllu(path)) == corpus
+    bad = tmp_path / "bad.conllu"
+    lines = (tmp_path / "c.conllu").read_text().splitlines(keepends=True)
+    lines[400] = "x\tbroken\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(CorpusFormatError) as err:
+        list(stream_conllu(bad, block_lines=50))
+    assert err.value.line == 401
