@@ -457,6 +457,12 @@ class ComputeConfig(_Section):
         "about one shard per six compute nodes keeps conflicting writes moderate "
         "(docs/compute.md figures)."
     ))] = 1
+    tag_processes: Annotated[int, Meta(ge=0, le=256, description=(
+        "Processes that tag the raw-text windows of cluster jobs on this node (spaCy, one model "
+        "each: about a second to start and ~150 MB of RAM per process). Up to train-workers windows "
+        "are tagged at once, so set it to min(cores, train-workers) for tagging to use every core. "
+        "0 tags in one worker thread of the daemon (no extra processes)."
+    ))] = 0
     lexicon: Annotated[str, Meta(description=(
         "Ever-POS lexicon the delimiter rules read (docs/model.md, \"The lexicon\"): empty for the "
         "one shipped with giaannd, or a file, relative to `data-dir` unless absolute: giaannd's "

@@ -64,7 +64,7 @@ from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
-from giaannd.model.tokens import TaggedSentence, stream_conllu, tag_file_cached
+from giaannd.model.tokens import TaggedSentence, stream_conllu, stream_sentence_texts
 from giaannd.model.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -100,6 +100,9 @@ TRAIN_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                    "Delimiter flags training jobs wrote to the replicated flag row."),
     "flags_learned": ("giaannd_compute_train_flags_learned_total",
                       "Delimiter flags training jobs read from the flag row that they had not seen."),
+    "tagged": ("giaannd_compute_train_sentences_tagged_total",
+               "Raw-text sentences this node tagged for cluster jobs (their flag pass; each window once in "
+               "the cluster)."),
 }
 
 
@@ -249,7 +252,8 @@ class ComputeService:
 
         return ClusterJobs(node, self._client, lexicon, self.lease_settings(), self.train_settings(),
                            shards=self.settings.lease_shards, spawn=spawn, sink=self._sink,
-                           on_trained=self._cluster_trained, on_flags=self._cluster_flags)
+                           on_trained=self._cluster_trained, on_flags=self._cluster_flags,
+                           tag_processes=self.settings.tag_processes)
 
     def _cluster_trained(self, vocab: Vocabulary, batch: RowBatch) -> None:
         self.state.vocab.merge(vocab)
@@ -388,16 +392,19 @@ class ComputeService:
         self._client()
         assert self.cluster is not None, "start() first"
         path = Path(corpus)
-        cache_dir = self.data_dir / TAG_CACHE_DIR
         if not path.is_file():
             raise FileNotFoundError(f"corpus {path} does not exist or is not a file")
 
-        def sentences() -> Iterator[TaggedSentence]:
-            # CoNLL-U is read as a stream; text is tagged once into the tag cache first (train.py)
-            conllu = path if path.name.endswith(CONLLU_SUFFIXES) else tag_file_cached(path, cache_dir)
-            return itertools.islice(stream_conllu(conllu), limit)
+        text = not path.name.endswith(CONLLU_SUFFIXES)
 
-        return self.cluster.create(sentences, path.name, coalesce or self.settings.coalesce_k)
+        def sentences() -> Iterator[TaggedSentence] | Iterator[str]:
+            # both read as streams; text is cut into sentence texts here (the sentencizer, no
+            # model) and tagged by the flag pass on every node (cluster_jobs/tagging.py)
+            if text:
+                return itertools.islice(stream_sentence_texts(path), limit)
+            return itertools.islice(stream_conllu(path), limit)
+
+        return self.cluster.create(sentences, path.name, coalesce or self.settings.coalesce_k, text=text)
 
     async def resume(self, job_id: str) -> Job:
         """Resume a journaled job that failed (e.g. storage was down past its retries), under its

@@ -166,3 +166,37 @@ async def test_cluster_job_cancelled_from_another_node(tmp_path, corpus):
         for n in nodes:
             await n.stop(graceful=False)
         await cluster.close()
+
+
+@pytest.mark.spacy
+@pytest.mark.asyncio
+async def test_cluster_job_raw_text_tagged_across_nodes_equals_engine(tmp_path, corpus):
+    """A text corpus: the receiving node cuts sentence texts (no model), the flag pass's lease
+    holders tag the windows (one node in a thread, one in a process pool) and store them tagged;
+    the export equals the core trained on ``tag_file`` of the same file."""
+    from giaannd.model.tokens import tag_file
+
+    (tmp_path / "corpus").mkdir()
+    text = tmp_path / "corpus" / "train.txt"
+    sentences = [" ".join(t.form for t in s) for s in corpus[:200]]
+    text.write_text("\n\n".join(" ".join(sentences[i:i + 5]) for i in range(0, len(sentences), 5)) + "\n")
+    engine = Engine()
+    engine.train(tag_file(text))
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    nodes = [await node(cluster, tmp_path, "c0")]
+    nodes[0].cluster.tagger.processes = 1  # c1 tags in its daemon thread (the default)
+    nodes.append(await node(cluster, tmp_path, "c1"))
+    try:
+        job_id = nodes[0].submit_cluster(text)
+        doc = await wait_state(nodes[1], job_id, 90)
+        assert doc["state"] == "succeeded" and doc["text"] is True, doc
+        assert doc["total"] == doc["done"] and sum(e["tagged"] for e in doc["by_node"].values()) == doc["total"]
+        assert doc["trained"] == engine.stats.sentences_trained
+        out = tmp_path / "corpus" / "export.jsonl"
+        nodes[1].export_dir = tmp_path / "corpus"
+        await nodes[1].export(out)
+        assert_export_equals_engine(out, engine)
+    finally:
+        for n in nodes:
+            await n.stop(graceful=False)
+        await cluster.close()

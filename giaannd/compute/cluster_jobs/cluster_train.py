@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, upload_windows
+from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, encode_texts, encode_window, upload_windows
 from giaannd.compute.cluster_jobs.flag_pass import INITIAL, encode_findings, findings_key, initial_findings
 from giaannd.compute.cluster_jobs.lease_driver import LeaseDriver
 from giaannd.compute.cluster_jobs.lease_events import Begin, Finished, LeaseSettings, RunWindow
@@ -55,6 +55,7 @@ from giaannd.compute.cluster_jobs.lease_table import (
     shard_key,
 )
 from giaannd.compute.cluster_jobs.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.tagging import WindowTagger
 from giaannd.compute.cluster_jobs.window_runner import (
     RETRYABLE,
     STAGES,
@@ -119,6 +120,7 @@ class ClusterJobs:
         sink: the node's training counters.
         on_trained: each window trained here: its vocabulary and acknowledged batch.
         on_flags: a job ended ``done``: its learned (probabilistic, deterministic) flags.
+        tag_processes: processes tagging text windows (tagging.py; 0: a worker thread).
     """
 
     def __init__(self, node: str, client: Callable[[], StorageClient], lexicon: Callable[[], Lexicon],
@@ -126,7 +128,8 @@ class ClusterJobs:
                  spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]] | None = None,
                  sink: ProgressSink | None = None,
                  on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
-                 on_flags: Callable[[set[int], dict[int, bool]], None] | None = None) -> None:
+                 on_flags: Callable[[set[int], dict[int, bool]], None] | None = None,
+                 tag_processes: int = 0) -> None:
         self.node, self._client, self._lexicon, self.lease, self.train = node, client, lexicon, lease, train
         self._shards = shards
         self._spawn = spawn or (lambda coro, name: asyncio.get_running_loop().create_task(coro, name=name))
@@ -136,34 +139,38 @@ class ClusterJobs:
         self.uploading: dict[str, _Uploading] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
+        self.tagger = WindowTagger(tag_processes)
 
     # -- create -----------------------------------------------------------------------------------
-    def create(self, sentences: Callable[[], Iterator[TaggedSentence]], corpus: str, k: int) -> str:
-        """Start a cluster job on the corpus ``sentences()`` yields (read as a stream, in a thread);
+    def create(self, sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], corpus: str, k: int, *,
+               text: bool = False) -> str:
+        """Start a cluster job on the corpus ``sentences()`` yields (read as a stream, in a thread):
+        tagged sentences, or with ``text`` sentence texts (tagged by the flag pass, on every node);
         returns its id at once (module docstring, "create")."""
         job_id = secrets.token_hex(8)
         failed = [j for j, u in self.uploading.items() if u.error]
         for old in failed[: max(0, len(failed) - MAX_ENDED_JOBS)]:  # failed uploads are kept as ended jobs are
             del self.uploading[old]
         up = self.uploading[job_id] = _Uploading(corpus, TrainProgress(sink=self._sink))
-        up.task = self._spawn(self._create(job_id, up, sentences, k), "cluster-job-create")
+        up.task = self._spawn(self._create(job_id, up, sentences, k, text), "cluster-job-create")
         return job_id
 
-    async def _create(self, job_id: str, up: _Uploading, sentences: Callable[[], Iterator[TaggedSentence]],
-                      k: int) -> None:
+    async def _create(self, job_id: str, up: _Uploading,
+                      sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], k: int, text: bool) -> None:
         try:
             client = self._client()
             initial = await read_flags(client)
             data = encode_findings(initial_findings(initial))
             await client.cas_register(findings_key(job_id, INITIAL), ABSENT, data)
             stream = await asyncio.to_thread(sentences)
-            windows, total = await upload_windows(client.cas_register, job_id, stream, k, RETRYABLE)
+            windows, total = await upload_windows(client.cas_register, job_id, stream, k, RETRYABLE,
+                                                  encode_texts if text else encode_window)
             if not windows:
                 raise ValueError("the corpus holds no sentence")
             up.progress.total = total
             row = JobRow(job_id=job_id, windows=windows, shards=max(1, min(self._shards, windows)),
                          stages=STAGES, writer_id=secrets.randbits(63), created_by=self.node,
-                         spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus)))
+                         spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus, text=text)))
             log.info("cluster job created job=%s windows=%d sentences=%d", job_id, windows, total)
         except Exception as exc:  # reported by the job document (phase uploading, state failed)
             log.exception("cluster job upload failed job=%s", job_id)
@@ -237,7 +244,7 @@ class ClusterJobs:
             job = f.agent.job
             assert job is not None  # a window is run, or the job done, only once the row is read
             f.runner = WindowRunner(self._client(), job.job_id, decode_spec(job.spec), self._lexicon(), self.train,
-                                    f.progress, self._on_trained)
+                                    f.progress, self._on_trained, self.tagger)
         return f.runner
 
     async def _run(self, f: _Followed, action: RunWindow) -> int:
@@ -286,6 +293,7 @@ class ClusterJobs:
                 t.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*tasks, *drives, return_exceptions=True)
+        self.tagger.close()
 
     # -- report -----------------------------------------------------------------------------------
     async def document(self, job_id: str) -> dict[str, Any] | None:
@@ -321,8 +329,9 @@ class ClusterJobs:
 
 def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None) -> dict[str, Any]:
     """``GET /v1/jobs/{id}`` of a cluster job: the jobs.py document's keys plus ``stage``,
-    ``flag_pass`` and ``by_node`` (node -> sentences and windows trained, windows of the flag pass,
-    leases held now, leases it let expire, leases it took over)."""
+    ``flag_pass`` and ``by_node`` (node -> sentences handled and trained, windows trained, windows
+    of the flag pass and sentences it tagged there, leases held now, leases it let expire, leases
+    it took over)."""
     try:
         spec = decode_spec(job.spec)
     except Exception as exc:
@@ -331,7 +340,8 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
 
     def entry(node: str) -> dict[str, int]:
         return by_node.setdefault(node, {"sentences": 0, "trained": 0, "windows": 0, "flag_windows": 0,
-                                         "leases_held": 0, "leases_expired": 0, "leases_taken_over": 0})
+                                         "tagged": 0, "leases_held": 0, "leases_expired": 0,
+                                         "leases_taken_over": 0})
 
     done_windows = [0] * job.stages
     for shard in shards:
@@ -344,6 +354,7 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
             e["leases_taken_over"] += t.won
             if shard.stage != TRAIN_STAGE:
                 e["flag_windows"] += t.windows
+                e["tagged"] += t.units
                 continue
             e["windows"] += t.windows
             e["trained"] += t.units
@@ -358,7 +369,7 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
         "done": done, "total": spec.sentences, "unit": "sentences", "trained": trained,
         "skipped": done - trained, "resumed_from": None,
         "resumes": 0, "windows": job.windows, "k": spec.k, "shards": job.shards, "stage": job.stage,
-        "corpus": spec.corpus, "created_by": job.created_by,
+        "corpus": spec.corpus, "text": spec.text, "created_by": job.created_by,
         "flag_pass": {"done": done_windows[0], "total": job.windows},
         "train_windows": {"done": done_windows[TRAIN_STAGE] if job.stages > TRAIN_STAGE else 0,
                           "total": job.windows},

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -43,12 +43,17 @@ from giaannd.protocol import MAX_REGISTER_VALUE_BYTES
 
 __all__ = [
     "MAX_CHUNK_BYTES",
+    "TAGGED",
+    "UPLOADED",
     "UPLOAD_CONCURRENCY",
     "ChunkMissing",
     "chunk_key",
     "clear_windows",
+    "encode_texts",
     "encode_window",
+    "read_texts",
     "read_window",
+    "store_window",
     "upload_windows",
 ]
 
@@ -76,6 +81,11 @@ class _ChunkIn(msgspec.Struct, frozen=True, array_like=True):
     sentences: list[list[_Tok]]
 
 
+class _TextChunkIn(msgspec.Struct, frozen=True, array_like=True):
+    parts: int
+    sentences: list[str]
+
+
 class ChunkMissing(CorruptDataError):
     """A window's chunk is absent or unreadable: the job's corpus is not in the cluster."""
 
@@ -84,10 +94,15 @@ class ChunkMissing(CorruptDataError):
 
 _ENC: Final = msgspec.msgpack.Encoder()
 _DEC: Final = msgspec.msgpack.Decoder(_ChunkIn)
+_TEXT_DEC: Final = msgspec.msgpack.Decoder(_TextChunkIn)
+#: Key prefixes: ``w`` the windows as uploaded (tagged, or sentence texts), ``t`` text windows
+#: tagged by the flag pass (tagging.py).
+UPLOADED: Final = "w"
+TAGGED: Final = "t"
 
 
-def chunk_key(job_id: str, window: int, part: int) -> str:
-    return f"job/{job_id}/w/{window}/{part}"
+def chunk_key(job_id: str, window: int, part: int, kind: str = UPLOADED) -> str:
+    return f"job/{job_id}/{kind}/{window}/{part}"
 
 
 def encode_window(sentences: list[TaggedSentence]) -> list[bytes]:
@@ -96,7 +111,15 @@ def encode_window(sentences: list[TaggedSentence]) -> list[bytes]:
     Raises:
         InputError: one sentence alone is over ``MAX_CHUNK_BYTES``.
     """
-    encoded = [msgspec.Raw(_ENC.encode([(t.form, t.lemma, t.upos, t.xpos) for t in s])) for s in sentences]
+    return _pack([msgspec.Raw(_ENC.encode([(t.form, t.lemma, t.upos, t.xpos) for t in s])) for s in sentences])
+
+
+def encode_texts(texts: list[str]) -> list[bytes]:
+    """``encode_window`` of a window of sentence texts (a text corpus, tagged by the flag pass)."""
+    return _pack([msgspec.Raw(_ENC.encode(t)) for t in texts])
+
+
+def _pack(encoded: list[msgspec.Raw]) -> list[bytes]:
     groups: list[list[msgspec.Raw]] = [[]]
     size = 0
     for raw in encoded:
@@ -111,9 +134,9 @@ def encode_window(sentences: list[TaggedSentence]) -> list[bytes]:
     return [_ENC.encode(Chunk(len(groups), g)) for g in groups]
 
 
-def _decode(data: bytes, key: str) -> _ChunkIn:
+def _decode(data: bytes, key: str, decoder: msgspec.msgpack.Decoder[Any] = _DEC) -> Any:
     try:
-        return _DEC.decode(data)
+        return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ChunkMissing(f"register {key} does not hold a corpus chunk: {exc}") from None
 
@@ -139,10 +162,12 @@ async def _put(cas: Cas, key: str, data: bytes, failures: tuple[type[BaseExcepti
         raise ChunkMissing(f"register {key} already holds other bytes (a job id used twice?)")
 
 
-async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[TaggedSentence], k: int,
-                         failures: tuple[type[BaseException], ...]) -> tuple[int, int]:
-    """Cut ``sentences`` into windows of ``k`` and store each (module docstring); the iterator is
-    advanced in a thread, a window at a time. Returns (windows, sentences).
+async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[Any], k: int,
+                         failures: tuple[type[BaseException], ...],
+                         encode: Callable[[list[Any]], list[bytes]] = encode_window) -> tuple[int, int]:
+    """Cut ``sentences`` (tagged, or texts with ``encode_texts``) into windows of ``k`` and store
+    each (module docstring); the iterator is advanced in a thread, a window at a time. Returns
+    (windows, sentences).
 
     Raises:
         InputError: a sentence too large for a chunk; what ``sentences`` raises (a corpus format
@@ -150,7 +175,7 @@ async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[TaggedSenten
     """
     def next_window() -> tuple[int, list[bytes]]:
         window = list(itertools.islice(sentences, k))
-        return len(window), encode_window(window) if window else []
+        return len(window), encode(window) if window else []
 
     inflight: set[asyncio.Task[None]] = set()
     windows = total = 0
@@ -180,25 +205,57 @@ async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[TaggedSenten
     return windows, total
 
 
-async def read_window(read: Read, job_id: str, window: int, failures: tuple[type[BaseException], ...]
-                      ) -> list[TaggedSentence]:
-    """Window ``window``'s sentences, read part by part.
+async def read_window(read: Read, job_id: str, window: int, failures: tuple[type[BaseException], ...],
+                      kind: str = UPLOADED, *, missing_ok: bool = False) -> list[TaggedSentence] | None:
+    """Window ``window``'s tagged sentences, read part by part (``kind``: as uploaded, or tagged by
+    the flag pass); None if absent and ``missing_ok``.
 
     Raises:
-        ChunkMissing: a part is absent or not a chunk; ``failures`` after ``CHUNK_ATTEMPTS``.
+        ChunkMissing: a part is absent (``missing_ok``: a part after the first) or not a chunk;
+            ``failures`` after ``CHUNK_ATTEMPTS``.
     """
-    out: list[TaggedSentence] = []
+    chunks = await _read_parts(read, job_id, window, failures, kind, _DEC, missing_ok)
+    if chunks is None:
+        return None
+    return [tuple(Token(*t) for t in s) for c in chunks for s in c.sentences]
+
+
+async def read_texts(read: Read, job_id: str, window: int, failures: tuple[type[BaseException], ...]
+                     ) -> list[str]:
+    """Window ``window``'s sentence texts (a text corpus). Raises: as ``read_window``."""
+    chunks = await _read_parts(read, job_id, window, failures, UPLOADED, _TEXT_DEC, False)
+    assert chunks is not None
+    return [t for c in chunks for t in c.sentences]
+
+
+async def _read_parts(read: Read, job_id: str, window: int, failures: tuple[type[BaseException], ...], kind: str,
+                      decoder: msgspec.msgpack.Decoder[Any], missing_ok: bool) -> list[Any] | None:
+    out: list[Any] = []
     parts, part = 1, 0
     while part < parts:
-        key = chunk_key(job_id, window, part)
+        key = chunk_key(job_id, window, part, kind)
         got = await _retried(lambda key=key: read(key), failures)  # type: ignore[misc]
-        if not got.version[0]:
-            raise ChunkMissing(f"corpus chunk {key} is absent")
-        chunk = _decode(got.value, key)
+        if not got.version[0] or not got.value:
+            if missing_ok and part == 0:
+                return None
+            raise ChunkMissing(f"corpus chunk {key} is absent or emptied")
+        chunk = _decode(got.value, key, decoder)
         parts = chunk.parts
-        out.extend(tuple(Token(*t) for t in s) for s in chunk.sentences)
+        out.append(chunk)
         part += 1
     return out
+
+
+async def store_window(cas: Cas, job_id: str, window: int, sentences: list[TaggedSentence],
+                       failures: tuple[type[BaseException], ...], kind: str = TAGGED) -> None:
+    """Store a window's tagged sentences (the flag pass, for a text corpus): create-if-absent, and a
+    chunk already holding the same bytes (a redo) is fine.
+
+    Raises:
+        ChunkMissing: a part holds other bytes; ``failures`` after ``CHUNK_ATTEMPTS``.
+    """
+    for part, data in enumerate(encode_window(sentences)):
+        await _put(cas, chunk_key(job_id, window, part, kind), data, failures)
 
 
 async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
@@ -210,15 +267,19 @@ async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
         ``failures`` after ``CHUNK_ATTEMPTS`` on one part (the rest stays: a later run finishes).
     """
     async def clear(window: int) -> int:
-        parts, part, cleared = 1, 0, 0
-        while part < parts:
-            key = chunk_key(job_id, window, part)
-            got = await _retried(lambda key=key: read(key), failures)  # type: ignore[misc]
-            if got.value:
-                parts = max(parts, _decode(got.value, key).parts)
-                out = await _retried(lambda key=key, got=got: cas(key, got.version, b""), failures)  # type: ignore[misc]
-                cleared += out.ok
-            part += 1
+        cleared = 0
+        for kind in (UPLOADED, TAGGED):
+            parts, part = 1, 0
+            while part < parts:
+                key = chunk_key(job_id, window, part, kind)
+                got = await _retried(lambda key=key: read(key), failures)  # type: ignore[misc]
+                if got.value:
+                    # the part count is the chunk's first field, whichever the chunk's kind
+                    parts = max(parts, int(msgspec.msgpack.decode(got.value, type=tuple[int, Any])[0]))
+                    out = await _retried(lambda key=key, got=got: cas(key, got.version, b""),  # type: ignore[misc]
+                                         failures)
+                    cleared += out.ok
+                part += 1
         return cleared
 
     total = 0

@@ -3,6 +3,8 @@
 
 Stage 0 (flag_pass.py): read the window's chunk (corpus_chunks.py), compute its findings with a
 fresh assigner, store them at ``job/<id>/f/<w>`` (create-if-absent: a redo finds the same bytes).
+A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id>/t/<w>``), unless
+an earlier run of the window stored it already: a window is tagged once in the cluster.
 
 Stage 1: read the chunk; extend the node's :class:`FlagFold` to window ``w`` (findings read once
 each, in order, under a lock: windows run concurrently); encode with a fresh assigner holding the
@@ -29,7 +31,7 @@ import msgspec
 
 from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import QuorumNotReached, RemoteVocabConflict, StorageClient, StorageRequestError
-from giaannd.compute.cluster_jobs.corpus_chunks import read_window
+from giaannd.compute.cluster_jobs.corpus_chunks import TAGGED, UPLOADED, read_texts, read_window, store_window
 from giaannd.compute.cluster_jobs.flag_pass import (
     FlagFold,
     decode_findings,
@@ -38,6 +40,7 @@ from giaannd.compute.cluster_jobs.flag_pass import (
     window_findings,
 )
 from giaannd.compute.cluster_jobs.lease_events import RunWindow, batch_seq
+from giaannd.compute.cluster_jobs.tagging import WindowTagger
 from giaannd.compute.flags import with_flags
 from giaannd.compute.jobs import TrainProgress
 from giaannd.compute.train import TrainSettings, pair_increments
@@ -78,6 +81,8 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
     k: int
     sentences: int
     corpus: str = ""
+    #: the windows hold sentence texts, tagged by the flag pass (tagging.py)
+    text: bool = False
 
 
 def encode_spec(spec: ClusterSpec) -> bytes:
@@ -120,22 +125,37 @@ class WindowRunner:
         progress: this node's figures for the job.
         on_trained: called with each window's vocabulary and batch once acknowledged (the node
             merges the vocabulary into its own and invalidates cached rows).
+        tagger: tags the windows of a text corpus in the flag pass.
     """
 
     def __init__(self, client: StorageClient, job_id: str, spec: ClusterSpec, lexicon: Lexicon,
                  settings: TrainSettings, progress: TrainProgress,
-                 on_trained: Callable[[Vocabulary, RowBatch], None] | None = None) -> None:
+                 on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
+                 tagger: WindowTagger | None = None) -> None:
         self.client, self.job_id, self.spec, self.lexicon = client, job_id, spec, lexicon
+        self.tagger = tagger
         self.settings, self.progress, self._on_trained = settings, progress, on_trained
         self.fold = FlagFold()
         self._fold_lock = asyncio.Lock()
 
     async def __call__(self, action: RunWindow) -> int:
-        """Run one window; returns the sentences it trained (0 in the flag pass)."""
-        sentences = await read_window(self.client.read_register, self.job_id, action.window, RETRYABLE)
+        """Run one window; returns what it counted: the sentences it trained, or in the flag pass
+        the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
+        read, w = self.client.read_register, action.window
         if action.stage == FLAG_STAGE:
-            await self._find(action.window, sentences)
-            return 0
+            tagged = 0
+            sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED,
+                                          missing_ok=self.spec.text)
+            if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
+                assert self.tagger is not None, "a text job needs a tagger"
+                sentences = await self.tagger.tag(await read_texts(read, self.job_id, w, RETRYABLE))
+                await store_window(self.client.cas_register, self.job_id, w, sentences, RETRYABLE)
+                tagged = len(sentences)
+                self.progress.add(tagged=tagged)
+            await self._find(w, sentences)
+            return tagged
+        sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED)
+        assert sentences is not None
         return await self._train_window(action, sentences)
 
     async def _find(self, window: int, sentences: list[TaggedSentence]) -> None:
