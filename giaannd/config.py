@@ -454,6 +454,48 @@ class ComputeConfig(_Section):
         "default however big a merged scan page is. Smaller: less memory, more per-chunk work "
         "(one lookup of each distinct source row and target neuron per chunk)."
     ))] = 65_536
+    cluster_jobs: Annotated[bool, Meta(description=(
+        "Training jobs are cluster jobs (docs/compute.md, \"One job across every compute node\"): "
+        "`train start` streams the corpus into the storage cluster's registers and every compute "
+        "node with this on works on the job's windows under leases, including nodes that join "
+        "mid-job; any node answers `train status` for it, and the job survives the loss of the "
+        "node that received it. Off: a job runs on the receiving node only (journaled on its "
+        "disk), unless the request says `\"cluster\": true`. Every compute node of a cluster "
+        "should use the same setting, or the nodes with it off sit cluster jobs out."
+    ))] = False
+    lease_s: Annotated[float, Meta(gt=0, le=3600, description=(
+        "A cluster job's lease on its windows is taken over by another node once it has gone "
+        "unrenewed this long (seen by the other node's clock: no clock sync needed, only equal "
+        "rates). Shorter: a dead node's windows are redone sooner; longer: fewer renewals and no "
+        "take-over during a long pause (GC, a slow storage write). Take-over happens within "
+        "lease-s + lease-probe-interval-s of the last renewal."
+    ))] = 10.0
+    lease_renew_s: Annotated[float, Meta(ge=0, le=3600, description=(
+        "Renew a held lease when no write confirmed it for this long; must be below lease-s. "
+        "0 means lease-s / 3 (two renewals may fail before the lease is lost)."
+    ))] = 0.0
+    lease_probe_interval_s: Annotated[float, Meta(gt=0, le=600, description=(
+        "How often a node reads a cluster job's row, its home lease shard and the shards it "
+        "holds leases in (and the job index, to find new jobs). Register reads per node per "
+        "interval: about 3 per job; a cancel or a new job is seen within one interval."
+    ))] = 1.0
+    lease_windows: Annotated[int, Meta(ge=1, le=4096, description=(
+        "Windows (of coalesce-k sentences) per lease grant. More: fewer register writes per "
+        "window; fewer: less redone when a node dies (at most one lease's windows) and a finer "
+        "spread of the job's tail over the nodes."
+    ))] = 4
+    lease_shards: Annotated[int, Meta(ge=1, le=256, description=(
+        "Lease shards per stage of a new cluster job (capped by its windows). Every grant in a "
+        "shard is a compare-and-set on one register, so grants per second grow with shards; "
+        "about one shard per six compute nodes keeps conflicting writes moderate "
+        "(docs/compute.md figures)."
+    ))] = 1
+    tag_processes: Annotated[int, Meta(ge=0, le=256, description=(
+        "Processes that tag the raw-text windows of cluster jobs on this node (spaCy, one model "
+        "each: about a second to start and ~150 MB of RAM per process). Up to train-workers windows "
+        "are tagged at once, so set it to min(cores, train-workers) for tagging to use every core. "
+        "0 tags in one worker thread of the daemon (no extra processes)."
+    ))] = 0
     lexicon: Annotated[str, Meta(description=(
         "Ever-POS lexicon the delimiter rules read (docs/model.md, \"The lexicon\"): empty for the "
         "one shipped with giaannd, or a file, relative to `data-dir` unless absolute: giaannd's "
@@ -529,6 +571,10 @@ def _validate(cfg: Config) -> Config:
             f"probe-timeout-s ({gossip.probe_timeout_s}) must be below probe-interval-s "
             f"({gossip.probe_interval_s}) (profile {cfg.membership.profile!r} plus overrides)",
             "$.membership.probe-timeout-s")
+    c = cfg.compute
+    if c.lease_renew_s and c.lease_renew_s >= c.lease_s:
+        raise ConfigError(f"lease-renew-s ({c.lease_renew_s}) must be below lease-s ({c.lease_s})",
+                          "$.compute.lease-renew-s")
     return cfg
 
 

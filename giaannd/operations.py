@@ -247,7 +247,10 @@ _TOPOLOGY = Render(fields=("op", "state", "error", "columns_moved", "columns_tot
                                         "eta_s", "error")),))
 #: A training job (``train status``; ``train start`` / ``wait`` / ``resume`` follow it).
 _JOB_DOC = Render(fields=("job_id", "kind", "state", "error", "done", "total", "unit", "trained", "skipped",
-                          "sentences_per_s", "elapsed_s", "resumed_from", "resumes", "result"))
+                          "sentences_per_s", "elapsed_s", "resumed_from", "resumes", "result", "cluster", "phase",
+                          "by_node"),
+                  tables=(("by_node", ("sentences", "windows", "leases_held", "leases_expired",
+                                       "leases_taken_over")),))
 
 #: Help of the command groups (a noun with verbs); single-word commands use their own help.
 NOUNS: Final[Mapping[str, str]] = {
@@ -344,20 +347,27 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="train", verb="start", service="compute", method="POST", path="/v1/train",
               args=(Arg(name="corpus", positional=True, type="existing-path",
                         help="corpus file in the daemon's compute.corpus-dir (a relative path is taken there)"),
-                    Arg(name="epochs", type="int", default=1, help="passes over the corpus")),
+                    Arg(name="epochs", type="int", default=1, help="passes over the corpus"),
+                    Arg(name="cluster", type="flag",
+                        help="a cluster job every compute node works on (the default with compute.cluster-jobs)")),
               follow=Follow(kind="job", when="--no-wait"),
               help="train on a corpus, with a live progress bar"),
     Operation(noun="train", verb="status", service="compute", method="GET", path="/v1/jobs/{job_id}",
-              args=(_JOB,), render=_JOB_DOC, help="status of a job"),
+              args=(_JOB,), render=_JOB_DOC,
+              help="status of a job (a cluster job on any compute node, with what each node did: by_node)"),
     Operation(noun="train", verb="list", service="compute", method="GET", path="/v1/jobs", public_on_loopback=True,
               render=Render(kind="table", rows="jobs", columns=(
                   "job_id", "state", "done", "total", "resumed_from", "resumes", "sentences_per_s", "error")),
-              help="every job of the node (a job resumed after a crash shows resumed_from)"),
+              help="every job of the node (a job resumed after a crash shows resumed_from), then the cluster "
+                   "jobs: unfinished ones and those that ended while this node followed them"),
     Operation(noun="train", verb="wait", service="compute", args=(_JOB,), follow=Follow(kind="job", when="always"),
               help="follow a running job with a progress bar (e.g. one the node resumed on start)"),
     Operation(noun="train", verb="resume", service="compute", method="POST", path="/v1/jobs/{job_id}/resume",
               args=(_JOB,), follow=Follow(kind="job", when="--no-wait"),
               help="resume a failed journaled job from its cursor, nothing counted twice (docs/compute.md)"),
+    Operation(noun="train", verb="cancel", service="compute", method="POST", path="/v1/jobs/{job_id}/cancel",
+              args=(_JOB,), render=_JOB_DOC,
+              help="cancel a job: this node's, or a cluster job from any compute node (docs/compute.md)"),
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
               args=(Arg(name="corpus", type="path", help="held-out sentences, in compute.corpus-dir "
                                                             "(default: the daemon's held-out set)"),

@@ -56,6 +56,8 @@ class TrainProgress:
     entries_after: int = 0
     flags_sent: int = 0
     flags_learned: int = 0
+    #: sentences of raw text this node tagged for cluster jobs (their flag pass)
+    tagged: int = 0
     #: sentences an earlier run of this job had acknowledged when this run resumed it (None: not
     #: resumed); ``done`` starts there
     resumed_from: int | None = None
@@ -89,7 +91,7 @@ class TrainProgress:
             "bytes_per_sentence": round(self.bytes_sent / self.done, 1) if self.done else 0.0,
             "entries_before": self.entries_before, "entries_after": self.entries_after,
             "coalescing_ratio": round(self.coalescing_ratio, 4),
-            "flags_sent": self.flags_sent, "flags_learned": self.flags_learned,
+            "flags_sent": self.flags_sent, "flags_learned": self.flags_learned, "tagged": self.tagged,
             "elapsed_s": round(self.elapsed_s, 3), "resumed_from": self.resumed_from,
         }
 

@@ -7,11 +7,15 @@ outcome to HTTP. The operations (routes, giaannctl verbs) are declared in giaann
 by id, what each accepts and answers:
 
 ==================  ==============================================================================
-``train.start``     ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?}`` →
-                    ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached)
-``train.list``      every job document
-``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py)
-``train.resume``    resume a failed journaled job → ``{"job_id"}``
+``train.start``     ``{"corpus": path, "workers"?, "coalesce"?, "epochs"?, "limit"?, "cluster"?}`` →
+                    ``{"job_id"}``; CoNLL-U is read as is, other files are tagged (cached);
+                    ``cluster`` (default ``compute.cluster-jobs``): a cluster job (one epoch)
+``train.list``      every job document: this node's, then the cluster's (job index, ended here)
+``train.status``    ``{"state", "done", "total", "unit", "resumed_from", ...}`` (jobs.py); a
+                    cluster job's from the registers, on any node, with ``by_node``
+``train.cancel``    cancel a job of this node, or a cluster job → its document
+``train.resume``    resume a failed journaled job, or follow a running cluster job here →
+                    ``{"job_id"}``
 ``eval``            ``{"corpus"? | "prompts"?, "limit"?, "constants": "train"|"test", "mode"?}`` →
                     top-1; ``prompts``: one prompt per non-blank line, tagged whole (cached)
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
@@ -46,6 +50,7 @@ from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target,
 from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError, InputError
 from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
+from giaannd.model.subwords import ProfileMismatchError
 from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
 
@@ -70,6 +75,8 @@ DEFAULT_EVAL_LIMIT: Final = 200
 MAX_EVAL_PROMPTS: Final = 100_000
 MAX_GENERATE_TOKENS: Final = 1024
 MAX_EPOCHS: Final = 1000
+#: How long ``train cancel`` of a job of this node waits for its task to end before answering.
+CANCEL_WAIT_S: Final = 10.0
 #: Failures of using storage at all: answered 503 (LookupError: no storage members known).
 STORAGE_ERRORS: Final = (StorageRequestError, PeersError, OSError, LookupError)
 
@@ -85,7 +92,8 @@ class ComputeRoutes:
         """Bind every compute operation to its handler."""
         handlers: dict[str, Handler] = {
             "train.start": self._post_train, "train.list": self._get_jobs, "train.status": self._get_job,
-            "train.resume": self._post_resume, "eval": self._post_eval, "generate": self._post_generate,
+            "train.resume": self._post_resume, "train.cancel": self._post_cancel, "eval": self._post_eval,
+            "generate": self._post_generate,
             "export": self._post_export}
         for op_id, handler in handlers.items():
             admin.bind(op_id, handler)
@@ -97,7 +105,19 @@ class ComputeRoutes:
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
         epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
         limit = _opt_int(body, "limit", 1, 1 << 31)
+        cluster = body.get("cluster", self.service.settings.cluster_jobs)
+        if not isinstance(cluster, bool):
+            raise AdminHTTPError(400, "cluster must be true or false", "bad_request")
         assert corpus is not None  # required=True
+        if cluster:
+            if epochs != 1:
+                raise AdminHTTPError(400, "a cluster job trains one epoch", "bad_request")
+            try:
+                return {"job_id": self.service.submit_cluster(corpus, coalesce=coalesce, limit=limit)}
+            except OSError as exc:
+                raise AdminHTTPError(400, f"corpus {corpus}: {exc}", "bad_request") from None
+            except ProfileMismatchError as exc:
+                raise AdminHTTPError(400, str(exc), exc.reason) from None
         try:
             job = await self.service.submit_corpus(corpus, workers=workers, coalesce=coalesce, epochs=epochs,
                                                    limit=limit)
@@ -106,22 +126,70 @@ class ComputeRoutes:
         return {"job_id": job.job_id}
 
     async def _get_jobs(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        return {"jobs": [j.as_dict() for j in self.service.jobs.all()]}
+        jobs = [j.as_dict() for j in self.service.jobs.all()]
+        cluster = self.service.cluster
+        if cluster is not None and self.service.storage is not None:
+            try:
+                for job_id in await cluster.list_ids():
+                    doc = await cluster.document(job_id)
+                    if doc is not None:
+                        jobs.append(doc)
+            except STORAGE_ERRORS as exc:
+                raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+        return {"jobs": jobs}
 
     async def _get_job(self, request: web.Request, params: Mapping[str, str]) -> Any:
         job = self.service.jobs.get(params["job_id"])
-        if job is None:
-            raise AdminHTTPError(404, f"no job {params['job_id']!r} on this node", "not_found")
-        return job.as_dict()
+        if job is not None:
+            return job.as_dict()
+        return await self._cluster_doc(params["job_id"])
+
+    async def _cluster_doc(self, job_id: str) -> dict[str, Any]:
+        """A cluster job's document from the registers (404: none; 503: storage failing)."""
+        cluster = self.service.cluster
+        if cluster is None:
+            raise AdminHTTPError(404, f"no job {job_id!r} on this node", "not_found")
+        try:
+            self.service.storage_client()  # 503 while there is no storage client
+            doc = await cluster.document(job_id)
+        except STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+        if doc is None:
+            raise AdminHTTPError(404, f"no job {job_id!r} on this node or in the cluster", "not_found")
+        return doc
+
+    async def _post_cancel(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        job = self.service.jobs.get(params["job_id"])
+        if job is not None:
+            if job.task is not None and job.state == "running":
+                job.task.cancel()
+                await asyncio.wait({job.task}, timeout=CANCEL_WAIT_S)
+            return job.as_dict()
+        doc = await self._cluster_doc(params["job_id"])  # 404 / 503
+        assert self.service.cluster is not None
+        try:
+            await self.service.cluster.cancel(params["job_id"])
+        except STORAGE_ERRORS as exc:
+            raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+        return doc
 
     async def _post_resume(self, request: web.Request, params: Mapping[str, str]) -> Any:
         try:
             job = await self.service.resume(params["job_id"])
         except KeyError:
-            raise AdminHTTPError(404, f"no journal for job {params['job_id']!r} on this node", "not_found") from None
+            return await self._follow_cluster(params["job_id"])
         except ValueError as exc:
             raise AdminHTTPError(409, str(exc), "conflict") from None
         return {"job_id": job.job_id}
+
+    async def _follow_cluster(self, job_id: str) -> dict[str, Any]:
+        """``train resume`` of a cluster job: this node follows it (it goes on by itself elsewhere)."""
+        doc = await self._cluster_doc(job_id)
+        if doc["state"] != "running" or doc.get("phase") == "uploading":
+            raise AdminHTTPError(409, f"cluster job {job_id!r} is {doc['state']}: nothing to resume", "conflict")
+        assert self.service.cluster is not None
+        self.service.cluster.follow(job_id)
+        return {"job_id": job_id}
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -41,6 +42,8 @@ from giaannd.compute.cluster_export import (
     scan_cluster,
     word_of,
 )
+from giaannd.compute.cluster_jobs.cluster_train import ClusterJobs
+from giaannd.compute.cluster_jobs.lease_events import LeaseSettings
 from giaannd.compute.durable_jobs import RESUME_RETRY_MAX_S as RESUME_RETRY_MAX_S
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR as TAG_CACHE_DIR
 from giaannd.compute.durable_jobs import DurableJobs
@@ -53,14 +56,14 @@ from giaannd.compute.routes import MAX_EVAL_PROMPTS as MAX_EVAL_PROMPTS
 from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
 from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
 from giaannd.compute.state import ComputeState
-from giaannd.compute.train import TrainingJob, TrainResult, TrainSettings, job_client, read_flags
+from giaannd.compute.train import CONLLU_SUFFIXES, TrainingJob, TrainResult, TrainSettings, job_client, read_flags
 from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
-from giaannd.model.subwords import SubwordVocabulary, make_assigner
-from giaannd.model.tokens import TaggedSentence
+from giaannd.model.subwords import ProfileMismatchError, SubwordVocabulary, make_assigner
+from giaannd.model.tokens import TaggedSentence, stream_conllu, stream_sentence_texts
 from giaannd.model.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -96,6 +99,9 @@ TRAIN_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                    "Delimiter flags training jobs wrote to the replicated flag row."),
     "flags_learned": ("giaannd_compute_train_flags_learned_total",
                       "Delimiter flags training jobs read from the flag row that they had not seen."),
+    "tagged": ("giaannd_compute_train_sentences_tagged_total",
+               "Raw-text sentences this node tagged for cluster jobs (their flag pass; each window once in "
+               "the cluster)."),
 }
 
 
@@ -133,8 +139,10 @@ class ComputeService:
     def __init__(self, settings: ComputeConfig, data_dir: str | Path, *, storage: StorageClient | None = None,
                  storage_factory: Callable[[ServiceContext], StorageClient | None] | None = None,
                  prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, lexicon: str | Path | None = None,
-                 corpus_dir: str | Path | None = None, export_dir: str | Path | None = None) -> None:
+                 corpus_dir: str | Path | None = None, export_dir: str | Path | None = None,
+                 node_name: str | None = None) -> None:
         self.settings = settings
+        self._node_name = node_name
         self._lexicon_path = lexicon
         self.data_dir = Path(data_dir)
         self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else self.data_dir / "corpora"
@@ -155,6 +163,8 @@ class ComputeService:
         self._sink: _PromSink | None = None
         self._started = False
         self._resume_task: asyncio.Task[None] | None = None
+        #: cluster training jobs (cluster_jobs/cluster_train.py); set by ``start``
+        self.cluster: ClusterJobs | None = None
 
     @classmethod
     def from_config(cls, config: Config,
@@ -164,7 +174,7 @@ class ComputeService:
         ``compute.corpus-dir``/``export-dir`` (default ``<data-dir>/corpora`` and
         ``<data-dir>/exports``)."""
         c = config.compute
-        return cls(c, config.data_path("compute"), storage_factory=storage_factory,
+        return cls(c, config.data_path("compute"), storage_factory=storage_factory, node_name=config.node.name,
                    lexicon=config.data_path(c.lexicon) if c.lexicon else None,
                    corpus_dir=config.data_path(c.corpus_dir or "corpora"),
                    export_dir=config.data_path(c.export_dir or "exports"))
@@ -191,6 +201,9 @@ class ComputeService:
         if ctx is not None:
             self._register(ctx)
         self._started = True
+        self.cluster = self._cluster_jobs(ctx)
+        if self.settings.cluster_jobs:
+            self.cluster.start_watcher()
         pending = await self.durable.reload()
         if pending and self.settings.resume_jobs:
             coro = self.durable.resume_all(pending, lambda: read_flags(self._client()))
@@ -201,6 +214,9 @@ class ComputeService:
                         len(pending), " ".join(j.job_id for j in pending))
 
     async def stop(self, graceful: bool) -> None:
+        if self.cluster is not None:
+            await self.cluster.stop()
+            await asyncio.to_thread(self.state.save, self.data_dir)
         if self._resume_task is not None:
             self._resume_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,7 +230,38 @@ class ComputeService:
     def health(self) -> Mapping[str, Any]:
         return {"storage": self.storage is not None, "jobs_running": len(self.jobs.running()),
                 "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
-                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats()}
+                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats(),
+                "cluster_jobs_followed": len(self.cluster.followed) if self.cluster is not None else 0}
+
+    def lease_settings(self) -> LeaseSettings:
+        """The lease protocol's settings from config (``compute.lease-*``; parallel windows =
+        ``compute.train-workers``)."""
+        c = self.settings
+        return LeaseSettings(lease_s=c.lease_s, renew_s=c.lease_renew_s or c.lease_s / 3,
+                             probe_interval_s=c.lease_probe_interval_s, lease_windows=c.lease_windows,
+                             parallel=c.train_workers, retry_s=c.lease_probe_interval_s / 4)
+
+    def _cluster_jobs(self, ctx: ServiceContext | None) -> ClusterJobs:
+        node = ctx.node_name if ctx is not None else (self._node_name or "compute")
+        spawn = (lambda coro, name: ctx.spawn(coro, name)) if ctx is not None else None
+
+        def lexicon() -> Lexicon:
+            assert self._lexicon is not None  # loaded by start, before this object exists
+            return self._lexicon
+
+        return ClusterJobs(node, self._client, lexicon, self.lease_settings(), self.train_settings(),
+                           shards=self.settings.lease_shards, spawn=spawn, sink=self._sink,
+                           on_trained=self._cluster_trained, on_flags=self._cluster_flags,
+                           tag_processes=self.settings.tag_processes)
+
+    def _cluster_trained(self, vocab: Vocabulary, batch: RowBatch) -> None:
+        self.state.vocab.merge(vocab)
+        self.cache.invalidate_batch(batch)
+
+    def _cluster_flags(self, probabilistic: set[int], deterministic: dict[int, bool]) -> None:
+        for fid, flag in deterministic.items():
+            self.state.deterministic.setdefault(fid, flag)
+        self.state.probabilistic |= probabilistic
 
     def _register(self, ctx: ServiceContext) -> None:
         self._routes.register(ctx.admin)
@@ -244,6 +291,10 @@ class ComputeService:
         }
         for metric, (doc, fn) in gauges.items():
             m.gauge(metric, doc).set_function(fn)
+
+    def storage_client(self) -> StorageClient:
+        """The storage client (503 ``AdminHTTPError`` while there is none)."""
+        return self._client()
 
     def _client(self) -> StorageClient:
         """The storage client, resolved on first use (module docstring). Raises 503 if none."""
@@ -333,6 +384,33 @@ class ComputeService:
         journal is on disk before this returns, so a crash from here on resumes it on restart."""
         self._client()
         return await self.durable.submit(corpus, self.train_settings(workers, coalesce), epochs, limit)
+
+    def submit_cluster(self, corpus: str | Path, *, coalesce: int | None = None, limit: int | None = None) -> str:
+        """Start a cluster training job on a corpus file (cluster_jobs/cluster_train.py): the file
+        is streamed into the storage cluster and every compute node with ``compute.cluster-jobs``
+        trains its windows. Returns the job id at once."""
+        self._client()
+        assert self.cluster is not None, "start() first"
+        if self.settings.model_profile != "word":
+            # the window runner and the flag pass encode with the word profile's assigner; a v2
+            # node would train word-level rows into a v2 cluster
+            raise ProfileMismatchError(
+                f"cluster jobs train the word profile only; this node's compute.model-profile is "
+                f"{self.settings.model_profile!r} (run the job on one node: \"cluster\": false)")
+        path = Path(corpus)
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus {path} does not exist or is not a file")
+
+        text = not path.name.endswith(CONLLU_SUFFIXES)
+
+        def sentences() -> Iterator[TaggedSentence] | Iterator[str]:
+            # both read as streams; text is cut into sentence texts here (the sentencizer, no
+            # model) and tagged by the flag pass on every node (cluster_jobs/tagging.py)
+            if text:
+                return itertools.islice(stream_sentence_texts(path), limit)
+            return itertools.islice(stream_conllu(path), limit)
+
+        return self.cluster.create(sentences, path.name, coalesce or self.settings.coalesce_k, text=text)
 
     async def resume(self, job_id: str) -> Job:
         """Resume a journaled job that failed (e.g. storage was down past its retries), under its

@@ -93,6 +93,7 @@ from peers.errors import PeersError
 from peers.retry import RetryPolicy, retry
 
 __all__ = [
+    "CONLLU_SUFFIXES",
     "DEFAULT_COALESCE_SENTENCES",
     "TrainResult",
     "TrainSettings",
@@ -118,7 +119,8 @@ DEFAULT_MAX_ATTEMPTS: Final = 6
 DEFAULT_RETRY_BACKOFF_S: Final = 0.1
 #: No retry of a batch waits longer than this (a long job with many attempts).
 RETRY_CAP_S: Final = 5.0
-_CONLLU_SUFFIXES: Final = (".conllu", ".conllu.gz", ".conll", ".conll.gz")
+#: File names read as CoNLL-U (anything else is text, tagged by spaCy).
+CONLLU_SUFFIXES: Final = (".conllu", ".conllu.gz", ".conll", ".conll.gz")
 _RETRYABLE: Final = (StorageRequestError, PeersError, OSError, LookupError)
 
 
@@ -180,7 +182,7 @@ def load_corpus(path: str | Path, cache_dir: str | Path | None = None, limit: in
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"corpus {p} does not exist or is not a file")
-    if not p.name.endswith(_CONLLU_SUFFIXES):
+    if not p.name.endswith(CONLLU_SUFFIXES):
         if cache_dir is None:
             raise ValueError("a text corpus needs a tag cache directory")
         p = tag_file_cached(p, cache_dir)
@@ -206,7 +208,7 @@ def load_prompts(path: str | Path, cache_dir: str | Path | None = None, limit: i
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"prompt file {p} does not exist or is not a file")
-    if not p.name.endswith(_CONLLU_SUFFIXES):
+    if not p.name.endswith(CONLLU_SUFFIXES):
         if cache_dir is None:
             raise ValueError("a text prompt file needs a tag cache directory")
         p = tag_file_cached(p, cache_dir, lines=True)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import zlib
 from collections.abc import Iterable, Iterator
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from importlib import resources
 from itertools import compress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import numpy as np
 
@@ -64,11 +65,14 @@ __all__ = [
     "load_english",
     "load_sentencizer",
     "read_conllu",
+    "stream_conllu",
+    "stream_sentence_texts",
     "read_prompt_lines",
     "split_sentences",
     "tag_file",
     "tag_file_cached",
     "tag_lines",
+    "tag_sentence_texts",
     "tag_texts",
     "write_conllu",
 ]
@@ -246,6 +250,52 @@ def read_conllu(
     """
     name, text = _read_text(path_or_file)
     return _parse_conllu(name, text)
+
+
+#: Lines ``stream_conllu`` parses at a time (a few MB of text), cut at a sentence break.
+STREAM_BLOCK_LINES: Final = 65536
+
+
+def stream_conllu(path: str | os.PathLike[str], block_lines: int = STREAM_BLOCK_LINES) -> Iterator[TaggedSentence]:
+    """:func:`read_conllu` of a file, holding one block of about ``block_lines`` lines in memory at a
+    time instead of the whole file (a corpus larger than memory): each block ends at a blank line,
+    where a sentence ends, and is parsed by the same code as a whole file, so the sentences are
+    the same. Errors name the file and its line number, as ``read_conllu``'s do.
+
+    Raises:
+        CorpusFormatError: as :func:`read_conllu`.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as probe:
+            packed = probe.read(2) == b"\x1f\x8b"
+        raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
+    except OSError as exc:
+        raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+    first = 1  # the file's line number of the block's first line
+    with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+        block: list[str] = []
+        try:
+            for line in text:
+                block.append(line)
+                if len(block) >= block_lines and not line.strip():
+                    yield from _parse_block(name, block, first)
+                    first += len(block)
+                    block = []
+        except UnicodeDecodeError as exc:
+            raise CorpusFormatError(name, first + len(block), f"not valid UTF-8 ({exc.reason})") from exc
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise CorpusFormatError(name, None, f"truncated or corrupt gzip data ({exc})") from exc
+        yield from _parse_block(name, block, first)
+
+
+def _parse_block(name: str, block: list[str], first: int) -> list[TaggedSentence]:
+    try:
+        return list(_parse_conllu(name, "".join(block)))
+    except CorpusFormatError as exc:
+        if exc.line is None or exc.source != name:
+            raise
+        raise CorpusFormatError(name, exc.line + first - 1, exc.detail) from None
 
 
 def _parse_conllu(name: str, text: str) -> Iterator[TaggedSentence]:
@@ -535,11 +585,61 @@ def tag_texts(
     Raises:
         TaggerUnavailableError: no spaCy model.
     """
-    model = nlp if nlp is not None else load_english()
     sentences = split_sentences(texts, splitter=splitter, batch_size=batch_size)
+    return tag_sentence_texts(sentences, nlp=nlp, batch_size=batch_size)
+
+
+def tag_sentence_texts(sentences: Iterable[str], *, nlp: Any | None = None, batch_size: int = _SPACY_BATCH
+                       ) -> Iterator[TaggedSentence]:
+    """Tag sentence texts (as :func:`split_sentences` cuts them), each alone: the second half of
+    :func:`tag_texts`, so sentences tagged in any grouping (a cluster job's windows, on any node)
+    get the same tags. Empty results are dropped, as there.
+
+    Raises:
+        TaggerUnavailableError: no spaCy model.
+    """
+    model = nlp if nlp is not None else load_english()
     for doc in model.pipe(sentences, batch_size=batch_size):
         if len(doc):
             yield _doc_tokens(doc)
+
+
+def stream_sentence_texts(path: str | os.PathLike[str], *, splitter: Any | None = None) -> Iterator[str]:
+    """The sentence texts of a UTF-8 text file (plain or gzip'd) as :func:`tag_file` cuts them,
+    reading it a line at a time: articles are the blocks between blank lines (``_articles``'s
+    split, done on the stream), each split by the sentencizer. Memory: one article.
+
+    Raises:
+        CorpusFormatError: the file cannot be read, or is not UTF-8.
+        TaggerUnavailableError: spaCy is not installed.
+    """
+    name = os.fspath(path)
+
+    def articles() -> Iterator[str]:
+        try:
+            with open(name, "rb") as probe:
+                packed = probe.read(2) == b"\x1f\x8b"
+            raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
+        except OSError as exc:
+            raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+        lineno = 0
+        with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+            buffer = ""
+            try:
+                for lineno, line in enumerate(text, 1):  # noqa: B007 (the error names it)
+                    buffer += line.replace("\r\n", "\n")
+                    while (cut := buffer.find("\n\n")) >= 0:  # str.split("\n\n"), left to right
+                        if buffer[:cut].strip():
+                            yield buffer[:cut]
+                        buffer = buffer[cut + 2:]
+            except UnicodeDecodeError as exc:
+                raise CorpusFormatError(name, lineno + 1, f"not valid UTF-8 ({exc.reason})") from exc
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                raise CorpusFormatError(name, None, f"truncated or corrupt gzip data ({exc})") from exc
+            if buffer.strip():
+                yield buffer
+
+    return split_sentences(articles(), splitter=splitter)
 
 
 def tag_lines(

@@ -20,8 +20,9 @@ TOKEN = "compute-test-token"
 
 
 class Harness:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, profile="word"):
         self.tmp_path = tmp_path
+        self.profile = profile
 
     async def __aenter__(self):
         self.cluster = await Cluster(self.tmp_path / "storage", 3).start()
@@ -29,7 +30,8 @@ class Harness:
         self.admin = AdminApi(token=TOKEN, metrics=metrics, status=lambda: {})
         host, port = await self.admin.start("127.0.0.1", 0)
         self.base = f"http://{host}:{port}"
-        self.service = ComputeService(ComputeConfig(train_workers=2, coalesce_k=64), self.tmp_path / "compute",
+        self.service = ComputeService(ComputeConfig(train_workers=2, coalesce_k=64, model_profile=self.profile),
+                                      self.tmp_path / "compute",
                                       storage_factory=lambda ctx: self.cluster.client)
         self.tasks = []
 
@@ -315,3 +317,51 @@ async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
         assert status == 200, ev
         # three non-blank lines, each one prompt (the first holds two sentences); one is too short
         assert ev["prompts"] == 2 and ev["skipped"] == 1 and ev["top1"] > 0.5
+
+
+@pytest.mark.asyncio
+async def test_compute_routes_cluster_job_refused_on_a_giaann_v2_node(tmp_path):
+    """Cluster jobs encode with the word profile's assigner: a giaann-v2 node refuses to start one
+    (before anything is uploaded) instead of training word-level rows into a v2 cluster."""
+    async with Harness(tmp_path, profile="giaann-v2") as h:
+        corpora, _ = _dirs(h)
+        corpus = corpora / "corpus.conllu"
+        write_conllu(load_bundled_corpus(20), corpus)
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "cluster": True})
+        assert status == 400 and reply["code"] == "profile_mismatch", reply
+        assert "word profile only" in reply["error"], reply
+        status, jobs = await h.call("GET", "/v1/jobs")
+        assert status == 200 and jobs["jobs"] == [], jobs
+
+
+@pytest.mark.asyncio
+async def test_compute_routes_cluster_job_status_list_cancel_resume(tmp_path):
+    """``"cluster": true`` makes a cluster job (issue 15) on a node whose config has them off: its
+    document (from the registers) says so; list, cancel, resume and bad input answer as documented."""
+    sentences = load_bundled_corpus(200)
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus = corpora / "corpus.conllu"
+        write_conllu(sentences, corpus)
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "cluster": True, "epochs": 2})
+        assert status == 400 and "one epoch" in json.dumps(reply), reply
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "cluster": "yes"})
+        assert status == 400, reply
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "cluster": True})
+        assert status == 200, reply
+        job_id = reply["job_id"]
+        async with asyncio.timeout(60):
+            while (doc := (await h.call("GET", f"/v1/jobs/{job_id}"))[1])["state"] == "running":
+                await asyncio.sleep(0.05)
+        assert doc["state"] == "succeeded" and doc["cluster"] is True, doc
+        assert doc["done"] == doc["total"] == 200 and set(doc["by_node"]) == {"c0"}
+        status, jobs = await h.call("GET", "/v1/jobs")
+        assert status == 200 and job_id in [j["job_id"] for j in jobs["jobs"]]
+        status, reply = await h.call("POST", f"/v1/jobs/{job_id}/resume")
+        assert status == 409, reply
+        for method, path in (("POST", "/v1/jobs/feedface/cancel"), ("GET", "/v1/jobs/feedface"),
+                             ("POST", "/v1/jobs/feedface/resume")):
+            status, reply = await h.call(method, path)
+            assert status == 404, (path, reply)
+        status, reply = await h.call("POST", f"/v1/jobs/{job_id}/cancel")  # over: nothing changes
+        assert status == 200 and reply["state"] == "succeeded", reply

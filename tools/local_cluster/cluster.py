@@ -168,6 +168,7 @@ class LocalCluster:
         pin_ports: give every node fixed ports for its ``tcp://`` listener and its stream
             endpoint, kept across restarts (``tcp`` transport only).
         membership_options: ``membership`` config keys (Python names), e.g. ``profile``.
+        compute_options: further ``compute`` config keys (Python names), e.g. ``cluster_jobs``.
     """
 
     def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
@@ -176,7 +177,8 @@ class LocalCluster:
                  corpus_dir: Path | None = None, export_dir: Path | None = None,
                  nodes: Sequence[tuple[str, Sequence[Role]]] | None = None,
                  cluster_name: str = CLUSTER_NAME, key_file: Path | None = None,
-                 pin_ports: bool = False, membership_options: dict[str, Any] | None = None) -> None:
+                 pin_ports: bool = False, membership_options: dict[str, Any] | None = None,
+                 compute_options: dict[str, Any] | None = None) -> None:
         specs: list[tuple[str, list[Role]]] = [(f"storage-{i + 1}", ["storage"])
                                                for i in range(storage)]
         specs += [(f"compute-{i + 1}", ["compute"]) for i in range(compute)]
@@ -200,6 +202,7 @@ class LocalCluster:
         self._own_key = key_file is None
         self.pin_ports = pin_ports
         self.membership_options = dict(membership_options or {})
+        self.compute_options = dict(compute_options or {})
         self.nodes: list[Node] = []
         for name, roles in specs:
             self.nodes.append(self._node(name, roles))
@@ -239,7 +242,8 @@ class LocalCluster:
             membership=membership,
             storage=storage,
             logging=LoggingConfig(level=self.log_level, format="plain"),  # type: ignore[arg-type]
-            compute=ComputeConfig(corpus_dir=str(self.corpus_dir), export_dir=str(self.export_dir)),
+            compute=ComputeConfig(corpus_dir=str(self.corpus_dir), export_dir=str(self.export_dir),
+                                  **self.compute_options),
         )
         node.config_path.write_text(to_toml(cfg), encoding="utf-8")
 

@@ -41,12 +41,20 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--verbose", action="store_true", help="print every figure the node reports")
     ap.add_argument("--serve", action="store_true",
                     help="start the cluster, print how to reach it, wait for Ctrl-C")
+    ap.add_argument("--cluster-jobs", action=argparse.BooleanOptionalAction, default=None,
+                    help="train as a cluster job every compute node works on (compute.cluster-jobs; "
+                         "default: on with --compute >= 2)")
+    ap.add_argument("--json", action="store_true",
+                    help="print, as the last line, one JSON object of the figures (trained, sentences_per_s, "
+                         "by_node, top1, ...)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"],
                     help="daemon log level (logs go to <dir>/<node>/giaannd.log)")
     args = ap.parse_args(argv)
     args.sentences = args.sentences if args.sentences is not None else (300 if args.quick else 2000)
     args.heldout = args.heldout if args.heldout is not None else (50 if args.quick else 200)
     args.max_tokens = args.max_tokens if args.max_tokens is not None else (10 if args.quick else 20)
+    if args.cluster_jobs is None:
+        args.cluster_jobs = args.compute >= 2
     if args.storage < 1 or args.compute < 0 or args.sentences < 1 or args.heldout < 0:
         ap.error("need --storage >= 1, --compute >= 0, --sentences >= 1, --heldout >= 0")
     if not args.serve and args.compute < 1:
@@ -84,8 +92,8 @@ def _figure_lines(doc: Any, prefix: str = "") -> list[str]:
     return [f"  {prefix[:-1]}: {json.dumps(doc)[:200]}"]
 
 
-def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
-    """Steps 2-6 of the module docstring; raises on the first failing step."""
+def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Steps 2-6 of the module docstring; raises on the first failing step. Returns the figures."""
     compute = cluster.compute_nodes[0]
     status = compute.status()
     if not str(status["roles"].get("compute", "")).startswith("running"):
@@ -106,6 +114,14 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
     final = wait_for_job(client, str(job["job_id"]), progress=True, stream=sys.stderr)
     train_s = time.perf_counter() - started
     _say(f"training job {job['job_id']} {final.get('state')} in {train_s:.1f}s wall")
+    if final.get("state") != "succeeded":
+        raise NodeFailed(f"training job {job['job_id']} {final.get('state')}: {final.get('error', '')}")
+    if final.get("cluster"):  # a cluster job's document has no node's rate: the wall time here
+        final["sentences_per_s"] = round(float(final.get("done", 0)) / train_s, 1) if train_s else 0.0
+        for node, part in sorted(final.get("by_node", {}).items()):
+            _say(f"  {node}: {part.get('sentences')} sentences ({part.get('windows')} windows), flag pass "
+                 f"{part.get('flag_windows')} windows, leases expired {part.get('leases_expired')}, "
+                 f"taken over {part.get('leases_taken_over')}")
 
     _say(f"\n$ giaannctl eval --corpus {held_path}")
     started = time.perf_counter()
@@ -145,6 +161,11 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> None:
     if args.verbose:
         _say("\nall job figures:\n" + "\n".join(_figure_lines(final)))
         _say("all eval figures:\n" + "\n".join(_figure_lines(ev)))
+    return {"compute_nodes": len(cluster.compute_nodes), "cluster_job": bool(final.get("cluster")),
+            "trained": final.get("trained"), "skipped": final.get("skipped"), "sentences": final.get("done"),
+            "sentences_per_s": final.get("sentences_per_s"), "train_wall_s": round(train_s, 3),
+            "by_node": final.get("by_node", {}), "top1": ev.get("top1"), "heldout_prompts": ev.get("prompts"),
+            "eval_wall_s": round(eval_s, 3)}
 
 
 def _num(value: Any) -> str:
@@ -157,10 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="giaann-cluster-"))
     cluster = LocalCluster(root, storage=args.storage, compute=args.compute,
-                           transport=args.transport, log_level=args.log_level)
+                           transport=args.transport, log_level=args.log_level,
+                           compute_options={"cluster_jobs": True} if args.cluster_jobs else None)
     _say(f"starting {args.storage} storage + {args.compute} compute daemons on loopback "
          f"(root {root})")
     failed: str | None = None
+    figures: dict[str, Any] = {}
     started = time.perf_counter()
     try:
         cluster.start()
@@ -170,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.serve:
             _serve(cluster)
         else:
-            _demo(cluster, args)
+            figures = _demo(cluster, args)
     except (NodeFailed, CtlError, OSError, KeyError, urllib.error.URLError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
     except KeyboardInterrupt:
@@ -192,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     if not failed:
         _say(f"demo finished in {time.perf_counter() - started:.1f}s")
+    if args.json:  # the last line, whatever happened
+        _say(json.dumps({**figures, "ok": not failed, **({"error": failed} if failed else {})}))
     return 1 if failed else 0
 
 

@@ -20,9 +20,8 @@ A register call that raises a storage failure (no quorum, a timeout, no storage 
 cancellation is a ``WindowFailed`` (the caller's runner retries storage itself; what reaches the
 driver is final). ``halt()`` (a node stopping) and ``cancel()`` (the operator) are events too.
 
-Not yet wired into the compute service (docs/compute.md, "One job across every compute node",
-lists what remains); tests/integration/test_lease_driver.py runs several drivers against real
-storage services.
+The compute service runs one driver per cluster job it follows (cluster_train.py);
+tests/integration/test_lease_driver.py runs several drivers against real storage services.
 """
 
 from __future__ import annotations
@@ -80,12 +79,14 @@ class LeaseDriver:
     Args:
         agent: the node's agent for one job.
         registers: the storage client (its register calls).
-        run_window: runs one window to its W acks (raises when it cannot).
+        run_window: runs one window to its W acks (raises when it cannot); may return what it
+            counted (``WindowWritten.units``).
         clock: monotonic seconds (the agent's ``now``).
     """
 
-    def __init__(self, agent: LeaseAgent, registers: Registers, run_window: Callable[[RunWindow], Awaitable[None]],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, agent: LeaseAgent, registers: Registers,
+                 run_window: Callable[[RunWindow], Awaitable[int | None]], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.agent, self._registers, self._run_window, self._clock = agent, registers, run_window, clock
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -158,8 +159,8 @@ class LeaseDriver:
     async def _window(self, action: RunWindow) -> None:
         key = (action.stage, action.window)
         try:
-            await self._run_window(action)
-            event: Event = WindowWritten(action.stage, action.window)
+            units = await self._run_window(action)
+            event: Event = WindowWritten(action.stage, action.window, units or 0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the runner retried what can be retried: this one is final

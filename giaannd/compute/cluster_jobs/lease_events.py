@@ -101,10 +101,12 @@ class OpFailed:
 
 @dataclass(frozen=True, slots=True)
 class WindowWritten:
-    """Window ``window``'s batch (and vocabulary) has W acks."""
+    """Window ``window``'s batch (and vocabulary) has W acks; ``units``: what it counted (the
+    glue's unit: sentences trained), added to the completing node's tally (lease_table.Tally)."""
 
     stage: int
     window: int
+    units: int = 0
 
 
 @dataclass(frozen=True, slots=True)

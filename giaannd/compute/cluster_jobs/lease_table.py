@@ -59,7 +59,7 @@ asks for one. Pure: no I/O, no clock (times are arguments), no logging.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, TypeVar
 
 import msgspec
@@ -76,6 +76,7 @@ __all__ = [
     "LeaseRefused",
     "LeaseRowCorrupt",
     "Shard",
+    "Tally",
     "check_shard",
     "complete",
     "decode_index",
@@ -158,6 +159,20 @@ class Lease(msgspec.Struct, frozen=True, array_like=True):
     runs: int = 1
 
 
+class Tally(msgspec.Struct, frozen=True, array_like=True):
+    """What one node did in a shard (``GET /v1/jobs/{id}``'s ``by_node``): windows it completed
+    (``tail``: the shard's last window among them, which may be shorter), leases taken over from
+    it (``lost``: it let them expire) and leases it took over (``won``)."""
+
+    node: str
+    windows: int = 0
+    tail: bool = False
+    lost: int = 0
+    won: int = 0
+    #: what its completed windows counted (``complete``'s ``units``: sentences trained)
+    units: int = 0
+
+
 class Shard(msgspec.Struct, frozen=True, kw_only=True, tag="shard"):
     """``job/<id>/<stage>/<shard>``: the lease table of windows ``[start, stop)``."""
 
@@ -171,6 +186,9 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True, tag="shard"):
     leases: tuple[Lease, ...] = ()
     done: int = 0
     issued: int = 0
+    #: per node, sorted by name (bounded by the nodes that ever worked in the shard; added last,
+    #: with a default, so rows written before it decode)
+    tallies: tuple[Tally, ...] = ()
 
     @property
     def size(self) -> int:
@@ -312,6 +330,14 @@ def _holder(shard: Shard, node: str, lease_id: int) -> Lease:
     return lease
 
 
+def _tallied(shard: Shard, node: str, *, windows: int = 0, tail: bool = False, lost: int = 0,
+             won: int = 0, units: int = 0) -> tuple[Tally, ...]:
+    """``shard``'s tallies with ``node``'s counts increased."""
+    old = next((t for t in shard.tallies if t.node == node), Tally(node))
+    new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won, old.units + units)
+    return tuple(sorted((*(t for t in shard.tallies if t.node != node), new), key=lambda t: t.node))
+
+
 def _replace_lease(shard: Shard, old: Lease, new: Lease | None) -> tuple[Lease, ...]:
     return tuple(x for x in (new if lease.id == old.id else lease for lease in shard.leases) if x is not None)
 
@@ -348,9 +374,10 @@ def renew(shard: Shard, node: str, lease_ids: Iterable[int]) -> Shard:
     return msgspec.structs.replace(shard, leases=leases)
 
 
-def complete(shard: Shard, node: str, lease_id: int, upto: int) -> Shard:
+def complete(shard: Shard, node: str, lease_id: int, upto: int, units: Mapping[int, int] | None = None) -> Shard:
     """Windows ``[cursor, upto)`` of ``node``'s lease are done (their batches have W acks); counts
-    as a renewal too. Idempotent: ``upto <= cursor`` changes nothing.
+    as a renewal too. Idempotent: ``upto <= cursor`` changes nothing. ``units`` (window -> count)
+    of those windows are added to ``node``'s tally.
 
     Raises:
         LeaseRefused: ``not_holder`` (taken over, released, never granted), ``bad_range``.
@@ -362,7 +389,11 @@ def complete(shard: Shard, node: str, lease_id: int, upto: int) -> Shard:
         raise LeaseRefused("bad_range", f"lease {lease_id} ends at {lease.stop}, not {upto}")
     new = None if upto == lease.stop else msgspec.structs.replace(lease, cursor=upto, beats=lease.beats + 1)
     return msgspec.structs.replace(shard, leases=_replace_lease(shard, lease, new),
-                                   done=shard.done + (upto - lease.cursor))
+                                   done=shard.done + (upto - lease.cursor),
+                                   tallies=_tallied(shard, node, windows=upto - lease.cursor,
+                                                    tail=upto == shard.stop,
+                                                    units=sum((units or {}).get(w, 0)
+                                                              for w in range(lease.cursor, upto))))
 
 
 def take_over(shard: Shard, node: str, lease_id: int, beats: int) -> tuple[Shard, Lease]:
@@ -376,7 +407,9 @@ def take_over(shard: Shard, node: str, lease_id: int, beats: int) -> tuple[Shard
     if old is None or old.beats != beats:
         raise LeaseRefused("renewed", f"lease {lease_id} of shard {shard.shard} is gone or was renewed")
     new = Lease(shard.issued, node, old.cursor, old.stop, 0, old.runs + 1)
-    return msgspec.structs.replace(shard, leases=_replace_lease(shard, old, new), issued=shard.issued + 1), new
+    lost = msgspec.structs.replace(shard, tallies=_tallied(shard, old.node, lost=1))
+    return msgspec.structs.replace(lost, leases=_replace_lease(shard, old, new), issued=shard.issued + 1,
+                                   tallies=_tallied(lost, node, won=1)), new
 
 
 def release(shard: Shard, node: str, lease_id: int) -> Shard:

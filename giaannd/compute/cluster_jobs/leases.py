@@ -126,7 +126,7 @@ class _Held:
     lease: Lease
     confirmed_at: float  # send time of the last write of ours that renewed or created the lease
     started: set[int] = field(default_factory=set)
-    written: set[int] = field(default_factory=set)
+    written: dict[int, int] = field(default_factory=dict)  # window -> units (WindowWritten)
 
     def upto(self) -> int:
         """The end of the written run from the cursor (what ``complete`` may claim)."""
@@ -139,7 +139,7 @@ class _Held:
         return sum(1 for w in range(self.lease.cursor, self.lease.stop) if w not in self.started)
 
     def running(self) -> int:
-        return sum(1 for w in self.started - self.written if w >= self.lease.cursor)
+        return sum(1 for w in self.started - self.written.keys() if w >= self.lease.cursor)
 
 
 @dataclass
@@ -185,6 +185,11 @@ class LeaseAgent:
         self.grants = 0
         self.takeovers = 0
 
+    @property
+    def ended_it(self) -> bool:
+        """Whether a write of this agent ended the job (it took it off the index)."""
+        return self._ended_it
+
     # -- entry point ------------------------------------------------------------------------------
     def handle(self, now: float, event: Event) -> list[Action]:
         """Feed one event; returns what to do now (the last action is a ``SetTimer`` unless finished)."""
@@ -205,7 +210,7 @@ class LeaseAgent:
         elif isinstance(event, WindowWritten):
             for held in self._held.values():
                 if held.stage == event.stage and event.window in held.started:
-                    held.written.add(event.window)
+                    held.written[event.window] = event.units
         elif isinstance(event, WindowFailed):
             self._ending = self._ending or ("failed", f"window {event.window} of stage {event.stage}: {event.error}")
         elif isinstance(event, CancelJob):
@@ -255,7 +260,7 @@ class LeaseAgent:
     def _lose(self, k: tuple[str, int]) -> None:
         """Lease ``k`` is gone (completed, taken over, past our deadline): unwritten windows stop."""
         held = self._held.pop(k)
-        for w in sorted(held.started - held.written):
+        for w in sorted(held.started - held.written.keys()):
             if w >= held.lease.cursor:
                 self._drops.append(DropWindow(held.stage, w))
 
@@ -342,9 +347,9 @@ class LeaseAgent:
             def change(key: str = key) -> bytes:
                 shard = self._shards[key]
                 for held in [h for h in self._held.values() if h.key == key]:
-                    shard = release(complete(shard, self.node, held.lease.id, held.upto()), self.node,
+                    shard = release(complete(shard, self.node, held.lease.id, held.upto(), held.written), self.node,
                                     held.lease.id) if held.upto() < held.lease.stop else \
-                        complete(shard, self.node, held.lease.id, held.upto())
+                        complete(shard, self.node, held.lease.id, held.upto(), held.written)
                 return encode_row(shard)
             self._write(now, out, key, change)
         if not self._held:
@@ -361,7 +366,7 @@ class LeaseAgent:
         mine = [h for h in self._held.values() if h.key == key]
         new = shard
         for held in mine:
-            new = complete(new, self.node, held.lease.id, held.upto())
+            new = complete(new, self.node, held.lease.id, held.upto(), held.written)
         needed = any(h.upto() == h.lease.stop for h in mine)
         if any(now >= h.confirmed_at + self.settings.renew_s for h in mine):
             new, needed = renew(new, self.node, [h.lease.id for h in mine]), True

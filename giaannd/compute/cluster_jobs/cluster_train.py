@@ -1,0 +1,382 @@
+"""Cluster training jobs on one compute node: create, follow, report and cancel (issue 15).
+
+Theory of operation
+-------------------
+* **create** (``train start`` with ``cluster``): the receiving node picks a job id and a writer id,
+  stores the flags storage holds now (the fold's initial slot, flag_pass.py), streams the corpus
+  into the cluster one window at a time (corpus_chunks.py) and only then follows the job with a
+  :class:`LeaseDriver` whose ``Begin`` carries the new :class:`JobRow` (2 stages: the flag pass,
+  then training). A job row therefore always has its whole corpus in the cluster; until it is
+  written the job exists only on the receiving node (phase ``uploading``), and is lost with it.
+* **follow**: every node with ``compute.cluster-jobs`` runs a watcher that reads the job index
+  (``jobs``) every probe interval and follows each job listed that it does not follow yet, nodes
+  that join mid-job included. A followed job is one driver over one lease agent; its windows are
+  run by a :class:`WindowRunner`. When the driver ends (``done``, ``failed``, ``cancelled``), the
+  job is remembered as ended here (``MAX_ENDED_JOBS``) so the watcher does not follow it again
+  while the index still lists it; on ``done`` the node folds every window's findings into its own
+  flag state (prompts are then encoded with the flags the job learned), and the node whose write
+  ended the job empties its corpus chunks.
+* **report**: any node builds a job's document from the registers (job row and every shard of
+  every stage), so ``train status`` / ``list`` / ``wait`` work on any node for any job.
+  ``by_node`` comes from the shards' tallies (lease_table.py ``Tally``).
+* **cancel**: through a driver (this node's, started for the purpose if it followed none): its
+  agent writes ``cancelled`` and takes the job off the index.
+* **stop**: each driver halts (written windows completed, the rest released at once), bounded by
+  ``STOP_TIMEOUT_S``; a node that dies instead loses its leases at their expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from giaannd.client.registers import ABSENT
+from giaannd.client.storage_client import StorageClient
+from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, encode_texts, encode_window, upload_windows
+from giaannd.compute.cluster_jobs.flag_pass import INITIAL, encode_findings, findings_key, initial_findings
+from giaannd.compute.cluster_jobs.lease_driver import LeaseDriver
+from giaannd.compute.cluster_jobs.lease_events import Begin, Finished, LeaseSettings, RunWindow
+from giaannd.compute.cluster_jobs.lease_table import (
+    INDEX_KEY,
+    JobRow,
+    Shard,
+    decode_index,
+    decode_job,
+    decode_shard,
+    job_key,
+    shard_key,
+)
+from giaannd.compute.cluster_jobs.leases import LeaseAgent
+from giaannd.compute.cluster_jobs.tagging import WindowTagger
+from giaannd.compute.cluster_jobs.window_runner import (
+    RETRYABLE,
+    STAGES,
+    TRAIN_STAGE,
+    ClusterSpec,
+    WindowRunner,
+    decode_spec,
+    encode_spec,
+)
+from giaannd.compute.jobs import ProgressSink, TrainProgress
+from giaannd.compute.train import TrainSettings, read_flags
+from giaannd.errors import CorruptDataError
+from giaannd.model.lexicon import Lexicon
+from giaannd.model.rows import RowBatch
+from giaannd.model.tokens import TaggedSentence
+from giaannd.model.vocab import Vocabulary
+
+__all__ = ["MAX_ENDED_JOBS", "STOP_TIMEOUT_S", "ClusterJobs"]
+
+log = logging.getLogger(__name__)
+
+#: Ended jobs a node remembers (not followed again while the index lists them; listed by ``list``).
+MAX_ENDED_JOBS: Final = 256
+#: How long ``stop`` waits for the drivers to hand their leases back before cancelling them.
+STOP_TIMEOUT_S: Final = 5.0
+#: Job row states -> the job document's (jobs.py) states.
+_STATES: Final = {"created": "running", "running": "running", "done": "succeeded", "cancelled": "cancelled",
+                  "failed": "failed"}
+
+
+@dataclass
+class _Followed:
+    driver: LeaseDriver
+    agent: LeaseAgent
+    progress: TrainProgress
+    task: asyncio.Task[Finished] | None = None
+    runner: WindowRunner | None = None
+    #: set once the driver ended and, for a job done, the node folded its flags
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Uploading:
+    corpus: str
+    progress: TrainProgress
+    error: str = ""
+    task: asyncio.Task[None] | None = None
+    started: float = field(default_factory=time.time)
+
+
+class ClusterJobs:
+    """This node's part in cluster training jobs (module docstring).
+
+    Args:
+        node: this node's name (lease holder).
+        client: the node's storage client (raises while there is none).
+        lexicon: the node's lexicon.
+        lease: the lease protocol's times and sizes.
+        train: retry policy of window writes.
+        shards: lease shards per stage of a new job (capped by its windows).
+        spawn: runs a background coroutine (the daemon's task group).
+        sink: the node's training counters.
+        on_trained: each window trained here: its vocabulary and acknowledged batch.
+        on_flags: a job ended ``done``: its learned (probabilistic, deterministic) flags.
+        tag_processes: processes tagging text windows (tagging.py; 0: a worker thread).
+    """
+
+    def __init__(self, node: str, client: Callable[[], StorageClient], lexicon: Callable[[], Lexicon],
+                 lease: LeaseSettings, train: TrainSettings, *, shards: int = 1,
+                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]] | None = None,
+                 sink: ProgressSink | None = None,
+                 on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
+                 on_flags: Callable[[set[int], dict[int, bool]], None] | None = None,
+                 tag_processes: int = 0) -> None:
+        self.node, self._client, self._lexicon, self.lease, self.train = node, client, lexicon, lease, train
+        self._shards = shards
+        self._spawn = spawn or (lambda coro, name: asyncio.get_running_loop().create_task(coro, name=name))
+        self._sink, self._on_trained, self._on_flags = sink, on_trained, on_flags
+        self.followed: dict[str, _Followed] = {}
+        self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.uploading: dict[str, _Uploading] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.tagger = WindowTagger(tag_processes)
+
+    # -- create -----------------------------------------------------------------------------------
+    def create(self, sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], corpus: str, k: int, *,
+               text: bool = False) -> str:
+        """Start a cluster job on the corpus ``sentences()`` yields (read as a stream, in a thread):
+        tagged sentences, or with ``text`` sentence texts (tagged by the flag pass, on every node);
+        returns its id at once (module docstring, "create")."""
+        job_id = secrets.token_hex(8)
+        failed = [j for j, u in self.uploading.items() if u.error]
+        for old in failed[: max(0, len(failed) - MAX_ENDED_JOBS)]:  # failed uploads are kept as ended jobs are
+            del self.uploading[old]
+        up = self.uploading[job_id] = _Uploading(corpus, TrainProgress(sink=self._sink))
+        up.task = self._spawn(self._create(job_id, up, sentences, k, text), "cluster-job-create")
+        return job_id
+
+    async def _create(self, job_id: str, up: _Uploading,
+                      sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], k: int, text: bool) -> None:
+        try:
+            client = self._client()
+            initial = await read_flags(client)
+            data = encode_findings(initial_findings(initial))
+            await client.cas_register(findings_key(job_id, INITIAL), ABSENT, data)
+            stream = await asyncio.to_thread(sentences)
+            windows, total = await upload_windows(client.cas_register, job_id, stream, k, RETRYABLE,
+                                                  encode_texts if text else encode_window)
+            if not windows:
+                raise ValueError("the corpus holds no sentence")
+            up.progress.total = total
+            row = JobRow(job_id=job_id, windows=windows, shards=max(1, min(self._shards, windows)),
+                         stages=STAGES, writer_id=secrets.randbits(63), created_by=self.node,
+                         spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus, text=text)))
+            log.info("cluster job created job=%s windows=%d sentences=%d", job_id, windows, total)
+        except Exception as exc:  # reported by the job document (phase uploading, state failed)
+            log.exception("cluster job upload failed job=%s", job_id)
+            up.error = f"{type(exc).__name__}: {exc}"
+            return
+        f = self._follow(job_id, row)
+        # the record answers for the job until its row is in the registers (no 404 in between)
+        while f.agent.job is None and f.task is not None and not f.task.done():
+            await asyncio.sleep(self.lease.probe_interval_s / 4)
+        del self.uploading[job_id]
+
+    # -- follow -----------------------------------------------------------------------------------
+    def start_watcher(self) -> None:
+        """Follow every job of the index (module docstring, "follow")."""
+        if self._watcher is None:
+            self._watcher = self._spawn(self._watch(), "cluster-job-watcher")
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            try:
+                got = await self._client().read_register(INDEX_KEY)
+                for job_id in decode_index(got.value).jobs:
+                    if job_id not in self.followed and job_id not in self.ended:
+                        self._follow(job_id)
+            except Exception as exc:  # no storage yet, no quorum: the next interval tries again
+                log.debug("job index read failed: %s", exc)
+            await asyncio.sleep(self.lease.probe_interval_s)
+
+    def _follow(self, job_id: str, create: JobRow | None = None) -> _Followed:
+        if self._stopping:
+            raise RuntimeError("the node is stopping")
+        agent = LeaseAgent(self.node, job_id, self.lease, random.Random(f"{self.node}/{job_id}"))
+        progress = TrainProgress(sink=self._sink)
+        f = _Followed(LeaseDriver(agent, self._client(), lambda a: self._run(f, a)), agent, progress)
+        self.followed[job_id] = f
+        f.task = self._spawn(self._drive(job_id, f, create), "cluster-job")
+        return f
+
+    async def _drive(self, job_id: str, f: _Followed, create: JobRow | None) -> Finished:
+        try:
+            end = await f.driver.run(Begin(create))
+            log.info("cluster job left job=%s state=%s grants=%d takeovers=%d %s", job_id, end.state,
+                     f.agent.grants, f.agent.takeovers, end.error)
+            if end.state != "released":
+                self.ended[job_id] = end.state
+                while len(self.ended) > MAX_ENDED_JOBS:
+                    self.ended.popitem(last=False)
+            job = f.agent.job
+            if end.state == "done" and job is not None and self._on_flags is not None:
+                try:
+                    fold = await self._runner(f).extend_fold(job.windows)
+                    self._on_flags(*fold.flags_before(job.windows))
+                except Exception as exc:  # the model is in storage; only prompts' flags are behind
+                    log.warning("cluster job flags not folded job=%s: %s", job_id, exc)
+            f.settled.set()
+            if end.state != "released" and f.agent.ended_it and job is not None:
+                try:  # the corpus chunks are not needed any more (corpus_chunks.py)
+                    client = self._client()
+                    cleared = await clear_windows(client.cas_register, client.read_register, job_id, job.windows,
+                                                  RETRYABLE)
+                    log.info("cluster job chunks emptied job=%s parts=%d", job_id, cleared)
+                except Exception as exc:
+                    log.warning("cluster job chunks not emptied job=%s: %s", job_id, exc)
+            return end
+        finally:
+            f.settled.set()
+            self.followed.pop(job_id, None)
+
+    def _runner(self, f: _Followed) -> WindowRunner:
+        if f.runner is None:
+            job = f.agent.job
+            assert job is not None  # a window is run, or the job done, only once the row is read
+            f.runner = WindowRunner(self._client(), job.job_id, decode_spec(job.spec), self._lexicon(), self.train,
+                                    f.progress, self._on_trained, self.tagger)
+        return f.runner
+
+    async def _run(self, f: _Followed, action: RunWindow) -> int:
+        return await self._runner(f)(action)
+
+    # -- cancel, resume, stop ---------------------------------------------------------------------
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job (through a driver of this node); returns its document.
+
+        Raises:
+            KeyError: no such job.
+        """
+        doc = await self.document(job_id)
+        if doc is None:
+            raise KeyError(job_id)
+        up = self.uploading.get(job_id)
+        if up is not None and up.task is not None:
+            up.task.cancel()
+            up.error = "cancelled"
+        elif doc["state"] == "running":
+            f = self.followed.get(job_id) or self._follow(job_id)
+            f.driver.cancel("cancelled by the operator")
+        return doc
+
+    def follow(self, job_id: str) -> bool:
+        """``train resume`` of a cluster job: follow it here if this node does not; False if it did."""
+        if job_id in self.followed:
+            return False
+        self.ended.pop(job_id, None)
+        self._follow(job_id)
+        return True
+
+    async def stop(self) -> None:
+        """Halt every driver (module docstring, "stop")."""
+        self._stopping = True
+        tasks: list[asyncio.Task[Any]] = [t for t in (self._watcher, *(u.task for u in self.uploading.values()))
+                                          if t is not None]
+        for t in tasks:
+            t.cancel()
+        for f in self.followed.values():
+            f.driver.halt()
+        drives: list[asyncio.Task[Any]] = [f.task for f in self.followed.values() if f.task is not None]
+        if drives:
+            _, late = await asyncio.wait(drives, timeout=STOP_TIMEOUT_S)
+            for t in late:
+                t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, *drives, return_exceptions=True)
+        self.tagger.close()
+
+    # -- report -----------------------------------------------------------------------------------
+    async def document(self, job_id: str) -> dict[str, Any] | None:
+        """The job's document from the registers (None: no such job anywhere)."""
+        client = self._client()
+        got = await client.read_register(job_key(job_id))
+        up = self.uploading.get(job_id)
+        if not got.version[0] and up is not None:
+            state = "failed" if up.error else "running"
+            return {"job_id": job_id, "kind": "train", "cluster": True, "state": state, "phase": "uploading",
+                    "done": 0, "total": up.progress.total, "unit": "sentences", "resumed_from": None,
+                    "resumes": 0, "corpus": up.corpus, **({"error": up.error} if up.error else {})}
+        if not got.version[0]:
+            return None
+        job = decode_job(got.value)
+        f = self.followed.get(job_id)
+        if job.state == "done" and f is not None:
+            # this node's driver sees ``done`` at its next read and folds the job's flags: answer
+            # ``succeeded`` once the node's prompts get them (an eval right after the job)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(f.settled.wait(), self.lease.lease_s)
+        keys = [shard_key(job_id, st, s) for st in range(job.stages) for s in range(job.shards)]
+        reads = await asyncio.gather(*(client.read_register(k) for k in keys))
+        shards = [decode_shard(r.value) for r in reads if r.version[0]]
+        return job_document(job, shards, f)
+
+    async def list_ids(self) -> list[str]:
+        """Jobs of the index, then those that ended on this node (newest last)."""
+        got = await self._client().read_register(INDEX_KEY)
+        ids = list(dict.fromkeys([*self.uploading, *decode_index(got.value).jobs]))
+        return ids + [j for j in self.ended if j not in ids]
+
+
+def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None) -> dict[str, Any]:
+    """``GET /v1/jobs/{id}`` of a cluster job: the jobs.py document's keys plus ``stage``,
+    ``flag_pass`` and ``by_node`` (node -> sentences handled and trained, windows trained, windows
+    of the flag pass and sentences it tagged there, leases held now, leases it let expire, leases
+    it took over)."""
+    try:
+        spec = decode_spec(job.spec)
+    except Exception as exc:
+        raise CorruptDataError(f"job {job.job_id}: the spec is not a cluster training spec: {exc}") from None
+    by_node: dict[str, dict[str, int]] = {}
+
+    def entry(node: str) -> dict[str, int]:
+        return by_node.setdefault(node, {"sentences": 0, "trained": 0, "windows": 0, "flag_windows": 0,
+                                         "tagged": 0, "leases_held": 0, "leases_expired": 0,
+                                         "leases_taken_over": 0})
+
+    done_windows = [0] * job.stages
+    for shard in shards:
+        done_windows[shard.stage] += shard.done
+        for lease in shard.leases:
+            entry(lease.node)["leases_held"] += 1
+        for t in shard.tallies:
+            e = entry(t.node)
+            e["leases_expired"] += t.lost
+            e["leases_taken_over"] += t.won
+            if shard.stage != TRAIN_STAGE:
+                e["flag_windows"] += t.windows
+                e["tagged"] += t.units
+                continue
+            e["windows"] += t.windows
+            e["trained"] += t.units
+            # every window holds K sentences but the job's last, which may hold fewer
+            short = job.windows * spec.k - spec.sentences if t.tail and shard.stop == job.windows else 0
+            e["sentences"] += t.windows * spec.k - short
+    done = sum(e["sentences"] for e in by_node.values())
+    trained = sum(e["trained"] for e in by_node.values())
+    doc: dict[str, Any] = {
+        "job_id": job.job_id, "kind": "train", "cluster": True, "state": _STATES[job.state],
+        "phase": "flag_pass" if job.state in ("created", "running") and job.stage == 0 else "training",
+        "done": done, "total": spec.sentences, "unit": "sentences", "trained": trained,
+        "skipped": done - trained, "resumed_from": None,
+        "resumes": 0, "windows": job.windows, "k": spec.k, "shards": job.shards, "stage": job.stage,
+        "corpus": spec.corpus, "text": spec.text, "created_by": job.created_by,
+        "flag_pass": {"done": done_windows[0], "total": job.windows},
+        "train_windows": {"done": done_windows[TRAIN_STAGE] if job.stages > TRAIN_STAGE else 0,
+                          "total": job.windows},
+        "by_node": by_node,
+    }
+    if here is not None:
+        doc["this_node"] = here.progress.as_dict()
+    if job.error:
+        doc["error"] = job.error
+    return doc

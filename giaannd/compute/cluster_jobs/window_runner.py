@@ -1,0 +1,207 @@
+"""What one compute node does with a window it leased in a cluster training job (the
+``run_window`` of lease_driver.py): stage 0 finds the window's flags, stage 1 trains it.
+
+Stage 0 (flag_pass.py): read the window's chunk (corpus_chunks.py), compute its findings with a
+fresh assigner, store them at ``job/<id>/f/<w>`` (create-if-absent: a redo finds the same bytes).
+A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id>/t/<w>``), unless
+an earlier run of the window stored it already: a window is tagged once in the cluster.
+
+Stage 1: read the chunk; extend the node's :class:`FlagFold` to window ``w`` (findings read once
+each, in order, under a lock: windows run concurrently); encode with a fresh assigner holding the
+fold of the windows ``< w``, ``train_batch``; write the window's vocabulary (``put_vocab``,
+idempotent) and then its batch under ``(writer_id, w + 1)`` (``batch_seq``), both with train.py's
+retry policy. The write goes through the node's own storage client, whose writer id is not the
+job's: for a foreign id the client sends writer floor 0 (giaannd/client/writes.py), so no node
+ever tells storage that the job's seqs below some window are settled while another node may still
+send one of them (the "writer floor" point of docs/compute.md).
+
+A window redone after a take-over recomputes the same batch (flag_pass.py) under the same id, and
+storage applies it once. The figures of the windows this node ran go to ``progress`` (its
+Prometheus counters and its part of the job document).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import msgspec
+
+from giaannd.client.registers import ABSENT
+from giaannd.client.storage_client import QuorumNotReached, RemoteVocabConflict, StorageClient, StorageRequestError
+from giaannd.compute.cluster_jobs.corpus_chunks import TAGGED, UPLOADED, read_texts, read_window, store_window
+from giaannd.compute.cluster_jobs.flag_pass import (
+    FlagFold,
+    decode_findings,
+    encode_findings,
+    findings_key,
+    window_findings,
+)
+from giaannd.compute.cluster_jobs.lease_events import RunWindow, batch_seq
+from giaannd.compute.cluster_jobs.tagging import WindowTagger
+from giaannd.compute.flags import with_flags
+from giaannd.compute.jobs import TrainProgress
+from giaannd.compute.train import TrainSettings, pair_increments
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.lexicon import Lexicon
+from giaannd.model.rows import RowBatch
+from giaannd.model.tokens import TaggedSentence
+from giaannd.model.train import train_batch
+from giaannd.model.vocab import Vocabulary
+from giaannd.protocol import BatchId
+from peers.errors import PeersError
+from peers.retry import retry
+
+__all__ = [
+    "FLAG_STAGE",
+    "RETRYABLE",
+    "STAGES",
+    "TRAIN_STAGE",
+    "ClusterSpec",
+    "WindowRunner",
+    "decode_spec",
+    "encode_spec",
+]
+
+_T = TypeVar("_T")
+
+#: The stages of a cluster training job (flag_pass.py).
+FLAG_STAGE: Final = 0
+TRAIN_STAGE: Final = 1
+STAGES: Final = 2
+#: Storage failures worth another attempt (train.py's set: a replica failing over, no quorum yet).
+RETRYABLE: Final = (StorageRequestError, PeersError, OSError, LookupError, TimeoutError)
+
+
+class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """The job row's ``spec``: what every node needs to run the job's windows."""
+
+    k: int
+    sentences: int
+    corpus: str = ""
+    #: the windows hold sentence texts, tagged by the flag pass (tagging.py)
+    text: bool = False
+
+
+def encode_spec(spec: ClusterSpec) -> bytes:
+    return msgspec.msgpack.encode(spec)
+
+
+def decode_spec(data: bytes) -> ClusterSpec:
+    return msgspec.msgpack.decode(data, type=ClusterSpec)
+
+
+@dataclass
+class _Trained:
+    batch: RowBatch
+    vocab: Vocabulary
+    handled: int
+    trained: int
+    tokens: int
+    increments: int
+    flags: int
+
+
+def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence]) -> _Trained:
+    """Encode (updating flags, as the core does inside its window) and train; synchronous."""
+    before = set(assigner.probabilistic_flags)
+    encoded = [e for s in sentences if (e := assigner.encode(s, update_flags=True)) is not None]
+    out = train_batch(encoded)
+    new_flags = assigner.probabilistic_flags - before
+    return _Trained(with_flags(out.rows, new_flags), assigner.vocab, len(sentences), out.sentences, out.tokens,
+                    pair_increments(encoded), len(new_flags))
+
+
+class WindowRunner:
+    """Runs the windows one node leased in one job (module docstring).
+
+    Args:
+        client: the node's storage client.
+        job_id / spec: the job.
+        lexicon: the node's lexicon (every node of a cluster must use the same one).
+        settings: retry policy of writes (train.py).
+        progress: this node's figures for the job.
+        on_trained: called with each window's vocabulary and batch once acknowledged (the node
+            merges the vocabulary into its own and invalidates cached rows).
+        tagger: tags the windows of a text corpus in the flag pass.
+    """
+
+    def __init__(self, client: StorageClient, job_id: str, spec: ClusterSpec, lexicon: Lexicon,
+                 settings: TrainSettings, progress: TrainProgress,
+                 on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
+                 tagger: WindowTagger | None = None) -> None:
+        self.client, self.job_id, self.spec, self.lexicon = client, job_id, spec, lexicon
+        self.tagger = tagger
+        self.settings, self.progress, self._on_trained = settings, progress, on_trained
+        self.fold = FlagFold()
+        self._fold_lock = asyncio.Lock()
+
+    async def __call__(self, action: RunWindow) -> int:
+        """Run one window; returns what it counted: the sentences it trained, or in the flag pass
+        the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
+        read, w = self.client.read_register, action.window
+        if action.stage == FLAG_STAGE:
+            tagged = 0
+            sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED,
+                                          missing_ok=self.spec.text)
+            if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
+                assert self.tagger is not None, "a text job needs a tagger"
+                sentences = await self.tagger.tag(await read_texts(read, self.job_id, w, RETRYABLE))
+                await store_window(self.client.cas_register, self.job_id, w, sentences, RETRYABLE)
+                tagged = len(sentences)
+                self.progress.add(tagged=tagged)
+            await self._find(w, sentences)
+            return tagged
+        sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED)
+        assert sentences is not None
+        return await self._train_window(action, sentences)
+
+    async def _find(self, window: int, sentences: list[TaggedSentence]) -> None:
+        findings = await asyncio.to_thread(window_findings, self.lexicon, sentences)
+        data = encode_findings(findings)
+        key = findings_key(self.job_id, window)
+        out = await self._retry(lambda: self.client.cas_register(key, ABSENT, data))
+        if not out.ok and out.value != data:  # a redo computes the same bytes (module docstring)
+            raise ValueError(f"flag findings of window {window} differ from the stored ones")
+
+    async def extend_fold(self, window: int) -> FlagFold:
+        """The node's fold, extended to at least window ``window`` (findings read in order)."""
+        async with self._fold_lock:
+            while self.fold.upto < window:
+                key = findings_key(self.job_id, self.fold.upto)
+                got = await self._retry(lambda key=key: self.client.read_register(key))  # type: ignore[misc]
+                if not got.version[0]:
+                    raise ValueError(f"flag findings {key} are absent (stage 0 not done?)")
+                self.fold.add(self.fold.upto, decode_findings(got.value))
+        return self.fold
+
+    async def _train_window(self, action: RunWindow, sentences: list[TaggedSentence]) -> int:
+        fold = await self.extend_fold(action.window)
+        assigner = fold.assigner(self.lexicon, action.window)
+        done = await asyncio.to_thread(_train, assigner, sentences)
+        vocab = done.vocab
+        entries = [(0, cid, lemma) for cid, lemma in vocab.columns()]
+        entries += [(1, fid, word) for fid, word in vocab.features()]
+        if entries:
+            await self._retry(lambda: self.client.put_vocab(entries),
+                              give_up=lambda exc: isinstance(exc, RemoteVocabConflict))
+        bid = BatchId(action.writer_id, batch_seq(action.window))
+        if done.batch.num_rows:
+            await self._retry(lambda: self.client.write(done.batch, bid),
+                              give_up=lambda exc: isinstance(exc, QuorumNotReached) and exc.store_full)
+        self.progress.add(done=done.handled, trained=done.trained, skipped=done.handled - done.trained,
+                          tokens=done.tokens, batches=1 if done.batch.num_rows else 0,
+                          bytes_sent=done.batch.nbytes, entries_before=done.increments,
+                          entries_after=done.batch.num_entries, flags_sent=done.flags)
+        if self._on_trained is not None:
+            self._on_trained(vocab, done.batch)
+        return done.trained
+
+    async def _retry(self, call: Callable[[], Awaitable[_T]],
+                     give_up: Callable[[BaseException], bool] | None = None) -> _T:
+        """``call`` with train.py's policy (retried failures are counted in ``progress``)."""
+        return await retry(call, self.settings.retry_policy, retry_on=RETRYABLE,
+                           give_up=give_up or (lambda exc: False),
+                           on_retry=lambda failures, exc, wait_s: self.progress.add(retries=1))

@@ -1,0 +1,98 @@
+"""The flag pass and its fold (cluster_jobs/flag_pass.py): a window encoded by a fresh assigner
+holding the fold of the windows before it equals the core's encoding of that window, whatever
+order the windows' findings were computed in; corpus chunks round-trip and split at the cap."""
+
+import random
+
+import numpy as np
+import pytest
+
+from giaannd.compute.cluster_jobs.corpus_chunks import MAX_CHUNK_BYTES, encode_window
+from giaannd.compute.cluster_jobs.flag_pass import (
+    INITIAL,
+    FlagFold,
+    decode_findings,
+    encode_findings,
+    initial_findings,
+    window_findings,
+)
+from giaannd.compute.cluster_jobs.lease_table import Shard, complete, grant, take_over
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.lexicon import Lexicon
+from giaannd.model.tokens import Token, load_bundled_corpus
+
+K = 25
+
+
+def test_flag_fold_window_encodings_equal_the_sequential_core():
+    lexicon = Lexicon.default()
+    corpus = load_bundled_corpus(400)
+    windows = [corpus[i:i + K] for i in range(0, len(corpus), K)]
+    core = ColumnAssigner(lexicon)
+    expected = [[core.encode(s, update_flags=True) for s in w] for w in windows]
+    # findings computed out of order (as nodes would), stored and read back
+    order = list(range(len(windows)))
+    random.Random(3).shuffle(order)
+    stored = {w: encode_findings(window_findings(lexicon, windows[w])) for w in order}
+    fold = FlagFold()
+    fold.add(INITIAL, initial_findings(()))
+    for w in range(len(windows)):
+        fold.add(w, decode_findings(stored[w]))
+    for w in reversed(range(len(windows))):  # any window, after the fold moved past it
+        assigner = fold.assigner(lexicon, w)
+        got = [assigner.encode(s, update_flags=True) for s in windows[w]]
+        for a, b in zip(expected[w], got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert np.array_equal(a.column, b.column) and np.array_equal(a.feature, b.feature)
+                assert np.array_equal(a.instance, b.instance)
+    prob, det = fold.flags_before(len(windows))
+    assert prob == core.probabilistic_flags and det == core.deterministic_flags
+
+
+def test_flag_fold_refuses_out_of_order_windows():
+    fold = FlagFold()
+    with pytest.raises(ValueError):
+        fold.add(0, initial_findings(()))
+    fold.add(INITIAL, initial_findings({5}))
+    assert fold.flags_before(0) == ({5}, {})
+    with pytest.raises(ValueError):
+        fold.flags_before(2)
+
+
+def test_corpus_chunk_splits_at_the_cap():
+    tok = Token("w" * 1000, "w", "NOUN", "NN")
+    sentence = tuple([tok] * 50)  # ~50 KB
+    parts = encode_window([sentence] * 12)
+    assert len(parts) > 1 and all(len(p) <= MAX_CHUNK_BYTES + 16 for p in parts)
+
+
+def test_shard_tallies_count_windows_and_takeovers():
+    shard = Shard(job_id="j", stage=1, shard=0, start=0, stop=4, next=0)
+    shard, lease = grant(shard, "a", 2)
+    shard = complete(shard, "a", lease.id, 2)
+    shard, lease = grant(shard, "a", 2)
+    shard, new = take_over(shard, "b", lease.id, lease.beats)
+    shard = complete(shard, "b", new.id, 4)
+    tallies = {t.node: t for t in shard.tallies}
+    assert (tallies["a"].windows, tallies["a"].lost, tallies["a"].tail) == (2, 1, False)
+    assert (tallies["b"].windows, tallies["b"].won, tallies["b"].tail) == (2, 1, True)
+
+
+def test_stream_conllu_equals_read_conllu_block_by_block(tmp_path):
+    """The receiving node's reader (a block of lines at a time) gives read_conllu's sentences, for
+    plain and gzip files, and names the file's own line in an error past the first block."""
+    from giaannd.model.tokens import CorpusFormatError, read_conllu, stream_conllu, write_conllu
+
+    corpus = load_bundled_corpus(300)
+    for name in ("c.conllu", "c.conllu.gz"):
+        path = tmp_path / name
+        write_conllu(corpus, path)
+        assert list(stream_conllu(path, block_lines=50)) == list(read_conllu(path)) == corpus
+    bad = tmp_path / "bad.conllu"
+    lines = (tmp_path / "c.conllu").read_text().splitlines(keepends=True)
+    lines[400] = "x\tbroken\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(CorpusFormatError) as err:
+        list(stream_conllu(bad, block_lines=50))
+    assert err.value.line == 401
