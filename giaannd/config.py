@@ -301,6 +301,14 @@ class StorageConfig(_Section):
     snapshot_interval_s: Annotated[float, Meta(gt=0, description=(
         "Seconds between snapshots of dirty columns; bounds log replay time after a crash."
     ))] = 300.0
+    snapshot_jitter: Annotated[float, Meta(ge=0, lt=1, description=(
+        "Spread of the snapshot timer, so the replicas of a column never snapshot together: each "
+        "wait after the first is `snapshot-interval-s * (1 + jitter * (2u - 1))`, u uniform in "
+        "[0, 1) from a generator seeded by the node's name; the first is `snapshot-interval-s * "
+        "(0.5 + phase)`, phase in [0, 1) from the name, which spreads nodes started together over "
+        "a whole interval. The mean interval is unchanged; 0 keeps every later wait exact (nodes "
+        "keep their phases, and two with close phases snapshot together each time)."
+    ))] = 0.2
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

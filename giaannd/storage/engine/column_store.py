@@ -44,12 +44,24 @@ recovery.py, and the asyncio service is glue on top of that.
 Concurrency: single-threaded by contract. Views returned by ``row``/``row_region`` are live: an
 in-place merge-add changes their strengths, a growing merge replaces the region (the old views keep
 the old data alive). ``read_rows`` returns copies, safe to send while applies continue.
+
+Frozen views (snapshots while applies go on, issue 14 item 3): ``freeze()`` returns a
+:class:`FrozenRows` — a shallow copy of the row dict (one C-level dict copy: pointers, no row data)
+and the applied set as arrays — which another thread may read while this one keeps applying.
+That is safe because, while any frozen view is alive, the store never changes a region or a slot
+it may hold: the in-place paths (merge-add into a row whose keys are all stored) become
+copy-on-write — the row's region is copied, the copy changed, and a new slot put in its place —
+and a growing merge already makes a new region and slot. So a region or slot, once in a frozen
+view, is immutable until ``release()``; the cost is one region copy per row touched in place
+during a snapshot (the old regions stay alive, unaccounted, until the view is released).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -79,6 +91,7 @@ __all__ = [
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
+    "FrozenRows",
     "PreparedApply",
     "RowDigest",
     "ScanResult",
@@ -141,6 +154,34 @@ class DropResult:
     bytes: int
 
 
+@dataclass(slots=True)
+class FrozenRows:
+    """An immutable view of a store at one moment (``ColumnStore.freeze``; module docstring).
+
+    ``rows`` (key -> slot, unordered; neither the dict nor the slots and regions in it change
+    while the view is alive), ``applied`` (the applied set's ``to_arrays``), and ``release``, to
+    call once the view is no longer read (idempotent): the store then stops copying on write.
+    """
+
+    rows: dict[RowKey, RowSlot]
+    applied: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
+    _release: Callable[[], None] = field(repr=False)
+    _released: bool = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._release()
+
+    def sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """The view's row keys as two arrays sorted by (column, feature)."""
+        n = len(self.rows)
+        cols = np.fromiter((k[0] for k in self.rows), np.uint64, n)
+        feats = np.fromiter((k[1] for k in self.rows), np.uint64, n)
+        order = np.lexsort((feats, cols))
+        return cols[order], feats[order]
+
+
 @dataclass(frozen=True, slots=True)
 class StoreUsage:
     """For the node's metadata: bytes used / capacity, and whether writes are being refused."""
@@ -174,6 +215,10 @@ class ColumnStore:
         self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
         #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
         self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
+        #: frozen views alive (``freeze``): while > 0 every in-place change is copy-on-write. A
+        #: view is released by the thread that read it, hence the lock around the count.
+        self._frozen = 0
+        self._frozen_lock = threading.Lock()
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -256,9 +301,13 @@ class ColumnStore:
             local_pos = plan.local_pos()
             offsets = plan.delta_offsets.tolist()
             strength = plan.delta.strength
+            cow = self._frozen > 0
             for i in np.flatnonzero(~grows).tolist():
                 slot = slots[i]
                 assert slot is not None
+                if cow:  # a frozen view may hold this slot and region: change a copy (docstring)
+                    slot = RowSlot(slot.region.copy(), None, slot.touches)
+                    self._rows[planned.keys[i]] = slot
                 a, b = offsets[i], offsets[i + 1]
                 slot.row.strength[local_pos[a:b]] += strength[a:b]
                 slot.touches += 1
@@ -280,15 +329,18 @@ class ColumnStore:
         self._entries += batch.num_entries
 
     def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
-        slot.touches += 1
         if plan.in_place:
+            if self._frozen > 0:  # a frozen view may hold this slot and region: change a copy
+                slot = RowSlot(slot.region.copy(), None, slot.touches)
+                self._rows[key] = slot
+            slot.touches += 1
             add_in_place(slot.row, delta, plan)
             return
         region, row = new_region(len(slot.row) + plan.new_count)
         merge_into(slot.row, delta, plan, row)
         self._region_bytes += ENTRY_BYTES * plan.new_count
         self._entries += plan.new_count
-        self._rows[key] = RowSlot(region, row, slot.touches)
+        self._rows[key] = RowSlot(region, row, slot.touches + 1)
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
@@ -392,11 +444,44 @@ class ColumnStore:
         return rows_digest(self._rows, row_column, row_feature)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
+    def freeze(self) -> FrozenRows:
+        """An immutable view of the rows and applied set as they are now, for a snapshot written
+        by another thread while applies go on (module docstring: frozen views). O(rows) pointer
+        copy in C, no row data; call ``release()`` on it when done."""
+        with self._frozen_lock:
+            self._frozen += 1
+        return FrozenRows(dict(self._rows), self.applied.to_arrays(), self._release_frozen)
+
+    def _release_frozen(self) -> None:
+        with self._frozen_lock:
+            self._frozen -= 1
+
     def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
         """(key, applied-batch count, region) of every row, in key order."""
         for key in self.keys():
             slot = self._rows[key]
             yield key, slot.touches, slot.region.data
+
+    def load_bulk(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
+                  offsets: NDArray[np.int64], body: NDArray[np.uint8], touches: NDArray[np.uint64]) -> None:
+        """Install every row of a snapshot at once (the caller validated them: keys sorted and
+        unique, offsets a partition of the entries into non-empty rows, ``body`` the rows' regions
+        back to back). Only into an empty store; not capacity-checked (as ``load_row``).
+
+        Each region is a view of ``body`` (no copy): the per-row work is one slice, one slot and
+        one dict entry. The body stays allocated while any of its rows does (a row that grows or
+        is dropped later does not return its share of it: docs/storage.md "Restart").
+        """
+        if self._rows:
+            raise ValueError("load_bulk into a store that already holds rows")
+        starts = (ENTRY_BYTES * offsets).tolist()
+        slots = list(map(RowSlot, map(body.__getitem__, map(slice, starts[:-1], starts[1:])),
+                         repeat(None), touches.tolist()))
+        self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
+        self._version += 1
+        self._region_bytes += ENTRY_BYTES * int(offsets[-1])
+        self._entries += int(offsets[-1])
+        self._scan_index = (len(slots), row_column, row_feature)  # already sorted (the caller checked)
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
         """Install a row read from a snapshot (the caller validated it). Not capacity-checked:

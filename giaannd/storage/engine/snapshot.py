@@ -37,12 +37,11 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import NUM_SEGMENTS
 from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, row_from_region
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
-from giaannd.storage.engine.row_merge import packed_keys
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "list_snapshots", "list_temporaries", "read_snapshot",
-           "remove_temporaries", "snapshot_name", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "first_bad_row", "list_snapshots", "list_temporaries",
+           "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
 SNAPSHOT_FORMAT_VERSION = 1
@@ -54,6 +53,13 @@ SNAPSHOT_RECORD = RecordFormat(
     versions=(SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
 HEADER_BYTES = SNAPSHOT_RECORD.header_bytes  # 64
 _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
+#: Row regions are written in runs of about this many bytes (one concatenation + one write each):
+#: large enough that the per-run Python cost vanishes, small enough that the copy holding the GIL
+#: (a few hundred µs) does not stall the thread applying batches meanwhile.
+WRITE_CHUNK_BYTES = 1 << 20
+#: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
+#: a few MiB, cache-sized, instead of several of 8 bytes per entry of the whole store.
+VERIFY_CHUNK_ENTRIES = 1 << 17
 
 
 def snapshot_name(last_seq: int) -> str:
@@ -113,9 +119,23 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
+    view = store.freeze()
+    try:
+        return write_frozen(directory, view, last_seq)
+    finally:
+        view.release()
+
+
+def write_frozen(directory: Path, view: FrozenRows, last_seq: int) -> Path:
+    """Write a frozen view (``ColumnStore.freeze``) as the snapshot at ``last_seq``; meant for a
+    worker thread while applies go on. Returns the final path (durable on return).
+
+    Raises:
+        OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
+    """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
     try:
-        _write_temporary(tmp, store, last_seq)
+        _write_temporary(tmp, view, last_seq)
         final = directory / snapshot_name(last_seq)
         os.replace(tmp, final)
     except BaseException:
@@ -125,29 +145,39 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
     return final
 
 
-def _write_temporary(tmp: Path, store: ColumnStore, last_seq: int) -> None:
-    keys = store.keys()
-    num_entries = 0
+def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
+    cols, feats = view.sorted_keys()
+    rows = view.rows
+    slots = [rows[k] for k in zip(cols.tolist(), feats.tolist())]
+    regions = [slot.region for slot in slots]
+    sizes = np.fromiter((r.shape[0] for r in regions), np.int64, len(regions))
+    offsets = np.zeros(len(regions) + 1, np.int64)
+    np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
         w = _HashingWriter(f)
-        slots = list(store.iter_slots())  # (key order, as ``keys``)
-        offsets = np.zeros(len(keys) + 1, np.int64)
-        np.cumsum(np.fromiter((len(region) // ENTRY_BYTES for _, _, region in slots), np.int64, len(slots)),
-                  out=offsets[1:])
-        num_entries = int(offsets[-1])
-        w.array(np.array([k[0] for k in keys], np.uint64))
-        w.array(np.array([k[1] for k in keys], np.uint64))
+        w.array(cols)
+        w.array(feats)
         w.array(offsets)
-        w.array(np.array([t for _, t, _ in slots], np.uint64))
-        for _, _, region in slots:
-            w.write(region)
-        writers, floors, counts, exceptions = store.applied.to_arrays()
+        w.array(np.fromiter((slot.touches for slot in slots), np.uint64, len(slots)))
+        del slots
+        # Regions go out in runs of about WRITE_CHUNK_BYTES, each one concatenation + one write:
+        # a write call per row would be a Python call per row (millions) in this thread, holding
+        # the GIL the applying thread needs; a run is a short memcpy, then the GIL is released.
+        ends = np.cumsum(sizes)
+        cuts = np.unique(np.searchsorted(ends, np.arange(WRITE_CHUNK_BYTES, int(ends[-1]) if len(ends) else 0,
+                                                          WRITE_CHUNK_BYTES), "left") + 1)
+        a = 0
+        for b in [*cuts.tolist(), len(regions)]:
+            if b > a:
+                w.write(regions[a].data if b == a + 1 else np.concatenate(regions[a:b]).data)
+            a = max(a, b)
+        writers, floors, counts, exceptions = view.applied
         w.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
             w.array(arr)
         header = SNAPSHOT_RECORD.pack_header(payload_bytes=w.n, payload_xxh3=w.h.intdigest(), last_seq=last_seq,
-                                             rows=len(keys), entries=num_entries)
+                                             rows=len(regions), entries=int(offsets[-1]))
         f.seek(0)
         f.write(header)
         f.flush()
@@ -208,7 +238,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) <= 0):
             raise rd.fail("row offsets are not a partition of the entries into non-empty rows", off_at)
         regions_at = rd.pos
-        regions = [rd.array(np.uint8, ENTRY_BYTES * int(c)) for c in np.diff(offsets)]
+        body = rd.array(np.uint8, ENTRY_BYTES * n)  # every row region: one readinto
         w_at = rd.pos
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws = rd.array(np.uint64, num_writers)
@@ -228,26 +258,69 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
             applied = AppliedSet.from_arrays(ws, floors, counts, exc)
         except ValueError as e:
             raise CorruptSnapshotError(str(path), w_at, str(e)) from None
+    if verify_rows:
+        bad = first_bad_row(body, offsets)
+        if bad is not None:
+            i, problem = bad
+            raise CorruptSnapshotError(str(path), regions_at + ENTRY_BYTES * int(offsets[i]), f"row {i}: {problem}")
     store = ColumnStore(capacity_bytes)
     store.applied = applied
-    pos = regions_at
-    for i, region in enumerate(regions):
-        if verify_rows:
-            problem = _row_problem(region)
-            if problem:
-                raise CorruptSnapshotError(str(path), pos, f"row {i}: {problem}")
-        store.load_row((int(rc[i]), int(rf[i])), region, int(touches[i]))
-        pos += region.shape[0]
+    store.load_bulk(rc, rf, offsets, body, touches)
     return store, int(last_seq)
 
 
-def _row_problem(region: NDArray[np.uint8]) -> str | None:
-    row = row_from_region(region)
-    if int(row.segment.max()) >= NUM_SEGMENTS:
-        return "segment out of range"
-    if not np.all(np.isfinite(row.strength)):
-        return "non-finite strength"
-    keys = packed_keys(row)  # byte order = key order (row_merge.py), one comparison per entry
-    if len(row) > 1 and not np.all(keys[1:] > keys[:-1]):
-        return "entries not sorted and unique"
+def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """The first row of ``body`` (regions back to back, entry ``offsets``) that is not well formed,
+    with what is wrong (its first problem in the order segment, strength, entry order), or None.
+    Entries are ordered by (segment, target column, target feature), as ``row_merge.packed_keys``.
+
+    Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries: each field of every entry is
+    gathered through a view that sees a u64 / f32 at every byte offset (as
+    ``regions.rows_of_regions``), at the byte the layout puts it (regions.py): entry e of the row at
+    entry offset o with n entries has its target column at byte 13 o + 8 e, its feature 8 n
+    further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e.
+    """
+    num_rows = offsets.shape[0] - 1
+    if num_rows < 1 or body.shape[0] < 8:
+        return None
+    u64 = np.ndarray((body.shape[0] - 7,), np.uint64, body, 0, (1,))
+    f32 = np.ndarray((body.shape[0] - 3,), np.float32, body, 0, (1,))
+    starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
+    bounds = [*np.unique(starts).tolist(), num_rows]
+    for r0, r1 in zip(bounds, bounds[1:]):
+        bad = _first_bad_in(u64, f32, body, offsets[r0 : r1 + 1])
+        if bad is not None:
+            return r0 + bad[0], bad[1]
     return None
+
+
+def _first_bad_in(u64: NDArray[np.uint64], f32: NDArray[np.float32], body: NDArray[np.uint8],
+                  offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """``first_bad_row`` for one run of rows (``offsets``: theirs, absolute); row index relative."""
+    lengths = np.diff(offsets)
+    o = np.repeat(offsets[:-1], lengths)
+    nn = np.repeat(lengths, lengths)
+    e = np.arange(int(offsets[0]), int(offsets[-1]))
+    found: list[tuple[int, int, str]] = []  # (row, rank of the problem, problem)
+    seg = body[20 * (o + nn) + e]
+    seg_bad = np.flatnonzero(seg >= NUM_SEGMENTS)
+    if seg_bad.shape[0]:
+        found.append((int(seg_bad[0]), 0, "segment out of range"))
+    strength_bad = np.flatnonzero(~np.isfinite(f32[17 * o + 16 * nn + 4 * e]))
+    if strength_bad.shape[0]:
+        found.append((int(strength_bad[0]), 1, "non-finite strength"))
+    at = 13 * o + 8 * e
+    c, f = u64[at], u64[at + 8 * nn]
+    # entry key order: (segment, target column, target feature), as ``row_merge.packed_keys``
+    later = (c[1:] > c[:-1]) | ((c[1:] == c[:-1]) & (f[1:] > f[:-1]))
+    ok = (seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & later)
+    ok[offsets[1:-1] - offsets[0] - 1] = True  # pairs across a row boundary are not compared
+    order_bad = np.flatnonzero(~ok)
+    if order_bad.shape[0]:
+        found.append((int(order_bad[0]), 2, "entries not sorted and unique"))
+    if not found:
+        return None
+    # entry index (run-relative) -> row; the lowest row wins, then the problem's rank
+    rows = np.searchsorted(offsets, [offsets[0] + entry for entry, _, _ in found], "right") - 1
+    row, _, problem = min((int(r), rank, problem) for r, (_, rank, problem) in zip(rows.tolist(), found))
+    return row, problem

@@ -56,6 +56,7 @@ from giaannd.storage.replication.requests import (
     WaitRegistersSynced,
     WaitVocabSynced,
 )
+from giaannd.storage.replication.snapshot_timer import snapshot_waits
 from peers.transport import Incoming, Reply
 
 if TYPE_CHECKING:
@@ -140,7 +141,10 @@ class StorageService:
         self.vocab: VocabStore | None = None
         self.registers: RegisterStore | None = None
         self._commit: GroupCommit | None = None
+        #: held by every write to the store, and by a snapshot only while it freezes the store
         self._snapshot_lock = asyncio.Lock()
+        #: held for a whole snapshot: one at a time
+        self._snapshot_running = asyncio.Lock()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -273,7 +277,7 @@ class StorageService:
         final_snapshot_error: OSError | None = None
         if graceful and self.store is not None:
             try:
-                async with self._snapshot_lock:
+                async with self._snapshot_running, self._snapshot_lock:  # no writes any more: one step
                     await asyncio.to_thread(self.store.snapshot)
             except OSError as exc:
                 final_snapshot_error = exc
@@ -320,14 +324,17 @@ class StorageService:
 
     # -- background loops ---------------------------------------------------------------------------
     async def run_snapshots(self, stopping: asyncio.Event) -> None:
-        """Snapshot every ``storage.snapshot-interval-s`` (truncates the log, bounds replay time). A
-        failed snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
-        wait_s = self.settings.snapshot_interval_s
+        """Snapshot about every ``storage.snapshot-interval-s`` (truncates the log, bounds replay
+        time), with a phase and jitter from the node's name (snapshot_timer.py) so replicas do not
+        snapshot together. A failed snapshot (a full disk) is retried after the backoff
+        (disk_full.py), never fatal."""
+        waits = snapshot_waits(self.node_name, self.settings.snapshot_interval_s, self.settings.snapshot_jitter)
+        wait_s = next(waits)
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), wait_s)
                 return
-            wait_s = self.settings.snapshot_interval_s
+            wait_s = next(waits)
             if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
                 try:
                     await self.snapshot()  # (nothing logged since the last one: nothing to do)
@@ -335,15 +342,20 @@ class StorageService:
                     wait_s = self.disk.snapshot_failed(exc)
 
     async def snapshot(self) -> Path:
-        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract).
+        """Write a snapshot now, without stopping writes: applies wait only while it begins (a
+        log rotation and a frozen view, recovery.py), then go on while a worker thread writes it.
 
         Raises:
             OSError: it failed (its temporary is deleted; the log is intact).
         """
         assert self.store is not None
-        async with self._snapshot_lock:
+        store = self.store
+        async with self._snapshot_running:  # one at a time (the timer, the final one at stop)
             start = time.perf_counter()
-            path = await asyncio.to_thread(self.store.snapshot)
+            async with self._snapshot_lock:  # the writes' lock: held for the freeze only
+                job = await asyncio.to_thread(store.begin_snapshot)
+            await asyncio.to_thread(job.write)
+            path = store.finish_snapshot(job)
         self.disk.snapshot_written(path, time.perf_counter() - start)
         return path
 
@@ -418,7 +430,7 @@ class StorageService:
 
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
-            async with self._snapshot_lock:  # a snapshot reads the store from a thread: no writes
+            async with self._snapshot_lock:  # not while a snapshot freezes the store (snapshot())
                 step = core.serve(msg, incoming.bulk)
         else:
             step = core.serve(msg, incoming.bulk)
