@@ -58,10 +58,12 @@ during a snapshot (the old regions stay alive, unaccounted, until the view is re
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
+from operator import itemgetter
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -88,6 +90,7 @@ from giaannd.storage.engine.row_scan import ScanResult, scan_page
 __all__ = [
     "APPLIED_ID_BYTES",
     "ENTRY_BYTES",
+    "GIL_SLICE_ROWS",
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
@@ -123,6 +126,12 @@ INSTALL_NEW_ROWS = True
 #: (``regions.cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20
 #: entries per row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
 INSTALL_CONCAT_ENTRIES = 64
+#: Per-row loops that run in a snapshot thread beside the applying one go this many rows at a
+#: time: a C-level loop (``list(map(...))``, ``np.fromiter``) holds the GIL until it returns, so
+#: one over every row of a large store would stall applies for its whole length (hundreds of ms
+#: per million rows); 8192 rows take well under a millisecond.
+GIL_SLICE_ROWS = 8192
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
@@ -174,12 +183,21 @@ class FrozenRows:
             self._release()
 
     def sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
-        """The view's row keys as two arrays sorted by (column, feature)."""
+        """The view's row keys as two arrays sorted by (column, feature). Runs in the snapshot
+        thread: its per-row loops go ``GIL_SLICE_ROWS`` at a time (see there)."""
         n = len(self.rows)
-        cols = np.fromiter((k[0] for k in self.rows), np.uint64, n)
-        feats = np.fromiter((k[1] for k in self.rows), np.uint64, n)
+        cols, feats = np.empty(n, np.uint64), np.empty(n, np.uint64)
+        it = iter(self.rows)
+        for a in range(0, n, GIL_SLICE_ROWS):
+            keys = list(islice(it, GIL_SLICE_ROWS))
+            cols[a : a + len(keys)] = np.fromiter(map(_FIRST, keys), np.uint64, len(keys))
+            feats[a : a + len(keys)] = np.fromiter(map(_SECOND, keys), np.uint64, len(keys))
         order = np.lexsort((feats, cols))
         return cols[order], feats[order]
+
+    def holds(self, key: RowKey, slot: RowSlot) -> bool:
+        """Whether ``slot`` is the view's slot for ``key`` (then it must not change)."""
+        return self.rows.get(key) is slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +235,7 @@ class ColumnStore:
         self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
         #: frozen views alive (``freeze``): while > 0 every in-place change is copy-on-write. A
         #: view is released by the thread that read it, hence the lock around the count.
-        self._frozen = 0
+        self._frozen: list[FrozenRows] = []
         self._frozen_lock = threading.Lock()
 
     # -- accounting -------------------------------------------------------------------------------
@@ -301,11 +319,11 @@ class ColumnStore:
             local_pos = plan.local_pos()
             offsets = plan.delta_offsets.tolist()
             strength = plan.delta.strength
-            cow = self._frozen > 0
+            frozen = self._frozen
             for i in np.flatnonzero(~grows).tolist():
                 slot = slots[i]
                 assert slot is not None
-                if cow:  # a frozen view may hold this slot and region: change a copy (docstring)
+                if frozen and self._is_frozen(planned.keys[i], slot):  # change a copy (docstring)
                     slot = RowSlot(slot.region.copy(), None, slot.touches)
                     self._rows[planned.keys[i]] = slot
                 a, b = offsets[i], offsets[i + 1]
@@ -330,7 +348,7 @@ class ColumnStore:
 
     def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
         if plan.in_place:
-            if self._frozen > 0:  # a frozen view may hold this slot and region: change a copy
+            if self._frozen and self._is_frozen(key, slot):  # a frozen view holds it: change a copy
                 slot = RowSlot(slot.region.copy(), None, slot.touches)
                 self._rows[key] = slot
             slot.touches += 1
@@ -448,13 +466,19 @@ class ColumnStore:
         """An immutable view of the rows and applied set as they are now, for a snapshot written
         by another thread while applies go on (module docstring: frozen views). O(rows) pointer
         copy in C, no row data; call ``release()`` on it when done."""
+        view = FrozenRows(dict(self._rows), self.applied.to_arrays(), lambda: self._release_frozen(view))
         with self._frozen_lock:
-            self._frozen += 1
-        return FrozenRows(dict(self._rows), self.applied.to_arrays(), self._release_frozen)
+            self._frozen = [*self._frozen, view]
+        return view
 
-    def _release_frozen(self) -> None:
-        with self._frozen_lock:
-            self._frozen -= 1
+    def _release_frozen(self, view: FrozenRows) -> None:
+        with self._frozen_lock:  # (a new list: the applying thread may be iterating the old one)
+            self._frozen = [v for v in self._frozen if v is not view]
+
+    def _is_frozen(self, key: RowKey, slot: RowSlot) -> bool:
+        """Whether a live frozen view holds ``slot`` (so it must be copied before a change). A
+        row is copied once per view: the copy is not in the view and changes in place after."""
+        return any(view.holds(key, slot) for view in self._frozen)
 
     def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
         """(key, applied-batch count, region) of every row, in key order."""
@@ -475,9 +499,18 @@ class ColumnStore:
         if self._rows:
             raise ValueError("load_bulk into a store that already holds rows")
         starts = (ENTRY_BYTES * offsets).tolist()
-        slots = list(map(RowSlot, map(body.__getitem__, map(slice, starts[:-1], starts[1:])),
-                         repeat(None), touches.tolist()))
-        self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
+        # Millions of new container objects (slots, key tuples) would each count towards the
+        # cyclic GC's thresholds and set off collections that walk all of them again and again
+        # (a third of the time, measured); none of them can be garbage here.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            slots = list(map(RowSlot, map(body.__getitem__, map(slice, starts[:-1], starts[1:])),
+                             repeat(None), touches.tolist()))
+            self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self._version += 1
         self._region_bytes += ENTRY_BYTES * int(offsets[-1])
         self._entries += int(offsets[-1])

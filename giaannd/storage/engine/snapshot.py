@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,7 +38,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import NUM_SEGMENTS
 from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, FrozenRows
+from giaannd.storage.engine.column_store import ENTRY_BYTES, GIL_SLICE_ROWS, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "first_bad_row", "list_snapshots", "list_temporaries",
@@ -57,6 +58,7 @@ _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
 #: large enough that the per-run Python cost vanishes, small enough that the copy holding the GIL
 #: (a few hundred µs) does not stall the thread applying batches meanwhile.
 WRITE_CHUNK_BYTES = 1 << 20
+_REGION, _TOUCHES = attrgetter("region"), attrgetter("touches")
 #: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
 #: a few MiB, cache-sized, instead of several of 8 bytes per entry of the whole store.
 VERIFY_CHUNK_ENTRIES = 1 << 17
@@ -146,11 +148,20 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int) -> Path:
 
 
 def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
+    # Per-row work in this thread holds the GIL the applying thread needs: only C-level loops
+    # (map with attrgetter / __getitem__, fromiter), GIL_SLICE_ROWS rows at a time.
     cols, feats = view.sorted_keys()
-    rows = view.rows
-    slots = [rows[k] for k in zip(cols.tolist(), feats.tolist())]
-    regions = [slot.region for slot in slots]
-    sizes = np.fromiter((r.shape[0] for r in regions), np.int64, len(regions))
+    get = view.rows.__getitem__
+    regions: list[NDArray[np.uint8]] = []
+    touches = np.empty(cols.shape[0], np.uint64)
+    for a in range(0, cols.shape[0], GIL_SLICE_ROWS):
+        slots = list(map(get, zip(cols[a : a + GIL_SLICE_ROWS].tolist(), feats[a : a + GIL_SLICE_ROWS].tolist())))
+        regions += map(_REGION, slots)
+        touches[a : a + len(slots)] = np.fromiter(map(_TOUCHES, slots), np.uint64, len(slots))
+    sizes = np.empty(len(regions), np.int64)
+    for a in range(0, len(regions), GIL_SLICE_ROWS):
+        chunk = regions[a : a + GIL_SLICE_ROWS]
+        sizes[a : a + len(chunk)] = np.fromiter(map(len, chunk), np.int64, len(chunk))
     offsets = np.zeros(len(regions) + 1, np.int64)
     np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
     with open(tmp, "wb") as f:
@@ -159,8 +170,7 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
         w.array(cols)
         w.array(feats)
         w.array(offsets)
-        w.array(np.fromiter((slot.touches for slot in slots), np.uint64, len(slots)))
-        del slots
+        w.array(touches)
         # Regions go out in runs of about WRITE_CHUNK_BYTES, each one concatenation + one write:
         # a write call per row would be a Python call per row (millions) in this thread, holding
         # the GIL the applying thread needs; a run is a short memcpy, then the GIL is released.
@@ -274,53 +284,56 @@ def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[
     with what is wrong (its first problem in the order segment, strength, entry order), or None.
     Entries are ordered by (segment, target column, target feature), as ``row_merge.packed_keys``.
 
-    Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries: each field of every entry is
-    gathered through a view that sees a u64 / f32 at every byte offset (as
-    ``regions.rows_of_regions``), at the byte the layout puts it (regions.py): entry e of the row at
-    entry offset o with n entries has its target column at byte 13 o + 8 e, its feature 8 n
-    further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e.
+    Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries (index arrays that stay in
+    cache): each field of every entry is gathered through a view that sees a u64 / f32 at every
+    byte offset (as ``regions.rows_of_regions``), at the byte the layout puts it (regions.py):
+    entry e of the row at entry offset o with n entries has its target column at byte 13 o + 8 e,
+    its feature 8 n further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e —
+    a per-row shift repeated over the row's entries, plus a multiple of e.
     """
     num_rows = offsets.shape[0] - 1
-    if num_rows < 1 or body.shape[0] < 8:
+    if num_rows < 1:
         return None
-    u64 = np.ndarray((body.shape[0] - 7,), np.uint64, body, 0, (1,))
-    f32 = np.ndarray((body.shape[0] - 3,), np.float32, body, 0, (1,))
     starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
     bounds = [*np.unique(starts).tolist(), num_rows]
     for r0, r1 in zip(bounds, bounds[1:]):
-        bad = _first_bad_in(u64, f32, body, offsets[r0 : r1 + 1])
+        run = offsets[r0 : r1 + 1]
+        bad = _first_bad_in(body[ENTRY_BYTES * int(run[0]) : ENTRY_BYTES * int(run[-1])], run - run[0])
         if bad is not None:
             return r0 + bad[0], bad[1]
     return None
 
 
-def _first_bad_in(u64: NDArray[np.uint64], f32: NDArray[np.float32], body: NDArray[np.uint8],
-                  offsets: NDArray[np.int64]) -> tuple[int, str] | None:
-    """``first_bad_row`` for one run of rows (``offsets``: theirs, absolute); row index relative."""
-    lengths = np.diff(offsets)
-    o = np.repeat(offsets[:-1], lengths)
-    nn = np.repeat(lengths, lengths)
-    e = np.arange(int(offsets[0]), int(offsets[-1]))
-    found: list[tuple[int, int, str]] = []  # (row, rank of the problem, problem)
-    seg = body[20 * (o + nn) + e]
-    seg_bad = np.flatnonzero(seg >= NUM_SEGMENTS)
-    if seg_bad.shape[0]:
+def _first_bad_in(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """``first_bad_row`` for one run of rows: ``body`` their regions, ``offsets`` from 0."""
+    m = int(offsets[-1])
+    # int32 indices while they fit (half the memory traffic of int64)
+    itype = np.int32 if body.shape[0] < 2**31 else np.int64
+    first: NDArray[Any] = offsets[:-1].astype(itype)
+    lengths: NDArray[Any] = np.diff(offsets).astype(itype)
+    e: NDArray[Any] = np.arange(m, dtype=itype)
+    seg = body[np.repeat(20 * (first + lengths), lengths) + e]
+    f32 = np.ndarray((body.shape[0] - 3,), np.float32, body, 0, (1,))
+    strength = f32[np.repeat(17 * first + 16 * lengths, lengths) + 4 * e]
+    found: list[tuple[int, int, str]] = []  # (entry, rank of the problem, problem)
+    if (seg_bad := np.flatnonzero(seg >= NUM_SEGMENTS)).shape[0]:
         found.append((int(seg_bad[0]), 0, "segment out of range"))
-    strength_bad = np.flatnonzero(~np.isfinite(f32[17 * o + 16 * nn + 4 * e]))
-    if strength_bad.shape[0]:
+    if (strength_bad := np.flatnonzero(~np.isfinite(strength))).shape[0]:
         found.append((int(strength_bad[0]), 1, "non-finite strength"))
-    at = 13 * o + 8 * e
-    c, f = u64[at], u64[at + 8 * nn]
-    # entry key order: (segment, target column, target feature), as ``row_merge.packed_keys``
-    later = (c[1:] > c[:-1]) | ((c[1:] == c[:-1]) & (f[1:] > f[:-1]))
-    ok = (seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & later)
-    ok[offsets[1:-1] - offsets[0] - 1] = True  # pairs across a row boundary are not compared
-    order_bad = np.flatnonzero(~ok)
-    if order_bad.shape[0]:
-        found.append((int(order_bad[0]), 2, "entries not sorted and unique"))
+    if m > 1:
+        u64 = np.ndarray((body.shape[0] - 7,), np.uint64, body, 0, (1,))
+        at = np.repeat(13 * first, lengths) + 8 * e
+        c = u64[at]
+        at += np.repeat(8 * lengths, lengths)
+        f = u64[at]
+        s0, s1, c0, c1 = seg[:-1], seg[1:], c[:-1], c[1:]
+        ok = (s1 > s0) | ((s1 == s0) & ((c1 > c0) | ((c1 == c0) & (f[1:] > f[:-1]))))
+        ok[offsets[1:-1] - 1] = True  # pairs across a row boundary are not compared
+        if (order_bad := np.flatnonzero(~ok)).shape[0]:
+            found.append((int(order_bad[0]), 2, "entries not sorted and unique"))
     if not found:
         return None
-    # entry index (run-relative) -> row; the lowest row wins, then the problem's rank
-    rows = np.searchsorted(offsets, [offsets[0] + entry for entry, _, _ in found], "right") - 1
+    # entry -> row; the lowest row wins, then the problem's rank
+    rows = np.searchsorted(offsets, [entry for entry, _, _ in found], "right") - 1
     row, _, problem = min((int(r), rank, problem) for r, (_, rank, problem) in zip(rows.tolist(), found))
     return row, problem
