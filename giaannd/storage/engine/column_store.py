@@ -182,18 +182,24 @@ class FrozenRows:
             self._released = True
             self._release()
 
-    def sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
-        """The view's row keys as two arrays sorted by (column, feature). Runs in the snapshot
-        thread: its per-row loops go ``GIL_SLICE_ROWS`` at a time (see there)."""
+    def in_key_order(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[RowSlot]]:
+        """The view's row keys as two arrays sorted by (column, feature), and its slots in that
+        order. Meant for the snapshot thread: only C-level loops (no Python frame per row, no key
+        hashing: the slots are taken in dict order and permuted), ``GIL_SLICE_ROWS`` at a time."""
         n = len(self.rows)
         cols, feats = np.empty(n, np.uint64), np.empty(n, np.uint64)
-        it = iter(self.rows)
+        values: list[RowSlot] = []
+        keys, slots = iter(self.rows), iter(self.rows.values())
         for a in range(0, n, GIL_SLICE_ROWS):
-            keys = list(islice(it, GIL_SLICE_ROWS))
-            cols[a : a + len(keys)] = np.fromiter(map(_FIRST, keys), np.uint64, len(keys))
-            feats[a : a + len(keys)] = np.fromiter(map(_SECOND, keys), np.uint64, len(keys))
+            chunk = list(islice(keys, GIL_SLICE_ROWS))
+            cols[a : a + len(chunk)] = np.fromiter(map(_FIRST, chunk), np.uint64, len(chunk))
+            feats[a : a + len(chunk)] = np.fromiter(map(_SECOND, chunk), np.uint64, len(chunk))
+            values += islice(slots, GIL_SLICE_ROWS)
         order = np.lexsort((feats, cols))
-        return cols[order], feats[order]
+        ordered: list[RowSlot] = []
+        for a in range(0, n, GIL_SLICE_ROWS):
+            ordered += map(values.__getitem__, order[a : a + GIL_SLICE_ROWS].tolist())
+        return cols[order], feats[order], ordered
 
     def holds(self, key: RowKey, slot: RowSlot) -> bool:
         """Whether ``slot`` is the view's slot for ``key`` (then it must not change)."""

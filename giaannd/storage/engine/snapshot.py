@@ -150,18 +150,16 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int) -> Path:
 def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
     # Per-row work in this thread holds the GIL the applying thread needs: only C-level loops
     # (map with attrgetter / __getitem__, fromiter), GIL_SLICE_ROWS rows at a time.
-    cols, feats = view.sorted_keys()
-    get = view.rows.__getitem__
+    cols, feats, slots = view.in_key_order()
     regions: list[NDArray[np.uint8]] = []
-    touches = np.empty(cols.shape[0], np.uint64)
-    for a in range(0, cols.shape[0], GIL_SLICE_ROWS):
-        slots = list(map(get, zip(cols[a : a + GIL_SLICE_ROWS].tolist(), feats[a : a + GIL_SLICE_ROWS].tolist())))
-        regions += map(_REGION, slots)
-        touches[a : a + len(slots)] = np.fromiter(map(_TOUCHES, slots), np.uint64, len(slots))
-    sizes = np.empty(len(regions), np.int64)
-    for a in range(0, len(regions), GIL_SLICE_ROWS):
-        chunk = regions[a : a + GIL_SLICE_ROWS]
-        sizes[a : a + len(chunk)] = np.fromiter(map(len, chunk), np.int64, len(chunk))
+    touches = np.empty(len(slots), np.uint64)
+    sizes = np.empty(len(slots), np.int64)
+    for a in range(0, len(slots), GIL_SLICE_ROWS):
+        chunk = slots[a : a + GIL_SLICE_ROWS]
+        regions += map(_REGION, chunk)
+        touches[a : a + len(chunk)] = np.fromiter(map(_TOUCHES, chunk), np.uint64, len(chunk))
+        sizes[a : a + len(chunk)] = np.fromiter(map(len, regions[a : a + len(chunk)]), np.int64, len(chunk))
+    del slots
     offsets = np.zeros(len(regions) + 1, np.int64)
     np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
     with open(tmp, "wb") as f:
@@ -179,8 +177,8 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
                                                           WRITE_CHUNK_BYTES), "left") + 1)
         a = 0
         for b in [*cuts.tolist(), len(regions)]:
-            if b > a:
-                w.write(regions[a].data if b == a + 1 else np.concatenate(regions[a:b]).data)
+            if b > a:  # (bytes.join: a third of np.concatenate's cost per array)
+                w.write(regions[a].data if b == a + 1 else b"".join(regions[a:b]))
             a = max(a, b)
         writers, floors, counts, exceptions = view.applied
         w.write(struct.pack("<Q", writers.shape[0]))
