@@ -309,6 +309,16 @@ class StorageConfig(_Section):
         "a whole interval. The mean interval is unchanged; 0 keeps every later wait exact (nodes "
         "keep their phases, and two with close phases snapshot together each time)."
     ))] = 0.2
+    snapshot_load_copy_rows: Annotated[bool, Meta(description=(
+        "How a restart installs the rows of the snapshot it loads. false: each row's region is a "
+        "view of the one buffer the snapshot's rows were read into (a slice per row: the fastest "
+        "restart), and that buffer stays allocated while any of its rows does, so a row that "
+        "grows or is dropped later does not give back its old bytes: the process can hold up to "
+        "the loaded snapshot's row bytes more than `capacity-bytes` accounts for, until those "
+        "rows are all rewritten. true: each row gets a region of its own (an allocation and a "
+        "copy per row, measured in tools/bench/snapshot.py); memory is exactly what is "
+        "accounted, after a peak of twice the snapshot's rows during the load."
+    ))] = False
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

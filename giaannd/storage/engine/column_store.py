@@ -493,14 +493,17 @@ class ColumnStore:
             yield key, slot.touches, slot.region.data
 
     def load_bulk(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
-                  offsets: NDArray[np.int64], body: NDArray[np.uint8], touches: NDArray[np.uint64]) -> None:
+                  offsets: NDArray[np.int64], body: NDArray[np.uint8], touches: NDArray[np.uint64],
+                  copy_rows: bool = False) -> None:
         """Install every row of a snapshot at once (the caller validated them: keys sorted and
         unique, offsets a partition of the entries into non-empty rows, ``body`` the rows' regions
         back to back). Only into an empty store; not capacity-checked (as ``load_row``).
 
         Each region is a view of ``body`` (no copy): the per-row work is one slice, one slot and
         one dict entry. The body stays allocated while any of its rows does (a row that grows or
-        is dropped later does not return its share of it: docs/storage.md "Restart").
+        is dropped later does not return its share of it: docs/storage.md "Bulk load"), unless
+        ``copy_rows``: each region is then a copy of its own (``storage.snapshot-load-copy-rows``:
+        memory exactly as accounted, at the cost of one allocation and copy per row).
         """
         if self._rows:
             raise ValueError("load_bulk into a store that already holds rows")
@@ -511,8 +514,10 @@ class ColumnStore:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            slots = list(map(RowSlot, map(body.__getitem__, map(slice, starts[:-1], starts[1:])),
-                             repeat(None), touches.tolist()))
+            regions = map(body.__getitem__, map(slice, starts[:-1], starts[1:]))
+            if copy_rows:
+                regions = map(np.ndarray.copy, regions)
+            slots = list(map(RowSlot, regions, repeat(None), touches.tolist()))
             self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
         finally:
             if gc_was_enabled:

@@ -153,8 +153,12 @@ class DurableStore:
         capacity_bytes: int,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         verify_rows: bool = True,
+        copy_rows: bool = False,
     ) -> DurableStore:
         """Recover the store in ``directory`` (created if missing).
+
+        Args:
+            verify_rows, copy_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -166,7 +170,7 @@ class DurableStore:
         snapshots = list_snapshots(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, copy_rows)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:

@@ -216,7 +216,8 @@ class _Reader:
         return out
 
 
-def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> tuple[ColumnStore, int]:
+def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
+                  copy_rows: bool = False) -> tuple[ColumnStore, int]:
     """Load a snapshot into a new store; returns (store, last_seq).
 
     Args:
@@ -224,6 +225,8 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         capacity_bytes: the store's capacity (a snapshot larger than it still loads; ``is_full`` says so).
         verify_rows: also check every row's entry order, segments and strengths (the checksum already
             rules out damage on disk; this guards against a writer bug, at some cost: see the bench).
+        copy_rows: give each row a region of its own instead of a view of the one buffer read
+            (``ColumnStore.load_bulk``).
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -273,7 +276,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
             raise CorruptSnapshotError(str(path), regions_at + ENTRY_BYTES * int(offsets[i]), f"row {i}: {problem}")
     store = ColumnStore(capacity_bytes)
     store.applied = applied
-    store.load_bulk(rc, rf, offsets, body, touches)
+    store.load_bulk(rc, rf, offsets, body, touches, copy_rows)
     return store, int(last_seq)
 
 

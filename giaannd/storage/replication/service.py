@@ -181,7 +181,8 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
-        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
+        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
+                                             copy_rows=s.snapshot_load_copy_rows)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,

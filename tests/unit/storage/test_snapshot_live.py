@@ -227,14 +227,17 @@ def test_snapshot_bulk_load_equals_per_row_load(tmp_path: Path, seed: int, monke
         store.apply(BatchId(2, i + 1), random_batch(rng, 400))
     store.advance_floor(2, 1)
     path = write_snapshot(tmp_path, store, 7)
-    for verify in (True, False):
-        bulk, seq = read_snapshot(path, BIG, verify)
+    for verify, copy_rows in ((True, False), (False, False), (True, True)):
+        bulk, seq = read_snapshot(path, BIG, verify, copy_rows)
         old, old_seq = read_snapshot_per_row(path, BIG, verify)
         assert seq == old_seq == 7
         assert same_state(bulk, old) and same_state(bulk, store)
         assert _region_bytes(bulk) == _region_bytes(old) == _region_bytes(store)
         assert bulk.usage() == old.usage() == store.usage()
         assert bulk.keys() == store.keys()
+        # shared: every region a view of the one body read; copied: each region its own buffer
+        bases = {id(s.region.base) for s in bulk._rows.values()}  # noqa: SLF001
+        assert (bases == {id(None)}) if copy_rows else (len(bases) == 1 and id(None) not in bases)
     empty_path = write_snapshot(tmp_path, ColumnStore(BIG), 8)
     assert len(read_snapshot(empty_path, BIG)[0]) == 0
 
