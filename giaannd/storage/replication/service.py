@@ -346,16 +346,35 @@ class StorageService:
         """Write a snapshot now, without stopping writes: applies wait only while it begins (a
         log rotation and a frozen view, recovery.py), then go on while a worker thread writes it.
 
+        Cancelled (the service stopping), it still waits for its thread — a thread cannot be
+        stopped — and keeps ``_snapshot_running`` until then, so the final snapshot at ``stop``
+        never runs beside it; a frozen view it got is released.
+
         Raises:
             OSError: it failed (its temporary is deleted; the log is intact).
         """
         assert self.store is not None
         store = self.store
+        loop = asyncio.get_running_loop()
         async with self._snapshot_running:  # one at a time (the timer, the final one at stop)
             start = time.perf_counter()
             async with self._snapshot_lock:  # the writes' lock: held for the freeze only
-                job = await asyncio.to_thread(store.begin_snapshot)
-            await asyncio.to_thread(job.write)
+                beginning = loop.run_in_executor(None, store.begin_snapshot)
+                try:
+                    job = await asyncio.shield(beginning)
+                except asyncio.CancelledError:
+                    await asyncio.wait([beginning])
+                    if not beginning.cancelled() and beginning.exception() is None:
+                        beginning.result().view.release()
+                    raise
+            writing = loop.run_in_executor(None, job.write)
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait([writing])
+                if not writing.cancelled():
+                    writing.exception()  # (retrieved: a failure here is the stop's to report, not the loop's)
+                raise
             path = store.finish_snapshot(job)
         self.disk.snapshot_written(path, time.perf_counter() - start)
         return path

@@ -58,6 +58,39 @@ async def test_storage_snapshot_writes_go_on_while_it_is_written(tmp_path, monke
         await cluster.close()
 
 
+@pytest.mark.asyncio
+async def test_storage_snapshot_cancelled_waits_for_its_thread(tmp_path, monkeypatch):
+    """Cancelled (the service stopping) while its thread writes: the snapshot keeps its lock until
+    the thread is done, so the final snapshot never runs beside it, and releases its view."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    svc = cluster.services["s0"]
+    release, writing = threading.Event(), threading.Event()
+    write = snapshot_module._HashingWriter.write
+
+    def paused_write(self, buf):
+        writing.set()
+        release.wait(10)
+        write(self, buf)
+
+    try:
+        await cluster.client.write(make_batch(np.random.default_rng(3), 10))
+        monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
+        task = asyncio.create_task(svc.snapshot())
+        assert await asyncio.to_thread(writing.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done() and svc._snapshot_running.locked()  # noqa: SLF001
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert not svc._snapshot_running.locked() and svc.store.store._frozen == []  # noqa: SLF001
+        monkeypatch.undo()
+        await svc.snapshot()
+    finally:
+        release.set()
+        await cluster.close()
+
+
 async def _until(predicate, timeout_s=10.0):
     async with asyncio.timeout(timeout_s):
         while not predicate():
