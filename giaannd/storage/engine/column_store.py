@@ -139,10 +139,10 @@ def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
     return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
 
 
-def _install_regions(batch: RowBatch) -> list[NDArray[np.uint8]]:
+def _install_regions(batch: RowBatch, share: bool = False) -> list[NDArray[np.uint8]]:
     """``regions.install_regions`` with this module's ``INSTALL_CONCAT_ENTRIES``, read at each call
     (tests patch it)."""
-    return install_regions(batch, INSTALL_CONCAT_ENTRIES)
+    return install_regions(batch, INSTALL_CONCAT_ENTRIES, share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +242,10 @@ class ColumnStore:
         #: frozen views alive (``freeze``): while > 0 every in-place change is copy-on-write. A
         #: view is released by the thread that read it, hence the lock around the count.
         self._frozen: list[FrozenRows] = []
+        #: lay out the regions a commit creates as views of one buffer per batch instead of one
+        #: copy each (``regions.cut_regions``): set by recovery for log replay only
+        #: (``storage.snapshot-load-copy-rows`` false), as the snapshot load does
+        self.share_regions = False
         self._frozen_lock = threading.Lock()
 
     # -- accounting -------------------------------------------------------------------------------
@@ -339,7 +343,7 @@ class ColumnStore:
             out_offsets, out = merge_batch(plan, None if grows.all() else grows)
             rows = self._rows
             keys = planned.keys
-            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out)):
+            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out, self.share_regions)):
                 slot = slots[i]
                 rows[keys[i]] = RowSlot(region, None, 1 if slot is None else slot.touches + 1)
             added = int(plan.new_count.sum())
@@ -348,7 +352,8 @@ class ColumnStore:
 
     def _install(self, keys: list[RowKey], batch: RowBatch) -> None:
         """Add the rows of ``batch`` (none stored yet) as they are: one applied batch each."""
-        self._rows.update(zip(keys, [RowSlot(region, None, 1) for region in _install_regions(batch)]))
+        self._rows.update(zip(keys, map(RowSlot, _install_regions(batch, self.share_regions), repeat(None),
+                                        repeat(1))))
         self._region_bytes += ENTRY_BYTES * batch.num_entries
         self._entries += batch.num_entries
 

@@ -38,6 +38,7 @@ that fails deletes its temporary and changes nothing else (the log still holds e
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -202,9 +203,20 @@ class DurableStore:
         if temporaries or torn or snapshots[:-1]:
             fsync_dir(d)
         applied = skipped = 0
-        for scan in scans:
-            a, s = replay(store, scan.records, snap_seq)
-            applied, skipped = applied + a, skipped + s
+        # Replay in bulk: regions laid out as views of each batch's one buffer unless copy_rows (as
+        # the snapshot load), and the cyclic GC paused (millions of new slots and key tuples would
+        # set off collections walking them all, again and again; none is garbage).
+        store.share_regions = not copy_rows
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for scan in scans:
+                a, s = replay(store, scan.records, snap_seq)
+                applied, skipped = applied + a, skipped + s
+        finally:
+            store.share_regions = False
+            if gc_was_enabled:
+                gc.enable()
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),

@@ -290,3 +290,24 @@ def test_snapshot_bulk_load_rejects_bad_rows_naming_the_offset(tmp_path: Path, f
         assert f"at byte offset {at}: row {row}: {reason}" in str(bulk.value)
         path.write_bytes(good)
     read_snapshot(path, BIG)
+
+
+@pytest.mark.parametrize("copy_rows", [False, True])
+def test_durable_replay_in_bulk_equals_live(tmp_path: Path, copy_rows: bool) -> None:
+    rng = np.random.default_rng(6)
+    ds = DurableStore.open(tmp_path, BIG)
+    done = []
+    for i in range(4):
+        done.append((BatchId(1, i + 1), realistic_batch(rng, 200, 50 * i)))  # new rows: installed
+        done.append((BatchId(2, i + 1), random_batch(rng, 300)))  # merges, growing and in place
+    for bid, b in done:
+        ds.apply(bid, b)
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG, copy_rows=copy_rows)
+    assert same_state(again.store, _reference(done)) and not again.store.share_regions
+    assert _region_bytes(again.store) == _region_bytes(_reference(done))
+    shared = sum(s.region.base is not None for s in again.store._rows.values())  # noqa: SLF001
+    assert (shared == 0) if copy_rows else shared > 0
+    again.apply(BatchId(3, 1), done[0][1])  # and it goes on like any store
+    assert same_state(again.store, _reference([*done, (BatchId(3, 1), done[0][1])]))
+    again.close()
