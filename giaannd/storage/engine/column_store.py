@@ -52,8 +52,13 @@ That is safe because, while any frozen view is alive, the store never changes a 
 it may hold: the in-place paths (merge-add into a row whose keys are all stored) become
 copy-on-write — the row's region is copied, the copy changed, and a new slot put in its place —
 and a growing merge already makes a new region and slot. So a region or slot, once in a frozen
-view, is immutable until ``release()``; the cost is one region copy per row touched in place
-during a snapshot (the old regions stay alive, unaccounted, until the view is released).
+view, is immutable until ``release()``. A row is copied once per view (the first in-place change
+finds the view holding its slot; later ones change the copy, which the view does not hold); the
+replaced regions stay alive, unaccounted, until the view is released.
+
+Restart installs rows in bulk: ``load_bulk`` (a snapshot's rows, views of the one buffer read, or
+copies: ``storage.snapshot-load-copy-rows``), and ``share_regions`` for log replay (the regions a
+commit lays out are views of the batch's one staging buffer).
 """
 
 from __future__ import annotations
@@ -239,8 +244,9 @@ class ColumnStore:
         self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
         #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
         self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
-        #: frozen views alive (``freeze``): while > 0 every in-place change is copy-on-write. A
-        #: view is released by the thread that read it, hence the lock around the count.
+        #: frozen views alive (``freeze``): while any, an in-place change to a row one of them holds
+        #: is copy-on-write. A view is released by the thread that read it, hence the lock (the
+        #: list is replaced, never changed, so the applying thread may read it without the lock).
         self._frozen: list[FrozenRows] = []
         #: lay out the regions a commit creates as views of one buffer per batch instead of one
         #: copy each (``regions.cut_regions``): set by recovery for log replay only
