@@ -375,7 +375,8 @@ class StorageService:
                 if not writing.cancelled():
                     writing.exception()  # (retrieved: a failure here is the stop's to report, not the loop's)
                 raise
-            path = store.finish_snapshot(job)
+            # (unlinks and a directory fsync: off the event loop; safe beside appends, recovery.py)
+            path = await asyncio.to_thread(store.finish_snapshot, job)
         self.disk.snapshot_written(path, time.perf_counter() - start)
         return path
 
