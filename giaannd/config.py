@@ -309,6 +309,14 @@ class StorageConfig(_Section):
         "a whole interval. The mean interval is unchanged; 0 keeps every later wait exact (nodes "
         "keep their phases, and two with close phases snapshot together each time)."
     ))] = 0.2
+    snapshot_busy_share: Annotated[float, Meta(gt=0, le=1, description=(
+        "The most of its time a snapshot's writing thread works: after each slice of work (a few "
+        "thousand rows, or about 1 MiB written) it rests `work * (1 - share) / share`. Writes go "
+        "on while a snapshot is written, but the writing thread competes with them for Python's "
+        "GIL (and, on a busy host, for a core); a smaller share leaves more to applies and makes "
+        "the snapshot take up to 1 / share as long (and rows changed meanwhile are kept twice "
+        "that much longer). 1 never rests."
+    ))] = 0.5
     snapshot_load_copy_rows: Annotated[bool, Meta(description=(
         "How a restart installs the rows of the snapshot it loads. false: each row's region is a "
         "view of the one buffer the snapshot's rows were read into (a slice per row: the fastest "

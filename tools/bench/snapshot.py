@@ -13,7 +13,8 @@ it is on real rows. Measured in one run:
    replaced (``read_snapshot_per_row`` below, kept as the baseline: one read, one Python check and
    one ``load_row`` per row), log replay (open with no snapshot), and a snapshot write;
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
-   in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread,
+   in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
+   (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
    against the p99 with no snapshot running (target ratio <= 2); and the baseline of the old
    design, where applies waited for the whole snapshot write (its duration is the latency of an
    apply that arrived as it began).
@@ -194,7 +195,8 @@ def _apply_stream(rng: np.random.Generator, store: ColumnStore, count: int, firs
     return out
 
 
-def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, as_json: bool) -> None:
+def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, busy_share: float,
+                                as_json: bool) -> None:
     """Section 2."""
     rng = np.random.default_rng(15)
     next_column = 1 << 50
@@ -224,7 +226,7 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
         job = ds.begin_snapshot()
         freezes.append(time.perf_counter() - start)
         done = threading.Event()
-        writer = threading.Thread(target=lambda: (job.write(), done.set()))
+        writer = threading.Thread(target=lambda: (job.write(busy_share), done.set()))
         writer.start()
         busy += run(stream, done)
         writer.join()
@@ -239,8 +241,8 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
         ("freeze (applies held off), max (ms)", 1e3 * max(freezes), None),
         ("baseline: applies held off for the whole write (ms)", 1e3 * t_write, None),
     ]
-    _report(f"apply latency during a snapshot ({len(busy)} applies over {snapshots} snapshots, "
-            f"{ds.store.usage().num_entries:,} entries stored)", figures, as_json)
+    _report(f"apply latency during a snapshot (busy share {busy_share}; {len(busy)} applies over {snapshots} "
+            f"snapshots, {ds.store.usage().num_entries:,} entries stored)", figures, as_json)
 
 
 def _report(title: str, figures: list[tuple[str, float, str | None]], as_json: bool) -> None:
@@ -255,6 +257,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=10_000_000, help="entries in the store (default 10^7)")
     ap.add_argument("--applies", type=int, default=200, help="applies measured with and without a snapshot")
+    ap.add_argument("--busy-share", type=float, default=0.5,
+                    help="the snapshot thread's busy share (storage.snapshot-busy-share, default 0.5)")
     ap.add_argument("--repeat", type=int, default=3, help="loads timed, best of (default 3)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
@@ -263,7 +267,7 @@ def main() -> None:
     try:
         ds, t_write = bench_restart(tmp, args.entries, args.repeat, args.json)
         try:
-            bench_apply_during_snapshot(ds, t_write, args.applies, args.json)
+            bench_apply_during_snapshot(ds, t_write, args.applies, args.busy_share, args.json)
         finally:
             ds.close()
     finally:

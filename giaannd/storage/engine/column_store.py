@@ -187,10 +187,12 @@ class FrozenRows:
             self._released = True
             self._release()
 
-    def in_key_order(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[RowSlot]]:
+    def in_key_order(self, pause: Callable[[], None] = lambda: None
+                     ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[RowSlot]]:
         """The view's row keys as two arrays sorted by (column, feature), and its slots in that
         order. Meant for the snapshot thread: only C-level loops (no Python frame per row, no key
-        hashing: the slots are taken in dict order and permuted), ``GIL_SLICE_ROWS`` at a time."""
+        hashing: the slots are taken in dict order and permuted), ``GIL_SLICE_ROWS`` at a time,
+        calling ``pause`` after each (snapshot.Pacer)."""
         n = len(self.rows)
         cols, feats = np.empty(n, np.uint64), np.empty(n, np.uint64)
         values: list[RowSlot] = []
@@ -200,10 +202,12 @@ class FrozenRows:
             cols[a : a + len(chunk)] = np.fromiter(map(_FIRST, chunk), np.uint64, len(chunk))
             feats[a : a + len(chunk)] = np.fromiter(map(_SECOND, chunk), np.uint64, len(chunk))
             values += islice(slots, GIL_SLICE_ROWS)
+            pause()
         order = np.lexsort((feats, cols))
         ordered: list[RowSlot] = []
         for a in range(0, n, GIL_SLICE_ROWS):
             ordered += map(values.__getitem__, order[a : a + GIL_SLICE_ROWS].tolist())
+            pause()
         return cols[order], feats[order], ordered
 
     def holds(self, key: RowKey, slot: RowSlot) -> bool:

@@ -52,7 +52,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore, DropResult, FrozenRows
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
-from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot, write_frozen
+from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
@@ -124,14 +124,15 @@ class SnapshotJob:
     view: FrozenRows
     path: Path | None = None
 
-    def write(self) -> Path:
-        """Write the snapshot file (durable on return) and release the view, even on failure.
+    def write(self, busy_share: float = 1.0) -> Path:
+        """Write the snapshot file (durable on return) and release the view, even on failure;
+        ``busy_share``: the most of its time the writing thread works (``snapshot.Pacer``).
 
         Raises:
             OSError: the write failed (ENOSPC...); its temporary is deleted.
         """
         try:
-            self.path = write_frozen(self.directory, self.view, self.seq)
+            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share))
         finally:
             self.view.release()
         return self.path

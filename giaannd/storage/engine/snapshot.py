@@ -26,6 +26,8 @@ from __future__ import annotations
 import io
 import os
 import struct
+import time
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,7 +43,7 @@ from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ENTRY_BYTES, GIL_SLICE_ROWS, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "first_bad_row", "list_snapshots", "list_temporaries",
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
            "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
@@ -128,16 +130,46 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
         view.release()
 
 
-def write_frozen(directory: Path, view: FrozenRows, last_seq: int) -> Path:
+class Pacer:
+    """Keeps the snapshot thread's share of busy time at most ``busy_share``: ``pause()``, called
+    after each slice of work, rests ``work × (1 − share) / share`` for the work done since the
+    previous pause. The snapshot thread competes with the applying thread for the GIL (and, on a
+    busy host, for a core): resting between slices leaves the rest of the time to applies, at
+    the cost of a snapshot that takes up to 1 / share as long (``storage.snapshot-busy-share``).
+
+    Args:
+        busy_share: in (0, 1]; 1 never rests.
+        clock, sleep: injectable for tests (``time.perf_counter``, ``time.sleep``).
+    """
+
+    def __init__(self, busy_share: float, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not 0 < busy_share <= 1:
+            raise ValueError(f"busy_share must be in (0, 1], got {busy_share}")
+        self.busy_share, self._clock, self._sleep = busy_share, clock, sleep
+        self._since = clock()
+        self.rested_s = 0.0
+
+    def pause(self) -> None:
+        worked = self._clock() - self._since
+        if self.busy_share < 1 and worked > 0:
+            rest = worked * (1 - self.busy_share) / self.busy_share
+            self._sleep(rest)
+            self.rested_s += rest
+        self._since = self._clock()
+
+
+def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer | None = None) -> Path:
     """Write a frozen view (``ColumnStore.freeze``) as the snapshot at ``last_seq``; meant for a
-    worker thread while applies go on. Returns the final path (durable on return).
+    worker thread while applies go on, paced by ``pacer`` (None: never rests). Returns the final
+    path (durable on return).
 
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
     try:
-        _write_temporary(tmp, view, last_seq)
+        _write_temporary(tmp, view, last_seq, (pacer or Pacer(1.0)).pause)
         final = directory / snapshot_name(last_seq)
         os.replace(tmp, final)
     except BaseException:
@@ -147,10 +179,10 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int) -> Path:
     return final
 
 
-def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
+def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None]) -> None:
     # Per-row work in this thread holds the GIL the applying thread needs: only C-level loops
     # (map with attrgetter / __getitem__, fromiter), GIL_SLICE_ROWS rows at a time.
-    cols, feats, slots = view.in_key_order()
+    cols, feats, slots = view.in_key_order(pause)
     regions: list[NDArray[np.uint8]] = []
     touches = np.empty(len(slots), np.uint64)
     sizes = np.empty(len(slots), np.int64)
@@ -159,6 +191,7 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
         regions += map(_REGION, chunk)
         touches[a : a + len(chunk)] = np.fromiter(map(_TOUCHES, chunk), np.uint64, len(chunk))
         sizes[a : a + len(chunk)] = np.fromiter(map(len, regions[a : a + len(chunk)]), np.int64, len(chunk))
+        pause()
     del slots
     offsets = np.zeros(len(regions) + 1, np.int64)
     np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
@@ -179,6 +212,7 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int) -> None:
         for b in [*cuts.tolist(), len(regions)]:
             if b > a:  # (bytes.join takes any buffer, at a third of np.concatenate's cost per array)
                 w.write(regions[a].data if b == a + 1 else b"".join(regions[a:b]))  # type: ignore[arg-type]
+                pause()
             a = max(a, b)
         writers, floors, counts, exceptions = view.applied
         w.write(struct.pack("<Q", writers.shape[0]))

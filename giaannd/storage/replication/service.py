@@ -367,7 +367,7 @@ class StorageService:
                     if not beginning.cancelled() and beginning.exception() is None:
                         beginning.result().view.release()
                     raise
-            writing = loop.run_in_executor(None, job.write)
+            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share)
             try:
                 await asyncio.shield(writing)
             except asyncio.CancelledError:

@@ -311,3 +311,37 @@ def test_durable_replay_in_bulk_equals_live(tmp_path: Path, copy_rows: bool) -> 
     again.apply(BatchId(3, 1), done[0][1])  # and it goes on like any store
     assert same_state(again.store, _reference([*done, (BatchId(3, 1), done[0][1])]))
     again.close()
+
+
+def test_snapshot_pacer_rests_for_its_share() -> None:
+    now, slept = [0.0], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    pacer = snapshot_module.Pacer(0.25, clock=lambda: now[0], sleep=sleep)
+    for work in (0.004, 0.0, 0.010):
+        now[0] += work
+        pacer.pause()
+    assert slept == pytest.approx([0.012, 0.030])  # work * (1 - 0.25) / 0.25; no rest after no work
+    assert pacer.rested_s == pytest.approx(0.042)
+    never = snapshot_module.Pacer(1.0, clock=lambda: now[0], sleep=sleep)
+    now[0] += 1.0
+    never.pause()
+    assert len(slept) == 2
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            snapshot_module.Pacer(bad)
+
+
+def test_snapshot_paced_write_equals_unpaced(tmp_path: Path) -> None:
+    store = ColumnStore(BIG)
+    store.apply(BatchId(1, 1), realistic_batch(np.random.default_rng(7), 2000))
+    view = store.freeze()
+    rests: list[float] = []
+    pacer = snapshot_module.Pacer(0.5, sleep=rests.append)  # (records the rests instead of sleeping)
+    paced = snapshot_module.write_frozen(tmp_path, view, 1, pacer).read_bytes()
+    view.release()
+    unpaced = write_snapshot(tmp_path, store, 2).read_bytes()
+    assert rests and paced[HEADER_BYTES:] == unpaced[HEADER_BYTES:]  # same body (headers: seq)
