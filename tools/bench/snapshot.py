@@ -25,6 +25,7 @@ it is on real rows. Measured in one run:
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import struct
 import tempfile
@@ -198,6 +199,7 @@ def _apply_stream(rng: np.random.Generator, store: ColumnStore, count: int, firs
 def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, busy_share: float,
                                 as_json: bool) -> None:
     """Section 2."""
+    gc.freeze()  # as the storage service does after recovery (service.py)
     rng = np.random.default_rng(15)
     next_column = 1 << 50
     seq = 1 << 20
