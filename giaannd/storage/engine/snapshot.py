@@ -320,12 +320,13 @@ def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[
     Entries are ordered by (segment, target column, target feature), as ``row_merge.packed_keys``.
 
     Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries (index arrays that stay in
-    cache; most of the time is the three gathers of u64 / f32 at unaligned byte offsets, about 4 ns
-    per entry each — views of other dtypes and ``np.take`` are no faster): each field of every entry is gathered through a view that sees a u64 / f32 at every
+    cache): each field of every entry is gathered through a view that sees a u64 / f32 at every
     byte offset (as ``regions.rows_of_regions``), at the byte the layout puts it (regions.py):
     entry e of the row at entry offset o with n entries has its target column at byte 13 o + 8 e,
     its feature 8 n further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e —
-    a per-row shift repeated over the row's entries, plus a multiple of e.
+    a per-row shift repeated over the row's entries, plus a multiple of e. Most of the time is the
+    three gathers at unaligned byte offsets, about 4 ns per entry each (measured; views of other
+    dtypes and ``np.take`` are no faster).
     """
     num_rows = offsets.shape[0] - 1
     if num_rows < 1:
