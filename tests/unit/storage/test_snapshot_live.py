@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 import giaannd.storage.engine.column_store as column_store_module
 import giaannd.storage.engine.snapshot as snapshot_module
@@ -245,10 +247,6 @@ def test_snapshot_bulk_load_equals_per_row_load(tmp_path: Path, seed: int, monke
 def _corrupt(path: Path, row: int, field: str) -> tuple[bytes, int]:
     """The snapshot at ``path`` with ``field`` of row ``row`` broken (checksums resealed), and the
     byte offset of that row's region."""
-    import struct
-
-    import xxhash
-
     data = bytearray(path.read_bytes())
     r = struct.unpack_from("<Q", data, 24)[0]
     offsets = np.frombuffer(bytes(data[HEADER_BYTES + 16 * r : HEADER_BYTES + 16 * r + 8 * (r + 1)]), np.int64)
