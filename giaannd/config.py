@@ -309,6 +309,32 @@ class StorageConfig(_Section):
     snapshot_interval_s: Annotated[float, Meta(gt=0, description=(
         "Seconds between snapshots of dirty columns; bounds log replay time after a crash."
     ))] = 300.0
+    snapshot_jitter: Annotated[float, Meta(ge=0, lt=1, description=(
+        "Spread of the snapshot timer, so the replicas of a column never snapshot together: each "
+        "wait after the first is `snapshot-interval-s * (1 + jitter * (2u - 1))`, u uniform in "
+        "[0, 1) from a generator seeded by the node's name; the first is `snapshot-interval-s * "
+        "(0.5 + phase)`, phase in [0, 1) from the name, which spreads nodes started together over "
+        "a whole interval. The mean interval is unchanged; 0 keeps every later wait exact (nodes "
+        "keep their phases, and two with close phases snapshot together each time)."
+    ))] = 0.2
+    snapshot_busy_share: Annotated[float, Meta(gt=0, le=1, description=(
+        "The most of its time a snapshot's writing thread works: after each slice of work (a few "
+        "thousand rows, or about 1 MiB written) it rests `work * (1 - share) / share`. Writes go "
+        "on while a snapshot is written, but the writing thread competes with them for Python's "
+        "GIL (and, on a busy host, for a core); a smaller share leaves more to applies and makes "
+        "the snapshot take up to 1 / share as long (and rows changed meanwhile are kept twice "
+        "that much longer). 1 never rests."
+    ))] = 0.5
+    snapshot_load_copy_rows: Annotated[bool, Meta(description=(
+        "How a restart installs the rows of the snapshot it loads. false: each row's region is a "
+        "view of the one buffer the snapshot's rows were read into (a slice per row: the fastest "
+        "restart), and that buffer stays allocated while any of its rows does, so a row that "
+        "grows or is dropped later does not give back its old bytes: the process can hold up to "
+        "the loaded snapshot's row bytes more than `capacity-bytes` accounts for, until those "
+        "rows are all rewritten. true: each row gets a region of its own (an allocation and a "
+        "copy per row, measured in tools/bench/snapshot.py); memory is exactly what is "
+        "accounted, after a peak of twice the snapshot's rows during the load."
+    ))] = False
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

@@ -49,8 +49,8 @@ from giaannd.compute.durable_jobs import TAG_CACHE_DIR
 from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
 from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError, InputError
-from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from giaannd.model.subwords import ProfileMismatchError
+from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
 from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
 

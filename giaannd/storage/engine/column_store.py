@@ -47,12 +47,31 @@ recovery.py, and the asyncio service is glue on top of that.
 Concurrency: single-threaded by contract. Views returned by ``row``/``row_region`` are live: an
 in-place merge-add changes their strengths, a growing merge replaces the region (the old views keep
 the old data alive). ``read_rows`` returns copies, safe to send while applies continue.
+
+Frozen views (snapshots while applies go on, issue 14 item 3): ``freeze()`` returns a
+:class:`FrozenRows` — a shallow copy of the row dict (one C-level dict copy: pointers, no row data)
+and the applied set as arrays — which another thread may read while this one keeps applying.
+That is safe because, while any frozen view is alive, the store never changes a region or a slot
+it may hold: the in-place paths (merge-add into a row whose keys are all stored) become
+copy-on-write — the row's region is copied, the copy changed, and a new slot put in its place —
+and a growing merge already makes a new region and slot. So a region or slot, once in a frozen
+view, is immutable until ``release()``. A row is copied once per view (the first in-place change
+finds the view holding its slot; later ones change the copy, which the view does not hold); the
+replaced regions stay alive, unaccounted, until the view is released.
+
+Restart installs rows in bulk: ``load_bulk`` (a snapshot's rows, views of the one buffer read, or
+copies: ``storage.snapshot-load-copy-rows``), and ``share_regions`` for log replay (the regions a
+commit lays out are views of the batch's one staging buffer).
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice, repeat
+from operator import itemgetter
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -81,10 +100,12 @@ __all__ = [
     "APPLIED_ID_BYTES",
     "BoundedRead",
     "ENTRY_BYTES",
+    "GIL_SLICE_ROWS",
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
     "PartRead",
+    "FrozenRows",
     "PreparedApply",
     "RowDigest",
     "ScanResult",
@@ -116,6 +137,12 @@ INSTALL_NEW_ROWS = True
 #: (``regions.cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20
 #: entries per row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
 INSTALL_CONCAT_ENTRIES = 64
+#: Per-row loops that run in a snapshot thread beside the applying one go this many rows at a
+#: time: a C-level loop (``list(map(...))``, ``np.fromiter``) holds the GIL until it returns, so
+#: one over every row of a large store would stall applies for its whole length (hundreds of ms
+#: per million rows); 8192 rows take well under a millisecond.
+GIL_SLICE_ROWS = 8192
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
@@ -123,10 +150,10 @@ def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
     return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
 
 
-def _install_regions(batch: RowBatch) -> list[NDArray[np.uint8]]:
+def _install_regions(batch: RowBatch, share: bool = False) -> list[NDArray[np.uint8]]:
     """``regions.install_regions`` with this module's ``INSTALL_CONCAT_ENTRIES``, read at each call
     (tests patch it)."""
-    return install_regions(batch, INSTALL_CONCAT_ENTRIES)
+    return install_regions(batch, INSTALL_CONCAT_ENTRIES, share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +194,53 @@ class DropResult:
     bytes: int
 
 
+@dataclass(slots=True)
+class FrozenRows:
+    """An immutable view of a store at one moment (``ColumnStore.freeze``; module docstring).
+
+    ``rows`` (key -> slot, unordered; neither the dict nor the slots and regions in it change
+    while the view is alive), ``applied`` (the applied set's ``to_arrays``), and ``release``, to
+    call once the view is no longer read (idempotent): the store then stops copying on write.
+    """
+
+    rows: dict[RowKey, RowSlot]
+    applied: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
+    _release: Callable[[], None] = field(repr=False)
+    _released: bool = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._release()
+
+    def in_key_order(self, pause: Callable[[], None] = lambda: None
+                     ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[RowSlot]]:
+        """The view's row keys as two arrays sorted by (column, feature), and its slots in that
+        order. Meant for the snapshot thread: only C-level loops (no Python frame per row, no key
+        hashing: the slots are taken in dict order and permuted), ``GIL_SLICE_ROWS`` at a time,
+        calling ``pause`` after each (snapshot.Pacer)."""
+        n = len(self.rows)
+        cols, feats = np.empty(n, np.uint64), np.empty(n, np.uint64)
+        values: list[RowSlot] = []
+        keys, slots = iter(self.rows), iter(self.rows.values())
+        for a in range(0, n, GIL_SLICE_ROWS):
+            chunk = list(islice(keys, GIL_SLICE_ROWS))
+            cols[a : a + len(chunk)] = np.fromiter(map(_FIRST, chunk), np.uint64, len(chunk))
+            feats[a : a + len(chunk)] = np.fromiter(map(_SECOND, chunk), np.uint64, len(chunk))
+            values += islice(slots, GIL_SLICE_ROWS)
+            pause()
+        order = np.lexsort((feats, cols))
+        ordered: list[RowSlot] = []
+        for a in range(0, n, GIL_SLICE_ROWS):
+            ordered += map(values.__getitem__, order[a : a + GIL_SLICE_ROWS].tolist())
+            pause()
+        return cols[order], feats[order], ordered
+
+    def holds(self, key: RowKey, slot: RowSlot) -> bool:
+        """Whether ``slot`` is the view's slot for ``key`` (then it must not change)."""
+        return self.rows.get(key) is slot
+
+
 @dataclass(frozen=True, slots=True)
 class StoreUsage:
     """For the node's metadata: bytes used / capacity, and whether writes are being refused."""
@@ -202,6 +276,15 @@ class ColumnStore:
         self.drops = 0
         #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
         self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
+        #: frozen views alive (``freeze``): while any, an in-place change to a row one of them holds
+        #: is copy-on-write. A view is released by the thread that read it, hence the lock (the
+        #: list is replaced, never changed, so the applying thread may read it without the lock).
+        self._frozen: list[FrozenRows] = []
+        #: lay out the regions a commit creates as views of one buffer per batch instead of one
+        #: copy each (``regions.cut_regions``): set by recovery for log replay only
+        #: (``storage.snapshot-load-copy-rows`` false), as the snapshot load does
+        self.share_regions = False
+        self._frozen_lock = threading.Lock()
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -284,9 +367,13 @@ class ColumnStore:
             local_pos = plan.local_pos()
             offsets = plan.delta_offsets.tolist()
             strength = plan.delta.strength
+            frozen = self._frozen
             for i in np.flatnonzero(~grows).tolist():
                 slot = slots[i]
                 assert slot is not None
+                if frozen and self._is_frozen(planned.keys[i], slot):  # change a copy (docstring)
+                    slot = RowSlot(slot.region.copy(), None, slot.touches)
+                    self._rows[planned.keys[i]] = slot
                 a, b = offsets[i], offsets[i + 1]
                 slot.row.strength[local_pos[a:b]] += strength[a:b]
                 slot.touches += 1
@@ -294,7 +381,7 @@ class ColumnStore:
             out_offsets, out = merge_batch(plan, None if grows.all() else grows)
             rows = self._rows
             keys = planned.keys
-            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out)):
+            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out, self.share_regions)):
                 slot = slots[i]
                 rows[keys[i]] = RowSlot(region, None, 1 if slot is None else slot.touches + 1)
             added = int(plan.new_count.sum())
@@ -303,20 +390,24 @@ class ColumnStore:
 
     def _install(self, keys: list[RowKey], batch: RowBatch) -> None:
         """Add the rows of ``batch`` (none stored yet) as they are: one applied batch each."""
-        self._rows.update(zip(keys, [RowSlot(region, None, 1) for region in _install_regions(batch)]))
+        self._rows.update(zip(keys, map(RowSlot, _install_regions(batch, self.share_regions), repeat(None),
+                                        repeat(1))))
         self._region_bytes += ENTRY_BYTES * batch.num_entries
         self._entries += batch.num_entries
 
     def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
-        slot.touches += 1
         if plan.in_place:
+            if self._frozen and self._is_frozen(key, slot):  # a frozen view holds it: change a copy
+                slot = RowSlot(slot.region.copy(), None, slot.touches)
+                self._rows[key] = slot
+            slot.touches += 1
             add_in_place(slot.row, delta, plan)
             return
         region, row = new_region(len(slot.row) + plan.new_count)
         merge_into(slot.row, delta, plan, row)
         self._region_bytes += ENTRY_BYTES * plan.new_count
         self._entries += plan.new_count
-        self._rows[key] = RowSlot(region, row, slot.touches)
+        self._rows[key] = RowSlot(region, row, slot.touches + 1)
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
@@ -461,11 +552,64 @@ class ColumnStore:
         return rows_digest(self._rows, row_column, row_feature)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
+    def freeze(self) -> FrozenRows:
+        """An immutable view of the rows and applied set as they are now, for a snapshot written
+        by another thread while applies go on (module docstring: frozen views). O(rows) pointer
+        copy in C, no row data; call ``release()`` on it when done."""
+        view = FrozenRows(dict(self._rows), self.applied.to_arrays(), lambda: self._release_frozen(view))
+        with self._frozen_lock:
+            self._frozen = [*self._frozen, view]
+        return view
+
+    def _release_frozen(self, view: FrozenRows) -> None:
+        with self._frozen_lock:  # (a new list: the applying thread may be iterating the old one)
+            self._frozen = [v for v in self._frozen if v is not view]
+
+    def _is_frozen(self, key: RowKey, slot: RowSlot) -> bool:
+        """Whether a live frozen view holds ``slot`` (so it must be copied before a change). A
+        row is copied once per view: the copy is not in the view and changes in place after."""
+        return any(view.holds(key, slot) for view in self._frozen)
+
     def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
         """(key, applied-batch count, region) of every row, in key order."""
         for key in self.keys():
             slot = self._rows[key]
             yield key, slot.touches, slot.region.data
+
+    def load_bulk(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
+                  offsets: NDArray[np.int64], body: NDArray[np.uint8], touches: NDArray[np.uint64],
+                  copy_rows: bool = False) -> None:
+        """Install every row of a snapshot at once (the caller validated them: keys sorted and
+        unique, offsets a partition of the entries into non-empty rows, ``body`` the rows' regions
+        back to back). Only into an empty store; not capacity-checked (as ``load_row``).
+
+        Each region is a view of ``body`` (no copy): the per-row work is one slice, one slot and
+        one dict entry. The body stays allocated while any of its rows does (a row that grows or
+        is dropped later does not return its share of it: docs/storage.md "Bulk load"), unless
+        ``copy_rows``: each region is then a copy of its own (``storage.snapshot-load-copy-rows``:
+        memory exactly as accounted, at the cost of one allocation and copy per row).
+        """
+        if self._rows:
+            raise ValueError("load_bulk into a store that already holds rows")
+        starts = (ENTRY_BYTES * offsets).tolist()
+        # Millions of new container objects (slots, key tuples) would each count towards the
+        # cyclic GC's thresholds and set off collections that walk all of them again and again
+        # (a third of the time, measured); none of them can be garbage here.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            regions = map(body.__getitem__, map(slice, starts[:-1], starts[1:]))
+            if copy_rows:
+                regions = map(np.ndarray.copy, regions)
+            slots = list(map(RowSlot, regions, repeat(None), touches.tolist()))
+            self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self._version += 1
+        self._region_bytes += ENTRY_BYTES * int(offsets[-1])
+        self._entries += int(offsets[-1])
+        self._scan_index = (len(slots), row_column, row_feature)  # already sorted (the caller checked)
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
         """Install a row read from a snapshot (the caller validated it). Not capacity-checked:

@@ -24,13 +24,21 @@ segments are gone), scans all segments (a torn tail of the last one is cut off: 
 logged as a warning and counted in the report; any other damage stops start-up), replays, and opens
 a fresh segment for new records.
 
-The async service (to come) drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a
-worker thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the
-returned durable seq; ``snapshot()`` from time to time (it blocks applies while it runs).
+The async service drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a worker
+thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the returned
+durable seq; and from time to time a snapshot in three steps, so it never stops writes (issue 14
+item 3): ``begin_snapshot()`` with writes held off (rotate the log so that the records up to the
+snapshot's seq S end a segment, freeze the store: a dict copy, no row data), then
+``job.write()`` in a worker thread while applies go on (they are copy-on-write against the frozen
+view, column_store.py, and land in the log after S), then ``finish_snapshot(job)``: delete older
+snapshots and the log segments whose records are all <= S — never a record after S. A write
+that fails deletes its temporary and changes nothing else (the log still holds everything).
+``snapshot()`` is the three in a row.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -42,9 +50,9 @@ from numpy.typing import NDArray
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from giaannd.storage.engine.column_store import ColumnStore, DropResult
+from giaannd.storage.engine.column_store import ColumnStore, DropResult, FrozenRows
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
-from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot, write_snapshot
+from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
@@ -55,7 +63,7 @@ from giaannd.storage.engine.update_log import (
     scan_segment,
 )
 
-__all__ = ["ApplyResult", "DurableStore", "RecoveryReport", "replay"]
+__all__ = ["ApplyResult", "DurableStore", "RecoveryReport", "SnapshotJob", "replay"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +114,30 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     return applied, skipped
 
 
+@dataclass(slots=True)
+class SnapshotJob:
+    """A snapshot begun (``DurableStore.begin_snapshot``): the frozen view at log seq ``seq``.
+    ``write()`` (any thread, once) writes it and releases the view; ``path`` is then set."""
+
+    directory: Path
+    seq: int
+    view: FrozenRows
+    path: Path | None = None
+
+    def write(self, busy_share: float = 1.0) -> Path:
+        """Write the snapshot file (durable on return) and release the view, even on failure;
+        ``busy_share``: the most of its time the writing thread works (``snapshot.Pacer``).
+
+        Raises:
+            OSError: the write failed (ENOSPC...); its temporary is deleted.
+        """
+        try:
+            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share))
+        finally:
+            self.view.release()
+        return self.path
+
+
 class DurableStore:
     """A :class:`ColumnStore` whose writes survive restarts. Build it with :meth:`open`."""
 
@@ -123,8 +155,12 @@ class DurableStore:
         capacity_bytes: int,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         verify_rows: bool = True,
+        copy_rows: bool = False,
     ) -> DurableStore:
         """Recover the store in ``directory`` (created if missing).
+
+        Args:
+            verify_rows, copy_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -136,7 +172,7 @@ class DurableStore:
         snapshots = list_snapshots(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, copy_rows)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
@@ -168,9 +204,20 @@ class DurableStore:
         if temporaries or torn or snapshots[:-1]:
             fsync_dir(d)
         applied = skipped = 0
-        for scan in scans:
-            a, s = replay(store, scan.records, snap_seq)
-            applied, skipped = applied + a, skipped + s
+        # Replay in bulk: regions laid out as views of each batch's one buffer unless copy_rows (as
+        # the snapshot load), and the cyclic GC paused (millions of new slots and key tuples would
+        # set off collections walking them all, again and again; none is garbage).
+        store.share_regions = not copy_rows
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for scan in scans:
+                a, s = replay(store, scan.records, snap_seq)
+                applied, skipped = applied + a, skipped + s
+        finally:
+            store.share_regions = False
+            if gc_was_enabled:
+                gc.enable()
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
@@ -218,16 +265,34 @@ class DurableStore:
         return self.log.sync()
 
     def snapshot(self) -> Path:
-        """Write a snapshot of everything applied, then drop the log segments it covers."""
+        """Write a snapshot of everything applied, then drop the log segments it covers
+        (``begin_snapshot``, ``write``, ``finish_snapshot`` in a row)."""
+        job = self.begin_snapshot()
+        job.write()
+        return self.finish_snapshot(job)
+
+    def begin_snapshot(self) -> SnapshotJob:
+        """Start a snapshot of everything applied so far: rotate the log (the records up to the
+        snapshot's seq end a synced segment) and freeze the store. No write may run during this
+        call; they may during the job's ``write``.
+
+        Raises:
+            OSError: the rotation failed (a full disk); nothing changed, the log goes on as it was.
+        """
         self.log.rotate()
-        seq = self.log.last_seq
-        path = write_snapshot(self.directory, self.store, seq)
-        self.snapshot_seq = seq
+        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze())
+
+    def finish_snapshot(self, job: SnapshotJob) -> Path:
+        """After ``job.write()``: the snapshot is current; delete older snapshots and the log
+        segments whose records are all <= its seq (``UpdateLog.drop_through``: the segment that
+        holds records after it is kept). Safe while applies go on."""
+        assert job.path is not None, "finish_snapshot before the job was written"
+        self.snapshot_seq = max(self.snapshot_seq, job.seq)
         for s, old in list_snapshots(self.directory):
-            if s < seq:
+            if s < job.seq:
                 old.unlink()
-        self.log.drop_through(seq)
-        return path
+        self.log.drop_through(job.seq)
+        return job.path
 
     def close(self) -> None:
         self.log.close()

@@ -120,8 +120,12 @@ def rows_of_regions(regions: list[NDArray[np.uint8]]) -> tuple[NDArray[np.int64]
     )
 
 
-def cut_regions(offsets: NDArray[np.int64], rows: Row) -> list[NDArray[np.uint8]]:
+def cut_regions(offsets: NDArray[np.int64], rows: Row, share: bool = False) -> list[NDArray[np.uint8]]:
     """One region per row of the concatenated ``rows`` (layout: module docstring).
+
+    ``share``: the regions are views of the one staging buffer instead of copies (restart's log
+    replay, ``storage.snapshot-load-copy-rows`` false): no copy per row, but the buffer lives as
+    long as any of them.
 
     The rows are first laid out as regions in one staging buffer, each starting 8-byte aligned, by
     four scatters over all entries; then each region is one slice copy, so rows never share (and
@@ -149,20 +153,23 @@ def cut_regions(offsets: NDArray[np.int64], rows: Row) -> list[NDArray[np.uint8]
     at = np.repeat(s + 20 * lengths - first, lengths)
     at += e
     stage[at] = rows.segment
-    return [stage[a : a + ENTRY_BYTES * n].copy() for a, n in zip(start.tolist(), lengths.tolist())]
+    ends = (start[:-1] + ENTRY_BYTES * lengths).tolist()
+    views = map(stage.__getitem__, map(slice, start[:-1].tolist(), ends))
+    return list(views) if share else list(map(np.ndarray.copy, views))
 
 
-def install_regions(batch: RowBatch, concat_entries: int) -> list[NDArray[np.uint8]]:
+def install_regions(batch: RowBatch, concat_entries: int, share: bool = False) -> list[NDArray[np.uint8]]:
     """One region per row of ``batch`` (every row non-empty and canonical): the rows as they are,
     since a row not stored yet merges to its delta. Rows of at least ``concat_entries`` entries are
     one byte concatenation each, shorter ones one vectorised scatter (``cut_regions``); the result
-    is the same bytes (the threshold only moves the cost: column_store.INSTALL_CONCAT_ENTRIES)."""
+    is the same bytes (the threshold only moves the cost: column_store.INSTALL_CONCAT_ENTRIES).
+    ``share``: as for ``cut_regions``."""
     offsets = batch.offsets
     lengths = np.diff(offsets)
     long_rows = lengths >= concat_entries
     if not long_rows.any():
         return cut_regions(offsets, Row(batch.segment, batch.target_column, batch.target_feature,
-                                        batch.strength))
+                                        batch.strength), share)
     out: list[NDArray[np.uint8]] = [EMPTY_REGION] * int(lengths.shape[0])
     # byte views of the four fields (native, contiguous: a no-op for arrays off the wire)
     col = np.ascontiguousarray(batch.target_column, np.uint64).view(np.uint8)
@@ -176,7 +183,7 @@ def install_regions(batch: RowBatch, concat_entries: int) -> list[NDArray[np.uin
     if not long_rows.all():
         short = batch.select_rows(~long_rows)
         regions = cut_regions(short.offsets, Row(short.segment, short.target_column, short.target_feature,
-                                                 short.strength))
+                                                 short.strength), share)
         for i, region in zip(np.flatnonzero(~long_rows).tolist(), regions):
             out[i] = region
     return out

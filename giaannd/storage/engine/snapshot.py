@@ -26,6 +26,9 @@ from __future__ import annotations
 import io
 import os
 import struct
+import time
+from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,12 +40,11 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import NUM_SEGMENTS
 from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, row_from_region
+from giaannd.storage.engine.column_store import ENTRY_BYTES, GIL_SLICE_ROWS, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
-from giaannd.storage.engine.row_merge import packed_keys
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "list_snapshots", "list_temporaries", "read_snapshot",
-           "remove_temporaries", "snapshot_name", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
+           "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
 SNAPSHOT_FORMAT_VERSION = 1
@@ -54,6 +56,14 @@ SNAPSHOT_RECORD = RecordFormat(
     versions=(SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
 HEADER_BYTES = SNAPSHOT_RECORD.header_bytes  # 64
 _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
+#: Row regions are written in runs of about this many bytes (one concatenation + one write each):
+#: large enough that the per-run Python cost vanishes, small enough that the copy holding the GIL
+#: (a few hundred µs) does not stall the thread applying batches meanwhile.
+WRITE_CHUNK_BYTES = 1 << 20
+_REGION, _TOUCHES = attrgetter("region"), attrgetter("touches")
+#: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
+#: a few MiB, cache-sized, instead of several of 8 bytes per entry of the whole store.
+VERIFY_CHUNK_ENTRIES = 1 << 17
 
 
 def snapshot_name(last_seq: int) -> str:
@@ -113,9 +123,53 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
+    view = store.freeze()
+    try:
+        return write_frozen(directory, view, last_seq)
+    finally:
+        view.release()
+
+
+class Pacer:
+    """Keeps the snapshot thread's share of busy time at most ``busy_share``: ``pause()``, called
+    after each slice of work, rests ``work × (1 − share) / share`` for the work done since the
+    previous pause. The snapshot thread competes with the applying thread for the GIL (and, on a
+    busy host, for a core): resting between slices leaves the rest of the time to applies, at
+    the cost of a snapshot that takes up to 1 / share as long (``storage.snapshot-busy-share``).
+
+    Args:
+        busy_share: in (0, 1]; 1 never rests.
+        clock, sleep: injectable for tests (``time.perf_counter``, ``time.sleep``).
+    """
+
+    def __init__(self, busy_share: float, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not 0 < busy_share <= 1:
+            raise ValueError(f"busy_share must be in (0, 1], got {busy_share}")
+        self.busy_share, self._clock, self._sleep = busy_share, clock, sleep
+        self._since = clock()
+        self.rested_s = 0.0
+
+    def pause(self) -> None:
+        worked = self._clock() - self._since
+        if self.busy_share < 1 and worked > 0:
+            rest = worked * (1 - self.busy_share) / self.busy_share
+            self._sleep(rest)
+            self.rested_s += rest
+        self._since = self._clock()
+
+
+def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer | None = None) -> Path:
+    """Write a frozen view (``ColumnStore.freeze``) as the snapshot at ``last_seq``; meant for a
+    worker thread while applies go on, paced by ``pacer`` (None: never rests). Returns the final
+    path (durable on return).
+
+    Raises:
+        OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
+    """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
     try:
-        _write_temporary(tmp, store, last_seq)
+        _write_temporary(tmp, view, last_seq, (pacer or Pacer(1.0)).pause)
         final = directory / snapshot_name(last_seq)
         os.replace(tmp, final)
     except BaseException:
@@ -125,29 +179,47 @@ def write_snapshot(directory: Path, store: ColumnStore, last_seq: int) -> Path:
     return final
 
 
-def _write_temporary(tmp: Path, store: ColumnStore, last_seq: int) -> None:
-    keys = store.keys()
-    num_entries = 0
+def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None]) -> None:
+    # Per-row work in this thread holds the GIL the applying thread needs: only C-level loops
+    # (map with attrgetter / __getitem__, fromiter), GIL_SLICE_ROWS rows at a time.
+    cols, feats, slots = view.in_key_order(pause)
+    regions: list[NDArray[np.uint8]] = []
+    touches = np.empty(len(slots), np.uint64)
+    sizes = np.empty(len(slots), np.int64)
+    for a in range(0, len(slots), GIL_SLICE_ROWS):
+        chunk = slots[a : a + GIL_SLICE_ROWS]
+        regions += map(_REGION, chunk)
+        touches[a : a + len(chunk)] = np.fromiter(map(_TOUCHES, chunk), np.uint64, len(chunk))
+        sizes[a : a + len(chunk)] = np.fromiter(map(len, regions[a : a + len(chunk)]), np.int64, len(chunk))
+        pause()
+    del slots
+    offsets = np.zeros(len(regions) + 1, np.int64)
+    np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
         w = _HashingWriter(f)
-        slots = list(store.iter_slots())  # (key order, as ``keys``)
-        offsets = np.zeros(len(keys) + 1, np.int64)
-        np.cumsum(np.fromiter((len(region) // ENTRY_BYTES for _, _, region in slots), np.int64, len(slots)),
-                  out=offsets[1:])
-        num_entries = int(offsets[-1])
-        w.array(np.array([k[0] for k in keys], np.uint64))
-        w.array(np.array([k[1] for k in keys], np.uint64))
+        w.array(cols)
+        w.array(feats)
         w.array(offsets)
-        w.array(np.array([t for _, t, _ in slots], np.uint64))
-        for _, _, region in slots:
-            w.write(region)
-        writers, floors, counts, exceptions = store.applied.to_arrays()
+        w.array(touches)
+        # Regions go out in runs of about WRITE_CHUNK_BYTES, each one concatenation + one write:
+        # a write call per row would be a Python call per row (millions) in this thread, holding
+        # the GIL the applying thread needs; a run is a short memcpy, then the GIL is released.
+        ends = np.cumsum(sizes)
+        cuts = np.unique(np.searchsorted(ends, np.arange(WRITE_CHUNK_BYTES, int(ends[-1]) if len(ends) else 0,
+                                                          WRITE_CHUNK_BYTES), "left") + 1)
+        a = 0
+        for b in [*cuts.tolist(), len(regions)]:
+            if b > a:  # (bytes.join takes any buffer, at a third of np.concatenate's cost per array)
+                w.write(regions[a].data if b == a + 1 else b"".join(regions[a:b]))  # type: ignore[arg-type]
+                pause()
+            a = max(a, b)
+        writers, floors, counts, exceptions = view.applied
         w.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
             w.array(arr)
         header = SNAPSHOT_RECORD.pack_header(payload_bytes=w.n, payload_xxh3=w.h.intdigest(), last_seq=last_seq,
-                                             rows=len(keys), entries=num_entries)
+                                             rows=len(regions), entries=int(offsets[-1]))
         f.seek(0)
         f.write(header)
         f.flush()
@@ -178,7 +250,8 @@ class _Reader:
         return out
 
 
-def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> tuple[ColumnStore, int]:
+def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
+                  copy_rows: bool = False) -> tuple[ColumnStore, int]:
     """Load a snapshot into a new store; returns (store, last_seq).
 
     Args:
@@ -186,6 +259,8 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         capacity_bytes: the store's capacity (a snapshot larger than it still loads; ``is_full`` says so).
         verify_rows: also check every row's entry order, segments and strengths (the checksum already
             rules out damage on disk; this guards against a writer bug, at some cost: see the bench).
+        copy_rows: give each row a region of its own instead of a view of the one buffer read
+            (``ColumnStore.load_bulk``).
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -208,7 +283,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) <= 0):
             raise rd.fail("row offsets are not a partition of the entries into non-empty rows", off_at)
         regions_at = rd.pos
-        regions = [rd.array(np.uint8, ENTRY_BYTES * int(c)) for c in np.diff(offsets)]
+        body = rd.array(np.uint8, ENTRY_BYTES * n)  # every row region: one readinto
         w_at = rd.pos
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws = rd.array(np.uint64, num_writers)
@@ -228,26 +303,75 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
             applied = AppliedSet.from_arrays(ws, floors, counts, exc)
         except ValueError as e:
             raise CorruptSnapshotError(str(path), w_at, str(e)) from None
+    if verify_rows:
+        bad = first_bad_row(body, offsets)
+        if bad is not None:
+            i, problem = bad
+            raise CorruptSnapshotError(str(path), regions_at + ENTRY_BYTES * int(offsets[i]), f"row {i}: {problem}")
     store = ColumnStore(capacity_bytes)
     store.applied = applied
-    pos = regions_at
-    for i, region in enumerate(regions):
-        if verify_rows:
-            problem = _row_problem(region)
-            if problem:
-                raise CorruptSnapshotError(str(path), pos, f"row {i}: {problem}")
-        store.load_row((int(rc[i]), int(rf[i])), region, int(touches[i]))
-        pos += region.shape[0]
+    store.load_bulk(rc, rf, offsets, body, touches, copy_rows)
     return store, int(last_seq)
 
 
-def _row_problem(region: NDArray[np.uint8]) -> str | None:
-    row = row_from_region(region)
-    if int(row.segment.max()) >= NUM_SEGMENTS:
-        return "segment out of range"
-    if not np.all(np.isfinite(row.strength)):
-        return "non-finite strength"
-    keys = packed_keys(row)  # byte order = key order (row_merge.py), one comparison per entry
-    if len(row) > 1 and not np.all(keys[1:] > keys[:-1]):
-        return "entries not sorted and unique"
+def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """The first row of ``body`` (regions back to back, entry ``offsets``) that is not well formed,
+    with what is wrong (its first problem in the order segment, strength, entry order), or None.
+    Entries are ordered by (segment, target column, target feature), as ``row_merge.packed_keys``.
+
+    Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries (index arrays that stay in
+    cache): each field of every entry is gathered through a view that sees a u64 / f32 at every
+    byte offset (as ``regions.rows_of_regions``), at the byte the layout puts it (regions.py):
+    entry e of the row at entry offset o with n entries has its target column at byte 13 o + 8 e,
+    its feature 8 n further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e —
+    a per-row shift repeated over the row's entries, plus a multiple of e. Most of the time is the
+    three gathers at unaligned byte offsets, about 4 ns per entry each (measured; views of other
+    dtypes and ``np.take`` are no faster).
+    """
+    num_rows = offsets.shape[0] - 1
+    if num_rows < 1:
+        return None
+    starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
+    bounds = [*np.unique(starts).tolist(), num_rows]
+    for r0, r1 in zip(bounds, bounds[1:]):
+        run = offsets[r0 : r1 + 1]
+        bad = _first_bad_in(body[ENTRY_BYTES * int(run[0]) : ENTRY_BYTES * int(run[-1])], run - run[0])
+        if bad is not None:
+            return r0 + bad[0], bad[1]
     return None
+
+
+def _first_bad_in(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """``first_bad_row`` for one run of rows: ``body`` their regions, ``offsets`` from 0."""
+    m = int(offsets[-1])
+    # int32 indices while they fit (half the memory traffic of int64)
+    itype = np.int32 if body.shape[0] < 2**31 else np.int64
+    first: NDArray[Any] = offsets[:-1].astype(itype)
+    lengths: NDArray[Any] = np.diff(offsets).astype(itype)
+    e: NDArray[Any] = np.arange(m, dtype=itype)
+    seg = body[np.repeat(20 * (first + lengths), lengths) + e]
+    f32 = np.ndarray((body.shape[0] - 3,), np.float32, body, 0, (1,))
+    strength = f32[np.repeat(17 * first + 16 * lengths, lengths) + 4 * e]
+    found: list[tuple[int, int, str]] = []  # (entry, rank of the problem, problem)
+    # (each check is one pass, ``all``/``any``; the failing entry is looked for only on a failure)
+    if (seg >= NUM_SEGMENTS).any():
+        found.append((int(np.flatnonzero(seg >= NUM_SEGMENTS)[0]), 0, "segment out of range"))
+    if not np.isfinite(strength).all():
+        found.append((int(np.flatnonzero(~np.isfinite(strength))[0]), 1, "non-finite strength"))
+    if m > 1:
+        u64 = np.ndarray((body.shape[0] - 7,), np.uint64, body, 0, (1,))
+        at = np.repeat(13 * first, lengths) + 8 * e
+        c = u64[at]
+        at += np.repeat(8 * lengths, lengths)
+        f = u64[at]
+        s0, s1, c0, c1 = seg[:-1], seg[1:], c[:-1], c[1:]
+        ok = (s1 > s0) | ((s1 == s0) & ((c1 > c0) | ((c1 == c0) & (f[1:] > f[:-1]))))
+        ok[offsets[1:-1] - 1] = True  # pairs across a row boundary are not compared
+        if not ok.all():
+            found.append((int(np.flatnonzero(~ok)[0]), 2, "entries not sorted and unique"))
+    if not found:
+        return None
+    # entry -> row; the lowest row wins, then the problem's rank
+    rows = np.searchsorted(offsets, [entry for entry, _, _ in found], "right") - 1
+    row, _, problem = min((int(r), rank, problem) for r, (_, rank, problem) in zip(rows.tolist(), found))
+    return row, problem

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,7 @@ from giaannd.storage.replication.requests import (
     WaitRegistersSynced,
     WaitVocabSynced,
 )
+from giaannd.storage.replication.snapshot_timer import snapshot_waits
 from peers.transport import Incoming, Reply
 
 if TYPE_CHECKING:
@@ -140,7 +142,10 @@ class StorageService:
         self.vocab: VocabStore | None = None
         self.registers: RegisterStore | None = None
         self._commit: GroupCommit | None = None
+        #: held by every write to the store, and by a snapshot only while it freezes the store
         self._snapshot_lock = asyncio.Lock()
+        #: held for a whole snapshot: one at a time
+        self._snapshot_running = asyncio.Lock()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -177,7 +182,12 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
-        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
+        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
+                                             copy_rows=s.snapshot_load_copy_rows)
+        # The rows just recovered (millions of slots and key tuples, never in reference cycles: freed
+        # by reference counting) leave the cyclic GC's generations: otherwise every full collection
+        # walks them all, a pause of 0.1-1 s per million rows in the middle of some apply.
+        gc.freeze()
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
@@ -273,7 +283,7 @@ class StorageService:
         final_snapshot_error: OSError | None = None
         if graceful and self.store is not None:
             try:
-                async with self._snapshot_lock:
+                async with self._snapshot_running, self._snapshot_lock:  # no writes any more: one step
                     await asyncio.to_thread(self.store.snapshot)
             except OSError as exc:
                 final_snapshot_error = exc
@@ -320,14 +330,17 @@ class StorageService:
 
     # -- background loops ---------------------------------------------------------------------------
     async def run_snapshots(self, stopping: asyncio.Event) -> None:
-        """Snapshot every ``storage.snapshot-interval-s`` (truncates the log, bounds replay time). A
-        failed snapshot (a full disk) is retried after the backoff (disk_full.py), never fatal."""
-        wait_s = self.settings.snapshot_interval_s
+        """Snapshot about every ``storage.snapshot-interval-s`` (truncates the log, bounds replay
+        time), with a phase and jitter from the node's name (snapshot_timer.py) so replicas do not
+        snapshot together. A failed snapshot (a full disk) is retried after the backoff
+        (disk_full.py), never fatal."""
+        waits = snapshot_waits(self.node_name, self.settings.snapshot_interval_s, self.settings.snapshot_jitter)
+        wait_s = next(waits)
         while not stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), wait_s)
                 return
-            wait_s = self.settings.snapshot_interval_s
+            wait_s = next(waits)
             if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
                 try:
                     await self.snapshot()  # (nothing logged since the last one: nothing to do)
@@ -335,15 +348,40 @@ class StorageService:
                     wait_s = self.disk.snapshot_failed(exc)
 
     async def snapshot(self) -> Path:
-        """Write a snapshot now; applies wait while it runs (DurableStore.snapshot's contract).
+        """Write a snapshot now, without stopping writes: applies wait only while it begins (a
+        log rotation and a frozen view, recovery.py), then go on while a worker thread writes it.
+
+        Cancelled (the service stopping), it still waits for its thread — a thread cannot be
+        stopped — and keeps ``_snapshot_running`` until then, so the final snapshot at ``stop``
+        never runs beside it; a frozen view it got is released.
 
         Raises:
             OSError: it failed (its temporary is deleted; the log is intact).
         """
         assert self.store is not None
-        async with self._snapshot_lock:
+        store = self.store
+        loop = asyncio.get_running_loop()
+        async with self._snapshot_running:  # one at a time (the timer, the final one at stop)
             start = time.perf_counter()
-            path = await asyncio.to_thread(self.store.snapshot)
+            async with self._snapshot_lock:  # the writes' lock: held for the freeze only
+                beginning = loop.run_in_executor(None, store.begin_snapshot)
+                try:
+                    job = await asyncio.shield(beginning)
+                except asyncio.CancelledError:
+                    await asyncio.wait([beginning])
+                    if not beginning.cancelled() and beginning.exception() is None:
+                        beginning.result().view.release()
+                    raise
+            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share)
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait([writing])
+                if not writing.cancelled():
+                    writing.exception()  # (retrieved: a failure here is the stop's to report, not the loop's)
+                raise
+            # (unlinks and a directory fsync: off the event loop; safe beside appends, recovery.py)
+            path = await asyncio.to_thread(store.finish_snapshot, job)
         self.disk.snapshot_written(path, time.perf_counter() - start)
         return path
 
@@ -418,7 +456,7 @@ class StorageService:
 
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
-            async with self._snapshot_lock:  # a snapshot reads the store from a thread: no writes
+            async with self._snapshot_lock:  # not while a snapshot freezes the store (snapshot())
                 step = core.serve(msg, incoming.bulk)
         else:
             step = core.serve(msg, incoming.bulk)

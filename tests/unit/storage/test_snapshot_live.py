@@ -1,0 +1,345 @@
+"""Snapshots that never stop writes, and the bulk snapshot loader (issue 14 items 3 and 4).
+
+A snapshot is begun (log rotated, store frozen), written by another thread while applies go on,
+then finished (older snapshots and covered log segments deleted). The snapshot must equal the
+store as of its seq, and everything applied after it must be in the log; a crash or a full disk
+in the middle leaves the node able to serve and to restart with the same state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+import giaannd.storage.engine.column_store as column_store_module
+import giaannd.storage.engine.snapshot as snapshot_module
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, CorruptSnapshotError, DurableStore
+from giaannd.storage.engine.snapshot import HEADER_BYTES, list_temporaries, read_snapshot, write_snapshot
+from giaannd.storage.engine.update_log import list_segments, scan_segment
+from tools.bench.snapshot import read_snapshot_per_row, realistic_batch
+
+from ._gen import random_batch, same_state
+
+BIG = 1 << 40
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _batches(seed: int, count: int) -> list[RowBatch]:
+    rng = np.random.default_rng(seed)
+    return [random_batch(rng, 300) for _ in range(count)]
+
+
+def _reference(batches: list[tuple[BatchId, RowBatch]]) -> ColumnStore:
+    ref = ColumnStore(BIG)
+    for bid, b in batches:
+        ref.apply(bid, b)
+    return ref
+
+
+def _region_bytes(store: ColumnStore) -> dict[tuple[int, int], tuple[bytes, int]]:
+    return {k: (s.region.tobytes(), s.touches) for k, s in store._rows.items()}  # noqa: SLF001
+
+
+@pytest.mark.parametrize("large_row_entries", [512, 1])  # 1: every stored row takes the one-row path
+def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(monkeypatch, large_row_entries) -> None:
+    monkeypatch.setattr(column_store_module, "LARGE_ROW_ENTRIES", large_row_entries)
+    store = ColumnStore(BIG)
+    batches = _batches(1, 6)
+    for i, b in enumerate(batches[:3]):
+        store.apply(BatchId(1, i + 1), b)
+    before = _region_bytes(store)
+    applied_before = store.applied.to_arrays()
+    view = store.freeze()
+    for i, b in enumerate(batches[:3]):  # the same keys again: in-place adds only
+        store.apply(BatchId(2, i + 1), b)
+    for i, b in enumerate(batches[3:]):  # growing merges and new rows
+        store.apply(BatchId(3, i + 1), b)
+    store.drop_columns(np.array([batches[0].row_column[0]], np.uint64))
+    assert {k: (s.region.tobytes(), s.touches) for k, s in view.rows.items()} == before
+    assert all(np.array_equal(a, b) for a, b in zip(view.applied, applied_before))
+    # the live store went on as if there had been no view
+    ref = ColumnStore(BIG)
+    for writer, chunk in ((1, batches[:3]), (2, batches[:3]), (3, batches[3:])):
+        for i, b in enumerate(chunk):
+            ref.apply(BatchId(writer, i + 1), b)
+    ref.drop_columns(np.array([batches[0].row_column[0]], np.uint64))
+    assert same_state(store, ref)
+    view.release()
+    view.release()  # idempotent
+    assert store._frozen == []  # noqa: SLF001 (no copy-on-write once released)
+
+
+def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch) -> None:
+    ds = DurableStore.open(tmp_path, BIG)
+    batches = _batches(2, 8)
+    early = [(BatchId(1, i + 1), b) for i, b in enumerate(batches[:4])]
+    late = [(BatchId(2, i + 1), b) for i, b in enumerate(batches)]  # in-place adds and new rows
+    for bid, b in early:
+        ds.apply(bid, b)
+    # The writer thread stops part-way through the file until every late batch is applied, so
+    # they are applied while the snapshot is being written (not before, not after).
+    applied_late, writing = threading.Event(), threading.Event()
+    write = snapshot_module._HashingWriter.write
+    calls = 0
+
+    def paused_write(self, buf):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            writing.set()
+            assert applied_late.wait(10)
+        write(self, buf)
+
+    monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
+    job = ds.begin_snapshot()
+    assert job.seq == ds.log.last_seq == len(early)
+    writer = threading.Thread(target=job.write)
+    writer.start()
+    try:
+        assert writing.wait(10)
+        for bid, b in late:
+            ds.apply(bid, b)
+    finally:
+        applied_late.set()
+        writer.join(10)
+    assert not writer.is_alive()
+    path = ds.finish_snapshot(job)
+    ds.sync()
+    # the snapshot is the state at its seq ...
+    snap, seq = read_snapshot(path, BIG)
+    assert seq == job.seq and same_state(snap, _reference(early))
+    # ... the log holds exactly what came after it, and no segment it still needs was deleted
+    records = [r for first, p in list_segments(tmp_path) for r in scan_segment(p, first, is_last=False).records]
+    assert [r.seq for r in records] == list(range(job.seq + 1, ds.log.last_seq + 1))
+    assert [r.batch_id for r in records] == [bid for bid, _ in late]
+    assert same_state(ds.store, _reference(early + late))
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG)
+    assert again.recovery.snapshot_seq == job.seq and again.recovery.records_replayed == len(late)
+    assert same_state(again.store, _reference(early + late))
+    again.close()
+
+
+def test_snapshot_disk_full_while_applies_continue_keeps_serving(tmp_path: Path, monkeypatch) -> None:
+    ds = DurableStore.open(tmp_path, BIG)
+    batches = _batches(3, 6)
+    done = []
+    for i, b in enumerate(batches[:3]):
+        ds.apply(BatchId(1, i + 1), b)
+        done.append((BatchId(1, i + 1), b))
+    job = ds.begin_snapshot()
+    for i, b in enumerate(batches[3:]):
+        ds.apply(BatchId(1, i + 4), b)
+        done.append((BatchId(1, i + 4), b))
+    write = snapshot_module._HashingWriter.write
+    calls = 0
+
+    def fills_up(self, buf):  # the disk fills part-way through the file
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, buf)
+
+    monkeypatch.setattr(snapshot_module._HashingWriter, "write", fills_up)
+    with pytest.raises(OSError, match="No space"):
+        job.write()
+    monkeypatch.undo()
+    assert not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
+    assert ds.store._frozen == []  # noqa: SLF001 (the view was released: no copy-on-write)
+    ds.apply(BatchId(1, 99), batches[0])  # still serving
+    done.append((BatchId(1, 99), batches[0]))
+    ds.snapshot()  # and a later attempt works
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG)
+    assert same_state(again.store, _reference(done))
+    again.close()
+
+
+_CRASH_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import giaannd.storage.engine.snapshot as snapshot_module
+    from giaannd.protocol import BatchId
+    from giaannd.storage import DurableStore
+    from tests.unit.storage._gen import random_batch
+
+    ds = DurableStore.open(sys.argv[1], 1 << 40)
+    rng = np.random.default_rng(4)
+    batches = [random_batch(rng, 300) for _ in range(6)]
+    for i, b in enumerate(batches[:3]):
+        ds.apply(BatchId(1, i + 1), b)
+    job = ds.begin_snapshot()
+    for i, b in enumerate(batches[3:]):  # applied while the snapshot is under way
+        ds.apply(BatchId(1, i + 4), b)
+    ds.sync()
+    write = snapshot_module._HashingWriter.write
+    calls = 0
+    def dies(self, buf):
+        global calls
+        calls += 1
+        if calls == 5:  # part-way through the temporary (before the rows): the process is killed
+            os.kill(os.getpid(), signal.SIGKILL)
+        write(self, buf)
+    snapshot_module._HashingWriter.write = dies
+    job.write()
+""")
+
+
+def test_snapshot_crash_in_the_middle_restarts_with_the_same_state(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _CRASH_CHILD, str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, timeout=120, check=False)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert len(list_temporaries(tmp_path)) == 1 and not list(tmp_path.glob("snapshot-*"))
+    rng = np.random.default_rng(4)
+    batches = [random_batch(rng, 300) for _ in range(6)]
+    want = _reference([(BatchId(1, i + 1), b) for i, b in enumerate(batches)])
+    again = DurableStore.open(tmp_path, BIG)
+    assert again.recovery.temporaries_removed == 1 and not list_temporaries(tmp_path)
+    assert again.recovery.snapshot is None and again.recovery.records_replayed == 6
+    assert same_state(again.store, want)
+    again.snapshot()  # the next snapshot works, and a restart from it gives the same state
+    again.close()
+    last = DurableStore.open(tmp_path, BIG)
+    assert last.recovery.snapshot is not None and same_state(last.store, want)
+    last.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_snapshot_bulk_load_equals_per_row_load(tmp_path: Path, seed: int, monkeypatch) -> None:
+    if seed % 2:  # rows checked in many short runs (run boundaries inside the store)
+        monkeypatch.setattr(snapshot_module, "VERIFY_CHUNK_ENTRIES", 100)
+    rng = np.random.default_rng(seed)
+    store = ColumnStore(BIG)
+    store.apply(BatchId(1, 1), realistic_batch(rng, 300))  # median 17 entries, a Zipf tail
+    for i in range(3):
+        store.apply(BatchId(2, i + 1), random_batch(rng, 400))
+    store.advance_floor(2, 1)
+    path = write_snapshot(tmp_path, store, 7)
+    for verify, copy_rows in ((True, False), (False, False), (True, True)):
+        bulk, seq = read_snapshot(path, BIG, verify, copy_rows)
+        old, old_seq = read_snapshot_per_row(path, BIG, verify)
+        assert seq == old_seq == 7
+        assert same_state(bulk, old) and same_state(bulk, store)
+        assert _region_bytes(bulk) == _region_bytes(old) == _region_bytes(store)
+        assert bulk.usage() == old.usage() == store.usage()
+        assert bulk.keys() == store.keys()
+        # shared: every region a view of the one body read; copied: each region its own buffer
+        bases = {id(s.region.base) for s in bulk._rows.values()}  # noqa: SLF001
+        assert (bases == {id(None)}) if copy_rows else (len(bases) == 1 and id(None) not in bases)
+    empty_path = write_snapshot(tmp_path, ColumnStore(BIG), 8)
+    assert len(read_snapshot(empty_path, BIG)[0]) == 0
+
+
+def _corrupt(path: Path, row: int, field: str) -> tuple[bytes, int]:
+    """The snapshot at ``path`` with ``field`` of row ``row`` broken (checksums resealed), and the
+    byte offset of that row's region."""
+    data = bytearray(path.read_bytes())
+    r = struct.unpack_from("<Q", data, 24)[0]
+    offsets = np.frombuffer(bytes(data[HEADER_BYTES + 16 * r : HEADER_BYTES + 16 * r + 8 * (r + 1)]), np.int64)
+    at = HEADER_BYTES + 8 * (4 * r + 1) + 21 * int(offsets[row])
+    n = int(offsets[row + 1] - offsets[row])
+    assert n >= 2
+    if field == "segment":
+        data[at + 20 * n + 1] = 200
+    elif field == "strength":
+        struct.pack_into("<f", data, at + 16 * n + 4, float("nan"))
+    else:  # swap entries 0 and 1 (column, feature, strength, segment), so they are out of order
+        for off, size in ((0, 8), (8 * n, 8), (16 * n, 4), (20 * n, 1)):
+            a, b = data[at + off : at + off + size], data[at + off + size : at + off + 2 * size]
+            data[at + off : at + off + size], data[at + off + size : at + off + 2 * size] = b, a
+    struct.pack_into("<Q", data, 48, xxhash.xxh3_64_intdigest(bytes(data[HEADER_BYTES:])))
+    struct.pack_into("<Q", data, 56, xxhash.xxh3_64_intdigest(bytes(data[:56])))
+    return bytes(data), at
+
+
+@pytest.mark.parametrize(("field", "reason"), [("segment", "segment out of range"),
+                                               ("strength", "non-finite strength"),
+                                               ("order", "entries not sorted and unique")])
+def test_snapshot_bulk_load_rejects_bad_rows_naming_the_offset(tmp_path: Path, field: str, reason: str,
+                                                               monkeypatch) -> None:
+    monkeypatch.setattr(snapshot_module, "VERIFY_CHUNK_ENTRIES", 1000)  # many runs
+    rng = np.random.default_rng(5)
+    store = ColumnStore(BIG)
+    store.apply(BatchId(1, 1), realistic_batch(rng, 3000))
+    path = write_snapshot(tmp_path, store, 1)
+    good = path.read_bytes()
+    for row in (0, 1, 1234, len(store) - 1):
+        data, at = _corrupt(path, row, field)
+        path.write_bytes(data)
+        with pytest.raises(CorruptSnapshotError) as bulk:
+            read_snapshot(path, BIG)
+        with pytest.raises(CorruptSnapshotError) as old:
+            read_snapshot_per_row(path, BIG)
+        assert str(bulk.value) == str(old.value)
+        assert f"at byte offset {at}: row {row}: {reason}" in str(bulk.value)
+        path.write_bytes(good)
+    read_snapshot(path, BIG)
+
+
+@pytest.mark.parametrize("copy_rows", [False, True])
+def test_durable_replay_in_bulk_equals_live(tmp_path: Path, copy_rows: bool) -> None:
+    rng = np.random.default_rng(6)
+    ds = DurableStore.open(tmp_path, BIG)
+    done = []
+    for i in range(4):
+        done.append((BatchId(1, i + 1), realistic_batch(rng, 200, 50 * i)))  # new rows: installed
+        done.append((BatchId(2, i + 1), random_batch(rng, 300)))  # merges, growing and in place
+    for bid, b in done:
+        ds.apply(bid, b)
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG, copy_rows=copy_rows)
+    assert same_state(again.store, _reference(done)) and not again.store.share_regions
+    assert _region_bytes(again.store) == _region_bytes(_reference(done))
+    shared = sum(s.region.base is not None for s in again.store._rows.values())  # noqa: SLF001
+    assert (shared == 0) if copy_rows else shared > 0
+    again.apply(BatchId(3, 1), done[0][1])  # and it goes on like any store
+    assert same_state(again.store, _reference([*done, (BatchId(3, 1), done[0][1])]))
+    again.close()
+
+
+def test_snapshot_pacer_rests_for_its_share() -> None:
+    now, slept = [0.0], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    pacer = snapshot_module.Pacer(0.25, clock=lambda: now[0], sleep=sleep)
+    for work in (0.004, 0.0, 0.010):
+        now[0] += work
+        pacer.pause()
+    assert slept == pytest.approx([0.012, 0.030])  # work * (1 - 0.25) / 0.25; no rest after no work
+    assert pacer.rested_s == pytest.approx(0.042)
+    never = snapshot_module.Pacer(1.0, clock=lambda: now[0], sleep=sleep)
+    now[0] += 1.0
+    never.pause()
+    assert len(slept) == 2
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            snapshot_module.Pacer(bad)
+
+
+def test_snapshot_paced_write_equals_unpaced(tmp_path: Path) -> None:
+    store = ColumnStore(BIG)
+    store.apply(BatchId(1, 1), realistic_batch(np.random.default_rng(7), 2000))
+    view = store.freeze()
+    rests: list[float] = []
+    pacer = snapshot_module.Pacer(0.5, sleep=rests.append)  # (records the rests instead of sleeping)
+    paced = snapshot_module.write_frozen(tmp_path, view, 1, pacer).read_bytes()
+    view.release()
+    unpaced = write_snapshot(tmp_path, store, 2).read_bytes()
+    assert rests and paced[HEADER_BYTES:] == unpaced[HEADER_BYTES:]  # same body (headers: seq)

@@ -1,0 +1,151 @@
+"""The storage service's snapshots: writes go on while one is written (issue 14 item 3), the timer
+is spread by a phase and jitter per node (snapshot_timer.py), and a failed one is counted and the
+node keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import statistics
+import threading
+
+import numpy as np
+import pytest
+
+import giaannd.storage.engine.snapshot as snapshot_module
+from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot
+from giaannd.storage.replication.snapshot_timer import snapshot_waits
+from tools.cluster_harness import Cluster, make_batch
+
+BIG = 1 << 40
+
+
+@pytest.mark.asyncio
+async def test_storage_snapshot_writes_go_on_while_it_is_written(tmp_path, monkeypatch):
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    svc = cluster.services["s0"]
+    release, writing = threading.Event(), threading.Event()
+    write = snapshot_module._HashingWriter.write
+    calls = 0
+
+    def paused_write(self, buf):  # the snapshot thread stops part-way through its file
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            writing.set()
+            release.wait(10)
+        write(self, buf)
+
+    try:
+        rng = np.random.default_rng(1)
+        before = make_batch(rng, 40)
+        await cluster.client.write(before)
+        monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
+        task = asyncio.create_task(svc.snapshot())
+        assert await asyncio.to_thread(writing.wait, 10)
+        # Before: the snapshot held the writes' lock while the file was written, so this waited for it.
+        during = make_batch(rng, 40)
+        await asyncio.wait_for(cluster.client.write(during), 5)
+        release.set()
+        path = await asyncio.wait_for(task, 10)
+        snap_seq = list_snapshots(path.parent)[-1][0]
+        assert snap_seq < svc.store.log.last_seq  # the write during it is after its seq, in the log
+        snap, _ = read_snapshot(path, BIG)
+        assert snap.read_all().num_rows == before.num_rows
+        assert svc.store.store.read_all().num_rows == before.num_rows + during.num_rows
+    finally:
+        release.set()
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_storage_snapshot_cancelled_waits_for_its_thread(tmp_path, monkeypatch):
+    """Cancelled (the service stopping) while its thread writes: the snapshot keeps its lock until
+    the thread is done, so the final snapshot never runs beside it, and releases its view."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    svc = cluster.services["s0"]
+    release, writing = threading.Event(), threading.Event()
+    write = snapshot_module._HashingWriter.write
+
+    def paused_write(self, buf):
+        writing.set()
+        release.wait(10)
+        write(self, buf)
+
+    try:
+        await cluster.client.write(make_batch(np.random.default_rng(3), 10))
+        monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
+        task = asyncio.create_task(svc.snapshot())
+        assert await asyncio.to_thread(writing.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done() and svc._snapshot_running.locked()  # noqa: SLF001
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert not svc._snapshot_running.locked() and svc.store.store._frozen == []  # noqa: SLF001
+        monkeypatch.undo()
+        await svc.snapshot()
+    finally:
+        release.set()
+        await cluster.close()
+
+
+async def _until(predicate, timeout_s=10.0):
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_storage_failed_snapshot_counted_retried_node_keeps_serving(tmp_path, monkeypatch):
+    """The timer's snapshot fails (a write error; ENOSPC also makes the node refuse writes until
+    space returns: test_disk_full.py): counted, its temporary gone, writes go on; retried later."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=0.05, retry_base_s=0.05,
+                                                           retry_cap_s=0.1)
+    svc = cluster.services["s0"]
+    stopping = asyncio.Event()
+    broken = True
+    write = snapshot_module._HashingWriter.write
+
+    def failing(self, buf):
+        if broken:
+            raise OSError(errno.EIO, "Input/output error")
+        write(self, buf)
+
+    monkeypatch.setattr(snapshot_module._HashingWriter, "write", failing)
+    loop_task = asyncio.create_task(svc.run_snapshots(stopping))
+    try:
+        rng = np.random.default_rng(2)
+        await cluster.client.write(make_batch(rng, 20))
+        await _until(lambda: svc.disk.snapshot_failures >= 2)  # failed, and retried
+        assert not list_temporaries(svc.store.directory) and not list_snapshots(svc.store.directory)
+        assert svc.store.store._frozen == []  # noqa: SLF001 (no copy-on-write left behind)
+        await asyncio.wait_for(cluster.client.write(make_batch(rng, 20)), 5)  # still serving writes
+        broken = False
+        await _until(lambda: svc.disk.snapshot_failures == 0)  # the next retry worked
+        assert list_snapshots(svc.store.directory)
+    finally:
+        stopping.set()
+        await asyncio.wait_for(loop_task, 5)
+        await cluster.close()
+
+
+def test_snapshot_waits_phase_and_jitter_per_node():
+    first = {name: next(snapshot_waits(name, 100.0, 0.2)) for name in (f"storage-{i}" for i in range(64))}
+    assert all(50 <= w < 150 for w in first.values())
+    assert statistics.pstdev(first.values()) > 20  # nodes started together are spread over the interval
+    assert next(snapshot_waits("storage-1", 100.0, 0.2)) == first["storage-1"]  # the same at every start
+    waits = snapshot_waits("storage-1", 100.0, 0.2)
+    next(waits)
+    later = [next(waits) for _ in range(2000)]
+    assert all(80 <= w <= 120 for w in later) and abs(statistics.mean(later) - 100) < 2
+    other = snapshot_waits("storage-2", 100.0, 0.2)
+    next(other)
+    assert later[:10] != [next(other) for _ in range(10)]  # close phases drift apart
+    exact = snapshot_waits("storage-1", 100.0, 0.0)
+    next(exact)
+    assert [next(exact) for _ in range(3)] == [100.0] * 3
+    for bad in ((0.0, 0.2), (100.0, 1.0), (100.0, -0.1)):
+        with pytest.raises(ValueError):
+            next(snapshot_waits("x", *bad))
