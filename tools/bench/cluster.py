@@ -1,6 +1,6 @@
 """Compute-role benchmark: the loopback cluster against the single-process core, same run.
 
-    python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick]
+    python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick] [--inference-only]
 
 Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback, built by the cluster harness
 (tools/cluster_harness) — ``giaannd`` processes by default, or nodes inside this process (the
@@ -94,8 +94,10 @@ def core_rate(sentences: list[TaggedSentence]) -> tuple[float, Engine]:
 
 
 async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSentence], n_prompts: int, tmp: Path,
-                mode: str, quick: bool, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
-    """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster."""
+                mode: str, quick: bool, full: bool,
+                inference_only: bool = False) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster;
+    ``inference_only``: one training pass, then the inference table alone."""
     svc = ComputeService(ComputeConfig(row_cache_bytes=256 << 20), tmp / f"compute-r{replicas}", storage=client)
     await svc.start()
     n = len(sentences)
@@ -103,7 +105,8 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
     krows: list[list[str]] = []
     infer_rows: list[list[str]] = []
     try:
-        configs = [(1, False)] if quick or not full else [(1, False), (1, True), (2, False), (2, True)]
+        every = [(1, False), (1, True), (2, False), (2, True)]
+        configs = [(1, False)] if quick or inference_only or not full else every
         for workers, offload in configs:
             core, engine = core_rate(sentences)  # baseline measured next to each run (noisy host)
             progress = TrainProgress()
@@ -116,7 +119,7 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
             if full and workers == 1 and not offload:
                 # inference on the state of exactly one training pass (before the others add to it)
                 infer_rows = await bench_inference(client, svc, engine, sentences[:n_prompts])
-        if full:
+        if full and not inference_only:
             # the compute side alone: the same pipeline against storage that acknowledges at once
             core, _ = core_rate(sentences)
             t0 = time.perf_counter()
@@ -176,6 +179,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--in-process", action="store_true", help="storage services inside this process")
     ap.add_argument("--quick", action="store_true", help="one training configuration only")
+    ap.add_argument("--inference-only", action="store_true",
+                    help="train once (R=3), then only the inference table (iterating on the fetch path)")
     args = ap.parse_args()
     sentences = load_bundled_corpus(args.sentences)
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-cluster-"))
@@ -185,13 +190,19 @@ def main() -> None:
 
     async def one(replicas: int, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
         async with storage_cluster(tmp / f"r{replicas}", replicas, in_process=args.in_process) as cluster:
-            return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full)
+            return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full,
+                               args.inference_only)
 
     try:
         rows, krows, infer_rows = asyncio.run(one(3, True))
-        rows += asyncio.run(one(1, False))[0]
+        if not args.inference_only:
+            rows += asyncio.run(one(1, False))[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.inference_only:
+        print_table(f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)",
+                    ["runner", "steps/s", "× core", "row-cache hit rate", "row requests"], infer_rows)
+        return
     print_table(f"Training, {len(sentences)} sentences (bundled corpus), K=256",
            ["cluster", "sentences/s", "core sentences/s (same run)", "× core"], rows)
     print_table("Bytes sent per sentence vs K (600 sentences; delta payload, before ×R replication)",
