@@ -12,17 +12,27 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   sessions — become one ``StorageClient.read_rows`` call (which sends one ReadRows per live owner);
   a key already in flight is awaited, never fetched twice. So each token costs at most one row
   fetch, and 8 concurrent sessions share round trips.
-* **prefetch**: in teacher-forced evaluation the rows the session will need are the prompt's own
-  tokens, known in advance; each step prefetches the next ``prefetch_depth`` of them, so the fetch
-  overlaps the steps in between. Free-running generation has no such lookahead: the next row is
-  the one the step just chose (the choice is made the moment the row arrives), so prefetching "top
-  candidates" would only ride in the same request as the real fetch; we do not do it.
+* **prefetch** (:class:`_Lookahead`): in teacher-forced evaluation the rows the session will need
+  are the prompt's own tokens, known in advance. The session's first step asks for the first
+  ``prefetch_depth`` of them in one request (a whole prompt, at the default depth), and whenever
+  fewer than half the window is left it asks for the next half in one request, so reads are
+  batched (a round trip and the per-request work on both ends are paid once per half window, not
+  once per token) and pipelined (the next half is on the wire while the steps before it run). The
+  prefetched rows are *held by the session* until its step takes them, not only offered to the
+  cache: without a cache (or with one too small to keep them) they would otherwise be read twice
+  (issue 19: the no-cache runner read every row twice, one request per step). Held rows are at
+  most ``prefetch_depth`` per session, so ``max_sessions × prefetch_depth`` rows in all.
+  Free-running generation has no such lookahead: the next row is the one the step just chose (the
+  choice is made the moment the row arrives), so prefetching "top candidates" would only ride in
+  the same request as the real fetch; we do not do it.
 
 **Invalidation rule** (the cache must never serve a row older than a write this node made): a
 training job on this node calls :meth:`RowCache.invalidate_batch` with every batch once a quorum
 acknowledged it; a fetch that was in flight across an invalidation is not cached (generation
-check). Writes made by *other* compute nodes are not seen by this cache: call ``clear()`` (the
-service does at the start of every eval) — documented in docs/compute.md.
+check), and a session drops every row it holds once the cache's generation moved past the one
+its prefetch started at (held rows are read again). Writes made by *other* compute nodes are not
+seen by this cache: call ``clear()`` (the service does at the start of every eval) — documented in
+docs/compute.md.
 
 The activation state stays where ``LifSession`` keeps it (host numpy). There is no GPU path.
 """
@@ -46,8 +56,10 @@ from giaannd.model.sentence import EncodedSentence
 
 __all__ = ["DEFAULT_PREFETCH_DEPTH", "Inference", "RowCache", "RowFetcher", "drive_session"]
 
-#: Rows prefetched ahead of a teacher-forced session's current step.
-DEFAULT_PREFETCH_DEPTH: Final = 8
+#: Rows prefetched ahead of a teacher-forced session's current step (the window; it is refilled by
+#: halves). 32 holds a typical evaluation prompt (about 20 tokens) whole, so a prompt costs one
+#: request; rows held per session are bounded by it (module docstring, "prefetch").
+DEFAULT_PREFETCH_DEPTH: Final = 32
 #: Bytes charged per cached row on top of its arrays (dict + Row object); bounds empty rows too.
 ROW_OVERHEAD_BYTES: Final = 160
 #: Largest single read the fetcher issues (the client splits further per owner and MAX_READ_ROWS).
@@ -163,12 +175,21 @@ class RowFetcher:
             return row
         return await asyncio.shield(self._future(key))
 
-    def prefetch(self, keys: Iterable[RowKey]) -> None:
-        """Start fetching rows not cached nor in flight; never waits, never raises."""
+    def prefetch(self, keys: Iterable[RowKey]) -> dict[RowKey, asyncio.Future[Row]]:
+        """Start fetching rows not cached (keys in flight join their fetch); never waits, never
+        raises (a failure is raised by awaiting the future, or by ``get``).
+
+        Returns:
+            the fetch of every key not cached, for the caller to hold until it uses the row.
+        """
+        out: dict[RowKey, asyncio.Future[Row]] = {}
         for key in keys:
-            if key not in self.cache and key not in self._pending:
+            if key in out or key in self.cache:
+                continue
+            if key not in self._pending:
                 self.prefetched += 1
-                self._future(key)
+            out[key] = self._future(key)
+        return out
 
     def _future(self, key: RowKey) -> asyncio.Future[Row]:
         fut = self._pending.get(key)
@@ -210,12 +231,18 @@ class RowFetcher:
             if not isinstance(exc, Exception):
                 raise
             return
-        got = {batch.key(i): _own(batch.row(i)) for i in range(batch.num_rows)}
-        self.rows_fetched += len(got)
+        # one dict of the reply's keys (tolist: no numpy scalar per row); a row is a view of the
+        # reply unless it is cached (a cached view would pin the whole reply: copied compact)
+        at = {key: i for i, key in enumerate(zip(batch.row_column.tolist(), batch.row_feature.tolist()))}
+        self.rows_fetched += len(at)
+        caching = self.cache.max_bytes > 0 and generation == self.cache.generation
+        empty = Row.empty()
         for key in keys:
-            found = got.get(key)
-            row = Row.empty() if found is None else found
-            self.cache.put(key, row, generation)
+            i = at.get(key)
+            row = empty if i is None else batch.row(i)
+            if caching:
+                row = _own(row) if i is not None else row
+                self.cache.put(key, row, generation)
             fut = self._pending.pop(key)
             if not fut.done():
                 fut.set_result(row)
@@ -234,14 +261,61 @@ async def drive_session(session: LifSession, fetcher: RowFetcher,
     ``lookahead``: the nodes the session will need in order (teacher forcing: its targets), so the
     next ``prefetch_depth`` rows are fetched while earlier steps run.
     """
+    ahead = _Lookahead(fetcher, lookahead, prefetch_depth) if lookahead and prefetch_depth else None
     steps = 0
     while (key := session.needs_row()) is not None:
-        if lookahead and prefetch_depth:
-            k = session.steps_run  # step k+1 needs the row of node k (teacher-forced: target k)
-            fetcher.prefetch(lookahead[k + 1:k + 1 + prefetch_depth])
-        session.step(await fetcher.get(key))
+        if ahead is None:
+            row = await fetcher.get(key)
+        else:  # step k+1 needs the row of node k (teacher-forced: target k)
+            row = await ahead.row(session.steps_run, key)
+        session.step(row)
         steps += 1
     return steps
+
+
+class _Lookahead:
+    """The rows one teacher-forced session prefetched and holds until its steps take them
+    (module docstring, "prefetch" and the invalidation rule).
+
+    Args:
+        fetcher: the node's fetcher.
+        keys: the row each step will need, in order (``keys[k]`` at ``steps_run == k``).
+        depth: the window: rows asked for ahead of the current step, refilled by halves.
+    """
+
+    def __init__(self, fetcher: RowFetcher, keys: Sequence[RowKey], depth: int) -> None:
+        self._fetcher = fetcher
+        self._keys = keys
+        self._depth = depth
+        self._refill_below = max(1, depth // 2)
+        self._end = 0  # keys[:_end] were prefetched
+        self._held: dict[RowKey, asyncio.Future[Row]] = {}
+        self._last_use: dict[RowKey, int] = {}  # the last index of the window that needs each held key
+        self._generation = fetcher.cache.generation
+
+    async def row(self, k: int, key: RowKey) -> Row:
+        """The row of ``key``, needed at index ``k``; refills the window first."""
+        fetcher = self._fetcher
+        if fetcher.cache.generation != self._generation:  # an invalidation since: hold nothing older
+            self._held.clear()
+            self._last_use.clear()
+            self._end = min(self._end, k)
+            self._generation = fetcher.cache.generation
+        if self._end - k < self._refill_below:
+            start = max(self._end, k)
+            self._end = min(len(self._keys), k + self._depth)
+            window = self._keys[start:self._end]
+            self._held.update(fetcher.prefetch(window))
+            for i, w in enumerate(window, start):
+                self._last_use[w] = i
+        fut = self._held.get(key)
+        if fut is None:  # cached when the window was asked for, or not the known token
+            return await fetcher.get(key)
+        if self._last_use.get(key, k) <= k:
+            del self._held[key]
+            del self._last_use[key]
+        fetcher.cache.misses += 1  # read from storage, not served by the cache
+        return await asyncio.shield(fut)
 
 
 @dataclass

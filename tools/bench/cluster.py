@@ -1,6 +1,7 @@
 """Compute-role benchmark: the loopback cluster against the single-process core, same run.
 
-    python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick]
+    python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick] [--inference-only]
+                                  [--repeat 3] [--json]
 
 Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback, built by the cluster harness
 (tools/cluster_harness) — ``giaannd`` processes by default, or nodes inside this process (the
@@ -13,7 +14,12 @@ sentences, in the same run. Prints Markdown tables:
 2. bytes sent per sentence vs the coalescing window K (K = 1 is "uncoalesced": one batch per
    sentence, summed within the sentence only), and the coalescing ratio (pair increments / entries);
 3. inference steps/s (teacher-forced, train-set constants): one session at a time and 8 concurrent
-   sessions on the cluster vs the core's sequential sessions; row-cache hit rate.
+   sessions on the cluster vs the core's sequential sessions, each the best of ``--repeat`` runs after
+   an untimed one, next to issue 19's target; row-cache hit rate (rows a session prefetched and held
+   count as misses) and row requests (of the last run, each started with a cold cache).
+
+``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead
+of the tables.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -40,7 +47,7 @@ from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence, load_bundled_corpus
 from giaannd.protocol import BatchId
-from tools.bench.report import print_table
+from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster
 
 
@@ -94,8 +101,10 @@ def core_rate(sentences: list[TaggedSentence]) -> tuple[float, Engine]:
 
 
 async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSentence], n_prompts: int, tmp: Path,
-                mode: str, quick: bool, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
-    """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster."""
+                mode: str, quick: bool, full: bool, inference_only: bool = False,
+                repeat: int = 3) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster;
+    ``inference_only``: one training pass, then the inference table alone."""
     svc = ComputeService(ComputeConfig(row_cache_bytes=256 << 20), tmp / f"compute-r{replicas}", storage=client)
     await svc.start()
     n = len(sentences)
@@ -103,7 +112,8 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
     krows: list[list[str]] = []
     infer_rows: list[list[str]] = []
     try:
-        configs = [(1, False)] if quick or not full else [(1, False), (1, True), (2, False), (2, True)]
+        every = [(1, False), (1, True), (2, False), (2, True)]
+        configs = [(1, False)] if quick or inference_only or not full else every
         for workers, offload in configs:
             core, engine = core_rate(sentences)  # baseline measured next to each run (noisy host)
             progress = TrainProgress()
@@ -115,8 +125,8 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
                          f"{rate:,.0f}", f"{core:,.0f}", f"{rate / core:.2f}"])
             if full and workers == 1 and not offload:
                 # inference on the state of exactly one training pass (before the others add to it)
-                infer_rows = await bench_inference(client, svc, engine, sentences[:n_prompts])
-        if full:
+                infer_rows = await bench_inference(client, svc, engine, sentences[:n_prompts], repeat)
+        if full and not inference_only:
             # the compute side alone: the same pipeline against storage that acknowledges at once
             core, _ = core_rate(sentences)
             t0 = time.perf_counter()
@@ -138,35 +148,47 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
     return rows, krows, infer_rows
 
 
+#: Issue 19 item 2's targets, × the core in the same run, per inference runner.
+INFERENCE_TARGETS = {"1 session at a time, cache": ">= 0.6", "1 session at a time, no cache": ">= 0.3",
+                     "8 concurrent sessions, cache": ">= 0.8", "8 concurrent sessions, no cache": ">= 0.8"}
+
+
 async def bench_inference(client: StorageClient, svc: ComputeService, engine: Engine,
-                          prompts: list[TaggedSentence]) -> list[list[str]]:
+                          prompts: list[TaggedSentence], repeat: int = 3) -> list[list[str]]:
+    """The inference table: best of ``repeat`` runs of the core and of each cluster runner, after one
+    untimed pass of each (the storage nodes' first reads of the trained rows, the connections)."""
     encoded = engine.encode_prompts(prompts)
-    t0 = time.perf_counter()
-    ref = engine.evaluate(encoded)
-    core_s = time.perf_counter() - t0
-    core = ref.steps / core_s
-    rows = [["single-process core, sequential", f"{core:,.0f}", "1.00", "-", "-"]]
     assigner = await svc.prompt_assigner()
-    for label, sessions, cache_bytes, one_at_a_time in (
-            ("cluster, 1 session at a time, cache", 1, 256 << 20, True),
-            ("cluster, 1 session at a time, no cache", 1, 0, True),
-            ("cluster, 8 concurrent sessions, cache", 8, 256 << 20, False),
-            ("cluster, 8 concurrent sessions, no cache", 8, 0, False)):
-        fetcher = RowFetcher(client.read_rows, RowCache(cache_bytes))
-        inference = Inference(fetcher, max_sessions=sessions)
+    ref = engine.evaluate(encoded)
+    core = 0.0
+    for _ in range(repeat):
         t0 = time.perf_counter()
-        if one_at_a_time:
-            matches = 0
-            for e in encoded:
-                matches += (await inference.evaluate([e], assigner, TRAIN_SET)).result.matches
-        else:
-            matches = (await inference.evaluate(encoded, assigner, TRAIN_SET)).result.matches
-        dt = time.perf_counter() - t0
-        if matches != ref.matches:
-            raise AssertionError(f"cluster top-1 matches {matches} != core {ref.matches}")
-        rate = inference.steps / dt
-        rows.append([label, f"{rate:,.0f}", f"{rate / core:.2f}", f"{fetcher.cache.stats()['hit_rate']:.2f}",
-                     str(fetcher.requests)])
+        ref = engine.evaluate(encoded)
+        core = max(core, ref.steps / (time.perf_counter() - t0))
+    rows = [["single-process core, sequential", f"{core:,.0f}", "1.00", "-", "-", "-"]]
+    for label, sessions, cache_bytes, one_at_a_time in (
+            ("1 session at a time, cache", 1, 256 << 20, True),
+            ("1 session at a time, no cache", 1, 0, True),
+            ("8 concurrent sessions, cache", 8, 256 << 20, False),
+            ("8 concurrent sessions, no cache", 8, 0, False)):
+        rate = 0.0
+        for i in range(repeat + 1):
+            fetcher = RowFetcher(client.read_rows, RowCache(cache_bytes))  # each run starts cold
+            inference = Inference(fetcher, max_sessions=sessions)
+            t0 = time.perf_counter()
+            if one_at_a_time:
+                matches = 0
+                for e in encoded:
+                    matches += (await inference.evaluate([e], assigner, TRAIN_SET)).result.matches
+            else:
+                matches = (await inference.evaluate(encoded, assigner, TRAIN_SET)).result.matches
+            dt = time.perf_counter() - t0
+            if matches != ref.matches:
+                raise AssertionError(f"cluster top-1 matches {matches} != core {ref.matches}")
+            if i:  # the first run warms up
+                rate = max(rate, inference.steps / dt)
+        rows.append([f"cluster, {label}", f"{rate:,.0f}", f"{rate / core:.2f}", INFERENCE_TARGETS[label],
+                     f"{fetcher.cache.stats()['hit_rate']:.2f}", str(fetcher.requests)])
     return rows
 
 
@@ -176,28 +198,44 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--in-process", action="store_true", help="storage services inside this process")
     ap.add_argument("--quick", action="store_true", help="one training configuration only")
+    ap.add_argument("--repeat", type=int, default=3, help="timed inference runs (best kept), after a warm-up")
+    ap.add_argument("--json", action="store_true", help="one JSON object per figure")
+    ap.add_argument("--inference-only", action="store_true",
+                    help="train once (R=3), then only the inference table (iterating on the fetch path)")
     args = ap.parse_args()
     sentences = load_bundled_corpus(args.sentences)
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-cluster-"))
     mode = "in-process storage" if args.in_process else "3 storage processes"
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; storage: 3 nodes ({mode}), "
-          "tcp loopback; compute: this process")
+          "tcp loopback; compute: this process", file=sys.stderr if args.json else sys.stdout)
 
     async def one(replicas: int, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
         async with storage_cluster(tmp / f"r{replicas}", replicas, in_process=args.in_process) as cluster:
-            return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full)
+            return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full,
+                               args.inference_only, args.repeat)
 
     try:
         rows, krows, infer_rows = asyncio.run(one(3, True))
-        rows += asyncio.run(one(1, False))[0]
+        if not args.inference_only:
+            rows += asyncio.run(one(1, False))[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    infer_title = f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)"
+    infer_header = ["runner", "steps/s", "× core", "target", "row-cache hit rate", "row requests"]
+    if args.json:
+        for r in rows:
+            emit_figure(f"training {r[0]}: x core", float(r[3]))
+        for r in infer_rows[1:]:
+            emit_figure(f"inference {r[0]}: x core", float(r[2]), r[3])
+        return
+    if args.inference_only:
+        print_table(infer_title, infer_header, infer_rows)
+        return
     print_table(f"Training, {len(sentences)} sentences (bundled corpus), K=256",
            ["cluster", "sentences/s", "core sentences/s (same run)", "× core"], rows)
     print_table("Bytes sent per sentence vs K (600 sentences; delta payload, before ×R replication)",
            ["K (sentences per batch)", "bytes/sentence", "× K=1", "pair increments / entry sent", "batches"], krows)
-    print_table(f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)",
-           ["runner", "steps/s", "× core", "row-cache hit rate", "row requests"], infer_rows)
+    print_table(infer_title, infer_header, infer_rows)
 
 
 if __name__ == "__main__":

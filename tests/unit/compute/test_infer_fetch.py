@@ -1,0 +1,95 @@
+"""The per-token fetch of cluster inference (issue 19 item 2): prefetched rows held per session,
+known tokens batched into few requests, the invalidation rule kept for held rows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from giaannd.compute.infer import RowCache, RowFetcher, drive_session
+from giaannd.model.rows import RowBatch
+
+
+class ScriptSession:
+    """A LifSession stand-in: needs ``keys[k]`` at step k (teacher forcing), records rows seen."""
+
+    def __init__(self, keys):
+        self.keys = keys
+        self.steps_run = 0
+        self.seen = []
+
+    def needs_row(self):
+        return self.keys[self.steps_run] if self.steps_run < len(self.keys) else None
+
+    def step(self, row):
+        self.seen.append(row)
+        self.steps_run += 1
+
+
+def stamped_reader(stamp):
+    """A read that returns one entry per asked row, its strength ``stamp()`` at read time; logs calls."""
+    calls = []
+
+    async def read(cols, feats):
+        calls.append(list(zip(cols.tolist(), feats.tolist())))
+        await asyncio.sleep(0)
+        order = np.lexsort((feats, cols))
+        c, f = cols[order], feats[order]
+        n = c.shape[0]
+        return RowBatch(c, f, np.arange(n + 1, dtype=np.int64), np.zeros(n, np.uint8), np.ones(n, np.uint64),
+                        np.ones(n, np.uint64), np.full(n, float(stamp()), np.float32))
+
+    return read, calls
+
+
+@pytest.mark.asyncio
+async def test_prefetched_rows_are_used_without_a_cache():
+    read, calls = stamped_reader(lambda: 1)
+    keys = [(i, 0) for i in range(40)]
+    session = ScriptSession(keys)
+    steps = await asyncio.wait_for(drive_session(session, RowFetcher(read, RowCache(0)), keys, 8), 10)
+    assert steps == 40 and all(len(r) == 1 for r in session.seen)
+    fetched = [k for call in calls for k in call]
+    assert sorted(fetched) == keys  # each row read once: a prefetched row is not dropped for want of a cache
+
+
+@pytest.mark.asyncio
+async def test_known_tokens_are_fetched_in_few_requests():
+    read, calls = stamped_reader(lambda: 1)
+    # a token repeated inside the window is read once
+    keys = [(i, 0) for i in range(10)] + [(3, 0), (5, 0)] + [(i, 0) for i in range(10, 40)]
+    session = ScriptSession(keys)
+    await asyncio.wait_for(drive_session(session, RowFetcher(read, RowCache(0)), keys, 16), 10)
+    # a window of 16 refilled by halves: the first request holds 16 keys, each later one 8
+    assert len(calls) <= 1 + -(-(len(keys) - 16) // 8)
+    assert len(calls[0]) == 14  # the first 16 keys, two of them repeats
+    assert sum(len(c) for c in calls) == 40
+
+
+@pytest.mark.asyncio
+async def test_a_held_row_fetched_before_an_invalidation_is_not_used():
+    cache = RowCache(1 << 20)
+    read, calls = stamped_reader(lambda: cache.generation)
+    keys = [(i, 0) for i in range(10)]
+
+    class Invalidating(ScriptSession):
+        def step(self, row):
+            super().step(row)
+            if self.steps_run == 3:  # a training write acknowledged mid-session
+                cache.invalidate([(7, 0)])
+
+    session = Invalidating(keys)
+    await asyncio.wait_for(drive_session(session, RowFetcher(read, cache), keys, 32), 10)
+    stamps = [float(r.strength[0]) for r in session.seen]
+    assert stamps[:3] == [0.0] * 3 and stamps[7] == 1.0  # the written row is read again
+
+
+@pytest.mark.asyncio
+async def test_free_running_sessions_fetch_one_row_per_step():
+    read, calls = stamped_reader(lambda: 1)
+    keys = [(i, 0) for i in range(5)]
+    session = ScriptSession(keys)
+    await asyncio.wait_for(drive_session(session, RowFetcher(read, RowCache(0)), (), 8), 10)
+    assert calls == [[k] for k in keys]
