@@ -256,6 +256,21 @@ def read_conllu(
 STREAM_BLOCK_LINES: Final = 65536
 
 
+def _open_corpus(name: str) -> IO[bytes]:
+    """A corpus file opened for streaming, gunzipped when it starts with the gzip magic.
+
+    Raises:
+        CorpusFormatError: the file cannot be opened.
+    """
+    try:
+        with open(name, "rb") as probe:
+            packed = probe.read(2) == b"\x1f\x8b"
+        raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
+    except OSError as exc:
+        raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+    return raw
+
+
 def stream_conllu(path: str | os.PathLike[str], block_lines: int = STREAM_BLOCK_LINES) -> Iterator[TaggedSentence]:
     """:func:`read_conllu` of a file, holding one block of about ``block_lines`` lines in memory at a
     time instead of the whole file (a corpus larger than memory): each block ends at a blank line,
@@ -266,12 +281,7 @@ def stream_conllu(path: str | os.PathLike[str], block_lines: int = STREAM_BLOCK_
         CorpusFormatError: as :func:`read_conllu`.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as probe:
-            packed = probe.read(2) == b"\x1f\x8b"
-        raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
-    except OSError as exc:
-        raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+    raw = _open_corpus(name)
     first = 1  # the file's line number of the block's first line
     with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
         block: list[str] = []
@@ -616,12 +626,7 @@ def stream_sentence_texts(path: str | os.PathLike[str], *, splitter: Any | None 
     name = os.fspath(path)
 
     def articles() -> Iterator[str]:
-        try:
-            with open(name, "rb") as probe:
-                packed = probe.read(2) == b"\x1f\x8b"
-            raw: IO[bytes] = gzip.open(name, "rb") if packed else open(name, "rb")  # type: ignore[assignment]
-        except OSError as exc:
-            raise CorpusFormatError(name, None, f"cannot read: {exc.strerror or exc}") from exc
+        raw = _open_corpus(name)
         lineno = 0
         with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
             buffer = ""
