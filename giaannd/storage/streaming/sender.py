@@ -8,8 +8,10 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
   to the open streams (the DELTA items) synchronously, right after the apply, on the event loop;
 - ``apply_local`` applies on a node's own store through its group commit, without the ownership
   check (stream items, repair shares);
-- ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled;
-  optionally the next one read while the current one is on the wire), send with a runtime throttle
+- ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled),
+  up to ``storage.stream-window`` items on the wire at once, their replies handled oldest first
+  (cumulative positions; a refusal or a lost connection drops the rest and rewinds to the
+  receiver's durable position; streaming/stream.py "Pipelining"), send with a runtime throttle
   (a token bucket, ``peers.token_bucket``), reconnect with full-jitter backoff (``peers.retry``),
   verification (one digest over the rows' bytes per slice of keys on both ends,
   ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
