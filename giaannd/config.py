@@ -420,6 +420,15 @@ class StorageConfig(_Section):
         "answer are retried with the `retry-base-s` backoff until this many seconds after start; "
         "then the repair is reported failed (status, log, metrics) and left to the operator."
     ))] = 600.0
+    stream_window: Annotated[int, Meta(ge=1, le=64, description=(
+        "Items (chunks of rows, forwarded writes) a topology stream this node sends (join, "
+        "decommission, removenode, replace) keeps unacknowledged on the wire. The receiver applies "
+        "them in order as they arrive and acknowledges each once durable, so the source's reads, "
+        "the wire, the receiver's applies and its fsyncs overlap, and items applied together share "
+        "one fsync. A receiver that restarts makes the source re-send at most this many items "
+        "(each up to a 4 MiB chunk), and the receiver holds at most this many items' buffers per "
+        "stream. 1: stop and wait (one item, one fsync per round trip). Capped at 64."
+    ))] = 4
 
 
 class ComputeConfig(_Section):

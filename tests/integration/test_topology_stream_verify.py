@@ -31,9 +31,9 @@ async def _cluster(tmp_path):
     return cluster
 
 
-def _runner(cluster, stream_id):
+def _runner(cluster, stream_id, **kw):
     return StreamRunner(cluster.services["s0"], cluster.ops_transport, cluster.stream_addresses["s1"],
-                        COLUMNS, stream_id, chunk_bytes=4000)
+                        COLUMNS, stream_id, chunk_bytes=4000, **kw)
 
 
 def _same_rows(cluster):
@@ -48,7 +48,7 @@ def _same_rows(cluster):
 async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
     cluster = await _cluster(tmp_path)
     try:
-        runner = _runner(cluster, 0x51)
+        runner = _runner(cluster, 0x51, window=1)  # (prefetch is for a window of one item)
         runner.prefetch = True  # (opt-in) read the next chunk while one is on the wire
         asked = []
         endpoint = cluster.endpoints["s1"]

@@ -1,12 +1,15 @@
 """Topology benchmarks (issue 8): each measurement next to its baseline from the same run.
 
-    python -m tools.bench.topology [--mb 48] [--quick]
+    python -m tools.bench.topology [--mb 48] [--quick] [--window 4] [--json]
 
-Prints Markdown tables:
+Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object per figure):
 
-1. streaming rate: a join's row streams (chunk read, checksum, send, verify-free apply + group-commit
-   fsync on the receiver) vs the raw transport sending the same bytes in the same chunk size, one
-   request at a time, to a handler that only acknowledges (both tcp on loopback, in one process);
+1. streaming rate: a join's row streams (chunk read, checksum, send, apply + group-commit fsync on
+   the receiver, verification) with ``--window`` items in flight (``storage.stream-window``), and
+   the same join stop-and-wait (a window of one: the baseline, same run), vs the raw transport
+   sending the same bytes in the same chunk size, one request at a time, to a handler that only
+   acknowledges (all tcp on loopback, in one process). Issue 19's targets: >= 0.3x raw at 50
+   entries/row, >= 0.6x at 5,000;
 2. rows moved when the (N+1)-th node joins: the planner's moved replica bytes vs 1/(N+1), and the
    measured bytes moved by the join of table 1 vs the same bound;
 3. time to restore R after a node dies (``removenode`` re-replicating from the survivors) vs
@@ -22,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from giaannd.cluster.view import StorageNode
+from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import DurableStore
@@ -32,7 +37,7 @@ from giaannd.storage.rebalance.operations import Rebalance, members_after
 from giaannd.storage.rebalance.plan import plan_transfers
 from peers.placement import Member, Placement
 from peers.transport import Identity, Incoming, Reply, connect, make_transport
-from tools.bench.report import print_table
+from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster, free_tcp_address
 
 CHUNK = 4 * 2**20
@@ -98,11 +103,14 @@ def _store_apply_rate(batch: RowBatch, root: Path) -> float:
     return rate
 
 
-async def _join_rate(root: Path, mb: float, per_row: int) -> tuple[float, int, int, float, float]:
-    """(stream bytes/s, bytes moved, bytes held before, seconds, store-apply bytes/s) of one join,
-    R=1, 2 -> 3 nodes."""
+async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bool = True
+                     ) -> tuple[float, int, int, float, float]:
+    """(stream bytes/s, bytes moved, bytes held before, seconds, store-apply bytes/s or 0) of one
+    join, R=1, 2 -> 3 nodes, the sources sending ``window`` items at once."""
     cluster = await Cluster(root, 2, scheme="tcp", replicas=1, capacity_bytes=8 << 30).start()
     try:
+        for service in cluster.services.values():
+            service.settings = msgspec.structs.replace(service.settings, stream_window=window)
         await _fill(cluster, mb, np.random.default_rng(1), per_row)
         held = sum(s.usage().used_bytes - 1024 * s.usage().num_rows for s in cluster.services.values())
         await cluster.add_node("s2")
@@ -117,7 +125,7 @@ async def _join_rate(root: Path, mb: float, per_row: int) -> tuple[float, int, i
         progress = await task
         total = time.perf_counter() - start
         moved = progress["bytes_done"]
-        apply_rate = _store_apply_rate(cluster.services["s2"].store.store.read_all(), root / "apply")
+        apply_rate = _store_apply_rate(cluster.services["s2"].store.store.read_all(), root / "apply") if apply else 0.0
         return moved / streamed, moved, held, total, apply_rate
     finally:
         await cluster.close()
@@ -155,22 +163,36 @@ def _moved_fraction_rows() -> list[list[str]]:
     return out
 
 
-async def main(mb: float) -> None:
+TARGETS = {50: ">= 0.3", 5000: ">= 0.6"}  # issue 19, item 3 (vs the raw transport)
+
+
+async def main(mb: float, window: int, as_json: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         table = []
         for per_row in (50, 500, 5000):
-            r, m, h, sec, apply_rate = await _join_rate(Path(tmp) / f"join{per_row}", mb, per_row)
+            base, _, _, _, _ = await _join_rate(Path(tmp) / f"base{per_row}", mb, per_row, 1, apply=False)
+            r, m, h, sec, apply_rate = await _join_rate(Path(tmp) / f"join{per_row}", mb, per_row, window)
             raw = await _raw_rate(max(m, CHUNK * 4), CHUNK)
-            table += [[f"{per_row}", "join stream (read, checksum, send, apply, fsync; verify)",
-                       f"{r / 1e6:.1f}", f"{r / raw:.2f}x", f"{r / apply_rate:.2f}x"],
+            target = TARGETS.get(per_row)
+            if as_json:
+                emit_figure(f"join stream vs raw, window {window}, {per_row} entries/row", r / raw, target)
+                emit_figure(f"join stream vs raw, window 1 (baseline), {per_row} entries/row", base / raw, None)
+                emit_figure(f"join stream MB/s, window {window}, {per_row} entries/row", r / 1e6, None)
+            table += [[f"{per_row}", f"join stream, window {window} (read, checksum, send, apply, fsync; verify)",
+                       f"{r / 1e6:.1f}", f"{r / raw:.2f}x", target or "", f"{r / base:.2f}x",
+                       f"{r / apply_rate:.2f}x"],
+                      [f"{per_row}", "join stream, window 1 (stop and wait: the baseline)",
+                       f"{base / 1e6:.1f}", f"{base / raw:.2f}x", "", "1.00x", f"{base / apply_rate:.2f}x"],
                       [f"{per_row}", "store apply + fsync of the same rows, no network",
-                       f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "1.00x"],
+                       f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "", "", "1.00x"],
                       [f"{per_row}", "raw transport, same bytes and chunking",
-                       f"{raw / 1e6:.1f}", "1.00x", ""]]
+                       f"{raw / 1e6:.1f}", "1.00x", "", "", ""]]
             if per_row == 500:
                 rate, moved, held, seconds = r, m, h, sec
+        if as_json:
+            return
         print_table("Streaming rate (tcp loopback, one process, 4 MiB chunks)",
-               ["entries/row", "path", "MB/s", "vs raw", "vs store apply"], table)
+               ["entries/row", "path", "MB/s", "vs raw", "target", "vs window 1", "vs store apply"], table)
         rows = _moved_fraction_rows()
         rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
                      f"{moved / max(1, held) * 3:.3f}"])
@@ -189,5 +211,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=48.0, help="rows held before the join (MB)")
     ap.add_argument("--quick", action="store_true", help="8 MB instead")
+    ap.add_argument("--window", type=int, default=StorageConfig().stream_window,
+                    help="items in flight per stream (storage.stream-window); 1 is the baseline")
+    ap.add_argument("--json", action="store_true", help="one JSON object per figure (streaming rates only)")
     a = ap.parse_args()
-    asyncio.run(main(8.0 if a.quick else a.mb))
+    asyncio.run(main(8.0 if a.quick else a.mb, a.window, a.json))

@@ -34,7 +34,13 @@ from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.dedupe import StreamScopes, direct_marker_id, install_direct_filter, marker_id
-from giaannd.storage.streaming.sender import MAX_VERIFY_ROWS, _combined_digest, _digests, apply_local
+from giaannd.storage.streaming.sender import (
+    MAX_VERIFY_ROWS,
+    _combined_digest,
+    _digests,
+    apply_local_nowait,
+    wait_durable,
+)
 from giaannd.storage.streaming.stream import (
     Accept,
     Duplicate,
@@ -72,6 +78,8 @@ class StreamEndpoint:
         self.listener: Listener | None = None
         self._receivers: dict[int, StreamReceiver] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        #: per stream, the update-log seq of the last item applied (a duplicate waits for it)
+        self._applied_seq: dict[int, int] = {}
         self.scopes = StreamScopes.open(service.data_dir)
         self.deltas_skipped = 0
         #: monotonic time of the last stream or source-control request (release waits for quiet)
@@ -161,6 +169,9 @@ class StreamEndpoint:
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
+        """Apply item ``msg.index`` in order, then acknowledge it once durable (streaming/stream.py,
+        "Pipelining"): the lock covers the apply only, so the next item of the window is applied
+        while this one waits for the fsync it shares with it."""
         rx = self._receiver(msg.stream_id)
         lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
         async with lock:  # one item of a stream at a time: items apply strictly in order
@@ -169,27 +180,40 @@ class StreamEndpoint:
             except ValueError as exc:
                 return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
             decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
-            if isinstance(decision, Duplicate):
-                return _reply(StreamPosition(msg.stream_id, decision.next_index))
-            if not isinstance(decision, Accept):
+            if isinstance(decision, Duplicate):  # applied; answer once everything applied is durable
+                index, seq = rx.next_apply - 1, self._applied_seq.get(msg.stream_id, 0)
+            elif not isinstance(decision, Accept):
                 return _reply(StreamRefused(msg.stream_id, decision.next_index, decision.reason))
-            try:
-                if msg.kind == ItemKind.DELTA and msg.origin_seq:
-                    # streaming/dedupe.py: the writer's retry may have come first (apply nothing), or
-                    # may come later (mark the origin first, so the retry drops these rows)
-                    origin = BatchId(msg.origin_writer, msg.origin_seq)
-                    if direct_marker_id(origin, msg.stream_id) in self._store().store.applied:
-                        batch = RowBatch.empty()
-                        self.deltas_skipped += 1
-                    else:
-                        self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
-                        await apply_local(self.service, marker_id(origin, msg.stream_id), RowBatch.empty())
-                # (validated once, by from_buffers above: the store need not check it again)
-                await apply_local(self.service, decision.batch_id, batch, validate=False)
-            except StoreFullError as exc:
-                return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400], fatal=True))
-            rx.applied(decision.index)
-            return _reply(StreamPosition(msg.stream_id, rx.next_index))
+            else:
+                try:
+                    seq = await self._apply_item(msg, decision, batch)
+                except StoreFullError as exc:
+                    return _reply(StreamRefused(msg.stream_id, rx.next_index, f"store full: {exc}"[:400],
+                                                fatal=True))
+                index = decision.index
+                rx.accepted(index)
+                self._applied_seq[msg.stream_id] = seq
+        await wait_durable(self.service, seq)
+        rx.applied(index)
+        return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def _apply_item(self, msg: StreamData, decision: Accept, batch: RowBatch) -> int:
+        """Apply one accepted item (not waiting for durability); the log seq that covers it."""
+        seq = 0
+        if msg.kind == ItemKind.DELTA and msg.origin_seq:
+            # streaming/dedupe.py: the writer's retry may have come first (apply nothing), or
+            # may come later (mark the origin first, so the retry drops these rows)
+            origin = BatchId(msg.origin_writer, msg.origin_seq)
+            if direct_marker_id(origin, msg.stream_id) in self._store().store.applied:
+                batch = RowBatch.empty()
+                self.deltas_skipped += 1
+            else:
+                self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
+                seq = (await apply_local_nowait(self.service, marker_id(origin, msg.stream_id),
+                                                RowBatch.empty())).seq
+        # (validated once, by from_buffers: the store need not check it again)
+        result = await apply_local_nowait(self.service, decision.batch_id, batch, validate=False)
+        return max(seq, result.seq)
 
     def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
         if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:

@@ -8,8 +8,10 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
   to the open streams (the DELTA items) synchronously, right after the apply, on the event loop;
 - ``apply_local`` applies on a node's own store through its group commit, without the ownership
   check (stream items, repair shares);
-- ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled;
-  optionally the next one read while the current one is on the wire), send with a runtime throttle
+- ``StreamRunner`` drives one stream: hello/resume, chunk reads (smaller chunks when throttled),
+  up to ``storage.stream-window`` items on the wire at once, their replies handled oldest first
+  (cumulative positions; a refusal or a lost connection drops the rest and rewinds to the
+  receiver's durable position; streaming/stream.py "Pipelining"), send with a runtime throttle
   (a token bucket, ``peers.token_bucket``), reconnect with full-jitter backoff (``peers.retry``),
   verification (one digest over the rows' bytes per slice of keys on both ends,
   ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -59,8 +62,10 @@ __all__ = [
     "StreamRunner",
     "Throttle",
     "apply_local",
+    "apply_local_nowait",
     "observe_applies",
     "row_keys_of",
+    "wait_durable",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,15 +145,31 @@ async def apply_local(service: StorageService, batch_id: BatchId, batch: RowBatc
     """Apply on this node's store, bypassing the ownership check, and wait until it is durable
     (shares the service's group commit; holds off while a snapshot reads the store).
     ``validate=False`` only for a batch the caller already checked (``RowBatch.validate``)."""
-    store, commit = service.store, service._commit  # noqa: SLF001 (see module docstring)
-    if store is None or commit is None:
+    result = await apply_local_nowait(service, batch_id, batch, validate)
+    await wait_durable(service, result.seq)
+    return result.applied
+
+
+async def apply_local_nowait(service: StorageService, batch_id: BatchId, batch: RowBatch,
+                             validate: bool = True) -> ApplyResult:
+    """``apply_local`` without the wait: applied in memory and appended to the update log; durable
+    once ``wait_durable(service, result.seq)`` returns. Lets a receiver apply the next stream item
+    while the fsync of the previous ones runs (streaming/stream.py, "Pipelining")."""
+    store = service.store
+    if store is None:
         raise RuntimeError("storage service is not open")
     core = service.core
     applier = core.store if core is not None else store  # the tee, if this node also sends streams
-    async with service._snapshot_lock:  # noqa: SLF001
-        result = applier.apply(batch_id, batch, validate)
-    await commit.wait_durable(result.seq)
-    return result.applied
+    async with service._snapshot_lock:  # noqa: SLF001 (see module docstring)
+        return applier.apply(batch_id, batch, validate)
+
+
+async def wait_durable(service: StorageService, seq: int) -> None:
+    """Wait until the update log is durable up to ``seq`` (the service's group commit)."""
+    commit = service._commit  # noqa: SLF001 (see module docstring)
+    if commit is None:
+        raise RuntimeError("storage service is not open")
+    await commit.wait_durable(seq)
 
 
 def _digests(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
@@ -222,7 +243,8 @@ class StreamRunner:
                  columns: NDArray[np.uint64], stream_id: int, *, chunk_bytes: int | None = None,
                  throttle: Throttle | None = None, label: str = "", direct_epoch: str = "",
                  claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
-                 source_keeps: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
+                 source_keeps: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
+                 window: int | None = None) -> None:
         if source.store is None:
             raise RuntimeError("source storage service is not open")
         self.source, self.transport, self.target_address = source, transport, target_address
@@ -234,7 +256,10 @@ class StreamRunner:
         self.source_keeps = source_keeps
         cols, feats, sizes = row_keys_of(self.store, np.asarray(columns, np.uint64))
         kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
-        self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, **kw)
+        #: items on the wire at once (streaming/stream.py, "Pipelining"): this source's config
+        self.window = window or source.settings.stream_window
+        self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, window=self.window, **kw)
+        self._inflight: deque[asyncio.Future[Any]] = deque()
         self.throttle = throttle or Throttle()
         self.state = "streaming"
         self.error: str | None = None
@@ -247,10 +272,10 @@ class StreamRunner:
         self.reconnects = 0
         self.resent_items = 0
         self._connected_once = False
-        #: read the next chunk while the current one is on the wire (``_send_and_read``). Off by
-        #: default: in one process (tools/bench/topology.py) it measured neutral at 50 entries/row
-        #: and slower at 5000 (the read then blocks the loop the receiver runs on); its gain, the
-        #: source's read overlapping a remote receiver's apply and fsync, is not measured yet.
+        #: with a window of one: read the next chunk while the current one is on the wire
+        #: (``_send_and_read``). Off by default: in one process (tools/bench/topology.py) it measured
+        #: neutral at 50 entries/row and slower at 5000. A window of more than one item overlaps
+        #: reads with the wire and the receiver anyway; this flag is then ignored.
         self.prefetch = False
         self._per_row_verify = False  # the receiver does not know StreamVerify.combined
         self._tee = observe_applies(source)
@@ -320,6 +345,7 @@ class StreamRunner:
     async def _connect(self) -> None:
         """(Re)connect and resume from the receiver's durable position."""
         s = self.sender
+        self._drop_inflight()  # sent on the old connection: the receiver's position says what landed
         if self._conn is not None:
             self.reconnects += 1
             with contextlib.suppress(Exception):
@@ -347,10 +373,19 @@ class StreamRunner:
 
     async def run(self) -> None:
         """Run until done or failed (never raises for stream problems: see ``state``/``error``)."""
-        backoff = Backoff(*RECONNECT_BACKOFF_S)
         # A previous run may have been cancelled (pause) with an item on the wire: resynchronise
         # with the receiver's durable position before sending anything.
         self._broken = self._conn is not None
+        try:
+            await self._loop_steps()
+        finally:
+            self._drop_inflight()  # (also when the run is cancelled: a pause)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+
+    async def _loop_steps(self) -> None:
+        backoff = Backoff(*RECONNECT_BACKOFF_S)
         while self.state not in ("done", "failed"):
             try:
                 await self._step()
@@ -364,43 +399,97 @@ class StreamRunner:
                 wait_s = backoff.next_delay()
                 log.info("%s: receiver unreachable (%s); retrying in %.2fs", self.label, exc, wait_s)
                 await asyncio.sleep(wait_s)
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.close()
 
     async def _step(self) -> None:
+        """Fill the window (send items until ``window`` are unacknowledged), then handle the reply
+        to the oldest item in flight; with nothing in flight, verify, finish or wait for deltas."""
         s = self.sender
         if self._conn is None or self._conn.is_closed or self._broken:
             await self._connect()
+        if self.window == 1 and self.prefetch and not self._inflight and await self._step_prefetch():
+            return
+        while True:
+            item = s.next_to_send()
+            if item is None and s.unsent == 0 and s.chunks_left and s.in_flight < s.window:
+                s.read_chunk(self.store.store.read_rows, self._chunk_limit())  # synchronous: a consistent cut
+                item = s.next_to_send()
+            if item is None:
+                break
+            await self.throttle.spend(item.batch.nbytes)
+            if self.state in ("done", "failed"):  # aborted while the throttle held the item back
+                return
+            conn = self._conn
+            if conn is None or conn.is_closed:
+                raise ConnectionError("stream connection closed while filling the window")
+            msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
+                             item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
+            # tasks start in creation order, so the items go on the wire in index order
+            self._inflight.append(asyncio.ensure_future(
+                conn.request(_ENC.encode(msg), item.batch.buffers(), timeout_s=STREAM_REQUEST_TIMEOUT_S)))
+        if self._inflight:
+            await self._await_oldest()
+            return
+        if s.done:
+            with contextlib.suppress(PeersError, OSError, asyncio.TimeoutError):
+                await self._request(StreamHello(s.stream_id, self.label, fresh=False, closing=True))
+            self.state = "done"
+            self._detach()
+            self.finished.set()
+            return
+        if not s.chunks_left and s.idle and not self.caught_up.is_set():
+            if not await self._verify():
+                return
+            if self.state == "streaming":
+                self.state = "caught-up"
+            self.caught_up.set()
+            return
+        self._wake.clear()
+        if s.next_to_send() is None and not s.done:
+            await self._wake.wait()
+
+    async def _await_oldest(self) -> None:
+        """The reply to the oldest item in flight. Acknowledgements are cumulative; a refusal drops
+        the items sent after the refused one (the receiver refuses them as a gap) and rewinds."""
+        s = self.sender
+        try:
+            res = await self._inflight[0]
+        except BaseException:
+            self._drop_inflight()
+            raise
+        self._inflight.popleft()
+        reply = _REPLY_DECODER.decode(res.payload)
+        if isinstance(reply, StreamPosition):
+            s.on_position(reply.next_index)
+        elif isinstance(reply, StreamRefused):
+            if reply.fatal:
+                raise StreamFailed(reply.reason)
+            self.resent_items += max(1, s.sent_upto - reply.next_index)
+            self._drop_inflight()
+            s.rewind(reply.next_index)
+
+    def _drop_inflight(self) -> None:
+        """Forget the requests in flight (their replies no longer matter: the sender rewinds)."""
+        for task in self._inflight:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+        self._inflight.clear()
+
+    async def _step_prefetch(self) -> bool:
+        """One item with a window of one and ``prefetch`` (``_send_and_read``); False: nothing
+        to send (the general step verifies, finishes or waits)."""
+        s = self.sender
         item = s.next_to_send()
         if item is None and s.in_flight == 0 and s.chunks_left:
-            s.read_chunk(self.store.store.read_rows, self._chunk_limit())  # synchronous: a consistent cut
+            s.read_chunk(self.store.store.read_rows, self._chunk_limit())
             item = s.next_to_send()
         if item is None:
-            if s.done:
-                with contextlib.suppress(PeersError, OSError, asyncio.TimeoutError):
-                    await self._request(StreamHello(s.stream_id, self.label, fresh=False, closing=True))
-                self.state = "done"
-                self._detach()
-                self.finished.set()
-                return
-            if not s.chunks_left and s.idle and not self.caught_up.is_set():
-                if not await self._verify():
-                    return
-                if self.state == "streaming":
-                    self.state = "caught-up"
-                self.caught_up.set()
-                return
-            self._wake.clear()
-            if s.next_to_send() is None and not s.done:
-                await self._wake.wait()
-            return
+            return False
         msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
                          item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
         await self.throttle.spend(item.batch.nbytes)
-        if self.state in ("done", "failed"):  # aborted while the throttle held the item back
-            return
-        if self.prefetch and item.kind == ItemKind.CHUNK and s.chunks_left and s.unsent == 0:
+        if self.state in ("done", "failed"):
+            return True
+        if item.kind == ItemKind.CHUNK and s.chunks_left and s.unsent == 0:
             reply = await self._send_and_read(msg, item)
         else:
             reply, _ = await self._request(msg, item.batch.buffers())
@@ -411,6 +500,7 @@ class StreamRunner:
                 raise StreamFailed(reply.reason)
             self.resent_items += 1
             s.rewind(reply.next_index)
+        return True
 
     def _chunk_limit(self) -> int | None:
         """Throttled, chunks carry about THROTTLED_CHUNK_S of the rate (at least
@@ -486,6 +576,12 @@ class StreamRunner:
             bad = max(1, int(np.count_nonzero(differ)))
             raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
         return True
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a dropped request's outcome retrieved (it is not needed)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _slices(n: int) -> list[slice]:

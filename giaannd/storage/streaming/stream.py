@@ -16,9 +16,18 @@ The receiver applies item ``n`` to its store as the batch ``BatchId(stream_write
 in order, so the store's applied-set *floor* for ``stream_writer`` is exactly the number of items
 applied. That floor is the durable resume point: it is in the receiver's update log (and snapshots)
 like every batch id, so a receiver killed mid-stream restarts, recovers, and answers the next
-``StreamHello`` with ``next_index = floor``; the sender rewinds to it. With a window of one item (the
-default) at most the one item in flight when the receiver died is sent twice, and even that one is
-ignored if it had been applied (idempotent batch id).
+``StreamHello`` with ``next_index = floor``; the sender rewinds to it. At most the items in flight
+when the receiver died (the sender's *window*) are sent twice, and those that had been applied are
+ignored (idempotent batch id).
+
+**Pipelining.** The sender keeps up to ``window`` items on the wire (``storage.stream-window``).
+The receiver applies them in order as they arrive (``StreamReceiver.accepted``: the *apply
+point*, ahead of the resume point) and acknowledges each once it is durable
+(``StreamReceiver.applied``): items applied close together share one fsync of the update log
+(its group commit), and since the log is fsynced in order, an acknowledged position is always
+a durable prefix. Acknowledgements are cumulative (``StreamPosition.next_index``), so a lost or
+reordered reply costs nothing. A receiver killed with items applied but not yet durable recovers
+to whatever prefix of them reached the log: the floor, never a gap.
 
 Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
 have (checked when the stream opens), so it is a copy; every later change of those rows at the
@@ -238,16 +247,18 @@ class StreamReceiver:
     def __init__(self, stream_id: int, next_index: int) -> None:
         self.stream_id = stream_id
         self.writer = stream_writer(stream_id)
-        self.next_index = next_index
+        self.next_index = next_index  # durable: the resume point, what is acknowledged
+        self.next_apply = next_index  # applied (maybe not durable yet): the next item to apply
         self.items_refused = 0
 
     def check(self, index: int, kind: int, checksum: int, batch: RowBatch) -> Accept | Duplicate | Refuse:
-        """Decide what to do with one item; changes nothing until ``applied``."""
-        if index < self.next_index:
+        """Decide what to do with one item; changes nothing until ``accepted``/``applied``.
+        A ``Duplicate`` may be applied but not durable yet: answer once it is."""
+        if index < self.next_apply:
             return Duplicate(self.next_index)
-        if index > self.next_index:
+        if index > self.next_apply:
             self.items_refused += 1
-            return Refuse(f"gap: expected item {self.next_index}, got {index}", self.next_index)
+            return Refuse(f"gap: expected item {self.next_apply}, got {index}", self.next_index)
         if kind not in (ItemKind.CHUNK, ItemKind.DELTA):
             self.items_refused += 1
             return Refuse(f"unknown item kind {kind}", self.next_index)
@@ -256,10 +267,16 @@ class StreamReceiver:
             return Refuse(f"checksum mismatch on item {index}", self.next_index)
         return Accept(index, BatchId(self.writer, index + 1))
 
+    def accepted(self, index: int) -> None:
+        """Item ``index`` is applied to the store, not durable yet: the next one may be applied."""
+        if index == self.next_apply:
+            self.next_apply += 1
+
     def applied(self, index: int) -> None:
-        """Item ``index`` is durably applied."""
-        if index == self.next_index:
-            self.next_index += 1
+        """Items up to ``index`` are durably applied (the log is fsynced in order: a prefix)."""
+        if index >= self.next_index:
+            self.next_index = index + 1
+            self.next_apply = max(self.next_apply, self.next_index)
 
 
 RowReader = Callable[[NDArray[np.uint64], NDArray[np.uint64]], RowBatch]

@@ -200,3 +200,25 @@ def test_sender_aborts_when_receiver_is_too_slow(tmp_path):
     with pytest.raises(StreamTooSlow):
         for s in range(1, 1000):
             sender.offer_delta(BatchId(3, s), batch(rng))
+
+
+def test_receiver_applies_a_window_ahead_and_acknowledges_only_durable_items():
+    """Pipelining (stream.py): items are applied in order ahead of the durable resume point; a
+    re-sent item that is applied but not durable is a duplicate (never applied twice) answered with
+    the durable position; a gap is measured from the apply point."""
+    rx = StreamReceiver(5, 0)
+    b = batch(np.random.default_rng(9))
+    for i in range(3):  # three items on the wire: each applied as it arrives, none durable yet
+        d = rx.check(i, ItemKind.CHUNK, item_checksum(5, i, ItemKind.CHUNK, b), b)
+        assert isinstance(d, Accept) and d.batch_id == BatchId(stream_writer(5), i + 1)
+        rx.accepted(i)
+    assert (rx.next_apply, rx.next_index) == (3, 0)
+    again = rx.check(1, ItemKind.CHUNK, item_checksum(5, 1, ItemKind.CHUNK, b), b)
+    assert isinstance(again, Duplicate) and again.next_index == 0  # applied, not acknowledged
+    assert isinstance(rx.check(4, ItemKind.CHUNK, item_checksum(5, 4, ItemKind.CHUNK, b), b), Refuse)
+    rx.applied(1)  # the log is fsynced in order: items 0 and 1 are durable
+    assert (rx.next_apply, rx.next_index) == (3, 2)
+    rx.applied(0)  # a late acknowledgement of an earlier item changes nothing
+    assert rx.next_index == 2
+    rx.applied(2)
+    assert (rx.next_apply, rx.next_index) == (3, 3)
