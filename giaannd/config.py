@@ -498,6 +498,18 @@ class ComputeConfig(_Section):
         "disk), unless the request says `\"cluster\": true`. Every compute node of a cluster "
         "should use the same setting, or the nodes with it off sit cluster jobs out."
     ))] = False
+    eval_spread: Annotated[bool, Meta(description=(
+        "`eval` spreads its prompts over every live compute node (docs/compute.md, \"One "
+        "evaluation across every compute node\"): the receiving node encodes them, each node runs "
+        "a contiguous share, the figures are merged exactly and the reply's `by_node` says what "
+        "each node did. Off: the receiving node runs every prompt, unless the request says "
+        "`\"spread\": true`. With one compute node it makes no difference."
+    ))] = True
+    eval_share_timeout_s: Annotated[float, Meta(gt=0, le=86400, description=(
+        "Bound on one other node's share of a spread `eval`; past it (or on any failure of that "
+        "node) the share is redone on the receiving node, so the result stays complete. Longer "
+        "than a share takes: about prompts / nodes / 2,000 prompts per second."
+    ))] = 600.0
     lease_s: Annotated[float, Meta(gt=0, le=3600, description=(
         "A cluster job's lease on its windows is taken over by another node once it has gone "
         "unrenewed this long (seen by the other node's clock: no clock sync needed, only equal "

@@ -198,6 +198,9 @@ class ComputeRoutes:
         mode = body.get("mode") or "teacher"
         if constants not in ("train", "test") or mode not in ("teacher", "free"):
             raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
+        spread = body.get("spread")
+        if spread is not None and not isinstance(spread, bool):
+            raise AdminHTTPError(400, "spread must be true or false", "bad_request")
         path = self._corpus_path(body.get("corpus"), required=False)
         prompt_file = self._corpus_path(body.get("prompts"), required=False, what="prompts")
         if path is not None and prompt_file is not None:
@@ -215,7 +218,7 @@ class ComputeRoutes:
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
         try:
-            return await self.service.evaluate(prompts, constants, mode)
+            return await self.service.evaluate(prompts, constants, mode, spread=spread)
         except STORAGE_ERRORS as exc:
             raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
 

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -47,6 +48,14 @@ from giaannd.compute.cluster_jobs.lease_events import LeaseSettings
 from giaannd.compute.durable_jobs import RESUME_RETRY_MAX_S as RESUME_RETRY_MAX_S
 from giaannd.compute.durable_jobs import TAG_CACHE_DIR as TAG_CACHE_DIR
 from giaannd.compute.durable_jobs import DurableJobs
+from giaannd.compute.eval_spread import (
+    EvalShare,
+    RemoteShare,
+    ShareFigures,
+    make_share,
+    share_prompts,
+    spread_evaluate,
+)
 from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
 from giaannd.compute.job_journal import JournalWriter
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
@@ -60,8 +69,10 @@ from giaannd.compute.train import CONLLU_SUFFIXES, TrainingJob, TrainResult, Tra
 from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
+from giaannd.model.infer import DelimiterFlags, LifConstants
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
+from giaannd.model.sentence import EncodedSentence
 from giaannd.model.subwords import ProfileMismatchError, SubwordVocabulary, make_assigner
 from giaannd.model.tokens import TaggedSentence, stream_conllu, stream_sentence_texts
 from giaannd.model.vocab import Vocabulary
@@ -165,6 +176,9 @@ class ComputeService:
         self._resume_task: asyncio.Task[None] | None = None
         #: cluster training jobs (cluster_jobs/cluster_train.py); set by ``start``
         self.cluster: ClusterJobs | None = None
+        #: the other live compute nodes -> a call that runs an eval share there (eval_spread.py);
+        #: set by the daemon's role adapter (the data plane) or by tests; None: eval runs here only
+        self.eval_peers: Callable[[], Mapping[str, RemoteShare]] | None = None
 
     @classmethod
     def from_config(cls, config: Config,
@@ -436,22 +450,66 @@ class ComputeService:
         """Names of ids: the node's (and storage's) tables, or giaann-v2's fixed ones."""
         return SubwordVocabulary() if self.settings.model_profile == "giaann-v2" else self.state.vocab
 
+    @property
+    def node_name(self) -> str:
+        """This node's name (the daemon's; in-process: the constructor's)."""
+        return self._ctx.node_name if self._ctx is not None else (self._node_name or "compute")
+
     async def evaluate(self, prompts: Sequence[TaggedSentence], constants: str = "train",
-                       mode: str = "teacher") -> dict[str, Any]:
-        """Top-1 over tagged prompts (encoded with flags unchanged); figures as a dict."""
+                       mode: str = "teacher", *, spread: bool | None = None) -> dict[str, Any]:
+        """Top-1 over tagged prompts (encoded here, with flags unchanged); figures as a dict.
+
+        ``spread`` (default ``compute.eval-spread``): the encoded prompts are shared out over the
+        live compute nodes ``eval_peers`` names and the figures merged exactly (eval_spread.py);
+        without peers, or False, every prompt runs here. ``by_node`` says what each node did,
+        ``redone`` which shares failed on their node and were run here instead.
+        """
         k = constants_named(constants)
-        inference = self._infer()
+        self._infer()
         assigner = await self.prompt_assigner()
         encoded = [e for p in prompts if (e := assigner.encode(p, update_flags=False)) is not None]
         self.cache.clear()  # other nodes may have written since: start from storage's state
-        report = await inference.evaluate(encoded, assigner, k, "free" if mode == "free" else "teacher")
+        run_mode = "free" if mode == "free" else "teacher"
+        use_spread = self.settings.eval_spread if spread is None else spread
+        peers = dict(self.eval_peers()) if use_spread and self.eval_peers is not None else {}
+        peers.pop(self.node_name, None)
+
+        async def run_local(part: Sequence[EncodedSentence]) -> ShareFigures:
+            return await self._run_share(part, assigner, k, run_mode)
+
+        t0 = time.perf_counter()
+        result = await spread_evaluate(encoded, self.node_name, run_local, peers,
+                                       lambda part: make_share(part, assigner, constants, run_mode),
+                                       self.settings.eval_share_timeout_s)
+        elapsed = time.perf_counter() - t0
+        r = result.total
+        top1 = r.matches / r.prediction_tokens if r.prediction_tokens else 0.0
+        out = {"constants": constants, "mode": mode, "prompts": r.prompts, "skipped": len(prompts) - r.prompts,
+               "prediction_tokens": r.prediction_tokens, "matches": r.matches, "top1": round(top1, 6),
+               "no_prediction": r.no_prediction, "steps": r.steps, "elapsed_s": round(elapsed, 3),
+               "steps_per_s": round(r.steps / elapsed, 1) if elapsed else 0.0,
+               "row_cache": self.cache.stats(), "by_node": result.by_node_doc()}
+        if result.redone:
+            out["redone"] = result.redone
+        return out
+
+    async def _run_share(self, prompts: Sequence[EncodedSentence], flags: DelimiterFlags, k: LifConstants,
+                         mode: str) -> ShareFigures:
+        report = await self._infer().evaluate(prompts, flags, k, "free" if mode == "free" else "teacher")
         r = report.result
-        steps = r.steps
-        return {"constants": constants, "mode": mode, "prompts": r.prompts, "skipped": len(prompts) - r.prompts,
-                "prediction_tokens": r.prediction_tokens, "matches": r.matches, "top1": round(r.top1, 6),
-                "no_prediction": r.no_prediction, "steps": steps, "elapsed_s": round(report.elapsed_s, 3),
-                "steps_per_s": round(steps / report.elapsed_s, 1) if report.elapsed_s else 0.0,
-                "row_cache": self.cache.stats()}
+        return ShareFigures(r.prompts, r.skipped_short, r.prediction_tokens, r.matches, r.no_prediction, r.steps,
+                            report.elapsed_s)
+
+    async def eval_share(self, share: EvalShare) -> ShareFigures:
+        """Run another node's share of a spread evaluation (eval_spread.py): its prompts come
+        encoded, with the flags their sessions read, so nothing of this node's state is used.
+
+        Raises:
+            ValueError: a malformed share. STORAGE_ERRORS / AdminHTTPError(503): storage failing.
+        """
+        prompts, flags = share_prompts(share)
+        self.cache.clear()  # as evaluate: rows written by other nodes since must be read again
+        return await self._run_share(prompts, flags, constants_named(share.constants), share.mode)
 
     async def generate(self, prompt: TaggedSentence, max_tokens: int, constants: str = "train") -> dict[str, Any]:
         """Free-running continuation of one tagged prompt."""
