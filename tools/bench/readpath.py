@@ -1,0 +1,285 @@
+"""Per-request cost of a small row read: ``StorageClient.read_rows`` against the raw transport request.
+
+    python -m tools.bench.readpath [--nodes 3] [--replicas 3] [--rows 2000] [--iterations 2000] [--quick]
+                                   [--profile] [--json]
+
+Setup: ``--nodes`` storage nodes inside this process (the daemon's runtime and storage role, the
+cluster harness, tools/cluster_harness) over tcp on loopback, R = ``--replicas``, holding ``--rows``
+rows of 20-300 entries (a realistic inference row). The client is the harness's ``StorageClient``.
+
+Figures, per read of 1 key and of 16 keys (p50 of ``--iterations`` reads, blocks of reads and of
+baseline requests interleaved, so load from the machine's other users lands on both alike):
+
+- ``read_rows``: the whole replicated read (placement, replica order, request, the node's
+  handler, reply checks);
+- baseline: the raw transport request of the same sizes, measured in the same run: the same
+  ReadRows payload and key buffers to a ``peers.transport`` listener in this process that answers
+  with a pre-built reply of the same bytes (a RowsReply and the seven row arrays), no storage layers;
+- the ratio read / baseline (issue 19: the layers above the transport are what a read pays beyond it).
+
+Breakdown of one read (medians of each piece timed alone on the real code, in the same run): client
+placement + replica order (``read_replicated`` around a ``read_from`` that answers at once), request
+encode, client decode + validate (``read_chunked`` around a call that answers at once, minus the
+encode), the node's handler (decode, key checks, ownership, the store's read, counters), reply
+encode, and the transport (the baseline). What is left of the total is glue: tasks, gather, the
+connection lookup, the node's dispatch.
+
+``--profile``: a cProfile of the 16-key reads, top functions by own time. ``--json``: one
+``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead of the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from giaannd import protocol as p
+from giaannd.client.reads import read_replicated
+from giaannd.cli import loop_factory
+from giaannd.client.row_parts import read_chunked
+from giaannd.model.rows import RowBatch
+from peers.transport import Incoming, Reply, connect
+from tools.bench.report import emit_figure, print_table
+from tools.cluster_harness import Cluster
+
+#: Issue 19 sets no target for this figure; the transport's own is p50 <= 1.5x a raw socket. The
+#: read is held to a budget over the bare transport request of the same size instead (a small read's
+#: layers above the transport should cost no more than the transport itself).
+TARGET_RATIO = "<= 2.0"
+BLOCK = 50  # requests per block; blocks of read and baseline alternate
+
+
+def make_rows(n: int, rng: np.random.Generator) -> RowBatch:
+    """``n`` rows of 20-300 entries each, columns spread over the ring."""
+    sizes = rng.integers(20, 301, n)
+    total = int(sizes.sum())
+    cols = rng.choice(np.arange(1, 50 * n, dtype=np.uint64), n, replace=False)
+    feats = rng.integers(0, 1 << 20, n).astype(np.uint64)
+    src_c = np.repeat(cols, sizes)
+    src_f = np.repeat(feats, sizes)
+    return RowBatch.from_entries(src_c, src_f, rng.integers(0, 4, total).astype(np.uint8),
+                                 rng.integers(0, 1 << 16, total).astype(np.uint64),
+                                 rng.integers(0, 1 << 20, total).astype(np.uint64),
+                                 rng.random(total, np.float32) + 0.1)
+
+
+async def _p50(fn: Callable[[], Awaitable[Any]], n: int) -> float:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def _sync_p50(fn: Callable[[], Any], n: int) -> float:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+async def _interleaved(a: Callable[[], Awaitable[Any]], b: Callable[[], Awaitable[Any]], n: int
+                       ) -> tuple[float, float]:
+    """p50 of ``a`` and of ``b``, in alternating blocks (after a warm-up of each)."""
+    for fn in (a, b):
+        for _ in range(20):
+            await fn()
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(max(1, n // BLOCK)):
+        for fn, out in ((a, ta), (b, tb)):
+            for _ in range(BLOCK):
+                t = time.perf_counter()
+                await fn()
+                out.append(time.perf_counter() - t)
+    return statistics.median(ta), statistics.median(tb)
+
+
+async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.random.Generator) -> dict[str, float]:
+    """The figures and the breakdown of reads of ``keys`` keys (seconds)."""
+    client = cluster.client
+    pick = rng.choice(rows.num_rows, keys, replace=False)
+    cols, feats = rows.row_column[pick].copy(), rows.row_feature[pick].copy()
+    want = await client.read_rows(cols, feats)
+    assert want.num_rows == keys, "rows written were not read back"
+
+    # the baseline: the same request and reply bytes over the bare transport
+    epoch = client.topology.epoch
+    payload = p.encode(p.ReadRows(epoch, chunked=True))
+    reply_payload = p.encode(p.RowsReply())
+    reply_bulk = [b.copy() for b in want.buffers()]
+
+    async def answer(incoming: Incoming) -> Reply:
+        return Reply(reply_payload, reply_bulk)
+
+    transport = cluster.transport("bench-baseline")
+    listener = await transport.listen("tcp://127.0.0.1:0", answer)
+    conn = await connect(transport, listener.address, timeout_s=10)
+    try:
+        async def base() -> None:
+            await conn.request(payload, [cols, feats], timeout_s=10)
+
+        async def read() -> None:
+            await client.read_rows(cols, feats)
+
+        read_s, base_s = await _interleaved(read, base, n)
+    finally:
+        await conn.close()
+        await listener.close()
+
+    # the pieces, each alone on the real code
+    topology, ramp, clock = client.topology, client.read_ramp, client.clock
+    parts = RowBatch.from_buffers([b.copy() for b in want.buffers()])
+
+    subsets: dict[tuple[int, ...], RowBatch] = {}
+
+    def subset(c: Any) -> RowBatch:  # the rows a node is asked for (built once per key set)
+        mask = np.isin(parts.row_column, c)
+        keep = np.flatnonzero(mask)
+        if keep.size == parts.num_rows:
+            return parts
+        lengths = np.diff(parts.offsets)[keep]
+        entry = np.concatenate([np.arange(parts.offsets[i], parts.offsets[i + 1]) for i in keep])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return RowBatch(parts.row_column[keep], parts.row_feature[keep], offsets, parts.segment[entry],
+                        parts.target_column[entry], parts.target_feature[entry], parts.strength[entry])
+
+    async def instant_from(node: str, c: Any, f: Any, t: float | None) -> RowBatch:
+        key = tuple(c.tolist())
+        got = subsets.get(key)
+        if got is None:
+            got = subsets[key] = subset(c)
+        return got
+
+    async def placement() -> None:
+        await read_replicated(topology, instant_from, ramp, clock, cols, feats)
+
+    async def instant_call(node: str, msg: p.Request, bulk: Any = (), timeout_s: float | None = None, *,
+                           recv_into: Any = None) -> tuple[p.Reply, list[np.ndarray]]:
+        p.encode(msg)
+        return p.decode_reply(reply_payload), reply_bulk
+
+    async def decode() -> None:
+        await read_chunked(instant_call, "s0", cols, feats, chunk_entries=client.read_chunk_entries, epoch=epoch)
+
+    node = next(iter(cluster.services))
+    core = cluster.services[node].core
+    assert core is not None
+    owned = np.array([node in cluster.owners(int(c)) for c in cols.tolist()])
+    sc, sf = (cols, feats) if owned.all() else (cols[owned], feats[owned])
+    request = p.encode(p.ReadRows("", chunked=True))
+
+    def server() -> None:
+        core.handle(request, [sc, sf])
+
+    out = {"read": read_s, "baseline": base_s}
+    out["placement"] = await _p50(placement, n)
+    out["encode"] = _sync_p50(lambda: p.encode(p.ReadRows(epoch, chunked=True)), n)
+    out["decode"] = max(0.0, await _p50(decode, n) - out["encode"])
+    out["server"] = _sync_p50(server, n)
+    out["reply_encode"] = _sync_p50(lambda: p.encode(p.RowsReply()), n)
+    out["entries"] = float(want.num_entries)
+    out["reply_bytes"] = float(want.nbytes)
+    return out
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, float]]:
+    rng = np.random.default_rng(19)
+    with tempfile.TemporaryDirectory(prefix="bench-readpath-") as tmp:
+        cluster = await Cluster(Path(tmp), args.nodes, scheme="tcp", replicas=args.replicas,
+                                capacity_bytes=1 << 30, request_timeout_s=10.0, log_level="warning").start()
+        try:
+            rows = make_rows(args.rows, rng)
+            for a in range(0, rows.num_rows, 256):
+                b = min(a + 256, rows.num_rows)
+                e0, e1 = int(rows.offsets[a]), int(rows.offsets[b])
+                await cluster.client.write(RowBatch(
+                    rows.row_column[a:b], rows.row_feature[a:b], rows.offsets[a : b + 1] - e0,
+                    rows.segment[e0:e1], rows.target_column[e0:e1], rows.target_feature[e0:e1],
+                    rows.strength[e0:e1]))
+            await cluster.client.flush()
+            results = []
+            for keys in (1, 16):
+                r = await measure(cluster, rows, keys, args.iterations, rng)
+                r["keys"] = float(keys)
+                results.append(r)
+            if args.profile:
+                cols, feats = rows.row_column[:16].copy(), rows.row_feature[:16].copy()
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.iterations):
+                    await cluster.client.read_rows(cols, feats)
+                prof.disable()
+                pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+            return results
+        finally:
+            await cluster.close()
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.0f} µs"
+
+
+def report(results: list[dict[str, float]], as_json: bool) -> None:
+    for r in results:
+        k = int(r["keys"])
+        ratio = r["read"] / r["baseline"]
+        if as_json:
+            emit_figure(f"read_rows_{k}key_p50_us", r["read"] * 1e6)
+            emit_figure(f"transport_{k}key_p50_us", r["baseline"] * 1e6)
+            emit_figure(f"read_rows_{k}key_vs_transport", ratio, TARGET_RATIO)
+            for piece in ("placement", "encode", "decode", "server", "reply_encode"):
+                emit_figure(f"read_rows_{k}key_{piece}_us", r[piece] * 1e6)
+    if as_json:
+        return
+    rows = []
+    for r in results:
+        rows.append([f"{int(r['keys'])} ({int(r['entries'])} entries, {r['reply_bytes'] / 1024:.1f} KiB)",
+                     _us(r["read"]), _us(r["baseline"]), f"{r['read'] / r['baseline']:.2f}×", TARGET_RATIO])
+    print_table("read_rows p50 vs the raw transport request of the same sizes (same run)",
+                ["keys", "read_rows", "transport", "ratio", "target"], rows)
+    pieces = [("client placement + replica order", "placement"), ("request encode", "encode"),
+              ("client decode + validate", "decode"), ("node: decode, checks, store read", "server"),
+              ("reply encode", "reply_encode"), ("transport (baseline)", "baseline")]
+    brows = []
+    for label, key in pieces:
+        brows.append([label, *(_us(r[key]) for r in results)])
+    glue = [r["read"] - sum(r[k] for _, k in pieces) for r in results]
+    brows.append(["glue (tasks, gather, connection, dispatch)", *(_us(max(0.0, g)) for g in glue)])
+    brows.append(["total read_rows", *(_us(r["read"]) for r in results)])
+    print_table("where a read's time goes (medians of each piece alone)",
+                ["piece", *(f"{int(r['keys'])} key(s)" for r in results)], brows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--iterations", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="200 rows, 300 iterations")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the 16-key reads (to stderr)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rows, args.iterations = 200, 300
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the daemon runs
+        report(runner.run(run(args)), args.json)
+
+
+if __name__ == "__main__":
+    main()
