@@ -58,6 +58,8 @@ def replica_order(owners: NDArray[np.intp], down: NDArray[np.bool_], local: NDAr
         local: per member, is this node.
         demote: [rows, R], owner ramping and this row's draw outside its weight (None: no ramp).
     """
+    if demote is None and not down.any() and not local.any():
+        return owners  # every rank is the preference position: the order is the placement's
     r = owners.shape[1]
     # candidate order per row: live before down, local before remote, then preference position
     rank = down[owners] * (4 * r) + (~local[owners]) * r + np.arange(r)[None, :]
@@ -97,9 +99,7 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
             for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
                 rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
                 jobs.append((names[int(m)], rows))
-        outcomes = await asyncio.gather(
-            *(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
-            return_exceptions=True)
+        outcomes = await _read_all(read_from, jobs, cols, feats, timeout_s)
         for (node, rows), out in zip(jobs, outcomes):
             if isinstance(out, RowBatch):
                 parts.append(out)
@@ -112,6 +112,21 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
     return join_disjoint(parts)  # each row came from one node: disjoint (a lone part is not copied)
+
+
+async def _read_all(read_from: ReadFrom, jobs: list[tuple[str, NDArray[np.intp]]], cols: NDArray[np.uint64],
+                    feats: NDArray[np.uint64], timeout_s: float | None) -> list[RowBatch | BaseException]:
+    """Each job's batch or exception, all jobs at once (``asyncio.gather``, ``return_exceptions``).
+    A lone job (a small read: every row's candidate is one node) is awaited here: no task and no
+    gather future for it (tools/bench/readpath.py)."""
+    if len(jobs) == 1:
+        node, rows = jobs[0]
+        try:
+            return [await read_from(node, cols[rows], feats[rows], timeout_s)]
+        except Exception as exc:  # as gather's return_exceptions (cancellation still propagates)
+            return [exc]
+    return await asyncio.gather(*(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
+                                return_exceptions=True)
 
 
 class ReadRampStarter:

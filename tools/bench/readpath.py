@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from giaannd import protocol as p
-from giaannd.client.reads import read_replicated
 from giaannd.cli import loop_factory
+from giaannd.client.reads import read_replicated
 from giaannd.client.row_parts import read_chunked
 from giaannd.model.rows import RowBatch
 from peers.transport import Incoming, Reply, connect
