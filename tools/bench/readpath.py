@@ -47,7 +47,6 @@ import numpy as np
 from giaannd import protocol as p
 from giaannd.cli import loop_factory
 from giaannd.client.reads import read_replicated
-from giaannd.client.row_parts import read_chunked
 from giaannd.model.rows import RowBatch
 from peers.transport import Incoming, Reply, connect
 from tools.bench.report import emit_figure, print_table
@@ -141,57 +140,70 @@ async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.r
         await conn.close()
         await listener.close()
 
-    # the pieces, each alone on the real code
-    topology, ramp, clock = client.topology, client.read_ramp, client.clock
-    parts = RowBatch.from_buffers([b.copy() for b in want.buffers()])
+    # the pieces, each alone on the real code: record the requests one read makes (node, message,
+    # keys, reply), then replay each side without the other
+    calls: list[tuple[str, p.Request, list[np.ndarray], p.Reply, list[np.ndarray]]] = []
+    real_call = client._call
 
-    subsets: dict[tuple[int, ...], RowBatch] = {}
+    async def recording(node: str, msg: p.Request, bulk: Any = (), timeout_s: float | None = None, *,
+                        recv_into: Any = None) -> tuple[p.Reply, list[np.ndarray]]:
+        reply, got = await real_call(node, msg, bulk, timeout_s, recv_into=recv_into)
+        calls.append((node, msg, [b.copy() for b in bulk], reply, [b.copy() for b in got]))
+        return reply, got
 
-    def subset(c: Any) -> RowBatch:  # the rows a node is asked for (built once per key set)
-        mask = np.isin(parts.row_column, c)
-        keep = np.flatnonzero(mask)
-        if keep.size == parts.num_rows:
-            return parts
-        lengths = np.diff(parts.offsets)[keep]
-        entry = np.concatenate([np.arange(parts.offsets[i], parts.offsets[i + 1]) for i in keep])
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        return RowBatch(parts.row_column[keep], parts.row_feature[keep], offsets, parts.segment[entry],
-                        parts.target_column[entry], parts.target_feature[entry], parts.strength[entry])
+    client._call = recording  # type: ignore[method-assign]
+    try:
+        await client.read_rows(cols, feats)
+    finally:
+        del client._call  # type: ignore[method-assign]
+    replies = {(node, tuple(bulk[0].tolist())): (p.encode(reply), got) for node, _, bulk, reply, got in calls}
+
+    async def instant_call(node: str, msg: p.Request, bulk: Any = (), timeout_s: float | None = None, *,
+                           recv_into: Any = None) -> tuple[p.Reply, list[np.ndarray]]:
+        p.encode(msg)  # what ``_call`` does besides the transport: encode, decode the reply
+        payload, got = replies[(node, tuple(bulk[0].tolist()))]
+        return p.decode_reply(payload), got
+
+    async def client_side() -> None:
+        client._call = instant_call  # type: ignore[method-assign]
+        try:
+            await client.read_rows(cols, feats)
+        finally:
+            del client._call  # type: ignore[method-assign]
+
+    batches = {key: RowBatch.from_buffers(got) for key, (_, got) in replies.items()}
 
     async def instant_from(node: str, c: Any, f: Any, t: float | None) -> RowBatch:
-        key = tuple(c.tolist())
-        got = subsets.get(key)
-        if got is None:
-            got = subsets[key] = subset(c)
-        return got
+        return batches[(node, tuple(c.tolist()))]
+
+    topology, ramp, clock = client.topology, client.read_ramp, client.clock
 
     async def placement() -> None:
         await read_replicated(topology, instant_from, ramp, clock, cols, feats)
 
-    async def instant_call(node: str, msg: p.Request, bulk: Any = (), timeout_s: float | None = None, *,
-                           recv_into: Any = None) -> tuple[p.Reply, list[np.ndarray]]:
-        p.encode(msg)
-        return p.decode_reply(reply_payload), reply_bulk
+    def checks() -> None:
+        for _, got in replies.values():
+            p.check_batch(got)
 
-    async def decode() -> None:
-        await read_chunked(instant_call, "s0", cols, feats, chunk_entries=client.read_chunk_entries, epoch=epoch)
+    requests = [(node, p.encode(msg), bulk) for node, msg, bulk, _, _ in calls]
+    runtimes = {name: cluster.nodes[name].runtime for name in cluster.nodes}
 
-    node = next(iter(cluster.services))
-    core = cluster.services[node].core
-    assert core is not None
-    owned = np.array([node in cluster.owners(int(c)) for c in cols.tolist()])
-    sc, sf = (cols, feats) if owned.all() else (cols[owned], feats[owned])
-    request = p.encode(p.ReadRows("", chunked=True))
+    async def server_side() -> None:
+        for node, payload, bulk in requests:
+            await runtimes[node]._dispatch(Incoming(memoryview(payload), bulk, None, "bench"))
 
-    def server() -> None:
-        core.handle(request, [sc, sf])
+    def server_core() -> None:
+        for node, payload, bulk in requests:
+            core = cluster.services[node].core
+            assert core is not None
+            core.handle(payload, bulk)
 
-    out = {"read": read_s, "baseline": base_s}
+    out = {"read": read_s, "baseline": base_s, "requests": float(len(calls))}
+    out["client"] = await _p50(client_side, n)
     out["placement"] = await _p50(placement, n)
-    out["encode"] = _sync_p50(lambda: p.encode(p.ReadRows(epoch, chunked=True)), n)
-    out["decode"] = max(0.0, await _p50(decode, n) - out["encode"])
-    out["server"] = _sync_p50(server, n)
-    out["reply_encode"] = _sync_p50(lambda: p.encode(p.RowsReply()), n)
+    out["checks"] = _sync_p50(checks, n)
+    out["server"] = await _p50(server_side, n)
+    out["core"] = _sync_p50(server_core, n)
     out["entries"] = float(want.num_entries)
     out["reply_bytes"] = float(want.nbytes)
     return out
@@ -242,26 +254,27 @@ def report(results: list[dict[str, float]], as_json: bool) -> None:
             emit_figure(f"read_rows_{k}key_p50_us", r["read"] * 1e6)
             emit_figure(f"transport_{k}key_p50_us", r["baseline"] * 1e6)
             emit_figure(f"read_rows_{k}key_vs_transport", ratio, TARGET_RATIO)
-            for piece in ("placement", "encode", "decode", "server", "reply_encode"):
+            for piece in ("client", "placement", "checks", "server", "core"):
                 emit_figure(f"read_rows_{k}key_{piece}_us", r[piece] * 1e6)
     if as_json:
         return
     rows = []
     for r in results:
         rows.append([f"{int(r['keys'])} ({int(r['entries'])} entries, {r['reply_bytes'] / 1024:.1f} KiB)",
-                     _us(r["read"]), _us(r["baseline"]), f"{r['read'] / r['baseline']:.2f}×", TARGET_RATIO])
-    print_table("read_rows p50 vs the raw transport request of the same sizes (same run)",
-                ["keys", "read_rows", "transport", "ratio", "target"], rows)
-    pieces = [("client placement + replica order", "placement"), ("request encode", "encode"),
-              ("client decode + validate", "decode"), ("node: decode, checks, store read", "server"),
-              ("reply encode", "reply_encode"), ("transport (baseline)", "baseline")]
-    brows = []
-    for label, key in pieces:
-        brows.append([label, *(_us(r[key]) for r in results)])
-    glue = [r["read"] - sum(r[k] for _, k in pieces) for r in results]
-    brows.append(["glue (tasks, gather, connection, dispatch)", *(_us(max(0.0, g)) for g in glue)])
+                     f"{int(r['requests'])}", _us(r["read"]), _us(r["baseline"]),
+                     f"{r['read'] / r['baseline']:.2f}×", TARGET_RATIO])
+    print_table("read_rows p50 vs one raw transport request of the same sizes (same run)",
+                ["keys", "requests", "read_rows", "transport", "ratio", "target"], rows)
+    pieces = [("client side (read_rows, no transport)", "client"),
+              ("· placement, replica order, join", "placement"), ("· reply checks (check_batch)", "checks"),
+              ("node side (runtime dispatch, storage handler)", "server"),
+              ("· storage core: decode, ownership, store read", "core"),
+              ("one transport request (baseline)", "baseline")]
+    brows = [[label, *(_us(r[key]) for r in results)] for label, key in pieces]
+    rest = [r["read"] - r["client"] - r["server"] - r["baseline"] for r in results]
+    brows.append(["rest: further transport requests, tasks, loop", *(_us(max(0.0, g)) for g in rest)])
     brows.append(["total read_rows", *(_us(r["read"]) for r in results)])
-    print_table("where a read's time goes (medians of each piece alone)",
+    print_table("where a read's time goes (medians of each side alone; · is part of the line above)",
                 ["piece", *(f"{int(r['keys'])} key(s)" for r in results)], brows)
 
 
