@@ -251,11 +251,11 @@ def report(results: list[dict[str, float]], as_json: bool) -> None:
         k = int(r["keys"])
         ratio = r["read"] / r["baseline"]
         if as_json:
-            emit_figure(f"read_rows_{k}key_p50_us", r["read"] * 1e6)
-            emit_figure(f"transport_{k}key_p50_us", r["baseline"] * 1e6)
-            emit_figure(f"read_rows_{k}key_vs_transport", ratio, TARGET_RATIO)
+            emit_figure(f"readpath.read_rows_{k}key_p50_us", r["read"] * 1e6)
+            emit_figure(f"readpath.transport_{k}key_p50_us", r["baseline"] * 1e6)
+            emit_figure(f"readpath.read_rows_{k}key_vs_transport", ratio, TARGET_RATIO)
             for piece in ("client", "placement", "checks", "server", "core"):
-                emit_figure(f"read_rows_{k}key_{piece}_us", r[piece] * 1e6)
+                emit_figure(f"readpath.read_rows_{k}key_{piece}_us", r[piece] * 1e6)
     if as_json:
         return
     rows = []
@@ -278,7 +278,7 @@ def report(results: list[dict[str, float]], as_json: bool) -> None:
                 ["piece", *(f"{int(r['keys'])} key(s)" for r in results)], brows)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
         args.rows, args.iterations = 200, 300
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the daemon runs
         report(runner.run(run(args)), args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
