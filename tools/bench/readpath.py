@@ -24,7 +24,8 @@ encode), the node's handler (decode, key checks, ownership, the store's read, co
 encode, and the transport (the baseline). What is left of the total is glue: tasks, gather, the
 connection lookup, the node's dispatch.
 
-``--profile``: a cProfile of the 16-key reads, top functions by own time. ``--json``: one
+``--fewest-nodes``: the client's ``read_fewest_nodes`` on (``compute.read-fewest-nodes``: a read's
+rows to as few nodes as possible). ``--profile``: a cProfile of the 16-key reads, top functions by own time. ``--json``: one
 ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead of the tables.
 """
 
@@ -179,7 +180,7 @@ async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.r
     topology, ramp, clock = client.topology, client.read_ramp, client.clock
 
     async def placement() -> None:
-        await read_replicated(topology, instant_from, ramp, clock, cols, feats)
+        await read_replicated(topology, instant_from, ramp, clock, cols, feats, fewest=client.read_fewest_nodes)
 
     def checks() -> None:
         for _, got in replies.values():
@@ -215,6 +216,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, float]]:
         cluster = await Cluster(Path(tmp), args.nodes, scheme="tcp", replicas=args.replicas,
                                 capacity_bytes=1 << 30, request_timeout_s=10.0, log_level="warning").start()
         try:
+            cluster.client.read_fewest_nodes = args.fewest_nodes
             rows = make_rows(args.rows, rng)
             for a in range(0, rows.num_rows, 256):
                 b = min(a + 256, rows.num_rows)
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--iterations", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="200 rows, 300 iterations")
+    ap.add_argument("--fewest-nodes", action="store_true",
+                    help="the client sends a read's rows to as few nodes as possible (compute.read-fewest-nodes)")
     ap.add_argument("--profile", action="store_true", help="cProfile of the 16-key reads (to stderr)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

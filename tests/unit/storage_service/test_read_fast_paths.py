@@ -108,3 +108,85 @@ async def test_read_replicated_lone_job_cancellation_propagates():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_fewest_nodes_picks_live_owners_and_keeps_failover_order(seed):
+    from giaannd.client.reads import fewest_nodes
+
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(2, 8)), 3
+    r = min(r, n)
+    cand = np.stack([rng.permutation(n)[:r] for _ in range(40)]).astype(np.intp)
+    down = rng.random(n) < 0.25
+    local = np.zeros(n, bool)
+    if seed % 3 == 0:
+        local[int(rng.integers(0, n))] = True
+    cand = replica_order(cand, down, local)
+    got = fewest_nodes(cand, down, local)
+    for before, after in zip(cand.tolist(), got.tolist()):
+        assert sorted(before) == sorted(after)  # the same owners
+        assert [m for m in before if m != after[0]] == after[1:]  # the rest keep their order
+        if local[before[0]] or down[before].all():
+            assert after == before  # a local first candidate, or no live owner: untouched
+        else:
+            assert not down[after[0]]
+
+
+def test_fewest_nodes_one_node_when_every_node_owns_every_row():
+    from giaannd.client.reads import fewest_nodes
+
+    rng = np.random.default_rng(1)
+    cand = np.stack([rng.permutation(3) for _ in range(16)]).astype(np.intp)
+    got = fewest_nodes(cand, np.zeros(3, bool), np.zeros(3, bool))
+    assert len(set(got[:, 0].tolist())) == 1
+    # the tie goes to the node that is first owner of most rows (reads keep spreading by row)
+    assert got[0, 0] == np.bincount(cand[:, 0], minlength=3).argmax()
+    down = np.array([True, False, False])
+    got = fewest_nodes(replica_order(cand, down, np.zeros(3, bool)), down, np.zeros(3, bool))
+    assert len(set(got[:, 0].tolist())) == 1 and got[0, 0] != 0
+
+
+@pytest.mark.asyncio
+async def test_read_replicated_fewest_one_request_then_failover():
+    t = _view()
+    cols = np.arange(1, 17, dtype=np.uint64)
+    feats = np.zeros(cols.size, np.uint64)
+    calls = []
+
+    async def read_from(node, c, f, timeout_s):
+        calls.append((node, c.size))
+        return _rows(c)
+
+    got = await read_replicated(t, read_from, RampTracker(0.0), lambda: 0.0, cols, feats, fewest=True)
+    assert np.array_equal(got.row_column, cols) and len(calls) == 1 and calls[0][1] == 16
+    calls.clear()
+    await read_replicated(t, read_from, RampTracker(0.0), lambda: 0.0, cols, feats)  # default: spread
+    assert len(calls) > 1  # each row to its own first owner
+    calls.clear()
+
+    async def one_fails(node, c, f, timeout_s):
+        calls.append((node, c.size))
+        if len(calls) == 1:
+            raise RemoteUnavailable("busy", node)
+        return _rows(c)
+
+    got = await read_replicated(t, one_fails, RampTracker(0.0), lambda: 0.0, cols, feats, fewest=True)
+    assert np.array_equal(got.row_column, cols)
+    assert len(calls) > 1 and calls[0][1] == 16  # the chosen node failed: its rows went on
+    assert all(node != calls[0][0] for node, _ in calls[1:])
+
+
+def test_fewest_nodes_spreads_reads_when_every_node_owns_every_row():
+    from giaannd.client.reads import fewest_nodes
+
+    t = _view()
+    rng = np.random.default_rng(5)
+    chosen = set()
+    for _ in range(60):
+        cols = rng.integers(1, 1 << 40, 16).astype(np.uint64)
+        cand = replica_order(t.placement.owner_indices(cols), np.zeros(3, bool), np.zeros(3, bool))
+        got = fewest_nodes(cand, np.zeros(3, bool), np.zeros(3, bool))
+        assert len(set(got[:, 0].tolist())) == 1
+        chosen.add(int(got[0, 0]))
+    assert chosen == {0, 1, 2}
