@@ -25,8 +25,8 @@ encode, and the transport (the baseline). What is left of the total is glue: tas
 connection lookup, the node's dispatch.
 
 ``--fewest-nodes``: the client's ``read_fewest_nodes`` on (``compute.read-fewest-nodes``: a read's
-rows to as few nodes as possible). ``--profile``: a cProfile of the 16-key reads, top functions by own time. ``--json``: one
-``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead of the tables.
+rows to as few nodes as possible). ``--profile``: a cProfile of the 16-key reads, top functions by
+own time. ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead of the tables.
 """
 
 from __future__ import annotations
