@@ -17,16 +17,17 @@ baseline requests interleaved, so load from the machine's other users lands on b
   with a pre-built reply of the same bytes (a RowsReply and the seven row arrays), no storage layers;
 - the ratio read / baseline (issue 19: the layers above the transport are what a read pays beyond it).
 
-Breakdown of one read (medians of each piece timed alone on the real code, in the same run): client
-placement + replica order (``read_replicated`` around a ``read_from`` that answers at once), request
-encode, client decode + validate (``read_chunked`` around a call that answers at once, minus the
-encode), the node's handler (decode, key checks, ownership, the store's read, counters), reply
-encode, and the transport (the baseline). What is left of the total is glue: tasks, gather, the
-connection lookup, the node's dispatch.
+Breakdown (medians of each side replayed alone on the real code, same run): the requests one read
+makes are recorded, then the client side is timed with the transport replaced by the recorded
+replies (of which: placement, replica order and join, with ``read_from`` answering at once; the
+reply checks, ``check_batch``), and the node side by replaying the requests into each node's
+runtime dispatch (of which: the storage core, decode to the store's read). What is left of the
+total: the other requests' transport, tasks and event-loop turns.
 
 ``--fewest-nodes``: the client's ``read_fewest_nodes`` on (``compute.read-fewest-nodes``: a read's
 rows to as few nodes as possible). ``--profile``: a cProfile of the 16-key reads, top functions by
-own time. ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead of the tables.
+own time. ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py)
+instead of the tables.
 """
 
 from __future__ import annotations
