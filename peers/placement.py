@@ -82,9 +82,9 @@ def _mix64(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
 #: Keys whose owner rows one Placement remembers. A compute node's per-token reads and a storage
 #: node's ownership check of each request ask about the same hot columns again and again, and the
 #: vector path costs a fixed ~15 us of numpy calls however few the keys (tools/bench/readpath.py).
-#: 65,536 keys of R small ints cost a few MiB at most; a full cache is emptied and refilled (a
-#: placement lives for one epoch, so nothing in it ever goes stale).
-OWNER_CACHE_KEYS = 65_536
+#: 16,384 keys cost about 2 MiB (measured, R = 3: ~136 bytes a key); a full cache is emptied and
+#: refilled (a placement lives for one epoch, so nothing in it ever goes stale).
+OWNER_CACHE_KEYS = 16_384
 #: Calls with at most this many keys go through the cache (one dict lookup per key); larger ones
 #: take the vector path alone, whose fixed cost they spread while per-key lookups would grow.
 CACHED_CALL_KEYS = 64
