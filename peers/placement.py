@@ -79,6 +79,16 @@ def _mix64(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
     return z ^ (z >> _S31)
 
 
+#: Keys whose owner rows one Placement remembers. A compute node's per-token reads and a storage
+#: node's ownership check of each request ask about the same hot columns again and again, and the
+#: vector path costs a fixed ~15 us of numpy calls however few the keys (tools/bench/readpath.py).
+#: 16,384 keys cost about 2 MiB (measured, R = 3: ~136 bytes a key); a full cache is emptied and
+#: refilled (a placement lives for one epoch, so nothing in it ever goes stale).
+OWNER_CACHE_KEYS = 16_384
+#: Calls with at most this many keys go through the cache (one dict lookup per key); larger ones
+#: take the vector path alone, whose fixed cost they spread while per-key lookups would grow.
+CACHED_CALL_KEYS = 64
+
 #: Above this many members per owner slot, select the top R with argpartition before sorting them.
 _PARTITION_FACTOR = 4
 
@@ -144,6 +154,7 @@ class Placement:
     _seeds: NDArray[np.uint64] = field(init=False, repr=False)
     _log_w: NDArray[np.float64] = field(init=False, repr=False)
     _epoch: str = field(init=False, repr=False)
+    _owner_cache: dict[int, tuple[int, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.strategy not in _STRATEGIES:
@@ -165,6 +176,7 @@ class Placement:
         weights = [m.weight if self.strategy == "weighted" else 1.0 for m in ordered]
         set_(self, "_log_w", np.log(np.array(weights, np.float64)))
         set_(self, "_epoch", self._digest(weights))
+        set_(self, "_owner_cache", {})
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -205,9 +217,26 @@ class Placement:
         """Owner indices (into ``names``) of many keys: shape (len(keys), R), best first.
 
         This is the hot path of a compute node grouping a batch's rows by owner: a few vector passes
-        over a (keys x members) matrix, then a per-key loop only for pinned keys.
+        over a (keys x members) matrix, then a per-key loop only for pinned keys. A call with few
+        keys (``CACHED_CALL_KEYS``) is answered from the placement's cache of owner rows when it
+        holds every key (``OWNER_CACHE_KEYS``): small reads pay a dict lookup per key instead.
         """
         k = np.asarray(keys).astype(np.uint64, copy=False).reshape(-1)
+        if k.shape[0] > CACHED_CALL_KEYS:
+            return self._compute_owner_indices(k)
+        cache = self._owner_cache
+        wanted = k.tolist()
+        rows = [cache.get(key) for key in wanted]
+        if None not in rows:
+            return np.array(rows, np.intp).reshape(len(wanted), self.effective_replicas)
+        out = self._compute_owner_indices(k)
+        if len(cache) + len(wanted) > OWNER_CACHE_KEYS:
+            cache.clear()
+        cache.update(zip(wanted, map(tuple, out.tolist())))
+        return out
+
+    def _compute_owner_indices(self, k: NDArray[np.uint64]) -> NDArray[np.intp]:
+        """``owner_indices`` by the vector passes (no cache)."""
         r = self.effective_replicas
         mixed = _mix64(k)[:, None]
         h = _mix64(mixed ^ self._seeds[None, :])

@@ -16,6 +16,17 @@ or answers NotOwner leaves its rows for the next round, i.e. the next owner; own
 come last, as a last resort. After R rounds, rows no replica served raise ``ReadFailed`` (absent
 rows are not failures: a node leaves out rows it does not hold).
 
+**Fewest nodes** (``fewest_nodes``, ``compute.read-fewest-nodes``, off by default): a small read
+pays a fixed cost per request at both ends (tools/bench/readpath.py: ~80 us of transport CPU and
+~30 us of handlers each), and spreading 16 rows over their first owners makes 3 requests where one
+node holds them all (R = 3 of 3). With it on, round 0 sends each row to a live owner chosen by a
+greedy cover (the node that is a live owner of most unassigned rows, ties to the one that is
+first owner of most of them, so reads still spread by row hash; then the next...), which puts the
+row's chosen node first and keeps the others in order for failover. Rows whose first
+candidate is this node, and every read while a member is ramping, keep the plain order. The cost:
+rows no longer go to their own first owner, so the read load of a client leans on the nodes that
+own most of what it asks at once.
+
 **Starting a ramp** (``ReadRampStarter``): on each topology change, members that went down stop
 ramping; members that came up start, unless they are the first members this client hears of (a
 client starting against a running cluster does not ramp everyone).
@@ -39,7 +50,7 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.model.rows import RowBatch
 from giaannd.ramp import RampTracker, row_draws
 
-__all__ = ["ReadFrom", "ReadRampStarter", "read_replicated", "replica_order"]
+__all__ = ["ReadFrom", "ReadRampStarter", "fewest_nodes", "read_replicated", "replica_order"]
 
 # The storage client's parts log under the client's name (operators and tests filter on it).
 log = logging.getLogger("giaannd.client.storage_client")
@@ -58,6 +69,8 @@ def replica_order(owners: NDArray[np.intp], down: NDArray[np.bool_], local: NDAr
         local: per member, is this node.
         demote: [rows, R], owner ramping and this row's draw outside its weight (None: no ramp).
     """
+    if demote is None and not down.any() and not local.any():
+        return owners  # every rank is the preference position: the order is the placement's
     r = owners.shape[1]
     # candidate order per row: live before down, local before remote, then preference position
     rank = down[owners] * (4 * r) + (~local[owners]) * r + np.arange(r)[None, :]
@@ -66,10 +79,37 @@ def replica_order(owners: NDArray[np.intp], down: NDArray[np.bool_], local: NDAr
     return np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
 
 
+def fewest_nodes(cand: NDArray[np.intp], down: NDArray[np.bool_], local: NDArray[np.bool_]) -> NDArray[np.intp]:
+    """``cand`` (per row, its owners in the order to try them) with each row's first owner chosen
+    so that the rows go to as few live nodes as a greedy cover finds (module docstring, "Fewest
+    nodes"); the other owners keep their order. A row whose first candidate is local, or with no
+    live owner, is left as it is. One pass per chosen node, none per row."""
+    live = ~down[cand]
+    left = ~local[cand[:, 0]] & live.any(axis=1)
+    first = cand[:, 0].copy()
+    n = down.shape[0]
+    while left.any():
+        k = int(left.sum())
+        counts = np.bincount(cand[left][live[left]], minlength=n)
+        # ties go to the first owner of most of those rows, then of the first of them: with R = N
+        # every node owns every row, and a fixed tie-break would send every small read to one node
+        firsts = np.bincount(cand[left, 0], minlength=n)
+        lead = np.zeros(n, np.int64)
+        lead[cand[int(left.argmax()), 0]] = 1
+        m = int((counts * 2 * (k + 1) + firsts * 2 + lead).argmax())
+        hit = left & ((cand == m) & live).any(axis=1)
+        first[hit] = m
+        left &= ~hit
+    order = np.argsort(cand != first[:, None], axis=1, kind="stable")  # the chosen one first
+    return np.take_along_axis(cand, order, axis=1)
+
+
 async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: RampTracker, clock: Callable[[], float],
-                          row_column: Any, row_feature: Any, timeout_s: float | None = None) -> RowBatch:
+                          row_column: Any, row_feature: Any, timeout_s: float | None = None, *,
+                          fewest: bool = False) -> RowBatch:
     """``StorageClient.read_rows`` (its docstring): rows from the first candidate replica, failing
-    over round by round (module docstring)."""
+    over round by round (module docstring). ``fewest``: choose the first candidates so that the
+    rows go to as few nodes as possible ("Fewest nodes")."""
     cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
     feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
     if cols.shape != feats.shape:
@@ -85,6 +125,8 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
     weights = ramp.weights(names, clock())
     demote = None if weights is None else row_draws(cols, feats)[:, None] >= weights[owners]
     cand = replica_order(owners, down, local, demote)
+    if fewest and demote is None and cols.size > 1:
+        cand = fewest_nodes(cand, down, local)
     todo = np.ones(cols.size, bool)
     parts: list[RowBatch] = []
     errors: dict[str, str] = {}
@@ -97,9 +139,7 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
             for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
                 rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
                 jobs.append((names[int(m)], rows))
-        outcomes = await asyncio.gather(
-            *(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
-            return_exceptions=True)
+        outcomes = await _read_all(read_from, jobs, cols, feats, timeout_s)
         for (node, rows), out in zip(jobs, outcomes):
             if isinstance(out, RowBatch):
                 parts.append(out)
@@ -112,6 +152,21 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
     return join_disjoint(parts)  # each row came from one node: disjoint (a lone part is not copied)
+
+
+async def _read_all(read_from: ReadFrom, jobs: list[tuple[str, NDArray[np.intp]]], cols: NDArray[np.uint64],
+                    feats: NDArray[np.uint64], timeout_s: float | None) -> list[RowBatch | BaseException]:
+    """Each job's batch or exception, all jobs at once (``asyncio.gather``, ``return_exceptions``).
+    A lone job (a small read: every row's candidate is one node) is awaited here: no task and no
+    gather future for it (tools/bench/readpath.py)."""
+    if len(jobs) == 1:
+        node, rows = jobs[0]
+        try:
+            return [await read_from(node, cols[rows], feats[rows], timeout_s)]
+        except Exception as exc:  # as gather's return_exceptions (cancellation still propagates)
+            return [exc]
+    return await asyncio.gather(*(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
+                                return_exceptions=True)
 
 
 class ReadRampStarter:

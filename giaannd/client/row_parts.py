@@ -69,8 +69,13 @@ MAX_READ_RESTARTS: Final = 8
 #: in cache; 16 Ki and 128 Ki were slower (measured on 10^7 entries).
 CHECK_BLOCK_ENTRIES: Final = 65_536
 #: Runs of consecutive rows ``join_disjoint`` slices one by one; more (rows of many replies
-#: interleaved key by key: small rows) go through one vectorised coalescing pass instead.
+#: interleaved key by key: small rows) go through one vectorised gather instead.
 MAX_JOIN_RUNS: Final = 256
+#: Entries up to which ``join_disjoint`` always gathers by one vectorised permutation (two copies
+#: per field, no per-run Python): a small read's rows come from several nodes interleaved key by
+#: key, and slicing them run by run cost 130 us for 16 rows from 3 nodes against ~25 us
+#: (tools/bench/readpath.py). 64 Ki entries (1.3 MiB) keep the second copy cheaper than the slicing.
+JOIN_GATHER_ENTRIES: Final = 65_536
 
 _Version = tuple[int, int, int]  # entries, touches, drops
 
@@ -291,16 +296,36 @@ def join_disjoint(parts: list[RowBatch]) -> RowBatch:
         return parts[0]
     rc = np.concatenate([b.row_column for b in parts])
     rf = np.concatenate([b.row_feature for b in parts])
-    src = np.repeat(np.arange(len(parts)), [b.num_rows for b in parts])
-    idx = np.concatenate([np.arange(b.num_rows) for b in parts])
     order = np.lexsort((rf, rc))
-    rc, rf, src, idx = rc[order], rf[order], src[order], idx[order]
+    rc, rf = rc[order], rf[order]
     if bool(((rc[1:] == rc[:-1]) & (rf[1:] == rf[:-1])).any()):
         raise ValueError("join_disjoint: a row is in two parts")
+    lengths = np.concatenate([np.diff(b.offsets) for b in parts])
+    if int(lengths.sum()) <= JOIN_GATHER_ENTRIES:
+        return _gather_in_order(parts, order, rc, rf, lengths)
+    src = np.repeat(np.arange(len(parts)), [b.num_rows for b in parts])[order]
+    idx = np.concatenate([np.arange(b.num_rows) for b in parts])[order]
     cut = np.flatnonzero((src[1:] != src[:-1]) | (idx[1:] != idx[:-1] + 1)) + 1
-    if cut.shape[0] + 1 > MAX_JOIN_RUNS:  # many short runs: small rows, one coalescing pass is cheap
-        return RowBatch.concat(parts)
+    if cut.shape[0] + 1 > MAX_JOIN_RUNS:  # many short runs: one vectorised gather
+        return _gather_in_order(parts, order, rc, rf, lengths)
     starts = [0, *cut.tolist()]
     ends = [*cut.tolist(), int(src.shape[0])]
     return _concat_in_order([_rows_slice(parts[int(src[a])], int(idx[a]), int(idx[e - 1]) + 1)
                              for a, e in zip(starts, ends)])
+
+
+def _gather_in_order(parts: list[RowBatch], order: NDArray[np.intp], rc: NDArray[np.uint64],
+                     rf: NDArray[np.uint64], lengths: NDArray[np.int64]) -> RowBatch:
+    """``parts`` (disjoint) as one batch, rows taken in ``order`` (of the parts' rows one after the
+    other; ``rc``/``rf`` already in that order): per field one concatenation and one gather by an
+    entry permutation built with whole-array passes."""
+    starts = np.zeros(lengths.shape[0], np.int64)  # where each row's entries begin in the concatenation
+    np.cumsum(lengths[:-1], out=starts[1:])
+    taken = lengths[order]
+    offsets = np.zeros(taken.shape[0] + 1, np.int64)
+    np.cumsum(taken, out=offsets[1:])
+    perm = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts[order] - offsets[:-1], taken)
+    cat: Any = np.concatenate
+    return RowBatch(rc, rf, offsets, cat([b.segment for b in parts])[perm],
+                    cat([b.target_column for b in parts])[perm], cat([b.target_feature for b in parts])[perm],
+                    cat([b.strength for b in parts])[perm])

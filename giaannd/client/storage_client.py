@@ -136,6 +136,8 @@ class StorageClient:
         read_chunk_bytes: bytes of one read part (``storage.read-chunk-bytes``): rows larger than
             a storage node's read chunk are read in parts of this size (client/row_parts.py).
         read_parts_in_flight: part requests of one large row in flight at once.
+        read_fewest_nodes: send a read's rows to as few live owners as possible instead of each
+            row's first owner (``compute.read-fewest-nodes``; reads.py, "Fewest nodes").
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class StorageClient:
         clock: Callable[[], float] = time.monotonic,
         read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES,
         read_parts_in_flight: int = READ_PARTS_IN_FLIGHT,
+        read_fewest_nodes: bool = False,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -174,6 +177,7 @@ class StorageClient:
         #: entries per ReadRowPart (21 bytes each), capped by the protocol's part limit
         self.read_chunk_entries = max(1, min(read_chunk_bytes // _ENTRY_BYTES, p.MAX_READ_PART_ENTRIES))
         self.read_parts_in_flight = max(1, read_parts_in_flight)
+        self.read_fewest_nodes = read_fewest_nodes
         self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
         self.registers = RegisterClient(topology, self._call)
         self._ramp_starter = ReadRampStarter(topology, self.read_ramp, clock)
@@ -350,7 +354,7 @@ class StorageClient:
             LookupError: no storage members known.
         """
         return await read_replicated(self.topology, self.read_from, self.read_ramp, self.clock,
-                                     row_column, row_feature, timeout_s)
+                                     row_column, row_feature, timeout_s, fewest=self.read_fewest_nodes)
 
     # -- cluster-wide scan (scan.py) ------------------------------------------------------------------------
     def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS, timeout_s: float | None = None,

@@ -268,33 +268,37 @@ class RowBatch:
         return batch
 
     def validate(self) -> None:
-        """Raise ValueError unless the batch is canonical (see the module docstring)."""
+        """Raise ValueError unless the batch is canonical (see the module docstring).
+
+        Every check is a few whole-array passes, O(rows + entries), no per-row Python; ndarray
+        methods rather than ``np.*`` wrappers, because a small read's reply is checked here and
+        the wrappers' dispatch was most of its cost (tools/bench/readpath.py)."""
         r, n = self.num_rows, self.num_entries
-        if self.row_feature.shape[0] != r or self.offsets.shape[0] != r + 1:
+        offsets = self.offsets
+        if self.row_feature.shape[0] != r or offsets.shape[0] != r + 1:
             raise ValueError("row batch: row arrays disagree in length")
         if not (self.segment.shape[0] == self.target_column.shape[0] == self.target_feature.shape[0] == n):
             raise ValueError("row batch: entry arrays disagree in length")
-        if self.offsets[0] != 0 or self.offsets[-1] != n or np.any(np.diff(self.offsets) < 0):
+        if offsets[0] != 0 or offsets[-1] != n or (r and bool((offsets[1:] < offsets[:-1]).any())):
             raise ValueError("row batch: offsets are not a partition of the entries")
         if n and int(self.segment.max()) >= NUM_SEGMENTS:
             raise ValueError(f"row batch: segment out of range (max {int(self.segment.max())})")
-        if not np.all(np.isfinite(self.strength)):
+        if n and not bool(np.isfinite(self.strength).all()):
             raise ValueError("row batch: non-finite strength")
         if r > 1:
             rc, rf = self.row_column, self.row_feature
             ascending = (rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))
-            if not np.all(ascending):
+            if not bool(ascending.all()):
                 raise ValueError("row batch: rows not sorted and unique")
         if n > 1:
             seg, tc, tf = self.segment, self.target_column, self.target_feature
             gt = (seg[1:] > seg[:-1]) | (
                 (seg[1:] == seg[:-1]) & ((tc[1:] > tc[:-1]) | ((tc[1:] == tc[:-1]) & (tf[1:] > tf[:-1])))
             )
-            boundary = np.zeros(n - 1, dtype=bool)
-            inner = self.offsets[1:-1]
-            inner = inner[(inner > 0) & (inner < n)]
-            boundary[inner - 1] = True
-            if not np.all(gt | boundary):
+            if r > 1:  # a row's first entry need not follow the previous row's last
+                inner = offsets[1:-1]
+                gt[inner[(inner > 0) & (inner < n)] - 1] = True
+            if not bool(gt.all()):
                 raise ValueError("row batch: entries of a row not sorted and unique")
 
 

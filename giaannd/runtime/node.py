@@ -308,12 +308,14 @@ class NodeRuntime:
         """A ``StorageClient`` over this node's topology and transports (closed on stop).
 
         ``options`` go to ``StorageClient`` (``write_quorum``, timeouts...); the write quorum
-        defaults to ``storage.write-quorum``, the read ramp to ``compute.read-ramp-up-s``.
+        defaults to ``storage.write-quorum``, the read ramp to ``compute.read-ramp-up-s``, the read
+        grouping to ``compute.read-fewest-nodes``.
         """
         options.setdefault("write_quorum", self.config.storage.write_quorum)
         options.setdefault("on_unreachable", self.report_unreachable)
         options.setdefault("read_ramp_s", self.config.compute.read_ramp_up_s)
         options.setdefault("read_chunk_bytes", self.config.storage.read_chunk_bytes)
+        options.setdefault("read_fewest_nodes", self.config.compute.read_fewest_nodes)
         client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
         self._clients.append(client)
         return client

@@ -82,3 +82,66 @@ def test_merge_rows_adds_equal_keys():
             np.array([0.5, 0.25], np.float32))
     m = merge_rows(a, d)
     assert list(m.segment) == [1, 3, 8] and list(m.strength) == [1.0, 0.5, 2.25]
+
+
+def _validate_reference(b):
+    """``RowBatch.validate`` as it was before its fast form (np.* wrappers, a boundary mask)."""
+    from giaannd.model.rows import NUM_SEGMENTS
+
+    r, n = b.num_rows, b.num_entries
+    if b.row_feature.shape[0] != r or b.offsets.shape[0] != r + 1:
+        raise ValueError("row batch: row arrays disagree in length")
+    if not (b.segment.shape[0] == b.target_column.shape[0] == b.target_feature.shape[0] == n):
+        raise ValueError("row batch: entry arrays disagree in length")
+    if b.offsets[0] != 0 or b.offsets[-1] != n or np.any(np.diff(b.offsets) < 0):
+        raise ValueError("row batch: offsets are not a partition of the entries")
+    if n and int(b.segment.max()) >= NUM_SEGMENTS:
+        raise ValueError(f"row batch: segment out of range (max {int(b.segment.max())})")
+    if not np.all(np.isfinite(b.strength)):
+        raise ValueError("row batch: non-finite strength")
+    if r > 1:
+        rc, rf = b.row_column, b.row_feature
+        if not np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))):
+            raise ValueError("row batch: rows not sorted and unique")
+    if n > 1:
+        seg, tc, tf = b.segment, b.target_column, b.target_feature
+        later = (tc[1:] > tc[:-1]) | ((tc[1:] == tc[:-1]) & (tf[1:] > tf[:-1]))
+        gt = (seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & later)
+        boundary = np.zeros(n - 1, dtype=bool)
+        inner = b.offsets[1:-1]
+        boundary[inner[(inner > 0) & (inner < n)] - 1] = True
+        if not np.all(gt | boundary):
+            raise ValueError("row batch: entries of a row not sorted and unique")
+
+
+def _outcome(fn, b):
+    try:
+        fn(b)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rowbatch_validate_agrees_with_reference_on_broken_batches(seed):
+    """Canonical batches pass and every kind of broken one is refused with the same message."""
+    rng = np.random.default_rng(seed)
+    good = _batch(rng, int(rng.integers(0, 60)))
+    assert _outcome(RowBatch.validate, good) is None
+    for _ in range(30):
+        bufs = [x.copy() for x in good.buffers()]
+        which = int(rng.integers(0, 8))
+        if which == 7:
+            bufs = [x[: max(0, x.shape[0] - 1)] if i == int(rng.integers(0, 7)) else x for i, x in enumerate(bufs)]
+        elif bufs[which].size:
+            i = int(rng.integers(0, bufs[which].size))
+            if which == 6:
+                bufs[6][i] = rng.choice([np.nan, np.inf, -np.inf, 0.5])
+            elif which == 3:
+                bufs[3][i] = rng.choice([0, 3, 8, 9, 255])
+            elif which == 2:
+                bufs[2][i] = int(rng.integers(-2, good.num_entries + 3))
+            else:
+                bufs[which][i] = rng.integers(0, 6)
+        b = RowBatch(*bufs)
+        assert _outcome(RowBatch.validate, b) == _outcome(_validate_reference, b)

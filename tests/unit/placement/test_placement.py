@@ -161,3 +161,28 @@ def test_placement_equality_is_by_epoch() -> None:
     a = Placement(_members(3), 3)
     b = Placement(tuple(reversed(_members(3))), 3)
     assert a == b and hash(a) == hash(b) and a != Placement(_members(4), 3)
+
+
+@pytest.mark.parametrize("strategy", ["hash", "weighted", "pinned"])
+def test_placement_owner_cache_agrees_with_vector_path(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small calls answered from the owner cache (hits, misses, repeated keys, a cache that fills
+    and is emptied) give exactly the rows of the uncached vector passes."""
+    import peers.placement as placement_mod
+
+    monkeypatch.setattr(placement_mod, "OWNER_CACHE_KEYS", 100)
+    ms = tuple(Member(f"node-{i}", 1.0 + i) for i in range(7))
+    keys = KEYS[:300]
+    pl = Placement(ms, 3, strategy, {int(keys[5]): ("node-6", "node-2")})  # type: ignore[arg-type]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        ask = keys[rng.integers(0, keys.size, int(rng.integers(0, 20)))]
+        got = pl.owner_indices(ask)
+        want = pl._compute_owner_indices(ask)
+        assert got.dtype == want.dtype and got.shape == (ask.size, 3)
+        assert np.array_equal(got, want)
+        got[:] = 0  # a caller's changes do not reach the cache
+        assert np.array_equal(pl.owner_indices(ask), want)
+    assert len(pl._owner_cache) <= 100
+    big = keys[:200]  # over CACHED_CALL_KEYS: the vector path
+    assert np.array_equal(pl.owner_indices(big), pl._compute_owner_indices(big))
+    assert pl.owners(int(keys[5]))[:2] == ("node-6", "node-2")

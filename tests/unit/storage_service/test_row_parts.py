@@ -263,3 +263,37 @@ def test_row_parts_a_failing_part_raises_its_own_error(core):
 
     with pytest.raises(ConnectionResetError, match="part lost"):  # not an ExceptionGroup
         read(Broken(core), [7], [3])
+
+
+def _same_batch(a, b):
+    return all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_row_parts_join_gather_agrees_with_run_slicing(seed, monkeypatch):
+    """The vectorised gather (small joins, many runs) and the run-by-run slicing give the same
+    canonical batch, equal to coalescing the parts (RowBatch.concat); overlap is still refused."""
+    import giaannd.client.row_parts as rp
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 200))
+    sizes = rng.integers(1, 40, n)
+    keys = np.unique(rng.integers(0, 500, (n, 2)).astype(np.uint64), axis=0)
+    sizes = sizes[: keys.shape[0]]
+    whole = RowBatch.from_entries(np.repeat(keys[:, 0], sizes), np.repeat(keys[:, 1], sizes),
+                                  rng.integers(0, 4, int(sizes.sum())), rng.integers(0, 9, int(sizes.sum())),
+                                  rng.integers(0, 1 << 40, int(sizes.sum())), rng.random(int(sizes.sum())))
+    owner = rng.integers(0, int(rng.integers(2, 5)), whole.num_rows)
+    parts = []
+    for k in range(int(owner.max()) + 1):
+        rows = [(whole.key(i), whole.row(i)) for i in np.flatnonzero(owner == k).tolist()]
+        parts.append(RowBatch.from_rows(dict(rows)) if rows else RowBatch.empty())
+    gathered = join_disjoint(parts)
+    assert gathered.validate() is None and _same_batch(gathered, whole)
+    monkeypatch.setattr(rp, "JOIN_GATHER_ENTRIES", 0)  # the slicing path (or gather for many runs)
+    assert _same_batch(join_disjoint(parts), whole)
+    monkeypatch.setattr(rp, "MAX_JOIN_RUNS", 10**9)  # slicing, however many runs
+    assert _same_batch(join_disjoint(parts), whole)
+    assert _same_batch(RowBatch.concat(parts), whole)
+    with pytest.raises(ValueError):
+        join_disjoint([*parts, parts[int(owner[0])]])

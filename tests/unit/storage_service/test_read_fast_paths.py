@@ -1,0 +1,192 @@
+"""Fast paths of a small replicated read (client/reads.py, tools/bench/readpath.py) against the
+general code they skip: the replica order with nobody down, local or ramping, and a lone job awaited
+without gather (same results, same errors, same failover)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from giaannd.client.errors import ReadFailed, RemoteUnavailable
+from giaannd.client.reads import read_replicated, replica_order
+from giaannd.cluster.view import ClusterView, StorageNode
+from giaannd.model.rows import RowBatch
+from giaannd.ramp import RampTracker
+
+
+def _general_order(owners, down, local, demote=None):
+    """replica_order's ranking with no shortcut (the code before the fast path)."""
+    r = owners.shape[1]
+    rank = down[owners] * (4 * r) + (~local[owners]) * r + np.arange(r)[None, :]
+    if demote is not None:
+        rank += (demote & ~local[owners]) * (2 * r)
+    return np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_replica_order_fast_path_agrees_with_ranking(seed):
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+    r = min(r, n)
+    owners = np.stack([rng.permutation(n)[:r] for _ in range(int(rng.integers(0, 30)))]).astype(np.intp) \
+        if seed % 5 else np.empty((0, r), np.intp)
+    for down, local in [(np.zeros(n, bool), np.zeros(n, bool)), (rng.random(n) < 0.3, np.zeros(n, bool)),
+                        (np.zeros(n, bool), np.eye(1, n, int(rng.integers(0, n)), dtype=bool)[0])]:
+        assert np.array_equal(replica_order(owners, down, local), _general_order(owners, down, local))
+        demote = rng.random(owners.shape) < 0.5
+        assert np.array_equal(replica_order(owners, down, local, demote),
+                              _general_order(owners, down, local, demote))
+
+
+def _rows(cols):
+    cols = np.sort(np.asarray(cols, np.uint64))
+    n = cols.size
+    return RowBatch(cols, np.zeros(n, np.uint64), np.arange(n + 1, dtype=np.int64), np.zeros(n, np.uint8),
+                    np.arange(n, dtype=np.uint64), np.ones(n, np.uint64), np.ones(n, np.float32))
+
+
+def _view(n=3, replicas=3):
+    t = ClusterView(replicas=replicas)
+    t.set_members([StorageNode(f"n{i}", f"mem://n{i}") for i in range(n)])
+    return t
+
+
+def _keys_on_one_node(t, count):
+    """``count`` columns whose first owner is the same node (a read that makes one job)."""
+    cols = np.arange(1, 5000, dtype=np.uint64)
+    first = t.placement.owner_indices(cols)[:, 0]
+    return cols[first == first[0]][:count], t.names[int(first[0])]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("one_job", [True, False])
+async def test_read_replicated_lone_job_fails_over_like_gather(one_job):
+    """A failing first node hands its rows to the next owner, a non-request error propagates, and
+    the rows read are the same, whether the round had one job (awaited alone) or several."""
+    t = _view()
+    cols, first = _keys_on_one_node(t, 5) if one_job else (np.arange(1, 40, dtype=np.uint64), None)
+    feats = np.zeros(cols.size, np.uint64)
+    calls = []
+
+    async def read_from(node, c, f, timeout_s):
+        calls.append(node)
+        if node == (first or t.names[0]):
+            raise RemoteUnavailable("busy", node)
+        return _rows(c)
+
+    got = await read_replicated(t, read_from, RampTracker(0.0), lambda: 0.0, cols, feats)
+    assert np.array_equal(got.row_column, np.sort(cols))
+    assert (first or t.names[0]) in calls
+
+    async def broken(node, c, f, timeout_s):
+        raise ZeroDivisionError("a bug, not a failed request")
+
+    with pytest.raises(ZeroDivisionError):
+        await read_replicated(t, broken, RampTracker(0.0), lambda: 0.0, cols, feats)
+
+    async def down(node, c, f, timeout_s):
+        raise RemoteUnavailable("down", node)
+
+    with pytest.raises(ReadFailed):
+        await read_replicated(t, down, RampTracker(0.0), lambda: 0.0, cols, feats)
+
+
+@pytest.mark.asyncio
+async def test_read_replicated_lone_job_cancellation_propagates():
+    t = _view()
+    cols, _ = _keys_on_one_node(t, 3)
+    started = asyncio.Event()
+
+    async def slow(node, c, f, timeout_s):
+        started.set()
+        await asyncio.sleep(30)
+        return _rows(c)
+
+    task = asyncio.ensure_future(read_replicated(t, slow, RampTracker(0.0), lambda: 0.0, cols,
+                                                 np.zeros(cols.size, np.uint64)))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_fewest_nodes_picks_live_owners_and_keeps_failover_order(seed):
+    from giaannd.client.reads import fewest_nodes
+
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(2, 8)), 3
+    r = min(r, n)
+    cand = np.stack([rng.permutation(n)[:r] for _ in range(40)]).astype(np.intp)
+    down = rng.random(n) < 0.25
+    local = np.zeros(n, bool)
+    if seed % 3 == 0:
+        local[int(rng.integers(0, n))] = True
+    cand = replica_order(cand, down, local)
+    got = fewest_nodes(cand, down, local)
+    for before, after in zip(cand.tolist(), got.tolist()):
+        assert sorted(before) == sorted(after)  # the same owners
+        assert [m for m in before if m != after[0]] == after[1:]  # the rest keep their order
+        if local[before[0]] or down[before].all():
+            assert after == before  # a local first candidate, or no live owner: untouched
+        else:
+            assert not down[after[0]]
+
+
+def test_fewest_nodes_one_node_when_every_node_owns_every_row():
+    from giaannd.client.reads import fewest_nodes
+
+    rng = np.random.default_rng(1)
+    cand = np.stack([rng.permutation(3) for _ in range(16)]).astype(np.intp)
+    got = fewest_nodes(cand, np.zeros(3, bool), np.zeros(3, bool))
+    assert len(set(got[:, 0].tolist())) == 1
+    # the tie goes to the node that is first owner of most rows (reads keep spreading by row)
+    assert got[0, 0] == np.bincount(cand[:, 0], minlength=3).argmax()
+    down = np.array([True, False, False])
+    got = fewest_nodes(replica_order(cand, down, np.zeros(3, bool)), down, np.zeros(3, bool))
+    assert len(set(got[:, 0].tolist())) == 1 and got[0, 0] != 0
+
+
+@pytest.mark.asyncio
+async def test_read_replicated_fewest_one_request_then_failover():
+    t = _view()
+    cols = np.arange(1, 17, dtype=np.uint64)
+    feats = np.zeros(cols.size, np.uint64)
+    calls = []
+
+    async def read_from(node, c, f, timeout_s):
+        calls.append((node, c.size))
+        return _rows(c)
+
+    got = await read_replicated(t, read_from, RampTracker(0.0), lambda: 0.0, cols, feats, fewest=True)
+    assert np.array_equal(got.row_column, cols) and len(calls) == 1 and calls[0][1] == 16
+    calls.clear()
+    await read_replicated(t, read_from, RampTracker(0.0), lambda: 0.0, cols, feats)  # default: spread
+    assert len(calls) > 1  # each row to its own first owner
+    calls.clear()
+
+    async def one_fails(node, c, f, timeout_s):
+        calls.append((node, c.size))
+        if len(calls) == 1:
+            raise RemoteUnavailable("busy", node)
+        return _rows(c)
+
+    got = await read_replicated(t, one_fails, RampTracker(0.0), lambda: 0.0, cols, feats, fewest=True)
+    assert np.array_equal(got.row_column, cols)
+    assert len(calls) > 1 and calls[0][1] == 16  # the chosen node failed: its rows went on
+    assert all(node != calls[0][0] for node, _ in calls[1:])
+
+
+def test_fewest_nodes_spreads_reads_when_every_node_owns_every_row():
+    from giaannd.client.reads import fewest_nodes
+
+    t = _view()
+    rng = np.random.default_rng(5)
+    chosen = set()
+    for _ in range(60):
+        cols = rng.integers(1, 1 << 40, 16).astype(np.uint64)
+        cand = replica_order(t.placement.owner_indices(cols), np.zeros(3, bool), np.zeros(3, bool))
+        got = fewest_nodes(cand, np.zeros(3, bool), np.zeros(3, bool))
+        assert len(set(got[:, 0].tolist())) == 1
+        chosen.add(int(got[0, 0]))
+    assert chosen == {0, 1, 2}
