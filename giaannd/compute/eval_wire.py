@@ -46,7 +46,7 @@ from giaannd.compute.eval_spread import (
     decode_share,
     encode_share,
 )
-from giaannd.errors import AdminHTTPError, RemoteFault
+from giaannd.errors import AdminHTTPError, Refused, RemoteFault
 from peers.errors import PeersError
 from peers.membership.meta import NodeMeta
 from peers.transport import Handler, Incoming, Reply, connect, scheme_of
@@ -69,8 +69,10 @@ CONNECT_TIMEOUT_S: Final = 3.0
 MAX_FIGURES_BYTES: Final = 4096
 
 
-class ShareTooLarge(ValueError):
+class ShareTooLarge(Refused):
     """The encoded share is over ``compute.eval-share-max-bytes``: not sent (run here instead)."""
+
+    reason = "eval_share_too_large"
 
 
 class ShareRefused(RemoteFault):
