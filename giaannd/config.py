@@ -517,6 +517,12 @@ class ComputeConfig(_Section):
         "one received is refused (`BadRequest`) before it is decoded. The receiver decodes a share "
         "into Python objects several times its size, so this bounds that memory."
     ))] = 64 << 20
+    eval_connect_timeout_s: Annotated[float, Meta(gt=0, le=600, description=(
+        "Bound on connecting to another compute node to send it its share of a spread `eval`. A "
+        "live node answers in milliseconds; a node that died but is still listed alive refuses "
+        "until this passes, which is what it costs before its share is redone on the receiving "
+        "node (and it is reported to membership as unreachable)."
+    ))] = 3.0
     lease_s: Annotated[float, Meta(gt=0, le=3600, description=(
         "A cluster job's lease on its windows is taken over by another node once it has gone "
         "unrenewed this long (seen by the other node's clock: no clock sync needed, only equal "

@@ -61,9 +61,10 @@ log = logging.getLogger(__name__)
 
 #: The op name of a share call (``ComputeCall.op``).
 EVAL_SHARE_OP: Final = "eval.share"
-#: Bound on connecting to a peer for one share. A live node on a LAN answers the handshake in
-#: milliseconds; a node that died but is still listed alive refuses (connect retries until this
-#: passes), so this is what a dead node costs before its share is redone here.
+#: Default bound on connecting to a peer for one share (``compute.eval-connect-timeout-s``). A live
+#: node on a LAN answers the handshake in milliseconds; a node that died but is still listed alive
+#: refuses (connect retries until this passes), so this is what a dead node costs before its share
+#: is redone here.
 CONNECT_TIMEOUT_S: Final = 3.0
 #: Bytes of a share's answer (``ShareFigures``: seven numbers, well under 100 bytes).
 MAX_FIGURES_BYTES: Final = 4096
@@ -91,11 +92,13 @@ class EvalPeers:
     Args:
         runtime: the node runtime (membership table, transports, identity).
         max_bytes: ``compute.eval-share-max-bytes``.
+        connect_timeout_s: ``compute.eval-connect-timeout-s``.
     """
 
-    def __init__(self, runtime: NodeRuntime, max_bytes: int) -> None:
+    def __init__(self, runtime: NodeRuntime, max_bytes: int, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.runtime = runtime
         self.max_bytes = max_bytes
+        self.connect_timeout_s = connect_timeout_s
 
     def __call__(self) -> Mapping[str, RemoteShare]:
         """Every other alive compute member -> a call that runs a share there (read now)."""
@@ -135,7 +138,7 @@ class EvalPeers:
                                 "not sent")
         transport = self.runtime.transports[scheme_of(address)]
         try:
-            conn = await connect(transport, address, timeout_s=CONNECT_TIMEOUT_S)
+            conn = await connect(transport, address, timeout_s=self.connect_timeout_s)
         except (PeersError, OSError):
             self.runtime.report_unreachable(name)
             raise

@@ -100,6 +100,6 @@ def create_compute_service(config: Config, runtime: NodeRuntime | None) -> Compu
                                          if runtime is not None else None)
     if runtime is not None:
         max_bytes = config.compute.eval_share_max_bytes
-        service.eval_peers = EvalPeers(runtime, max_bytes)
+        service.eval_peers = EvalPeers(runtime, max_bytes, config.compute.eval_connect_timeout_s)
         runtime.serve_compute(share_server(service.eval_share, max_bytes, STORAGE_ERRORS))
     return service
