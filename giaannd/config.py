@@ -519,6 +519,19 @@ class ComputeConfig(_Section):
         "node) the share is redone on the receiving node, so the result stays complete. Longer "
         "than a share takes: about prompts / nodes / 2,000 prompts per second."
     ))] = 600.0
+    eval_share_max_bytes: Annotated[int, Meta(ge=1024, le=1 << 30, description=(
+        "Largest encoded share of a spread `eval` (its prompts, encoded, and their flags: about "
+        "1 KB per prompt) this node sends to another compute node or accepts from one. A larger "
+        "share is run on the receiving node instead, and the reply's `redone` says why; a larger "
+        "one received is refused (`BadRequest`) before it is decoded. The receiver decodes a share "
+        "into Python objects several times its size, so this bounds that memory."
+    ))] = 64 << 20
+    eval_connect_timeout_s: Annotated[float, Meta(gt=0, le=600, description=(
+        "Bound on connecting to another compute node to send it its share of a spread `eval`. A "
+        "live node answers in milliseconds; a node that died but is still listed alive refuses "
+        "until this passes, which is what it costs before its share is redone on the receiving "
+        "node (and it is reported to membership as unreachable)."
+    ))] = 3.0
     lease_s: Annotated[float, Meta(gt=0, le=3600, description=(
         "A cluster job's lease on its windows is taken over by another node once it has gone "
         "unrenewed this long (seen by the other node's clock: no clock sync needed, only equal "

@@ -23,6 +23,7 @@ request            bulk buffers                                    success reply
 ``RegisterGet``    none                                            ``RegisterValue``
 ``RegisterPrepare`` none                                           ``RegisterValue`` (the accepted one)
 ``RegisterAccept`` none (the value in the payload: small)          ``RegisterAccepted``
+``ComputeCall``    ``body`` u8[n] (the op's own encoding)          ``ComputeAnswer`` (``body`` u8[m])
 =================  ==============================================  ====================================
 
 **Rows of any size** (docs/transport.md, "Chunked reads"): a ``ReadRows`` with ``chunked`` is
@@ -45,6 +46,13 @@ answered ``RegisterConflict`` with the higher ballot.
 ``giaannd.runtime.node`` before any role handler sees the request (``runtime_request`` peeks at the
 tag). They carry the storage ring (giaannd/cluster/ring.py) and a topology operation's cutover override
 (docs/topology.md).
+
+``ComputeCall`` (tag 17) is a *compute-to-compute* call: the runtime hands it to the handler the
+compute role registered (``NodeRuntime.serve_compute``), never to the storage role; a node
+without one answers ``Unavailable``. ``op`` names the call (``"eval.share"``: one node's share of
+a spread evaluation, giaannd/compute/eval_wire.py) and the body travels as one ``uint8`` bulk
+buffer, so a body is bounded by the frame's buffer limit (``MAX_COMPUTE_BODY_BYTES``), not by the
+16 MiB control body; the op's own module decodes and checks it.
 
 Any request may instead get one of the typed errors ``StoreFull``, ``NotOwner``, ``BadRequest``,
 ``Unavailable`` (and ``VocabConflict``, ``RegisterConflict`` for their requests): they are *replies*,
@@ -73,10 +81,14 @@ from numpy.typing import NDArray
 from giaannd.cluster.ring import MAX_RING_ENTRIES, WireEntry
 from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
+from peers import framing
 from peers.placement import Placement
 
 __all__ = [
+    "COMPUTE_CALL_TAG",
     "MAX_BATCH_ENTRIES",
+    "MAX_COMPUTE_BODY_BYTES",
+    "MAX_COMPUTE_OP_CHARS",
     "MAX_BATCH_ROWS",
     "MAX_COLUMN_INFO_ROWS",
     "MAX_DIGEST_ROWS",
@@ -105,6 +117,8 @@ __all__ = [
     "BatchesApplied",
     "ColumnInfo",
     "ColumnInfoPage",
+    "ComputeAnswer",
+    "ComputeCall",
     "DigestsReply",
     "ErrorReply",
     "GetVocab",
@@ -142,12 +156,15 @@ __all__ = [
     "VocabConflict",
     "VocabReply",
     "check_batch",
+    "check_body",
+    "compute_call",
     "check_keys",
     "check_part",
     "decode_reply",
     "decode_request",
     "encode",
     "register_key_id",
+    "request_tag",
     "runtime_request",
     "scan_chain_mask",
     "scan_page_bytes",
@@ -225,6 +242,12 @@ MAX_REGISTER_KEY_CHARS: Final = 256
 #: Bytes of a register value. A lease shard costs ~30 B per lease, so 256 KiB holds thousands of
 #: leases; every change copies the value to R acceptors and fsyncs it, so it stays small.
 MAX_REGISTER_VALUE_BYTES: Final = 256 * 1024
+
+#: Bytes of a ComputeCall's or ComputeAnswer's body (its one bulk buffer): the frame's own limit on
+#: one buffer. What an op really accepts is its own, smaller policy (``compute.eval-share-max-bytes``).
+MAX_COMPUTE_BODY_BYTES: Final = framing.MAX_BUFFER_BYTES
+#: Characters of a ComputeCall's op name (``"eval.share"``).
+MAX_COMPUTE_OP_CHARS: Final = 64
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints are at most uint64
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
@@ -380,6 +403,17 @@ class ReadRowPart(msgspec.Struct, frozen=True, tag=16):
     limit: Annotated[int, msgspec.Meta(ge=1)]
     placement_epoch: _Text = ""
 
+
+class ComputeCall(msgspec.Struct, frozen=True, tag=17):
+    """A compute-to-compute call (module docstring): ``op`` names it; its body is one u8 bulk
+    buffer. Answered ``ComputeAnswer`` or a typed error (``BadRequest``: the body or op is bad;
+    ``Unavailable``: no compute role here, or it cannot serve the op now)."""
+
+    op: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_COMPUTE_OP_CHARS)]
+
+
+#: The tag of ``ComputeCall`` (the runtime routes it by a tag peek, ``request_tag``).
+COMPUTE_CALL_TAG: Final = 17
 
 Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
            | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept | ReadRowPart)
@@ -554,6 +588,10 @@ class RowPart(msgspec.Struct, frozen=True, tag=77):
     offset: _U64
 
 
+class ComputeAnswer(msgspec.Struct, frozen=True, tag=78):
+    """The answer of a ``ComputeCall``: its body is one u8 bulk buffer (the op's own encoding)."""
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -602,7 +640,8 @@ class RegisterConflict(msgspec.Struct, frozen=True, tag=133):
 
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict | RegisterConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
-         | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | RowPart | ErrorReply)
+         | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | RowPart | ComputeAnswer
+         | ErrorReply)
 
 
 def register_key_id(key: str) -> int:
@@ -622,12 +661,13 @@ _RUNTIME_TAGS: Final = frozenset({10, 11, 12})
 _REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
 _REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)
 _RUNTIME_DECODER: Final[msgspec.msgpack.Decoder[RuntimeRequest]] = msgspec.msgpack.Decoder(RuntimeRequest)
+_COMPUTE_DECODER: Final = msgspec.msgpack.Decoder(ComputeCall)
 _HEAD_DECODER: Final = msgspec.msgpack.Decoder(_Head)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
-def encode(msg: Request | RuntimeRequest | Reply) -> bytes:
+def encode(msg: Request | RuntimeRequest | ComputeCall | Reply) -> bytes:
     return _ENCODER.encode(msg)
 
 
@@ -643,24 +683,58 @@ def decode_request(payload: bytes | memoryview) -> Request:
         raise ProtocolViolation(f"undecodable request: {exc}") from None
 
 
-def runtime_request(payload: bytes | memoryview) -> RuntimeRequest | None:
+def request_tag(payload: bytes | memoryview) -> int:
+    """The tag of a request payload, -1 when it has none (garbage: the role handler answers
+    that). Peeks at the tag only (~0.1 µs), so the data path pays almost nothing for routing."""
+    try:
+        return _HEAD_DECODER.decode(payload).type
+    except _DECODE_ERRORS:
+        return -1
+
+
+def runtime_request(payload: bytes | memoryview, tag: int | None = None) -> RuntimeRequest | None:
     """The runtime request in ``payload``, or None when it is not one (a role's request, or
-    garbage: the role handler answers that). Peeks at the tag first (~0.1 µs), so the data path
-    pays almost nothing for it.
+    garbage: the role handler answers that). ``tag``: the payload's ``request_tag`` when the
+    caller peeked already.
 
     Raises:
         ProtocolViolation: a runtime tag with a bad body.
     """
-    try:
-        tag = _HEAD_DECODER.decode(payload).type
-    except _DECODE_ERRORS:
-        return None
-    if tag not in _RUNTIME_TAGS:
+    if (request_tag(payload) if tag is None else tag) not in _RUNTIME_TAGS:
         return None
     try:
         return _RUNTIME_DECODER.decode(payload)
     except _DECODE_ERRORS as exc:
         raise ProtocolViolation(f"undecodable request: {exc}") from None
+
+
+def compute_call(payload: bytes | memoryview) -> ComputeCall:
+    """Decode a ``ComputeCall`` payload (the caller peeked ``COMPUTE_CALL_TAG``).
+
+    Raises:
+        ProtocolViolation: a bad body.
+    """
+    try:
+        return _COMPUTE_DECODER.decode(payload)
+    except _DECODE_ERRORS as exc:
+        raise ProtocolViolation(f"undecodable request: {exc}") from None
+
+
+def check_body(bulk: Sequence[np.ndarray], limit: int) -> memoryview:
+    """The one u8 body buffer of a ``ComputeCall`` / ``ComputeAnswer``, checked (count, dtype,
+    shape, at most ``limit`` bytes) before anything decodes it.
+
+    Raises:
+        ProtocolViolation: anything else.
+    """
+    if len(bulk) != 1:
+        raise ProtocolViolation(f"a compute body is 1 buffer, got {len(bulk)}")
+    body = bulk[0]
+    if body.dtype != np.uint8 or body.ndim != 1:
+        raise ProtocolViolation(f"compute body: expected 1-d uint8, got {body.ndim}-d {body.dtype}")
+    if body.shape[0] > limit:
+        raise ProtocolViolation(f"compute body of {body.shape[0]} bytes; the limit is {limit}")
+    return body.data
 
 
 def decode_reply(payload: bytes | memoryview) -> Reply:

@@ -40,8 +40,13 @@ out (and the storage role's own) reports a peer it could not reach to ``report_u
 which passes it to ``MembershipNode.report_unreachable`` at most once per peer per probe interval.
 Suspicion is refuted by a live node; only membership's own timers declare death.
 
-Requests that arrive before a role registered its handler (``serve``), or on a node without the
-storage role, get a typed ``Unavailable`` reply, so a writer fails over instead of hanging.
+**Compute calls** (``protocol.ComputeCall``, tag 17: one compute node asking another, e.g. for its
+share of a spread evaluation) go to the handler the compute role registered with
+``serve_compute``, never to the storage role's.
+
+Requests that arrive before a role registered its handler (``serve`` / ``serve_compute``), or on a
+node without that role, get a typed ``Unavailable`` reply, so a caller fails over instead of
+hanging.
 """
 
 from __future__ import annotations
@@ -158,6 +163,7 @@ class NodeRuntime:
         #: Set by the membership service once its node runs.
         self.membership: MembershipNode | None = None
         self._handler: Handler | None = None
+        self._compute_handler: Handler | None = None
         self._clients: list[StorageClient] = []
         #: peer name -> monotonic time of its last report to membership (rate limit)
         self._unreachable_at: dict[str, float] = {}
@@ -190,6 +196,7 @@ class NodeRuntime:
     async def stop(self, graceful: bool) -> None:
         """Close storage clients, listeners and transports (the runtime stops last)."""
         self._handler = None
+        self._compute_handler = None
         for client in self._clients:
             try:
                 await client.close()
@@ -229,6 +236,11 @@ class NodeRuntime:
         for scheme, listener in self.listeners.items():
             out.setdefault(scheme, listener.address)
         return out
+
+    def serve_compute(self, handler: Handler | None) -> None:
+        """Route ``ComputeCall`` requests (compute-to-compute calls, protocol.py) to ``handler``
+        (the compute role); None: answer them Unavailable."""
+        self._compute_handler = handler
 
     def serve(self, handler: Handler | None) -> None:
         """Route data-plane requests to ``handler`` (the storage role); None: answer Unavailable."""
@@ -412,12 +424,19 @@ class NodeRuntime:
                      if self.skipped else "")
 
     async def _dispatch(self, incoming: Incoming) -> Reply:
+        tag = p.request_tag(incoming.payload)
         try:
-            runtime_msg = p.runtime_request(incoming.payload)
+            runtime_msg = p.runtime_request(incoming.payload, tag)
         except p.ProtocolViolation as exc:
             return Reply(p.encode(p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])))
         if runtime_msg is not None:
             return Reply(p.encode(await self.rings.serve(runtime_msg)))
+        if tag == p.COMPUTE_CALL_TAG:
+            compute = self._compute_handler
+            if compute is None:
+                return Reply(p.encode(p.Unavailable("this node serves no compute calls (no compute role, "
+                                                    "or it is not started)")))
+            return await compute(incoming)
         handler = self._handler
         if handler is None:
             why = ("this node has no storage role" if "storage" not in self.config.node.roles

@@ -4,7 +4,8 @@ Each role is built from its config section and the node runtime, the one way the
 
 - compute: ``ComputeService(config.compute, ...)`` takes its storage client from the runtime
   (``storage_factory``), so its reads and writes use the node's transports and the topology
-  membership feeds;
+  membership feeds; a spread evaluation reaches the other compute nodes over the same data plane
+  (``eval_peers`` and the ``ComputeCall`` handler, giaannd/compute/eval_wire.py);
 - storage: ``StorageService(config.storage, ..., runtime)`` serves on the runtime's listeners
   (``StorageRole`` registers its handler) and delivers hints over the runtime's transports and
   view, so a node has one data plane and one view of the cluster; ``StorageRole`` adds the
@@ -23,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from giaannd.compute.eval_wire import EvalPeers, share_server
+from giaannd.compute.routes import STORAGE_ERRORS
 from giaannd.compute.service import ComputeService
 from giaannd.storage.engine.snapshot import remove_temporaries
 from giaannd.storage.rebalance.daemon import StorageTopology
@@ -88,6 +91,15 @@ def create_storage_service(config: Config, runtime: NodeRuntime) -> StorageRole:
     return StorageRole(config, runtime)
 
 
-def create_compute_service(config: Config, runtime: NodeRuntime) -> ComputeService:
-    """The daemon's compute factory: ``ComputeService`` with the runtime's storage client."""
-    return ComputeService.from_config(config, storage_factory=lambda ctx: runtime.storage_client())
+def create_compute_service(config: Config, runtime: NodeRuntime | None) -> ComputeService:
+    """The daemon's compute factory: ``ComputeService`` with the runtime's storage client, and a
+    spread evaluation's shares over the runtime's data plane both ways (giaannd/compute/eval_wire.py):
+    ``eval_peers`` names the alive compute members at eval time, and this node serves the shares
+    other nodes send it (until the runtime stops)."""
+    service = ComputeService.from_config(config, storage_factory=lambda ctx: runtime.storage_client()
+                                         if runtime is not None else None)
+    if runtime is not None:
+        max_bytes = config.compute.eval_share_max_bytes
+        service.eval_peers = EvalPeers(runtime, max_bytes, config.compute.eval_connect_timeout_s)
+        runtime.serve_compute(share_server(service.eval_share, max_bytes, STORAGE_ERRORS))
+    return service

@@ -130,6 +130,13 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     eval_s = time.perf_counter() - started
     _say(f"top-1 {_num(ev.get('top1'))} on {ev.get('prompts', '?')} held-out sentences "
          f"({ev.get('matches', '?')}/{ev.get('prediction_tokens', '?')} prediction tokens)")
+    eval_nodes = ev.get("by_node", {})
+    if len(eval_nodes) > 1 or ev.get("redone"):  # spread over the compute nodes (compute.eval-spread)
+        for node, part in sorted(eval_nodes.items()):
+            _say(f"  {node}: {part.get('prompts', '?')} prompts, {part.get('hits', '?')}/"
+                 f"{part.get('predictions', '?')} hits, {_num(part.get('seconds'))} s")
+        for redo in ev.get("redone", []):
+            _say(f"  share of {redo.get('node')} redone on {redo.get('by')}: {redo.get('error')}")
 
     _say(f"\n$ giaannctl generate {args.prompt!r} --max-tokens {args.max_tokens}")
     gen = client.json("POST", "/v1/generate", {"prompt": args.prompt,
@@ -165,7 +172,8 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             "trained": final.get("trained"), "skipped": final.get("skipped"), "sentences": final.get("done"),
             "sentences_per_s": final.get("sentences_per_s"), "train_wall_s": round(train_s, 3),
             "by_node": final.get("by_node", {}), "top1": ev.get("top1"), "heldout_prompts": ev.get("prompts"),
-            "eval_wall_s": round(eval_s, 3)}
+            "eval_wall_s": round(eval_s, 3), "eval_by_node": ev.get("by_node", {}),
+            "eval_redone": ev.get("redone", [])}
 
 
 def _num(value: Any) -> str:
