@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# CPU torch where there is no NVIDIA GPU: an unpinned torch pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[compute,ucx,test,dev]'
+	$(PY) -m pip install -q -e '.[compute,ucx,test,dev,report]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -36,6 +36,7 @@ from peers.transport.limits import (
 __all__ = [
     "DEFAULT_READ_CHUNK_BYTES",
     "ENV_PREFIX",
+    "JoinMode",
     "MAX_READ_CHUNK_BYTES",
     "AdminConfig",
     "ClusterConfig",
@@ -57,6 +58,8 @@ __all__ = [
 ENV_PREFIX = "GIAANND_"
 
 Role = Literal["storage", "compute"]
+#: ``storage.join-mode``: what a storage node not yet in the ring does at start.
+JoinMode = Literal["auto", "bootstrap", "manual"]
 _GIB = 1 << 30
 #: Default of ``storage.read-chunk-bytes`` (its description says why); the storage node's read handler
 #: and the storage client take it from here when no config is given (tests, tools).
@@ -355,7 +358,7 @@ class StorageConfig(_Section):
         "failure was noticed (no \"came up\" event); shorter delivers sooner in that case at the "
         "cost of one request per such target per retry."
     ))] = 5.0
-    join_mode: Annotated[Literal["auto", "bootstrap", "manual"], Meta(description=(
+    join_mode: Annotated[JoinMode, Meta(description=(
         "What a storage node not yet active in the storage ring (giaannd/cluster/ring.py) does at start. "
         "`auto`: after joining the seeds, pull the ring (up to 3 s); if it has no active member "
         "the node bootstraps (adds itself), else it stays standby and starts the streaming join. "

@@ -29,7 +29,7 @@ error, a corrupt file); exit 1 is a runtime failure a restart may cure. The faul
   hash collision); nothing changed, and the caller may retry later or elsewhere.
 
 Two boundary errors sit directly under ``GiaannError``: ``AdminHTTPError`` (an admin API handler's
-answer; its ``code`` *is* its reason) and giaannctl's ``CtlError`` (giaannd/admin/client.py; a
+answer; its ``code`` *is* its reason) and the client's ``ClientError`` (giaannd/sdk/errors.py; a
 per-instance exit code). Some errors are also a builtin (``ProtocolViolation`` is a ``ValueError``)
 where existing ``except`` sites rely on it, as peers' ``TransportClosed`` is an ``OSError``.
 """

@@ -142,7 +142,7 @@ class Render:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Follow:
-    """Poll an operation until it ends, drawing a progress bar (giaannd/admin/follow.py).
+    """Poll an operation until it ends, drawing a progress bar (giaannd/sdk/follow.py).
 
     ``kind`` names what is followed: ``job`` polls ``train status``, ``topology`` polls
     ``node topology status`` (``FOLLOWED``). ``when``: ``always``; ``--wait`` (only with that

@@ -3,7 +3,7 @@
 Nothing here names a verb: the parser is generated from the operations table
 (giaannd/operations.py: nouns, verbs, arguments, help) and one dispatch serves them all: build the
 request from the arguments (path, query, JSON body), send it, follow the operation when the table
-says so (``--wait`` / ``--no-wait``, giaannd/admin/follow.py), and print the answer with the
+says so (``--wait`` / ``--no-wait``, giaannd/sdk/follow.py), and print the answer with the
 table's renderer (giaannd/admin/render.py).
 
 A refusal from the daemon is printed as the command and the daemon's own message, with exit
@@ -13,7 +13,7 @@ run on that node says so (``not_served``); no output is ever invented here.
 Global flags, before the command words or after them (``giaannctl node status --json``), with
 the same meaning: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or
 ``GIAANNCTL_TOKEN_FILE``), ``--data-dir`` (read both from a node's data directory; without any
-of these, the host's only instance: giaannd/admin/locate.py), ``--json``, ``--detailed`` (every
+of these, the host's only instance: giaannd/sdk/locate.py), ``--json``, ``--detailed`` (every
 field, not the curated view) and ``--timeout``. The globals are declared on the top parser with
 their defaults, and again on every command group and verb with no default at all (``SUPPRESS``),
 so that one given after the words overrides and one left out changes nothing.
@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import Any, Final, NoReturn, TypeAlias
 
 from giaannd import __version__
-from giaannd.admin.client import DEFAULT_TIMEOUT_S, AdminClient, CtlError, RequestError, check_timeout
-from giaannd.admin.follow import follow
-from giaannd.admin.locate import DEFAULT_ADDR, locate
 from giaannd.admin.render import render
 from giaannd.errors import EXIT_USAGE
 from giaannd.operations import (
@@ -50,6 +47,11 @@ from giaannd.operations import (
     fill_path,
     path_params,
 )
+from giaannd.sdk.client import Client
+from giaannd.sdk.errors import ClientError, RequestError, UsageError
+from giaannd.sdk.follow import follow
+from giaannd.sdk.http import DEFAULT_TIMEOUT_S, check_timeout
+from giaannd.sdk.locate import DEFAULT_ADDR
 
 __all__ = ["GLOBAL_FLAGS", "build_parser", "main", "run"]
 
@@ -178,21 +180,21 @@ def _add_arguments(parser: argparse.ArgumentParser, op: Operation) -> None:
 
 # -- one dispatch for every operation ------------------------------------------------------
 
-def run(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
+def run(c: Client, op: Operation, a: argparse.Namespace) -> Any:
     """Send ``op``'s request built from the parsed arguments ``a`` (if it has a route), then
     follow it when the table says so; returns what to render (the reply, or the followed
     operation's final document).
 
     Raises:
-        CtlError: bad local input (exit 2), a failed request or a followed operation that failed.
+        ClientError: bad local input (exit 2), a failed request or a followed operation that failed.
     """
     reply = _send(c, op, a) if op.path is not None else None
     if op.follow is None or not _following(op.follow, a):
         return reply
-    return follow(c, op.follow.kind, _poll_params(op, op.follow, a, reply), progress=not a.json)
+    return follow(c.api, op.follow.kind, _poll_params(op, op.follow, a, reply), progress=not a.json)
 
 
-def _send(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
+def _send(c: Client, op: Operation, a: argparse.Namespace) -> Any:
     assert op.method is not None and op.path is not None
     where: dict[str, dict[str, Any]] = {"path": {}, "query": {}, "body": {}}
     for arg in op.args:
@@ -203,8 +205,8 @@ def _send(c: AdminClient, op: Operation, a: argparse.Namespace) -> Any:
     query = {k: str(v) for k, v in where["query"].items()} or None
     body = where["body"] if any(arg.into == "body" for arg in op.args) else None
     if op.render.kind == "prometheus":  # text, not JSON
-        return c.request(op.method, path, body, query)[0].decode()
-    return c.json(op.method, path, body, query)
+        return c.call_text(op.method, path, body, query)
+    return c.call(op.method, path, body, query)
 
 
 def _value(arg: Arg, value: Any) -> Any:
@@ -215,16 +217,16 @@ def _value(arg: Arg, value: Any) -> Any:
         if not path.is_absolute():
             return value
         if arg.type == "existing-path" and not path.exists():
-            raise CtlError(f"{arg.name} {path} does not exist", 2)
+            raise UsageError(f"{arg.name} {path} does not exist")
         return str(path)
     if arg.type == "file-text":
         what = arg.name.replace("_", " ")
         try:
             text = Path(value).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise CtlError(f"cannot read {what} {value}: {exc.strerror}", 2) from None
+            raise UsageError(f"cannot read {what} {value}: {exc.strerror}") from None
         if not text:
-            raise CtlError(f"{what} {value} is empty", 2)
+            raise UsageError(f"{what} {value} is empty")
         return text
     return value
 
@@ -246,22 +248,18 @@ def _poll_params(op: Operation, f: Follow, a: argparse.Namespace, reply: Any) ->
         elif isinstance(reply, Mapping) and reply.get(name) is not None:
             params[name] = str(reply[name])
         else:
-            raise CtlError(f"giaannd answered {op.method} {op.path} without a {name}: {reply!r}")
+            raise ClientError(f"giaannd answered {op.method} {op.path} without a {name}: {reply!r}")
     return params
 
 
 # -- entry point -----------------------------------------------------------------------------
 
-def _client(a: argparse.Namespace, op: Operation) -> AdminClient:
-    target = locate(addr=a.addr, token_file=a.token_file, data_dir=a.data_dir, environ=os.environ)
-    try:
-        token: str | None = target.token_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        if not (op.public or op.public_on_loopback):  # /v1/health, and /metrics from loopback
-            raise CtlError(f"cannot read token file {target.token_file}: {exc.strerror} ({target.hint})",
-                           EXIT_USAGE) from None
-        token = None
-    return AdminClient(target.addr, token, a.timeout)
+def _client(a: argparse.Namespace, op: Operation) -> Client:
+    client = Client(a.addr, a.token_file, a.data_dir, timeout_s=a.timeout, environ=os.environ)
+    if client.token_problem is not None and not (op.public or op.public_on_loopback):
+        # /v1/health, and /metrics from loopback, need no token; everything else would be refused
+        raise UsageError(client.token_problem)
+    return client
 
 
 def _render_spec(op: Operation, a: argparse.Namespace) -> Render:
@@ -282,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RequestError as exc:  # the daemon's own words: what it did not find, or does not serve
         print(f"giaannctl: error: {op.command}: {exc.detail}", file=sys.stderr)
         return exc.exit_code
-    except CtlError as exc:
+    except ClientError as exc:
         print(f"giaannctl: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

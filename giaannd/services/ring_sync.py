@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from giaannd.client.ring_calls import get_ring
 from giaannd.cluster.ring import Ring
 from giaannd.cluster.view import pick_transport_address
+from giaannd.config import JoinMode
 from peers.membership.events import MemberEvent, MemberFailed, MemberLeft, MemberReaped, NameConflict
 from peers.membership.meta import NodeMeta
 
@@ -60,11 +61,10 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from peers.membership.node import MembershipNode
 
-__all__ = ["ANTI_ENTROPY_S", "INITIAL_SYNC_S", "JoinAction", "JoinMode", "RingSync", "join_action"]
+__all__ = ["ANTI_ENTROPY_S", "INITIAL_SYNC_S", "JoinAction", "RingSync", "join_action"]
 
 log = logging.getLogger(__name__)
 
-JoinMode = Literal["auto", "bootstrap", "manual"]
 JoinAction = Literal["active", "bootstrap", "standby", "join"]
 
 #: Seconds between anti-entropy pulls (one random member whose digest differs).

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tools.local_cluster import LocalCluster, Node, split_corpus
+from giaannd.sdk.local_cluster import LocalCluster, Node, split_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -231,7 +231,7 @@ async def test_cluster_inprocess_one_node_with_both_roles_trains_and_evaluates(
         tmp_path: Path) -> None:
     """roles = ["storage", "compute"]: compute writes to and reads from the storage role of its
     own node through the runtime's one transport and topology (R = 1)."""
-    from tools.local_cluster import split_corpus
+    from giaannd.sdk.local_cluster import split_corpus
 
     node = Node(tmp_path, "both", "", [])
     node.config = msgspec.structs.replace(

@@ -58,7 +58,7 @@ def test_compute_daemons_equal_engine_export_and_top1(tmp_path):
 
     from giaannd.model.engine import constants_named
     from giaannd.model.tokens import write_conllu
-    from tools.local_cluster.cluster import running_cluster
+    from giaannd.sdk.local_cluster import running_cluster
 
     corpus = load_bundled_corpus(300)
     engine = Engine()

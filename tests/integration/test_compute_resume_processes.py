@@ -42,7 +42,7 @@ def _storage_applies(node):
 
 
 def test_compute_daemon_killed_mid_job_resumes_without_double_counting(tmp_path):
-    from tools.local_cluster.cluster import running_cluster
+    from giaannd.sdk.local_cluster import running_cluster
 
     corpus = load_bundled_corpus(N_SENTENCES)
     corpora, exports = tmp_path / "corpus", tmp_path / "exports"  # the nodes' allowed directories

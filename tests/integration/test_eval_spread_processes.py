@@ -9,7 +9,7 @@ import time
 import pytest
 
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
-from tools.local_cluster.cluster import running_cluster
+from giaannd.sdk.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -28,7 +28,7 @@ def same_export(ref, path):
 
 
 def test_second_compute_daemon_exports_and_generates_words(tmp_path):
-    from tools.local_cluster.cluster import running_cluster
+    from giaannd.sdk.local_cluster import running_cluster
 
     corpus = load_bundled_corpus(300)
     corpora, exports = tmp_path / "corpus", tmp_path / "exports"  # the nodes' allowed directories

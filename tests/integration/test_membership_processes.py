@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.local_cluster.cluster import LocalCluster, Node
+from giaannd.sdk.local_cluster import LocalCluster, Node
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 
 from giaannd.client.ring_calls import push_ring
 from giaannd.cluster.ring import RING_FILE, Ring
+from giaannd.sdk.local_cluster import LocalCluster
 from peers.keyring import Keyring
 from peers.transport import Identity
-from tools.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 WAIT_S = 30.0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.local_cluster.cluster import running_cluster, split_corpus
+from giaannd.sdk.local_cluster import running_cluster, split_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

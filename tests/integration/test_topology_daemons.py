@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from giaannd.admin.client import CtlError
 from giaannd.config import StorageConfig
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
-from tools.local_cluster.cluster import LocalCluster, Node, running_cluster
+from giaannd.sdk.errors import ClientError
+from giaannd.sdk.local_cluster import LocalCluster, Node, running_cluster
 from tools.local_cluster.exports import diff_exports, read_export, reference_export
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -114,7 +114,7 @@ def kill_storage_during_job(cluster: LocalCluster, compute: Node, job_id: str) -
 def _op_started(node: Node) -> bool:
     try:
         topology_op(node)
-    except CtlError:  # 404 until an operation has started
+    except ClientError:  # 404 until an operation has started
         return False
     return True
 

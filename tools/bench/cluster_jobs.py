@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
+from giaannd.sdk.local_cluster import LocalCluster, Node
 from tools.bench.report import emit_figure, print_table
-from tools.local_cluster.cluster import LocalCluster, Node
 
 __all__ = ["main"]
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
+from giaannd.sdk.local_cluster import running_cluster
 from tools.bench.report import print_table
-from tools.local_cluster.cluster import running_cluster
 
 
 def raw_tcp_rate(nbytes: int, chunk: int = 4 << 20) -> float:

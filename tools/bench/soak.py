@@ -41,15 +41,15 @@ from typing import Final
 
 import numpy as np
 
-from giaannd.admin.client import CtlError
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import GiaannError
 from giaannd.model.tokens import TaggedSentence, load_bundled_corpus, write_conllu
+from giaannd.sdk.errors import ClientError
+from giaannd.sdk.local_cluster import CLUSTER_NAME, LocalCluster, Node
 from peers.keyring import Keyring
 from peers.transport import Identity, make_transport
 from tools.bench.report import print_table
-from tools.local_cluster.cluster import CLUSTER_NAME, LocalCluster, Node
 from tools.local_cluster.exports import STRENGTH_REL_TOL, diff_exports, read_export, reference_export
 
 __all__ = ["main"]
@@ -136,7 +136,7 @@ def _sample(node: Node) -> Sample | None:
     except (OSError, StopIteration):
         return None
     tasks: float | None = None
-    with contextlib.suppress(CtlError, OSError):
+    with contextlib.suppress(ClientError, OSError):
         raw, _ = node.admin.request("GET", "/metrics")
         for line in raw.decode().splitlines():
             if line.startswith("giaannd_event_loop_tasks "):
@@ -181,7 +181,7 @@ def _train_loop(compute: Node, corpus_dir: Path, chunks: list[list[TaggedSentenc
                 stats.jobs_ok += 1
             else:
                 stats.jobs_failed.append(f"chunk {i}: {doc['state']} {doc.get('error', '')}")
-        except (CtlError, OSError, TimeoutError) as exc:
+        except (ClientError, OSError, TimeoutError) as exc:
             stats.jobs_failed.append(f"chunk {i}: {type(exc).__name__}: {exc}")
         i += 1
         stop.wait(pause_s)
@@ -196,7 +196,7 @@ def _prompt_round(compute: Node, heldout: Path, stats: Stats, turn: list[int]) -
         else:
             compute.admin.json("POST", "/v1/generate", {"prompt": PROMPT, "max_tokens": 8})
         stats.prompts_ok += 1
-    except (CtlError, OSError):
+    except (ClientError, OSError):
         stats.prompts_failed += 1
 
 
@@ -222,7 +222,7 @@ def _reconnect_round(cluster: LocalCluster, keys: list[bytes], stats: Stats) -> 
         node.admin.json("GET", "/v1/health")  # urllib: a new TCP connection every request
         rows = node.admin.json("GET", "/v1/members")["members"]
         stats.admin_ok += 1
-    except (CtlError, OSError, IndexError):
+    except (ClientError, OSError, IndexError):
         stats.admin_failed += 1
         return
     members = [(r["name"], r["data_plane"].split()[0]) for r in rows

@@ -39,6 +39,7 @@ from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.runtime.node import NodeRuntime
+from giaannd.sdk.local_cluster import LocalCluster, Node
 from giaannd.storage.engine.column_store import ColumnStore
 from giaannd.storage.rebalance.endpoint import StreamEndpoint
 from giaannd.storage.rebalance.local_control import LocalClusterControl
@@ -52,7 +53,6 @@ from peers.transport.memory import MemoryNetwork
 from tools.cluster_harness.data import free_tcp_address
 from tools.cluster_harness.node import InProcessNode, node_config
 from tools.cluster_harness.reference import ReferenceWrites
-from tools.local_cluster.cluster import LocalCluster, Node
 
 __all__ = ["CLUSTER_NAME", "CONVERGE_TIMEOUT_S", "Cluster"]
 

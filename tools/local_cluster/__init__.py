@@ -18,23 +18,13 @@ listeners on 127.0.0.1 with port 0, and the first node as the seed. The demo the
 7. shuts the cluster down with SIGTERM and checks that every daemon exits 0.
 
 Nothing is downloaded: the corpus ships in ``giaannd/data``. The data plane is UCX (ucxx) where
-it starts here and TCP otherwise; the demo says which. ``LocalCluster`` (cluster.py) is
-importable: the integration tests drive the same launcher; demo.py holds the demo steps. Exit status: 0 success, 1 a
+it starts here and TCP otherwise; the demo says which. The launcher is ``giaannd.LocalCluster``
+(giaannd/sdk/local_cluster.py), which the integration tests drive too; demo.py holds the demo
+steps, done through ``giaannd.Client``. Exit status: 0 success, 1 a
 step failed (the cluster
 is still shut down and the node logs are kept for inspection), 2 bad arguments.
 """
 
-from tools.local_cluster.cluster import (
-    BUNDLED_CORPUS,
-    LocalCluster,
-    Node,
-    NodeFailed,
-    running_cluster,
-    split_corpus,
-)
 from tools.local_cluster.demo import main
 
-__all__ = [
-    "BUNDLED_CORPUS", "LocalCluster", "Node", "NodeFailed", "main", "running_cluster",
-    "split_corpus",
-]
+__all__ = ["main"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 import urllib.error
@@ -14,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from giaannd.admin.client import AdminClient, CtlError
-from giaannd.admin.follow import wait_for_job
-from tools.local_cluster.cluster import BUNDLED_CORPUS, LocalCluster, NodeFailed, split_corpus
+from giaannd.sdk.client import Client
+from giaannd.sdk.errors import ClientError
+from giaannd.sdk.local_cluster import BUNDLED_CORPUS, LocalCluster, NodeFailed, split_corpus
 
 __all__ = ["main"]
 
@@ -66,11 +65,10 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def _metric(client: AdminClient, name: str) -> float:
+def _metric(client: Client, name: str) -> float:
     """Sum of one metric's samples from a node's /metrics (0 when absent)."""
-    raw, _ = client.request("GET", "/metrics")
     total = 0.0
-    for line in raw.decode().splitlines():
+    for line in client.metrics().splitlines():
         if line.startswith(name) and not line.startswith("#"):
             head, _, value = line.rpartition(" ")
             if head.split("{")[0] == name:
@@ -107,15 +105,13 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
                                                           args.heldout)
     _say(f"\ncorpus: {n_train} training sentences -> {train_path}; {n_held} held-out -> "
          f"{held_path} (bundled {BUNDLED_CORPUS.name}, nothing downloaded)")
-    client = compute.admin
+    client = cluster.client(compute)  # giaannd.Client: what a researcher's notebook uses
     _say(f"\n$ giaannctl --data-dir {compute.data_dir} train start {train_path}")
     started = time.perf_counter()
-    job = client.json("POST", "/v1/train", {"corpus": str(train_path), "epochs": 1})
-    final = wait_for_job(client, str(job["job_id"]), progress=True, stream=sys.stderr)
+    job = client.train(train_path, epochs=1)
+    final = job.wait(progress=True)  # JobFailedError unless it succeeded
     train_s = time.perf_counter() - started
-    _say(f"training job {job['job_id']} {final.get('state')} in {train_s:.1f}s wall")
-    if final.get("state") != "succeeded":
-        raise NodeFailed(f"training job {job['job_id']} {final.get('state')}: {final.get('error', '')}")
+    _say(f"training job {job.job_id} {final.get('state')} in {train_s:.1f}s wall")
     if final.get("cluster"):  # a cluster job's document has no node's rate: the wall time here
         final["sentences_per_s"] = round(float(final.get("done", 0)) / train_s, 1) if train_s else 0.0
         for node, part in sorted(final.get("by_node", {}).items()):
@@ -126,7 +122,7 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     _say(f"\n$ giaannctl eval --corpus {held_path}")
     started = time.perf_counter()
     # Held-out sentences are scored with the test-set constants, as tools/single_process does.
-    ev = client.json("POST", "/v1/eval", {"corpus": str(held_path), "constants": "test"})
+    ev = client.eval(corpus=held_path, constants="test")
     eval_s = time.perf_counter() - started
     _say(f"top-1 {_num(ev.get('top1'))} on {ev.get('prompts', '?')} held-out sentences "
          f"({ev.get('matches', '?')}/{ev.get('prediction_tokens', '?')} prediction tokens)")
@@ -139,13 +135,12 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             _say(f"  share of {redo.get('node')} redone on {redo.get('by')}: {redo.get('error')}")
 
     _say(f"\n$ giaannctl generate {args.prompt!r} --max-tokens {args.max_tokens}")
-    gen = client.json("POST", "/v1/generate", {"prompt": args.prompt,
-                                               "max_tokens": args.max_tokens})
+    gen = client.call("POST", "/v1/generate", {"prompt": args.prompt, "max_tokens": args.max_tokens})
     tokens = gen.get("tokens") if isinstance(gen, dict) else None
     _say(f"{args.prompt} -> {' '.join(map(str, tokens)) if tokens else json.dumps(gen)}")
 
     sent = _metric(client, "giaannd_transport_sent_bytes_total")
-    received = sum(_metric(n.admin, "giaannd_transport_received_bytes_total")
+    received = sum(_metric(n.client(), "giaannd_transport_received_bytes_total")
                    for n in cluster.nodes if "storage" in n.roles and n.exit_code is None)
     _say("\nmeasured figures (reported by the compute node; wall times measured here)")
     rows = [
@@ -202,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(cluster)
         else:
             figures = _demo(cluster, args)
-    except (NodeFailed, CtlError, OSError, KeyError, urllib.error.URLError) as exc:
+    except (NodeFailed, ClientError, OSError, KeyError, urllib.error.URLError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
     except KeyboardInterrupt:
         failed = "interrupted"

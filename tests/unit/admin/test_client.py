@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from giaannd.admin.client import AdminClient, CtlError, NotServedError, RequestError, admin_url, check_timeout
+from giaannd.sdk.errors import (
+    BadRequestError,
+    ClientError,
+    ConflictError,
+    NotFoundError,
+    NotServedError,
+    RequestError,
+    ServiceUnavailableError,
+    UnavailableError,
+)
+from giaannd.sdk.http import AdminClient, admin_url, check_timeout
 
 
 def _answer(status: int, body: Any, reason: str = "Reason") -> urllib.error.HTTPError:
@@ -20,17 +30,21 @@ def _answer(status: int, body: Any, reason: str = "Reason") -> urllib.error.HTTP
 
 
 @pytest.mark.parametrize(("status", "body", "kind", "code", "detail"), [
-    (404, {"error": "no job 'j9' on this node", "code": "not_found"}, RequestError, "not_found",
+    (404, {"error": "no job 'j9' on this node", "code": "not_found"}, NotFoundError, "not_found",
      "no job 'j9' on this node"),
-    (404, {"error": "unknown storage member 'ghost'", "code": "not_found"}, RequestError, "not_found",
+    (404, {"error": "unknown storage member 'ghost'", "code": "not_found"}, NotFoundError, "not_found",
      "unknown storage member 'ghost'"),
     (404, {"error": "this node does not serve /v1/generate: the compute service is not running here",
            "code": "not_served"}, NotServedError, "not_served",
      "this node does not serve /v1/generate: the compute service is not running here"),
     (404, b"<html>not found</html>", NotServedError, "not_served", "this node does not serve /v1/x"),
-    (409, {"error": "another topology operation is running", "code": "conflict"}, RequestError, "conflict",
+    (409, {"error": "another topology operation is running", "code": "conflict"}, ConflictError, "conflict",
      "another topology operation is running"),
-    (503, {"status": "draining"}, RequestError, "request_failed", "draining"),
+    (503, {"status": "draining"}, ServiceUnavailableError, "request_failed", "draining"),
+    (400, {"error": "limit must be an integer", "code": "bad_request"}, BadRequestError, "bad_request",
+     "limit must be an integer"),
+    (403, {"error": "outside compute.corpus-dir", "code": "forbidden"}, BadRequestError, "forbidden",
+     "outside compute.corpus-dir"),
     (502, b"", RequestError, "request_failed", "HTTP 502 Bad Gateway"),
 ])
 def test_client_error_answers_keep_the_code_and_message(status: int, body: Any, kind: type, code: str,
@@ -42,6 +56,7 @@ def test_client_error_answers_keep_the_code_and_message(status: int, body: Any, 
     assert str(exc) == f"GET /v1/x: {detail}"
     if code == "not_found":
         assert not isinstance(exc, NotServedError) and "does not serve" not in str(exc)
+    assert isinstance(exc, UnavailableError) == (status == 503)  # what a caller retries on
 
 
 def test_client_refused_token_is_not_a_request_error() -> None:
@@ -63,7 +78,7 @@ def test_client_admin_url_accepts_addresses(text: str, url: str) -> None:
 def test_client_admin_url_refuses_the_rest(text: str) -> None:
     with pytest.raises(ValueError):
         admin_url(text)
-    with pytest.raises(CtlError) as info:
+    with pytest.raises(ClientError) as info:
         AdminClient(text, None)
     assert info.value.exit_code == 2
 
@@ -72,7 +87,7 @@ def test_client_admin_url_refuses_the_rest(text: str) -> None:
 def test_client_timeout_must_be_usable(bad: float) -> None:
     with pytest.raises(ValueError, match="timeout must be seconds"):
         check_timeout(bad)
-    with pytest.raises(CtlError) as info:
+    with pytest.raises(ClientError) as info:
         AdminClient("127.0.0.1:1", None, bad)
     assert info.value.exit_code == 2
     assert check_timeout(0.5) == 0.5

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from giaannd.admin import ctl
-from giaannd.admin.client import DEFAULT_TIMEOUT_S
 from giaannd.admin.render import render_document
 from giaannd.operations import OPERATIONS
+from giaannd.sdk.http import DEFAULT_TIMEOUT_S
 
 
 @pytest.mark.parametrize("argv", [

@@ -14,7 +14,7 @@ class _Client:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, Any, Any]] = []
 
-    def json(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
         self.requests.append((method, path, body, query))
         return {"top1": 1.0}
 

@@ -1,4 +1,4 @@
-"""Which node giaannctl talks to (giaannd/admin/locate.py): flags, environment, --data-dir, then a
+"""Which node giaannctl talks to (giaannd/sdk/locate.py): flags, environment, --data-dir, then a
 bare giaannctl finds the host's only systemd instance under STATE_ROOT (issue 18.4)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from giaannd.admin import locate as locate_mod
-from giaannd.admin.client import CtlError
-from giaannd.admin.locate import DEFAULT_ADDR, Target, find_instances, locate
+from giaannd.sdk import locate as locate_mod
+from giaannd.sdk.errors import ClientError
+from giaannd.sdk.locate import DEFAULT_ADDR, Target, find_instances, locate
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_locate_bare_finds_the_only_running_instance(root: Path) -> None:
 def test_locate_bare_refuses_to_guess_between_instances(root: Path) -> None:
     _instance(root, "storage", 7481)
     _instance(root, "compute", 7482)
-    with pytest.raises(CtlError) as info:
+    with pytest.raises(ClientError) as info:
         _bare()
     assert info.value.exit_code == 2
     assert str(info.value) == (f"2 giaannd instances run here (compute, storage): choose one with --data-dir "
@@ -83,14 +83,15 @@ def test_locate_nothing_found_says_where_it_looked(root: Path) -> None:
 
 def test_locate_explicit_data_dir_without_a_running_daemon(root: Path) -> None:
     stopped = _instance(root, "main", 7481, running=False)
-    with pytest.raises(CtlError, match=r"cannot read .*/main/admin.addr: No such file .*is the daemon running") as info:
+    with pytest.raises(ClientError,
+                       match=r"cannot read .*/main/admin.addr: No such file .*is the daemon running") as info:
         locate(addr=None, token_file=None, data_dir=str(stopped), environ={})
     assert info.value.exit_code == 1
 
 
 def test_locate_bad_address_file_is_a_usage_error(root: Path) -> None:
     (_instance(root, "main", 7481) / "admin.addr").write_text("not an address\n")
-    with pytest.raises(CtlError, match=r"/main/admin.addr: 'not an address' is not an admin API address") as info:
+    with pytest.raises(ClientError, match=r"/main/admin.addr: 'not an address' is not an admin API address") as info:
         _bare()
     assert info.value.exit_code == 2
 
@@ -108,7 +109,7 @@ def test_locate_unreadable_instances_are_reported(root: Path, monkeypatch: pytes
         return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "stat", stat)
-    with pytest.raises(CtlError, match=r"cannot search .*/\{main\} for a running giaannd: permission denied "
+    with pytest.raises(ClientError, match=r"cannot search .*/\{main\} for a running giaannd: permission denied "
                                        r"\(run giaannctl as root or as the giaannd user") as info:
         _bare()
     assert info.value.exit_code == 2

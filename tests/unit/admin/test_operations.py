@@ -13,7 +13,6 @@ import pytest
 
 from giaannd.admin import ctl
 from giaannd.admin.api import AdminApi
-from giaannd.admin.client import CtlError
 from giaannd.admin.render import render
 from giaannd.metrics import Metrics
 from giaannd.operations import (
@@ -31,6 +30,7 @@ from giaannd.operations import (
     path_params,
     split_path,
 )
+from giaannd.sdk.errors import ClientError
 from tools import gen_operations_docs
 
 CTL_OPS = [op for op in OPERATIONS.values() if op.ctl]
@@ -142,6 +142,17 @@ class FakeClient:
         self.requests.append((method, path, body, query))
         return b"# TYPE up gauge\nup 1\n", "text/plain"
 
+    # giaannd.Client's surface, which giaannctl uses: call / call_text, and the raw API for polling
+    def call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+        return self.json(method, path, body, query)
+
+    def call_text(self, method: str, path: str, body: Any = None, query: Any = None) -> str:
+        return self.request(method, path, body, query)[0].decode()
+
+    @property
+    def api(self) -> FakeClient:
+        return self
+
 
 def _sample(arg: Arg, tmp_path: Path) -> tuple[str, Any]:
     """(what to type, what should be sent) for ``arg``."""
@@ -215,7 +226,7 @@ def test_ctl_follow_needs_the_id_in_the_reply(tmp_path: Path) -> None:
             return {"accepted": True}
 
     args = ctl.build_parser().parse_args(["train", "start", __file__])
-    with pytest.raises(CtlError, match="answered POST /v1/train without a job_id"):
+    with pytest.raises(ClientError, match="answered POST /v1/train without a job_id"):
         ctl.run(NoId(), args.op, args)  # type: ignore[arg-type]
 
 
@@ -225,7 +236,7 @@ def test_ctl_follow_needs_the_id_in_the_reply(tmp_path: Path) -> None:
 ])
 def test_ctl_local_input_errors_exit_2(argv: list[str], error: str) -> None:
     args = ctl.build_parser().parse_args(argv)
-    with pytest.raises(CtlError, match=error) as info:
+    with pytest.raises(ClientError, match=error) as info:
         ctl.run(FakeClient(), args.op, args)  # type: ignore[arg-type]
     assert info.value.exit_code == 2
 

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from giaannd.admin.progress import ProgressBar, render_bar
+from giaannd.sdk.progress import ProgressBar, render_bar
 
 
 @pytest.mark.parametrize(("done", "total", "elapsed", "expected"), [

@@ -59,7 +59,7 @@ def test_error_tree_finds_the_exceptions_of_every_layer() -> None:
     names = {c.__name__ for c in EXCEPTIONS}
     # one from each layer, so an import walk that silently found nothing cannot pass
     assert {"GiaannError", "ProtocolViolation", "RemoteStoreFull", "CorpusFormatError", "StoreFullError",
-            "TopologyOpError", "CtlError", "JournalCorrupt"} <= names
+            "TopologyOpError", "ClientError", "JournalCorrupt"} <= names
 
 
 @pytest.mark.parametrize("cls", EXCEPTIONS, ids=lambda c: f"{c.__module__}.{c.__qualname__}")

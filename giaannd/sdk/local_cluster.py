@@ -1,4 +1,15 @@
-"""The local cluster launcher: N ``python -m giaannd`` processes on loopback (see the package doc).
+"""``giaannd.LocalCluster``: N ``python -m giaannd`` processes on loopback, from Python.
+
+    with giaannd.LocalCluster(storage=3, compute=1) as client:   # a connected giaannd.Client
+        client.train(giaannd.bundled_corpus(), limit=300).wait()
+
+Every node is a real daemon process with its own data directory under one root (a temporary
+directory, removed on a clean exit, unless ``root`` is given or ``keep``), its own copy of a
+freshly generated cluster key file, listeners on 127.0.0.1 with port 0, and the first node as the
+seed. ``make demo`` (tools/local_cluster) and the integration tests drive the same launcher.
+Leaving the ``with`` block, on an exception or Ctrl-C too, stops the daemons (SIGTERM, then
+SIGKILL past ``STOP_TIMEOUT_S``); daemons left running when the interpreter exits (a notebook
+kernel stopped without leaving the block) are killed by an ``atexit`` hook.
 
 ``LocalCluster`` writes one config and one cluster-key copy per node, starts the first node (the
 seed), then the others with the seed's gossip address, waits (bounded) for READY and for every
@@ -22,6 +33,7 @@ may have no role at all (membership only), keep their data-plane and stream port
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
 import os
@@ -30,6 +42,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,11 +51,11 @@ from typing import Any, Final
 
 import msgspec
 
-from giaannd.admin.client import AdminClient, CtlError
 from giaannd.config import (
     ClusterConfig,
     ComputeConfig,
     Config,
+    JoinMode,
     LoggingConfig,
     MembershipConfig,
     Role,
@@ -50,15 +63,19 @@ from giaannd.config import (
     TransportConfig,
     to_toml,
 )
-from giaannd.services.ring_sync import JoinMode
+from giaannd.sdk.client import Client
+from giaannd.sdk.errors import ClientError
+from giaannd.sdk.http import AdminClient
 from peers.keyring import Keyring
 
 __all__ = [
-    "BUNDLED_CORPUS", "LocalCluster", "Node", "NodeFailed", "running_cluster", "split_corpus",
+    "BUNDLED_CORPUS", "LocalCluster", "Node", "NodeFailed", "bundled_corpus", "running_cluster", "split_corpus",
 ]
 
-ROOT: Final = Path(__file__).resolve().parents[2]
-BUNDLED_CORPUS: Final = ROOT / "giaannd" / "data" / "web_excerpt.conllu.gz"
+#: The directory holding the ``giaannd`` package (a checkout, or site-packages): the daemons'
+#: ``PYTHONPATH``, so they run the same code as this process.
+CODE_ROOT: Final = Path(__file__).resolve().parents[2]
+BUNDLED_CORPUS: Final = CODE_ROOT / "giaannd" / "data" / "web_excerpt.conllu.gz"
 CLUSTER_NAME: Final = "giaann-local"
 #: Bound on one daemon reaching READY (ucxx import + store recovery + join take ~1-2 s; CI's two
 #: shared cores make it several times slower).
@@ -72,8 +89,38 @@ STOP_TIMEOUT_S: Final = 60.0
 POLL_S: Final = 0.1
 
 
-class NodeFailed(RuntimeError):
+#: Every daemon this process started and has not seen exit: killed at interpreter exit (module
+#: docstring), so an abandoned cluster never outlives its notebook.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_abandoned() -> None:
+    for proc in list(_RUNNING):
+        _RUNNING.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a daemon or giaannctl started here: this one, with the package first on
+    ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CODE_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def bundled_corpus() -> Path:
+    """The path of the CoNLL-U corpus shipped with giaannd (gzip; ~6,000 sentences of web text)."""
+    return BUNDLED_CORPUS
+
+
+class NodeFailed(ClientError):
     """A daemon exited or did not become ready; the message ends with its log's tail."""
+
+    reason = "node_failed"
 
 
 def free_port() -> int:
@@ -104,9 +151,12 @@ class Node:
 
     @property
     def admin(self) -> AdminClient:
-        addr = (self.data_dir / "admin.addr").read_text().strip()
-        token = (self.data_dir / "admin.token").read_text().strip()
-        return AdminClient(addr, token, timeout_s=30.0)
+        """The node's admin API, raw (``.json(method, path)``)."""
+        return self.client().api
+
+    def client(self, staging_dir: Path | None = None) -> Client:
+        """A ``Client`` of this node (from its data directory's address and token files)."""
+        return Client(data_dir=self.data_dir, staging_dir=staging_dir, environ={})
 
     def status(self) -> dict[str, Any]:
         result: dict[str, Any] = self.admin.json("GET", "/v1/status")
@@ -123,7 +173,8 @@ class Node:
         """Run ``giaannctl --data-dir <node> ARGS`` as a subprocess (what an operator types)."""
         return subprocess.run(
             [sys.executable, "-m", "giaannd.admin.ctl", "--data-dir", str(self.data_dir), *args],
-            capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, check=False)
+            capture_output=True, text=True, timeout=timeout_s, cwd=self.data_dir, check=False,
+            env=_child_env())
 
 
 def split_corpus(out_dir: Path, train: int, heldout: int, source: Path = BUNDLED_CORPUS
@@ -171,7 +222,8 @@ class LocalCluster:
         compute_options: further ``compute`` config keys (Python names), e.g. ``cluster_jobs``.
     """
 
-    def __init__(self, root: Path, *, storage: int = 3, compute: int = 1, transport: str = "auto",
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, storage: int = 3, compute: int = 1,
+                 transport: str = "auto", keep: bool = False,
                  replication_factor: int | None = None, write_quorum: int | None = None,
                  log_level: str = "info", storage_options: dict[str, Any] | None = None,
                  corpus_dir: Path | None = None, export_dir: Path | None = None,
@@ -186,6 +238,10 @@ class LocalCluster:
             specs = [(name, list(roles)) for name, roles in nodes]
         if pin_ports and transport != "tcp":
             raise ValueError("pin_ports needs the tcp transport")
+        #: a temporary root is removed by ``close`` unless ``keep`` (or the start failed: the logs)
+        self._temporary = root is None
+        self.keep = keep
+        root = Path(tempfile.mkdtemp(prefix="giaannd-local-")) if root is None else Path(root)
         self.root = root
         self.corpus_dir = (corpus_dir or root / "corpus").resolve()
         self.export_dir = (export_dir or root / "exports").resolve()
@@ -248,16 +304,16 @@ class LocalCluster:
         node.config_path.write_text(to_toml(cfg), encoding="utf-8")
 
     def _spawn(self, node: Node) -> None:
-        env = dict(os.environ)
+        env = _child_env()
         env.pop("NOTIFY_SOCKET", None)  # the daemons are ours, not the service manager's
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with open(node.log_path, "ab") as log:
             # A new session: a Ctrl-C in the terminal reaches the launcher only, which then
             # stops the daemons with SIGTERM (graceful) instead of racing it with SIGINT.
             node.proc = subprocess.Popen(
                 [sys.executable, "-m", "giaannd", "--config", str(node.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=node.data_dir, env=env,
                 start_new_session=True)
+        _RUNNING.add(node.proc)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Start every node (the first is the seed) and wait until all are READY.
@@ -313,7 +369,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             docs: dict[str, dict[str, Any]] = {}
-            with contextlib.suppress(CtlError, OSError):
+            with contextlib.suppress(ClientError, OSError):
                 docs = self.ring_docs()
             digests = {d["ring"]["digest"] for d in docs.values()}
             active = [sorted(d["ring"]["active"]) for d in docs.values()]
@@ -330,7 +386,7 @@ class LocalCluster:
         while True:
             self._check_alive(node)
             if (node.data_dir / "admin.addr").exists():
-                with contextlib.suppress(CtlError, OSError):
+                with contextlib.suppress(ClientError, OSError):
                     status = node.status()
                     if status.get("state") == "running":
                         return status
@@ -354,7 +410,7 @@ class LocalCluster:
             views = {}
             for node in running:
                 self._check_alive(node)
-                with contextlib.suppress(CtlError, OSError):
+                with contextlib.suppress(ClientError, OSError):
                     rows = node.admin.json("GET", "/v1/members")["members"]
                     views[node.name] = {r["name"] for r in rows if r["status"] == "alive"}
             if all(names <= views.get(n, set()) for n in names):
@@ -428,6 +484,36 @@ class LocalCluster:
                     node.exit_code = node.proc.returncode
         return {n.name: n.exit_code for n in self.nodes if n.proc is not None}
 
+    def client(self, node: Node | None = None) -> Client:
+        """A ``Client`` of ``node`` (default: the first compute node, else the first node) that
+        stages local corpus files into the cluster's corpus directory."""
+        target = node or next(iter(self.compute_nodes), self.nodes[0])
+        return target.client(staging_dir=self.corpus_dir)
+
+    def __enter__(self) -> Client:
+        """Start the cluster; a connected client (``client()``)."""
+        try:
+            self.start()
+        except BaseException as exc:
+            self.close(failed=isinstance(exc, NodeFailed))
+            raise
+        return self.client()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, *, failed: bool = False) -> None:
+        """Stop every daemon (``stop``, then ``kill_all``) and remove a temporary root, unless
+        ``keep`` or ``failed`` (a start that failed keeps the node logs, and says where)."""
+        try:
+            self.stop()
+        finally:
+            self.kill_all()
+        if self._temporary and not self.keep and not failed:
+            shutil.rmtree(self.root, ignore_errors=True)
+        elif self._temporary:
+            print(f"giaannd.LocalCluster: node data and logs kept in {self.root}", file=sys.stderr)
+
     def kill_all(self) -> None:
         """Last-resort cleanup (a ``finally``): SIGKILL anything still running."""
         for node in self.nodes:
@@ -449,7 +535,7 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def running_cluster(root: Path, **kwargs: Any) -> Iterator[LocalCluster]:
+def running_cluster(root: str | os.PathLike[str] | None = None, **kwargs: Any) -> Iterator[LocalCluster]:
     """Start a cluster; on exit stop it gracefully and kill whatever is left, always."""
     cluster = LocalCluster(root, **kwargs)
     try:

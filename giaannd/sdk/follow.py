@@ -1,4 +1,5 @@
-"""Following a long operation from giaannctl: poll it until it ends, drawing a progress bar.
+"""Following a long operation (``Job.wait``, giaannctl's ``--wait``): poll it until it ends,
+drawing a progress bar.
 
 A ``Follow`` in giaannd/operations.py says *what* an operation follows (a training job, the node's
 topology operation) and when; the operation polled is ``FOLLOWED[kind]`` from the same table.
@@ -14,11 +15,12 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from giaannd.admin.client import AdminClient, CtlError
-from giaannd.admin.progress import ProgressBar
 from giaannd.operations import FOLLOWED, OPERATIONS, fill_path
+from giaannd.sdk.errors import JobFailedError
+from giaannd.sdk.http import AdminClient
+from giaannd.sdk.progress import ProgressBar
 
-__all__ = ["JOB_POLL_S", "follow", "wait_for_job", "wait_for_topology"]
+__all__ = ["JOB_POLL_S", "Follower", "follow", "wait_for_job", "wait_for_topology"]
 
 #: How often a followed operation is polled; the bar redraws at most this often anyway.
 JOB_POLL_S: Final = 0.5
@@ -54,8 +56,47 @@ _KINDS: Final[Mapping[str, _Kind]] = {
 }
 
 
+class Follower:
+    """What following one operation needs between polls, with no I/O of its own (a sync or an
+    async caller does the polling): the path to poll, and ``see`` for each document it got."""
+
+    def __init__(self, kind: str, params: Mapping[str, str], *, progress: bool, stream: Any = None) -> None:
+        self._kind, self._params = _KINDS[kind], dict(params)
+        template = OPERATIONS[FOLLOWED[kind]].path
+        assert template is not None  # index_operations checks that what is followed has a route
+        self.path = fill_path(template, params)
+        self._progress, self._stream = progress, stream
+        self._bar: ProgressBar | None = None
+
+    def see(self, doc: Doc) -> bool:
+        """Take one polled document; True once the operation ended well (draws the bar).
+
+        Raises:
+            JobFailedError: it ended in another state than success.
+        """
+        k = self._kind
+        if self._progress and self._bar is None:
+            self._bar = ProgressBar(self._stream or sys.stderr, k.label(doc, self._params))
+        if self._bar is not None:
+            self._bar.update(*k.count(doc))
+        state = doc.get("state")
+        if state not in k.terminal:
+            return False
+        if self._bar is not None:
+            self._bar.close(str(state))
+        if state != k.ok:
+            raise JobFailedError(f"{k.what(doc, self._params)} {state}: {doc.get('error') or 'no reason given'}",
+                                 doc)
+        return True
+
+    def overdue(self, doc: Doc, timeout_s: float) -> TimeoutError:
+        """The error for a wait that outlasted ``timeout_s`` (the operation goes on)."""
+        return TimeoutError(f"{self._kind.what(doc, self._params)} still {doc.get('state')} after "
+                            f"{timeout_s:g} s (it goes on; wait again)")
+
+
 def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bool,
-           poll_s: float = JOB_POLL_S, stream: Any = None) -> Any:
+           poll_s: float = JOB_POLL_S, stream: Any = None, timeout_s: float | None = None) -> Any:
     """Poll the operation ``FOLLOWED[kind]`` (its path filled from ``params``) until its
     ``state`` is terminal, drawing a bar on ``stream`` (default stderr) when ``progress``.
 
@@ -63,26 +104,19 @@ def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bo
         The final document.
 
     Raises:
-        CtlError: it ended in another state than success (exit 1), or a request failed.
+        JobFailedError: it ended in another state than success (exit 1).
+        TimeoutError: still running after ``timeout_s`` (None: wait as long as it runs).
+        ClientError: a request failed.
     """
-    k = _KINDS[kind]
-    template = OPERATIONS[FOLLOWED[kind]].path
-    assert template is not None  # index_operations checks that what is followed has a route
-    path = fill_path(template, params)
-    bar: ProgressBar | None = None
+    f = Follower(kind, params, progress=progress, stream=stream)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        doc = c.json("GET", path)
-        if progress and bar is None:
-            bar = ProgressBar(stream or sys.stderr, k.label(doc, params))
-        if bar is not None:
-            bar.update(*k.count(doc))
-        state = doc.get("state")
-        if state in k.terminal:
-            if bar is not None:
-                bar.close(str(state))
-            if state != k.ok:
-                raise CtlError(f"{k.what(doc, params)} {state}: {doc.get('error') or 'no reason given'}")
+        doc = c.json("GET", f.path)
+        if f.see(doc):
             return doc
+        if deadline is not None and time.monotonic() >= deadline:
+            assert timeout_s is not None
+            raise f.overdue(doc, timeout_s)
         time.sleep(poll_s)
 
 

@@ -1,4 +1,4 @@
-"""Which node giaannctl talks to: the admin API's address and the bearer token file.
+"""Which node a client (and giaannctl) talks to: the admin API's address and the bearer token file.
 
 Each of the two comes from the first of these that gives it:
 
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from giaannd.admin.client import CtlError, admin_url
 from giaannd.config import AdminConfig, NodeConfig
-from giaannd.errors import EXIT_USAGE
 from giaannd.operations import ADMIN_ADDR_FILE, ADMIN_TOKEN_FILE
+from giaannd.sdk.errors import ClientError, UsageError
+from giaannd.sdk.http import admin_url
 
 __all__ = ["DEFAULT_ADDR", "STATE_ROOT", "Target", "find_instances", "locate"]
 
@@ -55,7 +55,7 @@ def locate(*, addr: str | None, token_file: str | None, data_dir: str | None,
     """The node the flags and ``environ`` designate (module docstring, in that order).
 
     Raises:
-        CtlError: an address that is not one (exit 2), several instances and nothing to choose
+        ClientError: an address that is not one (exit 2), several instances and nothing to choose
             between them (exit 2), unreadable instance directories (exit 2), or a data directory
             without ``admin.addr`` (exit 1: its daemon is not running).
     """
@@ -76,13 +76,13 @@ def locate(*, addr: str | None, token_file: str | None, data_dir: str | None,
             addr, addr_from = addr_file.read_text(encoding="utf-8").strip(), str(addr_file)
         except OSError as exc:
             if must_listen:
-                raise CtlError(f"cannot read {addr_file}: {exc.strerror} (is the daemon running?)") from None
+                raise ClientError(f"cannot read {addr_file}: {exc.strerror} (is the daemon running?)") from None
     if addr is None:
         addr, addr_from = DEFAULT_ADDR, "the default address"
     try:
         url = admin_url(addr)
     except ValueError as exc:
-        raise CtlError(f"{addr_from}: {addr!r} is not an admin API address: {exc}", EXIT_USAGE) from None
+        raise UsageError(f"{addr_from}: {addr!r} is not an admin API address: {exc}") from None
     return Target(url, Path(token) if token else (directory or root) / ADMIN_TOKEN_FILE, hint)
 
 
@@ -93,8 +93,8 @@ def _bare(root: Path) -> tuple[Path | None, bool]:
     found = find_instances(root)
     if len(found) > 1:
         names = ", ".join(d.name for d in found)
-        raise CtlError(f"{len(found)} giaannd instances run here ({names}): choose one with "
-                       f"--data-dir {root}/INSTANCE, e.g. --data-dir {found[0]}", EXIT_USAGE)
+        raise UsageError(f"{len(found)} giaannd instances run here ({names}): choose one with "
+                       f"--data-dir {root}/INSTANCE, e.g. --data-dir {found[0]}")
     return (found[0], True) if found else (None, False)
 
 
@@ -102,7 +102,7 @@ def find_instances(root: Path) -> list[Path]:
     """The data directories ``root/*`` of running daemons (holding ``admin.addr``), sorted.
 
     Raises:
-        CtlError: some cannot be searched (permission denied: the unit's directories are the
+        UsageError: some cannot be searched (permission denied: the unit's directories are the
             giaannd user's, mode 0750), so "exactly one" cannot be told (exit 2).
     """
     try:
@@ -121,7 +121,7 @@ def find_instances(root: Path) -> list[Path]:
         else:
             found.append(directory)
     if denied:
-        raise CtlError(f"cannot search {root}/{{{','.join(denied)}}} for a running giaannd: permission "
+        raise UsageError(f"cannot search {root}/{{{','.join(denied)}}} for a running giaannd: permission "
                        "denied (run giaannctl as root or as the giaannd user, or give --data-dir, or "
-                       "--addr and --token-file)", EXIT_USAGE)
+                       "--addr and --token-file)")
     return found

@@ -1,11 +1,14 @@
-"""A small synchronous client for the admin API, used by giaannctl (stdlib ``urllib`` only).
+"""The admin API over HTTP: one request, one answer (stdlib ``urllib`` only).
 
-Synchronous on purpose: giaannctl makes one or a few requests per run, so an event loop and an
-aiohttp session would only add start-up time. Every failure becomes a ``CtlError`` carrying the
-message for the user and the exit status (1 operation failed, 2 usage/config). An error answer
-from the daemon is a ``RequestError`` that keeps the API's ``code`` (``not_found``,
-``not_served``, ``conflict``...) and message, so giaannctl says *what* was refused instead of
-guessing from the HTTP status (a 404 is an unknown job as often as a role that is not running).
+The one place HTTP is spoken to a daemon: ``giaannd.Client`` sends every call through
+``AdminClient``, and giaannctl through the client. Synchronous on purpose: a call is one short
+request (long operations answer a job id and are polled), so an event loop and an aiohttp session
+would only add start-up time; ``AsyncClient`` runs these calls in a thread. Every failure becomes
+a typed ``ClientError`` (giaannd/sdk/errors.py) carrying the message for the user and the exit
+status (1 operation failed, 2 usage/config). An error answer from the daemon keeps the API's
+``code`` (``not_found``, ``not_served``, ``conflict``...) and message, so a caller learns *what*
+was refused instead of guessing from the HTTP status (a 404 is an unknown job as often as a role
+that is not running).
 """
 
 from __future__ import annotations
@@ -19,18 +22,9 @@ import urllib.parse
 import urllib.request
 from typing import Any, Final
 
-from giaannd.errors import EXIT_USAGE, GiaannError
+from giaannd.sdk.errors import AuthError, ClientError, UnavailableError, UsageError, request_error
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "MAX_TIMEOUT_S",
-    "AdminClient",
-    "CtlError",
-    "NotServedError",
-    "RequestError",
-    "admin_url",
-    "check_timeout",
-]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "AdminClient", "admin_url", "check_timeout"]
 
 #: Bound on one admin request; long operations return a job id and are polled instead.
 DEFAULT_TIMEOUT_S: Final = 30.0
@@ -40,31 +34,6 @@ MAX_TIMEOUT_S: Final = 86_400.0
 #: A host name as giaannctl accepts it (RFC 1123 labels, plus ``_`` seen in container names);
 #: IPv6 literals are checked by ``ipaddress`` instead.
 _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
-
-
-class CtlError(GiaannError):
-    """A failure to report to the user; ``exit_code`` 1 (operation failed) or 2 (usage)."""
-
-    reason = "ctl_failed"
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class RequestError(CtlError):
-    """The daemon answered ``status`` with an error: ``reason`` is the API's ``code`` (empty when
-    the answer had none: an older daemon, a proxy) and ``detail`` its message, or the HTTP reason
-    phrase when it sent none."""
-
-    def __init__(self, method: str, path: str, status: int, code: str, detail: str) -> None:
-        super().__init__(f"{method} {path}: {detail}")
-        self.status, self.detail = status, detail
-        self.reason = code or "request_failed"
-
-
-class NotServedError(RequestError):
-    """404 ``not_served``: the route's service (a role) does not run on that node."""
 
 
 def admin_url(text: str) -> str:
@@ -118,7 +87,7 @@ class AdminClient:
         timeout_s: per-request bound.
 
     Raises:
-        CtlError: ``addr`` is not an admin API address or ``timeout_s`` is not usable (exit 2).
+        UsageError: ``addr`` is not an admin API address or ``timeout_s`` is not usable (exit 2).
     """
 
     def __init__(self, addr: str, token: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -126,7 +95,7 @@ class AdminClient:
             self.addr = admin_url(addr)
             self._timeout_s = check_timeout(timeout_s)
         except ValueError as exc:
-            raise CtlError(f"admin API {addr!r}: {exc}", EXIT_USAGE) from None
+            raise UsageError(f"admin API {addr!r}: {exc}") from None
         self._token = token
 
     def request(self, method: str, path: str, body: Any = None,
@@ -134,8 +103,9 @@ class AdminClient:
         """Send one request; returns (body, content type) of a 2xx reply.
 
         Raises:
-            CtlError: connection failure or 401; ``RequestError`` for any other non-2xx reply
-                (``NotServedError`` for 404 ``not_served``).
+            UnavailableError: the daemon cannot be reached.
+            AuthError: 401.
+            RequestError: any other non-2xx reply, as its typed subclass (``request_error``).
         """
         url = self.addr + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body).encode()
@@ -151,8 +121,8 @@ class AdminClient:
             raise self._http_error(exc, method, path) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise CtlError(f"cannot reach giaannd at {self.addr}: is it running? ({reason})"
-                           ) from None
+            raise UnavailableError(f"cannot reach giaannd at {self.addr}: is it running? ({reason})"
+                                   ) from None
 
     def json(self, method: str, path: str, body: Any = None,
              query: dict[str, str] | None = None) -> Any:
@@ -161,21 +131,20 @@ class AdminClient:
         try:
             return json.loads(raw)
         except ValueError:
-            raise CtlError(f"giaannd at {self.addr} sent a non-JSON reply for {path}") from None
+            raise ClientError(f"giaannd at {self.addr} sent a non-JSON reply for {path}") from None
 
-    def _http_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> CtlError:
+    def _http_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> ClientError:
         try:
             doc = json.loads(exc.read())
         except (ValueError, OSError):
             doc = None
         doc = doc if isinstance(doc, dict) else {}
         if exc.code == 401:
-            return CtlError(f"giaannd at {self.addr} refused the admin token "
-                            "(check --token-file / GIAANNCTL_TOKEN_FILE)")
+            return AuthError(f"giaannd at {self.addr} refused the admin token "
+                             "(check --token-file / GIAANNCTL_TOKEN_FILE)")
         code = str(doc.get("code") or "")
         # The API's message says what was refused; GET /v1/health says only its status.
         detail = str(doc.get("error") or doc.get("status") or "")
-        if exc.code == 404 and code in ("", "not_served"):  # no code: a daemon or proxy that says nothing
-            return NotServedError(method, path, exc.code, code or "not_served",
-                                  detail or f"this node does not serve {path}")
-        return RequestError(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}")
+        if exc.code == 404 and not detail and code in ("", "not_served"):
+            detail = f"this node does not serve {path}"
+        return request_error(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}")
