@@ -161,7 +161,8 @@ DOCUMENT: Final = Render()
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Operation:
     """One admin operation (module docstring). ``method``/``path`` are None for a verb that only
-    follows another; ``ctl=False`` for a route giaannctl has no verb for (the HTML page)."""
+    follows another, or one the client does (``client``); ``ctl=False`` for a route giaannctl
+    has no verb for (the HTML page)."""
 
     noun: str
     verb: str
@@ -180,6 +181,10 @@ class Operation:
     #: only for a GET whose answer reveals nothing an unauthenticated caller should not know.
     public: bool = False
     ctl: bool = True
+    #: A verb giaannctl does in the Python client, with no route of its own: the name of the
+    #: ``giaannd.Client`` method it calls with its arguments (``report PATH``: ``Client.report``,
+    #: which reads the routes it needs). Empty for every operation with a route.
+    client: str = ""
     words: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -387,6 +392,12 @@ _TABLE: Final[tuple[Operation, ...]] = (
                         help="output file in the daemon's compute.export-dir (a relative path is taken there)"),
                     Arg(name="overwrite", type="flag", help="replace an existing file that is not a previous export")),
               help="write every row of the cluster to a JSONL file"),
+    Operation(noun="report", verb="", service="admin", client="report", render=Render(fields=("path",)),
+              args=(Arg(name="path", positional=True, metavar="PATH",
+                        help="the HTML file to write (here, where giaannctl runs)"),),
+              help="write a self-contained HTML report with plots: training throughput and bytes per job, "
+                   "top-1 against sentences trained, row sizes, storage fill and owners per node (needs "
+                   "matplotlib: the report extra)"),
     Operation(noun="keys", verb="list", service="membership", method="GET", path="/v1/keys",
               help="installed cluster keys and the one in use"),
     Operation(noun="keys", verb="install", service="membership", method="POST", path="/v1/keys",
@@ -434,8 +445,13 @@ def index_operations(table: Iterable[Operation], nouns: Mapping[str, str] = NOUN
             routes.add((op.method, op.path))
             if set(path_params(op.path)) != in_path:
                 raise ValueError(f"operation {op.id}: path {op.path} needs exactly the arguments {in_path}")
+        elif op.client:
+            if op.follow is not None or not op.ctl or any(a.into != "body" for a in op.args):
+                raise ValueError(f"operation {op.id}: a client-side verb takes plain arguments and follows nothing")
         elif op.follow is None or op.follow.when != "always" or not op.ctl:
             raise ValueError(f"operation {op.id} has no route, so it must always follow another")
+        if op.client and op.path is not None:
+            raise ValueError(f"operation {op.id}: a client-side verb has no route")
     for op in ops.values():
         if op.follow is not None and followed[op.follow.kind] not in ops:
             raise ValueError(f"operation {op.id} follows {followed[op.follow.kind]}, which is not declared")

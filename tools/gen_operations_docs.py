@@ -56,8 +56,9 @@ def render_table() -> str:
         verb = f"`{op.verb}`" if op.verb else ""
         args = f"`{_cell(synopsis(op))}`" if synopsis(op) else ""
         method = f"`{op.method}`" if op.method else ""
-        path = f"`{op.path}`" if op.path else "(none: polls)"
-        lines.append(f"| {noun} | {verb} | {args} | {method} | {path} | {SERVED_BY[op.service]} | "
+        path = f"`{op.path}`" if op.path else ("(none: in the client)" if op.client else "(none: polls)")
+        served = f"the client (`Client.{op.client}`)" if op.client else SERVED_BY[op.service]
+        lines.append(f"| {noun} | {verb} | {args} | {method} | {path} | {served} | "
                      f"{_cell(_what(op))} |")
     return "\n".join(lines)
 

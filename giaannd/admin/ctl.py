@@ -188,6 +188,9 @@ def run(c: Client, op: Operation, a: argparse.Namespace) -> Any:
     Raises:
         ClientError: bad local input (exit 2), a failed request or a followed operation that failed.
     """
+    if op.client:  # a verb the client does (report): no route of its own
+        result = getattr(c, op.client)(*(getattr(a, arg.name) for arg in op.args))
+        return {"path": str(result)} if isinstance(result, Path) else result
     reply = _send(c, op, a) if op.path is not None else None
     if op.follow is None or not _following(op.follow, a):
         return reply

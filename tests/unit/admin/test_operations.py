@@ -153,6 +153,10 @@ class FakeClient:
     def api(self) -> FakeClient:
         return self
 
+    def report(self, path: str) -> Path:  # a client-side verb: recorded as a call to the method
+        self.requests.append(("client", "report", path, None))
+        return Path(path)
+
 
 def _sample(arg: Arg, tmp_path: Path) -> tuple[str, Any]:
     """(what to type, what should be sent) for ``arg``."""
@@ -187,6 +191,8 @@ def test_ctl_every_operation_parses_and_sends_what_the_table_declares(op: Operat
     client = FakeClient()
     ctl.run(client, op, args)  # type: ignore[arg-type]
     requests = iter(client.requests)
+    if op.client:
+        assert next(requests) == ("client", op.client, *(sent[a.wire] for a in op.args), None)
     if op.path is not None:
         method, path, body, query = next(requests)
         assert (method, path) == (op.method, fill_path(op.path, sent))
@@ -309,7 +315,8 @@ def test_operations_docs_check_fails_on_a_stale_table(tmp_path: Path, capsys: py
 def test_operations_docs_list_every_operation() -> None:
     table = gen_operations_docs.render_table()
     for op in OPERATIONS.values():
-        assert f"`{op.path}`" in table if op.path else f"`{op.verb}`" in table
+        assert f"`{op.path}`" in table if op.path else (
+            f"`Client.{op.client}`" in table if op.client else f"`{op.verb}`" in table)
     assert len(table.splitlines()) == 2 + len(OPERATIONS)
 
 
