@@ -16,8 +16,9 @@ by id, what each accepts and answers:
 ``train.cancel``    cancel a job of this node, or a cluster job → its document
 ``train.resume``    resume a failed journaled job, or follow a running cluster job here →
                     ``{"job_id"}``
-``eval``            ``{"corpus"? | "prompts"?, "limit"?, "constants": "train"|"test", "mode"?}`` →
-                    top-1; ``prompts``: one prompt per non-blank line, tagged whole (cached)
+``eval``            ``{"corpus"? | "prompts"? | "prompt_lines"?, "limit"?, "constants": "train"|"test",
+                    "mode"?}`` → top-1; ``prompts``: a file, one prompt per non-blank line, tagged
+                    whole (cached); ``prompt_lines``: the prompts inline, a list of one-line strings
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
 ``export``          ``{"path", "overwrite"?}`` → JSONL export of every row of the cluster (storage
                     scan)
@@ -50,7 +51,14 @@ from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target,
 from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError, InputError
 from giaannd.model.subwords import ProfileMismatchError
-from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, Token, load_bundled_corpus
+from giaannd.model.tokens import (
+    TaggedSentence,
+    TaggerUnavailableError,
+    Token,
+    load_bundled_corpus,
+    load_english,
+    tag_lines,
+)
 from giaannd.operations import Binder, Handler
 from peers.errors import PeersError
 
@@ -73,6 +81,8 @@ __all__ = [
 DEFAULT_EVAL_LIMIT: Final = 200
 #: Upper bounds on request sizes (admin requests are small; corpora travel by path).
 MAX_EVAL_PROMPTS: Final = 100_000
+#: Longest inline prompt (``prompt_lines``): a prompt is a sentence or a few, not a document.
+MAX_PROMPT_CHARS: Final = 10_000
 MAX_GENERATE_TOKENS: Final = 1024
 MAX_EPOCHS: Final = 1000
 #: How long ``train cancel`` of a job of this node waits for its task to end before answering.
@@ -203,11 +213,14 @@ class ComputeRoutes:
             raise AdminHTTPError(400, "spread must be true or false", "bad_request")
         path = self._corpus_path(body.get("corpus"), required=False)
         prompt_file = self._corpus_path(body.get("prompts"), required=False, what="prompts")
-        if path is not None and prompt_file is not None:
-            raise AdminHTTPError(400, "give corpus or prompts, not both", "bad_request")
+        lines = _prompt_lines(body.get("prompt_lines"))
+        if sum(x is not None for x in (path, prompt_file, lines)) > 1:
+            raise AdminHTTPError(400, "give one of corpus, prompts and prompt_lines", "bad_request")
         cache_dir = self.service.data_dir / TAG_CACHE_DIR
         try:
-            if prompt_file is not None:
+            if lines is not None:  # each tagged whole, as a prompt file's lines are
+                prompts = await asyncio.to_thread(self._tag_each, lines[:limit or MAX_EVAL_PROMPTS])
+            elif prompt_file is not None:
                 prompts = await asyncio.to_thread(load_prompts, prompt_file, cache_dir, limit or MAX_EVAL_PROMPTS)
             else:
                 n = limit or DEFAULT_EVAL_LIMIT
@@ -247,13 +260,17 @@ class ComputeRoutes:
 
     def _tag(self, text: str) -> TaggedSentence:
         # A prompt is one sequence, tagged whole, as the reference tags a prompt line.
-        from giaannd.model.tokens import load_english, tag_lines
         try:
             if self._nlp is None:
                 self._nlp = load_english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
         return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=self._nlp) for t in s)
+
+    def _tag_each(self, lines: list[str]) -> list[TaggedSentence]:
+        if self._nlp is None:
+            self._nlp = load_english()  # TaggerUnavailableError: 503, as for a text prompt file
+        return list(tag_lines(lines, nlp=self._nlp))
 
     def _corpus_path(self, value: Any, *, required: bool, what: str = "corpus") -> Path | None:
         """A file the request names for reading (a corpus, a prompt file): inside
@@ -300,6 +317,19 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
     return body
+
+
+def _prompt_lines(value: Any) -> list[str] | None:
+    """``prompt_lines`` of an eval request: prompts given inline (the Python client's list), each a
+    non-blank single line (a newline would make it two prompts where a file has them)."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value or len(value) > MAX_EVAL_PROMPTS
+            or not all(isinstance(x, str) and x.strip() and "\n" not in x and len(x) <= MAX_PROMPT_CHARS
+                       for x in value)):
+        raise AdminHTTPError(400, f"prompt_lines must be 1 to {MAX_EVAL_PROMPTS} non-blank one-line strings "
+                                  f"of at most {MAX_PROMPT_CHARS} characters", "bad_request")
+    return value
 
 
 def _opt_int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:

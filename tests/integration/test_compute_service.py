@@ -317,6 +317,15 @@ async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
         assert status == 200, ev
         # three non-blank lines, each one prompt (the first holds two sentences); one is too short
         assert ev["prompts"] == 2 and ev["skipped"] == 1 and ev["top1"] > 0.5
+        # the same prompts inline (the Python client's list): the same figures as the file
+        lines = [x for x in prompts.read_text(encoding="utf-8").splitlines() if x.strip()]
+        status, inline = await h.call("POST", "/v1/eval", {"prompt_lines": lines})
+        assert status == 200, inline
+        assert (inline["prompts"], inline["skipped"], inline["matches"]) == (ev["prompts"], ev["skipped"], ev["matches"])
+        for body in ({"prompt_lines": []}, {"prompt_lines": ["two\nlines"]}, {"prompt_lines": [" "]},
+                     {"prompt_lines": ["x"], "prompts": str(prompts)}, {"prompt_lines": "one string"}):
+            status, reply = await h.call("POST", "/v1/eval", body)
+            assert status == 400 and reply["code"] == "bad_request", (body, reply)
 
 
 @pytest.mark.asyncio
