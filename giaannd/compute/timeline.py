@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "MAX_REGISTER_TIMELINE_POINTS",
@@ -108,10 +109,10 @@ def step_points(points: tuple[tuple[float, int, int], ...], interval_s: float, p
     return out, interval_s
 
 
-def merge_timelines(timelines: Sequence[Mapping[str, Sequence[float] | Sequence[int]]]) -> dict[str, list[Any]]:
+def merge_timelines(timelines: Sequence[Mapping[str, ArrayLike]]) -> dict[str, list[Any]]:
     """The sum of cumulative step timelines (module docstring, "Merge"): ``t`` is the sorted union
     of their times, and each series the sum of every timeline's value carried forward."""
-    parts = [tl for tl in timelines if len(tl["t"])]
+    parts = [tl for tl in timelines if np.size(tl["t"])]
     if not parts:
         return {"t": [], **{name: [] for name in SERIES}}
     t = np.unique(np.concatenate([np.asarray(tl["t"], dtype=np.float64) for tl in parts]))

@@ -75,8 +75,12 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         assert doc["state"] == "succeeded", doc
         assert doc["done"] == doc["total"] == 300 and doc["unit"] == "sentences"
         assert doc["bytes_sent"] > 0 and doc["coalescing_ratio"] > 1 and doc["batches"] == 5
+        tl = doc["timeline"]  # start, samples, end
+        assert len(tl["t"]) >= 2 and tl["t"] == sorted(tl["t"]) and tl["done"][0] == 0
+        assert tl["trained"][-1] == doc["trained"] and tl["bytes_sent"][-1] == doc["bytes_sent"]
         status, jobs = await h.call("GET", "/v1/jobs")
         assert status == 200 and [j["job_id"] for j in jobs["jobs"]] == [job_id]
+        assert jobs["jobs"][0]["timeline"] == tl
 
         status, ev = await h.call("POST", "/v1/eval", {"corpus": str(corpus), "limit": 40, "constants": "train"})
         assert status == 200, ev
