@@ -536,7 +536,7 @@ class ComputeConfig(_Section):
         "Successful `eval`s this node remembers for `GET /v1/evals` (`giaannctl evals list`): "
         "when, top-1 and its counts, the sentences trained by the jobs the node knew then, and "
         "what was evaluated. Kept in `<data-dir>/compute/eval-history.json`, rewritten "
-        "atomically after each eval (~170 bytes per entry); beyond the bound the oldest are "
+        "atomically after each eval (~185 bytes per entry); beyond the bound the oldest are "
         "forgotten. 0 keeps no history and writes no file."
     ))] = 1000
     lease_s: Annotated[float, Meta(gt=0, le=3600, description=(

@@ -154,7 +154,7 @@ class EvalHistory:
     """The node's evaluation history, oldest first, at most ``max_entries`` (config
     ``compute.eval-history``; 0 keeps none and writes no file).
 
-    Persisted as one JSON file written atomically after each evaluation (1,000 entries are ~170
+    Persisted as one JSON file written atomically after each evaluation (1,000 entries are ~185
     KiB: rewriting it is small next to an evaluation). A file that does not decode is moved aside
     to ``*.corrupt`` with a warning and the history starts empty: a lost history must never stop
     the node from starting.

@@ -46,11 +46,11 @@ __all__ = [
 
 #: Seconds between two samples of a young job: fine enough to draw a minute-long job's rate curve.
 TIMELINE_INTERVAL_S: Final = 1.0
-#: Points of a job's in-memory timeline: 512 x 4 numbers is ~20 KiB of JSON per job document,
+#: Points of a job's in-memory timeline: 512 x 4 numbers is ~23 KiB of JSON per job document,
 #: enough to draw a curve at a report's resolution.
 MAX_TIMELINE_POINTS: Final = 512
-#: Points of one node's timeline in one lease shard row: ~20 bytes each in msgpack, so 64 are
-#: ~1.3 KiB per node and shard; a 256 KiB register then holds the tallies of ~190 nodes.
+#: Points of one node's timeline in one lease shard row: ~16 bytes each in msgpack, so 64 are
+#: ~1.1 KiB per node and shard (measured); a 256 KiB register then holds the tallies of ~230 nodes.
 MAX_REGISTER_TIMELINE_POINTS: Final = 64
 #: The counters a timeline samples, in the order of its points' values.
 SERIES: Final = ("done", "trained", "bytes_sent")
