@@ -535,6 +535,13 @@ class ComputeConfig(_Section):
         "until this passes, which is what it costs before its share is redone on the receiving "
         "node (and it is reported to membership as unreachable)."
     ))] = 3.0
+    eval_history: Annotated[int, Meta(ge=0, le=100_000, description=(
+        "Successful `eval`s this node remembers for `GET /v1/evals` (`giaannctl evals list`): "
+        "when, top-1 and its counts, the sentences trained by the jobs the node knew then, and "
+        "what was evaluated. Kept in `<data-dir>/compute/eval-history.json`, rewritten "
+        "atomically after each eval (~185 bytes per entry); beyond the bound the oldest are "
+        "forgotten. 0 keeps no history and writes no file."
+    ))] = 1000
     lease_s: Annotated[float, Meta(gt=0, le=3600, description=(
         "A cluster job's lease on its windows is taken over by another node once it has gone "
         "unrenewed this long (seen by the other node's clock: no clock sync needed, only equal "

@@ -265,6 +265,7 @@ NOUNS: Final[Mapping[str, str]] = {
     "ring": "placement",
     "column": "concept columns",
     "train": "training jobs",
+    "evals": "the evaluation history",
     "keys": "cluster keys",
 }
 
@@ -383,6 +384,11 @@ _TABLE: Final[tuple[Operation, ...]] = (
               render=Render(fields=("top1", "matches", "prediction_tokens", "prompts", "skipped", "no_prediction",
                                     "steps_per_s", "elapsed_s", "constants", "mode")),
               help="top-1 next-token accuracy (teacher-forced, 8 seed tokens)"),
+    Operation(noun="evals", verb="list", service="compute", method="GET", path="/v1/evals", public_on_loopback=True,
+              render=Render(kind="table", rows="evals", columns=(
+                  "at", "top1", "prediction_tokens", "prompts", "trained", "source")),
+              help="the node's successful evals, oldest first, each with the sentences trained by the jobs it "
+                   "knew then (compute.eval-history entries, kept across restarts)"),
     Operation(noun="generate", verb="", service="compute", method="POST", path="/v1/generate",
               args=(_pos("prompt"), Arg(name="max_tokens", type="int", default=20, help="tokens to generate at most")),
               render=Render(fields=("text",)),

@@ -22,6 +22,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+from giaannd.compute.timeline import Timeline
+
 __all__ = ["Job", "JobRegistry", "JobState", "ProgressSink", "TrainProgress"]
 
 log = logging.getLogger(__name__)
@@ -64,13 +66,37 @@ class TrainProgress:
     started_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     sink: ProgressSink | None = None
+    #: done / trained / bytes_sent sampled over the job's life (timeline.py); its first point is
+    #: taken here, at creation (the counters a resumed job starts from: ``resume_at``)
+    timeline: Timeline = field(default_factory=Timeline)
+
+    def __post_init__(self) -> None:
+        self._sample(time.time())
 
     def add(self, **amounts: int) -> None:
-        """Increase counters by name (and tell the sink)."""
+        """Increase counters by name (and tell the sink); samples the timeline when due."""
         for name, amount in amounts.items():
             setattr(self, name, getattr(self, name) + amount)
             if self.sink is not None and amount:
                 self.sink.add(name, amount)
+        now = time.time()
+        if self.timeline.due(now):
+            self._sample(now)
+
+    def resume_at(self, done: int) -> None:
+        """A resumed run starts at ``done`` sentences an earlier run acknowledged (``resumed_from``)."""
+        self.done = self.resumed_from = done
+        if len(self.timeline.points) == 1:  # nothing happened since the start point: it starts here
+            self.timeline.points.clear()
+        self._sample(time.time())
+
+    def finish(self) -> None:
+        """The job ended: its end time and the timeline's final point."""
+        self.finished_at = time.monotonic()
+        self._sample(time.time())
+
+    def _sample(self, now: float) -> None:
+        self.timeline.record(now, self.done, self.trained, self.bytes_sent)
 
     @property
     def elapsed_s(self) -> float:
@@ -93,6 +119,7 @@ class TrainProgress:
             "coalescing_ratio": round(self.coalescing_ratio, 4),
             "flags_sent": self.flags_sent, "flags_learned": self.flags_learned, "tagged": self.tagged,
             "elapsed_s": round(self.elapsed_s, 3), "resumed_from": self.resumed_from,
+            "timeline": self.timeline.as_dict(),
         }
 
 
@@ -153,12 +180,13 @@ class JobRegistry:
             job.state = "failed"
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
-            job.progress.finished_at = time.monotonic()
+            job.progress.finish()
 
     def add_finished(self, job_id: str, kind: str, state: JobState, error: str,
                      progress: TrainProgress | None = None) -> Job:
         """Register a job that is over without a task (a failed or corrupt journal found at start)."""
         job = Job(job_id, kind, progress or TrainProgress(), state=state, error=error)
+        job.progress.finish()
         job.progress.finished_at = job.progress.started_at
         self._jobs[job_id] = job
         self._forget_old()

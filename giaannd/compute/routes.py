@@ -19,6 +19,9 @@ by id, what each accepts and answers:
 ``eval``            ``{"corpus"? | "prompts"? | "prompt_lines"?, "limit"?, "constants": "train"|"test",
                     "mode"?}`` → top-1; ``prompts``: a file, one prompt per non-blank line, tagged
                     whole (cached); ``prompt_lines``: the prompts inline, a list of one-line strings
+``evals.list``      ``{"evals": [{"at", "top1", "matches", "prediction_tokens", "prompts",
+                    "constants", "mode", "trained", "source"}, ...]}``: the successful evals,
+                    oldest first (state.py ``EvalHistory``, ``compute.eval-history``)
 ``generate``        ``{"prompt": text | [[form, lemma, upos, xpos], ...], "max_tokens"}``
 ``export``          ``{"path", "overwrite"?}`` → JSONL export of every row of the cluster (storage
                     scan)
@@ -103,7 +106,7 @@ class ComputeRoutes:
         handlers: dict[str, Handler] = {
             "train.start": self._post_train, "train.list": self._get_jobs, "train.status": self._get_job,
             "train.resume": self._post_resume, "train.cancel": self._post_cancel, "eval": self._post_eval,
-            "generate": self._post_generate,
+            "evals.list": self._get_evals, "generate": self._post_generate,
             "export": self._post_export}
         for op_id, handler in handlers.items():
             admin.bind(op_id, handler)
@@ -230,10 +233,15 @@ class ComputeRoutes:
             raise AdminHTTPError(400, str(exc), "bad_request") from None
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
+        named = prompt_file or path
+        source = named.name if named is not None else "inline prompts" if lines is not None else "heldout"
         try:
-            return await self.service.evaluate(prompts, constants, mode, spread=spread)
+            return await self.service.evaluate(prompts, constants, mode, spread=spread, source=source)
         except STORAGE_ERRORS as exc:
             raise AdminHTTPError(503, f"storage: {exc}", "unavailable") from None
+
+    async def _get_evals(self, request: web.Request, params: Mapping[str, str]) -> Any:
+        return self.service.evals.as_dict()
 
     async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await _body(request)

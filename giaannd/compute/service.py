@@ -64,7 +64,7 @@ from giaannd.compute.routes import MAX_EPOCHS as MAX_EPOCHS
 from giaannd.compute.routes import MAX_EVAL_PROMPTS as MAX_EVAL_PROMPTS
 from giaannd.compute.routes import MAX_GENERATE_TOKENS as MAX_GENERATE_TOKENS
 from giaannd.compute.routes import STORAGE_ERRORS, ComputeRoutes
-from giaannd.compute.state import ComputeState
+from giaannd.compute.state import ComputeState, EvalHistory, EvalRecord
 from giaannd.compute.train import CONLLU_SUFFIXES, TrainingJob, TrainResult, TrainSettings, job_client, read_flags
 from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
@@ -165,6 +165,9 @@ class ComputeService:
         self.durable = DurableJobs(self.data_dir, self.jobs, train=self.train, summary=self._summary,
                                    launch=self._launch, require_storage=self._client)
         self.state = ComputeState()
+        #: ``GET /v1/evals`` (state.py; loaded by ``start``, saved after each eval under ``_evals_lock``)
+        self.evals = EvalHistory(settings.eval_history)
+        self._evals_lock = asyncio.Lock()
         self.cache = RowCache(settings.row_cache_bytes)
         self._fetcher: RowFetcher | None = None
         self._inference: Inference | None = None
@@ -208,6 +211,7 @@ class ComputeService:
                 raise HostEnvironmentError(f"cannot create {path}: {exc.strerror or exc} (set by {knob})",
                                            reason="data_dir_unusable") from None
         self.state = await asyncio.to_thread(ComputeState.load, self.data_dir)
+        self.evals = await asyncio.to_thread(EvalHistory.load, self.data_dir, self.settings.eval_history)
         lexicon = self._lexicon_path
         self._lexicon = await asyncio.to_thread(Lexicon.default) if lexicon is None else \
             await asyncio.to_thread(load_lexicon, lexicon)
@@ -456,8 +460,10 @@ class ComputeService:
         return self._ctx.node_name if self._ctx is not None else (self._node_name or "compute")
 
     async def evaluate(self, prompts: Sequence[TaggedSentence], constants: str = "train",
-                       mode: str = "teacher", *, spread: bool | None = None) -> dict[str, Any]:
-        """Top-1 over tagged prompts (encoded here, with flags unchanged); figures as a dict.
+                       mode: str = "teacher", *, spread: bool | None = None,
+                       source: str = "heldout") -> dict[str, Any]:
+        """Top-1 over tagged prompts (encoded here, with flags unchanged); figures as a dict,
+        recorded in the evaluation history with ``source`` (what was evaluated; ``record_eval``).
 
         ``spread`` (default ``compute.eval-spread``): the encoded prompts are shared out over the
         live compute nodes ``eval_peers`` names and the figures merged exactly (eval_spread.py);
@@ -491,7 +497,39 @@ class ComputeService:
                "row_cache": self.cache.stats(), "by_node": result.by_node_doc()}
         if result.redone:
             out["redone"] = result.redone
+        await self.record_eval(out, source)
         return out
+
+    async def record_eval(self, figures: Mapping[str, Any], source: str) -> EvalRecord:
+        """Add an evaluation's figures to the history and save it. ``trained`` is the sentences
+        trained by the jobs this node knows now: its own (running or finished, up to
+        ``jobs.MAX_FINISHED_JOBS``) and the cluster jobs ``train list`` shows; cluster jobs are
+        left out when storage cannot be read (the eval itself already succeeded). A history
+        that cannot be written is logged, not raised."""
+        record = EvalRecord(at=round(time.time(), 3), top1=figures["top1"], matches=figures["matches"],
+                            prediction_tokens=figures["prediction_tokens"], prompts=figures["prompts"],
+                            constants=figures["constants"], mode=figures["mode"],
+                            trained=await self._trained_now(), source=source)
+        async with self._evals_lock:
+            self.evals.add(record)
+            data = self.evals.encode()
+            try:
+                await asyncio.to_thread(self.evals.save, self.data_dir, data)
+            except OSError as exc:
+                log.warning("evaluation history not saved dir=%s: %s", self.data_dir, exc)
+        return record
+
+    async def _trained_now(self) -> int:
+        trained = sum(j.progress.trained for j in self.jobs.all())
+        if self.cluster is None or self.storage is None:
+            return trained
+        try:
+            for job_id in await self.cluster.list_ids():
+                doc = await self.cluster.document(job_id)
+                trained += int(doc.get("trained", 0)) if doc is not None else 0
+        except STORAGE_ERRORS as exc:
+            log.warning("evaluation history: cluster jobs not counted in trained: %s", exc)
+        return trained
 
     async def _run_share(self, prompts: Sequence[EncodedSentence], flags: DelimiterFlags, k: LifConstants,
                          mode: str) -> ShareFigures:

@@ -7,7 +7,8 @@ the compute node keeps:
   storage (the local cache of the replicated table),
 * the deterministic flags (fixed at first sighting; prompts are encoded with them),
 * the probabilistic flags it last saw (storage's flag row is the source of truth; this is a cache),
-* the row keys it wrote (informational: export scans storage, ``StorageClient.scan_all``).
+* the row keys it wrote (informational: export scans storage, ``StorageClient.scan_all``),
+* the evaluation history (:class:`EvalHistory`, ``GET /v1/evals``), in its own small JSON file.
 
 It is one msgpack file written atomically (temp file, fsync, rename, fsync of the directory), so a
 crash leaves the previous version or the new one, never a torn file. A second compute node does not
@@ -16,9 +17,10 @@ need it: it resolves words through storage.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -28,10 +30,14 @@ from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import CorruptDataError
 from giaannd.model.vocab import Vocabulary
 
-__all__ = ["STATE_FILE", "ComputeState", "StateFileError"]
+__all__ = ["EVAL_HISTORY_FILE", "STATE_FILE", "ComputeState", "EvalHistory", "EvalRecord", "StateFileError"]
+
+log = logging.getLogger(__name__)
 
 STATE_FILE: Final = "compute-state.msgpack"
 _VERSION: Final = 1
+#: The evaluation history (``EvalHistory``), next to the state file.
+EVAL_HISTORY_FILE: Final = "eval-history.json"
 
 
 class StateFileError(CorruptDataError, ValueError):
@@ -121,3 +127,88 @@ class ComputeState:
         except OverflowError:
             raise StateFileError(f"{path}: row key out of range") from None
         return state
+
+
+class EvalRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One successful ``POST /v1/eval`` (``GET /v1/evals``): when (unix seconds), its figures, the
+    sentences trained by the jobs this node knew then (``trained``) and what was evaluated
+    (``source``: ``heldout``, or the corpus or prompt file's name)."""
+
+    at: float
+    top1: float
+    matches: int
+    prediction_tokens: int
+    prompts: int
+    constants: str
+    mode: str
+    trained: int
+    source: str
+
+
+class _HistoryDoc(msgspec.Struct, frozen=True):
+    version: int
+    evals: list[EvalRecord]
+
+
+class EvalHistory:
+    """The node's evaluation history, oldest first, at most ``max_entries`` (config
+    ``compute.eval-history``; 0 keeps none and writes no file).
+
+    Persisted as one JSON file written atomically after each evaluation (1,000 entries are ~185
+    KiB: rewriting it is small next to an evaluation). A file that does not decode is moved aside
+    to ``*.corrupt`` with a warning and the history starts empty: a lost history must never stop
+    the node from starting.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries: list[EvalRecord] = []
+
+    def add(self, record: EvalRecord) -> None:
+        """Append ``record``, forgetting the oldest beyond the bound."""
+        if self.max_entries <= 0:
+            return
+        self.entries.append(record)
+        del self.entries[: max(0, len(self.entries) - self.max_entries)]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``GET /v1/evals``."""
+        return {"evals": msgspec.to_builtins(self.entries)}
+
+    def encode(self) -> bytes:
+        """The file's bytes (taken on the event loop, so a later ``save`` never writes an older copy)."""
+        return msgspec.json.encode(_HistoryDoc(_VERSION, self.entries))
+
+    def save(self, directory: str | os.PathLike[str], data: bytes | None = None) -> Path | None:
+        """Write ``data`` (default: ``encode()``) atomically to ``directory/EVAL_HISTORY_FILE``
+        (nothing when the history is disabled); returns the path."""
+        if self.max_entries <= 0:
+            return None
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / EVAL_HISTORY_FILE
+        atomic_write_bytes(path, self.encode() if data is None else data)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], max_entries: int) -> EvalHistory:
+        """Read ``directory/EVAL_HISTORY_FILE`` (missing: empty), keeping the newest
+        ``max_entries``; a corrupt file is moved aside (class docstring). Never raises for the
+        file's content; an unreadable file (permissions) raises OSError."""
+        history = cls(max_entries)
+        path = Path(directory) / EVAL_HISTORY_FILE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return history
+        try:
+            doc = msgspec.json.decode(raw, type=_HistoryDoc)
+            if doc.version != _VERSION:
+                raise ValueError(f"version {doc.version}, expected {_VERSION}")
+        except (msgspec.DecodeError, ValueError) as exc:  # ValidationError is a DecodeError
+            aside = path.with_name(path.name + ".corrupt")
+            log.warning("evaluation history unreadable, starting empty; kept aside path=%s: %s", aside, exc)
+            os.replace(path, aside)
+            return history
+        history.entries = doc.evals[-max_entries:] if max_entries > 0 else []
+        return history

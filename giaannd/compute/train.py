@@ -419,7 +419,7 @@ class TrainingJob:
         restart = min(journal.restart_window, self._num_windows)
         self._counted = min(journal.doc.cursor, self._num_windows)
         done = min(self._counted * self.settings.coalesce_sentences, len(self.sentences))
-        self.progress.done = self.progress.resumed_from = done  # ``done`` counts from here
+        self.progress.resume_at(done)  # ``done`` counts from here
         for index in range(restart):
             workers[journal.worker_of(index)].replay(self._window(index), journal.learned_before(index))
             self.client.abandon(self._batch_id(index))

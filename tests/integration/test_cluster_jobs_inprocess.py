@@ -89,6 +89,10 @@ async def test_cluster_job_two_nodes_export_equals_engine(tmp_path, corpus, engi
         assert doc["trained"] == engine.stats.sentences_trained and doc["skipped"] == N_SENTENCES - doc["trained"]
         assert doc["flag_pass"] == doc["train_windows"] == {"done": N_SENTENCES // K, "total": N_SENTENCES // K}
         assert sum(e["windows"] for e in doc["by_node"].values()) == N_SENTENCES // K
+        tl = doc["timeline"]  # the sum of the nodes' register timelines, from the job's creation
+        assert len(tl["t"]) >= 2 and tl["t"] == sorted(tl["t"])
+        assert tl["trained"][0] == 0 and tl["trained"][-1] == doc["trained"] and tl["done"][-1] == doc["done"]
+        assert sum(e["timeline"]["trained"][-1] for e in doc["by_node"].values()) == doc["trained"]
         out = tmp_path / "corpus" / "export.jsonl"
         nodes[1].export_dir = tmp_path / "corpus"
         await nodes[1].export(out)

@@ -72,6 +72,8 @@ async def test_compute_job_resumes_after_crash_and_equals_engine(tmp_path):
         assert doc["state"] == "succeeded", doc
         assert doc["resumes"] == 1 and 0 < doc["resumed_from"] <= crashed_at
         assert doc["done"] == doc["total"] == N_SENTENCES
+        # the resumed run's timeline starts where it resumed and ends at the job's end
+        assert doc["timeline"]["done"][0] == doc["resumed_from"] and doc["timeline"]["done"][-1] == N_SENTENCES
         assert load_journals(data) == []  # a finished job leaves no journal
         out = tmp_path / "export.jsonl"
         await second.export(out)

@@ -5,10 +5,12 @@ import json
 import uuid
 
 import aiohttp
+import msgspec
 import pytest
 
 from giaannd.admin.api import AdminApi
 from giaannd.compute.service import ComputeService, create_service
+from giaannd.compute.state import EvalHistory
 from giaannd.config import ComputeConfig, Config
 from giaannd.metrics import Metrics
 from giaannd.model.tokens import load_bundled_corpus, write_conllu
@@ -75,14 +77,26 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         assert doc["state"] == "succeeded", doc
         assert doc["done"] == doc["total"] == 300 and doc["unit"] == "sentences"
         assert doc["bytes_sent"] > 0 and doc["coalescing_ratio"] > 1 and doc["batches"] == 5
+        tl = doc["timeline"]  # start, samples, end
+        assert len(tl["t"]) >= 2 and tl["t"] == sorted(tl["t"]) and tl["done"][0] == 0
+        assert tl["trained"][-1] == doc["trained"] and tl["bytes_sent"][-1] == doc["bytes_sent"]
         status, jobs = await h.call("GET", "/v1/jobs")
         assert status == 200 and [j["job_id"] for j in jobs["jobs"]] == [job_id]
+        assert jobs["jobs"][0]["timeline"] == tl
 
         status, ev = await h.call("POST", "/v1/eval", {"corpus": str(corpus), "limit": 40, "constants": "train"})
         assert status == 200, ev
         assert ev["prompts"] > 20 and 0 < ev["top1"] <= 1 and ev["steps"] > 0
         status, ev2 = await h.call("POST", "/v1/eval", {"limit": 40, "constants": "test"})
         assert status == 200 and ev2["constants"] == "test"
+        status, evals = await h.call("GET", "/v1/evals")  # both, in order, with what was trained then
+        assert status == 200, evals
+        assert [(e["source"], e["constants"], e["trained"]) for e in evals["evals"]] == [
+            ("corpus.conllu", "train", doc["trained"]), ("heldout", "test", doc["trained"])]
+        assert evals["evals"][0]["top1"] == ev["top1"] and evals["evals"][1]["matches"] == ev2["matches"]
+        assert evals["evals"][0]["at"] <= evals["evals"][1]["at"]
+        kept = EvalHistory.load(h.service.data_dir, 1000)  # what a restarted node loads
+        assert msgspec.to_builtins(kept.entries) == evals["evals"]
 
         prompt = [[t.form, t.lemma, t.upos, t.xpos] for t in sentences[5][:9]]
         status, gen = await h.call("POST", "/v1/generate", {"prompt": prompt, "max_tokens": 5})

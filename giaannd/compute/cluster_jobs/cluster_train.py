@@ -38,6 +38,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+
 from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, encode_texts, encode_window, upload_windows
@@ -66,6 +68,7 @@ from giaannd.compute.cluster_jobs.window_runner import (
     encode_spec,
 )
 from giaannd.compute.jobs import ProgressSink, TrainProgress
+from giaannd.compute.timeline import SERIES, merge_timelines
 from giaannd.compute.train import TrainSettings, read_flags
 from giaannd.errors import CorruptDataError
 from giaannd.model.lexicon import Lexicon
@@ -170,7 +173,8 @@ class ClusterJobs:
             up.progress.total = total
             row = JobRow(job_id=job_id, windows=windows, shards=max(1, min(self._shards, windows)),
                          stages=STAGES, writer_id=secrets.randbits(63), created_by=self.node,
-                         spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus, text=text)))
+                         spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus, text=text,
+                                                      created_at=up.started)))
             log.info("cluster job created job=%s windows=%d sentences=%d", job_id, windows, total)
         except Exception as exc:  # reported by the job document (phase uploading, state failed)
             log.exception("cluster job upload failed job=%s", job_id)
@@ -305,7 +309,8 @@ class ClusterJobs:
             state = "failed" if up.error else "running"
             return {"job_id": job_id, "kind": "train", "cluster": True, "state": state, "phase": "uploading",
                     "done": 0, "total": up.progress.total, "unit": "sentences", "resumed_from": None,
-                    "resumes": 0, "corpus": up.corpus, **({"error": up.error} if up.error else {})}
+                    "resumes": 0, "corpus": up.corpus, "timeline": up.progress.timeline.as_dict(),
+                    **({"error": up.error} if up.error else {})}
         if not got.version[0]:
             return None
         job = decode_job(got.value)
@@ -331,14 +336,14 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
     """``GET /v1/jobs/{id}`` of a cluster job: the jobs.py document's keys plus ``stage``,
     ``flag_pass`` and ``by_node`` (node -> sentences handled and trained, windows trained, windows
     of the flag pass and sentences it tagged there, leases held now, leases it let expire, leases
-    it took over)."""
+    it took over, and its ``timeline``) and ``timeline`` (``_timelines``)."""
     try:
         spec = decode_spec(job.spec)
     except Exception as exc:
         raise CorruptDataError(f"job {job.job_id}: the spec is not a cluster training spec: {exc}") from None
-    by_node: dict[str, dict[str, int]] = {}
+    by_node: dict[str, dict[str, Any]] = {}
 
-    def entry(node: str) -> dict[str, int]:
+    def entry(node: str) -> dict[str, Any]:
         return by_node.setdefault(node, {"sentences": 0, "trained": 0, "windows": 0, "flag_windows": 0,
                                          "tagged": 0, "leases_held": 0, "leases_expired": 0,
                                          "leases_taken_over": 0})
@@ -361,6 +366,7 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
             # every window holds K sentences but the job's last, which may hold fewer
             short = job.windows * spec.k - spec.sentences if t.tail and shard.stop == job.windows else 0
             e["sentences"] += t.windows * spec.k - short
+    timeline = _timelines(job, spec, shards, by_node)
     done = sum(e["sentences"] for e in by_node.values())
     trained = sum(e["trained"] for e in by_node.values())
     doc: dict[str, Any] = {
@@ -373,10 +379,38 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
         "flag_pass": {"done": done_windows[0], "total": job.windows},
         "train_windows": {"done": done_windows[TRAIN_STAGE] if job.stages > TRAIN_STAGE else 0,
                           "total": job.windows},
-        "by_node": by_node,
+        "by_node": by_node, "timeline": timeline,
     }
     if here is not None:
         doc["this_node"] = here.progress.as_dict()
     if job.error:
         doc["error"] = job.error
     return doc
+
+
+def _timelines(job: JobRow, spec: ClusterSpec, shards: list[Shard],
+               by_node: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """Each node's timeline (into ``by_node``) and the job's, their sum (timeline.py ``merge``),
+    from the training stage's tallies: ``done`` at a point is the windows completed by then times K
+    (capped at the tally's sentences: only the job's last window may hold fewer, so a point before
+    the end may count up to K - 1 too many), ``trained`` the units, ``bytes_sent`` 0 (bytes are
+    not tracked per node in the registers; ``this_node`` has this node's). The job's first point is
+    its creation (all 0)."""
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for shard in shards:
+        if shard.stage != TRAIN_STAGE:
+            continue
+        for t in shard.tallies:
+            if not t.timeline:
+                continue
+            pts = np.asarray(t.timeline, dtype=np.float64)
+            short = job.windows * spec.k - spec.sentences if t.tail and shard.stop == job.windows else 0
+            done = np.minimum(pts[:, 1].astype(np.int64) * spec.k, t.windows * spec.k - short)
+            per_node.setdefault(t.node, []).append({
+                "t": pts[:, 0], "done": done, "trained": pts[:, 2].astype(np.int64),
+                "bytes_sent": np.zeros(len(pts), dtype=np.int64)})
+    for node, parts in per_node.items():
+        by_node[node]["timeline"] = merge_timelines(parts)
+    start: list[dict[str, Any]] = [{"t": [spec.created_at], **{name: [0] for name in SERIES}}] \
+        if spec.created_at else []
+    return merge_timelines([*start, *(p for parts in per_node.values() for p in parts)])

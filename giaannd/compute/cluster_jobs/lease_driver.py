@@ -107,7 +107,9 @@ class LeaseDriver:
         try:
             while True:
                 event = await self._next_event()
-                for action in self.agent.handle(self._clock(), event):
+                now = self._clock()
+                self.agent.wall_offset_s = time.time() - now
+                for action in self.agent.handle(now, event):
                     if isinstance(action, Finished):
                         return action
                     self._start(action)

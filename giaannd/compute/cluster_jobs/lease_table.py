@@ -64,6 +64,7 @@ from typing import Final, Literal, TypeVar
 
 import msgspec
 
+from giaannd.compute.timeline import TIMELINE_INTERVAL_S, step_points
 from giaannd.errors import CorruptDataError, Refused
 
 __all__ = [
@@ -171,6 +172,12 @@ class Tally(msgspec.Struct, frozen=True, array_like=True):
     won: int = 0
     #: what its completed windows counted (``complete``'s ``units``: sentences trained)
     units: int = 0
+    #: ``(t, windows, units)`` after its completions, t in wall-clock unix seconds (timeline.py
+    #: ``step_points``: bounded, the last point is always the totals above; added last, with a
+    #: default, so rows written before it decode, and nodes before it ignore it)
+    timeline: tuple[tuple[float, int, int], ...] = ()
+    #: the timeline's sampling interval (doubles each time it is halved)
+    every_s: float = TIMELINE_INTERVAL_S
 
 
 class Shard(msgspec.Struct, frozen=True, kw_only=True, tag="shard"):
@@ -331,10 +338,15 @@ def _holder(shard: Shard, node: str, lease_id: int) -> Lease:
 
 
 def _tallied(shard: Shard, node: str, *, windows: int = 0, tail: bool = False, lost: int = 0,
-             won: int = 0, units: int = 0) -> tuple[Tally, ...]:
-    """``shard``'s tallies with ``node``'s counts increased."""
+             won: int = 0, units: int = 0, at: float | None = None) -> tuple[Tally, ...]:
+    """``shard``'s tallies with ``node``'s counts increased (and, ``at`` a wall-clock time, a
+    point of its timeline)."""
     old = next((t for t in shard.tallies if t.node == node), Tally(node))
-    new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won, old.units + units)
+    timeline, every_s = old.timeline, old.every_s
+    if at is not None:
+        timeline, every_s = step_points(timeline, every_s, (at, old.windows + windows, old.units + units))
+    new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won, old.units + units,
+                timeline, every_s)
     return tuple(sorted((*(t for t in shard.tallies if t.node != node), new), key=lambda t: t.node))
 
 
@@ -374,10 +386,12 @@ def renew(shard: Shard, node: str, lease_ids: Iterable[int]) -> Shard:
     return msgspec.structs.replace(shard, leases=leases)
 
 
-def complete(shard: Shard, node: str, lease_id: int, upto: int, units: Mapping[int, int] | None = None) -> Shard:
+def complete(shard: Shard, node: str, lease_id: int, upto: int, units: Mapping[int, int] | None = None,
+             at: float | None = None) -> Shard:
     """Windows ``[cursor, upto)`` of ``node``'s lease are done (their batches have W acks); counts
     as a renewal too. Idempotent: ``upto <= cursor`` changes nothing. ``units`` (window -> count)
-    of those windows are added to ``node``'s tally.
+    of those windows are added to ``node``'s tally, and with ``at`` (wall-clock unix seconds) a
+    point to its timeline.
 
     Raises:
         LeaseRefused: ``not_holder`` (taken over, released, never granted), ``bad_range``.
@@ -393,7 +407,7 @@ def complete(shard: Shard, node: str, lease_id: int, upto: int, units: Mapping[i
                                    tallies=_tallied(shard, node, windows=upto - lease.cursor,
                                                     tail=upto == shard.stop,
                                                     units=sum((units or {}).get(w, 0)
-                                                              for w in range(lease.cursor, upto))))
+                                                              for w in range(lease.cursor, upto)), at=at))
 
 
 def take_over(shard: Shard, node: str, lease_id: int, beats: int) -> tuple[Shard, Lease]:

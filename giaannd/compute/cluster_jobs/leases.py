@@ -184,6 +184,9 @@ class LeaseAgent:
         #: leases this agent got by a grant / by a take-over (counted when a write of ours confirms them)
         self.grants = 0
         self.takeovers = 0
+        #: wall-clock unix seconds minus ``now`` (set by the glue): the tallies' timelines are in
+        #: wall-clock time so nodes' timelines merge, while ``now`` may be any monotonic clock
+        self.wall_offset_s = 0.0
 
     @property
     def ended_it(self) -> bool:
@@ -347,9 +350,9 @@ class LeaseAgent:
             def change(key: str = key) -> bytes:
                 shard = self._shards[key]
                 for held in [h for h in self._held.values() if h.key == key]:
-                    shard = release(complete(shard, self.node, held.lease.id, held.upto(), held.written), self.node,
-                                    held.lease.id) if held.upto() < held.lease.stop else \
-                        complete(shard, self.node, held.lease.id, held.upto(), held.written)
+                    done = complete(shard, self.node, held.lease.id, held.upto(), held.written,
+                                    now + self.wall_offset_s)
+                    shard = release(done, self.node, held.lease.id) if held.upto() < held.lease.stop else done
                 return encode_row(shard)
             self._write(now, out, key, change)
         if not self._held:
@@ -366,7 +369,7 @@ class LeaseAgent:
         mine = [h for h in self._held.values() if h.key == key]
         new = shard
         for held in mine:
-            new = complete(new, self.node, held.lease.id, held.upto(), held.written)
+            new = complete(new, self.node, held.lease.id, held.upto(), held.written, now + self.wall_offset_s)
         needed = any(h.upto() == h.lease.stop for h in mine)
         if any(now >= h.confirmed_at + self.settings.renew_s for h in mine):
             new, needed = renew(new, self.node, [h.lease.id for h in mine]), True

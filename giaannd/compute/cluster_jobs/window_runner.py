@@ -83,6 +83,9 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
     corpus: str = ""
     #: the windows hold sentence texts, tagged by the flag pass (tagging.py)
     text: bool = False
+    #: wall-clock unix seconds when the job was created (the timeline's first point; 0: a job
+    #: created by a node before timelines)
+    created_at: float = 0.0
 
 
 def encode_spec(spec: ClusterSpec) -> bytes:

@@ -3,6 +3,7 @@
 import msgspec
 import pytest
 
+from giaannd.compute.cluster_jobs.cluster_train import job_document
 from giaannd.compute.cluster_jobs.lease_table import (
     JobIndex,
     JobRow,
@@ -27,6 +28,7 @@ from giaannd.compute.cluster_jobs.lease_table import (
     shard_range,
     take_over,
 )
+from giaannd.compute.cluster_jobs.window_runner import ClusterSpec, encode_spec
 
 JOB = JobRow(job_id="j", windows=10, shards=3, writer_id=5, stages=2)
 
@@ -168,3 +170,25 @@ def test_index_add_remove_and_limit():
     with pytest.raises(LeaseRefused) as exc:
         index_add(full, "new")
     assert exc.value.code == "too_many_jobs"
+
+
+def test_complete_at_records_the_tally_timeline_and_the_document_sums_nodes():
+    # one training-stage shard of 4 windows of K=10 sentences (36 in all: the last window holds 6)
+    row = JobRow(job_id="j", windows=4, shards=1, writer_id=5, stages=2, stage=1, state="running",
+                 spec=encode_spec(ClusterSpec(k=10, sentences=36, created_at=100.0)))
+    s = shard(stage=1, stop=4)
+    s, a = grant(s, "n1", 2)
+    s, b = grant(s, "n2", 2)
+    s = complete(s, "n1", a.id, 1, {0: 8}, at=101.0)
+    s = complete(s, "n2", b.id, 3, {2: 9}, at=102.5)
+    s = complete(s, "n1", a.id, 2, {1: 7}, at=104.0)
+    s = complete(s, "n2", b.id, 4, {3: 5}, at=105.0)
+    assert s.tallies[0].timeline == ((101.0, 1, 8), (104.0, 2, 15))
+    assert decode_shard(encode_row(s)) == s
+    doc = job_document(row, [s])
+    assert doc["by_node"]["n2"]["timeline"] == {"t": [102.5, 105.0], "done": [10, 16], "trained": [9, 14],
+                                                "bytes_sent": [0, 0]}
+    # by hand: creation 0; n1 alone at 101; + n2 at 102.5; n1 moves at 104; n2's last (short) window at 105
+    assert doc["timeline"] == {"t": [100.0, 101.0, 102.5, 104.0, 105.0], "done": [0, 10, 20, 30, 36],
+                               "trained": [0, 8, 17, 24, 29], "bytes_sent": [0, 0, 0, 0, 0]}
+    assert doc["done"] == 36 and doc["trained"] == 29
