@@ -335,7 +335,8 @@ async def test_eval_tags_a_text_prompt_file_line_by_line(tmp_path):
         lines = [x for x in prompts.read_text(encoding="utf-8").splitlines() if x.strip()]
         status, inline = await h.call("POST", "/v1/eval", {"prompt_lines": lines})
         assert status == 200, inline
-        assert (inline["prompts"], inline["skipped"], inline["matches"]) == (ev["prompts"], ev["skipped"], ev["matches"])
+        figures = ("prompts", "skipped", "matches")
+        assert [inline[k] for k in figures] == [ev[k] for k in figures]
         for body in ({"prompt_lines": []}, {"prompt_lines": ["two\nlines"]}, {"prompt_lines": [" "]},
                      {"prompt_lines": ["x"], "prompts": str(prompts)}, {"prompt_lines": "one string"}):
             status, reply = await h.call("POST", "/v1/eval", body)
