@@ -119,9 +119,8 @@ def plot_throughput(fig: Figure, data: ReportData) -> None:
     ax = fig.add_subplot()
     for job_id, tl in lines:
         t, done = tl["t"], tl["done"]
-        x = [t[i] - t[0] for i in range(1, len(t))]
-        y = [(done[i] - done[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(t))]
-        ax.step(x, y, where="pre", label=f"job {job_id}")
+        rates = [(done[i] - done[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(t))]
+        ax.stairs(rates, [x - t[0] for x in t], label=f"job {job_id}", linewidth=1.5)
     ax.set_title(title)
     ax.set_xlabel("time since the job started (s)")
     ax.set_ylabel("sentences per second")
@@ -180,7 +179,9 @@ def plot_row_sizes(fig: Figure, data: ReportData) -> None:
         counts = node["row_sizes"]
         xs = [2.0 ** k for k, c in enumerate(counts) if c]
         ys = [c for c in counts if c]
-        ax.loglog(xs, ys, marker="o", base=2, label=str(node.get("name", "?")))
+        ax.plot(xs, ys, marker="o", label=str(node.get("name", "?")))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_title(title)
     ax.set_xlabel("entries per row (power-of-two bucket: [n, 2n))")
     ax.set_ylabel("rows")
@@ -198,14 +199,17 @@ def plot_fill(fig: Figure, data: ReportData) -> None:
     names = [str(n.get("name", "?")) for n in nodes]
     xs = list(range(len(nodes)))
     width = 0.38
+    caps = [float(n.get("capacity_bytes") or 0) / GIB for n in nodes]
     ram = [float(n.get("used_bytes") or 0) / GIB for n in nodes]
     disk = [float(n.get("disk_bytes") or 0) / GIB for n in nodes]
-    ax.bar([x - width / 2 for x in xs], ram, width, label="RAM used")
-    ax.bar([x + width / 2 for x in xs], disk, width, label="disk (its files)")
-    caps = [float(n.get("capacity_bytes") or 0) / GIB for n in nodes]
-    if any(caps):
-        ax.scatter([x - width / 2 for x in xs], caps, marker="_", s=400, color="black", label="RAM capacity")
-        ax.set_yscale("symlog", linthresh=1e-3)
+    left = [x - width / 2 for x in xs]
+    if any(caps):  # the capacity as an outline around the RAM bar: how full the node is
+        ax.bar(left, caps, width, fill=False, edgecolor="black", linestyle="--", label="RAM capacity")
+    ax.bar(left, ram, width, color="C0", label="RAM used")
+    ax.bar([x + width / 2 for x in xs], disk, width, color="C1", label="disk (its files)")
+    for x, used, cap in zip(left, ram, caps):
+        if cap:
+            ax.annotate(f"{100 * used / cap:.0f} %", (x, used), ha="center", va="bottom", fontsize="small")
     ax.set_xticks(xs, names)
     ax.set_title(title)
     ax.set_xlabel("storage node")
