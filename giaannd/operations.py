@@ -337,7 +337,8 @@ _TABLE: Final[tuple[Operation, ...]] = (
                   "name", "live", "used_bytes", "capacity_bytes", "disk_bytes", "disk_free_bytes", "rows",
                   "entries", "full", "error")),
               help="each storage node's fill: RAM used of capacity, disk (its files; free space), rows and "
-                   "entries, asked over the data plane"),
+                   "entries, and its row sizes (row_sizes[k]: rows of 2^k to 2^(k+1)-1 entries), asked over "
+                   "the data plane"),
     Operation(noun="ring", verb="owners", service="membership", method="GET", path="/v1/ring/owners/{column}",
               args=(_COLUMN,), help="owners of one column, in placement order"),
     Operation(noun="column", verb="info", service="membership", method="GET", path="/v1/columns/{column}",
