@@ -345,6 +345,14 @@ _TABLE: Final[tuple[Operation, ...]] = (
               args=(_COLUMN,),
               help="a column's owners and, per live owner, its rows, entries, bytes and digests, and "
                    "whether the replicas agree (docs/replication.md, \"Column info\")"),
+    Operation(noun="column", verb="rows", service="compute", method="GET", path="/v1/columns/{column}/rows",
+              args=(_COLUMN, Arg(name="limit", type="int", into="query",
+                                 help="entries at most (default compute.column-rows-default-entries, 100,000; "
+                                      "at most compute.column-rows-max-entries, 10,000,000)")),
+              render=Render(fields=("column", "word", "total_entries", "truncated")),
+              help="a column's contents, read from one replica: its rows (source neurons) and their entries "
+                   "(segment, target column and neuron, strength) in key order, as words; cut at --limit "
+                   "entries (--json for the arrays)"),
     Operation(noun="train", verb="start", service="compute", method="POST", path="/v1/train",
               args=(Arg(name="corpus", positional=True, type="existing-path",
                         help="corpus file in the daemon's compute.corpus-dir (a relative path is taken there)"),
