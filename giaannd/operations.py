@@ -347,8 +347,8 @@ _TABLE: Final[tuple[Operation, ...]] = (
                    "whether the replicas agree (docs/replication.md, \"Column info\")"),
     Operation(noun="column", verb="rows", service="compute", method="GET", path="/v1/columns/{column}/rows",
               args=(_COLUMN, Arg(name="limit", type="int", into="query",
-                                 help="entries at most (default compute.column-rows-default-entries, 100,000; "
-                                      "at most compute.column-rows-max-entries, 10,000,000)")),
+                                 help="entries at most (the compute node's config decides the default, "
+                                      "100,000, and the most, 10,000,000; docs/config.md)")),
               render=Render(fields=("column", "word", "total_entries", "truncated")),
               help="a column's contents, read from one replica: its rows (source neurons) and their entries "
                    "(segment, target column and neuron, strength) in key order, as words; cut at --limit "
