@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_READ_CHUNK_BYTES",
     "ENV_PREFIX",
     "JoinMode",
+    "MAX_COLUMN_ROWS_ENTRIES",
     "MAX_READ_CHUNK_BYTES",
     "AdminConfig",
     "ClusterConfig",
@@ -67,6 +68,9 @@ DEFAULT_READ_CHUNK_BYTES = 8 * 2**20
 #: Ceiling of ``storage.read-chunk-bytes``: one part must stay under the protocol's per-reply entry cap
 #: (protocol.MAX_READ_PART_ENTRIES, 8 Mi entries = 168 MiB at 21 B each).
 MAX_READ_CHUNK_BYTES = 128 * 2**20
+#: Ceiling of ``compute.column-rows-max-entries`` (and of its default): 10 Mi entries of one column
+#: are ~1 GB of JSON in one admin answer; more is an export's job (``POST /v1/export``).
+MAX_COLUMN_ROWS_ENTRIES = 10_000_000
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="kebab"):
@@ -501,6 +505,18 @@ class ComputeConfig(_Section):
         "default however big a merged scan page is. Smaller: less memory, more per-chunk work "
         "(one lookup of each distinct source row and target neuron per chunk)."
     ))] = 65_536
+    column_rows_default_entries: Annotated[int, Meta(ge=1, le=MAX_COLUMN_ROWS_ENTRIES, description=(
+        "Entries `GET /v1/columns/{column}/rows` (`giaannctl column rows`) answers when the "
+        "request names no `limit`: the column's rows in key order, its entries cut after this "
+        "many (`truncated`; `total_entries` still counts them all). About 100 bytes of JSON per "
+        "entry: 100,000 entries are a ~10 MB answer, quick to read and to plot."
+    ))] = 100_000
+    column_rows_max_entries: Annotated[int, Meta(ge=1, le=MAX_COLUMN_ROWS_ENTRIES, description=(
+        "The most entries one `column rows` request may ask for (`limit`; more is a 400). The "
+        "node holds them twice while it answers (the rows read from storage, ~21 bytes an entry, "
+        "and the JSON, ~100 bytes an entry, plus Python lists of the words while it is built), "
+        "so 10,000,000 entries cost a few GB for the length of the request."
+    ))] = 10_000_000
     cluster_jobs: Annotated[bool, Meta(description=(
         "Training jobs are cluster jobs (docs/compute.md, \"One job across every compute node\"): "
         "`train start` streams the corpus into the storage cluster's registers and every compute "

@@ -343,13 +343,22 @@ _TABLE: Final[tuple[Operation, ...]] = (
                   "name", "live", "used_bytes", "capacity_bytes", "disk_bytes", "disk_free_bytes", "rows",
                   "entries", "full", "error")),
               help="each storage node's fill: RAM used of capacity, disk (its files; free space), rows and "
-                   "entries, asked over the data plane"),
+                   "entries, and its row sizes (row_sizes[k]: rows of 2^k to 2^(k+1)-1 entries), asked over "
+                   "the data plane"),
     Operation(noun="ring", verb="owners", service="membership", method="GET", path="/v1/ring/owners/{column}",
               args=(_COLUMN,), help="owners of one column, in placement order"),
     Operation(noun="column", verb="info", service="membership", method="GET", path="/v1/columns/{column}",
               args=(_COLUMN,),
               help="a column's owners and, per live owner, its rows, entries, bytes and digests, and "
                    "whether the replicas agree (docs/replication.md, \"Column info\")"),
+    Operation(noun="column", verb="rows", service="compute", method="GET", path="/v1/columns/{column}/rows",
+              args=(_COLUMN, Arg(name="limit", type="int", into="query",
+                                 help="entries at most (the compute node's config decides the default, "
+                                      "100,000, and the most, 10,000,000; docs/config.md)")),
+              render=Render(fields=("column", "word", "total_entries", "truncated")),
+              help="a column's contents, read from one replica: its rows (source neurons) and their entries "
+                   "(segment, target column and neuron, strength) in key order, as words; cut at --limit "
+                   "entries (--json for the arrays)"),
     Operation(noun="train", verb="start", service="compute", method="POST", path="/v1/train",
               args=(Arg(name="corpus", positional=True, type="existing-path",
                         help="corpus file in the daemon's compute.corpus-dir (a relative path is taken there)"),

@@ -103,6 +103,7 @@ __all__ = [
     "MAX_SCAN_ENTRIES",
     "MAX_SCAN_EXAMINE",
     "MAX_SCAN_NODES",
+    "MAX_ROW_SIZE_BINS",
     "MAX_SCAN_PAGE_BYTES",
     "SCAN_ENTRY_BYTES",
     "SCAN_ROW_BYTES",
@@ -218,6 +219,8 @@ def scan_page_bytes(rows: int, entries: int) -> int:
     return SCAN_ROW_BYTES * rows + 8 + SCAN_ENTRY_BYTES * entries
 
 
+#: Bins of ``UsageReply.row_size_log2``: a row's entry count is an int64, so floor(log2(n)) < 63.
+MAX_ROW_SIZE_BINS: Final = 64
 #: Row keys one ScanRows may look at (filtered out or not) before it answers, so a scan whose
 #: filter rejects most rows still answers promptly; the cursor then moves with an empty page.
 MAX_SCAN_EXAMINE: Final = 262_144
@@ -485,7 +488,8 @@ class DigestsReply(msgspec.Struct, frozen=True, tag=66):
 class UsageReply(msgspec.Struct, frozen=True, tag=67):
     """``used_bytes`` of ``capacity_bytes`` is RAM; the ``disk_*`` fields (0 from a node that
     predates them) are the bytes of the node's storage files and its file system's free and total
-    bytes."""
+    bytes. ``row_size_log2`` (appended; None from a node that predates it): element k is the number
+    of rows whose entry count n has floor(log2(n)) == k, trailing zeros trimmed (``[]``: no rows)."""
 
     capacity_bytes: int
     used_bytes: int
@@ -496,6 +500,7 @@ class UsageReply(msgspec.Struct, frozen=True, tag=67):
     disk_bytes: int = 0
     disk_free_bytes: int = 0
     disk_total_bytes: int = 0
+    row_size_log2: Annotated[list[_U64], msgspec.Meta(max_length=MAX_ROW_SIZE_BINS)] | None = None
 
 
 class AppliedMask(msgspec.Struct, frozen=True, tag=68):

@@ -27,7 +27,7 @@ from giaannd.client.errors import REQUEST_FAILURES, RemoteBadRequest
 from giaannd.client.node_call import NodeCall
 from giaannd.cluster.view import ClusterView
 
-__all__ = ["MAX_COLUMN_INFO_PAGES", "ColumnReplicaInfo", "ColumnReport", "column_report"]
+__all__ = ["MAX_COLUMN_INFO_PAGES", "ColumnReplicaInfo", "ColumnReport", "column_report", "replica_info"]
 
 #: Pages one owner may answer for one ``column_info`` (MAX_COLUMN_INFO_ROWS rows each: 16 Mi
 #: features, far beyond any column); a node still paging past it is reported as failed.
@@ -86,7 +86,7 @@ async def column_report(topology: ClusterView, call: NodeCall, column: int,
               for i in placement.owner_indices(np.array([column], np.uint64))[0]]
     live = [topology.is_live(n) for n in owners]
     results = await asyncio.gather(
-        *(_replica_info(call, n, column, page_rows, timeout_s) for n, ok in zip(owners, live) if ok),
+        *(replica_info(call, n, column, page_rows, timeout_s) for n, ok in zip(owners, live) if ok),
         return_exceptions=True)
     it = iter(results)
     replicas = []
@@ -104,7 +104,7 @@ async def column_report(topology: ClusterView, call: NodeCall, column: int,
     return ColumnReport(column, placement.epoch, replicas)
 
 
-async def _replica_info(call: NodeCall, node: str, column: int, page_rows: int,
+async def replica_info(call: NodeCall, node: str, column: int, page_rows: int,
                         timeout_s: float | None) -> ColumnReplicaInfo:
     """One live owner's pages of ``column``, summed (module docstring)."""
     mask = (1 << 64) - 1

@@ -15,6 +15,7 @@ state and the read ramp, and hands each replicated operation to the module that 
 - ``scan_all`` → scan.py: every row of the cluster exactly once, failover ``via`` a failed node;
 - ``put_vocab`` / ``get_vocab`` → remote_vocab.py: id → string entries, owned like columns;
 - ``column_info`` → column_info.py: one column on each of its owners, digests compared;
+- ``read_column`` → column_rows.py: one column's rows from one live owner, paged, with failover;
 - ``read_register`` / ``cas_register`` → registers.py: small versioned rows with compare-and-set
   (CASPaxos over the key's owners; what it guarantees is written there);
 - the error types and reply checking → client/errors.py.
@@ -61,6 +62,7 @@ from giaannd import protocol as p
 from giaannd.client.byte_budget import ByteBudget as ByteBudget  # re-exported (train.py, tests)
 from giaannd.client.column_info import MAX_COLUMN_INFO_PAGES as MAX_COLUMN_INFO_PAGES
 from giaannd.client.column_info import ColumnReplicaInfo, ColumnReport, column_report
+from giaannd.client.column_rows import ColumnRead, read_column
 from giaannd.client.errors import (
     QuorumNotReached,
     ReadFailed,
@@ -425,6 +427,19 @@ class StorageClient:
             LookupError: no storage members known (no placement).
         """
         return await column_report(self.topology, self._call, column, page_rows, timeout_s)
+
+    # -- one column's rows (column_rows.py) ----------------------------------------------------------------
+    async def read_column(self, column: int, max_entries: int, page_bytes: int = DEFAULT_SCAN_PAGE_BYTES,
+                          timeout_s: float | None = None) -> ColumnRead:
+        """The rows of ``column`` from one live owner (the next one if it fails: any one replica's
+        copy), in key order, cut at ``max_entries`` entries (``truncated``; ``total_entries``
+        counts them all). A column no owner holds reads as no rows.
+
+        Raises:
+            ReadFailed: no owner is live, or every live one failed.
+            LookupError: no storage members known.
+        """
+        return await read_column(self.topology, self._call, column, max_entries, page_bytes, timeout_s)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def flush(self) -> None:

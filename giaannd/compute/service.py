@@ -38,6 +38,7 @@ from giaannd.compute.cluster_export import EXPORT_READ_ROWS as EXPORT_READ_ROWS
 from giaannd.compute.cluster_export import EXPORT_SCAN_ATTEMPTS as EXPORT_SCAN_ATTEMPTS
 from giaannd.compute.cluster_export import (
     VocabularyMissing,
+    column_contents,
     export_cluster,
     resolve_vocab,
     scan_cluster,
@@ -584,6 +585,17 @@ class ComputeService:
         """Every model row of the cluster (each exactly once; the flag row left out), by scanning
         storage (``StorageClient.scan_all``); restarted if the placement changes under it."""
         return await scan_cluster(self._client())
+
+    async def column_rows(self, column: int, limit: int) -> dict[str, Any] | None:
+        """``column rows``: the column's rows from one replica (``StorageClient.read_column``, pages
+        of ``compute.export-page-bytes``), cut at ``limit`` entries, as words resolved through this
+        node's vocabulary and then storage's (cluster_export.py ``column_contents``). None: no rows.
+
+        Raises:
+            ReadFailed: no owner of the column (or of some vocabulary ids) answered.
+        """
+        read = await self._client().read_column(column, limit, page_bytes=self.settings.export_page_bytes)
+        return await column_contents(read, self._vocab(), lambda keys: self._client().get_vocab(keys))
 
     async def export(self, path: str | Path) -> dict[str, Any]:
         """JSONL export of every row of the cluster, whichever compute node trained it: a storage

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import xxhash
 
-__all__ = ["PRIME_FEATURE", "column_id", "feature_id"]
+__all__ = ["PRIME_FEATURE", "column_id", "feature_id", "parse_column"]
 
 #: Feature id of the prime concept neuron (the column's own noun), in every column.
 PRIME_FEATURE = 0
@@ -34,3 +34,22 @@ def column_id(lemma: str) -> int:
 def feature_id(word: str) -> int:
     """The 64-bit id of the feature neuron of a lower-cased surface word (never 0)."""
     return _h64(_FEATURE_NS, word)
+
+
+def parse_column(text: str) -> tuple[int, str]:
+    """A column named by id (decimal or ``0x`` hex) or by concept word: ``(id, how)``, ``how``
+    being ``"id"`` or ``"word"`` (a word is lower-cased, as lemmas are, then hashed).
+
+    Raises:
+        ValueError: empty, or an id outside 64 bits.
+    """
+    raw = text.strip()
+    try:
+        value = int(raw, 16) if raw.lower().startswith("0x") else int(raw)
+    except ValueError:
+        if not raw:
+            raise ValueError("empty column") from None
+        return column_id(raw.lower()), "word"
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"column id {raw} is not a 64-bit unsigned integer")
+    return value, "id"

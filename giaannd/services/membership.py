@@ -47,7 +47,7 @@ from aiohttp import web
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
 from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
-from giaannd.model.ids import column_id
+from giaannd.model.ids import parse_column
 from giaannd.operations import Handler
 from giaannd.services.ring_sync import RingSync
 from giaannd.services.storage_usage import OWNER_SAMPLE, owner_counts, storage_usage
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
 
-__all__ = ["INCARNATION_FILE", "MembershipService", "follow_membership", "key_id", "parse_column", "parse_seed"]
+__all__ = ["INCARNATION_FILE", "MembershipService", "follow_membership", "key_id", "parse_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +92,6 @@ def parse_seed(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"seed {text!r} is not host:port")
     return host.strip("[]"), int(port)
-
-
-def parse_column(text: str) -> tuple[int, str]:
-    """A column named by id (decimal or ``0x`` hex) or by concept word: ``(id, how)``."""
-    raw = text.strip()
-    try:
-        value = int(raw, 16) if raw.lower().startswith("0x") else int(raw)
-    except ValueError:
-        if not raw:
-            raise ValueError("empty column") from None
-        return column_id(raw.lower()), "word"
-    if not 0 <= value < 1 << 64:
-        raise ValueError(f"column id {raw} is not a 64-bit unsigned integer")
-    return value, "id"
 
 
 class MembershipService:

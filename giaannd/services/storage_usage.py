@@ -9,8 +9,9 @@ is the second) and the status page (giaannd/admin/status_page.py) polls:
   ``owner_indices`` pass), it needs no storage node.
 - **Fill** (``storage_usage``): each placement member's RAM (used of capacity), disk (its storage
   files, its file system's free and total bytes), rows and entries, asked over the data plane
-  (``GetUsage``) with a per-node deadline. A node that is down or slow is listed with its error,
-  never failing the whole view.
+  (``GetUsage``) with a per-node deadline, and its row-size distribution (``row_sizes``: element
+  k counts the rows of 2**k to 2**(k+1) - 1 entries; null from a node that predates it). A node
+  that is down or slow is listed with its error, never failing the whole view.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ async def storage_usage(topology: ClusterView, client: StorageClient) -> Mapping
         return {**doc, "capacity_bytes": u.capacity_bytes, "used_bytes": u.used_bytes,
                 "rows": u.num_rows, "entries": u.num_entries, "full": u.is_full,
                 "hints_held": u.hints_held, "disk_bytes": u.disk_bytes,
-                "disk_free_bytes": u.disk_free_bytes, "disk_total_bytes": u.disk_total_bytes}
+                "disk_free_bytes": u.disk_free_bytes, "disk_total_bytes": u.disk_total_bytes,
+                "row_sizes": u.row_size_log2}
 
     nodes = await asyncio.gather(*(one(name) for name in placement.names))
     return {"epoch": placement.epoch, "nodes": list(nodes)}

@@ -21,9 +21,10 @@ import pytest
 from giaannd.client.storage_client import RemoteUnavailable
 from giaannd.config import ClusterConfig, Config, TransportConfig
 from giaannd.daemon import Daemon, build_role_services
+from giaannd.model.ids import parse_column
 from giaannd.protocol import BatchId
 from giaannd.runtime.node import NodeRuntime
-from giaannd.services.membership import MembershipService, key_id, parse_column, parse_seed
+from giaannd.services.membership import MembershipService, key_id, parse_seed
 from peers.keyring import Keyring
 from tools.cluster_harness import make_batch
 

@@ -16,10 +16,11 @@ import pytest
 from giaannd.admin import ctl
 from giaannd.config import ClusterConfig, Config, TransportConfig
 from giaannd.daemon import Daemon, build_role_services
+from giaannd.model.ids import parse_column
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.runtime.node import NodeRuntime
-from giaannd.services.membership import MembershipService, parse_column
+from giaannd.services.membership import MembershipService
 from peers.keyring import Keyring
 from tests.integration.test_cluster_inprocess import Node, wait_async
 

@@ -109,7 +109,10 @@ __all__ = [
     "PreparedApply",
     "RowDigest",
     "ScanResult",
+    "SIZE_BINS",
     "StoreUsage",
+    "log2_bins",
+    "log2_histogram",
     "row_from_region",
 ]
 
@@ -143,6 +146,9 @@ INSTALL_CONCAT_ENTRIES = 64
 #: per million rows); 8192 rows take well under a millisecond.
 GIL_SLICE_ROWS = 8192
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+#: Bins of the row-size counts (``row_size_log2``): a length is an int64, so floor(log2(n)) < 63
+#: (protocol.MAX_ROW_SIZE_BINS, the reply's limit, is the same 64).
+SIZE_BINS = 64
 
 
 def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
@@ -256,6 +262,26 @@ class StoreUsage:
         return self.used_bytes >= self.capacity_bytes
 
 
+def log2_bins(lengths: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``SIZE_BINS`` counts: element k, how many of ``lengths`` have floor(log2(n)) == k (n >= 1;
+    zeros are left out). Vectorised: ``frexp`` gives n = m * 2**e with m in [0.5, 1), exact for
+    every n below 2**53, so floor(log2(n)) = e - 1 (a float ``log2`` can round 2**k - 1 up)."""
+    n = lengths[lengths > 0]
+    _, exponent = np.frexp(n.astype(np.float64))
+    return np.bincount(exponent - 1, minlength=SIZE_BINS).astype(np.int64, copy=False)
+
+
+def _trimmed(counts: NDArray[np.int64]) -> list[int]:
+    nonzero = np.flatnonzero(counts)
+    out: list[int] = counts[: int(nonzero[-1]) + 1].tolist() if nonzero.shape[0] else []
+    return out
+
+
+def log2_histogram(lengths: NDArray[np.int64]) -> list[int]:
+    """``log2_bins`` of ``lengths`` with trailing zeros trimmed (``[]``: no non-empty row)."""
+    return _trimmed(log2_bins(lengths))
+
+
 class ColumnStore:
     """Rows in RAM with idempotent, capacity-checked merge-add (module docstring).
 
@@ -285,6 +311,8 @@ class ColumnStore:
         #: (``storage.snapshot-load-copy-rows`` false), as the snapshot load does
         self.share_regions = False
         self._frozen_lock = threading.Lock()
+        #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
+        self._size_counts = np.zeros(SIZE_BINS, np.int64)
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -297,6 +325,21 @@ class ColumnStore:
     @property
     def is_full(self) -> bool:
         return self.usage().is_full
+
+    def row_size_log2(self) -> list[int]:
+        """The row-size histogram for ``GetUsage``: element k counts the rows of 2**k to
+        2**(k+1) - 1 entries, trailing zeros trimmed (``log2_histogram`` of every row's length).
+
+        Kept up to date by every change of a row's length (install, growing merge, drop, load),
+        each adding and removing the counts of the rows it changed in one vectorised pass, so this
+        answer costs O(bins), not a walk over millions of slots on the event loop (a walk of C-level
+        ``map``s measured 67 ms per million rows)."""
+        return _trimmed(self._size_counts)
+
+    def _count_sizes(self, lengths: NDArray[np.int64], sign: int = 1) -> None:
+        """Add (``sign`` 1) or remove (-1) rows of ``lengths`` entries to the row-size counts."""
+        if lengths.shape[0]:
+            self._size_counts += sign * log2_bins(lengths)
 
     # -- writes -----------------------------------------------------------------------------------
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> bool:
@@ -379,6 +422,9 @@ class ColumnStore:
                 slot.touches += 1
         if grows.any():
             out_offsets, out = merge_batch(plan, None if grows.all() else grows)
+            new_lengths = np.diff(out_offsets)
+            self._count_sizes(new_lengths - plan.new_count[grows], -1)  # (0: the row was not stored)
+            self._count_sizes(new_lengths)
             rows = self._rows
             keys = planned.keys
             for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out, self.share_regions)):
@@ -394,6 +440,7 @@ class ColumnStore:
                                         repeat(1))))
         self._region_bytes += ENTRY_BYTES * batch.num_entries
         self._entries += batch.num_entries
+        self._count_sizes(np.diff(batch.offsets))
 
     def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
         if plan.in_place:
@@ -405,6 +452,8 @@ class ColumnStore:
             return
         region, row = new_region(len(slot.row) + plan.new_count)
         merge_into(slot.row, delta, plan, row)
+        self._count_sizes(np.array([len(slot.row)], np.int64), -1)
+        self._count_sizes(np.array([len(row)], np.int64))
         self._region_bytes += ENTRY_BYTES * plan.new_count
         self._entries += plan.new_count
         self._rows[key] = RowSlot(region, row, slot.touches + 1)
@@ -442,9 +491,10 @@ class ColumnStore:
         self._version += 1
         self.drops += 1
         rows = self._rows
-        region_bytes = 0
-        for key in zip(cols[hit].tolist(), feats[hit].tolist()):
-            region_bytes += rows.pop(key).region.shape[0]
+        sizes = np.fromiter((rows.pop(key).region.shape[0] for key in zip(cols[hit].tolist(), feats[hit].tolist())),
+                            np.int64, hit.shape[0])
+        region_bytes = int(sizes.sum())
+        self._count_sizes(sizes // ENTRY_BYTES, -1)
         self._scan_index = None  # rows were removed: the cached index is stale whatever the count
         self._region_bytes -= region_bytes
         self._entries -= region_bytes // ENTRY_BYTES
@@ -609,6 +659,7 @@ class ColumnStore:
         self._version += 1
         self._region_bytes += ENTRY_BYTES * int(offsets[-1])
         self._entries += int(offsets[-1])
+        self._count_sizes(np.diff(offsets))
         self._scan_index = (len(slots), row_column, row_feature)  # already sorted (the caller checked)
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
@@ -621,6 +672,7 @@ class ColumnStore:
         self._version += 1
         self._region_bytes += region.nbytes
         self._entries += len(row)
+        self._count_sizes(np.array([len(row)], np.int64))
 
     # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------
     def scan(self, after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,

@@ -318,7 +318,8 @@ class StorageRequests:
         d = self._disk() if self._disk is not None else DiskUsage(0, 0, 0)
         return Answer(p.UsageReply(u.capacity_bytes, u.used_bytes, u.num_rows, u.num_entries,
                                    u.is_full or self.guard.full, self.hints.held,
-                                   d.files_bytes, d.free_bytes, d.total_bytes))
+                                   d.files_bytes, d.free_bytes, d.total_bytes,
+                                   self.store.store.row_size_log2()))
 
     def batches_applied(self, msg: p.BatchesApplied) -> Answer:
         if len(msg.seqs) > p.MAX_QUERY_SEQS:

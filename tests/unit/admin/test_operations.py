@@ -198,7 +198,7 @@ def test_ctl_every_operation_parses_and_sends_what_the_table_declares(op: Operat
         assert (method, path) == (op.method, fill_path(op.path, sent))
         assert body == ({a.wire: sent[a.wire] for a in op.args if a.into == "body"}
                         if any(a.into == "body" for a in op.args) else None)
-        assert query is None
+        assert query == ({a.wire: str(sent[a.wire]) for a in op.args if a.into == "query"} or None)
     follows = op.follow is not None and op.follow.when in ("always", "--no-wait")
     if follows:
         assert op.follow is not None

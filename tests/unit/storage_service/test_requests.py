@@ -128,3 +128,11 @@ def test_requests_fuzz_never_raises_and_only_valid_writes_change_state(core):
         elif isinstance(step, Answer) and isinstance(step.reply, p.ErrorReply.__args__):
             assert core.store.log.last_seq == before  # refused: nothing logged
     assert core.counters.errors.get("BadRequest", 0) > 100
+
+
+def test_requests_usage_answers_the_row_size_distribution(core):
+    usage = core.handle(p.encode(p.GetUsage()), []).reply
+    assert isinstance(usage, p.UsageReply) and usage.row_size_log2 == []
+    core.handle(p.encode(p.ApplyBatch(1, 1, 0)), _batch([5, 7, 9]).buffers())  # three rows of 3 entries
+    usage = core.handle(p.encode(p.GetUsage()), []).reply
+    assert usage.row_size_log2 == [0, 3] and usage.num_rows == 3
