@@ -384,8 +384,9 @@ _TABLE: Final[tuple[Operation, ...]] = (
               args=(_JOB,), render=_JOB_DOC,
               help="cancel a job: this node's, or a cluster job from any compute node (docs/compute.md)"),
     Operation(noun="eval", verb="", service="compute", method="POST", path="/v1/eval",
-              args=(Arg(name="corpus", type="path", help="held-out sentences, in compute.corpus-dir "
-                                                            "(default: the daemon's held-out set)"),
+              args=(Arg(name="corpus", type="path",
+                        help="held-out sentences, in compute.corpus-dir (default: the first LIMIT sentences "
+                             "of the bundled corpus, 200 unless --limit)"),
                     Arg(name="prompts", type="path", metavar="FILE",
                         help="a prompt file instead, in compute.corpus-dir: one prompt per non-blank line, each "
                              "tagged whole as the reference tags it (CoNLL-U: one sentence per prompt)"),

@@ -4,7 +4,7 @@
 
 Starts 2 storage daemons and 1 compute daemon on loopback (real processes, as ``make demo``
 does), trains on the first N sentences of the bundled corpus with a progress bar, evaluates
-top-1 before and after on held-out prompts, generates text, prints the strongest connections of
+top-1 on unseen prompts before and after (and on sentences it trained on), generates text, prints the strongest connections of
 one concept column, writes the HTML report and stops the cluster (also on an error or Ctrl-C).
 """
 
@@ -38,16 +38,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trained {figures['trained']} sentences at {figures['sentences_per_s']} sentences/s")
 
         after = client.eval(HELD_OUT, constants="test")
-        held = client.eval(limit=50)  # the daemon's own held-out sentences
-        print(f"top-1 on {after['prompts']} prompts: {before['top1']:.3f} before, {after['top1']:.3f} after; "
-              f"{held['top1']:.3f} on {held['prompts']} held-out sentences")
+        seen = client.eval(limit=50)  # the daemon's default set: the first bundled sentences, trained on
+        print(f"top-1 on {after['prompts']} unseen prompts: {before['top1']:.3f} before training, "
+              f"{after['top1']:.3f} after; {seen['top1']:.3f} on {seen['prompts']} sentences it trained on")
 
-        print("generated:", client.generate("In the beginning God created", max_tokens=5))
+        text = client.generate("In the beginning, God created the heavens", max_tokens=5)
+        print("generated:", text or "(nothing: no connection of the last token's column fired)")
 
         column = client.column("god")
         print(f"column 'god': {len(column.features['feature'])} feature neurons, {len(column)} connections")
         for source, target_column, target_feature, strength in column.strongest(5):
-            print(f"  {source:>12} -> {target_feature} ({target_column}): {strength:g}")
+            print(f"  {source:>12} -> {target_feature} (in column {target_column}): {strength:g}")
 
         path = client.report(Path(args.report))
         print(f"report written to {path.resolve()}")

@@ -240,7 +240,8 @@ class ComputeRoutes:
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
         named = prompt_file or path
-        source = named.name if named is not None else "inline prompts" if lines is not None else "heldout"
+        source = (named.name if named is not None else "inline prompts" if lines is not None
+                  else f"bundled corpus, first {limit or DEFAULT_EVAL_LIMIT}")
         try:
             return await self.service.evaluate(prompts, constants, mode, spread=spread, source=source)
         except STORAGE_ERRORS as exc:

@@ -462,7 +462,7 @@ class ComputeService:
 
     async def evaluate(self, prompts: Sequence[TaggedSentence], constants: str = "train",
                        mode: str = "teacher", *, spread: bool | None = None,
-                       source: str = "heldout") -> dict[str, Any]:
+                       source: str = "bundled corpus") -> dict[str, Any]:
         """Top-1 over tagged prompts (encoded here, with flags unchanged); figures as a dict,
         recorded in the evaluation history with ``source`` (what was evaluated; ``record_eval``).
 

@@ -132,7 +132,8 @@ class ComputeState:
 class EvalRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One successful ``POST /v1/eval`` (``GET /v1/evals``): when (unix seconds), its figures, the
     sentences trained by the jobs this node knew then (``trained``) and what was evaluated
-    (``source``: ``heldout``, or the corpus or prompt file's name)."""
+    (``source``: ``bundled corpus, first N`` (the default set), ``inline prompts``, or the
+    corpus or prompt file's name)."""
 
     at: float
     top1: float

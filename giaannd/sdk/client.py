@@ -191,8 +191,9 @@ class Client:
         """Top-1 next-token accuracy (teacher-forced, 8 seed tokens).
 
         Args:
-            prompts: None: the daemon's held-out sentences (or ``corpus``); a path: a prompt file
-                (one prompt per non-blank line); a list of strings: those prompts.
+            prompts: None: the daemon's default set, the first ``limit`` (default 200) sentences of
+                the bundled corpus (or ``corpus``); a path: a prompt file (one prompt per non-blank
+                line); a list of strings: those prompts.
             constants: ``"train"`` or ``"test"`` (the reference's two sets of constants).
             limit: evaluate at most this many prompts.
             corpus: held-out CoNLL-U or text to evaluate on, instead of prompts.

@@ -175,11 +175,12 @@ def plot_row_sizes(fig: Figure, data: ReportData) -> None:
         _no_data(fig, title, data.missing.get("usage", "no storage node reported row sizes"))
         return
     ax = fig.add_subplot()
-    for node in nodes:
+    for i, node in enumerate(nodes):  # replicas often hold the same rows: styles tell the lines apart
         counts = node["row_sizes"]
         xs = [2.0 ** k for k, c in enumerate(counts) if c]
         ys = [c for c in counts if c]
-        ax.plot(xs, ys, marker="o", label=str(node.get("name", "?")))
+        ax.plot(xs, ys, marker="os^vD"[i % 5], linestyle=("-", "--", ":", "-.")[i % 4], alpha=0.8,
+                label=str(node.get("name", "?")))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_title(title)
@@ -199,21 +200,28 @@ def plot_fill(fig: Figure, data: ReportData) -> None:
     names = [str(n.get("name", "?")) for n in nodes]
     xs = list(range(len(nodes)))
     width = 0.38
-    caps = [float(n.get("capacity_bytes") or 0) / GIB for n in nodes]
-    ram = [float(n.get("used_bytes") or 0) / GIB for n in nodes]
-    disk = [float(n.get("disk_bytes") or 0) / GIB for n in nodes]
+    caps = [float(n.get("capacity_bytes") or 0) for n in nodes]
+    ram = [float(n.get("used_bytes") or 0) for n in nodes]
+    disk = [float(n.get("disk_bytes") or 0) for n in nodes]
+    # The capacity is drawn (an outline around the RAM bar) only where the fill shows beside it;
+    # a nearly empty node gets its share written above the bar instead, in a unit that fits.
+    draw_caps = any(caps) and max(ram) >= 0.05 * max(caps)
+    top = max(ram + disk + (caps if draw_caps else []))
+    unit, scale = ("GiB", GIB) if top >= GIB else ("MiB", MIB)
     left = [x - width / 2 for x in xs]
-    if any(caps):  # the capacity as an outline around the RAM bar: how full the node is
-        ax.bar(left, caps, width, fill=False, edgecolor="black", linestyle="--", label="RAM capacity")
-    ax.bar(left, ram, width, color="C0", label="RAM used")
-    ax.bar([x + width / 2 for x in xs], disk, width, color="C1", label="disk (its files)")
+    if draw_caps:
+        ax.bar(left, [c / scale for c in caps], width, fill=False, edgecolor="black", linestyle="--",
+               label="RAM capacity")
+    ax.bar(left, [r / scale for r in ram], width, color="C0", label="RAM used")
+    ax.bar([x + width / 2 for x in xs], [d / scale for d in disk], width, color="C1", label="disk (its files)")
     for x, used, cap in zip(left, ram, caps):
         if cap:
-            ax.annotate(f"{100 * used / cap:.0f} %", (x, used), ha="center", va="bottom", fontsize="small")
+            ax.annotate(f"{100 * used / cap:.1f} % of {cap / GIB:.3g} GiB", (x, used / scale), ha="center",
+                        va="bottom", fontsize="small")
     ax.set_xticks(xs, names)
     ax.set_title(title)
     ax.set_xlabel("storage node")
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(unit)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="best", fontsize="small")
 

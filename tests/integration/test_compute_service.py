@@ -92,7 +92,7 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         status, evals = await h.call("GET", "/v1/evals")  # both, in order, with what was trained then
         assert status == 200, evals
         assert [(e["source"], e["constants"], e["trained"]) for e in evals["evals"]] == [
-            ("corpus.conllu", "train", doc["trained"]), ("heldout", "test", doc["trained"])]
+            ("corpus.conllu", "train", doc["trained"]), ("bundled corpus, first 40", "test", doc["trained"])]
         assert evals["evals"][0]["top1"] == ev["top1"] and evals["evals"][1]["matches"] == ev2["matches"]
         assert evals["evals"][0]["at"] <= evals["evals"][1]["at"]
         kept = EvalHistory.load(h.service.data_dir, 1000)  # what a restarted node loads
