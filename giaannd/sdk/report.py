@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.sdk.errors import ClientError, UsageError
@@ -101,6 +101,19 @@ def _no_data(fig: Figure, title: str, why: str) -> None:
     ax.set_axis_off()
 
 
+def _label(ax: Any, title: str, xlabel: str, ylabel: str, *, from_zero: bool = False,
+           grid_axis: Literal["both", "x", "y"] = "both", grid_which: Literal["major", "minor", "both"] = "major",
+           ) -> None:
+    """Title, axis labels (with units), a light grid and the legend: the same on every plot."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if from_zero:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, axis=grid_axis, which=grid_which)
+    ax.legend(loc="best", fontsize="small")
+
+
 def _timelines(data: ReportData) -> list[tuple[str, Mapping[str, Sequence[float]]]]:
     out = []
     for job in data.jobs:
@@ -121,12 +134,7 @@ def plot_throughput(fig: Figure, data: ReportData) -> None:
         t, done = tl["t"], tl["done"]
         rates = [(done[i] - done[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(t))]
         ax.stairs(rates, [x - t[0] for x in t], label=f"job {job_id}", linewidth=1.5)
-    ax.set_title(title)
-    ax.set_xlabel("time since the job started (s)")
-    ax.set_ylabel("sentences per second")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title, "time since the job started (s)", "sentences per second", from_zero=True)
 
 
 def plot_bytes(fig: Figure, data: ReportData) -> None:
@@ -139,12 +147,7 @@ def plot_bytes(fig: Figure, data: ReportData) -> None:
     for job_id, tl in lines:
         t = tl["t"]
         ax.plot([x - t[0] for x in t], [b / MIB for b in tl["bytes_sent"]], marker=".", label=f"job {job_id}")
-    ax.set_title(title)
-    ax.set_xlabel("time since the job started (s)")
-    ax.set_ylabel("bytes sent, cumulative (MiB)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title, "time since the job started (s)", "bytes sent, cumulative (MiB)", from_zero=True)
 
 
 def plot_top1(fig: Figure, data: ReportData) -> None:
@@ -160,12 +163,7 @@ def plot_top1(fig: Figure, data: ReportData) -> None:
     for label, points in by_source.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    ax.set_title(title)
-    ax.set_xlabel("sentences trained (at the evaluation)")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title, "sentences trained (at the evaluation)", "top-1 accuracy (%)", from_zero=True)
 
 
 def plot_row_sizes(fig: Figure, data: ReportData) -> None:
@@ -183,11 +181,7 @@ def plot_row_sizes(fig: Figure, data: ReportData) -> None:
                 label=str(node.get("name", "?")))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_title(title)
-    ax.set_xlabel("entries per row (power-of-two bucket: [n, 2n))")
-    ax.set_ylabel("rows")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title, "entries per row (power-of-two bucket: [n, 2n))", "rows", grid_which="both")
 
 
 def plot_fill(fig: Figure, data: ReportData) -> None:
@@ -219,11 +213,7 @@ def plot_fill(fig: Figure, data: ReportData) -> None:
             ax.annotate(f"{100 * used / cap:.1f} % of {cap / GIB:.3g} GiB", (x, used / scale), ha="center",
                         va="bottom", fontsize="small")
     ax.set_xticks(xs, names)
-    ax.set_title(title)
-    ax.set_xlabel("storage node")
-    ax.set_ylabel(unit)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title, "storage node", unit, grid_axis="y")
 
 
 def plot_owners(fig: Figure, data: ReportData) -> None:
@@ -240,11 +230,8 @@ def plot_owners(fig: Figure, data: ReportData) -> None:
     ax.bar([x + width / 2 for x in xs], [int(m.get("primary") or 0) for m in members], width, label="primary owner")
     sample = data.ring.get("owner_sample")
     ax.set_xticks(xs, names)
-    ax.set_title(title + (f" (of a sample of {sample} column ids)" if sample else ""))
-    ax.set_xlabel("storage node")
-    ax.set_ylabel("columns owned (sample count)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(loc="best", fontsize="small")
+    _label(ax, title + (f" (of a sample of {sample} column ids)" if sample else ""), "storage node",
+           "columns owned (sample count)", grid_axis="y")
 
 
 #: (anchor, caption, draw) of every plot, in page order.
