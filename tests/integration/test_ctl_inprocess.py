@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from giaannd.admin import ctl, locate
+from giaannd.admin import ctl
 from giaannd.config import load_config
 from giaannd.daemon import Daemon
 from giaannd.errors import AdminHTTPError
+from giaannd.sdk import locate
 from giaannd.service import ServiceContext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
