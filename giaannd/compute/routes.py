@@ -276,16 +276,20 @@ class ComputeRoutes:
     def _tag(self, text: str) -> TaggedSentence:
         # A prompt is one sequence, tagged whole, as the reference tags a prompt line.
         try:
-            if self._nlp is None:
-                self._nlp = load_english()
+            nlp = self._english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
-        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=self._nlp) for t in s)
+        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=nlp) for t in s)
 
     def _tag_each(self, lines: list[str]) -> list[TaggedSentence]:
+        """Inline prompts, each tagged whole (TaggerUnavailableError: the caller's 503)."""
+        return list(tag_lines(lines, nlp=self._english()))
+
+    def _english(self) -> Any:
+        """The spaCy pipeline for prompt text, loaded on first use (TaggerUnavailableError)."""
         if self._nlp is None:
-            self._nlp = load_english()  # TaggerUnavailableError: 503, as for a text prompt file
-        return list(tag_lines(lines, nlp=self._nlp))
+            self._nlp = load_english()
+        return self._nlp
 
     def _corpus_path(self, value: Any, *, required: bool, what: str = "corpus") -> Path | None:
         """A file the request names for reading (a corpus, a prompt file): inside

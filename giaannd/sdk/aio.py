@@ -74,6 +74,10 @@ class AsyncClient:
     async def call(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
         return await asyncio.to_thread(self.sync.call, method, path, body, query)
 
+    async def operation(self, op_id: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                        **params: Any) -> Any:
+        return await asyncio.to_thread(lambda: self.sync.operation(op_id, body, query, **params))
+
     async def status(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.status)
 

@@ -17,7 +17,9 @@ cluster's corpus directory) copies a local file from elsewhere into it first, so
 ``client.train("~/my.conllu")`` works on a local cluster.
 
 ``call`` is the one general entry point (any route, JSON in and out); giaannctl, which drives
-every operation from the table in giaannd/operations.py, uses it and has no HTTP of its own.
+every operation from the table in giaannd/operations.py, uses it and has no HTTP of its own. The
+methods name their routes by operation id (``operation``), so the table stays the one place a
+route's method and path are written.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote
 
+from giaannd.operations import OPERATIONS, fill_path
 from giaannd.sdk.column import Column
 from giaannd.sdk.errors import ClientError, UsageError
 from giaannd.sdk.follow import JOB_POLL_S, follow
@@ -64,7 +66,7 @@ class Job:
     def status(self) -> dict[str, Any]:
         """The job's document: ``state``, ``done`` / ``total``, ``trained``, ``sentences_per_s``,
         ``timeline``, ``by_node`` for a cluster job (docs/compute.md)."""
-        return dict(self.client.call("GET", f"/v1/jobs/{self.job_id}"))
+        return dict(self.client.operation("train.status", job_id=self.job_id))
 
     def wait(self, progress: bool = True, *, timeout_s: float | None = None,
              poll_s: float = JOB_POLL_S) -> dict[str, Any]:
@@ -84,7 +86,7 @@ class Job:
 
     def cancel(self) -> dict[str, Any]:
         """Cancel it; its document."""
-        return dict(self.client.call("POST", f"/v1/jobs/{self.job_id}/cancel"))
+        return dict(self.client.operation("train.cancel", job_id=self.job_id))
 
 
 class Client:
@@ -131,35 +133,42 @@ class Client:
         Raises:
             ClientError: as the module docstring says, typed by what failed.
         """
-        q = None if not query else {k: str(v) for k, v in query.items() if v is not None}
-        return self.api.json(method, path, body, q or None)
+        return self.api.json(method, path, body, _query(query))
 
     def call_text(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> str:
         """``call`` for a route that answers text (``/metrics``)."""
-        q = None if not query else {k: str(v) for k, v in query.items() if v is not None}
-        return self.api.request(method, path, body, q or None)[0].decode()
+        return self.api.request(method, path, body, _query(query))[0].decode()
+
+    def operation(self, op_id: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                  **params: Any) -> Any:
+        """``call`` of the operation ``op_id`` of giaannd/operations.py (its method, and its path
+        with ``params`` filled in, each one percent-encoded segment): the table is the one place
+        routes are named."""
+        op = OPERATIONS[op_id]
+        assert op.method is not None  # every operation the client calls has a route
+        return self.call(op.method, _path(op_id, **params), body, query)
 
     # -- the node and the cluster ---------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         """This node: name, id, state, roles, each service's health."""
-        return dict(self.call("GET", "/v1/status"))
+        return dict(self.operation("node.status"))
 
     def members(self) -> list[dict[str, Any]]:
         """The member table: name, status (alive / suspect / dead / left), roles, addresses."""
-        return list(self.call("GET", "/v1/members")["members"])
+        return list(self.operation("members.list")["members"])
 
     def ring(self) -> dict[str, Any]:
         """The placement in force, with each member's owner counts."""
-        return dict(self.call("GET", "/v1/ring"))
+        return dict(self.operation("ring.show"))
 
     def usage(self) -> list[dict[str, Any]]:
         """Each storage node's fill: RAM used of capacity, disk, rows, entries, row sizes."""
-        return list(self.call("GET", "/v1/ring/usage")["nodes"])
+        return list(self.operation("ring.usage")["nodes"])
 
     def metrics(self) -> str:
         """This node's Prometheus metrics (text exposition format)."""
-        return self.call_text("GET", "/metrics")
+        return self.call_text("GET", _path("metrics"))
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -174,7 +183,7 @@ class Client:
         """
         body = _without_none({"corpus": self._staged(corpus), "epochs": epochs, "limit": limit,
                               "workers": workers, "coalesce": coalesce, "cluster": cluster})
-        return Job(self, str(self.call("POST", "/v1/train", body)["job_id"]))
+        return Job(self, str(self.operation("train.start", body)["job_id"]))
 
     def job(self, job_id: str) -> Job:
         """A job by id (nothing is asked until you call one of its methods)."""
@@ -182,7 +191,7 @@ class Client:
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job this node knows: its own, then the cluster's."""
-        return list(self.call("GET", "/v1/jobs")["jobs"])
+        return list(self.operation("train.list")["jobs"])
 
     # -- inference --------------------------------------------------------------------------------
 
@@ -211,15 +220,15 @@ class Client:
             body["prompt_lines"] = lines
         if corpus is not None:
             body["corpus"] = self._staged(corpus)
-        return dict(self.call("POST", "/v1/eval", _without_none(body)))
+        return dict(self.operation("eval", _without_none(body)))
 
     def evals(self) -> list[dict[str, Any]]:
         """This node's evaluations, oldest first, each with the sentences trained at the time."""
-        return list(self.call("GET", "/v1/evals")["evals"])
+        return list(self.operation("evals.list")["evals"])
 
     def generate(self, prompt: str, max_tokens: int = 20) -> str:
         """Text generated from ``prompt`` (at most ``max_tokens`` tokens)."""
-        return str(self.call("POST", "/v1/generate", {"prompt": prompt, "max_tokens": max_tokens})["text"])
+        return str(self.operation("generate", {"prompt": prompt, "max_tokens": max_tokens})["text"])
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -229,7 +238,7 @@ class Client:
         Raises:
             NotFoundError: no such column, or it has no rows.
         """
-        doc = self.call("GET", f"/v1/columns/{_segment(word)}/rows", query={"limit": limit})
+        doc = self.operation("column.rows", query={"limit": limit}, column=word)
         try:
             return Column.from_doc(doc)
         except (KeyError, TypeError, ValueError) as exc:
@@ -237,12 +246,12 @@ class Client:
 
     def column_info(self, word: str) -> dict[str, Any]:
         """A column's owners and, per owner, its rows, entries, bytes and digests."""
-        return dict(self.call("GET", f"/v1/columns/{_segment(word)}"))
+        return dict(self.operation("column.info", column=word))
 
     def export(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, Any]:
         """Write every row of the cluster to a JSONL file on the daemon's host (inside its
         ``compute.export-dir``); the export's figures (rows, entries, path)."""
-        return dict(self.call("POST", "/v1/export", {"path": os.fspath(path), "overwrite": overwrite}))
+        return dict(self.operation("export", {"path": os.fspath(path), "overwrite": overwrite}))
 
     def report(self, path: str | os.PathLike[str]) -> Path:
         """Write a self-contained HTML report with plots of the cluster's jobs, evaluations, row
@@ -278,8 +287,16 @@ class Client:
         return str(target)
 
 
-def _segment(word: str) -> str:
-    return quote(str(word), safe="")
+def _path(op_id: str, **params: Any) -> str:
+    template = OPERATIONS[op_id].path
+    assert template is not None
+    return fill_path(template, params)
+
+
+def _query(query: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The query string's values as text, unset (None) ones left out."""
+    q = {k: str(v) for k, v in (query or {}).items() if v is not None}
+    return q or None
 
 
 def _without_none(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from giaannd.sdk.errors import JobFailedError
 from giaannd.sdk.http import AdminClient
 from giaannd.sdk.progress import ProgressBar
 
-__all__ = ["JOB_POLL_S", "Follower", "follow", "wait_for_job", "wait_for_topology"]
+__all__ = ["JOB_POLL_S", "Follower", "follow"]
 
 #: How often a followed operation is polled; the bar redraws at most this often anyway.
 JOB_POLL_S: Final = 0.5
@@ -118,15 +118,3 @@ def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bo
             assert timeout_s is not None
             raise f.overdue(doc, timeout_s)
         time.sleep(poll_s)
-
-
-def wait_for_job(c: AdminClient, job_id: str, *, progress: bool, poll_s: float = JOB_POLL_S,
-                 stream: Any = None) -> Any:
-    """Follow training job ``job_id`` until it ends; the final status (``follow``)."""
-    return follow(c, "job", {"job_id": job_id}, progress=progress, poll_s=poll_s, stream=stream)
-
-
-def wait_for_topology(c: AdminClient, *, progress: bool, poll_s: float = JOB_POLL_S,
-                      stream: Any = None) -> Any:
-    """Follow this node's topology operation until it ends; its final progress (``follow``)."""
-    return follow(c, "topology", {}, progress=progress, poll_s=poll_s, stream=stream)

@@ -75,6 +75,9 @@ def test_client_job_wait_draws_progress_and_raises_typed_errors(tmp_path: Path, 
         assert missing.value.status == 404 and missing.value.reason == "not_found"
         with pytest.raises(giaannd.NotServedError):  # a route nobody serves on that node
             c.generate("hello")
+        # a path parameter is one percent-encoded segment, whatever it holds (the table's fill_path)
+        api.on("GET", "/v1/jobs/a%2F..%2Fx", {"job_id": "a/../x", "state": "running"})
+        assert c.job("a/../x").status()["job_id"] == "a/../x"
 
 
 def test_client_eval_generate_column_export(tmp_path: Path) -> None:
