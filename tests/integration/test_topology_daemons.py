@@ -240,11 +240,6 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
-# A known defect, not a flaky test: the export lacks a few entries in about half the runs (3 of 6
-# at 38a2453, before this session's changes; 2 of 5 after). Kept running, not strict, so CI stays a
-# signal for everything else while the defect is open (docs/topology.md, "Known gaps").
-@pytest.mark.xfail(strict=False, reason="replace of a dead node during training can lose a few entries "
-                                        "(docs/topology.md, Known gaps)")
 def test_daemon_replace_dead_node_with_new_host_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     """kill -9 a storage node during training; a new host started in manual join mode takes

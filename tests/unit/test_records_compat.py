@@ -65,6 +65,17 @@ def _snapshot_store() -> ColumnStore:
     return store
 
 
+def _snapshot_store_v2() -> ColumnStore:
+    """The version 1 store, with writer 7 tracked (per-column idempotency, snapshot version 2)."""
+    store = ColumnStore(BIG)
+    store.applied.promise(7, 0)
+    store.apply(BatchId(7, 1), BATCH_A)
+    store.apply(BatchId(7, 3), BATCH_B)
+    store.apply(BatchId(9, 1), BATCH_B)
+    store.advance_floor(9, 1)
+    return store
+
+
 def build_update_log(tmp: Path) -> bytes:
     log = UpdateLog(tmp, 1)
     log.append_batch(BatchId(7, 1), BATCH_A)
@@ -88,8 +99,8 @@ def build_journal(tmp: Path) -> bytes:
     return _journal().encode()
 
 
-def build_snapshot(tmp: Path) -> bytes:
-    return write_snapshot(tmp, _snapshot_store(), 4).read_bytes()
+def build_snapshot_v2(tmp: Path) -> bytes:
+    return write_snapshot(tmp, _snapshot_store_v2(), 4).read_bytes()
 
 
 def build_export(tmp: Path) -> bytes:
@@ -101,7 +112,9 @@ BUILDERS = {
     "update_log.seg": build_update_log,
     "vocab.log": build_vocab_log,
     "job.journal": build_journal,
-    "store.snap": build_snapshot,
+    # store.snap is version 1, written before the applied-columns section: it must keep loading
+    # (below), but today's writer writes version 2
+    "store.v2.snap": build_snapshot_v2,
     "rows.bin": build_export,
 }
 
@@ -151,6 +164,18 @@ def test_records_compat_snapshot_fixture_loads(tmp_path: Path) -> None:
     store, seq = read_snapshot(path, BIG)
     ref = _snapshot_store()
     assert seq == 4 and store.applied == ref.applied
+    assert _same_batch(store.read_all(), ref.read_all())
+    assert not store.applied.tracked(7) and store.applied.columns(BatchId(7, 1)) is None  # whole, as before
+
+
+def test_records_compat_snapshot_v2_fixture_loads(tmp_path: Path) -> None:
+    path = tmp_path / snapshot_name(4)
+    shutil.copyfile(FIXTURES / "store.v2.snap", path)
+    store, seq = read_snapshot(path, BIG)
+    ref = _snapshot_store_v2()
+    assert seq == 4 and store.applied == ref.applied
+    assert all(np.array_equal(a, b) for a, b in zip(store.applied.column_arrays(), ref.applied.column_arrays()))
+    assert store.applied.columns(BatchId(7, 3)).tolist() == np.unique(BATCH_B.row_column).tolist()
     assert _same_batch(store.read_all(), ref.read_all())
 
 

@@ -91,6 +91,7 @@ def read_snapshot_per_row(path: Path, capacity_bytes: int, verify_rows: bool = T
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws, floors, counts = (rd.array(np.uint64, num_writers) for _ in range(3))
         exc = rd.array(np.uint64, int(counts.sum(dtype=np.uint64)) if num_writers else 0)
+        rd.array(np.uint8, size - rd.pos)  # the applied-columns section (version 2): hashed, not used
         SNAPSHOT_RECORD.check_payload(head, rd.h.intdigest())
         applied = AppliedSet.from_arrays(ws, floors, counts, exc)
     store = ColumnStore(capacity_bytes)

@@ -15,6 +15,25 @@ Membership is ``seq <= floor or seq in above``. Without floors the structure deg
 history, so snapshots stay small. Why not a plain set: it grows without bound over months of
 training. Why not a high-water mark alone: the gaps (batches that went to other owners) would stop
 it advancing, or, if it jumped over them, a late batch inside a gap would be wrongly ignored.
+
+**Which columns of a batch were applied.** A node can receive *more than one share* of one batch
+id: its own share from the writer, then, after a placement change, rows it owns only under the new
+placement (a hint re-split by its holder, a writer's retry under the new placement; docs/topology.md).
+Ignoring the later share because the id "was applied" lost those rows (the replace-during-training
+defect). A column's rows of a batch are the same in every share (batches are split by the owners of
+each column), so for training writers the unit of idempotency is **(batch id, column)**: the set
+keeps, for every applied seq above the writer's promised floor, the columns applied under it
+(``columns``), and a later share applies only the columns not seen yet (``ColumnStore.prepare``).
+
+- Only *tracked* writers get this: a training writer is tracked from its first write (``track``,
+  logged as a floor record so a replay tracks it again; kept in snapshots). Stream items and
+  stream markers use writer ids of their own that are never tracked, so their (contiguous,
+  unbounded) seqs keep costing nothing.
+- ``promise(writer, floor)``, the writer's "never sent again" carried on every write, drops the
+  columns at or below it: memory stays O(batches in flight). Not logged (a replay brings back the
+  columns of the seqs in the log; the writer's next floor drops them again).
+- An id applied for an untracked writer, at or below the promised floor, or with columns unknown
+  counts as wholly applied: the behaviour before this change.
 """
 
 from __future__ import annotations
@@ -29,6 +48,8 @@ from giaannd.protocol import BatchId
 __all__ = ["AppliedSet", "BatchId"]
 
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
+_NO_COLUMNS: NDArray[np.uint64] = np.zeros(0, np.uint64)
+_NO_COLUMNS.flags.writeable = False
 
 
 def _check(batch_id: BatchId) -> None:
@@ -39,11 +60,15 @@ def _check(batch_id: BatchId) -> None:
 class AppliedSet:
     """Applied batch ids with per-writer floors (module docstring)."""
 
-    __slots__ = ("_floor", "_above")
+    __slots__ = ("_floor", "_above", "_promised", "_columns")
 
     def __init__(self) -> None:
         self._floor: dict[int, int] = {}
         self._above: dict[int, set[int]] = {}
+        #: per writer: the highest floor it promised (``promise``); seqs at or below it are whole
+        self._promised: dict[int, int] = {}
+        #: per writer: seq above the promised floor -> the columns applied under it (sorted, unique)
+        self._columns: dict[int, dict[int, NDArray[np.uint64]]] = {}
 
     def __contains__(self, batch_id: object) -> bool:
         if not isinstance(batch_id, tuple) or len(batch_id) != 2:
@@ -51,9 +76,32 @@ class AppliedSet:
         writer, seq = batch_id
         return seq <= self._floor.get(writer, 0) or seq in self._above.get(writer, ())
 
-    def add(self, batch_id: BatchId) -> None:
+    def columns(self, batch_id: BatchId) -> NDArray[np.uint64] | None:
+        """The columns applied under ``batch_id``: an empty array when none, None when the whole
+        batch counts as applied (module docstring: untracked writer, promised, columns unknown)."""
+        writer, seq = batch_id
+        applied = batch_id in self
+        if writer not in self._promised or seq <= self._promised[writer]:
+            return None if applied else _NO_COLUMNS
+        known = self._columns.get(writer, {}).get(seq)
+        if known is not None:
+            return known
+        return None if applied else _NO_COLUMNS
+
+    def tracked(self, writer: int) -> bool:
+        """Whether ``writer``'s batches are idempotent per column (module docstring)."""
+        return writer in self._promised
+
+    def add(self, batch_id: BatchId, columns: NDArray[np.uint64] | None = None) -> None:
+        """Record ``batch_id`` as applied; with ``columns`` (sorted, unique) and a tracked writer,
+        also which of its columns (merged with those recorded before)."""
         _check(batch_id)
         writer, seq = batch_id
+        if columns is not None and seq > self._promised.get(writer, _U64_MAX):
+            per = self._columns.setdefault(writer, {})
+            had = per.get(seq)
+            if had is not None or batch_id not in self:  # applied before without columns stays whole
+                per[seq] = columns if had is None else np.union1d(had, columns)
         floor = self._floor.get(writer, 0)
         if seq <= floor:
             return
@@ -69,6 +117,7 @@ class AppliedSet:
 
     def advance_floor(self, writer: int, floor: int) -> None:
         """Record the writer's promise that no batch with seq <= ``floor`` will be sent again."""
+        self.promise(writer, floor)
         if floor <= self._floor.get(writer, 0):
             return
         above = {s for s in self._above.get(writer, ()) if s > floor}
@@ -80,6 +129,22 @@ class AppliedSet:
             self._above[writer] = above
         else:
             self._above.pop(writer, None)
+
+    def promise(self, writer: int, floor: int) -> None:
+        """Track ``writer`` (module docstring) and record that it will never send a seq <=
+        ``floor`` again: those seqs' columns are forgotten (they count as whole from now on)."""
+        if writer in self._promised and floor <= self._promised[writer]:
+            return
+        self._promised[writer] = max(floor, self._promised.get(writer, 0))
+        per = self._columns.get(writer)
+        if per:
+            for seq in [q for q in per if q <= floor]:
+                del per[seq]
+            if not per:
+                del self._columns[writer]
+
+    def promised(self, writer: int) -> int:
+        return self._promised.get(writer, 0)
 
     def floor(self, writer: int) -> int:
         return self._floor.get(writer, 0)
@@ -112,6 +177,37 @@ class AppliedSet:
             np.array(ws, np.uint64), np.array(floors, np.uint64),
             np.array([len(e) for e in exc], np.uint64), np.array(flat, np.uint64),
         )
+
+    def column_arrays(self) -> tuple[NDArray[np.uint64], ...]:
+        """The per-column state (snapshots): (tracked writers, their promised floors) and the
+        recorded columns as (writers, seqs, column counts, columns concatenated), sorted."""
+        tracked = sorted(self._promised)
+        keys = sorted((w, q) for w, per in self._columns.items() for q in per)
+        cols = [self._columns[w][q] for w, q in keys]
+        return (np.array(tracked, np.uint64), np.array([self._promised[w] for w in tracked], np.uint64),
+                np.array([w for w, _ in keys], np.uint64), np.array([q for _, q in keys], np.uint64),
+                np.array([c.shape[0] for c in cols], np.uint64),
+                np.concatenate(cols).astype(np.uint64, copy=False) if cols else np.zeros(0, np.uint64))
+
+    def load_column_arrays(self, tracked: NDArray[np.uint64], promised: NDArray[np.uint64],
+                           writers: NDArray[np.uint64], seqs: NDArray[np.uint64],
+                           counts: NDArray[np.uint64], columns: NDArray[np.uint64]) -> None:
+        """Inverse of ``column_arrays`` (on a set whose ids are loaded); raises ValueError if the
+        arrays are inconsistent or name a batch that is not applied above a tracked floor."""
+        if tracked.shape != promised.shape or not (writers.shape == seqs.shape == counts.shape):
+            raise ValueError("applied columns: arrays disagree in length")
+        if int(counts.sum(dtype=np.uint64)) != columns.shape[0]:
+            raise ValueError("applied columns: column count does not match")
+        self._promised = dict(zip(tracked.tolist(), promised.tolist()))
+        self._columns = {}
+        ends = np.cumsum(counts.astype(np.int64))
+        for w, q, end, n in zip(writers.tolist(), seqs.tolist(), ends.tolist(), counts.tolist()):
+            cols = columns[end - n: end]
+            if (BatchId(w, q) not in self or q <= self._promised.get(w, _U64_MAX)
+                    or (n > 1 and not np.all(cols[1:] > cols[:-1]))):
+                raise ValueError(f"applied columns: batch {(w, q)} not applied above a tracked floor, "
+                                 "or its columns not sorted")
+            self._columns.setdefault(w, {})[q] = cols.copy()
 
     @classmethod
     def from_arrays(

@@ -151,6 +151,14 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 SIZE_BINS = 64
 
 
+def _columns_of(batch: RowBatch) -> NDArray[np.uint64]:
+    """The distinct columns of a canonical batch (rows sorted by column: one comparison pass)."""
+    rc = batch.row_column
+    if rc.shape[0] == 0:
+        return rc.astype(np.uint64, copy=True)
+    return rc[np.concatenate(([True], rc[1:] != rc[:-1]))].astype(np.uint64, copy=False)
+
+
 def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
     """Whether the keys (rc[i], rf[i]) are sorted by (column, feature) and unique."""
     return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
@@ -164,9 +172,13 @@ def _install_regions(batch: RowBatch, share: bool = False) -> list[NDArray[np.ui
 
 @dataclass(frozen=True, slots=True)
 class PreparedApply:
-    """A checked, planned apply (``ColumnStore.prepare``); opaque to callers."""
+    """A checked, planned apply (``ColumnStore.prepare``). ``batch`` is what will be applied: the
+    batch given, or the part of it whose columns were not applied under its id before (applied_set.py,
+    "Which columns"); the durable store logs that part."""
 
     batch_id: BatchId
+    batch: RowBatch
+    columns: NDArray[np.uint64]
     plans: ApplyPlan
     version: int
 
@@ -205,12 +217,14 @@ class FrozenRows:
     """An immutable view of a store at one moment (``ColumnStore.freeze``; module docstring).
 
     ``rows`` (key -> slot, unordered; neither the dict nor the slots and regions in it change
-    while the view is alive), ``applied`` (the applied set's ``to_arrays``), and ``release``, to
-    call once the view is no longer read (idempotent): the store then stops copying on write.
+    while the view is alive), ``applied`` (the applied set's ``to_arrays``), ``applied_columns``
+    (its ``column_arrays``), and ``release``, to call once the view is no longer read
+    (idempotent): the store then stops copying on write.
     """
 
     rows: dict[RowKey, RowSlot]
     applied: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
+    applied_columns: tuple[NDArray[np.uint64], ...]
     _release: Callable[[], None] = field(repr=False)
     _released: bool = False
 
@@ -378,22 +392,30 @@ class ColumnStore:
         batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
         if not (0 <= batch_id.writer < 2**64 and 1 <= batch_id.seq < 2**64):
             raise ValueError(f"batch id out of range: {batch_id}")
-        if batch_id in self.applied:
-            return None
         if validate:
             batch.validate()
+        done = self.applied.columns(batch_id)
+        if done is None:
+            return None
+        columns = _columns_of(batch)
+        if done.shape[0]:  # another share of this id was applied: only the columns it lacked
+            fresh = ~np.isin(batch.row_column, done)
+            if not fresh.any():
+                return None
+            batch = batch.select_rows(fresh)
+            columns = np.setdiff1d(columns, done, assume_unique=True)
         plans = plan_apply(self._rows, batch, LARGE_ROW_ENTRIES, INSTALL_NEW_ROWS)
         growth = APPLIED_ID_BYTES + ENTRY_BYTES * plans.new_entries + ROW_OVERHEAD_BYTES * plans.new_slots
         if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
-        return PreparedApply(batch_id, plans, self._version)
+        return PreparedApply(batch_id, batch, columns, plans, self._version)
 
     def commit(self, prepared: PreparedApply) -> None:
         """Carry out a plan from ``prepare``; no other write may come between the two."""
         if prepared.version != self._version:
             raise RuntimeError("stale PreparedApply: the store changed after prepare()")
         self._version += 1
-        self.applied.add(prepared.batch_id)
+        self.applied.add(prepared.batch_id, prepared.columns)
         self._commit(prepared.plans)
 
     def _commit(self, planned: ApplyPlan) -> None:
@@ -606,7 +628,8 @@ class ColumnStore:
         """An immutable view of the rows and applied set as they are now, for a snapshot written
         by another thread while applies go on (module docstring: frozen views). O(rows) pointer
         copy in C, no row data; call ``release()`` on it when done."""
-        view = FrozenRows(dict(self._rows), self.applied.to_arrays(), lambda: self._release_frozen(view))
+        view = FrozenRows(dict(self._rows), self.applied.to_arrays(), self.applied.column_arrays(),
+                          lambda: self._release_frozen(view))
         with self._frozen_lock:
             self._frozen = [*self._frozen, view]
         return view

@@ -85,10 +85,13 @@ class RecoveryReport:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """``applied``: False for a batch id seen before. ``seq``: acknowledge once ``sync()`` >= seq
-    (for a duplicate, the last seq appended so far, which covers the original's record)."""
+    (for a duplicate, the last seq appended so far, which covers the original's record).
+    ``part``: what was applied, the batch or, for another share of a batch id applied before,
+    only its rows in columns not applied under that id yet (None when nothing was)."""
 
     applied: bool
     seq: int
+    part: RowBatch | None = None
 
 
 def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
@@ -225,8 +228,12 @@ class DurableStore:
         return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes), report)
 
     # -- writes -------------------------------------------------------------------------------------
-    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> ApplyResult:
+    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:
         """Log and apply a batch (idempotent). Durable once ``sync()`` returns >= the result's seq.
+
+        ``track``: the batch comes from a training writer, whose batch ids are idempotent per
+        column (applied_set.py, "Which columns"); the first such batch of a writer logs a floor
+        record first, so that a replay tracks the writer again before its batches.
 
         Raises:
             StoreFullError, ValueError: refused before logging; nothing changed.
@@ -235,9 +242,13 @@ class DurableStore:
         prepared = self.store.prepare(batch_id, batch, validate)
         if prepared is None:
             return ApplyResult(False, self.log.last_seq)
-        seq = self.log.append_batch(prepared.batch_id, batch)
+        writer = prepared.batch_id.writer
+        if track and not self.store.applied.tracked(writer):
+            self.log.append_floor(writer, 0)
+            self.store.applied.promise(writer, 0)
+        seq = self.log.append_batch(prepared.batch_id, prepared.batch)
         self.store.commit(prepared)
-        return ApplyResult(True, seq)
+        return ApplyResult(True, seq, prepared.batch)
 
     def advance_floor(self, writer: int, floor: int) -> int:
         """Log and apply a writer's floor (applied_set.py); returns the record's seq."""

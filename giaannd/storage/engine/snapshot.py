@@ -7,6 +7,8 @@ Byte layout (little-endian; docs/storage.md has the full table):
     body:          row_column u64[R] | row_feature u64[R] | offsets i64[R+1] | touches u64[R]
                    | the R row regions back to back (column_store.py layout, 21 B per entry)
                    | writers W u64 | writer u64[W] | floor u64[W] | count u64[W] | exceptions u64[E]
+                   | (version 2) tracked T u64 | writer u64[T] | promised u64[T]
+                   |   batches B u64 | writer u64[B] | seq u64[B] | count u64[B] | columns u64[C]
 
 Writing: ``.snapshot-<seq>.tmp`` is streamed (each row region written straight from RAM), the header
 patched in, then fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync:
@@ -47,13 +49,16 @@ __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row
            "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
-SNAPSHOT_FORMAT_VERSION = 1
+#: 2 added the applied columns section (applied_set.py, "Which columns"); version 1 files load
+#: with no writer tracked (every applied id then counts as wholly applied, as it did).
+SNAPSHOT_FORMAT_VERSION = 2
+_FIRST_READ_VERSION = 1
 #: The header (64 bytes; module docstring). No payload limit: the length must equal the file's size.
 SNAPSHOT_RECORD = RecordFormat(
     "snapshot", MAGIC,
     [("version", "I"), ("flags", "I"), ("last_seq", "Q"), ("rows", "Q"), ("entries", "Q"), ("length", "Q"),
      ("payload_xxh3", "Q")],
-    versions=(SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
+    versions=(_FIRST_READ_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
 HEADER_BYTES = SNAPSHOT_RECORD.header_bytes  # 64
 _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
 #: Row regions are written in runs of about this many bytes (one concatenation + one write each):
@@ -218,6 +223,13 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable
         w.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
             w.array(arr)
+        tracked, promised, bw, bs, bc, cols_applied = view.applied_columns
+        w.write(struct.pack("<Q", tracked.shape[0]))
+        w.array(tracked)
+        w.array(promised)
+        w.write(struct.pack("<Q", bw.shape[0]))
+        for arr in (bw, bs, bc, cols_applied):
+            w.array(arr)
         header = SNAPSHOT_RECORD.pack_header(payload_bytes=w.n, payload_xxh3=w.h.intdigest(), last_seq=last_seq,
                                              rows=len(regions), entries=int(offsets[-1]))
         f.seek(0)
@@ -290,6 +302,14 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
         floors = rd.array(np.uint64, num_writers)
         counts = rd.array(np.uint64, num_writers)
         exc = rd.array(np.uint64, int(counts.sum(dtype=np.uint64)) if num_writers else 0)
+        column_arrays: list[NDArray[np.uint64]] = []
+        c_at = rd.pos
+        if head.version >= 2:
+            (num_tracked,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
+            column_arrays += [rd.array(np.uint64, num_tracked), rd.array(np.uint64, num_tracked)]
+            (num_batches,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
+            column_arrays += [rd.array(np.uint64, num_batches) for _ in range(3)]
+            column_arrays.append(rd.array(np.uint64, int(column_arrays[-1].sum(dtype=np.uint64))))
         if rd.pos != size:
             raise rd.fail("trailing bytes after the applied set")
         try:
@@ -303,6 +323,11 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
             applied = AppliedSet.from_arrays(ws, floors, counts, exc)
         except ValueError as e:
             raise CorruptSnapshotError(str(path), w_at, str(e)) from None
+        if column_arrays:
+            try:
+                applied.load_column_arrays(*column_arrays)
+            except ValueError as e:
+                raise CorruptSnapshotError(str(path), c_at, str(e)) from None
     if verify_rows:
         bad = first_bad_row(body, offsets)
         if bad is not None:

@@ -21,22 +21,23 @@ target may no longer own some rows and refuses the whole batch with ``NotOwner``
 hint would lose the write on the rows' new owners (when the target was the source that streamed
 them, it never had this write to forward); keeping it forever never delivers it. So:
 
-1. Ask the target whether it applied the batch id (``BatchesApplied``). If so the hint is done:
-   either a writer's retry reached it (and the new owners by the same retry), or an earlier
-   re-split of this hint finished, because the target's part is always sent last (step 3).
-2. Split the rows by the current placement (``split_by_owner``): rows the target still owns stay
+1. Split the rows by the current placement (``split_by_owner``): rows the target still owns stay
    with it; every other row goes to each of its current owners, under the **same batch id** and
-   the current epoch. An owner that already applied that id (it got the write directly) ignores
-   it, so nothing is applied twice; a new owner that never saw it applies it.
-3. Send the moved parts, then the target's remaining part. Any failure keeps the hint; the next
-   attempt repeats the parts (ignored where already applied, by batch id). The hint is forgotten
+   the current epoch. A node applies only the columns of a batch id it has not applied yet
+   (applied_set.py, "Which columns"): an owner that got those rows directly ignores them, so
+   nothing is applied twice; a new owner that never saw them applies them, even when it applied
+   another share of the same batch (its own rows under the old placement).
+2. Send the moved parts, then the target's remaining part. Any failure keeps the hint; the next
+   attempt repeats the parts (ignored where already applied, per column). The hint is forgotten
    only once every part was acknowledged as durable: never dropped.
 
-Limits (docs/topology.md "Known gaps"): a node applies only one share per batch id, so if a new
-owner later receives another share of the same batch (a second hint for another old owner, a
-writer retry with more rows), that later share is ignored; and a new owner that received the rows
-by a stream *chunk* copied from a source that had applied the batch (possible only when the losing
-owner was down during the stream) holds them without the batch id, and would apply them again.
+There is no "did the target apply this id?" shortcut any more: the target may hold another share
+of the batch (a writer's retry, another holder's re-split), which says nothing about this hint's
+rows; sending the parts again costs bytes, never a double count.
+
+Limits (docs/topology.md "Known gaps"): a new owner that received the rows by a stream *chunk*
+copied from a source that had applied the batch (possible only when the losing owner was down
+during the stream) holds them without the batch id, and would apply them again.
 """
 
 from __future__ import annotations
@@ -179,15 +180,12 @@ class HintDelivery:
 
     async def _resplit(self, target: str, hint: Hint) -> bool:
         """Deliver a hint the target refused as not owner by the current placement (module
-        docstring, steps 1–3). False when there is nothing to re-route (views disagree: retry).
+        docstring, steps 1–2). False when there is nothing to re-route (views disagree: retry).
 
         Raises:
             StorageRequestError, PeersError, OSError: a part failed (the hint is kept).
         """
         bid = hint.batch_id
-        if (await self.client.batches_applied(target, bid.writer, [bid.seq]))[0]:
-            log.info("hint already applied by its target target=%s batch=%s", target, tuple(bid))
-            return True
         placement = self.topology.placement
         split = split_by_owner(placement, target, hint.batch)
         if not split.moved:

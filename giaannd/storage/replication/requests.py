@@ -340,11 +340,17 @@ class StorageRequests:
             return self.hold_hint(msg.hint_for, batch_id, batch, msg.placement_epoch)
         if (err := self.not_owner(batch.row_column)) is not None:
             return self.error(err)
+        applied = self.store.store.applied
         try:
-            result = self.store.apply(batch_id, batch, validate=False)  # check_batch validated it
+            # track=True: another share of one of this writer's batch ids (a hint re-split, a retry
+            # after a placement change) applies the columns this node lacks instead of being
+            # ignored (applied_set.py, "Which columns").
+            result = self.store.apply(batch_id, batch, validate=False, track=True)  # check_batch validated it
             seq = result.seq
-            if msg.writer_floor > self.store.store.applied.floor(msg.writer):
+            if msg.writer_floor > applied.floor(msg.writer):
                 seq = max(seq, self.store.advance_floor(msg.writer, msg.writer_floor))
+            else:
+                applied.promise(msg.writer, msg.writer_floor)  # drops settled seqs' columns; not logged
         except StoreFullError as exc:
             return self.error(p.StoreFull(exc.needed_bytes, exc.used_bytes, exc.capacity_bytes))
         except ValueError as exc:

@@ -104,11 +104,14 @@ class AppliedTee:
         self.observers: list[Observer] = []
         self.epoch = ""  # of the ApplyBatch being served (set around each apply, synchronously)
 
-    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> ApplyResult:
-        result = self._inner.apply(batch_id, batch, validate)
+    def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:
+        result = self._inner.apply(batch_id, batch, validate, track)
         if result.applied:
+            # only what was applied: another share of a batch id carries columns applied (and
+            # forwarded) before, which the target must not get twice
+            part = batch if result.part is None else result.part
             for observer in list(self.observers):
-                observer(batch_id, batch, self.epoch)
+                observer(batch_id, part, self.epoch)
         return result
 
     def __getattr__(self, name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,3 +53,53 @@ def test_applied_set_rejects_bad_ids_and_arrays() -> None:
     e[0] = 0  # an exception at or below the writer's floor
     with pytest.raises(ValueError, match="invalid"):
         AppliedSet.from_arrays(w, f, c, e)
+
+
+# -- which columns of a batch were applied (applied_set.py, "Which columns") ------------------------
+
+def _cols(*c: int) -> np.ndarray:
+    return np.array(c, np.uint64)
+
+
+def test_applied_columns_of_a_tracked_writer_merge_and_are_forgotten_at_the_promise() -> None:
+    s = AppliedSet()
+    assert s.columns(BatchId(1, 5)).tolist() == []  # nothing applied, writer untracked
+    s.promise(1, 0)
+    assert s.tracked(1) and s.columns(BatchId(1, 5)).tolist() == []
+    s.add(BatchId(1, 5), _cols(3, 9))
+    s.add(BatchId(1, 5), _cols(4))  # another share of the same id
+    s.add(BatchId(1, 6), _cols(3))
+    assert s.columns(BatchId(1, 5)).tolist() == [3, 4, 9] and s.columns(BatchId(1, 6)).tolist() == [3]
+    assert (1, 5) in s and (1, 6) in s
+    s.promise(1, 5)
+    assert s.columns(BatchId(1, 5)) is None and s.columns(BatchId(1, 6)).tolist() == [3]
+    s.advance_floor(1, 6)
+    assert s.columns(BatchId(1, 6)) is None and s.column_arrays()[2].shape == (0,)
+
+
+def test_applied_columns_untracked_or_unknown_count_as_whole() -> None:
+    s = AppliedSet()
+    s.add(BatchId(2, 1), _cols(7))  # untracked writer (a stream's): no columns kept
+    assert s.columns(BatchId(2, 1)) is None and s.column_arrays()[2].shape == (0,)
+    s.promise(2, 0)
+    s.add(BatchId(2, 1), _cols(8))  # applied before without columns: stays whole
+    assert s.columns(BatchId(2, 1)) is None
+
+
+def test_applied_columns_round_trip_and_reject_bad_arrays() -> None:
+    s = AppliedSet()
+    s.promise(1, 2)
+    s.promise(4, 0)
+    s.add(BatchId(1, 5), _cols(3, 9))
+    s.add(BatchId(4, 1), _cols(1))
+    t = AppliedSet.from_arrays(*s.to_arrays())
+    t.load_column_arrays(*s.column_arrays())
+    assert t == s and all(np.array_equal(a, b) for a, b in zip(t.column_arrays(), s.column_arrays()))
+    assert t.promised(1) == 2 and t.tracked(4)
+    tracked, promised, w, q, c, cols = s.column_arrays()
+    with pytest.raises(ValueError, match="count"):
+        AppliedSet.from_arrays(*s.to_arrays()).load_column_arrays(tracked, promised, w, q, c + 1, cols)
+    with pytest.raises(ValueError, match="not applied"):
+        AppliedSet().load_column_arrays(tracked, promised, w, q, c, cols)
+    with pytest.raises(ValueError, match="not sorted"):
+        AppliedSet.from_arrays(*s.to_arrays()).load_column_arrays(tracked, promised, w, q, c, cols[[1, 0, 2]])

@@ -9,6 +9,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.replication.hints import HintStore
 from giaannd.storage.replication.requests import Answer, StorageRequests, WaitDurable, WaitHintSynced
+from giaannd.storage.streaming.sender import AppliedTee
 
 
 def _batch(cols, seed=0):
@@ -35,7 +36,7 @@ def core(tmp_path):
 def test_requests_apply_then_read_then_duplicate(core):
     b = _batch([5, 7])
     step = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), b.buffers())
-    assert isinstance(step, WaitDurable) and step.seq == 1 and step.ack.applied
+    assert isinstance(step, WaitDurable) and step.seq == 2 and step.ack.applied  # 1: writer tracked
     again = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), b.buffers())
     assert isinstance(again, WaitDurable) and not again.ack.applied
     read = core.handle(p.encode(p.ReadRows()), [b.row_column, b.row_feature])
@@ -48,11 +49,58 @@ def test_requests_apply_then_read_then_duplicate(core):
 def test_requests_floor_is_logged_only_when_it_moves(core):
     b = _batch([5])
     step = core.handle(p.encode(p.ApplyBatch(1, 10, 8)), b.buffers())
-    assert step.seq == 2  # batch record 1, floor record 2
+    assert step.seq == 3  # tracking record 1 (the writer's first batch), batch 2, floor 3
     assert core.store.store.applied.floor(1) == 8
     step = core.handle(p.encode(p.ApplyBatch(1, 11, 8)), _batch([6]).buffers())
-    assert step.seq == 3  # no second floor record
+    assert step.seq == 4  # no second floor record
     assert core.store.store.applied.floor(1) == 8
+
+
+def _read_all(core, b):
+    read = core.handle(p.encode(p.ReadRows()), [b.row_column, b.row_feature])
+    return RowBatch.from_buffers(list(read.bulk))
+
+
+def test_requests_second_share_of_a_batch_applies_only_the_columns_it_lacks(core, tmp_path):
+    """After a placement change a node gets more rows of a batch id it applied a share of (a hint
+    re-split, a writer retry): the new columns apply, the ones it had are not counted twice
+    (the replace-during-training defect: the whole second share was ignored)."""
+    full = _batch([5, 7, 9])
+    first = full.select_rows(full.row_column == 5)
+    assert core.handle(p.encode(p.ApplyBatch(1, 1, 0)), first.buffers()).ack.applied
+    step = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), full.buffers())
+    assert isinstance(step, WaitDurable) and step.ack.applied
+    got = _read_all(core, full)
+    assert all(np.array_equal(x, y) for x, y in zip(got.buffers(), full.buffers()))  # 5 once, 7 and 9 added
+    again = core.handle(p.encode(p.ApplyBatch(1, 1, 0)), full.select_rows(full.row_column != 9).buffers())
+    assert not again.ack.applied
+    # the columns survive a restart by replay, and by a snapshot
+    store = core.store
+    store.close()
+    for snapshot in (False, True):
+        reopened = DurableStore.open(tmp_path / "store", 1 << 20)
+        if snapshot:
+            assert reopened.store.applied.columns((1, 1)).tolist() == [5, 7, 9]
+        else:
+            reopened.snapshot()
+        assert not reopened.apply((1, 1), full).applied
+        reopened.close()
+    # the writer's promise ("never sent again") forgets them: the id is then whole
+    reopened = DurableStore.open(tmp_path / "store", 1 << 20)
+    reopened.store.applied.promise(1, 1)
+    assert reopened.store.applied.columns((1, 1)) is None
+    reopened.close()
+
+
+def test_untracked_writers_stay_whole(tmp_path):
+    """Stream items and markers (writers that never wrote through the request path) keep the old
+    rule, and cost no per-batch memory: an applied id ignores any later share."""
+    store = DurableStore.open(tmp_path / "store", 1 << 20)
+    full = _batch([5, 7])
+    assert store.apply((3, 1), full.select_rows(full.row_column == 5)).applied
+    assert not store.apply((3, 1), full).applied
+    assert store.store.applied.column_arrays()[2].shape == (0,)
+    store.close()
 
 
 def test_requests_hint_is_held_not_applied(core):
@@ -136,3 +184,18 @@ def test_requests_usage_answers_the_row_size_distribution(core):
     core.handle(p.encode(p.ApplyBatch(1, 1, 0)), _batch([5, 7, 9]).buffers())  # three rows of 3 entries
     usage = core.handle(p.encode(p.GetUsage()), []).reply
     assert usage.row_size_log2 == [0, 3] and usage.num_rows == 3
+
+
+def test_applied_tee_forwards_only_the_part_applied(tmp_path):
+    """A source streaming a column forwards what it applies; a second share of a batch id must be
+    forwarded without the columns forwarded with the first (the target would count them twice)."""
+    store = DurableStore.open(tmp_path / "store", 1 << 20)
+    tee = AppliedTee(store)
+    seen = []
+    tee.observers.append(lambda bid, batch, epoch: seen.append(np.unique(batch.row_column).tolist()))
+    full = _batch([5, 7])
+    assert tee.apply((1, 1), full.select_rows(full.row_column == 5), track=True).applied
+    assert tee.apply((1, 1), full, track=True).applied
+    assert not tee.apply((1, 1), full, track=True).applied
+    assert seen == [[5], [7]]
+    store.close()
