@@ -271,7 +271,7 @@ class ComputeService:
         return ClusterJobs(node, self._client, lexicon, self.lease_settings(), self.train_settings(),
                            shards=self.settings.lease_shards, spawn=spawn, sink=self._sink,
                            on_trained=self._cluster_trained, on_flags=self._cluster_flags,
-                           tag_processes=self.settings.tag_processes)
+                           tag_processes=self.settings.tag_processes, open_corpus=self._open_adopted)
 
     def _cluster_trained(self, vocab: Vocabulary, batch: RowBatch) -> None:
         self.state.vocab.merge(vocab)
@@ -419,17 +419,32 @@ class ComputeService:
         path = Path(corpus)
         if not path.is_file():
             raise FileNotFoundError(f"corpus {path} does not exist or is not a file")
-
         text = not path.name.endswith(CONLLU_SUFFIXES)
+        return self.cluster.create(self._corpus_stream(path, limit, text), path.name,
+                                   coalesce or self.settings.coalesce_k, text=text, path=str(path.resolve()),
+                                   limit=limit)
 
+    @staticmethod
+    def _corpus_stream(path: Path, limit: int | None,
+                       text: bool) -> Callable[[], Iterator[TaggedSentence] | Iterator[str]]:
         def sentences() -> Iterator[TaggedSentence] | Iterator[str]:
             # both read as streams; text is cut into sentence texts here (the sentencizer, no
             # model) and tagged by the flag pass on every node (cluster_jobs/tagging.py)
             if text:
                 return itertools.islice(stream_sentence_texts(path), limit)
             return itertools.islice(stream_conllu(path), limit)
+        return sentences
 
-        return self.cluster.create(sentences, path.name, coalesce or self.settings.coalesce_k, text=text)
+    def _open_adopted(self, path: str, limit: int | None,
+                      text: bool) -> Callable[[], Iterator[TaggedSentence] | Iterator[str]]:
+        """The corpus of an upload this node adopts (cluster_jobs/uploads.py): the same path,
+        which must lie inside this node's ``compute.corpus-dir`` (as any corpus a request names)."""
+        resolved = Path(path).resolve()
+        if not resolved.is_relative_to(self.corpus_dir.resolve()):
+            raise PermissionError(f"{resolved} is outside this node's compute.corpus-dir {self.corpus_dir}")
+        if not resolved.is_file():
+            raise FileNotFoundError(f"{resolved} does not exist here or is not a file")
+        return self._corpus_stream(resolved, limit, text)
 
     async def resume(self, job_id: str) -> Job:
         """Resume a journaled job that failed (e.g. storage was down past its retries), under its

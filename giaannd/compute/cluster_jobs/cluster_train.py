@@ -6,8 +6,10 @@ Theory of operation
   stores the flags storage holds now (the fold's initial slot, flag_pass.py), streams the corpus
   into the cluster one window at a time (corpus_chunks.py) and only then follows the job with a
   :class:`LeaseDriver` whose ``Begin`` carries the new :class:`JobRow` (2 stages: the flag pass,
-  then training). A job row therefore always has its whole corpus in the cluster; until it is
-  written the job exists only on the receiving node (phase ``uploading``), and is lost with it.
+  then training). A job row therefore always has its whole corpus in the cluster. Until it is
+  written the job is its upload row (uploads.py: renewed by the uploader; adopted by another
+  node when the uploader stops renewing it, which finishes the upload from the same corpus file
+  or marks the job failed), phase ``uploading``.
 * **follow**: every node with ``compute.cluster-jobs`` runs a watcher that reads the job index
   (``jobs``) every probe interval and follows each job listed that it does not follow yet, nodes
   that join mid-job included. A followed job is one driver over one lease agent; its windows are
@@ -38,6 +40,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 
 from giaannd.client.registers import ABSENT
@@ -58,6 +61,17 @@ from giaannd.compute.cluster_jobs.lease_table import (
 )
 from giaannd.compute.cluster_jobs.leases import LeaseAgent
 from giaannd.compute.cluster_jobs.tagging import WindowTagger
+from giaannd.compute.cluster_jobs.uploads import (
+    MAX_UPLOADS,
+    UPLOADS_KEY,
+    UploadIndex,
+    UploadRow,
+    UploadWatch,
+    decode_upload,
+    decode_uploads,
+    encode,
+    upload_key,
+)
 from giaannd.compute.cluster_jobs.window_runner import (
     RETRYABLE,
     STAGES,
@@ -100,6 +114,19 @@ class _Followed:
     settled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+#: Attempts of a read-modify-write of an upload row or the upload index lost to a concurrent
+#: writer (or whose answer was lost) before giving up on that step.
+_ROW_ATTEMPTS: Final = 20
+
+#: Opens a corpus for an adopted upload: (path, limit, text) -> the sentences factory; raises
+#: OSError / ValueError when this node may not or cannot read it.
+OpenCorpus = Callable[[str, "int | None", bool], Callable[[], Iterator[TaggedSentence] | Iterator[str]]]
+
+
+class _UploadLost(Exception):
+    """The upload row is no longer this node's (adopted or cancelled): stop uploading."""
+
+
 @dataclass
 class _Uploading:
     corpus: str
@@ -107,6 +134,9 @@ class _Uploading:
     error: str = ""
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.time)
+    path: str = ""
+    limit: int | None = None
+    windows: int = 0
 
 
 class ClusterJobs:
@@ -124,6 +154,8 @@ class ClusterJobs:
         on_trained: each window trained here: its vocabulary and acknowledged batch.
         on_flags: a job ended ``done``: its learned (probabilistic, deterministic) flags.
         tag_processes: processes tagging text windows (tagging.py; 0: a worker thread).
+        open_corpus: opens the corpus of an upload this node adopts (uploads.py); None: an
+            adopted upload is marked failed.
     """
 
     def __init__(self, node: str, client: Callable[[], StorageClient], lexicon: Callable[[], Lexicon],
@@ -132,7 +164,7 @@ class ClusterJobs:
                  sink: ProgressSink | None = None,
                  on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
                  on_flags: Callable[[set[int], dict[int, bool]], None] | None = None,
-                 tag_processes: int = 0) -> None:
+                 tag_processes: int = 0, open_corpus: OpenCorpus | None = None) -> None:
         self.node, self._client, self._lexicon, self.lease, self.train = node, client, lexicon, lease, train
         self._shards = shards
         self._spawn = spawn or (lambda coro, name: asyncio.get_running_loop().create_task(coro, name=name))
@@ -143,31 +175,60 @@ class ClusterJobs:
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
         self.tagger = WindowTagger(tag_processes)
+        self._open_corpus = open_corpus
+        self._uploads = UploadWatch(lease.lease_s)
 
     # -- create -----------------------------------------------------------------------------------
     def create(self, sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], corpus: str, k: int, *,
-               text: bool = False) -> str:
+               text: bool = False, path: str = "", limit: int | None = None) -> str:
         """Start a cluster job on the corpus ``sentences()`` yields (read as a stream, in a thread):
         tagged sentences, or with ``text`` sentence texts (tagged by the flag pass, on every node);
-        returns its id at once (module docstring, "create")."""
+        returns its id at once (module docstring, "create"). ``path`` and ``limit``: what another
+        node needs to finish the upload if this one dies (uploads.py)."""
         job_id = secrets.token_hex(8)
+        self._start_upload(job_id, _Uploading(corpus, TrainProgress(sink=self._sink), path=path, limit=limit),
+                           sentences, k, text, None)
+        return job_id
+
+    def _start_upload(self, job_id: str, up: _Uploading,
+                      sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], k: int, text: bool,
+                      adopted: UploadRow | None) -> None:
         failed = [j for j, u in self.uploading.items() if u.error]
         for old in failed[: max(0, len(failed) - MAX_ENDED_JOBS)]:  # failed uploads are kept as ended jobs are
             del self.uploading[old]
-        up = self.uploading[job_id] = _Uploading(corpus, TrainProgress(sink=self._sink))
-        up.task = self._spawn(self._create(job_id, up, sentences, k, text), "cluster-job-create")
-        return job_id
+        self.uploading[job_id] = up
+        up.task = self._spawn(self._create(job_id, up, sentences, k, text, adopted), "cluster-job-create")
 
     async def _create(self, job_id: str, up: _Uploading,
-                      sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], k: int, text: bool) -> None:
+                      sentences: Callable[[], Iterator[TaggedSentence] | Iterator[str]], k: int, text: bool,
+                      adopted: UploadRow | None = None) -> None:
+        renewing: asyncio.Task[None] | None = None
+        uploading: asyncio.Task[tuple[int, int]] | None = None
         try:
             client = self._client()
+            if adopted is None:
+                upload = UploadRow(job_id, self.node, up.path, up.corpus, k, text, up.limit, up.started)
+                await client.cas_register(upload_key(job_id), ABSENT, encode(upload))
+                await self._list_upload(job_id, add=True)
+            renewing = asyncio.get_running_loop().create_task(self._renew_upload(job_id, up))
             initial = await read_flags(client)
             data = encode_findings(initial_findings(initial))
-            await client.cas_register(findings_key(job_id, INITIAL), ABSENT, data)
+            out = await client.cas_register(findings_key(job_id, INITIAL), ABSENT, data)
+            if not out.ok and adopted is None:
+                raise RuntimeError(f"register {findings_key(job_id, INITIAL)} already written (a job id used twice?)")
             stream = await asyncio.to_thread(sentences)
-            windows, total = await upload_windows(client.cas_register, job_id, stream, k, RETRYABLE,
-                                                  encode_texts if text else encode_window)
+
+            def on_window(windows: int, total: int) -> None:
+                up.windows, up.progress.total = windows, total
+
+            uploading = asyncio.get_running_loop().create_task(upload_windows(
+                client.cas_register, job_id, stream, k, RETRYABLE, encode_texts if text else encode_window, on_window))
+            await asyncio.wait([uploading, renewing], return_when=asyncio.FIRST_COMPLETED)
+            if not uploading.done():  # the row was taken from us: the adopter finishes or fails it
+                uploading.cancel()
+                await asyncio.gather(uploading, return_exceptions=True)
+                renewing.result()
+            windows, total = uploading.result()
             if not windows:
                 raise ValueError("the corpus holds no sentence")
             up.progress.total = total
@@ -177,14 +238,137 @@ class ClusterJobs:
                                                       created_at=up.started)))
             log.info("cluster job created job=%s windows=%d sentences=%d", job_id, windows, total)
         except Exception as exc:  # reported by the job document (phase uploading, state failed)
+            if isinstance(exc, _UploadLost):
+                log.warning("cluster job upload given up job=%s: %s", job_id, exc)
+                up.error = str(exc)
+                return
             log.exception("cluster job upload failed job=%s", job_id)
             up.error = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                await self._end_upload(job_id, "failed", up.error)
             return
+        finally:  # also when this task is cancelled (a node stopping, a kill in tests)
+            for task in (renewing, uploading):
+                if task is not None and not task.done():
+                    task.cancel()
         f = self._follow(job_id, row)
         # the record answers for the job until its row is in the registers (no 404 in between)
         while f.agent.job is None and f.task is not None and not f.task.done():
             await asyncio.sleep(self.lease.probe_interval_s / 4)
+        try:
+            await self._end_upload(job_id, "done")
+        except Exception as exc:  # the row stays ``uploading``: a watcher finds the job row and ends it
+            log.warning("cluster job upload row not closed job=%s: %s", job_id, exc)
         del self.uploading[job_id]
+
+    # -- the upload row (uploads.py) ----------------------------------------------------------------
+    async def _update(self, key: str, change: Callable[[bytes, int], bytes | None]) -> bool:
+        """Read-modify-write register ``key``: ``change(value, counter)`` gives the new value or
+        None (nothing to do). True once written; False when ``change`` declined."""
+        client = self._client()
+        cur = await client.cas_register(key, None)
+        for _ in range(_ROW_ATTEMPTS):
+            new = change(cur.value, cur.version[0])
+            if new is None:
+                return False
+            try:
+                out = await client.cas_register(key, cur.version, new)
+            except RETRYABLE:
+                await asyncio.sleep(self.lease.retry_s)
+                out = await client.cas_register(key, None)
+                if out.value == new:
+                    return True
+                cur = out
+                continue
+            if out.ok:
+                return True
+            cur = out
+        raise RuntimeError(f"register {key}: {_ROW_ATTEMPTS} writes lost to concurrent writers")
+
+    async def _list_upload(self, job_id: str, *, add: bool) -> None:
+        def change(value: bytes, _: int) -> bytes | None:
+            jobs = decode_uploads(value).jobs
+            if (job_id in jobs) == add:
+                return None
+            if add and len(jobs) >= MAX_UPLOADS:
+                raise RuntimeError(f"{MAX_UPLOADS} uploads are running already; try again when one ends")
+            return encode(UploadIndex((*jobs, job_id) if add else tuple(j for j in jobs if j != job_id)))
+        await self._update(UPLOADS_KEY, change)
+
+    async def _renew_upload(self, job_id: str, up: _Uploading) -> None:
+        """Every ``renew_s``: ``beats`` + 1 and the windows written; returns (raising ``_UploadLost``)
+        when the row is no longer this node's ``uploading`` row."""
+        lost = ""
+
+        def change(value: bytes, counter: int) -> bytes | None:
+            nonlocal lost
+            row = decode_upload(value) if counter else None
+            if row is None or row.node != self.node or row.state != "uploading":
+                lost = ("cancelled" if row is not None and row.error.startswith("cancelled") else
+                        f"the upload was taken over by {row.node if row else '?'} (this node stopped renewing it)")
+                return None
+            return encode(msgspec.structs.replace(row, beats=row.beats + 1, windows=up.windows))
+
+        while True:
+            await asyncio.sleep(self.lease.renew_s)
+            try:
+                if not await self._update(upload_key(job_id), change):
+                    raise _UploadLost(lost)
+            except RETRYABLE as exc:  # no quorum now: try at the next renewal (adoption needs lease_s)
+                log.debug("upload row renewal failed job=%s: %s", job_id, exc)
+
+    async def _end_upload(self, job_id: str, state: str, error: str = "", *, adopt: bool = False) -> bool:
+        """Set the upload row ``done`` / ``failed`` (if still ``uploading`` and, unless ``adopt``,
+        this node's) and take it off the index."""
+        def change(value: bytes, counter: int) -> bytes | None:
+            row = decode_upload(value) if counter else None
+            if row is None or row.state != "uploading" or (row.node != self.node and not adopt):
+                return None
+            return encode(msgspec.structs.replace(row, state=state, error=error))
+        written = await self._update(upload_key(job_id), change)
+        await self._list_upload(job_id, add=False)
+        return written
+
+    async def _watch_uploads(self) -> None:
+        """Adopt the listed uploads whose uploader stopped renewing them (uploads.py)."""
+        client = self._client()
+        listed = decode_uploads((await client.read_register(UPLOADS_KEY)).value).jobs
+        self._uploads.forget(set(listed))
+        for job_id in listed:
+            if job_id in self.uploading:
+                continue
+            got = await client.read_register(upload_key(job_id))
+            if not got.version[0]:
+                continue
+            row = decode_upload(got.value)
+            if row.state != "uploading":  # ended, but its remover died before unlisting it
+                await self._list_upload(job_id, add=False)
+                continue
+            if self._uploads.expired(time.monotonic(), row):
+                await self._adopt(row, got.version)
+
+    async def _adopt(self, row: UploadRow, version: tuple[int, int, int]) -> None:
+        client = self._client()
+        mine = msgspec.structs.replace(row, node=self.node, beats=row.beats + 1, adoptions=row.adoptions + 1)
+        if not (await client.cas_register(upload_key(row.job_id), version, encode(mine))).ok:
+            return  # another node adopted it (or the uploader renewed it) first
+        log.warning("cluster job upload adopted job=%s from=%s windows=%d", row.job_id, row.node, row.windows)
+        if (await client.read_register(job_key(row.job_id))).version[0]:  # the uploader wrote the job row
+            await self._end_upload(row.job_id, "done")
+            return
+        try:
+            if self._open_corpus is None:
+                raise OSError("this node does not adopt uploads")
+            sentences = self._open_corpus(row.path, row.limit, row.text)
+        except (OSError, ValueError) as exc:
+            reason = (f"uploader {row.node} stopped during the upload ({row.windows} windows written) and "
+                      f"{self.node} cannot read the corpus {row.path!r} ({exc}): start the job again")
+            log.warning("cluster job upload failed job=%s: %s", row.job_id, reason)
+            await self._end_upload(row.job_id, "failed", reason)
+            return
+        up = _Uploading(row.name, TrainProgress(sink=self._sink), started=row.started, path=row.path,
+                        limit=row.limit, windows=row.windows)
+        self._start_upload(row.job_id, up, sentences, row.k, row.text, mine)
 
     # -- follow -----------------------------------------------------------------------------------
     def start_watcher(self) -> None:
@@ -201,6 +385,10 @@ class ClusterJobs:
                         self._follow(job_id)
             except Exception as exc:  # no storage yet, no quorum: the next interval tries again
                 log.debug("job index read failed: %s", exc)
+            try:
+                await self._watch_uploads()
+            except Exception as exc:
+                log.debug("upload index read failed: %s", exc)
             await asyncio.sleep(self.lease.probe_interval_s)
 
     def _follow(self, job_id: str, create: JobRow | None = None) -> _Followed:
@@ -268,6 +456,10 @@ class ClusterJobs:
         if up is not None and up.task is not None:
             up.task.cancel()
             up.error = "cancelled"
+            with contextlib.suppress(Exception):
+                await self._end_upload(job_id, "failed", "cancelled by the operator")
+        elif doc.get("phase") == "uploading" and doc["state"] == "running":  # uploading on another node
+            await self._end_upload(job_id, "failed", "cancelled by the operator", adopt=True)
         elif doc["state"] == "running":
             f = self.followed.get(job_id) or self._follow(job_id)
             f.driver.cancel("cancelled by the operator")
@@ -312,7 +504,7 @@ class ClusterJobs:
                     "resumes": 0, "corpus": up.corpus, "timeline": up.progress.timeline.as_dict(),
                     **({"error": up.error} if up.error else {})}
         if not got.version[0]:
-            return None
+            return await self._upload_document(job_id)
         job = decode_job(got.value)
         f = self.followed.get(job_id)
         if job.state == "done" and f is not None:
@@ -325,10 +517,26 @@ class ClusterJobs:
         shards = [decode_shard(r.value) for r in reads if r.version[0]]
         return job_document(job, shards, f)
 
+    async def _upload_document(self, job_id: str) -> dict[str, Any] | None:
+        """A job uploading on another node, or whose upload failed (its upload row)."""
+        got = await self._client().read_register(upload_key(job_id))
+        if not got.version[0]:
+            return None
+        row = decode_upload(got.value)
+        if row.state == "done":
+            return None  # (cannot be: the job row is written first)
+        return {"job_id": job_id, "kind": "train", "cluster": True,
+                "state": "failed" if row.state == "failed" else "running", "phase": "uploading", "done": 0,
+                "total": 0, "unit": "sentences", "resumed_from": None, "resumes": 0, "corpus": row.name,
+                "uploader": row.node, "windows_uploaded": row.windows, "adoptions": row.adoptions,
+                **({"error": row.error} if row.error else {})}
+
     async def list_ids(self) -> list[str]:
         """Jobs of the index, then those that ended on this node (newest last)."""
-        got = await self._client().read_register(INDEX_KEY)
-        ids = list(dict.fromkeys([*self.uploading, *decode_index(got.value).jobs]))
+        client = self._client()
+        got = await client.read_register(INDEX_KEY)
+        uploads = decode_uploads((await client.read_register(UPLOADS_KEY)).value).jobs
+        ids = list(dict.fromkeys([*self.uploading, *uploads, *decode_index(got.value).jobs]))
         return ids + [j for j in self.ended if j not in ids]
 
 

@@ -164,10 +164,11 @@ async def _put(cas: Cas, key: str, data: bytes, failures: tuple[type[BaseExcepti
 
 async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[Any], k: int,
                          failures: tuple[type[BaseException], ...],
-                         encode: Callable[[list[Any]], list[bytes]] = encode_window) -> tuple[int, int]:
+                         encode: Callable[[list[Any]], list[bytes]] = encode_window,
+                         on_window: Callable[[int, int], None] | None = None) -> tuple[int, int]:
     """Cut ``sentences`` (tagged, or texts with ``encode_texts``) into windows of ``k`` and store
     each (module docstring); the iterator is advanced in a thread, a window at a time. Returns
-    (windows, sentences).
+    (windows, sentences). ``on_window(windows, sentences)``: after each window is queued.
 
     Raises:
         InputError: a sentence too large for a chunk; what ``sentences`` raises (a corpus format
@@ -193,6 +194,8 @@ async def upload_windows(cas: Cas, job_id: str, sentences: Iterator[Any], k: int
                 inflight.add(asyncio.get_running_loop().create_task(
                     _put(cas, chunk_key(job_id, windows, part), data, failures)))
             windows, total = windows + 1, total + n
+            if on_window is not None:
+                on_window(windows, total)
         while inflight:
             done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
             inflight -= done

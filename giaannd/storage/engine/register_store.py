@@ -22,6 +22,11 @@ rules (``prepare`` / ``accept``, pure, tested with tables):
   ``(b, version, value)`` as accepted (and as the promise); else refuse with the highest ballot.
   An accept of the ballot already accepted is a retransmission: answered, nothing changes.
 * ``get``: the accepted ballot and value, no promise (the client's quorum read).
+* ``merge(state, copied)``: take another acceptor's state for the key (a placement change hands
+  registers to their new owners: storage/rebalance/register_handoff.py, which says why this is
+  safe): the higher promise and the higher accepted ballot with its value. Never backwards: the
+  result's promise and accepted ballot are each at least the state's own, so every promise this
+  acceptor gave is still kept and nothing it accepted is forgotten.
 
 **Durability**: a promise or an accept is answered only once it is on disk (the service waits
 for ``sync`` to cover its record, as for vocabulary puts): an acceptor that forgot a promise
@@ -35,6 +40,10 @@ start-up naming the file and offset. **Compaction**: when the log is more than
 ``COMPACT_RATIO`` times the live states and over ``COMPACT_MIN_BYTES``, ``sync`` (a worker
 thread) rewrites it as one record per key: the states as they were at the start, then the
 records appended meanwhile, copied under the lock, fsync, rename over the log, directory fsync.
+
+**Seals** (register_handoff.py): while a placement change hands a key to its new owners, an old
+owner that loses the key *seals* it: it answers nothing for the key (``sealed``) until the change
+is done or abandoned. Seals are in memory and scoped to the placement epoch they were made under.
 
 Limits: ``MAX_REGISTER_STORE_BYTES`` of live states per node (a change past it is refused with
 nothing changed: ``RegisterStoreFull``). Concurrency: ``prepare``/``accept``/``get`` from one
@@ -59,6 +68,7 @@ from giaannd.records import RecordError, RecordFormat, open_for_append
 __all__ = [
     "COMPACT_MIN_BYTES",
     "COMPACT_RATIO",
+    "EMPTY",
     "MAX_REGISTER_STORE_BYTES",
     "REGISTERS_FILE",
     "REGISTER_RECORD",
@@ -69,6 +79,7 @@ __all__ = [
     "RegisterStoreFull",
     "Version",
     "accept",
+    "merge",
     "prepare",
 ]
 
@@ -152,6 +163,15 @@ def accept(state: RegisterState, ballot: Ballot, version: Version, value: bytes)
     return RegisterState(ballot, ballot, version, value)
 
 
+def merge(state: RegisterState, copied: RegisterState) -> RegisterState:
+    """Take ``copied`` (another acceptor's state for the same key) into ``state`` (module docstring):
+    the higher accepted ballot with its version and value (ties: one ballot carries one value, the
+    state's own is kept), and the highest promise of the two, never below the accepted ballot."""
+    src = copied if copied.accepted > state.accepted else state
+    promised = max(state.promised, copied.promised, src.accepted)
+    return RegisterState(promised, src.accepted, src.version, src.value)
+
+
 def _size(key: str, state: RegisterState) -> int:
     return len(key) + len(state.value) + _STATE_OVERHEAD_BYTES
 
@@ -180,6 +200,8 @@ class RegisterStore:
         self.torn_bytes = torn_bytes
         #: log rewrites done (tests, metrics)
         self.compactions = 0
+        #: key -> placement epoch it was sealed under (module docstring, "Seals")
+        self._sealed: dict[str, str] = {}
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], max_bytes: int = MAX_REGISTER_STORE_BYTES) -> RegisterStore:
@@ -235,6 +257,38 @@ class RegisterStore:
         if isinstance(result, RegisterState) and result is old:
             return result, self._seq  # a retransmission: answer once what is already written is durable
         return result, self._put(key, result) if isinstance(result, RegisterState) else 0
+
+    def merge(self, key: str, copied: RegisterState) -> tuple[RegisterState, int]:
+        """``merge`` ``copied`` into ``key``'s state; a change is appended. Returns (state, seq to
+        sync: the last change, which may be an earlier one when nothing changed).
+
+        Raises:
+            RegisterStoreFull, OSError: nothing changed.
+        """
+        old = self.get(key)
+        result = merge(old, copied)
+        if result == old:
+            return old, self._seq
+        return result, self._put(key, result)
+
+    def items(self) -> list[tuple[str, RegisterState]]:
+        """Every key's state, sorted by key (a copy: the handoff pages through it)."""
+        return sorted(self._states.items())
+
+    # -- seals (module docstring) ------------------------------------------------------------------
+    def seal(self, keys: list[str], epoch: str) -> None:
+        """Answer nothing for ``keys`` while the node's placement epoch is ``epoch``."""
+        for key in keys:
+            self._sealed[key] = epoch
+
+    def sealed(self, key: str, epoch: str) -> bool:
+        return self._sealed.get(key) == epoch
+
+    def unseal(self) -> int:
+        """Drop every seal (the placement change finished or was abandoned); returns how many."""
+        n = len(self._sealed)
+        self._sealed.clear()
+        return n
 
     def _put(self, key: str, state: RegisterState) -> int:
         old = self._states.get(key)

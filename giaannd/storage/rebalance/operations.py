@@ -25,6 +25,9 @@ Every membership change is the same operation, ``Rebalance(new_members)``:
    e. every storage node switches; released columns stay on disk but are no longer served.
    Only then is the new placement epoch in force: "a new owner serves a column only after its copy
    is complete and verified" (ARCHITECTURE §6).
+   Before (a), the **registers** of keys whose owner set changes are handed to their new owners
+   (rebalance/register_handoff.py: leavers seal them, the joiners merge the old owners' states);
+   after (e), or when the operation fails, the seals are dropped.
 
 The cluster side effects (switching views, draining writers) go through a ``ClusterControl``: the
 in-process implementation drives ``ClusterView`` objects directly (tests, bench); the daemon's
@@ -61,9 +64,11 @@ from numpy.typing import NDArray
 
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import Refused
+from giaannd.storage.engine.register_store import RegisterState
+from giaannd.storage.rebalance import register_handoff as rh
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
-from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns
+from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns, register_call
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
@@ -192,6 +197,9 @@ class Rebalance:
         self._throttle = Throttle(self.rate_bytes_s)
         self._resumed.set()
         self._unreachable: set[str] = set()  # live old owners that did not answer ListColumns
+        self.registers_moved = 0  # register states handed to joiners (register_handoff.py)
+        self.registers_lost = 0  # keys fewer than a majority of their old owners answered for
+        self._sealed: list[str] = []  # members that may hold seals of this operation
 
     # -- planning ---------------------------------------------------------------------------------
     def _placements(self) -> tuple[Placement, Placement]:
@@ -283,6 +291,8 @@ class Rebalance:
             if self.state in ("failed", "cancelled"):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._unseal(), CUTOVER_TIMEOUT_S)
             raise
 
     def _stream_id(self, source: str, target: str) -> int:
@@ -361,6 +371,7 @@ class Rebalance:
         # Hints for the sources are delivered before anyone switches (a holder delivers under its
         # own view's epoch, and the sources forward by epoch), and again after the writers drained.
         await self._wait_hints(sources)
+        await asyncio.wait_for(self._hand_off_registers(), CUTOVER_TIMEOUT_S)
         await control.switch(targets, self.new_members)
         await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
         await self._wait_hints(sources)
@@ -376,6 +387,11 @@ class Rebalance:
         everyone = sorted(old_names | {m.name for m in self.new_members})
         await control.switch(everyone, self.new_members)
         await asyncio.wait_for(control.after_cutover(self.new_members), CUTOVER_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._unseal(), CUTOVER_TIMEOUT_S)
+        except (PeersError, OSError, TimeoutError, SourceControlError, RuntimeError) as exc:
+            # harmless: a seal is scoped to the old epoch, which no node is in any more
+            log.warning("could not drop register seals: %s", exc)
         # Hints for a removed member are redundant now: its rows were copied from replicas that
         # had every acknowledged batch (W direct acks among the old owners) or got it by hint.
         for gone in old_names - {m.name for m in self.new_members}:
@@ -386,6 +402,72 @@ class Rebalance:
                 continue
             if dropped:
                 log.info("dropped hints for removed member=%s count=%d", gone, dropped)
+
+    # -- registers (register_handoff.py) -----------------------------------------------------------
+    async def _register_call(self, name: str, msg: rh.HandoffRequest) -> rh.RegisterStates | rh.RegisterCount:
+        svc = self.control.service(name)
+        if svc is not None:
+            return await rh.serve(svc, msg)
+        return await register_call(self.control.transport, self.control.stream_address(name), msg)
+
+    async def _hand_off_registers(self) -> None:
+        """Seal and export at every live old member, merge, import at the joiners (module docstring
+        of register_handoff.py). Before any node switches.
+
+        Raises:
+            TopologyOpError: a live old member did not answer (it may not be sealed), an import
+                failed, or (without ``allow_loss``) keys fewer than a majority of old owners answered for.
+        """
+        old, new = self._placements()
+        if old.epoch == new.epoch:
+            return
+        members = [n for n in old.names if n in self._live()]
+        self._sealed = members
+        spec = ([(m.name, m.weight) for m in old.members], [(m.name, m.weight) for m in new.members],
+                old.replicas, old.strategy)
+        answers: dict[str, dict[str, RegisterState]] = {}
+        for name in members:
+            got: dict[str, RegisterState] = {}
+            after = ""
+            try:
+                while True:
+                    page = await self._register_call(name, rh.RegisterExport(*spec, after=after))
+                    if not isinstance(page, rh.RegisterStates):
+                        raise SourceControlError(f"unexpected reply {type(page).__name__} to RegisterExport")
+                    got.update(rh.from_wire(w) for w in page.states)
+                    if page.done:
+                        break
+                    after = page.next_after
+            except (PeersError, OSError, SourceControlError, RuntimeError) as exc:
+                raise TopologyOpError(f"register handoff: {name} did not export its registers "
+                                      f"(its copies could not be sealed): {exc}") from None
+            answers[name] = got
+        # newcomers are outside the old view's liveness; they took the streams (an import to one that
+        # is down fails the operation)
+        live = set(self._live()) | {n for n in new.names if n not in old.names}
+        plan = rh.plan_handoff(old, new, answers, live)
+        self.registers_lost = len(plan.lost)
+        if plan.lost and not self.allow_loss:
+            raise TopologyOpError(
+                f"register handoff: {len(plan.lost)} registers (e.g. {plan.lost[0]!r}) have fewer than a majority "
+                "of their old owners reachable, or a new owner down: their latest value cannot be handed on; "
+                "bring the members back, or pass allow_loss")
+        for joiner, states in sorted(plan.imports.items()):
+            for page_states in rh.pages(states):
+                try:
+                    await self._register_call(joiner, rh.RegisterImport(page_states))
+                except (PeersError, OSError, SourceControlError, RuntimeError) as exc:
+                    raise TopologyOpError(f"register handoff: import into {joiner} failed: {exc}") from None
+                self.registers_moved += len(page_states)
+        if plan.keys:
+            log.info("registers handed off op=%s keys=%d states=%d lost=%d", self.op_id, plan.keys,
+                     self.registers_moved, len(plan.lost))
+
+    async def _unseal(self) -> None:
+        for name in self._sealed:
+            if name in self._live():
+                await self._register_call(name, rh.RegisterUnseal())
+        self._sealed = []
 
     async def _wait_hints(self, sources: Sequence[str]) -> None:
         deadline = asyncio.get_running_loop().time() + CUTOVER_TIMEOUT_S
@@ -441,6 +523,7 @@ class Rebalance:
             "bytes_total": total, "bytes_done": done, "rate_bytes_s": rate,
             "eta_s": (total - done) / rate if rate > 0 else None,
             "streams": streams,
+            "registers_moved": self.registers_moved, "registers_lost": self.registers_lost,
         }
 
 

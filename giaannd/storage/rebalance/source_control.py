@@ -31,6 +31,9 @@ removenode), so the coordinator drives each remote source through that source's 
   ``DeliverHints()``, ``DropHints(name)``; planning uses ``ListColumns()`` (the u64 column ids the
   node holds, in bulk).
 
+Register handoff (rebalance/register_handoff.py): ``RegisterExport``, ``RegisterImport``,
+``RegisterUnseal`` are served here too (``register_call``).
+
 Tags share the stream endpoint's tag space (streaming/stream.py uses 1-3 and 64-66): source requests are
 16-25, replies 96-99. Append only.
 """
@@ -51,6 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.errors import RemoteFault
+from giaannd.storage.rebalance import register_handoff as rh
 from giaannd.storage.rebalance.plan import TransferRule, owns
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
@@ -81,6 +85,7 @@ __all__ = [
     "drop_hints",
     "hints_held",
     "list_columns",
+    "register_call",
 ]
 
 log = logging.getLogger(__name__)
@@ -183,8 +188,10 @@ class HintCount(msgspec.Struct, frozen=True, tag=99):
 
 
 SourceRequest = (SourceStart | SourceStatus | SourcePause | SourceClose | SourceAbort | SourceRate
-                 | ListColumns | HintsHeld | DeliverHints | DropHints)
-SourceReply = SourceState | SourceRefused | ColumnList | HintCount | StreamRefused
+                 | ListColumns | HintsHeld | DeliverHints | DropHints | rh.RegisterExport | rh.RegisterImport
+                 | rh.RegisterUnseal)
+SourceReply = (SourceState | SourceRefused | ColumnList | HintCount | StreamRefused | rh.RegisterStates
+               | rh.RegisterCount)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(SourceReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
@@ -252,6 +259,8 @@ class SourceRegistry:
             return HintCount(self.drop_hints(msg.name)), []
         if isinstance(msg, SourceStart):
             return self.start(msg, bulk), []
+        if isinstance(msg, (rh.RegisterExport, rh.RegisterImport, rh.RegisterUnseal)):
+            return await rh.serve(self.service, msg), []
         entry = self._sources.get(msg.stream_id)
         if entry is None:
             return SourceRefused(msg.stream_id, _restarted(self.service.node_name, msg.stream_id)), []
@@ -456,3 +465,14 @@ async def deliver_hints(transport: Transport, address: str) -> int:
 async def drop_hints(transport: Transport, address: str, name: str) -> int:
     """Make the node at ``address`` forget its hints for ``name``; returns how many."""
     return _count((await _once(transport, address, DropHints(name)))[0])
+
+
+async def register_call(transport: Transport, address: str,
+                        msg: rh.HandoffRequest) -> rh.RegisterStates | rh.RegisterCount:
+    """One register-handoff request to the node at ``address`` (its stream endpoint)."""
+    reply, _ = await _once(transport, address, msg)
+    if isinstance(reply, StreamRefused):
+        raise SourceControlError(f"register handoff refused: {reply.reason}")
+    if not isinstance(reply, (rh.RegisterStates, rh.RegisterCount)):
+        raise SourceControlError(f"unexpected reply {type(reply).__name__} to {type(msg).__name__}")
+    return reply

@@ -485,6 +485,10 @@ class StorageRequests:
             return self.error(p.Unavailable("this node keeps no registers"))
         if (err := self.not_owner(np.array([p.register_key_id(msg.key)], np.uint64))) is not None:
             return self.error(err)
+        topo = self._topology()
+        epoch = "" if topo is None else topo.placement.epoch
+        if store.sealed(msg.key, epoch):  # handed off to its new owners (rebalance/register_handoff.py)
+            return self.error(p.NotOwner(epoch, "register sealed: a placement change is handing it to its new owners"))
         if isinstance(msg, p.RegisterGet):
             return Answer(_register_value(store.get(msg.key)))
         if self.refuse_writes:

@@ -15,6 +15,7 @@ from giaannd.storage.engine.register_store import (
     RegisterStore,
     RegisterStoreFull,
     accept,
+    merge,
     prepare,
 )
 from giaannd.storage.replication.hints import HintStore
@@ -49,6 +50,47 @@ def test_register_prepare_rule(state, ballot, want):
 ])
 def test_register_accept_rule(state, ballot, want):
     assert accept(state, ballot, V7, b"v") == want
+
+
+NEWER = RegisterState((8, 2), (8, 2), (4, 8, 2), b"y")
+
+
+@pytest.mark.parametrize(("state", "copied", "want"), [
+    (S0, S0, S0),
+    (S0, ACCEPTED, ACCEPTED),                                    # an empty joiner takes the copy
+    (ACCEPTED, S0, ACCEPTED),                                    # an empty copy changes nothing
+    (ACCEPTED, NEWER, NEWER),                                    # the higher accepted ballot wins...
+    (NEWER, ACCEPTED, NEWER),                                    # ...from either side
+    (RegisterState((9, 1)), ACCEPTED,                            # keeps its own higher promise
+     RegisterState((9, 1), (5, 1), (3, 5, 1), b"x")),
+    (ACCEPTED, RegisterState((9, 1)),                            # takes the copy's higher promise
+     RegisterState((9, 1), (5, 1), (3, 5, 1), b"x")),
+    (RegisterState((9, 1), (5, 1), (3, 5, 1), b"x"), NEWER,      # accepted 8 < own promise 9: both kept
+     RegisterState((9, 1), (8, 2), (4, 8, 2), b"y")),
+    (ACCEPTED, RegisterState((5, 1), (5, 1), (3, 5, 1), b"x"), ACCEPTED),  # same ballot: one value
+])
+def test_register_merge_rule(state, copied, want):
+    got = merge(state, copied)
+    assert got == want
+    # never backwards: the promise and the accepted ballot are each at least the state's own
+    assert got.promised >= state.promised and got.accepted >= state.accepted
+    assert got.top >= max(state.top, copied.top)
+    assert merge(got, copied) == got  # idempotent (a retried import changes nothing)
+
+
+def test_register_store_merge_is_durable_and_seals_scope_to_an_epoch(tmp_path):
+    s = RegisterStore.open(tmp_path)
+    got, seq = s.merge("job/a", NEWER)
+    assert got == NEWER and seq == 1
+    assert s.merge("job/a", ACCEPTED) == (NEWER, 1)  # nothing to change: nothing appended
+    s.sync()
+    s.close()
+    s = RegisterStore.open(tmp_path)
+    assert s.get("job/a") == NEWER and s.items() == [("job/a", NEWER)]
+    s.seal(["job/a"], "e1")
+    assert s.sealed("job/a", "e1") and not s.sealed("job/a", "e2") and not s.sealed("job/b", "e1")
+    assert s.unseal() == 1 and not s.sealed("job/a", "e1")
+    s.close()
 
 
 def test_register_store_survives_restart_and_answers_after_sync(tmp_path):
@@ -173,6 +215,12 @@ def test_requests_register_not_owner(tmp_path):
     assert isinstance(core.handle(p.encode(p.RegisterPrepare(mine[0], 1, 1)), []), WaitRegistersSynced)
     step = core.handle(p.encode(p.RegisterPrepare(other[0], 1, 1)), [])
     assert isinstance(step.reply, p.NotOwner) and len(core.registers) == 1
+    # a sealed key (handed off by a placement change) is answered like one not owned, reads too
+    core.registers.seal([mine[0]], view.placement.epoch)
+    for msg in (p.RegisterGet(mine[0]), p.RegisterPrepare(mine[0], 2, 1)):
+        assert isinstance(core.handle(p.encode(msg), []).reply, p.NotOwner)
+    core.registers.unseal()
+    assert isinstance(core.handle(p.encode(p.RegisterGet(mine[0])), []).reply, p.RegisterValue)
     assert p.register_key_id("job/1") != p.register_key_id("job/2")
     assert np.uint64(p.register_key_id("job/1")) >= 0
     core.registers.close()
