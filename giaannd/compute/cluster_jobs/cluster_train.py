@@ -84,7 +84,7 @@ from giaannd.compute.cluster_jobs.window_runner import (
 from giaannd.compute.jobs import ProgressSink, TrainProgress
 from giaannd.compute.timeline import SERIES, merge_timelines
 from giaannd.compute.train import TrainSettings, read_flags
-from giaannd.errors import CorruptDataError
+from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence
@@ -123,8 +123,10 @@ _ROW_ATTEMPTS: Final = 20
 OpenCorpus = Callable[[str, "int | None", bool], Callable[[], Iterator[TaggedSentence] | Iterator[str]]]
 
 
-class _UploadLost(Exception):
+class _UploadLost(Refused):
     """The upload row is no longer this node's (adopted or cancelled): stop uploading."""
+
+    reason = "upload_lost"
 
 
 @dataclass
