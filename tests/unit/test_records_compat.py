@@ -101,7 +101,7 @@ BUILDERS = {
     "update_log.seg": build_update_log,
     "vocab.log": build_vocab_log,
     "job.journal": build_journal,
-    "store.snap": build_snapshot,
+    "store_v2.snap": build_snapshot,
     "rows.bin": build_export,
 }
 
@@ -145,9 +145,11 @@ def test_records_compat_journal_fixture_loads() -> None:
     assert back.doc == _journal().doc
 
 
-def test_records_compat_snapshot_fixture_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["store.snap", "store_v2.snap"])
+def test_records_compat_snapshot_fixture_loads(tmp_path: Path, name: str) -> None:
+    """Format 1 (row regions, before the row engine; no writer builds it any more) and format 2."""
     path = tmp_path / snapshot_name(4)
-    shutil.copyfile(FIXTURES / "store.snap", path)
+    shutil.copyfile(FIXTURES / name, path)
     store, seq = read_snapshot(path, BIG)
     ref = _snapshot_store()
     assert seq == 4 and store.applied == ref.applied
