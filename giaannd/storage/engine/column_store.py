@@ -456,7 +456,8 @@ class ColumnStore:
         order = np.lexsort((rf, rc))
         rc, rf = _sorted_unique(rc[order], rf[order])
         ids = self.engine.row_ids(rc, rf)
-        n = np.where(ids >= 0, self.engine.lengths()[np.maximum(ids, 0)], 0)
+        n = np.zeros(ids.shape[0], np.int64)  # 0: absent (a stored row is never empty)
+        n[ids >= 0] = self.engine.lengths()[ids[ids >= 0]]
         large = n > max_entries
         listed = large & (np.cumsum(large) <= max_large)
         taken = (n > 0) & ~large

@@ -94,3 +94,12 @@ def test_engine_store_equals_dict_reference(tmp_path: Path, seed: int, steps: li
         back, _ = read_snapshot(path, BIG)
         assert _same(back, at)
         path.unlink()
+
+
+def test_reads_of_absent_rows_from_an_empty_store_are_empty() -> None:
+    """Found by the integration run: ``read_bounded`` of absent keys indexed an empty length array."""
+    store = ColumnStore(BIG)
+    got = store.read_bounded(np.array([5, 1], np.uint64), np.array([0, 0], np.uint64), 100, 4)
+    assert got.batch.num_rows == 0 and got.large == [] and got.stopped_after is None
+    assert store.read_rows([5], [0]).num_rows == 0 and store.rows_digest([5], [0])[0].tolist() == [0]
+    assert store.read_part((5, 0), 0, 10).entries == 0 and store.row((5, 0)) is None
