@@ -333,14 +333,9 @@ class StorageConfig(_Section):
         "that much longer). 1 never rests."
     ))] = 0.5
     snapshot_load_copy_rows: Annotated[bool, Meta(description=(
-        "How a restart installs the rows of the snapshot it loads. false: each row's region is a "
-        "view of the one buffer the snapshot's rows were read into (a slice per row: the fastest "
-        "restart), and that buffer stays allocated while any of its rows does, so a row that "
-        "grows or is dropped later does not give back its old bytes: the process can hold up to "
-        "the loaded snapshot's row bytes more than `capacity-bytes` accounts for, until those "
-        "rows are all rewritten. true: each row gets a region of its own (an allocation and a "
-        "copy per row, measured in tools/bench/snapshot.py); memory is exactly what is "
-        "accounted, after a peak of twice the snapshot's rows during the load."
+        "No effect since snapshot format 2 (the row engine, issue 14 phase 2): a restart reads the "
+        "snapshot's arrays straight into the engine, with no per-row buffers to share or copy. "
+        "Kept so that configuration files that set it still load."
     ))] = False
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "

@@ -53,16 +53,17 @@ Not thread-safe (one owner).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import Run, fold_into_base, gap_ranges, merge_deltas, merge_into_slice, offsets_of
 from giaannd.rowengine.search import lower_bound
 
-__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "EngineStats", "Entries", "RowEngine"]
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -92,6 +93,31 @@ class Entries:
 
     def __len__(self) -> int:
         return int(self.st.shape[0])
+
+
+@dataclass(slots=True, eq=False)
+class ApplyPlan:
+    """A planned ``apply`` (``RowEngine.plan``): what ``commit`` writes. ``ids`` are the batch's row
+    ids in id order (new rows' ids are the ones ``commit`` gives them), ``lengths`` their entries."""
+
+    version: int
+    #: keys of the rows the batch creates, in the order they get the next ids
+    new_a: U64
+    new_b: U64
+    ids: I64
+    lengths: I64
+    #: in-place adds: (run, entry indexes in it, increments)
+    adds: list[tuple[Run, I64, F32]] = field(default_factory=list)
+    #: the keys found nowhere, as the next delta run
+    new_run: Run | None = None
+
+    @property
+    def new_entries(self) -> int:
+        return 0 if self.new_run is None else self.new_run.num_entries
+
+    @property
+    def new_rows(self) -> int:
+        return int(self.new_a.shape[0])
 
 
 @dataclass(slots=True)
@@ -133,6 +159,8 @@ class RowEngine:
         self._base = Run.empty()
         self._deltas: list[Run] = []
         self._entries = 0
+        #: bumped by every change, so a stale ApplyPlan is caught
+        self._version = 0
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -182,18 +210,30 @@ class RowEngine:
     def apply(self, a: U64, b: U64, offsets: I64, entries: Entries) -> None:
         """Add a canonical batch: rows ``(a[i], b[i])`` unique, row i's entries (sorted, unique keys)
         are ``entries[offsets[i]:offsets[i+1]]``. Equal keys add, new keys are inserted; rows with
-        no entries are registered (``row_ids`` finds them) and hold nothing."""
+        no entries are registered (``row_ids`` finds them) and hold nothing. ``plan`` + ``commit``."""
+        self.commit(self.plan(a, b, offsets, entries))
+
+    def plan(self, a: U64, b: U64, offsets: I64, entries: Entries) -> ApplyPlan:
+        """Every search of an ``apply`` (its steps 1-4), without changing anything: the plan knows
+        the growth (``new_entries``, ``new_rows``) before anything is written, so a caller can refuse
+        the batch as a whole. Valid until the engine next changes (``commit`` checks)."""
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
         lengths = np.diff(offsets)
-        ids, _ = self._index.lookup_or_add(np.asarray(a, np.uint64), np.asarray(b, np.uint64))
-        self._grow_lengths(len(self._index))
-        if len(entries) == 0:
-            return
+        ids = self._index.lookup(a, b)
+        new = ids < 0
+        new_a, new_b = a[new], b[new]
+        # rows not indexed yet get the next ids in batch order; commit appends them in that order
+        ids[new] = len(self._index) + np.arange(new_a.shape[0], dtype=np.int64)
         if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
             g = _block_gather(offsets[:-1][order], lengths)
             entries = Entries(entries.seg[g], entries.tc[g], entries.tf[g], entries.st[g])
         seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
+        plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
+        if st.shape[0] == 0:
+            return plan
         row = np.repeat(ids, lengths)
         base = self._base
         lo, hi = base.ranges(ids)
@@ -202,7 +242,7 @@ class RowEngine:
         inside = np.flatnonzero(pos < hi_e)
         at = pos[inside]
         hit = (base.seg[at] == seg[inside]) & (base.tc[at] == tc[inside]) & (base.tf[at] == tf[inside])
-        base.st[at[hit]] += st[inside[hit]]
+        plan.adds.append((base, at[hit], st[inside[hit]]))
         left = np.ones(row.shape[0], bool)
         left[inside[hit]] = False
         q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
@@ -218,12 +258,30 @@ class RowEngine:
             a_in = at[inside]
             hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
             if hit.any():
-                delta.st[a_in[hit]] += st[q[inside[hit]]]
+                plan.adds.append((delta, a_in[hit], st[q[inside[hit]]]))
                 keep = np.ones(q.shape[0], bool)
                 keep[inside[hit]] = False
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         if q.shape[0]:
-            self._add_delta(Run.from_sorted(row[q], qs, qc, qf, st[q], qpos))
+            plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
+        return plan
+
+    def commit(self, plan: ApplyPlan) -> None:
+        """Carry out a ``plan``; nothing may change the engine between the two.
+
+        Raises:
+            RuntimeError: the engine changed after the plan was made (nothing is written).
+        """
+        if plan.version != self._version:
+            raise RuntimeError("stale ApplyPlan: the engine changed after plan()")
+        self._version += 1
+        if plan.new_a.shape[0]:
+            self._index.append(plan.new_a, plan.new_b)
+        self._grow_lengths(len(self._index))
+        for run, at, add in plan.adds:
+            run.st[at] += add
+        if plan.new_run is not None:
+            self._add_delta(plan.new_run)
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
@@ -246,6 +304,7 @@ class RowEngine:
         deltas = self._deltas
         if not deltas:
             return
+        self._version += 1
         while len(deltas) >= 2:
             newer = deltas.pop()
             deltas[-1] = self._merge(deltas[-1], newer)
@@ -290,6 +349,92 @@ class RowEngine:
         g = _block_gather(lo, lengths)
         base = self._base
         return offsets_of(lengths), Entries(base.seg[g], base.tc[g], base.tf[g], base.st[g])
+
+    def gather(self, row_ids: I64) -> tuple[I64, Entries]:
+        """Rows ``row_ids`` (in that order; ids may repeat) concatenated, with offsets: a copy, like
+        ``read_many``, but without compacting first (a storage node serves reads between applies:
+        a fold per read would cost O(store)). The base slices are gathered, then each delta run's
+        entries of those rows, their base positions moved to the gathered base, merged in with the
+        run operations (run.merge_deltas, run.fold_into_base): O(entries read), whatever the store."""
+        row_ids = np.asarray(row_ids, np.int64)
+        k = int(row_ids.shape[0])
+        base = self._base
+        lo, hi = base.ranges(row_ids)
+        blen = hi - lo
+        g = _block_gather(lo, blen)
+        b_off = offsets_of(blen)
+        got = Run(np.arange(k, dtype=np.int64), b_off, base.seg[g], base.tc[g], base.tf[g], base.st[g])
+        merged: Run | None = None
+        for delta in self._deltas:
+            assert delta.pos is not None
+            dlo, dhi = delta.ranges(row_ids)
+            dlen = dhi - dlo
+            if not dlen.any():
+                continue
+            gi = _block_gather(dlo, dlen)
+            # a delta entry's base position, moved to where its row's base slice lies in ``got``
+            pos = delta.pos[gi] + np.repeat(b_off[:-1] - lo, dlen)
+            piece = Run.from_sorted(np.repeat(np.arange(k, dtype=np.int64), dlen), delta.seg[gi], delta.tc[gi],
+                                    delta.tf[gi], delta.st[gi], pos)
+            merged = piece if merged is None else merge_deltas(merged, piece)
+        if merged is not None:
+            got = fold_into_base(got, merged)
+        return offsets_of(self._lengths[row_ids]), Entries(got.seg, got.tc, got.tf, got.st)
+
+    def drop_rows(self, keep: NDArray[np.bool_]) -> None:
+        """Keep only the rows ``keep`` marks (a bool per row id), renumbered densely in id order
+        (row i becomes ``cumsum(keep)[i] - 1``): the deltas are folded first, then the base's
+        entries and row index filtered and the key index rebuilt from the kept keys. O(store),
+        vectorised; for dropping whole columns after a topology change (rare)."""
+        n = len(self._index)
+        keep = np.asarray(keep, bool)
+        if keep.shape[0] != n:
+            raise ValueError(f"keep has {keep.shape[0]} flags for {n} rows")
+        if keep.all():
+            return
+        self.compact()
+        self._version += 1
+        base = self._base
+        counts = base.counts()
+        kept_rows = keep[base.rows]
+        e = np.repeat(kept_rows, counts)
+        new_id = np.cumsum(keep, dtype=np.int64) - 1
+        self._base = Run(new_id[base.rows[kept_rows]], offsets_of(counts[kept_rows]), base.seg[e], base.tc[e],
+                         base.tf[e], base.st[e])
+        a, b = self.keys()
+        lengths = self.lengths()[keep]
+        self._index = KeyIndex.from_keys(a[keep], b[keep])
+        self._lengths = np.zeros(max(1024, lengths.shape[0]), np.int64)
+        self._lengths[: lengths.shape[0]] = lengths
+        self._entries = int(lengths.sum())
+
+    @classmethod
+    def from_arrays(cls, a: U64, b: U64, offsets: I64, entries: Entries, fanout: int = DEFAULT_FANOUT,
+                    base_ratio: int = DEFAULT_BASE_RATIO) -> RowEngine:
+        """An engine holding row i = key ``(a[i], b[i])`` with entries ``entries[offsets[i]:offsets[i+1]]``
+        (canonical: the caller checked), as one base run that *is* the given arrays (no copy): a
+        snapshot's load is its reads, and the key index built in one vectorised pass.
+
+        Raises:
+            ValueError: a key repeats.
+        """
+        engine = cls(fanout, base_ratio)
+        offsets = np.asarray(offsets, np.int64)
+        engine._index = KeyIndex.from_keys(a, b)
+        r = len(engine._index)
+        engine._base = Run(np.arange(r, dtype=np.int64), offsets, entries.seg, entries.tc, entries.tf, entries.st)
+        engine._grow_lengths(r)
+        engine._lengths[:r] = np.diff(offsets)
+        engine._entries = int(offsets[-1]) if r else 0
+        return engine
+
+    def freeze(self) -> FrozenEngine:
+        """The engine as it is now, for a reader in another thread while this one goes on applying
+        (frozen.py): references to every run's arrays and the keys, copies of only what changes in
+        place (strengths, 4 B per entry, and the lengths)."""
+        a, b = self.keys()
+        runs = [Run(r.rows, r.offsets, r.seg, r.tc, r.tf, r.st.copy(), r.pos) for r in (self._base, *self._deltas)]
+        return FrozenEngine(a, b, self.lengths().copy(), runs[0], runs[1:])
 
     def export(self) -> tuple[U64, U64, I64, Entries]:
         """Every row (empty ones too), sorted by key, concatenated: (a, b, offsets, entries), a copy."""

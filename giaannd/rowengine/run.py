@@ -19,9 +19,11 @@ runs, so no delta outlives the base it points into.
 Operations (each vectorised over every row and entry involved; inputs are not changed):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
-  the older one by base position first, :func:`gap_ranges`, then by key inside that gap).
+  the older one by base position first, :func:`gap_ranges`, then by key inside that gap; a newer
+  run whose rows all come after the older's is a concatenation).
 - :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
-  memory on top is one field of the new base (8 bytes per entry), not a second base.
+  memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
+  entirely after the base is appended: a concatenation instead of the scatter).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
 """
 
@@ -161,6 +163,12 @@ def gap_ranges(run: Run, row_lo: I64, row_hi: I64, pos: I64) -> tuple[I64, I64]:
 def merge_deltas(older: Run, newer: Run) -> Run:
     """The union of two key-disjoint delta runs, as a new delta run (nothing is added)."""
     assert older.pos is not None and newer.pos is not None
+    if older.rows.shape[0] and newer.rows.shape[0] and newer.rows[0] > older.rows[-1]:
+        # every newer row after every older one (new rows, as a stream brings): a concatenation
+        cat = np.concatenate
+        return Run(cat((older.rows, newer.rows)), cat((older.offsets, newer.offsets[1:] + older.offsets[-1])),
+                   cat((older.seg, newer.seg)), cat((older.tc, newer.tc)), cat((older.tf, newer.tf)),
+                   cat((older.st, newer.st)), cat((older.pos, newer.pos)))
     row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
     lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
@@ -180,10 +188,16 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     """
     assert delta.pos is not None
     rows, counts = _union_rows(base, delta)
-    dst, keep = merge_positions(base.num_entries, delta.pos)
+    # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
+    # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
+    append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
+    dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
     out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st)
     for f in FIELDS:
-        field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
+        if append:
+            field = np.concatenate((getattr(base, f), getattr(delta, f)))
+        else:
+            field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
     return out

@@ -56,19 +56,12 @@ def _journal() -> JobJournal:
                                  cursor=2, settled=1, started=[2, 1], learned={1: [11, 12]}, resumes=1))
 
 
-def _snapshot_store() -> ColumnStore:
+def _snapshot_store(track: bool = False) -> ColumnStore:
+    """``track``: writer 7 is a tracked training writer (per-column idempotency, applied_set.py):
+    format 2 writes its applied columns; format 1 predates them."""
     store = ColumnStore(BIG)
-    store.apply(BatchId(7, 1), BATCH_A)
-    store.apply(BatchId(7, 3), BATCH_B)
-    store.apply(BatchId(9, 1), BATCH_B)
-    store.advance_floor(9, 1)
-    return store
-
-
-def _snapshot_store_v2() -> ColumnStore:
-    """The version 1 store, with writer 7 tracked (per-column idempotency, snapshot version 2)."""
-    store = ColumnStore(BIG)
-    store.applied.promise(7, 0)
+    if track:
+        store.applied.promise(7, 0)
     store.apply(BatchId(7, 1), BATCH_A)
     store.apply(BatchId(7, 3), BATCH_B)
     store.apply(BatchId(9, 1), BATCH_B)
@@ -99,8 +92,8 @@ def build_journal(tmp: Path) -> bytes:
     return _journal().encode()
 
 
-def build_snapshot_v2(tmp: Path) -> bytes:
-    return write_snapshot(tmp, _snapshot_store_v2(), 4).read_bytes()
+def build_snapshot(tmp: Path) -> bytes:
+    return write_snapshot(tmp, _snapshot_store(track=True), 4).read_bytes()
 
 
 def build_export(tmp: Path) -> bytes:
@@ -112,9 +105,7 @@ BUILDERS = {
     "update_log.seg": build_update_log,
     "vocab.log": build_vocab_log,
     "job.journal": build_journal,
-    # store.snap is version 1, written before the applied-columns section: it must keep loading
-    # (below), but today's writer writes version 2
-    "store.v2.snap": build_snapshot_v2,
+    "store_v2.snap": build_snapshot,
     "rows.bin": build_export,
 }
 
@@ -158,25 +149,20 @@ def test_records_compat_journal_fixture_loads() -> None:
     assert back.doc == _journal().doc
 
 
-def test_records_compat_snapshot_fixture_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["store.snap", "store_v2.snap"])
+def test_records_compat_snapshot_fixture_loads(tmp_path: Path, name: str) -> None:
+    """Format 1 (row regions, before the row engine; no writer builds it any more) and format 2."""
     path = tmp_path / snapshot_name(4)
-    shutil.copyfile(FIXTURES / "store.snap", path)
+    shutil.copyfile(FIXTURES / name, path)
     store, seq = read_snapshot(path, BIG)
-    ref = _snapshot_store()
+    ref = _snapshot_store(track=name != "store.snap")
     assert seq == 4 and store.applied == ref.applied
     assert _same_batch(store.read_all(), ref.read_all())
-    assert not store.applied.tracked(7) and store.applied.columns(BatchId(7, 1)) is None  # whole, as before
-
-
-def test_records_compat_snapshot_v2_fixture_loads(tmp_path: Path) -> None:
-    path = tmp_path / snapshot_name(4)
-    shutil.copyfile(FIXTURES / "store.v2.snap", path)
-    store, seq = read_snapshot(path, BIG)
-    ref = _snapshot_store_v2()
-    assert seq == 4 and store.applied == ref.applied
-    assert all(np.array_equal(a, b) for a, b in zip(store.applied.column_arrays(), ref.applied.column_arrays()))
-    assert store.applied.columns(BatchId(7, 3)).tolist() == np.unique(BATCH_B.row_column).tolist()
-    assert _same_batch(store.read_all(), ref.read_all())
+    if name == "store.snap":  # before the columns: every applied id counts as whole, as it did
+        assert not store.applied.tracked(7) and store.applied.columns(BatchId(7, 1)) is None
+    else:
+        assert all(np.array_equal(a, b) for a, b in zip(store.applied.column_arrays(), ref.applied.column_arrays()))
+        assert store.applied.columns(BatchId(7, 3)).tolist() == np.unique(BATCH_B.row_column).tolist()
 
 
 def test_records_compat_export_fixture_loads() -> None:

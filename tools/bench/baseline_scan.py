@@ -19,7 +19,7 @@ slots:
 - of those, it keeps rows whose column the optional ``keep`` filter accepts (vectorised over the
   window), up to ``limit_rows`` rows and ``limit_entries`` entries, but always at least one row,
   so a huge row cannot stall a scan; stopped by a limit, the cursor is the last row taken;
-- the page is a copy (``regions.gather_rows``), safe to send while applies continue.
+- the page is a copy (``gather_rows``), safe to send while applies continue.
 
 The index may be older than the slots (a key whose row was dropped is skipped). Rows added behind
 the cursor during a scan are not seen by it; rows added ahead of it are (the store rebuilds its
@@ -35,9 +35,38 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch, RowKey
-from giaannd.storage.engine.regions import RowSlot, gather_rows
 
-__all__ = ["ScanResult", "scan_page"]
+__all__ = ["RowSlot", "ScanResult", "scan_page"]
+
+ENTRY_BYTES = 21
+
+
+class RowSlot:
+    """A stored row of the dict-of-regions store (before the row engine): its region."""
+
+    __slots__ = ("region", "touches")
+
+    def __init__(self, region: NDArray[np.uint8], touches: int = 1) -> None:
+        self.region, self.touches = region, touches
+
+
+def gather_rows(keys: list[RowKey], regions: list[NDArray[np.uint8]]) -> RowBatch:
+    """The rows ``keys`` stored in ``regions`` as one batch (a copy; the old regions.gather_rows)."""
+    if not keys:
+        return RowBatch.empty()
+    ns = [r.shape[0] // ENTRY_BYTES for r in regions]
+    offsets = np.zeros(len(regions) + 1, np.int64)
+    np.cumsum(ns, out=offsets[1:])
+    cat = np.concatenate
+    return RowBatch(
+        np.fromiter((k[0] for k in keys), np.uint64, len(keys)),
+        np.fromiter((k[1] for k in keys), np.uint64, len(keys)),
+        offsets,
+        cat([r[20 * n :] for r, n in zip(regions, ns)]),
+        cat([r[: 8 * n] for r, n in zip(regions, ns)]).view(np.uint64),
+        cat([r[8 * n : 16 * n] for r, n in zip(regions, ns)]).view(np.uint64),
+        cat([r[16 * n : 20 * n] for r, n in zip(regions, ns)]).view(np.float32),
+    )
 
 
 @dataclass(frozen=True, slots=True)

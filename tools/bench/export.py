@@ -6,7 +6,7 @@ an in-process storage cluster (tools/cluster_harness: real storage services, ``m
 id named in the exporting node's vocabulary. Measured, each path in the same run:
 
 - **storage scan page** (one node's store, every row): the vectorised page (row_scan.py) against
-  the per-row page it replaced (baseline_scan.py, a frozen copy), MB/s of row bytes (21 per entry),
+  the per-row page of the dict-of-regions store (baseline_scan.py, a frozen copy), MB/s of row bytes (21 per entry),
   best of ``SCAN_REPEATS`` interleaved runs;
 - **cluster scan**: ``StorageClient.scan_all`` (every node's share, merged k-way in key order),
   MB/s, best of ``SCAN_REPEATS``. Every node serves from this one process, so this is the
@@ -35,7 +35,6 @@ import numpy as np
 from giaannd.compute.cluster_export import export_cluster, scan_cluster, write_export
 from giaannd.model.rows import RowBatch
 from giaannd.model.vocab import Vocabulary
-from giaannd.storage.engine import row_scan
 from tools.bench import baseline_scan
 from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster
@@ -78,13 +77,15 @@ def store_scan_rates(cluster: Cluster) -> tuple[float, float]:
     """MB/s of the new and the baseline page over one node's whole store (4 MiB pages), best of
     ``SCAN_REPEATS`` each, interleaved."""
     store = next(iter(cluster.services.values())).store.store
-    cols, feats = store._sorted_keys()
+    cols = np.array([k[0] for k in store.keys()], np.uint64)
+    feats = np.array([k[1] for k in store.keys()], np.uint64)
+    # the baseline's dict of one region per row (built once, outside the timing)
+    slots = {key: baseline_scan.RowSlot(np.frombuffer(region, np.uint8)) for key, _, region in store.iter_slots()}
     rates = [0.0, 0.0]
     for _ in range(SCAN_REPEATS):
         for i, page in enumerate((
-                lambda after: row_scan.scan_page(store._rows, cols, feats, after, 65_536, 800_000, 262_144,
-                                                 limit_bytes=4 << 20),
-                lambda after: baseline_scan.scan_page(store._rows, cols, feats, after, 65_536, 200_000, 262_144))):
+                lambda after: store.scan(after, 65_536, 800_000, 262_144, limit_bytes=4 << 20),
+                lambda after: baseline_scan.scan_page(slots, cols, feats, after, 65_536, 200_000, 262_144))):
             t, nbytes, after = time.perf_counter(), 0, None
             while True:
                 res = page(after)

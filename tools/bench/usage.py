@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -32,16 +31,15 @@ import numpy as np
 from giaannd.client.column_rows import ColumnRead
 from giaannd.compute.cluster_export import column_contents
 from giaannd.model.export import jsonl_bytes
-from giaannd.model.rows import RowBatch
+from giaannd.model.rows import Row, RowBatch
 from giaannd.model.vocab import Vocabulary
 from giaannd.protocol import BatchId
 from giaannd.storage.engine import column_store
-from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, log2_histogram
+from giaannd.storage.engine.column_store import ColumnStore, log2_histogram
 from tools.bench.report import emit_figure, print_table
 
 REPEATS = 3
 APPLY_OVERHEAD_TARGET = 1.05
-_REGION = attrgetter("region")
 
 
 def _best(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
@@ -54,10 +52,8 @@ def _best(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
 
 
 def _walk(store: ColumnStore) -> list[int]:
-    """The baseline: every row's length read from its slot, then histogrammed."""
-    rows = store._rows  # the bench measures the walk the counts replace
-    nbytes = np.fromiter(map(len, map(_REGION, rows.values())), np.int64, len(rows))
-    return log2_histogram(nbytes // ENTRY_BYTES)
+    """The baseline: every row's length recounted (from the engine's lengths), then histogrammed."""
+    return log2_histogram(store.engine.lengths())
 
 
 def bench_histogram(n_rows: int) -> dict[str, float]:
@@ -65,9 +61,10 @@ def bench_histogram(n_rows: int) -> dict[str, float]:
     lengths = np.maximum(1, rng.lognormal(2.8, 1.0, n_rows).astype(np.int64))
     offsets = np.zeros(n_rows + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    store = ColumnStore(1 << 50)
+    store, n = ColumnStore(1 << 50), int(offsets[-1])
     store.load_bulk(np.arange(1, n_rows + 1, dtype=np.uint64), np.zeros(n_rows, np.uint64), offsets,
-                    np.zeros(int(offsets[-1]) * ENTRY_BYTES, np.uint8), np.ones(n_rows, np.uint64))
+                    Row(np.zeros(n, np.uint8), np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.float32)),
+                    np.ones(n_rows, np.uint64))
     assert store.row_size_log2() == _walk(store)
     return {"kept_us": _best(store.row_size_log2, 100) * 1e6, "walk_us": _best(lambda: _walk(store)) * 1e6}
 

@@ -1,106 +1,72 @@
-"""The in-RAM column store: one contiguous region per (column, feature) row (ARCHITECTURE §8).
+"""The in-RAM column store: the rows of a storage node on the row engine (issue 14, ARCHITECTURE §8).
 
 Theory of operation
 -------------------
-State: ``rows`` (row key -> ``RowSlot``: the row's region, its four array views, the number of
-applied batches that touched it), the :class:`AppliedSet` of batch ids, and the bytes in use.
+State: a :class:`~giaannd.rowengine.RowEngine` (every row's entries in shared field arrays: one base
+run and a few delta runs, a key index from row key to a dense row id; engine.py), arrays indexed by
+row id for what the store keeps per row (``touches``: the applied batches that touched it), the
+:class:`AppliedSet` of batch ids, and the row-size counts. The single-process core's ``RowStore``
+runs on the same engine: one engine, not two. There is no Python object per row anywhere.
 
-- A row of n entries lives in one ``uint8`` region of ``ENTRY_BYTES * n`` bytes laid out
-  ``target_column u64[n] | target_feature u64[n] | strength f32[n] | segment u8[n]`` (regions.py
-  owns the layout and every vectorised conversion to and from it). One region = one contiguous
-  buffer to send for an inference read of that row (``row_region``) and one ``readinto`` when a
-  snapshot is loaded.
 - ``apply(batch_id, batch)``: a batch id already applied is ignored (returns False). Otherwise the
-  whole batch is *planned* first (apply_plan.py: all small rows in one vectorised pass,
-  ``row_merge.plan_batch``) — pure, which yields the exact memory growth — then refused as a whole with
-  :class:`StoreFullError` if it
-  does not fit, else committed: rows whose delta keys are all stored get an in-place add; every
-  growing or new row is merged in one pass (``merge_batch``), staged in one buffer and copied out
-  into its own region (``regions.cut_regions``). So a refused or invalid batch leaves the store
-  exactly as it was, and the Python work per row is a dict lookup and, for a growing row, one region.
-- Rows a batch creates (no stored entries: every row of a stream chunk a joining node receives,
-  and the new rows of training batches) skip planning and merging: a canonical delta row *is* the
-  merged row, so its region is laid out straight from the batch (``regions.install_regions``: one
-  vectorised scatter for all short rows, one byte concatenation per long row). Same bytes as the
-  merge path (tests compare the two), a fraction of the work.
-- ``drop_columns(columns)`` deletes every row of the given columns (rows of columns the node no
-  longer owns after a topology change: release.py) and returns their bytes to the capacity. The
-  applied set is kept: batch ids stay applied, so a late duplicate is still ignored.
-- Memory accounting: the regions' bytes plus ``ROW_OVERHEAD_BYTES`` per row plus
-  ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``.
-- Reads: ``row``/``row_region`` (one row, live), ``read_rows``/``read_all`` (copies,
-  ``regions.gather_rows``), ``read_bounded`` / ``read_part`` (the chunked reads of rows of any
-  size, protocol "Rows of any size": a reply bounded in entries, large rows listed with their
-  version, then read by parts; a row's version is its applied-batch count ``touches`` and the
-  store's ``drops``, bumped by every ``drop_columns``), ``digest``/``rows_digest`` for repair and stream verification
-  (row_digest.py) and ``scan`` pages for the cluster-wide export (row_scan.py); the store keeps
-  one sorted key index for ``keys``, ``scan`` and the per-column queries.
-
-This module is the facade: ``ColumnStore`` owns the state and the apply/drop logic, and re-exports
-the names callers import from it (``ENTRY_BYTES``, ``row_from_region``, ``RowDigest``,
-``ScanResult``). The tuning flags below are read here at each call, so tests can patch them on
-this module.
+  engine *plans* the whole batch (``RowEngine.plan``: every search, no change), which gives the exact
+  growth in entries and rows; the batch is refused as a whole with :class:`StoreFullError` if that
+  does not fit, else committed (``RowEngine.commit``: in-place adds, the new keys as a delta run).
+  So a refused or invalid batch leaves the store exactly as it was. Rows of a batch with no
+  entries change nothing (and are not created).
+- ``drop_columns(columns)`` deletes every row of the given columns (``RowEngine.drop_rows``: the
+  runs filtered, the rows renumbered, the key index rebuilt; O(store), vectorised, rare) and
+  returns their bytes to the capacity. The applied set is kept: batch ids stay applied, so a late
+  duplicate is still ignored.
+- Memory accounting: ``ENTRY_BYTES`` per entry plus ``ROW_OVERHEAD_BYTES`` per row plus
+  ``APPLIED_ID_BYTES`` per stored batch id, against ``capacity_bytes``: what the engine's arrays
+  take (its docstring), counted from the plan so a refusal is decided before anything changes and
+  the same on every replica (the arrays' actual size also depends on when they last doubled).
+- Reads: ``row`` (one row: views of the base when no delta run holds part of it, else a merged
+  copy), ``read_rows``/``read_all``/``read_bounded`` (copies: one ``RowEngine.gather``),
+  ``read_part`` (the chunked reads of rows of any size, protocol "Rows of any size"; a row's
+  version is its ``touches`` and the store's ``drops``, bumped by every ``drop_columns``),
+  ``digest``/``rows_digest`` for repair and stream verification (row_digest.py), and ``scan``
+  pages for the cluster-wide export (row_scan.py). The sorted key order (``_sorted_keys``) is
+  rebuilt lazily, when the rows changed since it was last made.
 
 The store is synchronous and does no I/O: durability (update log, snapshots) wraps it in
-recovery.py, and the asyncio service is glue on top of that.
+recovery.py, and the asyncio service is glue on top of that. Single-threaded by contract, except
+``freeze``'s view, which another thread may read.
 
-Concurrency: single-threaded by contract. Views returned by ``row``/``row_region`` are live: an
-in-place merge-add changes their strengths, a growing merge replaces the region (the old views keep
-the old data alive). ``read_rows`` returns copies, safe to send while applies continue.
+Snapshots that never stop writes: ``freeze()`` returns a :class:`FrozenRows` — the engine's frozen
+view (rowengine/frozen.py: references to the runs' key arrays, which the engine replaces but never
+writes, and copies of what it changes in place, the strengths: 4 bytes per entry, one memcpy), the
+touches and the applied set as arrays. A snapshot thread writes from it while applies go on; there
+is no copy-on-write and nothing to undo, so ``release`` only drops the references.
 
-Frozen views (snapshots while applies go on, issue 14 item 3): ``freeze()`` returns a
-:class:`FrozenRows` — a shallow copy of the row dict (one C-level dict copy: pointers, no row data)
-and the applied set as arrays — which another thread may read while this one keeps applying.
-That is safe because, while any frozen view is alive, the store never changes a region or a slot
-it may hold: the in-place paths (merge-add into a row whose keys are all stored) become
-copy-on-write — the row's region is copied, the copy changed, and a new slot put in its place —
-and a growing merge already makes a new region and slot. So a region or slot, once in a frozen
-view, is immutable until ``release()``. A row is copied once per view (the first in-place change
-finds the view holding its slot; later ones change the copy, which the view does not hold); the
-replaced regions stay alive, unaccounted, until the view is released.
-
-Restart installs rows in bulk: ``load_bulk`` (a snapshot's rows, views of the one buffer read, or
-copies: ``storage.snapshot-load-copy-rows``), and ``share_regions`` for log replay (the regions a
-commit lays out are views of the batch's one staging buffer).
+Restart: ``load_bulk`` makes a snapshot's arrays the engine's base run as they are (no per-row
+work; the key index built in one vectorised pass).
 """
 
 from __future__ import annotations
 
-import gc
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import itemgetter
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.protocol import BatchId
+from giaannd.rowengine import Entries, RowEngine
+from giaannd.rowengine.engine import ApplyPlan
+from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.apply_plan import ApplyPlan, plan_apply
 from giaannd.storage.engine.errors import StoreFullError
-from giaannd.storage.engine.regions import (
-    ENTRY_BYTES,
-    RowSlot,
-    gather_rows,
-    install_regions,
-    new_region,
-    region_part,
-    row_from_region,
-)
-from giaannd.storage.engine.regions import cut_regions as _cut_regions
-from giaannd.storage.engine.regions import rows_of_regions as _rows_of_regions  # noqa: F401 (tests use it)
+from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
 from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest
-from giaannd.storage.engine.row_merge import MergePlan, add_in_place, merge_batch, merge_into
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
 
 __all__ = [
     "APPLIED_ID_BYTES",
     "BoundedRead",
     "ENTRY_BYTES",
-    "GIL_SLICE_ROWS",
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
@@ -116,39 +82,16 @@ __all__ = [
     "row_from_region",
 ]
 
-#: Python bookkeeping per row (dict entry, key tuple, slot, Row and four ndarray views): 860 bytes
-#: measured with tracemalloc on CPython 3.11 / numpy 2.4, rounded up.
-ROW_OVERHEAD_BYTES = 1024
+#: The engine's arrays per row, rounded up: the key index (16 bytes of key and 2-4 slots of 8 at
+#: load <= 1/2), the length and ``touches`` (8 + 8), the base run's row index (16), with the slack
+#: of arrays that grow by doubling (up to 2x). Was 1024 with one Python object per row.
+ROW_OVERHEAD_BYTES = 128
 #: Per stored batch id in the applied set (a set/dict entry and an int), rounded up.
 APPLIED_ID_BYTES = 96
-#: Stored rows at least this long are merged one at a time (``plan_merge``: keys packed once,
-#: O(m log n) search, an in-place add when nothing is new); shorter ones together (``plan_batch``).
-#: The batch path copies every touched stored entry two or three more times, which costs more than
-#: the ~30 µs of per-row Python it saves once a row has several hundred entries. Measured (apply of
-#: the bundled corpus's K=256 training batches, 3.5k and 8.8k sentences): thresholds 256 and 512
-#: equally fastest, 1024 10 % slower, all-batched 15 % slower; tools/bench/storage.py's synthetic
-#: table: 200-entry rows 1.3-1.8x faster batched, 2000-entry rows about 2x slower. (Read at each
-#: ``prepare`` and passed to ``apply_plan.plan_apply``, as is ``INSTALL_NEW_ROWS``.)
-LARGE_ROW_ENTRIES = 512
-#: Rows a batch creates (no stored entries yet) are *installed*: their merged form is the delta row
-#: itself, so planning and merging are skipped and each region is laid out straight from the batch
-#: (``_install_regions``). False sends them through the general merge path instead (tests compare
-#: the two bit for bit).
-INSTALL_NEW_ROWS = True
-#: New rows at least this long are laid out one at a time (one ``concatenate`` of four byte slices:
-#: about 1 µs of Python, then memcpy speed); shorter ones by one vectorised scatter over all of them
-#: (``regions.cut_regions``). Measured, 4 MiB of new rows (scatter / one at a time, MB/s): 20
-#: entries per row 645 / 326, 50: 837 / 776, 500: 1245 / 5046, 5000: 1359 / 11979.
-INSTALL_CONCAT_ENTRIES = 64
-#: Per-row loops that run in a snapshot thread beside the applying one go this many rows at a
-#: time: a C-level loop (``list(map(...))``, ``np.fromiter``) holds the GIL until it returns, so
-#: one over every row of a large store would stall applies for its whole length (hundreds of ms
-#: per million rows); 8192 rows take well under a millisecond.
-GIL_SLICE_ROWS = 8192
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 #: Bins of the row-size counts (``row_size_log2``): a length is an int64, so floor(log2(n)) < 63
 #: (protocol.MAX_ROW_SIZE_BINS, the reply's limit, is the same 64).
 SIZE_BINS = 64
+_EMPTY_IDS = np.empty(0, np.int64)
 
 
 def _columns_of(batch: RowBatch) -> NDArray[np.uint64]:
@@ -164,22 +107,39 @@ def _strictly_ascending(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> bool:
     return bool(np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))))
 
 
-def _install_regions(batch: RowBatch, share: bool = False) -> list[NDArray[np.uint8]]:
-    """``regions.install_regions`` with this module's ``INSTALL_CONCAT_ENTRIES``, read at each call
-    (tests patch it)."""
-    return install_regions(batch, INSTALL_CONCAT_ENTRIES, share)
+def _sorted_unique(rc: NDArray[np.uint64], rf: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """The keys sorted by (column, feature), repeats removed (as given when already so)."""
+    if rc.shape[0] < 2 or _strictly_ascending(rc, rf):
+        return rc, rf
+    order = np.lexsort((rf, rc))
+    rc, rf = rc[order], rf[order]
+    first = np.ones(rc.shape[0], bool)
+    first[1:] = (rc[1:] != rc[:-1]) | (rf[1:] != rf[:-1])
+    return rc[first], rf[first]
+
+
+def _keys(row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
+    rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
+    if rc.shape != rf.shape:
+        raise ValueError("row_column and row_feature differ in length")
+    return rc, rf
+
+
+def _row(entries: Entries) -> Row:
+    return Row(entries.seg, entries.tc, entries.tf, entries.st)
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedApply:
     """A checked, planned apply (``ColumnStore.prepare``). ``batch`` is what will be applied: the
     batch given, or the part of it whose columns were not applied under its id before (applied_set.py,
-    "Which columns"); the durable store logs that part."""
+    "Which columns"); the durable store logs that part. ``columns``: its distinct columns."""
 
     batch_id: BatchId
     batch: RowBatch
     columns: NDArray[np.uint64]
-    plans: ApplyPlan
+    plan: ApplyPlan | None
     version: int
 
 
@@ -206,59 +166,26 @@ class PartRead:
 @dataclass(frozen=True, slots=True)
 class DropResult:
     """What ``drop_columns`` removed: ``rows``, and ``bytes``, the accounted bytes returned to the
-    capacity (the rows' regions plus ``ROW_OVERHEAD_BYTES`` each)."""
+    capacity (``ENTRY_BYTES`` per entry plus ``ROW_OVERHEAD_BYTES`` per row)."""
 
     rows: int
     bytes: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class FrozenRows:
-    """An immutable view of a store at one moment (``ColumnStore.freeze``; module docstring).
+    """The store at one moment (``ColumnStore.freeze``; module docstring), safe to read from another
+    thread while the store goes on applying: ``engine`` (rows in id order; rowengine/frozen.py),
+    ``touches`` by row id, ``applied`` (the applied set's ``to_arrays``), ``applied_columns`` (its
+    ``column_arrays``). ``release`` drops the references (idempotent)."""
 
-    ``rows`` (key -> slot, unordered; neither the dict nor the slots and regions in it change
-    while the view is alive), ``applied`` (the applied set's ``to_arrays``), ``applied_columns``
-    (its ``column_arrays``), and ``release``, to call once the view is no longer read
-    (idempotent): the store then stops copying on write.
-    """
-
-    rows: dict[RowKey, RowSlot]
+    engine: FrozenEngine | None
+    touches: NDArray[np.uint64]
     applied: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
     applied_columns: tuple[NDArray[np.uint64], ...]
-    _release: Callable[[], None] = field(repr=False)
-    _released: bool = False
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._release()
-
-    def in_key_order(self, pause: Callable[[], None] = lambda: None
-                     ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[RowSlot]]:
-        """The view's row keys as two arrays sorted by (column, feature), and its slots in that
-        order. Meant for the snapshot thread: only C-level loops (no Python frame per row, no key
-        hashing: the slots are taken in dict order and permuted), ``GIL_SLICE_ROWS`` at a time,
-        calling ``pause`` after each (snapshot.Pacer)."""
-        n = len(self.rows)
-        cols, feats = np.empty(n, np.uint64), np.empty(n, np.uint64)
-        values: list[RowSlot] = []
-        keys, slots = iter(self.rows), iter(self.rows.values())
-        for a in range(0, n, GIL_SLICE_ROWS):
-            chunk = list(islice(keys, GIL_SLICE_ROWS))
-            cols[a : a + len(chunk)] = np.fromiter(map(_FIRST, chunk), np.uint64, len(chunk))
-            feats[a : a + len(chunk)] = np.fromiter(map(_SECOND, chunk), np.uint64, len(chunk))
-            values += islice(slots, GIL_SLICE_ROWS)
-            pause()
-        order = np.lexsort((feats, cols))
-        ordered: list[RowSlot] = []
-        for a in range(0, n, GIL_SLICE_ROWS):
-            ordered += map(values.__getitem__, order[a : a + GIL_SLICE_ROWS].tolist())
-            pause()
-        return cols[order], feats[order], ordered
-
-    def holds(self, key: RowKey, slot: RowSlot) -> bool:
-        """Whether ``slot`` is the view's slot for ``key`` (then it must not change)."""
-        return self.rows.get(key) is slot
+        self.engine = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,33 +235,28 @@ class ColumnStore:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.applied = AppliedSet()
-        self._rows: dict[RowKey, RowSlot] = {}
-        self._region_bytes = 0
-        self._entries = 0
-        self._version = 0  # bumped by every commit, so a stale PreparedApply is caught
+        self.engine = RowEngine()
+        #: applied batches that touched each row, by row id (grown by doubling)
+        self._touches = np.zeros(1024, np.uint64)
+        self._version = 0  # bumped by every change, so a stale PreparedApply is caught
         #: bumped by every drop_columns: part of a row's version for chunked reads (module docstring)
         self.drops = 0
-        #: (row count, sorted columns, sorted features) for ``keys``/``scan``; reset by a drop
-        self._scan_index: tuple[int, NDArray[np.uint64], NDArray[np.uint64]] | None = None
-        #: frozen views alive (``freeze``): while any, an in-place change to a row one of them holds
-        #: is copy-on-write. A view is released by the thread that read it, hence the lock (the
-        #: list is replaced, never changed, so the applying thread may read it without the lock).
-        self._frozen: list[FrozenRows] = []
-        #: lay out the regions a commit creates as views of one buffer per batch instead of one
-        #: copy each (``regions.cut_regions``): set by recovery for log replay only
-        #: (``storage.snapshot-load-copy-rows`` false), as the snapshot load does
-        self.share_regions = False
-        self._frozen_lock = threading.Lock()
+        #: (rows changed at version, sorted columns, sorted features, their row ids): ``_sorted_keys``
+        self._sorted: tuple[int, NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]] | None = None
+        #: the version of the last change of the row set (a row created or dropped)
+        self._rows_version = 0
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
         self._size_counts = np.zeros(SIZE_BINS, np.int64)
 
     # -- accounting -------------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return self._region_bytes + ROW_OVERHEAD_BYTES * len(self._rows) + APPLIED_ID_BYTES * len(self.applied)
+        return (ENTRY_BYTES * self.engine.num_entries + ROW_OVERHEAD_BYTES * self.engine.num_rows
+                + APPLIED_ID_BYTES * len(self.applied))
 
     def usage(self) -> StoreUsage:
-        return StoreUsage(self.used_bytes, self.capacity_bytes, len(self._rows), self._entries, len(self.applied))
+        return StoreUsage(self.used_bytes, self.capacity_bytes, self.engine.num_rows, self.engine.num_entries,
+                          len(self.applied))
 
     @property
     def is_full(self) -> bool:
@@ -342,18 +264,20 @@ class ColumnStore:
 
     def row_size_log2(self) -> list[int]:
         """The row-size histogram for ``GetUsage``: element k counts the rows of 2**k to
-        2**(k+1) - 1 entries, trailing zeros trimmed (``log2_histogram`` of every row's length).
-
-        Kept up to date by every change of a row's length (install, growing merge, drop, load),
-        each adding and removing the counts of the rows it changed in one vectorised pass, so this
-        answer costs O(bins), not a walk over millions of slots on the event loop (a walk of C-level
-        ``map``s measured 67 ms per million rows)."""
+        2**(k+1) - 1 entries, trailing zeros trimmed. Kept up to date by every change of a row's
+        length (apply, drop, load) in one vectorised pass each, so this costs O(bins)."""
         return _trimmed(self._size_counts)
 
     def _count_sizes(self, lengths: NDArray[np.int64], sign: int = 1) -> None:
         """Add (``sign`` 1) or remove (-1) rows of ``lengths`` entries to the row-size counts."""
         if lengths.shape[0]:
             self._size_counts += sign * log2_bins(lengths)
+
+    def _grow_touches(self, n: int) -> None:
+        if n > self._touches.shape[0]:
+            grown = np.zeros(max(n, 2 * self._touches.shape[0]), np.uint64)
+            grown[: self._touches.shape[0]] = self._touches
+            self._touches = grown
 
     # -- writes -----------------------------------------------------------------------------------
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True) -> bool:
@@ -404,11 +328,19 @@ class ColumnStore:
                 return None
             batch = batch.select_rows(fresh)
             columns = np.setdiff1d(columns, done, assume_unique=True)
-        plans = plan_apply(self._rows, batch, LARGE_ROW_ENTRIES, INSTALL_NEW_ROWS)
-        growth = APPLIED_ID_BYTES + ENTRY_BYTES * plans.new_entries + ROW_OVERHEAD_BYTES * plans.new_slots
+        logged = batch
+        lengths = np.diff(batch.offsets)
+        if not lengths.all():  # rows without entries change nothing and are not created
+            batch = batch.select_rows(lengths > 0)
+        plan = None
+        growth = APPLIED_ID_BYTES
+        if batch.num_rows:
+            plan = self.engine.plan(batch.row_column, batch.row_feature, batch.offsets,
+                                    Entries(batch.segment, batch.target_column, batch.target_feature, batch.strength))
+            growth += ENTRY_BYTES * plan.new_entries + ROW_OVERHEAD_BYTES * plan.new_rows
         if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
-        return PreparedApply(batch_id, batch, columns, plans, self._version)
+        return PreparedApply(batch_id, logged, columns, plan, self._version)
 
     def commit(self, prepared: PreparedApply) -> None:
         """Carry out a plan from ``prepare``; no other write may come between the two."""
@@ -416,88 +348,37 @@ class ColumnStore:
             raise RuntimeError("stale PreparedApply: the store changed after prepare()")
         self._version += 1
         self.applied.add(prepared.batch_id, prepared.columns)
-        self._commit(prepared.plans)
-
-    def _commit(self, planned: ApplyPlan) -> None:
-        for key, delta, large_slot, row_plan in planned.large:
-            self._commit_large(key, delta, large_slot, row_plan)
-        if planned.new_rows is not None:
-            self._install(planned.new_keys, planned.new_rows)
-        plan, slots = planned.plan, planned.slots
+        plan = prepared.plan
         if plan is None:
             return
-        grows = plan.new_count > 0  # every absent row grows: its delta row is not empty
-        if not grows.all():
-            # rows whose delta keys are all stored: strength[pos] += delta, in the live region
-            local_pos = plan.local_pos()
-            offsets = plan.delta_offsets.tolist()
-            strength = plan.delta.strength
-            frozen = self._frozen
-            for i in np.flatnonzero(~grows).tolist():
-                slot = slots[i]
-                assert slot is not None
-                if frozen and self._is_frozen(planned.keys[i], slot):  # change a copy (docstring)
-                    slot = RowSlot(slot.region.copy(), None, slot.touches)
-                    self._rows[planned.keys[i]] = slot
-                a, b = offsets[i], offsets[i + 1]
-                slot.row.strength[local_pos[a:b]] += strength[a:b]
-                slot.touches += 1
-        if grows.any():
-            out_offsets, out = merge_batch(plan, None if grows.all() else grows)
-            new_lengths = np.diff(out_offsets)
-            self._count_sizes(new_lengths - plan.new_count[grows], -1)  # (0: the row was not stored)
-            self._count_sizes(new_lengths)
-            rows = self._rows
-            keys = planned.keys
-            for i, region in zip(np.flatnonzero(grows).tolist(), _cut_regions(out_offsets, out, self.share_regions)):
-                slot = slots[i]
-                rows[keys[i]] = RowSlot(region, None, 1 if slot is None else slot.touches + 1)
-            added = int(plan.new_count.sum())
-            self._region_bytes += ENTRY_BYTES * added
-            self._entries += added
-
-    def _install(self, keys: list[RowKey], batch: RowBatch) -> None:
-        """Add the rows of ``batch`` (none stored yet) as they are: one applied batch each."""
-        self._rows.update(zip(keys, map(RowSlot, _install_regions(batch, self.share_regions), repeat(None),
-                                        repeat(1))))
-        self._region_bytes += ENTRY_BYTES * batch.num_entries
-        self._entries += batch.num_entries
-        self._count_sizes(np.diff(batch.offsets))
-
-    def _commit_large(self, key: RowKey, delta: Row, slot: RowSlot, plan: MergePlan) -> None:
-        if plan.in_place:
-            if self._frozen and self._is_frozen(key, slot):  # a frozen view holds it: change a copy
-                slot = RowSlot(slot.region.copy(), None, slot.touches)
-                self._rows[key] = slot
-            slot.touches += 1
-            add_in_place(slot.row, delta, plan)
-            return
-        region, row = new_region(len(slot.row) + plan.new_count)
-        merge_into(slot.row, delta, plan, row)
-        self._count_sizes(np.array([len(slot.row)], np.int64), -1)
-        self._count_sizes(np.array([len(row)], np.int64))
-        self._region_bytes += ENTRY_BYTES * plan.new_count
-        self._entries += plan.new_count
-        self._rows[key] = RowSlot(region, row, slot.touches + 1)
+        engine = self.engine
+        old = plan.ids[plan.ids < engine.num_rows]
+        self._count_sizes(engine.lengths()[old], -1)
+        engine.commit(plan)
+        self._count_sizes(engine.lengths()[plan.ids])
+        self._grow_touches(engine.num_rows)
+        self._touches[plan.ids] += np.uint64(1)
+        if plan.new_rows:
+            self._rows_version = self._version
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
-        cols = np.unique(self._sorted_keys()[0])
+        cols = self._sorted_keys()[0]
+        first = np.ones(cols.shape[0], bool)
+        first[1:] = cols[1:] != cols[:-1]
+        cols = cols[first]
         if columns is None:
             return cols
         wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
         return cols[np.isin(cols, wanted)]
 
     def rows_of_columns(self, columns: ArrayLike) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
-        """The keys of every row of ``columns``, sorted (as two arrays), and each row's region size
-        in bytes: what a stream source cuts its chunks from, without a key tuple per stored row."""
+        """The keys of every row of ``columns``, sorted (as two arrays), and each row's size in
+        bytes (``ENTRY_BYTES`` per entry): what a stream source cuts its chunks from."""
         wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
-        cols, feats = self._sorted_keys()
+        cols, feats, ids = self._sorted_keys()
         hit = np.flatnonzero(np.isin(cols, wanted))
-        c, f = cols[hit], feats[hit]
-        rows = self._rows
-        sizes = np.fromiter((rows[k].region.shape[0] for k in zip(c.tolist(), f.tolist())), np.int64, hit.shape[0])
-        return c, f, sizes
+        return cols[hit], feats[hit], ENTRY_BYTES * self.engine.lengths()[ids[hit]]
 
     def drop_columns(self, columns: ArrayLike) -> DropResult:
         """Delete every row of ``columns`` (columns with no rows are ignored) and return their bytes
@@ -506,21 +387,24 @@ class ColumnStore:
         copies handed out earlier keep their data alive until they are dropped themselves.
         """
         wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
-        cols, feats = self._sorted_keys()
-        hit = np.flatnonzero(np.isin(cols, wanted))
-        if hit.shape[0] == 0:
+        engine = self.engine
+        a, _ = engine.keys()
+        gone = np.isin(a, wanted)
+        rows = int(np.count_nonzero(gone))
+        if rows == 0:
             return DropResult(0, 0)
         self._version += 1
+        self._rows_version = self._version
         self.drops += 1
-        rows = self._rows
-        sizes = np.fromiter((rows.pop(key).region.shape[0] for key in zip(cols[hit].tolist(), feats[hit].tolist())),
-                            np.int64, hit.shape[0])
-        region_bytes = int(sizes.sum())
-        self._count_sizes(sizes // ENTRY_BYTES, -1)
-        self._scan_index = None  # rows were removed: the cached index is stale whatever the count
-        self._region_bytes -= region_bytes
-        self._entries -= region_bytes // ENTRY_BYTES
-        return DropResult(int(hit.shape[0]), region_bytes + ROW_OVERHEAD_BYTES * int(hit.shape[0]))
+        lengths = engine.lengths()
+        dropped = lengths[gone]
+        entries = int(dropped.sum())
+        self._count_sizes(dropped, -1)
+        kept_touches = self._touches[: engine.num_rows][~gone]
+        engine.drop_rows(~gone)
+        self._touches = np.zeros(max(1024, kept_touches.shape[0]), np.uint64)
+        self._touches[: kept_touches.shape[0]] = kept_touches
+        return DropResult(rows, ENTRY_BYTES * entries + ROW_OVERHEAD_BYTES * rows)
 
     def advance_floor(self, writer: int, floor: int) -> None:
         """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
@@ -529,173 +413,178 @@ class ColumnStore:
 
     # -- reads ------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._rows)
+        return self.engine.num_rows
 
     def __contains__(self, key: object) -> bool:
-        return key in self._rows
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        return self._id(key) >= 0
+
+    def _id(self, key: RowKey) -> int:
+        c, f = int(key[0]), int(key[1])
+        if not (0 <= c < 2**64 and 0 <= f < 2**64):
+            return -1
+        return self.engine.row_id(c, f)
 
     def keys(self) -> list[RowKey]:
         """Every row key, sorted."""
-        cols, feats = self._sorted_keys()
+        cols, feats, _ = self._sorted_keys()
         return list(zip(cols.tolist(), feats.tolist()))
 
     def row(self, key: RowKey) -> Row | None:
-        """Live views of one row (module docstring), or None if the store has no entries for it."""
-        slot = self._rows.get(key)
-        return slot.row if slot else None
+        """One row (views of the base when no delta run holds part of it, else a merged copy;
+        live until the next change: module docstring), or None if the store has no entries for it."""
+        i = self._id(key)
+        return None if i < 0 else _row(self.engine.read(i))
+
+    def row_entries(self, key: RowKey) -> int:
+        """The row's entry count (0: not stored)."""
+        i = self._id(key)
+        return 0 if i < 0 else int(self.engine.lengths()[i])
 
     def row_region(self, key: RowKey) -> memoryview | None:
-        """The row's single contiguous region (layout in the module docstring), for a zero-copy send."""
-        slot = self._rows.get(key)
-        return slot.region.data if slot else None
+        """The row in the region layout (regions.py: a copy), or None: for comparisons of rows bit
+        for bit (tests, tools), not a serving path."""
+        i = self._id(key)
+        if i < 0:
+            return None
+        row = _row(self.engine.read(i))
+        return pack_regions(np.array([0, len(row)], np.int64), row).data
+
+    def _gather(self, ids: NDArray[np.int64]) -> tuple[NDArray[np.int64], Row]:
+        offsets, entries = self.engine.gather(ids)
+        return offsets, _row(entries)
+
+    def _batch(self, rc: NDArray[np.uint64], rf: NDArray[np.uint64], ids: NDArray[np.int64]) -> RowBatch:
+        if ids.shape[0] == 0:
+            return RowBatch.empty()
+        offsets, got = self._gather(ids)
+        return RowBatch(rc, rf, offsets, got.segment, got.target_column, got.target_feature, got.strength)
 
     def read_rows(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
         """A canonical batch (a copy) of the requested rows that exist; absent rows are left out."""
-        rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
-        rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
-        if rc.shape != rf.shape:
-            raise ValueError("row_column and row_feature differ in length")
-        if rc.shape[0] > 1 and not _strictly_ascending(rc, rf):
-            wanted = sorted(set(zip(rc.tolist(), rf.tolist())))
-        else:  # already sorted and unique (a stream's chunk of sorted keys): no set, no sort
-            wanted = list(zip(rc.tolist(), rf.tolist()))
-        rows = self._rows
-        return self._gather([k for k in wanted if k in rows])
+        rc, rf = _sorted_unique(*_keys(row_column, row_feature))
+        ids = self.engine.row_ids(rc, rf)
+        held = ids >= 0
+        return self._batch(rc[held], rf[held], ids[held])
 
     def read_bounded(self, row_column: ArrayLike, row_feature: ArrayLike, max_entries: int,
                      max_large: int) -> BoundedRead:
         """The requested rows in key order (a copy) while they add up to at most ``max_entries``
         entries; a row longer than ``max_entries`` is left out and listed in ``large`` (at most
         ``max_large`` of them). Stops before the first row that does not fit, so the caller asks
-        again for the keys after ``stopped_after``. The Python work is one dict lookup per key."""
-        rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
-        rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
+        again for the keys after ``stopped_after``. Vectorised: cumulative sums over the keys."""
+        rc, rf = _keys(row_column, row_feature)
         order = np.lexsort((rf, rc))
-        rc, rf = rc[order], rf[order]
-        rows, drops = self._rows, self.drops
-        keys: list[RowKey] = []
-        large: list[tuple[int, int, int, int, int]] = []
-        total, last, stopped = 0, None, False
-        for key in zip(rc.tolist(), rf.tolist()):
-            if key == last:
-                continue  # a key asked twice
-            slot = rows.get(key)
-            if slot is not None:
-                n = slot.region.shape[0] // ENTRY_BYTES
-                if n > max_entries and len(large) < max_large:
-                    large.append((key[0], key[1], n, slot.touches, drops))
-                elif n > max_entries or total + n > max_entries:
-                    stopped = True
-                    break
-                else:
-                    keys.append(key)
-                    total += n
-            last = key
-        return BoundedRead(self._gather(keys), large, last if stopped else None)
+        rc, rf = _sorted_unique(rc[order], rf[order])
+        ids = self.engine.row_ids(rc, rf)
+        n = np.zeros(ids.shape[0], np.int64)  # 0: absent (a stored row is never empty)
+        n[ids >= 0] = self.engine.lengths()[ids[ids >= 0]]
+        large = n > max_entries
+        listed = large & (np.cumsum(large) <= max_large)
+        taken = (n > 0) & ~large
+        over = (large & ~listed) | (taken & (np.cumsum(np.where(taken, n, 0)) > max_entries))
+        stop = int(np.argmax(over)) if over.any() else rc.shape[0]
+        pick = np.flatnonzero(taken[:stop])
+        listed_at = np.flatnonzero(listed[:stop])
+        touches = self._touches[ids[listed_at]]
+        big = [(c, f, e, t, self.drops) for c, f, e, t in zip(rc[listed_at].tolist(), rf[listed_at].tolist(),
+                                                               n[listed_at].tolist(), touches.tolist())]
+        stopped = (int(rc[stop - 1]), int(rf[stop - 1])) if 0 < stop < rc.shape[0] else None
+        return BoundedRead(self._batch(rc[pick], rf[pick], ids[pick]), big, stopped)
 
     def read_part(self, key: RowKey, offset: int, limit: int) -> PartRead:
-        """Entries ``[offset, offset + limit)`` of one row (live views: ``regions.region_part``
-        says why that is safe) and its version."""
-        slot = self._rows.get(key)
-        if slot is None:
+        """Entries ``[offset, offset + limit)`` of one row and its version. Views of the base where
+        the engine has them (live: an in-place add changes their strengths, which is safe because it
+        also bumps ``touches``, and a reader accepts a row only if a version check made after it
+        received every part still reports the version the parts did: giaannd/client/row_parts.py,
+        "No torn rows"; a fold replaces the arrays, the old ones live on while views are queued)."""
+        i = self._id(key)
+        if i < 0:
             return PartRead(0, 0, self.drops, Row.empty())
-        region = slot.region
-        return PartRead(region.shape[0] // ENTRY_BYTES, slot.touches, self.drops, region_part(region, offset, limit))
+        e = self.engine.read(i)
+        n = len(e)
+        a = min(max(offset, 0), n)
+        z = min(a + max(limit, 0), n)
+        return PartRead(n, int(self._touches[i]), self.drops, Row(e.seg[a:z], e.tc[a:z], e.tf[a:z], e.st[a:z]))
 
     def read_all(self) -> RowBatch:
         """Every row, as one canonical batch (a copy)."""
-        return self._gather(self.keys())
-
-    def _gather(self, keys: list[RowKey]) -> RowBatch:
-        """The stored rows ``keys`` as one batch (a copy: ``regions.gather_rows``)."""
-        rows = self._rows
-        return gather_rows(keys, [rows[k].region for k in keys])
+        cols, feats, ids = self._sorted_keys()
+        return self._batch(cols, feats, ids)
 
     def digest(self, key: RowKey) -> RowDigest | None:
         """The row's digest for repair (see :class:`RowDigest`), or None if absent."""
-        slot = self._rows.get(key)
-        return None if slot is None else row_digest(slot)
+        i = self._id(key)
+        return None if i < 0 else row_digest(_row(self.engine.read(i)), int(self._touches[i]))
 
     def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uint8], int]:
         """Which of the given rows are stored (1/0 per key, in the given order), and one xxh3-64
         over the stored ones' region sizes (i64) then their regions, in that order: two stores
         give equal results exactly when they hold the same rows bit for bit (row_digest.py).
         For stream verification (streaming/sender.py)."""
-        return rows_digest(self._rows, row_column, row_feature)
+        rc, rf = _keys(row_column, row_feature)
+        ids = self.engine.row_ids(rc, rf)
+        present = ids >= 0
+        offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
+        return present.astype(np.uint8), rows_digest(offsets, got)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
     def freeze(self) -> FrozenRows:
-        """An immutable view of the rows and applied set as they are now, for a snapshot written
-        by another thread while applies go on (module docstring: frozen views). O(rows) pointer
-        copy in C, no row data; call ``release()`` on it when done."""
-        view = FrozenRows(dict(self._rows), self.applied.to_arrays(), self.applied.column_arrays(),
-                          lambda: self._release_frozen(view))
-        with self._frozen_lock:
-            self._frozen = [*self._frozen, view]
-        return view
-
-    def _release_frozen(self, view: FrozenRows) -> None:
-        with self._frozen_lock:  # (a new list: the applying thread may be iterating the old one)
-            self._frozen = [v for v in self._frozen if v is not view]
-
-    def _is_frozen(self, key: RowKey, slot: RowSlot) -> bool:
-        """Whether a live frozen view holds ``slot`` (so it must be copied before a change). A
-        row is copied once per view: the copy is not in the view and changes in place after."""
-        return any(view.holds(key, slot) for view in self._frozen)
+        """The rows, touches and applied set as they are now, for a snapshot written by another
+        thread while applies go on (module docstring); O(entries) memcpy of the strengths."""
+        n = self.engine.num_rows
+        return FrozenRows(self.engine.freeze(), self._touches[:n].copy(), self.applied.to_arrays(),
+                          self.applied.column_arrays())
 
     def iter_slots(self) -> Iterator[tuple[RowKey, int, memoryview]]:
-        """(key, applied-batch count, region) of every row, in key order."""
-        for key in self.keys():
-            slot = self._rows[key]
-            yield key, slot.touches, slot.region.data
+        """(key, applied-batch count, region layout copy) of every row, in key order: for tests
+        and tools comparing stores bit for bit, one row at a time (not a serving path)."""
+        cols, feats, ids = self._sorted_keys()
+        for key, i in zip(zip(cols.tolist(), feats.tolist()), ids.tolist()):
+            row = _row(self.engine.read(i))
+            yield key, int(self._touches[i]), pack_regions(np.array([0, len(row)], np.int64), row).data
 
     def load_bulk(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
-                  offsets: NDArray[np.int64], body: NDArray[np.uint8], touches: NDArray[np.uint64],
-                  copy_rows: bool = False) -> None:
-        """Install every row of a snapshot at once (the caller validated them: keys sorted and
-        unique, offsets a partition of the entries into non-empty rows, ``body`` the rows' regions
-        back to back). Only into an empty store; not capacity-checked (as ``load_row``).
+                  offsets: NDArray[np.int64], rows: Row, touches: NDArray[np.uint64]) -> None:
+        """Install every row of a snapshot at once (the caller validated them: keys unique, offsets
+        a partition of the entries into non-empty rows, each row canonical), in the order given:
+        the arrays become the engine's base run as they are (no copy, no per-row work). Only into
+        an empty store; not capacity-checked (recovery must restore what was acknowledged).
 
-        Each region is a view of ``body`` (no copy): the per-row work is one slice, one slot and
-        one dict entry. The body stays allocated while any of its rows does (a row that grows or
-        is dropped later does not return its share of it: docs/storage.md "Bulk load"), unless
-        ``copy_rows``: each region is then a copy of its own (``storage.snapshot-load-copy-rows``:
-        memory exactly as accounted, at the cost of one allocation and copy per row).
+        Raises:
+            ValueError: the store holds rows, or a key repeats.
         """
-        if self._rows:
+        if self.engine.num_rows:
             raise ValueError("load_bulk into a store that already holds rows")
-        starts = (ENTRY_BYTES * offsets).tolist()
-        # Millions of new container objects (slots, key tuples) would each count towards the
-        # cyclic GC's thresholds and set off collections that walk all of them again and again
-        # (a third of the time, measured); none of them can be garbage here.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            regions = map(body.__getitem__, map(slice, starts[:-1], starts[1:]))
-            if copy_rows:
-                regions = map(np.ndarray.copy, regions)
-            slots = list(map(RowSlot, regions, repeat(None), touches.tolist()))
-            self._rows.update(zip(zip(row_column.tolist(), row_feature.tolist()), slots))
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        self.engine = RowEngine.from_arrays(
+            row_column, row_feature, offsets,
+            Entries(rows.segment, rows.target_column, rows.target_feature, rows.strength))
+        n = self.engine.num_rows
+        self._touches = np.zeros(max(1024, n), np.uint64)
+        self._touches[:n] = touches
         self._version += 1
-        self._region_bytes += ENTRY_BYTES * int(offsets[-1])
-        self._entries += int(offsets[-1])
+        self._rows_version = self._version
         self._count_sizes(np.diff(offsets))
-        self._scan_index = (len(slots), row_column, row_feature)  # already sorted (the caller checked)
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
-        """Install a row read from a snapshot (the caller validated it). Not capacity-checked:
-        recovery must restore what was acknowledged; ``is_full`` then tells the operator."""
-        if key in self._rows:
+        """Install one row given in the region layout (tools, tests). Not capacity-checked.
+
+        Raises:
+            ValueError: the row is stored already.
+        """
+        if key in self:
             raise ValueError(f"row {key} loaded twice")
         row = row_from_region(region)
-        self._rows[key] = RowSlot(region, row, touches)
+        plan = self.engine.plan(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64),
+                                np.array([0, len(row)], np.int64),
+                                Entries(row.segment, row.target_column, row.target_feature, row.strength))
         self._version += 1
-        self._region_bytes += region.nbytes
-        self._entries += len(row)
+        self._rows_version = self._version
+        self.engine.commit(plan)
         self._count_sizes(np.array([len(row)], np.int64))
+        self._grow_touches(self.engine.num_rows)
+        self._touches[plan.ids] = np.uint64(touches)
 
     # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------
     def scan(self, after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,
@@ -710,23 +599,19 @@ class ColumnStore:
         (``next_entry`` then says where the next piece starts), else sent whole, alone, so a huge
         row cannot stall a scan. The page is a copy (safe to send while applies continue);
         ``next_key`` is the cursor for the next call, ``done`` says nothing follows it. Rows added
-        behind the cursor during a scan are not seen by it; rows added ahead of it are (the index
-        is rebuilt whenever the row count changed).
+        behind the cursor during a scan are not seen by it; rows added ahead of it are.
         """
-        cols, feats = self._sorted_keys()
-        return scan_page(self._rows, cols, feats, after, limit_rows, limit_entries, max_examine, keep,
-                         limit_bytes, after_entry)
+        cols, feats, ids = self._sorted_keys()
+        return scan_page(cols, feats, ids, self.engine.lengths(), self._gather, lambda i: _row(self.engine.read(i)),
+                         after, limit_rows, limit_entries, max_examine, keep, limit_bytes, after_entry)
 
-    def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
-        """Every row key as two arrays sorted by (column, feature), cached while the row count is
-        unchanged (between drops rows are only added: an in-place merge or a grown region keeps its
-        key; ``drop_columns`` resets the cache)."""
-        cached = self._scan_index
-        n = len(self._rows)
-        if cached is None or cached[0] != n:
-            cols = np.fromiter((k[0] for k in self._rows), np.uint64, n)
-            feats = np.fromiter((k[1] for k in self._rows), np.uint64, n)
-            order = np.lexsort((feats, cols))
-            cached = (n, cols[order], feats[order])
-            self._scan_index = cached
-        return cached[1], cached[2]
+    def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
+        """Every row key as two arrays sorted by (column, feature), and each one's row id; rebuilt
+        (one lexsort) when rows were created or dropped since it was made, else cached."""
+        cached = self._sorted
+        if cached is None or cached[0] != self._rows_version:
+            a, b = self.engine.keys()
+            order = np.lexsort((b, a)).astype(np.int64)
+            cached = (self._rows_version, a[order], b[order], order)
+            self._sorted = cached
+        return cached[1], cached[2], cached[3]

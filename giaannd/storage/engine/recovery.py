@@ -28,9 +28,9 @@ The async service drives it as: ``seq = apply(...)`` on the event loop; ``sync()
 thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the returned
 durable seq; and from time to time a snapshot in three steps, so it never stops writes (issue 14
 item 3): ``begin_snapshot()`` with writes held off (rotate the log so that the records up to the
-snapshot's seq S end a segment, freeze the store: a dict copy, no row data), then
-``job.write()`` in a worker thread while applies go on (they are copy-on-write against the frozen
-view, column_store.py, and land in the log after S), then ``finish_snapshot(job)``: delete older
+snapshot's seq S end a segment, freeze the store: references to the engine's arrays and one copy
+of the strengths, column_store.py), then ``job.write()`` in a worker thread while applies go on
+(they land in the log after S), then ``finish_snapshot(job)``: delete older
 snapshots and the log segments whose records are all <= S — never a record after S. A write
 that fails deletes its temporary and changes nothing else (the log still holds everything).
 ``snapshot()`` is the three in a row.
@@ -38,7 +38,6 @@ that fails deletes its temporary and changes nothing else (the log still holds e
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -158,12 +157,11 @@ class DurableStore:
         capacity_bytes: int,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         verify_rows: bool = True,
-        copy_rows: bool = False,
     ) -> DurableStore:
         """Recover the store in ``directory`` (created if missing).
 
         Args:
-            verify_rows, copy_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
+            verify_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -175,7 +173,7 @@ class DurableStore:
         snapshots = list_snapshots(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, copy_rows)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
@@ -207,20 +205,9 @@ class DurableStore:
         if temporaries or torn or snapshots[:-1]:
             fsync_dir(d)
         applied = skipped = 0
-        # Replay in bulk: regions laid out as views of each batch's one buffer unless copy_rows (as
-        # the snapshot load), and the cyclic GC paused (millions of new slots and key tuples would
-        # set off collections walking them all, again and again; none is garbage).
-        store.share_regions = not copy_rows
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            for scan in scans:
-                a, s = replay(store, scan.records, snap_seq)
-                applied, skipped = applied + a, skipped + s
-        finally:
-            store.share_regions = False
-            if gc_was_enabled:
-                gc.enable()
+        for scan in scans:
+            a, s = replay(store, scan.records, snap_seq)
+            applied, skipped = applied + a, skipped + s
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),

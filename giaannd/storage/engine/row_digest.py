@@ -2,34 +2,35 @@
 
 Theory of operation
 -------------------
-Two digests over the column store's regions (layout: regions.py), both xxh3-64:
+Two digests, both xxh3-64, over the bytes of rows in the region layout (regions.py), so they are
+the values nodes computed before the row engine (issue 14, phase 2): replicas and stream ends of
+different versions still agree.
 
 - ``row_digest`` (anti-entropy repair, repair/plan.py / repair/wire.py): per row, a :class:`RowDigest`
   of three parts. ``keys`` hashes the key arrays and segments, ``strength`` the strengths, kept
   apart because float sums may differ in the last bit between replicas that applied the same
   batches in a different order (repair decides what such a difference means), and ``batches``
   is the number of applied batches that touched the row.
-- ``rows_digest`` (stream verification, streaming/sender.py): for a list of row keys, which are stored,
-  and one hash over the stored ones' region sizes then their regions, in the given order. Two
-  stores give equal results exactly when they hold the same rows bit for bit (keys, strengths,
-  segments), up to a 2**-64 collision.
+- ``rows_digest`` (stream verification, streaming/sender.py): for many rows, one hash over their
+  region sizes (i64) then their regions, in the given order. Two stores give equal results exactly
+  when they hold the same rows bit for bit (keys, strengths, segments), up to a 2**-64 collision.
+  The rows come as one gathered batch (``RowEngine.gather``), laid out as regions by one vectorised
+  pass (``regions.pack_regions``) and hashed at once: no per-row Python.
 
-Both read the regions as they are (memoryview or ndarray buffers): no per-row array views and no
-copies. Pure functions over the store's slots; the store (column_store.py) exposes them as
-``ColumnStore.digest`` and ``ColumnStore.rows_digest``.
+Pure functions; the store (column_store.py) exposes them as ``ColumnStore.digest`` and
+``ColumnStore.rows_digest``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
-from giaannd.model.rows import RowKey
-from giaannd.storage.engine.regions import ENTRY_BYTES, RowSlot
+from giaannd.model.rows import Row
+from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions
 
 __all__ = ["RowDigest", "row_digest", "rows_digest"]
 
@@ -48,36 +49,23 @@ class RowDigest:
     batches: int
 
 
-def row_digest(slot: RowSlot) -> RowDigest:
-    """The repair digest of one stored row (see :class:`RowDigest`)."""
-    region = slot.region.data  # (a memoryview: slicing it is cheaper than making array views)
-    n = len(region) // ENTRY_BYTES
-    keys = xxhash.xxh3_64(region[: 16 * n])
-    keys.update(region[20 * n :])
-    return RowDigest(keys.intdigest(), xxhash.xxh3_64_intdigest(region[16 * n : 20 * n]), slot.touches)
+def row_digest(row: Row, touches: int) -> RowDigest:
+    """The repair digest of one stored row (see :class:`RowDigest`): the hashes of its region's
+    first 16 n bytes then last n (keys), and of the strengths in between."""
+    keys = xxhash.xxh3_64(_bytes(row.target_column))
+    keys.update(_bytes(row.target_feature))
+    keys.update(_bytes(row.segment))
+    return RowDigest(keys.intdigest(), xxhash.xxh3_64_intdigest(_bytes(row.strength)), touches)
 
 
-def rows_digest(slots: Mapping[RowKey, RowSlot], row_column: ArrayLike,
-                row_feature: ArrayLike) -> tuple[NDArray[np.uint8], int]:
-    """Which of the given rows are in ``slots`` (1/0 per key, in the given order), and one xxh3-64
-    over the stored ones' region sizes (i64) then their regions, in that order (module docstring).
-    Per row a dict lookup and one streaming-hash update (measured faster than hashing
-    concatenations of the regions, which copies them first).
+def _bytes(values: NDArray[np.generic]) -> memoryview:
+    """The array's bytes (a view when it is contiguous, as the engine's slices are)."""
+    return np.ascontiguousarray(values).data.cast("B")
 
-    Raises:
-        ValueError: ``row_column`` and ``row_feature`` differ in length.
-    """
-    rc = np.asarray(row_column).astype(np.uint64, copy=False).reshape(-1)
-    rf = np.asarray(row_feature).astype(np.uint64, copy=False).reshape(-1)
-    if rc.shape != rf.shape:
-        raise ValueError("row_column and row_feature differ in length")
-    get = slots.get
-    found = [get(k) for k in zip(rc.tolist(), rf.tolist())]
-    present = np.fromiter((s is not None for s in found), np.uint8, len(found))
-    regions = [s.region for s in found if s is not None]
-    h = xxhash.xxh3_64(np.fromiter((r.shape[0] for r in regions), np.int64, len(regions)).tobytes())
-    # (an ndarray is a buffer; hashing it directly is faster than through ``.data``)
-    update: Callable[[NDArray[np.uint8]], None] = h.update  # type: ignore[assignment]
-    for region in regions:
-        update(region)
-    return present, h.intdigest()
+
+def rows_digest(offsets: NDArray[np.int64], rows: Row) -> int:
+    """One xxh3-64 over the region sizes (i64 bytes) of the rows (row i: ``rows`` entries
+    ``[offsets[i], offsets[i+1])``), then their regions back to back (module docstring)."""
+    h = xxhash.xxh3_64((ENTRY_BYTES * np.diff(offsets)).astype(np.int64).tobytes())
+    h.update(pack_regions(offsets, rows).data)
+    return h.intdigest()

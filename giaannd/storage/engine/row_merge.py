@@ -38,7 +38,8 @@ are placed in step 3 by a masked copy instead of a scatter.
 
 The batch path copies each touched stored row two or three times more than the per-row path (the
 concatenation, the merged rows, their regions), so for long stored rows the per-row path is faster;
-the store sends rows of ``column_store.LARGE_ROW_ENTRIES`` or more that way.
+the column store did so for its long rows before it moved to the row engine (issue 14 phase 2);
+this module is kept for tools/bench/storage.py and its tests.
 
 Strengths: a found entry is ``stored + delta`` in float32, exactly as ``add_in_place`` and
 ``merge_into`` compute it (and bit-equal to ``rows.merge_rows``, which adds two float32 values in

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 An export (docs/replication.md "Scan") walks every row of the cluster in (column, feature) order,
 one bounded page per request, resuming from a cursor. ``scan_page`` cuts one page from the store's
-sorted key index (two arrays, ``ColumnStore._sorted_keys``) and its slots:
+sorted key index (``ColumnStore._sorted_keys``: columns, features and row ids in key order), the
+rows' lengths and a gather of rows by id (``RowEngine.gather``):
 
 - the cursor is ``(after, after_entry)``: with ``after_entry == 0`` the page starts strictly after
   the row ``after`` (binary search on the sorted columns, then on that column's features); with
@@ -21,14 +22,12 @@ sorted key index (two arrays, ``ColumnStore._sorted_keys``) and its slots:
   one piece each. Entries of a row are sorted, so every piece is a canonical one-row batch, and
   the pieces concatenated in cursor order are the row. Without ``limit_bytes`` (a client that
   predates cutting: it could not resume inside a row) the first row goes whole, alone, as before;
-- the page is a copy (``regions.rows_of_regions``), safe to send while applies continue.
+- the page is a copy (one ``gather`` of the rows taken), safe to send while applies continue.
 
-Cost: per row one dict lookup and one list slot (the regions live in a dict keyed by row key, so
-some per-row work is unavoidable); everything per entry is vectorised: one concatenation of the
-rows' regions and four gathers. The previous version made each row's four array views to learn its
-length and sliced every region four times (2.5 µs a row; profile in tools/bench/export.py).
+Cost: no Python per row or entry: the limits are cumulative sums over blocks of the window's
+lengths, the page one gather (before the row engine: a dict lookup and a region per row).
 
-The index may be older than the slots (a key whose row was dropped is skipped). Rows added behind
+The index is rebuilt whenever the rows changed (count or drop). Rows added behind
 the cursor during a scan are not seen by it; rows added ahead of it are (the store rebuilds its
 index whenever the row count changed). A row that grows between the pieces of a cut is resumed at
 the same entry offset, so its pieces may then repeat or miss entries of that growth: a scan is not
@@ -37,22 +36,25 @@ a snapshot (docs/replication.md "Scan"). Pure: no state of its own, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.model.rows import RowBatch, RowKey
+from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.protocol import SCAN_ROW_BYTES, scan_page_bytes
-from giaannd.storage.engine.regions import ENTRY_BYTES, RowSlot, row_from_region
+from giaannd.storage.engine.regions import ENTRY_BYTES
 
 __all__ = ["ScanResult", "page_bytes", "scan_page"]
 
-#: Keys filtered and looked up at a time: the per-row work stops soon after a limit is reached,
-#: without a Python step per row to check it (a 4 MiB page of 17-entry rows is ~11,000 rows).
+#: Keys filtered and measured at a time: the work stops soon after a limit is reached (a 4 MiB page
+#: of 17-entry rows is ~11,000 rows).
 _LOOKUP_BLOCK = 1024
+#: Reads rows by id, in the order given: (offsets, the rows concatenated) (``RowEngine.gather``).
+Gather = Callable[[NDArray[np.int64]], tuple[NDArray[np.int64], Row]]
+#: Reads one row by id (views where the engine has them: ``RowEngine.read``).
+ReadOne = Callable[[int], Row]
 
 
 #: The bytes of a page's seven arrays (``RowBatch.nbytes``) of ``rows`` rows and ``entries``
@@ -73,15 +75,6 @@ class ScanResult:
     next_entry: int = 0
 
 
-def _piece(key: RowKey, region: NDArray[np.uint8], first: int, count: int) -> RowBatch:
-    """Entries ``first .. first + count`` of one row as a one-row batch (a copy)."""
-    row = row_from_region(region)
-    sl = slice(first, first + count)
-    return RowBatch(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64),
-                    np.array([0, count], np.int64), row.segment[sl].copy(), row.target_column[sl].copy(),
-                    row.target_feature[sl].copy(), row.strength[sl].copy())
-
-
 def _entry_budget(limit_entries: int, limit_bytes: int | None) -> int:
     """The most entries one row may bring to an empty page."""
     if limit_bytes is None:
@@ -89,15 +82,17 @@ def _entry_budget(limit_entries: int, limit_bytes: int | None) -> int:
     return max(1, min(limit_entries, (limit_bytes - page_bytes(1, 0)) // ENTRY_BYTES))
 
 
-def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: NDArray[np.uint64],
-              after: RowKey | None, limit_rows: int, limit_entries: int, max_examine: int,
+def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[np.int64],
+              lengths: NDArray[np.int64], gather: Gather, read: ReadOne, after: RowKey | None, limit_rows: int,
+              limit_entries: int, max_examine: int,
               keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
               limit_bytes: int | None = None, after_entry: int = 0) -> ScanResult:
-    """One page of the rows in ``slots`` after the cursor (None: from the first row).
+    """One page of the rows after the cursor (None: from the first row).
 
     Args:
-        slots: the stored rows by key.
-        cols, feats: every key of ``slots`` (possibly more), sorted by (column, feature).
+        cols, feats, ids: every stored row's key, sorted by (column, feature), and its row id.
+        lengths: entries per row, by row id.
+        gather: reads rows by id (``Gather``); read: one row by id (``ReadOne``), for a row cut.
         after: the cursor (``ScanResult.next_key`` of the previous page), or None.
         limit_rows, limit_entries: the page's bounds (at least one row, or piece of one, is
             always returned).
@@ -120,28 +115,21 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
         ac, af = np.uint64(after[0]), np.uint64(after[1])
         lo, hi = int(np.searchsorted(cols, ac, "left")), int(np.searchsorted(cols, ac, "right"))
         start = lo + int(np.searchsorted(feats[lo:hi], af, "right"))
-        slot = slots.get(after) if after_entry else None
-        if slot is not None and (keep is None or bool(keep(np.array([after[0]], np.uint64))[0])):
-            return _rest_of_row(after, slot, after_entry, start, n, limit_entries, limit_bytes)
+        held = start > lo and int(feats[start - 1]) == after[1]
+        if after_entry and held and (keep is None or bool(keep(np.array([after[0]], np.uint64))[0])):
+            return _rest_of_row(after, int(ids[start - 1]), lengths, read, after_entry, start, n, limit_entries,
+                                limit_bytes)
     end = min(start + max_examine, n)
     if start >= end:
         return ScanResult(RowBatch.empty(), after, True, 0)
-    taken: list[NDArray[np.intp]] = []
-    taken_sizes: list[NDArray[np.int64]] = []
-    regions: list[NDArray[np.uint8]] = []
+    taken: list[NDArray[np.int64]] = []
     rows = entries = 0
     last = end - 1  # the cursor: the last key looked at
     for b in range(start, end, _LOOKUP_BLOCK):  # the filter, too, only over what a page takes
         idx = np.arange(b, min(b + _LOOKUP_BLOCK, end))
         if keep is not None:
             idx = idx[keep(cols[idx])]
-        # C loops (map), no bytecode per row: the per-row cost left is the memory each row touches
-        found = list(map(slots.get, zip(cols[idx].tolist(), feats[idx].tolist())))
-        if None in found:  # (an index entry of a dropped row: skipped)
-            idx = idx[np.fromiter(map(_present, found), bool, len(found))]
-            found = [slot for slot in found if slot is not None]
-        block = list(map(_REGION, found))
-        sizes = np.fromiter(map(len, block), np.int64, len(block)) // ENTRY_BYTES
+        sizes = lengths[ids[idx]]
         cum_entries = entries + np.cumsum(sizes)
         cum_rows = rows + np.arange(1, sizes.shape[0] + 1)
         fits = (cum_rows <= limit_rows) & (cum_entries <= limit_entries)
@@ -150,78 +138,46 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
         k = int(np.argmin(fits)) if not bool(fits.all()) else int(fits.shape[0])
         if k == 0 and rows == 0 and sizes.shape[0]:  # the first row alone is over a limit
             key = (int(cols[idx[0]]), int(feats[idx[0]]))
+            row_id = int(ids[idx[0]])
             if limit_bytes is None:  # a client that cannot resume inside a row: whole, alone
-                return ScanResult(_whole(key, block[0]), key, int(idx[0]) + 1 >= n, int(idx[0]) + 1 - start)
-            return _rest_of_row(key, RowSlot(block[0], None, 0), 0, int(idx[0]) + 1, n, limit_entries,
-                                limit_bytes, examined=int(idx[0]) + 1 - start)
+                batch = _piece(key, read(row_id), 0, int(lengths[row_id]))
+                return ScanResult(batch, key, int(idx[0]) + 1 >= n, int(idx[0]) + 1 - start)
+            return _rest_of_row(key, row_id, lengths, read, 0, int(idx[0]) + 1, n, limit_entries, limit_bytes,
+                                examined=int(idx[0]) + 1 - start)
         taken.append(idx[:k])
-        taken_sizes.append(sizes[:k])
-        regions += block[:k]
         rows, entries = int(cum_rows[k - 1]) if k else rows, int(cum_entries[k - 1]) if k else entries
         if k < sizes.shape[0]:
             last = int(idx[k]) - 1  # stopped by a limit: resume after the row before this one
             break
-    picked = np.concatenate(taken) if taken else np.empty(0, np.intp)
+    picked = np.concatenate(taken) if taken else np.empty(0, np.int64)
     next_key = (int(cols[last]), int(feats[last]))
-    if not regions:
+    if picked.shape[0] == 0:
         return ScanResult(RowBatch.empty(), next_key, last + 1 >= n, last + 1 - start)
-    sizes_taken = np.concatenate(taken_sizes)
-    offsets = np.zeros(sizes_taken.shape[0] + 1, np.int64)
-    np.cumsum(sizes_taken, out=offsets[1:])
-    batch = RowBatch(cols[picked], feats[picked], offsets, *_fields(np.concatenate(regions), offsets, sizes_taken))
+    offsets, got = gather(ids[picked])
+    batch = RowBatch(cols[picked], feats[picked], offsets, got.segment, got.target_column, got.target_feature,
+                     got.strength)
     return ScanResult(batch, next_key, last + 1 >= n, last + 1 - start)
 
 
-_REGION = attrgetter("region")
+def _piece(key: RowKey, row: Row, first: int, count: int) -> RowBatch:
+    """Entries ``first .. first + count`` of one row as a one-row batch (a copy)."""
+    sl = slice(first, first + count)
+    return RowBatch(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64),
+                    np.array([0, count], np.int64), row.segment[sl].copy(), row.target_column[sl].copy(),
+                    row.target_feature[sl].copy(), row.strength[sl].copy())
 
 
-def _present(slot: RowSlot | None) -> bool:
-    return slot is not None
-
-
-def _fields(raw: NDArray[np.uint8], offsets: NDArray[np.int64],
-            lengths: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint64],
-                                                 NDArray[np.float32]]:
-    """The four entry arrays (segment, target_column, target_feature, strength) of regions laid end
-    to end in ``raw`` (``regions.rows_of_regions``' gathers, with the lengths already known):
-    entry e of a row of n entries starting at entry o is at byte 21 o + 8 (e - o) (its column),
-    that + 8 n (feature), 21 o + 16 n + 4 (e - o) (strength), 21 o + 20 n + (e - o) (segment)."""
-    total = int(offsets[-1])
-    if total == 0:  # (rows without entries: the views below need 8 bytes)
-        return np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32)
-    u64 = np.ndarray((raw.shape[0] - 7,), np.uint64, raw, 0, (1,))  # unaligned views: every byte offset
-    f32 = np.ndarray((raw.shape[0] - 3,), np.float32, raw, 0, (1,))
-    e = np.arange(total)
-    o = np.repeat(offsets[:-1], lengths)
-    n = np.repeat(lengths, lengths)
-    at = 13 * o
-    at += 8 * e
-    column = u64[at]
-    at += 8 * n
-    feature = u64[at]
-    at = 17 * o
-    at += 16 * n
-    at += 4 * e
-    strength = f32[at]
-    at = 20 * (o + n)
-    at += e
-    return raw[at], column, feature, strength
-
-
-def _whole(key: RowKey, region: NDArray[np.uint8]) -> RowBatch:
-    return _piece(key, region, 0, region.shape[0] // ENTRY_BYTES)
-
-
-def _rest_of_row(key: RowKey, slot: RowSlot, first: int, next_index: int, n: int, limit_entries: int,
-                 limit_bytes: int | None, examined: int = 0) -> ScanResult:
+def _rest_of_row(key: RowKey, row_id: int, lengths: NDArray[np.int64], read: ReadOne, first: int,
+                 next_index: int, n: int, limit_entries: int, limit_bytes: int | None,
+                 examined: int = 0) -> ScanResult:
     """The page of one piece of the row ``key`` from entry ``first``: as much as the limits let
     through; the cursor stays inside the row until its last piece. ``next_index`` is the index
     position just after the row (to tell whether the scan is done)."""
-    total = slot.region.shape[0] // ENTRY_BYTES
+    total = int(lengths[row_id])
     count = min(total - first, _entry_budget(limit_entries, limit_bytes))
-    if count <= 0:  # (the row shrank: only a drop does that, and then the slot is gone)
+    if count <= 0:  # (a cursor past the row's end: nothing left of it)
         return ScanResult(RowBatch.empty(), key, next_index >= n, examined)
-    batch = _piece(key, slot.region, first, count)
+    batch = _piece(key, read(row_id), first, count)
     if first + count < total:
         return ScanResult(batch, key, False, examined, first + count)
     return ScanResult(batch, key, next_index >= n, examined)

@@ -1,26 +1,41 @@
 """Snapshots: every row and the applied set at one log seq, checksummed, written atomically.
 
-Byte layout (little-endian; docs/storage.md has the full table):
+Byte layout (little-endian; docs/storage.md has the full table). Format 2 (written since the row
+engine, issue 14 phase 2) holds the engine's arrays as they are, field-major:
 
-    header (64 B): magic "GIAANNSN" | version u32 | flags u32 (0) | last_seq u64 | rows R u64
+    header (64 B): magic "GIAANNSN" | version u32 (2) | flags u32 (0) | last_seq u64 | rows R u64
                    | entries N u64 | body_len u64 | body_xxh3 u64 | header_xxh3 u64 (first 56 B)
     body:          row_column u64[R] | row_feature u64[R] | offsets i64[R+1] | touches u64[R]
-                   | the R row regions back to back (column_store.py layout, 21 B per entry)
+                   | target_column u64[N] | target_feature u64[N] | strength f32[N] | segment u8[N]
                    | writers W u64 | writer u64[W] | floor u64[W] | count u64[W] | exceptions u64[E]
-                   | (version 2) tracked T u64 | writer u64[T] | promised u64[T]
-                   |   batches B u64 | writer u64[B] | seq u64[B] | count u64[B] | columns u64[C]
+                   | tracked T u64 | writer u64[T] | promised u64[T]
+                   | batches B u64 | writer u64[B] | seq u64[B] | count u64[B] | columns u64[C]
 
-Writing: ``.snapshot-<seq>.tmp`` is streamed (each row region written straight from RAM), the header
-patched in, then fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync:
-a crash at any point leaves either the old snapshot or the new one, never a half file under the
-final name. A write that fails (a full disk) deletes its temporary before raising, so a failed
-snapshot does not keep the space it could not finish using; a crash's temporary is deleted by the
-next start (``remove_temporaries``, before anything else is written).
+The last two sections (format 2) are the applied set's columns (applied_set.py, "Which columns"):
+the tracked training writers with their promised floors, and the columns applied under each batch
+id still in flight. A format-1 file has neither: it loads with no writer tracked.
 
-Reading verifies both checksums before anything is trusted, then checks the structure; every
-failure is a :class:`CorruptSnapshotError` naming the file and byte offset. The header and its
-checks are the shared record codec's (``giaannd.records``, ``SNAPSHOT_RECORD``: the whole file is one
-record whose payload, the body, is streamed rather than held twice).
+Rows are in the engine's row-id order (keys unique, not sorted): row i is entries
+``[offsets[i], offsets[i+1])`` of each field array, sorted by (segment, target column, target
+feature). Format 1 (before the row engine) has the same header and sections up to ``touches``, rows
+sorted by key, then the R row *regions* back to back (regions.py layout, 21 B per entry) in place
+of the four field arrays; it still loads, converted by four vectorised gathers
+(``regions.unpack_regions``), and the next snapshot is written as format 2.
+
+Writing: ``.snapshot-<seq>.tmp`` is streamed from a frozen view (``ColumnStore.freeze``: no copy of
+the rows but their strengths) in chunks of about ``WRITE_CHUNK_BYTES``, the header patched in, then
+fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync: a crash at any
+point leaves either the old snapshot or the new one, never a half file under the final name. A
+write that fails (a full disk) deletes its temporary before raising, so a failed snapshot does not
+keep the space it could not finish using; a crash's temporary is deleted by the next start
+(``remove_temporaries``, before anything else is written).
+
+Reading: each section is one ``readinto`` into its final array, hashed as it goes; both checksums
+are verified before anything is trusted, then the structure; every failure is a
+:class:`CorruptSnapshotError` naming the file and byte offset. The arrays then *are* the engine's
+base run, and the key index is built in one vectorised pass: no per-row Python anywhere. The header
+and its checks are the shared record codec's (``giaannd.records``, ``SNAPSHOT_RECORD``: the whole
+file is one record whose payload, the body, is streamed rather than held twice).
 """
 
 from __future__ import annotations
@@ -30,7 +45,6 @@ import os
 import struct
 import time
 from collections.abc import Callable
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,33 +53,35 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
-from giaannd.model.rows import NUM_SEGMENTS
+from giaannd.model.rows import NUM_SEGMENTS, Row
 from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.column_store import ENTRY_BYTES, GIL_SLICE_ROWS, ColumnStore, FrozenRows
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
+from giaannd.storage.engine.regions import unpack_regions
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
            "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 MAGIC = b"GIAANNSN"
-#: 2 added the applied columns section (applied_set.py, "Which columns"); version 1 files load
-#: with no writer tracked (every applied id then counts as wholly applied, as it did).
+#: Written: the engine's field arrays (module docstring). Format 1 (row regions) still loads.
 SNAPSHOT_FORMAT_VERSION = 2
-_FIRST_READ_VERSION = 1
+_REGIONS_FORMAT = 1
 #: The header (64 bytes; module docstring). No payload limit: the length must equal the file's size.
 SNAPSHOT_RECORD = RecordFormat(
     "snapshot", MAGIC,
     [("version", "I"), ("flags", "I"), ("last_seq", "Q"), ("rows", "Q"), ("entries", "Q"), ("length", "Q"),
      ("payload_xxh3", "Q")],
-    versions=(_FIRST_READ_VERSION, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
+    versions=(_REGIONS_FORMAT, SNAPSHOT_FORMAT_VERSION), max_payload_bytes=None)
 HEADER_BYTES = SNAPSHOT_RECORD.header_bytes  # 64
 _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
-#: Row regions are written in runs of about this many bytes (one concatenation + one write each):
-#: large enough that the per-run Python cost vanishes, small enough that the copy holding the GIL
-#: (a few hundred µs) does not stall the thread applying batches meanwhile.
+#: The entry arrays are written in pieces of about this many bytes (one merge of the base with its
+#: delta entries and one write each; rowengine/frozen.py): large enough that the per-piece Python
+#: cost vanishes, small enough that a piece's copy holding the GIL (a few hundred µs) does not stall
+#: the thread applying batches meanwhile.
 WRITE_CHUNK_BYTES = 1 << 20
-_REGION, _TOUCHES = attrgetter("region"), attrgetter("touches")
+#: The entry fields in file order (module docstring) and their dtypes.
+_FIELDS = (("tc", np.uint64), ("tf", np.uint64), ("st", np.float32), ("seg", np.uint8))
 #: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
 #: a few MiB, cache-sized, instead of several of 8 bytes per entry of the whole store.
 VERIFY_CHUNK_ENTRIES = 1 << 17
@@ -185,40 +201,22 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
 
 
 def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None]) -> None:
-    # Per-row work in this thread holds the GIL the applying thread needs: only C-level loops
-    # (map with attrgetter / __getitem__, fromiter), GIL_SLICE_ROWS rows at a time.
-    cols, feats, slots = view.in_key_order(pause)
-    regions: list[NDArray[np.uint8]] = []
-    touches = np.empty(len(slots), np.uint64)
-    sizes = np.empty(len(slots), np.int64)
-    for a in range(0, len(slots), GIL_SLICE_ROWS):
-        chunk = slots[a : a + GIL_SLICE_ROWS]
-        regions += map(_REGION, chunk)
-        touches[a : a + len(chunk)] = np.fromiter(map(_TOUCHES, chunk), np.uint64, len(chunk))
-        sizes[a : a + len(chunk)] = np.fromiter(map(len, regions[a : a + len(chunk)]), np.int64, len(chunk))
-        pause()
-    del slots
-    offsets = np.zeros(len(regions) + 1, np.int64)
-    np.cumsum(sizes // ENTRY_BYTES, out=offsets[1:])
+    frozen = view.engine
+    if frozen is None:
+        raise ValueError("write of a released frozen view")
+    offsets = frozen.offsets()
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_BYTES))
         w = _HashingWriter(f)
-        w.array(cols)
-        w.array(feats)
+        w.array(frozen.a)
+        w.array(frozen.b)
         w.array(offsets)
-        w.array(touches)
-        # Regions go out in runs of about WRITE_CHUNK_BYTES, each one concatenation + one write:
-        # a write call per row would be a Python call per row (millions) in this thread, holding
-        # the GIL the applying thread needs; a run is a short memcpy, then the GIL is released.
-        ends = np.cumsum(sizes)
-        cuts = np.unique(np.searchsorted(ends, np.arange(WRITE_CHUNK_BYTES, int(ends[-1]) if len(ends) else 0,
-                                                          WRITE_CHUNK_BYTES), "left") + 1)
-        a = 0
-        for b in [*cuts.tolist(), len(regions)]:
-            if b > a:  # (bytes.join takes any buffer, at a third of np.concatenate's cost per array)
-                w.write(regions[a].data if b == a + 1 else b"".join(regions[a:b]))  # type: ignore[arg-type]
+        w.array(view.touches)
+        pause()
+        for name, dtype in _FIELDS:
+            for piece in frozen.field_chunks(name, WRITE_CHUNK_BYTES // np.dtype(dtype).itemsize):
+                w.array(piece)
                 pause()
-            a = max(a, b)
         writers, floors, counts, exceptions = view.applied
         w.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
@@ -230,8 +228,9 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable
         w.write(struct.pack("<Q", bw.shape[0]))
         for arr in (bw, bs, bc, cols_applied):
             w.array(arr)
-        header = SNAPSHOT_RECORD.pack_header(payload_bytes=w.n, payload_xxh3=w.h.intdigest(), last_seq=last_seq,
-                                             rows=len(regions), entries=int(offsets[-1]))
+        header = SNAPSHOT_RECORD.pack_header(version=SNAPSHOT_FORMAT_VERSION, payload_bytes=w.n,
+                                             payload_xxh3=w.h.intdigest(), last_seq=last_seq,
+                                             rows=frozen.num_rows, entries=int(offsets[-1]))
         f.seek(0)
         f.write(header)
         f.flush()
@@ -262,17 +261,15 @@ class _Reader:
         return out
 
 
-def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
-                  copy_rows: bool = False) -> tuple[ColumnStore, int]:
-    """Load a snapshot into a new store; returns (store, last_seq).
+def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> tuple[ColumnStore, int]:
+    """Load a snapshot (format 2, or 1 converted: module docstring) into a new store; returns
+    (store, last_seq).
 
     Args:
         path: the snapshot file.
         capacity_bytes: the store's capacity (a snapshot larger than it still loads; ``is_full`` says so).
         verify_rows: also check every row's entry order, segments and strengths (the checksum already
             rules out damage on disk; this guards against a writer bug, at some cost: see the bench).
-        copy_rows: give each row a region of its own instead of a view of the one buffer read
-            (``ColumnStore.load_bulk``).
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -294,8 +291,13 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
         touches = rd.array(np.uint64, r)
         if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) <= 0):
             raise rd.fail("row offsets are not a partition of the entries into non-empty rows", off_at)
-        regions_at = rd.pos
-        body = rd.array(np.uint8, ENTRY_BYTES * n)  # every row region: one readinto
+        entries_at = rd.pos
+        if head.version == _REGIONS_FORMAT:
+            rows = unpack_regions(rd.array(np.uint8, ENTRY_BYTES * n), offsets)  # every region: one readinto
+        else:
+            tc, tf = rd.array(np.uint64, n), rd.array(np.uint64, n)
+            rows = Row(target_column=tc, target_feature=tf, strength=rd.array(np.float32, n),
+                       segment=rd.array(np.uint8, n))
         w_at = rd.pos
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws = rd.array(np.uint64, num_writers)
@@ -304,7 +306,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
         exc = rd.array(np.uint64, int(counts.sum(dtype=np.uint64)) if num_writers else 0)
         column_arrays: list[NDArray[np.uint64]] = []
         c_at = rd.pos
-        if head.version >= 2:
+        if head.version != _REGIONS_FORMAT:
             (num_tracked,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
             column_arrays += [rd.array(np.uint64, num_tracked), rd.array(np.uint64, num_tracked)]
             (num_batches,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
@@ -317,7 +319,8 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
         except RecordError:
             raise CorruptSnapshotError(str(path), HEADER_BYTES, "body checksum mismatch") from None
         # The bytes are the ones written; now check that what was written is well formed.
-        if r > 1 and not np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1]))):
+        if (head.version == _REGIONS_FORMAT and r > 1
+                and not np.all((rc[1:] > rc[:-1]) | ((rc[1:] == rc[:-1]) & (rf[1:] > rf[:-1])))):
             raise CorruptSnapshotError(str(path), HEADER_BYTES, "row keys not sorted and unique")
         try:
             applied = AppliedSet.from_arrays(ws, floors, counts, exc)
@@ -329,30 +332,27 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True,
             except ValueError as e:
                 raise CorruptSnapshotError(str(path), c_at, str(e)) from None
     if verify_rows:
-        bad = first_bad_row(body, offsets)
+        bad = first_bad_row(rows, offsets)
         if bad is not None:
             i, problem = bad
-            raise CorruptSnapshotError(str(path), regions_at + ENTRY_BYTES * int(offsets[i]), f"row {i}: {problem}")
+            # (the row's region in format 1, its first target column in format 2)
+            at = entries_at + (ENTRY_BYTES if head.version == _REGIONS_FORMAT else 8) * int(offsets[i])
+            raise CorruptSnapshotError(str(path), at, f"row {i}: {problem}")
     store = ColumnStore(capacity_bytes)
     store.applied = applied
-    store.load_bulk(rc, rf, offsets, body, touches, copy_rows)
+    try:
+        store.load_bulk(rc, rf, offsets, rows, touches)
+    except ValueError as e:  # a key that repeats
+        raise CorruptSnapshotError(str(path), HEADER_BYTES, str(e)) from None
     return store, int(last_seq)
 
 
-def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
-    """The first row of ``body`` (regions back to back, entry ``offsets``) that is not well formed,
-    with what is wrong (its first problem in the order segment, strength, entry order), or None.
-    Entries are ordered by (segment, target column, target feature), as ``row_merge.packed_keys``.
-
-    Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries (index arrays that stay in
-    cache): each field of every entry is gathered through a view that sees a u64 / f32 at every
-    byte offset (as ``regions.rows_of_regions``), at the byte the layout puts it (regions.py):
-    entry e of the row at entry offset o with n entries has its target column at byte 13 o + 8 e,
-    its feature 8 n further, its strength at 17 o + 16 n + 4 e and its segment at 20 o + 20 n + e —
-    a per-row shift repeated over the row's entries, plus a multiple of e. Most of the time is the
-    three gathers at unaligned byte offsets, about 4 ns per entry each (measured; views of other
-    dtypes and ``np.take`` are no faster).
-    """
+def first_bad_row(rows: Row, offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """The first row of ``rows`` (concatenated, row i ``[offsets[i], offsets[i+1])``) that is not
+    well formed, with what is wrong (its first problem in the order segment, strength, entry
+    order), or None. Entries are ordered by (segment, target column, target feature), as
+    ``row_merge.packed_keys``. Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries
+    (temporaries that stay in cache)."""
     num_rows = offsets.shape[0] - 1
     if num_rows < 1:
         return None
@@ -360,23 +360,18 @@ def first_bad_row(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[
     bounds = [*np.unique(starts).tolist(), num_rows]
     for r0, r1 in zip(bounds, bounds[1:]):
         run = offsets[r0 : r1 + 1]
-        bad = _first_bad_in(body[ENTRY_BYTES * int(run[0]) : ENTRY_BYTES * int(run[-1])], run - run[0])
+        a, z = int(run[0]), int(run[-1])
+        bad = _first_bad_in(rows.segment[a:z], rows.target_column[a:z], rows.target_feature[a:z],
+                            rows.strength[a:z], run - run[0])
         if bad is not None:
             return r0 + bad[0], bad[1]
     return None
 
 
-def _first_bad_in(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[int, str] | None:
-    """``first_bad_row`` for one run of rows: ``body`` their regions, ``offsets`` from 0."""
+def _first_bad_in(seg: NDArray[np.uint8], c: NDArray[np.uint64], f: NDArray[np.uint64], strength: NDArray[np.float32],
+                  offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+    """``first_bad_row`` for one run of rows (``offsets`` from 0)."""
     m = int(offsets[-1])
-    # int32 indices while they fit (half the memory traffic of int64)
-    itype = np.int32 if body.shape[0] < 2**31 else np.int64
-    first: NDArray[Any] = offsets[:-1].astype(itype)
-    lengths: NDArray[Any] = np.diff(offsets).astype(itype)
-    e: NDArray[Any] = np.arange(m, dtype=itype)
-    seg = body[np.repeat(20 * (first + lengths), lengths) + e]
-    f32 = np.ndarray((body.shape[0] - 3,), np.float32, body, 0, (1,))
-    strength = f32[np.repeat(17 * first + 16 * lengths, lengths) + 4 * e]
     found: list[tuple[int, int, str]] = []  # (entry, rank of the problem, problem)
     # (each check is one pass, ``all``/``any``; the failing entry is looked for only on a failure)
     if (seg >= NUM_SEGMENTS).any():
@@ -384,11 +379,6 @@ def _first_bad_in(body: NDArray[np.uint8], offsets: NDArray[np.int64]) -> tuple[
     if not np.isfinite(strength).all():
         found.append((int(np.flatnonzero(~np.isfinite(strength))[0]), 1, "non-finite strength"))
     if m > 1:
-        u64 = np.ndarray((body.shape[0] - 7,), np.uint64, body, 0, (1,))
-        at = np.repeat(13 * first, lengths) + 8 * e
-        c = u64[at]
-        at += np.repeat(8 * lengths, lengths)
-        f = u64[at]
         s0, s1, c0, c1 = seg[:-1], seg[1:], c[:-1], c[1:]
         ok = (s1 > s0) | ((s1 == s0) & ((c1 > c0) | ((c1 == c0) & (f[1:] > f[:-1]))))
         ok[offsets[1:-1] - 1] = True  # pairs across a row boundary are not compared

@@ -41,6 +41,7 @@ from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch, RowKey
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.errors import CorruptLogError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.update_log import LogRecord, list_segments, scan_segment
@@ -202,8 +203,7 @@ class RepairServer:
         cols, feats = bulk[0].tolist(), bulk[1].tolist()
         limit, used, served = min(msg.max_bytes, MAX_PAGE_BYTES), 0, 0
         for key in zip(cols, feats):
-            region = rows.row_region(key)
-            size = 16 + (len(region) if region is not None else 0)
+            size = 16 + ENTRY_BYTES * rows.row_entries(key)
             if served and used + size > limit:
                 break
             used, served = used + size, served + 1

@@ -182,11 +182,9 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
-        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
-                                             copy_rows=s.snapshot_load_copy_rows)
-        # The rows just recovered (millions of slots and key tuples, never in reference cycles: freed
-        # by reference counting) leave the cyclic GC's generations: otherwise every full collection
-        # walks them all, a pause of 0.1-1 s per million rows in the middle of some apply.
+        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
+        # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
+        # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)

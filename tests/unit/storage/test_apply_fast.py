@@ -13,7 +13,8 @@ from giaannd.model.rows import Row, RowBatch, RowKey, merge_rows
 from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, StoreFullError
 from giaannd.storage.engine import column_store
-from giaannd.storage.engine.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, LARGE_ROW_ENTRIES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.column_store import APPLIED_ID_BYTES, ENTRY_BYTES, ROW_OVERHEAD_BYTES
+from giaannd.storage.engine.regions import pack_regions, unpack_regions
 from giaannd.storage.engine.row_merge import concat_rows, merge_batch, plan_batch
 
 from ._gen import random_batch, random_row
@@ -85,11 +86,9 @@ def test_plan_batch_rejects_bad_offsets() -> None:
         plan_batch(np.array([0, 1], np.int64), Row.empty(), np.array([0, 0], np.int64), Row.empty())
 
 
-@pytest.mark.parametrize("large_row_entries", [LARGE_ROW_ENTRIES, 40, 1])
-def test_store_apply_equals_plain_merge_exactly(large_row_entries: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Absent rows, all-found rows (in place), growing rows, over many batches; with the threshold
-    lowered, stored rows take the per-row path (some, or all) in the same batches as the others."""
-    monkeypatch.setattr(column_store, "LARGE_ROW_ENTRIES", large_row_entries)
+def test_store_apply_equals_plain_merge_exactly() -> None:
+    """Absent rows, all-found rows (in place), growing rows, over many batches (the engine's base,
+    delta runs, merges and folds all on the way)."""
     rng = np.random.default_rng(7)
     store = ColumnStore(BIG)
     rows: dict[RowKey, Row] = {}
@@ -133,27 +132,23 @@ def test_store_apply_all_found_is_in_place_and_growth_replaces_region() -> None:
 
 
 def test_store_regions_are_private_copies() -> None:
-    """Each row owns its region: no view of the batch (a pooled receive buffer) nor of another row."""
+    """The store keeps no view of a batch (a pooled receive buffer)."""
     rng = np.random.default_rng(9)
     batch = random_batch(rng, entries=500)
     store = ColumnStore(BIG)
     store.apply(BatchId(1, 1), batch)
     store.apply(BatchId(1, 2), random_batch(rng, entries=500))
-    regions = [np.frombuffer(region, np.uint8) for _, _, region in store.iter_slots()]
+    stored = [getattr(row, f) for row in map(store.row, store.keys()) if row is not None
+              for f in ("segment", "target_column", "target_feature", "strength")]
     for buf in batch.buffers():
-        assert not any(np.shares_memory(r, buf) for r in regions)
-    for i in range(len(regions) - 1):
-        assert not np.shares_memory(regions[i], regions[i + 1])
+        assert not any(np.shares_memory(r, buf) for r in stored)
     snapshot = store.read_all()
     for buf in batch.buffers():
         buf[...] = 0  # the transport reuses its buffers
     assert all(np.array_equal(x, y) for x, y in zip(snapshot.buffers(), store.read_all().buffers()))
 
 
-@pytest.mark.parametrize("large_row_entries", [LARGE_ROW_ENTRIES, 1])
-def test_store_full_refusal_is_exact_and_changes_nothing(large_row_entries: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(column_store, "LARGE_ROW_ENTRIES", large_row_entries)
+def test_store_full_refusal_is_exact_and_changes_nothing() -> None:
     rng = np.random.default_rng(10)
     first, batch = random_batch(rng), random_batch(rng)
 
@@ -211,10 +206,8 @@ def test_store_apply_equals_core_rowstore_on_training_stream() -> None:
         assert got is not None and got.equals(row), key
 
 
-@pytest.mark.parametrize("large_row_entries", [LARGE_ROW_ENTRIES, 1])
-def test_store_empty_delta_rows_create_nothing(large_row_entries: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_empty_delta_rows_create_nothing() -> None:
     """A canonical batch may carry a row with no entries: it neither creates nor touches a row."""
-    monkeypatch.setattr(column_store, "LARGE_ROW_ENTRIES", large_row_entries)
     rng = np.random.default_rng(12)
     store = ColumnStore(BIG)
     store.apply(BatchId(1, 1), random_batch(rng))
@@ -236,11 +229,11 @@ def test_store_empty_delta_rows_create_nothing(large_row_entries: int, monkeypat
     assert store.digest(stored).batches == touches  # type: ignore[union-attr]
 
 
-def test_rows_of_regions_equals_region_views() -> None:
-    """The vectorised gather of stored rows (unaligned reads at any byte offset) equals each
-    region's own array views, for regions of odd lengths side by side."""
+def test_pack_and_unpack_regions_equal_region_views() -> None:
+    """The vectorised region layout (unaligned accesses at any byte offset) equals each region's own
+    array views, for regions of odd lengths side by side, both ways."""
     rng = np.random.default_rng(13)
-    regions = []
+    regions, rows = [], []
     for n in (1, 3, 0, 7, 50, 2):
         row = random_row(rng, n, key_space=1000)
         region = np.empty(ENTRY_BYTES * len(row), np.uint8)
@@ -248,7 +241,8 @@ def test_rows_of_regions_equals_region_views() -> None:
         for field in ("segment", "target_column", "target_feature", "strength"):
             getattr(view, field)[...] = getattr(row, field)
         regions.append(region)
-    offsets, got = column_store._rows_of_regions(regions)
-    want_offsets, want = concat_rows([column_store.row_from_region(r) for r in regions])
-    assert offsets.tolist() == want_offsets.tolist()
-    assert got.equals(want)
+        rows.append(row)
+    offsets, want = concat_rows(rows)
+    raw = np.concatenate(regions)
+    assert unpack_regions(raw, offsets).equals(want)
+    assert np.array_equal(pack_regions(offsets, want), raw)

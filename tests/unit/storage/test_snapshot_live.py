@@ -21,14 +21,20 @@ import numpy as np
 import pytest
 import xxhash
 
-import giaannd.storage.engine.column_store as column_store_module
 import giaannd.storage.engine.snapshot as snapshot_module
-from giaannd.model.rows import RowBatch
+from giaannd.model.rows import Row, RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, CorruptSnapshotError, DurableStore
-from giaannd.storage.engine.snapshot import HEADER_BYTES, list_temporaries, read_snapshot, write_snapshot
+from giaannd.storage.engine.regions import pack_regions
+from giaannd.storage.engine.snapshot import (
+    HEADER_BYTES,
+    SNAPSHOT_RECORD,
+    list_temporaries,
+    read_snapshot,
+    write_snapshot,
+)
 from giaannd.storage.engine.update_log import list_segments, scan_segment
-from tools.bench.snapshot import read_snapshot_per_row, realistic_batch
+from tools.bench.snapshot import realistic_batch
 
 from ._gen import random_batch, same_state
 
@@ -49,12 +55,10 @@ def _reference(batches: list[tuple[BatchId, RowBatch]]) -> ColumnStore:
 
 
 def _region_bytes(store: ColumnStore) -> dict[tuple[int, int], tuple[bytes, int]]:
-    return {k: (s.region.tobytes(), s.touches) for k, s in store._rows.items()}  # noqa: SLF001
+    return {k: (bytes(region), touches) for k, touches, region in store.iter_slots()}
 
 
-@pytest.mark.parametrize("large_row_entries", [512, 1])  # 1: every stored row takes the one-row path
-def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(monkeypatch, large_row_entries) -> None:
-    monkeypatch.setattr(column_store_module, "LARGE_ROW_ENTRIES", large_row_entries)
+def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(tmp_path: Path) -> None:
     store = ColumnStore(BIG)
     batches = _batches(1, 6)
     for i, b in enumerate(batches[:3]):
@@ -67,7 +71,8 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(monkeypat
     for i, b in enumerate(batches[3:]):  # growing merges and new rows
         store.apply(BatchId(3, i + 1), b)
     store.drop_columns(np.array([batches[0].row_column[0]], np.uint64))
-    assert {k: (s.region.tobytes(), s.touches) for k, s in view.rows.items()} == before
+    frozen, _ = read_snapshot(snapshot_module.write_frozen(tmp_path, view, 9), BIG)  # what the view holds
+    assert _region_bytes(frozen) == before
     assert all(np.array_equal(a, b) for a, b in zip(view.applied, applied_before))
     # the live store went on as if there had been no view
     ref = ColumnStore(BIG)
@@ -78,7 +83,6 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(monkeypat
     assert same_state(store, ref)
     view.release()
     view.release()  # idempotent
-    assert store._frozen == []  # noqa: SLF001 (no copy-on-write once released)
 
 
 def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch) -> None:
@@ -158,7 +162,6 @@ def test_snapshot_disk_full_while_applies_continue_keeps_serving(tmp_path: Path,
         job.write()
     monkeypatch.undo()
     assert not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
-    assert ds.store._frozen == []  # noqa: SLF001 (the view was released: no copy-on-write)
     ds.apply(BatchId(1, 99), batches[0])  # still serving
     done.append((BatchId(1, 99), batches[0]))
     ds.snapshot()  # and a later attempt works
@@ -218,52 +221,70 @@ def test_snapshot_crash_in_the_middle_restarts_with_the_same_state(tmp_path: Pat
     last.close()
 
 
+def _write_format_1(path: Path, store: ColumnStore, seq: int) -> None:
+    """``store`` as a format-1 snapshot (rows sorted by key, row regions back to back), as written
+    before the row engine: the format an upgraded node finds on disk."""
+    everything = store.read_all()
+    touches = np.array([store.digest(k).batches for k in store.keys()], np.uint64)  # type: ignore[union-attr]
+    regions = pack_regions(everything.offsets, Row(
+        everything.segment, everything.target_column, everything.target_feature, everything.strength))
+    writers, floors, counts, exceptions = store.applied.to_arrays()
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in (
+        everything.row_column, everything.row_feature, everything.offsets, touches, regions,
+        np.array([writers.shape[0]], np.uint64), writers, floors, counts, exceptions))
+    header = SNAPSHOT_RECORD.pack_header(version=1, payload_bytes=len(body),
+                                         payload_xxh3=xxhash.xxh3_64_intdigest(body), last_seq=seq,
+                                         rows=everything.num_rows, entries=everything.num_entries)
+    path.write_bytes(header + body)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_snapshot_bulk_load_equals_per_row_load(tmp_path: Path, seed: int, monkeypatch) -> None:
+def test_snapshot_bulk_load_equals_the_store_and_format_1_converts(tmp_path: Path, seed: int, monkeypatch) -> None:
     if seed % 2:  # rows checked in many short runs (run boundaries inside the store)
         monkeypatch.setattr(snapshot_module, "VERIFY_CHUNK_ENTRIES", 100)
     rng = np.random.default_rng(seed)
     store = ColumnStore(BIG)
     store.apply(BatchId(1, 1), realistic_batch(rng, 300))  # median 17 entries, a Zipf tail
     for i in range(3):
-        store.apply(BatchId(2, i + 1), random_batch(rng, 400))
+        store.apply(BatchId(2, i + 1), random_batch(rng, 400))  # (delta runs in the frozen view)
     store.advance_floor(2, 1)
     path = write_snapshot(tmp_path, store, 7)
-    for verify, copy_rows in ((True, False), (False, False), (True, True)):
-        bulk, seq = read_snapshot(path, BIG, verify, copy_rows)
-        old, old_seq = read_snapshot_per_row(path, BIG, verify)
-        assert seq == old_seq == 7
-        assert same_state(bulk, old) and same_state(bulk, store)
-        assert _region_bytes(bulk) == _region_bytes(old) == _region_bytes(store)
-        assert bulk.usage() == old.usage() == store.usage()
-        assert bulk.keys() == store.keys()
-        # shared: every region a view of the one body read; copied: each region its own buffer
-        bases = {id(s.region.base) for s in bulk._rows.values()}  # noqa: SLF001
-        assert (bases == {id(None)}) if copy_rows else (len(bases) == 1 and id(None) not in bases)
+    old_path = tmp_path / "old.snap"
+    _write_format_1(old_path, store, 7)
+    for verify in (True, False):
+        for p in (path, old_path):
+            bulk, seq = read_snapshot(p, BIG, verify)
+            assert seq == 7
+            assert same_state(bulk, store)
+            assert _region_bytes(bulk) == _region_bytes(store)
+            assert bulk.usage() == store.usage()
+            assert bulk.keys() == store.keys()
+            assert bulk.row_size_log2() == store.row_size_log2()
     empty_path = write_snapshot(tmp_path, ColumnStore(BIG), 8)
     assert len(read_snapshot(empty_path, BIG)[0]) == 0
 
 
 def _corrupt(path: Path, row: int, field: str) -> tuple[bytes, int]:
-    """The snapshot at ``path`` with ``field`` of row ``row`` broken (checksums resealed), and the
-    byte offset of that row's region."""
+    """The format-2 snapshot at ``path`` with ``field`` of row ``row`` broken (checksums resealed),
+    and the byte offset of that row's first target column."""
     data = bytearray(path.read_bytes())
-    r = struct.unpack_from("<Q", data, 24)[0]
+    r, total = struct.unpack_from("<QQ", data, 24)
     offsets = np.frombuffer(bytes(data[HEADER_BYTES + 16 * r : HEADER_BYTES + 16 * r + 8 * (r + 1)]), np.int64)
-    at = HEADER_BYTES + 8 * (4 * r + 1) + 21 * int(offsets[row])
-    n = int(offsets[row + 1] - offsets[row])
-    assert n >= 2
+    base = HEADER_BYTES + 8 * (4 * r + 1)  # target_column u64[N] | target_feature u64[N] | strength f32[N] | seg u8[N]
+    o = int(offsets[row])
+    assert int(offsets[row + 1]) - o >= 2
     if field == "segment":
-        data[at + 20 * n + 1] = 200
+        data[base + 20 * total + o + 1] = 200
     elif field == "strength":
-        struct.pack_into("<f", data, at + 16 * n + 4, float("nan"))
+        struct.pack_into("<f", data, base + 16 * total + 4 * (o + 1), float("nan"))
     else:  # swap entries 0 and 1 (column, feature, strength, segment), so they are out of order
-        for off, size in ((0, 8), (8 * n, 8), (16 * n, 4), (20 * n, 1)):
-            a, b = data[at + off : at + off + size], data[at + off + size : at + off + 2 * size]
-            data[at + off : at + off + size], data[at + off + size : at + off + 2 * size] = b, a
+        for start, size in ((0, 8), (8 * total, 8), (16 * total, 4), (20 * total, 1)):
+            at = base + start + size * o
+            a, b = data[at : at + size], data[at + size : at + 2 * size]
+            data[at : at + size], data[at + size : at + 2 * size] = b, a
     struct.pack_into("<Q", data, 48, xxhash.xxh3_64_intdigest(bytes(data[HEADER_BYTES:])))
     struct.pack_into("<Q", data, 56, xxhash.xxh3_64_intdigest(bytes(data[:56])))
-    return bytes(data), at
+    return bytes(data), base + 8 * o
 
 
 @pytest.mark.parametrize(("field", "reason"), [("segment", "segment out of range"),
@@ -277,35 +298,31 @@ def test_snapshot_bulk_load_rejects_bad_rows_naming_the_offset(tmp_path: Path, f
     store.apply(BatchId(1, 1), realistic_batch(rng, 3000))
     path = write_snapshot(tmp_path, store, 1)
     good = path.read_bytes()
+    lengths = np.diff(np.frombuffer(good[HEADER_BYTES + 16 * len(store):], np.int64, len(store) + 1))
     for row in (0, 1, 1234, len(store) - 1):
+        row = int(np.flatnonzero(lengths >= 2)[np.searchsorted(np.flatnonzero(lengths >= 2), row)])
         data, at = _corrupt(path, row, field)
         path.write_bytes(data)
         with pytest.raises(CorruptSnapshotError) as bulk:
             read_snapshot(path, BIG)
-        with pytest.raises(CorruptSnapshotError) as old:
-            read_snapshot_per_row(path, BIG)
-        assert str(bulk.value) == str(old.value)
         assert f"at byte offset {at}: row {row}: {reason}" in str(bulk.value)
         path.write_bytes(good)
     read_snapshot(path, BIG)
 
 
-@pytest.mark.parametrize("copy_rows", [False, True])
-def test_durable_replay_in_bulk_equals_live(tmp_path: Path, copy_rows: bool) -> None:
+def test_durable_replay_in_bulk_equals_live(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     ds = DurableStore.open(tmp_path, BIG)
     done = []
     for i in range(4):
-        done.append((BatchId(1, i + 1), realistic_batch(rng, 200, 50 * i)))  # new rows: installed
+        done.append((BatchId(1, i + 1), realistic_batch(rng, 200, 50 * i)))  # new rows
         done.append((BatchId(2, i + 1), random_batch(rng, 300)))  # merges, growing and in place
     for bid, b in done:
         ds.apply(bid, b)
     ds.close()
-    again = DurableStore.open(tmp_path, BIG, copy_rows=copy_rows)
-    assert same_state(again.store, _reference(done)) and not again.store.share_regions
+    again = DurableStore.open(tmp_path, BIG)
+    assert same_state(again.store, _reference(done))
     assert _region_bytes(again.store) == _region_bytes(_reference(done))
-    shared = sum(s.region.base is not None for s in again.store._rows.values())  # noqa: SLF001
-    assert (shared == 0) if copy_rows else shared > 0
     again.apply(BatchId(3, 1), done[0][1])  # and it goes on like any store
     assert same_state(again.store, _reference([*done, (BatchId(3, 1), done[0][1])]))
     again.close()

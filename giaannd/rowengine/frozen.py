@@ -1,0 +1,93 @@
+"""A frozen engine: the rows at one moment, read by another thread while the owner keeps applying.
+
+Theory of operation
+-------------------
+What the engine changes in place is small: strengths (an add into the base or a delta run) and
+the row lengths. Everything else is *replaced*, never written: a delta merge and a fold build new
+arrays (run.py), a drop builds a new base and key index, the key index's arrays only grow past the
+keys they hold (new keys go beyond ``len``, a growth copies). So ``RowEngine.freeze`` keeps
+references to every run's key arrays and row index and to the keys, and copies the strengths and
+lengths: one memcpy of 4 bytes per entry (and 8 per row) on the applying thread, nothing per row.
+
+The frozen rows are read in the engine's global order (row id, then entry key) as one field at a
+time (``field_chunks``: a snapshot writes each field as one section): base entries in slices of
+about ``chunk`` entries, each merged with the delta entries whose base positions fall in it
+(run.fold_into_base's rule: delta entry j lands before base entry ``pos[j]``), so the memory on
+top is a chunk, not a second copy of the store. The delta runs are first merged into one (they
+hold at most 1/base_ratio of the entries). Reading never changes the live engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.rowengine.run import Run, merge_deltas
+from giaannd.rowengine.search import merge_positions
+
+__all__ = ["FrozenEngine"]
+
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+
+
+@dataclass(slots=True, eq=False)
+class FrozenEngine:
+    """An engine's rows at one moment (module docstring): row i is key ``(a[i], b[i])`` with
+    ``lengths[i]`` entries; ``base`` and ``deltas`` the runs (their strengths are copies)."""
+
+    a: U64
+    b: U64
+    lengths: I64
+    base: Run
+    deltas: list[Run]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_entries(self) -> int:
+        return self.base.num_entries + sum(d.num_entries for d in self.deltas)
+
+    def offsets(self) -> I64:
+        """Entry offsets of the rows in id order (row i is ``[offsets[i], offsets[i+1])``)."""
+        out = np.zeros(self.lengths.shape[0] + 1, np.int64)
+        np.cumsum(self.lengths, out=out[1:])
+        return out
+
+    def _delta(self) -> Run | None:
+        """The delta runs as one (merged once, on first use, then kept)."""
+        if not self.deltas:
+            return None
+        while len(self.deltas) >= 2:
+            newer = self.deltas.pop()
+            self.deltas[-1] = merge_deltas(self.deltas[-1], newer)
+        return self.deltas[0]
+
+    def field_chunks(self, name: str, chunk: int) -> Iterator[NDArray[np.generic]]:
+        """Field ``name`` (``seg``, ``tc``, ``tf`` or ``st``) of every entry in the global order, in
+        pieces of about ``chunk`` entries (at least 1; module docstring)."""
+        base_field: NDArray[np.generic] = getattr(self.base, name)
+        n = self.base.num_entries
+        delta = self._delta()
+        if delta is None:
+            for lo in range(0, n, max(1, chunk)):
+                yield base_field[lo : lo + chunk]
+            return
+        assert delta.pos is not None
+        pos, delta_field = delta.pos, getattr(delta, name)
+        bounds = [*range(0, n, max(1, chunk)), n]
+        j = 0
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:] or [n])):
+            last = i == len(bounds) - 2 or not bounds[1:]
+            j_end = pos.shape[0] if last else int(np.searchsorted(pos, hi, "left"))
+            dst, keep = merge_positions(hi - lo, pos[j:j_end] - lo)
+            out = np.empty(hi - lo + j_end - j, base_field.dtype)
+            out[keep] = base_field[lo:hi]
+            out[dst] = delta_field[j:j_end]
+            j = j_end
+            yield out
