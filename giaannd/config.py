@@ -474,7 +474,7 @@ class ComputeConfig(_Section):
         "nodes as possible, whatever read-fewest-nodes says for other reads. A fetch is a prompt's "
         "rows (up to 32) on the per-token path, where a session waits for the reply: one request "
         "instead of one per first owner halves it (R = 3 on 3 nodes: 1.35 -> 0.66 ms per prompt "
-        "read, tools/bench/cluster.py). Off: inference reads follow read-fewest-nodes."
+        "read; docs/compute.md, Inference). Off: inference reads follow read-fewest-nodes."
     ))] = True
     resume_jobs: Annotated[bool, Meta(description=(
         "Resume unfinished training jobs from their journals (<data-dir>/compute/jobs/) when the "
