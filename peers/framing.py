@@ -494,8 +494,18 @@ class FrameDecoder:
                 break
             # an immutable copy: decoded payloads (msgspec.Raw) are views of it, and the staging
             # buffer is reused by the next read
-            self._on_body(bytes(view[pos : pos + self._body_len]), frames)
-            pos += self._body_len
+            end = pos + self._body_len
+            self._on_body(bytes(view[pos:end]), frames)
+            pos = end
+            if self._state == _BULK and staged - pos >= self._bulk_len:
+                # a small frame whose bulk arrived whole with its header (a 4 KiB request): each
+                # buffer in one slice copy, the frame completed here, no state machine round
+                for dest in self._dests:
+                    end = pos + dest.nbytes
+                    dest[:] = view[pos:end]
+                    pos = end
+                self._dest_index = len(self._dests)
+                self._finish_bulk_if_done(frames)
         # keep the unconsumed tail at the front of the staging buffer
         rest = staged - pos
         if rest and pos:

@@ -348,15 +348,21 @@ class StorageClient:
         self._floors.abandon(batch_id)
 
     # -- replicated reads (reads.py) ------------------------------------------------------------------------
-    async def read_rows(self, row_column: Any, row_feature: Any, timeout_s: float | None = None) -> RowBatch:
+    async def read_rows(self, row_column: Any, row_feature: Any, timeout_s: float | None = None, *,
+                        fewest: bool | None = None) -> RowBatch:
         """Rows from the nearest live replica, failing over to the others (absent rows left out).
+
+        ``fewest``: group this read's rows on as few live owners as possible (reads.py, "Fewest
+        nodes"); None: the client's ``read_fewest_nodes``. Inference's row fetcher asks for it
+        per call (``compute.infer-read-fewest-nodes``).
 
         Raises:
             ReadFailed: every owner of some rows failed.
             LookupError: no storage members known.
         """
         return await read_replicated(self.topology, self.read_from, self.read_ramp, self.clock,
-                                     row_column, row_feature, timeout_s, fewest=self.read_fewest_nodes)
+                                     row_column, row_feature, timeout_s,
+                                     fewest=self.read_fewest_nodes if fewest is None else fewest)
 
     # -- cluster-wide scan (scan.py) ------------------------------------------------------------------------
     def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS, timeout_s: float | None = None,

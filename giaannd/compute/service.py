@@ -57,7 +57,7 @@ from giaannd.compute.eval_spread import (
     share_prompts,
     spread_evaluate,
 )
-from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher
+from giaannd.compute.infer import DEFAULT_PREFETCH_DEPTH, Inference, RowCache, RowFetcher, inference_reader
 from giaannd.compute.job_journal import JournalWriter
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
 from giaannd.compute.routes import DEFAULT_EVAL_LIMIT as DEFAULT_EVAL_LIMIT
@@ -335,7 +335,8 @@ class ComputeService:
     def _infer(self) -> Inference:
         client = self._client()
         if self._inference is None:
-            self._fetcher = RowFetcher(client.read_rows, self.cache)
+            self._fetcher = RowFetcher(inference_reader(client, fewest=self.settings.infer_read_fewest_nodes),
+                                       self.cache)
             self._inference = Inference(self._fetcher, max_sessions=self.settings.max_sessions,
                                         prefetch_depth=self._prefetch_depth)
         return self._inference

@@ -355,3 +355,25 @@ def test_service_finds_a_storage_client_among_the_node_services():
     assert _client_from_services({"runtime": SimpleNamespace(storage_client=runtime_client),
                                   "storage": storage}) is runtime_client
     assert _client_from_services({"storage": SimpleNamespace(topology=None)}) is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fewest", [True, False, None])
+async def test_service_inference_reads_group_rows_per_config(tmp_path, fewest):
+    """The service's row fetcher asks storage for the fewest-nodes grouping unless
+    ``compute.infer-read-fewest-nodes`` is off (None: the default, on)."""
+    from giaannd.compute.service import ComputeService
+    from giaannd.config import ComputeConfig
+
+    asked = []
+
+    class Storage:
+        async def read_rows(self, row_column, row_feature, timeout_s=None, *, fewest=None):
+            asked.append(fewest)
+            return RowBatch.empty()
+
+    settings = ComputeConfig() if fewest is None else ComputeConfig(infer_read_fewest_nodes=fewest)
+    svc = ComputeService(settings, tmp_path, storage=Storage())  # type: ignore[arg-type]
+    fetcher = svc._infer().fetcher
+    assert (await fetcher.get((1, 2))).nbytes == 0
+    assert asked == [True if fewest is None else fewest]

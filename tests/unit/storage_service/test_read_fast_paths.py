@@ -190,3 +190,30 @@ def test_fewest_nodes_spreads_reads_when_every_node_owns_every_row():
         assert len(set(got[:, 0].tolist())) == 1
         chosen.add(int(got[0, 0]))
     assert chosen == {0, 1, 2}
+
+
+@pytest.mark.asyncio
+async def test_read_rows_fewest_per_call_overrides_the_clients_setting():
+    """Inference asks for the grouping per call (compute.infer-read-fewest-nodes) while the
+    client's own reads keep ``read_fewest_nodes``."""
+    from giaannd.client.storage_client import StorageClient
+
+    cols = np.arange(1, 17, dtype=np.uint64)
+    feats = np.zeros(cols.size, np.uint64)
+    for default in (False, True):
+        client = StorageClient(_view(), read_fewest_nodes=default)
+        calls = []
+
+        async def read_from(node, c, f, timeout_s):
+            calls.append(node)
+            return _rows(c)
+
+        client.read_from = read_from  # type: ignore[method-assign]
+        got = await client.read_rows(cols, feats, fewest=True)
+        assert np.array_equal(got.row_column, cols) and len(calls) == 1
+        calls.clear()
+        await client.read_rows(cols, feats, fewest=False)
+        assert len(calls) > 1  # each row to its own first owner
+        calls.clear()
+        await client.read_rows(cols, feats)  # None: the client's setting
+        assert (len(calls) == 1) == default
