@@ -609,6 +609,15 @@ class ComputeConfig(_Section):
         "storage's vocabulary and refuses to start on a cluster trained under the other, so every "
         "compute node of a cluster must use the same one."
     ))] = "word"
+    device: Annotated[Literal["auto", "cpu", "cuda"], Meta(description=(
+        "Where this node's training batches and inference (LIF) steps compute (docs/compute.md, "
+        "\"Devices\"). `cpu`: the numpy path, the fastest on a CPU (small arrays, per-call overhead "
+        "dominates torch there). `cuda`: torch on the first CUDA device; a host without a usable "
+        "one stops the node at start with a config error (exit 2) rather than running on the "
+        "CPU at a fraction of the speed it was sized for. `auto`: `cuda` where a CUDA device is "
+        "usable, else `cpu`. The default is `cpu` because the CUDA path has not yet run on a "
+        "GPU (README, \"Known gaps\"); results agree with the CPU path within float32 tolerance."
+    ))] = "cpu"
 
 
 class Config(_Section):

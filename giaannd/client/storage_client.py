@@ -87,6 +87,7 @@ from giaannd.client.writes import CONFIRM_HINTS_INTERVAL_S as CONFIRM_HINTS_INTE
 from giaannd.client.writes import QuorumWriter, WriteResult, hint_holders
 from giaannd.cluster.view import ClusterView
 from giaannd.config import DEFAULT_READ_CHUNK_BYTES
+from giaannd.model.gpu.rows import DeviceRows, PinnedStager
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.ramp import READ_RAMP_FLOOR, RampTracker
@@ -363,6 +364,16 @@ class StorageClient:
         return await read_replicated(self.topology, self.read_from, self.read_ramp, self.clock,
                                      row_column, row_feature, timeout_s,
                                      fewest=self.read_fewest_nodes if fewest is None else fewest)
+
+    async def read_rows_to_device(self, row_column: Any, row_feature: Any, stager: PinnedStager,
+                                  timeout_s: float | None = None) -> DeviceRows:
+        """``read_rows``, the batch then moved to ``stager``'s device in one copy through its pooled
+        pinned buffer (giaannd/model/gpu/rows.py: validated on the host first, on tcp and ucx alike).
+
+        Raises:
+            as ``read_rows``.
+        """
+        return stager.stage(await self.read_rows(row_column, row_feature, timeout_s))
 
     # -- cluster-wide scan (scan.py) ------------------------------------------------------------------------
     def scan_all(self, page_rows: int = DEFAULT_SCAN_PAGE_ROWS, timeout_s: float | None = None,

@@ -37,12 +37,16 @@ its prefetch started at (held rows are read again). Writes made by *other* compu
 seen by this cache: call ``clear()`` (the service does at the start of every eval) — documented in
 docs/compute.md.
 
-The activation state stays where ``LifSession`` keeps it (host numpy). There is no GPU path.
+**Device**: ``Inference(device=...)`` (``compute.device``, resolved) picks the session class:
+the numpy ``LifSession`` on ``cpu``, the torch ``TorchLifSession`` (giaannd/model/gpu/lif.py, the
+activation state on the device) on ``cuda``. Rows still arrive here as host arrays (validated on
+the host; the cache holds host rows) and the torch session moves what a step needs to the device.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -53,6 +57,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.evaluate import EvalResult, Mode, continuation, generation_session, prediction_matches, token_matches
+from giaannd.model.gpu.device import Device
+from giaannd.model.gpu.lif import make_session
 from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
@@ -353,10 +359,11 @@ class Inference:
         fetcher: the node's shared fetcher.
         max_sessions: sessions stepping concurrently (more wait their turn).
         prefetch_depth: teacher-forced lookahead.
+        device: where the sessions' activation state lives (module docstring, "Device").
     """
 
     def __init__(self, fetcher: RowFetcher, *, max_sessions: int = 64,
-                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, device: Device = "cpu") -> None:
         if max_sessions < 1 or prefetch_depth < 0:
             raise ValueError("max_sessions must be >= 1 and prefetch_depth >= 0")
         self.fetcher = fetcher
@@ -364,6 +371,8 @@ class Inference:
         self._slots = asyncio.Semaphore(max_sessions)
         self.steps = 0
         self.sessions = 0
+        self.device: Device = device
+        self._new_session: Callable[..., LifSession] = functools.partial(make_session, device)
 
     async def _run(self, session: LifSession, lookahead: Sequence[RowKey]) -> LifSession:
         async with self._slots:
@@ -385,8 +394,8 @@ class Inference:
         runs = []
         for sent in kept:
             targets = list(zip(sent.column.tolist(), sent.feature.tolist()))
-            session = LifSession(targets, flags, constants, seed_tokens=seed_tokens,
-                                 teacher_forced=(mode == "teacher"))
+            session = self._new_session(targets, flags, constants, seed_tokens=seed_tokens,
+                                        teacher_forced=(mode == "teacher"))
             runs.append(self._run(session, targets if mode == "teacher" else ()))
         # a TaskGroup, not gather: one failed session cancels the others instead of orphaning them
         failure: BaseException | None = None
@@ -420,7 +429,7 @@ class Inference:
                        max_new_tokens: int) -> list[RowKey]:
         """Free-running continuation (as ``giaannd.model.evaluate.generate``): every prompt token
         seeds, then predictions drive; stops at the first step with no prediction."""
-        session = generation_session(prompt, flags, constants, max_new_tokens)
+        session = generation_session(prompt, flags, constants, max_new_tokens, self._new_session)
         if session is None:
             return []
         await self._run(session, list(prompt))

@@ -70,6 +70,7 @@ from giaannd.compute.train import CONLLU_SUFFIXES, TrainingJob, TrainResult, Tra
 from giaannd.errors import AdminHTTPError, HostEnvironmentError
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.engine import constants_named
+from giaannd.model.gpu.device import Device, resolve_device
 from giaannd.model.infer import DelimiterFlags, LifConstants
 from giaannd.model.lexicon import Lexicon, load_lexicon
 from giaannd.model.rows import RowBatch
@@ -175,6 +176,9 @@ class ComputeService:
         self._prefetch_depth = prefetch_depth
         self._lexicon: Lexicon | None = None
         self._routes = ComputeRoutes(self)
+        #: ``compute.device`` resolved by ``start`` (cpu until then: a service never started, as in
+        #: unit tests, computes on the CPU)
+        self.device: Device = "cpu"
         self._sink: _PromSink | None = None
         self._started = False
         self._resume_task: asyncio.Task[None] | None = None
@@ -203,8 +207,12 @@ class ComputeService:
         metrics (with a context), find storage.
 
         Raises:
+            ConfigError: ``compute.device = cuda`` and no CUDA device is usable (exit 2).
             HostEnvironmentError: a corpus or export directory cannot be created.
         """
+        # first: a node asked to run on a GPU it lacks stops before it creates or loads anything
+        self.device = await asyncio.to_thread(resolve_device, self.settings.device)
+        log.info("compute device=%s (compute.device = %s)", self.device, self.settings.device)
         for path, knob in ((self.corpus_dir, "$.compute.corpus-dir"), (self.export_dir, "$.compute.export-dir")):
             try:
                 await asyncio.to_thread(path.mkdir, mode=0o750, parents=True, exist_ok=True)
@@ -247,7 +255,7 @@ class ComputeService:
             await self.storage.flush()
 
     def health(self) -> Mapping[str, Any]:
-        return {"storage": self.storage is not None, "jobs_running": len(self.jobs.running()),
+        return {"storage": self.storage is not None, "device": self.device, "jobs_running": len(self.jobs.running()),
                 "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
                 "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats(),
                 "cluster_jobs_followed": len(self.cluster.followed) if self.cluster is not None else 0}
@@ -338,13 +346,13 @@ class ComputeService:
             self._fetcher = RowFetcher(inference_reader(client, fewest=self.settings.infer_read_fewest_nodes),
                                        self.cache)
             self._inference = Inference(self._fetcher, max_sessions=self.settings.max_sessions,
-                                        prefetch_depth=self._prefetch_depth)
+                                        prefetch_depth=self._prefetch_depth, device=self.device)
         return self._inference
 
     # -- training (journaled jobs: durable_jobs.py) -------------------------------------------
     def train_settings(self, workers: int | None = None, coalesce: int | None = None) -> TrainSettings:
         return TrainSettings(workers=workers or self.settings.train_workers,
-                             coalesce_sentences=coalesce or self.settings.coalesce_k)
+                             coalesce_sentences=coalesce or self.settings.coalesce_k, device=self.device)
 
     async def train(self, sentences: Sequence[TaggedSentence], settings: TrainSettings,
                     progress: TrainProgress | None = None, journal: JournalWriter | None = None) -> TrainResult:

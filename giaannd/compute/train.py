@@ -74,6 +74,7 @@ from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
 from giaannd.compute.job_journal import JournalWriter
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
+from giaannd.model.gpu.device import Device
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.sentence import EncodedSentence
@@ -86,7 +87,7 @@ from giaannd.model.subwords import (
     profile_marker,
 )
 from giaannd.model.tokens import TaggedSentence, read_conllu, tag_file_cached
-from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, train_batch
+from giaannd.model.train import COLUMN_SEGMENTS, FEATURE_REACH, backend_for, train_batch
 from giaannd.model.vocab import Vocabulary
 from giaannd.protocol import BatchId
 from peers.errors import PeersError
@@ -136,6 +137,8 @@ class TrainSettings:
             all, and the ceiling of the first full-jitter wait (``retry_policy``).
         offload: run encode + train of a window in a worker thread (``asyncio.to_thread``) so the
             event loop keeps serving sends and admin requests meanwhile.
+        device: where ``train_batch`` computes (``compute.device``, resolved): ``cpu`` is the numpy
+            backend (the fastest on a CPU), ``cuda`` the torch backend on the device.
     """
 
     workers: int = 1
@@ -144,6 +147,7 @@ class TrainSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
     offload: bool = False
+    device: Device = "cpu"
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.coalesce_sentences < 1 or self.max_attempts < 1:
@@ -268,8 +272,9 @@ class _Window:
 class _Worker:
     """One worker's column assigner and view of the flag set."""
 
-    def __init__(self, lexicon: Lexicon, flags: set[int], profile: Profile = "word") -> None:
+    def __init__(self, lexicon: Lexicon, flags: set[int], profile: Profile = "word", device: Device = "cpu") -> None:
         self.assigner: ColumnAssigner = make_assigner(profile, lexicon, flags)
+        self.device: Device = device
         self.tracker = FlagTracker(flags)
         self._vocab_seen = (0, 0)  # columns / features of the assigner's vocabulary already taken
         #: the worker's last vocabulary write (each one waits for the one before: window order)
@@ -303,7 +308,7 @@ class _Worker:
     def process(self, window: Sequence[TaggedSentence]) -> _Window:
         """Encode (updating flags) and train one window; synchronous (may run in a thread)."""
         encoded = [e for t in window if (e := self.assigner.encode(t, update_flags=True)) is not None]
-        out = train_batch(encoded)
+        out = train_batch(encoded, backend=backend_for(self.device), device=self.device)
         new_flags = self.tracker.take_unsent(self.assigner.probabilistic_flags)
         batch = with_flags(out.rows, new_flags)
         return _Window(batch, len(window), out.sentences, out.tokens, pair_increments(encoded), len(new_flags),
@@ -390,7 +395,8 @@ class TrainingJob:
             if self.journal is not None and journal is not None:
                 journal.begin(initial, len(self.sentences))
                 await self.journal.commit()
-        workers = self._workers = [_Worker(self.lexicon, initial, self.profile) for _ in range(self.settings.workers)]
+        workers = self._workers = [_Worker(self.lexicon, initial, self.profile, self.settings.device)
+                                 for _ in range(self.settings.workers)]
         restart = await self._replay(workers) if resuming else 0
         try:
             await asyncio.gather(*(self._work(w, i, restart) for i, w in enumerate(workers)))

@@ -16,7 +16,7 @@ iff ``column_id(target word) == c``, a feature prediction (c, f) iff ``feature_i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -145,19 +145,21 @@ def generate(
 
 
 def generation_session(
-    prompt: Sequence[RowKey], flags: DelimiterFlags, constants: LifConstants, max_new_tokens: int
+    prompt: Sequence[RowKey], flags: DelimiterFlags, constants: LifConstants, max_new_tokens: int,
+    new_session: Callable[..., LifSession] = LifSession,
 ) -> LifSession | None:
     """The free-running session for ``generate`` (None when there is nothing to generate).
 
     Shared by the local ``generate`` and the compute node's remote one, which drives the same
-    session with rows fetched from storage.
+    session with rows fetched from storage (``new_session``: its device's session class,
+    ``giaannd.model.gpu.lif.make_session``).
     """
     if max_new_tokens < 0:
         raise ValueError("max_new_tokens must be >= 0")
     if not prompt or max_new_tokens == 0:
         return None
-    return LifSession(list(prompt), flags, constants, length=len(prompt) + max_new_tokens,
-                      seed_tokens=len(prompt), teacher_forced=False)
+    return new_session(list(prompt), flags, constants, length=len(prompt) + max_new_tokens,
+                       seed_tokens=len(prompt), teacher_forced=False)
 
 
 def continuation(session: LifSession) -> list[RowKey]:

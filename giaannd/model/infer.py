@@ -248,26 +248,17 @@ class LifSession:
         internal = (f == PRIME_FEATURE) or not (
             self._flags.is_deterministic(f) or self._flags.is_probabilistic(f)
         )
-        act = self._act
         n = len(self._slots)
         cur = self._slot_of(self._current)
-        lane = self._lane
-        # 2. propagate feature segments one step toward the soma: 7 merges into the soma, and its
-        #    row, cleared, becomes segment 4 (6, 5, 4 become 7, 6, 5 by relabelling, no copy).
-        last = lane[_SOMA - 1]
-        act[_SOMA, :n] += act[last, :n]
-        act[last, :n] = 0.0
-        lane[_FIRST_FEATURE_SEGMENT:_SOMA] = [last, *lane[_FIRST_FEATURE_SEGMENT:_SOMA - 1]]
+        # 2. propagate feature segments one step toward the soma.
+        self._shift_feature_segments(n)
         # 3. fire.
         eligible: NDArray[np.int64] = np.empty(0, np.int64)
         soma_start = 0
-        if act[_SOMA, cur] + act[_LAST_COLUMN_SEGMENT, cur] >= self._k.theta and len(row):
+        if self._potential(cur) >= self._k.theta and len(row):
             eligible, soma_start = self._fire(row)
-            act = self._act  # may have grown
         # 4. deactivate the current node.
-        act[_SOMA, cur] = 0.0
-        if self._k.clear_segment3_on_fire:
-            act[_LAST_COLUMN_SEGMENT, cur] = 0.0
+        self._deactivate(cur)
         # 5./6. select and choose the next node.
         if k < self._seed:
             nxt: RowKey | None = self._targets[k]
@@ -282,20 +273,65 @@ class LifSession:
         n = len(self._slots)
         # 7. column transition.
         if nxt[0] != c:
-            # segment 3 decays and receives 2; 2's row, cleared, becomes 0 (1, 0 become 2, 1)
-            prev = lane[_LAST_COLUMN_SEGMENT - 1]
-            act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
-            act[_LAST_COLUMN_SEGMENT, :n] += act[prev, :n]
-            act[prev, :n] = 0.0
-            lane[0:_LAST_COLUMN_SEGMENT] = [prev, *lane[0:_LAST_COLUMN_SEGMENT - 1]]
+            self._shift_column_segments(n)
         # 8. soma decay; 9. burst the next node.
-        act[_SOMA, :n] *= 1.0 - self._k.soma_decay
-        s = self._slot_of(nxt)
-        self._act[_SOMA, s] += 1.0
+        self._decay_soma(n)
+        self._burst(self._slot_of(nxt))
         self._current = nxt
         if self._step >= self._length:
             self._done = True
         return nxt
+
+    def activation_state(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.float64]]:
+        """Every neuron seen so far and its nine segment values, for tests and tools: (column ids,
+        feature ids, float64[9, neurons]) in slot order, segments in segment order (lanes undone),
+        always on the host."""
+        ka, kb = self._slots.keys()
+        return ka, kb, self._host_state()[self._lane][:, : ka.shape[0]]
+
+    # -- the state's primitive operations (the torch session, giaannd/model/gpu/lif.py, overrides
+    #    exactly these; everything about *when* they run stays in ``step``) -----------------------
+    def _host_state(self) -> NDArray[np.float64]:
+        return self._act
+
+    def _capacity(self) -> int:
+        return int(self._act.shape[1])
+
+    def _shift_feature_segments(self, n: int) -> None:
+        """Step 2: 7 merges into the soma, and its row, cleared, becomes segment 4 (6, 5, 4 become
+        7, 6, 5 by relabelling, no copy)."""
+        act, lane = self._act, self._lane
+        last = lane[_SOMA - 1]
+        act[_SOMA, :n] += act[last, :n]
+        act[last, :n] = 0.0
+        lane[_FIRST_FEATURE_SEGMENT:_SOMA] = [last, *lane[_FIRST_FEATURE_SEGMENT:_SOMA - 1]]
+
+    def _potential(self, slot: int) -> float:
+        """Soma + segment 3 of one neuron (the firing and selection quantity)."""
+        return float(self._act[_SOMA, slot] + self._act[_LAST_COLUMN_SEGMENT, slot])
+
+    def _deactivate(self, slot: int) -> None:
+        """Step 4."""
+        self._act[_SOMA, slot] = 0.0
+        if self._k.clear_segment3_on_fire:
+            self._act[_LAST_COLUMN_SEGMENT, slot] = 0.0
+
+    def _shift_column_segments(self, n: int) -> None:
+        """Step 7: segment 3 decays and receives 2; 2's row, cleared, becomes 0 (1, 0 become 2, 1)."""
+        act, lane = self._act, self._lane
+        prev = lane[_LAST_COLUMN_SEGMENT - 1]
+        act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
+        act[_LAST_COLUMN_SEGMENT, :n] += act[prev, :n]
+        act[prev, :n] = 0.0
+        lane[0:_LAST_COLUMN_SEGMENT] = [prev, *lane[0:_LAST_COLUMN_SEGMENT - 1]]
+
+    def _decay_soma(self, n: int) -> None:
+        """Step 8."""
+        self._act[_SOMA, :n] *= 1.0 - self._k.soma_decay
+
+    def _burst(self, slot: int) -> None:
+        """Step 9."""
+        self._act[_SOMA, slot] += 1.0
 
     # -- internals ------------------------------------------------------------------------------
     def _fire(self, row: Row) -> tuple[NDArray[np.int64], int]:
@@ -373,7 +409,7 @@ class LifSession:
     def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:
         """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""
         slots = self._slots.ids_of(tc, tf)
-        if len(self._slots) > self._act.shape[1]:
+        if len(self._slots) > self._capacity():
             self._grow(len(self._slots))
         return slots
 

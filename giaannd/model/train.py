@@ -25,7 +25,6 @@ canonical :class:`RowBatch` without a multi-key sort. Nothing here depends on th
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.model.gpu.device import Device, cuda_usable
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.model.sentence import EncodedSentence
 
@@ -51,6 +51,7 @@ __all__ = [
     "SOMA_SEGMENT",
     "NeuronBatch",
     "TrainOutput",
+    "backend_for",
     "default_backend",
     "proximity",
     "train_batch",
@@ -80,8 +81,8 @@ TRAIN_TORCH_THREADS = 1
 #: batch of 256 WEB sentences, 1 thread: torch 15.4k vs numpy 70.3k sentences/s. Hence the default
 #: (``default_backend``): numpy unless the host has a CUDA device.
 Backend = Literal["torch", "numpy"]
-#: The NVIDIA driver's control device: without it there is no CUDA device, and checking for it
-#: spares a CPU-only host (every storage node) from importing torch just to learn that.
+#: The NVIDIA driver's control device (``giaannd.model.gpu.device``); a name here so tests can point
+#: it at a path that does not exist.
 _NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
 
@@ -94,12 +95,13 @@ def _torch() -> ModuleType:
 @cache
 def default_backend() -> Backend:
     """``"torch"`` where a CUDA device is usable, else ``"numpy"`` (measured faster on CPU)."""
-    if not os.path.exists(_NVIDIA_CONTROL_DEVICE):
-        return "numpy"
-    try:
-        return "torch" if _torch().cuda.is_available() else "numpy"
-    except ImportError:
-        return "numpy"
+    return "torch" if cuda_usable(_NVIDIA_CONTROL_DEVICE)[0] else "numpy"
+
+
+def backend_for(device: Device) -> Backend:
+    """The backend a compute node uses on ``device``: torch on CUDA, numpy (the faster) on a CPU."""
+    return "torch" if device == "cuda" else "numpy"
+
 
 assert SOMA_SEGMENT + 1 == NUM_SEGMENTS
 
@@ -195,15 +197,17 @@ def _pair_entries(inst: torch.Tensor, hi: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """All (source token, target token, segment, value) entries of the batch, as flat tensors.
 
-    ``inst`` and ``hi`` are int64[T] over the concatenated tokens (global positions).
+    ``inst`` and ``hi`` are int64[T] over the concatenated tokens (global positions), on the device
+    the entries are computed on.
     """
     torch = _torch()
     t = inst.shape[0]
-    pos = torch.arange(t, dtype=torch.int64)
+    pos = torch.arange(t, dtype=torch.int64, device=inst.device)
     count = hi - pos - 1  # number of targets q in (p, hi(p))
     src = torch.repeat_interleave(pos, count)
     starts = torch.cumsum(count, 0) - count
-    step = torch.arange(src.shape[0], dtype=torch.int64) - torch.repeat_interleave(starts, count)
+    step = (torch.arange(src.shape[0], dtype=torch.int64, device=inst.device)
+            - torch.repeat_interleave(starts, count))
     d = step + 1
     dst = src + d
     value = PROXIMITY_SCALE / (d + 1).to(torch.float64)
@@ -243,11 +247,15 @@ def _pair_entries_numpy(inst: NDArray[np.int64], hi: NDArray[np.int64]
 
 
 def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDArray[np.int64], m: int,
-              backend: Backend) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+              backend: Backend, device: Device = "cpu") -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Sorted unique packed keys ``(source rank, segment, target rank)`` and their summed values.
 
     The packed key's integer order is the canonical order, because ranks follow ascending
-    (column, feature); m <= T <= ~2**20 keeps it far below 2**63.
+    (column, feature); m <= T <= ~2**20 keeps it far below 2**63. On ``device="cuda"`` (torch
+    backend only) the pair expansion, the unique and the scatter-add run on the device and only the
+    coalesced keys and sums come back (a few bytes per distinct entry): the keys are the same
+    integers; a sum may differ from the CPU's in the last bits of float64 (``index_add_`` on CUDA
+    adds in an unspecified order), far below the float32 the row stores.
     """
     if backend not in ("numpy", "torch"):
         raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
@@ -260,12 +268,13 @@ def _coalesce(inst_np: NDArray[np.int64], hi_np: NDArray[np.int64], rank_np: NDA
         return uniq.astype(np.int64, copy=False), summed
     torch = _torch()
     with _torch_threads(TRAIN_TORCH_THREADS):
-        tsrc, tdst, tseg, tvalue = _pair_entries(torch.from_numpy(inst_np), torch.from_numpy(hi_np))
-        rank = torch.from_numpy(rank_np)
+        tsrc, tdst, tseg, tvalue = _pair_entries(torch.from_numpy(inst_np).to(device),
+                                                 torch.from_numpy(hi_np).to(device))
+        rank = torch.from_numpy(rank_np).to(device)
         tkey = (rank[tsrc] * NUM_SEGMENTS + tseg) * m + rank[tdst]
         tuniq, tinverse = torch.unique(tkey, sorted=True, return_inverse=True)
-        tsummed = torch.zeros(tuniq.shape[0], dtype=torch.float64).index_add_(0, tinverse, tvalue)
-        return tuniq.numpy(), tsummed.numpy()
+        tsummed = torch.zeros(tuniq.shape[0], dtype=torch.float64, device=device).index_add_(0, tinverse, tvalue)
+        return tuniq.cpu().numpy(), tsummed.cpu().numpy()
 
 
 def _neuron_entries(sentences: Sequence[EncodedSentence]
@@ -303,7 +312,7 @@ def _neuron_batch(sentences: Sequence[EncodedSentence]) -> NeuronBatch:
 
 
 def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = False,
-                backend: Backend | None = None) -> TrainOutput:
+                backend: Backend | None = None, device: Device = "cpu") -> TrainOutput:
     """The summed increments of many sentences as one canonical (coalesced) RowBatch.
 
     Args:
@@ -311,6 +320,8 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
         neuron_strengths: also compute the optional neuron-strength increments (§3.1 step 5).
         backend: ``"torch"`` or ``"numpy"`` for the pair computation (identical results); None:
             ``default_backend()``.
+        device: where the torch backend computes (``compute.device`` resolved); ``"cuda"`` implies
+            the torch backend (numpy cannot run there).
 
     Returns:
         A :class:`TrainOutput` whose ``rows`` is canonical (sorted rows, sorted unique entries).
@@ -322,7 +333,8 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
         return TrainOutput(RowBatch.empty(), neurons, len(sentences), 0)
     rank_np, ucol, ufeat = _rank_pairs(col, feat)
     m = int(ucol.shape[0])
-    u, summed = _coalesce(inst_np, hi_np, rank_np, m, backend or default_backend())
+    chosen: Backend = "torch" if device == "cuda" else (backend or default_backend())
+    u, summed = _coalesce(inst_np, hi_np, rank_np, m, chosen, device)
     tgt = u % m
     rest = u // m
     seg_np = (rest % NUM_SEGMENTS).astype(np.uint8)
@@ -339,6 +351,6 @@ def train_batch(sentences: Sequence[EncodedSentence], neuron_strengths: bool = F
 
 
 def train_sentence(sentence: EncodedSentence, neuron_strengths: bool = False,
-                   backend: Backend | None = None) -> TrainOutput:
+                   backend: Backend | None = None, device: Device = "cpu") -> TrainOutput:
     """The increments of one sentence (same as ``train_batch([sentence])``)."""
-    return train_batch([sentence], neuron_strengths, backend)
+    return train_batch([sentence], neuron_strengths, backend, device)

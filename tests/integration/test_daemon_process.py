@@ -345,3 +345,11 @@ def test_daemon_process_port_in_use_exits_2_with_one_line(tmp_path: Path, which:
         config.write_text(text)
         result = _run_daemon(config)
     _assert_one_error_line(result, str(port))
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this host may have a CUDA device")
+def test_daemon_process_compute_device_cuda_without_a_device_exits_2(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "[compute]\ndevice = \"cuda\"\n")
+    result = _run_daemon(config, "--set", 'node.roles=["compute"]')
+    line = _assert_one_error_line(result, "$.compute.device", "no CUDA device is usable")
+    assert "auto or cpu" in line

@@ -45,10 +45,11 @@ from giaannd.compute.flags import with_flags
 from giaannd.compute.jobs import TrainProgress
 from giaannd.compute.train import TrainSettings, pair_increments
 from giaannd.model.columns import ColumnAssigner
+from giaannd.model.gpu.device import Device
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence
-from giaannd.model.train import train_batch
+from giaannd.model.train import backend_for, train_batch
 from giaannd.model.vocab import Vocabulary
 from giaannd.protocol import BatchId
 from peers.errors import PeersError
@@ -107,11 +108,11 @@ class _Trained:
     flags: int
 
 
-def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence]) -> _Trained:
-    """Encode (updating flags, as the core does inside its window) and train; synchronous."""
+def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence], device: Device = "cpu") -> _Trained:
+    """Encode (updating flags, as the core does inside its window) and train on ``device``; synchronous."""
     before = set(assigner.probabilistic_flags)
     encoded = [e for s in sentences if (e := assigner.encode(s, update_flags=True)) is not None]
-    out = train_batch(encoded)
+    out = train_batch(encoded, backend=backend_for(device), device=device)
     new_flags = assigner.probabilistic_flags - before
     return _Trained(with_flags(out.rows, new_flags), assigner.vocab, len(sentences), out.sentences, out.tokens,
                     pair_increments(encoded), len(new_flags))
@@ -183,7 +184,7 @@ class WindowRunner:
     async def _train_window(self, action: RunWindow, sentences: list[TaggedSentence]) -> int:
         fold = await self.extend_fold(action.window)
         assigner = fold.assigner(self.lexicon, action.window)
-        done = await asyncio.to_thread(_train, assigner, sentences)
+        done = await asyncio.to_thread(_train, assigner, sentences, self.settings.device)
         vocab = done.vocab
         entries = [(0, cid, lemma) for cid, lemma in vocab.columns()]
         entries += [(1, fid, word) for fid, word in vocab.features()]
