@@ -118,7 +118,7 @@ def scan_page(slots: Mapping[RowKey, RowSlot], cols: NDArray[np.uint64], feats: 
         slot = slots.get(key)
         if slot is None:  # (an index entry for a row that no longer exists)
             continue
-        size = len(slot.row)
+        size = slot.region.shape[0] // ENTRY_BYTES
         if len(picked) >= limit_rows or (picked and entries + size > limit_entries):
             last = int(sel[pos - 1])  # stopped by a limit: resume after the row before this one
             break
