@@ -225,6 +225,8 @@ class RowEngine:
         new_a, new_b = a[new], b[new]
         # rows not indexed yet get the next ids in batch order; commit appends them in that order
         ids[new] = len(self._index) + np.arange(new_a.shape[0], dtype=np.int64)
+        if new.all():
+            return self._plan_new_rows(new_a, new_b, ids, lengths, entries)
         if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
@@ -264,6 +266,22 @@ class RowEngine:
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         if q.shape[0]:
             plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
+        return plan
+
+    def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries) -> ApplyPlan:
+        """``plan`` of a batch whose rows are all new (a stream's chunks, a replay of new rows):
+        no run holds any of their keys, so there is nothing to search. Their ids are the next ones,
+        ascending, so the entries are in the global order as given, and each one's base position
+        is the end of the base (a new row's base slice is empty, after every base row). The plan
+        is exactly what the general path makes (no adds; every entry in the new run), at the cost
+        of four copies (the run must not alias the caller's arrays: in-place adds write into it)."""
+        plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
+        if entries.st.shape[0] == 0:
+            return plan
+        row = np.repeat(ids, lengths)
+        pos = np.full(row.shape[0], self._base.num_entries, np.int64)
+        plan.new_run = Run.from_sorted(row, entries.seg.copy(), entries.tc.copy(), entries.tf.copy(),
+                                       entries.st.copy(), pos)
         return plan
 
     def commit(self, plan: ApplyPlan) -> None:

@@ -187,6 +187,10 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     views handed out earlier keep theirs alive, unchanged).
     """
     assert delta.pos is not None
+    if base.num_entries == 0 and base.rows.shape[0] == 0:
+        # the first fold (a fresh node's first stream chunk, a replay from an empty log): the delta
+        # run's arrays become the base as they are (runs never share their arrays with a caller)
+        return Run(delta.rows, delta.offsets, delta.seg, delta.tc, delta.tf, delta.st)
     rows, counts = _union_rows(base, delta)
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
