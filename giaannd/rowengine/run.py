@@ -71,6 +71,9 @@ class Run:
     pos: I64 | None = None
     #: a delta run's position index, made on its first lookup (runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
+    #: the four entry fields are prefixes of buffers with spare room that this run alone may write
+    #: past its end (``fold_into_base``'s append; no other run or view sees beyond its own end)
+    spare: bool = field(default=False, repr=False)
 
     def pos_index(self) -> PosIndex:
         """The bucketed search over ``pos`` (posindex.py); a delta run only."""
@@ -196,15 +199,37 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
     dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
-    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st)
+    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append)
     for f in FIELDS:
         if append:
-            field = np.concatenate((getattr(base, f), getattr(delta, f)))
+            field = _appended(getattr(base, f), getattr(delta, f), base.spare)
         else:
             field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
+    base.spare = False  # consumed: its (empty) fields must never be appended to
     return out
+
+
+#: Spare room an appended base field gets, as a share of its new length: the appends of a
+#: stream's chunks or of a replay then copy each entry O(1) times in all (a geometric growth),
+#: not the whole base at every fold; the room is at most this share of the base's entries.
+APPEND_SLACK = 0.5
+
+
+def _appended(old: NDArray[np.generic], new: NDArray[np.generic], spare: bool) -> NDArray[np.generic]:
+    """``old`` followed by ``new``: written into ``old``'s spare room when it is a prefix of a buffer
+    this base owns (``Run.spare``) with room enough, else a new buffer with ``APPEND_SLACK`` room.
+    Entries before ``len(old)`` are never written: views handed out earlier stay what they were."""
+    n, m = old.shape[0], new.shape[0]
+    buf = old.base
+    if spare and isinstance(buf, np.ndarray) and buf.shape[0] >= n + m:
+        buf[n : n + m] = new
+        return buf[: n + m]
+    grown = np.empty(n + m + int((n + m) * APPEND_SLACK), old.dtype)
+    grown[:n] = old
+    grown[n : n + m] = new
+    return grown[: n + m]
 
 
 def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:

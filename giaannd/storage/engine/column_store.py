@@ -394,7 +394,8 @@ class ColumnStore:
         plan = self.engine.plan(cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),
                                 offsets.astype(np.int64, copy=False),
                                 Entries(cat([p.segment for p in pieces]), cat([p.target_column for p in pieces]),
-                                        cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])))
+                                        cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])),
+                                owned=True)  # (the concatenation is a copy only this apply holds)
         self._commit_plan(plan)
         return applied
 
