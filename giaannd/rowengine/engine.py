@@ -335,7 +335,7 @@ class RowEngine:
         base, self._base = self._base, Run.empty()
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries
-        self._base = fold_into_base(base, delta)
+        self._base = fold_into_base(base, delta, grow=True)
 
     def _grow_lengths(self, n: int) -> None:
         if n > self._lengths.shape[0]:

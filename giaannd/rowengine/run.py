@@ -182,8 +182,12 @@ def merge_deltas(older: Run, newer: Run) -> Run:
     return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
 
 
-def fold_into_base(base: Run, delta: Run) -> Run:
+def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     """``base`` with every entry of ``delta`` inserted (keys disjoint), as a new base.
+
+    ``grow``: the engine's own base, which later folds will append to: an append then goes into
+    the base's spare room, or into a new buffer with ``APPEND_SLACK`` room (``_appended``). Left
+    False for one-off merges (``RowEngine.gather``'s reads), whose result must be exactly its size.
 
     Consumes ``base``: each new field is built, then the old one is dropped from ``base`` before the
     next, so the memory on top is one field at a time (when nothing else holds the old arrays;
@@ -199,10 +203,12 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
     dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
-    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append)
+    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
     for f in FIELDS:
-        if append:
+        if append and grow:
             field = _appended(getattr(base, f), getattr(delta, f), base.spare)
+        elif append:
+            field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
             field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
         setattr(base, f, field[:0])  # drop the old field before building the next
@@ -211,10 +217,11 @@ def fold_into_base(base: Run, delta: Run) -> Run:
     return out
 
 
-#: Spare room an appended base field gets, as a share of its new length: the appends of a
-#: stream's chunks or of a replay then copy each entry O(1) times in all (a geometric growth),
-#: not the whole base at every fold; the room is at most this share of the base's entries.
-APPEND_SLACK = 0.5
+#: Spare room an appended base field gets, as a share of its new length: the next appends (a
+#: stream's chunks, a replay's runs) then write into it instead of copying the whole base with a
+#: fresh allocation at every fold. The cost is memory: up to this share of a base grown by appends
+#: (5 bytes per entry at 0.25), not counted in ``used_bytes`` (docs/storage.md "Known gaps").
+APPEND_SLACK = 0.25
 
 
 def _appended(old: NDArray[np.generic], new: NDArray[np.generic], spare: bool) -> NDArray[np.generic]:

@@ -11,7 +11,9 @@ S), and the log segments. Invariants:
   meets one it cannot apply.
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
-  anyway: replay is idempotent twice over.
+  anyway: replay is idempotent twice over. It is done in bulk (``replay``: runs of records whose
+  rows are disjoint as one engine apply), with the result of applying them one by one
+  (``replay_each``) bit for bit.
 - A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
   too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
   it is replayed and then dropped, a batch after it recreates the column exactly as it was created

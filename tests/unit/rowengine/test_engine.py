@@ -219,6 +219,8 @@ def test_engine_new_rows_appended_into_spare_room_leave_views_and_frozen_views_a
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
     for view, rows in frozen:
+        if view.num_entries == 0:
+            continue
         fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
         off = view.offsets()
         for i in range(view.num_rows):
