@@ -213,10 +213,12 @@ class RowEngine:
         no entries are registered (``row_ids`` finds them) and hold nothing. ``plan`` + ``commit``."""
         self.commit(self.plan(a, b, offsets, entries))
 
-    def plan(self, a: U64, b: U64, offsets: I64, entries: Entries) -> ApplyPlan:
+    def plan(self, a: U64, b: U64, offsets: I64, entries: Entries, owned: bool = False) -> ApplyPlan:
         """Every search of an ``apply`` (its steps 1-4), without changing anything: the plan knows
         the growth (``new_entries``, ``new_rows``) before anything is written, so a caller can refuse
-        the batch as a whole. Valid until the engine next changes (``commit`` checks)."""
+        the batch as a whole. Valid until the engine next changes (``commit`` checks).
+        ``owned``: the caller hands ``entries`` over (nothing else holds or writes them), so the
+        engine may keep them as they are instead of copying (a bulk replay's concatenation)."""
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         lengths = np.diff(offsets)
@@ -225,6 +227,8 @@ class RowEngine:
         new_a, new_b = a[new], b[new]
         # rows not indexed yet get the next ids in batch order; commit appends them in that order
         ids[new] = len(self._index) + np.arange(new_a.shape[0], dtype=np.int64)
+        if new.all():
+            return self._plan_new_rows(new_a, new_b, ids, lengths, entries, owned)
         if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
@@ -264,6 +268,25 @@ class RowEngine:
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         if q.shape[0]:
             plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
+        return plan
+
+    def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries,
+                       owned: bool) -> ApplyPlan:
+        """``plan`` of a batch whose rows are all new (a stream's chunks, a replay of new rows):
+        no run holds any of their keys, so there is nothing to search. Their ids are the next ones,
+        ascending, so the entries are in the global order as given, and each one's base position
+        is the end of the base (a new row's base slice is empty, after every base row). The plan
+        is exactly what the general path makes (no adds; every entry in the new run), at the cost
+        of four copies unless ``owned`` (the run must not alias the caller's arrays: in-place adds
+        write into it)."""
+        plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
+        if entries.st.shape[0] == 0:
+            return plan
+        row = np.repeat(ids, lengths)
+        pos = np.full(row.shape[0], self._base.num_entries, np.int64)
+        e = entries if owned else Entries(entries.seg.copy(), entries.tc.copy(), entries.tf.copy(),
+                                          entries.st.copy())
+        plan.new_run = Run.from_sorted(row, e.seg, e.tc, e.tf, e.st, pos)
         return plan
 
     def commit(self, plan: ApplyPlan) -> None:
@@ -312,7 +335,7 @@ class RowEngine:
         base, self._base = self._base, Run.empty()
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries
-        self._base = fold_into_base(base, delta)
+        self._base = fold_into_base(base, delta, grow=True)
 
     def _grow_lengths(self, n: int) -> None:
         if n > self._lengths.shape[0]:

@@ -71,6 +71,9 @@ class Run:
     pos: I64 | None = None
     #: a delta run's position index, made on its first lookup (runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
+    #: the four entry fields are prefixes of buffers with spare room that this run alone may write
+    #: past its end (``fold_into_base``'s append; no other run or view sees beyond its own end)
+    spare: bool = field(default=False, repr=False)
 
     def pos_index(self) -> PosIndex:
         """The bucketed search over ``pos`` (posindex.py); a delta run only."""
@@ -179,28 +182,61 @@ def merge_deltas(older: Run, newer: Run) -> Run:
     return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
 
 
-def fold_into_base(base: Run, delta: Run) -> Run:
+def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     """``base`` with every entry of ``delta`` inserted (keys disjoint), as a new base.
+
+    ``grow``: the engine's own base, which later folds will append to: an append then goes into
+    the base's spare room, or into a new buffer with ``APPEND_SLACK`` room (``_appended``). Left
+    False for one-off merges (``RowEngine.gather``'s reads), whose result must be exactly its size.
 
     Consumes ``base``: each new field is built, then the old one is dropped from ``base`` before the
     next, so the memory on top is one field at a time (when nothing else holds the old arrays;
     views handed out earlier keep theirs alive, unchanged).
     """
     assert delta.pos is not None
+    if base.num_entries == 0 and base.rows.shape[0] == 0:
+        # the first fold (a fresh node's first stream chunk, a replay from an empty log): the delta
+        # run's arrays become the base as they are (runs never share their arrays with a caller)
+        return Run(delta.rows, delta.offsets, delta.seg, delta.tc, delta.tf, delta.st)
     rows, counts = _union_rows(base, delta)
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
     dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
-    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st)
+    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
     for f in FIELDS:
-        if append:
+        if append and grow:
+            field = _appended(getattr(base, f), getattr(delta, f), base.spare)
+        elif append:
             field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
             field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
+    base.spare = False  # consumed: its (empty) fields must never be appended to
     return out
+
+
+#: Spare room an appended base field gets, as a share of its new length: the next appends (a
+#: stream's chunks, a replay's runs) then write into it instead of copying the whole base with a
+#: fresh allocation at every fold. The cost is memory: up to this share of a base grown by appends
+#: (5 bytes per entry at 0.25), not counted in ``used_bytes`` (docs/storage.md "Known gaps").
+APPEND_SLACK = 0.25
+
+
+def _appended(old: NDArray[np.generic], new: NDArray[np.generic], spare: bool) -> NDArray[np.generic]:
+    """``old`` followed by ``new``: written into ``old``'s spare room when it is a prefix of a buffer
+    this base owns (``Run.spare``) with room enough, else a new buffer with ``APPEND_SLACK`` room.
+    Entries before ``len(old)`` are never written: views handed out earlier stay what they were."""
+    n, m = old.shape[0], new.shape[0]
+    buf = old.base
+    if spare and isinstance(buf, np.ndarray) and buf.shape[0] >= n + m:
+        buf[n : n + m] = new
+        return buf[: n + m]
+    grown = np.empty(n + m + int((n + m) * APPEND_SLACK), old.dtype)
+    grown[:n] = old
+    grown[n : n + m] = new
+    return grown[: n + m]
 
 
 def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:

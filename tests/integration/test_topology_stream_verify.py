@@ -1,6 +1,7 @@
 """Stream verification (streaming.sender.StreamRunner._verify): the combined digest passes an exact copy,
 catches one differing row on the receiver and counts it, and a receiver that answers per-row
-digests (no ``combined``) still verifies."""
+digests (no ``combined``) or hashes digest version 1 only (a receiver of the previous version)
+still verifies."""
 
 import asyncio
 
@@ -69,7 +70,7 @@ async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
         task = asyncio.create_task(runner.run())
         await runner.caught_up.wait()
         assert runner.state == "caught-up", runner.error
-        assert asked and all(m.combined for m in asked)
+        assert asked and all(m.combined and m.digest_version == 2 for m in asked)
         assert runner.sender.acked > 3  # several chunks
         # the next chunk was read while each was on the wire, never more than one ahead
         assert max(ahead) == 2 and ahead[-1] == 1
@@ -82,6 +83,12 @@ async def test_exact_copy_verifies_with_one_combined_digest(tmp_path):
         assert isinstance(msgspec.msgpack.decode(res.payload, type=StreamReply), VerifyReply)
         assert res.bulk[0].tolist() == [1] * cols.size and res.bulk[1].shape == (1,)
         assert int(res.bulk[1][0]) == cluster.services["s0"].store.store.rows_digest(cols, feats)[1]
+        # asked for version 2 (row_digest.py), it answers in 2, over the field arrays
+        res = await conn.request(msgspec.msgpack.encode(StreamVerify(0x51, combined=True, digest_version=2)),
+                                 [cols, feats], timeout_s=5)
+        reply = msgspec.msgpack.decode(res.payload, type=StreamReply)
+        assert isinstance(reply, VerifyReply) and reply.digest_version == 2
+        assert int(res.bulk[1][0]) == cluster.services["s0"].store.store.rows_digest(cols, feats, 2)[1]
         await conn.close()
         runner.close()
         await task
@@ -129,6 +136,31 @@ async def test_receiver_answering_per_row_digests_still_verifies(tmp_path):
         await runner.caught_up.wait()
         assert runner.state == "caught-up", runner.error
         assert runner._per_row_verify  # it switched to per-row verification
+        assert _same_rows(cluster)
+        runner.close()
+        await task
+    finally:
+        await cluster.close()
+
+
+async def test_receiver_hashing_only_digest_version_1_still_verifies(tmp_path):
+    """A receiver older than ``digest_version`` hashes version 1 and says so (the field's default):
+    the sender verifies again in version 1, never comparing digests of two versions."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x54)
+        endpoint = cluster.endpoints["s1"]
+        serve, asked = endpoint._verify, []
+
+        def old(msg, bulk):
+            asked.append(msg.digest_version)
+            return serve(StreamVerify(msg.stream_id, combined=msg.combined), bulk)  # ignores the version
+
+        endpoint._verify = old
+        task = asyncio.create_task(runner.run())
+        await runner.caught_up.wait()
+        assert runner.state == "caught-up", runner.error
+        assert asked[0] == 2 and asked[-1] == 1 and runner._digest_version == 1
         assert _same_rows(cluster)
         runner.close()
         await task

@@ -348,9 +348,59 @@ class ColumnStore:
             raise RuntimeError("stale PreparedApply: the store changed after prepare()")
         self._version += 1
         self.applied.add(prepared.batch_id, prepared.columns)
-        plan = prepared.plan
-        if plan is None:
-            return
+        if prepared.plan is not None:
+            self._commit_plan(prepared.plan)
+
+    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]]) -> int:
+        """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
+        validate=False, enforce_capacity=False)`` + ``commit`` of each would, given that no row
+        key occurs in two of the batches (the caller checked). Returns how many were applied (the
+        others' ids were applied before).
+
+        Why the result is the same bit for bit: the applied-set part (which id, which columns:
+        applied_set.py "Which columns") is decided batch by batch, in order, exactly as ``prepare``
+        does; then every row the batches touch is touched by one of them only, so one engine apply
+        of their concatenation (in batch order: new rows get the same ids as one by one) adds each
+        key's increment once to the same value, and ``touches`` grows by one per row, as it would.
+        What differs is only how the engine lays its runs out (fewer, larger delta runs and folds).
+        """
+        pieces: list[RowBatch] = []
+        applied = 0
+        for batch_id, batch in items:
+            batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
+            done = self.applied.columns(batch_id)
+            if done is None:
+                continue
+            columns = _columns_of(batch)
+            if done.shape[0]:
+                fresh = ~np.isin(batch.row_column, done)
+                if not fresh.any():
+                    continue
+                batch = batch.select_rows(fresh)
+                columns = np.setdiff1d(columns, done, assume_unique=True)
+            lengths = np.diff(batch.offsets)
+            if not lengths.all():
+                batch = batch.select_rows(lengths > 0)
+            self.applied.add(batch_id, columns)
+            applied += 1
+            if batch.num_rows:
+                pieces.append(batch)
+        self._version += 1
+        if not pieces:
+            return applied
+        cat = np.concatenate
+        starts = np.cumsum([0] + [p.num_entries for p in pieces[:-1]])
+        offsets = cat([pieces[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(pieces, starts.tolist())])
+        plan = self.engine.plan(cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),
+                                offsets.astype(np.int64, copy=False),
+                                Entries(cat([p.segment for p in pieces]), cat([p.target_column for p in pieces]),
+                                        cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])),
+                                owned=True)  # (the concatenation is a copy only this apply holds)
+        self._commit_plan(plan)
+        return applied
+
+    def _commit_plan(self, plan: ApplyPlan) -> None:
+        """The engine part of ``commit``: the plan, the row-size counts, ``touches``."""
         engine = self.engine
         old = plan.ids[plan.ids < engine.num_rows]
         self._count_sizes(engine.lengths()[old], -1)
@@ -518,16 +568,21 @@ class ColumnStore:
         i = self._id(key)
         return None if i < 0 else row_digest(_row(self.engine.read(i)), int(self._touches[i]))
 
-    def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uint8], int]:
+    def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike, version: int = 1
+                    ) -> tuple[NDArray[np.uint8], int]:
         """Which of the given rows are stored (1/0 per key, in the given order), and one xxh3-64
-        over the stored ones' region sizes (i64) then their regions, in that order: two stores
-        give equal results exactly when they hold the same rows bit for bit (row_digest.py).
-        For stream verification (streaming/sender.py)."""
+        over the stored ones, in that order, in digest ``version`` (row_digest.py): two stores
+        give equal results exactly when they hold the same rows bit for bit. For stream
+        verification (streaming/sender.py).
+
+        Raises:
+            ValueError: an unknown digest version.
+        """
         rc, rf = _keys(row_column, row_feature)
         ids = self.engine.row_ids(rc, rf)
         present = ids >= 0
         offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
-        return present.astype(np.uint8), rows_digest(offsets, got)
+        return present.astype(np.uint8), rows_digest(offsets, got, version)
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
     def freeze(self) -> FrozenRows:

@@ -39,6 +39,7 @@ from giaannd.storage.streaming.sender import (
     _combined_digest,
     _digests,
     apply_local_nowait,
+    digest_version_for,
     wait_durable,
 )
 from giaannd.storage.streaming.stream import (
@@ -221,6 +222,8 @@ class StreamEndpoint:
         cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
         feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
         if msg.combined:
-            return _reply(VerifyReply(), list(_combined_digest(self._store(), cols, feats)))
+            version = digest_version_for(msg.digest_version)
+            return _reply(VerifyReply(digest_version=version),
+                          list(_combined_digest(self._store(), cols, feats, version)))
         return _reply(VerifyReply(), list(_digests(self._store(), cols, feats)))
 

@@ -14,7 +14,8 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
   receiver's durable position; streaming/stream.py "Pipelining"), send with a runtime throttle
   (a token bucket, ``peers.token_bucket``), reconnect with full-jitter backoff (``peers.retry``),
   verification (one digest over the rows' bytes per slice of keys on both ends,
-  ``ColumnStore.rows_digest``; per-row digests only to count the rows that differ), close.
+  ``ColumnStore.rows_digest``, in the newest digest version both ends know; per-row digests only
+  to count the rows that differ), close.
 
 Listing a stream's rows is vectorised (``ColumnStore.rows_of_columns``): no Python key tuple per
 stored row.
@@ -38,6 +39,7 @@ from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore
+from giaannd.storage.engine.row_digest import ROWS_DIGEST_VERSIONS
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.stream import (
     ItemKind,
@@ -189,11 +191,19 @@ def _digests(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.ui
     return present, keys, strength
 
 
-def _combined_digest(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
-                     ) -> tuple[NDArray[np.uint8], NDArray[np.uint64]]:
-    """Presence per row and one digest over all the present rows' bytes (``ColumnStore.rows_digest``)."""
-    present, digest = store.store.rows_digest(cols, feats)
+def _combined_digest(store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64],
+                     version: int = 1) -> tuple[NDArray[np.uint8], NDArray[np.uint64]]:
+    """Presence per row and one digest over all the present rows' bytes (``ColumnStore.rows_digest``
+    in digest ``version``)."""
+    present, digest = store.store.rows_digest(cols, feats, version)
     return present, np.array([digest], np.uint64)
+
+
+def digest_version_for(asked: int) -> int:
+    """The ``rows_digest`` version a receiver hashes when asked for ``asked``: that one if it knows
+    it, else the newest it knows below it (``VerifyReply.digest_version`` tells the sender)."""
+    known = [v for v in ROWS_DIGEST_VERSIONS if v <= asked]
+    return known[-1] if known else ROWS_DIGEST_VERSIONS[0]
 
 
 def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
@@ -281,6 +291,9 @@ class StreamRunner:
         #: reads with the wire and the receiver anyway; this flag is then ignored.
         self.prefetch = False
         self._per_row_verify = False  # the receiver does not know StreamVerify.combined
+        #: the rows digest version verification asks for: the newest, until the receiver answers
+        #: in an older one (it does not know the newest: ``_verify``)
+        self._digest_version = ROWS_DIGEST_VERSIONS[-1]
         self._tee = observe_applies(source)
         self._tee.observers.append(self._on_applied)
 
@@ -541,23 +554,33 @@ class StreamRunner:
         per-row digests asked for, to say how many rows differ. A receiver that does not know
         ``StreamVerify.combined`` answers per-row digests: the source's must then be taken at a new
         consistent cut (writes may have come in meanwhile), so this returns False and the next
-        verification is per row throughout.
+        verification is per row throughout. Likewise a receiver that hashed an older digest
+        version than the one asked for (row_digest.py; it says which in its reply): the next
+        verification asks for that version. Digests of two versions are never compared.
 
         Raises:
             StreamFailed: the receiver's rows differ, or it answered something unexpected.
         """
         cols, feats, _ = row_keys_of(self.store, self.sender.columns)
-        per_row = self._per_row_verify
+        per_row, version = self._per_row_verify, self._digest_version
         slices = _slices(cols.size)
         mine: list[Sequence[NDArray[Any]]] = [
-            (_digests if per_row else _combined_digest)(self.store, cols[sl], feats[sl]) for sl in slices]
+            _digests(self.store, cols[sl], feats[sl]) if per_row
+            else _combined_digest(self.store, cols[sl], feats[sl], version) for sl in slices]
         for sl, digests in zip(slices, mine):
             keys = [np.ascontiguousarray(cols[sl]), np.ascontiguousarray(feats[sl])]
-            reply, bulk = await self._request(StreamVerify(self.sender.stream_id, combined=not per_row), keys)
+            reply, bulk = await self._request(
+                StreamVerify(self.sender.stream_id, combined=not per_row, digest_version=version), keys)
             if not isinstance(reply, VerifyReply) or len(bulk) not in (2, 3):
                 raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
             if not per_row and len(bulk) == 3:
                 self._per_row_verify = True
+                return False
+            if not per_row and reply.digest_version != version:
+                if reply.digest_version not in ROWS_DIGEST_VERSIONS or reply.digest_version > version:
+                    raise StreamFailed(f"verify: receiver hashed digest version {reply.digest_version}, "
+                                       f"asked for {version}")
+                self._digest_version = reply.digest_version
                 return False
             if len(bulk) != len(digests):
                 raise StreamFailed(f"verify: {len(bulk)} digest arrays in the reply, {len(digests)} expected")

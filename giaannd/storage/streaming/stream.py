@@ -151,6 +151,10 @@ class StreamVerify(msgspec.Struct, frozen=True, tag=3):
     stream_id: _U64
     #: one digest over all the rows (``ColumnStore.rows_digest``) instead of one per row
     combined: bool = False
+    #: the ``rows_digest`` version asked for (row_digest.py). A receiver that does not know this
+    #: field hashes version 1 and its reply says so (``VerifyReply.digest_version`` absent: 1),
+    #: so the sender compares only digests of one version.
+    digest_version: int = 1
 
 
 class StreamPosition(msgspec.Struct, frozen=True, tag=64):
@@ -171,7 +175,10 @@ class StreamRefused(msgspec.Struct, frozen=True, tag=65):
 
 class VerifyReply(msgspec.Struct, frozen=True, tag=66):
     """Bulk: present u8[K], keys-digest u64[K], strength-digest u64[K]; for a ``combined`` request
-    present u8[K] and rows-digest u64[1]."""
+    present u8[K] and rows-digest u64[1], hashed in ``digest_version`` (the version asked for if
+    the receiver knows it, else the newest it knows below it; 1 from a receiver older than the field)."""
+
+    digest_version: int = 1
 
 
 StreamRequest = StreamHello | StreamData | StreamVerify

@@ -1,10 +1,14 @@
 """ColumnStore.rows_digest (stream verification) and read_rows's sorted-input path."""
 
 import numpy as np
+import pytest
+import xxhash
 
-from giaannd.model.rows import RowBatch
+from giaannd.model.rows import Row, RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.regions import pack_regions
+from giaannd.storage.engine.row_digest import rows_digest
 
 CAP = 1 << 30
 
@@ -96,3 +100,44 @@ def test_read_rows_sorted_and_unsorted_input_agree():
     f2 = np.concatenate([feats, np.array([1], np.uint64)])
     assert a.read_rows(c2, f2).num_rows == b.num_rows
     assert a.read_rows(c2[::-1], f2[::-1]).num_rows == b.num_rows
+
+
+# -- digest version 2 (the field arrays as they are: row_digest.py) -----------------------------------
+
+
+def test_digest_v2_equal_rows_equal_digests_and_every_bit_counts():
+    a, c, b = stores_with_same_rows(6)
+    cols, feats = b.row_column, b.row_feature
+    base = a.rows_digest(cols, feats, 2)[1]
+    assert c.rows_digest(cols, feats, 2)[1] == base
+    assert base != a.rows_digest(cols, feats, 1)[1]  # another version, another value
+    row = c.row((int(cols[3]), int(feats[3])))
+    assert row is not None
+    for field in (row.strength.view(np.uint32), row.segment, row.target_column, row.target_feature):
+        field[-1] ^= 1
+        assert c.rows_digest(cols, feats, 2)[1] != base
+        field[-1] ^= 1
+    assert c.rows_digest(cols, feats, 2)[1] == base
+    order = np.arange(b.num_rows)[::-1]
+    assert a.rows_digest(cols[order], feats[order], 2)[1] != base
+
+
+def test_digest_v2_sees_a_row_split_differently():
+    """Same entries, cut into rows differently: the row lengths are hashed first."""
+    rng = np.random.default_rng(1)
+    n = 6
+    rows = Row(rng.integers(0, 9, n).astype(np.uint8), rng.integers(0, 9, n).astype(np.uint64),
+               rng.integers(0, 9, n).astype(np.uint64), rng.random(n).astype(np.float32))
+    assert rows_digest(np.array([0, 2, 6]), rows, 2) != rows_digest(np.array([0, 3, 6]), rows, 2)
+
+
+def test_digest_v1_is_the_region_layout_hash_and_unknown_versions_are_refused():
+    """Version 1 keeps the value nodes computed before (regions.py), so old peers still agree."""
+    a, _, b = stores_with_same_rows(7)
+    cols, feats = b.row_column, b.row_feature
+    offsets = b.offsets
+    want = xxhash.xxh3_64((21 * np.diff(offsets)).astype(np.int64).tobytes())
+    want.update(pack_regions(offsets, Row(b.segment, b.target_column, b.target_feature, b.strength)).data)
+    assert a.rows_digest(cols, feats)[1] == a.rows_digest(cols, feats, 1)[1] == want.intdigest()
+    with pytest.raises(ValueError, match="digest version 3"):
+        a.rows_digest(cols, feats, 3)

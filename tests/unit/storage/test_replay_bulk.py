@@ -1,0 +1,148 @@
+"""Bulk log replay (recovery.replay: runs of row-disjoint batch records as one engine apply) against
+record-by-record replay (recovery.replay_each), bit for bit: rows, strengths, touches, row ids,
+the applied set with its per-column idempotency (applied_set.py "Which columns"), the row-size
+counts and the counts of applied and skipped records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage import ColumnStore, DurableStore
+from giaannd.storage.engine import recovery
+from giaannd.storage.engine.recovery import replay, replay_each
+from giaannd.storage.engine.update_log import KIND_BATCH, KIND_DROP, KIND_FLOOR, LogRecord, list_segments, scan_segment
+
+BIG = 1 << 44
+TRACKED, UNTRACKED = 7, 9
+
+
+def _batch(rng: np.random.Generator, first_column: int, columns: int, entries: int) -> RowBatch:
+    """Rows in ``columns`` columns from ``first_column`` (overlapping ranges share rows)."""
+    return RowBatch.from_entries(
+        (first_column + rng.integers(0, columns, entries)).astype(np.uint64), rng.integers(0, 3, entries),
+        rng.integers(0, 9, entries), rng.integers(0, 40, entries), rng.integers(0, 40, entries),
+        rng.random(entries, dtype=np.float32) + np.float32(0.01))
+
+
+def _records(rng: np.random.Generator, count: int) -> list[LogRecord]:
+    """A log: mostly batches (new rows, rows shared with recent batches, another share of an id
+    applied before, an id repeated whole, empty rows), with floors and drops among them."""
+    records: list[LogRecord] = []
+    seqs = {TRACKED: 0, UNTRACKED: 0}
+    records.append(LogRecord(1, KIND_FLOOR, writer=TRACKED, floor=0))  # the writer is tracked from here
+    for _ in range(count):
+        seq = len(records) + 1
+        kind = rng.choice(["new", "new", "overlap", "share", "again", "floor", "drop"])
+        if kind == "floor":
+            records.append(LogRecord(seq, KIND_FLOOR, writer=TRACKED, floor=int(rng.integers(0, seqs[TRACKED] + 1))))
+            continue
+        if kind == "drop":
+            records.append(LogRecord(seq, KIND_DROP, columns=np.unique(rng.integers(0, 60, 3).astype(np.uint64))))
+            continue
+        writer = TRACKED if rng.random() < 0.6 else UNTRACKED
+        earlier = [r for r in records if r.kind == KIND_BATCH and r.batch_id is not None]
+        if kind in ("share", "again") and earlier:
+            prev = earlier[int(rng.integers(0, len(earlier)))]
+            assert prev.batch_id is not None
+            batch = prev.batch if kind == "again" else _batch(rng, int(rng.integers(0, 60)), 4, 30)
+            records.append(LogRecord(seq, KIND_BATCH, batch_id=prev.batch_id, batch=batch))
+            continue
+        seqs[writer] += 1
+        first = 1000 * seq if kind == "new" else int(rng.integers(0, 60))  # "new": columns no one had
+        batch = _batch(rng, first, int(rng.integers(1, 6)), int(rng.integers(1, 80)))
+        if rng.random() < 0.1 and batch.num_rows > 1:  # a row without entries
+            lengths = np.diff(batch.offsets)
+            lengths[0] = 0
+            keep = np.concatenate([np.zeros(int(np.diff(batch.offsets)[0]), bool), np.ones(batch.num_entries -
+                                   int(np.diff(batch.offsets)[0]), bool)])
+            batch = RowBatch(batch.row_column, batch.row_feature, np.concatenate([[0], np.cumsum(lengths)]),
+                             batch.segment[keep], batch.target_column[keep], batch.target_feature[keep],
+                             batch.strength[keep])
+        records.append(LogRecord(seq, KIND_BATCH, batch_id=BatchId(writer, seqs[writer]), batch=batch))
+    return records
+
+
+def _assert_same(a: ColumnStore, b: ColumnStore) -> None:
+    x, y = a.read_all(), b.read_all()
+    for p, q in zip(x.buffers(), y.buffers()):
+        assert p.dtype == q.dtype and np.array_equal(p.view(np.uint8), q.view(np.uint8))
+    assert [(k, t) for k, t, _ in a.iter_slots()] == [(k, t) for k, t, _ in b.iter_slots()]  # touches
+    ka, kb = a.engine.keys(), b.engine.keys()
+    assert np.array_equal(ka[0], kb[0]) and np.array_equal(ka[1], kb[1])  # the same row ids
+    assert a.applied == b.applied
+    assert a.applied.to_arrays()[0].tolist() == b.applied.to_arrays()[0].tolist()
+    assert [c.tolist() for c in a.applied.column_arrays()] == [c.tolist() for c in b.applied.column_arrays()]
+    assert a.row_size_log2() == b.row_size_log2() and a.usage() == b.usage()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), count=st.integers(1, 40), after=st.integers(0, 6),
+       run_limit=st.sampled_from([50, 1 << 22]))
+def test_bulk_replay_equals_record_by_record(seed: int, count: int, after: int, run_limit: int) -> None:
+    records = _records(np.random.default_rng(seed), count)
+    bulk, each = ColumnStore(BIG), ColumnStore(BIG)
+    saved = recovery.MAX_REPLAY_RUN_ENTRIES
+    recovery.MAX_REPLAY_RUN_ENTRIES = run_limit  # small: runs are also cut by size
+    try:
+        got = replay(bulk, records, after)
+    finally:
+        recovery.MAX_REPLAY_RUN_ENTRIES = saved
+    assert got == replay_each(each, records, after)
+    _assert_same(bulk, each)
+    # and the stores go on alike: a later share of a tracked batch applies the same columns
+    later = [r for r in records if r.batch_id is not None and r.batch_id.writer == TRACKED]
+    if later:
+        extra = _batch(np.random.default_rng(seed + 1), 0, 60, 50)
+        assert bulk.apply(later[-1].batch_id, extra) == each.apply(later[-1].batch_id, extra)
+        _assert_same(bulk, each)
+
+
+def test_replay_applies_disjoint_records_in_one_engine_apply(monkeypatch) -> None:
+    """New rows in every record (a stream's chunks, a bulk load): one apply for the whole run;
+    a record sharing a row with the run starts the next one."""
+    rng = np.random.default_rng(3)
+    records = [LogRecord(i + 1, KIND_BATCH, batch_id=BatchId(1, i + 1), batch=_batch(rng, 100 * i, 5, 40))
+               for i in range(6)]
+    records.append(LogRecord(7, KIND_BATCH, batch_id=BatchId(1, 7), batch=records[0].batch))
+    calls: list[int] = []
+    store = ColumnStore(BIG)
+    apply = store.apply_disjoint
+    monkeypatch.setattr(store, "apply_disjoint", lambda items: calls.append(len(items)) or apply(items))
+    assert replay(store, records, 0) == (7, 0)
+    assert calls == [6, 1]
+    each = ColumnStore(BIG)
+    replay_each(each, records, 0)
+    _assert_same(store, each)
+
+
+def test_restart_replays_the_log_in_bulk_to_the_live_state(tmp_path: Path) -> None:
+    """A DurableStore written live (tracked writer, shares, drops), reopened: equal to the live
+    store and to a record-by-record replay of the same segments."""
+    rng = np.random.default_rng(11)
+    ds = DurableStore.open(tmp_path / "s", BIG, segment_max_bytes=20_000)
+    for i in range(1, 40):
+        batch = _batch(rng, int(rng.integers(0, 30)) if i % 3 else 1000 * i, 4, int(rng.integers(1, 60)))
+        ds.apply(BatchId(TRACKED if i % 2 else UNTRACKED, i), batch, track=bool(i % 2))
+        if i % 11 == 0:
+            ds.drop_columns(np.arange(0, 10, dtype=np.uint64))
+        if i % 7 == 0:
+            ds.advance_floor(TRACKED, i - 5)
+    ds.sync()
+    live = ds.store
+    ds.close()
+    reopened = DurableStore.open(tmp_path / "s", BIG)
+    each = ColumnStore(BIG)
+    segments = list_segments(tmp_path / "s")
+    for n, (first, path) in enumerate(segments):
+        replay_each(each, scan_segment(path, first, n == len(segments) - 1).records, 0)
+    _assert_same(reopened.store, each)
+    x, y = reopened.store.read_all(), live.read_all()
+    assert all(np.array_equal(p, q) for p, q in zip(x.buffers(), y.buffers()))
+    assert reopened.store.applied == live.applied
+    reopened.close()
