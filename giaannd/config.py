@@ -68,6 +68,12 @@ DEFAULT_READ_CHUNK_BYTES = 8 * 2**20
 #: Ceiling of ``storage.read-chunk-bytes``: one part must stay under the protocol's per-reply entry cap
 #: (protocol.MAX_READ_PART_ENTRIES, 8 Mi entries = 168 MiB at 21 B each).
 MAX_READ_CHUNK_BYTES = 128 * 2**20
+#: Defaults of ``storage.register-ram-bytes`` / ``register-spill-bytes`` / ``register-disk-bytes``
+#: (their descriptions say why); the register store (storage/engine/register_store.py) takes them
+#: from here when no config is given (tests, tools).
+DEFAULT_REGISTER_RAM_BYTES = 64 * 2**20
+DEFAULT_REGISTER_SPILL_BYTES = 4096
+DEFAULT_REGISTER_DISK_BYTES = 64 * _GIB
 #: Ceiling of ``compute.column-rows-max-entries`` (and of its default): 10 Mi entries of one column
 #: are ~1 GB of JSON in one admin answer; more is an export's job (``POST /v1/export``).
 MAX_COLUMN_ROWS_ENTRIES = 10_000_000
@@ -436,6 +442,25 @@ class StorageConfig(_Section):
         "(each up to a 4 MiB chunk), and the receiver holds at most this many items' buffers per "
         "stream. 1: stop and wait (one item, one fsync per round trip). Capped at 64."
     ))] = 4
+    register_ram_bytes: Annotated[int, Meta(ge=2**20, description=(
+        "Live register state this node keeps in RAM (docs/replication.md, \"Registers\"): keys, "
+        "values under `register-spill-bytes` (cluster jobs' rows, lease shards, the job index: a "
+        "few KiB per job, at most 64 unfinished jobs) and ~110 bytes of bookkeeping per key, "
+        "corpus chunks included. A change past it is refused (`register_store_full`) with nothing "
+        "changed; 64 MiB is far above real use and bounds what a client can make a node hold."
+    ))] = DEFAULT_REGISTER_RAM_BYTES
+    register_spill_bytes: Annotated[int, Meta(ge=256, le=2**21, description=(
+        "Register values this long or longer are kept on disk only (the register log already "
+        "holds them; the node keeps their offset and reads the record back, checksummed, on a "
+        "read): cluster jobs' corpus chunks (K sentences: tens to hundreds of KB, written once). "
+        "Shorter values, rewritten by every compare-and-set, stay in RAM."
+    ))] = DEFAULT_REGISTER_SPILL_BYTES
+    register_disk_bytes: Annotated[int, Meta(ge=2**20, description=(
+        "Live register values kept on disk (those of `register-spill-bytes` or more): the corpus "
+        "chunks of running cluster jobs, about replication-factor / storage nodes of each corpus's "
+        "size (msgpack, ~1.3x the CoNLL-U text's token columns). A change past it is refused "
+        "(`register_store_full`); the register log may reach 4x this before it is compacted."
+    ))] = DEFAULT_REGISTER_DISK_BYTES
 
 
 class ComputeConfig(_Section):
