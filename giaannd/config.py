@@ -548,9 +548,12 @@ class ComputeConfig(_Section):
         "node with this on works on the job's windows under leases, including nodes that join "
         "mid-job; any node answers `train status` for it, and the job survives the loss of the "
         "node that received it. Off: a job runs on the receiving node only (journaled on its "
-        "disk), unless the request says `\"cluster\": true`. Every compute node of a cluster "
-        "should use the same setting, or the nodes with it off sit cluster jobs out."
-    ))] = False
+        "disk), unless the request says `\"cluster\": true`. On (the default), a request says "
+        "`\"cluster\": false` (`giaannctl train start --local`) for a node-local job, and one "
+        "asking for more than one epoch without saying `cluster` is node-local (a cluster job "
+        "trains one epoch). Every compute node of a cluster should use the same setting, or the "
+        "nodes with it off sit cluster jobs out."
+    ))] = True
     eval_spread: Annotated[bool, Meta(description=(
         "`eval` spreads its prompts over every live compute node (docs/compute.md, \"One "
         "evaluation across every compute node\"): the receiving node encodes them, each node runs "
@@ -599,6 +602,13 @@ class ComputeConfig(_Section):
         "holds leases in (and the job index, to find new jobs). Register reads per node per "
         "interval: about 3 per job; a cancel or a new job is seen within one interval."
     ))] = 1.0
+    lease_idle_probe_s: Annotated[float, Meta(gt=0, le=600, description=(
+        "How often a node reads a cluster job's row while it holds no lease and the stage has no "
+        "window left to grant (the stage's last windows run elsewhere): the next stage and the "
+        "job's end are seen this soon instead of up to `lease-probe-interval-s` late, which was "
+        "most of a short job's overhead. Costs one register read per interval per such node, "
+        "only during a stage's tail. Capped by `lease-probe-interval-s`."
+    ))] = 0.1
     lease_windows: Annotated[int, Meta(ge=1, le=4096, description=(
         "Windows (of coalesce-k sentences) per lease grant. More: fewer register writes per "
         "window; fewer: less redone when a node dies (at most one lease's windows) and a finer "

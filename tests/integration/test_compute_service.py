@@ -68,7 +68,7 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         corpora, exports = _dirs(h)
         corpus = corpora / "corpus.conllu"
         write_conllu(sentences, corpus)
-        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "cluster": False})
         assert status == 200, reply
         job_id = reply["job_id"]
         async with asyncio.timeout(60):
@@ -223,7 +223,7 @@ async def test_compute_relative_paths_resolve_inside_the_allowed_directories(tmp
     async with Harness(tmp_path) as h:
         corpora, exports = _dirs(h)
         write_conllu(load_bundled_corpus(100), corpora / "train.conllu")
-        status, reply = await h.call("POST", "/v1/train", {"corpus": "train.conllu", "workers": 1})
+        status, reply = await h.call("POST", "/v1/train", {"corpus": "train.conllu", "workers": 1, "cluster": False})
         assert status == 200, reply
         async with asyncio.timeout(60):
             while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
@@ -285,7 +285,7 @@ async def test_compute_tag_cache_files_are_private(tmp_path):
 
 
 async def _train(h, corpus):
-    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "cluster": False})
     assert status == 200, reply
     async with asyncio.timeout(60):
         while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
