@@ -155,6 +155,8 @@ def _demo(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         ("data plane bytes: compute sent / storage received",
          f"{sent / 2**20:.2f} MiB / {received / 2**20:.2f} MiB"),
     ]
+    # a cluster job's document has no node-local write figures (bytes, batches): left out, not "n/a"
+    rows = [(k, v) for k, v in rows if v not in ("n/a", "? / ?")]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         _say(f"  {key:<{width}}  {value}")
