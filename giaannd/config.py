@@ -68,6 +68,12 @@ DEFAULT_READ_CHUNK_BYTES = 8 * 2**20
 #: Ceiling of ``storage.read-chunk-bytes``: one part must stay under the protocol's per-reply entry cap
 #: (protocol.MAX_READ_PART_ENTRIES, 8 Mi entries = 168 MiB at 21 B each).
 MAX_READ_CHUNK_BYTES = 128 * 2**20
+#: Defaults of ``storage.register-ram-bytes`` / ``register-spill-bytes`` / ``register-disk-bytes``
+#: (their descriptions say why); the register store (storage/engine/register_store.py) takes them
+#: from here when no config is given (tests, tools).
+DEFAULT_REGISTER_RAM_BYTES = 64 * 2**20
+DEFAULT_REGISTER_SPILL_BYTES = 4096
+DEFAULT_REGISTER_DISK_BYTES = 64 * _GIB
 #: Ceiling of ``compute.column-rows-max-entries`` (and of its default): 10 Mi entries of one column
 #: are ~1 GB of JSON in one admin answer; more is an export's job (``POST /v1/export``).
 MAX_COLUMN_ROWS_ENTRIES = 10_000_000
@@ -431,6 +437,25 @@ class StorageConfig(_Section):
         "(each up to a 4 MiB chunk), and the receiver holds at most this many items' buffers per "
         "stream. 1: stop and wait (one item, one fsync per round trip). Capped at 64."
     ))] = 4
+    register_ram_bytes: Annotated[int, Meta(ge=2**20, description=(
+        "Live register state this node keeps in RAM (docs/replication.md, \"Registers\"): keys, "
+        "values under `register-spill-bytes` (cluster jobs' rows, lease shards, the job index: a "
+        "few KiB per job, at most 64 unfinished jobs) and ~110 bytes of bookkeeping per key, "
+        "corpus chunks included. A change past it is refused (`register_store_full`) with nothing "
+        "changed; 64 MiB is far above real use and bounds what a client can make a node hold."
+    ))] = DEFAULT_REGISTER_RAM_BYTES
+    register_spill_bytes: Annotated[int, Meta(ge=256, le=2**21, description=(
+        "Register values this long or longer are kept on disk only (the register log already "
+        "holds them; the node keeps their offset and reads the record back, checksummed, on a "
+        "read): cluster jobs' corpus chunks (K sentences: tens to hundreds of KB, written once). "
+        "Shorter values, rewritten by every compare-and-set, stay in RAM."
+    ))] = DEFAULT_REGISTER_SPILL_BYTES
+    register_disk_bytes: Annotated[int, Meta(ge=2**20, description=(
+        "Live register values kept on disk (those of `register-spill-bytes` or more): the corpus "
+        "chunks of running cluster jobs, about replication-factor / storage nodes of each corpus's "
+        "size (msgpack, ~1.3x the CoNLL-U text's token columns). A change past it is refused "
+        "(`register_store_full`); the register log may reach 4x this before it is compacted."
+    ))] = DEFAULT_REGISTER_DISK_BYTES
 
 
 class ComputeConfig(_Section):
@@ -525,9 +550,12 @@ class ComputeConfig(_Section):
         "node with this on works on the job's windows under leases, including nodes that join "
         "mid-job; any node answers `train status` for it, and the job survives the loss of the "
         "node that received it. Off: a job runs on the receiving node only (journaled on its "
-        "disk), unless the request says `\"cluster\": true`. Every compute node of a cluster "
-        "should use the same setting, or the nodes with it off sit cluster jobs out."
-    ))] = False
+        "disk), unless the request says `\"cluster\": true`. On (the default), a request says "
+        "`\"cluster\": false` (`giaannctl train start --local`) for a node-local job, and one "
+        "asking for more than one epoch without saying `cluster` is node-local (a cluster job "
+        "trains one epoch). Every compute node of a cluster should use the same setting, or the "
+        "nodes with it off sit cluster jobs out."
+    ))] = True
     eval_spread: Annotated[bool, Meta(description=(
         "`eval` spreads its prompts over every live compute node (docs/compute.md, \"One "
         "evaluation across every compute node\"): the receiving node encodes them, each node runs "
@@ -576,6 +604,13 @@ class ComputeConfig(_Section):
         "holds leases in (and the job index, to find new jobs). Register reads per node per "
         "interval: about 3 per job; a cancel or a new job is seen within one interval."
     ))] = 1.0
+    lease_idle_probe_s: Annotated[float, Meta(gt=0, le=600, description=(
+        "How often a node reads a cluster job's row while it holds no lease and the stage has no "
+        "window left to grant (the stage's last windows run elsewhere): the next stage and the "
+        "job's end are seen this soon instead of up to `lease-probe-interval-s` late, which was "
+        "most of a short job's overhead. Costs one register read per interval per such node, "
+        "only during a stage's tail. Capped by `lease-probe-interval-s`."
+    ))] = 0.1
     lease_windows: Annotated[int, Meta(ge=1, le=4096, description=(
         "Windows (of coalesce-k sentences) per lease grant. More: fewer register writes per "
         "window; fewer: less redone when a node dies (at most one lease's windows) and a finer "

@@ -106,6 +106,8 @@ class Arg:
     metavar: str | None = None
     into: Literal["path", "query", "body"] = "body"
     key: str = ""
+    #: What a ``flag`` sends when given (``train start --local`` sends ``cluster: false``).
+    const: bool = True
 
     @property
     def wire(self) -> str:
@@ -364,7 +366,9 @@ _TABLE: Final[tuple[Operation, ...]] = (
                         help="corpus file in the daemon's compute.corpus-dir (a relative path is taken there)"),
                     Arg(name="epochs", type="int", default=1, help="passes over the corpus"),
                     Arg(name="cluster", type="flag",
-                        help="a cluster job every compute node works on (the default with compute.cluster-jobs)")),
+                        help="a cluster job every compute node works on (the default: compute.cluster-jobs)"),
+                    Arg(name="local", key="cluster", type="flag", const=False,
+                        help="a node-local job: this node only, journaled on its disk (docs/compute.md)")),
               follow=Follow(kind="job", when="--no-wait"),
               help="train on a corpus, with a live progress bar"),
     Operation(noun="train", verb="status", service="compute", method="GET", path="/v1/jobs/{job_id}",

@@ -171,7 +171,7 @@ def _add_arguments(parser: argparse.ArgumentParser, op: Operation) -> None:
         if arg.positional:
             parser.add_argument(arg.name, nargs="+" if arg.many else None, **kw)
         elif arg.type == "flag":  # no value; None (not sent) unless given
-            parser.add_argument(arg.flag, dest=arg.name, action="store_const", const=True, help=kw["help"])
+            parser.add_argument(arg.flag, dest=arg.name, action="store_const", const=arg.const, help=kw["help"])
         else:
             parser.add_argument(arg.flag, dest=arg.name, default=arg.default, **kw)
     if op.follow is not None and op.follow.when != "always":

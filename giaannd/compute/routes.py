@@ -124,7 +124,9 @@ class ComputeRoutes:
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
         epochs = _opt_int(body, "epochs", 1, MAX_EPOCHS) or 1
         limit = _opt_int(body, "limit", 1, 1 << 31)
-        cluster = body.get("cluster", self.service.settings.cluster_jobs)
+        # the default, unless the request says: a cluster job with compute.cluster-jobs, except
+        # for more than one epoch (cluster jobs train one; compute.cluster-jobs's description)
+        cluster = body.get("cluster", self.service.settings.cluster_jobs and epochs == 1)
         if not isinstance(cluster, bool):
             raise AdminHTTPError(400, "cluster must be true or false", "bad_request")
         assert corpus is not None  # required=True

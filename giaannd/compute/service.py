@@ -266,7 +266,8 @@ class ComputeService:
         c = self.settings
         return LeaseSettings(lease_s=c.lease_s, renew_s=c.lease_renew_s or c.lease_s / 3,
                              probe_interval_s=c.lease_probe_interval_s, lease_windows=c.lease_windows,
-                             parallel=c.train_workers, retry_s=c.lease_probe_interval_s / 4)
+                             parallel=c.train_workers, retry_s=c.lease_probe_interval_s / 4,
+                             idle_probe_s=c.lease_idle_probe_s)
 
     def _cluster_jobs(self, ctx: ServiceContext | None) -> ClusterJobs:
         node = ctx.node_name if ctx is not None else (self._node_name or "compute")

@@ -76,3 +76,34 @@ async def test_upload_adopted_when_its_node_dies(tmp_path, shared):
         for svc in (c0, c1):
             await svc.stop(graceful=False)
         await cluster.close()
+
+
+@pytest.mark.parametrize("spill_bytes", [2**21, None])
+async def test_upload_larger_than_the_register_ram_cap(tmp_path, spill_bytes):
+    """Corpus size (issue 15 item 1): 4,000 sentences (~1.4 MB of chunks, all on each of the 3
+    storage nodes at R = 3) against a 1 MiB register RAM cap. With no value spilled to disk (2 MiB:
+    the store as it was before) the upload is refused and the job fails with the reason; with the
+    default, the chunks stay on disk and the job trains to the end."""
+    extra = {} if spill_bytes is None else {"register_spill_bytes": spill_bytes}
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start(register_ram_bytes=2**20, **extra)
+    (tmp_path / "corpus").mkdir()
+    write_conllu(load_bundled_corpus(4000), tmp_path / "corpus" / "train.conllu")
+    c0 = await node(cluster, tmp_path, "c0")
+    try:
+        job_id = c0.submit_cluster(tmp_path / "corpus" / "train.conllu")
+        async with asyncio.timeout(60):
+            while (doc := await c0.cluster.document(job_id)) is None or doc["phase"] == "uploading" and \
+                    doc["state"] == "running":
+                await asyncio.sleep(0.05)
+        if spill_bytes is not None:
+            assert doc["state"] == "failed" and doc["phase"] == "uploading", doc
+            assert "register_store_full" in doc["error"] or "limit" in doc["error"], doc
+            return
+        assert doc["state"] == "running" and doc["phase"] != "uploading", doc
+        stores = [svc.registers for svc in cluster.services.values()]
+        assert all(s is not None and s.ram_bytes <= 2**20 < s.disk_bytes for s in stores)
+        doc = await wait_state(c0, job_id, 90)  # every window read back from the spilled chunks
+        assert doc["state"] == "succeeded" and doc["done"] == doc["total"] == 4000, doc
+    finally:
+        await c0.stop(graceful=False)
+        await cluster.close()

@@ -68,7 +68,7 @@ def test_compute_daemons_equal_engine_export_and_top1(tmp_path):
         write_conllu(corpus, path)
         cluster.wait_converged()
         admin = cluster.compute_nodes[0].admin
-        job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
+        job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1, "cluster": False})
         deadline = time.monotonic() + 90
         while (doc := admin.json("GET", f"/v1/jobs/{job['job_id']}"))["state"] == "running":
             assert time.monotonic() < deadline, doc

@@ -56,7 +56,8 @@ def test_compute_daemon_killed_mid_job_resumes_without_double_counting(tmp_path)
         cluster.wait_converged()
         node = cluster.compute_nodes[0]
         admin = node.admin
-        job_id = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1, "coalesce": K})["job_id"]
+        job_id = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1, "coalesce": K,
+                                                   "cluster": False})["job_id"]  # the node-local journal
         before = _wait_job(admin, job_id, lambda d: d["state"] != "running" or d["done"] >= N_SENTENCES // 5)
         cluster.kill(node)  # SIGKILL mid-job
         assert before["state"] == "running", before

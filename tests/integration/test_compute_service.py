@@ -68,7 +68,7 @@ async def test_compute_routes_train_eval_generate_export(tmp_path):
         corpora, exports = _dirs(h)
         corpus = corpora / "corpus.conllu"
         write_conllu(sentences, corpus)
-        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "cluster": False})
         assert status == 200, reply
         job_id = reply["job_id"]
         async with asyncio.timeout(60):
@@ -223,7 +223,7 @@ async def test_compute_relative_paths_resolve_inside_the_allowed_directories(tmp
     async with Harness(tmp_path) as h:
         corpora, exports = _dirs(h)
         write_conllu(load_bundled_corpus(100), corpora / "train.conllu")
-        status, reply = await h.call("POST", "/v1/train", {"corpus": "train.conllu", "workers": 1})
+        status, reply = await h.call("POST", "/v1/train", {"corpus": "train.conllu", "workers": 1, "cluster": False})
         assert status == 200, reply
         async with asyncio.timeout(60):
             while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
@@ -285,7 +285,7 @@ async def test_compute_tag_cache_files_are_private(tmp_path):
 
 
 async def _train(h, corpus):
-    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+    status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "cluster": False})
     assert status == 200, reply
     async with asyncio.timeout(60):
         while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
@@ -360,8 +360,8 @@ async def test_compute_routes_cluster_job_refused_on_a_giaann_v2_node(tmp_path):
 
 @pytest.mark.asyncio
 async def test_compute_routes_cluster_job_status_list_cancel_resume(tmp_path):
-    """``"cluster": true`` makes a cluster job (issue 15) on a node whose config has them off: its
-    document (from the registers) says so; list, cancel, resume and bad input answer as documented."""
+    """``"cluster": true`` makes a cluster job (issue 15): its document (from the registers) says so;
+    list, cancel, resume and bad input answer as documented."""
     sentences = load_bundled_corpus(200)
     async with Harness(tmp_path) as h:
         corpora, _ = _dirs(h)
@@ -389,3 +389,24 @@ async def test_compute_routes_cluster_job_status_list_cancel_resume(tmp_path):
             assert status == 404, (path, reply)
         status, reply = await h.call("POST", f"/v1/jobs/{job_id}/cancel")  # over: nothing changes
         assert status == 200 and reply["state"] == "succeeded", reply
+
+
+@pytest.mark.asyncio
+async def test_compute_routes_train_is_a_cluster_job_by_default(tmp_path):
+    """Issue 15 item 2: with the default config a request naming no ``cluster`` makes a cluster
+    job; ``"cluster": false`` (giaannctl ``train start --local``), or more than one epoch with no
+    ``cluster``, makes a node-local job."""
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus = corpora / "corpus.conllu"
+        write_conllu(load_bundled_corpus(100), corpus)
+        kinds = {}
+        for name, body in (("default", {}), ("local", {"cluster": False}), ("epochs", {"epochs": 2})):
+            status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), **body})
+            assert status == 200, reply
+            async with asyncio.timeout(60):
+                while (doc := (await h.call("GET", f"/v1/jobs/{reply['job_id']}"))[1])["state"] == "running":
+                    await asyncio.sleep(0.05)
+            assert doc["state"] == "succeeded", doc
+            kinds[name] = bool(doc.get("cluster"))
+        assert kinds == {"default": True, "local": False, "epochs": False}

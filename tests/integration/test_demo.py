@@ -35,7 +35,9 @@ def test_demo_quick_runs_end_to_end(tmp_path: Path) -> None:
     top1 = re.search(r"top-1 held-out \(test constants\)\s+([0-9.]+)", out)
     assert top1 and 0.0 <= float(top1.group(1)) <= 1.0
     assert re.search(r"training sentences/s\s+[0-9.]+", out)
-    assert re.search(r"coalescing ratio \(entries before/after\)\s+[0-9.]+", out)
+    # the default job is a cluster job (compute.cluster-jobs): what the node did, from the registers;
+    # its document has no node-local write figures (coalescing ratio, bytes), which the demo leaves out
+    assert re.search(r"^  compute-1: 300 sentences \(10 windows\), flag pass 10 windows", out, re.M)
     assert re.search(r"inference steps/s \(eval\)\s+[0-9.]+", out)
     assert re.search(r"God created the heavens -> \S+", out)
     assert "exit statuses: storage-1=0, storage-2=0, storage-3=0, compute-1=0" in out

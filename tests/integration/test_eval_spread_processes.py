@@ -26,7 +26,7 @@ def test_eval_spread_over_two_compute_daemons_and_redone_after_kill_9(tmp_path):
         write_conllu(load_bundled_corpus(300), path)
         cluster.wait_converged()
         admin = cluster.node("compute-1").admin
-        job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
+        job = admin.json("POST", "/v1/train", {"corpus": str(path), "workers": 1, "cluster": False})
         deadline = time.monotonic() + 60
         while (doc := admin.json("GET", f"/v1/jobs/{job['job_id']}"))["state"] == "running":
             assert time.monotonic() < deadline, doc

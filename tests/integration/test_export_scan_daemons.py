@@ -44,7 +44,7 @@ def test_second_compute_daemon_exports_and_generates_words(tmp_path):
                          corpus_dir=corpora, export_dir=exports) as cluster:
         cluster.wait_converged()
         trainer, other = (n.admin for n in cluster.compute_nodes)
-        job = trainer.json("POST", "/v1/train", {"corpus": str(path), "workers": 1})
+        job = trainer.json("POST", "/v1/train", {"corpus": str(path), "workers": 1, "cluster": False})
         deadline = time.monotonic() + 90
         while (doc := trainer.json("GET", f"/v1/jobs/{job['job_id']}"))["state"] == "running":
             assert time.monotonic() < deadline, doc

@@ -171,7 +171,7 @@ async def test_metrics_scrape_follows_prometheus_conventions(tmp_path: Path) -> 
     write_conllu(load_bundled_corpus(40), corpus)
     try:
         await node.start()
-        status, reply = await node.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1})
+        status, reply = await node.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "cluster": False})
         assert status == 200, reply
         doc = await _finished_job(node, reply["job_id"])
         assert doc["state"] == "succeeded" and doc["done"] == 40, doc

@@ -56,7 +56,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
 
 def start_job(compute: Node, corpus: Path) -> str:
     job = compute.admin.json("POST", "/v1/train", {"corpus": str(corpus), "workers": 1,
-                                                 "coalesce": COALESCE})
+                                                 "coalesce": COALESCE, "cluster": False})
     return str(job["job_id"])
 
 

@@ -591,6 +591,12 @@ def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None
                           "total": job.windows},
         "by_node": by_node, "timeline": timeline,
     }
+    # the rate over the job's life as the registers saw it: its creation (the timeline's first point)
+    # to the last window completed; a node-local job's document has the same two fields
+    times = timeline.get("t", [])
+    elapsed = float(times[-1] - times[0]) if spec.created_at and len(times) >= 2 else 0.0
+    doc["elapsed_s"] = round(elapsed, 3)
+    doc["sentences_per_s"] = round(done / elapsed, 1) if elapsed > 0 else 0.0
     if here is not None:
         doc["this_node"] = here.progress.as_dict()
     if job.error:

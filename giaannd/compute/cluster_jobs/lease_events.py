@@ -47,6 +47,9 @@ class LeaseSettings:
         lease_windows: windows per grant (more: fewer writes per window, more redone on a crash).
         parallel: windows this node runs at once; a new grant is asked for when fewer are left.
         retry_s: wait before writing a row again after a write whose outcome is unknown.
+        idle_probe_s: how often the job row is read while this node holds no lease and the
+            stage has no window left to grant (the stage's tail, run by others): the next stage
+            or the job's end is seen this soon, not a probe interval late (capped by it).
     """
 
     lease_s: float
@@ -55,10 +58,12 @@ class LeaseSettings:
     lease_windows: int
     parallel: int
     retry_s: float
+    idle_probe_s: float = 0.1
 
     def __post_init__(self) -> None:
-        if not 0 < self.renew_s < self.lease_s or self.probe_interval_s <= 0 or self.retry_s < 0:
-            raise ValueError("need 0 < renew_s < lease_s, probe_interval_s > 0, retry_s >= 0")
+        if not 0 < self.renew_s < self.lease_s or self.probe_interval_s <= 0 or self.retry_s < 0 \
+                or self.idle_probe_s <= 0:
+            raise ValueError("need 0 < renew_s < lease_s, probe_interval_s > 0, idle_probe_s > 0, retry_s >= 0")
         if self.lease_windows < 1 or self.parallel < 1:
             raise ValueError("lease_windows and parallel must be >= 1")
 

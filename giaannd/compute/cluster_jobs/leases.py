@@ -14,8 +14,11 @@ against the same rows, and the registers' compare-and-set serialises them.
 What an agent does each time it is woken (``_plan``), against the rows as it last saw them:
 
 * **job row** ``job/<id>``: read every ``probe_interval_s`` (a cancel is seen within one
-  interval). The creator writes it (``created``), adds the id to the index, creates the shards
-  (each only if absent) and sets ``running``; an agent that sees a job ``created`` for a lease time
+  interval), and every ``idle_probe_s`` while the agent holds no lease and every shard of the
+  stage has no window left to grant: it waits on a stage end others will write, and a probe
+  interval of that wait per stage was most of a short job's overhead (issue 15 item 2). The
+  creator writes it (``created``), adds the id to the index, creates the shards (each only if
+  absent) and sets ``running``; an agent that sees a job ``created`` for a lease time
   does the same (the creator died half-way; every step is idempotent).
 * **its leases**, per shard, in one CAS (one write in flight per row): completions (windows whose
   batches have W acks, contiguous from the lease's cursor), a renewal when ``renew_s`` passed since
@@ -298,7 +301,7 @@ class LeaseAgent:
     def _plan_job(self, now: float, out: list[Action]) -> None:
         key, create = self._job_key, self._create
         view = self._views.get(key)
-        if view is not None and now >= view.read_at + self.settings.probe_interval_s:
+        if view is not None and now >= view.read_at + self._job_probe_s():
             self._read(now, out, key)
         if view is None or not view.version[0]:
             if create is not None:
@@ -315,6 +318,17 @@ class LeaseAgent:
             self._write(now, out, key, lambda: encode_row(job_transition(job, state, error)), ends_job=True)
         elif job.state == "created" and not self._halting:
             self._finish_creation(now, out, job)
+
+    def _job_probe_s(self) -> float:
+        """How often the job row is read (module docstring, "job row")."""
+        s, job = self.settings, self.job
+        if job is None or job.state != "running" or self._held or self._halting:
+            return s.probe_interval_s
+        for i in range(job.shards):
+            shard = self._shards.get(shard_key(self.job_id, job.stage, i))
+            if shard is None or shard.stage != job.stage or shard.pending:
+                return s.probe_interval_s
+        return min(s.idle_probe_s, s.probe_interval_s)
 
     def _finish_creation(self, now: float, out: list[Action], job: JobRow) -> None:
         """The creator, or anyone who saw the job ``created`` for a lease time: index, shards, running."""
@@ -481,8 +495,9 @@ class LeaseAgent:
 
     def _next_wake(self, now: float) -> float:
         s = self.settings
-        times = [v.read_at + s.probe_interval_s for k, v in self._views.items()
-                 if not (k in self._shards and self._shards[k].finished)]
+        job_probe = self._job_probe_s()
+        times = [v.read_at + (job_probe if k == self._job_key else s.probe_interval_s)
+                 for k, v in self._views.items() if not (k in self._shards and self._shards[k].finished)]
         times += [h.confirmed_at + s.renew_s for h in self._held.values()]
         times += [h.confirmed_at + s.lease_s for h in self._held.values()]
         times += [seen + s.lease_s for leases in self._observed.values() for _, seen in leases.values()]

@@ -7,7 +7,9 @@ A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id
 an earlier run of the window stored it already: a window is tagged once in the cluster.
 
 Stage 1: read the chunk; extend the node's :class:`FlagFold` to window ``w`` (findings read once
-each, in order, under a lock: windows run concurrently); encode with a fresh assigner holding the
+each, in order, under a lock: windows run concurrently; those this node computed in stage 0 are
+kept, up to ``FOUND_MEMO_BYTES``, and not read back: at B = 1 that is every window, one register
+read each on the training's critical path); encode with a fresh assigner holding the
 fold of the windows ``< w``, ``train_batch``; write the window's vocabulary (``put_vocab``,
 idempotent) and then its batch under ``(writer_id, w + 1)`` (``batch_seq``), both with train.py's
 retry policy. The write goes through the node's own storage client, whose writer id is not the
@@ -57,6 +59,7 @@ from peers.retry import retry
 
 __all__ = [
     "FLAG_STAGE",
+    "FOUND_MEMO_BYTES",
     "RETRYABLE",
     "STAGES",
     "TRAIN_STAGE",
@@ -118,6 +121,11 @@ def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence], device
                     pair_increments(encoded), len(new_flags))
 
 
+#: Encoded findings of the windows this node computed in stage 0, kept for its fold in stage 1 (a
+#: few KB a window: 16 MiB is thousands of windows; past it the rest are read back from registers).
+FOUND_MEMO_BYTES: Final = 16 * 2**20
+
+
 class WindowRunner:
     """Runs the windows one node leased in one job (module docstring).
 
@@ -141,6 +149,9 @@ class WindowRunner:
         self.settings, self.progress, self._on_trained = settings, progress, on_trained
         self.fold = FlagFold()
         self._fold_lock = asyncio.Lock()
+        #: window -> encoded findings this node stored in stage 0 (FOUND_MEMO_BYTES), until folded
+        self._found: dict[int, bytes] = {}
+        self._found_bytes = 0
 
     async def __call__(self, action: RunWindow) -> int:
         """Run one window; returns what it counted: the sentences it trained, or in the flag pass
@@ -169,16 +180,25 @@ class WindowRunner:
         out = await self._retry(lambda: self.client.cas_register(key, ABSENT, data))
         if not out.ok and out.value != data:  # a redo computes the same bytes (module docstring)
             raise ValueError(f"flag findings of window {window} differ from the stored ones")
+        if window >= self.fold.upto and window not in self._found and \
+                self._found_bytes + len(data) <= FOUND_MEMO_BYTES:  # what is stored: the same bytes
+            self._found[window] = data
+            self._found_bytes += len(data)
 
     async def extend_fold(self, window: int) -> FlagFold:
         """The node's fold, extended to at least window ``window`` (findings read in order)."""
         async with self._fold_lock:
             while self.fold.upto < window:
-                key = findings_key(self.job_id, self.fold.upto)
-                got = await self._retry(lambda key=key: self.client.read_register(key))  # type: ignore[misc]
-                if not got.version[0]:
-                    raise ValueError(f"flag findings {key} are absent (stage 0 not done?)")
-                self.fold.add(self.fold.upto, decode_findings(got.value))
+                data = self._found.pop(self.fold.upto, None)
+                if data is not None:
+                    self._found_bytes -= len(data)
+                else:
+                    key = findings_key(self.job_id, self.fold.upto)
+                    got = await self._retry(lambda key=key: self.client.read_register(key))  # type: ignore[misc]
+                    if not got.version[0]:
+                        raise ValueError(f"flag findings {key} are absent (stage 0 not done?)")
+                    data = got.value
+                self.fold.add(self.fold.upto, decode_findings(data))
         return self.fold
 
     async def _train_window(self, action: RunWindow, sentences: list[TaggedSentence]) -> int:

@@ -45,23 +45,42 @@ records appended meanwhile, copied under the lock, fsync, rename over the log, d
 owner that loses the key *seals* it: it answers nothing for the key (``sealed``) until the change
 is done or abandoned. Seals are in memory and scoped to the placement epoch they were made under.
 
-Limits: ``MAX_REGISTER_STORE_BYTES`` of live states per node (a change past it is refused with
-nothing changed: ``RegisterStoreFull``). Concurrency: ``prepare``/``accept``/``get`` from one
-thread (the event loop); ``sync`` from worker threads (one at a time, serialised inside).
+**Large values stay on disk** (issue 15 item 1). A value of ``spill_bytes`` or more (a corpus
+chunk of a cluster job: hundreds of KB, written once, read by one lease holder) is not kept in RAM:
+the log already holds it, so the store keeps the offset and length of the record that wrote it
+(``_Spilled``) and reads that record back on ``get``/``prepare``/``merge``, checking it with the
+record codec (a damaged record raises ``RegisterLogCorrupt`` naming the file and offset; the
+request core answers ``Unavailable`` and the client's quorum read uses another replica). Small
+values (job rows, lease shards, the index: rewritten by every CAS) stay in RAM, where the
+acceptor's rules run on them without I/O. ``accept`` needs no value (its rule reads ballots
+only), so a chunk costs one read of its record per ``get``, not per change. The reads are
+``pread`` of a file the node just wrote: the page cache serves most of them. Replay at start
+maps the log (``mmap``) instead of reading it into RAM, so a log of many GB costs no RSS beyond
+the pages being parsed. Compaction copies a spilled value from the old log into the new one and
+moves the offsets; the old descriptor stays open (and its offsets valid) until the switch.
+
+Limits: ``max_bytes`` (``storage.register-ram-bytes``, default ``MAX_REGISTER_STORE_BYTES``) of
+live state kept in RAM per node, and ``max_disk_bytes`` (``storage.register-disk-bytes``) of live
+spilled values; a change past either is refused with nothing changed (``RegisterStoreFull``).
+Concurrency: ``prepare``/``accept``/``get`` from one thread (the event loop); ``sync`` from worker
+threads (one at a time, serialised inside). State, offsets and the descriptor change only under
+``_lock``, so a compaction's switch to the new file is atomic for readers.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
 from giaannd.atomic_file import fsync_dir
+from giaannd.config import DEFAULT_REGISTER_DISK_BYTES, DEFAULT_REGISTER_RAM_BYTES, DEFAULT_REGISTER_SPILL_BYTES
 from giaannd.errors import CorruptDataError, Refused
 from giaannd.records import RecordError, RecordFormat, open_for_append
 
@@ -69,7 +88,9 @@ __all__ = [
     "COMPACT_MIN_BYTES",
     "COMPACT_RATIO",
     "EMPTY",
+    "MAX_REGISTER_DISK_BYTES",
     "MAX_REGISTER_STORE_BYTES",
+    "SPILL_BYTES",
     "REGISTERS_FILE",
     "REGISTER_RECORD",
     "Ballot",
@@ -86,10 +107,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REGISTERS_FILE: Final = "registers.log"
-#: Live register bytes (keys + values) one node holds. Registers are job rows and lease tables:
-#: a few KiB per job (at most 64 unfinished jobs, lease_table.MAX_ACTIVE_JOBS), so 64 MiB is far
-#: above real use and bounds what a misbehaving client can make a node keep and rewrite.
-MAX_REGISTER_STORE_BYTES: Final = 64 * 2**20
+#: Live register bytes kept in RAM per node (``storage.register-ram-bytes``, whose description
+#: says why): keys, small values, bookkeeping. Corpus chunks are on disk.
+MAX_REGISTER_STORE_BYTES: Final = DEFAULT_REGISTER_RAM_BYTES
+#: Live spilled values per node (``storage.register-disk-bytes``).
+MAX_REGISTER_DISK_BYTES: Final = DEFAULT_REGISTER_DISK_BYTES
+#: Values this long or longer are kept on disk only (``storage.register-spill-bytes``): a corpus
+#: chunk is; a job row (< 1 KB) or a lease shard (~30 B per lease) is not. A pread of a cached
+#: page costs microseconds; the CAS round it serves costs milliseconds.
+SPILL_BYTES: Final = DEFAULT_REGISTER_SPILL_BYTES
 #: Compact when the log is this many times the live states (every CAS appends two records per
 #: acceptor: the log grows with traffic, the states do not)...
 COMPACT_RATIO: Final = 4
@@ -102,6 +128,10 @@ REGISTER_RECORD: Final = RecordFormat(
     versions=(1, 1), max_payload_bytes=_MAX_RECORD_BYTES)
 #: Per-key bookkeeping charged against MAX_REGISTER_STORE_BYTES besides key and value.
 _STATE_OVERHEAD_BYTES: Final = 64
+#: ...and for a spilled value's location (``_Spilled``).
+_SPILL_OVERHEAD_BYTES: Final = 48
+#: Records written per ``os.write`` while compacting (bounds the RAM a rewrite holds).
+_COMPACT_BATCH_BYTES: Final = 4 * 2**20
 
 Ballot = tuple[int, int]
 #: (counter, origin round, origin proposer); (0, 0, 0): never written
@@ -172,8 +202,22 @@ def merge(state: RegisterState, copied: RegisterState) -> RegisterState:
     return RegisterState(promised, src.accepted, src.version, src.value)
 
 
+@dataclass(frozen=True, slots=True)
+class _Spilled:
+    """Where a spilled value is: the record that wrote it (offset and length in the log); its
+    value is the record payload's last ``length`` bytes."""
+
+    record_offset: int
+    record_bytes: int
+    length: int
+
+
 def _size(key: str, state: RegisterState) -> int:
     return len(key) + len(state.value) + _STATE_OVERHEAD_BYTES
+
+
+def _spilled_size(key: str) -> int:
+    return len(key) + _STATE_OVERHEAD_BYTES + _SPILL_OVERHEAD_BYTES
 
 
 def _record(key: str, s: RegisterState) -> bytes:
@@ -182,20 +226,28 @@ def _record(key: str, s: RegisterState) -> bytes:
 
 
 class RegisterStore:
-    """One node's register acceptors (module docstring). Use :meth:`open`."""
+    """One node's register acceptors (module docstring). Use :meth:`open`.
 
-    def __init__(self, path: Path, fd: int, states: dict[str, RegisterState], size: int, torn_bytes: int,
-                 max_bytes: int) -> None:
+    ``_states`` holds every key's state; for a key in ``_spilled`` its ``value`` is ``b""`` and the
+    real one is in the log (module docstring, "Large values stay on disk")."""
+
+    def __init__(self, path: Path, fd: int, states: dict[str, RegisterState], spilled: dict[str, _Spilled],
+                 size: int, torn_bytes: int, max_bytes: int, *, spill_bytes: int = SPILL_BYTES,
+                 max_disk_bytes: int = MAX_REGISTER_DISK_BYTES) -> None:
         self.path = path
         self._fd = fd
         self._states = states
-        self._live = sum(_size(k, s) for k, s in states.items())
+        self._spilled = spilled
+        self._ram = sum(_spilled_size(k) if k in spilled else _size(k, s) for k, s in states.items())
+        self._disk = sum(s.length for s in spilled.values())
         self._size = size
         self._seq = 0  # changes appended by this process
         self._durable = 0
-        self._lock = threading.Lock()  # the descriptor, size and seq (puts vs. syncs)
+        self._lock = threading.Lock()  # the descriptor, size, seq, states and spilled offsets
         self._sync_lock = threading.Lock()  # one sync or compaction at a time
         self.max_bytes = max_bytes
+        self.max_disk_bytes = max_disk_bytes
+        self.spill_bytes = spill_bytes
         #: bytes cut off the end at open (a torn last record)
         self.torn_bytes = torn_bytes
         #: log rewrites done (tests, metrics)
@@ -204,7 +256,8 @@ class RegisterStore:
         self._sealed: dict[str, str] = {}
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], max_bytes: int = MAX_REGISTER_STORE_BYTES) -> RegisterStore:
+    def open(cls, directory: str | os.PathLike[str], max_bytes: int = MAX_REGISTER_STORE_BYTES, *,
+             spill_bytes: int = SPILL_BYTES, max_disk_bytes: int = MAX_REGISTER_DISK_BYTES) -> RegisterStore:
         """Replay ``directory/registers.log`` (created if missing); a torn tail is cut off and reported.
 
         Raises:
@@ -213,46 +266,53 @@ class RegisterStore:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         path = d / REGISTERS_FILE
-        data = path.read_bytes() if path.exists() else b""
         states: dict[str, RegisterState] = {}
-        end = 0
-        try:
-            for rec in REGISTER_RECORD.scan(data, torn_tail=True):
-                try:
-                    key, pr, pp, ar, ap, vc, vr, vp, value = _DECODER.decode(rec.payload)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise RegisterLogCorrupt(str(path), rec.header.offset, f"undecodable record: {exc}") from None
-                states[key] = RegisterState((pr, pp), (ar, ap), (vc, vr, vp), value)
-                end = rec.header.end
-        except RecordError as exc:
-            raise RegisterLogCorrupt(str(path), exc.offset, exc.explanation) from None
-        torn = len(data) - end
+        spilled: dict[str, _Spilled] = {}
+        end = total = 0
+        if path.exists() and (total := path.stat().st_size) > 0:
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                end, bad = _replay(path, data, states, spilled, spill_bytes)
+            if bad is not None:  # raised once the map is closed (a traceback would pin views into it)
+                raise bad
         fd = open_for_append(path, end, "register log")
-        return cls(path, fd, states, end, torn, max_bytes)
+        return cls(path, fd, states, spilled, end, total - end, max_bytes, spill_bytes=spill_bytes,
+                   max_disk_bytes=max_disk_bytes)
 
     # -- the acceptor ------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._states)
 
     def get(self, key: str) -> RegisterState:
-        return self._states.get(key, EMPTY)
+        """``key``'s state, its value read back from the log when it is spilled.
+
+        Raises:
+            RegisterLogCorrupt: the record holding the value is damaged; OSError: it cannot be read.
+        """
+        with self._lock:
+            state = self._states.get(key, EMPTY)
+            where = self._spilled.get(key)
+            if where is None:
+                return state
+            raw = os.pread(self._fd, where.record_bytes, where.record_offset)
+        return replace(state, value=_read_value(self.path, key, raw, where))
 
     def prepare(self, key: str, ballot: Ballot) -> tuple[RegisterState | Ballot, int]:
         """``prepare`` on ``key``'s state; a change is appended. Returns (result, seq to sync; 0: none).
 
         Raises:
-            RegisterStoreFull, OSError: nothing changed.
+            RegisterStoreFull, OSError, RegisterLogCorrupt: nothing changed.
         """
         result = prepare(self.get(key), ballot)
         return result, self._put(key, result) if isinstance(result, RegisterState) else 0
 
     def accept(self, key: str, ballot: Ballot, version: Version, value: bytes) -> tuple[RegisterState | Ballot, int]:
         """``accept`` on ``key``'s state; a change is appended. Returns (result, seq to sync; 0: none).
+        The rule reads ballots only, so a spilled value is not read back.
 
         Raises:
             RegisterStoreFull, OSError: nothing changed.
         """
-        old = self.get(key)
+        old = self._states.get(key, EMPTY)
         result = accept(old, ballot, version, value)
         if isinstance(result, RegisterState) and result is old:
             return result, self._seq  # a retransmission: answer once what is already written is durable
@@ -263,7 +323,7 @@ class RegisterStore:
         sync: the last change, which may be an earlier one when nothing changed).
 
         Raises:
-            RegisterStoreFull, OSError: nothing changed.
+            RegisterStoreFull, OSError, RegisterLogCorrupt: nothing changed.
         """
         old = self.get(key)
         result = merge(old, copied)
@@ -271,9 +331,25 @@ class RegisterStore:
             return old, self._seq
         return result, self._put(key, result)
 
+    def keys(self) -> list[str]:
+        """Every key, sorted (a copy)."""
+        with self._lock:
+            return sorted(self._states)
+
     def items(self) -> list[tuple[str, RegisterState]]:
-        """Every key's state, sorted by key (a copy: the handoff pages through it)."""
-        return sorted(self._states.items())
+        """Every key's state, sorted by key, spilled values read back: all of them in RAM at once
+        (tests, small stores; the handoff pages with ``keys`` and ``get``)."""
+        return [(key, self.get(key)) for key in self.keys()]
+
+    @property
+    def ram_bytes(self) -> int:
+        """Live bytes held in RAM (what ``max_bytes`` bounds)."""
+        return self._ram
+
+    @property
+    def disk_bytes(self) -> int:
+        """Live spilled value bytes (what ``max_disk_bytes`` bounds)."""
+        return self._disk
 
     # -- seals (module docstring) ------------------------------------------------------------------
     def seal(self, keys: list[str], epoch: str) -> None:
@@ -291,23 +367,38 @@ class RegisterStore:
         return n
 
     def _put(self, key: str, state: RegisterState) -> int:
-        old = self._states.get(key)
-        live = self._live + _size(key, state) - (_size(key, old) if old is not None else 0)
-        if live > self.max_bytes:
-            raise RegisterStoreFull(f"registers would hold {live} bytes, over the {self.max_bytes}-byte limit")
+        spill = len(state.value) >= self.spill_bytes
         record = _record(key, state)
         with self._lock:
+            old = self._states.get(key)
+            was = self._spilled.get(key)
+            ram = self._ram + (_spilled_size(key) if spill else _size(key, state))
+            if was is not None:
+                ram -= _spilled_size(key)
+            elif old is not None:
+                ram -= _size(key, old)
+            disk = self._disk + (len(state.value) if spill else 0) - (was.length if was is not None else 0)
+            if ram > self.max_bytes:
+                raise RegisterStoreFull(f"registers would hold {ram} bytes in RAM, over the "
+                                        f"{self.max_bytes}-byte limit (storage.register-ram-bytes)")
+            if disk > self.max_disk_bytes:
+                raise RegisterStoreFull(f"registers would hold {disk} value bytes on disk, over the "
+                                        f"{self.max_disk_bytes}-byte limit (storage.register-disk-bytes)")
             written = os.write(self._fd, record)
             if written != len(record):  # a short write: undo it so the log stays well-formed
                 os.ftruncate(self._fd, self._size)
                 os.lseek(self._fd, self._size, os.SEEK_SET)
                 raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
+            if spill:
+                self._spilled[key] = _Spilled(self._size, len(record), len(state.value))
+                self._states[key] = replace(state, value=b"")
+            else:
+                self._spilled.pop(key, None)
+                self._states[key] = state
             self._size += len(record)
             self._seq += 1
-            seq = self._seq
-        self._states[key] = state
-        self._live = live
-        return seq
+            self._ram, self._disk = ram, disk
+            return self._seq
 
     # -- durability --------------------------------------------------------------------------------
     @property
@@ -329,29 +420,53 @@ class RegisterStore:
                 target, size = self._seq, self._size
                 if self._durable >= target:
                     return self._durable
-                big = size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * self._live)
-                snapshot = dict(self._states) if big else None
+                big = size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * (self._ram + self._disk))
+                snapshot = (dict(self._states), dict(self._spilled), self._fd) if big else None
             if snapshot is not None:
-                return self._compact(snapshot, size)
+                return self._compact(*snapshot, size)
             os.fdatasync(self._fd)
             with self._lock:
                 self._durable = max(self._durable, target)
                 return self._durable
 
-    def _compact(self, snapshot: dict[str, RegisterState], size: int) -> int:
-        """Rewrite the log: ``snapshot`` (the states when the log was ``size`` bytes), then the
-        records appended since, copied under the lock. Returns the seq now durable."""
+    def _compact(self, states: dict[str, RegisterState], spilled: dict[str, _Spilled], old_fd: int,
+                 size: int) -> int:
+        """Rewrite the log: ``states`` (as they were when the log was ``size`` bytes; a spilled
+        value copied from ``old_fd``, which stays open and append-only meanwhile), then the records
+        appended since, copied under the lock; the spilled offsets move with them. Returns the seq
+        now durable."""
         tmp = self.path.with_name(self.path.name + ".compact")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        moved: dict[str, _Spilled] = {}
         try:
-            os.write(fd, b"".join(_record(k, s) for k, s in snapshot.items()))
+            offset = 0
+            batch: list[bytes] = []
+            pending = 0
+            for key, state in states.items():
+                where = spilled.get(key)
+                if where is None:
+                    rec = _record(key, state)
+                else:  # the record as written: its bytes are already the state with its value
+                    rec = os.pread(old_fd, where.record_bytes, where.record_offset)
+                    moved[key] = _Spilled(offset, len(rec), where.length)
+                batch.append(rec)
+                offset += len(rec)
+                pending += len(rec)
+                if pending >= _COMPACT_BATCH_BYTES:
+                    _write_all(fd, b"".join(batch))
+                    batch, pending = [], 0
+            _write_all(fd, b"".join(batch))
             with self._lock:
-                os.write(fd, os.pread(self._fd, self._size - size, size))
+                _write_all(fd, os.pread(self._fd, self._size - size, size))
                 os.fsync(fd)
                 os.replace(tmp, self.path)
                 # from here the log *is* the new file: switch to it before anything else can fail
                 old, self._fd = self._fd, fd
                 self._size = os.lseek(fd, 0, os.SEEK_END)
+                shift = offset - size  # records appended since the snapshot moved by this much
+                self._spilled = {key: moved[key] if where.record_offset < size else
+                                 _Spilled(where.record_offset + shift, where.record_bytes, where.length)
+                                 for key, where in self._spilled.items()}
                 seq = self._seq
         except BaseException:
             os.close(fd)
@@ -362,7 +477,7 @@ class RegisterStore:
         with self._lock:
             self._durable = max(self._durable, seq)
             self.compactions += 1
-        log.info("register log compacted file=%s bytes=%d keys=%d", self.path, self._size, len(snapshot))
+        log.info("register log compacted file=%s bytes=%d keys=%d", self.path, self._size, len(states))
         return self._durable
 
     def close(self) -> None:
@@ -370,3 +485,58 @@ class RegisterStore:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _replay(path: Path, data: mmap.mmap, states: dict[str, RegisterState], spilled: dict[str, _Spilled],
+            spill_bytes: int) -> tuple[int, RegisterLogCorrupt | None]:
+    """Read every record of the log mapped at ``data`` into ``states``/``spilled`` (the last record
+    of a key is its state). Returns the offset past the last good record and, for a bad record
+    before the end, the error to raise (not raised here: the map must close first)."""
+    end = 0
+    try:
+        for rec in REGISTER_RECORD.scan(data, torn_tail=True):  # type: ignore[arg-type]  # mmap: a buffer
+            try:
+                key, pr, pp, ar, ap, vc, vr, vp, value = _DECODER.decode(rec.payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                detail = f"undecodable record: {exc}"
+                return end, RegisterLogCorrupt(str(path), rec.header.offset, detail)
+            finally:
+                rec.payload.release()  # the map closes after the scan: no view may outlive it
+            h = rec.header
+            if len(value) >= spill_bytes:
+                spilled[key] = _Spilled(h.offset, h.end - h.offset, len(value))
+                value = b""
+            else:
+                spilled.pop(key, None)
+            states[key] = RegisterState((pr, pp), (ar, ap), (vc, vr, vp), value)
+            end = h.end
+    except RecordError as exc:
+        return end, RegisterLogCorrupt(str(path), exc.offset, exc.explanation)
+    return end, None
+
+
+def _read_value(path: Path, key: str, raw: bytes, where: _Spilled) -> bytes:
+    """The value of the record ``raw`` read back at ``where``, checked (module docstring).
+
+    Raises:
+        RegisterLogCorrupt: a short read, a bad record, or a record of another key.
+    """
+    try:
+        rec = REGISTER_RECORD.decode_at(raw)
+        payload: _Payload = _DECODER.decode(rec.payload)
+        got, value = payload[0], payload[-1]
+    except RecordError as exc:
+        detail = f"spilled value of {key!r}: {exc.explanation}"
+        raise RegisterLogCorrupt(str(path), where.record_offset, detail) from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RegisterLogCorrupt(str(path), where.record_offset, f"spilled value of {key!r}: {exc}") from None
+    if got != key or len(value) != where.length:
+        raise RegisterLogCorrupt(str(path), where.record_offset, f"spilled value of {key!r}: the record "
+                                 f"there is of {got!r} ({len(value)} bytes)")
+    return value
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

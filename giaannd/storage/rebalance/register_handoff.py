@@ -231,19 +231,19 @@ def export(service: StorageService, msg: RegisterExport) -> RegisterStates:
     store, me = _store(service), service.node_name
     old = _placement(msg.old_members, msg.replicas, msg.strategy)
     new = _placement(msg.new_members, msg.replicas, msg.strategy)
-    items = store.items()
-    keys = [k for k, _ in items]
+    keys = store.keys()
     owners = moving(old, new, keys)
     if not msg.after:
         epoch = service.topology.placement.epoch if service.topology is not None else ""
         store.seal([k for k, (was, now) in zip(keys, owners, strict=True) if me in was and me not in now], epoch)
     out: list[StateWire] = []
     size = 0
-    for (key, state), (was, now) in zip(items, owners, strict=True):
+    for key, (was, now) in zip(keys, owners, strict=True):
         if key <= msg.after or was == now or me not in was:
             continue
         if size >= msg.max_bytes:
             return RegisterStates(out, out[-1][0], False)
+        state = store.get(key)  # one value at a time: spilled corpus chunks are read as they go
         out.append(to_wire(key, state))
         size += len(key) + len(state.value)
     return RegisterStates(out, "", True)

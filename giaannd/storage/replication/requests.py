@@ -49,7 +49,7 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
 from giaannd.storage.engine.disk_usage import DiskUsage
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
-from giaannd.storage.engine.register_store import RegisterState, RegisterStore, RegisterStoreFull
+from giaannd.storage.engine.register_store import RegisterLogCorrupt, RegisterState, RegisterStore, RegisterStoreFull
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
 from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
@@ -490,7 +490,10 @@ class StorageRequests:
         if store.sealed(msg.key, epoch):  # handed off to its new owners (rebalance/register_handoff.py)
             return self.error(p.NotOwner(epoch, "register sealed: a placement change is handing it to its new owners"))
         if isinstance(msg, p.RegisterGet):
-            return Answer(_register_value(store.get(msg.key)))
+            try:
+                return Answer(_register_value(store.get(msg.key)))
+            except (RegisterLogCorrupt, OSError) as exc:  # a spilled value unreadable: other replicas answer
+                return self.error(p.Unavailable(_text(f"register value unreadable: {exc}")))
         if self.refuse_writes:
             return self.error(p.Unavailable("storage service is stopping"))
         if self.guard.full:
@@ -504,6 +507,8 @@ class StorageRequests:
                 result, seq = store.accept(msg.key, ballot, version, msg.value)
         except RegisterStoreFull as exc:
             return self.error(p.Unavailable(_text(str(exc))))
+        except RegisterLogCorrupt as exc:  # the prepare could not read back a spilled value
+            return self.error(p.Unavailable(_text(f"register value unreadable: {exc}")))
         except OSError as exc:
             self.guard.write_failed("register_log", exc)  # logged (rate-limited); ENOSPC: disk full
             return self.error(p.Unavailable(_text(f"register log write failed: {exc}")))

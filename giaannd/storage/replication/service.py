@@ -194,7 +194,9 @@ class StorageService:
         self.core.vocab = self.vocab
         self.core.guard = self.disk
         self.disk.on_count = self._on_count
-        self.registers = await asyncio.to_thread(RegisterStore.open, self.data_dir / REGISTERS_DIR)
+        self.registers = await asyncio.to_thread(
+            RegisterStore.open, self.data_dir / REGISTERS_DIR, s.register_ram_bytes,
+            spill_bytes=s.register_spill_bytes, max_disk_bytes=s.register_disk_bytes)
         self.core.registers = self.registers
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",

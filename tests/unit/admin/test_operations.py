@@ -182,7 +182,7 @@ def test_ctl_every_operation_parses_and_sends_what_the_table_declares(op: Operat
         typed, value = _sample(arg, tmp_path)
         if arg.type == "flag":
             argv.append(arg.flag)
-            sent[arg.wire] = True
+            sent[arg.wire] = arg.const  # a later flag of the same key wins, as in the request
             continue
         argv += [typed, typed] if arg.many else [typed] if arg.positional else [arg.flag, typed]
         sent[arg.wire] = [value, value] if arg.many else value

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from giaannd.client.registers import CasOutcome, RegisterRead
 from giaannd.compute.cluster_jobs.corpus_chunks import MAX_CHUNK_BYTES, encode_window
 from giaannd.compute.cluster_jobs.flag_pass import (
     INITIAL,
@@ -17,6 +18,9 @@ from giaannd.compute.cluster_jobs.flag_pass import (
     window_findings,
 )
 from giaannd.compute.cluster_jobs.lease_table import Shard, complete, grant, take_over
+from giaannd.compute.cluster_jobs.window_runner import ClusterSpec, WindowRunner
+from giaannd.compute.jobs import TrainProgress
+from giaannd.compute.train import TrainSettings
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.tokens import Token, load_bundled_corpus
@@ -96,3 +100,38 @@ def test_stream_conllu_equals_read_conllu_block_by_block(tmp_path):
     with pytest.raises(CorpusFormatError) as err:
         list(stream_conllu(bad, block_lines=50))
     assert err.value.line == 401
+
+
+@pytest.mark.asyncio
+async def test_window_runner_folds_the_findings_it_computed_without_reading_them_back():
+    """At B = 1 every window's findings were computed by the node itself in stage 0: stage 1's
+    fold takes them from memory (one register read per window less on the critical path); a
+    window found elsewhere is read back, and the fold equals one built from the stored bytes."""
+    stored: dict[str, bytes] = {"job/j/f/init": encode_findings(initial_findings({5}))}  # written at creation
+    reads: list[str] = []
+
+    class Registers:
+        async def cas_register(self, key, expect, value=b"", timeout_s=None):
+            ok = key not in stored
+            stored.setdefault(key, value)
+            return CasOutcome(ok, (1, 1, 1), stored[key])
+
+        async def read_register(self, key, timeout_s=None):
+            reads.append(key)
+            return RegisterRead((1, 1, 1), stored[key], True)
+
+    sentences = load_bundled_corpus(60)
+    lexicon = Lexicon.default()
+    runner = WindowRunner(Registers(), "j", ClusterSpec(k=20, sentences=60), lexicon,  # type: ignore[arg-type]
+                          TrainSettings(), TrainProgress())
+    other = WindowRunner(Registers(), "j", ClusterSpec(k=20, sentences=60), lexicon,  # type: ignore[arg-type]
+                         TrainSettings(), TrainProgress())
+    await runner._find(0, sentences[:20])
+    await other._find(1, sentences[20:40])  # another node's window
+    await runner._find(2, sentences[40:])
+    fold = await runner.extend_fold(3)
+    assert reads == ["job/j/f/init", "job/j/f/1"]
+    reference = FlagFold()
+    for w in range(INITIAL, 3):
+        reference.add(w, decode_findings(stored["job/j/f/" + ("init" if w == INITIAL else str(w))]))
+    assert fold.flags_before(3) == reference.flags_before(3) and runner._found == {}

@@ -192,3 +192,6 @@ def test_complete_at_records_the_tally_timeline_and_the_document_sums_nodes():
     assert doc["timeline"] == {"t": [100.0, 101.0, 102.5, 104.0, 105.0], "done": [0, 10, 20, 30, 36],
                                "trained": [0, 8, 17, 24, 29], "bytes_sent": [0, 0, 0, 0, 0]}
     assert doc["done"] == 36 and doc["trained"] == 29
+    # the rate over the job's life as the registers saw it (creation to the last window), as a
+    # node-local job's document has it: 36 sentences in 5 s (the quickstart prints it)
+    assert doc["elapsed_s"] == 5.0 and doc["sentences_per_s"] == pytest.approx(7.2)

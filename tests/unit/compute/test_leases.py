@@ -225,3 +225,22 @@ def test_agent_waits_a_probe_interval_before_reading_an_absent_job_again():
     out = a.handle(0.001, RowRead(job_key("j"), ABSENT, b""))
     assert not of(out, ReadRow) and out[-1] == SetTimer(1.001)
     assert of(a.handle(1.001, Tick()), ReadRow) == [ReadRow(job_key("j"))]
+
+
+def test_agent_with_nothing_left_in_the_stage_polls_the_job_row_sooner():
+    """Issue 15 item 2: a node whose stage has no window left for it (all leased by others) sees
+    the next stage within ``idle_probe_s`` (default 0.1 s), not a whole probe interval (1 s) later."""
+    idle = 0.1
+    a = agent("n1")
+    everything, _ = grant(new_shard(JOB, 0, 0), "n2", 8)  # n2 leased every window of the stage
+    out = running(a, 0.0, everything)
+    assert not of(out, CasRow) and not of(out, RunWindow)
+    out = a.handle(0.05, Tick())
+    assert ReadRow(job_key("j")) not in out
+    wake = out[-1]
+    assert isinstance(wake, SetTimer) and wake.at <= idle + 1e-9
+    assert ReadRow(job_key("j")) in a.handle(idle, Tick())
+    busy = agent("n2")  # the node with windows to run reads the job row every probe interval
+    out = running(busy)
+    busy.handle(0.0, CasDone(SK, True, v(2), of(out, CasRow)[0].data))
+    assert ReadRow(job_key("j")) not in busy.handle(idle, Tick())

@@ -226,3 +226,51 @@ def test_requests_register_not_owner(tmp_path):
     core.registers.close()
     store.close()
     hints.close()
+
+
+def test_register_store_holds_values_past_its_ram_cap_on_disk(tmp_path, monkeypatch):
+    """Corpus chunks (issue 15 item 1): values of `spill_bytes` or more stay in the log, not in
+    RAM, so registers far beyond the RAM cap are accepted, read back, compacted and reloaded."""
+    monkeypatch.setattr(rs, "COMPACT_MIN_BYTES", 64 * 1024)
+    monkeypatch.setattr(rs, "COMPACT_RATIO", 1)
+    s = RegisterStore.open(tmp_path, max_bytes=64 * 1024)
+    chunks = {f"job/j/w/{i}/0": bytes([i]) * 16_384 for i in range(64)}  # 1 MiB: 16x the RAM cap
+    for key, value in chunks.items():
+        s.prepare(key, (1, 1))
+        s.accept(key, (1, 1), (1, 1, 1), value)
+    s.accept("job/j", (1, 1), (1, 1, 1), b"row")  # a small value stays in RAM
+    assert s.ram_bytes <= 64 * 1024
+    assert all(s.get(k).value == v for k, v in chunks.items())
+    for i in range(8):  # clear some chunks (what the end of a job does), then compact
+        s.accept(f"job/j/w/{i}/0", (2, 1), (2, 2, 1), b"")
+    s.accept("job/j/w/9/0", (3, 1), (3, 3, 1), b"\x09" * 20_000)
+    s.sync()
+    for i in range(2):  # grow the log with small changes until a compaction runs
+        for r in range(4, 400):
+            s.prepare("job/j", (r + 400 * i, 1))
+        s.sync()
+    assert s.compactions >= 1
+    s.accept("job/j/w/10/0", (9999, 1), (9, 9, 1), b"\x0a" * 17_000)  # after the compaction
+    s.sync()
+    want = {**chunks, **{f"job/j/w/{i}/0": b"" for i in range(8)},
+            "job/j/w/9/0": b"\x09" * 20_000, "job/j/w/10/0": b"\x0a" * 17_000}
+    assert all(s.get(k).value == v for k, v in want.items())
+    assert [k for k, _ in s.items()] == sorted([*want, "job/j"])
+    s.close()
+    t = RegisterStore.open(tmp_path, max_bytes=64 * 1024)
+    assert all(t.get(k).value == v for k, v in want.items()) and t.get("job/j").value == b"row"
+    assert t.ram_bytes <= 64 * 1024
+    t.close()
+
+
+def test_register_store_names_a_damaged_value_on_read(tmp_path):
+    s = RegisterStore.open(tmp_path)
+    s.accept("job/j/w/0/0", (1, 1), (1, 1, 1), b"\x01" * 50_000)
+    s.sync()
+    path = tmp_path / REGISTERS_FILE
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # the value's bytes change on disk after the store read the log
+    path.write_bytes(bytes(data))
+    with pytest.raises(RegisterLogCorrupt, match="offset 0"):
+        s.get("job/j/w/0/0")
+    s.close()
