@@ -68,6 +68,12 @@ def parse_host_port(address: str, scheme: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+def _retrieve(future: asyncio.Future[Connection]) -> None:
+    """Mark a future's outcome as read (its waiter went away)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class TcpLink(Link, asyncio.BufferedProtocol):
     """One TCP connection as a frame link; its ``session`` decodes what arrives."""
 
@@ -357,6 +363,13 @@ class TcpTransport(Transport):
             if isinstance(exc, TransportClosed):
                 raise
             raise TransportClosed(f"cannot connect to {address}: {exc}") from exc
+        except BaseException:  # cancelled (a caller's deadline, a shutdown) mid-connect or handshake
+            if link is not None:
+                # nobody will await ``ready`` now: read its end, so a failure is not reported as
+                # "never retrieved", and close the socket instead of leaking it
+                link.session.ready.add_done_callback(_retrieve)
+                link.abort()
+            raise
 
     #: Requests the server side sends back over a client connection (peers may call each other
     #: over one connection); set before connecting.

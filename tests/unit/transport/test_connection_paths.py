@@ -130,3 +130,32 @@ async def test_server_budget_cancels_handler_with_a_deadline_error():
             await asyncio.sleep(0.01)
     assert (await conn.request(7, timeout_s=5)).decode(int) == 7
     await _teardown(server, listener, client, conn)
+
+
+@pytest.mark.asyncio
+async def test_connect_cancelled_during_the_handshake_closes_its_socket():
+    """A caller cancelled while the handshake is in flight (its request's deadline, a shutdown)
+    must not leave the socket open: it leaked, and its ``ready`` future failed later with nobody
+    to read it ("connection lost during handshake", then a ResourceWarning on GC)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # accepts and never answers the handshake
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = make_transport("tcp", Identity("cancel-test", "unit", KEY))
+    task = asyncio.create_task(transport.connect_once(f"tcp://127.0.0.1:{port}", timeout_s=30))
+    async with asyncio.timeout(5):
+        while not transport.links:
+            await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        while transport.links:  # the link reports itself lost once its socket is closed
+            await asyncio.sleep(0.01)
+    for writer in accepted:
+        writer.close()
+    server.close()
+    await server.wait_closed()
