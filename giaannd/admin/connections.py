@@ -67,6 +67,9 @@ class ConnectionGuard:
         self._on_close = on_close
         #: the aiohttp protocol of each admitted connection -> its proxy
         self._open: dict[object, _GuardedProtocol] = {}
+        #: refused connections lingering before their close (aiohttp never saw them, so its
+        #: shutdown does not close them: ``close_refused`` does)
+        self._refused: set[asyncio.Transport] = set()
 
     @property
     def open_connections(self) -> int:
@@ -94,6 +97,21 @@ class ConnectionGuard:
             return False
         self._open[proxy.inner] = proxy
         return True
+
+    def close_refused(self) -> None:
+        """Close the refused connections still lingering (the server is stopping)."""
+        for transport in list(self._refused):
+            transport.close()
+        self._refused.clear()
+
+    def _linger_then_close(self, transport: asyncio.Transport) -> None:
+        self._refused.add(transport)
+
+        def close() -> None:
+            self._refused.discard(transport)
+            transport.close()
+
+        asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, close)
 
     def _release(self, proxy: _GuardedProtocol) -> None:
         self._open.pop(proxy.inner, None)
@@ -144,7 +162,7 @@ class _GuardedProtocol(asyncio.Protocol):
             transport.write(_REFUSAL)
             if transport.can_write_eof():
                 transport.write_eof()
-            asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+            self.guard._linger_then_close(transport)
             return
         self.inner.connection_made(transport)
         self.arm()
@@ -162,6 +180,8 @@ class _GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        if self._refused and self._transport is not None:
+            self.guard._refused.discard(self._transport)
         if not self._refused:
             self.guard._release(self)
             self.inner.connection_lost(exc)
@@ -195,3 +215,7 @@ class GuardedSite(web.BaseSite):
         guard = self._guard
         self._server = await asyncio.get_running_loop().create_server(
             lambda: guard.wrap(server()), self._host, self._port)
+
+    async def stop(self) -> None:
+        self._guard.close_refused()  # aiohttp's shutdown closes only the connections it was given
+        await super().stop()

@@ -237,6 +237,8 @@ class _TcpListener(Listener):
     def __init__(self, server: asyncio.Server, address: str) -> None:
         self._server, self.address = server, address
         self._conns: set[Connection] = set()
+        #: accepted sockets, handshake done or not: closing the server does not close them
+        self._links: set[TcpLink] = set()
 
     @property
     def connections(self) -> list[Connection]:
@@ -246,6 +248,8 @@ class _TcpListener(Listener):
         self._server.close()
         for conn in list(self._conns):
             await conn.close("listener closing")
+        for link in list(self._links):  # still in the handshake (or refused): nothing to say to them
+            link.abort()
         await self._server.wait_closed()
 
 
@@ -328,8 +332,13 @@ class TcpTransport(Transport):
                 session.ready.add_done_callback(lambda f: None if f.exception() else lst._conns.add(f.result()))
                 return session
 
-            link = TcpLink(make, admit=self._admit, on_lost=self._accepted_link_lost)
+            def lost(link: TcpLink) -> None:
+                lst._links.discard(link)
+                self._accepted_link_lost(link)
+
+            link = TcpLink(make, admit=self._admit, on_lost=lost)
             self.links.add(link)
+            lst._links.add(link)
             return link
 
         server = await loop.create_server(factory, host, port, reuse_address=True)

@@ -159,3 +159,26 @@ async def test_connect_cancelled_during_the_handshake_closes_its_socket():
         writer.close()
     server.close()
     await server.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_listener_close_closes_sockets_still_in_the_handshake():
+    """Closing a listener closed the connections that had finished their handshake but left the
+    sockets still in it open (the server's close does not close accepted sockets): they leaked,
+    and their ResourceWarning surfaced in whichever test ran the next garbage collection."""
+    server = make_transport("tcp", Identity("server", "unit", KEY))
+
+    async def handler(conn, msg, bulk):
+        return Reply(msg)
+
+    listener = await server.listen("tcp://127.0.0.1:0", handler)
+    port = int(listener.address.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)  # connects, never says hello
+    async with asyncio.timeout(5):
+        while not server.links:
+            await asyncio.sleep(0.01)
+    await listener.close()
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # the server's side was closed: EOF here
+    assert not server.links
+    writer.close()
