@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from peers.errors import DeadlineExceeded, LocalProtocolError, TransportClosed
+from peers.transport.acceptor import Acceptor
 from peers.transport.base import Handler, Identity, Link, Listener, Transport
 from peers.transport.connection import Connection, Metrics
 from peers.transport.limits import TransportLimits
@@ -102,6 +103,8 @@ class TcpLink(Link, asyncio.BufferedProtocol):
         self._lost: BaseException | None = None
         self._closed = False
         self._vectored = False  # the transport's writelines is a copy-free writev (uvloop)
+        #: aborted before ``connection_made`` gave it a transport: that transport is aborted on arrival
+        self._abort_on_made = False
         self._corks = 0  # cork depth
         self._held: list[bytes | memoryview] = []  # frames written while corked, in order
         self._held_bytes = 0
@@ -111,6 +114,9 @@ class TcpLink(Link, asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport; they implement its interface
         self._transport = transport  # type: ignore[assignment]
+        if self._abort_on_made:
+            self.abort()  # connection_lost follows, which fails the session's ``ready``
+            return
         transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
         self._vectored = type(transport).__module__.startswith("uvloop")
         peername = transport.get_extra_info("peername")
@@ -220,6 +226,8 @@ class TcpLink(Link, asyncio.BufferedProtocol):
         self._held, self._held_bytes = [], 0
         if self._transport is not None:
             self._transport.abort()
+        else:  # accepted, protocol made, ``connection_made`` still a loop tick away
+            self._abort_on_made = True
 
     def close(self) -> None:
         transport = self._transport
@@ -234,8 +242,9 @@ class TcpLink(Link, asyncio.BufferedProtocol):
 
 
 class _TcpListener(Listener):
-    def __init__(self, server: asyncio.Server, address: str) -> None:
-        self._server, self.address = server, address
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.acceptor: Acceptor | None = None
         self._conns: set[Connection] = set()
         #: accepted sockets, handshake done or not: closing the server does not close them
         self._links: set[TcpLink] = set()
@@ -245,12 +254,12 @@ class _TcpListener(Listener):
         return [c for c in self._conns if not c.is_closed]
 
     async def close(self) -> None:
-        self._server.close()
+        if self.acceptor is not None:
+            await self.acceptor.close()  # closes the sockets not yet handed to a link
         for conn in list(self._conns):
             await conn.close("listener closing")
         for link in list(self._links):  # still in the handshake (or refused): nothing to say to them
             link.abort()
-        await self._server.wait_closed()
 
 
 class TcpTransport(Transport):
@@ -320,12 +329,9 @@ class TcpTransport(Transport):
 
     async def listen(self, address: str, handler: Handler) -> Listener:
         host, port = parse_host_port(address, self.scheme)
-        loop = asyncio.get_running_loop()
-        listener: _TcpListener | None = None
+        lst = _TcpListener(address)
 
         def factory() -> TcpLink:
-            assert listener is not None
-            lst = listener
 
             def make(link: TcpLink) -> Session:
                 session = self._session(link, client=False, handler=handler, on_close=lst._conns.discard)
@@ -341,10 +347,10 @@ class TcpTransport(Transport):
             lst._links.add(link)
             return link
 
-        server = await loop.create_server(factory, host, port, reuse_address=True)
-        bound = server.sockets[0].getsockname()
-        listener = _TcpListener(server, f"{self.scheme}://{bound[0]}:{bound[1]}")
-        return listener
+        lst.acceptor = await Acceptor.bind(host, port, factory)
+        bound_host, bound_port = lst.acceptor.address
+        lst.address = f"{self.scheme}://{bound_host}:{bound_port}"
+        return lst
 
     async def connect_once(self, address: str, *, timeout_s: float) -> Connection:
         host, port = parse_host_port(address, self.scheme)

@@ -231,3 +231,28 @@ def test_admin_limits_under_uvloop() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(bounded())
+
+
+@pytest.mark.asyncio
+async def test_admin_stop_closes_refused_connections_still_lingering() -> None:
+    """A refused connection lingers ``REFUSAL_LINGER_S`` before its full close; aiohttp's shutdown
+    closes only the connections it was given, so one refused just before a stop stayed open past
+    it (a ResourceWarning when its loop ended first). The stop closes them now."""
+    srv = await _start(max_connections=1)
+    held = reader = None
+    try:
+        held = await srv.raw()
+        held[1].write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+        assert (await _read_response(held[0]))[0] == 200
+        reader, writer = await srv.raw()
+        status, _, _ = await _read_response(reader)  # refused: 503, then lingering
+        assert status == 503
+        lingering = list(srv.api._guard._refused)
+        assert lingering and not any(t.is_closing() for t in lingering)
+        await srv.api.stop()
+        assert all(t.is_closing() for t in lingering)  # well before the linger ends
+    finally:
+        await srv.api.stop()
+        for pair in (held, (reader, writer) if reader is not None else None):
+            if pair is not None:
+                pair[1].close()

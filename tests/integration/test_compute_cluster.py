@@ -27,16 +27,7 @@ from giaannd.model.rowstore import RowStore
 from giaannd.model.tokens import load_bundled_corpus
 from tools.cluster_harness import Cluster
 
-# Known leak, not yet found (docs/operations.md has no entry: it is a test-harness socket): one of
-# this module's in-process clusters leaves an *accepted* socket open (allocated in asyncio's
-# _accept_connection), and its ResourceWarning at garbage collection fails whichever test runs the
-# collection -- test 9 of this module in CI's order. Listeners now close sockets still in the
-# handshake and a cancelled connect closes its own (tests/unit/transport/test_connection_paths.py),
-# which did not remove this one; until it is found the unraisable warning is ignored here only.
-
-
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]  # the leak above
+pytestmark = pytest.mark.timeout(120)
 
 N_SENTENCES = 600
 

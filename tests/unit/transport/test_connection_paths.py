@@ -3,6 +3,8 @@ writes that skip the lock/drain when the socket took everything (vs. the locked 
 contention). The conformance suite checks behaviour end to end; these pin the new mechanisms."""
 
 import asyncio
+import contextlib
+import socket
 
 import numpy as np
 import pytest
@@ -182,3 +184,37 @@ async def test_listener_close_closes_sockets_still_in_the_handshake():
         assert await reader.read() == b""  # the server's side was closed: EOF here
     assert not server.links
     writer.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("ticks", range(8))
+async def test_listener_close_closes_sockets_accepted_while_it_closes(ticks):
+    """A socket the server had accepted but not yet handed to its protocol (asyncio makes the
+    protocol one loop tick after the accept and calls ``connection_made`` one tick later) escaped
+    the listener's close: the close aborted a link with no transport yet (a no-op) or never saw
+    the link at all, so the socket stayed open with nobody to close it. Found as the accepted
+    socket leaked by tests/integration/test_compute_cluster.py."""
+    server = make_transport("tcp", Identity("server", "unit", KEY))
+
+    async def handler(conn, msg, bulk):
+        return Reply(msg)
+
+    listener = await server.listen("tcp://127.0.0.1:0", handler)
+    port = int(listener.address.rsplit(":", 1)[1])
+    clients = []
+    try:
+        for _ in range(3):  # kernel-level connects: queued for accept, never say hello
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            clients.append(s)
+        for _ in range(ticks):  # close at each stage of the accept: queued, accepted, made, started
+            await asyncio.sleep(0)
+        await listener.close()
+        async with asyncio.timeout(2):  # the clients stay open: only the server can end these links
+            while server.links:
+                await asyncio.sleep(0.01)
+    finally:
+        for s in clients:
+            s.close()
