@@ -133,13 +133,18 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
     prev = _previous_record(todo)
+    # entries of the records from i on that share no row with an earlier record: an upper bound
+    # of the new rows' entries still to come, the room a run of new rows grows the store's arrays by
+    first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
+                          np.int64)
+    room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
     run: list[tuple[BatchId, RowBatch]] = []
     run_start = run_entries = 0
 
-    def flush() -> None:
+    def flush(end: int) -> None:
         nonlocal applied, skipped
         if run:
-            done = store.apply_disjoint(run)
+            done = store.apply_disjoint(run, int(room_after[end]))
             applied, skipped = applied + done, skipped + len(run) - done
             run.clear()
 
@@ -147,20 +152,20 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
         if rec.kind == KIND_BATCH:
             assert rec.batch_id is not None and rec.batch is not None
             if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > MAX_REPLAY_RUN_ENTRIES):
-                flush()
+                flush(i)
             if not run:
                 run_start, run_entries = i, 0
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
             continue
-        flush()
+        flush(i)
         if rec.kind == KIND_DROP:
             assert rec.columns is not None
             store.drop_columns(rec.columns)
         else:
             store.advance_floor(rec.writer, rec.floor)
         applied += 1
-    flush()
+    flush(len(todo))
     return applied, skipped
 
 

@@ -208,7 +208,7 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
     Raises:
         CorruptLogError: any damage that is not a torn tail of the last segment.
     """
-    data = path.read_bytes()
+    data = read_segment(path)
     records: list[LogRecord] = []
     good, seq = 0, first_seq
     try:
@@ -224,6 +224,25 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
     except RecordError as exc:
         raise CorruptLogError(str(path), exc.offset, exc.explanation) from None
     return SegmentScan(path, records, good, len(data) - good)
+
+
+def read_segment(path: Path) -> memoryview:
+    """The whole file, read into a numpy buffer rather than ``bytes``: numpy asks the kernel for
+    huge pages for large arrays, which made a segment's read 1.6x cheaper in CPU (0.26 vs 0.43 s/GB,
+    ``tools.bench.snapshot --replay-only``): the read is the page-cache copy plus the page faults
+    of a fresh buffer, and huge pages take most of the faults away. The records' arrays are views
+    into it (a replay copies what it keeps)."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = np.empty(size, np.uint8)
+        view = buf.data.cast("B")
+        got = 0
+        while got < size:  # a short read (the file shrank meanwhile: nothing else writes it) ends early
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    return view[:got]
 
 
 class UpdateLog:

@@ -113,7 +113,7 @@ def test_replay_applies_disjoint_records_in_one_engine_apply(monkeypatch) -> Non
     calls: list[int] = []
     store = ColumnStore(BIG)
     apply = store.apply_disjoint
-    monkeypatch.setattr(store, "apply_disjoint", lambda items: calls.append(len(items)) or apply(items))
+    monkeypatch.setattr(store, "apply_disjoint", lambda items, room=0: calls.append(len(items)) or apply(items, room))
     assert replay(store, records, 0) == (7, 0)
     assert calls == [6, 1]
     each = ColumnStore(BIG)
@@ -146,3 +146,22 @@ def test_restart_replays_the_log_in_bulk_to_the_live_state(tmp_path: Path) -> No
     assert all(np.array_equal(p, q) for p, q in zip(x.buffers(), y.buffers()))
     assert reopened.store.applied == live.applied
     reopened.close()
+
+
+def test_replay_of_new_rows_goes_straight_into_the_base(tmp_path: Path) -> None:
+    """A log of new rows only (a store's growth): each run is appended to the engine's base (no
+    search, no delta run, no fold: issue 14 item 4), with the result of record-by-record replay."""
+    rng = np.random.default_rng(5)
+    records = [LogRecord(i + 1, KIND_BATCH, batch_id=BatchId(1, i + 1), batch=_batch(rng, 100 * i, 5, 40))
+               for i in range(12)]
+    saved = recovery.MAX_REPLAY_RUN_ENTRIES
+    recovery.MAX_REPLAY_RUN_ENTRIES = 100  # several runs, each appended after the one before
+    try:
+        bulk = ColumnStore(BIG)
+        assert replay(bulk, records, 0) == (12, 0)
+    finally:
+        recovery.MAX_REPLAY_RUN_ENTRIES = saved
+    assert (bulk.engine.stats.folds, bulk.engine.stats.delta_merges, bulk.engine.num_deltas) == (0, 0, 0)
+    each = ColumnStore(BIG)
+    replay_each(each, records, 0)
+    _assert_same(bulk, each)
