@@ -126,7 +126,8 @@ def _open_as_before(d: Path) -> None:
     straight into the base: segments read into ``bytes`` and every run planned as one delta run of
     the run's concatenation, then folded (``append_new_rows`` refusing sends each run that way)."""
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(update_log, "read_segment", lambda p: memoryview(p.read_bytes())))
+        stack.enter_context(mock.patch.object(update_log.SegmentReader, "read",
+                                              lambda self, p: memoryview(p.read_bytes())))
         stack.enter_context(mock.patch.object(RowEngine, "append_new_rows", lambda *a, **k: None))
         DurableStore.open(d, BIG).close()
 

@@ -22,9 +22,10 @@ S), and the log segments. Invariants:
 
 ``open`` recovers: deletes leftover snapshot temporaries, loads the newest snapshot (a corrupt one
 stops start-up: falling back to an older one would silently lose the rows it added, whose log
-segments are gone), scans all segments (a torn tail of the last one is cut off: truncated on disk,
-logged as a warning and counted in the report; any other damage stops start-up), replays, and opens
-a fresh segment for new records.
+segments are gone), scans and replays the segments one by one (a torn tail of the last one is cut
+off: truncated on disk, logged as a warning and counted in the report; any other damage stops
+start-up), and opens a fresh segment for new records. Files change only once every segment was
+read and checked.
 
 The async service drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a worker
 thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the returned
@@ -59,6 +60,8 @@ from giaannd.storage.engine.update_log import (
     KIND_BATCH,
     KIND_DROP,
     LogRecord,
+    SegmentReader,
+    SegmentScan,
     UpdateLog,
     list_segments,
     scan_segment,
@@ -256,18 +259,26 @@ class DurableStore:
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
         segments = list_segments(d)
-        scans = []
         expected: int | None = None
+        torn: SegmentScan | None = None
+        applied = skipped = 0
+        # Each segment is replayed as soon as it is checked, so that one read buffer serves them all
+        # (update_log.SegmentReader: its records are views into it until the next read). Replay
+        # changes RAM only: a damaged segment further on still stops start-up before any file changes.
+        reader = SegmentReader()
         for i, (first, path) in enumerate(segments):
             if expected is not None and first != expected:
                 raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
             if expected is None and first > snap_seq + 1:
                 raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {snap_seq}")
-            scan = scan_segment(path, first, is_last=i == len(segments) - 1)
-            scans.append(scan)
+            scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=reader)
             expected = first + len(scan.records)
+            a, s = replay(store, scan.records, snap_seq)
+            applied, skipped = applied + a, skipped + s
+            if scan.torn_bytes:
+                torn = scan
+        del reader
         last_seq = max(snap_seq, (expected or 1) - 1)
-        torn = next((s for s in scans if s.torn_bytes), None)
         # Everything is checked: only now change files.
         for p in temporaries:
             p.unlink()
@@ -281,10 +292,6 @@ class DurableStore:
             old.unlink()
         if temporaries or torn or snapshots[:-1]:
             fsync_dir(d)
-        applied = skipped = 0
-        for scan in scans:
-            a, s = replay(store, scan.records, snap_seq)
-            applied, skipped = applied + a, skipped + s
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
