@@ -15,8 +15,8 @@ it is on real rows. Measured in one run:
    Log replay has same-run baselines (``--replay-only`` measures only these): the bulk replay as it
    was before runs of new rows went straight into the base (each segment read into ``bytes``, each
    run concatenated, planned as a delta run and folded: ``_open_as_before``), and record-by-record
-   replay (``recovery.replay_each``); and the resident memory a fresh process gains by a replay,
-   after it and at its peak (the segments are all read before the first record is replayed);
+   replay (``recovery.replay_each``); the resident memory a fresh process gains by a replay, after
+   it and at its peak; and (``--replay-only``) the replay's CPU by phase (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from unittest import mock
 
@@ -46,8 +46,10 @@ import numpy as np
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine import RowEngine
+from giaannd.rowengine import engine as engine_mod
+from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage import ColumnStore, DurableStore
-from giaannd.storage.engine import update_log
+from giaannd.storage.engine import recovery, update_log
 from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.recovery import replay_each
 from giaannd.storage.engine.snapshot import read_snapshot
@@ -140,6 +142,60 @@ def _replay_record_by_record(d: Path) -> None:
         replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
 
 
+def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
+    """Where a replay's CPU goes, s/GB by phase (best of ``repeat`` each): the segment reads, the
+    record checks (header and payload checksums), the payload decode with its row checks (in a
+    second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
+    lexsort, the key index, the copy into the engine's base, and the rest (the applied set, row
+    counts, ...). Timed by wrapping those
+    functions (the wrappers' own cost is per call: a few dozen calls)."""
+    spent: dict[str, float] = {}
+
+    def timed(owner: object, name: str, phase: str) -> AbstractContextManager[object]:
+        real = getattr(owner, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            start = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.process_time() - start
+        return mock.patch.object(owner, name, wrapper)
+
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        spent.clear()
+        with ExitStack() as stack:
+            for owner, name, phase in ((recovery, "_previous_record", "replay: row-overlap lexsort"),
+                                       (KeyIndex, "lookup", "replay: key index"),
+                                       (KeyIndex, "append", "replay: key index"),
+                                       (engine_mod, "append_rows", "replay: copy into the base"),
+                                       (update_log, "_decode_payload", "decode and row checks")):
+                stack.enter_context(timed(owner, name, phase))
+            reader = update_log.SegmentReader()
+            store = ColumnStore(BIG)
+            segments = list_segments(d)
+            for n, (first, path) in enumerate(segments):
+                start = time.process_time()
+                data = reader.read(path)
+                read = time.process_time()
+                for _rec in update_log.LOG_RECORD.scan(data, torn_tail=True):
+                    pass
+                checked = time.process_time()
+                records = scan_segment(path, first, n == len(segments) - 1, reader).records
+                scanned = time.process_time()
+                recovery.replay(store, records, 0)
+                done = time.process_time()
+                for phase, t in (("read", read - start), ("record checks", checked - read), ("replay", done - scanned)):
+                    spent[phase] = spent.get(phase, 0.0) + t
+            del records, data, store, reader
+        inner = sum(v for k, v in spent.items() if k.startswith("replay: "))
+        spent["replay: the rest"] = spent.pop("replay") - inner
+        for k, v in spent.items():
+            best[k] = min(best.get(k, float("inf")), v)
+    return [(f"replay phase: {k}, CPU (s/GB)", v / gb, None) for k, v in best.items()]
+
+
 def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
     """Log replay (open with no snapshot) and its same-run baselines, interleaved run by run (the
     machine is shared: each variant gets the same moments), best CPU and wall time of ``repeat``."""
@@ -207,7 +263,7 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
              f"{gb:.3f} GB of rows")
     replay_figures = bench_replay(d, gb, repeat)
     if replay_only:
-        _report(title, replay_figures, as_json)
+        _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
         return None
     ds = DurableStore.open(d, BIG)
     t_write = _timed(ds.snapshot)
