@@ -312,10 +312,10 @@ class RowEngine:
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         lengths = np.asarray(lengths, np.int64)
-        if self._index.lookup(a, b).max(initial=-1) >= 0:
+        ids = self._index.append_new(a, b)
+        if ids is None:
             return None
         self._version += 1
-        ids = self._index.append(a, b)
         self._grow_lengths(len(self._index))
         self._lengths[ids] = lengths
         self._entries += int(lengths.sum())
