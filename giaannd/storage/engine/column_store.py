@@ -351,7 +351,7 @@ class ColumnStore:
         if prepared.plan is not None:
             self._commit_plan(prepared.plan)
 
-    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]], room: int = 0) -> int:
+    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]], room: int = 0, new_rows: bool = True) -> int:
         """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
         validate=False, enforce_capacity=False)`` + ``commit`` of each would, given that no row
         key occurs in two of the batches (the caller checked). Returns how many were applied (the
@@ -368,6 +368,8 @@ class ColumnStore:
         entries go straight into the engine's base (``RowEngine.append_new_rows``: one copy of each
         batch, no concatenation, search, delta run or fold); ``room`` is its hint of the entries
         that may follow. Otherwise the batches are concatenated and planned as one apply.
+        ``new_rows`` False: the caller knows some row is stored already (a record shared it with an
+        earlier one), so the straight path is not tried (its refusal costs a probe of every key).
         """
         pieces: list[RowBatch] = []
         applied = 0
@@ -395,7 +397,7 @@ class ColumnStore:
             return applied
         cat = np.concatenate
         lengths = cat([np.diff(p.offsets) for p in pieces])
-        ids = self.engine.append_new_rows(
+        ids = None if not new_rows else self.engine.append_new_rows(
             cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]), lengths,
             [Entries(p.segment, p.target_column, p.target_feature, p.strength) for p in pieces], room)
         if ids is not None:  # as _commit_plan does for a plan of new rows only

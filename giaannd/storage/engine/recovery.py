@@ -143,11 +143,12 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
     run: list[tuple[BatchId, RowBatch]] = []
     run_start = run_entries = 0
+    run_fresh = True  # no record of the run shares a row with an earlier one: its rows may all be new
 
     def flush(end: int) -> None:
         nonlocal applied, skipped
         if run:
-            done = store.apply_disjoint(run, int(room_after[end]))
+            done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
             applied, skipped = applied + done, skipped + len(run) - done
             run.clear()
 
@@ -157,7 +158,8 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
             if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > MAX_REPLAY_RUN_ENTRIES):
                 flush(i)
             if not run:
-                run_start, run_entries = i, 0
+                run_start, run_entries, run_fresh = i, 0, True
+            run_fresh = run_fresh and bool(prev[i] < 0)
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
             continue

@@ -113,7 +113,8 @@ def test_replay_applies_disjoint_records_in_one_engine_apply(monkeypatch) -> Non
     calls: list[int] = []
     store = ColumnStore(BIG)
     apply = store.apply_disjoint
-    monkeypatch.setattr(store, "apply_disjoint", lambda items, room=0: calls.append(len(items)) or apply(items, room))
+    monkeypatch.setattr(store, "apply_disjoint",
+                        lambda items, room=0, new_rows=True: calls.append(len(items)) or apply(items, room, new_rows))
     assert replay(store, records, 0) == (7, 0)
     assert calls == [6, 1]
     each = ColumnStore(BIG)
