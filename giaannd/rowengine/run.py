@@ -265,7 +265,8 @@ def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64
     follow (a replay's later runs), so the buffers grow once rather than at every append.
 
     Consumes ``base`` like ``fold_into_base`` (its spare room now belongs to the result)."""
-    assert all(p[3].shape[0] == p[0].shape[0] for p in parts)
+    assert int(lengths.sum()) == sum(p[0].shape[0] for p in parts)
+    assert all(p[i].shape[0] == p[0].shape[0] for p in parts for i in range(1, 4))
     out = Run(_append_parts(base.rows, [ids], base.spare_index, ids.shape[0]),  # type: ignore[arg-type]
               _append_parts(base.offsets, [base.offsets[-1] + np.cumsum(lengths)], base.spare_index,  # type: ignore[arg-type]
                             ids.shape[0]),

@@ -129,9 +129,11 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     applied together, as one engine apply (``ColumnStore.apply_disjoint``: the same rows, strengths,
     touches and applied set, bit for bit, as applying them one by one; at most
     ``MAX_REPLAY_RUN_ENTRIES`` entries at once). A record that shares a row with one of the run,
-    a floor or a drop record ends the run: float sums must be added in log order. Records are not
-    checked again (``validate=False``): each was checked when it was applied live and is read back
-    under its checksum. Per record, Python work is a few calls; never per row or entry."""
+    a floor or a drop record ends the run: float sums must be added in log order. A run of new rows
+    only goes straight into the engine's base (``apply_disjoint``'s ``room`` and ``new_rows``:
+    below). Records are not checked again (``validate=False``): each was checked when it was
+    applied live and is read back under its checksum. Per record, Python work is a few calls;
+    never per row or entry."""
     applied = skipped = 0
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
