@@ -298,9 +298,11 @@ class RecordFormat:
         self.check_extent(record.header, memoryview(data).nbytes)
         return record
 
-    def next_header(self, data: bytes, start: int) -> int:
+    def next_header(self, data: Buffer, start: int) -> int:
         """Offset of the first intact header (magic, and header checksum where the format has one)
         at or after ``start``; -1 when there is none. This is how a scan resynchronises."""
+        if not isinstance(data, (bytes, bytearray)):
+            data = bytes(data)  # ``find``; only damage is searched, so this copy costs nothing that matters
         i = data.find(self.magic, start)
         while i != -1 and i + self.header_bytes <= len(data):
             if not self.header_checksum:
@@ -311,7 +313,7 @@ class RecordFormat:
             i = data.find(self.magic, i + 1)
         return -1
 
-    def scan(self, data: bytes, *, torn_tail: bool, start: int = 0) -> Iterator[Record]:
+    def scan(self, data: Buffer, *, torn_tail: bool, start: int = 0) -> Iterator[Record]:
         """The records back to back from ``start`` to the end of ``data``.
 
         Ends quietly at a torn tail when ``torn_tail`` allows one (the caller cuts the file at the

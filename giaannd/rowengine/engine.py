@@ -53,6 +53,7 @@ Not thread-safe (one owner).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +61,15 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.keyindex import KeyIndex
-from giaannd.rowengine.run import Run, fold_into_base, gap_ranges, merge_deltas, merge_into_slice, offsets_of
+from giaannd.rowengine.run import (
+    Run,
+    append_rows,
+    fold_into_base,
+    gap_ranges,
+    merge_deltas,
+    merge_into_slice,
+    offsets_of,
+)
 from giaannd.rowengine.search import lower_bound
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
@@ -288,6 +297,30 @@ class RowEngine:
                                           entries.st.copy())
         plan.new_run = Run.from_sorted(row, e.seg, e.tc, e.tf, e.st, pos)
         return plan
+
+    def append_new_rows(self, a: U64, b: U64, lengths: I64, parts: Sequence[Entries], room: int = 0) -> I64 | None:
+        """Add rows of which none is held yet, straight into the base (run.append_rows): keys
+        ``(a[i], b[i])`` unique, row i of ``lengths[i]`` entries, the entries of all rows being the
+        ``parts`` one after another (each row's sorted, with unique keys). The engine ends as
+        ``apply`` of their concatenation would leave it (the same ids, in order, and the same
+        entries), with no search, no delta run and no fold: a replay's new rows cost a copy of
+        their entries. The parts are copied (the caller keeps them). ``room``: entries expected to
+        follow by later calls (run.append_rows).
+
+        Returns the rows' ids; None, with nothing changed, when some key is a row already (the
+        caller then goes the general way, ``plan``)."""
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        lengths = np.asarray(lengths, np.int64)
+        ids = self._index.append_new(a, b)
+        if ids is None:
+            return None
+        self._version += 1
+        self._grow_lengths(len(self._index))
+        self._lengths[ids] = lengths
+        self._entries += int(lengths.sum())
+        self._base = append_rows(self._base, ids, lengths, [(p.seg, p.tc, p.tf, p.st) for p in parts], room)
+        return ids
 
     def commit(self, plan: ApplyPlan) -> None:
         """Carry out a ``plan``; nothing may change the engine between the two.

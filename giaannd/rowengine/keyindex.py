@@ -234,6 +234,51 @@ class KeyIndex:
         self._place(new)
         return new
 
+    def append_new(self, a: U64, b: U64) -> I64 | None:
+        """``append`` of keys the caller believes new (unique among themselves, as for ``append``),
+        checked as they are placed: None, with no key added, when one of them is indexed already
+        (the table may have grown: the same index, more room).
+
+        Why no lookup pass is needed: an indexed key sits in the run of held slots that starts at
+        its home slot (linear probing, and no slot is ever emptied: a drop rebuilds the index), so
+        this key's own probe passes it before it meets a free slot. Only slots held by ids from
+        before this call are compared. ``lookup`` + ``append`` cost two passes over the table for
+        the same answer (a replay's new rows, RowEngine.append_new_rows)."""
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        k = int(a.shape[0])
+        n0 = self._n
+        self._reserve(n0 + k)
+        mask = (1 << self._bits) - 1
+        slots, ka, kb = self._slots, self._a, self._b
+        pending = np.arange(k, dtype=np.int64)  # input positions still to place
+        slot = self._home(a, b)
+        written: list[I64] = []
+        while pending.shape[0]:
+            sid = slots[slot]
+            older = ((sid >= 0) & (sid < n0)).nonzero()[0]
+            if older.shape[0]:
+                at_old, key = sid[older], pending[older]
+                if bool(((ka[at_old] == a[key]) & (kb[at_old] == b[key])).any()):
+                    for w in written:  # undo: these slots were free before this call
+                        slots[w] = -1
+                    return None
+            free = (sid < 0).nonzero()[0]
+            at = slot[free]
+            slots[at] = -2 - free  # claim marks as in _place: one claimant per slot wins
+            won = free[slots[at] == -2 - free]
+            slots[slot[won]] = n0 + pending[won]
+            written.append(slot[won])
+            keep = np.ones(pending.shape[0], bool)
+            keep[won] = False
+            pending = pending[keep]
+            slot = (slot[keep] + 1) & mask
+        new = np.arange(n0, n0 + k, dtype=np.int64)
+        ka[new] = a
+        kb[new] = b
+        self._n = n0 + k
+        return new
+
     @classmethod
     def from_keys(cls, a: U64, b: U64) -> KeyIndex:
         """An index whose id i is key ``(a[i], b[i])`` (a snapshot's rows, a store after a drop).

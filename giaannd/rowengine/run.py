@@ -29,6 +29,7 @@ Operations (each vectorised over every row and entry involved; inputs are not ch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,8 @@ from numpy.typing import NDArray
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import lower_bound, merge_positions
 
-__all__ = ["FIELDS", "Run", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice", "offsets_of"]
+__all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice",
+           "offsets_of"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -74,6 +76,9 @@ class Run:
     #: the four entry fields are prefixes of buffers with spare room that this run alone may write
     #: past its end (``fold_into_base``'s append; no other run or view sees beyond its own end)
     spare: bool = field(default=False, repr=False)
+    #: the same for the row index (``rows``, ``offsets``): set by ``append_rows`` only, which is
+    #: called run after run (a replay's), where copying the row index each time would be O(rows²)
+    spare_index: bool = field(default=False, repr=False)
 
     def pos_index(self) -> PosIndex:
         """The bucketed search over ``pos`` (posindex.py); a delta run only."""
@@ -225,18 +230,53 @@ APPEND_SLACK = 0.25
 
 
 def _appended(old: NDArray[np.generic], new: NDArray[np.generic], spare: bool) -> NDArray[np.generic]:
-    """``old`` followed by ``new``: written into ``old``'s spare room when it is a prefix of a buffer
-    this base owns (``Run.spare``) with room enough, else a new buffer with ``APPEND_SLACK`` room.
+    """``old`` followed by ``new`` (``_append_parts`` of one part)."""
+    return _append_parts(old, [new], spare)
+
+
+def _append_parts(old: NDArray[np.generic], parts: Sequence[NDArray[np.generic]], spare: bool,
+                  room: int = 0) -> NDArray[np.generic]:
+    """``old`` followed by ``parts``: written into ``old``'s spare room when it is a prefix of a
+    buffer this base owns (``Run.spare``) with room enough, else into a new buffer with room for
+    ``APPEND_SLACK`` of its length or ``room`` more entries, whichever is more (room that is never
+    written costs address space, not memory: the kernel maps a page at its first write).
     Entries before ``len(old)`` are never written: views handed out earlier stay what they were."""
-    n, m = old.shape[0], new.shape[0]
+    n, m = old.shape[0], sum(p.shape[0] for p in parts)
     buf = old.base
-    if spare and isinstance(buf, np.ndarray) and buf.shape[0] >= n + m:
-        buf[n : n + m] = new
-        return buf[: n + m]
-    grown = np.empty(n + m + int((n + m) * APPEND_SLACK), old.dtype)
-    grown[:n] = old
-    grown[n : n + m] = new
-    return grown[: n + m]
+    if not (spare and isinstance(buf, np.ndarray) and buf.shape[0] >= n + m):
+        buf = np.empty(n + m + max(room, int((n + m) * APPEND_SLACK)), old.dtype)
+        buf[:n] = old
+    at = n
+    for p in parts:
+        buf[at : at + p.shape[0]] = p
+        at += p.shape[0]
+    return buf[: n + m]
+
+
+def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64, U64, F32]], room: int = 0) -> Run:
+    """``base`` with new rows after all of its own: ``ids`` (ascending, each greater than every row
+    id the base holds or a delta run may hold), row ``ids[i]`` of ``lengths[i]`` entries, whose
+    entries are the ``parts`` (seg, tc, tf, st) one after another, each row's canonical.
+
+    In the global order (row id first) these entries come after the whole base, so they are its
+    new tail: written straight into the base's spare room (``_append_parts``), with no search, no
+    delta run and no fold. A delta run's base positions stay right (an entry's lower bound counts
+    the base entries before it, and every appended one is after it). ``room``: entries expected to
+    follow (a replay's later runs), so the buffers grow once rather than at every append.
+
+    Consumes ``base`` like ``fold_into_base`` (its spare room now belongs to the result)."""
+    assert int(lengths.sum()) == sum(p[0].shape[0] for p in parts)
+    assert all(p[i].shape[0] == p[0].shape[0] for p in parts for i in range(1, 4))
+    out = Run(_append_parts(base.rows, [ids], base.spare_index, ids.shape[0]),  # type: ignore[arg-type]
+              _append_parts(base.offsets, [base.offsets[-1] + np.cumsum(lengths)], base.spare_index,  # type: ignore[arg-type]
+                            ids.shape[0]),
+              base.seg, base.tc, base.tf, base.st, spare=True, spare_index=True)
+    for i, f in enumerate(FIELDS):
+        field = _append_parts(getattr(base, f), [p[i] for p in parts], base.spare, room)
+        setattr(base, f, field[:0])
+        setattr(out, f, field)
+    base.spare = base.spare_index = False
+    return out
 
 
 def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:

@@ -1,6 +1,6 @@
 """Snapshot benchmarks on realistic rows (issue 14 items 3 and 4), each figure next to its target.
 
-    python -m tools.bench.snapshot [--entries 10000000] [--json]
+    python -m tools.bench.snapshot [--entries 10000000] [--replay-only] [--json]
 
 Rows as training makes them: a median of 17 entries, lengths ``16 + Zipf(2)`` (capped at
 ``MAX_ROW_ENTRIES``), so most rows are short and a few are very long — ``tools/bench/storage.py``'s
@@ -11,7 +11,14 @@ it is on real rows. Measured in one run:
    the snapshot loader (``snapshot.read_snapshot``, with and without its row checks), the resident
    memory per entry a fresh process gains by loading it, log replay (open with no snapshot), and a
    snapshot write. The baseline is the same bench run on the code before the change (the README's
-   table names the commits): the per-row loader this file once kept went with format 1's regions;
+   table names the commits): the per-row loader this file once kept went with format 1's regions.
+   Log replay has same-run baselines (``--replay-only`` measures only these): the bulk replay as it
+   was before runs of new rows went straight into the base (each segment read into ``bytes``, each
+   run concatenated, planned as a delta run and folded: ``_open_as_before``), and record-by-record
+   replay (``recovery.replay_each``); the resident memory a fresh process gains by a replay, after
+   it and at its peak; the replay of a training-like log, where batches share rows
+   (``bench_replay_training_log``); and (``--replay-only``) the replay's CPU by phase
+   (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
@@ -32,15 +39,23 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine import RowEngine
+from giaannd.rowengine import engine as engine_mod
+from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage import ColumnStore, DurableStore
+from giaannd.storage.engine import recovery, update_log
 from giaannd.storage.engine.column_store import ENTRY_BYTES
+from giaannd.storage.engine.recovery import replay_each
 from giaannd.storage.engine.snapshot import read_snapshot
+from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.report import emit_figure, print_table
 
 BIG = 1 << 44
@@ -88,6 +103,177 @@ def loaded_rss_per_entry(snap: Path) -> float:
     return rss / max(entries, 1)
 
 
+_REPLAY_RSS_SCRIPT = """
+import sys
+from giaannd.storage import DurableStore
+def status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+before = status('VmRSS:')
+ds = DurableStore.open(sys.argv[1], 1 << 50)
+print(status('VmRSS:') - before, status('VmHWM:') - before, ds.store.usage().num_entries)
+"""
+
+
+def replay_rss_per_entry(store: Path) -> tuple[float, float]:
+    """Resident bytes per entry a fresh process gains by replaying ``store``'s log: after the
+    replay, and at its peak (VmHWM; the segments' buffers are held until the replay ends)."""
+    out = subprocess.run([sys.executable, "-c", _REPLAY_RSS_SCRIPT, str(store)], capture_output=True, text=True,
+                         check=True, timeout=600)
+    rss, peak, entries = map(int, out.stdout.split())
+    return rss / max(entries, 1), peak / max(entries, 1)
+
+
+def _open_as_before(d: Path) -> None:
+    """Baseline: ``DurableStore.open`` with the bulk replay as it was before runs of new rows went
+    straight into the base: segments read into ``bytes`` and every run planned as one delta run of
+    the run's concatenation, then folded (``append_new_rows`` refusing sends each run that way)."""
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(update_log.SegmentReader, "read",
+                                              lambda self, p: memoryview(p.read_bytes())))
+        stack.enter_context(mock.patch.object(RowEngine, "append_new_rows", lambda *a, **k: None))
+        DurableStore.open(d, BIG).close()
+
+
+def _replay_record_by_record(d: Path) -> None:
+    """Baseline: every segment scanned, then replayed one record at a time (``replay_each``)."""
+    segments = list_segments(d)
+    store = ColumnStore(BIG)
+    for n, (first, path) in enumerate(segments):
+        replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
+
+
+def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
+    """Where a replay's CPU goes, s/GB by phase (best of ``repeat`` each): the segment reads, the
+    record checks (header and payload checksums), the payload decode with its row checks (in a
+    second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
+    lexsort, the key index, the copy into the engine's base, and the rest (the applied set, row
+    counts, ...). Timed by wrapping those
+    functions (the wrappers' own cost is per call: a few dozen calls)."""
+    spent: dict[str, float] = {}
+
+    def timed(owner: object, name: str, phase: str) -> AbstractContextManager[object]:
+        real = getattr(owner, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            start = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.process_time() - start
+        return mock.patch.object(owner, name, wrapper)
+
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        spent.clear()
+        with ExitStack() as stack:
+            for owner, name, phase in ((recovery, "_previous_record", "replay: row-overlap lexsort"),
+                                       (KeyIndex, "lookup", "replay: key index"),
+                                       (KeyIndex, "append", "replay: key index"),
+                                       (KeyIndex, "append_new", "replay: key index"),
+                                       (engine_mod, "append_rows", "replay: copy into the base"),
+                                       (update_log, "_decode_payload", "decode and row checks")):
+                stack.enter_context(timed(owner, name, phase))
+            reader = update_log.SegmentReader()
+            store = ColumnStore(BIG)
+            segments = list_segments(d)
+            for n, (first, path) in enumerate(segments):
+                start = time.process_time()
+                data = reader.read(path)
+                read = time.process_time()
+                for _rec in update_log.LOG_RECORD.scan(data, torn_tail=True):
+                    pass
+                checked = time.process_time()
+                records = scan_segment(path, first, n == len(segments) - 1, reader).records
+                scanned = time.process_time()
+                recovery.replay(store, records, 0)
+                done = time.process_time()
+                for phase, t in (("read", read - start), ("record checks", checked - read), ("replay", done - scanned)):
+                    spent[phase] = spent.get(phase, 0.0) + t
+            del records, data, store, reader
+        inner = sum(v for k, v in spent.items() if k.startswith("replay: "))
+        spent["replay: the rest"] = spent.pop("replay") - inner
+        for k, v in spent.items():
+            best[k] = min(best.get(k, float("inf")), v)
+    return [(f"replay phase: {k}, CPU (s/GB)", v / gb, None) for k, v in best.items()]
+
+
+def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
+    """Log replay (open with no snapshot) and its same-run baselines, interleaved run by run (the
+    machine is shared: each variant gets the same moments), best CPU and wall time of ``repeat``."""
+    variants = {"now": lambda: DurableStore.open(d, BIG).close(), "before": lambda: _open_as_before(d),
+                "each": lambda: _replay_record_by_record(d)}
+    wall = dict.fromkeys(variants, float("inf"))
+    cpu = dict.fromkeys(variants, float("inf"))
+    for _ in range(repeat):
+        for name, fn in variants.items():
+            gc.collect()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall[name] = min(wall[name], time.perf_counter() - start)
+            cpu[name] = min(cpu[name], time.process_time() - start_cpu)
+    rss, peak = replay_rss_per_entry(d)
+    return [
+        ("log replay, open with no snapshot (s/GB)", wall["now"] / gb, "<= 1.0"),
+        ("log replay, CPU time (s/GB)", cpu["now"] / gb, "<= 1.0"),
+        ("baseline: log replay as before (bytes reads, concatenated runs), CPU time (s/GB)", cpu["before"] / gb,
+         None),
+        ("baseline: log replay record by record, CPU time (s/GB)", cpu["each"] / gb, None),
+        ("log replay CPU time, before / now (ratio)", cpu["before"] / cpu["now"], None),
+        ("storage RSS per entry after a log replay (B)", rss, "<= 32"),
+        ("peak RSS per entry during a log replay (B)", peak, None),
+    ]
+
+
+def bench_replay_training_log(tmp: Path, entries: int, repeat: int) -> list[tuple[str, float, str | None]]:
+    """Log replay of a training-like log: a snapshot of ``entries`` * 0.4 entries grown by new rows,
+    then ``_apply_stream``'s batches (in-place adds to 1,500 stored rows + 500 new rows each) for
+    about 1.4 times ``entries`` logged entries. Consecutive batches share rows, so runs are one
+    record long and replay is one engine apply per record. In s per GB of logged entries, the
+    snapshot's load taken off; the baseline is record-by-record replay of the same segments."""
+    rng = np.random.default_rng(16)
+    d = tmp / "training"
+    ds = DurableStore.open(d, BIG)
+    seq, first_column = 0, 0
+    while ds.store.usage().num_entries < entries * 2 // 5:
+        seq += 1
+        ds.apply(BatchId(1, seq), realistic_batch(rng, 20_000, first_column), validate=False)
+        first_column += 5_000
+    ds.snapshot()
+    logged = 0
+    for batch in _apply_stream(rng, ds.store, max(10, entries * 30 // 1_000_000), 1 << 50):
+        seq += 1
+        ds.apply(BatchId(1, seq), batch, validate=False)
+        logged += batch.num_entries
+    ds.sync()
+    ds.close()
+    gb = logged * ENTRY_BYTES / 1e9
+    snap = next(d.glob("snapshot-*.snap"))
+
+    def each() -> None:
+        store, _ = read_snapshot(snap, BIG)
+        segments = list_segments(d)
+        for n, (first, path) in enumerate(segments):
+            replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
+
+    variants = {"load": lambda: read_snapshot(snap, BIG), "now": lambda: DurableStore.open(d, BIG).close(),
+                "each": each}
+    cpu = dict.fromkeys(variants, float("inf"))
+    for _ in range(repeat):
+        for name, fn in variants.items():
+            gc.collect()
+            start = time.process_time()
+            fn()
+            cpu[name] = min(cpu[name], time.process_time() - start)
+    return [
+        (f"training-like log replay ({logged:,} entries logged), CPU time (s/GB of log)",
+         (cpu["now"] - cpu["load"]) / gb, "<= 1.0"),
+        ("baseline: training-like log, record by record, CPU time (s/GB of log)", (cpu["each"] - cpu["load"]) / gb,
+         None),
+    ]
+
+
 _CPU: dict[str, float] = {}
 
 
@@ -107,8 +293,10 @@ def _timed(fn: object, repeat: int = 1, cpu_as: str | None = None) -> float:
     return best
 
 
-def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool) -> tuple[DurableStore, float]:
-    """Section 1; returns the store (open, with a snapshot) and the snapshot write's seconds."""
+def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
+                  replay_only: bool = False) -> tuple[DurableStore, float] | None:
+    """Section 1; returns the store (open, with a snapshot) and the snapshot write's seconds (None,
+    the store closed, with ``replay_only``)."""
     rng = np.random.default_rng(14)
     d = tmp / "store"
     ds = DurableStore.open(d, BIG)
@@ -122,7 +310,12 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool) -> tuple[
     u = ds.store.usage()
     gb = u.num_entries * ENTRY_BYTES / 1e9
     ds.close()
-    t_replay = _timed(lambda: DurableStore.open(d, BIG).close(), repeat, "replay")
+    title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
+             f"{gb:.3f} GB of rows")
+    replay_figures = bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat)
+    if replay_only:
+        _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
+        return None
     ds = DurableStore.open(d, BIG)
     t_write = _timed(ds.snapshot)
     snap = next(d.glob("snapshot-*.snap"))
@@ -135,12 +328,9 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool) -> tuple[
         ("storage RSS per entry after a snapshot load (B)", rss, "<= 32"),
         ("snapshot load, row checks: bulk, CPU time (s/GB)", _CPU["new"] / gb, "<= 1.0"),
         ("snapshot load, checksum only: bulk, CPU time (s/GB)", _CPU["new_nv"] / gb, "<= 1.0"),
-        ("log replay, open with no snapshot (s/GB)", t_replay / gb, "<= 1.0"),
-        ("log replay, CPU time (s/GB)", _CPU["replay"] / gb, "<= 1.0"),
+        *replay_figures,
         ("snapshot write (s/GB)", t_write / gb, None),
     ]
-    title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
-             f"{gb:.3f} GB of rows")
     _report(title, figures, as_json)
     return ds, t_write
 
@@ -226,12 +416,16 @@ def main() -> None:
     ap.add_argument("--busy-share", type=float, default=0.5,
                     help="the snapshot thread's busy share (storage.snapshot-busy-share, default 0.5)")
     ap.add_argument("--repeat", type=int, default=3, help="loads timed, best of (default 3)")
+    ap.add_argument("--replay-only", action="store_true", help="only the log replay figures (section 1)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-snapshot-", dir=args.dir))
     try:
-        ds, t_write = bench_restart(tmp, args.entries, args.repeat, args.json)
+        opened = bench_restart(tmp, args.entries, args.repeat, args.json, args.replay_only)
+        if opened is None:
+            return
+        ds, t_write = opened
         try:
             bench_apply_during_snapshot(ds, t_write, args.applies, args.busy_share, args.json)
         finally:

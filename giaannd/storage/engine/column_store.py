@@ -351,7 +351,7 @@ class ColumnStore:
         if prepared.plan is not None:
             self._commit_plan(prepared.plan)
 
-    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]]) -> int:
+    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]], room: int = 0, new_rows: bool = True) -> int:
         """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
         validate=False, enforce_capacity=False)`` + ``commit`` of each would, given that no row
         key occurs in two of the batches (the caller checked). Returns how many were applied (the
@@ -363,6 +363,13 @@ class ColumnStore:
         of their concatenation (in batch order: new rows get the same ids as one by one) adds each
         key's increment once to the same value, and ``touches`` grows by one per row, as it would.
         What differs is only how the engine lays its runs out (fewer, larger delta runs and folds).
+
+        When every row of the run is new (a replay of a store's growth, of a stream's chunks), the
+        entries go straight into the engine's base (``RowEngine.append_new_rows``: one copy of each
+        batch, no concatenation, search, delta run or fold); ``room`` is its hint of the entries
+        that may follow. Otherwise the batches are concatenated and planned as one apply.
+        ``new_rows`` False: the caller knows some row is stored already (a record shared it with an
+        earlier one), so the straight path is not tried (its refusal costs a probe of every key).
         """
         pieces: list[RowBatch] = []
         applied = 0
@@ -389,6 +396,16 @@ class ColumnStore:
         if not pieces:
             return applied
         cat = np.concatenate
+        lengths = cat([np.diff(p.offsets) for p in pieces])
+        ids = None if not new_rows else self.engine.append_new_rows(
+            cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]), lengths,
+            [Entries(p.segment, p.target_column, p.target_feature, p.strength) for p in pieces], room)
+        if ids is not None:  # as _commit_plan does for a plan of new rows only
+            self._count_sizes(lengths)
+            self._grow_touches(self.engine.num_rows)
+            self._touches[ids] += np.uint64(1)
+            self._rows_version = self._version
+            return applied
         starts = np.cumsum([0] + [p.num_entries for p in pieces[:-1]])
         offsets = cat([pieces[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(pieces, starts.tolist())])
         plan = self.engine.plan(cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),

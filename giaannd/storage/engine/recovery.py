@@ -22,9 +22,10 @@ S), and the log segments. Invariants:
 
 ``open`` recovers: deletes leftover snapshot temporaries, loads the newest snapshot (a corrupt one
 stops start-up: falling back to an older one would silently lose the rows it added, whose log
-segments are gone), scans all segments (a torn tail of the last one is cut off: truncated on disk,
-logged as a warning and counted in the report; any other damage stops start-up), replays, and opens
-a fresh segment for new records.
+segments are gone), scans and replays the segments one by one (a torn tail of the last one is cut
+off: truncated on disk, logged as a warning and counted in the report; any other damage stops
+start-up), and opens a fresh segment for new records. Files change only once every segment was
+read and checked.
 
 The async service drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a worker
 thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the returned
@@ -59,6 +60,8 @@ from giaannd.storage.engine.update_log import (
     KIND_BATCH,
     KIND_DROP,
     LogRecord,
+    SegmentReader,
+    SegmentScan,
     UpdateLog,
     list_segments,
     scan_segment,
@@ -126,20 +129,28 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     applied together, as one engine apply (``ColumnStore.apply_disjoint``: the same rows, strengths,
     touches and applied set, bit for bit, as applying them one by one; at most
     ``MAX_REPLAY_RUN_ENTRIES`` entries at once). A record that shares a row with one of the run,
-    a floor or a drop record ends the run: float sums must be added in log order. Records are not
-    checked again (``validate=False``): each was checked when it was applied live and is read back
-    under its checksum. Per record, Python work is a few calls; never per row or entry."""
+    a floor or a drop record ends the run: float sums must be added in log order. A run of new rows
+    only goes straight into the engine's base (``apply_disjoint``'s ``room`` and ``new_rows``:
+    below). Records are not checked again (``validate=False``): each was checked when it was
+    applied live and is read back under its checksum. Per record, Python work is a few calls;
+    never per row or entry."""
     applied = skipped = 0
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
     prev = _previous_record(todo)
+    # entries of the records from i on that share no row with an earlier record: an upper bound
+    # of the new rows' entries still to come, the room a run of new rows grows the store's arrays by
+    first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
+                          np.int64)
+    room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
     run: list[tuple[BatchId, RowBatch]] = []
     run_start = run_entries = 0
+    run_fresh = True  # no record of the run shares a row with an earlier one: its rows may all be new
 
-    def flush() -> None:
+    def flush(end: int) -> None:
         nonlocal applied, skipped
         if run:
-            done = store.apply_disjoint(run)
+            done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
             applied, skipped = applied + done, skipped + len(run) - done
             run.clear()
 
@@ -147,20 +158,21 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
         if rec.kind == KIND_BATCH:
             assert rec.batch_id is not None and rec.batch is not None
             if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > MAX_REPLAY_RUN_ENTRIES):
-                flush()
+                flush(i)
             if not run:
-                run_start, run_entries = i, 0
+                run_start, run_entries, run_fresh = i, 0, True
+            run_fresh = run_fresh and bool(prev[i] < 0)
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
             continue
-        flush()
+        flush(i)
         if rec.kind == KIND_DROP:
             assert rec.columns is not None
             store.drop_columns(rec.columns)
         else:
             store.advance_floor(rec.writer, rec.floor)
         applied += 1
-    flush()
+    flush(len(todo))
     return applied, skipped
 
 
@@ -251,18 +263,26 @@ class DurableStore:
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
         segments = list_segments(d)
-        scans = []
         expected: int | None = None
+        torn: SegmentScan | None = None
+        applied = skipped = 0
+        # Each segment is replayed as soon as it is checked, so that one read buffer serves them all
+        # (update_log.SegmentReader: its records are views into it until the next read). Replay
+        # changes RAM only: a damaged segment further on still stops start-up before any file changes.
+        reader = SegmentReader()
         for i, (first, path) in enumerate(segments):
             if expected is not None and first != expected:
                 raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
             if expected is None and first > snap_seq + 1:
                 raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {snap_seq}")
-            scan = scan_segment(path, first, is_last=i == len(segments) - 1)
-            scans.append(scan)
+            scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=reader)
             expected = first + len(scan.records)
+            a, s = replay(store, scan.records, snap_seq)
+            applied, skipped = applied + a, skipped + s
+            if scan.torn_bytes:
+                torn = scan
+        del reader
         last_seq = max(snap_seq, (expected or 1) - 1)
-        torn = next((s for s in scans if s.torn_bytes), None)
         # Everything is checked: only now change files.
         for p in temporaries:
             p.unlink()
@@ -276,10 +296,6 @@ class DurableStore:
             old.unlink()
         if temporaries or torn or snapshots[:-1]:
             fsync_dir(d)
-        applied = skipped = 0
-        for scan in scans:
-            a, s = replay(store, scan.records, snap_seq)
-            applied, skipped = applied + a, skipped + s
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),

@@ -65,6 +65,7 @@ __all__ = [
     "LOG_RECORD",
     "MAX_RECORD_PAYLOAD_BYTES",
     "LogRecord",
+    "SegmentReader",
     "SegmentScan",
     "UpdateLog",
     "encode_batch_payload",
@@ -197,18 +198,20 @@ class SegmentScan:
     torn_bytes: int
 
 
-def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
+def scan_segment(path: Path, first_seq: int, is_last: bool, reader: SegmentReader | None = None) -> SegmentScan:
     """Read and check one segment.
 
     Args:
         path: the segment file.
         first_seq: the seq its first record must have (from its name).
         is_last: only the last segment may end in a torn record.
+        reader: read with it (``SegmentReader``: the records are then valid only until its next
+            read); by default into a buffer of the segment's own.
 
     Raises:
         CorruptLogError: any damage that is not a torn tail of the last segment.
     """
-    data = path.read_bytes()
+    data = (reader or SegmentReader()).read(path)
     records: list[LogRecord] = []
     good, seq = 0, first_seq
     try:
@@ -224,6 +227,42 @@ def scan_segment(path: Path, first_seq: int, is_last: bool) -> SegmentScan:
     except RecordError as exc:
         raise CorruptLogError(str(path), exc.offset, exc.explanation) from None
     return SegmentScan(path, records, good, len(data) - good)
+
+
+class SegmentReader:
+    """Reads whole segments into one buffer kept from read to read (grown to the largest segment).
+
+    Why a buffer of its own: a segment's read is the page-cache copy plus the page faults of the
+    memory it lands in, and a fresh buffer per segment paid those faults at every segment (with
+    ``bytes``, 0.43 s/GB of CPU against 0.18 for a reused buffer, ``tools.bench.snapshot``). A
+    numpy buffer, also, gets huge pages from the kernel (fewer faults even the first time). The
+    buffer is read-only between reads, as ``bytes`` was.
+
+    The catch: what ``read`` returns, and every record decoded from it (``scan_segment``), is a view
+    valid only until the next ``read``. ``DurableStore.open`` replays each segment before reading
+    the next one, and a replay keeps no view of its records (every batch is copied into the
+    engine, recovery.py). Without a reader ``scan_segment`` reads into a fresh buffer."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, np.uint8)
+
+    def read(self, path: Path) -> memoryview:
+        """The whole file (a view into the reader's buffer, valid until the next ``read``)."""
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > self._buf.shape[0]:
+                self._buf = np.empty(size, np.uint8)
+            buf = self._buf
+            buf.flags.writeable = True
+            view = buf.data.cast("B")
+            got = 0
+            while got < size:  # a short read (the file shrank meanwhile: nothing else writes it) ends early
+                n = f.readinto(view[got:size])
+                if not n:
+                    break
+                got += n
+            buf.flags.writeable = False
+        return buf.data.cast("B")[:got]
 
 
 class UpdateLog:

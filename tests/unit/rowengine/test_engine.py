@@ -226,3 +226,71 @@ def test_engine_new_rows_appended_into_spare_room_leave_views_and_frozen_views_a
         for i in range(view.num_rows):
             got = Entries(*(f[off[i]:off[i + 1]] for f in fields))
             assert same(got, rows[(int(view.a[i]), int(view.b[i]))])
+
+
+def _parts(batch, cuts):
+    """The batch's entries as consecutive parts cut at ``cuts`` (entry indexes)."""
+    edges = [0, *sorted(cuts), batch.num_entries]
+    return [Entries(batch.segment[x:y], batch.target_column[x:y], batch.target_feature[x:y], batch.strength[x:y])
+            for x, y in zip(edges, edges[1:])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(2, 30), base_ratio=st.integers(1, 5))
+def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(seed, batches, base_ratio):
+    """``append_new_rows`` (a replay's new rows, straight into the base) against ``apply`` of the
+    same batches in a second engine and the dict reference: the same ids, rows and lengths, while
+    adds to old rows leave delta runs whose base positions must stay right across the appends;
+    views read before and frozen views stay what they were; a batch with a held key is refused
+    with nothing changed; appends never fold."""
+    rng = np.random.default_rng(seed)
+    engine, plain, ref = RowEngine(fanout=2, base_ratio=base_ratio), RowEngine(2, base_ratio), DictReference()
+    held, frozen = [], []
+    next_col = 0
+    for i in range(batches):
+        if i % 3 == 2 and ref.rows:  # adds to rows already there (in place, or new keys: delta runs)
+            pool = [tuple(int(x) for x in k) for k in list(ref.rows)[:20]]
+            batch = random_batch(rng, pool, POOL64, POOL64, 5, 4)
+            apply(engine, batch)
+            if batch.num_rows:
+                folds = engine.stats.folds
+                assert engine.append_new_rows(batch.row_column, batch.row_feature, np.diff(batch.offsets),
+                                              _parts(batch, [])) is None
+                assert engine.stats.folds == folds
+        else:
+            rows = int(rng.integers(1, 20))
+            pool = [(next_col + j, 7) for j in range(rows)]
+            next_col += rows
+            batch = random_batch(rng, pool, POOL64, POOL64, rows, 6)
+            cuts = rng.integers(0, batch.num_entries + 1, int(rng.integers(0, 3))).tolist()
+            folds, deltas = engine.stats.folds, engine.num_deltas
+            ids = engine.append_new_rows(batch.row_column, batch.row_feature, np.diff(batch.offsets),
+                                         _parts(batch, cuts), room=int(rng.integers(0, 50)))
+            assert ids is not None and ids.tolist() == list(range(engine.num_rows - batch.num_rows, engine.num_rows))
+            assert (engine.stats.folds, engine.num_deltas) == (folds, deltas)
+        apply(plain, batch)
+        ref.apply(batch)
+        for key in list(ref.rows)[-2:]:
+            held.append((engine.read(engine.row_id(*key)), ref.row(key)))
+        if i % 3 == 0:
+            frozen.append((engine.freeze(), {k: ref.row(k) for k in ref.rows}))
+        assert engine.num_entries == plain.num_entries
+    for got, want in held:
+        assert got.seg.tolist() == want[0] and got.tc.tolist() == want[1] and got.tf.tolist() == want[2]
+    assert [x.tolist() for x in engine.keys()] == [x.tolist() for x in plain.keys()]  # the same ids
+    assert engine.lengths().tolist() == plain.lengths().tolist()
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+    for view, rows in frozen:
+        if view.num_entries == 0:
+            continue
+        fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
+        off = view.offsets()
+        for i in range(view.num_rows):
+            got = Entries(*(f[off[i]:off[i + 1]] for f in fields))
+            assert same(got, rows[(int(view.a[i]), int(view.b[i]))])
+    a, b, offsets, entries = engine.export()  # compacts: the deltas fold into the appended base
+    pa, pb, poff, pentries = plain.export()
+    assert np.array_equal(a, pa) and np.array_equal(b, pb) and np.array_equal(offsets, poff)
+    for f in ("seg", "tc", "tf", "st"):
+        assert np.array_equal(getattr(entries, f).view(np.uint8), getattr(pentries, f).view(np.uint8))

@@ -80,3 +80,39 @@ def test_keyindex_repeated_keys_get_one_id(n):
     assert int(added.sum()) == (n + 1) // 2 and (added[0:p:2] ^ added[1:p:2]).all()
     ids2, added2 = index.lookup_or_add(a, np.zeros(n, np.uint64))
     assert ids2.tolist() == ids.tolist() and not added2.any()
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 25), narrow=st.booleans())
+def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls, narrow):
+    """``append_new`` against ``lookup`` + ``append``: new keys get the next ids in input order; a
+    batch with one key indexed already (anywhere in it) is refused, every key as it was. Narrow
+    key ranges make long runs of held slots, where an indexed key sits past other keys' slots."""
+    rng = np.random.default_rng(seed)
+    index, ref = KeyIndex(), {}
+    top = 64 if narrow else 2**63
+    for _ in range(calls):
+        k = int(rng.integers(0, 600))
+        a = rng.integers(0, top, k, dtype=np.uint64)
+        b = rng.integers(0, 3, k, dtype=np.uint64)
+        keys = list(dict.fromkeys((x, y) for x, y in zip(a.tolist(), b.tolist()) if (x, y) not in ref))
+        held = ref and rng.random() < 0.4
+        if held:
+            old = list(ref)[int(rng.integers(0, len(ref)))]
+            keys.insert(int(rng.integers(0, len(keys) + 1)), old)
+        a = np.array([x for x, _ in keys], np.uint64)
+        b = np.array([y for _, y in keys], np.uint64)
+        got = index.append_new(a, b)
+        if held:
+            assert got is None
+        else:
+            assert got is not None and got.tolist() == list(range(len(ref), len(ref) + len(keys)))
+            ref.update({key: len(ref) + i for i, key in enumerate(keys)})
+        assert len(index) == len(ref)
+        assert int((index._slots >= 0).sum()) == len(ref)  # a refused call left no slot taken
+        ka, kb = index.keys()
+        assert list(zip(ka.tolist(), kb.tolist())) == list(ref)
+        probe = list(ref) + keys
+        want = [ref.get(key, -1) for key in probe]
+        assert index.lookup(np.array([x for x, _ in probe], np.uint64),
+                            np.array([y for _, y in probe], np.uint64)).tolist() == want

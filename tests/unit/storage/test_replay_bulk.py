@@ -16,7 +16,15 @@ from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, DurableStore
 from giaannd.storage.engine import recovery
 from giaannd.storage.engine.recovery import replay, replay_each
-from giaannd.storage.engine.update_log import KIND_BATCH, KIND_DROP, KIND_FLOOR, LogRecord, list_segments, scan_segment
+from giaannd.storage.engine.update_log import (
+    KIND_BATCH,
+    KIND_DROP,
+    KIND_FLOOR,
+    LogRecord,
+    SegmentReader,
+    list_segments,
+    scan_segment,
+)
 
 BIG = 1 << 44
 TRACKED, UNTRACKED = 7, 9
@@ -113,7 +121,8 @@ def test_replay_applies_disjoint_records_in_one_engine_apply(monkeypatch) -> Non
     calls: list[int] = []
     store = ColumnStore(BIG)
     apply = store.apply_disjoint
-    monkeypatch.setattr(store, "apply_disjoint", lambda items: calls.append(len(items)) or apply(items))
+    monkeypatch.setattr(store, "apply_disjoint",
+                        lambda items, room=0, new_rows=True: calls.append(len(items)) or apply(items, room, new_rows))
     assert replay(store, records, 0) == (7, 0)
     assert calls == [6, 1]
     each = ColumnStore(BIG)
@@ -145,4 +154,62 @@ def test_restart_replays_the_log_in_bulk_to_the_live_state(tmp_path: Path) -> No
     x, y = reopened.store.read_all(), live.read_all()
     assert all(np.array_equal(p, q) for p, q in zip(x.buffers(), y.buffers()))
     assert reopened.store.applied == live.applied
+    reopened.close()
+
+
+def test_replay_of_new_rows_goes_straight_into_the_base(tmp_path: Path) -> None:
+    """A log of new rows only (a store's growth): each run is appended to the engine's base (no
+    search, no delta run, no fold: issue 14 item 4), with the result of record-by-record replay."""
+    rng = np.random.default_rng(5)
+    records = [LogRecord(i + 1, KIND_BATCH, batch_id=BatchId(1, i + 1), batch=_batch(rng, 100 * i, 5, 40))
+               for i in range(12)]
+    saved = recovery.MAX_REPLAY_RUN_ENTRIES
+    recovery.MAX_REPLAY_RUN_ENTRIES = 100  # several runs, each appended after the one before
+    try:
+        bulk = ColumnStore(BIG)
+        assert replay(bulk, records, 0) == (12, 0)
+    finally:
+        recovery.MAX_REPLAY_RUN_ENTRIES = saved
+    assert (bulk.engine.stats.folds, bulk.engine.stats.delta_merges, bulk.engine.num_deltas) == (0, 0, 0)
+    each = ColumnStore(BIG)
+    replay_each(each, records, 0)
+    _assert_same(bulk, each)
+
+
+def test_replay_keeps_no_view_of_the_shared_read_buffer(tmp_path: Path, monkeypatch) -> None:
+    """Every segment is read into one buffer (update_log.SegmentReader), so a replay must copy all
+    it keeps (new rows appended to the base, planned runs, drops, the applied set). Each buffer
+    handed out is overwritten once ``open`` returns: the store must still be the live one."""
+    rng = np.random.default_rng(12)
+    ds = DurableStore.open(tmp_path / "s", BIG, segment_max_bytes=8_000)
+    first = _batch(rng, 5000, 3, 40)
+    ds.apply(BatchId(UNTRACKED, 100), first)  # a run of one record into the empty base,
+    ds.apply(BatchId(UNTRACKED, 101), first)  # then in-place adds to its rows
+    for i in range(1, 50):
+        batch = _batch(rng, int(rng.integers(0, 30)) if i % 3 == 0 else 1000 * i, 4, int(rng.integers(1, 60)))
+        ds.apply(BatchId(TRACKED if i % 2 else UNTRACKED, i), batch, track=bool(i % 2))
+        if i % 13 == 0:
+            ds.drop_columns(np.arange(0, 10, dtype=np.uint64))
+    ds.sync()
+    live = ds.store
+    ds.close()
+    assert len(list_segments(tmp_path / "s")) > 4
+    handed: list[np.ndarray] = []
+    real = SegmentReader.read
+
+    def read(self: SegmentReader, path: Path) -> memoryview:
+        view = real(self, path)
+        handed.append(self._buf)
+        return view
+
+    monkeypatch.setattr(SegmentReader, "read", read)
+    reopened = DurableStore.open(tmp_path / "s", BIG)
+    for buf in {id(b): b for b in handed}.values():
+        buf.flags.writeable = True
+        buf[:] = 0xA5
+    x, y = reopened.store.read_all(), live.read_all()
+    assert all(np.array_equal(p.view(np.uint8), q.view(np.uint8)) for p, q in zip(x.buffers(), y.buffers()))
+    assert reopened.store.applied == live.applied
+    assert [c.tolist() for c in reopened.store.applied.column_arrays()] == [c.tolist() for c in
+                                                                          live.applied.column_arrays()]
     reopened.close()
