@@ -6,6 +6,14 @@ fresh assigner, store them at ``job/<id>/f/<w>`` (create-if-absent: a redo finds
 A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id>/t/<w>``), unless
 an earlier run of the window stored it already: a window is tagged once in the cluster.
 
+Reads: a window's uploaded chunk and its findings are *write-once* registers (every write of one
+proposes the same bytes: the corpus file's window, a function of that window; the chunk is emptied
+once the job ended), so they are read from one owner (StorageClient.read_write_once_register), not
+R: a quorum read of each was most of the register requests a window cost, and the findings reads
+of the training stage, (B - 1) / B of the windows on each of the B nodes, grew with B (issue 15).
+The initial findings slot and a text window's tagged chunk (two nodes may tag a window, and a
+tagger need not give the same bytes) are read from a quorum.
+
 Stage 1: read the chunk; extend the node's :class:`FlagFold` to window ``w`` (findings read once
 each, in order, under a lock: windows run concurrently; those this node computed in stage 0 are
 kept, up to ``FOUND_MEMO_BYTES``, and not read back: at B = 1 that is every window, one register
@@ -156,14 +164,17 @@ class WindowRunner:
     async def __call__(self, action: RunWindow) -> int:
         """Run one window; returns what it counted: the sentences it trained, or in the flag pass
         the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
-        read, w = self.client.read_register, action.window
+        # the uploaded chunks are write-once (module docstring, "Reads"): one owner answers; a text
+        # window's tagged chunk is not (two nodes may tag it), so it is read from a quorum
+        once, w = self.client.read_write_once_register, action.window
+        read = self.client.read_register if self.spec.text else once
         if action.stage == FLAG_STAGE:
             tagged = 0
             sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED,
                                           missing_ok=self.spec.text)
             if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
                 assert self.tagger is not None, "a text job needs a tagger"
-                sentences = await self.tagger.tag(await read_texts(read, self.job_id, w, RETRYABLE))
+                sentences = await self.tagger.tag(await read_texts(once, self.job_id, w, RETRYABLE))
                 await store_window(self.client.cas_register, self.job_id, w, sentences, RETRYABLE)
                 tagged = len(sentences)
                 self.progress.add(tagged=tagged)
@@ -194,7 +205,8 @@ class WindowRunner:
                     self._found_bytes -= len(data)
                 else:
                     key = findings_key(self.job_id, self.fold.upto)
-                    got = await self._retry(lambda key=key: self.client.read_register(key))  # type: ignore[misc]
+                    read = self.client.read_write_once_register if self.fold.upto >= 0 else self.client.read_register
+                    got = await self._retry(lambda key=key, read=read: read(key))  # type: ignore[misc]
                     if not got.version[0]:
                         raise ValueError(f"flag findings {key} are absent (stage 0 not done?)")
                     data = got.value
