@@ -14,6 +14,7 @@ import pytest
 from giaannd import protocol as p
 from giaannd.client.registers import RegisterClient
 from giaannd.compute.cluster_jobs import cluster_train
+from giaannd.compute.cluster_jobs.corpus_chunks import chunk_key
 from giaannd.model.tokens import write_conllu
 from tests.integration.test_cluster_jobs_inprocess import (
     K,
@@ -80,3 +81,35 @@ async def test_cluster_job_reads_chunks_and_findings_from_one_owner(tmp_path, co
             await n.stop(graceful=False)
         await cluster.close()
     await asyncio.sleep(0)
+
+
+@pytest.mark.asyncio
+async def test_cluster_job_from_conllu_empties_its_chunks_without_reading_tagged_ones(tmp_path, corpus,  # noqa: F811
+                                                                                      monkeypatch):
+    # a CoNLL-U job has no tagged chunks (only a text job's flag pass stores them): emptying the
+    # chunks at the job's end read one absent tagged chunk per window, a quorum read each
+    gets: collections.Counter[str] = collections.Counter()
+    exchange = RegisterClient._exchange
+
+    async def counted(self, sends, feed, finished, timeout_s):
+        for _, msg in sends:
+            if isinstance(msg, p.RegisterGet) and re.match(r"job/[0-9a-f]+/t/", msg.key):
+                gets["t"] += 1
+        await exchange(self, sends, feed, finished, timeout_s)
+
+    monkeypatch.setattr(RegisterClient, "_exchange", counted)
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    (tmp_path / "corpus").mkdir()
+    write_conllu(corpus[:100], tmp_path / "corpus" / "train.conllu")
+    svc = await node(cluster, tmp_path, "c0")
+    try:
+        job_id = svc.submit_cluster(tmp_path / "corpus" / "train.conllu")
+        assert (await wait_state(svc, job_id))["state"] == "succeeded"
+        async with asyncio.timeout(20):  # the node that ended the job empties its chunks
+            while any([(await cluster.client.read_register(chunk_key(job_id, w, 0))).value
+                       for w in range(100 // K)]):
+                await asyncio.sleep(0.05)
+        assert gets["t"] == 0, gets
+    finally:
+        await svc.stop(graceful=False)
+        await cluster.close()

@@ -19,8 +19,10 @@ falls on every B alike); per round and cluster:
   ``giaannctl train start --local``): what a cluster job costs over the one-node path.
 
 Per job: sentences/s (wall time from ``POST /v1/train`` to ``succeeded``), CPU ms per sentence of
-every daemon (``/proc/PID/stat`` user + system) less the cluster's idle CPU over the job's wall
-time (gossip, probes: a fixed cost per daemon, unrelated to the job), split into storage and
+every daemon (``/proc/PID/stat`` user + system) from the request until the register changes stop
+(``QUIET_S``: the job's chunks are emptied after it succeeded, and that is its cost, not the next
+job's) less the cluster's idle CPU over that time (gossip, probes, the job watchers: a fixed cost
+per daemon, unrelated to the job), split into storage and
 compute daemons, and register changes (promises + accepts written, all storage nodes) per window
 and stage. A ratio is taken per round between jobs of the same round (paired), and the table gives
 the median ratio with its spread (min-max over rounds).
@@ -59,6 +61,12 @@ JOB_TIMEOUT_S = 600.0
 IDLE_S = 3.0
 #: The kinds of job each round runs on every cluster (``local`` runs on the baseline only).
 KINDS = ("conllu", "text")
+#: A job's CPU is taken once the storage nodes' register changes stopped for this long after it
+#: succeeded: the node that ended it empties its corpus chunks then (one CAS per window), work of
+#: this job that otherwise fell into the next job's figures (polled every ``QUIET_S / 2``).
+QUIET_S = 0.5
+#: Bound on that wait (a cluster that never goes quiet fails the bench instead of hanging it).
+QUIET_TIMEOUT_S = 60.0
 
 
 def _cpu_s(node: Node) -> float:
@@ -132,10 +140,26 @@ class _Bench:
             self.corpus["text"] = self.corpus["text_cold"] = c.corpus_dir / "train.txt"
             _text_corpus(self.corpus["text"], args.text_sentences)
 
+    def _register_changes(self) -> float:
+        return sum(_metric(n, "giaannd_storage_register_changes_total") for n in self.cluster.nodes
+                   if "storage" in n.roles)
+
+    def _quiet(self) -> float:
+        """Wait until no register changes for ``QUIET_S`` (module docstring); returns them."""
+        deadline = time.monotonic() + QUIET_TIMEOUT_S
+        last, since = self._register_changes(), time.monotonic()
+        while time.monotonic() - since < QUIET_S:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"register changes still growing {QUIET_TIMEOUT_S} s after the job")
+            time.sleep(QUIET_S / 2)
+            now = self._register_changes()
+            if now != last:
+                last, since = now, time.monotonic()
+        return last
+
     def warm_up(self) -> None:
         """One job (not counted), then the idle CPU of every daemon."""
         self.job("conllu", record=False)
-        time.sleep(0.5)  # the job's tail (chunks emptied after ``succeeded``) is not idle CPU
         before = _cpus(self.cluster)
         time.sleep(IDLE_S)
         after = _cpus(self.cluster)
@@ -143,9 +167,8 @@ class _Bench:
 
     def job(self, kind: str, *, record: bool = True) -> None:
         cluster = self.cluster
-        storage = [n for n in cluster.nodes if "storage" in n.roles]
         cpu0 = _cpus(cluster)
-        reg0 = sum(_metric(n, "giaannd_storage_register_changes_total") for n in storage)
+        reg0 = self._register_changes()
         admin = cluster.compute_nodes[0].admin
         started = time.perf_counter()
         body: dict[str, Any] = {"corpus": str(self.corpus[kind])}
@@ -160,9 +183,10 @@ class _Bench:
         wall = time.perf_counter() - started
         if doc["state"] != "succeeded":
             raise RuntimeError(f"job {job['job_id']} {doc['state']}: {doc.get('error')}")
+        reg = self._quiet() - reg0
         cpu1 = _cpus(cluster)
-        reg = sum(_metric(n, "giaannd_storage_register_changes_total") for n in storage) - reg0
-        used = {k: cpu1[k] - cpu0[k] - self.idle_cpu_per_s.get(k, 0.0) * wall for k in cpu0}
+        spent = time.perf_counter() - started  # the idle CPU of the whole interval measured
+        used = {k: cpu1[k] - cpu0[k] - self.idle_cpu_per_s.get(k, 0.0) * spent for k in cpu0}
         roles = {n.name: "storage" in n.roles for n in cluster.nodes}
         windows = int(doc.get("windows") or 0)
         if record:

@@ -424,7 +424,7 @@ class ClusterJobs:
                 try:  # the corpus chunks are not needed any more (corpus_chunks.py)
                     client = self._client()
                     cleared = await clear_windows(client.cas_register, client.read_register, job_id, job.windows,
-                                                  RETRYABLE)
+                                                  RETRYABLE, text=decode_spec(job.spec).text)
                     log.info("cluster job chunks emptied job=%s parts=%d", job_id, cleared)
                 except Exception as exc:
                     log.warning("cluster job chunks not emptied job=%s: %s", job_id, exc)

@@ -262,16 +262,18 @@ async def store_window(cas: Cas, job_id: str, window: int, sentences: list[Tagge
 
 
 async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
-                        failures: tuple[type[BaseException], ...]) -> int:
+                        failures: tuple[type[BaseException], ...], *, text: bool = True) -> int:
     """Empty the chunks of windows ``[0, windows)`` (module docstring); returns the parts emptied.
-    A chunk already empty (or absent) is skipped, so a second run is cheap.
+    A chunk already empty (or absent) is skipped, so a second run is cheap. ``text``: the job's
+    windows are texts, so the flag pass stored tagged chunks too (a CoNLL-U job has none: looking
+    for them cost a quorum read per window).
 
     Raises:
         ``failures`` after ``CHUNK_ATTEMPTS`` on one part (the rest stays: a later run finishes).
     """
     async def clear(window: int) -> int:
         cleared = 0
-        for kind in (UPLOADED, TAGGED):
+        for kind in (UPLOADED, TAGGED) if text else (UPLOADED,):
             parts, part = 1, 0
             while part < parts:
                 key = chunk_key(job_id, window, part, kind)
