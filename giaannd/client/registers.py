@@ -69,6 +69,14 @@ What it does **not** guarantee:
   rebalancing yet, so a job must not run across a change of its rows' owners (docs/compute.md "One
   job across every compute node" lists this).
 * ballots are unique only as long as two clients never draw the same 64-bit proposer id.
+
+**Write-once reads** ``read_one(key)``: one ``RegisterGet`` to the key's first live owner instead
+of R, for registers whose every CAS proposes the same bytes ``V`` (create-if-absent of a value that
+is a function of the key's name: a cluster job's corpus chunks and flag findings), or empties the
+register once it is no longer read. There, any non-empty value one owner accepted *is* ``V``, so one
+answer is enough; an owner holding nothing (it missed the write, or a handoff has not reached it)
+or failing answers None and the caller reads a quorum. A register that two writers may set to
+different bytes must not be read this way (a minority may hold a value that lost).
 """
 
 from __future__ import annotations
@@ -330,6 +338,25 @@ class RegisterClient:
         if rnd.outcome is None:
             raise RegisterUnavailable(rnd.error or "no quorum")
         return rnd.outcome
+
+    async def read_one(self, key: str, timeout_s: float | None = None) -> RegisterRead | None:
+        """One owner's value of a *write-once* register (module docstring, "Write-once reads"), or
+        None where the first live owner holds no value or fails (then read a quorum). ``settled``
+        is False: one answer says nothing about the other owners.
+
+        Raises:
+            LookupError: no storage members known.
+        """
+        live = [n for n in register_owners(self.topology, key) if self.topology.is_live(n)]
+        if not live:
+            return None
+        try:
+            reply, _ = await self._call(live[0], p.RegisterGet(key, self.topology.epoch), timeout_s=timeout_s)
+        except REQUEST_FAILURES:
+            return None
+        if not isinstance(reply, p.RegisterValue) or not reply.version or not reply.value:
+            return None
+        return RegisterRead(_version(reply), reply.value, False)
 
     async def cas(self, key: str, expect: Version | None, value: bytes = b"",
                   timeout_s: float | None = None) -> CasOutcome:

@@ -421,6 +421,13 @@ class StorageClient:
         """
         return await self.registers.read(key, timeout_s)
 
+    async def read_write_once_register(self, key: str, timeout_s: float | None = None) -> RegisterRead:
+        """Read a *write-once* register (registers.py "Write-once reads": every write of it
+        proposes the same bytes, or empties it) from one owner; a quorum read where that owner holds
+        nothing. Raises: as ``read_register``."""
+        got = await self.registers.read_one(key, timeout_s)
+        return got if got is not None else await self.registers.read(key, timeout_s)
+
     async def cas_register(self, key: str, expect: Version | None, value: bytes = b"",
                            timeout_s: float | None = None) -> CasOutcome:
         """Set register ``key`` to ``value`` if it is at version ``expect`` (``registers.ABSENT``:

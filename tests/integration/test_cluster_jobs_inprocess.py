@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.cluster_jobs.corpus_chunks import chunk_key
+from giaannd.compute.cluster_jobs.corpus_chunks import GROUP_WINDOWS, GROUPED, chunk_key
 from giaannd.compute.cluster_jobs.lease_table import decode_index
 from giaannd.compute.flags import flag_ids
 from giaannd.compute.service import ComputeService
@@ -104,8 +104,8 @@ async def test_cluster_job_two_nodes_export_equals_engine(tmp_path, corpus, engi
                 await asyncio.sleep(0.05)
         assert nodes[1].state.deterministic == engine.assigner.deterministic_flags
         async with asyncio.timeout(20):  # the node that ended the job empties its corpus chunks
-            while any([(await cluster.client.read_register(chunk_key(job_id, w, 0))).value
-                       for w in range(N_SENTENCES // K)]):
+            while any([(await cluster.client.read_register(chunk_key(job_id, g, 0, GROUPED))).value
+                       for g in range(-(-(N_SENTENCES // K) // GROUP_WINDOWS))]):
                 await asyncio.sleep(0.1)
         assert job_id not in decode_index((await cluster.client.read_register("jobs")).value).jobs
     finally:

@@ -23,7 +23,7 @@ def slow_chunks(svc, delay_s=1.0):
     real = client.cas_register
 
     async def cas(key, expect, value=b"", timeout_s=None):
-        if "/w/" in key:
+        if "/w/" in key or "/g/" in key:  # a chunk: one window, or a group of windows
             await asyncio.sleep(delay_s)
         return await real(key, expect, value, timeout_s)
     client.cas_register = cas

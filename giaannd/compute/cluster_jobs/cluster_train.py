@@ -45,7 +45,13 @@ import numpy as np
 
 from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.cluster_jobs.corpus_chunks import clear_windows, encode_texts, encode_window, upload_windows
+from giaannd.compute.cluster_jobs.corpus_chunks import (
+    GROUP_WINDOWS,
+    clear_windows,
+    encode_texts,
+    encode_window,
+    upload_windows,
+)
 from giaannd.compute.cluster_jobs.flag_pass import INITIAL, encode_findings, findings_key, initial_findings
 from giaannd.compute.cluster_jobs.lease_driver import LeaseDriver
 from giaannd.compute.cluster_jobs.lease_events import Begin, Finished, LeaseSettings, RunWindow
@@ -209,7 +215,8 @@ class ClusterJobs:
         try:
             client = self._client()
             if adopted is None:
-                upload = UploadRow(job_id, self.node, up.path, up.corpus, k, text, up.limit, up.started)
+                upload = UploadRow(job_id, self.node, up.path, up.corpus, k, text, up.limit, up.started,
+                                   group=GROUP_WINDOWS)
                 await client.cas_register(upload_key(job_id), ABSENT, encode(upload))
                 await self._list_upload(job_id, add=True)
             renewing = asyncio.get_running_loop().create_task(self._renew_upload(job_id, up))
@@ -219,12 +226,15 @@ class ClusterJobs:
             if not out.ok and adopted is None:
                 raise RuntimeError(f"register {findings_key(job_id, INITIAL)} already written (a job id used twice?)")
             stream = await asyncio.to_thread(sentences)
+            # an adopted upload goes on as it began (its uploader may have known no groups)
+            group = adopted.group if adopted is not None else GROUP_WINDOWS
 
             def on_window(windows: int, total: int) -> None:
                 up.windows, up.progress.total = windows, total
 
             uploading = asyncio.get_running_loop().create_task(upload_windows(
-                client.cas_register, job_id, stream, k, RETRYABLE, encode_texts if text else encode_window, on_window))
+                client.cas_register, job_id, stream, k, RETRYABLE, encode_texts if text else encode_window, on_window,
+                group=group))
             await asyncio.wait([uploading, renewing], return_when=asyncio.FIRST_COMPLETED)
             if not uploading.done():  # the row was taken from us: the adopter finishes or fails it
                 uploading.cancel()
@@ -237,7 +247,7 @@ class ClusterJobs:
             row = JobRow(job_id=job_id, windows=windows, shards=max(1, min(self._shards, windows)),
                          stages=STAGES, writer_id=secrets.randbits(63), created_by=self.node,
                          spec=encode_spec(ClusterSpec(k=k, sentences=total, corpus=up.corpus, text=text,
-                                                      created_at=up.started)))
+                                                      created_at=up.started, group=group)))
             log.info("cluster job created job=%s windows=%d sentences=%d", job_id, windows, total)
         except Exception as exc:  # reported by the job document (phase uploading, state failed)
             if isinstance(exc, _UploadLost):
@@ -424,7 +434,8 @@ class ClusterJobs:
                 try:  # the corpus chunks are not needed any more (corpus_chunks.py)
                     client = self._client()
                     cleared = await clear_windows(client.cas_register, client.read_register, job_id, job.windows,
-                                                  RETRYABLE)
+                                                  RETRYABLE, text=decode_spec(job.spec).text,
+                                                  group=decode_spec(job.spec).group)
                     log.info("cluster job chunks emptied job=%s parts=%d", job_id, cleared)
                 except Exception as exc:
                     log.warning("cluster job chunks not emptied job=%s: %s", job_id, exc)

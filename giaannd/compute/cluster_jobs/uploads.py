@@ -75,6 +75,8 @@ class UploadRow(msgspec.Struct, frozen=True, tag="upload"):
     adoptions: int = 0
     state: UploadState = "uploading"
     error: str = ""
+    #: windows per uploaded chunk (corpus_chunks.py; 1: an uploader that knew no groups)
+    group: int = 1
 
 
 class UploadIndex(msgspec.Struct, frozen=True, tag="uploads"):

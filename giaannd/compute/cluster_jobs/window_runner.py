@@ -6,6 +6,15 @@ fresh assigner, store them at ``job/<id>/f/<w>`` (create-if-absent: a redo finds
 A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id>/t/<w>``), unless
 an earlier run of the window stored it already: a window is tagged once in the cluster.
 
+Reads: a window's uploaded chunk (its group's: corpus_chunks.py; the windows of a group, run one
+after another or at once, share one read) and its findings are *write-once* registers (every write of one
+proposes the same bytes: the corpus file's window, a function of that window; the chunk is emptied
+once the job ended), so they are read from one owner (StorageClient.read_write_once_register), not
+R: a quorum read of each was most of the register requests a window cost, and the findings reads
+of the training stage, (B - 1) / B of the windows on each of the B nodes, grew with B (issue 15).
+The initial findings slot and a text window's tagged chunk (two nodes may tag a window, and a
+tagger need not give the same bytes) are read from a quorum.
+
 Stage 1: read the chunk; extend the node's :class:`FlagFold` to window ``w`` (findings read once
 each, in order, under a lock: windows run concurrently; those this node computed in stage 0 are
 kept, up to ``FOUND_MEMO_BYTES``, and not read back: at B = 1 that is every window, one register
@@ -25,13 +34,14 @@ Prometheus counters and its part of the job document).
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import msgspec
 
-from giaannd.client.registers import ABSENT
+from giaannd.client.registers import ABSENT, RegisterRead
 from giaannd.client.storage_client import QuorumNotReached, RemoteVocabConflict, StorageClient, StorageRequestError
 from giaannd.compute.cluster_jobs.corpus_chunks import TAGGED, UPLOADED, read_texts, read_window, store_window
 from giaannd.compute.cluster_jobs.flag_pass import (
@@ -90,6 +100,9 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: wall-clock unix seconds when the job was created (the timeline's first point; 0: a job
     #: created by a node before timelines)
     created_at: float = 0.0
+    #: uploaded windows per chunk (corpus_chunks.py ``GROUP_WINDOWS``; 1: a job created by a node
+    #: before groups, one window per chunk)
+    group: int = 1
 
 
 def encode_spec(spec: ClusterSpec) -> bytes:
@@ -126,6 +139,18 @@ def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence], device
 FOUND_MEMO_BYTES: Final = 16 * 2**20
 
 
+#: Chunk reads a runner keeps (``WindowRunner._read_chunk``): the groups of the windows it runs at
+#: once and of the next ones of their leases (a group's part is at most a register, 256 KiB).
+CHUNK_MEMO: Final = 8
+
+
+def _retrieve(read: asyncio.Future[RegisterRead]) -> None:
+    """Mark a shared read's failure as seen (no "exception was never retrieved" for a read whose
+    every waiter was cancelled; the waiters that remain get it from ``shield``)."""
+    if not read.cancelled():
+        read.exception()
+
+
 class WindowRunner:
     """Runs the windows one node leased in one job (module docstring).
 
@@ -152,26 +177,50 @@ class WindowRunner:
         #: window -> encoded findings this node stored in stage 0 (FOUND_MEMO_BYTES), until folded
         self._found: dict[int, bytes] = {}
         self._found_bytes = 0
+        #: chunk key -> its read, shared by the windows of a group (module docstring, "Reads")
+        self._chunks: collections.OrderedDict[str, asyncio.Future[RegisterRead]] = collections.OrderedDict()
 
     async def __call__(self, action: RunWindow) -> int:
         """Run one window; returns what it counted: the sentences it trained, or in the flag pass
         the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
-        read, w = self.client.read_register, action.window
+        # the uploaded chunks are write-once (module docstring, "Reads"): one owner answers; a text
+        # window's tagged chunk is not (two nodes may tag it), so it is read from a quorum
+        once, w, spec = self._read_chunk, action.window, self.spec
+        read = self.client.read_register if spec.text else once
         if action.stage == FLAG_STAGE:
             tagged = 0
-            sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED,
-                                          missing_ok=self.spec.text)
+            sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
+                                          missing_ok=spec.text, group=spec.group, k=spec.k)
             if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
                 assert self.tagger is not None, "a text job needs a tagger"
-                sentences = await self.tagger.tag(await read_texts(read, self.job_id, w, RETRYABLE))
+                sentences = await self.tagger.tag(await read_texts(once, self.job_id, w, RETRYABLE,
+                                                                   group=spec.group, k=spec.k))
                 await store_window(self.client.cas_register, self.job_id, w, sentences, RETRYABLE)
                 tagged = len(sentences)
                 self.progress.add(tagged=tagged)
             await self._find(w, sentences)
             return tagged
-        sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if self.spec.text else UPLOADED)
+        sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
+                                      group=spec.group, k=spec.k)
         assert sentences is not None
         return await self._train_window(action, sentences)
+
+    async def _read_chunk(self, key: str) -> RegisterRead:
+        """A write-once read of an uploaded chunk, shared by the windows of its group: the last
+        ``CHUNK_MEMO`` keys read are kept (a failed read is not: the caller's retry reads again)."""
+        read = self._chunks.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self.client.read_write_once_register(key))
+            read.add_done_callback(_retrieve)
+            self._chunks[key] = read
+            while len(self._chunks) > CHUNK_MEMO:
+                self._chunks.popitem(last=False)
+        try:
+            return await asyncio.shield(read)  # a window dropped meanwhile does not cancel the others' read
+        except BaseException:
+            if read.done() and self._chunks.get(key) is read:
+                del self._chunks[key]
+            raise
 
     async def _find(self, window: int, sentences: list[TaggedSentence]) -> None:
         findings = await asyncio.to_thread(window_findings, self.lexicon, sentences)
@@ -194,7 +243,8 @@ class WindowRunner:
                     self._found_bytes -= len(data)
                 else:
                     key = findings_key(self.job_id, self.fold.upto)
-                    got = await self._retry(lambda key=key: self.client.read_register(key))  # type: ignore[misc]
+                    read = self.client.read_write_once_register if self.fold.upto >= 0 else self.client.read_register
+                    got = await self._retry(lambda key=key, read=read: read(key))  # type: ignore[misc]
                     if not got.version[0]:
                         raise ValueError(f"flag findings {key} are absent (stage 0 not done?)")
                     data = got.value

@@ -120,6 +120,10 @@ async def test_window_runner_folds_the_findings_it_computed_without_reading_them
             reads.append(key)
             return RegisterRead((1, 1, 1), stored[key], True)
 
+        async def read_write_once_register(self, key, timeout_s=None):
+            reads.append(key)
+            return RegisterRead((1, 1, 1), stored[key], False)
+
     sentences = load_bundled_corpus(60)
     lexicon = Lexicon.default()
     runner = WindowRunner(Registers(), "j", ClusterSpec(k=20, sentences=60), lexicon,  # type: ignore[arg-type]

@@ -290,3 +290,27 @@ async def test_register_client_refusal_after_a_lost_accept_is_doubtful():
     assert out == CasOutcome(False, (1, *other), b"theirs", doubtful=True) and c.conflicts == 1
     plain = await c.cas("k", ABSENT, b"mine")  # no lost round in this call: a plain refusal
     assert plain == CasOutcome(False, (1, *other), b"theirs", doubtful=False)
+
+
+@pytest.mark.asyncio
+async def test_register_client_read_one_asks_one_owner_and_answers_none_where_it_holds_nothing():
+    # write-once reads (registers.py): one request to the first live owner; None when that owner
+    # holds no value or fails, so the caller reads a quorum
+    acc, view = Acceptors(), view3()
+    c = client(acc, view, 1)
+    first = register_owners(view, "k")[0]
+    acc.down = {first}
+    written = await c.cas("k", ABSENT, b"v")  # accepted by the two others only
+    assert written.ok
+    calls = acc.calls
+    assert await c.read_one("k") is None  # the first owner is down (not known to be): one request
+    assert acc.calls - calls == 1
+    acc.down = set()
+    assert await c.read_one("k") is None  # it missed the write: nothing, not the absent value
+    view.mark_down(first)  # believed down: the next live owner is asked
+    calls = acc.calls
+    assert await c.read_one("k") == RegisterRead(written.version, b"v", False)
+    assert acc.calls - calls == 1
+    view.mark_up(first)
+    assert (await c.cas("k", written.version, b"")).ok  # emptied (a cleared chunk): nothing either
+    assert await c.read_one("k") is None
