@@ -60,7 +60,15 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.keyindex import KeyIndex
-from giaannd.rowengine.run import Run, fold_into_base, gap_ranges, merge_deltas, merge_into_slice, offsets_of
+from giaannd.rowengine.run import (
+    Run,
+    fold_into_base,
+    gap_ranges,
+    merge_deltas,
+    merge_into_slice,
+    offsets_of,
+    with_room,
+)
 from giaannd.rowengine.search import lower_bound
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
@@ -336,6 +344,21 @@ class RowEngine:
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
+
+    def reserve(self, entries: int) -> None:
+        """Make room in the base for ``entries`` more entries than it and the delta runs hold, so
+        folds that append them (new rows: a stream's chunks) write into that room instead of
+        regrowing the base (run.with_room). A hint: nothing is reserved for anyone, later applies
+        of any kind may use the room or outgrow it. No-op when the room is there already.
+        Invalidates plans made before (the base run is replaced)."""
+        base = self._base
+        held = base.num_entries + sum(d.num_entries for d in self._deltas)
+        buf = base.st.base
+        room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
+        if entries <= 0 or room >= held + entries:
+            return
+        self._version += 1
+        self._base = with_room(base, held - base.num_entries + entries)
 
     def _grow_lengths(self, n: int) -> None:
         if n > self._lengths.shape[0]:

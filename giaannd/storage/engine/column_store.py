@@ -456,6 +456,14 @@ class ColumnStore:
         self._touches[: kept_touches.shape[0]] = kept_touches
         return DropResult(rows, ENTRY_BYTES * entries + ROW_OVERHEAD_BYTES * rows)
 
+    def reserve(self, nbytes: int) -> None:
+        """Room in the engine's base for about ``nbytes`` of new entries (``RowEngine.reserve``),
+        at most the free capacity: a stream receiver knows how much is coming and spares the base
+        its regrowths. Changes no row; the room is not counted in ``used_bytes`` (like the base's
+        append slack, docs/storage.md "Known gaps")."""
+        free = max(0, self.capacity_bytes - self.used_bytes)
+        self.engine.reserve(min(nbytes, free) // ENTRY_BYTES)
+
     def advance_floor(self, writer: int, floor: int) -> None:
         """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
         self._version += 1
