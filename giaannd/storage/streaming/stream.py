@@ -132,6 +132,10 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     #: this sender never connected before: it cannot continue a sequence the receiver already
     #: started (another sender's, e.g. before the source restarted: its chunks were other cuts)
     first: bool = False
+    #: bytes of rows the sender still has to send (its estimate; 0: unknown): the receiver makes
+    #: room for them in its store's base up front (``ColumnStore.reserve``, capped by its free
+    #: capacity) instead of regrowing the base as the chunks land
+    expected_bytes: _U64 = 0
 
 
 class StreamData(msgspec.Struct, frozen=True, tag=2):
