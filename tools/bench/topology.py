@@ -1,6 +1,6 @@
 """Topology benchmarks (issue 8): each measurement next to its baseline from the same run.
 
-    python -m tools.bench.topology [--mb 48] [--quick] [--window 4] [--json]
+    python -m tools.bench.topology [--mb 600] [--quick] [--window 4] [--profile] [--json]
 
 Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object per figure):
 
@@ -8,10 +8,17 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    the receiver, verification) with ``--window`` items in flight (``storage.stream-window``), and
    the same join stop-and-wait (a window of one: the baseline, same run), vs the raw transport
    sending the same bytes in the same chunk size, one request at a time, to a handler that only
-   acknowledges (all tcp on loopback, in one process). Issue 19's targets: >= 0.3x raw at 50
-   entries/row, >= 0.6x at 5,000;
+   acknowledges (all tcp on loopback, in one process, on uvloop as the daemon runs). Issue 19's
+   targets: >= 0.3x raw at 50 entries/row, >= 0.6x at 5,000. The join moves about a third of
+   ``--mb`` (2 -> 3 nodes): the default (600 MB held, a ~200 MB join of ~50 chunks per source)
+   is big enough that a stream's fixed costs (plan, hellos, the writers file's fsync, the last
+   round trip, verification's key listing) are a few percent; ``--quick`` (8 MB: ~1 chunk per
+   source) measures mostly those fixed costs;
 2. rows moved when the (N+1)-th node joins: the planner's moved replica bytes vs 1/(N+1), and the
    measured bytes moved by the join of table 1 vs the same bound;
+``--profile``: one more join per row size, under cProfile (CPU of the event loop's thread), as CPU
+   milliseconds per MB moved by phase, both ends together (they share the process), fsyncs (in the
+   group commit's thread: wall time) apart;
 3. time to restore R after a node dies (``removenode`` re-replicating from the survivors) vs
    bytes moved / the stream rate of table 1. Failure *detection* is membership's job (its suspicion
    timeout, docs/membership.md) and adds to this; it is not measured here.
@@ -21,13 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import os
+import pstats
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from giaannd.cli import loop_factory
 from giaannd.cluster.view import StorageNode
 from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
@@ -89,6 +103,7 @@ def _store_apply_rate(batch: RowBatch, root: Path) -> float:
     """Bytes/s of applying ``batch`` (new rows) to an empty DurableStore in CHUNK-sized pieces with
     an fsync each: what the receiver must do anyway, without the network."""
     store = DurableStore.open(root, 8 << 30)
+    store.store.reserve(batch.nbytes)  # as a stream's receiver does (StreamHello.expected_bytes)
     sizes = np.diff(batch.offsets) * 21
     bounds = np.searchsorted(np.cumsum(sizes), np.arange(CHUNK, int(sizes.sum()) + CHUNK, CHUNK))
     start, lo = time.perf_counter(), 0
@@ -103,10 +118,12 @@ def _store_apply_rate(batch: RowBatch, root: Path) -> float:
     return rate
 
 
-async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bool = True
+async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bool = True,
+                     profile: cProfile.Profile | None = None, cpu_s: list[float] | None = None
                      ) -> tuple[float, int, int, float, float]:
     """(stream bytes/s, bytes moved, bytes held before, seconds, store-apply bytes/s or 0) of one
-    join, R=1, 2 -> 3 nodes, the sources sending ``window`` items at once."""
+    join, R=1, 2 -> 3 nodes, the sources sending ``window`` items at once; ``profile``: enabled
+    while the join streams; ``cpu_s``: the process CPU seconds of that time appended to it."""
     cluster = await Cluster(root, 2, scheme="tcp", replicas=1, capacity_bytes=8 << 30).start()
     try:
         for service in cluster.services.values():
@@ -116,12 +133,18 @@ async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bo
         await cluster.add_node("s2")
         op = Rebalance(cluster.control(), "join", members_after(
             cluster.client_topology, add=[StorageNode("s2", cluster.addresses["s2"])]), chunk_bytes=CHUNK)
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
+        if profile is not None:
+            profile.enable()
         task = asyncio.create_task(op.run())
         while not op.runners:
             await asyncio.sleep(0)
         await asyncio.gather(*(r.caught_up.wait() for r in op.runners))
         streamed = time.perf_counter() - start  # plan + every chunk applied + verified
+        if profile is not None:
+            profile.disable()
+        if cpu_s is not None:
+            cpu_s.append(time.process_time() - cpu0)
         progress = await task
         total = time.perf_counter() - start
         moved = progress["bytes_done"]
@@ -165,9 +188,75 @@ def _moved_fraction_rows() -> list[list[str]]:
 
 TARGETS = {50: ">= 0.3", 5000: ">= 0.6"}  # issue 19, item 3 (vs the raw transport)
 
+#: Phases of a join's CPU (``--profile``): name -> the functions whose cumulative time is that
+#: phase, as (file suffix, function name); none of them calls another. Both ends run in the one
+#: process, so each phase is both ends' time.
+PHASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "plan + key listing": (("rebalance/operations.py", "make_plan"), ("sender.py", "row_keys_of")),
+    "page build (rows out of the engine)": (("column_store.py", "read_rows"),),
+    "checksum (both ends)": (("stream.py", "item_checksum"),),
+    "send (frame writes, socket)": (("peers/transport/tcp.py", "write"),),
+    "decode + validate": (("model/rows.py", "from_buffers"),),
+    "apply: update-log append": (("engine/update_log.py", "append_batch"),),
+    "apply: engine plan + commit + fold": (("column_store.py", "prepare"), ("column_store.py", "commit")),
+    "verification digests (both ends)": (("column_store.py", "rows_digest"),),
+}
+#: Own time of these is "receive": socket reads and the framing around them.
+_RECEIVE = ("peers/transport/session.py", "peers/transport/connection.py", "peers/transport/eager.py")
 
-async def main(mb: float, window: int, as_json: bool) -> None:
+
+def _phase_rows(stats: pstats.Stats, moved: int, cpu_s: float, fsync: list[float]) -> list[list[str]]:
+    """CPU ms per MB moved by phase (``PHASES``; the profile's timer is the thread's CPU clock)."""
+    raw = stats.stats  # type: ignore[attr-defined]
+    per_mb = 1e3 / (moved / 1e6)
+    got = {name: sum(v[3] for (f, _, fn), v in raw.items() if any(f.endswith(x) and fn == y for x, y in funcs))
+           for name, funcs in PHASES.items()}
+    got["receive (socket reads, framing)"] = sum(
+        v[2] for (f, _, fn), v in raw.items() if f.endswith(_RECEIVE) or "recv_into" in fn)
+    thread = sum(v[2] for v in raw.values())
+    got["the rest (event loop, stream glue)"] = thread - sum(got.values())
+    return [[name, f"{v * per_mb:.2f}"] for name, v in got.items()] + [
+        ["all (process CPU, every thread)", f"{cpu_s * per_mb:.2f}"],
+        ["fsync (group commit's thread; wall, not CPU)", f"{fsync[1] * per_mb:.2f} ({int(fsync[0])} fsyncs)"]]
+
+
+@contextmanager
+def _timed_fsync(acc: list[float]) -> Iterator[None]:
+    """Count os.fsync calls and their wall time into ``acc`` ([calls, seconds]) meanwhile."""
+    real = os.fsync
+
+    def fsync(fd: Any) -> None:
+        t = time.perf_counter()
+        try:
+            real(fd)
+        finally:
+            acc[0] += 1
+            acc[1] += time.perf_counter() - t
+
+    os.fsync = fsync
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> list[list[str]]:
+    """Phase rows (``_phase_rows``) of one join under cProfile."""
+    prof, fsync, cpu = cProfile.Profile(time.thread_time), [0.0, 0.0], [0.0]
+    with _timed_fsync(fsync):
+        _, moved, _, _, _ = await _join_rate(root, mb, per_row, window, apply=False, profile=prof, cpu_s=cpu)
+    return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync)
+
+
+async def main(mb: float, window: int, as_json: bool, profile: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        if profile:
+            phases = {per_row: await _profiled_join(Path(tmp) / f"prof{per_row}", mb, per_row, window)
+                      for per_row in (50, 5000)}
+            print_table(f"CPU per MB moved by phase (ms/MB; join of ~{mb / 3:.0f} MB, window {window}, "
+                        "both ends in one process)", ["phase", "50 entries/row", "5000 entries/row"],
+                        [[r50[0], r50[1], r5k[1]] for r50, r5k in zip(phases[50], phases[5000])])
+            return
         table = []
         for per_row in (50, 500, 5000):
             base, _, _, _, _ = await _join_rate(Path(tmp) / f"base{per_row}", mb, per_row, 1, apply=False)
@@ -191,7 +280,8 @@ async def main(mb: float, window: int, as_json: bool) -> None:
                 rate, moved, held, seconds = r, m, h, sec
         if as_json:
             return
-        print_table("Streaming rate (tcp loopback, one process, 4 MiB chunks)",
+        print_table(f"Streaming rate (tcp loopback, one process, 4 MiB chunks; join of {moved / 1e6:.0f} MB "
+                    f"at 500 entries/row, ~{mb / 3:.0f} MB each)",
                ["entries/row", "path", "MB/s", "vs raw", "target", "vs window 1", "vs store apply"], table)
         rows = _moved_fraction_rows()
         rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
@@ -209,10 +299,13 @@ async def main(mb: float, window: int, as_json: bool) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=48.0, help="rows held before the join (MB)")
+    ap.add_argument("--mb", type=float, default=600.0,
+                    help="rows held before the join (MB; the join moves about a third)")
     ap.add_argument("--quick", action="store_true", help="8 MB instead")
     ap.add_argument("--window", type=int, default=StorageConfig().stream_window,
                     help="items in flight per stream (storage.stream-window); 1 is the baseline")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure (streaming rates only)")
+    ap.add_argument("--profile", action="store_true", help="only the CPU per MB by phase of one join per row size")
     a = ap.parse_args()
-    asyncio.run(main(8.0 if a.quick else a.mb, a.window, a.json))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the daemon runs
+        runner.run(main(8.0 if a.quick else a.mb, a.window, a.json, a.profile))
