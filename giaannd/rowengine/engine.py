@@ -427,6 +427,37 @@ class RowEngine:
             got = fold_into_base(got, merged)
         return offsets_of(self._lengths[row_ids]), Entries(got.seg, got.tc, got.tf, got.st)
 
+    def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:
+        """The entries ``gather(row_ids)`` returns, as consecutive pieces without copying where it
+        can: views of the base for runs of rows that lie next to each other in it (a stream's
+        chunks on its receiver, long rows anywhere), copies (``gather``) of the runs of rows a delta
+        run holds part of. For readers that only scan the entries (stream verification's digest).
+        None when that takes more than ``max_pieces`` pieces: short rows scattered over the base,
+        where one ``gather`` costs less than a piece per row."""
+        row_ids = np.asarray(row_ids, np.int64)
+        k = int(row_ids.shape[0])
+        if k == 0:
+            return []
+        base = self._base
+        lo, hi = base.ranges(row_ids)
+        touched = np.zeros(k, bool)
+        for delta in self._deltas:
+            dlo, dhi = delta.ranges(row_ids)
+            touched |= dhi > dlo
+        first = np.ones(k, bool)  # rows that start a piece
+        first[1:] = (touched[1:] != touched[:-1]) | (~touched[1:] & (lo[1:] != hi[:-1]))
+        starts = np.flatnonzero(first)
+        if starts.shape[0] > max_pieces:
+            return None
+        out = []
+        for a, z in zip(starts.tolist(), np.append(starts[1:], k).tolist()):
+            if touched[a]:
+                out.append(self.gather(row_ids[a:z])[1])
+            else:
+                b, e = int(lo[a]), int(hi[z - 1])
+                out.append(Entries(base.seg[b:e], base.tc[b:e], base.tf[b:e], base.st[b:e]))
+        return out
+
     def drop_rows(self, keep: NDArray[np.bool_]) -> None:
         """Keep only the rows ``keep`` marks (a bool per row id), renumbered densely in id order
         (row i becomes ``cumsum(keep)[i] - 1``): the deltas are folded first, then the base's

@@ -56,3 +56,34 @@ def test_engine_reserve_between_applies_keeps_rows_and_views_exact(seed, batches
         assert got.seg.tolist() == want[0] and got.tc.tolist() == want[1] and got.tf.tolist() == want[2]
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 20), base_ratio=st.integers(1, 5),
+       per_row=st.sampled_from([1, 6, 300]), max_pieces=st.sampled_from([1, 3, 10_000]))
+def test_engine_pieces_concatenate_to_the_gathered_rows(seed, batches, base_ratio, per_row, max_pieces):
+    """Whatever the layout (rows in the base, in delta runs, both; ids in any order, repeated),
+    the pieces are the gathered entries, cut; None only past ``max_pieces``."""
+    rng = np.random.default_rng(seed)
+    engine = RowEngine(fanout=2, base_ratio=base_ratio)
+    col = 0
+    for i in range(batches):
+        if i % 3 == 2 and engine.num_rows:
+            a, b = engine.keys()
+            pick = rng.choice(a.shape[0], min(4, a.shape[0]), replace=False)
+            pool = [(int(a[j]), int(b[j])) for j in pick]
+            batch = random_batch(rng, pool, POOL64, POOL64, 4, per_row)
+        else:
+            batch = _new_rows_batch(rng, col, 8, per_row)
+            col += 8
+        apply(engine, batch)
+    ids = np.arange(engine.num_rows, dtype=np.int64)
+    for order in (ids, rng.permutation(ids), ids[engine.num_rows // 2:], np.repeat(ids[:3], 2)):
+        _, want = engine.gather(order)
+        got = engine.pieces(order, max_pieces)
+        if got is None:
+            continue
+        assert len(got) <= max_pieces
+        for f in ("seg", "tc", "tf", "st"):
+            cat = np.concatenate([getattr(p, f) for p in got]) if got else getattr(want, f)[:0]
+            assert np.array_equal(cat, getattr(want, f))
