@@ -8,7 +8,9 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    the receiver, verification) with ``--window`` items in flight (``storage.stream-window``), and
    the same join stop-and-wait (a window of one: the baseline, same run), vs the raw transport
    sending the same bytes in the same chunk size, one request at a time, to a handler that only
-   acknowledges (all tcp on loopback, in one process, on uvloop as the daemon runs). Issue 19's
+   acknowledges (all tcp on loopback, in one process, on uvloop as the daemon runs); also by CPU:
+   bytes per CPU-second of the process (both ends), steadier than wall rates on a shared host,
+   where the raw rate alone swings 3x between runs. Issue 19's
    targets: >= 0.3x raw at 50 entries/row, >= 0.6x at 5,000. The join moves about a third of
    ``--mb`` (2 -> 3 nodes): the default (600 MB held, a ~200 MB join of ~50 chunks per source)
    is big enough that a stream's fixed costs (plan, hellos, the writers file's fsync, the last
@@ -76,8 +78,9 @@ async def _fill(cluster: Cluster, mb: float, rng: np.random.Generator, per_row: 
     await cluster.client.flush()
 
 
-async def _raw_rate(total_bytes: int, chunk: int) -> float:
-    """Bytes/s of the raw transport: same chunking, one request in flight, a handler that acks."""
+async def _raw_rate(total_bytes: int, chunk: int) -> tuple[float, float]:
+    """Bytes/s of the raw transport (same chunking, one request in flight, a handler that acks),
+    and bytes per CPU-second of this process (both ends)."""
     key = b"bench-raw-transport-key-01234567"
     server, client = make_transport("tcp", Identity("raw", "bench", [key])), \
         make_transport("tcp", Identity("raw-c", "bench", [key]))
@@ -89,14 +92,14 @@ async def _raw_rate(total_bytes: int, chunk: int) -> float:
     conn = await connect(client, listener.address, timeout_s=5)
     buf = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8)
     await conn.request(b"\x90", [buf])
-    sent, start = 0, time.perf_counter()
+    sent, start, cpu0 = 0, time.perf_counter(), time.process_time()
     while sent < total_bytes:
         await conn.request(b"\x90", [buf])
         sent += chunk
-    rate = sent / (time.perf_counter() - start)
+    rate, per_cpu = sent / (time.perf_counter() - start), sent / max(1e-9, time.process_time() - cpu0)
     await conn.close()
     await listener.close()
-    return rate
+    return rate, per_cpu
 
 
 def _store_apply_rate(batch: RowBatch, root: Path) -> float:
@@ -259,30 +262,40 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False) -> 
             return
         table = []
         for per_row in (50, 500, 5000):
-            base, _, _, _, _ = await _join_rate(Path(tmp) / f"base{per_row}", mb, per_row, 1, apply=False)
-            r, m, h, sec, apply_rate = await _join_rate(Path(tmp) / f"join{per_row}", mb, per_row, window)
-            raw = await _raw_rate(max(m, CHUNK * 4), CHUNK)
+            cpu_b: list[float] = []
+            cpu_r: list[float] = []
+            base, m_b, _, _, _ = await _join_rate(Path(tmp) / f"base{per_row}", mb, per_row, 1, apply=False,
+                                                  cpu_s=cpu_b)
+            r, m, h, sec, apply_rate = await _join_rate(Path(tmp) / f"join{per_row}", mb, per_row, window,
+                                                        cpu_s=cpu_r)
+            raw, raw_cpu = await _raw_rate(max(m, CHUNK * 4), CHUNK)
+            # bytes per CPU-second (both ends, this process): steadier than wall rates on a shared host
+            r_cpu, base_cpu = m / max(1e-9, cpu_r[0]), m_b / max(1e-9, cpu_b[0])
             target = TARGETS.get(per_row)
             if as_json:
                 emit_figure(f"join stream vs raw, window {window}, {per_row} entries/row", r / raw, target)
+                emit_figure(f"join stream vs raw by CPU, window {window}, {per_row} entries/row", r_cpu / raw_cpu,
+                            target)
                 emit_figure(f"join stream vs raw, window 1 (baseline), {per_row} entries/row", base / raw, None)
                 emit_figure(f"join stream MB/s, window {window}, {per_row} entries/row", r / 1e6, None)
             table += [[f"{per_row}", f"join stream, window {window} (read, checksum, send, apply, fsync; verify)",
-                       f"{r / 1e6:.1f}", f"{r / raw:.2f}x", target or "", f"{r / base:.2f}x",
-                       f"{r / apply_rate:.2f}x"],
+                       f"{r / 1e6:.1f}", f"{r / raw:.2f}x", f"{r_cpu / 1e6:.0f}", f"{r_cpu / raw_cpu:.2f}x",
+                       target or "", f"{r / base:.2f}x", f"{r / apply_rate:.2f}x"],
                       [f"{per_row}", "join stream, window 1 (stop and wait: the baseline)",
-                       f"{base / 1e6:.1f}", f"{base / raw:.2f}x", "", "1.00x", f"{base / apply_rate:.2f}x"],
+                       f"{base / 1e6:.1f}", f"{base / raw:.2f}x", f"{base_cpu / 1e6:.0f}",
+                       f"{base_cpu / raw_cpu:.2f}x", "", "1.00x", f"{base / apply_rate:.2f}x"],
                       [f"{per_row}", "store apply + fsync of the same rows, no network",
-                       f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "", "", "1.00x"],
+                       f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "", "", "", "", "1.00x"],
                       [f"{per_row}", "raw transport, same bytes and chunking",
-                       f"{raw / 1e6:.1f}", "1.00x", "", "", ""]]
+                       f"{raw / 1e6:.1f}", "1.00x", f"{raw_cpu / 1e6:.0f}", "1.00x", "", "", ""]]
             if per_row == 500:
                 rate, moved, held, seconds = r, m, h, sec
         if as_json:
             return
         print_table(f"Streaming rate (tcp loopback, one process, 4 MiB chunks; join of {moved / 1e6:.0f} MB "
                     f"at 500 entries/row, ~{mb / 3:.0f} MB each)",
-               ["entries/row", "path", "MB/s", "vs raw", "target", "vs window 1", "vs store apply"], table)
+               ["entries/row", "path", "MB/s", "vs raw", "MB per CPU-s", "vs raw (CPU)", "target", "vs window 1",
+                "vs store apply"], table)
         rows = _moved_fraction_rows()
         rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
                      f"{moved / max(1, held) * 3:.3f}"])
