@@ -18,6 +18,9 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    source) measures mostly those fixed costs;
 2. rows moved when the (N+1)-th node joins: the planner's moved replica bytes vs 1/(N+1), and the
    measured bytes moved by the join of table 1 vs the same bound;
+``--processes``: instead, joins whose two sources are ``giaannd`` processes (the newcomer in this
+   process), so sender and receiver each have a core as between machines, vs the raw transport
+   between two processes;
 ``--profile``: one more join per row size, under cProfile (CPU of the event loop's thread), as CPU
    milliseconds per MB moved by phase, both ends together (they share the process), fsyncs (in the
    group commit's thread: wall time) apart;
@@ -33,6 +36,8 @@ import asyncio
 import cProfile
 import os
 import pstats
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -49,6 +54,8 @@ from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.rebalance import source_control as sc
+from giaannd.storage.rebalance.local_control import LocalClusterControl
 from giaannd.storage.rebalance.operations import Rebalance, members_after
 from giaannd.storage.rebalance.plan import plan_transfers
 from peers.placement import Member, Placement
@@ -157,6 +164,129 @@ async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bo
         await cluster.close()
 
 
+class _SourcesAreProcesses(LocalClusterControl):
+    """Topology control when only the newcomer runs in this process (its sources are giaannd
+    processes: their streams are driven through their stream endpoints, source_control.py)."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        svc = cluster.services[name]
+        super().__init__(cluster.transport("coordinator"), {name: svc}, {name: cluster.topologies[name]},
+                         [cluster.client_topology], [cluster.client], cluster.stream_addresses, drain_grace_s=0.05)
+
+    async def hints_held_for(self, names: Any) -> int:
+        return sum([await sc.hints_held(self.transport, a, names) for a in self.stream_addresses.values()])
+
+    async def deliver_hints(self) -> None:
+        for a in self.stream_addresses.values():
+            await sc.deliver_hints(self.transport, a)
+
+    async def drop_hints_for(self, name: str) -> int:
+        return sum([await sc.drop_hints(self.transport, a, name) for a in self.stream_addresses.values()])
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _join_rate_processes(root: Path, mb: float, per_row: int, window: int) -> tuple[float, int, float]:
+    """(stream bytes/s, bytes moved, CPU s of all processes) of one join, R=1, 2 -> 3 nodes: the
+    two sources are ``giaannd`` processes (``storage.stream-window`` = ``window``), the newcomer
+    runs in this process: sender and receiver each on their own core, as between machines."""
+    cluster = Cluster(root, 2, processes=True, names=["p0", "p1"], replicas=1, capacity_bytes=8 << 30,
+                      request_timeout_s=30.0)
+    await cluster.start(stream_window=window)
+    try:
+        await _fill(cluster, mb, np.random.default_rng(1), per_row)
+        await cluster.add_node("s2")
+        op = Rebalance(_SourcesAreProcesses(cluster, "s2"), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s2", cluster.addresses["s2"])]), chunk_bytes=CHUNK)
+        pids = [n.proc.pid for n in cluster.procs.values() if n.proc is not None]
+        cpu0 = time.process_time() + sum(map(_proc_cpu_s, pids))
+        start = time.perf_counter()
+        task = asyncio.create_task(op.run())
+        while not op.runners:
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*(r.caught_up.wait() for r in op.runners))
+        streamed = time.perf_counter() - start
+        cpu = time.process_time() + sum(map(_proc_cpu_s, pids)) - cpu0
+        moved = (await task)["bytes_done"]
+        return moved / streamed, moved, cpu
+    finally:
+        await cluster.close()
+
+
+_RAW_KEY = b"bench-raw-transport-key-01234567"
+
+
+async def _raw_server(address: str) -> None:
+    """``--raw-server``: the raw transport's acknowledging end, in its own process; prints its
+    address, serves until stdin closes."""
+    server = make_transport("tcp", Identity("raw", "bench", [_RAW_KEY]))
+
+    async def handler(incoming: Incoming) -> Reply:
+        return Reply(b"\x90")
+
+    listener = await server.listen(address, handler)
+    print(listener.address, flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await listener.close()
+
+
+async def _raw_rate_processes(total_bytes: int, chunk: int) -> tuple[float, float]:
+    """``_raw_rate`` with the acknowledging end in another process: (bytes/s, bytes per CPU-s of both)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.bench.topology", "--raw-server", free_tcp_address()],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        address = (await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)).decode().strip()
+        client = make_transport("tcp", Identity("raw-c", "bench", [_RAW_KEY]))
+        conn = await connect(client, address, timeout_s=5)
+        buf = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8)
+        await conn.request(b"\x90", [buf])
+        cpu0 = time.process_time() + _proc_cpu_s(proc.pid)
+        sent, start = 0, time.perf_counter()
+        while sent < total_bytes:
+            await conn.request(b"\x90", [buf])
+            sent += chunk
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() + _proc_cpu_s(proc.pid) - cpu0
+        await conn.close()
+        return sent / elapsed, sent / max(1e-9, cpu)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def _processes_table(mb: float, window: int, tmp: Path, as_json: bool) -> None:
+    """``--processes``: join rates with the sources in their own processes, vs the raw transport
+    between two processes, for 50 and 5,000 entries per row."""
+    table = []
+    for per_row in (50, 5000):
+        r, moved, cpu = await _join_rate_processes(tmp / f"proc{per_row}", mb, per_row, window)
+        raw, raw_cpu = await _raw_rate_processes(max(moved, CHUNK * 4), CHUNK)
+        r_cpu, target = moved / max(1e-9, cpu), TARGETS.get(per_row)
+        if as_json:
+            emit_figure(f"join stream vs raw, processes, window {window}, {per_row} entries/row", r / raw, target)
+            emit_figure(f"join stream vs raw by CPU, processes, window {window}, {per_row} entries/row",
+                        r_cpu / raw_cpu, target)
+            continue
+        table += [[f"{per_row}", f"join stream, window {window}, sources in their own processes",
+                   f"{r / 1e6:.1f}", f"{r / raw:.2f}x", f"{r_cpu / 1e6:.0f}", f"{r_cpu / raw_cpu:.2f}x", target or ""],
+                  [f"{per_row}", "raw transport, two processes, same bytes and chunking",
+                   f"{raw / 1e6:.1f}", "1.00x", f"{raw_cpu / 1e6:.0f}", "1.00x", ""]]
+    if not as_json:
+        print_table(f"Streaming rate, sender and receiver in separate processes (tcp loopback, 4 MiB chunks; "
+                    f"joins of ~{mb / 3:.0f} MB)",
+                    ["entries/row", "path", "MB/s", "vs raw", "MB per CPU-s", "vs raw (CPU)", "target"], table)
+
+
 async def _restore_rf(root: Path, mb: float) -> tuple[float, int]:
     """(seconds, bytes) of removenode after a death: 3 nodes, R=2."""
     cluster = await Cluster(root, 3, scheme="tcp", replicas=2, capacity_bytes=8 << 30).start()
@@ -251,8 +381,11 @@ async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> li
     return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync)
 
 
-async def main(mb: float, window: int, as_json: bool, profile: bool = False) -> None:
+async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        if processes:
+            await _processes_table(mb, window, Path(tmp), as_json)
+            return
         if profile:
             phases = {per_row: await _profiled_join(Path(tmp) / f"prof{per_row}", mb, per_row, window)
                       for per_row in (50, 5000)}
@@ -319,6 +452,13 @@ if __name__ == "__main__":
                     help="items in flight per stream (storage.stream-window); 1 is the baseline")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure (streaming rates only)")
     ap.add_argument("--profile", action="store_true", help="only the CPU per MB by phase of one join per row size")
+    ap.add_argument("--processes", action="store_true",
+                    help="only the join rates with the sources as giaannd processes (and a raw transport between "
+                         "two processes)")
+    ap.add_argument("--raw-server", metavar="ADDRESS", help=argparse.SUPPRESS)  # (--processes' raw baseline)
     a = ap.parse_args()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the daemon runs
-        runner.run(main(8.0 if a.quick else a.mb, a.window, a.json, a.profile))
+        if a.raw_server:
+            runner.run(_raw_server(a.raw_server))
+        else:
+            runner.run(main(8.0 if a.quick else a.mb, a.window, a.json, a.profile, a.processes))
