@@ -381,7 +381,8 @@ async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> li
     return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync)
 
 
-async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False) -> None:
+async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False,
+               per_rows: tuple[int, ...] = (50, 500, 5000)) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if processes:
             await _processes_table(mb, window, Path(tmp), as_json)
@@ -394,7 +395,8 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False, pro
                         [[r50[0], r50[1], r5k[1]] for r50, r5k in zip(phases[50], phases[5000])])
             return
         table = []
-        for per_row in (50, 500, 5000):
+        rate, moved, held, seconds = 0.0, 0, 0, 0.0
+        for per_row in per_rows:
             cpu_b: list[float] = []
             cpu_r: list[float] = []
             base, m_b, _, _, _ = await _join_rate(Path(tmp) / f"base{per_row}", mb, per_row, 1, apply=False,
@@ -421,12 +423,12 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False, pro
                        f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "", "", "", "", "1.00x"],
                       [f"{per_row}", "raw transport, same bytes and chunking",
                        f"{raw / 1e6:.1f}", "1.00x", f"{raw_cpu / 1e6:.0f}", "1.00x", "", "", ""]]
-            if per_row == 500:
+            if per_row == 500 or not rate:
                 rate, moved, held, seconds = r, m, h, sec
         if as_json:
             return
         print_table(f"Streaming rate (tcp loopback, one process, 4 MiB chunks; join of {moved / 1e6:.0f} MB "
-                    f"at 500 entries/row, ~{mb / 3:.0f} MB each)",
+                    f"here, ~{mb / 3:.0f} MB each)",
                ["entries/row", "path", "MB/s", "vs raw", "MB per CPU-s", "vs raw (CPU)", "target", "vs window 1",
                 "vs store apply"], table)
         rows = _moved_fraction_rows()
@@ -455,10 +457,12 @@ if __name__ == "__main__":
     ap.add_argument("--processes", action="store_true",
                     help="only the join rates with the sources as giaannd processes (and a raw transport between "
                          "two processes)")
+    ap.add_argument("--per-row", type=int, nargs="+", default=[50, 500, 5000],
+                    help="entries per row of the joins of the streaming table")
     ap.add_argument("--raw-server", metavar="ADDRESS", help=argparse.SUPPRESS)  # (--processes' raw baseline)
     a = ap.parse_args()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the daemon runs
         if a.raw_server:
             runner.run(_raw_server(a.raw_server))
         else:
-            runner.run(main(8.0 if a.quick else a.mb, a.window, a.json, a.profile, a.processes))
+            runner.run(main(8.0 if a.quick else a.mb, a.window, a.json, a.profile, a.processes, tuple(a.per_row)))

@@ -29,6 +29,12 @@ a durable prefix. Acknowledgements are cumulative (``StreamPosition.next_index``
 reordered reply costs nothing. A receiver killed with items applied but not yet durable recovers
 to whatever prefix of them reached the log: the floor, never a gap.
 
+**Room on the receiver.** A hello carries the bytes the sender still has to send
+(``StreamHello.expected_bytes``, its estimate); the receiver reserves room for what all its open
+streams still bring in its store's base (``ColumnStore.reserve``, capped by its free capacity), so
+the chunks, all new rows, land by slice copies into that room instead of regrowing the base as it
+fills (rebalance/endpoint.py). A hint only: nothing depends on it being right.
+
 Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
 have (checked when the stream opens), so it is a copy; every later change of those rows at the
 source is one applied batch, forwarded as a DELTA in the order the source applied it, and the
