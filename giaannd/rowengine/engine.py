@@ -69,6 +69,7 @@ from giaannd.rowengine.run import (
     merge_deltas,
     merge_into_slice,
     offsets_of,
+    with_room,
 )
 from giaannd.rowengine.search import lower_bound
 
@@ -370,6 +371,21 @@ class RowEngine:
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
 
+    def reserve(self, entries: int) -> None:
+        """Make room in the base for ``entries`` more entries than it and the delta runs hold, so
+        folds that append them (new rows: a stream's chunks) write into that room instead of
+        regrowing the base (run.with_room). A hint: nothing is reserved for anyone, later applies
+        of any kind may use the room or outgrow it. No-op when the room is there already.
+        Invalidates plans made before (the base run is replaced)."""
+        base = self._base
+        held = base.num_entries + sum(d.num_entries for d in self._deltas)
+        buf = base.st.base
+        room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
+        if entries <= 0 or room >= held + entries:
+            return
+        self._version += 1
+        self._base = with_room(base, held - base.num_entries + entries)
+
     def _grow_lengths(self, n: int) -> None:
         if n > self._lengths.shape[0]:
             grown = np.zeros(max(n, 2 * self._lengths.shape[0]), np.int64)
@@ -436,6 +452,37 @@ class RowEngine:
         if merged is not None:
             got = fold_into_base(got, merged)
         return offsets_of(self._lengths[row_ids]), Entries(got.seg, got.tc, got.tf, got.st)
+
+    def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:
+        """The entries ``gather(row_ids)`` returns, as consecutive pieces without copying where it
+        can: views of the base for runs of rows that lie next to each other in it (a stream's
+        chunks on its receiver, long rows anywhere), copies (``gather``) of the runs of rows a delta
+        run holds part of. For readers that only scan the entries (stream verification's digest).
+        None when that takes more than ``max_pieces`` pieces: short rows scattered over the base,
+        where one ``gather`` costs less than a piece per row."""
+        row_ids = np.asarray(row_ids, np.int64)
+        k = int(row_ids.shape[0])
+        if k == 0:
+            return []
+        base = self._base
+        lo, hi = base.ranges(row_ids)
+        touched = np.zeros(k, bool)
+        for delta in self._deltas:
+            dlo, dhi = delta.ranges(row_ids)
+            touched |= dhi > dlo
+        first = np.ones(k, bool)  # rows that start a piece
+        first[1:] = (touched[1:] != touched[:-1]) | (~touched[1:] & (lo[1:] != hi[:-1]))
+        starts = np.flatnonzero(first)
+        if starts.shape[0] > max_pieces:
+            return None
+        out = []
+        for a, z in zip(starts.tolist(), np.append(starts[1:], k).tolist()):
+            if touched[a]:
+                out.append(self.gather(row_ids[a:z])[1])
+            else:
+                b, e = int(lo[a]), int(hi[z - 1])
+                out.append(Entries(base.seg[b:e], base.tc[b:e], base.tf[b:e], base.st[b:e]))
+        return out
 
     def drop_rows(self, keep: NDArray[np.bool_]) -> None:
         """Keep only the rows ``keep`` marks (a bool per row id), renumbered densely in id order

@@ -39,7 +39,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import lower_bound, merge_positions
 
 __all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice",
-           "offsets_of"]
+           "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -199,9 +199,10 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     views handed out earlier keep theirs alive, unchanged).
     """
     assert delta.pos is not None
-    if base.num_entries == 0 and base.rows.shape[0] == 0:
+    if base.num_entries == 0 and base.rows.shape[0] == 0 and not base.spare:
         # the first fold (a fresh node's first stream chunk, a replay from an empty log): the delta
-        # run's arrays become the base as they are (runs never share their arrays with a caller)
+        # run's arrays become the base as they are (runs never share their arrays with a caller);
+        # not into an empty base with room reserved (``with_room``): that room is for these entries
         return Run(delta.rows, delta.offsets, delta.seg, delta.tc, delta.tf, delta.st)
     rows, counts = _union_rows(base, delta)
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
@@ -276,6 +277,22 @@ def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64
         setattr(base, f, field[:0])
         setattr(out, f, field)
     base.spare = base.spare_index = False
+    return out
+
+
+def with_room(base: Run, room: int) -> Run:
+    """``base`` copied into buffers with room for ``room`` more entries past its end (``Run.spare``):
+    the folds that append the next ``room`` entries (a stream's chunks, whose total the receiver
+    knows when the stream opens) then write into it, instead of each fold past the spare room
+    copying the whole base into a buffer ``APPEND_SLACK`` larger (about ``1 / APPEND_SLACK`` copies
+    of every entry while a node fills by appends). ``base`` is left as it was (views of it too)."""
+    n = base.num_entries
+    out = Run(base.rows, base.offsets, base.seg, base.tc, base.tf, base.st, spare=True)
+    for f in FIELDS:
+        old = getattr(base, f)
+        grown = np.empty(n + room, old.dtype)
+        grown[:n] = old
+        setattr(out, f, grown[:n])
     return out
 
 

@@ -166,3 +166,35 @@ async def test_receiver_hashing_only_digest_version_1_still_verifies(tmp_path):
         await task
     finally:
         await cluster.close()
+
+
+async def test_receiver_reserves_room_for_the_stream_so_chunks_land_without_regrowing_its_base(tmp_path):
+    """The hello says how many bytes are coming (``StreamHello.expected_bytes``): the receiver makes
+    room for them once, and every chunk's fold appends into that one buffer; the copy is exact."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x53, window=3)
+        engine = cluster.services["s1"].store.store.engine
+        buffers = set()
+        endpoint = cluster.endpoints["s1"]
+        serve_data = endpoint._data
+
+        async def data(msg, bulk):
+            reply = await serve_data(msg, bulk)
+            engine.compact()  # (fold now: each chunk lands in the base)
+            buffers.add(id(engine._base.st.base))
+            return reply
+
+        endpoint._data = data
+        task = asyncio.create_task(runner.run())
+        await asyncio.wait_for(runner.caught_up.wait(), 30)
+        assert runner.state == "caught-up", runner.error
+        assert runner.sender.acked > 3
+        assert len(buffers) == 1
+        assert endpoint._expected == {0x53: 0}  # all the bytes announced arrived
+        runner.close()
+        await asyncio.wait_for(task, 30)
+        assert endpoint._expected == {}
+        assert _same_rows(cluster)
+    finally:
+        await cluster.close()

@@ -60,7 +60,7 @@ from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
-from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest
+from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest, rows_digest_v2_pieces
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
 
 __all__ = [
@@ -91,6 +91,10 @@ APPLIED_ID_BYTES = 96
 #: Bins of the row-size counts (``row_size_log2``): a length is an int64, so floor(log2(n)) < 63
 #: (protocol.MAX_ROW_SIZE_BINS, the reply's limit, is the same 64).
 SIZE_BINS = 64
+#: ``rows_digest`` hashes the rows as views of the engine (``RowEngine.pieces``) when the pieces
+#: average at least this many entries: a piece costs a few µs of Python (four hash updates), about
+#: what gathering ~100 entries costs; below that one gather of the rows is cheaper.
+MIN_DIGEST_PIECE_ENTRIES = 256
 _EMPTY_IDS = np.empty(0, np.int64)
 
 
@@ -473,6 +477,14 @@ class ColumnStore:
         self._touches[: kept_touches.shape[0]] = kept_touches
         return DropResult(rows, ENTRY_BYTES * entries + ROW_OVERHEAD_BYTES * rows)
 
+    def reserve(self, nbytes: int) -> None:
+        """Room in the engine's base for about ``nbytes`` of new entries (``RowEngine.reserve``),
+        at most the free capacity: a stream receiver knows how much is coming and spares the base
+        its regrowths. Changes no row; the room is not counted in ``used_bytes`` (like the base's
+        append slack, docs/storage.md "Known gaps")."""
+        free = max(0, self.capacity_bytes - self.used_bytes)
+        self.engine.reserve(min(nbytes, free) // ENTRY_BYTES)
+
     def advance_floor(self, writer: int, floor: int) -> None:
         """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
         self._version += 1
@@ -598,6 +610,15 @@ class ColumnStore:
         rc, rf = _keys(row_column, row_feature)
         ids = self.engine.row_ids(rc, rf)
         present = ids >= 0
+        if version == 2 and present.any():
+            # the rows as views where they lie together in the engine (a stream's receiver holds
+            # them chunk by chunk, long rows are long slices): hashed without gathering a copy
+            held = ids[present]
+            lengths = self.engine.lengths()[held]
+            pieces = self.engine.pieces(held, max(1, int(lengths.sum()) // MIN_DIGEST_PIECE_ENTRIES))
+            if pieces is not None:
+                fields = [(p.seg, p.tc, p.tf, p.st) for p in pieces]
+                return present.astype(np.uint8), rows_digest_v2_pieces(lengths, fields)
         offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
         return present.astype(np.uint8), rows_digest(offsets, got, version)
 

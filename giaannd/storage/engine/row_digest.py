@@ -32,7 +32,9 @@ Pure functions; the store (column_store.py) exposes them as ``ColumnStore.digest
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -41,7 +43,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import Row
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions
 
-__all__ = ["ROWS_DIGEST_VERSIONS", "RowDigest", "row_digest", "rows_digest"]
+__all__ = ["ROWS_DIGEST_VERSIONS", "RowDigest", "row_digest", "rows_digest", "rows_digest_v2_pieces"]
 
 #: The ``rows_digest`` versions this code computes (module docstring); the last is the newest.
 ROWS_DIGEST_VERSIONS = (1, 2)
@@ -92,4 +94,16 @@ def rows_digest(offsets: NDArray[np.int64], rows: Row, version: int = 1) -> int:
         raise ValueError(f"unknown rows digest version {version}")
     h = xxhash.xxh3_64((ENTRY_BYTES * np.diff(offsets)).astype(np.int64).tobytes())
     h.update(pack_regions(offsets, rows).data)
+    return h.intdigest()
+
+
+def rows_digest_v2_pieces(lengths: NDArray[np.int64], pieces: Sequence[Sequence[NDArray[Any]]]) -> int:
+    """``rows_digest(offsets, rows, 2)`` of rows given as consecutive pieces, each the four field
+    arrays (segment, target column, target feature, strength) of some of the rows, in order
+    (``RowEngine.pieces``: views of the store, no gathered copy): the same bytes hashed in the same
+    order, so the same digest. ``lengths``: each row's entry count."""
+    h = xxhash.xxh3_64(np.asarray(lengths).astype(np.int64).tobytes())
+    for field in range(4):
+        for piece in pieces:
+            h.update(_bytes(piece[field]))
     return h.intdigest()

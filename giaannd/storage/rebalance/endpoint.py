@@ -81,6 +81,9 @@ class StreamEndpoint:
         self._locks: dict[int, asyncio.Lock] = {}
         #: per stream, the update-log seq of the last item applied (a duplicate waits for it)
         self._applied_seq: dict[int, int] = {}
+        #: per open stream, the bytes its sender said are still to come (``StreamHello.expected_bytes``,
+        #: less the chunks applied since): what ``_hello`` reserves room for in the store
+        self._expected: dict[int, int] = {}
         self.scopes = StreamScopes.open(service.data_dir)
         self.deltas_skipped = 0
         #: monotonic time of the last stream or source-control request (release waits for quiet)
@@ -147,6 +150,7 @@ class StreamEndpoint:
     def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
         rx = self._receiver(msg.stream_id)
         if msg.closing:
+            self._expected.pop(msg.stream_id, None)
             self.scopes.close(msg.stream_id)
             return _reply(StreamPosition(msg.stream_id, rx.next_index))
         if len(bulk) != 1 or bulk[0].dtype != np.uint64 or bulk[0].ndim != 1:
@@ -167,6 +171,11 @@ class StreamEndpoint:
                     "node's data directory and join it again"), fatal=True))
         record_stream_writer(self.service, rx.writer)
         self.scopes.add_columns(msg.stream_id, bulk[0])
+        if msg.expected_bytes:
+            # room in the base for what every open stream still brings (several sources stream to a
+            # joining node at once): the chunks then land without regrowing the base
+            self._expected[msg.stream_id] = msg.expected_bytes
+            self._store().store.reserve(sum(self._expected.values()))
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
@@ -193,6 +202,8 @@ class StreamEndpoint:
                                                 fatal=True))
                 index = decision.index
                 rx.accepted(index)
+                if msg.stream_id in self._expected:
+                    self._expected[msg.stream_id] = max(0, self._expected[msg.stream_id] - batch.nbytes)
                 self._applied_seq[msg.stream_id] = seq
         await wait_durable(self.service, seq)
         rx.applied(index)

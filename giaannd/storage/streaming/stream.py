@@ -29,6 +29,12 @@ a durable prefix. Acknowledgements are cumulative (``StreamPosition.next_index``
 reordered reply costs nothing. A receiver killed with items applied but not yet durable recovers
 to whatever prefix of them reached the log: the floor, never a gap.
 
+**Room on the receiver.** A hello carries the bytes the sender still has to send
+(``StreamHello.expected_bytes``, its estimate); the receiver reserves room for what all its open
+streams still bring in its store's base (``ColumnStore.reserve``, capped by its free capacity), so
+the chunks, all new rows, land by slice copies into that room instead of regrowing the base as it
+fills (rebalance/endpoint.py). A hint only: nothing depends on it being right.
+
 Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
 have (checked when the stream opens), so it is a copy; every later change of those rows at the
 source is one applied batch, forwarded as a DELTA in the order the source applied it, and the
@@ -132,6 +138,10 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     #: this sender never connected before: it cannot continue a sequence the receiver already
     #: started (another sender's, e.g. before the source restarted: its chunks were other cuts)
     first: bool = False
+    #: bytes of rows the sender still has to send (its estimate; 0: unknown): the receiver makes
+    #: room for them in its store's base up front (``ColumnStore.reserve``, capped by its free
+    #: capacity) instead of regrowing the base as the chunks land
+    expected_bytes: _U64 = 0
 
 
 class StreamData(msgspec.Struct, frozen=True, tag=2):

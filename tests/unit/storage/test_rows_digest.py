@@ -141,3 +141,22 @@ def test_digest_v1_is_the_region_layout_hash_and_unknown_versions_are_refused():
     assert a.rows_digest(cols, feats)[1] == a.rows_digest(cols, feats, 1)[1] == want.intdigest()
     with pytest.raises(ValueError, match="digest version 3"):
         a.rows_digest(cols, feats, 3)
+
+
+@pytest.mark.parametrize("per_row", [300, 3000])
+def test_digest_v2_of_rows_hashed_as_views_equals_the_gathered_digest(per_row, monkeypatch):
+    """Long rows (or rows lying together) are hashed as views of the engine (RowEngine.pieces):
+    the digest is the one of the gathered rows, with rows in the base, in delta runs, or both."""
+    rng = np.random.default_rng(4)
+    store = ColumnStore(CAP)
+    for seq in range(1, 6):
+        store.apply(BatchId(1, seq), rand_batch(rng, rows=6, per_row=per_row))
+        cols, feats, _ = store.rows_of_columns(np.arange(1, 6, dtype=np.uint64))
+        order = rng.permutation(cols.size)
+        keys = (np.append(cols[order], 7), np.append(feats[order], 1))  # (and one absent key)
+        views = store.rows_digest(*keys, version=2)
+        assert store.engine.pieces(store.engine.row_ids(cols, feats), 1000) is not None  # views were used
+        monkeypatch.setattr(store.engine, "pieces", lambda ids, most: None)  # the gathered way
+        gathered = store.rows_digest(*keys, version=2)
+        monkeypatch.undo()
+        assert views[0].tolist() == gathered[0].tolist() and views[1] == gathered[1]
