@@ -58,6 +58,18 @@ def same(entries, want):
 POOL64 = np.array([0, 1, 2, 3, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1], np.uint64)  # high bits decide the order
 
 
+def assert_frozen_views_hold(frozen):
+    """Every frozen view (``engine.freeze()``, the rows it was taken with) still reads those rows."""
+    for view, rows in frozen:
+        if view.num_entries == 0:
+            continue
+        fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
+        off = view.offsets()
+        for i in range(view.num_rows):
+            got = Entries(*(f[off[i]:off[i + 1]] for f in fields))
+            assert same(got, rows[(int(view.a[i]), int(view.b[i]))])
+
+
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 40), fanout=st.integers(2, 5),
        base_ratio=st.integers(1, 6), per_row=st.sampled_from([1, 5, 40]))
@@ -218,14 +230,7 @@ def test_engine_new_rows_appended_into_spare_room_leave_views_and_frozen_views_a
         assert got.seg.tolist() == want[0] and got.tc.tolist() == want[1] and got.tf.tolist() == want[2]
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
-    for view, rows in frozen:
-        if view.num_entries == 0:
-            continue
-        fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
-        off = view.offsets()
-        for i in range(view.num_rows):
-            got = Entries(*(f[off[i]:off[i + 1]] for f in fields))
-            assert same(got, rows[(int(view.a[i]), int(view.b[i]))])
+    assert_frozen_views_hold(frozen)
 
 
 def _parts(batch, cuts):
@@ -281,14 +286,7 @@ def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(
     assert engine.lengths().tolist() == plain.lengths().tolist()
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
-    for view, rows in frozen:
-        if view.num_entries == 0:
-            continue
-        fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
-        off = view.offsets()
-        for i in range(view.num_rows):
-            got = Entries(*(f[off[i]:off[i + 1]] for f in fields))
-            assert same(got, rows[(int(view.a[i]), int(view.b[i]))])
+    assert_frozen_views_hold(frozen)
     a, b, offsets, entries = engine.export()  # compacts: the deltas fold into the appended base
     pa, pb, poff, pentries = plain.export()
     assert np.array_equal(a, pa) and np.array_equal(b, pb) and np.array_equal(offsets, poff)
