@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from giaannd.sdk.local_cluster import LocalCluster, Node
+from peers.membership.config import MembershipConfig
 
 pytestmark = pytest.mark.integration
 
@@ -104,9 +105,13 @@ def test_membership_processes_frozen_loop_no_false_dead(tmp_path):
     cluster = launch(tmp_path, profile="lan")
     agents = {n.name: n for n in cluster.nodes}
     try:
+        # Five nodes joining at once: a node that joined after a member's alive broadcast was
+        # spent, through a seed that had not heard it yet, learns that member only at its first
+        # push-pull, 0.5-1x the LAN interval (30 s) after start. Seen in 2 of 12 starts (18 and
+        # 28 s; docs/membership.md "Known gaps"); 20 s here failed CI now and then.
         wait_until(lambda: all(len(members(a)) == N and all(
             m["status"] == "alive" for m in members(a).values()) for a in agents.values()),
-            20, "convergence")
+            MembershipConfig.lan().push_pull_interval_s + 10, "convergence")
         frozen = agents["n1"].proc
         assert frozen is not None
 
