@@ -166,14 +166,19 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
             run_entries += rec.batch.num_entries
             continue
         flush(i)
-        if rec.kind == KIND_DROP:
-            assert rec.columns is not None
-            store.drop_columns(rec.columns)
-        else:
-            store.advance_floor(rec.writer, rec.floor)
+        _apply_marker(store, rec)
         applied += 1
     flush(len(todo))
     return applied, skipped
+
+
+def _apply_marker(store: ColumnStore, rec: LogRecord) -> None:
+    """Replay one record that is not a batch: a drop of columns or a writer's floor."""
+    if rec.kind == KIND_DROP:
+        assert rec.columns is not None
+        store.drop_columns(rec.columns)
+    else:
+        store.advance_floor(rec.writer, rec.floor)
 
 
 def replay_each(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
@@ -191,11 +196,8 @@ def replay_each(store: ColumnStore, records: list[LogRecord], after_seq: int) ->
                 skipped += 1
                 continue
             store.commit(prepared)
-        elif rec.kind == KIND_DROP:
-            assert rec.columns is not None
-            store.drop_columns(rec.columns)
         else:
-            store.advance_floor(rec.writer, rec.floor)
+            _apply_marker(store, rec)
         applied += 1
     return applied, skipped
 

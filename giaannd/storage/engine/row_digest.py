@@ -86,10 +86,8 @@ def rows_digest(offsets: NDArray[np.int64], rows: Row, version: int = 1) -> int:
         ValueError: a version not in ``ROWS_DIGEST_VERSIONS``.
     """
     if version == 2:
-        h = xxhash.xxh3_64(np.diff(offsets).astype(np.int64).tobytes())
-        for values in (rows.segment, rows.target_column, rows.target_feature, rows.strength):
-            h.update(_bytes(values))
-        return h.intdigest()
+        return rows_digest_v2_pieces(np.diff(offsets),
+                                     [(rows.segment, rows.target_column, rows.target_feature, rows.strength)])
     if version != 1:
         raise ValueError(f"unknown rows digest version {version}")
     h = xxhash.xxh3_64((ENTRY_BYTES * np.diff(offsets)).astype(np.int64).tobytes())

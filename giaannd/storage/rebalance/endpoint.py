@@ -202,8 +202,9 @@ class StreamEndpoint:
                                                 fatal=True))
                 index = decision.index
                 rx.accepted(index)
-                if msg.stream_id in self._expected:
-                    self._expected[msg.stream_id] = max(0, self._expected[msg.stream_id] - batch.nbytes)
+                left = self._expected.pop(msg.stream_id, 0) - batch.nbytes
+                if left > 0:  # all that was announced has come: nothing more to reserve for it
+                    self._expected[msg.stream_id] = left
                 self._applied_seq[msg.stream_id] = seq
         await wait_durable(self.service, seq)
         rx.applied(index)
