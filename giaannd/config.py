@@ -134,7 +134,8 @@ class AdminConfig(_Section):
     listen: Annotated[str, Meta(min_length=1, description=(
         "`host:port` the admin API listens on. Loopback by default: the API can start training "
         "and drain the node, so expose it beyond the host only behind a firewall. Port 0 picks a "
-        "free port; the address actually bound is written to `<data-dir>/admin.addr`."
+        "free port; the address actually bound is written to `<data-dir>/admin.addr`. A host name "
+        "binds only the first address it resolves to (one listening socket, as for the data plane)."
     ))] = "127.0.0.1:7480"
     token_file: Annotated[str, Meta(description=(
         "File holding the bearer token every `/v1/` request must present. Empty means "

@@ -212,8 +212,7 @@ class AdminApi:
             await self._runner.cleanup()
             self._runner = None
             raise
-        bound = self._runner.addresses[0]
-        return str(bound[0]), int(bound[1])
+        return site.address
 
     async def stop(self) -> None:
         """Stop listening and close open connections."""

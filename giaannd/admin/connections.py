@@ -34,6 +34,8 @@ from typing import Final, cast
 import msgspec
 from aiohttp import web
 
+from peers.acceptor import Acceptor
+
 __all__ = ["REFUSAL_LINGER_S", "ConnectionGuard", "GuardedSite"]
 
 log = logging.getLogger(__name__)
@@ -196,26 +198,39 @@ class _GuardedProtocol(asyncio.Protocol):
 
 
 class GuardedSite(web.BaseSite):
-    """``web.TCPSite`` with every connection passed through ``guard`` (module docstring)."""
+    """``web.TCPSite`` with every connection passed through ``guard`` (module docstring).
+
+    It listens through ``peers.acceptor.Acceptor``, not ``loop.create_server``: asyncio's
+    ``Server`` (3.11) leaks a socket accepted just before its close (the data plane's race)."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._guard = guard
+        self._acceptor: Acceptor | None = None
 
     @property
     def name(self) -> str:
         return f"http://{self._host}:{self._port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); port 0 at construction picks a free one."""
+        if self._acceptor is None:
+            raise RuntimeError("the site is not started")
+        return self._acceptor.address
 
     async def start(self) -> None:
         await super().start()
         server = self._runner.server
         assert server is not None, "the runner is set up before its site starts"
         guard = self._guard
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: guard.wrap(server()), self._host, self._port)
+        self._acceptor = await Acceptor.bind(self._host, self._port, lambda: guard.wrap(server()))
 
     async def stop(self) -> None:
         self._guard.close_refused()  # aiohttp's shutdown closes only the connections it was given
-        await super().stop()
+        if self._acceptor is not None:
+            await self._acceptor.close()
+            self._acceptor = None
+        await super().stop()  # no asyncio Server here: it only unregisters the site

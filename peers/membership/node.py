@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 
 import msgspec
 
+from peers.acceptor import Acceptor
 from peers.keyring import Keyring
 from peers.log_limiter import LogLimiter
 from peers.membership.codec import PacketCodec, PacketRejected
@@ -123,7 +124,9 @@ class MembershipNode:
         self._rng = rng or random.Random()
         self._core: Membership | None = None
         self._udp: asyncio.DatagramTransport | None = None
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None
+        #: inbound push-pull handlers, cancelled by stop (a closed listener leaves them running)
+        self._serving: set[asyncio.Task[None]] = set()
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[StreamMessage | None]] = {}
@@ -142,8 +145,11 @@ class MembershipNode:
         """Bind UDP and TCP and start probing (alone until join())."""
         loop = asyncio.get_running_loop()
         host, port = self._bind
-        self._server = await asyncio.start_server(self._serve_stream, host, port)
-        port = self._server.sockets[0].getsockname()[1]
+        # Not asyncio.start_server: its Server leaks a socket accepted just before close (3.11);
+        # Acceptor closes every socket it accepted that no protocol has yet.
+        self._server = await Acceptor.bind(host, port, lambda: asyncio.StreamReaderProtocol(
+            asyncio.StreamReader(), self._serve_stream))
+        port = self._server.address[1]
         transport, _ = await loop.create_datagram_endpoint(
             lambda: _Udp(self), local_addr=(host, port))
         self._udp = transport
@@ -198,13 +204,13 @@ class MembershipNode:
             self._udp.close()
             self._udp = None
         if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+            await self._server.close()
             self._server = None
-        for task in list(self._tasks):
+        tasks = self._tasks | self._serving
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         for queue in self._subscribers:
             queue.put_nowait(None)
         self._subscribers.clear()
@@ -379,11 +385,17 @@ class MembershipNode:
                             writer: asyncio.StreamWriter) -> None:
         peer_info = writer.get_extra_info("peername") or ("?", 0)
         peer: Addr = (str(peer_info[0]), int(peer_info[1]))
+        if self._server is None:  # stopped between the accept and this handler's start
+            writer.close()
+            return
         if self._inbound >= self.config.max_concurrent_push_pulls:
             self._count("streams_refused_busy")
             writer.close()
             return
         self._inbound += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.add(task)
         try:
             async with asyncio.timeout(self.config.tcp_timeout_s):
                 message = await self._read_frame(reader)
@@ -403,6 +415,8 @@ class MembershipNode:
             self._count("stream_errors")
         finally:
             self._inbound -= 1
+            if task is not None:
+                self._serving.discard(task)
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
+from peers.acceptor import Acceptor
 from peers.errors import DeadlineExceeded, LocalProtocolError, TransportClosed
-from peers.transport.acceptor import Acceptor
 from peers.transport.base import Handler, Identity, Link, Listener, Transport
 from peers.transport.connection import Connection, Metrics
 from peers.transport.limits import TransportLimits
