@@ -71,7 +71,7 @@ from giaannd.rowengine.run import (
     offsets_of,
     with_room,
 )
-from giaannd.rowengine.search import SEARCH_CHUNK, lower_bound, lower_bound_chunked, lower_bound_runs
+from giaannd.rowengine.search import SEARCH_CHUNK, find_runs, lower_bound, lower_bound_chunked
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "OrderedPlan", "RowEngine"]
 
@@ -176,20 +176,11 @@ def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, seg: U8, tc: U64, tf: U
     while its arrays are in the CPU's cache (search.py, ``SEARCH_CHUNK``)."""
     n = int(occ.shape[0])
     pos = np.empty(n, np.int64)
-    hit = np.zeros(n, bool)
-    if base.num_entries == 0:
-        pos[:] = lo[occ]
-        return pos, hit
-    last = base.num_entries - 1
+    hit = np.empty(n, bool)
     for a in range(0, n, SEARCH_CHUNK):
         z = min(n, a + SEARCH_CHUNK)
         o = occ[a:z]
-        h = hi[o]
-        s, c, f = seg[a:z], tc[a:z], tf[a:z]
-        p = lower_bound_runs(base.seg, base.tc, base.tf, lo[o], h, s, c, f, o)
-        at = np.minimum(p, last)
-        pos[a:z] = p
-        hit[a:z] = (p < h) & (base.seg[at] == s) & (base.tc[at] == c) & (base.tf[at] == f)
+        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o)
     return pos, hit
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["RUN_STRIDE", "SEARCH_CHUNK", "keys_less", "lower_bound", "lower_bound_chunked", "lower_bound_runs",
+__all__ = ["RUN_STRIDE", "SEARCH_CHUNK", "find_runs", "keys_less", "lower_bound", "lower_bound_chunked",
            "merge_positions"]
 
 #: Queries per ``lower_bound`` call in ``lower_bound_chunked``: each round makes ~15 passes over
@@ -33,7 +33,7 @@ __all__ = ["RUN_STRIDE", "SEARCH_CHUNK", "keys_less", "lower_bound", "lower_boun
 #: calls cost ~25 numpy calls each, nothing at that size).
 SEARCH_CHUNK = 1 << 16
 
-#: ``lower_bound_runs``: every RUN_STRIDE-th query of a run is searched in its whole range, the
+#: ``find_runs``: every RUN_STRIDE-th query of a run is searched in its whole range, the
 #: ones between in the window their bounds leave (<= RUN_STRIDE entries where queries are dense:
 #: log2 = 4 rounds). Larger: fewer full searches, wider windows; 16 measured best of 4-32
 #: (training-like log replay, tools.bench.snapshot: 6.45, 6.26, 5.93, 6.24 s/GB at 4, 8, 16, 32).
@@ -104,41 +104,69 @@ def lower_bound_chunked(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc:
     return out
 
 
-def lower_bound_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, run: I64) -> I64:
-    """``lower_bound`` for queries in sorted runs: ``run`` (non-decreasing) labels each query's
-    run; a run's queries are consecutive, in ascending key order, and share one range (a row
-    occurrence of a canonical batch). The result is the same; the work is less where runs are long.
+def _at_guess(seg: U8, tc: U64, tf: U64, guess: I64, hi: I64, qs: U8, qc: U64, qf: U64) -> Bools:
+    """Whether the entry at ``guess[i]`` (inside its range, below ``hi[i]``) holds query i's key:
+    then ``guess[i]`` is its lower bound (a range's keys are sorted and unique)."""
+    if seg.shape[0] == 0:
+        return np.zeros(guess.shape[0], bool)
+    inside = guess < hi
+    at = np.where(inside, guess, 0)
+    eq: Bools = inside & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf)
+    return eq
 
-    Two levels: every ``RUN_STRIDE``-th query of a run and its last are searched in the whole
-    range, then each query between two of them only between their bounds (a run's bounds are
-    non-decreasing). A long run of queries dense in their range (a batch adding to every key of a
-    row) then costs ~1/``RUN_STRIDE`` full searches plus a search of <= ``RUN_STRIDE`` entries (4
-    rounds) per query, instead of log2(row length) rounds each (12-17 for the long rows that hold
-    most entries); a run of one query is one full search, as in ``lower_bound``. Two levels,
-    not log2(n): each level costs ~25 passes over its queries, which at
-    tens of thousands of queries is what a search round costs (a log2(n)-level version measured
-    1.8x slower than ``lower_bound`` on one 45k-entry batch)."""
+
+def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, run: I64) -> tuple[I64, Bools]:
+    """``lower_bound``, and whether the key is there (``found``), for queries in sorted runs: ``run`` (non-decreasing) labels each query's
+    run; a run's queries are consecutive, in ascending key order, and share one range (a row
+    occurrence of a canonical batch). The result is the same; the work is less where runs are
+    long and dense in their range.
+
+    1. Guess: the k-th query of a run is the k-th key of its range (a batch adding to every key of
+       a row, as training batches do to a row they revisit whole). A guess is checked by one
+       comparison of the key there (``_at_guess``), and a right one is the answer, whatever
+       made it: ~10 passes over the queries instead of log2(row length) search rounds of ~15
+       (12-17 rounds for the long rows that hold most entries).
+    2. Every ``RUN_STRIDE``-th query of a run and its last, unless guessed, are searched in the
+       whole range; then each query between two of them is guessed again right after the one
+       before it (a dense stretch that does not start the row), else searched only between their
+       bounds (a run's bounds are non-decreasing): <= ``RUN_STRIDE`` entries where dense.
+
+    A run of one query that is not its row's first key costs one check plus one full search, as
+    in ``lower_bound``. Two levels, not log2(n): each level costs ~25 passes over its queries,
+    which at tens of thousands of queries is what a search round costs (a log2(n)-level version
+    measured 1.8x slower than ``lower_bound`` on one 45k-entry batch)."""
     n = int(run.shape[0])
     if n == 0:
-        return np.empty(0, np.int64)
+        return np.empty(0, np.int64), np.zeros(0, bool)
     idx = np.arange(n, dtype=np.int64)
     starts = np.ones(n, bool)
     starts[1:] = run[1:] != run[:-1]
     first = np.maximum.accumulate(np.where(starts, idx, 0))
+    out = lo + (idx - first)
+    done = _at_guess(seg, tc, tf, out, hi, qs, qc, qf)
+    if done.all():
+        return out, done
+    found = done.copy()
     ends = np.ones(n, bool)
     ends[:-1] = starts[1:]
     last = np.minimum.accumulate(np.where(ends, idx, n)[::-1])[::-1]
     step = (idx - first) % RUN_STRIDE
-    top = (step == 0) | ends
-    out = np.empty(n, np.int64)
+    top = ((step == 0) | ends) & ~done
     t = np.flatnonzero(top)
     out[t] = lower_bound(seg, tc, tf, lo[t], hi[t], qs[t], qc[t], qf[t])
-    m = np.flatnonzero(~top)
+    m = np.flatnonzero(~top & ~done)
     if m.shape[0]:
         left = m - step[m]
         right = np.minimum(left + RUN_STRIDE, last[m])
+        again = out[left] + step[m]
+        hit = _at_guess(seg, tc, tf, again, hi[m], qs[m], qc[m], qf[m])
+        out[m[hit]] = again[hit]
+        found[m[hit]] = True
+        m, left, right = m[~hit], left[~hit], right[~hit]
         out[m] = lower_bound(seg, tc, tf, out[left], out[right], qs[m], qc[m], qf[m])
-    return out
+        t = np.concatenate([t, m])
+    found[t] = _at_guess(seg, tc, tf, out[t], hi[t], qs[t], qc[t], qf[t])
+    return out, found
 
 
 def merge_positions(base_len: int, pos: I64) -> tuple[I64, I64]:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import KeyIndex, lower_bound
-from giaannd.rowengine.search import lower_bound_runs
+from giaannd.rowengine.search import find_runs
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
 
@@ -119,10 +119,19 @@ def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls,
                             np.array([y for _, y in probe], np.uint64)).tolist() == want
 
 
+def _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want):
+    """find_runs: the lower bounds ``want``, and found exactly where the key is there."""
+    got, found = find_runs(seg, tc, tf, lo, hi, qs, qc, qf, run)
+    assert got.tolist() == want.tolist()
+    at = np.minimum(want, max(seg.shape[0] - 1, 0))
+    there = (want < hi) & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf) if seg.shape[0] else want < 0
+    assert found.tolist() == there.tolist()
+
+
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), rows=st.integers(1, 40), small=st.booleans(),
        dense=st.floats(0.0, 1.0))
-def test_lower_bound_runs_equals_lower_bound(seed, n, rows, small, dense):
+def test_find_runs_equals_lower_bound(seed, n, rows, small, dense):
     """Queries grouped by range, ascending in each (rows of a canonical batch, some dense, some
     sparse, stored keys and new ones, empty ranges next to non-empty ones at the same start)."""
     rng = np.random.default_rng(seed)
@@ -154,12 +163,12 @@ def test_lower_bound_runs_equals_lower_bound(seed, n, rows, small, dense):
     change = np.ones(lo.shape[0], bool)
     change[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
     run = np.cumsum(change)
-    assert lower_bound_runs(seg, tc, tf, lo, hi, qs, qc, qf, run).tolist() == want.tolist()
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want)
 
 
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 2000), runs=st.integers(1, 30), small=st.booleans())
-def test_lower_bound_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
+def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
     """Runs over the same range next to each other (a row in consecutive batches of a group
     replay): each run is sorted, their concatenation is not; labels, not ranges, separate them."""
     rng = np.random.default_rng(seed)
@@ -171,13 +180,22 @@ def test_lower_bound_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
         z = int(rng.integers(a, n + 1))
         take = np.flatnonzero(rng.random(z - a) < rng.random()) + a
         for _ in range(int(rng.integers(1, 3))):  # the same range again, at once
-            parts.append((a, z, np.sort(rng.choice(take, min(take.shape[0], int(rng.integers(0, 40))),
-                                                    replace=False)) if take.shape[0] else take))
+            mode = rng.integers(0, 3)
+            if mode == 0:  # every key of the range (the guesses hold)
+                parts.append((a, z, np.arange(a, z)))
+            elif mode == 1:  # a dense stretch inside it, maybe with a gap
+                b = int(rng.integers(a, z + 1))
+                stretch = np.arange(b, int(rng.integers(b, z + 1)))
+                if stretch.shape[0] > 2 and rng.random() < 0.5:
+                    stretch = np.delete(stretch, int(rng.integers(0, stretch.shape[0])))
+                parts.append((a, z, stretch))
+            else:
+                parts.append((a, z, np.sort(rng.choice(take, min(take.shape[0], int(rng.integers(0, 40))),
+                                                        replace=False)) if take.shape[0] else take))
     lo = np.concatenate([np.full(p[2].shape[0], p[0]) for p in parts]).astype(np.int64)
     hi = np.concatenate([np.full(p[2].shape[0], p[1]) for p in parts]).astype(np.int64)
     at = np.concatenate([p[2] for p in parts]).astype(np.int64)
     run = np.concatenate([np.full(p[2].shape[0], i) for i, p in enumerate(parts)]).astype(np.int64)
     qs, qc, qf = seg[at], tc[at], tf[at]
     qf = qf + (rng.random(at.shape[0]) < 0.2).astype(np.uint64)  # some keys not stored (tf + 1)
-    got = lower_bound_runs(seg, tc, tf, lo, hi, qs, qc, qf, run)
-    assert got.tolist() == lower_bound(seg, tc, tf, lo, hi, qs, qc, qf).tolist()
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, lower_bound(seg, tc, tf, lo, hi, qs, qc, qf))
