@@ -116,10 +116,10 @@ def _at_guess(seg: U8, tc: U64, tf: U64, guess: I64, hi: I64, qs: U8, qc: U64, q
 
 
 def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, run: I64) -> tuple[I64, Bools]:
-    """``lower_bound``, and whether the key is there (``found``), for queries in sorted runs: ``run`` (non-decreasing) labels each query's
-    run; a run's queries are consecutive, in ascending key order, and share one range (a row
-    occurrence of a canonical batch). The result is the same; the work is less where runs are
-    long and dense in their range.
+    """``lower_bound``, and whether the key is there (``found``), for queries in sorted runs:
+    ``run`` (non-decreasing) labels each query's run; a run's queries are consecutive, in
+    ascending key order, and share one range (a row occurrence of a canonical batch). The bounds
+    are ``lower_bound``'s; the work is less where runs are long and dense in their range.
 
     1. Guess: the k-th query of a run is the k-th key of its range (a batch adding to every key of
        a row, as training batches do to a row they revisit whole). A guess is checked by one
