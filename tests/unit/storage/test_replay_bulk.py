@@ -167,12 +167,12 @@ def test_group_replay_of_a_training_log_equals_record_by_record(seed: int, count
     floors and by drops): every key's increments added in log order, float32 sums bit for bit."""
     records = _training_records(np.random.default_rng(seed), count)
     bulk, each = ColumnStore(BIG), ColumnStore(BIG)
-    saved = recovery.MAX_REPLAY_RUN_ENTRIES
-    recovery.MAX_REPLAY_RUN_ENTRIES = run_limit
+    saved = recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES
+    recovery.MAX_REPLAY_RUN_ENTRIES = recovery.MAX_REPLAY_GROUP_ENTRIES = run_limit
     try:
         got = replay(bulk, records, after)
     finally:
-        recovery.MAX_REPLAY_RUN_ENTRIES = saved
+        recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES = saved
     assert got == replay_each(each, records, after)
     _assert_same(bulk, each)
 
