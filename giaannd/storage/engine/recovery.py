@@ -67,8 +67,8 @@ from giaannd.storage.engine.update_log import (
     scan_segment,
 )
 
-__all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport", "SnapshotJob", "replay",
-           "replay_each"]
+__all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
+           "SnapshotJob", "replay", "replay_each"]
 
 log = logging.getLogger(__name__)
 
