@@ -136,7 +136,7 @@ class OrderedPlan:
     another as one plan. ``ids``: the row id of every row *occurrence* given (a key occurs once
     per batch); ``adds``: (run, entry indexes, increments) added with ``np.add.at``, i.e. one at a
     time in the order given, repeats included; ``new_run``: the keys found nowhere, each holding the
-    left fold of its increments."""
+    left fold of its increments in that order."""
 
     version: int
     new_a: U64
@@ -439,13 +439,18 @@ class RowEngine:
         (``np.add.at``; a new key starts from its first increment, as an insert does). Only the
         runs' layout differs (one delta run for the whole group).
 
-        Why it is cheaper than a plan per batch: the searches of every batch are one call each
-        (base, then each delta run, once), a key new to the engine is searched for once per group
-        instead of once per later batch and delta run, and the new keys form one delta run (fewer
-        merges and folds). The cost it adds: sorting the new keys into row order (a stable sort by
-        row id, nearly sorted already; a lexsort of only the new keys of rows that more than one
-        batch adds new keys to). Valid until the engine next changes (``commit_in_order`` checks).
-        ``entries`` are not kept: the new run is built from copies."""
+        Why it is cheaper than a plan per batch: the base is searched for every entry of a held
+        row in one pass (``_find_in_base``: cache-sized slices, ``search.find_runs``, which finds a
+        row occurrence that carries every key of its row with one comparison per entry instead of
+        log2(row length) search rounds); the entries of new rows are searched for nowhere (their
+        rows are in no run); each delta run is searched once per group for what the base lacks,
+        not once per batch; the new keys form one delta run (fewer merges and folds). What it
+        adds: sorting the new keys into row order (none when they already are: new rows, each in
+        one batch; a stable sort by row id otherwise, and a lexsort only of the rows that several
+        batches add new keys to). Every entry of a held row is still searched for (a key's
+        repeats across the group are not merged first: that takes a sort of every entry, which
+        costs more than the search). Valid until the engine next changes (``commit_in_order``
+        checks). ``entries`` are not kept: the new run is built from copies."""
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         offsets = np.asarray(offsets, np.int64)
@@ -499,9 +504,9 @@ class RowEngine:
         # the new keys of held rows (ids < held), then those of new rows: in row order as a whole
         parts = [_new_keys(row[q], q_occ, qs, qc, qf, st[q], qpos)] if q.shape[0] else []
         f = np.flatnonzero(fresh)
-        if f.shape[0]:  # a new row's entries lie where the base ends (its slice there is empty)
-            parts.append(_new_keys(row[f], occ[f], seg[f], tc[f], tf[f], st[f],
-                                   np.full(f.shape[0], base.num_entries, np.int64)))
+        if f.shape[0]:  # a new row's base position: where its (empty) base slice is, the base's end
+            f_occ = occ[f]
+            parts.append(_new_keys(row[f], f_occ, seg[f], tc[f], tf[f], st[f], lo[f_occ]))
         if parts:
             fields = [np.concatenate(x) if len(parts) > 1 else x[0] for x in zip(*parts)]
             plan.new_run = Run.from_sorted(*fields)
