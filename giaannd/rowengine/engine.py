@@ -169,9 +169,11 @@ def _block_gather(starts: I64, lengths: I64) -> I64:
     return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
 
 
-def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, seg: U8, tc: U64, tf: U64) -> tuple[I64, NDArray[np.bool_]]:
+def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, guess: I64, seg: U8, tc: U64, tf: U64
+                  ) -> tuple[I64, NDArray[np.bool_]]:
     """For entries of rows held before (``plan_in_order``; ``occ``: each one's row occurrence,
-    ``lo``/``hi``: each occurrence's base slice): each entry's lower bound in its slice, and
+    ``lo``/``hi``: each occurrence's base slice, ``guess``: the k-th key of its slice for the k-th
+    entry of an occurrence, ``search.find_runs``): each entry's lower bound in its slice, and
     whether the key is there. In slices of ``SEARCH_CHUNK`` entries, each one searched and checked
     while its arrays are in the CPU's cache (search.py, ``SEARCH_CHUNK``)."""
     n = int(occ.shape[0])
@@ -180,7 +182,8 @@ def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, seg: U8, tc: U64, tf: U
     for a in range(0, n, SEARCH_CHUNK):
         z = min(n, a + SEARCH_CHUNK)
         o = occ[a:z]
-        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o)
+        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o,
+                                       guess[a:z])
     return pos, hit
 
 
@@ -481,7 +484,9 @@ class RowEngine:
         old = np.flatnonzero(~fresh)
         base = self._base
         lo, hi = base.ranges(ids)
-        pos, hit = _find_in_base(base, lo, hi, occ[old], seg[old], tc[old], tf[old])
+        old_occ = occ[old]
+        # entry k of an occurrence at key k of its base slice: entry index - occurrence start + lo
+        pos, hit = _find_in_base(base, lo, hi, old_occ, (lo - offsets[:-1])[old_occ] + old, seg[old], tc[old], tf[old])
         plan.adds.append((base, pos[hit], st[old[hit]]))  # in log order (np.add.at in commit)
         miss = np.flatnonzero(~hit)
         q = old[miss]  # in the order given: a delta run's adds stay in log order

@@ -104,18 +104,20 @@ def lower_bound_chunked(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc:
     return out
 
 
-def _at_guess(seg: U8, tc: U64, tf: U64, guess: I64, hi: I64, qs: U8, qc: U64, qf: U64) -> Bools:
-    """Whether the entry at ``guess[i]`` (inside its range, below ``hi[i]``) holds query i's key:
-    then ``guess[i]`` is its lower bound (a range's keys are sorted and unique)."""
+def _at_guess(seg: U8, tc: U64, tf: U64, guess: I64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64) -> Bools:
+    """Whether the entry at ``guess[i]``, inside query i's range ``[lo[i], hi[i])``, holds its key:
+    then ``guess[i]`` is its lower bound (a range's keys are sorted and unique; another range may
+    hold the same key, hence the range check)."""
     if seg.shape[0] == 0:
         return np.zeros(guess.shape[0], bool)
-    inside = guess < hi
+    inside = (guess < hi) & (guess >= lo)
     at = np.where(inside, guess, 0)
     eq: Bools = inside & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf)
     return eq
 
 
-def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, run: I64) -> tuple[I64, Bools]:
+def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, run: I64,
+              guess: I64 | None = None) -> tuple[I64, Bools]:
     """``lower_bound``, and whether the key is there (``found``), for queries in sorted runs:
     ``run`` (non-decreasing) labels each query's run; a run's queries are consecutive, in
     ascending key order, and share one range (a row occurrence of a canonical batch). The bounds
@@ -131,6 +133,8 @@ def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: 
        before it (a dense stretch that does not start the row), else searched only between their
        bounds (a run's bounds are non-decreasing): <= ``RUN_STRIDE`` entries where dense.
 
+    ``guess``: step 1's guesses when the caller has them (a run cut by a slice boundary: its
+    place in the run counts from the run's true start); any positions will do, each is checked.
     A run of one query that is not its row's first key costs one check plus one full search, as
     in ``lower_bound``. Two levels, not log2(n): each level costs ~25 passes over its queries,
     which at tens of thousands of queries is what a search round costs (a log2(n)-level version
@@ -138,14 +142,20 @@ def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: 
     n = int(run.shape[0])
     if n == 0:
         return np.empty(0, np.int64), np.zeros(0, bool)
+    if guess is not None:
+        out = np.array(guess, np.int64, copy=True)
+        done = _at_guess(seg, tc, tf, out, lo, hi, qs, qc, qf)
+        if done.all():
+            return out, done
     idx = np.arange(n, dtype=np.int64)
     starts = np.ones(n, bool)
     starts[1:] = run[1:] != run[:-1]
     first = np.maximum.accumulate(np.where(starts, idx, 0))
-    out = lo + (idx - first)
-    done = _at_guess(seg, tc, tf, out, hi, qs, qc, qf)
-    if done.all():
-        return out, done
+    if guess is None:
+        out = lo + (idx - first)
+        done = _at_guess(seg, tc, tf, out, lo, hi, qs, qc, qf)
+        if done.all():
+            return out, done
     found = done.copy()
     ends = np.ones(n, bool)
     ends[:-1] = starts[1:]
@@ -159,13 +169,13 @@ def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: 
         left = m - step[m]
         right = np.minimum(left + RUN_STRIDE, last[m])
         again = out[left] + step[m]
-        hit = _at_guess(seg, tc, tf, again, hi[m], qs[m], qc[m], qf[m])
+        hit = _at_guess(seg, tc, tf, again, lo[m], hi[m], qs[m], qc[m], qf[m])
         out[m[hit]] = again[hit]
         found[m[hit]] = True
         m, left, right = m[~hit], left[~hit], right[~hit]
         out[m] = lower_bound(seg, tc, tf, out[left], out[right], qs[m], qc[m], qf[m])
         t = np.concatenate([t, m])
-    found[t] = _at_guess(seg, tc, tf, out[t], hi[t], qs[t], qc[t], qf[t])
+    found[t] = _at_guess(seg, tc, tf, out[t], lo[t], hi[t], qs[t], qc[t], qf[t])
     return out, found
 
 

@@ -121,11 +121,15 @@ def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls,
 
 def _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want):
     """find_runs: the lower bounds ``want``, and found exactly where the key is there."""
-    got, found = find_runs(seg, tc, tf, lo, hi, qs, qc, qf, run)
-    assert got.tolist() == want.tolist()
     at = np.minimum(want, max(seg.shape[0] - 1, 0))
     there = (want < hi) & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf) if seg.shape[0] else want < 0
-    assert found.tolist() == there.tolist()
+    rng = np.random.default_rng(int(want.sum()) % 1000)
+    # guesses given: none, any positions (right, off by one, anywhere), each is checked
+    for guess in (None, want + rng.integers(-1, 2, want.shape[0]) * (rng.random(want.shape[0]) < 0.5),
+                  rng.integers(0, seg.shape[0] + 2, want.shape[0])):
+        got, found = find_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, guess)
+        assert got.tolist() == want.tolist()
+        assert found.tolist() == there.tolist()
 
 
 @settings(max_examples=80, deadline=None)
