@@ -99,10 +99,9 @@ class ApplyResult:
     part: RowBatch | None = None
 
 
-#: Most entries one bulk replay apply gathers (``replay``): the group's batches are concatenated (a
-#: copy of this many entries, 21 bytes each, on top of the log read, and a group that shares rows
-#: holds ~40 bytes more per entry while it is planned: row ids, positions, the sort of its new
-#: keys), and past a few million entries per apply the per-apply overhead it saves is under 1%.
+#: Most entries one bulk replay apply gathers (``replay``): the run's batches are concatenated (a
+#: copy of this many entries, 21 bytes each, on top of the log read), and past a few million
+#: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
 #: Most entries of a group of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
 #: its plan holds ~50 bytes per entry of temporaries (row ids, positions, masks, gathered keys),
