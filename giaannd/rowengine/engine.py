@@ -71,9 +71,9 @@ from giaannd.rowengine.run import (
     offsets_of,
     with_room,
 )
-from giaannd.rowengine.search import lower_bound
+from giaannd.rowengine.search import SEARCH_CHUNK, find_runs, lower_bound, lower_bound_chunked
 
-__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "OrderedPlan", "RowEngine"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -130,6 +130,26 @@ class ApplyPlan:
         return int(self.new_a.shape[0])
 
 
+@dataclass(slots=True, eq=False)
+class OrderedPlan:
+    """A planned ``commit_in_order`` (``RowEngine.plan_in_order``): batches applied one after
+    another as one plan. ``ids``: the row id of every row *occurrence* given (a key occurs once
+    per batch); ``adds``: (run, entry indexes, increments) added with ``np.add.at``, i.e. one at a
+    time in the order given, repeats included; ``new_run``: the keys found nowhere, each holding the
+    left fold of its increments in that order."""
+
+    version: int
+    new_a: U64
+    new_b: U64
+    ids: I64
+    adds: list[tuple[Run, I64, F32]] = field(default_factory=list)
+    new_run: Run | None = None
+
+    @property
+    def new_rows(self) -> int:
+        return int(self.new_a.shape[0])
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Work counters: folds into the base and the base entries they wrote, delta merges and theirs."""
@@ -147,6 +167,62 @@ def _block_gather(starts: I64, lengths: I64) -> I64:
     """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
     out = offsets_of(lengths)
     return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
+
+
+def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, guess: I64, seg: U8, tc: U64, tf: U64
+                  ) -> tuple[I64, NDArray[np.bool_]]:
+    """For entries of rows held before (``plan_in_order``; ``occ``: each one's row occurrence,
+    ``lo``/``hi``: each occurrence's base slice, ``guess``: the k-th key of its slice for the k-th
+    entry of an occurrence, ``search.find_runs``): each entry's lower bound in its slice, and
+    whether the key is there. In slices of ``SEARCH_CHUNK`` entries, each one searched and checked
+    while its arrays are in the CPU's cache (search.py, ``SEARCH_CHUNK``)."""
+    n = int(occ.shape[0])
+    pos = np.empty(n, np.int64)
+    hit = np.empty(n, bool)
+    for a in range(0, n, SEARCH_CHUNK):
+        z = min(n, a + SEARCH_CHUNK)
+        o = occ[a:z]
+        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o,
+                                       guess[a:z])
+    return pos, hit
+
+
+def _new_keys(row: I64, occ: I64, seg: U8, tc: U64, tf: U64, st: F32, pos: I64
+              ) -> tuple[I64, U8, U64, U64, F32, I64]:
+    """Keys found nowhere (``plan_in_order``), in the order given, as the fields of delta-run
+    entries: sorted by (row id, key), each key once, holding its first increment plus the later
+    ones in order. The arrays are the caller's to give (gathers): the result may be them.
+
+    Each row occurrence's entries are sorted already, so a stable sort by row id orders every row
+    that only one occurrence adds new keys to (and none is needed when the row ids already come in
+    order: new rows, each in one batch of the group); the rows that several occurrences add to
+    are sorted by key (a lexsort of their entries only) in the places the stable sort gave them,
+    and only they can hold a key twice."""
+    if row.shape[0] > 1 and bool(np.any(row[1:] < row[:-1])):
+        order = np.argsort(row, kind="stable")
+        row, occ, seg, tc, tf, st, pos = row[order], occ[order], seg[order], tc[order], tf[order], st[order], pos[order]
+    starts = np.ones(row.shape[0], bool)
+    starts[1:] = row[1:] != row[:-1]
+    mixed_at = np.zeros(row.shape[0], bool)  # an entry whose row another occurrence added to before it
+    mixed_at[1:] = ~starts[1:] & (occ[1:] != occ[:-1])
+    if not mixed_at.any():
+        return row, seg, tc, tf, st, pos
+    row_no = np.cumsum(starts) - 1
+    mixed = np.zeros(int(row_no[-1]) + 1, bool)
+    mixed[row_no[mixed_at]] = True
+    at = np.flatnonzero(mixed[row_no])
+    sub = at[np.lexsort((tf[at], tc[at], seg[at]))]  # stable: equal keys stay in log order
+    sub = sub[np.argsort(row[sub], kind="stable")]  # and by row (the block's rows, in place)
+    row[at], seg[at], tc[at], tf[at], st[at], pos[at] = row[sub], seg[sub], tc[sub], tf[sub], st[sub], pos[sub]
+    first = np.ones(row.shape[0], bool)
+    first[1:] = starts[1:] | (seg[1:] != seg[:-1]) | (tc[1:] != tc[:-1]) | (tf[1:] != tf[:-1])
+    if first.all():
+        return row, seg, tc, tf, st, pos
+    slot = np.cumsum(first) - 1
+    value = st[first]  # each key's first increment
+    later = np.flatnonzero(~first)
+    np.add.at(value, slot[later], st[later])  # the later ones, one at a time in log order
+    return row[first], seg[first], tc[first], tf[first], value, pos[first]
 
 
 class RowEngine:
@@ -355,6 +431,108 @@ class RowEngine:
         self.stats.delta_merges += 1
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
         return merge_deltas(older, newer)
+
+    def plan_in_order(self, a: U64, b: U64, offsets: I64, entries: Entries) -> OrderedPlan:
+        """``plan`` of canonical batches concatenated (log replay of batches that share rows,
+        recovery.py): row occurrence i is key ``(a[i], b[i])`` with entries
+        ``entries[offsets[i]:offsets[i+1]]`` (sorted, unique keys), and a key may occur again in a
+        later batch. ``commit_in_order`` then leaves the engine as ``apply`` of each batch in turn:
+        the same row ids (new rows numbered in order of first occurrence), lengths and strengths
+        bit for bit, because every key's increments are added one at a time in the order given
+        (``np.add.at``; a new key starts from its first increment, as an insert does). Only the
+        runs' layout differs (one delta run for the whole group).
+
+        Why it is cheaper than a plan per batch: the base is searched for every entry of a held
+        row in one pass (``_find_in_base``: cache-sized slices, ``search.find_runs``, which finds a
+        row occurrence that carries every key of its row with one comparison per entry instead of
+        log2(row length) search rounds); the entries of new rows are searched for nowhere (their
+        rows are in no run); each delta run is searched once per group for what the base lacks,
+        not once per batch; the new keys form one delta run (fewer merges and folds). What it
+        adds: sorting the new keys into row order (none when they already are: new rows, each in
+        one batch; a stable sort by row id otherwise, and a lexsort only of the rows that several
+        batches add new keys to). Every entry of a held row is still searched for (a key's
+        repeats across the group are not merged first: that takes a sort of every entry, which
+        costs more than the search). Valid until the engine next changes (``commit_in_order``
+        checks). ``entries`` are not kept: the new run is built from copies."""
+        a = np.asarray(a, np.uint64)
+        b = np.asarray(b, np.uint64)
+        offsets = np.asarray(offsets, np.int64)
+        lengths = np.diff(offsets)
+        held = len(self._index)
+        ids = self._index.lookup(a, b)
+        new = np.flatnonzero(ids < 0)
+        new_a, new_b = a[new], b[new]
+        if new.shape[0]:  # a new key's id: the next ones, in order of first occurrence
+            order = np.lexsort((new_b, new_a))  # stable: the first of equal keys is the earliest
+            sa, sb = new_a[order], new_b[order]
+            first = np.ones(order.shape[0], bool)
+            first[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
+            by_time = np.argsort(order[first], kind="stable")  # distinct keys by first occurrence
+            rank = np.empty(by_time.shape[0], np.int64)
+            rank[by_time] = np.arange(by_time.shape[0], dtype=np.int64)
+            got = np.empty(order.shape[0], np.int64)
+            got[order] = held + rank[np.cumsum(first) - 1]
+            ids[new] = got
+            new_a, new_b = sa[first][by_time], sb[first][by_time]
+        plan = OrderedPlan(self._version, new_a, new_b, ids)
+        seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
+        if st.shape[0] == 0:
+            return plan
+        occ = np.repeat(np.arange(ids.shape[0], dtype=np.int64), lengths)  # each entry's row occurrence
+        row = ids[occ]
+        fresh = row >= held  # entries of new rows: new keys, searched for nowhere
+        old = np.flatnonzero(~fresh)
+        base = self._base
+        lo, hi = base.ranges(ids)
+        old_occ = occ[old]
+        # entry k of an occurrence at key k of its base slice: entry index - occurrence start + lo
+        pos, hit = _find_in_base(base, lo, hi, old_occ, (lo - offsets[:-1])[old_occ] + old, seg[old], tc[old], tf[old])
+        plan.adds.append((base, pos[hit], st[old[hit]]))  # in log order (np.add.at in commit)
+        miss = np.flatnonzero(~hit)
+        q = old[miss]  # in the order given: a delta run's adds stay in log order
+        q_occ = occ[q]
+        qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[miss]
+        for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
+            if q.shape[0] == 0:
+                break
+            row_lo, row_hi = delta.ranges(ids)
+            dlo, dhi = gap_ranges(delta, row_lo[q_occ], row_hi[q_occ], qpos)
+            at = lower_bound_chunked(delta.seg, delta.tc, delta.tf, dlo, dhi, qs, qc, qf)
+            inside = np.flatnonzero(at < dhi)
+            a_in = at[inside]
+            found = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
+            if found.any():
+                plan.adds.append((delta, a_in[found], st[q[inside[found]]]))
+                keep = np.ones(q.shape[0], bool)
+                keep[inside[found]] = False
+                q, q_occ, qs, qc, qf, qpos = q[keep], q_occ[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
+        # the new keys of held rows (ids < held), then those of new rows: in row order as a whole
+        parts = [_new_keys(row[q], q_occ, qs, qc, qf, st[q], qpos)] if q.shape[0] else []
+        f = np.flatnonzero(fresh)
+        if f.shape[0]:  # a new row's base position: where its (empty) base slice is, the base's end
+            f_occ = occ[f]
+            parts.append(_new_keys(row[f], f_occ, seg[f], tc[f], tf[f], st[f], lo[f_occ]))
+        if parts:
+            fields = [np.concatenate(x) if len(parts) > 1 else x[0] for x in zip(*parts)]
+            plan.new_run = Run.from_sorted(*fields)
+        return plan
+
+    def commit_in_order(self, plan: OrderedPlan) -> None:
+        """Carry out a ``plan_in_order``; nothing may change the engine between the two.
+
+        Raises:
+            RuntimeError: the engine changed after the plan was made (nothing is written).
+        """
+        if plan.version != self._version:
+            raise RuntimeError("stale OrderedPlan: the engine changed after plan_in_order()")
+        self._version += 1
+        if plan.new_a.shape[0]:
+            self._index.append(plan.new_a, plan.new_b)
+        self._grow_lengths(len(self._index))
+        for run, at, add in plan.adds:
+            np.add.at(run.st, at, add)  # repeats added one at a time, in order
+        if plan.new_run is not None:
+            self._add_delta(plan.new_run)
 
     def compact(self) -> None:
         """Fold every delta run into the base (reads then return views, without a copy)."""

@@ -17,8 +17,10 @@ it is on real rows. Measured in one run:
    run concatenated, planned as a delta run and folded: ``_open_as_before``), and record-by-record
    replay (``recovery.replay_each``); the resident memory a fresh process gains by a replay, after
    it and at its peak; the replay of a training-like log, where batches share rows
-   (``bench_replay_training_log``); and (``--replay-only``) the replay's CPU by phase
-   (``replay_phases``);
+   (``bench_replay_training_log``: group replay, with the same-run baselines of the replay before
+   it, runs of row-disjoint records, ``_replay_runs_as_before``, and record by record, and the
+   resident memory per entry after and at the peak of its restart); and (``--replay-only``) both
+   replays' CPU by phase (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
@@ -136,6 +138,46 @@ def _open_as_before(d: Path) -> None:
         DurableStore.open(d, BIG).close()
 
 
+def _replay_runs_as_before(store: ColumnStore, records: list[update_log.LogRecord], after_seq: int) -> tuple[int, int]:
+    """Baseline: ``recovery.replay`` as it was before group replay: a run of row-disjoint records
+    as one engine apply, a record sharing a row with the run ending it (on a training log, one
+    apply per record)."""
+    applied = skipped = 0
+    todo = [r for r in records if r.seq > after_seq]
+    skipped += len(records) - len(todo)
+    prev = recovery._previous_record(todo)
+    first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
+                          np.int64)
+    room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
+    run: list[tuple[BatchId, RowBatch]] = []
+    run_start = run_entries = 0
+    run_fresh = True
+
+    def flush(end: int) -> None:
+        nonlocal applied, skipped
+        if run:
+            done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
+            applied, skipped = applied + done, skipped + len(run) - done
+            run.clear()
+
+    for i, rec in enumerate(todo):
+        if rec.kind == update_log.KIND_BATCH:
+            assert rec.batch_id is not None and rec.batch is not None
+            if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > recovery.MAX_REPLAY_RUN_ENTRIES):
+                flush(i)
+            if not run:
+                run_start, run_entries, run_fresh = i, 0, True
+            run_fresh = run_fresh and bool(prev[i] < 0)
+            run.append((rec.batch_id, rec.batch))
+            run_entries += rec.batch.num_entries
+            continue
+        flush(i)
+        recovery._apply_marker(store, rec)
+        applied += 1
+    flush(len(todo))
+    return applied, skipped
+
+
 def _replay_record_by_record(d: Path) -> None:
     """Baseline: every segment scanned, then replayed one record at a time (``replay_each``)."""
     segments = list_segments(d)
@@ -144,12 +186,14 @@ def _replay_record_by_record(d: Path) -> None:
         replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
 
 
-def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
+def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tuple[str, float, str | None]]:
     """Where a replay's CPU goes, s/GB by phase (best of ``repeat`` each): the segment reads, the
     record checks (header and payload checksums), the payload decode with its row checks (in a
     second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
-    lexsort, the key index, the copy into the engine's base, and the rest (the applied set, row
-    counts, ...). Timed by wrapping those
+    lexsort, the key index, the copy into the engine's base, a group's search of the base
+    (``_find_in_base``), the sort of its new keys (``_new_keys``), its commit (the adds, the new
+    delta run and the folds it sets off) and the rest (the applied set, row counts, the delta
+    runs' search, ...). A snapshot in ``d`` is loaded first (not timed). Timed by wrapping those
     functions (the wrappers' own cost is per call: a few dozen calls)."""
     spent: dict[str, float] = {}
 
@@ -173,10 +217,14 @@ def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str
                                        (KeyIndex, "append", "replay: key index"),
                                        (KeyIndex, "append_new", "replay: key index"),
                                        (engine_mod, "append_rows", "replay: copy into the base"),
+                                       (engine_mod, "_find_in_base", "replay: group search of the base"),
+                                       (engine_mod, "_new_keys", "replay: group new keys sorted"),
+                                       (RowEngine, "commit_in_order", "replay: group commit (adds, delta, folds)"),
                                        (update_log, "_decode_payload", "decode and row checks")):
                 stack.enter_context(timed(owner, name, phase))
             reader = update_log.SegmentReader()
-            store = ColumnStore(BIG)
+            snaps = list(d.glob("snapshot-*.snap"))
+            store, after = read_snapshot(snaps[0], BIG) if snaps else (ColumnStore(BIG), 0)
             segments = list_segments(d)
             for n, (first, path) in enumerate(segments):
                 start = time.process_time()
@@ -187,7 +235,7 @@ def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str
                 checked = time.process_time()
                 records = scan_segment(path, first, n == len(segments) - 1, reader).records
                 scanned = time.process_time()
-                recovery.replay(store, records, 0)
+                recovery.replay(store, records, after)
                 done = time.process_time()
                 for phase, t in (("read", read - start), ("record checks", checked - read), ("replay", done - scanned)):
                     spent[phase] = spent.get(phase, 0.0) + t
@@ -196,7 +244,7 @@ def replay_phases(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str
         spent["replay: the rest"] = spent.pop("replay") - inner
         for k, v in spent.items():
             best[k] = min(best.get(k, float("inf")), v)
-    return [(f"replay phase: {k}, CPU (s/GB)", v / gb, None) for k, v in best.items()]
+    return [(f"{label}replay phase: {k}, CPU (s/GB)", v / gb, None) for k, v in best.items()]
 
 
 def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
@@ -226,12 +274,17 @@ def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str 
     ]
 
 
-def bench_replay_training_log(tmp: Path, entries: int, repeat: int) -> list[tuple[str, float, str | None]]:
+def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool = False
+                              ) -> list[tuple[str, float, str | None]]:
     """Log replay of a training-like log: a snapshot of ``entries`` * 0.4 entries grown by new rows,
     then ``_apply_stream``'s batches (in-place adds to 1,500 stored rows + 500 new rows each) for
-    about 1.4 times ``entries`` logged entries. Consecutive batches share rows, so runs are one
-    record long and replay is one engine apply per record. In s per GB of logged entries, the
-    snapshot's load taken off; the baseline is record-by-record replay of the same segments."""
+    about 1.4 times ``entries`` logged entries. Consecutive batches share rows: replayed in groups
+    (``recovery.replay``), where the replay before made runs one record long (one engine apply per
+    record). In s per GB of logged entries, the snapshot's load taken off; the baselines are that
+    replay (``_replay_runs_as_before``) and record-by-record replay of the same segments, timed in
+    the same run, interleaved. Each batch adds to every key of the rows it picks (whole rows read
+    back): the case ``search.find_runs``'s guesses serve; a batch adding to a sparse subset of a
+    row's keys pays its search."""
     rng = np.random.default_rng(16)
     d = tmp / "training"
     ds = DurableStore.open(d, BIG)
@@ -257,8 +310,12 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int) -> list[tupl
         for n, (first, path) in enumerate(segments):
             replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
 
+    def runs() -> None:
+        with mock.patch.object(recovery, "replay", _replay_runs_as_before):
+            DurableStore.open(d, BIG).close()
+
     variants = {"load": lambda: read_snapshot(snap, BIG), "now": lambda: DurableStore.open(d, BIG).close(),
-                "each": each}
+                "runs": runs, "each": each}
     cpu = dict.fromkeys(variants, float("inf"))
     for _ in range(repeat):
         for name, fn in variants.items():
@@ -266,12 +323,19 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int) -> list[tupl
             start = time.process_time()
             fn()
             cpu[name] = min(cpu[name], time.process_time() - start)
+    rss, peak = replay_rss_per_entry(d)
     return [
         (f"training-like log replay ({logged:,} entries logged), CPU time (s/GB of log)",
          (cpu["now"] - cpu["load"]) / gb, "<= 1.0"),
+        ("baseline: training-like log, runs of disjoint records (replay before groups), CPU time (s/GB of log)",
+         (cpu["runs"] - cpu["load"]) / gb, None),
         ("baseline: training-like log, record by record, CPU time (s/GB of log)", (cpu["each"] - cpu["load"]) / gb,
          None),
-    ]
+        ("training-like log replay CPU time, runs before / groups now (ratio)",
+         (cpu["runs"] - cpu["load"]) / (cpu["now"] - cpu["load"]), None),
+        ("storage RSS per entry after a training-like log's restart (B)", rss, "<= 32"),
+        ("peak RSS per entry during a training-like log's restart (B)", peak, None),
+    ] + (replay_phases(d, gb, repeat, "training-like log: ") if phases else [])
 
 
 _CPU: dict[str, float] = {}
@@ -312,7 +376,7 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     ds.close()
     title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
              f"{gb:.3f} GB of rows")
-    replay_figures = bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat)
+    replay_figures = bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
     if replay_only:
         _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
         return None

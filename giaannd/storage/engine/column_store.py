@@ -375,27 +375,7 @@ class ColumnStore:
         ``new_rows`` False: the caller knows some row is stored already (a record shared it with an
         earlier one), so the straight path is not tried (its refusal costs a probe of every key).
         """
-        pieces: list[RowBatch] = []
-        applied = 0
-        for batch_id, batch in items:
-            batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
-            done = self.applied.columns(batch_id)
-            if done is None:
-                continue
-            columns = _columns_of(batch)
-            if done.shape[0]:
-                fresh = ~np.isin(batch.row_column, done)
-                if not fresh.any():
-                    continue
-                batch = batch.select_rows(fresh)
-                columns = np.setdiff1d(columns, done, assume_unique=True)
-            lengths = np.diff(batch.offsets)
-            if not lengths.all():
-                batch = batch.select_rows(lengths > 0)
-            self.applied.add(batch_id, columns)
-            applied += 1
-            if batch.num_rows:
-                pieces.append(batch)
+        applied, pieces = self._replay_parts(items)
         self._version += 1
         if not pieces:
             return applied
@@ -418,6 +398,70 @@ class ColumnStore:
                                         cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])),
                                 owned=True)  # (the concatenation is a copy only this apply holds)
         self._commit_plan(plan)
+        return applied
+
+    def _replay_parts(self, items: list[tuple[BatchId, RowBatch]]) -> tuple[int, list[RowBatch]]:
+        """The applied-set part of ``prepare`` + ``commit`` for each of ``items`` in order (which
+        id, which columns: applied_set.py "Which columns"; an id seen before, earlier in ``items``
+        too, skips what it applied), recorded as it goes. Returns how many were applied and the
+        parts to apply to the rows (rows without entries left out; parts with no rows too)."""
+        pieces: list[RowBatch] = []
+        applied = 0
+        for batch_id, batch in items:
+            batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
+            done = self.applied.columns(batch_id)
+            if done is None:
+                continue
+            columns = _columns_of(batch)
+            if done.shape[0]:
+                fresh = ~np.isin(batch.row_column, done)
+                if not fresh.any():
+                    continue
+                batch = batch.select_rows(fresh)
+                columns = np.setdiff1d(columns, done, assume_unique=True)
+            lengths = np.diff(batch.offsets)
+            if not lengths.all():
+                batch = batch.select_rows(lengths > 0)
+            self.applied.add(batch_id, columns)
+            applied += 1
+            if batch.num_rows:
+                pieces.append(batch)
+        return applied, pieces
+
+    def apply_in_order(self, items: list[tuple[BatchId, RowBatch]]) -> int:
+        """Log replay of batches that share rows (recovery.py, issue 14 item 4): apply ``items`` in
+        order, as ``prepare(id, batch, validate=False, enforce_capacity=False)`` + ``commit`` of
+        each would, bit for bit, as one engine plan (``RowEngine.plan_in_order``). Returns how many
+        were applied (the others' ids were applied before).
+
+        Why the result is the same: the applied-set part is decided batch by batch, in order, as
+        ``prepare`` does (``_replay_parts``); the engine adds every key's increments one at a time
+        in that order, numbers new rows in order of first occurrence, and ``touches`` grows by one
+        per batch that touches a row (a row occurs once per batch). The row-size counts are those
+        of the rows' final lengths, which is what the per-batch updates sum to."""
+        applied, pieces = self._replay_parts(items)
+        self._version += 1
+        if not pieces:
+            return applied
+        cat = np.concatenate
+        starts = np.cumsum([0] + [p.num_entries for p in pieces[:-1]])
+        offsets = cat([pieces[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(pieces, starts.tolist())])
+        engine = self.engine
+        plan = engine.plan_in_order(
+            cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),
+            offsets.astype(np.int64, copy=False),
+            Entries(cat([p.segment for p in pieces]), cat([p.target_column for p in pieces]),
+                    cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])))
+        mark = np.zeros(engine.num_rows + plan.new_rows, bool)  # the distinct rows (cheaper than a sort)
+        mark[plan.ids] = True
+        touched = np.flatnonzero(mark)
+        self._count_sizes(engine.lengths()[touched[touched < engine.num_rows]], -1)
+        engine.commit_in_order(plan)
+        self._count_sizes(engine.lengths()[touched])
+        self._grow_touches(engine.num_rows)
+        np.add.at(self._touches, plan.ids, np.uint64(1))
+        if plan.new_rows:
+            self._rows_version = self._version
         return applied
 
     def _commit_plan(self, plan: ApplyPlan) -> None:

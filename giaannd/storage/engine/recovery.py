@@ -11,9 +11,9 @@ S), and the log segments. Invariants:
   meets one it cannot apply.
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
-  anyway: replay is idempotent twice over. It is done in bulk (``replay``: runs of records whose
-  rows are disjoint as one engine apply), with the result of applying them one by one
-  (``replay_each``) bit for bit.
+  anyway: replay is idempotent twice over. It is done in bulk (``replay``: groups of consecutive
+  batch records as one engine plan, their increments to a key added in log order), with the
+  result of applying them one by one (``replay_each``) bit for bit.
 - A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
   too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
   it is replayed and then dropped, a batch after it recreates the column exactly as it was created
@@ -67,8 +67,8 @@ from giaannd.storage.engine.update_log import (
     scan_segment,
 )
 
-__all__ = ["MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport", "SnapshotJob", "replay",
-           "replay_each"]
+__all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
+           "SnapshotJob", "replay", "replay_each"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,13 @@ class ApplyResult:
 #: copy of this many entries, 21 bytes each, on top of the log read), and past a few million
 #: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
+#: Most entries of a group of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
+#: its plan holds ~50 bytes per entry of temporaries (row ids, positions, masks, gathered keys),
+#: and glibc keeps freed arrays under its mmap threshold (up to 32 MiB) in the heap: with groups of
+#: 2^22 entries a restart of tools.bench.snapshot's training-like log kept 61 B per stored entry
+#: resident after it (peak 79), with 2^20 35.6 (peak 51; the replay before groups: 34 / 50), at
+#: the same CPU time (per-group overhead is a few dozen numpy calls per 64 Ki entries).
+MAX_REPLAY_GROUP_ENTRIES = 1 << 20
 
 
 def _previous_record(records: list[LogRecord]) -> NDArray[np.int64]:
@@ -125,15 +132,23 @@ def _previous_record(records: list[LogRecord]) -> NDArray[np.int64]:
 def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
     """Apply the records with seq > ``after_seq``; returns (applied, skipped). Idempotent.
 
-    In bulk (issue 14 item 4): consecutive batch records whose rows are pairwise disjoint are
-    applied together, as one engine apply (``ColumnStore.apply_disjoint``: the same rows, strengths,
-    touches and applied set, bit for bit, as applying them one by one; at most
-    ``MAX_REPLAY_RUN_ENTRIES`` entries at once). A record that shares a row with one of the run,
-    a floor or a drop record ends the run: float sums must be added in log order. A run of new rows
-    only goes straight into the engine's base (``apply_disjoint``'s ``room`` and ``new_rows``:
-    below). Records are not checked again (``validate=False``): each was checked when it was
-    applied live and is read back under its checksum. Per record, Python work is a few calls;
-    never per row or entry."""
+    In bulk (issue 14 item 4), with the result of ``replay_each`` bit for bit: consecutive batch
+    records form a group (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
+    once two of them share a row; a floor or drop record ends it, and is applied in log order
+    between groups), applied as one engine plan:
+
+    - records whose rows are pairwise disjoint: ``ColumnStore.apply_disjoint`` (each key gets one
+      increment). A run of new rows only goes straight into the engine's base (its ``room`` and
+      ``new_rows``: below); such a run is applied on its own, before a record that shares a row
+      with it, to keep that path.
+    - records that share rows (a training log: every batch adds to rows the ones before added to):
+      ``ColumnStore.apply_in_order``, one plan of the group's keys in which every key's
+      increments are added one at a time in log order (``RowEngine.plan_in_order``: float32
+      sums are those of record-by-record replay).
+
+    Records are not checked again (``validate=False``): each was checked when it was applied live
+    and is read back under its checksum. Per record, Python work is a few calls; never per row or
+    entry."""
     applied = skipped = 0
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
@@ -145,23 +160,31 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
     run: list[tuple[BatchId, RowBatch]] = []
     run_start = run_entries = 0
-    run_fresh = True  # no record of the run shares a row with an earlier one: its rows may all be new
+    run_fresh = True  # no record of the group shares a row with an earlier one: its rows may all be new
+    run_shares = False  # a record of the group shares a row with another one of it
 
     def flush(end: int) -> None:
         nonlocal applied, skipped
         if run:
-            done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
+            if run_shares:
+                done = store.apply_in_order(run)
+            else:
+                done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
             applied, skipped = applied + done, skipped + len(run) - done
             run.clear()
 
     for i, rec in enumerate(todo):
         if rec.kind == KIND_BATCH:
             assert rec.batch_id is not None and rec.batch is not None
-            if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > MAX_REPLAY_RUN_ENTRIES):
+            shares = bool(prev[i] >= run_start)
+            cap = MAX_REPLAY_GROUP_ENTRIES if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
+            if run and (run_entries + rec.batch.num_entries > cap or (shares and run_fresh)):
                 flush(i)
             if not run:
-                run_start, run_entries, run_fresh = i, 0, True
+                run_start, run_entries, run_fresh, run_shares = i, 0, True, False
+                shares = False
             run_fresh = run_fresh and bool(prev[i] < 0)
+            run_shares = run_shares or shares
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
             continue

@@ -292,3 +292,59 @@ def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(
     assert np.array_equal(a, pa) and np.array_equal(b, pb) and np.array_equal(offsets, poff)
     for f in ("seg", "tc", "tf", "st"):
         assert np.array_equal(getattr(entries, f).view(np.uint8), getattr(pentries, f).view(np.uint8))
+
+
+def _engine_state(engine):
+    a, b = engine.keys()
+    offsets, e = engine.read_many(np.arange(engine.num_rows, dtype=np.int64))
+    return (a.tolist(), b.tolist(), engine.lengths().tolist(), offsets.tolist(), e.seg.tolist(), e.tc.tolist(),
+            e.tf.tolist(), e.st.view(np.uint32).tolist(), engine.num_entries)
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), before=st.integers(0, 12), group=st.integers(1, 12),
+       base_ratio=st.integers(1, 5), per_row=st.sampled_from([2, 6, 30]))
+def test_plan_in_order_equals_applying_the_batches_one_by_one(seed, before, group, base_ratio, per_row):
+    """Batches sharing rows and keys (a small key space: keys repeat within the group, new rows
+    and new keys arrive mid-group, some added to again later in it, zero strengths of both signs)
+    as one ``plan_in_order`` + ``commit_in_order``: the engine's rows, ids, lengths and strengths
+    bit for bit as one ``apply`` per batch, on an engine that holds a base and delta runs."""
+    rng = np.random.default_rng(seed)
+    rows = [(int(c), int(f)) for c in range(6) for f in range(3)]
+    tc_pool = POOL64[: 3 if per_row < 10 else 8]
+    x, y = RowEngine(base_ratio=base_ratio), RowEngine(base_ratio=base_ratio)
+    for _ in range(before):
+        batch = random_batch(rng, rows[: 12], tc_pool, POOL64[:4], 5, per_row)
+        apply(x, batch)
+        apply(y, batch)
+    group_batches = []
+    for _ in range(group):
+        batch = random_batch(rng, rows, tc_pool, POOL64[:4], 6, per_row)
+        st_ = batch.strength.copy()
+        st_[rng.random(st_.shape[0]) < 0.05] = np.float32(-0.0)
+        st_[rng.random(st_.shape[0]) < 0.05] = np.float32(0.0)
+        group_batches.append(RowBatch(batch.row_column, batch.row_feature, batch.offsets, batch.segment,
+                                      batch.target_column, batch.target_feature, st_))
+    for batch in group_batches:
+        apply(x, batch)
+    starts = np.cumsum([0] + [b.num_entries for b in group_batches[:-1]])
+    offsets = np.concatenate([[0]] + [b.offsets[1:] + s for b, s in zip(group_batches, starts.tolist())])
+    c = np.concatenate
+    plan = y.plan_in_order(c([b.row_column for b in group_batches]), c([b.row_feature for b in group_batches]),
+                           offsets.astype(np.int64),
+                           Entries(c([b.segment for b in group_batches]), c([b.target_column for b in group_batches]),
+                                   c([b.target_feature for b in group_batches]),
+                                   c([b.strength for b in group_batches])))
+    want_ids = c([x.row_ids(b.row_column, b.row_feature) for b in group_batches])
+    assert plan.ids.tolist() == want_ids.tolist()
+    y.commit_in_order(plan)
+    assert _engine_state(y) == _engine_state(x)
+
+
+def test_plan_in_order_is_refused_once_stale():
+    engine = RowEngine()
+    e = Entries(np.zeros(1, np.uint8), np.ones(1, np.uint64), np.ones(1, np.uint64), np.ones(1, np.float32))
+    plan = engine.plan_in_order(np.ones(1, np.uint64), np.ones(1, np.uint64), np.array([0, 1]), e)
+    engine.apply(np.full(1, 2, np.uint64), np.ones(1, np.uint64), np.array([0, 1]), e)
+    with pytest.raises(RuntimeError):
+        engine.commit_in_order(plan)

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import KeyIndex, lower_bound
+from giaannd.rowengine.search import find_runs
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
 
@@ -116,3 +117,89 @@ def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls,
         want = [ref.get(key, -1) for key in probe]
         assert index.lookup(np.array([x for x, _ in probe], np.uint64),
                             np.array([y for _, y in probe], np.uint64)).tolist() == want
+
+
+def _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want):
+    """find_runs: the lower bounds ``want``, and found exactly where the key is there."""
+    at = np.minimum(want, max(seg.shape[0] - 1, 0))
+    there = (want < hi) & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf) if seg.shape[0] else want < 0
+    rng = np.random.default_rng(int(want.sum()) % 1000)
+    # guesses given: none, any positions (right, off by one, anywhere), each is checked
+    for guess in (None, want + rng.integers(-1, 2, want.shape[0]) * (rng.random(want.shape[0]) < 0.5),
+                  rng.integers(0, seg.shape[0] + 2, want.shape[0])):
+        got, found = find_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, guess)
+        assert got.tolist() == want.tolist()
+        assert found.tolist() == there.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), rows=st.integers(1, 40), small=st.booleans(),
+       dense=st.floats(0.0, 1.0))
+def test_find_runs_equals_lower_bound(seed, n, rows, small, dense):
+    """Queries grouped by range, ascending in each (rows of a canonical batch, some dense, some
+    sparse, stored keys and new ones, empty ranges next to non-empty ones at the same start)."""
+    rng = np.random.default_rng(seed)
+    seg, tc, tf, keys = sorted_entries(rng, n, small)
+    n = seg.shape[0]
+    cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, rows)]))
+    lo_all, hi_all = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    qs_all, qc_all, qf_all = [np.empty(0, np.uint8)], [np.empty(0, np.uint64)], [np.empty(0, np.uint64)]
+    for a, z in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        if rng.random() < 0.2:  # an empty range starting where this one does
+            lo_all.append(np.array([a])), hi_all.append(np.array([a]))
+            qs_all.append(np.array([1], np.uint8)), qc_all.append(np.array([2], np.uint64))
+            qf_all.append(np.array([3], np.uint64))
+        stored = np.flatnonzero(rng.random(z - a) < dense) + a
+        k = int(rng.integers(0, 8))
+        fresh_s = rng.integers(0, 9, k).astype(np.uint8)
+        fresh_c = rng.integers(0, 4 if small else 2**64 - 1, k, dtype=np.uint64, endpoint=True)
+        fresh_f = rng.integers(0, 4 if small else 2**64 - 1, k, dtype=np.uint64, endpoint=True)
+        qs = np.concatenate([seg[stored], fresh_s])
+        qc = np.concatenate([tc[stored], fresh_c])
+        qf = np.concatenate([tf[stored], fresh_f])
+        _, first = np.unique(packed(qs, qc, qf), return_index=True)  # ascending, unique
+        m = first.shape[0]
+        lo_all.append(np.full(m, a)), hi_all.append(np.full(m, z))
+        qs_all.append(qs[first]), qc_all.append(qc[first]), qf_all.append(qf[first])
+    lo, hi = np.concatenate(lo_all).astype(np.int64), np.concatenate(hi_all).astype(np.int64)
+    qs, qc, qf = np.concatenate(qs_all), np.concatenate(qc_all), np.concatenate(qf_all)
+    want = lower_bound(seg, tc, tf, lo, hi, qs, qc, qf)
+    change = np.ones(lo.shape[0], bool)
+    change[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    run = np.cumsum(change)
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 2000), runs=st.integers(1, 30), small=st.booleans())
+def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
+    """Runs over the same range next to each other (a row in consecutive batches of a group
+    replay): each run is sorted, their concatenation is not; labels, not ranges, separate them."""
+    rng = np.random.default_rng(seed)
+    seg, tc, tf, keys = sorted_entries(rng, n, small)
+    n = seg.shape[0]
+    parts = []
+    for _ in range(runs):
+        a = int(rng.integers(0, n))
+        z = int(rng.integers(a, n + 1))
+        take = np.flatnonzero(rng.random(z - a) < rng.random()) + a
+        for _ in range(int(rng.integers(1, 3))):  # the same range again, at once
+            mode = rng.integers(0, 3)
+            if mode == 0:  # every key of the range (the guesses hold)
+                parts.append((a, z, np.arange(a, z)))
+            elif mode == 1:  # a dense stretch inside it, maybe with a gap
+                b = int(rng.integers(a, z + 1))
+                stretch = np.arange(b, int(rng.integers(b, z + 1)))
+                if stretch.shape[0] > 2 and rng.random() < 0.5:
+                    stretch = np.delete(stretch, int(rng.integers(0, stretch.shape[0])))
+                parts.append((a, z, stretch))
+            else:
+                parts.append((a, z, np.sort(rng.choice(take, min(take.shape[0], int(rng.integers(0, 40))),
+                                                        replace=False)) if take.shape[0] else take))
+    lo = np.concatenate([np.full(p[2].shape[0], p[0]) for p in parts]).astype(np.int64)
+    hi = np.concatenate([np.full(p[2].shape[0], p[1]) for p in parts]).astype(np.int64)
+    at = np.concatenate([p[2] for p in parts]).astype(np.int64)
+    run = np.concatenate([np.full(p[2].shape[0], i) for i, p in enumerate(parts)]).astype(np.int64)
+    qs, qc, qf = seg[at], tc[at], tf[at]
+    qf = qf + (rng.random(at.shape[0]) < 0.2).astype(np.uint64)  # some keys not stored (tf + 1)
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, lower_bound(seg, tc, tf, lo, hi, qs, qc, qf))
