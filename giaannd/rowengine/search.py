@@ -124,7 +124,9 @@ def find_runs(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: 
     are ``lower_bound``'s; the work is less where runs are long and dense in their range.
 
     1. Guess: the k-th query of a run is the k-th key of its range (a batch adding to every key of
-       a row, as training batches do to a row they revisit whole). A guess is checked by one
+       a row, as tools.bench.snapshot's training-like log does; a batch adding to a sparse subset
+       of a big row's keys, as a Zipf stream's head rows get, misses and pays this check on top of
+       step 2). A guess is checked by one
        comparison of the key there (``_at_guess``), and a right one is the answer, whatever
        made it: ~10 passes over the queries instead of log2(row length) search rounds of ~15
        (12-17 rounds for the long rows that hold most entries).
