@@ -671,6 +671,18 @@ class ColumnStore:
         offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
         return present.astype(np.uint8), rows_digest(offsets, got, version)
 
+    def row_touches(self, row_column: ArrayLike, row_feature: ArrayLike
+                    ) -> tuple[NDArray[np.bool_], NDArray[np.uint64]]:
+        """Which of the given rows are stored, and each one's ``touches`` (0 when absent): with
+        ``drops``, a row's version. Every change of a row's entries is a commit that bumps its
+        touches (``drop_columns`` bumps ``drops``), so a row whose touches and the store's drops
+        are what they were holds what it held then: a stream source keeps the digest of a page
+        it sent and need not read the rows again to verify them (streaming/sender.py)."""
+        rc, rf = _keys(row_column, row_feature)
+        ids = self.engine.row_ids(rc, rf)
+        present = ids >= 0
+        return present, np.where(present, self._touches[np.maximum(ids, 0)], np.uint64(0))
+
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
     def freeze(self) -> FrozenRows:
         """The rows, touches and applied set as they are now, for a snapshot written by another

@@ -346,6 +346,11 @@ class StreamSender:
 
     # -- producing items ----------------------------------------------------------------------------
     @property
+    def keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """The row keys the stream opened with, sorted (views; do not mutate): chunks are slices of them."""
+        return self._keys_c, self._keys_f
+
+    @property
     def chunks_left(self) -> bool:
         return self.cursor < self._keys_c.size
 
