@@ -541,11 +541,11 @@ class StreamRunner:
         return True
 
     def _read_page(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> RowBatch:
-        """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_rows``), and, when
+        """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_page``), and, when
         every one is present, the page's digest and the rows' version (``PageDigest``): hashing
         the page as it is costs ~0.03 ms/MB (xxh3), reading the rows again to verify ~1."""
         store = self.store.store
-        batch = store.read_rows(cols, feats)
+        batch = store.read_page(cols, feats)
         start = self.sender.cursor  # (read_chunk calls this before moving its cursor)
         if batch.num_rows == cols.shape[0] and 0 < batch.num_rows <= MAX_VERIFY_ROWS:
             _, touches = store.row_touches(cols, feats)

@@ -115,3 +115,27 @@ def test_stream_items_replay_to_the_same_store(tmp_path: Path) -> None:
         reference.apply(bid, batch)
     assert _state(again.store) == _state(reference)
     again.close()
+
+
+@pytest.mark.parametrize("per_row", [1, 30, 600])
+def test_read_page_equals_read_rows(per_row: int) -> None:
+    """A stream's page (``ColumnStore.read_page``: slices of the engine where rows lie together)
+    is ``read_rows``' batch bit for bit: rows in the base, rows partly in delta runs, absent keys."""
+    rng = np.random.default_rng(per_row)
+    store = ColumnStore(BIG)
+    for i in range(12):
+        store.apply(BatchId(TRAINING, i + 1), _rows(rng, [3, 4, 5, 6, 7], 20, per_row))
+    keys = store.rows_of_columns(np.array([3, 4, 5, 6, 7], np.uint64))
+    cols = np.append(keys[0], np.uint64(99))  # (an absent key)
+    feats = np.append(keys[1], np.uint64(1))
+    for lo, hi in ((0, cols.size), (3, 17), (5, 6)):
+        page, rows = store.read_page(cols[lo:hi], feats[lo:hi]), store.read_rows(cols[lo:hi], feats[lo:hi])
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(page.buffers(), rows.buffers()))
+        page.validate()
+    store.engine.compact()  # every row in the base: long rows come as views, concatenated
+    calls = []
+    real = store.engine.gather
+    store.engine.gather = lambda ids: calls.append(ids) or real(ids)  # type: ignore[method-assign]
+    page, rows = store.read_page(cols, feats), store.read_rows(cols, feats)
+    assert all(np.array_equal(a, b) for a, b in zip(page.buffers(), rows.buffers()))
+    assert len(calls) == (2 if per_row < 256 else 1)  # (read_rows' own gather is one call)
