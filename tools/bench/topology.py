@@ -326,13 +326,14 @@ TARGETS = {50: ">= 0.3", 5000: ">= 0.6"}  # issue 19, item 3 (vs the raw transpo
 #: process, so each phase is both ends' time.
 PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "plan + key listing": (("rebalance/operations.py", "make_plan"), ("sender.py", "row_keys_of")),
-    "page build (rows out of the engine)": (("column_store.py", "read_rows"),),
+    "page build (rows out of the engine)": (("column_store.py", "read_rows"), ("column_store.py", "read_page")),
     "checksum (both ends)": (("stream.py", "item_checksum"),),
     "send (frame writes, socket)": (("peers/transport/tcp.py", "write"),),
     "decode + validate": (("model/rows.py", "from_buffers"),),
     "apply: update-log append": (("engine/update_log.py", "append_batch"),),
     "apply: engine plan + commit + fold": (("column_store.py", "prepare"), ("column_store.py", "commit")),
-    "verification digests (both ends)": (("column_store.py", "rows_digest"),),
+    "verification digests (both ends)": (("column_store.py", "rows_digest"), ("sender.py", "_page_digest"),
+                                         ("sender.py", "_kept_pages")),
 }
 #: Own time of these is "receive": socket reads and the framing around them.
 _RECEIVE = ("peers/transport/session.py", "peers/transport/connection.py", "peers/transport/eager.py")
@@ -351,6 +352,21 @@ def _phase_rows(stats: pstats.Stats, moved: int, cpu_s: float, fsync: list[float
     return [[name, f"{v * per_mb:.2f}"] for name, v in got.items()] + [
         ["all (process CPU, every thread)", f"{cpu_s * per_mb:.2f}"],
         ["fsync (group commit's thread; wall, not CPU)", f"{fsync[1] * per_mb:.2f} ({int(fsync[0])} fsyncs)"]]
+
+
+def _fresh_memory_ms_per_mb(nbytes: int) -> float:
+    """CPU ms per MB to copy ``nbytes`` into memory the process never touched before, kept (as a
+    receiver's base keeps what it gets): the floor under any receiver, whose rows and update log
+    (the page cache) take fresh memory, which the raw transport's reused buffers never do. On a VM
+    the first touch of a page is a fault to the hypervisor too: measured here, the same run."""
+    chunk = np.ones(CHUNK, np.uint8)
+    kept = []
+    start = time.thread_time()
+    for _ in range(max(1, nbytes // CHUNK)):
+        fresh = np.empty(CHUNK, np.uint8)
+        fresh[:] = chunk
+        kept.append(fresh)
+    return (time.thread_time() - start) * 1e3 / (len(kept) * CHUNK / 1e6)
 
 
 @contextmanager
@@ -378,7 +394,8 @@ async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> li
     prof, fsync, cpu = cProfile.Profile(time.thread_time), [0.0, 0.0], [0.0]
     with _timed_fsync(fsync):
         _, moved, _, _, _ = await _join_rate(root, mb, per_row, window, apply=False, profile=prof, cpu_s=cpu)
-    return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync)
+    return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync) + [
+        ["floor: fresh memory for the bytes moved (same run)", f"{_fresh_memory_ms_per_mb(moved):.2f}"]]
 
 
 async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False,

@@ -544,16 +544,18 @@ class StreamRunner:
         """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_page``), and, when
         every one is present, the page's digest and the rows' version (``PageDigest``): hashing
         the page as it is costs ~0.03 ms/MB (xxh3), reading the rows again to verify ~1."""
-        store = self.store.store
-        batch = store.read_page(cols, feats)
-        start = self.sender.cursor  # (read_chunk calls this before moving its cursor)
+        batch = self.store.store.read_page(cols, feats)
         if batch.num_rows == cols.shape[0] and 0 < batch.num_rows <= MAX_VERIFY_ROWS:
-            _, touches = store.row_touches(cols, feats)
-            digest = rows_digest_v2_pieces(np.diff(batch.offsets), [(batch.segment, batch.target_column,
-                                                                      batch.target_feature, batch.strength)])
-            self._pages.append(PageDigest(start, start + cols.shape[0], digest, _touches_digest(touches),
-                                          store.drops))
+            self._pages.append(self._page_digest(self.sender.cursor, batch))  # (cursor: the page's first key)
         return batch
+
+    def _page_digest(self, start: int, batch: RowBatch) -> PageDigest:
+        """The ``PageDigest`` of a page read whole (every key present) from key ``start`` on."""
+        store = self.store.store
+        _, touches = store.row_touches(batch.row_column, batch.row_feature)
+        digest = rows_digest_v2_pieces(np.diff(batch.offsets), [(batch.segment, batch.target_column,
+                                                                  batch.target_feature, batch.strength)])
+        return PageDigest(start, start + batch.num_rows, digest, _touches_digest(touches), store.drops)
 
     def _chunk_limit(self) -> int | None:
         """Throttled, chunks carry about THROTTLED_CHUNK_S of the rate (at least
