@@ -254,3 +254,47 @@ async def test_a_source_row_changed_behind_the_streams_back_still_fails_verifica
         assert runner.error is not None and "verify: 1 of" in runner.error and "differ" in runner.error
     finally:
         await cluster.close()
+
+
+async def test_rows_created_during_the_stream_are_verified_beside_the_kept_pages(tmp_path):
+    """A row the source creates after the stream opened (forwarded as a delta) is hashed afresh in
+    a slice of its own; the untouched chunks still verify from their pages' digests."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x58, window=4)
+        svc = cluster.services["s0"]
+        src = svc.store.store
+        endpoint = cluster.endpoints["s1"]
+        serve, written = endpoint._data, []
+
+        async def data_then_write(msg, bulk):
+            reply = await serve(msg, bulk)
+            if not written:
+                one = RowBatch.from_entries(np.array([COLUMNS[0]], np.uint64), np.array([10**9], np.uint64),
+                                            np.array([1], np.uint8), np.array([5], np.uint64),
+                                            np.array([6], np.uint64), np.array([0.5], np.float32))
+                svc.core.store.apply(BatchId(777, 1), one)  # through the tee: forwarded
+                written.append(1)
+            return reply
+
+        endpoint._data = data_then_write
+        hashed = []
+        real = src.rows_digest
+
+        def spy(cols, feats, version=1):
+            hashed.append(np.asarray(cols).size)
+            return real(cols, feats, version)
+
+        src.rows_digest = spy
+        task = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(runner.caught_up.wait(), 30)
+            assert runner.state == "caught-up", runner.error
+            assert written and runner.sender.deltas >= 1
+            assert hashed == [1]  # only the new row's slice was hashed at verification
+            assert _same_rows(cluster)
+        finally:
+            runner.abort("test done")
+            await asyncio.wait_for(task, 10)
+    finally:
+        await cluster.close()

@@ -602,17 +602,17 @@ class StreamRunner:
         """
         cols, feats, _ = row_keys_of(self.store, self.sender.columns)
         per_row, version = self._per_row_verify, self._digest_version
-        kept = None if per_row or version != 2 else self._kept_pages(cols, feats)
-        slices = _slices(cols.size) if kept is None else [slice(p.start, p.stop) for p in kept]
+        parts = ([(cols[sl], feats[sl], None) for sl in _slices(cols.size)] if per_row or version != 2
+                 else self._verify_parts(cols, feats))
         mine: list[Sequence[NDArray[Any]]] = [
-            _digests(self.store, cols[sl], feats[sl]) if per_row
-            else _combined_digest(self.store, cols[sl], feats[sl], version) if kept is None or kept[i].digest < 0
-            else (np.ones(sl.stop - sl.start, np.uint8), np.array([kept[i].digest], np.uint64))
-            for i, sl in enumerate(slices)]
-        # every request at once (the slices are the chunks when pages are kept: many small ones),
-        # the replies taken in order
+            _digests(self.store, c, f) if per_row
+            else _combined_digest(self.store, c, f, version) if kept is None
+            else (np.ones(c.shape[0], np.uint8), np.array([kept], np.uint64))
+            for c, f, kept in parts]
+        # every request at once (with kept pages the slices are the chunks: many small ones), the
+        # replies taken in order
         msg = StreamVerify(self.sender.stream_id, combined=not per_row, digest_version=version)
-        keyss = [[np.ascontiguousarray(cols[sl]), np.ascontiguousarray(feats[sl])] for sl in slices]
+        keyss = [[np.ascontiguousarray(c), np.ascontiguousarray(f)] for c, f, _ in parts]
         if self._conn is None or self._conn.is_closed:
             await self._connect()
         conn = self._conn
@@ -627,30 +627,36 @@ class StreamRunner:
                     task.cancel()
                 task.add_done_callback(_retrieve)
 
-    def _kept_pages(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> list[PageDigest] | None:
-        """Verification slices along the chunks (``PageDigest``), each with its page's digest while
-        its rows' version is unchanged, else ``digest`` -1 (hashed afresh); None when the keys are
-        not the ones the stream opened with (rows created since: verify by MAX_VERIFY_ROWS slices)."""
+    def _verify_parts(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
+                      ) -> list[tuple[NDArray[np.uint64], NDArray[np.uint64], int | None]]:
+        """Verification's slices of keys, each with the digest this source already has for it (None:
+        hash it now): every chunk read whole (``PageDigest``) whose rows' version is unchanged
+        comes with its page's digest; the keys of other chunks, and the rows created since the
+        stream opened (``cols``/``feats``: the stream's rows now, sorted), come in MAX_VERIFY_ROWS
+        slices, hashed now. Both ends hash the keys a request lists, in its order, so the slices
+        need not follow the key order: together they are every key of the stream."""
         opened_c, opened_f = self.sender.keys
-        if not (np.array_equal(cols, opened_c) and np.array_equal(feats, opened_f)):
-            return None
         store = self.store.store
-        out: list[PageDigest] = []
+        out: list[tuple[NDArray[np.uint64], NDArray[np.uint64], int | None]] = []
+
+        def fresh(c: NDArray[np.uint64], f: NDArray[np.uint64]) -> None:
+            out.extend((c[lo:lo + MAX_VERIFY_ROWS], f[lo:lo + MAX_VERIFY_ROWS], None)
+                       for lo in range(0, c.shape[0], MAX_VERIFY_ROWS))
+
         at = 0
         for page in self._pages:
-            if page.start < at:  # (a chunk is read once; defensive)
-                return None
-            for lo in range(at, page.start, MAX_VERIFY_ROWS):  # rows read without a kept page
-                hi = min(page.start, lo + MAX_VERIFY_ROWS)
-                out.append(PageDigest(lo, hi, -1, 0, -1))
-            present, touches = store.row_touches(cols[page.start:page.stop], feats[page.start:page.stop])
-            same = (page.drops == store.drops and bool(present.all())
-                    and _touches_digest(touches) == page.touches)
-            out.append(page if same else PageDigest(page.start, page.stop, -1, 0, -1))
-            at = page.stop
-        for lo in range(at, cols.shape[0], MAX_VERIFY_ROWS):
-            out.append(PageDigest(lo, min(cols.shape[0], lo + MAX_VERIFY_ROWS), -1, 0, -1))
-        return out if out else None
+            fresh(opened_c[at:page.start], opened_f[at:page.start])  # rows read without a kept page
+            c, f = opened_c[page.start:page.stop], opened_f[page.start:page.stop]
+            present, touches = store.row_touches(c, f)
+            same = page.drops == store.drops and bool(present.all()) and _touches_digest(touches) == page.touches
+            if same:
+                out.append((c, f, page.digest))
+            else:
+                fresh(c, f)
+            at = max(at, page.stop)
+        fresh(opened_c[at:], opened_f[at:])
+        fresh(*_keys_not_in(cols, feats, opened_c, opened_f))
+        return out or [(cols[:0], feats[:0], None)]
 
     async def _check_verify(self, asked: Sequence[asyncio.Future[Any]], keyss: list[list[NDArray[np.uint64]]],
                             mine: list[Sequence[NDArray[Any]]], per_row: bool, version: int) -> bool:
@@ -689,6 +695,23 @@ class StreamRunner:
             bad = max(1, int(np.count_nonzero(differ)))
             raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
         return True
+
+
+def _keys_not_in(cols: NDArray[np.uint64], feats: NDArray[np.uint64], in_c: NDArray[np.uint64],
+                 in_f: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """The keys (cols[i], feats[i]) that are not among (in_c[j], in_f[j]), sorted (both lists are
+    unique): one lexsort of the two lists together, a key of the first kept unless the key
+    before it is the same key from the second."""
+    if in_c.shape[0] == 0:
+        return cols, feats
+    c, f = np.concatenate((in_c, cols)), np.concatenate((in_f, feats))
+    tag = np.concatenate((np.zeros(in_c.shape[0], np.int8), np.ones(cols.shape[0], np.int8)))
+    order = np.lexsort((tag, f, c))  # by column, feature, then the second list's key first
+    c, f, tag = c[order], f[order], tag[order]
+    seen = np.zeros(c.shape[0], bool)
+    seen[1:] = (c[1:] == c[:-1]) & (f[1:] == f[:-1])
+    new = (tag == 1) & ~seen
+    return c[new], f[new]
 
 
 def _touches_digest(touches: NDArray[np.uint64]) -> int:
