@@ -14,8 +14,9 @@ Glue only: what is sent is decided by ``StreamSender``. This module owns the soc
   receiver's durable position; streaming/stream.py "Pipelining"), send with a runtime throttle
   (a token bucket, ``peers.token_bucket``), reconnect with full-jitter backoff (``peers.retry``),
   verification (one digest over the rows' bytes per slice of keys on both ends,
-  ``ColumnStore.rows_digest``, in the newest digest version both ends know; per-row digests only
-  to count the rows that differ), close.
+  ``ColumnStore.rows_digest``, in the newest digest version both ends know; on this end, a chunk
+  whose rows are unchanged since it was read is verified with the digest of the page it sent,
+  ``PageDigest``; per-row digests only to count the rows that differ), close.
 
 Listing a stream's rows is vectorised (``ColumnStore.rows_of_columns``): no Python key tuple per
 stored row.
@@ -76,6 +77,10 @@ log = logging.getLogger(__name__)
 
 #: Keys per StreamVerify request (the same bound as protocol.MAX_DIGEST_ROWS).
 MAX_VERIFY_ROWS: Final = 65_536
+#: StreamVerify requests on the wire at once: verification sends one per chunk (``PageDigest``),
+#: a round trip each would add up over thousands of chunks; this many overlap the round trips
+#: while the keys queued in the transport stay a few MB (at most this × MAX_VERIFY_ROWS × 16 B).
+VERIFY_IN_FLIGHT: Final = 8
 STREAM_REQUEST_TIMEOUT_S: Final = 30.0
 #: A throttled stream's chunks carry about this many seconds of its rate (``_chunk_limit``) ...
 THROTTLED_CHUNK_S: Final = 0.5
@@ -609,23 +614,10 @@ class StreamRunner:
             else _combined_digest(self.store, c, f, version) if kept is None
             else (np.ones(c.shape[0], np.uint8), np.array([kept], np.uint64))
             for c, f, kept in parts]
-        # every request at once (with kept pages the slices are the chunks: many small ones), the
-        # replies taken in order
-        msg = StreamVerify(self.sender.stream_id, combined=not per_row, digest_version=version)
         keyss = [[np.ascontiguousarray(c), np.ascontiguousarray(f)] for c, f, _ in parts]
         if self._conn is None or self._conn.is_closed:
             await self._connect()
-        conn = self._conn
-        assert conn is not None
-        asked = [asyncio.ensure_future(conn.request(_ENC.encode(msg), keys, timeout_s=STREAM_REQUEST_TIMEOUT_S))
-                 for keys in keyss]
-        try:
-            return await self._check_verify(asked, keyss, mine, per_row, version)
-        finally:
-            for task in asked:
-                if not task.done():
-                    task.cancel()
-                task.add_done_callback(_retrieve)
+        return await self._check_verify(keyss, mine, per_row, version)
 
     def _verify_parts(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]
                       ) -> list[tuple[NDArray[np.uint64], NDArray[np.uint64], int | None]]:
@@ -658,43 +650,63 @@ class StreamRunner:
         fresh(*_keys_not_in(cols, feats, opened_c, opened_f))
         return out or [(cols[:0], feats[:0], None)]
 
-    async def _check_verify(self, asked: Sequence[asyncio.Future[Any]], keyss: list[list[NDArray[np.uint64]]],
-                            mine: list[Sequence[NDArray[Any]]], per_row: bool, version: int) -> bool:
-        """``_verify``'s comparisons, reply by reply in order (its docstring)."""
-        for task, keys, digests in zip(asked, keyss, mine):
-            res = await task
-            reply, bulk = _REPLY_DECODER.decode(res.payload), res.bulk
-            if not isinstance(reply, VerifyReply) or len(bulk) not in (2, 3):
+    async def _check_verify(self, keyss: list[list[NDArray[np.uint64]]], mine: list[Sequence[NDArray[Any]]],
+                            per_row: bool, version: int) -> bool:
+        """``_verify``'s requests, up to VERIFY_IN_FLIGHT at once, and its comparisons, reply by
+        reply in order (its docstring)."""
+        conn = self._conn
+        assert conn is not None
+        msg = _ENC.encode(StreamVerify(self.sender.stream_id, combined=not per_row, digest_version=version))
+        asked: deque[asyncio.Future[Any]] = deque()
+        try:
+            for i, (keys, digests) in enumerate(zip(keyss, mine)):
+                while len(asked) < VERIFY_IN_FLIGHT and i + len(asked) < len(keyss):
+                    asked.append(asyncio.ensure_future(
+                        conn.request(msg, keyss[i + len(asked)], timeout_s=STREAM_REQUEST_TIMEOUT_S)))
+                res = await asked.popleft()
+                if not await self._check_reply(res, keys, digests, per_row, version):
+                    return False
+            return True
+        finally:
+            for task in asked:
+                task.cancel()
+                task.add_done_callback(_retrieve)
+
+    async def _check_reply(self, res: Any, keys: list[NDArray[np.uint64]], digests: Sequence[NDArray[Any]],
+                           per_row: bool, version: int) -> bool:
+        """One verify reply against this source's digests (``_verify``'s docstring); False: verify
+        again (the receiver answered per row, or in an older digest version)."""
+        reply, bulk = _REPLY_DECODER.decode(res.payload), res.bulk
+        if not isinstance(reply, VerifyReply) or len(bulk) not in (2, 3):
+            raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
+        if not per_row and len(bulk) == 3:
+            self._per_row_verify = True
+            return False
+        if not per_row and reply.digest_version != version:
+            if reply.digest_version not in ROWS_DIGEST_VERSIONS or reply.digest_version > version:
+                raise StreamFailed(f"verify: receiver hashed digest version {reply.digest_version}, "
+                                   f"asked for {version}")
+            self._digest_version = reply.digest_version
+            return False
+        if len(bulk) != len(digests):
+            raise StreamFailed(f"verify: {len(bulk)} digest arrays in the reply, {len(digests)} expected")
+        if all(np.array_equal(a, np.asarray(b)) for a, b in zip(digests, bulk)):
+            return True
+        if per_row:
+            rows: Sequence[NDArray[Any]] = digests
+        else:  # they differ: how many rows do (the source's per-row digests are taken now)
+            rows = _digests(self.store, keys[0], keys[1])
+            reply, bulk = await self._request(StreamVerify(self.sender.stream_id), keys)
+            if not isinstance(reply, VerifyReply) or len(bulk) != 3:
                 raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
-            if not per_row and len(bulk) == 3:
-                self._per_row_verify = True
-                return False
-            if not per_row and reply.digest_version != version:
-                if reply.digest_version not in ROWS_DIGEST_VERSIONS or reply.digest_version > version:
-                    raise StreamFailed(f"verify: receiver hashed digest version {reply.digest_version}, "
-                                       f"asked for {version}")
-                self._digest_version = reply.digest_version
-                return False
-            if len(bulk) != len(digests):
-                raise StreamFailed(f"verify: {len(bulk)} digest arrays in the reply, {len(digests)} expected")
-            if all(np.array_equal(a, np.asarray(b)) for a, b in zip(digests, bulk)):
-                continue
-            if per_row:
-                rows: Sequence[NDArray[Any]] = digests
-            else:  # they differ: how many rows do (the source's per-row digests are taken now)
-                rows = _digests(self.store, keys[0], keys[1])
-                reply, bulk = await self._request(StreamVerify(self.sender.stream_id), keys)
-                if not isinstance(reply, VerifyReply) or len(bulk) != 3:
-                    raise StreamFailed(f"verify: unexpected reply {type(reply).__name__}")
-            differ = np.zeros(keys[0].size, bool)
-            for a, theirs in zip(rows, bulk):
-                b = np.asarray(theirs)
-                if a.shape != b.shape:
-                    raise StreamFailed(f"verify: receiver answered {b.size} digests for {a.size} rows")
-                differ |= a != b
-            bad = max(1, int(np.count_nonzero(differ)))
-            raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
-        return True
+        differ = np.zeros(keys[0].size, bool)
+        for a, theirs in zip(rows, bulk):
+            b = np.asarray(theirs)
+            if a.shape != b.shape:
+                raise StreamFailed(f"verify: receiver answered {b.size} digests for {a.size} rows")
+            differ |= a != b
+        bad = max(1, int(np.count_nonzero(differ)))
+        raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
 
 
 def _keys_not_in(cols: NDArray[np.uint64], feats: NDArray[np.uint64], in_c: NDArray[np.uint64],

@@ -33,7 +33,9 @@ to whatever prefix of them reached the log: the floor, never a gap.
 (``StreamHello.expected_bytes``, its estimate); the receiver reserves room for what all its open
 streams still bring in its store's base (``ColumnStore.reserve``, capped by its free capacity), so
 the chunks, all new rows, land by slice copies into that room instead of regrowing the base as it
-fills (rebalance/endpoint.py). A hint only: nothing depends on it being right.
+fills (rebalance/endpoint.py). A hint only: nothing depends on it being right. An item's rows the
+receiver does not hold go straight into that base (``ColumnStore.append_writers``: no delta run,
+no fold); rows it holds (dual writes) merge as any batch's.
 
 Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
 have (checked when the stream opens), so it is a copy; every later change of those rows at the
