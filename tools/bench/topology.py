@@ -23,7 +23,10 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    between two processes;
 ``--profile``: one more join per row size, under cProfile (CPU of the event loop's thread), as CPU
    milliseconds per MB moved by phase, both ends together (they share the process), fsyncs (in the
-   group commit's thread: wall time) apart;
+   group commit's thread: wall time) apart, with a same-run floor (copying the bytes moved into
+   memory never touched before: what a receiver's growth costs on this host); then a receiver's
+   store applying chunks of new rows, the general path (plan, delta runs, folds: the baseline) vs
+   straight into the base (``ColumnStore.append_writers``), CPU ms/MB, no network;
 3. time to restore R after a node dies (``removenode`` re-replicating from the survivors) vs
    bytes moved / the stream rate of table 1. Failure *detection* is membership's job (its suspicion
    timeout, docs/membership.md) and adds to this; it is not measured here.
