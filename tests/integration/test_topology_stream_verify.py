@@ -198,3 +198,103 @@ async def test_receiver_reserves_room_for_the_stream_so_chunks_land_without_regr
         assert _same_rows(cluster)
     finally:
         await cluster.close()
+
+
+async def test_untouched_chunks_verify_from_their_pages_digests_without_reading_the_rows(tmp_path):
+    """The source hashed each page as it sent it (sender.PageDigest); rows unchanged since (their
+    touches, the store's drops) are not read again to verify: one verify request per chunk."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x56, window=4)
+        src = cluster.services["s0"].store.store
+        hashed = []
+        real = src.rows_digest
+
+        def spy(*args, **kw):
+            hashed.append(args)
+            return real(*args, **kw)
+
+        src.rows_digest = spy
+        task = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(runner.caught_up.wait(), 30)
+            assert runner.state == "caught-up", runner.error
+            assert hashed == []  # (before: one rows_digest of the source per verify slice)
+            assert runner.sender.acked > 3 and _same_rows(cluster)
+        finally:
+            runner.abort("test done")
+            await asyncio.wait_for(task, 10)
+    finally:
+        await cluster.close()
+
+
+async def test_a_source_row_changed_behind_the_streams_back_still_fails_verification(tmp_path):
+    """A page's digest stands for its rows only while their version is unchanged: a row changed at
+    the source without the stream forwarding it (what verification is there to catch) is hashed
+    afresh, and differs."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x57, window=4)
+        src = cluster.services["s0"].store.store
+        verify = runner._verify
+
+        async def change_then_verify():
+            key = src.rows_of_columns(COLUMNS)
+            c, f = int(key[0][0]), int(key[1][0])
+            row = src.row((c, f))
+            one = RowBatch.from_entries(np.array([c], np.uint64), np.array([f], np.uint64),
+                                        row.segment[:1].copy(), row.target_column[:1].copy(),
+                                        row.target_feature[:1].copy(), np.array([0.25], np.float32))
+            src.apply(BatchId(54321, 1), one)  # the engine only: no observer hears of it
+            return await verify()
+
+        runner._verify = change_then_verify
+        await asyncio.wait_for(runner.run(), 30)
+        assert runner.state == "failed"
+        assert runner.error is not None and "verify: 1 of" in runner.error and "differ" in runner.error
+    finally:
+        await cluster.close()
+
+
+async def test_rows_created_during_the_stream_are_verified_beside_the_kept_pages(tmp_path):
+    """A row the source creates after the stream opened (forwarded as a delta) is hashed afresh in
+    a slice of its own; the untouched chunks still verify from their pages' digests."""
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x58, window=4)
+        svc = cluster.services["s0"]
+        src = svc.store.store
+        endpoint = cluster.endpoints["s1"]
+        serve, written = endpoint._data, []
+
+        async def data_then_write(msg, bulk):
+            reply = await serve(msg, bulk)
+            if not written:
+                one = RowBatch.from_entries(np.array([COLUMNS[0]], np.uint64), np.array([10**9], np.uint64),
+                                            np.array([1], np.uint8), np.array([5], np.uint64),
+                                            np.array([6], np.uint64), np.array([0.5], np.float32))
+                svc.core.store.apply(BatchId(777, 1), one)  # through the tee: forwarded
+                written.append(1)
+            return reply
+
+        endpoint._data = data_then_write
+        hashed = []
+        real = src.rows_digest
+
+        def spy(cols, feats, version=1):
+            hashed.append(np.asarray(cols).size)
+            return real(cols, feats, version)
+
+        src.rows_digest = spy
+        task = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(runner.caught_up.wait(), 30)
+            assert runner.state == "caught-up", runner.error
+            assert written and runner.sender.deltas >= 1
+            assert hashed == [1]  # only the new row's slice was hashed at verification
+            assert _same_rows(cluster)
+        finally:
+            runner.abort("test done")
+            await asyncio.wait_for(task, 10)
+    finally:
+        await cluster.close()

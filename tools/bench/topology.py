@@ -23,7 +23,10 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    between two processes;
 ``--profile``: one more join per row size, under cProfile (CPU of the event loop's thread), as CPU
    milliseconds per MB moved by phase, both ends together (they share the process), fsyncs (in the
-   group commit's thread: wall time) apart;
+   group commit's thread: wall time) apart, with a same-run floor (copying the bytes moved into
+   memory never touched before: what a receiver's growth costs on this host); then a receiver's
+   store applying chunks of new rows, the general path (plan, delta runs, folds: the baseline) vs
+   straight into the base (``ColumnStore.append_writers``), CPU ms/MB, no network;
 3. time to restore R after a node dies (``removenode`` re-replicating from the survivors) vs
    bytes moved / the stream rate of table 1. Failure *detection* is membership's job (its suspicion
    timeout, docs/membership.md) and adds to this; it is not measured here.
@@ -53,6 +56,7 @@ from giaannd.cluster.view import StorageNode
 from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.rebalance import source_control as sc
 from giaannd.storage.rebalance.local_control import LocalClusterControl
@@ -114,6 +118,7 @@ def _store_apply_rate(batch: RowBatch, root: Path) -> float:
     an fsync each: what the receiver must do anyway, without the network."""
     store = DurableStore.open(root, 8 << 30)
     store.store.reserve(batch.nbytes)  # as a stream's receiver does (StreamHello.expected_bytes)
+    store.store.append_writers.add(1)  # ... and its items' new rows go straight into the base
     sizes = np.diff(batch.offsets) * 21
     bounds = np.searchsorted(np.cumsum(sizes), np.arange(CHUNK, int(sizes.sum()) + CHUNK, CHUNK))
     start, lo = time.perf_counter(), 0
@@ -326,13 +331,14 @@ TARGETS = {50: ">= 0.3", 5000: ">= 0.6"}  # issue 19, item 3 (vs the raw transpo
 #: process, so each phase is both ends' time.
 PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "plan + key listing": (("rebalance/operations.py", "make_plan"), ("sender.py", "row_keys_of")),
-    "page build (rows out of the engine)": (("column_store.py", "read_rows"),),
+    "page build (rows out of the engine)": (("column_store.py", "read_rows"), ("column_store.py", "read_page")),
     "checksum (both ends)": (("stream.py", "item_checksum"),),
     "send (frame writes, socket)": (("peers/transport/tcp.py", "write"),),
     "decode + validate": (("model/rows.py", "from_buffers"),),
     "apply: update-log append": (("engine/update_log.py", "append_batch"),),
     "apply: engine plan + commit + fold": (("column_store.py", "prepare"), ("column_store.py", "commit")),
-    "verification digests (both ends)": (("column_store.py", "rows_digest"),),
+    "verification digests (both ends)": (("column_store.py", "rows_digest"), ("sender.py", "_page_digest"),
+                                         ("sender.py", "_kept_pages")),
 }
 #: Own time of these is "receive": socket reads and the framing around them.
 _RECEIVE = ("peers/transport/session.py", "peers/transport/connection.py", "peers/transport/eager.py")
@@ -351,6 +357,54 @@ def _phase_rows(stats: pstats.Stats, moved: int, cpu_s: float, fsync: list[float
     return [[name, f"{v * per_mb:.2f}"] for name, v in got.items()] + [
         ["all (process CPU, every thread)", f"{cpu_s * per_mb:.2f}"],
         ["fsync (group commit's thread; wall, not CPU)", f"{fsync[1] * per_mb:.2f} ({int(fsync[0])} fsyncs)"]]
+
+
+def _receiver_apply_ms_per_mb(per_row: int, straight: bool, mb: float = 100.0) -> float:
+    """CPU ms per MB (this thread) of a receiver's store applying ``mb`` of stream chunks of new
+    rows into room reserved up front (``ColumnStore.reserve``), through the general path (plan,
+    delta runs, tier merges, folds: before) or straight into the base (``append_writers``)."""
+    rng = np.random.default_rng(11)
+    columns = rng.integers(1, 2**63, 2000, dtype=np.uint64)
+    rows = max(1, CHUNK // (21 * per_row))
+    chunks = []
+    for i in range(max(1, int(mb * 1e6 / CHUNK))):
+        b = _big_batch(rng, columns, rows, per_row)  # each chunk its own features: rows never repeat
+        chunks.append(RowBatch(b.row_column, b.row_feature + np.uint64(i << 21), b.offsets, b.segment,
+                               b.target_column, b.target_feature, b.strength))
+    store = ColumnStore(1 << 40)
+    if straight:
+        store.append_writers.add(1)
+    total = sum(b.nbytes for b in chunks)
+    store.reserve(total)
+    start = time.thread_time()
+    for i, b in enumerate(chunks):
+        store.apply(BatchId(1, i + 1), b, validate=False)
+    return (time.thread_time() - start) * 1e3 / (total / 1e6)
+
+
+def _receiver_apply_rows() -> list[list[str]]:
+    """The receiver's apply, general path (the same-run baseline) vs straight, best of two each."""
+    out = []
+    for per_row in (50, 5000):
+        general = min(_receiver_apply_ms_per_mb(per_row, False) for _ in range(2))
+        straight = min(_receiver_apply_ms_per_mb(per_row, True) for _ in range(2))
+        out.append([str(per_row), f"{general:.2f}", f"{straight:.2f}", f"{straight / general:.2f}x"])
+    return out
+
+
+def _fresh_memory_ms_per_mb(nbytes: int) -> float:
+    """CPU ms per MB to copy ``nbytes`` into memory the process never touched before, kept (as a
+    receiver's base keeps what it gets): the floor under any receiver, whose rows and update log
+    (the page cache) take fresh memory, which the raw transport's reused buffers never do. On a VM
+    the first touch of a page is a fault to the hypervisor too: measured here, the same run."""
+    chunk = np.ones(CHUNK, np.uint8)
+    kept = []
+    start = time.thread_time()
+    for _ in range(max(1, nbytes // CHUNK)):
+        fresh = np.empty(CHUNK, np.uint8)
+        fresh[:] = chunk
+        kept.append(fresh)
+    return (time.thread_time() - start) * 1e3 / (len(kept) * CHUNK / 1e6)
 
 
 @contextmanager
@@ -378,7 +432,8 @@ async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> li
     prof, fsync, cpu = cProfile.Profile(time.thread_time), [0.0, 0.0], [0.0]
     with _timed_fsync(fsync):
         _, moved, _, _, _ = await _join_rate(root, mb, per_row, window, apply=False, profile=prof, cpu_s=cpu)
-    return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync)
+    return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync) + [
+        ["floor: fresh memory for the bytes moved (same run)", f"{_fresh_memory_ms_per_mb(moved):.2f}"]]
 
 
 async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False,
@@ -393,6 +448,10 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False, pro
             print_table(f"CPU per MB moved by phase (ms/MB; join of ~{mb / 3:.0f} MB, window {window}, "
                         "both ends in one process)", ["phase", "50 entries/row", "5000 entries/row"],
                         [[r50[0], r50[1], r5k[1]] for r50, r5k in zip(phases[50], phases[5000])])
+            print_table("A receiver's store applying ~100 MB of chunks of new rows into reserved room "
+                        "(CPU ms/MB, no network, no log)",
+                        ["entries/row", "general path (plan, delta runs, folds)", "straight into the base",
+                         "ratio"], _receiver_apply_rows())
             return
         table = []
         rate, moved, held, seconds = 0.0, 0, 0, 0.0

@@ -93,7 +93,8 @@ APPLIED_ID_BYTES = 96
 SIZE_BINS = 64
 #: ``rows_digest`` hashes the rows as views of the engine (``RowEngine.pieces``) when the pieces
 #: average at least this many entries: a piece costs a few µs of Python (four hash updates), about
-#: what gathering ~100 entries costs; below that one gather of the rows is cheaper.
+#: what gathering ~100 entries costs; below that one gather of the rows is cheaper. ``read_page``
+#: concatenates pieces under the same rule (four slices a piece).
 MIN_DIGEST_PIECE_ENTRIES = 256
 _EMPTY_IDS = np.empty(0, np.int64)
 
@@ -145,6 +146,9 @@ class PreparedApply:
     columns: NDArray[np.uint64]
     plan: ApplyPlan | None
     version: int
+    #: rows of ``batch`` the store does not hold, which ``commit`` appends straight into the
+    #: engine's base after ``plan`` (then over the held rows only): a stream item's (``append_writers``)
+    appended: RowBatch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +255,11 @@ class ColumnStore:
         self._rows_version = 0
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
         self._size_counts = np.zeros(SIZE_BINS, np.int64)
+        #: writers whose batches bring mostly rows this store does not hold (a stream receiver
+        #: adds its streams' writers): ``prepare`` sends those rows straight into the engine's
+        #: base (``PreparedApply.appended``) instead of a delta run that tiers merge and a fold
+        #: copies again; their held rows merge as any batch's. The same rows, bit for bit.
+        self.append_writers: set[int] = set()
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -338,6 +347,18 @@ class ColumnStore:
             batch = batch.select_rows(lengths > 0)
         plan = None
         growth = APPLIED_ID_BYTES
+        if batch.num_rows and batch_id.writer in self.append_writers:
+            held, appended = self._split_held(batch)
+            if appended is not None:
+                if held.num_rows:
+                    plan = self.engine.plan(held.row_column, held.row_feature, held.offsets,
+                                            Entries(held.segment, held.target_column, held.target_feature,
+                                                    held.strength))
+                    growth += ENTRY_BYTES * plan.new_entries
+                growth += ENTRY_BYTES * appended.num_entries + ROW_OVERHEAD_BYTES * appended.num_rows
+                if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
+                    raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
+                return PreparedApply(batch_id, logged, columns, plan, self._version, appended)
         if batch.num_rows:
             plan = self.engine.plan(batch.row_column, batch.row_feature, batch.offsets,
                                     Entries(batch.segment, batch.target_column, batch.target_feature, batch.strength))
@@ -354,6 +375,35 @@ class ColumnStore:
         self.applied.add(prepared.batch_id, prepared.columns)
         if prepared.plan is not None:
             self._commit_plan(prepared.plan)
+        if prepared.appended is not None:
+            self._append_rows(prepared.appended)
+
+    def _split_held(self, batch: RowBatch) -> tuple[RowBatch, RowBatch | None]:
+        """``batch`` (rows with entries) as (the rows the store holds, the rows it does not), or
+        (batch, None) when it holds them all. One probe of the key index; no per-row work."""
+        held = self.engine.row_ids(batch.row_column, batch.row_feature) >= 0
+        if held.all():
+            return batch, None
+        if not held.any():
+            return RowBatch.empty(), batch
+        return batch.select_rows(held), batch.select_rows(~held)
+
+    def _append_rows(self, rows: RowBatch) -> None:
+        """The engine part of ``commit`` for rows the store does not hold (``prepare`` checked, at
+        the same version): straight into the base (``RowEngine.append_new_rows``: a copy of the
+        entries into the base's room, no search, delta run or fold), then what ``_commit_plan``
+        does for new rows (row-size counts, ``touches``). The engine ends holding what a plan of
+        these rows would leave: the same ids (the next ones, in batch order), the same entries."""
+        lengths = np.diff(rows.offsets)
+        ids = self.engine.append_new_rows(
+            rows.row_column, rows.row_feature, lengths,
+            [Entries(rows.segment, rows.target_column, rows.target_feature, rows.strength)])
+        if ids is None:  # prepare saw these rows absent, and nothing changed the store since
+            raise RuntimeError("rows appeared between prepare and commit")
+        self._count_sizes(lengths)
+        self._grow_touches(self.engine.num_rows)
+        self._touches[ids] += np.uint64(1)
+        self._rows_version = self._version
 
     def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]], room: int = 0, new_rows: bool = True) -> int:
         """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
@@ -591,6 +641,27 @@ class ColumnStore:
         held = ids >= 0
         return self._batch(rc[held], rf[held], ids[held])
 
+    def read_page(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
+        """``read_rows`` for a stream's page (streaming/sender.py): the same batch, built from the
+        engine's slices where the rows lie together (``RowEngine.pieces``: long rows, runs of
+        rows created together), one concatenation of views per field instead of a gather through
+        an index of every entry; short rows scattered over the base are gathered as by
+        ``read_rows`` (a piece per row would cost more than the gather)."""
+        rc, rf = _sorted_unique(*_keys(row_column, row_feature))
+        ids = self.engine.row_ids(rc, rf)
+        held = ids >= 0
+        rc, rf, ids = rc[held], rf[held], ids[held]
+        lengths = self.engine.lengths()[ids]
+        entries = int(lengths.sum())
+        pieces = self.engine.pieces(ids, max(1, entries // MIN_DIGEST_PIECE_ENTRIES)) if entries else None
+        if not pieces:
+            return self._batch(rc, rf, ids)
+        offsets = np.zeros(ids.shape[0] + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        cat = np.concatenate
+        return RowBatch(rc, rf, offsets, cat([p.seg for p in pieces]), cat([p.tc for p in pieces]),
+                        cat([p.tf for p in pieces]), cat([p.st for p in pieces]))
+
     def read_bounded(self, row_column: ArrayLike, row_feature: ArrayLike, max_entries: int,
                      max_large: int) -> BoundedRead:
         """The requested rows in key order (a copy) while they add up to at most ``max_entries``
@@ -665,6 +736,18 @@ class ColumnStore:
                 return present.astype(np.uint8), rows_digest_v2_pieces(lengths, fields)
         offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
         return present.astype(np.uint8), rows_digest(offsets, got, version)
+
+    def row_touches(self, row_column: ArrayLike, row_feature: ArrayLike
+                    ) -> tuple[NDArray[np.bool_], NDArray[np.uint64]]:
+        """Which of the given rows are stored, and each one's ``touches`` (0 when absent): with
+        ``drops``, a row's version. Every change of a row's entries is a commit that bumps its
+        touches (``drop_columns`` bumps ``drops``), so a row whose touches and the store's drops
+        are what they were holds what it held then: a stream source keeps the digest of a page
+        it sent and need not read the rows again to verify them (streaming/sender.py)."""
+        rc, rf = _keys(row_column, row_feature)
+        ids = self.engine.row_ids(rc, rf)
+        present = ids >= 0
+        return present, np.where(present, self._touches[np.maximum(ids, 0)], np.uint64(0))
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
     def freeze(self) -> FrozenRows:

@@ -152,6 +152,7 @@ class StreamEndpoint:
         if msg.closing:
             self._expected.pop(msg.stream_id, None)
             self.scopes.close(msg.stream_id)
+            self._store().store.append_writers.discard(rx.writer)
             return _reply(StreamPosition(msg.stream_id, rx.next_index))
         if len(bulk) != 1 or bulk[0].dtype != np.uint64 or bulk[0].ndim != 1:
             return _reply(StreamRefused(msg.stream_id, rx.next_index,
@@ -170,6 +171,9 @@ class StreamEndpoint:
                     "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
                     "node's data directory and join it again"), fatal=True))
         record_stream_writer(self.service, rx.writer)
+        # its items bring rows this node does not hold yet (a chunk: all of them, unless dual
+        # writes made some): those go straight into the store's base (ColumnStore.append_writers)
+        self._store().store.append_writers.add(rx.writer)
         self.scopes.add_columns(msg.stream_id, bulk[0])
         if msg.expected_bytes:
             # room in the base for what every open stream still brings (several sources stream to a

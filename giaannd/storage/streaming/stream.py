@@ -33,7 +33,9 @@ to whatever prefix of them reached the log: the floor, never a gap.
 (``StreamHello.expected_bytes``, its estimate); the receiver reserves room for what all its open
 streams still bring in its store's base (``ColumnStore.reserve``, capped by its free capacity), so
 the chunks, all new rows, land by slice copies into that room instead of regrowing the base as it
-fills (rebalance/endpoint.py). A hint only: nothing depends on it being right.
+fills (rebalance/endpoint.py). A hint only: nothing depends on it being right. An item's rows the
+receiver does not hold go straight into that base (``ColumnStore.append_writers``: no delta run,
+no fold); rows it holds (dual writes) merge as any batch's.
 
 Why this gives the receiver *exactly* the source's rows: a chunk lands on rows the receiver does not
 have (checked when the stream opens), so it is a copy; every later change of those rows at the
@@ -345,6 +347,11 @@ class StreamSender:
         self.deltas = 0
 
     # -- producing items ----------------------------------------------------------------------------
+    @property
+    def keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """The row keys the stream opened with, sorted (views; do not mutate): chunks are slices of them."""
+        return self._keys_c, self._keys_f
+
     @property
     def chunks_left(self) -> bool:
         return self.cursor < self._keys_c.size
