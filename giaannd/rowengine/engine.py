@@ -179,11 +179,12 @@ def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, guess: I64, seg: U8, tc
     n = int(occ.shape[0])
     pos = np.empty(n, np.int64)
     hit = np.empty(n, bool)
+    length = np.bincount(occ, minlength=int(lo.shape[0]))  # an occurrence's entries, across slices
     for a in range(0, n, SEARCH_CHUNK):
         z = min(n, a + SEARCH_CHUNK)
         o = occ[a:z]
         pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o,
-                                       guess[a:z])
+                                       guess[a:z], length[o])
     return pos, hit
 
 

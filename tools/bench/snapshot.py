@@ -1,6 +1,6 @@
 """Snapshot benchmarks on realistic rows (issue 14 items 3 and 4), each figure next to its target.
 
-    python -m tools.bench.snapshot [--entries 10000000] [--replay-only] [--json]
+    python -m tools.bench.snapshot [--entries 10000000] [--zipf-sentences 60000] [--replay-only] [--json]
 
 Rows as training makes them: a median of 17 entries, lengths ``16 + Zipf(2)`` (capped at
 ``MAX_ROW_ENTRIES``), so most rows are short and a few are very long — ``tools/bench/storage.py``'s
@@ -19,7 +19,9 @@ it is on real rows. Measured in one run:
    it and at its peak; the replay of a training-like log, where batches share rows
    (``bench_replay_training_log``: group replay, with the same-run baselines of the replay before
    it, runs of row-disjoint records, ``_replay_runs_as_before``, and record by record, and the
-   resident memory per entry after and at the peak of its restart); and (``--replay-only``) both
+   resident memory per entry after and at the peak of its restart); the same for the core's own
+   training deltas on the scale bench's Zipf stream (``bench_replay_zipf_log``, ``--zipf-sentences``,
+   0 to skip: sparse adds to big rows); and (``--replay-only``) both
    replays' CPU by phase (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import shutil
 import subprocess
 import sys
@@ -47,7 +50,9 @@ from unittest import mock
 
 import numpy as np
 
+from giaannd.model.columns import ColumnAssigner
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
+from giaannd.model.train import train_batch
 from giaannd.protocol import BatchId
 from giaannd.rowengine import RowEngine
 from giaannd.rowengine import engine as engine_mod
@@ -59,6 +64,7 @@ from giaannd.storage.engine.recovery import replay_each
 from giaannd.storage.engine.snapshot import read_snapshot
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.report import emit_figure, print_table
+from tools.bench.zipf_stream import ZipfStream
 
 BIG = 1 << 44
 #: Longest row generated: the Zipf tail is cut here (a row of 100k entries is 2.1 MB).
@@ -301,6 +307,42 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
         logged += batch.num_entries
     ds.sync()
     ds.close()
+    return _replay_log_figures(d, logged, repeat, "training-like log", phases)
+
+
+def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[str, float, str | None]]:
+    """Log replay of the core's own training deltas: ``tools.bench.zipf_stream`` sentences (the
+    scale bench's Zipf stream) encoded and trained in batches of 256 (``train_batch``), each
+    batch's rows one logged record, as a storage node owning every column logs them. The first
+    half is snapshotted, the second half replayed. Unlike ``bench_replay_training_log`` the
+    batches add to a sparse subset of their rows' keys (a hot row gains a few hundred of its
+    10^4-10^5 keys per batch): ``search.find_runs``'s guesses mostly miss."""
+    d = tmp / "zipf"
+    ds = DurableStore.open(d, BIG)
+    assigner = ColumnAssigner()
+    stream = iter(ZipfStream(7))
+    logged = seq = 0
+    for half in (0, 1):
+        for _ in range(0, sentences // 2, 256):
+            encoded = [e for e in assigner.encode_many(itertools.islice(stream, 256)) if e is not None]
+            if not encoded:
+                continue
+            rows = train_batch(encoded).rows
+            seq += 1
+            ds.apply(BatchId(1, seq), rows, validate=False)
+            logged += rows.num_entries * half
+        if half == 0:
+            ds.snapshot()
+    ds.sync()
+    ds.close()
+    return _replay_log_figures(d, logged, repeat, "Zipf training log", False)
+
+
+def _replay_log_figures(d: Path, logged: int, repeat: int, label: str, phases: bool
+                        ) -> list[tuple[str, float, str | None]]:
+    """Replay timings of the store in ``d`` (a snapshot, then ``logged`` entries of log): group
+    replay against the replay before groups and record by record, interleaved, in CPU s per GB
+    of logged entries (the snapshot's load taken off); RSS after and at the peak of a restart."""
     gb = logged * ENTRY_BYTES / 1e9
     snap = next(d.glob("snapshot-*.snap"))
 
@@ -325,17 +367,17 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
             cpu[name] = min(cpu[name], time.process_time() - start)
     rss, peak = replay_rss_per_entry(d)
     return [
-        (f"training-like log replay ({logged:,} entries logged), CPU time (s/GB of log)",
+        (f"{label} replay ({logged:,} entries logged), CPU time (s/GB of log)",
          (cpu["now"] - cpu["load"]) / gb, "<= 1.0"),
-        ("baseline: training-like log, runs of disjoint records (replay before groups), CPU time (s/GB of log)",
+        (f"baseline: {label}, runs of disjoint records (replay before groups), CPU time (s/GB of log)",
          (cpu["runs"] - cpu["load"]) / gb, None),
-        ("baseline: training-like log, record by record, CPU time (s/GB of log)", (cpu["each"] - cpu["load"]) / gb,
+        (f"baseline: {label}, record by record, CPU time (s/GB of log)", (cpu["each"] - cpu["load"]) / gb,
          None),
-        ("training-like log replay CPU time, runs before / groups now (ratio)",
+        (f"{label} replay CPU time, runs before / groups now (ratio)",
          (cpu["runs"] - cpu["load"]) / (cpu["now"] - cpu["load"]), None),
-        ("storage RSS per entry after a training-like log's restart (B)", rss, "<= 32"),
-        ("peak RSS per entry during a training-like log's restart (B)", peak, None),
-    ] + (replay_phases(d, gb, repeat, "training-like log: ") if phases else [])
+        (f"storage RSS per entry after a {label}'s restart (B)", rss, "<= 32"),
+        (f"peak RSS per entry during a {label}'s restart (B)", peak, None),
+    ] + (replay_phases(d, gb, repeat, f"{label}: ") if phases else [])
 
 
 _CPU: dict[str, float] = {}
@@ -358,7 +400,7 @@ def _timed(fn: object, repeat: int = 1, cpu_as: str | None = None) -> float:
 
 
 def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
-                  replay_only: bool = False) -> tuple[DurableStore, float] | None:
+                  replay_only: bool = False, zipf_sentences: int = 0) -> tuple[DurableStore, float] | None:
     """Section 1; returns the store (open, with a snapshot) and the snapshot write's seconds (None,
     the store closed, with ``replay_only``)."""
     rng = np.random.default_rng(14)
@@ -376,7 +418,8 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     ds.close()
     title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
              f"{gb:.3f} GB of rows")
-    replay_figures = bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
+    replay_figures = (bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
+                      + (bench_replay_zipf_log(tmp, zipf_sentences, repeat) if zipf_sentences else []))
     if replay_only:
         _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
         return None
@@ -481,12 +524,14 @@ def main() -> None:
                     help="the snapshot thread's busy share (storage.snapshot-busy-share, default 0.5)")
     ap.add_argument("--repeat", type=int, default=3, help="loads timed, best of (default 3)")
     ap.add_argument("--replay-only", action="store_true", help="only the log replay figures (section 1)")
+    ap.add_argument("--zipf-sentences", type=int, default=60_000,
+                    help="Zipf-stream sentences trained for the Zipf training log (half logged; 0 skips it)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-snapshot-", dir=args.dir))
     try:
-        opened = bench_restart(tmp, args.entries, args.repeat, args.json, args.replay_only)
+        opened = bench_restart(tmp, args.entries, args.repeat, args.json, args.replay_only, args.zipf_sentences)
         if opened is None:
             return
         ds, t_write = opened
