@@ -339,23 +339,32 @@ class RowEngine:
         q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
         q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
         qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
+        q, q_row, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_row, qs, qc, qf, qpos, st, plan.adds)
+        if q.shape[0]:
+            plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
+        return plan
+
+    def _find_in_deltas(self, ids: I64, q: I64, q_row: I64, qs: U8, qc: U64, qf: U64, qpos: I64, st: F32,
+                        adds: list[tuple[Run, I64, F32]]) -> tuple[I64, I64, U8, U64, U64, I64]:
+        """Look the entries ``q`` that the base lacks up in the delta runs, largest run first
+        (``q_row``: each one's row as an index into ``ids``; ``qpos``: its base position, which
+        narrows the search to its gap in a run). The increments ``st[q]`` of the keys found join
+        ``adds`` in the order given; returns the arrays of the entries found nowhere."""
         for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
             if q.shape[0] == 0:
                 break
             row_lo, row_hi = delta.ranges(ids)
-            lo, hi_q = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
-            at = lower_bound(delta.seg, delta.tc, delta.tf, lo, hi_q, qs, qc, qf)
-            inside = np.flatnonzero(at < hi_q)
+            lo, hi = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
+            at = lower_bound_chunked(delta.seg, delta.tc, delta.tf, lo, hi, qs, qc, qf)
+            inside = np.flatnonzero(at < hi)
             a_in = at[inside]
             hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
             if hit.any():
-                plan.adds.append((delta, a_in[hit], st[q[inside[hit]]]))
+                adds.append((delta, a_in[hit], st[q[inside[hit]]]))
                 keep = np.ones(q.shape[0], bool)
                 keep[inside[hit]] = False
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
-        if q.shape[0]:
-            plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
-        return plan
+        return q, q_row, qs, qc, qf, qpos
 
     def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries,
                        owned: bool) -> ApplyPlan:
@@ -493,20 +502,7 @@ class RowEngine:
         q = old[miss]  # in the order given: a delta run's adds stay in log order
         q_occ = occ[q]
         qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[miss]
-        for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
-            if q.shape[0] == 0:
-                break
-            row_lo, row_hi = delta.ranges(ids)
-            dlo, dhi = gap_ranges(delta, row_lo[q_occ], row_hi[q_occ], qpos)
-            at = lower_bound_chunked(delta.seg, delta.tc, delta.tf, dlo, dhi, qs, qc, qf)
-            inside = np.flatnonzero(at < dhi)
-            a_in = at[inside]
-            found = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
-            if found.any():
-                plan.adds.append((delta, a_in[found], st[q[inside[found]]]))
-                keep = np.ones(q.shape[0], bool)
-                keep[inside[found]] = False
-                q, q_occ, qs, qc, qf, qpos = q[keep], q_occ[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
+        q, q_occ, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_occ, qs, qc, qf, qpos, st, plan.adds)
         # the new keys of held rows (ids < held), then those of new rows: in row order as a whole
         parts = [_new_keys(row[q], q_occ, qs, qc, qf, st[q], qpos)] if q.shape[0] else []
         f = np.flatnonzero(fresh)
