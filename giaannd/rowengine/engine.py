@@ -417,14 +417,24 @@ class RowEngine:
         """
         if plan.version != self._version:
             raise RuntimeError("stale ApplyPlan: the engine changed after plan()")
+        self._carry_out(plan.new_a, plan.new_b, plan.adds, plan.new_run, in_order=False)
+
+    def _carry_out(self, new_a: U64, new_b: U64, adds: list[tuple[Run, I64, F32]], new_run: Run | None,
+                   in_order: bool) -> None:
+        """The writes of a checked plan (``commit``, ``commit_in_order``): new rows' keys, in-place
+        adds (``in_order``: ``np.add.at``, repeats one at a time in the order given; else each
+        index once, a plain fancy-index add), the new delta run."""
         self._version += 1
-        if plan.new_a.shape[0]:
-            self._index.append(plan.new_a, plan.new_b)
+        if new_a.shape[0]:
+            self._index.append(new_a, new_b)
         self._grow_lengths(len(self._index))
-        for run, at, add in plan.adds:
-            run.st[at] += add
-        if plan.new_run is not None:
-            self._add_delta(plan.new_run)
+        for run, at, add in adds:
+            if in_order:
+                np.add.at(run.st, at, add)
+            else:
+                run.st[at] += add
+        if new_run is not None:
+            self._add_delta(new_run)
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
@@ -522,14 +532,7 @@ class RowEngine:
         """
         if plan.version != self._version:
             raise RuntimeError("stale OrderedPlan: the engine changed after plan_in_order()")
-        self._version += 1
-        if plan.new_a.shape[0]:
-            self._index.append(plan.new_a, plan.new_b)
-        self._grow_lengths(len(self._index))
-        for run, at, add in plan.adds:
-            np.add.at(run.st, at, add)  # repeats added one at a time, in order
-        if plan.new_run is not None:
-            self._add_delta(plan.new_run)
+        self._carry_out(plan.new_a, plan.new_b, plan.adds, plan.new_run, in_order=True)
 
     def compact(self) -> None:
         """Fold every delta run into the base (reads then return views, without a copy)."""
