@@ -1,0 +1,44 @@
+"""Compiled kernels for the loops numpy cannot express in a few whole-array passes.
+
+Why: a binary search, a hash-table probe or a merge is a loop whose every step depends on data.
+In numpy each step becomes a *round* of ~15 whole-array operations over the keys still searching,
+so a search over rows of 10^6 entries costs ~20 rounds of Python-dispatched passes (docs/model.md,
+"Rows at scale", measured the rounds' overhead, not cache misses, as the cost). Compiled, the same
+loop walks each query once; sorted queries of one row gallop from the previous answer instead of
+searching the whole row (measured 25 vs 347 ns per query on 10^6 sorted queries into 10^7 keys).
+
+How: numba (LLVM) compiles each kernel **eagerly** from an explicit signature when its module is
+imported, so no first call in a hot path ever waits for a compiler; the machine code is cached on
+disk (``__pycache__`` beside the source, or ``$NUMBA_CACHE_DIR``: the systemd unit points it at
+the daemon's cache directory) and loaded in milliseconds by later processes. Kernels hold no
+Python objects, release the GIL (``nogil``) and keep IEEE float semantics (no ``fastmath``: a float32
+sum must come out bit for bit what numpy's left fold gives). ``boundscheck`` is off: a kernel's
+caller validates indices the way the numpy code it replaces did.
+
+A kernel is a plain function of arrays and scalars; declare it as::
+
+    @kernel("void(uint8[:], int64[:])")
+    def _fill(out, idx): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from numba import njit
+
+__all__ = ["kernel"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kernel(signature: str) -> Callable[[F], F]:
+    """Compile the decorated function now, for ``signature`` (numba's type string), cached on disk."""
+
+    def wrap(fn: F) -> F:
+        compiled: F = njit(signature, cache=True, nogil=True, boundscheck=False, fastmath=False,
+                           error_model="numpy")(fn)
+        return compiled
+
+    return wrap
