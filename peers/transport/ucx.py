@@ -23,7 +23,12 @@ Why this shape (transport-baseline.md §3, measured on these machines):
 - Environment set before ucxx is imported (``setdefault``: an operator's value wins):
   ``UCX_WARN_UNUSED_ENV_VARS=n`` (ucxx sets ``UCX_MEMTYPE_CACHE`` that UCX 1.21 no longer knows),
   ``UCX_LOG_LEVEL=error``, ``UCX_TCP_TX_SEG_SIZE=256K``/``UCX_TCP_RX_SEG_SIZE=1M`` (UCX's TCP lanes,
-  if ever used, are 3–5× faster tuned).
+  if ever used, are 3–5× faster tuned), ``UCX_TLS=^self``: UCX 1.21's loopback transport
+  (``self``, an endpoint to the process's own worker) segfaults when the buffer sent is CUDA
+  memory (seen on an H100 and an H200, 2026-11-28: ``tests/gpu``'s same-process send crashed in
+  ``ucp_worker_progress``; with ``self`` excluded, or ``UCX_PROTO_ENABLE=n``, it passed, and a send
+  to another process passed either way). Without ``self`` a node's endpoint to itself goes over
+  shared memory like any other on the host.
 
 ucxx is imported lazily (importing this module does not import it); its exceptions are translated
 here. ucxx's context is per process, so one ``UcxRuntime`` is shared by every transport instance.
@@ -58,6 +63,7 @@ UCX_ENV_DEFAULTS: Final = {
     "UCX_LOG_LEVEL": "error",
     "UCX_TCP_TX_SEG_SIZE": "256K",
     "UCX_TCP_RX_SEG_SIZE": "1M",
+    "UCX_TLS": "^self",
 }
 PROGRESS_MODE: Final = "blocking"
 #: Bulk smaller than this (per frame) goes inline on the TCP control stream: below it one TCP

@@ -64,6 +64,34 @@ async def test_gpu_send_from_cuda_tensor():
     await listener.close()
 
 
+async def test_gpu_send_from_cuda_tensor_to_another_process():
+    """A device buffer sent to a peer in another process (a compute node's deltas to a storage
+    node): the bytes that arrive are the tensor's."""
+    import subprocess
+    import sys
+
+    import msgspec
+    import xxhash
+
+    from peers.transport import Identity, connect
+    from peers.transport.ucx import UcxTransport
+
+    peer = subprocess.Popen([sys.executable, "-m", "tests.gpu.ucx_peer"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        address = await asyncio.wait_for(asyncio.to_thread(peer.stdout.readline), 60)
+        conn = await connect(UcxTransport(Identity("client", "gpu", KEYRING)), address.strip(), timeout_s=30)
+        src = torch.arange(2**20, dtype=torch.int64, device="cuda")
+        result = await conn.request("write", [src], timeout_s=30)
+        got = msgspec.msgpack.decode(result.payload)
+        assert got == {"digest": xxhash.xxh3_64_intdigest(src.cpu().numpy().tobytes()), "nbytes": src.numel() * 8}
+        await conn.close()
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=30)
+        peer.stdout.close()
+
+
 async def test_gpu_recv_into_cuda_over_tcp_is_a_clear_error():
     from peers.errors import LocalProtocolError
     from peers.transport import Identity, Reply, connect
