@@ -9,8 +9,9 @@ searching the whole row (measured 25 vs 347 ns per query on 10^6 sorted queries 
 
 How: numba (LLVM) compiles each kernel **eagerly** from an explicit signature when its module is
 imported, so no first call in a hot path ever waits for a compiler; the machine code is cached on
-disk (``__pycache__`` beside the source, or ``$NUMBA_CACHE_DIR``: the systemd unit points it at
-the daemon's cache directory) and loaded in milliseconds by later processes. Kernels hold no
+disk (``__pycache__`` beside the source, else numba's per-user cache, or ``$NUMBA_CACHE_DIR``: the
+systemd unit points it at the daemon's cache directory) and loaded in milliseconds by later
+processes; where no location is writable the kernels compile uncached, with one warning. Kernels hold no
 Python objects, release the GIL (``nogil``) and keep IEEE float semantics (no ``fastmath``: a float32
 sum must come out bit for bit what numpy's left fold gives). ``boundscheck`` is off: a kernel's
 caller validates indices the way the numpy code it replaces did.
@@ -23,6 +24,7 @@ A kernel is a plain function of arrays and scalars; declare it as::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -33,11 +35,30 @@ __all__ = ["kernel"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_warned = False
+
+
+def _warn_uncached(exc: RuntimeError) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        logging.getLogger(__name__).warning(
+            "compiled kernels are not cached (%s): every start compiles them; set NUMBA_CACHE_DIR to a "
+            "writable directory", exc)
+
+
 def kernel(signature: str) -> Callable[[F], F]:
     """Compile the decorated function now, for ``signature`` (numba's type string), cached on disk."""
 
     def wrap(fn: F) -> F:
-        compiled = njit(signature, cache=True, nogil=True, boundscheck=False, fastmath=False, error_model="numpy")(fn)
+        options: dict[str, Any] = {"nogil": True, "boundscheck": False, "fastmath": False, "error_model": "numpy"}
+        try:
+            compiled = njit(signature, cache=True, **options)(fn)
+        except RuntimeError as exc:  # no writable cache location (read-only package, no home)
+            if "locator" not in str(exc):
+                raise
+            _warn_uncached(exc)
+            compiled = njit(signature, **options)(fn)
         return cast(F, compiled)
 
     return wrap

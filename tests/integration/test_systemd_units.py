@@ -120,6 +120,9 @@ def test_systemd_unit_properties() -> None:
     # StateDirectory= already makes the state directory writable; no leftover directory lines
     for key in ("ReadWritePaths", "LogsDirectory", "RuntimeDirectory"):
         assert key not in svc
+    # numba's kernel cache lives in the unit's own cache directory (the package dir is read-only)
+    assert svc["CacheDirectory"] == "giaannd/%i"
+    assert "NUMBA_CACHE_DIR=%C/giaannd/%i/numba" in svc["Environment"].split()
     from giaannd.config import Config
     stop_s = float(svc["TimeoutStopSec"].rstrip("s"))
     assert stop_s > Config().node.drain_timeout_s + 10  # drain plus the forced-stop bound
