@@ -59,6 +59,7 @@ from numpy.typing import NDArray
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowKey
 from giaannd.rowengine import KeyIndex
+from giaannd.rowengine.jit import kernel
 
 __all__ = [
     "SEED_TOKENS",
@@ -84,10 +85,6 @@ _INITIAL_SLOTS = 256
 #: measured with tools/bench/lif.py's rows), for 16-32 more bytes per neuron of a table that lives
 #: as long as the session.
 _SLOT_TABLE_LOAD = 0.25
-#: Rows up to this many entries are scattered through flat indices (four numpy calls, 8 bytes per
-#: entry of index) rather than per segment run (up to nine calls, none per entry): below it the
-#: calls cost more than the passes (most rows of a real session are a few hundred entries).
-_FLAT_SCATTER_MAX = 4096
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
 
@@ -123,6 +120,29 @@ def activation(x: float) -> float:
 
 #: g(1), the deposit of every boolean synapse (train-set constants).
 _G_ONE = activation(1.0)
+#: ``_deposit``'s modes: every entry adds value[0] (g(1)); g(1) where strength > 0, else 0.0;
+#: g from value[i] = exp(strength[i] / -100).
+_G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
+
+
+@kernel("void(float64[:, ::1], int64[::1], uint8[::1], int64[::1], float32[::1], float64[::1], int64)")
+def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
+             slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
+             mode: int) -> None:
+    """``act[lane[segment[i]], slots[i]] += g_i`` for every entry i (``LifSession._deposits`` says
+    what ``value`` and ``mode`` hold). One add per element: a canonical row has distinct
+    (segment, slot) pairs, so this is the scatter-add numpy's fancy ``+=`` did, in any order."""
+    g1 = value[0]
+    for i in range(slots.shape[0]):
+        if mode == 0:
+            g = g1
+        elif mode == 1:
+            g = g1 if strength[i] > 0 else 0.0
+        else:
+            e = value[i] + 1.0
+            g = 2.0 / e
+            g = g - 1.0
+        act[lane[segment[i]], slots[i]] += g
 
 
 class DelimiterFlags(Protocol):
@@ -339,45 +359,37 @@ class LifSession:
         soma entries (the eligible set) and where they start in the row.
 
         The row is canonical, so its segments are nine contiguous runs (found by one binary search)
-        and within a run every target is distinct: a plain fancy ``+=`` (no ``np.add.at``) is an
-        exact scatter-add, and the soma run *is* the eligible set.
+        and within a run every target is distinct: each (segment, slot) gets one add, and the soma
+        run *is* the eligible set. Two compiled passes over the row: the slot map
+        (``KeyIndex.ids_of``), then the deposits (``_scatter``).
         """
         edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
         slots = self._slots_of(row)
-        self._scatter(edges, slots, self._deposits(row.strength), row.segment)
+        self._scatter(slots, row.segment, row.strength)
         return slots[edges[_SOMA]:edges[_SOMA + 1]], edges[_SOMA]
 
-    def _scatter(self, edges: list[int], slots: NDArray[np.int64], value: NDArray[np.float64] | float,
-                 segment: NDArray[np.uint8] | None = None) -> None:
-        """``act[segment, slot] += value`` for every entry: one segment run at a time, or for a short
-        row (``segment`` given) through flat indices into the state, in one call instead of nine."""
-        if segment is not None and slots.shape[0] <= _FLAT_SCATTER_MAX:
-            flat = np.array(self._lane, np.int64)[segment]
-            flat *= self._act.shape[1]
-            flat += slots
-            self._act.reshape(-1)[flat] += value
-            return
-        for seg in range(NUM_SEGMENTS):
-            lo, hi = edges[seg], edges[seg + 1]
-            if lo < hi:
-                state = self._act[self._lane[seg]]
-                state[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+    def _scatter(self, slots: NDArray[np.int64], segment: NDArray[np.uint8], strength: NDArray[np.float32]) -> None:
+        """``act[segment, slot] += g(value)`` for every entry, in one compiled pass (``_deposit``):
+        the part of g numpy computes (``_deposits``) is finished there by the same float64
+        operations in the same order, so every state value gets the same bits as before."""
+        mode, value = self._deposits(strength)
+        _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
+                 slots, np.ascontiguousarray(strength, np.float32), value, mode)
 
-    def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
-        """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or
-        an array computed in place in float64 — the same operations, so the same bits, as
-        ``2 / (1 + exp(-s / 100)) - 1`` (negating before or after dividing by 100 is exact)."""
+    def _deposits(self, strength: NDArray[np.float32]) -> tuple[int, NDArray[np.float64]]:
+        """What ``_deposit`` needs to add g(value) of every entry: (``_G_CONSTANT``, [g(1)]) for boolean
+        synapses whose strengths are all > 0 (the usual case); (``_G_BOOLEAN``, [g(1)]) when some are
+        not (g(1) where strength > 0, else 0.0, chosen per entry); (``_G_EXP``, exp(s / −100)) for raw
+        strengths, numpy's ``exp`` as before (the kernel adds 1, divides 2 by it and subtracts 1:
+        ``2 / (1 + exp(-s / 100)) - 1`` in the order the spec writes it; negating before or after
+        dividing by 100 is exact)."""
         if self._k.boolean_synapses:
-            if strength.shape[0] and float(strength.min()) > 0.0:
-                return _G_ONE
-            return np.where(strength > 0, _G_ONE, 0.0)
-        value = strength.astype(np.float64)
-        np.divide(value, -100.0, out=value)
+            mode = _G_CONSTANT if strength.shape[0] and float(strength.min()) > 0.0 else _G_BOOLEAN
+            return mode, np.array([_G_ONE])
+        value = np.empty(strength.shape[0], np.float64)
+        np.divide(strength, -100.0, out=value, dtype=np.float64)
         np.exp(value, out=value)
-        value += 1.0
-        np.divide(2.0, value, out=value)
-        value -= 1.0
-        return value
+        return _G_EXP, value
 
     def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
                 internal: bool) -> RowKey | None:

@@ -14,8 +14,10 @@ new step's phases, each timed alone on the same row (best of ``--repeat``; a fre
 - ``slot map``: ``KeyIndex.ids_of`` on a fresh index (every target new: the insert path, with the
   table's allocation);
 - ``state grow``: allocating the ``float64[9, slots]`` state for the row's neurons;
-- ``deposits``: g(strength) in float64 (test-set constants; train-set is one float);
-- ``scatter``: the nine per-segment scatter-adds into the fresh state (its first touch: page faults);
+- ``deposits``: numpy's part of g(strength) in float64, exp(s / -100) (test-set constants; train-set
+  is one float);
+- ``scatter``: the deposit kernel (``infer._deposit``: the rest of g and the adds) into the fresh
+  state (its first touch: page faults);
 - ``dense step``: a whole step with an empty row on a session holding the row's neurons (the
   propagation, the column transition and the soma decay over every slot), per slot; and the same
   for the old step.
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants, LifSession, NoDelimiters
+from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants, LifSession, NoDelimiters, _deposit
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch
 from giaannd.rowengine import KeyIndex
 from tools.bench.baseline_lif import BaselineLifSession
@@ -140,9 +142,9 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
     def scatter() -> Callable[[], object]:
         session = fresh()
         slots = session._slots_of(row)  # mapped, and the state grown (not yet touched)
-        value = session._deposits(row.strength)
-        edges: list[int] = np.searchsorted(row.segment, np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)).tolist()
-        return lambda: session._scatter(edges, slots, value)
+        mode, value = session._deposits(row.strength)
+        lane = np.array(session._lane, np.int64)
+        return lambda: _deposit(session._act, lane, row.segment, slots, row.strength, value, mode)
 
     def dense(cls: type[LifSession] | type[BaselineLifSession]) -> Callable[[], Callable[[], object]]:
         def prepare() -> Callable[[], object]:

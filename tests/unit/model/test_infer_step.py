@@ -12,6 +12,7 @@ from giaannd.model.rowstore import RowStore
 from giaannd.model.train import train_batch
 from giaannd.rowengine import KeyIndex
 from tests.oracle.sentences import SetFlags, synthetic_corpus
+from tests.unit.rowengine.collide import grouped_table
 from tools.bench.baseline_lif import BaselineLifSession
 from tools.bench.lif import synthetic_row
 
@@ -94,24 +95,26 @@ def test_lif_dense_step_copies_no_segment_rows():
 
 @pytest.mark.parametrize("max_load", [0.5, 0.25])
 @pytest.mark.parametrize("collide", [False, True])
-def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, max_load, monkeypatch):
-    if collide:  # every key of a column on one home slot: long probe chains and many lost claims
-        monkeypatch.setattr(KeyIndex, "_home", lambda self, a, b: (a % np.uint64(7)).astype(np.int64))
-        monkeypatch.setattr(KeyIndex, "_home_one", lambda self, a, b: a % 7)
+def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, max_load):
+    # collide: every key of a column group (a % 7) on one home slot (long probe walks)
+    table = grouped_table(60, 300) if collide else None
     rng = np.random.default_rng(2)
     index, ref = KeyIndex(max_load=max_load), {}
+
+    def keys(a, b):
+        return (a, table[a.astype(np.int64), b.astype(np.int64)]) if collide else (a, b)
+
     for _ in range(40):
         k = int(rng.integers(0, 3000))
-        a = rng.integers(0, 50, k, dtype=np.uint64)
-        b = rng.integers(0, 300, k, dtype=np.uint64)
+        a, b = keys(rng.integers(0, 50, k, dtype=np.uint64), rng.integers(0, 300, k, dtype=np.uint64))
         ids = index.ids_of(a, b)
         assert ids.dtype == np.int64
         for x, y, i in zip(a.tolist(), b.tolist(), ids.tolist()):
             assert ref.setdefault((x, y), i) == i  # one id per key, kept across calls and growth
-        assert sorted(ref.values()) == list(range(len(ref))) and len(index) == len(ref)  # dense
+        assert list(ref.values()) == list(range(len(ref))) and len(index) == len(ref)  # dense, in order
     ka, kb = index.keys()
     assert {(x, y): i for i, (x, y) in enumerate(zip(ka.tolist(), kb.tolist()))} == ref
-    probe_a, probe_b = rng.integers(0, 60, 500, dtype=np.uint64), rng.integers(0, 300, 500, dtype=np.uint64)
+    probe_a, probe_b = keys(rng.integers(0, 60, 500, dtype=np.uint64), rng.integers(0, 300, 500, dtype=np.uint64))
     assert index.lookup(probe_a, probe_b).tolist() == [ref.get(k, -1) for k in zip(probe_a.tolist(),
                                                                                     probe_b.tolist())]
     assert index.ids_of(np.empty(0, np.uint64), np.empty(0, np.uint64)).shape == (0,)
