@@ -145,6 +145,22 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
         act[lane[segment[i]], slots[i]] += g
 
 
+
+@kernel("int64(float64[:, ::1], int64[::1], float64)")
+def _pick(act: NDArray[np.float64], eligible: NDArray[np.int64], theta: float) -> int:
+    """The position in ``eligible`` of the first neuron with the largest soma + segment 3 among those
+    with soma + segment 3 ≥ θ, or -1 if none: what ``argmax(where(value >= θ, value, -inf))`` and an
+    ``any`` gave (a NaN is never ≥ θ; each sum is the same float64 add)."""
+    best = -1
+    top = 0.0
+    for i in range(eligible.shape[0]):
+        e = eligible[i]
+        v = act[_SOMA, e] + act[_LAST_COLUMN_SEGMENT, e]
+        if v >= theta and (best < 0 or v > top):
+            best = i
+            top = v
+    return best
+
 class DelimiterFlags(Protocol):
     """The per-feature delimiter flags (the column assigner provides them)."""
 
@@ -393,16 +409,12 @@ class LifSession:
 
     def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
                 internal: bool) -> RowKey | None:
-        if eligible.shape[0] == 0:
+        # Eligible neurons are in row order: soma entries sorted by (column, feature), so the first
+        # maximum (``_pick``) *is* "ties go to the lowest (column id, feature id)".
+        i = _pick(self._act, eligible, self._k.theta)
+        if i < 0:
             return None
-        act = self._act
-        value = act[_SOMA, eligible] + act[_LAST_COLUMN_SEGMENT, eligible]
-        ok = value >= self._k.theta
-        if not ok.any():
-            return None
-        # Eligible neurons are in row order: soma entries sorted by (column, feature), so argmax's
-        # first-maximum rule *is* "ties go to the lowest (column id, feature id)".
-        i = soma_start + int(np.argmax(np.where(ok, value, -np.inf)))
+        i += soma_start
         pred = (int(row.target_column[i]), int(row.target_feature[i]))
         if internal and pred[0] != column:
             return None
