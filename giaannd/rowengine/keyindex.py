@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils as _cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
@@ -64,6 +64,7 @@ _MIX_B = np.uint64(_MIX_B_INT)
 _SHIFT_MIX = np.uint64(29)
 
 _TABLE = "int64[::1], uint64[::1], uint64[::1], int64"  # slots, key a, key b, bits
+cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
 #: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
 #: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
 #: 5-30 % slower with them, 10^6 keys into 2^22 slots 2-2.5x faster).
@@ -94,8 +95,7 @@ def _home(a: np.uint64, b: np.uint64, shift: np.uint64) -> np.int64:
     return np.int64(h >> shift)
 
 
-@intrinsic
-def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
     """``llvm.prefetch`` of ``array[index]`` (read, into all cache levels): a hint, no fault, no effect
     on any value. Lets a probe walk ask for slots and keys a few dozen keys ahead, so the cache
     misses of a table larger than the cache overlap instead of coming one after another."""
@@ -112,6 +112,10 @@ def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         return context.get_dummy_value()
 
     return types.void(array, index), codegen
+
+
+#: ``_prefetch(array, index)`` in a kernel (``_prefetch_typer`` says what it does).
+_prefetch: Any = intrinsic(_prefetch_typer)
 
 
 @kernel(f"void({_TABLE}, uint64[::1], uint64[::1], int64, int64[::1])")
