@@ -125,7 +125,8 @@ _G_ONE = activation(1.0)
 _G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
 
 
-@kernel("void(float64[:, ::1], int64[::1], uint8[::1], int64[::1], float32[::1], float64[::1], int64)")
+@kernel('void(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
+        'Array(float32, 1, "C", readonly=True), float64[::1], int64)')
 def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
              slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
              mode: int) -> None:
@@ -146,7 +147,7 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
 
 
 
-@kernel("int64(float64[:, ::1], int64[::1], float64)")
+@kernel('int64(float64[:, ::1], Array(int64, 1, "C", readonly=True), float64)')
 def _pick(act: NDArray[np.float64], eligible: NDArray[np.int64], theta: float) -> int:
     """The position in ``eligible`` of the first neuron with the largest soma + segment 3 among those
     with soma + segment 3 ≥ θ, or -1 if none: what ``argmax(where(value >= θ, value, -inf))`` and an

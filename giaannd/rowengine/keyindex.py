@@ -64,6 +64,8 @@ _MIX_B = np.uint64(_MIX_B_INT)
 _SHIFT_MIX = np.uint64(29)
 
 _TABLE = "int64[::1], uint64[::1], uint64[::1], int64"  # slots, key a, key b, bits
+#: Input keys: C-contiguous, possibly read-only (rows decoded from a log or the wire are).
+_IN = 'Array(uint64, 1, "C", readonly=True)'
 cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
 #: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
 #: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
@@ -118,7 +120,7 @@ def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
 _prefetch: Any = intrinsic(_prefetch_typer)
 
 
-@kernel(f"void({_TABLE}, uint64[::1], uint64[::1], int64, int64[::1])")
+@kernel(f"void({_TABLE}, {_IN}, {_IN}, int64, int64[::1])")
 def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int, out: I64) -> None:
     """``out[i]``: the id of key (a[i], b[i]) or -1. ``ahead`` > 0 (≤ ``_AHEAD``): prefetch each key's
     home slot 2·ahead keys before its walk, and the key of the id held there ahead keys before."""
@@ -166,7 +168,7 @@ def _lookup_one(slots: I64, ka: U64, kb: U64, bits: int, x: int, y: int) -> int:
         s = (s + 1) & mask
 
 
-@kernel(f"UniTuple(int64, 2)({_TABLE}, int64, int64, uint64[::1], uint64[::1], int64, int64, int64[::1], "
+@kernel(f"UniTuple(int64, 2)({_TABLE}, int64, int64, {_IN}, {_IN}, int64, int64, int64[::1], "
         "bool_[::1])")
 def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a: U64, b: U64, start: int,
                  ahead: int, out: I64, added: NDArray[np.bool_]) -> tuple[int, int]:
@@ -235,7 +237,7 @@ def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int
         slots[s] = sid
 
 
-@kernel(f"boolean({_TABLE}, int64, uint64[::1], uint64[::1], int64)")
+@kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
 def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64, ahead: int) -> bool:
     """Place keys a[i], b[i] as ids n0 + i, comparing each with the held ids < n0 on its probe; on a
     match empty every slot this call wrote (they were free before it) and return False."""

@@ -70,7 +70,12 @@ def test_lif_step_state_equals_the_previous_step_on_long_overlapping_rows(consta
         r = synthetic_row(20_000 + 3_000 * i, seed=i)
         strength = r.strength.copy()
         strength[7 * i] = 0.0
-        rows[(10 + i % 3, 100 + i)] = Row(r.segment, r.target_column, r.target_feature, strength)
+        fields = [r.segment, r.target_column, r.target_feature, strength]
+        if i % 2:  # read-only, as rows decoded from a log or the wire are
+            fields = [f.copy() for f in fields]
+            for f in fields:
+                f.flags.writeable = False
+        rows[(10 + i % 3, 100 + i)] = Row(*fields)
     keys = list(rows)
     targets = [keys[i % 5] for i in (0, 1, 2, 0, 3, 4, 4, 1, 2, 3, 0, 4)]
     assert _lockstep(targets, rows.__getitem__, NoDelimiters(), constants) == len(targets) - 1

@@ -229,7 +229,11 @@ def _any_call_sequence(seed, calls, collide, max_load):
     def keys(k, cols=40, feats=200):
         a = rng.integers(0, cols, k, dtype=np.uint64)
         b = rng.integers(0, feats, k, dtype=np.uint64)
-        return (a, table[a.astype(np.int64), b.astype(np.int64)]) if collide else (a, b)
+        if collide:
+            b = table[a.astype(np.int64), b.astype(np.int64)]
+        if rng.random() < 0.5:  # read-only inputs (rows decoded from a log) are taken as they are
+            a.flags.writeable = b.flags.writeable = False
+        return a, b
 
     index, ref = KeyIndex(max_load=max_load), {}
     for _ in range(calls):
