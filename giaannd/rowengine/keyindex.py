@@ -8,7 +8,8 @@ in the order they first occur in its input) and never change or get reused, so o
 indexed by id (the row engine's lengths, the runs' row lists). The index is an open-addressing hash
 table with linear probing:
 
-- ``_slots``: int64[capacity] (a power of two), the id stored in each slot or -1 (empty);
+- ``_slots``: int64[capacity] (a power of two), 1 + the id stored in each slot, or 0 (empty: a new
+  table is ``np.zeros``, whose pages the OS zeroes as they are first touched, not a fill pass);
 - ``_a``, ``_b``: uint64, the key of each id (grown by doubling).
 
 Every probe loop is a compiled kernel (giaannd/rowengine/jit.py) that walks the keys one at a time,
@@ -143,14 +144,14 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
                 _prefetch(slots, h)
             j = i + ahead
             if j < m:
-                t = slots[ring[j & _RING_MASK]]
+                t = slots[ring[j & _RING_MASK]] - 1
                 if t >= 0:
                     _prefetch(ka, t)
                     _prefetch(kb, t)
         else:
             s = _home(x, y, shift)
         while True:
-            sid = slots[s]
+            sid = slots[s] - 1
             if sid < 0 or (ka[sid] == x and kb[sid] == y):
                 out[i] = sid
                 break
@@ -162,7 +163,7 @@ def _lookup_one(slots: I64, ka: U64, kb: U64, bits: int, x: int, y: int) -> int:
     mask = (np.int64(1) << bits) - 1
     s = _home(np.uint64(x), np.uint64(y), np.uint64(64 - bits))
     while True:
-        sid = slots[s]
+        sid = slots[s] - 1
         if sid < 0 or (ka[sid] == x and kb[sid] == y):
             return int(sid)
         s = (s + 1) & mask
@@ -196,18 +197,18 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
                 _prefetch(slots, h)
             j = i + ahead
             if j < m:
-                t = slots[ring[j & _RING_MASK]]
+                t = slots[ring[j & _RING_MASK]] - 1
                 if t >= 0:
                     _prefetch(ka, t)
                     _prefetch(kb, t)
         else:
             s = _home(x, y, shift)
         while True:
-            sid = slots[s]
+            sid = slots[s] - 1
             if sid < 0:
                 if n >= limit:
                     return i, n
-                slots[s] = n
+                slots[s] = n + 1
                 ka[n] = x
                 kb[n] = y
                 out[i] = n
@@ -232,9 +233,9 @@ def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int
         if ahead and sid + ahead < hi:
             _prefetch(slots, _home(ka[sid + ahead], kb[sid + ahead], shift))
         s = _home(ka[sid], kb[sid], shift)
-        while slots[s] >= 0:
+        while slots[s]:
             s = (s + 1) & mask
-        slots[s] = sid
+        slots[s] = sid + 1
 
 
 @kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
@@ -252,15 +253,15 @@ def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64
             _prefetch(slots, _home(a[i + ahead], b[i + ahead], shift))
         s = _home(x, y, shift)
         while True:
-            sid = slots[s]
+            sid = slots[s] - 1
             if sid < 0:
                 break
             if sid < n0 and ka[sid] == x and kb[sid] == y:
                 for j in range(i):
-                    slots[at[j]] = -1
+                    slots[at[j]] = 0
                 return False
             s = (s + 1) & mask
-        slots[s] = n0 + i
+        slots[s] = n0 + i + 1
         at[i] = s
     for i in range(k):
         ka[n0 + i] = a[i]
@@ -285,7 +286,7 @@ class KeyIndex:
         if not 0.0 < max_load <= _MAX_LOAD:
             raise ValueError(f"max_load must be in (0, {_MAX_LOAD}]")
         self._max_load = max_load
-        self._slots: I64 = np.full(_INITIAL_SLOTS, -1, np.int64)
+        self._slots: I64 = np.zeros(_INITIAL_SLOTS, np.int64)
         self._bits = int(_INITIAL_SLOTS).bit_length() - 1
         self._a: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
         self._b: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
@@ -410,6 +411,6 @@ class KeyIndex:
             while n > self._max_load * (1 << bits):
                 bits += 1
             self._bits = bits
-            self._slots = np.full(1 << bits, -1, np.int64)
+            self._slots = np.zeros(1 << bits, np.int64)  # calloc: no pass over it; pages on first touch
             self._sized()
             _place(self._slots, self._a, self._b, self._bits, 0, self._n, self._ahead)
