@@ -29,19 +29,22 @@ Step 0 bursts token 0, applies the soma decay and bursts it again (it cannot be 
 current node's soma is cleared before anything reads it at step 1).
 
 State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are
-contiguous) over the neurons touched so far in this sequence; a numpy hash index
-(giaannd/rowengine/keyindex.py, ``ids_of``: lookups and inserts in one probe loop, table at load 1/4)
-maps (column, feature) → slot. Segments move by relabelling rows, not by copying them: the rows
-holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do those
-of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and becomes 0),
-so a step's dense work is three or four passes over the slots instead of a dozen. Firing a row is a
-vectorised lookup of its targets' slots, its deposits g(strength) computed in place, and one plain
-scatter-add per segment run (a canonical row is nine sorted runs with distinct targets in each, so
-``+=`` is exact, and the soma run *is* the eligible set): O(row length) numpy work, no Python per
-entry. Every float operation is the one the spec states, in the same order, so the state is the same
-bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py checks it
-against the previous one, step by step). What bounds the step on long rows is the slot lookup's
-random access into the hash table (tools/bench/lif.py breaks the step down). The session never
+contiguous) over the neurons touched so far in this sequence; a hash index with compiled probe
+loops (giaannd/rowengine/keyindex.py, ``ids_of``: each target walks the table once, found or
+inserted; table at load 1/4) maps (column, feature) → slot, new neurons getting the next slots in
+the order they first occur in the row. Segments move by relabelling rows, not by copying them: the
+rows holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do
+those of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and
+becomes 0), so a step's dense work is three or four passes over the slots instead of a dozen.
+Firing a row is two compiled passes over it: the slot map, then ``_deposit`` (g(strength) and the
+add into (segment, slot), one add per element: a canonical row is nine sorted runs with distinct
+targets in each, and the soma run *is* the eligible set); numpy computes only ``exp`` of the
+test-set deposits, as before. Selection is one compiled pass over the eligible set (``_pick``). No
+Python per entry. Every float operation is the one the spec states, in the same order, so the state
+is the same bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py
+checks it against the previous one, step by step). What bounds the step on long rows is the slot
+map's random access into the hash table and the first touch of fresh memory (tools/bench/lif.py
+breaks the step down). The session never
 does I/O: the caller fetches rows (from a local :class:`~giaannd.model.rowstore.RowStore` or a
 remote storage client) and may do so asynchronously.
 """
@@ -80,10 +83,10 @@ _SOMA = NUM_SEGMENTS - 1
 _LAST_COLUMN_SEGMENT = 3
 _FIRST_FEATURE_SEGMENT = 4
 _INITIAL_SLOTS = 256
-#: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets resolve in
-#: fewer probe rounds (15 instead of 44 for 10^6 new keys; 1.1-1.5x faster mapping at 10^4-10^6,
-#: measured with tools/bench/lif.py's rows), for 16-32 more bytes per neuron of a table that lives
-#: as long as the session.
+#: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets walk fewer
+#: slots (~1.2 instead of ~1.5-2.5 per key), for 16-32 more bytes per neuron of a table that lives as
+#: long as the session. With the compiled probe loops the two measured within noise at 10^4 (1/4
+#: 5-20 % faster at 10^5-10^6, tools/bench/lif.py, a loaded machine).
 _SLOT_TABLE_LOAD = 0.25
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)

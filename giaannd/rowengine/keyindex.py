@@ -18,11 +18,13 @@ that insert what they miss (``_find_or_add``, for ``ids_of`` and ``lookup_or_add
 (``_place``: ``append`` and the re-insert when the table doubles) and ``append_new``'s checked
 placement. One key costs one walk of its probe sequence (~1.2-1.5 slots at load ≤ 1/2), whatever
 the batch size. Before them each probe round was a dozen numpy calls over the keys still unresolved
-(~40 numpy passes per key, and slot conflicts within a batch settled by claim marks): 3-10x slower
-(docs/model.md, "The LIF step", has the figures). The table doubles (every id re-placed in id
-order) when it would be more than ``max_load`` full; a kernel that inserts stops at the key that
+(~40 numpy passes per key, and slot conflicts within a batch settled by claim marks): 2-13x slower
+per key (docs/model.md, "The LIF step", has the figures). The table doubles (every id re-placed in
+id order) when it would be more than ``max_load`` full; a kernel that inserts stops at the key that
 would overfill it, the table grows, and it resumes there, so a batch of keys that are mostly held
-already (a LIF row fired again) never makes room for keys it does not add.
+already (a LIF row fired again) never makes room for keys it does not add. In a table of at least
+``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``_prefetch``), so the
+cache misses of keys in a row overlap. The kernels take read-only key arrays as they are.
 
 Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
 bytes of key per id: 32-48 bytes per row.
