@@ -128,16 +128,23 @@ _G_ONE = activation(1.0)
 _G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
 
 
-@kernel('void(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
+@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
         'Array(float32, 1, "C", readonly=True), float64[::1], int64)')
 def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
              slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
-             mode: int) -> None:
+             mode: int) -> int:
     """``act[lane[segment[i]], slots[i]] += g_i`` for every entry i (``LifSession._deposits`` says
     what ``value`` and ``mode`` hold). One add per element: a canonical row has distinct
-    (segment, slot) pairs, so this is the scatter-add numpy's fancy ``+=`` did, in any order."""
+    (segment, slot) pairs, so this is the scatter-add numpy's fancy ``+=`` did, in any order.
+    Returns how many entries it skipped for a segment ≥ 9 (none in a canonical row; the check keeps
+    a bad row from writing outside the state, bounds checks being off)."""
     g1 = value[0]
+    bad = 0
     for i in range(slots.shape[0]):
+        seg = segment[i]
+        if seg >= lane.shape[0]:
+            bad += 1
+            continue
         if mode == 0:
             g = g1
         elif mode == 1:
@@ -146,7 +153,8 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
             e = value[i] + 1.0
             g = 2.0 / e
             g = g - 1.0
-        act[lane[segment[i]], slots[i]] += g
+        act[lane[seg], slots[i]] += g
+    return bad
 
 
 
@@ -280,6 +288,9 @@ class LifSession:
 
         Raises:
             RuntimeError: the session is already finished.
+            ValueError: ``row`` has a segment ≥ 9 or arrays of different lengths (found before it
+                writes into the state if the row is sorted, else during the deposits: either way
+                no write lands outside the state, and the session is not to be used further).
         """
         if self._done:
             raise RuntimeError("LIF session is finished")
@@ -384,6 +395,8 @@ class LifSession:
         (``KeyIndex.ids_of``), then the deposits (``_scatter``).
         """
         edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
+        if edges[NUM_SEGMENTS] != len(row):
+            raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
         slots = self._slots_of(row)
         self._scatter(slots, row.segment, row.strength)
         return slots[edges[_SOMA]:edges[_SOMA + 1]], edges[_SOMA]
@@ -392,9 +405,12 @@ class LifSession:
         """``act[segment, slot] += g(value)`` for every entry, in one compiled pass (``_deposit``):
         the part of g numpy computes (``_deposits``) is finished there by the same float64
         operations in the same order, so every state value gets the same bits as before."""
+        if not slots.shape[0] == segment.shape[0] == strength.shape[0]:
+            raise ValueError("a row's arrays must be of one length")
         mode, value = self._deposits(strength)
-        _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
-                 slots, np.ascontiguousarray(strength, np.float32), value, mode)
+        if _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
+                    slots, np.ascontiguousarray(strength, np.float32), value, mode):
+            raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
 
     def _deposits(self, strength: NDArray[np.float32]) -> tuple[int, NDArray[np.float64]]:
         """What ``_deposit`` needs to add g(value) of every entry: (``_G_CONSTANT``, [g(1)]) for boolean

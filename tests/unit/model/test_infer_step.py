@@ -140,3 +140,15 @@ def test_keyindex_ids_of_keys_already_there_do_not_grow_the_table():
     size = index._slots.shape[0]
     again = index.ids_of(row.target_column, row.target_feature)
     assert np.array_equal(first, again) and index._slots.shape[0] == size
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_lif_step_refuses_a_row_with_a_segment_past_the_soma(sort):
+    # Bounds checks are off in the deposit kernel: a segment >= 9 must be refused, not written
+    # past the state (sorted: found by the segment search; unsorted: by the kernel).
+    r = synthetic_row(100, seed=5)
+    seg = r.segment.copy()
+    seg[-1 if sort else 0] = NUM_SEGMENTS
+    session = LifSession([(1, 1), (1, 1)], NoDelimiters(), TEST_SET)
+    with pytest.raises(ValueError, match="segments"):
+        session.step(Row(seg, r.target_column, r.target_feature, r.strength))
