@@ -157,7 +157,6 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
     return bad
 
 
-
 @kernel('int64(float64[:, ::1], Array(int64, 1, "C", readonly=True), float64)')
 def _pick(act: NDArray[np.float64], eligible: NDArray[np.int64], theta: float) -> int:
     """The position in ``eligible`` of the first neuron with the largest soma + segment 3 among those
@@ -172,6 +171,7 @@ def _pick(act: NDArray[np.float64], eligible: NDArray[np.int64], theta: float) -
             best = i
             top = v
     return best
+
 
 class DelimiterFlags(Protocol):
     """The per-feature delimiter flags (the column assigner provides them)."""

@@ -72,7 +72,7 @@ _IN = 'Array(uint64, 1, "C", readonly=True)'
 cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
 #: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
 #: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
-#: 5-30 % slower with them, 10^6 keys into 2^22 slots 2-2.5x faster).
+#: 5-30 % slower with them, 10^6 keys into 2^22 slots 1.6-3x faster).
 _PREFETCH_BYTES = 8 << 20
 #: How many keys ahead the kernels prefetch: the home slot 2·_AHEAD keys ahead, the key of the id
 #: found there _AHEAD keys ahead (measured: 8 → 16 → 32 gave 19.0 / 17.6 / 17.3 ns per new key).
@@ -94,6 +94,7 @@ def slot_hash(a: int, b: int) -> int:
 
 @kernel("int64(uint64, uint64, uint64)")
 def _home(a: np.uint64, b: np.uint64, shift: np.uint64) -> np.int64:
+    """The home slot of key (a, b): ``slot_hash(a, b) >> shift`` (shift = 64 - bits)."""
     h = (a * _MIX_A) ^ (b * _MIX_B)
     h ^= h >> _SHIFT_MIX
     h *= _MIX_A
@@ -162,6 +163,7 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
 
 @kernel(f"int64({_TABLE}, uint64, uint64)")
 def _lookup_one(slots: I64, ka: U64, kb: U64, bits: int, x: int, y: int) -> int:
+    """The id of key (x, y), or -1 (``_lookup`` for one key, no arrays to make)."""
     mask = (np.int64(1) << bits) - 1
     s = _home(np.uint64(x), np.uint64(y), np.uint64(64 - bits))
     while True:
