@@ -8,8 +8,10 @@ in the order they first occur in its input) and never change or get reused, so o
 indexed by id (the row engine's lengths, the runs' row lists). The index is an open-addressing hash
 table with linear probing:
 
-- ``_slots``: int64[capacity] (a power of two), 1 + the id stored in each slot, or 0 (empty: a new
-  table is ``np.zeros``, whose pages the OS zeroes as they are first touched, not a fill pass);
+- ``_slots``: int64[capacity] (a power of two): 0 for an empty slot (a new table is ``np.zeros``,
+  whose pages the OS zeroes as they are first touched, not a fill pass), else the id + 1 in the low
+  40 bits and a 23-bit *tag* of the key's hash above them (a walk reads a held slot's key only when
+  the tags match: other keys' slots cost no key fetch);
 - ``_a``, ``_b``: uint64, the key of each id (grown by doubling).
 
 Every probe loop is a compiled kernel (giaannd/rowengine/jit.py) that walks the keys one at a time,
@@ -82,6 +84,16 @@ _RING = 64
 _RING_MASK = _RING - 1
 #: ``_find_or_add``'s ``added`` when the caller wants no marks.
 _NO_MARKS = np.zeros(0, np.bool_)
+#: A slot entry is ``tag << _ID_BITS | (id + 1)``, 0 when empty: ids below 2^40 - 1, and the tag (the
+#: hash's low ``_TAG_BITS`` bits, which no table uses for its home slot below 2^41 slots) lets a walk
+#: pass the slots of other keys without reading their keys (another cache miss each) but for one
+#: in 2^23. The entry stays positive (63 bits), 8 bytes a slot as before.
+_ID_BITS = 40
+_TAG_BITS = 23
+_ID_MASK = np.int64((1 << _ID_BITS) - 1)
+_TAG_MASK = np.uint64((1 << _TAG_BITS) - 1)
+#: Most ids an index holds.
+_MAX_IDS = (1 << _ID_BITS) - 2
 
 
 def slot_hash(a: int, b: int) -> int:
@@ -92,13 +104,19 @@ def slot_hash(a: int, b: int) -> int:
     return (h * _MIX_A_INT) & _MASK64
 
 
-@kernel("int64(uint64, uint64, uint64)")
-def _home(a: np.uint64, b: np.uint64, shift: np.uint64) -> np.int64:
-    """The home slot of key (a, b): ``slot_hash(a, b) >> shift`` (shift = 64 - bits)."""
+@kernel("uint64(uint64, uint64)")
+def _hash(a: np.uint64, b: np.uint64) -> np.uint64:
+    """``slot_hash(a, b)`` in uint64: the home slot is its top bits, the tag its low ``_TAG_BITS``."""
     h = (a * _MIX_A) ^ (b * _MIX_B)
     h ^= h >> _SHIFT_MIX
     h *= _MIX_A
-    return np.int64(h >> shift)
+    return h
+
+
+@kernel("int64(uint64)")
+def _tag(h: np.uint64) -> np.int64:
+    """The tag bits of a slot entry for hash ``h`` (its low ``_TAG_BITS`` bits, above the id bits)."""
+    return np.int64(h & _TAG_MASK) << _ID_BITS
 
 
 def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
@@ -131,33 +149,43 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
     mask = (np.int64(1) << bits) - 1
     shift = np.uint64(64 - bits)
     m = a.shape[0]
-    ring = np.empty(_RING, np.int64)
+    ring = np.empty(_RING, np.uint64)
     for j in range(min(2 * ahead, m)):
-        ring[j] = _home(a[j], b[j], shift)
-        _prefetch(slots, ring[j])
+        ring[j] = _hash(a[j], b[j])
+        _prefetch(slots, np.int64(ring[j] >> shift))
     for i in range(m):
         x = a[i]
         y = b[i]
         if ahead:
-            s = ring[i & _RING_MASK]
+            h = ring[i & _RING_MASK]
             j = i + 2 * ahead
             if j < m:
-                h = _home(a[j], b[j], shift)
-                ring[j & _RING_MASK] = h
-                _prefetch(slots, h)
-            j = i + ahead
-            if j < m:
-                t = slots[ring[j & _RING_MASK]] - 1
-                if t >= 0:
-                    _prefetch(ka, t)
-                    _prefetch(kb, t)
+                g = _hash(a[j], b[j])
+                ring[j & _RING_MASK] = g
+                _prefetch(slots, np.int64(g >> shift))
+            if i + ahead < m:
+                # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
+                # held there if the tags match (only then is it compared). Inline: a call passing
+                # the arrays costs their reference counting, per key.
+                g = ring[(i + ahead) & _RING_MASK]
+                v = slots[np.int64(g >> shift)]
+                if v and (v & ~_ID_MASK) == _tag(g):
+                    _prefetch(ka, (v & _ID_MASK) - 1)
+                    _prefetch(kb, (v & _ID_MASK) - 1)
         else:
-            s = _home(x, y, shift)
+            h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
         while True:
-            sid = slots[s] - 1
-            if sid < 0 or (ka[sid] == x and kb[sid] == y):
-                out[i] = sid
+            v = slots[s]
+            if v == 0:
+                out[i] = -1
                 break
+            if (v & ~_ID_MASK) == tag:
+                sid = (v & _ID_MASK) - 1
+                if ka[sid] == x and kb[sid] == y:
+                    out[i] = sid
+                    break
             s = (s + 1) & mask
 
 
@@ -165,11 +193,17 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
 def _lookup_one(slots: I64, ka: U64, kb: U64, bits: int, x: int, y: int) -> int:
     """The id of key (x, y), or -1 (``_lookup`` for one key, no arrays to make)."""
     mask = (np.int64(1) << bits) - 1
-    s = _home(np.uint64(x), np.uint64(y), np.uint64(64 - bits))
+    h = _hash(np.uint64(x), np.uint64(y))
+    s = np.int64(h >> np.uint64(64 - bits))
+    tag = _tag(h)
     while True:
-        sid = slots[s] - 1
-        if sid < 0 or (ka[sid] == x and kb[sid] == y):
-            return int(sid)
+        v = slots[s]
+        if v == 0:
+            return -1
+        if (v & ~_ID_MASK) == tag:
+            sid = (v & _ID_MASK) - 1
+            if ka[sid] == x and kb[sid] == y:
+                return int(sid)
         s = (s + 1) & mask
 
 
@@ -185,34 +219,39 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
     shift = np.uint64(64 - bits)
     mark = added.shape[0] > 0
     m = a.shape[0]
-    ring = np.empty(_RING, np.int64)
+    ring = np.empty(_RING, np.uint64)
     for j in range(start, min(start + 2 * ahead, m)):
-        ring[j & _RING_MASK] = _home(a[j], b[j], shift)
-        _prefetch(slots, ring[j & _RING_MASK])
+        ring[j & _RING_MASK] = _hash(a[j], b[j])
+        _prefetch(slots, np.int64(ring[j & _RING_MASK] >> shift))
     for i in range(start, m):
         x = a[i]
         y = b[i]
         if ahead:
-            s = ring[i & _RING_MASK]
+            h = ring[i & _RING_MASK]
             j = i + 2 * ahead
             if j < m:
-                h = _home(a[j], b[j], shift)
-                ring[j & _RING_MASK] = h
-                _prefetch(slots, h)
-            j = i + ahead
-            if j < m:
-                t = slots[ring[j & _RING_MASK]] - 1
-                if t >= 0:
-                    _prefetch(ka, t)
-                    _prefetch(kb, t)
+                g = _hash(a[j], b[j])
+                ring[j & _RING_MASK] = g
+                _prefetch(slots, np.int64(g >> shift))
+            if i + ahead < m:
+                # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
+                # held there if the tags match (only then is it compared). Inline: a call passing
+                # the arrays costs their reference counting, per key.
+                g = ring[(i + ahead) & _RING_MASK]
+                v = slots[np.int64(g >> shift)]
+                if v and (v & ~_ID_MASK) == _tag(g):
+                    _prefetch(ka, (v & _ID_MASK) - 1)
+                    _prefetch(kb, (v & _ID_MASK) - 1)
         else:
-            s = _home(x, y, shift)
+            h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
         while True:
-            sid = slots[s] - 1
-            if sid < 0:
+            v = slots[s]
+            if v == 0:
                 if n >= limit:
                     return i, n
-                slots[s] = n + 1
+                slots[s] = tag | (n + 1)
                 ka[n] = x
                 kb[n] = y
                 out[i] = n
@@ -220,9 +259,11 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
                     added[i] = True
                 n += 1
                 break
-            if ka[sid] == x and kb[sid] == y:
-                out[i] = sid
-                break
+            if (v & ~_ID_MASK) == tag:
+                sid = (v & _ID_MASK) - 1
+                if ka[sid] == x and kb[sid] == y:
+                    out[i] = sid
+                    break
             s = (s + 1) & mask
     return m, n
 
@@ -235,17 +276,19 @@ def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int
     shift = np.uint64(64 - bits)
     for sid in range(lo, hi):
         if ahead and sid + ahead < hi:
-            _prefetch(slots, _home(ka[sid + ahead], kb[sid + ahead], shift))
-        s = _home(ka[sid], kb[sid], shift)
+            _prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
+        h = _hash(ka[sid], kb[sid])
+        s = np.int64(h >> shift)
         while slots[s]:
             s = (s + 1) & mask
-        slots[s] = sid + 1
+        slots[s] = _tag(h) | (sid + 1)
 
 
 @kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
 def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64, ahead: int) -> bool:
-    """Place keys a[i], b[i] as ids n0 + i, comparing each with the held ids < n0 on its probe; on a
-    match empty every slot this call wrote (they were free before it) and return False."""
+    """Place keys a[i], b[i] as ids n0 + i, comparing each with the held ids < n0 on its probe (those
+    whose tag matches); on a match empty every slot this call wrote (they were free before it) and
+    return False."""
     mask = (np.int64(1) << bits) - 1
     shift = np.uint64(64 - bits)
     k = a.shape[0]
@@ -254,18 +297,21 @@ def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64
         x = a[i]
         y = b[i]
         if ahead and i + ahead < k:
-            _prefetch(slots, _home(a[i + ahead], b[i + ahead], shift))
-        s = _home(x, y, shift)
+            _prefetch(slots, np.int64(_hash(a[i + ahead], b[i + ahead]) >> shift))
+        h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
         while True:
-            sid = slots[s] - 1
-            if sid < 0:
+            v = slots[s]
+            if v == 0:
                 break
-            if sid < n0 and ka[sid] == x and kb[sid] == y:
+            sid = (v & _ID_MASK) - 1
+            if (v & ~_ID_MASK) == tag and sid < n0 and ka[sid] == x and kb[sid] == y:
                 for j in range(i):
                     slots[at[j]] = 0
                 return False
             s = (s + 1) & mask
-        slots[s] = n0 + i + 1
+        slots[s] = tag | (n0 + i + 1)
         at[i] = s
     for i in range(k):
         ka[n0 + i] = a[i]
@@ -401,7 +447,12 @@ class KeyIndex:
         self._ahead = _AHEAD if self._slots.nbytes >= _PREFETCH_BYTES else 0
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id)."""
+        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id).
+
+        Raises:
+            OverflowError: more than 2^40 - 2 keys (the ids' bits in a slot entry)."""
+        if n > _MAX_IDS:
+            raise OverflowError(f"a KeyIndex holds at most {_MAX_IDS} keys")
         if n > self._a.shape[0]:
             cap = max(self._a.shape[0] * 2, n)
             # not np.resize: it fills the new tail by repeating the keys (a pass over it for nothing)

@@ -39,6 +39,12 @@ def grouped(a: int, b: int, groups: int = 7) -> int:
     return on_home(a, a % groups, (a << 20) | b)
 
 
-def grouped_table(cols: int, feats: int, groups: int = 7) -> np.ndarray:
-    """``table[a, b] = grouped(a, b)`` for small a, b (a test maps its drawn keys through it)."""
+def grouped_table(cols: int, feats: int, groups: int = 7, same_tag: bool = False) -> np.ndarray:
+    """``table[a, b] = grouped(a, b)`` for small a, b (a test maps its drawn keys through it).
+    ``same_tag``: besides, every key's hash has the same low 23 bits (KeyIndex's slot tag), so a
+    walk compares the whole key at every held slot it passes."""
+    if same_tag:
+        assert cols * feats < 1 << 17
+        return np.array([[on_home(a, a % groups, (a * feats + b) << 23) for b in range(feats)]
+                         for a in range(cols)], np.uint64)
     return np.array([[grouped(a, b, groups) for b in range(feats)] for a in range(cols)], np.uint64)

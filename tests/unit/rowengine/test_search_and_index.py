@@ -209,14 +209,15 @@ def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 30), collide=st.booleans(),
+@given(seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 30), collide=st.sampled_from([None, "home", "tag"]),
        max_load=st.sampled_from([0.5, 0.25, 0.1]), prefetch=st.booleans())
 def test_keyindex_any_call_sequence_gives_a_dicts_ids_in_first_appearance_order(seed, calls, collide, max_load,
                                                                                prefetch):
     """Every call against a plain dict: new keys get the next ids in the order they first occur in a
     call's input (``lookup_or_add``, ``ids_of``, ``append``, ``append_new``), ``added`` marks each new
     key's first occurrence, lookups see every key, whatever the growth and (``collide``) with keys
-    of a column group sharing one home slot (long probe walks, a full table's wrap-around), with the
+    of a column group sharing one home slot (long probe walks, a full table's wrap-around; "tag": and
+    one slot tag, so every held slot passed is a whole-key compare), with the
     kernels' prefetching on (``prefetch``: in every table, not only large ones) or off."""
     with mock.patch.object(keyindex, "_PREFETCH_BYTES", 0 if prefetch else 1 << 62):
         _any_call_sequence(seed, calls, collide, max_load)
@@ -224,7 +225,7 @@ def test_keyindex_any_call_sequence_gives_a_dicts_ids_in_first_appearance_order(
 
 def _any_call_sequence(seed, calls, collide, max_load):
     rng = np.random.default_rng(seed)
-    table = grouped_table(45, 200) if collide else None
+    table = grouped_table(45, 200, same_tag=collide == "tag") if collide else None
 
     def keys(k, cols=40, feats=200):
         a = rng.integers(0, cols, k, dtype=np.uint64)
