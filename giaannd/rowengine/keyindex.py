@@ -328,7 +328,8 @@ def _keys(a: U64, b: U64) -> tuple[U64, U64]:
 
 
 class KeyIndex:
-    """Dense ids for (a, b) uint64 key pairs (module docstring). Not thread-safe."""
+    """Dense ids for (a, b) uint64 key pairs (module docstring), at most 2^40 - 2 of them. Not
+    thread-safe."""
 
     def __init__(self, *, max_load: float = _MAX_LOAD) -> None:
         """``max_load``: the table doubles before more than this fraction of its slots is used. Lower
