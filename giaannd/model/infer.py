@@ -29,19 +29,22 @@ Step 0 bursts token 0, applies the soma decay and bursts it again (it cannot be 
 current node's soma is cleared before anything reads it at step 1).
 
 State is a dense ``float64[9, slots]`` array (segment-major, so whole-segment updates are
-contiguous) over the neurons touched so far in this sequence; a numpy hash index
-(giaannd/rowengine/keyindex.py, ``ids_of``: lookups and inserts in one probe loop, table at load 1/4)
-maps (column, feature) → slot. Segments move by relabelling rows, not by copying them: the rows
-holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do those
-of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and becomes 0),
-so a step's dense work is three or four passes over the slots instead of a dozen. Firing a row is a
-vectorised lookup of its targets' slots, its deposits g(strength) computed in place, and one plain
-scatter-add per segment run (a canonical row is nine sorted runs with distinct targets in each, so
-``+=`` is exact, and the soma run *is* the eligible set): O(row length) numpy work, no Python per
-entry. Every float operation is the one the spec states, in the same order, so the state is the same
-bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py checks it
-against the previous one, step by step). What bounds the step on long rows is the slot lookup's
-random access into the hash table (tools/bench/lif.py breaks the step down). The session never
+contiguous) over the neurons touched so far in this sequence; a hash index with compiled probe
+loops (giaannd/rowengine/keyindex.py, ``ids_of``: each target walks the table once, found or
+inserted; table at load 1/4) maps (column, feature) → slot, new neurons getting the next slots in
+the order they first occur in the row. Segments move by relabelling rows, not by copying them: the
+rows holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do
+those of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and
+becomes 0), so a step's dense work is three or four passes over the slots instead of a dozen.
+Firing a row is two compiled passes over it: the slot map, then ``_deposit`` (g(strength) and the
+add into (segment, slot), one add per element: a canonical row is nine sorted runs with distinct
+targets in each, and the soma run *is* the eligible set); numpy computes only ``exp`` of the
+test-set deposits, as before. Selection is one compiled pass over the eligible set (``_pick``). No
+Python per entry. Every float operation is the one the spec states, in the same order, so the state
+is the same bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py
+checks it against the previous one, step by step). What bounds the step on long rows is the slot
+map's random access into the hash table and the first touch of fresh memory (tools/bench/lif.py
+breaks the step down). The session never
 does I/O: the caller fetches rows (from a local :class:`~giaannd.model.rowstore.RowStore` or a
 remote storage client) and may do so asynchronously.
 """
@@ -59,6 +62,7 @@ from numpy.typing import NDArray
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowKey
 from giaannd.rowengine import KeyIndex
+from giaannd.rowengine.jit import kernel
 
 __all__ = [
     "SEED_TOKENS",
@@ -79,15 +83,11 @@ _SOMA = NUM_SEGMENTS - 1
 _LAST_COLUMN_SEGMENT = 3
 _FIRST_FEATURE_SEGMENT = 4
 _INITIAL_SLOTS = 256
-#: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets resolve in
-#: fewer probe rounds (15 instead of 44 for 10^6 new keys; 1.1-1.5x faster mapping at 10^4-10^6,
-#: measured with tools/bench/lif.py's rows), for 16-32 more bytes per neuron of a table that lives
-#: as long as the session.
+#: Load of the session's slot table: at 1/4 (not the default 1/2) a fired row's targets walk fewer
+#: slots (~1.2 instead of ~1.5-2.5 per key), for 16-32 more bytes per neuron of a table that lives as
+#: long as the session. With the compiled probe loops the two measured within noise at 10^4 (1/4
+#: 5-20 % faster at 10^5-10^6, tools/bench/lif.py, a loaded machine).
 _SLOT_TABLE_LOAD = 0.25
-#: Rows up to this many entries are scattered through flat indices (four numpy calls, 8 bytes per
-#: entry of index) rather than per segment run (up to nine calls, none per entry): below it the
-#: calls cost more than the passes (most rows of a real session are a few hundred entries).
-_FLAT_SCATTER_MAX = 4096
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
 
@@ -123,6 +123,54 @@ def activation(x: float) -> float:
 
 #: g(1), the deposit of every boolean synapse (train-set constants).
 _G_ONE = activation(1.0)
+#: ``_deposit``'s modes: every entry adds value[0] (g(1)); g(1) where strength > 0, else 0.0;
+#: g from value[i] = exp(strength[i] / -100).
+_G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
+
+
+@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
+        'Array(float32, 1, "C", readonly=True), float64[::1], int64)')
+def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
+             slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
+             mode: int) -> int:
+    """``act[lane[segment[i]], slots[i]] += g_i`` for every entry i (``LifSession._deposits`` says
+    what ``value`` and ``mode`` hold). One add per element: a canonical row has distinct
+    (segment, slot) pairs, so this is the scatter-add numpy's fancy ``+=`` did, in any order.
+    Returns how many entries it skipped for a segment ≥ 9 (none in a canonical row; the check keeps
+    a bad row from writing outside the state, bounds checks being off)."""
+    g1 = value[0]
+    bad = 0
+    for i in range(slots.shape[0]):
+        seg = segment[i]
+        if seg >= lane.shape[0]:
+            bad += 1
+            continue
+        if mode == 0:
+            g = g1
+        elif mode == 1:
+            g = g1 if strength[i] > 0 else 0.0
+        else:
+            e = value[i] + 1.0
+            g = 2.0 / e
+            g = g - 1.0
+        act[lane[seg], slots[i]] += g
+    return bad
+
+
+@kernel('int64(float64[:, ::1], Array(int64, 1, "C", readonly=True), float64)')
+def _pick(act: NDArray[np.float64], eligible: NDArray[np.int64], theta: float) -> int:
+    """The position in ``eligible`` of the first neuron with the largest soma + segment 3 among those
+    with soma + segment 3 ≥ θ, or -1 if none: what ``argmax(where(value >= θ, value, -inf))`` and an
+    ``any`` gave (a NaN is never ≥ θ; each sum is the same float64 add)."""
+    best = -1
+    top = 0.0
+    for i in range(eligible.shape[0]):
+        e = eligible[i]
+        v = act[_SOMA, e] + act[_LAST_COLUMN_SEGMENT, e]
+        if v >= theta and (best < 0 or v > top):
+            best = i
+            top = v
+    return best
 
 
 class DelimiterFlags(Protocol):
@@ -240,6 +288,9 @@ class LifSession:
 
         Raises:
             RuntimeError: the session is already finished.
+            ValueError: ``row`` has a segment ≥ 9 or arrays of different lengths (found before it
+                writes into the state if the row is sorted, else during the deposits: either way
+                no write lands outside the state, and the session is not to be used further).
         """
         if self._done:
             raise RuntimeError("LIF session is finished")
@@ -339,58 +390,51 @@ class LifSession:
         soma entries (the eligible set) and where they start in the row.
 
         The row is canonical, so its segments are nine contiguous runs (found by one binary search)
-        and within a run every target is distinct: a plain fancy ``+=`` (no ``np.add.at``) is an
-        exact scatter-add, and the soma run *is* the eligible set.
+        and within a run every target is distinct: each (segment, slot) gets one add, and the soma
+        run *is* the eligible set. Two compiled passes over the row: the slot map
+        (``KeyIndex.ids_of``), then the deposits (``_scatter``).
         """
         edges: list[int] = np.searchsorted(row.segment, _SEGMENT_EDGES).tolist()
+        if edges[NUM_SEGMENTS] != len(row):
+            raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
         slots = self._slots_of(row)
-        self._scatter(edges, slots, self._deposits(row.strength), row.segment)
+        self._scatter(slots, row.segment, row.strength)
         return slots[edges[_SOMA]:edges[_SOMA + 1]], edges[_SOMA]
 
-    def _scatter(self, edges: list[int], slots: NDArray[np.int64], value: NDArray[np.float64] | float,
-                 segment: NDArray[np.uint8] | None = None) -> None:
-        """``act[segment, slot] += value`` for every entry: one segment run at a time, or for a short
-        row (``segment`` given) through flat indices into the state, in one call instead of nine."""
-        if segment is not None and slots.shape[0] <= _FLAT_SCATTER_MAX:
-            flat = np.array(self._lane, np.int64)[segment]
-            flat *= self._act.shape[1]
-            flat += slots
-            self._act.reshape(-1)[flat] += value
-            return
-        for seg in range(NUM_SEGMENTS):
-            lo, hi = edges[seg], edges[seg + 1]
-            if lo < hi:
-                state = self._act[self._lane[seg]]
-                state[slots[lo:hi]] += value if isinstance(value, float) else value[lo:hi]
+    def _scatter(self, slots: NDArray[np.int64], segment: NDArray[np.uint8], strength: NDArray[np.float32]) -> None:
+        """``act[segment, slot] += g(value)`` for every entry, in one compiled pass (``_deposit``):
+        the part of g numpy computes (``_deposits``) is finished there by the same float64
+        operations in the same order, so every state value gets the same bits as before."""
+        if not slots.shape[0] == segment.shape[0] == strength.shape[0]:
+            raise ValueError("a row's arrays must be of one length")
+        mode, value = self._deposits(strength)
+        if _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
+                    slots, np.ascontiguousarray(strength, np.float32), value, mode):
+            raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
 
-    def _deposits(self, strength: NDArray[np.float32]) -> NDArray[np.float64] | float:
-        """g(value) of every entry: one float (boolean synapses, all strengths > 0, the usual case), or
-        an array computed in place in float64 — the same operations, so the same bits, as
-        ``2 / (1 + exp(-s / 100)) - 1`` (negating before or after dividing by 100 is exact)."""
+    def _deposits(self, strength: NDArray[np.float32]) -> tuple[int, NDArray[np.float64]]:
+        """What ``_deposit`` needs to add g(value) of every entry: (``_G_CONSTANT``, [g(1)]) for boolean
+        synapses whose strengths are all > 0 (the usual case); (``_G_BOOLEAN``, [g(1)]) when some are
+        not (g(1) where strength > 0, else 0.0, chosen per entry); (``_G_EXP``, exp(s / −100)) for raw
+        strengths, numpy's ``exp`` as before (the kernel adds 1, divides 2 by it and subtracts 1:
+        ``2 / (1 + exp(-s / 100)) - 1`` in the order the spec writes it; negating before or after
+        dividing by 100 is exact)."""
         if self._k.boolean_synapses:
-            if strength.shape[0] and float(strength.min()) > 0.0:
-                return _G_ONE
-            return np.where(strength > 0, _G_ONE, 0.0)
-        value = strength.astype(np.float64)
-        np.divide(value, -100.0, out=value)
+            mode = _G_CONSTANT if strength.shape[0] and float(strength.min()) > 0.0 else _G_BOOLEAN
+            return mode, np.array([_G_ONE])
+        value = np.empty(strength.shape[0], np.float64)
+        np.divide(strength, -100.0, out=value, dtype=np.float64)
         np.exp(value, out=value)
-        value += 1.0
-        np.divide(2.0, value, out=value)
-        value -= 1.0
-        return value
+        return _G_EXP, value
 
     def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
                 internal: bool) -> RowKey | None:
-        if eligible.shape[0] == 0:
+        # Eligible neurons are in row order: soma entries sorted by (column, feature), so the first
+        # maximum (``_pick``) *is* "ties go to the lowest (column id, feature id)".
+        i = _pick(self._act, eligible, self._k.theta)
+        if i < 0:
             return None
-        act = self._act
-        value = act[_SOMA, eligible] + act[_LAST_COLUMN_SEGMENT, eligible]
-        ok = value >= self._k.theta
-        if not ok.any():
-            return None
-        # Eligible neurons are in row order: soma entries sorted by (column, feature), so argmax's
-        # first-maximum rule *is* "ties go to the lowest (column id, feature id)".
-        i = soma_start + int(np.argmax(np.where(ok, value, -np.inf)))
+        i += soma_start
         pred = (int(row.target_column[i]), int(row.target_feature[i]))
         if internal and pred[0] != column:
             return None

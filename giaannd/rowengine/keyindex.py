@@ -3,33 +3,52 @@
 Theory of operation
 -------------------
 A row key is ``(a, b)`` = (source column id, source feature id), both 64-bit content hashes. Ids
-are handed out densely in insertion order (0, 1, 2, ...) and never change or get reused, so other
-arrays can be indexed by id (the row engine's lengths, the runs' row lists). The index is an
-open-addressing hash table with linear probing:
+are handed out densely in first-appearance order (0, 1, 2, ...: a call's new keys get the next ids
+in the order they first occur in its input) and never change or get reused, so other arrays can be
+indexed by id (the row engine's lengths, the runs' row lists). The index is an open-addressing hash
+table with linear probing:
 
-- ``_slots``: int64[capacity] (a power of two), the id stored in each slot or -1 (empty);
+- ``_slots``: int64[capacity] (a power of two): 0 for an empty slot (a new table is ``np.zeros``,
+  whose pages the OS zeroes as they are first touched, not a fill pass), else the id + 1 in the low
+  40 bits and a 23-bit *tag* of the key's hash above them (a walk reads a held slot's key only when
+  the tags match: other keys' slots cost no key fetch);
 - ``_a``, ``_b``: uint64, the key of each id (grown by doubling).
 
-Lookups and inserts are vectorised over many keys at once: each *probe round* is a few numpy
-operations over the keys still unresolved (``x.nonzero()[0]``, not ``np.flatnonzero``, in the probe
-loops of ``lookup`` and ``ids_of``: the same indices without ~2 µs of Python wrapping per call,
-which adds up over the rounds of a short row), so the Python work is per round (1-3 rounds at load
-≤ 1/2, a few more for the rare long cluster), never per key. Inserting many new keys at once
-settles slot conflicts between them by letting the first claimant of a free slot win; the others
-probe on. The table doubles (a vectorised re-insert of every id) when it is more than ``max_load`` full.
+Every probe loop is a compiled kernel (giaannd/rowengine/jit.py) that walks the keys one at a time,
+each from its home slot until it meets its key or an empty slot: lookups (``_lookup``), lookups
+that insert what they miss (``_find_or_add``, for ``ids_of`` and ``lookup_or_add``), placing new ids
+(``_place``: ``append`` and the re-insert when the table doubles) and ``append_new``'s checked
+placement. One key costs one walk of its probe sequence (~1.2-1.5 slots at load ≤ 1/2), whatever
+the batch size. Before them each probe round was a dozen numpy calls over the keys still unresolved
+(~40 numpy passes per key, and slot conflicts within a batch settled by claim marks): 2-13x slower
+per key (docs/model.md, "The LIF step", has the figures). The table doubles (every id re-placed in
+id order) when it would be more than ``max_load`` full; a kernel that inserts stops at the key that
+would overfill it, the table grows, and it resumes there, so a batch of keys that are mostly held
+already (a LIF row fired again) never makes room for keys it does not add. In a table of at least
+``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``_prefetch``), so the
+cache misses of keys in a row overlap. The kernels take read-only key arrays as they are.
 
 Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
 bytes of key per id: 32-48 bytes per row.
 The slot hash is multiplicative on a mix of both words (the ids are already uniform hashes; the
-mix keeps keys that share a column id apart).
+mix keeps keys that share a column id apart); :func:`slot_hash` is it in Python ints (the home slot
+is its top ``bits`` bits).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils as _cgutils
+from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-__all__ = ["KeyIndex"]
+from giaannd.rowengine.jit import kernel
+
+__all__ = ["KeyIndex", "slot_hash"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
@@ -38,31 +57,292 @@ I64 = NDArray[np.int64]
 _INITIAL_SLOTS = 1024
 #: The table doubles before more than this fraction of its slots is used.
 _MAX_LOAD = 0.5
-#: ``ids_of`` makes room for every input key up front while the index holds fewer than 1/_FEW_KEYS
-#: as many keys (re-placing them is then cheap next to the input); otherwise it looks up first.
+#: When an inserting kernel stops on a full table with r keys of its input left, the table is sized
+#: for all r as new ones if the index holds fewer than r / _FEW_KEYS keys (a session's first long
+#: row: one re-insert of few ids instead of a doubling per factor 2); otherwise it doubles.
 _FEW_KEYS = 16
 _MIX_A_INT = 0x9E3779B97F4A7C15
 _MIX_B_INT = 0xC2B2AE3D27D4EB4F
 _MASK64 = (1 << 64) - 1
 _MIX_A = np.uint64(_MIX_A_INT)
 _MIX_B = np.uint64(_MIX_B_INT)
+_SHIFT_MIX = np.uint64(29)
+
+_TABLE = "int64[::1], uint64[::1], uint64[::1], int64"  # slots, key a, key b, bits
+#: Input keys: C-contiguous, possibly read-only (rows decoded from a log or the wire are).
+_IN = 'Array(uint64, 1, "C", readonly=True)'
+cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
+#: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
+#: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
+#: 5-30 % slower with them, 10^6 keys into 2^22 slots 1.6-3x faster).
+_PREFETCH_BYTES = 8 << 20
+#: How many keys ahead the kernels prefetch: the home slot 2·_AHEAD keys ahead, the key of the id
+#: found there _AHEAD keys ahead (measured: 8 → 16 → 32 gave 19.0 / 17.6 / 17.3 ns per new key).
+_AHEAD = 16
+#: The ring of home slots computed ahead (a power of two > 2·_AHEAD).
+_RING = 64
+_RING_MASK = _RING - 1
+#: ``_find_or_add``'s ``added`` when the caller wants no marks.
+_NO_MARKS = np.zeros(0, np.bool_)
+#: A slot entry is ``tag << _ID_BITS | (id + 1)``, 0 when empty: ids below 2^40 - 1, and the tag (the
+#: hash's low ``_TAG_BITS`` bits, which no table uses for its home slot below 2^41 slots) lets a walk
+#: pass the slots of other keys without reading their keys (another cache miss each) but for one
+#: in 2^23. The entry stays positive (63 bits), 8 bytes a slot as before.
+_ID_BITS = 40
+_TAG_BITS = 23
+_ID_MASK = np.int64((1 << _ID_BITS) - 1)
+_TAG_MASK = np.uint64((1 << _TAG_BITS) - 1)
+#: Most ids an index holds.
+_MAX_IDS = (1 << _ID_BITS) - 2
+
+
+def slot_hash(a: int, b: int) -> int:
+    """The 64-bit slot hash of key (a, b) in Python ints; the home slot in a table of ``2**bits``
+    slots is ``slot_hash(a, b) >> (64 - bits)`` (what the kernels compute in uint64)."""
+    h = ((a * _MIX_A_INT) ^ (b * _MIX_B_INT)) & _MASK64
+    h ^= h >> 29
+    return (h * _MIX_A_INT) & _MASK64
+
+
+@kernel("uint64(uint64, uint64)")
+def _hash(a: np.uint64, b: np.uint64) -> np.uint64:
+    """``slot_hash(a, b)`` in uint64: the home slot is its top bits, the tag its low ``_TAG_BITS``."""
+    h = (a * _MIX_A) ^ (b * _MIX_B)
+    h ^= h >> _SHIFT_MIX
+    h *= _MIX_A
+    return h
+
+
+@kernel("int64(uint64)")
+def _tag(h: np.uint64) -> np.int64:
+    """The tag bits of a slot entry for hash ``h`` (its low ``_TAG_BITS`` bits, above the id bits)."""
+    return np.int64(h & _TAG_MASK) << _ID_BITS
+
+
+def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
+    """``llvm.prefetch`` of ``array[index]`` (read, into all cache levels): a hint, no fault, no effect
+    on any value. Lets a probe walk ask for slots and keys a few dozen keys ahead, so the cache
+    misses of a table larger than the cache overlap instead of coming one after another."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
+
+
+#: ``_prefetch(array, index)`` in a kernel (``_prefetch_typer`` says what it does).
+_prefetch: Any = intrinsic(_prefetch_typer)
+
+
+@kernel(f"void({_TABLE}, {_IN}, {_IN}, int64, int64[::1])")
+def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int, out: I64) -> None:
+    """``out[i]``: the id of key (a[i], b[i]) or -1. ``ahead`` > 0 (≤ ``_AHEAD``): prefetch each key's
+    home slot 2·ahead keys before its walk, and the key of the id held there ahead keys before."""
+    mask = (np.int64(1) << bits) - 1
+    shift = np.uint64(64 - bits)
+    m = a.shape[0]
+    ring = np.empty(_RING, np.uint64)
+    for j in range(min(2 * ahead, m)):
+        ring[j] = _hash(a[j], b[j])
+        _prefetch(slots, np.int64(ring[j] >> shift))
+    for i in range(m):
+        x = a[i]
+        y = b[i]
+        if ahead:
+            h = ring[i & _RING_MASK]
+            j = i + 2 * ahead
+            if j < m:
+                g = _hash(a[j], b[j])
+                ring[j & _RING_MASK] = g
+                _prefetch(slots, np.int64(g >> shift))
+            if i + ahead < m:
+                # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
+                # held there if the tags match (only then is it compared). Inline: a call passing
+                # the arrays costs their reference counting, per key.
+                g = ring[(i + ahead) & _RING_MASK]
+                v = slots[np.int64(g >> shift)]
+                if v and (v & ~_ID_MASK) == _tag(g):
+                    _prefetch(ka, (v & _ID_MASK) - 1)
+                    _prefetch(kb, (v & _ID_MASK) - 1)
+        else:
+            h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                out[i] = -1
+                break
+            if (v & ~_ID_MASK) == tag:
+                sid = (v & _ID_MASK) - 1
+                if ka[sid] == x and kb[sid] == y:
+                    out[i] = sid
+                    break
+            s = (s + 1) & mask
+
+
+@kernel(f"int64({_TABLE}, uint64, uint64)")
+def _lookup_one(slots: I64, ka: U64, kb: U64, bits: int, x: int, y: int) -> int:
+    """The id of key (x, y), or -1 (``_lookup`` for one key, no arrays to make)."""
+    mask = (np.int64(1) << bits) - 1
+    h = _hash(np.uint64(x), np.uint64(y))
+    s = np.int64(h >> np.uint64(64 - bits))
+    tag = _tag(h)
+    while True:
+        v = slots[s]
+        if v == 0:
+            return -1
+        if (v & ~_ID_MASK) == tag:
+            sid = (v & _ID_MASK) - 1
+            if ka[sid] == x and kb[sid] == y:
+                return int(sid)
+        s = (s + 1) & mask
+
+
+@kernel(f"UniTuple(int64, 2)({_TABLE}, int64, int64, {_IN}, {_IN}, int64, int64, int64[::1], "
+        "bool_[::1])")
+def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a: U64, b: U64, start: int,
+                 ahead: int, out: I64, added: NDArray[np.bool_]) -> tuple[int, int]:
+    """Ids of keys ``start..`` into ``out``, a missing key getting id ``n`` (then n + 1, ...) and, if
+    ``added`` is not empty, ``added[i] = True``. Stops before adding id ``limit``: returns (the
+    position reached, the new n). ``ahead``: prefetching as in ``_lookup`` (the hints read the
+    table as it is when they are issued; every walk reads it again)."""
+    mask = (np.int64(1) << bits) - 1
+    shift = np.uint64(64 - bits)
+    mark = added.shape[0] > 0
+    m = a.shape[0]
+    ring = np.empty(_RING, np.uint64)
+    for j in range(start, min(start + 2 * ahead, m)):
+        ring[j & _RING_MASK] = _hash(a[j], b[j])
+        _prefetch(slots, np.int64(ring[j & _RING_MASK] >> shift))
+    for i in range(start, m):
+        x = a[i]
+        y = b[i]
+        if ahead:
+            h = ring[i & _RING_MASK]
+            j = i + 2 * ahead
+            if j < m:
+                g = _hash(a[j], b[j])
+                ring[j & _RING_MASK] = g
+                _prefetch(slots, np.int64(g >> shift))
+            if i + ahead < m:
+                # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
+                # held there if the tags match (only then is it compared). Inline: a call passing
+                # the arrays costs their reference counting, per key.
+                g = ring[(i + ahead) & _RING_MASK]
+                v = slots[np.int64(g >> shift)]
+                if v and (v & ~_ID_MASK) == _tag(g):
+                    _prefetch(ka, (v & _ID_MASK) - 1)
+                    _prefetch(kb, (v & _ID_MASK) - 1)
+        else:
+            h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                if n >= limit:
+                    return i, n
+                slots[s] = tag | (n + 1)
+                ka[n] = x
+                kb[n] = y
+                out[i] = n
+                if mark:
+                    added[i] = True
+                n += 1
+                break
+            if (v & ~_ID_MASK) == tag:
+                sid = (v & _ID_MASK) - 1
+                if ka[sid] == x and kb[sid] == y:
+                    out[i] = sid
+                    break
+            s = (s + 1) & mask
+    return m, n
+
+
+@kernel(f"void({_TABLE}, int64, int64, int64)")
+def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> None:
+    """Put ids lo..hi-1 (unique keys, none in the table) into the first free slot of their probe
+    (``ahead`` > 0: prefetch the home slot of the id that many ahead)."""
+    mask = (np.int64(1) << bits) - 1
+    shift = np.uint64(64 - bits)
+    for sid in range(lo, hi):
+        if ahead and sid + ahead < hi:
+            _prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
+        h = _hash(ka[sid], kb[sid])
+        s = np.int64(h >> shift)
+        while slots[s]:
+            s = (s + 1) & mask
+        slots[s] = _tag(h) | (sid + 1)
+
+
+@kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
+def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64, ahead: int) -> bool:
+    """Place keys a[i], b[i] as ids n0 + i, comparing each with the held ids < n0 on its probe (those
+    whose tag matches); on a match empty every slot this call wrote (they were free before it) and
+    return False."""
+    mask = (np.int64(1) << bits) - 1
+    shift = np.uint64(64 - bits)
+    k = a.shape[0]
+    at = np.empty(k, np.int64)
+    for i in range(k):
+        x = a[i]
+        y = b[i]
+        if ahead and i + ahead < k:
+            _prefetch(slots, np.int64(_hash(a[i + ahead], b[i + ahead]) >> shift))
+        h = _hash(x, y)
+        s = np.int64(h >> shift)
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                break
+            sid = (v & _ID_MASK) - 1
+            if (v & ~_ID_MASK) == tag and sid < n0 and ka[sid] == x and kb[sid] == y:
+                for j in range(i):
+                    slots[at[j]] = 0
+                return False
+            s = (s + 1) & mask
+        slots[s] = tag | (n0 + i + 1)
+        at[i] = s
+    for i in range(k):
+        ka[n0 + i] = a[i]
+        kb[n0 + i] = b[i]
+    return True
+
+
+def _keys(a: U64, b: U64) -> tuple[U64, U64]:
+    a = np.ascontiguousarray(a, np.uint64)
+    b = np.ascontiguousarray(b, np.uint64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError("key arrays must be 1-d and of one length")
+    return a, b
 
 
 class KeyIndex:
-    """Dense ids for (a, b) uint64 key pairs (module docstring). Not thread-safe."""
+    """Dense ids for (a, b) uint64 key pairs (module docstring), at most 2^40 - 2 of them. Not
+    thread-safe."""
 
     def __init__(self, *, max_load: float = _MAX_LOAD) -> None:
         """``max_load``: the table doubles before more than this fraction of its slots is used. Lower
-        means fewer probe rounds per vectorised call (each round is a few numpy calls over the keys
-        left) for more memory (8 bytes per slot): the LIF session's short-lived index uses 1/4."""
+        means shorter probe walks (fewer slots read per key) for more memory (8 bytes per slot)."""
         if not 0.0 < max_load <= _MAX_LOAD:
             raise ValueError(f"max_load must be in (0, {_MAX_LOAD}]")
         self._max_load = max_load
-        self._slots: I64 = np.full(_INITIAL_SLOTS, -1, np.int64)
+        self._slots: I64 = np.zeros(_INITIAL_SLOTS, np.int64)
         self._bits = int(_INITIAL_SLOTS).bit_length() - 1
         self._a: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
         self._b: U64 = np.empty(_INITIAL_SLOTS, np.uint64)
         self._n = 0
+        self._sized()
 
     def __len__(self) -> int:
         return self._n
@@ -75,164 +355,58 @@ class KeyIndex:
         """The key of every id, in id order (views; do not mutate)."""
         return self._a[: self._n], self._b[: self._n]
 
-    def _home(self, a: U64, b: U64) -> I64:
-        # in place where numpy allows: two temporaries instead of five (the same values)
-        h = a * _MIX_A
-        h ^= b * _MIX_B
-        h ^= h >> np.uint64(29)
-        h *= _MIX_A
-        h >>= np.uint64(64 - self._bits)
-        return h.view(np.int64)  # < 2**bits: the same numbers as int64, without a copy
-
     def lookup(self, a: U64, b: U64) -> I64:
         """The id of every key (a[i], b[i]), or -1 where the key is not indexed."""
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
-        slot = self._home(a, b)
-        out = self._slots[slot]  # round 0 over every key, without gathering the keys again
-        held = out >= 0
-        safe = np.where(held, out, 0)
-        match = held & (self._a[safe] == a) & (self._b[safe] == b)
-        out[~match] = -1
-        pending = (held & ~match).nonzero()[0]
-        slot = (slot[pending] + 1) & ((1 << self._bits) - 1)
-        mask = (1 << self._bits) - 1
-        while pending.shape[0]:
-            sid = self._slots[slot]
-            held = sid >= 0
-            safe = np.where(held, sid, 0)
-            match = held & (self._a[safe] == a[pending]) & (self._b[safe] == b[pending])
-            out[pending[match]] = sid[match]
-            go_on = held & ~match
-            pending = pending[go_on]
-            slot = (slot[go_on] + 1) & mask
+        a, b = _keys(a, b)
+        out = np.empty(a.shape[0], np.int64)
+        _lookup(self._slots, self._a, self._b, self._bits, a, b, self._ahead, out)
         return out
 
-    def _home_one(self, a: int, b: int) -> int:
-        """``_home`` of one key, in Python ints (the same slot)."""
-        h = ((a * _MIX_A_INT) ^ (b * _MIX_B_INT)) & _MASK64
-        h ^= h >> 29
-        return ((h * _MIX_A_INT) & _MASK64) >> (64 - self._bits)
-
     def lookup_one(self, a: int, b: int) -> int:
-        """The id of one key, or -1: ``lookup`` in Python ints (a few µs less than a 1-element call)."""
-        slot = self._home_one(a, b)
-        mask = (1 << self._bits) - 1
-        slots, ka, kb = self._slots, self._a, self._b
-        while True:
-            sid = int(slots[slot])
-            if sid < 0:
-                return -1
-            if int(ka[sid]) == a and int(kb[sid]) == b:
-                return sid
-            slot = (slot + 1) & mask
+        """The id of one key, or -1."""
+        return int(_lookup_one(self._slots, self._a, self._b, self._bits, a, b))
 
     def lookup_or_add(self, a: U64, b: U64) -> tuple[I64, NDArray[np.bool_]]:
-        """Ids of the keys, adding those not indexed yet (new keys get the next dense ids).
-
-        One probe loop for lookups and inserts, no sort: a key meeting an empty slot claims it (of
-        several claimants of one slot, one wins; the rest look again at the same slot, which now
-        holds a key that may be theirs). Keys may repeat in the input.
+        """Ids of the keys, adding those not indexed yet: new keys get the next dense ids in the
+        order they first occur in the input. Keys may repeat in the input.
 
         Returns:
-            (ids, added): ``added[i]`` is True for exactly one occurrence of each key this call added.
+            (ids, added): ``added[i]`` is True for the first occurrence of each key this call added.
         """
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
-        ids = self.lookup(a, b)
-        added = np.zeros(a.shape[0], bool)
-        missing = np.flatnonzero(ids < 0)
-        if missing.shape[0]:
-            self._reserve(self._n + int(missing.shape[0]))
-            self._probe(a, b, missing, ids, added)
-        return ids, added
+        a, b = _keys(a, b)
+        added = np.zeros(a.shape[0], np.bool_)
+        return self._find_or_add(a, b, added), added
 
     def ids_of(self, a: U64, b: U64) -> I64:
-        """Ids of the keys, adding those not indexed yet: ``lookup_or_add`` in one probe loop.
+        """``lookup_or_add`` without the ``added`` mask (the LIF session's state slots): the same ids."""
+        a, b = _keys(a, b)
+        return self._find_or_add(a, b, _NO_MARKS)
 
-        For callers that need the ids only (the LIF session's state slots): no ``added`` mask, and
-        the order in which new keys get the next dense ids is unspecified (it is the claim order,
-        not the input order). When the index is small next to the input (a session's first long
-        row), room is made for every key up front and lookups and inserts share every probe round,
-        the first on the inputs as given: a key costs one pass of the loop, not a lookup pass and
-        then an insert pass as in ``lookup_or_add``. Otherwise (most keys may be there already) it
-        looks all up first and makes room for the missing ones only. Keys may repeat in the input.
-        """
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
+    def _find_or_add(self, a: U64, b: U64, added: NDArray[np.bool_]) -> I64:
         m = int(a.shape[0])
-        if m == 0:
-            return np.empty(0, np.int64)
-        out: I64 | None = None
-        pending = np.empty(0, np.int64)
-        pa, pb = a, b
-        if self._n + m > self._max_load * self._slots.shape[0] and self._n * _FEW_KEYS > m:
-            # Room for every key as a new one would mean re-placing many ids for nothing if most are
-            # there already (a row fired again): look them all up first, make room for the rest only.
-            out = self.lookup(a, b)
-            pending = (out < 0).nonzero()[0]
-            if pending.shape[0] == 0:
-                return out
-            self._reserve(self._n + int(pending.shape[0]))
-            pa, pb = a[pending], b[pending]
-        else:
-            self._reserve(self._n + m)  # few ids to re-place: room for every key, no lookup pass
-        mask = (1 << self._bits) - 1
-        slots, ka, kb = self._slots, self._a, self._b
-        slot = self._home(pa, pb)
+        out = np.empty(m, np.int64)
+        i = 0
         while True:
-            sid = slots[slot]
-            held = sid >= 0
-            if out is None and self._n * _FEW_KEYS <= m:
-                # round 0 over a (nearly) fresh index: most slots are empty, compare the held ones only
-                on = held.nonzero()[0]
-                match = np.zeros(held.shape[0], np.bool_)
-                match[on] = (ka[sid[on]] == pa[on]) & (kb[sid[on]] == pb[on])
-            else:
-                # an empty slot's -1 reads the last key array entry (any value): ``held`` masks it out
-                match = ka[sid] == pa
-                match &= kb[sid] == pb
-                match &= held
-            free = (~held).nonzero()[0]
-            if free.shape[0]:
-                # claim marks as in _probe: of several claimants of one slot the last write wins
-                at = slot[free]
-                tag = -2 - free
-                slots[at] = tag
-                won = free[slots[at] == tag]
-                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
-                ka[new] = pa[won]
-                kb[new] = pb[won]
-                self._n += int(won.shape[0])
-                slots[slot[won]] = new
-                sid[won] = new
-                match[won] = True
-            go_on = (~match).nonzero()[0]
-            if out is None:
-                out = sid  # round 0: every key; the unresolved ones are overwritten below
-                pending = go_on
-            else:
-                out[pending[match]] = sid[match]
-                pending = pending[go_on]
-            if pending.shape[0] == 0:
+            i, n = _find_or_add(self._slots, self._a, self._b, self._bits, self._n, self._limit, a, b, i,
+                                self._ahead, out, added)
+            self._n = int(n)
+            if i == m:
                 return out
-            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
-            slot = (slot[go_on] + held[go_on]) & mask
-            pa, pb = a[pending], b[pending]
+            rest = m - int(i)
+            self._reserve(self._n + (rest if self._n * _FEW_KEYS <= rest else 1))
 
     def append(self, a: U64, b: U64) -> I64:
         """Index keys known to be new and unique (the caller checked): they get the next ids in the
-        order given (``lookup_or_add`` gives them in claim order). One vectorised placement."""
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
+        order given."""
+        a, b = _keys(a, b)
         k = int(a.shape[0])
-        self._reserve(self._n + k)
-        new = np.arange(self._n, self._n + k, dtype=np.int64)
-        self._a[new] = a
-        self._b[new] = b
-        self._n += k
-        self._place(new)
-        return new
+        n0 = self._n
+        self._reserve(n0 + k)
+        self._a[n0:n0 + k] = a
+        self._b[n0:n0 + k] = b
+        self._n = n0 + k
+        _place(self._slots, self._a, self._b, self._bits, n0, n0 + k, self._ahead)
+        return np.arange(n0, n0 + k, dtype=np.int64)
 
     def append_new(self, a: U64, b: U64) -> I64 | None:
         """``append`` of keys the caller believes new (unique among themselves, as for ``append``),
@@ -242,42 +416,16 @@ class KeyIndex:
         Why no lookup pass is needed: an indexed key sits in the run of held slots that starts at
         its home slot (linear probing, and no slot is ever emptied: a drop rebuilds the index), so
         this key's own probe passes it before it meets a free slot. Only slots held by ids from
-        before this call are compared. ``lookup`` + ``append`` cost two passes over the table for
-        the same answer (a replay's new rows, RowEngine.append_new_rows)."""
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
+        before this call are compared. ``lookup`` + ``append`` cost two walks for the same answer (a
+        replay's new rows, RowEngine.append_new_rows)."""
+        a, b = _keys(a, b)
         k = int(a.shape[0])
         n0 = self._n
         self._reserve(n0 + k)
-        mask = (1 << self._bits) - 1
-        slots, ka, kb = self._slots, self._a, self._b
-        pending = np.arange(k, dtype=np.int64)  # input positions still to place
-        slot = self._home(a, b)
-        written: list[I64] = []
-        while pending.shape[0]:
-            sid = slots[slot]
-            older = ((sid >= 0) & (sid < n0)).nonzero()[0]
-            if older.shape[0]:
-                at_old, key = sid[older], pending[older]
-                if bool(((ka[at_old] == a[key]) & (kb[at_old] == b[key])).any()):
-                    for w in written:  # undo: these slots were free before this call
-                        slots[w] = -1
-                    return None
-            free = (sid < 0).nonzero()[0]
-            at = slot[free]
-            slots[at] = -2 - free  # claim marks as in _place: one claimant per slot wins
-            won = free[slots[at] == -2 - free]
-            slots[slot[won]] = n0 + pending[won]
-            written.append(slot[won])
-            keep = np.ones(pending.shape[0], bool)
-            keep[won] = False
-            pending = pending[keep]
-            slot = (slot[keep] + 1) & mask
-        new = np.arange(n0, n0 + k, dtype=np.int64)
-        ka[new] = a
-        kb[new] = b
+        if not _append_new(self._slots, self._a, self._b, self._bits, n0, a, b, self._ahead):
+            return None
         self._n = n0 + k
-        return new
+        return np.arange(n0, n0 + k, dtype=np.int64)
 
     @classmethod
     def from_keys(cls, a: U64, b: U64) -> KeyIndex:
@@ -293,39 +441,19 @@ class KeyIndex:
             raise ValueError("row keys repeat")
         return index
 
-    def _probe(self, a: U64, b: U64, pending: I64, ids: I64, added: NDArray[np.bool_]) -> None:
-        """Resolve keys ``(a[i], b[i])`` for i in ``pending``: find, or claim a slot for, each."""
-        mask = (1 << self._bits) - 1
-        slot = self._home(a[pending], b[pending])
-        slots = self._slots
-        while pending.shape[0]:
-            sid = slots[slot]
-            held = sid >= 0
-            safe = np.where(held, sid, 0)
-            match = held & (self._a[safe] == a[pending]) & (self._b[safe] == b[pending])
-            ids[pending[match]] = sid[match]
-            settled = match
-            free = np.flatnonzero(~held)
-            if free.shape[0]:
-                at, who = slot[free], pending[free]
-                slots[at] = -2 - who  # claim marks; one per slot survives
-                won = free[slots[at] == -2 - who]
-                new = np.arange(self._n, self._n + won.shape[0], dtype=np.int64)
-                self._a[new] = a[pending[won]]
-                self._b[new] = b[pending[won]]
-                self._n += int(won.shape[0])
-                slots[slot[won]] = new
-                ids[pending[won]] = new
-                added[pending[won]] = True
-                settled = settled.copy()
-                settled[won] = True
-            go_on = ~settled
-            # a slot held by another key: probe the next one; a lost claim: look at the same slot again
-            slot = np.where(held[go_on], slot[go_on] + 1, slot[go_on]) & mask
-            pending = pending[go_on]
+    def _sized(self) -> None:
+        """After the table or the key arrays changed: the most ids they hold (``_limit``) and how far
+        ahead the kernels prefetch in this table (``_ahead``, 0: not at all)."""
+        self._limit = min(int(self._a.shape[0]), int(self._max_load * self._slots.shape[0]))
+        self._ahead = _AHEAD if self._slots.nbytes >= _PREFETCH_BYTES else 0
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id)."""
+        """Room for ``n`` keys: key arrays, and a table at most ``max_load`` full (re-placing every id).
+
+        Raises:
+            OverflowError: more than 2^40 - 2 keys (the ids' bits in a slot entry)."""
+        if n > _MAX_IDS:
+            raise OverflowError(f"a KeyIndex holds at most {_MAX_IDS} keys")
         if n > self._a.shape[0]:
             cap = max(self._a.shape[0] * 2, n)
             # not np.resize: it fills the new tail by repeating the keys (a pass over it for nothing)
@@ -333,27 +461,12 @@ class KeyIndex:
                 grown = np.empty(cap, np.uint64)
                 grown[: self._n] = getattr(self, name)[: self._n]
                 setattr(self, name, grown)
+            self._sized()
         if n > self._max_load * self._slots.shape[0]:
             bits = self._bits
             while n > self._max_load * (1 << bits):
                 bits += 1
             self._bits = bits
-            self._slots = np.full(1 << bits, -1, np.int64)
-            self._place(np.arange(self._n, dtype=np.int64))
-
-    def _place(self, ids: I64) -> None:
-        """Put ids (unique keys, none in the table) into free slots, all at once (claims as in
-        ``_probe``; a claimant that loses probes on)."""
-        mask = (1 << self._bits) - 1
-        slot = self._home(self._a[ids], self._b[ids])
-        slots = self._slots
-        while ids.shape[0]:
-            free = np.flatnonzero(slots[slot] < 0)
-            at = slot[free]
-            slots[at] = -2 - free
-            won = free[slots[at] == -2 - free]
-            slots[slot[won]] = ids[won]
-            keep = np.ones(ids.shape[0], bool)
-            keep[won] = False
-            ids = ids[keep]
-            slot = (slot[keep] + 1) & mask
+            self._slots = np.zeros(1 << bits, np.int64)  # calloc: no pass over it; pages on first touch
+            self._sized()
+            _place(self._slots, self._a, self._b, self._bits, 0, self._n, self._ahead)

@@ -8,19 +8,25 @@ Zipf(1) over 10^5, both turned into uniform 64-bit ids as ``giaannd.model.ids`` 
 and times ``LifSession.step`` per row entry on a fresh session where the row fires once (the figure
 tools/bench/scale.py reports on the store's longest rows; the target is for it) and then once more
 (every target already has a slot), with both constant sets, against the step
-before this item (tools/bench/baseline_lif.py) in the same run, the two timed alternately. Then the
+before this item (tools/bench/baseline_lif.py) in the same run, the two timed alternately. The
+baseline shares this tree's ``KeyIndex`` (its ``lookup_or_add`` is a compiled kernel now), so its
+column compares the steps' designs, not the code before the kernels: for that, run this module
+from a worktree of the older commit too (docs/model.md, "The LIF step"). Then the
 new step's phases, each timed alone on the same row (best of ``--repeat``; a fresh session each time):
 
 - ``slot map``: ``KeyIndex.ids_of`` on a fresh index (every target new: the insert path, with the
   table's allocation);
 - ``state grow``: allocating the ``float64[9, slots]`` state for the row's neurons;
-- ``deposits``: g(strength) in float64 (test-set constants; train-set is one float);
-- ``scatter``: the nine per-segment scatter-adds into the fresh state (its first touch: page faults);
+- ``deposits``: numpy's part of g(strength) in float64, exp(s / -100) (test-set constants; train-set
+  is one float);
+- ``scatter``: the deposit kernel (``infer._deposit``: the rest of g and the adds) into the fresh
+  state (its first touch: page faults);
 - ``dense step``: a whole step with an empty row on a session holding the row's neurons (the
   propagation, the column transition and the soma decay over every slot), per slot; and the same
   for the old step.
 
-Then whole sessions as evaluation runs them: ``--sentences`` of the bundled corpus trained into a
+Then ``KeyIndex`` alone: bulk calls on as many uniform random keys as each row has entries, ns per
+key (``keyindex_ns``). Then whole sessions as evaluation runs them: ``--sentences`` of the bundled corpus trained into a
 ``RowStore``, teacher-forced sessions over the first ``--prompts`` of them (train-set and test-set
 constants), the old and the new session alternately per prompt: steps per CPU second and ns per
 entry of the rows fired. (0 sentences skips it.)
@@ -41,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants, LifSession, NoDelimiters
+from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants, LifSession, NoDelimiters, _deposit
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch
 from giaannd.rowengine import KeyIndex
 from tools.bench.baseline_lif import BaselineLifSession
@@ -140,9 +146,9 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
     def scatter() -> Callable[[], object]:
         session = fresh()
         slots = session._slots_of(row)  # mapped, and the state grown (not yet touched)
-        value = session._deposits(row.strength)
-        edges: list[int] = np.searchsorted(row.segment, np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)).tolist()
-        return lambda: session._scatter(edges, slots, value)
+        mode, value = session._deposits(row.strength)
+        lane = np.array(session._lane, np.int64)
+        return lambda: _deposit(session._act, lane, row.segment, slots, row.strength, value, mode)
 
     def dense(cls: type[LifSession] | type[BaselineLifSession]) -> Callable[[], Callable[[], object]]:
         def prepare() -> Callable[[], object]:
@@ -160,6 +166,48 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
     return out
 
 
+def keyindex_ns(n: int, repeat: int, seed: int) -> dict[str, float]:
+    """``KeyIndex`` bulk calls on ``n`` uniform random keys, ns per key (best of ``repeat``, set-up
+    untimed): ``append`` into an empty index, ``lookup`` of held / absent keys, ``lookup_or_add``
+    with half the keys new, ``ids_of`` on a fresh index at the LIF session's load (every key new), and
+    ``append_new`` of n/2 new keys into an index holding the other half (per key appended)."""
+    rng = np.random.default_rng(seed)
+    a, b, other = (rng.integers(0, 2**63, n, dtype=np.uint64) for _ in range(3))
+    half = n // 2
+    held = KeyIndex()
+    held.append(a, b)
+
+    def fresh(fill: int = 0, load: float = 0.5) -> KeyIndex:
+        index = KeyIndex(max_load=load)
+        index.append(a[:fill], b[:fill])
+        return index
+
+    def timed(name: str) -> Callable[[], Callable[[], object]]:
+        def prepare() -> Callable[[], object]:
+            if name == "append":
+                index = fresh()
+                return lambda: index.append(a, b)
+            if name == "lookup (held)":
+                return lambda: held.lookup(a, b)
+            if name == "lookup (absent)":
+                return lambda: held.lookup(other, b)
+            if name == "lookup_or_add (half new)":
+                index = fresh(half)
+                return lambda: index.lookup_or_add(a, b)
+            if name == "ids_of (fresh, load 1/4)":
+                index = fresh(0, 0.25)
+                return lambda: index.ids_of(a, b)
+            index = fresh(half)
+            return lambda: index.append_new(a[half:], b[half:])
+        return prepare
+
+    names = ["append", "lookup (held)", "lookup (absent)", "lookup_or_add (half new)", "ids_of (fresh, load 1/4)",
+             "append_new"]
+    out = {name: _best(timed(name), repeat) * 1e9 / max(n, 1) for name in names}
+    out["append_new"] *= n / max(n - half, 1)
+    return out
+
+
 def measure(sizes: list[int], repeat: int, seed: int) -> list[dict[str, Any]]:
     records = []
     for n in sizes:
@@ -169,6 +217,7 @@ def measure(sizes: list[int], repeat: int, seed: int) -> list[dict[str, Any]]:
             for key, value in steps_ns(row, constants, repeat).items():
                 rec[f"{name}_{key}_ns"] = value
         rec["phases"] = phases_ns(row, repeat)
+        rec["keyindex"] = keyindex_ns(n, repeat, seed)
         records.append(rec)
     return records
 
@@ -246,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
             for phase, value in r["phases"].items():
                 print(json.dumps({"figure": f"LIF phase {phase} @{r['entries']}", "value": round(value, 2),
                                   "target": None}))
+            for call, value in r["keyindex"].items():
+                print(json.dumps({"figure": f"KeyIndex {call} ns/key @{r['entries']}", "value": round(value, 2),
+                                  "target": None}))
         for key, value in sess.items():
             print(json.dumps({"figure": f"LIF sessions {key}", "value": round(value, 2), "target": None}))
         return 0
@@ -264,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(records[0]["phases"])
     print_table("New step by phase (ns per entry; dense step per slot)", ["entries", *names],
                 [[f"{r['entries']:,}", *(f"{r['phases'][p]:.2f}" for p in names)] for r in records])
+    calls = list(records[0]["keyindex"])
+    print_table("KeyIndex bulk calls (ns per key, uniform random keys)", ["keys", *calls],
+                [[f"{r['entries']:,}", *(f"{r['keyindex'][c]:.1f}" for c in calls)] for r in records])
     if sess:
         print_table(f"Teacher-forced sessions ({args.sentences:,} bundled sentences, {args.prompts} prompts)",
                     ["constants", "entries/step", "steps/CPU-s old", "new", "new/old", "ns/entry old", "new"],

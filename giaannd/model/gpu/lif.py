@@ -11,8 +11,9 @@ row is deposited with one ``index_add_`` into the flattened state (no Python per
 
 What stays on the host, and why:
 
-* the (column, feature) -> slot table (``rowengine.KeyIndex``, a numpy hash table): a fired row's
-  targets are mapped to slots there and the slot indices (8 bytes per entry) go to the device. A
+* the (column, feature) -> slot table (``rowengine.KeyIndex``, a hash table in host arrays with
+  compiled probe loops): a fired row's targets are mapped to slots there and the slot indices (8
+  bytes per entry) go to the device. A
   device-side hash table is the next step for rows of 10^6+ entries (README, "Known gaps").
 * control flow: whether the current node fires and which neuron is chosen are read back each step
   (two or three scalars: one device sync per step, unavoidable since the next row depends on them).

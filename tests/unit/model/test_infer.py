@@ -9,6 +9,7 @@ from giaannd.model.rowstore import RowStore
 from giaannd.model.train import train_batch
 from tests.oracle.plain import plain_lif
 from tests.oracle.sentences import SetFlags, synthetic_corpus
+from tests.unit.rowengine.collide import on_home
 
 TUPLES = {TRAIN_SET: (0.004, True, 1.0, 1.0, True), TEST_SET: (0.008, False, 0.75, 0.75, False)}
 
@@ -115,20 +116,47 @@ def test_infer_generation_runs_past_the_prompt_and_stops_without_prediction():
     assert s.done
 
 
-def test_infer_slot_hash_collisions_do_not_change_results(monkeypatch):
-    from giaannd.rowengine import KeyIndex
-
-    # A degenerate slot hash: every feature of a column lands on one home slot (long probe chains).
-    # Results must not change: slots are found by comparing whole keys.
-    monkeypatch.setattr(KeyIndex, "_home", lambda self, a, b: (a % np.uint64(7)).astype(np.int64))
-    monkeypatch.setattr(KeyIndex, "_home_one", lambda self, a, b: a % 7)
+def test_infer_slot_hash_collisions_do_not_change_results():
+    # Every feature id replaced by one whose slot hash puts all neurons of a column group (column
+    # % 7) on one home slot (long probe walks). Results must not change: slots are found by
+    # comparing whole keys. The plain reference runs on the same renamed ids.
     sents = synthetic_corpus(200, seed=8)
     store = RowStore.from_batch(train_batch(sents).rows)
+    columns: dict[int, int] = {}
+    features: dict[tuple[int, int], int] = {}
+
+    def rename(c, f):
+        if f == 0:  # the prime neuron keeps feature 0
+            return c, 0
+        small = columns.setdefault(c, len(columns))
+        key = features.setdefault((c, f), on_home(c, small % 7, len(features) + 1))
+        return c, key
+
+    back: dict[int, int] = {}
+    entries = []
+    for (c, f), r in store:
+        src = rename(c, f)
+        back[src[1]] = f
+        for seg, tc, tf, v in zip(r.segment.tolist(), r.target_column.tolist(), r.target_feature.tolist(),
+                                  r.strength.tolist()):
+            dst = rename(tc, tf)
+            back[dst[1]] = tf
+            entries.append((*src, seg, *dst, v))
+    renamed = _store(entries)
     rows = {k: [(int(a), int(b), int(c), float(v)) for a, b, c, v in
-                zip(r.segment, r.target_column, r.target_feature, r.strength)] for k, r in store}
-    flags = SetFlags()
+                zip(r.segment, r.target_column, r.target_feature, r.strength)] for k, r in renamed}
+    inner = SetFlags()
+
+    class Flags:
+        def is_deterministic(self, f):
+            return inner.is_deterministic(back.get(f, f))
+
+        def is_probabilistic(self, f):
+            return inner.is_probabilistic(back.get(f, f))
+
+    flags = Flags()
     for sent in sents[:20]:
-        targets = list(zip(sent.column.tolist(), sent.feature.tolist()))
-        fast = run_session(LifSession(targets, flags, TEST_SET), store)
+        targets = [rename(c, f) for c, f in zip(sent.column.tolist(), sent.feature.tolist())]
+        fast = run_session(LifSession(targets, flags, TEST_SET), renamed)
         assert fast.predictions == plain_lif(targets, rows, flags.is_deterministic, flags.is_probabilistic,
                                              TUPLES[TEST_SET])

@@ -12,6 +12,7 @@ from giaannd.model.rowstore import RowStore
 from giaannd.model.train import train_batch
 from giaannd.rowengine import KeyIndex
 from tests.oracle.sentences import SetFlags, synthetic_corpus
+from tests.unit.rowengine.collide import grouped_table
 from tools.bench.baseline_lif import BaselineLifSession
 from tools.bench.lif import synthetic_row
 
@@ -69,7 +70,12 @@ def test_lif_step_state_equals_the_previous_step_on_long_overlapping_rows(consta
         r = synthetic_row(20_000 + 3_000 * i, seed=i)
         strength = r.strength.copy()
         strength[7 * i] = 0.0
-        rows[(10 + i % 3, 100 + i)] = Row(r.segment, r.target_column, r.target_feature, strength)
+        fields = [r.segment, r.target_column, r.target_feature, strength]
+        if i % 2:  # read-only, as rows decoded from a log or the wire are
+            fields = [f.copy() for f in fields]
+            for f in fields:
+                f.flags.writeable = False
+        rows[(10 + i % 3, 100 + i)] = Row(*fields)
     keys = list(rows)
     targets = [keys[i % 5] for i in (0, 1, 2, 0, 3, 4, 4, 1, 2, 3, 0, 4)]
     assert _lockstep(targets, rows.__getitem__, NoDelimiters(), constants) == len(targets) - 1
@@ -94,24 +100,26 @@ def test_lif_dense_step_copies_no_segment_rows():
 
 @pytest.mark.parametrize("max_load", [0.5, 0.25])
 @pytest.mark.parametrize("collide", [False, True])
-def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, max_load, monkeypatch):
-    if collide:  # every key of a column on one home slot: long probe chains and many lost claims
-        monkeypatch.setattr(KeyIndex, "_home", lambda self, a, b: (a % np.uint64(7)).astype(np.int64))
-        monkeypatch.setattr(KeyIndex, "_home_one", lambda self, a, b: a % 7)
+def test_keyindex_ids_of_matches_a_dict_with_repeats_and_growth(collide, max_load):
+    # collide: every key of a column group (a % 7) on one home slot (long probe walks)
+    table = grouped_table(60, 300) if collide else None
     rng = np.random.default_rng(2)
     index, ref = KeyIndex(max_load=max_load), {}
+
+    def keys(a, b):
+        return (a, table[a.astype(np.int64), b.astype(np.int64)]) if collide else (a, b)
+
     for _ in range(40):
         k = int(rng.integers(0, 3000))
-        a = rng.integers(0, 50, k, dtype=np.uint64)
-        b = rng.integers(0, 300, k, dtype=np.uint64)
+        a, b = keys(rng.integers(0, 50, k, dtype=np.uint64), rng.integers(0, 300, k, dtype=np.uint64))
         ids = index.ids_of(a, b)
         assert ids.dtype == np.int64
         for x, y, i in zip(a.tolist(), b.tolist(), ids.tolist()):
             assert ref.setdefault((x, y), i) == i  # one id per key, kept across calls and growth
-        assert sorted(ref.values()) == list(range(len(ref))) and len(index) == len(ref)  # dense
+        assert list(ref.values()) == list(range(len(ref))) and len(index) == len(ref)  # dense, in order
     ka, kb = index.keys()
     assert {(x, y): i for i, (x, y) in enumerate(zip(ka.tolist(), kb.tolist()))} == ref
-    probe_a, probe_b = rng.integers(0, 60, 500, dtype=np.uint64), rng.integers(0, 300, 500, dtype=np.uint64)
+    probe_a, probe_b = keys(rng.integers(0, 60, 500, dtype=np.uint64), rng.integers(0, 300, 500, dtype=np.uint64))
     assert index.lookup(probe_a, probe_b).tolist() == [ref.get(k, -1) for k in zip(probe_a.tolist(),
                                                                                     probe_b.tolist())]
     assert index.ids_of(np.empty(0, np.uint64), np.empty(0, np.uint64)).shape == (0,)
@@ -132,3 +140,15 @@ def test_keyindex_ids_of_keys_already_there_do_not_grow_the_table():
     size = index._slots.shape[0]
     again = index.ids_of(row.target_column, row.target_feature)
     assert np.array_equal(first, again) and index._slots.shape[0] == size
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_lif_step_refuses_a_row_with_a_segment_past_the_soma(sort):
+    # Bounds checks are off in the deposit kernel: a segment >= 9 must be refused, not written
+    # past the state (sorted: found by the segment search; unsorted: by the kernel).
+    r = synthetic_row(100, seed=5)
+    seg = r.segment.copy()
+    seg[-1 if sort else 0] = NUM_SEGMENTS
+    session = LifSession([(1, 1), (1, 1)], NoDelimiters(), TEST_SET)
+    with pytest.raises(ValueError, match="segments"):
+        session.step(Row(seg, r.target_column, r.target_feature, r.strength))

@@ -1,12 +1,15 @@
 """search.lower_bound against np.searchsorted on packed keys; KeyIndex against a dict."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giaannd.rowengine import KeyIndex, lower_bound
+from giaannd.rowengine import KeyIndex, keyindex, lower_bound
 from giaannd.rowengine.search import find_runs
+from tests.unit.rowengine.collide import grouped_table
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
 
@@ -110,7 +113,7 @@ def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls,
             assert got is not None and got.tolist() == list(range(len(ref), len(ref) + len(keys)))
             ref.update({key: len(ref) + i for i, key in enumerate(keys)})
         assert len(index) == len(ref)
-        assert int((index._slots >= 0).sum()) == len(ref)  # a refused call left no slot taken
+        assert int((index._slots > 0).sum()) == len(ref)  # a refused call left no slot taken
         ka, kb = index.keys()
         assert list(zip(ka.tolist(), kb.tolist())) == list(ref)
         probe = list(ref) + keys
@@ -203,3 +206,70 @@ def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
     qs, qc, qf = seg[at], tc[at], tf[at]
     qf = qf + (rng.random(at.shape[0]) < 0.2).astype(np.uint64)  # some keys not stored (tf + 1)
     _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, lower_bound(seg, tc, tf, lo, hi, qs, qc, qf))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 30), collide=st.sampled_from([None, "home", "tag"]),
+       max_load=st.sampled_from([0.5, 0.25, 0.1]), prefetch=st.booleans())
+def test_keyindex_any_call_sequence_gives_a_dicts_ids_in_first_appearance_order(seed, calls, collide, max_load,
+                                                                               prefetch):
+    """Every call against a plain dict: new keys get the next ids in the order they first occur in a
+    call's input (``lookup_or_add``, ``ids_of``, ``append``, ``append_new``), ``added`` marks each new
+    key's first occurrence, lookups see every key, whatever the growth and (``collide``) with keys
+    of a column group sharing one home slot (long probe walks, a full table's wrap-around; "tag": and
+    one slot tag, so every held slot passed is a whole-key compare), with the
+    kernels' prefetching on (``prefetch``: in every table, not only large ones) or off."""
+    with mock.patch.object(keyindex, "_PREFETCH_BYTES", 0 if prefetch else 1 << 62):
+        _any_call_sequence(seed, calls, collide, max_load)
+
+
+def _any_call_sequence(seed, calls, collide, max_load):
+    rng = np.random.default_rng(seed)
+    table = grouped_table(45, 200, same_tag=collide == "tag") if collide else None
+
+    def keys(k, cols=40, feats=200):
+        a = rng.integers(0, cols, k, dtype=np.uint64)
+        b = rng.integers(0, feats, k, dtype=np.uint64)
+        if collide:
+            b = table[a.astype(np.int64), b.astype(np.int64)]
+        if rng.random() < 0.5:  # read-only inputs (rows decoded from a log) are taken as they are
+            a.flags.writeable = b.flags.writeable = False
+        return a, b
+
+    index, ref = KeyIndex(max_load=max_load), {}
+    for _ in range(calls):
+        op = rng.choice(["lookup_or_add", "ids_of", "append", "append_new"])
+        a, b = keys(int(rng.integers(0, 700)))
+        pairs = list(zip(a.tolist(), b.tolist()))
+        if op in ("append", "append_new"):
+            new = list(dict.fromkeys(p for p in pairs if p not in ref))
+            if op == "append_new" and ref and rng.random() < 0.3:
+                new.insert(int(rng.integers(0, len(new) + 1)), list(ref)[int(rng.integers(0, len(ref)))])
+                assert index.append_new(np.array([x for x, _ in new], np.uint64),
+                                        np.array([y for _, y in new], np.uint64)) is None
+                assert int((index._slots > 0).sum()) == len(ref)
+                continue
+            fn = index.append if op == "append" else index.append_new
+            got = fn(np.array([x for x, _ in new], np.uint64), np.array([y for _, y in new], np.uint64))
+            want = list(range(len(ref), len(ref) + len(new)))
+            ref.update({p: len(ref) + i for i, p in enumerate(new)})
+            assert got is not None and got.tolist() == want
+        else:
+            before = dict(ref)
+            first_new = [i for i, p in enumerate(pairs) if p not in before and pairs.index(p) == i]
+            for p in pairs:
+                ref.setdefault(p, len(ref))
+            if op == "ids_of":
+                ids = index.ids_of(a, b)
+            else:
+                ids, added = index.lookup_or_add(a, b)
+                assert added.nonzero()[0].tolist() == first_new
+            assert ids.tolist() == [ref[p] for p in pairs]
+        assert len(index) == len(ref) and int((index._slots > 0).sum()) == len(ref)
+        assert int((index._slots > 0).sum()) <= max_load * index._slots.shape[0]
+    ka, kb = index.keys()
+    assert list(zip(ka.tolist(), kb.tolist())) == list(ref)
+    pa, pb = keys(400, 45, 200)
+    want = [ref.get(p, -1) for p in zip(pa.tolist(), pb.tolist())]
+    assert index.lookup(pa, pb).tolist() == want
+    assert [index.lookup_one(x, y) for x, y in zip(pa.tolist(), pb.tolist())] == want
