@@ -71,7 +71,7 @@ from giaannd.rowengine.run import (
     offsets_of,
     with_room,
 )
-from giaannd.rowengine.search import SEARCH_CHUNK, find_runs, lower_bound, lower_bound_chunked
+from giaannd.rowengine.search import find
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "OrderedPlan", "RowEngine"]
 
@@ -167,25 +167,6 @@ def _block_gather(starts: I64, lengths: I64) -> I64:
     """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
     out = offsets_of(lengths)
     return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
-
-
-def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, guess: I64, seg: U8, tc: U64, tf: U64
-                  ) -> tuple[I64, NDArray[np.bool_]]:
-    """For entries of rows held before (``plan_in_order``; ``occ``: each one's row occurrence,
-    ``lo``/``hi``: each occurrence's base slice, ``guess``: the k-th key of its slice for the k-th
-    entry of an occurrence, ``search.find_runs``): each entry's lower bound in its slice, and
-    whether the key is there. In slices of ``SEARCH_CHUNK`` entries, each one searched and checked
-    while its arrays are in the CPU's cache (search.py, ``SEARCH_CHUNK``)."""
-    n = int(occ.shape[0])
-    pos = np.empty(n, np.int64)
-    hit = np.empty(n, bool)
-    length = np.bincount(occ, minlength=int(lo.shape[0]))  # an occurrence's entries, across slices
-    for a in range(0, n, SEARCH_CHUNK):
-        z = min(n, a + SEARCH_CHUNK)
-        o = occ[a:z]
-        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o,
-                                       guess[a:z], length[o])
-    return pos, hit
 
 
 def _new_keys(row: I64, occ: I64, seg: U8, tc: U64, tf: U64, st: F32, pos: I64
@@ -328,15 +309,10 @@ class RowEngine:
         row = np.repeat(ids, lengths)
         base = self._base
         lo, hi = base.ranges(ids)
-        hi_e = np.repeat(hi, lengths)
-        pos = lower_bound(base.seg, base.tc, base.tf, np.repeat(lo, lengths), hi_e, seg, tc, tf)
-        inside = np.flatnonzero(pos < hi_e)
-        at = pos[inside]
-        hit = (base.seg[at] == seg[inside]) & (base.tc[at] == tc[inside]) & (base.tf[at] == tf[inside])
-        plan.adds.append((base, at[hit], st[inside[hit]]))
-        left = np.ones(row.shape[0], bool)
-        left[inside[hit]] = False
-        q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
+        pos, hit = find(base.seg, base.tc, base.tf, np.repeat(lo, lengths), np.repeat(hi, lengths), seg, tc, tf)
+        found = np.flatnonzero(hit)
+        plan.adds.append((base, pos[found], st[found]))
+        q = np.flatnonzero(~hit)  # entries not found yet; gathered once, compacted as keys are found
         q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
         qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
         q, q_row, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_row, qs, qc, qf, qpos, st, plan.adds)
@@ -355,14 +331,10 @@ class RowEngine:
                 break
             row_lo, row_hi = delta.ranges(ids)
             lo, hi = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
-            at = lower_bound_chunked(delta.seg, delta.tc, delta.tf, lo, hi, qs, qc, qf)
-            inside = np.flatnonzero(at < hi)
-            a_in = at[inside]
-            hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
+            at, hit = find(delta.seg, delta.tc, delta.tf, lo, hi, qs, qc, qf)
             if hit.any():
-                adds.append((delta, a_in[hit], st[q[inside[hit]]]))
-                keep = np.ones(q.shape[0], bool)
-                keep[inside[hit]] = False
+                adds.append((delta, at[hit], st[q[hit]]))
+                keep = ~hit
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         return q, q_row, qs, qc, qf, qpos
 
@@ -505,8 +477,7 @@ class RowEngine:
         base = self._base
         lo, hi = base.ranges(ids)
         old_occ = occ[old]
-        # entry k of an occurrence at key k of its base slice: entry index - occurrence start + lo
-        pos, hit = _find_in_base(base, lo, hi, old_occ, (lo - offsets[:-1])[old_occ] + old, seg[old], tc[old], tf[old])
+        pos, hit = find(base.seg, base.tc, base.tf, lo[old_occ], hi[old_occ], seg[old], tc[old], tf[old])
         plan.adds.append((base, pos[hit], st[old[hit]]))  # in log order (np.add.at in commit)
         miss = np.flatnonzero(~hit)
         q = old[miss]  # in the order given: a delta run's adds stay in log order

@@ -24,7 +24,7 @@ A kernel is a plain function of arrays and scalars; declare it as::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from numba import njit
 
@@ -37,8 +37,7 @@ def kernel(signature: str) -> Callable[[F], F]:
     """Compile the decorated function now, for ``signature`` (numba's type string), cached on disk."""
 
     def wrap(fn: F) -> F:
-        compiled: F = njit(signature, cache=True, nogil=True, boundscheck=False, fastmath=False,
-                           error_model="numpy")(fn)
-        return compiled
+        return cast(F, njit(signature, cache=True, nogil=True, boundscheck=False, fastmath=False,
+                            error_model="numpy")(fn))
 
     return wrap
