@@ -31,15 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.posindex import PosIndex
-from giaannd.rowengine.search import lower_bound, merge_positions
+from giaannd.rowengine.jit import kernel, readonly
+from giaannd.rowengine.search import lower_bound
 
-__all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice",
-           "offsets_of", "with_room"]
+__all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_field",
+           "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -142,15 +144,49 @@ def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
     counts = a.counts()
     b_counts = b.counts()
     counts[i[held]] += b_counts[held]
-    dst, keep = merge_positions(a.rows.shape[0], i[~held])
-    return _scatter(a.rows, b.rows[~held], keep, dst), _scatter(counts, b_counts[~held], keep, dst)  # type: ignore[return-value]
+    at = i[~held]
+    return merge_field(a.rows, b.rows[~held], at), merge_field(counts, b_counts[~held], at)
 
 
-def _scatter(old: NDArray[np.generic], new: NDArray[np.generic], keep: I64, dst: I64) -> NDArray[np.generic]:
-    """The merged field: ``old`` entries at ``keep``, ``new`` ones at ``dst`` (search.merge_positions)."""
-    out = np.empty(keep.shape[0] + dst.shape[0], old.dtype)
-    out[keep] = old
-    out[dst] = new
+_MERGE_TYPES = ("uint8", "uint64", "int64", "float32")
+
+
+@kernel(*(f"void({readonly(t)}, {readonly(t)}, {readonly('int64')}, {t}[::1])" for t in _MERGE_TYPES))
+def _merge(old: NDArray[np.generic], new: NDArray[np.generic], pos: I64, out: NDArray[np.generic]) -> None:
+    """``out``: ``old`` with ``new[j]`` inserted before ``old[pos[j]]`` (after the old entries where
+    ``pos[j]`` is their count), in one sequential pass."""
+    i = 0
+    o = 0
+    n_old = old.shape[0]
+    for j in range(new.shape[0]):
+        p = pos[j]
+        if p < i or p > n_old:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
+        while i < p:
+            out[o] = old[i]
+            i += 1
+            o += 1
+        out[o] = new[j]
+        o += 1
+    while i < n_old:
+        out[o] = old[i]
+        i += 1
+        o += 1
+
+
+def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any] | None = None) -> NDArray[Any]:
+    """One field of sorted entries with others inserted: ``new[j]`` lands before ``old[pos[j]]``,
+    i.e. at ``pos[j] + j``, and the ``old`` entries fill the other slots in order. ``pos``
+    (non-decreasing, in ``[0, len(old)]``, checked) is each inserted entry's lower bound in ``old``.
+    ``out``: where to write (its length ``len(old) + len(new)``), else a new array.
+
+    Compiled (``_merge``): a sequential copy, where the index scatter before it wrote every entry
+    through an 8-byte index (and built the index arrays, 16 bytes per entry, first)."""
+    if out is None:
+        out = np.empty(old.shape[0] + new.shape[0], old.dtype)
+    assert out.shape[0] == old.shape[0] + new.shape[0] and new.dtype == old.dtype == out.dtype
+    c = np.ascontiguousarray
+    _merge(c(old), c(new), c(pos, np.int64), out)
     return out
 
 
@@ -181,10 +217,9 @@ def merge_deltas(older: Run, newer: Run) -> Run:
     n = newer.counts()
     lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
     at = lower_bound(older.seg, older.tc, older.tf, lo, hi, newer.seg, newer.tc, newer.tf)
-    dst, keep = merge_positions(older.num_entries, at)
     rows, counts = _union_rows(older, newer)
-    seg, tc, tf, st = (_scatter(getattr(older, f), getattr(newer, f), keep, dst) for f in FIELDS)
-    return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
+    seg, tc, tf, st = (merge_field(getattr(older, f), getattr(newer, f), at) for f in FIELDS)
+    return Run(rows, offsets_of(counts), seg, tc, tf, st, merge_field(older.pos, newer.pos, at))
 
 
 def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
@@ -208,7 +243,6 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
-    dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
     out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
     for f in FIELDS:
         if append and grow:
@@ -216,7 +250,7 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
         elif append:
             field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
-            field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
+            field = merge_field(getattr(base, f), getattr(delta, f), delta.pos)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
     base.spare = False  # consumed: its (empty) fields must never be appended to
@@ -300,6 +334,6 @@ def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) ->
     """One row: its base slice (the four arrays, starting at base index ``lo``) with its delta
     entries (``delta``: that row's entries only, with base positions), merged: a copy."""
     assert delta.pos is not None
-    dst, keep = merge_positions(int(st.shape[0]), delta.pos - lo)
-    return (_scatter(seg, delta.seg, keep, dst), _scatter(tc, delta.tc, keep, dst),  # type: ignore[return-value]
-            _scatter(tf, delta.tf, keep, dst), _scatter(st, delta.st, keep, dst))
+    at = delta.pos - lo
+    return (merge_field(seg, delta.seg, at), merge_field(tc, delta.tc, at), merge_field(tf, delta.tf, at),
+            merge_field(st, delta.st, at))

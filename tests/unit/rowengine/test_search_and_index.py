@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import KeyIndex, lower_bound
+from giaannd.rowengine.run import merge_field
 from giaannd.rowengine.search import find
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
@@ -237,3 +238,29 @@ def test_find_gallops_over_long_ranges(seed, n, m, small, spread):
     qs, qc, qf = np.concatenate([qs, qs]), np.concatenate([qc, qc]), np.concatenate([qf, qf])
     lo, hi = np.full(2 * k, a, np.int64), np.full(2 * k, z, np.int64)
     _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, reference(keys, lo, hi, qs, qc, qf))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 2000), k=st.integers(0, 500),
+       dtype=st.sampled_from([np.uint8, np.uint64, np.int64, np.float32]), where=st.sampled_from(["any", "start", "end"]))
+def test_merge_field_inserts_before_the_position(seed, n, k, dtype, where):
+    """run.merge_field against the definition: inserted entry j at ``pos[j] + j``, the old entries in
+    the other slots in order (positions repeat, sit at 0 and at the end)."""
+    rng = np.random.default_rng(seed)
+    old = rng.integers(0, 200, n).astype(dtype)
+    new = rng.integers(0, 200, k).astype(dtype)
+    pos = {"any": np.sort(rng.integers(0, n + 1, k)), "start": np.zeros(k, np.int64),
+           "end": np.full(k, n, np.int64)}[where].astype(np.int64)
+    want = np.empty(n + k, dtype)
+    dst = pos + np.arange(k)
+    slot = np.ones(n + k, bool)
+    slot[dst] = False
+    want[slot], want[dst] = old, new
+    got = merge_field(old, new, pos)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    if k >= 2 and pos[0] < pos[-1]:  # out of order: refused, not merged wrong
+        with pytest.raises(ValueError):
+            merge_field(old, new, pos[::-1].copy())
+    if k:
+        with pytest.raises(ValueError):
+            merge_field(old, new, np.full(k, n + 1, np.int64))
