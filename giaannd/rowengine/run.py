@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.jit import kernel, readonly
+from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import lower_bound
 
 __all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_field",

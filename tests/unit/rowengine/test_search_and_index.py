@@ -242,7 +242,8 @@ def test_find_gallops_over_long_ranges(seed, n, m, small, spread):
 
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 2000), k=st.integers(0, 500),
-       dtype=st.sampled_from([np.uint8, np.uint64, np.int64, np.float32]), where=st.sampled_from(["any", "start", "end"]))
+       dtype=st.sampled_from([np.uint8, np.uint64, np.int64, np.float32]),
+       where=st.sampled_from(["any", "start", "end"]))
 def test_merge_field_inserts_before_the_position(seed, n, k, dtype, where):
     """run.merge_field against the definition: inserted entry j at ``pos[j] + j``, the old entries in
     the other slots in order (positions repeat, sit at 0 and at the end)."""
