@@ -17,7 +17,7 @@ State (run.py describes the two kinds of run):
 2. Base: every entry is searched in its row's slice (search.lower_bound, all at once). Found keys
    get the increment added **in place**. Every entry now knows its lower bound in the base.
 3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
-   narrowed to the entries near its base position by the run's bucket index, run.gap_ranges and
+   narrowed to the entries near its base position by the run's bucket index, run.find_in_gaps and
    posindex.py, then a key search over the few entries left); found keys are added in place.
 4. Keys found nowhere are new: they become a new delta run (with their base positions).
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
@@ -64,8 +64,8 @@ from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import (
     Run,
     append_rows,
+    find_in_gaps,
     fold_into_base,
-    gap_ranges,
     merge_deltas,
     merge_into_slice,
     offsets_of,
@@ -330,8 +330,7 @@ class RowEngine:
             if q.shape[0] == 0:
                 break
             row_lo, row_hi = delta.ranges(ids)
-            lo, hi = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
-            at, hit = find(delta.seg, delta.tc, delta.tf, lo, hi, qs, qc, qf)
+            at, hit = find_in_gaps(delta, row_lo[q_row], row_hi[q_row], qpos, qs, qc, qf)
             if hit.any():
                 adds.append((delta, at[hit], st[q[hit]]))
                 keep = ~hit

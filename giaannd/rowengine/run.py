@@ -19,7 +19,7 @@ runs, so no delta outlives the base it points into.
 Operations (each vectorised over every row and entry involved; inputs are not changed):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
-  the older one by base position first, :func:`gap_ranges`, then by key inside that gap; a newer
+  the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
   run whose rows all come after the older's is a concatenation).
 - :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
   memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
@@ -38,15 +38,16 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
-from giaannd.rowengine.search import lower_bound
+from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_field",
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas", "merge_field",
            "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
+Bools = NDArray[np.bool_]
 
 #: The entry fields, in the order every loop over them uses.
 FIELDS = ("seg", "tc", "tf", "st")
@@ -187,18 +188,18 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     return out
 
 
-def gap_ranges(run: Run, row_lo: I64, row_hi: I64, pos: I64) -> tuple[I64, I64]:
-    """Narrow queries' row slices ``[row_lo, row_hi)`` of a delta run to the entries that share their
-    base position ``pos`` (entries with a smaller position are smaller, larger ones larger). What is
-    left is the query's gap: usually empty or a few entries, where a key search (search.lower_bound)
-    ends in a round or two.
+def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, qf: U64) -> tuple[I64, Bools]:
+    """Keys ``(qs, qc, qf)`` in a delta run: each one's lower bound in its row slice ``[row_lo,
+    row_hi)`` of the run, and whether the key is there. ``pos``: each key's base position, which
+    narrows its slice to its *gap*, the entries that share that position (entries with a smaller
+    position are smaller, larger ones larger): usually empty or a few entries.
 
     The position's range comes from the run's bucket index (posindex.py), not a binary search: it
-    may hold a few more entries than the gap, which the key search then passes over.
+    may hold a few more entries than the gap, which the key search then passes over; one compiled
+    pass per key (search.find_in_gaps).
     """
-    left, right = run.pos_index().bucket(pos)
-    lo = np.minimum(np.maximum(left, row_lo), row_hi)
-    return lo, np.maximum(np.minimum(right, row_hi), lo)
+    index = run.pos_index()
+    return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
 
 def merge_deltas(older: Run, newer: Run) -> Run:
@@ -212,8 +213,7 @@ def merge_deltas(older: Run, newer: Run) -> Run:
                    cat((older.st, newer.st)), cat((older.pos, newer.pos)))
     row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
-    lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
-    at = lower_bound(older.seg, older.tc, older.tf, lo, hi, newer.seg, newer.tc, newer.tf)
+    at, _ = find_in_gaps(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos, newer.seg, newer.tc, newer.tf)
     rows, counts = _union_rows(older, newer)
     seg, tc, tf, st = (merge_field(getattr(older, f), getattr(newer, f), at) for f in FIELDS)
     return Run(rows, offsets_of(counts), seg, tc, tf, st, merge_field(older.pos, newer.pos, at))

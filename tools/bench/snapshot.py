@@ -197,9 +197,9 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
     record checks (header and payload checksums), the payload decode with its row checks (in a
     second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
     lexsort, the key index, the copy into the engine's base, a group's search of the base
-    (``_find_in_base``), the sort of its new keys (``_new_keys``), its commit (the adds, the new
-    delta run and the folds it sets off) and the rest (the applied set, row counts, the delta
-    runs' search, ...). A snapshot in ``d`` is loaded first (not timed). Timed by wrapping those
+    (``search.find``), of the delta runs (``run.find_in_gaps``), the sort of its new keys
+    (``_new_keys``), its commit (the adds, the new delta run and the folds it sets off) and the
+    rest (the applied set, row counts, ...). A snapshot in ``d`` is loaded first (not timed). Timed by wrapping those
     functions (the wrappers' own cost is per call: a few dozen calls)."""
     spent: dict[str, float] = {}
 
@@ -223,7 +223,8 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
                                        (KeyIndex, "append", "replay: key index"),
                                        (KeyIndex, "append_new", "replay: key index"),
                                        (engine_mod, "append_rows", "replay: copy into the base"),
-                                       (engine_mod, "_find_in_base", "replay: group search of the base"),
+                                       (engine_mod, "find", "replay: group search of the base"),
+                                       (engine_mod, "find_in_gaps", "replay: delta runs' search"),
                                        (engine_mod, "_new_keys", "replay: group new keys sorted"),
                                        (RowEngine, "commit_in_order", "replay: group commit (adds, delta, folds)"),
                                        (update_log, "_decode_payload", "decode and row checks")):
