@@ -68,16 +68,31 @@ def _bisect(seg: U8, tc: U64, tf: U64, a: int, b: int, s: int, c: int, f: int) -
     return a
 
 
+#: A range's queries gallop when they are at least one per GALLOP_GAP entries of it, else each
+#: bisects the whole range: a gallop costs ~2·log2(gap) comparisons, each waiting on the one before
+#: (and the next query waits on its answer), where bisections share their first, cached probes. Per
+#: query, sorted queries into one range of 2·10^7 keys (same run): 1006 vs 840 ns at a gap of
+#: 20,000 entries, 637 vs 558 at 667, 171 vs 392 at 67.
+GALLOP_GAP = 256
+
+
 @kernel(f"void({_KEYS}, {readonly('int64')}, {readonly('int64')}, {_KEYS}, int64[::1], boolean[::1])")
 def _search(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, out: I64, found: Bools) -> None:
     """``out[i]``: query i's lower bound in ``[lo[i], hi[i])``; ``found[i]``: its key is there."""
     n = lo.shape[0]
+    dense = False
     for i in range(n):
         h = hi[i]
         s, c, f = qs[i], qc[i], qf[i]
         a = lo[i]
         b = h
-        if i > 0 and lo[i] == lo[i - 1] and h == hi[i - 1] and not (
+        shared = i > 0 and a == lo[i - 1] and h == hi[i - 1]
+        if not shared:  # the first query of a range: are the queries of this range dense in it?
+            k = i + 1
+            while k < n and lo[k] == a and hi[k] == h:
+                k += 1
+            dense = h - a <= GALLOP_GAP * (k - i)
+        if shared and dense and not (
                 s < qs[i - 1] or (s == qs[i - 1] and (c < qc[i - 1] or (c == qc[i - 1] and f < qf[i - 1])))):
             # gallop from the answer before (every key before it is smaller than that query's key,
             # so than this one's): probe a, a+1, a+3, a+7, ... until a key is not smaller
