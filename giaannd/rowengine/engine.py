@@ -14,7 +14,7 @@ State (run.py describes the two kinds of run):
 ``apply`` (one canonical batch: rows unique, each row's entries sorted with unique keys):
 
 1. Row ids for the batch's keys (new rows get the next ids); entries put in row-id order.
-2. Base: every entry is searched in its row's slice (search.lower_bound, all at once). Found keys
+2. Base: every entry is searched in its row's slice (search.find, one compiled pass). Found keys
    get the increment added **in place**. Every entry now knows its lower bound in the base.
 3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
    narrowed to the entries near its base position by the run's bucket index, run.find_in_gaps and
@@ -29,8 +29,9 @@ Cost: a batch of m entries costs O(m · log(row length)) for the base search plu
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
 life (each fold copies the base, which by then has grown by 1/``base_ratio``). Python work is per
-run and per search round, never per row or per entry. Today's ``RowStore`` (before this engine)
-re-sorted every touched row in full per batch: O(N²) for the rows at the head of a Zipf stream.
+run and per batch, never per row or per entry (the per-entry loops are compiled kernels, jit.py).
+Today's ``RowStore`` (before this engine) re-sorted every touched row in full per batch: O(N²) for
+the rows at the head of a Zipf stream.
 
 Exactness: a key's strength is the left fold of its increments in batch order, rounded to float32
 after each batch, exactly as merging a batch into a row did before (float32 + float32 is the
@@ -45,8 +46,8 @@ an in-place add changes their strengths; a fold replaces the arrays (old views k
 Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
 run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
 hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
-and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) and an index
-array on top, a delta merge the merged delta run.
+and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) on top
+(run.merge_field writes it in one pass, no index arrays), a delta merge the merged delta run.
 
 Not thread-safe (one owner).
 """
@@ -434,9 +435,9 @@ class RowEngine:
         runs' layout differs (one delta run for the whole group).
 
         Why it is cheaper than a plan per batch: the base is searched for every entry of a held
-        row in one pass (``_find_in_base``: cache-sized slices, ``search.find_runs``, which finds a
-        row occurrence that carries every key of its row with one comparison per entry instead of
-        log2(row length) search rounds); the entries of new rows are searched for nowhere (their
+        row in one compiled pass (``search.find``, which gallops through a row occurrence that
+        carries every key of its row at two comparisons per entry instead of log2(row length));
+        the entries of new rows are searched for nowhere (their
         rows are in no run); each delta run is searched once per group for what the base lacks,
         not once per batch; the new keys form one delta run (fewer merges and folds). What it
         adds: sorting the new keys into row order (none when they already are: new rows, each in

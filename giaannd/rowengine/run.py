@@ -7,7 +7,7 @@ the Row format's 21 bytes per entry, giaannd/model/rows.py) in the *global order
 ``(row id, segment, target column, target feature)``, with a row index: ``rows`` (sorted ids of
 the rows it holds) and ``offsets`` (row ``rows[i]`` is ``[offsets[i], offsets[i+1])``). One row's
 part of a run is a contiguous canonical slice: a read is four views, and finding a key of row r
-is a binary search inside r's slice (search.lower_bound).
+is a search inside r's slice (search.find).
 
 The row engine (engine.py) keeps one *base* run and a few *delta* runs, with disjoint keys. A delta
 run has one more array, ``pos``: each entry's lower bound in the base (how many base entries come
@@ -16,14 +16,16 @@ therefore needs no search: delta entry j lands at ``pos[j] + j``. Positions stay
 base keeps its entries where they are (in-place adds move nothing); every fold takes all the delta
 runs, so no delta outlives the base it points into.
 
-Operations (each vectorised over every row and entry involved; inputs are not changed):
+Operations (each vectorised or compiled over every row and entry involved; inputs are not changed):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
   the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
   run whose rows all come after the older's is a concatenation).
 - :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
   memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
-  entirely after the base is appended: a concatenation instead of the scatter).
+  entirely after the base is appended: a concatenation instead of the merge).
+- :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
+  one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
 """
 

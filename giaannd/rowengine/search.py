@@ -9,13 +9,16 @@ all entries: ``lower_bound`` and ``find`` run one such search for every query, i
 How a query is searched: a query whose range differs from the query before it, or whose key is
 smaller than that query's, gets a plain binary search of its range (~log2 n comparisons). A query
 that shares the range of the query before it and has a key at least as large (a canonical batch's
-entries of one row, which arrive ascending) *gallops* from that query's answer: it probes 1, 2, 4, ...
-entries further until it passes its key, then bisects the last step, so it costs ~2·log2(distance)
-comparisons instead of log2(row length). A row occurrence that adds to every key of its row (a
-training-like log) costs two comparisons per entry after the first; a sparse subset of a big row
-(a Zipf stream's head rows) costs ~2·log2(row / queries) per entry. No hint or label is needed: the
-ranges and keys themselves say when a gallop is valid, and a gallop gives the same answer a binary
-search does (the lower bound is unique), so the result never depends on the order of the queries.
+entries of one row, which arrive ascending) *gallops* from that query's answer when the range's
+queries are dense in it (at least one per ``GALLOP_GAP`` entries): it probes 1, 2, 4, ... entries
+further until it passes its key, then bisects the last step, ~2·log2(distance) comparisons instead
+of log2(row length). A row occurrence that adds to every key of its row (a training-like log) costs
+two comparisons per entry after the first; sparse queries into a big row (a Zipf stream's head rows
+gain a few hundred of 10^5 keys per batch) bisect the whole row, whose first probes all of them
+share (cached). No hint or label is needed: the ranges and keys say when a gallop is valid, and it
+gives the answer a binary search gives (the lower bound is unique), so the result never depends on
+the order of the queries. ``find_in_gaps`` is the delta runs' search: each query's range narrowed
+to the bucket of its base position first (posindex.py), then bisected, in the same pass.
 
 Why compiled: in numpy every binary-search step was a *round* of ~15 whole-array operations over
 the queries still searching, and that per-round overhead, not cache misses, was the cost

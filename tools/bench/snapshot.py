@@ -290,7 +290,7 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
     record). In s per GB of logged entries, the snapshot's load taken off; the baselines are that
     replay (``_replay_runs_as_before``) and record-by-record replay of the same segments, timed in
     the same run, interleaved. Each batch adds to every key of the rows it picks (whole rows read
-    back): the case ``search.find_runs``'s guesses serve; a batch adding to a sparse subset of a
+    back): the case ``search.find``'s gallop serves (two comparisons per entry); a batch adding to a sparse subset of a
     row's keys pays its search."""
     rng = np.random.default_rng(16)
     d = tmp / "training"
@@ -317,7 +317,7 @@ def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[
     batch's rows one logged record, as a storage node owning every column logs them. The first
     half is snapshotted, the second half replayed. Unlike ``bench_replay_training_log`` the
     batches add to a sparse subset of their rows' keys (a hot row gains a few hundred of its
-    10^4-10^5 keys per batch): ``search.find_runs``'s guesses mostly miss."""
+    10^4-10^5 keys per batch): ``search.find`` bisects each row for each entry."""
     d = tmp / "zipf"
     ds = DurableStore.open(d, BIG)
     assigner = ColumnAssigner()
