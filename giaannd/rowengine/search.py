@@ -161,8 +161,8 @@ def find_in_gaps(seg: U8, tc: U64, tf: U64, first: I64, shift: int, lo: I64, hi:
     """``find`` in a delta run (run.find_in_gaps), each query's range first narrowed to the bucket
     of its base position ``pos[i]`` (posindex.py: entries ``[first[b], first[b + 1])`` with
     ``pos >> shift == b``; ``first`` has one more slot than there are buckets): the search then
-    bisects a gap of a few entries. In one pass per query, where numpy took ~10 passes for the
-    bucket bounds and clamps and a search round per entry of the gap's log2."""
+    bisects a gap of a few entries. One pass per query, where numpy took ~10 whole-array passes for
+    the bucket bounds and clamps, then log2(gap) search rounds."""
     n = int(np.shape(lo)[0])
     out = np.empty(n, np.int64)
     found = np.empty(n, np.bool_)
