@@ -14,10 +14,10 @@ State (run.py describes the two kinds of run):
 ``apply`` (one canonical batch: rows unique, each row's entries sorted with unique keys):
 
 1. Row ids for the batch's keys (new rows get the next ids); entries put in row-id order.
-2. Base: every entry is searched in its row's slice (search.lower_bound, all at once). Found keys
+2. Base: every entry is searched in its row's slice (search.find, one compiled pass). Found keys
    get the increment added **in place**. Every entry now knows its lower bound in the base.
 3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
-   narrowed to the entries near its base position by the run's bucket index, run.gap_ranges and
+   narrowed to the entries near its base position by the run's bucket index, run.find_in_gaps and
    posindex.py, then a key search over the few entries left); found keys are added in place.
 4. Keys found nowhere are new: they become a new delta run (with their base positions).
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
@@ -29,8 +29,9 @@ Cost: a batch of m entries costs O(m · log(row length)) for the base search plu
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
 life (each fold copies the base, which by then has grown by 1/``base_ratio``). Python work is per
-run and per search round, never per row or per entry. Today's ``RowStore`` (before this engine)
-re-sorted every touched row in full per batch: O(N²) for the rows at the head of a Zipf stream.
+run and per batch, never per row or per entry (the per-entry loops are compiled kernels, jit.py).
+Today's ``RowStore`` (before this engine) re-sorted every touched row in full per batch: O(N²) for
+the rows at the head of a Zipf stream.
 
 Exactness: a key's strength is the left fold of its increments in batch order, rounded to float32
 after each batch, exactly as merging a batch into a row did before (float32 + float32 is the
@@ -45,8 +46,8 @@ an in-place add changes their strengths; a fold replaces the arrays (old views k
 Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
 run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
 hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
-and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) and an index
-array on top, a delta merge the merged delta run.
+and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) on top
+(run.merge_field writes it in one pass, no index arrays), a delta merge the merged delta run.
 
 Not thread-safe (one owner).
 """
@@ -64,14 +65,14 @@ from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import (
     Run,
     append_rows,
+    find_in_gaps,
     fold_into_base,
-    gap_ranges,
     merge_deltas,
     merge_into_slice,
     offsets_of,
     with_room,
 )
-from giaannd.rowengine.search import SEARCH_CHUNK, find_runs, lower_bound, lower_bound_chunked
+from giaannd.rowengine.search import find
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "OrderedPlan", "RowEngine"]
 
@@ -167,25 +168,6 @@ def _block_gather(starts: I64, lengths: I64) -> I64:
     """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
     out = offsets_of(lengths)
     return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
-
-
-def _find_in_base(base: Run, lo: I64, hi: I64, occ: I64, guess: I64, seg: U8, tc: U64, tf: U64
-                  ) -> tuple[I64, NDArray[np.bool_]]:
-    """For entries of rows held before (``plan_in_order``; ``occ``: each one's row occurrence,
-    ``lo``/``hi``: each occurrence's base slice, ``guess``: the k-th key of its slice for the k-th
-    entry of an occurrence, ``search.find_runs``): each entry's lower bound in its slice, and
-    whether the key is there. In slices of ``SEARCH_CHUNK`` entries, each one searched and checked
-    while its arrays are in the CPU's cache (search.py, ``SEARCH_CHUNK``)."""
-    n = int(occ.shape[0])
-    pos = np.empty(n, np.int64)
-    hit = np.empty(n, bool)
-    length = np.bincount(occ, minlength=int(lo.shape[0]))  # an occurrence's entries, across slices
-    for a in range(0, n, SEARCH_CHUNK):
-        z = min(n, a + SEARCH_CHUNK)
-        o = occ[a:z]
-        pos[a:z], hit[a:z] = find_runs(base.seg, base.tc, base.tf, lo[o], hi[o], seg[a:z], tc[a:z], tf[a:z], o,
-                                       guess[a:z], length[o])
-    return pos, hit
 
 
 def _new_keys(row: I64, occ: I64, seg: U8, tc: U64, tf: U64, st: F32, pos: I64
@@ -328,15 +310,10 @@ class RowEngine:
         row = np.repeat(ids, lengths)
         base = self._base
         lo, hi = base.ranges(ids)
-        hi_e = np.repeat(hi, lengths)
-        pos = lower_bound(base.seg, base.tc, base.tf, np.repeat(lo, lengths), hi_e, seg, tc, tf)
-        inside = np.flatnonzero(pos < hi_e)
-        at = pos[inside]
-        hit = (base.seg[at] == seg[inside]) & (base.tc[at] == tc[inside]) & (base.tf[at] == tf[inside])
-        plan.adds.append((base, at[hit], st[inside[hit]]))
-        left = np.ones(row.shape[0], bool)
-        left[inside[hit]] = False
-        q = np.flatnonzero(left)  # entries not found yet; gathered once, compacted as keys are found
+        pos, hit = find(base.seg, base.tc, base.tf, np.repeat(lo, lengths), np.repeat(hi, lengths), seg, tc, tf)
+        found = np.flatnonzero(hit)
+        plan.adds.append((base, pos[found], st[found]))
+        q = np.flatnonzero(~hit)  # entries not found yet; gathered once, compacted as keys are found
         q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
         qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
         q, q_row, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_row, qs, qc, qf, qpos, st, plan.adds)
@@ -354,15 +331,10 @@ class RowEngine:
             if q.shape[0] == 0:
                 break
             row_lo, row_hi = delta.ranges(ids)
-            lo, hi = gap_ranges(delta, row_lo[q_row], row_hi[q_row], qpos)
-            at = lower_bound_chunked(delta.seg, delta.tc, delta.tf, lo, hi, qs, qc, qf)
-            inside = np.flatnonzero(at < hi)
-            a_in = at[inside]
-            hit = (delta.seg[a_in] == qs[inside]) & (delta.tc[a_in] == qc[inside]) & (delta.tf[a_in] == qf[inside])
+            at, hit = find_in_gaps(delta, row_lo[q_row], row_hi[q_row], qpos, qs, qc, qf)
             if hit.any():
-                adds.append((delta, a_in[hit], st[q[inside[hit]]]))
-                keep = np.ones(q.shape[0], bool)
-                keep[inside[hit]] = False
+                adds.append((delta, at[hit], st[q[hit]]))
+                keep = ~hit
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         return q, q_row, qs, qc, qf, qpos
 
@@ -463,9 +435,9 @@ class RowEngine:
         runs' layout differs (one delta run for the whole group).
 
         Why it is cheaper than a plan per batch: the base is searched for every entry of a held
-        row in one pass (``_find_in_base``: cache-sized slices, ``search.find_runs``, which finds a
-        row occurrence that carries every key of its row with one comparison per entry instead of
-        log2(row length) search rounds); the entries of new rows are searched for nowhere (their
+        row in one compiled pass (``search.find``, which gallops through a row occurrence that
+        carries every key of its row at two comparisons per entry instead of log2(row length));
+        the entries of new rows are searched for nowhere (their
         rows are in no run); each delta run is searched once per group for what the base lacks,
         not once per batch; the new keys form one delta run (fewer merges and folds). What it
         adds: sorting the new keys into row order (none when they already are: new rows, each in
@@ -505,8 +477,7 @@ class RowEngine:
         base = self._base
         lo, hi = base.ranges(ids)
         old_occ = occ[old]
-        # entry k of an occurrence at key k of its base slice: entry index - occurrence start + lo
-        pos, hit = _find_in_base(base, lo, hi, old_occ, (lo - offsets[:-1])[old_occ] + old, seg[old], tc[old], tf[old])
+        pos, hit = find(base.seg, base.tc, base.tf, lo[old_occ], hi[old_occ], seg[old], tc[old], tf[old])
         plan.adds.append((base, pos[hit], st[old[hit]]))  # in log order (np.add.at in commit)
         miss = np.flatnonzero(~hit)
         q = old[miss]  # in the order given: a delta run's adds stay in log order

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.rowengine.run import Run, merge_deltas
-from giaannd.rowengine.search import merge_positions
+from giaannd.rowengine.run import Run, merge_deltas, merge_field
 
 __all__ = ["FrozenEngine"]
 
@@ -85,9 +84,6 @@ class FrozenEngine:
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:] or [n])):
             last = i == len(bounds) - 2 or not bounds[1:]
             j_end = pos.shape[0] if last else int(np.searchsorted(pos, hi, "left"))
-            dst, keep = merge_positions(hi - lo, pos[j:j_end] - lo)
-            out = np.empty(hi - lo + j_end - j, base_field.dtype)
-            out[keep] = base_field[lo:hi]
-            out[dst] = delta_field[j:j_end]
+            out = merge_field(base_field[lo:hi], delta_field[j:j_end], pos[j:j_end] - lo)
             j = j_end
             yield out

@@ -20,6 +20,9 @@ A kernel is a plain function of arrays and scalars; declare it as::
 
     @kernel("void(uint8[:], int64[:])")
     def _fill(out, idx): ...
+
+and with several signatures (one machine-code version each, the call picks by its arguments' types)
+where one loop serves several dtypes: ``@kernel("void(uint8[:])", "void(float32[:])")``.
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ from typing import Any, TypeVar, cast
 
 from numba import njit
 
-__all__ = ["kernel"]
+__all__ = ["kernel", "readonly"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def readonly(dtype: str) -> str:
+    """The type string of a read-only, contiguous 1-d array of ``dtype`` (numba's name: ``uint8``):
+    a kernel's input arrays are declared so, since a writable array converts to one but not back
+    (a snapshot's mapped base or a decoded batch is read-only, and must not be copied to be read)."""
+    return f"Array({dtype}, 1, 'C', readonly=True)"
 
 
 _warned = False
@@ -47,18 +57,19 @@ def _warn_uncached(exc: RuntimeError) -> None:
             "writable directory", exc)
 
 
-def kernel(signature: str) -> Callable[[F], F]:
-    """Compile the decorated function now, for ``signature`` (numba's type string), cached on disk."""
+def kernel(*signatures: str) -> Callable[[F], F]:
+    """Compile the decorated function now, for each of ``signatures`` (numba's type strings), cached
+    on disk."""
 
     def wrap(fn: F) -> F:
         options: dict[str, Any] = {"nogil": True, "boundscheck": False, "fastmath": False, "error_model": "numpy"}
         try:
-            compiled = njit(signature, cache=True, **options)(fn)
+            compiled = njit(list(signatures), cache=True, **options)(fn)
         except RuntimeError as exc:  # no writable cache location (read-only package, no home)
             if "locator" not in str(exc):
                 raise
             _warn_uncached(exc)
-            compiled = njit(signature, **options)(fn)
+            compiled = njit(list(signatures), **options)(fn)
         return cast(F, compiled)
 
     return wrap

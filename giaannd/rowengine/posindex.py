@@ -9,7 +9,7 @@ positions, about one entry per bucket, gives each query a range of a few entries
 
 ``first[b]`` = the number of entries with ``pos >> shift < b`` (a ``bincount`` and a ``cumsum``,
 O(entries), 8 bytes per entry). The bucket of a query holds every entry with the query's position
-and the query's insertion point (at worst at one of its ends), which is all run.gap_ranges needs:
+and the query's insertion point (at worst at one of its ends), which is all run.find_in_gaps needs:
 inside a row's slice the entries are in key order, so a key search over any range that covers the
 insertion point finds it. A skewed bucket costs rounds of that search, never a wrong answer: the
 entries of rows the base does not hold yet all sit at one position (the end of the base), and the
@@ -44,8 +44,13 @@ class PosIndex:
     def nbytes(self) -> int:
         return int(self._first.nbytes)
 
-    def bucket(self, q: I64) -> tuple[I64, I64]:
-        """``[lo, hi)`` per query: every entry equal to ``q[i]`` is inside, and
-        ``lo <= searchsorted(pos, q[i]) <= hi``."""
-        b = np.minimum(q >> self._shift, self._nb)
-        return self._first[b], self._first[np.minimum(b + 1, self._nb)]
+    @property
+    def first(self) -> I64:
+        """``first[b]``: the entries in buckets before ``b``; ``first[nb]`` is all of them."""
+        return self._first
+
+    @property
+    def shift(self) -> int:
+        """A position ``p`` is in bucket ``min(p >> shift, nb)``: every entry equal to ``p`` lies in
+        ``[first[b], first[b + 1])`` (``first[nb]`` for the last), and so does its insertion point."""
+        return self._shift

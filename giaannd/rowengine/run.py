@@ -7,7 +7,7 @@ the Row format's 21 bytes per entry, giaannd/model/rows.py) in the *global order
 ``(row id, segment, target column, target feature)``, with a row index: ``rows`` (sorted ids of
 the rows it holds) and ``offsets`` (row ``rows[i]`` is ``[offsets[i], offsets[i+1])``). One row's
 part of a run is a contiguous canonical slice: a read is four views, and finding a key of row r
-is a binary search inside r's slice (search.lower_bound).
+is a search inside r's slice (search.find).
 
 The row engine (engine.py) keeps one *base* run and a few *delta* runs, with disjoint keys. A delta
 run has one more array, ``pos``: each entry's lower bound in the base (how many base entries come
@@ -16,14 +16,16 @@ therefore needs no search: delta entry j lands at ``pos[j] + j``. Positions stay
 base keeps its entries where they are (in-place adds move nothing); every fold takes all the delta
 runs, so no delta outlives the base it points into.
 
-Operations (each vectorised over every row and entry involved; inputs are not changed):
+Operations (each vectorised or compiled over every row and entry involved; inputs are not changed):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
-  the older one by base position first, :func:`gap_ranges`, then by key inside that gap; a newer
+  the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
   run whose rows all come after the older's is a concatenation).
 - :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
   memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
-  entirely after the base is appended: a concatenation instead of the scatter).
+  entirely after the base is appended: a concatenation instead of the merge).
+- :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
+  one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
 """
 
@@ -31,20 +33,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
-from giaannd.rowengine.search import lower_bound, merge_positions
+from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "fold_into_base", "gap_ranges", "merge_deltas", "merge_into_slice",
-           "offsets_of", "with_room"]
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas", "merge_field",
+           "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
+Bools = NDArray[np.bool_]
 
 #: The entry fields, in the order every loop over them uses.
 FIELDS = ("seg", "tc", "tf", "st")
@@ -142,30 +147,61 @@ def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
     counts = a.counts()
     b_counts = b.counts()
     counts[i[held]] += b_counts[held]
-    dst, keep = merge_positions(a.rows.shape[0], i[~held])
-    return _scatter(a.rows, b.rows[~held], keep, dst), _scatter(counts, b_counts[~held], keep, dst)  # type: ignore[return-value]
+    at = i[~held]
+    return merge_field(a.rows, b.rows[~held], at), merge_field(counts, b_counts[~held], at)
 
 
-def _scatter(old: NDArray[np.generic], new: NDArray[np.generic], keep: I64, dst: I64) -> NDArray[np.generic]:
-    """The merged field: ``old`` entries at ``keep``, ``new`` ones at ``dst`` (search.merge_positions)."""
-    out = np.empty(keep.shape[0] + dst.shape[0], old.dtype)
-    out[keep] = old
-    out[dst] = new
+_MERGE_TYPES = ("uint8", "uint64", "int64", "float32")
+
+
+@kernel(*(f"void({readonly(t)}, {readonly(t)}, {readonly('int64')}, {t}[::1])" for t in _MERGE_TYPES))
+def _merge(old: NDArray[np.generic], new: NDArray[np.generic], pos: I64, out: NDArray[np.generic]) -> None:
+    """``out``: ``old`` with ``new[j]`` inserted before ``old[pos[j]]`` (after the old entries where
+    ``pos[j]`` is their count), in one sequential pass (slice copies: 2x a per-element loop)."""
+    i = 0
+    o = 0
+    n_old = old.shape[0]
+    for j in range(new.shape[0]):
+        p = pos[j]
+        if p < i or p > n_old:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
+        d = p - i
+        out[o : o + d] = old[i:p]
+        o += d
+        i = p
+        out[o] = new[j]
+        o += 1
+    out[o:] = old[i:]
+
+
+def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any] | None = None) -> NDArray[Any]:
+    """One field of sorted entries with others inserted: ``new[j]`` lands before ``old[pos[j]]``,
+    i.e. at ``pos[j] + j``, and the ``old`` entries fill the other slots in order. ``pos``
+    (non-decreasing, in ``[0, len(old)]``, checked) is each inserted entry's lower bound in ``old``.
+    ``out``: where to write (its length ``len(old) + len(new)``), else a new array.
+
+    Compiled (``_merge``): a sequential copy, where the index scatter before it wrote every entry
+    through an 8-byte index (and built the index arrays, 16 bytes per entry, first)."""
+    if out is None:
+        out = np.empty(old.shape[0] + new.shape[0], old.dtype)
+    assert out.shape[0] == old.shape[0] + new.shape[0] and new.dtype == old.dtype == out.dtype
+    c = np.ascontiguousarray
+    _merge(c(old), c(new), c(pos, np.int64), out)
     return out
 
 
-def gap_ranges(run: Run, row_lo: I64, row_hi: I64, pos: I64) -> tuple[I64, I64]:
-    """Narrow queries' row slices ``[row_lo, row_hi)`` of a delta run to the entries that share their
-    base position ``pos`` (entries with a smaller position are smaller, larger ones larger). What is
-    left is the query's gap: usually empty or a few entries, where a key search (search.lower_bound)
-    ends in a round or two.
+def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, qf: U64) -> tuple[I64, Bools]:
+    """Keys ``(qs, qc, qf)`` in a delta run: each one's lower bound in its row slice ``[row_lo,
+    row_hi)`` of the run, and whether the key is there. ``pos``: each key's base position, which
+    narrows its slice to its *gap*, the entries that share that position (entries with a smaller
+    position are smaller, larger ones larger): usually empty or a few entries.
 
     The position's range comes from the run's bucket index (posindex.py), not a binary search: it
-    may hold a few more entries than the gap, which the key search then passes over.
+    may hold a few more entries than the gap, which the key search then passes over; one compiled
+    pass per key (search.find_in_gaps).
     """
-    left, right = run.pos_index().bucket(pos)
-    lo = np.minimum(np.maximum(left, row_lo), row_hi)
-    return lo, np.maximum(np.minimum(right, row_hi), lo)
+    index = run.pos_index()
+    return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
 
 def merge_deltas(older: Run, newer: Run) -> Run:
@@ -179,12 +215,10 @@ def merge_deltas(older: Run, newer: Run) -> Run:
                    cat((older.st, newer.st)), cat((older.pos, newer.pos)))
     row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
-    lo, hi = gap_ranges(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos)
-    at = lower_bound(older.seg, older.tc, older.tf, lo, hi, newer.seg, newer.tc, newer.tf)
-    dst, keep = merge_positions(older.num_entries, at)
+    at, _ = find_in_gaps(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos, newer.seg, newer.tc, newer.tf)
     rows, counts = _union_rows(older, newer)
-    seg, tc, tf, st = (_scatter(getattr(older, f), getattr(newer, f), keep, dst) for f in FIELDS)
-    return Run(rows, offsets_of(counts), seg, tc, tf, st, _scatter(older.pos, newer.pos, keep, dst))  # type: ignore[arg-type]
+    seg, tc, tf, st = (merge_field(getattr(older, f), getattr(newer, f), at) for f in FIELDS)
+    return Run(rows, offsets_of(counts), seg, tc, tf, st, merge_field(older.pos, newer.pos, at))
 
 
 def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
@@ -208,7 +242,6 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
-    dst, keep = (delta.pos, delta.pos) if append else merge_positions(base.num_entries, delta.pos)
     out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
     for f in FIELDS:
         if append and grow:
@@ -216,7 +249,7 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
         elif append:
             field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
-            field = _scatter(getattr(base, f), getattr(delta, f), keep, dst)
+            field = merge_field(getattr(base, f), getattr(delta, f), delta.pos)
         setattr(base, f, field[:0])  # drop the old field before building the next
         setattr(out, f, field)
     base.spare = False  # consumed: its (empty) fields must never be appended to
@@ -300,6 +333,6 @@ def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) ->
     """One row: its base slice (the four arrays, starting at base index ``lo``) with its delta
     entries (``delta``: that row's entries only, with base positions), merged: a copy."""
     assert delta.pos is not None
-    dst, keep = merge_positions(int(st.shape[0]), delta.pos - lo)
-    return (_scatter(seg, delta.seg, keep, dst), _scatter(tc, delta.tc, keep, dst),  # type: ignore[return-value]
-            _scatter(tf, delta.tf, keep, dst), _scatter(st, delta.st, keep, dst))
+    at = delta.pos - lo
+    return (merge_field(seg, delta.seg, at), merge_field(tc, delta.tc, at), merge_field(tf, delta.tf, at),
+            merge_field(st, delta.st, at))

@@ -197,9 +197,9 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
     record checks (header and payload checksums), the payload decode with its row checks (in a
     second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
     lexsort, the key index, the copy into the engine's base, a group's search of the base
-    (``_find_in_base``), the sort of its new keys (``_new_keys``), its commit (the adds, the new
-    delta run and the folds it sets off) and the rest (the applied set, row counts, the delta
-    runs' search, ...). A snapshot in ``d`` is loaded first (not timed). Timed by wrapping those
+    (``search.find``), of the delta runs (``run.find_in_gaps``), the sort of its new keys
+    (``_new_keys``), its commit (the adds, the new delta run and the folds it sets off) and the
+    rest (the applied set, row counts, ...). A snapshot in ``d`` is loaded first (not timed). Timed by wrapping those
     functions (the wrappers' own cost is per call: a few dozen calls)."""
     spent: dict[str, float] = {}
 
@@ -223,7 +223,8 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
                                        (KeyIndex, "append", "replay: key index"),
                                        (KeyIndex, "append_new", "replay: key index"),
                                        (engine_mod, "append_rows", "replay: copy into the base"),
-                                       (engine_mod, "_find_in_base", "replay: group search of the base"),
+                                       (engine_mod, "find", "replay: group search of the base"),
+                                       (engine_mod, "find_in_gaps", "replay: delta runs' search"),
                                        (engine_mod, "_new_keys", "replay: group new keys sorted"),
                                        (RowEngine, "commit_in_order", "replay: group commit (adds, delta, folds)"),
                                        (update_log, "_decode_payload", "decode and row checks")):
@@ -289,7 +290,7 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
     record). In s per GB of logged entries, the snapshot's load taken off; the baselines are that
     replay (``_replay_runs_as_before``) and record-by-record replay of the same segments, timed in
     the same run, interleaved. Each batch adds to every key of the rows it picks (whole rows read
-    back): the case ``search.find_runs``'s guesses serve; a batch adding to a sparse subset of a
+    back): the case ``search.find``'s gallop serves (two comparisons per entry); a batch adding to a sparse subset of a
     row's keys pays its search."""
     rng = np.random.default_rng(16)
     d = tmp / "training"
@@ -316,7 +317,7 @@ def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[
     batch's rows one logged record, as a storage node owning every column logs them. The first
     half is snapshotted, the second half replayed. Unlike ``bench_replay_training_log`` the
     batches add to a sparse subset of their rows' keys (a hot row gains a few hundred of its
-    10^4-10^5 keys per batch): ``search.find_runs``'s guesses mostly miss."""
+    10^4-10^5 keys per batch): ``search.find`` bisects each row for each entry."""
     d = tmp / "zipf"
     ds = DurableStore.open(d, BIG)
     assigner = ColumnAssigner()

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import KeyIndex, keyindex, lower_bound
-from giaannd.rowengine.search import find_runs
+from giaannd.rowengine.run import merge_field
+from giaannd.rowengine.search import find
 from tests.unit.rowengine.collide import grouped_table
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
@@ -29,6 +30,12 @@ def sorted_entries(rng, n, small):
     return seg[first], tc[first], tf[first], keys
 
 
+def reference(keys, lo, hi, qs, qc, qf):
+    """Each query's lower bound in its range, by np.searchsorted on packed keys (one at a time)."""
+    qk = packed(qs, qc, qf)
+    return np.array([lo[i] + int(np.searchsorted(keys[lo[i]:hi[i]], qk[i])) for i in range(lo.shape[0])], np.int64)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), q=st.integers(0, 400), small=st.booleans())
 def test_lower_bound_matches_searchsorted_in_every_range(seed, n, q, small):
@@ -45,9 +52,7 @@ def test_lower_bound_matches_searchsorted_in_every_range(seed, n, q, small):
         at = rng.integers(0, n, q)
         qs[take], qc[take], qf[take] = seg[at[take]], tc[at[take]], tf[at[take]]
     got = lower_bound(seg, tc, tf, lo, hi, qs, qc, qf)
-    qk = packed(qs, qc, qf)
-    want = [lo[i] + int(np.searchsorted(keys[lo[i]:hi[i]], qk[i])) for i in range(q)]
-    assert got.tolist() == want
+    assert got.tolist() == reference(keys, lo, hi, qs, qc, qf).tolist()
 
 
 def test_keyindex_ids_are_dense_stable_and_exact_as_it_grows():
@@ -122,23 +127,22 @@ def test_keyindex_append_new_refuses_a_held_key_and_changes_nothing(seed, calls,
                             np.array([y for _, y in probe], np.uint64)).tolist() == want
 
 
-def _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want):
-    """find_runs: the lower bounds ``want``, and found exactly where the key is there."""
+def _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, want):
+    """find: the lower bounds ``want``, and found exactly where the key is there; the same answers
+    for the queries in reverse and shuffled order (no gallop then: each is searched on its own)."""
     at = np.minimum(want, max(seg.shape[0] - 1, 0))
     there = (want < hi) & (seg[at] == qs) & (tc[at] == qc) & (tf[at] == qf) if seg.shape[0] else want < 0
     rng = np.random.default_rng(int(want.sum()) % 1000)
-    # guesses given: none, any positions (right, off by one, anywhere), each is checked
-    for guess in (None, want + rng.integers(-1, 2, want.shape[0]) * (rng.random(want.shape[0]) < 0.5),
-                  rng.integers(0, seg.shape[0] + 2, want.shape[0])):
-        got, found = find_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, guess)
-        assert got.tolist() == want.tolist()
-        assert found.tolist() == there.tolist()
+    for order in (np.arange(want.shape[0]), np.arange(want.shape[0])[::-1], rng.permutation(want.shape[0])):
+        got, found = find(seg, tc, tf, lo[order], hi[order], qs[order], qc[order], qf[order])
+        assert got.tolist() == want[order].tolist()
+        assert found.tolist() == there[order].tolist()
 
 
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), rows=st.integers(1, 40), small=st.booleans(),
        dense=st.floats(0.0, 1.0))
-def test_find_runs_equals_lower_bound(seed, n, rows, small, dense):
+def test_find_of_sorted_queries_equals_searchsorted(seed, n, rows, small, dense):
     """Queries grouped by range, ascending in each (rows of a canonical batch, some dense, some
     sparse, stored keys and new ones, empty ranges next to non-empty ones at the same start)."""
     rng = np.random.default_rng(seed)
@@ -166,16 +170,12 @@ def test_find_runs_equals_lower_bound(seed, n, rows, small, dense):
         qs_all.append(qs[first]), qc_all.append(qc[first]), qf_all.append(qf[first])
     lo, hi = np.concatenate(lo_all).astype(np.int64), np.concatenate(hi_all).astype(np.int64)
     qs, qc, qf = np.concatenate(qs_all), np.concatenate(qc_all), np.concatenate(qf_all)
-    want = lower_bound(seg, tc, tf, lo, hi, qs, qc, qf)
-    change = np.ones(lo.shape[0], bool)
-    change[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
-    run = np.cumsum(change)
-    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, want)
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, reference(keys, lo, hi, qs, qc, qf))
 
 
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 2000), runs=st.integers(1, 30), small=st.booleans())
-def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
+def test_find_of_runs_over_one_range(seed, n, runs, small):
     """Runs over the same range next to each other (a row in consecutive batches of a group
     replay): each run is sorted, their concatenation is not; labels, not ranges, separate them."""
     rng = np.random.default_rng(seed)
@@ -202,10 +202,9 @@ def test_find_runs_keeps_runs_of_one_range_apart(seed, n, runs, small):
     lo = np.concatenate([np.full(p[2].shape[0], p[0]) for p in parts]).astype(np.int64)
     hi = np.concatenate([np.full(p[2].shape[0], p[1]) for p in parts]).astype(np.int64)
     at = np.concatenate([p[2] for p in parts]).astype(np.int64)
-    run = np.concatenate([np.full(p[2].shape[0], i) for i, p in enumerate(parts)]).astype(np.int64)
     qs, qc, qf = seg[at], tc[at], tf[at]
     qf = qf + (rng.random(at.shape[0]) < 0.2).astype(np.uint64)  # some keys not stored (tf + 1)
-    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, run, lower_bound(seg, tc, tf, lo, hi, qs, qc, qf))
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, reference(keys, lo, hi, qs, qc, qf))
 
 
 @settings(max_examples=60, deadline=None)
@@ -273,3 +272,66 @@ def _any_call_sequence(seed, calls, collide, max_load):
     want = [ref.get(p, -1) for p in zip(pa.tolist(), pb.tolist())]
     assert index.lookup(pa, pb).tolist() == want
     assert [index.lookup_one(x, y) for x, y in zip(pa.tolist(), pb.tolist())] == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 200_000), m=st.integers(0, 300), small=st.booleans(),
+       spread=st.integers(0, 4))
+def test_find_gallops_over_long_ranges(seed, n, m, small, spread):
+    """Sorted queries into one long range, as a Zipf head row gets them: sparse ones (long gallops,
+    across the range and past its end), dense stretches (steps of 1), repeats of one key, keys
+    before the first and after the last; the range is a window of the arrays (keys outside it are
+    never answers) and a second copy of the same range follows, starting over from small keys."""
+    rng = np.random.default_rng(seed)
+    seg, tc, tf, keys = sorted_entries(rng, n, small)
+    n = seg.shape[0]
+    a = int(rng.integers(0, n // 3 + 1))
+    z = int(rng.integers(a, n + 1))
+    if spread == 0:  # a dense stretch
+        b = int(rng.integers(a, z + 1))
+        at = np.arange(b, min(z, b + m))
+    else:  # sparse: m positions anywhere in the arrays, some outside the range
+        at = np.sort(rng.integers(0, max(n, 1), m)) if n else np.empty(0, np.int64)
+    qs, qc, qf = (seg[at], tc[at], tf[at]) if n else (np.empty(0, np.uint8), np.empty(0, np.uint64),
+                                                        np.empty(0, np.uint64))
+    bump = (rng.random(at.shape[0]) < 0.3).astype(np.uint64)  # some keys just after a stored one
+    qf = qf + bump
+    edge_s = np.array([0, 255, 255], np.uint8)  # the smallest key, the largest, the largest again
+    edge_c = np.array([0, 2**64 - 1, 2**64 - 1], np.uint64)
+    edge_f = np.array([0, 2**64 - 1, 2**64 - 1], np.uint64)
+    qs, qc, qf = np.concatenate([edge_s[:1], qs, qs, edge_s[1:]]), np.concatenate([edge_c[:1], qc, qc, edge_c[1:]]), \
+        np.concatenate([edge_f[:1], qf, qf, edge_f[1:]])
+    qk = packed(qs, qc, qf)
+    order = np.argsort(qk, kind="stable")  # ascending, with repeats next to each other
+    qs, qc, qf = qs[order], qc[order], qf[order]
+    k = qs.shape[0]
+    qs, qc, qf = np.concatenate([qs, qs]), np.concatenate([qc, qc]), np.concatenate([qf, qf])
+    lo, hi = np.full(2 * k, a, np.int64), np.full(2 * k, z, np.int64)
+    _assert_runs(seg, tc, tf, lo, hi, qs, qc, qf, reference(keys, lo, hi, qs, qc, qf))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 2000), k=st.integers(0, 500),
+       dtype=st.sampled_from([np.uint8, np.uint64, np.int64, np.float32]),
+       where=st.sampled_from(["any", "start", "end"]))
+def test_merge_field_inserts_before_the_position(seed, n, k, dtype, where):
+    """run.merge_field against the definition: inserted entry j at ``pos[j] + j``, the old entries in
+    the other slots in order (positions repeat, sit at 0 and at the end)."""
+    rng = np.random.default_rng(seed)
+    old = rng.integers(0, 200, n).astype(dtype)
+    new = rng.integers(0, 200, k).astype(dtype)
+    pos = {"any": np.sort(rng.integers(0, n + 1, k)), "start": np.zeros(k, np.int64),
+           "end": np.full(k, n, np.int64)}[where].astype(np.int64)
+    want = np.empty(n + k, dtype)
+    dst = pos + np.arange(k)
+    slot = np.ones(n + k, bool)
+    slot[dst] = False
+    want[slot], want[dst] = old, new
+    got = merge_field(old, new, pos)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    if k >= 2 and pos[0] < pos[-1]:  # out of order: refused, not merged wrong
+        with pytest.raises(ValueError):
+            merge_field(old, new, pos[::-1].copy())
+    if k:
+        with pytest.raises(ValueError):
+            merge_field(old, new, np.full(k, n + 1, np.int64))
