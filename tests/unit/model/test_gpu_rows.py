@@ -36,6 +36,15 @@ def test_stage_round_trips_bit_for_bit_with_device_dtypes():
     _same(rows_to_device(big, "cpu").to_host(), big)
 
 
+def test_stage_takes_read_only_arrays_as_received_from_the_wire():
+    batch = _batch(80, 2)
+    frozen = [b.copy() for b in batch.buffers()]
+    for b in frozen:
+        b.flags.writeable = False
+    rows = PinnedStager("cpu", pin=False).stage(RowBatch(*frozen))  # no warning (warnings are errors here)
+    _same(rows.to_host(), batch)
+
+
 def test_staging_buffer_is_reused_and_grows_without_touching_earlier_batches():
     stager = PinnedStager("cpu", pin=False)
     small, other = _batch(20, 2), _batch(20, 3)
