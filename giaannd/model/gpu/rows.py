@@ -9,9 +9,10 @@ host-to-device copy: the seven arrays are packed at 64-byte aligned offsets into
 (pinned) host buffer, which is copied with ``non_blocking=True`` (a DMA the driver can start at
 once; from pageable memory CUDA first copies through its own bounce buffer), and the device copy
 is cut back into seven typed views. The pack is torch's ``copy_`` (parallel over its intra-op
-threads), since a single-threaded memcpy into the staging buffer ran slower than the DMA after it. The staging buffer is pooled: allocated once, grown by
-doubling, reused for every batch, because pinning memory costs a system call and page faults per
-allocation (milliseconds for megabytes), more than the copy it speeds up.
+threads), since a single-threaded memcpy into the staging buffer ran slower than the DMA after it.
+The staging buffer is pooled: allocated once, grown by doubling, reused for every batch, because
+pinning memory costs a system call and page faults per allocation (milliseconds for megabytes),
+more than the copy it speeds up.
 
 Reuse rule: the staging buffer is overwritten by the next ``stage`` only after the previous copy
 finished (``ready.synchronize()``, a CUDA event recorded after the copy), so a batch already handed
