@@ -145,9 +145,9 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
         if seg >= lane.shape[0]:
             bad += 1
             continue
-        if mode == 0:
+        if mode == _G_CONSTANT:
             g = g1
-        elif mode == 1:
+        elif mode == _G_BOOLEAN:
             g = g1 if strength[i] > 0 else 0.0
         else:
             e = value[i] + 1.0

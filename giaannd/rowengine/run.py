@@ -184,7 +184,9 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     through an 8-byte index (and built the index arrays, 16 bytes per entry, first)."""
     if out is None:
         out = np.empty(old.shape[0] + new.shape[0], old.dtype)
-    assert out.shape[0] == old.shape[0] + new.shape[0] and new.dtype == old.dtype == out.dtype
+    if out.shape[0] != old.shape[0] + new.shape[0] or not new.dtype == old.dtype == out.dtype:
+        # checked here, not by an assert: the kernel writes without bounds checks
+        raise ValueError("merge_field: out must hold len(old) + len(new) entries of old's dtype")
     c = np.ascontiguousarray
     _merge(c(old), c(new), c(pos, np.int64), out)
     return out

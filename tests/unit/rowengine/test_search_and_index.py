@@ -335,3 +335,7 @@ def test_merge_field_inserts_before_the_position(seed, n, k, dtype, where):
     if k:
         with pytest.raises(ValueError):
             merge_field(old, new, np.full(k, n + 1, np.int64))
+    with pytest.raises(ValueError):  # an output of the wrong size is refused (the kernel has no bounds checks)
+        merge_field(old, new, pos, out=np.empty(n + k + 1, dtype))
+    with pytest.raises(ValueError):
+        merge_field(old, new.astype(np.float64), pos)
