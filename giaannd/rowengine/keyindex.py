@@ -167,7 +167,7 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
                 # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
                 # held there if the tags match (only then is it compared). Written out here and in
                 # the other walk: as a numba helper (even ``inline="always"``) the walks measured
-                # 1.6-2.8x slower at 10^6 keys (reference counting of the arrays passed, per key).
+                # 1.2-2.8x slower at 10^6 keys (reference counting of the arrays passed, per key).
                 g = ring[(i + ahead) & _RING_MASK]
                 v = slots[np.int64(g >> shift)]
                 if v and (v & ~_ID_MASK) == _tag(g):
@@ -238,7 +238,7 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
                 # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
                 # held there if the tags match (only then is it compared). Written out here and in
                 # the other walk: as a numba helper (even ``inline="always"``) the walks measured
-                # 1.6-2.8x slower at 10^6 keys (reference counting of the arrays passed, per key).
+                # 1.2-2.8x slower at 10^6 keys (reference counting of the arrays passed, per key).
                 g = ring[(i + ahead) & _RING_MASK]
                 v = slots[np.int64(g >> shift)]
                 if v and (v & ~_ID_MASK) == _tag(g):
