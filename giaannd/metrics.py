@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_LATENCY_BUCKETS_S", "STORAGE_LATENCY_BUCKETS_S", "Metrics"]
+__all__ = ["CONTENT_TYPE", "DEFAULT_LATENCY_BUCKETS_S", "SNAPSHOT_BUCKETS_S", "STORAGE_LATENCY_BUCKETS_S", "Metrics"]
 
 #: The Prometheus text format 0.0.4 content type, which every scraper understands. Our metric
 #: names are all legacy-valid ASCII, so ``generate_latest``'s output is valid 0.0.4 text; newer
@@ -54,6 +54,10 @@ STORAGE_LATENCY_BUCKETS_S = (
     0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
+
+#: Snapshot durations in seconds, 50 ms to 20 min: a snapshot writes the whole store (≈ 1 s per GB
+#: and more when paced by ``storage.snapshot-busy-share``), so a node of 100 GB takes minutes.
+SNAPSHOT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 
 
 class _FunctionCounter(Collector):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
-from giaannd.metrics import STORAGE_LATENCY_BUCKETS_S
+from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
 from giaannd.storage.engine.recovery import DurableStore
@@ -232,6 +232,13 @@ class StorageService:
             "giaannd_storage_apply_duration_seconds",
             "ApplyBatch requests (hinted ones too), from decoded to durable acknowledgement or error reply "
             "(group-commit wait and fsync included).", buckets=STORAGE_LATENCY_BUCKETS_S)
+        self._prom["snapshot_seconds"] = m.histogram(
+            "giaannd_storage_snapshot_duration_seconds",
+            "Snapshots written (timer and final), from the freeze to the old files' removal; failed ones "
+            "are not counted here (giaannd_storage_snapshot_failures_total).", buckets=SNAPSHOT_BUCKETS_S)
+        m.gauge("giaannd_storage_snapshot_running",
+                "1 while a snapshot is being written (applies go on beside it), else 0.").set_function(
+            lambda: float(self._snapshot_running.locked()))
         self._prom["fsync_seconds"] = m.histogram(
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
@@ -382,7 +389,10 @@ class StorageService:
                 raise
             # (unlinks and a directory fsync: off the event loop; safe beside appends, recovery.py)
             path = await asyncio.to_thread(store.finish_snapshot, job)
-        self.disk.snapshot_written(path, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.disk.snapshot_written(path, seconds)
+        if "snapshot_seconds" in self._prom:
+            self._prom["snapshot_seconds"].observe(seconds)
         return path
 
     async def run_hint_retry(self, stopping: asyncio.Event) -> None:

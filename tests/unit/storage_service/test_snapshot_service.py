@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import giaannd.storage.engine.snapshot as snapshot_module
 from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot
@@ -18,6 +19,13 @@ from giaannd.storage.replication.snapshot_timer import snapshot_waits
 from tools.cluster_harness import Cluster, make_batch
 
 BIG = 1 << 40
+
+
+def _snapshot_metrics(cluster: Cluster, name: str) -> tuple[float, float]:
+    """(giaannd_storage_snapshot_running, giaannd_storage_snapshot_duration_seconds_count) of a node."""
+    got = {s.name: s.value for fam in text_string_to_metric_families(cluster.nodes[name].metrics.render().decode())
+           for s in fam.samples}
+    return got["giaannd_storage_snapshot_running"], got["giaannd_storage_snapshot_duration_seconds_count"]
 
 
 @pytest.mark.asyncio
@@ -41,13 +49,16 @@ async def test_storage_snapshot_writes_go_on_while_it_is_written(tmp_path, monke
         before = make_batch(rng, 40)
         await cluster.client.write(before)
         monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
+        assert _snapshot_metrics(cluster, "s0") == (0.0, 0.0)
         task = asyncio.create_task(svc.snapshot())
         assert await asyncio.to_thread(writing.wait, 10)
+        assert _snapshot_metrics(cluster, "s0") == (1.0, 0.0)  # running, not yet written
         # Before: the snapshot held the writes' lock while the file was written, so this waited for it.
         during = make_batch(rng, 40)
         await asyncio.wait_for(cluster.client.write(during), 5)
         release.set()
         path = await asyncio.wait_for(task, 10)
+        assert _snapshot_metrics(cluster, "s0") == (0.0, 1.0)
         snap_seq = list_snapshots(path.parent)[-1][0]
         assert snap_seq < svc.store.log.last_seq  # the write during it is after its seq, in the log
         snap, _ = read_snapshot(path, BIG)
