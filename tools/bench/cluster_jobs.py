@@ -51,7 +51,7 @@ from giaannd.model.tokens import load_bundled_corpus, write_conllu
 from giaannd.sdk.local_cluster import LocalCluster, Node
 from tools.bench.report import emit_figure, print_table
 
-__all__ = ["JobRun", "main", "paired_ratios", "spread"]
+__all__ = ["JobRun", "cpu_s", "main", "metric_sum", "paired_ratios", "spread"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 #: Whole-job wait: a stuck job fails the bench instead of hanging it.
@@ -69,7 +69,7 @@ QUIET_S = 0.5
 QUIET_TIMEOUT_S = 60.0
 
 
-def _cpu_s(node: Node) -> float:
+def cpu_s(node: Node) -> float:
     """User + system CPU seconds of a live daemon (0 for one that is not running)."""
     if node.proc is None or node.proc.poll() is not None:
         return 0.0
@@ -78,10 +78,10 @@ def _cpu_s(node: Node) -> float:
 
 
 def _cpus(cluster: LocalCluster) -> dict[str, float]:
-    return {n.name: _cpu_s(n) for n in cluster.nodes}
+    return {n.name: cpu_s(n) for n in cluster.nodes}
 
 
-def _metric(node: Node, name: str) -> float:
+def metric_sum(node: Node, name: str) -> float:
     raw, _ = node.admin.request("GET", "/metrics")
     return sum(float(line.rpartition(" ")[2]) for line in raw.decode().splitlines()
                if not line.startswith("#") and line.split(" ")[0].split("{")[0] == name)
@@ -141,7 +141,7 @@ class _Bench:
             _text_corpus(self.corpus["text"], args.text_sentences)
 
     def _register_changes(self) -> float:
-        return sum(_metric(n, "giaannd_storage_register_changes_total") for n in self.cluster.nodes
+        return sum(metric_sum(n, "giaannd_storage_register_changes_total") for n in self.cluster.nodes
                    if "storage" in n.roles)
 
     def _quiet(self) -> float:

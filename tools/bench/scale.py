@@ -3,6 +3,8 @@
     python -m tools.bench.scale [--checkpoints 10000,100000,300000,1000000] [--engine both|old|new]
                                 [--old-checkpoints 10000] [--json] [--seed 0]
     python -m tools.bench.scale --write-conllu PATH N      # the stream as CoNLL-U, then exit
+    python -m tools.bench.scale --cluster [--cluster-checkpoints 10000,100000,300000]
+                                # 3 storage + 1 compute daemons on the same stream (scale_cluster.py)
 
 The stream (tools/bench/zipf_stream.py) is generated as it is consumed. The core runs as
 ``Engine.train`` does: sentences encoded one at a time (column assignment, flags updated),
@@ -39,6 +41,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tools.bench import scale_cluster
 from tools.bench.report import print_table
 
 TARGET_THROUGHPUT_RATIO = 0.7
@@ -271,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     ap.add_argument("--write-conllu", nargs=2, metavar=("PATH", "N"), help="write N stream sentences and exit")
     ap.add_argument("--child", choices=("old", "new"), help=argparse.SUPPRESS)
+    ap.add_argument("--cluster", action="store_true",
+                    help="run the cluster checkpoints instead of the core's (tools/bench/scale_cluster.py)")
+    scale_cluster.add_arguments(ap, prefix="cluster-")
     args = ap.parse_args(argv)
+    if args.cluster:
+        scale_cluster.check_arguments(ap, args)
+        return scale_cluster.run_from_args(args)
     if args.batch < 1 or args.lif_rows < 1:
         ap.error("--batch and --lif-rows must be >= 1")
     if args.write_conllu:
