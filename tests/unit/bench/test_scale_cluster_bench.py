@@ -1,0 +1,87 @@
+"""The cluster scale benchmark's pure parts (tools/bench/scale_cluster.py): the interval files, the
+p99 of a sampled histogram, the split of apply latency by snapshot windows, the targets. The run
+itself starts five daemons and is exercised by running the bench."""
+
+import argparse
+import itertools
+import math
+
+import pytest
+
+from giaannd.model.tokens import read_conllu
+from tools.bench import scale, scale_cluster
+from tools.bench.zipf_stream import ZipfStream
+
+
+def test_intervals_continue_the_stream(tmp_path):
+    got = scale_cluster.write_intervals(tmp_path, [3, 7, 12], seed=2)
+    assert [n for n, _ in got] == [3, 4, 5]
+    sentences = [s for _, path in got for s in read_conllu(path)]
+    assert sentences == list(itertools.islice(ZipfStream(2), 12))  # no sentence twice, none skipped
+
+
+def test_p99_is_the_bound_of_the_bucket_that_holds_it():
+    assert scale_cluster.p99_bound({}) is None
+    assert scale_cluster.p99_bound({0.01: 0.0, 0.1: 0.0, math.inf: 0.0}) is None
+    # 1,000 applies: 980 under 10 ms, 15 more under 100 ms, 5 beyond: the 990th is under 100 ms
+    assert scale_cluster.p99_bound({0.01: 980.0, 0.1: 995.0, math.inf: 1000.0}) == 0.1
+    assert scale_cluster.p99_bound({0.01: 990.0, 0.1: 995.0, math.inf: 1000.0}) == 0.01
+    assert scale_cluster.p99_bound({0.01: 900.0, 0.1: 980.0, math.inf: 1000.0}) == math.inf
+
+
+class _Scrapes:
+    """Stands in for the metrics scrape: one (buckets, running, written) per call, per node."""
+
+    def __init__(self, seq):
+        self.seq = iter(seq)
+
+    def __call__(self, node):
+        return next(self.seq)
+
+
+class _Node:
+    name = "s"
+
+
+def test_apply_windows_are_split_by_snapshot(monkeypatch):
+    h = lambda fast, slow: {0.01: fast, 1.0: fast + slow, math.inf: fast + slow}  # noqa: E731
+    monkeypatch.setattr(scale_cluster, "_scrape", _Scrapes([
+        (h(0, 0), 0.0, 0.0),  # at the start
+        (h(100, 0), 0.0, 0.0),  # a window without: 100 fast applies
+        (h(150, 1), 1.0, 0.0),  # a snapshot running at its end: 50 fast, 1 slow
+        (h(160, 2), 0.0, 1.0),  # running at its start, written in it: 10 fast, 1 slow
+        (h(260, 2), 0.0, 1.0),  # without again: 100 fast
+    ]))
+    lat = scale_cluster.ApplyLatency([_Node()])
+    for _ in range(4):
+        lat.sample()
+    assert lat.without == {0.01: 200.0, 1.0: 200.0, math.inf: 200.0}
+    assert lat.during == {0.01: 60.0, 1.0: 62.0, math.inf: 62.0}
+    assert lat.snapshots == 1.0
+    assert scale_cluster.p99_bound(lat.during) == 1.0 and scale_cluster.p99_bound(lat.without) == 0.01
+
+
+def _record(sentences, sent_per_s, entries, ratio):
+    return {"sentences": sentences, "sent_per_s": sent_per_s, "sent_per_cpu_s": sent_per_s / 2, "entries": entries,
+            "rss_per_entry": 30.0, "apply_p99_ratio": ratio, "restart_s_per_gb": 0.8}
+
+
+def test_targets_use_the_first_and_last_checkpoint():
+    records = [_record(10, 100.0, 10**6, 1.0), _record(20, 80.0, 5 * 10**7, 2.5), _record(30, 75.0, 6 * 10**7, None)]
+    got = {figure: value for figure, value, _ in scale_cluster.targets(records)}
+    assert got["cluster sentences/s at 30 / at 10"] == pytest.approx(0.75)
+    assert got["storage RSS growth B/entry at >= 4e+07 entries"] == 30.0
+    assert got["apply p99 during a snapshot / without, worst checkpoint (bucket bounds)"] == 2.5
+    assert got["storage restart s/GB at 30"] == 0.8
+
+
+def test_scale_cluster_options_reach_the_cluster_run(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(scale_cluster, "run_from_args", lambda args: seen.setdefault("args", args) and 0)
+    assert scale.main(["--cluster", "--cluster-checkpoints", "5,9", "--snapshot-interval-s", "3"]) == 0
+    args = seen["args"]
+    assert isinstance(args, argparse.Namespace)
+    assert args.cluster_checkpoints == [5, 9] and args.snapshot_interval_s == 3.0 and args.seed == 0
+    with pytest.raises(SystemExit) as exc:
+        scale.main(["--cluster", "--snapshot-interval-s", "0"])
+    assert exc.value.code == 2
