@@ -18,6 +18,7 @@ from typing import Any
 
 from giaannd.sdk.client import DEFAULT_COLUMN_LIMIT, Client, Job
 from giaannd.sdk.column import Column
+from giaannd.sdk.errors import UnavailableError
 from giaannd.sdk.follow import JOB_POLL_S, Follower
 from giaannd.sdk.http import DEFAULT_TIMEOUT_S
 
@@ -45,7 +46,13 @@ class AsyncJob:
         f = Follower("job", {"job_id": self.job_id}, progress=progress)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            doc = await asyncio.to_thread(self.sync.client.call, "GET", f.path)
+            try:
+                doc = await asyncio.to_thread(self.sync.client.call, "GET", f.path)
+            except UnavailableError as exc:  # repeated for a while (follow.UNAVAILABLE_GRACE_S)
+                now = time.monotonic()
+                f.unavailable(exc, now, overdue=deadline is not None and now >= deadline)
+                await asyncio.sleep(poll_s)
+                continue
             if f.see(doc):
                 return dict(doc)
             if deadline is not None and time.monotonic() >= deadline:

@@ -16,14 +16,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from giaannd.operations import FOLLOWED, OPERATIONS, fill_path
-from giaannd.sdk.errors import JobFailedError
+from giaannd.sdk.errors import JobFailedError, UnavailableError
 from giaannd.sdk.http import AdminClient
 from giaannd.sdk.progress import ProgressBar
 
-__all__ = ["JOB_POLL_S", "Follower", "follow"]
+__all__ = ["JOB_POLL_S", "UNAVAILABLE_GRACE_S", "Follower", "follow"]
 
 #: How often a followed operation is polled; the bar redraws at most this often anyway.
 JOB_POLL_S: Final = 0.5
+#: How long the polls of a followed operation may fail as unavailable (the daemon unreachable, or
+#: a 503: e.g. a cluster job's register, whose owners a loaded or partitioned cluster briefly cannot
+#: reach in quorum) before the wait gives up with that error. The operation runs on meanwhile: a
+#: wait that ended on one failed poll left a job running with nobody following it.
+UNAVAILABLE_GRACE_S: Final = 60.0
 
 Doc = Mapping[str, Any]
 
@@ -60,8 +65,12 @@ class Follower:
     """What following one operation needs between polls, with no I/O of its own (a sync or an
     async caller does the polling): the path to poll, and ``see`` for each document it got."""
 
-    def __init__(self, kind: str, params: Mapping[str, str], *, progress: bool, stream: Any = None) -> None:
+    def __init__(self, kind: str, params: Mapping[str, str], *, progress: bool, stream: Any = None,
+                 grace_s: float | None = None) -> None:
         self._kind, self._params = _KINDS[kind], dict(params)
+        self._grace_s = UNAVAILABLE_GRACE_S if grace_s is None else grace_s
+        #: when the polls started failing as unavailable (None: the last one answered)
+        self._unavailable_since: float | None = None
         template = OPERATIONS[FOLLOWED[kind]].path
         assert template is not None  # index_operations checks that what is followed has a route
         self.path = fill_path(template, params)
@@ -75,6 +84,7 @@ class Follower:
             JobFailedError: it ended in another state than success.
         """
         k = self._kind
+        self._unavailable_since = None
         if self._progress and self._bar is None:
             self._bar = ProgressBar(self._stream or sys.stderr, k.label(doc, self._params))
         if self._bar is not None:
@@ -89,6 +99,15 @@ class Follower:
                                  doc)
         return True
 
+    def unavailable(self, exc: UnavailableError, now: float, *, overdue: bool = False) -> None:
+        """A poll failed as unavailable at ``now`` (monotonic seconds): returns, so the caller polls
+        again after its interval, until the failures have lasted ``grace_s`` or the wait is
+        ``overdue`` (its own timeout ran out); then raises ``exc``."""
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+        if overdue or now - self._unavailable_since >= self._grace_s:
+            raise exc
+
     def overdue(self, doc: Doc, timeout_s: float) -> TimeoutError:
         """The error for a wait that outlasted ``timeout_s`` (the operation goes on)."""
         return TimeoutError(f"{self._kind.what(doc, self._params)} still {doc.get('state')} after "
@@ -96,9 +115,11 @@ class Follower:
 
 
 def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bool,
-           poll_s: float = JOB_POLL_S, stream: Any = None, timeout_s: float | None = None) -> Any:
+           poll_s: float = JOB_POLL_S, stream: Any = None, timeout_s: float | None = None,
+           grace_s: float | None = None) -> Any:
     """Poll the operation ``FOLLOWED[kind]`` (its path filled from ``params``) until its
-    ``state`` is terminal, drawing a bar on ``stream`` (default stderr) when ``progress``.
+    ``state`` is terminal, drawing a bar on ``stream`` (default stderr) when ``progress``. Polls
+    that fail as unavailable are repeated for up to ``grace_s`` (None: ``UNAVAILABLE_GRACE_S``).
 
     Returns:
         The final document.
@@ -106,12 +127,19 @@ def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bo
     Raises:
         JobFailedError: it ended in another state than success (exit 1).
         TimeoutError: still running after ``timeout_s`` (None: wait as long as it runs).
-        ClientError: a request failed.
+        UnavailableError: the polls failed as unavailable for ``grace_s``, or when ``timeout_s`` ran out.
+        ClientError: a request failed otherwise.
     """
-    f = Follower(kind, params, progress=progress, stream=stream)
+    f = Follower(kind, params, progress=progress, stream=stream, grace_s=grace_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        doc = c.json("GET", f.path)
+        try:
+            doc = c.json("GET", f.path)
+        except UnavailableError as exc:
+            now = time.monotonic()
+            f.unavailable(exc, now, overdue=deadline is not None and now >= deadline)
+            time.sleep(poll_s)
+            continue
         if f.see(doc):
             return doc
         if deadline is not None and time.monotonic() >= deadline:

@@ -170,3 +170,35 @@ def test_async_client_has_the_same_methods_as_coroutines(tmp_path: Path) -> None
         api.on("GET", "/v1/status", {"node_name": "n1"})
         figures, column, text, status = asyncio.run(main(data_dir))
     assert figures["state"] == "succeeded" and len(column) == 3 and text == "hi there" and status["node_name"] == "n1"
+
+
+def _unavailable_then(states: list[str], failures: int) -> Any:
+    """A job route that answers 503 ``failures`` times (a register quorum out of reach), then
+    ``_jobs(states)``."""
+    jobs, left = _jobs(states), [failures]
+
+    def answer(body: Any, query: str) -> tuple[int, Any]:
+        if left[0] > 0:
+            left[0] -= 1
+            return 503, {"error": "storage: 1 of 3 owners of register 'job/j1' answered (need 2)",
+                         "code": "unavailable"}
+        return jobs(body, query)
+    return answer
+
+
+def test_job_wait_rides_out_unavailable_polls_then_gives_up(tmp_path: Path, monkeypatch: Any) -> None:
+    """A poll that fails as unavailable does not end the wait (the job runs on): polls are repeated
+    for follow.UNAVAILABLE_GRACE_S; failing longer, the wait raises the poll's error."""
+    with serving(tmp_path) as (api, data_dir):
+        c = Client(data_dir=data_dir)
+        api.on("GET", "/v1/jobs/j1", _unavailable_then(["running", "succeeded"], failures=3))
+        assert c.job("j1").wait(progress=False, poll_s=0.01)["state"] == "succeeded"
+        api.on("GET", "/v1/jobs/j1", _unavailable_then(["running", "succeeded"], failures=3))
+        assert asyncio.run(giaannd.AsyncClient(data_dir=data_dir).job("j1").wait(progress=False, poll_s=0.01)
+                           )["state"] == "succeeded"
+        monkeypatch.setattr("giaannd.sdk.follow.UNAVAILABLE_GRACE_S", 0.05)
+        api.on("GET", "/v1/jobs/j1", _unavailable_then(["succeeded"], failures=10**6))
+        with pytest.raises(giaannd.UnavailableError, match="owners of register"):
+            c.job("j1").wait(progress=False, poll_s=0.01)
+        with pytest.raises(giaannd.UnavailableError, match="owners of register"):  # its own timeout first
+            c.job("j1").wait(progress=False, poll_s=0.01, timeout_s=0.02)
