@@ -41,7 +41,7 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
-from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.recovery import DurableStore, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -179,6 +179,8 @@ class StorageService:
         self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
         ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
+        if self.settings.heap_trim_interval_s > 0:
+            ctx.spawn(self.run_heap_trim(ctx.stopping), "heap-trim")
 
     async def _recover(self) -> None:
         s = self.settings
@@ -239,6 +241,10 @@ class StorageService:
         m.gauge("giaannd_storage_snapshot_running",
                 "1 while a snapshot is being written (applies go on beside it), else 0.").set_function(
             lambda: float(self._snapshot_running.locked()))
+        self._prom["heap_trim_seconds"] = m.histogram(
+            "giaannd_storage_heap_trim_duration_seconds",
+            "Returns of the C heap's free pages to the kernel (storage.heap-trim-interval-s).",
+            buckets=STORAGE_LATENCY_BUCKETS_S)
         self._prom["fsync_seconds"] = m.histogram(
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
@@ -403,6 +409,19 @@ class StorageService:
                 await asyncio.wait_for(stopping.wait(), self.settings.hint_retry_s)
                 return
             await self.deliver_hints()
+
+    async def run_heap_trim(self, stopping: asyncio.Event) -> None:
+        """Give the C heap's free pages back every ``storage.heap-trim-interval-s``, in a worker
+        thread (its description says why and what it costs); timed in
+        ``giaannd_storage_heap_trim_duration_seconds``."""
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.settings.heap_trim_interval_s)
+                return
+            start = time.perf_counter()
+            if not await asyncio.to_thread(return_freed_heap):
+                return  # a C library without malloc_trim: nothing to do, ever
+            self._prom["heap_trim_seconds"].observe(time.perf_counter() - start)
 
     def _on_topology(self, change: ViewChange) -> None:
         if self.hints is None or self._stopping:
