@@ -345,6 +345,9 @@ def add_arguments(ap: argparse.ArgumentParser, prefix: str = "") -> None:
                     help="the storage nodes' snapshot interval, so snapshots run during the jobs (default 20)")
     ap.add_argument("--export-max-entries", type=int, default=10**8,
                     help="export only while the model holds at most this many entries (default 10^8)")
+    ap.add_argument(f"--{prefix}root", dest="cluster_root", type=Path, default=None,
+                    help="directory for the cluster's nodes, kept after the run (their logs); "
+                         "default: a temporary one, removed")
 
 
 def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -357,7 +360,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run and print (a table, or ``--json``) from checked options."""
     load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     records = run(args.cluster_checkpoints, seed=args.seed, snapshot_interval_s=args.snapshot_interval_s,
-                  export_max_entries=args.export_max_entries)
+                  export_max_entries=args.export_max_entries, root=args.cluster_root)
     load += f" before, {os.getloadavg()[0]:.2f} after"
     (_json if args.json else _print)(records, load)
     return 0
