@@ -19,11 +19,12 @@ where the one before ended. At each checkpoint:
   row_sizes: powers of two), and RSS growth per entry (each storage daemon's VmRSS now minus just
   after start, over the entries it holds; the worst node);
 - **apply latency during snapshots**: the storage nodes' ``giaannd_storage_apply_duration_seconds``
-  histograms are sampled every ``SAMPLE_S`` during the job; a sample window counts as *during a
-  snapshot* when ``giaannd_storage_snapshot_running`` was 1 at either end of it or a snapshot was
-  written in it (``snapshot_duration_seconds_count`` moved), else *without*. The p99 of each is the
-  upper bound of the histogram bucket it falls in, so the ratio moves in bucket steps (×2–2.5):
-  a coarse check of the target; ``tools.bench.snapshot`` measures it apply by apply in one process;
+  histograms (and the update log's ``fsync_duration_seconds``, a part of an apply's time) are
+  sampled every ``SAMPLE_S`` during the job; a sample window counts as *during a snapshot* when
+  ``giaannd_storage_snapshot_running`` was 1 at either end of it or a snapshot was written in it
+  (``snapshot_duration_seconds_count`` moved), else *without*. The p99 of each is the upper bound
+  of the histogram bucket it falls in, so the ratio moves in bucket steps (×2–2.5): a coarse check
+  of the target; ``tools.bench.snapshot`` measures it apply by apply in one process;
 - **restart**: ``storage-3`` killed (SIGKILL: no final snapshot, so its log since the last timer
   snapshot is replayed) and started again: wall time from the start to ready, over its rows' bytes
   (entries × 21), in s/GB, and its RSS per entry once ready (a fresh process, against the node's
@@ -95,6 +96,8 @@ _LAN_TIMINGS = {f: getattr(MembershipConfig.lan(), f) for f in MembershipConfig.
                 if getattr(MembershipConfig.lan(), f) != getattr(MembershipConfig.loopback(), f)}
 
 _APPLY = "giaannd_storage_apply_duration_seconds"
+_FSYNC = "giaannd_storage_fsync_duration_seconds"
+_HISTOGRAMS = (_APPLY, _FSYNC)
 _RUNNING = "giaannd_storage_snapshot_running"
 _SNAPSHOTS = "giaannd_storage_snapshot_duration_seconds"
 
@@ -112,19 +115,20 @@ def write_intervals(directory: Path, checkpoints: Sequence[int], seed: int) -> l
     return out
 
 
-def _scrape(node: Node) -> tuple[dict[float, float], float, float]:
-    """(apply histogram: cumulative count per bucket bound, snapshot running 0/1, snapshots written)."""
+def _scrape(node: Node) -> tuple[dict[str, dict[float, float]], float, float]:
+    """(histograms by name: cumulative count per bucket bound, of ``_HISTOGRAMS``; snapshot running
+    0/1; snapshots written)."""
     raw, _ = node.admin.request("GET", "/metrics")
-    buckets: dict[float, float] = {}
+    hists: dict[str, dict[float, float]] = {}
     running = written = 0.0
     for fam in text_string_to_metric_families(raw.decode()):
-        if fam.name == _APPLY:
-            buckets = {float(s.labels["le"]): s.value for s in fam.samples if s.name.endswith("_bucket")}
+        if fam.name in _HISTOGRAMS:
+            hists[fam.name] = {float(s.labels["le"]): s.value for s in fam.samples if s.name.endswith("_bucket")}
         elif fam.name == _RUNNING:
             running = sum(s.value for s in fam.samples)
         elif fam.name == _SNAPSHOTS:
             written = sum(s.value for s in fam.samples if s.name.endswith("_count"))
-    return buckets, running, written
+    return hists, running, written
 
 
 def p99_bound(cumulative: dict[float, float]) -> float | None:
@@ -137,14 +141,14 @@ def p99_bound(cumulative: dict[float, float]) -> float | None:
 
 
 class ApplyLatency:
-    """The storage nodes' apply-latency histograms over a job, split into windows during a snapshot
-    and without (module docstring), sampled by a thread while it is entered."""
+    """The storage nodes' apply- and fsync-latency histograms over a job, split into windows during
+    a snapshot and without (module docstring), sampled by a thread while it is entered."""
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
-        #: cumulative bucket counts of the applies in windows during a snapshot / without
-        self.during: dict[float, float] = {}
-        self.without: dict[float, float] = {}
+        #: per histogram, cumulative bucket counts in windows during a snapshot / without
+        self.during: dict[str, dict[float, float]] = {name: {} for name in _HISTOGRAMS}
+        self.without: dict[str, dict[float, float]] = {name: {} for name in _HISTOGRAMS}
         self.snapshots = 0.0
         self._last = {n.name: _scrape(n) for n in self.nodes}
         self._stop = threading.Event()
@@ -174,8 +178,10 @@ class ApplyLatency:
             wrote = now[2] - before[2]
             self.snapshots += wrote
             into = self.during if before[1] or now[1] or wrote else self.without
-            for le, count in now[0].items():
-                into[le] = into.get(le, 0.0) + count - before[0].get(le, 0.0)
+            for name, hist in now[0].items():
+                was, acc = before[0].get(name, {}), into[name]
+                for le, count in hist.items():
+                    acc[le] = acc.get(le, 0.0) + count - was.get(le, 0.0)
 
 
 def _rss_bytes(node: Node) -> int:
@@ -236,10 +242,12 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
             record.update(sent_per_s=count / wall, sent_per_cpu_s=count / max(sum(used.values()), 1e-9),
                           cpu_us_compute=1e6 * used[compute.name] / count, cpu_us_storage=1e6 * storage_cpu / count,
                           trained=int(doc.get("done") or 0))
-            p_during, p_without = p99_bound(latency.during), p99_bound(latency.without)
+            p_during, p_without = p99_bound(latency.during[_APPLY]), p99_bound(latency.without[_APPLY])
             record.update(apply_p99_snapshot_s=p_during, apply_p99_without_s=p_without,
                           snapshots=int(latency.snapshots),
-                          apply_p99_ratio=(p_during / p_without) if p_during and p_without else None)
+                          apply_p99_ratio=(p_during / p_without) if p_during and p_without else None,
+                          fsync_p99_snapshot_s=p99_bound(latency.during[_FSYNC]),
+                          fsync_p99_without_s=p99_bound(latency.without[_FSYNC]))
             usage = _usage(client)
             entries = {n.name: int(usage[n.name]["entries"]) for n in storage}
             record.update(entries=max(entries.values()), rows=max(int(usage[n.name]["rows"]) for n in storage),
@@ -302,11 +310,13 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
     print(f"\nmachine: {load}")
     header = ["sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent compute", "storage (3 nodes)",
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry", "apply p99 snapshot / without",
-              "snapshots", "restart s (s/GB)", "RSS B/entry restarted", "export MB/s"]
+              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "RSS B/entry restarted",
+              "export MB/s"]
     rows = [[f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]), _fmt(r["cpu_us_compute"]),
              _fmt(r["cpu_us_storage"]), f"{r['entries']:,}", f"{r['rows']:,}", f"{r['largest_row_class']:,}",
              _fmt(r["rss_per_entry"], 1),
-             f"{_fmt(r['apply_p99_snapshot_s'], 4)} / {_fmt(r['apply_p99_without_s'], 4)} s", str(r["snapshots"]),
+             f"{_fmt(r['apply_p99_snapshot_s'], 4)} / {_fmt(r['apply_p99_without_s'], 4)} s",
+             f"{_fmt(r['fsync_p99_snapshot_s'], 4)} / {_fmt(r['fsync_p99_without_s'], 4)} s", str(r["snapshots"]),
              f"{r['restart_s']:.1f} ({r['restart_s_per_gb']:.2f})", _fmt(r["rss_per_entry_restarted"], 1),
              _fmt(r.get("export_mb_s"), 1)] for r in records]
     print_table("Cluster rows at scale (3 storage daemons R=3 W=2 + 1 compute, tcp loopback, Zipf stream)",

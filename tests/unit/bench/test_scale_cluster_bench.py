@@ -44,7 +44,10 @@ class _Node:
 
 
 def test_apply_windows_are_split_by_snapshot(monkeypatch):
-    h = lambda fast, slow: {0.01: fast, 1.0: fast + slow, math.inf: fast + slow}  # noqa: E731
+    def h(fast, slow):  # apply histogram; the fsync one gets one observation per apply, all fast
+        return {scale_cluster._APPLY: {0.01: fast, 1.0: fast + slow, math.inf: fast + slow},
+                scale_cluster._FSYNC: {0.01: fast + slow, math.inf: fast + slow}}
+
     monkeypatch.setattr(scale_cluster, "_scrape", _Scrapes([
         (h(0, 0), 0.0, 0.0),  # at the start
         (h(100, 0), 0.0, 0.0),  # a window without: 100 fast applies
@@ -55,10 +58,12 @@ def test_apply_windows_are_split_by_snapshot(monkeypatch):
     lat = scale_cluster.ApplyLatency([_Node()])
     for _ in range(4):
         lat.sample()
-    assert lat.without == {0.01: 200.0, 1.0: 200.0, math.inf: 200.0}
-    assert lat.during == {0.01: 60.0, 1.0: 62.0, math.inf: 62.0}
+    apply, fsync = scale_cluster._APPLY, scale_cluster._FSYNC
+    assert lat.without[apply] == {0.01: 200.0, 1.0: 200.0, math.inf: 200.0}
+    assert lat.during[apply] == {0.01: 60.0, 1.0: 62.0, math.inf: 62.0}
+    assert lat.during[fsync] == {0.01: 62.0, math.inf: 62.0}
     assert lat.snapshots == 1.0
-    assert scale_cluster.p99_bound(lat.during) == 1.0 and scale_cluster.p99_bound(lat.without) == 0.01
+    assert scale_cluster.p99_bound(lat.during[apply]) == 1.0 and scale_cluster.p99_bound(lat.without[apply]) == 0.01
 
 
 def _record(sentences, sent_per_s, entries, ratio):
