@@ -680,12 +680,26 @@ class RowEngine:
         engine._entries = int(offsets[-1]) if r else 0
         return engine
 
-    def freeze(self) -> FrozenEngine:
+    def freeze(self, room: F32 | None = None) -> FrozenEngine:
         """The engine as it is now, for a reader in another thread while this one goes on applying
         (frozen.py): references to every run's arrays and the keys, copies of only what changes in
-        place (strengths, 4 B per entry, and the lengths)."""
+        place (strengths, 4 B per entry, and the lengths).
+
+        ``room``: a float32 buffer the strengths are copied into, run after run, while it has room
+        (then into new arrays). Why: a caller that must hold writes off during the freeze (a
+        storage snapshot) allocates and touches it beforehand, so the copy here pays no page
+        faults: 0.04-0.05 s for 8.6·10^7 strengths against 0.1-0.6 s into fresh memory, measured."""
         a, b = self.keys()
-        runs = [Run(r.rows, r.offsets, r.seg, r.tc, r.tf, r.st.copy(), r.pos) for r in (self._base, *self._deltas)]
+        runs, at = [], 0
+        for r in (self._base, *self._deltas):
+            n = r.num_entries
+            if room is not None and at + n <= room.shape[0]:
+                st = room[at : at + n]
+                np.copyto(st, r.st)
+                at += n
+            else:
+                st = r.st.copy()
+            runs.append(Run(r.rows, r.offsets, r.seg, r.tc, r.tf, st, r.pos))
         return FrozenEngine(a, b, self.lengths().copy(), runs[0], runs[1:])
 
     def export(self) -> tuple[U64, U64, I64, Entries]:

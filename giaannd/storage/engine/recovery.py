@@ -30,9 +30,10 @@ read and checked.
 The async service drives it as: ``seq = apply(...)`` on the event loop; ``sync()`` in a worker
 thread, shared by every batch appended meanwhile; acknowledge batches whose seq <= the returned
 durable seq; and from time to time a snapshot in three steps, so it never stops writes (issue 14
-item 3): ``begin_snapshot()`` with writes held off (rotate the log so that the records up to the
+item 3): ``freeze_room()`` while writes go on (a touched buffer for the strengths' copy), then
+``begin_snapshot(room)`` with writes held off (rotate the log so that the records up to the
 snapshot's seq S end a segment, freeze the store: references to the engine's arrays and one copy
-of the strengths, column_store.py), then ``job.write()`` in a worker thread while applies go on
+of the strengths into the room, column_store.py), then ``job.write()`` in a worker thread while applies go on
 (they land in the log after S), then ``finish_snapshot(job)``: delete older
 snapshots and the log segments whose records are all <= S — never a record after S. A write
 that fails deletes its temporary and changes nothing else (the log still holds everything).
@@ -405,16 +406,21 @@ class DurableStore:
         job.write()
         return self.finish_snapshot(job)
 
-    def begin_snapshot(self) -> SnapshotJob:
+    def begin_snapshot(self, room: NDArray[np.float32] | None = None) -> SnapshotJob:
         """Start a snapshot of everything applied so far: rotate the log (the records up to the
         snapshot's seq end a synced segment) and freeze the store. No write may run during this
-        call; they may during the job's ``write``.
+        call; they may during the job's ``write``. ``room``: ``freeze_room()``'s buffer, made
+        before writes were held off (the strengths' copy then pays no page faults).
 
         Raises:
             OSError: the rotation failed (a full disk); nothing changed, the log goes on as it was.
         """
         self.log.rotate()
-        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze())
+        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze(room))
+
+    def freeze_room(self) -> NDArray[np.float32]:
+        """``ColumnStore.freeze_room``: call it before holding writes off for ``begin_snapshot``."""
+        return self.store.freeze_room()
 
     def finish_snapshot(self, job: SnapshotJob) -> Path:
         """After ``job.write()``: the snapshot is current; delete older snapshots and the log

@@ -376,8 +376,10 @@ class StorageService:
         loop = asyncio.get_running_loop()
         async with self._snapshot_running:  # one at a time (the timer, the final one at stop)
             start = time.perf_counter()
+            # the strengths' buffer, its pages touched while writes go on, not while they wait
+            room = await loop.run_in_executor(None, store.freeze_room)
             async with self._snapshot_lock:  # the writes' lock: held for the freeze only
-                beginning = loop.run_in_executor(None, store.begin_snapshot)
+                beginning = loop.run_in_executor(None, store.begin_snapshot, room)
                 try:
                     job = await asyncio.shield(beginning)
                 except asyncio.CancelledError:

@@ -348,3 +348,29 @@ def test_plan_in_order_is_refused_once_stale():
     engine.apply(np.full(1, 2, np.uint64), np.ones(1, np.uint64), np.array([0, 1]), e)
     with pytest.raises(RuntimeError):
         engine.commit_in_order(plan)
+
+
+def test_freeze_copies_strengths_into_the_room_it_is_given_while_it_fits():
+    """``freeze(room)``: the runs' strengths are copied into ``room`` one after another (the caller
+    touched its pages beforehand); a run that does not fit gets a new array; either way the frozen
+    strengths stay what they were while the engine goes on adding."""
+    rng = np.random.default_rng(5)
+    engine = RowEngine()
+    pool = [(c, 7) for c in range(30)]
+    for _ in range(6):
+        apply(engine, random_batch(rng, pool, POOL64, POOL64, 10, 6))
+    runs = [engine._base, *engine._deltas]  # noqa: SLF001
+    total = sum(r.num_entries for r in runs)
+    assert len(runs) >= 2 and total > 0
+    before = [r.st.copy() for r in runs]
+    room = np.full(total + 3, -1.0, np.float32)
+    frozen = engine.freeze(room)
+    got = [frozen.base, *frozen.deltas]
+    assert all(np.shares_memory(g.st, room) for g in got)
+    assert room[total:].tolist() == [-1.0] * 3
+    small = np.zeros(runs[0].num_entries, np.float32)  # the base fits, the deltas do not
+    partly = engine.freeze(small)
+    assert np.shares_memory(partly.base.st, small) and not any(np.shares_memory(d.st, small) for d in partly.deltas)
+    apply(engine, random_batch(rng, pool, POOL64, POOL64, 10, 6))  # adds in place to the live runs
+    for view in (got, [partly.base, *partly.deltas]):
+        assert all(np.array_equal(g.st, b) for g, b in zip(view, before))

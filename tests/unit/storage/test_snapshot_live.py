@@ -85,7 +85,8 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(tmp_path:
     view.release()  # idempotent
 
 
-def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("with_room", [False, True])
+def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch, with_room) -> None:
     ds = DurableStore.open(tmp_path, BIG)
     batches = _batches(2, 8)
     early = [(BatchId(1, i + 1), b) for i, b in enumerate(batches[:4])]
@@ -107,8 +108,11 @@ def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path,
         write(self, buf)
 
     monkeypatch.setattr(snapshot_module._HashingWriter, "write", paused_write)
-    job = ds.begin_snapshot()
+    room = ds.freeze_room() if with_room else None  # (the service makes it before holding writes off)
+    job = ds.begin_snapshot(room)
     assert job.seq == ds.log.last_seq == len(early)
+    if room is not None:  # the strengths were copied into it, not into fresh arrays
+        assert job.view.engine is not None and np.shares_memory(job.view.engine.base.st, room)
     writer = threading.Thread(target=job.write)
     writer.start()
     try:
