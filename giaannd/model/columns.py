@@ -190,9 +190,30 @@ class ColumnAssigner:
         self.overlong = overlong
         self.no_delimiter = no_delimiter
         self._deterministic: dict[int, bool] = {}
+        #: the probabilistic flags this assigner added itself (``encode(update_flags=True)``), in
+        #: the order found: what a caller sends on, without comparing whole sets per batch
+        self.learned_probabilistic: list[int] = []
         # Memo of the contextual tests, keyed by (word, lemma, xpos): a pure function of the key.
         self._det_memo: dict[tuple[str, str, str], bool] = {}
         self._prob_memo: dict[tuple[str, str], bool] = {}
+
+    def copy(self) -> ColumnAssigner:
+        """An assigner with this one's settings and flags (copied: each goes on alone), a fresh
+        vocabulary, counters and ``learned_probabilistic``. The contextual tests' memos are shared:
+        a pure function of the token and the lexicon, so sharing only saves recomputing them.
+        Costs a C-level copy of the flags, against a Python loop per flag to rebuild them.
+
+        Raises:
+            TypeError: a subclass (``SubwordAssigner``): its settings are not this class's.
+        """
+        if type(self) is not ColumnAssigner:
+            raise TypeError(f"{type(self).__name__} cannot be copied as a ColumnAssigner")
+        out = ColumnAssigner(self.lexicon, min_tokens=self.min_tokens, max_tokens=self.max_tokens,
+                             overlong=self.overlong, no_delimiter=self.no_delimiter)
+        out.probabilistic_flags = set(self.probabilistic_flags)
+        out._deterministic = dict(self._deterministic)
+        out._det_memo, out._prob_memo = self._det_memo, self._prob_memo
+        return out
 
     # ---------------------------------------------------------------------------- flag queries
 
@@ -347,6 +368,7 @@ class ColumnAssigner:
             det_stored[t] = stored
         new_prob = self._detect_probabilistic(nouns, det_ctx, is_candidate, feature)
         if update_flags:
+            self.learned_probabilistic.extend(sorted(new_prob - self.probabilistic_flags))
             self.probabilistic_flags.update(new_prob)
             prob = self.probabilistic_flags
         else:

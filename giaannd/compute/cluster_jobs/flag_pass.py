@@ -98,22 +98,42 @@ class FlagFold:
     It keeps, per feature, the window that first taught it, so the assigner for any window ``w <=
     upto`` can be built from one fold (a window taken over later than the node's fold has moved
     on): memory is one entry per feature seen, whatever the corpus size.
+
+    ``assigner`` is incremental: the fold keeps what each window taught first, and one *base*
+    assigner holding the flags of the windows before some window ``b``; the assigner of window
+    ``w >= b`` is the base advanced by what windows ``b..w-1`` taught, then copied (the copy is
+    encoded with, the base never). Why: building a fresh assigner per window walked every flag
+    of the fold in Python, a cost per window that grows with the features seen, so the cluster
+    job's CPU per sentence grew with the corpus (tools/bench/scale.py --cluster: 38 % of the
+    compute node's CPU at 2·10^5 sentences). A window before ``b`` (taken over after the node
+    moved on) rebuilds the base from the start.
     """
 
     def __init__(self) -> None:
         self.upto = INITIAL  # the next window to fold (INITIAL: not even the initial flags)
         self._det: dict[int, tuple[int, bool]] = {}
         self._prob: dict[int, int] = {}
+        #: per folded window, from INITIAL: the (feature, flag) pairs and probabilistic flags it
+        #: taught first
+        self._taught: list[tuple[dict[int, bool], list[int]]] = []
+        #: an assigner holding exactly the flags of the windows < ``_base_at`` (never encoded with)
+        self._base: ColumnAssigner | None = None
+        self._base_at = INITIAL
 
     def add(self, window: int, findings: Findings) -> None:
         """Fold ``window``'s findings (the next one: ``window == upto``)."""
         if window != self.upto:
             raise ValueError(f"fold is at window {self.upto}, not {window}")
+        det: dict[int, bool] = {}
         for ids, flag in ((findings.det_true, True), (findings.det_false, False)):
             for fid in ids:
-                self._det.setdefault(fid, (window, flag))
-        for fid in findings.prob:
-            self._prob.setdefault(fid, window)
+                if fid not in self._det:
+                    self._det[fid] = (window, flag)
+                    det[fid] = flag
+        prob = [fid for fid in findings.prob if fid not in self._prob]
+        for fid in prob:
+            self._prob[fid] = window
+        self._taught.append((det, prob))
         self.upto += 1
 
     def flags_before(self, window: int) -> tuple[set[int], dict[int, bool]]:
@@ -125,11 +145,19 @@ class FlagFold:
         return prob, det
 
     def assigner(self, lexicon: Lexicon, window: int) -> ColumnAssigner:
-        """A fresh assigner holding the flags of the windows ``< window``."""
-        prob, det = self.flags_before(window)
-        assigner = ColumnAssigner(lexicon, prob)
-        assigner.add_deterministic_flags(det)
-        return assigner
+        """A fresh assigner holding the flags of the windows ``< window`` (class docstring: made
+        from the base, advanced to ``window``)."""
+        if window > self.upto:
+            raise ValueError(f"fold is at window {self.upto}, cannot give window {window}")
+        if self._base is None or self._base.lexicon is not lexicon or window < self._base_at:
+            self._base, self._base_at = ColumnAssigner(lexicon), INITIAL
+        base = self._base
+        for w in range(self._base_at, window):
+            det, prob = self._taught[w - INITIAL]
+            base.add_probabilistic_flags(prob)
+            base.add_deterministic_flags(det)
+        self._base_at = window
+        return base.copy()
 
 
 def initial_findings(prob: Iterable[int]) -> Findings:

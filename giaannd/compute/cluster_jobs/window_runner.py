@@ -126,10 +126,9 @@ class _Trained:
 
 def _train(assigner: ColumnAssigner, sentences: Sequence[TaggedSentence], device: Device = "cpu") -> _Trained:
     """Encode (updating flags, as the core does inside its window) and train on ``device``; synchronous."""
-    before = set(assigner.probabilistic_flags)
     encoded = [e for s in sentences if (e := assigner.encode(s, update_flags=True)) is not None]
     out = train_batch(encoded, backend=backend_for(device), device=device)
-    new_flags = assigner.probabilistic_flags - before
+    new_flags = set(assigner.learned_probabilistic)
     return _Trained(with_flags(out.rows, new_flags), assigner.vocab, len(sentences), out.sentences, out.tokens,
                     pair_increments(encoded), len(new_flags))
 

@@ -54,6 +54,29 @@ def test_flag_fold_window_encodings_equal_the_sequential_core():
     assert prob == core.probabilistic_flags and det == core.deterministic_flags
 
 
+def test_flag_fold_assigner_is_the_fold_before_its_window_in_any_order():
+    """The incremental assigner (a base advanced window by window, then copied) holds exactly
+    ``flags_before(w)``, whatever order windows are asked for, and encoding with one (which learns
+    flags) changes neither the base nor the next copies."""
+    lexicon = Lexicon.default()
+    corpus = load_bundled_corpus(300)
+    windows = [corpus[i:i + K] for i in range(0, len(corpus), K)]
+    fold = FlagFold()
+    fold.add(INITIAL, initial_findings({7, 9}))
+    for w, sentences in enumerate(windows):
+        fold.add(w, window_findings(lexicon, sentences))
+    asks = [0, 1, 2, 2, 5, 3, 8, len(windows), 1, len(windows), INITIAL, 4]
+    for w in asks:
+        assigner = fold.assigner(lexicon, w)
+        prob, det = fold.flags_before(w)
+        assert assigner.probabilistic_flags == prob and assigner.deterministic_flags == det, w
+        assert assigner.learned_probabilistic == [] and list(assigner.vocab.columns()) == []
+        for s in windows[w % len(windows)]:  # learns flags into the copy only
+            assigner.encode(s, update_flags=True)
+    other = Lexicon.default()  # another lexicon: a base of its own
+    assert fold.assigner(other, 3).lexicon is other
+
+
 def test_flag_fold_refuses_out_of_order_windows():
     fold = FlagFold()
     with pytest.raises(ValueError):
