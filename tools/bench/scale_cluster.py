@@ -210,7 +210,7 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
         export_max_entries: int = 10**8, root: Path | None = None) -> list[dict[str, Any]]:
     """The cluster run (module docstring): one record of figures per checkpoint."""
     base = Path(tempfile.mkdtemp(prefix="giaannd-scale-")) if root is None else root
-    cluster = LocalCluster(base / "cluster", storage=3, compute=1, transport="tcp", log_level="warning",
+    cluster = LocalCluster(base / "cluster", storage=3, compute=1, transport="tcp", log_level="info",
                            replication_factor=3, write_quorum=2,
                            storage_options={"capacity_bytes": CAPACITY_BYTES,
                                             "snapshot_interval_s": snapshot_interval_s},
