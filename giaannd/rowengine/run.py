@@ -42,8 +42,8 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas", "merge_field",
-           "merge_into_slice", "offsets_of", "with_room"]
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_in_place", "fold_into_base", "merge_deltas",
+           "merge_field", "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -192,6 +192,25 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     return out
 
 
+@kernel(*(f"void({t}[::1], int64, {readonly(t)}, {readonly('int64')})" for t in _MERGE_TYPES))
+def _merge_back(buf: NDArray[np.generic], n: int, new: NDArray[np.generic], pos: I64) -> None:
+    """``merge_field`` in place: ``buf[:n]`` (the old entries) becomes ``buf[:n + len(new)]`` with
+    ``new[j]`` before old entry ``pos[j]``, walking from the back (every old entry moves up by the
+    number of new entries before it, into slots already read)."""
+    i = n
+    o = n + new.shape[0]
+    for j in range(new.shape[0] - 1, -1, -1):
+        p = pos[j]
+        if p > i or p < 0:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
+        shift = o - i
+        for k in range(i - 1, p - 1, -1):
+            buf[k + shift] = buf[k]
+        o -= i - p + 1
+        i = p
+        buf[o] = new[j]
+
+
 def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, qf: U64) -> tuple[I64, Bools]:
     """Keys ``(qs, qc, qf)`` in a delta run: each one's lower bound in its row slice ``[row_lo,
     row_hi)`` of the run, and whether the key is there. ``pos``: each key's base position, which
@@ -328,6 +347,40 @@ def with_room(base: Run, room: int) -> Run:
         grown = np.empty(n + room, old.dtype)
         grown[:n] = old
         setattr(out, f, grown[:n])
+    return out
+
+
+#: A base that ``fold_in_place`` outgrows moves to buffers this many times its new size: a replay's
+#: windows then merge in place until it has doubled (room never written is address space, not
+#: resident memory), where ``APPEND_SLACK``'s room took a new buffer every few windows.
+FOLD_IN_PLACE_GROWTH = 2
+
+
+def fold_in_place(base: Run, delta: Run) -> Run:
+    """``fold_into_base(base, delta, grow=True)``, moving the base's entries in place where its
+    fields have the spare room (``Run.spare``): a merge from the back (``_merge_back``), so no field
+    of the new base is fresh memory (a new process's first touch of a page costs ~20x a reused
+    one, docs/model.md; a fold per replay window into new arrays was most of a replay's time).
+    Without the room, the merge writes into new buffers ``FOLD_IN_PLACE_GROWTH`` times its size,
+    whose room the next folds then use.
+
+    Only where nothing else holds views of the base's entries (a start-up replay, before any read
+    or freeze): they move. Consumes ``base`` like ``fold_into_base``."""
+    assert delta.pos is not None
+    n, m = base.num_entries, delta.num_entries
+    rows, counts = _union_rows(base, delta)
+    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=True)
+    for f in FIELDS:
+        old, new = getattr(base, f), getattr(delta, f)
+        buf = old.base
+        if base.spare and isinstance(buf, np.ndarray) and buf.shape[0] >= n + m and old.ctypes.data == buf.ctypes.data:
+            _merge_back(buf, n, np.ascontiguousarray(new), np.ascontiguousarray(delta.pos, np.int64))
+        else:
+            buf = np.empty(FOLD_IN_PLACE_GROWTH * (n + m), old.dtype)
+            merge_field(old, new, delta.pos, buf[: n + m])
+        setattr(base, f, old[:0])
+        setattr(out, f, buf[: n + m])
+    base.spare = False
     return out
 
 

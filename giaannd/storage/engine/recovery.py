@@ -53,13 +53,14 @@ from numpy.typing import NDArray
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from giaannd.storage.engine.column_store import ColumnStore, DropResult, FrozenRows
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
     KIND_DROP,
+    KIND_FLOOR,
     LogRecord,
     SegmentReader,
     SegmentScan,
@@ -110,7 +111,7 @@ MAX_REPLAY_RUN_ENTRIES = 1 << 22
 #: 2^22 entries a restart of tools.bench.snapshot's training-like log kept 61 B per stored entry
 #: resident after it (peak 79), with 2^20 35.6 (peak 51; the replay before groups: 34 / 50), at
 #: the same CPU time (per-group overhead is a few dozen numpy calls per 64 Ki entries).
-MAX_REPLAY_GROUP_ENTRIES = 1 << 20
+MAX_REPLAY_GROUP_ENTRIES = 1 << 22
 
 
 def return_freed_heap() -> bool:
@@ -176,7 +177,7 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
                           np.int64)
     room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
-    run: list[tuple[BatchId, RowBatch]] = []
+    run: list[tuple[BatchId, RowBatch] | Floor] = []
     run_start = run_entries = 0
     run_fresh = True  # no record of the group shares a row with an earlier one: its rows may all be new
     run_shares = False  # a record of the group shares a row with another one of it
@@ -198,13 +199,17 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
             cap = MAX_REPLAY_GROUP_ENTRIES if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
             if run and (run_entries + rec.batch.num_entries > cap or (shares and run_fresh)):
                 flush(i)
-            if not run:
-                run_start, run_entries, run_fresh, run_shares = i, 0, True, False
+            if not run:  # a run starts: its rows may all be new if no earlier record had them
+                run_start, run_entries, run_shares = i, 0, False
+                run_fresh = bool(prev[i] < 0) and not store.holds_any(rec.batch.row_column, rec.batch.row_feature)
                 shares = False
             run_fresh = run_fresh and bool(prev[i] < 0)
             run_shares = run_shares or shares
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
+            continue
+        if rec.kind == KIND_FLOOR and run:  # a floor changes the applied set only: it goes in its place
+            run.append(Floor(rec.writer, rec.floor))
             continue
         flush(i)
         _apply_marker(store, rec)
@@ -298,14 +303,17 @@ class DurableStore:
         d.mkdir(parents=True, exist_ok=True)
         temporaries = list_temporaries(d)
         snapshots = list_snapshots(d)
+        segments = list_segments(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
+            # the replay's merges then fill the loaded fields' room (an entry takes >= ENTRY_BYTES
+            # of log, so this bounds what the log can add), not a copy of them into larger buffers
+            room = sum(p.stat().st_size for _, p in segments) // ENTRY_BYTES
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, room)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
-        segments = list_segments(d)
         expected: int | None = None
         torn: SegmentScan | None = None
         applied = skipped = 0

@@ -180,23 +180,25 @@ def test_group_replay_of_a_training_log_equals_record_by_record(seed: int, count
 
 
 def test_replay_applies_a_training_log_as_groups(monkeypatch) -> None:
-    """Records sharing rows: one ``apply_in_order`` per group (not one apply per record), a floor
-    record ends a group; the result is record-by-record replay's."""
+    """Records sharing rows: one ``apply_in_order`` per group (not one apply per record); a floor
+    record goes into the group in its place (it changes the applied set only), a drop record ends
+    the group; the result is record-by-record replay's."""
     rng = np.random.default_rng(8)
     rows = [(c, f) for c in range(4) for f in range(2)]
     records = [LogRecord(i + 1, KIND_BATCH, batch_id=BatchId(1, i + 1), batch=_training_batch(rng, rows, 30))
                for i in range(10)]
     records.insert(6, LogRecord(7, KIND_FLOOR, writer=1, floor=3))
+    records.insert(9, LogRecord(10, KIND_DROP, columns=np.array([3], np.uint64)))
     records = [dataclasses.replace(r, seq=i + 1) for i, r in enumerate(records)]
     store = ColumnStore(BIG)
     calls: list[int] = []
     group = store.apply_in_order
     monkeypatch.setattr(store, "apply_in_order", lambda items: calls.append(len(items)) or group(items))
-    assert replay(store, records, 0) == (11, 0)
+    assert replay(store, records, 0) == (12, 0)
     each = ColumnStore(BIG)
     replay_each(each, records, 0)
     _assert_same(store, each)
-    assert calls == [5, 4]  # record 1 alone (its rows may all be new), then 2-6 and 8-11
+    assert calls == [8, 2]  # record 1 alone (its rows may all be new), then 2-9 (the floor among them), 11-12
 
 
 def test_restart_after_a_torn_tail_of_a_training_log(tmp_path: Path) -> None:
