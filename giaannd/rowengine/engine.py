@@ -25,6 +25,14 @@ State (run.py describes the two kinds of run):
    merged and folded into the base (run.fold_into_base: entry j of the delta lands at
    ``pos[j] + j``, no search).
 
+``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
+delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
+row's sorted stably, one compiled walk per row adds to the base keys in place and folds the new
+keys (each the left fold of its increments in batch order), and those are merged into the base
+once (run.fold_in_place: in place, from the back, into the base's spare room). No delta run, no
+tiers: one move of the base per window instead of a search per entry, a sort of the new keys and
+the tiers' merges and folds per group.
+
 Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its

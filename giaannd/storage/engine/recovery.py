@@ -11,8 +11,8 @@ S), and the log segments. Invariants:
   meets one it cannot apply.
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
-  anyway: replay is idempotent twice over. It is done in bulk (``replay``: groups of consecutive
-  batch records as one engine plan, their increments to a key added in log order), with the
+  anyway: replay is idempotent twice over. It is done in bulk (``replay``: windows of consecutive
+  batch records as one engine call, their increments to a key added in log order), with the
   result of applying them one by one (``replay_each``) bit for bit.
 - A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
   too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
@@ -105,12 +105,13 @@ class ApplyResult:
 #: copy of this many entries, 21 bytes each, on top of the log read), and past a few million
 #: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
-#: Most entries of a group of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
-#: its plan holds ~50 bytes per entry of temporaries (row ids, positions, masks, gathered keys),
-#: and glibc keeps freed arrays under its mmap threshold (up to 32 MiB) in the heap: with groups of
-#: 2^22 entries a restart of tools.bench.snapshot's training-like log kept 61 B per stored entry
-#: resident after it (peak 79), with 2^20 35.6 (peak 51; the replay before groups: 34 / 50), at
-#: the same CPU time (per-group overhead is a few dozen numpy calls per 64 Ki entries).
+#: Most entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
+#: each window merges its new keys into the engine's base once, a move of the whole base
+#: (``run.fold_in_place``), so windows are as large as a log segment (64 MiB, ~3·10^6 entries)
+#: holds. Its temporaries are ~30 bytes per entry (the entries grouped by row, their base
+#: positions); with the freed heap given back after the replay (``return_freed_heap``)
+#: tools.bench.snapshot's restarts kept 24-27 B per stored entry resident after the replay, at a
+#: peak of 35 (Zipf log) and 110 (training-like log: 1.7 logged entries per stored one).
 MAX_REPLAY_GROUP_ENTRIES = 1 << 22
 
 
@@ -152,18 +153,20 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     """Apply the records with seq > ``after_seq``; returns (applied, skipped). Idempotent.
 
     In bulk (issue 14 item 4), with the result of ``replay_each`` bit for bit: consecutive batch
-    records form a group (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
-    once two of them share a row; a floor or drop record ends it, and is applied in log order
-    between groups), applied as one engine plan:
+    records form a window (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
+    once two of them share a row); a floor record goes into the window in its place (it changes
+    the applied set only), a drop record ends it and is applied in log order between windows:
 
     - records whose rows are pairwise disjoint: ``ColumnStore.apply_disjoint`` (each key gets one
       increment). A run of new rows only goes straight into the engine's base (its ``room`` and
       ``new_rows``: below); such a run is applied on its own, before a record that shares a row
-      with it, to keep that path.
+      with it, to keep that path. Whether a run's rows may all be new is known from the log
+      (no earlier record of the segment had them) and one probe of its first record's row keys
+      (an earlier segment or the snapshot may hold them).
     - records that share rows (a training log: every batch adds to rows the ones before added to):
-      ``ColumnStore.apply_in_order``, one plan of the group's keys in which every key's
-      increments are added one at a time in log order (``RowEngine.plan_in_order``: float32
-      sums are those of record-by-record replay).
+      ``ColumnStore.apply_in_order``, one ``RowEngine.apply_in_order`` of the window, in which
+      every key's increments are added one at a time in log order (float32 sums are those of
+      record-by-record replay) and the new keys are merged into the base once.
 
     Records are not checked again (``validate=False``): each was checked when it was applied live
     and is read back under its checksum. Per record, Python work is a few calls; never per row or
