@@ -21,8 +21,8 @@ it is on real rows. Measured in one run:
    before it, ``replay_before.replay_groups_as_before``, and record by record, and the resident
    memory per entry after and at the peak of its restart); the same for the core's own
    training deltas on the scale bench's Zipf stream (``bench_replay_zipf_log``, ``--zipf-sentences``,
-   0 to skip: sparse adds to big rows); and (``--replay-only``) both
-   replays' CPU by phase (``replay_phases``);
+   0 to skip: sparse adds to big rows); and (``--replay-only``) the three replays' CPU by phase
+   (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
@@ -193,8 +193,9 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
                 stack.enter_context(timed(owner, name, phase))
             reader = update_log.SegmentReader()
             snaps = list(d.glob("snapshot-*.snap"))
-            store, after = read_snapshot(snaps[0], BIG) if snaps else (ColumnStore(BIG), 0)
             segments = list_segments(d)
+            store, after = read_snapshot(snaps[0], BIG, room=recovery.replay_room(segments)) if snaps else (
+                ColumnStore(BIG), 0)
             for n, (first, path) in enumerate(segments):
                 start = time.process_time()
                 data = reader.read(path)
@@ -272,7 +273,8 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
     return _replay_log_figures(d, logged, repeat, "training-like log", phases)
 
 
-def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[str, float, str | None]]:
+def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int, phases: bool = False
+                          ) -> list[tuple[str, float, str | None]]:
     """Log replay of the core's own training deltas: ``tools.bench.zipf_stream`` sentences (the
     scale bench's Zipf stream) encoded and trained in batches of 256 (``train_batch``), each
     batch's rows one logged record, as a storage node owning every column logs them. The first
@@ -297,7 +299,7 @@ def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[
             ds.snapshot()
     ds.sync()
     ds.close()
-    return _replay_log_figures(d, logged, repeat, "Zipf training log", False)
+    return _replay_log_figures(d, logged, repeat, "Zipf training log", phases)
 
 
 def _replay_log_figures(d: Path, logged: int, repeat: int, label: str, phases: bool
@@ -378,7 +380,7 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
              f"{gb:.3f} GB of rows")
     replay_figures = (bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
-                      + (bench_replay_zipf_log(tmp, zipf_sentences, repeat) if zipf_sentences else []))
+                      + (bench_replay_zipf_log(tmp, zipf_sentences, repeat, replay_only) if zipf_sentences else []))
     if replay_only:
         _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
         return None

@@ -70,7 +70,7 @@ from giaannd.storage.engine.update_log import (
 )
 
 __all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
-           "SnapshotJob", "replay", "replay_each", "return_freed_heap"]
+           "SnapshotJob", "replay", "replay_each", "replay_room", "return_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,14 @@ def return_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def replay_room(segments: list[tuple[int, Path]]) -> int:
+    """The room a snapshot is loaded with before the log ``segments`` are replayed into it
+    (``read_snapshot``'s ``room``): an entry takes at least ``ENTRY_BYTES`` of log, so their size
+    over that bounds the entries the replay can add. The windows' merges then fill that room
+    (``run.fold_in_place``) instead of copying the loaded rows into larger buffers first."""
+    return sum(path.stat().st_size for _, path in segments) // ENTRY_BYTES
 
 
 def _previous_record(records: list[LogRecord]) -> NDArray[np.int64]:
@@ -309,10 +317,7 @@ class DurableStore:
         segments = list_segments(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            # the replay's merges then fill the loaded fields' room (an entry takes >= ENTRY_BYTES
-            # of log, so this bounds what the log can add), not a copy of them into larger buffers
-            room = sum(p.stat().st_size for _, p in segments) // ENTRY_BYTES
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, room)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, replay_room(segments))
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
