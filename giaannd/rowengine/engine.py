@@ -25,6 +25,14 @@ State (run.py describes the two kinds of run):
    merged and folded into the base (run.fold_into_base: entry j of the delta lands at
    ``pos[j] + j``, no search).
 
+``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
+delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
+row's sorted stably, one compiled walk per row adds to the base keys in place and folds the new
+keys (each the left fold of its increments in batch order), and those are merged into the base
+once (run.fold_in_place: in place, from the back, into the base's spare room). No delta run, no
+tiers: one move of the base per window instead of a search per entry, a sort of the new keys and
+the tiers' merges and folds per group.
+
 Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
@@ -61,11 +69,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.frozen import FrozenEngine
+from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import (
     Run,
     append_rows,
     find_in_gaps,
+    fold_in_place,
     fold_into_base,
     merge_deltas,
     merge_into_slice,
@@ -74,7 +84,7 @@ from giaannd.rowengine.run import (
 )
 from giaannd.rowengine.search import find
 
-__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "OrderedPlan", "RowEngine"]
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -131,26 +141,6 @@ class ApplyPlan:
         return int(self.new_a.shape[0])
 
 
-@dataclass(slots=True, eq=False)
-class OrderedPlan:
-    """A planned ``commit_in_order`` (``RowEngine.plan_in_order``): batches applied one after
-    another as one plan. ``ids``: the row id of every row *occurrence* given (a key occurs once
-    per batch); ``adds``: (run, entry indexes, increments) added with ``np.add.at``, i.e. one at a
-    time in the order given, repeats included; ``new_run``: the keys found nowhere, each holding the
-    left fold of its increments in that order."""
-
-    version: int
-    new_a: U64
-    new_b: U64
-    ids: I64
-    adds: list[tuple[Run, I64, F32]] = field(default_factory=list)
-    new_run: Run | None = None
-
-    @property
-    def new_rows(self) -> int:
-        return int(self.new_a.shape[0])
-
-
 @dataclass(slots=True)
 class EngineStats:
     """Work counters: folds into the base and the base entries they wrote, delta merges and theirs."""
@@ -168,44 +158,6 @@ def _block_gather(starts: I64, lengths: I64) -> I64:
     """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
     out = offsets_of(lengths)
     return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
-
-
-def _new_keys(row: I64, occ: I64, seg: U8, tc: U64, tf: U64, st: F32, pos: I64
-              ) -> tuple[I64, U8, U64, U64, F32, I64]:
-    """Keys found nowhere (``plan_in_order``), in the order given, as the fields of delta-run
-    entries: sorted by (row id, key), each key once, holding its first increment plus the later
-    ones in order. The arrays are the caller's to give (gathers): the result may be them.
-
-    Each row occurrence's entries are sorted already, so a stable sort by row id orders every row
-    that only one occurrence adds new keys to (and none is needed when the row ids already come in
-    order: new rows, each in one batch of the group); the rows that several occurrences add to
-    are sorted by key (a lexsort of their entries only) in the places the stable sort gave them,
-    and only they can hold a key twice."""
-    if row.shape[0] > 1 and bool(np.any(row[1:] < row[:-1])):
-        order = np.argsort(row, kind="stable")
-        row, occ, seg, tc, tf, st, pos = row[order], occ[order], seg[order], tc[order], tf[order], st[order], pos[order]
-    starts = np.ones(row.shape[0], bool)
-    starts[1:] = row[1:] != row[:-1]
-    mixed_at = np.zeros(row.shape[0], bool)  # an entry whose row another occurrence added to before it
-    mixed_at[1:] = ~starts[1:] & (occ[1:] != occ[:-1])
-    if not mixed_at.any():
-        return row, seg, tc, tf, st, pos
-    row_no = np.cumsum(starts) - 1
-    mixed = np.zeros(int(row_no[-1]) + 1, bool)
-    mixed[row_no[mixed_at]] = True
-    at = np.flatnonzero(mixed[row_no])
-    sub = at[np.lexsort((tf[at], tc[at], seg[at]))]  # stable: equal keys stay in log order
-    sub = sub[np.argsort(row[sub], kind="stable")]  # and by row (the block's rows, in place)
-    row[at], seg[at], tc[at], tf[at], st[at], pos[at] = row[sub], seg[sub], tc[sub], tf[sub], st[sub], pos[sub]
-    first = np.ones(row.shape[0], bool)
-    first[1:] = starts[1:] | (seg[1:] != seg[:-1]) | (tc[1:] != tc[:-1]) | (tf[1:] != tf[:-1])
-    if first.all():
-        return row, seg, tc, tf, st, pos
-    slot = np.cumsum(first) - 1
-    value = st[first]  # each key's first increment
-    later = np.flatnonzero(~first)
-    np.add.at(value, slot[later], st[later])  # the later ones, one at a time in log order
-    return row[first], seg[first], tc[first], tf[first], value, pos[first]
 
 
 class RowEngine:
@@ -282,12 +234,10 @@ class RowEngine:
         no entries are registered (``row_ids`` finds them) and hold nothing. ``plan`` + ``commit``."""
         self.commit(self.plan(a, b, offsets, entries))
 
-    def plan(self, a: U64, b: U64, offsets: I64, entries: Entries, owned: bool = False) -> ApplyPlan:
+    def plan(self, a: U64, b: U64, offsets: I64, entries: Entries) -> ApplyPlan:
         """Every search of an ``apply`` (its steps 1-4), without changing anything: the plan knows
         the growth (``new_entries``, ``new_rows``) before anything is written, so a caller can refuse
-        the batch as a whole. Valid until the engine next changes (``commit`` checks).
-        ``owned``: the caller hands ``entries`` over (nothing else holds or writes them), so the
-        engine may keep them as they are instead of copying (a bulk replay's concatenation)."""
+        the batch as a whole. Valid until the engine next changes (``commit`` checks)."""
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         lengths = np.diff(offsets)
@@ -297,7 +247,7 @@ class RowEngine:
         # rows not indexed yet get the next ids in batch order; commit appends them in that order
         ids[new] = len(self._index) + np.arange(new_a.shape[0], dtype=np.int64)
         if new.all():
-            return self._plan_new_rows(new_a, new_b, ids, lengths, entries, owned)
+            return self._plan_new_rows(new_a, new_b, ids, lengths, entries)
         if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
@@ -338,23 +288,20 @@ class RowEngine:
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         return q, q_row, qs, qc, qf, qpos
 
-    def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries,
-                       owned: bool) -> ApplyPlan:
+    def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries) -> ApplyPlan:
         """``plan`` of a batch whose rows are all new (a stream's chunks, a replay of new rows):
         no run holds any of their keys, so there is nothing to search. Their ids are the next ones,
         ascending, so the entries are in the global order as given, and each one's base position
         is the end of the base (a new row's base slice is empty, after every base row). The plan
         is exactly what the general path makes (no adds; every entry in the new run), at the cost
-        of four copies unless ``owned`` (the run must not alias the caller's arrays: in-place adds
-        write into it)."""
+        of four copies (the run must not alias the caller's arrays: in-place adds write into it)."""
         plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
         if entries.st.shape[0] == 0:
             return plan
         row = np.repeat(ids, lengths)
         pos = np.full(row.shape[0], self._base.num_entries, np.int64)
-        e = entries if owned else Entries(entries.seg.copy(), entries.tc.copy(), entries.tf.copy(),
-                                          entries.st.copy())
-        plan.new_run = Run.from_sorted(row, e.seg, e.tc, e.tf, e.st, pos)
+        plan.new_run = Run.from_sorted(row, entries.seg.copy(), entries.tc.copy(), entries.tf.copy(),
+                                       entries.st.copy(), pos)
         return plan
 
     def append_new_rows(self, a: U64, b: U64, lengths: I64, parts: Sequence[Entries], room: int = 0) -> I64 | None:
@@ -389,24 +336,14 @@ class RowEngine:
         """
         if plan.version != self._version:
             raise RuntimeError("stale ApplyPlan: the engine changed after plan()")
-        self._carry_out(plan.new_a, plan.new_b, plan.adds, plan.new_run, in_order=False)
-
-    def _carry_out(self, new_a: U64, new_b: U64, adds: list[tuple[Run, I64, F32]], new_run: Run | None,
-                   in_order: bool) -> None:
-        """The writes of a checked plan (``commit``, ``commit_in_order``): new rows' keys, in-place
-        adds (``in_order``: ``np.add.at``, repeats one at a time in the order given; else each
-        index once, a plain fancy-index add), the new delta run."""
         self._version += 1
-        if new_a.shape[0]:
-            self._index.append(new_a, new_b)
+        if plan.new_a.shape[0]:
+            self._index.append(plan.new_a, plan.new_b)
         self._grow_lengths(len(self._index))
-        for run, at, add in adds:
-            if in_order:
-                np.add.at(run.st, at, add)
-            else:
-                run.st[at] += add
-        if new_run is not None:
-            self._add_delta(new_run)
+        for run, at, add in plan.adds:
+            run.st[at] += add
+        if plan.new_run is not None:
+            self._add_delta(plan.new_run)
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
@@ -424,86 +361,47 @@ class RowEngine:
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
         return merge_deltas(older, newer)
 
-    def plan_in_order(self, a: U64, b: U64, offsets: I64, entries: Entries) -> OrderedPlan:
-        """``plan`` of canonical batches concatenated (log replay of batches that share rows,
-        recovery.py): row occurrence i is key ``(a[i], b[i])`` with entries
-        ``entries[offsets[i]:offsets[i+1]]`` (sorted, unique keys), and a key may occur again in a
-        later batch. ``commit_in_order`` then leaves the engine as ``apply`` of each batch in turn:
-        the same row ids (new rows numbered in order of first occurrence), lengths and strengths
-        bit for bit, because every key's increments are added one at a time in the order given
-        (``np.add.at``; a new key starts from its first increment, as an insert does). Only the
-        runs' layout differs (one delta run for the whole group).
+    def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]]) -> I64:
+        """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
+        replay of batches that share rows and keys, recovery.py). The engine ends as ``apply`` of
+        each batch in turn leaves it: the same row ids (new rows numbered in order of first
+        occurrence), lengths and strengths bit for bit, since every key's increments are added one
+        at a time in batch order, a new key starting from its first. Only the runs' layout differs:
+        no delta run is left. Returns the row id of every row occurrence, batch after batch. The
+        batches' arrays are read, not kept.
 
-        Why it is cheaper than a plan per batch: the base is searched for every entry of a held
-        row in one compiled pass (``search.find``, which gallops through a row occurrence that
-        carries every key of its row at two comparisons per entry instead of log2(row length));
-        the entries of new rows are searched for nowhere (their
-        rows are in no run); each delta run is searched once per group for what the base lacks,
-        not once per batch; the new keys form one delta run (fewer merges and folds). What it
-        adds: sorting the new keys into row order (none when they already are: new rows, each in
-        one batch; a stable sort by row id otherwise, and a lexsort only of the rows that several
-        batches add new keys to). Every entry of a held row is still searched for (a key's
-        repeats across the group are not merged first: that takes a sort of every entry, which
-        costs more than the search). Valid until the engine next changes (``commit_in_order``
-        checks). ``entries`` are not kept: the new run is built from copies."""
-        a = np.asarray(a, np.uint64)
-        b = np.asarray(b, np.uint64)
-        offsets = np.asarray(offsets, np.int64)
-        lengths = np.diff(offsets)
-        held = len(self._index)
-        ids = self._index.lookup(a, b)
-        new = np.flatnonzero(ids < 0)
-        new_a, new_b = a[new], b[new]
-        if new.shape[0]:  # a new key's id: the next ones, in order of first occurrence
-            order = np.lexsort((new_b, new_a))  # stable: the first of equal keys is the earliest
-            sa, sb = new_a[order], new_b[order]
-            first = np.ones(order.shape[0], bool)
-            first[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
-            by_time = np.argsort(order[first], kind="stable")  # distinct keys by first occurrence
-            rank = np.empty(by_time.shape[0], np.int64)
-            rank[by_time] = np.arange(by_time.shape[0], dtype=np.int64)
-            got = np.empty(order.shape[0], np.int64)
-            got[order] = held + rank[np.cumsum(first) - 1]
-            ids[new] = got
-            new_a, new_b = sa[first][by_time], sb[first][by_time]
-        plan = OrderedPlan(self._version, new_a, new_b, ids)
-        seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
-        if st.shape[0] == 0:
-            return plan
-        occ = np.repeat(np.arange(ids.shape[0], dtype=np.int64), lengths)  # each entry's row occurrence
-        row = ids[occ]
-        fresh = row >= held  # entries of new rows: new keys, searched for nowhere
-        old = np.flatnonzero(~fresh)
+        How (inorder.py): the delta runs are folded into the base first (there are none after a
+        snapshot's load or an earlier call), so every key is in the base or new; the entries are
+        grouped by row, each row's sorted stably; one compiled walk per row adds to the base keys in
+        place and folds the new ones, which are merged into the base once (``run.fold_in_place``).
+        No search per entry in log order, no delta run, no tier merges: one merge per call, so a
+        caller gives it many batches at a time (a replay's window).
+
+        Moves the base's entries in place (``run.fold_in_place``): views of the engine's arrays
+        handed out before, and ``freeze``'s, must be gone (a start-up replay, before any read)."""
+        self.compact()
+        ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
+        self._version += 1
+        self._grow_lengths(len(self._index))
+        ids_all = np.concatenate(ids) if ids else np.empty(0, np.int64)
+        if not any(e.st.shape[0] for _, _, _, e in batches):
+            return ids_all
+        starts, gseg, gtc, gtf, gst = by_row(
+            [(i, o, e.seg, e.tc, e.tf, e.st) for i, (_, _, o, e) in zip(ids, batches)], len(self._index))
+        rows = np.flatnonzero(starts[1:] != starts[:-1])
         base = self._base
-        lo, hi = base.ranges(ids)
-        old_occ = occ[old]
-        pos, hit = find(base.seg, base.tc, base.tf, lo[old_occ], hi[old_occ], seg[old], tc[old], tf[old])
-        plan.adds.append((base, pos[hit], st[old[hit]]))  # in log order (np.add.at in commit)
-        miss = np.flatnonzero(~hit)
-        q = old[miss]  # in the order given: a delta run's adds stay in log order
-        q_occ = occ[q]
-        qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[miss]
-        q, q_occ, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_occ, qs, qc, qf, qpos, st, plan.adds)
-        # the new keys of held rows (ids < held), then those of new rows: in row order as a whole
-        parts = [_new_keys(row[q], q_occ, qs, qc, qf, st[q], qpos)] if q.shape[0] else []
-        f = np.flatnonzero(fresh)
-        if f.shape[0]:  # a new row's base position: where its (empty) base slice is, the base's end
-            f_occ = occ[f]
-            parts.append(_new_keys(row[f], f_occ, seg[f], tc[f], tf[f], st[f], lo[f_occ]))
-        if parts:
-            fields = [np.concatenate(x) if len(parts) > 1 else x[0] for x in zip(*parts)]
-            plan.new_run = Run.from_sorted(*fields)
-        return plan
-
-    def commit_in_order(self, plan: OrderedPlan) -> None:
-        """Carry out a ``plan_in_order``; nothing may change the engine between the two.
-
-        Raises:
-            RuntimeError: the engine changed after the plan was made (nothing is written).
-        """
-        if plan.version != self._version:
-            raise RuntimeError("stale OrderedPlan: the engine changed after plan_in_order()")
-        self._carry_out(plan.new_a, plan.new_b, plan.adds, plan.new_run, in_order=True)
+        lo, hi = base.ranges(rows)
+        m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, rows, starts, lo, hi, gseg, gtc, gtf, gst)
+        if m:
+            got = counts > 0
+            delta = Run(rows[got], offsets_of(counts[got]), gseg[:m], gtc[:m], gtf[:m], gst[:m], pos)
+            self._lengths[delta.rows] += counts[got]
+            self._entries += m
+            self.stats.folds += 1
+            self.stats.fold_entries += base.num_entries + m
+            self._base = Run.empty()
+            self._base = fold_in_place(base, delta)
+        return ids_all
 
     def compact(self) -> None:
         """Fold every delta run into the base (reads then return views, without a copy)."""
@@ -662,10 +560,12 @@ class RowEngine:
 
     @classmethod
     def from_arrays(cls, a: U64, b: U64, offsets: I64, entries: Entries, fanout: int = DEFAULT_FANOUT,
-                    base_ratio: int = DEFAULT_BASE_RATIO) -> RowEngine:
+                    base_ratio: int = DEFAULT_BASE_RATIO, spare: bool = False) -> RowEngine:
         """An engine holding row i = key ``(a[i], b[i])`` with entries ``entries[offsets[i]:offsets[i+1]]``
         (canonical: the caller checked), as one base run that *is* the given arrays (no copy): a
-        snapshot's load is its reads, and the key index built in one vectorised pass.
+        snapshot's load is its reads, and the key index built in one vectorised pass. ``spare``: the
+        four entry arrays are prefixes of buffers with room past their end, handed over to the
+        engine (``Run.spare``: its folds and appends write into that room).
 
         Raises:
             ValueError: a key repeats.
@@ -674,7 +574,8 @@ class RowEngine:
         offsets = np.asarray(offsets, np.int64)
         engine._index = KeyIndex.from_keys(a, b)
         r = len(engine._index)
-        engine._base = Run(np.arange(r, dtype=np.int64), offsets, entries.seg, entries.tc, entries.tf, entries.st)
+        engine._base = Run(np.arange(r, dtype=np.int64), offsets, entries.seg, entries.tc, entries.tf, entries.st,
+                           spare=spare)
         engine._grow_lengths(r)
         engine._lengths[:r] = np.diff(offsets)
         engine._entries = int(offsets[-1]) if r else 0

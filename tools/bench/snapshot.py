@@ -17,12 +17,12 @@ it is on real rows. Measured in one run:
    run concatenated, planned as a delta run and folded: ``_open_as_before``), and record-by-record
    replay (``recovery.replay_each``); the resident memory a fresh process gains by a replay, after
    it and at its peak; the replay of a training-like log, where batches share rows
-   (``bench_replay_training_log``: group replay, with the same-run baselines of the replay before
-   it, runs of row-disjoint records, ``_replay_runs_as_before``, and record by record, and the
-   resident memory per entry after and at the peak of its restart); the same for the core's own
+   (``bench_replay_training_log``: window replay, with the same-run baselines of the group replay
+   before it, ``replay_before.replay_groups_as_before``, and record by record, and the resident
+   memory per entry after and at the peak of its restart); the same for the core's own
    training deltas on the scale bench's Zipf stream (``bench_replay_zipf_log``, ``--zipf-sentences``,
-   0 to skip: sparse adds to big rows); and (``--replay-only``) both
-   replays' CPU by phase (``replay_phases``);
+   0 to skip: sparse adds to big rows); and (``--replay-only``) the three replays' CPU by phase
+   (``replay_phases``);
 2. apply latency during a snapshot: the p99 of ``DurableStore.apply`` (training-like delta batches:
    in-place adds to stored rows plus new rows) while a snapshot is written in a worker thread
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
@@ -63,6 +63,7 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.recovery import replay_each
 from giaannd.storage.engine.snapshot import read_snapshot
 from giaannd.storage.engine.update_log import list_segments, scan_segment
+from tools.bench.replay_before import open_as_before, replay_groups_as_before
 from tools.bench.report import emit_figure, print_table
 from tools.bench.zipf_stream import ZipfStream
 
@@ -141,47 +142,8 @@ def _open_as_before(d: Path) -> None:
         stack.enter_context(mock.patch.object(update_log.SegmentReader, "read",
                                               lambda self, p: memoryview(p.read_bytes())))
         stack.enter_context(mock.patch.object(RowEngine, "append_new_rows", lambda *a, **k: None))
+        stack.enter_context(mock.patch.object(recovery, "replay", replay_groups_as_before))
         DurableStore.open(d, BIG).close()
-
-
-def _replay_runs_as_before(store: ColumnStore, records: list[update_log.LogRecord], after_seq: int) -> tuple[int, int]:
-    """Baseline: ``recovery.replay`` as it was before group replay: a run of row-disjoint records
-    as one engine apply, a record sharing a row with the run ending it (on a training log, one
-    apply per record)."""
-    applied = skipped = 0
-    todo = [r for r in records if r.seq > after_seq]
-    skipped += len(records) - len(todo)
-    prev = recovery._previous_record(todo)
-    first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
-                          np.int64)
-    room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
-    run: list[tuple[BatchId, RowBatch]] = []
-    run_start = run_entries = 0
-    run_fresh = True
-
-    def flush(end: int) -> None:
-        nonlocal applied, skipped
-        if run:
-            done = store.apply_disjoint(run, int(room_after[end]), new_rows=run_fresh)
-            applied, skipped = applied + done, skipped + len(run) - done
-            run.clear()
-
-    for i, rec in enumerate(todo):
-        if rec.kind == update_log.KIND_BATCH:
-            assert rec.batch_id is not None and rec.batch is not None
-            if run and (prev[i] >= run_start or run_entries + rec.batch.num_entries > recovery.MAX_REPLAY_RUN_ENTRIES):
-                flush(i)
-            if not run:
-                run_start, run_entries, run_fresh = i, 0, True
-            run_fresh = run_fresh and bool(prev[i] < 0)
-            run.append((rec.batch_id, rec.batch))
-            run_entries += rec.batch.num_entries
-            continue
-        flush(i)
-        recovery._apply_marker(store, rec)
-        applied += 1
-    flush(len(todo))
-    return applied, skipped
 
 
 def _replay_record_by_record(d: Path) -> None:
@@ -220,19 +182,20 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
         with ExitStack() as stack:
             for owner, name, phase in ((recovery, "_previous_record", "replay: row-overlap lexsort"),
                                        (KeyIndex, "lookup", "replay: key index"),
+                                       (KeyIndex, "lookup_or_add", "replay: key index"),
                                        (KeyIndex, "append", "replay: key index"),
                                        (KeyIndex, "append_new", "replay: key index"),
                                        (engine_mod, "append_rows", "replay: copy into the base"),
-                                       (engine_mod, "find", "replay: group search of the base"),
-                                       (engine_mod, "find_in_gaps", "replay: delta runs' search"),
-                                       (engine_mod, "_new_keys", "replay: group new keys sorted"),
-                                       (RowEngine, "commit_in_order", "replay: group commit (adds, delta, folds)"),
+                                       (engine_mod, "by_row", "replay: window grouped by row"),
+                                       (engine_mod, "fold_rows", "replay: window's rows sorted, added, new keys"),
+                                       (engine_mod, "fold_in_place", "replay: window's new keys merged into the base"),
                                        (update_log, "_decode_payload", "decode and row checks")):
                 stack.enter_context(timed(owner, name, phase))
             reader = update_log.SegmentReader()
             snaps = list(d.glob("snapshot-*.snap"))
-            store, after = read_snapshot(snaps[0], BIG) if snaps else (ColumnStore(BIG), 0)
             segments = list_segments(d)
+            store, after = read_snapshot(snaps[0], BIG, room=recovery.replay_room(segments)) if snaps else (
+                ColumnStore(BIG), 0)
             for n, (first, path) in enumerate(segments):
                 start = time.process_time()
                 data = reader.read(path)
@@ -285,13 +248,12 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
                               ) -> list[tuple[str, float, str | None]]:
     """Log replay of a training-like log: a snapshot of ``entries`` * 0.4 entries grown by new rows,
     then ``_apply_stream``'s batches (in-place adds to 1,500 stored rows + 500 new rows each) for
-    about 1.4 times ``entries`` logged entries. Consecutive batches share rows: replayed in groups
-    (``recovery.replay``), where the replay before made runs one record long (one engine apply per
-    record). In s per GB of logged entries, the snapshot's load taken off; the baselines are that
-    replay (``_replay_runs_as_before``) and record-by-record replay of the same segments, timed in
-    the same run, interleaved. Each batch adds to every key of the rows it picks (whole rows read
-    back): the case ``search.find``'s gallop serves (two comparisons per entry); a batch adding to a sparse subset of a
-    row's keys pays its search."""
+    about 1.4 times ``entries`` logged entries. Consecutive batches share rows: replayed in windows
+    (``recovery.replay``, ``RowEngine.apply_in_order``). In s per GB of logged entries, the
+    snapshot's load taken off; the baselines are the group replay before it
+    (``replay_before.replay_groups_as_before``) and record-by-record replay of the same segments,
+    timed in the same run, interleaved. Each batch adds to every key of the rows it picks (whole
+    rows read back): a window's rows then hold few new keys."""
     rng = np.random.default_rng(16)
     d = tmp / "training"
     ds = DurableStore.open(d, BIG)
@@ -311,13 +273,14 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
     return _replay_log_figures(d, logged, repeat, "training-like log", phases)
 
 
-def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[str, float, str | None]]:
+def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int, phases: bool = False
+                          ) -> list[tuple[str, float, str | None]]:
     """Log replay of the core's own training deltas: ``tools.bench.zipf_stream`` sentences (the
     scale bench's Zipf stream) encoded and trained in batches of 256 (``train_batch``), each
     batch's rows one logged record, as a storage node owning every column logs them. The first
     half is snapshotted, the second half replayed. Unlike ``bench_replay_training_log`` the
     batches add to a sparse subset of their rows' keys (a hot row gains a few hundred of its
-    10^4-10^5 keys per batch): ``search.find`` bisects each row for each entry."""
+    10^4-10^5 keys per batch), and most of the log's entries are new keys (the store doubles)."""
     d = tmp / "zipf"
     ds = DurableStore.open(d, BIG)
     assigner = ColumnAssigner()
@@ -336,14 +299,15 @@ def bench_replay_zipf_log(tmp: Path, sentences: int, repeat: int) -> list[tuple[
             ds.snapshot()
     ds.sync()
     ds.close()
-    return _replay_log_figures(d, logged, repeat, "Zipf training log", False)
+    return _replay_log_figures(d, logged, repeat, "Zipf training log", phases)
 
 
 def _replay_log_figures(d: Path, logged: int, repeat: int, label: str, phases: bool
                         ) -> list[tuple[str, float, str | None]]:
-    """Replay timings of the store in ``d`` (a snapshot, then ``logged`` entries of log): group
-    replay against the replay before groups and record by record, interleaved, in CPU s per GB
-    of logged entries (the snapshot's load taken off); RSS after and at the peak of a restart."""
+    """Replay timings of the store in ``d`` (a snapshot, then ``logged`` entries of log): window
+    replay against the group replay before it (tools/bench/replay_before.py) and record by record,
+    interleaved, in CPU s per GB of logged entries (the snapshot's load taken off); RSS after and
+    at the peak of a restart."""
     gb = logged * ENTRY_BYTES / 1e9
     snap = next(d.glob("snapshot-*.snap"))
 
@@ -353,12 +317,8 @@ def _replay_log_figures(d: Path, logged: int, repeat: int, label: str, phases: b
         for n, (first, path) in enumerate(segments):
             replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, 0)
 
-    def runs() -> None:
-        with mock.patch.object(recovery, "replay", _replay_runs_as_before):
-            DurableStore.open(d, BIG).close()
-
     variants = {"load": lambda: read_snapshot(snap, BIG), "now": lambda: DurableStore.open(d, BIG).close(),
-                "runs": runs, "each": each}
+                "groups": lambda: open_as_before(d, BIG), "each": each}
     cpu = dict.fromkeys(variants, float("inf"))
     for _ in range(repeat):
         for name, fn in variants.items():
@@ -370,12 +330,12 @@ def _replay_log_figures(d: Path, logged: int, repeat: int, label: str, phases: b
     return [
         (f"{label} replay ({logged:,} entries logged), CPU time (s/GB of log)",
          (cpu["now"] - cpu["load"]) / gb, "<= 1.0"),
-        (f"baseline: {label}, runs of disjoint records (replay before groups), CPU time (s/GB of log)",
-         (cpu["runs"] - cpu["load"]) / gb, None),
+        (f"baseline: {label}, group replay before windows, CPU time (s/GB of log)",
+         (cpu["groups"] - cpu["load"]) / gb, None),
         (f"baseline: {label}, record by record, CPU time (s/GB of log)", (cpu["each"] - cpu["load"]) / gb,
          None),
-        (f"{label} replay CPU time, runs before / groups now (ratio)",
-         (cpu["runs"] - cpu["load"]) / (cpu["now"] - cpu["load"]), None),
+        (f"{label} replay CPU time, groups before / windows now (ratio)",
+         (cpu["groups"] - cpu["load"]) / (cpu["now"] - cpu["load"]), None),
         (f"storage RSS per entry after a {label}'s restart (B)", rss, "<= 32"),
         (f"peak RSS per entry during a {label}'s restart (B)", peak, None),
     ] + (replay_phases(d, gb, repeat, f"{label}: ") if phases else [])
@@ -420,7 +380,7 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
              f"{gb:.3f} GB of rows")
     replay_figures = (bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
-                      + (bench_replay_zipf_log(tmp, zipf_sentences, repeat) if zipf_sentences else []))
+                      + (bench_replay_zipf_log(tmp, zipf_sentences, repeat, replay_only) if zipf_sentences else []))
     if replay_only:
         _report(title, replay_figures + replay_phases(d, gb, repeat), as_json)
         return None

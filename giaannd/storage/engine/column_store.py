@@ -46,7 +46,7 @@ work; the key index built in one vectorised pass).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +70,7 @@ __all__ = [
     "ROW_OVERHEAD_BYTES",
     "ColumnStore",
     "DropResult",
+    "Floor",
     "PartRead",
     "FrozenRows",
     "PreparedApply",
@@ -152,6 +153,15 @@ class PreparedApply:
     #: rows of ``batch`` the store does not hold, which ``commit`` appends straight into the
     #: engine's base after ``plan`` (then over the held rows only): a stream item's (``append_writers``)
     appended: RowBatch | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """A writer's floor among the batches of a bulk replay (``apply_in_order``, ``apply_disjoint``):
+    advanced in its place in the order, as a floor record is replayed (applied_set.py)."""
+
+    writer: int
+    floor: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +418,8 @@ class ColumnStore:
         self._touches[ids] += np.uint64(1)
         self._rows_version = self._version
 
-    def apply_disjoint(self, items: list[tuple[BatchId, RowBatch]], room: int = 0, new_rows: bool = True) -> int:
+    def apply_disjoint(self, items: Sequence[tuple[BatchId, RowBatch] | Floor], room: int = 0,
+                       new_rows: bool = True) -> int:
         """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
         validate=False, enforce_capacity=False)`` + ``commit`` of each would, given that no row
         key occurs in two of the batches (the caller checked). Returns how many were applied (the
@@ -419,14 +430,16 @@ class ColumnStore:
         does; then every row the batches touch is touched by one of them only, so one engine apply
         of their concatenation (in batch order: new rows get the same ids as one by one) adds each
         key's increment once to the same value, and ``touches`` grows by one per row, as it would.
-        What differs is only how the engine lays its runs out (fewer, larger delta runs and folds).
+        What differs is only how the engine lays its runs out (no delta run: the base holds all).
 
         When every row of the run is new (a replay of a store's growth, of a stream's chunks), the
         entries go straight into the engine's base (``RowEngine.append_new_rows``: one copy of each
         batch, no concatenation, search, delta run or fold); ``room`` is its hint of the entries
-        that may follow. Otherwise the batches are concatenated and planned as one apply.
+        that may follow. Otherwise the batches are applied as by ``apply_in_order`` (one
+        ``RowEngine.apply_in_order``: every key gets at most one increment from them).
         ``new_rows`` False: the caller knows some row is stored already (a record shared it with an
         earlier one), so the straight path is not tried (its refusal costs a probe of every key).
+        For a start-up replay only, as ``apply_in_order``.
         """
         applied, pieces = self._replay_parts(items)
         self._version += 1
@@ -443,24 +456,24 @@ class ColumnStore:
             self._touches[ids] += np.uint64(1)
             self._rows_version = self._version
             return applied
-        starts = np.cumsum([0] + [p.num_entries for p in pieces[:-1]])
-        offsets = cat([pieces[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(pieces, starts.tolist())])
-        plan = self.engine.plan(cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),
-                                offsets.astype(np.int64, copy=False),
-                                Entries(cat([p.segment for p in pieces]), cat([p.target_column for p in pieces]),
-                                        cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])),
-                                owned=True)  # (the concatenation is a copy only this apply holds)
-        self._commit_plan(plan)
+        self._apply_in_order(pieces)
         return applied
 
-    def _replay_parts(self, items: list[tuple[BatchId, RowBatch]]) -> tuple[int, list[RowBatch]]:
-        """The applied-set part of ``prepare`` + ``commit`` for each of ``items`` in order (which
+    def _replay_parts(self, items: Sequence[tuple[BatchId, RowBatch] | Floor]) -> tuple[int, list[RowBatch]]:
+        """The applied-set part of ``prepare`` + ``commit`` for each batch of ``items`` in order (which
         id, which columns: applied_set.py "Which columns"; an id seen before, earlier in ``items``
-        too, skips what it applied), recorded as it goes. Returns how many were applied and the
-        parts to apply to the rows (rows without entries left out; parts with no rows too)."""
+        too, skips what it applied), recorded as it goes, and each ``Floor`` advanced in its place
+        (a floor changes the applied set only, so the rows part of the batches around it need not
+        wait for it). Returns how many items were applied (floors count) and the parts to apply to
+        the rows (rows without entries left out; parts with no rows too)."""
         pieces: list[RowBatch] = []
         applied = 0
-        for batch_id, batch in items:
+        for item in items:
+            if isinstance(item, Floor):
+                self.advance_floor(item.writer, item.floor)
+                applied += 1
+                continue
+            batch_id, batch = item
             batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
             done = self.applied.columns(batch_id)
             if done is None:
@@ -481,41 +494,47 @@ class ColumnStore:
                 pieces.append(batch)
         return applied, pieces
 
-    def apply_in_order(self, items: list[tuple[BatchId, RowBatch]]) -> int:
+    def apply_in_order(self, items: Sequence[tuple[BatchId, RowBatch] | Floor]) -> int:
         """Log replay of batches that share rows (recovery.py, issue 14 item 4): apply ``items`` in
         order, as ``prepare(id, batch, validate=False, enforce_capacity=False)`` + ``commit`` of
-        each would, bit for bit, as one engine plan (``RowEngine.plan_in_order``). Returns how many
-        were applied (the others' ids were applied before).
+        each would, bit for bit, in one engine call (``RowEngine.apply_in_order``). Returns how
+        many were applied (the others' ids were applied before).
 
         Why the result is the same: the applied-set part is decided batch by batch, in order, as
         ``prepare`` does (``_replay_parts``); the engine adds every key's increments one at a time
-        in that order, numbers new rows in order of first occurrence, and ``touches`` grows by one
-        per batch that touches a row (a row occurs once per batch). The row-size counts are those
-        of the rows' final lengths, which is what the per-batch updates sum to."""
+        in that order and numbers new rows in order of first occurrence, and ``touches`` grows by
+        one per batch that touches a row (a row occurs once per batch). The row-size counts are
+        those of the rows' final lengths, which is what the per-batch updates sum to.
+
+        For a start-up replay only (as ``apply_disjoint``): the engine's base moves in place
+        (``RowEngine.apply_in_order``), so no view of the store's rows (a read, a ``freeze``) may
+        be held."""
         applied, pieces = self._replay_parts(items)
         self._version += 1
         if not pieces:
             return applied
-        cat = np.concatenate
-        starts = np.cumsum([0] + [p.num_entries for p in pieces[:-1]])
-        offsets = cat([pieces[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(pieces, starts.tolist())])
+        self._apply_in_order(pieces)
+        return applied
+
+    def _apply_in_order(self, pieces: list[RowBatch]) -> None:
+        """The rows part of ``apply_in_order`` and ``apply_disjoint``: one ``RowEngine.apply_in_order``
+        of ``pieces``, then the row-size counts, ``touches`` and the row set's
+        version as a commit of each piece would leave them."""
         engine = self.engine
-        plan = engine.plan_in_order(
-            cat([p.row_column for p in pieces]), cat([p.row_feature for p in pieces]),
-            offsets.astype(np.int64, copy=False),
-            Entries(cat([p.segment for p in pieces]), cat([p.target_column for p in pieces]),
-                    cat([p.target_feature for p in pieces]), cat([p.strength for p in pieces])))
-        mark = np.zeros(engine.num_rows + plan.new_rows, bool)  # the distinct rows (cheaper than a sort)
-        mark[plan.ids] = True
+        held = engine.num_rows
+        before = engine.lengths().copy()
+        ids = engine.apply_in_order([(p.row_column, p.row_feature, p.offsets,
+                                      Entries(p.segment, p.target_column, p.target_feature, p.strength))
+                                     for p in pieces])
+        mark = np.zeros(engine.num_rows, bool)  # the distinct rows (cheaper than a sort)
+        mark[ids] = True
         touched = np.flatnonzero(mark)
-        self._count_sizes(engine.lengths()[touched[touched < engine.num_rows]], -1)
-        engine.commit_in_order(plan)
+        self._count_sizes(before[touched[touched < held]], -1)
         self._count_sizes(engine.lengths()[touched])
         self._grow_touches(engine.num_rows)
-        np.add.at(self._touches, plan.ids, np.uint64(1))
-        if plan.new_rows:
+        np.add.at(self._touches, ids, np.uint64(1))
+        if engine.num_rows > held:
             self._rows_version = self._version
-        return applied
 
     def _commit_plan(self, plan: ApplyPlan) -> None:
         """The engine part of ``commit``: the plan, the row-size counts, ``touches``."""
@@ -740,6 +759,11 @@ class ColumnStore:
         offsets, got = self._gather(ids[present]) if present.any() else (np.zeros(1, np.int64), Row.empty())
         return present.astype(np.uint8), rows_digest(offsets, got, version)
 
+    def holds_any(self, row_column: ArrayLike, row_feature: ArrayLike) -> bool:
+        """Whether any of the given rows is stored (one probe of the key index per key)."""
+        rc, rf = _keys(row_column, row_feature)
+        return bool(np.any(self.engine.row_ids(rc, rf) >= 0))
+
     def row_touches(self, row_column: ArrayLike, row_feature: ArrayLike
                     ) -> tuple[NDArray[np.bool_], NDArray[np.uint64]]:
         """Which of the given rows are stored, and each one's ``touches`` (0 when absent): with
@@ -779,11 +803,14 @@ class ColumnStore:
             yield key, int(self._touches[i]), pack_regions(np.array([0, len(row)], np.int64), row).data
 
     def load_bulk(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
-                  offsets: NDArray[np.int64], rows: Row, touches: NDArray[np.uint64]) -> None:
+                  offsets: NDArray[np.int64], rows: Row, touches: NDArray[np.uint64], spare: bool = False) -> None:
         """Install every row of a snapshot at once (the caller validated them: keys unique, offsets
         a partition of the entries into non-empty rows, each row canonical), in the order given:
         the arrays become the engine's base run as they are (no copy, no per-row work). Only into
         an empty store; not capacity-checked (recovery must restore what was acknowledged).
+
+        ``spare``: the four entry arrays are prefixes of buffers with room past their end that the
+        caller hands over (``RowEngine.from_arrays``): a replay's merges fill that room.
 
         Raises:
             ValueError: the store holds rows, or a key repeats.
@@ -792,7 +819,7 @@ class ColumnStore:
             raise ValueError("load_bulk into a store that already holds rows")
         self.engine = RowEngine.from_arrays(
             row_column, row_feature, offsets,
-            Entries(rows.segment, rows.target_column, rows.target_feature, rows.strength))
+            Entries(rows.segment, rows.target_column, rows.target_feature, rows.strength), spare=spare)
         n = self.engine.num_rows
         self._touches = np.zeros(max(1024, n), np.uint64)
         self._touches[:n] = touches

@@ -11,8 +11,8 @@ S), and the log segments. Invariants:
   meets one it cannot apply.
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
-  anyway: replay is idempotent twice over. It is done in bulk (``replay``: groups of consecutive
-  batch records as one engine plan, their increments to a key added in log order), with the
+  anyway: replay is idempotent twice over. It is done in bulk (``replay``: windows of consecutive
+  batch records as one engine call, their increments to a key added in log order), with the
   result of applying them one by one (``replay_each``) bit for bit.
 - A drop (``drop_columns``: rows of columns this node no longer owns, release.py) is a log record
   too, appended before the rows leave RAM, and replayed in log order like the rest: a batch before
@@ -54,13 +54,14 @@ from numpy.typing import NDArray
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from giaannd.storage.engine.column_store import ColumnStore, DropResult, FrozenRows
+from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
     KIND_DROP,
+    KIND_FLOOR,
     LogRecord,
     SegmentReader,
     SegmentScan,
@@ -70,7 +71,7 @@ from giaannd.storage.engine.update_log import (
 )
 
 __all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
-           "SnapshotJob", "replay", "replay_each", "return_freed_heap"]
+           "SnapshotJob", "replay", "replay_each", "replay_room", "return_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +106,14 @@ class ApplyResult:
 #: copy of this many entries, 21 bytes each, on top of the log read), and past a few million
 #: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
-#: Most entries of a group of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
-#: its plan holds ~50 bytes per entry of temporaries (row ids, positions, masks, gathered keys),
-#: and glibc keeps freed arrays under its mmap threshold (up to 32 MiB) in the heap: with groups of
-#: 2^22 entries a restart of tools.bench.snapshot's training-like log kept 61 B per stored entry
-#: resident after it (peak 79), with 2^20 35.6 (peak 51; the replay before groups: 34 / 50), at
-#: the same CPU time (per-group overhead is a few dozen numpy calls per 64 Ki entries).
-MAX_REPLAY_GROUP_ENTRIES = 1 << 20
+#: Most entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
+#: each window merges its new keys into the engine's base once, a move of the whole base
+#: (``run.fold_in_place``), so windows are as large as a log segment (64 MiB, ~3·10^6 entries)
+#: holds. Its temporaries are ~30 bytes per entry (the entries grouped by row, their base
+#: positions); with the freed heap given back after the replay (``return_freed_heap``)
+#: tools.bench.snapshot's restarts kept 24-27 B per stored entry resident after the replay, at a
+#: peak of 35 (Zipf log) and 110 (training-like log: 1.7 logged entries per stored one).
+MAX_REPLAY_GROUP_ENTRIES = 1 << 22
 
 
 def return_freed_heap() -> bool:
@@ -132,6 +134,14 @@ def return_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def replay_room(segments: list[tuple[int, Path]]) -> int:
+    """The room a snapshot is loaded with before the log ``segments`` are replayed into it
+    (``read_snapshot``'s ``room``): an entry takes at least ``ENTRY_BYTES`` of log, so their size
+    over that bounds the entries the replay can add. The windows' merges then fill that room
+    (``run.fold_in_place``) instead of copying the loaded rows into larger buffers first."""
+    return sum(path.stat().st_size for _, path in segments) // ENTRY_BYTES
 
 
 def _previous_record(records: list[LogRecord]) -> NDArray[np.int64]:
@@ -155,18 +165,20 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     """Apply the records with seq > ``after_seq``; returns (applied, skipped). Idempotent.
 
     In bulk (issue 14 item 4), with the result of ``replay_each`` bit for bit: consecutive batch
-    records form a group (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
-    once two of them share a row; a floor or drop record ends it, and is applied in log order
-    between groups), applied as one engine plan:
+    records form a window (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
+    once two of them share a row); a floor record goes into the window in its place (it changes
+    the applied set only), a drop record ends it and is applied in log order between windows:
 
     - records whose rows are pairwise disjoint: ``ColumnStore.apply_disjoint`` (each key gets one
       increment). A run of new rows only goes straight into the engine's base (its ``room`` and
       ``new_rows``: below); such a run is applied on its own, before a record that shares a row
-      with it, to keep that path.
+      with it, to keep that path. Whether a run's rows may all be new is known from the log
+      (no earlier record of the segment had them) and one probe of its first record's row keys
+      (an earlier segment or the snapshot may hold them).
     - records that share rows (a training log: every batch adds to rows the ones before added to):
-      ``ColumnStore.apply_in_order``, one plan of the group's keys in which every key's
-      increments are added one at a time in log order (``RowEngine.plan_in_order``: float32
-      sums are those of record-by-record replay).
+      ``ColumnStore.apply_in_order``, one ``RowEngine.apply_in_order`` of the window, in which
+      every key's increments are added one at a time in log order (float32 sums are those of
+      record-by-record replay) and the new keys are merged into the base once.
 
     Records are not checked again (``validate=False``): each was checked when it was applied live
     and is read back under its checksum. Per record, Python work is a few calls; never per row or
@@ -180,7 +192,7 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     first_seen = np.array([r.batch.num_entries if r.batch is not None and p < 0 else 0 for r, p in zip(todo, prev)],
                           np.int64)
     room_after = np.append(np.cumsum(first_seen[::-1])[::-1], 0)
-    run: list[tuple[BatchId, RowBatch]] = []
+    run: list[tuple[BatchId, RowBatch] | Floor] = []
     run_start = run_entries = 0
     run_fresh = True  # no record of the group shares a row with an earlier one: its rows may all be new
     run_shares = False  # a record of the group shares a row with another one of it
@@ -202,13 +214,17 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
             cap = MAX_REPLAY_GROUP_ENTRIES if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
             if run and (run_entries + rec.batch.num_entries > cap or (shares and run_fresh)):
                 flush(i)
-            if not run:
-                run_start, run_entries, run_fresh, run_shares = i, 0, True, False
+            if not run:  # a run starts: its rows may all be new if no earlier record had them
+                run_start, run_entries, run_shares = i, 0, False
+                run_fresh = bool(prev[i] < 0) and not store.holds_any(rec.batch.row_column, rec.batch.row_feature)
                 shares = False
             run_fresh = run_fresh and bool(prev[i] < 0)
             run_shares = run_shares or shares
             run.append((rec.batch_id, rec.batch))
             run_entries += rec.batch.num_entries
+            continue
+        if rec.kind == KIND_FLOOR and run:  # a floor changes the applied set only: it goes in its place
+            run.append(Floor(rec.writer, rec.floor))
             continue
         flush(i)
         _apply_marker(store, rec)
@@ -302,14 +318,14 @@ class DurableStore:
         d.mkdir(parents=True, exist_ok=True)
         temporaries = list_temporaries(d)
         snapshots = list_snapshots(d)
+        segments = list_segments(d)
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, replay_room(segments))
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
-        segments = list_segments(d)
         expected: int | None = None
         torn: SegmentScan | None = None
         applied = skipped = 0

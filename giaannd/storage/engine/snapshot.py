@@ -248,11 +248,12 @@ class _Reader:
     def fail(self, reason: str, at: int | None = None) -> CorruptSnapshotError:
         return CorruptSnapshotError(str(self.path), self.pos if at is None else at, reason)
 
-    def array(self, dtype: type[np.generic], count: int) -> NDArray[Any]:
+    def array(self, dtype: type[np.generic], count: int, room: int = 0) -> NDArray[Any]:
+        """The next ``count`` values; with ``room``, the prefix of a buffer that many values longer."""
         nbytes = np.dtype(dtype).itemsize * count
         if count < 0 or self.pos + nbytes > self.end:
             raise self.fail(f"section of {nbytes} bytes runs past the end of the body")
-        out = np.empty(count, dtype)
+        out = np.empty(count + room, dtype)[:count]
         view = out.view(np.uint8)
         if self.f.readinto(view.data) != nbytes:
             raise self.fail("file shorter than its header says")
@@ -261,7 +262,8 @@ class _Reader:
         return out
 
 
-def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> tuple[ColumnStore, int]:
+def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0
+                  ) -> tuple[ColumnStore, int]:
     """Load a snapshot (format 2, or 1 converted: module docstring) into a new store; returns
     (store, last_seq).
 
@@ -270,6 +272,10 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         capacity_bytes: the store's capacity (a snapshot larger than it still loads; ``is_full`` says so).
         verify_rows: also check every row's entry order, segments and strengths (the checksum already
             rules out damage on disk; this guards against a writer bug, at some cost: see the bench).
+        room: entries the store may grow by next (a log replay's upper bound): the entry fields are
+            read into buffers with that much room past their end, so the replay's merges fill it
+            (``ColumnStore.load_bulk``) instead of copying the loaded rows into larger buffers
+            first. Room never written is address space, not memory. Format 2 only.
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -295,9 +301,9 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
         if head.version == _REGIONS_FORMAT:
             rows = unpack_regions(rd.array(np.uint8, ENTRY_BYTES * n), offsets)  # every region: one readinto
         else:
-            tc, tf = rd.array(np.uint64, n), rd.array(np.uint64, n)
-            rows = Row(target_column=tc, target_feature=tf, strength=rd.array(np.float32, n),
-                       segment=rd.array(np.uint8, n))
+            tc, tf = rd.array(np.uint64, n, room), rd.array(np.uint64, n, room)
+            rows = Row(target_column=tc, target_feature=tf, strength=rd.array(np.float32, n, room),
+                       segment=rd.array(np.uint8, n, room))
         w_at = rd.pos
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws = rd.array(np.uint64, num_writers)
@@ -341,7 +347,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True) -> 
     store = ColumnStore(capacity_bytes)
     store.applied = applied
     try:
-        store.load_bulk(rc, rf, offsets, rows, touches)
+        store.load_bulk(rc, rf, offsets, rows, touches, spare=room > 0 and head.version != _REGIONS_FORMAT)
     except ValueError as e:  # a key that repeats
         raise CorruptSnapshotError(str(path), HEADER_BYTES, str(e)) from None
     return store, int(last_seq)

@@ -22,6 +22,7 @@ from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, DurableStore
 from giaannd.storage.engine import recovery
 from giaannd.storage.engine.recovery import replay, replay_each
+from giaannd.storage.engine.snapshot import read_snapshot
 from giaannd.storage.engine.update_log import (
     KIND_BATCH,
     KIND_DROP,
@@ -180,23 +181,25 @@ def test_group_replay_of_a_training_log_equals_record_by_record(seed: int, count
 
 
 def test_replay_applies_a_training_log_as_groups(monkeypatch) -> None:
-    """Records sharing rows: one ``apply_in_order`` per group (not one apply per record), a floor
-    record ends a group; the result is record-by-record replay's."""
+    """Records sharing rows: one ``apply_in_order`` per group (not one apply per record); a floor
+    record goes into the group in its place (it changes the applied set only), a drop record ends
+    the group; the result is record-by-record replay's."""
     rng = np.random.default_rng(8)
     rows = [(c, f) for c in range(4) for f in range(2)]
     records = [LogRecord(i + 1, KIND_BATCH, batch_id=BatchId(1, i + 1), batch=_training_batch(rng, rows, 30))
                for i in range(10)]
     records.insert(6, LogRecord(7, KIND_FLOOR, writer=1, floor=3))
+    records.insert(9, LogRecord(10, KIND_DROP, columns=np.array([3], np.uint64)))
     records = [dataclasses.replace(r, seq=i + 1) for i, r in enumerate(records)]
     store = ColumnStore(BIG)
     calls: list[int] = []
     group = store.apply_in_order
     monkeypatch.setattr(store, "apply_in_order", lambda items: calls.append(len(items)) or group(items))
-    assert replay(store, records, 0) == (11, 0)
+    assert replay(store, records, 0) == (12, 0)
     each = ColumnStore(BIG)
     replay_each(each, records, 0)
     _assert_same(store, each)
-    assert calls == [5, 4]  # record 1 alone (its rows may all be new), then 2-6 and 8-11
+    assert calls == [8, 2]  # record 1 alone (its rows may all be new), then 2-9 (the floor among them), 11-12
 
 
 def test_restart_after_a_torn_tail_of_a_training_log(tmp_path: Path) -> None:
@@ -357,3 +360,39 @@ def test_restart_that_replayed_gives_the_freed_heap_back(tmp_path: Path, monkeyp
     DurableStore.open(tmp_path / "s", BIG).close()
     assert len(calls) == 1
     assert calls[0] is (sys.platform == "linux" and platform.libc_ver()[0] == "glibc")
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), window=st.sampled_from([60, 400, 1 << 22]))
+def test_restart_from_a_snapshot_replays_windows_into_its_room(tmp_path_factory, seed: int, window: int) -> None:
+    """A snapshot, then a training-like log (new rows and new keys of held rows, keys repeated
+    across records, floors among them): the restart loads the snapshot with room for the log and
+    the windows merge their new keys into it in place (run.fold_in_place), small windows several
+    times; the result is the snapshot plus record-by-record replay of the same segments."""
+    rng = np.random.default_rng(seed)
+    d = tmp_path_factory.mktemp("s")
+    ds = DurableStore.open(d, BIG, segment_max_bytes=12_000)
+    rows = [(c, f) for c in range(5) for f in range(2)]
+    for i in range(1, 70):
+        if i == 30:
+            ds.snapshot()
+        if i % 8 == 0:
+            rows.append((1000 + i, 0))
+        ds.apply(BatchId(TRACKED, i), _training_batch(rng, rows, int(rng.integers(1, 50))), track=True)
+        if i % 5 == 0:
+            ds.advance_floor(TRACKED, i - 3)
+    ds.sync()
+    ds.close()
+    saved = recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES
+    recovery.MAX_REPLAY_RUN_ENTRIES = recovery.MAX_REPLAY_GROUP_ENTRIES = window
+    try:
+        reopened = DurableStore.open(d, BIG)
+    finally:
+        recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES = saved
+    assert reopened.recovery.snapshot is not None and reopened.store.engine.num_deltas == 0
+    each, after = read_snapshot(Path(reopened.recovery.snapshot), BIG)
+    segments = list_segments(d)
+    for n, (first, path) in enumerate(segments):
+        replay_each(each, scan_segment(path, first, n == len(segments) - 1).records, after)
+    _assert_same(reopened.store, each)
+    reopened.close()
