@@ -12,6 +12,7 @@ import pytest
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.cluster_jobs.corpus_chunks import GROUP_WINDOWS, GROUPED, chunk_key
 from giaannd.compute.cluster_jobs.lease_table import decode_index
+from giaannd.compute.cluster_jobs.window_runner import FLAG_STAGE
 from giaannd.compute.flags import flag_ids
 from giaannd.compute.service import ComputeService
 from giaannd.config import ComputeConfig
@@ -122,12 +123,23 @@ async def test_cluster_job_survives_a_node_killed_mid_job(tmp_path, corpus, engi
     (tmp_path / "corpus").mkdir()
     write_conllu(corpus, tmp_path / "corpus" / "train.conllu")
     nodes = [await node(cluster, tmp_path, f"c{i}") for i in range(2)]
+    # The victim's first training window never ends, so it holds a lease (renewed) when it dies.
+    # (Waiting for the job document to show a lease held raced with the victim finishing its
+    # windows between that read and the kill: 1 run in 3 under load, once windows got cheaper.)
+    held = asyncio.Event()
+    run = nodes[victim].cluster._run  # noqa: SLF001
+
+    async def holding(f, action):
+        if action.stage == FLAG_STAGE:
+            return await run(f, action)
+        held.set()
+        await asyncio.Event().wait()  # until the kill cancels it
+
+    nodes[victim].cluster._run = holding  # noqa: SLF001
     try:
         job_id = nodes[0].submit_cluster(tmp_path / "corpus" / "train.conllu")
         async with asyncio.timeout(30):  # the victim is training when it dies
-            while (doc := await nodes[1].cluster.document(job_id)) is None or doc["phase"] != "training" or \
-                    doc["by_node"].get(f"c{victim}", {}).get("leases_held", 0) == 0:
-                await asyncio.sleep(0.02)
+            await held.wait()
         kill(nodes[victim])
         nodes.append(await node(cluster, tmp_path, "c2"))  # joins mid-job
         survivor = nodes[1 - victim]
