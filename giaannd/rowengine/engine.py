@@ -422,7 +422,7 @@ class RowEngine:
     def _merge(self, older: Run, newer: Run) -> Run:
         self.stats.delta_merges += 1
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
-        return merge_deltas(older, newer)
+        return merge_deltas(older, newer, grow=True)
 
     def plan_in_order(self, a: U64, b: U64, offsets: I64, entries: Entries) -> OrderedPlan:
         """``plan`` of canonical batches concatenated (log replay of batches that share rows,

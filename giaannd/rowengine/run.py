@@ -31,6 +31,7 @@ Operations (each vectorised or compiled over every row and entry involved; input
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,18 @@ class Run:
         return int(self.offsets[i]), int(self.offsets[i])
 
 
+#: Empty arrays of every field's dtype: what a consumed run's fields are set to (references
+#: to nothing, so they keep no buffer alive; see ``_merged``).
+_NO_ENTRIES: dict[str, NDArray[Any]] = {"seg": np.empty(0, np.uint8), "tc": np.empty(0, np.uint64),
+                                        "tf": np.empty(0, np.uint64), "st": np.empty(0, np.float32),
+                                        "pos": np.empty(0, np.int64)}
+
+
+def _run(rows: I64, offsets: I64, fields: dict[str, NDArray[Any]], spare: bool) -> Run:
+    """A run of the fields by name (``pos`` for a delta run)."""
+    return Run(rows, offsets, fields["seg"], fields["tc"], fields["tf"], fields["st"], fields.get("pos"), spare=spare)
+
+
 def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
     """The sorted union of two runs' row ids and each row's total entry count."""
     i = np.searchsorted(a.rows, b.rows)
@@ -192,6 +205,82 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     return out
 
 
+@kernel(*(f"void({t}[::1], int64, {readonly(t)}, {readonly('int64')})" for t in _MERGE_TYPES))
+def _merge_back(buf: NDArray[np.generic], n_old: int, new: NDArray[np.generic], pos: I64) -> None:
+    """``buf[:n_old + len(new)]``: ``buf[:n_old]`` with ``new[j]`` inserted before old entry
+    ``pos[j]``, written in place from the end: old entry k moves to ``k`` plus the count of ``pos[j]
+    <= k``, so going down from the last one, every write lands at or after the entry it overwrites
+    is read (a write never overtakes an unread entry). The positions are checked before anything
+    is written (``merge_field``'s rule), so a bad call leaves ``buf`` as it was."""
+    m = new.shape[0]
+    prev = 0
+    for j in range(m):
+        p = pos[j]
+        if p < prev or p > n_old:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
+        prev = p
+    i = n_old
+    o = n_old + m
+    for j in range(m - 1, -1, -1):
+        p = pos[j]
+        while i > p:
+            i -= 1
+            o -= 1
+            buf[o] = buf[i]
+        o -= 1
+        buf[o] = new[j]
+
+
+#: Room a merged field's new buffer gets past the merged entries (``grow``), as a share of them,
+#: so the next merges into that run (folds into the base, tier merges into a delta run) go in
+#: place (``_merge_back``) instead of into fresh memory: a fold grows the base by 1/base_ratio,
+#: so at 1.0 a base buffer takes about three folds before it is outgrown. Room never written costs
+#: address space, not memory (a page is mapped at its first write).
+MERGE_SLACK = 1.0
+
+
+def _holders(run: Run, name: str) -> tuple[int, int]:
+    """``sys.getrefcount`` of ``run``'s field ``name`` and of the buffer it is a view of, as seen
+    from here (compared with ``_ALONE``, measured through this same function)."""
+    a = getattr(run, name)
+    buf = a.base
+    return sys.getrefcount(a), sys.getrefcount(buf)
+
+
+def _alone() -> tuple[int, int]:
+    """``_holders`` of a field that only its run references, a prefix view of a buffer that only
+    that field references: the counts when nothing else holds either (measured, not assumed, so a
+    change in how the interpreter counts references cannot make a shared buffer look unshared)."""
+    run = Run.empty()
+    run.seg = np.empty(2, np.uint8)[:1]
+    return _holders(run, "seg")
+
+
+_ALONE = _alone()
+
+
+def _merged(run: Run, name: str, new: NDArray[np.generic], pos: I64, grow: bool) -> NDArray[np.generic]:
+    """``run``'s field ``name`` with ``new`` inserted at ``pos`` (``merge_field``'s rule), for a
+    merge that consumes ``run`` (``grow``: the engine's own runs, which later merges go into).
+
+    In place (``_merge_back``: one pass, no fresh memory) when ``grow``, the field is a prefix of a
+    buffer this run owns (``Run.spare``) with room for the new entries, and **nothing but the run
+    references the field or its buffer**: every numpy view keeps the array it views alive, so a
+    view handed out (``RowEngine.read``'s, a storage node's row on its way to a socket) or a frozen
+    engine's reference (frozen.py) shows as a reference count above ``_ALONE``; those must keep
+    the entries they saw, so the merge then goes into a new buffer, as every merge did before.
+    Else into a new buffer, with ``MERGE_SLACK`` room when ``grow``."""
+    alone = grow and run.spare and _holders(run, name) == _ALONE  # first: ``old`` below is a reference
+    old = getattr(run, name)
+    n, m = old.shape[0], new.shape[0]
+    buf = old.base
+    if alone and isinstance(buf, np.ndarray) and buf.base is None and buf.shape[0] >= n + m and buf.flags.writeable:
+        _merge_back(buf, n, np.ascontiguousarray(new), np.ascontiguousarray(pos, np.int64))
+        return buf[: n + m]
+    out = np.empty(n + m + (int((n + m) * MERGE_SLACK) if grow else 0), old.dtype)
+    return merge_field(old, new, pos, out[: n + m])
+
+
 def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, qf: U64) -> tuple[I64, Bools]:
     """Keys ``(qs, qc, qf)`` in a delta run: each one's lower bound in its row slice ``[row_lo,
     row_hi)`` of the run, and whether the key is there. ``pos``: each key's base position, which
@@ -206,29 +295,48 @@ def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, 
     return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
 
-def merge_deltas(older: Run, newer: Run) -> Run:
-    """The union of two key-disjoint delta runs, as a new delta run (nothing is added)."""
+def merge_deltas(older: Run, newer: Run, grow: bool = False) -> Run:
+    """The union of two key-disjoint delta runs, as a new delta run (nothing is added).
+
+    ``grow``: the engine's own tier merge, which consumes ``older`` (later merges go into the
+    result): merged in place, or appended into ``older``'s spare room, when nothing else holds its
+    fields (``_merged``), else into new buffers with room to spare. Without it (reads, frozen.py)
+    neither run is written."""
     assert older.pos is not None and newer.pos is not None
     if older.rows.shape[0] and newer.rows.shape[0] and newer.rows[0] > older.rows[-1]:
         # every newer row after every older one (new rows, as a stream brings): a concatenation
         cat = np.concatenate
-        return Run(cat((older.rows, newer.rows)), cat((older.offsets, newer.offsets[1:] + older.offsets[-1])),
-                   cat((older.seg, newer.seg)), cat((older.tc, newer.tc)), cat((older.tf, newer.tf)),
-                   cat((older.st, newer.st)), cat((older.pos, newer.pos)))
+        rows, offsets = cat((older.rows, newer.rows)), cat((older.offsets, newer.offsets[1:] + older.offsets[-1]))
+        names = (*FIELDS, "pos")
+        if not grow:
+            return _run(rows, offsets, {f: cat((getattr(older, f), getattr(newer, f))) for f in names}, False)
+        fields: dict[str, NDArray[Any]] = {}
+        for f in names:
+            fields[f] = _appended(getattr(older, f), getattr(newer, f), older.spare)
+            setattr(older, f, _NO_ENTRIES[f])
+        older.spare = False
+        return _run(rows, offsets, fields, True)
     row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
     at, _ = find_in_gaps(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos, newer.seg, newer.tc, newer.tf)
     rows, counts = _union_rows(older, newer)
-    seg, tc, tf, st = (merge_field(getattr(older, f), getattr(newer, f), at) for f in FIELDS)
-    return Run(rows, offsets_of(counts), seg, tc, tf, st, merge_field(older.pos, newer.pos, at))
+    fields = {}
+    for f in (*FIELDS, "pos"):
+        fields[f] = _merged(older, f, getattr(newer, f), at, grow)
+        if grow:
+            setattr(older, f, _NO_ENTRIES[f])  # consumed: drop the old field before the next
+    older.spare = older.spare and not grow
+    return _run(rows, offsets_of(counts), fields, grow)
 
 
 def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
-    """``base`` with every entry of ``delta`` inserted (keys disjoint), as a new base.
+    """``base`` with every entry of ``delta`` inserted (keys disjoint), as the new base.
 
-    ``grow``: the engine's own base, which later folds will append to: an append then goes into
-    the base's spare room, or into a new buffer with ``APPEND_SLACK`` room (``_appended``). Left
-    False for one-off merges (``RowEngine.gather``'s reads), whose result must be exactly its size.
+    ``grow``: the engine's own base, which later folds go into: the merge is done in place when
+    nothing else holds the base's fields (``_merged``), else into new buffers with room to spare;
+    an append goes into the base's spare room, or into a new buffer with ``APPEND_SLACK`` room
+    (``_appended``). Left False for one-off merges (``RowEngine.gather``'s reads), whose result must
+    be exactly its size and whose inputs are never written.
 
     Consumes ``base``: each new field is built, then the old one is dropped from ``base`` before the
     next, so the memory on top is one field at a time (when nothing else holds the old arrays;
@@ -244,18 +352,18 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
-    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
+    fields: dict[str, NDArray[Any]] = {}
     for f in FIELDS:
         if append and grow:
             field = _appended(getattr(base, f), getattr(delta, f), base.spare)
         elif append:
             field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
-            field = merge_field(getattr(base, f), getattr(delta, f), delta.pos)
-        setattr(base, f, field[:0])  # drop the old field before building the next
-        setattr(out, f, field)
+            field = _merged(base, f, getattr(delta, f), delta.pos, grow)
+        setattr(base, f, _NO_ENTRIES[f])  # drop the old field before building the next
+        fields[f] = field
     base.spare = False  # consumed: its (empty) fields must never be appended to
-    return out
+    return _run(rows, offsets_of(counts), fields, grow)
 
 
 #: Spare room an appended base field gets, as a share of its new length: the next appends (a
@@ -309,7 +417,7 @@ def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64
               base.seg, base.tc, base.tf, base.st, spare=True, spare_index=True)
     for i, f in enumerate(FIELDS):
         field = _append_parts(getattr(base, f), [p[i] for p in parts], base.spare, room)
-        setattr(base, f, field[:0])
+        setattr(base, f, _NO_ENTRIES[f])
         setattr(out, f, field)
     base.spare = base.spare_index = False
     return out
