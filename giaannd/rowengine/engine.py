@@ -28,7 +28,8 @@ State (run.py describes the two kinds of run):
 Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
-life (each fold copies the base, which by then has grown by 1/``base_ratio``). Python work is per
+life (each fold rewrites the base, which by then has grown by 1/``base_ratio``; in place, without
+fresh memory, when nothing else holds it: run.py "Merges in place"). Python work is per
 run and per batch, never per row or per entry (the per-entry loops are compiled kernels, jit.py).
 Today's ``RowStore`` (before this engine) re-sorted every touched row in full per batch: O(N²) for
 the rows at the head of a Zipf stream.
@@ -41,13 +42,18 @@ double rounding is innocuous). Merges and folds move entries and never add.
 Reads see one canonical row: the row's base slice (views, no copy, when no delta run holds any of
 its keys) or that slice merged with its delta entries (a copy; ``compact`` folds everything into
 the base, after which every read is views). Views are live until the next ``apply``/``compact``:
-an in-place add changes their strengths; a fold replaces the arrays (old views keep the old data).
+an in-place add changes their strengths; a fold or merge after a view was taken replaces the
+arrays (the view keeps the old data: a merge goes in place only when no view or frozen engine holds
+the run, run.py "Merges in place").
 
 Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
 run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
 hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
-and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) on top
-(run.merge_field writes it in one pass, no index arrays), a delta merge the merged delta run.
+and 32-64 in the key index. A fold in place needs nothing on top; one into new buffers (a view
+or frozen engine holds the base, or its room is used up) needs one field of the new base (8 bytes
+per entry) on top (run.merge_field writes it in one pass, no index arrays), a delta merge likewise
+the merged delta run. New buffers get room for the next merges (run.MERGE_SLACK): address space,
+mapped page by page as merges write into it.
 
 Not thread-safe (one owner).
 """

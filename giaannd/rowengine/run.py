@@ -16,17 +16,37 @@ therefore needs no search: delta entry j lands at ``pos[j] + j``. Positions stay
 base keeps its entries where they are (in-place adds move nothing); every fold takes all the delta
 runs, so no delta outlives the base it points into.
 
-Operations (each vectorised or compiled over every row and entry involved; inputs are not changed):
+Operations (each vectorised or compiled over every row and entry involved; inputs are not changed,
+but for the engine's own merges, which consume one of them, below):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
   the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
   run whose rows all come after the older's is a concatenation).
-- :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
-  memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
-  entirely after the base is appended: a concatenation instead of the merge).
+- :func:`fold_into_base`: a base and a delta run as the new base; built field by field, so the
+  memory on top is at most one field of the new base (8 bytes per entry), not a second base (a
+  delta entirely after the base is appended: a concatenation instead of the merge).
 - :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
   one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
+
+Merges in place (the engine's own folds and tier merges, ``grow``). A merge writes the consumed
+run's buffers (``_merge_back``: from the end, old entry k moving to k plus the inserted entries
+before it, so no write overtakes an unread entry; one compiled pass, no fresh memory) instead of
+new ones. Why: a merge into a new buffer pays the first touch of every page of it (0.6-2.7 s per GB
+on the development VM, docs/model.md "Rows at scale"), about as much as the copy itself, at every
+fold of the whole base. The runs' contract is that a merge *replaces* arrays: a frozen engine
+(frozen.py) reads the base's and the delta runs' key arrays in another thread while applies go on,
+and a row read as views (``RowEngine.read``, ``pieces``) may still be on its way to a socket. So a
+merge goes in place only when nothing else references the field or its buffer (``_merged``): every
+numpy view, and every buffer export (``memoryview``), keeps the array it views alive, so any
+holder shows in ``sys.getrefcount`` of the field or of its buffer, compared with the counts of a
+field nobody else holds, measured at import through the same function (``_ALONE``: an interpreter
+that counts differently cannot make a held buffer look free; this relies on CPython's exact
+reference counts, as in the project's 3.12 with the GIL). Otherwise, and when the run lacks
+room, the merge goes into new buffers, with ``MERGE_SLACK`` room for the next ones (a frozen
+engine holds copies of the strengths, frozen.py, so it keeps only the key fields from going in
+place). Measured on the Zipf stream: docs/model.md "Rows at scale". Merges that do not consume their inputs
+(reads, ``gather``, frozen.py's) never write in place.
 """
 
 from __future__ import annotations
@@ -79,8 +99,9 @@ class Run:
     pos: I64 | None = None
     #: a delta run's position index, made on its first lookup (runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
-    #: the four entry fields are prefixes of buffers with spare room that this run alone may write
-    #: past its end (``fold_into_base``'s append; no other run or view sees beyond its own end)
+    #: the entry fields (and ``pos``) are prefixes of buffers with spare room that this run alone
+    #: may write past its end (appends: no other run or view sees beyond its own end), and, when
+    #: nothing else references them (``_merged``), before it (merges in place, module docstring)
     spare: bool = field(default=False, repr=False)
     #: the same for the row index (``rows``, ``offsets``): set by ``append_rows`` only, which is
     #: called run after run (a replay's), where copying the row index each time would be O(rows²)
