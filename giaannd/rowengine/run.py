@@ -45,8 +45,8 @@ that counts differently cannot make a held buffer look free; this relies on CPyt
 reference counts, as in the project's 3.12 with the GIL). Otherwise, and when the run lacks
 room, the merge goes into new buffers, with ``MERGE_SLACK`` room for the next ones (a frozen
 engine holds copies of the strengths, frozen.py, so it keeps only the key fields from going in
-place). Measured on the Zipf stream: docs/model.md "Rows at scale". Merges that do not consume their inputs
-(reads, ``gather``, frozen.py's) never write in place.
+place). Merges that do not consume their inputs (reads, ``gather``, frozen.py's) never write in
+place. Measured on the Zipf stream: docs/model.md "Rows at scale".
 """
 
 from __future__ import annotations
