@@ -29,14 +29,16 @@ State (run.py describes the two kinds of run):
 delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
 row's sorted stably, one compiled walk per row adds to the base keys in place and folds the new
 keys (each the left fold of its increments in batch order), and those are merged into the base
-once (run.fold_in_place: in place, from the back, into the base's spare room). No delta run, no
+once (run.fold_into_base with grow: in place, from the back, into the base's spare room, when
+nothing else holds the base's arrays). No delta run, no
 tiers: one move of the base per window instead of a search per entry, a sort of the new keys and
 the tiers' merges and folds per group.
 
 Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
 O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
-life (each fold copies the base, which by then has grown by 1/``base_ratio``). Python work is per
+life (each fold rewrites the base, which by then has grown by 1/``base_ratio``; in place, without
+fresh memory, when nothing else holds it: run.py "Merges in place"). Python work is per
 run and per batch, never per row or per entry (the per-entry loops are compiled kernels, jit.py).
 Today's ``RowStore`` (before this engine) re-sorted every touched row in full per batch: O(N²) for
 the rows at the head of a Zipf stream.
@@ -49,13 +51,18 @@ double rounding is innocuous). Merges and folds move entries and never add.
 Reads see one canonical row: the row's base slice (views, no copy, when no delta run holds any of
 its keys) or that slice merged with its delta entries (a copy; ``compact`` folds everything into
 the base, after which every read is views). Views are live until the next ``apply``/``compact``:
-an in-place add changes their strengths; a fold replaces the arrays (old views keep the old data).
+an in-place add changes their strengths; a fold or merge after a view was taken replaces the
+arrays (the view keeps the old data: a merge goes in place only when no view or frozen engine holds
+the run, run.py "Merges in place").
 
 Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
 run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
 hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
-and 32-64 in the key index. A fold needs one field of the new base (8 bytes per entry) on top
-(run.merge_field writes it in one pass, no index arrays), a delta merge the merged delta run.
+and 32-64 in the key index. A fold in place needs nothing on top; one into new buffers (a view
+or frozen engine holds the base, or its room is used up) needs one field of the new base (8 bytes
+per entry) on top (run.merge_field writes it in one pass, no index arrays), a delta merge likewise
+the merged delta run. New buffers get room for the next merges (run.MERGE_SLACK): address space,
+mapped page by page as merges write into it.
 
 Not thread-safe (one owner).
 """
@@ -75,7 +82,6 @@ from giaannd.rowengine.run import (
     Run,
     append_rows,
     find_in_gaps,
-    fold_in_place,
     fold_into_base,
     merge_deltas,
     merge_into_slice,
@@ -359,7 +365,7 @@ class RowEngine:
     def _merge(self, older: Run, newer: Run) -> Run:
         self.stats.delta_merges += 1
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
-        return merge_deltas(older, newer)
+        return merge_deltas(older, newer, grow=True)
 
     def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]]) -> I64:
         """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
@@ -373,12 +379,12 @@ class RowEngine:
         How (inorder.py): the delta runs are folded into the base first (there are none after a
         snapshot's load or an earlier call), so every key is in the base or new; the entries are
         grouped by row, each row's sorted stably; one compiled walk per row adds to the base keys in
-        place and folds the new ones, which are merged into the base once (``run.fold_in_place``).
+        place and folds the new ones, which are merged into the base once (``run.fold_into_base``).
         No search per entry in log order, no delta run, no tier merges: one merge per call, so a
         caller gives it many batches at a time (a replay's window).
 
-        Moves the base's entries in place (``run.fold_in_place``): views of the engine's arrays
-        handed out before, and ``freeze``'s, must be gone (a start-up replay, before any read)."""
+        The merge moves the base's entries in place when nothing else holds them (``run._merged``:
+        a start-up replay, before any read), else it goes into new buffers."""
         self.compact()
         ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
         self._version += 1
@@ -400,7 +406,7 @@ class RowEngine:
             self.stats.folds += 1
             self.stats.fold_entries += base.num_entries + m
             self._base = Run.empty()
-            self._base = fold_in_place(base, delta)
+            self._base = fold_into_base(base, delta, grow=True)
         return ids_all
 
     def compact(self) -> None:

@@ -3,11 +3,14 @@
 Theory of operation
 -------------------
 What the engine changes in place is small: strengths (an add into the base or a delta run) and
-the row lengths. Everything else is *replaced*, never written: a delta merge and a fold build new
-arrays (run.py), a drop builds a new base and key index, the key index's arrays only grow past the
+the row lengths. Everything else is *replaced* while a frozen engine holds it: a delta merge and a
+fold write a run's own buffers only when nothing else references them, and the references this
+object keeps are such references (run.py "Merges in place"), so they merge into new arrays while
+it lives; a drop builds a new base and key index, the key index's arrays only grow past the
 keys they hold (new keys go beyond ``len``, a growth copies). So ``RowEngine.freeze`` keeps
 references to every run's key arrays and row index and to the keys, and copies the strengths and
 lengths: one memcpy of 4 bytes per entry (and 8 per row) on the applying thread, nothing per row.
+Drop it when done: while it lives, the engine's folds pay for new buffers.
 
 The frozen rows are read in the engine's global order (row id, then entry key) as one field at a
 time (``field_chunks``: a snapshot writes each field as one section): base entries in slices of

@@ -16,24 +16,42 @@ therefore needs no search: delta entry j lands at ``pos[j] + j``. Positions stay
 base keeps its entries where they are (in-place adds move nothing); every fold takes all the delta
 runs, so no delta outlives the base it points into.
 
-Operations (each vectorised or compiled over every row and entry involved; inputs are not changed):
+Operations (each vectorised or compiled over every row and entry involved; inputs are not changed,
+but for the engine's own merges, which consume one of them, below):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
   the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
   run whose rows all come after the older's is a concatenation).
-- :func:`fold_into_base`: a base and a delta run as a new base; built field by field, so the
-  memory on top is one field of the new base (8 bytes per entry), not a second base (a delta
-  entirely after the base is appended: a concatenation instead of the merge).
+- :func:`fold_into_base`: a base and a delta run as the new base; built field by field, so the
+  memory on top is at most one field of the new base (8 bytes per entry), not a second base (a
+  delta entirely after the base is appended: a concatenation instead of the merge).
 - :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
   one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
-- :func:`fold_in_place`: a fold that moves the base's entries in its spare room from the back
-  instead of building new fields (``RowEngine.apply_in_order``, a start-up replay: no view of the
-  base may be held, and no fresh memory is touched but the room the new entries fill).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
+
+Merges in place (the engine's own folds and tier merges, ``grow``). A merge writes the consumed
+run's buffers (``_merge_back``: from the end, old entry k moving to k plus the inserted entries
+before it, so no write overtakes an unread entry; one compiled pass, no fresh memory) instead of
+new ones. Why: a merge into a new buffer pays the first touch of every page of it (0.6-2.7 s per GB
+on the development VM, docs/model.md "Rows at scale"), about as much as the copy itself, at every
+fold of the whole base. The runs' contract is that a merge *replaces* arrays: a frozen engine
+(frozen.py) reads the base's and the delta runs' key arrays in another thread while applies go on,
+and a row read as views (``RowEngine.read``, ``pieces``) may still be on its way to a socket. So a
+merge goes in place only when nothing else references the field or its buffer (``_merged``): every
+numpy view, and every buffer export (``memoryview``), keeps the array it views alive, so any
+holder shows in ``sys.getrefcount`` of the field or of its buffer, compared with the counts of a
+field nobody else holds, measured at import through the same function (``_ALONE``: an interpreter
+that counts differently cannot make a held buffer look free; this relies on CPython's exact
+reference counts, as in the project's 3.12 with the GIL). Otherwise, and when the run lacks
+room, the merge goes into new buffers, with ``MERGE_SLACK`` room for the next ones (a frozen
+engine holds copies of the strengths, frozen.py, so it keeps only the key fields from going in
+place). Merges that do not consume their inputs (reads, ``gather``, frozen.py's) never write in
+place. Measured on the Zipf stream: docs/model.md "Rows at scale".
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +63,7 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_in_place", "fold_into_base", "merge_deltas",
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
            "merge_field", "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
@@ -81,8 +99,9 @@ class Run:
     pos: I64 | None = None
     #: a delta run's position index, made on its first lookup (runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
-    #: the four entry fields are prefixes of buffers with spare room that this run alone may write
-    #: past its end (``fold_into_base``'s append; no other run or view sees beyond its own end)
+    #: the entry fields (and ``pos``) are prefixes of buffers with spare room that this run alone
+    #: may write past its end (appends: no other run or view sees beyond its own end), and, when
+    #: nothing else references them (``_merged``), before it (merges in place, module docstring)
     spare: bool = field(default=False, repr=False)
     #: the same for the row index (``rows``, ``offsets``): set by ``append_rows`` only, which is
     #: called run after run (a replay's), where copying the row index each time would be O(rows²)
@@ -141,6 +160,18 @@ class Run:
         return int(self.offsets[i]), int(self.offsets[i])
 
 
+#: Empty arrays of every field's dtype: what a consumed run's fields are set to (references
+#: to nothing, so they keep no buffer alive; see ``_merged``).
+_NO_ENTRIES: dict[str, NDArray[Any]] = {"seg": np.empty(0, np.uint8), "tc": np.empty(0, np.uint64),
+                                        "tf": np.empty(0, np.uint64), "st": np.empty(0, np.float32),
+                                        "pos": np.empty(0, np.int64)}
+
+
+def _run(rows: I64, offsets: I64, fields: dict[str, NDArray[Any]], spare: bool) -> Run:
+    """A run of the fields by name (``pos`` for a delta run)."""
+    return Run(rows, offsets, fields["seg"], fields["tc"], fields["tf"], fields["st"], fields.get("pos"), spare=spare)
+
+
 def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
     """The sorted union of two runs' row ids and each row's total entry count."""
     i = np.searchsorted(a.rows, b.rows)
@@ -195,32 +226,80 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     return out
 
 
-@kernel(f"void(uint8[::1], uint64[::1], uint64[::1], float32[::1], int64, {readonly('uint8')}, {readonly('uint64')},"
-        f" {readonly('uint64')}, {readonly('float32')}, {readonly('int64')})")
-def _merge_back(seg: U8, tc: U64, tf: U64, st: F32, n: int, nseg: U8, ntc: U64, ntf: U64, nst: F32, pos: I64) -> None:
-    """``merge_field`` of the four entry fields in place: their first ``n`` entries (the old ones)
-    become ``n + len(pos)`` with new entry j before old entry ``pos[j]``, walking from the back
-    (every old entry moves up by the number of new entries before it, into slots already read).
-    The four fields in one loop: 2.3x four passes (the per-entry bookkeeping is shared, and a
-    replay's new keys lie a few entries apart)."""
-    i = n
-    o = n + pos.shape[0]
-    for j in range(pos.shape[0] - 1, -1, -1):
+@kernel(*(f"void({t}[::1], int64, {readonly(t)}, {readonly('int64')})" for t in _MERGE_TYPES))
+def _merge_back(buf: NDArray[np.generic], n_old: int, new: NDArray[np.generic], pos: I64) -> None:
+    """``buf[:n_old + len(new)]``: ``buf[:n_old]`` with ``new[j]`` inserted before old entry
+    ``pos[j]``, written in place from the end: old entry k moves to ``k`` plus the count of ``pos[j]
+    <= k``, so going down from the last one, every write lands at or after the entry it overwrites
+    is read (a write never overtakes an unread entry). The positions are checked before anything
+    is written (``merge_field``'s rule), so a bad call leaves ``buf`` as it was."""
+    m = new.shape[0]
+    prev = 0
+    for j in range(m):
         p = pos[j]
-        if p > i or p < 0:
+        if p < prev or p > n_old:
             raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
-        shift = o - i
-        for k in range(i - 1, p - 1, -1):
-            seg[k + shift] = seg[k]
-            tc[k + shift] = tc[k]
-            tf[k + shift] = tf[k]
-            st[k + shift] = st[k]
-        o -= i - p + 1
-        i = p
-        seg[o] = nseg[j]
-        tc[o] = ntc[j]
-        tf[o] = ntf[j]
-        st[o] = nst[j]
+        prev = p
+    i = n_old
+    o = n_old + m
+    for j in range(m - 1, -1, -1):
+        p = pos[j]
+        while i > p:
+            i -= 1
+            o -= 1
+            buf[o] = buf[i]
+        o -= 1
+        buf[o] = new[j]
+
+
+#: Room a merged field's new buffer gets past the merged entries (``grow``), as a share of them,
+#: so the next merges into that run (folds into the base, tier merges into a delta run) go in
+#: place (``_merge_back``) instead of into fresh memory: a fold grows the base by 1/base_ratio,
+#: so at 1.0 a base buffer takes about three folds before it is outgrown. Room never written costs
+#: address space, not memory (a page is mapped at its first write).
+MERGE_SLACK = 1.0
+
+
+def _holders(run: Run, name: str) -> tuple[int, int]:
+    """``sys.getrefcount`` of ``run``'s field ``name`` and of the buffer it is a view of, as seen
+    from here (compared with ``_ALONE``, measured through this same function)."""
+    a = getattr(run, name)
+    buf = a.base
+    return sys.getrefcount(a), sys.getrefcount(buf)
+
+
+def _alone() -> tuple[int, int]:
+    """``_holders`` of a field that only its run references, a prefix view of a buffer that only
+    that field references: the counts when nothing else holds either (measured, not assumed, so a
+    change in how the interpreter counts references cannot make a shared buffer look unshared)."""
+    run = Run.empty()
+    run.seg = np.empty(2, np.uint8)[:1]
+    return _holders(run, "seg")
+
+
+_ALONE = _alone()
+
+
+def _merged(run: Run, name: str, new: NDArray[np.generic], pos: I64, grow: bool) -> NDArray[np.generic]:
+    """``run``'s field ``name`` with ``new`` inserted at ``pos`` (``merge_field``'s rule), for a
+    merge that consumes ``run`` (``grow``: the engine's own runs, which later merges go into).
+
+    In place (``_merge_back``: one pass, no fresh memory) when ``grow``, the field is a prefix of a
+    buffer this run owns (``Run.spare``) with room for the new entries, and **nothing but the run
+    references the field or its buffer**: every numpy view keeps the array it views alive, so a
+    view handed out (``RowEngine.read``'s, a storage node's row on its way to a socket) or a frozen
+    engine's reference (frozen.py) shows as a reference count above ``_ALONE``; those must keep
+    the entries they saw, so the merge then goes into a new buffer, as every merge did before.
+    Else into a new buffer, with ``MERGE_SLACK`` room when ``grow``."""
+    alone = grow and run.spare and _holders(run, name) == _ALONE  # first: ``old`` below is a reference
+    old = getattr(run, name)
+    n, m = old.shape[0], new.shape[0]
+    buf = old.base
+    if alone and isinstance(buf, np.ndarray) and buf.base is None and buf.shape[0] >= n + m and buf.flags.writeable:
+        _merge_back(buf, n, np.ascontiguousarray(new), np.ascontiguousarray(pos, np.int64))
+        return buf[: n + m]
+    out = np.empty(n + m + (int((n + m) * MERGE_SLACK) if grow else 0), old.dtype)
+    return merge_field(old, new, pos, out[: n + m])
 
 
 def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, qf: U64) -> tuple[I64, Bools]:
@@ -237,29 +316,48 @@ def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, 
     return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
 
-def merge_deltas(older: Run, newer: Run) -> Run:
-    """The union of two key-disjoint delta runs, as a new delta run (nothing is added)."""
+def merge_deltas(older: Run, newer: Run, grow: bool = False) -> Run:
+    """The union of two key-disjoint delta runs, as a new delta run (nothing is added).
+
+    ``grow``: the engine's own tier merge, which consumes ``older`` (later merges go into the
+    result): merged in place, or appended into ``older``'s spare room, when nothing else holds its
+    fields (``_merged``), else into new buffers with room to spare. Without it (reads, frozen.py)
+    neither run is written."""
     assert older.pos is not None and newer.pos is not None
     if older.rows.shape[0] and newer.rows.shape[0] and newer.rows[0] > older.rows[-1]:
         # every newer row after every older one (new rows, as a stream brings): a concatenation
         cat = np.concatenate
-        return Run(cat((older.rows, newer.rows)), cat((older.offsets, newer.offsets[1:] + older.offsets[-1])),
-                   cat((older.seg, newer.seg)), cat((older.tc, newer.tc)), cat((older.tf, newer.tf)),
-                   cat((older.st, newer.st)), cat((older.pos, newer.pos)))
+        rows, offsets = cat((older.rows, newer.rows)), cat((older.offsets, newer.offsets[1:] + older.offsets[-1]))
+        names = (*FIELDS, "pos")
+        if not grow:
+            return _run(rows, offsets, {f: cat((getattr(older, f), getattr(newer, f))) for f in names}, False)
+        fields: dict[str, NDArray[Any]] = {}
+        for f in names:
+            fields[f] = _appended(getattr(older, f), getattr(newer, f), older.spare)
+            setattr(older, f, _NO_ENTRIES[f])
+        older.spare = False
+        return _run(rows, offsets, fields, True)
     row_lo, row_hi = older.ranges(newer.rows)
     n = newer.counts()
     at, _ = find_in_gaps(older, np.repeat(row_lo, n), np.repeat(row_hi, n), newer.pos, newer.seg, newer.tc, newer.tf)
     rows, counts = _union_rows(older, newer)
-    seg, tc, tf, st = (merge_field(getattr(older, f), getattr(newer, f), at) for f in FIELDS)
-    return Run(rows, offsets_of(counts), seg, tc, tf, st, merge_field(older.pos, newer.pos, at))
+    fields = {}
+    for f in (*FIELDS, "pos"):
+        fields[f] = _merged(older, f, getattr(newer, f), at, grow)
+        if grow:
+            setattr(older, f, _NO_ENTRIES[f])  # consumed: drop the old field before the next
+    older.spare = older.spare and not grow
+    return _run(rows, offsets_of(counts), fields, grow)
 
 
 def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
-    """``base`` with every entry of ``delta`` inserted (keys disjoint), as a new base.
+    """``base`` with every entry of ``delta`` inserted (keys disjoint), as the new base.
 
-    ``grow``: the engine's own base, which later folds will append to: an append then goes into
-    the base's spare room, or into a new buffer with ``APPEND_SLACK`` room (``_appended``). Left
-    False for one-off merges (``RowEngine.gather``'s reads), whose result must be exactly its size.
+    ``grow``: the engine's own base, which later folds go into: the merge is done in place when
+    nothing else holds the base's fields (``_merged``), else into new buffers with room to spare;
+    an append goes into the base's spare room, or into a new buffer with ``APPEND_SLACK`` room
+    (``_appended``). Left False for one-off merges (``RowEngine.gather``'s reads), whose result must
+    be exactly its size and whose inputs are never written.
 
     Consumes ``base``: each new field is built, then the old one is dropped from ``base`` before the
     next, so the memory on top is one field at a time (when nothing else holds the old arrays;
@@ -275,18 +373,18 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     # every delta entry after the whole base (rows new since the fold before: a stream's chunks, a
     # snapshot's replay): the merge is a concatenation, a third of the scatter's cost
     append = delta.num_entries > 0 and int(delta.pos[0]) == base.num_entries
-    out = Run(rows, offsets_of(counts), base.seg, base.tc, base.tf, base.st, spare=append and grow)
+    fields: dict[str, NDArray[Any]] = {}
     for f in FIELDS:
         if append and grow:
             field = _appended(getattr(base, f), getattr(delta, f), base.spare)
         elif append:
             field = np.concatenate((getattr(base, f), getattr(delta, f)))
         else:
-            field = merge_field(getattr(base, f), getattr(delta, f), delta.pos)
-        setattr(base, f, field[:0])  # drop the old field before building the next
-        setattr(out, f, field)
+            field = _merged(base, f, getattr(delta, f), delta.pos, grow)
+        setattr(base, f, _NO_ENTRIES[f])  # drop the old field before building the next
+        fields[f] = field
     base.spare = False  # consumed: its (empty) fields must never be appended to
-    return out
+    return _run(rows, offsets_of(counts), fields, grow)
 
 
 #: Spare room an appended base field gets, as a share of its new length: the next appends (a
@@ -340,7 +438,7 @@ def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64
               base.seg, base.tc, base.tf, base.st, spare=True, spare_index=True)
     for i, f in enumerate(FIELDS):
         field = _append_parts(getattr(base, f), [p[i] for p in parts], base.spare, room)
-        setattr(base, f, field[:0])
+        setattr(base, f, _NO_ENTRIES[f])
         setattr(out, f, field)
     base.spare = base.spare_index = False
     return out
@@ -359,51 +457,6 @@ def with_room(base: Run, room: int) -> Run:
         grown = np.empty(n + room, old.dtype)
         grown[:n] = old
         setattr(out, f, grown[:n])
-    return out
-
-
-#: A base that ``fold_in_place`` outgrows moves to buffers this many times its new size: a replay's
-#: windows then merge in place until it has doubled (room never written is address space, not
-#: resident memory), where ``APPEND_SLACK``'s room took a new buffer every few windows.
-FOLD_IN_PLACE_GROWTH = 2
-
-
-def _has_room(field: NDArray[np.generic], n: int) -> bool:
-    """Whether ``field`` is the prefix of a buffer of at least ``n`` entries."""
-    buf = field.base
-    return isinstance(buf, np.ndarray) and buf.shape[0] >= n and field.ctypes.data == buf.ctypes.data
-
-
-def fold_in_place(base: Run, delta: Run) -> Run:
-    """``fold_into_base(base, delta, grow=True)``, moving the base's entries in place where its
-    fields have the spare room (``Run.spare``): a merge from the back (``_merge_back``), so no field
-    of the new base is fresh memory (a new process's first touch of a page costs ~20x a reused
-    one, docs/model.md; a fold per replay window into new arrays was most of a replay's time).
-    Without the room, the merge writes into new buffers ``FOLD_IN_PLACE_GROWTH`` times its size,
-    whose room the next folds then use.
-
-    Only where nothing else holds views of the base's entries (a start-up replay, before any read
-    or freeze): they move. Consumes ``base`` like ``fold_into_base``."""
-    assert delta.pos is not None
-    n, m = base.num_entries, delta.num_entries
-    rows, counts = _union_rows(base, delta)
-    old = {f: getattr(base, f) for f in FIELDS}
-    for f in FIELDS:  # consumed: the old fields live on in ``old`` only, each dropped once merged
-        setattr(base, f, np.empty(0, old[f].dtype))
-    if base.spare and all(_has_room(old[f], n + m) for f in FIELDS):
-        c = np.ascontiguousarray
-        bufs = [old[f].base for f in FIELDS]
-        _merge_back(bufs[0], bufs[1], bufs[2], bufs[3], n, c(delta.seg), c(delta.tc), c(delta.tf), c(delta.st),
-                    c(delta.pos, np.int64))
-    else:
-        bufs = []
-        for f in FIELDS:
-            buf = np.empty(FOLD_IN_PLACE_GROWTH * (n + m), old[f].dtype)
-            merge_field(old.pop(f), getattr(delta, f), delta.pos, buf[: n + m])
-            bufs.append(buf)
-    k = n + m
-    out = Run(rows, offsets_of(counts), bufs[0][:k], bufs[1][:k], bufs[2][:k], bufs[3][:k], spare=True)
-    base.spare = False
     return out
 
 

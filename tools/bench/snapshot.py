@@ -188,7 +188,7 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
                                        (engine_mod, "append_rows", "replay: copy into the base"),
                                        (engine_mod, "by_row", "replay: window grouped by row"),
                                        (engine_mod, "fold_rows", "replay: window's rows sorted, added, new keys"),
-                                       (engine_mod, "fold_in_place", "replay: window's new keys merged into the base"),
+                                       (engine_mod, "fold_into_base", "replay: window's new keys merged into the base"),
                                        (update_log, "_decode_payload", "decode and row checks")):
                 stack.enter_context(timed(owner, name, phase))
             reader = update_log.SegmentReader()

@@ -36,9 +36,10 @@ recovery.py, and the asyncio service is glue on top of that. Single-threaded by 
 
 Snapshots that never stop writes: ``freeze()`` returns a :class:`FrozenRows` — the engine's frozen
 view (rowengine/frozen.py: references to the runs' key arrays, which the engine replaces but never
-writes, and copies of what it changes in place, the strengths: 4 bytes per entry, one memcpy), the
-touches and the applied set as arrays. A snapshot thread writes from it while applies go on; there
-is no copy-on-write and nothing to undo, so ``release`` only drops the references.
+writes while they are held, and copies of what it changes in place, the strengths: 4 bytes per
+entry, one memcpy), the touches and the applied set as arrays. A snapshot thread writes from it
+while applies go on; there is no copy-on-write and nothing to undo, so ``release`` only drops the
+references (after which the engine's folds go in place again: rowengine/run.py "Merges in place").
 
 Restart: ``load_bulk`` makes a snapshot's arrays the engine's base run as they are (no per-row
 work; the key index built in one vectorised pass).

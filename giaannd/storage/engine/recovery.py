@@ -108,7 +108,7 @@ class ApplyResult:
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
 #: Most entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
 #: each window merges its new keys into the engine's base once, a move of the whole base
-#: (``run.fold_in_place``), so windows are as large as a log segment (64 MiB, ~3·10^6 entries)
+#: (``run.fold_into_base``, in place), so windows are as large as a log segment (64 MiB, ~3·10^6 entries)
 #: holds. Its temporaries are ~30 bytes per entry (the entries grouped by row, their base
 #: positions); with the freed heap given back after the replay (``return_freed_heap``)
 #: tools.bench.snapshot's restarts kept 24-27 B per stored entry resident after the replay, at a
@@ -140,7 +140,7 @@ def replay_room(segments: list[tuple[int, Path]]) -> int:
     """The room a snapshot is loaded with before the log ``segments`` are replayed into it
     (``read_snapshot``'s ``room``): an entry takes at least ``ENTRY_BYTES`` of log, so their size
     over that bounds the entries the replay can add. The windows' merges then fill that room
-    (``run.fold_in_place``) instead of copying the loaded rows into larger buffers first."""
+    (``run.fold_into_base``, in place) instead of copying the loaded rows into larger buffers first."""
     return sum(path.stat().st_size for _, path in segments) // ENTRY_BYTES
 
 

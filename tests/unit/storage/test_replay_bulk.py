@@ -367,7 +367,7 @@ def test_restart_that_replayed_gives_the_freed_heap_back(tmp_path: Path, monkeyp
 def test_restart_from_a_snapshot_replays_windows_into_its_room(tmp_path_factory, seed: int, window: int) -> None:
     """A snapshot, then a training-like log (new rows and new keys of held rows, keys repeated
     across records, floors among them): the restart loads the snapshot with room for the log and
-    the windows merge their new keys into it in place (run.fold_in_place), small windows several
+    the windows merge their new keys into it in place (run.fold_into_base, in place), small windows several
     times; the result is the snapshot plus record-by-record replay of the same segments."""
     rng = np.random.default_rng(seed)
     d = tmp_path_factory.mktemp("s")

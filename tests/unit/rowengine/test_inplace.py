@@ -1,0 +1,170 @@
+"""Merges in place (run._merged): folds and tier merges write into the run's own buffers only when
+nothing else holds them; a frozen engine or a view handed out keeps the entries it saw."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from giaannd.rowengine import Entries, RowEngine
+from giaannd.rowengine.run import _merge_back, merge_field
+from tests.unit.rowengine.test_engine import (
+    POOL64,
+    DictReference,
+    apply,
+    assert_frozen_views_hold,
+    random_batch,
+    same,
+)
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _base_addresses(engine):
+    return [_address(getattr(engine._base, f)) for f in ("seg", "tc", "tf", "st")]  # noqa: SLF001
+
+
+def _grown_engine(rng, pool):
+    """An engine whose base was folded once with room to spare (the buffers a later fold goes into)."""
+    engine, ref = RowEngine(fanout=2, base_ratio=1), DictReference()  # folds only at deltas >= base
+    for _ in range(2):
+        batch = random_batch(rng, pool, np.arange(50, dtype=np.uint64), POOL64, len(pool), 30)
+        apply(engine, batch)
+        ref.apply(batch)
+        engine.compact()
+    assert engine._base.spare  # noqa: SLF001
+    return engine, ref
+
+
+def _spread_batch(rng, pool):
+    """New keys in every row (the first rows too): a fold moves nearly every base entry."""
+    return random_batch(rng, pool, np.arange(50, 100, dtype=np.uint64), POOL64, len(pool), 3)
+
+
+POOL = [(c, 1) for c in range(40)]
+
+
+def test_fold_goes_in_place_when_nothing_holds_the_base():
+    rng = np.random.default_rng(1)
+    engine, ref = _grown_engine(rng, POOL)
+    before = _base_addresses(engine)
+    batch = _spread_batch(rng, POOL)
+    apply(engine, batch)
+    ref.apply(batch)
+    assert engine.num_deltas
+    engine.compact()
+    assert _base_addresses(engine) == before  # the same buffers: merged in place
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def test_tier_merge_goes_in_place_when_nothing_holds_the_older_run():
+    rng = np.random.default_rng(2)
+    engine, ref = _grown_engine(rng, POOL)
+    for _ in range(2):  # two delta runs merged (fanout 2): the result has room to spare
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    (older,) = engine._deltas  # noqa: SLF001
+    assert older.spare
+    before = [_address(getattr(older, f)) for f in ("seg", "tc", "tf", "st", "pos")]
+    batch = random_batch(rng, POOL, np.arange(100, 150, dtype=np.uint64), POOL64, len(POOL), 4)
+    apply(engine, batch)
+    ref.apply(batch)
+    (merged,) = engine._deltas  # noqa: SLF001 - merged (fanout 2), not folded (base_ratio 1)
+    assert merged.num_entries > 0 and older.num_entries == 0  # older consumed
+    assert [_address(getattr(merged, f)) for f in ("seg", "tc", "tf", "st", "pos")] == before
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def test_fold_with_a_view_handed_out_copies_and_the_view_keeps_its_entries():
+    """A row read before the fold (a storage node's row on its way to a socket): the fold must not
+    move entries under it, so it goes into new buffers; without the view the same fold is in place."""
+    rng = np.random.default_rng(3)
+    engine, ref = _grown_engine(rng, POOL)
+    last = POOL[-1]  # the last row: every new key of the rows before it moves its entries
+    view = engine.read(engine.row_id(*last))
+    assert _address(view.tc) >= _address(engine._base.tc)  # noqa: SLF001 - a view into the base
+    want = ref.row(last)
+    before = _base_addresses(engine)
+    batch = _spread_batch(rng, POOL[:-1])  # nothing added to the viewed row
+    apply(engine, batch)
+    ref.apply(batch)
+    engine.compact()
+    assert same(view, want)  # all four fields, strengths too
+    assert _base_addresses(engine) != before
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+    del view  # now nothing holds the (new) base: the next fold goes in place
+    before = _base_addresses(engine)
+    apply(engine, _spread_batch(rng, POOL))
+    engine.compact()
+    assert _base_addresses(engine) == before
+
+
+@pytest.mark.parametrize("hold", ["freeze", "slice_of_view", "memoryview"])
+def test_fold_and_tier_merge_with_the_arrays_held_keep_what_the_holder_saw(hold):
+    """A frozen engine (a snapshot being written in another thread), a view of a view, a buffer
+    export: each holds the base or a delta run's buffers; folds and merges leave them as they were."""
+    rng = np.random.default_rng(4)
+    engine, ref = _grown_engine(rng, POOL)
+    for _ in range(2):  # a delta run with room, to be merged into
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    rows = {}
+    for key in ref.rows:
+        rows[key] = engine.read(engine.row_id(*key))
+        rows[key] = Entries(*(x.copy() for x in (rows[key].seg, rows[key].tc, rows[key].tf, rows[key].st)))
+    frozen = engine.freeze() if hold == "freeze" else None
+    runs = [engine._base, *engine._deltas]  # noqa: SLF001
+    copies = [[getattr(r, f).copy() for f in ("seg", "tc", "tf")] for r in runs]
+    if hold == "slice_of_view":
+        held = [[getattr(r, f)[1:][:-1] for f in ("seg", "tc", "tf")] for r in runs]
+        copies = [[c[1:-1] for c in cs] for cs in copies]
+    elif hold == "memoryview":
+        held = [[memoryview(getattr(r, f)) for f in ("seg", "tc", "tf")] for r in runs]
+    del runs
+    for _ in range(3):
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    engine.compact()
+    if frozen is not None:
+        assert_frozen_views_hold([(frozen, {k: _as_ref(v) for k, v in rows.items()})])
+    else:
+        for hs, cs in zip(held, copies):
+            for h, c in zip(hs, cs):
+                assert np.array_equal(np.asarray(h), c)
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def _as_ref(e):
+    return (e.seg.tolist(), e.tc.tolist(), e.tf.tolist(), e.st)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 60), m=st.integers(0, 60), room=st.integers(0, 5),
+       dtype=st.sampled_from([np.uint8, np.uint64, np.int64, np.float32]))
+def test_merge_back_equals_merge_field(seed, n, m, room, dtype):
+    rng = np.random.default_rng(seed)
+    old = rng.integers(0, 200, n).astype(dtype)
+    new = rng.integers(0, 200, m).astype(dtype)
+    pos = np.sort(rng.integers(0, n + 1, m)).astype(np.int64)
+    buf = np.full(n + m + room, 7, dtype)
+    buf[:n] = old
+    _merge_back(buf, n, new, pos)
+    assert np.array_equal(buf[: n + m], merge_field(old, new, pos))
+    assert (buf[n + m:] == 7).all()
+
+
+def test_merge_back_refuses_bad_positions_before_writing():
+    buf = np.arange(8, dtype=np.uint64)
+    for pos in ([3, 2], [0, 7], [-1, 0]):
+        with pytest.raises(ValueError):
+            _merge_back(buf, 6, np.array([9, 9], np.uint64), np.array(pos, np.int64))
+        assert buf.tolist() == list(range(8))
