@@ -58,6 +58,7 @@ from giaannd.records import RecordError, RecordFormat
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, FrozenRows
 from giaannd.storage.engine.errors import CorruptSnapshotError
+from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import unpack_regions
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
@@ -253,10 +254,12 @@ class _Reader:
         nbytes = np.dtype(dtype).itemsize * count
         if count < 0 or self.pos + nbytes > self.end:
             raise self.fail(f"section of {nbytes} bytes runs past the end of the body")
-        out = np.empty(count + room, dtype)[:count]
+        buf = filled_buffer(dtype, count + room)  # small pages while read (page_advice.py)
+        out = buf[:count]
         view = out.view(np.uint8)
         if self.f.readinto(view.data) != nbytes:
             raise self.fail("file shorter than its header says")
+        allow_huge_pages(buf)
         self.h.update(view.data)
         self.pos += nbytes
         return out
