@@ -140,6 +140,24 @@ def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path,
     again.close()
 
 
+def test_snapshot_is_flushed_to_disk_as_it_is_written(tmp_path: Path, monkeypatch) -> None:
+    """Every ``SYNC_EVERY_BYTES`` of body the writer fdatasyncs its file (bounded dirty data, so
+    the log's group-commit fsyncs do not wait behind a whole snapshot's writeback), and the file
+    reads back the same."""
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    store = _reference([(BatchId(1, i + 1), b) for i, b in enumerate(_batches(4, 6))])
+    (tmp_path / "a").mkdir()
+    write_snapshot(tmp_path / "a", store, 6)
+    assert synced == []  # a body under SYNC_EVERY_BYTES: only the final fsync
+    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
+    path = write_snapshot(tmp_path, store, 6)
+    assert path.stat().st_size - HEADER_BYTES > 8 * 4096 and len(synced) >= 3  # a sync per write past 4 KiB
+    snap, seq = read_snapshot(path, BIG)
+    assert seq == 6 and same_state(snap, store)
+
+
 def test_snapshot_disk_full_while_applies_continue_keeps_serving(tmp_path: Path, monkeypatch) -> None:
     ds = DurableStore.open(tmp_path, BIG)
     batches = _batches(3, 6)
