@@ -440,7 +440,7 @@ class ColumnStore:
         ``RowEngine.apply_in_order``: every key gets at most one increment from them).
         ``new_rows`` False: the caller knows some row is stored already (a record shared it with an
         earlier one), so the straight path is not tried (its refusal costs a probe of every key).
-        For a start-up replay only, as ``apply_in_order``.
+        Meant for a start-up replay, as ``apply_in_order``.
         """
         applied, pieces = self._replay_parts(items)
         self._version += 1
@@ -507,9 +507,9 @@ class ColumnStore:
         one per batch that touches a row (a row occurs once per batch). The row-size counts are
         those of the rows' final lengths, which is what the per-batch updates sum to.
 
-        For a start-up replay only (as ``apply_disjoint``): the engine's base moves in place
-        (``RowEngine.apply_in_order``), so no view of the store's rows (a read, a ``freeze``) may
-        be held."""
+        Meant for a start-up replay (as ``apply_disjoint``): it folds every delta run first and
+        moves the base once per call, in place only where no view of the rows (a read, a
+        ``freeze``) holds it (rowengine/run.py "Merges in place"), else into new buffers."""
         applied, pieces = self._replay_parts(items)
         self._version += 1
         if not pieces:
