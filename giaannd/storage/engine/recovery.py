@@ -45,6 +45,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,12 @@ class RecoveryReport:
     torn_tail_bytes: int
     torn_tail_file: str | None
     temporaries_removed: int
+    #: Wall seconds spent reading (and checking) the snapshot, and replaying the log after it: with
+    #: the byte counts below, what a restart's recovery costs per GB (issue 14 item 4).
+    snapshot_load_s: float = 0.0
+    replay_s: float = 0.0
+    snapshot_bytes: int = 0
+    log_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,13 +326,17 @@ class DurableStore:
         temporaries = list_temporaries(d)
         snapshots = list_snapshots(d)
         segments = list_segments(d)
+        started = time.perf_counter()
+        snapshot_bytes = log_bytes = 0
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
+            snapshot_bytes = snap_path.stat().st_size
             store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, replay_room(segments))
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
+        loaded = time.perf_counter()
         expected: int | None = None
         torn: SegmentScan | None = None
         applied = skipped = 0
@@ -340,6 +351,7 @@ class DurableStore:
                 raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {snap_seq}")
             scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=reader)
             expected = first + len(scan.records)
+            log_bytes += scan.good_bytes
             a, s = replay(store, scan.records, snap_seq)
             applied, skipped = applied + a, skipped + s
             if scan.torn_bytes:
@@ -347,6 +359,7 @@ class DurableStore:
         del reader
         if applied:
             return_freed_heap()
+        replayed = time.perf_counter()
         last_seq = max(snap_seq, (expected or 1) - 1)
         # Everything is checked: only now change files.
         for p in temporaries:
@@ -364,6 +377,7 @@ class DurableStore:
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
+            loaded - started, replayed - loaded, snapshot_bytes, log_bytes,
         )
         return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes), report)
 

@@ -201,8 +201,10 @@ class StorageService:
             spill_bytes=s.register_spill_bytes, max_disk_bytes=s.register_disk_bytes)
         self.core.registers = self.registers
         rec = self.store.recovery
-        log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d",
-                 self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held)
+        log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d snapshot_bytes=%d "
+                 "snapshot_load_s=%.3f log_bytes=%d replay_s=%.3f",
+                 self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held,
+                 rec.snapshot_bytes, rec.snapshot_load_s, rec.log_bytes, rec.replay_s)
 
     def _attach_delivery(self, topology: ClusterView) -> None:
         """The client hint delivery sends with, and the topology subscription that drives it."""
@@ -267,6 +269,20 @@ class StorageService:
         m.gauge("giaannd_storage_torn_tail_bytes",
                 "Bytes recovery cut off a torn update-log tail at this start (0: the log ended cleanly).") \
             .set_function(lambda: float(self.store.recovery.torn_tail_bytes if self.store is not None else 0))
+        recovery = m.gauge("giaannd_storage_recovery_duration_seconds",
+                           "Wall seconds this start's recovery took, by phase: reading the snapshot "
+                           "(snapshot_load) and replaying the update log after it (log_replay).", ["phase"])
+        recovery.labels(phase="snapshot_load").set_function(
+            lambda: self.store.recovery.snapshot_load_s if self.store is not None else 0.0)
+        recovery.labels(phase="log_replay").set_function(
+            lambda: self.store.recovery.replay_s if self.store is not None else 0.0)
+        recovered = m.gauge("giaannd_storage_recovery_bytes",
+                            "Bytes this start's recovery read, by phase: the snapshot file (snapshot_load) "
+                            "and the update-log segments replayed after it (log_replay).", ["phase"])
+        recovered.labels(phase="snapshot_load").set_function(
+            lambda: float(self.store.recovery.snapshot_bytes if self.store is not None else 0))
+        recovered.labels(phase="log_replay").set_function(
+            lambda: float(self.store.recovery.log_bytes if self.store is not None else 0))
 
     def _sync_log(self) -> int:
         """``DurableStore.sync``, timed (GroupCommit runs it in a worker thread: one observation

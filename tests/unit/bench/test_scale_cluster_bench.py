@@ -68,7 +68,8 @@ def test_apply_windows_are_split_by_snapshot(monkeypatch):
 
 def _record(sentences, sent_per_s, entries, ratio):
     return {"sentences": sentences, "sent_per_s": sent_per_s, "sent_per_cpu_s": sent_per_s / 2, "entries": entries,
-            "rss_per_entry": 30.0, "apply_p99_ratio": ratio, "restart_s_per_gb": 0.8}
+            "rss_per_entry": 30.0, "apply_p99_ratio": ratio, "restart_s_per_gb": 0.8,
+            "recovery_s_per_gb": 0.5}
 
 
 def test_targets_use_the_first_and_last_checkpoint():
@@ -78,6 +79,26 @@ def test_targets_use_the_first_and_last_checkpoint():
     assert got["storage RSS growth B/entry at >= 4e+07 entries"] == 30.0
     assert got["apply p99 during a snapshot / without, worst checkpoint (bucket bounds)"] == 2.5
     assert got["storage restart s/GB at 30"] == 0.8
+    assert got["storage recovery (snapshot load + log replay) s per GB read at 30"] == 0.5
+
+
+def test_recovery_figures_come_from_the_restarted_nodes_metrics(monkeypatch):
+    text = (b"# TYPE giaannd_storage_recovery_duration_seconds gauge\n"
+            b'giaannd_storage_recovery_duration_seconds{phase="snapshot_load"} 1.5\n'
+            b'giaannd_storage_recovery_duration_seconds{phase="log_replay"} 2.0\n'
+            b"# TYPE giaannd_storage_recovery_bytes gauge\n"
+            b'giaannd_storage_recovery_bytes{phase="snapshot_load"} 3e9\n'
+            b'giaannd_storage_recovery_bytes{phase="log_replay"} 5e8\n')
+
+    class Admin:
+        def request(self, method, path):
+            assert (method, path) == ("GET", "/metrics")
+            return text, 200
+
+    class Node:
+        admin = Admin()
+
+    assert scale_cluster._recovery(Node()) == (3.5, 3.5e9)
 
 
 def test_scale_cluster_options_reach_the_cluster_run(monkeypatch):

@@ -62,6 +62,11 @@ def test_durable_snapshot_then_more_then_restart(tmp_path: Path) -> None:
     again = DurableStore.open(tmp_path, BIG)
     assert same_state(again.store, ref)
     assert again.recovery.snapshot_seq == 15 and again.recovery.records_replayed == 10
+    # The report says what the restart read, for the recovery-time figures (s/GB by phase).
+    (_, snap), = list_snapshots(tmp_path)
+    assert again.recovery.snapshot_bytes == snap.stat().st_size
+    assert again.recovery.log_bytes == sum(p.stat().st_size for _, p in list_segments(tmp_path)) > 0
+    assert again.recovery.snapshot_load_s > 0 and again.recovery.replay_s > 0
     # Digests (including the per-row applied-batch counts) survive too.
     for key in ref.keys()[:20]:
         assert again.store.digest(key) == ref.digest(key)

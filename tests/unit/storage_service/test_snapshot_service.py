@@ -159,3 +159,24 @@ def test_snapshot_waits_phase_and_jitter_per_node():
     for bad in ((0.0, 0.2), (100.0, 1.0), (100.0, -0.1)):
         with pytest.raises(ValueError):
             next(snapshot_waits("x", *bad))
+
+
+@pytest.mark.asyncio
+async def test_storage_restart_reports_its_recovery_by_phase(tmp_path):
+    """giaannd_storage_recovery_{duration_seconds,bytes}{phase}: what a restart's recovery read and
+    how long it took (the store's part of a restart, tools/bench/scale_cluster.py)."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        await cluster.client.write(make_batch(np.random.default_rng(3), 40))
+        await cluster.kill("s0")  # no final snapshot: the restart replays the log
+        await cluster.restart_node("s0")
+        got = {(s.name, s.labels.get("phase")): s.value
+               for fam in text_string_to_metric_families(cluster.nodes["s0"].metrics.render().decode())
+               for s in fam.samples}
+        store = cluster.services["s0"].store
+        assert got[("giaannd_storage_recovery_bytes", "log_replay")] == store.recovery.log_bytes > 0
+        assert got[("giaannd_storage_recovery_bytes", "snapshot_load")] == 0.0  # no snapshot was written
+        assert got[("giaannd_storage_recovery_duration_seconds", "log_replay")] == store.recovery.replay_s > 0
+        assert ("giaannd_storage_recovery_duration_seconds", "snapshot_load") in got
+    finally:
+        await cluster.close()
