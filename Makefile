@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(PY) -m tools.local_cluster $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" --durations=25 $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
