@@ -37,7 +37,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -149,6 +149,9 @@ def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
     return array if len(spec.shape) == 1 else array.reshape(spec.shape)
 
 
+#: A served request's receive buffer up to this size is kept for the next request (``_keep_spare``).
+_SPARE_MAX_BYTES: Final = 256 * 2**10
+
 #: The deadline heap is rebuilt without stale entries once it holds this many more than live ones.
 _DEADLINE_SLACK = 64
 
@@ -246,6 +249,13 @@ class Connection:
         self._pending: dict[int, _Pending] = {}
         self._serving: dict[int, asyncio.Task[None]] = {}
         self._leases: dict[int, list[Lease]] = {}
+        # a served request's receive buffer, kept for the next one (``_keep_spare``): the lease,
+        # a view of its whole buffer and that buffer's size; ``_spare_lease`` remembers the last
+        # one kept (the view is remade only when the buffer changes)
+        self._spare: Lease | None = None
+        self._spare_lease: Lease | None = None
+        self._spare_view = memoryview(b"")
+        self._spare_bytes = 0
         self._write_lock = asyncio.Lock()
         self._slow_writers = 0  # writers waiting for, or holding, the write lock
         # links that can tell whether everything written already reached the kernel (tcp) get a
@@ -347,11 +357,16 @@ class Connection:
     def allocate(self, message: wire.Message, specs: Sequence[wire.BufferSpec]) -> list[memoryview]:
         """The framing decoder's allocator: where this frame's bulk bytes go."""
         if type(message) is wire.Request:  # incoming bulk lands in pooled, pre-touched buffers
-            take = self._pool.lease
             if len(specs) == 1:  # the usual case, without two list comprehensions
-                lease = take(specs[0].nbytes)
+                nbytes = specs[0].nbytes
+                if self._spare is not None and nbytes <= self._spare_bytes:  # the last request's
+                    lease, self._spare = self._spare, None
+                    self._leases[message.id] = [lease]
+                    return [self._spare_view[:nbytes]]
+                lease = self._pool.lease(nbytes)
                 self._leases[message.id] = [lease]
                 return [lease.view]
+            take = self._pool.lease
             leases = [take(s.nbytes) for s in specs]
             self._leases[message.id] = leases
             return [lease.view for lease in leases]
@@ -536,8 +551,22 @@ class Connection:
             self._replying.discard(req_id)
         leases = self._leases.pop(req_id, None)
         if leases is not None:
+            if len(leases) == 1 and self._spare is None and self._closed_exc is None:
+                self._keep_spare(leases[0])
+                return
             for lease in leases:
                 lease.release()
+
+    def _keep_spare(self, lease: Lease) -> None:
+        """Keep a served request's receive buffer for the next request's bulk (``allocate``): a
+        sequence of requests then costs no lease and release each. Small buffers only."""
+        if lease is self._spare_lease:  # the same one again: its view is already made
+            self._spare = lease
+        elif lease.capacity <= _SPARE_MAX_BYTES:
+            self._spare, self._spare_lease = lease, lease
+            self._spare_view, self._spare_bytes = lease.whole(), lease.capacity
+        else:
+            lease.release()
 
     async def _serve(self, msg: wire.Request, buffers: list[memoryview], arrived: float) -> None:
         """Run the handler under the request's budget (``_budget_expired`` cancels it) and send
@@ -602,7 +631,7 @@ class Connection:
         Raises:
             LocalProtocolError: bad bulk buffers or a limit exceeded (nothing was written).
         """
-        raw = _payload(payload)
+        raw = _RAW_NONE if payload is None else _payload(payload)
         message: wire.Message
         if not bulk:  # the common small message: no specs, no views, inline
             if response:
@@ -611,6 +640,24 @@ class Connection:
                 message = wire.Request(req_id, raw, _NO_SPECS, None if budget_s is None else budget_s * 1000.0,
                                        wire.BULK_INLINE)
             return self._send_small(_encode_body(message), req_id, response=response)
+        if len(bulk) == 1 and self._bulk is None:  # one host buffer, inline: ``encode_frame`` inlined
+            spec, view = framing.spec_for(bulk[0], with_checksum=self._checksum)
+            nbytes = spec.nbytes
+            if response:
+                message = wire.Response(req_id, raw, [spec], wire.BULK_INLINE)
+            else:
+                message = wire.Request(req_id, raw, [spec], None if budget_s is None else budget_s * 1000.0,
+                                       wire.BULK_INLINE)
+            body = _encode_body(message)
+            if len(body) > framing.MAX_BODY_BYTES:
+                raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
+            head = _pack_header(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 1, 0, nbytes) + body
+            parts: list[bytes | memoryview] = [head, view] if nbytes else [head]
+            state = self._write_now(parts)
+            if state == _FLUSHED:
+                self.metrics.bytes_sent += nbytes
+                return None
+            return self._finish_send(parts, state, [view], wire.BULK_INLINE, req_id, response, nbytes)
         specs: list[wire.BufferSpec] = []
         views: list[Any] = []  # memoryviews of host memory, or device arrays (ucx path only)
         nbytes = 0
@@ -644,10 +691,18 @@ class Connection:
             raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
         parts: list[bytes | memoryview] = [_pack_header(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 0, 0, 0)
                                            + body]
-        state = self._write_now(parts)
-        if state == _FLUSHED:
+        link: Any = self.link
+        if not self._fast_write or self._slow_writers or self._closed_exc is not None or not link.flushed:
+            return self._finish_send(parts, _NOT_WRITTEN, [], wire.BULK_INLINE, req_id, response, 0)
+        try:  # ``_write_now``, inlined
+            link.write(parts)
+        except OSError:
+            if self._closed_exc is not None:
+                raise self._closed_error() from None
+            raise
+        if link.flushed:
             return None
-        return self._finish_send(parts, state, [], wire.BULK_INLINE, req_id, response, 0)
+        return self._finish_send(parts, _QUEUED, [], wire.BULK_INLINE, req_id, response, 0)
 
     async def _finish_send(self, parts: list[bytes | memoryview], state: int, views: list[Any], via: int,
                            req_id: int, response: bool, nbytes: int) -> None:
@@ -761,6 +816,10 @@ class Connection:
         # bulk cut off mid-frame: give the buffers back — unless a UCX receive into them is still
         # posted (it cannot be cancelled), then they are forgotten, never lent again
         stuck = self._bulk is not None and self._bulk.pending_receives > 0
+        if self._spare is not None:
+            self._spare.release()
+        self._spare = self._spare_lease = None
+        self._spare_view = memoryview(b"")
         for req_id in [r for r in self._leases if r not in self._serving]:
             for lease in self._leases.pop(req_id):
                 lease.forget() if stuck else lease.release()

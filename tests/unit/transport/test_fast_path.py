@@ -240,9 +240,49 @@ async def test_requests_with_budgets_leave_no_bookkeeping_behind(waits):
             np.testing.assert_array_equal(result.bulk[0], bulk[0] + 1)
     await asyncio.sleep(0.01)  # a Task's done-callback runs one iteration after its reply
     assert served._serving == {} and served._replying == set() and served._expired == set()
-    assert served._leases == {} and server.pool.leased == 0
+    assert served._leases == {} and server.pool.leased == (served._spare is not None)
     assert conn._pending == {}
     await _teardown(server, listener, client, conn)
+    assert served._spare is None and server.pool.leased == 0  # the kept buffer went back on close
+
+
+@pytest.mark.asyncio
+async def test_a_served_requests_buffer_is_reused_by_the_next_and_never_shared_with_a_waiting_one():
+    release = asyncio.Event()
+
+    async def handler(incoming):
+        data = incoming.bulk[0]
+        if incoming.decode(str) == "wait":
+            await release.wait()
+        return Reply(None, [data.copy()])  # what the buffer holds when the handler ends
+
+    server, listener, client, conn = await _pair(handler)
+    served = listener.connections[0]
+    leases = []
+    original = server.pool.lease
+    server.pool.lease = lambda nbytes: leases.append(nbytes) or original(nbytes)
+    for i in range(10):  # sequential, sizes within the first buffer's size class: one lease
+        data = np.full(100 + 300 * i, i, np.uint8)
+        np.testing.assert_array_equal((await conn.request("now", [data], timeout_s=5)).bulk[0], data)
+    assert leases == [100]
+    # a handler that waits keeps its buffer; requests meanwhile get others, not the same memory
+    waiting = asyncio.ensure_future(conn.request("wait", [np.full(1000, 7, np.uint8)], timeout_s=5))
+    async with asyncio.timeout(5):
+        while not served._serving:
+            await asyncio.sleep(0.001)
+    for i in range(3):
+        data = np.full(1000, 50 + i, np.uint8)
+        np.testing.assert_array_equal((await conn.request("now", [data], timeout_s=5)).bulk[0], data)
+    release.set()
+    np.testing.assert_array_equal((await waiting).bulk[0], np.full(1000, 7, np.uint8))
+    assert len(leases) == 2  # the waiting one held the kept buffer: one more lease, then kept
+    big = np.ones(2 * 256 * 2**10, np.uint8)  # over the size kept: leased and given back
+    await conn.request("now", [big], timeout_s=5)
+    await asyncio.sleep(0.01)
+    assert served._spare is not None and served._spare.capacity <= 256 * 2**10
+    assert server.pool.leased == 1
+    await _teardown(server, listener, client, conn)
+    assert server.pool.leased == 0
 
 
 @pytest.mark.asyncio
