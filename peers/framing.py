@@ -346,6 +346,7 @@ class FrameDecoder:
         self._checksums = False  # a spec of the current frame carries a checksum
         self._dead = False
         self.frames_decoded = 0
+        self._head_hint = 0  # > 0: read this many bytes at the next frame boundary (``whole``)
         #: set by the owner once frames may be dispatched one by one: ``whole`` hands it the frames
         #: it completes (``deliver(message, buffers)``), without a ``Frame`` or a list
         self.deliver: Callable[[wire.Message, list[memoryview]], None] | None = None
@@ -362,6 +363,8 @@ class FrameDecoder:
             return dest[self._dest_offset :]
         if self._chunks:
             return memoryview(self._chunks[-1])[self._chunk_filled :]
+        if self._head_hint and not self._staged:  # (``whole``)
+            return self._view[: self._head_hint]
         return self._view[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
@@ -419,6 +422,9 @@ class FrameDecoder:
             return False
         magic, version, flags, body_len, nbufs, _reserved, bulk_len = _HEADER_UNPACK(self._staging, 0)
         end = HEADER_BYTES + body_len
+        # a frame that cannot arrive in one read: the next one of its kind is read header and
+        # body first, so that its bulk lands in place instead of being copied out of staging
+        self._head_hint = end if end + bulk_len > STAGING_BYTES and nbufs == 1 else 0
         if (nbytes > end + bulk_len or nbytes < end or flags or nbufs > 1 or magic != MAGIC
                 or version != FRAME_VERSION or body_len > self.max_body_bytes or nbufs != (bulk_len > 0)):
             return False

@@ -197,7 +197,10 @@ class _Deadlines:
             self._arm(when)
 
     def _compact(self) -> None:
-        live = [entry for entry in self._heap if self._live(entry)]
+        pending = self._pending
+        # ``_live`` inlined: this runs over the whole heap once every ~_DEADLINE_SLACK requests
+        live = [entry for entry in self._heap
+                if (entry[2] in pending if entry[3] is None else pending.get(entry[2]) is entry[3])]
         heapq.heapify(live)
         self._heap = live
 

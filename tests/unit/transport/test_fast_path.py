@@ -299,3 +299,41 @@ async def test_small_frames_keep_their_limits_on_the_sending_side():
     server_handler_calls = len(listener.connections)
     assert server_handler_calls == 1 and not conn.is_closed  # refused frames were never half-written
     await _teardown(server, listener, client, conn)
+
+
+def test_after_a_frame_too_large_for_one_read_the_next_is_read_header_and_body_first():
+    big = (np.arange(framing.STAGING_BYTES + 100) % 253).astype(np.uint8)
+    msg, data = _request(1, [big])
+    _known(msg.bulk[0])
+    sink = _Sink()
+    first = sink.dec.get_buffer().nbytes
+    assert first == framing.STAGING_BYTES
+    sink.read(data[:first])
+    sink.read(data[first:])
+    assert len(sink.delivered) == 1
+    msg2, data2 = _request(2, [big])
+    head = len(data2) - big.nbytes
+    assert sink.dec.get_buffer().nbytes == head  # header and body only
+    taken, _ = sink.read(data2[:head])
+    assert taken and sink.delivered[1:] == []
+    target = sink.dec.get_buffer()
+    assert target.nbytes == big.nbytes and target.obj is sink.allocated[-1][0].obj  # in place
+    taken, _ = sink.read(data2[head:])
+    assert taken and sink.delivered[1] == (msg2, [big.tobytes()])
+    # guessed wrong: a longer body, then small frames; each is still decoded whole and in order
+    msg3, data3 = _request(3, [big], payload=msgspec.msgpack.encode(bytes(500)))
+    frames = []
+    while len(data3):
+        n = min(sink.dec.get_buffer().nbytes, len(data3))
+        taken, got = sink.read(data3[:n])
+        frames += got
+        data3 = data3[n:]
+    small = b"".join(_request(i)[1] for i in (4, 5))
+    while len(small):
+        n = min(sink.dec.get_buffer().nbytes, len(small))
+        taken, got = sink.read(small[:n])
+        frames += got
+        small = small[n:]
+    ids = [m.id for m, _ in sink.delivered] + [f.message.id for f in frames]
+    assert sorted(ids) == [1, 2, 3, 4, 5] and sink.dec.idle
+    assert sink.dec.get_buffer().nbytes == framing.STAGING_BYTES  # small frames: back to whole reads
