@@ -32,6 +32,15 @@ peer), and ``stepwise`` makes the decoder return after each frame, so that its o
 limit (or its allocator's state) between a handshake frame and the frame that follows it in the
 same read; ``more()`` then decodes what is still buffered.
 
+The hot path (``whole``, once the owner sets ``deliver``): a read that holds exactly one small
+request or response — header, body and at most one inline buffer whose spec ``validate_spec``
+accepted before (accepted specs without a checksum are remembered) — is decoded in one call and
+handed to ``deliver(message, buffers)``, with no ``Frame``, list or state machine round; a buffer
+that has not fully arrived continues in place and completes there. Anything else is declined
+untouched and takes the general path above. After a frame too large for one read, the next read
+at a frame boundary asks for that frame's header and body only, so that a frame of the same kind
+has its bulk read straight into its destination rather than copied out of staging.
+
 Everything that affects decoding lives in this file. It does no I/O, logging or timing.
 """
 

@@ -15,7 +15,11 @@ Theory of operation:
   once, inside the read callback (``eager.py``: a handler that does not wait replies from there,
   with no Task at all); one that waits continues in a Task under the request's remaining budget;
   its ``Reply`` (or ``ErrorReply``) is sent; the pooled buffers are released after the reply was
-  written. ``Cancel`` cancels the handler's task.
+  written — except one small buffer, kept for the next request's bulk (``_keep_spare``: a
+  sequence of requests costs no lease and release each). ``Cancel`` cancels the handler's task.
+- Small messages: the decoder hands a whole request or response straight to ``on_message``
+  (``FrameDecoder.whole``); bulk-free requests and replies, and those with one host buffer, are
+  framed here without ``encode_frame`` (the same header and limits).
 - Writes: a frame is written whole by one ``link.write`` (one ``writev``). Frames written while
   the link is *corked* are held and leave together in one write when it is uncorked: the session
   corks while it dispatches the frames of one read (the replies of pipelined requests), and
