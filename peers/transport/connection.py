@@ -558,22 +558,29 @@ class Connection:
             self._replying.discard(req_id)
         leases = self._leases.pop(req_id, None)
         if leases is not None:
-            if len(leases) == 1 and self._spare is None and self._closed_exc is None:
-                self._keep_spare(leases[0])
-                return
+            if len(leases) == 1 and self._closed_exc is None:
+                lease = leases[0]
+                if lease is self._spare_lease:  # the kept buffer is back (lent only while none is kept)
+                    self._spare = lease
+                    return
+                if self._keep_spare(lease):
+                    return
             for lease in leases:
                 lease.release()
 
-    def _keep_spare(self, lease: Lease) -> None:
-        """Keep a served request's receive buffer for the next request's bulk (``allocate``): a
-        sequence of requests then costs no lease and release each. Small buffers only."""
-        if lease is self._spare_lease:  # the same one again: its view is already made
-            self._spare = lease
-        elif lease.capacity <= _SPARE_MAX_BYTES:
-            self._spare, self._spare_lease = lease, lease
-            self._spare_view, self._spare_bytes = lease.whole(), lease.capacity
-        else:
-            lease.release()
+    def _keep_spare(self, lease: Lease) -> bool:
+        """Keep a served request's receive buffer for the next request's bulk (``allocate``), so
+        that a sequence of requests costs no lease and release each: when none is kept, or when
+        it is larger than the one kept (which goes back to the pool), up to ``_SPARE_MAX_BYTES``.
+        Returns False when the caller should release it."""
+        capacity = lease.capacity
+        if capacity > _SPARE_MAX_BYTES or (self._spare is not None and capacity <= self._spare_bytes):
+            return False
+        if self._spare is not None:
+            self._spare.release()
+        self._spare, self._spare_lease = lease, lease
+        self._spare_view, self._spare_bytes = lease.whole(), capacity
+        return True
 
     async def _serve(self, msg: wire.Request, buffers: list[memoryview], arrived: float) -> None:
         """Run the handler under the request's budget (``_budget_expired`` cancels it) and send

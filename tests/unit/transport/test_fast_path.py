@@ -265,6 +265,12 @@ async def test_a_served_requests_buffer_is_reused_by_the_next_and_never_shared_w
         data = np.full(100 + 300 * i, i, np.uint8)
         np.testing.assert_array_equal((await conn.request("now", [data], timeout_s=5)).bulk[0], data)
     assert leases == [100]
+    for i in range(5):  # a larger size: one lease, then that buffer is the one kept (and serves small ones)
+        data = np.full(65536 if i < 4 else 10, i, np.uint8)
+        np.testing.assert_array_equal((await conn.request("now", [data], timeout_s=5)).bulk[0], data)
+    assert leases == [100, 65536] and served._spare.capacity == 65536
+    assert server.pool.leased == 1  # the smaller one went back
+    leases.clear()
     # a handler that waits keeps its buffer; requests meanwhile get others, not the same memory
     waiting = asyncio.ensure_future(conn.request("wait", [np.full(1000, 7, np.uint8)], timeout_s=5))
     async with asyncio.timeout(5):
@@ -275,7 +281,7 @@ async def test_a_served_requests_buffer_is_reused_by_the_next_and_never_shared_w
         np.testing.assert_array_equal((await conn.request("now", [data], timeout_s=5)).bulk[0], data)
     release.set()
     np.testing.assert_array_equal((await waiting).bulk[0], np.full(1000, 7, np.uint8))
-    assert len(leases) == 2  # the waiting one held the kept buffer: one more lease, then kept
+    assert len(leases) == 1  # the waiting one held the kept buffer: one more lease, then kept
     big = np.ones(2 * 256 * 2**10, np.uint8)  # over the size kept: leased and given back
     await conn.request("now", [big], timeout_s=5)
     await asyncio.sleep(0.01)
