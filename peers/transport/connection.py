@@ -71,6 +71,7 @@ _current_tasks: dict[asyncio.AbstractEventLoop, Any] = asyncio.tasks._current_ta
 _enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
 _leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
 _RESPONSE_BIT = 1 << 63
+_heappush = heapq.heappush
 #: ``Connection._write_now`` outcomes.
 _NOT_WRITTEN, _QUEUED, _FLUSHED = 0, 1, 2
 
@@ -143,6 +144,9 @@ class _DeviceDest:
 
 #: numpy dtype of every wire dtype string, looked up once per received buffer.
 _DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name) for name in wire.DTYPES}
+
+
+_frombuffer = np.frombuffer
 
 
 def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
@@ -329,7 +333,12 @@ class Connection:
                     await sending
             self.metrics.requests_sent += 1
             if deadline is not None:
-                self._deadlines.add(deadline, req_id, None)
+                dl = self._deadlines
+                if deadline >= dl._armed_at and len(dl._heap) < 2 * len(self._pending) + _DEADLINE_SLACK:
+                    dl._seq += 1  # ``dl.add`` in steady traffic (armed earlier, heap small), inlined
+                    _heappush(dl._heap, (deadline, dl._seq, req_id, None))
+                else:
+                    dl.add(deadline, req_id, None)
             return await pending.future
         except TimeoutError:
             self.metrics.deadlines += 1
@@ -594,7 +603,11 @@ class Connection:
             if not buffers:
                 arrays = []
             elif len(buffers) == 1:
-                arrays = [_typed(buffers[0], msg.bulk[0])]
+                spec = msg.bulk[0]
+                if spec.nbytes and len(spec.shape) == 1:  # ``_typed``'s common case, inlined
+                    arrays = [_frombuffer(buffers[0], _DTYPES[spec.dtype])]
+                else:
+                    arrays = [_typed(buffers[0], spec)]
             else:
                 arrays = [_typed(v, s) for v, s in zip(buffers, msg.bulk)]
             incoming = Incoming(memoryview(msg.payload), arrays, deadline, self.peer)

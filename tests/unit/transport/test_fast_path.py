@@ -343,3 +343,21 @@ def test_after_a_frame_too_large_for_one_read_the_next_is_read_header_and_body_f
     ids = [m.id for m, _ in sink.delivered] + [f.message.id for f in frames]
     assert sorted(ids) == [1, 2, 3, 4, 5] and sink.dec.idle
     assert sink.dec.get_buffer().nbytes == framing.STAGING_BYTES  # small frames: back to whole reads
+
+
+@pytest.mark.asyncio
+async def test_a_shorter_deadline_than_the_armed_one_still_fires():
+    from peers.errors import DeadlineExceeded
+
+    async def handler(incoming):
+        await asyncio.sleep(30)
+        return Reply()
+
+    server, listener, client, conn = await _pair(handler)
+    long = asyncio.ensure_future(conn.request(None, timeout_s=60))  # arms the caller's timer at 60 s
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):  # the 0.05 s deadline re-arms it earlier
+        with pytest.raises(DeadlineExceeded):
+            await conn.request(None, timeout_s=0.05)
+    long.cancel()
+    await _teardown(server, listener, client, conn)
