@@ -49,7 +49,6 @@ class Lease:
         pool._free.setdefault(size, []).append(backing)
         pool.idle_bytes += size
 
-
     @property
     def capacity(self) -> int:
         """Bytes of the buffer behind ``view`` (its size class): a lease may be reused for any
