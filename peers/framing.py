@@ -32,6 +32,15 @@ peer), and ``stepwise`` makes the decoder return after each frame, so that its o
 limit (or its allocator's state) between a handshake frame and the frame that follows it in the
 same read; ``more()`` then decodes what is still buffered.
 
+The hot path (``whole``, once the owner sets ``deliver``): a read that holds exactly one small
+request or response — header, body and at most one inline buffer whose spec ``validate_spec``
+accepted before (accepted specs without a checksum are remembered) — is decoded in one call and
+handed to ``deliver(message, buffers)``, with no ``Frame``, list or state machine round; a buffer
+that has not fully arrived continues in place and completes there. Anything else is declined
+untouched and takes the general path above. After a frame too large for one read, the next read
+at a frame boundary asks for that frame's header and body only, so that a frame of the same kind
+has its bulk read straight into its destination rather than copied out of staging.
+
 Everything that affects decoding lives in this file. It does no I/O, logging or timing.
 """
 
@@ -216,12 +225,24 @@ def verify_checksums(specs: Sequence[wire.BufferSpec], buffers: Sequence[memoryv
 _ITEMSIZE: Final = {dtype: int(dtype[2:]) for dtype in wire.DTYPES}
 
 
+#: Specs (without a checksum) that passed ``validate_spec``: a peer sends the same few shapes again
+#: and again, and a dict hit is cheaper than the checks. Bounded: cleared when full.
+_VALID_SPECS: Final[dict[wire.BufferSpec, None]] = {}
+_VALID_SPECS_MAX: Final = 1024
+
+
 def validate_spec(spec: wire.BufferSpec) -> None:
     """Check one descriptor is self-consistent before anything is allocated for it.
 
     Raises:
         RemoteProtocolError: unknown dtype, too many dims, negative dims, or nbytes ≠ dtype × shape.
     """
+    try:
+        if spec in _VALID_SPECS:
+            return
+        cache = spec.checksum is None  # a checksum differs per payload: it would only churn the cache
+    except TypeError:  # a spec built in code with a list shape (decoded ones have tuples)
+        cache = False
     itemsize = _ITEMSIZE.get(spec.dtype)
     if itemsize is None:
         raise RemoteProtocolError(f"dtype {spec.dtype!r} not allowed", reason="bad_spec")
@@ -232,6 +253,10 @@ def validate_spec(spec: wire.BufferSpec) -> None:
         raise RemoteProtocolError(f"nbytes {spec.nbytes} ≠ dtype × shape", reason="bad_spec")
     if spec.nbytes > MAX_BUFFER_BYTES:
         raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
+    if cache:
+        if len(_VALID_SPECS) >= _VALID_SPECS_MAX:
+            _VALID_SPECS.clear()
+        _VALID_SPECS[spec] = None
 
 
 #: Bound once (``wire.encode`` is the same msgpack encoding, one Python call deeper).
@@ -330,6 +355,10 @@ class FrameDecoder:
         self._checksums = False  # a spec of the current frame carries a checksum
         self._dead = False
         self.frames_decoded = 0
+        self._head_hint = 0  # > 0: read this many bytes at the next frame boundary (``whole``)
+        #: set by the owner once frames may be dispatched one by one: ``whole`` hands it the frames
+        #: it completes (``deliver(message, buffers)``), without a ``Frame`` or a list
+        self.deliver: Callable[[wire.Message, list[memoryview]], None] | None = None
 
     # -- the BufferedProtocol face ------------------------------------------------------------
 
@@ -343,6 +372,8 @@ class FrameDecoder:
             return dest[self._dest_offset :]
         if self._chunks:
             return memoryview(self._chunks[-1])[self._chunk_filled :]
+        if self._head_hint and not self._staged:  # (``whole``)
+            return self._view[: self._head_hint]
         return self._view[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
@@ -368,6 +399,81 @@ class FrameDecoder:
         except RemoteProtocolError:
             self._dead = True
             raise
+
+    def whole(self, nbytes: int) -> bool:
+        """The hot path of one small request or response per read (``deliver`` must be set):
+        account for ``nbytes`` as ``buffer_updated`` would and return True when this read was one
+        whole frame — header, body and at most one inline buffer, the buffer perhaps still partly
+        to come — or the last bytes of such a buffer; the completed frame went to ``deliver``.
+        Returns False, with nothing consumed, for anything else (several frames in one read, a
+        frame cut before its body ends, two or more buffers, empty buffers, out of band,
+        checksums, a spec not seen before, any error): ``buffer_updated(nbytes)`` then does the
+        general, fully checked work.
+
+        The checks are those of the general path: the header's limits, the body's spec count and
+        total against the header, the spec itself (only specs that ``validate_spec`` accepted
+        before take this path), the destination's size.
+        """
+        deliver = self.deliver
+        assert deliver is not None
+        if self._state == _BULK:  # the rest of a buffer whose frame is complete with these bytes
+            dests = self._dests
+            if len(dests) != 1 or self._checksums or self._dest_offset + nbytes != dests[0].nbytes:
+                return False
+            message = self._message
+            assert message is not None
+            self._message, self._specs, self._dests = None, (), []
+            self._state = _HEADER
+            self.frames_decoded += 1
+            deliver(message, dests)
+            return True
+        if self._staged or self._chunks or nbytes < HEADER_BYTES or self.stepwise:
+            return False
+        magic, version, flags, body_len, nbufs, _reserved, bulk_len = _HEADER_UNPACK(self._staging, 0)
+        end = HEADER_BYTES + body_len
+        # a frame that cannot arrive in one read: the next one of its kind is read header and
+        # body first, so that its bulk lands in place instead of being copied out of staging
+        self._head_hint = end if end + bulk_len > STAGING_BYTES and nbufs == 1 else 0
+        if (nbytes > end + bulk_len or nbytes < end or flags or nbufs > 1 or magic != MAGIC
+                or version != FRAME_VERSION or body_len > self.max_body_bytes or nbufs != (bulk_len > 0)):
+            return False
+        view = self._view
+        try:
+            message = self._decode(bytes(view[HEADER_BYTES:end]))
+        except wire.DECODE_ERRORS:
+            return False  # the general path raises the precise error
+        kind = type(message)
+        if kind is not wire.Request and kind is not wire.Response:
+            return False
+        specs = message.bulk  # type: ignore[union-attr]
+        if len(specs) != nbufs or message.bulk_via:  # type: ignore[union-attr]
+            return False
+        if not nbufs:
+            self.frames_decoded += 1
+            deliver(message, [])
+            return True
+        spec = specs[0]
+        if spec.nbytes != bulk_len or spec.checksum is not None or spec not in _VALID_SPECS:
+            return False
+        try:
+            dests = self.allocate(message, specs)
+        except RemoteProtocolError:
+            self._dead = True
+            raise
+        if len(dests) != 1 or dests[0].nbytes != bulk_len:
+            raise LocalProtocolError("allocator returned destinations of the wrong size")
+        got = nbytes - end
+        if got:
+            dests[0][:got] = view[end:nbytes]
+        if got < bulk_len:  # the rest lands straight in the destination (``get_buffer``)
+            self._message, self._specs, self._dests = message, specs, dests
+            self._dest_index, self._dest_offset = 0, got
+            self._checksums = False
+            self._state = _BULK
+            return True
+        self.frames_decoded += 1
+        deliver(message, dests)
+        return True
 
     def feed(self, data: bytes | memoryview) -> list[Frame]:
         """Convenience for tests and in-process links: copy ``data`` in through ``get_buffer``."""

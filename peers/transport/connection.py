@@ -15,7 +15,11 @@ Theory of operation:
   once, inside the read callback (``eager.py``: a handler that does not wait replies from there,
   with no Task at all); one that waits continues in a Task under the request's remaining budget;
   its ``Reply`` (or ``ErrorReply``) is sent; the pooled buffers are released after the reply was
-  written. ``Cancel`` cancels the handler's task.
+  written — except one small buffer, kept for the next request's bulk (``_keep_spare``: a
+  sequence of requests costs no lease and release each). ``Cancel`` cancels the handler's task.
+- Small messages: the decoder hands a whole request or response straight to ``on_message``
+  (``FrameDecoder.whole``); bulk-free requests and replies, and those with one host buffer, are
+  framed here without ``encode_frame`` (the same header and limits).
 - Writes: a frame is written whole by one ``link.write`` (one ``writev``). Frames written while
   the link is *corked* are held and leave together in one write when it is uncorked: the session
   corks while it dispatches the frames of one read (the replies of pipelined requests), and
@@ -37,7 +41,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -54,7 +58,6 @@ from peers.errors import (
 )
 from peers.transport.base import BulkChannel, Handler, Incoming, Link, Reply, Result
 from peers.transport.eager import TaskStandIn, continue_in_task
-from peers.transport.eager import step as eager_step
 from peers.transport.pool import BufferPool, Lease
 
 __all__ = ["Connection", "Metrics", "bulk_tag"]
@@ -62,8 +65,13 @@ __all__ = ["Connection", "Metrics", "bulk_tag"]
 log = logging.getLogger(__name__)
 _RAW_NONE = msgspec.Raw(msgspec.msgpack.encode(None))
 _NO_SPECS: list[wire.BufferSpec] = []  # shared by every bulk-free message (never mutated)
-_current_task = asyncio.current_task
+#: ``asyncio.current_task(loop)`` is a Python function in 3.11 over this dict (C ``_asyncio``)
+_current_tasks: dict[asyncio.AbstractEventLoop, Any] = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+#: entered with a ``TaskStandIn`` (eager.py), not a Task: typed loosely
+_enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
+_leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
 _RESPONSE_BIT = 1 << 63
+_heappush = heapq.heappush
 #: ``Connection._write_now`` outcomes.
 _NOT_WRITTEN, _QUEUED, _FLUSHED = 0, 1, 2
 
@@ -112,6 +120,8 @@ class _Pending:
 
 
 _encode_payload = msgspec.msgpack.Encoder().encode
+_encode_body = msgspec.msgpack.Encoder().encode  # wire messages (``wire.encode`` without its call)
+_pack_header = framing.HEADER.pack
 
 
 def _payload(obj: Any) -> msgspec.Raw:
@@ -136,6 +146,9 @@ class _DeviceDest:
 _DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name) for name in wire.DTYPES}
 
 
+_frombuffer = np.frombuffer
+
+
 def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
     dtype = _DTYPES[spec.dtype]  # validated by the decoder (framing.validate_spec)
     if not spec.nbytes:
@@ -143,6 +156,9 @@ def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
     array = np.frombuffer(view, dtype=dtype)
     return array if len(spec.shape) == 1 else array.reshape(spec.shape)
 
+
+#: A served request's receive buffer up to this size is kept for the next request (``_keep_spare``).
+_SPARE_MAX_BYTES: Final = 256 * 2**10
 
 #: The deadline heap is rebuilt without stale entries once it holds this many more than live ones.
 _DEADLINE_SLACK = 64
@@ -189,7 +205,10 @@ class _Deadlines:
             self._arm(when)
 
     def _compact(self) -> None:
-        live = [entry for entry in self._heap if self._live(entry)]
+        pending = self._pending
+        # ``_live`` inlined: this runs over the whole heap once every ~_DEADLINE_SLACK requests
+        live = [entry for entry in self._heap
+                if (entry[2] in pending if entry[3] is None else pending.get(entry[2]) is entry[3])]
         heapq.heapify(live)
         self._heap = live
 
@@ -241,6 +260,13 @@ class Connection:
         self._pending: dict[int, _Pending] = {}
         self._serving: dict[int, asyncio.Task[None]] = {}
         self._leases: dict[int, list[Lease]] = {}
+        # a served request's receive buffer, kept for the next one (``_keep_spare``): the lease,
+        # a view of its whole buffer and that buffer's size; ``_spare_lease`` remembers the last
+        # one kept (the view is remade only when the buffer changes)
+        self._spare: Lease | None = None
+        self._spare_lease: Lease | None = None
+        self._spare_view = memoryview(b"")
+        self._spare_bytes = 0
         self._write_lock = asyncio.Lock()
         self._slow_writers = 0  # writers waiting for, or holding, the write lock
         # links that can tell whether everything written already reached the kernel (tcp) get a
@@ -294,13 +320,25 @@ class Connection:
         self._pending[req_id] = pending
         deadline = None if timeout_s is None else self._loop.time() + timeout_s
         try:
-            sending = self._send_message(req_id, payload, bulk, response=False, budget_s=timeout_s)
+            if bulk:
+                sending = self._send_message(req_id, payload, bulk, response=False, budget_s=timeout_s)
+            else:  # the common small request, framed here (``_send_message``'s first branch)
+                raw = _RAW_NONE if payload is None else (
+                    msgspec.Raw(payload) if type(payload) is bytes else _payload(payload))
+                sending = self._send_small(_encode_body(wire.Request(
+                    req_id, raw, _NO_SPECS, None if timeout_s is None else timeout_s * 1000.0, wire.BULK_INLINE)),
+                    req_id, response=False)
             if sending is not None:  # the write must wait (contention, a full socket, UCX bulk)
                 async with asyncio.timeout_at(deadline):
                     await sending
             self.metrics.requests_sent += 1
             if deadline is not None:
-                self._deadlines.add(deadline, req_id, None)
+                dl = self._deadlines
+                if deadline >= dl._armed_at and len(dl._heap) < 2 * len(self._pending) + _DEADLINE_SLACK:
+                    dl._seq += 1  # ``dl.add`` in steady traffic (armed earlier, heap small), inlined
+                    _heappush(dl._heap, (deadline, dl._seq, req_id, None))
+                else:
+                    dl.add(deadline, req_id, None)
             return await pending.future
         except TimeoutError:
             self.metrics.deadlines += 1
@@ -335,11 +373,16 @@ class Connection:
     def allocate(self, message: wire.Message, specs: Sequence[wire.BufferSpec]) -> list[memoryview]:
         """The framing decoder's allocator: where this frame's bulk bytes go."""
         if type(message) is wire.Request:  # incoming bulk lands in pooled, pre-touched buffers
-            take = self._pool.lease
             if len(specs) == 1:  # the usual case, without two list comprehensions
-                lease = take(specs[0].nbytes)
+                nbytes = specs[0].nbytes
+                if self._spare is not None and nbytes <= self._spare_bytes:  # the last request's
+                    lease, self._spare = self._spare, None
+                    self._leases[message.id] = [lease]
+                    return [self._spare_view[:nbytes]]
+                lease = self._pool.lease(nbytes)
                 self._leases[message.id] = [lease]
                 return [lease.view]
+            take = self._pool.lease
             leases = [take(s.nbytes) for s in specs]
             self._leases[message.id] = leases
             return [lease.view for lease in leases]
@@ -356,22 +399,39 @@ class Connection:
             return [np.empty(s.nbytes, np.uint8).data for s in specs]  # late/mismatched: drop
         raise RemoteProtocolError(f"{type(message).__name__} may not carry bulk", reason="bad_message")
 
+    def on_message(self, msg: wire.Message, buffers: list[memoryview]) -> None:
+        """Dispatch one decoded inline ``Request`` or ``Response`` (the decoder's ``deliver``: the
+        hot path, without a ``Frame``); other messages go to ``on_frame``."""
+        if self._closed_exc is not None:
+            return  # closed by an earlier frame of the same read (Goodbye, a handler's fail())
+        if buffers:
+            for buf in buffers:
+                self.metrics.bytes_received += buf.nbytes
+        if type(msg) is wire.Request:
+            self._start_handler(msg, buffers)
+        elif type(msg) is wire.Response:
+            pending = self._pending.get(msg.id)
+            if pending is None or pending.future.done():
+                return
+            # the body is an immutable ``bytes`` (framing), so the payload is viewed, not copied
+            arrays = pending.arrays
+            pending.future.set_result(Result(memoryview(msg.payload), arrays if arrays is not None else []))
+        else:
+            self.on_frame(framing.Frame(msg, buffers, False))
+
     def on_frame(self, frame: framing.Frame) -> None:
         """Dispatch one decoded frame."""
         if self._closed_exc is not None:
             return  # closed by an earlier frame of the same read (Goodbye, a handler's fail())
         msg = frame.message
-        if frame.buffers:
+        if frame.out_of_band:
             for buf in frame.buffers:
                 self.metrics.bytes_received += buf.nbytes
-        if frame.out_of_band:
             self._loop.create_task(self._receive_out_of_band(frame))
             return
         msg_type = type(msg)
-        if msg_type is wire.Request:
-            self._start_handler(msg, frame.buffers)  # type: ignore[arg-type]
-        elif msg_type is wire.Response:
-            self._on_response(msg)  # type: ignore[arg-type]
+        if msg_type is wire.Request or msg_type is wire.Response:
+            self.on_message(msg, frame.buffers)
         elif isinstance(msg, wire.ErrorReply):
             self._settle(msg.id, self._remote_exception(msg))
         elif isinstance(msg, wire.Cancel):
@@ -466,20 +526,25 @@ class Connection:
         arrived = loop.time()
         coro = self._serve(msg, buffers, arrived)
         task: asyncio.Task[None]
-        if _current_task(loop) is not None:  # frames delivered from a task (mem, UCX bulk)
+        if _current_tasks.get(loop) is not None:  # frames delivered from a task (mem, UCX bulk)
             task = loop.create_task(coro)
         else:
             # one per request, never reused: a handler may keep current_task() and cancel it later
             stand_in = TaskStandIn()
             context = contextvars.copy_context()
+            _enter_task(loop, stand_in)  # eager.step, inlined: one Python call fewer per request
             try:
-                waiting = context.run(eager_step, loop, stand_in, coro)
+                waiting = context.run(coro.send, None)
             except StopIteration:  # replied from inside the read callback: no Task was needed
-                self._served(req_id)
+                _leave_task(loop, stand_in)
+                if buffers:
+                    self._served(req_id)
                 return
             except BaseException:
+                _leave_task(loop, stand_in)
                 self._served(req_id)
                 raise
+            _leave_task(loop, stand_in)
             task = continue_in_task(loop, coro, waiting, stand_in, context)
         self._serving[req_id] = task
         # a done-callback (not ``finally``) because a task cancelled before it first runs never
@@ -502,8 +567,29 @@ class Connection:
             self._replying.discard(req_id)
         leases = self._leases.pop(req_id, None)
         if leases is not None:
+            if len(leases) == 1 and self._closed_exc is None:
+                lease = leases[0]
+                if lease is self._spare_lease:  # the kept buffer is back (lent only while none is kept)
+                    self._spare = lease
+                    return
+                if self._keep_spare(lease):
+                    return
             for lease in leases:
                 lease.release()
+
+    def _keep_spare(self, lease: Lease) -> bool:
+        """Keep a served request's receive buffer for the next request's bulk (``allocate``), so
+        that a sequence of requests costs no lease and release each: when none is kept, or when
+        it is larger than the one kept (which goes back to the pool), up to ``_SPARE_MAX_BYTES``.
+        Returns False when the caller should release it."""
+        capacity = lease.capacity
+        if capacity > _SPARE_MAX_BYTES or (self._spare is not None and capacity <= self._spare_bytes):
+            return False
+        if self._spare is not None:
+            self._spare.release()
+        self._spare, self._spare_lease = lease, lease
+        self._spare_view, self._spare_bytes = lease.whole(), capacity
+        return True
 
     async def _serve(self, msg: wire.Request, buffers: list[memoryview], arrived: float) -> None:
         """Run the handler under the request's budget (``_budget_expired`` cancels it) and send
@@ -517,22 +603,33 @@ class Connection:
             if not buffers:
                 arrays = []
             elif len(buffers) == 1:
-                arrays = [_typed(buffers[0], msg.bulk[0])]
+                spec = msg.bulk[0]
+                if spec.nbytes and len(spec.shape) == 1:  # ``_typed``'s common case, inlined
+                    arrays = [_frombuffer(buffers[0], _DTYPES[spec.dtype])]
+                else:
+                    arrays = [_typed(buffers[0], spec)]
             else:
                 arrays = [_typed(v, s) for v, s in zip(buffers, msg.bulk)]
             incoming = Incoming(memoryview(msg.payload), arrays, deadline, self.peer)
             reply = await self._handler(incoming)
             handled = True
-            if deadline is not None:
-                self._replying.add(msg.id)  # the budget bounds the handler only, not the reply
             if not isinstance(reply, Reply):
                 raise LocalProtocolError(f"handler returned {type(reply).__name__}, not Reply")
             self.metrics.requests_served += 1
-            if len(self._serving) > 1 and msg.id in self._serving:
-                # a handler that waited (a group commit wakes many at once): the replies of this
-                # iteration leave in one write
-                self._cork_until_next_iteration()
-            sending = self._send_message(msg.id, reply.payload, reply.bulk, response=True, budget_s=None)
+            if msg.id in self._serving:  # the handler waited: it runs in a Task
+                if deadline is not None:
+                    self._replying.add(msg.id)  # the budget bounds the handler only, not the reply
+                if len(self._serving) > 1:
+                    # a group commit wakes many at once: the replies of this iteration leave in
+                    # one write
+                    self._cork_until_next_iteration()
+            if reply.bulk:
+                sending = self._send_message(msg.id, reply.payload, reply.bulk, response=True, budget_s=None)
+            else:  # the common reply: no bulk, framed here (``_send_message``'s first branch)
+                payload = reply.payload
+                body = _encode_body(wire.Response(msg.id, _RAW_NONE if payload is None else _payload(payload),
+                                                  _NO_SPECS, wire.BULK_INLINE))
+                sending = self._send_small(body, msg.id, response=True)
             if sending is not None:
                 await sending
         except asyncio.CancelledError:
@@ -561,7 +658,7 @@ class Connection:
         Raises:
             LocalProtocolError: bad bulk buffers or a limit exceeded (nothing was written).
         """
-        raw = _payload(payload)
+        raw = _RAW_NONE if payload is None else _payload(payload)
         message: wire.Message
         if not bulk:  # the common small message: no specs, no views, inline
             if response:
@@ -569,11 +666,25 @@ class Connection:
             else:
                 message = wire.Request(req_id, raw, _NO_SPECS, None if budget_s is None else budget_s * 1000.0,
                                        wire.BULK_INLINE)
-            parts = framing.encode_frame(message)
+            return self._send_small(_encode_body(message), req_id, response=response)
+        if len(bulk) == 1 and self._bulk is None:  # one host buffer, inline: ``encode_frame`` inlined
+            spec, view = framing.spec_for(bulk[0], with_checksum=self._checksum)
+            nbytes = spec.nbytes
+            if response:
+                message = wire.Response(req_id, raw, [spec], wire.BULK_INLINE)
+            else:
+                message = wire.Request(req_id, raw, [spec], None if budget_s is None else budget_s * 1000.0,
+                                       wire.BULK_INLINE)
+            body = _encode_body(message)
+            if len(body) > framing.MAX_BODY_BYTES:
+                raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
+            head = _pack_header(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 1, 0, nbytes) + body
+            parts: list[bytes | memoryview] = [head, view] if nbytes else [head]
             state = self._write_now(parts)
             if state == _FLUSHED:
+                self.metrics.bytes_sent += nbytes
                 return None
-            return self._finish_send(parts, state, [], wire.BULK_INLINE, req_id, response, 0)
+            return self._finish_send(parts, state, [view], wire.BULK_INLINE, req_id, response, nbytes)
         specs: list[wire.BufferSpec] = []
         views: list[Any] = []  # memoryviews of host memory, or device arrays (ucx path only)
         nbytes = 0
@@ -600,6 +711,25 @@ class Connection:
             self.metrics.bytes_sent += nbytes
             return None
         return self._finish_send(parts, state, views, via, req_id, response, nbytes)
+
+    def _send_small(self, body: bytes, req_id: int, *, response: bool) -> Awaitable[None] | None:
+        """Frame and send an encoded bulk-free body (``encode_frame``'s first case, inlined)."""
+        if len(body) > framing.MAX_BODY_BYTES:
+            raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
+        parts: list[bytes | memoryview] = [_pack_header(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 0, 0, 0)
+                                           + body]
+        link: Any = self.link
+        if not self._fast_write or self._slow_writers or self._closed_exc is not None or not link.flushed:
+            return self._finish_send(parts, _NOT_WRITTEN, [], wire.BULK_INLINE, req_id, response, 0)
+        try:  # ``_write_now``, inlined
+            link.write(parts)
+        except OSError:
+            if self._closed_exc is not None:
+                raise self._closed_error() from None
+            raise
+        if link.flushed:
+            return None
+        return self._finish_send(parts, _QUEUED, [], wire.BULK_INLINE, req_id, response, 0)
 
     async def _finish_send(self, parts: list[bytes | memoryview], state: int, views: list[Any], via: int,
                            req_id: int, response: bool, nbytes: int) -> None:
@@ -713,6 +843,10 @@ class Connection:
         # bulk cut off mid-frame: give the buffers back — unless a UCX receive into them is still
         # posted (it cannot be cancelled), then they are forgotten, never lent again
         stuck = self._bulk is not None and self._bulk.pending_receives > 0
+        if self._spare is not None:
+            self._spare.release()
+        self._spare = self._spare_lease = None
+        self._spare_view = memoryview(b"")
         for req_id in [r for r in self._leases if r not in self._serving]:
             for lease in self._leases.pop(req_id):
                 lease.forget() if stuck else lease.release()

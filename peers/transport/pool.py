@@ -49,6 +49,15 @@ class Lease:
         pool._free.setdefault(size, []).append(backing)
         pool.idle_bytes += size
 
+    @property
+    def capacity(self) -> int:
+        """Bytes of the buffer behind ``view`` (its size class): a lease may be reused for any
+        size up to this (``whole``)."""
+        return self._backing.nbytes
+
+    def whole(self) -> memoryview:
+        """A byte view of the whole buffer (``capacity`` bytes), to slice for a reuse."""
+        return memoryview(self._backing)  # type: ignore[arg-type]
 
     def forget(self) -> None:
         """Stop accounting for the buffer without reusing it: a UCX receive that cannot be

@@ -81,6 +81,9 @@ class Session:
     def buffer_updated(self, nbytes: int) -> None:
         decoder = self.decoder
         try:
+            # authenticated: one whole small frame per read goes straight to the connection
+            if decoder.deliver is not None and decoder.whole(nbytes):
+                return
             frames = decoder.buffer_updated(nbytes)
             if not frames:
                 return
@@ -169,6 +172,7 @@ class Session:
         self.decoder.stepwise = False
         self.conn = self._make(agreement)
         self.decoder.allocate = self.conn.allocate  # authenticated: bulk may come, straight there
+        self.decoder.deliver = self.conn.on_message
         self.metrics.connections_opened += 1
         if not self.ready.done():
             self.ready.set_result(self.conn)

@@ -162,7 +162,13 @@ class TcpLink(Link, asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise TransportClosed("socket is closed")
-        size = len(parts[0]) if len(parts) == 1 else _frame_bytes(parts)
+        count = len(parts)
+        if count == 1:
+            size = len(parts[0])
+        elif count == 2 and type(parts[0]) is bytes and type(parts[1]) is memoryview:  # one bulk buffer
+            size = len(parts[0]) + parts[1].nbytes
+        else:
+            size = _frame_bytes(parts)
         if self._corks and size <= _HOLD_FRAME_BYTES and self._held_bytes + size <= _HOLD_MAX_BYTES:
             held = self._held
             for part in parts:  # header + body are immutable bytes; bulk views are the caller's
@@ -175,7 +181,7 @@ class TcpLink(Link, asyncio.BufferedProtocol):
                 self._write_held(transport)
                 return
             self._write_held(transport)
-        if len(parts) == 1:
+        if count == 1:
             transport.write(parts[0])
         elif size > _COALESCE_BYTES:
             # large frames: part by part, without copying the caller's buffers; the header goes
