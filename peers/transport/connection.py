@@ -39,6 +39,7 @@ import contextvars
 import heapq
 import itertools
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -65,8 +66,21 @@ __all__ = ["Connection", "Metrics", "bulk_tag"]
 log = logging.getLogger(__name__)
 _RAW_NONE = msgspec.Raw(msgspec.msgpack.encode(None))
 _NO_SPECS: list[wire.BufferSpec] = []  # shared by every bulk-free message (never mutated)
-#: ``asyncio.current_task(loop)`` is a Python function in 3.11 over this dict (C ``_asyncio``)
-_current_tasks: dict[asyncio.AbstractEventLoop, Any] = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+
+
+def _current_task_lookup() -> Callable[[asyncio.AbstractEventLoop], Any]:
+    """``asyncio.current_task(loop)``, as cheap as this Python allows. Up to 3.13 C ``_asyncio``
+    keeps the running task of each loop in a dict, and that dict's ``get`` is one C call (on 3.11
+    ``current_task`` is Python code around it); 3.14 keeps the running task in the thread state
+    and no longer fills the dict, so there the public function is used. A private attribute:
+    tests/unit/transport/test_fast_path.py checks that the two agree on the running Python."""
+    table = getattr(asyncio.tasks, "_current_tasks", None)
+    if sys.version_info < (3, 14) and isinstance(table, dict):
+        return table.get
+    return asyncio.current_task
+
+
+_current_task_of = _current_task_lookup()
 #: entered with a ``TaskStandIn`` (eager.py), not a Task: typed loosely
 _enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
 _leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
@@ -526,7 +540,7 @@ class Connection:
         arrived = loop.time()
         coro = self._serve(msg, buffers, arrived)
         task: asyncio.Task[None]
-        if _current_tasks.get(loop) is not None:  # frames delivered from a task (mem, UCX bulk)
+        if _current_task_of(loop) is not None:  # frames delivered from a task (mem, UCX bulk)
             task = loop.create_task(coro)
         else:
             # one per request, never reused: a handler may keep current_task() and cancel it later

@@ -361,3 +361,19 @@ async def test_a_shorter_deadline_than_the_armed_one_still_fires():
             await conn.request(None, timeout_s=0.05)
     long.cancel()
     await _teardown(server, listener, client, conn)
+
+
+def test_the_current_task_lookup_agrees_with_asyncio():
+    """The handler start's cheap ``current_task`` (connection._current_task_of) must say what
+    asyncio says on this Python: inside a task, that task; in a plain loop callback (a read
+    callback), None — else requests would start eagerly inside a task, or never eagerly."""
+    from peers.transport import connection
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        assert connection._current_task_of(loop) is asyncio.current_task() is not None
+        seen = loop.create_future()
+        loop.call_soon(lambda: seen.set_result((connection._current_task_of(loop), asyncio.current_task(loop))))
+        assert await seen == (None, None)
+
+    asyncio.run(main())
