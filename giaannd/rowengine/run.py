@@ -32,9 +32,10 @@ but for the engine's own merges, which consume one of them, below):
 Merges in place (the engine's own folds and tier merges, ``grow``). A merge writes the consumed
 run's buffers (``_merge_back``: from the end, old entry k moving to k plus the inserted entries
 before it, so no write overtakes an unread entry; one compiled pass over every field of the run
-when all of them go in place, ``_merged_fields``, no fresh memory) instead of new ones. Why: a merge into a new buffer pays the first touch of every page of it (0.6-2.7 s per GB
-on the development VM, docs/model.md "Rows at scale"), about as much as the copy itself, at every
-fold of the whole base. The runs' contract is that a merge *replaces* arrays: a frozen engine
+when all of them go in place, ``_merged_fields``, no fresh memory) instead of new ones. Why: a
+merge into a new buffer pays the first touch of every page of it (0.6-2.7 s per GB on the
+development VM, docs/model.md "Rows at scale"), about as much as the copy itself, at every fold of
+the whole base. The runs' contract is that a merge *replaces* arrays: a frozen engine
 (frozen.py) reads the base's and the delta runs' key arrays in another thread while applies go on,
 and a row read as views (``RowEngine.read``, ``pieces``) may still be on its way to a socket. So a
 merge goes in place only when nothing else references the field or its buffer (``_merged``): every
