@@ -157,14 +157,46 @@ def test_merge_back_equals_merge_field(seed, n, m, room, dtype):
     pos = np.sort(rng.integers(0, n + 1, m)).astype(np.int64)
     buf = np.full(n + m + room, 7, dtype)
     buf[:n] = old
-    _merge_back(buf, n, new, pos)
+    _merge_back(((buf, _ro(new)),), n, _ro(pos))
     assert np.array_equal(buf[: n + m], merge_field(old, new, pos))
     assert (buf[n + m:] == 7).all()
 
 
+def _ro(a):
+    out = a.view()
+    out.flags.writeable = False
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 60), m=st.integers(0, 60), room=st.integers(0, 5),
+       with_pos=st.booleans())
+def test_merge_back_of_several_fields_in_one_pass_equals_each_field_merged(seed, n, m, room, with_pos):
+    """A run's fields merged in one pass (a fold's four, a delta merge's five): each is what
+    ``merge_field`` makes of it, and nothing past the merged entries is written."""
+    rng = np.random.default_rng(seed)
+    dtypes = (np.uint8, np.uint64, np.uint64, np.float32) + ((np.int64,) if with_pos else ())
+    olds = [rng.integers(0, 200, n).astype(t) for t in dtypes]
+    news = [rng.integers(0, 200, m).astype(t) for t in dtypes]
+    pos = np.sort(rng.integers(0, n + 1, m)).astype(np.int64)
+    bufs = []
+    for t, old in zip(dtypes, olds):
+        buf = np.full(n + m + room, 7, t)
+        buf[:n] = old
+        bufs.append(buf)
+    _merge_back(tuple((b, _ro(x)) for b, x in zip(bufs, news)), n, _ro(pos))
+    for buf, old, new in zip(bufs, olds, news):
+        assert np.array_equal(buf[: n + m], merge_field(old, new, pos))
+        assert (buf[n + m:] == 7).all()
+
+
 def test_merge_back_refuses_bad_positions_before_writing():
-    buf = np.arange(8, dtype=np.uint64)
+    bufs = (np.arange(8, dtype=np.uint8), np.arange(8, dtype=np.uint64), np.arange(8, dtype=np.uint64),
+            np.arange(8, dtype=np.float32))
     for pos in ([3, 2], [0, 7], [-1, 0]):
         with pytest.raises(ValueError):
-            _merge_back(buf, 6, np.array([9, 9], np.uint64), np.array(pos, np.int64))
-        assert buf.tolist() == list(range(8))
+            _merge_back(((bufs[1], _ro(np.array([9, 9], np.uint64))),), 6, _ro(np.array(pos, np.int64)))
+        with pytest.raises(ValueError):
+            _merge_back(tuple((b, _ro(np.array([9, 9], b.dtype))) for b in bufs), 6, _ro(np.array(pos, np.int64)))
+        for b in bufs:
+            assert b.tolist() == list(range(8))
