@@ -10,14 +10,16 @@ it lives; a drop builds a new base and key index, the key index's arrays only gr
 keys they hold (new keys go beyond ``len``, a growth copies). So ``RowEngine.freeze`` keeps
 references to every run's key arrays and row index and to the keys, and copies the strengths and
 lengths: one memcpy of 4 bytes per entry (and 8 per row) on the applying thread, nothing per row.
-Drop it when done: while it lives, the engine's folds pay for new buffers.
+Drop it when done: while it lives, the engine defers its folds into the base (engine.py
+``HELD_FOLD_LIMIT``: a fold would copy the whole base, old and new both resident until the view
+goes), and its tier merges into the delta runs the view holds pay for new buffers.
 
 The frozen rows are read in the engine's global order (row id, then entry key) as one field at a
 time (``field_chunks``: a snapshot writes each field as one section): base entries in slices of
 about ``chunk`` entries, each merged with the delta entries whose base positions fall in it
 (run.fold_into_base's rule: delta entry j lands before base entry ``pos[j]``), so the memory on
 top is a chunk, not a second copy of the store. The delta runs are first merged into one (they
-hold at most 1/base_ratio of the entries). Reading never changes the live engine.
+hold at most HELD_FOLD_LIMIT/base_ratio of the entries, engine.py). Reading never changes the live engine.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "merge_field", "merge_into_slice", "offsets_of", "with_room"]
+           "merge_field", "merge_into_slice", "offsets_of", "shared", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -278,6 +278,14 @@ def _alone() -> tuple[int, int]:
 
 
 _ALONE = _alone()
+
+
+def shared(run: Run) -> bool:
+    """Whether a merge that consumes ``run`` (its own spare buffers: ``Run.spare``) could not go in
+    place because something else references one of its entry fields or their buffers: a frozen
+    engine (frozen.py), a view handed out by a read (``_merged``'s test, field by field). A run
+    without spare room merges into new buffers whoever holds it: False."""
+    return run.spare and any(_holders(run, f) != _ALONE for f in FIELDS)
 
 
 def _merged(run: Run, name: str, new: NDArray[np.generic], pos: I64, grow: bool) -> NDArray[np.generic]:

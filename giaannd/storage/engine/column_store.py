@@ -39,7 +39,8 @@ view (rowengine/frozen.py: references to the runs' key arrays, which the engine 
 writes while they are held, and copies of what it changes in place, the strengths: 4 bytes per
 entry, one memcpy), the touches and the applied set as arrays. A snapshot thread writes from it
 while applies go on; there is no copy-on-write and nothing to undo, so ``release`` only drops the
-references (after which the engine's folds go in place again: rowengine/run.py "Merges in place").
+references (while they are held the engine defers its folds, which the first apply after the
+release does in place: rowengine/engine.py ``HELD_FOLD_LIMIT``, run.py "Merges in place").
 
 Restart: ``load_bulk`` makes a snapshot's arrays the engine's base run as they are (no per-row
 work; the key index built in one vectorised pass).
