@@ -18,9 +18,12 @@ the measured process), then each variant runs in its own child process reading t
 is its own and every variant applies the same batches:
 
 - ``no snapshots``: the timers but the snapshot one;
-- ``folds not deferred``: with snapshots, the engine folding its delta runs at the usual share
-  whatever holds the base (``engine.HELD_FOLD_LIMIT = 1``: what the engine did before);
-- ``folds deferred``: with snapshots, the engine as it is.
+- ``before``: with snapshots, as the store was before: the engine folds its delta runs at the
+  usual share whatever holds the base (``engine.HELD_FOLD_LIMIT = 1``), and a snapshot's frozen view
+  holds the delta runs as they are (``column_store.FREEZE_FOLDS = False``);
+- ``folds deferred``: with snapshots, folds deferred while the view holds the base, but views that
+  hold delta runs (``FREEZE_FOLDS = False``);
+- ``folds deferred + freeze folds``: with snapshots, the store as it is.
 
 Each child samples (every ``SAMPLE_S``) its RSS growth since just before the first apply, the
 entries held, the bytes of the engine's arrays (``RowEngine.nbytes``), the C heap's free bytes
@@ -61,7 +64,7 @@ BATCH_SENTENCES = 256
 #: Batches between group commits (``DurableStore.sync``).
 SYNC_EVERY = 8
 _FIELDS = ("row_column", "row_feature", "offsets", "segment", "target_column", "target_feature", "strength")
-VARIANTS = ("no snapshots", "folds not deferred", "folds deferred")
+VARIANTS = ("no snapshots", "before", "folds deferred", "folds deferred + freeze folds")
 
 
 def generate(path: Path, sentences: int, seed: int) -> None:
@@ -121,10 +124,15 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
     from giaannd.protocol import BatchId
     from giaannd.rowengine import engine as engine_mod
     from giaannd.storage import DurableStore
+    from giaannd.storage.engine import column_store
     from giaannd.storage.engine.recovery import return_freed_heap
 
-    if variant == "folds not deferred":
-        engine_mod.HELD_FOLD_LIMIT = 1  # type: ignore[attr-defined]
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+    if variant == "before":
+        engine_mod.HELD_FOLD_LIMIT = 1
+    if variant in ("before", "folds deferred"):
+        column_store.FREEZE_FOLDS = False
     snapshots = variant != "no snapshots"
     tmp = Path(tempfile.mkdtemp(prefix="live-rss-"))
     try:
@@ -140,6 +148,8 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
         writing = threading.Event()
         samples: list[tuple[int, int, int, int, bool]] = []
         written = [0]
+        freeze_s: list[float] = []
+        share: list[float] = []
 
         def sampler() -> None:
             nbytes = 0
@@ -153,7 +163,10 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
             while not done.wait(snapshot_interval_s):
                 room = ds.freeze_room()
                 with lock:
+                    t = time.perf_counter()
+                    share.append(sum(d.num_entries for d in engine._deltas) / max(engine.num_entries, 1))  # noqa: SLF001
                     job = ds.begin_snapshot(room)
+                    freeze_s.append(time.perf_counter() - t)
                 del room
                 writing.set()
                 job.write(busy_share)
@@ -192,12 +205,15 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
     return {"variant": variant, "entries": entries, "seconds": seconds, "snapshots": written[0],
             "end": end_rss / entries, "end_during_snapshot": end_snapshot,
             "mean": float(np.mean(per)) if per else 0.0,
+            "mean_engine": float(np.mean([s[2] / s[1] for s in late])) if late else 0.0,
+            "mean_heap_free": float(np.mean([s[3] / s[1] for s in late])) if late else 0.0,
             "mean_during_snapshots": float(np.mean(during)) if during else None,
             "peak": per[int(np.argmax(per))] if per else 0.0, "peak_during_snapshot": bool(peak[4]),
             "peak_engine": peak[2] / peak[1], "peak_heap_free": peak[3] / peak[1],
             "peak_rest": (peak[0] - peak[2] - peak[3]) / peak[1],
             "end_engine": engine.nbytes / entries, "folds": engine.stats.folds,
-            "deferred_folds": engine.stats.deferred_folds}
+            "deferred_folds": engine.stats.deferred_folds, "freeze_s_max": max(freeze_s, default=0.0),
+            "delta_share_at_freeze": float(np.mean(share)) if share else 0.0}
 
 
 def main() -> None:
@@ -235,19 +251,23 @@ def main() -> None:
     if args.json:
         for r in results:
             v = r["variant"]
-            for key, target in (("end", TARGET), ("mean", TARGET), ("peak", None), ("peak_engine", None),
+            for key, target in (("end", TARGET), ("mean", TARGET), ("mean_engine", None), ("mean_heap_free", None),
+                                ("mean_during_snapshots", TARGET), ("peak", None), ("peak_engine", None),
                                 ("peak_heap_free", None), ("peak_rest", None)):
                 emit_figure(f"live RSS B/entry {key} ({v})", r[key], target)
         return
     print_table(f"Live storage-node RSS growth per entry ({args.sentences} sentences, snapshots every "
                 f"{args.snapshot_interval_s:g} s, heap trim every {args.heap_trim_interval_s:g} s; target <= 32)",
-                ["variant", "entries", "apply s", "snapshots", "end", "mean (2nd half)", "during snapshots",
-                 "peak", "at peak: engine / free heap / rest", "load"],
+                ["variant", "entries", "apply s", "snapshots", "end", "mean (2nd half)", "mean: engine / free heap",
+                 "during snapshots",
+                 "peak", "at peak: engine / free heap / rest", "freeze s (max)", "folds (deferred)", "load"],
                 [[r["variant"], f"{r['entries']:,}", f"{r['seconds']:.0f}", str(r["snapshots"]),
                   f"{r['end']:.1f}" + (" (snapshot)" if r["end_during_snapshot"] else ""), f"{r['mean']:.1f}",
+                  f"{r['mean_engine']:.1f} / {r['mean_heap_free']:.1f}",
                   "-" if r["mean_during_snapshots"] is None else f"{r['mean_during_snapshots']:.1f}",
                   f"{r['peak']:.1f}", f"{r['peak_engine']:.1f} / {r['peak_heap_free']:.1f} / {r['peak_rest']:.1f}",
-                  f"{r['load']:.1f}"] for r in results])
+                  f"{r['freeze_s_max']:.2f}", f"{r['folds']} ({r['deferred_folds']})", f"{r['load']:.1f}"]
+                 for r in results])
 
 
 if __name__ == "__main__":

@@ -99,7 +99,14 @@ SIZE_BINS = 64
 #: what gathering ~100 entries costs; below that one gather of the rows is cheaper. ``read_page``
 #: concatenates pieces under the same rule (four slices a piece).
 MIN_DIGEST_PIECE_ENTRIES = 256
-#: Entries of room ``freeze_room`` adds beyond 1/8 more than the store holds (a small store's
+#: ``freeze`` folds the engine's delta runs into its base first (in place, when nothing else holds
+#: the base), so the frozen view holds the base alone. Why: a view that holds delta runs costs their
+#: size again, twice (the view merges them into one copy to write them, and the engine's tier
+#: merges into runs it holds go into new buffers), up to 1/base_ratio of the store at 25-29 bytes
+#: an entry; and the deferred fold after the snapshot (rowengine/engine.py ``HELD_FOLD_LIMIT``)
+#: then takes only what arrived meanwhile. The cost: the fold runs while writes are held off.
+FREEZE_FOLDS = True
+#: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
 _EMPTY_IDS = np.empty(0, np.int64)
@@ -782,17 +789,21 @@ class ColumnStore:
     def freeze(self, room: NDArray[np.float32] | None = None) -> FrozenRows:
         """The rows, touches and applied set as they are now, for a snapshot written by another
         thread while applies go on (module docstring); O(entries) memcpy of the strengths, into
-        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one)."""
+        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one), after
+        folding the delta runs into the base (``FREEZE_FOLDS``)."""
+        if FREEZE_FOLDS:
+            self.engine.compact()
         n = self.engine.num_rows
         return FrozenRows(self.engine.freeze(room), self._touches[:n].copy(), self.applied.to_arrays(),
                           self.applied.column_arrays())
 
     def freeze_room(self) -> NDArray[np.float32]:
         """A buffer for the next ``freeze``'s strengths, every page touched: for the entries held
-        now, 1/8 more and 64 Ki (applies go on until the freeze). Safe to call from another thread
+        now, 1/64 more and 64 Ki (applies go on until the freeze: milliseconds; every page of the
+        buffer is resident while the snapshot is written, so no more). Safe to call from another thread
         while applies go on (it reads one count); the caller calls it *before* holding writes off."""
         n = self.engine.num_entries
-        room = np.empty(n + n // 8 + FREEZE_ROOM_SPARE, np.float32)
+        room = np.empty(n + n // 64 + FREEZE_ROOM_SPARE, np.float32)
         room.fill(0.0)  # the page faults happen here
         return room
 

@@ -85,6 +85,24 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(tmp_path:
     view.release()  # idempotent
 
 
+def test_freeze_folds_the_delta_runs_so_the_view_holds_the_base_alone(tmp_path: Path) -> None:
+    """``freeze`` folds first (column_store.FREEZE_FOLDS): the view holds no delta run (one would cost
+    its size again while the snapshot is written), and the snapshot is the store as it was."""
+    store = ColumnStore(BIG)
+    batches = _batches(3, 6)
+    for i, b in enumerate(batches):
+        store.apply(BatchId(1, i + 1), b)
+        if store.engine.num_deltas:
+            break
+    assert store.engine.num_deltas  # a delta run to fold
+    before = _region_bytes(store)
+    view = store.freeze()
+    assert view.engine is not None and view.engine.deltas == [] and store.engine.num_deltas == 0
+    store.apply(BatchId(2, 1), batches[0])  # changes after the freeze: not in the view
+    frozen, _ = read_snapshot(snapshot_module.write_frozen(tmp_path, view, 9), BIG)
+    assert _region_bytes(frozen) == before
+
+
 @pytest.mark.parametrize("with_room", [False, True])
 def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch, with_room) -> None:
     ds = DurableStore.open(tmp_path, BIG)
