@@ -86,6 +86,7 @@ from giaannd.rowengine.run import (
     append_rows,
     find_in_gaps,
     fold_into_base,
+    in_place,
     merge_deltas,
     merge_into_slice,
     offsets_of,
@@ -450,6 +451,14 @@ class RowEngine:
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
+
+    def fold_in_place(self) -> bool:
+        """``compact`` when the fold goes in place (run.in_place: room in the base's buffers and
+        nothing else holding them: no fresh memory, one move of the base); returns whether no delta
+        run is left. For a caller about to hand out the runs (a storage snapshot's freeze)."""
+        if self._deltas and in_place(self._base, sum(d.num_entries for d in self._deltas)):
+            self.compact()
+        return not self._deltas
 
     def reserve(self, entries: int) -> None:
         """Make room in the base for ``entries`` more entries than it and the delta runs hold, so

@@ -64,7 +64,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "merge_field", "merge_into_slice", "offsets_of", "shared", "with_room"]
+           "in_place", "merge_field", "merge_into_slice", "offsets_of", "shared", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -286,6 +286,20 @@ def shared(run: Run) -> bool:
     engine (frozen.py), a view handed out by a read (``_merged``'s test, field by field). A run
     without spare room merges into new buffers whoever holds it: False."""
     return run.spare and any(_holders(run, f) != _ALONE for f in FIELDS)
+
+
+def in_place(run: Run, m: int) -> bool:
+    """Whether a merge of ``m`` more entries into ``run`` that consumes it would go in place: its
+    fields are prefixes of buffers it owns with room for them (``Run.spare``) and nothing else
+    holds them (``shared``): the conditions of ``_merged`` and ``_append_parts``, for every field."""
+    if not run.spare or shared(run):
+        return False
+    n = run.num_entries
+    for f in FIELDS:
+        buf = getattr(run, f).base
+        if not (isinstance(buf, np.ndarray) and buf.base is None and buf.shape[0] >= n + m and buf.flags.writeable):
+            return False
+    return True
 
 
 def _merged(run: Run, name: str, new: NDArray[np.generic], pos: I64, grow: bool) -> NDArray[np.generic]:
