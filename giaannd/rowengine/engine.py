@@ -89,8 +89,8 @@ from giaannd.rowengine.run import (
     in_place,
     merge_deltas,
     merge_into_slice,
+    held,
     offsets_of,
-    shared,
     with_room,
 )
 from giaannd.rowengine.search import find
@@ -115,7 +115,7 @@ DEFAULT_BASE_RATIO = 4
 #: While something else holds the base's arrays (a frozen engine: a snapshot being written from
 #: another thread), a fold cannot go in place (run.py "Merges in place"): it would copy the whole
 #: base, old and new both resident until the holder lets go (21 bytes per entry on top). So the
-#: fold is *deferred* while the base is held (run.shared) and the delta runs hold less than
+#: fold is *deferred* while the base is held (run.held) and the delta runs hold less than
 #: HELD_FOLD_LIMIT / base_ratio of it (the bound: past it the fold copies, as before); the first
 #: commit after the holder lets go folds them, in place. 1: never deferred.
 HELD_FOLD_LIMIT = 2
@@ -371,7 +371,10 @@ class RowEngine:
         self._entries += delta.num_entries
         deltas = self._deltas
         deltas.append(delta)
-        while len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries:
+        # not into a run something else holds (a frozen engine): that merge would copy it, and
+        # the held one stay resident; the newer runs merge among themselves meanwhile
+        while (len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries
+               and not held(deltas[-2])):
             newer = deltas.pop()
             deltas[-1] = self._merge(deltas[-1], newer)
 
@@ -385,7 +388,7 @@ class RowEngine:
         base = self._base.num_entries
         if share < base:
             return
-        if share < base * HELD_FOLD_LIMIT and shared(self._base):
+        if share < base * HELD_FOLD_LIMIT and held(self._base):
             self.stats.deferred_folds += 1
             return
         self.compact()

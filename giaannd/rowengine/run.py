@@ -64,7 +64,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "in_place", "merge_field", "merge_into_slice", "offsets_of", "shared", "with_room"]
+           "held", "in_place", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -280,19 +280,23 @@ def _alone() -> tuple[int, int]:
 _ALONE = _alone()
 
 
-def shared(run: Run) -> bool:
-    """Whether a merge that consumes ``run`` (its own spare buffers: ``Run.spare``) could not go in
-    place because something else references one of its entry fields or their buffers: a frozen
-    engine (frozen.py), a view handed out by a read (``_merged``'s test, field by field). A run
-    without spare room merges into new buffers whoever holds it: False."""
-    return run.spare and any(_holders(run, f) != _ALONE for f in FIELDS)
+def held(run: Run) -> bool:
+    """Whether something else references one of ``run``'s entry fields: a frozen engine (frozen.py
+    keeps the field arrays themselves), or, for a run with buffers of its own (``Run.spare``), a
+    view handed out (which references the buffer): ``_merged``'s test, field by field. A merge
+    that consumes a held run must go into new buffers, and the held arrays stay resident."""
+    for f in FIELDS:
+        field_refs, buffer_refs = _holders(run, f)
+        if field_refs != _ALONE[0] or (run.spare and buffer_refs != _ALONE[1]):
+            return True
+    return False
 
 
 def in_place(run: Run, m: int) -> bool:
     """Whether a merge of ``m`` more entries into ``run`` that consumes it would go in place: its
     fields are prefixes of buffers it owns with room for them (``Run.spare``) and nothing else
-    holds them (``shared``): the conditions of ``_merged`` and ``_append_parts``, for every field."""
-    if not run.spare or shared(run):
+    holds them (``held``): the conditions of ``_merged`` and ``_append_parts``, for every field."""
+    if not run.spare or held(run):
         return False
     n = run.num_entries
     for f in FIELDS:
@@ -480,6 +484,15 @@ def with_room(base: Run, room: int) -> Run:
         grown[:n] = old
         setattr(out, f, grown[:n])
     return out
+
+
+def window(run: Run, lo: int, hi: int) -> Run:
+    """Entries ``[lo, hi)`` of ``run`` as a run (views; its row index cut to the rows they are in)."""
+    i0 = int(np.searchsorted(run.offsets, lo, "right")) - 1
+    i1 = int(np.searchsorted(run.offsets, hi, "left"))
+    offsets = np.clip(run.offsets[i0 : i1 + 1], lo, hi) - lo
+    pos = None if run.pos is None else run.pos[lo:hi]
+    return Run(run.rows[i0:i1], offsets, run.seg[lo:hi], run.tc[lo:hi], run.tf[lo:hi], run.st[lo:hi], pos)
 
 
 def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:

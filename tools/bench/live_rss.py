@@ -18,12 +18,13 @@ the measured process), then each variant runs in its own child process reading t
 is its own and every variant applies the same batches:
 
 - ``no snapshots``: the timers but the snapshot one;
-- ``before``: with snapshots, as the store was before: the engine folds its delta runs at the
-  usual share whatever holds the base (``engine.HELD_FOLD_LIMIT = 1``), and a snapshot's frozen view
-  holds the delta runs as they are (``column_store.FREEZE_FOLDS = False``);
-- ``folds deferred``: with snapshots, folds deferred while the view holds the base, but views that
-  hold delta runs (``FREEZE_FOLDS = False``);
-- ``folds deferred + freeze folds``: with snapshots, the store as it is.
+- ``before``: with snapshots, the code before these changes (``--before-code``: a directory holding
+  the ``giaannd`` package as it was, e.g. ``git archive cb636d7 giaannd | tar -x -C DIR``): folds
+  and tier merges go ahead while a frozen view holds the runs (copies, the held arrays resident
+  until the snapshot ends), and the view merges its delta runs into one copy to write them;
+- ``after``: with snapshots, the store as it is;
+- ``after + freeze folds``: the same, and ``ColumnStore.freeze`` folds the delta runs into the base
+  first where that goes in place (``column_store.FREEZE_FOLDS``).
 
 Each child samples (every ``SAMPLE_S``) its RSS growth since just before the first apply, the
 entries held, the bytes of the engine's arrays (``RowEngine.nbytes``), the C heap's free bytes
@@ -64,7 +65,7 @@ BATCH_SENTENCES = 256
 #: Batches between group commits (``DurableStore.sync``).
 SYNC_EVERY = 8
 _FIELDS = ("row_column", "row_feature", "offsets", "segment", "target_column", "target_feature", "strength")
-VARIANTS = ("no snapshots", "before", "folds deferred", "folds deferred + freeze folds")
+VARIANTS = ("no snapshots", "before", "after", "after + freeze folds")
 
 
 def generate(path: Path, sentences: int, seed: int) -> None:
@@ -119,20 +120,23 @@ def _heap_free() -> int:
     return int(fn().fordblks)
 
 
-def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s: float, busy_share: float) -> dict:
+def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s: float, busy_share: float,
+          before_code: Path | None = None) -> dict:
     """Run one variant (module docstring); returns its samples' figures."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+    if variant == "before":
+        if before_code is None:
+            raise SystemExit("variant 'before' needs --before-code")
+        sys.path.insert(0, str(before_code))  # (giaannd is not imported yet)
     from giaannd.protocol import BatchId
-    from giaannd.rowengine import engine as engine_mod
     from giaannd.storage import DurableStore
     from giaannd.storage.engine import column_store
     from giaannd.storage.engine.recovery import return_freed_heap
 
-    if variant not in VARIANTS:
-        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
     if variant == "before":
-        engine_mod.HELD_FOLD_LIMIT = 1
-    if variant in ("before", "folds deferred"):
-        column_store.FREEZE_FOLDS = False
+        assert Path(column_store.__file__).is_relative_to(before_code)
+    column_store.FREEZE_FOLDS = variant == "after + freeze folds"  # type: ignore[attr-defined,unused-ignore]
     snapshots = variant != "no snapshots"
     tmp = Path(tempfile.mkdtemp(prefix="live-rss-"))
     try:
@@ -212,7 +216,7 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
             "peak_engine": peak[2] / peak[1], "peak_heap_free": peak[3] / peak[1],
             "peak_rest": (peak[0] - peak[2] - peak[3]) / peak[1],
             "end_engine": engine.nbytes / entries, "folds": engine.stats.folds,
-            "deferred_folds": engine.stats.deferred_folds, "freeze_s_max": max(freeze_s, default=0.0),
+            "deferred_folds": getattr(engine.stats, "deferred_folds", 0), "freeze_s_max": max(freeze_s, default=0.0),
             "delta_share_at_freeze": float(np.mean(share)) if share else 0.0}
 
 
@@ -226,23 +230,29 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     ap.add_argument("--cache", type=Path, default=None,
                     help="the trained deltas (made when missing; default: in the temp directory, by seed and size)")
+    ap.add_argument("--before-code", type=Path, default=None,
+                    help="a directory holding the giaannd package as it was (variant before; skipped without it)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     cache = args.cache or Path(tempfile.gettempdir()) / f"giaannd-live-rss-{args.seed}-{args.sentences}.npy"
     if args.child is not None:
         print(json.dumps(child(cache, args.child, args.snapshot_interval_s, args.heap_trim_interval_s,
-                               args.busy_share)))
+                               args.busy_share, args.before_code)))
         return
     if not cache.exists():
         generate(cache, args.sentences, args.seed)
     results = []
     for variant in args.variants.split(","):
+        if variant == "before" and args.before_code is None:
+            continue
         load = os.getloadavg()
         out = subprocess.run([sys.executable, "-m", "tools.bench.live_rss", "--child", variant, "--cache", str(cache),
                               "--snapshot-interval-s", str(args.snapshot_interval_s),
                               "--heap-trim-interval-s", str(args.heap_trim_interval_s),
-                              "--busy-share", str(args.busy_share)], capture_output=True, text=True, check=True)
+                              "--busy-share", str(args.busy_share),
+                              *(["--before-code", str(args.before_code.resolve())] if args.before_code else [])],
+                             capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.splitlines()[-1])
         r["load"] = load[0]
         results.append(r)

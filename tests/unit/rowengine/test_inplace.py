@@ -224,3 +224,36 @@ def test_fold_deferred_while_frozen_is_bounded():
     assert_frozen_views_hold([(frozen, seen)])
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_frozen_field_chunks_merge_several_delta_runs_a_chunk_at_a_time(chunk):
+    """A frozen view with several delta runs (tier merges into the runs it holds wait): its fields,
+    read in chunks of any size (each run's window of base positions merged per chunk), are the rows
+    it was taken with; the live engine's tier merges left the held runs alone."""
+    rng = np.random.default_rng(7)
+    engine, ref = _grown_engine(rng, POOL)
+    assert engine.base_ratio == 1  # folds only at deltas >= base: the delta runs stay
+    for _ in range(3):
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    frozen = engine.freeze()
+    seen = {k: ref.row(k) for k in ref.rows}
+    held = [id(d) for d in engine._deltas]  # noqa: SLF001
+    assert held
+    folds = engine.stats.folds
+    for i in range(4):
+        pool = [(c, 3) for c in range(40 * i, 40 * i + 40)]
+        batch = random_batch(rng, pool, np.arange(50, dtype=np.uint64), POOL64, len(pool), 3)
+        apply(engine, batch)
+        ref.apply(batch)
+    assert engine.stats.folds == folds
+    assert [id(d) for d in engine._deltas[: len(held)]] == held  # noqa: SLF001 - not merged into
+    assert len(engine._deltas) > len(held)  # noqa: SLF001
+    fields = [np.concatenate(list(frozen.field_chunks(f, chunk))) for f in ("seg", "tc", "tf", "st")]
+    off = frozen.offsets()
+    for i in range(frozen.num_rows):
+        assert same(Entries(*(f[off[i]:off[i + 1]] for f in fields)), seen[(int(frozen.a[i]), int(frozen.b[i]))])
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
