@@ -23,9 +23,11 @@ State (run.py describes the two kinds of run):
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
    the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
    merged and folded into the base (run.fold_into_base: entry j of the delta lands at
-   ``pos[j] + j``, no search). A fold due while something else holds the base's arrays (a frozen
-   engine: a snapshot being written) is deferred, up to ``HELD_FOLD_LIMIT`` / ``base_ratio``
-   (below), and done, in place, by the first commit after the holder lets go.
+   ``pos[j] + j``, no search). While something else holds the arrays (a frozen engine: a
+   snapshot being written; run.held), neither is copied: a tier merge never goes into a held run
+   (the newer runs merge among themselves), and a fold due is deferred, up to
+   ``HELD_FOLD_LIMIT`` / ``base_ratio`` (below), and done, in place, by the first commit after the
+   holder lets go.
 
 ``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
 delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
@@ -86,10 +88,9 @@ from giaannd.rowengine.run import (
     append_rows,
     find_in_gaps,
     fold_into_base,
-    in_place,
+    held,
     merge_deltas,
     merge_into_slice,
-    held,
     offsets_of,
     with_room,
 )
@@ -454,14 +455,6 @@ class RowEngine:
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
-
-    def fold_in_place(self) -> bool:
-        """``compact`` when the fold goes in place (run.in_place: room in the base's buffers and
-        nothing else holding them: no fresh memory, one move of the base); returns whether no delta
-        run is left. For a caller about to hand out the runs (a storage snapshot's freeze)."""
-        if self._deltas and in_place(self._base, sum(d.num_entries for d in self._deltas)):
-            self.compact()
-        return not self._deltas
 
     def reserve(self, entries: int) -> None:
         """Make room in the base for ``entries`` more entries than it and the delta runs hold, so

@@ -12,7 +12,7 @@ references to every run's key arrays and row index and to the keys, and copies t
 lengths: one memcpy of 4 bytes per entry (and 8 per row) on the applying thread, nothing per row.
 Drop it when done: while it lives, the engine defers its folds into the base (engine.py
 ``HELD_FOLD_LIMIT``: a fold would copy the whole base, old and new both resident until the view
-goes), and its tier merges into the delta runs the view holds pay for new buffers.
+goes) and merges no newer delta run into one the view holds (run.held).
 
 The frozen rows are read in the engine's global order (row id, then entry key) as one field at a
 time (``field_chunks``: a snapshot writes each field as one section): base entries in slices of

@@ -64,7 +64,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "held", "in_place", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
+           "held", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -290,20 +290,6 @@ def held(run: Run) -> bool:
         if field_refs != _ALONE[0] or (run.spare and buffer_refs != _ALONE[1]):
             return True
     return False
-
-
-def in_place(run: Run, m: int) -> bool:
-    """Whether a merge of ``m`` more entries into ``run`` that consumes it would go in place: its
-    fields are prefixes of buffers it owns with room for them (``Run.spare``) and nothing else
-    holds them (``held``): the conditions of ``_merged`` and ``_append_parts``, for every field."""
-    if not run.spare or held(run):
-        return False
-    n = run.num_entries
-    for f in FIELDS:
-        buf = getattr(run, f).base
-        if not (isinstance(buf, np.ndarray) and buf.base is None and buf.shape[0] >= n + m and buf.flags.writeable):
-            return False
-    return True
 
 
 def _merged(run: Run, name: str, new: NDArray[np.generic], pos: I64, grow: bool) -> NDArray[np.generic]:

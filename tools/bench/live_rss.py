@@ -22,9 +22,7 @@ is its own and every variant applies the same batches:
   the ``giaannd`` package as it was, e.g. ``git archive cb636d7 giaannd | tar -x -C DIR``): folds
   and tier merges go ahead while a frozen view holds the runs (copies, the held arrays resident
   until the snapshot ends), and the view merges its delta runs into one copy to write them;
-- ``after``: with snapshots, the store as it is;
-- ``after + freeze folds``: the same, and ``ColumnStore.freeze`` folds the delta runs into the base
-  first where that goes in place (``column_store.FREEZE_FOLDS``).
+- ``after``: with snapshots, the store as it is.
 
 Each child samples (every ``SAMPLE_S``) its RSS growth since just before the first apply, the
 entries held, the bytes of the engine's arrays (``RowEngine.nbytes``), the C heap's free bytes
@@ -65,7 +63,7 @@ BATCH_SENTENCES = 256
 #: Batches between group commits (``DurableStore.sync``).
 SYNC_EVERY = 8
 _FIELDS = ("row_column", "row_feature", "offsets", "segment", "target_column", "target_feature", "strength")
-VARIANTS = ("no snapshots", "before", "after", "after + freeze folds")
+VARIANTS = ("no snapshots", "before", "after")
 
 
 def generate(path: Path, sentences: int, seed: int) -> None:
@@ -136,7 +134,6 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
 
     if variant == "before":
         assert Path(column_store.__file__).is_relative_to(before_code)
-    column_store.FREEZE_FOLDS = variant == "after + freeze folds"  # type: ignore[attr-defined,unused-ignore]
     snapshots = variant != "no snapshots"
     tmp = Path(tempfile.mkdtemp(prefix="live-rss-"))
     try:

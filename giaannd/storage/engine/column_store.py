@@ -99,14 +99,6 @@ SIZE_BINS = 64
 #: what gathering ~100 entries costs; below that one gather of the rows is cheaper. ``read_page``
 #: concatenates pieces under the same rule (four slices a piece).
 MIN_DIGEST_PIECE_ENTRIES = 256
-#: ``freeze`` folds the engine's delta runs into its base first when that goes in place
-#: (``RowEngine.fold_in_place``: no fresh memory), so the frozen view holds the base alone. Why: a
-#: view that holds delta runs costs their size again, twice (the view merges them into one copy to
-#: write them, and the engine's tier merges into runs it holds go into new buffers), up to
-#: 1/base_ratio of the store at 25-29 bytes an entry; and the deferred fold after the snapshot
-#: (rowengine/engine.py ``HELD_FOLD_LIMIT``) then takes only what arrived meanwhile. The cost: one
-#: move of the base while writes are held off (docs/storage.md "Known gaps").
-FREEZE_FOLDS = True
 #: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
@@ -790,10 +782,7 @@ class ColumnStore:
     def freeze(self, room: NDArray[np.float32] | None = None) -> FrozenRows:
         """The rows, touches and applied set as they are now, for a snapshot written by another
         thread while applies go on (module docstring); O(entries) memcpy of the strengths, into
-        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one), after
-        folding the delta runs into the base where that goes in place (``FREEZE_FOLDS``)."""
-        if FREEZE_FOLDS:
-            self.engine.fold_in_place()
+        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one)."""
         n = self.engine.num_rows
         return FrozenRows(self.engine.freeze(room), self._touches[:n].copy(), self.applied.to_arrays(),
                           self.applied.column_arrays())

@@ -85,32 +85,6 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(tmp_path:
     view.release()  # idempotent
 
 
-@pytest.mark.parametrize("room", [True, False])
-def test_freeze_folds_the_delta_runs_in_place_so_the_view_holds_the_base_alone(tmp_path: Path, room) -> None:
-    """``freeze`` folds first when that goes in place (column_store.FREEZE_FOLDS): the view holds no
-    delta run (one would cost its size again while the snapshot is written); without room in the
-    base it does not (a fold into fresh memory while writes wait). The snapshot is the store as it was."""
-    store = ColumnStore(BIG)
-    batches = _batches(3, 6)
-    store.apply(BatchId(1, 1), batches[0])
-    if room:
-        store.engine.reserve(10 * store.engine.num_entries)
-    for i, b in enumerate(batches[1:]):
-        store.apply(BatchId(1, i + 2), b)
-        if store.engine.num_deltas:
-            break
-    assert store.engine.num_deltas  # a delta run to fold
-    tc = store.engine._base.tc.__array_interface__["data"][0]  # noqa: SLF001 - (an address: holding it would stop the fold)
-    before = _region_bytes(store)
-    view = store.freeze()
-    assert view.engine is not None and (view.engine.deltas == []) == room
-    assert (store.engine.num_deltas == 0) == room
-    assert store.engine._base.tc.__array_interface__["data"][0] == tc  # noqa: SLF001 - folded in place, or not at all
-    store.apply(BatchId(2, 1), batches[0])  # changes after the freeze: not in the view
-    frozen, _ = read_snapshot(snapshot_module.write_frozen(tmp_path, view, 9), BIG)
-    assert _region_bytes(frozen) == before
-
-
 @pytest.mark.parametrize("with_room", [False, True])
 def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch, with_room) -> None:
     ds = DurableStore.open(tmp_path, BIG)
