@@ -118,13 +118,11 @@ DEFAULT_BASE_RATIO = 4
 #: base, old and new both resident until the holder lets go (21 bytes per entry on top). So the
 #: fold is *deferred* while the base is held (run.held) and the delta runs hold less than
 #: HELD_FOLD_LIMIT / base_ratio of it (the bound: past it the fold copies, as before); the first
-#: commit after the holder lets go folds them, in place. 1: never deferred. Why 4 (at the default
-#: ratio, delta runs as large as the base): a delta entry costs 16 bytes more than a base entry,
-#: a fold under a holder 21 per base entry (and the held delta runs' copies), so deferring costs
-#: less up to about there; at 2 the bound was reached during snapshots on tools.bench.live_rss's
-#: fast stream (a fold then copies the base *and* the grown delta runs: 44 B per entry during
-#: snapshots against 38 at 4, one run each).
-HELD_FOLD_LIMIT = 4
+#: commit after the holder lets go folds them, in place. 1: never deferred. Tried at 4 (delta runs
+#: up to the base's size at the default ratio: a delta entry costs 16 bytes more than a base entry,
+#: a fold under a holder 21 per base entry): no better on tools.bench.live_rss (one run each), and
+#: the fold after the snapshot then moves more at once (docs/storage.md "Known gaps").
+HELD_FOLD_LIMIT = 2
 
 
 @dataclass(frozen=True, slots=True, eq=False)
