@@ -23,7 +23,11 @@ State (run.py describes the two kinds of run):
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
    the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
    merged and folded into the base (run.fold_into_base: entry j of the delta lands at
-   ``pos[j] + j``, no search).
+   ``pos[j] + j``, no search). While something else holds the arrays (a frozen engine: a
+   snapshot being written; run.held), neither is copied: a tier merge never goes into a held run
+   (the newer runs merge among themselves), and a fold due is deferred, up to
+   ``HELD_FOLD_LIMIT`` / ``base_ratio`` (below), and done, in place, by the first commit after the
+   holder lets go.
 
 ``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
 delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
@@ -57,7 +61,8 @@ the run, run.py "Merges in place").
 
 Memory per entry: the 21 bytes of the entry in the base; 16 bytes more while it is in a delta
 run (its base position, and its share of the run's bucket index, posindex.py), and the delta runs
-hold at most 1/``base_ratio`` of the base; per row, 16 bytes in each run's row index, 8 of length
+hold at most 1/``base_ratio`` of the base (``HELD_FOLD_LIMIT`` / ``base_ratio`` while a fold is
+deferred); per row, 16 bytes in each run's row index, 8 of length
 and 32-64 in the key index. A fold in place needs nothing on top; one into new buffers (a view
 or frozen engine holds the base, or its room is used up) needs one field of the new base (8 bytes
 per entry) on top (run.merge_field writes it in one pass, no index arrays), a delta merge likewise
@@ -83,6 +88,7 @@ from giaannd.rowengine.run import (
     append_rows,
     find_in_gaps,
     fold_into_base,
+    held,
     merge_deltas,
     merge_into_slice,
     offsets_of,
@@ -107,6 +113,16 @@ DEFAULT_FANOUT = 2
 #: part of the base: smaller is less copying, but up to 1/ratio of the entries then sit in delta
 #: runs (8 more bytes each, and more to search per batch and to merge on a read).
 DEFAULT_BASE_RATIO = 4
+#: While something else holds the base's arrays (a frozen engine: a snapshot being written from
+#: another thread), a fold cannot go in place (run.py "Merges in place"): it would copy the whole
+#: base, old and new both resident until the holder lets go (21 bytes per entry on top). So the
+#: fold is *deferred* while the base is held (run.held) and the delta runs hold less than
+#: HELD_FOLD_LIMIT / base_ratio of it (the bound: past it the fold copies, as before); the first
+#: commit after the holder lets go folds them, in place. 1: never deferred. Tried at 4 (delta runs
+#: up to the base's size at the default ratio: a delta entry costs 16 bytes more than a base entry,
+#: a fold under a holder 21 per base entry): no better on tools.bench.live_rss (one run each), and
+#: the fold after the snapshot then moves more at once (docs/storage.md "Known gaps").
+HELD_FOLD_LIMIT = 2
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -155,6 +171,8 @@ class EngineStats:
     fold_entries: int = 0
     delta_merges: int = 0
     delta_merge_entries: int = 0
+    #: commits that found a fold due but the base held (HELD_FOLD_LIMIT), so left it for later
+    deferred_folds: int = 0
 
 
 _EMPTY = Entries(np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
@@ -350,17 +368,34 @@ class RowEngine:
             run.st[at] += add
         if plan.new_run is not None:
             self._add_delta(plan.new_run)
+        self._fold_if_due()
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
         self._entries += delta.num_entries
         deltas = self._deltas
         deltas.append(delta)
-        while len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries:
+        # not into a run something else holds (a frozen engine): that merge would copy it, and
+        # the held one stay resident; the newer runs merge among themselves meanwhile
+        while (len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries
+               and not held(deltas[-2])):
             newer = deltas.pop()
             deltas[-1] = self._merge(deltas[-1], newer)
-        if sum(d.num_entries for d in deltas) * self.base_ratio >= self._base.num_entries:
-            self.compact()
+
+    def _fold_if_due(self) -> None:
+        """Fold the delta runs into the base once they hold 1/base_ratio of it, unless the base is
+        held by something else and they hold less than HELD_FOLD_LIMIT / base_ratio of it (the fold
+        is then deferred: the commit after the holder lets go does it, in place)."""
+        if not self._deltas:
+            return
+        share = sum(d.num_entries for d in self._deltas) * self.base_ratio
+        base = self._base.num_entries
+        if share < base:
+            return
+        if share < base * HELD_FOLD_LIMIT and held(self._base):
+            self.stats.deferred_folds += 1
+            return
+        self.compact()
 
     def _merge(self, older: Run, newer: Run) -> Run:
         self.stats.delta_merges += 1

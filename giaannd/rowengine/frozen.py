@@ -10,14 +10,18 @@ it lives; a drop builds a new base and key index, the key index's arrays only gr
 keys they hold (new keys go beyond ``len``, a growth copies). So ``RowEngine.freeze`` keeps
 references to every run's key arrays and row index and to the keys, and copies the strengths and
 lengths: one memcpy of 4 bytes per entry (and 8 per row) on the applying thread, nothing per row.
-Drop it when done: while it lives, the engine's folds pay for new buffers.
+Drop it when done: while it lives, the engine defers its folds into the base (engine.py
+``HELD_FOLD_LIMIT``: a fold would copy the whole base, old and new both resident until the view
+goes) and merges no newer delta run into one the view holds (run.held).
 
 The frozen rows are read in the engine's global order (row id, then entry key) as one field at a
 time (``field_chunks``: a snapshot writes each field as one section): base entries in slices of
 about ``chunk`` entries, each merged with the delta entries whose base positions fall in it
 (run.fold_into_base's rule: delta entry j lands before base entry ``pos[j]``), so the memory on
-top is a chunk, not a second copy of the store. The delta runs are first merged into one (they
-hold at most 1/base_ratio of the entries). Reading never changes the live engine.
+top is a chunk, not a second copy of the store. The delta runs are merged a chunk at a time too
+(each run's entries whose base positions fall in the chunk, run.window): merging them into one run
+first would hold a copy of them all while the snapshot is written (up to HELD_FOLD_LIMIT/base_ratio
+of the entries, engine.py). Reading never changes the live engine.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.rowengine.run import Run, merge_deltas, merge_field
+from giaannd.rowengine.run import Run, merge_deltas, merge_field, window
 
 __all__ = ["FrozenEngine"]
 
@@ -61,32 +65,29 @@ class FrozenEngine:
         np.cumsum(self.lengths, out=out[1:])
         return out
 
-    def _delta(self) -> Run | None:
-        """The delta runs as one (merged once, on first use, then kept)."""
-        if not self.deltas:
-            return None
-        while len(self.deltas) >= 2:
-            newer = self.deltas.pop()
-            self.deltas[-1] = merge_deltas(self.deltas[-1], newer)
-        return self.deltas[0]
-
     def field_chunks(self, name: str, chunk: int) -> Iterator[NDArray[np.generic]]:
         """Field ``name`` (``seg``, ``tc``, ``tf`` or ``st``) of every entry in the global order, in
         pieces of about ``chunk`` entries (at least 1; module docstring)."""
         base_field: NDArray[np.generic] = getattr(self.base, name)
         n = self.base.num_entries
-        delta = self._delta()
-        if delta is None:
+        if not self.deltas:
             for lo in range(0, n, max(1, chunk)):
                 yield base_field[lo : lo + chunk]
             return
-        assert delta.pos is not None
-        pos, delta_field = delta.pos, getattr(delta, name)
         bounds = [*range(0, n, max(1, chunk)), n]
-        j = 0
+        starts = [0] * len(self.deltas)
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:] or [n])):
             last = i == len(bounds) - 2 or not bounds[1:]
-            j_end = pos.shape[0] if last else int(np.searchsorted(pos, hi, "left"))
-            out = merge_field(base_field[lo:hi], delta_field[j:j_end], pos[j:j_end] - lo)
-            j = j_end
-            yield out
+            merged: Run | None = None
+            for k, delta in enumerate(self.deltas):
+                assert delta.pos is not None
+                j = starts[k]
+                starts[k] = delta.pos.shape[0] if last else int(np.searchsorted(delta.pos, hi, "left"))
+                if starts[k] > j:
+                    piece = window(delta, j, starts[k])
+                    merged = piece if merged is None else merge_deltas(merged, piece)
+            if merged is None:
+                yield base_field[lo:hi]
+            else:
+                assert merged.pos is not None
+                yield merge_field(base_field[lo:hi], getattr(merged, name), merged.pos - lo)

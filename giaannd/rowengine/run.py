@@ -66,7 +66,7 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "merge_field", "merge_into_slice", "offsets_of", "with_room"]
+           "held", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -301,6 +301,18 @@ def _alone() -> tuple[int, int]:
 _ALONE = _alone()
 
 
+def held(run: Run) -> bool:
+    """Whether something else references one of ``run``'s entry fields: a frozen engine (frozen.py
+    keeps the field arrays themselves), or, for a run with buffers of its own (``Run.spare``), a
+    view handed out (which references the buffer): ``_merged``'s test, field by field. A merge
+    that consumes a held run must go into new buffers, and the held arrays stay resident."""
+    for f in FIELDS:
+        field_refs, buffer_refs = _holders(run, f)
+        if field_refs != _ALONE[0] or (run.spare and buffer_refs != _ALONE[1]):
+            return True
+    return False
+
+
 def _readonly(a: NDArray[Any], dtype: Any = None) -> NDArray[Any]:
     """``a`` as a contiguous read-only view: the type ``_merge_back`` takes for what it inserts."""
     out = np.ascontiguousarray(a, dtype).view()
@@ -348,14 +360,14 @@ def _merged_fields(run: Run, names: tuple[str, ...], news: Sequence[NDArray[Any]
     (``consume``: each old field dropped from ``run`` before the next is built, so a merge into new
     buffers holds one field on top at a time)."""
     bufs = [_room(run, f, x.shape[0], grow) for f, x in zip(names, news)]
-    held = [b for b in bufs if b is not None]
-    if len(held) == len(names):
+    rooms = [b for b in bufs if b is not None]
+    if len(rooms) == len(names):
         n, m = getattr(run, names[0]).shape[0], pos.shape[0]
-        _merge_back(tuple((b, _readonly(x)) for b, x in zip(held, news)), n, _readonly(pos, np.int64))
+        _merge_back(tuple((b, _readonly(x)) for b, x in zip(rooms, news)), n, _readonly(pos, np.int64))
         for f in names:
             setattr(run, f, _NO_ENTRIES[f])
-        return {f: b[: n + m] for f, b in zip(names, held)}
-    del bufs, held  # references to the buffers: ``_merged`` must see none but the run's
+        return {f: b[: n + m] for f, b in zip(names, rooms)}
+    del bufs, rooms  # references to the buffers: ``_merged`` must see none but the run's
     out = {}
     for f, x in zip(names, news):
         out[f] = _merged(run, f, x, pos, grow)
@@ -518,6 +530,15 @@ def with_room(base: Run, room: int) -> Run:
         grown[:n] = old
         setattr(out, f, grown[:n])
     return out
+
+
+def window(run: Run, lo: int, hi: int) -> Run:
+    """Entries ``[lo, hi)`` of ``run`` as a run (views; its row index cut to the rows they are in)."""
+    i0 = int(np.searchsorted(run.offsets, lo, "right")) - 1
+    i1 = int(np.searchsorted(run.offsets, hi, "left"))
+    offsets = np.clip(run.offsets[i0 : i1 + 1], lo, hi) - lo
+    pos = None if run.pos is None else run.pos[lo:hi]
+    return Run(run.rows[i0:i1], offsets, run.seg[lo:hi], run.tc[lo:hi], run.tf[lo:hi], run.st[lo:hi], pos)
 
 
 def merge_into_slice(seg: U8, tc: U64, tf: U64, st: F32, lo: int, delta: Run) -> tuple[U8, U64, U64, F32]:

@@ -39,7 +39,8 @@ view (rowengine/frozen.py: references to the runs' key arrays, which the engine 
 writes while they are held, and copies of what it changes in place, the strengths: 4 bytes per
 entry, one memcpy), the touches and the applied set as arrays. A snapshot thread writes from it
 while applies go on; there is no copy-on-write and nothing to undo, so ``release`` only drops the
-references (after which the engine's folds go in place again: rowengine/run.py "Merges in place").
+references (while they are held the engine defers its folds, which the first apply after the
+release does in place: rowengine/engine.py ``HELD_FOLD_LIMIT``, run.py "Merges in place").
 
 Restart: ``load_bulk`` makes a snapshot's arrays the engine's base run as they are (no per-row
 work; the key index built in one vectorised pass).
@@ -98,7 +99,7 @@ SIZE_BINS = 64
 #: what gathering ~100 entries costs; below that one gather of the rows is cheaper. ``read_page``
 #: concatenates pieces under the same rule (four slices a piece).
 MIN_DIGEST_PIECE_ENTRIES = 256
-#: Entries of room ``freeze_room`` adds beyond 1/8 more than the store holds (a small store's
+#: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
 _EMPTY_IDS = np.empty(0, np.int64)
@@ -788,10 +789,11 @@ class ColumnStore:
 
     def freeze_room(self) -> NDArray[np.float32]:
         """A buffer for the next ``freeze``'s strengths, every page touched: for the entries held
-        now, 1/8 more and 64 Ki (applies go on until the freeze). Safe to call from another thread
+        now, 1/64 more and 64 Ki (applies go on until the freeze: milliseconds; every page of the
+        buffer is resident while the snapshot is written, so no more). Safe to call from another thread
         while applies go on (it reads one count); the caller calls it *before* holding writes off."""
         n = self.engine.num_entries
-        room = np.empty(n + n // 8 + FREEZE_ROOM_SPARE, np.float32)
+        room = np.empty(n + n // 64 + FREEZE_ROOM_SPARE, np.float32)
         room.fill(0.0)  # the page faults happen here
         return room
 

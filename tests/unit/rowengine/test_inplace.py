@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import Entries, RowEngine
+from giaannd.rowengine import engine as engine_mod
 from giaannd.rowengine.run import _merge_back, merge_field
 from tests.unit.rowengine.test_engine import (
     POOL64,
@@ -200,3 +201,91 @@ def test_merge_back_refuses_bad_positions_before_writing():
             _merge_back(tuple((b, _ro(np.array([9, 9], b.dtype))) for b in bufs), 6, _ro(np.array(pos, np.int64)))
         for b in bufs:
             assert b.tolist() == list(range(8))
+
+
+def _folds_due(engine):
+    return sum(d.num_entries for d in engine._deltas) * engine.base_ratio >= engine._base.num_entries  # noqa: SLF001
+
+
+def test_fold_due_while_frozen_is_deferred_then_runs_in_place_after_release():
+    """A snapshot's frozen view holds the base: a fold due meanwhile would copy the whole base (old
+    and new both resident), so it waits; the view keeps what it saw, reads see the merged rows, and
+    the first commit after the view is dropped folds, in place (the same buffers)."""
+    rng = np.random.default_rng(5)
+    engine, ref = _grown_engine(rng, POOL)
+    engine.reserve(4 * engine.num_entries)  # room for the fold in place
+    before = _base_addresses(engine)
+    frozen = engine.freeze()
+    seen = {k: ref.row(k) for k in ref.rows}
+    folds = engine.stats.folds
+    while not _folds_due(engine) and engine.stats.folds == folds:  # (a fold not deferred ends it too)
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    assert engine.stats.folds == folds and engine.stats.deferred_folds > 0 and engine.num_deltas
+    assert _base_addresses(engine) == before  # nothing copied
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+    assert_frozen_views_hold([(frozen, seen)])
+    del frozen
+    batch = random_batch(rng, list(ref.rows)[:3], POOL64, POOL64, 3, 2)  # any commit, adds only or not
+    apply(engine, batch)
+    ref.apply(batch)
+    assert engine.stats.folds == folds + 1 and engine.num_deltas == 0
+    assert _base_addresses(engine) == before  # the deferred fold went in place
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def test_fold_deferred_while_frozen_is_bounded():
+    """The delta runs never hold HELD_FOLD_LIMIT / base_ratio of the base after a commit: past that
+    the fold goes ahead, into new buffers, and the frozen view still reads what it saw."""
+    rng = np.random.default_rng(6)
+    engine, ref = _grown_engine(rng, POOL)
+    frozen = engine.freeze()
+    seen = {k: ref.row(k) for k in ref.rows}
+    folds = engine.stats.folds
+    for i in range(40):  # new rows: the delta runs grow by a batch each time
+        pool = [(c, 2) for c in range(40 * i, 40 * i + 40)]
+        batch = random_batch(rng, pool, np.arange(50, dtype=np.uint64), POOL64, len(pool), 30)
+        apply(engine, batch)
+        ref.apply(batch)
+        held = sum(d.num_entries for d in engine._deltas)  # noqa: SLF001
+        assert held * engine.base_ratio < engine._base.num_entries * engine_mod.HELD_FOLD_LIMIT  # noqa: SLF001
+    assert engine.stats.deferred_folds > 0 and engine.stats.folds > folds
+    assert_frozen_views_hold([(frozen, seen)])
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_frozen_field_chunks_merge_several_delta_runs_a_chunk_at_a_time(chunk):
+    """A frozen view with several delta runs (tier merges into the runs it holds wait): its fields,
+    read in chunks of any size (each run's window of base positions merged per chunk), are the rows
+    it was taken with; the live engine's tier merges left the held runs alone."""
+    rng = np.random.default_rng(7)
+    engine, ref = _grown_engine(rng, POOL)
+    assert engine.base_ratio == 1  # folds only at deltas >= base: the delta runs stay
+    for _ in range(3):
+        batch = _spread_batch(rng, POOL)
+        apply(engine, batch)
+        ref.apply(batch)
+    frozen = engine.freeze()
+    seen = {k: ref.row(k) for k in ref.rows}
+    held = [id(d) for d in engine._deltas]  # noqa: SLF001
+    assert held
+    folds = engine.stats.folds
+    for i in range(4):
+        pool = [(c, 3) for c in range(40 * i, 40 * i + 40)]
+        batch = random_batch(rng, pool, np.arange(50, dtype=np.uint64), POOL64, len(pool), 3)
+        apply(engine, batch)
+        ref.apply(batch)
+    assert engine.stats.folds == folds
+    assert [id(d) for d in engine._deltas[: len(held)]] == held  # noqa: SLF001 - not merged into
+    assert len(engine._deltas) > len(held)  # noqa: SLF001
+    fields = [np.concatenate(list(frozen.field_chunks(f, chunk))) for f in ("seg", "tc", "tf", "st")]
+    off = frozen.offsets()
+    for i in range(frozen.num_rows):
+        assert same(Entries(*(f[off[i]:off[i + 1]] for f in fields)), seen[(int(frozen.a[i]), int(frozen.b[i]))])
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
