@@ -63,7 +63,7 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "gather_slices", "merge_deltas",
            "merge_field", "merge_into_slice", "offsets_of", "with_room"]
 
 U8 = NDArray[np.uint8]
@@ -223,6 +223,68 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
         raise ValueError("merge_field: out must hold len(old) + len(new) entries of old's dtype")
     c = np.ascontiguousarray
     _merge(c(old), c(new), c(pos, np.int64), out)
+    return out
+
+
+@kernel(*(f"void({readonly(t)}, {readonly('int64')}, {readonly('int64')}, {readonly(t)}, {readonly('int64')}, "
+            f"{t}[::1])" for t in _MERGE_TYPES))
+def _gather_merge(src: NDArray[np.generic], lo: I64, n: I64, new: NDArray[np.generic], pos: I64,
+                  out: NDArray[np.generic]) -> None:
+    """``out``: the slices ``src[lo[r] : lo[r] + n[r]]`` one after another, with ``new[j]`` inserted
+    before gathered entry ``pos[j]`` (``merge_field``'s rule over the gathered slices), in one
+    sequential pass of slice copies: no index of every entry."""
+    m = new.shape[0]
+    j = 0
+    o = 0
+    v = 0  # slice entries gathered so far
+    for r in range(lo.shape[0]):
+        s = lo[r]
+        e = s + n[r]
+        v_end = v + n[r]
+        while j < m and pos[j] < v_end:  # inserted before an entry of this slice
+            p = pos[j]
+            if p < v:
+                raise ValueError("merge positions must be non-decreasing, inside [0, len(gathered)]")
+            d = p - v
+            out[o : o + d] = src[s : s + d]
+            o += d
+            s += d
+            v = p
+            out[o] = new[j]
+            o += 1
+            j += 1
+        d = e - s
+        out[o : o + d] = src[s:e]
+        o += d
+        v = v_end
+    while j < m:  # inserted after every gathered entry
+        if pos[j] != v:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(gathered)]")
+        out[o] = new[j]
+        o += 1
+        j += 1
+
+
+def gather_slices(src: NDArray[Any], lo: I64, n: I64, new: NDArray[Any] | None = None,
+                  pos: I64 | None = None) -> NDArray[Any]:
+    """The slices ``src[lo[i] : lo[i] + n[i]]`` concatenated (a copy), with ``new`` inserted at
+    ``pos`` in them when given (``merge_field``'s rule: ``new[j]`` before gathered entry ``pos[j]``,
+    positions non-decreasing, checked). One compiled pass (``_gather_merge``) writing each slice
+    straight into the result: a gather through an index of every entry (``src[index]``) built that
+    index first (8 bytes per entry) and read through it."""
+    c = np.ascontiguousarray
+    lo, n = c(lo, np.int64), c(n, np.int64)
+    if lo.shape[0] != n.shape[0] or (n.shape[0] and (int(n.min()) < 0 or int(lo.min()) < 0
+                                                      or int((lo + n).max()) > src.shape[0])):
+        # checked here: the kernel copies without bounds checks
+        raise ValueError("gather_slices: every slice must lie inside src")
+    if new is None:
+        new, pos = src[:0], np.empty(0, np.int64)
+    assert pos is not None
+    if new.dtype != src.dtype or new.shape[0] != pos.shape[0]:
+        raise ValueError("gather_slices: new must be of src's dtype, one position per entry")
+    out = np.empty(int(n.sum()) + new.shape[0], src.dtype)
+    _gather_merge(c(src), lo, n, c(new), c(pos, np.int64), out)
     return out
 
 
