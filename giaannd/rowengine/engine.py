@@ -79,12 +79,11 @@ from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import (
-    FIELDS,
     Run,
     append_rows,
     find_in_gaps,
     fold_into_base,
-    gather_slices,
+    gather_entries,
     merge_deltas,
     merge_into_slice,
     offsets_of,
@@ -254,7 +253,7 @@ class RowEngine:
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
             starts = offsets[:-1][order]
-            entries = Entries(*(gather_slices(getattr(entries, f), starts, lengths) for f in FIELDS))
+            entries = Entries(*gather_entries((entries.seg, entries.tc, entries.tf, entries.st), starts, lengths))
         seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
         plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
         if st.shape[0] == 0:
@@ -468,15 +467,15 @@ class RowEngine:
         lengths = self._lengths[row_ids]
         lo, _ = self._base.ranges(row_ids)
         base = self._base
-        return offsets_of(lengths), Entries(*(gather_slices(getattr(base, f), lo, lengths) for f in FIELDS))
+        return offsets_of(lengths), Entries(*gather_entries((base.seg, base.tc, base.tf, base.st), lo, lengths))
 
     def gather(self, row_ids: I64) -> tuple[I64, Entries]:
         """Rows ``row_ids`` (in that order; ids may repeat) concatenated, with offsets: a copy, like
         ``read_many``, but without compacting first (a storage node serves reads between applies:
         a fold per read would cost O(store)). Each delta run's entries of those rows are gathered,
         their base positions moved to where their rows' base slices land in the result, and merged
-        (run.merge_deltas); then one compiled pass per field copies every row's base slice into the
-        result with those entries inserted (run.gather_slices): O(entries read), whatever the
+        (run.merge_deltas); then one compiled pass copies every row's base slice into the result
+        with those entries inserted (run.gather_entries): O(entries read), whatever the
         store, and no index of every entry."""
         row_ids = np.asarray(row_ids, np.int64)
         k = int(row_ids.shape[0])
@@ -493,16 +492,20 @@ class RowEngine:
                 continue
             if b_off is None:
                 b_off = offsets_of(blen)
+            d_off = offsets_of(dlen)
             # a delta entry's base position, moved to where its row's base slice lies in the result
-            pos = gather_slices(delta.pos, dlo, dlen) + np.repeat(b_off[:-1] - lo, dlen)
-            seg, tc, tf, st = (gather_slices(getattr(delta, f), dlo, dlen) for f in FIELDS)
+            idx = np.repeat(dlo - d_off[:-1], dlen) + np.arange(int(d_off[-1]), dtype=np.int64)
+            pos = delta.pos[idx] + np.repeat(b_off[:-1] - lo, dlen)
+            seg, tc, tf, st = gather_entries((delta.seg, delta.tc, delta.tf, delta.st), dlo, dlen)
             piece = Run.from_sorted(np.repeat(np.arange(k, dtype=np.int64), dlen), seg, tc, tf, st, pos)
             merged = piece if merged is None else merge_deltas(merged, piece)
+        fields = (base.seg, base.tc, base.tf, base.st)
         if merged is None:
-            fields = [gather_slices(getattr(base, f), lo, blen) for f in FIELDS]
+            got = gather_entries(fields, lo, blen)
         else:
-            fields = [gather_slices(getattr(base, f), lo, blen, getattr(merged, f), merged.pos) for f in FIELDS]
-        return offsets_of(self._lengths[row_ids]), Entries(*fields)
+            assert merged.pos is not None
+            got = gather_entries(fields, lo, blen, (merged.seg, merged.tc, merged.tf, merged.st), merged.pos)
+        return offsets_of(self._lengths[row_ids]), Entries(*got)
 
     def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:
         """The entries ``gather(row_ids)`` returns, as consecutive pieces without copying where it

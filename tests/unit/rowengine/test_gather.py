@@ -1,4 +1,4 @@
-"""Gathers of many rows (run.gather_slices, RowEngine.gather, read_many): the rows' slices copied
+"""Gathers of many rows (run.gather_entries, RowEngine.gather, read_many): the rows' slices copied
 straight into the result, delta runs' entries merged in, bit for bit what reading row by row gives."""
 
 import numpy as np
@@ -7,50 +7,56 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.rowengine import RowEngine
-from giaannd.rowengine.run import FIELDS, gather_slices
+from giaannd.rowengine.run import FIELDS, gather_entries
 from tests.unit.rowengine.test_engine import apply
 
-DTYPES = (np.uint8, np.uint64, np.int64, np.float32)
+DTYPES = (np.uint8, np.uint64, np.uint64, np.float32)  # FIELDS'
 
 
 def _bytes(a):
     return a.dtype.str, a.tobytes()
 
 
+def _fields(rng, size):
+    return tuple(rng.random(size, dtype=np.float32) if t == np.float32 else rng.integers(0, 250, size).astype(t)
+                 for t in DTYPES)
+
+
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(0, 300), slices=st.integers(0, 40),
-       inserts=st.integers(0, 30), dtype=st.sampled_from(DTYPES))
-def test_gather_slices_equals_concatenated_slices_with_inserts(seed, size, slices, inserts, dtype):
+       inserts=st.integers(0, 30))
+def test_gather_entries_equals_concatenated_slices_with_inserts(seed, size, slices, inserts):
     """Any slices (empty, overlapping, repeated, in any order), any non-decreasing insert positions
-    (before the first, between or inside slices, after the last): numpy's concatenate + insert."""
+    (before the first, between or inside slices, after the last): numpy's concatenate + insert,
+    every field."""
     rng = np.random.default_rng(seed)
-    src = rng.integers(0, 250, size).astype(dtype)
-    if dtype == np.float32:
-        src = rng.random(size, dtype=np.float32)
+    src = _fields(rng, size)
     lo = rng.integers(0, size + 1, slices)
     n = rng.integers(0, size + 1 - lo) if slices else np.empty(0, np.int64)
-    cat = np.concatenate([src[a : a + b] for a, b in zip(lo, n)]) if slices else src[:0]
-    pos = np.sort(rng.integers(0, cat.shape[0] + 1, inserts))
-    new = rng.integers(0, 250, inserts).astype(dtype)
-    want = np.insert(cat, pos, new)
-    assert _bytes(gather_slices(src, lo, n, new, pos)) == _bytes(want)
-    assert _bytes(gather_slices(src, lo, n)) == _bytes(cat)
+    cat = [np.concatenate([f[a : a + b] for a, b in zip(lo, n)]) if slices else f[:0] for f in src]
+    pos = np.sort(rng.integers(0, cat[0].shape[0] + 1, inserts))
+    new = _fields(rng, inserts)
+    got = gather_entries(src, lo, n, new, pos)
+    assert [_bytes(g) for g in got] == [_bytes(np.insert(c, pos, x)) for c, x in zip(cat, new)]
+    assert [_bytes(g) for g in gather_entries(src, lo, n)] == [_bytes(c) for c in cat]
 
 
-def test_gather_slices_refuses_slices_outside_and_positions_out_of_order():
-    src = np.arange(10, dtype=np.uint64)
+def test_gather_entries_refuses_slices_outside_and_positions_out_of_order():
+    src = tuple(np.arange(10).astype(t) for t in DTYPES)
     lo, n = np.array([2, 5], np.int64), np.array([3, 4], np.int64)
     with pytest.raises(ValueError):
-        gather_slices(src, np.array([8], np.int64), np.array([3], np.int64))
+        gather_entries(src, np.array([8], np.int64), np.array([3], np.int64))
     with pytest.raises(ValueError):
-        gather_slices(src, np.array([-1], np.int64), np.array([1], np.int64))
-    new = np.array([100, 101], np.uint64)
+        gather_entries(src, np.array([-1], np.int64), np.array([1], np.int64))
     with pytest.raises(ValueError):
-        gather_slices(src, lo, n, new, np.array([4, 1], np.int64))  # decreasing
+        gather_entries((src[0][:9], *src[1:]), lo, n)  # fields of different lengths
+    new = tuple(np.array([100, 101]).astype(t) for t in DTYPES)
     with pytest.raises(ValueError):
-        gather_slices(src, lo, n, new, np.array([1, 8], np.int64))  # past the 7 gathered entries
-    got = gather_slices(src, lo, n, new, np.array([3, 7], np.int64))
-    assert got.tolist() == [2, 3, 4, 100, 5, 6, 7, 8, 101]
+        gather_entries(src, lo, n, new, np.array([4, 1], np.int64))  # decreasing
+    with pytest.raises(ValueError):
+        gather_entries(src, lo, n, new, np.array([1, 8], np.int64))  # past the 7 gathered entries
+    got = gather_entries(src, lo, n, new, np.array([3, 7], np.int64))
+    assert [g.tolist() for g in got] == [[2, 3, 4, 100, 5, 6, 7, 8, 101]] * 4
 
 
 def _engine(rng, rows, lengths, base_ratio, touch_batches, compact, fanout=2):
