@@ -28,6 +28,8 @@ but for the engine's own merges, which consume one of them, below):
 - :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
   one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
+- :func:`gather_entries`: many rows' slices copied into one result, the four fields together,
+  with other entries inserted at their positions, in one compiled pass (``RowEngine.gather``).
 
 Merges in place (the engine's own folds and tier merges, ``grow``). A merge writes the consumed
 run's buffers (``_merge_back``: from the end, old entry k moving to k plus the inserted entries
