@@ -494,6 +494,7 @@ class RowEngine:
                 b_off = offsets_of(blen)
             d_off = offsets_of(dlen)
             # a delta entry's base position, moved to where its row's base slice lies in the result
+            # (through an index: delta entries are at most 1/base_ratio of the store, few per read)
             idx = np.repeat(dlo - d_off[:-1], dlen) + np.arange(int(d_off[-1]), dtype=np.int64)
             pos = delta.pos[idx] + np.repeat(b_off[:-1] - lo, dlen)
             seg, tc, tf, st = gather_entries((delta.seg, delta.tc, delta.tf, delta.st), dlo, dlen)
