@@ -88,6 +88,7 @@ from giaannd.rowengine.run import (
     append_rows,
     find_in_gaps,
     fold_into_base,
+    gather_entries,
     held,
     merge_deltas,
     merge_into_slice,
@@ -176,12 +177,6 @@ class EngineStats:
 
 
 _EMPTY = Entries(np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
-
-
-def _block_gather(starts: I64, lengths: I64) -> I64:
-    """Indices of consecutive blocks ``[starts[i], starts[i] + lengths[i])``, concatenated."""
-    out = offsets_of(lengths)
-    return np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
 
 
 class RowEngine:
@@ -275,8 +270,8 @@ class RowEngine:
         if np.any(ids[1:] < ids[:-1]):  # new rows in key order interleave with old ones: sort by id
             order = np.argsort(ids, kind="stable")
             ids, lengths = ids[order], lengths[order]
-            g = _block_gather(offsets[:-1][order], lengths)
-            entries = Entries(entries.seg[g], entries.tc[g], entries.tf[g], entries.st[g])
+            starts = offsets[:-1][order]
+            entries = Entries(*gather_entries((entries.seg, entries.tc, entries.tf, entries.st), starts, lengths))
         seg, tc, tf, st = entries.seg, entries.tc, entries.tf, entries.st
         plan = ApplyPlan(self._version, new_a, new_b, ids, lengths)
         if st.shape[0] == 0:
@@ -506,40 +501,47 @@ class RowEngine:
         row_ids = np.asarray(row_ids, np.int64)
         lengths = self._lengths[row_ids]
         lo, _ = self._base.ranges(row_ids)
-        g = _block_gather(lo, lengths)
         base = self._base
-        return offsets_of(lengths), Entries(base.seg[g], base.tc[g], base.tf[g], base.st[g])
+        return offsets_of(lengths), Entries(*gather_entries((base.seg, base.tc, base.tf, base.st), lo, lengths))
 
     def gather(self, row_ids: I64) -> tuple[I64, Entries]:
         """Rows ``row_ids`` (in that order; ids may repeat) concatenated, with offsets: a copy, like
         ``read_many``, but without compacting first (a storage node serves reads between applies:
-        a fold per read would cost O(store)). The base slices are gathered, then each delta run's
-        entries of those rows, their base positions moved to the gathered base, merged in with the
-        run operations (run.merge_deltas, run.fold_into_base): O(entries read), whatever the store."""
+        a fold per read would cost O(store)). Each delta run's entries of those rows are gathered,
+        their base positions moved to where their rows' base slices land in the result, and merged
+        (run.merge_deltas); then one compiled pass copies every row's base slice into the result
+        with those entries inserted (run.gather_entries): O(entries read), whatever the
+        store, and no index of every entry."""
         row_ids = np.asarray(row_ids, np.int64)
         k = int(row_ids.shape[0])
         base = self._base
         lo, hi = base.ranges(row_ids)
         blen = hi - lo
-        g = _block_gather(lo, blen)
-        b_off = offsets_of(blen)
-        got = Run(np.arange(k, dtype=np.int64), b_off, base.seg[g], base.tc[g], base.tf[g], base.st[g])
         merged: Run | None = None
+        b_off: I64 | None = None
         for delta in self._deltas:
             assert delta.pos is not None
             dlo, dhi = delta.ranges(row_ids)
             dlen = dhi - dlo
             if not dlen.any():
                 continue
-            gi = _block_gather(dlo, dlen)
-            # a delta entry's base position, moved to where its row's base slice lies in ``got``
-            pos = delta.pos[gi] + np.repeat(b_off[:-1] - lo, dlen)
-            piece = Run.from_sorted(np.repeat(np.arange(k, dtype=np.int64), dlen), delta.seg[gi], delta.tc[gi],
-                                    delta.tf[gi], delta.st[gi], pos)
+            if b_off is None:
+                b_off = offsets_of(blen)
+            d_off = offsets_of(dlen)
+            # a delta entry's base position, moved to where its row's base slice lies in the result
+            # (through an index: delta entries are at most 1/base_ratio of the store, few per read)
+            idx = np.repeat(dlo - d_off[:-1], dlen) + np.arange(int(d_off[-1]), dtype=np.int64)
+            pos = delta.pos[idx] + np.repeat(b_off[:-1] - lo, dlen)
+            seg, tc, tf, st = gather_entries((delta.seg, delta.tc, delta.tf, delta.st), dlo, dlen)
+            piece = Run.from_sorted(np.repeat(np.arange(k, dtype=np.int64), dlen), seg, tc, tf, st, pos)
             merged = piece if merged is None else merge_deltas(merged, piece)
-        if merged is not None:
-            got = fold_into_base(got, merged)
-        return offsets_of(self._lengths[row_ids]), Entries(got.seg, got.tc, got.tf, got.st)
+        fields = (base.seg, base.tc, base.tf, base.st)
+        if merged is None:
+            got = gather_entries(fields, lo, blen)
+        else:
+            assert merged.pos is not None
+            got = gather_entries(fields, lo, blen, (merged.seg, merged.tc, merged.tf, merged.st), merged.pos)
+        return offsets_of(self._lengths[row_ids]), Entries(*got)
 
     def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:
         """The entries ``gather(row_ids)`` returns, as consecutive pieces without copying where it

@@ -28,6 +28,8 @@ but for the engine's own merges, which consume one of them, below):
 - :func:`merge_field`: one field of sorted entries with others inserted at their base positions, in
   one compiled sequential pass (the merges, folds and reads above and frozen.py's chunks use it).
 - :func:`merge_into_slice`: one row's base slice with its delta entries (a read).
+- :func:`gather_entries`: many rows' slices copied into one result, the four fields together,
+  with other entries inserted at their positions, in one compiled pass (``RowEngine.gather``).
 
 Merges in place (the engine's own folds and tier merges, ``grow``). A merge writes the consumed
 run's buffers (``_merge_back``: from the end, old entry k moving to k plus the inserted entries
@@ -65,8 +67,8 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "merge_deltas",
-           "held", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
+__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "gather_entries", "held",
+           "merge_deltas", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -225,6 +227,95 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
         raise ValueError("merge_field: out must hold len(old) + len(new) entries of old's dtype")
     c = np.ascontiguousarray
     _merge(c(old), c(new), c(pos, np.int64), out)
+    return out
+
+
+_ENTRY_TYPES = ("uint8", "uint64", "uint64", "float32")  # FIELDS' dtypes
+_ENTRIES_IN = ", ".join(readonly(t) for t in _ENTRY_TYPES)
+_ENTRIES_OUT = ", ".join(f"{t}[::1]" for t in _ENTRY_TYPES)
+
+
+@kernel(f"void({_ENTRIES_IN}, {readonly('int64')}, {readonly('int64')}, {_ENTRIES_IN}, {readonly('int64')}, "
+        f"{_ENTRIES_OUT})")
+def _gather_entries(seg: U8, tc: U64, tf: U64, st: F32, lo: I64, n: I64, nseg: U8, ntc: U64, ntf: U64, nst: F32,
+                    pos: I64, oseg: U8, otc: U64, otf: U64, ost: F32) -> None:
+    """``o*``: the entries ``[lo[r], lo[r] + n[r])`` of every slice r one after another, with new
+    entry j inserted before gathered entry ``pos[j]`` (``merge_field``'s rule over the gathered
+    slices), the four fields of a slice copied together: one sequential pass of slice copies, no
+    index of every entry. (Fields together, not one pass per field: when the slices lie scattered
+    over a large run, each slice's four reads miss the cache at once instead of one after another:
+    measured 0.55-0.58 ms/MB against 0.77-1.05 for a pass per field and 1.2-1.3 for numpy's gather
+    through an index, 4 MB pages of rows of 50 entries scattered over 20·10^6 entries.)"""
+    m = pos.shape[0]
+    j = 0
+    o = 0
+    v = 0  # slice entries gathered so far
+    for r in range(lo.shape[0]):
+        s = lo[r]
+        e = s + n[r]
+        v_end = v + n[r]
+        while j < m and pos[j] < v_end:  # inserted before an entry of this slice
+            p = pos[j]
+            if p < v:
+                raise ValueError("merge positions must be non-decreasing, inside [0, len(gathered)]")
+            d = p - v
+            oseg[o : o + d] = seg[s : s + d]
+            otc[o : o + d] = tc[s : s + d]
+            otf[o : o + d] = tf[s : s + d]
+            ost[o : o + d] = st[s : s + d]
+            o += d
+            s += d
+            v = p
+            oseg[o] = nseg[j]
+            otc[o] = ntc[j]
+            otf[o] = ntf[j]
+            ost[o] = nst[j]
+            o += 1
+            j += 1
+        d = e - s
+        oseg[o : o + d] = seg[s:e]
+        otc[o : o + d] = tc[s:e]
+        otf[o : o + d] = tf[s:e]
+        ost[o : o + d] = st[s:e]
+        o += d
+        v = v_end
+    while j < m:  # inserted after every gathered entry
+        if pos[j] != v:
+            raise ValueError("merge positions must be non-decreasing, inside [0, len(gathered)]")
+        oseg[o] = nseg[j]
+        otc[o] = ntc[j]
+        otf[o] = ntf[j]
+        ost[o] = nst[j]
+        o += 1
+        j += 1
+
+
+Fields = tuple[U8, U64, U64, F32]
+
+
+def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos: I64 | None = None) -> Fields:
+    """The entries ``[lo[i], lo[i] + n[i])`` of the four fields ``src`` (seg, tc, tf, st: a run's,
+    a batch's) for every slice i, concatenated (copies), with the entries ``new`` inserted at
+    ``pos`` when given (``merge_field``'s rule: new entry j before gathered entry ``pos[j]``,
+    positions non-decreasing, checked). One compiled pass (``_gather_entries``) writing each slice
+    straight into the result; a gather through an index of every entry (``field[index]``) built
+    that index first (8 bytes per entry) and read through it, field after field."""
+    c = np.ascontiguousarray
+    lo, n = c(lo, np.int64), c(n, np.int64)
+    size = src[0].shape[0]
+    if (lo.shape[0] != n.shape[0] or any(f.shape[0] != size for f in src)
+            or (n.shape[0] and (int(n.min()) < 0 or int(lo.min()) < 0 or int((lo + n).max()) > size))):
+        # checked here: the kernel copies without bounds checks
+        raise ValueError("gather_entries: every slice must lie inside the fields, of one length")
+    if new is None or pos is None:
+        new, pos = (src[0][:0], src[1][:0], src[2][:0], src[3][:0]), np.empty(0, np.int64)
+    if any(new[i].dtype != src[i].dtype or new[i].shape[0] != pos.shape[0] for i in range(4)):
+        raise ValueError("gather_entries: new must be of the fields' dtypes, one position per entry")
+    total = int(n.sum()) + pos.shape[0]
+    out = (np.empty(total, np.uint8), np.empty(total, np.uint64), np.empty(total, np.uint64),
+           np.empty(total, np.float32))
+    _gather_entries(c(src[0]), c(src[1]), c(src[2]), c(src[3]), lo, n, c(new[0]), c(new[1]), c(new[2]), c(new[3]),
+                    c(pos, np.int64), *out)
     return out
 
 

@@ -331,7 +331,7 @@ TARGETS = {50: ">= 0.3", 5000: ">= 0.6"}  # issue 19, item 3 (vs the raw transpo
 #: process, so each phase is both ends' time.
 PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "plan + key listing": (("rebalance/operations.py", "make_plan"), ("sender.py", "row_keys_of")),
-    "page build (rows out of the engine)": (("column_store.py", "read_rows"), ("column_store.py", "read_page")),
+    "page build (rows out of the engine)": (("column_store.py", "read_rows"),),
     "checksum (both ends)": (("stream.py", "item_checksum"),),
     "send (frame writes, socket)": (("peers/transport/tcp.py", "write"),),
     "decode + validate": (("model/rows.py", "from_buffers"),),

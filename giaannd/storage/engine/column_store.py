@@ -96,8 +96,7 @@ APPLIED_ID_BYTES = 96
 SIZE_BINS = 64
 #: ``rows_digest`` hashes the rows as views of the engine (``RowEngine.pieces``) when the pieces
 #: average at least this many entries: a piece costs a few µs of Python (four hash updates), about
-#: what gathering ~100 entries costs; below that one gather of the rows is cheaper. ``read_page``
-#: concatenates pieces under the same rule (four slices a piece).
+#: what gathering ~100 entries costs; below that one gather of the rows is cheaper.
 MIN_DIGEST_PIECE_ENTRIES = 256
 #: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
@@ -659,32 +658,13 @@ class ColumnStore:
         return RowBatch(rc, rf, offsets, got.segment, got.target_column, got.target_feature, got.strength)
 
     def read_rows(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
-        """A canonical batch (a copy) of the requested rows that exist; absent rows are left out."""
+        """A canonical batch (a copy) of the requested rows that exist; absent rows are left out.
+        Also a stream's page (streaming/sender.py): ``RowEngine.gather`` copies each row's slices
+        straight into the batch's arrays, one compiled pass per field, short rows or long."""
         rc, rf = _sorted_unique(*_keys(row_column, row_feature))
         ids = self.engine.row_ids(rc, rf)
         held = ids >= 0
         return self._batch(rc[held], rf[held], ids[held])
-
-    def read_page(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
-        """``read_rows`` for a stream's page (streaming/sender.py): the same batch, built from the
-        engine's slices where the rows lie together (``RowEngine.pieces``: long rows, runs of
-        rows created together), one concatenation of views per field instead of a gather through
-        an index of every entry; short rows scattered over the base are gathered as by
-        ``read_rows`` (a piece per row would cost more than the gather)."""
-        rc, rf = _sorted_unique(*_keys(row_column, row_feature))
-        ids = self.engine.row_ids(rc, rf)
-        held = ids >= 0
-        rc, rf, ids = rc[held], rf[held], ids[held]
-        lengths = self.engine.lengths()[ids]
-        entries = int(lengths.sum())
-        pieces = self.engine.pieces(ids, max(1, entries // MIN_DIGEST_PIECE_ENTRIES)) if entries else None
-        if not pieces:
-            return self._batch(rc, rf, ids)
-        offsets = np.zeros(ids.shape[0] + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        cat = np.concatenate
-        return RowBatch(rc, rf, offsets, cat([p.seg for p in pieces]), cat([p.tc for p in pieces]),
-                        cat([p.tf for p in pieces]), cat([p.st for p in pieces]))
 
     def read_bounded(self, row_column: ArrayLike, row_feature: ArrayLike, max_entries: int,
                      max_large: int) -> BoundedRead:

@@ -546,10 +546,10 @@ class StreamRunner:
         return True
 
     def _read_page(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> RowBatch:
-        """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_page``), and, when
+        """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_rows``), and, when
         every one is present, the page's digest and the rows' version (``PageDigest``): hashing
         the page as it is costs ~0.03 ms/MB (xxh3), reading the rows again to verify ~1."""
-        batch = self.store.store.read_page(cols, feats)
+        batch = self.store.store.read_rows(cols, feats)
         if batch.num_rows == cols.shape[0] and 0 < batch.num_rows <= MAX_VERIFY_ROWS:
             self._pages.append(self._page_digest(self.sender.cursor, batch))  # (cursor: the page's first key)
         return batch

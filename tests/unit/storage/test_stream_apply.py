@@ -117,25 +117,32 @@ def test_stream_items_replay_to_the_same_store(tmp_path: Path) -> None:
     again.close()
 
 
-@pytest.mark.parametrize("per_row", [1, 30, 600])
-def test_read_page_equals_read_rows(per_row: int) -> None:
-    """A stream's page (``ColumnStore.read_page``: slices of the engine where rows lie together)
-    is ``read_rows``' batch bit for bit: rows in the base, rows partly in delta runs, absent keys."""
+@pytest.mark.parametrize("per_row", [1, 30, 600, 10_000])
+def test_read_rows_equals_rows_one_by_one(per_row: int) -> None:
+    """A stream's page (``ColumnStore.read_rows``: the engine's gather) is each requested row read
+    alone (``ColumnStore.row``), bit for bit, in key order: rows in the base, rows partly in delta
+    runs, absent keys left out; then with every row in the base."""
     rng = np.random.default_rng(per_row)
     store = ColumnStore(BIG)
     for i in range(12):
-        store.apply(BatchId(TRAINING, i + 1), _rows(rng, [3, 4, 5, 6, 7], 20, per_row))
+        if i == 8:
+            store.engine.base_ratio = 1  # the last batches' new keys stay in delta runs
+        rows = (20 if i < 8 else 16 >> (i - 8)) if per_row < 10_000 else 2
+        store.apply(BatchId(TRAINING, i + 1), _rows(rng, [3, 4, 5, 6, 7], rows, per_row))
+    assert store.engine.num_deltas
     keys = store.rows_of_columns(np.array([3, 4, 5, 6, 7], np.uint64))
     cols = np.append(keys[0], np.uint64(99))  # (an absent key)
     feats = np.append(keys[1], np.uint64(1))
-    for lo, hi in ((0, cols.size), (3, 17), (5, 6)):
-        page, rows = store.read_page(cols[lo:hi], feats[lo:hi]), store.read_rows(cols[lo:hi], feats[lo:hi])
-        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(page.buffers(), rows.buffers()))
-        page.validate()
-    store.engine.compact()  # every row in the base: long rows come as views, concatenated
-    calls = []
-    real = store.engine.gather
-    store.engine.gather = lambda ids: calls.append(ids) or real(ids)  # type: ignore[method-assign]
-    page, rows = store.read_page(cols, feats), store.read_rows(cols, feats)
-    assert all(np.array_equal(a, b) for a, b in zip(page.buffers(), rows.buffers()))
-    assert len(calls) == (2 if per_row < 256 else 1)  # (read_rows' own gather is one call)
+    for compact in (False, True):
+        if compact:
+            store.engine.compact()
+        for lo, hi in ((0, cols.size), (3, 17), (5, 6), (cols.size - 1, cols.size)):
+            page = store.read_rows(cols[lo:hi][::-1], feats[lo:hi][::-1])  # (any order in: key order out)
+            want = [(k, store.row(k)) for k in sorted(zip(cols[lo:hi].tolist(), feats[lo:hi].tolist()))]
+            want = [(k, r) for k, r in want if r is not None]
+            assert [k for k, _ in page] == [k for k, _ in want]
+            for (_, got), (_, row) in zip(page, want):
+                assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(
+                    (got.segment, got.target_column, got.target_feature, got.strength.view(np.uint32)),
+                    (row.segment, row.target_column, row.target_feature, row.strength.view(np.uint32))))
+            page.validate()
