@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from peers.errors import DeadlineExceeded
-from peers.transport import Identity, Reply, connect, make_transport
+from peers.transport import Identity, Reply, make_transport
 from peers.transport.connection import _DEADLINE_SLACK, _Deadlines, _Pending
+
+from ._loopback import close_pair, connected_pair
 
 KEY = [b"unit-fastpath-key-0123456789abcd"]
 
@@ -61,20 +63,11 @@ async def _handler(incoming):
 
 
 async def _pair():
-    server = make_transport("tcp", Identity("server", "unit", KEY))
-    listener = await server.listen("tcp://127.0.0.1:0", _handler)
-    client = make_transport("tcp", Identity("client", "unit", KEY))
-    conn = await connect(client, listener.address, timeout_s=10)
-    return server, listener, client, conn
+    return await connected_pair(_handler, KEY)
 
 
 async def _teardown(server, listener, client, conn):
-    await conn.close()
-    await listener.close()
-    async with asyncio.timeout(5):
-        while client.open_resources or server.open_resources:
-            await asyncio.sleep(0.01)
-    assert server.pool.leased == 0
+    await close_pair(server, listener, client, conn)
 
 
 @pytest.mark.asyncio

@@ -18,8 +18,10 @@ import pytest
 
 from peers import framing, wire
 from peers.errors import PeerDead, TransportClosed
-from peers.transport import Identity, Reply, connect, eager, make_transport, tcp
+from peers.transport import Reply, eager, tcp
 from peers.transport.tcp import TcpLink
+
+from ._loopback import close_pair, connected_pair
 
 KEY = [b"unit-eager-cork-key-0123456789ab"]
 pytestmark = pytest.mark.timeout(60)
@@ -28,20 +30,11 @@ _var: contextvars.ContextVar[str] = contextvars.ContextVar("unit_eager_var", def
 
 
 async def _pair(handler, scheme="tcp"):
-    server = make_transport(scheme, Identity("server", "unit", KEY))
-    listener = await server.listen(f"{scheme}://127.0.0.1:0", handler)
-    client = make_transport(scheme, Identity("client", "unit", KEY))
-    conn = await connect(client, listener.address, timeout_s=10)
-    return server, listener, client, conn
+    return await connected_pair(handler, KEY, scheme)
 
 
 async def _teardown(server, listener, client, conn):
-    await conn.close()
-    await listener.close()
-    async with asyncio.timeout(5):
-        while client.open_resources or server.open_resources:
-            await asyncio.sleep(0.01)
-    assert server.pool.leased == 0
+    await close_pair(server, listener, client, conn)
 
 
 # ---- eager handlers -----------------------------------------------------------------------------

@@ -12,7 +12,9 @@ import pytest
 
 from peers import framing, wire
 from peers.errors import LocalProtocolError, RemoteError, RemoteProtocolError
-from peers.transport import Identity, Reply, connect, make_transport
+from peers.transport import Reply
+
+from ._loopback import close_pair, connected_pair
 
 KEY = [b"unit-fast-path-key-0123456789abc"]
 pytestmark = pytest.mark.timeout(60)
@@ -207,19 +209,11 @@ def test_validate_spec_remembers_only_valid_specs_without_checksums_and_stays_bo
 
 
 async def _pair(handler):
-    server = make_transport("tcp", Identity("server", "unit", KEY))
-    listener = await server.listen("tcp://127.0.0.1:0", handler)
-    client = make_transport("tcp", Identity("client", "unit", KEY))
-    conn = await connect(client, listener.address, timeout_s=10)
-    return server, listener, client, conn
+    return await connected_pair(handler, KEY)
 
 
 async def _teardown(server, listener, client, conn):
-    await conn.close()
-    await listener.close()
-    async with asyncio.timeout(5):
-        while client.open_resources or server.open_resources:
-            await asyncio.sleep(0.01)
+    await close_pair(server, listener, client, conn)
 
 
 @pytest.mark.asyncio
