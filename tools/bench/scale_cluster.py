@@ -29,7 +29,8 @@ where the one before ended. At each checkpoint:
   snapshot is replayed) and started again: wall time from the start to ready, over its rows' bytes
   (entries × 21), in s/GB, and its RSS per entry once ready (a fresh process, against the node's
   RSS just after the first start); and the store's part of it, the recovery (snapshot load + log
-  replay, the node's ``giaannd_storage_recovery_*`` metrics) in s per GB read from disk — the rest
+  replay, the node's ``giaannd_storage_recovery_*`` metrics) in s per GB read from disk, and how
+  much of that was the log (none when a timer snapshot came after the job's last write) — the rest
   of a restart is the process's start-up (interpreter, imports, compiled-kernel cache) and joining;
 - **export**: ``Client.export`` of the whole model (JSONL written by the compute node, merged from
   the owners' pages), MB/s of row bytes, while the model holds at most ``--export-max-entries``
@@ -133,17 +134,19 @@ def _scrape(node: Node) -> tuple[dict[str, dict[float, float]], float, float]:
     return hists, running, written
 
 
-def _recovery(node: Node) -> tuple[float, float]:
-    """(wall seconds, bytes read) of the node's recovery at its last start: snapshot load plus log
-    replay (``giaannd_storage_recovery_*``), the store's part of a restart."""
+def _recovery(node: Node) -> tuple[float, float, float]:
+    """(wall seconds, bytes read, of them the update log's) of the node's recovery at its last
+    start: snapshot load plus log replay (``giaannd_storage_recovery_*``), the store's part of a
+    restart."""
     raw, _ = node.admin.request("GET", "/metrics")
-    seconds = read = 0.0
+    seconds = read = log_read = 0.0
     for fam in text_string_to_metric_families(raw.decode()):
         if fam.name == "giaannd_storage_recovery_duration_seconds":
             seconds = sum(s.value for s in fam.samples)
         elif fam.name == "giaannd_storage_recovery_bytes":
             read = sum(s.value for s in fam.samples)
-    return seconds, read
+            log_read = sum(s.value for s in fam.samples if s.labels.get("phase") == "log_replay")
+    return seconds, read, log_read
 
 
 def p99_bound(cumulative: dict[float, float]) -> float | None:
@@ -283,8 +286,8 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
             seconds = time.perf_counter() - t
             cluster.wait_converged()
             held = max(entries[victim.name], 1)
-            recovery_s, recovery_bytes = _recovery(victim)
-            record.update(recovery_s=recovery_s, recovery_gb=recovery_bytes / 1e9,
+            recovery_s, recovery_bytes, log_bytes = _recovery(victim)
+            record.update(recovery_s=recovery_s, recovery_gb=recovery_bytes / 1e9, recovery_log_gb=log_bytes / 1e9,
                           recovery_s_per_gb=recovery_s / max(recovery_bytes / 1e9, 1e-9))
             record.update(restart_s=seconds, restart_s_per_gb=seconds / (held * ENTRY_BYTES / 1e9),
                           rss_per_entry_restarted=(_rss_bytes(victim) - rss0[victim.name]) / held)
@@ -330,7 +333,7 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
     print(f"\nmachine: {load}")
     header = ["sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent compute", "storage (3 nodes)",
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry", "apply p99 snapshot / without",
-              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "recovery s / GB read",
+              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "recovery s / GB read (of it log)",
               "RSS B/entry restarted",
               "export MB/s"]
     rows = [[f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]), _fmt(r["cpu_us_compute"]),
@@ -339,7 +342,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
              f"{_fmt(r['apply_p99_snapshot_s'], 4)} / {_fmt(r['apply_p99_without_s'], 4)} s",
              f"{_fmt(r['fsync_p99_snapshot_s'], 4)} / {_fmt(r['fsync_p99_without_s'], 4)} s", str(r["snapshots"]),
              f"{r['restart_s']:.1f} ({r['restart_s_per_gb']:.2f})",
-             f"{r['recovery_s']:.1f} / {r['recovery_gb']:.2f}", _fmt(r["rss_per_entry_restarted"], 1),
+             f"{r['recovery_s']:.1f} / {r['recovery_gb']:.2f} ({r['recovery_log_gb']:.2f})",
+             _fmt(r["rss_per_entry_restarted"], 1),
              _fmt(r.get("export_mb_s"), 1)] for r in records]
     print_table("Cluster rows at scale (3 storage daemons R=3 W=2 + 1 compute, tcp loopback, Zipf stream)",
                 header, rows)
