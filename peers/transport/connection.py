@@ -85,7 +85,6 @@ _current_task_of = _current_task_lookup()
 _enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
 _leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
 _RESPONSE_BIT = 1 << 63
-_heappush = heapq.heappush
 #: ``Connection._write_now`` outcomes.
 _NOT_WRITTEN, _QUEUED, _FLUSHED = 0, 1, 2
 
@@ -133,8 +132,9 @@ class _Pending:
     arrays: list[Any] | None = None
 
 
-_encode_payload = msgspec.msgpack.Encoder().encode
-_encode_body = msgspec.msgpack.Encoder().encode  # wire messages (``wire.encode`` without its call)
+#: One msgpack encoder for payloads and wire messages (``wire.encode`` is the same encoding, one
+#: Python call deeper).
+_msgpack = msgspec.msgpack.Encoder().encode
 _pack_header = framing.HEADER.pack
 
 
@@ -143,7 +143,7 @@ def _payload(obj: Any) -> msgspec.Raw:
         return _RAW_NONE
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return msgspec.Raw(obj)
-    return msgspec.Raw(_encode_payload(obj))
+    return msgspec.Raw(_msgpack(obj))
 
 
 class _DeviceDest:
@@ -339,7 +339,7 @@ class Connection:
             else:  # the common small request, framed here (``_send_message``'s first branch)
                 raw = _RAW_NONE if payload is None else (
                     msgspec.Raw(payload) if type(payload) is bytes else _payload(payload))
-                sending = self._send_small(_encode_body(wire.Request(
+                sending = self._send_small(_msgpack(wire.Request(
                     req_id, raw, _NO_SPECS, None if timeout_s is None else timeout_s * 1000.0, wire.BULK_INLINE)),
                     req_id, response=False)
             if sending is not None:  # the write must wait (contention, a full socket, UCX bulk)
@@ -347,12 +347,7 @@ class Connection:
                     await sending
             self.metrics.requests_sent += 1
             if deadline is not None:
-                dl = self._deadlines
-                if deadline >= dl._armed_at and len(dl._heap) < 2 * len(self._pending) + _DEADLINE_SLACK:
-                    dl._seq += 1  # ``dl.add`` in steady traffic (armed earlier, heap small), inlined
-                    _heappush(dl._heap, (deadline, dl._seq, req_id, None))
-                else:
-                    dl.add(deadline, req_id, None)
+                self._deadlines.add(deadline, req_id, None)
             return await pending.future
         except TimeoutError:
             self.metrics.deadlines += 1
@@ -641,7 +636,7 @@ class Connection:
                 sending = self._send_message(msg.id, reply.payload, reply.bulk, response=True, budget_s=None)
             else:  # the common reply: no bulk, framed here (``_send_message``'s first branch)
                 payload = reply.payload
-                body = _encode_body(wire.Response(msg.id, _RAW_NONE if payload is None else _payload(payload),
+                body = _msgpack(wire.Response(msg.id, _RAW_NONE if payload is None else _payload(payload),
                                                   _NO_SPECS, wire.BULK_INLINE))
                 sending = self._send_small(body, msg.id, response=True)
             if sending is not None:
@@ -680,7 +675,7 @@ class Connection:
             else:
                 message = wire.Request(req_id, raw, _NO_SPECS, None if budget_s is None else budget_s * 1000.0,
                                        wire.BULK_INLINE)
-            return self._send_small(_encode_body(message), req_id, response=response)
+            return self._send_small(_msgpack(message), req_id, response=response)
         if len(bulk) == 1 and self._bulk is None:  # one host buffer, inline: ``encode_frame`` inlined
             spec, view = framing.spec_for(bulk[0], with_checksum=self._checksum)
             nbytes = spec.nbytes
@@ -689,7 +684,7 @@ class Connection:
             else:
                 message = wire.Request(req_id, raw, [spec], None if budget_s is None else budget_s * 1000.0,
                                        wire.BULK_INLINE)
-            body = _encode_body(message)
+            body = _msgpack(message)
             if len(body) > framing.MAX_BODY_BYTES:
                 raise LocalProtocolError(f"control body of {len(body)} bytes exceeds MAX_BODY_BYTES")
             head = _pack_header(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 1, 0, nbytes) + body
