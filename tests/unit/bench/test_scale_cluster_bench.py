@@ -1,5 +1,6 @@
 """The cluster scale benchmark's pure parts (tools/bench/scale_cluster.py): the interval files, the
-p99 of a sampled histogram, the split of apply latency by snapshot windows, the targets. The run
+p99 of a sampled histogram, the split of apply latency by snapshot windows, the settled RSS
+reading, the targets. The run
 itself starts five daemons and is exercised by running the bench."""
 
 import argparse
@@ -30,7 +31,7 @@ def test_p99_is_the_bound_of_the_bucket_that_holds_it():
 
 
 class _Scrapes:
-    """Stands in for the metrics scrape: one (buckets, running, written) per call, per node."""
+    """Stands in for the metrics scrape: one (buckets, running, written, trims) per call."""
 
     def __init__(self, seq):
         self.seq = iter(seq)
@@ -49,11 +50,11 @@ def test_apply_windows_are_split_by_snapshot(monkeypatch):
                 scale_cluster._FSYNC: {0.01: fast + slow, math.inf: fast + slow}}
 
     monkeypatch.setattr(scale_cluster, "_scrape", _Scrapes([
-        (h(0, 0), 0.0, 0.0),  # at the start
-        (h(100, 0), 0.0, 0.0),  # a window without: 100 fast applies
-        (h(150, 1), 1.0, 0.0),  # a snapshot running at its end: 50 fast, 1 slow
-        (h(160, 2), 0.0, 1.0),  # running at its start, written in it: 10 fast, 1 slow
-        (h(260, 2), 0.0, 1.0),  # without again: 100 fast
+        (h(0, 0), 0.0, 0.0, 0.0),  # at the start
+        (h(100, 0), 0.0, 0.0, 0.0),  # a window without: 100 fast applies
+        (h(150, 1), 1.0, 0.0, 0.0),  # a snapshot running at its end: 50 fast, 1 slow
+        (h(160, 2), 0.0, 1.0, 0.0),  # running at its start, written in it: 10 fast, 1 slow
+        (h(260, 2), 0.0, 1.0, 0.0),  # without again: 100 fast
     ]))
     lat = scale_cluster.ApplyLatency([_Node()])
     for _ in range(4):
@@ -68,7 +69,7 @@ def test_apply_windows_are_split_by_snapshot(monkeypatch):
 
 def _record(sentences, sent_per_s, entries, ratio):
     return {"sentences": sentences, "sent_per_s": sent_per_s, "sent_per_cpu_s": sent_per_s / 2, "entries": entries,
-            "rss_per_entry": 30.0, "apply_p99_ratio": ratio, "restart_s_per_gb": 0.8,
+            "rss_per_entry": 30.0, "rss_per_entry_settled": 28.0, "apply_p99_ratio": ratio, "restart_s_per_gb": 0.8,
             "recovery_s_per_gb": 0.5}
 
 
@@ -76,10 +77,41 @@ def test_targets_use_the_first_and_last_checkpoint():
     records = [_record(10, 100.0, 10**6, 1.0), _record(20, 80.0, 5 * 10**7, 2.5), _record(30, 75.0, 6 * 10**7, None)]
     got = {figure: value for figure, value, _ in scale_cluster.targets(records)}
     assert got["cluster sentences/s at 30 / at 10"] == pytest.approx(0.75)
-    assert got["storage RSS growth B/entry at >= 4e+07 entries"] == 30.0
+    assert got["storage RSS growth B/entry at >= 4e+07 entries, right after a job"] == 30.0
+    assert got["storage RSS growth B/entry at >= 4e+07 entries, settled (idle, after a heap trim)"] == 28.0
     assert got["apply p99 during a snapshot / without, worst checkpoint (bucket bounds)"] == 2.5
     assert got["storage restart s/GB at 30"] == 0.8
     assert got["storage recovery (snapshot load + log replay) s per GB read at 30"] == 0.5
+
+
+class _NamedNode:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_settled_rss_waits_for_a_trim_with_no_snapshot_since(monkeypatch):
+    # per node, the scrapes it will see: (running, snapshots written, trims)
+    seen = {"a": iter([(1.0, 4.0, 7.0),  # a snapshot running: not idle yet
+                       (0.0, 5.0, 7.0),  # idle: the mark
+                       (0.0, 5.0, 8.0)]),  # a trim since: settled here
+            "b": iter([(0.0, 2.0, 3.0),  # idle: the mark
+                       (0.0, 3.0, 4.0),  # a snapshot written since and a trim: the trim may precede it
+                       (0.0, 3.0, 4.0),  # idle again: a new mark
+                       (0.0, 3.0, 4.0),
+                       (0.0, 3.0, 5.0)])}  # the trim after it: settled
+    rss = {"a": iter([100, 101]), "b": iter([200, 201])}
+    monkeypatch.setattr(scale_cluster, "_scrape", lambda node: ({}, *next(seen[node.name])))
+    monkeypatch.setattr(scale_cluster, "_rss_bytes", lambda node: next(rss[node.name]))
+    got = scale_cluster.settled_rss([_NamedNode("a"), _NamedNode("b")], timeout_s=60, poll_s=0)
+    assert got == {"a": 100, "b": 200}
+    assert next(seen["b"], None) is None  # b read to its last scrape: it settled no earlier
+
+
+def test_settled_rss_gives_none_for_a_node_that_never_trims(monkeypatch):
+    monkeypatch.setattr(scale_cluster, "_scrape", lambda node: ({}, 0.0, 1.0, 0.0))
+    assert scale_cluster.settled_rss([_NamedNode("a")], timeout_s=0.05, poll_s=0.01) == {"a": None}
+    assert scale_cluster.rss_per_entry({"a": None}, {"a": 0}, {"a": 10}) is None
+    assert scale_cluster.rss_per_entry({"a": 330, "b": 100}, {"a": 10, "b": 0}, {"a": 10, "b": 10}) == 32.0
 
 
 def test_recovery_figures_come_from_the_restarted_nodes_metrics(monkeypatch):
