@@ -418,7 +418,8 @@ class FrameDecoder:
 
         The checks are those of the general path: the header's limits, the body's spec count and
         total against the header, the spec itself (only specs that ``validate_spec`` accepted
-        before take this path), the destination's size.
+        before take this path), the destination's size. The body is decoded by the decoder of
+        the type its tag names (``Request`` or ``Response``); any other body is declined.
         """
         deliver = self.deliver
         assert deliver is not None
