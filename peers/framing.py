@@ -314,6 +314,12 @@ Allocate = Callable[[wire.Message, Sequence[wire.BufferSpec]], list[memoryview]]
 _HEADER, _BODY, _BULK = 0, 1, 2
 #: The messages that may carry bulk (checked by exact type: wire's Structs are final).
 _CARRIERS: Final = (wire.Request, wire.Response)
+#: ``whole``'s decoders, one per carrier: ≈ 0.4 µs less per request than the union's decoder
+#: (0.57 against 0.95 µs for a request with one buffer spec; 0.23 against 0.28 for a response).
+_decode_request: Final = msgspec.msgpack.Decoder(wire.Request).decode
+_decode_response: Final = msgspec.msgpack.Decoder(wire.Response).decode
+_REQUEST_TAG: Final = wire.Request.__struct_config__.tag
+_RESPONSE_TAG: Final = wire.Response.__struct_config__.tag
 
 
 class FrameDecoder:
@@ -412,7 +418,8 @@ class FrameDecoder:
 
         The checks are those of the general path: the header's limits, the body's spec count and
         total against the header, the spec itself (only specs that ``validate_spec`` accepted
-        before take this path), the destination's size.
+        before take this path), the destination's size. The body is decoded by the decoder of
+        the type its tag names (``Request`` or ``Response``); any other body is declined.
         """
         deliver = self.deliver
         assert deliver is not None
@@ -438,15 +445,23 @@ class FrameDecoder:
                 or version != FRAME_VERSION or body_len > self.max_body_bytes or nbufs != (bulk_len > 0)):
             return False
         view = self._view
+        body = bytes(view[HEADER_BYTES:end])
+        # the tag follows a fixarray's first byte: decoded by the decoder of that one type, which
+        # checks the tag itself (a wrong guess fails and is declined: the union decoder decides)
+        tag = body[1] if body_len > 1 else -1
+        decode: Callable[[bytes], wire.Request | wire.Response]
+        if tag == _REQUEST_TAG:
+            decode = _decode_request
+        elif tag == _RESPONSE_TAG:
+            decode = _decode_response
+        else:
+            return False
         try:
-            message = self._decode(bytes(view[HEADER_BYTES:end]))
+            message = decode(body)
         except wire.DECODE_ERRORS:
             return False  # the general path raises the precise error
-        kind = type(message)
-        if kind is not wire.Request and kind is not wire.Response:
-            return False
-        specs = message.bulk  # type: ignore[union-attr]
-        if len(specs) != nbufs or message.bulk_via:  # type: ignore[union-attr]
+        specs = message.bulk
+        if len(specs) != nbufs or message.bulk_via:
             return False
         if not nbufs:
             self.frames_decoded += 1

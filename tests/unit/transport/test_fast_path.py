@@ -36,6 +36,18 @@ def _response(req_id=1, bufs=()):
     return msg, _encode(msg, [p[1] for p in pairs])
 
 
+def _raw_frame(body):
+    """A bulk-free frame around a body encoded by hand."""
+    return framing.HEADER.pack(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 0, 0, 0) + body
+
+
+def _as_array16(msg):
+    """A message encoded with an array16 header instead of msgspec's fixarray (valid msgpack)."""
+    body = msgspec.msgpack.encode(msg)
+    assert body[0] & 0xF0 == 0x90
+    return b"\xdc\x00" + bytes([body[0] & 0x0F]) + body[1:]
+
+
 class _Sink:
     """A decoder with ``deliver`` set, fed read by read as a ``BufferedProtocol`` would be."""
 
@@ -95,6 +107,12 @@ def test_whole_declines_everything_else_and_the_general_path_decodes_it_unchange
         _request(1, [one], checksum=True)[1],  # a checksum: verified on the general path
         _encode(wire.ErrorReply(1, "ValueError", "no")),
         _encode(wire.Cancel(1)),
+        # valid msgpack that is not a fixarray: the tag is not the body's second byte, so the
+        # type whole() guesses is wrong (a request and a response read as other types, and a
+        # Goodbye whose second byte is the request tag)
+        _raw_frame(_as_array16(wire.Request(7, msgspec.Raw(b"\xc0")))),
+        _raw_frame(_as_array16(wire.Response(8, msgspec.Raw(b"\xc0")))),
+        _raw_frame(b"\xdc\x0a\x00\x0e\xa1x" + b"\xc0" * (0x0A00 - 2)),
     ]
     for data in declined:
         sink = _Sink()
