@@ -51,6 +51,7 @@ from giaannd import protocol as p
 from giaannd.client.errors import ReadFailed, RemoteBadRequest
 from giaannd.client.node_call import NodeCall
 from giaannd.client.prefault import Prefault
+from giaannd.client.row_memory import RowMemory
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.rowengine.canon import first_non_canonical
 from peers.errors import LocalProtocolError
@@ -75,11 +76,13 @@ MAX_JOIN_RUNS: Final = 256
 JOIN_GATHER_ENTRIES: Final = 65_536
 
 _Version = tuple[int, int, int]  # entries, touches, drops
+#: Where a read given no ``RowMemory`` takes a row's arrays: fresh memory each time.
+_FRESH: Final = RowMemory(0)
 
 
 async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feats: NDArray[np.uint64], *,
                        chunk_entries: int, epoch: str, timeout_s: float | None = None,
-                       in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch:
+                       in_flight: int = READ_PARTS_IN_FLIGHT, memory: RowMemory | None = None) -> RowBatch:
     """The rows ``(cols, feats)`` that ``node`` holds (absent ones left out), any size, as one
     canonical batch (module docstring).
 
@@ -100,7 +103,7 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
                 if (row[0], row[1]) not in asked:
                     raise p.ProtocolViolation(f"large row ({row[0]}, {row[1]}) was not asked for")
                 big = await read_large_row(call, node, row, chunk_entries=chunk_entries, epoch=epoch,
-                                           timeout_s=timeout_s, in_flight=in_flight)
+                                           timeout_s=timeout_s, in_flight=in_flight, memory=memory)
                 if big is not None:
                     parts.append(big)
         if not reply.more:
@@ -114,9 +117,10 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
 
 
 async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_entries: int, epoch: str,
-                         timeout_s: float | None = None, in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch | None:
-    """One row listed in ``RowsReply.large``, read by parts into one allocation (module docstring);
-    None when it vanished meanwhile.
+                         timeout_s: float | None = None, in_flight: int = READ_PARTS_IN_FLIGHT,
+                         memory: RowMemory | None = None) -> RowBatch | None:
+    """One row listed in ``RowsReply.large``, read by parts into one allocation (module docstring;
+    from ``memory`` when given: row_memory.py); None when it vanished meanwhile.
 
     Raises:
         ReadFailed: it changed during each of ``MAX_READ_RESTARTS + 1`` reads.
@@ -128,7 +132,7 @@ async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_en
         if version[0] == 0:
             return None
         got = await _read_parts(call, node, column, feature, version, max(1, chunk_entries), max(1, in_flight),
-                                epoch, timeout_s)
+                                epoch, timeout_s, memory or _FRESH)
         if isinstance(got, RowBatch):
             return got
         version = got  # changed: read again, at the version the part saw
@@ -136,17 +140,17 @@ async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_en
 
 
 async def _read_parts(call: NodeCall, node: str, column: int, feature: int, version: _Version, chunk: int,
-                      in_flight: int, epoch: str, timeout_s: float | None) -> RowBatch | _Version:
+                      in_flight: int, epoch: str, timeout_s: float | None, memory: RowMemory
+                      ) -> RowBatch | _Version:
     """One attempt: the whole row at ``version``, or the version a part saw instead."""
     n = version[0]
-    out: list[NDArray[Any]] = [np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64),
-                               np.empty(n, np.float32)]
+    out, fresh = memory.fields(n)
     starts = iter(range(0, n, chunk))
     edges: list[int] = []  # where each received part starts
     what = f"row ({column}, {feature}) read by parts"
     changed: list[_Version] = []
 
-    pre = Prefault(out, chunk)
+    pre = Prefault(out, chunk) if fresh else None  # kept memory is mapped already
 
     async def worker() -> None:
         for a in starts:  # the shared iterator hands each chunk to one worker
@@ -185,7 +189,8 @@ async def _read_parts(call: NodeCall, node: str, column: int, feature: int, vers
     except* Exception as group:  # the first failure, as itself: callers sort errors by type
         raise group.exceptions[0] from None
     finally:
-        pre.stop()
+        if pre is not None:
+            pre.stop()
     if changed:
         return changed[0]
     # the version check after every part arrived (module docstring, "No torn rows")
