@@ -59,7 +59,7 @@ def populate(arr: NDArray[Any], a: int, b: int) -> bool:
     last = end // _PAGE * _PAGE
     if last <= first:
         return True
-    return _MADVISE(first, last - first, MADV_POPULATE_WRITE) == 0
+    return bool(_MADVISE(first, last - first, MADV_POPULATE_WRITE) == 0)
 
 
 class Prefault:

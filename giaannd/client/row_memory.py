@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,10 +57,10 @@ class RowMemory:
         fresh = backing is None
         if backing is None:
             backing = np.empty(need, np.uint8)
-        holder = (ctypes.c_char * need).from_buffer(backing)
+        holder = (ctypes.c_char * need).from_buffer(cast(Any, backing))  # numpy arrays are buffers
         if self.max_idle_bytes:
             weakref.finalize(holder, self._give_back, backing).atexit = False
-        flat = np.frombuffer(holder, np.uint8)
+        flat = np.frombuffer(cast(Any, holder), np.uint8)  # its base: the holder
         tc = flat[: 8 * n].view(np.uint64)
         tf = flat[8 * n : 16 * n].view(np.uint64)
         st = flat[16 * n : 20 * n].view(np.float32)

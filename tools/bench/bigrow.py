@@ -8,18 +8,24 @@ big). The same process serves the raw baseline: on each connection it writes the
 (the same bytes) with one ``transport.write`` of its memoryview; the reader ``recv_into``s a
 preallocated, touched buffer. Ours: ``StorageClient.read_rows`` of the row (a chunked ReadRows,
 then ``ReadRowPart`` requests of ``storage.read-chunk-bytes`` each, several in flight, into one
-preallocated row, validated). After one untimed round of each (connections; the first touch of
-memory the kernel must find, which on a shared host costs more than the transfer), raw and ours
-alternate ``--repeat`` times; figures are medians.
+row, validated), by two clients: one that keeps the memory of a row the caller dropped
+(``keep_row_bytes`` = the row's size: client/row_memory.py), so each read after the first is
+received into mapped memory as the raw reader's is, and one that keeps none (``fresh``: every read
+into memory the kernel must map). After one untimed round of each (connections; first touches),
+raw, raw into fresh memory, ours and ours fresh alternate ``--repeat`` times; figures are medians,
+ratios the median of each repeat's ratio.
 
-Memory: a thread of the reader samples the node process's RSS (/proc/PID/statm) every 2 ms
-during each read of ours; the figure is the peak minus the RSS just before the read.
+Memory: threads of the reader sample the node process's RSS and its own (/proc/PID/statm) every
+2 ms during each read of ours; the figures are the peak minus the RSS just before the read. The
+reader holds at most the kept row's memory and one fresh row at a time besides (the touched raw
+buffer is dropped before the fresh reads).
 
-Figures (targets from the issue): GB/s of ours and of raw, ``ratio_vs_raw`` = ours / raw (>= 0.5),
-and ``node_rss_peak_delta_mib`` (<= row size + 64 MiB). Also, without a target: ``raw_fresh``, the
-raw reader into a buffer it allocates just before (``np.empty``): a reader of a row it did not
-hold must find that memory, and the kernel's first touch of it (page faults, zeroing) costs as
-much as the transfer on a loaded host; ours pays it, the touched raw buffer does not.
+Figures (targets from the issue): GB/s of each, ``ratio_vs_raw`` = ours / raw (>= 0.5),
+``node_rss_peak_delta_mib`` (<= row size + 64 MiB). Without a target: ``raw_fresh``, the raw
+reader into a buffer it allocates just before (``np.empty``): the kernel's first touch of fresh
+memory (page faults, zeroing) costs as much as the transfer or more on a loaded host;
+``ratio_fresh_vs_raw`` and ``ratio_fresh_vs_raw_fresh`` for the client that keeps nothing; the
+client's RSS growth during a kept read and a fresh one.
 ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 
 Usage: python tools/bench/bigrow.py [--entries 100000000] [--repeat 3] [--chunk-bytes 8388608] [--json]
