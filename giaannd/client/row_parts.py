@@ -15,12 +15,11 @@ checked on arrival (while the others are on the wire), the entries across part e
 and received straight into its place (the transport's ``recv_into``: no copy on this side); a reply
 that does not fit (an error reply, a node whose read chunk is smaller than ours) is asked for again
 into fresh buffers and copied into place. The row is validated as canonical (sorted, unique
-targets, finite strengths) before it is returned. The first touch of fresh memory (the kernel
-maps and zeroes each page) costs as much as the transfer on a loaded host (0.5-0.9 GB/s measured
-here, against 1-1.6 GB/s for a loopback socket), so a thread (``_Prefault``, numpy releases the
-GIL) touches the row's pages chunk by chunk ahead of the receives; a part is requested only once
-its chunk is touched, so the thread never writes where a receive does. It measured 0.36 -> 0.63
-GB/s for a 2.1 GB row (tools/bench/bigrow.py).
+targets, finite strengths) before it is returned, each part by one compiled pass
+(giaannd/rowengine/canon.py). The first touch of fresh memory (the kernel maps and zeroes each
+page) costs as much as the transfer on a loaded host (0.5-0.9 GB/s measured here, against 1-1.6
+GB/s for a loopback socket), so a thread maps the row's pages ahead of the receives without
+writing them (``Prefault``, client/prefault.py): no part waits for it.
 
 **No torn rows.** Every part reports the row's version: its entry count, ``touches`` (batches
 applied to it) and the store's ``drops`` (column drops); each only grows, and every change of a
@@ -43,7 +42,6 @@ row), and returns a single part as it is: reading one large row copies it once i
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Final
 
 import numpy as np
@@ -52,7 +50,10 @@ from numpy.typing import NDArray
 from giaannd import protocol as p
 from giaannd.client.errors import ReadFailed, RemoteBadRequest
 from giaannd.client.node_call import NodeCall
+from giaannd.client.prefault import Prefault
+from giaannd.client.row_memory import RowMemory
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
+from giaannd.rowengine.canon import first_non_canonical
 from peers.errors import LocalProtocolError
 
 __all__ = ["MAX_READ_RESTARTS", "READ_PARTS_IN_FLIGHT", "check_canonical_row", "join_disjoint", "read_chunked",
@@ -65,9 +66,6 @@ READ_PARTS_IN_FLIGHT: Final = 4
 #: Restarts of a large-row read whose row changed between parts before the read fails
 #: (module docstring, "No torn rows").
 MAX_READ_RESTARTS: Final = 8
-#: Entries per block of ``check_canonical_row``: 64 Ki entries keep its temporaries (about 1.4 MiB)
-#: in cache; 16 Ki and 128 Ki were slower (measured on 10^7 entries).
-CHECK_BLOCK_ENTRIES: Final = 65_536
 #: Runs of consecutive rows ``join_disjoint`` slices one by one; more (rows of many replies
 #: interleaved key by key: small rows) go through one vectorised gather instead.
 MAX_JOIN_RUNS: Final = 256
@@ -78,11 +76,13 @@ MAX_JOIN_RUNS: Final = 256
 JOIN_GATHER_ENTRIES: Final = 65_536
 
 _Version = tuple[int, int, int]  # entries, touches, drops
+#: Where a read given no ``RowMemory`` takes a row's arrays: fresh memory each time.
+_FRESH: Final = RowMemory(0)
 
 
 async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feats: NDArray[np.uint64], *,
                        chunk_entries: int, epoch: str, timeout_s: float | None = None,
-                       in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch:
+                       in_flight: int = READ_PARTS_IN_FLIGHT, memory: RowMemory | None = None) -> RowBatch:
     """The rows ``(cols, feats)`` that ``node`` holds (absent ones left out), any size, as one
     canonical batch (module docstring).
 
@@ -103,7 +103,7 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
                 if (row[0], row[1]) not in asked:
                     raise p.ProtocolViolation(f"large row ({row[0]}, {row[1]}) was not asked for")
                 big = await read_large_row(call, node, row, chunk_entries=chunk_entries, epoch=epoch,
-                                           timeout_s=timeout_s, in_flight=in_flight)
+                                           timeout_s=timeout_s, in_flight=in_flight, memory=memory)
                 if big is not None:
                     parts.append(big)
         if not reply.more:
@@ -117,9 +117,10 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
 
 
 async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_entries: int, epoch: str,
-                         timeout_s: float | None = None, in_flight: int = READ_PARTS_IN_FLIGHT) -> RowBatch | None:
-    """One row listed in ``RowsReply.large``, read by parts into one allocation (module docstring);
-    None when it vanished meanwhile.
+                         timeout_s: float | None = None, in_flight: int = READ_PARTS_IN_FLIGHT,
+                         memory: RowMemory | None = None) -> RowBatch | None:
+    """One row listed in ``RowsReply.large``, read by parts into one allocation (module docstring;
+    from ``memory`` when given: row_memory.py); None when it vanished meanwhile.
 
     Raises:
         ReadFailed: it changed during each of ``MAX_READ_RESTARTS + 1`` reads.
@@ -131,7 +132,7 @@ async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_en
         if version[0] == 0:
             return None
         got = await _read_parts(call, node, column, feature, version, max(1, chunk_entries), max(1, in_flight),
-                                epoch, timeout_s)
+                                epoch, timeout_s, memory or _FRESH)
         if isinstance(got, RowBatch):
             return got
         version = got  # changed: read again, at the version the part saw
@@ -139,22 +140,21 @@ async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_en
 
 
 async def _read_parts(call: NodeCall, node: str, column: int, feature: int, version: _Version, chunk: int,
-                      in_flight: int, epoch: str, timeout_s: float | None) -> RowBatch | _Version:
+                      in_flight: int, epoch: str, timeout_s: float | None, memory: RowMemory
+                      ) -> RowBatch | _Version:
     """One attempt: the whole row at ``version``, or the version a part saw instead."""
     n = version[0]
-    out: list[NDArray[Any]] = [np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64),
-                               np.empty(n, np.float32)]
+    out, fresh = memory.fields(n)
     starts = iter(range(0, n, chunk))
     edges: list[int] = []  # where each received part starts
     what = f"row ({column}, {feature}) read by parts"
     changed: list[_Version] = []
 
-    pre = _Prefault(out, chunk, asyncio.get_running_loop())
+    pre = Prefault(out, chunk) if fresh else None  # kept memory is mapped already
 
     async def worker() -> None:
         for a in starts:  # the shared iterator hands each chunk to one worker
             b = min(a + chunk, n)
-            await pre.ready[a // chunk].wait()
             while a < b:
                 if changed:
                     return
@@ -189,7 +189,8 @@ async def _read_parts(call: NodeCall, node: str, column: int, feature: int, vers
     except* Exception as group:  # the first failure, as itself: callers sort errors by type
         raise group.exceptions[0] from None
     finally:
-        pre.stop()
+        if pre is not None:
+            pre.stop()
     if changed:
         return changed[0]
     # the version check after every part arrived (module docstring, "No torn rows")
@@ -217,52 +218,22 @@ def _check_edges(out: list[NDArray[Any]], edges: list[int], what: str) -> None:
 def check_canonical_row(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.uint64],
                         strength: NDArray[np.float32], what: str) -> None:
     """What ``RowBatch.validate`` checks of one row's entries (segments in range, finite strengths,
-    targets strictly ascending by (segment, column, feature)), in blocks of ``CHECK_BLOCK_ENTRIES``
-    that overlap by one entry: the temporaries stay in cache, 7x faster than one pass over a large
-    row (measured: 33 ms against 246 ms for 10^7 entries), which would otherwise cost more than
-    the transfer.
+    targets strictly ascending by (segment, column, feature)), in one compiled pass
+    (giaannd/rowengine/canon.py): numpy's whole-array passes, even in cache-sized blocks, cost
+    more CPU on the receiving thread than the transfer left it (measured in docs/storage.md).
 
     Raises:
         ProtocolViolation: the row is not canonical.
     """
-    n = int(seg.shape[0])
-    for a in range(0, n, CHECK_BLOCK_ENTRIES):
-        b = min(n, a + CHECK_BLOCK_ENTRIES + 1)  # one more: the pair across the block boundary
-        s, c, f = seg[a:b], tc[a:b], tf[a:b]
-        if int(s.max()) >= NUM_SEGMENTS:
-            raise p.ProtocolViolation(f"{what}: segment out of range (max {int(s.max())})")
-        if not np.isfinite(strength[a:b]).all():
-            raise p.ProtocolViolation(f"{what}: non-finite strength")
-        s1, s0, c1, c0 = s[1:], s[:-1], c[1:], c[:-1]
-        bad = (c1 < c0) | ((c1 == c0) & (f[1:] <= f[:-1]))  # out of order within one segment
-        bad &= s1 == s0
-        bad |= s1 < s0
-        if bad.any():
-            raise p.ProtocolViolation(f"{what}: entries not sorted and unique (near entry {a + int(bad.argmax())})")
-
-
-class _Prefault:
-    """Touches the pages of a fresh row, chunk by chunk in a thread, ahead of the receives."""
-
-    def __init__(self, out: list[NDArray[Any]], chunk: int, loop: asyncio.AbstractEventLoop) -> None:
-        n = int(out[0].shape[0])
-        self.ready = [asyncio.Event() for _ in range(0, n, chunk)]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(out, chunk, n, loop), daemon=True)
-        self._thread.start()
-
-    def _run(self, out: list[NDArray[Any]], chunk: int, n: int, loop: asyncio.AbstractEventLoop) -> None:
-        for j, a in enumerate(range(0, n, chunk)):
-            if self._stop.is_set():
-                return
-            b = min(a + chunk, n)
-            for o in out:
-                o[a:b].view(np.uint8)[::4096] = 0  # one byte a page: the kernel maps (and zeroes) it here
-            loop.call_soon_threadsafe(self.ready[j].set)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    i = first_non_canonical(np.ascontiguousarray(seg), np.ascontiguousarray(tc), np.ascontiguousarray(tf),
+                            np.ascontiguousarray(strength), NUM_SEGMENTS)
+    if i < 0:
+        return
+    if int(seg[i]) >= NUM_SEGMENTS:
+        raise p.ProtocolViolation(f"{what}: segment out of range ({int(seg[i])} at entry {i})")
+    if not np.isfinite(strength[i]):
+        raise p.ProtocolViolation(f"{what}: non-finite strength (entry {i})")
+    raise p.ProtocolViolation(f"{what}: entries not sorted and unique (near entry {i})")
 
 
 def _rows_slice(b: RowBatch, r0: int, r1: int) -> RowBatch:

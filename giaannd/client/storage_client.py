@@ -80,6 +80,7 @@ from giaannd.client.errors import is_unreachable as _unreachable
 from giaannd.client.reads import ReadRampStarter, read_replicated
 from giaannd.client.registers import CasOutcome, RegisterClient, RegisterRead, Version
 from giaannd.client.remote_vocab import get_vocab, put_vocab
+from giaannd.client.row_memory import DEFAULT_KEEP_ROW_BYTES, RowMemory
 from giaannd.client.row_parts import READ_PARTS_IN_FLIGHT, read_chunked
 from giaannd.client.scan import DEFAULT_SCAN_PAGE_BYTES, DEFAULT_SCAN_PAGE_ROWS, scan_cluster
 from giaannd.client.writer_floor import WriterFloor
@@ -141,6 +142,8 @@ class StorageClient:
         read_parts_in_flight: part requests of one large row in flight at once.
         read_fewest_nodes: send a read's rows to as few live owners as possible instead of each
             row's first owner (``compute.read-fewest-nodes``; reads.py, "Fewest nodes").
+        keep_row_bytes: memory of large rows (read by parts) the caller dropped, kept idle up to
+            this many bytes and received into again (client/row_memory.py); 0 keeps none.
     """
 
     def __init__(
@@ -161,6 +164,7 @@ class StorageClient:
         read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES,
         read_parts_in_flight: int = READ_PARTS_IN_FLIGHT,
         read_fewest_nodes: bool = False,
+        keep_row_bytes: int = DEFAULT_KEEP_ROW_BYTES,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -180,6 +184,8 @@ class StorageClient:
         #: entries per ReadRowPart (21 bytes each), capped by the protocol's part limit
         self.read_chunk_entries = max(1, min(read_chunk_bytes // _ENTRY_BYTES, p.MAX_READ_PART_ENTRIES))
         self.read_parts_in_flight = max(1, read_parts_in_flight)
+        #: large rows' memory, kept when dropped and used again (client/row_memory.py)
+        self.row_memory = RowMemory(keep_row_bytes)
         self.read_fewest_nodes = read_fewest_nodes
         self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
         self.registers = RegisterClient(topology, self._call)
@@ -304,7 +310,7 @@ class StorageClient:
         feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
         return await read_chunked(self._call, node, cols, feats, chunk_entries=self.read_chunk_entries,
                                   epoch=self.topology.epoch, timeout_s=timeout_s,
-                                  in_flight=self.read_parts_in_flight)
+                                  in_flight=self.read_parts_in_flight, memory=self.row_memory)
 
     # -- replicated writes (writes.py, writer_floor.py) -----------------------------------------------------
     def next_batch_id(self) -> BatchId:

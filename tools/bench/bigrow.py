@@ -8,18 +8,24 @@ big). The same process serves the raw baseline: on each connection it writes the
 (the same bytes) with one ``transport.write`` of its memoryview; the reader ``recv_into``s a
 preallocated, touched buffer. Ours: ``StorageClient.read_rows`` of the row (a chunked ReadRows,
 then ``ReadRowPart`` requests of ``storage.read-chunk-bytes`` each, several in flight, into one
-preallocated row, validated). After one untimed round of each (connections; the first touch of
-memory the kernel must find, which on a shared host costs more than the transfer), raw and ours
-alternate ``--repeat`` times; figures are medians.
+row, validated), by two clients: one that keeps the memory of a row the caller dropped
+(``keep_row_bytes`` = the row's size: client/row_memory.py), so each read after the first is
+received into mapped memory as the raw reader's is, and one that keeps none (``fresh``: every read
+into memory the kernel must map). After one untimed round of each (connections; first touches),
+raw, raw into fresh memory, ours and ours fresh alternate ``--repeat`` times; figures are medians,
+ratios the median of each repeat's ratio.
 
-Memory: a thread of the reader samples the node process's RSS (/proc/PID/statm) every 2 ms
-during each read of ours; the figure is the peak minus the RSS just before the read.
+Memory: threads of the reader sample the node process's RSS and its own (/proc/PID/statm) every
+2 ms during each read of ours; the figures are the peak minus the RSS just before the read. The
+reader holds at most the kept row's memory and one fresh row at a time besides (the touched raw
+buffer is dropped before the fresh reads).
 
-Figures (targets from the issue): GB/s of ours and of raw, ``ratio_vs_raw`` = ours / raw (>= 0.5),
-and ``node_rss_peak_delta_mib`` (<= row size + 64 MiB). Also, without a target: ``raw_fresh``, the
-raw reader into a buffer it allocates just before (``np.empty``): a reader of a row it did not
-hold must find that memory, and the kernel's first touch of it (page faults, zeroing) costs as
-much as the transfer on a loaded host; ours pays it, the touched raw buffer does not.
+Figures (targets from the issue): GB/s of each, ``ratio_vs_raw`` = ours / raw (>= 0.5),
+``node_rss_peak_delta_mib`` (<= row size + 64 MiB). Without a target: ``raw_fresh``, the raw
+reader into a buffer it allocates just before (``np.empty``): the kernel's first touch of fresh
+memory (page faults, zeroing) costs as much as the transfer or more on a loaded host;
+``ratio_fresh_vs_raw`` and ``ratio_fresh_vs_raw_fresh`` for the client that keeps nothing; the
+client's RSS growth during a kept read and a fresh one.
 ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 
 Usage: python tools/bench/bigrow.py [--entries 100000000] [--repeat 3] [--chunk-bytes 8388608] [--json]
@@ -136,36 +142,56 @@ def _raw_read(port: int, dest: np.ndarray) -> float:
         return time.perf_counter() - t0
 
 
-async def _ours(address: str, key_file: str, repeat: int, n: int, pid: int, raw_port: int,
-                chunk_bytes: int) -> dict[str, list[float]]:
+def _client(address: str, key_file: str, chunk_bytes: int, keep_row_bytes: int) -> StorageClient:
     keys = list(Keyring.load(Path(key_file)).keys)
     topo = ClusterView(replicas=1)
     topo.set_members([StorageNode("s0", address)])
-    client = StorageClient(topo, {"tcp": make_transport("tcp", Identity("bench-reader", CLUSTER_NAME, keys))},
-                           request_timeout_s=600.0, read_chunk_bytes=chunk_bytes)
-    dest = np.ones(ENTRY_BYTES * n, np.uint8)  # touched: the raw reader's preallocated buffer
-    out: dict[str, list[float]] = {"raw_s": [], "raw_fresh_s": [], "ours_s": [], "rss": []}
+    return StorageClient(topo, {"tcp": make_transport("tcp", Identity("bench-reader", CLUSTER_NAME, keys))},
+                         request_timeout_s=600.0, read_chunk_bytes=chunk_bytes, keep_row_bytes=keep_row_bytes)
+
+
+async def _timed_read(client: StorageClient, n: int, pid: int, out: dict[str, list[float]], name: str) -> None:
+    """One timed read of the row by ``client``: seconds, and the node's and this process's RSS
+    growth (peak minus before) during it."""
+    node, mine = _RssPeak(pid), _RssPeak(os.getpid())
+    t0 = time.perf_counter()
+    batch = await client.read_rows([ROW_KEY[0]], [ROW_KEY[1]])
+    out[f"{name}_s"].append(time.perf_counter() - t0)
+    out[f"{name}_node_rss"].append(node.stop())
+    out[f"{name}_client_rss"].append(mine.stop())
+    if batch.num_entries != n:
+        raise RuntimeError(f"read {batch.num_entries} entries, expected {n}")
+
+
+async def _ours(address: str, key_file: str, repeat: int, n: int, pid: int, raw_port: int,
+                chunk_bytes: int) -> dict[str, list[float]]:
+    keep = _client(address, key_file, chunk_bytes, ENTRY_BYTES * n)  # keeps the row's memory when dropped
+    fresh_client = _client(address, key_file, chunk_bytes, 0)  # fresh memory for every row
+    out: dict[str, list[float]] = {k: [] for k in ("raw_s", "raw_fresh_s", "ours_s", "ours_node_rss",
+                                                   "ours_client_rss", "fresh_s", "fresh_node_rss",
+                                                   "fresh_client_rss")}
     try:
+        dest = np.ones(ENTRY_BYTES * n, np.uint8)
         await asyncio.to_thread(_raw_read, raw_port, dest)  # warm-up, untimed: connections, first-touch
-        del_me = await client.read_rows([ROW_KEY[0]], [ROW_KEY[1]])  # of memory the kernel has to find
-        del del_me
-        for _ in range(repeat):
+        del dest
+        for client in (keep, fresh_client):  # of memory the kernel has to find
+            await client.read_rows([ROW_KEY[0]], [ROW_KEY[1]])
+        for _ in range(repeat):  # at most row + kept row + one fresh row in this process at a time
+            dest = np.ones(ENTRY_BYTES * n, np.uint8)  # touched: the raw reader's preallocated buffer
             out["raw_s"].append(await asyncio.to_thread(_raw_read, raw_port, dest))
+            del dest
             t0 = time.perf_counter()  # the raw reader into memory it allocates, as a reader of a new row must
             fresh = np.empty(ENTRY_BYTES * n, np.uint8)
             await asyncio.to_thread(_raw_read, raw_port, fresh)
             out["raw_fresh_s"].append(time.perf_counter() - t0)
             del fresh
-            sampler = _RssPeak(pid)
-            t0 = time.perf_counter()
-            batch = await client.read_rows([ROW_KEY[0]], [ROW_KEY[1]])
-            out["ours_s"].append(time.perf_counter() - t0)
-            out["rss"].append(sampler.stop())
-            if batch.num_entries != n:
-                raise RuntimeError(f"read {batch.num_entries} entries, expected {n}")
-            del batch
+            await _timed_read(keep, n, pid, out, "ours")
+            await _timed_read(fresh_client, n, pid, out, "fresh")
+        if keep.row_memory.reused < repeat:
+            raise RuntimeError(f"the kept client reused memory {keep.row_memory.reused} times in {repeat} reads")
     finally:
-        await client.close()
+        await keep.close()
+        await fresh_client.close()
     return out
 
 
@@ -193,18 +219,24 @@ def main(argv: list[str] | None = None) -> int:
             proc.join(60)
             if proc.is_alive():
                 proc.kill()
-    raw_gbs = row_bytes / statistics.median(res["raw_s"]) / 1e9
-    fresh_gbs = row_bytes / statistics.median(res["raw_fresh_s"]) / 1e9
-    ours_gbs = row_bytes / statistics.median(res["ours_s"]) / 1e9
-    ratios = [r / o for r, o in zip(res["raw_s"], res["ours_s"])]  # per pair: ours / raw throughput
-    rss_mib = max(res["rss"]) / 2**20
+    med = {k: statistics.median(v) for k, v in res.items()}
+
+    def ratio(num: str, den: str) -> float:  # median over the repeats of num / den throughput
+        return statistics.median(d / m for d, m in zip(res[f"{den}_s"], res[f"{num}_s"]))
+
     rss_target = f"<= {row_bytes / 2**20 + RSS_SLACK_MIB:.0f}"
-    fresh_ratios = [r / o for r, o in zip(res["raw_fresh_s"], res["ours_s"])]
-    figures = [("bigrow.raw_gbps", raw_gbs, None), ("bigrow.raw_fresh_gbps", fresh_gbs, None),
-               ("bigrow.ours_gbps", ours_gbs, None),
-               ("bigrow.ratio_vs_raw", statistics.median(ratios), RATIO_TARGET),
-               ("bigrow.ratio_vs_raw_fresh", statistics.median(fresh_ratios), None),
-               ("bigrow.node_rss_peak_delta_mib", rss_mib, rss_target)]
+    mib = 2**20
+    figures = [("bigrow.raw_gbps", row_bytes / med["raw_s"] / 1e9, None),
+               ("bigrow.raw_fresh_gbps", row_bytes / med["raw_fresh_s"] / 1e9, None),
+               ("bigrow.ours_gbps", row_bytes / med["ours_s"] / 1e9, None),
+               ("bigrow.ours_fresh_gbps", row_bytes / med["fresh_s"] / 1e9, None),
+               ("bigrow.ratio_vs_raw", ratio("ours", "raw"), RATIO_TARGET),
+               ("bigrow.ratio_fresh_vs_raw", ratio("fresh", "raw"), None),
+               ("bigrow.ratio_fresh_vs_raw_fresh", ratio("fresh", "raw_fresh"), None),
+               ("bigrow.node_rss_peak_delta_mib", max(res["ours_node_rss"] + res["fresh_node_rss"]) / mib,
+                rss_target),
+               ("bigrow.client_rss_peak_delta_mib", max(res["ours_client_rss"]) / mib, None),
+               ("bigrow.client_fresh_rss_peak_delta_mib", max(res["fresh_client_rss"]) / mib, None)]
     if args.json:
         for fig, value, target in figures:
             emit_figure(fig, value, target)

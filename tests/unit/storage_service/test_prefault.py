@@ -1,0 +1,24 @@
+"""Prefault (client/prefault.py): pages are mapped without their contents changing, so the thread
+may run over memory a receive already filled."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from giaannd.client.prefault import Prefault, populate
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
+def test_prefault_populate_keeps_contents():
+    a = np.empty(3 * 2**20 + 5, np.uint64)  # fresh pages, plus edges that are not whole pages
+    a[:1000] = np.arange(1000, dtype=np.uint64)  # written before the populate: must stay
+    assert populate(a, 0, a.shape[0])
+    assert np.array_equal(a[:1000], np.arange(1000, dtype=np.uint64))
+
+
+def test_prefault_thread_leaves_filled_chunks_alone():
+    out = [np.full(100_000, 7, np.uint8), np.full(100_000, 9, np.uint64)]
+    pre = Prefault(out, 4096)
+    pre.stop()
+    assert (out[0] == 7).all() and (out[1] == 9).all()
