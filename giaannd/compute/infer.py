@@ -239,6 +239,10 @@ class RowFetcher:
         row = self.cache.get(key)
         if row is not None:
             return row
+        return await self.fetch(key)
+
+    async def fetch(self, key: RowKey) -> Row:
+        """As :meth:`get` without looking in the cache (the caller just did)."""
         flight = self._flight(key)
         await asyncio.shield(flight.future)
         return flight.row(key)
@@ -390,17 +394,19 @@ class Lookahead:
         None (then :meth:`row`). Refills the window first."""
         self.fill(k)
         flight = self._held.get(key)
-        if flight is None or flight.batch is None:
+        if flight is None:  # cached when the window was asked for (or not the known token)
+            return self._fetcher.cache.get(key)
+        if flight.batch is None:
             return None
         self._take(k, key)
         return flight.row(key)
 
     async def row(self, k: int, key: RowKey) -> Row:
-        """The row of ``key``, needed at index ``k``; refills the window first."""
+        """The row of ``key``, needed at index ``k``, once :meth:`ready` returned None for it."""
         self.fill(k)
         flight = self._held.get(key)
-        if flight is None:  # cached when the window was asked for, or not the known token
-            return await self._fetcher.get(key)
+        if flight is None:  # ready() looked in the cache already
+            return await self._fetcher.fetch(key)
         self._take(k, key)
         await asyncio.shield(flight.future)
         return flight.row(key)
