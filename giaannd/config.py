@@ -501,10 +501,17 @@ class ComputeConfig(_Section):
     infer_read_fewest_nodes: Annotated[bool, Meta(description=(
         "Inference's row fetches (generate, eval) group each read's rows on as few live storage "
         "nodes as possible, whatever read-fewest-nodes says for other reads. A fetch is a prompt's "
-        "rows (up to 32) on the per-token path, where a session waits for the reply: one request "
+        "rows (up to 64, or several prompts' with infer-readahead-prompts): one request "
         "instead of one per first owner halves it (R = 3 on 3 nodes: 1.35 -> 0.66 ms per prompt "
         "read; docs/compute.md, Inference). Off: inference reads follow read-fewest-nodes."
     ))] = True
+    infer_readahead_prompts: Annotated[int, Meta(ge=0, le=4096, description=(
+        "Prompts of an evaluation whose rows are read before their session starts: when a "
+        "session starts, the first rows (up to 64) of the next this-many prompts are asked for, "
+        "refilled by halves, so one request carries several prompts and the rows arrive while "
+        "earlier prompts step (one session at a time otherwise waits one read per prompt). Rows "
+        "held are bounded by (max-sessions + this) x 64. 0 turns it off (docs/compute.md, Inference)."
+    ))] = 16
     resume_jobs: Annotated[bool, Meta(description=(
         "Resume unfinished training jobs from their journals (<data-dir>/compute/jobs/) when the "
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "

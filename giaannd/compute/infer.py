@@ -15,7 +15,7 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   (``inference_reader``, ``compute.infer-read-fewest-nodes``, on by default): a session waits for
   the reply, and each request costs a fixed ~0.1 ms at both ends, so a prompt's rows from one
   node instead of one request per first owner halve the wait (R = 3 on 3 nodes: 1.35 → 0.66 ms).
-* **prefetch** (:class:`_Lookahead`): in teacher-forced evaluation the rows the session will need
+* **prefetch** (:class:`Lookahead`): in teacher-forced evaluation the rows the session will need
   are the prompt's own tokens, known in advance. The session's first step asks for the first
   ``prefetch_depth`` of them in one request (a whole prompt, at the default depth), and whenever
   fewer than half the window is left it asks for the next half in one request, so reads are
@@ -24,10 +24,23 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   prefetched rows are *held by the session* until its step takes them, not only offered to the
   cache: without a cache (or with one too small to keep them) they would otherwise be read twice
   (issue 19: the no-cache runner read every row twice, one request per step). Held rows are at
-  most ``prefetch_depth`` per session, so ``max_sessions × prefetch_depth`` rows in all.
-  Free-running generation has no such lookahead: the next row is the one the step just chose (the
-  choice is made the moment the row arrives), so prefetching "top candidates" would only ride in
-  the same request as the real fetch; we do not do it.
+  most ``prefetch_depth`` per session. A step whose row is already here takes it without a
+  coroutine or an event-loop hand-off (:meth:`Lookahead.ready`). Free-running sessions know only
+  their seed tokens ahead (those are prefetched); past them the next row is the one the step just
+  chose (the choice is made the moment the row arrives), so prefetching "top candidates" would only
+  ride in the same request as the real fetch; we do not do it.
+* **read-ahead across prompts** (:class:`PromptReadAhead`, ``compute.infer-readahead-prompts``):
+  an evaluation knows all its prompts, so when a prompt's session starts the first windows of the
+  next ``readahead_prompts`` prompts are asked for too, refilled by halves: one request carries
+  several prompts, and their rows arrive while earlier prompts step. One session at a time (or a
+  prompt waiting for a session slot) therefore no longer waits one read per prompt that nothing
+  overlaps. The read-ahead is asked for one loop iteration after the starting session's own
+  window, so the request the running sessions wait for is not made larger by it. Sessions run in
+  prompt order, ``max_sessions`` worker tasks taking the next prompt (a task per slot, not per
+  prompt). Rows held are bounded by ``(max_sessions + readahead_prompts) × prefetch_depth``.
+* **one read, one future**: a read of the fetcher (``_Flight``) has a single future and keeps the
+  reply; a waiter takes its row as a view of the reply once the read completed. Per key there is a
+  dict entry, not a future, a done-callback and a loop callback.
 
 **Invalidation rule** (the cache must never serve a row older than a write this node made): a
 training job on this node calls :meth:`RowCache.invalidate_batch` with every batch once a quorum
@@ -63,12 +76,17 @@ from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSe
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
 
-__all__ = ["DEFAULT_PREFETCH_DEPTH", "Inference", "RowCache", "RowFetcher", "drive_session", "inference_reader"]
+__all__ = ["DEFAULT_PREFETCH_DEPTH", "DEFAULT_READAHEAD_PROMPTS", "Inference", "Lookahead", "PromptReadAhead",
+           "RowCache", "RowFetcher", "drive_session", "inference_reader"]
 
 #: Rows prefetched ahead of a teacher-forced session's current step (the window; it is refilled by
-#: halves). 32 holds a typical evaluation prompt (about 20 tokens) whole, so a prompt costs one
-#: request; rows held per session are bounded by it (module docstring, "prefetch").
-DEFAULT_PREFETCH_DEPTH: Final = 32
+#: halves). 64 holds an evaluation prompt whole (bundled corpus: 25 tokens mean, 62 the longest of
+#: the first 64; 32 left a fifth of them a second request of their own), so a prompt costs no
+#: request of its own beyond the read-ahead's; rows held per session are bounded by it (module
+#: docstring, "prefetch").
+DEFAULT_PREFETCH_DEPTH: Final = 64
+#: Prompts of an evaluation read ahead of the latest session started (``compute.infer-readahead-prompts``).
+DEFAULT_READAHEAD_PROMPTS: Final = 16
 #: Bytes charged per cached row on top of its arrays (dict + Row object); bounds empty rows too.
 ROW_OVERHEAD_BYTES: Final = 160
 #: Largest single read the fetcher issues (the client splits further per owner and MAX_READ_ROWS).
@@ -169,6 +187,30 @@ class RowCache:
                 "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0}
 
 
+class _Flight:
+    """One read of the fetcher: the keys it asked for, then the reply (``batch`` is set, before
+    ``future`` completes, only when the read succeeded). One future per read, not per key: a
+    waiter awaits the read and takes its row from the reply."""
+
+    __slots__ = ("at", "batch", "future", "keys")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.keys: list[RowKey] = []
+        self.batch: RowBatch | None = None
+        self.at: dict[RowKey, int] = {}
+
+    def row(self, key: RowKey) -> Row:
+        """The row of ``key`` (empty if storage has none) as views into the reply; only once the
+        read succeeded."""
+        assert self.batch is not None
+        i = self.at.get(key)
+        return _EMPTY if i is None else self.batch.row(i)
+
+
+_EMPTY: Final = Row.empty()
+
+
 class RowFetcher:
     """Cached, batched, single-flight row reads shared by all sessions of a node.
 
@@ -181,9 +223,8 @@ class RowFetcher:
     def __init__(self, read: ReadRows, cache: RowCache) -> None:
         self._read = read
         self.cache = cache
-        self._pending: dict[RowKey, asyncio.Future[Row]] = {}
-        self._queued: list[RowKey] = []
-        self._scheduled = False
+        self._pending: dict[RowKey, _Flight] = {}
+        self._queued: list[_Flight] = []  # reads asked for in this loop iteration, sent by _flush
         self.requests = 0
         self.rows_fetched = 0
         self.prefetched = 0
@@ -198,47 +239,60 @@ class RowFetcher:
         row = self.cache.get(key)
         if row is not None:
             return row
-        return await asyncio.shield(self._future(key))
+        return await self.fetch(key)
 
-    def prefetch(self, keys: Iterable[RowKey]) -> dict[RowKey, asyncio.Future[Row]]:
-        """Start fetching rows not cached (keys in flight join their fetch); never waits, never
-        raises (a failure is raised by awaiting the future, or by ``get``).
+    async def fetch(self, key: RowKey) -> Row:
+        """As :meth:`get` without looking in the cache (the caller just did)."""
+        flight = self._flight(key)
+        await asyncio.shield(flight.future)
+        return flight.row(key)
+
+    def prefetch(self, keys: Iterable[RowKey]) -> dict[RowKey, _Flight]:
+        """Start fetching rows not cached (keys in flight join their read); never waits, never
+        raises (a failure is raised by awaiting the read, or by ``get``).
 
         Returns:
-            the fetch of every key not cached, for the caller to hold until it uses the row.
+            the read of every key not cached, for the caller to hold until it uses the row.
         """
-        out: dict[RowKey, asyncio.Future[Row]] = {}
+        out: dict[RowKey, _Flight] = {}
+        pending = self._pending
         for key in keys:
             if key in out or key in self.cache:
                 continue
-            if key not in self._pending:
+            flight = pending.get(key)
+            if flight is None:
                 self.prefetched += 1
-            out[key] = self._future(key)
+                flight = self._flight(key)
+            out[key] = flight
         return out
 
-    def _future(self, key: RowKey) -> asyncio.Future[Row]:
-        fut = self._pending.get(key)
-        if fut is None:
+    def _flight(self, key: RowKey) -> _Flight:
+        flight = self._pending.get(key)
+        if flight is not None:
+            return flight
+        if not self._queued or len(self._queued[-1].keys) >= MAX_FETCH_ROWS:
             loop = asyncio.get_running_loop()
-            fut = self._pending[key] = loop.create_future()
-            # a prefetch, or a waiter cancelled while its fetch ran, leaves nobody to read a failure
-            fut.add_done_callback(_consume)
-            self._queued.append(key)
-            if not self._scheduled:
-                self._scheduled = True
+            flight = _Flight(loop.create_future())
+            # a prefetch, or a waiter cancelled while its read ran, leaves nobody to read a failure
+            flight.future.add_done_callback(_consume)
+            if not self._queued:
                 loop.call_soon(self._flush)
-        return fut
+            self._queued.append(flight)
+        flight = self._queued[-1]
+        flight.keys.append(key)
+        self._pending[key] = flight
+        return flight
 
     def _flush(self) -> None:
-        self._scheduled = False
-        keys, self._queued = self._queued, []
-        for i in range(0, len(keys), MAX_FETCH_ROWS):
-            task = asyncio.get_running_loop().create_task(self._fetch(keys[i:i + MAX_FETCH_ROWS]))
+        flights, self._queued = self._queued, []
+        for flight in flights:
+            task = asyncio.get_running_loop().create_task(self._fetch(flight))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, keys: list[RowKey]) -> None:
+    async def _fetch(self, flight: _Flight) -> None:
         generation = self.cache.generation
+        keys = flight.keys
         cols = np.fromiter((k[0] for k in keys), np.uint64, len(keys))
         feats = np.fromiter((k[1] for k in keys), np.uint64, len(keys))
         self.requests += 1
@@ -246,61 +300,59 @@ class RowFetcher:
             batch = await self._read(cols, feats)
         except BaseException as exc:  # every waiter hears of it; nothing stays pending forever
             for key in keys:
-                fut = self._pending.pop(key)
-                if fut.done():
-                    continue
-                if isinstance(exc, Exception):
-                    fut.set_exception(exc)
-                else:
-                    fut.cancel()
-            if not isinstance(exc, Exception):
-                raise
-            return
+                del self._pending[key]
+            if isinstance(exc, Exception):
+                flight.future.set_exception(exc)
+                return
+            flight.future.cancel()
+            raise
         # one dict of the reply's keys (tolist: no numpy scalar per row); a row is a view of the
         # reply unless it is cached (a cached view would pin the whole reply: copied compact)
-        at = {key: i for i, key in enumerate(zip(batch.row_column.tolist(), batch.row_feature.tolist()))}
-        self.rows_fetched += len(at)
-        caching = self.cache.max_bytes > 0 and generation == self.cache.generation
-        empty = Row.empty()
+        flight.at = {key: i for i, key in enumerate(zip(batch.row_column.tolist(), batch.row_feature.tolist()))}
+        flight.batch = batch
+        self.rows_fetched += len(flight.at)
         for key in keys:
-            i = at.get(key)
-            row = empty if i is None else batch.row(i)
-            if caching:
-                row = _own(row) if i is not None else row
-                self.cache.put(key, row, generation)
-            fut = self._pending.pop(key)
-            if not fut.done():
-                fut.set_result(row)
+            del self._pending[key]
+        if self.cache.max_bytes > 0 and generation == self.cache.generation:
+            for key in keys:
+                i = flight.at.get(key)
+                self.cache.put(key, _EMPTY if i is None else _own(batch.row(i)), generation)
+        flight.future.set_result(None)
 
 
-def _consume(fut: asyncio.Future[Row]) -> None:
-    """Mark a fetch's outcome retrieved, so a failure nobody awaits is not reported as unhandled."""
+def _consume(fut: asyncio.Future[None]) -> None:
+    """Mark a read's outcome retrieved, so a failure nobody awaits is not reported as unhandled."""
     if not fut.cancelled():
         fut.exception()
 
 
 async def drive_session(session: LifSession, fetcher: RowFetcher,
-                        lookahead: Sequence[RowKey] = (), prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> int:
+                        lookahead: Sequence[RowKey] = (), prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, *,
+                        ahead: Lookahead | None = None) -> int:
     """Run ``session`` to its end, one fetched row per step; returns the steps run.
 
     ``lookahead``: the nodes the session will need in order (teacher forcing: its targets), so the
-    next ``prefetch_depth`` rows are fetched while earlier steps run.
+    next ``prefetch_depth`` rows are fetched while earlier steps run. ``ahead``: a
+    :class:`Lookahead` made (and possibly started) by the caller instead (prompt read-ahead).
     """
-    ahead = _Lookahead(fetcher, lookahead, prefetch_depth) if lookahead and prefetch_depth else None
+    if ahead is None and lookahead and prefetch_depth:
+        ahead = Lookahead(fetcher, lookahead, prefetch_depth)
     steps = 0
     while (key := session.needs_row()) is not None:
         if ahead is None:
             row = await fetcher.get(key)
         else:  # step k+1 needs the row of node k (teacher-forced: target k)
-            row = await ahead.row(session.steps_run, key)
+            k = session.steps_run
+            ready = ahead.ready(k, key)  # no coroutine, no hand-off when the row is already here
+            row = ready if ready is not None else await ahead.row(k, key)
         session.step(row)
         steps += 1
     return steps
 
 
-class _Lookahead:
-    """The rows one teacher-forced session prefetched and holds until its steps take them
-    (module docstring, "prefetch" and the invalidation rule).
+class Lookahead:
+    """The rows one session prefetched and holds until its steps take them (module docstring,
+    "prefetch" and the invalidation rule).
 
     Args:
         fetcher: the node's fetcher.
@@ -309,38 +361,96 @@ class _Lookahead:
     """
 
     def __init__(self, fetcher: RowFetcher, keys: Sequence[RowKey], depth: int) -> None:
+        if depth < 1:
+            raise ValueError("depth must be >= 1")
         self._fetcher = fetcher
         self._keys = keys
         self._depth = depth
         self._refill_below = max(1, depth // 2)
         self._end = 0  # keys[:_end] were prefetched
-        self._held: dict[RowKey, asyncio.Future[Row]] = {}
+        self._held: dict[RowKey, _Flight] = {}
         self._last_use: dict[RowKey, int] = {}  # the last index of the window that needs each held key
         self._generation = fetcher.cache.generation
 
-    async def row(self, k: int, key: RowKey) -> Row:
-        """The row of ``key``, needed at index ``k``; refills the window first."""
+    def fill(self, k: int) -> None:
+        """Make sure the window from index ``k`` is asked for (refilled once fewer than half of it is
+        left); drops what it holds first if the cache was invalidated since it was asked for."""
         fetcher = self._fetcher
         if fetcher.cache.generation != self._generation:  # an invalidation since: hold nothing older
             self._held.clear()
             self._last_use.clear()
             self._end = min(self._end, k)
             self._generation = fetcher.cache.generation
-        if self._end - k < self._refill_below:
+        if self._end - k < self._refill_below and self._end < len(self._keys):
             start = max(self._end, k)
             self._end = min(len(self._keys), k + self._depth)
             window = self._keys[start:self._end]
             self._held.update(fetcher.prefetch(window))
             for i, w in enumerate(window, start):
                 self._last_use[w] = i
-        fut = self._held.get(key)
-        if fut is None:  # cached when the window was asked for, or not the known token
-            return await fetcher.get(key)
+
+    def ready(self, k: int, key: RowKey) -> Row | None:
+        """The row of ``key`` (needed at index ``k``) if this session holds it already read; else
+        None (then :meth:`row`). Refills the window first."""
+        self.fill(k)
+        flight = self._held.get(key)
+        if flight is None:  # cached when the window was asked for (or not the known token)
+            return self._fetcher.cache.get(key)
+        if flight.batch is None:
+            return None
+        self._take(k, key)
+        return flight.row(key)
+
+    async def row(self, k: int, key: RowKey) -> Row:
+        """The row of ``key``, needed at index ``k``, once :meth:`ready` returned None for it."""
+        self.fill(k)
+        flight = self._held.get(key)
+        if flight is None:  # ready() looked in the cache already
+            return await self._fetcher.fetch(key)
+        self._take(k, key)
+        await asyncio.shield(flight.future)
+        return flight.row(key)
+
+    def _take(self, k: int, key: RowKey) -> None:
         if self._last_use.get(key, k) <= k:
             del self._held[key]
             del self._last_use[key]
-        fetcher.cache.misses += 1  # read from storage, not served by the cache
-        return await asyncio.shield(fut)
+        self._fetcher.cache.misses += 1  # read from storage, not served by the cache
+
+
+class PromptReadAhead:
+    """Read-ahead across the prompts of one evaluation (module docstring, "read-ahead"): when a
+    prompt's session starts, the first windows of the next ``prompts`` prompts are asked for,
+    refilled by halves, so each refill is one request for several prompts and their rows arrive
+    while earlier prompts step.
+
+    Args:
+        aheads: the :class:`Lookahead` of every prompt (None: nothing known ahead), in the order
+            their sessions start.
+        prompts: prompts read ahead of the latest one started (0: none).
+    """
+
+    def __init__(self, aheads: Sequence[Lookahead | None], prompts: int) -> None:
+        if prompts < 0:
+            raise ValueError("prompts must be >= 0")
+        self._aheads = aheads
+        self._prompts = prompts
+        self._refill_below = max(1, prompts // 2)
+        self._end = 0  # aheads[:_end] were started
+
+    def started(self, i: int) -> None:
+        """Prompt ``i``'s session starts, its own window already asked for: the read-ahead is asked
+        for in the next loop iteration, so it travels in a request of its own after the one the
+        running sessions wait for (the fetcher sends what was asked in one iteration together)."""
+        if self._end - i <= self._refill_below:
+            end = min(len(self._aheads), i + 1 + self._prompts)
+            asyncio.get_running_loop().call_soon(self._fill, max(self._end, i + 1), end)
+            self._end = max(self._end, end)
+
+    def _fill(self, start: int, end: int) -> None:
+        for ahead in self._aheads[start:end]:
+            if ahead is not None:
+                ahead.fill(0)
 
 
 @dataclass
@@ -359,57 +469,78 @@ class Inference:
         fetcher: the node's shared fetcher.
         max_sessions: sessions stepping concurrently (more wait their turn).
         prefetch_depth: teacher-forced lookahead.
+        readahead_prompts: prompts of an evaluation whose first window is read before their
+            session starts (module docstring, "read-ahead"); 0 turns it off.
         device: where the sessions' activation state lives (module docstring, "Device").
     """
 
     def __init__(self, fetcher: RowFetcher, *, max_sessions: int = 64,
-                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, device: Device = "cpu") -> None:
-        if max_sessions < 1 or prefetch_depth < 0:
-            raise ValueError("max_sessions must be >= 1 and prefetch_depth >= 0")
+                 prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, readahead_prompts: int = DEFAULT_READAHEAD_PROMPTS,
+                 device: Device = "cpu") -> None:
+        if max_sessions < 1 or prefetch_depth < 0 or readahead_prompts < 0:
+            raise ValueError("max_sessions must be >= 1, prefetch_depth and readahead_prompts >= 0")
         self.fetcher = fetcher
         self.prefetch_depth = prefetch_depth
+        self.readahead_prompts = readahead_prompts
+        self.max_sessions = max_sessions
         self._slots = asyncio.Semaphore(max_sessions)
         self.steps = 0
         self.sessions = 0
         self.device: Device = device
         self._new_session: Callable[..., LifSession] = functools.partial(make_session, device)
 
-    async def _run(self, session: LifSession, lookahead: Sequence[RowKey]) -> LifSession:
+    async def _run(self, session: LifSession, ahead: Lookahead | None,
+                   readahead: PromptReadAhead | None = None, i: int = 0) -> None:
         async with self._slots:
             self.sessions += 1
-            steps = await drive_session(session, self.fetcher, lookahead, self.prefetch_depth)
+            if ahead is not None:
+                ahead.fill(0)  # its own window first: the read-ahead goes in the request after
+            if readahead is not None:
+                readahead.started(i)
+            steps = await drive_session(session, self.fetcher, ahead=ahead)
             self.steps += steps  # not `+= await`: that reads self.steps before the await
-        return session
+
+    def _lookahead(self, keys: Sequence[RowKey]) -> Lookahead | None:
+        return Lookahead(self.fetcher, keys, self.prefetch_depth) if keys and self.prefetch_depth else None
 
     async def evaluate(self, sentences: Sequence[EncodedSentence], flags: DelimiterFlags, constants: LifConstants,
                        mode: Mode = "teacher", *, seed_tokens: int = SEED_TOKENS) -> EvalReport:
-        """Top-1 accuracy (giaann-algorithm.md §7) of every prompt, all prompts concurrently;
-        the same counts as ``giaannd.model.evaluate.evaluate``."""
+        """Top-1 accuracy (giaann-algorithm.md §7) of every prompt, ``max_sessions`` sessions at once
+        in prompt order (the next prompts read ahead); the same counts as
+        ``giaannd.model.evaluate.evaluate``."""
         if mode not in ("teacher", "free"):
             raise ValueError(f"mode must be 'teacher' or 'free', got {mode!r}")
         t0 = time.perf_counter()
         result = EvalResult()
         kept = [s for s in sentences if len(s) >= seed_tokens + 1]
         result.skipped_short = len(sentences) - len(kept)
-        runs = []
+        prompts: list[tuple[LifSession, Lookahead | None]] = []
         for sent in kept:
             targets = list(zip(sent.column.tolist(), sent.feature.tolist()))
             session = self._new_session(targets, flags, constants, seed_tokens=seed_tokens,
                                         teacher_forced=(mode == "teacher"))
-            runs.append(self._run(session, targets if mode == "teacher" else ()))
+            # free running: only the seed tokens are known ahead
+            prompts.append((session, self._lookahead(targets if mode == "teacher" else targets[:seed_tokens])))
+        readahead = PromptReadAhead([ahead for _, ahead in prompts], self.readahead_prompts)
+        order = iter(range(len(prompts)))
+
+        async def worker() -> None:  # prompts start in order; a task per session slot, not per prompt
+            for i in order:
+                await self._run(*prompts[i], readahead, i)
+
         # a TaskGroup, not gather: one failed session cancels the others instead of orphaning them
         failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(run) for run in runs]
+                for _ in range(min(self.max_sessions, len(prompts))):
+                    group.create_task(worker())
         except ExceptionGroup as eg:  # callers handle the first failure as if a session raised it
             failure = eg.exceptions[0]
         if failure is not None:
             # raised outside the handler, so its context is not the group that holds it (a cycle)
             raise failure
-        sessions = [t.result() for t in tasks]
         report = EvalReport(result)
-        for sent, session in zip(kept, sessions):
+        for sent, (session, _) in zip(kept, prompts):
             result.prompts += 1
             result.steps += session.steps_run
             preds: list[RowKey | None] = []
@@ -432,5 +563,5 @@ class Inference:
         session = generation_session(prompt, flags, constants, max_new_tokens, self._new_session)
         if session is None:
             return []
-        await self._run(session, list(prompt))
+        await self._run(session, self._lookahead(list(prompt)))
         return continuation(session)

@@ -347,7 +347,8 @@ class ComputeService:
             self._fetcher = RowFetcher(inference_reader(client, fewest=self.settings.infer_read_fewest_nodes),
                                        self.cache)
             self._inference = Inference(self._fetcher, max_sessions=self.settings.max_sessions,
-                                        prefetch_depth=self._prefetch_depth, device=self.device)
+                                        prefetch_depth=self._prefetch_depth,
+                                        readahead_prompts=self.settings.infer_readahead_prompts, device=self.device)
         return self._inference
 
     # -- training (journaled jobs: durable_jobs.py) -------------------------------------------

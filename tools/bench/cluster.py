@@ -1,7 +1,7 @@
 """Compute-role benchmark: the loopback cluster against the single-process core, same run.
 
     python -m tools.bench.cluster [--sentences 2000] [--prompts 64] [--in-process] [--quick] [--inference-only]
-                                  [--repeat 5] [--json]
+                                  [--repeat 5] [--readahead 16] [--json]
 
 Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback, built by the cluster harness
 (tools/cluster_harness) — ``giaannd`` processes by default, or nodes inside this process (the
@@ -13,12 +13,17 @@ sentences, in the same run. Prints Markdown tables:
 1. training sentences/s: cluster (1 and 2 workers, with and without ``offload``) vs the core;
 2. bytes sent per sentence vs the coalescing window K (K = 1 is "uncoalesced": one batch per
    sentence, summed within the sentence only), and the coalescing ratio (pair increments / entries);
-3. inference steps/s (teacher-forced, train-set constants): one session at a time and 8 concurrent
-   sessions on the cluster vs the core's sequential sessions: the best of ``--repeat`` runs after an
-   untimed one, and "× core" the median ratio of each run to a core run just before it (paired:
-   the shared host's load moves both alike), next to issue 19's target; row-cache hit rate (rows a
-   session prefetched and held count as misses) and row requests (of the last run, each started
-   with a cold cache).
+3. inference steps/s (teacher-forced, train-set constants) on the cluster vs the core's sequential
+   sessions: the best of ``--repeat`` runs after an untimed one, and "× core" the median ratio of
+   each run to a core run just before it (paired: the shared host's load moves both alike), next to
+   issue 19's target; row-cache hit rate (rows a session prefetched and held count as misses) and
+   row requests (of the last run, each started with a cold cache). Runners: "1 session, eval of all
+   prompts" is what ``POST /v1/eval`` runs with ``compute.max-sessions = 1`` (``Inference.evaluate``
+   of every prompt: the next prompts are read ahead, ``compute.infer-readahead-prompts``); "one
+   prompt per call" is a caller sending one prompt per request (``evaluate([prompt])``, the former
+   "1 session at a time": nothing to read ahead); "8 concurrent sessions" is the eval path with
+   ``max-sessions = 8``. ``--readahead 0,16`` alternates read-ahead values run by run (a
+   before/after in one run).
 
 ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead
 of the tables.
@@ -105,7 +110,8 @@ def core_rate(sentences: list[TaggedSentence]) -> tuple[float, Engine]:
 
 async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSentence], n_prompts: int, tmp: Path,
                 mode: str, quick: bool, full: bool, inference_only: bool = False,
-                repeat: int = 3) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+                repeat: int = 3, readaheads: Sequence[int] = (ComputeConfig().infer_readahead_prompts,),
+                ) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
     """Training rows (and, when ``full``, the bytes-vs-K and inference tables) on one cluster;
     ``inference_only``: one training pass, then the inference table alone."""
     svc = ComputeService(ComputeConfig(row_cache_bytes=256 << 20), tmp / f"compute-r{replicas}", storage=client)
@@ -128,7 +134,8 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
                          f"{rate:,.0f}", f"{core:,.0f}", f"{rate / core:.2f}"])
             if full and workers == 1 and not offload:
                 # inference on the state of exactly one training pass (before the others add to it)
-                infer_rows = await bench_inference(client, svc, engine, sentences[:n_prompts], repeat)
+                infer_rows = await bench_inference(client, svc, engine, sentences[:n_prompts], repeat,
+                                                   readaheads)
         if full and not inference_only:
             # the compute side alone: the same pipeline against storage that acknowledges at once
             core, _ = core_rate(sentences)
@@ -151,18 +158,29 @@ async def bench(client: StorageClient, replicas: int, sentences: list[TaggedSent
     return rows, krows, infer_rows
 
 
-#: Issue 19 item 2's targets, × the core in the same run, per inference runner.
-INFERENCE_TARGETS = {"1 session at a time, cache": ">= 0.6", "1 session at a time, no cache": ">= 0.3",
-                     "8 concurrent sessions, cache": ">= 0.8", "8 concurrent sessions, no cache": ">= 0.8"}
+#: Issue 19 item 2's targets, × the core in the same run, per inference runner: "one session" is
+#: an evaluation run one session at a time (``compute.max-sessions = 1``: the eval path, whose
+#: prompts are known, so read ahead); "one prompt per call" is a caller that sends its prompts one
+#: request at a time (nothing to read ahead), shown beside it against the same targets.
+INFERENCE_RUNNERS: tuple[tuple[str, int, int, bool, str], ...] = (
+    ("1 session, eval of all prompts, cache", 1, 256 << 20, False, ">= 0.6"),
+    ("1 session, eval of all prompts, no cache", 1, 0, False, ">= 0.3"),
+    ("1 session, one prompt per call, cache", 1, 256 << 20, True, ">= 0.6"),
+    ("1 session, one prompt per call, no cache", 1, 0, True, ">= 0.3"),
+    ("8 concurrent sessions, cache", 8, 256 << 20, False, ">= 0.8"),
+    ("8 concurrent sessions, no cache", 8, 0, False, ">= 0.8"),
+)
 
 
 async def bench_inference(client: StorageClient, svc: ComputeService, engine: Engine,
-                          prompts: list[TaggedSentence], repeat: int = 3) -> list[list[str]]:
+                          prompts: list[TaggedSentence], repeat: int = 3,
+                          readaheads: Sequence[int] = (ComputeConfig().infer_readahead_prompts,)) -> list[list[str]]:
     """The inference table, after one untimed pass of each runner (the storage nodes' first reads
     of the trained rows, the connections). Each timed run of a cluster runner is paired with a run
     of the core just before it, and "× core" is the median of the pairs' ratios: on this shared
     VM a neighbour's burst moves the core's own rate by 2× within a minute, so a ratio of two bests
-    taken seconds apart measured the neighbours more than the fetch path (issue 19)."""
+    taken seconds apart measured the neighbours more than the fetch path (issue 19). Several
+    ``readaheads`` (``compute.infer-readahead-prompts``) are alternated run by run, one row each."""
     encoded = engine.encode_prompts(prompts)
     assigner = await svc.prompt_assigner()
     ref = engine.evaluate(encoded)
@@ -174,35 +192,38 @@ async def bench_inference(client: StorageClient, svc: ComputeService, engine: En
 
     core_best = 0.0
     rows: list[list[str]] = []
-    for label, sessions, cache_bytes, one_at_a_time in (
-            ("1 session at a time, cache", 1, 256 << 20, True),
-            ("1 session at a time, no cache", 1, 0, True),
-            ("8 concurrent sessions, cache", 8, 256 << 20, False),
-            ("8 concurrent sessions, no cache", 8, 0, False)):
-        rate = 0.0
-        ratios: list[float] = []
+    for label, sessions, cache_bytes, per_call, target in INFERENCE_RUNNERS:
+        rate = dict.fromkeys(readaheads, 0.0)
+        ratios: dict[int, list[float]] = {r: [] for r in readaheads}
+        last: dict[int, RowFetcher] = {}
         for i in range(repeat + 1):
-            core = core_run()
-            core_best = max(core_best, core)
-            # read as the compute service reads (its default grouping); each run starts cold
-            fetcher = RowFetcher(inference_reader(client, fewest=ComputeConfig().infer_read_fewest_nodes),
-                                 RowCache(cache_bytes))
-            inference = Inference(fetcher, max_sessions=sessions)
-            t0 = time.perf_counter()
-            if one_at_a_time:
-                matches = 0
-                for e in encoded:
-                    matches += (await inference.evaluate([e], assigner, TRAIN_SET)).result.matches
-            else:
-                matches = (await inference.evaluate(encoded, assigner, TRAIN_SET)).result.matches
-            dt = time.perf_counter() - t0
-            if matches != ref.matches:
-                raise AssertionError(f"cluster top-1 matches {matches} != core {ref.matches}")
-            if i:  # the first run warms up
-                rate = max(rate, inference.steps / dt)
-                ratios.append(inference.steps / dt / core)
-        rows.append([f"cluster, {label}", f"{rate:,.0f}", f"{statistics.median(ratios):.2f}", INFERENCE_TARGETS[label],
-                     f"{fetcher.cache.stats()['hit_rate']:.2f}", str(fetcher.requests)])
+            for readahead in readaheads:
+                core = core_run()
+                core_best = max(core_best, core)
+                # read as the compute service reads (its default grouping); each run starts cold
+                fetcher = RowFetcher(inference_reader(client, fewest=ComputeConfig().infer_read_fewest_nodes),
+                                     RowCache(cache_bytes))
+                inference = Inference(fetcher, max_sessions=sessions, readahead_prompts=readahead)
+                t0 = time.perf_counter()
+                if per_call:
+                    matches = 0
+                    for e in encoded:
+                        matches += (await inference.evaluate([e], assigner, TRAIN_SET)).result.matches
+                else:
+                    matches = (await inference.evaluate(encoded, assigner, TRAIN_SET)).result.matches
+                dt = time.perf_counter() - t0
+                if matches != ref.matches:
+                    raise AssertionError(f"cluster top-1 matches {matches} != core {ref.matches}")
+                if i:  # the first run warms up
+                    rate[readahead] = max(rate[readahead], inference.steps / dt)
+                    ratios[readahead].append(inference.steps / dt / core)
+                last[readahead] = fetcher
+        for readahead in readaheads:
+            name = f"cluster, {label}" + (f", read-ahead {readahead}" if len(readaheads) > 1 and not per_call else "")
+            if per_call and readahead != readaheads[-1]:
+                continue  # one prompt per call has nothing to read ahead: one row
+            rows.append([name, f"{rate[readahead]:,.0f}", f"{statistics.median(ratios[readahead]):.2f}", target,
+                         f"{last[readahead].cache.stats()['hit_rate']:.2f}", str(last[readahead].requests)])
     return [["single-process core, sequential (best run)", f"{core_best:,.0f}", "1.00", "-", "-", "-"], *rows]
 
 
@@ -215,9 +236,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5,
                     help="timed inference runs, each paired with a core run (median ratio), after a warm-up")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
+    ap.add_argument("--readahead", default=str(ComputeConfig().infer_readahead_prompts),
+                    help="compute.infer-readahead-prompts for the inference runners; a comma list (e.g. 0,8) "
+                         "alternates the values run by run, one row each (a before/after in one run)")
     ap.add_argument("--inference-only", action="store_true",
                     help="train once (R=3), then only the inference table (iterating on the fetch path)")
     args = ap.parse_args()
+    readaheads = [int(r) for r in args.readahead.split(",")]
     sentences = load_bundled_corpus(args.sentences)
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-cluster-"))
     mode = "in-process storage" if args.in_process else "3 storage processes"
@@ -227,7 +252,7 @@ def main() -> None:
     async def one(replicas: int, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
         async with storage_cluster(tmp / f"r{replicas}", replicas, in_process=args.in_process) as cluster:
             return await bench(cluster.client, replicas, sentences, args.prompts, tmp, mode, args.quick, full,
-                               args.inference_only, args.repeat)
+                               args.inference_only, args.repeat, readaheads)
 
     try:
         rows, krows, infer_rows = asyncio.run(one(3, True))
