@@ -17,49 +17,25 @@ reads back.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
 from numpy.typing import NDArray
 
+from giaannd import madvise
+
 __all__ = ["MADV_POPULATE_WRITE", "Prefault"]
 
 #: ``<linux/mman.h>``; not in Python's ``mmap`` module before 3.13's constants.
 MADV_POPULATE_WRITE: Final = 23
-_PAGE: Final = mmap.PAGESIZE
-
-
-def _madvise() -> Any:
-    """libc's ``madvise`` through ctypes (GIL released), None where there is no libc to load."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MADVISE: Final = _madvise() if os.name == "posix" else None
 
 
 def populate(arr: NDArray[Any], a: int, b: int) -> bool:
     """Map (writable) the whole pages of elements ``[a, b)`` of the contiguous ``arr``; False when
     the kernel refused (then nothing was done)."""
-    if _MADVISE is None:
-        return False
-    item = arr.itemsize
-    start = arr.ctypes.data + a * item
-    end = arr.ctypes.data + b * item
-    first = -(-start // _PAGE) * _PAGE  # whole pages only: the edges are faulted by the receives
-    last = end // _PAGE * _PAGE
-    if last <= first:
-        return True
-    return bool(_MADVISE(first, last - first, MADV_POPULATE_WRITE) == 0)
+    base = arr.ctypes.data
+    return madvise.advise(base + a * arr.itemsize, base + b * arr.itemsize, MADV_POPULATE_WRITE)
 
 
 class Prefault:

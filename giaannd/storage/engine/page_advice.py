@@ -23,13 +23,13 @@ a no-op. A failing ``madvise`` changes nothing but speed, so its result is not c
 
 from __future__ import annotations
 
-import ctypes
 import mmap
-import sys
 from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
+
+from giaannd import madvise
 
 __all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer"]
 
@@ -37,33 +37,12 @@ __all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer"]
 HUGE_BUFFER_BYTES: Final = 4 << 20
 _MADV_HUGEPAGE: Final = getattr(mmap, "MADV_HUGEPAGE", 14)
 _MADV_NOHUGEPAGE: Final = getattr(mmap, "MADV_NOHUGEPAGE", 15)
-_PAGE: Final = mmap.PAGESIZE
-
-
-def _libc_madvise() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_madvise = _libc_madvise()
 
 
 def _advise(buf: NDArray[Any], advice: int) -> None:
     """``madvise`` the whole pages inside ``buf``'s memory (none for a small buffer)."""
-    if _madvise is None or buf.nbytes < HUGE_BUFFER_BYTES:
-        return
-    start = buf.ctypes.data
-    lo = -(-start // _PAGE) * _PAGE
-    hi = (start + buf.nbytes) // _PAGE * _PAGE
-    if hi > lo:
-        _madvise(lo, hi - lo, advice)
+    if buf.nbytes >= HUGE_BUFFER_BYTES:
+        madvise.advise(buf.ctypes.data, buf.ctypes.data + buf.nbytes, advice)
 
 
 def filled_buffer(dtype: Any, count: int) -> NDArray[Any]:

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.storage.engine import page_advice
+from giaannd import madvise
 from giaannd.storage.engine.page_advice import HUGE_BUFFER_BYTES, allow_huge_pages, filled_buffer
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or page_advice._madvise is None,  # noqa: SLF001
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE,
                                 reason="madvise from the C library (Linux)")
 
 

@@ -1,0 +1,50 @@
+"""The C library's ``madvise`` over the whole pages of a byte range, through ctypes.
+
+Python's ``mmap.madvise`` only takes mappings made by ``mmap`` itself and holds the GIL; numpy's
+buffers come from the allocator, and ``MADV_POPULATE_WRITE`` can take as long as the copy it
+prepares, so both callers (giaannd/storage/engine/page_advice.py: huge pages after a bulk load;
+giaannd/client/prefault.py: pages mapped ahead of a large read) go through libc, whose call
+releases the GIL. Linux with glibc only: elsewhere ``AVAILABLE`` is False and ``advise`` does
+nothing and returns False.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+from typing import Any, Final
+
+__all__ = ["AVAILABLE", "PAGE", "advise"]
+
+PAGE: Final = mmap.PAGESIZE
+
+
+def _libc_madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE: Final = _libc_madvise()
+#: Whether ``advise`` reaches the kernel here.
+AVAILABLE: Final = _MADVISE is not None
+
+
+def advise(start: int, end: int, advice: int) -> bool:
+    """``madvise(advice)`` the whole pages inside the addresses ``[start, end)`` (the partial pages
+    at the edges are left out); True if the kernel accepted it or there was no whole page, False
+    if it refused or there is no ``madvise`` here."""
+    if _MADVISE is None:
+        return False
+    lo = -(-start // PAGE) * PAGE
+    hi = end // PAGE * PAGE
+    if hi <= lo:
+        return True
+    return bool(_MADVISE(lo, hi - lo, advice) == 0)
