@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +29,8 @@ from giaannd.logs import configure_logging
 from giaannd.service import Service
 
 __all__ = ["loop_factory", "main"]
+
+log = logging.getLogger(__name__)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -92,12 +96,16 @@ def _show(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, extra_services: Sequence[Service]) -> int:
     cfg = _load(args)
     configure_logging(cfg.logging.level, cfg.logging.format)
+    # (the first line of a start: a restart's timeline counts from it, tools/bench/restart.py)
+    log.info("starting giaannd version=%s pid=%d roles=%s", __version__, os.getpid(),
+             ",".join(cfg.node.roles) or "-")
     # Imported here: the runtime pulls in the data plane, which `giaannd config show` never needs.
     from giaannd.runtime.node import NodeRuntime
     from giaannd.services.membership import MembershipService
 
     runtime = NodeRuntime(cfg)
     role_services, unavailable = build_role_services(cfg, runtime)
+    log.info("services built roles=%s", ",".join(cfg.node.roles) or "-")
 
     async def _main() -> int:
         # Start order: runtime (keys, listeners), membership (join), extras, roles; stop is

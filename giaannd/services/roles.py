@@ -24,14 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from giaannd.compute.eval_wire import EvalPeers, share_server
-from giaannd.compute.routes import STORAGE_ERRORS
-from giaannd.compute.service import ComputeService
 from giaannd.storage.engine.snapshot import remove_temporaries
 from giaannd.storage.rebalance.daemon import StorageTopology
 from giaannd.storage.replication.service import STORE_DIR, StorageService
 
 if TYPE_CHECKING:
+    from giaannd.compute.service import ComputeService
     from giaannd.config import Config
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
@@ -96,6 +94,11 @@ def create_compute_service(config: Config, runtime: NodeRuntime | None) -> Compu
     spread evaluation's shares over the runtime's data plane both ways (giaannd/compute/eval_wire.py):
     ``eval_peers`` names the alive compute members at eval time, and this node serves the shares
     other nodes send it (until the runtime stops)."""
+    # Imported here: a storage-only daemon never loads the compute role's modules (start-up time).
+    from giaannd.compute.eval_wire import EvalPeers, share_server
+    from giaannd.compute.routes import STORAGE_ERRORS
+    from giaannd.compute.service import ComputeService
+
     service = ComputeService.from_config(config, storage_factory=lambda ctx: runtime.storage_client()
                                          if runtime is not None else None)
     if runtime is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,13 @@ def test_cli_loop_factory_prefers_uvloop_and_falls_back(monkeypatch: pytest.Monk
     assert cli.loop_factory() is uvloop.new_event_loop
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import now raises ImportError
     assert cli.loop_factory() is asyncio.new_event_loop
+
+
+def test_storage_role_module_imports_no_compute_module() -> None:
+    """A storage-only daemon imports the role adapters (``giaannd.services.roles``) but none of the
+    compute role's modules: they are imported by the compute factory (start-up time)."""
+    code = ("import sys, giaannd.services.roles\n"
+            "print(sorted(m for m in sys.modules if m.startswith('giaannd.compute')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,51 @@
+"""The restart benchmark's pure parts (tools/bench/restart.py): the timeline read from a daemon's
+log, and the store it builds. The run itself starts daemons and is exercised by running the bench."""
+
+from datetime import datetime
+
+import pytest
+
+from giaannd.storage import DurableStore
+from giaannd.storage.replication.service import STORE_DIR
+from tools.bench import restart
+
+LOG = """\
+2026-11-28 10:00:00,000 INFO giaannd.cli: starting giaannd version=0.1.0 pid=1 roles=storage
+2026-11-28 10:00:01,000 INFO giaannd.daemon: ready node=st node_id=x roles=storage
+2026-11-28 10:00:05,250 INFO giaannd.cli: starting giaannd version=0.1.0 pid=2 roles=storage
+2026-11-28 10:00:06,500 INFO giaannd.cli: services built roles=storage
+  a continuation line of a traceback
+2026-11-28 10:00:06,600 INFO giaannd.daemon: admin api listening address=127.0.0.1:1
+2026-11-28 10:00:06,700 INFO giaannd.runtime.node: data plane listening addresses=tcp://x
+2026-11-28 10:00:06,800 INFO giaannd.services.membership: joined cluster seeds=h:1 answered=1 members=2
+2026-11-28 10:00:06,850 INFO giaannd.services.ring_sync: ring synced at start answered=1 digest=00 active=a
+2026-11-28 10:00:08,000 INFO giaannd.storage.replication.service: storage recovered dir=/d snapshot_seq=3 \
+replayed=2 torn_bytes=0 hints=0 snapshot_bytes=9 snapshot_load_s=1.250 log_bytes=5 replay_s=0.500
+2026-11-28 10:00:08,010 INFO giaannd.daemon: ready node=st node_id=x roles=storage
+"""
+
+
+def test_timeline_reads_this_starts_lines_in_seconds_since_exec():
+    exec_at = datetime(2026, 11, 28, 10, 0, 5).timestamp()  # after the first start's lines
+    got = restart.timeline(LOG, exec_at)
+    assert got == pytest.approx({
+        "imports + config": 0.25, "roles built": 1.5, "admin up": 1.6,
+        "listeners up": 1.7, "joined": 1.8, "ring synced": 1.85, "recovered": 3.0, "ready": 3.01,
+        "snapshot_load_s": 1.25, "replay_s": 0.5})
+
+
+def test_timeline_of_a_start_without_some_lines_leaves_them_out():
+    exec_at = datetime(2026, 11, 28, 9, 59, 59).timestamp()
+    got = restart.timeline(LOG.splitlines()[0] + "\n" + LOG.splitlines()[1], exec_at)
+    assert got == pytest.approx({"imports + config": 1.0, "ready": 2.0})
+
+
+def test_build_store_snapshots_then_logs(tmp_path):
+    held, logged = restart.build_store(tmp_path / STORE_DIR, 100_000, 0.2)
+    assert held >= 100_000 and logged >= 20_000
+    store = DurableStore.open(tmp_path / STORE_DIR, 1 << 40)
+    try:
+        assert store.recovery.snapshot_seq > 0 and store.recovery.records_replayed > 0
+        assert store.store.usage().num_entries == held
+    finally:
+        store.close()
