@@ -130,12 +130,22 @@ class RowCache:
         self.bytes = 0
         self.generation = 0
         self.hits = self.misses = self.evictions = self.invalidations = 0
+        #: lookups neither served by the cache nor reading storage: their row came from a read made
+        #: for another lookup (joined in flight, or held by a session since an earlier step)
+        self.in_flight_joins = 0
         self._rows: OrderedDict[RowKey, Row] = OrderedDict()
 
     def get(self, key: RowKey) -> Row | None:
-        row = self._rows.get(key)
+        """The cached row of ``key`` (a hit), else None counted as a miss."""
+        row = self.find(key)
         if row is None:
             self.misses += 1
+        return row
+
+    def find(self, key: RowKey) -> Row | None:
+        """As :meth:`get`, but a None is not counted: the caller counts a miss or a join."""
+        row = self._rows.get(key)
+        if row is None:
             return None
         self._rows.move_to_end(key)
         self.hits += 1
@@ -180,11 +190,12 @@ class RowCache:
         self.bytes = 0
 
     def stats(self) -> dict[str, Any]:
-        lookups = self.hits + self.misses
+        lookups = self.hits + self.misses + self.in_flight_joins
         return {"rows": len(self._rows), "bytes": self.bytes, "max_bytes": self.max_bytes,
-                "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "invalidations": self.invalidations,
-                "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0}
+                "hits": self.hits, "misses": self.misses, "in_flight_joins": self.in_flight_joins,
+                "evictions": self.evictions, "invalidations": self.invalidations,
+                "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
+                "join_rate": round(self.in_flight_joins / lookups, 4) if lookups else 0.0}
 
 
 class _Flight:
@@ -236,20 +247,26 @@ class RowFetcher:
         Raises:
             ReadFailed / StorageRequestError: every replica failed.
         """
-        row = self.cache.get(key)
+        row = self.cache.find(key)
         if row is not None:
             return row
         return await self.fetch(key)
 
     async def fetch(self, key: RowKey) -> Row:
-        """As :meth:`get` without looking in the cache (the caller just did)."""
+        """As :meth:`get` without looking in the cache (the caller just did); counts the lookup as a
+        miss, or as a join when a read of ``key`` is already in flight."""
+        if key in self._pending:
+            self.cache.in_flight_joins += 1
+        else:
+            self.cache.misses += 1
         flight = self._flight(key)
         await asyncio.shield(flight.future)
         return flight.row(key)
 
-    def prefetch(self, keys: Iterable[RowKey]) -> dict[RowKey, _Flight]:
-        """Start fetching rows not cached (keys in flight join their read); never waits, never
-        raises (a failure is raised by awaiting the read, or by ``get``).
+    def prefetch(self, keys: Iterable[RowKey], joined: set[RowKey] | None = None) -> dict[RowKey, _Flight]:
+        """Start fetching rows not cached (keys in flight join their read, and are added to
+        ``joined``); never waits, never raises (a failure is raised by awaiting the read, or by
+        ``get``).
 
         Returns:
             the read of every key not cached, for the caller to hold until it uses the row.
@@ -263,6 +280,8 @@ class RowFetcher:
             if flight is None:
                 self.prefetched += 1
                 flight = self._flight(key)
+            elif joined is not None:
+                joined.add(key)
             out[key] = flight
         return out
 
@@ -369,6 +388,7 @@ class Lookahead:
         self._refill_below = max(1, depth // 2)
         self._end = 0  # keys[:_end] were prefetched
         self._held: dict[RowKey, _Flight] = {}
+        self._joined: set[RowKey] = set()  # held keys whose read was made for another lookup
         self._last_use: dict[RowKey, int] = {}  # the last index of the window that needs each held key
         self._generation = fetcher.cache.generation
 
@@ -378,6 +398,7 @@ class Lookahead:
         fetcher = self._fetcher
         if fetcher.cache.generation != self._generation:  # an invalidation since: hold nothing older
             self._held.clear()
+            self._joined.clear()
             self._last_use.clear()
             self._end = min(self._end, k)
             self._generation = fetcher.cache.generation
@@ -385,7 +406,11 @@ class Lookahead:
             start = max(self._end, k)
             self._end = min(len(self._keys), k + self._depth)
             window = self._keys[start:self._end]
-            self._held.update(fetcher.prefetch(window))
+            joined: set[RowKey] = set()
+            fetched = fetcher.prefetch(window, joined)
+            joined.difference_update(self._held)  # in flight since this session's earlier window: its own read
+            self._joined |= joined
+            self._held.update(fetched)
             for i, w in enumerate(window, start):
                 self._last_use[w] = i
 
@@ -395,7 +420,7 @@ class Lookahead:
         self.fill(k)
         flight = self._held.get(key)
         if flight is None:  # cached when the window was asked for (or not the known token)
-            return self._fetcher.cache.get(key)
+            return self._fetcher.cache.find(key)  # a None is counted by row()
         if flight.batch is None:
             return None
         self._take(k, key)
@@ -412,10 +437,18 @@ class Lookahead:
         return flight.row(key)
 
     def _take(self, k: int, key: RowKey) -> None:
+        cache = self._fetcher.cache
+        joined = self._joined
+        if key in joined:  # another lookup's read (or this session's, for an earlier step)
+            cache.in_flight_joins += 1
+        else:  # read from storage for this lookup
+            cache.misses += 1
         if self._last_use.get(key, k) <= k:
             del self._held[key]
             del self._last_use[key]
-        self._fetcher.cache.misses += 1  # read from storage, not served by the cache
+            joined.discard(key)
+        else:  # a later step takes the same read again
+            joined.add(key)
 
 
 class PromptReadAhead:

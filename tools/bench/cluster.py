@@ -16,7 +16,8 @@ sentences, in the same run. Prints Markdown tables:
 3. inference steps/s (teacher-forced, train-set constants) on the cluster vs the core's sequential
    sessions: the best of ``--repeat`` runs after an untimed one, and "× core" the median ratio of
    each run to a core run just before it (paired: the shared host's load moves both alike), next to
-   issue 19's target; row-cache hit rate (rows a session prefetched and held count as misses) and
+   issue 19's target; row lookups as "hit / joined / read" rates (joined: served by a read made for
+   another lookup, in flight or held by the session since an earlier step; read: a miss) and
    row requests (of the last run, each started with a cold cache). Runners: "1 session, eval of all
    prompts" is what ``POST /v1/eval`` runs with ``compute.max-sessions = 1`` (``Inference.evaluate``
    of every prompt: the next prompts are read ahead, ``compute.infer-readahead-prompts``); "one
@@ -42,6 +43,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.infer import Inference, RowCache, RowFetcher, inference_reader
@@ -172,6 +174,13 @@ INFERENCE_RUNNERS: tuple[tuple[str, int, int, bool, str], ...] = (
 )
 
 
+def _lookups(stats: dict[str, Any]) -> str:
+    """A row cache's lookups as "hit / joined / read" rates (RowCache.stats)."""
+    lookups = stats["hits"] + stats["misses"] + stats["in_flight_joins"]
+    return "-" if not lookups else (f"{stats['hit_rate']:.2f} / {stats['join_rate']:.2f} / "
+                                    f"{stats['misses'] / lookups:.2f}")
+
+
 async def bench_inference(client: StorageClient, svc: ComputeService, engine: Engine,
                           prompts: list[TaggedSentence], repeat: int = 3,
                           readaheads: Sequence[int] = (ComputeConfig().infer_readahead_prompts,)) -> list[list[str]]:
@@ -223,7 +232,7 @@ async def bench_inference(client: StorageClient, svc: ComputeService, engine: En
             if per_call and readahead != readaheads[-1]:
                 continue  # one prompt per call has nothing to read ahead: one row
             rows.append([name, f"{rate[readahead]:,.0f}", f"{statistics.median(ratios[readahead]):.2f}", target,
-                         f"{last[readahead].cache.stats()['hit_rate']:.2f}", str(last[readahead].requests)])
+                         _lookups(last[readahead].cache.stats()), str(last[readahead].requests)])
     return [["single-process core, sequential (best run)", f"{core_best:,.0f}", "1.00", "-", "-", "-"], *rows]
 
 
@@ -261,7 +270,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     infer_title = f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)"
-    infer_header = ["runner", "steps/s", "× core", "target", "row-cache hit rate", "row requests"]
+    infer_header = ["runner", "steps/s", "× core", "target", "row lookups: hit / joined / read", "row requests"]
     if args.json:
         for r in rows:
             emit_figure(f"training {r[0]}: x core", float(r[3]))

@@ -144,8 +144,11 @@ async def test_row_fetcher_batches_single_flight_and_caches():
     rows = await asyncio.gather(f.get((1, 0)), f.get((2, 0)), f.get((1, 0)), f.get((3, 0)))
     assert len(calls) == 1 and sorted(calls[0]) == [(1, 0), (2, 0), (3, 0)]
     assert rows[0].strength.tolist() == [1.0] and len(rows[3]) == 0  # absent row: empty
+    # the second (1, 0) joined the read in flight: not a miss (issue 19: it made the hit rate fall)
+    assert (f.cache.misses, f.cache.in_flight_joins, f.cache.hits) == (3, 1, 0)
     await f.get((3, 0))
     assert len(calls) == 1  # absent rows are cached too
+    assert f.cache.stats()["hits"] == 1 and f.cache.stats()["join_rate"] == 0.2
     f.prefetch([(1, 0), (4, 0)])
     await asyncio.sleep(0.01)
     assert calls[-1] == [(4, 0)]
