@@ -111,9 +111,47 @@ def inference_reader(client: _RowReader, *, fewest: bool) -> ReadRows:
     return read
 
 
+#: A reply is cached as one shared block (its rows views of one compact copy) when the block is at
+#: most this fraction of the cache's bound; a larger one is cached row by row (compact copies), so
+#: one reply cannot take the cache whole.
+SHARED_BLOCK_FRACTION: Final = 8
+
+
 def _own(row: Row) -> Row:
     """A compact copy (a fetched row is a view into a whole reply's buffers)."""
     return Row(row.segment.copy(), row.target_column.copy(), row.target_feature.copy(), row.strength.copy())
+
+
+def _compact(batch: RowBatch) -> RowBatch:
+    """``batch`` with its entry arrays copied compact (a reply's may be views of a larger receive
+    buffer); one copy per array, not per row."""
+    return RowBatch(batch.row_column, batch.row_feature, batch.offsets, batch.segment.copy(),
+                    batch.target_column.copy(), batch.target_feature.copy(), batch.strength.copy())
+
+
+def _rows_of(batch: RowBatch) -> dict[RowKey, Row]:
+    """Every row of ``batch`` by key, as views of its arrays, in one pass (Python ints from
+    ``tolist``, not a numpy scalar per offset)."""
+    seg, col, feat, strength = batch.segment, batch.target_column, batch.target_feature, batch.strength
+    off = batch.offsets.tolist()
+    return {key: Row(seg[a:b], col[a:b], feat[a:b], strength[a:b])
+            for key, a, b in zip(zip(batch.row_column.tolist(), batch.row_feature.tolist()), off, off[1:])}
+
+
+def _entry_nbytes(batch: RowBatch) -> int:
+    return int(batch.segment.nbytes + batch.target_column.nbytes + batch.target_feature.nbytes
+               + batch.strength.nbytes)
+
+
+class _Block:
+    """The entry arrays of one reply, shared by the cached rows that are views of them: charged to
+    the cache once, while at least one of its rows is cached."""
+
+    __slots__ = ("nbytes", "rows")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.rows = 0
 
 
 class RowCache:
@@ -134,6 +172,7 @@ class RowCache:
         #: for another lookup (joined in flight, or held by a session since an earlier step)
         self.in_flight_joins = 0
         self._rows: OrderedDict[RowKey, Row] = OrderedDict()
+        self._blocks: dict[RowKey, _Block] = {}  # the shared reply of each cached row that is a view of one
 
     def get(self, key: RowKey) -> Row | None:
         """The cached row of ``key`` (a hit), else None counted as a miss."""
@@ -161,22 +200,69 @@ class RowCache:
         size = row.nbytes + ROW_OVERHEAD_BYTES
         if size > self.max_bytes:
             return
-        old = self._rows.pop(key, None)
-        if old is not None:
-            self.bytes -= old.nbytes + ROW_OVERHEAD_BYTES
+        self._remove(key)
         self._rows[key] = row
         self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, dropped = self._rows.popitem(last=False)
-            self.bytes -= dropped.nbytes + ROW_OVERHEAD_BYTES
+        self._evict()
+
+    def put_reply(self, keys: Iterable[RowKey], rows: dict[RowKey, Row], batch: RowBatch, generation: int) -> None:
+        """Cache the row of every key (empty if ``rows`` lacks it), ``rows`` being views of
+        ``batch``'s compact entry arrays: charged once for the arrays (a :class:`_Block`, freed with
+        its last row) instead of a copy per row. A block over ``max_bytes / SHARED_BLOCK_FRACTION``
+        is cached row by row (compact copies)."""
+        if generation != self.generation or self.max_bytes == 0:
+            return
+        nbytes = _entry_nbytes(batch)
+        if nbytes > self.max_bytes // SHARED_BLOCK_FRACTION:
+            for key in keys:
+                row = rows.get(key)
+                self.put(key, _EMPTY if row is None else _own(row), generation)
+            return
+        block = _Block(nbytes)
+        self.bytes += nbytes
+        cached, blocks = self._rows, self._blocks
+        for key in keys:
+            self._remove(key)
+            row = rows.get(key)
+            if row is None:
+                row = _EMPTY
+            else:
+                blocks[key] = block
+                block.rows += 1
+            cached[key] = row
+            self.bytes += ROW_OVERHEAD_BYTES
+        if block.rows == 0:
+            self.bytes -= nbytes
+        self._evict()
+
+    def _remove(self, key: RowKey) -> bool:
+        """Uncache ``key`` (its block's bytes go with the block's last row); whether it was cached."""
+        row = self._rows.pop(key, None)
+        if row is None:
+            return False
+        self._uncharge(key, row)
+        return True
+
+    def _uncharge(self, key: RowKey, row: Row) -> None:
+        block = self._blocks.pop(key, None)
+        if block is None:
+            self.bytes -= row.nbytes + ROW_OVERHEAD_BYTES
+            return
+        self.bytes -= ROW_OVERHEAD_BYTES
+        block.rows -= 1
+        if block.rows == 0:
+            self.bytes -= block.nbytes
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._rows:
+            key, dropped = self._rows.popitem(last=False)
+            self._uncharge(key, dropped)
             self.evictions += 1
 
     def invalidate(self, keys: Iterable[RowKey]) -> None:
         self.generation += 1
         for key in keys:
-            row = self._rows.pop(key, None)
-            if row is not None:
-                self.bytes -= row.nbytes + ROW_OVERHEAD_BYTES
+            if self._remove(key):
                 self.invalidations += 1
 
     def invalidate_batch(self, batch: RowBatch) -> None:
@@ -187,6 +273,7 @@ class RowCache:
         self.generation += 1
         self.invalidations += len(self._rows)
         self._rows.clear()
+        self._blocks.clear()
         self.bytes = 0
 
     def stats(self) -> dict[str, Any]:
@@ -199,24 +286,22 @@ class RowCache:
 
 
 class _Flight:
-    """One read of the fetcher: the keys it asked for, then the reply (``batch`` is set, before
-    ``future`` completes, only when the read succeeded). One future per read, not per key: a
-    waiter awaits the read and takes its row from the reply."""
+    """One read of the fetcher: the keys it asked for, then the reply's rows (``rows`` is set,
+    before ``future`` completes, only when the read succeeded). One future per read, not per key: a
+    waiter awaits the read and takes its row from the reply; each row is built once per read."""
 
-    __slots__ = ("at", "batch", "future", "keys")
+    __slots__ = ("future", "keys", "rows")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.keys: list[RowKey] = []
-        self.batch: RowBatch | None = None
-        self.at: dict[RowKey, int] = {}
+        self.rows: dict[RowKey, Row] | None = None
 
     def row(self, key: RowKey) -> Row:
         """The row of ``key`` (empty if storage has none) as views into the reply; only once the
         read succeeded."""
-        assert self.batch is not None
-        i = self.at.get(key)
-        return _EMPTY if i is None else self.batch.row(i)
+        assert self.rows is not None
+        return self.rows.get(key, _EMPTY)
 
 
 _EMPTY: Final = Row.empty()
@@ -325,17 +410,18 @@ class RowFetcher:
                 return
             flight.future.cancel()
             raise
-        # one dict of the reply's keys (tolist: no numpy scalar per row); a row is a view of the
-        # reply unless it is cached (a cached view would pin the whole reply: copied compact)
-        flight.at = {key: i for i, key in enumerate(zip(batch.row_column.tolist(), batch.row_feature.tolist()))}
-        flight.batch = batch
-        self.rows_fetched += len(flight.at)
+        # the reply's rows built once, as views; cached, they are views of one compact copy of the
+        # reply (a view of the reply itself could pin a larger receive buffer), charged once
+        cache = self.cache
+        caching = cache.max_bytes > 0 and generation == cache.generation
+        if caching:
+            batch = _compact(batch)
+        flight.rows = rows = _rows_of(batch)
+        self.rows_fetched += len(rows)
         for key in keys:
             del self._pending[key]
-        if self.cache.max_bytes > 0 and generation == self.cache.generation:
-            for key in keys:
-                i = flight.at.get(key)
-                self.cache.put(key, _EMPTY if i is None else _own(batch.row(i)), generation)
+        if caching:
+            cache.put_reply(keys, rows, batch, generation)
         flight.future.set_result(None)
 
 
@@ -421,7 +507,7 @@ class Lookahead:
         flight = self._held.get(key)
         if flight is None:  # cached when the window was asked for (or not the known token)
             return self._fetcher.cache.find(key)  # a None is counted by row()
-        if flight.batch is None:
+        if flight.rows is None:
             return None
         self._take(k, key)
         return flight.row(key)
