@@ -7,7 +7,11 @@ A :class:`~giaannd.model.infer.LifSession` (the core's sans-IO session) asks for
 task per session awaits that row from a :class:`RowFetcher` shared by every session of the node:
 
 * **cache**: a byte-bounded LRU :class:`RowCache` (rows are read-only during inference, §4.4).
-  Absent rows are cached too (as empty rows): an unknown node is asked for once.
+  Absent rows are cached too (as empty rows): an unknown node is asked for once. A read's reply is
+  cached as one block (:meth:`RowCache.put_reply`): the rows are views of one compact copy of the
+  reply, charged once while any of them is cached, so ``bytes`` is the memory really kept.
+  Lookups count as hits, misses (read storage for this lookup) or ``in_flight_joins`` (served by
+  a read made for another lookup: joined in flight, or held by the session since an earlier step).
 * **batching and single flight**: keys asked for in the same event-loop tick — by any number of
   sessions — become one ``StorageClient.read_rows`` call; a key already in flight is awaited,
   never fetched twice. So each token costs at most one row fetch, and 8 concurrent sessions share
@@ -39,8 +43,8 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   prompt order, ``max_sessions`` worker tasks taking the next prompt (a task per slot, not per
   prompt). Rows held are bounded by ``(max_sessions + readahead_prompts) × prefetch_depth``.
 * **one read, one future**: a read of the fetcher (``_Flight``) has a single future and keeps the
-  reply; a waiter takes its row as a view of the reply once the read completed. Per key there is a
-  dict entry, not a future, a done-callback and a loop callback.
+  reply's rows, built once per read; a waiter takes its row (a view of the reply) once the read
+  completed. Per key there is a dict entry, not a future, a done-callback and a loop callback.
 
 **Invalidation rule** (the cache must never serve a row older than a write this node made): a
 training job on this node calls :meth:`RowCache.invalidate_batch` with every batch once a quorum
