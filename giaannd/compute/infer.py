@@ -7,7 +7,11 @@ A :class:`~giaannd.model.infer.LifSession` (the core's sans-IO session) asks for
 task per session awaits that row from a :class:`RowFetcher` shared by every session of the node:
 
 * **cache**: a byte-bounded LRU :class:`RowCache` (rows are read-only during inference, §4.4).
-  Absent rows are cached too (as empty rows): an unknown node is asked for once.
+  Absent rows are cached too (as empty rows): an unknown node is asked for once. A read's reply is
+  cached as one block (:meth:`RowCache.put_reply`): the rows are views of one compact copy of the
+  reply, charged once while any of them is cached, so ``bytes`` is the memory really kept.
+  Lookups count as hits, misses (read storage for this lookup) or ``in_flight_joins`` (served by
+  a read made for another lookup: joined in flight, or held by the session since an earlier step).
 * **batching and single flight**: keys asked for in the same event-loop tick — by any number of
   sessions — become one ``StorageClient.read_rows`` call; a key already in flight is awaited,
   never fetched twice. So each token costs at most one row fetch, and 8 concurrent sessions share
@@ -39,8 +43,8 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   prompt order, ``max_sessions`` worker tasks taking the next prompt (a task per slot, not per
   prompt). Rows held are bounded by ``(max_sessions + readahead_prompts) × prefetch_depth``.
 * **one read, one future**: a read of the fetcher (``_Flight``) has a single future and keeps the
-  reply; a waiter takes its row as a view of the reply once the read completed. Per key there is a
-  dict entry, not a future, a done-callback and a loop callback.
+  reply's rows, built once per read; a waiter takes its row (a view of the reply) once the read
+  completed. Per key there is a dict entry, not a future, a done-callback and a loop callback.
 
 **Invalidation rule** (the cache must never serve a row older than a write this node made): a
 training job on this node calls :meth:`RowCache.invalidate_batch` with every batch once a quorum
@@ -111,9 +115,47 @@ def inference_reader(client: _RowReader, *, fewest: bool) -> ReadRows:
     return read
 
 
+#: A reply is cached as one shared block (its rows views of one compact copy) when the block is at
+#: most this fraction of the cache's bound; a larger one is cached row by row (compact copies), so
+#: one reply cannot take the cache whole.
+SHARED_BLOCK_FRACTION: Final = 8
+
+
 def _own(row: Row) -> Row:
     """A compact copy (a fetched row is a view into a whole reply's buffers)."""
     return Row(row.segment.copy(), row.target_column.copy(), row.target_feature.copy(), row.strength.copy())
+
+
+def _compact(batch: RowBatch) -> RowBatch:
+    """``batch`` with its entry arrays copied compact (a reply's may be views of a larger receive
+    buffer); one copy per array, not per row."""
+    return RowBatch(batch.row_column, batch.row_feature, batch.offsets, batch.segment.copy(),
+                    batch.target_column.copy(), batch.target_feature.copy(), batch.strength.copy())
+
+
+def _rows_of(batch: RowBatch) -> dict[RowKey, Row]:
+    """Every row of ``batch`` by key, as views of its arrays, in one pass (Python ints from
+    ``tolist``, not a numpy scalar per offset)."""
+    seg, col, feat, strength = batch.segment, batch.target_column, batch.target_feature, batch.strength
+    off = batch.offsets.tolist()
+    return {key: Row(seg[a:b], col[a:b], feat[a:b], strength[a:b])
+            for key, a, b in zip(zip(batch.row_column.tolist(), batch.row_feature.tolist()), off, off[1:])}
+
+
+def _entry_nbytes(batch: RowBatch) -> int:
+    return int(batch.segment.nbytes + batch.target_column.nbytes + batch.target_feature.nbytes
+               + batch.strength.nbytes)
+
+
+class _Block:
+    """The entry arrays of one reply, shared by the cached rows that are views of them: charged to
+    the cache once, while at least one of its rows is cached."""
+
+    __slots__ = ("nbytes", "rows")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.rows = 0
 
 
 class RowCache:
@@ -130,12 +172,23 @@ class RowCache:
         self.bytes = 0
         self.generation = 0
         self.hits = self.misses = self.evictions = self.invalidations = 0
+        #: lookups neither served by the cache nor reading storage: their row came from a read made
+        #: for another lookup (joined in flight, or held by a session since an earlier step)
+        self.in_flight_joins = 0
         self._rows: OrderedDict[RowKey, Row] = OrderedDict()
+        self._blocks: dict[RowKey, _Block] = {}  # the shared reply of each cached row that is a view of one
 
     def get(self, key: RowKey) -> Row | None:
-        row = self._rows.get(key)
+        """The cached row of ``key`` (a hit), else None counted as a miss."""
+        row = self.find(key)
         if row is None:
             self.misses += 1
+        return row
+
+    def find(self, key: RowKey) -> Row | None:
+        """As :meth:`get`, but a None is not counted: the caller counts a miss or a join."""
+        row = self._rows.get(key)
+        if row is None:
             return None
         self._rows.move_to_end(key)
         self.hits += 1
@@ -151,22 +204,69 @@ class RowCache:
         size = row.nbytes + ROW_OVERHEAD_BYTES
         if size > self.max_bytes:
             return
-        old = self._rows.pop(key, None)
-        if old is not None:
-            self.bytes -= old.nbytes + ROW_OVERHEAD_BYTES
+        self._remove(key)
         self._rows[key] = row
         self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, dropped = self._rows.popitem(last=False)
-            self.bytes -= dropped.nbytes + ROW_OVERHEAD_BYTES
+        self._evict()
+
+    def put_reply(self, keys: Iterable[RowKey], rows: dict[RowKey, Row], batch: RowBatch, generation: int) -> None:
+        """Cache the row of every key (empty if ``rows`` lacks it), ``rows`` being views of
+        ``batch``'s compact entry arrays: charged once for the arrays (a :class:`_Block`, freed with
+        its last row) instead of a copy per row. A block over ``max_bytes / SHARED_BLOCK_FRACTION``
+        is cached row by row (compact copies)."""
+        if generation != self.generation or self.max_bytes == 0:
+            return
+        nbytes = _entry_nbytes(batch)
+        if nbytes > self.max_bytes // SHARED_BLOCK_FRACTION:
+            for key in keys:
+                row = rows.get(key)
+                self.put(key, _EMPTY if row is None else _own(row), generation)
+            return
+        block = _Block(nbytes)
+        self.bytes += nbytes
+        cached, blocks = self._rows, self._blocks
+        for key in keys:
+            self._remove(key)
+            row = rows.get(key)
+            if row is None:
+                row = _EMPTY
+            else:
+                blocks[key] = block
+                block.rows += 1
+            cached[key] = row
+            self.bytes += ROW_OVERHEAD_BYTES
+        if block.rows == 0:
+            self.bytes -= nbytes
+        self._evict()
+
+    def _remove(self, key: RowKey) -> bool:
+        """Uncache ``key`` (its block's bytes go with the block's last row); whether it was cached."""
+        row = self._rows.pop(key, None)
+        if row is None:
+            return False
+        self._uncharge(key, row)
+        return True
+
+    def _uncharge(self, key: RowKey, row: Row) -> None:
+        block = self._blocks.pop(key, None)
+        if block is None:
+            self.bytes -= row.nbytes + ROW_OVERHEAD_BYTES
+            return
+        self.bytes -= ROW_OVERHEAD_BYTES
+        block.rows -= 1
+        if block.rows == 0:
+            self.bytes -= block.nbytes
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._rows:
+            key, dropped = self._rows.popitem(last=False)
+            self._uncharge(key, dropped)
             self.evictions += 1
 
     def invalidate(self, keys: Iterable[RowKey]) -> None:
         self.generation += 1
         for key in keys:
-            row = self._rows.pop(key, None)
-            if row is not None:
-                self.bytes -= row.nbytes + ROW_OVERHEAD_BYTES
+            if self._remove(key):
                 self.invalidations += 1
 
     def invalidate_batch(self, batch: RowBatch) -> None:
@@ -177,35 +277,35 @@ class RowCache:
         self.generation += 1
         self.invalidations += len(self._rows)
         self._rows.clear()
+        self._blocks.clear()
         self.bytes = 0
 
     def stats(self) -> dict[str, Any]:
-        lookups = self.hits + self.misses
+        lookups = self.hits + self.misses + self.in_flight_joins
         return {"rows": len(self._rows), "bytes": self.bytes, "max_bytes": self.max_bytes,
-                "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "invalidations": self.invalidations,
-                "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0}
+                "hits": self.hits, "misses": self.misses, "in_flight_joins": self.in_flight_joins,
+                "evictions": self.evictions, "invalidations": self.invalidations,
+                "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
+                "join_rate": round(self.in_flight_joins / lookups, 4) if lookups else 0.0}
 
 
 class _Flight:
-    """One read of the fetcher: the keys it asked for, then the reply (``batch`` is set, before
-    ``future`` completes, only when the read succeeded). One future per read, not per key: a
-    waiter awaits the read and takes its row from the reply."""
+    """One read of the fetcher: the keys it asked for, then the reply's rows (``rows`` is set,
+    before ``future`` completes, only when the read succeeded). One future per read, not per key: a
+    waiter awaits the read and takes its row from the reply; each row is built once per read."""
 
-    __slots__ = ("at", "batch", "future", "keys")
+    __slots__ = ("future", "keys", "rows")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.keys: list[RowKey] = []
-        self.batch: RowBatch | None = None
-        self.at: dict[RowKey, int] = {}
+        self.rows: dict[RowKey, Row] | None = None
 
     def row(self, key: RowKey) -> Row:
         """The row of ``key`` (empty if storage has none) as views into the reply; only once the
         read succeeded."""
-        assert self.batch is not None
-        i = self.at.get(key)
-        return _EMPTY if i is None else self.batch.row(i)
+        assert self.rows is not None
+        return self.rows.get(key, _EMPTY)
 
 
 _EMPTY: Final = Row.empty()
@@ -236,20 +336,26 @@ class RowFetcher:
         Raises:
             ReadFailed / StorageRequestError: every replica failed.
         """
-        row = self.cache.get(key)
+        row = self.cache.find(key)
         if row is not None:
             return row
         return await self.fetch(key)
 
     async def fetch(self, key: RowKey) -> Row:
-        """As :meth:`get` without looking in the cache (the caller just did)."""
+        """As :meth:`get` without looking in the cache (the caller just did); counts the lookup as a
+        miss, or as a join when a read of ``key`` is already in flight."""
+        if key in self._pending:
+            self.cache.in_flight_joins += 1
+        else:
+            self.cache.misses += 1
         flight = self._flight(key)
         await asyncio.shield(flight.future)
         return flight.row(key)
 
-    def prefetch(self, keys: Iterable[RowKey]) -> dict[RowKey, _Flight]:
-        """Start fetching rows not cached (keys in flight join their read); never waits, never
-        raises (a failure is raised by awaiting the read, or by ``get``).
+    def prefetch(self, keys: Iterable[RowKey], joined: set[RowKey] | None = None) -> dict[RowKey, _Flight]:
+        """Start fetching rows not cached (keys in flight join their read, and are added to
+        ``joined``); never waits, never raises (a failure is raised by awaiting the read, or by
+        ``get``).
 
         Returns:
             the read of every key not cached, for the caller to hold until it uses the row.
@@ -263,6 +369,8 @@ class RowFetcher:
             if flight is None:
                 self.prefetched += 1
                 flight = self._flight(key)
+            elif joined is not None:
+                joined.add(key)
             out[key] = flight
         return out
 
@@ -306,17 +414,18 @@ class RowFetcher:
                 return
             flight.future.cancel()
             raise
-        # one dict of the reply's keys (tolist: no numpy scalar per row); a row is a view of the
-        # reply unless it is cached (a cached view would pin the whole reply: copied compact)
-        flight.at = {key: i for i, key in enumerate(zip(batch.row_column.tolist(), batch.row_feature.tolist()))}
-        flight.batch = batch
-        self.rows_fetched += len(flight.at)
+        # the reply's rows built once, as views; cached, they are views of one compact copy of the
+        # reply (a view of the reply itself could pin a larger receive buffer), charged once
+        cache = self.cache
+        caching = cache.max_bytes > 0 and generation == cache.generation
+        if caching:
+            batch = _compact(batch)
+        flight.rows = rows = _rows_of(batch)
+        self.rows_fetched += len(rows)
         for key in keys:
             del self._pending[key]
-        if self.cache.max_bytes > 0 and generation == self.cache.generation:
-            for key in keys:
-                i = flight.at.get(key)
-                self.cache.put(key, _EMPTY if i is None else _own(batch.row(i)), generation)
+        if caching:
+            cache.put_reply(keys, rows, batch, generation)
         flight.future.set_result(None)
 
 
@@ -369,6 +478,7 @@ class Lookahead:
         self._refill_below = max(1, depth // 2)
         self._end = 0  # keys[:_end] were prefetched
         self._held: dict[RowKey, _Flight] = {}
+        self._joined: set[RowKey] = set()  # held keys whose read was made for another lookup
         self._last_use: dict[RowKey, int] = {}  # the last index of the window that needs each held key
         self._generation = fetcher.cache.generation
 
@@ -378,6 +488,7 @@ class Lookahead:
         fetcher = self._fetcher
         if fetcher.cache.generation != self._generation:  # an invalidation since: hold nothing older
             self._held.clear()
+            self._joined.clear()
             self._last_use.clear()
             self._end = min(self._end, k)
             self._generation = fetcher.cache.generation
@@ -385,7 +496,11 @@ class Lookahead:
             start = max(self._end, k)
             self._end = min(len(self._keys), k + self._depth)
             window = self._keys[start:self._end]
-            self._held.update(fetcher.prefetch(window))
+            joined: set[RowKey] = set()
+            fetched = fetcher.prefetch(window, joined)
+            joined.difference_update(self._held)  # in flight since this session's earlier window: its own read
+            self._joined |= joined
+            self._held.update(fetched)
             for i, w in enumerate(window, start):
                 self._last_use[w] = i
 
@@ -395,8 +510,8 @@ class Lookahead:
         self.fill(k)
         flight = self._held.get(key)
         if flight is None:  # cached when the window was asked for (or not the known token)
-            return self._fetcher.cache.get(key)
-        if flight.batch is None:
+            return self._fetcher.cache.find(key)  # a None is counted by row()
+        if flight.rows is None:
             return None
         self._take(k, key)
         return flight.row(key)
@@ -412,10 +527,18 @@ class Lookahead:
         return flight.row(key)
 
     def _take(self, k: int, key: RowKey) -> None:
+        cache = self._fetcher.cache
+        joined = self._joined
+        if key in joined:  # another lookup's read (or this session's, for an earlier step)
+            cache.in_flight_joins += 1
+        else:  # read from storage for this lookup
+            cache.misses += 1
         if self._last_use.get(key, k) <= k:
             del self._held[key]
             del self._last_use[key]
-        self._fetcher.cache.misses += 1  # read from storage, not served by the cache
+            joined.discard(key)
+        else:  # a later step takes the same read again
+            joined.add(key)
 
 
 class PromptReadAhead:

@@ -300,6 +300,9 @@ class ComputeService:
                 "Row cache lookups answered from the cache (inference).", lambda: self.cache.hits),
             "giaannd_compute_row_cache_misses_total": (
                 "Row cache lookups that had to read storage (inference).", lambda: self.cache.misses),
+            "giaannd_compute_row_cache_in_flight_joins_total": (
+                "Row lookups served by a read made for another lookup (joined in flight or held; inference).",
+                lambda: self.cache.in_flight_joins),
             "giaannd_compute_row_cache_evictions_total": (
                 "Rows evicted from the row cache to stay under compute.row-cache-bytes.",
                 lambda: self.cache.evictions),

@@ -16,14 +16,18 @@ sentences, in the same run. Prints Markdown tables:
 3. inference steps/s (teacher-forced, train-set constants) on the cluster vs the core's sequential
    sessions: the best of ``--repeat`` runs after an untimed one, and "× core" the median ratio of
    each run to a core run just before it (paired: the shared host's load moves both alike), next to
-   issue 19's target; row-cache hit rate (rows a session prefetched and held count as misses) and
-   row requests (of the last run, each started with a cold cache). Runners: "1 session, eval of all
-   prompts" is what ``POST /v1/eval`` runs with ``compute.max-sessions = 1`` (``Inference.evaluate``
-   of every prompt: the next prompts are read ahead, ``compute.infer-readahead-prompts``); "one
-   prompt per call" is a caller sending one prompt per request (``evaluate([prompt])``, the former
-   "1 session at a time": nothing to read ahead); "8 concurrent sessions" is the eval path with
-   ``max-sessions = 8``. ``--readahead 0,16`` alternates read-ahead values run by run (a
-   before/after in one run).
+   issue 19's target; "compute CPU: × core" the median of the core run's CPU time over the cluster
+   run's CPU time in this process (the same steps: the compute side's own cost per step, which the
+   neighbours' load and the storage processes sharing the cores move much less than the wall
+   clock; the storage processes' CPU is not in it); row lookups as "hit / joined / read" rates
+   (joined: served by a read made for another lookup, in flight or held by the session since an
+   earlier step; read: a miss) and row requests (of the last run, each started with a cold cache).
+   Runners: "1 session, eval of all prompts" is what ``POST /v1/eval`` runs with
+   ``compute.max-sessions = 1`` (``Inference.evaluate`` of every prompt: the next prompts are read
+   ahead, ``compute.infer-readahead-prompts``); "one prompt per call" is a caller sending one
+   prompt per request (``evaluate([prompt])``, the former "1 session at a time": nothing to read
+   ahead); "8 concurrent sessions" is the eval path with ``max-sessions = 8``. ``--readahead 0,16``
+   alternates read-ahead values run by run (a before/after in one run).
 
 ``--json``: one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py) instead
 of the tables.
@@ -42,6 +46,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.infer import Inference, RowCache, RowFetcher, inference_reader
@@ -172,6 +177,13 @@ INFERENCE_RUNNERS: tuple[tuple[str, int, int, bool, str], ...] = (
 )
 
 
+def _lookups(stats: dict[str, Any]) -> str:
+    """A row cache's lookups as "hit / joined / read" rates (RowCache.stats)."""
+    lookups = stats["hits"] + stats["misses"] + stats["in_flight_joins"]
+    return "-" if not lookups else (f"{stats['hit_rate']:.2f} / {stats['join_rate']:.2f} / "
+                                    f"{stats['misses'] / lookups:.2f}")
+
+
 async def bench_inference(client: StorageClient, svc: ComputeService, engine: Engine,
                           prompts: list[TaggedSentence], repeat: int = 3,
                           readaheads: Sequence[int] = (ComputeConfig().infer_readahead_prompts,)) -> list[list[str]]:
@@ -185,46 +197,50 @@ async def bench_inference(client: StorageClient, svc: ComputeService, engine: En
     assigner = await svc.prompt_assigner()
     ref = engine.evaluate(encoded)
 
-    def core_run() -> float:
-        t0 = time.perf_counter()
+    def core_run() -> tuple[float, float]:
+        """Steps/s and CPU seconds of one core run."""
+        t0, c0 = time.perf_counter(), time.process_time()
         steps = engine.evaluate(encoded).steps
-        return steps / (time.perf_counter() - t0)
+        return steps / (time.perf_counter() - t0), time.process_time() - c0
 
     core_best = 0.0
     rows: list[list[str]] = []
     for label, sessions, cache_bytes, per_call, target in INFERENCE_RUNNERS:
         rate = dict.fromkeys(readaheads, 0.0)
         ratios: dict[int, list[float]] = {r: [] for r in readaheads}
+        cpu_ratios: dict[int, list[float]] = {r: [] for r in readaheads}
         last: dict[int, RowFetcher] = {}
         for i in range(repeat + 1):
             for readahead in readaheads:
-                core = core_run()
+                core, core_cpu = core_run()
                 core_best = max(core_best, core)
                 # read as the compute service reads (its default grouping); each run starts cold
                 fetcher = RowFetcher(inference_reader(client, fewest=ComputeConfig().infer_read_fewest_nodes),
                                      RowCache(cache_bytes))
                 inference = Inference(fetcher, max_sessions=sessions, readahead_prompts=readahead)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 if per_call:
                     matches = 0
                     for e in encoded:
                         matches += (await inference.evaluate([e], assigner, TRAIN_SET)).result.matches
                 else:
                     matches = (await inference.evaluate(encoded, assigner, TRAIN_SET)).result.matches
-                dt = time.perf_counter() - t0
+                dt, cpu = time.perf_counter() - t0, time.process_time() - c0
                 if matches != ref.matches:
                     raise AssertionError(f"cluster top-1 matches {matches} != core {ref.matches}")
                 if i:  # the first run warms up
                     rate[readahead] = max(rate[readahead], inference.steps / dt)
                     ratios[readahead].append(inference.steps / dt / core)
+                    cpu_ratios[readahead].append(core_cpu / cpu)  # the same steps: CPU per step, inverted
                 last[readahead] = fetcher
         for readahead in readaheads:
             name = f"cluster, {label}" + (f", read-ahead {readahead}" if len(readaheads) > 1 and not per_call else "")
             if per_call and readahead != readaheads[-1]:
                 continue  # one prompt per call has nothing to read ahead: one row
             rows.append([name, f"{rate[readahead]:,.0f}", f"{statistics.median(ratios[readahead]):.2f}", target,
-                         f"{last[readahead].cache.stats()['hit_rate']:.2f}", str(last[readahead].requests)])
-    return [["single-process core, sequential (best run)", f"{core_best:,.0f}", "1.00", "-", "-", "-"], *rows]
+                         f"{statistics.median(cpu_ratios[readahead]):.2f}", _lookups(last[readahead].cache.stats()),
+                         str(last[readahead].requests)])
+    return [["single-process core, sequential (best run)", f"{core_best:,.0f}", "1.00", "-", "1.00", "-", "-"], *rows]
 
 
 def main() -> None:
@@ -261,12 +277,14 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     infer_title = f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)"
-    infer_header = ["runner", "steps/s", "× core", "target", "row-cache hit rate", "row requests"]
+    infer_header = ["runner", "steps/s", "× core", "target", "compute CPU: × core", "row lookups: hit / joined / read",
+                    "row requests"]
     if args.json:
         for r in rows:
             emit_figure(f"training {r[0]}: x core", float(r[3]))
         for r in infer_rows[1:]:
             emit_figure(f"inference {r[0]}: x core", float(r[2]), r[3])
+            emit_figure(f"inference {r[0]}: compute-process CPU per step, x core", float(r[4]))
         return
     if args.inference_only:
         print_table(infer_title, infer_header, infer_rows)

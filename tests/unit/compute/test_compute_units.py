@@ -128,6 +128,35 @@ def test_row_cache_lru_bytes_and_invalidation():
         RowCache(-1)
 
 
+def test_row_cache_charges_a_shared_reply_once_until_its_last_row_goes():
+    reply = RowBatch.from_rows({(1, 0): row(10), (2, 0): row(20), (3, 0): row(30)})
+    entries = sum(a.nbytes for a in reply.buffers()[3:])
+    cache = RowCache(1 << 20)
+    cache.put_reply([(1, 0), (2, 0), (3, 0), (4, 0)], dict(reply), reply, cache.generation)
+    assert (4, 0) in cache and len(cache.get((4, 0))) == 0  # absent: cached empty
+    assert cache.get((2, 0)).strength.base is reply.strength  # a view of the reply, not a copy
+    assert cache.bytes == entries + 4 * ROW_OVERHEAD_BYTES
+    cache.invalidate([(1, 0), (2, 0)])  # the reply stays while a row of it is cached
+    assert cache.bytes == entries + 2 * ROW_OVERHEAD_BYTES
+    cache.invalidate([(3, 0)])
+    assert cache.bytes == ROW_OVERHEAD_BYTES
+    # the LRU frees a reply only with its last row: the bound holds on the memory really kept
+    size = entries + 3 * ROW_OVERHEAD_BYTES
+    cache = RowCache(8 * size)
+    for i in range(20):
+        other = RowBatch.from_rows({(10 * i + j, 0): row(10 * (j + 1)) for j in range(3)})
+        cache.put_reply([(10 * i + j, 0) for j in range(3)], dict(other), other, cache.generation)
+        cache.get((10 * i, 0))  # one row of each reply used again: it outlives the others of its reply
+        assert cache.bytes <= cache.max_bytes
+    kept = {10 * i + j for i in range(20) for j in range(3) if (10 * i + j, 0) in cache}
+    replies = {k // 10 for k in kept}
+    assert cache.bytes == len(replies) * entries + len(kept) * ROW_OVERHEAD_BYTES
+    # a reply over max_bytes / SHARED_BLOCK_FRACTION is cached row by row, as compact copies
+    small = RowCache(entries)
+    small.put_reply([(1, 0), (2, 0)], dict(reply), reply, small.generation)
+    assert small.get((1, 0)).strength.base is None and small.bytes <= small.max_bytes
+
+
 @pytest.mark.asyncio
 async def test_row_fetcher_batches_single_flight_and_caches():
     calls = []
@@ -144,8 +173,11 @@ async def test_row_fetcher_batches_single_flight_and_caches():
     rows = await asyncio.gather(f.get((1, 0)), f.get((2, 0)), f.get((1, 0)), f.get((3, 0)))
     assert len(calls) == 1 and sorted(calls[0]) == [(1, 0), (2, 0), (3, 0)]
     assert rows[0].strength.tolist() == [1.0] and len(rows[3]) == 0  # absent row: empty
+    # the second (1, 0) joined the read in flight: not a miss (issue 19: it made the hit rate fall)
+    assert (f.cache.misses, f.cache.in_flight_joins, f.cache.hits) == (3, 1, 0)
     await f.get((3, 0))
     assert len(calls) == 1  # absent rows are cached too
+    assert f.cache.stats()["hits"] == 1 and f.cache.stats()["join_rate"] == 0.2
     f.prefetch([(1, 0), (4, 0)])
     await asyncio.sleep(0.01)
     assert calls[-1] == [(4, 0)]
