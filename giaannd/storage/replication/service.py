@@ -41,7 +41,7 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
-from giaannd.storage.engine.recovery import DurableStore, return_freed_heap
+from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -184,6 +184,7 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
+        fix_mmap_threshold()  # before the replay's temporaries (recovery.py says why)
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.

@@ -5,6 +5,9 @@ a running node's applies leave freed temporaries that glibc keeps mapped (a clus
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import platform
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -113,5 +116,26 @@ async def test_busy_storage_keeps_its_delta_runs(tmp_path):
             assert svc.fold_when_idle(svc.store.log.last_seq) and engine.num_deltas
         svc.fold_when_idle(svc.store.log.last_seq)
         assert engine.num_deltas == 0
+    finally:
+        await cluster.close()
+
+
+def _mmapped(a: np.ndarray) -> bool:
+    """Whether glibc gave ``a``'s buffer a mapping of its own: IS_MMAPPED (0x2) in the size word
+    of its chunk header, just before the pointer malloc returned (numpy's data pointer)."""
+    return bool(ctypes.c_size_t.from_address(a.ctypes.data - 8).value & 2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.asyncio
+async def test_storage_blocks_from_1_mib_get_their_own_mapping(tmp_path):
+    # glibc's sliding threshold served an apply's 1-32 MiB temporaries from the main arena, where a
+    # settled node kept 100-316 MB of them resident; a freed mapped block raised the threshold.
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0)
+    try:
+        for size in (8 << 20, 2 << 20, 8 << 20, 2 << 20):  # each freed before the next
+            block = np.empty(size, np.uint8)
+            assert _mmapped(block), size
+            del block
     finally:
         await cluster.close()
