@@ -216,6 +216,11 @@ class RowEngine:
         return len(self._deltas)
 
     @property
+    def delta_entries(self) -> int:
+        """Entries held in delta runs (``compact`` folds them into the base)."""
+        return sum(d.num_entries for d in self._deltas)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of every array the engine holds (runs, row indexes, key index, lengths)."""
         return (self._base.nbytes + sum(d.nbytes for d in self._deltas) + self._index.nbytes
