@@ -72,7 +72,7 @@ from giaannd.storage.engine.update_log import (
 )
 
 __all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
-           "MMAP_THRESHOLD_BYTES", "SnapshotJob", "fix_mmap_threshold", "replay", "replay_each", "replay_room",
+           "SnapshotJob", "fix_mmap_threshold", "replay", "replay_each", "replay_room",
            "return_freed_heap"]
 
 log = logging.getLogger(__name__)
@@ -146,12 +146,11 @@ def return_freed_heap() -> bool:
 
 #: glibc's ``mallopt`` parameter M_MMAP_THRESHOLD (malloc.h).
 _M_MMAP_THRESHOLD = -3
-#: Blocks from this size get their own mapping, returned to the kernel when freed (``fix_mmap_threshold``).
-MMAP_THRESHOLD_BYTES = 1 << 20
 
 
-def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Serve every C heap block of ``nbytes`` or more from its own mapping (glibc ``mallopt``
+def fix_mmap_threshold(nbytes: int) -> bool:
+    """Serve every C heap block of ``nbytes`` or more from its own mapping (a storage node:
+    ``storage.malloc-mmap-threshold-bytes``, 1 MiB by default) (glibc ``mallopt``
     M_MMAP_THRESHOLD), which also stops glibc raising the threshold to the largest block freed (up
     to 32 MiB); False where the C library has no ``mallopt`` (musl, macOS): nothing changes.
 

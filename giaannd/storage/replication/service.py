@@ -184,7 +184,8 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
-        fix_mmap_threshold()  # before the replay's temporaries (recovery.py says why)
+        if s.malloc_mmap_threshold_bytes:  # before the replay's temporaries (recovery.py says why)
+            fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.
