@@ -5,8 +5,8 @@ a running node's applies leave freed temporaries that glibc keeps mapped (a clus
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import platform
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -120,22 +120,47 @@ async def test_busy_storage_keeps_its_delta_runs(tmp_path):
         await cluster.close()
 
 
-def _mmapped(a: np.ndarray) -> bool:
-    """Whether glibc gave ``a``'s buffer a mapping of its own: IS_MMAPPED (0x2) in the size word
-    of its chunk header, just before the pointer malloc returned (numpy's data pointer)."""
+_MMAPPED_AFTER_FREES = """
+import ctypes, sys
+import numpy as np
+from giaannd.storage.engine.recovery import fix_mmap_threshold
+
+def mmapped(a):  # IS_MMAPPED (0x2) in the size word of glibc's chunk header, before numpy's pointer
     return bool(ctypes.c_size_t.from_address(a.ctypes.data - 8).value & 2)
+
+if int(sys.argv[1]):
+    assert fix_mmap_threshold(int(sys.argv[1]))
+out = []
+for size in (8 << 20, 2 << 20, 8 << 20, 2 << 20):  # each freed before the next
+    block = np.empty(size, np.uint8)
+    out.append(mmapped(block))
+    del block
+print(out)
+"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
-@pytest.mark.asyncio
-async def test_storage_blocks_from_1_mib_get_their_own_mapping(tmp_path):
+@pytest.mark.parametrize("threshold", [1 << 20, 0])
+def test_blocks_from_the_fixed_threshold_get_their_own_mapping(threshold):
     # glibc's sliding threshold served an apply's 1-32 MiB temporaries from the main arena, where a
-    # settled node kept 100-316 MB of them resident; a freed mapped block raised the threshold.
-    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0)
+    # settled node kept 100-316 MB of them resident: a freed mapped block raised the threshold
+    # (0: glibc's default, shown for contrast). A fresh process: in this one, freed chunks that
+    # earlier tests left in the arena would serve the blocks whatever the threshold.
+    out = subprocess.run([sys.executable, "-c", _MMAPPED_AFTER_FREES, str(threshold)], capture_output=True,
+                         text=True, check=True, timeout=120)
+    mapped = [word == "True" for word in out.stdout.strip().strip("[]").split(", ")]
+    assert len(mapped) == 4
+    assert all(mapped) if threshold else not all(mapped)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("threshold", [3 << 20, 0])
+async def test_storage_start_fixes_the_configured_mmap_threshold(tmp_path, monkeypatch, threshold):
+    calls: list[int] = []
+    monkeypatch.setattr(service_module, "fix_mmap_threshold", lambda nbytes: calls.append(nbytes) or True)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0,
+                                                           malloc_mmap_threshold_bytes=threshold)
     try:
-        for size in (8 << 20, 2 << 20, 8 << 20, 2 << 20):  # each freed before the next
-            block = np.empty(size, np.uint8)
-            assert _mmapped(block), size
-            del block
+        assert calls == ([threshold] if threshold else [])
     finally:
         await cluster.close()
