@@ -27,8 +27,10 @@ where the one before ended. At each checkpoint:
   sampled every ``SAMPLE_S`` during the job; a sample window counts as *during a snapshot* when
   ``giaannd_storage_snapshot_running`` was 1 at either end of it or a snapshot was written in it
   (``snapshot_duration_seconds_count`` moved), else *without*. The p99 of each is the upper bound
-  of the histogram bucket it falls in, so the ratio moves in bucket steps (×2–2.5): a coarse check
-  of the target; ``tools.bench.snapshot`` measures it apply by apply in one process;
+  of the histogram bucket it falls in (``metrics.STORAGE_WRITE_BUCKETS_S``: steps of 2^(1/4), so
+  each p99 is within ×1.19 of the true one and the ratio within ×1.19 either way; the daemons
+  before Nov 28's last session had 1-2.5-5 buckets, ×2–2.5); ``tools.bench.snapshot`` measures it
+  apply by apply in one process;
 - **restart**: ``storage-3`` killed (SIGKILL: no final snapshot, so its log since the last timer
   snapshot is replayed) and started again: wall time from the start to ready, over its rows' bytes
   (entries × 21), in s/GB, and its RSS per entry once ready (a fresh process, against the node's

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
-from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S
+from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S, STORAGE_WRITE_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
@@ -237,7 +237,7 @@ class StorageService:
         self._prom["apply_seconds"] = m.histogram(
             "giaannd_storage_apply_duration_seconds",
             "ApplyBatch requests (hinted ones too), from decoded to durable acknowledgement or error reply "
-            "(group-commit wait and fsync included).", buckets=STORAGE_LATENCY_BUCKETS_S)
+            "(group-commit wait and fsync included).", buckets=STORAGE_WRITE_BUCKETS_S)
         self._prom["snapshot_seconds"] = m.histogram(
             "giaannd_storage_snapshot_duration_seconds",
             "Snapshots written (timer and final), from the freeze to the old files' removal; failed ones "
@@ -252,7 +252,7 @@ class StorageService:
         self._prom["fsync_seconds"] = m.histogram(
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
-            buckets=STORAGE_LATENCY_BUCKETS_S)
+            buckets=STORAGE_WRITE_BUCKETS_S)
         m.gauge("giaannd_storage_used_bytes",
                 "Bytes the column store accounts for now (rows, entries, index).").set_function(
             lambda: float(self.usage().used_bytes))
