@@ -524,6 +524,14 @@ class ComputeConfig(_Section):
         "earlier prompts step (one session at a time otherwise waits one read per prompt). Rows "
         "held are bounded by (max-sessions + this) x 64. 0 turns it off (docs/compute.md, Inference)."
     ))] = 16
+    row_memory_keep_bytes: Annotated[int, Meta(ge=0, description=(
+        "Memory of large rows (rows read in parts, over storage.read-chunk-bytes) that this "
+        "node's reads dropped, kept idle up to this many bytes and received into again, mapped "
+        "and already faulted in: the next large row skips the kernel's zeroing of fresh pages "
+        "(a 10^8-entry row read 0.43-0.61x a raw socket into kept memory against 0.21-0.38x into "
+        "fresh; docs/replication.md). The cost is up to this much idle RSS between large reads. "
+        "0 keeps none."
+    ))] = 256 * 1024 * 1024
     resume_jobs: Annotated[bool, Meta(description=(
         "Resume unfinished training jobs from their journals (<data-dir>/compute/jobs/) when the "
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "

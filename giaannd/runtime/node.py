@@ -321,13 +321,15 @@ class NodeRuntime:
 
         ``options`` go to ``StorageClient`` (``write_quorum``, timeouts...); the write quorum
         defaults to ``storage.write-quorum``, the read ramp to ``compute.read-ramp-up-s``, the read
-        grouping to ``compute.read-fewest-nodes``.
+        grouping to ``compute.read-fewest-nodes``, the kept large-row memory to
+        ``compute.row-memory-keep-bytes``.
         """
         options.setdefault("write_quorum", self.config.storage.write_quorum)
         options.setdefault("on_unreachable", self.report_unreachable)
         options.setdefault("read_ramp_s", self.config.compute.read_ramp_up_s)
         options.setdefault("read_chunk_bytes", self.config.storage.read_chunk_bytes)
         options.setdefault("read_fewest_nodes", self.config.compute.read_fewest_nodes)
+        options.setdefault("keep_row_bytes", self.config.compute.row_memory_keep_bytes)
         client = StorageClient(self.topology, self.transports, identity=self.identity, **options)
         self._clients.append(client)
         return client

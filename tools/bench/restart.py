@@ -7,7 +7,7 @@ One real storage daemon (``storage-2`` of a loopback ``LocalCluster`` of two sto
 no compute: ``storage-1`` is the seed it joins) holds ``--entries`` entries of real-shaped rows
 (median 17 entries: ``tools.bench.snapshot.realistic_batch``), written into its data directory
 before the cluster starts: a snapshot, then ``--log-share`` of that again as logged batches after
-it (new rows and training-like in-place adds: ``snapshot._apply_stream``), so every restart loads
+it (new rows and training-like in-place adds: ``snapshot.apply_stream``), so every restart loads
 the snapshot and replays the log (the snapshot timer is set to an hour: none is written meanwhile).
 The daemon is killed (SIGKILL) and started again ``--restarts`` times; each restart's timeline, in
 seconds since the ``exec``, from the daemon's own log lines (plain format, millisecond timestamps):
@@ -63,7 +63,7 @@ from giaannd.storage import DurableStore
 from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.replication.service import STORE_DIR
 from tools.bench.report import emit_figure, print_table
-from tools.bench.snapshot import _apply_stream, realistic_batch
+from tools.bench.snapshot import apply_stream, realistic_batch
 
 __all__ = ["STAGES", "build_store", "main", "timeline"]
 
@@ -98,7 +98,7 @@ def build_store(store_dir: Path, entries: int, log_share: float, seed: int = 0) 
     ds.snapshot()
     logged, goal = 0, int(entries * log_share)
     while logged < goal:
-        for batch in _apply_stream(rng, ds.store, 5, column):
+        for batch in apply_stream(rng, ds.store, 5, column):
             seq += 1
             ds.apply(BatchId(1, seq), batch, validate=False)
             logged += batch.num_entries

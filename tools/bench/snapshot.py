@@ -247,7 +247,7 @@ def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str 
 def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool = False
                               ) -> list[tuple[str, float, str | None]]:
     """Log replay of a training-like log: a snapshot of ``entries`` * 0.4 entries grown by new rows,
-    then ``_apply_stream``'s batches (in-place adds to 1,500 stored rows + 500 new rows each) for
+    then ``apply_stream``'s batches (in-place adds to 1,500 stored rows + 500 new rows each) for
     about 1.4 times ``entries`` logged entries. Consecutive batches share rows: replayed in windows
     (``recovery.replay``, ``RowEngine.apply_in_order``). In s per GB of logged entries, the
     snapshot's load taken off; the baselines are the group replay before it
@@ -264,7 +264,7 @@ def bench_replay_training_log(tmp: Path, entries: int, repeat: int, phases: bool
         first_column += 5_000
     ds.snapshot()
     logged = 0
-    for batch in _apply_stream(rng, ds.store, max(10, entries * 30 // 1_000_000), 1 << 50):
+    for batch in apply_stream(rng, ds.store, max(10, entries * 30 // 1_000_000), 1 << 50):
         seq += 1
         ds.apply(BatchId(1, seq), batch, validate=False)
         logged += batch.num_entries
@@ -403,7 +403,7 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     return ds, t_write
 
 
-def _apply_stream(rng: np.random.Generator, store: ColumnStore, count: int, first_column: int) -> list[RowBatch]:
+def apply_stream(rng: np.random.Generator, store: ColumnStore, count: int, first_column: int) -> list[RowBatch]:
     """Training-like deltas: each batch adds to 1,500 stored rows' stored keys (in place) and
     creates 500 new rows."""
     keys = store.keys()
@@ -438,13 +438,13 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
                 break
         return lat
 
-    quiet = run(_apply_stream(rng, ds.store, batches, next_column), None)
+    quiet = run(apply_stream(rng, ds.store, batches, next_column), None)
     next_column += 1 << 40
     busy: list[float] = []
     freezes: dict[bool, list[float]] = {True: [], False: []}  # with a touched room (as the service), without
     snapshots = 0
     while len(busy) < batches or not freezes[False]:  # a snapshot running until as many applies were measured
-        stream = _apply_stream(rng, ds.store, max(1, batches - len(busy)), next_column)
+        stream = apply_stream(rng, ds.store, max(1, batches - len(busy)), next_column)
         next_column += 1 << 40
         with_room = snapshots % 2 == 0
         room = ds.freeze_room() if with_room else None  # before writes are held off

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from giaannd import protocol as p
 from giaannd.client import storage_client as client_mod
+from giaannd.client.row_memory import DEFAULT_KEEP_ROW_BYTES
 from giaannd.client.storage_client import RemoteNotOwner, StorageClient
 from giaannd.cluster.view import ClusterView
 from giaannd.config import Config
@@ -96,3 +98,11 @@ async def test_client_calls_the_hook_on_connect_failure_only(monkeypatch: pytest
     monkeypatch.setattr(client, "_connection", refuse)
     with pytest.raises(ConnectionRefusedError):  # the request's own error, not the hook's
         await client.usage("b")
+
+
+def test_runtime_client_keeps_the_configured_large_row_memory(tmp_path: Path) -> None:
+    config = Config.loopback(str(tmp_path), name="c1", roles=["compute"])
+    assert config.compute.row_memory_keep_bytes == DEFAULT_KEEP_ROW_BYTES  # one default, two places
+    config = msgspec.structs.replace(
+        config, compute=msgspec.structs.replace(config.compute, row_memory_keep_bytes=12_345))
+    assert NodeRuntime(config).storage_client().row_memory.max_idle_bytes == 12_345
