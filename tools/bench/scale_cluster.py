@@ -37,7 +37,9 @@ where the one before ended. At each checkpoint:
   RSS just after the first start); and the store's part of it, the recovery (snapshot load + log
   replay, the node's ``giaannd_storage_recovery_*`` metrics) in s per GB read from disk, and how
   much of that was the log (none when a timer snapshot came after the job's last write) — the rest
-  of a restart is the process's start-up (interpreter, imports, compiled-kernel cache) and joining;
+  of a restart is the process's start-up (interpreter, imports, compiled-kernel cache) and joining,
+  shown apart from the victim's own log lines (``tools.bench.restart.timeline``: seconds from the
+  spawn until the ring is synced and the recovery begins, and from the recovery's end to ready);
 - **export**: ``Client.export`` of the whole model (JSONL written by the compute node, merged from
   the owners' pages), MB/s of row bytes, while the model holds at most ``--export-max-entries``
   entries (the JSONL is ~9× the row bytes on disk; it is deleted after).
@@ -75,6 +77,7 @@ from giaannd.sdk.local_cluster import LocalCluster, Node
 from peers.membership.config import MembershipConfig
 from tools.bench.cluster_jobs import cpu_s
 from tools.bench.report import emit_figure, print_table
+from tools.bench.restart import timeline
 from tools.bench.zipf_stream import ZipfStream
 
 __all__ = ["CHECKPOINTS", "ApplyLatency", "add_arguments", "check_arguments", "main", "p99_bound", "run",
@@ -326,9 +329,15 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
             record["rss_per_entry_settled"] = rss_per_entry(settled_rss(storage), rss0, entries)
             victim = storage[-1]
             cluster.kill(victim)
-            t = time.perf_counter()
+            t, exec_at = time.perf_counter(), time.time()
             cluster.restart(victim, timeout_s=STEP_TIMEOUT_S)
             seconds = time.perf_counter() - t
+            stages = timeline(victim.log_path.read_text(encoding="utf-8", errors="replace"), exec_at)
+            # the daemon's own log: seconds until the recovery begins (imports, services, listeners,
+            # join, ring sync) and from its end to ready
+            record.update(restart_startup_s=stages.get("ring synced"),
+                          restart_after_recovery_s=(stages["ready"] - stages["recovered"]
+                                                    if "ready" in stages and "recovered" in stages else None))
             cluster.wait_converged()
             held = max(entries[victim.name], 1)
             recovery_s, recovery_bytes, log_bytes = _recovery(victim)
@@ -381,7 +390,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
     header = ["sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent compute", "storage (3 nodes)",
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry after job / settled",
               "apply p99 snapshot / without",
-              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "recovery s / GB read (of it log)",
+              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "of it: start-up / recovery / after",
+              "recovery s / GB read (of it log)",
               "RSS B/entry restarted",
               "export MB/s"]
     rows = [[f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]), _fmt(r["cpu_us_compute"]),
@@ -390,6 +400,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
              f"{_fmt(r['apply_p99_snapshot_s'], 4)} / {_fmt(r['apply_p99_without_s'], 4)} s",
              f"{_fmt(r['fsync_p99_snapshot_s'], 4)} / {_fmt(r['fsync_p99_without_s'], 4)} s", str(r["snapshots"]),
              f"{r['restart_s']:.1f} ({r['restart_s_per_gb']:.2f})",
+             f"{_fmt(r.get('restart_startup_s'), 2)} / {r['recovery_s']:.2f}"
+             f" / {_fmt(r.get('restart_after_recovery_s'), 2)}",
              f"{r['recovery_s']:.1f} / {r['recovery_gb']:.2f} ({r['recovery_log_gb']:.2f})",
              _fmt(r["rss_per_entry_restarted"], 1),
              _fmt(r.get("export_mb_s"), 1)] for r in records]
