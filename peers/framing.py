@@ -39,13 +39,7 @@ handed to ``deliver(message, buffers)``, with no ``Frame``, list or state machin
 that has not fully arrived continues in place and completes there. Anything else is declined
 untouched and takes the general path above. After a frame too large for one read, the next read
 at a frame boundary asks for that frame's header and body only, so that a frame of the same kind
-has its bulk read straight into its destination rather than copied out of staging. When the owner
-also sets ``lend``, the decoder goes one step further after such a frame: it borrows the owner's
-buffer for the next frame of the same shape and reads that frame's header, body and bulk in *one*
-read into it (the bulk at the place the owner chose, aligned); ``whole`` checks the predicted
-frame as any other, and its ``allocate`` normally returns the lent bulk view itself. A read that is not
-the predicted frame (another shape, a short read, several frames) is copied out of the lent
-buffer and decoded by the general path, which raises the precise error for a bad one.
+has its bulk read straight into its destination rather than copied out of staging.
 
 Everything that affects decoding lives in this file. It does no I/O, logging or timing.
 """
@@ -79,7 +73,6 @@ __all__ = [
     "BODY_CHUNK_BYTES",
     "Frame",
     "Allocate",
-    "Lend",
     "FrameDecoder",
     "encode_frame",
     "spec_for",
@@ -317,14 +310,6 @@ class Frame:
 #: byte view per spec, each exactly ``spec.nbytes`` long. May raise ``RemoteProtocolError`` (the
 #: peer sent a response nobody waits for) or ``LocalProtocolError``.
 Allocate = Callable[[wire.Message, Sequence[wire.BufferSpec]], list[memoryview]]
-#: ``lend(head, nbytes)``: a buffer for the next frame, predicted to be ``head`` bytes of header and
-#: body and one inline buffer of ``nbytes``: returns (the read target, exactly ``head + nbytes``
-#: bytes; its last ``nbytes``, the bulk view) or None. Until the owner's ``allocate`` is next
-#: called the memory stays the decoder's; that call, made for a frame of the predicted shape
-#: while its bytes are in the lent buffer, returns either ``[bulk view]`` (the same object: the
-#: bytes are in place) or memory that does not overlap it (the bytes are copied there: a
-#: ``Response`` goes to its caller's buffers).
-Lend = Callable[[int, int], "tuple[memoryview, memoryview] | None"]
 
 _HEADER, _BODY, _BULK = 0, 1, 2
 #: The messages that may carry bulk (checked by exact type: wire's Structs are final).
@@ -377,12 +362,6 @@ class FrameDecoder:
         self._dead = False
         self.frames_decoded = 0
         self._head_hint = 0  # > 0: read this many bytes at the next frame boundary (``whole``)
-        #: set by the owner to predict frames too large for one read (``Lend``); the borrowed read
-        #: target, its bulk view and the predicted header + body length, while one is lent
-        self.lend: Lend | None = None
-        self._lent: memoryview | None = None
-        self._lent_bulk: memoryview | None = None
-        self._lent_head = 0
         #: set by the owner once frames may be dispatched one by one: ``whole`` hands it the frames
         #: it completes (``deliver(message, buffers)``), without a ``Frame`` or a list
         self.deliver: Callable[[wire.Message, list[memoryview]], None] | None = None
@@ -399,8 +378,6 @@ class FrameDecoder:
             return dest[self._dest_offset :]
         if self._chunks:
             return memoryview(self._chunks[-1])[self._chunk_filled :]
-        if self._lent is not None:  # the predicted frame, in one read (``whole``; never with staged bytes)
-            return self._lent
         if self._head_hint and not self._staged:  # (``whole``)
             return self._view[: self._head_hint]
         return self._view[self._staged :]
@@ -418,8 +395,6 @@ class FrameDecoder:
             if offset < self._dests[self._dest_index].nbytes:
                 self._dest_offset = offset
                 return []
-        if self._lent is not None:  # not the predicted frame (``whole`` declined it): general path
-            return self._unlend(nbytes)
         try:
             if self._state == _HEADER and not self._chunks:  # headers and small bodies: staging
                 self._staged += nbytes
@@ -456,73 +431,63 @@ class FrameDecoder:
             assert message is not None
             self._message, self._specs, self._dests = None, (), []
             self._state = _HEADER
+            self.frames_decoded += 1
+            deliver(message, dests)
+            return True
+        if self._staged or self._chunks or nbytes < HEADER_BYTES or self.stepwise:
+            return False
+        magic, version, flags, body_len, nbufs, _reserved, bulk_len = _HEADER_UNPACK(self._staging, 0)
+        end = HEADER_BYTES + body_len
+        # a frame that cannot arrive in one read: the next one of its kind is read header and
+        # body first, so that its bulk lands in place instead of being copied out of staging
+        self._head_hint = end if end + bulk_len > STAGING_BYTES and nbufs == 1 else 0
+        if (nbytes > end + bulk_len or nbytes < end or flags or nbufs > 1 or magic != MAGIC
+                or version != FRAME_VERSION or body_len > self.max_body_bytes or nbufs != (bulk_len > 0)):
+            return False
+        view = self._view
+        body = bytes(view[HEADER_BYTES:end])
+        # the tag follows a fixarray's first byte: decoded by the decoder of that one type, which
+        # checks the tag itself (a wrong guess fails and is declined: the union decoder decides)
+        tag = body[1] if body_len > 1 else -1
+        decode: Callable[[bytes], wire.Request | wire.Response]
+        if tag == _REQUEST_TAG:
+            decode = _decode_request
+        elif tag == _RESPONSE_TAG:
+            decode = _decode_response
         else:
-            if self._staged or self._chunks or nbytes < HEADER_BYTES or self.stepwise:
-                return False
-            lent = self._lent  # set: these bytes are in the lent buffer (the predicted frame?)
-            view = self._view if lent is None else lent
-            magic, version, flags, body_len, nbufs, _reserved, bulk_len = _HEADER_UNPACK(view, 0)
-            end = HEADER_BYTES + body_len
-            # a frame that cannot arrive in one read: the next one of its kind is read header and
-            # body first, so that its bulk lands in place instead of being copied out of staging
-            # (or, with ``lend``, read whole into the lent buffer)
-            self._head_hint = end if end + bulk_len > STAGING_BYTES and nbufs == 1 else 0
-            if (nbytes > end + bulk_len or nbytes < end or flags or nbufs > 1 or magic != MAGIC
-                    or version != FRAME_VERSION or body_len > self.max_body_bytes or nbufs != (bulk_len > 0)):
-                return False
-            if lent is not None and (end != self._lent_head or bulk_len != lent.nbytes - end):
-                return False  # not the predicted shape: ``buffer_updated`` copies it out (``_unlend``)
-            body = bytes(view[HEADER_BYTES:end])
-            # the tag follows a fixarray's first byte: decoded by the decoder of that one type, which
-            # checks the tag itself (a wrong guess fails and is declined: the union decoder decides)
-            tag = body[1] if body_len > 1 else -1
-            decode: Callable[[bytes], wire.Request | wire.Response]
-            if tag == _REQUEST_TAG:
-                decode = _decode_request
-            elif tag == _RESPONSE_TAG:
-                decode = _decode_response
-            else:
-                return False
-            try:
-                message = decode(body)
-            except wire.DECODE_ERRORS:
-                return False  # the general path raises the precise error
-            specs = message.bulk
-            if len(specs) != nbufs or message.bulk_via:
-                return False
-            if not nbufs:
-                self.frames_decoded += 1
-                deliver(message, [])
-                return True
-            spec = specs[0]
-            if spec.nbytes != bulk_len or spec.checksum is not None or spec not in _VALID_SPECS:
-                return False
-            if lent is not None:
-                self._lent = None  # from here on the frame's own: its bulk view is the destination
-            try:
-                dests = self.allocate(message, specs)
-            except RemoteProtocolError:
-                self._dead = True
-                raise
-            if len(dests) != 1 or dests[0].nbytes != bulk_len:
-                raise LocalProtocolError("allocator returned destinations of the wrong size")
-            got = nbytes - end
-            lent_bulk, self._lent_bulk = self._lent_bulk, None
-            if got and dests[0] is not lent_bulk:  # lent: the bytes are in place already (``Lend``)
-                dests[0][:got] = view[end:nbytes]
-            if got < bulk_len:  # the rest lands straight in the destination (``get_buffer``)
-                self._message, self._specs, self._dests = message, specs, dests
-                self._dest_index, self._dest_offset = 0, got
-                self._checksums = False
-                self._state = _BULK
-                return True
+            return False
+        try:
+            message = decode(body)
+        except wire.DECODE_ERRORS:
+            return False  # the general path raises the precise error
+        specs = message.bulk
+        if len(specs) != nbufs or message.bulk_via:
+            return False
+        if not nbufs:
+            self.frames_decoded += 1
+            deliver(message, [])
+            return True
+        spec = specs[0]
+        if spec.nbytes != bulk_len or spec.checksum is not None or spec not in _VALID_SPECS:
+            return False
+        try:
+            dests = self.allocate(message, specs)
+        except RemoteProtocolError:
+            self._dead = True
+            raise
+        if len(dests) != 1 or dests[0].nbytes != bulk_len:
+            raise LocalProtocolError("allocator returned destinations of the wrong size")
+        got = nbytes - end
+        if got:
+            dests[0][:got] = view[end:nbytes]
+        if got < bulk_len:  # the rest lands straight in the destination (``get_buffer``)
+            self._message, self._specs, self._dests = message, specs, dests
+            self._dest_index, self._dest_offset = 0, got
+            self._checksums = False
+            self._state = _BULK
+            return True
         self.frames_decoded += 1
         deliver(message, dests)
-        if self._head_hint and self.lend is not None:  # too large for one read: predict the next
-            self._lent_head = self._head_hint
-            loan = self.lend(self._lent_head, dests[0].nbytes)
-            if loan is not None:
-                self._lent, self._lent_bulk = loan
         return True
 
     def feed(self, data: bytes | memoryview) -> list[Frame]:
@@ -563,18 +528,8 @@ class FrameDecoder:
         self._staged = 0
         self._chunks = []
         self._message, self._specs, self._dests = None, (), []
-        self._lent = self._lent_bulk = None
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _unlend(self, nbytes: int) -> list[Frame]:
-        """The read into the lent buffer is not the predicted frame: its bytes are copied out
-        (``allocate`` may hand that memory to one of the frames among them) and decoded by the
-        general path, exactly as if they had arrived in the staging buffer."""
-        assert self._lent is not None
-        data = bytes(self._lent[:nbytes])
-        self._lent = self._lent_bulk = None
-        return self.feed(data)
 
     def _advance(self, nbytes: int) -> list[Frame]:
         frames: list[Frame] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
@@ -47,11 +47,8 @@ class Identity:
     versions: tuple[int, int] = (wire.PROTOCOL_MIN, wire.PROTOCOL_MAX)
 
 
-# Incoming, Reply and Result are msgspec Structs rather than dataclasses: one of each is made per
-# request, and a Struct's constructor is C code where a dataclass runs a generated Python
-# ``__init__`` (issue 19, fifth pass: one Python frame fewer each). Both are mutable and compare
-# by fields.
-class Incoming(msgspec.Struct):
+@dataclass(slots=True)
+class Incoming:
     """A request as the server's handler sees it.
 
     ``bulk`` arrays are views of pooled receive buffers, valid until the handler's reply has been
@@ -68,15 +65,17 @@ class Incoming(msgspec.Struct):
         return msgspec.msgpack.decode(self.payload, type=type_)
 
 
-class Reply(msgspec.Struct):
+@dataclass(slots=True)
+class Reply:
     """What a handler returns: an application message (a msgspec Struct, or pre-encoded bytes) and
     bulk buffers (numpy arrays / torch CPU tensors, contiguous; kept alive until sent)."""
 
     payload: Any = None
-    bulk: Sequence[Any] = msgspec.field(default_factory=list)
+    bulk: Sequence[Any] = field(default_factory=list)
 
 
-class Result(msgspec.Struct):
+@dataclass(slots=True)
+class Result:
     """What ``Connection.request`` returns. ``bulk`` are the caller's ``recv_into`` buffers (typed
     views of them) or freshly allocated arrays when none were given."""
 

@@ -124,9 +124,8 @@ class Metrics:
         self.connections_refused[reason] = self.connections_refused.get(reason, 0) + 1
 
 
-class _Pending(msgspec.Struct):
-    """A caller's request in flight (a Struct: built in C, no Python ``__init__`` per request)."""
-
+@dataclass(eq=False, slots=True)
+class _Pending:
     future: asyncio.Future[Result]
     recv_into: Sequence[Any] | None
     views: list[Any] | None = None
@@ -174,9 +173,6 @@ def _typed(view: memoryview, spec: wire.BufferSpec) -> np.ndarray:
 
 #: A served request's receive buffer up to this size is kept for the next request (``_keep_spare``).
 _SPARE_MAX_BYTES: Final = 256 * 2**10
-#: Room in front of the kept buffer's bulk for a predicted request's header and body (``lend``):
-#: the bulk lands this far into the buffer, so 256-byte aligned.
-_LEND_HEAD_ROOM: Final = 256
 
 #: The deadline heap is rebuilt without stale entries once it holds this many more than live ones.
 _DEADLINE_SLACK = 64
@@ -285,8 +281,6 @@ class Connection:
         self._spare_lease: Lease | None = None
         self._spare_view = memoryview(b"")
         self._spare_bytes = 0
-        #: the bulk view of the kept buffer lent to the decoder (``lend``), until ``allocate``
-        self._lent: memoryview | None = None
         self._write_lock = asyncio.Lock()
         self._slow_writers = 0  # writers waiting for, or holding, the write lock
         # links that can tell whether everything written already reached the kernel (tcp) get a
@@ -393,9 +387,6 @@ class Connection:
                 if self._spare is not None and nbytes <= self._spare_bytes:  # the last request's
                     lease, self._spare = self._spare, None
                     self._leases[message.id] = [lease]
-                    lent, self._lent = self._lent, None
-                    if lent is not None and lent.nbytes == nbytes:  # the predicted frame (``lend``)
-                        return [lent]
                     return [self._spare_view[:nbytes]]
                 lease = self._pool.lease(nbytes)
                 self._leases[message.id] = [lease]
@@ -416,24 +407,6 @@ class Connection:
                     self._settle(message.id, exc)
             return [np.empty(s.nbytes, np.uint8).data for s in specs]  # late/mismatched: drop
         raise RemoteProtocolError(f"{type(message).__name__} may not carry bulk", reason="bad_message")
-
-    def lend(self, head: int, nbytes: int) -> tuple[memoryview, memoryview] | None:
-        """The decoder's ``lend`` (``framing.Lend``): the kept buffer, for the next request to be
-        read whole into it — ``head`` bytes of header and body, then ``nbytes`` of bulk at
-        ``_LEND_HEAD_ROOM`` — when one is kept (a handler that waits holds it) and the frame fits;
-        a kept buffer too small is swapped for one that fits (≤ ``_SPARE_MAX_BYTES``). It stays
-        the decoder's until ``allocate``, which returns its bulk view for that frame."""
-        need = _LEND_HEAD_ROOM + nbytes
-        if self._spare is None or head > _LEND_HEAD_ROOM or need > _SPARE_MAX_BYTES or self._closed_exc is not None:
-            return None
-        if need > self._spare_bytes:
-            lease = self._pool.lease(need)
-            self._spare.release()
-            self._spare, self._spare_lease = lease, lease
-            self._spare_view, self._spare_bytes = lease.whole(), lease.capacity
-        whole = self._spare_view
-        bulk = self._lent = whole[_LEND_HEAD_ROOM:need]
-        return whole[_LEND_HEAD_ROOM - head : need], bulk
 
     def on_message(self, msg: wire.Message, buffers: list[memoryview]) -> None:
         """Dispatch one decoded inline ``Request`` or ``Response`` (the decoder's ``deliver``: the
@@ -619,8 +592,7 @@ class Connection:
         it is larger than the one kept (which goes back to the pool), up to ``_SPARE_MAX_BYTES``.
         Returns False when the caller should release it."""
         capacity = lease.capacity
-        if (capacity > _SPARE_MAX_BYTES or (self._spare is not None and capacity <= self._spare_bytes)
-                or self._lent is not None):  # the kept one is lent to the decoder: it stays
+        if capacity > _SPARE_MAX_BYTES or (self._spare is not None and capacity <= self._spare_bytes):
             return False
         if self._spare is not None:
             self._spare.release()
@@ -883,7 +855,7 @@ class Connection:
         if self._spare is not None:
             self._spare.release()
         self._spare = self._spare_lease = None
-        self._spare_view, self._lent = memoryview(b""), None
+        self._spare_view = memoryview(b"")
         for req_id in [r for r in self._leases if r not in self._serving]:
             for lease in self._leases.pop(req_id):
                 lease.forget() if stuck else lease.release()

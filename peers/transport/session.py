@@ -173,7 +173,6 @@ class Session:
         self.conn = self._make(agreement)
         self.decoder.allocate = self.conn.allocate  # authenticated: bulk may come, straight there
         self.decoder.deliver = self.conn.on_message
-        self.decoder.lend = self.conn.lend  # frames too large for one read: predicted, read in one
         self.metrics.connections_opened += 1
         if not self.ready.done():
             self.ready.set_result(self.conn)
