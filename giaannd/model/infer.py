@@ -90,6 +90,32 @@ _INITIAL_SLOTS = 256
 _SLOT_TABLE_LOAD = 0.25
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
+#: Bytes a session spends remembering the rows it fired (``_Fired``: 8 per entry for the slots, 12 more
+#: with test-set constants for the strengths and their ``exp``), all rows together; the least
+#: recently fired go first, and a row that needs more than this alone is not remembered.
+_MEMO_BYTES = 48 << 20
+#: Rows shorter than this are not remembered: mapping them costs a few µs, about what keeping and
+#: checking a record costs, and few rows of a sentence fire twice (the bundled corpus's sessions: 461
+#: entries a step on average).
+_MEMO_MIN_ENTRIES = 2048
+
+
+@dataclass(slots=True)
+class _Fired:
+    """What a session remembers of a row it fired, to fire it again without a lookup: the state slot of
+    every entry (what ``KeyIndex.ids_of`` returned) and, for test-set constants, the
+    strengths (a copy) and ``exp(strength / -100)`` of every entry. Checked before each use
+    (``KeyIndex.holds``: the keys at those slots are the row's targets; the strengths' bits equal),
+    so a row that changed, or another Row object with the same content, is handled right."""
+
+    slots: NDArray[np.int64]
+    strength: NDArray[np.float32] | None = None
+    value: NDArray[np.float64] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.strength is None or self.value is None else self.strength.nbytes + self.value.nbytes
+        return int(self.slots.nbytes) + extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +154,9 @@ _G_ONE = activation(1.0)
 _G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
 
 
-@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
-        'Array(float32, 1, "C", readonly=True), float64[::1], int64)')
+@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), '
+        'Array(int64, 1, "C", readonly=True), Array(float32, 1, "C", readonly=True), '
+        'Array(float64, 1, "C", readonly=True), int64)')
 def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
              slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
              mode: int) -> int:
@@ -237,6 +264,10 @@ class LifSession:
         self._teacher = teacher_forced
         # (column, feature) -> slot: the neuron's column of ``_act``
         self._slots = KeyIndex(max_load=_SLOT_TABLE_LOAD)
+        #: The rows fired so far, by source node (the row fired is always the current node's), least
+        #: recently fired first: a row fired again skips the slot map (``_slots_of``).
+        self._fired: dict[RowKey, _Fired] = {}
+        self._fired_bytes = 0
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
         #: The row of ``_act`` holding each segment. Segments 0..2 and 4..7 move by relabelling these
         #: rows (a ring each), not by copying them; segment 3 and the soma stay in rows 3 and 8.
@@ -407,24 +438,36 @@ class LifSession:
         operations in the same order, so every state value gets the same bits as before."""
         if not slots.shape[0] == segment.shape[0] == strength.shape[0]:
             raise ValueError("a row's arrays must be of one length")
-        mode, value = self._deposits(strength)
+        mode, value = self._deposits(strength, self._fired.get(self._current))
         if _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
                     slots, np.ascontiguousarray(strength, np.float32), value, mode):
             raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
 
-    def _deposits(self, strength: NDArray[np.float32]) -> tuple[int, NDArray[np.float64]]:
+    def _deposits(self, strength: NDArray[np.float32], fired: _Fired | None = None) -> tuple[int, NDArray[np.float64]]:
         """What ``_deposit`` needs to add g(value) of every entry: (``_G_CONSTANT``, [g(1)]) for boolean
         synapses whose strengths are all > 0 (the usual case); (``_G_BOOLEAN``, [g(1)]) when some are
         not (g(1) where strength > 0, else 0.0, chosen per entry); (``_G_EXP``, exp(s / −100)) for raw
         strengths, numpy's ``exp`` as before (the kernel adds 1, divides 2 by it and subtracts 1:
         ``2 / (1 + exp(-s / 100)) - 1`` in the order the spec writes it; negating before or after
-        dividing by 100 is exact)."""
+        dividing by 100 is exact). ``fired``: what the session remembers of this row (``_slots_of``
+        just checked its slots): its ``exp`` values are reused when the strengths have the same bits,
+        else computed and remembered with a copy of the strengths."""
         if self._k.boolean_synapses:
             mode = _G_CONSTANT if strength.shape[0] and float(strength.min()) > 0.0 else _G_BOOLEAN
             return mode, np.array([_G_ONE])
+        if fired is not None and fired.value is not None and fired.strength is not None and np.array_equal(
+                fired.strength.view(np.uint32), np.ascontiguousarray(strength, np.float32).view(np.uint32)):
+            return _G_EXP, fired.value
         value = np.empty(strength.shape[0], np.float64)
         np.divide(strength, -100.0, out=value, dtype=np.float64)
         np.exp(value, out=value)
+        if fired is not None:
+            self._fired_bytes -= fired.nbytes
+            fired.strength = np.array(strength, np.float32)
+            fired.value = value
+            value.flags.writeable = False
+            self._fired_bytes += fired.nbytes
+            self._trim_fired()
         return _G_EXP, value
 
     def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
@@ -448,7 +491,33 @@ class LifSession:
         return s
 
     def _slots_of(self, row: Row) -> NDArray[np.int64]:
-        return self._slots_of_arrays(row.target_column, row.target_feature)
+        """The slots of the targets of ``row``, the current node's row (new neurons get new slots).
+        A row this session fired before and still remembers (``_Fired``) is checked instead of mapped
+        (``KeyIndex.holds``: no probe walk); otherwise it is mapped and remembered. Either way,
+        ``_fired[current]`` is then this row's record, or absent (a row too short or too long to
+        remember: ``_MEMO_MIN_ENTRIES``, ``_MEMO_BYTES``)."""
+        key = self._current
+        tc, tf = row.target_column, row.target_feature
+        fired = self._fired.pop(key, None) if self._fired else None
+        if fired is not None:
+            if fired.slots.shape[0] == tc.shape[0] and self._slots.holds(tc, tf, fired.slots):
+                self._fired[key] = fired  # now the most recently fired
+                return fired.slots
+            self._fired_bytes -= fired.nbytes
+        slots = self._slots_of_arrays(tc, tf)
+        if tc.shape[0] >= _MEMO_MIN_ENTRIES:
+            fired = _Fired(slots)
+            self._fired[key] = fired
+            self._fired_bytes += fired.nbytes
+            self._trim_fired()
+        return slots
+
+    def _trim_fired(self) -> None:
+        """Forget the least recently fired rows until the records fit in ``_MEMO_BYTES`` (the one just
+        fired, last, goes too if it alone does not fit)."""
+        fired = self._fired
+        while self._fired_bytes > _MEMO_BYTES and fired:
+            self._fired_bytes -= fired.pop(next(iter(fired))).nbytes
 
     def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:
         """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""
