@@ -72,6 +72,7 @@ __all__ = [
     "LifConstants",
     "LifSession",
     "NoDelimiters",
+    "REMEMBER_BYTES",
     "RowSource",
     "activation",
     "run_session",
@@ -90,10 +91,11 @@ _INITIAL_SLOTS = 256
 _SLOT_TABLE_LOAD = 0.25
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
-#: Bytes a session spends remembering the rows it fired (``_Fired``: 8 per entry for the slots, 12 more
-#: with test-set constants for the strengths and their ``exp``), all rows together; the least
-#: recently fired go first, and a row that needs more than this alone is not remembered.
-_MEMO_BYTES = 48 << 20
+#: Default ``remember_bytes``: what a session spends remembering the rows it fired (``_Fired``: 8 bytes
+#: per entry for the slots, 12 more with test-set constants for the strengths and their ``exp``), all
+#: rows together; the least recently fired go first, and a row that needs more alone is not
+#: remembered. 48 MiB: a row of 2.4·10^6 entries (test-set), or several shorter ones.
+REMEMBER_BYTES = 48 << 20
 #: Rows shorter than this are not remembered: mapping them costs a few µs, about what keeping and
 #: checking a record costs, and few rows of a sentence fire twice (the bundled corpus's sessions: 461
 #: entries a step on average).
@@ -235,6 +237,8 @@ class LifSession:
         length: total steps; defaults to ``len(targets)`` (generation passes prompt + max new tokens).
         seed_tokens: steps < seed_tokens take the real token (teacher forcing, no prediction).
         teacher_forced: after the seed, continue with the real token (True) or the prediction (False).
+        remember_bytes: memory for remembering the rows fired (``_Fired``, :data:`REMEMBER_BYTES`), so
+            that one fired again skips the slot map; 0 remembers nothing (every fire maps its row).
 
     Raises:
         ValueError: bad arguments (no targets, teacher forcing past the known targets...).
@@ -249,6 +253,7 @@ class LifSession:
         length: int | None = None,
         seed_tokens: int = SEED_TOKENS,
         teacher_forced: bool = True,
+        remember_bytes: int = REMEMBER_BYTES,
     ) -> None:
         if not targets:
             raise ValueError("a LIF session needs at least one token")
@@ -268,6 +273,7 @@ class LifSession:
         #: recently fired first: a row fired again skips the slot map (``_slots_of``).
         self._fired: dict[RowKey, _Fired] = {}
         self._fired_bytes = 0
+        self._remember_bytes = remember_bytes
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
         #: The row of ``_act`` holding each segment. Segments 0..2 and 4..7 move by relabelling these
         #: rows (a ring each), not by copying them; segment 3 and the soma stay in rows 3 and 8.
@@ -495,7 +501,7 @@ class LifSession:
         A row this session fired before and still remembers (``_Fired``) is checked instead of mapped
         (``KeyIndex.holds``: no probe walk); otherwise it is mapped and remembered. Either way,
         ``_fired[current]`` is then this row's record, or absent (a row too short or too long to
-        remember: ``_MEMO_MIN_ENTRIES``, ``_MEMO_BYTES``)."""
+        remember: ``_MEMO_MIN_ENTRIES``, ``remember_bytes``)."""
         key = self._current
         tc, tf = row.target_column, row.target_feature
         fired = self._fired.pop(key, None) if self._fired else None
@@ -513,10 +519,10 @@ class LifSession:
         return slots
 
     def _trim_fired(self) -> None:
-        """Forget the least recently fired rows until the records fit in ``_MEMO_BYTES`` (the one just
+        """Forget the least recently fired rows until the records fit in ``remember_bytes`` (the one just
         fired, last, goes too if it alone does not fit)."""
         fired = self._fired
-        while self._fired_bytes > _MEMO_BYTES and fired:
+        while self._fired_bytes > self._remember_bytes and fired:
             self._fired_bytes -= fired.pop(next(iter(fired))).nbytes
 
     def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:

@@ -6,7 +6,6 @@ place); the records are bounded."""
 import numpy as np
 import pytest
 
-import giaannd.model.infer as infer
 from giaannd.model.infer import TEST_SET, TRAIN_SET, LifSession, NoDelimiters
 from giaannd.model.rows import Row
 from giaannd.rowengine import KeyIndex
@@ -31,8 +30,8 @@ class _CountingIndex(KeyIndex):
         return super().ids_of(a, b)
 
 
-def _sessions(targets, constants):
-    new = LifSession(targets, NoDelimiters(), constants)
+def _sessions(targets, constants, **kwargs):
+    new = LifSession(targets, NoDelimiters(), constants, **kwargs)
     counted = _CountingIndex(max_load=new._slots._max_load)
     counted.ids_of(*new._slots.keys())  # the same ids (first appearance order)
     new._slots = counted
@@ -101,13 +100,12 @@ def test_short_rows_are_not_remembered_and_a_long_record_goes_when_its_node_fire
     assert _run(new, old, [long_row]) == [_N]
 
 
-def test_the_records_are_bounded_least_recently_fired_first(monkeypatch):
+def test_the_records_are_bounded_least_recently_fired_first():
     rows = [synthetic_row(_N, seed=20 + i) for i in range(4)]
     record = _N * (8 + 4 + 8)  # slots, strengths, exp values
-    monkeypatch.setattr(infer, "_MEMO_BYTES", 2 * record)
     keys = [(i, i) for i in range(4)]
     order = [0, 1, 0, 2, 3, 0, 3]  # at most two remembered: 0 is kept by firing it again
-    new, old = _sessions([keys[i] for i in order] + [keys[0]], TEST_SET)
+    new, old = _sessions([keys[i] for i in order] + [keys[0]], TEST_SET, remember_bytes=2 * record)
     source = dict(zip(keys, rows))
     held = []
     while (key := new.needs_row()) is not None:
@@ -116,10 +114,10 @@ def test_the_records_are_bounded_least_recently_fired_first(monkeypatch):
         assert new._fired_bytes == sum(f.nbytes for f in new._fired.values()) <= 2 * record
     assert held == [[(0, 0)], [(0, 0), (1, 1)], [(1, 1), (0, 0)], [(0, 0), (2, 2)], [(2, 2), (3, 3)],
                     [(3, 3), (0, 0)], [(0, 0), (3, 3)]]
-    monkeypatch.setattr(infer, "_MEMO_BYTES", record - 1)  # one row alone does not fit
-    session = LifSession([(5, 5)] * 2, NoDelimiters(), TEST_SET)
-    session.step(rows[0])
-    assert session._fired == {} and session._fired_bytes == 0
+    for remember in (record - 1, 0):  # one row alone does not fit; nothing remembered at all
+        new, old = _sessions([(5, 5)] * 3, TEST_SET, remember_bytes=remember)
+        assert _run(new, old, [rows[0], rows[0]]) == [_N, _N]
+        assert new._fired == {} and new._fired_bytes == 0
 
 
 def test_keyindex_holds_checks_every_id_against_its_key():
