@@ -26,7 +26,9 @@ id order) when it would be more than ``max_load`` full; a kernel that inserts st
 would overfill it, the table grows, and it resumes there, so a batch of keys that are mostly held
 already (a LIF row fired again) never makes room for keys it does not add. In a table of at least
 ``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``_prefetch``), so the
-cache misses of keys in a row overlap. The kernels take read-only key arrays as they are.
+cache misses of keys in a row overlap. The kernels take read-only key arrays as they are. A caller
+that kept the ids of some keys can check them instead of looking the keys up again (``holds``: the
+key stored for each id compared with the given one, no walk; a LIF session's row fired again).
 
 Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
 bytes of key per id: 32-48 bytes per row.
