@@ -532,6 +532,13 @@ class ComputeConfig(_Section):
         "fresh; docs/replication.md). The cost is up to this much idle RSS between large reads. "
         "0 keeps none."
     ))] = 256 * 1024 * 1024
+    infer_remember_bytes: Annotated[int, Meta(ge=0, le=1 << 40, description=(
+        "Memory each inference session may spend remembering the rows of >= 2,048 entries it "
+        "fired (8 bytes per entry, 20 with test-set constants), so that a row fired again skips "
+        "the slot map: checked, not looked up (3-6x less per entry at 10^5-10^6 entries; "
+        "docs/model.md, The LIF step). At most max-sessions x this in all, next to the sessions' "
+        "own state (~120 bytes per neuron). 0: nothing remembered."
+    ))] = 48 << 20
     resume_jobs: Annotated[bool, Meta(description=(
         "Resume unfinished training jobs from their journals (<data-dir>/compute/jobs/) when the "
         "node starts, under the same writer id and batch ids, so nothing is counted twice. Off: "

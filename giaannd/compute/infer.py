@@ -76,7 +76,7 @@ from numpy.typing import NDArray
 from giaannd.model.evaluate import EvalResult, Mode, continuation, generation_session, prediction_matches, token_matches
 from giaannd.model.gpu.device import Device
 from giaannd.model.gpu.lif import make_session
-from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
+from giaannd.model.infer import REMEMBER_BYTES, SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
 
@@ -595,11 +595,13 @@ class Inference:
         readahead_prompts: prompts of an evaluation whose first window is read before their
             session starts (module docstring, "read-ahead"); 0 turns it off.
         device: where the sessions' activation state lives (module docstring, "Device").
+        remember_bytes: what each session may spend remembering the long rows it fired
+            (``LifSession``'s ``remember_bytes``, ``compute.infer-remember-bytes``).
     """
 
     def __init__(self, fetcher: RowFetcher, *, max_sessions: int = 64,
                  prefetch_depth: int = DEFAULT_PREFETCH_DEPTH, readahead_prompts: int = DEFAULT_READAHEAD_PROMPTS,
-                 device: Device = "cpu") -> None:
+                 device: Device = "cpu", remember_bytes: int = REMEMBER_BYTES) -> None:
         if max_sessions < 1 or prefetch_depth < 0 or readahead_prompts < 0:
             raise ValueError("max_sessions must be >= 1, prefetch_depth and readahead_prompts >= 0")
         self.fetcher = fetcher
@@ -610,7 +612,8 @@ class Inference:
         self.steps = 0
         self.sessions = 0
         self.device: Device = device
-        self._new_session: Callable[..., LifSession] = functools.partial(make_session, device)
+        self._new_session: Callable[..., LifSession] = functools.partial(make_session, device,
+                                                                         remember_bytes=remember_bytes)
 
     async def _run(self, session: LifSession, ahead: Lookahead | None,
                    readahead: PromptReadAhead | None = None, i: int = 0) -> None:

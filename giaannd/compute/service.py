@@ -351,7 +351,8 @@ class ComputeService:
                                        self.cache)
             self._inference = Inference(self._fetcher, max_sessions=self.settings.max_sessions,
                                         prefetch_depth=self._prefetch_depth,
-                                        readahead_prompts=self.settings.infer_readahead_prompts, device=self.device)
+                                        readahead_prompts=self.settings.infer_readahead_prompts, device=self.device,
+                                        remember_bytes=self.settings.infer_remember_bytes)
         return self._inference
 
     # -- training (journaled jobs: durable_jobs.py) -------------------------------------------

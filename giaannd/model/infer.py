@@ -35,18 +35,25 @@ inserted; table at load 1/4) maps (column, feature) → slot, new neurons gettin
 the order they first occur in the row. Segments move by relabelling rows, not by copying them: the
 rows holding segments 4..7 form a ring (7 is added into the soma, cleared, and becomes 4) and so do
 those of segments 0..2 at a column change (2 is added into the decayed segment 3, cleared, and
-becomes 0), so a step's dense work is three or four passes over the slots instead of a dozen.
+becomes 0), so a step's dense work is two or three compiled passes over the slots instead of a dozen.
 Firing a row is two compiled passes over it: the slot map, then ``_deposit`` (g(strength) and the
 add into (segment, slot), one add per element: a canonical row is nine sorted runs with distinct
 targets in each, and the soma run *is* the eligible set); numpy computes only ``exp`` of the
-test-set deposits, as before. Selection is one compiled pass over the eligible set (``_pick``). No
-Python per entry. Every float operation is the one the spec states, in the same order, so the state
-is the same bit for bit as a straightforward implementation's (tests/unit/model/test_infer_step.py
-checks it against the previous one, step by step). What bounds the step on long rows is the slot
-map's random access into the hash table and the first touch of fresh memory (tools/bench/lif.py
-breaks the step down). The session never
-does I/O: the caller fetches rows (from a local :class:`~giaannd.model.rowstore.RowStore` or a
-remote storage client) and may do so asynchronously.
+test-set deposits, as before. A row fired again skips the slot map: the session remembers, per
+source node, the slots of each row of ≥ 2,048 entries it fired (and, test-set, the strengths and
+their ``exp``), in at most ``remember_bytes`` (48 MiB by default, least recently fired forgotten
+first), and checks them before each reuse (``KeyIndex.holds``: the key stored at each remembered slot
+is the entry's target, one near-sequential pass instead of a probe walk; the strengths' bits are
+equal), so a changed row, or another Row object with the same content (the local store makes a new
+one per ``get_row``; the cluster's row cache hands out the same one), is always handled right.
+Selection is one compiled pass over the eligible set (``_pick``). No Python per entry. Every float
+operation is the one the spec states, in the same order, so the state is the same bit for bit as a
+straightforward implementation's (tests/unit/model/test_infer_step.py checks it against the previous
+one, step by step; test_infer_refire.py with rows fired again). What bounds a first fire on long
+rows is the slot map's random access into the hash table and the first touch of fresh memory
+(tools/bench/lif.py breaks the step down). The session never does I/O: the caller fetches rows
+(from a local :class:`~giaannd.model.rowstore.RowStore` or a remote storage client) and may do so
+asynchronously.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ __all__ = [
     "LifConstants",
     "LifSession",
     "NoDelimiters",
+    "REMEMBER_BYTES",
     "RowSource",
     "activation",
     "run_session",
@@ -90,6 +98,33 @@ _INITIAL_SLOTS = 256
 _SLOT_TABLE_LOAD = 0.25
 #: Where each segment's run starts in a canonical row (searched for in its uint8 segments, no cast).
 _SEGMENT_EDGES = np.arange(NUM_SEGMENTS + 1, dtype=np.uint8)
+#: Default ``remember_bytes``: what a session spends remembering the rows it fired (``_Fired``: 8 bytes
+#: per entry for the slots, 12 more with test-set constants for the strengths and their ``exp``), all
+#: rows together; the least recently fired go first, and a row that needs more alone is not
+#: remembered. 48 MiB: a row of 2.4·10^6 entries (test-set), or several shorter ones.
+REMEMBER_BYTES = 48 << 20
+#: Rows shorter than this are not remembered: mapping them costs a few µs, about what keeping and
+#: checking a record costs, and few rows of a sentence fire twice (the bundled corpus's sessions: 461
+#: entries a step on average).
+_MEMO_MIN_ENTRIES = 2048
+
+
+@dataclass(slots=True)
+class _Fired:
+    """What a session remembers of a row it fired, to fire it again without a lookup: the state slot of
+    every entry (what ``KeyIndex.ids_of`` returned) and, for test-set constants, the
+    strengths (a copy) and ``exp(strength / -100)`` of every entry. Checked before each use
+    (``KeyIndex.holds``: the keys at those slots are the row's targets; the strengths' bits equal),
+    so a row that changed, or another Row object with the same content, is handled right."""
+
+    slots: NDArray[np.int64]
+    strength: NDArray[np.float32] | None = None
+    value: NDArray[np.float64] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.strength is None or self.value is None else self.strength.nbytes + self.value.nbytes
+        return int(self.slots.nbytes) + extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +163,9 @@ _G_ONE = activation(1.0)
 _G_CONSTANT, _G_BOOLEAN, _G_EXP = 0, 1, 2
 
 
-@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), int64[::1], '
-        'Array(float32, 1, "C", readonly=True), float64[::1], int64)')
+@kernel('int64(float64[:, ::1], int64[::1], Array(uint8, 1, "C", readonly=True), '
+        'Array(int64, 1, "C", readonly=True), Array(float32, 1, "C", readonly=True), '
+        'Array(float64, 1, "C", readonly=True), int64)')
 def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray[np.uint8],
              slots: NDArray[np.int64], strength: NDArray[np.float32], value: NDArray[np.float64],
              mode: int) -> int:
@@ -155,6 +191,17 @@ def _deposit(act: NDArray[np.float64], lane: NDArray[np.int64], segment: NDArray
             g = g - 1.0
         act[lane[seg], slots[i]] += g
     return bad
+
+
+@kernel("void(float64[:, ::1], int64, int64, int64, float64)")
+def _fold_lane(act: NDArray[np.float64], into: int, lane: int, n: int, factor: float) -> None:
+    """``act[into, :n] = act[into, :n] * factor + act[lane, :n]``, then ``act[lane, :n] = 0``: what
+    numpy's ``*=``, ``+=`` and ``= 0`` did in three passes, in one (the same two roundings per element,
+    no fused multiply-add without fastmath; ``factor`` 1.0 multiplies exactly)."""
+    for i in range(n):
+        v = act[into, i] * factor
+        act[into, i] = v + act[lane, i]
+        act[lane, i] = 0.0
 
 
 @kernel('int64(float64[:, ::1], Array(int64, 1, "C", readonly=True), float64)')
@@ -208,6 +255,8 @@ class LifSession:
         length: total steps; defaults to ``len(targets)`` (generation passes prompt + max new tokens).
         seed_tokens: steps < seed_tokens take the real token (teacher forcing, no prediction).
         teacher_forced: after the seed, continue with the real token (True) or the prediction (False).
+        remember_bytes: memory for remembering the rows fired (``_Fired``, :data:`REMEMBER_BYTES`), so
+            that one fired again skips the slot map; 0 remembers nothing (every fire maps its row).
 
     Raises:
         ValueError: bad arguments (no targets, teacher forcing past the known targets...).
@@ -222,6 +271,7 @@ class LifSession:
         length: int | None = None,
         seed_tokens: int = SEED_TOKENS,
         teacher_forced: bool = True,
+        remember_bytes: int = REMEMBER_BYTES,
     ) -> None:
         if not targets:
             raise ValueError("a LIF session needs at least one token")
@@ -237,6 +287,11 @@ class LifSession:
         self._teacher = teacher_forced
         # (column, feature) -> slot: the neuron's column of ``_act``
         self._slots = KeyIndex(max_load=_SLOT_TABLE_LOAD)
+        #: The rows fired so far, by source node (the row fired is always the current node's), least
+        #: recently fired first: a row fired again skips the slot map (``_slots_of``).
+        self._fired: dict[RowKey, _Fired] = {}
+        self._fired_bytes = 0
+        self._remember_bytes = remember_bytes
         self._act: NDArray[np.float64] = np.zeros((NUM_SEGMENTS, _INITIAL_SLOTS), np.float64)
         #: The row of ``_act`` holding each segment. Segments 0..2 and 4..7 move by relabelling these
         #: rows (a ring each), not by copying them; segment 3 and the soma stay in rows 3 and 8.
@@ -246,7 +301,7 @@ class LifSession:
         self._step = 1
         self._done = self._length <= 1
         first = self._targets[0]
-        s = self._slot_of(first)
+        s = self._current_slot = self._slot_of(first)
         self._act[_SOMA, s] += 1.0  # step 0: burst token 0
         self._act[_SOMA, s] *= 1.0 - self._k.soma_decay
         self._act[_SOMA, s] += 1.0
@@ -300,7 +355,7 @@ class LifSession:
             self._flags.is_deterministic(f) or self._flags.is_probabilistic(f)
         )
         n = len(self._slots)
-        cur = self._slot_of(self._current)
+        cur = self._current_slot
         # 2. propagate feature segments one step toward the soma.
         self._shift_feature_segments(n)
         # 3. fire.
@@ -327,7 +382,8 @@ class LifSession:
             self._shift_column_segments(n)
         # 8. soma decay; 9. burst the next node.
         self._decay_soma(n)
-        self._burst(self._slot_of(nxt))
+        self._current_slot = self._slot_of(nxt)  # a neuron's slot never changes
+        self._burst(self._current_slot)
         self._current = nxt
         if self._step >= self._length:
             self._done = True
@@ -351,10 +407,9 @@ class LifSession:
     def _shift_feature_segments(self, n: int) -> None:
         """Step 2: 7 merges into the soma, and its row, cleared, becomes segment 4 (6, 5, 4 become
         7, 6, 5 by relabelling, no copy)."""
-        act, lane = self._act, self._lane
+        lane = self._lane
         last = lane[_SOMA - 1]
-        act[_SOMA, :n] += act[last, :n]
-        act[last, :n] = 0.0
+        _fold_lane(self._act, _SOMA, last, n, 1.0)
         lane[_FIRST_FEATURE_SEGMENT:_SOMA] = [last, *lane[_FIRST_FEATURE_SEGMENT:_SOMA - 1]]
 
     def _potential(self, slot: int) -> float:
@@ -369,11 +424,9 @@ class LifSession:
 
     def _shift_column_segments(self, n: int) -> None:
         """Step 7: segment 3 decays and receives 2; 2's row, cleared, becomes 0 (1, 0 become 2, 1)."""
-        act, lane = self._act, self._lane
+        lane = self._lane
         prev = lane[_LAST_COLUMN_SEGMENT - 1]
-        act[_LAST_COLUMN_SEGMENT, :n] *= 1.0 - self._k.column_decay
-        act[_LAST_COLUMN_SEGMENT, :n] += act[prev, :n]
-        act[prev, :n] = 0.0
+        _fold_lane(self._act, _LAST_COLUMN_SEGMENT, prev, n, 1.0 - self._k.column_decay)
         lane[0:_LAST_COLUMN_SEGMENT] = [prev, *lane[0:_LAST_COLUMN_SEGMENT - 1]]
 
     def _decay_soma(self, n: int) -> None:
@@ -407,24 +460,39 @@ class LifSession:
         operations in the same order, so every state value gets the same bits as before."""
         if not slots.shape[0] == segment.shape[0] == strength.shape[0]:
             raise ValueError("a row's arrays must be of one length")
-        mode, value = self._deposits(strength)
+        mode, value = self._deposits(strength, self._fired.get(self._current))
         if _deposit(self._act, np.array(self._lane, np.int64), np.ascontiguousarray(segment, np.uint8),
                     slots, np.ascontiguousarray(strength, np.float32), value, mode):
             raise ValueError(f"a row's segments must be < {NUM_SEGMENTS}")
 
-    def _deposits(self, strength: NDArray[np.float32]) -> tuple[int, NDArray[np.float64]]:
+    def _deposits(self, strength: NDArray[np.float32], fired: _Fired | None = None) -> tuple[int, NDArray[np.float64]]:
         """What ``_deposit`` needs to add g(value) of every entry: (``_G_CONSTANT``, [g(1)]) for boolean
         synapses whose strengths are all > 0 (the usual case); (``_G_BOOLEAN``, [g(1)]) when some are
         not (g(1) where strength > 0, else 0.0, chosen per entry); (``_G_EXP``, exp(s / −100)) for raw
         strengths, numpy's ``exp`` as before (the kernel adds 1, divides 2 by it and subtracts 1:
         ``2 / (1 + exp(-s / 100)) - 1`` in the order the spec writes it; negating before or after
-        dividing by 100 is exact)."""
+        dividing by 100 is exact). ``fired``: what the session remembers of this row (``_slots_of``
+        just checked its slots): its ``exp`` values are reused when the strengths have the same bits,
+        else computed and remembered with a copy of the strengths."""
         if self._k.boolean_synapses:
             mode = _G_CONSTANT if strength.shape[0] and float(strength.min()) > 0.0 else _G_BOOLEAN
             return mode, np.array([_G_ONE])
-        value = np.empty(strength.shape[0], np.float64)
-        np.divide(strength, -100.0, out=value, dtype=np.float64)
+        if fired is not None and fired.value is not None and fired.strength is not None and np.array_equal(
+                fired.strength.view(np.uint32), np.ascontiguousarray(strength, np.float32).view(np.uint32)):
+            return _G_EXP, fired.value
+        # widen first, then divide in place: the same float64 operations as ``np.divide(strength,
+        # -100.0, dtype=np.float64)``, without setting up its casting loop (~0.7 µs less a call: 461
+        # entries 16.7 -> 15.2 ns each; the same from 10^4 on, where numpy's exp, ~5.5 ns, is the cost)
+        value = strength.astype(np.float64)
+        value /= -100.0
         np.exp(value, out=value)
+        if fired is not None:
+            self._fired_bytes -= fired.nbytes
+            fired.strength = np.array(strength, np.float32)
+            fired.value = value
+            value.flags.writeable = False
+            self._fired_bytes += fired.nbytes
+            self._trim_fired()
         return _G_EXP, value
 
     def _select(self, eligible: NDArray[np.int64], row: Row, soma_start: int, column: int,
@@ -448,7 +516,33 @@ class LifSession:
         return s
 
     def _slots_of(self, row: Row) -> NDArray[np.int64]:
-        return self._slots_of_arrays(row.target_column, row.target_feature)
+        """The slots of the targets of ``row``, the current node's row (new neurons get new slots).
+        A row this session fired before and still remembers (``_Fired``) is checked instead of mapped
+        (``KeyIndex.holds``: no probe walk); otherwise it is mapped and remembered. Either way,
+        ``_fired[current]`` is then this row's record, or absent (a row too short or too long to
+        remember: ``_MEMO_MIN_ENTRIES``, ``remember_bytes``)."""
+        key = self._current
+        tc, tf = row.target_column, row.target_feature
+        fired = self._fired.pop(key, None) if self._fired else None
+        if fired is not None:
+            if fired.slots.shape[0] == tc.shape[0] and self._slots.holds(tc, tf, fired.slots):
+                self._fired[key] = fired  # now the most recently fired
+                return fired.slots
+            self._fired_bytes -= fired.nbytes
+        slots = self._slots_of_arrays(tc, tf)
+        if tc.shape[0] >= _MEMO_MIN_ENTRIES:
+            fired = _Fired(slots)
+            self._fired[key] = fired
+            self._fired_bytes += fired.nbytes
+            self._trim_fired()
+        return slots
+
+    def _trim_fired(self) -> None:
+        """Forget the least recently fired rows until the records fit in ``remember_bytes`` (the one just
+        fired, last, goes too if it alone does not fit)."""
+        fired = self._fired
+        while self._fired_bytes > self._remember_bytes and fired:
+            self._fired_bytes -= fired.pop(next(iter(fired))).nbytes
 
     def _slots_of_arrays(self, tc: NDArray[np.uint64], tf: NDArray[np.uint64]) -> NDArray[np.int64]:
         """Slots of neurons (tc[i], tf[i]), creating slots for new ones (vectorised, exact)."""

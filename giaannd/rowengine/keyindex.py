@@ -26,7 +26,9 @@ id order) when it would be more than ``max_load`` full; a kernel that inserts st
 would overfill it, the table grows, and it resumes there, so a batch of keys that are mostly held
 already (a LIF row fired again) never makes room for keys it does not add. In a table of at least
 ``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``_prefetch``), so the
-cache misses of keys in a row overlap. The kernels take read-only key arrays as they are.
+cache misses of keys in a row overlap. The kernels take read-only key arrays as they are. A caller
+that kept the ids of some keys can check them instead of looking the keys up again (``holds``: the
+key stored for each id compared with the given one, no walk; a LIF session's row fired again).
 
 Memory: 8 bytes per slot (2-4 slots per key at the default load 1/2; ``max_load`` lowers it) plus 16
 bytes of key per id: 32-48 bytes per row.
@@ -71,6 +73,8 @@ _SHIFT_MIX = np.uint64(29)
 _TABLE = "int64[::1], uint64[::1], uint64[::1], int64"  # slots, key a, key b, bits
 #: Input keys: C-contiguous, possibly read-only (rows decoded from a log or the wire are).
 _IN = 'Array(uint64, 1, "C", readonly=True)'
+#: Ids a caller passes back (``holds``): C-contiguous int64, possibly read-only.
+_IDS_IN = 'Array(int64, 1, "C", readonly=True)'
 cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
 #: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
 #: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
@@ -321,6 +325,18 @@ def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64
     return True
 
 
+@kernel(f"boolean(uint64[::1], uint64[::1], int64, {_IN}, {_IN}, {_IDS_IN})")
+def _holds(ka: U64, kb: U64, n: int, a: U64, b: U64, ids: I64) -> bool:
+    """Whether ``ids[i]`` (< n) is the id of key (a[i], b[i]) for every i: one pass comparing each key
+    with the key stored for its id, no probe walk (ids handed out in one call are mostly ascending,
+    so the reads of the stored keys are close to sequential)."""
+    for i in range(a.shape[0]):
+        sid = ids[i]
+        if sid < 0 or sid >= n or ka[sid] != a[i] or kb[sid] != b[i]:
+            return False
+    return True
+
+
 def _keys(a: U64, b: U64) -> tuple[U64, U64]:
     a = np.ascontiguousarray(a, np.uint64)
     b = np.ascontiguousarray(b, np.uint64)
@@ -383,6 +399,18 @@ class KeyIndex:
         """``lookup_or_add`` without the ``added`` mask (the LIF session's state slots): the same ids."""
         a, b = _keys(a, b)
         return self._find_or_add(a, b, _NO_MARKS)
+
+    def holds(self, a: U64, b: U64, ids: I64) -> bool:
+        """Whether every ``ids[i]`` is the id of key (a[i], b[i]) here: the ids a caller remembered
+        from an earlier ``ids_of`` of the same keys are still right for these keys (ids never change,
+        so this is a comparison of keys, not a lookup: ~1-2 ns per key instead of a probe walk).
+
+        Raises:
+            ValueError: ``ids`` is not int64 of the keys' length."""
+        a, b = _keys(a, b)
+        if ids.dtype != np.int64 or ids.shape != a.shape:
+            raise ValueError("ids must be int64, one per key")
+        return bool(_holds(self._a, self._b, self._n, a, b, np.ascontiguousarray(ids)))
 
     def _find_or_add(self, a: U64, b: U64, added: NDArray[np.bool_]) -> I64:
         m = int(a.shape[0])

@@ -5,10 +5,12 @@
 
 Builds canonical rows of the given lengths with realistic target ids (columns Zipf(1) over 10^6, features
 Zipf(1) over 10^5, both turned into uniform 64-bit ids as ``giaannd.model.ids`` makes them, 9 segments)
-and times ``LifSession.step`` per row entry on a fresh session where the row fires once (the figure
-tools/bench/scale.py reports on the store's longest rows; the target is for it) and then once more
-(every target already has a slot), with both constant sets, against the step
-before this item (tools/bench/baseline_lif.py) in the same run, the two timed alternately. The
+and times ``LifSession.step`` per row entry on a fresh session where the row fires once (``first``:
+the figure tools/bench/scale.py reports on the store's longest rows) and then once more (``again``:
+every target already has a slot), with both constant sets; the target (≤ 10 ns) is for each. Three
+steps, timed alternately in the same run: ``now`` (this tree's session), ``previous`` (the same
+session remembering no fired rows, ``remember_bytes=0``: the step before rows fired again skipped
+the slot map) and ``baseline`` (the step before this item, tools/bench/baseline_lif.py). The
 baseline shares this tree's ``KeyIndex`` (its ``lookup_or_add`` is a compiled kernel now), so its
 column compares the steps' designs, not the code before the kernels: for that, run this module
 from a worktree of the older commit too (docs/model.md, "The LIF step"). Then the
@@ -16,6 +18,7 @@ new step's phases, each timed alone on the same row (best of ``--repeat``; a fre
 
 - ``slot map``: ``KeyIndex.ids_of`` on a fresh index (every target new: the insert path, with the
   table's allocation);
+- ``slot check``: ``KeyIndex.holds`` of the slots found (what a row fired again costs instead);
 - ``state grow``: allocating the ``float64[9, slots]`` state for the row's neurons;
 - ``deposits``: numpy's part of g(strength) in float64, exp(s / -100) (test-set constants; train-set
   is one float);
@@ -28,8 +31,8 @@ new step's phases, each timed alone on the same row (best of ``--repeat``; a fre
 Then ``KeyIndex`` alone: bulk calls on as many uniform random keys as each row has entries, ns per
 key (``keyindex_ns``). Then whole sessions as evaluation runs them: ``--sentences`` of the bundled corpus trained into a
 ``RowStore``, teacher-forced sessions over the first ``--prompts`` of them (train-set and test-set
-constants), the old and the new session alternately per prompt: steps per CPU second and ns per
-entry of the rows fired. (0 sentences skips it.)
+constants), the three sessions alternately per prompt: steps per CPU second and ns per entry of the
+rows fired. (0 sentences skips it.)
 
 Times are CPU time of this process (``time.process_time``), best of ``--repeat``: on a shared, loaded
 machine wall-clock times also count the waits for a CPU. Target: ≤ 10 ns per entry (the issue).
@@ -39,6 +42,7 @@ Compare ratios from one run; the machine load is printed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -55,6 +59,10 @@ from tools.bench.report import print_table
 
 TARGET_LIF_NS_PER_ENTRY = 10.0
 _SOURCE = (1, 1)
+#: The steps compared (module docstring): the baseline, the previous step, this tree's.
+_STEPS: tuple[tuple[str, Callable[..., LifSession | BaselineLifSession]], ...] = (
+    ("old", BaselineLifSession), ("prev", functools.partial(LifSession, remember_bytes=0)), ("new", LifSession))
+_STEP_NAMES = {"old": "baseline", "prev": "previous", "new": "now"}
 
 
 def _splitmix(x: np.ndarray[Any, np.dtype[np.uint64]], salt: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
@@ -105,13 +113,13 @@ def _best(fn: Callable[[], Callable[[], object]], repeat: int) -> float:
 
 def steps_ns(row: Row, constants: LifConstants, repeat: int) -> dict[str, float]:
     """ns per entry of a step on a fresh session whose first node fires ``row`` (``first``), and of the
-    next step firing it again (``again``: every target already has its slot), for the baseline
-    (``old_*``) and the new step (``new_*``), timed alternately (the machine's load moves between the
-    two alike), best of ``repeat`` each."""
+    next step firing it again (``again``: every target already has its slot), for the three steps
+    (``old_*``, ``prev_*``, ``new_*``: module docstring), timed alternately (the machine's load moves
+    between them alike), best of ``repeat`` each."""
     best: dict[str, float] = {}
     for _ in range(repeat):
-        for name, cls in (("old", BaselineLifSession), ("new", LifSession)):
-            session = cls([_SOURCE] * 3, NoDelimiters(), constants)
+        for name, make in _STEPS:
+            session = make([_SOURCE] * 3, NoDelimiters(), constants)
             for when in ("first", "again"):
                 t = time.process_time()
                 session.step(row)
@@ -134,6 +142,11 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
     def slot_map() -> Callable[[], object]:
         index = KeyIndex()
         return lambda: index.ids_of(row.target_column, row.target_feature)
+
+    def check() -> Callable[[], object]:
+        index = KeyIndex()
+        slots = index.ids_of(row.target_column, row.target_feature)
+        return lambda: index.holds(row.target_column, row.target_feature, slots)
 
     def grow() -> Callable[[], object]:
         session = fresh()
@@ -159,7 +172,8 @@ def phases_ns(row: Row, repeat: int) -> dict[str, float]:
         return prepare
 
     out = {name: _best(fn, repeat) * 1e9 / n for name, fn in
-           (("slot map", slot_map), ("state grow", grow), ("deposits", deposits), ("scatter", scatter))}
+           (("slot map", slot_map), ("slot check", check), ("state grow", grow), ("deposits", deposits),
+            ("scatter", scatter))}
     out["dense step (per slot)"] = _best(dense(LifSession), repeat) * 1e9 / max(neurons, 1)
     out["dense step, old (per slot)"] = _best(dense(BaselineLifSession), repeat) * 1e9 / max(neurons, 1)
     out["neurons per entry"] = neurons / n
@@ -223,7 +237,7 @@ def measure(sizes: list[int], repeat: int, seed: int) -> list[dict[str, Any]]:
 
 
 def sessions(sentences: int, prompts: int) -> dict[str, float]:
-    """Teacher-forced evaluation sessions on the bundled corpus, old and new step alternately."""
+    """Teacher-forced evaluation sessions on the bundled corpus, the three steps alternately."""
     from giaannd.model.columns import ColumnAssigner
     from giaannd.model.rowstore import RowStore
     from giaannd.model.tokens import load_bundled_corpus
@@ -238,11 +252,11 @@ def sessions(sentences: int, prompts: int) -> dict[str, float]:
     targets = [list(zip(s.column.tolist(), s.feature.tolist())) for s in encoded[:prompts]]
     out: dict[str, float] = {}
     for name, constants in (("train", TRAIN_SET), ("test", TEST_SET)):
-        cpu = {"old": 0.0, "new": 0.0}
+        cpu = {which: 0.0 for which, _ in _STEPS}
         steps = entries = 0
         for prompt in targets:
-            for which, cls in (("old", BaselineLifSession), ("new", LifSession)):
-                session = cls(prompt, assigner, constants)
+            for which, make in _STEPS:
+                session = make(prompt, assigner, constants)
                 t = time.process_time()
                 while (key := session.needs_row()) is not None:
                     row = store.get_row(*key)
@@ -280,18 +294,22 @@ def main(argv: list[str] | None = None) -> int:
     sess = sessions(args.sentences, max(args.prompts, 1)) if args.sentences > 0 else {}
     load += f" before, {os.getloadavg()[0]:.2f} after"
     target = f"<= {TARGET_LIF_NS_PER_ENTRY:.0f}"
+    figures = [(r["entries"], name, when) for r in records for name in ("train", "test")
+               for when in ("first", "again")]
+    by_size = {r["entries"]: r for r in records}
     if args.json:
         print(json.dumps({"figure": "machine load", "value": load, "target": None}))
+        for n, name, when in figures:
+            r = by_size[n]
+            for which, _ in _STEPS:
+                print(json.dumps({"figure": f"LIF step ns/entry {_STEP_NAMES[which]} {name}-set {when} @{n}",
+                                  "value": round(r[f"{name}_{which}_{when}_ns"], 2),
+                                  "target": target if which == "new" else None}))
+            for which in ("old", "prev"):
+                ratio = r[f"{name}_{which}_{when}_ns"] / r[f"{name}_new_{when}_ns"]
+                print(json.dumps({"figure": f"LIF step {_STEP_NAMES[which]}/now {name}-set {when} @{n}",
+                                  "value": round(ratio, 2), "target": None}))
         for r in records:
-            for name in ("train", "test"):
-                for when in ("first", "again"):
-                    for which in ("old", "new"):
-                        print(json.dumps({"figure": f"LIF step ns/entry {which} {name}-set {when} @{r['entries']}",
-                                          "value": round(r[f"{name}_{which}_{when}_ns"], 2),
-                                          "target": target if which == "new" and when == "first" else None}))
-                    ratio = r[f"{name}_old_{when}_ns"] / r[f"{name}_new_{when}_ns"]
-                    print(json.dumps({"figure": f"LIF step old/new {name}-set {when} @{r['entries']}",
-                                      "value": round(ratio, 2), "target": None}))
             for phase, value in r["phases"].items():
                 print(json.dumps({"figure": f"LIF phase {phase} @{r['entries']}", "value": round(value, 2),
                                   "target": None}))
@@ -303,29 +321,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"\nmachine: {load}")
     rows = []
-    for r in records:
-        for name in ("train", "test"):
-            old, new = r[f"{name}_old_first_ns"], r[f"{name}_new_first_ns"]
-            old2, new2 = r[f"{name}_old_again_ns"], r[f"{name}_new_again_ns"]
-            rows.append([f"{r['entries']:,}", f"{name}-set", f"{old:.1f}", f"{new:.1f}", f"{old / new:.2f}x",
-                         target, "met" if new <= TARGET_LIF_NS_PER_ENTRY else "MISSED",
-                         f"{old2:.1f}", f"{new2:.1f}", f"{old2 / new2:.2f}x"])
-    print_table("LIF step, ns per row entry (fresh session: the row fires first, then again)",
-                ["entries", "constants", "first: old (baseline)", "new", "old/new", "target", "verdict",
-                 "again: old", "new", "old/new"], rows)
+    for n, name, when in figures:
+        old, prev, new = (by_size[n][f"{name}_{which}_{when}_ns"] for which in ("old", "prev", "new"))
+        rows.append([f"{n:,}", f"{name}-set", when, f"{old:.1f}", f"{prev:.1f}", f"{new:.1f}", target,
+                     "met" if new <= TARGET_LIF_NS_PER_ENTRY else "MISSED", f"{prev / new:.2f}x", f"{old / new:.2f}x"])
+    print_table("LIF step, ns per row entry (fresh session: the row fires first, then again; the three steps "
+                "alternately, best of each)",
+                ["entries", "constants", "fire", "baseline", "previous", "now", "target", "verdict",
+                 "previous/now", "baseline/now"], rows)
     names = list(records[0]["phases"])
-    print_table("New step by phase (ns per entry; dense step per slot)", ["entries", *names],
+    print_table("Now by phase (ns per entry; dense step per slot)", ["entries", *names],
                 [[f"{r['entries']:,}", *(f"{r['phases'][p]:.2f}" for p in names)] for r in records])
     calls = list(records[0]["keyindex"])
     print_table("KeyIndex bulk calls (ns per key, uniform random keys)", ["keys", *calls],
                 [[f"{r['entries']:,}", *(f"{r['keyindex'][c]:.1f}" for c in calls)] for r in records])
     if sess:
         print_table(f"Teacher-forced sessions ({args.sentences:,} bundled sentences, {args.prompts} prompts)",
-                    ["constants", "entries/step", "steps/CPU-s old", "new", "new/old", "ns/entry old", "new"],
-                    [[f"{n}-set", f"{sess[f'{n}_entries_per_step']:,.0f}", f"{sess[f'{n}_old_steps_per_s']:,.0f}",
-                      f"{sess[f'{n}_new_steps_per_s']:,.0f}",
+                    ["constants", "entries/step", "steps/CPU-s baseline", "previous", "now", "now/previous",
+                     "now/baseline", "ns/entry baseline", "previous", "now"],
+                    [[f"{n}-set", f"{sess[f'{n}_entries_per_step']:,.0f}",
+                      *(f"{sess[f'{n}_{w}_steps_per_s']:,.0f}" for w in ("old", "prev", "new")),
+                      f"{sess[f'{n}_new_steps_per_s'] / sess[f'{n}_prev_steps_per_s']:.2f}x",
                       f"{sess[f'{n}_new_steps_per_s'] / sess[f'{n}_old_steps_per_s']:.2f}x",
-                      f"{sess[f'{n}_old_ns_per_entry']:.1f}", f"{sess[f'{n}_new_ns_per_entry']:.1f}"]
+                      *(f"{sess[f'{n}_{w}_ns_per_entry']:.1f}" for w in ("old", "prev", "new"))]
                      for n in ("train", "test")])
     return 0
 

@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.model.gpu.device import torch_module
-from giaannd.model.infer import SEED_TOKENS, DelimiterFlags, LifConstants, LifSession, activation
+from giaannd.model.infer import REMEMBER_BYTES, SEED_TOKENS, DelimiterFlags, LifConstants, LifSession, activation
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowKey
 from giaannd.model.train import COLUMN_SEGMENTS, SOMA_SEGMENT
 
@@ -61,17 +61,19 @@ class TorchLifSession(LifSession):
     """A LIF session whose activation state is a torch tensor on ``device`` (module docstring).
 
     Args:
-        targets, flags, constants, length, seed_tokens, teacher_forced: as :class:`LifSession`.
+        targets, flags, constants, length, seed_tokens, teacher_forced, remember_bytes: as
+            :class:`LifSession` (remembered rows skip the host slot map; the deposits go to the
+            device as before).
         device: a torch device string (``"cuda"``, ``"cuda:1"``; ``"cpu"`` in tests and tools).
     """
 
     def __init__(self, targets: Sequence[RowKey], flags: DelimiterFlags, constants: LifConstants, *,
                  length: int | None = None, seed_tokens: int = SEED_TOKENS, teacher_forced: bool = True,
-                 device: str = "cuda") -> None:
+                 remember_bytes: int = REMEMBER_BYTES, device: str = "cuda") -> None:
         # LifSession.__init__ builds the (small) initial state on the host, bursting token 0; it
         # then moves to the device once, and the host array is dropped.
         super().__init__(targets, flags, constants, length=length, seed_tokens=seed_tokens,
-                         teacher_forced=teacher_forced)
+                         teacher_forced=teacher_forced, remember_bytes=remember_bytes)
         self._torch = torch_module()
         self.device = self._torch.device(device)
         self._t: torch.Tensor = self._torch.from_numpy(self._act).to(self.device)

@@ -13,7 +13,7 @@ from giaannd.config import ComputeConfig, load_config
 from giaannd.errors import EXIT_USAGE, ConfigError
 from giaannd.model.engine import Engine
 from giaannd.model.gpu.device import cuda_usable, resolve_device
-from giaannd.model.infer import TEST_SET
+from giaannd.model.infer import REMEMBER_BYTES, TEST_SET, LifSession, NoDelimiters
 from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import load_bundled_corpus
 
@@ -90,3 +90,15 @@ async def test_inference_on_a_torch_device_equals_the_numpy_path():
         reports[device] = await asyncio.wait_for(inference.evaluate(prompts, engine.assigner, TEST_SET), 60)
     a, b = reports["cpu"], reports["cpu:0"]
     assert a.result.matches > 0 and a.predictions == b.predictions and a.result == b.result
+
+
+def test_infer_remember_bytes_reaches_every_session(tmp_path):
+    # compute.infer-remember-bytes: the sessions' default unless set, and what each session gets.
+    assert load_config(environ={}).compute.infer_remember_bytes == REMEMBER_BYTES
+    config = load_config(environ={}, overrides=["compute.infer-remember-bytes=12345"]).compute
+    with pytest.raises(ConfigError, match="compute.infer-remember-bytes"):
+        load_config(environ={}, overrides=["compute.infer-remember-bytes=-1"])
+    service = ComputeService(config, tmp_path / "compute")
+    service._client = lambda: object()  # the runner is built without reading anything
+    session = service._infer()._new_session([(1, 1)], NoDelimiters(), TEST_SET)
+    assert isinstance(session, LifSession) and session._remember_bytes == 12345
