@@ -84,14 +84,18 @@ from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import (
+    Alloc,
+    Buffer,
     Run,
     append_rows,
+    empty_buffer,
     find_in_gaps,
     fold_into_base,
     gather_entries,
     held,
     merge_deltas,
     merge_into_slice,
+    new_fields,
     offsets_of,
     with_room,
 )
@@ -459,12 +463,12 @@ class RowEngine:
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
 
-    def reserve(self, entries: int) -> None:
+    def reserve(self, entries: int, buffer: Buffer = empty_buffer) -> None:
         """Make room in the base for ``entries`` more entries than it and the delta runs hold, so
         folds that append them (new rows: a stream's chunks) write into that room instead of
-        regrowing the base (run.with_room). A hint: nothing is reserved for anyone, later applies
-        of any kind may use the room or outgrow it. No-op when the room is there already.
-        Invalidates plans made before (the base run is replaced)."""
+        regrowing the base (run.with_room, into buffers ``buffer`` makes). A hint: nothing is
+        reserved for anyone, later applies of any kind may use the room or outgrow it. No-op when
+        the room is there already. Invalidates plans made before (the base run is replaced)."""
         base = self._base
         held = base.num_entries + sum(d.num_entries for d in self._deltas)
         buf = base.st.base
@@ -472,7 +476,13 @@ class RowEngine:
         if entries <= 0 or room >= held + entries:
             return
         self._version += 1
-        self._base = with_room(base, held - base.num_entries + entries)
+        self._base = with_room(base, held - base.num_entries + entries, buffer)
+
+    def base_fields(self) -> tuple[U8, U64, U64, F32]:
+        """The base run's four entry fields (seg, tc, tf, st: views of the buffers that hold them;
+        read-only use, e.g. advising their pages)."""
+        base = self._base
+        return base.seg, base.tc, base.tf, base.st
 
     def _grow_lengths(self, n: int) -> None:
         if n > self._lengths.shape[0]:
@@ -509,14 +519,15 @@ class RowEngine:
         base = self._base
         return offsets_of(lengths), Entries(*gather_entries((base.seg, base.tc, base.tf, base.st), lo, lengths))
 
-    def gather(self, row_ids: I64) -> tuple[I64, Entries]:
+    def gather(self, row_ids: I64, alloc: Alloc = new_fields) -> tuple[I64, Entries]:
         """Rows ``row_ids`` (in that order; ids may repeat) concatenated, with offsets: a copy, like
         ``read_many``, but without compacting first (a storage node serves reads between applies:
         a fold per read would cost O(store)). Each delta run's entries of those rows are gathered,
         their base positions moved to where their rows' base slices land in the result, and merged
         (run.merge_deltas); then one compiled pass copies every row's base slice into the result
         with those entries inserted (run.gather_entries): O(entries read), whatever the
-        store, and no index of every entry."""
+        store, and no index of every entry. ``alloc``: where the result's entries go
+        (run.gather_entries; a stream source's reused page buffers)."""
         row_ids = np.asarray(row_ids, np.int64)
         k = int(row_ids.shape[0])
         base = self._base
@@ -542,10 +553,11 @@ class RowEngine:
             merged = piece if merged is None else merge_deltas(merged, piece)
         fields = (base.seg, base.tc, base.tf, base.st)
         if merged is None:
-            got = gather_entries(fields, lo, blen)
+            got = gather_entries(fields, lo, blen, alloc=alloc)
         else:
             assert merged.pos is not None
-            got = gather_entries(fields, lo, blen, (merged.seg, merged.tc, merged.tf, merged.st), merged.pos)
+            got = gather_entries(fields, lo, blen, (merged.seg, merged.tc, merged.tf, merged.st), merged.pos,
+                                 alloc)
         return offsets_of(self._lengths[row_ids]), Entries(*got)
 
     def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:

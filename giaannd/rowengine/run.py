@@ -55,7 +55,7 @@ place. Measured on the Zipf stream: docs/model.md "Rows at scale".
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,8 +67,9 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Run", "append_rows", "find_in_gaps", "fold_into_base", "gather_entries", "held",
-           "merge_deltas", "merge_field", "merge_into_slice", "offsets_of", "window", "with_room"]
+__all__ = ["FIELDS", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps", "fold_into_base",
+           "gather_entries", "held", "merge_deltas", "merge_field", "merge_into_slice", "new_fields", "offsets_of",
+           "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -293,13 +294,26 @@ def _gather_entries(seg: U8, tc: U64, tf: U64, st: F32, lo: I64, n: I64, nseg: U
 Fields = tuple[U8, U64, U64, F32]
 
 
-def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos: I64 | None = None) -> Fields:
+#: Where a gather writes: ``alloc(total)`` returns the four fields (seg, tc, tf, st) of ``total``
+#: entries each, contiguous, of ``FIELDS``' dtypes (a caller's reused buffers: a stream's pages).
+Alloc = Callable[[int], Fields]
+
+
+def new_fields(total: int) -> Fields:
+    """Four fresh fields of ``total`` entries (``Alloc``'s default)."""
+    return (np.empty(total, np.uint8), np.empty(total, np.uint64), np.empty(total, np.uint64),
+            np.empty(total, np.float32))
+
+
+def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos: I64 | None = None,
+                   alloc: Alloc = new_fields) -> Fields:
     """The entries ``[lo[i], lo[i] + n[i])`` of the four fields ``src`` (seg, tc, tf, st: a run's,
     a batch's) for every slice i, concatenated (copies), with the entries ``new`` inserted at
     ``pos`` when given (``merge_field``'s rule: new entry j before gathered entry ``pos[j]``,
     positions non-decreasing, checked). One compiled pass (``_gather_entries``) writing each slice
     straight into the result; a gather through an index of every entry (``field[index]``) built
-    that index first (8 bytes per entry) and read through it, field after field."""
+    that index first (8 bytes per entry) and read through it, field after field. The result is
+    ``alloc(total)`` (checked: the kernel writes without bounds checks), fresh arrays by default."""
     c = np.ascontiguousarray
     lo, n = c(lo, np.int64), c(n, np.int64)
     size = src[0].shape[0]
@@ -312,8 +326,12 @@ def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos:
     if any(new[i].dtype != src[i].dtype or new[i].shape[0] != pos.shape[0] for i in range(4)):
         raise ValueError("gather_entries: new must be of the fields' dtypes, one position per entry")
     total = int(n.sum()) + pos.shape[0]
-    out = (np.empty(total, np.uint8), np.empty(total, np.uint64), np.empty(total, np.uint64),
-           np.empty(total, np.float32))
+    out = alloc(total)
+    fields: tuple[NDArray[Any], ...] = tuple(out)
+    if len(fields) != 4 or any(o.shape != (total,) or o.dtype != np.dtype(t) or not o.flags.c_contiguous
+                               or not o.flags.writeable for o, t in zip(fields, _ENTRY_TYPES)):
+        raise ValueError("gather_entries: alloc must return four writable contiguous fields of the "
+                         "requested length and the fields' dtypes")
     _gather_entries(c(src[0]), c(src[1]), c(src[2]), c(src[3]), lo, n, c(new[0]), c(new[1]), c(new[2]), c(new[3]),
                     c(pos, np.int64), *out)
     return out
@@ -607,17 +625,30 @@ def append_rows(base: Run, ids: I64, lengths: I64, parts: Sequence[tuple[U8, U64
     return out
 
 
-def with_room(base: Run, room: int) -> Run:
+#: Makes an empty buffer: ``buffer(dtype, count)`` (``with_room``'s; e.g. one whose pages fault in
+#: small, storage/engine/page_advice.py ``filled_buffer``).
+Buffer = Callable[[Any, int], NDArray[Any]]
+
+
+def empty_buffer(dtype: Any, count: int) -> NDArray[Any]:
+    """``np.empty(count, dtype)`` (``Buffer``'s default)."""
+    return np.empty(count, dtype)
+
+
+def with_room(base: Run, room: int, buffer: Buffer = empty_buffer) -> Run:
     """``base`` copied into buffers with room for ``room`` more entries past its end (``Run.spare``):
     the folds that append the next ``room`` entries (a stream's chunks, whose total the receiver
     knows when the stream opens) then write into it, instead of each fold past the spare room
     copying the whole base into a buffer ``APPEND_SLACK`` larger (about ``1 / APPEND_SLACK`` copies
-    of every entry while a node fills by appends). ``base`` is left as it was (views of it too)."""
+    of every entry while a node fills by appends). ``base`` is left as it was (views of it too).
+    The buffers are ``buffer(dtype, n + room)``."""
     n = base.num_entries
     out = Run(base.rows, base.offsets, base.seg, base.tc, base.tf, base.st, spare=True)
     for f in FIELDS:
         old = getattr(base, f)
-        grown = np.empty(n + room, old.dtype)
+        grown = buffer(old.dtype, n + room)
+        if grown.shape != (n + room,) or grown.dtype != old.dtype:
+            raise ValueError("with_room: buffer must return count entries of the dtype asked for")
         grown[:n] = old
         setattr(out, f, grown[:n])
     return out

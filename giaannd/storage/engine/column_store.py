@@ -59,8 +59,10 @@ from giaannd.protocol import BatchId
 from giaannd.rowengine import Entries, RowEngine
 from giaannd.rowengine.engine import ApplyPlan
 from giaannd.rowengine.frozen import FrozenEngine
+from giaannd.rowengine.run import Alloc, new_fields
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.errors import StoreFullError
+from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
 from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest, rows_digest_v2_pieces
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
@@ -598,9 +600,20 @@ class ColumnStore:
         """Room in the engine's base for about ``nbytes`` of new entries (``RowEngine.reserve``),
         at most the free capacity: a stream receiver knows how much is coming and spares the base
         its regrowths. Changes no row; the room is not counted in ``used_bytes`` (like the base's
-        append slack, docs/storage.md "Known gaps")."""
+        append slack, docs/storage.md "Known gaps"). Its buffers fault in small pages while they
+        fill (``page_advice.filled_buffer``) until ``allow_huge_pages``."""
         free = max(0, self.capacity_bytes - self.used_bytes)
-        self.engine.reserve(min(nbytes, free) // ENTRY_BYTES)
+        self.engine.reserve(min(nbytes, free) // ENTRY_BYTES, filled_buffer)
+
+    def allow_huge_pages(self) -> None:
+        """The room ``reserve`` made is filled (the streams that asked for it closed): offer the
+        base's buffers to khugepaged (page_advice.py). ``reserve`` makes them fault in small pages
+        while the streams fill them: a huge page's first touch cost 2.7-3.4 ms/MB on this project's
+        VM against 0.6-0.9 for small pages (the kernel takes 2 MiB blocks from memory nothing
+        touched since boot), and it was the largest item of a join's receiver (docs/topology.md
+        "Fifth pass")."""
+        for field in self.engine.base_fields():
+            allow_huge_pages(field)
 
     def fold_deltas(self) -> int:
         """Fold the engine's delta runs into its base (``RowEngine.compact``); returns the entries
@@ -658,24 +671,26 @@ class ColumnStore:
         row = _row(self.engine.read(i))
         return pack_regions(np.array([0, len(row)], np.int64), row).data
 
-    def _gather(self, ids: NDArray[np.int64]) -> tuple[NDArray[np.int64], Row]:
-        offsets, entries = self.engine.gather(ids)
+    def _gather(self, ids: NDArray[np.int64], alloc: Alloc = new_fields) -> tuple[NDArray[np.int64], Row]:
+        offsets, entries = self.engine.gather(ids, alloc)
         return offsets, _row(entries)
 
-    def _batch(self, rc: NDArray[np.uint64], rf: NDArray[np.uint64], ids: NDArray[np.int64]) -> RowBatch:
+    def _batch(self, rc: NDArray[np.uint64], rf: NDArray[np.uint64], ids: NDArray[np.int64],
+               alloc: Alloc = new_fields) -> RowBatch:
         if ids.shape[0] == 0:
             return RowBatch.empty()
-        offsets, got = self._gather(ids)
+        offsets, got = self._gather(ids, alloc)
         return RowBatch(rc, rf, offsets, got.segment, got.target_column, got.target_feature, got.strength)
 
-    def read_rows(self, row_column: ArrayLike, row_feature: ArrayLike) -> RowBatch:
+    def read_rows(self, row_column: ArrayLike, row_feature: ArrayLike, alloc: Alloc = new_fields) -> RowBatch:
         """A canonical batch (a copy) of the requested rows that exist; absent rows are left out.
         Also a stream's page (streaming/sender.py): ``RowEngine.gather`` copies each row's slices
-        straight into the batch's arrays, one compiled pass per field, short rows or long."""
+        straight into the batch's arrays, one compiled pass, short rows or long; ``alloc`` says
+        where the entries go (rowengine.run.gather_entries: a stream's reused page buffers)."""
         rc, rf = _sorted_unique(*_keys(row_column, row_feature))
         ids = self.engine.row_ids(rc, rf)
         held = ids >= 0
-        return self._batch(rc[held], rf[held], ids[held])
+        return self._batch(rc[held], rf[held], ids[held], alloc)
 
     def read_bounded(self, row_column: ArrayLike, row_feature: ArrayLike, max_entries: int,
                      max_large: int) -> BoundedRead:

@@ -404,7 +404,7 @@ class DurableStore:
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
             loaded - started, replayed - loaded, snapshot_bytes, log_bytes,
         )
-        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes), report)
+        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report)
 
     # -- writes -------------------------------------------------------------------------------------
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:

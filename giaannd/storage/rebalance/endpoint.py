@@ -150,7 +150,8 @@ class StreamEndpoint:
     def _hello(self, msg: StreamHello, bulk: Sequence[np.ndarray]) -> Reply:
         rx = self._receiver(msg.stream_id)
         if msg.closing:
-            self._expected.pop(msg.stream_id, None)
+            if self._expected.pop(msg.stream_id, None) is not None and not self._expected:
+                self._store().store.allow_huge_pages()  # the room reserved below is filled
             self.scopes.close(msg.stream_id)
             self._store().store.append_writers.discard(rx.writer)
             return _reply(StreamPosition(msg.stream_id, rx.next_index))

@@ -42,8 +42,10 @@ from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore
+from giaannd.storage.engine.regions import ENTRY_BYTES
 from giaannd.storage.engine.row_digest import ROWS_DIGEST_VERSIONS, rows_digest_v2_pieces
 from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.pages import PagePool
 from giaannd.storage.streaming.stream import (
     ItemKind,
     StreamData,
@@ -295,6 +297,8 @@ class StreamRunner:
         #: items on the wire at once (streaming/stream.py, "Pipelining"): this source's config
         self.window = window or source.settings.stream_window
         self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, window=self.window, **kw)
+        #: the chunks' buffers, reused once acknowledged: the window plus the chunk read ahead
+        self.page_pool = PagePool(self.sender.chunk_bytes // ENTRY_BYTES, self.window + 1)
         self._inflight: deque[asyncio.Future[Any]] = deque()
         self.throttle = throttle or Throttle()
         self.state = "streaming"
@@ -404,7 +408,7 @@ class StreamRunner:
             raise StreamFailed(f"unexpected reply {type(reply).__name__} to StreamHello")
         self._connected_once = True
         self.resent_items += max(0, s.sent_upto - reply.next_index)
-        s.rewind(reply.next_index)
+        self._acked(s.rewind(reply.next_index))
 
     async def _request(self, msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> tuple[Any, list[np.ndarray]]:
         if self._conn is None or self._conn.is_closed:
@@ -502,13 +506,25 @@ class StreamRunner:
         self._inflight.popleft()
         reply = _REPLY_DECODER.decode(res.payload)
         if isinstance(reply, StreamPosition):
-            s.on_position(reply.next_index)
+            self._acked(s.on_position(reply.next_index))
         elif isinstance(reply, StreamRefused):
             if reply.fatal:
                 raise StreamFailed(reply.reason)
-            self.resent_items += max(1, s.sent_upto - reply.next_index)
+            # The receiver's durable position when it refused: the replies to the items before
+            # the refused one left it later, once those were durable, and were handled first,
+            # so it may be behind what they acknowledged since (not a loss: resend from there).
+            position = max(reply.next_index, s.acked)
+            self.resent_items += max(1, s.sent_upto - position)
             self._drop_inflight()
-            s.rewind(reply.next_index)
+            self._acked(s.rewind(position))
+
+    def _acked(self, items: list[StreamItem]) -> None:
+        """Items the receiver acknowledged: it holds every byte of them, so the buffers of the
+        pages among them go back to the page pool (a part of a cut row shares its row's buffers
+        with the parts after it: never)."""
+        for item in items:
+            if item.kind == ItemKind.CHUNK and not item.part:
+                self.page_pool.give_back(item.batch)
 
     def _drop_inflight(self) -> None:
         """Forget the requests in flight (their replies no longer matter: the sender rewinds)."""
@@ -537,19 +553,19 @@ class StreamRunner:
         else:
             reply, _ = await self._request(msg, item.batch.buffers())
         if isinstance(reply, StreamPosition):
-            s.on_position(reply.next_index)
+            self._acked(s.on_position(reply.next_index))
         elif isinstance(reply, StreamRefused):
             if reply.fatal:
                 raise StreamFailed(reply.reason)
             self.resent_items += 1
-            s.rewind(reply.next_index)
+            self._acked(s.rewind(reply.next_index))
         return True
 
     def _read_page(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> RowBatch:
         """``StreamSender.read_chunk``'s reader: the rows (``ColumnStore.read_rows``), and, when
         every one is present, the page's digest and the rows' version (``PageDigest``): hashing
         the page as it is costs ~0.03 ms/MB (xxh3), reading the rows again to verify ~1."""
-        batch = self.store.store.read_rows(cols, feats)
+        batch = self.store.store.read_rows(cols, feats, self.page_pool.take)
         if batch.num_rows == cols.shape[0] and 0 < batch.num_rows <= MAX_VERIFY_ROWS:
             self._pages.append(self._page_digest(self.sender.cursor, batch))  # (cursor: the page's first key)
         return batch

@@ -436,25 +436,30 @@ class StreamSender:
                 return item
         return None
 
-    def on_position(self, next_index: int) -> None:
-        """The receiver says it applied everything below ``next_index``.
+    def on_position(self, next_index: int) -> list[StreamItem]:
+        """The receiver says it applied everything below ``next_index``. Returns the items that
+        this acknowledged (dropped here: never sent again; their buffers may be reused).
 
         Raises:
             ValueError: the receiver claims items that were never made (a different stream).
         """
         if next_index > self.next_index:
             raise ValueError(f"receiver at {next_index}, but only {self.next_index} items exist")
+        acked = []
         while self._pending and self._pending[0].index < next_index:
             item = self._pending.popleft()
             self.pending_bytes -= item.batch.nbytes
             if item.part:
                 self._part_bytes -= item.batch.nbytes
             self.bytes_acked += item.batch.nbytes
+            acked.append(item)
         self.acked = max(self.acked, next_index)
         self._send_from = max(self._send_from, self.acked)
+        return acked
 
-    def rewind(self, next_index: int) -> None:
-        """After a reconnect / refusal: resend from the receiver's position.
+    def rewind(self, next_index: int) -> list[StreamItem]:
+        """After a reconnect / refusal: resend from the receiver's position. Returns the items
+        this acknowledged (``on_position``).
 
         Raises:
             ValueError: the receiver is behind an index it already acknowledged (it lost durable
@@ -462,8 +467,9 @@ class StreamSender:
         """
         if next_index < self.acked:
             raise ValueError(f"receiver went back from {self.acked} to {next_index}: state lost")
-        self.on_position(next_index)
+        acked = self.on_position(next_index)
         self._send_from = next_index
+        return acked
 
     @property
     def sent_upto(self) -> int:

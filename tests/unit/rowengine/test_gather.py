@@ -139,3 +139,21 @@ def test_engine_gather_merges_entries_of_several_delta_runs():
     assert engine.num_deltas == 0
     for f, w in zip(FIELDS, want):
         assert _bytes(getattr(many, f)) == _bytes(w), f
+
+
+def test_gather_entries_writes_where_alloc_says_and_checks_what_it_returns():
+    """``alloc``: the result is the caller's buffers (a stream's reused pages), checked before the
+    kernel writes (it has no bounds checks)."""
+    rng = np.random.default_rng(3)
+    src = _fields(rng, 100)
+    lo, n = np.array([5, 50, 0]), np.array([10, 20, 3])
+    bufs = tuple(np.zeros(64, t) for t in DTYPES)
+    got = gather_entries(src, lo, n, alloc=lambda total: tuple(b[:total] for b in bufs))
+    assert all(g.base is b for g, b in zip(got, bufs))
+    assert [_bytes(g) for g in got] == [_bytes(x) for x in gather_entries(src, lo, n)]
+    for wrong in (lambda total: tuple(b[: total - 1] for b in bufs),  # too short
+                  lambda total: tuple(np.zeros(total, np.float64) for _ in bufs),  # other dtypes
+                  lambda total: tuple(b[: 2 * total : 2] for b in bufs),  # not contiguous
+                  lambda total: tuple(b[:total] for b in bufs[:3])):  # three fields
+        with pytest.raises(ValueError):
+            gather_entries(src, lo, n, alloc=wrong)

@@ -43,3 +43,23 @@ def test_small_buffers_are_left_alone():
     small = filled_buffer(np.float32, 1000)
     assert small.shape == (1000,) and small.dtype == np.float32
     allow_huge_pages(small)  # below HUGE_BUFFER_BYTES: no madvise at all
+
+
+def test_room_reserved_for_streams_fills_in_small_pages_then_is_offered_to_khugepaged():
+    """``ColumnStore.reserve`` (a stream receiver's room) makes buffers that fault in small pages
+    while the chunks fill them (a huge page's first touch cost 3-4x more on this project's VM),
+    and ``allow_huge_pages`` (the streams closed) offers them to khugepaged."""
+    from giaannd.protocol import BatchId
+    from giaannd.storage.engine.column_store import ColumnStore
+    from tools.cluster_harness import make_batch
+
+    store = ColumnStore(1 << 40)
+    store.apply(BatchId(1, 1), make_batch(np.random.default_rng(1), 50, 8))
+    store.reserve(64 * HUGE_BUFFER_BYTES)
+    fields = store.engine.base_fields()
+    owners = [f.base for f in fields]
+    middles = [o.ctypes.data + o.nbytes // 2 for o in owners if o.nbytes >= 4 * HUGE_BUFFER_BYTES]
+    assert len(middles) >= 2  # the u64 fields at least
+    assert all("nh" in _vm_flags(m) and "hg" not in _vm_flags(m) for m in middles)
+    store.allow_huge_pages()
+    assert all("hg" in _vm_flags(m) and "nh" not in _vm_flags(m) for m in middles)
