@@ -270,20 +270,35 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
     return m, n
 
 
-@kernel(f"void({_TABLE}, int64, int64, int64)")
-def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> None:
-    """Put ids lo..hi-1 (unique keys, none in the table) into the first free slot of their probe
-    (``ahead`` > 0: prefetch the home slot of the id that many ahead)."""
+@kernel(f"int64({_TABLE}, int64, int64, int64)")
+def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> int:
+    """Put ids lo..hi-1 (keys meant to be unique and none in the table) into the first free slot of
+    their probe (``ahead`` > 0: prefetch the home slot of the id that many ahead). Returns the first
+    of them whose key an id met on its probe holds already (-1: none; it is placed all the same):
+    the slots it passes whose tags match are compared, so the check costs a key fetch only for
+    one slot in 2^23 of other keys."""
     mask = (np.int64(1) << bits) - 1
     shift = np.uint64(64 - bits)
+    repeated = -1
     for sid in range(lo, hi):
         if ahead and sid + ahead < hi:
             _prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
-        h = _hash(ka[sid], kb[sid])
+        x = ka[sid]
+        y = kb[sid]
+        h = _hash(x, y)
         s = np.int64(h >> shift)
-        while slots[s]:
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                break
+            if repeated < 0 and (v & ~_ID_MASK) == tag:
+                other = (v & _ID_MASK) - 1
+                if ka[other] == x and kb[other] == y:
+                    repeated = sid
             s = (s + 1) & mask
-        slots[s] = _tag(h) | (sid + 1)
+        slots[s] = tag | (sid + 1)
+    return repeated
 
 
 @kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
@@ -400,15 +415,19 @@ class KeyIndex:
     def append(self, a: U64, b: U64) -> I64:
         """Index keys known to be new and unique (the caller checked): they get the next ids in the
         order given."""
-        a, b = _keys(a, b)
+        n0 = self._n
+        self._placed(*_keys(a, b))
+        return np.arange(n0, self._n, dtype=np.int64)
+
+    def _placed(self, a: U64, b: U64) -> int:
+        """``append``'s work; returns the first new id whose key was indexed already (-1: none)."""
         k = int(a.shape[0])
         n0 = self._n
         self._reserve(n0 + k)
         self._a[n0:n0 + k] = a
         self._b[n0:n0 + k] = b
         self._n = n0 + k
-        _place(self._slots, self._a, self._b, self._bits, n0, n0 + k, self._ahead)
-        return np.arange(n0, n0 + k, dtype=np.int64)
+        return int(_place(self._slots, self._a, self._b, self._bits, n0, n0 + k, self._ahead))
 
     def append_new(self, a: U64, b: U64) -> I64 | None:
         """``append`` of keys the caller believes new (unique among themselves, as for ``append``),
@@ -434,12 +453,12 @@ class KeyIndex:
         """An index whose id i is key ``(a[i], b[i])`` (a snapshot's rows, a store after a drop).
 
         Raises:
-            ValueError: a key repeats (found by looking every key up again: a repeated key's
-                later ids are not what the lookup returns).
+            ValueError: a key repeats (found as the keys are placed: a repeated key's probe passes
+                the slot of its first occurrence, linear probing, ``_place``; one walk per key,
+                where looking every key up again afterwards cost a second one).
         """
         index = cls()
-        ids = index.append(a, b)
-        if ids.shape[0] and not np.array_equal(index.lookup(a, b), ids):
+        if index._placed(*_keys(a, b)) >= 0:
             raise ValueError("row keys repeat")
         return index
 
