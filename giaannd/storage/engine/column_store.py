@@ -819,7 +819,7 @@ class ColumnStore:
         self._touches[:n] = touches
         self._version += 1
         self._rows_version = self._version
-        self._count_sizes(np.diff(offsets))
+        self._count_sizes(self.engine.lengths())
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
         """Install one row given in the region layout (tools, tests). Not capacity-checked.
