@@ -88,10 +88,6 @@ WRITE_CHUNK_BYTES = 1 << 20
 #: fsyncs slow: p99 0.1 s during snapshots against 0.025 s without (tools.bench.scale --cluster).
 #: Bounded dirty data keeps that wait short; the snapshot is paced anyway (snapshot-busy-share).
 SYNC_EVERY_BYTES = 32 << 20
-#: A snapshot is read in pieces of this many bytes, each hashed right after its read, while it is
-#: still in the cache: a section read whole and then hashed was read back from memory (read and
-#: checksum 0.19 → 0.16 CPU s/GB into touched memory, same run; docs/storage.md "Bulk load").
-READ_CHUNK_BYTES = 1 << 20
 #: The entry fields in file order (module docstring) and their dtypes.
 _FIELDS = (("tc", np.uint64), ("tf", np.uint64), ("st", np.float32), ("seg", np.uint8))
 #: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
@@ -275,12 +271,10 @@ class _Reader:
         buf = filled_buffer(dtype, count + room)  # small pages while read (page_advice.py)
         out = buf[:count]
         view = out.view(np.uint8)
-        for a in range(0, nbytes, READ_CHUNK_BYTES):
-            piece = view[a : a + READ_CHUNK_BYTES].data
-            if self.f.readinto(piece) != piece.nbytes:
-                raise self.fail("file shorter than its header says")
-            self.h.update(piece)  # while the piece is in the cache
+        if self.f.readinto(view.data) != nbytes:
+            raise self.fail("file shorter than its header says")
         allow_huge_pages(buf)
+        self.h.update(view.data)
         self.pos += nbytes
         return out
 

@@ -382,28 +382,3 @@ def test_snapshot_paced_write_equals_unpaced(tmp_path: Path) -> None:
     view.release()
     unpaced = write_snapshot(tmp_path, store, 2).read_bytes()
     assert rests and paced[HEADER_BYTES:] == unpaced[HEADER_BYTES:]  # same body (headers: seq)
-
-
-@pytest.mark.parametrize("chunk", [1, 1000, 4096])
-def test_snapshot_read_in_pieces_hashes_every_byte_once(tmp_path: Path, chunk: int, monkeypatch) -> None:
-    """Sections read in many pieces (``READ_CHUNK_BYTES`` lowered: pieces that end inside a value,
-    sections of a piece and a bit) load the store as it was, and a flipped byte anywhere in the
-    body, or a file cut short, is still refused."""
-    monkeypatch.setattr(snapshot_module, "READ_CHUNK_BYTES", chunk)
-    rng = np.random.default_rng(9)
-    store = ColumnStore(BIG)
-    store.apply(BatchId(1, 1), realistic_batch(rng, 200))
-    store.apply(BatchId(2, 1), random_batch(rng, 100))
-    path = write_snapshot(tmp_path, store, 3)
-    loaded, seq = read_snapshot(path, BIG)
-    assert seq == 3 and same_state(loaded, store)
-    good = path.read_bytes()
-    for at in (HEADER_BYTES, HEADER_BYTES + 1001, len(good) // 2, len(good) - 1):
-        data = bytearray(good)
-        data[at] ^= 0x40
-        path.write_bytes(bytes(data))
-        with pytest.raises(CorruptSnapshotError):
-            read_snapshot(path, BIG)
-    path.write_bytes(good[:-3])
-    with pytest.raises(CorruptSnapshotError):
-        read_snapshot(path, BIG)
