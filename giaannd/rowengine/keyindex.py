@@ -415,19 +415,15 @@ class KeyIndex:
     def append(self, a: U64, b: U64) -> I64:
         """Index keys known to be new and unique (the caller checked): they get the next ids in the
         order given."""
-        n0 = self._n
-        self._placed(*_keys(a, b))
-        return np.arange(n0, self._n, dtype=np.int64)
-
-    def _placed(self, a: U64, b: U64) -> int:
-        """``append``'s work; returns the first new id whose key was indexed already (-1: none)."""
+        a, b = _keys(a, b)
         k = int(a.shape[0])
         n0 = self._n
         self._reserve(n0 + k)
         self._a[n0:n0 + k] = a
         self._b[n0:n0 + k] = b
         self._n = n0 + k
-        return int(_place(self._slots, self._a, self._b, self._bits, n0, n0 + k, self._ahead))
+        _place(self._slots, self._a, self._b, self._bits, n0, n0 + k, self._ahead)
+        return np.arange(n0, n0 + k, dtype=np.int64)
 
     def append_new(self, a: U64, b: U64) -> I64 | None:
         """``append`` of keys the caller believes new (unique among themselves, as for ``append``),
@@ -451,14 +447,25 @@ class KeyIndex:
     @classmethod
     def from_keys(cls, a: U64, b: U64) -> KeyIndex:
         """An index whose id i is key ``(a[i], b[i])`` (a snapshot's rows, a store after a drop).
+        Writable contiguous uint64 arrays become the index's key arrays as they are (no copy into
+        fresh memory, whose page faults are most of a load's cost: docs/storage.md "Bulk load"):
+        the caller must not change them afterwards. The index never writes into them: they are
+        full, so a key added later grows the index into new arrays.
 
         Raises:
             ValueError: a key repeats (found as the keys are placed: a repeated key's probe passes
                 the slot of its first occurrence, linear probing, ``_place``; one walk per key,
                 where looking every key up again afterwards cost a second one).
         """
+        a, b = _keys(a, b)
+        if not (a.flags.writeable and b.flags.writeable):
+            a, b = a.copy(), b.copy()
         index = cls()
-        if index._placed(*_keys(a, b)) >= 0:
+        index._a, index._b = a, b
+        index._sized()
+        index._reserve(a.shape[0])  # the table only (no id in it yet): the key arrays are full
+        index._n = int(a.shape[0])
+        if _place(index._slots, a, b, index._bits, 0, index._n, index._ahead) >= 0:
             raise ValueError("row keys repeat")
         return index
 
