@@ -637,7 +637,7 @@ class RowEngine:
         engine._base = Run(np.arange(r, dtype=np.int64), offsets, entries.seg, entries.tc, entries.tf, entries.st,
                            spare=spare)
         engine._grow_lengths(r)
-        engine._lengths[:r] = np.diff(offsets)
+        np.subtract(offsets[1:], offsets[:-1], out=engine._lengths[:r])  # (no temporary: fresh pages)
         engine._entries = int(offsets[-1]) if r else 0
         return engine
 

@@ -274,20 +274,35 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
     return m, n
 
 
-@kernel(f"void({_TABLE}, int64, int64, int64)")
-def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> None:
-    """Put ids lo..hi-1 (unique keys, none in the table) into the first free slot of their probe
-    (``ahead`` > 0: prefetch the home slot of the id that many ahead)."""
+@kernel(f"int64({_TABLE}, int64, int64, int64)")
+def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> int:
+    """Put ids lo..hi-1 (keys meant to be unique and none in the table) into the first free slot of
+    their probe (``ahead`` > 0: prefetch the home slot of the id that many ahead). Returns the first
+    of them whose key an id met on its probe holds already (-1: none; it is placed all the same):
+    the slots it passes whose tags match are compared, so the check costs a key fetch only for
+    one slot in 2^23 of other keys."""
     mask = (np.int64(1) << bits) - 1
     shift = np.uint64(64 - bits)
+    repeated = -1
     for sid in range(lo, hi):
         if ahead and sid + ahead < hi:
             _prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
-        h = _hash(ka[sid], kb[sid])
+        x = ka[sid]
+        y = kb[sid]
+        h = _hash(x, y)
         s = np.int64(h >> shift)
-        while slots[s]:
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                break
+            if repeated < 0 and (v & ~_ID_MASK) == tag:
+                other = (v & _ID_MASK) - 1
+                if ka[other] == x and kb[other] == y:
+                    repeated = sid
             s = (s + 1) & mask
-        slots[s] = _tag(h) | (sid + 1)
+        slots[s] = tag | (sid + 1)
+    return repeated
 
 
 @kernel(f"boolean({_TABLE}, int64, {_IN}, {_IN}, int64)")
@@ -460,14 +475,25 @@ class KeyIndex:
     @classmethod
     def from_keys(cls, a: U64, b: U64) -> KeyIndex:
         """An index whose id i is key ``(a[i], b[i])`` (a snapshot's rows, a store after a drop).
+        Writable contiguous uint64 arrays become the index's key arrays as they are (no copy into
+        fresh memory, whose page faults are most of a load's cost: docs/storage.md "Bulk load"):
+        the caller must not change them afterwards. The index never writes into them: they are
+        full, so a key added later grows the index into new arrays.
 
         Raises:
-            ValueError: a key repeats (found by looking every key up again: a repeated key's
-                later ids are not what the lookup returns).
+            ValueError: a key repeats (found as the keys are placed: a repeated key's probe passes
+                the slot of its first occurrence, linear probing, ``_place``; one walk per key,
+                where looking every key up again afterwards cost a second one).
         """
+        a, b = _keys(a, b)
+        if not (a.flags.writeable and b.flags.writeable):
+            a, b = a.copy(), b.copy()
         index = cls()
-        ids = index.append(a, b)
-        if ids.shape[0] and not np.array_equal(index.lookup(a, b), ids):
+        index._a, index._b = a, b
+        index._sized()
+        index._reserve(a.shape[0])  # the table only (no id in it yet): the key arrays are full
+        index._n = int(a.shape[0])
+        if _place(index._slots, a, b, index._bits, 0, index._n, index._ahead) >= 0:
             raise ValueError("row keys repeat")
         return index
 

@@ -815,7 +815,9 @@ class ColumnStore:
                   offsets: NDArray[np.int64], rows: Row, touches: NDArray[np.uint64], spare: bool = False) -> None:
         """Install every row of a snapshot at once (the caller validated them: keys unique, offsets
         a partition of the entries into non-empty rows, each row canonical), in the order given:
-        the arrays become the engine's base run as they are (no copy, no per-row work). Only into
+        the arrays become the engine's base run, its key index's keys and the touch counts as they
+        are (no copy into fresh memory, whose page faults cost the most: docs/storage.md "Bulk
+        load"; the caller gives them up), with no per-row work. Only into
         an empty store; not capacity-checked (recovery must restore what was acknowledged).
 
         ``spare``: the four entry arrays are prefixes of buffers with room past their end that the
@@ -830,11 +832,15 @@ class ColumnStore:
             row_column, row_feature, offsets,
             Entries(rows.segment, rows.target_column, rows.target_feature, rows.strength), spare=spare)
         n = self.engine.num_rows
-        self._touches = np.zeros(max(1024, n), np.uint64)
-        self._touches[:n] = touches
+        if (n >= 1024 and touches.shape == (n,) and touches.dtype == np.uint64 and touches.flags.c_contiguous
+                and touches.flags.writeable):
+            self._touches = touches  # kept as it is, like the entry arrays (grown into a new array later)
+        else:
+            self._touches = np.zeros(max(1024, n), np.uint64)
+            self._touches[:n] = touches
         self._version += 1
         self._rows_version = self._version
-        self._count_sizes(np.diff(offsets))
+        self._count_sizes(self.engine.lengths())
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
         """Install one row given in the region layout (tools, tests). Not capacity-checked.

@@ -339,3 +339,44 @@ def test_merge_field_inserts_before_the_position(seed, n, k, dtype, where):
         merge_field(old, new, pos, out=np.empty(n + k + 1, dtype))
     with pytest.raises(ValueError):
         merge_field(old, new.astype(np.float64), pos)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), repeats=st.integers(0, 2),
+       narrow=st.booleans(), same_tag=st.booleans())
+def test_keyindex_from_keys_refuses_a_repeated_key(seed, n, repeats, narrow, same_tag):
+    """``from_keys`` against a set and a dict: unique keys get ids 0..n-1 in order (every lookup finds
+    its id), and keys added later the next ids; a key given twice, anywhere, is refused. Narrow
+    keys share home slots (long probe walks), and with ``same_tag`` share the slot tag too (every
+    passed slot compared)."""
+    rng = np.random.default_rng(seed)
+    cols, feats = (40, 40) if narrow else (1 << 19, 1 << 19)
+    flat = rng.choice(cols * feats, size=min(n, cols * feats), replace=False)
+    a, f = (flat // feats).astype(np.int64), (flat % feats).astype(np.int64)
+    if narrow:
+        b = grouped_table(cols, feats, same_tag=same_tag)[a, f]
+    else:
+        b = f.astype(np.uint64)
+    a = a.astype(np.uint64)
+    for _ in range(repeats if a.shape[0] else 0):  # a key put again at a random place
+        i, at = int(rng.integers(0, a.shape[0])), int(rng.integers(0, a.shape[0] + 1))
+        a, b = np.insert(a, at, a[i]), np.insert(b, at, b[i])
+    unique = len(set(zip(a.tolist(), b.tolist()))) == a.shape[0]
+    if not unique:
+        with pytest.raises(ValueError, match="row keys repeat"):
+            KeyIndex.from_keys(a, b)
+        return
+    a0, b0 = a.copy(), b.copy()
+    index = KeyIndex.from_keys(a, b)
+    assert len(index) == a.shape[0]
+    assert index.lookup(a, b).tolist() == list(range(a.shape[0]))
+    # keys added later (held ones among them) get the next ids; the arrays given are never written
+    more_a = np.concatenate([a[: n // 3], rng.integers(1 << 20, 1 << 21, n + 700, dtype=np.uint64)])
+    more_b = np.concatenate([b[: n // 3], rng.integers(0, 8, n + 700, dtype=np.uint64)])
+    ids = {k: i for i, k in enumerate(zip(a.tolist(), b.tolist()))}
+    for k in zip(more_a.tolist(), more_b.tolist()):
+        ids.setdefault(k, len(ids))
+    got, _ = index.lookup_or_add(more_a, more_b)
+    assert got.tolist() == [ids[k] for k in zip(more_a.tolist(), more_b.tolist())]
+    assert np.array_equal(a, a0) and np.array_equal(b, b0)
+    assert index.lookup(a0, b0).tolist() == list(range(a0.shape[0]))

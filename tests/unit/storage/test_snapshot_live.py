@@ -382,3 +382,24 @@ def test_snapshot_paced_write_equals_unpaced(tmp_path: Path) -> None:
     view.release()
     unpaced = write_snapshot(tmp_path, store, 2).read_bytes()
     assert rests and paced[HEADER_BYTES:] == unpaced[HEADER_BYTES:]  # same body (headers: seq)
+
+
+def test_snapshot_load_keeps_touches_and_keys_that_grow_like_the_store(tmp_path: Path) -> None:
+    """A store of more than 1024 rows (its touch counts and row keys are the snapshot's arrays as
+    read, not copies) goes on like the one it was written from: new rows, adds to held rows, the
+    touch counts and keys of both equal after each batch."""
+    rng = np.random.default_rng(12)
+    store = ColumnStore(BIG)
+    for j in range(4):  # the first rows again and again: touch counts from 1 to 4
+        store.apply(BatchId(1, j + 1), realistic_batch(rng, 3000 // (j + 1)))
+    store.apply(BatchId(2, 1), random_batch(rng, 500))
+    loaded, _ = read_snapshot(write_snapshot(tmp_path, store, 1), BIG)
+    for i in range(3):
+        batch = realistic_batch(rng, 2000, 10_000 * (i + 1)) if i % 2 == 0 else random_batch(rng, 400)
+        for s in (store, loaded):
+            s.apply(BatchId(3, i + 1), batch)
+        keys = store.read_all()
+        assert same_state(loaded, store)
+        held, touches = loaded.row_touches(keys.row_column, keys.row_feature)
+        assert held.all() and np.array_equal(touches, store.row_touches(keys.row_column, keys.row_feature)[1])
+        assert sorted(loaded.keys()) == sorted(store.keys())
