@@ -2,6 +2,7 @@
 
     python -m tools.bench.scale --cluster [--cluster-checkpoints 10000,100000,300000] [--json]
     python -m tools.bench.scale_cluster [--checkpoints 10000,100000,300000] [--snapshot-interval-s 20]
+                                        [--snapshot-min-log-ratio R]
                                         [--export-max-entries 100000000] [--seed 0] [--json]
 
 Three storage daemons (R = 3, W = 2) and one compute daemon, real processes on loopback tcp
@@ -273,13 +274,16 @@ def _largest_class(usage: dict[str, dict[str, Any]]) -> int:
 
 
 def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float = 20.0,
-        export_max_entries: int = 10**8, root: Path | None = None) -> list[dict[str, Any]]:
+        snapshot_min_log_ratio: float | None = None, export_max_entries: int = 10**8,
+        root: Path | None = None) -> list[dict[str, Any]]:
     """The cluster run (module docstring): one record of figures per checkpoint."""
     base = Path(tempfile.mkdtemp(prefix="giaannd-scale-")) if root is None else root
     cluster = LocalCluster(base / "cluster", storage=3, compute=1, transport="tcp", log_level="info",
                            replication_factor=3, write_quorum=2,
                            storage_options={"capacity_bytes": CAPACITY_BYTES,
-                                            "snapshot_interval_s": snapshot_interval_s},
+                                            "snapshot_interval_s": snapshot_interval_s,
+                                            **({} if snapshot_min_log_ratio is None
+                                               else {"snapshot_min_log_ratio": snapshot_min_log_ratio})},
                            compute_options={"cluster_jobs": True},
                            membership_options=_LAN_TIMINGS)
     cluster.corpus_dir.mkdir(parents=True, exist_ok=True)
@@ -439,6 +443,9 @@ def add_arguments(ap: argparse.ArgumentParser, prefix: str = "") -> None:
                     help="input sentences at which the cluster is measured (default 10000,100000,300000)")
     ap.add_argument("--snapshot-interval-s", type=float, default=20.0,
                     help="the storage nodes' snapshot interval, so snapshots run during the jobs (default 20)")
+    ap.add_argument("--snapshot-min-log-ratio", type=float, default=None,
+                    help="the storage nodes' storage.snapshot-min-log-ratio (default: the config's; 0 "
+                         "snapshots every interval, as before that key)")
     ap.add_argument("--export-max-entries", type=int, default=10**8,
                     help="export only while the model holds at most this many entries (default 10^8)")
     ap.add_argument(f"--{prefix}root", dest="cluster_root", type=Path, default=None,
@@ -450,12 +457,15 @@ def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """Exit 2 with a usage message on a bad option (``ap.error``)."""
     if args.snapshot_interval_s <= 0 or args.export_max_entries < 0:
         ap.error("--snapshot-interval-s must be > 0 and --export-max-entries >= 0")
+    if args.snapshot_min_log_ratio is not None and not 0 <= args.snapshot_min_log_ratio <= 100:
+        ap.error("--snapshot-min-log-ratio must be in [0, 100]")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run and print (a table, or ``--json``) from checked options."""
     load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     records = run(args.cluster_checkpoints, seed=args.seed, snapshot_interval_s=args.snapshot_interval_s,
+                  snapshot_min_log_ratio=args.snapshot_min_log_ratio,
                   export_max_entries=args.export_max_entries, root=args.cluster_root)
     load += f" before, {os.getloadavg()[0]:.2f} after"
     (_json if args.json else _print)(records, load)

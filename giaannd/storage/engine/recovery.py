@@ -304,6 +304,8 @@ class SnapshotJob:
     seq: int
     view: FrozenRows
     path: Path | None = None
+    #: ``UpdateLog.appended_bytes`` when it began: what the log held after the snapshot's seq then
+    log_mark: int = 0
 
     def write(self, busy_share: float = 1.0) -> Path:
         """Write the snapshot file (durable on return) and release the view, even on failure;
@@ -328,6 +330,15 @@ class DurableStore:
         self.log = log_
         self.recovery = report
         self.snapshot_seq = report.snapshot_seq
+        # ``logged_since_snapshot``: the records replayed at open, plus those appended since the
+        # log's byte count was ``_log_mark``
+        self._logged_before, self._log_mark = report.log_bytes, 0
+
+    @property
+    def logged_since_snapshot(self) -> int:
+        """Bytes of log records after the newest snapshot: what a restart would replay now (the
+        snapshot timer's ``storage.snapshot-min-log-ratio`` compares it with the store's size)."""
+        return self._logged_before + self.log.appended_bytes - self._log_mark
 
     @classmethod
     def open(
@@ -477,7 +488,8 @@ class DurableStore:
             OSError: the rotation failed (a full disk); nothing changed, the log goes on as it was.
         """
         self.log.rotate()
-        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze(room))
+        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze(room),
+                           log_mark=self.log.appended_bytes)
 
     def freeze_room(self) -> NDArray[np.float32]:
         """``ColumnStore.freeze_room``: call it before holding writes off for ``begin_snapshot``."""
@@ -488,6 +500,8 @@ class DurableStore:
         segments whose records are all <= its seq (``UpdateLog.drop_through``: the segment that
         holds records after it is kept). Safe while applies go on."""
         assert job.path is not None, "finish_snapshot before the job was written"
+        if job.seq >= self.snapshot_seq:  # the newest: the log after it is what was appended since
+            self._logged_before, self._log_mark = 0, job.log_mark
         self.snapshot_seq = max(self.snapshot_seq, job.seq)
         for s, old in list_snapshots(self.directory):
             if s < job.seq:

@@ -294,6 +294,8 @@ class UpdateLog:
         self._lock = threading.Lock()  # guards fd swaps between append/rotate and a threaded sync
         self._fd = -1
         self._segment_bytes = 0
+        #: bytes of records appended since this log was opened (``DurableStore.logged_since_snapshot``)
+        self.appended_bytes = 0
         #: the current segment's bytes before this offset are durable and were dropped from the
         #: page cache (``drop_synced``); a page-aligned offset
         self._cached_from = 0
@@ -368,6 +370,7 @@ class UpdateLog:
                     self._failed = exc
                 raise
             self._segment_bytes += total
+            self.appended_bytes += total
             self._next_seq = seq + 1
             return seq
 

@@ -253,6 +253,10 @@ class StorageService:
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
             buckets=STORAGE_WRITE_BUCKETS_S)
+        m.gauge("giaannd_storage_log_bytes_since_snapshot",
+                "Bytes of update-log records after the newest snapshot: what a restart would replay now "
+                "(storage.snapshot-min-log-ratio compares it with used_bytes).").set_function(
+            lambda: float(self.store.logged_since_snapshot if self.store is not None else 0))
         m.gauge("giaannd_storage_used_bytes",
                 "Bytes the column store accounts for now (rows, entries, index).").set_function(
             lambda: float(self.usage().used_bytes))
@@ -372,11 +376,19 @@ class StorageService:
                 await asyncio.wait_for(stopping.wait(), wait_s)
                 return
             wait_s = next(waits)
-            if self.store is not None and self.store.log.last_seq > self.store.snapshot_seq:
+            if self.snapshot_due():
                 try:
                     await self.snapshot()  # (nothing logged since the last one: nothing to do)
                 except OSError as exc:
                     wait_s = self.disk.snapshot_failed(exc)
+
+    def snapshot_due(self) -> bool:
+        """Whether the timer's snapshot is worth writing: something was logged since the last one,
+        at least ``storage.snapshot-min-log-ratio`` of the store's size (its config key says why)."""
+        store = self.store
+        if store is None or store.log.last_seq <= store.snapshot_seq:
+            return False
+        return store.logged_since_snapshot >= self.settings.snapshot_min_log_ratio * store.store.used_bytes
 
     async def snapshot(self) -> Path:
         """Write a snapshot now, without stopping writes: applies wait only while it begins (a

@@ -73,6 +73,37 @@ def test_durable_snapshot_then_more_then_restart(tmp_path: Path) -> None:
     again.close()
 
 
+def _segments_bytes(directory: Path) -> int:
+    """Bytes of the log records in the segments on disk (after a snapshot's clean-up: those after it)."""
+    segments = list_segments(directory)
+    return sum(scan_segment(path, first, i == len(segments) - 1).good_bytes
+               for i, (first, path) in enumerate(segments))
+
+
+def test_logged_since_snapshot_counts_what_a_restart_replays(tmp_path: Path) -> None:
+    rng = np.random.default_rng(31)
+    ref = ColumnStore(BIG)
+    ds = DurableStore.open(tmp_path, BIG, segment_max_bytes=4096)
+    assert ds.logged_since_snapshot == 0
+    _fill(ds, ref, rng, 12, 1)
+    assert ds.logged_since_snapshot == ds.log.appended_bytes == _segments_bytes(tmp_path) > 0
+    job = ds.begin_snapshot()
+    _fill(ds, ref, rng, 3, 13)  # after the snapshot's seq: still to replay once it is done
+    late = ds.log.appended_bytes - job.log_mark
+    job.write()
+    ds.finish_snapshot(job)
+    assert ds.logged_since_snapshot == late == _segments_bytes(tmp_path) > 0
+    ds.sync()
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG, segment_max_bytes=4096)  # a restart: counts what it replayed
+    assert again.recovery.log_bytes == again.logged_since_snapshot == late
+    _fill(again, ref, rng, 2, 16)
+    assert again.logged_since_snapshot == late + again.log.appended_bytes
+    again.snapshot()
+    assert again.logged_since_snapshot == 0
+    again.close()
+
+
 def test_durable_crash_between_snapshot_and_truncation(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     ref = ColumnStore(BIG)

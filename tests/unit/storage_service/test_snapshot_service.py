@@ -180,3 +180,50 @@ async def test_storage_restart_reports_its_recovery_by_phase(tmp_path):
         assert ("giaannd_storage_recovery_duration_seconds", "snapshot_load") in got
     finally:
         await cluster.close()
+
+
+def _gauge(cluster: Cluster, name: str, metric: str) -> float:
+    return next(s.value for fam in text_string_to_metric_families(cluster.nodes[name].metrics.render().decode())
+                for s in fam.samples if s.name == metric)
+
+
+@pytest.mark.asyncio
+async def test_timer_snapshot_waits_until_the_log_is_a_share_of_the_store(tmp_path):
+    """storage.snapshot-min-log-ratio: a timer snapshot is written only once the log since the last
+    one is that share of the store's size, so a large store is not rewritten every interval for a
+    little logged (before, any record logged made every interval's snapshot)."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=0.05, snapshot_min_log_ratio=0.25)
+    svc = cluster.services["s0"]  # (its own timer loop runs: service.start spawns run_snapshots)
+    try:
+        rng = np.random.default_rng(5)
+        await cluster.client.write(make_batch(rng, 400))  # the first write: the whole store is log
+        await _until(lambda: _snapshot_metrics(cluster, "s0")[1] == 1.0)
+        store = svc.store
+        assert store.logged_since_snapshot < store.log.appended_bytes
+        await cluster.client.write(make_batch(rng, 10))  # far below a quarter of the store
+        small = store.logged_since_snapshot
+        assert 0 < small < 0.25 * store.store.used_bytes
+        assert _gauge(cluster, "s0", "giaannd_storage_log_bytes_since_snapshot") == small
+        await asyncio.sleep(0.5)  # ten intervals: none due
+        assert _snapshot_metrics(cluster, "s0")[1] == 1.0 and not svc.snapshot_due()
+        while store.logged_since_snapshot < 0.25 * store.store.used_bytes:
+            await cluster.client.write(make_batch(rng, 100))
+        await _until(lambda: _snapshot_metrics(cluster, "s0")[1] == 2.0)
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_timer_snapshot_every_interval_with_a_ratio_of_zero(tmp_path):
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=3600, snapshot_min_log_ratio=0.0)
+    svc = cluster.services["s0"]
+    try:
+        rng = np.random.default_rng(6)
+        await cluster.client.write(make_batch(rng, 400))
+        assert svc.snapshot_due()
+        await svc.snapshot()
+        assert not svc.snapshot_due()  # nothing logged since
+        await cluster.client.write(make_batch(rng, 1))
+        assert svc.snapshot_due()
+    finally:
+        await cluster.close()
