@@ -4,6 +4,7 @@ receiver killed with a full window in flight resumes exactly (no item lost, none
 the operator throttle still bounds the rate with a window."""
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -140,23 +141,32 @@ def _damage_once(cluster, index):
     return damaged
 
 
+@contextlib.asynccontextmanager
+async def _caught_up_with_one_page_damaged(cluster, stream_id, index):
+    """Run a stream from s0 to s1 with item ``index`` damaged once in transit until it caught up
+    (the page refused and resent), yield its runner, then check the rows and close it."""
+    runner = _runner(cluster, stream_id)
+    damaged = _damage_once(cluster, index)
+    task = asyncio.create_task(runner.run())
+    async with asyncio.timeout(30):
+        await runner.caught_up.wait()
+    assert runner.state == "caught-up", runner.error
+    assert damaged and runner.resent_items >= 1
+    yield runner
+    assert _same_rows(cluster)
+    runner.close()
+    await asyncio.wait_for(task, 10)
+    assert runner.state == "done"
+
+
 async def test_a_page_refused_inside_a_full_window_is_resent_and_the_stream_goes_on(tmp_path):
     """The refusal of item 6 carries the receiver's durable position when it refused (4, say);
     the replies to items 4 and 5 leave later (once durable) but are handled first: the sender must
     resend from what they acknowledged, not fail the stream as "state lost" (it did)."""
     cluster = await _cluster(tmp_path, 40)
     try:
-        runner = _runner(cluster, 0x63)
-        damaged = _damage_once(cluster, 6)
-        task = asyncio.create_task(runner.run())
-        async with asyncio.timeout(30):
-            await runner.caught_up.wait()
-        assert runner.state == "caught-up", runner.error
-        assert damaged and runner.resent_items >= 1
-        assert _same_rows(cluster)
-        runner.close()
-        await asyncio.wait_for(task, 10)
-        assert runner.state == "done"
+        async with _caught_up_with_one_page_damaged(cluster, 0x63, 6):
+            pass
     finally:
         await cluster.close()
 
@@ -169,19 +179,9 @@ async def test_pages_reuse_their_buffers_once_acknowledged_and_a_refused_page_is
     and the chunk read ahead."""
     cluster = await _cluster(tmp_path, 40)
     try:
-        runner = _runner(cluster, 0x64)
-        damaged = _damage_once(cluster, 9)
-        task = asyncio.create_task(runner.run())
-        async with asyncio.timeout(30):
-            await runner.caught_up.wait()
-        assert runner.state == "caught-up", runner.error
-        assert damaged and runner.resent_items >= 1
-        pool = runner.page_pool
-        assert runner.sender.acked > 3 * (WINDOW + 1)
-        assert pool.reused > 2 * (WINDOW + 1) and pool.allocations <= WINDOW + 1
-        assert _same_rows(cluster)
-        runner.close()
-        await asyncio.wait_for(task, 10)
-        assert runner.state == "done"
+        async with _caught_up_with_one_page_damaged(cluster, 0x64, 9) as runner:
+            pool = runner.page_pool
+            assert runner.sender.acked > 3 * (WINDOW + 1)
+            assert pool.reused > 2 * (WINDOW + 1) and pool.allocations <= WINDOW + 1
     finally:
         await cluster.close()
