@@ -253,7 +253,7 @@ class StorageService:
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
             buckets=STORAGE_WRITE_BUCKETS_S)
-        m.gauge("giaannd_storage_log_bytes_since_snapshot",
+        m.gauge("giaannd_storage_log_since_snapshot_bytes",
                 "Bytes of update-log records after the newest snapshot: what a restart would replay now "
                 "(storage.snapshot-min-log-ratio compares it with used_bytes).").set_function(
             lambda: float(self.store.logged_since_snapshot if self.store is not None else 0))

@@ -203,7 +203,7 @@ async def test_timer_snapshot_waits_until_the_log_is_a_share_of_the_store(tmp_pa
         await cluster.client.write(make_batch(rng, 10))  # far below a quarter of the store
         small = store.logged_since_snapshot
         assert 0 < small < 0.25 * store.store.used_bytes
-        assert _gauge(cluster, "s0", "giaannd_storage_log_bytes_since_snapshot") == small
+        assert _gauge(cluster, "s0", "giaannd_storage_log_since_snapshot_bytes") == small
         await asyncio.sleep(0.5)  # ten intervals: none due
         assert _snapshot_metrics(cluster, "s0")[1] == 1.0 and not svc.snapshot_due()
         while store.logged_since_snapshot < 0.25 * store.store.used_bytes:
