@@ -57,7 +57,7 @@ from giaannd.storage.replication.requests import (
     WaitRegistersSynced,
     WaitVocabSynced,
 )
-from giaannd.storage.replication.snapshot_timer import snapshot_waits
+from giaannd.storage.replication.snapshot_timer import snapshot_due, snapshot_waits
 from peers.transport import Incoming, Reply
 
 if TYPE_CHECKING:
@@ -383,12 +383,10 @@ class StorageService:
                     wait_s = self.disk.snapshot_failed(exc)
 
     def snapshot_due(self) -> bool:
-        """Whether the timer's snapshot is worth writing: something was logged since the last one,
-        at least ``storage.snapshot-min-log-ratio`` of the store's size (its config key says why)."""
+        """Whether the timer's turn writes a snapshot now (snapshot_timer.snapshot_due)."""
         store = self.store
-        if store is None or store.log.last_seq <= store.snapshot_seq:
-            return False
-        return store.logged_since_snapshot >= self.settings.snapshot_min_log_ratio * store.store.used_bytes
+        return store is not None and snapshot_due(store.log.last_seq > store.snapshot_seq, store.logged_since_snapshot,
+                                                  store.store.used_bytes, self.settings.snapshot_min_log_ratio)
 
     async def snapshot(self) -> Path:
         """Write a snapshot now, without stopping writes: applies wait only while it begins (a

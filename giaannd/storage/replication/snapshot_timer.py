@@ -13,7 +13,14 @@ Two things spread them:
   generator seeded by the name, so two nodes whose phases happen to be close drift apart instead
   of colliding at every interval. The mean wait stays ``interval``.
 
-No clock, no I/O: the service's timer loop (service.py) takes the waits from ``snapshot_waits``.
+At each turn the timer writes a snapshot only when one is due (``snapshot_due``): something was
+logged since the last one, and at least ``storage.snapshot-min-log-ratio`` of the store's size. A
+snapshot rewrites the whole store, so on the timer alone its cost per second grows with the node;
+with the ratio it is paid once per that share of the store logged, and a restart replays at most
+about that share of log plus one interval's.
+
+No clock, no I/O: the service's timer loop (service.py) takes the waits from ``snapshot_waits`` and
+asks ``snapshot_due``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Iterator
 
 import xxhash
 
-__all__ = ["snapshot_waits"]
+__all__ = ["snapshot_due", "snapshot_waits"]
 
 
 def snapshot_waits(node_name: str, interval_s: float, jitter: float) -> Iterator[float]:
@@ -44,3 +51,10 @@ def snapshot_waits(node_name: str, interval_s: float, jitter: float) -> Iterator
     yield interval_s * (0.5 + rng.random())
     while True:
         yield interval_s * (1 + jitter * (2 * rng.random() - 1))
+
+
+def snapshot_due(anything_logged: bool, logged_bytes: int, store_bytes: int, min_log_ratio: float) -> bool:
+    """Whether a turn of the timer writes a snapshot (module docstring): ``anything_logged`` since
+    the last one, ``logged_bytes`` of log since it (what a restart would replay) against the store's
+    ``store_bytes`` and ``storage.snapshot-min-log-ratio`` (0: whenever anything was logged)."""
+    return anything_logged and logged_bytes >= min_log_ratio * store_bytes

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import giaannd.storage.engine.snapshot as snapshot_module
 from giaannd.storage.engine.snapshot import list_snapshots, list_temporaries, read_snapshot
-from giaannd.storage.replication.snapshot_timer import snapshot_waits
+from giaannd.storage.replication.snapshot_timer import snapshot_due, snapshot_waits
 from tools.cluster_harness import Cluster, make_batch
 
 BIG = 1 << 40
@@ -227,3 +227,10 @@ async def test_timer_snapshot_every_interval_with_a_ratio_of_zero(tmp_path):
         assert svc.snapshot_due()
     finally:
         await cluster.close()
+
+
+def test_snapshot_due_needs_a_log_that_is_a_share_of_the_store():
+    assert not snapshot_due(False, 0, 1000, 0.0)  # nothing logged: never
+    assert snapshot_due(True, 1, 1000, 0.0)  # ratio 0: anything logged
+    assert not snapshot_due(True, 99, 1000, 0.1) and snapshot_due(True, 100, 1000, 0.1)
+    assert snapshot_due(True, 10, 0, 0.1)  # an empty store with a log
