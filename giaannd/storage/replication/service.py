@@ -376,9 +376,9 @@ class StorageService:
                 await asyncio.wait_for(stopping.wait(), wait_s)
                 return
             wait_s = next(waits)
-            if self.snapshot_due():
+            if self.snapshot_due():  # (else too little logged since the last one: next turn)
                 try:
-                    await self.snapshot()  # (nothing logged since the last one: nothing to do)
+                    await self.snapshot()
                 except OSError as exc:
                     wait_s = self.disk.snapshot_failed(exc)
 
