@@ -377,8 +377,28 @@ class LocalCluster:
                 return next(iter(docs.values()))
             if time.monotonic() > deadline:
                 raise NodeFailed(f"storage rings did not converge in {timeout_s:.0f}s: "
-                                 f"{ {k: d['ring'] for k, d in docs.items()} }")
+                                 f"{ {k: d['ring'] for k, d in docs.items()} }\n"
+                                 f"{self._ring_diagnosis()}")
             time.sleep(POLL_S)
+
+    def _ring_diagnosis(self) -> str:
+        """Each running node's ring sync view (peers' digests, pulls in flight, last errors) and
+        the ring and membership lines of its log: what a failed ``wait_ring`` needs to be read."""
+        parts = []
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                continue
+            try:
+                sync = node.status()["services"]["membership"].get("ring_sync")
+            except (ClientError, OSError, KeyError) as exc:
+                sync = f"(status failed: {exc!r})"
+            try:
+                lines = node.log_path.read_text(errors="replace").splitlines()
+            except OSError:
+                lines = []
+            picked = [ln for ln in lines if "ring" in ln or "peers.membership" in ln][-40:]
+            parts.append(f"--- {node.name} ring_sync={sync}\n" + "\n".join(picked))
+        return "\n".join(parts)
 
     def wait_ready(self, node: Node, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
         """Poll ``/v1/status`` until ``state`` is ``running`` (the daemon sent READY)."""

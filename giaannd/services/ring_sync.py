@@ -10,8 +10,12 @@ member event whose digest is non-zero and differs from ours, we pull that member
 persisted before it takes effect, after which our own digest is gossiped. Rings are a CRDT, so
 pulling in any order converges: once every change reached every node by some path, all digests
 are equal and pulls stop. At most one pull per peer is in flight and a peer is pulled at most
-once per ``min_pull_interval_s`` (a change that arrives meanwhile is pulled right after); a failed
-pull is logged, never raised (the next event or the anti-entropy round retries).
+once per ``min_pull_interval_s`` (a change that arrives meanwhile is pulled right after). A failed
+pull is logged, never raised, and retried while the peer's digest still differs: after
+``min_pull_interval_s`` doubled per failure (capped at ``interval_s``), ``PULL_RETRIES`` times;
+then the anti-entropy round or the next event tries again. (A peer that gossips its new digest
+while its event loop is busy, e.g. starting its storage role, must not leave the others on the
+old ring until the next anti-entropy round picks it.)
 
 **Anti-entropy.** Every ``interval_s`` (10 s by default) one random live member whose digest
 differs from ours is pulled, in case an event was missed (a pull failed, a node restarted with a
@@ -61,7 +65,7 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from peers.membership.node import MembershipNode
 
-__all__ = ["ANTI_ENTROPY_S", "INITIAL_SYNC_S", "JoinAction", "RingSync", "join_action"]
+__all__ = ["ANTI_ENTROPY_S", "INITIAL_SYNC_S", "PULL_RETRIES", "JoinAction", "RingSync", "join_action"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,9 @@ INITIAL_SYNC_PEERS: Final = 8
 MIN_PULL_INTERVAL_S: Final = 0.5
 #: Bound on one pull (connect + RingGet).
 PULL_TIMEOUT_S: Final = 5.0
+#: Retries of a failed pull (backoff doubling from ``MIN_PULL_INTERVAL_S``) before the
+#: anti-entropy round takes over.
+PULL_RETRIES: Final = 6
 #: How long a standby node in join-mode auto waits, once its storage role serves, for something
 #: (the storage role's topology service) to set ``runtime.on_join_needed``.
 JOIN_HANDLER_WAIT_S: Final = 60.0
@@ -98,6 +105,8 @@ def join_action(mode: JoinMode, ring: Ring, me: str) -> JoinAction:
 class _Peer:
     address: str | None
     digest: int
+    #: the last pull's failure (None: none, or the last pull worked)
+    error: str | None = None
 
 
 class RingSync:
@@ -117,6 +126,7 @@ class RingSync:
         self.interval_s, self.min_pull_interval_s = interval_s, min_pull_interval_s
         self.pull_timeout_s = pull_timeout_s
         self._rng = rng or random.Random()
+        self.pull_retries = PULL_RETRIES
         self._peers: dict[str, _Peer] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
@@ -148,8 +158,13 @@ class RingSync:
                 await task
 
     def health(self) -> dict[str, Any]:
+        """Counters, and per known peer its gossiped digest, data-plane address, whether a pull
+        is in flight and the last pull's error (what to look at when rings do not converge)."""
+        peers = {name: {"digest": f"{peer.digest:016x}", "address": peer.address,
+                        "pulling": name in self._inflight, "error": peer.error}
+                 for name, peer in sorted(self._peers.items())}
         return {"digest": f"{self.runtime.ring.digest():016x}", "pulls": self.pulls,
-                "pull_errors": self.pull_errors, "changes": self.changes}
+                "pull_errors": self.pull_errors, "changes": self.changes, "peers": peers}
 
     # -- events -------------------------------------------------------------------------------------
     def on_event(self, event: MemberEvent) -> None:
@@ -171,7 +186,9 @@ class RingSync:
         except ValueError:
             return False
         schemes = self.runtime.topology.schemes or ("tcp",)
-        self._peers[name] = _Peer(pick_transport_address(meta, schemes), meta.ring)
+        known = self._peers.get(name)
+        self._peers[name] = _Peer(pick_transport_address(meta, schemes), meta.ring,
+                                  known.error if known is not None else None)
         return self._differs(name)
 
     def _differs(self, name: str) -> bool:
@@ -195,17 +212,25 @@ class RingSync:
         self._inflight[name] = self._spawn(self._pull_loop(name))
 
     async def _pull_loop(self, name: str) -> None:
+        failures = 0
         try:
             while self._running:
                 self._again.discard(name)
-                wait_s = self._last_pull.get(name, float("-inf")) + self.min_pull_interval_s - time.monotonic()
+                gap_s = min(self.min_pull_interval_s * 2 ** failures, self.interval_s)
+                wait_s = self._last_pull.get(name, float("-inf")) + gap_s - time.monotonic()
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
                 if not self._differs(name):
                     break
                 self._last_pull[name] = time.monotonic()
-                with contextlib.suppress(Exception):  # logged in pull()
+                try:
                     await self.pull(name)
+                except Exception:  # logged in pull(); retried below while the digest differs
+                    failures += 1
+                    if failures > self.pull_retries:
+                        break
+                    continue
+                failures = 0
                 if name not in self._again:
                     break
         finally:
@@ -228,8 +253,10 @@ class RingSync:
             changed = await rt.commit_ring(ring)
         except Exception as exc:
             self.pull_errors += 1
+            peer.error = repr(exc)[:200]
             log.warning("ring pull failed peer=%s address=%s error=%r", name, peer.address, exc)
             raise
+        peer.error = None
         if changed:
             self.changes += 1
             log.info("ring pulled peer=%s digest=%016x", name, rt.ring.digest())
@@ -238,11 +265,14 @@ class RingSync:
     async def _anti_entropy(self) -> None:
         while self._running:
             await asyncio.sleep(self.interval_s)
-            for info in self.node.alive_members():  # refresh what we know, events may be lost
-                self._note(info.name, info.meta)
-            differing = sorted(n for n in self._peers if self._differs(n))
-            if differing:
-                self.want(self._rng.choice(differing))
+            try:
+                for info in self.node.alive_members():  # refresh what we know, events may be lost
+                    self._note(info.name, info.meta)
+                differing = sorted(n for n in self._peers if self._differs(n))
+                if differing:
+                    self.want(self._rng.choice(differing))
+            except Exception:  # the round must outlive any one failure
+                log.exception("ring anti-entropy round failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -79,3 +79,24 @@ def test_quickstart_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "trained" in done.stdout and "column 'god'" in done.stdout and "report written" in done.stdout
     assert len(IMG.findall((tmp_path / "quickstart.html").read_text(encoding="utf-8"))) == 6
+
+
+def test_local_cluster_ring_timeout_says_what_each_node_sees(tmp_path: Path) -> None:
+    """A ring that does not converge in time fails with each node's ring sync view and its ring
+    log lines (a CI failure must be readable from its message alone). Here the cluster expects a
+    storage node that never started."""
+    from giaannd.sdk.local_cluster import LocalCluster, Node, NodeFailed
+
+    cluster = LocalCluster(tmp_path / "c", storage=1, compute=0, transport="tcp")
+    with cluster:
+        ghost = tmp_path / "c" / "ghost"
+        cluster.nodes.append(Node("ghost", ["storage"], ghost, ghost / "giaannd.toml"))
+        try:
+            with pytest.raises(NodeFailed) as failed:
+                cluster.wait_ring(timeout_s=0.2)
+        finally:
+            cluster.nodes.pop()
+    text = str(failed.value)
+    assert "did not converge" in text
+    assert "--- storage-1 ring_sync={" in text and "'peers': {}" in text
+    assert "ring: bootstrapped node=storage-1" in text
