@@ -26,7 +26,7 @@ of the entries, engine.py). Reading never changes the live engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,13 +68,23 @@ class FrozenEngine:
     def field_chunks(self, name: str, chunk: int) -> Iterator[NDArray[np.generic]]:
         """Field ``name`` (``seg``, ``tc``, ``tf`` or ``st``) of every entry in the global order, in
         pieces of about ``chunk`` entries (at least 1; module docstring)."""
-        base_field: NDArray[np.generic] = getattr(self.base, name)
+        for (piece,) in self.entry_chunks((name,), chunk):
+            yield piece
+
+    def entry_chunks(self, names: Sequence[str], chunk: int) -> Iterator[tuple[NDArray[np.generic], ...]]:
+        """The fields ``names`` of every entry in the global order, in pieces of about ``chunk``
+        entries (at least 1): one tuple per piece, a field each. The delta runs' entries that fall
+        in a piece are merged once for all the fields asked: with several delta runs that merge
+        costs more than the bytes (a snapshot writing its sections field by field would merge the
+        same entries once per field)."""
+        bases = [getattr(self.base, name) for name in names]
         n = self.base.num_entries
+        step = max(1, chunk)
         if not self.deltas:
-            for lo in range(0, n, max(1, chunk)):
-                yield base_field[lo : lo + chunk]
+            for lo in range(0, n, step):
+                yield tuple(f[lo : lo + step] for f in bases)
             return
-        bounds = [*range(0, n, max(1, chunk)), n]
+        bounds = [*range(0, n, step), n]
         starts = [0] * len(self.deltas)
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:] or [n])):
             last = i == len(bounds) - 2 or not bounds[1:]
@@ -87,7 +97,8 @@ class FrozenEngine:
                     piece = window(delta, j, starts[k])
                     merged = piece if merged is None else merge_deltas(merged, piece)
             if merged is None:
-                yield base_field[lo:hi]
+                yield tuple(f[lo:hi] for f in bases)
             else:
                 assert merged.pos is not None
-                yield merge_field(base_field[lo:hi], getattr(merged, name), merged.pos - lo)
+                at = merged.pos - lo
+                yield tuple(merge_field(f[lo:hi], getattr(merged, name), at) for f, name in zip(bases, names))

@@ -403,3 +403,62 @@ def test_snapshot_load_keeps_touches_and_keys_that_grow_like_the_store(tmp_path:
         held, touches = loaded.row_touches(keys.row_column, keys.row_feature)
         assert held.all() and np.array_equal(touches, store.row_touches(keys.row_column, keys.row_feature)[1])
         assert sorted(loaded.keys()) == sorted(store.keys())
+
+
+def _frozen_with_delta_runs(tmp_path: Path) -> tuple[ColumnStore, object, object]:
+    """A store and a frozen view of it that holds several delta runs (an older view held the first
+    run while more batches came, so they were not merged into it), and the older view."""
+    store = ColumnStore(BIG)
+    rng = np.random.default_rng(11)
+    for i in range(8):
+        store.apply(BatchId(1, i + 1), random_batch(rng, 300))
+    store.fold_deltas()
+    older = None
+    for i in range(3):  # small batches: new rows and adds, each a delta run of its own
+        store.apply(BatchId(2, i + 1), random_batch(rng, 12))
+        older = older or store.freeze()
+    view = store.freeze()
+    assert view.engine is not None and len(view.engine.deltas) >= snapshot_module.ONE_PASS_MIN_DELTAS
+    return store, view, older
+
+
+def test_snapshot_of_several_delta_runs_in_one_pass_is_the_same_file(tmp_path: Path, monkeypatch) -> None:
+    """With several delta runs the entry sections are written in one pass (three put at their
+    offsets, hashed by reading them back): the file is byte for byte the one written section
+    after section, and it loads as the store (fdatasyncs on the way, 4 KiB apart)."""
+    store, view, older = _frozen_with_delta_runs(tmp_path)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "each").mkdir()
+    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
+    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 256)  # many pieces, reads back in many
+    one = snapshot_module.write_frozen(tmp_path / "one", view, 7)
+    monkeypatch.setattr(snapshot_module, "ONE_PASS_MIN_DELTAS", 1 << 30)
+    each = snapshot_module.write_frozen(tmp_path / "each", view, 7)
+    assert one.read_bytes() == each.read_bytes()
+    snap, seq = read_snapshot(one, BIG)
+    assert seq == 7 and same_state(snap, store)
+    view.release()
+    older.release()
+
+
+def test_snapshot_one_pass_disk_full_deletes_its_temporary(tmp_path: Path, monkeypatch) -> None:
+    store, view, older = _frozen_with_delta_runs(tmp_path)
+    real, calls = os.pwrite, 0
+
+    def fills_up(fd, data, offset):  # the disk fills part-way through the sections put at offsets
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 256)
+    monkeypatch.setattr(os, "pwrite", fills_up)
+    with pytest.raises(OSError, match="No space"):
+        snapshot_module.write_frozen(tmp_path, view, 7)
+    monkeypatch.undo()
+    assert calls > 2 and not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
+    path = snapshot_module.write_frozen(tmp_path, view, 7)  # and a later attempt works
+    assert same_state(read_snapshot(path, BIG)[0], store)
+    view.release()
+    older.release()
