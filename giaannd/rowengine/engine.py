@@ -379,12 +379,20 @@ class RowEngine:
         self._entries += delta.num_entries
         deltas = self._deltas
         deltas.append(delta)
-        # not into a run something else holds (a frozen engine): that merge would copy it, and
-        # the held one stay resident; the newer runs merge among themselves meanwhile
-        while (len(deltas) >= 2 and deltas[-1].num_entries * self.fanout >= deltas[-2].num_entries
-               and not held(deltas[-2])):
-            newer = deltas.pop()
-            deltas[-1] = self._merge(deltas[-1], newer)
+        # Size tiers: each run more than fanout times the next newer one. Not into a run something
+        # else holds (a frozen engine): that merge would copy it, and the held one stay resident;
+        # the newer runs merge among themselves meanwhile and pile up behind it, so once it is
+        # free the first pair (newest first) out of tier merges, and so on: the runs a lookup, a
+        # fold and a snapshot walk stay O(log) in number (a snapshot's view left 8 runs where 3
+        # would do: tools/bench, docs/storage.md).
+        at = len(deltas) - 2
+        while at >= 0:
+            if deltas[at + 1].num_entries * self.fanout >= deltas[at].num_entries and not held(deltas[at]):
+                newer = deltas.pop(at + 1)
+                deltas[at] = self._merge(deltas[at], newer)
+                at = min(at, len(deltas) - 2)  # the merged run against its newer neighbour again
+            else:
+                at -= 1
 
     def _fold_if_due(self) -> None:
         """Fold the delta runs into the base once they hold 1/base_ratio of it, unless the base is
