@@ -357,6 +357,17 @@ class StorageConfig(_Section):
         "snapshot's arrays straight into the engine, with no per-row buffers to share or copy. "
         "Kept so that configuration files that set it still load."
     ))] = False
+    snapshot_load_map: Annotated[bool, Meta(description=(
+        "At start-up, when no log record follows the newest snapshot (the stop's final snapshot), "
+        "map the snapshot file read-only and let the rows' keys and offsets be views of it instead of "
+        "reading it into fresh memory (the strengths, which applies change in place, are still "
+        "copied): the kernel then maps the page cache's pages instead of faulting in fresh ones "
+        "(docs/storage.md \"Where a snapshot load goes\"). Until the first fold into the base replaces "
+        "those arrays the snapshot file stays mapped: once the next snapshot deletes it, its disk "
+        "space is held (counted in the node's disk use) until then, and its pages are page cache "
+        "the kernel may evict and read back. Every checksum and row check is the same. With a log to "
+        "replay the file is read as before. false always reads."
+    ))] = True
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

@@ -486,6 +486,16 @@ class RowEngine:
         self._version += 1
         self._base = with_room(base, held - base.num_entries + entries, buffer)
 
+    def copy_base(self, buffer: Buffer = empty_buffer) -> None:
+        """Copy the base run's entries and row offsets into new buffers (``buffer`` makes them,
+        run.with_room), so that it no longer references the arrays it was built from: a base loaded
+        as views of a mapped snapshot file lets go of the file (storage/engine/snapshot_map.py).
+        Changes no row; invalidates plans made before."""
+        self._version += 1
+        base = with_room(self._base, 0, buffer)
+        base.offsets = base.offsets.copy()
+        self._base = base
+
     def base_fields(self) -> tuple[U8, U64, U64, F32]:
         """The base run's four entry fields (seg, tc, tf, st: views of the buffers that hold them;
         read-only use, e.g. advising their pages)."""

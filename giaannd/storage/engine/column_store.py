@@ -615,6 +615,14 @@ class ColumnStore:
         for field in self.engine.base_fields():
             allow_huge_pages(field)
 
+    def copy_base(self) -> None:
+        """Copy the engine's base into this process's memory (``RowEngine.copy_base``; its buffers
+        fault in small pages while filled, then go to khugepaged: page_advice.py): a base mapped
+        from a snapshot file lets go of it (snapshot_map.py). Changes no row."""
+        self._version += 1
+        self.engine.copy_base(filled_buffer)
+        self.allow_huge_pages()
+
     def fold_deltas(self) -> int:
         """Fold the engine's delta runs into its base (``RowEngine.compact``); returns the entries
         they held (0: there were none, nothing changed). Changes no row: a delta entry costs 16-32 B

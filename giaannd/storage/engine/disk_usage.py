@@ -21,7 +21,8 @@ MAX_FILES: Final = 10_000
 
 @dataclass(frozen=True)
 class DiskUsage:
-    """Bytes of the files under a directory, and its file system's free and total bytes."""
+    """Bytes of the files under a directory (with those of deleted files still held open, when
+    given), and its file system's free and total bytes."""
 
     files_bytes: int
     free_bytes: int
@@ -29,10 +30,13 @@ class DiskUsage:
     partial: bool = False
 
 
-def disk_usage(directory: Path, max_files: int = MAX_FILES) -> DiskUsage:
+def disk_usage(directory: Path, max_files: int = MAX_FILES, held_bytes: int = 0) -> DiskUsage:
     """The ``DiskUsage`` of ``directory`` (zeros if it does not exist). Files that vanish during
-    the walk (a log segment just truncated) are skipped; symlinks are not followed."""
-    total, seen, partial = 0, 0, False
+    the walk (a log segment just truncated) are skipped; symlinks are not followed. ``held_bytes``:
+    bytes of files deleted from it that the caller still holds (a snapshot the store's base is
+    mapped from: ``DurableStore.held_disk_bytes``), added to ``files_bytes``: they take disk space
+    that no walk sees."""
+    total, seen, partial = held_bytes, 0, False
     for root, _dirs, files in os.walk(directory):
         for name in files:
             if seen >= max_files:

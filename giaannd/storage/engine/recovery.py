@@ -58,6 +58,7 @@ from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
+from giaannd.storage.engine.snapshot_map import SnapshotMapping
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
     KIND_BATCH,
@@ -324,8 +325,12 @@ class SnapshotJob:
 class DurableStore:
     """A :class:`ColumnStore` whose writes survive restarts. Build it with :meth:`open`."""
 
-    def __init__(self, directory: Path, store: ColumnStore, log_: UpdateLog, report: RecoveryReport) -> None:
+    def __init__(self, directory: Path, store: ColumnStore, log_: UpdateLog, report: RecoveryReport,
+                 mapping: SnapshotMapping | None = None) -> None:
         self.directory = directory
+        #: the snapshot file the store's base run was loaded from by mapping it, if it was
+        #: (``open``'s ``map_snapshot``; snapshot_map.py): ``held_disk_bytes`` says what it holds
+        self.mapping = mapping
         self.store = store
         self.log = log_
         self.recovery = report
@@ -333,6 +338,13 @@ class DurableStore:
         # ``logged_since_snapshot``: the records replayed at open, plus those appended since the
         # log's byte count was ``_log_mark``
         self._logged_before, self._log_mark = report.log_bytes, 0
+
+    def held_disk_bytes(self) -> int:
+        """Disk bytes a deleted or replaced snapshot file still takes because the store's base is
+        mapped from it (``SnapshotMapping.held_bytes``; 0 when not mapped or the mapping is gone):
+        the next snapshot unlinks the file, its blocks come back when the base's first fold
+        replaces the mapped arrays. A directory walk does not see them."""
+        return 0 if self.mapping is None else self.mapping.held_bytes()
 
     @property
     def logged_since_snapshot(self) -> int:
@@ -347,11 +359,18 @@ class DurableStore:
         capacity_bytes: int,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         verify_rows: bool = True,
+        map_snapshot: bool = True,
     ) -> DurableStore:
         """Recover the store in ``directory`` (created if missing).
 
         Args:
             verify_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
+            map_snapshot: when no log record follows the snapshot (a stop's final snapshot; an
+                empty log), map the snapshot file and let the base run's key fields be views of it
+                (``snapshot.read_snapshot``'s ``mapping``, snapshot_map.py) instead of reading it
+                into fresh memory (``storage.snapshot-load-map``). With a log to replay the file is
+                read as before: the replay's first merge would copy a mapped base into new buffers,
+                where a read base has room for it.
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -364,10 +383,14 @@ class DurableStore:
         segments = list_segments(d)
         started = time.perf_counter()
         snapshot_bytes = log_bytes = 0
+        mapping: SnapshotMapping | None = None
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
             snapshot_bytes = snap_path.stat().st_size
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, replay_room(segments))
+            room = replay_room(segments)
+            if map_snapshot and room == 0 and snapshot_bytes > 0:
+                mapping = SnapshotMapping.open(snap_path)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, room, mapping)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
@@ -415,7 +438,7 @@ class DurableStore:
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
             loaded - started, replayed - loaded, snapshot_bytes, log_bytes,
         )
-        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report)
+        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report, mapping)
 
     # -- writes -------------------------------------------------------------------------------------
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:
@@ -464,8 +487,14 @@ class DurableStore:
     def fold_deltas(self) -> int:
         """``ColumnStore.fold_deltas``: nothing is logged (no row changes). No write may run
         during this call, and no snapshot's frozen view should be held (the fold would then copy
-        the runs the view holds instead of moving them in place)."""
-        return self.store.fold_deltas()
+        the runs the view holds instead of moving them in place). A base still mapped from a
+        snapshot file that a later snapshot deleted (``held_disk_bytes``: no fold replaced it, as
+        when every write since the start added to stored keys) is copied into memory, which gives
+        the file's disk space back (an idle node's call: ``fold_when_idle``)."""
+        moved = self.store.fold_deltas()
+        if self.held_disk_bytes():
+            self.store.copy_base()
+        return moved
 
     def sync(self) -> int:
         """Group commit: fsync the log; returns the highest durable seq."""

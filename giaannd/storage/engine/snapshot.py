@@ -30,12 +30,15 @@ write that fails (a full disk) deletes its temporary before raising, so a failed
 keep the space it could not finish using; a crash's temporary is deleted by the next start
 (``remove_temporaries``, before anything else is written).
 
-Reading: each section is one ``readinto`` into its final array, hashed as it goes; both checksums
-are verified before anything is trusted, then the structure; every failure is a
-:class:`CorruptSnapshotError` naming the file and byte offset. The arrays then *are* the engine's
-base run, and the key index is built in one vectorised pass: no per-row Python anywhere. The header
-and its checks are the shared record codec's (``giaannd.records``, ``SNAPSHOT_RECORD``: the whole
-file is one record whose payload, the body, is streamed rather than held twice).
+Reading: each section is one ``readinto`` into its final array, hashed as it goes; or, from a
+mapping of the file (``read_snapshot``'s ``mapping``, snapshot_map.py), hashed through it, the row
+offsets and the entries' segments, target columns and target features kept as read-only views of
+it and the other sections copied out. Both checksums are verified before anything is trusted, then
+the structure; every failure is a :class:`CorruptSnapshotError` naming the file and byte offset.
+The arrays then *are* the engine's base run, and the key index is built in one vectorised pass:
+no per-row Python anywhere. The header and its checks are the shared record codec's
+(``giaannd.records``, ``SNAPSHOT_RECORD``: the whole file is one record whose payload, the body, is
+streamed rather than held twice).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, Frozen
 from giaannd.storage.engine.errors import CorruptSnapshotError
 from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import unpack_regions
+from giaannd.storage.engine.snapshot_map import SnapshotMapping
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
            "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
@@ -323,34 +327,45 @@ def _write_fields(w: _HashingWriter, frozen: FrozenEngine, pause: Callable[[], N
 
 
 class _Reader:
-    """Reads the body sequentially, hashing as it goes, with offsets for error messages."""
+    """Reads the body sequentially, hashing as it goes, with offsets for error messages; from the
+    file, or from its mapping (``mapping``: snapshot_map.py) when given."""
 
-    def __init__(self, f: io.BufferedReader, path: Path, end: int) -> None:
-        self.f, self.path, self.end = f, path, end
+    def __init__(self, f: io.BufferedReader, path: Path, end: int, mapping: SnapshotMapping | None = None) -> None:
+        self.f, self.path, self.end, self.mapping = f, path, end, mapping
         self.pos = HEADER_BYTES
         self.h = xxhash.xxh3_64()
 
     def fail(self, reason: str, at: int | None = None) -> CorruptSnapshotError:
         return CorruptSnapshotError(str(self.path), self.pos if at is None else at, reason)
 
-    def array(self, dtype: type[np.generic], count: int, room: int = 0) -> NDArray[Any]:
-        """The next ``count`` values; with ``room``, the prefix of a buffer that many values longer."""
+    def array(self, dtype: type[np.generic], count: int, room: int = 0, view: bool = False) -> NDArray[Any]:
+        """The next ``count`` values; with ``room``, the prefix of a buffer that many values longer.
+        ``view`` (a mapped load only): a read-only view of the mapping instead of a copy."""
         nbytes = np.dtype(dtype).itemsize * count
         if count < 0 or self.pos + nbytes > self.end:
             raise self.fail(f"section of {nbytes} bytes runs past the end of the body")
-        buf = filled_buffer(dtype, count + room)  # small pages while read (page_advice.py)
+        if self.mapping is not None:
+            src = self.mapping.view(dtype, count, self.pos)
+            self.h.update(src.view(np.uint8).data)
+            self.pos += nbytes
+            if view:
+                return src
+        buf = filled_buffer(dtype, count + room)  # small pages while filled (page_advice.py)
         out = buf[:count]
-        view = out.view(np.uint8)
-        if self.f.readinto(view.data) != nbytes:
-            raise self.fail("file shorter than its header says")
+        if self.mapping is not None:
+            np.copyto(out, src)
+        else:
+            data = out.view(np.uint8).data
+            if self.f.readinto(data) != nbytes:
+                raise self.fail("file shorter than its header says")
+            self.h.update(data)
+            self.pos += nbytes
         allow_huge_pages(buf)
-        self.h.update(view.data)
-        self.pos += nbytes
         return out
 
 
-def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0
-                  ) -> tuple[ColumnStore, int]:
+def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0,
+                  mapping: SnapshotMapping | None = None) -> tuple[ColumnStore, int]:
     """Load a snapshot (format 2, or 1 converted: module docstring) into a new store; returns
     (store, last_seq).
 
@@ -363,11 +378,27 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
             read into buffers with that much room past their end, so the replay's merges fill it
             (``ColumnStore.load_bulk``) instead of copying the loaded rows into larger buffers
             first. Room never written is address space, not memory. Format 2 only.
+        mapping: ``path`` mapped (``SnapshotMapping.open``): the row offsets and the entries' key
+            fields become read-only views of it instead of copies (snapshot_map.py: no fresh pages
+            for them); the strengths, row keys and the rest are copied out of it. Every check is the
+            same. Without ``room`` only (a mapping ends with the file); ``loaded`` is called on it.
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
     """
-    size = path.stat().st_size
+    if mapping is not None and room:
+        raise ValueError("read_snapshot: a mapped load has no room past its arrays")
+    try:
+        return _read(path, capacity_bytes, verify_rows, room, mapping)
+    finally:
+        if mapping is not None:
+            mapping.loaded()
+
+
+def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping: SnapshotMapping | None
+          ) -> tuple[ColumnStore, int]:
+    """``read_snapshot``'s load."""
+    size = mapping.size if mapping is not None else path.stat().st_size
     with open(path, "rb") as f:
         try:
             head = SNAPSHOT_RECORD.read_header(f.read(HEADER_BYTES))
@@ -377,20 +408,20 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
         if head.fields["flags"] != 0:
             raise CorruptSnapshotError(str(path), 12, f"unsupported snapshot flags {head.fields['flags']}")
         last_seq, r, n = head.fields["last_seq"], head.fields["rows"], head.fields["entries"]
-        rd = _Reader(f, path, size)
+        rd = _Reader(f, path, size, mapping)
         rc, rf = rd.array(np.uint64, r), rd.array(np.uint64, r)
         off_at = rd.pos
-        offsets = rd.array(np.int64, r + 1)
+        offsets = rd.array(np.int64, r + 1, view=True)
         touches = rd.array(np.uint64, r)
         if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) <= 0):
             raise rd.fail("row offsets are not a partition of the entries into non-empty rows", off_at)
         entries_at = rd.pos
         if head.version == _REGIONS_FORMAT:
-            rows = unpack_regions(rd.array(np.uint8, ENTRY_BYTES * n), offsets)  # every region: one readinto
+            rows = unpack_regions(rd.array(np.uint8, ENTRY_BYTES * n, view=True), offsets)  # every region: one readinto
         else:
-            tc, tf = rd.array(np.uint64, n, room), rd.array(np.uint64, n, room)
-            rows = Row(target_column=tc, target_feature=tf, strength=rd.array(np.float32, n, room),
-                       segment=rd.array(np.uint8, n, room))
+            tc, tf = rd.array(np.uint64, n, room, view=True), rd.array(np.uint64, n, room, view=True)
+            rows = Row(target_column=tc, target_feature=tf, strength=rd.array(np.float32, n, room),  # added to in place
+                       segment=rd.array(np.uint8, n, room, view=True))
         w_at = rd.pos
         (num_writers,) = struct.unpack("<Q", rd.array(np.uint8, 8).tobytes())
         ws = rd.array(np.uint64, num_writers)

@@ -40,7 +40,7 @@ from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S, STORAGE_WRITE_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
-from giaannd.storage.engine.disk_usage import disk_usage
+from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
@@ -186,14 +186,15 @@ class StorageService:
         s = self.settings
         if s.malloc_mmap_threshold_bytes:  # before the replay's temporaries (recovery.py says why)
             fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
-        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes)
+        self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
+                                             map_snapshot=s.snapshot_load_map)
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
-                                    disk=lambda: disk_usage(self.data_dir), read_chunk_bytes=s.read_chunk_bytes)
+                                    disk=self._disk_usage, read_chunk_bytes=s.read_chunk_bytes)
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
         self.core.guard = self.disk
@@ -257,6 +258,10 @@ class StorageService:
                 "Bytes of update-log records after the newest snapshot: what a restart would replay now "
                 "(storage.snapshot-min-log-ratio compares it with used_bytes).").set_function(
             lambda: float(self.store.logged_since_snapshot if self.store is not None else 0))
+        m.gauge("giaannd_storage_snapshot_held_disk_bytes",
+                "Disk a deleted snapshot file still takes because the store's rows are mapped from it "
+                "(storage.snapshot-load-map) until a fold copies them; counted in the node's disk use.").set_function(
+            lambda: float(self.store.held_disk_bytes() if self.store is not None else 0))
         m.gauge("giaannd_storage_used_bytes",
                 "Bytes the column store accounts for now (rows, entries, index).").set_function(
             lambda: float(self.usage().used_bytes))
@@ -455,6 +460,11 @@ class StorageService:
             if not await asyncio.to_thread(return_freed_heap):
                 return  # a C library without malloc_trim: nothing to do, ever
             self._prom["heap_trim_seconds"].observe(time.perf_counter() - start)
+
+    def _disk_usage(self) -> DiskUsage:
+        """The data directory's ``disk_usage``, with the disk a deleted snapshot file still takes
+        while the store's base is mapped from it (``DurableStore.held_disk_bytes``)."""
+        return disk_usage(self.data_dir, held_bytes=self.store.held_disk_bytes() if self.store is not None else 0)
 
     def fold_when_idle(self, seen: int) -> int:
         """Fold the store's delta runs into its base when nothing was logged since the last call

@@ -87,3 +87,37 @@ def test_engine_pieces_concatenate_to_the_gathered_rows(seed, batches, base_rati
         for f in ("seg", "tc", "tf", "st"):
             cat = np.concatenate([getattr(p, f) for p in got]) if got else getattr(want, f)[:0]
             assert np.array_equal(cat, getattr(want, f))
+
+
+def test_engine_copy_base_lets_go_of_the_arrays_it_was_built_from():
+    """``copy_base`` (a base loaded as views of a mapped snapshot): afterwards no base array shares
+    memory with the arrays given to ``from_arrays``, every row reads the same, views read before
+    keep their entries, and applies go on as on an engine that never copied."""
+    rng = np.random.default_rng(11)
+    ref_engine, ref = RowEngine(fanout=2, base_ratio=4), DictReference()
+    for _ in range(6):
+        batch = _new_rows_batch(rng, 0, 40, 6) if not ref.rows else random_batch(
+            rng, [tuple(int(x) for x in k) for k in list(ref.rows)[:40]], POOL64, POOL64, 20, 5)
+        apply(ref_engine, batch)
+        ref.apply(batch)
+    a, b, offsets, entries = ref_engine.export()
+    given = [offsets, entries.seg, entries.tc, entries.tf, entries.st]
+    for arr in given[:4]:
+        arr.flags.writeable = False  # as a mapped snapshot's views are
+    engine = RowEngine.from_arrays(a, b, offsets, entries)
+    before = engine.read(0)
+    kept = (before.tc.copy(), before.st.copy())
+    engine.copy_base()
+    base = engine._base  # noqa: SLF001 - the property under test
+    for arr in (base.offsets, base.seg, base.tc, base.tf, base.st):
+        assert not any(np.shares_memory(arr, g) for g in given)
+        assert arr.flags.writeable
+    assert np.array_equal(before.tc, kept[0]) and np.array_equal(before.st, kept[1])
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+    batch = random_batch(rng, [tuple(int(x) for x in k) for k in list(ref.rows)[:30]], POOL64, POOL64, 30, 6)
+    apply(engine, batch)
+    ref.apply(batch)
+    engine.compact()
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
