@@ -461,11 +461,11 @@ class DurableStore:
         self.log.append_drop(held)
         return self.store.drop_columns(held)
 
-    def fold_deltas(self) -> int:
+    def fold_deltas(self, due_only: bool = False) -> int:
         """``ColumnStore.fold_deltas``: nothing is logged (no row changes). No write may run
         during this call, and no snapshot's frozen view should be held (the fold would then copy
-        the runs the view holds instead of moving them in place)."""
-        return self.store.fold_deltas()
+        the runs the view holds instead of moving them in place). May run in a worker thread."""
+        return self.store.fold_deltas(due_only)
 
     def sync(self) -> int:
         """Group commit: fsync the log; returns the highest durable seq."""
