@@ -108,3 +108,19 @@ def test_a_read_waits_for_a_fold_under_way(monkeypatch):
     worker.join()
     reader.join()
     assert _same(got[0], plain.gather(np.arange(plain.num_rows))[1])
+
+
+def test_repeated_is_numpys_repeat():
+    from giaannd.rowengine.run import repeated
+
+    rng = np.random.default_rng(5)
+    values = rng.integers(-2**62, 2**62, 1000)
+    counts = rng.integers(0, 5, 1000)
+    assert np.array_equal(repeated(values, counts), np.repeat(values, counts))
+    assert repeated(values[:0], counts[:0]).shape == (0,)
+    for bad in (counts[:-1], np.where(counts == 0, -1, counts)):
+        try:
+            repeated(values, bad)
+        except ValueError:
+            continue
+        raise AssertionError("accepted a bad count")
