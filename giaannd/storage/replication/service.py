@@ -194,7 +194,7 @@ class StorageService:
         # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()
         # from now on a commit leaves a due fold to a worker thread, off the event loop (the replay
-        # above folded in its own thread, inline)
+        # above folded inline, in the thread that opened the store)
         self.folds = BackgroundFold(self.store, self._snapshot_lock)
         self.store.store.on_fold_due = self.folds.due
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
