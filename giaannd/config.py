@@ -394,8 +394,8 @@ class StorageConfig(_Section):
         "glibc keeps mapped: measured on a cluster training run, a storage node's RSS was 47-54 B "
         "per 21-byte entry without it and 29 after one trim. A trim costs about 1 ms per 10 MB "
         "freed since the last one, during which other threads' allocations may wait. A node that "
-        "logged nothing over a whole interval first folds its delta runs into the base (on the "
-        "event loop, like an apply's fold: one move of the base's entries; a delta entry costs "
+        "logged nothing over a whole interval first folds its delta runs into the base (in a "
+        "worker thread, like an apply's fold: one move of the base's entries; a delta entry costs "
         "16-32 B more than a base entry). 0: never (the heap then only shrinks after a start-up's "
         "replay, and delta runs wait for the next apply's fold)."
     ))] = 30.0

@@ -69,13 +69,23 @@ per entry) on top (run.merge_field writes it in one pass, no index arrays), a de
 the merged delta run. New buffers get room for the next merges (run.MERGE_SLACK): address space,
 mapped page by page as merges write into it.
 
-Not thread-safe (one owner).
+Threads: one owner applies and reads; but a fold may run in another thread (a storage node's,
+off its event loop: ``commit(fold=False)``, ``fold_due``, then ``compact`` in a worker thread). So
+every method that reads or replaces the runs holds the engine's lock (``_locked``, reentrant): a
+call that arrives while a fold moves the base waits for it instead of reading arrays being moved
+(the kernels hold no Python objects and release the GIL, jit.py, so the owner's thread runs
+meanwhile). What a fold leaves alone is not locked: the key index, the row lengths and the entry
+count (``row_ids``, ``lengths``, ``keys``, ``num_*``); ``nbytes`` and ``delta_entries`` may be
+a fold's before or after figure. Views handed out before a fold stay what they were (run.py,
+"Merges in place": a held buffer is never moved in place), so are frozen engines (frozen.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -180,6 +190,21 @@ class EngineStats:
     deferred_folds: int = 0
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _locked(method: Callable[Concatenate[RowEngine, P], T]) -> Callable[Concatenate[RowEngine, P], T]:
+    """``method`` run holding the engine's lock (module docstring, "Threads")."""
+
+    def run(self: RowEngine, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return run
+
+
 _EMPTY = Entries(np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
 
 
@@ -205,6 +230,8 @@ class RowEngine:
         self._entries = 0
         #: bumped by every change, so a stale ApplyPlan is caught
         self._version = 0
+        #: held by every method that reads or replaces the runs (module docstring, "Threads")
+        self._lock = threading.RLock()
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -262,6 +289,7 @@ class RowEngine:
         no entries are registered (``row_ids`` finds them) and hold nothing. ``plan`` + ``commit``."""
         self.commit(self.plan(a, b, offsets, entries))
 
+    @_locked
     def plan(self, a: U64, b: U64, offsets: I64, entries: Entries) -> ApplyPlan:
         """Every search of an ``apply`` (its steps 1-4), without changing anything: the plan knows
         the growth (``new_entries``, ``new_rows``) before anything is written, so a caller can refuse
@@ -332,6 +360,7 @@ class RowEngine:
                                        entries.st.copy(), pos)
         return plan
 
+    @_locked
     def append_new_rows(self, a: U64, b: U64, lengths: I64, parts: Sequence[Entries], room: int = 0) -> I64 | None:
         """Add rows of which none is held yet, straight into the base (run.append_rows): keys
         ``(a[i], b[i])`` unique, row i of ``lengths[i]`` entries, the entries of all rows being the
@@ -356,8 +385,11 @@ class RowEngine:
         self._base = append_rows(self._base, ids, lengths, [(p.seg, p.tc, p.tf, p.st) for p in parts], room)
         return ids
 
-    def commit(self, plan: ApplyPlan) -> None:
-        """Carry out a ``plan``; nothing may change the engine between the two.
+    @_locked
+    def commit(self, plan: ApplyPlan, fold: bool = True) -> None:
+        """Carry out a ``plan``; nothing may change the engine between the two. ``fold``: fold the
+        delta runs into the base when that is due (``fold_due``); False leaves it to the caller
+        (a storage node folds in a worker thread, ``compact``, off its event loop).
 
         Raises:
             RuntimeError: the engine changed after the plan was made (nothing is written).
@@ -372,7 +404,8 @@ class RowEngine:
             run.st[at] += add
         if plan.new_run is not None:
             self._add_delta(plan.new_run)
-        self._fold_if_due()
+        if fold and self.fold_due():
+            self.compact()
 
     def _add_delta(self, delta: Run) -> None:
         self._lengths[delta.rows] += delta.counts()
@@ -394,26 +427,29 @@ class RowEngine:
             else:
                 at -= 1
 
-    def _fold_if_due(self) -> None:
-        """Fold the delta runs into the base once they hold 1/base_ratio of it, unless the base is
-        held by something else and they hold less than HELD_FOLD_LIMIT / base_ratio of it (the fold
-        is then deferred: the commit after the holder lets go does it, in place)."""
+    @_locked
+    def fold_due(self) -> bool:
+        """Whether the delta runs are due to be folded into the base: they hold 1/base_ratio of it,
+        and the base is not held by something else while they hold less than HELD_FOLD_LIMIT /
+        base_ratio of it (the fold is then deferred, counted in ``stats.deferred_folds``: the first
+        commit after the holder lets go does it, in place)."""
         if not self._deltas:
-            return
+            return False
         share = sum(d.num_entries for d in self._deltas) * self.base_ratio
         base = self._base.num_entries
         if share < base:
-            return
+            return False
         if share < base * HELD_FOLD_LIMIT and held(self._base):
             self.stats.deferred_folds += 1
-            return
-        self.compact()
+            return False
+        return True
 
     def _merge(self, older: Run, newer: Run) -> Run:
         self.stats.delta_merges += 1
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
         return merge_deltas(older, newer, grow=True)
 
+    @_locked
     def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]]) -> I64:
         """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
         replay of batches that share rows and keys, recovery.py). The engine ends as ``apply`` of
@@ -456,6 +492,7 @@ class RowEngine:
             self._base = fold_into_base(base, delta, grow=True)
         return ids_all
 
+    @_locked
     def compact(self) -> None:
         """Fold every delta run into the base (reads then return views, without a copy)."""
         deltas = self._deltas
@@ -471,6 +508,7 @@ class RowEngine:
         self.stats.fold_entries += base.num_entries + delta.num_entries
         self._base = fold_into_base(base, delta, grow=True)
 
+    @_locked
     def reserve(self, entries: int, buffer: Buffer = empty_buffer) -> None:
         """Make room in the base for ``entries`` more entries than it and the delta runs hold, so
         folds that append them (new rows: a stream's chunks) write into that room instead of
@@ -486,6 +524,7 @@ class RowEngine:
         self._version += 1
         self._base = with_room(base, held - base.num_entries + entries, buffer)
 
+    @_locked
     def copy_base(self, buffer: Buffer = empty_buffer) -> None:
         """Copy the base run's entries and row offsets into new buffers (``buffer`` makes them,
         run.with_room), so that it no longer references the arrays it was built from: a base loaded
@@ -496,6 +535,7 @@ class RowEngine:
         base.offsets = base.offsets.copy()
         self._base = base
 
+    @_locked
     def base_fields(self) -> tuple[U8, U64, U64, F32]:
         """The base run's four entry fields (seg, tc, tf, st: views of the buffers that hold them;
         read-only use, e.g. advising their pages)."""
@@ -509,6 +549,7 @@ class RowEngine:
             self._lengths = grown
 
     # -- reads ------------------------------------------------------------------------------------
+    @_locked
     def read(self, row_id: int) -> Entries:
         """Row ``row_id``, canonical: views into the base when no delta holds part of it, else a copy."""
         base = self._base
@@ -528,6 +569,7 @@ class RowEngine:
             merged = merge_deltas(merged, piece)
         return Entries(*merge_into_slice(seg, tc, tf, st, lo, merged))
 
+    @_locked
     def read_many(self, row_ids: I64) -> tuple[I64, Entries]:
         """Rows ``row_ids`` (in that order) concatenated, with offsets (a copy; compacts first)."""
         self.compact()
@@ -537,6 +579,7 @@ class RowEngine:
         base = self._base
         return offsets_of(lengths), Entries(*gather_entries((base.seg, base.tc, base.tf, base.st), lo, lengths))
 
+    @_locked
     def gather(self, row_ids: I64, alloc: Alloc = new_fields) -> tuple[I64, Entries]:
         """Rows ``row_ids`` (in that order; ids may repeat) concatenated, with offsets: a copy, like
         ``read_many``, but without compacting first (a storage node serves reads between applies:
@@ -578,6 +621,7 @@ class RowEngine:
                                  alloc)
         return offsets_of(self._lengths[row_ids]), Entries(*got)
 
+    @_locked
     def pieces(self, row_ids: I64, max_pieces: int) -> list[Entries] | None:
         """The entries ``gather(row_ids)`` returns, as consecutive pieces without copying where it
         can: views of the base for runs of rows that lie next to each other in it (a stream's
@@ -609,6 +653,7 @@ class RowEngine:
                 out.append(Entries(base.seg[b:e], base.tc[b:e], base.tf[b:e], base.st[b:e]))
         return out
 
+    @_locked
     def drop_rows(self, keep: NDArray[np.bool_]) -> None:
         """Keep only the rows ``keep`` marks (a bool per row id), renumbered densely in id order
         (row i becomes ``cumsum(keep)[i] - 1``): the deltas are folded first, then the base's
@@ -659,6 +704,7 @@ class RowEngine:
         engine._entries = int(offsets[-1]) if r else 0
         return engine
 
+    @_locked
     def freeze(self, room: F32 | None = None) -> FrozenEngine:
         """The engine as it is now, for a reader in another thread while this one goes on applying
         (frozen.py): references to every run's arrays and the keys, copies of only what changes in

@@ -32,7 +32,11 @@ runs on the same engine: one engine, not two. There is no Python object per row 
 
 The store is synchronous and does no I/O: durability (update log, snapshots) wraps it in
 recovery.py, and the asyncio service is glue on top of that. Single-threaded by contract, except
-``freeze``'s view, which another thread may read.
+``freeze``'s view, which another thread may read, and ``fold_deltas``, which may run in a worker
+thread: with ``on_fold_due`` set (a storage node's service), a commit never folds the delta runs
+into the base itself but calls it when a fold is due, and the service runs ``fold_deltas`` off its
+event loop while no write comes (the engine's lock makes any other call wait for the fold,
+rowengine/engine.py "Threads").
 
 Snapshots that never stop writes: ``freeze()`` returns a :class:`FrozenRows` — the engine's frozen
 view (rowengine/frozen.py: references to the runs' key arrays, which the engine replaces but never
@@ -276,6 +280,9 @@ class ColumnStore:
         #: base (``PreparedApply.appended``) instead of a delta run that tiers merge and a fold
         #: copies again; their held rows merge as any batch's. The same rows, bit for bit.
         self.append_writers: set[int] = set()
+        #: None: a commit folds the delta runs into the base when that is due (``RowEngine.commit``);
+        #: else it calls this instead, and the caller folds (``fold_deltas``: module docstring)
+        self.on_fold_due: Callable[[], None] | None = None
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -544,7 +551,7 @@ class ColumnStore:
         engine = self.engine
         old = plan.ids[plan.ids < engine.num_rows]
         self._count_sizes(engine.lengths()[old], -1)
-        engine.commit(plan)
+        self._engine_commit(plan)
         self._count_sizes(engine.lengths()[plan.ids])
         self._grow_touches(engine.num_rows)
         self._touches[plan.ids] += np.uint64(1)
@@ -623,11 +630,20 @@ class ColumnStore:
         self.engine.copy_base(filled_buffer)
         self.allow_huge_pages()
 
-    def fold_deltas(self) -> int:
+    def _engine_commit(self, plan: ApplyPlan) -> None:
+        """``RowEngine.commit``, its fold left to ``on_fold_due`` when that is set."""
+        self.engine.commit(plan, fold=self.on_fold_due is None)
+        if self.on_fold_due is not None and self.engine.fold_due():
+            self.on_fold_due()
+
+    def fold_deltas(self, due_only: bool = False) -> int:
         """Fold the engine's delta runs into its base (``RowEngine.compact``); returns the entries
-        they held (0: there were none, nothing changed). Changes no row: a delta entry costs 16-32 B
-        more than a base entry (its base position, the run's position index, its buffers' room), so
-        an idle node folds them (docs/storage.md "Known gaps", Live RSS)."""
+        they held (0: there were none, or ``due_only`` and no fold is due, ``RowEngine.fold_due``:
+        nothing changed). Changes no row: a delta entry costs 16-32 B more than a base entry (its
+        base position, the run's position index, its buffers' room), so an idle node folds them
+        (docs/storage.md "Known gaps", Live RSS). May run in a worker thread (module docstring)."""
+        if due_only and not self.engine.fold_due():
+            return 0
         moved = self.engine.delta_entries
         if moved or self.engine.num_deltas:
             self._version += 1
@@ -864,7 +880,7 @@ class ColumnStore:
                                 Entries(row.segment, row.target_column, row.target_feature, row.strength))
         self._version += 1
         self._rows_version = self._version
-        self.engine.commit(plan)
+        self._engine_commit(plan)
         self._count_sizes(np.array([len(row)], np.int64))
         self._grow_touches(self.engine.num_rows)
         self._touches[plan.ids] = np.uint64(touches)

@@ -484,15 +484,16 @@ class DurableStore:
         self.log.append_drop(held)
         return self.store.drop_columns(held)
 
-    def fold_deltas(self) -> int:
+    def fold_deltas(self, due_only: bool = False) -> int:
         """``ColumnStore.fold_deltas``: nothing is logged (no row changes). No write may run
         during this call, and no snapshot's frozen view should be held (the fold would then copy
-        the runs the view holds instead of moving them in place). A base still mapped from a
-        snapshot file that a later snapshot deleted (``held_disk_bytes``: no fold replaced it, as
-        when every write since the start added to stored keys) is copied into memory, which gives
-        the file's disk space back (an idle node's call: ``fold_when_idle``)."""
-        moved = self.store.fold_deltas()
-        if self.held_disk_bytes():
+        the runs the view holds instead of moving them in place). May run in a worker thread. A
+        base still mapped from a snapshot file that a later snapshot deleted (``held_disk_bytes``:
+        no fold replaced it, as when every write since the start added to stored keys) is copied
+        into memory by an idle node's call (not ``due_only``: ``fold_when_idle``), which gives the
+        file's disk space back."""
+        moved = self.store.fold_deltas(due_only)
+        if not due_only and self.held_disk_bytes():
             self.store.copy_base()
         return moved
 

@@ -44,6 +44,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
+from giaannd.storage.replication.background_fold import BackgroundFold, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
 from giaannd.storage.replication.group_commit import GroupCommit
 from giaannd.storage.replication.hint_delivery import HintDelivery
@@ -142,6 +143,8 @@ class StorageService:
         self.vocab: VocabStore | None = None
         self.registers: RegisterStore | None = None
         self._commit: GroupCommit | None = None
+        #: the store's folds, in a worker thread (background_fold.py): made at ``start``
+        self.folds: BackgroundFold | None = None
         #: held by every write to the store, and by a snapshot only while it freezes the store
         self._snapshot_lock = asyncio.Lock()
         #: held for a whole snapshot: one at a time
@@ -191,6 +194,10 @@ class StorageService:
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()
+        # from now on a commit leaves a due fold to a worker thread, off the event loop (the replay
+        # above folded inline, in the thread that opened the store)
+        self.folds = BackgroundFold(self.store, self._snapshot_lock)
+        self.store.store.on_fold_due = self.folds.due
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
@@ -315,6 +322,8 @@ class StorageService:
             self.core.refuse_writes = True
         for task in list(self._tasks):
             task.cancel()
+        if self.folds is not None:  # a fold under way ends first: nothing below sees its runs mid-move
+            await self.folds.close()
         if graceful:
             await self._idle.wait()
             if self._commit is not None:
@@ -414,17 +423,15 @@ class StorageService:
             async with self._snapshot_lock:  # the writes' lock: held for the freeze only
                 beginning = loop.run_in_executor(None, store.begin_snapshot, room)
                 try:
-                    job = await asyncio.shield(beginning)
+                    job = await thread_result(beginning)
                 except asyncio.CancelledError:
-                    await asyncio.wait([beginning])
                     if not beginning.cancelled() and beginning.exception() is None:
                         beginning.result().view.release()
                     raise
             writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share)
             try:
-                await asyncio.shield(writing)
+                await thread_result(writing)
             except asyncio.CancelledError:
-                await asyncio.wait([writing])
                 if not writing.cancelled():
                     writing.exception()  # (retrieved: a failure here is the stop's to report, not the loop's)
                 raise
@@ -455,7 +462,7 @@ class StorageService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.settings.heap_trim_interval_s)
                 return
-            seen = self.fold_when_idle(seen)
+            seen = await self.fold_when_idle(seen)
             start = time.perf_counter()
             if not await asyncio.to_thread(return_freed_heap):
                 return  # a C library without malloc_trim: nothing to do, ever
@@ -466,20 +473,21 @@ class StorageService:
         while the store's base is mapped from it (``DurableStore.held_disk_bytes``)."""
         return disk_usage(self.data_dir, held_bytes=self.store.held_disk_bytes() if self.store is not None else 0)
 
-    def fold_when_idle(self, seen: int) -> int:
+    async def fold_when_idle(self, seen: int) -> int:
         """Fold the store's delta runs into its base when nothing was logged since the last call
         (``seen``: the log's last seq then; returns it now) and no snapshot is running (its frozen
         view holds the runs: the fold would copy them). A delta entry costs 16-32 B more than a base
         entry (its base position, the run's position index, the room of its buffers), 1.4-4.5 B per
         stored entry on a settled cluster node, which an idle node does not need (docs/storage.md
-        "Known gaps", Live RSS). On the event loop, like the folds applies do: nothing reads or
-        writes the engine meanwhile; it moves the base's entries once (in place when its buffers
-        have room)."""
-        if self.store is None:
+        "Known gaps", Live RSS). In a worker thread, like the folds applies make due
+        (background_fold.py); it moves the base's entries once (in place when its buffers have
+        room). (No await between the check and taking the writes' lock, which is free: a snapshot
+        cannot begin in between.)"""
+        if self.store is None or self.folds is None:
             return seen
         last = self.store.log.last_seq
         if last == seen and not self._snapshot_running.locked() and not self._snapshot_lock.locked():
-            self.store.fold_deltas()
+            await self.folds.fold()
         return last
 
     def _on_topology(self, change: ViewChange) -> None:
@@ -543,6 +551,8 @@ class StorageService:
             hist.observe(time.perf_counter() - started)
 
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
+        if self.folds is not None:  # not while a fold moves the runs (background_fold.py): no await after
+            await self.folds.ready()
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
             async with self._snapshot_lock:  # not while a snapshot freezes the store (snapshot())
                 step = core.serve(msg, incoming.bulk)

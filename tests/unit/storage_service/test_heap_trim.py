@@ -111,10 +111,10 @@ async def test_busy_storage_keeps_its_delta_runs(tmp_path):
         await cluster.client.write(make_batch(rng, 5, 2))
         engine = svc.store.store.engine
         assert engine.num_deltas
-        assert svc.fold_when_idle(seen) == svc.store.log.last_seq and engine.num_deltas  # logged since: kept
+        assert await svc.fold_when_idle(seen) == svc.store.log.last_seq and engine.num_deltas  # logged since: kept
         async with svc._snapshot_running:  # a snapshot's view holds the runs: kept
-            assert svc.fold_when_idle(svc.store.log.last_seq) and engine.num_deltas
-        svc.fold_when_idle(svc.store.log.last_seq)
+            assert await svc.fold_when_idle(svc.store.log.last_seq) and engine.num_deltas
+        await svc.fold_when_idle(svc.store.log.last_seq)
         assert engine.num_deltas == 0
     finally:
         await cluster.close()

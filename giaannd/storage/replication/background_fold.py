@@ -1,0 +1,124 @@
+"""Folds of the store's delta runs into its base, in a worker thread: the event loop keeps serving.
+
+Theory of operation
+-------------------
+A fold (rowengine/engine.py: the delta runs merged into the base once they hold 1/base_ratio of it,
+and an idle node's before its heap trim, service.py ``fold_when_idle``) moves the whole base: ~0.1
+s at 10^7 entries, seconds at 10^8, minutes at the 10^9-10^10 a node is meant to hold. Run on the
+event loop, it stopped everything else on the node for that long, gossip's acks included (a node
+folding for longer than the probe timeout was suspected by its peers). So the service sets the
+store's ``on_fold_due`` (column_store.py: a commit then never folds, it reports the fold due) and
+this object runs the fold in a worker thread; the fold's kernels release the GIL (jit.py), so the
+loop runs beside it.
+
+The gate, in three parts, every one needed:
+
+- the writes' lock (the service's ``_snapshot_lock``: every apply, drop and snapshot freeze holds
+  it) is held for the whole fold, so writes and freezes wait for it without blocking the loop;
+- ``ready()`` (an event, open while no fold runs): what reads await before they touch the store
+  (the service's request path), so they too wait without blocking the loop;
+- the engine's lock (rowengine/engine.py "Threads"), held by the fold's thread: any other use of
+  the runs (a stream source's page read, a repair's digests) that comes during a fold waits for it
+  there. Correct, but that call blocks the loop until the fold ends (docs/storage.md "Known gaps").
+
+Rows are what the plain path gives, bit for bit: the fold is the same ``RowEngine.compact``, and
+nothing reads or writes the runs while it moves them. A snapshot's frozen view is never written
+(run.py, "Merges in place"). Cancelled (the service stopping), a fold still waits for its thread (a
+thread cannot be stopped) and keeps the writes' lock until then, so nothing, not the final snapshot
+either, sees the runs mid-move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol, TypeVar
+
+__all__ = ["BackgroundFold", "Foldable", "thread_result"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def thread_result(work: asyncio.Future[T]) -> T:
+    """The result of ``work``, a worker thread's (``run_in_executor``). Cancelled, it still waits for
+    the thread to end (a thread cannot be stopped), then raises ``CancelledError``; the caller
+    reads what the thread made from ``work`` then (to release it)."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
+
+
+class Foldable(Protocol):
+    """What folds: a ``DurableStore`` (or its ``ColumnStore``)."""
+
+    def fold_deltas(self, due_only: bool = False) -> int: ...
+
+
+class BackgroundFold:
+    """Folds of ``store``'s delta runs in a worker thread, while ``writes`` (the lock every write to
+    the store holds) is held (module docstring). ``due`` is the store's ``on_fold_due``."""
+
+    def __init__(self, store: Foldable, writes: asyncio.Lock) -> None:
+        self.store = store
+        self.writes = writes
+        self._open = asyncio.Event()
+        self._open.set()
+        self._task: asyncio.Task[int] | None = None
+        self._closed = False
+        #: folds done (each moved the base once) and the delta entries they moved
+        self.folds = 0
+        self.moved = 0
+
+    @property
+    def running(self) -> bool:
+        """A fold is moving the runs now."""
+        return not self._open.is_set()
+
+    async def ready(self) -> None:
+        """Return once no fold runs (at once when none does): what a read awaits before it touches
+        the store, with no await between this and the read."""
+        await self._open.wait()
+
+    def due(self) -> None:
+        """A commit found a fold due (``ColumnStore.on_fold_due``, on the event loop): start one in
+        the background, unless one is started already (it folds every delta run there is then)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.fold(due_only=True))
+            self._task.add_done_callback(_log_failure)
+
+    async def fold(self, due_only: bool = False) -> int:
+        """Fold the delta runs into the base in a worker thread, once the writes' lock is free, and
+        return the entries moved (``DurableStore.fold_deltas``; ``due_only``: only if a fold is
+        still due then, ``RowEngine.fold_due``)."""
+        async with self.writes:
+            if self._closed:
+                return 0
+            self._open.clear()
+            try:
+                work = asyncio.get_running_loop().run_in_executor(None, self.store.fold_deltas, due_only)
+                moved = await thread_result(work)
+            finally:
+                self._open.set()
+        if moved:
+            self.folds += 1
+            self.moved += moved
+        return moved
+
+    async def close(self) -> None:
+        """Start no fold any more; cancel one started by ``due``, and wait for the thread of any
+        fold under way (module docstring)."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        await self._open.wait()
+
+
+def _log_failure(task: asyncio.Task[int]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("fold of the delta runs failed: %r", exc)

@@ -1,0 +1,199 @@
+"""A storage node folds its delta runs into the base in a worker thread (background_fold.py): the
+event loop is served meanwhile; reads, applies and a snapshot's freeze that arrive during the fold
+wait for it and then see the rows the plain path (folds inside the commit) gives; a node stopped
+during a fold waits for it and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import giaannd.rowengine.engine as engine_module
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore
+from tools.cluster_harness import Cluster, make_batch
+
+CAPACITY = 1 << 30
+
+
+class PausedFold:
+    """``run.fold_into_base`` as the engine calls it; once ``armed``, each fold is held mid-move (its
+    base an empty run: a read that did not wait would miss rows) until ``release`` (10 s at most);
+    ``held`` records whether each was released in time, ``threads`` where each ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed = False
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.held: list[bool] = []
+        self.threads: list[threading.Thread] = []
+        real = engine_module.fold_into_base
+
+        def fold(base, delta, grow=False):  # type: ignore[no-untyped-def]
+            if self.armed:
+                self.threads.append(threading.current_thread())
+                self.inside.set()
+                self.held.append(self.release.wait(10))
+            return real(base, delta, grow)
+
+        monkeypatch.setattr(engine_module, "fold_into_base", fold)
+
+    async def entered(self) -> None:
+        await self._until(self.inside.is_set)
+
+    async def left(self) -> None:
+        """Every held fold was let go (or timed out)."""
+        await self._until(lambda: len(self.held) == len(self.threads))
+
+    @staticmethod
+    async def _until(cond) -> None:  # type: ignore[no-untyped-def]
+        for _ in range(1500):
+            if cond():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
+
+
+def _rows(batch: RowBatch) -> dict:
+    """Every row, as bytes (strengths bit for bit)."""
+    out = {}
+    for i in range(batch.num_rows):
+        lo, hi = int(batch.offsets[i]), int(batch.offsets[i + 1])
+        out[(int(batch.row_column[i]), int(batch.row_feature[i]))] = (
+            batch.segment[lo:hi].tobytes(), batch.target_column[lo:hi].tobytes(),
+            batch.target_feature[lo:hi].tobytes(), batch.strength[lo:hi].tobytes())
+    return out
+
+
+class Plain:
+    """The reference: a column store whose commits fold inline, fed the same batches."""
+
+    def __init__(self) -> None:
+        self.store = ColumnStore(CAPACITY)
+        self.seq = 0
+
+    def apply(self, batch: RowBatch) -> None:
+        self.seq += 1
+        self.store.apply(BatchId(7, self.seq), batch)
+
+    def rows(self) -> dict:
+        return _rows(self.store.read_all())
+
+
+async def _node_with_a_fold_due(tmp_path, monkeypatch, seed: int) -> tuple[Cluster, PausedFold, Plain, list]:
+    """A one-node cluster whose last write made a fold due, held mid-fold; the plain reference."""
+    paused = PausedFold(monkeypatch)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0)
+    rng = np.random.default_rng(seed)
+    plain = Plain()
+    batches = [make_batch(rng, 400, 8)]  # the base (the first fold: into an empty base)
+    await cluster.client.write(batches[0])
+    plain.apply(batches[0])
+    trigger = make_batch(rng, 200, 8)  # its new keys hold more than 1/4 of the base: a fold is due
+    plain.apply(trigger)
+    paused.armed = True
+    written = asyncio.get_running_loop().create_task(cluster.client.write(trigger))
+    await paused.entered()
+    paused.armed = False  # (that fold is held; the reference's folds, on this thread, are not)
+    return cluster, paused, plain, [*batches, trigger, written]
+
+
+@pytest.mark.asyncio
+async def test_a_due_fold_runs_off_the_event_loop(tmp_path, monkeypatch):
+    # Before: the commit folded on the event loop, which stayed blocked until the fold was done (the
+    # loop could not release it: 10 s, then False).
+    cluster, paused, _, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 0)
+    try:
+        paused.release.set()  # from the event loop: it runs while the fold is held
+        await batches[-1]
+        await paused.left()
+        assert paused.held == [True]
+        assert paused.threads[0] is not threading.main_thread()
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_reads_and_applies_during_a_fold_see_the_plain_rows(tmp_path, monkeypatch, seed):
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, seed)
+    try:
+        await batches[-1]  # acknowledged: the commit is done; the fold is under way
+        known = plain.rows()
+        keys = np.array(list(known), np.uint64).reshape(-1, 2)
+        rng = np.random.default_rng(seed + 100)
+        pick = rng.choice(keys.shape[0], 50, replace=False)
+        reads = [asyncio.create_task(cluster.client.read_rows(keys[pick[i:i + 10], 0], keys[pick[i:i + 10], 1]))
+                 for i in range(0, 50, 10)]
+        more = [make_batch(rng, 30, 4) for _ in range(3)]  # new rows: the reads above do not see them
+        more.append(RowBatch.from_entries(*_same_keys(make_batch(rng, 20, 4), keys[pick[:20]])))  # held rows
+        writes = [asyncio.create_task(cluster.client.write(b)) for b in more[:3]]
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in reads + writes)  # they wait for the fold
+        paused.release.set()
+        got = await asyncio.gather(*reads)
+        for i, batch in enumerate(got):
+            want = {k: known[k] for k in map(tuple, keys[pick[i * 10:(i + 1) * 10]].tolist())}
+            assert _rows(batch) == want
+        await asyncio.gather(*writes)
+        await cluster.client.write(more[3])  # adds to held rows, after the fold
+        for b in more:
+            plain.apply(b)
+        svc = cluster.services["s0"]
+        assert svc.folds is not None and svc.folds.folds >= 1
+        assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+def _same_keys(batch: RowBatch, keys: np.ndarray) -> tuple:
+    """``batch``'s entries moved onto the rows ``keys`` (one row each, in order), as from_entries'
+    arguments: increments to rows the store holds."""
+    lengths = np.diff(batch.offsets)
+    return (np.repeat(keys[:, 0], lengths), np.repeat(keys[:, 1], lengths), batch.segment, batch.target_column,
+            batch.target_feature, batch.strength)
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_during_a_fold_waits_and_holds_the_plain_rows(tmp_path, monkeypatch):
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 4)
+    try:
+        await batches[-1]
+        svc = cluster.services["s0"]
+        snap = asyncio.create_task(svc.snapshot())
+        await asyncio.sleep(0.3)
+        assert not snap.done() and svc.store.snapshot_seq < svc.store.log.last_seq  # no freeze mid-fold
+        paused.release.set()
+        await snap
+        assert svc.store.snapshot_seq == svc.store.log.last_seq
+        await cluster.kill("s0")  # restarts from that snapshot alone (nothing logged after it)
+        svc = await cluster.restart_node("s0")
+        assert svc is not None and svc.store.recovery.records_replayed == 0
+        assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("graceful", [True, False])
+async def test_a_node_stopped_during_a_fold_waits_for_it_and_loses_nothing(tmp_path, monkeypatch, graceful):
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 5)
+    try:
+        await batches[-1]
+        stopping = asyncio.create_task(cluster.stop_node("s0", graceful=graceful))
+        await asyncio.sleep(0.3)
+        assert not stopping.done()  # the fold's thread is still moving the runs: the stop waits
+        paused.release.set()
+        await stopping
+        svc = await cluster.restart_node("s0")
+        assert svc is not None and _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
