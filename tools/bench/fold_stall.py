@@ -3,11 +3,12 @@ moved to a worker thread (giaannd/storage/replication/background_fold.py).
 
     python -m tools.bench.fold_stall [--entries 10000000,50000000] [--before-code DIR] [--json]
 
-Each variant runs in its own child process (its memory its own), on the code it is given:
-``before`` on ``--before-code`` (a checkout of the code before, e.g. ``git worktree add --detach
-DIR b2be5e8``: a commit folds inline, on the event loop), ``after`` on this checkout (the store's
-``on_fold_due`` hands the fold to a ``BackgroundFold``, as the service does). Sizes alternate
-before, after, so both meet the same load on this shared machine.
+Each variant runs in its own child process (its memory its own): ``before``, the fold inline on
+the event loop (this checkout with no ``on_fold_due``: a commit folds, as every commit did before
+the fold moved to a thread; or, with ``--before-code``, a checkout of the code before, e.g. ``git
+worktree add --detach DIR b2be5e8``), ``after`` on this checkout (the store's ``on_fold_due``
+hands the fold to a ``BackgroundFold``, as the service does). Sizes alternate before, after, so
+both meet the same load on this shared machine.
 
 A child builds a column store of N entries (rows of 16, loaded as a snapshot's: ``load_bulk``, the
 buffers with room, so the fold goes in place as on a node) and delta runs of new keys scattered
@@ -61,8 +62,9 @@ DRAIN_S = 1.0
 CPU_TARGET = 1.2
 
 
-def _child(entries: int, seed: int) -> dict[str, Any]:
-    """One variant's run (module docstring), on the ``giaannd`` on ``sys.path``."""
+def _child(entries: int, seed: int, inline: bool = False) -> dict[str, Any]:
+    """One variant's run (module docstring), on the ``giaannd`` on ``sys.path``; ``inline``: the
+    fold in the commit, on the loop (the code before, or this code with no ``on_fold_due``)."""
     from giaannd.model.rows import Row, RowBatch
     from giaannd.protocol import BatchId
     from giaannd.storage.engine.column_store import ColumnStore
@@ -132,7 +134,7 @@ def _child(entries: int, seed: int) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         writes = asyncio.Lock()
         folds = None
-        if BackgroundFold is not None:
+        if BackgroundFold is not None and not inline:
             folds = BackgroundFold(store, writes)
             store.on_fold_due = folds.due
         latencies: dict[str, list[float]] = {"read": [], "apply": []}
@@ -210,9 +212,10 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _run_child(code: Path, entries: int, seed: int) -> dict[str, Any]:
+def _run_child(code: Path, entries: int, seed: int, inline: bool) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entries), "--seed", str(seed)],
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entries), "--seed", str(seed),
+                          *(["--inline"] if inline else [])],
                          env=env, cwd=str(code), capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -220,15 +223,17 @@ def _run_child(code: Path, entries: int, seed: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", default="10000000,50000000", help="comma-separated base sizes")
-    ap.add_argument("--before-code", type=Path, default=Path("/work/base-fold"),
-                    help="a checkout of the code before (giaannd/ at its root)")
+    ap.add_argument("--before-code", type=Path, default=None,
+                    help="a checkout of the code before (giaannd/ at its root); default: this checkout, "
+                         "folding inline")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.seed)))
+        print(json.dumps(_child(args.child, args.seed, args.inline)))
         return
     from tools.bench.report import emit_figure, print_table
 
@@ -236,9 +241,10 @@ def main() -> None:
     results: list[tuple[int, str, dict[str, Any], str]] = []
     for entries in (int(e) for e in args.entries.split(",")):
         for _ in range(args.repeat):
-            for variant, code in (("before", args.before_code), ("after", after_code)):
+            for variant, code in (("before", args.before_code or after_code), ("after", after_code)):
                 load = os.getloadavg()[0]
-                results.append((entries, variant, _run_child(code, entries, args.seed), f"{load:.1f}"))
+                inline = variant == "before" and args.before_code is None
+                results.append((entries, variant, _run_child(code, entries, args.seed, inline), f"{load:.1f}"))
     if args.json:
         for entries, variant, r, _ in results:
             emit_figure(f"max loop stall ms during the fold, {variant}, {entries:.0e} entries", r["max_gap_ms"],
