@@ -142,13 +142,60 @@ def _fresh_process_s(code: str, cwd: Path) -> float:
     return time.perf_counter() - start
 
 
+#: Prints the config sections and keys the ``giaannd`` on ``sys.path`` knows, as JSON.
+_KNOWN_KEYS = """
+import json, msgspec
+from giaannd.config import Config
+out = {}
+for f in msgspec.structs.fields(Config):
+    if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
+        out[f.encode_name] = [g.encode_name for g in msgspec.structs.fields(f.type)]
+print(json.dumps(out))
+"""
+
+
+def known_keys_only(toml_text: str, known: dict[str, list[str]]) -> str:
+    """``toml_text`` (``config.to_toml``'s: ``[section]`` lines, then ``key = value`` lines) without
+    the keys, and sections, that ``known`` lacks: a config this tree wrote, for code from before a
+    key was added (it refuses unknown keys)."""
+    out, keys = [], None
+    for line in toml_text.splitlines():
+        head = re.fullmatch(r"\[([^\]]+)\]\s*", line)
+        if head:
+            keys = known.get(head.group(1))
+            if keys is not None:
+                out.append(line)
+            continue
+        key = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", line)
+        if keys is None or (key is not None and key.group(1) not in keys):
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _config_for(victim: Node, tree: Path) -> Path:
+    """The config to start ``victim`` with from ``tree``: the one ``LocalCluster`` wrote, less the
+    keys ``tree``'s code does not know when it is another checkout."""
+    if tree.resolve() == Path(__file__).resolve().parents[2]:
+        return victim.config_path
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", _KNOWN_KEYS], env=env, cwd=tree, check=True, timeout=120,
+                         capture_output=True, text=True)
+    path = victim.config_path.with_name(f"giaannd.{tree.name}.toml")
+    path.write_text(known_keys_only(victim.config_path.read_text(encoding="utf-8"), json.loads(out.stdout)),
+                    encoding="utf-8")
+    return path
+
+
 def _spawn(victim: Node, tree: Path) -> None:
     """Start ``victim``'s daemon from the code in ``tree`` (first on ``PYTHONPATH``), with the config
-    ``LocalCluster`` wrote for it (its seed, ``storage-1``, keeps its address: it is never restarted)."""
+    ``LocalCluster`` wrote for it (its seed, ``storage-1``, keeps its address: it is never restarted),
+    less the keys that code does not know (``_config_for``)."""
+    config = _config_for(victim, tree)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     env.pop("NOTIFY_SOCKET", None)
     with open(victim.log_path, "ab") as out:
-        victim.proc = subprocess.Popen([sys.executable, "-m", "giaannd", "--config", str(victim.config_path)],
+        victim.proc = subprocess.Popen([sys.executable, "-m", "giaannd", "--config", str(config)],
                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                        cwd=victim.data_dir, env=env, start_new_session=True)
     victim.exit_code = None

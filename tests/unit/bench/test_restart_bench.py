@@ -49,3 +49,20 @@ def test_build_store_snapshots_then_logs(tmp_path):
         assert store.store.usage().num_entries == held
     finally:
         store.close()
+
+
+def test_known_keys_only_drops_what_an_older_tree_does_not_know():
+    """A before tree refuses config keys added after it: the restart bench writes it a config
+    without them (and without sections it lacks), the known keys kept as they were."""
+    import tomllib
+
+    from giaannd.config import Config, to_toml
+    from tools.bench.restart import known_keys_only
+
+    text = to_toml(Config.loopback("/tmp/x"))
+    full = tomllib.loads(text)
+    out = tomllib.loads(known_keys_only(text, {"node": ["name", "data-dir", "roles"], "storage": ["capacity-bytes"]}))
+    assert out == {"node": {k: full["node"][k] for k in ("name", "data-dir", "roles")},
+                   "storage": {"capacity-bytes": full["storage"]["capacity-bytes"]}}
+    # every key known: the same config
+    assert tomllib.loads(known_keys_only(text, {s: list(keys) for s, keys in full.items()})) == full
