@@ -42,15 +42,22 @@ class PausedFold:
         monkeypatch.setattr(engine_module, "fold_into_base", fold)
 
 
+def _fed(rng, rows, plain, deferred, batches, n_rows, per_row):
+    """``batches`` random batches, each applied to ``plain`` and committed to ``deferred`` without
+    its fold; yields after each."""
+    for _ in range(batches):
+        b = random_batch(rng, rows, POOL, POOL, n_rows, per_row)
+        plain.apply(b.row_column, b.row_feature, b.offsets, _entries(b))
+        deferred.commit(deferred.plan(b.row_column, b.row_feature, b.offsets, _entries(b)), fold=False)
+        yield
+
+
 def test_commit_without_fold_leaves_it_to_the_caller():
     rng = np.random.default_rng(0)
     rows = [(c, f) for c in range(1, 30) for f in range(3)]
     plain, deferred = RowEngine(), RowEngine()
     due = 0
-    for _ in range(60):
-        b = random_batch(rng, rows, POOL, POOL, 12, 6)
-        plain.apply(b.row_column, b.row_feature, b.offsets, _entries(b))
-        deferred.commit(deferred.plan(b.row_column, b.row_feature, b.offsets, _entries(b)), fold=False)
+    for _ in _fed(rng, rows, plain, deferred, 60, 12, 6):
         if deferred.fold_due():
             due += 1
             assert deferred.num_deltas  # not folded by the commit
@@ -67,10 +74,7 @@ def test_reads_during_a_fold_in_a_thread_wait_and_see_the_plain_rows(seed, reads
     rows = [(c, f) for c in range(1, 40) for f in range(2)]
     plain, threaded = RowEngine(), RowEngine()
     folds = 0
-    for _ in range(40):
-        b = random_batch(rng, rows, POOL, POOL, 15, 5)
-        plain.apply(b.row_column, b.row_feature, b.offsets, _entries(b))
-        threaded.commit(threaded.plan(b.row_column, b.row_feature, b.offsets, _entries(b)), fold=False)
+    for _ in _fed(rng, rows, plain, threaded, 40, 15, 5):
         if not threaded.fold_due():
             continue
         folds += 1
@@ -90,10 +94,8 @@ def test_a_read_waits_for_a_fold_under_way(monkeypatch):
     rng = np.random.default_rng(1)
     rows = [(c, 0) for c in range(1, 50)]
     engine, plain = RowEngine(), RowEngine()
-    for _ in range(6):
-        b = random_batch(rng, rows, POOL, POOL, 20, 4)
-        engine.commit(engine.plan(b.row_column, b.row_feature, b.offsets, _entries(b)), fold=False)
-        plain.apply(b.row_column, b.row_feature, b.offsets, _entries(b))
+    for _ in _fed(rng, rows, plain, engine, 6, 20, 4):
+        pass
     assert engine.num_deltas
     paused = PausedFold(monkeypatch)
     worker = threading.Thread(target=engine.compact)
