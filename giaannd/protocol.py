@@ -36,6 +36,12 @@ are to be asked again). A large row is then read with ``ReadRowPart`` requests, 
 read is consistent when every part reports the version the read started from; otherwise the
 row changed between parts and the client restarts it (giaannd/client/row_parts.py).
 
+**Reads during a fold** (docs/storage.md, "Folds off the event loop"): while a storage node folds
+its delta runs into its base (seconds at 10^8 entries), the requests that touch its rows wait for
+the fold. A ``ReadRows`` with ``busy_ok`` does not: it is answered ``Unavailable`` (message starting
+``"folding"``) at once, and the client reads those rows from the next replica
+(giaannd/client/reads.py). Any other request, a ``ReadRowPart`` included, still waits.
+
 ``Register*`` are the acceptor side of replicated registers (small versioned rows with
 compare-and-set, CASPaxos: giaannd/storage/engine/register_store.py has the rules,
 giaannd/client/registers.py the proposer and what it guarantees); a refused prepare or accept is
@@ -268,10 +274,15 @@ class ProtocolViolation(RemoteFault, ValueError):
 class ReadRows(msgspec.Struct, frozen=True, tag=1):
     """Read rows; keys in bulk (two u64 arrays). ``placement_epoch``: the caller's view, for NotOwner.
     ``chunked``: the caller reads large rows by parts (module docstring, "Rows of any size"); without
-    it the reply holds every row whole (a client that predates chunked reads)."""
+    it the reply holds every row whole (a client that predates chunked reads). ``busy_ok``: the
+    caller has another live replica of every row asked for, so a node whose rows are being moved by
+    a fold of its delta runs answers ``Unavailable`` at once instead of holding the read until the
+    fold ends (module docstring, "Reads during a fold"); without it the read waits (a client that
+    predates it, or a read of the last replica)."""
 
     placement_epoch: _Text = ""
     chunked: bool = False
+    busy_ok: bool = False
 
 
 class ApplyBatch(msgspec.Struct, frozen=True, tag=2):

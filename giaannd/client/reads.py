@@ -16,6 +16,14 @@ or answers NotOwner leaves its rows for the next round, i.e. the next owner; own
 come last, as a last resort. After R rounds, rows no replica served raise ``ReadFailed`` (absent
 rows are not failures: a node leaves out rows it does not hold).
 
+**Around folds** (``around_folds``, on by default): a storage node folding its delta runs into its
+base holds the reads of its rows until the fold ends (seconds at 10^8 entries per node). So round
+k asks a node with ``busy_ok`` when every row sent to it has a live candidate after position k: a
+folding node then answers ``Unavailable`` at once and those rows go to their next candidate in the
+next round, like any failure. The last live candidate of a row is asked without it and waits for
+the fold, as before (protocol.py, "Reads during a fold"); when members are down, a node's rows are
+sent as two requests, those with a live candidate left and those without.
+
 **Fewest nodes** (``fewest_nodes``, ``compute.read-fewest-nodes``, off by default): a small read
 pays a fixed cost per request at both ends (tools/bench/readpath.py: ~80 us of transport CPU and
 ~30 us of handlers each), and spreading 16 rows over their first owners makes 3 requests where one
@@ -55,8 +63,8 @@ __all__ = ["ReadFrom", "ReadRampStarter", "fewest_nodes", "read_replicated", "re
 # The storage client's parts log under the client's name (operators and tests filter on it).
 log = logging.getLogger("giaannd.client.storage_client")
 
-#: Rows from one node (``StorageClient.read_from``): node, row_column, row_feature, timeout_s.
-ReadFrom = Callable[[str, NDArray[np.uint64], NDArray[np.uint64], float | None], Awaitable[RowBatch]]
+#: Rows from one node (``StorageClient.read_from``): node, row_column, row_feature, timeout_s, busy_ok.
+ReadFrom = Callable[[str, NDArray[np.uint64], NDArray[np.uint64], float | None, bool], Awaitable[RowBatch]]
 
 
 def replica_order(owners: NDArray[np.intp], down: NDArray[np.bool_], local: NDArray[np.bool_],
@@ -106,10 +114,11 @@ def fewest_nodes(cand: NDArray[np.intp], down: NDArray[np.bool_], local: NDArray
 
 async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: RampTracker, clock: Callable[[], float],
                           row_column: Any, row_feature: Any, timeout_s: float | None = None, *,
-                          fewest: bool = False) -> RowBatch:
+                          fewest: bool = False, around_folds: bool = True) -> RowBatch:
     """``StorageClient.read_rows`` (its docstring): rows from the first candidate replica, failing
     over round by round (module docstring). ``fewest``: choose the first candidates so that the
-    rows go to as few nodes as possible ("Fewest nodes")."""
+    rows go to as few nodes as possible ("Fewest nodes"). ``around_folds``: a node folding its
+    delta runs may send rows that have another live candidate on to it ("Around folds")."""
     cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
     feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
     if cols.shape != feats.shape:
@@ -127,6 +136,7 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
     cand = replica_order(owners, down, local, demote)
     if fewest and demote is None and cols.size > 1:
         cand = fewest_nodes(cand, down, local)
+    spare = _live_spares(cand, down) if around_folds and r > 1 else None
     todo = np.ones(cols.size, bool)
     parts: list[RowBatch] = []
     errors: dict[str, str] = {}
@@ -135,12 +145,13 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
             break
         jobs = []
         for m in np.unique(cand[todo, k]):
-            mask = todo & (cand[:, k] == m)
-            for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
-                rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
-                jobs.append((names[int(m)], rows))
+            node_mask = todo & (cand[:, k] == m)
+            for mask, busy_ok in _by_spare(node_mask, spare, k):
+                for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):
+                    rows = np.flatnonzero(mask)[start : start + p.MAX_READ_ROWS]
+                    jobs.append((names[int(m)], rows, busy_ok))
         outcomes = await _read_all(read_from, jobs, cols, feats, timeout_s)
-        for (node, rows), out in zip(jobs, outcomes):
+        for (node, rows, _), out in zip(jobs, outcomes):
             if isinstance(out, RowBatch):
                 parts.append(out)
                 todo[rows] = False
@@ -154,19 +165,41 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
     return join_disjoint(parts)  # each row came from one node: disjoint (a lone part is not copied)
 
 
-async def _read_all(read_from: ReadFrom, jobs: list[tuple[str, NDArray[np.intp]]], cols: NDArray[np.uint64],
+def _live_spares(cand: NDArray[np.intp], down: NDArray[np.bool_]) -> list[bool] | NDArray[np.bool_]:
+    """Whether each row has a live candidate after position k ("Around folds"): [rows, R] bools, or,
+    when no member is believed down, one flag per position for every row (no per-row arrays)."""
+    r = cand.shape[1]
+    if not down.any():
+        return [k < r - 1 for k in range(r)]
+    live = ~down[cand]
+    spare = np.zeros_like(live)
+    spare[:, :-1] = np.logical_or.accumulate(live[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    return spare
+
+
+def _by_spare(mask: NDArray[np.bool_], spare: list[bool] | NDArray[np.bool_] | None,
+              k: int) -> list[tuple[NDArray[np.bool_], bool]]:
+    """The rows ``mask`` sends to one node in round k, split by whether each has a live candidate
+    after it (``_live_spares``): those may be refused by a folding node, the others may not."""
+    if spare is None or isinstance(spare, list):
+        return [(mask, spare is not None and spare[k])]
+    with_spare = mask & spare[:, k]
+    return [(m, flag) for m, flag in ((with_spare, True), (mask & ~spare[:, k], False)) if m.any()]
+
+
+async def _read_all(read_from: ReadFrom, jobs: list[tuple[str, NDArray[np.intp], bool]], cols: NDArray[np.uint64],
                     feats: NDArray[np.uint64], timeout_s: float | None) -> list[RowBatch | BaseException]:
     """Each job's batch or exception, all jobs at once (``asyncio.gather``, ``return_exceptions``).
     A lone job (a small read: every row's candidate is one node) is awaited here: no task and no
     gather future for it (tools/bench/readpath.py)."""
     if len(jobs) == 1:
-        node, rows = jobs[0]
+        node, rows, busy_ok = jobs[0]
         try:
-            return [await read_from(node, cols[rows], feats[rows], timeout_s)]
+            return [await read_from(node, cols[rows], feats[rows], timeout_s, busy_ok)]
         except Exception as exc:  # as gather's return_exceptions (cancellation still propagates)
             return [exc]
-    return await asyncio.gather(*(read_from(node, cols[rows], feats[rows], timeout_s) for node, rows in jobs),
-                                return_exceptions=True)
+    return await asyncio.gather(*(read_from(node, cols[rows], feats[rows], timeout_s, busy_ok)
+                                  for node, rows, busy_ok in jobs), return_exceptions=True)
 
 
 class ReadRampStarter:

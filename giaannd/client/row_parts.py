@@ -82,9 +82,11 @@ _FRESH: Final = RowMemory(0)
 
 async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feats: NDArray[np.uint64], *,
                        chunk_entries: int, epoch: str, timeout_s: float | None = None,
-                       in_flight: int = READ_PARTS_IN_FLIGHT, memory: RowMemory | None = None) -> RowBatch:
+                       in_flight: int = READ_PARTS_IN_FLIGHT, memory: RowMemory | None = None,
+                       busy_ok: bool = False) -> RowBatch:
     """The rows ``(cols, feats)`` that ``node`` holds (absent ones left out), any size, as one
-    canonical batch (module docstring).
+    canonical batch (module docstring). ``busy_ok``: the caller can read them elsewhere, so a node
+    whose fold is moving them may refuse at once (``ReadRows.busy_ok``: ``RemoteUnavailable``).
 
     Raises:
         ProtocolViolation: a malformed reply or part.
@@ -93,7 +95,7 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
     """
     parts: list[RowBatch] = []
     while cols.size:
-        reply, bulk = await call(node, p.ReadRows(epoch, chunked=True), [cols, feats], timeout_s)
+        reply, bulk = await call(node, p.ReadRows(epoch, chunked=True, busy_ok=busy_ok), [cols, feats], timeout_s)
         if not isinstance(reply, p.RowsReply):
             raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRows", node)
         parts.append(p.check_batch(bulk))

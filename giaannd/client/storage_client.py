@@ -144,6 +144,9 @@ class StorageClient:
             row's first owner (``compute.read-fewest-nodes``; reads.py, "Fewest nodes").
         keep_row_bytes: memory of large rows (read by parts) the caller dropped, kept idle up to
             this many bytes and received into again (client/row_memory.py); 0 keeps none.
+        read_around_folds: a storage node folding its delta runs sends the rows of a read that
+            have another live replica on to it at once instead of holding the read until the fold
+            ends (reads.py, "Around folds"); False: every read waits for the node it asks.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class StorageClient:
         read_parts_in_flight: int = READ_PARTS_IN_FLIGHT,
         read_fewest_nodes: bool = False,
         keep_row_bytes: int = DEFAULT_KEEP_ROW_BYTES,
+        read_around_folds: bool = True,
     ) -> None:
         self.topology = topology
         self.transports: dict[str, Transport] = dict(transports or {})
@@ -187,6 +191,7 @@ class StorageClient:
         #: large rows' memory, kept when dropped and used again (client/row_memory.py)
         self.row_memory = RowMemory(keep_row_bytes)
         self.read_fewest_nodes = read_fewest_nodes
+        self.read_around_folds = read_around_folds
         self.read_ramp = RampTracker(read_ramp_s, read_ramp_floor)
         self.registers = RegisterClient(topology, self._call)
         self._ramp_starter = ReadRampStarter(topology, self.read_ramp, clock)
@@ -303,14 +308,16 @@ class StorageClient:
                 for ok, k, s, b in zip(present.tolist(), keys.tolist(), strength.tolist(), batches.tolist())]
 
     async def read_from(self, node: str, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64],
-                        timeout_s: float | None = None) -> RowBatch:
+                        timeout_s: float | None = None, busy_ok: bool = False) -> RowBatch:
         """Rows from one node (absent rows left out), any size, checked as a canonical batch: replies
-        bounded by the node's read chunk, larger rows read in parts (client/row_parts.py)."""
+        bounded by the node's read chunk, larger rows read in parts (client/row_parts.py).
+        ``busy_ok``: the node may refuse at once while a fold moves its rows (``RemoteUnavailable``;
+        the caller reads another replica: reads.py, "Failover")."""
         cols = np.ascontiguousarray(row_column, np.uint64).reshape(-1)
         feats = np.ascontiguousarray(row_feature, np.uint64).reshape(-1)
         return await read_chunked(self._call, node, cols, feats, chunk_entries=self.read_chunk_entries,
                                   epoch=self.topology.epoch, timeout_s=timeout_s,
-                                  in_flight=self.read_parts_in_flight, memory=self.row_memory)
+                                  in_flight=self.read_parts_in_flight, memory=self.row_memory, busy_ok=busy_ok)
 
     # -- replicated writes (writes.py, writer_floor.py) -----------------------------------------------------
     def next_batch_id(self) -> BatchId:
@@ -369,7 +376,8 @@ class StorageClient:
         """
         return await read_replicated(self.topology, self.read_from, self.read_ramp, self.clock,
                                      row_column, row_feature, timeout_s,
-                                     fewest=self.read_fewest_nodes if fewest is None else fewest)
+                                     fewest=self.read_fewest_nodes if fewest is None else fewest,
+                                     around_folds=self.read_around_folds)
 
     async def read_rows_to_device(self, row_column: Any, row_feature: Any, stager: PinnedStager,
                                   timeout_s: float | None = None) -> DeviceRows:

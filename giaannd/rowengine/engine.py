@@ -428,15 +428,16 @@ class RowEngine:
                 at -= 1
 
     @_locked
-    def fold_due(self) -> bool:
+    def fold_due(self, scale: float = 1.0) -> bool:
         """Whether the delta runs are due to be folded into the base: they hold 1/base_ratio of it,
         and the base is not held by something else while they hold less than HELD_FOLD_LIMIT /
         base_ratio of it (the fold is then deferred, counted in ``stats.deferred_folds``: the first
-        commit after the holder lets go does it, in place)."""
+        commit after the holder lets go does it, in place). ``scale`` multiplies both thresholds (a
+        storage node's jittered fold point, storage/replication/background_fold.py)."""
         if not self._deltas:
             return False
         share = sum(d.num_entries for d in self._deltas) * self.base_ratio
-        base = self._base.num_entries
+        base = self._base.num_entries * scale
         if share < base:
             return False
         if share < base * HELD_FOLD_LIMIT and held(self._base):

@@ -283,6 +283,9 @@ class ColumnStore:
         #: None: a commit folds the delta runs into the base when that is due (``RowEngine.commit``);
         #: else it calls this instead, and the caller folds (``fold_deltas``: module docstring)
         self.on_fold_due: Callable[[], None] | None = None
+        #: the fold point's multiplier (``RowEngine.fold_due``'s scale): a storage node draws one
+        #: per fold, so replicas holding the same rows do not fold together (background_fold.py)
+        self.fold_scale = 1.0
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -633,7 +636,7 @@ class ColumnStore:
     def _engine_commit(self, plan: ApplyPlan) -> None:
         """``RowEngine.commit``, its fold left to ``on_fold_due`` when that is set."""
         self.engine.commit(plan, fold=self.on_fold_due is None)
-        if self.on_fold_due is not None and self.engine.fold_due():
+        if self.on_fold_due is not None and self.engine.fold_due(self.fold_scale):
             self.on_fold_due()
 
     def fold_deltas(self, due_only: bool = False) -> int:
@@ -642,7 +645,7 @@ class ColumnStore:
         nothing changed). Changes no row: a delta entry costs 16-32 B more than a base entry (its
         base position, the run's position index, its buffers' room), so an idle node folds them
         (docs/storage.md "Known gaps", Live RSS). May run in a worker thread (module docstring)."""
-        if due_only and not self.engine.fold_due():
+        if due_only and not self.engine.fold_due(self.fold_scale):
             return 0
         moved = self.engine.delta_entries
         if moved or self.engine.num_deltas:

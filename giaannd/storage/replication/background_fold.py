@@ -21,6 +21,19 @@ The gate, in three parts, every one needed:
   the runs (a stream source's page read, a repair's digests) that comes during a fold waits for it
   there. Correct, but that call blocks the loop until the fold ends (docs/storage.md "Known gaps").
 
+Around the gate, so that a fold costs the cluster less than its wall time (docs/storage.md, "Folds
+off the event loop"):
+
+- **reads go to another replica**: a ``ReadRows`` whose caller has another live replica of its rows
+  (``busy_ok``) is answered ``Unavailable`` at once while a fold runs (the service's request path),
+  and the client reads those rows from the next replica (client/reads.py, "Around folds");
+- **replicas fold at different moments**: replicas of a column get the same writes, so with one
+  fold point (delta runs at 1/base_ratio of the base) nodes holding the same rows would fold
+  together and a write whose W replicas are all folding would wait for the folds. Each fold's
+  point is the base_ratio threshold times a scale drawn per fold (``fold_scales``: ``1 + jitter *
+  (2u - 1)``, u uniform from a generator seeded by the node's name, ``storage.fold-jitter``), so
+  the mean point is unchanged and two nodes that fold together once drift apart.
+
 Rows are what the plain path gives, bit for bit: the fold is the same ``RowEngine.compact``, and
 nothing reads or writes the runs while it moves them. A snapshot's frozen view is never written
 (run.py, "Merges in place"). Cancelled (the service stopping), a fold still waits for its thread (a
@@ -32,9 +45,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
-__all__ = ["BackgroundFold", "Foldable", "thread_result"]
+import xxhash
+
+__all__ = ["BackgroundFold", "Foldable", "fold_scales", "thread_result"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +69,21 @@ async def thread_result(work: asyncio.Future[T]) -> T:
         raise
 
 
+def fold_scales(node_name: str, jitter: float) -> Iterator[float]:
+    """The scale of each fold point of ``node_name``'s store, for ever (module docstring): ``1 +
+    jitter * (2u - 1)``, u uniform in [0, 1) from a generator seeded by the name (stable across
+    restarts).
+
+    Raises:
+        ValueError: a jitter outside [0, 1).
+    """
+    if not 0 <= jitter < 1:
+        raise ValueError(f"fold jitter must be in [0, 1), got {jitter}")
+    rng = random.Random(xxhash.xxh3_64_intdigest(b"fold:" + node_name.encode()))
+    while True:
+        yield 1 + jitter * (2 * rng.random() - 1)
+
+
 class Foldable(Protocol):
     """What folds: a ``DurableStore`` (or its ``ColumnStore``)."""
 
@@ -60,11 +92,14 @@ class Foldable(Protocol):
 
 class BackgroundFold:
     """Folds of ``store``'s delta runs in a worker thread, while ``writes`` (the lock every write to
-    the store holds) is held (module docstring). ``due`` is the store's ``on_fold_due``."""
+    the store holds) is held (module docstring). ``due`` is the store's ``on_fold_due``;
+    ``after_fold`` is called on the loop after each fold that moved entries (the service draws the
+    next fold point there)."""
 
-    def __init__(self, store: Foldable, writes: asyncio.Lock) -> None:
+    def __init__(self, store: Foldable, writes: asyncio.Lock, after_fold: Callable[[], None] | None = None) -> None:
         self.store = store
         self.writes = writes
+        self.after_fold = after_fold
         self._open = asyncio.Event()
         self._open.set()
         self._task: asyncio.Task[int] | None = None
@@ -106,6 +141,8 @@ class BackgroundFold:
         if moved:
             self.folds += 1
             self.moved += moved
+            if self.after_fold is not None:
+                self.after_fold()
         return moved
 
     async def close(self) -> None:

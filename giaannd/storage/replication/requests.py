@@ -61,6 +61,8 @@ class StorageCounters:
     """Counters for /metrics and tests (``applies / fsync_batches`` is the group-commit ratio)."""
 
     reads: int = 0
+    #: ReadRows with ``busy_ok`` answered Unavailable at once because a fold was moving the rows
+    reads_redirected: int = 0
     rows_read: int = 0
     bytes_read: int = 0
     applies: int = 0

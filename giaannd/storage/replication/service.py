@@ -44,7 +44,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
-from giaannd.storage.replication.background_fold import BackgroundFold, thread_result
+from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
 from giaannd.storage.replication.group_commit import GroupCommit
 from giaannd.storage.replication.hint_delivery import HintDelivery
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
 
-__all__ = ["DISK_COUNTERS", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
+__all__ = ["DISK_COUNTERS", "FOLDING_MESSAGE", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ REGISTERS_DIR: Final = "registers"
 STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
     "reads": ("giaannd_storage_reads_total",
               "Read requests served: ReadRows, and each ScanRows or ColumnInfo page."),
+    "reads_redirected": ("giaannd_storage_reads_redirected_total",
+                         "ReadRows answered Unavailable at once because a fold of the delta runs was moving "
+                         "this node's rows and the caller had another replica to read them from (busy_ok)."),
     "rows_read": ("giaannd_storage_rows_read_total", "Rows returned by ReadRows and ScanRows requests."),
     "bytes_read": ("giaannd_storage_read_bytes_total",
                    "Bytes of the row batches returned by ReadRows and ScanRows (array buffers)."),
@@ -106,6 +109,8 @@ DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
     "disk_full_refusals": ("giaannd_storage_disk_full_refusals_total",
                            "Writes (batches, hints, vocabulary) refused because the disk is full."),
 }
+#: What a ``ReadRows`` with ``busy_ok`` gets while a fold moves the rows (protocol.py, "Reads during a fold").
+FOLDING_MESSAGE: Final = "folding: this node's rows are being moved; read them from another replica"
 #: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
 _TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
 
@@ -196,8 +201,15 @@ class StorageService:
         gc.freeze()
         # from now on a commit leaves a due fold to a worker thread, off the event loop (the replay
         # above folded inline, in the thread that opened the store)
-        self.folds = BackgroundFold(self.store, self._snapshot_lock)
-        self.store.store.on_fold_due = self.folds.due
+        scales = fold_scales(self.node_name, s.fold_jitter)
+        columns = self.store.store
+        columns.fold_scale = next(scales)
+
+        def next_fold_point() -> None:  # each fold's point its own (background_fold.py)
+            columns.fold_scale = next(scales)
+
+        self.folds = BackgroundFold(self.store, self._snapshot_lock, next_fold_point)
+        columns.on_fold_due = self.folds.due
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
@@ -551,8 +563,12 @@ class StorageService:
             hist.observe(time.perf_counter() - started)
 
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
-        if self.folds is not None:  # not while a fold moves the runs (background_fold.py): no await after
-            await self.folds.ready()
+        folds = self.folds
+        if folds is not None and folds.running:  # not while a fold moves the runs (background_fold.py)
+            if isinstance(msg, p.ReadRows) and msg.busy_ok:  # the caller reads another replica instead
+                core.count("reads_redirected")
+                return _reply(p.Unavailable(FOLDING_MESSAGE))
+            await folds.ready()  # no await after this before the store is touched
         if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
             async with self._snapshot_lock:  # not while a snapshot freezes the store (snapshot())
                 step = core.serve(msg, incoming.bulk)

@@ -6,15 +6,18 @@ during a fold waits for it and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 
 import numpy as np
 import pytest
 
 import giaannd.rowengine.engine as engine_module
+from giaannd.client.errors import RemoteUnavailable
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.replication.background_fold import fold_scales
 from tools.cluster_harness import Cluster, make_batch
 
 CAPACITY = 1 << 30
@@ -196,4 +199,104 @@ async def test_a_node_stopped_during_a_fold_waits_for_it_and_loses_nothing(tmp_p
         assert svc is not None and _rows(svc.store.store.read_all()) == plain.rows()
     finally:
         paused.release.set()
+        await cluster.close()
+
+
+async def _two_replicas_one_folding(tmp_path, monkeypatch) -> tuple[Cluster, PausedFold, Plain, asyncio.Task]:
+    """Two nodes, R = 2: both hold every row; s0 is held mid-fold (an explicit fold of a delta run
+    too small to be due anywhere), s1 folds nothing."""
+    paused = PausedFold(monkeypatch)
+    cluster = await Cluster(tmp_path, 2, replicas=2).start(heap_trim_interval_s=0.0)
+    rng = np.random.default_rng(11)
+    plain = Plain()
+    for batch in (make_batch(rng, 600, 8), make_batch(rng, 40, 4)):  # a base, then new keys under 1/4 of it
+        await cluster.client.write(batch)
+        plain.apply(batch)
+    for name in ("s0", "s1"):  # the first write's folds (into empty bases) are over
+        await PausedFold._until(lambda n=name: not cluster.services[n].folds.running)  # type: ignore[union-attr]
+    paused.armed = True
+    folds = cluster.services["s0"].folds
+    assert folds is not None
+    fold = asyncio.get_running_loop().create_task(folds.fold())
+    await paused.entered()
+    paused.armed = False
+    return cluster, paused, plain, fold
+
+
+@pytest.mark.asyncio
+async def test_reads_go_around_a_folding_replica(tmp_path, monkeypatch):
+    # Before: every read of a row whose first replica was folding waited for the fold (here held:
+    # the read would still be waiting when the 5 s below run out).
+    cluster, paused, plain, fold = await _two_replicas_one_folding(tmp_path, monkeypatch)
+    try:
+        known = plain.rows()
+        keys = np.array(list(known), np.uint64).reshape(-1, 2)
+        got = await asyncio.wait_for(cluster.client.read_rows(keys[:, 0], keys[:, 1]), 5.0)
+        assert not fold.done() and paused.held == []  # the fold is still held
+        assert _rows(got) == known
+        s0 = cluster.services["s0"]
+        assert s0.core is not None and s0.core.counters.reads_redirected >= 1
+        assert cluster.services["s1"].core.counters.reads_redirected == 0  # type: ignore[union-attr]
+        # asked directly: refused at once with busy_ok, held without it
+        with pytest.raises(RemoteUnavailable, match="folding"):
+            await asyncio.wait_for(cluster.client.read_from("s0", keys[:5, 0], keys[:5, 1], busy_ok=True), 5.0)
+        waiting = asyncio.create_task(cluster.client.read_from("s0", keys[:5, 0], keys[:5, 1]))
+        cluster.client.read_around_folds = False  # every read waits for the node it asks
+        plain_read = asyncio.create_task(cluster.client.read_rows(keys[:, 0], keys[:, 1]))
+        await asyncio.sleep(0.3)
+        assert not waiting.done() and not plain_read.done()
+        paused.release.set()
+        assert _rows(await plain_read) == known
+        assert _rows(await waiting) == {k: known[k] for k in map(tuple, keys[:5].tolist())}
+        await fold
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+def test_fold_scales_spread_each_node_around_the_same_mean_point():
+    a = list(itertools.islice(fold_scales("s0", 0.2), 2000))
+    b = list(itertools.islice(fold_scales("s1", 0.2), 2000))
+    assert a == list(itertools.islice(fold_scales("s0", 0.2), 2000))  # stable across restarts
+    assert a[:5] != b[:5]  # each node its own
+    for scales in (a, b):
+        assert all(0.8 <= x < 1.2 for x in scales)
+        assert abs(sum(scales) / len(scales) - 1) < 0.01  # the mean fold point is unchanged
+    assert set(itertools.islice(fold_scales("s0", 0.0), 10)) == {1.0}
+    with pytest.raises(ValueError):
+        next(fold_scales("s0", 1.0))
+
+
+def test_a_store_folds_at_its_scaled_point():
+    """The delta runs are folded once they hold 1/4 of the base times the store's ``fold_scale``
+    (before: at 1/4 whatever the scale)."""
+    rng = np.random.default_rng(3)
+    for scale, due_at in ((0.8, 0.2), (1.2, 0.3)):
+        store = ColumnStore(CAPACITY)
+        store.apply(BatchId(1, 1), make_batch(rng, 1000, 10))
+        store.fold_deltas()
+        due: list[int] = []
+        store.on_fold_due = lambda: due.append(store.engine.delta_entries)  # noqa: B023
+        store.fold_scale = scale
+        base = store.engine.num_entries
+        seq = 1
+        while not due:
+            seq += 1
+            store.apply(BatchId(1, seq), make_batch(rng, 10, 10))  # 100 new keys each
+        assert due_at * base <= due[0] < due_at * base + 100, (scale, due[0], base)
+
+
+@pytest.mark.asyncio
+async def test_a_node_draws_a_new_fold_point_after_each_fold(tmp_path):
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0, fold_jitter=0.2)
+    try:
+        svc = cluster.services["s0"]
+        assert svc.store is not None and svc.folds is not None
+        want = fold_scales("s0", 0.2)
+        assert svc.store.store.fold_scale == next(want)
+        rng = np.random.default_rng(5)
+        await cluster.client.write(make_batch(rng, 100, 4))  # new keys into an empty base: a fold
+        await PausedFold._until(lambda: svc.folds.folds == 1 and not svc.folds.running)  # type: ignore[union-attr]
+        assert svc.store.store.fold_scale == next(want)
+    finally:
         await cluster.close()

@@ -107,7 +107,7 @@ def _client(ramp_s=10.0, names=("s0", "s1", "s2")):
     topo.set_members([StorageNode(n, f"mem://{n}") for n in names])
     served: dict[str, list] = {}
 
-    async def read_from(node, cols, feats, timeout_s=None):
+    async def read_from(node, cols, feats, timeout_s=None, busy_ok=False):
         served.setdefault(node, []).append(cols.copy())
         return RowBatch.empty()
 

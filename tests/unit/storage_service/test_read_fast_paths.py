@@ -68,7 +68,7 @@ async def test_read_replicated_lone_job_fails_over_like_gather(one_job):
     feats = np.zeros(cols.size, np.uint64)
     calls = []
 
-    async def read_from(node, c, f, timeout_s):
+    async def read_from(node, c, f, timeout_s, busy_ok=False):
         calls.append(node)
         if node == (first or t.names[0]):
             raise RemoteUnavailable("busy", node)
@@ -78,13 +78,13 @@ async def test_read_replicated_lone_job_fails_over_like_gather(one_job):
     assert np.array_equal(got.row_column, np.sort(cols))
     assert (first or t.names[0]) in calls
 
-    async def broken(node, c, f, timeout_s):
+    async def broken(node, c, f, timeout_s, busy_ok=False):
         raise ZeroDivisionError("a bug, not a failed request")
 
     with pytest.raises(ZeroDivisionError):
         await read_replicated(t, broken, RampTracker(0.0), lambda: 0.0, cols, feats)
 
-    async def down(node, c, f, timeout_s):
+    async def down(node, c, f, timeout_s, busy_ok=False):
         raise RemoteUnavailable("down", node)
 
     with pytest.raises(ReadFailed):
@@ -97,7 +97,7 @@ async def test_read_replicated_lone_job_cancellation_propagates():
     cols, _ = _keys_on_one_node(t, 3)
     started = asyncio.Event()
 
-    async def slow(node, c, f, timeout_s):
+    async def slow(node, c, f, timeout_s, busy_ok=False):
         started.set()
         await asyncio.sleep(30)
         return _rows(c)
@@ -154,7 +154,7 @@ async def test_read_replicated_fewest_one_request_then_failover():
     feats = np.zeros(cols.size, np.uint64)
     calls = []
 
-    async def read_from(node, c, f, timeout_s):
+    async def read_from(node, c, f, timeout_s, busy_ok=False):
         calls.append((node, c.size))
         return _rows(c)
 
@@ -165,7 +165,7 @@ async def test_read_replicated_fewest_one_request_then_failover():
     assert len(calls) > 1  # each row to its own first owner
     calls.clear()
 
-    async def one_fails(node, c, f, timeout_s):
+    async def one_fails(node, c, f, timeout_s, busy_ok=False):
         calls.append((node, c.size))
         if len(calls) == 1:
             raise RemoteUnavailable("busy", node)
@@ -204,7 +204,7 @@ async def test_read_rows_fewest_per_call_overrides_the_clients_setting():
         client = StorageClient(_view(), read_fewest_nodes=default)
         calls = []
 
-        async def read_from(node, c, f, timeout_s):
+        async def read_from(node, c, f, timeout_s, busy_ok=False):
             calls.append(node)
             return _rows(c)
 
@@ -217,3 +217,44 @@ async def test_read_rows_fewest_per_call_overrides_the_clients_setting():
         calls.clear()
         await client.read_rows(cols, feats)  # None: the client's setting
         assert (len(calls) == 1) == default
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("down_nodes", [(), ("n1",), ("n0", "n2")])
+async def test_read_replicated_lets_a_folding_node_refuse_only_rows_with_a_live_replica_left(down_nodes):
+    """``busy_ok`` ("Around folds") is set on a node's request exactly when every row in it has a
+    live candidate after that node: the last live replica of a row is asked without it (and waits
+    for a fold there), and with ``around_folds`` off no request carries it."""
+    t = _view(4, 3)
+    for name in down_nodes:
+        t.mark_down(name)
+    cols = np.arange(1, 300, dtype=np.uint64)
+    feats = np.zeros(cols.size, np.uint64)
+    down = np.array([not t.is_live(n) for n in t.names])
+    asked: list[tuple[str, np.ndarray, bool]] = []
+
+    async def folding(node, c, f, timeout_s, busy_ok=False):
+        asked.append((node, c.copy(), busy_ok))
+        if busy_ok:
+            raise RemoteUnavailable("folding", node)
+        return _rows(c)
+
+    got = await read_replicated(t, folding, RampTracker(0.0), lambda: 0.0, cols, feats)
+    assert np.array_equal(got.row_column, np.sort(cols))  # every row served, by a node that waited
+    owners = t.placement.owner_indices(cols)
+    for node, c, busy_ok in asked:
+        m = t.names.index(node)
+        rows = np.searchsorted(cols, c)
+        # live candidates of each of these rows that come after this node in the row's order
+        # (live before down; the view has no local node and no ramp: placement order otherwise)
+        later_live = [any(not down[o] for o in owners[i][list(owners[i]).index(m) + 1:]) and not down[m]
+                      for i in rows]
+        assert busy_ok == all(later_live), (node, busy_ok)
+    assert any(b for _, _, b in asked)  # some requests could be refused
+    served = [c for _, c, b in asked if not b]
+    assert np.array_equal(np.sort(np.concatenate(served)), cols)  # each row read once, without busy_ok
+
+    asked.clear()
+    got = await read_replicated(t, folding, RampTracker(0.0), lambda: 0.0, cols, feats, around_folds=False)
+    assert np.array_equal(got.row_column, np.sort(cols))
+    assert not any(b for _, _, b in asked)
