@@ -352,6 +352,13 @@ class StorageConfig(_Section):
         "node's name, drawn anew after every fold. The mean point is unchanged; 0 folds every "
         "node at exactly 1/4 (docs/storage.md \"Folds off the event loop\")."
     ))] = 0.2
+    fold_defer_bytes: Annotated[int, Meta(ge=0, description=(
+        "While a fold of the delta runs moves the rows (seconds at 10^8 entries), a writer's batch is "
+        "logged and acknowledged at once and applied to the rows when the fold ends, up to this many "
+        "bytes of batches held in memory; past them, and for a retry of a batch held already, a write "
+        "waits for the fold. 0 makes every write wait for the fold (the behaviour before this key). "
+        "docs/storage.md \"Folds off the event loop\"."
+    ))] = 256 << 20
     snapshot_busy_share: Annotated[float, Meta(gt=0, le=1, description=(
         "The most of its time a snapshot's writing thread works: after each slice of work (a few "
         "thousand rows, or about 1 MiB written) it rests `work * (1 - share) / share`. Writes go "

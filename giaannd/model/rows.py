@@ -246,6 +246,12 @@ class RowBatch:
         )
 
     # -- bulk transfer --------------------------------------------------------------------------
+    def copy(self) -> RowBatch:
+        """A copy whose arrays are its own (e.g. no longer the transport's pooled receive buffers,
+        for a batch kept after the request that carried it)."""
+        return RowBatch(self.row_column.copy(), self.row_feature.copy(), self.offsets.copy(), self.segment.copy(),
+                        self.target_column.copy(), self.target_feature.copy(), self.strength.copy())
+
     def buffers(self) -> list[NDArray[np.generic]]:
         """The seven arrays in wire order: send these as raw bulk buffers."""
         return [

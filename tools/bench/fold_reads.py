@@ -1,5 +1,6 @@
-"""Reads while one replica folds its delta runs: around the folding node (``busy_ok``) against waiting
-for it, in the same run (client/reads.py "Around folds", protocol.py "Reads during a fold").
+"""Reads and writes while one replica folds its delta runs: around the folding node (reads with
+``busy_ok``) and logged at once (writes: storage/engine/deferred_applies.py) against waiting for it,
+in the same run (client/reads.py "Around folds", protocol.py "Reads during a fold").
 
     python -m tools.bench.fold_reads [--entries 10000000] [--repeat 2] [--json]
 
@@ -7,18 +8,20 @@ Two storage nodes in this process (tcp on loopback, R = 2: each holds every row)
 ``StorageClient`` with ``--entries`` entries in rows of 16 and folded, so each base holds them all.
 Then, per round: a delta of new keys scattered over the stored rows (2 % of the base: under the fold
 point, so nothing folds by itself; the fold point's jitter is off), and on the event loop, on a
-fixed timeline, a read of ``READ_ROWS`` random stored rows every ``READ_EVERY_S`` seconds (latency
+fixed timeline, a read of ``READ_ROWS`` random stored rows every ``READ_EVERY_S`` seconds and a write
+of ``WRITE_ROWS`` new rows every ``WRITE_EVERY_S`` (W = 2: both nodes must acknowledge it; latency
 from its time on the timeline); at ``FOLD_AT_S`` node s0 folds its delta runs (the service's
 ``BackgroundFold``, as a due fold runs: a worker thread, the gate), so every base entry behind an
-inserted key moves. The reads go on until ``AFTER_S`` past the fold's end. A read's rows go to their
-first owner, s0 or s1 by row, so most reads ask both nodes. Rounds alternate the client's
-``read_around_folds`` off (*wait*: the code before, every request waits for the node it asks) and on
-(*around*: s0 answers at once and the rows are read from s1).
+inserted key moves. Requests go on until ``AFTER_S`` past the fold's end. A read's rows go to their
+first owner, s0 or s1 by row, so most reads ask both nodes. Rounds alternate *wait* (the code
+before: the client's ``read_around_folds`` off, and s0's ``storage.fold-defer-bytes`` 0, so every
+request waits for the node it asks) and *around* (the defaults: s0 answers reads at once and they go
+to s1; writes are logged and acknowledged, and applied when the fold ends).
 
 Figures per round: the fold's wall time, the reads issued during it and their p50 / p99, the p99 of
-the reads issued outside it (same round), and the ratio of the two p99s (target for *around*: <= 2,
-as issue 14 item 3 sets for applies during a snapshot). Every read's rows are checked against the
-rows written (strengths bit for bit) at the end of the round.
+the reads issued outside it (same round), the ratio of the two p99s (target for *around*: <= 2, as
+issue 14 item 3 sets for applies during a snapshot), and the same for the writes. Every read's rows
+are checked against the rows written (strengths bit for bit) at the end of the round.
 ``--json`` prints one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import tempfile
 import time
@@ -40,9 +44,14 @@ ROW = 16
 FILL_ROWS = 8192
 #: Stored rows per read.
 READ_ROWS = 16
-READ_EVERY_S = 0.005
+READ_EVERY_S = 0.01
+#: New rows per write (4 entries each), one write every WRITE_EVERY_S.
+WRITE_ROWS = 32
+WRITE_EVERY_S = 0.02
 FOLD_AT_S = 0.3
 AFTER_S = 0.3
+#: Seconds between a round's delta writes and its timeline.
+SETTLE_S = 1.0
 #: New keys of a round's delta, as a share of the base.
 DELTA_SHARE = 0.02
 RATIO_TARGET = 2.0
@@ -65,6 +74,8 @@ def _pct(xs: list[float], q: float) -> float:
 async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, around: bool) -> dict[str, Any]:
     client = cluster.client
     client.read_around_folds = around
+    s0 = cluster.services["s0"]
+    s0.store.deferred.max_bytes = s0.settings.fold_defer_bytes if around else 0
     base = cluster.services["s0"].store.store.engine.num_entries
     # the delta: new keys in stored rows, spread over the whole base
     rows = np.sort(rng.choice(keys.shape[0], max(1, int(base * DELTA_SHARE) // 2), replace=False))
@@ -72,9 +83,12 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
         pick = keys[rows[start : start + FILL_ROWS]]
         await client.write(_batch(pick[:, 0], pick[:, 1], 2, rng))
     folds = cluster.services["s0"].folds
+    gc.collect()
+    await asyncio.sleep(SETTLE_S)  # what the delta's writes left to do (their fsyncs, freed memory)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     lat: list[tuple[float, float]] = []  # (issued at, seconds)
+    wlat: list[tuple[float, float]] = []
     reads: list[tuple[np.ndarray, Any]] = []
     fold_span: list[float] = []
 
@@ -89,9 +103,14 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
         lat.append((at, loop.time() - t0 - at))
         reads.append((pick, got))
 
+    async def write(at: float, batch: Any) -> None:
+        await client.write(batch)
+        wlat.append((at, loop.time() - t0 - at))
+
     fold_task = loop.create_task(fold())
     tasks = []
     k = 0
+    every = round(WRITE_EVERY_S / READ_EVERY_S)
     while True:
         at = k * READ_EVERY_S
         if len(fold_span) == 2 and at > fold_span[1] + AFTER_S:
@@ -102,12 +121,18 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
         pick = keys[np.unique(rng.integers(0, keys.shape[0], READ_ROWS))]  # (choice without replacement
         # permutes every key: tens of ms per read at 10^6 rows, the bench's own stall)
         tasks.append(loop.create_task(read(at, pick)))
+        if k % every == 0:  # new rows (random keys): the reads' rows do not change
+            fresh = rng.integers(1, 2**63, (WRITE_ROWS, 2), dtype=np.uint64)
+            fresh = fresh[np.lexsort((fresh[:, 1], fresh[:, 0]))]
+            tasks.append(loop.create_task(write(at, _batch(fresh[:, 0], fresh[:, 1], 4, rng))))
         k += 1
     await fold_task
     await asyncio.gather(*tasks)
     start, end = fold_span
     during = [s * 1e3 for at, s in lat if start <= at <= end]
     outside = [s * 1e3 for at, s in lat if not start <= at <= end]
+    wduring = [s * 1e3 for at, s in wlat if start <= at <= end]
+    woutside = [s * 1e3 for at, s in wlat if not start <= at <= end]
     # every read's rows, checked against the store they were read from (both replicas are equal:
     # R = 2, W = 2, nothing written during the round)
     ref = cluster.services["s1"].store.store
@@ -116,9 +141,11 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
         want = ref.read_rows(pick[:, 0], pick[:, 1])
         bad += int(not all(np.array_equal(np.asarray(x), np.asarray(y))
                            for x, y in zip(got.buffers(), want.buffers())))
-    s0 = cluster.services["s0"].core.counters.reads_redirected
+    counters = s0.core.counters
     return {"fold_s": end - start, "during": len(during), "p50_during": _pct(during, 50),
-            "p99_during": _pct(during, 99), "p99_outside": _pct(outside, 99), "bad": bad, "redirected": s0}
+            "p99_during": _pct(during, 99), "p99_outside": _pct(outside, 99), "bad": bad,
+            "redirected": counters.reads_redirected, "deferred": counters.applies_deferred,
+            "writes_during": len(wduring), "w_p99_during": _pct(wduring, 99), "w_p99_outside": _pct(woutside, 99)}
 
 
 async def _main(entries: int, repeat: int, seed: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -169,19 +196,26 @@ def main() -> None:
             emit_figure(f"read p99 ms outside the fold, {n}", r["p99_outside"])
             emit_figure(f"read p99 during / outside the fold, {n}", r["p99_during"] / r["p99_outside"],
                         f"<= {RATIO_TARGET:g}" if mode == "around" else None)
+            emit_figure(f"write p99 ms during a replica's fold, {n}", r["w_p99_during"])
+            emit_figure(f"write p99 during / outside the fold, {n}", r["w_p99_during"] / r["w_p99_outside"],
+                        f"<= {RATIO_TARGET:g}" if mode == "around" else None)
             emit_figure(f"fold wall s, {n}", r["fold_s"])
             emit_figure(f"reads that differ from the stored rows, {n}", r["bad"], "== 0")
         return
     rows = []
     for mode, r, load in results:
         ratio = r["p99_during"] / r["p99_outside"]
+        wratio = r["w_p99_during"] / r["w_p99_outside"]
         target = f" (<= {RATIO_TARGET:g})" if mode == "around" else ""
         rows.append([mode, f"{r['fold_s']:.2f}", str(r["during"]), f"{r['p50_during']:.1f}", f"{r['p99_during']:.1f}",
-                     f"{r['p99_outside']:.1f}", f"{ratio:.2f}{target}", str(r["bad"]), load])
-    print_table(f"Reads while one of two replicas folds ({args.entries:.0e} entries per node, "
+                     f"{r['p99_outside']:.1f}", f"{ratio:.2f}{target}", str(r["writes_during"]),
+                     f"{r['w_p99_during']:.1f}", f"{r['w_p99_outside']:.1f}", f"{wratio:.2f}{target}",
+                     str(r["bad"]), load])
+    print_table(f"Reads and writes while one of two replicas folds ({args.entries:.0e} entries per node, "
                 f"{time.perf_counter() - started:.0f} s)",
-                ["reads", "fold wall s", "reads during it", "p50 ms during", "p99 ms during", "p99 ms outside",
-                 "p99 during / outside", "rows differing", "load (1 min)"], rows)
+                ["mode", "fold wall s", "reads during it", "read p50 ms during", "read p99 ms during",
+                 "read p99 ms outside", "read p99 during / outside", "writes during it", "write p99 ms during",
+                 "write p99 ms outside", "write p99 during / outside", "rows differing", "load (1 min)"], rows)
 
 
 if __name__ == "__main__":

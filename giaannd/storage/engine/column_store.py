@@ -86,6 +86,7 @@ __all__ = [
     "ScanResult",
     "SIZE_BINS",
     "StoreUsage",
+    "check_batch_id",
     "log2_bins",
     "log2_histogram",
     "row_from_region",
@@ -108,6 +109,18 @@ MIN_DIGEST_PIECE_ENTRIES = 256
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
 _EMPTY_IDS = np.empty(0, np.int64)
+
+
+def check_batch_id(batch_id: tuple[int, int]) -> BatchId:
+    """``batch_id`` as a ``BatchId`` of Python ints.
+
+    Raises:
+        ValueError: out of range (writer in [0, 2^64), seq in [1, 2^64)).
+    """
+    out = BatchId(int(batch_id[0]), int(batch_id[1]))
+    if not (0 <= out.writer < 2**64 and 1 <= out.seq < 2**64):
+        raise ValueError(f"batch id out of range: {out}")
+    return out
 
 
 def _columns_of(batch: RowBatch) -> NDArray[np.uint64]:
@@ -352,9 +365,7 @@ class ColumnStore:
         Raises:
             StoreFullError, ValueError: as for ``apply``.
         """
-        batch_id = BatchId(int(batch_id[0]), int(batch_id[1]))
-        if not (0 <= batch_id.writer < 2**64 and 1 <= batch_id.seq < 2**64):
-            raise ValueError(f"batch id out of range: {batch_id}")
+        batch_id = check_batch_id(batch_id)
         if validate:
             batch.validate()
         done = self.applied.columns(batch_id)

@@ -8,7 +8,9 @@ S), and the log segments. Invariants:
 - Every acknowledged batch is in a synced log record, or in a snapshot.
 - A record is appended only after ``ColumnStore.prepare`` accepted the batch (capacity, shape), and
   applied in RAM right after, so the log never holds a batch the store refused and replay never
-  meets one it cannot apply.
+  meets one it cannot apply. During a fold (``defer``, deferred_applies.py) a batch is checked
+  against the most it could add, logged, and applied in RAM when the fold ends, before anything
+  reads the rows; records are applied in log order either way.
 - Replay applies the records with seq > S in order. Records <= S (left behind by a crash between
   a snapshot's rename and the log truncation) are skipped by seq, and would be ignored by batch id
   anyway: replay is idempotent twice over. It is done in bulk (``replay``: windows of consecutive
@@ -56,6 +58,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
+from giaannd.storage.engine.deferred_applies import Deferred, DeferredApplies
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
@@ -338,6 +341,8 @@ class DurableStore:
         # ``logged_since_snapshot``: the records replayed at open, plus those appended since the
         # log's byte count was ``_log_mark``
         self._logged_before, self._log_mark = report.log_bytes, 0
+        #: batches logged during a fold, applied when it ends (``defer``, deferred_applies.py)
+        self.deferred = DeferredApplies(store, log_)
 
     def held_disk_bytes(self) -> int:
         """Disk bytes a deleted or replaced snapshot file still takes because the store's base is
@@ -462,6 +467,24 @@ class DurableStore:
         seq = self.log.append_batch(prepared.batch_id, prepared.batch)
         self.store.commit(prepared)
         return ApplyResult(True, seq, prepared.batch)
+
+    def defer(self, batch_id: BatchId, batch: RowBatch, writer_floor: int = 0, epoch: str = "") -> Deferred | None:
+        """Log a writer's batch and floor now, apply them to the rows when the fold that moves them
+        ends (``apply_deferred``; deferred_applies.py); None when it cannot be deferred (nothing
+        done: the caller waits for the fold). Durable once ``sync()`` returns >= the result's seq.
+        ``epoch``: the placement epoch the writer computed its shares under, handed with the
+        batch to ``deferred.on_applied`` when it is applied.
+
+        Raises:
+            ValueError: a batch id out of range.
+            OSError: a log write failed; the batch is not kept.
+        """
+        return self.deferred.defer(batch_id, batch, writer_floor, epoch)
+
+    def apply_deferred(self) -> int:
+        """Apply what ``defer`` logged, in log order (no write may run meanwhile); returns the
+        batches applied."""
+        return self.deferred.apply()
 
     def advance_floor(self, writer: int, floor: int) -> int:
         """Log and apply a writer's floor (applied_set.py); returns the record's seq."""

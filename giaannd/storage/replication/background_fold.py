@@ -14,7 +14,10 @@ loop runs beside it.
 The gate, in three parts, every one needed:
 
 - the writes' lock (the service's ``_snapshot_lock``: every apply, drop and snapshot freeze holds
-  it) is held for the whole fold, so writes and freezes wait for it without blocking the loop;
+  it) is held for the whole fold, so drops and freezes wait for it without blocking the loop. A
+  writer's ``ApplyBatch`` does not wait: it is logged and acknowledged during the fold, and applied
+  to the rows when the fold ends, before the gate opens (storage/engine/deferred_applies.py; one
+  that cannot be deferred, a retry or a batch past the deferred bytes, waits as before);
 - ``ready()`` (an event, open while no fold runs): what reads await before they touch the store
   (the service's request path), so they too wait without blocking the loop;
 - the engine's lock (rowengine/engine.py "Threads"), held by the fold's thread: any other use of
@@ -89,6 +92,8 @@ class Foldable(Protocol):
 
     def fold_deltas(self, due_only: bool = False) -> int: ...
 
+    def apply_deferred(self) -> int: ...
+
 
 class BackgroundFold:
     """Folds of ``store``'s delta runs in a worker thread, while ``writes`` (the lock every write to
@@ -137,7 +142,10 @@ class BackgroundFold:
                 work = asyncio.get_running_loop().run_in_executor(None, self.store.fold_deltas, due_only)
                 moved = await thread_result(work)
             finally:
-                self._open.set()
+                try:  # the writes logged during the fold, before anything touches the rows again
+                    self.store.apply_deferred()
+                finally:
+                    self._open.set()
         if moved:
             self.folds += 1
             self.moved += moved

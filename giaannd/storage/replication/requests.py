@@ -66,6 +66,8 @@ class StorageCounters:
     rows_read: int = 0
     bytes_read: int = 0
     applies: int = 0
+    #: of ``applies``, those logged during a fold and applied to the rows when it ended
+    applies_deferred: int = 0
     applies_duplicate: int = 0
     bytes_applied: int = 0
     fsync_batches: int = 0
@@ -157,11 +159,6 @@ def fold_row_digest(column: int, feature: int, digest: int) -> int:
     return xxhash.xxh3_64_intdigest(_ROW_DIGEST.pack(column, feature, digest))
 
 
-def _owned(batch: RowBatch) -> RowBatch:
-    """A copy that no longer references the transport's pooled receive buffers (hints outlive them)."""
-    return RowBatch(*[np.array(b, copy=True) for b in batch.buffers()])
-
-
 def _text(message: str) -> str:
     return message[: p.MAX_TEXT_CHARS]
 
@@ -212,6 +209,17 @@ class StorageRequests:
         store writes back while a snapshot runs, without holding reads back."""
         try:
             return p.decode_request(payload)
+        except p.ProtocolViolation as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+
+    def serve_during_fold(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step | None:
+        """``serve`` of an ``ApplyBatch`` while a fold moves the rows: logged now, applied when the
+        fold ends (``apply``'s ``defer``); None, nothing done, when it must wait for the fold."""
+        try:
+            checked = self._checked(msg, bulk)
+            if not isinstance(checked, tuple):
+                return checked
+            return self._defer(msg, *checked)
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
 
@@ -330,8 +338,8 @@ class StorageRequests:
         return Answer(p.AppliedMask([BatchId(msg.writer, s) in applied for s in msg.seqs]))
 
     # -- writes -----------------------------------------------------------------------------------
-    def apply(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step:
-        """Log + apply a batch (or hold it as a hint); the ack waits for durability (module docstring)."""
+    def _checked(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step | tuple[BatchId, RowBatch]:
+        """An ``ApplyBatch``'s checks: its answer (a refusal, or a hint held), or its batch to apply."""
         if self.refuse_writes:
             return self.error(p.Unavailable("storage service is stopping"))
         if self.guard.full:
@@ -342,6 +350,14 @@ class StorageRequests:
             return self.hold_hint(msg.hint_for, batch_id, batch, msg.placement_epoch)
         if (err := self.not_owner(batch.row_column)) is not None:
             return self.error(err)
+        return batch_id, batch
+
+    def apply(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step:
+        """Log + apply a batch (or hold it as a hint); the ack waits for durability (module docstring)."""
+        checked = self._checked(msg, bulk)
+        if not isinstance(checked, tuple):
+            return checked
+        batch_id, batch = checked
         applied = self.store.store.applied
         try:
             # track=True: another share of one of this writer's batch ids (a hint re-split, a retry
@@ -367,9 +383,27 @@ class StorageRequests:
             self.count("applies_duplicate")
         return WaitDurable(seq, p.ApplyAck(durable=True, applied=result.applied))
 
+    def _defer(self, msg: p.ApplyBatch, batch_id: BatchId, batch: RowBatch) -> Step | None:
+        try:
+            deferred = self.store.defer(batch_id, batch, msg.writer_floor, msg.placement_epoch or "")
+        except ValueError as exc:
+            return self.error(p.BadRequest(_text(str(exc))))
+        except OSError as exc:
+            self.guard.write_failed("update_log", exc)
+            return self.error(p.Unavailable(_text(f"update log write failed: {exc}")))
+        if deferred is None:
+            return None
+        if deferred.applied:
+            self.count("applies")
+            self.count("applies_deferred")
+            self.count("bytes_applied", batch.nbytes)
+        else:
+            self.count("applies_duplicate")
+        return WaitDurable(deferred.seq, p.ApplyAck(durable=True, applied=deferred.applied))
+
     def hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> Step:
         try:
-            added = self.hints.add(target, batch_id, _owned(batch), epoch)
+            added = self.hints.add(target, batch_id, batch.copy(), epoch)  # (hints outlive the receive buffers)
         except HintSpaceFull as exc:
             return self.error(p.Unavailable(str(exc)))
         except ValueError as exc:

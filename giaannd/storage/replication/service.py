@@ -51,6 +51,7 @@ from giaannd.storage.replication.hint_delivery import HintDelivery
 from giaannd.storage.replication.hints import DEFAULT_MAX_HINT_BYTES, HintStore
 from giaannd.storage.replication.requests import (
     Answer,
+    Step,
     StorageCounters,
     StorageRequests,
     WaitDurable,
@@ -87,6 +88,9 @@ STORAGE_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
                    "Bytes of the row batches returned by ReadRows and ScanRows (array buffers)."),
     "applies": ("giaannd_storage_applies_total",
                 "Batches applied to this node's store (counted at apply, before their fsync)."),
+    "applies_deferred": ("giaannd_storage_applies_deferred_total",
+                         "Of the batches applied, those logged and acknowledged while a fold of the delta runs "
+                         "moved the rows, and applied to them when it ended."),
     "applies_duplicate": ("giaannd_storage_applies_duplicate_total",
                           "ApplyBatch requests for a batch already applied here (a retry: acknowledged, "
                           "not reapplied)."),
@@ -201,6 +205,7 @@ class StorageService:
         gc.freeze()
         # from now on a commit leaves a due fold to a worker thread, off the event loop (the replay
         # above folded inline, in the thread that opened the store)
+        self.store.deferred.max_bytes = s.fold_defer_bytes  # writes during a fold (deferred_applies.py)
         scales = fold_scales(self.node_name, s.fold_jitter)
         columns = self.store.store
         columns.fold_scale = next(scales)
@@ -564,15 +569,19 @@ class StorageService:
 
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         folds = self.folds
+        step: Step | None = None
         if folds is not None and folds.running:  # not while a fold moves the runs (background_fold.py)
             if isinstance(msg, p.ReadRows) and msg.busy_ok:  # the caller reads another replica instead
                 core.count("reads_redirected")
                 return _reply(p.Unavailable(FOLDING_MESSAGE))
-            await folds.ready()  # no await after this before the store is touched
-        if isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
+            if isinstance(msg, p.ApplyBatch):  # logged now, applied when the fold ends (or a hint)
+                step = core.serve_during_fold(msg, incoming.bulk)
+            if step is None:
+                await folds.ready()  # no await after this before the store is touched
+        if step is None and isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):
             async with self._snapshot_lock:  # not while a snapshot freezes the store (snapshot())
                 step = core.serve(msg, incoming.bulk)
-        else:
+        elif step is None:
             step = core.serve(msg, incoming.bulk)
         if isinstance(step, Answer):
             return _reply(step.reply, step.bulk)

@@ -130,16 +130,21 @@ class AppliedTee:
         self._inner = inner
         self.observers: list[Observer] = []
         self.epoch = ""  # of the ApplyBatch being served (set around each apply, synchronously)
+        # batches logged during a fold are applied when it ends: told then, with their own epoch
+        # (storage/engine/deferred_applies.py)
+        inner.deferred.on_applied = self._tell
 
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:
         result = self._inner.apply(batch_id, batch, validate, track)
         if result.applied:
             # only what was applied: another share of a batch id carries columns applied (and
             # forwarded) before, which the target must not get twice
-            part = batch if result.part is None else result.part
-            for observer in list(self.observers):
-                observer(batch_id, part, self.epoch)
+            self._tell(batch_id, batch if result.part is None else result.part, self.epoch)
         return result
+
+    def _tell(self, batch_id: BatchId, part: RowBatch, epoch: str) -> None:
+        for observer in list(self.observers):
+            observer(batch_id, part, epoch)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

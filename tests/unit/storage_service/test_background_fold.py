@@ -134,20 +134,25 @@ async def test_reads_and_applies_during_a_fold_see_the_plain_rows(tmp_path, monk
         reads = [asyncio.create_task(cluster.client.read_rows(keys[pick[i:i + 10], 0], keys[pick[i:i + 10], 1]))
                  for i in range(0, 50, 10)]
         more = [make_batch(rng, 30, 4) for _ in range(3)]  # new rows: the reads above do not see them
+        others = np.setdiff1d(np.arange(keys.shape[0]), pick)[:20]  # held rows the reads do not ask for
+        more.append(RowBatch.from_entries(*_same_keys(make_batch(rng, 20, 4), keys[others])))
         more.append(RowBatch.from_entries(*_same_keys(make_batch(rng, 20, 4), keys[pick[:20]])))  # held rows
-        writes = [asyncio.create_task(cluster.client.write(b)) for b in more[:3]]
+        # writes are logged and acknowledged during the fold, and applied when it ends
+        # (deferred_applies.py; before, they waited for it too)
+        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more[:4])), 5.0)
+        svc = cluster.services["s0"]
+        assert svc.store is not None and len(svc.store.deferred) == 4 and paused.held == []
         await asyncio.sleep(0.3)
-        assert not any(t.done() for t in reads + writes)  # they wait for the fold
+        assert not any(t.done() for t in reads)  # reads wait for the fold (R = 1: no other replica)
         paused.release.set()
         got = await asyncio.gather(*reads)
         for i, batch in enumerate(got):
             want = {k: known[k] for k in map(tuple, keys[pick[i * 10:(i + 1) * 10]].tolist())}
             assert _rows(batch) == want
-        await asyncio.gather(*writes)
-        await cluster.client.write(more[3])  # adds to held rows, after the fold
+        await cluster.client.write(more[4])  # adds to held rows, after the fold
         for b in more:
             plain.apply(b)
-        svc = cluster.services["s0"]
+        assert len(svc.store.deferred) == 0 and svc.store.deferred.applied == 4
         assert svc.folds is not None and svc.folds.folds >= 1
         assert _rows(svc.store.store.read_all()) == plain.rows()
     finally:
@@ -299,4 +304,30 @@ async def test_a_node_draws_a_new_fold_point_after_each_fold(tmp_path):
         await PausedFold._until(lambda: svc.folds.folds == 1 and not svc.folds.running)  # type: ignore[union-attr]
         assert svc.store.store.fold_scale == next(want)
     finally:
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_writes_acknowledged_during_a_fold_survive_a_crash(tmp_path, monkeypatch):
+    """Batches logged and acknowledged during a fold (applied when it ends: deferred_applies.py) are
+    in the log: a node killed before the fold ends restarts with them."""
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 6)
+    try:
+        await batches[-1]
+        rng = np.random.default_rng(60)
+        more = [make_batch(rng, 30, 4) for _ in range(3)]
+        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
+        for b in more:
+            plain.apply(b)
+        svc = cluster.services["s0"]
+        assert svc.store is not None and len(svc.store.deferred) == 3
+        stopping = asyncio.create_task(cluster.kill("s0"))  # no final snapshot: the restart replays the log
+        await asyncio.sleep(0.2)
+        paused.release.set()  # (an in-process node's stop waits for the fold's thread)
+        await stopping
+        svc = await cluster.restart_node("s0")
+        assert svc is not None and svc.store is not None and svc.store.recovery.records_replayed >= 3
+        assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
         await cluster.close()
