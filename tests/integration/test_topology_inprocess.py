@@ -285,3 +285,44 @@ async def test_topology_retry_arriving_before_the_delayed_original_counts_once(t
         assert cluster.mismatches() == []
     finally:
         await cluster.close()
+
+
+async def test_topology_join_while_a_source_folds(tmp_path, monkeypatch):
+    """A source whose fold holds its rows mid-move (storage/replication/background_fold.py) during a
+    join with writes running: its stream waits for the fold without blocking the event loop (the
+    fold is let go from the loop: before, a stream's chunk read waited on the engine's lock with
+    the loop blocked, so the release never came and the fold timed out), writes during the fold
+    are logged and acknowledged at once and forwarded when they reach the rows
+    (deferred_applies.py), and every owner ends with the reference rows."""
+    from tests.unit.storage_service.test_background_fold import PausedFold
+
+    cluster = await Cluster(tmp_path, 3, replicas=2).start(heap_trim_interval_s=0.0)
+    try:
+        rng = np.random.default_rng(7)
+        await cluster.write_many(rng, 80, COLUMNS)
+        await cluster.add_node("s3")
+        op = Rebalance(cluster.control(), "join",
+                       members_after(cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+                       chunk_bytes=1024)
+        paused = PausedFold(monkeypatch)
+        joined = asyncio.create_task(with_writes(cluster, rng, op.run()))
+        await asyncio.sleep(0.05)
+        source = cluster.services["s0"]
+        assert source.folds is not None and source.store is not None
+        paused.armed = True
+        fold = asyncio.create_task(source.folds.fold())
+        await paused.entered()
+        paused.armed = False
+        await asyncio.sleep(0.3)
+        deferred = source.store.deferred.deferred
+        paused.release.set()
+        await fold
+        progress, during = await joined
+        await paused.left()
+        assert paused.held[0] is True
+        assert progress["state"] == "done" and during > 0
+        assert deferred > 0  # writes reached the folding source and were held, not refused
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()

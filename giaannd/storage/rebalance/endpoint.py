@@ -178,9 +178,13 @@ class StreamEndpoint:
         self.scopes.add_columns(msg.stream_id, bulk[0])
         if msg.expected_bytes:
             # room in the base for what every open stream still brings (several sources stream to a
-            # joining node at once): the chunks then land without regrowing the base
+            # joining node at once): the chunks then land without regrowing the base. A hint: not
+            # while a fold moves the base (it would wait for the fold with the event loop blocked;
+            # the next stream's open or the chunks' own merges make the room then)
             self._expected[msg.stream_id] = msg.expected_bytes
-            self._store().store.reserve(sum(self._expected.values()))
+            folds = self.service.folds
+            if folds is None or not folds.running:
+                self._store().store.reserve(sum(self._expected.values()))
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:

@@ -145,6 +145,8 @@ class RepairServer:
         try:
             if isinstance(msg, LoggedFor):
                 return await self._logged(msg, bulk)
+            if (folds := self.service.folds) is not None:  # not while a fold moves the rows (the
+                await folds.ready()  # engine's lock would block the event loop); no await after
             if isinstance(msg, DigestsFor):
                 return self._digests(msg, bulk)
             return self._rows(msg, bulk)

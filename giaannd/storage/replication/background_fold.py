@@ -21,8 +21,10 @@ The gate, in three parts, every one needed:
 - ``ready()`` (an event, open while no fold runs): what reads await before they touch the store
   (the service's request path), so they too wait without blocking the loop;
 - the engine's lock (rowengine/engine.py "Threads"), held by the fold's thread: any other use of
-  the runs (a stream source's page read, a repair's digests) that comes during a fold waits for it
-  there. Correct, but that call blocks the loop until the fold ends (docs/storage.md "Known gaps").
+  the runs that comes during a fold waits for it there. Correct, but that call blocks the loop
+  until the fold ends, so the users outside the request path await ``ready()`` first too (a
+  stream source's chunk reads and verification, a repair server's pages; a stream receiver skips
+  its ``reserve`` hint); what is left is in docs/storage.md "Known gaps".
 
 Around the gate, so that a fold costs the cluster less than its wall time (docs/storage.md, "Folds
 off the event loop"):

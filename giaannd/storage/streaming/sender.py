@@ -462,6 +462,8 @@ class StreamRunner:
         while True:
             item = s.next_to_send()
             if item is None and s.unsent == 0 and s.chunks_left and s.in_flight < s.window:
+                if await self._fold_ended():  # (the store's rows are being moved: look again after)
+                    continue
                 s.read_chunk(self._read_page, self._chunk_limit())  # synchronous: a consistent cut
                 item = s.next_to_send()
             if item is None:
@@ -543,6 +545,8 @@ class StreamRunner:
         to send (the general step verifies, finishes or waits)."""
         s = self.sender
         item = s.next_to_send()
+        while item is None and s.in_flight == 0 and s.chunks_left and await self._fold_ended():
+            item = s.next_to_send()
         if item is None and s.in_flight == 0 and s.chunks_left:
             s.read_chunk(self._read_page, self._chunk_limit())
             item = s.next_to_send()
@@ -564,6 +568,22 @@ class StreamRunner:
                 raise StreamFailed(reply.reason)
             self.resent_items += 1
             self._acked(s.rewind(reply.next_index))
+        return True
+
+    def _folding(self) -> bool:
+        """The source store's delta runs are being folded into its base in a worker thread
+        (storage/replication/background_fold.py): a read of the rows now would wait for it on the
+        engine's lock, with the event loop blocked."""
+        folds = self.source.folds
+        return folds is not None and folds.running
+
+    async def _fold_ended(self) -> bool:
+        """Wait for a fold under way to end (its held writes applied: deferred_applies.py); whether
+        there was one (the caller looks at its state again: writes came in meanwhile)."""
+        folds = self.source.folds
+        if folds is None or not folds.running:
+            return False
+        await folds.ready()
         return True
 
     def _read_page(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> RowBatch:
@@ -601,7 +621,7 @@ class StreamRunner:
         task = asyncio.ensure_future(self._request(msg, item.batch.buffers()))
         try:
             await asyncio.sleep(0)  # the request writes the item (what the socket takes at once)
-            if self.state not in ("done", "failed") and not task.done():
+            if self.state not in ("done", "failed") and not task.done() and not self._folding():
                 self.sender.read_chunk(self._read_page, self._chunk_limit())
             reply, _ = await task
         except BaseException:
@@ -626,6 +646,7 @@ class StreamRunner:
         Raises:
             StreamFailed: the receiver's rows differ, or it answered something unexpected.
         """
+        await self._fold_ended()  # then no await until the digests are taken
         cols, feats, _ = row_keys_of(self.store, self.sender.columns)
         per_row, version = self._per_row_verify, self._digest_version
         parts = ([(cols[sl], feats[sl], None) for sl in _slices(cols.size)] if per_row or version != 2
