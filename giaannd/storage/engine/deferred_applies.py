@@ -21,10 +21,12 @@ between and everything is applied in log order. So during a fold a batch of a wr
    before it for a writer not tracked yet, exactly as a live apply logs them) and acknowledged
    once the log is synced;
 3. kept (a copy: the caller's arrays are the transport's receive buffers) with the floor changes
-   in log order, and applied by ``apply`` when the fold ends, before any read or write is let
-   through (storage/replication/background_fold.py): the rows and the applied set then are what
-   applying each batch live, in log order, would have left, and a replay of the log after a crash
-   at any point gives the same.
+   in log order, and applied when the fold ends, before any read is let through
+   (storage/replication/background_fold.py): the rows and the applied set then are what applying
+   each batch live, in log order, would have left, and a replay of the log after a crash at any
+   point gives the same. Many batches are applied in a worker thread (``take``, ``apply_ops``,
+   ``settle``) while new ones are still deferred, so that a long fold's writes are not applied on
+   the event loop all at once; the last few on the owner's thread (``apply``).
 
 Whoever follows what the store applies (a stream source forwarding the batches applied during a
 join: storage/streaming/sender.py) sets ``on_applied``: it is told of each deferred batch when it
@@ -65,6 +67,14 @@ class _Batch:
     batch_id: BatchId
     batch: RowBatch
     epoch: str
+    #: the most it adds to the store's used bytes (the capacity check's bound)
+    growth: int
+
+
+#: What ``take`` hands over: batches and floor changes, in log order.
+Ops = list["_Batch | _Floor"]
+#: What ``apply_ops`` applied, for ``on_applied``: (id, the part applied, the writer's epoch).
+Told = list[tuple[BatchId, RowBatch, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +107,10 @@ class DeferredApplies:
         self.max_bytes = max_bytes
         #: told of every batch ``apply`` applies: (id, what it applied, the writer's epoch)
         self.on_applied: Callable[[BatchId, RowBatch, str], None] | None = None
-        self._ops: list[_Batch | _Floor] = []
+        self._ops: Ops = []
+        #: lists handed out by ``take`` and not settled yet
+        self._taken = 0
+        #: ids of the batches kept or being applied (a retry of one waits for the fold)
         self._ids: set[BatchId] = set()
         self._tracked: set[int] = set()
         self._floors: dict[int, int] = {}
@@ -108,8 +121,13 @@ class DeferredApplies:
         self.applied = 0
 
     def __len__(self) -> int:
-        """Batches kept, not applied yet."""
+        """Batches kept, not applied yet (nor being applied)."""
         return sum(isinstance(op, _Batch) for op in self._ops)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the batches kept or being applied (``max_bytes`` bounds it)."""
+        return self._bytes
 
     def defer(self, batch_id: BatchId, batch: RowBatch, writer_floor: int = 0, epoch: str = "") -> Deferred | None:
         """Log ``batch`` (canonical, checked by the caller) and the writer's ``writer_floor`` now,
@@ -140,7 +158,7 @@ class DeferredApplies:
             self._tracked.add(writer)
         kept = batch.copy()
         seq = self.log.append_batch(batch_id, kept)
-        self._ops.append(_Batch(batch_id, kept, epoch))
+        self._ops.append(_Batch(batch_id, kept, epoch, growth))
         self._ids.add(batch_id)
         self._bytes += kept.nbytes
         self._growth += growth
@@ -160,13 +178,27 @@ class DeferredApplies:
         return seq
 
     def apply(self) -> int:
-        """Apply every batch and floor change kept, in log order; returns the batches applied."""
+        """Apply every batch and floor change kept, in log order (``take``, ``apply_ops``,
+        ``settle`` in one go); returns the batches applied."""
+        ops = self.take()
+        told = self.apply_ops(ops)
+        self.settle(ops, told)
+        return len(told)
+
+    def take(self) -> Ops:
+        """Hand over what is kept, in log order, for ``apply_ops``; what ``defer`` keeps from now on
+        comes after it. Its ids stay known (a retry waits) and its bytes counted until ``settle``."""
         ops, self._ops = self._ops, []
-        self._ids.clear()
-        self._tracked.clear()
-        self._floors.clear()
-        self._bytes = self._growth = 0
-        done = 0
+        self._taken += 1
+        return ops
+
+    def apply_ops(self, ops: Ops) -> Told:
+        """Apply ``ops`` (from ``take``) to the rows, in order: may run in a worker thread while the
+        owner's thread goes on deferring (``defer`` only reads the applied set and the store's
+        size, and logs; a batch's own id is never applied while its retry is looked up: the id
+        stays in ``_ids`` until ``settle``). Nothing else may read or write the rows meanwhile.
+        Returns what was applied, for ``settle``."""
+        told: Told = []
         store = self.store
         for op in ops:
             if isinstance(op, _Floor):
@@ -178,8 +210,22 @@ class DeferredApplies:
             prepared = store.prepare(op.batch_id, op.batch, validate=False, enforce_capacity=False)
             if prepared is not None:
                 store.commit(prepared)
-                done += 1
-                if self.on_applied is not None:
-                    self.on_applied(op.batch_id, prepared.batch, op.epoch)
-        self.applied += done
-        return done
+                told.append((op.batch_id, prepared.batch, op.epoch))
+        return told
+
+    def settle(self, ops: Ops, told: Told) -> None:
+        """After ``apply_ops(ops)``, on the owner's thread: forget their ids and bytes, and tell
+        ``on_applied`` what was applied, in order."""
+        self._taken -= 1
+        for op in ops:
+            if isinstance(op, _Batch):
+                self._ids.discard(op.batch_id)
+                self._bytes -= op.batch.nbytes
+                self._growth -= op.growth
+        if not self._ops and not self._taken:  # the applied set has caught up with every floor
+            self._tracked.clear()
+            self._floors.clear()
+        self.applied += len(told)
+        if self.on_applied is not None:
+            for batch_id, part, epoch in told:
+                self.on_applied(batch_id, part, epoch)

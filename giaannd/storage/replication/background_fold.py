@@ -56,7 +56,13 @@ from typing import Protocol, TypeVar
 
 import xxhash
 
-__all__ = ["BackgroundFold", "Foldable", "fold_scales", "thread_result"]
+from giaannd.storage.engine.deferred_applies import DeferredApplies
+
+__all__ = ["APPLY_ON_LOOP_BYTES", "BackgroundFold", "Foldable", "fold_scales", "thread_result"]
+
+#: Writes held during a fold (deferred_applies.py) are applied in a worker thread while more than
+#: this many bytes of them are held, the rest on the event loop (~5 ms of applies).
+APPLY_ON_LOOP_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +98,10 @@ def fold_scales(node_name: str, jitter: float) -> Iterator[float]:
 class Foldable(Protocol):
     """What folds: a ``DurableStore`` (or its ``ColumnStore``)."""
 
-    def fold_deltas(self, due_only: bool = False) -> int: ...
+    @property
+    def deferred(self) -> DeferredApplies: ...
 
-    def apply_deferred(self) -> int: ...
+    def fold_deltas(self, due_only: bool = False) -> int: ...
 
 
 class BackgroundFold:
@@ -143,9 +150,10 @@ class BackgroundFold:
             try:
                 work = asyncio.get_running_loop().run_in_executor(None, self.store.fold_deltas, due_only)
                 moved = await thread_result(work)
+                await self._apply_deferred()
             finally:
-                try:  # the writes logged during the fold, before anything touches the rows again
-                    self.store.apply_deferred()
+                try:  # the last writes logged during the fold (all of them after a failure or a
+                    self.store.deferred.apply()  # cancellation), before anything reads the rows again
                 finally:
                     self._open.set()
         if moved:
@@ -154,6 +162,21 @@ class BackgroundFold:
             if self.after_fold is not None:
                 self.after_fold()
         return moved
+
+    async def _apply_deferred(self) -> None:
+        """Apply the writes logged during the fold in a worker thread while more than
+        ``APPLY_ON_LOOP_BYTES`` of them are held (the gate stays closed; writes that come meanwhile
+        are still deferred, and applied in the next round): a long fold's writes are not applied
+        on the event loop all at once (deferred_applies.py)."""
+        deferred = self.store.deferred
+        while deferred.held_bytes > APPLY_ON_LOOP_BYTES and len(deferred):
+            ops = deferred.take()
+            work = asyncio.get_running_loop().run_in_executor(None, deferred.apply_ops, ops)
+            try:
+                await thread_result(work)
+            finally:  # (settled however it ended: cancelled, it still waited for the thread)
+                if work.done() and not work.cancelled() and work.exception() is None:
+                    deferred.settle(ops, work.result())
 
     async def close(self) -> None:
         """Start no fold any more; cancel one started by ``due``, and wait for the thread of any

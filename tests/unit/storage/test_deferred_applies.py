@@ -82,13 +82,23 @@ def test_deferred_applies_end_as_live_ones_and_replay_to_them(tmp_path_factory, 
     fold = _core(tmp_path_factory.mktemp("fold"))
     path = fold.store.directory.parent
     acks_live, acks_fold = [], []
+    deferred = fold.store.deferred
+    taken = None  # a part handed to a worker thread (take), applied later (apply_ops, settle)
     for i, (msg, batch) in enumerate(reqs):
         step = live.serve(msg, batch.buffers())
         assert isinstance(step, WaitDurable)
         acks_live.append((step.seq, step.ack.applied))
         during = start <= i < start + length  # these arrive while a fold moves the rows
+        if during and taken is None and rng.random() < 0.3:
+            taken = deferred.take()  # the fold ended; its writes go to a worker while more come
+        elif taken is not None and rng.random() < 0.5:
+            deferred.settle(taken, deferred.apply_ops(taken))
+            taken = None
         got = fold.serve_during_fold(msg, batch.buffers()) if during else None
         if got is None:  # not deferred (or no fold): served live, after the deferred ones
+            if taken is not None:
+                deferred.settle(taken, deferred.apply_ops(taken))
+                taken = None
             fold.store.apply_deferred()
             got = fold.serve(msg, batch.buffers())
         assert isinstance(got, WaitDurable)
@@ -102,6 +112,8 @@ def test_deferred_applies_end_as_live_ones_and_replay_to_them(tmp_path_factory, 
             finally:
                 crashed.close()
     assert [a for _, a in acks_fold] == [a for _, a in acks_live]  # applied / duplicate, request by request
+    if taken is not None:
+        deferred.settle(taken, deferred.apply_ops(taken))
     fold.store.log.sync()
     replayed = DurableStore.open(path / "store", 1 << 24)  # the log as it stands, deferred ones not applied yet
     fold.store.apply_deferred()

@@ -17,6 +17,8 @@ from giaannd.client.errors import RemoteUnavailable
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.deferred_applies import DeferredApplies
+from giaannd.storage.replication import background_fold
 from giaannd.storage.replication.background_fold import fold_scales
 from tools.cluster_harness import Cluster, make_batch
 
@@ -327,6 +329,42 @@ async def test_writes_acknowledged_during_a_fold_survive_a_crash(tmp_path, monke
         await stopping
         svc = await cluster.restart_node("s0")
         assert svc is not None and svc.store is not None and svc.store.recovery.records_replayed >= 3
+        assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_many_writes_held_during_a_fold_are_applied_off_the_event_loop(tmp_path, monkeypatch):
+    """Past ``APPLY_ON_LOOP_BYTES`` the writes held during a fold are applied in a worker thread
+    (before: all of them on the event loop when the fold ended), and the rows end as the plain path
+    leaves them."""
+    monkeypatch.setattr(background_fold, "APPLY_ON_LOOP_BYTES", 0)
+    threads: list[threading.Thread] = []
+    real = DeferredApplies.apply_ops
+
+    def apply_ops(self, ops):  # type: ignore[no-untyped-def]
+        told = real(self, ops)
+        if told:
+            threads.append(threading.current_thread())
+        return told
+
+    monkeypatch.setattr(DeferredApplies, "apply_ops", apply_ops)
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 8)
+    try:
+        await batches[-1]
+        rng = np.random.default_rng(80)
+        more = [make_batch(rng, 30, 4) for _ in range(5)]
+        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
+        paused.release.set()
+        svc = cluster.services["s0"]
+        assert svc.folds is not None
+        await PausedFold._until(lambda: not svc.folds.running)  # type: ignore[union-attr]
+        for b in more:
+            plain.apply(b)
+        assert threads and all(t is not threading.main_thread() for t in threads)
+        assert svc.store is not None and svc.store.deferred.applied == 5 and svc.store.deferred.held_bytes == 0
         assert _rows(svc.store.store.read_all()) == plain.rows()
     finally:
         paused.release.set()
