@@ -27,7 +27,8 @@ State (run.py describes the two kinds of run):
    snapshot being written; run.held), neither is copied: a tier merge never goes into a held run
    (the newer runs merge among themselves), and a fold due is deferred, up to
    ``HELD_FOLD_LIMIT`` / ``base_ratio`` (below), and done, in place, by the first commit after the
-   holder lets go.
+   holder lets go. ``commit(fold=False)`` (a storage node, which folds in a worker thread) also
+   leaves tier merges of more than ``INLINE_MERGE_ENTRIES`` to ``merge_tiers`` (``merge_due``).
 
 ``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
 delta runs are folded first, the window's entries are grouped by row (a counting sort) and each
@@ -111,7 +112,8 @@ from giaannd.rowengine.run import (
 )
 from giaannd.rowengine.search import find
 
-__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "ApplyPlan", "EngineStats", "Entries", "RowEngine"]
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "INLINE_MERGE_ENTRIES", "ApplyPlan", "EngineStats", "Entries",
+           "RowEngine"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -138,6 +140,11 @@ DEFAULT_BASE_RATIO = 4
 #: a fold under a holder 21 per base entry): no better on tools.bench.live_rss (one run each), and
 #: the fold after the snapshot then moves more at once (docs/storage.md "Known gaps").
 HELD_FOLD_LIMIT = 2
+#: ``commit(fold=False)`` (a storage node, which folds in a worker thread) leaves a tier merge of
+#: more entries than this to ``merge_tiers``, in the same thread: the largest merges rewrite up to
+#: 1/base_ratio of the store (~0.3-0.5 s at 10^8 entries), and inside a commit they ran on the
+#: node's event loop. 2^20 entries: ~10-30 ms of merge.
+INLINE_MERGE_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -403,29 +410,51 @@ class RowEngine:
         for run, at, add in plan.adds:
             run.st[at] += add
         if plan.new_run is not None:
-            self._add_delta(plan.new_run)
+            self._add_delta(plan.new_run, None if fold else INLINE_MERGE_ENTRIES)
         if fold and self.fold_due():
             self.compact()
 
-    def _add_delta(self, delta: Run) -> None:
+    def _add_delta(self, delta: Run, limit: int | None = None) -> None:
         self._lengths[delta.rows] += delta.counts()
         self._entries += delta.num_entries
+        self._deltas.append(delta)
+        self._merge_tiers(limit)
+
+    def _merge_tiers(self, limit: int | None) -> None:
+        """Size tiers: each run more than fanout times the next newer one. Not into a run something
+        else holds (a frozen engine): that merge would copy it, and the held one stay resident; the
+        newer runs merge among themselves meanwhile and pile up behind it, so once it is free the
+        first pair (newest first) out of tier merges, and so on: the runs a lookup, a fold and a
+        snapshot walk stay O(log) in number (a snapshot's view left 8 runs where 3 would do:
+        tools/bench, docs/storage.md). ``limit``: leave a merge of more entries than this to
+        ``merge_tiers`` (``merge_due`` says one is left)."""
         deltas = self._deltas
-        deltas.append(delta)
-        # Size tiers: each run more than fanout times the next newer one. Not into a run something
-        # else holds (a frozen engine): that merge would copy it, and the held one stay resident;
-        # the newer runs merge among themselves meanwhile and pile up behind it, so once it is
-        # free the first pair (newest first) out of tier merges, and so on: the runs a lookup, a
-        # fold and a snapshot walk stay O(log) in number (a snapshot's view left 8 runs where 3
-        # would do: tools/bench, docs/storage.md).
         at = len(deltas) - 2
         while at >= 0:
-            if deltas[at + 1].num_entries * self.fanout >= deltas[at].num_entries and not held(deltas[at]):
-                newer = deltas.pop(at + 1)
-                deltas[at] = self._merge(deltas[at], newer)
+            older, newer = deltas[at], deltas[at + 1]
+            if (newer.num_entries * self.fanout >= older.num_entries and not held(older)
+                    and (limit is None or older.num_entries + newer.num_entries <= limit)):
+                deltas.pop(at + 1)
+                deltas[at] = self._merge(older, newer)
                 at = min(at, len(deltas) - 2)  # the merged run against its newer neighbour again
             else:
                 at -= 1
+
+    @_locked
+    def merge_due(self) -> bool:
+        """Whether a tier merge of the delta runs was left by ``commit(fold=False)`` (more than
+        ``INLINE_MERGE_ENTRIES``): ``merge_tiers`` does it (a storage node: in a worker thread,
+        like a fold)."""
+        deltas = self._deltas
+        return any(deltas[i + 1].num_entries * self.fanout >= deltas[i].num_entries and not held(deltas[i])
+                   for i in range(len(deltas) - 1))
+
+    @_locked
+    def merge_tiers(self) -> None:
+        """The tier merges of the delta runs that are due, however large (``merge_due``)."""
+        if self.merge_due():
+            self._version += 1
+            self._merge_tiers(None)
 
     @_locked
     def fold_due(self, scale: float = 1.0) -> bool:

@@ -34,8 +34,9 @@ The store is synchronous and does no I/O: durability (update log, snapshots) wra
 recovery.py, and the asyncio service is glue on top of that. Single-threaded by contract, except
 ``freeze``'s view, which another thread may read, and ``fold_deltas``, which may run in a worker
 thread: with ``on_fold_due`` set (a storage node's service), a commit never folds the delta runs
-into the base itself but calls it when a fold is due, and the service runs ``fold_deltas`` off its
-event loop while no write comes (the engine's lock makes any other call wait for the fold,
+into the base itself, nor merges two large delta runs (``RowEngine.INLINE_MERGE_ENTRIES``), but
+calls it when one is due, and the service runs ``fold_deltas`` off its event loop while no write
+comes (the engine's lock makes any other call wait for the fold,
 rowengine/engine.py "Threads").
 
 Snapshots that never stop writes: ``freeze()`` returns a :class:`FrozenRows` — the engine's frozen
@@ -647,16 +648,20 @@ class ColumnStore:
     def _engine_commit(self, plan: ApplyPlan) -> None:
         """``RowEngine.commit``, its fold left to ``on_fold_due`` when that is set."""
         self.engine.commit(plan, fold=self.on_fold_due is None)
-        if self.on_fold_due is not None and self.engine.fold_due(self.fold_scale):
+        if self.on_fold_due is not None and (self.engine.fold_due(self.fold_scale) or self.engine.merge_due()):
             self.on_fold_due()
 
     def fold_deltas(self, due_only: bool = False) -> int:
         """Fold the engine's delta runs into its base (``RowEngine.compact``); returns the entries
         they held (0: there were none, or ``due_only`` and no fold is due, ``RowEngine.fold_due``:
-        nothing changed). Changes no row: a delta entry costs 16-32 B more than a base entry (its
-        base position, the run's position index, its buffers' room), so an idle node folds them
+        nothing folded, but a large tier merge a commit left, ``RowEngine.merge_due``, is done).
+        Changes no row: a delta entry costs 16-32 B more than a base entry (its base position, the
+        run's position index, its buffers' room), so an idle node folds them
         (docs/storage.md "Known gaps", Live RSS). May run in a worker thread (module docstring)."""
         if due_only and not self.engine.fold_due(self.fold_scale):
+            if self.engine.merge_due():  # a large tier merge a commit left (INLINE_MERGE_ENTRIES)
+                self._version += 1
+                self.engine.merge_tiers()
             return 0
         moved = self.engine.delta_entries
         if moved or self.engine.num_deltas:

@@ -67,6 +67,33 @@ def test_commit_without_fold_leaves_it_to_the_caller():
         assert _same(plain.read(i), deferred.read(i))
 
 
+def test_commit_without_fold_leaves_large_tier_merges_to_the_caller(monkeypatch):
+    """``commit(fold=False)`` merges delta runs of at most ``INLINE_MERGE_ENTRIES`` together, and
+    leaves larger merges to ``merge_tiers`` (a storage node runs it in a worker thread: before, the
+    largest, up to 1/base_ratio of the store, ran inside the commit, on the event loop); the rows
+    are the plain engine's."""
+    monkeypatch.setattr(engine_module, "INLINE_MERGE_ENTRIES", 60)
+    rng = np.random.default_rng(1)
+    rows = [(c, f) for c in range(1, 40) for f in range(3)]
+    plain, deferred = RowEngine(), RowEngine()
+    left = 0
+    for _ in _fed(rng, rows, plain, deferred, 80, 12, 6):
+        sizes = [d.num_entries for d in deferred._deltas]
+        # no pair the commit left out of tier is one it should have merged
+        assert all(sizes[i + 1] * deferred.fanout < sizes[i] or sizes[i] + sizes[i + 1] > 60
+                   for i in range(len(sizes) - 1))
+        if deferred.merge_due():
+            left += 1
+            merges = deferred.stats.delta_merges
+            deferred.merge_tiers()
+            assert deferred.stats.delta_merges > merges and not deferred.merge_due()
+        if deferred.fold_due():
+            deferred.compact()
+        for i in range(plain.num_rows):
+            assert _same(plain.read(i), deferred.read(i))
+    assert left
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), reads=st.integers(1, 6))
 def test_reads_during_a_fold_in_a_thread_wait_and_see_the_plain_rows(seed, reads):
