@@ -57,6 +57,9 @@ REQUEST_EVERY_S = 0.004
 READ_ROWS = 64
 APPLY_ROWS = 256
 STALL_TARGET_MS = 50.0
+#: New keys per apply while the delta runs grow (a training batch's size: the tier merges, not the
+#: batch's own search, are then what the longest apply shows).
+SETUP_BATCH = 1 << 15
 #: Seconds after the fold in which the requests it held back are served (the *drain*, module docstring).
 DRAIN_S = 1.0
 CPU_TARGET = 1.2
@@ -115,7 +118,7 @@ def _child(entries: int, seed: int, inline: bool = False) -> dict[str, Any]:
     below = n // 4 - rows // 10
     key = 1
     while below > 0:
-        take = min(rows, below)
+        take = min(rows, below, SETUP_BATCH)
         which = np.sort(rng.choice(rows, take, replace=False)) if take < rows else np.arange(rows)
         b = batch(which, key)
         t = time.perf_counter()
