@@ -262,3 +262,44 @@ async def test_repair_self_applies_nothing_when_a_peer_cannot_answer(tmp_path):
         assert sum(bid not in applied for bid, _ in cluster.written) == missing
     finally:
         await cluster.close()
+
+
+async def test_repair_while_a_peer_folds(tmp_path, monkeypatch):
+    """A peer whose fold holds its rows mid-move answers the repair's digest and row pages once the
+    fold ends, without blocking the event loop meanwhile (the fold is let go from the loop: before,
+    the repair server read the rows at once and waited on the engine's lock with the loop blocked,
+    so the release never came and the fold timed out); the repair then ends as usual."""
+    import asyncio
+
+    from tests.unit.storage_service.test_background_fold import PausedFold
+
+    cluster, missing = await cluster_with_a_gap(tmp_path, 4, 3, "s2")
+    try:
+        paused = PausedFold(monkeypatch)
+        rng = np.random.default_rng(30)
+        engine = cluster.services["s0"].store.store.engine
+        for _ in range(50):  # delta runs for s0 to fold
+            await cluster.write_many(rng, 1, COLUMNS)
+            await cluster.client.flush()
+            if engine.num_deltas and not cluster.services["s0"].folds.running:
+                break
+        assert engine.num_deltas
+        folds = cluster.services["s0"].folds
+        assert folds is not None
+        paused.armed = True
+        fold = asyncio.create_task(folds.fold())
+        await paused.entered()
+        paused.armed = False
+        repaired = asyncio.create_task(cluster.repair("s2"))
+        await asyncio.sleep(0.3)
+        paused.release.set()
+        await fold
+        report = await repaired
+        await paused.left()
+        assert paused.held == [True]
+        assert report["peers_failed"] == {} and report["batches_shipped"] == missing
+        assert report["rows_divergent"] == []
+        await cluster.client.flush()
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()

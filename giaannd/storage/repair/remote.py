@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,6 +71,7 @@ from giaannd.storage.repair.wire import (
     spec_of,
     unpack_batches,
 )
+from giaannd.storage.replication.background_fold import BackgroundFold
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import apply_local
 from giaannd.storage.streaming.writers import stream_writers_of
@@ -226,6 +227,10 @@ def with_repair(server: RepairServer, other: Handler) -> Handler:
 
 
 # -- client ---------------------------------------------------------------------------------------------
+async def _at_once() -> None:
+    """A ``rows_ready`` with nothing to wait for."""
+
+
 class _Peer:
     """One connection to a peer's repair server, with the paging loops."""
 
@@ -271,10 +276,11 @@ class _Peer:
                 raise RepairFailed(f"{self.name}: LoggedPage made no progress")
             after = page.next_after_seq
 
-    async def compare(self, store: DurableStore, mine: Sequence[RowKey], tolerance: float, seen: set[RowKey]
-                      ) -> list[str]:
+    async def compare(self, store: DurableStore, mine: Sequence[RowKey], tolerance: float, seen: set[RowKey],
+                      rows_ready: Callable[[], Awaitable[None]] = _at_once) -> list[str]:
         """This node's rows ``mine`` (the columns both own) against the peer's; adds the peer's keys
-        to ``seen``."""
+        to ``seen``. ``rows_ready``: awaited before each look at this node's rows (no await between
+        it and the look): a fold under way ends first (background_fold.py)."""
         after: tuple[int, int] | None = None
         divergent: list[str] = []
         recheck: list[RowKey] = []
@@ -284,6 +290,7 @@ class _Peer:
             if len(bulk) != 4:
                 raise RepairFailed(f"{self.name}: DigestsPage with {len(bulk)} buffers, expected 4")
             keys = list(zip(bulk[0].tolist(), bulk[1].tolist()))
+            await rows_ready()
             verdict = compare_digests(store.store.digest, keys, bulk[2].tolist(), bulk[3].tolist(),
                                       self.me, self.name)
             divergent += verdict.divergent
@@ -296,10 +303,11 @@ class _Peer:
             after = tuple(page.next_after)
         seen |= reported
         divergent += [f"row {k}: missing on {self.name}, present on {self.me}" for k in mine if k not in reported]
-        divergent += await self._recheck(store, recheck, tolerance)
+        divergent += await self._recheck(store, recheck, tolerance, rows_ready)
         return divergent
 
-    async def _recheck(self, store: DurableStore, keys: list[RowKey], tolerance: float) -> list[str]:
+    async def _recheck(self, store: DurableStore, keys: list[RowKey], tolerance: float,
+                       rows_ready: Callable[[], Awaitable[None]]) -> list[str]:
         out: list[str] = []
         while keys:
             chunk = keys[:MAX_PAGE_ROWS]
@@ -311,6 +319,7 @@ class _Peer:
                 theirs = dict(iter(RowBatch.from_buffers(bulk, validate=True)))
             except ValueError as exc:
                 raise RepairFailed(f"{self.name}: bad RowsPage: {exc}") from exc
+            await rows_ready()
             for key in chunk[: page.served]:
                 here, there = store.store.row(key), theirs.get(key)
                 if here is None or there is None or not here.equals(there, rtol=tolerance):
@@ -377,7 +386,7 @@ async def repair_self(service: StorageService, transport: Transport, peer_addres
     peers = await _open_peers(transport, peer_addresses, me, placement, failed)
     try:
         await _rebuild(service, store, peers, placement, page_bytes, report)
-        await _compare(store, me, peers, placement, tolerance, report)
+        await _compare(store, me, peers, placement, tolerance, report, service.folds)
     finally:
         for p in peers:
             with contextlib.suppress(Exception):
@@ -413,14 +422,15 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
 
 
 async def _compare(store: DurableStore, me: str, peers: list[_Peer], placement: Placement, tolerance: float,
-                   report: dict[str, Any]) -> None:
+                   report: dict[str, Any], folds: BackgroundFold | None = None) -> None:
     mine, shared = _keys_by_peer(store, placement, me, [p.name for p in peers])
     seen: set[RowKey] = set(mine)
     for p in peers:
         if p.name in report["peers_failed"]:
             continue
         try:
-            report["rows_divergent"] += await p.compare(store, shared[p.name], tolerance, seen)
+            report["rows_divergent"] += await p.compare(store, shared[p.name], tolerance, seen,
+                                                        _at_once if folds is None else folds.ready)
         except (RepairFailed, PeersError, OSError) as exc:
             report["peers_failed"][p.name] = f"compare: {exc}"
     report["rows_compared"] = len(seen)
