@@ -346,8 +346,9 @@ class StorageConfig(_Section):
     ))] = 0.2
     fold_jitter: Annotated[float, Meta(ge=0, lt=1, description=(
         "Spread of the point at which the store folds its delta runs into its base (they hold 1/4 "
-        "of it: a fold moves the whole base, seconds at 10^8 entries, and the writes to this node "
-        "wait for it), so replicas that hold the same rows do not fold together: each fold's point "
+        "of it: a fold moves the whole base, seconds at 10^8 entries, while this node's reads go to "
+        "other replicas and its writes are held), so replicas that hold the same rows do not fold "
+        "together: each fold's point "
         "is scaled by `1 + jitter * (2u - 1)`, u uniform in [0, 1) from a generator seeded by the "
         "node's name, drawn anew after every fold. The mean point is unchanged; 0 folds every "
         "node at exactly 1/4 (docs/storage.md \"Folds off the event loop\")."

@@ -309,6 +309,16 @@ async def test_a_node_draws_a_new_fold_point_after_each_fold(tmp_path):
         await cluster.close()
 
 
+async def _written_during_the_fold(cluster: Cluster, plain: Plain, seed: int, count: int) -> None:
+    """``count`` batches of new rows written while the fold is held: all acknowledged within 5 s
+    (logged and held, deferred_applies.py), and applied to the reference."""
+    rng = np.random.default_rng(seed)
+    more = [make_batch(rng, 30, 4) for _ in range(count)]
+    await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
+    for b in more:
+        plain.apply(b)
+
+
 @pytest.mark.asyncio
 async def test_writes_acknowledged_during_a_fold_survive_a_crash(tmp_path, monkeypatch):
     """Batches logged and acknowledged during a fold (applied when it ends: deferred_applies.py) are
@@ -316,11 +326,7 @@ async def test_writes_acknowledged_during_a_fold_survive_a_crash(tmp_path, monke
     cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 6)
     try:
         await batches[-1]
-        rng = np.random.default_rng(60)
-        more = [make_batch(rng, 30, 4) for _ in range(3)]
-        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
-        for b in more:
-            plain.apply(b)
+        await _written_during_the_fold(cluster, plain, 60, 3)
         svc = cluster.services["s0"]
         assert svc.store is not None and len(svc.store.deferred) == 3
         stopping = asyncio.create_task(cluster.kill("s0"))  # no final snapshot: the restart replays the log
@@ -354,15 +360,11 @@ async def test_many_writes_held_during_a_fold_are_applied_off_the_event_loop(tmp
     cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 8)
     try:
         await batches[-1]
-        rng = np.random.default_rng(80)
-        more = [make_batch(rng, 30, 4) for _ in range(5)]
-        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
+        await _written_during_the_fold(cluster, plain, 80, 5)
         paused.release.set()
         svc = cluster.services["s0"]
         assert svc.folds is not None
         await PausedFold._until(lambda: not svc.folds.running)  # type: ignore[union-attr]
-        for b in more:
-            plain.apply(b)
         assert threads and all(t is not threading.main_thread() for t in threads)
         assert svc.store is not None and svc.store.deferred.applied == 5 and svc.store.deferred.held_bytes == 0
         assert _rows(svc.store.store.read_all()) == plain.rows()
