@@ -115,6 +115,8 @@ DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
 }
 #: What a ``ReadRows`` with ``busy_ok`` gets while a fold moves the rows (protocol.py, "Reads during a fold").
 FOLDING_MESSAGE: Final = "folding: this node's rows are being moved; read them from another replica"
+#: Requests that never touch the rows (their own stores): served while a fold moves the rows.
+_NOT_ROWS: Final = (p.PutVocab, p.GetVocab, p.RegisterGet, p.RegisterPrepare, p.RegisterAccept)
 #: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
 _TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
 
@@ -570,7 +572,8 @@ class StorageService:
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         folds = self.folds
         step: Step | None = None
-        if folds is not None and folds.running:  # not while a fold moves the runs (background_fold.py)
+        # not while a fold moves the runs (background_fold.py); vocabulary and registers are not rows
+        if folds is not None and folds.running and not isinstance(msg, _NOT_ROWS):
             if isinstance(msg, p.ReadRows) and msg.busy_ok:  # the caller reads another replica instead
                 core.count("reads_redirected")
                 return _reply(p.Unavailable(FOLDING_MESSAGE))

@@ -14,6 +14,7 @@ import pytest
 
 import giaannd.rowengine.engine as engine_module
 from giaannd.client.errors import RemoteUnavailable
+from giaannd.model.ids import feature_id
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore
@@ -368,6 +369,27 @@ async def test_many_writes_held_during_a_fold_are_applied_off_the_event_loop(tmp
         assert threads and all(t is not threading.main_thread() for t in threads)
         assert svc.store is not None and svc.store.deferred.applied == 5 and svc.store.deferred.held_bytes == 0
         assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_vocabulary_and_registers_are_served_during_a_fold(tmp_path, monkeypatch):
+    """Requests that never touch the rows (vocabulary, registers) are not held by a fold (before:
+    every request waited for it, so a training job's vocabulary writes and a cluster job's register
+    rounds stalled for the fold's length)."""
+    cluster, paused, _, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 9)
+    try:
+        await batches[-1]
+        client = cluster.client
+        fid = feature_id("lantern")
+        await asyncio.wait_for(client.put_vocab([(1, fid, "lantern")]), 5.0)
+        assert await asyncio.wait_for(client.get_vocab([(1, fid)]), 5.0) == {(1, fid): "lantern"}
+        # a read settled by compare-and-set (prepare and accept rounds), then a quorum read
+        assert (await asyncio.wait_for(client.registers.cas("job/x", None), 5.0)).ok
+        assert (await asyncio.wait_for(client.registers.read("job/x"), 5.0)).value == b""
+        assert cluster.services["s0"].folds.running  # type: ignore[union-attr]  # all during the fold
     finally:
         paused.release.set()
         await cluster.close()
