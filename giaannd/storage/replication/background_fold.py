@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
@@ -114,6 +115,8 @@ class BackgroundFold:
         self.store = store
         self.writes = writes
         self.after_fold = after_fold
+        #: called with the seconds the gate was closed, after each fold (or large tier merge)
+        self.observe: Callable[[float], None] | None = None
         self._open = asyncio.Event()
         self._open.set()
         self._task: asyncio.Task[int] | None = None
@@ -147,6 +150,7 @@ class BackgroundFold:
             if self._closed:
                 return 0
             self._open.clear()
+            started = time.perf_counter()
             try:
                 work = asyncio.get_running_loop().run_in_executor(None, self.store.fold_deltas, due_only)
                 moved = await thread_result(work)
@@ -156,6 +160,8 @@ class BackgroundFold:
                     self.store.deferred.apply()  # cancellation), before anything reads the rows again
                 finally:
                     self._open.set()
+                    if self.observe is not None:
+                        self.observe(time.perf_counter() - started)
         if moved:
             self.folds += 1
             self.moved += moved

@@ -280,6 +280,20 @@ class StorageService:
             "giaannd_storage_fsync_duration_seconds",
             "Update-log fsyncs: one per group commit, whatever the batches it covers (failed ones too).",
             buckets=STORAGE_WRITE_BUCKETS_S)
+        fold_seconds = m.histogram(
+            "giaannd_storage_fold_duration_seconds",
+            "Folds of the delta runs into the base (and tier merges too large for a commit), in a worker "
+            "thread: the time the rows were held, the writes logged meanwhile applied; reads went to other "
+            "replicas and writes were logged and acknowledged.", buckets=SNAPSHOT_BUCKETS_S)
+        if self.folds is not None:
+            self.folds.observe = fold_seconds.observe
+        m.gauge("giaannd_storage_fold_running",
+                "1 while a fold (or a large tier merge) holds the rows, else 0.").set_function(
+            lambda: float(self.folds is not None and self.folds.running))
+        m.gauge("giaannd_storage_fold_held_write_bytes",
+                "Bytes of batches logged and acknowledged during the fold under way, not applied to the rows "
+                "yet (storage.fold-defer-bytes bounds it).").set_function(
+            lambda: float(self.store.deferred.held_bytes if self.store is not None else 0))
         m.gauge("giaannd_storage_log_since_snapshot_bytes",
                 "Bytes of update-log records after the newest snapshot: what a restart would replay now "
                 "(storage.snapshot-min-log-ratio compares it with used_bytes).").set_function(

@@ -393,3 +393,33 @@ async def test_vocabulary_and_registers_are_served_during_a_fold(tmp_path, monke
     finally:
         paused.release.set()
         await cluster.close()
+
+
+def _metrics(cluster: Cluster, name: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for fam in text_string_to_metric_families(cluster.nodes[name].metrics.render().decode())
+            for s in fam.samples}
+
+
+@pytest.mark.asyncio
+async def test_a_fold_shows_in_the_metrics(tmp_path, monkeypatch):
+    cluster, paused, plain, batches = await _node_with_a_fold_due(tmp_path, monkeypatch, 10)
+    try:
+        await batches[-1]
+        before = _metrics(cluster, "s0")
+        assert before["giaannd_storage_fold_running"] == 1.0
+        await _written_during_the_fold(cluster, plain, 100, 2)
+        held = _metrics(cluster, "s0")["giaannd_storage_fold_held_write_bytes"]
+        assert held > 0
+        paused.release.set()
+        svc = cluster.services["s0"]
+        await PausedFold._until(lambda: not svc.folds.running)  # type: ignore[union-attr]
+        after = _metrics(cluster, "s0")
+        assert after["giaannd_storage_fold_running"] == 0.0 and after["giaannd_storage_fold_held_write_bytes"] == 0
+        assert (after["giaannd_storage_fold_duration_seconds_count"]
+                > before["giaannd_storage_fold_duration_seconds_count"])
+        assert after["giaannd_storage_applies_deferred_total"] == 2
+    finally:
+        paused.release.set()
+        await cluster.close()
