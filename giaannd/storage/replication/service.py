@@ -407,6 +407,9 @@ class StorageService:
             out["hints_held"] = self.hints.held
         if self.vocab is not None:
             out["vocab_entries"] = len(self.vocab)
+        if self.folds is not None and self.store is not None:
+            out.update(folding=self.folds.running, folds=self.folds.folds,
+                       fold_held_write_bytes=self.store.deferred.held_bytes)
         out["counters"] = asdict(self.counters)
         return out
 

@@ -411,7 +411,8 @@ async def test_a_fold_shows_in_the_metrics(tmp_path, monkeypatch):
         assert before["giaannd_storage_fold_running"] == 1.0
         await _written_during_the_fold(cluster, plain, 100, 2)
         held = _metrics(cluster, "s0")["giaannd_storage_fold_held_write_bytes"]
-        assert held > 0
+        health = cluster.services["s0"].health()
+        assert held > 0 and health["folding"] is True and health["fold_held_write_bytes"] == held
         paused.release.set()
         svc = cluster.services["s0"]
         await PausedFold._until(lambda: not svc.folds.running)  # type: ignore[union-attr]
