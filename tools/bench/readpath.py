@@ -175,7 +175,7 @@ async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.r
 
     batches = {key: RowBatch.from_buffers(got) for key, (_, got) in replies.items()}
 
-    async def instant_from(node: str, c: Any, f: Any, t: float | None) -> RowBatch:
+    async def instant_from(node: str, c: Any, f: Any, t: float | None, busy_ok: bool = False) -> RowBatch:
         return batches[(node, tuple(c.tolist()))]
 
     topology, ramp, clock = client.topology, client.read_ramp, client.clock
