@@ -40,7 +40,10 @@ row changed between parts and the client restarts it (giaannd/client/row_parts.p
 its delta runs into its base (seconds at 10^8 entries), the requests that touch its rows wait for
 the fold. A ``ReadRows`` with ``busy_ok`` does not: it is answered ``Unavailable`` (message starting
 ``"folding"``) at once, and the client reads those rows from the next replica
-(giaannd/client/reads.py). Any other request, a ``ReadRowPart`` included, still waits.
+(giaannd/client/reads.py). An ``ApplyBatch`` is logged and acknowledged, and applied to the rows
+when the fold ends; vocabulary and register requests do not touch the rows and are served. Any
+other request, a ``ReadRowPart`` included, still waits (storage/replication/requests.py, "During a
+fold").
 
 ``Register*`` are the acceptor side of replicated registers (small versioned rows with
 compare-and-set, CASPaxos: giaannd/storage/engine/register_store.py has the rules,

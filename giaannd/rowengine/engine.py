@@ -432,8 +432,7 @@ class RowEngine:
         at = len(deltas) - 2
         while at >= 0:
             older, newer = deltas[at], deltas[at + 1]
-            if (newer.num_entries * self.fanout >= older.num_entries and not held(older)
-                    and (limit is None or older.num_entries + newer.num_entries <= limit)):
+            if self._out_of_tier(older, newer) and (limit is None or older.num_entries + newer.num_entries <= limit):
                 deltas.pop(at + 1)
                 deltas[at] = self._merge(older, newer)
                 at = min(at, len(deltas) - 2)  # the merged run against its newer neighbour again
@@ -446,8 +445,12 @@ class RowEngine:
         ``INLINE_MERGE_ENTRIES``): ``merge_tiers`` does it (a storage node: in a worker thread,
         like a fold)."""
         deltas = self._deltas
-        return any(deltas[i + 1].num_entries * self.fanout >= deltas[i].num_entries and not held(deltas[i])
-                   for i in range(len(deltas) - 1))
+        return any(self._out_of_tier(deltas[i], deltas[i + 1]) for i in range(len(deltas) - 1))
+
+    def _out_of_tier(self, older: Run, newer: Run) -> bool:
+        """Two adjacent delta runs to merge: the newer holds at least 1/fanout of the older, which
+        nothing else holds."""
+        return newer.num_entries * self.fanout >= older.num_entries and not held(older)
 
     @_locked
     def merge_tiers(self) -> None:

@@ -71,12 +71,6 @@ class _Batch:
     growth: int
 
 
-#: What ``take`` hands over: batches and floor changes, in log order.
-Ops = list["_Batch | _Floor"]
-#: What ``apply_ops`` applied, for ``on_applied``: (id, the part applied, the writer's epoch).
-Told = list[tuple[BatchId, RowBatch, str]]
-
-
 @dataclass(frozen=True, slots=True)
 class _Floor:
     """A writer's floor change: ``logged`` (a floor record: ``ColumnStore.advance_floor``) or a
@@ -85,6 +79,12 @@ class _Floor:
     writer: int
     floor: int
     logged: bool
+
+
+#: What ``take`` hands over: batches and floor changes, in log order.
+Ops = list[_Batch | _Floor]
+#: What ``apply_ops`` applied, for ``on_applied``: (id, the part applied, the writer's epoch).
+Told = list[tuple[BatchId, RowBatch, str]]
 
 
 @dataclass(frozen=True, slots=True)

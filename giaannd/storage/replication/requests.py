@@ -26,6 +26,13 @@ disk is full they are refused with ``Unavailable`` before touching a file, and a
 with an ``OSError`` is reported to the guard (which logs, rate-limited, and may switch to refusing)
 instead of being logged here once per request.
 
+**During a fold** (storage/replication/background_fold.py: a worker thread moves the rows, seconds
+at 10^8 entries) the service asks ``serve_during_fold`` instead: vocabulary and register requests
+are served as ever (not rows); a ``ReadRows`` with ``busy_ok`` is answered ``Unavailable`` at once
+(the client reads another replica); an ``ApplyBatch`` is logged and acknowledged now and applied
+to the rows when the fold ends (``DurableStore.defer``, storage/engine/deferred_applies.py), a
+hint held as ever; anything else, and a batch that cannot be deferred, waits for the fold.
+
 Everything that decides what a request does lives in this file; the service only owns the clock,
 threads, transport and locks. Not thread-safe: call from one thread (the event loop).
 """
@@ -53,8 +60,13 @@ from giaannd.storage.engine.register_store import RegisterLogCorrupt, RegisterSt
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
 from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
-__all__ = ["Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced", "WaitRegistersSynced",
-           "WaitVocabSynced", "WriteGuard", "fold_row_digest"]
+__all__ = ["FOLDING_MESSAGE", "Answer", "StorageCounters", "StorageRequests", "WaitDurable", "WaitHintSynced",
+           "WaitRegistersSynced", "WaitVocabSynced", "WriteGuard", "fold_row_digest"]
+
+#: What a ``ReadRows`` with ``busy_ok`` gets while a fold moves the rows (protocol.py, "Reads during a fold").
+FOLDING_MESSAGE = "folding: this node's rows are being moved; read them from another replica"
+#: Requests that never touch the rows (their own stores): served while a fold moves the rows.
+_NOT_ROWS = (p.PutVocab, p.GetVocab, p.RegisterGet, p.RegisterPrepare, p.RegisterAccept)
 
 @dataclass
 class StorageCounters:
@@ -212,9 +224,16 @@ class StorageRequests:
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
 
-    def serve_during_fold(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step | None:
-        """``serve`` of an ``ApplyBatch`` while a fold moves the rows: logged now, applied when the
-        fold ends (``apply``'s ``defer``); None, nothing done, when it must wait for the fold."""
+    def serve_during_fold(self, msg: p.Request, bulk: Sequence[np.ndarray]) -> Step | None:
+        """``serve`` while a fold moves the rows (module docstring, "During a fold"); None, nothing
+        done, for a request that must wait for the fold (then ``serve`` it)."""
+        if isinstance(msg, _NOT_ROWS):
+            return self.serve(msg, bulk)
+        if isinstance(msg, p.ReadRows) and msg.busy_ok:
+            self.count("reads_redirected")
+            return Answer(p.Unavailable(FOLDING_MESSAGE))
+        if not isinstance(msg, p.ApplyBatch):
+            return None
         try:
             checked = self._checked(msg, bulk)
             if not isinstance(checked, tuple):

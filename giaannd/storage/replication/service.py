@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
 
-__all__ = ["DISK_COUNTERS", "FOLDING_MESSAGE", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
+__all__ = ["DISK_COUNTERS", "STORAGE_COUNTERS", "StorageCounters", "StorageService"]
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,6 @@ DISK_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
     "disk_full_refusals": ("giaannd_storage_disk_full_refusals_total",
                            "Writes (batches, hints, vocabulary) refused because the disk is full."),
 }
-#: What a ``ReadRows`` with ``busy_ok`` gets while a fold moves the rows (protocol.py, "Reads during a fold").
-FOLDING_MESSAGE: Final = "folding: this node's rows are being moved; read them from another replica"
-#: Requests that never touch the rows (their own stores): served while a fold moves the rows.
-_NOT_ROWS: Final = (p.PutVocab, p.GetVocab, p.RegisterGet, p.RegisterPrepare, p.RegisterAccept)
 #: Requests whose latency is observed (``handle``) -> the ``_prom`` key of their histogram.
 _TIMED: Final[Mapping[type, str]] = {p.ReadRows: "read_seconds", p.ApplyBatch: "apply_seconds"}
 
@@ -589,13 +585,8 @@ class StorageService:
     async def _serve(self, core: StorageRequests, msg: p.Request, incoming: Incoming) -> Reply:
         folds = self.folds
         step: Step | None = None
-        # not while a fold moves the runs (background_fold.py); vocabulary and registers are not rows
-        if folds is not None and folds.running and not isinstance(msg, _NOT_ROWS):
-            if isinstance(msg, p.ReadRows) and msg.busy_ok:  # the caller reads another replica instead
-                core.count("reads_redirected")
-                return _reply(p.Unavailable(FOLDING_MESSAGE))
-            if isinstance(msg, p.ApplyBatch):  # logged now, applied when the fold ends (or a hint)
-                step = core.serve_during_fold(msg, incoming.bulk)
+        if folds is not None and folds.running:  # what may go on while a fold moves the rows (requests.py)
+            step = core.serve_during_fold(msg, incoming.bulk)
             if step is None:
                 await folds.ready()  # no await after this before the store is touched
         if step is None and isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, self.node_name):

@@ -199,3 +199,22 @@ def test_applied_tee_forwards_only_the_part_applied(tmp_path):
     assert not tee.apply((1, 1), full, track=True).applied
     assert seen == [[5], [7]]
     store.close()
+
+
+def test_requests_during_a_fold(core):
+    """``serve_during_fold``: what goes on while a fold moves the rows and what waits for it (None)."""
+    b = _batch([5, 7])
+    keys = [b.row_column, b.row_feature]
+    assert core.serve_during_fold(p.ReadRows(), keys) is None  # no other replica to ask: waits
+    refused = core.serve_during_fold(p.ReadRows(busy_ok=True), keys)
+    assert isinstance(refused, Answer) and isinstance(refused.reply, p.Unavailable)
+    assert refused.reply.message.startswith("folding") and core.counters.reads_redirected == 1
+    assert core.serve_during_fold(p.GetUsage(), []) is None
+    assert core.serve_during_fold(p.ReadRowPart(5, 0, 0, 10), []) is None
+    got = core.serve_during_fold(p.GetVocab([1], [2]), [])  # not rows: served as ever
+    assert got is not None and got == core.serve(p.GetVocab([1], [2]), [])
+    held = core.serve_during_fold(p.ApplyBatch(1, 1), b.buffers())  # logged, applied when the fold ends
+    assert isinstance(held, WaitDurable) and held.ack.applied and len(core.store.deferred) == 1
+    assert core.store.store.read_all().num_rows == 0
+    core.store.apply_deferred()
+    assert core.store.store.read_all().num_rows == 2
