@@ -66,7 +66,7 @@ from giaannd.storage.engine.snapshot import read_snapshot
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.replay_before import open_as_before, replay_groups_as_before
 from tools.bench.report import emit_figure, print_table
-from tools.bench.zipf_stream import ZipfStream
+from tools.bench.zipf_stream import ZipfStream, training_deltas
 
 BIG = 1 << 44
 #: Longest row generated: the Zipf tail is cut here (a row of 100k entries is 2.1 MB).
@@ -490,14 +490,8 @@ def bench_write_delta_runs(tmp: Path, sentences: int, repeat: int, as_json: bool
     sections) and, the same-run baseline, section after section (each piece merged once per
     section). CPU s per GB written, best of ``repeat``; the files are byte for byte the same."""
     store = ColumnStore(BIG)
-    assigner = ColumnAssigner()
-    stream = iter(ZipfStream(7))
-    seq = 0
-    for _ in range(0, sentences, 256):
-        encoded = [e for e in assigner.encode_many(itertools.islice(stream, 256)) if e is not None]
-        if encoded:
-            seq += 1
-            store.apply(BatchId(1, seq), train_batch(encoded).rows, validate=False)
+    for seq, rows in enumerate(training_deltas(iter(ZipfStream(7)), sentences), 1):
+        store.apply(BatchId(1, seq), rows, validate=False)
     view = store.freeze()
     assert view.engine is not None
     runs, entries = len(view.engine.deltas), view.engine.num_entries

@@ -27,9 +27,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.model.rows import RowBatch
 from giaannd.model.tokens import TaggedSentence, Token, load_bundled_corpus, write_conllu
 
-__all__ = ["NOUN_VOCAB", "OPEN_VOCAB", "ZipfStream", "write_stream"]
+__all__ = ["NOUN_VOCAB", "OPEN_VOCAB", "ZipfStream", "training_deltas", "write_stream"]
 
 #: Distinct noun lemmas the stream draws from (Zipf(1) ranks 1..NOUN_VOCAB).
 NOUN_VOCAB = 10**6
@@ -100,6 +101,21 @@ class ZipfStream:
                         sentence.append(Token(word, word, tok.upos, tok.xpos))
                     at += 1
                 yield tuple(sentence)
+
+
+def training_deltas(sentences: Iterator[TaggedSentence], count: int, batch: int = 256) -> Iterator[RowBatch]:
+    """The single-process core's training deltas of the next ``count`` of ``sentences``, ``batch``
+    sentences at a time (``train_batch`` of each batch's encoded sentences; one ``ColumnAssigner``
+    for the whole stream, so later batches add to the columns earlier ones made): what a storage
+    node owning every column logs for them, one batch a record."""
+    from giaannd.model.columns import ColumnAssigner
+    from giaannd.model.train import train_batch
+
+    assigner = ColumnAssigner()
+    for _ in range(0, count, batch):
+        encoded = [e for e in assigner.encode_many(itertools.islice(sentences, batch)) if e is not None]
+        if encoded:
+            yield train_batch(encoded).rows
 
 
 def write_stream(path: str, count: int, seed: int = 0) -> int:

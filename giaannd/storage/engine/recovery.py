@@ -75,9 +75,9 @@ from giaannd.storage.engine.update_log import (
     scan_segment,
 )
 
-__all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "ApplyResult", "DurableStore", "RecoveryReport",
-           "SnapshotJob", "fix_mmap_threshold", "replay", "replay_each", "replay_room",
-           "return_freed_heap"]
+__all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "REPLAY_WINDOW_BASE_SHARE", "ApplyResult",
+           "DurableStore", "RecoveryReport", "ReplayedSegments", "SnapshotJob", "fix_mmap_threshold", "replay",
+           "replay_each", "replay_room", "replay_segments", "replay_window_entries", "return_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,30 @@ class ApplyResult:
 #: copy of this many entries, 21 bytes each, on top of the log read), and past a few million
 #: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
-#: Most entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``):
-#: each window merges its new keys into the engine's base once, a move of the whole base
-#: (``run.fold_into_base``, in place), so windows are as large as a log segment (64 MiB, ~3·10^6 entries)
-#: holds. Its temporaries are ~30 bytes per entry (the entries grouped by row, their base
-#: positions); with the freed heap given back after the replay (``return_freed_heap``)
-#: tools.bench.snapshot's restarts kept 24-27 B per stored entry resident after the replay, at a
-#: peak of 35 (Zipf log) and 110 (training-like log: 1.7 logged entries per stored one).
+#: Fewest entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``;
+#: the cap is ``replay_window_entries``): each window merges its new keys into the engine's base
+#: once, a move of the whole base (``run.fold_into_base``, in place), so windows are large. Its
+#: temporaries are ~30 bytes per entry (the entries grouped by row, their base positions) on top of
+#: the log segments its records are read from; with the freed heap given back after the replay
+#: (``return_freed_heap``) tools.bench.snapshot's restarts kept 24-27 B per stored entry resident
+#: after the replay, at a peak of 35 (Zipf log) and 110 (training-like log: 1.7 logged entries per
+#: stored one).
 MAX_REPLAY_GROUP_ENTRIES = 1 << 22
+#: A window of records that share rows holds up to 1/this of the entries the store holds (when that
+#: is more than ``MAX_REPLAY_GROUP_ENTRIES``), and spans log segments to fill it
+#: (``replay_segments``). Why: each window moves the whole base once, so with windows of a fixed
+#: size a replay of L logged entries over a base of B moved L/window × B entries: at the mission's
+#: size (10^10 entries a node, a log of 10 % of it, windows of one 64 MiB segment) that is ~330
+#: moves of the whole base, hours of copying. With windows of B/8 it is at most 8 entries moved
+#: per logged entry, whatever B (plus one move for the last window), for a transient ~50 bytes per
+#: window entry (its log bytes, the grouped copy, base positions): ~6 B per stored entry at most.
+REPLAY_WINDOW_BASE_SHARE = 8
+
+
+def replay_window_entries(held_entries: int) -> int:
+    """The most entries of a replay window of records that share rows, for a store of
+    ``held_entries`` entries (``REPLAY_WINDOW_BASE_SHARE``)."""
+    return max(MAX_REPLAY_GROUP_ENTRIES, held_entries // REPLAY_WINDOW_BASE_SHARE)
 
 
 def return_freed_heap() -> bool:
@@ -197,12 +213,15 @@ def _previous_record(records: list[LogRecord]) -> NDArray[np.int64]:
     return out
 
 
-def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
+def replay(store: ColumnStore, records: list[LogRecord], after_seq: int,
+           window_entries: int | None = None) -> tuple[int, int]:
     """Apply the records with seq > ``after_seq``; returns (applied, skipped). Idempotent.
 
     In bulk (issue 14 item 4), with the result of ``replay_each`` bit for bit: consecutive batch
-    records form a window (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``MAX_REPLAY_GROUP_ENTRIES``
-    once two of them share a row); a floor record goes into the window in its place (it changes
+    records form a window (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``window_entries`` once two
+    of them share a row, ``MAX_REPLAY_GROUP_ENTRIES`` by default: ``replay_segments`` passes
+    ``replay_window_entries``); a floor record goes
+    into the window in its place (it changes
     the applied set only), a drop record ends it and is applied in log order between windows:
 
     - records whose rows are pairwise disjoint: ``ColumnStore.apply_disjoint`` (each key gets one
@@ -220,6 +239,7 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
     and is read back under its checksum. Per record, Python work is a few calls; never per row or
     entry."""
     applied = skipped = 0
+    window_cap = MAX_REPLAY_GROUP_ENTRIES if window_entries is None else window_entries
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
     prev = _previous_record(todo)
@@ -247,7 +267,7 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
         if rec.kind == KIND_BATCH:
             assert rec.batch_id is not None and rec.batch is not None
             shares = bool(prev[i] >= run_start)
-            cap = MAX_REPLAY_GROUP_ENTRIES if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
+            cap = window_cap if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
             if run and (run_entries + rec.batch.num_entries > cap or (shares and run_fresh)):
                 flush(i)
             if not run:  # a run starts: its rows may all be new if no earlier record had them
@@ -267,6 +287,71 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tupl
         applied += 1
     flush(len(todo))
     return applied, skipped
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedSegments:
+    """What ``replay_segments`` did: records applied and skipped (seq at or below the snapshot's,
+    or a batch id seen before), the seq after the last record (None: no segment), the bytes of
+    good records, and the last segment's scan if it ended in a torn record (to cut off)."""
+
+    applied: int
+    skipped: int
+    next_seq: int | None
+    log_bytes: int
+    torn: SegmentScan | None
+
+
+def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_seq: int) -> ReplayedSegments:
+    """Check and replay the log ``segments`` (``list_segments``: (first seq, path), in order) into
+    ``store``, records with seq > ``after_seq`` (``replay``).
+
+    Windows span segments. The records of consecutive segments are gathered until they hold
+    ``replay_window_entries`` of the store's size (or the log ends), then replayed in one call: a
+    window of records that share rows moves the whole base once (``REPLAY_WINDOW_BASE_SHARE``),
+    so its size must grow with the base, not stop at a segment's end. A gathered segment's records
+    are views of its read buffer (update_log.SegmentReader), so each segment of a window is read
+    into a buffer of its own; the buffers are reused by the next window's segments.
+
+    Raises:
+        CorruptLogError: a gap or overlap between segments, a log that starts after
+            ``after_seq + 1``, or damage inside a segment other than a torn tail of the last one.
+    """
+    readers: list[SegmentReader] = []
+    pending: list[LogRecord] = []
+    pending_entries = applied = skipped = log_bytes = held = 0
+    expected: int | None = None
+    torn: SegmentScan | None = None
+
+    def flush() -> None:
+        nonlocal applied, skipped, pending_entries
+        if pending:
+            a, s = replay(store, pending, after_seq, replay_window_entries(store.engine.num_entries))
+            applied, skipped = applied + a, skipped + s
+            pending.clear()
+            pending_entries = 0
+
+    for i, (first, path) in enumerate(segments):
+        if expected is not None and first != expected:
+            raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
+        if expected is None and first > after_seq + 1:
+            raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {after_seq}")
+        if not pending:
+            held = 0  # no record views a buffer: all of them are free again
+        if held == len(readers):
+            readers.append(SegmentReader())
+        scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=readers[held])
+        held += 1
+        expected = first + len(scan.records)
+        log_bytes += scan.good_bytes
+        if scan.torn_bytes:
+            torn = scan
+        pending.extend(scan.records)
+        pending_entries += sum(r.batch.num_entries for r in scan.records if r.batch is not None)
+        if pending_entries >= replay_window_entries(store.engine.num_entries):
+            flush()
+    flush()
+    return ReplayedSegments(applied, skipped, expected, log_bytes, torn)
 
 
 def _apply_marker(store: ColumnStore, rec: LogRecord) -> None:
@@ -387,7 +472,7 @@ class DurableStore:
         snapshots = list_snapshots(d)
         segments = list_segments(d)
         started = time.perf_counter()
-        snapshot_bytes = log_bytes = 0
+        snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
         if snapshots:
             snap_seq, snap_path = snapshots[-1]
@@ -401,30 +486,14 @@ class DurableStore:
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
         loaded = time.perf_counter()
-        expected: int | None = None
-        torn: SegmentScan | None = None
-        applied = skipped = 0
-        # Each segment is replayed as soon as it is checked, so that one read buffer serves them all
-        # (update_log.SegmentReader: its records are views into it until the next read). Replay
-        # changes RAM only: a damaged segment further on still stops start-up before any file changes.
-        reader = SegmentReader()
-        for i, (first, path) in enumerate(segments):
-            if expected is not None and first != expected:
-                raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
-            if expected is None and first > snap_seq + 1:
-                raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {snap_seq}")
-            scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=reader)
-            expected = first + len(scan.records)
-            log_bytes += scan.good_bytes
-            a, s = replay(store, scan.records, snap_seq)
-            applied, skipped = applied + a, skipped + s
-            if scan.torn_bytes:
-                torn = scan
-        del reader
+        # Replay changes RAM only: a damaged segment further on still stops start-up before any
+        # file changes.
+        done = replay_segments(store, segments, snap_seq)
+        applied, skipped, torn, log_bytes = done.applied, done.skipped, done.torn, done.log_bytes
         if applied:
             return_freed_heap()
         replayed = time.perf_counter()
-        last_seq = max(snap_seq, (expected or 1) - 1)
+        last_seq = max(snap_seq, (done.next_seq or 1) - 1)
         # Everything is checked: only now change files.
         for p in temporaries:
             p.unlink()

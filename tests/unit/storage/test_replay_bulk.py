@@ -396,3 +396,82 @@ def test_restart_from_a_snapshot_replays_windows_into_its_room(tmp_path_factory,
         replay_each(each, scan_segment(path, first, n == len(segments) - 1).records, after)
     _assert_same(reopened.store, each)
     reopened.close()
+
+
+def _training_log_store(d: Path, seed: int, batches: int, segment_bytes: int, snapshot_at: int) -> None:
+    """A DurableStore written live with training-like batches (rows shared batch after batch, new
+    rows mid-log, floors, a drop), a snapshot after ``snapshot_at`` batches, small segments."""
+    rng = np.random.default_rng(seed)
+    ds = DurableStore.open(d, BIG, segment_max_bytes=segment_bytes)
+    rows = [(c, f) for c in range(5) for f in range(2)]
+    for i in range(1, batches + 1):
+        if i % 7 == 0:
+            rows.append((1000 + i, 0))
+        ds.apply(BatchId(TRACKED, i), _training_batch(rng, rows, int(rng.integers(1, 40))), track=True)
+        if i % 23 == 0:
+            ds.drop_columns(np.array([2], np.uint64))
+        if i % 11 == 0:
+            ds.advance_floor(TRACKED, i - 3)
+        if i == snapshot_at:
+            ds.snapshot()
+    ds.sync()
+    ds.close()
+
+
+def _replayed_each(d: Path) -> ColumnStore:
+    """The store in ``d`` rebuilt record by record: its snapshot, then every segment."""
+    snaps = sorted(d.glob("snapshot-*.snap"))
+    store, after = read_snapshot(snaps[-1], BIG) if snaps else (ColumnStore(BIG), 0)
+    segments = list_segments(d)
+    for n, (first, path) in enumerate(segments):
+        replay_each(store, scan_segment(path, first, n == len(segments) - 1).records, after)
+    return store
+
+
+def test_replay_windows_span_log_segments(tmp_path: Path, monkeypatch) -> None:
+    """Records that share rows, logged over many small segments after a snapshot: the restart
+    gathers the segments into one window (one ``apply_in_order``, one move of the base), not one
+    window per segment, with the result of record-by-record replay. (Before: a window per segment.)"""
+    d = tmp_path / "s"
+    _training_log_store(d, seed=4, batches=60, segment_bytes=3_000, snapshot_at=10)
+    segments = len(list_segments(d))
+    assert segments >= 8
+    calls: list[int] = []
+    real = ColumnStore.apply_in_order
+    monkeypatch.setattr(ColumnStore, "apply_in_order",
+                        lambda self, items: calls.append(len(items)) or real(self, items))
+    reopened = DurableStore.open(d, BIG)
+    windows = len(calls)
+    assert windows <= 4 < segments  # the drops (every 23rd batch) and the fresh-rows run cut windows too
+    monkeypatch.undo()
+    _assert_same(reopened.store, _replayed_each(d))
+    reopened.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 70),
+       segment_bytes=st.sampled_from([2_000, 9_000, 1 << 20]), least=st.sampled_from([30, 300, 1 << 22]),
+       share=st.sampled_from([1, 3, 8]),
+       snapshot_at=st.integers(0, 40))
+def test_restart_with_windows_over_segments_equals_record_by_record(
+        tmp_path_factory, seed: int, batches: int, segment_bytes: int, least: int, share: int,
+        snapshot_at: int) -> None:
+    """Whatever the segments' size and the window's bounds (the fewest entries, the share of the
+    store), a restart (windows gathered over segments, each segment read into a buffer of its own
+    while a window holds its records) leaves the store record-by-record replay leaves."""
+    d = tmp_path_factory.mktemp("w") / "s"
+    _training_log_store(d, seed, batches, segment_bytes, snapshot_at)
+    saved = recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE
+    recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE = least, share
+    try:
+        reopened = DurableStore.open(d, BIG)
+    finally:
+        recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE = saved
+    _assert_same(reopened.store, _replayed_each(d))
+    reopened.close()
+
+
+def test_replay_window_grows_with_the_store() -> None:
+    assert recovery.replay_window_entries(0) == recovery.MAX_REPLAY_GROUP_ENTRIES
+    big = 100 * recovery.MAX_REPLAY_GROUP_ENTRIES
+    assert recovery.replay_window_entries(big) == big // recovery.REPLAY_WINDOW_BASE_SHARE
