@@ -130,7 +130,7 @@ def test_recovery_figures_come_from_the_restarted_nodes_metrics(monkeypatch):
     class Node:
         admin = Admin()
 
-    assert scale_cluster._recovery(Node()) == (3.5, 3.5e9, 5e8)
+    assert scale_cluster._recovery(Node()) == (3.5, 2.0, 3.5e9, 5e8)
 
 
 def test_scale_cluster_options_reach_the_cluster_run(monkeypatch):
