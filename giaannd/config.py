@@ -374,15 +374,17 @@ class StorageConfig(_Section):
         "Kept so that configuration files that set it still load."
     ))] = False
     snapshot_load_map: Annotated[bool, Meta(description=(
-        "At start-up, when no log record follows the newest snapshot (the stop's final snapshot), "
-        "map the snapshot file read-only and let the rows' keys and offsets be views of it instead of "
-        "reading it into fresh memory (the strengths, which applies change in place, are still "
-        "copied): the kernel then maps the page cache's pages instead of faulting in fresh ones "
-        "(docs/storage.md \"Where a snapshot load goes\"). Until the first fold into the base replaces "
-        "those arrays the snapshot file stays mapped: once the next snapshot deletes it, its disk "
-        "space is held (counted in the node's disk use) until then, and its pages are page cache "
-        "the kernel may evict and read back. Every checksum and row check is the same. With a log to "
-        "replay the file is read as before. false always reads."
+        "At start-up, map the newest snapshot file read-only and let the rows' keys and offsets be "
+        "views of it instead of reading it into fresh memory (the strengths, which applies change in "
+        "place, are still copied): the kernel then maps the page cache's pages instead of faulting in "
+        "fresh ones (docs/storage.md \"Where a snapshot load goes\"). Done when no log record follows "
+        "the snapshot (the stop's final snapshot) or the log after it is small (under a quarter of the "
+        "store and one replay window: a kill -9 between snapshots), whose replay then leaves its new "
+        "keys in a delta run instead of merging them into the mapped arrays. Until the first fold into "
+        "the base replaces those arrays the snapshot file stays mapped: once the next snapshot deletes "
+        "it, its disk space is held (counted in the node's disk use) until then, and its pages are page "
+        "cache the kernel may evict and read back. Every checksum and row check is the same. A larger "
+        "log is replayed into a read snapshot. false always reads."
     ))] = True
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "

@@ -492,14 +492,21 @@ class RowEngine:
         no delta run is left. Returns the row id of every row occurrence, batch after batch. The
         batches' arrays are read, not kept.
 
-        How (inorder.py): the delta runs are folded into the base first (there are none after a
-        snapshot's load or an earlier call), so every key is in the base or new; the entries are
-        grouped by row, each row's sorted stably; one compiled walk per row adds to the base keys in
-        place and folds the new ones, which are merged into the base once (``run.fold_into_base``).
-        No search per entry in log order, no delta run, no tier merges: one merge per call, so a
-        caller gives it many batches at a time (a replay's window).
+        How (inorder.py): the delta runs are folded into the base first (none after a snapshot's
+        load; an earlier call's, if it left one), so every key is in the base or new; the entries
+        are grouped by row, each row's sorted stably; one compiled walk per row adds to the base
+        keys in place and folds the new ones, which, in the global order with their base
+        positions, are one delta run. No search per entry in log order, no tier merges.
 
-        The merge moves the base's entries in place when nothing else holds them (``run._merged``:
+        That run is left as the engine's only delta run unless a fold is due (``fold_due``: it holds
+        1/base_ratio of the base), as a commit leaves its delta runs: the next call (a replay's next
+        window) folds it first, so a replay of several windows moves the base once per window but
+        the last, and a restart's replay of a log smaller than that share moves it not at all (the
+        node's folds merge it later, off the request path; a base mapped from its snapshot file
+        stays mapped until then). A run of under half the window's entries is copied out of the
+        window's buffers, so it does not pin them.
+
+        A fold moves the base's entries in place when nothing else holds them (``run._merged``:
         a start-up replay, before any read), else it goes into new buffers."""
         self.compact()
         ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
@@ -516,13 +523,15 @@ class RowEngine:
         m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, rows, starts, lo, hi, gseg, gtc, gtf, gst)
         if m:
             got = counts > 0
-            delta = Run(rows[got], offsets_of(counts[got]), gseg[:m], gtc[:m], gtf[:m], gst[:m], pos)
+            fields = (gseg[:m], gtc[:m], gtf[:m], gst[:m], pos)
+            if 2 * m < gst.shape[0]:  # do not pin the whole window's buffers
+                fields = tuple(f.copy() for f in fields)  # type: ignore[assignment]
+            delta = Run(rows[got], offsets_of(counts[got]), *fields)
             self._lengths[delta.rows] += counts[got]
             self._entries += m
-            self.stats.folds += 1
-            self.stats.fold_entries += base.num_entries + m
-            self._base = Run.empty()
-            self._base = fold_into_base(base, delta, grow=True)
+            self._deltas.append(delta)
+            if self.fold_due():
+                self.compact()
         return ids_all
 
     @_locked

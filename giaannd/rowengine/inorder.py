@@ -19,8 +19,9 @@ occurrence sorted with unique keys) is added in two compiled passes, with no del
    a search per entry in log order bisected a row of 10^5 keys with a cache miss a probe); a key
    found gets its increments added to its base value one at a time, a key not found is folded
    from its first increment and written, with its base position, over the front of the window's
-   arrays (never past the entry being read): the new keys come out in the global order, ready to
-   merge into the base once per window.
+   arrays (never past the entry being read): the new keys come out in the global order with their
+   base positions, a delta run (``RowEngine.apply_in_order`` keeps it, and folds it into the base
+   before the next window).
 
 Why not a search per entry in log order and ``np.add.at``: that is what the group replay before
 did, and it paid a cache miss per probe into the head rows of a Zipf log, a sort of the new keys

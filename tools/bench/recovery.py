@@ -1,11 +1,13 @@
 """A storage node's recovery (``DurableStore.open``) phase by phase, against a same-run baseline.
 
     python -m tools.bench.recovery [--entries 20000000] [--log-share 0] [--rounds 3] [--applies 30]
-                                   [--before-tree DIR] [--store-cache DIR] [--json]
+                                   [--before-tree DIR] [--store-cache DIR] [--zipf BASE LOG] [--json]
 
 A store of ``--entries`` entries of real-shaped rows (median 17 entries a row:
 ``tools.bench.restart.build_store``, with ``--log-share`` of that logged after the snapshot; 0:
-a snapshot and an empty log) is opened in fresh processes, page cache warm (the file was just
+a snapshot and an empty log; or, with ``--zipf BASE LOG``, the scale bench's Zipf training deltas,
+BASE sentences snapshotted and LOG logged after them, as a node killed between two snapshots
+holds them) is opened in fresh processes, page cache warm (the file was just
 written or read; a cold cache adds the disk's read time). Each open is timed whole and by phase,
 wall and CPU seconds per GB of row data (entries × 21 bytes), by wrapping the functions each
 phase is in (names both trees have, so an older checkout is measured the same way):
@@ -51,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from giaannd.storage.engine.snapshot import list_snapshots, read_snapshot
+from tools.bench.replay_windows import build
 from tools.bench.report import emit_figure, print_table
 from tools.bench.restart import BIG, STORE_DIR, cached_store
 from tools.bench.snapshot import apply_stream
@@ -204,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--applies", type=int, default=30, help="batches applied after each open, then a fold (0: none)")
     ap.add_argument("--before-tree", type=Path, default=None, help="a checkout to compare with (same run)")
     ap.add_argument("--store-cache", type=Path, default=None, help="keep the generated store here")
+    ap.add_argument("--zipf", type=int, nargs=2, metavar=("BASE", "LOG"), default=None,
+                    help="instead, a store of the scale bench's Zipf training deltas: BASE sentences snapshotted, "
+                         "LOG logged after them (tools.bench.replay_windows.build; --entries and --log-share unused)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[2]
@@ -212,12 +218,16 @@ def main(argv: list[str] | None = None) -> None:
         variants = {"before": (args.before_tree.resolve(), {}), **variants}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
         cache = args.store_cache or Path(scratch)
-        cached_store(cache, args.entries, args.log_share)
+        if args.zipf:
+            store = build(cache, args.zipf[0], args.zipf[1], [64])[64] / "store"
+        else:
+            cached_store(cache, args.entries, args.log_share)
+            store = cache / STORE_DIR
         batches = None
         if args.applies:
             batches = Path(scratch) / "batches.npz"
-            write_batches(cache / STORE_DIR, args.applies, batches)
-        runs, loads, entries = run(cache / STORE_DIR, variants, args.rounds, batches)
+            write_batches(store, args.applies, batches)
+        runs, loads, entries = run(store, variants, args.rounds, batches)
     gb = entries * 21 / 1e9
     per_gb = {name: {k: [v / gb for v in vals] for k, vals in r.items() if not k.endswith(":MB")}
               for name, r in runs.items()}

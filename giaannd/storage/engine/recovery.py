@@ -57,6 +57,7 @@ from numpy.typing import NDArray
 from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine.engine import DEFAULT_BASE_RATIO
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.deferred_applies import Deferred, DeferredApplies
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
@@ -76,8 +77,8 @@ from giaannd.storage.engine.update_log import (
 )
 
 __all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "REPLAY_WINDOW_BASE_SHARE", "ApplyResult",
-           "DurableStore", "RecoveryReport", "ReplayedSegments", "SnapshotJob", "fix_mmap_threshold", "replay",
-           "replay_each", "replay_room", "replay_segments", "replay_window_entries", "return_freed_heap"]
+           "DurableStore", "RecoveryReport", "ReplayedSegments", "SnapshotJob", "fix_mmap_threshold", "map_with_log",
+           "replay", "replay_each", "replay_room", "replay_segments", "replay_window_entries", "return_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,23 @@ MAX_REPLAY_GROUP_ENTRIES = 1 << 22
 #: per logged entry, whatever B (plus one move for the last window), for a transient ~50 bytes per
 #: window entry (its log bytes, the grouped copy, base positions): ~6 B per stored entry at most.
 REPLAY_WINDOW_BASE_SHARE = 8
+
+
+def map_with_log(log_entries: int, snapshot_bytes: int) -> bool:
+    """Whether a snapshot of ``snapshot_bytes`` may be mapped (``DurableStore.open``'s
+    ``map_snapshot``) with a log of at most ``log_entries`` entries after it (``replay_room``).
+
+    Yes when the log is empty, or when its replay leaves the base's arrays alone: it fits one
+    window (``replay_window_entries``) and its new keys stay under the fold point
+    (1/``DEFAULT_BASE_RATIO`` of the store), so the one window's new keys stay a delta run
+    (``RowEngine.apply_in_order``) and nothing merges into the mapped arrays, which would copy them
+    into new buffers. The snapshot's entries are taken as its bytes over ``ENTRY_BYTES`` (a few
+    percent too many: its row index); a log of mostly adds to held keys fits either way. A log
+    that does not fit is replayed into a read base with room for it."""
+    if log_entries == 0:
+        return True
+    held = snapshot_bytes // ENTRY_BYTES
+    return log_entries * DEFAULT_BASE_RATIO < held and log_entries <= replay_window_entries(held)
 
 
 def replay_window_entries(held_entries: int) -> int:
@@ -455,12 +473,13 @@ class DurableStore:
 
         Args:
             verify_rows: how the snapshot is loaded (``snapshot.read_snapshot``).
-            map_snapshot: when no log record follows the snapshot (a stop's final snapshot; an
-                empty log), map the snapshot file and let the base run's key fields be views of it
+            map_snapshot: map the snapshot file and let the base run's key fields be views of it
                 (``snapshot.read_snapshot``'s ``mapping``, snapshot_map.py) instead of reading it
-                into fresh memory (``storage.snapshot-load-map``). With a log to replay the file is
-                read as before: the replay's first merge would copy a mapped base into new buffers,
-                where a read base has room for it.
+                into fresh memory (``storage.snapshot-load-map``), when the log after it is empty
+                (a stop's final snapshot) or small enough to leave the base alone
+                (``map_with_log``: its new keys then stay a delta run). A larger log is replayed
+                into a read base with room for it: its windows' merges would copy a mapped base
+                into new buffers.
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -478,9 +497,10 @@ class DurableStore:
             snap_seq, snap_path = snapshots[-1]
             snapshot_bytes = snap_path.stat().st_size
             room = replay_room(segments)
-            if map_snapshot and room == 0 and snapshot_bytes > 0:
+            if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
                 mapping = SnapshotMapping.open(snap_path)
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows, room, mapping)
+            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
+                                               0 if mapping is not None else room, mapping)
             if seq_in_file != snap_seq:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:

@@ -353,7 +353,7 @@ def test_apply_in_order_equals_applying_the_batches_one_by_one(seed, before, win
         want_ids = [x.row_ids(b.row_column, b.row_feature) for b in group]
         ids = y.apply_in_order(_as_parts(group))
         assert ids.tolist() == (np.concatenate(want_ids).tolist() if want_ids else [])
-        assert y.num_deltas == 0
+        assert y.num_deltas <= 1  # the window's new keys, left as a delta run unless a fold was due
         assert _engine_state(y) == _engine_state(x)
 
 

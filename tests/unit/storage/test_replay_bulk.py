@@ -368,7 +368,8 @@ def test_restart_from_a_snapshot_replays_windows_into_its_room(tmp_path_factory,
     """A snapshot, then a training-like log (new rows and new keys of held rows, keys repeated
     across records, floors among them): the restart loads the snapshot with room for the log and
     the windows merge their new keys into it in place (run.fold_into_base, in place), small windows several
-    times; the result is the snapshot plus record-by-record replay of the same segments."""
+    times (the last window's new keys stay a delta run unless a fold is due); the result is the
+    snapshot plus record-by-record replay of the same segments."""
     rng = np.random.default_rng(seed)
     d = tmp_path_factory.mktemp("s")
     ds = DurableStore.open(d, BIG, segment_max_bytes=12_000)
@@ -389,7 +390,7 @@ def test_restart_from_a_snapshot_replays_windows_into_its_room(tmp_path_factory,
         reopened = DurableStore.open(d, BIG)
     finally:
         recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES = saved
-    assert reopened.recovery.snapshot is not None and reopened.store.engine.num_deltas == 0
+    assert reopened.recovery.snapshot is not None and reopened.store.engine.num_deltas <= 1
     each, after = read_snapshot(Path(reopened.recovery.snapshot), BIG)
     segments = list_segments(d)
     for n, (first, path) in enumerate(segments):
