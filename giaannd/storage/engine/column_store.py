@@ -531,9 +531,10 @@ class ColumnStore:
         one per batch that touches a row (a row occurs once per batch). The row-size counts are
         those of the rows' final lengths, which is what the per-batch updates sum to.
 
-        Meant for a start-up replay (as ``apply_disjoint``): it folds every delta run first and
-        moves the base once per call, in place only where no view of the rows (a read, a
-        ``freeze``) holds it (rowengine/run.py "Merges in place"), else into new buffers."""
+        Meant for a start-up replay (as ``apply_disjoint``): it folds every delta run first (the
+        base moves, in place only where no view of the rows, a read or a ``freeze``, holds it:
+        rowengine/run.py "Merges in place"; else into new buffers) and leaves the call's new keys
+        as a delta run unless a fold is due."""
         applied, pieces = self._replay_parts(items)
         self._version += 1
         if not pieces:
