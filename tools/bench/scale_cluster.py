@@ -175,20 +175,22 @@ def settled_rss(nodes: Sequence[Node], timeout_s: float = SETTLE_TIMEOUT_S,
     return {n.name: out.get(n.name) for n in nodes}
 
 
-def _recovery(node: Node) -> tuple[float, float, float, float]:
-    """(wall seconds, of them the log replay's, bytes read, of them the update log's) of the node's
-    recovery at its last start: snapshot load plus log replay (``giaannd_storage_recovery_*``), the
-    store's part of a restart."""
+def _recovery(node: Node) -> tuple[float, float, float, float, float]:
+    """(wall seconds, of them the log replay's, CPU seconds, bytes read, of them the update log's)
+    of the node's recovery at its last start: snapshot load plus log replay
+    (``giaannd_storage_recovery_*``), the store's part of a restart."""
     raw, _ = node.admin.request("GET", "/metrics")
-    seconds = replay_s = read = log_read = 0.0
+    seconds = replay_s = cpu_s = read = log_read = 0.0
     for fam in text_string_to_metric_families(raw.decode()):
         if fam.name == "giaannd_storage_recovery_duration_seconds":
             seconds = sum(s.value for s in fam.samples)
             replay_s = sum(s.value for s in fam.samples if s.labels.get("phase") == "log_replay")
+        elif fam.name == "giaannd_storage_recovery_cpu_seconds":
+            cpu_s = sum(s.value for s in fam.samples)
         elif fam.name == "giaannd_storage_recovery_bytes":
             read = sum(s.value for s in fam.samples)
             log_read = sum(s.value for s in fam.samples if s.labels.get("phase") == "log_replay")
-    return seconds, replay_s, read, log_read
+    return seconds, replay_s, cpu_s, read, log_read
 
 
 def p99_bound(cumulative: dict[float, float]) -> float | None:
@@ -345,8 +347,9 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
                                                     if "ready" in stages and "recovered" in stages else None))
             cluster.wait_converged()
             held = max(entries[victim.name], 1)
-            recovery_s, replay_s, recovery_bytes, log_bytes = _recovery(victim)
-            record.update(recovery_s=recovery_s, recovery_replay_s=replay_s, recovery_gb=recovery_bytes / 1e9,
+            recovery_s, replay_s, recovery_cpu_s, recovery_bytes, log_bytes = _recovery(victim)
+            record.update(recovery_s=recovery_s, recovery_replay_s=replay_s, recovery_cpu_s=recovery_cpu_s,
+                          recovery_gb=recovery_bytes / 1e9,
                           recovery_log_gb=log_bytes / 1e9,
                           recovery_s_per_gb=recovery_s / max(recovery_bytes / 1e9, 1e-9))
             record.update(restart_s=seconds, restart_s_per_gb=seconds / (held * ENTRY_BYTES / 1e9),
@@ -397,7 +400,7 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry after job / settled",
               "apply p99 snapshot / without",
               "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "of it: start-up / recovery / after",
-              "recovery s (of it log replay) / GB read (of it log)",
+              "recovery s (of it log replay; CPU s) / GB read (of it log)",
               "RSS B/entry restarted",
               "export MB/s"]
     rows = [[f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]), _fmt(r["cpu_us_compute"]),
@@ -408,7 +411,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
              f"{r['restart_s']:.1f} ({r['restart_s_per_gb']:.2f})",
              f"{_fmt(r.get('restart_startup_s'), 2)} / {r['recovery_s']:.2f}"
              f" / {_fmt(r.get('restart_after_recovery_s'), 2)}",
-             f"{r['recovery_s']:.1f} ({_fmt(r.get('recovery_replay_s'), 2)}) / {r['recovery_gb']:.2f}"
+             f"{r['recovery_s']:.1f} ({_fmt(r.get('recovery_replay_s'), 2)}; {_fmt(r.get('recovery_cpu_s'), 2)})"
+             f" / {r['recovery_gb']:.2f}"
              f" ({r['recovery_log_gb']:.2f})",
              _fmt(r["rss_per_entry_restarted"], 1),
              _fmt(r.get("export_mb_s"), 1)] for r in records]

@@ -101,6 +101,10 @@ class RecoveryReport:
     replay_s: float = 0.0
     snapshot_bytes: int = 0
     log_bytes: int = 0
+    #: The same two phases in CPU seconds of the thread that recovered (user and system): against
+    #: the wall seconds, what was waiting (a cold page cache: the disk) or sharing a busy core.
+    snapshot_load_cpu_s: float = 0.0
+    replay_cpu_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +494,7 @@ class DurableStore:
         temporaries = list_temporaries(d)
         snapshots = list_snapshots(d)
         segments = list_segments(d)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
         if snapshots:
@@ -505,14 +509,14 @@ class DurableStore:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
-        loaded = time.perf_counter()
+        loaded, loaded_cpu = time.perf_counter(), time.thread_time()
         # Replay changes RAM only: a damaged segment further on still stops start-up before any
         # file changes.
         done = replay_segments(store, segments, snap_seq)
         applied, skipped, torn, log_bytes = done.applied, done.skipped, done.torn, done.log_bytes
         if applied:
             return_freed_heap()
-        replayed = time.perf_counter()
+        replayed, replayed_cpu = time.perf_counter(), time.thread_time()
         last_seq = max(snap_seq, (done.next_seq or 1) - 1)
         # Everything is checked: only now change files.
         for p in temporaries:
@@ -530,7 +534,8 @@ class DurableStore:
         report = RecoveryReport(
             str(snap_path) if snap_path else None, snap_seq, applied, skipped, last_seq,
             torn.torn_bytes if torn else 0, str(torn.path) if torn else None, len(temporaries),
-            loaded - started, replayed - loaded, snapshot_bytes, log_bytes,
+            loaded - started, replayed - loaded, snapshot_bytes, log_bytes, loaded_cpu - started_cpu,
+            replayed_cpu - loaded_cpu,
         )
         return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report, mapping)
 

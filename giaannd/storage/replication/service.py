@@ -227,9 +227,10 @@ class StorageService:
         self.core.registers = self.registers
         rec = self.store.recovery
         log.info("storage recovered dir=%s snapshot_seq=%d replayed=%d torn_bytes=%d hints=%d snapshot_bytes=%d "
-                 "snapshot_load_s=%.3f log_bytes=%d replay_s=%.3f",
+                 "snapshot_load_s=%.3f snapshot_load_cpu_s=%.3f log_bytes=%d replay_s=%.3f replay_cpu_s=%.3f",
                  self.data_dir, rec.snapshot_seq, rec.records_replayed, rec.torn_tail_bytes, self.hints.held,
-                 rec.snapshot_bytes, rec.snapshot_load_s, rec.log_bytes, rec.replay_s)
+                 rec.snapshot_bytes, rec.snapshot_load_s, rec.snapshot_load_cpu_s, rec.log_bytes, rec.replay_s,
+                 rec.replay_cpu_s)
 
     def _attach_delivery(self, topology: ClusterView) -> None:
         """The client hint delivery sends with, and the topology subscription that drives it."""
@@ -323,6 +324,14 @@ class StorageService:
             lambda: self.store.recovery.snapshot_load_s if self.store is not None else 0.0)
         recovery.labels(phase="log_replay").set_function(
             lambda: self.store.recovery.replay_s if self.store is not None else 0.0)
+        recovery_cpu = m.gauge("giaannd_storage_recovery_cpu_seconds",
+                               "CPU seconds (user and system) of the thread that ran this start's recovery, by "
+                               "phase (snapshot_load, log_replay): against the wall seconds, the time spent "
+                               "waiting for the disk or for a busy core.", ["phase"])
+        recovery_cpu.labels(phase="snapshot_load").set_function(
+            lambda: self.store.recovery.snapshot_load_cpu_s if self.store is not None else 0.0)
+        recovery_cpu.labels(phase="log_replay").set_function(
+            lambda: self.store.recovery.replay_cpu_s if self.store is not None else 0.0)
         recovered = m.gauge("giaannd_storage_recovery_bytes",
                             "Bytes this start's recovery read, by phase: the snapshot file (snapshot_load) "
                             "and the update-log segments replayed after it (log_replay).", ["phase"])

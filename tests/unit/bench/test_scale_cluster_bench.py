@@ -118,6 +118,9 @@ def test_recovery_figures_come_from_the_restarted_nodes_metrics(monkeypatch):
     text = (b"# TYPE giaannd_storage_recovery_duration_seconds gauge\n"
             b'giaannd_storage_recovery_duration_seconds{phase="snapshot_load"} 1.5\n'
             b'giaannd_storage_recovery_duration_seconds{phase="log_replay"} 2.0\n'
+            b"# TYPE giaannd_storage_recovery_cpu_seconds gauge\n"
+            b'giaannd_storage_recovery_cpu_seconds{phase="snapshot_load"} 1.0\n'
+            b'giaannd_storage_recovery_cpu_seconds{phase="log_replay"} 1.25\n'
             b"# TYPE giaannd_storage_recovery_bytes gauge\n"
             b'giaannd_storage_recovery_bytes{phase="snapshot_load"} 3e9\n'
             b'giaannd_storage_recovery_bytes{phase="log_replay"} 5e8\n')
@@ -130,7 +133,7 @@ def test_recovery_figures_come_from_the_restarted_nodes_metrics(monkeypatch):
     class Node:
         admin = Admin()
 
-    assert scale_cluster._recovery(Node()) == (3.5, 2.0, 3.5e9, 5e8)
+    assert scale_cluster._recovery(Node()) == (3.5, 2.0, 2.25, 3.5e9, 5e8)
 
 
 def test_scale_cluster_options_reach_the_cluster_run(monkeypatch):

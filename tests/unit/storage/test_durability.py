@@ -67,6 +67,7 @@ def test_durable_snapshot_then_more_then_restart(tmp_path: Path) -> None:
     assert again.recovery.snapshot_bytes == snap.stat().st_size
     assert again.recovery.log_bytes == sum(p.stat().st_size for _, p in list_segments(tmp_path)) > 0
     assert again.recovery.snapshot_load_s > 0 and again.recovery.replay_s > 0
+    assert again.recovery.snapshot_load_cpu_s > 0 and again.recovery.replay_cpu_s > 0  # (CPU beside wall)
     # Digests (including the per-row applied-batch counts) survive too.
     for key in ref.keys()[:20]:
         assert again.store.digest(key) == ref.digest(key)

@@ -163,7 +163,7 @@ def test_snapshot_waits_phase_and_jitter_per_node():
 
 @pytest.mark.asyncio
 async def test_storage_restart_reports_its_recovery_by_phase(tmp_path):
-    """giaannd_storage_recovery_{duration_seconds,bytes}{phase}: what a restart's recovery read and
+    """giaannd_storage_recovery_{duration_seconds,cpu_seconds,bytes}{phase}: what a restart's recovery read and
     how long it took (the store's part of a restart, tools/bench/scale_cluster.py)."""
     cluster = await Cluster(tmp_path, 1, replicas=1).start()
     try:
@@ -178,6 +178,8 @@ async def test_storage_restart_reports_its_recovery_by_phase(tmp_path):
         assert got[("giaannd_storage_recovery_bytes", "snapshot_load")] == 0.0  # no snapshot was written
         assert got[("giaannd_storage_recovery_duration_seconds", "log_replay")] == store.recovery.replay_s > 0
         assert ("giaannd_storage_recovery_duration_seconds", "snapshot_load") in got
+        assert got[("giaannd_storage_recovery_cpu_seconds", "log_replay")] == store.recovery.replay_cpu_s > 0
+        assert ("giaannd_storage_recovery_cpu_seconds", "snapshot_load") in got
     finally:
         await cluster.close()
 
