@@ -368,6 +368,15 @@ class StorageConfig(_Section):
         "the snapshot take up to 1 / share as long (and rows changed meanwhile are kept twice "
         "that much longer). 1 never rests."
     ))] = 0.5
+    snapshot_drop_cache: Annotated[bool, Meta(description=(
+        "A timer's snapshot leaves the page cache as it is written (`posix_fadvise(DONTNEED)` on "
+        "each part once it is on disk and checksummed): it is read only at a restart, and otherwise "
+        "every snapshot grows the page cache by the store's size, each write copying into pages the "
+        "kernel must find first (evicting others) and the kernel's writeback working through them. "
+        "A restart after a crash then reads (or maps) the snapshot from disk, as it must once a node "
+        "holds more than its spare memory. The stop's final snapshot stays cached (the next start maps "
+        "it). false keeps every snapshot's pages cached."
+    ))] = True
     snapshot_load_copy_rows: Annotated[bool, Meta(description=(
         "No effect since snapshot format 2 (the row engine, issue 14 phase 2): a restart reads the "
         "snapshot's arrays straight into the engine, with no per-row buffers to share or copy. "

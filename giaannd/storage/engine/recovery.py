@@ -418,15 +418,17 @@ class SnapshotJob:
     #: ``UpdateLog.appended_bytes`` when it began: what the log held after the snapshot's seq then
     log_mark: int = 0
 
-    def write(self, busy_share: float = 1.0) -> Path:
+    def write(self, busy_share: float = 1.0, keep_cached: bool = True) -> Path:
         """Write the snapshot file (durable on return) and release the view, even on failure;
-        ``busy_share``: the most of its time the writing thread works (``snapshot.Pacer``).
+        ``busy_share``: the most of its time the writing thread works (``snapshot.Pacer``);
+        ``keep_cached`` False: its pages leave the page cache as they reach the disk
+        (``snapshot.write_frozen``).
 
         Raises:
             OSError: the write failed (ENOSPC...); its temporary is deleted.
         """
         try:
-            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share))
+            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share), keep_cached)
         finally:
             self.view.release()
         return self.path

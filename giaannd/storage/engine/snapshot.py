@@ -56,6 +56,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
+from giaannd.madvise import PAGE as _PAGE
 from giaannd.model.rows import NUM_SEGMENTS, Row
 from giaannd.records import RecordError, RecordFormat
 from giaannd.rowengine.frozen import FrozenEngine
@@ -146,12 +147,18 @@ class _HashingWriter:
 
     The body is hashed in file order. ``write`` appends (and hashes); ``write_at`` puts bytes
     further on without hashing them (a section written out of order), and ``adopt`` then hashes
-    them by reading them back, in order, before the appends go on after them."""
+    them by reading them back, in order, before the appends go on after them.
 
-    def __init__(self, f: BinaryIO) -> None:
+    ``drop_cached``: once bytes are on disk and hashed, tell the kernel they will not be read soon
+    (``posix_fadvise(POSIX_FADV_DONTNEED)``), so their page-cache pages are freed and the next
+    writes reuse them (the update log does the same: update_log.py ``drop_synced``)."""
+
+    def __init__(self, f: BinaryIO, drop_cached: bool = False) -> None:
         self.f, self.h, self.n = f, xxhash.xxh3_64(), 0
         self._written = self._synced = 0
         self._buf: memoryview | None = None
+        self.drop_cached = drop_cached and hasattr(os, "posix_fadvise")
+        self._dropped = 0  # file bytes before this (page-aligned) were dropped from the page cache
 
     def write(self, buf: memoryview | bytes) -> None:
         self.h.update(buf)
@@ -178,14 +185,26 @@ class _HashingWriter:
         if self._buf is None:
             self._buf = memoryview(bytearray(WRITE_CHUNK_BYTES))
         fd, at, end = self.f.fileno(), HEADER_BYTES + self.n, HEADER_BYTES + self.n + nbytes
+        if self.drop_cached:
+            os.fdatasync(fd)  # all of it on disk, so each piece can leave the cache once hashed
+            self._synced = self._written
         while at < end:
             got = os.preadv(fd, [self._buf[: min(WRITE_CHUNK_BYTES, end - at)]], at)
             if got <= 0:
                 raise OSError(f"snapshot temporary shorter than written: {at} of {end} bytes")
             self.h.update(self._buf[:got])
             at += got
+            self.drop(at)
         self.n += nbytes
         self.f.seek(end)
+
+    def drop(self, upto: int) -> None:
+        """With ``drop_cached``: the file's bytes before ``upto`` (whole pages), on disk and hashed,
+        leave the page cache."""
+        upto -= upto % _PAGE
+        if self.drop_cached and upto > self._dropped:
+            os.posix_fadvise(self.f.fileno(), self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+            self._dropped = upto
 
     def _wrote(self, nbytes: int) -> None:
         self._written += nbytes
@@ -193,6 +212,8 @@ class _HashingWriter:
             self.f.flush()
             os.fdatasync(self.f.fileno())
             self._synced = self._written
+            # (the appended bytes are hashed as written: those before a section put out of order)
+            self.drop(HEADER_BYTES + self.n)
 
 
 def _bytes_of(values: NDArray[np.generic]) -> memoryview:
@@ -241,17 +262,23 @@ class Pacer:
         self._since = self._clock()
 
 
-def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer | None = None) -> Path:
+def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer | None = None,
+                 keep_cached: bool = True) -> Path:
     """Write a frozen view (``ColumnStore.freeze``) as the snapshot at ``last_seq``; meant for a
     worker thread while applies go on, paced by ``pacer`` (None: never rests). Returns the final
     path (durable on return).
+
+    ``keep_cached`` False: the file's pages leave the page cache as they reach the disk
+    (``_HashingWriter``'s ``drop_cached``): a timer's snapshot is read only at a restart, and
+    without this every snapshot grew the page cache by its size, each write copying into pages
+    the kernel had to find first. A stop's final snapshot keeps them: the next start maps it.
 
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
     try:
-        _write_temporary(tmp, view, last_seq, (pacer or Pacer(1.0)).pause)
+        _write_temporary(tmp, view, last_seq, (pacer or Pacer(1.0)).pause, keep_cached)
         final = directory / snapshot_name(last_seq)
         os.replace(tmp, final)
     except BaseException:
@@ -261,14 +288,15 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     return final
 
 
-def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None]) -> None:
+def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None],
+                     keep_cached: bool = True) -> None:
     frozen = view.engine
     if frozen is None:
         raise ValueError("write of a released frozen view")
     offsets = frozen.offsets()
     with open(tmp, "w+b") as f:  # (read too: _HashingWriter.adopt)
         f.write(bytes(HEADER_BYTES))
-        w = _HashingWriter(f)
+        w = _HashingWriter(f, drop_cached=not keep_cached)
         w.array(frozen.a)
         w.array(frozen.b)
         w.array(offsets)
@@ -293,6 +321,8 @@ def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable
         f.write(header)
         f.flush()
         os.fsync(f.fileno())
+        if w.drop_cached:  # the whole file (the header's page was written again just now)
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _write_fields(w: _HashingWriter, frozen: FrozenEngine, pause: Callable[[], None]) -> None:

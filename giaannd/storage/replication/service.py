@@ -469,7 +469,8 @@ class StorageService:
                     if not beginning.cancelled() and beginning.exception() is None:
                         beginning.result().view.release()
                     raise
-            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share)
+            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share,
+                                           not self.settings.snapshot_drop_cache)
             try:
                 await thread_result(writing)
             except asyncio.CancelledError:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+from pathlib import Path
+
 import numpy as np
 
 from giaannd.model.rows import Row, RowBatch
@@ -36,3 +40,21 @@ def same_state(a: ColumnStore, b: ColumnStore) -> bool:
     """Rows bit-identical and applied sets equal."""
     x, y = a.read_all(), b.read_all()
     return all(np.array_equal(p, q) for p, q in zip(x.buffers(), y.buffers())) and a.applied == b.applied
+
+
+def cached_pages(path: Path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages of the file): ``mincore`` over a read-only
+    mapping of it (mapping it faults nothing in)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    try:
+        vec = (ctypes.c_ubyte * pages)()
+        view = np.frombuffer(mm, np.uint8)
+        ok = ctypes.CDLL(None, use_errno=True).mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec)
+        del view
+        assert ok == 0
+        return sum(v & 1 for v in vec), pages
+    finally:
+        mm.close()

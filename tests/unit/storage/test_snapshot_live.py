@@ -36,7 +36,7 @@ from giaannd.storage.engine.snapshot import (
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.snapshot import realistic_batch
 
-from ._gen import random_batch, same_state
+from ._gen import cached_pages, random_batch, same_state
 
 BIG = 1 << 40
 REPO = Path(__file__).resolve().parents[3]
@@ -460,5 +460,31 @@ def test_snapshot_one_pass_disk_full_deletes_its_temporary(tmp_path: Path, monke
     assert calls > 2 and not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
     path = snapshot_module.write_frozen(tmp_path, view, 7)  # and a later attempt works
     assert same_state(read_snapshot(path, BIG)[0], store)
+    view.release()
+    older.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="Linux page cache")
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_a_timers_snapshot_leaves_the_page_cache(tmp_path: Path, monkeypatch, one_pass: bool) -> None:
+    """``keep_cached=False`` (a timer's snapshot, ``storage.snapshot-drop-cache``): the file's
+    pages leave the page cache once on disk and checksummed, in both writers (section by section,
+    and one pass with sections put at offsets and read back); the bytes are the kept file's."""
+    store, view, older = _frozen_with_delta_runs(tmp_path)
+    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
+    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 1024)
+    if not one_pass:
+        monkeypatch.setattr(snapshot_module, "ONE_PASS_MIN_DELTAS", 1 << 30)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "dropped").mkdir()
+    kept = snapshot_module.write_frozen(tmp_path / "kept", view, 7)
+    dropped = snapshot_module.write_frozen(tmp_path / "dropped", view, 7, keep_cached=False)
+    cached_kept, pages = cached_pages(kept)
+    if cached_kept < pages // 2:
+        pytest.skip("this filesystem does not keep written pages cached")
+    cached_dropped, _ = cached_pages(dropped)
+    assert pages > 8 and cached_dropped == 0
+    assert dropped.read_bytes() == kept.read_bytes()
+    assert same_state(read_snapshot(dropped, BIG)[0], store)
     view.release()
     older.release()
