@@ -243,10 +243,10 @@ def test_snapshot_due_needs_a_log_that_is_a_share_of_the_store():
 @pytest.mark.asyncio
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux page cache")
 async def test_a_timers_snapshot_leaves_the_page_cache_the_final_one_stays(tmp_path):
-    """``storage.snapshot-drop-cache`` (default on): the timer's snapshot is dropped from the page
-    cache as it is written (read only after a crash); the stop's final snapshot stays cached, since
-    the next start maps it. (Before: both stayed, each snapshot growing the cache by its size.)"""
-    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=3600)
+    """``storage.snapshot-drop-cache`` on: the timer's snapshot is dropped from the page cache as
+    it is written (read only after a crash); the stop's final snapshot stays cached, since the next
+    start maps it. (Before: both stayed, each snapshot growing the cache by its size.)"""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=3600, snapshot_drop_cache=True)
     svc = cluster.services["s0"]
     directory = svc.store.directory
     try:
