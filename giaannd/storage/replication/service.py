@@ -30,7 +30,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -317,28 +317,24 @@ class StorageService:
         m.gauge("giaannd_storage_torn_tail_bytes",
                 "Bytes recovery cut off a torn update-log tail at this start (0: the log ended cleanly).") \
             .set_function(lambda: float(self.store.recovery.torn_tail_bytes if self.store is not None else 0))
-        recovery = m.gauge("giaannd_storage_recovery_duration_seconds",
-                           "Wall seconds this start's recovery took, by phase: reading the snapshot "
-                           "(snapshot_load) and replaying the update log after it (log_replay).", ["phase"])
-        recovery.labels(phase="snapshot_load").set_function(
-            lambda: self.store.recovery.snapshot_load_s if self.store is not None else 0.0)
-        recovery.labels(phase="log_replay").set_function(
-            lambda: self.store.recovery.replay_s if self.store is not None else 0.0)
-        recovery_cpu = m.gauge("giaannd_storage_recovery_cpu_seconds",
-                               "CPU seconds (user and system) of the thread that ran this start's recovery, by "
-                               "phase (snapshot_load, log_replay): against the wall seconds, the time spent "
-                               "waiting for the disk or for a busy core.", ["phase"])
-        recovery_cpu.labels(phase="snapshot_load").set_function(
-            lambda: self.store.recovery.snapshot_load_cpu_s if self.store is not None else 0.0)
-        recovery_cpu.labels(phase="log_replay").set_function(
-            lambda: self.store.recovery.replay_cpu_s if self.store is not None else 0.0)
-        recovered = m.gauge("giaannd_storage_recovery_bytes",
-                            "Bytes this start's recovery read, by phase: the snapshot file (snapshot_load) "
-                            "and the update-log segments replayed after it (log_replay).", ["phase"])
-        recovered.labels(phase="snapshot_load").set_function(
-            lambda: float(self.store.recovery.snapshot_bytes if self.store is not None else 0))
-        recovered.labels(phase="log_replay").set_function(
-            lambda: float(self.store.recovery.log_bytes if self.store is not None else 0))
+        for name, doc, (load, replay) in (
+                ("giaannd_storage_recovery_duration_seconds",
+                 "Wall seconds this start's recovery took, by phase: reading the snapshot (snapshot_load) and "
+                 "replaying the update log after it (log_replay).", ("snapshot_load_s", "replay_s")),
+                ("giaannd_storage_recovery_cpu_seconds",
+                 "CPU seconds (user and system) of the thread that ran this start's recovery, by phase "
+                 "(snapshot_load, log_replay): against the wall seconds, the time spent waiting for the disk "
+                 "or for a busy core.", ("snapshot_load_cpu_s", "replay_cpu_s")),
+                ("giaannd_storage_recovery_bytes",
+                 "Bytes this start's recovery read, by phase: the snapshot file (snapshot_load) and the "
+                 "update-log segments replayed after it (log_replay).", ("snapshot_bytes", "log_bytes"))):
+            gauge = m.gauge(name, doc, ["phase"])
+            for phase, field in (("snapshot_load", load), ("log_replay", replay)):
+                gauge.labels(phase=phase).set_function(self._recovery_figure(field))
+
+    def _recovery_figure(self, field: str) -> Callable[[], float]:
+        """A gauge's reading of this start's ``RecoveryReport.<field>`` (0 before the store opens)."""
+        return lambda: float(getattr(self.store.recovery, field)) if self.store is not None else 0.0
 
     def _sync_log(self) -> int:
         """``DurableStore.sync``, timed (GroupCommit runs it in a worker thread: one observation

@@ -206,20 +206,8 @@ def test_restart_after_a_torn_tail_of_a_training_log(tmp_path: Path) -> None:
     """A training-like log written live, its last segment cut at several places (a crash mid
     write): the restart replays the whole records in groups to the state record-by-record
     replay of the same records gives."""
-    rng = np.random.default_rng(21)
     src = tmp_path / "live"
-    ds = DurableStore.open(src, BIG, segment_max_bytes=6_000)
-    rows = [(c, f) for c in range(5) for f in range(2)]
-    for i in range(1, 60):
-        if i % 9 == 0:
-            rows.append((1000 + i, 0))
-        ds.apply(BatchId(TRACKED, i), _training_batch(rng, rows, int(rng.integers(1, 40))), track=True)
-        if i % 17 == 0:
-            ds.drop_columns(np.array([1], np.uint64))
-        if i % 13 == 0:
-            ds.advance_floor(TRACKED, i - 4)
-    ds.sync()
-    ds.close()
+    _training_log_store(src, seed=21, batches=59, segment_bytes=6_000, snapshot_at=0)
     last = list_segments(src)[-1][1]
     size = last.stat().st_size
     torn = 0
