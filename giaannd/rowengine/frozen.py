@@ -76,8 +76,14 @@ class FrozenEngine:
         entries (at least 1): one tuple per piece, a field each. The delta runs' entries that fall
         in a piece are merged once for all the fields asked: with several delta runs that merge
         costs more than the bytes (a snapshot writing its sections field by field would merge the
-        same entries once per field)."""
+        same entries once per field).
+
+        A piece is valid until the next one is asked for: merged pieces are written into buffers
+        kept from piece to piece (one per field), so a snapshot's gigabytes of pieces do not each
+        take fresh memory (a storage node maps every block of 1 MiB or more afresh,
+        ``storage.malloc-mmap-threshold-bytes``, and each first touch of a page is a fault)."""
         bases = [getattr(self.base, name) for name in names]
+        kept: list[NDArray[np.generic]] = [np.empty(0, f.dtype) for f in bases]
         n = self.base.num_entries
         step = max(1, chunk)
         if not self.deltas:
@@ -101,4 +107,9 @@ class FrozenEngine:
             else:
                 assert merged.pos is not None
                 at = merged.pos - lo
-                yield tuple(merge_field(f[lo:hi], getattr(merged, name), at) for f, name in zip(bases, names))
+                size = hi - lo + merged.num_entries
+                for k, f in enumerate(bases):
+                    if kept[k].shape[0] < size:
+                        kept[k] = np.empty(max(size, 2 * kept[k].shape[0]), f.dtype)
+                yield tuple(merge_field(f[lo:hi], getattr(merged, name), at, kept[k][:size])
+                            for k, (f, name) in enumerate(zip(bases, names)))

@@ -63,7 +63,7 @@ def assert_frozen_views_hold(frozen):
     for view, rows in frozen:
         if view.num_entries == 0:
             continue
-        fields = [np.concatenate(list(view.field_chunks(f, 1 << 20))) for f in ("seg", "tc", "tf", "st")]
+        fields = [np.concatenate([p.copy() for p in view.field_chunks(f, 1 << 20)]) for f in ("seg", "tc", "tf", "st")]
         off = view.offsets()
         for i in range(view.num_rows):
             got = Entries(*(f[off[i]:off[i + 1]] for f in fields))

@@ -283,7 +283,8 @@ def test_frozen_field_chunks_merge_several_delta_runs_a_chunk_at_a_time(chunk):
     assert engine.stats.folds == folds
     assert [id(d) for d in engine._deltas[: len(held)]] == held  # noqa: SLF001 - not merged into
     assert len(engine._deltas) > len(held)  # noqa: SLF001
-    fields = [np.concatenate(list(frozen.field_chunks(f, chunk))) for f in ("seg", "tc", "tf", "st")]
+    fields = [np.concatenate([p.copy() for p in frozen.field_chunks(f, chunk)])  # (a piece lives until the next)
+              for f in ("seg", "tc", "tf", "st")]
     off = frozen.offsets()
     for i in range(frozen.num_rows):
         assert same(Entries(*(f[off[i]:off[i + 1]] for f in fields)), seen[(int(frozen.a[i]), int(frozen.b[i]))])
