@@ -489,7 +489,7 @@ class RowEngine:
         each batch in turn leaves it: the same row ids (new rows numbered in order of first
         occurrence), lengths and strengths bit for bit, since every key's increments are added one
         at a time in batch order, a new key starting from its first. Only the runs' layout differs:
-        no delta run is left. Returns the row id of every row occurrence, batch after batch. The
+        at most one delta run is left (below). Returns the row id of every row occurrence, batch after batch. The
         batches' arrays are read, not kept.
 
         How (inorder.py): the delta runs are folded into the base first (none after a snapshot's

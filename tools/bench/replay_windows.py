@@ -25,7 +25,9 @@ a fresh process (the snapshot loaded first, not timed), the two taking turns, ``
 CPU seconds of the replay per GB of logged entries (21 bytes each; median and range), base entries
 moved by the windows' merges per logged entry (``RowEngine.stats.fold_entries``), windows
 (``ColumnStore.apply_in_order`` calls), and the resident memory the replay adds at its peak, per
-stored entry (``VmHWM`` reset after the load). Both variants must end with the same rows (a digest
+stored entry (``VmHWM`` reset after the load). The baseline is the windowing before (a window
+per segment) run on today's engine, which folds each window's new keys at the start of the next
+rather than at its end: the same moves but the last one's. Both variants must end with the same rows (a digest
 of every field, checked). ``--json`` prints one ``{"figure", "value", "target"}`` object per figure.
 """
 

@@ -124,8 +124,9 @@ class ApplyResult:
 #: entries per apply the per-apply overhead it saves is already under 1%.
 MAX_REPLAY_RUN_ENTRIES = 1 << 22
 #: Fewest entries of a window of records that share rows (``replay``, ``ColumnStore.apply_in_order``;
-#: the cap is ``replay_window_entries``): each window merges its new keys into the engine's base
-#: once, a move of the whole base (``run.fold_into_base``, in place), so windows are large. Its
+#: the cap is ``replay_window_entries``): each window's new keys are folded into the engine's base
+#: once (before the next window, or by the node's folds after the last), a move of the whole base
+#: (``run.fold_into_base``, in place), so windows are large. Its
 #: temporaries are ~30 bytes per entry (the entries grouped by row, their base positions) on top of
 #: the log segments its records are read from; with the freed heap given back after the replay
 #: (``return_freed_heap``) tools.bench.snapshot's restarts kept 24-27 B per stored entry resident
@@ -138,8 +139,9 @@ MAX_REPLAY_GROUP_ENTRIES = 1 << 22
 #: size a replay of L logged entries over a base of B moved L/window × B entries: at the mission's
 #: size (10^10 entries a node, a log of 10 % of it, windows of one 64 MiB segment) that is ~330
 #: moves of the whole base, hours of copying. With windows of B/8 it is at most 8 entries moved
-#: per logged entry, whatever B (plus one move for the last window), for a transient ~50 bytes per
-#: window entry (its log bytes, the grouped copy, base positions): ~6 B per stored entry at most.
+#: per logged entry, whatever B (plus one move for the last window), for a transient of ~50-80
+#: bytes per window entry at its peak (its log bytes, the grouped copy, base positions): up to
+#: ~10 B per stored entry past the 2^22 floor (tools.bench.replay_windows).
 REPLAY_WINDOW_BASE_SHARE = 8
 
 
@@ -242,8 +244,7 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int,
     In bulk (issue 14 item 4), with the result of ``replay_each`` bit for bit: consecutive batch
     records form a window (at most ``MAX_REPLAY_RUN_ENTRIES`` entries, ``window_entries`` once two
     of them share a row, ``MAX_REPLAY_GROUP_ENTRIES`` by default: ``replay_segments`` passes
-    ``replay_window_entries``); a floor record goes
-    into the window in its place (it changes
+    ``replay_window_entries``); a floor record goes into the window in its place (it changes
     the applied set only), a drop record ends it and is applied in log order between windows:
 
     - records whose rows are pairwise disjoint: ``ColumnStore.apply_disjoint`` (each key gets one

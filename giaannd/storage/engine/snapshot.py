@@ -269,9 +269,10 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     path (durable on return).
 
     ``keep_cached`` False: the file's pages leave the page cache as they reach the disk
-    (``_HashingWriter``'s ``drop_cached``): a timer's snapshot is read only at a restart, and
-    without this every snapshot grew the page cache by its size, each write copying into pages
-    the kernel had to find first. A stop's final snapshot keeps them: the next start maps it.
+    (``_HashingWriter``'s ``drop_cached``): a timer's snapshot is read only after a crash, and
+    otherwise each snapshot grows the page cache by its size (``storage.snapshot-drop-cache``, off
+    by default: no CPU saved where memory is to spare, docs/storage.md). A stop's final snapshot
+    keeps them: the next start maps it.
 
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
