@@ -328,6 +328,8 @@ class StreamRunner:
         self._digest_version = ROWS_DIGEST_VERSIONS[-1]
         #: the chunks read whole, in key order (``_read_page``; ``_verify`` uses them)
         self._pages: list[PageDigest] = []
+        #: ``close`` was called (the sender closes once no fold holds writes: ``_close_when_applied``)
+        self._close_asked = False
         self._tee = observe_applies(source)
         self._tee.observers.append(self._on_applied)
 
@@ -372,12 +374,24 @@ class StreamRunner:
         self._fail(reason)
 
     def close(self) -> None:
-        """The source no longer applies writes for the columns: finish once everything is acked."""
-        self.sender.close()
-        self._detach()
+        """The source no longer applies writes for the columns: finish once everything is acked.
+
+        The writers are drained (every write under the old placement acknowledged), but a write
+        the source's fold held is acknowledged before it is applied (deferred_applies.py): the
+        stream keeps listening until no fold runs (``_close_when_applied``, in ``run``), so those
+        writes are forwarded as they reach the rows."""
+        self._close_asked = True
         if self.state != "failed":
             self.state = "closing"
         self._wake.set()
+
+    async def _close_when_applied(self) -> None:
+        """``close``'s second half, in the stream's loop: once no fold holds writes any more
+        (a new fold may start as one ends: wait for it too), stop listening and finish."""
+        while await self._fold_ended():
+            pass
+        self.sender.close()
+        self._detach()
 
     # -- progress ---------------------------------------------------------------------------------
     def progress(self) -> dict[str, Any]:
@@ -455,6 +469,8 @@ class StreamRunner:
         """Fill the window (send items until ``window`` are unacknowledged), then handle the reply
         to the oldest item in flight; with nothing in flight, verify, finish or wait for deltas."""
         s = self.sender
+        if self._close_asked and not s.closed:
+            await self._close_when_applied()
         if self._conn is None or self._conn.is_closed or self._broken:
             await self._connect()
         if self.window == 1 and self.prefetch and not self._inflight and await self._step_prefetch():
@@ -632,7 +648,8 @@ class StreamRunner:
     async def _verify(self) -> bool:
         """Source digests now (no await in between: a consistent cut, nothing is in flight), then
         the receiver's; keys and strengths must be equal bit for bit. False: not verified yet,
-        verify again once idle (the receiver answered per-row digests: see below).
+        verify again once idle (the receiver answered per-row digests: see below; or a fold
+        ended meanwhile and its held writes made deltas to send first).
 
         Per slice of at most MAX_VERIFY_ROWS keys, both ends compute one combined digest over the
         rows' bytes (``ColumnStore.rows_digest``: no per-row hashing); only if that differs are the
@@ -646,7 +663,12 @@ class StreamRunner:
         Raises:
             StreamFailed: the receiver's rows differ, or it answered something unexpected.
         """
-        await self._fold_ended()  # then no await until the digests are taken
+        if await self._fold_ended() and not self.sender.idle:
+            # The writes the fold held were applied when it ended, and the stream's rows among
+            # them are deltas not sent yet: the source's digests would count them and the
+            # receiver's not. Send them first (the caller verifies once idle again).
+            return False
+        # no await from here until the digests are taken (a consistent cut)
         cols, feats, _ = row_keys_of(self.store, self.sender.columns)
         per_row, version = self._per_row_verify, self._digest_version
         parts = ([(cols[sl], feats[sl], None) for sl in _slices(cols.size)] if per_row or version != 2
