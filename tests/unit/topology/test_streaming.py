@@ -187,6 +187,14 @@ def test_delta_filter_forwards_read_rows_and_new_rows_only(tmp_path):
     assert not sender.offer_delta(BatchId(1, 2), one(later_key))  # a later chunk reads it
     assert sender.offer_delta(BatchId(1, 3), one((int(COLUMNS[0]), 10**6)))  # a new row
     assert not sender.offer_delta(BatchId(1, 4), one((10**9, 1)))  # another column
+    # one batch of all four: only the read row and the new row are forwarded
+    keys = [first_key, later_key, (int(COLUMNS[0]), 10**6), (10**9, 1)]
+    mixed = RowBatch.from_entries(np.array([k[0] for k in keys], np.uint64), np.array([k[1] for k in keys], np.uint64),
+                                  np.zeros(4, np.uint8), np.ones(4, np.uint64), np.zeros(4, np.uint64),
+                                  np.ones(4, np.float32))
+    assert sender.offer_delta(BatchId(1, 5), mixed)
+    sent = sender._pending[-1].batch
+    assert set(zip(sent.row_column.tolist(), sent.row_feature.tolist())) == {first_key, keys[2]}
 
 
 def test_sender_aborts_when_receiver_is_too_slow(tmp_path):
