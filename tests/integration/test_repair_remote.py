@@ -13,10 +13,12 @@ from giaannd.protocol import BatchId
 from giaannd.storage.repair.remote import RepairServer, repair_self, with_repair
 from giaannd.storage.repair.wire import (
     DigestsFor,
+    DigestsPage,
     LoggedFor,
     LoggedPage,
     RepairRefused,
     RowsOf,
+    RowsPage,
     applied_arrays,
     decode_repair,
     decode_repair_reply,
@@ -35,7 +37,10 @@ ENC = msgspec.msgpack.Encoder()
 
 
 class CountingServer(RepairServer):
-    """Records the type of every repair request it is handed."""
+    """Records the type of every repair request it is handed; with ``old`` set (a class switch),
+    answers digests as a server from before digest versions does (version 1, whatever is asked)."""
+
+    old = False
 
     def __init__(self, service, requests):
         super().__init__(service)
@@ -43,10 +48,16 @@ class CountingServer(RepairServer):
 
     async def handle_incoming(self, incoming):
         try:
-            self.requests.append(type(decode_repair(incoming.payload)).__name__)
+            msg = decode_repair(incoming.payload)
+            self.requests.append(type(msg).__name__)
         except ValueError:
             self.requests.append("undecodable")
-        return await super().handle_incoming(incoming)
+            return await super().handle_incoming(incoming)
+        if isinstance(msg, DigestsFor):
+            self.requests.append(f"digest version {msg.digest_version}")
+            if self.old:
+                msg = msgspec.structs.replace(msg, digest_version=1)
+        return await self.handle(msg, incoming.bulk)
 
 
 class RepairCluster(Cluster):
@@ -177,7 +188,11 @@ async def test_repair_self_reports_batches_that_left_a_log_and_applies_nothing_o
         await cluster.close()
 
 
-async def test_repair_self_compares_strengths_within_tolerance(tmp_path):
+@pytest.mark.parametrize("old_peers", [False, True])
+async def test_repair_self_compares_strengths_within_tolerance(tmp_path, monkeypatch, old_peers):
+    """With peers of this version (digest version 2, computed per page) and with peers from before
+    digest versions (version 1, per row: the asker hashes its rows the same way)."""
+    monkeypatch.setattr(CountingServer, "old", old_peers)
     cluster = await RepairCluster(tmp_path, 3, replicas=3).start()
     try:
         await cluster.write_many(np.random.default_rng(3), 10, COLUMNS)
@@ -202,9 +217,11 @@ async def test_repair_self_compares_strengths_within_tolerance(tmp_path):
         report = await cluster.repair("s1")
         assert report["batches_shipped"] == 0 and report["rows_divergent"] == []
         assert "RowsOf" in cluster.requests
+        assert "digest version 2" in cluster.requests  # (what this version asks for)
         await drift(2, 1.0)  # a real difference
         report = await cluster.repair("s1")
         assert report["rows_divergent"] == [f"row {key}: s0 differs from s1"]
+        assert report["rows_divergent_count"] == 1
     finally:
         await cluster.close()
 
@@ -237,6 +254,19 @@ async def test_repair_server_refuses_bad_requests_clearly(tmp_path):
             reply = await ask(payload, bulk)
             assert isinstance(reply, RepairRefused), why
             assert why in reply.reason
+        # a digest version this node does not know: a newer asker, answered in the newest it knows
+        page = await ask(ENC.encode(DigestsFor("s1", spec, digest_version=9)))
+        assert isinstance(page, DigestsPage) and page.digest_version == 2
+        # RowsOf serves as many keys as fit its bytes (16 + 21 per entry each), one at least
+        store = cluster.services["s0"].store.store
+        cols, feats = store.key_arrays()
+        seven = np.array([7], np.uint64)
+        keys = [np.append(cols[:3], seven), np.append(feats[:3], seven)]  # the last one is not stored
+        sizes = (16 + 21 * store.row_lengths(*keys)).tolist()
+        assert sizes[-1] == 16
+        for max_bytes, served in ((1, 1), (sizes[0] + sizes[1], 2), (sum(sizes) - 1, 3), (sum(sizes), 4)):
+            reply = await ask(ENC.encode(RowsOf(max_bytes)), keys)
+            assert isinstance(reply, RowsPage) and reply.served == served, reply
         ok = await ask(ENC.encode(LoggedFor("s1", spec)), applied)  # and the server still serves
         assert isinstance(ok, LoggedPage) and ok.done and ok.server == "s0"
         # stream messages on the same listener still reach the stream endpoint

@@ -91,3 +91,33 @@ async def test_repair_after_kill_during_writes_matches_reference(tmp_path):
         assert cluster.mismatches() == []
     finally:
         await cluster.close()
+
+
+async def test_repair_compares_every_local_replica_against_the_first_owner_holding_the_row(tmp_path):
+    """The comparison: per row, the first owner (placement order) holding it is the reference; a
+    copy that differs beyond the tolerance is reported once, named by its node; one within it is not."""
+    from giaannd.model.rows import RowBatch
+    from giaannd.protocol import BatchId
+
+    cluster = await Cluster(tmp_path, 3, replicas=3).start()
+    try:
+        await cluster.write_many(np.random.default_rng(8), 10, COLUMNS)
+        await cluster.client.flush()
+        placement = cluster.client_topology.placement
+        stores = {n: s.store.store for n, s in cluster.services.items()}
+        cols, feats = stores["s0"].key_arrays()
+        total = cols.size
+        key = (int(cols[0]), int(feats[0]))
+        first, second, third = (placement.names[int(i)] for i in placement.owner_indices(cols[:1])[0])
+        row = stores[first].row(key)
+        tiny, big = row.strength[0] * np.float32(1e-7), np.float32(1.0)
+        for name, delta in ((second, tiny), (third, big)):  # within the tolerance, then beyond it
+            stores[name].apply(BatchId(0xBEEF, 1), RowBatch.from_entries(
+                np.array([key[0]], np.uint64), np.array([key[1]], np.uint64), row.segment[:1].copy(),
+                row.target_column[:1].copy(), row.target_feature[:1].copy(), np.array([delta], np.float32)))
+        report = await repair(cluster.control())
+        assert report["rows_compared"] == total
+        assert report["rows_divergent"] == [f"row {key}: {third} differs from {first}"]
+        assert report["rows_divergent_count"] == 1 and total > 1
+    finally:
+        await cluster.close()

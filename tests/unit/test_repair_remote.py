@@ -14,6 +14,7 @@ from giaannd.storage.engine.column_store import ColumnStore
 from giaannd.storage.engine.update_log import KIND_BATCH, KIND_FLOOR, LogRecord
 from giaannd.storage.repair.wire import (
     DigestsFor,
+    Divergence,
     LoggedFor,
     LoggedPage,
     RepairRefused,
@@ -27,6 +28,7 @@ from giaannd.storage.repair.wire import (
     owned_mask,
     pack_batches,
     placement_from_spec,
+    rows_differ,
     select_log_page,
     spec_of,
     unpack_batches,
@@ -212,9 +214,65 @@ def test_compare_digests_classifies_rows():
                                                      np.array([1], np.uint64), np.array([1], np.uint64),
                                                      np.array([1.0], np.float32)))
     keys = [k[0], k[1], k[2], missing]
-    ds = [there.digest(key) for key in keys]
-    verdict = compare_digests(here.digest, keys, [d.keys for d in ds], [d.strength for d in ds], "me", "p")
-    assert verdict.recheck == [k[1]]
-    assert len(verdict.divergent) == 2
-    assert f"row {k[2]}: p differs from me" in verdict.divergent[0]
-    assert f"row {missing}: missing on me" in verdict.divergent[1]
+    cols, feats = np.array([c for c, _ in keys], np.uint64), np.array([f for _, f in keys], np.uint64)
+    for version in (1, 2):  # (1: the per-row digests of peers from before versions)
+        _, keys_there, strength_there = there.row_digests(cols, feats, version)
+        present, keys_here, strength_here = here.row_digests(cols, feats, version)
+        verdict = compare_digests(present, keys_here, strength_here, keys_there, strength_there)
+        assert verdict.missing.tolist() == [False, False, False, True]
+        assert verdict.differ.tolist() == [False, False, True, False]
+        assert verdict.recheck.tolist() == [False, True, False, False]
+
+
+def test_row_digests_version_1_is_the_per_row_digest_and_version_2_sees_every_field():
+    store = ColumnStore(1 << 26)
+    store.apply(BatchId(1, 1), batch(3, 5))
+    cols, feats = store.key_arrays()
+    present, keys, strength = store.row_digests(cols, feats, 1)
+    assert present.all()
+    for i, key in enumerate(zip(cols.tolist(), feats.tolist())):
+        d = store.digest(key)
+        assert (d.keys, d.strength) == (keys[i], strength[i])
+    _, k2, s2 = store.row_digests(cols, feats, 2)
+    row = store.row((int(cols[0]), int(feats[0])))
+    for field, change in (("segment", 1), ("target_column", 1), ("target_feature", 1), ("strength", 1)):
+        other = ColumnStore(1 << 26)
+        values = {f: getattr(row, f).copy() for f in ("segment", "target_column", "target_feature", "strength")}
+        values[field][-1] += change
+        other.apply(BatchId(1, 1), RowBatch.from_entries(
+            np.full(len(row), cols[0], np.uint64), np.full(len(row), feats[0], np.uint64), values["segment"],
+            values["target_column"], values["target_feature"], values["strength"]))
+        _, ko, so = other.row_digests(cols[:1], feats[:1], 2)
+        assert (ko[0], so[0]) != (k2[0], s2[0]), field
+        assert (ko[0] != k2[0]) == (field != "strength") and (so[0] != s2[0]) == (field == "strength")
+    with pytest.raises(ValueError, match="unknown row digest version"):
+        store.row_digests(cols, feats, 3)
+
+
+def test_rows_differ_aligns_rows_by_key_and_compares_within_the_tolerance():
+    here, there = ColumnStore(1 << 26), ColumnStore(1 << 26)
+    b = batch(4, 6)
+    here.apply(BatchId(1, 1), b)
+    there.apply(BatchId(1, 1), b)
+    k = [b.key(i) for i in range(4)]
+    nudge = b.select_rows(np.array([False, True, False, False]))
+    there.apply(BatchId(1, 2), RowBatch.from_entries(  # k[1]: one strength a little larger
+        nudge.row_column[:1], nudge.row_feature[:1], nudge.segment[:1], nudge.target_column[:1],
+        nudge.target_feature[:1], np.array([1e-4], np.float32)))
+    there.apply(BatchId(1, 3), RowBatch.from_entries(  # k[2]: one more target
+        np.array([k[2][0]], np.uint64), np.array([k[2][1]], np.uint64), np.array([0], np.uint8),
+        np.array([987654321], np.uint64), np.array([1], np.uint64), np.array([1.0], np.float32)))
+    absent = (k[3][0], k[3][1] + 1_000_000)
+    keys = [k[3], k[1], absent, k[0], k[2]]  # any order
+    cols, feats = np.array([c for c, _ in keys], np.uint64), np.array([f for _, f in keys], np.uint64)
+    tight = rows_differ(cols, feats, here.read_rows(cols, feats), there.read_rows(cols, feats), 0.0)
+    assert tight.tolist() == [False, True, True, False, True]
+    loose = rows_differ(cols, feats, here.read_rows(cols, feats), there.read_rows(cols, feats), 0.5)
+    assert loose.tolist() == [False, False, True, False, True]
+
+
+def test_divergence_counts_every_row_and_describes_the_first():
+    out = Divergence(limit=3)
+    out.add(np.arange(2, dtype=np.uint64), np.arange(2, dtype=np.uint64), "x")
+    out.add(np.arange(5, dtype=np.uint64), np.ones(5, np.uint64), "y")
+    assert out.count == 7 and out.listed == ["row (0, 0): x", "row (1, 1): x", "row (0, 1): y"]

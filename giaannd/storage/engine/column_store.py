@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -69,7 +70,14 @@ from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
-from giaannd.storage.engine.row_digest import RowDigest, row_digest, rows_digest, rows_digest_v2_pieces
+from giaannd.storage.engine.row_digest import (
+    ROW_DIGEST_VERSIONS,
+    RowDigest,
+    row_digest,
+    row_digests,
+    rows_digest,
+    rows_digest_v2_pieces,
+)
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
 
 __all__ = [
@@ -106,6 +114,8 @@ SIZE_BINS = 64
 #: average at least this many entries: a piece costs a few µs of Python (four hash updates), about
 #: what gathering ~100 entries costs; below that one gather of the rows is cheaper.
 MIN_DIGEST_PIECE_ENTRIES = 256
+#: ``row_digests`` gathers rows about this many entries at a time (a few tens of MB of copies).
+DIGEST_GATHER_ENTRIES = 1 << 21
 #: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
@@ -154,6 +164,13 @@ def _keys(row_column: ArrayLike, row_feature: ArrayLike) -> tuple[NDArray[np.uin
     if rc.shape != rf.shape:
         raise ValueError("row_column and row_feature differ in length")
     return rc, rf
+
+
+def _frozen_view(values: NDArray[Any]) -> NDArray[Any]:
+    """A read-only view (of a cache the caller must not change)."""
+    view = values.view()
+    view.flags.writeable = False
+    return view
 
 
 def _row(entries: Entries) -> Row:
@@ -691,9 +708,15 @@ class ColumnStore:
         return self.engine.row_id(c, f)
 
     def keys(self) -> list[RowKey]:
-        """Every row key, sorted."""
+        """Every row key, sorted (a Python tuple per row: for tests and tools; ``key_arrays`` is
+        the same as two arrays)."""
         cols, feats, _ = self._sorted_keys()
         return list(zip(cols.tolist(), feats.tolist()))
+
+    def key_arrays(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """Every row key as two arrays sorted by (column, feature) (read-only views of a cache)."""
+        cols, feats, _ = self._sorted_keys()
+        return _frozen_view(cols), _frozen_view(feats)
 
     def row(self, key: RowKey) -> Row | None:
         """One row (views of the base when no delta run holds part of it, else a merged copy;
@@ -705,6 +728,13 @@ class ColumnStore:
         """The row's entry count (0: not stored)."""
         i = self._id(key)
         return 0 if i < 0 else int(self.engine.lengths()[i])
+
+    def row_lengths(self, row_column: ArrayLike, row_feature: ArrayLike) -> NDArray[np.int64]:
+        """Each given row's entry count (0: not stored), in the given order."""
+        ids = self.engine.row_ids(*_keys(row_column, row_feature))
+        if not ids.shape[0]:
+            return np.zeros(0, np.int64)
+        return np.where(ids >= 0, self.engine.lengths()[np.maximum(ids, 0)], 0).astype(np.int64)
 
     def row_region(self, key: RowKey) -> memoryview | None:
         """The row in the region layout (regions.py: a copy), or None: for comparisons of rows bit
@@ -785,6 +815,33 @@ class ColumnStore:
         """The row's digest for repair (see :class:`RowDigest`), or None if absent."""
         i = self._id(key)
         return None if i < 0 else row_digest(_row(self.engine.read(i)), int(self._touches[i]))
+
+    def row_digests(self, row_column: ArrayLike, row_feature: ArrayLike, version: int = ROW_DIGEST_VERSIONS[-1]
+                    ) -> tuple[NDArray[np.bool_], NDArray[np.uint64], NDArray[np.uint64]]:
+        """The repair digests of the given rows, in the given order (row_digest.py ``row_digests``,
+        repair digest ``version``): whether each is stored, and its keys and strength digests (0
+        where absent). The rows are gathered (merged with their delta entries) about
+        ``DIGEST_GATHER_ENTRIES`` at a time, a longer row alone: no per-row Python (version 2).
+
+        Raises:
+            ValueError: an unknown digest version.
+        """
+        if version not in ROW_DIGEST_VERSIONS:
+            raise ValueError(f"unknown row digest version {version}")
+        rc, rf = _keys(row_column, row_feature)
+        ids = self.engine.row_ids(rc, rf)
+        present = ids >= 0
+        keys, strength = np.zeros(ids.shape[0], np.uint64), np.zeros(ids.shape[0], np.uint64)
+        at = np.flatnonzero(present)
+        if at.shape[0]:
+            ends = np.cumsum(self.engine.lengths()[ids[at]])
+            # groups of rows of about DIGEST_GATHER_ENTRIES entries (a row past it is a group alone)
+            cuts = np.unique(np.searchsorted(ends, np.arange(DIGEST_GATHER_ENTRIES, int(ends[-1]),
+                                                             DIGEST_GATHER_ENTRIES), "right"))
+            for group in np.split(at, cuts[(cuts > 0) & (cuts < at.shape[0])]):
+                offsets, got = self._gather(ids[group])
+                keys[group], strength[group] = row_digests(offsets, got, version)
+        return present, keys, strength
 
     def rows_digest(self, row_column: ArrayLike, row_feature: ArrayLike, version: int = 1
                     ) -> tuple[NDArray[np.uint8], int]:

@@ -10,7 +10,22 @@ Digests, all xxh3-64. ``row_digest`` hashes a row's field arrays; ``rows_digest`
   of three parts. ``keys`` hashes the key arrays and segments, ``strength`` the strengths, kept
   apart because float sums may differ in the last bit between replicas that applied the same
   batches in a different order (repair decides what such a difference means), and ``batches``
-  is the number of applied batches that touched the row.
+  is the number of applied batches that touched the row. ``row_digests`` computes the same two
+  hashes for many rows at once, in a repair digest version (``ROW_DIGEST_VERSIONS``, named in
+  the repair messages, repair/wire.py ``DigestsFor.digest_version``):
+
+  - version 1: ``row_digest``'s xxh3-64s, one Python call per row (what nodes computed before
+    version 2; kept to answer and to ask peers that know no other);
+  - version 2: one compiled pass over all the rows (``_row_digests_v2``), no Python per row. A
+    *lane* takes one 64-bit value x into a hash h: ``h = rotl(h ^ rotl(x * P2, 31) * P1, 27) * P1
+    + P4`` (the xxh64 primes P1..P5, wrapping uint64 arithmetic). Per row of n entries, four
+    chains start at n and take, entry by entry, one field each: target columns (c), target
+    features (f), segments (g), the strengths' float32 bits (s). Then ``keys = A(L(L(L(K, c), f),
+    g))`` and ``strength = A(L(S, s))``, L a lane, K and S the seeds ``_SEED_KEYS`` and
+    ``_SEED_STRENGTH``, A the xxh64 avalanche (``h ^= h >> 33; h *= P2; h ^= h >> 29; h *= P3;
+    h ^= h >> 32``). Not xxh64 itself (that hashes bytes in 32-byte stripes): a lane per field
+    value is what a loop over field arrays can feed without laying the row out, and four chains
+    let the multiplies of an entry overlap.
 - ``rows_digest`` (stream verification, streaming/sender.py): for many rows, one hash, in the
   given order. Two stores give equal results exactly when they hold the same rows bit for bit
   (keys, strengths, segments), up to a 2**-64 collision. The rows come as one gathered batch
@@ -41,12 +56,89 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.model.rows import Row
+from giaannd.rowengine.jit import kernel, readonly
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions
 
-__all__ = ["ROWS_DIGEST_VERSIONS", "RowDigest", "row_digest", "rows_digest", "rows_digest_v2_pieces"]
+__all__ = ["ROWS_DIGEST_VERSIONS", "ROW_DIGEST_VERSIONS", "RowDigest", "row_digest", "row_digests", "rows_digest",
+           "rows_digest_v2_pieces"]
 
 #: The ``rows_digest`` versions this code computes (module docstring); the last is the newest.
 ROWS_DIGEST_VERSIONS = (1, 2)
+#: The ``row_digests`` (repair) versions this code computes (module docstring); the last is the newest.
+ROW_DIGEST_VERSIONS = (1, 2)
+
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+_SEED_KEYS = np.uint64(0x6B657973)  # "keys"
+_SEED_STRENGTH = np.uint64(0x73747265)  # "stre"
+_R27, _R31, _R33, _R29, _R32 = (np.uint64(r) for r in (27, 31, 33, 29, 32))
+_R37, _R64 = np.uint64(37), np.uint64(64)
+
+
+@kernel("uint64(uint64, uint64)")
+def _lane(h: np.uint64, x: np.uint64) -> np.uint64:
+    """One 64-bit lane into ``h`` (module docstring, version 2)."""
+    k = x * _P2
+    k = ((k << _R31) | (k >> _R33)) * _P1
+    h ^= k
+    return ((h << _R27) | (h >> _R37)) * _P1 + _P4
+
+
+@kernel("uint64(uint64)")
+def _avalanche(h: np.uint64) -> np.uint64:
+    h ^= h >> _R33
+    h *= _P2
+    h ^= h >> _R29
+    h *= _P3
+    h ^= h >> _R32
+    return h
+
+
+@kernel(f"void({readonly('int64')}, {readonly('uint8')}, {readonly('uint64')}, {readonly('uint64')}, "
+        f"{readonly('uint32')}, uint64[::1], uint64[::1])")
+def _row_digests_v2(offsets: NDArray[np.int64], seg: NDArray[np.uint8], tc: NDArray[np.uint64],
+                    tf: NDArray[np.uint64], bits: NDArray[np.uint32], keys: NDArray[np.uint64],
+                    strength: NDArray[np.uint64]) -> None:
+    for r in range(offsets.shape[0] - 1):
+        a, b = offsets[r], offsets[r + 1]
+        n = np.uint64(b - a)
+        hc = hf = hg = hs = n  # four independent chains: their multiplies overlap
+        for j in range(a, b):
+            hc = _lane(hc, tc[j])
+            hf = _lane(hf, tf[j])
+            hg = _lane(hg, np.uint64(seg[j]))
+            hs = _lane(hs, np.uint64(bits[j]))
+        keys[r] = _avalanche(_lane(_lane(_lane(_SEED_KEYS, hc), hf), hg))
+        strength[r] = _avalanche(_lane(_SEED_STRENGTH, hs))
+
+
+def row_digests(offsets: NDArray[np.int64], rows: Row, version: int = ROW_DIGEST_VERSIONS[-1]
+                ) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """The repair digests (keys, strength) of every row (row i: ``rows`` entries ``[offsets[i],
+    offsets[i+1])``) in repair digest ``version`` (module docstring).
+
+    Raises:
+        ValueError: a version not in ``ROW_DIGEST_VERSIONS``.
+    """
+    k = int(offsets.shape[0]) - 1
+    keys, strength = np.empty(k, np.uint64), np.empty(k, np.uint64)
+    if version == 2:
+        _row_digests_v2(np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(rows.segment),
+                        np.ascontiguousarray(rows.target_column), np.ascontiguousarray(rows.target_feature),
+                        np.ascontiguousarray(rows.strength).view(np.uint32), keys, strength)
+        return keys, strength
+    if version != 1:
+        raise ValueError(f"unknown row digest version {version}")
+    bounds = offsets.tolist()
+    for i in range(k):  # (version 1: the per-row path of peers that know no other)
+        a, b = bounds[i], bounds[i + 1]
+        d = row_digest(Row(rows.segment[a:b], rows.target_column[a:b], rows.target_feature[a:b],
+                           rows.strength[a:b]), 0)
+        keys[i], strength[i] = d.keys, d.strength
+    return keys, strength
 
 
 @dataclass(frozen=True, slots=True)

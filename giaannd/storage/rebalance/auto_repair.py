@@ -57,8 +57,8 @@ def verdict(report: dict[str, Any]) -> Literal["retry", "done", "incomplete"]:
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The report for ``/v1/status``: counts instead of the (possibly long) lists of rows."""
-    out = {k: v for k, v in report.items() if k not in ("rows_divergent", "unrecoverable")}
-    out["rows_divergent"] = len(report.get("rows_divergent", ()))
+    out = {k: v for k, v in report.items() if k not in ("rows_divergent", "rows_divergent_count", "unrecoverable")}
+    out["rows_divergent"] = report.get("rows_divergent_count", len(report.get("rows_divergent", ())))
     out["unrecoverable"] = sum(len(v) for v in report.get("unrecoverable", {}).values())
     return out
 

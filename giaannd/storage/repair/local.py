@@ -16,8 +16,10 @@ from numpy.typing import NDArray
 
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.repair.wire import Divergence, rows_differ
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import apply_local
@@ -32,6 +34,8 @@ __all__ = ["repair"]
 
 #: Bound on waiting for hinted handoff to drain before comparing.
 HINT_DRAIN_TIMEOUT_S: Final = 60.0
+#: Rows read from each of two stores per comparison step (``_compare_replicas``).
+COMPARE_ROWS: Final = 65_536
 
 
 def _logged_batches(service: StorageService) -> dict[BatchId, RowBatch]:
@@ -56,7 +60,8 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
     Returns:
         {"batches_shipped", "rows_shipped", "unrecoverable": {node: [...]}, "unlogged": {node: {peer:
          count}} (repair.RepairPlan), "rows_compared",
-         "rows_divergent": [...], "hints_left"}.
+         "rows_divergent": [...] (at most ``wire.MAX_DIVERGENT_LISTED`` described),
+         "rows_divergent_count", "hints_left"}.
     """
     live = [n for n in control.view().live() if control.service(n) is not None]
     targets = [n for n in (names or live) if n in live]
@@ -93,31 +98,44 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
             unrecoverable[dst] = [f"{b.writer:#x}/{b.seq}: {why}" for b, why in plan.unrecoverable.items()]
     compared, divergent = _compare_replicas(placement, services, tolerance)
     return {"batches_shipped": shipped, "rows_shipped": rows, "unrecoverable": unrecoverable,
-            "unlogged": unlogged,
-            "rows_compared": compared, "rows_divergent": divergent,
-            "hints_left": await control.hints_held_for(live)}
+            "unlogged": unlogged, "rows_compared": compared, "rows_divergent": divergent.listed,
+            "rows_divergent_count": divergent.count, "hints_left": await control.hints_held_for(live)}
 
 
 def _compare_replicas(placement: Placement, services: Mapping[str, StorageService | None],
-                      tolerance: float) -> tuple[int, list[str]]:
-    """Every row of every local replica against the other local owners of its column."""
+                      tolerance: float) -> tuple[int, Divergence]:
+    """Every row of every local replica against the other local owners of its column: per row,
+    the first owner (in placement order) that holds it is the reference, and each other local
+    owner's copy must equal it within ``tolerance``. Arrays throughout: the rows are compared per
+    (reference, other) pair of stores, ``COMPARE_ROWS`` keys at a time (``wire.rows_differ``)."""
     stores = {n: s.store.store for n, s in services.items() if s is not None and s.store is not None}
-    keys = sorted(set().union(*(set(st.keys()) for st in stores.values()))) if stores else []
-    if not keys:
-        return 0, []
-    cols = np.array([k[0] for k in keys], np.uint64)
-    owners = placement.owner_indices(cols)
-    divergent: list[str] = []
-    for i, key in enumerate(keys):
-        copies = [(placement.names[int(j)], stores[placement.names[int(j)]].row(key))
-                  for j in owners[i] if placement.names[int(j)] in stores]
-        present = [(n, r) for n, r in copies if r is not None]
-        if not present:
-            continue
-        base_name, base = present[0]
-        for name, row in copies:
-            if row is None or not base.equals(row, rtol=tolerance):
-                divergent.append(f"row {key}: {name} differs from {base_name}")
-    return len(keys), divergent
-
-
+    divergent = Divergence()
+    union = KeyIndex()
+    for st in stores.values():
+        union.lookup_or_add(*st.key_arrays())
+    a, b = union.keys()
+    if not a.shape[0]:
+        return 0, divergent
+    order = np.lexsort((b, a))
+    cols, feats = a[order], b[order]
+    names = placement.names
+    owners = placement.owner_indices(cols)  # (rows, replicas): indices into names
+    local = np.array([n in stores for n in names])[owners]
+    holds = np.zeros(owners.shape, bool)
+    for i, name in enumerate(names):
+        if name in stores:
+            at = owners == i
+            holds[at] = (stores[name].row_lengths(cols, feats) > 0)[np.nonzero(at)[0]]
+    has_ref = holds.any(axis=1)
+    ref = owners[np.arange(owners.shape[0]), holds.argmax(axis=1)]  # the first owner holding the row
+    for j in range(owners.shape[1]):
+        other = owners[:, j]
+        check = has_ref & local[:, j] & (other != ref)
+        for r, o in np.unique(np.stack([ref[check], other[check]], axis=1), axis=0).tolist():
+            rows = np.flatnonzero(check & (ref == r) & (other == o))
+            for lo in range(0, rows.shape[0], COMPARE_ROWS):
+                c, f = cols[rows[lo:lo + COMPARE_ROWS]], feats[rows[lo:lo + COMPARE_ROWS]]
+                differ = rows_differ(c, f, stores[names[r]].read_rows(c, f), stores[names[o]].read_rows(c, f),
+                                     tolerance)
+                divergent.add(c[differ], f[differ], f"{names[o]} differs from {names[r]}")
+    return int(cols.shape[0]), divergent

@@ -38,12 +38,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.errors import RemoteFault
-from giaannd.model.rows import RowBatch, RowKey
+from giaannd.model.rows import Row, RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.errors import CorruptLogError
 from giaannd.storage.engine.recovery import DurableStore
+from giaannd.storage.engine.row_digest import ROW_DIGEST_VERSIONS, row_digests
 from giaannd.storage.engine.update_log import LogRecord, list_segments, scan_segment
 from giaannd.storage.repair.plan import plan_repair
 from giaannd.storage.repair.wire import (
@@ -52,6 +54,7 @@ from giaannd.storage.repair.wire import (
     MAX_PAGE_ROWS,
     DigestsFor,
     DigestsPage,
+    Divergence,
     LoggedFor,
     LoggedPage,
     RepairRefused,
@@ -67,6 +70,7 @@ from giaannd.storage.repair.wire import (
     owned_mask,
     pack_batches,
     placement_from_spec,
+    rows_differ,
     select_log_page,
     spec_of,
     unpack_batches,
@@ -183,18 +187,16 @@ class RepairServer:
     def _digests(self, msg: DigestsFor, bulk: Sequence[Any]) -> Reply:
         if bulk:
             raise ValueError("DigestsFor takes no bulk")
+        # a newer asker's version: the newest this node knows (the reply says which)
+        version = min(msg.digest_version, ROW_DIGEST_VERSIONS[-1])
         rows = self._store().store
         placement = self._placement_with(msg.placement, msg.node)
         owned = owned_mask(placement, msg.node, self.service.node_name)
         res = rows.scan(msg.after, min(msg.max_rows, MAX_PAGE_ROWS), _DIGEST_PAGE_ENTRIES, _DIGEST_PAGE_EXAMINE,
                         keep=owned)
         b = res.batch
-        kd, sd = np.zeros(b.num_rows, np.uint64), np.zeros(b.num_rows, np.uint64)
-        for i, key in enumerate(zip(b.row_column.tolist(), b.row_feature.tolist())):
-            d = rows.digest(key)
-            if d is not None:  # (a scan is one synchronous call: the row is still there)
-                kd[i], sd[i] = d.keys, d.strength
-        return _reply(DigestsPage(res.next_key, res.done), [b.row_column, b.row_feature, kd, sd])
+        kd, sd = row_digests(b.offsets, Row(b.segment, b.target_column, b.target_feature, b.strength), version)
+        return _reply(DigestsPage(res.next_key, res.done, version), [b.row_column, b.row_feature, kd, sd])
 
     def _rows(self, msg: RowsOf, bulk: Sequence[Any]) -> Reply:
         if len(bulk) != 2 or any(not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != np.uint64
@@ -203,14 +205,11 @@ class RepairServer:
         if bulk[0].size > MAX_PAGE_ROWS:
             raise ValueError(f"RowsOf: at most {MAX_PAGE_ROWS} keys per request")
         rows = self._store().store
-        cols, feats = bulk[0].tolist(), bulk[1].tolist()
-        limit, used, served = min(msg.max_bytes, MAX_PAGE_BYTES), 0, 0
-        for key in zip(cols, feats):
-            size = 16 + ENTRY_BYTES * rows.row_entries(key)
-            if served and used + size > limit:
-                break
-            used, served = used + size, served + 1
-        batch = rows.read_rows(np.array(cols[:served], np.uint64), np.array(feats[:served], np.uint64))
+        cols, feats = bulk
+        # the keys served: as many as fit the page's bytes (16 + the entries of each), one at least
+        used = np.cumsum(16 + ENTRY_BYTES * rows.row_lengths(cols, feats))
+        served = max(1, int(np.searchsorted(used, min(msg.max_bytes, MAX_PAGE_BYTES), "right"))) if cols.size else 0
+        batch = rows.read_rows(cols[:served], feats[:served])
         return _reply(RowsPage(served), batch.buffers())
 
 
@@ -276,56 +275,72 @@ class _Peer:
                 raise RepairFailed(f"{self.name}: LoggedPage made no progress")
             after = page.next_after_seq
 
-    async def compare(self, store: DurableStore, mine: Sequence[RowKey], tolerance: float, seen: set[RowKey],
-                      rows_ready: Callable[[], Awaitable[None]] = _at_once) -> list[str]:
-        """This node's rows ``mine`` (the columns both own) against the peer's; adds the peer's keys
-        to ``seen``. ``rows_ready``: awaited before each look at this node's rows (no await between
-        it and the look): a fold under way ends first (background_fold.py)."""
+    async def compare(self, store: DurableStore, shared: tuple[NDArray[np.uint64], NDArray[np.uint64]],
+                      tolerance: float, out: Divergence, extra: KeyIndex,
+                      rows_ready: Callable[[], Awaitable[None]] = _at_once,
+                      digest_version: int = ROW_DIGEST_VERSIONS[-1]) -> None:
+        """This node's rows ``shared`` (sorted keys of the rows in columns both own) against the
+        peer's: the divergent rows go to ``out``; the peer's rows this node lacks to ``extra``
+        too (to count the rows compared). ``rows_ready``: awaited before each look at this node's
+        rows (no await between it and the look): a fold under way ends first
+        (background_fold.py). Arrays throughout: no Python per row (version 2 digests; a peer
+        from before versions answers version 1, hashed here per row as it is there)."""
         after: tuple[int, int] | None = None
-        divergent: list[str] = []
-        recheck: list[RowKey] = []
-        reported: set[RowKey] = set()
+        reported = np.zeros(shared[0].shape[0], bool)  # shared rows the peer listed
+        index = KeyIndex.from_keys(np.array(shared[0]), np.array(shared[1]))
+        recheck: list[tuple[NDArray[np.uint64], NDArray[np.uint64]]] = []
         while True:
-            page, bulk = await self._ask(DigestsFor(self.me, self.spec, after), (), DigestsPage)
-            if len(bulk) != 4:
-                raise RepairFailed(f"{self.name}: DigestsPage with {len(bulk)} buffers, expected 4")
-            keys = list(zip(bulk[0].tolist(), bulk[1].tolist()))
+            page, bulk = await self._ask(DigestsFor(self.me, self.spec, after, digest_version=digest_version),
+                                         (), DigestsPage)
+            cols, feats, keys_there, strength_there = self._digest_arrays(page, bulk)
             await rows_ready()
-            verdict = compare_digests(store.store.digest, keys, bulk[2].tolist(), bulk[3].tolist(),
-                                      self.me, self.name)
-            divergent += verdict.divergent
-            recheck += verdict.recheck
-            reported.update(keys)
+            present, keys_here, strength_here = store.store.row_digests(cols, feats, page.digest_version)
+            verdict = compare_digests(present, keys_here, strength_here, keys_there, strength_there)
+            out.add(cols[verdict.missing], feats[verdict.missing], f"missing on {self.me}, present on {self.name}")
+            out.add(cols[verdict.differ], feats[verdict.differ], f"{self.name} differs from {self.me} (targets)")
+            extra.lookup_or_add(cols[verdict.missing], feats[verdict.missing])
+            recheck.append((cols[verdict.recheck], feats[verdict.recheck]))
+            at = index.lookup(cols, feats)
+            reported[at[at >= 0]] = True
             if page.done or page.next_after is None:
                 break
             if after is not None and tuple(page.next_after) <= after:
                 raise RepairFailed(f"{self.name}: DigestsPage made no progress")
             after = tuple(page.next_after)
-        seen |= reported
-        divergent += [f"row {k}: missing on {self.name}, present on {self.me}" for k in mine if k not in reported]
-        divergent += await self._recheck(store, recheck, tolerance, rows_ready)
-        return divergent
+        out.add(shared[0][~reported], shared[1][~reported], f"missing on {self.name}, present on {self.me}")
+        if recheck:
+            await self._recheck(store, np.concatenate([c for c, _ in recheck]), np.concatenate([f for _, f in recheck]),
+                                tolerance, out, rows_ready)
 
-    async def _recheck(self, store: DurableStore, keys: list[RowKey], tolerance: float,
-                       rows_ready: Callable[[], Awaitable[None]]) -> list[str]:
-        out: list[str] = []
-        while keys:
-            chunk = keys[:MAX_PAGE_ROWS]
-            req = [_u64([k[0] for k in chunk]), _u64([k[1] for k in chunk])]
-            page, bulk = await self._ask(RowsOf(DEFAULT_PAGE_BYTES), req, RowsPage)
-            if not 1 <= page.served <= len(chunk):
-                raise RepairFailed(f"{self.name}: RowsPage served {page.served} of {len(chunk)} keys")
+    def _digest_arrays(self, page: DigestsPage, bulk: Sequence[Any]) -> list[NDArray[np.uint64]]:
+        """A DigestsPage's four arrays (keys, features, keys digests, strength digests), checked."""
+        if page.digest_version not in ROW_DIGEST_VERSIONS:
+            raise RepairFailed(f"{self.name}: DigestsPage in unknown digest version {page.digest_version}")
+        if len(bulk) != 4:
+            raise RepairFailed(f"{self.name}: DigestsPage with {len(bulk)} buffers, expected 4")
+        if any(not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != np.uint64 or a.shape != bulk[0].shape
+               for a in bulk):
+            raise RepairFailed(f"{self.name}: DigestsPage buffers are not four equal-length 1-d uint64 arrays")
+        return list(bulk)
+
+    async def _recheck(self, store: DurableStore, cols: NDArray[np.uint64], feats: NDArray[np.uint64],
+                       tolerance: float, out: Divergence, rows_ready: Callable[[], Awaitable[None]]) -> None:
+        """The rows whose strength digests differ: fetched from the peer page by page and compared
+        with this node's within ``tolerance`` (``rows_differ``: vectorised)."""
+        while cols.shape[0]:
+            c, f = cols[:MAX_PAGE_ROWS], feats[:MAX_PAGE_ROWS]
+            page, bulk = await self._ask(RowsOf(DEFAULT_PAGE_BYTES), [c, f], RowsPage)
+            if not 1 <= page.served <= c.shape[0]:
+                raise RepairFailed(f"{self.name}: RowsPage served {page.served} of {c.shape[0]} keys")
             try:
-                theirs = dict(iter(RowBatch.from_buffers(bulk, validate=True)))
+                theirs = RowBatch.from_buffers(bulk, validate=True)
             except ValueError as exc:
                 raise RepairFailed(f"{self.name}: bad RowsPage: {exc}") from exc
+            c, f = c[: page.served], f[: page.served]
             await rows_ready()
-            for key in chunk[: page.served]:
-                here, there = store.store.row(key), theirs.get(key)
-                if here is None or there is None or not here.equals(there, rtol=tolerance):
-                    out.append(f"row {key}: {self.name} differs from {self.me}")
-            keys = keys[page.served :]
-        return out
+            differ = rows_differ(c, f, store.store.read_rows(c, f), theirs, tolerance)
+            out.add(c[differ], f[differ], f"{self.name} differs from {self.me}")
+            cols, feats = cols[page.served :], feats[page.served :]
 
 
 async def _open_peers(transport: Transport, peer_addresses: dict[str, str], me: str, placement: Placement,
@@ -344,23 +359,36 @@ async def _open_peers(transport: Transport, peer_addresses: dict[str, str], me: 
 
 
 def _keys_by_peer(store: DurableStore, placement: Placement, me: str, peers: Sequence[str]
-                  ) -> tuple[list[RowKey], dict[str, list[RowKey]]]:
-    """This node's row keys in columns it owns, and of those, the ones each peer also owns."""
-    keys = store.store.keys()
-    if me not in placement.names or not keys:
-        return [], {p: [] for p in peers}
-    owners = placement.owner_indices(np.fromiter((k[0] for k in keys), np.uint64, len(keys)))
-    mine = (owners == placement.names.index(me)).any(axis=1)
-    out: dict[str, list[RowKey]] = {}
+                  ) -> tuple[int, dict[str, tuple[NDArray[np.uint64], NDArray[np.uint64]]]]:
+    """How many rows this node holds in columns it owns, and of those, the keys (sorted, as two
+    arrays) of the ones each peer also owns. Owners are computed once per column, not per row."""
+    cols, feats = store.store.key_arrays()
+    none = (cols[:0], feats[:0])
+    if me not in placement.names or not cols.shape[0]:
+        return 0, {p: none for p in peers}
+    first = np.ones(cols.shape[0], bool)
+    first[1:] = cols[1:] != cols[:-1]
+    starts = np.flatnonzero(first)
+    owners = placement.owner_indices(cols[starts])  # one row of owner indices per column
+    per_row = np.diff(np.append(starts, cols.shape[0]))
+
+    def rows_owned_with(name: str) -> NDArray[np.bool_]:
+        if name not in placement.names:
+            return np.zeros(cols.shape[0], bool)
+        return np.repeat((owners == placement.names.index(name)).any(axis=1), per_row)
+
+    mine = rows_owned_with(me)
+    out: dict[str, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
     for p in peers:
-        both = mine & (owners == placement.names.index(p)).any(axis=1) if p in placement.names else mine & False
-        out[p] = [keys[i] for i in np.flatnonzero(both).tolist()]
-    return [keys[i] for i in np.flatnonzero(mine).tolist()], out
+        both = mine & rows_owned_with(p)
+        out[p] = (cols[both], feats[both])
+    return int(mine.sum()), out
 
 
 async def repair_self(service: StorageService, transport: Transport, peer_addresses: dict[str, str],
                       placement: Placement, tolerance: float = 1e-5, *,
-                      page_bytes: int = DEFAULT_PAGE_BYTES) -> dict[str, Any]:
+                      page_bytes: int = DEFAULT_PAGE_BYTES,
+                      digest_version: int = ROW_DIGEST_VERSIONS[-1]) -> dict[str, Any]:
     """Repair this node from its live peers (module docstring). Hints must have been pushed first.
 
     Args:
@@ -370,11 +398,15 @@ async def repair_self(service: StorageService, transport: Transport, peer_addres
         placement: the placement in force (every peer is asked under it).
         tolerance: relative tolerance of the strength comparison.
         page_bytes: bytes per LoggedFor page (smaller: more round trips, less memory per page).
+        digest_version: the repair digest version asked of the peers (row_digest.py; the newest
+            by default: 1 is what nodes from before versions compute, per row, for comparisons).
 
     Returns:
         ``{"batches_shipped", "rows_shipped", "unrecoverable": {node: [...]}, "unlogged": {node:
-        {peer: count}}, "rows_compared", "rows_divergent": [...], "peers_failed": {peer: reason}}``
-        (repair.local.repair's shape for one node; "unrecoverable"/"unlogged" empty when nothing).
+        {peer: count}}, "rows_compared", "rows_divergent": [...], "rows_divergent_count",
+        "peers_failed": {peer: reason}}`` (repair.local.repair's shape for one node;
+        "unrecoverable"/"unlogged" empty when nothing; "rows_divergent" describes at most
+        ``wire.MAX_DIVERGENT_LISTED`` rows, "rows_divergent_count" counts them all).
     """
     store = service.store
     if store is None:
@@ -382,11 +414,12 @@ async def repair_self(service: StorageService, transport: Transport, peer_addres
     me = service.node_name
     failed: dict[str, str] = {}
     report: dict[str, Any] = {"batches_shipped": 0, "rows_shipped": 0, "unrecoverable": {}, "unlogged": {},
-                              "rows_compared": 0, "rows_divergent": [], "peers_failed": failed}
+                              "rows_compared": 0, "rows_divergent": [], "rows_divergent_count": 0,
+                              "peers_failed": failed}
     peers = await _open_peers(transport, peer_addresses, me, placement, failed)
     try:
         await _rebuild(service, store, peers, placement, page_bytes, report)
-        await _compare(store, me, peers, placement, tolerance, report, service.folds)
+        await _compare(store, me, peers, placement, tolerance, report, service.folds, digest_version)
     finally:
         for p in peers:
             with contextlib.suppress(Exception):
@@ -422,15 +455,18 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
 
 
 async def _compare(store: DurableStore, me: str, peers: list[_Peer], placement: Placement, tolerance: float,
-                   report: dict[str, Any], folds: BackgroundFold | None = None) -> None:
-    mine, shared = _keys_by_peer(store, placement, me, [p.name for p in peers])
-    seen: set[RowKey] = set(mine)
+                   report: dict[str, Any], folds: BackgroundFold | None = None,
+                   digest_version: int = ROW_DIGEST_VERSIONS[-1]) -> None:
+    held, shared = _keys_by_peer(store, placement, me, [p.name for p in peers])
+    divergent, extra = Divergence(), KeyIndex()  # (extra: rows peers hold that this node lacks)
     for p in peers:
         if p.name in report["peers_failed"]:
             continue
         try:
-            report["rows_divergent"] += await p.compare(store, shared[p.name], tolerance, seen,
-                                                        _at_once if folds is None else folds.ready)
+            await p.compare(store, shared[p.name], tolerance, divergent, extra,
+                            _at_once if folds is None else folds.ready, digest_version)
         except (RepairFailed, PeersError, OSError) as exc:
             report["peers_failed"][p.name] = f"compare: {exc}"
-    report["rows_compared"] = len(seen)
+    report["rows_compared"] = held + len(extra)
+    report["rows_divergent"] = divergent.listed
+    report["rows_divergent_count"] = divergent.count

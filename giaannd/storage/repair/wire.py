@@ -16,8 +16,10 @@ reconnect and a server keeps no state between pages:
   page (``done``) carries the server's applied set, read on the event loop at the same instant as
   the log's last seq that bounds the page: every id in that set was appended to the log before
   it was applied, so it is either in the pages or truly gone from the log (snapshotted away).
-- ``DigestsFor(node, placement, after)``: one page of (row key, keys digest, strength digest) of the
-  server's rows in columns both it and ``node`` own (column_store.RowDigest).
+- ``DigestsFor(node, placement, after, digest_version)``: one page of (row key, keys digest,
+  strength digest) of the server's rows in columns both it and ``node`` own, in a repair digest
+  version (row_digest.py: version 2 is computed for a page at once, version 1 per row, for peers
+  from before versions); the reply names the version it used.
 - ``RowsOf(keys)``: the server's rows of those keys, for the rows whose strength digests differ
   (replicas sum the same batches in different orders; strengths are compared within a tolerance).
 
@@ -49,20 +51,22 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.model.rows import RowBatch, RowKey
+from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.column_store import RowDigest
 from giaannd.storage.engine.update_log import LogRecord
 from peers.placement import Member, Placement, Strategy
 
 __all__ = [
     "DEFAULT_PAGE_BYTES",
+    "MAX_DIVERGENT_LISTED",
     "MAX_PAGE_BYTES",
     "MAX_PAGE_RECORDS",
     "MAX_PAGE_ROWS",
     "REPAIR_TAG_MIN",
     "DigestVerdict",
+    "Divergence",
     "DigestsFor",
     "DigestsPage",
     "LogPage",
@@ -83,6 +87,7 @@ __all__ = [
     "owned_mask",
     "pack_batches",
     "placement_from_spec",
+    "rows_differ",
     "select_log_page",
     "spec_of",
     "unpack_batches",
@@ -127,13 +132,16 @@ class LoggedFor(msgspec.Struct, frozen=True, tag=200):
 
 
 class DigestsFor(msgspec.Struct, frozen=True, tag=201):
-    """Row digests in columns both ``node`` and the server own, keys > ``after`` (if given).
-    Reply: ``DigestsPage``."""
+    """Row digests in columns both ``node`` and the server own, keys > ``after`` (if given), in
+    repair digest version ``digest_version`` (row_digest.py; a server that does not know it
+    answers in the newest it knows below it, and says which: ``DigestsPage.digest_version``; a
+    server from before versions ignores the field and answers in 1). Reply: ``DigestsPage``."""
 
     node: str
     placement: PlacementSpec
     after: tuple[_U64, _U64] | None = None
     max_rows: _Bytes = MAX_PAGE_ROWS
+    digest_version: Annotated[int, msgspec.Meta(ge=1, le=255)] = 1
 
 
 class RowsOf(msgspec.Struct, frozen=True, tag=202):
@@ -161,8 +169,12 @@ class RepairRefused(msgspec.Struct, frozen=True, tag=231):
 
 
 class DigestsPage(msgspec.Struct, frozen=True, tag=232):
+    """``digest_version``: the repair digest version of the page's digests (absent from a server
+    from before versions: 1)."""
+
     next_after: tuple[_U64, _U64] | None
     done: bool
+    digest_version: int = 1
 
 
 class RowsPage(msgspec.Struct, frozen=True, tag=233):
@@ -360,31 +372,87 @@ def select_log_page(records: Iterable[LogRecord], after_seq: int, upto_seq: int,
 
 
 # -- replica comparison ------------------------------------------------------------------------------
-@dataclass
+#: Divergent rows described one by one in a repair's report at most (``Divergence``); all are counted.
+MAX_DIVERGENT_LISTED: Final = 1000
+
+
+class Divergence:
+    """The divergent rows a repair found: every one counted (``count``), the first ``limit``
+    described (``listed``: "row (column, feature): what"). A node that lost a column to a disk
+    failure diverges in every row of it; the report stays small whatever that number is."""
+
+    def __init__(self, limit: int = MAX_DIVERGENT_LISTED) -> None:
+        self.limit = limit
+        self.count = 0
+        self.listed: list[str] = []
+
+    def add(self, cols: NDArray[np.uint64], feats: NDArray[np.uint64], what: str) -> None:
+        """Rows ``(cols[i], feats[i])``, each described as ``f"row {key}: {what}"``."""
+        room = self.limit - len(self.listed)
+        if room > 0:
+            self.listed += [f"row {(c, f)}: {what}" for c, f in zip(cols[:room].tolist(), feats[:room].tolist())]
+        self.count += int(cols.shape[0])
+
+
+@dataclass(frozen=True)
 class DigestVerdict:
-    """Rows of one digest page: ``divergent`` messages, and keys whose key digests agree but whose
-    strength digests differ (``recheck``: compare the strengths within the tolerance)."""
+    """Rows of one digest page, as masks over its rows: ``missing`` on this node, ``differ`` (the
+    key digests differ: other targets or segments), ``recheck`` (key digests agree, strength
+    digests differ: compare the strengths within the tolerance)."""
 
-    divergent: list[str] = field(default_factory=list)
-    recheck: list[RowKey] = field(default_factory=list)
+    missing: NDArray[np.bool_]
+    differ: NDArray[np.bool_]
+    recheck: NDArray[np.bool_]
 
 
-def compare_digests(local: Callable[[RowKey], RowDigest | None], keys: Sequence[RowKey],
-                    keys_digest: Sequence[int], strength_digest: Sequence[int], me: str, peer: str
-                    ) -> DigestVerdict:
-    """Classify the peer's rows against this node's (``local``: the node's digest of a key).
+def compare_digests(present: NDArray[np.bool_], keys_here: NDArray[np.uint64], strength_here: NDArray[np.uint64],
+                    keys_there: NDArray[np.uint64], strength_there: NDArray[np.uint64]) -> DigestVerdict:
+    """Classify a peer's page of rows against this node's digests of the same rows (one version;
+    ``ColumnStore.row_digests``). Keys must match exactly (same targets, segments); equal strength
+    digests mean bit-identical strengths; anything else is left to ``recheck``. Rows the peer
+    lacks are found by the caller (the keys it did not report)."""
+    differ = present & (keys_here != keys_there)
+    return DigestVerdict(~present, differ, present & ~differ & (strength_here != strength_there))
 
-    Keys must match exactly (same targets, segments); equal strength digests mean bit-identical
-    strengths; anything else is left to ``recheck``. Rows the peer lacks are found by the caller
-    (the keys it did not report).
-    """
-    out = DigestVerdict()
-    for key, kd, sd in zip(keys, keys_digest, strength_digest):
-        mine = local(key)
-        if mine is None:
-            out.divergent.append(f"row {key}: missing on {me}, present on {peer}")
-        elif mine.keys != kd:
-            out.divergent.append(f"row {key}: {peer} differs from {me} (targets)")
-        elif mine.strength != sd:
-            out.recheck.append(key)
+
+def rows_differ(cols: NDArray[np.uint64], feats: NDArray[np.uint64], here: RowBatch, there: RowBatch,
+                rtol: float) -> NDArray[np.bool_]:
+    """For each key ``(cols[i], feats[i])`` (unique): whether its rows in ``here`` and ``there``
+    differ: absent from either, other keys or segments, or strengths not within ``rtol`` of each
+    other (``Row.equals``: ``|a - b| <= rtol * |b|``, b the peer's). Vectorised: the rows are
+    aligned by a key index and compared entry by entry, one pass."""
+    n = int(cols.shape[0])
+    index = KeyIndex.from_keys(np.array(cols, np.uint64), np.array(feats, np.uint64))
+    at_here, at_there = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    for batch, at in ((here, at_here), (there, at_there)):
+        pos = index.lookup(batch.row_column, batch.row_feature)
+        found = pos >= 0
+        at[pos[found]] = np.flatnonzero(found)
+    differ = (at_here < 0) | (at_there < 0)
+    both = np.flatnonzero(~differ)
+    len_here = np.diff(here.offsets)[at_here[both]]
+    len_there = np.diff(there.offsets)[at_there[both]]
+    differ[both[len_here != len_there]] = True
+    both, lengths = both[len_here == len_there], len_here[len_here == len_there]
+    if not int(lengths.sum()):
+        return differ
+    h, t = _entries_of(here.offsets, at_here[both], lengths), _entries_of(there.offsets, at_there[both], lengths)
+    same = ((here.segment[h] == there.segment[t]) & (here.target_column[h] == there.target_column[t])
+            & (here.target_feature[h] == there.target_feature[t]))
+    a, b = here.strength[h], there.strength[t]
+    same &= (a == b) if rtol == 0.0 else np.isclose(a, b, rtol=rtol, atol=0.0)
+    starts = np.zeros(both.shape[0], np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    nonempty = lengths > 0
+    row_same = np.ones(both.shape[0], bool)
+    row_same[nonempty] = np.logical_and.reduceat(same, starts[nonempty])
+    differ[both[~row_same]] = True
+    return differ
+
+
+def _entries_of(offsets: NDArray[np.int64], rows: NDArray[np.int64], lengths: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The entry positions of ``rows`` (each ``lengths[i]`` long from ``offsets[rows[i]]``), back to back."""
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    out: NDArray[np.int64] = np.arange(total, dtype=np.int64) + np.repeat(offsets[rows] - (ends - lengths), lengths)
     return out
