@@ -79,6 +79,7 @@ from giaannd.storage.engine.row_digest import (
     rows_digest_v2_pieces,
 )
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
+from giaannd.storage.engine.sorted_keys import SortedKeys
 
 __all__ = [
     "APPLIED_ID_BYTES",
@@ -114,6 +115,9 @@ SIZE_BINS = 64
 #: average at least this many entries: a piece costs a few µs of Python (four hash updates), about
 #: what gathering ~100 entries costs; below that one gather of the rows is cheaper.
 MIN_DIGEST_PIECE_ENTRIES = 256
+#: A scan page looks at no more than this many keys per row it may return (``scan``'s window of the
+#: sorted keys): a filter passing 1 key in 16 still fills a page; one passing fewer ends the page early.
+SCAN_WINDOW_ROWS = 16
 #: ``row_digests`` gathers rows about this many entries at a time (a few tens of MB of copies).
 DIGEST_GATHER_ENTRIES = 1 << 21
 #: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
@@ -301,9 +305,8 @@ class ColumnStore:
         #: bumped by every drop_columns: part of a row's version for chunked reads (module docstring)
         self.drops = 0
         #: (rows changed at version, sorted columns, sorted features, their row ids): ``_sorted_keys``
-        self._sorted: tuple[int, NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]] | None = None
-        #: the version of the last change of the row set (a row created or dropped)
-        self._rows_version = 0
+        #: every row key in (column, feature) order, kept up to date as rows are created (sorted_keys.py)
+        self._keys = SortedKeys()
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
         self._size_counts = np.zeros(SIZE_BINS, np.int64)
         #: writers whose batches bring mostly rows this store does not hold (a stream receiver
@@ -458,7 +461,6 @@ class ColumnStore:
         self._count_sizes(lengths)
         self._grow_touches(self.engine.num_rows)
         self._touches[ids] += np.uint64(1)
-        self._rows_version = self._version
 
     def apply_disjoint(self, items: Sequence[tuple[BatchId, RowBatch] | Floor], room: int = 0,
                        new_rows: bool = True) -> int:
@@ -496,7 +498,6 @@ class ColumnStore:
             self._count_sizes(lengths)
             self._grow_touches(self.engine.num_rows)
             self._touches[ids] += np.uint64(1)
-            self._rows_version = self._version
             return applied
         self._apply_in_order(pieces)
         return applied
@@ -561,8 +562,8 @@ class ColumnStore:
 
     def _apply_in_order(self, pieces: list[RowBatch]) -> None:
         """The rows part of ``apply_in_order`` and ``apply_disjoint``: one ``RowEngine.apply_in_order``
-        of ``pieces``, then the row-size counts, ``touches`` and the row set's
-        version as a commit of each piece would leave them."""
+        of ``pieces``, then the row-size counts and ``touches`` as a commit of each
+        piece would leave them."""
         engine = self.engine
         held = engine.num_rows
         before = engine.lengths().copy()
@@ -576,8 +577,6 @@ class ColumnStore:
         self._count_sizes(engine.lengths()[touched])
         self._grow_touches(engine.num_rows)
         np.add.at(self._touches, ids, np.uint64(1))
-        if engine.num_rows > held:
-            self._rows_version = self._version
 
     def _commit_plan(self, plan: ApplyPlan) -> None:
         """The engine part of ``commit``: the plan, the row-size counts, ``touches``."""
@@ -588,8 +587,6 @@ class ColumnStore:
         self._count_sizes(engine.lengths()[plan.ids])
         self._grow_touches(engine.num_rows)
         self._touches[plan.ids] += np.uint64(1)
-        if plan.new_rows:
-            self._rows_version = self._version
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
@@ -624,7 +621,6 @@ class ColumnStore:
         if rows == 0:
             return DropResult(0, 0)
         self._version += 1
-        self._rows_version = self._version
         self.drops += 1
         lengths = engine.lengths()
         dropped = lengths[gone]
@@ -940,7 +936,6 @@ class ColumnStore:
             self._touches = np.zeros(max(1024, n), np.uint64)
             self._touches[:n] = touches
         self._version += 1
-        self._rows_version = self._version
         self._count_sizes(self.engine.lengths())
 
     def load_row(self, key: RowKey, region: NDArray[np.uint8], touches: int) -> None:
@@ -956,7 +951,6 @@ class ColumnStore:
                                 np.array([0, len(row)], np.int64),
                                 Entries(row.segment, row.target_column, row.target_feature, row.strength))
         self._version += 1
-        self._rows_version = self._version
         self._engine_commit(plan)
         self._count_sizes(np.array([len(row)], np.int64))
         self._grow_touches(self.engine.num_rows)
@@ -977,17 +971,21 @@ class ColumnStore:
         ``next_key`` is the cursor for the next call, ``done`` says nothing follows it. Rows added
         behind the cursor during a scan are not seen by it; rows added ahead of it are.
         """
-        cols, feats, ids = self._sorted_keys()
+        self._refresh_keys()
+        # the keys from the cursor's on, as many as a page of ``limit_rows`` rows may look at
+        # (SCAN_WINDOW_ROWS each): the page's cost, not the store's (sorted_keys.py); a page whose
+        # filter passes fewer rows ends at the window's end (not the last: the caller goes on)
+        window = min(max(1, max_examine), max(1, limit_rows) * SCAN_WINDOW_ROWS)
+        (cols, feats, ids), more = self._keys.window(after, window + 1)
         return scan_page(cols, feats, ids, self.engine.lengths(), self._gather, lambda i: _row(self.engine.read(i)),
-                         after, limit_rows, limit_entries, max_examine, keep, limit_bytes, after_entry)
+                         after, limit_rows, limit_entries, max_examine, keep, limit_bytes, after_entry, more)
 
     def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
-        """Every row key as two arrays sorted by (column, feature), and each one's row id; rebuilt
-        (one lexsort) when rows were created or dropped since it was made, else cached."""
-        cached = self._sorted
-        if cached is None or cached[0] != self._rows_version:
-            a, b = self.engine.keys()
-            order = np.lexsort((b, a)).astype(np.int64)
-            cached = (self._rows_version, a[order], b[order], order)
-            self._sorted = cached
-        return cached[1], cached[2], cached[3]
+        """Every row key as two arrays sorted by (column, feature), and each one's row id (shared:
+        do not change them; sorted_keys.py keeps them up to date without sorting the store)."""
+        self._refresh_keys()
+        return self._keys.full()
+
+    def _refresh_keys(self) -> None:
+        a, b = self.engine.keys()
+        self._keys.refresh(a, b, self.engine.num_rows, self.drops)

@@ -86,11 +86,13 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
               lengths: NDArray[np.int64], gather: Gather, read: ReadOne, after: RowKey | None, limit_rows: int,
               limit_entries: int, max_examine: int,
               keep: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
-              limit_bytes: int | None = None, after_entry: int = 0) -> ScanResult:
+              limit_bytes: int | None = None, after_entry: int = 0, more: bool = False) -> ScanResult:
     """One page of the rows after the cursor (None: from the first row).
 
     Args:
-        cols, feats, ids: every stored row's key, sorted by (column, feature), and its row id.
+        cols, feats, ids: every stored row's key, sorted by (column, feature), and its row id;
+            or a window of them that starts at the cursor's key or before it and holds at least
+            ``max_examine`` keys after it unless it reaches the last key (``more`` False).
         lengths: entries per row, by row id.
         gather: reads rows by id (``Gather``); read: one row by id (``ReadOne``), for a row cut.
         after: the cursor (``ScanResult.next_key`` of the previous page), or None.
@@ -101,6 +103,7 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
         limit_bytes: the page's bound in bytes (``page_bytes``); a row over it is cut. None:
             no byte bound, and a row over ``limit_entries`` goes whole, alone (not cut).
         after_entry: with ``after``, resume inside that row at this entry (``next_entry``).
+        more: keys follow the last of ``cols`` (a window: the page is never the last).
 
     Raises:
         ValueError: a limit is below 1, or ``after_entry`` is negative or given without ``after``.
@@ -110,6 +113,7 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
     if after_entry < 0 or (after_entry and after is None):
         raise ValueError("after_entry must be >= 0, and given with a cursor row")
     n = int(cols.shape[0])
+    last_index = n + 1 if more else n  # (an index >= it: the scan is done)
     start = 0
     if after is not None:
         ac, af = np.uint64(after[0]), np.uint64(after[1])
@@ -117,11 +121,11 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
         start = lo + int(np.searchsorted(feats[lo:hi], af, "right"))
         held = start > lo and int(feats[start - 1]) == after[1]
         if after_entry and held and (keep is None or bool(keep(np.array([after[0]], np.uint64))[0])):
-            return _rest_of_row(after, int(ids[start - 1]), lengths, read, after_entry, start, n, limit_entries,
-                                limit_bytes)
+            return _rest_of_row(after, int(ids[start - 1]), lengths, read, after_entry, start, last_index,
+                                limit_entries, limit_bytes)
     end = min(start + max_examine, n)
     if start >= end:
-        return ScanResult(RowBatch.empty(), after, True, 0)
+        return ScanResult(RowBatch.empty(), after, not more, 0)
     taken: list[NDArray[np.int64]] = []
     rows = entries = 0
     last = end - 1  # the cursor: the last key looked at
@@ -141,9 +145,9 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
             row_id = int(ids[idx[0]])
             if limit_bytes is None:  # a client that cannot resume inside a row: whole, alone
                 batch = _piece(key, read(row_id), 0, int(lengths[row_id]))
-                return ScanResult(batch, key, int(idx[0]) + 1 >= n, int(idx[0]) + 1 - start)
-            return _rest_of_row(key, row_id, lengths, read, 0, int(idx[0]) + 1, n, limit_entries, limit_bytes,
-                                examined=int(idx[0]) + 1 - start)
+                return ScanResult(batch, key, int(idx[0]) + 1 >= last_index, int(idx[0]) + 1 - start)
+            return _rest_of_row(key, row_id, lengths, read, 0, int(idx[0]) + 1, last_index, limit_entries,
+                                limit_bytes, examined=int(idx[0]) + 1 - start)
         taken.append(idx[:k])
         rows, entries = int(cum_rows[k - 1]) if k else rows, int(cum_entries[k - 1]) if k else entries
         if k < sizes.shape[0]:
@@ -152,11 +156,11 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
     picked = np.concatenate(taken) if taken else np.empty(0, np.int64)
     next_key = (int(cols[last]), int(feats[last]))
     if picked.shape[0] == 0:
-        return ScanResult(RowBatch.empty(), next_key, last + 1 >= n, last + 1 - start)
+        return ScanResult(RowBatch.empty(), next_key, last + 1 >= last_index, last + 1 - start)
     offsets, got = gather(ids[picked])
     batch = RowBatch(cols[picked], feats[picked], offsets, got.segment, got.target_column, got.target_feature,
                      got.strength)
-    return ScanResult(batch, next_key, last + 1 >= n, last + 1 - start)
+    return ScanResult(batch, next_key, last + 1 >= last_index, last + 1 - start)
 
 
 def _piece(key: RowKey, row: Row, first: int, count: int) -> RowBatch:

@@ -1,0 +1,159 @@
+"""Every row key of a store in (column, feature) order, kept up to date without sorting the store.
+
+Theory of operation
+-------------------
+Scans (export, repair's digest pages, a stream's key listing, ``held_columns``) walk the rows in
+key order, but the row engine numbers rows densely in the order they were created
+(rowengine/keyindex.py). Before, the store kept one sorted copy of every key and rebuilt it, one
+``lexsort`` of the whole store (4.4 s at 10^7 rows here), whenever a row had been created since:
+under training, which creates rows all the time, *every* scan page sorted the store again.
+
+Rows are only ever appended (new ids above the old ones) or, on a drop of columns, renumbered.
+So this keeps two sorted runs:
+
+- ``main``: the keys of ids ``[0, n_main)``, sorted;
+- ``tail``: the keys of ids ``[n_main, n)``, sorted, created since ``main`` was last merged.
+
+New rows are sorted among themselves (their count, not the store's) and merged into the tail;
+once the tail holds more than 1/``TAIL_SHARE`` of ``main`` (at least ``MIN_TAIL``), it is merged
+into ``main``: one linear, compiled merge pass (``_merge_into``), so a row costs
+O(``TAIL_SHARE``) copies over its life, not a sort of the store per change. Who needs every key
+as one sorted array (``full``) gets the tail merged in first; a scan page needs only the keys
+after its cursor (``window``): the next keys of each run, merged, whatever the store's size. A
+drop (``drops`` changes) or fewer rows than covered rebuilds both from scratch (one sort; drops
+are rare).
+
+Memory: 24 bytes per row (two keys and an id), and while a merge into ``main`` runs, the new
+copy of it (24 more).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from giaannd.rowengine.jit import kernel, readonly
+
+__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys"]
+
+U64 = NDArray[np.uint64]
+I64 = NDArray[np.int64]
+Keys = tuple[U64, U64, I64]
+
+#: The tail is merged into ``main`` once it holds more than 1/TAIL_SHARE of it ...
+TAIL_SHARE: Final = 16
+#: ... and more than this many keys.
+MIN_TAIL: Final = 4096
+_RUN = f"{readonly('uint64')}, {readonly('uint64')}, {readonly('int64')}"
+
+
+@kernel(f"int64({_RUN}, {_RUN}, uint64[::1], uint64[::1], int64[::1])")
+def _merge_into(ac: U64, af: U64, ai: I64, bc: U64, bf: U64, bi: I64, oc: U64, of: U64, oi: I64) -> int:
+    """The first ``len(oc)`` keys of runs a and b (each sorted by (column, feature), keys
+    distinct), merged into ``oc``/``of``/``oi``; returns how many were written."""
+    i = j = k = 0
+    na, nb, n = ac.shape[0], bc.shape[0], oc.shape[0]
+    while k < n and (i < na or j < nb):
+        if j >= nb or (i < na and (ac[i] < bc[j] or (ac[i] == bc[j] and af[i] < bf[j]))):
+            oc[k], of[k], oi[k] = ac[i], af[i], ai[i]
+            i += 1
+        else:
+            oc[k], of[k], oi[k] = bc[j], bf[j], bi[j]
+            j += 1
+        k += 1
+    return k
+
+
+def _sorted(c: U64, f: U64, ids: I64) -> Keys:
+    order = np.lexsort((f, c))
+    return c[order], f[order], ids[order]
+
+
+def _merge(a: Keys, b: Keys, count: int | None = None) -> Keys:
+    """Two sorted runs of distinct keys as one (its first ``count`` keys when given): one
+    compiled pass."""
+    if count is None:
+        if not b[0].shape[0]:
+            return a
+        if not a[0].shape[0]:
+            return b
+    n = a[0].shape[0] + b[0].shape[0] if count is None else min(count, a[0].shape[0] + b[0].shape[0])
+    out: Keys = (np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64))
+    _merge_into(*a, *b, *out)
+    return out
+
+
+def _from(keys: Keys, after: tuple[int, int] | None) -> int:
+    """The position of the first key >= ``after`` in a sorted run (0: no cursor)."""
+    if after is None:
+        return 0
+    c, f = keys[0], keys[1]
+    ac = np.uint64(after[0])
+    lo, hi = int(np.searchsorted(c, ac, "left")), int(np.searchsorted(c, ac, "right"))
+    return lo + int(np.searchsorted(f[lo:hi], np.uint64(after[1]), "left"))
+
+
+class SortedKeys:
+    """The sorted keys of one store (module docstring). ``refresh`` first, with the engine's
+    keys, its row count and the store's drop count; then ``full`` or ``window``."""
+
+    def __init__(self) -> None:
+        empty: Keys = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        self._main, self._tail = empty, empty
+        self._n = 0  # ids [0, n) are in main or tail
+        self._drops = -1
+        #: whole sorts and merges of the tail into main so far (tests and benches)
+        self.sorts = 0
+        self.merges = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def refresh(self, keys_a: U64, keys_b: U64, num_rows: int, drops: int) -> None:
+        """Take in the rows created since the last call (ids ``[covered, num_rows)``; ``keys_a``/
+        ``keys_b``: the engine's keys by id), or start again after a drop."""
+        if drops != self._drops or num_rows < self._n:
+            self._main = _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
+            self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
+            self._n, self._drops = num_rows, drops
+            self.sorts += 1
+            return
+        if num_rows == self._n:
+            return
+        new = _sorted(keys_a[self._n:num_rows], keys_b[self._n:num_rows], np.arange(self._n, num_rows, dtype=np.int64))
+        self._tail = _merge(self._tail, new)
+        self._n = num_rows
+        if self._tail[0].shape[0] > max(MIN_TAIL, self._main[0].shape[0] // TAIL_SHARE):
+            self._fold()
+
+    def _fold(self) -> None:
+        self._main = _merge(self._main, self._tail)
+        self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
+        self.merges += 1
+
+    def full(self) -> Keys:
+        """Every key, sorted, and its row id (the tail merged in first; the arrays are shared:
+        do not change them)."""
+        if self._tail[0].shape[0]:
+            self._fold()
+        return self._main
+
+    def window(self, after: tuple[int, int] | None, count: int) -> tuple[Keys, bool]:
+        """The first ``count`` keys >= ``after`` (all keys when None), sorted, with their row ids,
+        and whether more keys follow them: from each run its next ``count`` keys, merged, so the
+        cost is the window's, not the store's."""
+        if not self._tail[0].shape[0]:
+            keys = self._main
+            at = _from(keys, after)
+            return (keys[0][at:at + count], keys[1][at:at + count], keys[2][at:at + count]), \
+                at + count < keys[0].shape[0]
+        parts = []
+        more = False
+        for run in (self._main, self._tail):
+            at = _from(run, after)
+            parts.append((run[0][at:at + count], run[1][at:at + count], run[2][at:at + count]))
+            more = more or at + count < run[0].shape[0]
+        more = more or parts[0][0].shape[0] + parts[1][0].shape[0] > count
+        return _merge(parts[0], parts[1], count), more

@@ -1,0 +1,92 @@
+"""The store's keys in (column, feature) order (storage/engine/sorted_keys.py): equal to a sort of
+every key after any mix of appends and drops, windows equal to slices of it, and a scan page of a
+store that gains rows costs no sort of the store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from giaannd.protocol import BatchId
+from giaannd.storage.engine import sorted_keys
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.sorted_keys import SortedKeys
+from tools.cluster_harness import make_batch
+
+
+def _reference(a, b):
+    order = np.lexsort((b, a))
+    return a[order], b[order], order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, monkeypatch):
+    monkeypatch.setattr(sorted_keys, "MIN_TAIL", 8)  # (merges into main happen at this size)
+    rng = np.random.default_rng(seed)
+    a = np.zeros(0, np.uint64)
+    b = np.zeros(0, np.uint64)
+    keys, drops = SortedKeys(), 0
+    for _ in range(40):
+        step = rng.integers(0, 4)
+        if step == 0 and a.size > 10:  # a drop: rows renumbered
+            keep = rng.random(a.size) < 0.7
+            a, b, drops = a[keep], b[keep], drops + 1
+        else:  # new rows (columns shared with old ones, both extremes of uint64 included)
+            k = int(rng.integers(1, 60))
+            na = rng.choice(np.array([0, 1, 5, 2**63, 2**64 - 1], np.uint64), k)
+            nb = rng.integers(0, 2**64 - 1, k, dtype=np.uint64, endpoint=True)
+            seen = set(zip(a.tolist(), b.tolist()))
+            fresh = [i for i, key in enumerate(zip(na.tolist(), nb.tolist())) if key not in seen]
+            na, nb = na[fresh], nb[fresh]
+            _, first = np.unique(np.stack([na, nb]), axis=1, return_index=True)
+            a, b = np.append(a, na[np.sort(first)]), np.append(b, nb[np.sort(first)])
+        keys.refresh(a, b, a.size, drops)
+        if rng.random() < 0.5:  # a window from a cursor (present, absent or none)
+            full = _reference(a, b)
+            at = int(rng.integers(0, a.size + 1))
+            after = None if rng.random() < 0.2 or at == a.size else (int(full[0][at]), int(full[1][at]) + int(
+                rng.integers(0, 2)) if int(full[1][at]) < 2**64 - 1 else int(full[1][at]))
+            count = int(rng.integers(1, 30))
+            (wc, wf, wi), more = keys.window(after, count)
+            start = 0 if after is None else next(
+                (i for i in range(a.size) if (int(full[0][i]), int(full[1][i])) >= after), a.size)
+            assert wc.tolist() == full[0][start:start + count].tolist()
+            assert wf.tolist() == full[1][start:start + count].tolist()
+            assert wi.tolist() == full[2][start:start + count].tolist()
+            assert more == (start + count < a.size)
+        else:
+            got = keys.full()
+            want = _reference(a, b)
+            assert all(x.tolist() == y.tolist() for x, y in zip(got, want))
+
+
+def test_a_scan_of_a_store_that_gains_rows_sorts_no_more(monkeypatch):
+    """Before, every scan page after a row was created sorted every key of the store again."""
+    store = ColumnStore(1 << 30)
+    rng = np.random.default_rng(3)
+    store.apply(BatchId(1, 1), make_batch(rng, 5_000, 2, rng.integers(1, 400, 5_000).astype(np.uint64)))
+    sorts = []
+    real = np.lexsort
+
+    def counted(keys, *args, **kw):
+        sorts.append(len(keys[0]))
+        return real(keys, *args, **kw)
+
+    monkeypatch.setattr(np, "lexsort", counted)
+    page = store.scan(None, 100, 1 << 20, 1_000)
+    for seq in range(2, 12):  # training creates rows between pages
+        store.apply(BatchId(1, seq), make_batch(rng, 10, 2, rng.integers(1, 400, 10).astype(np.uint64)))
+        page = store.scan(page.next_key, 100, 1 << 20, 1_000)
+        assert not page.done
+    big = [n for n in sorts if n >= 1_000]
+    assert len(big) == 1  # the first listing only
+    # the scan still sees every row in key order
+    cols, feats = store.key_arrays()
+    rows, after = [], None
+    while True:
+        res = store.scan(after, 700, 1 << 20, 900)
+        rows += list(zip(res.batch.row_column.tolist(), res.batch.row_feature.tolist()))
+        if res.done:
+            break
+        after = res.next_key
+    assert rows == list(zip(cols.tolist(), feats.tolist()))
