@@ -119,6 +119,7 @@ __all__ = [
     "MAX_SCAN_ROWS",
     "MAX_VOCAB_ENTRIES",
     "MAX_VOCAB_TEXT_CHARS",
+    "ROW_DIGEST_VERSIONS",
     "ApplyAck",
     "ApplyBatch",
     "AppliedMask",
@@ -242,6 +243,9 @@ MAX_VOCAB_TEXT_CHARS: Final = 1024
 #: Rows one ColumnInfo page looks at. Each row is hashed (its digest) on the event loop, so a page
 #: is bounded like a scan page; a column with more features is answered in several pages.
 MAX_COLUMN_INFO_ROWS: Final = 16_384
+#: The per-row (repair) digest versions this code computes, oldest first (their definitions:
+#: storage/engine/row_digest.py); ``ColumnInfo`` and repair's ``DigestsFor`` name the one wanted.
+ROW_DIGEST_VERSIONS: Final = (1, 2)
 #: Members in one SetOverride: a placement set, like the ring's entries (giaannd.cluster.ring
 #: MAX_RING_ENTRIES bounds RingState / RingPush the same way).
 MAX_OVERRIDE_MEMBERS: Final = MAX_RING_ENTRIES
@@ -371,6 +375,10 @@ class ColumnInfo(msgspec.Struct, frozen=True, tag=9):
     after_feature: _U64 = 0
     started: bool = False
     limit: Annotated[int, msgspec.Meta(ge=1)] = MAX_COLUMN_INFO_ROWS
+    #: the repair digest version of the digests wanted (storage/engine/row_digest.py); a node that
+    #: does not know it answers in the newest it knows below it and says which
+    #: (``ColumnInfoPage.digest_version``); a node from before versions answers in 1
+    digest_version: Annotated[int, msgspec.Meta(ge=1, le=255)] = 1
 
 
 _RegisterKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REGISTER_KEY_CHARS)]
@@ -549,10 +557,11 @@ class VocabReply(msgspec.Struct, frozen=True, tag=71):
 
 class ColumnInfoPage(msgspec.Struct, frozen=True, tag=72):
     """One page of a column's rows on one node. Counts and digests cover this page only; the caller
-    adds them up (digests: sum mod 2**64 of per-row hashes, ``requests.fold_row_digest``, so the
-    total does not depend on where pages end). ``bytes``: the store's accounting (regions plus the
-    per-row overhead). ``next_feature``: the cursor for the next page; ``done``: no row of the
-    column after it."""
+    adds them up (digests: sum mod 2**64 of per-row hashes, ``requests.fold_row_digest`` in
+    version 1, ``row_digest.fold_row_digests_v2`` in version 2, so the total does not depend on
+    where pages end). ``bytes``: the store's accounting (regions plus the per-row overhead).
+    ``next_feature``: the cursor for the next page; ``done``: no row of the column after it;
+    ``digest_version``: the version of the digests (absent from a node from before versions: 1)."""
 
     rows: int = 0
     entries: int = 0
@@ -562,6 +571,7 @@ class ColumnInfoPage(msgspec.Struct, frozen=True, tag=72):
     batches: int = 0
     next_feature: int = 0
     done: bool = True
+    digest_version: int = 1
 
 
 class RingState(msgspec.Struct, frozen=True, tag=73):

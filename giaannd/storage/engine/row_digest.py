@@ -56,16 +56,18 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd.model.rows import Row
+from giaannd.protocol import ROW_DIGEST_VERSIONS as PROTOCOL_ROW_DIGEST_VERSIONS
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions
 
-__all__ = ["ROWS_DIGEST_VERSIONS", "ROW_DIGEST_VERSIONS", "RowDigest", "row_digest", "row_digests", "rows_digest",
-           "rows_digest_v2_pieces"]
+__all__ = ["ROWS_DIGEST_VERSIONS", "ROW_DIGEST_VERSIONS", "RowDigest", "fold_row_digests_v2", "row_digest",
+           "row_digests", "rows_digest", "rows_digest_v2_pieces"]
 
 #: The ``rows_digest`` versions this code computes (module docstring); the last is the newest.
 ROWS_DIGEST_VERSIONS = (1, 2)
-#: The ``row_digests`` (repair) versions this code computes (module docstring); the last is the newest.
-ROW_DIGEST_VERSIONS = (1, 2)
+#: The ``row_digests`` (repair) versions this code computes (module docstring; the protocol's list,
+#: giaannd/protocol.py); the last is the newest.
+ROW_DIGEST_VERSIONS = PROTOCOL_ROW_DIGEST_VERSIONS
 
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -113,6 +115,26 @@ def _row_digests_v2(offsets: NDArray[np.int64], seg: NDArray[np.uint8], tc: NDAr
             hs = _lane(hs, np.uint64(bits[j]))
         keys[r] = _avalanche(_lane(_lane(_lane(_SEED_KEYS, hc), hf), hg))
         strength[r] = _avalanche(_lane(_SEED_STRENGTH, hs))
+
+
+_SEED_FOLD = np.uint64(0x636F6C73)  # "cols"
+
+
+@kernel(f"uint64({readonly('uint64')}, {readonly('uint64')}, {readonly('uint64')})")
+def _fold_sum_v2(cols: NDArray[np.uint64], feats: NDArray[np.uint64], digests: NDArray[np.uint64]) -> np.uint64:
+    total = np.uint64(0)
+    for i in range(cols.shape[0]):
+        total += _avalanche(_lane(_lane(_lane(_SEED_FOLD, cols[i]), feats[i]), digests[i]))
+    return total
+
+
+def fold_row_digests_v2(cols: NDArray[np.uint64], feats: NDArray[np.uint64], digests: NDArray[np.uint64]) -> int:
+    """The order-free sum, mod 2**64, of each row's share of a column digest in version 2 (a
+    ``ColumnInfoPage``'s, storage/replication/requests.py): per row ``A(L(L(L(C, column),
+    feature), digest))`` (the lanes and avalanche of version 2 above, C the seed ``_SEED_FOLD``),
+    added up in one compiled pass."""
+    return int(_fold_sum_v2(np.ascontiguousarray(cols, np.uint64), np.ascontiguousarray(feats, np.uint64),
+                            np.ascontiguousarray(digests, np.uint64)))
 
 
 def row_digests(offsets: NDArray[np.int64], rows: Row, version: int = ROW_DIGEST_VERSIONS[-1]

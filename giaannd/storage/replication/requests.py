@@ -50,13 +50,14 @@ import xxhash
 from giaannd import protocol as p
 from giaannd.cluster.view import ClusterView
 from giaannd.config import DEFAULT_READ_CHUNK_BYTES
-from giaannd.model.rows import RowBatch
+from giaannd.model.rows import Row, RowBatch
 from giaannd.protocol import BatchId, scan_chain_mask
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ROW_OVERHEAD_BYTES
 from giaannd.storage.engine.disk_usage import DiskUsage
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.register_store import RegisterLogCorrupt, RegisterState, RegisterStore, RegisterStoreFull
+from giaannd.storage.engine.row_digest import ROW_DIGEST_VERSIONS, fold_row_digests_v2, row_digests
 from giaannd.storage.engine.vocab_store import VocabCollision, VocabStore
 from giaannd.storage.replication.hints import HintSpaceFull, HintStore
 
@@ -484,14 +485,19 @@ class StorageRequests:
         res = self.store.store.scan(after, limit, p.MAX_SCAN_ENTRIES, limit,
                                     lambda cols: cols == np.uint64(column))
         batch = res.batch
-        keys_sum = strength_sum = batches = 0
-        for feature in batch.row_feature.tolist():
-            d = self.store.store.digest((column, feature))
-            if d is None:  # (cannot happen single-threaded: the scan just read it)
-                continue
-            keys_sum = (keys_sum + fold_row_digest(column, feature, d.keys)) & _U64_MASK
-            strength_sum = (strength_sum + fold_row_digest(column, feature, d.strength)) & _U64_MASK
-            batches += d.batches
+        version = min(msg.digest_version, ROW_DIGEST_VERSIONS[-1])  # (a newer asker: the newest known)
+        _, touches = self.store.store.row_touches(batch.row_column, batch.row_feature)
+        batches = int(touches.sum())
+        kd, sd = row_digests(batch.offsets, Row(batch.segment, batch.target_column, batch.target_feature,
+                                                batch.strength), version)
+        if version == 2:  # one compiled pass for the page
+            keys_sum = fold_row_digests_v2(batch.row_column, batch.row_feature, kd)
+            strength_sum = fold_row_digests_v2(batch.row_column, batch.row_feature, sd)
+        else:  # version 1: a Python hash per row (askers from before versions)
+            keys_sum = strength_sum = 0
+            for feature, k, st in zip(batch.row_feature.tolist(), kd.tolist(), sd.tolist()):
+                keys_sum = (keys_sum + fold_row_digest(column, feature, k)) & _U64_MASK
+                strength_sum = (strength_sum + fold_row_digest(column, feature, st)) & _U64_MASK
         rows, entries = batch.num_rows, batch.num_entries
         nxt = res.next_key
         done = res.done or nxt is None or nxt[0] != column
@@ -499,7 +505,7 @@ class StorageRequests:
         return Answer(p.ColumnInfoPage(
             rows=rows, entries=entries, bytes=entries * ENTRY_BYTES + rows * ROW_OVERHEAD_BYTES,
             keys_digest=keys_sum, strength_digest=strength_sum, batches=batches,
-            next_feature=0 if done or nxt is None else nxt[1], done=done))
+            next_feature=0 if done or nxt is None else nxt[1], done=done, digest_version=version))
 
     # -- vocabulary (vocab_store.py) -------------------------------------------------------------
     def put_vocab(self, msg: p.PutVocab) -> Step:
