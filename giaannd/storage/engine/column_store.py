@@ -589,23 +589,24 @@ class ColumnStore:
         self._touches[plan.ids] += np.uint64(1)
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
-        """The columns with at least one stored row (of ``columns`` only, if given), sorted, unique."""
-        cols = self._sorted_keys()[0]
+        """The columns with at least one stored row (of ``columns`` only, if given: looked up, not
+        a pass over every key), sorted, unique."""
+        if columns is not None:
+            self._refresh_keys()
+            cols = self._keys.of_columns(np.unique(np.asarray(columns).astype(np.uint64, copy=False)))[0]
+        else:
+            cols = self._sorted_keys()[0]
         first = np.ones(cols.shape[0], bool)
         first[1:] = cols[1:] != cols[:-1]
-        cols = cols[first]
-        if columns is None:
-            return cols
-        wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
-        return cols[np.isin(cols, wanted)]
+        return cols[first]
 
     def rows_of_columns(self, columns: ArrayLike) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
         """The keys of every row of ``columns``, sorted (as two arrays), and each row's size in
-        bytes (``ENTRY_BYTES`` per entry): what a stream source cuts its chunks from."""
-        wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
-        cols, feats, ids = self._sorted_keys()
-        hit = np.flatnonzero(np.isin(cols, wanted))
-        return cols[hit], feats[hit], ENTRY_BYTES * self.engine.lengths()[ids[hit]]
+        bytes (``ENTRY_BYTES`` per entry): what a stream source cuts its chunks from. Costs the
+        rows found and a binary search per column (sorted_keys.py), not a pass over every key."""
+        self._refresh_keys()
+        cols, feats, ids = self._keys.of_columns(np.unique(np.asarray(columns).astype(np.uint64, copy=False)))
+        return cols, feats, ENTRY_BYTES * self.engine.lengths()[ids]
 
     def drop_columns(self, columns: ArrayLike) -> DropResult:
         """Delete every row of ``columns`` (columns with no rows are ignored) and return their bytes

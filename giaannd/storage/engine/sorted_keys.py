@@ -140,6 +140,21 @@ class SortedKeys:
             self._fold()
         return self._main
 
+    def of_columns(self, columns: U64) -> Keys:
+        """The keys (sorted) and row ids of every row of ``columns`` (sorted, unique): each run's
+        range of each column by binary search, then the two merged: the columns' rows' cost, not
+        the store's (a stream source lists its columns this way at the start and at verification)."""
+        found = []
+        for run in (self._main, self._tail):
+            lo = np.searchsorted(run[0], columns, "left")
+            hi = np.searchsorted(run[0], columns, "right")
+            counts = hi - lo
+            total = int(counts.sum())
+            ends = np.cumsum(counts)
+            at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
+            found.append((run[0][at], run[1][at], run[2][at]))
+        return _merge(found[0], found[1])
+
     def window(self, after: tuple[int, int] | None, count: int) -> tuple[Keys, bool]:
         """The first ``count`` keys >= ``after`` (all keys when None), sorted, with their row ids,
         and whether more keys follow them: from each run its next ``count`` keys, merged, so the

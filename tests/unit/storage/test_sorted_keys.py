@@ -1,6 +1,6 @@
 """The store's keys in (column, feature) order (storage/engine/sorted_keys.py): equal to a sort of
-every key after any mix of appends and drops, windows equal to slices of it, and a scan page of a
-store that gains rows costs no sort of the store."""
+every key after any mix of appends and drops, windows and column listings equal to slices of it,
+and a scan page of a store that gains rows costs no sort of the store."""
 
 from __future__ import annotations
 
@@ -54,6 +54,12 @@ def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, monkeypatch):
             assert wf.tolist() == full[1][start:start + count].tolist()
             assert wi.tolist() == full[2][start:start + count].tolist()
             assert more == (start + count < a.size)
+        elif rng.random() < 0.5:  # the rows of some columns (held or not)
+            wanted = np.unique(rng.choice(np.array([0, 1, 2, 5, 2**63, 2**64 - 1], np.uint64), 3))
+            full = _reference(a, b)
+            hit = np.isin(full[0], wanted)
+            got = keys.of_columns(wanted)
+            assert all(x.tolist() == y[hit].tolist() for x, y in zip(got, full))
         else:
             got = keys.full()
             want = _reference(a, b)
