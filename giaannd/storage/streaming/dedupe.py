@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.streaming.column_sets import member, with_columns
 
 __all__ = ["StreamScopes", "direct_marker_id", "filter_direct", "marker_id", "scoped_writer"]
 
@@ -96,20 +97,21 @@ class StreamScopes:
 
     def open_streams_touching(self, row_column: NDArray[np.uint64]) -> list[int]:
         return [sid for sid, cols in self._columns.items()
-                if sid not in self._closed and bool(np.isin(row_column, cols).any())]
+                if sid not in self._closed and bool(member(row_column, cols).any())]
 
     def add_columns(self, stream_id: int, columns: NDArray[np.uint64]) -> None:
         """Record (durably) that ``stream_id`` carries ``columns``."""
         have = self._columns.get(stream_id, np.zeros(0, np.uint64))
-        new = np.setdiff1d(np.asarray(columns, np.uint64), have)
-        if new.size == 0 and stream_id in self._columns:
+        grown = with_columns(have, np.asarray(columns, np.uint64))
+        if grown is have and stream_id in self._columns:
             return
+        new = grown[~member(grown, have)]
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / f"{stream_id:016x}.cols", "ab") as f:
             f.write(new.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        self._columns[stream_id] = np.union1d(have, new)
+        self._columns[stream_id] = grown
 
     def items(self) -> Iterator[tuple[int, NDArray[np.uint64]]]:
         return iter(self._columns.items())
@@ -123,7 +125,7 @@ def filter_direct(batch_id: BatchId, batch: RowBatch, applied: AppliedSet, scope
     keep: NDArray[np.bool_] | None = None
     for sid, cols in scopes.items():
         if marker_id(batch_id, sid) in applied:
-            drop = np.isin(batch.row_column, cols)
+            drop = member(batch.row_column, cols)
             keep = ~drop if keep is None else keep & ~drop
     if keep is None or keep.all():
         return None

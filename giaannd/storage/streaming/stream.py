@@ -82,6 +82,7 @@ from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine.keyindex import KeyIndex
+from giaannd.storage.streaming.column_sets import member, with_columns
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -399,13 +400,13 @@ class StreamSender:
         """
         if self.closed or batch.num_rows == 0:
             return False
-        mask = np.isin(batch.row_column, self.columns)
+        mask = member(batch.row_column, self.columns)
         if self._claims is not None and not mask.all():
             other = np.unique(batch.row_column[~mask])
             new_cols = other[self._claims(other)]
             if new_cols.size:  # columns born after the stream opened: all their rows are new
-                self.columns = np.union1d(self.columns, new_cols)
-                mask = np.isin(batch.row_column, self.columns)
+                self.columns = with_columns(self.columns, new_cols)
+                mask = member(batch.row_column, self.columns)
         if not mask.any():
             return False
         if self.chunks_left:  # (all chunks read: no row is left for a later chunk)

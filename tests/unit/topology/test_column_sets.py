@@ -1,0 +1,26 @@
+"""Column sets (storage/streaming/column_sets.py) agree with numpy's set functions, edges of the
+uint64 range included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from giaannd.storage.streaming.column_sets import member, with_columns
+
+EDGES = np.array([0, 1, 2, 2**63, 2**64 - 2, 2**64 - 1], np.uint64)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_member_and_with_columns_agree_with_numpy(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    columns = np.zeros(0, np.uint64)
+    for _ in range(30):
+        values = np.concatenate([rng.choice(EDGES, int(rng.integers(0, 4))),
+                                 rng.integers(0, 50, int(rng.integers(0, 20))).astype(np.uint64)])
+        assert member(values, columns).tolist() == np.isin(values, columns).tolist()
+        grown = with_columns(columns, values)
+        assert grown.dtype == np.uint64 and grown.tolist() == np.union1d(columns, values).tolist()
+        if np.isin(values, columns).all():
+            assert grown is columns  # nothing new: the same array
+        columns = grown
