@@ -12,12 +12,11 @@ import pytest
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.streaming.sender import StreamRunner
+from tests.integration.test_topology_stream_verify import COLUMNS, _same_rows
 from tests.unit.storage_service.test_background_fold import PausedFold
 from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
-
-COLUMNS = np.arange(1, 9, dtype=np.uint64)
 
 
 async def _cluster(tmp_path):
@@ -59,13 +58,6 @@ async def _hold_a_write(svc, paused):
     return fold
 
 
-def _same_rows(cluster):
-    src, dst = cluster.services["s0"].store.store, cluster.services["s1"].store.store
-    keys = [k for k in src.keys() if k[0] in set(COLUMNS.tolist())]
-    assert keys and keys == dst.keys()
-    a = src.read_rows([k[0] for k in keys], [k[1] for k in keys])
-    b = dst.read_rows([k[0] for k in keys], [k[1] for k in keys])
-    return all(np.array_equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
 
 
 async def test_writes_held_by_a_fold_that_ends_while_verification_waits_are_sent_first(tmp_path, monkeypatch):

@@ -34,8 +34,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +44,7 @@ import numpy as np
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.repair.remote import RepairServer, repair_self, with_repair
+from tools.bench.child import median_range, peak_reset, run_child, status_kb
 from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster
 
@@ -60,21 +59,8 @@ ROWS_PER_COLUMN = 20
 DIFFERENT, ONLY_HERE = 100, 100
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
-def _peak_reset() -> bool:
-    """Reset ``VmHWM`` to the current RSS (``/proc/self/clear_refs`` 5); whether it worked."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _rows(rng: np.random.Generator, first: int, n: int) -> RowBatch:
@@ -137,13 +123,13 @@ async def _measure(rows: int, version: int | None) -> dict[str, Any]:
                 listener = await cluster.transport(f"{name}-repair").listen(f"mem://{name}-repair", handler)
                 addresses[name] = listener.address
             kw = {} if version is None else {"digest_version": version}
-            rss0 = _status_kb("VmRSS")
-            reset = _peak_reset()
+            rss0 = status_kb("VmRSS")
+            reset = peak_reset()
             cpu, wall = time.process_time(), time.perf_counter()
             report = await repair_self(cluster.services["s0"], cluster.transport("repairer"), {"s1": addresses["s1"]},
                                        cluster.client_topology.placement, **kw)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            peak = _status_kb("VmHWM") - rss0 if reset else -1
+            peak = status_kb("VmHWM") - rss0 if reset else -1
             count = report.get("rows_divergent_count", len(report["rows_divergent"]))
             return {"cpu": cpu, "wall": wall, "peak_kb": peak, "compared": report["rows_compared"],
                     "divergent": count, "failed": report["peers_failed"]}
@@ -151,18 +137,8 @@ async def _measure(rows: int, version: int | None) -> dict[str, Any]:
             await cluster.close()
 
 
-def _run_child(rows: int, version: int | None) -> dict[str, Any]:
-    here = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    out = subprocess.run([sys.executable, "-m", "tools.bench.repair", "--child", str(rows),
-                          "default" if version is None else str(version)],
-                         env=env, check=True, capture_output=True, text=True)
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _fmt(values: list[float], digits: int = 2) -> str:
-    med = f"{statistics.median(values):.{digits}f}"
-    return f"{med} ({min(values):.{digits}f}–{max(values):.{digits}f})" if len(values) > 1 else med
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, list[dict[str, Any]]] = {v: [] for v, _ in VARIANTS}
     for _ in range(args.rounds):
         for version, _name in VARIANTS:
-            results[version].append(_run_child(args.rows, version))
+            results[version].append(run_child("tools.bench.repair", str(args.rows), str(version)))
     load_after = os.getloadavg()[0]
     outcomes = {(r["compared"], r["divergent"]) for rs in results.values() for r in rs}
     if len(outcomes) != 1 or any(r["failed"] for rs in results.values() for r in rs):
@@ -194,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         rs = results[version]
         cpu = [r["cpu"] / r["compared"] * 1e6 for r in rs]
         peak = [r["peak_kb"] * 1024 / r["compared"] if r["peak_kb"] >= 0 else float("nan") for r in rs]
-        table.append([name, _fmt(cpu), _fmt([r["wall"] for r in rs]), _fmt(peak, 1)])
+        table.append([name, median_range(cpu), median_range([r["wall"] for r in rs]), median_range(peak, 1)])
         tag = f"version {version}"
         figures += [(f"repair CPU µs per row compared, {tag}", statistics.median(cpu), "≤ 2" if version == 2 else None),
                     (f"repair peak RSS growth B per row, {tag}", statistics.median(peak),

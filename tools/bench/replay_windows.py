@@ -38,8 +38,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +49,7 @@ from giaannd.storage.engine import recovery
 from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.snapshot import list_snapshots, read_snapshot
 from giaannd.storage.engine.update_log import SegmentReader, list_segments, scan_segment
+from tools.bench.child import median_range, peak_reset, run_child, status_kb
 from tools.bench.report import emit_figure, print_table
 from tools.bench.zipf_stream import ZipfStream, training_deltas
 
@@ -87,22 +86,8 @@ def build(root: Path, base_sentences: int, log_sentences: int, segment_sizes: li
     return dirs
 
 
-def _peak_reset() -> bool:
-    """Reset the peak resident set size (``VmHWM``): "5" into /proc/self/clear_refs (Linux)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def _replay_before(store: ColumnStore, segments: list[tuple[int, Path]], after: int) -> None:
@@ -129,8 +114,8 @@ def child(store_dir: Path, variant: int) -> dict[str, Any]:
         return real(self, items)
 
     moved0 = store.engine.stats.fold_entries
-    rss0 = _status_kb("VmRSS")
-    reset = _peak_reset()
+    rss0 = status_kb("VmRSS")
+    reset = peak_reset()
     ColumnStore.apply_in_order = counted  # type: ignore[method-assign]
     try:
         cpu = time.process_time()
@@ -141,7 +126,7 @@ def child(store_dir: Path, variant: int) -> dict[str, Any]:
         cpu = time.process_time() - cpu
     finally:
         ColumnStore.apply_in_order = real  # type: ignore[method-assign]
-    peak = _status_kb("VmHWM") if reset else rss0 - 1  # (no reset: no figure, below)
+    peak = status_kb("VmHWM") if reset else rss0 - 1  # (no reset: no figure, below)
     digest = hashlib.blake2b(digest_size=16)
     for buf in store.read_all().buffers():
         digest.update(memoryview(buf).cast("B"))
@@ -149,17 +134,8 @@ def child(store_dir: Path, variant: int) -> dict[str, Any]:
             "peak_kb": peak - rss0, "held": held, "segments": len(segments), "digest": digest.hexdigest()}
 
 
-def _run_child(store_dir: Path, variant: int) -> dict[str, Any]:
-    here = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    out = subprocess.run([sys.executable, "-m", "tools.bench.replay_windows", "--child", str(store_dir), str(variant)],
-                         env=env, check=True, capture_output=True, text=True)
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _fmt(values: list[float], digits: int = 2) -> str:
-    med = f"{statistics.median(values):.{digits}f}"
-    return f"{med} ({min(values):.{digits}f}–{max(values):.{digits}f})" if len(values) > 1 else med
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for mb in args.segment_mb:
                 for variant in (0, 1):
-                    results[mb][variant].append(_run_child(dirs[mb] / "store", variant))
+                    results[mb][variant].append(
+                        run_child("tools.bench.replay_windows", str(dirs[mb] / "store"), str(variant)))
         load_after = os.getloadavg()[0]
         figures: list[tuple[str, float, str | None]] = []
         rows = []
@@ -202,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = [r["cpu"] / gb for r in rs]
                 moved = rs[0]["moved"] / logged
                 peak = [r["peak_kb"] * 1024 / r["held"] if r["peak_kb"] >= 0 else float("nan") for r in rs]
-                rows.append([f"{mb} MiB ({first['segments']})", name, _fmt(cpu), f"{moved:.1f}", str(rs[0]["windows"]),
-                             _fmt(peak, 1)])
+                rows.append([f"{mb} MiB ({first['segments']})", name, median_range(cpu), f"{moved:.1f}",
+                             str(rs[0]["windows"]), median_range(peak, 1)])
                 tag = "before" if variant == 0 else "now"
                 figures += [(f"replay CPU s/GB of log, {mb} MiB segments, {tag}", statistics.median(cpu), "≤ 1"),
                             (f"base entries moved per logged entry, {mb} MiB segments, {tag}", moved, None),
