@@ -56,7 +56,7 @@ from giaannd.cluster.view import StorageNode
 from giaannd.config import StorageConfig
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
-from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.column_store import ROW_OVERHEAD_BYTES, ColumnStore
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.rebalance import source_control as sc
 from giaannd.storage.rebalance.local_control import LocalClusterControl
@@ -144,7 +144,8 @@ async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bo
         for service in cluster.services.values():
             service.settings = msgspec.structs.replace(service.settings, stream_window=window)
         await _fill(cluster, mb, np.random.default_rng(1), per_row)
-        held = sum(s.usage().used_bytes - 1024 * s.usage().num_rows for s in cluster.services.values())
+        # the rows' bytes (the store's used bytes less its per-row accounting overhead)
+        held = sum(s.usage().used_bytes - ROW_OVERHEAD_BYTES * s.usage().num_rows for s in cluster.services.values())
         await cluster.add_node("s2")
         op = Rebalance(cluster.control(), "join", members_after(
             cluster.client_topology, add=[StorageNode("s2", cluster.addresses["s2"])]), chunk_bytes=CHUNK)
