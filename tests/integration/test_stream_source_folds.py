@@ -112,3 +112,42 @@ async def test_a_stream_closed_during_a_fold_forwards_the_writes_it_held(tmp_pat
         assert runner.sender.deltas == 1 and _same_rows(cluster)
     finally:
         await cluster.close()
+
+
+async def test_a_reconnect_before_the_first_item_is_durable_resumes_the_stream(tmp_path, monkeypatch):
+    """The receiver applied item 0 (its rows are in the store) but had not synced it when the
+    connection dropped. The sender's reconnect hello must resume the stream (item 0 answered once
+    durable), not be refused as "already holds rows ... from an earlier, abandoned stream": that
+    check is for rows of no stream this receiver has applied items of. Before, it looked at the
+    durable position only, and a transient drop in a stream's first milliseconds failed the join."""
+    from giaannd.storage.rebalance import endpoint as endpoint_module
+
+    cluster = await _cluster(tmp_path)
+    try:
+        runner = _runner(cluster, 0x5B)
+        real = endpoint_module.wait_durable
+        hold = asyncio.Event()
+        held = []
+
+        async def slow(service, seq):  # no item is acknowledged as durable until the drop below
+            held.append(seq)
+            await hold.wait()
+            await real(service, seq)
+
+        monkeypatch.setattr(endpoint_module, "wait_durable", slow)
+        task = asyncio.create_task(runner.run())
+        for _ in range(500):  # item 0 applied at the receiver, not durable
+            if held:
+                break
+            await asyncio.sleep(0.01)
+        assert held and cluster.services["s1"].store.store.rows_of_columns(COLUMNS)[0].size > 0
+        await runner._conn.close()  # the connection drops: the sender reconnects and says hello
+        await asyncio.sleep(0.3)
+        hold.set()
+        await asyncio.wait_for(runner.caught_up.wait(), 30)
+        assert runner.state == "caught-up", runner.error
+        assert runner.reconnects >= 1 and _same_rows(cluster)
+        runner.abort("test done")
+        await asyncio.wait_for(task, 10)
+    finally:
+        await cluster.close()

@@ -164,7 +164,10 @@ class StreamEndpoint:
                 "applied); a new sender's chunks are other cuts of the rows and cannot continue it "
                 "(the source restarted?): wipe this node's data directory and join it again"),
                 fatal=True))
-        if rx.next_index == 0 and msg.fresh:
+        if rx.next_apply == 0 and msg.fresh:
+            # rows of these columns though no item of this stream was applied here, durable or not
+            # (a reconnect before the first items were synced finds the rows they brought: those
+            # are this stream's own, and it resumes)
             stale = int(self._store().store.rows_of_columns(bulk[0])[0].size)
             if stale:
                 return _reply(StreamRefused(msg.stream_id, 0, (
