@@ -257,7 +257,7 @@ class ComputeService:
     def health(self) -> Mapping[str, Any]:
         return {"storage": self.storage is not None, "device": self.device, "jobs_running": len(self.jobs.running()),
                 "vocab_columns": self.state.vocab.num_columns, "vocab_features": self.state.vocab.num_features,
-                "rows_written": int(self.state.row_column.shape[0]), "row_cache": self.cache.stats(),
+                "rows_written": self.state.rows_written, "row_cache": self.cache.stats(),
                 "cluster_jobs_followed": len(self.cluster.followed) if self.cluster is not None else 0}
 
     def lease_settings(self) -> LeaseSettings:
@@ -387,7 +387,7 @@ class ComputeService:
         for fid, flag in result.deterministic_flags.items():
             self.state.deterministic.setdefault(fid, flag)
         self.state.probabilistic |= result.probabilistic_flags
-        self.state.add_keys(result.row_column, result.row_feature)
+        self.state.rows_written += int(result.row_column.shape[0])
 
     def _summary(self, result: TrainResult) -> dict[str, Any]:
         """A succeeded training job's result document."""

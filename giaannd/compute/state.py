@@ -7,7 +7,9 @@ the compute node keeps:
   storage (the local cache of the replicated table),
 * the deterministic flags (fixed at first sighting; prompts are encoded with them),
 * the probabilistic flags it last saw (storage's flag row is the source of truth; this is a cache),
-* the row keys it wrote (informational: export scans storage, ``StorageClient.scan_all``),
+* how many rows its jobs wrote (informational: each job's distinct rows, summed over jobs; the
+  keys themselves are not kept: at the mission's size they would be the model's row index, rewritten
+  with every job; export scans storage, ``StorageClient.scan_all``),
 * the evaluation history (:class:`EvalHistory`, ``GET /v1/evals``), in its own small JSON file.
 
 It is one msgpack file written atomically (temp file, fsync, rename, fsync of the directory), so a
@@ -23,8 +25,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-import numpy as np
-from numpy.typing import NDArray
 
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import CorruptDataError
@@ -35,7 +35,10 @@ __all__ = ["EVAL_HISTORY_FILE", "STATE_FILE", "ComputeState", "EvalHistory", "Ev
 log = logging.getLogger(__name__)
 
 STATE_FILE: Final = "compute-state.msgpack"
-_VERSION: Final = 1
+#: 2: ``rows_written`` (a count) instead of every key written (version 1, still read: its keys
+#: are counted and dropped).
+_VERSION: Final = 2
+_VERSIONS: Final = (1, 2)
 #: The evaluation history (``EvalHistory``), next to the state file.
 EVAL_HISTORY_FILE: Final = "eval-history.json"
 
@@ -52,29 +55,22 @@ class _Doc(msgspec.Struct, frozen=True):
     features: list[tuple[int, str]]
     deterministic: list[tuple[int, bool]]
     probabilistic: list[int]
-    row_column: list[int]
-    row_feature: list[int]
+    #: version 1 only: every row key written (read to count them)
+    row_column: list[int] = []
+    row_feature: list[int] = []
+    #: version 2: rows written, each job's distinct rows summed over jobs
+    rows_written: int = 0
 
 
 class ComputeState:
-    """The node's vocabulary, flags and written keys (module docstring)."""
+    """The node's vocabulary, flags and a count of the rows it wrote (module docstring)."""
 
     def __init__(self) -> None:
         self.vocab = Vocabulary()
         self.deterministic: dict[int, bool] = {}
         self.probabilistic: set[int] = set()
-        self.row_column: NDArray[np.uint64] = np.empty(0, np.uint64)
-        self.row_feature: NDArray[np.uint64] = np.empty(0, np.uint64)
-
-    def add_keys(self, row_column: NDArray[np.uint64], row_feature: NDArray[np.uint64]) -> None:
-        """Union the written keys with more (kept sorted and unique)."""
-        cols = np.concatenate([self.row_column, np.asarray(row_column, np.uint64)])
-        feats = np.concatenate([self.row_feature, np.asarray(row_feature, np.uint64)])
-        order = np.lexsort((feats, cols))
-        cols, feats = cols[order], feats[order]
-        new = np.ones(cols.shape[0], bool)
-        new[1:] = (cols[1:] != cols[:-1]) | (feats[1:] != feats[:-1])
-        self.row_column, self.row_feature = cols[new], feats[new]
+        #: rows written: each job's distinct rows, summed over jobs
+        self.rows_written = 0
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write atomically to ``directory/STATE_FILE``; returns the path."""
@@ -82,7 +78,7 @@ class ComputeState:
         d.mkdir(parents=True, exist_ok=True)
         doc = _Doc(_VERSION, list(self.vocab.columns()), list(self.vocab.features()),
                    sorted(self.deterministic.items()), sorted(self.probabilistic),
-                   self.row_column.tolist(), self.row_feature.tolist())
+                   rows_written=self.rows_written)
         path = d / STATE_FILE
         atomic_write_bytes(path, msgspec.msgpack.encode(doc))
         return path
@@ -104,10 +100,12 @@ class ComputeState:
             doc = msgspec.msgpack.decode(raw, type=_Doc)
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise StateFileError(f"{path}: corrupt compute state ({exc})") from None
-        if doc.version != _VERSION:
-            raise StateFileError(f"{path}: compute state version {doc.version}, expected {_VERSION}")
+        if doc.version not in _VERSIONS:
+            raise StateFileError(f"{path}: compute state version {doc.version}, expected one of {_VERSIONS}")
         if len(doc.row_column) != len(doc.row_feature):
             raise StateFileError(f"{path}: written-key arrays differ in length")
+        if doc.rows_written < 0:
+            raise StateFileError(f"{path}: rows_written {doc.rows_written} < 0")
         vocab = Vocabulary()
         try:
             for cid, lemma in doc.columns:
@@ -121,11 +119,8 @@ class ComputeState:
         state.vocab = vocab
         state.deterministic = dict(doc.deterministic)
         state.probabilistic = set(doc.probabilistic)
-        try:
-            state.row_column = np.array(doc.row_column, np.uint64)
-            state.row_feature = np.array(doc.row_feature, np.uint64)
-        except OverflowError:
-            raise StateFileError(f"{path}: row key out of range") from None
+        # version 1 listed the distinct keys written: their count (the next save drops the list)
+        state.rows_written = doc.rows_written if doc.version >= 2 else len(doc.row_column)
         return state
 
 

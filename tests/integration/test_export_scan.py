@@ -77,7 +77,7 @@ async def test_export_of_two_jobs_on_two_nodes_from_a_fresh_node_equals_engine(t
         await a.train(corpus[:half], TrainSettings(workers=1, coalesce_sentences=64))
         await b.train(corpus[half:], TrainSettings(workers=1, coalesce_sentences=64))
         fresh = await service(cluster, tmp_path / "fresh")
-        assert fresh.state.vocab.num_columns == 0 and fresh.state.row_column.size == 0
+        assert fresh.state.vocab.num_columns == 0 and fresh.state.rows_written == 0
         out = tmp_path / "export.jsonl"
         info = await fresh.export(out)
         ref = [json.loads(x) for x in iter_jsonl(engine.store, engine.assigner.vocab)]
@@ -85,7 +85,7 @@ async def test_export_of_two_jobs_on_two_nodes_from_a_fresh_node_equals_engine(t
         assert info["rows"] == len(engine.store.keys())
         # node a alone wrote only half of the rows, yet its export is the whole cluster's too
         info_a = await a.export(tmp_path / "a.jsonl")
-        assert info_a["lines"] == len(ref) and a.state.row_column.size < info_a["rows"]
+        assert info_a["lines"] == len(ref) and a.state.rows_written < info_a["rows"]
         # generation on the fresh node: words fetched from storage, equal to the engine's
         prompt = corpus[3][:10]
         gen = await fresh.generate(prompt, 8)

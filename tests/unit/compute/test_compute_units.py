@@ -3,6 +3,7 @@ against a fake storage client (backpressure, retries)."""
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -208,15 +209,34 @@ def test_state_round_trip_and_corruption(tmp_path):
     st.vocab.add_feature("the")
     st.deterministic = {5: True}
     st.probabilistic = {9}
-    st.add_keys(np.array([3, 1, 3], np.uint64), np.array([0, 2, 0], np.uint64))
+    st.rows_written = 7
     st.save(tmp_path)
     back = ComputeState.load(tmp_path)
     assert back.vocab.column_lemma(st.vocab.add_column("cat")) == "cat"
     assert back.deterministic == {5: True} and back.probabilistic == {9}
-    assert back.row_column.tolist() == [1, 3] and back.row_feature.tolist() == [2, 0]
+    assert back.rows_written == 7
     assert ComputeState.load(tmp_path / "absent").vocab.num_columns == 0
     (tmp_path / STATE_FILE).write_bytes(b"\x93garbage")
     with pytest.raises(StateFileError):
+        ComputeState.load(tmp_path)
+
+
+def test_state_file_of_version_1_loads_with_its_keys_counted_and_saves_without_them(tmp_path):
+    """Version 1 kept every row key written (at the mission's size, the model's row index, saved
+    again after every job); version 2 keeps a count. A version 1 file still loads."""
+    old = {"version": 1, "columns": [], "features": [], "deterministic": [[5, True]], "probabilistic": [9],
+           "row_column": [1, 3], "row_feature": [2, 0]}
+    (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode(old))
+    back = ComputeState.load(tmp_path)
+    assert back.rows_written == 2 and back.deterministic == {5: True} and back.probabilistic == {9}
+    back.save(tmp_path)
+    raw = msgspec.msgpack.decode((tmp_path / STATE_FILE).read_bytes())
+    assert raw["version"] == 2 and raw["rows_written"] == 2 and raw["row_column"] == []
+    (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode({**old, "version": 3}))
+    with pytest.raises(StateFileError, match="version 3"):
+        ComputeState.load(tmp_path)
+    (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode({**old, "row_feature": [2]}))
+    with pytest.raises(StateFileError, match="differ in length"):
         ComputeState.load(tmp_path)
 
 
