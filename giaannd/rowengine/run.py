@@ -69,7 +69,7 @@ from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps", "fold_into_base",
            "gather_entries", "held", "merge_deltas", "merge_field", "merge_into_slice", "new_fields", "offsets_of",
-           "repeated", "window", "with_room"]
+           "range_positions", "repeated", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -560,6 +560,16 @@ def repeated(values: I64, counts: I64) -> I64:
         raise ValueError("repeated: one non-negative count per value")  # (the kernel writes unchecked)
     out = np.empty(int(counts.sum()), np.int64)
     _repeat(values, counts, out)
+    return out
+
+
+def range_positions(starts: I64, lengths: I64) -> I64:
+    """The positions of ranges ``[starts[i], starts[i] + lengths[i])``, back to back: the index that
+    gathers those ranges of an array into one."""
+    starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    out: I64 = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
     return out
 
 

@@ -6,6 +6,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from giaannd.model.rows import RowBatch
+from giaannd.protocol import BatchId
 from giaannd.storage.repair.local import repair
 from tools.cluster_harness import Cluster
 
@@ -96,9 +98,6 @@ async def test_repair_after_kill_during_writes_matches_reference(tmp_path):
 async def test_repair_compares_every_local_replica_against_the_first_owner_holding_the_row(tmp_path):
     """The comparison: per row, the first owner (placement order) holding it is the reference; a
     copy that differs beyond the tolerance is reported once, named by its node; one within it is not."""
-    from giaannd.model.rows import RowBatch
-    from giaannd.protocol import BatchId
-
     cluster = await Cluster(tmp_path, 3, replicas=3).start()
     try:
         await cluster.write_many(np.random.default_rng(8), 10, COLUMNS)

@@ -304,7 +304,6 @@ class ColumnStore:
         self._version = 0  # bumped by every change, so a stale PreparedApply is caught
         #: bumped by every drop_columns: part of a row's version for chunked reads (module docstring)
         self.drops = 0
-        #: (rows changed at version, sorted columns, sorted features, their row ids): ``_sorted_keys``
         #: every row key in (column, feature) order, kept up to date as rows are created (sorted_keys.py)
         self._keys = SortedKeys()
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
@@ -593,7 +592,7 @@ class ColumnStore:
         a pass over every key), sorted, unique."""
         if columns is not None:
             self._refresh_keys()
-            cols = self._keys.of_columns(np.unique(np.asarray(columns).astype(np.uint64, copy=False)))[0]
+            cols = self._keys.of_columns(np.asarray(columns))[0]
         else:
             cols = self._sorted_keys()[0]
         first = np.ones(cols.shape[0], bool)
@@ -605,7 +604,7 @@ class ColumnStore:
         bytes (``ENTRY_BYTES`` per entry): what a stream source cuts its chunks from. Costs the
         rows found and a binary search per column (sorted_keys.py), not a pass over every key."""
         self._refresh_keys()
-        cols, feats, ids = self._keys.of_columns(np.unique(np.asarray(columns).astype(np.uint64, copy=False)))
+        cols, feats, ids = self._keys.of_columns(np.asarray(columns))
         return cols, feats, ENTRY_BYTES * self.engine.lengths()[ids]
 
     def drop_columns(self, columns: ArrayLike) -> DropResult:

@@ -18,7 +18,7 @@ Digests, all xxh3-64. ``row_digest`` hashes a row's field arrays; ``rows_digest`
     version 2; kept to answer and to ask peers that know no other);
   - version 2: one compiled pass over all the rows (``_row_digests_v2``), no Python per row. A
     *lane* takes one 64-bit value x into a hash h: ``h = rotl(h ^ rotl(x * P2, 31) * P1, 27) * P1
-    + P4`` (the xxh64 primes P1..P5, wrapping uint64 arithmetic). Per row of n entries, four
+    + P4`` (the xxh64 primes P1..P4, wrapping uint64 arithmetic). Per row of n entries, four
     chains start at n and take, entry by entry, one field each: target columns (c), target
     features (f), segments (g), the strengths' float32 bits (s). Then ``keys = A(L(L(L(K, c), f),
     g))`` and ``strength = A(L(S, s))``, L a lane, K and S the seeds ``_SEED_KEYS`` and
@@ -73,11 +73,10 @@ _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _P3 = np.uint64(0x165667B19E3779F9)
 _P4 = np.uint64(0x85EBCA77C2B2AE63)
-_P5 = np.uint64(0x27D4EB2F165667C5)
 _SEED_KEYS = np.uint64(0x6B657973)  # "keys"
 _SEED_STRENGTH = np.uint64(0x73747265)  # "stre"
 _R27, _R31, _R33, _R29, _R32 = (np.uint64(r) for r in (27, 31, 33, 29, 32))
-_R37, _R64 = np.uint64(37), np.uint64(64)
+_R37 = np.uint64(37)
 
 
 @kernel("uint64(uint64, uint64)")

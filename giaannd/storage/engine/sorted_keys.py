@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
+from giaannd.rowengine.run import range_positions
 
 __all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys"]
 
@@ -104,12 +105,6 @@ class SortedKeys:
         self._main, self._tail = empty, empty
         self._n = 0  # ids [0, n) are in main or tail
         self._drops = -1
-        #: whole sorts and merges of the tail into main so far (tests and benches)
-        self.sorts = 0
-        self.merges = 0
-
-    def __len__(self) -> int:
-        return self._n
 
     def refresh(self, keys_a: U64, keys_b: U64, num_rows: int, drops: int) -> None:
         """Take in the rows created since the last call (ids ``[covered, num_rows)``; ``keys_a``/
@@ -118,7 +113,6 @@ class SortedKeys:
             self._main = _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
             self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
             self._n, self._drops = num_rows, drops
-            self.sorts += 1
             return
         if num_rows == self._n:
             return
@@ -131,7 +125,6 @@ class SortedKeys:
     def _fold(self) -> None:
         self._main = _merge(self._main, self._tail)
         self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
-        self.merges += 1
 
     def full(self) -> Keys:
         """Every key, sorted, and its row id (the tail merged in first; the arrays are shared:
@@ -141,17 +134,15 @@ class SortedKeys:
         return self._main
 
     def of_columns(self, columns: U64) -> Keys:
-        """The keys (sorted) and row ids of every row of ``columns`` (sorted, unique): each run's
-        range of each column by binary search, then the two merged: the columns' rows' cost, not
-        the store's (a stream source lists its columns this way at the start and at verification)."""
+        """The keys (sorted) and row ids of every row of ``columns`` (any order, repeats allowed):
+        each run's range of each column by binary search, then the two merged: the columns' rows'
+        cost, not the store's (a stream source lists its columns this way at the start and at
+        verification)."""
+        wanted = np.unique(np.asarray(columns).astype(np.uint64, copy=False))
         found = []
         for run in (self._main, self._tail):
-            lo = np.searchsorted(run[0], columns, "left")
-            hi = np.searchsorted(run[0], columns, "right")
-            counts = hi - lo
-            total = int(counts.sum())
-            ends = np.cumsum(counts)
-            at = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
+            lo = np.searchsorted(run[0], wanted, "left")
+            at = range_positions(lo, np.searchsorted(run[0], wanted, "right") - lo)
             found.append((run[0][at], run[1][at], run[2][at]))
         return _merge(found[0], found[1])
 
@@ -159,16 +150,13 @@ class SortedKeys:
         """The first ``count`` keys >= ``after`` (all keys when None), sorted, with their row ids,
         and whether more keys follow them: from each run its next ``count`` keys, merged, so the
         cost is the window's, not the store's."""
-        if not self._tail[0].shape[0]:
-            keys = self._main
-            at = _from(keys, after)
-            return (keys[0][at:at + count], keys[1][at:at + count], keys[2][at:at + count]), \
-                at + count < keys[0].shape[0]
         parts = []
         more = False
         for run in (self._main, self._tail):
             at = _from(run, after)
             parts.append((run[0][at:at + count], run[1][at:at + count], run[2][at:at + count]))
             more = more or at + count < run[0].shape[0]
+        if not parts[1][0].shape[0]:  # nothing of the tail from the cursor on: views of main
+            return parts[0], more
         more = more or parts[0][0].shape[0] + parts[1][0].shape[0] > count
         return _merge(parts[0], parts[1], count), more

@@ -54,6 +54,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine.keyindex import KeyIndex
+from giaannd.rowengine.run import range_positions
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.update_log import LogRecord
 from peers.placement import Member, Placement, Strategy
@@ -436,7 +437,8 @@ def rows_differ(cols: NDArray[np.uint64], feats: NDArray[np.uint64], here: RowBa
     both, lengths = both[len_here == len_there], len_here[len_here == len_there]
     if not int(lengths.sum()):
         return differ
-    h, t = _entries_of(here.offsets, at_here[both], lengths), _entries_of(there.offsets, at_there[both], lengths)
+    h = range_positions(here.offsets[at_here[both]], lengths)
+    t = range_positions(there.offsets[at_there[both]], lengths)
     same = ((here.segment[h] == there.segment[t]) & (here.target_column[h] == there.target_column[t])
             & (here.target_feature[h] == there.target_feature[t]))
     a, b = here.strength[h], there.strength[t]
@@ -449,10 +451,3 @@ def rows_differ(cols: NDArray[np.uint64], feats: NDArray[np.uint64], here: RowBa
     differ[both[~row_same]] = True
     return differ
 
-
-def _entries_of(offsets: NDArray[np.int64], rows: NDArray[np.int64], lengths: NDArray[np.int64]) -> NDArray[np.int64]:
-    """The entry positions of ``rows`` (each ``lengths[i]`` long from ``offsets[rows[i]]``), back to back."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    out: NDArray[np.int64] = np.arange(total, dtype=np.int64) + np.repeat(offsets[rows] - (ends - lengths), lengths)
-    return out

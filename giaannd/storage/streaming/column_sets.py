@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["member", "with_columns"]
+__all__ = ["member", "missing", "with_columns"]
 
 U64 = NDArray[np.uint64]
 
@@ -28,11 +28,17 @@ def member(values: U64, columns: U64) -> NDArray[np.bool_]:
     return out
 
 
+def missing(columns: U64, values: U64) -> U64:
+    """The ``values`` (any order, repeats allowed) not in ``columns`` (sorted, unique): sorted, unique."""
+    new = np.unique(np.asarray(values, np.uint64))
+    out: U64 = new[~member(new, columns)]
+    return out
+
+
 def with_columns(columns: U64, values: U64) -> U64:
     """``columns`` (sorted, unique) with ``values`` added (any order, repeats allowed): the same
     array when nothing is new."""
-    new = np.unique(np.asarray(values, np.uint64))
-    new = new[~member(new, columns)]
+    new = missing(columns, values)
     if not new.shape[0]:
         return columns
     return np.insert(columns, np.searchsorted(columns, new), new)

@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.streaming.column_sets import member, with_columns
+from giaannd.storage.streaming.column_sets import member, missing, with_columns
 
 __all__ = ["StreamScopes", "direct_marker_id", "filter_direct", "marker_id", "scoped_writer"]
 
@@ -102,16 +102,15 @@ class StreamScopes:
     def add_columns(self, stream_id: int, columns: NDArray[np.uint64]) -> None:
         """Record (durably) that ``stream_id`` carries ``columns``."""
         have = self._columns.get(stream_id, np.zeros(0, np.uint64))
-        grown = with_columns(have, np.asarray(columns, np.uint64))
-        if grown is have and stream_id in self._columns:
+        new = missing(have, np.asarray(columns, np.uint64))
+        if new.size == 0 and stream_id in self._columns:
             return
-        new = grown[~member(grown, have)]
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / f"{stream_id:016x}.cols", "ab") as f:
             f.write(new.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        self._columns[stream_id] = grown
+        self._columns[stream_id] = with_columns(have, new)
 
     def items(self) -> Iterator[tuple[int, NDArray[np.uint64]]]:
         return iter(self._columns.items())

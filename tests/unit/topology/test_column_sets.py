@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from giaannd.storage.streaming.column_sets import member, with_columns
+from giaannd.storage.streaming.column_sets import member, missing, with_columns
 
 EDGES = np.array([0, 1, 2, 2**63, 2**64 - 2, 2**64 - 1], np.uint64)
 
@@ -19,6 +19,7 @@ def test_member_and_with_columns_agree_with_numpy(seed: int) -> None:
         values = np.concatenate([rng.choice(EDGES, int(rng.integers(0, 4))),
                                  rng.integers(0, 50, int(rng.integers(0, 20))).astype(np.uint64)])
         assert member(values, columns).tolist() == np.isin(values, columns).tolist()
+        assert missing(columns, values).tolist() == np.setdiff1d(values, columns).tolist()
         grown = with_columns(columns, values)
         assert grown.dtype == np.uint64 and grown.tolist() == np.union1d(columns, values).tolist()
         if np.isin(values, columns).all():
