@@ -128,6 +128,8 @@ class MembershipNode:
         #: inbound push-pull handlers, cancelled by stop (a closed listener leaves them running)
         self._serving: set[asyncio.Task[None]] = set()
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        #: the latest time given to the core: it never goes back (``_run``)
+        self._clock = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[StreamMessage | None]] = {}
         self._join_waiter: asyncio.Future[JoinFinished] | None = None
@@ -288,9 +290,18 @@ class MembershipNode:
     def _count(self, key: str) -> None:
         self._counters[key] = self._counters.get(key, 0) + 1
 
-    def _run(self, stimulus: Stimulus) -> None:
+    def _run(self, stimulus: Stimulus, due: float = 0.0) -> None:
+        """Feed ``stimulus`` to the core at the loop's time, or at ``due`` if that is later.
+
+        A timer can fire before its deadline by the loop's clock: uvloop rounds a delay to whole
+        milliseconds, so about half its timers run up to 1 ms early. The core drops a timer that
+        fires before its deadline as stale (re-armed since), and would stop that timer's
+        chain for good (probes, gossip, push-pull). So a timer is fed at its deadline at the
+        earliest, and the core's clock never goes back.
+        """
         loop = asyncio.get_running_loop()
-        for action in self.core.handle(loop.time(), stimulus):
+        self._clock = max(self._clock, loop.time(), due)
+        for action in self.core.handle(self._clock, stimulus):
             self._do(loop, action)
 
     def _do(self, loop: asyncio.AbstractEventLoop, action: Action) -> None:
@@ -301,7 +312,7 @@ class MembershipNode:
             old = self._timers.pop(action.key, None)
             if old is not None:
                 old.cancel()
-            self._timers[action.key] = loop.call_at(action.at, self._fire, action.key)
+            self._timers[action.key] = loop.call_at(action.at, self._fire, action.key, action.at)
         elif isinstance(action, Emit):
             self._publish(action.event)
         elif isinstance(action, OpenStream):
@@ -314,9 +325,9 @@ class MembershipNode:
             if self._join_waiter is not None and not self._join_waiter.done():
                 self._join_waiter.set_result(action)
 
-    def _fire(self, key: Hashable) -> None:
+    def _fire(self, key: Hashable, due: float) -> None:
         self._timers.pop(key, None)
-        self._run(TimerFired(key))
+        self._run(TimerFired(key), due)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -100,8 +100,13 @@ def test_membership_processes_kill_restart_leave(tmp_path):
 
 def test_membership_processes_frozen_loop_no_false_dead(tmp_path):
     """Short CI variant of the faults test (no netem here): LAN timings on loopback,
-    n1's whole process stopped (SIGSTOP) 2 s in every 10 s for 40 s. Nobody may be
-    declared dead; n1 is suspected and refutes."""
+    n1's whole process stopped (SIGSTOP) 2.5 s in every 10 s for 40 s. Nobody may be
+    declared dead; n1 is suspected and refutes.
+
+    A peer suspects n1 when one of its probe ticks (1 s apart, n1 once per round of four
+    targets) falls in the first 1.5 s of a freeze, so that the probe's interval ends before n1
+    wakes; with four peers that is most cycles. The suspicion is then at most 1.5 s old when n1
+    refutes, well under the 4 s minimum suspicion timeout (no false death)."""
     cluster = launch(tmp_path, profile="lan")
     agents = {n.name: n for n in cluster.nodes}
     try:
@@ -125,9 +130,9 @@ def test_membership_processes_frozen_loop_no_false_dead(tmp_path):
             if cycle >= 4 and suspected():
                 break
             frozen.send_signal(signal.SIGSTOP)
-            time.sleep(2.0)
+            time.sleep(2.5)
             frozen.send_signal(signal.SIGCONT)
-            time.sleep(8.0)
+            time.sleep(7.5)
         failed = [(name, e) for name, a in agents.items() for e in events(a)
                   if e["event"] == "MemberFailed"]
         assert failed == []
