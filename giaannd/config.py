@@ -397,6 +397,13 @@ class StorageConfig(_Section):
         "cache the kernel may evict and read back. Every checksum and row check is the same. A larger "
         "log is replayed into a read snapshot. false always reads."
     ))] = True
+    replay_threads: Annotated[int, Meta(ge=0, le=1024, description=(
+        "Threads that replay the update log at start-up: a replay window's rows are grouped and "
+        "added in that many threads, each on its own rows, with the same result as one thread bit "
+        "for bit (docs/storage.md \"Replay in threads\"). 0 uses every CPU the daemon may run on "
+        "(its affinity mask); 1 replays in the opening thread only. Nothing else runs on the node "
+        "while it replays: it serves nothing until the store is open."
+    ))] = 0
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

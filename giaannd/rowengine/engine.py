@@ -483,7 +483,7 @@ class RowEngine:
         return merge_deltas(older, newer, grow=True)
 
     @_locked
-    def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]]) -> I64:
+    def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]], threads: int = 1) -> I64:
         """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
         replay of batches that share rows and keys, recovery.py). The engine ends as ``apply`` of
         each batch in turn leaves it: the same row ids (new rows numbered in order of first
@@ -507,7 +507,11 @@ class RowEngine:
         window's buffers, so it does not pin them.
 
         A fold moves the base's entries in place when nothing else holds them (``run._merged``:
-        a start-up replay, before any read), else it goes into new buffers."""
+        a start-up replay, before any read), else it goes into new buffers.
+
+        ``threads``: the grouping and the rows' walk run in that many threads, each on its own
+        rows (inorder.py: a window of ``PARALLEL_MIN_ENTRIES`` or more), with the same result bit
+        for bit; the caller holds the engine alone meanwhile (a start-up replay)."""
         self.compact()
         ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
         self._version += 1
@@ -516,11 +520,12 @@ class RowEngine:
         if not any(e.st.shape[0] for _, _, _, e in batches):
             return ids_all
         starts, gseg, gtc, gtf, gst = by_row(
-            [(i, o, e.seg, e.tc, e.tf, e.st) for i, (_, _, o, e) in zip(ids, batches)], len(self._index))
+            [(i, o, e.seg, e.tc, e.tf, e.st) for i, (_, _, o, e) in zip(ids, batches)], len(self._index), threads)
         rows = np.flatnonzero(starts[1:] != starts[:-1])
         base = self._base
         lo, hi = base.ranges(rows)
-        m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, rows, starts, lo, hi, gseg, gtc, gtf, gst)
+        m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, rows, starts, lo, hi, gseg, gtc, gtf, gst,
+                                   threads)
         if m:
             got = counts > 0
             fields = (gseg[:m], gtc[:m], gtf[:m], gst[:m], pos)

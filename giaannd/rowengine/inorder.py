@@ -36,14 +36,15 @@ to float32 at every add (no ``fastmath``: jit.py), so every sum is the record-by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
 
-__all__ = ["by_row", "fold_rows"]
+__all__ = ["PARALLEL_MIN_ENTRIES", "by_row", "fold_rows", "latest_before"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -61,12 +62,16 @@ def _count(ids: I64, offsets: I64, counts: I64) -> None:
         counts[ids[i] + 1] += offsets[i + 1] - offsets[i]
 
 
-@kernel(f"void({readonly('int64')}, {readonly('int64')}, {_KEYS}, {readonly('float32')}, int64[::1], {_FIELDS})")
+@kernel(f"void({readonly('int64')}, {readonly('int64')}, {_KEYS}, {readonly('float32')}, int64[::1], {_FIELDS},"
+        " int64, int64)")
 def _scatter(ids: I64, offsets: I64, seg: U8, tc: U64, tf: U64, st: F32, at: I64, gseg: U8, gtc: U64, gtf: U64,
-             gst: F32) -> None:
-    """Row occurrence i's entries to ``g*[at[ids[i]]:]``, moving that cursor past them."""
+             gst: F32, r0: int, r1: int) -> None:
+    """Row occurrence i's entries to ``g*[at[ids[i]]:]``, moving that cursor past them, for the
+    occurrences of rows ``r0 <= ids[i] < r1`` (one thread's share)."""
     for i in range(ids.shape[0]):
         r = ids[i]
+        if r < r0 or r >= r1:
+            continue
         o = at[r]
         for j in range(offsets[i], offsets[i + 1]):
             gseg[o] = seg[j]
@@ -136,13 +141,14 @@ def _sort_block(gseg: U8, gtc: U64, gtf: U64, gst: F32, a: int, z: int, sseg: U8
 
 
 @kernel(f"int64({_KEYS}, float32[::1], {readonly('int64')}, {readonly('int64')}, {readonly('int64')},"
-        f" {readonly('int64')}, {_FIELDS}, int64[::1], int64[::1])")
+        f" {readonly('int64')}, {_FIELDS}, int64[::1], int64[::1], int64)")
 def _fold_rows(bseg: U8, btc: U64, btf: U64, bst: F32, rows: I64, starts: I64, lo: I64, hi: I64, gseg: U8,
-               gtc: U64, gtf: U64, gst: F32, pos: I64, new_count: I64) -> int:
+               gtc: U64, gtf: U64, gst: F32, pos: I64, new_count: I64, w: int) -> int:
     """Each row ``rows[t]`` (ascending): its block of the grouped fields (``starts``) sorted, its
     increments added to the keys its base slice ``[lo[t], hi[t])`` holds, its other keys folded
-    and written from the front of the fields on (``pos``: base positions), ``new_count[t]`` of
-    them. Returns how many new keys were written in all."""
+    and written from index ``w`` of the fields on (``pos``: base positions; ``w`` at most the first
+    row's block start), ``new_count[t]`` of them. Returns how many new keys were written in all.
+    Calls on disjoint ranges of rows touch disjoint memory (``fold_rows``' threads)."""
     longest = 0
     for t in range(rows.shape[0]):
         longest = max(longest, starts[rows[t] + 1] - starts[rows[t]])
@@ -151,7 +157,7 @@ def _fold_rows(bseg: U8, btc: U64, btf: U64, bst: F32, rows: I64, starts: I64, l
     stf = np.empty(longest, np.uint64)
     sst = np.empty(longest, np.float32)
     bounds = np.empty(longest + 1, np.int64)
-    w = 0  # new keys written so far: never past the entry read (w <= a <= k)
+    w0_all = w  # new keys are written from here on: never past the entry read (w <= a <= k)
     for t in range(rows.shape[0]):
         a = starts[rows[t]]
         z = starts[rows[t] + 1]
@@ -216,15 +222,67 @@ def _fold_rows(bseg: U8, btc: U64, btf: U64, bst: F32, rows: I64, starts: I64, l
                 w += 1
             k = e
         new_count[t] = w - w0
-    return w
+    return w - w0_all
 
 
-def by_row(parts: Sequence[tuple[I64, I64, U8, U64, U64, F32]], num_rows: int) -> tuple[I64, U8, U64, U64, F32]:
+@kernel(f"void({readonly('int64')}, {readonly('int64')}, int64, int64[::1])")
+def _latest_before(ids: I64, group: I64, num_ids: int, out: I64) -> None:
+    """``out[g]`` = the latest group before ``g`` holding one of ``g``'s ids (left alone where none
+    is); ``group`` ascends and a group holds an id at most once."""
+    last = np.full(num_ids, -1, np.int64)
+    for j in range(ids.shape[0]):
+        g = group[j]
+        p = last[ids[j]]
+        if p > out[g]:
+            out[g] = p
+        last[ids[j]] = g
+
+
+def latest_before(ids: I64, group: I64, num_ids: int, groups: int) -> I64:
+    """For each of ``groups`` groups (``group``: the group of each entry of ``ids``, ascending;
+    dense ids below ``num_ids``, each at most once in a group), the latest earlier group that holds
+    one of its ids, -1 where none does: one pass (a replay's records that share a row)."""
+    out = np.full(groups, -1, np.int64)
+    _latest_before(np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(group, np.int64), num_ids, out)
+    return out
+
+
+#: Windows of fewer entries are grouped and folded by one thread: below this a thread's start and
+#: join cost more than its share of the work.
+PARALLEL_MIN_ENTRIES = 1 << 18
+#: A window's rows are cut into this many shares per thread, taken by the threads as they come
+#: free: a row's cost per entry grows with the batches that touch it (its sort's passes), so equal
+#: entries are not equal work, and the hot rows of a Zipf log would leave one thread the longest.
+SHARES_PER_THREAD = 8
+
+
+def _cuts(cumulative: I64, total: int, threads: int) -> list[int]:
+    """Indices into ``cumulative`` (non-decreasing counts of entries before each item) that cut
+    the items into ``threads`` consecutive shares of about ``total / threads`` entries each,
+    first and last included."""
+    targets = np.arange(1, threads, dtype=np.int64) * total // threads
+    inner = np.searchsorted(cumulative, targets, side="left").tolist()
+    return [0, *inner, len(cumulative) - 1]
+
+
+def _in_threads(work: Callable[[int], int], shares: int, threads: int) -> list[int]:
+    """``work(k)`` for every share k, in order of k, by ``threads`` threads taking shares as they
+    come free (the kernels release the GIL)."""
+    if shares == 1 or threads <= 1:
+        return [work(k) for k in range(shares)]
+    with ThreadPoolExecutor(max_workers=min(threads, shares), thread_name_prefix="giaannd-replay") as pool:
+        return list(pool.map(work, range(shares)))
+
+
+def by_row(parts: Sequence[tuple[I64, I64, U8, U64, U64, F32]], num_rows: int,
+           threads: int = 1) -> tuple[I64, U8, U64, U64, F32]:
     """The entries of ``parts`` (row occurrences' ids, offsets, then the four entry fields),
     grouped by row id in one counting sort (stable: ``_count`` of every part, then ``_scatter``):
     (starts, seg, tc, tf, st), row r's block being ``[starts[r], starts[r+1])`` for every row id
     below ``num_rows``. The parts are read where they lie (a replay's batches are views of its
-    segment buffer): no concatenation."""
+    segment buffer): no concatenation. With ``threads`` > 1 (and a window of at least
+    ``PARALLEL_MIN_ENTRIES``), each thread scatters the rows of one range of ids, about an equal
+    share of the entries: every thread reads every occurrence's id, and copies only its own."""
     c = np.ascontiguousarray
     parts = [(c(i, np.int64), c(o, np.int64), c(s, np.uint8), c(x, np.uint64), c(y, np.uint64), c(t, np.float32))
              for i, o, s, x, y, t in parts]
@@ -235,20 +293,55 @@ def by_row(parts: Sequence[tuple[I64, I64, U8, U64, U64, F32]], num_rows: int) -
     n = int(starts[-1])
     g = (np.empty(n, np.uint8), np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.float32))
     at = starts[:-1].copy()
-    for part in parts:
-        _scatter(*part, at, *g)
+    cuts = _cuts(starts, n, threads) if threads > 1 and n >= PARALLEL_MIN_ENTRIES else [0, num_rows]
+
+    def scatter(k: int) -> int:
+        for part in parts:
+            _scatter(*part, at, *g, cuts[k], cuts[k + 1])
+        return 0
+
+    _in_threads(scatter, len(cuts) - 1, threads)
     return (starts, *g)
 
 
 def fold_rows(bseg: U8, btc: U64, btf: U64, bst: F32, rows: I64, starts: I64, lo: I64, hi: I64, gseg: U8,
-              gtc: U64, gtf: U64, gst: F32) -> tuple[int, I64, I64]:
+              gtc: U64, gtf: U64, gst: F32, threads: int = 1) -> tuple[int, I64, I64]:
     """``_fold_rows`` (``bst`` and the ``g*`` fields are written in place): returns (new keys
-    written at the front of the ``g*`` fields, their base positions, new keys per row of ``rows``)."""
+    written at the front of the ``g*`` fields, their base positions, new keys per row of ``rows``).
+
+    With ``threads`` > 1 (and at least ``PARALLEL_MIN_ENTRIES`` entries), the rows are cut into
+    ``SHARES_PER_THREAD`` consecutive shares per thread, of about equal entries, that the threads
+    fold as they come free: each share writes its new
+    keys from its first block's start (rows own disjoint blocks and base slices), then the shares'
+    new keys are moved to the front in order (the new keys only: a few percent of a training
+    log's entries). The result is the one thread's, bit for bit."""
     if not (bst.flags.c_contiguous and bst.flags.writeable):
         raise ValueError("fold_rows: the base strengths must be a writable contiguous array")
     pos = np.empty(gst.shape[0], np.int64)
     new_count = np.empty(rows.shape[0], np.int64)
     c = np.ascontiguousarray
-    m = _fold_rows(c(bseg, np.uint8), c(btc, np.uint64), c(btf, np.uint64), bst, c(rows, np.int64),
-                   c(starts, np.int64), c(lo, np.int64), c(hi, np.int64), gseg, gtc, gtf, gst, pos, new_count)
-    return int(m), pos[:m], new_count
+    bseg, btc, btf = c(bseg, np.uint8), c(btc, np.uint64), c(btf, np.uint64)
+    rows, starts, lo, hi = c(rows, np.int64), c(starts, np.int64), c(lo, np.int64), c(hi, np.int64)
+    total = int(gst.shape[0])
+    if threads > 1 and total >= PARALLEL_MIN_ENTRIES and rows.shape[0] >= threads:
+        before = starts[rows]  # entries of the window before each row's block
+        cuts = _cuts(np.append(before, total), total, min(threads * SHARES_PER_THREAD, rows.shape[0]))
+    else:
+        cuts = [0, rows.shape[0]]
+    firsts = [int(starts[rows[cuts[k]]]) if cuts[k] < rows.shape[0] else 0 for k in range(len(cuts) - 1)]
+
+    def fold(k: int) -> int:
+        t0, t1 = cuts[k], cuts[k + 1]
+        if t0 == t1:
+            return 0
+        return int(_fold_rows(bseg, btc, btf, bst, rows[t0:t1], starts, lo[t0:t1], hi[t0:t1], gseg, gtc, gtf, gst,
+                              pos, new_count[t0:t1], firsts[k]))
+
+    written = _in_threads(fold, len(cuts) - 1, threads)
+    m = 0
+    for first, count in zip(firsts, written):
+        if count and first != m:  # to the front, in order (numpy copies overlapping slices safely)
+            for f in (gseg, gtc, gtf, gst, pos):
+                f[m:m + count] = f[first:first + count]
+        m += count
+    return m, pos[:m], new_count

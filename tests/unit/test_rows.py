@@ -145,3 +145,23 @@ def test_rowbatch_validate_agrees_with_reference_on_broken_batches(seed):
                 bufs[which][i] = rng.integers(0, 6)
         b = RowBatch(*bufs)
         assert _outcome(RowBatch.validate, b) == _outcome(_validate_reference, b)
+
+
+@pytest.mark.parametrize("empty_rows", [0, 1, 3])
+def test_rowbatch_validate_allows_a_row_start_below_the_row_before_with_empty_rows_between(empty_rows):
+    """A row's first entry may sort below the previous row's last, also where empty rows share that
+    row start (counted once), and not anywhere else: the same outcome as the reference."""
+    rows = 2 + empty_rows
+    rc = np.arange(rows, dtype=np.uint64)
+    rf = np.zeros(rows, np.uint64)
+    offsets = np.array([0, 2] + [2] * empty_rows + [4], np.int64)
+    seg = np.array([5, 6, 1, 2], np.uint8)  # the last row starts below the first's end
+    tc = np.zeros(4, np.uint64)
+    tf = np.zeros(4, np.uint64)
+    st = np.ones(4, np.float32)
+    good = RowBatch(rc, rf, offsets, seg, tc, tf, st)
+    assert _outcome(RowBatch.validate, good) is None is _outcome(_validate_reference, good)
+    bad = RowBatch(rc, rf, offsets, np.array([5, 6, 2, 1], np.uint8), tc, tf, st)  # inside the last row
+    assert _outcome(RowBatch.validate, bad) == _outcome(_validate_reference, bad) is not None
+    worse = RowBatch(rc, rf, offsets, np.array([6, 5, 1, 2], np.uint8), tc, tf, st)  # inside the first row
+    assert _outcome(RowBatch.validate, worse) == _outcome(_validate_reference, worse) is not None

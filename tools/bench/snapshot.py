@@ -140,7 +140,7 @@ def _open_as_before(d: Path) -> None:
     straight into the base: segments read into ``bytes`` and every run planned as one delta run of
     the run's concatenation, then folded (``append_new_rows`` refusing sends each run that way)."""
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(update_log.SegmentReader, "read",
+        stack.enter_context(mock.patch.object(update_log.SegmentMapper, "read",
                                               lambda self, p: memoryview(p.read_bytes())))
         stack.enter_context(mock.patch.object(RowEngine, "append_new_rows", lambda *a, **k: None))
         stack.enter_context(mock.patch.object(recovery, "replay", replay_groups_as_before))
@@ -156,8 +156,8 @@ def _replay_record_by_record(d: Path) -> None:
 
 
 def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tuple[str, float, str | None]]:
-    """Where a replay's CPU goes, s/GB by phase (best of ``repeat`` each): the segment reads, the
-    record checks (header and payload checksums), the payload decode with its row checks (in a
+    """Where a replay's CPU goes, s/GB by phase (best of ``repeat`` each): the segment reads (maps,
+    as a restart's), the record checks (header and payload checksums), the payload decode with its row checks (in a
     second ``scan_segment``, which reads and checks again), and in ``replay`` the row-overlap
     lexsort, the key index, the copy into the engine's base, a group's search of the base
     (``search.find``), of the delta runs (``run.find_in_gaps``), the sort of its new keys
@@ -192,7 +192,7 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
                                        (engine_mod, "fold_into_base", "replay: window's new keys merged into the base"),
                                        (update_log, "_decode_payload", "decode and row checks")):
                 stack.enter_context(timed(owner, name, phase))
-            reader = update_log.SegmentReader()
+            reader = update_log.SegmentMapper()  # as a restart reads them
             snaps = list(d.glob("snapshot-*.snap"))
             segments = list_segments(d)
             store, after = read_snapshot(snaps[0], BIG, room=recovery.replay_room(segments)) if snaps else (

@@ -462,7 +462,7 @@ class ColumnStore:
         self._touches[ids] += np.uint64(1)
 
     def apply_disjoint(self, items: Sequence[tuple[BatchId, RowBatch] | Floor], room: int = 0,
-                       new_rows: bool = True) -> int:
+                       new_rows: bool = True, threads: int = 1) -> int:
         """Log replay in bulk (recovery.py): apply ``items`` in order, as ``prepare(id, batch,
         validate=False, enforce_capacity=False)`` + ``commit`` of each would, given that no row
         key occurs in two of the batches (the caller checked). Returns how many were applied (the
@@ -498,7 +498,7 @@ class ColumnStore:
             self._grow_touches(self.engine.num_rows)
             self._touches[ids] += np.uint64(1)
             return applied
-        self._apply_in_order(pieces)
+        self._apply_in_order(pieces, threads)
         return applied
 
     def _replay_parts(self, items: Sequence[tuple[BatchId, RowBatch] | Floor]) -> tuple[int, list[RowBatch]]:
@@ -536,7 +536,7 @@ class ColumnStore:
                 pieces.append(batch)
         return applied, pieces
 
-    def apply_in_order(self, items: Sequence[tuple[BatchId, RowBatch] | Floor]) -> int:
+    def apply_in_order(self, items: Sequence[tuple[BatchId, RowBatch] | Floor], threads: int = 1) -> int:
         """Log replay of batches that share rows (recovery.py, issue 14 item 4): apply ``items`` in
         order, as ``prepare(id, batch, validate=False, enforce_capacity=False)`` + ``commit`` of
         each would, bit for bit, in one engine call (``RowEngine.apply_in_order``). Returns how
@@ -551,15 +551,15 @@ class ColumnStore:
         Meant for a start-up replay (as ``apply_disjoint``): it folds every delta run first (the
         base moves, in place only where no view of the rows, a read or a ``freeze``, holds it:
         rowengine/run.py "Merges in place"; else into new buffers) and leaves the call's new keys
-        as a delta run unless a fold is due."""
+        as a delta run unless a fold is due. ``threads``: ``RowEngine.apply_in_order``'s."""
         applied, pieces = self._replay_parts(items)
         self._version += 1
         if not pieces:
             return applied
-        self._apply_in_order(pieces)
+        self._apply_in_order(pieces, threads)
         return applied
 
-    def _apply_in_order(self, pieces: list[RowBatch]) -> None:
+    def _apply_in_order(self, pieces: list[RowBatch], threads: int = 1) -> None:
         """The rows part of ``apply_in_order`` and ``apply_disjoint``: one ``RowEngine.apply_in_order``
         of ``pieces``, then the row-size counts and ``touches`` as a commit of each
         piece would leave them."""
@@ -568,7 +568,7 @@ class ColumnStore:
         before = engine.lengths().copy()
         ids = engine.apply_in_order([(p.row_column, p.row_feature, p.offsets,
                                       Entries(p.segment, p.target_column, p.target_feature, p.strength))
-                                     for p in pieces])
+                                     for p in pieces], threads)
         mark = np.zeros(engine.num_rows, bool)  # the distinct rows (cheaper than a sort)
         mark[ids] = True
         touched = np.flatnonzero(mark)

@@ -41,7 +41,7 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S, STORAGE_WRITE_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
-from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
+from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap, usable_cpus
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
@@ -197,7 +197,8 @@ class StorageService:
         if s.malloc_mmap_threshold_bytes:  # before the replay's temporaries (recovery.py says why)
             fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
-                                             map_snapshot=s.snapshot_load_map)
+                                             map_snapshot=s.snapshot_load_map,
+                                             replay_threads=s.replay_threads or usable_cpus())
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()

@@ -4,13 +4,15 @@ The reference is the sequential left fold of every key's increments, each batch'
 float32 (float64 add, then round: what ``rows.merge_rows`` and the old ``RowStore`` computed).
 """
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from giaannd.model.rows import RowBatch
-from giaannd.rowengine import Entries, RowEngine
+from giaannd.rowengine import Entries, RowEngine, inorder
 
 KEY = np.dtype([("seg", "u1"), ("tc", ">u8"), ("tf", ">u8")])
 
@@ -319,14 +321,18 @@ def _as_parts(batches):
 
 @settings(max_examples=120, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), before=st.integers(0, 12), windows=st.lists(st.integers(0, 12), min_size=1,
-       max_size=4), base_ratio=st.integers(1, 5), per_row=st.sampled_from([2, 6, 30]), spare=st.booleans())
-def test_apply_in_order_equals_applying_the_batches_one_by_one(seed, before, windows, base_ratio, per_row, spare):
+       max_size=4), base_ratio=st.integers(1, 5), per_row=st.sampled_from([2, 6, 30]), spare=st.booleans(),
+       threads=st.sampled_from([1, 2, 3, 7]))
+def test_apply_in_order_equals_applying_the_batches_one_by_one(seed, before, windows, base_ratio, per_row, spare,
+                                                               threads):
     """Windows of batches sharing rows and keys (a small key space: keys repeat within a window and
     across windows, new rows and new keys of held rows arrive mid-window and are added to again
     later in it, increments of mixed magnitudes and signs whose float32 sums depend on their order,
     zeros of both signs) as ``apply_in_order`` calls: the engine's rows, ids, lengths and strengths
     bit for bit as one ``apply`` per batch, on an engine that holds a base and delta runs (folded
-    first), or a base loaded with spare room (filled in place by the windows' merges)."""
+    first), or a base loaded with spare room (filled in place by the windows' merges); in one
+    thread or several (every window split between them, however small: more threads than rows
+    leaves some with none)."""
     rng = np.random.default_rng(seed)
     rows = [(int(c), int(f)) for c in range(6) for f in range(3)]
     tc_pool = POOL64[: 3 if per_row < 10 else 8]
@@ -351,15 +357,18 @@ def test_apply_in_order_equals_applying_the_batches_one_by_one(seed, before, win
         for batch in group:
             apply(x, batch)
         want_ids = [x.row_ids(b.row_column, b.row_feature) for b in group]
-        ids = y.apply_in_order(_as_parts(group))
+        with mock.patch.object(inorder, "PARALLEL_MIN_ENTRIES", 0):
+            ids = y.apply_in_order(_as_parts(group), threads)
         assert ids.tolist() == (np.concatenate(want_ids).tolist() if want_ids else [])
         assert y.num_deltas <= 1  # the window's new keys, left as a delta run unless a fold was due
         assert _engine_state(y) == _engine_state(x)
 
 
-def test_apply_in_order_of_long_rows_touched_by_many_batches():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_apply_in_order_of_long_rows_touched_by_many_batches(threads):
     """Rows whose window blocks hold many occurrences (the natural merge sort's several passes, an
-    odd number of runs), against a base of long rows: the same engine as one ``apply`` per batch."""
+    odd number of runs), against a base of long rows: the same engine as one ``apply`` per batch
+    (in two threads: one row each, about, the third wherever the cut falls)."""
     rng = np.random.default_rng(4)
     rows = [(7, 0), (7, 1), (9, 0)]
     pool = np.arange(300, dtype=np.uint64)
@@ -370,7 +379,8 @@ def test_apply_in_order_of_long_rows_touched_by_many_batches():
     group = [random_batch(rng, rows, pool, pool[:20], 3, int(rng.integers(1, 300))) for _ in range(37)]
     for batch in group:
         apply(x, batch)
-    y.apply_in_order(_as_parts(group))
+    with mock.patch.object(inorder, "PARALLEL_MIN_ENTRIES", 0):
+        y.apply_in_order(_as_parts(group), threads)
     assert _engine_state(y) == _engine_state(x)
 
 

@@ -8,9 +8,12 @@ float32 sums depend on their order) check the group replay's order of adds."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import mmap
 import platform
 import shutil
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.rowengine import inorder
 from giaannd.storage import ColumnStore, DurableStore
 from giaannd.storage.engine import recovery
 from giaannd.storage.engine.recovery import replay, replay_each
@@ -28,7 +32,7 @@ from giaannd.storage.engine.update_log import (
     KIND_DROP,
     KIND_FLOOR,
     LogRecord,
-    SegmentReader,
+    SegmentMapper,
     list_segments,
     scan_segment,
 )
@@ -194,7 +198,8 @@ def test_replay_applies_a_training_log_as_groups(monkeypatch) -> None:
     store = ColumnStore(BIG)
     calls: list[int] = []
     group = store.apply_in_order
-    monkeypatch.setattr(store, "apply_in_order", lambda items: calls.append(len(items)) or group(items))
+    monkeypatch.setattr(store, "apply_in_order",
+                        lambda items, threads=1: calls.append(len(items)) or group(items, threads))
     assert replay(store, records, 0) == (12, 0)
     each = ColumnStore(BIG)
     replay_each(each, records, 0)
@@ -238,7 +243,8 @@ def test_replay_applies_disjoint_records_in_one_engine_apply(monkeypatch) -> Non
     store = ColumnStore(BIG)
     apply = store.apply_disjoint
     monkeypatch.setattr(store, "apply_disjoint",
-                        lambda items, room=0, new_rows=True: calls.append(len(items)) or apply(items, room, new_rows))
+                        lambda items, room=0, new_rows=True, threads=1:
+                        calls.append(len(items)) or apply(items, room, new_rows, threads))
     assert replay(store, records, 0) == (7, 0)
     assert calls == [6, 1]
     each = ColumnStore(BIG)
@@ -292,10 +298,11 @@ def test_replay_of_new_rows_goes_straight_into_the_base(tmp_path: Path) -> None:
     _assert_same(bulk, each)
 
 
-def test_replay_keeps_no_view_of_the_shared_read_buffer(tmp_path: Path, monkeypatch) -> None:
-    """Every segment is read into one buffer (update_log.SegmentReader), so a replay must copy all
-    it keeps (new rows appended to the base, planned runs, drops, the applied set). Each buffer
-    handed out is overwritten once ``open`` returns: the store must still be the live one."""
+def test_replay_keeps_no_view_of_the_mapped_segments(tmp_path: Path, monkeypatch) -> None:
+    """A start-up maps every segment (update_log.SegmentMapper), so a replay must copy all it keeps
+    (new rows appended to the base, planned runs, drops, the applied set): once ``open`` returns
+    every mapping is gone (a view kept would hold a deleted segment's disk and pages), and the
+    store is the live one."""
     rng = np.random.default_rng(12)
     ds = DurableStore.open(tmp_path / "s", BIG, segment_max_bytes=8_000)
     first = _batch(rng, 5000, 3, 40)
@@ -310,19 +317,20 @@ def test_replay_keeps_no_view_of_the_shared_read_buffer(tmp_path: Path, monkeypa
     live = ds.store
     ds.close()
     assert len(list_segments(tmp_path / "s")) > 4
-    handed: list[np.ndarray] = []
-    real = SegmentReader.read
+    mapped: list[weakref.ref] = []
+    real = SegmentMapper.read
 
-    def read(self: SegmentReader, path: Path) -> memoryview:
+    def read(self: SegmentMapper, path: Path) -> memoryview:
         view = real(self, path)
-        handed.append(self._buf)
+        assert isinstance(view.obj, mmap.mmap)
+        mapped.append(weakref.ref(view.obj))
         return view
 
-    monkeypatch.setattr(SegmentReader, "read", read)
-    reopened = DurableStore.open(tmp_path / "s", BIG)
-    for buf in {id(b): b for b in handed}.values():
-        buf.flags.writeable = True
-        buf[:] = 0xA5
+    monkeypatch.setattr(SegmentMapper, "read", read)
+    reopened = DurableStore.open(tmp_path / "s", BIG, replay_threads=2)
+    gc.collect()
+    assert len(mapped) == len(list_segments(tmp_path / "s")) - 1  # (less the fresh segment open made)
+    assert [ref() for ref in mapped] == [None] * len(mapped)
     x, y = reopened.store.read_all(), live.read_all()
     assert all(np.array_equal(p.view(np.uint8), q.view(np.uint8)) for p, q in zip(x.buffers(), y.buffers()))
     assert reopened.store.applied == live.applied
@@ -428,7 +436,7 @@ def test_replay_windows_span_log_segments(tmp_path: Path, monkeypatch) -> None:
     calls: list[int] = []
     real = ColumnStore.apply_in_order
     monkeypatch.setattr(ColumnStore, "apply_in_order",
-                        lambda self, items: calls.append(len(items)) or real(self, items))
+                        lambda self, items, threads=1: calls.append(len(items)) or real(self, items, threads))
     reopened = DurableStore.open(d, BIG)
     windows = len(calls)
     assert windows <= 4 < segments  # the drops (every 23rd batch) and the fresh-rows run cut windows too
@@ -441,21 +449,23 @@ def test_replay_windows_span_log_segments(tmp_path: Path, monkeypatch) -> None:
 @given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 70),
        segment_bytes=st.sampled_from([2_000, 9_000, 1 << 20]), least=st.sampled_from([30, 300, 1 << 22]),
        share=st.sampled_from([1, 3, 8]),
-       snapshot_at=st.integers(0, 40))
+       snapshot_at=st.integers(0, 40), threads=st.sampled_from([1, 2, 4]))
 def test_restart_with_windows_over_segments_equals_record_by_record(
         tmp_path_factory, seed: int, batches: int, segment_bytes: int, least: int, share: int,
-        snapshot_at: int) -> None:
+        snapshot_at: int, threads: int) -> None:
     """Whatever the segments' size and the window's bounds (the fewest entries, the share of the
     store), a restart (windows gathered over segments, each segment read into a buffer of its own
-    while a window holds its records) leaves the store record-by-record replay leaves."""
+    while a window holds its records) leaves the store record-by-record replay leaves; in one
+    replay thread or several (each window's rows split between them, whatever its size)."""
     d = tmp_path_factory.mktemp("w") / "s"
     _training_log_store(d, seed, batches, segment_bytes, snapshot_at)
-    saved = recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE
+    saved = recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE, inorder.PARALLEL_MIN_ENTRIES
     recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE = least, share
+    inorder.PARALLEL_MIN_ENTRIES = 0
     try:
-        reopened = DurableStore.open(d, BIG)
+        reopened = DurableStore.open(d, BIG, replay_threads=threads)
     finally:
-        recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE = saved
+        recovery.MAX_REPLAY_GROUP_ENTRIES, recovery.REPLAY_WINDOW_BASE_SHARE, inorder.PARALLEL_MIN_ENTRIES = saved
     _assert_same(reopened.store, _replayed_each(d))
     reopened.close()
 
