@@ -40,11 +40,31 @@ def _first_bad(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.ui
     return -1
 
 
+@kernel(f"int64({readonly('uint8')}, {readonly('uint64')}, {readonly('uint64')}, {readonly('float32')}, int64)")
+def _count_bad(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.uint64], st: NDArray[np.float32],
+               num_segments: int) -> int:
+    """How many entries break a rule (``_first_bad``'s), without a branch or an early exit: LLVM
+    vectorises these loops (0.8 against 1.6 ns per entry for ``_first_bad`` on a clean row, at
+    memory speed), and a row is almost always clean."""
+    n = seg.shape[0]
+    bad = 0
+    for i in range(n):
+        bad += (seg[i] >= num_segments) | (not np.isfinite(st[i]))
+    for i in range(1, n):
+        s = seg[i]
+        ps = seg[i - 1]
+        bad += (s < ps) | ((s == ps) & ((tc[i] < tc[i - 1]) | ((tc[i] == tc[i - 1]) & (tf[i] <= tf[i - 1]))))
+    return bad
+
+
 def first_non_canonical(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.uint64],
                         strength: NDArray[np.float32], num_segments: int) -> int:
     """The index of the first entry that is out of range (its segment), not finite (its strength)
     or not strictly after the entry before it, -1 when there is none. The four arrays are 1-d,
-    contiguous and of equal length (the caller checked)."""
+    contiguous and of equal length (the caller checked). A clean row is one vectorised count; the
+    walk that stops at the first fault runs only when there is one."""
+    if not _count_bad(seg, tc, tf, strength, num_segments):
+        return -1
     return int(_first_bad(seg, tc, tf, strength, num_segments))
 
 
