@@ -144,12 +144,15 @@ def _fresh_process_s(code: str, cwd: Path) -> float:
 
 #: Prints the config sections and keys the ``giaannd`` on ``sys.path`` knows, as JSON.
 _KNOWN_KEYS = """
-import json, msgspec
+import json, typing, msgspec
 from giaannd.config import Config
 out = {}
 for f in msgspec.structs.fields(Config):
-    if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
-        out[f.encode_name] = [g.encode_name for g in msgspec.structs.fields(f.type)]
+    t = typing.get_args(f.type)[0] if typing.get_origin(f.type) is typing.Annotated else f.type
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        out[f.encode_name] = [g.encode_name for g in msgspec.structs.fields(t)]
+if not out:
+    raise SystemExit("no config sections found: the bench cannot filter this tree's config")
 print(json.dumps(out))
 """
 

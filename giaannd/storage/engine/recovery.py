@@ -104,8 +104,10 @@ class RecoveryReport:
     replay_s: float = 0.0
     snapshot_bytes: int = 0
     log_bytes: int = 0
-    #: The same two phases in CPU seconds of the thread that recovered (user and system): against
-    #: the wall seconds, what was waiting (a cold page cache: the disk) or sharing a busy core.
+    #: The same two phases in CPU seconds of the process (user and system; the replay's threads
+    #: included, and whatever else the process ran meanwhile: little, at a daemon's start-up):
+    #: against the wall seconds, what was waiting (a cold page cache: the disk) or sharing a busy
+    #: core, or how much the replay's threads overlapped.
     snapshot_load_cpu_s: float = 0.0
     replay_cpu_s: float = 0.0
 
@@ -508,7 +510,7 @@ class DurableStore:
         temporaries = list_temporaries(d)
         snapshots = list_snapshots(d)
         segments = list_segments(d)
-        started, started_cpu = time.perf_counter(), time.thread_time()
+        started, started_cpu = time.perf_counter(), time.process_time()
         snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
         if snapshots:
@@ -523,14 +525,14 @@ class DurableStore:
                 raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
         else:
             snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
-        loaded, loaded_cpu = time.perf_counter(), time.thread_time()
+        loaded, loaded_cpu = time.perf_counter(), time.process_time()
         # Replay changes RAM only: a damaged segment further on still stops start-up before any
         # file changes.
         done = replay_segments(store, segments, snap_seq, replay_threads)
         applied, skipped, torn, log_bytes = done.applied, done.skipped, done.torn, done.log_bytes
         if applied:
             return_freed_heap()
-        replayed, replayed_cpu = time.perf_counter(), time.thread_time()
+        replayed, replayed_cpu = time.perf_counter(), time.process_time()
         last_seq = max(snap_seq, (done.next_seq or 1) - 1)
         # Everything is checked: only now change files.
         for p in temporaries:

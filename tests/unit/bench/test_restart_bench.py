@@ -66,3 +66,23 @@ def test_known_keys_only_drops_what_an_older_tree_does_not_know():
                    "storage": {"capacity-bytes": full["storage"]["capacity-bytes"]}}
     # every key known: the same config
     assert tomllib.loads(known_keys_only(text, {s: list(keys) for s, keys in full.items()})) == full
+
+
+def test_known_keys_lists_every_config_section_and_key():
+    """What the bench asks of a tree's code (``_KNOWN_KEYS``) names every section and key of the
+    config; the sections are annotated types (``Annotated[NodeConfig, Meta(...)]``), which the
+    question once took for no section at all, so a before tree got an empty config and started
+    with the defaults (another data directory: the bench's restarts then failed)."""
+    import json
+    import subprocess
+    import sys
+    import tomllib
+
+    from giaannd.config import Config, to_toml
+
+    out = subprocess.run([sys.executable, "-c", restart._KNOWN_KEYS], check=True, capture_output=True, text=True,
+                         timeout=120)
+    known = json.loads(out.stdout)
+    full = tomllib.loads(to_toml(Config.loopback("/tmp/x")))
+    assert set(full) <= set(known)
+    assert all(set(full[section]) <= set(known[section]) for section in full)
