@@ -129,14 +129,12 @@ class TransferRule:
         out = np.zeros(columns.size, np.bool_)
         if columns.size == 0:
             return out
-        old_idx, new_idx = self.old.owner_indices(columns), self.new.owner_indices(columns)
-        for i, col in enumerate(columns.tolist()):
-            before = {self.old.names[j] for j in old_idx[i]}
-            if target in before or target not in {self.new.names[j] for j in new_idx[i]}:
-                continue
-            after = {self.new.names[j] for j in new_idx[i]}
-            preferred = _candidates(before, after, self.live, self.avoid_sources)
-            out[i] = bool(preferred) and choose_source(col, target, preferred) == source
+        moves = _moves(self.old, self.new, np.asarray(columns, np.uint64), self.live, self.avoid_sources)
+        names = moves.names
+        if source not in names or target not in names:
+            return out
+        hit = (moves.source == names.index(source)) & (moves.target == names.index(target))
+        out[moves.row[hit]] = True
         return out
 
 
@@ -162,30 +160,83 @@ def plan_transfers(old: Placement, new: Placement, columns: ArrayLike, live: Col
         The plan. Columns whose owner lists are equal produce nothing.
     """
     cols = np.unique(np.asarray(columns, dtype=np.uint64))
-    live_set, avoid = set(live), set(avoid_sources)
     if cols.size == 0:
         return Plan((), np.zeros(0, np.uint64))
-    old_idx, new_idx = old.owner_indices(cols), new.owner_indices(cols)
-    old_names, new_names = old.names, new.names
-    work: dict[tuple[str, str], list[int]] = {}
-    released: dict[str, list[int]] = {}
-    lost: list[int] = []
-    moved = 0
-    for i, col in enumerate(cols.tolist()):
-        before = {old_names[j] for j in old_idx[i]}
-        after = {new_names[j] for j in new_idx[i]}
-        gained = after - before
-        for m in before - after:
-            released.setdefault(m, []).append(col)
-        if not gained:
-            continue
-        moved += 1
-        preferred = _candidates(before, after, live_set, avoid)
-        if not preferred:
-            lost.append(col)
-            continue
-        for target in sorted(gained):
-            work.setdefault((choose_source(col, target, preferred), target), []).append(col)
-    transfers = tuple(Transfer(s, t, np.array(c, np.uint64)) for (s, t), c in sorted(work.items()))
-    return Plan(transfers, np.array(lost, np.uint64),
-                {m: np.array(c, np.uint64) for m, c in sorted(released.items())}, int(cols.size), moved)
+    m = _moves(old, new, cols, live, avoid_sources)
+    names = m.names
+    # (source, target) pairs in name order (``names`` is sorted), columns ascending within each
+    order = np.lexsort((m.row, m.target, m.source))
+    src, dst, rows = m.source[order], m.target[order], m.row[order]
+    cuts = _runs((src[1:] != src[:-1]) | (dst[1:] != dst[:-1]), src.size)
+    transfers = tuple(Transfer(names[int(src[a])], names[int(dst[a])], cols[rows[a:b]]) for a, b in cuts)
+    rel_order = np.lexsort((m.released_row, m.released_member))
+    rel_member, rel_row = m.released_member[rel_order], m.released_row[rel_order]
+    released = {names[int(rel_member[a])]: cols[rel_row[a:b]]
+                for a, b in _runs(rel_member[1:] != rel_member[:-1], rel_member.size)}
+    return Plan(transfers, cols[m.lost_rows], released, int(cols.size), m.moved)
+
+
+@dataclass(frozen=True)
+class _Moves:
+    """What an ownership change means for each column (``_moves``), as flat arrays over the
+    members' ``names`` (sorted): a (column row, gained owner, source) triple per transfer, a
+    (column row, member) pair per owner that loses the column, the rows with a gained owner but
+    no live old owner (lost) and how many rows have a gained owner (moved)."""
+
+    names: list[str]
+    row: NDArray[np.intp]
+    target: NDArray[np.intp]
+    source: NDArray[np.intp]
+    released_row: NDArray[np.intp]
+    released_member: NDArray[np.intp]
+    lost_rows: NDArray[np.intp]
+    moved: int
+
+
+def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avoid: Collection[str]) -> _Moves:
+    """The transfers the change from ``old`` to ``new`` asks for ``cols`` (module docstring's
+    rules), in whole-array passes over the (column × replica) owner tables: per column, the owners
+    gained and lost, the candidate sources (``_candidates``' tiers, as masks) and the source of
+    each gained owner. Only a column with several candidates in its chosen tier (a removenode or
+    replace: any live old owner) costs Python, a hash per candidate (``choose_source``); a join
+    or a decommission names one source per column (the owner that loses it)."""
+    names = sorted(set(old.names) | set(new.names))
+    index = {n: i for i, n in enumerate(names)}
+    # a row of owner indices names distinct members (Placement's contract, pins included)
+    before = np.array([index[n] for n in old.names], np.intp)[old.owner_indices(cols)]
+    after = np.array([index[n] for n in new.names], np.intp)[new.owner_indices(cols)]
+    gained = ~(after[:, :, None] == before[:, None, :]).any(axis=2)
+    lost_owner = ~(before[:, :, None] == after[:, None, :]).any(axis=2)
+    live_of = np.zeros(len(names), np.bool_)
+    live_of[[index[n] for n in live if n in index]] = True
+    avoid_of = np.zeros(len(names), np.bool_)
+    avoid_of[[index[n] for n in avoid if n in index]] = True
+    holders = live_of[before]
+    released = holders & lost_owner
+    ok = holders & ~avoid_of[before]
+    preferred = holders
+    for tier in (released, ok, released & ok):  # the first non-empty of: released & ok, ok, released, holders
+        preferred = np.where(tier.any(axis=1, keepdims=True), tier, preferred)
+    moved_rows = gained.any(axis=1)
+    has_source = preferred.any(axis=1)
+    lost_rows = np.flatnonzero(moved_rows & ~has_source)
+    rows, slots = np.nonzero(gained & has_source[:, None])
+    targets = after[rows, slots]
+    sources = before[rows, preferred[rows].argmax(axis=1)]  # right where the tier has one member
+    several = np.flatnonzero(preferred[rows].sum(axis=1) > 1)
+    for i in several.tolist():  # several candidates: the hash decides (choose_source), in Python
+        r = int(rows[i])
+        candidates = [names[int(j)] for j in before[r][preferred[r]]]
+        sources[i] = index[choose_source(int(cols[r]), names[int(targets[i])], candidates)]
+    rel_rows, rel_slots = np.nonzero(lost_owner)
+    return _Moves(names, rows, targets, sources, rel_rows, before[rel_rows, rel_slots], lost_rows,
+                  int(moved_rows.sum()))
+
+
+def _runs(changes: NDArray[np.bool_], n: int) -> list[tuple[int, int]]:
+    """The (start, end) of each run of equal items in a sorted array of ``n`` items, given where
+    item i + 1 differs from item i (``changes``); none when ``n`` is 0."""
+    if n == 0:
+        return []
+    cuts = (np.flatnonzero(changes) + 1).tolist()
+    return list(zip([0, *cuts], [*cuts, n]))

@@ -85,3 +85,93 @@ def test_choose_source_is_order_independent():
     assert choose_source(5, "t", ["x", "y", "z"]) == choose_source(5, "t", ["z", "y", "x"])
     with pytest.raises(ValueError):
         choose_source(5, "t", [])
+
+
+def _plan_reference(old, new, columns, live, avoid_sources=()):
+    """``plan_transfers`` as it was before its whole-array form: a Python loop per column."""
+    from giaannd.storage.rebalance.plan import Plan, Transfer, _candidates
+
+    cols = np.unique(np.asarray(columns, dtype=np.uint64))
+    live_set, avoid = set(live), set(avoid_sources)
+    if cols.size == 0:
+        return Plan((), np.zeros(0, np.uint64))
+    old_idx, new_idx = old.owner_indices(cols), new.owner_indices(cols)
+    work, released, lost, moved = {}, {}, [], 0
+    for i, col in enumerate(cols.tolist()):
+        before = {old.names[j] for j in old_idx[i]}
+        after = {new.names[j] for j in new_idx[i]}
+        gained = after - before
+        for m in before - after:
+            released.setdefault(m, []).append(col)
+        if not gained:
+            continue
+        moved += 1
+        preferred = _candidates(before, after, live_set, avoid)
+        if not preferred:
+            lost.append(col)
+            continue
+        for target in sorted(gained):
+            work.setdefault((choose_source(col, target, preferred), target), []).append(col)
+    transfers = tuple(Transfer(s, t, np.array(c, np.uint64)) for (s, t), c in sorted(work.items()))
+    return Plan(transfers, np.array(lost, np.uint64),
+                {m: np.array(c, np.uint64) for m, c in sorted(released.items())}, int(cols.size), moved)
+
+
+def _random_change(rng):
+    """Two placements around a random topology change, with live and avoided members."""
+    names = [f"n{i}" for i in range(int(rng.integers(1, 8)))]
+    weighted = bool(rng.integers(0, 2))
+    weights = {n: float(rng.uniform(0.5, 3)) if weighted else 1.0 for n in names + ["x", "y"]}
+    r = int(rng.integers(1, 5))
+    kind = rng.choice(["join", "decommission", "removenode", "replace", "reweigh", "same"])
+    after = list(names)
+    if kind == "join" or not after:
+        after.append("x")
+    elif kind in ("decommission", "removenode"):
+        after.remove(str(rng.choice(after)))
+        after = after or ["y"]
+    elif kind == "replace":
+        after[int(rng.integers(0, len(after)))] = "y"
+    elif kind == "reweigh":
+        weights[str(rng.choice(after))] *= 2.5
+    pins = {}
+    if rng.integers(0, 3) == 0:  # pinned columns, a name repeated among them
+        for key in (5, 6, 7):
+            pins[key] = tuple(str(n) for n in rng.choice(names + after, size=int(rng.integers(1, 4))))
+    strategy = "weighted" if weighted else "hash"
+    old = Placement(tuple(Member(n, weights[n]) for n in names or ["y"]), r, strategy, pins)
+    new = Placement(tuple(Member(n, weights[n]) for n in after), r, strategy, pins)
+    everyone = sorted(set(old.names) | set(new.names))
+    live = [n for n in everyone if rng.random() < 0.8]
+    avoid = [n for n in everyone if rng.random() < 0.2]
+    return old, new, live, avoid
+
+
+def _same_plan(a, b):
+    assert a.transfers == b.transfers
+    assert a.lost.tolist() == b.lost.tolist()
+    assert {m: c.tolist() for m, c in a.released.items()} == {m: c.tolist() for m, c in b.released.items()}
+    assert (a.columns_total, a.columns_moved) == (b.columns_total, b.columns_moved)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_plan_equals_the_per_column_reference(seed):
+    """Whole-array planning gives the plan the per-column loop gave, for every kind of change, live
+    and avoided members, weights, pins (a name pinned twice), duplicate columns; and the transfer
+    rule claims exactly the columns of each transfer."""
+    from giaannd.storage.rebalance.plan import TransferRule
+
+    rng = np.random.default_rng(seed)
+    old, new, live, avoid = _random_change(rng)
+    columns = np.concatenate([rng.integers(0, 2**63, 400, dtype=np.uint64), np.arange(10, dtype=np.uint64),
+                              np.array([5, 5, 6], np.uint64)])
+    got = plan_transfers(old, new, columns, live, avoid)
+    _same_plan(got, _plan_reference(old, new, columns, live, avoid))
+    rule = TransferRule(old, new, frozenset(live), frozenset(avoid))
+    cols = np.unique(columns)
+    everyone = sorted(set(old.names) | set(new.names))
+    for source in everyone:
+        for target in everyone:
+            carried = next((t.columns for t in got.transfers if (t.source, t.target) == (source, target)),
+                           np.zeros(0, np.uint64))
+            assert cols[rule.claims(source, target, cols)].tolist() == carried.tolist()
