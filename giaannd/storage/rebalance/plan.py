@@ -159,7 +159,9 @@ def plan_transfers(old: Placement, new: Placement, columns: ArrayLike, live: Col
     Returns:
         The plan. Columns whose owner lists are equal produce nothing.
     """
-    cols = np.unique(np.asarray(columns, dtype=np.uint64))
+    cols = np.sort(np.asarray(columns, dtype=np.uint64).reshape(-1))
+    if cols.size > 1:  # unique (a sort and a mask: numpy's ``unique`` hashes, 10x the sort here)
+        cols = cols[np.append(True, cols[1:] != cols[:-1])]
     if cols.size == 0:
         return Plan((), np.zeros(0, np.uint64))
     m = _moves(old, new, cols, live, avoid_sources)
@@ -224,13 +226,48 @@ def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avo
     targets = after[rows, slots]
     sources = before[rows, preferred[rows].argmax(axis=1)]  # right where the tier has one member
     several = np.flatnonzero(preferred[rows].sum(axis=1) > 1)
-    for i in several.tolist():  # several candidates: the hash decides (choose_source), in Python
-        r = int(rows[i])
-        candidates = [names[int(j)] for j in before[r][preferred[r]]]
-        sources[i] = index[choose_source(int(cols[r]), names[int(targets[i])], candidates)]
+    if several.size:  # several candidates: the hash decides (``choose_source``'s rule)
+        r = rows[several]
+        sources[several] = _highest_hash(cols[r], targets[several], before[r], preferred[r], names)
     rel_rows, rel_slots = np.nonzero(lost_owner)
     return _Moves(names, rows, targets, sources, rel_rows, before[rel_rows, rel_slots], lost_rows,
                   int(moved_rows.sum()))
+
+
+def _highest_hash(cols: U64, targets: NDArray[np.intp], owners: NDArray[np.intp], candidate: NDArray[np.bool_],
+                  names: list[str]) -> NDArray[np.intp]:
+    """``choose_source`` for many (column, target) pairs at once: per pair, the candidate (the
+    ``owners`` where ``candidate`` is set) with the highest xxh3 of (column, target, candidate),
+    the first in name order among equal hashes (as ``max`` over the sorted names), as member
+    indices into ``names`` (sorted). The messages of one (target, candidate) pair have one length,
+    so they are laid out as rows of one byte matrix; the hashes are one C call each, no Python
+    beyond that per pair."""
+    n = cols.shape[0]
+    best = np.full(n, -1, np.intp)
+    best_hash = np.zeros(n, np.uint64)
+    column_bytes = np.ascontiguousarray(cols, "<u8").view(np.uint8).reshape(n, 8)
+    by_name = np.argsort(owners, axis=1, kind="stable")  # member indices ascend as names do
+    every = np.arange(n)
+    for k in range(owners.shape[1]):
+        member = owners[every, by_name[:, k]]
+        on = np.flatnonzero(candidate[every, by_name[:, k]])
+        pair = targets[on] * len(names) + member[on]
+        order = np.argsort(pair, kind="stable")
+        on, pair = on[order], pair[order]
+        for a, b in _runs(pair[1:] != pair[:-1], pair.size):  # one (target, candidate) pair each
+            sel = on[a:b]
+            t, c = divmod(int(pair[a]), len(names))
+            tail = names[t].encode() + b"\x00" + names[c].encode()
+            msg = np.empty((sel.size, 8 + len(tail)), np.uint8)
+            msg[:, :8] = column_bytes[sel]
+            msg[:, 8:] = np.frombuffer(tail, np.uint8)
+            flat, width = msg.tobytes(), msg.shape[1]
+            h = np.fromiter((xxhash.xxh3_64_intdigest(flat[i:i + width]) for i in range(0, len(flat), width)),
+                            np.uint64, sel.size)
+            better = (best[sel] < 0) | (h > best_hash[sel])
+            best[sel[better]] = c
+            best_hash[sel[better]] = h[better]
+    return best
 
 
 def _runs(changes: NDArray[np.bool_], n: int) -> list[tuple[int, int]]:
