@@ -31,9 +31,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils as _cgutils
+from numba.extending import intrinsic
 
-__all__ = ["kernel", "readonly"]
+__all__ = ["kernel", "prefetch", "readonly"]
+
+cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,3 +78,27 @@ def kernel(*signatures: str) -> Callable[[F], F]:
         return cast(F, compiled)
 
     return wrap
+
+
+def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
+    """``llvm.prefetch`` of ``array[index]`` (read, into all cache levels): a hint, no fault, no effect
+    on any value. Lets a kernel ask for the memory it will read a few steps ahead (a key index's
+    probe walk, a gather of scattered slices), so the cache misses of data larger than the cache
+    overlap instead of coming one after another."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
+
+
+#: ``prefetch(array, index)`` in a kernel (``_prefetch_typer`` says what it does).
+prefetch: Any = intrinsic(_prefetch_typer)

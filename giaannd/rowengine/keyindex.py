@@ -25,7 +25,7 @@ per key (docs/model.md, "The LIF step", has the figures). The table doubles (eve
 id order) when it would be more than ``max_load`` full; a kernel that inserts stops at the key that
 would overfill it, the table grows, and it resumes there, so a batch of keys that are mostly held
 already (a LIF row fired again) never makes room for keys it does not add. In a table of at least
-``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``_prefetch``), so the
+``_PREFETCH_BYTES`` the walks prefetch slots and keys a few dozen keys ahead (``prefetch``), so the
 cache misses of keys in a row overlap. The kernels take read-only key arrays as they are. A caller
 that kept the ids of some keys can check them instead of looking the keys up again (``holds``: the
 key stored for each id compared with the given one, no walk; a LIF session's row fired again).
@@ -39,16 +39,10 @@ is its top ``bits`` bits).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils as _cgutils
-from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from giaannd.rowengine.jit import kernel
+from giaannd.rowengine.jit import kernel, prefetch
 
 __all__ = ["KeyIndex", "slot_hash"]
 
@@ -75,8 +69,7 @@ _TABLE = "int64[::1], uint64[::1], uint64[::1], int64"  # slots, key a, key b, b
 _IN = 'Array(uint64, 1, "C", readonly=True)'
 #: Ids a caller passes back (``holds``): C-contiguous int64, possibly read-only.
 _IDS_IN = 'Array(int64, 1, "C", readonly=True)'
-cgutils: Any = _cgutils  # partly annotated: its helpers are untyped
-#: Kernels prefetch (``_prefetch``) only in a table of at least this many bytes: in a smaller one
+#: Kernels prefetch (``prefetch``) only in a table of at least this many bytes: in a smaller one
 #: (it fits the cache with the keys) the hints cost more than they save (measured: 10^4-10^5 keys
 #: 5-30 % slower with them, 10^6 keys into 2^22 slots 1.6-3x faster).
 _PREFETCH_BYTES = 8 << 20
@@ -123,27 +116,6 @@ def _tag(h: np.uint64) -> np.int64:
     return np.int64(h & _TAG_MASK) << _ID_BITS
 
 
-def _prefetch_typer(typingctx: Any, array: Any, index: Any) -> Any:
-    """``llvm.prefetch`` of ``array[index]`` (read, into all cache levels): a hint, no fault, no effect
-    on any value. Lets a probe walk ask for slots and keys a few dozen keys ahead, so the cache
-    misses of a table larger than the cache overlap instead of coming one after another."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(array, index), codegen
-
-
-#: ``_prefetch(array, index)`` in a kernel (``_prefetch_typer`` says what it does).
-_prefetch: Any = intrinsic(_prefetch_typer)
 
 
 @kernel(f"void({_TABLE}, {_IN}, {_IN}, int64, int64[::1])")
@@ -156,7 +128,7 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
     ring = np.empty(_RING, np.uint64)
     for j in range(min(2 * ahead, m)):
         ring[j] = _hash(a[j], b[j])
-        _prefetch(slots, np.int64(ring[j] >> shift))
+        prefetch(slots, np.int64(ring[j] >> shift))
     for i in range(m):
         x = a[i]
         y = b[i]
@@ -166,7 +138,7 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
             if j < m:
                 g = _hash(a[j], b[j])
                 ring[j & _RING_MASK] = g
-                _prefetch(slots, np.int64(g >> shift))
+                prefetch(slots, np.int64(g >> shift))
             if i + ahead < m:
                 # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
                 # held there if the tags match (only then is it compared). Written out here and in
@@ -175,8 +147,8 @@ def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int,
                 g = ring[(i + ahead) & _RING_MASK]
                 v = slots[np.int64(g >> shift)]
                 if v and (v & ~_ID_MASK) == _tag(g):
-                    _prefetch(ka, (v & _ID_MASK) - 1)
-                    _prefetch(kb, (v & _ID_MASK) - 1)
+                    prefetch(ka, (v & _ID_MASK) - 1)
+                    prefetch(kb, (v & _ID_MASK) - 1)
         else:
             h = _hash(x, y)
         s = np.int64(h >> shift)
@@ -227,7 +199,7 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
     ring = np.empty(_RING, np.uint64)
     for j in range(start, min(start + 2 * ahead, m)):
         ring[j & _RING_MASK] = _hash(a[j], b[j])
-        _prefetch(slots, np.int64(ring[j & _RING_MASK] >> shift))
+        prefetch(slots, np.int64(ring[j & _RING_MASK] >> shift))
     for i in range(start, m):
         x = a[i]
         y = b[i]
@@ -237,7 +209,7 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
             if j < m:
                 g = _hash(a[j], b[j])
                 ring[j & _RING_MASK] = g
-                _prefetch(slots, np.int64(g >> shift))
+                prefetch(slots, np.int64(g >> shift))
             if i + ahead < m:
                 # that key's home slot was asked for ``ahead`` keys ago: ask for the key of the id
                 # held there if the tags match (only then is it compared). Written out here and in
@@ -246,8 +218,8 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
                 g = ring[(i + ahead) & _RING_MASK]
                 v = slots[np.int64(g >> shift)]
                 if v and (v & ~_ID_MASK) == _tag(g):
-                    _prefetch(ka, (v & _ID_MASK) - 1)
-                    _prefetch(kb, (v & _ID_MASK) - 1)
+                    prefetch(ka, (v & _ID_MASK) - 1)
+                    prefetch(kb, (v & _ID_MASK) - 1)
         else:
             h = _hash(x, y)
         s = np.int64(h >> shift)
@@ -286,7 +258,7 @@ def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int
     repeated = -1
     for sid in range(lo, hi):
         if ahead and sid + ahead < hi:
-            _prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
+            prefetch(slots, np.int64(_hash(ka[sid + ahead], kb[sid + ahead]) >> shift))
         x = ka[sid]
         y = kb[sid]
         h = _hash(x, y)
@@ -318,7 +290,7 @@ def _append_new(slots: I64, ka: U64, kb: U64, bits: int, n0: int, a: U64, b: U64
         x = a[i]
         y = b[i]
         if ahead and i + ahead < k:
-            _prefetch(slots, np.int64(_hash(a[i + ahead], b[i + ahead]) >> shift))
+            prefetch(slots, np.int64(_hash(a[i + ahead], b[i + ahead]) >> shift))
         h = _hash(x, y)
         s = np.int64(h >> shift)
         tag = _tag(h)

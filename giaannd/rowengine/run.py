@@ -63,7 +63,7 @@ import numpy as np
 from numba import literal_unroll
 from numpy.typing import NDArray
 
-from giaannd.rowengine.jit import kernel, readonly
+from giaannd.rowengine.jit import kernel, prefetch, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
@@ -273,6 +273,10 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
 
 
 _ENTRY_TYPES = ("uint8", "uint64", "uint64", "float32")  # FIELDS' dtypes
+#: Slices ahead whose first cache lines ``_gather_entries`` asks for before it copies a slice
+#: (``prefetch``): 4 MiB pages of rows of 50 entries scattered over 1.4·10^7 entries, read with
+#: reused page buffers: 0.62-0.71 ms/MB against 0.77-0.97 without.
+_GATHER_AHEAD = 8
 _ENTRIES_IN = ", ".join(readonly(t) for t in _ENTRY_TYPES)
 _ENTRIES_OUT = ", ".join(f"{t}[::1]" for t in _ENTRY_TYPES)
 
@@ -287,12 +291,26 @@ def _gather_entries(seg: U8, tc: U64, tf: U64, st: F32, lo: I64, n: I64, nseg: U
     index of every entry. (Fields together, not one pass per field: when the slices lie scattered
     over a large run, each slice's four reads miss the cache at once instead of one after another:
     measured 0.55-0.58 ms/MB against 0.77-1.05 for a pass per field and 1.2-1.3 for numpy's gather
-    through an index, 4 MB pages of rows of 50 entries scattered over 20·10^6 entries.)"""
+    through an index, 4 MB pages of rows of 50 entries scattered over 20·10^6 entries.) The first
+    cache line of each field of the slice ``_GATHER_AHEAD`` on is asked for before a slice is
+    copied, so the misses of scattered slices overlap."""
     m = pos.shape[0]
     j = 0
     o = 0
     v = 0  # slice entries gathered so far
-    for r in range(lo.shape[0]):
+    rows = lo.shape[0]
+    for r in range(min(_GATHER_AHEAD, rows)):
+        prefetch(seg, lo[r])
+        prefetch(tc, lo[r])
+        prefetch(tf, lo[r])
+        prefetch(st, lo[r])
+    for r in range(rows):
+        if r + _GATHER_AHEAD < rows and n[r + _GATHER_AHEAD] > 0:
+            a = lo[r + _GATHER_AHEAD]
+            prefetch(seg, a)
+            prefetch(tc, a)
+            prefetch(tf, a)
+            prefetch(st, a)
         s = lo[r]
         e = s + n[r]
         v_end = v + n[r]

@@ -220,7 +220,7 @@ def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avo
     for tier in (released, ok, released & ok):  # the first non-empty of: released & ok, ok, released, holders
         preferred = np.where(tier.any(axis=1, keepdims=True), tier, preferred)
     moved_rows = gained.any(axis=1)
-    has_source = preferred.any(axis=1)
+    has_source: NDArray[np.bool_] = np.asarray(preferred.any(axis=1))
     lost_rows = np.flatnonzero(moved_rows & ~has_source)
     rows, slots = np.nonzero(gained & has_source[:, None])
     targets = after[rows, slots]
