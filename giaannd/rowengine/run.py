@@ -149,13 +149,20 @@ class Run:
 
     def ranges(self, row_ids: I64) -> tuple[I64, I64]:
         """(lo, hi): the slice of each row; a row the run does not hold gets the empty slice at the
-        place its entries would go (``lo == hi``)."""
-        i = np.searchsorted(self.rows, row_ids)
+        place its entries would go (``lo == hi``). A run holding every id below its count (a base,
+        mostly) is indexed directly instead of searched (2·10^5 ids in 10^6 rows: no binary
+        search per id)."""
+        rows = self.rows
+        n = rows.shape[0]
+        if n and int(rows[-1]) == n - 1:  # ascending unique ids up to n - 1: every id below n (a base)
+            lo = self.offsets[np.minimum(row_ids, n)]
+            return lo, np.where(row_ids < n, self.offsets[np.minimum(row_ids + 1, n)], lo)
+        i = np.searchsorted(rows, row_ids)
         lo = self.offsets[i]
-        if self.rows.shape[0] == 0:
+        if n == 0:
             return lo, lo
-        held = self.rows[np.minimum(i, self.rows.shape[0] - 1)] == row_ids
-        return lo, np.where(held, self.offsets[np.minimum(i + 1, self.rows.shape[0])], lo)
+        held = rows[np.minimum(i, n - 1)] == row_ids
+        return lo, np.where(held, self.offsets[np.minimum(i + 1, n)], lo)
 
     def row_slice(self, row_id: int) -> tuple[int, int]:
         """The slice of one row (``(x, x)``, empty, when the run does not hold it)."""
