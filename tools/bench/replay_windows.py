@@ -20,15 +20,18 @@ snapshots under ``storage.snapshot-min-log-ratio``), once per ``--segment-mb`` (
 size). What the per-segment windows cost grows with the base's size in segments: over the
 default 1.8·10^7-entry base (0.38 GB), 4 MiB segments stand for 64 MiB ones over a 6 GB base
 (3·10^8 entries), 1 MiB segments for a 24 GB one (1.2·10^9 entries); the mission's nodes are
-larger still. Each variant replays in
-a fresh process (the snapshot loaded first, not timed), the two taking turns, ``--rounds`` each:
-CPU seconds of the replay per GB of logged entries (21 bytes each; median and range), base entries
+larger still. Three variants (``VARIANTS``): windows per segment, and windows over segments
+in one thread and in every usable CPU (``storage.replay-threads``). Each replays in a fresh
+process (the snapshot loaded first, not timed), taking turns, ``--rounds`` each: CPU and wall
+seconds of the replay per GB of logged entries (21 bytes each; median and range), base entries
 moved by the windows' merges per logged entry (``RowEngine.stats.fold_entries``), windows
 (``ColumnStore.apply_in_order`` calls), and the resident memory the replay adds at its peak, per
 stored entry (``VmHWM`` reset after the load). The baseline is the windowing before (a window
 per segment) run on today's engine, which folds each window's new keys at the start of the next
-rather than at its end: the same moves but the last one's. Both variants must end with the same rows (a digest
-of every field, checked). ``--json`` prints one ``{"figure", "value", "target"}`` object per figure.
+rather than at its end: the same moves but the last one's. Every variant must end with the same
+rows (a digest of every field, checked). ``--child STORE VARIANT`` runs one replay and prints its
+JSON (another checkout's child is a same-run baseline of a change). ``--json`` prints one
+``{"figure", "value", "target"}`` object per figure.
 """
 
 from __future__ import annotations
