@@ -217,7 +217,9 @@ def decode_repair(payload: bytes | memoryview) -> RepairRequest:
         ValueError: undecodable, unknown tag, or a field out of range (msgspec's ``$.path`` kept).
     """
     try:
-        return cast(RepairRequest, _REQ.decode(payload))
+        # (a typed name, not ``cast``: msgspec 0.23's stubs type the decoder's result, 0.22's do not)
+        request: RepairRequest = _REQ.decode(payload)
+        return request
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"undecodable repair request: {exc}") from exc
 
@@ -225,7 +227,8 @@ def decode_repair(payload: bytes | memoryview) -> RepairRequest:
 def decode_repair_reply(payload: bytes | memoryview) -> RepairReply:
     """Decode one reply (ValueError as ``decode_repair``)."""
     try:
-        return cast(RepairReply, _REP.decode(payload))
+        reply: RepairReply = _REP.decode(payload)
+        return reply
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"undecodable repair reply: {exc}") from exc
 
