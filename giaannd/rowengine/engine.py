@@ -108,6 +108,7 @@ from giaannd.rowengine.run import (
     merge_into_slice,
     new_fields,
     offsets_of,
+    range_positions,
     with_room,
 )
 from giaannd.rowengine.search import find
@@ -651,11 +652,9 @@ class RowEngine:
                 continue
             if b_off is None:
                 b_off = offsets_of(blen)
-            d_off = offsets_of(dlen)
             # a delta entry's base position, moved to where its row's base slice lies in the result
             # (through an index: delta entries are at most 1/base_ratio of the store, few per read)
-            idx = np.repeat(dlo - d_off[:-1], dlen) + np.arange(int(d_off[-1]), dtype=np.int64)
-            pos = delta.pos[idx] + np.repeat(b_off[:-1] - lo, dlen)
+            pos = delta.pos[range_positions(dlo, dlen)] + np.repeat(b_off[:-1] - lo, dlen)
             seg, tc, tf, st = gather_entries((delta.seg, delta.tc, delta.tf, delta.st), dlo, dlen)
             piece = Run.from_sorted(np.repeat(np.arange(k, dtype=np.int64), dlen), seg, tc, tf, st, pos)
             merged = piece if merged is None else merge_deltas(merged, piece)
