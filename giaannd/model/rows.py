@@ -269,9 +269,7 @@ class RowBatch:
         """Rebuild a batch from the seven arrays of ``buffers()`` (checked unless told otherwise)."""
         if len(buffers) != 7:
             raise ValueError(f"a row batch has 7 buffers, got {len(buffers)}")
-        for i, (buf, dt) in enumerate(zip(buffers, _DTYPES)):
-            if buf.dtype != dt or buf.ndim != 1:
-                raise ValueError(f"row batch buffer {i}: expected 1-d {np.dtype(dt)}, got {buf.ndim}-d {buf.dtype}")
+        _check_dtypes(buffers)
         batch = cls(*buffers)  # type: ignore[arg-type]
         if validate:
             batch.validate()
@@ -284,10 +282,7 @@ class RowBatch:
         ``batch_fault``: the numpy checks before it were ~15 whole-array passes with temporaries,
         3.7 ns per entry of a log replay's records and most of a small read's check)."""
         r, n = self.num_rows, self.num_entries
-        arrays = self.buffers()
-        for i, (a, dt) in enumerate(zip(arrays, _DTYPES)):
-            if a.dtype != dt or a.ndim != 1:
-                raise ValueError(f"row batch buffer {i}: expected 1-d {np.dtype(dt)}, got {a.ndim}-d {a.dtype}")
+        _check_dtypes(self.buffers())
         if self.row_feature.shape[0] != r or self.offsets.shape[0] != r + 1:
             raise ValueError("row batch: row arrays disagree in length")
         if not (self.segment.shape[0] == self.target_column.shape[0] == self.target_feature.shape[0] == n):
@@ -298,6 +293,13 @@ class RowBatch:
             raise ValueError(f"row batch: segment out of range (max {int(self.segment.max())})")
         if fault:
             raise ValueError(f"row batch: {BATCH_FAULTS[fault]}")
+
+
+def _check_dtypes(buffers: Sequence[NDArray[np.generic]]) -> None:
+    """Raise ValueError unless the seven arrays are 1-d of their dtypes (``_DTYPES``)."""
+    for i, (buf, dt) in enumerate(zip(buffers, _DTYPES)):
+        if buf.dtype != dt or buf.ndim != 1:
+            raise ValueError(f"row batch buffer {i}: expected 1-d {np.dtype(dt)}, got {buf.ndim}-d {buf.dtype}")
 
 
 def merge_rows(base: Row, delta: Row) -> Row:

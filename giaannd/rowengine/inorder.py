@@ -311,10 +311,10 @@ def fold_rows(bseg: U8, btc: U64, btf: U64, bst: F32, rows: I64, starts: I64, lo
 
     With ``threads`` > 1 (and at least ``PARALLEL_MIN_ENTRIES`` entries), the rows are cut into
     ``SHARES_PER_THREAD`` consecutive shares per thread, of about equal entries, that the threads
-    fold as they come free: each share writes its new
-    keys from its first block's start (rows own disjoint blocks and base slices), then the shares'
-    new keys are moved to the front in order (the new keys only: a few percent of a training
-    log's entries). The result is the one thread's, bit for bit."""
+    fold as they come free: each share writes its new keys from its first block's start (rows own
+    disjoint blocks and base slices), then the shares' new keys are moved to the front in order
+    (the new keys only: a few percent of a training log's entries). The result is the one
+    thread's, bit for bit."""
     if not (bst.flags.c_contiguous and bst.flags.writeable):
         raise ValueError("fold_rows: the base strengths must be a writable contiguous array")
     pos = np.empty(gst.shape[0], np.int64)

@@ -39,7 +39,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from peers.placement import Placement
 
-__all__ = ["Plan", "Transfer", "TransferRule", "choose_source", "owns", "plan_transfers"]
+__all__ = ["Plan", "Transfer", "TransferRule", "owns", "plan_transfers"]
 
 U64 = NDArray[np.uint64]
 
@@ -88,29 +88,6 @@ class Plan:
 
     def received_by(self, target: str) -> list[Transfer]:
         return [t for t in self.transfers if t.target == target]
-
-
-def choose_source(column: int, target: str, candidates: Collection[str]) -> str:
-    """The source for one (column, target): the candidate with the highest xxh3 of
-    (column, target, candidate). Deterministic and independent of candidate order.
-
-    Raises:
-        ValueError: no candidates.
-    """
-    if not candidates:
-        raise ValueError("no candidate source")
-    prefix = int(column).to_bytes(8, "little") + target.encode() + b"\x00"
-    return max(sorted(candidates), key=lambda c: xxhash.xxh3_64_intdigest(prefix + c.encode()))
-
-
-def _candidates(before: set[str], after: set[str], live: Collection[str], avoid: Collection[str]) -> set[str]:
-    """Sources to choose from: live old owners, those *losing* the column first (no write computed
-    under the new placement reaches them for it, so everything they apply for it is forwarded
-    without needing to know the writer's placement: streaming.sender.StreamRunner), ``avoid`` last."""
-    holders = before & set(live)
-    released = holders - after
-    ok = holders - set(avoid)
-    return (released & ok) or ok or released or holders
 
 
 @dataclass(frozen=True)
@@ -198,10 +175,13 @@ class _Moves:
 def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avoid: Collection[str]) -> _Moves:
     """The transfers the change from ``old`` to ``new`` asks for ``cols`` (module docstring's
     rules), in whole-array passes over the (column × replica) owner tables: per column, the owners
-    gained and lost, the candidate sources (``_candidates``' tiers, as masks) and the source of
-    each gained owner. Only a column with several candidates in its chosen tier (a removenode or
-    replace: any live old owner) costs Python, a hash per candidate (``choose_source``); a join
-    or a decommission names one source per column (the owner that loses it)."""
+    gained and lost, the candidate sources and the source of each gained owner. The candidates are
+    the first non-empty tier of: live old owners that lose the column and are not avoided (no
+    write computed under the new placement reaches them for it, so whatever they apply for it is
+    forwarded without knowing the writer's placement: streaming.sender.StreamRunner), live ones not
+    avoided, live ones that lose it, live ones. Where a tier has several (a removenode or replace:
+    any live old owner) the hash decides (``_highest_hash``); a join or a decommission names one
+    source per column (the owner that loses it)."""
     names = sorted(set(old.names) | set(new.names))
     index = {n: i for i, n in enumerate(names)}
     # a row of owner indices names distinct members (Placement's contract, pins included)
@@ -226,7 +206,7 @@ def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avo
     targets = after[rows, slots]
     sources = before[rows, preferred[rows].argmax(axis=1)]  # right where the tier has one member
     several = np.flatnonzero(preferred[rows].sum(axis=1) > 1)
-    if several.size:  # several candidates: the hash decides (``choose_source``'s rule)
+    if several.size:  # several candidates: the hash decides
         r = rows[several]
         sources[several] = _highest_hash(cols[r], targets[several], before[r], preferred[r], names)
     rel_rows, rel_slots = np.nonzero(lost_owner)
@@ -236,12 +216,13 @@ def _moves(old: Placement, new: Placement, cols: U64, live: Collection[str], avo
 
 def _highest_hash(cols: U64, targets: NDArray[np.intp], owners: NDArray[np.intp], candidate: NDArray[np.bool_],
                   names: list[str]) -> NDArray[np.intp]:
-    """``choose_source`` for many (column, target) pairs at once: per pair, the candidate (the
-    ``owners`` where ``candidate`` is set) with the highest xxh3 of (column, target, candidate),
-    the first in name order among equal hashes (as ``max`` over the sorted names), as member
-    indices into ``names`` (sorted). The messages of one (target, candidate) pair have one length,
-    so they are laid out as rows of one byte matrix; the hashes are one C call each, no Python
-    beyond that per pair."""
+    """The source of each (column, target) pair among several candidates (the ``owners`` where
+    ``candidate`` is set), as member indices into ``names`` (sorted): the candidate with the
+    highest xxh3-64 of the column (8 bytes, little-endian), the target's name, a zero byte and the
+    candidate's name; among equal hashes the first in name order. Every node computes the same
+    (the rule is part of the plan every node derives alone, across versions). The messages of one
+    (target, candidate) pair have one length, so they are laid out as rows of one byte matrix;
+    the hashes are one C call each, no Python beyond that per pair."""
     n = cols.shape[0]
     best = np.full(n, -1, np.intp)
     best_hash = np.zeros(n, np.uint64)

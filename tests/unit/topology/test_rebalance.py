@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+import xxhash
 
-from giaannd.storage.rebalance.plan import choose_source, plan_transfers
+from giaannd.storage.rebalance.plan import _highest_hash, plan_transfers
 from peers.placement import Member, Placement
 
 
@@ -81,15 +82,40 @@ def test_plan_avoid_sources_only_as_last_resort():
     assert "a" in {t.source for t in plan1.transfers}  # a is the only holder of some columns
 
 
-def test_choose_source_is_order_independent():
-    assert choose_source(5, "t", ["x", "y", "z"]) == choose_source(5, "t", ["z", "y", "x"])
-    with pytest.raises(ValueError):
-        choose_source(5, "t", [])
+def test_source_choice_is_independent_of_candidate_order():
+    """The hash choice among several candidates does not depend on the order the owners come in,
+    and is the reference rule's (``_choose_source`` below) for each pair."""
+    names = ["a", "b", "c", "t"]
+    cols = np.array([5, 6, 2**63 + 7], np.uint64)
+    targets = np.full(3, 3, np.intp)
+    every = np.ones((3, 3), bool)
+    forward = _highest_hash(cols, targets, np.array([[0, 1, 2]] * 3, np.intp), every, names)
+    backward = _highest_hash(cols, targets, np.array([[2, 1, 0]] * 3, np.intp), every, names)
+    assert forward.tolist() == backward.tolist()
+    assert [names[i] for i in forward] == [_choose_source(int(c), "t", ["a", "b", "c"]) for c in cols]
+    some = np.array([[True, False, True]] * 3)  # only "a" and "c" are candidates
+    assert [names[i] for i in _highest_hash(cols, targets, np.array([[0, 1, 2]] * 3, np.intp), some, names)] == [
+        _choose_source(int(c), "t", ["a", "c"]) for c in cols]
+
+
+def _choose_source(column, target, candidates):
+    """The source rule as it was written for one (column, target): the candidate with the highest
+    xxh3 of (column, target, candidate), the first in name order among equal hashes."""
+    prefix = int(column).to_bytes(8, "little") + target.encode() + b"\x00"
+    return max(sorted(candidates), key=lambda c: xxhash.xxh3_64_intdigest(prefix + c.encode()))
+
+
+def _candidates(before, after, live, avoid):
+    """The candidate tiers as they were written per column (``plan._moves`` has them as masks)."""
+    holders = before & set(live)
+    released = holders - after
+    ok = holders - set(avoid)
+    return (released & ok) or ok or released or holders
 
 
 def _plan_reference(old, new, columns, live, avoid_sources=()):
     """``plan_transfers`` as it was before its whole-array form: a Python loop per column."""
-    from giaannd.storage.rebalance.plan import Plan, Transfer, _candidates
+    from giaannd.storage.rebalance.plan import Plan, Transfer
 
     cols = np.unique(np.asarray(columns, dtype=np.uint64))
     live_set, avoid = set(live), set(avoid_sources)
@@ -111,7 +137,7 @@ def _plan_reference(old, new, columns, live, avoid_sources=()):
             lost.append(col)
             continue
         for target in sorted(gained):
-            work.setdefault((choose_source(col, target, preferred), target), []).append(col)
+            work.setdefault((_choose_source(col, target, preferred), target), []).append(col)
     transfers = tuple(Transfer(s, t, np.array(c, np.uint64)) for (s, t), c in sorted(work.items()))
     return Plan(transfers, np.array(lost, np.uint64),
                 {m: np.array(c, np.uint64) for m, c in sorted(released.items())}, int(cols.size), moved)
