@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-import xxhash
 
 from giaannd.storage.rebalance.plan import _highest_hash, plan_transfers
 from peers.placement import Member, Placement
+from tools.bench.plan import choose_source_per_column, plan_per_column, same_plan
+from tools.bench.plan import main as plan_bench
 
 
 def _placement(names, r=3):
@@ -84,7 +85,7 @@ def test_plan_avoid_sources_only_as_last_resort():
 
 def test_source_choice_is_independent_of_candidate_order():
     """The hash choice among several candidates does not depend on the order the owners come in,
-    and is the reference rule's (``_choose_source`` below) for each pair."""
+    and is the rule as written per column (tools/bench/plan.py) for each pair."""
     names = ["a", "b", "c", "t"]
     cols = np.array([5, 6, 2**63 + 7], np.uint64)
     targets = np.full(3, 3, np.intp)
@@ -92,55 +93,10 @@ def test_source_choice_is_independent_of_candidate_order():
     forward = _highest_hash(cols, targets, np.array([[0, 1, 2]] * 3, np.intp), every, names)
     backward = _highest_hash(cols, targets, np.array([[2, 1, 0]] * 3, np.intp), every, names)
     assert forward.tolist() == backward.tolist()
-    assert [names[i] for i in forward] == [_choose_source(int(c), "t", ["a", "b", "c"]) for c in cols]
+    assert [names[i] for i in forward] == [choose_source_per_column(int(c), "t", ["a", "b", "c"]) for c in cols]
     some = np.array([[True, False, True]] * 3)  # only "a" and "c" are candidates
     assert [names[i] for i in _highest_hash(cols, targets, np.array([[0, 1, 2]] * 3, np.intp), some, names)] == [
-        _choose_source(int(c), "t", ["a", "c"]) for c in cols]
-
-
-def _choose_source(column, target, candidates):
-    """The source rule as it was written for one (column, target): the candidate with the highest
-    xxh3 of (column, target, candidate), the first in name order among equal hashes."""
-    prefix = int(column).to_bytes(8, "little") + target.encode() + b"\x00"
-    return max(sorted(candidates), key=lambda c: xxhash.xxh3_64_intdigest(prefix + c.encode()))
-
-
-def _candidates(before, after, live, avoid):
-    """The candidate tiers as they were written per column (``plan._moves`` has them as masks)."""
-    holders = before & set(live)
-    released = holders - after
-    ok = holders - set(avoid)
-    return (released & ok) or ok or released or holders
-
-
-def _plan_reference(old, new, columns, live, avoid_sources=()):
-    """``plan_transfers`` as it was before its whole-array form: a Python loop per column."""
-    from giaannd.storage.rebalance.plan import Plan, Transfer
-
-    cols = np.unique(np.asarray(columns, dtype=np.uint64))
-    live_set, avoid = set(live), set(avoid_sources)
-    if cols.size == 0:
-        return Plan((), np.zeros(0, np.uint64))
-    old_idx, new_idx = old.owner_indices(cols), new.owner_indices(cols)
-    work, released, lost, moved = {}, {}, [], 0
-    for i, col in enumerate(cols.tolist()):
-        before = {old.names[j] for j in old_idx[i]}
-        after = {new.names[j] for j in new_idx[i]}
-        gained = after - before
-        for m in before - after:
-            released.setdefault(m, []).append(col)
-        if not gained:
-            continue
-        moved += 1
-        preferred = _candidates(before, after, live_set, avoid)
-        if not preferred:
-            lost.append(col)
-            continue
-        for target in sorted(gained):
-            work.setdefault((_choose_source(col, target, preferred), target), []).append(col)
-    transfers = tuple(Transfer(s, t, np.array(c, np.uint64)) for (s, t), c in sorted(work.items()))
-    return Plan(transfers, np.array(lost, np.uint64),
-                {m: np.array(c, np.uint64) for m, c in sorted(released.items())}, int(cols.size), moved)
+        choose_source_per_column(int(c), "t", ["a", "c"]) for c in cols]
 
 
 def _random_change(rng):
@@ -173,11 +129,6 @@ def _random_change(rng):
     return old, new, live, avoid
 
 
-def _same_plan(a, b):
-    assert a.transfers == b.transfers
-    assert a.lost.tolist() == b.lost.tolist()
-    assert {m: c.tolist() for m, c in a.released.items()} == {m: c.tolist() for m, c in b.released.items()}
-    assert (a.columns_total, a.columns_moved) == (b.columns_total, b.columns_moved)
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -192,7 +143,7 @@ def test_plan_equals_the_per_column_reference(seed):
     columns = np.concatenate([rng.integers(0, 2**63, 400, dtype=np.uint64), np.arange(10, dtype=np.uint64),
                               np.array([5, 5, 6], np.uint64)])
     got = plan_transfers(old, new, columns, live, avoid)
-    _same_plan(got, _plan_reference(old, new, columns, live, avoid))
+    assert same_plan(got, plan_per_column(old, new, columns, live, avoid))
     rule = TransferRule(old, new, frozenset(live), frozenset(avoid))
     cols = np.unique(columns)
     everyone = sorted(set(old.names) | set(new.names))
@@ -201,3 +152,14 @@ def test_plan_equals_the_per_column_reference(seed):
             carried = next((t.columns for t in got.transfers if (t.source, t.target) == (source, target)),
                            np.zeros(0, np.uint64))
             assert cols[rule.claims(source, target, cols)].tolist() == carried.tolist()
+
+
+def test_plan_bench_runs_small_and_prints_each_figure(capsys):
+    """tools.bench.plan at a small size: both planners agree (it exits otherwise), one JSON object
+    per figure."""
+    import json
+
+    assert plan_bench(["--columns", "2000", "--rounds", "1", "--json"]) == 0
+    figures = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {f["figure"] for f in figures} >= {"plan join, before / now", "plan removenode, before / now"}
+    assert all(set(f) == {"figure", "value", "target"} and f["value"] > 0 for f in figures)
