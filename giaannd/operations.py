@@ -320,7 +320,8 @@ _TABLE: Final[tuple[Operation, ...]] = (
               path="/v1/node/topology/resume", render=_TOPOLOGY, help="resume a paused topology operation"),
     Operation(noun="node topology", verb="cancel", service="storage", method="POST",
               path="/v1/node/topology/cancel", render=_TOPOLOGY,
-              help="cancel the running topology operation (the ring is unchanged)"),
+              help=("cancel the running topology operation (the ring is unchanged; the receivers "
+                    "drop the partial rows they got)")),
     Operation(noun="node topology", verb="rate", service="storage", method="POST", path="/v1/node/topology/rate",
               render=_TOPOLOGY,
               args=(Arg(name="rate", positional=True, type="rate", metavar="BYTES_PER_S", key="rate_bytes_s",

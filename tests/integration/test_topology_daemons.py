@@ -240,6 +240,40 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
+def test_daemon_cancelled_join_cleans_up_and_the_node_joins_again(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """An operator cancels a throttled join mid-stream: the joining node drops the partial rows it
+    received (before, it kept them, and every later join-ring was refused until its data directory
+    was wiped), its join generation goes up, and join-ring again completes; the export equals the
+    core's."""
+    corpus, ref = reference
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=2, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1) as cluster:
+        cluster.wait_converged()
+        compute = cluster.node("compute-1")
+        wait_job(compute, start_job(compute, corpus))
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
+        proc = joiner.ctl("--json", "node", "join-ring", "--rate", "100000")
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+        proc = joiner.ctl("--json", "node", "topology", "cancel")
+        assert proc.returncode == 0, proc.stderr
+        doc = wait_until(lambda: (d := topology_op(joiner))["state"] == "cancelled" and d["discarded_rows"] and d,
+                         "the cancelled join discarded its rows", 60)
+        assert doc["discard_errors"] == [], doc
+        assert joiner.status()["services"]["storage"]["rows"] == 0
+        assert (joiner.data_dir / "storage" / "join-generation").read_text().strip() == "1"
+        proc = joiner.ctl("--json", "node", "join-ring")
+        assert proc.returncode == 0, proc.stderr
+        wait_op_done(joiner)
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                       f"{node.name} has storage-3 in its ring", 30)
+        assert joiner.status()["services"]["storage"]["rows"] > 0
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+
+
 def test_daemon_replace_dead_node_with_new_host_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     """kill -9 a storage node during training; a new host started in manual join mode takes

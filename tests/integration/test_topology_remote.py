@@ -211,14 +211,21 @@ async def test_topology_remote_pause_resume_via_registry(tmp_path):
 
 
 async def test_topology_remote_cancel_aborts_sources(tmp_path):
+    """A join coordinated by the joining node (as the daemon runs it: fixed stream ids from its join
+    generation), cancelled mid-stream: the sources stop, the old placement stays, the joining node
+    drops what it received and its generation goes up; the join run again (new stream ids)
+    completes, and one with the old ids is refused as discarded."""
+    from giaannd.storage.rebalance.join_generation import JoinGeneration
+
     cluster = await Cluster(tmp_path, 3, replicas=2).start()
     try:
         rng = np.random.default_rng(7)
         await cluster.write_many(rng, 60, COLUMNS, rows=16)
         await cluster.add_node("s3")
         before = cluster.client_topology.epoch
+        generation = JoinGeneration(cluster.services["s3"].data_dir)
         op = Rebalance(RemoteControl(cluster, "s3"), "join", join_members(cluster), chunk_bytes=1024,
-                       rate_bytes_s=50_000)
+                       rate_bytes_s=50_000, stream_nonce=generation.current(), after_discard=generation.advance)
         task = asyncio.create_task(op.run())
         async with asyncio.timeout(20):
             while op.progress()["bytes_done"] == 0:
@@ -231,7 +238,20 @@ async def test_topology_remote_cancel_aborts_sources(tmp_path):
                       for e in cluster.endpoints[n].sources._sources.values()):
                 await asyncio.sleep(0.02)
         assert cluster.client_topology.epoch == before
+        assert op.progress()["discard_errors"] == [] and len(cluster.services["s3"].store.store) == 0
         await cluster.write_many(rng, 10, COLUMNS)
+        await settle(cluster)
+        assert cluster.mismatches() == []
+        assert generation.current() == 1
+        stale = Rebalance(RemoteControl(cluster, "s3"), "join", join_members(cluster), chunk_bytes=1024,
+                          stream_nonce=0)
+        with pytest.raises(Exception, match="cancelled|discarded"):  # the old ids are done for, at both ends
+            await asyncio.wait_for(stale.run(), 30)
+        assert len(cluster.services["s3"].store.store) == 0
+        # the receiver dropped what the cancelled streams brought: the join runs again, to the end
+        again = Rebalance(RemoteControl(cluster, "s3"), "join", join_members(cluster), chunk_bytes=1024,
+                          stream_nonce=generation.current(), after_discard=generation.advance)
+        assert (await asyncio.wait_for(again.run(), 30))["state"] == "done"
         await settle(cluster)
         assert cluster.mismatches() == []
     finally:

@@ -66,3 +66,55 @@ async def test_stream_endpoint_refuses_garbage_and_keeps_state(tmp_path):
         await conn.close()
     finally:
         await cluster.close()
+
+
+async def test_discard_drops_only_what_the_node_does_not_own_and_refuses_the_stream_after(tmp_path):
+    """``DiscardStream`` (an operation abandoned before its cutover): the stream's rows go where the
+    node does not own their columns and no other open stream brings them; owned columns stay; the
+    stream is refused for good (resume or fresh start), durably; other streams go on."""
+    from giaannd.storage.rebalance.source_control import DiscardStream, StreamDiscarded
+    from giaannd.storage.streaming.dedupe import StreamScopes
+
+    dec = msgspec.msgpack.Decoder(StreamReply | StreamDiscarded)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        await cluster.add_node("s1")  # outside the placement: it owns nothing
+        rng = np.random.default_rng(3)
+
+        async def open_stream(node, sid, columns):
+            conn = await connect(cluster.ops_transport, cluster.stream_addresses[node], timeout_s=2)
+
+            async def ask(msg, bulk=()):
+                res = await conn.request(ENC.encode(msg), list(bulk), timeout_s=5)
+                return dec.decode(res.payload)
+
+            cols = np.array(columns, np.uint64)
+            assert await ask(StreamHello(sid, "t"), [cols]) == StreamPosition(sid, 0)
+            batch = make_batch(rng, 2 * len(columns), 3, np.repeat(cols, 2))
+            data = StreamData(sid, 0, ItemKind.CHUNK, item_checksum(sid, 0, ItemKind.CHUNK, batch))
+            assert await ask(data, batch.buffers()) == StreamPosition(sid, 1)
+            return ask, batch
+
+        s1 = cluster.services["s1"].store.store
+        ask, _ = await open_stream("s1", 77, [5, 6])
+        _, kept = await open_stream("s1", 78, [9])
+        assert len(s1) == 6
+        assert await ask(DiscardStream(77)) == StreamDiscarded(77, 2, 4)
+        assert len(s1) == 2 and set(s1.held_columns().tolist()) == {9}  # stream 78's rows stay
+        assert await ask(DiscardStream(77)) == StreamDiscarded(77, 0, 0)  # again: nothing more to drop
+        for msg in (StreamHello(77, "t", fresh=False), StreamData(77, 1, ItemKind.CHUNK, 0)):
+            reply = await ask(msg, [np.array([5, 6], np.uint64)] if isinstance(msg, StreamHello) else [])
+            assert isinstance(reply, StreamRefused) and reply.fatal and "discarded" in reply.reason
+        # a new stream of the same columns is welcome: no stale rows are left
+        await open_stream("s1", 79, [5, 6])
+        # durable: a restart's scopes know the discarded stream and no longer count its columns
+        scopes = StreamScopes.open(cluster.services["s1"].data_dir)
+        assert scopes.is_discarded(77) and not scopes.is_discarded(78)
+        assert dict(scopes.items()).keys() == {78, 79}
+
+        # on the node that owns every column (the only member), nothing of a discarded stream goes
+        ask0, _ = await open_stream("s0", 80, [11, 12])
+        assert await ask0(DiscardStream(80)) == StreamDiscarded(80, 0, 0)
+        assert set(cluster.services["s0"].store.store.held_columns().tolist()) == {11, 12}
+    finally:
+        await cluster.close()

@@ -10,7 +10,10 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   id) over a
   ``DaemonClusterControl`` (daemon_control.py), with one ``OperationRegistry`` per node;
 - the **auto-join**: a node that starts outside the ring with ``storage.join-mode = "auto"`` and
-  finds an active ring runs the streaming join itself (``runtime.on_join_needed``);
+  finds an active ring runs the streaming join itself (``runtime.on_join_needed``). Its stream ids
+  are fixed by the join and the node's *join generation* (join_generation.py), so a node
+  restarted mid-join resumes its streams; a join abandoned before its cutover discards them
+  (operations.py), and the generation then goes up, durably, so the next join opens new ones;
 - the **release** of columns this node stopped owning: when a committed ring change takes
   columns away from this node (and it is still in the ring), their rows are deleted after
   ``storage.release-delay-s`` (release.py) — if by then no topology operation is running here (no stream sent or
@@ -34,6 +37,7 @@ from giaannd.cluster.view import StorageNode
 from giaannd.storage.rebalance.auto_repair import AUTO_REPAIR_STATES, AutoRepair
 from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
 from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, TopologyOpError, members_after
 from giaannd.storage.rebalance.release import release_unowned
 from giaannd.storage.rebalance.routes import register_admin_routes
@@ -79,6 +83,7 @@ class StorageTopology:
         self.endpoint: StreamEndpoint | None = None
         self.control: DaemonClusterControl | None = None
         self.registry = OperationRegistry()
+        self.generation = JoinGeneration(service.data_dir)
         self._release_task: asyncio.Task[None] | None = None
         self.released_rows = 0
         self._ring_seen = 0
@@ -94,7 +99,7 @@ class StorageTopology:
         rt.extra_transports[STREAM_SCHEME] = self.endpoint.address
         rt.refresh_meta()
         register_admin_routes(ctx.admin, self.control, self.registry, local_node=self.local_node,
-                              repair_fn=self.repair)
+                              repair_fn=self.repair, generation=self.generation)
         rt.on_join_needed = self.join
         self._ring_seen = rt.ring.digest()
         rt.ring_listeners.append(self._on_ring_change)
@@ -166,9 +171,10 @@ class StorageTopology:
         assert self.control is not None
         view = self.runtime.topology
         # Fixed stream ids: if this node restarts mid-join, its next join resumes the streams the
-        # sources still run (from this node's durable positions) instead of starting over.
+        # sources still run (from this node's durable positions) instead of starting over; a join
+        # abandoned before its cutover discarded them, and the next one takes new ids.
         return Rebalance(self.control, "join", members_after(view, add=[self.local_node()]),
-                         stream_nonce=0)
+                         stream_nonce=self.generation.current(), after_discard=self.generation.advance)
 
     async def join(self) -> dict[str, Any]:
         """Run (or return the running) streaming join of this node."""

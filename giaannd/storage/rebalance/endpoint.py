@@ -11,6 +11,12 @@ direct applies.
 The same listener serves the *source-control* requests of source_control.py (a remote coordinator
 starts, polls, pauses, closes and aborts streams this node sends; lists its columns; counts,
 delivers and drops its hints): ``StreamEndpoint.sources`` is this node's ``SourceRegistry``.
+
+``DiscardStream`` (an operation abandoned before its cutover, rebalance/operations.py): the stream
+is marked discarded in its scope (durable: streaming/dedupe.py), then the rows of its columns this
+node does not own and no other open stream brings are dropped (a logged drop, synced before the
+reply: release.py ``abandoned_stream_columns``). A discarded stream is refused from then on, its
+resume as well as a fresh start: the rows it had brought are gone.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
-from giaannd.storage.rebalance.source_control import SourceRegistry, SourceRequest
+from giaannd.storage.rebalance.release import abandoned_stream_columns
+from giaannd.storage.rebalance.source_control import DiscardStream, SourceRegistry, SourceRequest, StreamDiscarded
 from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
 from giaannd.storage.replication.service import StorageService
@@ -125,12 +132,22 @@ class StreamEndpoint:
             msg = _REQ_DECODER.decode(incoming.payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
+        if isinstance(msg, DiscardStream):
+            try:
+                return await self._discard(msg.stream_id)
+            except (ValueError, RuntimeError, OSError) as exc:
+                return _reply(StreamRefused(msg.stream_id, 0, f"discard: {type(exc).__name__}: {exc}"[:400],
+                                            fatal=True))
         if not isinstance(msg, (StreamHello, StreamData, StreamVerify)):  # source control
             try:
                 reply, bulk = await self.sources.handle(msg, incoming.bulk)
             except (ValueError, RuntimeError) as exc:
                 return _reply(StreamRefused(0, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
             return _reply(reply, bulk)
+        if self.scopes.is_discarded(msg.stream_id):
+            return _reply(StreamRefused(msg.stream_id, 0, (
+                f"stream {msg.stream_id:#x} was discarded here (its operation was abandoned before the "
+                "cutover and the rows it brought were dropped): start a new operation"), fatal=True))
         try:
             if isinstance(msg, StreamHello):
                 return self._hello(msg, incoming.bulk)
@@ -162,7 +179,8 @@ class StreamEndpoint:
             return _reply(StreamRefused(msg.stream_id, rx.next_index, (
                 f"stream {msg.stream_id:#x} was started here by another sender ({rx.next_index} items "
                 "applied); a new sender's chunks are other cuts of the rows and cannot continue it "
-                "(the source restarted?): wipe this node's data directory and join it again"),
+                "(the source restarted?): the operation fails, this node drops what its streams "
+                "brought, and it can then be run again"),
                 fatal=True))
         if rx.next_apply == 0 and msg.fresh:
             # rows of these columns though no item of this stream was applied here, durable or not
@@ -171,8 +189,9 @@ class StreamEndpoint:
             stale = int(self._store().store.rows_of_columns(bulk[0])[0].size)
             if stale:
                 return _reply(StreamRefused(msg.stream_id, 0, (
-                    f"this node already holds {stale} rows of the streamed columns from an earlier, "
-                    "abandoned stream; rows are sums and cannot be replaced in place: wipe this "
+                    f"this node already holds {stale} rows of the streamed columns from an earlier "
+                    "stream that was abandoned but not discarded (its coordinator did not reach this "
+                    "node, or stopped); rows are sums and cannot be replaced in place: wipe this "
                     "node's data directory and join it again"), fatal=True))
         record_stream_writer(self.service, rx.writer)
         # its items bring rows this node does not hold yet (a chunk: all of them, unless dual
@@ -189,6 +208,31 @@ class StreamEndpoint:
             if folds is None or not folds.running:
                 self._store().store.reserve(sum(self._expected.values()))
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def _discard(self, stream_id: int) -> Reply:
+        """``DiscardStream`` (module docstring): mark, drop what this node does not own, sync."""
+        topology = self.service.topology
+        if topology is None:
+            raise RuntimeError("storage service is not open")
+        if topology.override is not None:
+            raise RuntimeError("a placement override is in force (a cutover is under way): what this node "
+                               "owns is not settled")
+        async with self._locks.setdefault(stream_id, asyncio.Lock()):  # an item being applied lands first
+            durable = self._store()
+            async with self.service._snapshot_lock:  # noqa: SLF001 (as release.release_unowned)
+                columns = self.scopes.discard(stream_id)
+                drop = abandoned_stream_columns(topology.placement, self.service.node_name, columns,
+                                                self.scopes.columns_of_open_streams(stream_id))
+                result = durable.drop_columns(drop)
+            self._receivers.pop(stream_id, None)
+            self._expected.pop(stream_id, None)
+            self._applied_seq.pop(stream_id, None)
+            durable.store.append_writers.discard(stream_writer(stream_id))
+            if result.rows:
+                await asyncio.to_thread(durable.sync)
+        log.info("discarded stream %#x: dropped %d rows of %d columns (%d bytes)", stream_id, result.rows,
+                 drop.shape[0], result.bytes)
+        return _reply(StreamDiscarded(stream_id, int(drop.shape[0]), int(result.rows)))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
         """Apply item ``msg.index`` in order, then acknowledge it once durable (streaming/stream.py,

@@ -44,6 +44,16 @@ returns ``done``; re-issuing it while it runs returns the same operation via ``O
 **progress** (bytes, rate, ETA per stream and in total), **abort / resume** (``pause()`` stops
 sending, the streams keep their state and keep collecting deltas; ``resume()`` continues from the
 receivers' durable positions), **bounded** (every wait has a timeout and a clear error).
+
+**Cleans up when abandoned**: an operation that fails or is cancelled before its targets switched
+(cutover step a) asks each receiver to discard the streams it opened (``DiscardStream``,
+rebalance/endpoint.py): the old placement stays in force, so the partial rows they brought are
+dropped, and the receivers can take those columns again in a later operation without a wiped data
+directory. After step (a) the targets may have served and taken writes of their new columns:
+nothing is discarded then. A receiver that cannot be reached keeps its rows (a later stream of
+those columns refuses it, saying so); ``progress()`` reports ``discarded_rows`` and
+``discard_errors``. ``after_discard`` runs once every stream is discarded (the daemon's join then
+takes new stream ids: rebalance/daemon.py).
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -68,7 +78,13 @@ from giaannd.storage.engine.register_store import RegisterState
 from giaannd.storage.rebalance import register_handoff as rh
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
-from giaannd.storage.rebalance.source_control import SourceControlError, SourceStart, list_columns, register_call
+from giaannd.storage.rebalance.source_control import (
+    SourceControlError,
+    SourceStart,
+    discard_stream,
+    list_columns,
+    register_call,
+)
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
@@ -182,6 +198,8 @@ class Rebalance:
     #: node coordinates its own join) resumes the streams its sources still run; a source that
     #: restarted is told apart by ``StreamHello.first`` and refused.
     stream_nonce: int | None = None
+    #: Called once the streams of an operation abandoned before its cutover are all discarded.
+    after_discard: Callable[[], object] | None = None
     state: str = "new"
     error: str | None = None
     plan: Plan | None = None
@@ -200,6 +218,10 @@ class Rebalance:
         self.registers_moved = 0  # register states handed to joiners (register_handoff.py)
         self.registers_lost = 0  # keys fewer than a majority of their old owners answered for
         self._sealed: list[str] = []  # members that may hold seals of this operation
+        self._streams: list[tuple[int, str]] = []  # (stream id, target) of every stream started
+        self._switched = False  # a target switched to the new placement (cutover step a began)
+        self.discarded_rows = 0  # rows the receivers dropped when the operation was abandoned
+        self.discard_errors: list[str] = []  # receivers that could not discard a stream
 
     # -- planning ---------------------------------------------------------------------------------
     def _placements(self) -> tuple[Placement, Placement]:
@@ -293,7 +315,27 @@ class Rebalance:
                     await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._unseal(), CUTOVER_TIMEOUT_S)
+                if not self._switched and self._streams:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self._discard_streams(), CUTOVER_TIMEOUT_S)
             raise
+
+    async def _discard_streams(self) -> None:
+        """Ask each receiver to discard the streams this operation opened to it (module docstring)."""
+        for stream_id, target in self._streams:
+            try:
+                done = await discard_stream(self.control.transport, self.control.stream_address(target), stream_id)
+            except (PeersError, OSError, TimeoutError, SourceControlError, KeyError) as exc:
+                self.discard_errors.append(f"{target}: {type(exc).__name__}: {exc}")
+                log.warning("abandoned %s: %s did not discard stream %#x (%s); it keeps the rows it received",
+                            self.kind, target, stream_id, exc)
+                continue
+            self.discarded_rows += done.rows
+        if not self.discard_errors:
+            log.info("abandoned %s: %d streams discarded, %d rows dropped on their receivers", self.kind,
+                     len(self._streams), self.discarded_rows)
+            if self.after_discard is not None:
+                self.after_discard()
 
     def _stream_id(self, source: str, target: str) -> int:
         key = f"{self.op_id}|{source}|{target}|{self._nonce}".encode()
@@ -325,6 +367,7 @@ class Rebalance:
                 runner = RemoteStreamRunner(self.control.transport, self.control.stream_address(t.source),
                                             start, t.columns)
             self.runners.append(runner)
+            self._streams.append((self._stream_id(t.source, t.target), t.target))
         self._share_rate(self.rate_bytes_s)
         self._spawn_runners()
 
@@ -372,6 +415,7 @@ class Rebalance:
         # own view's epoch, and the sources forward by epoch), and again after the writers drained.
         await self._wait_hints(sources)
         await asyncio.wait_for(self._hand_off_registers(), CUTOVER_TIMEOUT_S)
+        self._switched = True  # from here on the targets may serve their new columns: no discard
         await control.switch(targets, self.new_members)
         await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
         await self._wait_hints(sources)
@@ -493,8 +537,9 @@ class Rebalance:
             self._spawn_runners()
 
     def cancel(self) -> None:
-        """Give up: stop sending and stop collecting deltas. The old placement stays in force; the
-        receivers keep partial, unserved rows (a later join to them needs a wiped data directory)."""
+        """Give up: stop sending and stop collecting deltas. The old placement stays in force; before
+        the cutover the receivers then drop the partial rows they got (``run``'s clean-up: module
+        docstring)."""
         self.pause()
         self.state = "cancelled"
         for r in self.runners:
@@ -524,6 +569,7 @@ class Rebalance:
             "eta_s": (total - done) / rate if rate > 0 else None,
             "streams": streams,
             "registers_moved": self.registers_moved, "registers_lost": self.registers_lost,
+            "discarded_rows": self.discarded_rows, "discard_errors": list(self.discard_errors),
         }
 
 

@@ -34,6 +34,16 @@ new owners hold complete, verified copies. Otherwise it loses data:
 A node outside the placement (decommissioned, or not switched in yet) is refused with
 ``LookupError`` rather than emptied: a decommissioned node's data is removed with its data
 directory, and a joining node must keep what it is receiving.
+
+**Rows of an abandoned stream** (``abandoned_stream_columns``): when an operation fails or is
+cancelled before its cutover, its coordinator asks every receiver to discard the streams it opened
+(rebalance/endpoint.py, ``DiscardStream``). The old placement stays in force, so the rows such a
+stream brought are partial copies of columns the receiver does not own; kept, they would make the
+next stream of those columns refuse the node ("already holds rows", rows are sums and cannot be
+replaced in place). Dropped are the stream's columns that the node does not own under the
+placement in force (all of them on a node outside it: a joining node owns nothing yet) and that
+no other open stream brings. The stream is marked discarded first, durably, so it can never
+resume over the holes.
 """
 
 from __future__ import annotations
@@ -46,9 +56,10 @@ from numpy.typing import NDArray
 
 from giaannd.storage.engine.column_store import DropResult
 from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.column_sets import member
 from peers.placement import Placement
 
-__all__ = ["release_unowned", "unowned_columns"]
+__all__ = ["abandoned_stream_columns", "release_unowned", "unowned_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +78,19 @@ def unowned_columns(placement: Placement, node: str, columns: NDArray[np.uint64]
     me = placement.names.index(node)
     owned: NDArray[np.bool_] = (placement.owner_indices(cols) == me).any(axis=1)
     return cols[~owned]
+
+
+def abandoned_stream_columns(placement: Placement, node: str, stream_columns: NDArray[np.uint64],
+                            other_streams: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The columns of an abandoned stream that ``node`` drops (module docstring): those it does not
+    own under ``placement`` (every one when it is not a member) and no other open stream
+    (``other_streams``) brings. Pure."""
+    cols = np.unique(np.asarray(stream_columns).astype(np.uint64, copy=False).reshape(-1))
+    if node in placement.names:
+        cols = unowned_columns(placement, node, cols)
+    if cols.shape[0] and other_streams.shape[0]:
+        cols = cols[~member(cols, np.unique(other_streams))]
+    return cols
 
 
 async def release_unowned(service: StorageService) -> DropResult:

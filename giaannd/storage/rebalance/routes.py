@@ -11,6 +11,7 @@ from typing import Any
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
 from giaannd.operations import Binder, Handler
+from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import (
     ClusterControl,
     DataLossError,
@@ -40,7 +41,8 @@ async def _body(request: Any) -> dict[str, Any]:
 
 def register_admin_routes(admin: Binder, control: ClusterControl, registry: OperationRegistry | None = None,
                           *, local_node: Callable[[], StorageNode | None] | None = None,
-                          repair_fn: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> OperationRegistry:
+                          repair_fn: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                          generation: JoinGeneration | None = None) -> OperationRegistry:
     """Bind the topology verbs of ``giaannctl node ...`` (operation ids) on the admin API:
 
     ===========================  ==================================================================
@@ -118,13 +120,22 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         return start_checked(Rebalance(control, "removenode", members_after(view, remove=[name]),
                                        rate_bytes_s=rate_of(body)))
 
+    def own_streams() -> dict[str, Any]:
+        # This node coordinates its own join (or replace): fixed stream ids, so that if it restarts
+        # mid-join the next one resumes the streams the sources still run (Rebalance.stream_nonce);
+        # new ones once an abandoned operation's were discarded (join_generation.py).
+        if generation is None:
+            return {"stream_nonce": 0}
+        try:
+            return {"stream_nonce": generation.current(), "after_discard": generation.advance}
+        except ValueError as exc:
+            raise AdminHTTPError(500, str(exc), "bad_state") from None
+
     async def join(request: Any, params: Mapping[str, str]) -> Any:
         body = await _body(request)
         node, view = me(), control.view()
-        # stream_nonce=0: this node coordinates its own join; if it restarts mid-join, the next
-        # join resumes the streams the sources still run (rebalance.operations.Rebalance.stream_nonce).
         return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
-                               stream_nonce=0))
+                               **own_streams()))
 
     async def replace(request: Any, params: Mapping[str, str]) -> Any:
         body = await _body(request)
@@ -133,7 +144,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         if name == node.name:
             raise AdminHTTPError(409, "a node cannot replace itself", "conflict")
         return start_checked(Rebalance(control, "replace", members_after(view, add=[node], remove=[name]),
-                                       rate_bytes_s=rate_of(body), stream_nonce=0))
+                                       rate_bytes_s=rate_of(body), **own_streams()))
 
     async def do_repair(request: Any, params: Mapping[str, str]) -> Any:
         return await (repair_fn() if repair_fn is not None else repair(control))

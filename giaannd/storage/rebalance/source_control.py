@@ -34,8 +34,11 @@ removenode), so the coordinator drives each remote source through that source's 
 Register handoff (rebalance/register_handoff.py): ``RegisterExport``, ``RegisterImport``,
 ``RegisterUnseal`` are served here too (``register_call``).
 
+``DiscardStream`` goes to a stream's *receiver* (its endpoint serves it, not the registry): the
+operation that opened the stream was abandoned before its cutover (rebalance/operations.py).
+
 Tags share the stream endpoint's tag space (streaming/stream.py uses 1-3 and 64-66): source requests are
-16-25, replies 96-99. Append only.
+16-25 and 29 (``DiscardStream``), replies 96-99 and 102. Append only.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from peers.transport import Connection, Transport, connect
 __all__ = [
     "ColumnList",
     "DeliverHints",
+    "DiscardStream",
     "DropHints",
     "HintCount",
     "HintsHeld",
@@ -81,7 +85,9 @@ __all__ = [
     "SourceStart",
     "SourceState",
     "SourceStatus",
+    "StreamDiscarded",
     "deliver_hints",
+    "discard_stream",
     "drop_hints",
     "hints_held",
     "list_columns",
@@ -165,6 +171,16 @@ class DropHints(msgspec.Struct, frozen=True, tag=25):
     name: str
 
 
+class DiscardStream(msgspec.Struct, frozen=True, tag=29):
+    """To a stream's *receiver*: the operation that opened ``stream_id`` was abandoned before its
+    cutover. The receiver drops the rows of the stream's columns that it does not own and that no
+    other open stream brings, and never accepts the stream again (rebalance/endpoint.py). Reply:
+    ``StreamDiscarded``; ``StreamRefused`` when it cannot tell what it owns (a placement override
+    in force: an operation's cutover is under way)."""
+
+    stream_id: _U64
+
+
 class SourceState(msgspec.Struct, frozen=True, tag=96):
     stream_id: _U64
     state: str
@@ -187,11 +203,20 @@ class HintCount(msgspec.Struct, frozen=True, tag=99):
     count: int
 
 
+class StreamDiscarded(msgspec.Struct, frozen=True, tag=102):
+    """The stream is discarded (durable); ``rows`` of ``columns`` columns were dropped (logged and
+    synced) by this request: 0 when an earlier one had."""
+
+    stream_id: _U64
+    columns: int
+    rows: int
+
+
 SourceRequest = (SourceStart | SourceStatus | SourcePause | SourceClose | SourceAbort | SourceRate
                  | ListColumns | HintsHeld | DeliverHints | DropHints | rh.RegisterExport | rh.RegisterImport
-                 | rh.RegisterUnseal)
+                 | rh.RegisterUnseal | DiscardStream)
 SourceReply = (SourceState | SourceRefused | ColumnList | HintCount | StreamRefused | rh.RegisterStates
-               | rh.RegisterCount)
+               | rh.RegisterCount | StreamDiscarded)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(SourceReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
@@ -220,8 +245,8 @@ def _change_of(msg: SourceStart) -> tuple[Any, ...]:
 
 def _restarted(source: str, stream_id: int) -> str:
     return (f"source {source} does not know stream {stream_id:#x}: it restarted since the stream "
-            "began and its queue of forwarded writes was lost; cancel the operation, wipe the "
-            "receiver's data directory and run the verb again")
+            "began and its queue of forwarded writes was lost; the operation fails, its receivers "
+            "drop what its streams brought, and the verb can then be run again")
 
 
 class SourceRegistry:
@@ -450,6 +475,19 @@ async def list_columns(transport: Transport, address: str) -> NDArray[np.uint64]
     if not isinstance(reply, ColumnList) or len(bulk) != 1:
         raise SourceControlError(f"unexpected reply {type(reply).__name__} to ListColumns")
     return np.asarray(bulk[0]).astype(np.uint64, copy=False)
+
+
+async def discard_stream(transport: Transport, address: str, stream_id: int) -> StreamDiscarded:
+    """Make the receiver at ``address`` (its stream endpoint) discard ``stream_id`` (``DiscardStream``).
+
+    Raises:
+        SourceControlError: the receiver refused (its placement is overridden: a cutover runs).
+        PeersError / OSError / TimeoutError: the node is unreachable.
+    """
+    reply, _ = await _once(transport, address, DiscardStream(stream_id))
+    if not isinstance(reply, StreamDiscarded):
+        raise SourceControlError(f"unexpected reply {type(reply).__name__} to DiscardStream")
+    return reply
 
 
 async def hints_held(transport: Transport, address: str, names: Sequence[str]) -> int:

@@ -20,7 +20,9 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
   share this node needs.
 - the columns each stream carried are kept in ``<data dir>/streams/<stream id>.cols`` (u64, append
   only, fsynced before the first item that uses them); a ``.closed`` file marks a stream whose
-  sender finished (no more forwarded deltas: no more ``D`` markers needed).
+  sender finished (no more forwarded deltas: no more ``D`` markers needed), a ``.discarded`` file
+  one whose operation was abandoned before its cutover and whose rows this node dropped
+  (rebalance/endpoint.py, ``DiscardStream``): it is never accepted again and has no scope.
 
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
 is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves the
@@ -71,6 +73,7 @@ class StreamScopes:
         self.directory = directory
         self._columns: dict[int, NDArray[np.uint64]] = {}
         self._closed: set[int] = set()
+        self._discarded: set[int] = set()
 
     @classmethod
     def open(cls, data_dir: Path) -> StreamScopes:
@@ -80,6 +83,9 @@ class StreamScopes:
                 try:
                     sid = int(path.stem, 16)
                 except ValueError:
+                    continue
+                if path.with_suffix(".discarded").exists():
+                    scopes._discarded.add(sid)
                     continue
                 raw = path.read_bytes()
                 scopes._columns[sid] = np.unique(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64))
@@ -94,6 +100,34 @@ class StreamScopes:
         with open(self.directory / f"{stream_id:016x}.closed", "wb") as f:
             os.fsync(f.fileno())
         self._closed.add(stream_id)
+
+    def discard(self, stream_id: int) -> NDArray[np.uint64]:
+        """Mark the stream discarded (durable before the return: a ``.discarded`` file, even for a
+        stream that never recorded columns) and forget its scope; returns the columns it had."""
+        cols = self._columns.pop(stream_id, np.zeros(0, np.uint64))
+        self._closed.discard(stream_id)
+        if stream_id not in self._discarded:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(self.directory / f"{stream_id:016x}.discarded", "wb") as f:
+                os.fsync(f.fileno())
+            if not (self.directory / f"{stream_id:016x}.cols").exists():  # found at the next open
+                with open(self.directory / f"{stream_id:016x}.cols", "wb") as f:
+                    os.fsync(f.fileno())
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._discarded.add(stream_id)
+        return cols
+
+    def is_discarded(self, stream_id: int) -> bool:
+        return stream_id in self._discarded
+
+    def columns_of_open_streams(self, but: int) -> NDArray[np.uint64]:
+        """The columns of every stream still open (not closed, not discarded) other than ``but``."""
+        parts = [cols for sid, cols in self._columns.items() if sid != but and sid not in self._closed]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
     def open_streams_touching(self, row_column: NDArray[np.uint64]) -> list[int]:
         return [sid for sid, cols in self._columns.items()

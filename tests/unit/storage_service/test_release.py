@@ -7,7 +7,8 @@ import pytest
 
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import DropResult
-from giaannd.storage.rebalance.release import release_unowned, unowned_columns
+from giaannd.storage.rebalance.join_generation import JoinGeneration
+from giaannd.storage.rebalance.release import abandoned_stream_columns, release_unowned, unowned_columns
 from peers.placement import Member, Placement
 from tools.cluster_harness import Cluster, make_batch
 
@@ -27,6 +28,29 @@ def test_unowned_columns_is_the_complement_of_the_owner_lists():
     assert unowned_columns(everyone, "b", COLUMNS).size == 0
     with pytest.raises(LookupError, match="'z' is not in the placement"):
         unowned_columns(placement, "z", COLUMNS)
+
+
+def test_an_abandoned_streams_columns_are_the_unowned_ones_no_other_open_stream_brings():
+    placement = Placement(tuple(Member(n) for n in "abcd"), 2)
+    others = COLUMNS[:20]
+    for name in placement.names:
+        got = abandoned_stream_columns(placement, name, COLUMNS[::-1], others)  # any order in
+        want = np.sort(unowned_columns(placement, name, COLUMNS[20:]))
+        assert got.tolist() == want.tolist()
+    # a node outside the placement (a joining node) owns nothing: all but the other streams' columns
+    assert abandoned_stream_columns(placement, "z", COLUMNS, others).tolist() == np.sort(COLUMNS[20:]).tolist()
+    assert abandoned_stream_columns(placement, "z", COLUMNS, np.empty(0, np.uint64)).size == COLUMNS.size
+    assert abandoned_stream_columns(placement, "a", np.empty(0, np.uint64), others).size == 0
+
+
+def test_join_generation_starts_at_zero_goes_up_durably_and_refuses_garbage(tmp_path):
+    gen = JoinGeneration(tmp_path)
+    assert gen.current() == 0
+    assert gen.advance() == 1 and gen.advance() == 2
+    assert JoinGeneration(tmp_path).current() == 2 and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / "join-generation").write_text("two\n")
+    with pytest.raises(ValueError, match="expected a non-negative integer"):
+        gen.current()
 
 
 async def _node_a(tmp_path: Path, *others: str) -> Cluster:
