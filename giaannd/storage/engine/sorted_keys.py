@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import range_positions
 
-__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys"]
+__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys", "difference"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
@@ -65,6 +65,35 @@ def _merge_into(ac: U64, af: U64, ai: I64, bc: U64, bf: U64, bi: I64, oc: U64, o
             j += 1
         k += 1
     return k
+
+
+@kernel(f"int64({readonly('uint64')}, {readonly('uint64')}, {readonly('uint64')}, {readonly('uint64')},"
+        " uint64[::1], uint64[::1])")
+def _difference_into(ac: U64, af: U64, bc: U64, bf: U64, oc: U64, of: U64) -> int:
+    """The keys of run a not in run b (both sorted by (column, feature), keys distinct), in order,
+    into ``oc``/``of``; returns how many."""
+    j = k = 0
+    nb = bc.shape[0]
+    for i in range(ac.shape[0]):
+        c, f = ac[i], af[i]
+        while j < nb and (bc[j] < c or (bc[j] == c and bf[j] < f)):
+            j += 1
+        if j < nb and bc[j] == c and bf[j] == f:
+            continue
+        oc[k], of[k] = c, f
+        k += 1
+    return k
+
+
+def difference(ac: U64, af: U64, bc: U64, bf: U64) -> tuple[U64, U64]:
+    """The keys (ac[i], af[i]) that are not among (bc[j], bf[j]), sorted: both lists sorted by
+    (column, feature) with distinct keys (a store's key listings). One compiled merge pass."""
+    if bc.shape[0] == 0:
+        return ac, af
+    oc, of = np.empty(ac.shape[0], np.uint64), np.empty(ac.shape[0], np.uint64)
+    c = np.ascontiguousarray
+    k = _difference_into(c(ac, np.uint64), c(af, np.uint64), c(bc, np.uint64), c(bf, np.uint64), oc, of)
+    return oc[:k], of[:k]
 
 
 def _sorted(c: U64, f: U64, ids: I64) -> Keys:

@@ -44,6 +44,7 @@ from giaannd.protocol import BatchId
 from giaannd.storage.engine.recovery import ApplyResult, DurableStore
 from giaannd.storage.engine.regions import ENTRY_BYTES
 from giaannd.storage.engine.row_digest import ROWS_DIGEST_VERSIONS, rows_digest_v2_pieces
+from giaannd.storage.engine.sorted_keys import difference
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.pages import PagePool
 from giaannd.storage.streaming.stream import (
@@ -711,7 +712,7 @@ class StreamRunner:
                 fresh(c, f)
             at = max(at, page.stop)
         fresh(opened_c[at:], opened_f[at:])
-        fresh(*_keys_not_in(cols, feats, opened_c, opened_f))
+        fresh(*difference(cols, feats, opened_c, opened_f))
         return out or [(cols[:0], feats[:0], None)]
 
     async def _check_verify(self, keyss: list[list[NDArray[np.uint64]]], mine: list[Sequence[NDArray[Any]]],
@@ -771,23 +772,6 @@ class StreamRunner:
             differ |= a != b
         bad = max(1, int(np.count_nonzero(differ)))
         raise StreamFailed(f"verify: {bad} of {keys[0].size} rows differ on the receiver")
-
-
-def _keys_not_in(cols: NDArray[np.uint64], feats: NDArray[np.uint64], in_c: NDArray[np.uint64],
-                 in_f: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
-    """The keys (cols[i], feats[i]) that are not among (in_c[j], in_f[j]), sorted (both lists are
-    unique): one lexsort of the two lists together, a key of the first kept unless the key
-    before it is the same key from the second."""
-    if in_c.shape[0] == 0:
-        return cols, feats
-    c, f = np.concatenate((in_c, cols)), np.concatenate((in_f, feats))
-    tag = np.concatenate((np.zeros(in_c.shape[0], np.int8), np.ones(cols.shape[0], np.int8)))
-    order = np.lexsort((tag, f, c))  # by column, feature, then the second list's key first
-    c, f, tag = c[order], f[order], tag[order]
-    seen = np.zeros(c.shape[0], bool)
-    seen[1:] = (c[1:] == c[:-1]) & (f[1:] == f[:-1])
-    new = (tag == 1) & ~seen
-    return c[new], f[new]
 
 
 def _touches_digest(touches: NDArray[np.uint64]) -> int:
