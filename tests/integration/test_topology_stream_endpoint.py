@@ -118,3 +118,43 @@ async def test_discard_drops_only_what_the_node_does_not_own_and_refuses_the_str
         assert set(cluster.services["s0"].store.store.held_columns().tolist()) == {11, 12}
     finally:
         await cluster.close()
+
+
+async def test_idle_streams_are_discarded_after_the_idle_time_and_only_open_ones(tmp_path):
+    """A stream whose coordinator died without discarding it: once it sent this node nothing for the
+    idle time, ``discard_idle`` drops its rows (as ``DiscardStream`` does) and refuses it after;
+    streams heard from within the idle time, and a closed (finished) one, are left alone."""
+    import time
+
+    from giaannd.storage.rebalance.endpoint import StreamEndpoint
+
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        await cluster.add_node("s1")  # outside the placement: it owns nothing
+        endpoint: StreamEndpoint = cluster.endpoints["s1"]
+        store = cluster.services["s1"].store.store
+        conn = await connect(cluster.ops_transport, cluster.stream_addresses["s1"], timeout_s=2)
+
+        async def ask(msg, bulk=()):
+            res = await conn.request(ENC.encode(msg), list(bulk), timeout_s=5)
+            return DEC.decode(res.payload)
+
+        rng = np.random.default_rng(4)
+        for sid, col in ((90, 5), (91, 6), (92, 7)):
+            cols = np.array([col], np.uint64)
+            assert await ask(StreamHello(sid, "t"), [cols]) == StreamPosition(sid, 0)
+            batch = make_batch(rng, 2, 3, np.repeat(cols, 2))
+            data = StreamData(sid, 0, ItemKind.CHUNK, item_checksum(sid, 0, ItemKind.CHUNK, batch))
+            assert await ask(data, batch.buffers()) == StreamPosition(sid, 1)
+        assert await ask(StreamHello(92, "t", fresh=False, closing=True), [np.array([7], np.uint64)]) == \
+            StreamPosition(92, 1)  # stream 92 finished
+        assert await endpoint.discard_idle(60.0) == []  # every stream was heard from just now
+        later = time.monotonic() + 61.0
+        assert sorted(await endpoint.discard_idle(60.0, now=later)) == [90, 91]
+        assert set(store.held_columns().tolist()) == {7}  # the finished stream's rows stay
+        reply = await ask(StreamHello(90, "t", fresh=False), [np.array([5], np.uint64)])
+        assert isinstance(reply, StreamRefused) and "discarded" in reply.reason
+        assert endpoint.idle_discarded == 2 and await endpoint.discard_idle(60.0, now=later + 100) == []
+        await conn.close()
+    finally:
+        await cluster.close()

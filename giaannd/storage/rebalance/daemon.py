@@ -19,6 +19,10 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   ``storage.release-delay-s`` (release.py) — if by then no topology operation is running here (no stream sent or
   received, no placement override) and the ring is still the same. The delay leaves time for
   writes computed under the old placement to drain; the guard keeps a later operation's rows;
+- the **idle-stream sweep**: every ``IDLE_SWEEP_S`` the endpoint discards the streams that sent
+  it nothing for ``endpoint.IDLE_STREAM_DISCARD_S`` (their operation ended without discarding
+  them: its coordinator died), dropping the partial rows they brought; the join generation then
+  goes up, since one of them may have been this node's own join;
 - the **automatic repair** (auto_repair.py) when recovery cut a torn update-log tail: the same
   repair as ``giaannctl node repair``, started by the node itself once it is active in the ring
   and sees a live peer, and shown in status (``auto_repair``) and metrics.
@@ -36,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd.cluster.view import StorageNode
 from giaannd.storage.rebalance.auto_repair import AUTO_REPAIR_STATES, AutoRepair
 from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
-from giaannd.storage.rebalance.endpoint import StreamEndpoint
+from giaannd.storage.rebalance.endpoint import IDLE_STREAM_DISCARD_S, StreamEndpoint
 from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import OperationRegistry, Rebalance, TopologyOpError, members_after
 from giaannd.storage.rebalance.release import release_unowned
@@ -58,6 +62,8 @@ log = logging.getLogger(__name__)
 
 #: Bound on pushing hinted handoff to completion before a repair compares replicas.
 REPAIR_HINT_WAIT_S: Final = 60.0
+#: How often the stream endpoint looks for idle streams to discard (module docstring).
+IDLE_SWEEP_S: Final = IDLE_STREAM_DISCARD_S / 8
 
 
 def stream_bind_of(config: Config) -> str:
@@ -90,6 +96,7 @@ class StorageTopology:
         #: the repair started because recovery cut a torn log tail (None: nothing was cut)
         self.auto_repair: AutoRepair | None = None
         self._auto_repair_task: asyncio.Task[Any] | None = None
+        self._idle_sweep_task: asyncio.Task[None] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         rt = self.runtime
@@ -101,6 +108,7 @@ class StorageTopology:
         register_admin_routes(ctx.admin, self.control, self.registry, local_node=self.local_node,
                               repair_fn=self.repair, generation=self.generation)
         rt.on_join_needed = self.join
+        self._idle_sweep_task = ctx.spawn(self._sweep_idle_streams(), "idle-stream-sweep")
         self._ring_seen = rt.ring.digest()
         rt.ring_listeners.append(self._on_ring_change)
         log.info("stream endpoint listening address=%s", self.endpoint.address)
@@ -149,16 +157,31 @@ class StorageTopology:
                 await self._auto_repair_task
         with contextlib.suppress(ValueError):
             self.runtime.ring_listeners.remove(self._on_ring_change)
-        if self._release_task is not None:
-            self._release_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._release_task
+        for task in (self._release_task, self._idle_sweep_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         op = self.registry.current
         if op is not None and op.state not in ("done", "failed", "cancelled"):
             op.cancel()
         if self.endpoint is not None:
             await self.endpoint.close()
             self.endpoint = None
+
+    async def _sweep_idle_streams(self, every_s: float = IDLE_SWEEP_S) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            endpoint = self.endpoint
+            if endpoint is None:
+                continue
+            try:
+                if await endpoint.discard_idle():
+                    op = self.registry.current
+                    if op is None or op.state in ("done", "failed", "cancelled"):
+                        self.generation.advance()
+            except (OSError, ValueError) as exc:  # a full disk, a damaged join-generation file: next turn
+                log.warning("idle-stream sweep: %s", exc)
 
     # -- join -----------------------------------------------------------------------------------
     def local_node(self) -> StorageNode:
@@ -240,6 +263,8 @@ class StorageTopology:
         out: dict[str, Any] = {}
         if self.endpoint is not None:
             out["stream_address"] = self.endpoint.address
+            if self.endpoint.idle_discarded:
+                out["idle_streams_discarded"] = self.endpoint.idle_discarded
         op = self.registry.current
         if op is not None:
             out["topology_op"] = {"op": op.kind, "state": op.state}

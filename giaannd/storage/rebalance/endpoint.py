@@ -17,6 +17,13 @@ is marked discarded in its scope (durable: streaming/dedupe.py), then the rows o
 node does not own and no other open stream brings are dropped (a logged drop, synced before the
 reply: release.py ``abandoned_stream_columns``). A discarded stream is refused from then on, its
 resume as well as a fresh start: the rows it had brought are gone.
+
+A stream whose coordinator died before it could send ``DiscardStream`` (or never reached this
+node) would keep its rows here for good. Its sources give it up once no coordinator asked about it
+for ``source_control.ORPHAN_AFTER_S``; ``discard_idle`` (the daemon calls it periodically with
+``IDLE_STREAM_DISCARD_S``, twice that) discards, the same way, every open stream that sent this
+node nothing for that long (counted from this process's start for the streams it found open on
+disk), so a node left with an orphan's partial rows can take those columns again.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ from giaannd.protocol import BatchId
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.rebalance.release import abandoned_stream_columns
-from giaannd.storage.rebalance.source_control import DiscardStream, SourceRegistry, SourceRequest, StreamDiscarded
+from giaannd.storage.rebalance.source_control import (
+    ORPHAN_AFTER_S,
+    DiscardStream,
+    SourceRegistry,
+    SourceRequest,
+    StreamDiscarded,
+)
 from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
 from giaannd.storage.replication.service import StorageService
@@ -74,6 +87,12 @@ log = logging.getLogger(__name__)
 _REQ_DECODER: Final = msgspec.msgpack.Decoder(StreamRequest | SourceRequest)
 _ENC: Final = msgspec.msgpack.Encoder()
 
+#: An open stream that sent this node nothing for this long is discarded (``discard_idle``): twice the
+#: time after which its sources give it up as orphaned, so no live operation's stream is touched
+#: (a paused operation's streams are aborted by their sources after ORPHAN_AFTER_S as well).
+IDLE_STREAM_DISCARD_S: Final = 2 * ORPHAN_AFTER_S
+
+
 def _reply(msg: msgspec.Struct, bulk: Sequence[Any] = ()) -> Reply:
     return Reply(_ENC.encode(msg), list(bulk))
 
@@ -93,6 +112,9 @@ class StreamEndpoint:
         self._expected: dict[int, int] = {}
         self.scopes = StreamScopes.open(service.data_dir)
         self.deltas_skipped = 0
+        #: monotonic time of each stream's last request here (``discard_idle``)
+        self._stream_seen: dict[int, float] = {}
+        self.idle_discarded = 0  # streams ``discard_idle`` discarded
         #: monotonic time of the last stream or source-control request (release waits for quiet)
         self.last_activity = -1e18
         #: streams this node sends for remote coordinators (source_control.py)
@@ -144,6 +166,7 @@ class StreamEndpoint:
             except (ValueError, RuntimeError) as exc:
                 return _reply(StreamRefused(0, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
             return _reply(reply, bulk)
+        self._stream_seen[msg.stream_id] = self.last_activity
         if self.scopes.is_discarded(msg.stream_id):
             return _reply(StreamRefused(msg.stream_id, 0, (
                 f"stream {msg.stream_id:#x} was discarded here (its operation was abandoned before the "
@@ -208,6 +231,27 @@ class StreamEndpoint:
             if folds is None or not folds.running:
                 self._store().store.reserve(sum(self._expected.values()))
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    async def discard_idle(self, idle_s: float = IDLE_STREAM_DISCARD_S, now: float | None = None) -> list[int]:
+        """Discard every open stream that sent this node nothing for ``idle_s`` (module docstring);
+        returns their ids. A stream that cannot be discarded now (a placement override in force)
+        is tried again at the next call. ``now``: ``time.monotonic()`` unless given."""
+        now = time.monotonic() if now is None else now
+        done = []
+        for sid in self.scopes.open_streams():
+            if now - self._stream_seen.setdefault(sid, now) < idle_s:
+                continue
+            try:
+                await self._discard(sid)
+            except (ValueError, RuntimeError, OSError) as exc:
+                log.warning("idle stream %#x not discarded yet: %s", sid, exc)
+                continue
+            done.append(sid)
+        if done:
+            log.warning("discarded %d streams that sent nothing for %.0f s (their operations ended without "
+                        "discarding them): %s", len(done), idle_s, ", ".join(f"{sid:#x}" for sid in done))
+        self.idle_discarded += len(done)
+        return done
 
     async def _discard(self, stream_id: int) -> Reply:
         """``DiscardStream`` (module docstring): mark, drop what this node does not own, sync."""

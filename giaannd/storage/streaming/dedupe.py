@@ -124,6 +124,10 @@ class StreamScopes:
     def is_discarded(self, stream_id: int) -> bool:
         return stream_id in self._discarded
 
+    def open_streams(self) -> list[int]:
+        """The streams that brought columns here and are neither closed nor discarded."""
+        return [sid for sid in self._columns if sid not in self._closed]
+
     def columns_of_open_streams(self, but: int) -> NDArray[np.uint64]:
         """The columns of every stream still open (not closed, not discarded) other than ``but``."""
         parts = [cols for sid, cols in self._columns.items() if sid != but and sid not in self._closed]
