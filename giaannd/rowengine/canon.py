@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
 
-__all__ = ["BATCH_FAULTS", "batch_fault", "first_non_canonical"]
+__all__ = ["BATCH_FAULTS", "batch_fault", "entries_fault", "first_non_canonical"]
 
 
 @kernel(f"int64({readonly('uint8')}, {readonly('uint64')}, {readonly('uint64')}, {readonly('float32')}, int64)")
@@ -54,7 +54,7 @@ def first_non_canonical(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDAr
     vectorised passes, as a batch of one row (0.63 against 1.6 ns per entry for the walk that
     stops at the first fault, which runs only when there is one)."""
     if not _batch_fault(_ONE_KEY, _ONE_KEY, np.array([0, seg.shape[0]], np.int64), seg, tc, tf, strength,
-                        num_segments):
+                        num_segments, True):
         return -1
     return int(_first_bad(seg, tc, tf, strength, num_segments))
 
@@ -66,11 +66,13 @@ BATCH_FAULTS = ("", "offsets are not a partition of the entries", "segment out o
 
 
 @kernel(f"int64({readonly('uint64')}, {readonly('uint64')}, {readonly('int64')}, {readonly('uint8')},"
-        f" {readonly('uint64')}, {readonly('uint64')}, {readonly('float32')}, int64)")
+        f" {readonly('uint64')}, {readonly('uint64')}, {readonly('float32')}, int64, boolean)")
 def _batch_fault(rc: NDArray[np.uint64], rf: NDArray[np.uint64], offsets: NDArray[np.int64], seg: NDArray[np.uint8],
-                 tc: NDArray[np.uint64], tf: NDArray[np.uint64], st: NDArray[np.float32], num_segments: int) -> int:
+                 tc: NDArray[np.uint64], tf: NDArray[np.uint64], st: NDArray[np.float32], num_segments: int,
+                 rows_too: bool) -> int:
     # Simple loops without early exits, so that LLVM vectorises them; a fault is the rare case.
-    r = rc.shape[0]
+    # ``rows_too`` False: the row keys are not looked at (``entries_fault``), ``len(offsets) - 1`` rows.
+    r = offsets.shape[0] - 1
     n = seg.shape[0]
     if offsets[0] != 0 or offsets[r] != n:
         return 1
@@ -90,8 +92,9 @@ def _batch_fault(rc: NDArray[np.uint64], rf: NDArray[np.uint64], offsets: NDArra
     if infinite:
         return 3
     unsorted = 0
-    for i in range(1, r):
-        unsorted += rc[i] < rc[i - 1] or (rc[i] == rc[i - 1] and rf[i] <= rf[i - 1])
+    if rows_too:
+        for i in range(1, r):
+            unsorted += rc[i] < rc[i - 1] or (rc[i] == rc[i - 1] and rf[i] <= rf[i - 1])
     if unsorted:
         return 4
     # entries not after the one before: allowed only where a row starts
@@ -119,4 +122,14 @@ def batch_fault(rc: NDArray[np.uint64], rf: NDArray[np.uint64], offsets: NDArray
     ``len(rf) == len(rc)``, ``len(offsets) == len(rc) + 1`` and the entry arrays of one length
     (the caller checked); non-contiguous ones are copied."""
     c = np.ascontiguousarray
-    return int(_batch_fault(c(rc), c(rf), c(offsets), c(seg), c(tc), c(tf), c(st), num_segments))
+    return int(_batch_fault(c(rc), c(rf), c(offsets), c(seg), c(tc), c(tf), c(st), num_segments, True))
+
+
+def entries_fault(offsets: NDArray[np.int64], seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDArray[np.uint64],
+                  st: NDArray[np.float32], num_segments: int) -> int:
+    """``batch_fault`` without the row keys (a snapshot's rows, whose keys are checked apart): the
+    first of its rules but "rows not sorted and unique" that the entries of the rows
+    ``offsets`` cut break (0: none)."""
+    c = np.ascontiguousarray
+    return int(_batch_fault(_ONE_KEY, _ONE_KEY, c(offsets, np.int64), c(seg), c(tc), c(tf), c(st), num_segments,
+                            False))

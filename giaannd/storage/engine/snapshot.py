@@ -59,6 +59,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.madvise import PAGE as _PAGE
 from giaannd.model.rows import NUM_SEGMENTS, Row
 from giaannd.records import RecordError, RecordFormat
+from giaannd.rowengine.canon import entries_fault
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, FrozenRows
@@ -510,6 +511,11 @@ def first_bad_row(rows: Row, offsets: NDArray[np.int64]) -> tuple[int, str] | No
     (temporaries that stay in cache)."""
     num_rows = offsets.shape[0] - 1
     if num_rows < 1:
+        return None
+    # A clean store (the common case) is one compiled pass (rowengine/canon.py, 0.6-0.8 ns per
+    # entry against ~1.7 for the numpy checks below); those run only to name a fault's row.
+    if not entries_fault(offsets, rows.segment, rows.target_column, rows.target_feature, rows.strength,
+                         NUM_SEGMENTS):
         return None
     starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
     bounds = [*np.unique(starts).tolist(), num_rows]

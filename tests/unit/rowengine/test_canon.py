@@ -70,3 +70,34 @@ def test_canon_names_what_is_wrong():
     seg[1], tc[2] = 0, 1
     with pytest.raises(ProtocolViolation, match="not sorted and unique"):
         check_canonical_row(seg, tc, tf, st, "row")
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_entries_fault_is_the_batch_check_without_the_row_keys(seed):
+    """``entries_fault`` (a snapshot's rows, whose keys are checked apart) finds what
+    ``batch_fault`` finds on the same rows under ascending keys."""
+    from giaannd.rowengine.canon import BATCH_FAULTS, batch_fault, entries_fault
+
+    rng = np.random.default_rng(100 + seed)
+    rows = [_row(rng, int(rng.integers(1, 60))) for _ in range(int(rng.integers(1, 12)))]
+    seg, tc, tf, st = (np.concatenate([r[k] for r in rows]) for k in range(4))
+    offsets = np.concatenate([[0], np.cumsum([r[0].shape[0] for r in rows])]).astype(np.int64)
+    n = seg.shape[0]
+    i = int(rng.integers(0, n))
+    how = seed % 4
+    if how == 1:
+        seg[i] = NUM_SEGMENTS
+    elif how == 2:
+        st[i] = np.nan
+    elif how == 3:  # an entry not after the one before, inside a row (across rows it is no fault)
+        inside = np.setdiff1d(np.arange(1, n), offsets[1:-1])
+        if inside.size == 0:
+            how = 0
+        else:
+            j = int(rng.choice(inside))
+            seg[j], tc[j], tf[j] = seg[j - 1], tc[j - 1], tf[j - 1]
+    ascending = np.arange(len(rows), dtype=np.uint64)
+    want = batch_fault(ascending, ascending, offsets, seg, tc, tf, st, NUM_SEGMENTS)
+    assert entries_fault(offsets, seg, tc, tf, st, NUM_SEGMENTS) == want
+    assert BATCH_FAULTS[want] != "rows not sorted and unique"
+    assert (want != 0) == (how != 0)  # the damage is found, and only it

@@ -103,3 +103,60 @@ def test_applied_columns_round_trip_and_reject_bad_arrays() -> None:
         AppliedSet().load_column_arrays(tracked, promised, w, q, c, cols)
     with pytest.raises(ValueError, match="not sorted"):
         AppliedSet.from_arrays(*s.to_arrays()).load_column_arrays(tracked, promised, w, q, c, cols[[1, 0, 2]])
+
+
+def _load_reference(s: AppliedSet, tracked, promised, writers, seqs, counts, columns) -> dict:
+    """The per-batch load this replaced (checks and result), as the reference."""
+    promised_of = dict(zip(tracked.tolist(), promised.tolist()))
+    out: dict = {}
+    ends = np.cumsum(counts.astype(np.int64))
+    for w, q, end, n in zip(writers.tolist(), seqs.tolist(), ends.tolist(), counts.tolist()):
+        cols = columns[end - n: end]
+        if (BatchId(w, q) not in s or q <= promised_of.get(w, 2**64 - 1)
+                or (n > 1 and not np.all(cols[1:] > cols[:-1]))):
+            raise ValueError("reference refuses")
+        out.setdefault(w, {})[q] = cols.copy()
+    return out
+
+
+def test_applied_columns_load_matches_the_per_batch_reference_on_random_sets_and_damage() -> None:
+    """The whole-array load against the loop per batch it replaced: random sets (several writers,
+    floors, seqs above them, promises, untracked writers, empty column lists), their arrays loaded
+    as saved and after one random change (a seq, a writer, a count, a column order, a promise)."""
+    rng = np.random.default_rng(12)
+    refused = loaded = 0
+    for trial in range(300):
+        s = AppliedSet()
+        for w in rng.integers(1, 6, rng.integers(1, 4)).tolist():
+            if rng.random() < 0.8:
+                s.promise(w, int(rng.integers(0, 5)))
+            for q in rng.choice(np.arange(1, 40), rng.integers(1, 12), replace=False).tolist():
+                cols = np.unique(rng.integers(0, 50, rng.integers(0, 6)).astype(np.uint64))
+                s.add(BatchId(w, q), cols)
+        arrays = [a.copy() for a in s.column_arrays()]
+        if trial % 3:
+            k = int(rng.integers(0, 6))
+            a = arrays[k]
+            if k == 4 and a.size:  # a count: move one column between batches (the total stays)
+                i, j = rng.integers(0, a.size, 2)
+                if a[i]:
+                    a[i] -= 1
+                    a[j] += 1
+            elif k == 5 and a.size > 1:
+                a[:] = a[rng.permutation(a.size)]
+            elif a.size:
+                a[int(rng.integers(0, a.size))] = int(rng.integers(0, 45))
+        base = AppliedSet.from_arrays(*s.to_arrays())
+        try:
+            want = _load_reference(base, *arrays)
+        except ValueError:
+            with pytest.raises(ValueError):
+                AppliedSet.from_arrays(*s.to_arrays()).load_column_arrays(*arrays)
+            refused += 1
+            continue
+        got = AppliedSet.from_arrays(*s.to_arrays())
+        got.load_column_arrays(*arrays)
+        assert {w: {q: c.tolist() for q, c in per.items()} for w, per in got._columns.items()} == \
+            {w: {q: c.tolist() for q, c in per.items()} for w, per in want.items()}
+        loaded += 1
+    assert refused > 30 and loaded > 100
