@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,16 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s}s: {what}")
         time.sleep(0.2)
+
+
+@contextmanager
+def training_cluster(tmp_path: Path, corpus: Path, storage: int, **options: Any) -> Iterator[LocalCluster]:
+    """``storage`` storage daemons (R = 2, W = 1) and one compute daemon on loopback tcp, converged."""
+    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
+                         storage=storage, compute=1, transport="tcp",
+                         replication_factor=2, write_quorum=1, **options) as cluster:
+        cluster.wait_converged()
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +144,7 @@ def assert_export_equals(compute: Node, reference: list[dict[str, Any]], out: Pa
 def test_daemon_join_during_training_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=2, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1,
-                         storage_options={"release_delay_s": 1.0}) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 2, storage_options={"release_delay_s": 1.0}) as cluster:
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
@@ -161,10 +168,7 @@ def test_daemon_join_during_training_equals_core(
 def test_daemon_decommission_during_training_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=3, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 3) as cluster:
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
@@ -186,10 +190,7 @@ def test_daemon_decommission_during_training_equals_core(
 def test_daemon_kill9_storage_during_training_then_removenode_and_repair_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=3, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 3) as cluster:
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
@@ -212,10 +213,7 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
     runs; after its restart the join resumes the sources' streams from its durable positions
     (re-sending at most one item per stream) and completes; the export equals the core's."""
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=2, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 2) as cluster:
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
@@ -247,10 +245,7 @@ def test_daemon_cancelled_join_cleans_up_and_the_node_joins_again(
     was wiped), its join generation goes up, and join-ring again completes; the export equals the
     core's."""
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=2, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 2) as cluster:
         compute = cluster.node("compute-1")
         wait_job(compute, start_job(compute, corpus))
         joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
@@ -280,10 +275,7 @@ def test_daemon_replace_dead_node_with_new_host_equals_core(
     over its columns with ``giaannctl node replace``; the ring swaps them and the export equals
     the core's."""
     corpus, ref = reference
-    with running_cluster(tmp_path / "c", corpus_dir=corpus.parent, export_dir=tmp_path / "exports",
-                         storage=3, compute=1, transport="tcp",
-                         replication_factor=2, write_quorum=1) as cluster:
-        cluster.wait_converged()
+    with training_cluster(tmp_path, corpus, 3) as cluster:
         compute = cluster.node("compute-1")
         job = start_job(compute, corpus)
         wait_job_started(compute, job)
