@@ -897,9 +897,9 @@ class ColumnStore:
         while applies go on (it reads one count); the caller calls it *before* holding writes off."""
         n = self.engine.num_entries
         # Small pages (page_advice.py): the room lives for one snapshot and is read once, in order.
-        # Filled in huge pages it cost a storage node of 6·10^7 entries ~1.4 s of CPU per snapshot
-        # (py-spy, the cluster bench's 300k interval: the kernel compacting memory for 2 MiB pages
-        # under the node's load), against ~0.4 ms/MB in small pages.
+        # Filled in huge pages it cost a storage node of 8.6·10^7 entries ~1.4 s of CPU in a minute
+        # (py-spy, the end of the cluster bench's 300k interval: the kernel compacting memory for
+        # 2 MiB pages under the node's load), against ~0.4 ms/MB in small pages.
         room = filled_buffer(np.float32, n + n // 64 + FREEZE_ROOM_SPARE)
         room.fill(0.0)  # the page faults happen here
         return room
