@@ -269,6 +269,33 @@ def test_daemon_cancelled_join_cleans_up_and_the_node_joins_again(
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
+def test_daemon_joining_node_stopped_mid_stream_joins_afresh_after_restart(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """A graceful stop (SIGTERM) of the joining node mid-stream cancels its join, which cleans up
+    before the node's endpoint closes (its partial rows dropped, its join generation raised); at
+    the next start join-ring opens new streams and completes. (kill -9 leaves the streams to resume:
+    test_daemon_joining_node_killed_mid_stream_resumes_after_restart.)"""
+    corpus, ref = reference
+    with training_cluster(tmp_path, corpus, 2) as cluster:
+        compute = cluster.node("compute-1")
+        wait_job(compute, start_job(compute, corpus))
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
+        proc = joiner.ctl("--json", "node", "join-ring", "--rate", "100000")
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+        assert cluster.stop_node(joiner) == 0
+        assert (joiner.data_dir / "storage" / "join-generation").read_text().strip() == "1"
+        cluster.restart(joiner)
+        assert joiner.status()["services"]["storage"]["rows"] == 0
+        proc = joiner.ctl("--json", "node", "join-ring")
+        assert proc.returncode == 0, proc.stderr
+        wait_op_done(joiner)
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                       f"{node.name} has storage-3 in its ring", 30)
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+
+
 def test_daemon_replace_dead_node_with_new_host_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     """kill -9 a storage node during training; a new host started in manual join mode takes

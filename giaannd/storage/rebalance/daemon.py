@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 #: Bound on pushing hinted handoff to completion before a repair compares replicas.
 REPAIR_HINT_WAIT_S: Final = 60.0
+#: How long a stopping node waits for its cancelled topology operation to clean up (operations.py,
+#: "Cleans up when abandoned"), out of the daemon's drain budget (node.drain-timeout-s).
+STOP_CLEANUP_WAIT_S: Final = 10.0
 #: How often the stream endpoint looks for idle streams to discard (module docstring).
 IDLE_SWEEP_S: Final = IDLE_STREAM_DISCARD_S / 8
 
@@ -165,6 +168,10 @@ class StorageTopology:
         op = self.registry.current
         if op is not None and op.state not in ("done", "failed", "cancelled"):
             op.cancel()
+            # let it clean up (its streams discarded on their receivers, this node's own endpoint
+            # among them for a join) before the endpoint closes: a node stopped mid-join then joins
+            # afresh at its next start instead of meeting streams its sources gave up
+            await self.registry.wait(STOP_CLEANUP_WAIT_S)
         if self.endpoint is not None:
             await self.endpoint.close()
             self.endpoint = None

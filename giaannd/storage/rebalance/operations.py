@@ -600,9 +600,10 @@ class OperationRegistry:
         return op
 
     async def wait(self, timeout_s: float) -> dict[str, Any]:
+        """The current operation's progress once it ended or ``timeout_s`` passed (its failure is
+        in the progress: ``state``, ``error``; it is not raised here)."""
         assert self._task is not None and self.current is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        await asyncio.wait({self._task}, timeout=timeout_s)  # (neither raises its outcome nor cancels it)
         return self.current.progress()
 
 
