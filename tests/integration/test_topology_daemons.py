@@ -238,6 +238,34 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
+def _throttled_join_under_way(cluster: LocalCluster, corpus: Path) -> tuple[Node, Node]:
+    """The job trained to its end, then a manual-mode storage-3 started and its join-ring begun
+    at 100 kB/s; returns (compute-1, storage-3) once the join streamed something."""
+    compute = cluster.node("compute-1")
+    wait_job(compute, start_job(compute, corpus))
+    joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
+    proc = joiner.ctl("--json", "node", "join-ring", "--rate", "100000")
+    assert proc.returncode == 0, proc.stderr
+    wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+    return compute, joiner
+
+
+def _join_again_and_check(cluster: LocalCluster, compute: Node, joiner: Node, ref: list[dict[str, Any]],
+                          out: Path) -> None:
+    """join-ring on a node that holds nothing of the abandoned join: it completes, every node's
+    ring has the newcomer, and the export equals the core's."""
+    assert joiner.status()["services"]["storage"]["rows"] == 0
+    assert (joiner.data_dir / "storage" / "join-generation").read_text().strip() == "1"
+    proc = joiner.ctl("--json", "node", "join-ring")
+    assert proc.returncode == 0, proc.stderr
+    wait_op_done(joiner)
+    for node in cluster.nodes:
+        wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                   f"{node.name} has storage-3 in its ring", 30)
+    assert joiner.status()["services"]["storage"]["rows"] > 0
+    assert_export_equals(compute, ref, out)
+
+
 def test_daemon_cancelled_join_cleans_up_and_the_node_joins_again(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
     """An operator cancels a throttled join mid-stream: the joining node drops the partial rows it
@@ -246,27 +274,13 @@ def test_daemon_cancelled_join_cleans_up_and_the_node_joins_again(
     core's."""
     corpus, ref = reference
     with training_cluster(tmp_path, corpus, 2) as cluster:
-        compute = cluster.node("compute-1")
-        wait_job(compute, start_job(compute, corpus))
-        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
-        proc = joiner.ctl("--json", "node", "join-ring", "--rate", "100000")
-        assert proc.returncode == 0, proc.stderr
-        wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+        compute, joiner = _throttled_join_under_way(cluster, corpus)
         proc = joiner.ctl("--json", "node", "topology", "cancel")
         assert proc.returncode == 0, proc.stderr
         doc = wait_until(lambda: (d := topology_op(joiner))["state"] == "cancelled" and d["discarded_rows"] and d,
                          "the cancelled join discarded its rows", 60)
         assert doc["discard_errors"] == [], doc
-        assert joiner.status()["services"]["storage"]["rows"] == 0
-        assert (joiner.data_dir / "storage" / "join-generation").read_text().strip() == "1"
-        proc = joiner.ctl("--json", "node", "join-ring")
-        assert proc.returncode == 0, proc.stderr
-        wait_op_done(joiner)
-        for node in cluster.nodes:
-            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
-                       f"{node.name} has storage-3 in its ring", 30)
-        assert joiner.status()["services"]["storage"]["rows"] > 0
-        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+        _join_again_and_check(cluster, compute, joiner, ref, tmp_path / "exports" / "export.jsonl")
 
 
 def test_daemon_joining_node_stopped_mid_stream_joins_afresh_after_restart(
@@ -277,23 +291,10 @@ def test_daemon_joining_node_stopped_mid_stream_joins_afresh_after_restart(
     test_daemon_joining_node_killed_mid_stream_resumes_after_restart.)"""
     corpus, ref = reference
     with training_cluster(tmp_path, corpus, 2) as cluster:
-        compute = cluster.node("compute-1")
-        wait_job(compute, start_job(compute, corpus))
-        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual")
-        proc = joiner.ctl("--json", "node", "join-ring", "--rate", "100000")
-        assert proc.returncode == 0, proc.stderr
-        wait_until(lambda: topology_op(joiner)["bytes_done"] > 0, "the join streamed something", 60)
+        compute, joiner = _throttled_join_under_way(cluster, corpus)
         assert cluster.stop_node(joiner) == 0
-        assert (joiner.data_dir / "storage" / "join-generation").read_text().strip() == "1"
         cluster.restart(joiner)
-        assert joiner.status()["services"]["storage"]["rows"] == 0
-        proc = joiner.ctl("--json", "node", "join-ring")
-        assert proc.returncode == 0, proc.stderr
-        wait_op_done(joiner)
-        for node in cluster.nodes:
-            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
-                       f"{node.name} has storage-3 in its ring", 30)
-        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+        _join_again_and_check(cluster, compute, joiner, ref, tmp_path / "exports" / "export.jsonl")
 
 
 def test_daemon_replace_dead_node_with_new_host_equals_core(
