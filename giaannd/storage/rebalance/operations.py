@@ -335,7 +335,10 @@ class Rebalance:
             log.info("abandoned %s: %d streams discarded, %d rows dropped on their receivers", self.kind,
                      len(self._streams), self.discarded_rows)
             if self.after_discard is not None:
-                self.after_discard()
+                try:
+                    self.after_discard()
+                except (OSError, ValueError) as exc:  # the next try meets the discarded ids, fails, tries again
+                    log.warning("abandoned %s: after the discard: %s", self.kind, exc)
 
     def _stream_id(self, source: str, target: str) -> int:
         key = f"{self.op_id}|{source}|{target}|{self._nonce}".encode()
