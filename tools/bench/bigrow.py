@@ -57,7 +57,7 @@ from giaannd.config import DEFAULT_READ_CHUNK_BYTES  # noqa: E402
 from giaannd.storage.engine.regions import ENTRY_BYTES, new_region  # noqa: E402
 from peers.keyring import Keyring  # noqa: E402
 from peers.transport import Identity, make_transport  # noqa: E402
-from tools.bench.report import emit_figure, print_table  # noqa: E402
+from tools.bench.report import emit_figures, print_table  # noqa: E402
 from tools.cluster_harness import Cluster  # noqa: E402
 from tools.cluster_harness.cluster import CLUSTER_NAME  # noqa: E402
 
@@ -238,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                ("bigrow.client_rss_peak_delta_mib", max(res["ours_client_rss"]) / mib, None),
                ("bigrow.client_fresh_rss_peak_delta_mib", max(res["fresh_client_rss"]) / mib, None)]
     if args.json:
-        for fig, value, target in figures:
-            emit_figure(fig, value, target)
+        emit_figures(figures)
         return 0
     print_table(f"Big row: {n:,} entries ({row_bytes / 1e9:.2f} GB), chunk {args.chunk_bytes // 2**20} MiB, "
                 f"tcp loopback, median of {args.repeat}", ["figure", "value", "target"],

@@ -41,7 +41,7 @@ from giaannd.model.sentence import EncodedSentence
 from giaannd.model.tokens import load_bundled_corpus
 from giaannd.model.train import train_batch
 from tools.bench.lif import synthetic_row
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 
 #: Issue 20's targets.
 TARGET_LIF_BANDWIDTH_FRACTION = 0.5
@@ -229,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.append(("H2D staged/plain", staged / plain if staged and plain else None, transfer_target))
     if args.json:
         print(json.dumps({"figure": "device", "value": out.get("device", f"none: {no_device}"), "target": None}))
-        for name, value, target in figures:
-            emit_figure(name, value, target)
+        emit_figures(figures)
         return 0
     load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     if no_device:

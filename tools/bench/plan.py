@@ -25,7 +25,7 @@ from numpy.typing import ArrayLike
 
 from giaannd.storage.rebalance.plan import Plan, Transfer, plan_transfers
 from peers.placement import Member, Placement
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 
 __all__ = ["choose_source_per_column", "main", "plan_per_column", "same_plan"]
 
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     (f"plan {change}, before / now", before / now, "> 1")]
         rows.append([change, f"{before:.2f}", f"{now:.2f}", f"{before / now:.1f}×"])
     if args.json:
-        for name, value, target in figures:
-            emit_figure(name, value, target)
+        emit_figures(figures)
         return 0
     print_table(f"Rebalance plan of {args.columns:,} columns, {args.members} members, R = {args.replicas} "
                 f"(median of {args.rounds}, load average {load:.1f} → {os.getloadavg()[0]:.1f}; same plans checked)",

@@ -45,7 +45,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.repair.remote import RepairServer, repair_self, with_repair
 from tools.bench.child import median_range, peak_reset, run_child, status_kb
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 from tools.cluster_harness import Cluster
 
 __all__ = ["main"]
@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(r["cpu"] for r in results[1]) / statistics.median(r["cpu"] for r in results[2])
     figures.append(("repair CPU version 1 / version 2", ratio, "≥ 10"))
     if args.json:
-        for figure, value, target in figures:
-            emit_figure(figure, value, target)
+        emit_figures(figures)
         return 0
     print_table(f"Repair of one replica against another, {compared:,} rows compared, {divergent} divergent "
                 f"({args.rounds} rounds, load average {load_before:.1f} → {load_after:.1f})",

@@ -53,7 +53,7 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.engine.snapshot import list_snapshots, read_snapshot
 from giaannd.storage.engine.update_log import SegmentReader, list_segments, scan_segment
 from tools.bench.child import median_range, peak_reset, run_child, status_kb
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 from tools.bench.zipf_stream import ZipfStream, training_deltas
 
 __all__ = ["main"]
@@ -199,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         held = results[args.segment_mb[0]][0][0]["held"]
         logged0 = json.loads((dirs[args.segment_mb[0]] / "meta.json").read_text())["logged"]
         if args.json:
-            for name, value, target in figures:
-                emit_figure(name, value, target)
+            emit_figures(figures)
             return 0
         print_table(f"Log replay over a base of {held:,} entries, {logged0:,} logged entries after it "
                     f"({args.rounds} rounds, {threads} usable CPUs, load average {load_before:.1f} → "

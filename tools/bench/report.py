@@ -4,9 +4,9 @@ with ``--json`` one JSON object per figure (``emit_figure``), for scripts that c
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-__all__ = ["print_table", "emit_figure"]
+__all__ = ["emit_figure", "emit_figures", "print_table"]
 
 
 def emit_figure(figure: str, value: float | None, target: str | None = None) -> None:
@@ -14,6 +14,12 @@ def emit_figure(figure: str, value: float | None, target: str | None = None) -> 
     bound and its direction (``">= 0.6"``, ``"<= 1.5"``), or None where the issue sets none."""
     print(json.dumps({"figure": figure, "value": None if value is None else round(float(value), 4),
                       "target": target}))
+
+
+def emit_figures(figures: Iterable[tuple[str, float | None, str | None]]) -> None:
+    """``emit_figure`` of each ``(figure, value, target)``."""
+    for figure, value, target in figures:
+        emit_figure(figure, value, target)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

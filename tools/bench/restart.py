@@ -62,7 +62,7 @@ from giaannd.sdk.local_cluster import LocalCluster, Node
 from giaannd.storage import DurableStore
 from giaannd.storage.engine.column_store import ENTRY_BYTES
 from giaannd.storage.replication.service import STORE_DIR
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 from tools.bench.snapshot import apply_stream, realistic_batch
 
 __all__ = ["STAGES", "build_store", "main", "timeline"]
@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> None:
          f"<= {TARGET_S_PER_GB}"),
     ]
     if args.json:
-        for name, value, target in figures:
-            emit_figure(name, value, target)
+        emit_figures(figures)
         return
     print(f"load average {' '.join(load)} at start; {gb:.2f} GB held ({log_gb:.2f} GB of it logged after the "
           f"snapshot), {args.restarts} kill -9 restarts per tree ({', '.join(f'{k}: {v}' for k, v in trees.items())}),"

@@ -30,7 +30,7 @@ import numpy as np
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.column_store import ColumnStore
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 
 __all__ = ["main"]
 
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                ("scan page after new rows / quiet page", ms["new rows"] / ms["quiet"], "≤ 2"),
                ("scan page before / now", ms["before"] / ms["new rows"], "> 1")]
     if args.json:
-        for name, value, target in figures:
-            emit_figure(name, value, target)
+        emit_figures(figures)
         return 0
     print_table(f"Scan pages of a store of {args.rows:,} rows that gains rows ({args.pages} pages each, "
                 f"load average {load:.1f})", ["figure", "value", "target"],

@@ -65,7 +65,7 @@ from giaannd.storage.engine.recovery import replay_each
 from giaannd.storage.engine.snapshot import read_snapshot
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.replay_before import open_as_before, replay_groups_as_before
-from tools.bench.report import emit_figure, print_table
+from tools.bench.report import emit_figures, print_table
 from tools.bench.zipf_stream import ZipfStream, training_deltas
 
 BIG = 1 << 44
@@ -476,8 +476,7 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
 
 def _report(title: str, figures: list[tuple[str, float, str | None]], as_json: bool) -> None:
     if as_json:
-        for name, value, target in figures:
-            emit_figure(name, value, target)
+        emit_figures(figures)
         return
     print_table(title, ["figure", "value", "target"], [[n, f"{v:.3f}", t or "-"] for n, v, t in figures])
 
