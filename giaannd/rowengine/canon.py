@@ -59,7 +59,6 @@ def first_non_canonical(seg: NDArray[np.uint8], tc: NDArray[np.uint64], tf: NDAr
     return int(_first_bad(seg, tc, tf, strength, num_segments))
 
 
-
 #: What ``batch_fault`` finds, by code (0: nothing), in the order the checks take precedence.
 BATCH_FAULTS = ("", "offsets are not a partition of the entries", "segment out of range", "non-finite strength",
                 "rows not sorted and unique", "entries of a row not sorted and unique")

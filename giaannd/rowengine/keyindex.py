@@ -116,8 +116,6 @@ def _tag(h: np.uint64) -> np.int64:
     return np.int64(h & _TAG_MASK) << _ID_BITS
 
 
-
-
 @kernel(f"void({_TABLE}, {_IN}, {_IN}, int64, int64[::1])")
 def _lookup(slots: I64, ka: U64, kb: U64, bits: int, a: U64, b: U64, ahead: int, out: I64) -> None:
     """``out[i]``: the id of key (a[i], b[i]) or -1. ``ahead`` > 0 (≤ ``_AHEAD``): prefetch each key's

@@ -221,8 +221,10 @@ def _highest_hash(cols: U64, targets: NDArray[np.intp], owners: NDArray[np.intp]
     highest xxh3-64 of the column (8 bytes, little-endian), the target's name, a zero byte and the
     candidate's name; among equal hashes the first in name order. Every node computes the same
     (the rule is part of the plan every node derives alone, across versions). The messages of one
-    (target, candidate) pair have one length, so they are laid out as rows of one byte matrix;
-    the hashes are one C call each, no Python beyond that per pair."""
+    (target, candidate) pair have one length, so they are laid out as rows of one byte matrix,
+    built in whole-array passes; the hashing itself is still one ``xxh3_64_intdigest`` call per
+    (column, candidate) from a generator (xxhash has no call for many messages at once): the rest of
+    a removenode's per-column cost (tools/bench/plan.py)."""
     n = cols.shape[0]
     best = np.full(n, -1, np.intp)
     best_hash = np.zeros(n, np.uint64)
