@@ -327,3 +327,72 @@ def test_delta_runs_stacked_behind_a_frozen_view_merge_once_it_is_released():
     assert _tiers_hold(engine)
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def _pairwise_chunks(frozen, names, chunk):
+    """``FrozenEngine.entry_chunks`` as it was before its merge kernel: each piece's delta windows
+    merged pair by pair (run.merge_deltas), then each field merged with the base slice: the
+    reference of the kernel's pieces."""
+    from giaannd.rowengine.run import merge_deltas, window
+
+    bases = [getattr(frozen.base, name) for name in names]
+    n = frozen.base.num_entries
+    step = max(1, chunk)
+    if not frozen.deltas:
+        for lo in range(0, n, step):
+            yield tuple(f[lo : lo + step].copy() for f in bases)
+        return
+    bounds = [*range(0, n, step), n]
+    starts = [0] * len(frozen.deltas)
+    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:] or [n])):
+        last = i == len(bounds) - 2 or not bounds[1:]
+        merged = None
+        for k, delta in enumerate(frozen.deltas):
+            j = starts[k]
+            starts[k] = delta.pos.shape[0] if last else int(np.searchsorted(delta.pos, hi, "left"))
+            if starts[k] > j:
+                piece = window(delta, j, starts[k])
+                merged = piece if merged is None else merge_deltas(merged, piece)
+        if merged is None:
+            yield tuple(f[lo:hi].copy() for f in bases)
+        else:
+            yield tuple(merge_field(f[lo:hi], getattr(merged, name), merged.pos - lo) for f, name in zip(bases, names))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frozen_entry_chunks_kernel_equals_pairwise_merges(seed):
+    """The one-pass k-way merge of a piece's delta windows (frozen._merge_windows) gives the pieces
+    the pairwise merges gave, bit for bit and piece for piece, whatever the number of delta runs
+    (tiers held by views, new rows among old ones), the chunk size and the fields asked for."""
+    rng = np.random.default_rng(100 + seed)
+    engine, ref = RowEngine(fanout=int(rng.integers(1, 4)), base_ratio=1), DictReference()
+    pool = [(c, 1) for c in range(30 + 10 * seed)]
+    base = random_batch(rng, pool, np.arange(0, 40, dtype=np.uint64), POOL64, len(pool), 20)
+    apply(engine, base)
+    ref.apply(base)
+    engine.compact()
+    views = []
+    for step in range(3 + seed):
+        grow_pool = pool + [(c, 1) for c in range(1000 + 7 * step, 1000 + 7 * step + int(rng.integers(0, 5)))]
+        batch = random_batch(rng, grow_pool, np.arange(20 * step, 20 * step + 60, dtype=np.uint64), POOL64,
+                             int(rng.integers(1, len(grow_pool))), int(rng.integers(1, 6)))
+        apply(engine, batch)
+        ref.apply(batch)
+        if rng.random() < 0.7:
+            views.append(engine.freeze())  # held runs: later batches become runs of their own
+    frozen = engine.freeze()
+    assert len(frozen.deltas) >= 2
+    names = [["seg", "tc", "tf", "st"], ["st"], ["tf", "seg"]][seed % 3]
+    for chunk in (1, 2, 7, 64, 1000, 1 << 30):
+        got = [tuple(p.copy() for p in piece) for piece in frozen.entry_chunks(names, chunk)]
+        want = list(_pairwise_chunks(frozen, names, chunk))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(g, w))
+    everything = dict(zip(("seg", "tc", "tf", "st"), next(frozen.entry_chunks(["seg", "tc", "tf", "st"], 1 << 30))))
+    off = frozen.offsets()
+    for i in range(frozen.num_rows):  # and the rows are the ones the view was taken with
+        entries = Entries(*(everything[f][off[i] : off[i + 1]] for f in ("seg", "tc", "tf", "st")))
+        assert same(entries, ref.row((int(frozen.a[i]), int(frozen.b[i]))))
+    for view in (*views, frozen):
+        view.release() if hasattr(view, "release") else None
