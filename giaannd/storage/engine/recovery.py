@@ -63,7 +63,14 @@ from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.deferred_applies import Deferred, DeferredApplies
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
-from giaannd.storage.engine.snapshot import Pacer, list_snapshots, list_temporaries, read_snapshot, write_frozen
+from giaannd.storage.engine.snapshot import (
+    Pacer,
+    WriteMode,
+    list_snapshots,
+    list_temporaries,
+    read_snapshot,
+    write_frozen,
+)
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
 from giaannd.storage.engine.update_log import (
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -429,17 +436,16 @@ class SnapshotJob:
     #: ``UpdateLog.appended_bytes`` when it began: what the log held after the snapshot's seq then
     log_mark: int = 0
 
-    def write(self, busy_share: float = 1.0, keep_cached: bool = True) -> Path:
+    def write(self, busy_share: float = 1.0, mode: WriteMode = "cached") -> Path:
         """Write the snapshot file (durable on return) and release the view, even on failure;
         ``busy_share``: the most of its time the writing thread works (``snapshot.Pacer``);
-        ``keep_cached`` False: its pages leave the page cache as they reach the disk
-        (``snapshot.write_frozen``).
+        ``mode``: how its bytes reach the disk (``snapshot.write_frozen``).
 
         Raises:
             OSError: the write failed (ENOSPC...); its temporary is deleted.
         """
         try:
-            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share), keep_cached)
+            self.path = write_frozen(self.directory, self.view, self.seq, Pacer(busy_share), mode)
         finally:
             self.view.release()
         return self.path

@@ -1,9 +1,9 @@
 """Snapshots: every row and the applied set at one log seq, checksummed, written atomically.
 
-Byte layout (little-endian; docs/storage.md has the full table). Format 2 (written since the row
-engine, issue 14 phase 2) holds the engine's arrays as they are, field-major:
+Byte layout (little-endian; docs/storage.md has the full table). Format 3 (written since Nov 29's
+direct snapshot writes) holds the engine's arrays as they are, field-major:
 
-    header (64 B): magic "GIAANNSN" | version u32 (2) | flags u32 (0) | last_seq u64 | rows R u64
+    header (64 B): magic "GIAANNSN" | version u32 (3) | flags u32 (0) | last_seq u64 | rows R u64
                    | entries N u64 | body_len u64 | body_xxh3 u64 | header_xxh3 u64 (first 56 B)
     body:          row_column u64[R] | row_feature u64[R] | offsets i64[R+1] | touches u64[R]
                    | target_column u64[N] | target_feature u64[N] | strength f32[N] | segment u8[N]
@@ -11,19 +11,29 @@ engine, issue 14 phase 2) holds the engine's arrays as they are, field-major:
                    | tracked T u64 | writer u64[T] | promised u64[T]
                    | batches B u64 | writer u64[B] | seq u64[B] | count u64[B] | columns u64[C]
 
-The last two sections (format 2) are the applied set's columns (applied_set.py, "Which columns"):
-the tracked training writers with their promised floors, and the columns applied under each batch
-id still in flight. A format-1 file has neither: it loads with no writer tracked.
+``body_xxh3`` of format 3 is the xxh3-64 of four digests (``combine_digests``): the xxh3-64 of
+each *part* of the body, cut where the target features, the strengths and the segments begin
+(``part_offsets``, from R and N). Why parts: the writer makes the four entry sections in one pass
+over the entries (each piece of the merged rows is made once, for all four fields) and appends
+each to its own part, so no section has to be read back to be hashed in file order, and the file
+can be written with ``O_DIRECT`` (snapshot_io.py). Format 2 is the same body under one xxh3-64 of
+all of it; it still loads.
+
+The last two sections (formats 2 and 3) are the applied set's columns (applied_set.py, "Which
+columns"): the tracked training writers with their promised floors, and the columns applied under
+each batch id still in flight. A format-1 file has neither: it loads with no writer tracked.
 
 Rows are in the engine's row-id order (keys unique, not sorted): row i is entries
 ``[offsets[i], offsets[i+1])`` of each field array, sorted by (segment, target column, target
 feature). Format 1 (before the row engine) has the same header and sections up to ``touches``, rows
 sorted by key, then the R row *regions* back to back (regions.py layout, 21 B per entry) in place
 of the four field arrays; it still loads, converted by four vectorised gathers
-(``regions.unpack_regions``), and the next snapshot is written as format 2.
+(``regions.unpack_regions``), and the next snapshot is written as format 3.
 
-Writing: ``.snapshot-<seq>.tmp`` is streamed from a frozen view (``ColumnStore.freeze``: no copy of
-the rows but their strengths) in chunks of about ``WRITE_CHUNK_BYTES``, the header patched in, then
+Writing: ``.snapshot-<seq>.tmp`` is written from a frozen view (``ColumnStore.freeze``: no copy of
+the rows but their strengths) in pieces of about ``WRITE_CHUNK_BYTES``, its four parts as four
+streams at their offsets, the header last; through the page cache (flushed every
+``SYNC_EVERY_BYTES``) or, for a timer's snapshot, around it (``O_DIRECT``: snapshot_io.py); then
 fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync: a crash at any
 point leaves either the old snapshot or the new one, never a half file under the final name. A
 write that fails (a full disk) deletes its temporary before raising, so a failed snapshot does not
@@ -43,20 +53,21 @@ streamed rather than held twice).
 
 from __future__ import annotations
 
+import errno
 import io
+import logging
 import os
 import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Literal
 
 import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
-from giaannd.madvise import PAGE as _PAGE
 from giaannd.model.rows import NUM_SEGMENTS, Row
 from giaannd.records import RecordError, RecordFormat
 from giaannd.rowengine.canon import entries_fault
@@ -66,15 +77,23 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, Frozen
 from giaannd.storage.engine.errors import CorruptSnapshotError
 from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import unpack_regions
+from giaannd.storage.engine.snapshot_io import CachedFile, DirectFile, PartStream, SnapshotFile, open_temporary
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "first_bad_row", "list_snapshots", "list_temporaries",
-           "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "WriteMode", "body_checksum", "direct_io_refused",
+           "first_bad_row",
+           "list_snapshots", "list_temporaries", "part_offsets", "read_snapshot", "remove_temporaries",
+           "snapshot_name", "write_frozen", "write_snapshot"]
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"GIAANNSN"
-#: Written: the engine's field arrays (module docstring). Format 1 (row regions) still loads.
-SNAPSHOT_FORMAT_VERSION = 2
+#: Written: the engine's field arrays, the body hashed in four parts (module docstring). Formats 1
+#: (row regions) and 2 (one body hash) still load.
+SNAPSHOT_FORMAT_VERSION = 3
 _REGIONS_FORMAT = 1
+#: The first format whose body checksum is over its parts (``part_offsets``, ``combine_digests``).
+_PARTS_FORMAT = 3
 #: The header (64 bytes; module docstring). No payload limit: the length must equal the file's size.
 SNAPSHOT_RECORD = RecordFormat(
     "snapshot", MAGIC,
@@ -88,16 +107,10 @@ _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
 #: cost vanishes, small enough that a piece's copy holding the GIL (a few hundred µs) does not stall
 #: the thread applying batches meanwhile.
 WRITE_CHUNK_BYTES = 1 << 20
-#: A snapshot being written is flushed to disk every this many bytes (``fdatasync`` in the writing
-#: thread) rather than only at its end. Why: the update log's group commit fsyncs every few ms,
-#: and on ext4 (data=ordered) a journal commit waits for the data of other files' blocks allocated
-#: in the same transaction, so a snapshot's gigabytes of dirty pages being written back made log
-#: fsyncs slow: p99 0.1 s during snapshots against 0.025 s without (tools.bench.scale --cluster).
-#: Bounded dirty data keeps that wait short; the snapshot is paced anyway (snapshot-busy-share).
-SYNC_EVERY_BYTES = 32 << 20
-#: With this many delta runs or more in the frozen view, the entry sections are written in one pass
-#: over the entries (``_write_fields``): their merge is made once, not once per field.
-ONE_PASS_MIN_DELTAS = 2
+#: How a snapshot's bytes reach the disk (``write_frozen``'s ``mode``; snapshot_io.py).
+WriteMode = Literal["cached", "dropped", "direct"]
+#: Directories whose file system refused ``O_DIRECT``: their snapshots are written "cached".
+_NO_DIRECT: set[Path] = set()
 #: The entry fields in file order (module docstring) and their dtypes.
 _FIELDS = (("tc", np.uint64), ("tf", np.uint64), ("st", np.float32), ("seg", np.uint8))
 #: Rows are checked at load (``verify_rows``) in runs of about this many entries: index arrays of
@@ -144,77 +157,43 @@ def remove_temporaries(directory: Path) -> tuple[int, int]:
 
 
 class _HashingWriter:
-    """Writes and hashes the body; every ``SYNC_EVERY_BYTES`` written it flushes the file to disk.
+    """One part of the body (``part_offsets``): appends its bytes in order to its stream of the
+    file (snapshot_io.py) and hashes them; ``n`` bytes so far."""
 
-    The body is hashed in file order. ``write`` appends (and hashes); ``write_at`` puts bytes
-    further on without hashing them (a section written out of order), and ``adopt`` then hashes
-    them by reading them back, in order, before the appends go on after them.
-
-    ``drop_cached``: once bytes are on disk and hashed, tell the kernel they will not be read soon
-    (``posix_fadvise(POSIX_FADV_DONTNEED)``), so their page-cache pages are freed and the next
-    writes reuse them (the update log does the same: update_log.py ``drop_synced``)."""
-
-    def __init__(self, f: BinaryIO, drop_cached: bool = False) -> None:
-        self.f, self.h, self.n = f, xxhash.xxh3_64(), 0
-        self._written = self._synced = 0
-        self._buf: memoryview | None = None
-        self.drop_cached = drop_cached and hasattr(os, "posix_fadvise")
-        self._dropped = 0  # file bytes before this (page-aligned) were dropped from the page cache
+    def __init__(self, stream: PartStream) -> None:
+        self.stream, self.h, self.n = stream, xxhash.xxh3_64(), 0
 
     def write(self, buf: memoryview | bytes) -> None:
-        self.h.update(buf)
-        self.f.write(buf)
-        self.n += len(buf)
-        self._wrote(len(buf))
+        view = memoryview(buf)
+        self.h.update(view)
+        self.stream.write(view)
+        self.n += len(view)
 
     def array(self, values: NDArray[np.generic]) -> None:
         self.write(_bytes_of(values))
 
-    def write_at(self, body_offset: int, values: NDArray[np.generic]) -> None:
-        """Put ``values`` at ``body_offset`` of the body (past what ``write`` appended so far)."""
-        buf = _bytes_of(values)
-        self.f.flush()
-        fd, at, done = self.f.fileno(), HEADER_BYTES + body_offset, 0
-        while done < len(buf):
-            done += os.pwrite(fd, buf[done:], at + done)
-        self._wrote(len(buf))
 
-    def adopt(self, nbytes: int) -> None:
-        """The next ``nbytes`` of the body were put by ``write_at``: hash them (read back from the
-        file, in pieces of ``WRITE_CHUNK_BYTES``) and append after them."""
-        self.f.flush()
-        if self._buf is None:
-            self._buf = memoryview(bytearray(WRITE_CHUNK_BYTES))
-        fd, at, end = self.f.fileno(), HEADER_BYTES + self.n, HEADER_BYTES + self.n + nbytes
-        if self.drop_cached:
-            os.fdatasync(fd)  # all of it on disk, so each piece can leave the cache once hashed
-            self._synced = self._written
-        while at < end:
-            got = os.preadv(fd, [self._buf[: min(WRITE_CHUNK_BYTES, end - at)]], at)
-            if got <= 0:
-                raise OSError(f"snapshot temporary shorter than written: {at} of {end} bytes")
-            self.h.update(self._buf[:got])
-            at += got
-            self.drop(at)
-        self.n += nbytes
-        self.f.seek(end)
+def part_offsets(rows: int, entries: int) -> tuple[int, int, int]:
+    """Body offsets where parts 1, 2 and 3 begin (format 3): the target features, the strengths and
+    the segments (the last part runs to the end, the applied set included); part 0 is everything
+    before, the row arrays and the target columns."""
+    features = 8 * (4 * rows + 1) + 8 * entries
+    return features, features + 8 * entries, features + 12 * entries
 
-    def drop(self, upto: int) -> None:
-        """With ``drop_cached``: the file's bytes before ``upto`` (whole pages), on disk and hashed,
-        leave the page cache."""
-        upto -= upto % _PAGE
-        if self.drop_cached and upto > self._dropped:
-            os.posix_fadvise(self.f.fileno(), self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
-            self._dropped = upto
 
-    def _wrote(self, nbytes: int) -> None:
-        self._written += nbytes
-        if self._written - self._synced >= SYNC_EVERY_BYTES:
-            self.f.flush()
-            os.fdatasync(self.f.fileno())
-            self._synced = self._written
-            # (the appended bytes are hashed as written: those before a section put out of order)
-            self.drop(HEADER_BYTES + self.n)
+def combine_digests(digests: list[int]) -> int:
+    """Format 3's body checksum: the xxh3-64 of the parts' xxh3-64 digests (u64 little-endian, in
+    file order)."""
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(digests)}Q", *digests))
+
+
+def body_checksum(body: bytes | memoryview, rows: int, entries: int, version: int = SNAPSHOT_FORMAT_VERSION) -> int:
+    """The header's body checksum of ``body`` (formats 1 and 2: the xxh3-64 of the body; 3: of its
+    parts, ``combine_digests``). For tools and tests that build or reseal a file."""
+    if version < _PARTS_FORMAT:
+        return xxhash.xxh3_64_intdigest(body)
+    cuts = [0, *part_offsets(rows, entries), len(body)]
+    return combine_digests([xxhash.xxh3_64_intdigest(body[a:b]) for a, b in zip(cuts, cuts[1:])])
 
 
 def _bytes_of(values: NDArray[np.generic]) -> memoryview:
@@ -263,24 +242,42 @@ class Pacer:
         self._since = self._clock()
 
 
+def direct_io_refused(directory: Path) -> bool:
+    """Whether ``directory``'s file system refused a direct snapshot write (``write_frozen``): its
+    snapshots are then written through the page cache."""
+    return directory in _NO_DIRECT
+
+
 def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer | None = None,
-                 keep_cached: bool = True) -> Path:
+                 mode: WriteMode = "cached") -> Path:
     """Write a frozen view (``ColumnStore.freeze``) as the snapshot at ``last_seq``; meant for a
     worker thread while applies go on, paced by ``pacer`` (None: never rests). Returns the final
     path (durable on return).
 
-    ``keep_cached`` False: the file's pages leave the page cache as they reach the disk
-    (``_HashingWriter``'s ``drop_cached``): a timer's snapshot is read only after a crash, and
-    otherwise each snapshot grows the page cache by its size (``storage.snapshot-drop-cache``, off
-    by default: no CPU saved where memory is to spare, docs/storage.md). A stop's final snapshot
-    keeps them: the next start maps it.
+    ``mode``, how the bytes reach the disk (snapshot_io.py): "cached" through the page cache (a
+    stop's final snapshot: the next start maps it from there); "dropped" the same, its pages
+    leaving the cache once on disk (``storage.snapshot-drop-cache``); "direct" around the cache
+    with ``O_DIRECT`` (a timer's snapshot, ``storage.snapshot-direct-io``: read only after a
+    crash, and a fifth of the kernel CPU). Where the file system refuses direct I/O the write is
+    made "cached" instead, and so are that directory's later ones (a warning, once).
 
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
+    pause = (pacer or Pacer(1.0)).pause
+    if mode == "direct" and directory in _NO_DIRECT:
+        mode = "cached"
     try:
-        _write_temporary(tmp, view, last_seq, (pacer or Pacer(1.0)).pause, keep_cached)
+        try:
+            _write_temporary(tmp, view, last_seq, pause, mode)
+        except OSError as exc:
+            if mode != "direct" or exc.errno != errno.EINVAL:
+                raise
+            _NO_DIRECT.add(directory)
+            log.warning("direct I/O refused in %s (%s): its snapshots are written through the page cache",
+                        directory, exc)
+            _write_temporary(tmp, view, last_seq, pause, "cached")
         final = directory / snapshot_name(last_seq)
         os.replace(tmp, final)
     except BaseException:
@@ -290,82 +287,88 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     return final
 
 
-def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None],
-                     keep_cached: bool = True) -> None:
+def _write_temporary(tmp: Path, view: FrozenRows, last_seq: int, pause: Callable[[], None], mode: WriteMode) -> None:
     frozen = view.engine
     if frozen is None:
         raise ValueError("write of a released frozen view")
     offsets = frozen.offsets()
-    with open(tmp, "w+b") as f:  # (read too: _HashingWriter.adopt)
-        f.write(bytes(HEADER_BYTES))
-        w = _HashingWriter(f, drop_cached=not keep_cached)
-        w.array(frozen.a)
-        w.array(frozen.b)
-        w.array(offsets)
-        w.array(view.touches)
+    rows, entries = frozen.num_rows, int(offsets[-1])
+    cuts = part_offsets(rows, entries)
+    fd = open_temporary(tmp, mode == "direct")
+    try:
+        out: SnapshotFile = DirectFile(fd) if mode == "direct" else CachedFile(fd, drop=mode == "dropped")
+        parts = [_HashingWriter(out.stream(HEADER_BYTES + at)) for at in (0, *cuts)]
+        head, tail = parts[0], parts[-1]
+        head.array(frozen.a)
+        head.array(frozen.b)
+        head.array(offsets)
+        head.array(view.touches)
         pause()
-        _write_fields(w, frozen, pause)
+        _write_fields(parts, frozen, pause)
         writers, floors, counts, exceptions = view.applied
-        w.write(struct.pack("<Q", writers.shape[0]))
+        tail.write(struct.pack("<Q", writers.shape[0]))
         for arr in (writers, floors, counts, exceptions):
-            w.array(arr)
+            tail.array(arr)
         tracked, promised, bw, bs, bc, cols_applied = view.applied_columns
-        w.write(struct.pack("<Q", tracked.shape[0]))
-        w.array(tracked)
-        w.array(promised)
-        w.write(struct.pack("<Q", bw.shape[0]))
+        tail.write(struct.pack("<Q", tracked.shape[0]))
+        tail.array(tracked)
+        tail.array(promised)
+        tail.write(struct.pack("<Q", bw.shape[0]))
         for arr in (bw, bs, bc, cols_applied):
-            w.array(arr)
-        header = SNAPSHOT_RECORD.pack_header(version=SNAPSHOT_FORMAT_VERSION, payload_bytes=w.n,
-                                             payload_xxh3=w.h.intdigest(), last_seq=last_seq,
-                                             rows=frozen.num_rows, entries=int(offsets[-1]))
-        f.seek(0)
-        f.write(header)
-        f.flush()
-        os.fsync(f.fileno())
-        if w.drop_cached:  # the whole file (the header's page was written again just now)
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            tail.array(arr)
+        for part in parts:
+            part.stream.close()
+        ends = [sum(p.n for p in parts[: k + 1]) for k in range(len(parts) - 1)]
+        if tuple(ends) != cuts:  # the frozen view's own counts disagree: a bug
+            raise RuntimeError(f"snapshot parts end at body offsets {ends}, {list(cuts)} due")
+        body = cuts[-1] + tail.n
+        header = SNAPSHOT_RECORD.pack_header(version=SNAPSHOT_FORMAT_VERSION, payload_bytes=body,
+                                             payload_xxh3=combine_digests([p.h.intdigest() for p in parts]),
+                                             last_seq=last_seq, rows=rows, entries=entries)
+        out.finish(header, HEADER_BYTES + body)
+    finally:
+        os.close(fd)
 
 
-def _write_fields(w: _HashingWriter, frozen: FrozenEngine, pause: Callable[[], None]) -> None:
-    """The four entry sections. With at most one delta run, one section after another, each from
-    its own pieces (a piece is a slice of the base, or one merge of it with the delta's entries
-    there). With several, the delta runs' entries of a piece would be merged again for every field
-    (3/4 of a snapshot's CPU, measured): the pieces are made once, all four fields together, the
-    first section appended and the other three put at their offsets, then hashed in order."""
-    if len(frozen.deltas) < ONE_PASS_MIN_DELTAS:
-        for name, dtype in _FIELDS:
-            for (piece,) in frozen.entry_chunks((name,), WRITE_CHUNK_BYTES // np.dtype(dtype).itemsize):
-                w.array(piece)
-                pause()
-        return
-    n = frozen.num_entries
-    sizes = [n * np.dtype(dtype).itemsize for _, dtype in _FIELDS]
-    start = [w.n]
-    for size in sizes[:-1]:
-        start.append(start[-1] + size)  # each section's body offset
-    at = start.copy()
+def _write_fields(parts: list[_HashingWriter], frozen: FrozenEngine, pause: Callable[[], None]) -> None:
+    """The four entry sections, in one pass over the entries: each piece (a slice of the base, or
+    one merge of it with the delta runs' entries there, made once for the four fields) appended
+    to the end of part 0 (target columns) and to parts 1-3, whose streams begin at their
+    sections' offsets."""
     widest = max(np.dtype(dtype).itemsize for _, dtype in _FIELDS)
     for pieces in frozen.entry_chunks([name for name, _ in _FIELDS], WRITE_CHUNK_BYTES // widest):
-        w.array(pieces[0])
-        at[0] += pieces[0].nbytes
-        for k in range(1, len(pieces)):
-            w.write_at(at[k], pieces[k])
-            at[k] += pieces[k].nbytes
+        for part, piece in zip(parts, pieces):
+            part.array(piece)
         pause()
-    if [a - b for a, b in zip(at, start)] != sizes:  # the frozen view's own count disagrees: a bug
-        raise RuntimeError(f"snapshot entry sections of {[a - b for a, b in zip(at, start)]} bytes, {sizes} due")
-    w.adopt(sum(sizes[1:]))
 
 
 class _Reader:
     """Reads the body sequentially, hashing as it goes, with offsets for error messages; from the
-    file, or from its mapping (``mapping``: snapshot_map.py) when given."""
+    file, or from its mapping (``mapping``: snapshot_map.py) when given. ``cuts``: body offsets
+    where a new part's hash begins (format 3: ``part_offsets``); ``digest()`` is the body's
+    checksum as its header states it."""
 
-    def __init__(self, f: io.BufferedReader, path: Path, end: int, mapping: SnapshotMapping | None = None) -> None:
+    def __init__(self, f: io.BufferedReader, path: Path, end: int, mapping: SnapshotMapping | None = None,
+                 cuts: tuple[int, ...] = ()) -> None:
         self.f, self.path, self.end, self.mapping = f, path, end, mapping
         self.pos = HEADER_BYTES
         self.h = xxhash.xxh3_64()
+        self._cuts = [HEADER_BYTES + at for at in cuts]
+        self._parts: list[int] | None = [] if cuts else None
+
+    def _hash(self, data: memoryview) -> None:
+        while self._cuts and self.pos >= self._cuts[0]:  # (sections start at cuts: none spans one)
+            assert self._parts is not None
+            self._parts.append(self.h.intdigest())
+            self.h = xxhash.xxh3_64()
+            del self._cuts[0]
+        self.h.update(data)
+
+    def digest(self) -> int:
+        if self._parts is None:
+            return self.h.intdigest()
+        self._hash(memoryview(b""))  # (cuts at the very end: empty parts)
+        return combine_digests([*self._parts, self.h.intdigest()])
 
     def fail(self, reason: str, at: int | None = None) -> CorruptSnapshotError:
         return CorruptSnapshotError(str(self.path), self.pos if at is None else at, reason)
@@ -378,7 +381,7 @@ class _Reader:
             raise self.fail(f"section of {nbytes} bytes runs past the end of the body")
         if self.mapping is not None:
             src = self.mapping.view(dtype, count, self.pos)
-            self.h.update(src.view(np.uint8).data)
+            self._hash(src.view(np.uint8).data)
             self.pos += nbytes
             if view:
                 return src
@@ -390,7 +393,7 @@ class _Reader:
             data = out.view(np.uint8).data
             if self.f.readinto(data) != nbytes:
                 raise self.fail("file shorter than its header says")
-            self.h.update(data)
+            self._hash(data)
             self.pos += nbytes
         allow_huge_pages(buf)
         return out
@@ -440,7 +443,8 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
         if head.fields["flags"] != 0:
             raise CorruptSnapshotError(str(path), 12, f"unsupported snapshot flags {head.fields['flags']}")
         last_seq, r, n = head.fields["last_seq"], head.fields["rows"], head.fields["entries"]
-        rd = _Reader(f, path, size, mapping)
+        cuts = part_offsets(r, n) if head.version >= _PARTS_FORMAT else ()
+        rd = _Reader(f, path, size, mapping, cuts)
         rc, rf = rd.array(np.uint64, r), rd.array(np.uint64, r)
         off_at = rd.pos
         offsets = rd.array(np.int64, r + 1, view=True)
@@ -471,7 +475,7 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
         if rd.pos != size:
             raise rd.fail("trailing bytes after the applied set")
         try:
-            SNAPSHOT_RECORD.check_payload(head, rd.h.intdigest())
+            SNAPSHOT_RECORD.check_payload(head, rd.digest())
         except RecordError:
             raise CorruptSnapshotError(str(path), HEADER_BYTES, "body checksum mismatch") from None
         # The bytes are the ones written; now check that what was written is well formed.

@@ -43,6 +43,7 @@ from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap, usable_cpus
 from giaannd.storage.engine.register_store import RegisterStore
+from giaannd.storage.engine.snapshot import WriteMode
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -466,8 +467,9 @@ class StorageService:
                     if not beginning.cancelled() and beginning.exception() is None:
                         beginning.result().view.release()
                     raise
-            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share,
-                                           not self.settings.snapshot_drop_cache)
+            mode: WriteMode = ("direct" if self.settings.snapshot_direct_io
+                               else "dropped" if self.settings.snapshot_drop_cache else "cached")
+            writing = loop.run_in_executor(None, job.write, self.settings.snapshot_busy_share, mode)
             try:
                 await thread_result(writing)
             except asyncio.CancelledError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +59,24 @@ def cached_pages(path: Path) -> tuple[int, int]:
         return sum(v & 1 for v in vec), pages
     finally:
         mm.close()
+
+
+def direct_io_supported(directory: Path) -> bool:
+    """Whether ``directory``'s file system takes an ``O_DIRECT`` write of one aligned block (tmpfs
+    on older kernels and some others refuse it with EINVAL)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = directory / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    try:
+        with mmap.mmap(-1, 4096) as block:
+            os.pwrite(fd, memoryview(block), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()

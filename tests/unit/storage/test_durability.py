@@ -228,7 +228,7 @@ def test_snapshot_row_check_catches_unsorted_row(tmp_path: Path) -> None:
 
     import xxhash
 
-    from giaannd.storage.engine.snapshot import HEADER_BYTES
+    from giaannd.storage.engine.snapshot import HEADER_BYTES, body_checksum
 
     ds = DurableStore.open(tmp_path, BIG)
     ds.apply(BatchId(1, 1), random_batch(np.random.default_rng(11)))
@@ -242,7 +242,7 @@ def test_snapshot_row_check_catches_unsorted_row(tmp_path: Path) -> None:
     a, b = data[regions_at : regions_at + 8], data[regions_at + 8 : regions_at + 16]
     data[regions_at : regions_at + 8], data[regions_at + 8 : regions_at + 16] = b, a
     assert n0 >= 2 and a != b
-    struct.pack_into("<Q", data, 48, xxhash.xxh3_64_intdigest(bytes(data[HEADER_BYTES:])))
+    struct.pack_into("<Q", data, 48, body_checksum(bytes(data[HEADER_BYTES:]), *struct.unpack_from("<QQ", data, 24)))
     struct.pack_into("<Q", data, 56, xxhash.xxh3_64_intdigest(bytes(data[:56])))
     snap.write_bytes(bytes(data))
     with pytest.raises(CorruptSnapshotError, match="row 0: entries not sorted"):

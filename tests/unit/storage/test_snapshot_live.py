@@ -25,18 +25,21 @@ import giaannd.storage.engine.snapshot as snapshot_module
 from giaannd.model.rows import Row, RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, CorruptSnapshotError, DurableStore
+from giaannd.storage.engine import snapshot_io
 from giaannd.storage.engine.regions import pack_regions
 from giaannd.storage.engine.snapshot import (
     HEADER_BYTES,
     SNAPSHOT_RECORD,
+    body_checksum,
     list_temporaries,
+    part_offsets,
     read_snapshot,
     write_snapshot,
 )
 from giaannd.storage.engine.update_log import list_segments, scan_segment
 from tools.bench.snapshot import realistic_batch
 
-from ._gen import cached_pages, random_batch, same_state
+from ._gen import cached_pages, direct_io_supported, random_batch, same_state
 
 BIG = 1 << 40
 REPO = Path(__file__).resolve().parents[3]
@@ -151,7 +154,7 @@ def test_snapshot_is_flushed_to_disk_as_it_is_written(tmp_path: Path, monkeypatc
     (tmp_path / "a").mkdir()
     write_snapshot(tmp_path / "a", store, 6)
     assert synced == []  # a body under SYNC_EVERY_BYTES: only the final fsync
-    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
+    monkeypatch.setattr(snapshot_io, "SYNC_EVERY_BYTES", 4096)
     path = write_snapshot(tmp_path, store, 6)
     assert path.stat().st_size - HEADER_BYTES > 8 * 4096 and len(synced) >= 3  # a sync per write past 4 KiB
     snap, seq = read_snapshot(path, BIG)
@@ -304,7 +307,7 @@ def _corrupt(path: Path, row: int, field: str) -> tuple[bytes, int]:
             at = base + start + size * o
             a, b = data[at : at + size], data[at + size : at + 2 * size]
             data[at : at + size], data[at + size : at + 2 * size] = b, a
-    struct.pack_into("<Q", data, 48, xxhash.xxh3_64_intdigest(bytes(data[HEADER_BYTES:])))
+    struct.pack_into("<Q", data, 48, body_checksum(bytes(data[HEADER_BYTES:]), *struct.unpack_from("<QQ", data, 24)))
     struct.pack_into("<Q", data, 56, xxhash.xxh3_64_intdigest(bytes(data[:56])))
     return bytes(data), base + 8 * o
 
@@ -418,73 +421,225 @@ def _frozen_with_delta_runs(tmp_path: Path) -> tuple[ColumnStore, object, object
         store.apply(BatchId(2, i + 1), random_batch(rng, 12))
         older = older or store.freeze()
     view = store.freeze()
-    assert view.engine is not None and len(view.engine.deltas) >= snapshot_module.ONE_PASS_MIN_DELTAS
+    assert view.engine is not None and len(view.engine.deltas) >= 2
     return store, view, older
 
 
-def test_snapshot_of_several_delta_runs_in_one_pass_is_the_same_file(tmp_path: Path, monkeypatch) -> None:
-    """With several delta runs the entry sections are written in one pass (three put at their
-    offsets, hashed by reading them back): the file is byte for byte the one written section
-    after section, and it loads as the store (fdatasyncs on the way, 4 KiB apart)."""
+def _expected_file(view, seq: int) -> bytes:
+    """The format-3 file of a frozen view, built in one piece with plain numpy and xxhash: the
+    reference of the streamed writers (their pieces, parts and blocks)."""
+    frozen = view.engine
+    offsets = frozen.offsets()
+    pieces = list(frozen.entry_chunks(["tc", "tf", "st", "seg"], 1 << 40))  # one piece: one merge
+    empty = (np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32), np.empty(0, np.uint8))
+    tc, tf, st, seg = pieces[0] if pieces else empty
+    writers, floors, counts, exceptions = view.applied
+    tracked, promised, bw, bs, bc, cols = view.applied_columns
+    u64 = lambda k: np.array([k], np.uint64)  # noqa: E731
+    sections = [frozen.a, frozen.b, offsets, view.touches, tc, tf, st, seg,
+                u64(writers.shape[0]), writers, floors, counts, exceptions,
+                u64(tracked.shape[0]), tracked, promised, u64(bw.shape[0]), bw, bs, bc, cols]
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in sections)
+    r, n = frozen.num_rows, int(offsets[-1])
+    cut = HEADER_BYTES + 8 * (4 * r + 1) + 8 * n  # parts: ... tc | tf | st | seg + the rest
+    whole = bytes(HEADER_BYTES) + body
+    bounds = [HEADER_BYTES, cut, cut + 8 * n, cut + 12 * n, len(whole)]
+    digests = [xxhash.xxh3_64_intdigest(whole[a:b]) for a, b in zip(bounds, bounds[1:])]
+    header = SNAPSHOT_RECORD.pack_header(version=3, payload_bytes=len(body), last_seq=seq, rows=r, entries=n,
+                                         payload_xxh3=xxhash.xxh3_64_intdigest(struct.pack("<4Q", *digests)))
+    return header + body
+
+
+class _AlignedWrites:
+    """``os.pwrite`` that records (offset, length, buffer address) and checks direct I/O's rules."""
+
+    def __init__(self) -> None:
+        self.real, self.calls = os.pwrite, []
+
+    def __call__(self, fd, data, offset):
+        view = memoryview(data)
+        address = np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
+        self.calls.append((offset, len(view), address))
+        block = snapshot_io.DIRECT_BLOCK
+        assert offset % block == 0 and len(view) % block == 0 and address % block == 0, (offset, len(view))
+        return self.real(fd, data, offset)
+
+
+def _plain_open(path, direct):  # the direct writer's blocks on any file system (no O_DIRECT flag)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+
+@pytest.mark.parametrize("stage", [4096, 8192, 3 * 4096, 1 << 20])
+@pytest.mark.parametrize("chunk", [24, 256, 1 << 20])
+def test_every_writer_writes_the_reference_file(tmp_path: Path, monkeypatch, stage: int, chunk: int) -> None:
+    """The cached, dropped and direct writers, with the entries cut in many pieces and staged in
+    many blocks, write byte for byte the file built in one piece; the direct one in whole aligned
+    blocks from aligned buffers only, each block once; and the file loads as the store."""
     store, view, older = _frozen_with_delta_runs(tmp_path)
-    (tmp_path / "one").mkdir()
-    (tmp_path / "each").mkdir()
-    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
-    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 256)  # many pieces, reads back in many
-    one = snapshot_module.write_frozen(tmp_path / "one", view, 7)
-    monkeypatch.setattr(snapshot_module, "ONE_PASS_MIN_DELTAS", 1 << 30)
-    each = snapshot_module.write_frozen(tmp_path / "each", view, 7)
-    assert one.read_bytes() == each.read_bytes()
-    snap, seq = read_snapshot(one, BIG)
-    assert seq == 7 and same_state(snap, store)
+    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(snapshot_io, "DIRECT_STAGE_BYTES", stage)
+    monkeypatch.setattr(snapshot_io, "SYNC_EVERY_BYTES", 4096)
+    want = _expected_file(view, 7)
+    for mode in ("cached", "dropped", "direct"):
+        (tmp_path / mode).mkdir()
+        if mode == "direct":
+            aligned = _AlignedWrites()
+            monkeypatch.setattr(snapshot_module, "open_temporary", _plain_open)
+            monkeypatch.setattr(os, "pwrite", aligned)
+        path = snapshot_module.write_frozen(tmp_path / mode, view, 7, mode=mode)
+        monkeypatch.setattr(os, "pwrite", _AlignedWrites().real)
+        assert path.read_bytes() == want, mode
+        if mode == "direct":
+            blocks = [o // 4096 + k for o, size, _ in aligned.calls for k in range(size // 4096)]
+            assert sorted(blocks) == list(range(-(-len(want) // 4096)))  # every block once, none twice
+        snap, seq = read_snapshot(path, BIG)
+        assert seq == 7 and same_state(snap, store)
     view.release()
     older.release()
 
 
+@pytest.mark.parametrize("rows", [0, 1, 3, 200])
+def test_direct_writer_small_and_empty_stores(tmp_path: Path, monkeypatch, rows: int) -> None:
+    """Files smaller than a block, parts that begin and end inside one block, empty parts."""
+    store = ColumnStore(BIG)
+    if rows:
+        store.apply(BatchId(1, 1), random_batch(np.random.default_rng(rows), rows))
+    monkeypatch.setattr(snapshot_module, "open_temporary", _plain_open)
+    monkeypatch.setattr(os, "pwrite", _AlignedWrites())
+    view = store.freeze()
+    try:
+        path = snapshot_module.write_frozen(tmp_path, view, 3, mode="direct")
+        monkeypatch.undo()
+        assert path.read_bytes() == _expected_file(view, 3)
+    finally:
+        view.release()
+    snap, seq = read_snapshot(path, BIG)
+    assert seq == 3 and same_state(snap, store)
+
+
 def test_snapshot_one_pass_disk_full_deletes_its_temporary(tmp_path: Path, monkeypatch) -> None:
     store, view, older = _frozen_with_delta_runs(tmp_path)
-    real, calls = os.pwrite, 0
+    for mode in ("cached", "direct"):
+        real, calls = os.pwrite, 0
 
-    def fills_up(fd, data, offset):  # the disk fills part-way through the sections put at offsets
-        nonlocal calls
-        calls += 1
-        if calls > 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
+        def fills_up(fd, data, offset):  # the disk fills part-way through the parts' writes
+            nonlocal calls
+            calls += 1
+            if calls > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, offset)
 
-    monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 256)
-    monkeypatch.setattr(os, "pwrite", fills_up)
-    with pytest.raises(OSError, match="No space"):
-        snapshot_module.write_frozen(tmp_path, view, 7)
-    monkeypatch.undo()
-    assert calls > 2 and not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
-    path = snapshot_module.write_frozen(tmp_path, view, 7)  # and a later attempt works
+        monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 256)
+        monkeypatch.setattr(snapshot_io, "DIRECT_STAGE_BYTES", 4096)
+        monkeypatch.setattr(snapshot_module, "open_temporary", _plain_open)
+        monkeypatch.setattr(os, "pwrite", fills_up)
+        with pytest.raises(OSError, match="No space"):
+            snapshot_module.write_frozen(tmp_path, view, 7, mode=mode)
+        monkeypatch.undo()
+        assert calls > 2 and not list_temporaries(tmp_path) and not list(tmp_path.glob("snapshot-*"))
+    path = snapshot_module.write_frozen(tmp_path, view, 7, mode="direct")  # and a later attempt works
     assert same_state(read_snapshot(path, BIG)[0], store)
     view.release()
     older.release()
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="Linux page cache")
-@pytest.mark.parametrize("one_pass", [False, True])
-def test_a_timers_snapshot_leaves_the_page_cache(tmp_path: Path, monkeypatch, one_pass: bool) -> None:
-    """``keep_cached=False`` (a timer's snapshot, ``storage.snapshot-drop-cache``): the file's
-    pages leave the page cache once on disk and checksummed, in both writers (section by section,
-    and one pass with sections put at offsets and read back); the bytes are the kept file's."""
+def test_direct_io_refused_falls_back_to_the_page_cache_once_per_directory(tmp_path: Path, monkeypatch,
+                                                                          caplog) -> None:
+    """A file system that refuses O_DIRECT (EINVAL at the open or at a write): the snapshot is
+    written through the page cache, the same bytes, with one warning; the directory's later
+    snapshots do not try again."""
     store, view, older = _frozen_with_delta_runs(tmp_path)
-    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 4096)
+    monkeypatch.setattr(snapshot_module, "_NO_DIRECT", set())
+    want = _expected_file(view, 7)
+    opened: list[bool] = []
+    real_open = snapshot_module.open_temporary
+
+    def refuses(path, direct):
+        opened.append(direct)
+        if direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, direct)
+
+    monkeypatch.setattr(snapshot_module, "open_temporary", refuses)
+    with caplog.at_level("WARNING", logger=snapshot_module.__name__):
+        first = snapshot_module.write_frozen(tmp_path, view, 7, mode="direct")
+        assert first.read_bytes() == want
+        second = snapshot_module.write_frozen(tmp_path, view, 7, mode="direct")
+    assert opened == [True, False, False] and second.read_bytes() == want
+    assert [r.getMessage() for r in caplog.records].count(
+        f"direct I/O refused in {tmp_path} ([Errno 22] Invalid argument): its snapshots are written through "
+        "the page cache") == 1
+    # a refusal at the first write (the open succeeded) is the same
+    (tmp_path / "w").mkdir()
+    monkeypatch.setattr(snapshot_module, "open_temporary", _plain_open)
+    real_pwrite = os.pwrite
+
+    def einval_once(fd, data, offset):
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "pwrite", einval_once)
+    assert snapshot_module.write_frozen(tmp_path / "w", view, 7, mode="direct").read_bytes() == want
+    assert (tmp_path / "w") in snapshot_module._NO_DIRECT and not list_temporaries(tmp_path / "w")
+    view.release()
+    older.release()
+
+
+def test_format_2_still_loads_and_each_part_is_checked(tmp_path: Path) -> None:
+    """A format-2 file (the same body under one xxh3 of all of it, as written before format 3)
+    loads as the store; in format 3 a byte changed in any of the four parts fails the checksum."""
+    store, view, older = _frozen_with_delta_runs(tmp_path)
+    path = snapshot_module.write_frozen(tmp_path, view, 7)
+    view.release()
+    older.release()
+    data = bytearray(path.read_bytes())
+    r, n = struct.unpack_from("<QQ", data, 24)
+    v2 = bytearray(data)
+    struct.pack_into("<I", v2, 8, 2)
+    struct.pack_into("<Q", v2, 48, xxhash.xxh3_64_intdigest(bytes(v2[HEADER_BYTES:])))
+    struct.pack_into("<Q", v2, 56, xxhash.xxh3_64_intdigest(bytes(v2[:56])))
+    old = tmp_path / "v2.snap"
+    old.write_bytes(bytes(v2))
+    snap, seq = read_snapshot(old, BIG)
+    assert seq == 7 and same_state(snap, store)
+    cuts = part_offsets(r, n)
+    for at in (0, *cuts, cuts[-1] + n - 1):  # the first byte of each part, the last segment
+        bad = bytearray(data)
+        bad[HEADER_BYTES + at] ^= 0x40
+        path.write_bytes(bytes(bad))
+        with pytest.raises(CorruptSnapshotError, match="body checksum mismatch"):
+            read_snapshot(path, BIG, verify_rows=False)
+    v2_read_as_3 = bytearray(v2)  # the one-hash checksum under version 3: refused
+    struct.pack_into("<I", v2_read_as_3, 8, 3)
+    struct.pack_into("<Q", v2_read_as_3, 56, xxhash.xxh3_64_intdigest(bytes(v2_read_as_3[:56])))
+    path.write_bytes(bytes(v2_read_as_3))
+    with pytest.raises(CorruptSnapshotError, match="body checksum mismatch"):
+        read_snapshot(path, BIG)
+    assert body_checksum(bytes(data[HEADER_BYTES:]), r, n) == struct.unpack_from("<Q", data, 48)[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="Linux page cache")
+@pytest.mark.parametrize("mode", ["dropped", "direct"])
+def test_a_timers_snapshot_leaves_the_page_cache(tmp_path: Path, monkeypatch, mode: str) -> None:
+    """A timer's snapshot ("dropped": ``storage.snapshot-drop-cache``; "direct":
+    ``storage.snapshot-direct-io``) leaves no page of its file in the page cache, where the kept
+    one (a stop's) stays; the bytes are the kept file's."""
+    if mode == "direct" and not direct_io_supported(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    store, view, older = _frozen_with_delta_runs(tmp_path)
+    monkeypatch.setattr(snapshot_io, "SYNC_EVERY_BYTES", 4096)
     monkeypatch.setattr(snapshot_module, "WRITE_CHUNK_BYTES", 1024)
-    if not one_pass:
-        monkeypatch.setattr(snapshot_module, "ONE_PASS_MIN_DELTAS", 1 << 30)
     (tmp_path / "kept").mkdir()
-    (tmp_path / "dropped").mkdir()
+    (tmp_path / mode).mkdir()
     kept = snapshot_module.write_frozen(tmp_path / "kept", view, 7)
-    dropped = snapshot_module.write_frozen(tmp_path / "dropped", view, 7, keep_cached=False)
+    timer = snapshot_module.write_frozen(tmp_path / mode, view, 7, mode=mode)
     cached_kept, pages = cached_pages(kept)
     if cached_kept < pages // 2:
         pytest.skip("this filesystem does not keep written pages cached")
-    cached_dropped, _ = cached_pages(dropped)
-    assert pages > 8 and cached_dropped == 0
-    assert dropped.read_bytes() == kept.read_bytes()
-    assert same_state(read_snapshot(dropped, BIG)[0], store)
+    cached_timer, _ = cached_pages(timer)
+    assert pages > 8 and cached_timer == 0
+    assert (tmp_path / mode) not in snapshot_module._NO_DIRECT
+    assert timer.read_bytes() == kept.read_bytes()
+    assert same_state(read_snapshot(timer, BIG)[0], store)
     view.release()
     older.release()

@@ -15,7 +15,7 @@ import xxhash
 from giaannd.protocol import BatchId
 from giaannd.storage import CorruptSnapshotError, DurableStore
 from giaannd.storage.engine.disk_usage import disk_usage
-from giaannd.storage.engine.snapshot import HEADER_BYTES, read_snapshot
+from giaannd.storage.engine.snapshot import HEADER_BYTES, body_checksum, read_snapshot
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
 
 from ._gen import random_batch, same_state
@@ -196,7 +196,8 @@ def _corrupt_cases(data: bytes) -> dict[str, bytes]:
     for width, start in ((8, entries_at), (8, entries_at + 8 * n), (4, entries_at + 16 * n), (1, entries_at + 20 * n)):
         i, j = start + width * e, start + width * (e + 1)
         unsorted[i : i + width], unsorted[j : j + width] = data[j : j + width], data[i : i + width]
-    struct.pack_into("<Q", unsorted, 48, xxhash.xxh3_64_intdigest(bytes(unsorted[HEADER_BYTES:])))
+    rows_entries = struct.unpack_from("<QQ", unsorted, 24)
+    struct.pack_into("<Q", unsorted, 48, body_checksum(bytes(unsorted[HEADER_BYTES:]), *rows_entries))
     struct.pack_into("<Q", unsorted, 56, xxhash.xxh3_64_intdigest(bytes(unsorted[:56])))
     out["unsorted row"] = bytes(unsorted)
     return out
