@@ -20,8 +20,9 @@ Operations (each vectorised or compiled over every row and entry involved; input
 but for the engine's own merges, which consume one of them, below):
 
 - :func:`merge_deltas`: two key-disjoint delta runs as one (the newer run's entries are located in
-  the older one by base position first, :func:`find_in_gaps`, then by key inside that gap; a newer
-  run whose rows all come after the older's is a concatenation).
+  the older one by one compiled walk over both runs' row indexes, galloping by key inside the rows
+  both hold, :func:`insertion_points`; a newer run whose rows all come after the older's is a
+  concatenation).
 - :func:`fold_into_base`: a base and a delta run as the new base; built field by field, so the
   memory on top is at most one field of the new base (8 bytes per entry), not a second base (a
   delta entirely after the base is appended: a concatenation instead of the merge).
@@ -68,8 +69,8 @@ from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps", "fold_into_base",
-           "gather_entries", "held", "merge_deltas", "merge_field", "merge_into_slice", "new_fields", "offsets_of",
-           "range_positions", "repeated", "window", "with_room"]
+           "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field", "merge_into_slice",
+           "new_fields", "offsets_of", "range_positions", "repeated", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -565,6 +566,61 @@ def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, 
     return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
 
+_RUN_KEYS = ", ".join(readonly(t) for t in ("int64", "int64", "uint8", "uint64", "uint64"))
+
+
+@kernel(f"void({_RUN_KEYS}, {_RUN_KEYS}, int64[::1])")
+def _insertion_points(arows: I64, aoff: I64, aseg: U8, atc: U64, atf: U64, brows: I64, boff: I64, bseg: U8, btc: U64,
+                      btf: U64, out: I64) -> None:
+    """``out[j]``: how many entries of run a come before entry j of run b in the global order (row
+    id, then segment, target column, target feature; the runs' keys disjoint). One walk over b's
+    rows; inside a row a holds too, each key galloped from the previous one's answer, so a row with
+    few b entries costs O(log) of a's, not a scan."""
+    ra = 0
+    na = arows.shape[0]
+    for rb in range(brows.shape[0]):
+        row = brows[rb]
+        while ra < na and arows[ra] < row:
+            ra += 1
+        i = aoff[ra]
+        if ra == na or arows[ra] != row:  # a has none of this row: every b entry goes at its place
+            for j in range(boff[rb], boff[rb + 1]):
+                out[j] = i
+            continue
+        end = aoff[ra + 1]
+        for j in range(boff[rb], boff[rb + 1]):
+            s, c, f = bseg[j], btc[j], btf[j]
+            # gallop: the first index in [i, end) whose key is not below b's key
+            step = 1
+            hi = i
+            while hi < end and (aseg[hi] < s or (aseg[hi] == s and (atc[hi] < c or (atc[hi] == c and atf[hi] < f)))):
+                i = hi + 1
+                hi = i + step
+                step *= 2
+            if hi > end:
+                hi = end
+            while i < hi:
+                m = (i + hi) // 2
+                if aseg[m] < s or (aseg[m] == s and (atc[m] < c or (atc[m] == c and atf[m] < f))):
+                    i = m + 1
+                else:
+                    hi = m
+            out[j] = i
+
+
+def insertion_points(older: Run, newer: Run) -> I64:
+    """For each entry of ``newer``, how many entries of ``older`` come before it in the global order
+    (the runs' keys disjoint): where ``merge_field`` inserts it. Compiled (``_insertion_points``):
+    one walk over the runs' row indexes, galloping inside shared rows; the base positions are not
+    needed. Until Nov 29 ``merge_deltas`` found them by a search per key in its gap of the older
+    run (``find_in_gaps``), which also built the older run's position index and per-key row ranges."""
+    out = np.empty(newer.num_entries, np.int64)
+    if newer.num_entries:
+        _insertion_points(older.rows, older.offsets, older.seg, older.tc, older.tf, newer.rows, newer.offsets,
+                          newer.seg, newer.tc, newer.tf, out)
+    return out
+
+
 @kernel(f"void({readonly('int64')}, {readonly('int64')}, int64[::1])")
 def _repeat(values: I64, counts: I64, out: I64) -> None:
     o = 0
@@ -619,9 +675,7 @@ def merge_deltas(older: Run, newer: Run, grow: bool = False) -> Run:
             setattr(older, f, _NO_ENTRIES[f])
         older.spare = False
         return _run(rows, offsets, fields, True)
-    row_lo, row_hi = older.ranges(newer.rows)
-    n = newer.counts()
-    at, _ = find_in_gaps(older, repeated(row_lo, n), repeated(row_hi, n), newer.pos, newer.seg, newer.tc, newer.tf)
+    at = insertion_points(older, newer)
     rows, counts = _union_rows(older, newer)
     names = (*FIELDS, "pos")
     # consumed when grow: each old field dropped before the next is built

@@ -380,3 +380,36 @@ def test_keyindex_from_keys_refuses_a_repeated_key(seed, n, repeats, narrow, sam
     assert got.tolist() == [ids[k] for k in zip(more_a.tolist(), more_b.tolist())]
     assert np.array_equal(a, a0) and np.array_equal(b, b0)
     assert index.lookup(a0, b0).tolist() == list(range(a0.shape[0]))
+
+
+def _run_of(keys):
+    """A delta run of sorted, unique (row, seg, tc, tf) tuples (strengths 0, no base positions)."""
+    from giaannd.rowengine.run import Run
+
+    arr = np.array(keys, dtype=np.int64).reshape(-1, 4)
+    n = arr.shape[0]
+    return Run.from_sorted(arr[:, 0].copy(), arr[:, 1].astype(np.uint8), arr[:, 2].astype(np.uint64),
+                           arr[:, 3].astype(np.uint64), np.zeros(n, np.float32), np.zeros(n, np.int64))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_insertion_points_count_the_older_entries_before_each_newer_one(seed):
+    """``run.insertion_points`` (merge_deltas' positions) against a count over sorted tuples: rows
+    in one run only, long rows with a few keys of the other, keys before, between and after."""
+    from giaannd.rowengine.run import insertion_points
+
+    rng = np.random.default_rng(seed)
+    keys = set()
+    for row in rng.choice(60, size=int(rng.integers(1, 40)), replace=False).tolist():
+        size = int(rng.choice([1, 3, 20, 2000]))
+        for _ in range(size):
+            keys.add((row, int(rng.integers(0, 3)), int(rng.integers(0, 50)), int(rng.integers(0, 5))))
+    keys = sorted(keys)
+    share = rng.random()
+    in_newer = rng.random(len(keys)) < share
+    older = [k for k, x in zip(keys, in_newer) if not x]
+    newer = [k for k, x in zip(keys, in_newer) if x]
+    got = insertion_points(_run_of(older), _run_of(newer))
+    want = np.searchsorted(np.array([k[0] * 10**9 + k[1] * 10**6 + k[2] * 10 + k[3] for k in older], np.int64),
+                           np.array([k[0] * 10**9 + k[1] * 10**6 + k[2] * 10 + k[3] for k in newer], np.int64))
+    assert np.array_equal(got, want)
