@@ -369,7 +369,7 @@ class StorageConfig(_Section):
         "that much longer). 1 never rests."
     ))] = 0.5
     snapshot_drop_cache: Annotated[bool, Meta(description=(
-        "Only where snapshot-direct-io is false or refused by the file system. "
+        "Not with snapshot-direct-io (unless the file system refuses it). "
         "true: a timer's snapshot leaves the page cache as it is written (`posix_fadvise(DONTNEED)` "
         "on each part once it is on disk and checksummed), so that writing it does not evict other "
         "pages (a mapped base's, the log's) for a file read only after a crash: for nodes whose "
@@ -382,15 +382,19 @@ class StorageConfig(_Section):
     ))] = False
     snapshot_direct_io: Annotated[bool, Meta(description=(
         "true: a timer's snapshot is written with `O_DIRECT`, from aligned buffers straight to the "
-        "disk, leaving no page-cache copy (snapshot-drop-cache then has no effect on it): on the "
-        "development VM a snapshot's kernel CPU fell from 0.5-1.3 to ~0.1 s per GB, and no "
-        "snapshot's size of page cache is filled and reclaimed each time (docs/storage.md \"Direct "
-        "snapshot writes\"). The price: a restart after a crash reads that snapshot from disk, as "
-        "it must anyway on a node whose snapshot exceeds its free memory. The stop's final snapshot "
-        "is written through the page cache (the next start maps it). Where the file system refuses "
-        "`O_DIRECT` (tmpfs on older kernels, some network file systems) the snapshot is written "
-        "through the page cache instead, with a warning once. false: always through the page cache."
-    ))] = True
+        "disk, leaving no page-cache copy (snapshot-drop-cache then has no effect on it): no "
+        "snapshot's size of page cache is filled, written back and reclaimed each time, none of a "
+        "mapped base's or the log's pages are evicted for it, and its kernel CPU falls from 0.2-1.2 "
+        "to 0.1-0.3 s per GB (the whole write 0.83-0.87 against 0.86-0.96 CPU s/GB through the cache "
+        "on the development VM: docs/storage.md \"Direct snapshot writes\"). For nodes whose "
+        "snapshot is larger than their free memory, the mission's size. The price: a restart after a "
+        "crash reads that snapshot from disk (the cluster bench's recovery 1.23 -> 1.89 s/GB on a host "
+        "with memory to spare), as a node whose snapshot exceeds its free memory must anyway; hence "
+        "off by default. The stop's final snapshot is always written through the page cache (the next "
+        "start maps it). Where the file system refuses `O_DIRECT` (tmpfs on older kernels, some "
+        "network file systems) the snapshot is written through the page cache instead, with a "
+        "warning once."
+    ))] = False
     snapshot_load_copy_rows: Annotated[bool, Meta(description=(
         "No effect since snapshot format 2 (the row engine, issue 14 phase 2): a restart reads the "
         "snapshot's arrays straight into the engine, with no per-row buffers to share or copy. "

@@ -33,11 +33,12 @@ of the four field arrays; it still loads, converted by four vectorised gathers
 Writing: ``.snapshot-<seq>.tmp`` is written from a frozen view (``ColumnStore.freeze``: no copy of
 the rows but their strengths) in pieces of about ``WRITE_CHUNK_BYTES``, its four parts as four
 streams at their offsets, the header last; through the page cache (flushed every
-``SYNC_EVERY_BYTES``) or, for a timer's snapshot, around it (``O_DIRECT``: snapshot_io.py); then
-fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap`` and a directory fsync: a crash at any
-point leaves either the old snapshot or the new one, never a half file under the final name. A
-write that fails (a full disk) deletes its temporary before raising, so a failed snapshot does not
-keep the space it could not finish using; a crash's temporary is deleted by the next start
+``SYNC_EVERY_BYTES``) or, for a timer's snapshot with ``storage.snapshot-direct-io``, around it
+(``O_DIRECT``: snapshot_io.py); then fsync, atomic rename to ``snapshot-<seq, 20 digits>.snap``
+and a directory fsync: a crash at any point leaves either the old snapshot or the new one, never a
+half file under the final name. A write that fails (a full disk) deletes its temporary before
+raising, so a failed snapshot does not keep the space it could not finish using; a crash's
+temporary is deleted by the next start
 (``remove_temporaries``, before anything else is written).
 
 Reading: each section is one ``readinto`` into its final array, hashed as it goes; or, from a
@@ -257,7 +258,7 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     ``mode``, how the bytes reach the disk (snapshot_io.py): "cached" through the page cache (a
     stop's final snapshot: the next start maps it from there); "dropped" the same, its pages
     leaving the cache once on disk (``storage.snapshot-drop-cache``); "direct" around the cache
-    with ``O_DIRECT`` (a timer's snapshot, ``storage.snapshot-direct-io``: read only after a
+    with ``O_DIRECT`` (a timer's snapshot with ``storage.snapshot-direct-io``: read only after a
     crash, and a fifth of the kernel CPU). Where the file system refuses direct I/O the write is
     made "cached" instead, and so are that directory's later ones (a warning, once).
 

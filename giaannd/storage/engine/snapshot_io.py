@@ -6,25 +6,26 @@ in one pass over the entries without reading anything back). Both writers here t
 streams (``stream(offset)``: ``write`` appends, ``close`` ends it) and end with ``finish(header,
 size)``, which puts the header at offset 0, sets the file's length and makes it durable.
 
-``CachedFile`` (``io`` "cached" and "dropped"): each stream ``pwrite``\\ s at its offset through
+``CachedFile`` (mode "cached" and "dropped"): each stream ``pwrite``\\ s at its offset through
 the page cache; every ``SYNC_EVERY_BYTES`` written the file is ``fdatasync``\\ ed (bounded dirty
 data: a journal commit on ext4 otherwise waits for a snapshot's writeback, and with it the update
 log's group commit); with ``drop`` the synced pages leave the cache (``POSIX_FADV_DONTNEED``).
 
-``DirectFile`` (``io`` "direct"): the file is opened ``O_DIRECT`` and every write is whole
-``DIRECT_BLOCK``-aligned blocks from an aligned buffer, so the bytes go from the process to the
-disk with no page-cache page allocated, copied into or reclaimed. Why: on this VM a buffered write
-of a fresh file costs 0.5-1.3 s of kernel CPU per GB (a new page-cache page per 4 KiB, its LRU and
-dirty accounting, the block allocation) against ~0.1 direct, and a snapshot is written every
-``snapshot-min-log-ratio`` of the store's size logged: ten bytes of snapshot per logged byte at the
-default (docs/storage.md "Direct snapshot writes"). Each stream gathers its bytes in an aligned
-buffer of ``DIRECT_STAGE_BYTES`` and writes it whole; the blocks a stream shares with its
-neighbours (the block its first byte falls in when that is not a block start, the block its last
-byte falls in) and the header's block are *held* in memory and written once at ``finish``, when
-both sides' bytes are in them. The last block is written whole and the file then truncated to its
-length. A file system that refuses ``O_DIRECT`` (tmpfs on older kernels, some network file
-systems) raises ``EINVAL`` at the open or the first write: ``snapshot.write_frozen`` then writes
-that directory's snapshots through the page cache.
+``DirectFile`` (mode "direct", a timer's snapshot with ``storage.snapshot-direct-io``): the file
+is opened ``O_DIRECT`` and every write is whole ``DIRECT_BLOCK``-aligned blocks from an aligned
+buffer, so the bytes go from the process to the disk with no page-cache page allocated, copied
+into, written back or reclaimed. Why: a snapshot is written every ``snapshot-min-log-ratio`` of the
+store's size logged (ten bytes of snapshot per logged byte at the default), and on a node whose
+snapshot exceeds its free memory each one would fill and reclaim that much page cache, evicting
+other pages, for a file read only after a crash; on the development VM the kernel's part of a
+write falls from 0.2-1.2 to 0.1-0.3 s per GB (docs/storage.md "Direct snapshot writes"). Each
+stream gathers its bytes in an aligned buffer of ``DIRECT_STAGE_BYTES`` and writes it whole; the
+blocks a stream shares with its neighbours (the block its first byte falls in when that is not a
+block start, the block its last byte falls in) and the header's block are *held* in memory and
+written once at ``finish``, when both sides' bytes are in them. The last block is written whole
+and the file then truncated to its length. A file system that refuses ``O_DIRECT`` (tmpfs on
+older kernels, some network file systems) raises ``EINVAL`` at the open or the first write:
+``snapshot.write_frozen`` then writes that directory's snapshots through the page cache.
 
 No logging, no timing: the caller (snapshot.py) decides and reports.
 """
