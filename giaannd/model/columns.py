@@ -30,9 +30,9 @@ Theory of operation (everything that decides a token's column lives in this file
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -149,6 +149,32 @@ def merge_nouns(sentence: TaggedSentence) -> TaggedSentence:
     return tuple(out)
 
 
+class FlagSource(Protocol):
+    """Delimiter flags an assigner reads beneath its own (``ColumnAssigner.over``): a cluster job's
+    fold of every window's findings, as of one window (compute/cluster_jobs/flag_pass.py). A
+    feature's answer never changes once given (first sighting wins), so an assigner may keep it."""
+
+    def deterministic(self, feature_id: int) -> bool | None:
+        """The feature's deterministic flag, or None where the source has not seen it."""
+        ...
+
+    def probabilistic(self, feature_id: int) -> bool:
+        """Whether the feature is a probabilistic delimiter in the source."""
+        ...
+
+
+class _ProbabilisticEither:
+    """``in``: a probabilistic flag of the assigner's own set or of its source (``_span_starts``)."""
+
+    __slots__ = ("local", "source")
+
+    def __init__(self, local: set[int], source: FlagSource) -> None:
+        self.local, self.source = local, source
+
+    def __contains__(self, feature_id: object) -> bool:
+        return feature_id in self.local or (isinstance(feature_id, int) and self.source.probabilistic(feature_id))
+
+
 class ColumnAssigner:
     """Holds the delimiter flags and turns tagged sentences into :class:`EncodedSentence` objects.
 
@@ -190,6 +216,8 @@ class ColumnAssigner:
         self.overlong = overlong
         self.no_delimiter = no_delimiter
         self._deterministic: dict[int, bool] = {}
+        #: flags read beneath this assigner's own (``over``); None: it holds all of them
+        self._source: FlagSource | None = None
         #: the probabilistic flags this assigner added itself (``encode(update_flags=True)``), in
         #: the order found: what a caller sends on, without comparing whole sets per batch
         self.learned_probabilistic: list[int] = []
@@ -213,17 +241,40 @@ class ColumnAssigner:
         out.probabilistic_flags = set(self.probabilistic_flags)
         out._deterministic = dict(self._deterministic)
         out._det_memo, out._prob_memo = self._det_memo, self._prob_memo
+        out._source = self._source
+        return out
+
+    def over(self, source: FlagSource) -> ColumnAssigner:
+        """An assigner with this one's settings and contextual memos (as ``copy``), no flags of its
+        own, that reads ``source``'s flags beneath the ones it learns: encoding with it equals
+        encoding with a copy of an assigner holding ``source``'s flags, without copying them (a
+        cluster job's window: compute/cluster_jobs/flag_pass.py ``FlagFold.assigner``; a copy per
+        window cost a time that grew with the features seen). A flag found in ``source`` is kept in
+        its own dict the first time it is looked up (``source`` never changes it);
+        ``deterministic_flags`` and ``probabilistic_flags`` then hold what it looked up and learned,
+        not all of ``source``'s (``is_deterministic`` and ``is_probabilistic`` read both).
+
+        Raises:
+            TypeError: a subclass (``SubwordAssigner``), as ``copy``.
+        """
+        out = self.copy()
+        out.probabilistic_flags, out._deterministic = set(), {}
+        out._source = source
         return out
 
     # ---------------------------------------------------------------------------- flag queries
 
     def is_deterministic(self, feature_id: int) -> bool:
         """The stored deterministic flag of a feature (False if never seen)."""
-        return self._deterministic.get(feature_id, False)
+        stored = self._deterministic.get(feature_id)
+        if stored is None and self._source is not None:
+            stored = self._source.deterministic(feature_id)
+        return bool(stored)
 
     def is_probabilistic(self, feature_id: int) -> bool:
         """Whether the feature is in the grow-only probabilistic set."""
-        return feature_id in self.probabilistic_flags
+        return feature_id in self.probabilistic_flags or (self._source is not None
+                                                          and self._source.probabilistic(feature_id))
 
     def add_probabilistic_flags(self, feature_ids: Iterable[int]) -> None:
         """Merge flags learnt elsewhere (OR; commutative and idempotent)."""
@@ -240,7 +291,8 @@ class ColumnAssigner:
 
     @property
     def deterministic_flags(self) -> dict[int, bool]:
-        """A copy of the stored deterministic flags (feature id -> flag, fixed at first sight)."""
+        """A copy of the stored deterministic flags (feature id -> flag, fixed at first sight); of an
+        assigner ``over`` a source, those it looked up there or learned."""
         return dict(self._deterministic)
 
     # ---------------------------------------------------------------------- contextual tests
@@ -356,23 +408,32 @@ class ColumnAssigner:
         """
         n = len(words)
         det_stored = [False] * n  # the feature's deterministic flag as column assignment sees it
+        det, source = self._deterministic, self._source
         for t in range(n):
             fid = int(feature[t])
             if fid == PRIME_FEATURE:
                 continue
-            stored = self._deterministic.get(fid)
+            stored = det.get(fid)
+            if stored is None and source is not None:
+                stored = source.deterministic(fid)
+                if stored is not None:
+                    det[fid] = stored  # (never changes in the source: first sighting wins)
             if stored is None:
                 stored = det_ctx[t]
                 if update_flags:
-                    self._deterministic[fid] = stored
+                    det[fid] = stored
             det_stored[t] = stored
         new_prob = self._detect_probabilistic(nouns, det_ctx, is_candidate, feature)
         if update_flags:
-            self.learned_probabilistic.extend(sorted(new_prob - self.probabilistic_flags))
-            self.probabilistic_flags.update(new_prob)
-            prob = self.probabilistic_flags
+            fresh = new_prob - self.probabilistic_flags
+            if source is not None and fresh:
+                fresh = {f for f in fresh if not source.probabilistic(f)}
+            self.learned_probabilistic.extend(sorted(fresh))
+            self.probabilistic_flags.update(fresh)
+            local = self.probabilistic_flags
         else:
-            prob = self.probabilistic_flags | new_prob if new_prob else self.probabilistic_flags
+            local = self.probabilistic_flags | new_prob if new_prob else self.probabilistic_flags
+        prob: Container[int] = local if source is None else _ProbabilisticEither(local, source)
         starts = self._span_starts(nouns, det_stored, feature, prob)
         if starts is None:
             self.stats.skipped_no_delimiter += 1
@@ -415,7 +476,7 @@ class ColumnAssigner:
         return found
 
     def _span_starts(
-        self, nouns: list[int], det_stored: list[bool], feature: np.ndarray, prob: set[int]
+        self, nouns: list[int], det_stored: list[bool], feature: np.ndarray, prob: Container[int]
     ) -> list[int] | None:
         """Start position of every column instance (§2.5), or None to skip the sentence."""
         starts = [0]

@@ -99,41 +99,33 @@ class FlagFold:
     upto`` can be built from one fold (a window taken over later than the node's fold has moved
     on): memory is one entry per feature seen, whatever the corpus size.
 
-    ``assigner`` is incremental: the fold keeps what each window taught first, and one *base*
-    assigner holding the flags of the windows before some window ``b``; the assigner of window
-    ``w >= b`` is the base advanced by what windows ``b..w-1`` taught, then copied (the copy is
-    encoded with, the base never). Why: building a fresh assigner per window walked every flag
-    of the fold in Python, a cost per window that grows with the features seen, so the cluster
-    job's CPU per sentence grew with the corpus (tools/bench/scale.py --cluster: 38 % of the
-    compute node's CPU at 2·10^5 sentences). A window before ``b`` (taken over after the node
-    moved on) rebuilds the base from the start.
+    ``assigner`` copies nothing: it reads the fold's flags *as of* its window (``FlagsAsOf``)
+    beneath the ones it learns (``ColumnAssigner.over``). The fold's maps are first-write-wins and
+    only gain features at windows >= ``upto``, so the view of window ``w <= upto`` never changes
+    while the fold moves on, and one fold serves every window at once. Why: building a fresh
+    assigner per window walked every flag of the fold in Python (38 % of the compute node's CPU
+    at 2·10^5 sentences, tools/bench/scale.py --cluster); an assigner advanced window by window
+    and copied for each (the design until Nov 29) still copied every flag per window: 4-6 % of
+    the compute node's CPU at 3·10^5 sentences, growing with the features seen.
     """
 
     def __init__(self) -> None:
         self.upto = INITIAL  # the next window to fold (INITIAL: not even the initial flags)
         self._det: dict[int, tuple[int, bool]] = {}
         self._prob: dict[int, int] = {}
-        #: per folded window, from INITIAL: the (feature, flag) pairs and probabilistic flags it
-        #: taught first
-        self._taught: list[tuple[dict[int, bool], list[int]]] = []
-        #: an assigner holding exactly the flags of the windows < ``_base_at`` (never encoded with)
-        self._base: ColumnAssigner | None = None
-        self._base_at = INITIAL
+        #: the assigner whose settings and contextual memos every window's assigner shares
+        self._template: ColumnAssigner | None = None
 
     def add(self, window: int, findings: Findings) -> None:
         """Fold ``window``'s findings (the next one: ``window == upto``)."""
         if window != self.upto:
             raise ValueError(f"fold is at window {self.upto}, not {window}")
-        det: dict[int, bool] = {}
         for ids, flag in ((findings.det_true, True), (findings.det_false, False)):
             for fid in ids:
                 if fid not in self._det:
                     self._det[fid] = (window, flag)
-                    det[fid] = flag
-        prob = [fid for fid in findings.prob if fid not in self._prob]
-        for fid in prob:
-            self._prob[fid] = window
-        self._taught.append((det, prob))
+        for fid in findings.prob:
+            self._prob.setdefault(fid, window)
         self.upto += 1
 
     def flags_before(self, window: int) -> tuple[set[int], dict[int, bool]]:
@@ -145,19 +137,33 @@ class FlagFold:
         return prob, det
 
     def assigner(self, lexicon: Lexicon, window: int) -> ColumnAssigner:
-        """A fresh assigner holding the flags of the windows ``< window`` (class docstring: made
-        from the base, advanced to ``window``)."""
+        """A fresh assigner reading the flags of the windows ``< window`` (and the initial ones)
+        beneath those it learns (class docstring); its contextual memos are shared with every other
+        window's assigner of ``lexicon``."""
         if window > self.upto:
             raise ValueError(f"fold is at window {self.upto}, cannot give window {window}")
-        if self._base is None or self._base.lexicon is not lexicon or window < self._base_at:
-            self._base, self._base_at = ColumnAssigner(lexicon), INITIAL
-        base = self._base
-        for w in range(self._base_at, window):
-            det, prob = self._taught[w - INITIAL]
-            base.add_probabilistic_flags(prob)
-            base.add_deterministic_flags(det)
-        self._base_at = window
-        return base.copy()
+        if self._template is None or self._template.lexicon is not lexicon:
+            self._template = ColumnAssigner(lexicon)
+        return self._template.over(FlagsAsOf(self._det, self._prob, window))
+
+
+class FlagsAsOf:
+    """A fold's flags as of one window (``FlagFold.assigner``): the features the windows before it
+    taught first. Reads the fold's first-write-wins maps (feature -> (window, flag), feature ->
+    window), which later windows only add to."""
+
+    __slots__ = ("_det", "_prob", "_window")
+
+    def __init__(self, det: dict[int, tuple[int, bool]], prob: dict[int, int], window: int) -> None:
+        self._det, self._prob, self._window = det, prob, window
+
+    def deterministic(self, feature_id: int) -> bool | None:
+        got = self._det.get(feature_id)
+        return got[1] if got is not None and got[0] < self._window else None
+
+    def probabilistic(self, feature_id: int) -> bool:
+        taught = self._prob.get(feature_id)
+        return taught is not None and taught < self._window
 
 
 def initial_findings(prob: Iterable[int]) -> Findings:

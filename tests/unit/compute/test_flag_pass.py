@@ -55,25 +55,38 @@ def test_flag_fold_window_encodings_equal_the_sequential_core():
 
 
 def test_flag_fold_assigner_is_the_fold_before_its_window_in_any_order():
-    """The incremental assigner (a base advanced window by window, then copied) holds exactly
-    ``flags_before(w)``, whatever order windows are asked for, and encoding with one (which learns
-    flags) changes neither the base nor the next copies."""
+    """A window's assigner (the fold's flags as of its window beneath its own) answers exactly
+    ``flags_before(w)`` for every feature, whatever order windows are asked for and while the fold
+    moves on, and encoding with one (which learns flags) changes neither the fold nor the other
+    windows' assigners."""
     lexicon = Lexicon.default()
     corpus = load_bundled_corpus(300)
     windows = [corpus[i:i + K] for i in range(0, len(corpus), K)]
     fold = FlagFold()
     fold.add(INITIAL, initial_findings({7, 9}))
-    for w, sentences in enumerate(windows):
+    half = len(windows) // 2
+    for w, sentences in enumerate(windows[:half]):
         fold.add(w, window_findings(lexicon, sentences))
+    early = fold.assigner(lexicon, 2)  # taken before the fold moves on
+    for w, sentences in enumerate(windows[half:], half):
+        fold.add(w, window_findings(lexicon, sentences))
+    _, every_det = fold.flags_before(len(windows))
+    features = sorted({*every_det, *fold.flags_before(len(windows))[0], 7, 9, 10**9})
     asks = [0, 1, 2, 2, 5, 3, 8, len(windows), 1, len(windows), INITIAL, 4]
-    for w in asks:
-        assigner = fold.assigner(lexicon, w)
+    for w, assigner in [(2, early)] + [(w, fold.assigner(lexicon, w)) for w in asks]:
         prob, det = fold.flags_before(w)
-        assert assigner.probabilistic_flags == prob and assigner.deterministic_flags == det, w
+        assert [f for f in features if assigner.is_probabilistic(f)] == sorted(prob), w
+        assert {f: True for f in features if assigner.is_deterministic(f)} == {f: v for f, v in det.items() if v}, w
         assert assigner.learned_probabilistic == [] and list(assigner.vocab.columns()) == []
-        for s in windows[w % len(windows)]:  # learns flags into the copy only
-            assigner.encode(s, update_flags=True)
-    other = Lexicon.default()  # another lexicon: a base of its own
+        holding = ColumnAssigner(lexicon, prob)  # the reference: an assigner holding those flags
+        holding.add_deterministic_flags(det)
+        for s in windows[w % len(windows)]:  # learns flags into this assigner only
+            got, want = assigner.encode(s, update_flags=True), holding.encode(s, update_flags=True)
+            assert (got is None) == (want is None)
+            assert got is None or np.array_equal(got.instance, want.instance)
+        assert assigner.learned_probabilistic == holding.learned_probabilistic
+        assert fold.flags_before(w) == (prob, det)
+    other = Lexicon.default()  # another lexicon: a template of its own
     assert fold.assigner(other, 3).lexicon is other
 
 
