@@ -38,8 +38,7 @@ streams at their offsets, the header last; through the page cache (flushed every
 and a directory fsync: a crash at any point leaves either the old snapshot or the new one, never a
 half file under the final name. A write that fails (a full disk) deletes its temporary before
 raising, so a failed snapshot does not keep the space it could not finish using; a crash's
-temporary is deleted by the next start
-(``remove_temporaries``, before anything else is written).
+temporary is deleted by the next start (``remove_temporaries``, before anything else is written).
 
 Reading: each section is one ``readinto`` into its final array, hashed as it goes; or, from a
 mapping of the file (``read_snapshot``'s ``mapping``, snapshot_map.py), hashed through it, the row
@@ -81,10 +80,9 @@ from giaannd.storage.engine.regions import unpack_regions
 from giaannd.storage.engine.snapshot_io import CachedFile, DirectFile, PartStream, SnapshotFile, open_temporary
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
 
-__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "WriteMode", "body_checksum", "direct_io_refused",
-           "first_bad_row",
-           "list_snapshots", "list_temporaries", "part_offsets", "read_snapshot", "remove_temporaries",
-           "snapshot_name", "write_frozen", "write_snapshot"]
+__all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "WriteMode", "body_checksum", "combine_digests",
+           "direct_io_refused", "first_bad_row", "list_snapshots", "list_temporaries", "part_offsets",
+           "read_snapshot", "remove_temporaries", "snapshot_name", "write_frozen", "write_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +257,7 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     stop's final snapshot: the next start maps it from there); "dropped" the same, its pages
     leaving the cache once on disk (``storage.snapshot-drop-cache``); "direct" around the cache
     with ``O_DIRECT`` (a timer's snapshot with ``storage.snapshot-direct-io``: read only after a
-    crash, and a fifth of the kernel CPU). Where the file system refuses direct I/O the write is
+    crash, less kernel CPU, no page cache filled). Where the file system refuses direct I/O the write is
     made "cached" instead, and so are that directory's later ones (a warning, once).
 
     Raises:
