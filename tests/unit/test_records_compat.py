@@ -105,7 +105,7 @@ BUILDERS = {
     "update_log.seg": build_update_log,
     "vocab.log": build_vocab_log,
     "job.journal": build_journal,
-    "store_v2.snap": build_snapshot,
+    "store_v3.snap": build_snapshot,
     "rows.bin": build_export,
 }
 
@@ -149,9 +149,10 @@ def test_records_compat_journal_fixture_loads() -> None:
     assert back.doc == _journal().doc
 
 
-@pytest.mark.parametrize("name", ["store.snap", "store_v2.snap"])
+@pytest.mark.parametrize("name", ["store.snap", "store_v2.snap", "store_v3.snap"])
 def test_records_compat_snapshot_fixture_loads(tmp_path: Path, name: str) -> None:
-    """Format 1 (row regions, before the row engine; no writer builds it any more) and format 2."""
+    """Format 1 (row regions, before the row engine), format 2 (one body checksum; no writer builds
+    either any more) and format 3."""
     path = tmp_path / snapshot_name(4)
     shutil.copyfile(FIXTURES / name, path)
     store, seq = read_snapshot(path, BIG)
@@ -169,3 +170,12 @@ def test_records_compat_export_fixture_loads() -> None:
     store = load_snapshot(FIXTURES / "rows.bin")
     ref = RowStore.from_batch(RowBatch.concat([BATCH_A, BATCH_B]))
     assert store.keys() == ref.keys() and all(store.get(k).equals(r) for k, r in ref)
+
+
+def test_records_compat_snapshot_formats_2_and_3_differ_only_in_the_checksum() -> None:
+    """Format 3 is format 2's layout with the body hashed in four parts: the same body bytes, and a
+    header that differs in its version and body checksum (and so its own checksum) only."""
+    v2, v3 = (FIXTURES / "store_v2.snap").read_bytes(), (FIXTURES / "store_v3.snap").read_bytes()
+    assert v2[64:] == v3[64:]
+    differ = [i for i in range(64) if v2[i] != v3[i]]
+    assert differ and all(8 <= i < 12 or 48 <= i < 64 for i in differ)
