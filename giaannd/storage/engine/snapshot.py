@@ -400,7 +400,7 @@ class _Reader:
 
 def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0,
                   mapping: SnapshotMapping | None = None) -> tuple[ColumnStore, int]:
-    """Load a snapshot (format 2, or 1 converted: module docstring) into a new store; returns
+    """Load a snapshot (format 3 or 2, or 1 converted: module docstring) into a new store; returns
     (store, last_seq).
 
     Args:
@@ -494,7 +494,7 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
         bad = first_bad_row(rows, offsets)
         if bad is not None:
             i, problem = bad
-            # (the row's region in format 1, its first target column in format 2)
+            # (the row's region in format 1, its first target column in formats 2 and 3)
             at = entries_at + (ENTRY_BYTES if head.version == _REGIONS_FORMAT else 8) * int(offsets[i])
             raise CorruptSnapshotError(str(path), at, f"row {i}: {problem}")
     store = ColumnStore(capacity_bytes)
