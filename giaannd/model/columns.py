@@ -234,14 +234,19 @@ class ColumnAssigner:
         Raises:
             TypeError: a subclass (``SubwordAssigner``): its settings are not this class's.
         """
+        out = self._sibling()
+        out.probabilistic_flags = set(self.probabilistic_flags)
+        out._deterministic = dict(self._deterministic)
+        out._source = self._source
+        return out
+
+    def _sibling(self) -> ColumnAssigner:
+        """A new assigner with this one's settings and contextual memos, no flags (``copy``, ``over``)."""
         if type(self) is not ColumnAssigner:
             raise TypeError(f"{type(self).__name__} cannot be copied as a ColumnAssigner")
         out = ColumnAssigner(self.lexicon, min_tokens=self.min_tokens, max_tokens=self.max_tokens,
                              overlong=self.overlong, no_delimiter=self.no_delimiter)
-        out.probabilistic_flags = set(self.probabilistic_flags)
-        out._deterministic = dict(self._deterministic)
         out._det_memo, out._prob_memo = self._det_memo, self._prob_memo
-        out._source = self._source
         return out
 
     def over(self, source: FlagSource) -> ColumnAssigner:
@@ -257,8 +262,7 @@ class ColumnAssigner:
         Raises:
             TypeError: a subclass (``SubwordAssigner``), as ``copy``.
         """
-        out = self.copy()
-        out.probabilistic_flags, out._deterministic = set(), {}
+        out = self._sibling()
         out._source = source
         return out
 

@@ -34,7 +34,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
-from giaannd.rowengine.run import Run
+from giaannd.rowengine.run import ENTRIES_IN as _IN
+from giaannd.rowengine.run import ENTRIES_OUT as _OUT
+from giaannd.rowengine.run import SLICE_FROM, Run
 
 __all__ = ["FrozenEngine"]
 
@@ -42,20 +44,12 @@ U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 #: The entry fields, in the order the merge kernel takes and returns them.
 _FIELD_INDEX = {"seg": 0, "tc": 1, "tf": 2, "st": 3}
-_ENTRY_TYPES = ("uint8", "uint64", "uint64", "float32")
-#: ``_merge_windows`` copies a run of at least this many base entries as one slice, shorter ones
-#: element by element (run._merge's rule, measured there).
-_SLICE_FROM = 64
 
 
 def _window_buffers(bases: Sequence[NDArray[Any]], size: int) -> list[NDArray[Any]]:
     """Buffers for ``size`` delta entries gathered from windows: base position, row id and the
     four fields (``_gather_window``'s ``o*``)."""
     return [np.empty(size, np.int64), np.empty(size, np.int64)] + [np.empty(size, f.dtype) for f in bases]
-
-
-_IN = ", ".join(readonly(t) for t in _ENTRY_TYPES)
-_OUT = ", ".join(f"{t}[::1]" for t in _ENTRY_TYPES)
 
 
 @kernel(f"int64({readonly('int64')}, {readonly('int64')}, {readonly('int64')}, {_IN}, int64, int64, int64, "
@@ -128,7 +122,7 @@ def _merge_windows(bseg: NDArray[np.uint8], btc: U64, btf: U64, bst: NDArray[np.
         if p < i or p > n:
             raise ValueError("delta positions must be non-decreasing, inside the base slice")
         d = p - i
-        if d >= _SLICE_FROM:
+        if d >= SLICE_FROM:  # (run._merge's rule, measured there)
             oseg[o : o + d] = bseg[i:p]
             otc[o : o + d] = btc[i:p]
             otf[o : o + d] = btf[i:p]

@@ -228,14 +228,15 @@ def _union_rows(a: Run, b: Run) -> tuple[I64, I64]:
 
 
 _MERGE_TYPES = ("uint8", "uint64", "int64", "float32")
-#: ``_merge`` copies gaps of at least this many entries as one slice, shorter ones element by element.
-_SLICE_FROM = 64
+#: ``_merge`` (and frozen._merge_windows) copies gaps of at least this many entries as one slice,
+#: shorter ones element by element.
+SLICE_FROM = 64
 
 
 @kernel(*(f"void({readonly(t)}, {readonly(t)}, {readonly('int64')}, {t}[::1])" for t in _MERGE_TYPES))
 def _merge(old: NDArray[np.generic], new: NDArray[np.generic], pos: I64, out: NDArray[np.generic]) -> None:
     """``out``: ``old`` with ``new[j]`` inserted before ``old[pos[j]]`` (after the old entries where
-    ``pos[j]`` is their count), in one sequential pass. A gap of ``_SLICE_FROM`` old entries or
+    ``pos[j]`` is their count), in one sequential pass. A gap of ``SLICE_FROM`` old entries or
     more is one slice copy (2x an element loop on long gaps); a shorter one, element by element:
     a slice assignment's own cost is that of a few dozen elements, and dense inserts (a snapshot's
     pieces, where a delta entry comes every few base entries) made it most of the merge (uint64,
@@ -248,7 +249,7 @@ def _merge(old: NDArray[np.generic], new: NDArray[np.generic], pos: I64, out: ND
         if p < i or p > n_old:
             raise ValueError("merge positions must be non-decreasing, inside [0, len(old)]")
         d = p - i
-        if d >= _SLICE_FROM:
+        if d >= SLICE_FROM:
             out[o : o + d] = old[i:p]
             o += d
             i = p
@@ -280,17 +281,17 @@ def merge_field(old: NDArray[Any], new: NDArray[Any], pos: I64, out: NDArray[Any
     return out
 
 
-_ENTRY_TYPES = ("uint8", "uint64", "uint64", "float32")  # FIELDS' dtypes
+ENTRY_TYPES = ("uint8", "uint64", "uint64", "float32")  # FIELDS' dtypes
 #: Slices ahead whose first cache lines ``_gather_entries`` asks for before it copies a slice
 #: (``prefetch``): 4 MiB pages of rows of 50 entries scattered over 1.4·10^7 entries, read with
 #: reused page buffers: 0.62-0.71 ms/MB against 0.77-0.97 without.
 _GATHER_AHEAD = 8
-_ENTRIES_IN = ", ".join(readonly(t) for t in _ENTRY_TYPES)
-_ENTRIES_OUT = ", ".join(f"{t}[::1]" for t in _ENTRY_TYPES)
+ENTRIES_IN = ", ".join(readonly(t) for t in ENTRY_TYPES)
+ENTRIES_OUT = ", ".join(f"{t}[::1]" for t in ENTRY_TYPES)
 
 
-@kernel(f"void({_ENTRIES_IN}, {readonly('int64')}, {readonly('int64')}, {_ENTRIES_IN}, {readonly('int64')}, "
-        f"{_ENTRIES_OUT})")
+@kernel(f"void({ENTRIES_IN}, {readonly('int64')}, {readonly('int64')}, {ENTRIES_IN}, {readonly('int64')}, "
+        f"{ENTRIES_OUT})")
 def _gather_entries(seg: U8, tc: U64, tf: U64, st: F32, lo: I64, n: I64, nseg: U8, ntc: U64, ntf: U64, nst: F32,
                     pos: I64, oseg: U8, otc: U64, otf: U64, ost: F32) -> None:
     """``o*``: the entries ``[lo[r], lo[r] + n[r])`` of every slice r one after another, with new
@@ -396,7 +397,7 @@ def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos:
     out = alloc(total)
     fields: tuple[NDArray[Any], ...] = tuple(out)
     if len(fields) != 4 or any(o.shape != (total,) or o.dtype != np.dtype(t) or not o.flags.c_contiguous
-                               or not o.flags.writeable for o, t in zip(fields, _ENTRY_TYPES)):
+                               or not o.flags.writeable for o, t in zip(fields, ENTRY_TYPES)):
         raise ValueError("gather_entries: alloc must return four writable contiguous fields of the "
                          "requested length and the fields' dtypes")
     _gather_entries(c(src[0]), c(src[1]), c(src[2]), c(src[3]), lo, n, c(new[0]), c(new[1]), c(new[2]), c(new[3]),

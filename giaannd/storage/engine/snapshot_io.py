@@ -122,7 +122,6 @@ class CachedFile:
 
     def finish(self, header: bytes, size: int) -> None:
         _pwrite_all(self.fd, memoryview(header), 0)
-        os.ftruncate(self.fd, size)  # (no-op unless a part ended short of what was written before)
         os.fsync(self.fd)
         if self.drop:  # the whole file (the header's page was written again just now)
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
