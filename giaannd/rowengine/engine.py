@@ -91,6 +91,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.deltafilter import DeltaFilter
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
@@ -235,6 +236,8 @@ class RowEngine:
         self._lengths: I64 = np.zeros(1024, np.int64)
         self._base = Run.empty()
         self._deltas: list[Run] = []
+        #: every key of the delta runs, so that plan searches them only for keys they may hold
+        self._delta_keys = DeltaFilter()
         self._entries = 0
         #: bumped by every change, so a stale ApplyPlan is caught
         self._version = 0
@@ -263,7 +266,7 @@ class RowEngine:
     def nbytes(self) -> int:
         """Bytes of every array the engine holds (runs, row indexes, key index, lengths)."""
         return (self._base.nbytes + sum(d.nbytes for d in self._deltas) + self._index.nbytes
-                + int(self._lengths.nbytes))
+                + int(self._lengths.nbytes) + self._delta_keys.nbytes)
 
     def lengths(self) -> I64:
         """Entries of every row, by row id (a view; do not mutate)."""
@@ -327,30 +330,35 @@ class RowEngine:
         pos, hit = find(base.seg, base.tc, base.tf, np.repeat(lo, lengths), np.repeat(hi, lengths), seg, tc, tf)
         found = np.flatnonzero(hit)
         plan.adds.append((base, pos[found], st[found]))
-        q = np.flatnonzero(~hit)  # entries not found yet; gathered once, compacted as keys are found
-        q_row = np.repeat(np.arange(ids.shape[0]), lengths)[q]  # each one's row, as a batch index
-        qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[q]
-        q, q_row, qs, qc, qf, qpos = self._find_in_deltas(ids, q, q_row, qs, qc, qf, qpos, st, plan.adds)
+        new = ~hit  # entries found nowhere yet
+        if self._deltas and found.shape[0] < hit.shape[0]:
+            q = np.flatnonzero(new)
+            q = q[self._delta_keys.maybe(row, seg, tc, tf, q)]  # the ones a delta run may hold
+            if q.shape[0]:
+                new[self._find_in_deltas(q, row[q], seg[q], tc[q], tf[q], pos[q], st, plan.adds)] = False
+        q = np.flatnonzero(new)
         if q.shape[0]:
-            plan.new_run = Run.from_sorted(row[q], qs, qc, qf, st[q], qpos)
+            plan.new_run = Run.from_sorted(row[q], seg[q], tc[q], tf[q], st[q], pos[q])
         return plan
 
-    def _find_in_deltas(self, ids: I64, q: I64, q_row: I64, qs: U8, qc: U64, qf: U64, qpos: I64, st: F32,
-                        adds: list[tuple[Run, I64, F32]]) -> tuple[I64, I64, U8, U64, U64, I64]:
-        """Look the entries ``q`` that the base lacks up in the delta runs, largest run first
-        (``q_row``: each one's row as an index into ``ids``; ``qpos``: its base position, which
-        narrows the search to its gap in a run). The increments ``st[q]`` of the keys found join
-        ``adds`` in the order given; returns the arrays of the entries found nowhere."""
+    def _find_in_deltas(self, q: I64, q_row: I64, qs: U8, qc: U64, qf: U64, qpos: I64, st: F32,
+                        adds: list[tuple[Run, I64, F32]]) -> I64:
+        """Look the entries ``q`` (ascending indexes into the batch's entries) up in the delta runs,
+        largest run first (``q_row``: each one's row id; ``qpos``: its base position, which narrows
+        the search to its gap in a run). The increments ``st[q]`` of the keys found join ``adds``
+        in the order given; returns the entries of ``q`` found."""
+        found: list[I64] = []
         for delta in sorted(self._deltas, key=lambda d: -d.num_entries):
             if q.shape[0] == 0:
                 break
-            row_lo, row_hi = delta.ranges(ids)
-            at, hit = find_in_gaps(delta, row_lo[q_row], row_hi[q_row], qpos, qs, qc, qf)
+            row_lo, row_hi = delta.ranges(q_row)
+            at, hit = find_in_gaps(delta, row_lo, row_hi, qpos, qs, qc, qf)
             if hit.any():
                 adds.append((delta, at[hit], st[q[hit]]))
+                found.append(q[hit])
                 keep = ~hit
                 q, q_row, qs, qc, qf, qpos = q[keep], q_row[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
-        return q, q_row, qs, qc, qf, qpos
+        return np.concatenate(found) if found else np.empty(0, np.int64)
 
     def _plan_new_rows(self, new_a: U64, new_b: U64, ids: I64, lengths: I64, entries: Entries) -> ApplyPlan:
         """``plan`` of a batch whose rows are all new (a stream's chunks, a replay of new rows):
@@ -416,10 +424,16 @@ class RowEngine:
             self.compact()
 
     def _add_delta(self, delta: Run, limit: int | None = None) -> None:
-        self._lengths[delta.rows] += delta.counts()
+        self._hold_delta(delta, delta.counts())
+        self._merge_tiers(limit)
+
+    def _hold_delta(self, delta: Run, counts: I64) -> None:
+        """Take on a delta run of new keys (``counts``: its entries per row): the one place runs
+        join ``_deltas``, so the filter of their keys (``_delta_keys``) misses none."""
+        self._delta_keys.add(delta, self._deltas)
+        self._lengths[delta.rows] += counts
         self._entries += delta.num_entries
         self._deltas.append(delta)
-        self._merge_tiers(limit)
 
     def _merge_tiers(self, limit: int | None) -> None:
         """Size tiers: each run more than fanout times the next newer one. Not into a run something
@@ -533,9 +547,7 @@ class RowEngine:
             if 2 * m < gst.shape[0]:  # do not pin the whole window's buffers
                 fields = tuple(f.copy() for f in fields)  # type: ignore[assignment]
             delta = Run(rows[got], offsets_of(counts[got]), *fields)
-            self._lengths[delta.rows] += counts[got]
-            self._entries += m
-            self._deltas.append(delta)
+            self._hold_delta(delta, counts[got])
             if self.fold_due():
                 self.compact()
         return ids_all
@@ -551,6 +563,7 @@ class RowEngine:
             newer = deltas.pop()
             deltas[-1] = self._merge(deltas[-1], newer)
         delta = deltas.pop()
+        self._delta_keys.clear()
         base, self._base = self._base, Run.empty()
         self.stats.folds += 1
         self.stats.fold_entries += base.num_entries + delta.num_entries

@@ -44,7 +44,7 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, prefetch
 
-__all__ = ["KeyIndex", "slot_hash"]
+__all__ = ["KeyIndex", "pair_hash", "slot_hash"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
@@ -108,6 +108,11 @@ def _hash(a: np.uint64, b: np.uint64) -> np.uint64:
     h ^= h >> _SHIFT_MIX
     h *= _MIX_A
     return h
+
+
+#: The mix of two 64-bit words that places keys, for other kernels that hash keys the same way
+#: (deltafilter.py chains it over an entry's fields).
+pair_hash = _hash
 
 
 @kernel("int64(uint64)")

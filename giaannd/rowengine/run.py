@@ -66,11 +66,12 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, prefetch, readonly
 from giaannd.rowengine.posindex import PosIndex
+from giaannd.rowengine.search import find
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
-__all__ = ["FIELDS", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps", "fold_into_base",
-           "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field", "merge_into_slice",
-           "new_fields", "offsets_of", "range_positions", "repeated", "window", "with_room"]
+__all__ = ["FIELDS", "POS_INDEX_MIN_GAP", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps",
+           "fold_into_base", "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field",
+           "merge_into_slice", "new_fields", "offsets_of", "range_positions", "repeated", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -78,6 +79,9 @@ I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 Bools = NDArray[np.bool_]
 
+#: ``find_in_gaps`` makes a run's position index for at least one key per this many entries of
+#: the run (the index costs a pass over them; a key's bisection of its row slice, tens of probes).
+POS_INDEX_MIN_GAP = 256
 #: The entry fields, in the order every loop over them uses.
 FIELDS = ("seg", "tc", "tf", "st")
 
@@ -119,6 +123,11 @@ class Run:
         if self._pos_index is None:
             self._pos_index = PosIndex(self.pos)
         return self._pos_index
+
+    @property
+    def pos_indexed(self) -> bool:
+        """Whether ``pos_index`` was made already."""
+        return self._pos_index is not None
 
     @classmethod
     def empty(cls) -> Run:
@@ -561,8 +570,13 @@ def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, 
 
     The position's range comes from the run's bucket index (posindex.py), not a binary search: it
     may hold a few more entries than the gap, which the key search then passes over; one compiled
-    pass per key (search.find_in_gaps).
+    pass per key (search.find_in_gaps). The index costs a pass over the run, made on its first
+    use and kept with the run: for fewer than one key per ``POS_INDEX_MIN_GAP`` entries of a run
+    that has none yet (a plan's keys that the delta filter did not rule out, deltafilter.py), each
+    key bisects its row slice instead (search.find), with the same answers.
     """
+    if not run.pos_indexed and qs.shape[0] * POS_INDEX_MIN_GAP < run.num_entries:
+        return find(run.seg, run.tc, run.tf, row_lo, row_hi, qs, qc, qf)
     index = run.pos_index()
     return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)
 
