@@ -79,8 +79,9 @@ I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 Bools = NDArray[np.bool_]
 
-#: ``find_in_gaps`` makes a run's position index for at least one key per this many entries of
-#: the run (the index costs a pass over them; a key's bisection of its row slice, tens of probes).
+#: ``find_in_gaps`` makes a run's position index once it has searched the run for one key per this
+#: many of its entries (the index costs a pass over them; a key's bisection of its row slice, tens
+#: of probes).
 POS_INDEX_MIN_GAP = 256
 #: The entry fields, in the order every loop over them uses.
 FIELDS = ("seg", "tc", "tf", "st")
@@ -109,6 +110,8 @@ class Run:
     pos: I64 | None = None
     #: a delta run's position index, made on its first lookup (runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
+    #: keys ``find_in_gaps`` bisected in this run's row slices while it had no position index
+    bisected: int = field(default=0, repr=False)
     #: the entry fields (and ``pos``) are prefixes of buffers with spare room that this run alone
     #: may write past its end (appends: no other run or view sees beyond its own end), and, when
     #: nothing else references them (``_merged``), before it (merges in place, module docstring)
@@ -570,12 +573,15 @@ def find_in_gaps(run: Run, row_lo: I64, row_hi: I64, pos: I64, qs: U8, qc: U64, 
 
     The position's range comes from the run's bucket index (posindex.py), not a binary search: it
     may hold a few more entries than the gap, which the key search then passes over; one compiled
-    pass per key (search.find_in_gaps). The index costs a pass over the run, made on its first
-    use and kept with the run: for fewer than one key per ``POS_INDEX_MIN_GAP`` entries of a run
-    that has none yet (a plan's keys that the delta filter did not rule out, deltafilter.py), each
-    key bisects its row slice instead (search.find), with the same answers.
+    pass per key (search.find_in_gaps). The index costs a pass over the run and is kept with it:
+    it is made once the keys searched in the run since it was made reach one per
+    ``POS_INDEX_MIN_GAP`` of its entries; until then each key bisects its row slice (search.find),
+    with the same answers. So a run searched for a few keys per batch (those the delta filter did
+    not rule out, deltafilter.py) pays no pass over itself for them, and one searched batch after
+    batch pays at most about twice what the index would have cost it from the start.
     """
-    if not run.pos_indexed and qs.shape[0] * POS_INDEX_MIN_GAP < run.num_entries:
+    if not run.pos_indexed and (run.bisected + qs.shape[0]) * POS_INDEX_MIN_GAP < run.num_entries:
+        run.bisected += qs.shape[0]
         return find(run.seg, run.tc, run.tf, row_lo, row_hi, qs, qc, qf)
     index = run.pos_index()
     return find_in_gaps_kernel(run.seg, run.tc, run.tf, index.first, index.shift, row_lo, row_hi, pos, qs, qc, qf)

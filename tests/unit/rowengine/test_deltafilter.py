@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from giaannd.rowengine import Entries, RowEngine, deltafilter
 from giaannd.rowengine.deltafilter import DeltaFilter
-from giaannd.rowengine.run import Run, find_in_gaps, offsets_of
+from giaannd.rowengine.run import POS_INDEX_MIN_GAP, Run, find_in_gaps, offsets_of
 from giaannd.rowengine.search import lower_bound
 
 from .test_engine import POOL64, _as_parts, _engine_state, _group, apply, random_batch
@@ -171,3 +171,25 @@ def test_find_in_gaps_without_the_position_index_gives_its_answers(seed):
         assert few[1].tolist() == indexed[1].tolist()
         assert few[0][few[1]].tolist() == indexed[0][indexed[1]].tolist()
     assert few[1].sum() < few[1].shape[0]  # some of the last queries were absent
+
+
+def test_a_run_searched_batch_after_batch_gets_its_position_index():
+    """Few keys per call bisect their row slices; once the keys searched in the run reach one per
+    ``POS_INDEX_MIN_GAP`` of its entries, the index is made (and kept), with the same answers."""
+    rng = np.random.default_rng(3)
+    raw = _run(rng, np.arange(0, 2_000, 2, dtype=np.int64), 40)
+    rows = np.repeat(raw.rows, raw.counts())
+    order = np.lexsort((raw.tf, raw.tc, raw.seg, rows))  # each row's entries in key order
+    run = Run(raw.rows, raw.offsets, raw.seg[order], raw.tc[order], raw.tf[order], raw.st,
+              np.sort(rng.integers(0, 10**6, raw.num_entries)).astype(np.int64))  # any sorted positions
+    calls = 0
+    while not run.pos_indexed and calls < run.num_entries:
+        i = rng.integers(0, run.num_entries, 3)
+        row = np.repeat(run.rows, run.counts())[i]
+        lo, hi = run.ranges(row)
+        at, hit = find_in_gaps(run, lo, hi, run.pos[i], run.seg[i], run.tc[i], run.tf[i])
+        assert hit.all() and at.tolist() == i.tolist()
+        calls += 1
+    assert run.pos_indexed
+    assert 3 * calls * POS_INDEX_MIN_GAP >= run.num_entries
+    assert 3 * (calls - 1) * POS_INDEX_MIN_GAP < run.num_entries
