@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from giaannd.rowengine import Entries, RowEngine, deltafilter
 from giaannd.rowengine.deltafilter import DeltaFilter
+from giaannd.rowengine.posindex import BUCKET_ENTRIES, PosIndex
 from giaannd.rowengine.run import POS_INDEX_MIN_GAP, Run, find_in_gaps, offsets_of
 from giaannd.rowengine.search import lower_bound
 
@@ -193,3 +194,22 @@ def test_a_run_searched_batch_after_batch_gets_its_position_index():
     assert run.pos_indexed
     assert 3 * calls * POS_INDEX_MIN_GAP >= run.num_entries
     assert 3 * (calls - 1) * POS_INDEX_MIN_GAP < run.num_entries
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_position_index_bucket_bounds_equal_searchsorted(seed):
+    """``first[b]`` is the number of positions below ``b << shift`` for every bucket, and a few
+    entries fall in a bucket: positions spread, skewed onto one value (new rows at the end of the
+    base), repeated, one, none."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 50_000))
+    top = int(rng.integers(1, 10**7))
+    pos = np.sort(rng.integers(0, top, n)).astype(np.int64)
+    if seed % 3 == 1 and n:
+        pos[n // 2:] = top  # half of them at one position
+    index = PosIndex(pos)
+    bounds = np.arange(index.first.shape[0], dtype=np.int64) << index.shift
+    assert index.first.tolist() == np.searchsorted(pos, bounds, side="left").tolist()
+    assert index.first[-1] == n
+    if n > 1000 and seed % 3 != 1:
+        assert n / index.first.shape[0] >= BUCKET_ENTRIES / 4  # not one bucket per entry
