@@ -16,9 +16,12 @@ State (run.py describes the two kinds of run):
 1. Row ids for the batch's keys (new rows get the next ids); entries put in row-id order.
 2. Base: every entry is searched in its row's slice (search.find, one compiled pass). Found keys
    get the increment added **in place**. Every entry now knows its lower bound in the base.
-3. Delta runs, largest first: each entry not found yet is located in the run (its row's slice,
-   narrowed to the entries near its base position by the run's bucket index, run.find_in_gaps and
-   posindex.py, then a key search over the few entries left); found keys are added in place.
+3. Delta runs, largest first, for the entries not found yet that the filter of the delta runs'
+   keys does not rule out (``_delta_keys``, deltafilter.py: on a training stream most are new, and
+   each would otherwise be searched in every run): each is located in the run (its row's slice,
+   narrowed to the entries near its base position by the run's bucket index once the run has been
+   searched enough to have one, run.find_in_gaps and posindex.py, then a key search over the few
+   entries left); found keys are added in place.
 4. Keys found nowhere are new: they become a new delta run (with their base positions).
 5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
    the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
