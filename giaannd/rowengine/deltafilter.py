@@ -21,8 +21,10 @@ sized for ``capacity`` keys at ``BITS_PER_KEY``; adding past that rebuilds it fr
 themselves at twice their entries (exact again, amortised O(1) per key). Row ids are stable while
 a key sits in a delta run (only a drop renumbers rows, after a fold).
 
-Memory: ``BITS_PER_KEY`` / 8 bytes per delta entry, and delta runs hold at most about
-1/``base_ratio`` of the store: ~0.25-0.5 B per stored entry (against 21 B of payload).
+Memory: ``BITS_PER_KEY`` / 8 bytes per key of capacity, 1-2 bytes per delta entry (a rebuild
+sizes it for twice the runs' entries, and a fold's clear keeps the size), and delta runs hold at
+most about 1/``base_ratio`` of the store: 0.2-0.5 B per stored entry measured (against 21 B of
+payload).
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ class RowEngine:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every array the engine holds (runs, row indexes, key index, lengths)."""
+        """Bytes of every array the engine holds (runs, row indexes, key index, lengths, the delta
+        runs' key filter)."""
         return (self._base.nbytes + sum(d.nbytes for d in self._deltas) + self._index.nbytes
                 + int(self._lengths.nbytes) + self._delta_keys.nbytes)
 

@@ -9,7 +9,7 @@ positions, about ``BUCKET_ENTRIES`` entries per bucket, gives each query a range
 in two gathers.
 
 ``first[b]`` = the number of entries with ``pos >> shift < b``: one compiled walk over the sorted
-positions (``_bucket_starts``), 8 bytes per bucket, so ~0.5-1 byte per entry. Buckets of about one
+positions (``_bucket_starts``), 8 bytes per bucket of 4-8 entries, so 1-2 bytes per entry. Buckets of about one
 entry each, made by a ``bincount`` and a ``cumsum``, cost 8-16 bytes per entry and 5.6-6.4 ns per
 entry to build (10^6-2·10^7 entries), which a storage node paid for every large delta run a plan
 searched (15-21 % of its plans' samples in the cluster bench); with ~8 entries a bucket the build
@@ -33,7 +33,7 @@ __all__ = ["BUCKET_ENTRIES", "PosIndex"]
 
 I64 = NDArray[np.int64]
 
-#: About this many entries a bucket (a power of two).
+#: At most about this many entries a bucket (a power of two; the shift rounds down, so 4-8).
 BUCKET_ENTRIES = 8
 
 

@@ -108,7 +108,8 @@ class Run:
     tf: U64
     st: F32
     pos: I64 | None = None
-    #: a delta run's position index, made on its first lookup (runs never move their entries)
+    #: a delta run's position index, made once enough keys were searched in the run (``find_in_gaps``;
+    #: runs never move their entries)
     _pos_index: PosIndex | None = field(default=None, repr=False)
     #: keys ``find_in_gaps`` bisected in this run's row slices while it had no position index
     bisected: int = field(default=0, repr=False)
