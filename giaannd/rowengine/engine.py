@@ -23,15 +23,14 @@ State (run.py describes the two kinds of run):
    searched enough to have one, run.find_in_gaps and posindex.py, then a key search over the few
    entries left); found keys are added in place.
 4. Keys found nowhere are new: they become a new delta run (with their base positions).
-5. Tiers: once ``fanout`` delta runs share a size tier (``tier_of``: tier t holds runs of
-   ``TIER_UNIT · fanout^(t-1)`` to ``TIER_UNIT · fanout^t`` entries), they are merged into one run,
-   of a higher tier, in one k-way pass (run.merge_runs, kway.py). When the delta runs together hold
-   1/``base_ratio`` of the base, they are merged (one k-way pass) and folded into the base
-   (run.fold_into_base: entry j of the delta lands at ``pos[j] + j``, no search). While something
-   else holds the arrays (a frozen engine: a snapshot being written; run.held), neither is copied:
-   a held run is not merged (the newer runs merge among themselves), and a fold due is deferred,
-   up to ``HELD_FOLD_LIMIT`` / ``base_ratio`` (below), and done, in place, by the first commit after
-   the holder lets go. ``commit(fold=False)`` (a storage node, which folds in a worker thread) also
+5. Tiers: while the newest delta run holds at least 1/``fanout`` of the entries of the one before,
+   the two are merged. When the delta runs together hold 1/``base_ratio`` of the base, they are
+   merged and folded into the base (run.fold_into_base: entry j of the delta lands at
+   ``pos[j] + j``, no search). While something else holds the arrays (a frozen engine: a
+   snapshot being written; run.held), neither is copied: a tier merge never goes into a held run
+   (the newer runs merge among themselves), and a fold due is deferred, up to
+   ``HELD_FOLD_LIMIT`` / ``base_ratio`` (below), and done, in place, by the first commit after the
+   holder lets go. ``commit(fold=False)`` (a storage node, which folds in a worker thread) also
    leaves tier merges of more than ``INLINE_MERGE_ENTRIES`` to ``merge_tiers`` (``merge_due``).
 
 ``apply_in_order`` (a log replay's window of batches that share rows and keys, inorder.py): the
@@ -45,7 +44,7 @@ the tiers' merges and folds per group.
 
 Cost: a batch of m entries costs O(m · log(row length)) for the base search plus O(m · log) for
 the delta runs, whatever the size of the rows it touches; the tiers rewrite an entry
-about once per tier, O(log_fanout) times, as a delta and about ``base_ratio + 1`` times as part of the base over its
+O(log_fanout) times as a delta and about ``base_ratio + 1`` times as part of the base over its
 life (each fold rewrites the base, which by then has grown by 1/``base_ratio``; in place, without
 fresh memory, when nothing else holds it: run.py "Merges in place"). Python work is per
 run and per batch, never per row or per entry (the per-entry loops are compiled kernels, jit.py).
@@ -106,12 +105,11 @@ from giaannd.rowengine.run import (
     append_rows,
     empty_buffer,
     find_in_gaps,
-    fold_runs_into_base,
+    fold_into_base,
     gather_entries,
     held,
     merge_deltas,
     merge_into_slice,
-    merge_runs,
     new_fields,
     offsets_of,
     range_positions,
@@ -119,8 +117,7 @@ from giaannd.rowengine.run import (
 )
 from giaannd.rowengine.search import find
 
-__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "INLINE_MERGE_ENTRIES", "TIER_UNIT", "ApplyPlan", "EngineStats",
-           "Entries",
+__all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "INLINE_MERGE_ENTRIES", "ApplyPlan", "EngineStats", "Entries",
            "RowEngine"]
 
 U8 = NDArray[np.uint8]
@@ -128,18 +125,11 @@ U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 F32 = NDArray[np.float32]
 
-#: Delta runs merge by size tiers: once this many runs share a tier (``RowEngine.tier_of``) they
-#: become one run of a higher tier, in one k-way pass (run.merge_runs). An entry is then rewritten
-#: about log_fanout(delta entries at the fold / entries per batch) times before the fold, and at
-#: most ``fanout - 1`` runs per tier are searched. Measured on the scale bench's Zipf stream
-#: (tools/bench/tier_merges.py): the leveled pairs this replaced (a newer run merged into the one
-#: before once it held 1/2 of it) rewrote each entry 5.8 times by 1.5·10^5 sentences; 4 runs a
-#: tier, ~2 (docs/model.md "Delta runs by size tiers").
-DEFAULT_FANOUT = 4
-#: Delta runs of fewer entries are tier 0; tier t >= 1 holds runs of TIER_UNIT · fanout^(t-1) to
-#: TIER_UNIT · fanout^t entries (``RowEngine.tier_of``): a training batch's new keys (~6·10^4 for
-#: 256 sentences) start a few tiers up, small runs (a few rows) merge among themselves cheaply.
-TIER_UNIT = 4096
+#: A newer delta run is merged into the one before it once it holds at least 1/DEFAULT_FANOUT of
+#: its entries, so each delta run is at least ``fanout`` times the next: at most
+#: log_fanout(deltas / batch) runs to search per batch. Larger: fewer runs, more rewriting (a run
+#: absorbs more merges before it moves up).
+DEFAULT_FANOUT = 2
 #: The delta runs are folded into the base once they hold 1/DEFAULT_BASE_RATIO of its entries.
 #: Each fold copies the whole base, so an entry is copied about ratio + 1 times in its life as
 #: part of the base: smaller is less copying, but up to 1/ratio of the entries then sit in delta
@@ -234,7 +224,7 @@ class RowEngine:
     """Rows keyed by (a, b) uint64 pairs, merged by add (module docstring).
 
     Args:
-        fanout: runs of one size tier that merge into one (``DEFAULT_FANOUT``; 1 counts as 2).
+        fanout: the delta tiers' size ratio (``DEFAULT_FANOUT``), at least 1.
         base_ratio: fold deltas into the base at 1/base_ratio of its size (``DEFAULT_BASE_RATIO``),
             at least 1.
     """
@@ -450,63 +440,36 @@ class RowEngine:
         self._deltas.append(delta)
 
     def _merge_tiers(self, limit: int | None) -> None:
-        """Size tiers (``tier_of``): while ``runs_per_tier`` runs that nothing else holds share a
-        tier, the lowest such tier's runs become one run (run.merge_runs: one pass, each entry
-        written once), which lands in a higher tier. Not a run something else holds (a frozen
-        engine): that merge would copy it, and the held one stay resident; the newer runs merge
-        among themselves meanwhile, and once it is free the next commit merges its tier. So an
-        entry is rewritten about once per tier it climbs, log_fanout(delta runs' entries / batch)
-        times before the fold, and the runs a lookup, a fold and a snapshot walk number at most
-        ``runs_per_tier - 1`` per tier. ``limit``: leave a merge of more entries than this to
+        """Size tiers: each run more than fanout times the next newer one. Not into a run something
+        else holds (a frozen engine): that merge would copy it, and the held one stay resident; the
+        newer runs merge among themselves meanwhile and pile up behind it, so once it is free the
+        first pair (newest first) out of tier merges, and so on: the runs a lookup, a fold and a
+        snapshot walk stay O(log) in number (a snapshot's view left 8 runs where 3 would do:
+        tools/bench, docs/storage.md). ``limit``: leave a merge of more entries than this to
         ``merge_tiers`` (``merge_due`` says one is left)."""
-        while True:
-            group = self._tier_due(limit)
-            if not group:
-                return
-            deltas = self._deltas
-            merged = self._merge_many([deltas[i] for i in group])
-            deltas[group[0]] = merged
-            for i in reversed(group[1:]):
-                deltas.pop(i)
-
-    def _tier_due(self, limit: int | None) -> list[int]:
-        """The indexes in ``_deltas`` of the lowest tier's runs that are due to merge (at least
-        ``runs_per_tier`` of them that nothing else holds, together at most ``limit`` entries), or
-        none."""
-        tiers: dict[int, list[int]] = {}
-        for i, d in enumerate(self._deltas):
-            if not held(d):
-                tiers.setdefault(self.tier_of(d.num_entries), []).append(i)
-        for tier in sorted(tiers):
-            group = tiers[tier]
-            if len(group) >= self.runs_per_tier and (
-                    limit is None or sum(self._deltas[i].num_entries for i in group) <= limit):
-                return group
-        return []
-
-    @property
-    def runs_per_tier(self) -> int:
-        """Runs of one tier that merge into one (``fanout``, at least 2)."""
-        return max(2, self.fanout)
-
-    def tier_of(self, entries: int) -> int:
-        """A delta run's tier: 0 under ``TIER_UNIT`` entries, else 1 + how many times the run
-        holds ``runs_per_tier`` times ``TIER_UNIT``, logarithmically (tier t >= 1 holds runs of
-        ``TIER_UNIT · k^(t-1)`` to ``TIER_UNIT · k^t`` entries, k = ``runs_per_tier``): k runs of
-        one tier make a run of a higher one."""
-        k = self.runs_per_tier
-        tier, size = 0, TIER_UNIT
-        while entries >= size:
-            tier += 1
-            size *= k
-        return tier
+        deltas = self._deltas
+        at = len(deltas) - 2
+        while at >= 0:
+            older, newer = deltas[at], deltas[at + 1]
+            if self._out_of_tier(older, newer) and (limit is None or older.num_entries + newer.num_entries <= limit):
+                deltas.pop(at + 1)
+                deltas[at] = self._merge(older, newer)
+                at = min(at, len(deltas) - 2)  # the merged run against its newer neighbour again
+            else:
+                at -= 1
 
     @_locked
     def merge_due(self) -> bool:
         """Whether a tier merge of the delta runs was left by ``commit(fold=False)`` (more than
         ``INLINE_MERGE_ENTRIES``): ``merge_tiers`` does it (a storage node: in a worker thread,
         like a fold)."""
-        return bool(self._tier_due(None))
+        deltas = self._deltas
+        return any(self._out_of_tier(deltas[i], deltas[i + 1]) for i in range(len(deltas) - 1))
+
+    def _out_of_tier(self, older: Run, newer: Run) -> bool:
+        """Two adjacent delta runs to merge: the newer holds at least 1/fanout of the older, which
+        nothing else holds."""
+        return newer.num_entries * self.fanout >= older.num_entries and not held(older)
 
     @_locked
     def merge_tiers(self) -> None:
@@ -533,12 +496,10 @@ class RowEngine:
             return False
         return True
 
-    def _merge_many(self, runs: list[Run]) -> Run:
-        """The engine's own merge of delta runs (consumed: in place where they allow)."""
-        if len(runs) > 1:
-            self.stats.delta_merges += 1
-            self.stats.delta_merge_entries += sum(r.num_entries for r in runs)
-        return merge_runs(runs, grow=True)
+    def _merge(self, older: Run, newer: Run) -> Run:
+        self.stats.delta_merges += 1
+        self.stats.delta_merge_entries += older.num_entries + newer.num_entries
+        return merge_deltas(older, newer, grow=True)
 
     @_locked
     def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]], threads: int = 1) -> I64:
@@ -602,13 +563,15 @@ class RowEngine:
         if not deltas:
             return
         self._version += 1
-        runs = list(deltas)
-        deltas.clear()
+        while len(deltas) >= 2:
+            newer = deltas.pop()
+            deltas[-1] = self._merge(deltas[-1], newer)
+        delta = deltas.pop()
         self._delta_keys.clear()
         base, self._base = self._base, Run.empty()
         self.stats.folds += 1
-        self.stats.fold_entries += base.num_entries + sum(d.num_entries for d in runs)
-        self._base = fold_runs_into_base(base, runs, grow=True)
+        self.stats.fold_entries += base.num_entries + delta.num_entries
+        self._base = fold_into_base(base, delta, grow=True)
 
     @_locked
     def reserve(self, entries: int, buffer: Buffer = empty_buffer) -> None:

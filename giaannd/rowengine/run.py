@@ -65,15 +65,13 @@ from numba import literal_unroll
 from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, prefetch, readonly
-from giaannd.rowengine.kway import MAX_RUNS, merge_back, union_rows
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "POS_INDEX_MIN_GAP", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps",
-           "fold_into_base", "fold_runs_into_base", "gather_entries", "held", "insertion_points", "merge_deltas",
-           "merge_field", "merge_into_slice", "merge_runs", "new_fields", "offsets_of", "range_positions", "repeated",
-           "window", "with_room"]
+           "fold_into_base", "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field",
+           "merge_into_slice", "new_fields", "offsets_of", "range_positions", "repeated", "window", "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -708,56 +706,6 @@ def merge_deltas(older: Run, newer: Run, grow: bool = False) -> Run:
     return _run(rows, offsets_of(counts), fields, grow)
 
 
-def merge_runs(runs: Sequence[Run], grow: bool = False) -> Run:
-    """The union of key-disjoint delta runs as one delta run (nothing is added): each entry
-    written once (kway.py), however many runs, where merging them two at a time writes the
-    entries of k runs about log2(k) times.
-
-    ``grow``: the engine's own tier merge or fold, which consumes the runs: the largest run is the
-    destination, merged into in place from the back when its buffers have room and nothing else
-    holds them (``_room``, as ``merge_deltas``), else copied into new buffers with room to spare
-    (``MERGE_SLACK``) and merged there. Without it (reads) no run is written: the result is new
-    buffers of exactly its size. More than ``kway.MAX_RUNS`` runs merge in rounds, the smallest
-    first."""
-    runs = list(runs)
-    if not runs:
-        empty = Run.empty()
-        empty.pos = np.empty(0, np.int64)
-        return empty
-    assert all(r.pos is not None for r in runs)
-    while len(runs) > MAX_RUNS:
-        runs.sort(key=lambda r: r.num_entries)
-        runs = [merge_runs(runs[:MAX_RUNS], grow), *runs[MAX_RUNS:]]
-    if len(runs) == 1 and grow:
-        return runs[0]
-    d = max(range(len(runs)), key=lambda i: runs[i].num_entries)
-    dest = runs[d]
-    sources = [(r.rows, r.offsets, r.seg, r.tc, r.tf, r.st, r.pos) for i, r in enumerate(runs) if i != d]
-    rows, counts = union_rows([r.rows for r in runs], [r.offsets for r in runs])
-    n = dest.num_entries
-    m = sum(r.num_entries for i, r in enumerate(runs) if i != d)
-    names = (*FIELDS, "pos")
-    bufs = [_room(dest, f, m, grow) for f in names]
-    in_place = all(b is not None for b in bufs)
-    if not in_place:
-        size = n + m + (int((n + m) * MERGE_SLACK) if grow else 0)
-        bufs = []
-        for f in names:
-            old = getattr(dest, f)
-            buf = np.empty(size, old.dtype)
-            buf[:n] = old
-            bufs.append(buf)
-    dest_rows, dest_offsets = dest.rows, dest.offsets
-    if grow:  # consumed: its fields dropped, so the buffers are the result's alone
-        for f in names:
-            setattr(dest, f, _NO_ENTRIES[f])
-        dest.spare = False
-    if sources:
-        merge_back(tuple(bufs), n, dest_rows, dest_offsets, sources)  # type: ignore[arg-type]
-    fields = {f: b[: n + m] for f, b in zip(names, bufs)}  # type: ignore[index]
-    return _run(rows, offsets_of(counts), fields, grow)
-
-
 def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
     """``base`` with every entry of ``delta`` inserted (keys disjoint), as the new base.
 
@@ -793,35 +741,6 @@ def fold_into_base(base: Run, delta: Run, grow: bool = False) -> Run:
         fields = _merged_fields(base, FIELDS, [getattr(delta, f) for f in FIELDS], delta.pos, grow, True)
     base.spare = False  # consumed: its (empty) fields must never be appended to
     return _run(rows, offsets_of(counts), fields, grow)
-
-
-def fold_runs_into_base(base: Run, deltas: Sequence[Run], grow: bool = False) -> Run:
-    """``base`` with every entry of the key-disjoint ``deltas`` inserted, as the new base
-    (``fold_into_base`` of their union): when the base's buffers take them in place (``grow``,
-    room, nothing else holding them: ``_room``), in one k-way pass from the back (kway.py), which
-    writes each delta entry once instead of merging the delta runs into one first; else the runs
-    are merged (``merge_runs``) and folded by ``fold_into_base``. Consumes ``base`` and, with
-    ``grow``, the deltas."""
-    deltas = [d for d in deltas if d.num_entries]
-    while len(deltas) > MAX_RUNS - 1:  # the base takes one of the union's places
-        deltas.sort(key=lambda r: r.num_entries)
-        deltas = [merge_runs(deltas[:MAX_RUNS], grow), *deltas[MAX_RUNS:]]
-    if len(deltas) <= 1 or base.num_entries == 0:
-        return fold_into_base(base, merge_runs(deltas, grow), grow)
-    m = sum(d.num_entries for d in deltas)
-    bufs = [_room(base, f, m, grow) for f in FIELDS]
-    if any(b is None for b in bufs):
-        del bufs
-        return fold_into_base(base, merge_runs(deltas, grow), grow)
-    n = base.num_entries
-    rows, counts = union_rows([base.rows, *(d.rows for d in deltas)], [base.offsets, *(d.offsets for d in deltas)])
-    base_rows, base_offsets = base.rows, base.offsets
-    for f in FIELDS:  # consumed: the buffers become the result's alone
-        setattr(base, f, _NO_ENTRIES[f])
-    base.spare = False
-    merge_back((*bufs, _NO_ENTRIES["pos"]), n, base_rows, base_offsets,  # type: ignore[arg-type]
-               [(d.rows, d.offsets, d.seg, d.tc, d.tf, d.st, d.pos) for d in deltas], base=True)  # type: ignore[misc]
-    return _run(rows, offsets_of(counts), {f: b[: n + m] for f, b in zip(FIELDS, bufs)}, True)  # type: ignore[index]
 
 
 #: Spare room an appended base field gets, as a share of its new length: the next appends (a

@@ -26,20 +26,20 @@ def _same(x, y):
 
 
 class PausedFold:
-    """``run.fold_runs_into_base`` as the engine calls it, held mid-fold (the base is then an empty run:
+    """``run.fold_into_base`` as the engine calls it, held mid-fold (the base is then an empty run:
     a read that did not wait for the fold would miss rows) until ``release``."""
 
     def __init__(self, monkeypatch):
         self.inside = threading.Event()
         self.release = threading.Event()
-        real = engine_module.fold_runs_into_base
+        real = engine_module.fold_into_base
 
-        def fold(base, deltas, grow=False):
+        def fold(base, delta, grow=False):
             self.inside.set()
             assert self.release.wait(10)
-            return real(base, deltas, grow)
+            return real(base, delta, grow)
 
-        monkeypatch.setattr(engine_module, "fold_runs_into_base", fold)
+        monkeypatch.setattr(engine_module, "fold_into_base", fold)
 
 
 def _fed(rng, rows, plain, deferred, batches, n_rows, per_row):
@@ -78,11 +78,10 @@ def test_commit_without_fold_leaves_large_tier_merges_to_the_caller(monkeypatch)
     plain, deferred = RowEngine(), RowEngine()
     left = 0
     for _ in _fed(rng, rows, plain, deferred, 80, 12, 6):
-        tiers: dict[int, list[int]] = {}
-        for d in deferred._deltas:
-            tiers.setdefault(deferred.tier_of(d.num_entries), []).append(d.num_entries)
-        # no tier the commit left full is one it should have merged
-        assert all(len(sizes) < deferred.runs_per_tier or sum(sizes) > 60 for sizes in tiers.values())
+        sizes = [d.num_entries for d in deferred._deltas]
+        # no pair the commit left out of tier is one it should have merged
+        assert all(sizes[i + 1] * deferred.fanout < sizes[i] or sizes[i] + sizes[i + 1] > 60
+                   for i in range(len(sizes) - 1))
         if deferred.merge_due():
             left += 1
             merges = deferred.stats.delta_merges

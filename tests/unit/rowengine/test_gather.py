@@ -122,7 +122,7 @@ def test_engine_gather_merges_entries_of_several_delta_runs():
     rows, before and after their rows' base entries: the gather merges them in key order."""
     rng = np.random.default_rng(3)
     engine = _engine(rng, 40, np.array([1, 50, 3000]), 1000, 0, True)
-    engine.base_ratio, engine.fanout = 1, 1000  # from here on: no fold; no tier merge (1000 runs a tier)
+    engine.base_ratio, engine.fanout = 1, 1  # from here on: no fold; no tier merge of shrinking runs
     for per_row in (64, 16, 4, 1):
         pick = rng.choice(40, 5, replace=False)
         a, b = engine.keys()
