@@ -155,6 +155,10 @@ class DeltaFilter:
     def nbytes(self) -> int:
         return int(self._words.nbytes)
 
+    def arrays(self) -> list[NDArray[np.uint64]]:
+        """The filter's words: for page advice."""
+        return [self._words]
+
     def add(self, run: Run, runs: Iterable[Run] = ()) -> None:
         """Add the keys of ``run``, a delta run taken on beside ``runs`` (the ones held already):
         past the capacity, the filter is rebuilt from all of them at twice their entries."""

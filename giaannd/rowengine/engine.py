@@ -89,7 +89,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -271,6 +271,13 @@ class RowEngine:
         runs' key filter)."""
         return (self._base.nbytes + sum(d.nbytes for d in self._deltas) + self._index.nbytes
                 + int(self._lengths.nbytes) + self._delta_keys.nbytes)
+
+    @_locked
+    def arrays(self) -> list[NDArray[Any]]:
+        """Every array the engine holds (``nbytes``' arrays), for page advice (a storage node
+        offers them to khugepaged after a recovery filled them in small pages). Read-only use."""
+        out = [a for run in (self._base, *self._deltas) for a in run.arrays()]
+        return [*out, *self._index.arrays(), self._lengths, *self._delta_keys.arrays()]
 
     def lengths(self) -> I64:
         """Entries of every row, by row id (a view; do not mutate)."""

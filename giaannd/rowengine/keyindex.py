@@ -39,6 +39,8 @@ is its top ``bits`` bits).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -358,6 +360,10 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         return int(self._slots.nbytes + self._a.nbytes + self._b.nbytes)
+
+    def arrays(self) -> list[NDArray[Any]]:
+        """The table and the keys' arrays (whole buffers, room included): for page advice."""
+        return [self._slots, self._a, self._b]
 
     def keys(self) -> tuple[U64, U64]:
         """The key of every id, in id order (views; do not mutate)."""

@@ -157,6 +157,10 @@ class Run:
         extra = self._pos_index.nbytes if self._pos_index is not None else 0
         return extra + sum(int(a.nbytes) for a in arrays if a is not None)
 
+    def arrays(self) -> list[NDArray[Any]]:
+        """Every array the run holds (its row index, fields and ``pos``): for page advice."""
+        return [a for a in (self.rows, self.offsets, self.seg, self.tc, self.tf, self.st, self.pos) if a is not None]
+
     def counts(self) -> I64:
         """Entries of each row of ``rows``."""
         return np.diff(self.offsets)

@@ -642,14 +642,14 @@ class ColumnStore:
         self.engine.reserve(min(nbytes, free) // ENTRY_BYTES, filled_buffer)
 
     def allow_huge_pages(self) -> None:
-        """The room ``reserve`` made is filled (the streams that asked for it closed): offer the
-        base's buffers to khugepaged (page_advice.py). ``reserve`` makes them fault in small pages
-        while the streams fill them: a huge page's first touch cost 2.7-3.4 ms/MB on this project's
-        VM against 0.6-0.9 for small pages (the kernel takes 2 MiB blocks from memory nothing
-        touched since boot), and it was the largest item of a join's receiver (docs/topology.md
-        "Fifth pass")."""
-        for field in self.engine.base_fields():
-            allow_huge_pages(field)
+        """Offer the store's arrays (the engine's runs, key index, lengths and filter, and the
+        touch counts) to khugepaged (page_advice.py), after a phase that filled them in small
+        pages: the room ``reserve`` made, once the streams that asked for it closed (a huge page's
+        first touch cost 2.7-3.4 ms/MB on this project's VM against 0.6-0.9 for small pages, the
+        largest item of a join's receiver: docs/topology.md "Fifth pass"), or a recovery
+        (recovery.py, ``page_advice.small_pages``). Arrays mapped from a file are left as they are."""
+        for array in (*self.engine.arrays(), self._touches):
+            allow_huge_pages(array)
 
     def copy_base(self) -> None:
         """Copy the engine's base into this process's memory (``RowEngine.copy_base``; its buffers

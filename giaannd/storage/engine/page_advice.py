@@ -17,13 +17,24 @@ it (small pages: no compaction in the fault path), and ``allow_huge_pages`` mark
 ``MADV_HUGEPAGE`` again once it is filled: the kernel's ``khugepaged`` then collapses it into huge
 pages in the background, at its own pace, with nobody waiting.
 
+``small_pages`` does the same for every array numpy creates inside a block: a restart's recovery
+(storage/engine/recovery.py) makes its key index, row lengths, touch counts, the replay's grouped
+entries and the delta run they leave in a few seconds, all fresh memory; with numpy's advice on,
+their first touches compacted memory in the faulting thread whenever free huge pages ran short,
+which a node whose page cache holds its snapshots and logs is (docs/storage.md "Recovery in small
+pages"). The store's arrays are offered to khugepaged once the recovery is done
+(``ColumnStore.allow_huge_pages``).
+
 Linux with glibc only; elsewhere (no ``madvise`` in the C library) both are plain ``np.empty`` and
 a no-op. A failing ``madvise`` changes nothing but speed, so its result is not checked.
 """
 
 from __future__ import annotations
 
+import importlib
 import mmap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
@@ -31,7 +42,7 @@ from numpy.typing import NDArray
 
 from giaannd import madvise
 
-__all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer"]
+__all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer", "small_pages"]
 
 #: Buffers from this size are advised (numpy's own threshold for ``MADV_HUGEPAGE``: 4 MiB).
 HUGE_BUFFER_BYTES: Final = 4 << 20
@@ -55,6 +66,40 @@ def filled_buffer(dtype: Any, count: int) -> NDArray[Any]:
 
 def allow_huge_pages(buf: NDArray[Any]) -> None:
     """Let the kernel collapse a filled buffer (``filled_buffer``'s, or its owner of a view) into
-    huge pages in the background."""
+    huge pages in the background. Not an array over memory numpy did not allocate (a view of a
+    mapped file: its pages are the file's)."""
     owner = buf.base if isinstance(buf.base, np.ndarray) else buf
-    _advise(owner, _MADV_HUGEPAGE)
+    if owner.base is None:
+        _advise(owner, _MADV_HUGEPAGE)
+
+
+def _numpy_switch() -> Any:
+    """numpy's process-wide switch of its ``MADV_HUGEPAGE`` on new arrays (``set(enabled) ->
+    previous``, a private function of numpy's multiarray module since 1.20), or None where this
+    numpy has none."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        switch = getattr(module, "_set_madvise_hugepage", None)
+        if switch is not None:
+            return switch
+    return None
+
+
+@contextmanager
+def small_pages() -> Iterator[None]:
+    """Arrays numpy creates inside the block fault in small pages (its own ``MADV_HUGEPAGE`` of
+    arrays of 4 MiB or more is off meanwhile), for a phase that fills much fresh memory at once
+    (module docstring). Process-wide: another thread's arrays made meanwhile are not advised
+    either, which changes only their page size. Restores numpy's setting on leaving."""
+    switch = _numpy_switch()
+    if switch is None:
+        yield
+        return
+    previous = switch(False)
+    try:
+        yield
+    finally:
+        switch(previous)

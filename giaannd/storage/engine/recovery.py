@@ -63,6 +63,7 @@ from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropResult, Floor, FrozenRows
 from giaannd.storage.engine.deferred_applies import Deferred, DeferredApplies
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
+from giaannd.storage.engine.page_advice import small_pages
 from giaannd.storage.engine.snapshot import (
     Pacer,
     WriteMode,
@@ -519,22 +520,26 @@ class DurableStore:
         started, started_cpu = time.perf_counter(), time.process_time()
         snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
-        if snapshots:
-            snap_seq, snap_path = snapshots[-1]
-            snapshot_bytes = snap_path.stat().st_size
-            room = replay_room(segments)
-            if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
-                mapping = SnapshotMapping.open(snap_path)
-            store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
-                                               0 if mapping is not None else room, mapping)
-            if seq_in_file != snap_seq:
-                raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
-        else:
-            snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
-        loaded, loaded_cpu = time.perf_counter(), time.process_time()
-        # Replay changes RAM only: a damaged segment further on still stops start-up before any
-        # file changes.
-        done = replay_segments(store, segments, snap_seq, replay_threads)
+        # The load and the replay fill much fresh memory at once: in small pages, without compaction
+        # in the fault path; the store's arrays then go to khugepaged (page_advice.py).
+        with small_pages():
+            if snapshots:
+                snap_seq, snap_path = snapshots[-1]
+                snapshot_bytes = snap_path.stat().st_size
+                room = replay_room(segments)
+                if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
+                    mapping = SnapshotMapping.open(snap_path)
+                store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
+                                                   0 if mapping is not None else room, mapping)
+                if seq_in_file != snap_seq:
+                    raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
+            else:
+                snap_seq, snap_path, store = 0, None, ColumnStore(capacity_bytes)
+            loaded, loaded_cpu = time.perf_counter(), time.process_time()
+            # Replay changes RAM only: a damaged segment further on still stops start-up before any
+            # file changes.
+            done = replay_segments(store, segments, snap_seq, replay_threads)
+        store.allow_huge_pages()
         applied, skipped, torn, log_bytes = done.applied, done.skipped, done.torn, done.log_bytes
         if applied:
             return_freed_heap()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from giaannd import madvise
+from giaannd.storage.engine import page_advice
 from giaannd.storage.engine.page_advice import HUGE_BUFFER_BYTES, allow_huge_pages, filled_buffer
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE,
@@ -63,3 +65,79 @@ def test_room_reserved_for_streams_fills_in_small_pages_then_is_offered_to_khuge
     assert all("nh" in _vm_flags(m) and "hg" not in _vm_flags(m) for m in middles)
     store.allow_huge_pages()
     assert all("hg" in _vm_flags(m) and "nh" not in _vm_flags(m) for m in middles)
+
+
+def _numpy_advises() -> bool:
+    """Whether numpy advises MADV_HUGEPAGE on the large arrays it makes now (read without change)."""
+    switch = page_advice._numpy_switch()
+    if switch is None:
+        pytest.skip("this numpy has no switch for its huge page advice")
+    state = switch(False)
+    switch(state)
+    return bool(state)
+
+
+def test_small_pages_turns_numpy_advice_off_inside_and_restores_it():
+    before = _numpy_advises()
+    with page_advice.small_pages():
+        assert not _numpy_advises()
+        # 64 MiB: above glibc's largest mmap threshold (32 MiB), so fresh memory, never a reused
+        # piece of the heap that an earlier array's advice still covers
+        inside = np.empty(16 * HUGE_BUFFER_BYTES // 8, np.uint64)
+        assert "hg" not in _vm_flags(inside.ctypes.data + inside.nbytes // 2)
+    assert _numpy_advises() == before
+    with pytest.raises(RuntimeError), page_advice.small_pages():
+        raise RuntimeError("left by an exception")
+    assert _numpy_advises() == before
+
+
+def test_a_file_mapping_is_not_offered_to_khugepaged(tmp_path):
+    """``allow_huge_pages`` of a view of a mapped file (a snapshot's base, mapped) leaves the
+    mapping alone: its pages are the file's (the kernel would take the advice: before, it was given)."""
+    path = tmp_path / "mapped"
+    path.write_bytes(bytes(4 * HUGE_BUFFER_BYTES))
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint64)
+        allow_huge_pages(view)
+        assert "hg" not in _vm_flags(view.ctypes.data + view.nbytes // 2)
+        del view
+
+
+def test_recovery_fills_in_small_pages_then_offers_the_store_to_khugepaged(tmp_path, monkeypatch):
+    """``DurableStore.open`` loads and replays with numpy's huge page advice off (a node's page
+    cache is full of its snapshots and logs: faults in advised arrays compacted memory), restores
+    it, and then offers the store's arrays to khugepaged (``ColumnStore.allow_huge_pages``)."""
+    from giaannd.protocol import BatchId
+    from giaannd.storage.engine import recovery
+    from giaannd.storage.engine.column_store import ColumnStore
+    from giaannd.storage.engine.recovery import DurableStore
+    from tools.cluster_harness import make_batch
+
+    rng = np.random.default_rng(3)
+    ds = DurableStore.open(tmp_path / "s", 1 << 40)
+    for i in range(4):
+        ds.apply(BatchId(1, i + 1), make_batch(rng, 2_000, 20))
+    ds.snapshot()
+    ds.apply(BatchId(1, 10), make_batch(rng, 2_000, 20))  # a log after the snapshot: replayed
+    ds.close()
+    before = _numpy_advises()
+    seen: list[str] = []
+    replay = recovery.replay_segments
+
+    def watched(*args, **kwargs):
+        seen.append(f"replay, numpy advises: {_numpy_advises()}")
+        return replay(*args, **kwargs)
+
+    offer = ColumnStore.allow_huge_pages
+
+    def offered(self):
+        seen.append(f"offered, numpy advises: {_numpy_advises() == before}")
+        return offer(self)
+
+    monkeypatch.setattr(recovery, "replay_segments", watched)
+    monkeypatch.setattr(ColumnStore, "allow_huge_pages", offered)
+    opened = DurableStore.open(tmp_path / "s", 1 << 40, map_snapshot=False)
+    assert seen == ["replay, numpy advises: False", "offered, numpy advises: True"]
+    assert _numpy_advises() == before
+    assert opened.recovery.records_replayed >= 1
+    opened.close()
