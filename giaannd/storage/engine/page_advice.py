@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import mmap
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -88,18 +89,32 @@ def _numpy_switch() -> Any:
     return None
 
 
+_inside = 0  # blocks of ``small_pages`` entered and not left, in every thread
+_restore = True  # numpy's setting when the first of them was entered
+_lock = threading.Lock()
+
+
 @contextmanager
 def small_pages() -> Iterator[None]:
     """Arrays numpy creates inside the block fault in small pages (its own ``MADV_HUGEPAGE`` of
     arrays of 4 MiB or more is off meanwhile), for a phase that fills much fresh memory at once
     (module docstring). Process-wide: another thread's arrays made meanwhile are not advised
-    either, which changes only their page size. Restores numpy's setting on leaving."""
+    either, which changes only their page size. Blocks may overlap (several stores opening in
+    threads of one process): numpy's setting is turned off by the first to enter and restored by
+    the last to leave."""
+    global _inside, _restore
     switch = _numpy_switch()
     if switch is None:
         yield
         return
-    previous = switch(False)
+    with _lock:
+        if _inside == 0:
+            _restore = bool(switch(False))
+        _inside += 1
     try:
         yield
     finally:
-        switch(previous)
+        with _lock:
+            _inside -= 1
+            if _inside == 0:
+                switch(_restore)

@@ -141,3 +141,17 @@ def test_recovery_fills_in_small_pages_then_offers_the_store_to_khugepaged(tmp_p
     assert _numpy_advises() == before
     assert opened.recovery.records_replayed >= 1
     opened.close()
+
+
+def test_overlapping_small_pages_blocks_restore_numpy_once_the_last_one_leaves():
+    """Two stores opening in threads of one process: the first block to leave must not turn
+    numpy's advice back on under the other, nor the last leave it off (a plain save and restore
+    per block did the latter)."""
+    before = _numpy_advises()
+    first, second = page_advice.small_pages(), page_advice.small_pages()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not _numpy_advises()
+    second.__exit__(None, None, None)
+    assert _numpy_advises() == before
