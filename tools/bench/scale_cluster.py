@@ -40,7 +40,9 @@ where the one before ended. At each checkpoint:
   much of that was the log (none when a timer snapshot came after the job's last write) — the rest
   of a restart is the process's start-up (interpreter, imports, compiled-kernel cache) and joining,
   shown apart from the victim's own log lines (``tools.bench.restart.timeline``: seconds from the
-  spawn until the ring is synced and the recovery begins, and from the recovery's end to ready);
+  spawn until the ring is synced and the recovery begins, and from the recovery's end to ready),
+  and the share of the victim's newest snapshot the page cache held just before the kill
+  (``tools.bench.page_cache``: below 1, the load pages it in from disk, at disk speed);
 - **export**: ``Client.export`` of the whole model (JSONL written by the compute node, merged from
   the owners' pages), MB/s of row bytes, while the model holds at most ``--export-max-entries``
   entries (the JSONL is ~9× the row bytes on disk; it is deleted after).
@@ -75,8 +77,10 @@ from giaannd.model.tokens import write_conllu
 from giaannd.sdk.client import Client
 from giaannd.sdk.errors import ClientError
 from giaannd.sdk.local_cluster import LocalCluster, Node
+from giaannd.storage.replication.service import STORE_DIR
 from peers.membership.config import MembershipConfig
 from tools.bench.cluster_jobs import cpu_s
+from tools.bench.page_cache import cached_share
 from tools.bench.report import emit_figure, print_table
 from tools.bench.restart import timeline
 from tools.bench.zipf_stream import ZipfStream
@@ -335,6 +339,9 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
                 (cluster.export_dir / name).unlink(missing_ok=True)
             record["rss_per_entry_settled"] = rss_per_entry(settled_rss(storage), rss0, entries)
             victim = storage[-1]
+            snapshots = sorted((victim.data_dir / "storage" / STORE_DIR).glob("snapshot-*.snap"))
+            # page cache or disk: what the restart's snapshot load runs at (page_cache.py)
+            record["restart_snapshot_cached"] = cached_share(snapshots[-1]) if snapshots else None
             cluster.kill(victim)
             t, exec_at = time.perf_counter(), time.time()
             cluster.restart(victim, timeout_s=STEP_TIMEOUT_S)
@@ -391,6 +398,8 @@ def targets(records: list[dict[str, Any]]) -> list[tuple[str, float | None, str]
          f"<= {TARGET_RESTART_S_PER_GB:.0f}"),
         (f"storage recovery (snapshot load + log replay) s per GB read at {last['sentences']:,}",
          last["recovery_s_per_gb"], f"<= {TARGET_RESTART_S_PER_GB:.0f}"),
+        (f"share of the restarted node's snapshot in the page cache at {last['sentences']:,} (0-1; "
+         "below 1 the load reads the disk)", last.get("restart_snapshot_cached"), "-"),
     ]
 
 
@@ -400,7 +409,7 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry after job / settled",
               "apply p99 snapshot / without",
               "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "of it: start-up / recovery / after",
-              "recovery s (of it log replay; CPU s) / GB read (of it log)",
+              "recovery s (of it log replay; CPU s) / GB read (of it log); snapshot in the page cache",
               "RSS B/entry restarted",
               "export MB/s"]
     rows = [[f"{r['sentences']:,}", _fmt(r["sent_per_s"]), _fmt(r["sent_per_cpu_s"]), _fmt(r["cpu_us_compute"]),
@@ -413,13 +422,17 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
              f" / {_fmt(r.get('restart_after_recovery_s'), 2)}",
              f"{r['recovery_s']:.1f} ({_fmt(r.get('recovery_replay_s'), 2)}; {_fmt(r.get('recovery_cpu_s'), 2)})"
              f" / {r['recovery_gb']:.2f}"
-             f" ({r['recovery_log_gb']:.2f})",
+             f" ({r['recovery_log_gb']:.2f}); {_share(r.get('restart_snapshot_cached'))}",
              _fmt(r["rss_per_entry_restarted"], 1),
              _fmt(r.get("export_mb_s"), 1)] for r in records]
     print_table("Cluster rows at scale (3 storage daemons R=3 W=2 + 1 compute, tcp loopback, Zipf stream)",
                 header, rows)
     print_table("Cluster targets", ["figure", "value", "target"],
                 [[f, _fmt(v, 2), t] for f, v, t in targets(records)])
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _finite(value: float | None) -> float | None:

@@ -1,0 +1,52 @@
+"""How much of a file the page cache holds (``mincore`` over a read-only mapping of it).
+
+A restart's snapshot load runs at page-cache speed when the file is cached and at the disk's when
+it is not (docs/storage.md "Recovery in small pages": 0.61 s against 1.4-2.3 s for the same 1.8 GB
+on this project's VM), so a benchmark that restarts a node says which it measured.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["cached_share"]
+
+
+def _libc_mincore() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MINCORE = _libc_mincore()
+
+
+def cached_share(path: Path) -> float | None:
+    """The share (0-1) of ``path``'s pages in the page cache now; None where ``mincore`` is not
+    available or the file cannot be mapped (missing, empty). Maps the file and touches nothing."""
+    if _MINCORE is None:
+        return None
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            view = np.frombuffer(m, np.uint8)
+            pages = -(-view.shape[0] // mmap.PAGESIZE)
+            vec = np.zeros(pages, np.uint8)
+            rc = _MINCORE(view.ctypes.data, view.shape[0], vec.ctypes.data)
+            del view
+            if rc != 0:
+                return None
+            return float(np.count_nonzero(vec & 1)) / pages
+    except (OSError, ValueError):
+        return None
