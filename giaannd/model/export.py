@@ -24,6 +24,13 @@ lines by one ``str.format`` map), byte for byte the lines ``iter_jsonl`` makes w
 (tests compare them). A row cut into pieces by the scan is two chunks: its lines, concatenated,
 are the row's.
 
+Page cache: an export is as large as ~9× the model's row bytes (~16 GB for a node of 8.6·10^7
+entries), written once and read, if ever, by another program. Through the page cache it would
+evict what a colocated storage node needs cached (its snapshot: a restart then reads it from
+disk, docs/storage.md "Recovery in small pages"), so the writer makes every ``DROP_EVERY_BYTES``
+durable (``fdatasync``) and drops those pages (``posix_fadvise(POSIX_FADV_DONTNEED)``), and drops
+the rest at ``commit``, as the storage update log does with what it syncs.
+
 Binary snapshot (little-endian), version 1::
 
     offset size  field
@@ -248,6 +255,12 @@ def jsonl_bytes(batch: RowBatch, vocab: Vocabulary, fragments: JsonlFragments | 
     return text.encode("utf-8")
 
 
+#: An export writer makes its file durable and drops it from the page cache every this many bytes
+#: (module docstring, "Page cache"): the cache it fills at most, and the data a sync waits for.
+DROP_EVERY_BYTES = 64 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 class JsonlWriter:
     """A JSONL export written chunk by chunk (module docstring, "Streaming"): into a temporary file
     next to ``path`` until ``commit`` fsyncs it and renames it over ``path``; ``abort`` (or any
@@ -267,6 +280,8 @@ class JsonlWriter:
         #: lines written so far
         self.lines = 0
         self._fragments: JsonlFragments | None = None
+        self._written = 0  # bytes written to the file
+        self._dropped = 0  # bytes synced and dropped from the page cache (a page-aligned offset)
 
     def write(self, batch: RowBatch, vocab: Vocabulary) -> None:
         """Append the lines of ``batch`` (the rows after every row written before).
@@ -282,6 +297,19 @@ class JsonlWriter:
         data = jsonl_bytes(batch, vocab, self._fragments)
         self._fh.write(data)
         self.lines += batch.num_entries
+        self._written += len(data)
+        if self._written - self._dropped >= DROP_EVERY_BYTES:
+            self._drop_synced(self._fh)
+
+    def _drop_synced(self, fh: IO[bytes]) -> None:
+        """Make what was written durable and drop its whole pages from the page cache (module
+        docstring, "Page cache"); a no-op for the cache where there is no ``posix_fadvise``."""
+        fh.flush()
+        os.fdatasync(fh.fileno())
+        end = self._written // _PAGE * _PAGE
+        if end > self._dropped and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fh.fileno(), self._dropped, end - self._dropped, os.POSIX_FADV_DONTNEED)
+            self._dropped = end
 
     def commit(self) -> None:
         """Make the file complete and durable at ``path``.
@@ -296,6 +324,8 @@ class JsonlWriter:
             with fh:
                 fh.flush()
                 os.fsync(fh.fileno())
+                if hasattr(os, "posix_fadvise"):  # the rest leaves the page cache too
+                    os.posix_fadvise(fh.fileno(), self._dropped, 0, os.POSIX_FADV_DONTNEED)
             os.replace(self._tmp, self.path)
         except BaseException:
             self._remove()

@@ -1,4 +1,6 @@
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +162,45 @@ def test_a_streamed_export_cut_mid_line_or_damaged_is_rejected_by_the_reader(tmp
     bad.write_bytes(data.replace(b'"segment": ', b'"segment": x', 1))
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not an export entry"):
         list(read_jsonl(bad))
+
+
+def _drops_pages(tmp_path) -> bool:
+    """Whether this file system frees a file's synced pages on POSIX_FADV_DONTNEED (tmpfs does not)."""
+    from tools.bench.page_cache import cached_share
+
+    probe = tmp_path / "probe"
+    probe.write_bytes(os.urandom(1 << 16))
+    with probe.open("rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    share = cached_share(probe)
+    probe.unlink()
+    return share is not None and share < 0.5
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise")
+def test_an_export_leaves_the_page_cache_as_it_goes_and_when_committed(tmp_path, monkeypatch):
+    """An export (up to ~9x the model's row bytes) must not evict a colocated storage node's
+    cached snapshot: the writer syncs and drops what it wrote every DROP_EVERY_BYTES, and the rest
+    at commit; the file's bytes are those of a plain write."""
+    from giaannd.model import export as export_mod
+    from giaannd.model.export import JsonlFragments, JsonlWriter, jsonl_bytes
+    from tools.bench.page_cache import cached_share
+
+    if not _drops_pages(tmp_path):
+        pytest.skip("this file system keeps a file's pages in memory (tmpfs)")
+    monkeypatch.setattr(export_mod, "DROP_EVERY_BYTES", 1 << 14)
+    v, batch = _odd_vocab_batch()
+    frag = JsonlFragments(v)
+    out = tmp_path / "e.jsonl"
+    w = JsonlWriter(out)
+    chunks = 0
+    while w._written < 1 << 17:  # noqa: SLF001 - several drops' worth
+        w.write(batch, v)
+        chunks += 1
+    share = cached_share(Path(w._tmp))  # noqa: SLF001
+    assert share is not None and share < 0.5  # dropped as it went
+    w.commit()
+    share = cached_share(out)
+    assert share is not None and share < 0.05  # and the rest at commit
+    assert out.read_bytes() == jsonl_bytes(batch, v, frag) * chunks
