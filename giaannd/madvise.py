@@ -15,24 +15,26 @@ import mmap
 import sys
 from typing import Any, Final
 
-__all__ = ["AVAILABLE", "PAGE", "advise"]
+__all__ = ["AVAILABLE", "PAGE", "advise", "libc_function"]
 
 PAGE: Final = mmap.PAGESIZE
 
 
-def _libc_madvise() -> Any:
+def libc_function(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+    """The C library's function ``name`` through ctypes (``errno`` kept), typed; None off Linux
+    or where the library has no such function."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
+    fn.argtypes = argtypes
+    fn.restype = restype
     return fn
 
 
-_MADVISE: Final = _libc_madvise()
+_MADVISE: Final = libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int)
 #: Whether ``advise`` reaches the kernel here.
 AVAILABLE: Final = _MADVISE is not None
 

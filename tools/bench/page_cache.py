@@ -9,28 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from giaannd.madvise import libc_function
 
 __all__ = ["cached_share"]
 
 
-def _libc_mincore() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).mincore
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MINCORE = _libc_mincore()
+_MINCORE = libc_function("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int)
 
 
 def cached_share(path: Path) -> float | None:
