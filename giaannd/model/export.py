@@ -68,6 +68,7 @@ from numpy.typing import NDArray
 
 from giaannd.atomic_file import atomic_writer, fsync_dir
 from giaannd.errors import CorruptDataError
+from giaannd.madvise import PAGE
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -258,7 +259,6 @@ def jsonl_bytes(batch: RowBatch, vocab: Vocabulary, fragments: JsonlFragments | 
 #: An export writer makes its file durable and drops it from the page cache every this many bytes
 #: (module docstring, "Page cache"): the cache it fills at most, and the data a sync waits for.
 DROP_EVERY_BYTES = 64 << 20
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class JsonlWriter:
@@ -306,7 +306,7 @@ class JsonlWriter:
         docstring, "Page cache"); a no-op for the cache where there is no ``posix_fadvise``."""
         fh.flush()
         os.fdatasync(fh.fileno())
-        end = self._written // _PAGE * _PAGE
+        end = self._written // PAGE * PAGE
         if end > self._dropped and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fh.fileno(), self._dropped, end - self._dropped, os.POSIX_FADV_DONTNEED)
             self._dropped = end

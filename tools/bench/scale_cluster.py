@@ -77,6 +77,7 @@ from giaannd.model.tokens import write_conllu
 from giaannd.sdk.client import Client
 from giaannd.sdk.errors import ClientError
 from giaannd.sdk.local_cluster import LocalCluster, Node
+from giaannd.storage.engine.snapshot import list_snapshots
 from giaannd.storage.replication.service import STORE_DIR
 from peers.membership.config import MembershipConfig
 from tools.bench.cluster_jobs import cpu_s
@@ -339,9 +340,9 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
                 (cluster.export_dir / name).unlink(missing_ok=True)
             record["rss_per_entry_settled"] = rss_per_entry(settled_rss(storage), rss0, entries)
             victim = storage[-1]
-            snapshots = sorted((victim.data_dir / "storage" / STORE_DIR).glob("snapshot-*.snap"))
+            snapshots = list_snapshots(victim.data_dir / "storage" / STORE_DIR)
             # page cache or disk: what the restart's snapshot load runs at (page_cache.py)
-            record["restart_snapshot_cached"] = cached_share(snapshots[-1]) if snapshots else None
+            record["restart_snapshot_cached"] = cached_share(snapshots[-1][1]) if snapshots else None
             cluster.kill(victim)
             t, exec_at = time.perf_counter(), time.time()
             cluster.restart(victim, timeout_s=STEP_TIMEOUT_S)
