@@ -66,9 +66,9 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd import page_cache
 from giaannd.atomic_file import atomic_writer, fsync_dir
 from giaannd.errors import CorruptDataError
-from giaannd.madvise import PAGE
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
@@ -281,7 +281,8 @@ class JsonlWriter:
         self.lines = 0
         self._fragments: JsonlFragments | None = None
         self._written = 0  # bytes written to the file
-        self._dropped = 0  # bytes synced and dropped from the page cache (a page-aligned offset)
+        self._synced = 0  # of them, made durable (and dropped from the page cache) so far
+        self._cached = page_cache.DroppedPrefix()  # how far the file left the page cache
 
     def write(self, batch: RowBatch, vocab: Vocabulary) -> None:
         """Append the lines of ``batch`` (the rows after every row written before).
@@ -298,7 +299,7 @@ class JsonlWriter:
         self._fh.write(data)
         self.lines += batch.num_entries
         self._written += len(data)
-        if self._written - self._dropped >= DROP_EVERY_BYTES:
+        if self._written - self._synced >= DROP_EVERY_BYTES:
             self._drop_synced(self._fh)
 
     def _drop_synced(self, fh: IO[bytes]) -> None:
@@ -306,10 +307,8 @@ class JsonlWriter:
         docstring, "Page cache"); a no-op for the cache where there is no ``posix_fadvise``."""
         fh.flush()
         os.fdatasync(fh.fileno())
-        end = self._written // PAGE * PAGE
-        if end > self._dropped and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fh.fileno(), self._dropped, end - self._dropped, os.POSIX_FADV_DONTNEED)
-            self._dropped = end
+        self._synced = self._written
+        self._cached.drop(fh.fileno(), self._synced)
 
     def commit(self) -> None:
         """Make the file complete and durable at ``path``.
@@ -324,8 +323,7 @@ class JsonlWriter:
             with fh:
                 fh.flush()
                 os.fsync(fh.fileno())
-                if hasattr(os, "posix_fadvise"):  # the rest leaves the page cache too
-                    os.posix_fadvise(fh.fileno(), self._dropped, 0, os.POSIX_FADV_DONTNEED)
+                page_cache.drop_rest(fh.fileno(), self._cached.dropped)  # the rest leaves it too
             os.replace(self._tmp, self.path)
         except BaseException:
             self._remove()

@@ -37,7 +37,7 @@ import mmap
 import os
 from typing import Protocol
 
-from giaannd.madvise import PAGE
+from giaannd import page_cache
 
 __all__ = ["DIRECT_BLOCK", "DIRECT_STAGE_BYTES", "SYNC_EVERY_BYTES", "CachedFile", "DirectFile", "O_DIRECT",
            "PartStream", "SnapshotFile", "open_temporary"]
@@ -102,7 +102,7 @@ class CachedFile:
 
     def __init__(self, fd: int, drop: bool = False) -> None:
         self.fd = fd
-        self.drop = drop and hasattr(os, "posix_fadvise")
+        self.drop = drop and page_cache.AVAILABLE
         self._written = self._synced = 0
         self._streams: list[_CachedStream] = []
 
@@ -124,13 +124,13 @@ class CachedFile:
         _pwrite_all(self.fd, memoryview(header), 0)
         os.fsync(self.fd)
         if self.drop:  # the whole file (the header's page was written again just now)
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            page_cache.drop_rest(self.fd)
 
 
 class _CachedStream:
     def __init__(self, file: CachedFile, offset: int) -> None:
         self.file, self.pos = file, offset
-        self._dropped = offset  # bytes before this (rounded to pages) left the cache
+        self._cached = page_cache.DroppedPrefix(offset)  # (the bytes before this stream are not its)
 
     def write(self, data: memoryview) -> None:
         _pwrite_all(self.file.fd, data, self.pos)
@@ -139,11 +139,7 @@ class _CachedStream:
 
     def drop_synced(self) -> None:
         """This stream's whole pages written so far (and synced by the caller) leave the cache."""
-        start = -(-self._dropped // PAGE) * PAGE
-        end = self.pos - self.pos % PAGE
-        if end > start:
-            os.posix_fadvise(self.file.fd, start, end - start, os.POSIX_FADV_DONTNEED)
-            self._dropped = end
+        self._cached.drop(self.file.fd, self.pos)
 
     def close(self) -> None:
         pass

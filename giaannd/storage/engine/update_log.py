@@ -51,8 +51,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd import page_cache
 from giaannd.atomic_file import fsync_dir
-from giaannd.madvise import PAGE as _PAGE
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.records import RecordError, RecordFormat
@@ -315,7 +315,10 @@ class UpdateLog:
             read at the next start, and by repair, from disk then) otherwise grows the page cache
             by every byte written, each append copying into pages the kernel has never used
             since boot: on the shared VM of docs/topology.md "Fifth pass" 1.8-3.2 ms of CPU per
-            MB appended, against 0.3-0.6 with this (4 MiB records, an fsync per 16 MiB).
+            MB appended, against 0.3-0.6 with this (4 MiB records, an fsync per 16 MiB). Whole
+            pages only (``giaannd.page_cache``): the partial last page, which the next append
+            writes into, stays cached until a later sync covers it whole, or the segment is
+            rotated or closed (so an append never reads that page back from the disk).
     """
 
     def __init__(self, directory: Path, next_seq: int, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
@@ -324,7 +327,7 @@ class UpdateLog:
             raise ValueError("segment_max_bytes too small")
         self.directory = directory
         self.segment_max_bytes = segment_max_bytes
-        self.drop_synced = drop_synced and hasattr(os, "posix_fadvise")
+        self.drop_synced = drop_synced and page_cache.AVAILABLE
         self._next_seq = next_seq
         self._durable_seq = next_seq - 1
         self._lock = threading.Lock()  # guards fd swaps between append/rotate and a threaded sync
@@ -332,9 +335,8 @@ class UpdateLog:
         self._segment_bytes = 0
         #: bytes of records appended since this log was opened (``DurableStore.logged_since_snapshot``)
         self.appended_bytes = 0
-        #: the current segment's bytes before this offset are durable and were dropped from the
-        #: page cache (``drop_synced``); a page-aligned offset
-        self._cached_from = 0
+        #: how far the current segment has left the page cache (``drop_synced``)
+        self._cached = page_cache.DroppedPrefix()
         self._failed: OSError | None = None
         self._open_segment()
 
@@ -354,7 +356,7 @@ class UpdateLog:
             if not existed:
                 path.unlink(missing_ok=True)
             raise
-        self._fd, self._segment_bytes, self._cached_from = fd, size, 0
+        self._fd, self._segment_bytes, self._cached = fd, size, page_cache.DroppedPrefix()
 
     @property
     def last_seq(self) -> int:
@@ -418,25 +420,16 @@ class UpdateLog:
             if current < 0:
                 return self._durable_seq
             fd = os.dup(current)  # survives a concurrent rotate closing the original
-            start, end = self._cached_from, self._segment_bytes
+            cached, end = self._cached, self._segment_bytes  # (that segment's)
         try:
             os.fdatasync(fd)
-            if self.drop_synced:
-                self._drop_cached(fd, start, end)
+            if self.drop_synced:  # (two syncs at once at worst drop some pages twice)
+                cached.drop(fd, end)
         finally:
             os.close(fd)
         with self._lock:
             self._durable_seq = max(self._durable_seq, target)
-            if self.drop_synced and self._fd == current:  # (still that segment)
-                self._cached_from = max(self._cached_from, end // _PAGE * _PAGE)
             return self._durable_seq
-
-    @staticmethod
-    def _drop_cached(fd: int, start: int, end: int) -> None:
-        """Drop the durable bytes ``[start, end)`` of segment ``fd`` from the page cache (whole
-        pages: a partial last page stays until a later call covers it)."""
-        if end > start:
-            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
     def rotate(self) -> None:
         """Close the current segment (synced) and start a new one at the next seq."""
@@ -444,12 +437,12 @@ class UpdateLog:
             self._rotate_locked()
 
     def _rotate_locked(self) -> None:
-        old, start, end = self._fd, self._cached_from, self._segment_bytes
+        old, cached = self._fd, self._cached
         os.fdatasync(old)
         self._durable_seq = self._next_seq - 1
         self._open_segment()  # raises with ``old`` still current: appends go on into it
-        if self.drop_synced:
-            self._drop_cached(old, start, end)
+        if self.drop_synced:  # synced whole: its last partial page goes too
+            page_cache.drop_rest(old, cached.dropped)
         os.close(old)
 
     def drop_through(self, seq: int) -> list[Path]:
@@ -468,6 +461,8 @@ class UpdateLog:
         if self._fd >= 0:
             self.sync()
             with self._lock:
+                if self.drop_synced:  # synced whole and never appended to again: its last page too
+                    page_cache.drop_rest(self._fd, self._cached.dropped)
                 os.close(self._fd)
                 self._fd = -1
 

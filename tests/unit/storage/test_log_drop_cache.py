@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_
 
 
 def _record_advice(monkeypatch: pytest.MonkeyPatch, log: UpdateLog) -> list[tuple[int, int, int]]:
-    """(offset, length, segment size synced so far) of every fadvise the log makes."""
+    """(offset, length, segment size synced so far) of every fadvise the log makes (a length of 0,
+    "to the end of the file", as the length it stands for)."""
     calls: list[tuple[int, int, int]] = []
     real_sync, real_advise = os.fdatasync, os.posix_fadvise
     synced = [0]
@@ -33,6 +34,8 @@ def _record_advice(monkeypatch: pytest.MonkeyPatch, log: UpdateLog) -> list[tupl
 
     def advise(fd: int, offset: int, length: int, advice: int) -> None:
         assert advice == os.POSIX_FADV_DONTNEED
+        if length == 0:  # to the end of the file
+            length = max(0, os.fstat(fd).st_size - offset)
         calls.append((offset, length, synced[0]))
         real_advise(fd, offset, length, advice)
 
@@ -96,5 +99,20 @@ def test_the_stores_log_drops_what_it_synced(tmp_path: Path, monkeypatch: pytest
     calls = _record_advice(monkeypatch, store.log)
     store.apply(BatchId(1, 1), random_batch(np.random.default_rng(8)))
     store.sync()
-    assert calls and calls[-1][0] + calls[-1][1] == calls[-1][2]
+    assert calls and calls[-1][0] + calls[-1][1] == calls[-1][2] // PAGE * PAGE
     store.close()
+
+
+def test_a_sync_keeps_the_partial_last_page_and_close_drops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page the next append writes into stays cached after a sync (dropping it would make that
+    append read it back from the disk); once the segment is closed nothing is appended to it."""
+    log = UpdateLog(tmp_path, 1, drop_synced=True)
+    calls = _record_advice(monkeypatch, log)
+    rng = np.random.default_rng(9)
+    while os.fstat(log._fd).st_size % PAGE == 0 or os.fstat(log._fd).st_size < 3 * PAGE:
+        log.append_batch(BatchId(1, log.last_seq + 1), random_batch(rng))
+    size = os.fstat(log._fd).st_size
+    log.sync()
+    assert calls[-1][0] + calls[-1][1] == size // PAGE * PAGE  # the partial page is left
+    log.close()
+    assert calls[-1] == (size // PAGE * PAGE, size % PAGE, size)  # to the end of the file
