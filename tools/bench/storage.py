@@ -9,7 +9,9 @@ Prints Markdown tables:
    real training stream (bundled corpus, K-sentence delta batches): the store's batch apply, the
    per-row plan + merge it replaced, and the core's in-memory ``RowStore.apply`` (the baseline);
 2. update-log throughput: appends with a group-commit fsync every k records, with an fsync per
-   record, and raw ``os.write`` of the same bytes with no fsync;
+   record, and raw ``os.write`` of the same bytes with no fsync; and the latency of an append right
+   after a sync: the store's log (drops what it synced from the page cache) against one that keeps
+   its pages (the baseline: no page to read back);
 3. restart: snapshot write, snapshot load (+ row verification) and log replay, scaled to s/GB;
 4. row reads: ``read_rows`` (gather into a RowBatch) vs ``memcpy`` of the same number of bytes;
 5. placement: ``owner_indices`` over many keys;
@@ -220,6 +222,35 @@ def bench_log(tmp: Path, quick: bool) -> None:
     rows.append(["raw os.write, same bytes, no fsync (baseline)", f"{records / el:,.0f}",
                  f"{records * record_bytes / el / 1e6:.0f}"])
     print_table(f"update log ({record_bytes / 1e3:.0f} KB records)", ["mode", "records/s", "MB/s"], rows)
+    bench_append_after_sync(tmp, 500 if quick else 3000)
+
+
+def bench_append_after_sync(tmp: Path, records: int) -> None:
+    """Latency of an append right after a sync, small records (one 40-entry row): the store's log,
+    which drops what each sync made durable from the page cache, against a log that keeps it (the
+    baseline, same run). An append writes into the segment's partial last page; if a drop took
+    that page, the append reads it back from the disk first (update_log.py, ``drop_synced``)."""
+    from giaannd.storage.engine.update_log import UpdateLog
+
+    n = 40
+    batch = RowBatch.from_entries(np.full(n, 5, np.uint64), np.full(n, 7, np.uint64), np.zeros(n, np.uint8),
+                                  np.arange(1, n + 1, dtype=np.uint64), np.arange(n, dtype=np.uint64),
+                                  np.ones(n, np.float32))
+    rows = []
+    for label, drop in (("keeps its pages (baseline)", False), ("drops what it synced (the store's)", True)):
+        d = tmp / f"after-sync-{int(drop)}"
+        d.mkdir()
+        log = UpdateLog(d, 1, drop_synced=drop)
+        took = np.empty(records)
+        for i in range(records):
+            t = time.perf_counter()
+            log.append_batch(BatchId(1, i + 1), batch)
+            took[i] = time.perf_counter() - t
+            log.sync()
+        log.close()
+        rows.append([label, f"{np.percentile(took, 50) * 1e6:.1f}", f"{np.percentile(took, 99) * 1e6:.1f}"])
+    print_table(f"update log: an append right after a sync ({records} one-row records)",
+                ["log", "p50 µs", "p99 µs"], rows)
 
 
 def bench_restart(tmp: Path, rows_mb: int) -> None:
