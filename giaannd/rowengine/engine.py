@@ -545,12 +545,19 @@ class RowEngine:
         ids_all = np.concatenate(ids) if ids else np.empty(0, np.int64)
         if not any(e.st.shape[0] for _, _, _, e in batches):
             return ids_all
+        # the window's rows, ascending, and each occurrence's index among them: the grouping is
+        # sized by the rows the window touches, not by every row held (a small log over a node of
+        # 10^9 rows would otherwise make and pass over 16 GB of counts and cursors)
+        window_rows, local = np.unique(ids_all, return_inverse=True)
+        cuts = np.cumsum([0] + [i.shape[0] for i in ids])
         starts, gseg, gtc, gtf, gst = by_row(
-            [(i, o, e.seg, e.tc, e.tf, e.st) for i, (_, _, o, e) in zip(ids, batches)], len(self._index), threads)
-        rows = np.flatnonzero(starts[1:] != starts[:-1])
+            [(local[lo_:hi_], o, e.seg, e.tc, e.tf, e.st) for lo_, hi_, (_, _, o, e) in zip(cuts, cuts[1:], batches)],
+            window_rows.shape[0], threads)
+        at = np.flatnonzero(starts[1:] != starts[:-1])  # (rows of a window may have no entries)
+        rows = window_rows[at]
         base = self._base
         lo, hi = base.ranges(rows)
-        m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, rows, starts, lo, hi, gseg, gtc, gtf, gst,
+        m, pos, counts = fold_rows(base.seg, base.tc, base.tf, base.st, at, starts, lo, hi, gseg, gtc, gtf, gst,
                                    threads)
         if m:
             got = counts > 0

@@ -279,8 +279,9 @@ def by_row(parts: Sequence[tuple[I64, I64, U8, U64, U64, F32]], num_rows: int,
     """The entries of ``parts`` (row occurrences' ids, offsets, then the four entry fields),
     grouped by row id in one counting sort (stable: ``_count`` of every part, then ``_scatter``):
     (starts, seg, tc, tf, st), row r's block being ``[starts[r], starts[r+1])`` for every row id
-    below ``num_rows``. The parts are read where they lie (a replay's batches are views of its
-    segment buffer): no concatenation. With ``threads`` > 1 (and a window of at least
+    below ``num_rows`` (dense ids: ``RowEngine.apply_in_order`` numbers the window's own rows, so
+    these arrays are sized by the window, not the store). The parts are read where they lie (a
+    replay's batches are views of its segment buffer): no concatenation. With ``threads`` > 1 (and a window of at least
     ``PARALLEL_MIN_ENTRIES``), each thread scatters the rows of one range of ids, about an equal
     share of the entries: every thread reads every occurrence's id, and copies only its own."""
     c = np.ascontiguousarray

@@ -408,3 +408,33 @@ def test_freeze_copies_strengths_into_the_room_it_is_given_while_it_fits():
     apply(engine, random_batch(rng, pool, POOL64, POOL64, 10, 6))  # adds in place to the live runs
     for view in (got, [partly.base, *partly.deltas]):
         assert all(np.array_equal(g.st, b) for g, b in zip(view, before))
+
+
+def test_apply_in_order_groups_by_the_windows_rows_not_the_engines():
+    """A window's grouping (``by_row``: a count and a cursor per row) is sized by the rows the window
+    touches, not by every row the engine holds: a small log replayed over a node of 10^9 rows must
+    not make 16 GB of counts and cursors, nor pass over them. The result is the same engine."""
+    from giaannd.rowengine import engine as engine_mod
+
+    rng = np.random.default_rng(11)
+    many = RowBatch.from_entries(np.arange(50_000, dtype=np.uint64), np.zeros(50_000, np.uint64),
+                                 np.zeros(50_000, np.uint8), np.ones(50_000, np.uint64), np.ones(50_000, np.uint64),
+                                 np.ones(50_000, np.float32))
+    x, y = RowEngine(), RowEngine()
+    apply(x, many)
+    apply(y, many)
+    rows = [(7, 0), (12_345, 0), (60_001, 3)]  # two held rows and a new one
+    group = [random_batch(rng, rows, POOL64[:5], POOL64[:4], 3, 6) for _ in range(5)]
+    for batch in group:
+        apply(x, batch)
+    sizes = []
+    real = engine_mod.by_row
+
+    def spy(parts, num_rows, threads=1):
+        sizes.append(num_rows)
+        return real(parts, num_rows, threads)
+
+    with mock.patch.object(engine_mod, "by_row", spy):
+        y.apply_in_order(_as_parts(group))
+    assert sizes and max(sizes) <= len(rows)
+    assert _engine_state(y) == _engine_state(x)
