@@ -118,7 +118,7 @@ from giaannd.rowengine.run import (
 from giaannd.rowengine.search import find
 
 __all__ = ["DEFAULT_BASE_RATIO", "DEFAULT_FANOUT", "INLINE_MERGE_ENTRIES", "ApplyPlan", "EngineStats", "Entries",
-           "RowEngine"]
+           "InOrderApplied", "RowEngine"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -190,6 +190,18 @@ class ApplyPlan:
         return int(self.new_a.shape[0])
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class InOrderApplied:
+    """What ``RowEngine.apply_in_order`` did: ``ids``, the row id of every row occurrence, batch
+    after batch; ``grown`` and ``added``, the rows that gained keys (ascending) and how many each
+    (a row's length before is its length now less ``added``; a row not among them kept its length).
+    Sized by the window, never by the store."""
+
+    ids: I64
+    grown: I64
+    added: I64
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Work counters: folds into the base and the base entries they wrote, delta merges and theirs."""
@@ -217,6 +229,7 @@ def _locked(method: Callable[Concatenate[RowEngine, P], T]) -> Callable[Concaten
     return run
 
 
+_NO_IDS: I64 = np.empty(0, np.int64)
 _EMPTY = Entries(np.empty(0, np.uint8), np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.float32))
 
 
@@ -509,13 +522,14 @@ class RowEngine:
         return merge_deltas(older, newer, grow=True)
 
     @_locked
-    def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]], threads: int = 1) -> I64:
+    def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]], threads: int = 1) -> InOrderApplied:
         """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
         replay of batches that share rows and keys, recovery.py). The engine ends as ``apply`` of
         each batch in turn leaves it: the same row ids (new rows numbered in order of first
         occurrence), lengths and strengths bit for bit, since every key's increments are added one
         at a time in batch order, a new key starting from its first. Only the runs' layout differs:
-        at most one delta run is left (below). Returns the row id of every row occurrence, batch after batch. The
+        at most one delta run is left (below). Returns the row id of every row occurrence, batch
+        after batch, and the rows that gained keys with how many (``InOrderApplied``). The
         batches' arrays are read, not kept.
 
         How (inorder.py): the delta runs are folded into the base first (none after a snapshot's
@@ -544,7 +558,7 @@ class RowEngine:
         self._grow_lengths(len(self._index))
         ids_all = np.concatenate(ids) if ids else np.empty(0, np.int64)
         if not any(e.st.shape[0] for _, _, _, e in batches):
-            return ids_all
+            return InOrderApplied(ids_all, _NO_IDS, _NO_IDS)
         # the window's rows, ascending, and each occurrence's index among them: the grouping is
         # sized by the rows the window touches, not by every row held (a small log over a node of
         # 10^9 rows would otherwise make and pass over 16 GB of counts and cursors)
@@ -568,7 +582,8 @@ class RowEngine:
             self._hold_delta(delta, counts[got])
             if self.fold_due():
                 self.compact()
-        return ids_all
+            return InOrderApplied(ids_all, delta.rows, counts[got])
+        return InOrderApplied(ids_all, _NO_IDS, _NO_IDS)
 
     @_locked
     def compact(self) -> None:

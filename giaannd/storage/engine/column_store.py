@@ -565,15 +565,18 @@ class ColumnStore:
         piece would leave them."""
         engine = self.engine
         held = engine.num_rows
-        before = engine.lengths().copy()
-        ids = engine.apply_in_order([(p.row_column, p.row_feature, p.offsets,
-                                      Entries(p.segment, p.target_column, p.target_feature, p.strength))
-                                     for p in pieces], threads)
-        mark = np.zeros(engine.num_rows, bool)  # the distinct rows (cheaper than a sort)
-        mark[ids] = True
-        touched = np.flatnonzero(mark)
-        self._count_sizes(before[touched[touched < held]], -1)
-        self._count_sizes(engine.lengths()[touched])
+        done = engine.apply_in_order([(p.row_column, p.row_feature, p.offsets,
+                                       Entries(p.segment, p.target_column, p.target_feature, p.strength))
+                                      for p in pieces], threads)
+        ids = done.ids
+        # the window's rows and their lengths before (now less the keys each gained): all sized by
+        # the window, never by the store (no copy of every row's length, no mark per row)
+        touched = np.unique(ids)
+        after = engine.lengths()[touched]
+        before = after.copy()
+        before[np.searchsorted(touched, done.grown)] -= done.added
+        self._count_sizes(before[touched < held], -1)
+        self._count_sizes(after)
         self._grow_touches(engine.num_rows)
         np.add.at(self._touches, ids, np.uint64(1))
 

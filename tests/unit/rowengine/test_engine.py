@@ -358,7 +358,15 @@ def test_apply_in_order_equals_applying_the_batches_one_by_one(seed, before, win
             apply(x, batch)
         want_ids = [x.row_ids(b.row_column, b.row_feature) for b in group]
         with mock.patch.object(inorder, "PARALLEL_MIN_ENTRIES", 0):
-            ids = y.apply_in_order(_as_parts(group), threads)
+            lengths_before = y.lengths().copy()
+            done = y.apply_in_order(_as_parts(group), threads)
+            ids = done.ids
+            grew = y.lengths()[: lengths_before.shape[0]] != lengths_before
+            new_rows = np.arange(lengths_before.shape[0], y.num_rows)
+            want_grown = np.concatenate([np.flatnonzero(grew), new_rows[y.lengths()[new_rows] > 0]])
+            assert done.grown.tolist() == want_grown.tolist()  # the rows that gained keys, and how many
+            assert done.added.tolist() == (y.lengths()[want_grown] - np.append(lengths_before, np.zeros(
+                y.num_rows - lengths_before.shape[0], np.int64))[want_grown]).tolist()
         assert ids.tolist() == (np.concatenate(want_ids).tolist() if want_ids else [])
         assert y.num_deltas <= 1  # the window's new keys, left as a delta run unless a fold was due
         assert _engine_state(y) == _engine_state(x)
