@@ -411,7 +411,15 @@ class RowEngine:
         follow by later calls (run.append_rows).
 
         Returns the rows' ids; None, with nothing changed, when some key is a row already (the
-        caller then goes the general way, ``plan``)."""
+        caller then goes the general way, ``plan``).
+
+        Where the base has no spare room for them and holds more than ``INLINE_MERGE_ENTRIES``
+        (a base mapped from its snapshot file, read-only; a node holding data that a stream or a
+        replay adds rows to), the rows become a delta run instead (entries after the whole base:
+        their base positions are its length), as a commit's new keys do: appending would copy the
+        whole base into a larger buffer first, O(store) in the caller's thread (a storage node's
+        event loop, a restart's replay) and, for a mapped base, the end of its mapping. The
+        delta run goes into the base at the next fold (a storage node's: in a worker thread)."""
         a = np.asarray(a, np.uint64)
         b = np.asarray(b, np.uint64)
         lengths = np.asarray(lengths, np.int64)
@@ -420,10 +428,27 @@ class RowEngine:
             return None
         self._version += 1
         self._grow_lengths(len(self._index))
-        self._lengths[ids] = lengths
-        self._entries += int(lengths.sum())
-        self._base = append_rows(self._base, ids, lengths, [(p.seg, p.tc, p.tf, p.st) for p in parts], room)
+        fields = [(p.seg, p.tc, p.tf, p.st) for p in parts]
+        if self._appends_in_place(int(lengths.sum())):
+            self._lengths[ids] = lengths
+            self._entries += int(lengths.sum())
+            self._base = append_rows(self._base, ids, lengths, fields, room)
+        else:
+            # (copies: the caller keeps the parts)
+            seg, tc, tf, st = (np.concatenate([f[i] for f in fields]) for i in range(4))
+            pos = np.full(st.shape[0], self._base.num_entries, np.int64)
+            full = lengths > 0  # (a row without entries is registered, with no slice in any run)
+            self._add_delta(Run(ids[full], offsets_of(lengths[full]), seg, tc, tf, st, pos), INLINE_MERGE_ENTRIES)
         return ids
+
+    def _appends_in_place(self, entries: int) -> bool:
+        """Whether ``entries`` new entries go into the base's tail (``append_new_rows``): its spare
+        room holds them, or the base is small enough that regrowing it is inline work (at most
+        ``INLINE_MERGE_ENTRIES`` entries copied)."""
+        base = self._base
+        buf = base.st.base
+        room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
+        return room >= base.num_entries + entries or base.num_entries <= INLINE_MERGE_ENTRIES
 
     @_locked
     def commit(self, plan: ApplyPlan, fold: bool = True) -> None:
@@ -608,12 +633,17 @@ class RowEngine:
         folds that append them (new rows: a stream's chunks) write into that room instead of
         regrowing the base (run.with_room, into buffers ``buffer`` makes). A hint: nothing is
         reserved for anyone, later applies of any kind may use the room or outgrow it. No-op when
-        the room is there already. Invalidates plans made before (the base run is replaced)."""
+        the room is there already, and when the base holds more than ``entries`` and
+        ``INLINE_MERGE_ENTRIES`` entries: making the room copies the base, in the caller's thread (a
+        storage node's event loop), so it is done where it costs at most what the room will hold (a
+        joining node, empty or nearly); a node holding more takes the new rows as delta runs
+        (``append_new_rows``), folded off that thread. Invalidates plans made before (the base run
+        is replaced)."""
         base = self._base
         held = base.num_entries + sum(d.num_entries for d in self._deltas)
         buf = base.st.base
         room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
-        if entries <= 0 or room >= held + entries:
+        if entries <= 0 or room >= held + entries or base.num_entries > max(entries, INLINE_MERGE_ENTRIES):
             return
         self._version += 1
         self._base = with_room(base, held - base.num_entries + entries, buffer)

@@ -1,13 +1,14 @@
 """A storage node's recovery (``DurableStore.open``) phase by phase, against a same-run baseline.
 
-    python -m tools.bench.recovery [--entries 20000000] [--log-share 0] [--rounds 3] [--applies 30]
+    python -m tools.bench.recovery [--entries 20000000] [--log-share 0] [--log-new-rows] [--rounds 3] [--applies 30]
                                    [--before-tree DIR] [--store-cache DIR] [--zipf BASE LOG] [--json]
 
 A store of ``--entries`` entries of real-shaped rows (median 17 entries a row:
 ``tools.bench.restart.build_store``, with ``--log-share`` of that logged after the snapshot; 0:
 a snapshot and an empty log; or, with ``--zipf BASE LOG``, the scale bench's Zipf training deltas,
 BASE sentences snapshotted and LOG logged after them, as a node killed between two snapshots
-holds them) is opened in fresh processes, page cache warm (the file was just
+holds them; ``--log-new-rows``: a log of rows of new columns only, as a stream's chunks) is
+opened in fresh processes, page cache warm (the file was just
 written or read; a cold cache adds the disk's read time). Each open is timed whole and by phase,
 wall and CPU seconds per GB of row data (entries × 21 bytes), by wrapping the functions each
 phase is in (names both trees have, so an older checkout is measured the same way):
@@ -210,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zipf", type=int, nargs=2, metavar=("BASE", "LOG"), default=None,
                     help="instead, a store of the scale bench's Zipf training deltas: BASE sentences snapshotted, "
                          "LOG logged after them (tools.bench.replay_windows.build; --entries and --log-share unused)")
+    ap.add_argument("--log-new-rows", action="store_true",
+                    help="the log after the snapshot brings only rows of new columns (a stream's chunks), "
+                         "not half adds to stored rows")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[2]
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.zipf:
             store = build(cache, args.zipf[0], args.zipf[1], [64])[64] / "store"
         else:
-            cached_store(cache, args.entries, args.log_share)
+            cached_store(cache, args.entries, args.log_share, args.log_new_rows)
             store = cache / STORE_DIR
         batches = None
         if args.applies:

@@ -84,9 +84,11 @@ _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
 _FIELD = re.compile(r"(\w+)=([\d.]+)")
 
 
-def build_store(store_dir: Path, entries: int, log_share: float, seed: int = 0) -> tuple[int, int]:
+def build_store(store_dir: Path, entries: int, log_share: float, seed: int = 0,
+                new_rows_log: bool = False) -> tuple[int, int]:
     """Write a store of ``entries`` snapshotted entries plus about ``log_share`` of that logged
-    after the snapshot (half new rows, half in-place adds to stored rows). Returns (entries held,
+    after the snapshot (half new rows, half in-place adds to stored rows; ``new_rows_log``: rows
+    of columns nothing before held only, as a stream's chunks bring). Returns (entries held,
     entries logged)."""
     rng = np.random.default_rng(seed)
     ds = DurableStore.open(store_dir, BIG)
@@ -98,7 +100,8 @@ def build_store(store_dir: Path, entries: int, log_share: float, seed: int = 0) 
     ds.snapshot()
     logged, goal = 0, int(entries * log_share)
     while logged < goal:
-        for batch in apply_stream(rng, ds.store, 5, column):
+        batches = [realistic_batch(rng, 20_000, column)] if new_rows_log else apply_stream(rng, ds.store, 5, column)
+        for batch in batches:
             seq += 1
             ds.apply(BatchId(1, seq), batch, validate=False)
             logged += batch.num_entries
@@ -241,14 +244,16 @@ def _restart(cluster: LocalCluster, victim: Node, tree: Path) -> dict[str, float
     return out
 
 
-def cached_store(cache: Path, entries: int, log_share: float) -> tuple[int, int]:
-    """``build_store`` into ``cache`` unless it holds one already (``meta.json``: its counts), so that
-    later runs restart from the same files."""
+def cached_store(cache: Path, entries: int, log_share: float, new_rows_log: bool = False) -> tuple[int, int]:
+    """``build_store`` into ``cache`` unless it holds that store already (``meta.json``: what was
+    asked for and its counts), so that later runs restart from the same files."""
     meta = cache / "meta.json"
-    if not meta.exists():
+    asked = {"entries": entries, "log_share": log_share, "new_rows_log": new_rows_log}
+    doc = json.loads(meta.read_text()) if meta.exists() else {}
+    if doc.get("asked", asked) != asked or not doc:
         shutil.rmtree(cache, ignore_errors=True)
-        held, logged = build_store(cache / STORE_DIR, entries, log_share)
-        meta.write_text(json.dumps({"held": held, "logged": logged}))
+        held, logged = build_store(cache / STORE_DIR, entries, log_share, new_rows_log=new_rows_log)
+        meta.write_text(json.dumps({"held": held, "logged": logged, "asked": asked}))
     doc = json.loads(meta.read_text())
     return int(doc["held"]), int(doc["logged"])
 

@@ -460,6 +460,7 @@ class ColumnStore:
         self._count_sizes(lengths)
         self._grow_touches(self.engine.num_rows)
         self._touches[ids] += np.uint64(1)
+        self._report_fold_due()  # (a base without room took them as a delta run)
 
     def apply_disjoint(self, items: Sequence[tuple[BatchId, RowBatch] | Floor], room: int = 0,
                        new_rows: bool = True, threads: int = 1) -> int:
@@ -654,6 +655,12 @@ class ColumnStore:
         for array in (*self.engine.arrays(), self._touches):
             allow_huge_pages(array)
 
+    @property
+    def base_read_only(self) -> bool:
+        """Whether the engine's base keys are read-only views (of a snapshot file mapped at the
+        start: snapshot_map.py): a replay over it must leave them where they are."""
+        return not self.engine.base_fields()[1].flags.writeable
+
     def copy_base(self) -> None:
         """Copy the engine's base into this process's memory (``RowEngine.copy_base``; its buffers
         fault in small pages while filled, then go to khugepaged: page_advice.py): a base mapped
@@ -665,6 +672,11 @@ class ColumnStore:
     def _engine_commit(self, plan: ApplyPlan) -> None:
         """``RowEngine.commit``, its fold left to ``on_fold_due`` when that is set."""
         self.engine.commit(plan, fold=self.on_fold_due is None)
+        self._report_fold_due()
+
+    def _report_fold_due(self) -> None:
+        """Tell ``on_fold_due`` (a storage node's worker-thread folds) when a fold or a large tier
+        merge of the delta runs is due."""
         if self.on_fold_due is not None and (self.engine.fold_due(self.fold_scale) or self.engine.merge_due()):
             self.on_fold_due()
 

@@ -284,6 +284,11 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int,
     (``RowEngine.apply_in_order``), with the same result."""
     applied = skipped = 0
     window_cap = MAX_REPLAY_GROUP_ENTRIES if window_entries is None else window_entries
+    # over a base mapped from its snapshot file (a log that fits one window: map_with_log), every
+    # record goes through one apply_in_order, whose new keys stay a delta run: a run of new rows
+    # appended to the base's tail, or a delta run folded at the next window's start, would copy
+    # the whole mapped base into new buffers (and end the mapping) in the replay
+    keep_base = store.base_read_only
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
     prev = _previous_record(todo)
@@ -310,14 +315,15 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int,
     for i, rec in enumerate(todo):
         if rec.kind == KIND_BATCH:
             assert rec.batch_id is not None and rec.batch is not None
-            shares = bool(prev[i] >= run_start)
+            shares = keep_base or bool(prev[i] >= run_start)
             cap = window_cap if run_shares or shares else MAX_REPLAY_RUN_ENTRIES
             if run and (run_entries + rec.batch.num_entries > cap or (shares and run_fresh)):
                 flush(i)
             if not run:  # a run starts: its rows may all be new if no earlier record had them
                 run_start, run_entries, run_shares = i, 0, False
-                run_fresh = bool(prev[i] < 0) and not store.holds_any(rec.batch.row_column, rec.batch.row_feature)
-                shares = False
+                run_fresh = (not keep_base and bool(prev[i] < 0)
+                             and not store.holds_any(rec.batch.row_column, rec.batch.row_feature))
+                shares = keep_base
             run_fresh = run_fresh and bool(prev[i] < 0)
             run_shares = run_shares or shares
             run.append((rec.batch_id, rec.batch))

@@ -36,3 +36,21 @@ def test_open_once_applies_and_folds_after_a_mapped_open(tmp_path: Path) -> None
         assert spent["open + applies + fold"][0] == whole
         for line in ("RssAnon after open", "RssFile after open", "RssAnon after fold", "RssFile after fold"):
             assert spent[line][0] > 0, line
+
+
+def test_a_log_of_new_rows_only(tmp_path: Path) -> None:
+    """``--log-new-rows``: the logged batches hold rows of columns nothing before held, and the cache
+    rebuilds when asked for another kind of log."""
+    held, logged = restart.build_store(tmp_path / "store", entries=60_000, log_share=0.2, new_rows_log=True)
+    assert logged > 0
+    from giaannd.storage import DurableStore
+
+    ds = DurableStore.open(tmp_path / "store", restart.BIG, map_snapshot=False)
+    assert ds.recovery.records_replayed > 0 and ds.store.usage().num_entries == held
+    ds.close()
+    cache = tmp_path / "cache"
+    first = restart.cached_store(cache, 60_000, 0.2, new_rows_log=True)
+    assert restart.cached_store(cache, 60_000, 0.2, new_rows_log=True) == first
+    assert (cache / "meta.json").read_text().count('"new_rows_log": true') == 1
+    restart.cached_store(cache, 60_000, 0.2)
+    assert '"new_rows_log": false' in (cache / "meta.json").read_text()

@@ -243,13 +243,26 @@ def _parts(batch, cuts):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(2, 30), base_ratio=st.integers(1, 5))
-def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(seed, batches, base_ratio):
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(2, 30), base_ratio=st.integers(1, 5),
+       inline=st.sampled_from([None, 0, 40]))
+def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(seed, batches, base_ratio, inline):
     """``append_new_rows`` (a replay's new rows, straight into the base) against ``apply`` of the
     same batches in a second engine and the dict reference: the same ids, rows and lengths, while
     adds to old rows leave delta runs whose base positions must stay right across the appends;
     views read before and frozen views stay what they were; a batch with a held key is refused
-    with nothing changed; appends never fold."""
+    with nothing changed; appends never fold. ``inline``: ``INLINE_MERGE_ENTRIES`` lowered, so a
+    base without room past it takes the rows as a delta run and is not copied (None: as shipped,
+    every base here is small enough to regrow)."""
+    from giaannd.rowengine import engine as engine_mod
+
+    with mock.patch.object(engine_mod, "INLINE_MERGE_ENTRIES", engine_mod.INLINE_MERGE_ENTRIES if inline is None
+                           else inline):
+        _append_new_rows_against_apply(seed, batches, base_ratio)
+
+
+def _append_new_rows_against_apply(seed, batches, base_ratio):
+    from giaannd.rowengine import engine as engine_mod
+
     rng = np.random.default_rng(seed)
     engine, plain, ref = RowEngine(fanout=2, base_ratio=base_ratio), RowEngine(2, base_ratio), DictReference()
     held, frozen = [], []
@@ -271,10 +284,19 @@ def test_engine_append_new_rows_equals_apply_with_deltas_views_and_frozen_views(
             batch = random_batch(rng, pool, POOL64, POOL64, rows, 6)
             cuts = rng.integers(0, batch.num_entries + 1, int(rng.integers(0, 3))).tolist()
             folds, deltas = engine.stats.folds, engine.num_deltas
+            base = engine._base  # noqa: SLF001 - the property under test
+            buf = base.st.base
+            room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
+            in_place = (room >= base.num_entries + batch.num_entries
+                        or base.num_entries <= engine_mod.INLINE_MERGE_ENTRIES)
             ids = engine.append_new_rows(batch.row_column, batch.row_feature, np.diff(batch.offsets),
                                          _parts(batch, cuts), room=int(rng.integers(0, 50)))
             assert ids is not None and ids.tolist() == list(range(engine.num_rows - batch.num_rows, engine.num_rows))
-            assert (engine.stats.folds, engine.num_deltas) == (folds, deltas)
+            assert engine.stats.folds == folds
+            if in_place:
+                assert engine.num_deltas == deltas
+            else:  # a delta run of the new rows; the base's arrays not copied
+                assert engine._base is base and engine.num_deltas >= 1  # noqa: SLF001
         apply(plain, batch)
         ref.apply(batch)
         for key in list(ref.rows)[-2:]:

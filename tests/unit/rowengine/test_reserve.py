@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giaannd.rowengine import RowEngine
+from giaannd.rowengine import Entries, RowEngine
 from tests.unit.rowengine.test_engine import POOL64, DictReference, apply, random_batch, same
 
 
@@ -119,5 +119,36 @@ def test_engine_copy_base_lets_go_of_the_arrays_it_was_built_from():
     apply(engine, batch)
     ref.apply(batch)
     engine.compact()
+    for key in ref.rows:
+        assert same(engine.read(engine.row_id(*key)), ref.row(key))
+
+
+def test_engine_reserve_does_not_copy_a_base_larger_than_the_room_asked_for():
+    """Making room copies the base in the caller's thread (a storage node's event loop): done for a
+    base no larger than the room (a joining node), not for one that holds more (its new rows become
+    delta runs, folded off that thread); nothing changes either way but the buffers."""
+    from unittest import mock
+
+    from giaannd.rowengine import engine as engine_mod
+
+    rng = np.random.default_rng(9)
+    with mock.patch.object(engine_mod, "INLINE_MERGE_ENTRIES", 100):
+        engine, ref = RowEngine(), DictReference()
+        first = _new_rows_batch(rng, 0, 200, 8)
+        apply(engine, first)
+        ref.apply(first)
+        engine.compact()
+        held = engine.num_entries
+        assert held > 200
+        before = engine._base.st  # noqa: SLF001 - the property under test
+        engine.reserve(held // 2)  # the base holds more than that (and than the inline bound): no copy
+        assert engine._base.st is before  # noqa: SLF001
+        engine.reserve(2 * held)  # more room than the base holds: made
+        assert engine._base.st is not before and engine._base.spare  # noqa: SLF001
+        nxt = _new_rows_batch(rng, 1000, 10, 5)
+        ids = engine.append_new_rows(nxt.row_column, nxt.row_feature, np.diff(nxt.offsets),
+                                     [Entries(nxt.segment, nxt.target_column, nxt.target_feature, nxt.strength)])
+        assert ids is not None and engine.num_deltas == 0  # into the room
+        ref.apply(nxt)
     for key in ref.rows:
         assert same(engine.read(engine.row_id(*key)), ref.row(key))

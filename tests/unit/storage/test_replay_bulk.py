@@ -7,6 +7,7 @@ float32 sums depend on their order) check the group replay's order of adds."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import mmap
@@ -15,6 +16,8 @@ import shutil
 import sys
 import weakref
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -143,16 +146,26 @@ def _assert_same(a: ColumnStore, b: ColumnStore) -> None:
     assert a.row_size_log2() == b.row_size_log2() and a.usage() == b.usage()
 
 
+def _base_read_only(on: bool) -> Any:
+    """``ColumnStore.base_read_only`` forced (True: the replay's path over a mapped snapshot, every
+    record through one ``apply_in_order``), or left alone."""
+    if not on:
+        return contextlib.nullcontext()
+    return mock.patch.object(ColumnStore, "base_read_only", new_callable=mock.PropertyMock, return_value=True)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), count=st.integers(1, 40), after=st.integers(0, 6),
-       run_limit=st.sampled_from([50, 1 << 22]))
-def test_bulk_replay_equals_record_by_record(seed: int, count: int, after: int, run_limit: int) -> None:
+       run_limit=st.sampled_from([50, 1 << 22]), keep_base=st.booleans())
+def test_bulk_replay_equals_record_by_record(seed: int, count: int, after: int, run_limit: int,
+                                             keep_base: bool) -> None:
     records = _records(np.random.default_rng(seed), count)
     bulk, each = ColumnStore(BIG), ColumnStore(BIG)
     saved = recovery.MAX_REPLAY_RUN_ENTRIES
     recovery.MAX_REPLAY_RUN_ENTRIES = run_limit  # small: runs are also cut by size
     try:
-        got = replay(bulk, records, after)
+        with _base_read_only(keep_base):
+            got = replay(bulk, records, after)
     finally:
         recovery.MAX_REPLAY_RUN_ENTRIES = saved
     assert got == replay_each(each, records, after)
@@ -167,9 +180,9 @@ def test_bulk_replay_equals_record_by_record(seed: int, count: int, after: int, 
 
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), count=st.integers(1, 60), after=st.integers(0, 6),
-       run_limit=st.sampled_from([40, 200, 1 << 22]))
+       run_limit=st.sampled_from([40, 200, 1 << 22]), keep_base=st.booleans())
 def test_group_replay_of_a_training_log_equals_record_by_record(seed: int, count: int, after: int,
-                                                                run_limit: int) -> None:
+                                                                run_limit: int, keep_base: bool) -> None:
     """Records that share rows and keys are replayed as groups (one plan each, cut by size, by
     floors and by drops): every key's increments added in log order, float32 sums bit for bit."""
     records = _training_records(np.random.default_rng(seed), count)
@@ -177,7 +190,8 @@ def test_group_replay_of_a_training_log_equals_record_by_record(seed: int, count
     saved = recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES
     recovery.MAX_REPLAY_RUN_ENTRIES = recovery.MAX_REPLAY_GROUP_ENTRIES = run_limit
     try:
-        got = replay(bulk, records, after)
+        with _base_read_only(keep_base):
+            got = replay(bulk, records, after)
     finally:
         recovery.MAX_REPLAY_RUN_ENTRIES, recovery.MAX_REPLAY_GROUP_ENTRIES = saved
     assert got == replay_each(each, records, after)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage import CorruptSnapshotError, DurableStore
 from giaannd.storage.engine.disk_usage import disk_usage
@@ -81,6 +82,35 @@ def test_mapping_with_a_small_log_to_replay(tmp_path: Path) -> None:
     mapped.fold_deltas()
     read.fold_deltas()
     assert same_state(mapped.store, read.store)
+    for ds in (mapped, read):
+        ds.close()
+
+
+def test_a_log_of_new_rows_leaves_the_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log whose records bring only rows the snapshot lacks (a store's growth: a stream's chunks,
+    new columns) replayed over a mapped base: the rows become a delta run and the base stays the
+    mapping's views. (Before: appended to the base's tail, which copied the whole mapped base into
+    new buffers in the replay, O(store), and let go of the mapping.) The same store as a read load."""
+    from giaannd.rowengine import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "INLINE_MERGE_ENTRIES", 64)  # the snapshot's base is larger
+    _snapshotted(tmp_path, 5)
+    rng = np.random.default_rng(6)
+    ds = DurableStore.open(tmp_path, BIG)
+    for i in range(2):
+        b = random_batch(rng, entries=200, columns=8, features=8)
+        fresh = RowBatch(b.row_column + np.uint64(1 << 40), b.row_feature, b.offsets, b.segment, b.target_column,
+                         b.target_feature, b.strength)  # columns the snapshot has none of
+        ds.apply(BatchId(9, i + 1), fresh)
+    ds.sync()
+    ds.close()
+    mapped = DurableStore.open(tmp_path, BIG, map_snapshot=True)
+    read = DurableStore.open(tmp_path, BIG, map_snapshot=False)
+    assert mapped.recovery.records_replayed == read.recovery.records_replayed == 2
+    assert _base_is_mapped(mapped) and mapped.store.engine.num_deltas >= 1
+    assert same_state(mapped.store, read.store)
+    assert mapped.store.usage() == read.store.usage()
+    assert mapped.store.row_size_log2() == read.store.row_size_log2()
     for ds in (mapped, read):
         ds.close()
 
