@@ -94,6 +94,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.cow import PendingCopies
 from giaannd.rowengine.deltafilter import DeltaFilter
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
@@ -259,6 +260,9 @@ class RowEngine:
         self._version = 0
         #: held by every method that reads or replaces the runs (module docstring, "Threads")
         self._lock = threading.RLock()
+        #: copies a lazy ``freeze`` named and its reader has not made yet (cow.py): every in-place
+        #: write of the strengths or the lengths announces itself to them first
+        self._pending: list[PendingCopies] = []
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -466,6 +470,7 @@ class RowEngine:
             self._index.append(plan.new_a, plan.new_b)
         self._grow_lengths(len(self._index))
         for run, at, add in plan.adds:
+            self._before_write(run.st, at)
             run.st[at] += add
         if plan.new_run is not None:
             self._add_delta(plan.new_run, None if fold else INLINE_MERGE_ENTRIES)
@@ -480,6 +485,7 @@ class RowEngine:
         """Take on a delta run of new keys (``counts``: its entries per row): the one place runs
         join ``_deltas``, so the filter of their keys (``_delta_keys``) misses none."""
         self._delta_keys.add(delta, self._deltas)
+        self._before_write(self._lengths, delta.rows)
         self._lengths[delta.rows] += counts
         self._entries += delta.num_entries
         self._deltas.append(delta)
@@ -577,6 +583,9 @@ class RowEngine:
         ``threads``: the grouping and the rows' walk run in that many threads, each on its own
         rows (inorder.py: a window of ``PARALLEL_MIN_ENTRIES`` or more), with the same result bit
         for bit; the caller holds the engine alone meanwhile (a start-up replay)."""
+        for pending in self._pending:  # fold_rows adds to the base's strengths in place, unannounced
+            pending.finish()
+        self._pending = []
         self.compact()
         ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
         self._version += 1
@@ -827,27 +836,52 @@ class RowEngine:
         return engine
 
     @_locked
-    def freeze(self, room: F32 | None = None) -> FrozenEngine:
+    def freeze(self, room: F32 | None = None, lazy: bool = False) -> FrozenEngine:
         """The engine as it is now, for a reader in another thread while this one goes on applying
         (frozen.py): references to every run's arrays and the keys, copies of only what changes in
         place (strengths, 4 B per entry, and the lengths).
 
         ``room``: a float32 buffer the strengths are copied into, run after run, while it has room
         (then into new arrays). Why: a caller that must hold writes off during the freeze (a
-        storage snapshot) allocates and touches it beforehand, so the copy here pays no page
-        faults: 0.04-0.05 s for 8.6·10^7 strengths against 0.1-0.6 s into fresh memory, measured."""
+        storage snapshot) allocates and touches it beforehand, so the copy pays no page faults:
+        0.04-0.05 s for 8.6·10^7 strengths against 0.1-0.6 s into fresh memory, measured.
+
+        ``lazy``: the copies are only named here (cow.py ``PendingCopies``, O(runs)); the reader
+        makes them, chunk by chunk, with ``FrozenEngine.materialize`` before it reads, while this
+        engine goes on; an in-place write of a chunk not copied yet copies it first. So the
+        caller holds writes off for no copy at all (a storage snapshot: 40-60 ms at 8.6·10^7
+        entries before, growing with the store). Until ``materialize`` (or ``release``) returns,
+        the frozen strengths and lengths must not be read."""
         a, b = self.keys()
         runs, at = [], 0
+        pairs: list[tuple[NDArray[Any], int, NDArray[Any]]] = []
         for r in (self._base, *self._deltas):
             n = r.num_entries
             if room is not None and at + n <= room.shape[0]:
                 st = room[at : at + n]
-                np.copyto(st, r.st)
                 at += n
             else:
-                st = r.st.copy()
+                st = np.empty(n, np.float32)
+            pairs.append((r.st, n, st))
             runs.append(Run(r.rows, r.offsets, r.seg, r.tc, r.tf, st, r.pos))
-        return FrozenEngine(a, b, self.lengths().copy(), runs[0], runs[1:])
+        n = len(self._index)
+        lengths = np.empty(n, np.int64)
+        pairs.append((self._lengths, n, lengths))
+        pending = PendingCopies(pairs)
+        if lazy:
+            self._pending = [p for p in self._pending if not p.done] + [pending]
+        else:
+            pending.finish()
+        return FrozenEngine(a, b, lengths, runs[0], runs[1:], pending if lazy else None)
+
+    def _before_write(self, array: NDArray[Any], positions: I64) -> None:
+        """``array`` (the strengths of a run, or the lengths) is about to be written in place at
+        ``positions``: the pending copies of a lazy freeze take what they still need of it."""
+        if self._pending:
+            for pending in self._pending:
+                pending.before_write(array, positions)
+            if any(p.done for p in self._pending):
+                self._pending = [p for p in self._pending if not p.done]
 
     def export(self) -> tuple[U64, U64, I64, Entries]:
         """Every row (empty ones too), sorted by key, concatenated: (a, b, offsets, entries), a copy."""

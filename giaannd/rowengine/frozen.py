@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.rowengine.cow import PendingCopies
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import ENTRIES_IN as _IN
 from giaannd.rowengine.run import ENTRIES_OUT as _OUT
@@ -158,6 +159,21 @@ class FrozenEngine:
     lengths: I64
     base: Run
     deltas: list[Run]
+    #: the strengths' and lengths' copies a lazy freeze left to the reader (``materialize``)
+    pending: PendingCopies | None = None
+
+    def materialize(self) -> None:
+        """Make the copies a lazy ``RowEngine.freeze`` left pending (cow.py), in this thread, while
+        the engine goes on; a no-op once done, or for an eager freeze. Before any read."""
+        if self.pending is not None:
+            self.pending.finish()
+            self.pending = None
+
+    def cancel(self) -> None:
+        """Never read: the pending copies are dropped (the engine's writes stop copying for them)."""
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
 
     @property
     def num_rows(self) -> int:

@@ -28,7 +28,11 @@ it is on real rows. Measured in one run:
    (paced: ``--busy-share``, as ``storage.snapshot-busy-share``),
    against the p99 with no snapshot running (target ratio <= 2); and the baseline of the old
    design, where applies waited for the whole snapshot write (its duration is the latency of an
-   apply that arrived as it began).
+   apply that arrived as it began). And the writes' wait at a snapshot's start, the freeze plus
+   the first apply after it (before the write's thread starts copying: the worst case), with the
+   strengths', lengths' and touches' copies lazy (now: rowengine/cow.py, that apply copies the
+   chunks it touches) against the same-run baseline of copies made in the freeze (snapshots
+   alternate between the two).
 
 ``--json`` prints one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 """
@@ -443,20 +447,29 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
     quiet = run(apply_stream(rng, ds.store, batches, next_column), None)
     next_column += 1 << 40
     busy: list[float] = []
-    freezes: dict[bool, list[float]] = {True: [], False: []}  # with a touched room (as the service), without
+    #: (lazy copies, a touched room) -> the freeze's durations; lazy (now, rowengine/cow.py) or the
+    #: copies made in the freeze (before), with a room touched beforehand (as the service) or not
+    freezes: dict[tuple[bool, bool], list[float]] = {(z, r): [] for z in (True, False) for r in (True, False)}
+    #: lazy or not -> the writes' wait at a snapshot's start: the freeze, then the first apply after
+    #: it (which, after a lazy freeze, copies the chunks it touches), with a room
+    held: dict[bool, list[float]] = {True: [], False: []}
     snapshots = 0
-    while len(busy) < batches or not freezes[False]:  # a snapshot running until as many applies were measured
-        stream = apply_stream(rng, ds.store, max(1, batches - len(busy)), next_column)
+    while len(busy) < batches or any(not v for v in freezes.values()):
+        stream = apply_stream(rng, ds.store, max(2, batches - len(busy)), next_column)
         next_column += 1 << 40
         with_room = snapshots % 2 == 0
+        lazy = snapshots % 4 < 2
         room = ds.freeze_room() if with_room else None  # before writes are held off
         start = time.perf_counter()
-        job = ds.begin_snapshot(room)
-        freezes[with_room].append(time.perf_counter() - start)
+        job = ds.begin_snapshot(room, lazy)
+        freezes[lazy, with_room].append(time.perf_counter() - start)
+        first = run(stream[:1], None)  # before the write starts copying: the worst case
+        if with_room:
+            held[lazy].append(time.perf_counter() - start)
         done = threading.Event()
         writer = threading.Thread(target=lambda: (job.write(busy_share), done.set()))
         writer.start()
-        busy += run(stream, done)
+        busy += first + run(stream[1:], done)
         writer.join()
         ds.finish_snapshot(job)
         snapshots += 1
@@ -466,8 +479,12 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
         ("apply p99 during a snapshot / without", p99_busy / p99_quiet, "<= 2.0"),
         ("apply p99 without a snapshot (ms)", 1e3 * p99_quiet, None),
         ("apply p99 during a snapshot (ms)", 1e3 * p99_busy, None),
-        ("freeze (applies held off), max (ms)", 1e3 * max(freezes[True]), None),
-        ("baseline: freeze into fresh memory (no room touched beforehand), max (ms)", 1e3 * max(freezes[False]),
+        ("freeze (applies held off), lazy copies (now), max (ms)", 1e3 * max(freezes[True, True]), None),
+        ("baseline: freeze, copies made in it into a touched room, max (ms)", 1e3 * max(freezes[False, True]), None),
+        ("baseline: freeze, copies made in it into fresh memory (no room touched beforehand), max (ms)",
+         1e3 * max(freezes[False, False]), None),
+        ("freeze + the first apply after it, lazy copies (now), max (ms)", 1e3 * max(held[True]), None),
+        ("baseline: freeze + the first apply after it, copies made in the freeze, max (ms)", 1e3 * max(held[False]),
          None),
         ("baseline: applies held off for the whole write (ms)", 1e3 * t_write, None),
     ]

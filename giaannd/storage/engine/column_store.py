@@ -41,11 +41,14 @@ rowengine/engine.py "Threads").
 
 Snapshots that never stop writes: ``freeze()`` returns a :class:`FrozenRows` — the engine's frozen
 view (rowengine/frozen.py: references to the runs' key arrays, which the engine replaces but never
-writes while they are held, and copies of what it changes in place, the strengths: 4 bytes per
-entry, one memcpy), the touches and the applied set as arrays. A snapshot thread writes from it
-while applies go on; there is no copy-on-write and nothing to undo, so ``release`` only drops the
-references (while they are held the engine defers its folds, which the first apply after the
-release does in place: rowengine/engine.py ``HELD_FOLD_LIMIT``, run.py "Merges in place").
+writes while they are held, and copies of what it changes in place: the strengths, 4 bytes per
+entry, and the lengths), the touches and the applied set as arrays. A snapshot thread writes from
+it while applies go on; ``release`` drops the references (while they are held the engine defers
+its folds, which the first apply after the release does in place: rowengine/engine.py
+``HELD_FOLD_LIMIT``, run.py "Merges in place"). With ``lazy`` (a snapshot's freeze) the copies
+are not made in the freeze, where writes wait: the snapshot's thread makes them before it reads
+(``FrozenRows.materialize``), and an apply that would write a chunk not copied yet copies that
+chunk first (rowengine/cow.py: the touches here, the strengths and lengths in the engine).
 
 Restart: ``load_bulk`` makes a snapshot's arrays the engine's base run as they are (no per-row
 work; the key index built in one vectorised pass).
@@ -63,6 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.protocol import BatchId
 from giaannd.rowengine import Entries, RowEngine
+from giaannd.rowengine.cow import PendingCopies
 from giaannd.rowengine.engine import ApplyPlan
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.run import Alloc, new_fields
@@ -246,8 +250,24 @@ class FrozenRows:
     touches: NDArray[np.uint64]
     applied: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
     applied_columns: tuple[NDArray[np.uint64], ...]
+    #: the touches' copy a lazy freeze left to the reader (``materialize``)
+    pending: PendingCopies | None = None
+
+    def materialize(self) -> None:
+        """Make the copies a lazy ``ColumnStore.freeze`` left pending (rowengine/cow.py), in this
+        thread, while the store goes on applying: before anything is read. Idempotent."""
+        if self.engine is not None:
+            self.engine.materialize()
+        if self.pending is not None:
+            self.pending.finish()
+            self.pending = None
 
     def release(self) -> None:
+        if self.engine is not None:
+            self.engine.cancel()  # (copies never made are not needed any more)
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
         self.engine = None
 
 
@@ -316,6 +336,8 @@ class ColumnStore:
         #: None: a commit folds the delta runs into the base when that is due (``RowEngine.commit``);
         #: else it calls this instead, and the caller folds (``fold_deltas``: module docstring)
         self.on_fold_due: Callable[[], None] | None = None
+        #: copies a lazy ``freeze`` named and its reader has not made yet (rowengine/cow.py)
+        self._pending: list[PendingCopies] = []
         #: the fold point's multiplier (``RowEngine.fold_due``'s scale): a storage node draws one
         #: per fold, so replicas holding the same rows do not fold together (background_fold.py)
         self.fold_scale = 1.0
@@ -459,6 +481,7 @@ class ColumnStore:
             raise RuntimeError("rows appeared between prepare and commit")
         self._count_sizes(lengths)
         self._grow_touches(self.engine.num_rows)
+        self._before_touch(ids)
         self._touches[ids] += np.uint64(1)
         self._report_fold_due()  # (a base without room took them as a delta run)
 
@@ -497,6 +520,7 @@ class ColumnStore:
         if ids is not None:  # as _commit_plan does for a plan of new rows only
             self._count_sizes(lengths)
             self._grow_touches(self.engine.num_rows)
+            self._before_touch(ids)
             self._touches[ids] += np.uint64(1)
             return applied
         self._apply_in_order(pieces, threads)
@@ -579,6 +603,7 @@ class ColumnStore:
         self._count_sizes(before[touched < held], -1)
         self._count_sizes(after)
         self._grow_touches(engine.num_rows)
+        self._before_touch(ids)
         np.add.at(self._touches, ids, np.uint64(1))
 
     def _commit_plan(self, plan: ApplyPlan) -> None:
@@ -589,6 +614,7 @@ class ColumnStore:
         self._engine_commit(plan)
         self._count_sizes(engine.lengths()[plan.ids])
         self._grow_touches(engine.num_rows)
+        self._before_touch(plan.ids)
         self._touches[plan.ids] += np.uint64(1)
 
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
@@ -897,13 +923,31 @@ class ColumnStore:
         return present, np.where(present, self._touches[np.maximum(ids, 0)], np.uint64(0))
 
     # -- snapshot support (snapshot.py) -----------------------------------------------------------
-    def freeze(self, room: NDArray[np.float32] | None = None) -> FrozenRows:
+    def freeze(self, room: NDArray[np.float32] | None = None, lazy: bool = False) -> FrozenRows:
         """The rows, touches and applied set as they are now, for a snapshot written by another
         thread while applies go on (module docstring); O(entries) memcpy of the strengths, into
-        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one)."""
+        ``room`` where it is big enough (``RowEngine.freeze``; ``freeze_room`` makes one).
+        ``lazy``: the strengths, lengths and touches are copied by the reader (``materialize``)
+        and, for the chunks they touch first, by the applies (rowengine/cow.py): the freeze costs
+        no copy, O(runs) and the applied set."""
         n = self.engine.num_rows
-        return FrozenRows(self.engine.freeze(room), self._touches[:n].copy(), self.applied.to_arrays(),
-                          self.applied.column_arrays())
+        touches = np.empty(n, np.uint64)
+        pending = PendingCopies([(self._touches, n, touches)])
+        if lazy:
+            self._pending = [p for p in self._pending if not p.done] + [pending]
+        else:
+            pending.finish()
+        return FrozenRows(self.engine.freeze(room, lazy), touches, self.applied.to_arrays(),
+                          self.applied.column_arrays(), pending if lazy else None)
+
+    def _before_touch(self, ids: NDArray[np.int64]) -> None:
+        """The touch counts are about to be written at ``ids``: a lazy freeze's copy takes what it
+        still needs first (rowengine/cow.py)."""
+        if self._pending:
+            for pending in self._pending:
+                pending.before_write(self._touches, ids)
+            if any(p.done for p in self._pending):
+                self._pending = [p for p in self._pending if not p.done]
 
     def freeze_room(self) -> NDArray[np.float32]:
         """A buffer for the next ``freeze``'s strengths, every page touched: for the entries held
@@ -973,6 +1017,7 @@ class ColumnStore:
         self._engine_commit(plan)
         self._count_sizes(np.array([len(row)], np.int64))
         self._grow_touches(self.engine.num_rows)
+        self._before_touch(plan.ids)
         self._touches[plan.ids] = np.uint64(touches)
 
     # -- scan (cluster-wide export; docs/replication.md "Scan") -------------------------------------

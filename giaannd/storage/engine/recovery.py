@@ -658,17 +658,22 @@ class DurableStore:
         job.write()
         return self.finish_snapshot(job)
 
-    def begin_snapshot(self, room: NDArray[np.float32] | None = None) -> SnapshotJob:
+    def begin_snapshot(self, room: NDArray[np.float32] | None = None, lazy: bool = True) -> SnapshotJob:
         """Start a snapshot of everything applied so far: rotate the log (the records up to the
         snapshot's seq end a synced segment) and freeze the store. No write may run during this
         call; they may during the job's ``write``. ``room``: ``freeze_room()``'s buffer, made
-        before writes were held off (the strengths' copy then pays no page faults).
+        before writes were held off (the strengths' copy then pays no page faults). ``lazy`` False:
+        the copies are made here, while writes wait (the way before rowengine/cow.py; benchmarks'
+        baseline).
 
         Raises:
             OSError: the rotation failed (a full disk); nothing changed, the log goes on as it was.
         """
         self.log.rotate()
-        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze(room),
+        # lazy: the strengths', lengths' and touches' copies are made by the job's ``write`` (its
+        # thread) and by the applies for the chunks they touch first (rowengine/cow.py), so the
+        # writes wait for no copy here
+        return SnapshotJob(self.directory, self.log.last_seq, self.store.freeze(room, lazy),
                            log_mark=self.log.appended_bytes)
 
     def freeze_room(self) -> NDArray[np.float32]:

@@ -263,6 +263,7 @@ def write_frozen(directory: Path, view: FrozenRows, last_seq: int, pacer: Pacer 
     Raises:
         OSError: the write failed (ENOSPC...); the temporary is deleted, nothing else changed.
     """
+    view.materialize()  # a lazy freeze's copies, made here while applies go on (rowengine/cow.py)
     tmp = directory / f"{_TMP_PREFIX}{last_seq:020d}.tmp"
     pause = (pacer or Pacer(1.0)).pause
     if mode == "direct" and directory in _NO_DIRECT:

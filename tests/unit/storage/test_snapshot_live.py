@@ -143,6 +143,54 @@ def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path,
     again.close()
 
 
+def test_snapshot_begins_without_copying_and_applies_before_its_write_are_not_in_it(tmp_path: Path) -> None:
+    """``begin_snapshot`` (writes held off) names the strengths', lengths' and touches' copies and
+    makes none (rowengine/cow.py): the applies that come next copy the chunks they touch first, the
+    job's ``write`` the rest. The snapshot is the state at its seq all the same; a restart from it
+    and the log after it is the live state."""
+    ds = DurableStore.open(tmp_path, BIG)
+    batches = _batches(3, 8)
+    early = [(BatchId(1, i + 1), b) for i, b in enumerate(batches[:4])]
+    late = [(BatchId(2, i + 1), b) for i, b in enumerate(batches)]  # in-place adds and new rows
+    for bid, b in early:
+        ds.apply(bid, b)
+    job = ds.begin_snapshot(ds.freeze_room())
+    engine_view = job.view.engine
+    assert engine_view is not None and engine_view.pending is not None and not engine_view.pending.done
+    assert job.view.pending is not None and not job.view.pending.done  # the touches
+    for bid, b in late:  # before the write: these copy what they touch first
+        ds.apply(bid, b)
+    assert engine_view.pending.copied_by_writers > 0
+    job.write()
+    path = ds.finish_snapshot(job)
+    snap, seq = read_snapshot(path, BIG)
+    assert seq == job.seq and same_state(snap, _reference(early))
+    assert same_state(ds.store, _reference(early + late))
+    ds.sync()
+    ds.close()
+    again = DurableStore.open(tmp_path, BIG)
+    assert again.recovery.records_replayed == len(late) and same_state(again.store, _reference(early + late))
+    again.close()
+
+
+def test_a_snapshot_released_unwritten_stops_its_copies(tmp_path: Path) -> None:
+    """A snapshot given up before its write (the service stopping) drops its pending copies: later
+    applies copy nothing for it."""
+    ds = DurableStore.open(tmp_path, BIG)
+    for i, b in enumerate(_batches(4, 4)):
+        ds.apply(BatchId(1, i + 1), b)
+    job = ds.begin_snapshot()
+    engine_view = job.view.engine
+    assert engine_view is not None and engine_view.pending is not None
+    pending = engine_view.pending
+    job.view.release()
+    assert pending.done
+    for i, b in enumerate(_batches(5, 4)):
+        ds.apply(BatchId(2, i + 1), b)
+    assert pending.copied_by_writers == 0
+    ds.close()
+
+
 def test_snapshot_is_flushed_to_disk_as_it_is_written(tmp_path: Path, monkeypatch) -> None:
     """Every ``SYNC_EVERY_BYTES`` of body the writer fdatasyncs its file (bounded dirty data, so
     the log's group-commit fsyncs do not wait behind a whole snapshot's writeback), and the file
