@@ -88,14 +88,21 @@ def test_column_store_frozen_view_unchanged_by_later_applies_and_drops(tmp_path:
     view.release()  # idempotent
 
 
-@pytest.mark.parametrize("with_room", [False, True])
-def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch, with_room) -> None:
+def _store_and_late_batches(tmp_path: Path, seed: int) -> tuple[DurableStore, list[tuple[BatchId, RowBatch]],
+                                                                list[tuple[BatchId, RowBatch]]]:
+    """A store with 4 batches applied, and 8 more to apply later (in-place adds and new rows)."""
     ds = DurableStore.open(tmp_path, BIG)
-    batches = _batches(2, 8)
+    batches = _batches(seed, 8)
     early = [(BatchId(1, i + 1), b) for i, b in enumerate(batches[:4])]
-    late = [(BatchId(2, i + 1), b) for i, b in enumerate(batches)]  # in-place adds and new rows
+    late = [(BatchId(2, i + 1), b) for i, b in enumerate(batches)]
     for bid, b in early:
         ds.apply(bid, b)
+    return ds, early, late
+
+
+@pytest.mark.parametrize("with_room", [False, True])
+def test_snapshot_while_applies_continue_equals_state_at_its_seq(tmp_path: Path, monkeypatch, with_room) -> None:
+    ds, early, late = _store_and_late_batches(tmp_path, 2)
     # The writer thread stops part-way through the file until every late batch is applied, so
     # they are applied while the snapshot is being written (not before, not after).
     applied_late, writing = threading.Event(), threading.Event()
@@ -148,12 +155,7 @@ def test_snapshot_begins_without_copying_and_applies_before_its_write_are_not_in
     makes none (rowengine/cow.py): the applies that come next copy the chunks they touch first, the
     job's ``write`` the rest. The snapshot is the state at its seq all the same; a restart from it
     and the log after it is the live state."""
-    ds = DurableStore.open(tmp_path, BIG)
-    batches = _batches(3, 8)
-    early = [(BatchId(1, i + 1), b) for i, b in enumerate(batches[:4])]
-    late = [(BatchId(2, i + 1), b) for i, b in enumerate(batches)]  # in-place adds and new rows
-    for bid, b in early:
-        ds.apply(bid, b)
+    ds, early, late = _store_and_late_batches(tmp_path, 3)
     job = ds.begin_snapshot(ds.freeze_room())
     engine_view = job.view.engine
     assert engine_view is not None and engine_view.pending is not None and not engine_view.pending.done
