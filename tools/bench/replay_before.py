@@ -102,7 +102,9 @@ def _apply_in_order(engine: RowEngine, a: NDArray[np.uint64], b: NDArray[np.uint
         q = old[miss]
         q_occ = occ[q]
         qs, qc, qf, qpos = seg[q], tc[q], tf[q], pos[miss]
-        q, q_occ, qs, qc, qf, qpos = engine._find_in_deltas(ids, q, q_occ, qs, qc, qf, qpos, st, adds)
+        found = engine._find_in_deltas(q, ids[q_occ], qs, qc, qf, qpos, st, adds)  # (the engine's today)
+        keep = ~np.isin(q, found)
+        q, q_occ, qs, qc, qf, qpos = q[keep], q_occ[keep], qs[keep], qc[keep], qf[keep], qpos[keep]
         parts = [_new_keys(row[q], q_occ, qs, qc, qf, st[q], qpos)] if q.shape[0] else []
         f = np.flatnonzero(fresh)
         if f.shape[0]:
@@ -176,8 +178,11 @@ def _store_apply_disjoint(store: ColumnStore, items: list[tuple[BatchId, RowBatc
     return applied
 
 
-def replay_groups_as_before(store: ColumnStore, records: list[LogRecord], after_seq: int) -> tuple[int, int]:
-    """``recovery.replay`` as it was (module docstring)."""
+def replay_groups_as_before(store: ColumnStore, records: list[LogRecord], after_seq: int,
+                            window_entries: int | None = None, threads: int = 1) -> tuple[int, int]:
+    """``recovery.replay`` as it was (module docstring); takes ``replay``'s later parameters (the
+    window's size, threads) and ignores them, as it did not have them, so that it can stand in for
+    ``replay`` under ``replay_segments``."""
     applied = skipped = 0
     todo = [r for r in records if r.seq > after_seq]
     skipped += len(records) - len(todo)
@@ -222,9 +227,15 @@ def replay_groups_as_before(store: ColumnStore, records: list[LogRecord], after_
     return applied, skipped
 
 
-def open_as_before(d: Path, capacity_bytes: int) -> None:
+def open_as_before(d: Path, capacity_bytes: int, close: bool = True) -> DurableStore | None:
     """``DurableStore.open`` of ``d`` with the replay as it was: ``replay_groups_as_before``, and the
-    snapshot loaded without room for the replay (``read_snapshot``'s ``room``, which came with it)."""
+    snapshot loaded without room for the replay (``read_snapshot``'s ``room``, which came with it),
+    and read (no mapping then either). Closed again, or with ``close`` False returned open."""
     with mock.patch.object(recovery, "replay", replay_groups_as_before), \
-            mock.patch.object(recovery, "read_snapshot", lambda p, c, v, room=0: read_snapshot(p, c, v)):
-        DurableStore.open(d, capacity_bytes).close()
+            mock.patch.object(recovery, "read_snapshot",
+                              lambda p, c, v, room=0, mapping=None: read_snapshot(p, c, v)):
+        ds = DurableStore.open(d, capacity_bytes, map_snapshot=False)
+    if not close:
+        return ds
+    ds.close()
+    return None
