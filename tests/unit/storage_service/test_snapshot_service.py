@@ -233,6 +233,36 @@ async def test_timer_snapshot_every_interval_with_a_ratio_of_zero(tmp_path):
         await cluster.close()
 
 
+@pytest.mark.asyncio
+async def test_snapshot_syncs_the_log_before_it_holds_writes_off(tmp_path, monkeypatch):
+    """The service makes the log durable before it takes the writes' lock, so the rotation under the
+    lock (an fsync) finds little to sync: that rotation was most of what a snapshot's writes wait for
+    once the freeze stopped copying (docs/storage.md "Copies made after the freeze")."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(snapshot_interval_s=3600, snapshot_min_log_ratio=0.0)
+    svc = cluster.services["s0"]
+    try:
+        await cluster.client.write(make_batch(np.random.default_rng(7), 200))
+        store = svc.store
+        events: list[tuple[str, bool]] = []
+        real_sync, real_begin = store.sync, store.begin_snapshot
+
+        def sync():
+            events.append(("sync", svc._snapshot_lock.locked()))  # noqa: SLF001 - the property under test
+            return real_sync()
+
+        def begin(*args, **kwargs):
+            events.append(("begin", svc._snapshot_lock.locked()))  # noqa: SLF001
+            return real_begin(*args, **kwargs)
+
+        monkeypatch.setattr(store, "sync", sync)
+        monkeypatch.setattr(store, "begin_snapshot", begin)
+        await svc.snapshot()
+        begun = events.index(("begin", True))
+        assert ("sync", False) in events[:begun]  # a sync with writes going on, before the freeze
+    finally:
+        await cluster.close()
+
+
 def test_snapshot_due_needs_a_log_that_is_a_share_of_the_store():
     assert not snapshot_due(False, 0, 1000, 0.0)  # nothing logged: never
     assert snapshot_due(True, 1, 1000, 0.0)  # ratio 0: anything logged
