@@ -29,7 +29,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["CHUNK", "PendingCopies"]
+__all__ = ["CHUNK", "PendingCopies", "PendingSet"]
 
 #: Entries per chunk. A write copies every chunk it touches that is not copied yet, so what a batch
 #: of adds spread over the store can wait for is (chunks it touches) × this, whatever the store's
@@ -129,6 +129,34 @@ class PendingCopies:
         run.py) and the destinations (the reader's; freeing them is its business, not that of
         whichever writer or freeze comes next)."""
         self._src, self._dst, self._index = [], [], {}
+
+
+class PendingSet:
+    """The copies an owner's lazy freezes left pending (one per freeze not yet read): what an owner
+    keeps, so that each in-place write is announced to every one of them (``before_write``)."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending: list[PendingCopies] = []
+
+    def add(self, pending: PendingCopies) -> None:
+        """A lazy freeze's copies (those done meanwhile are forgotten)."""
+        self._pending = [p for p in self._pending if not p.done] + [pending]
+
+    def before_write(self, array: NDArray[Any], positions: NDArray[np.integer[Any]]) -> None:
+        """``PendingCopies.before_write`` of each; a no-op (one test) while none is pending."""
+        if self._pending:
+            for pending in self._pending:
+                pending.before_write(array, positions)
+            if any(p.done for p in self._pending):
+                self._pending = [p for p in self._pending if not p.done]
+
+    def finish(self) -> None:
+        """Make every pending copy now, in this thread (before a write that cannot announce itself)."""
+        for pending in self._pending:
+            pending.finish()
+        self._pending = []
 
 
 def _address(array: NDArray[Any]) -> tuple[int, str]:

@@ -94,7 +94,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.rowengine.cow import PendingCopies
+from giaannd.rowengine.cow import PendingCopies, PendingSet
 from giaannd.rowengine.deltafilter import DeltaFilter
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
@@ -262,7 +262,7 @@ class RowEngine:
         self._lock = threading.RLock()
         #: copies a lazy ``freeze`` named and its reader has not made yet (cow.py): every in-place
         #: write of the strengths or the lengths announces itself to them first
-        self._pending: list[PendingCopies] = []
+        self._pending = PendingSet()
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -450,9 +450,13 @@ class RowEngine:
         room holds them, or the base is small enough that regrowing it is inline work (at most
         ``INLINE_MERGE_ENTRIES`` entries copied)."""
         base = self._base
+        return self._base_room() >= base.num_entries + entries or base.num_entries <= INLINE_MERGE_ENTRIES
+
+    def _base_room(self) -> int:
+        """Entries the base's buffers hold, its spare room included (its length when it has none)."""
+        base = self._base
         buf = base.st.base
-        room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
-        return room >= base.num_entries + entries or base.num_entries <= INLINE_MERGE_ENTRIES
+        return buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
 
     @_locked
     def commit(self, plan: ApplyPlan, fold: bool = True) -> None:
@@ -470,7 +474,7 @@ class RowEngine:
             self._index.append(plan.new_a, plan.new_b)
         self._grow_lengths(len(self._index))
         for run, at, add in plan.adds:
-            self._before_write(run.st, at)
+            self._pending.before_write(run.st, at)
             run.st[at] += add
         if plan.new_run is not None:
             self._add_delta(plan.new_run, None if fold else INLINE_MERGE_ENTRIES)
@@ -485,7 +489,7 @@ class RowEngine:
         """Take on a delta run of new keys (``counts``: its entries per row): the one place runs
         join ``_deltas``, so the filter of their keys (``_delta_keys``) misses none."""
         self._delta_keys.add(delta, self._deltas)
-        self._before_write(self._lengths, delta.rows)
+        self._pending.before_write(self._lengths, delta.rows)
         self._lengths[delta.rows] += counts
         self._entries += delta.num_entries
         self._deltas.append(delta)
@@ -583,9 +587,7 @@ class RowEngine:
         ``threads``: the grouping and the rows' walk run in that many threads, each on its own
         rows (inorder.py: a window of ``PARALLEL_MIN_ENTRIES`` or more), with the same result bit
         for bit; the caller holds the engine alone meanwhile (a start-up replay)."""
-        for pending in self._pending:  # fold_rows adds to the base's strengths in place, unannounced
-            pending.finish()
-        self._pending = []
+        self._pending.finish()  # fold_rows adds to the base's strengths in place, unannounced
         self.compact()
         ids = [self._index.lookup_or_add(a, b)[0] for a, b, _, _ in batches]  # new rows: the next ids, in order
         self._version += 1
@@ -650,9 +652,7 @@ class RowEngine:
         is replaced)."""
         base = self._base
         held = base.num_entries + sum(d.num_entries for d in self._deltas)
-        buf = base.st.base
-        room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
-        if entries <= 0 or room >= held + entries or base.num_entries > max(entries, INLINE_MERGE_ENTRIES):
+        if entries <= 0 or self._base_room() >= held + entries or base.num_entries > max(entries, INLINE_MERGE_ENTRIES):
             return
         self._version += 1
         self._base = with_room(base, held - base.num_entries + entries, buffer)
@@ -869,19 +869,10 @@ class RowEngine:
         pairs.append((self._lengths, n, lengths))
         pending = PendingCopies(pairs)
         if lazy:
-            self._pending = [p for p in self._pending if not p.done] + [pending]
+            self._pending.add(pending)
         else:
             pending.finish()
         return FrozenEngine(a, b, lengths, runs[0], runs[1:], pending if lazy else None)
-
-    def _before_write(self, array: NDArray[Any], positions: I64) -> None:
-        """``array`` (the strengths of a run, or the lengths) is about to be written in place at
-        ``positions``: the pending copies of a lazy freeze take what they still need of it."""
-        if self._pending:
-            for pending in self._pending:
-                pending.before_write(array, positions)
-            if any(p.done for p in self._pending):
-                self._pending = [p for p in self._pending if not p.done]
 
     def export(self) -> tuple[U64, U64, I64, Entries]:
         """Every row (empty ones too), sorted by key, concatenated: (a, b, offsets, entries), a copy."""

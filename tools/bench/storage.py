@@ -1,6 +1,6 @@
 """Storage benchmarks: each measurement next to its baseline from the same run (ARCHITECTURE §11).
 
-    python -m tools.bench.storage [--rows-mb 256] [--quick]
+    python -m tools.bench.storage [--rows-mb 256] [--quick] [--append-after-sync [--json]]
 
 Prints Markdown tables:
 
@@ -39,7 +39,7 @@ from giaannd.storage import ColumnStore, DurableStore
 from giaannd.storage.engine.column_store import ENTRY_BYTES, row_from_region
 from giaannd.storage.engine.row_merge import add_in_place, merge_into, plan_merge
 from peers.placement import Member, Placement
-from tools.bench.report import print_table
+from tools.bench.report import emit_figure, print_table
 
 BIG = 1 << 44
 
@@ -225,7 +225,7 @@ def bench_log(tmp: Path, quick: bool) -> None:
     bench_append_after_sync(tmp, 500 if quick else 3000)
 
 
-def bench_append_after_sync(tmp: Path, records: int) -> None:
+def bench_append_after_sync(tmp: Path, records: int, as_json: bool = False) -> None:
     """Latency of an append right after a sync, small records (one 40-entry row): the store's log,
     which drops what each sync made durable from the page cache, against a log that keeps it (the
     baseline, same run). An append writes into the segment's partial last page; if a drop took
@@ -236,7 +236,7 @@ def bench_append_after_sync(tmp: Path, records: int) -> None:
     batch = RowBatch.from_entries(np.full(n, 5, np.uint64), np.full(n, 7, np.uint64), np.zeros(n, np.uint8),
                                   np.arange(1, n + 1, dtype=np.uint64), np.arange(n, dtype=np.uint64),
                                   np.ones(n, np.float32))
-    rows = []
+    rows, p50 = [], {}
     for label, drop in (("keeps its pages (baseline)", False), ("drops what it synced (the store's)", True)):
         d = tmp / f"after-sync-{int(drop)}"
         d.mkdir()
@@ -249,6 +249,13 @@ def bench_append_after_sync(tmp: Path, records: int) -> None:
             log.sync()
         log.close()
         rows.append([label, f"{np.percentile(took, 50) * 1e6:.1f}", f"{np.percentile(took, 99) * 1e6:.1f}"])
+        p50[drop] = float(np.percentile(took, 50))
+        if as_json:
+            for q in (50, 99):
+                emit_figure(f"update log append right after a sync, p{q} µs, {label}", np.percentile(took, q) * 1e6)
+    if as_json:
+        emit_figure("update log append right after a sync, p50, the store's log / baseline", p50[True] / p50[False])
+        return
     print_table(f"update log: an append right after a sync ({records} one-row records)",
                 ["log", "p50 µs", "p99 µs"], rows)
 
@@ -448,12 +455,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--service-only", action="store_true", help="only section 6 (storage service)")
+    ap.add_argument("--append-after-sync", action="store_true",
+                    help="only section 2's append right after a sync (with --json: its figures as JSON)")
+    ap.add_argument("--json", action="store_true",
+                    help="with --append-after-sync, one JSON object per figure (the other sections print tables only)")
     ap.add_argument("--apply-only", action="store_true", help="only section 1 (apply)")
     ap.add_argument("--sentences", type=int, default=4000,
                     help="bundled-corpus sentences for the training-stream apply table (default 4000)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-", dir=args.dir))
     try:
+        if args.append_after_sync:
+            bench_append_after_sync(tmp, 500 if args.quick else 3000, args.json)
+            return
         if args.service_only:
             bench_service(tmp, args.quick)
             return

@@ -14,7 +14,7 @@ Prints Markdown tables (``--json``: one ``{"figure", "value", "target"}`` object
    targets: >= 0.3x raw at 50 entries/row, >= 0.6x at 5,000. Beside them, what the receiver must
    do whatever the stream: the same rows applied to an empty durable store in the same chunks,
    an fsync per window of them, no network and no source (its rate against the raw transport is
-   the most any stream could reach on this host); The join moves about a third of
+   the most any stream could reach on this host). The join moves about a third of
    ``--mb`` (2 -> 3 nodes): the default (600 MB held, a ~200 MB join of ~50 chunks per source)
    is big enough that a stream's fixed costs (plan, hellos, the writers file's fsync, the last
    round trip, verification's key listing) are a few percent; ``--quick`` (8 MB: ~1 chunk per

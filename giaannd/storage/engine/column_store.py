@@ -66,7 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.protocol import BatchId
 from giaannd.rowengine import Entries, RowEngine
-from giaannd.rowengine.cow import PendingCopies
+from giaannd.rowengine.cow import PendingCopies, PendingSet
 from giaannd.rowengine.engine import ApplyPlan
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.run import Alloc, new_fields
@@ -337,7 +337,7 @@ class ColumnStore:
         #: else it calls this instead, and the caller folds (``fold_deltas``: module docstring)
         self.on_fold_due: Callable[[], None] | None = None
         #: copies a lazy ``freeze`` named and its reader has not made yet (rowengine/cow.py)
-        self._pending: list[PendingCopies] = []
+        self._pending = PendingSet()
         #: the fold point's multiplier (``RowEngine.fold_due``'s scale): a storage node draws one
         #: per fold, so replicas holding the same rows do not fold together (background_fold.py)
         self.fold_scale = 1.0
@@ -934,7 +934,7 @@ class ColumnStore:
         touches = np.empty(n, np.uint64)
         pending = PendingCopies([(self._touches, n, touches)])
         if lazy:
-            self._pending = [p for p in self._pending if not p.done] + [pending]
+            self._pending.add(pending)
         else:
             pending.finish()
         return FrozenRows(self.engine.freeze(room, lazy), touches, self.applied.to_arrays(),
@@ -943,11 +943,7 @@ class ColumnStore:
     def _before_touch(self, ids: NDArray[np.int64]) -> None:
         """The touch counts are about to be written at ``ids``: a lazy freeze's copy takes what it
         still needs first (rowengine/cow.py)."""
-        if self._pending:
-            for pending in self._pending:
-                pending.before_write(self._touches, ids)
-            if any(p.done for p in self._pending):
-                self._pending = [p for p in self._pending if not p.done]
+        self._pending.before_write(self._touches, ids)
 
     def freeze_room(self) -> NDArray[np.float32]:
         """A buffer for the next ``freeze``'s strengths, every page touched: for the entries held

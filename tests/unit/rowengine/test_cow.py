@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giaannd.rowengine.cow import CHUNK, PendingCopies
+from giaannd.rowengine.cow import CHUNK, PendingCopies, PendingSet
 
 
 def _sources(rng: np.random.Generator) -> list[np.ndarray]:
@@ -100,3 +100,27 @@ def test_a_reader_thread_and_a_writer_thread_leave_the_copy_as_named() -> None:
             stop.set()
             writer.join(10)
         assert np.array_equal(dst, want)
+
+
+def test_a_pending_set_announces_to_every_freeze_and_forgets_the_done_ones() -> None:
+    """Two lazy freezes of one array at different moments: a write announced once reaches both, each
+    keeps its own moment; ``finish`` makes what is left and empties the set."""
+    src = np.arange(3 * CHUNK, dtype=np.float32)
+    first, second = np.empty_like(src), np.empty_like(src)
+    pending = PendingSet()
+    pending.add(a := PendingCopies([(src, src.shape[0], first)]))
+    want_first = src.copy()
+    at = np.array([1, CHUNK + 1])
+    pending.before_write(src, at)
+    src[at] += 1
+    pending.add(b := PendingCopies([(src, src.shape[0], second)]))
+    want_second = src.copy()
+    pending.before_write(src, np.array([2]))
+    src[2] += 1
+    a.finish()  # a reader finishes one: the set forgets it at the next write
+    pending.before_write(src, np.array([3]))
+    src[3] += 1
+    assert pending._pending == [b]  # noqa: SLF001 - the property under test
+    pending.finish()
+    assert b.done and pending._pending == []  # noqa: SLF001
+    assert np.array_equal(first, want_first) and np.array_equal(second, want_second)

@@ -287,9 +287,7 @@ def _append_new_rows_against_apply(seed, batches, base_ratio):
             cuts = rng.integers(0, batch.num_entries + 1, int(rng.integers(0, 3))).tolist()
             folds, deltas = engine.stats.folds, engine.num_deltas
             base = engine._base  # noqa: SLF001 - the property under test
-            buf = base.st.base
-            room = buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
-            in_place = (room >= base.num_entries + batch.num_entries
+            in_place = (engine._base_room() >= base.num_entries + batch.num_entries  # noqa: SLF001
                         or base.num_entries <= engine_mod.INLINE_MERGE_ENTRIES)
             ids = engine.append_new_rows(batch.row_column, batch.row_feature, np.diff(batch.offsets),
                                          _parts(batch, cuts), room=int(rng.integers(0, 50)))
