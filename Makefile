@@ -30,7 +30,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	for b in model scale lif membership leases transport storage cluster topology restore ramp export bigrow snapshot cluster_jobs readpath usage fold_reads replay_windows delta_lookups repair scan_live plan gpu; do $(PY) -m tools.bench.$$b || exit 1; done
+	for b in model scale lif membership leases transport storage cluster topology restore ramp export bigrow snapshot cluster_jobs readpath usage fold_reads replay_windows delta_lookups drop_stall repair scan_live plan gpu; do $(PY) -m tools.bench.$$b || exit 1; done
 
 lint: $(STAMP)
 	$(PY) -m mypy

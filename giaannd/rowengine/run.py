@@ -71,7 +71,8 @@ from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
 
 __all__ = ["FIELDS", "POS_INDEX_MIN_GAP", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps",
            "fold_into_base", "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field",
-           "merge_into_slice", "new_fields", "offsets_of", "range_positions", "repeated", "window", "with_room"]
+           "merge_into_slice", "new_fields", "offsets_of", "range_positions", "renumbered", "repeated", "window",
+           "with_room"]
 
 U8 = NDArray[np.uint8]
 U64 = NDArray[np.uint64]
@@ -87,10 +88,45 @@ POS_INDEX_MIN_GAP = 256
 FIELDS = ("seg", "tc", "tf", "st")
 
 
+#: From this many lengths on, ``offsets_of`` sums them in a kernel (numpy's ``cumsum`` holds the
+#: GIL for the whole pass: ~1 s at 10^9 rows, the event loop stopped while a worker thread drops).
+_COMPILED_SUMS = 1 << 16
+
+
+@kernel(f"void({readonly('int64')}, int64[::1])")
+def _prefix_sums(lengths: I64, out: I64) -> None:
+    total = 0
+    out[0] = 0
+    for i in range(lengths.shape[0]):
+        total += lengths[i]
+        out[i + 1] = total
+
+
 def offsets_of(lengths: I64) -> I64:
     """``[0, l0, l0+l1, ...]``: the offsets of consecutive blocks of the given lengths."""
     out = np.zeros(lengths.shape[0] + 1, np.int64)
-    np.cumsum(lengths, out=out[1:])
+    if lengths.shape[0] >= _COMPILED_SUMS:
+        _prefix_sums(np.ascontiguousarray(lengths, np.int64), out)
+    else:
+        np.cumsum(lengths, out=out[1:])
+    return out
+
+
+@kernel(f"void({readonly('boolean')}, int64[::1])")
+def _renumber(keep: NDArray[np.bool_], out: I64) -> None:
+    kept = 0
+    for i in range(keep.shape[0]):
+        if keep[i]:
+            kept += 1
+        out[i] = kept - 1
+
+
+def renumbered(keep: NDArray[np.bool_]) -> I64:
+    """Each id's new id once the ids not in ``keep`` (a flag per id) are dropped and the rest
+    renumbered densely in order: ``cumsum(keep) - 1`` (a dropped id gets its predecessor's), in a
+    kernel that releases the GIL (numpy's ``cumsum`` holds it for the whole pass)."""
+    out = np.empty(keep.shape[0], np.int64)
+    _renumber(np.ascontiguousarray(keep, np.bool_), out)
     return out
 
 

@@ -645,8 +645,12 @@ class ColumnStore:
         """
         wanted = np.asarray(columns).astype(np.uint64, copy=False).reshape(-1)
         engine = self.engine
-        a, _ = engine.keys()
-        gone = np.isin(a, wanted)
+        if self._keys.current(self.drops):  # the sorted keys name the rows, and follow the drop
+            self._refresh_keys()
+            gone = np.zeros(engine.num_rows, bool)
+            gone[self._keys.of_columns(wanted)[2]] = True
+        else:
+            gone = np.isin(engine.keys()[0], wanted)
         rows = int(np.count_nonzero(gone))
         if rows == 0:
             return DropResult(0, 0)
@@ -658,6 +662,7 @@ class ColumnStore:
         self._count_sizes(dropped, -1)
         kept_touches = self._touches[: engine.num_rows][~gone]
         engine.drop_rows(~gone)
+        self._keys.drop(~gone, self.drops)
         self._touches = np.zeros(max(1024, kept_touches.shape[0]), np.uint64)
         self._touches[: kept_touches.shape[0]] = kept_touches
         return DropResult(rows, ENTRY_BYTES * entries + ROW_OVERHEAD_BYTES * rows)

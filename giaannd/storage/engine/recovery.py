@@ -631,8 +631,20 @@ class DurableStore:
         held = self.store.held_columns(columns)
         if held.shape[0] == 0:
             return DropResult(0, 0)
-        self.log.append_drop(held)
+        self.log_drop(held)
         return self.store.drop_columns(held)
+
+    def log_drop(self, columns: NDArray[np.uint64]) -> int:
+        """Log the drop of ``columns`` (sorted, unique) and return its seq, without dropping: the
+        first half of ``drop_columns`` for a caller that drops the rows (``store.drop_columns``)
+        in a worker thread next, behind a fold's gate (replication/background_fold.py ``drop``),
+        with nothing applied in between.
+
+        Raises:
+            ValueError: columns not sorted and unique.
+            OSError: the log write failed.
+        """
+        return self.log.append_drop(columns)
 
     def fold_deltas(self, due_only: bool = False) -> int:
         """``ColumnStore.fold_deltas``: nothing is logged (no row changes). No write may run

@@ -20,8 +20,11 @@ into ``main``: one linear, compiled merge pass (``_merge_into``), so a row costs
 O(``TAIL_SHARE``) copies over its life, not a sort of the store per change. Who needs every key
 as one sorted array (``full``) gets the tail merged in first; a scan page needs only the keys
 after its cursor (``window``): the next keys of each run, merged, whatever the store's size. A
-drop (``drops`` changes) or fewer rows than covered rebuilds both from scratch (one sort; drops
-are rare).
+drop of rows (``drop``) filters both runs and renumbers their ids in one linear pass, no sort
+(until Nov 30 a drop made the next listing sort every key again: minutes of ``lexsort`` on the
+event loop at 10^9 rows, after every topology change that released columns); keys that had
+fallen behind (a drop they did not follow, or fewer rows than covered) are rebuilt from scratch
+by ``refresh`` (one sort).
 
 Memory: 24 bytes per row (two keys and an id), and while a merge into ``main`` runs, the new
 copy of it (24 more).
@@ -35,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
-from giaannd.rowengine.run import range_positions
+from giaannd.rowengine.run import range_positions, renumbered
 
 __all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys", "difference"]
 
@@ -150,6 +153,30 @@ class SortedKeys:
         self._n = num_rows
         if self._tail[0].shape[0] > max(MIN_TAIL, self._main[0].shape[0] // TAIL_SHARE):
             self._fold()
+
+    def current(self, drops: int) -> bool:
+        """Whether these keys were built for the store's ``drops`` (a drop since leaves them to be
+        rebuilt by the next ``refresh``)."""
+        return self._drops == drops
+
+    def drop(self, keep: NDArray[np.bool_], drops: int) -> None:
+        """Follow a drop of rows (``keep``: a flag per row id, the rows renumbered densely in id
+        order, as ``RowEngine.drop_rows`` does; ``drops``: the store's drop count after it) without
+        sorting again: each run filtered and its ids renumbered, one linear pass. Only keys that
+        were current before the drop (``current(drops - 1)``) and cover every row are followed;
+        others are left to the next ``refresh``'s rebuild."""
+        keep = np.asarray(keep, bool)
+        if not self.current(drops - 1) or keep.shape[0] != self._n:
+            return
+        new_id = renumbered(keep)  # (numpy's cumsum holds the GIL: this runs in a worker thread)
+
+        def kept(run: Keys) -> Keys:
+            hit = keep[run[2]]
+            return run[0][hit], run[1][hit], new_id[run[2][hit]]
+
+        self._main, self._tail = kept(self._main), kept(self._tail)
+        self._n = int(new_id[-1]) + 1 if keep.shape[0] else 0
+        self._drops = drops
 
     def _fold(self) -> None:
         self._main = _merge(self._main, self._tail)

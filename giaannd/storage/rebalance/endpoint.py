@@ -262,12 +262,20 @@ class StreamEndpoint:
             raise RuntimeError("a placement override is in force (a cutover is under way): what this node "
                                "owns is not settled")
         async with self._locks.setdefault(stream_id, asyncio.Lock()):  # an item being applied lands first
-            durable = self._store()
-            async with self.service._snapshot_lock:  # noqa: SLF001 (as release.release_unowned)
+            durable, folds = self._store(), self.service.folds
+            if folds is None:
+                raise RuntimeError("storage service is not open")
+            candidates: list[np.ndarray] = []
+
+            def among() -> np.ndarray:
                 columns = self.scopes.discard(stream_id)
-                drop = abandoned_stream_columns(topology.placement, self.service.node_name, columns,
-                                                self.scopes.columns_of_open_streams(stream_id))
-                result = durable.drop_columns(drop)
+                candidates.append(abandoned_stream_columns(topology.placement, self.service.node_name, columns,
+                                                           self.scopes.columns_of_open_streams(stream_id)))
+                return candidates[0]
+
+            # as release.release_unowned: behind the store's fold gate, the O(store) parts in threads
+            _, result = await folds.drop(durable, lambda held: held, among)
+            drop = candidates[0]
             self._receivers.pop(stream_id, None)
             self._expected.pop(stream_id, None)
             self._applied_seq.pop(stream_id, None)

@@ -104,15 +104,20 @@ async def release_unowned(service: StorageService) -> DropResult:
         OSError: the log write or sync failed (a failed write drops nothing; after a failed sync
             the rows are gone in RAM but may come back at restart: call it again).
     """
-    durable, topology = service.store, service.topology
-    if durable is None or topology is None:
+    durable, topology, folds = service.store, service.topology, service.folds
+    if durable is None or topology is None or folds is None:
         raise RuntimeError("storage service is not open")
-    # A snapshot reads the store from a worker thread under this lock (service.py); the decision
-    # and the drop run with no await in between, so they see one placement and one store state.
-    async with service._snapshot_lock:  # noqa: SLF001 (as streaming.sender.apply_local)
-        placement = topology.placement
-        drop = unowned_columns(placement, service.node_name, durable.store.held_columns())
-        result = durable.drop_columns(drop)
+    used: list[Placement] = []
+
+    def pick(held: NDArray[np.uint64]) -> NDArray[np.uint64]:
+        used.append(topology.placement)
+        return unowned_columns(used[0], service.node_name, held)
+
+    # Behind the store's fold gate (background_fold.py ``drop``): the writes' lock held from the
+    # listing to the drop, so the decision and the drop see one store state; the placement is read
+    # once, on the event loop; the listing and the drop, O(store), run in worker threads.
+    drop, result = await folds.drop(durable, pick)
+    placement = used[0]
     if result.rows:
         await asyncio.to_thread(durable.sync)
     log.info("released unowned columns node=%s epoch=%s columns=%d rows=%d bytes=%d",

@@ -49,17 +49,25 @@ either, sees the runs mid-move.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import numpy as np
 import xxhash
+from numpy.typing import NDArray
 
+from giaannd.errors import Refused
+from giaannd.storage.engine.column_store import DropResult
 from giaannd.storage.engine.deferred_applies import DeferredApplies
 
-__all__ = ["APPLY_ON_LOOP_BYTES", "BackgroundFold", "Foldable", "fold_scales", "thread_result"]
+if TYPE_CHECKING:
+    from giaannd.storage.engine.recovery import DurableStore
+
+__all__ = ["APPLY_ON_LOOP_BYTES", "BackgroundFold", "Foldable", "FoldsClosed", "fold_scales", "thread_result"]
 
 #: Writes held during a fold (deferred_applies.py) are applied in a worker thread while more than
 #: this many bytes of them are held, the rest on the event loop (~5 ms of applies).
@@ -105,6 +113,16 @@ class Foldable(Protocol):
     def fold_deltas(self, due_only: bool = False) -> int: ...
 
 
+class FoldsClosed(Refused, RuntimeError):
+    """The store's worker-thread work was closed (the service is stopping): nothing was done."""
+
+    reason = "stopping"
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await thread_result(asyncio.get_running_loop().run_in_executor(None, fn, *args))
+
+
 class BackgroundFold:
     """Folds of ``store``'s delta runs in a worker thread, while ``writes`` (the lock every write to
     the store holds) is held (module docstring). ``due`` is the store's ``on_fold_due``;
@@ -142,32 +160,75 @@ class BackgroundFold:
             self._task = asyncio.get_running_loop().create_task(self.fold(due_only=True))
             self._task.add_done_callback(_log_failure)
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self, observe: bool = False) -> AsyncIterator[None]:
+        """Hold the store for work that moves its rows in worker threads, the way a fold holds it
+        (module docstring: the writes' lock held, the gate closed; writes meanwhile are logged,
+        acknowledged and applied when the body ends, before the gate opens again). ``observe``:
+        the gate's closed time goes to ``observe`` (the folds' histogram).
+
+        Raises:
+            FoldsClosed: ``close`` was called (before or while waiting for the lock).
+        """
+        async with self.writes:
+            if self._closed:
+                raise FoldsClosed("the store is closing")
+            self._open.clear()
+            started = time.perf_counter()
+            try:
+                yield
+                await self._apply_deferred()
+            finally:
+                try:  # the last writes logged meanwhile (all of them after a failure or a
+                    self.store.deferred.apply()  # cancellation), before anything reads the rows again
+                finally:
+                    self._open.set()
+                    if observe and self.observe is not None:
+                        self.observe(time.perf_counter() - started)
+
     async def fold(self, due_only: bool = False) -> int:
         """Fold the delta runs into the base in a worker thread, once the writes' lock is free, and
         return the entries moved (``DurableStore.fold_deltas``; ``due_only``: only if a fold is
         still due then, ``RowEngine.fold_due``)."""
-        async with self.writes:
-            if self._closed:
-                return 0
-            self._open.clear()
-            started = time.perf_counter()
-            try:
-                work = asyncio.get_running_loop().run_in_executor(None, self.store.fold_deltas, due_only)
-                moved = await thread_result(work)
-                await self._apply_deferred()
-            finally:
-                try:  # the last writes logged during the fold (all of them after a failure or a
-                    self.store.deferred.apply()  # cancellation), before anything reads the rows again
-                finally:
-                    self._open.set()
-                    if self.observe is not None:
-                        self.observe(time.perf_counter() - started)
+        try:
+            async with self.exclusive(observe=True):
+                moved = await _in_thread(self.store.fold_deltas, due_only)
+        except FoldsClosed:
+            return 0
         if moved:
             self.folds += 1
             self.moved += moved
             if self.after_fold is not None:
                 self.after_fold()
         return moved
+
+    async def drop(self, durable: DurableStore, pick: Callable[[NDArray[np.uint64]], NDArray[np.uint64]],
+                   among: Callable[[], NDArray[np.uint64] | None] = lambda: None
+                   ) -> tuple[NDArray[np.uint64], DropResult]:
+        """Drop columns from ``durable`` (this object's store) the way a fold moves rows: behind the
+        gate (``exclusive``), the O(store) parts in worker threads. In order: ``among()`` on the
+        event loop (the candidate columns, None: every column held); the columns held among them,
+        in a thread (the sorted key index, brought up to date); ``pick(held)`` on the loop (the
+        columns to drop: sorted and unique, as ``held`` is); the drop record logged on the loop
+        (where writes held meanwhile are logged too, after it: replay meets them in the order the
+        rows do); the rows dropped in a thread (``ColumnStore.drop_columns``: the engine's drop,
+        O(store), seconds at 10^8 entries). Returns the columns picked and what went; durable once
+        the log is synced past it. Before Nov 30 a topology change's release and a discarded
+        stream did all of it on the event loop: 7.9 s at 8.6·10^7 entries, with gossip's acks
+        waiting (docs/topology.md, "Releasing columns off the event loop").
+
+        Raises:
+            FoldsClosed: the store is closing; nothing was dropped.
+            OSError: the log write failed; nothing was dropped.
+        """
+        async with self.exclusive():
+            held = await _in_thread(durable.store.held_columns, among())
+            columns = pick(held)
+            if columns.shape[0] == 0:
+                return columns, DropResult(0, 0)
+            durable.log_drop(columns)
+            result = await _in_thread(durable.store.drop_columns, columns)
+        return columns, result
 
     async def _apply_deferred(self) -> None:
         """Apply the writes logged during the fold in a worker thread while more than

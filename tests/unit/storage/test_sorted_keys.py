@@ -28,8 +28,11 @@ def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, monkeypatch):
     keys, drops = SortedKeys(), 0
     for _ in range(40):
         step = rng.integers(0, 4)
-        if step == 0 and a.size > 10:  # a drop: rows renumbered
+        if step == 0 and a.size > 10:  # a drop: rows renumbered (followed, or left to a rebuild)
             keep = rng.random(a.size) < 0.7
+            if rng.random() < 0.6:
+                keys.refresh(a, b, a.size, drops)
+                keys.drop(keep, drops + 1)
             a, b, drops = a[keep], b[keep], drops + 1
         else:  # new rows (columns shared with old ones, both extremes of uint64 included)
             k = int(rng.integers(1, 60))
@@ -96,3 +99,33 @@ def test_a_scan_of_a_store_that_gains_rows_sorts_no_more(monkeypatch):
             break
         after = res.next_key
     assert rows == list(zip(cols.tolist(), feats.tolist()))
+
+
+def test_a_drop_of_columns_sorts_no_key_again(monkeypatch):
+    """Before, a drop left the sorted keys to be rebuilt: the next listing (a scan page, the next
+    release's ``held_columns``) sorted every key of the store again, on the event loop."""
+    store = ColumnStore(1 << 30)
+    rng = np.random.default_rng(5)
+    store.apply(BatchId(1, 1), make_batch(rng, 5_000, 2, rng.integers(1, 400, 5_000).astype(np.uint64)))
+    held = store.held_columns()
+    store.apply(BatchId(1, 2), make_batch(rng, 50, 2, rng.integers(1, 400, 50).astype(np.uint64)))  # rows since
+    sorts = []
+    real = np.lexsort
+
+    def counted(keys, *args, **kw):
+        sorts.append(len(keys[0]))
+        return real(keys, *args, **kw)
+
+    monkeypatch.setattr(np, "lexsort", counted)
+    result = store.drop_columns(held[::3])
+    assert result.rows > 0
+    after = store.held_columns()
+    assert [n for n in sorts if n >= 1_000] == []
+    n = store.engine.num_rows
+    a, b = (k[:n] for k in store.engine.keys())
+    order = real((b, a))
+    listed = store._sorted_keys()  # noqa: SLF001 (the index itself: keys and the renumbered ids)
+    assert listed[0].tolist() == a[order].tolist() and listed[1].tolist() == b[order].tolist()
+    assert listed[2].tolist() == order.tolist()
+    assert not np.isin(after, held[::3]).any() and np.isin(held[::3], after).sum() == 0
+    assert after.tolist() == np.unique(a).tolist()
