@@ -15,14 +15,10 @@ further until it passes its key, then bisects the last step, ~2·log2(distance) 
 of log2(row length). A row occurrence that adds to every key of its row (a training-like log) costs
 two comparisons per entry after the first; sparse queries into a big row (a Zipf stream's head rows
 gain a few hundred of 10^5 keys per batch) bisect the whole row, whose first probes all of them
-share (cached). Those bisections (every query that does not gallop: its range does not depend on
-any other answer) run side by side, ``BISECT_GROUP`` at a time, each one's next probe prefetched,
-so their cache misses overlap instead of coming one after another (``_bisect_group``, Nov 30:
-sparse sorted queries into rows of 10^6 keys, 290 against 740-970 ns per query). No hint or label
-is needed: the ranges and keys say when a gallop is valid, and it gives the answer a binary search
-gives (the lower bound is unique), so the result never depends on the order of the queries.
-``find_in_gaps`` is the delta runs' search: each query's range narrowed to the bucket of its base
-position first (posindex.py), then bisected, in the same pass.
+share (cached). No hint or label is needed: the ranges and keys say when a gallop is valid, and it
+gives the answer a binary search gives (the lower bound is unique), so the result never depends on
+the order of the queries. ``find_in_gaps`` is the delta runs' search: each query's range narrowed
+to the bucket of its base position first (posindex.py), then bisected, in the same pass.
 
 Why compiled: in numpy every binary-search step was a *round* of ~15 whole-array operations over
 the queries still searching, and that per-round overhead, not cache misses, was the cost
@@ -35,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd.rowengine.jit import kernel, prefetch, readonly
+from giaannd.rowengine.jit import kernel, readonly
 
 __all__ = ["find", "find_in_gaps", "lower_bound"]
 
@@ -83,65 +79,16 @@ def _bisect(seg: U8, tc: U64, tf: U64, a: int, b: int, s: int, c: int, f: int) -
 GALLOP_GAP = 256
 
 
-#: Bisections run side by side in groups of this many (``_bisect_group``).
-BISECT_GROUP = 16
-
-
-@kernel(f"void({_KEYS}, {readonly('int64')}, {readonly('int64')}, {_KEYS}, {readonly('int64')}, int64[::1])")
-def _bisect_group(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, which: I64,
-                  out: I64) -> None:
-    """``out[i]``: query i's lower bound in ``[lo[i], hi[i])``, for every i in ``which``: the
-    bisections of ``BISECT_GROUP`` queries a step at a time, side by side, each one's next probe
-    asked for (``prefetch``) as soon as it is known. A bisection of a large range waits on one cache
-    miss per step, each after the one before; side by side, a group's misses overlap (sparse sorted
-    queries into rows of 10^6 keys: 260-400 ns per query against 740-970 one after another)."""
-    k = which.shape[0]
-    at = np.empty(BISECT_GROUP, np.int64)
-    left = np.empty(BISECT_GROUP, np.int64)
-    for g0 in range(0, k, BISECT_GROUP):
-        gn = min(BISECT_GROUP, k - g0)
-        for t in range(gn):
-            q = which[g0 + t]
-            at[t] = lo[q]
-            left[t] = hi[q] - lo[q]
-        busy = True
-        while busy:
-            busy = False
-            for t in range(gn):
-                m = left[t]
-                if m > 0:
-                    q = which[g0 + t]
-                    half = m >> 1
-                    j = at[t] + half
-                    if _less(seg, tc, tf, j, qs[q], qc[q], qf[q]):
-                        at[t] = j + 1
-                        m -= half + 1
-                    else:
-                        m = half
-                    left[t] = m
-                    if m > 0:
-                        busy = True
-                        nxt = at[t] + (m >> 1)
-                        prefetch(seg, nxt)
-                        prefetch(tc, nxt)
-        for t in range(gn):
-            out[which[g0 + t]] = at[t]
-
-
 @kernel(f"void({_KEYS}, {readonly('int64')}, {readonly('int64')}, {_KEYS}, int64[::1], boolean[::1])")
 def _search(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U64, out: I64, found: Bools) -> None:
-    """``out[i]``: query i's lower bound in ``[lo[i], hi[i])``; ``found[i]``: its key is there. The
-    queries that do not gallop (module docstring) are bisected first, side by side
-    (``_bisect_group``: their ranges do not depend on any other answer); then, in query order, each
-    galloping one from the answer before it."""
+    """``out[i]``: query i's lower bound in ``[lo[i], hi[i])``; ``found[i]``: its key is there."""
     n = lo.shape[0]
-    gallops = np.zeros(n, np.bool_)
-    bisected = np.empty(n, np.int64)
-    nb = 0
     dense = False
     for i in range(n):
-        a, h = lo[i], hi[i]
+        h = hi[i]
         s, c, f = qs[i], qc[i], qf[i]
+        a = lo[i]
+        b = h
         shared = i > 0 and a == lo[i - 1] and h == hi[i - 1]
         if not shared:  # the first query of a range: are the queries of this range dense in it?
             k = i + 1
@@ -150,19 +97,9 @@ def _search(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U6
             dense = h - a <= GALLOP_GAP * (k - i)
         if shared and dense and not (
                 s < qs[i - 1] or (s == qs[i - 1] and (c < qc[i - 1] or (c == qc[i - 1] and f < qf[i - 1])))):
-            gallops[i] = True
-        else:
-            bisected[nb] = i
-            nb += 1
-    _bisect_group(seg, tc, tf, lo, hi, qs, qc, qf, bisected[:nb], out)
-    for i in range(n):
-        h = hi[i]
-        s, c, f = qs[i], qc[i], qf[i]
-        if gallops[i]:
             # gallop from the answer before (every key before it is smaller than that query's key,
             # so than this one's): probe a, a+1, a+3, a+7, ... until a key is not smaller
             a = out[i - 1]
-            b = h
             step = 1
             while True:
                 j = a + step - 1
@@ -174,9 +111,9 @@ def _search(seg: U8, tc: U64, tf: U64, lo: I64, hi: I64, qs: U8, qc: U64, qf: U6
                 else:
                     b = j
                     break
-            # the lower bound in [a, b): every key before a is smaller, b is h or a key not smaller
-            out[i] = _bisect(seg, tc, tf, a, b, s, c, f)
-        a = out[i]
+        # the lower bound in [a, b): every key before a is smaller, b is h or a key not smaller
+        a = _bisect(seg, tc, tf, a, b, s, c, f)
+        out[i] = a
         found[i] = a < h and seg[a] == s and tc[a] == c and tf[a] == f
 
 
