@@ -4,12 +4,15 @@ the transport. A replica that missed batches while down (hints lost) is rebuilt 
 whose records left a peer's log are reported, never half-applied; pages can be tiny; bad
 requests get a clear refusal."""
 
+import threading
+
 import msgspec
 import numpy as np
 import pytest
 
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.storage.repair import remote
 from giaannd.storage.repair.remote import RepairServer, repair_self, with_repair
 from giaannd.storage.repair.wire import (
     DigestsFor,
@@ -147,6 +150,26 @@ async def test_repair_self_fills_exactly_the_missing_batches(tmp_path, scheme):
         again = await cluster.repair("s2")  # idempotent
         assert again["batches_shipped"] == 0 and again["rows_divergent"] == []
         assert again["rows_compared"] == report["rows_compared"]
+    finally:
+        await cluster.close()
+
+
+async def test_repair_lists_its_keys_by_peer_in_a_worker_thread(tmp_path, monkeypatch):
+    """The listing of every held key by peer is O(rows): since Nov 30 it runs in a worker thread
+    behind the fold gate (background_fold.py ``whole_store``), not on the event loop."""
+    cluster, missing = await cluster_with_a_gap(tmp_path, 3, 5, "s1")
+    try:
+        threads = []
+        real = remote._keys_by_peer
+
+        def noting(*args):  # type: ignore[no-untyped-def]
+            threads.append(threading.current_thread())
+            return real(*args)
+
+        monkeypatch.setattr(remote, "_keys_by_peer", noting)
+        report = await cluster.repair("s1")
+        assert report["batches_shipped"] == missing and cluster.mismatches() == []
+        assert threads and all(t is not threading.main_thread() for t in threads)
     finally:
         await cluster.close()
 

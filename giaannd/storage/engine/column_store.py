@@ -620,11 +620,10 @@ class ColumnStore:
     def held_columns(self, columns: ArrayLike | None = None) -> NDArray[np.uint64]:
         """The columns with at least one stored row (of ``columns`` only, if given: looked up, not
         a pass over every key), sorted, unique."""
-        if columns is not None:
-            self._refresh_keys()
-            cols = self._keys.of_columns(np.asarray(columns))[0]
-        else:
-            cols = self._sorted_keys()[0]
+        self._refresh_keys()
+        if columns is None:
+            return self._keys.columns()
+        cols = self._keys.of_columns(np.asarray(columns))[0]
         first = np.ones(cols.shape[0], bool)
         first[1:] = cols[1:] != cols[:-1]
         return cols[first]

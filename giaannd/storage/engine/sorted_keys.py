@@ -118,6 +118,16 @@ def _merge(a: Keys, b: Keys, count: int | None = None) -> Keys:
     return out
 
 
+def _distinct(sorted_columns: U64) -> U64:
+    """The distinct values of a sorted array, in order."""
+    if sorted_columns.shape[0] < 2:
+        return sorted_columns.copy()
+    first = np.empty(sorted_columns.shape[0], bool)
+    first[0] = True
+    np.not_equal(sorted_columns[1:], sorted_columns[:-1], out=first[1:])
+    return sorted_columns[first]
+
+
 def _from(keys: Keys, after: tuple[int, int] | None) -> int:
     """The position of the first key >= ``after`` in a sorted run (0: no cursor)."""
     if after is None:
@@ -137,13 +147,20 @@ class SortedKeys:
         self._main, self._tail = empty, empty
         self._n = 0  # ids [0, n) are in main or tail
         self._drops = -1
+        #: main's distinct columns (``columns``), kept until main changes (None: not made since)
+        self._main_columns: U64 | None = None
+
+    def _set_runs(self, main: Keys, tail: Keys) -> None:
+        if main is not self._main:
+            self._main_columns = None
+        self._main, self._tail = main, tail
 
     def refresh(self, keys_a: U64, keys_b: U64, num_rows: int, drops: int) -> None:
         """Take in the rows created since the last call (ids ``[covered, num_rows)``; ``keys_a``/
         ``keys_b``: the engine's keys by id), or start again after a drop."""
         if drops != self._drops or num_rows < self._n:
-            self._main = _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
-            self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
+            main = _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
+            self._set_runs(main, (main[0][:0], main[1][:0], main[2][:0]))
             self._n, self._drops = num_rows, drops
             return
         if num_rows == self._n:
@@ -174,13 +191,33 @@ class SortedKeys:
             hit = keep[run[2]]
             return run[0][hit], run[1][hit], new_id[run[2][hit]]
 
-        self._main, self._tail = kept(self._main), kept(self._tail)
+        self._set_runs(kept(self._main), kept(self._tail))
         self._n = int(new_id[-1]) + 1 if keep.shape[0] else 0
         self._drops = drops
 
     def _fold(self) -> None:
-        self._main = _merge(self._main, self._tail)
-        self._tail = (self._main[0][:0], self._main[1][:0], self._main[2][:0])
+        main = _merge(self._main, self._tail)
+        self._set_runs(main, (main[0][:0], main[1][:0], main[2][:0]))
+
+    def columns(self) -> U64:
+        """Every column that has a row, sorted, unique: main's (one pass over it, kept until main
+        changes) merged with the tail's. Costs O(columns + tail), not a pass over every key, so
+        that a listing of the held columns (a topology operation's ``ListColumns`` and each
+        ``SourceStart``, a release) does not grow with the rows (until Nov 30 it merged the tail
+        into main and walked every key)."""
+        if self._main_columns is None:
+            self._main_columns = _distinct(self._main[0])
+            self._main_columns.flags.writeable = False  # (handed out as it is)
+        main, tail = self._main_columns, _distinct(self._tail[0])
+        if not tail.shape[0]:
+            return main
+        # the tail's columns main lacks, inserted in order (a merge: numpy's ``union1d`` uniques the
+        # concatenation with a hash table, ~100 ms for 3·10^5 columns here)
+        at = np.searchsorted(main, tail)
+        held = np.zeros(tail.shape[0], bool)
+        inside = at < main.shape[0]
+        held[inside] = main[at[inside]] == tail[inside]
+        return np.insert(main, at[~held], tail[~held])
 
     def full(self) -> Keys:
         """Every key, sorted, and its row id (the tail merged in first; the arrays are shared:

@@ -457,7 +457,11 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
 async def _compare(store: DurableStore, me: str, peers: list[_Peer], placement: Placement, tolerance: float,
                    report: dict[str, Any], folds: BackgroundFold | None = None,
                    digest_version: int = ROW_DIGEST_VERSIONS[-1]) -> None:
-    held, shared = _keys_by_peer(store, placement, me, [p.name for p in peers])
+    names = [p.name for p in peers]
+    if folds is None:
+        held, shared = _keys_by_peer(store, placement, me, names)
+    else:  # O(rows): in a worker thread behind the fold gate, not on the event loop (background_fold.py)
+        held, shared = await folds.whole_store(_keys_by_peer, store, placement, me, names)
     divergent, extra = Divergence(), KeyIndex()  # (extra: rows peers hold that this node lacks)
     for p in peers:
         if p.name in report["peers_failed"]:

@@ -230,6 +230,17 @@ class BackgroundFold:
             result = await _in_thread(durable.store.drop_columns, columns)
         return columns, result
 
+    async def whole_store(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, a pass over the whole store (O(rows): a repair's listing of every key by
+        peer), in a worker thread behind the gate (``exclusive``), so that the event loop serves
+        meanwhile, as during a fold.
+
+        Raises:
+            FoldsClosed: the store is closing; ``fn`` did not run.
+        """
+        async with self.exclusive():
+            return await _in_thread(fn, *args)
+
     async def _apply_deferred(self) -> None:
         """Apply the writes logged during the fold in a worker thread while more than
         ``APPLY_ON_LOOP_BYTES`` of them are held (the gate stays closed; writes that come meanwhile

@@ -63,10 +63,12 @@ def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, monkeypatch):
             hit = np.isin(full[0], wanted)
             got = keys.of_columns(wanted)
             assert all(x.tolist() == y[hit].tolist() for x, y in zip(got, full))
-        else:
+        elif rng.random() < 0.5:
             got = keys.full()
             want = _reference(a, b)
             assert all(x.tolist() == y.tolist() for x, y in zip(got, want))
+        else:  # the distinct columns (main's kept between calls)
+            assert keys.columns().tolist() == np.unique(a).tolist()
 
 
 def test_a_scan_of_a_store_that_gains_rows_sorts_no_more(monkeypatch):
@@ -129,3 +131,31 @@ def test_a_drop_of_columns_sorts_no_key_again(monkeypatch):
     assert listed[2].tolist() == order.tolist()
     assert not np.isin(after, held[::3]).any() and np.isin(held[::3], after).sum() == 0
     assert after.tolist() == np.unique(a).tolist()
+
+
+def test_held_columns_cost_the_columns_not_the_rows(monkeypatch):
+    """Before, listing the held columns merged the tail into main and walked every key (a
+    topology operation's ``ListColumns`` and each ``SourceStart``, on the event loop); now main's
+    distinct columns are kept, and a listing after new rows walks the tail only."""
+    monkeypatch.setattr(sorted_keys, "MIN_TAIL", 1 << 30)  # (the tail is never merged into main here)
+    store = ColumnStore(1 << 30)
+    rng = np.random.default_rng(7)
+    store.apply(BatchId(1, 1), make_batch(rng, 5_000, 2, rng.integers(1, 400, 5_000).astype(np.uint64)))
+    store.held_columns()
+    walked = []
+    real = getattr(sorted_keys, "_distinct", None)
+
+    def counted(cols):
+        walked.append(cols.shape[0])
+        return real(cols)
+
+    monkeypatch.setattr(sorted_keys, "_distinct", counted, raising=False)
+    merges = []
+    real_merge = sorted_keys.SortedKeys._fold
+    monkeypatch.setattr(sorted_keys.SortedKeys, "_fold", lambda self: merges.append(1) or real_merge(self))
+    for seq in range(2, 6):
+        store.apply(BatchId(1, seq), make_batch(rng, 20, 2, rng.integers(1, 600, 20).astype(np.uint64)))
+        got = store.held_columns()
+        a = store.engine.keys()[0][: store.engine.num_rows]
+        assert got.tolist() == np.unique(a).tolist()
+    assert merges == [] and walked and max(walked) < 200  # the tail's keys, never main's 5,000
