@@ -1044,6 +1044,23 @@ class ColumnStore:
         return scan_page(cols, feats, ids, self.engine.lengths(), self._gather, lambda i: _row(self.engine.read(i)),
                          after, limit_rows, limit_entries, max_examine, keep, limit_bytes, after_entry, more)
 
+    def key_order_source(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], int, int] | None:
+        """What a worker thread sorts into the key order (``sorted_keys.sorted_rows``): the
+        engine's keys, its rows and the store's drop count; None when the order is built already.
+        The key arrays are never written below the row count (new rows go after it, a drop
+        replaces the arrays), so the thread reads them while the store goes on."""
+        if self._keys.current(self.drops):
+            return None
+        a, b = self.engine.keys()
+        return a, b, self.engine.num_rows, self.drops
+
+    def install_key_order(self, main: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]],
+                          num_rows: int, drops: int) -> bool:
+        """Take the key order a worker thread sorted from ``key_order_source``, unless a drop came
+        since (``drops`` is not the store's any more) or a listing built it meanwhile; returns
+        whether it was taken (sorted_keys.py ``install``)."""
+        return drops == self.drops and self._keys.install(main, num_rows, drops)
+
     def _sorted_keys(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
         """Every row key as two arrays sorted by (column, feature), and each one's row id (shared:
         do not change them; sorted_keys.py keeps them up to date without sorting the store)."""

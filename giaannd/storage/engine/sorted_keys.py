@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import range_positions, renumbered
 
-__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys", "difference"]
+__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys", "difference", "sorted_rows"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
@@ -138,6 +138,12 @@ def _from(keys: Keys, after: tuple[int, int] | None) -> int:
     return lo + int(np.searchsorted(f[lo:hi], np.uint64(after[1]), "left"))
 
 
+def sorted_rows(keys_a: U64, keys_b: U64, num_rows: int) -> Keys:
+    """The keys of rows ``[0, num_rows)`` sorted, with their ids: a whole index's main run, built
+    apart (a worker thread) and given to ``SortedKeys.install``. Pure: reads the arrays only."""
+    return _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
+
+
 class SortedKeys:
     """The sorted keys of one store (module docstring). ``refresh`` first, with the engine's
     keys, its row count and the store's drop count; then ``full`` or ``window``."""
@@ -170,6 +176,18 @@ class SortedKeys:
         self._n = num_rows
         if self._tail[0].shape[0] > max(MIN_TAIL, self._main[0].shape[0] // TAIL_SHARE):
             self._fold()
+
+    def install(self, main: Keys, num_rows: int, drops: int) -> bool:
+        """Take ``main`` (``sorted_rows`` of the rows ``[0, num_rows)`` of the store at its drop
+        count ``drops``, sorted in another thread) as the main run, unless these keys are current
+        for ``drops`` already (a listing built them meanwhile); the next ``refresh`` then sorts only
+        the rows created since. The caller checks that ``drops`` is still the store's. Returns
+        whether it was taken."""
+        if self.current(drops):
+            return False
+        self._set_runs(main, (main[0][:0], main[1][:0], main[2][:0]))
+        self._n, self._drops = num_rows, drops
+        return True
 
     def current(self, drops: int) -> bool:
         """Whether these keys were built for the store's ``drops`` (a drop since leaves them to be

@@ -44,6 +44,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap, usable_cpus
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.snapshot import WriteMode
+from giaannd.storage.engine.sorted_keys import sorted_rows
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -190,6 +191,7 @@ class StorageService:
         self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
         ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
+        ctx.spawn(self.sort_key_order(), "key-order")
         if self.settings.heap_trim_interval_s > 0:
             ctx.spawn(self.run_heap_trim(ctx.stopping), "heap-trim")
 
@@ -517,6 +519,20 @@ class StorageService:
         """The data directory's ``disk_usage``, with the disk a deleted snapshot file still takes
         while the store's base is mapped from it (``DurableStore.held_disk_bytes``)."""
         return disk_usage(self.data_dir, held_bytes=self.store.held_disk_bytes() if self.store is not None else 0)
+
+    async def sort_key_order(self) -> bool:
+        """Sort every row key once after the start, in a worker thread (sorted_keys.py): a store
+        opens with no key order, and the first scan page, column listing or stream after a start
+        sorted every key on the event loop (0.66-0.76 s at 2.6·10^6 rows here; minutes at the
+        10^9 rows a node is meant to hold, gossip's acks waiting). Returns whether the order sorted
+        here was taken (not when a listing built it first, or a drop came meanwhile)."""
+        store = self.store
+        source = None if store is None else store.store.key_order_source()
+        if store is None or source is None:
+            return False
+        a, b, rows, drops = source
+        main = await asyncio.to_thread(sorted_rows, a, b, rows)
+        return store.store.install_key_order(main, rows, drops)
 
     async def fold_when_idle(self, seen: int) -> int:
         """Fold the store's delta runs into its base when nothing was logged since the last call

@@ -1,0 +1,90 @@
+"""A storage node sorts its key order once after the start, in a worker thread (service.py
+``sort_key_order``, sorted_keys.py ``sorted_rows``/``install``): the first listing after a start
+no longer sorts every key on the event loop; an order sorted apart is refused when a drop came
+meanwhile or a listing built one first; rows created while it was sorted are taken in by the next
+refresh."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from giaannd.protocol import BatchId
+from giaannd.storage.engine.column_store import ColumnStore
+from giaannd.storage.engine.sorted_keys import SortedKeys, sorted_rows
+from giaannd.storage.replication import service as service_module
+from tools.cluster_harness import Cluster, make_batch
+
+
+def _reference(store: ColumnStore) -> list[tuple[int, int, int]]:
+    n = store.engine.num_rows
+    a, b = (k[:n] for k in store.engine.keys())
+    order = np.lexsort((b, a))
+    return list(zip(a[order].tolist(), b[order].tolist(), order.tolist()))
+
+
+def test_an_order_sorted_apart_takes_in_the_rows_created_meanwhile_and_yields_to_drops():
+    rng = np.random.default_rng(3)
+    store = ColumnStore(1 << 30)
+    store.apply(BatchId(1, 1), make_batch(rng, 400, 2, rng.integers(1, 90, 400).astype(np.uint64)))
+    source = store.key_order_source()
+    assert source is not None
+    a, b, rows, drops = source
+    main = sorted_rows(a, b, rows)  # (as a worker thread would, while rows are created)
+    store.apply(BatchId(1, 2), make_batch(rng, 50, 2, rng.integers(60, 200, 50).astype(np.uint64)))
+    assert store.install_key_order(main, rows, drops)
+    got = store._sorted_keys()  # noqa: SLF001 (the index itself)
+    assert list(zip(*(x.tolist() for x in got))) == _reference(store)
+    assert store.key_order_source() is None  # current now: nothing to sort apart
+    assert not store.install_key_order(main, rows, drops)  # (and a second order is refused)
+
+    later = ColumnStore(1 << 30)
+    later.apply(BatchId(1, 1), make_batch(rng, 300, 2, rng.integers(1, 90, 300).astype(np.uint64)))
+    a, b, rows, drops = later.key_order_source()
+    main = sorted_rows(a, b, rows)
+    later.drop_columns(later.engine.keys()[0][:5])  # a drop while it was sorted: the rows renumbered
+    assert not later.install_key_order(main, rows, drops)
+    got = later._sorted_keys()  # noqa: SLF001
+    assert list(zip(*(x.tolist() for x in got))) == _reference(later)
+
+    keys = SortedKeys()  # built by a listing first: the order sorted apart is not taken
+    keys.refresh(a, b, rows, 0)
+    assert not keys.install(main, rows, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_node_sorts_its_key_order_in_a_worker_thread_after_the_start(tmp_path, monkeypatch):
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        rng = np.random.default_rng(5)
+        for _ in range(3):
+            await cluster.client.write(make_batch(rng, 300, 4))
+        threads: list[threading.Thread] = []
+        real = sorted_rows
+
+        def noting(*args):  # type: ignore[no-untyped-def]
+            threads.append(threading.current_thread())
+            return real(*args)
+
+        monkeypatch.setattr(service_module, "sorted_rows", noting, raising=False)
+        await cluster.kill("s0")
+        svc = await cluster.restart_node("s0")
+        for _ in range(500):  # the start's task
+            if threads and svc.store.store.key_order_source() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert threads and all(t is not threading.main_thread() for t in threads)
+        sorts: list[int] = []
+        real_lexsort = np.lexsort
+        monkeypatch.setattr(np, "lexsort",
+                            lambda keys, *a, **k: sorts.append(len(keys[0])) or real_lexsort(keys, *a, **k))
+        svc.store.store.held_columns()  # the first listing after the start: nothing to sort
+        assert [n for n in sorts if n > 100] == []
+        got = svc.store.store._sorted_keys()  # noqa: SLF001
+        monkeypatch.setattr(np, "lexsort", real_lexsort)
+        assert list(zip(*(x.tolist() for x in got))) == _reference(svc.store.store)
+    finally:
+        await cluster.close()
