@@ -114,6 +114,7 @@ from giaannd.rowengine.run import (
     new_fields,
     offsets_of,
     range_positions,
+    release_pages,
     renumbered,
     with_room,
 )
@@ -808,6 +809,8 @@ class RowEngine:
         counts = base.counts()[kept_rows]
         seg, tc, tf, st = gather_entries((base.seg, base.tc, base.tf, base.st), base.offsets[:-1][kept_rows], counts)
         self._base = Run(renumbered(keep)[base.rows[kept_rows]], offsets_of(counts), seg, tc, tf, st)
+        release_pages(base)  # (its free below then walks no pages while holding the GIL)
+        del base
         a, b = self.keys()
         lengths = self.lengths()[keep]
         self._index = KeyIndex.from_keys(a[keep], b[keep])

@@ -43,6 +43,9 @@ import numpy as np
 #: A stall of the event loop longer than this is one a node's peers notice (the fold bench's bound).
 STALL_TARGET_MS = 50.0
 TRIGGER_AT_S = 0.3
+#: Seconds between two children: a drop that filled fresh memory in huge pages (the code before)
+#: leaves the kernel compacting memory for a while, which the next child would meet.
+SETTLE_S = 5.0
 DROP_SHARE = 3  # one column in this many is dropped
 
 
@@ -59,6 +62,7 @@ def _child(store_dir: Path, thread: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=store_dir.parent) as tmp:
         copy = Path(tmp) / "store"
         shutil.copytree(store_dir, copy)
+        os.sync()  # (the copy's writeback would otherwise run during the phase, on this machine's disk)
         durable = DurableStore.open(copy, 1 << 50)
         try:
             return asyncio.run(_phase(durable, BackgroundFold, thread))
@@ -147,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     results: list[tuple[str, dict[str, Any], str]] = []
     for _ in range(args.rounds):
         for variant, code in (("before", args.before_code or after_code), ("after", after_code)):
+            time.sleep(SETTLE_S)
             load = os.getloadavg()[0]
             results.append((variant, _run_child(code, store_dir, variant == "after"), f"{load:.1f}"))
     digests = {r["digest"] for _, r, _ in results}

@@ -57,6 +57,7 @@ work; the key index built in one vectorised pass).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,7 @@ from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.run import Alloc, new_fields
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.errors import StoreFullError
-from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
+from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer, small_pages
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
 from giaannd.storage.engine.row_digest import (
     ROW_DIGEST_VERSIONS,
@@ -83,7 +84,7 @@ from giaannd.storage.engine.row_digest import (
     rows_digest_v2_pieces,
 )
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
-from giaannd.storage.engine.sorted_keys import SortedKeys
+from giaannd.storage.engine.sorted_keys import MERGE_APART_KEYS, MainRun, SortedKeys
 
 __all__ = [
     "APPLIED_ID_BYTES",
@@ -326,6 +327,7 @@ class ColumnStore:
         self.drops = 0
         #: every row key in (column, feature) order, kept up to date as rows are created (sorted_keys.py)
         self._keys = SortedKeys()
+        self._on_key_merge_due: Callable[[], None] | None = None
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
         self._size_counts = np.zeros(SIZE_BINS, np.int64)
         #: writers whose batches bring mostly rows this store does not hold (a stream receiver
@@ -660,7 +662,8 @@ class ColumnStore:
         entries = int(dropped.sum())
         self._count_sizes(dropped, -1)
         kept_touches = self._touches[: engine.num_rows][~gone]
-        engine.drop_rows(~gone)
+        with self._fresh_memory_in_small_pages():
+            engine.drop_rows(~gone)
         self._keys.drop(~gone, self.drops)
         self._touches = np.zeros(max(1024, kept_touches.shape[0]), np.uint64)
         self._touches[: kept_touches.shape[0]] = kept_touches
@@ -725,8 +728,22 @@ class ColumnStore:
         moved = self.engine.delta_entries
         if moved or self.engine.num_deltas:
             self._version += 1
-            self.engine.compact()
+            with self._fresh_memory_in_small_pages():
+                self.engine.compact()
         return moved
+
+    @contextmanager
+    def _fresh_memory_in_small_pages(self) -> Iterator[None]:
+        """Memory made inside faults in small pages; the store's arrays are offered to khugepaged
+        after (page_advice.py): for O(store) work that may fill fresh memory in a worker thread (a
+        fold into new buffers: the first after a mapped load copies the whole base; a drop).
+        Why: with numpy's huge-page advice, a first touch compacts memory in the faulting thread
+        while it holds the process's memory-map lock, and the event loop's own allocations (a new
+        arena, a large buffer) wait behind it: a drop at 8.6·10^7 entries stopped the loop for
+        98-357 ms at a time that way, all of it inside its fold's merges."""
+        with small_pages():
+            yield
+        self.allow_huge_pages()
 
     def advance_floor(self, writer: int, floor: int) -> None:
         """The writer will never resend a batch with seq <= floor (compacts the applied set)."""
@@ -1054,8 +1071,7 @@ class ColumnStore:
         a, b = self.engine.keys()
         return a, b, self.engine.num_rows, self.drops
 
-    def install_key_order(self, main: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]],
-                          num_rows: int, drops: int) -> bool:
+    def install_key_order(self, main: MainRun, num_rows: int, drops: int) -> bool:
         """Take the key order a worker thread sorted from ``key_order_source``, unless a drop came
         since (``drops`` is not the store's any more) or a listing built it meanwhile; returns
         whether it was taken (sorted_keys.py ``install``)."""
@@ -1070,3 +1086,21 @@ class ColumnStore:
     def _refresh_keys(self) -> None:
         a, b = self.engine.keys()
         self._keys.refresh(a, b, self.engine.num_rows, self.drops)
+        if self._keys.merge_due and self._on_key_merge_due is not None:
+            self._on_key_merge_due()
+
+    def merge_key_order_apart(self, due: Callable[[], None]) -> None:
+        """Leave the key order's large merges (sorted_keys.py ``merge_apart``) to another thread:
+        ``due()`` is called (on the caller's thread) when one is due; ``key_merge_source`` and
+        ``install_key_merge`` do it."""
+        self._keys.merge_apart = MERGE_APART_KEYS
+        self._on_key_merge_due = due
+
+    def key_merge_source(self) -> tuple[Any, ...] | None:
+        """``SortedKeys.merge_source``: the runs of a due merge of the key order (None: none due)."""
+        return self._keys.merge_source()
+
+    def install_key_merge(self, merged: MainRun, source: tuple[Any, ...]) -> bool:
+        """``SortedKeys.install_merge`` of ``merged`` (``merge_runs`` of ``source``'s runs)."""
+        main, _, rows, drops = source
+        return self._keys.install_merge(merged, main, rows, drops)

@@ -17,7 +17,11 @@ So this keeps two sorted runs:
 New rows are sorted among themselves (their count, not the store's) and merged into the tail;
 once the tail holds more than 1/``TAIL_SHARE`` of ``main`` (at least ``MIN_TAIL``), it is merged
 into ``main``: one linear, compiled merge pass (``_merge_into``), so a row costs
-O(``TAIL_SHARE``) copies over its life, not a sort of the store per change. Who needs every key
+O(``TAIL_SHARE``) copies over its life, not a sort of the store per change. That merge is
+O(store): on a storage node (``merge_apart``) one into a main of more than ``MERGE_APART_KEYS``
+keys runs in a worker thread (``merge_source``, ``merge_runs``, ``install_merge``: the runs are
+never written, only replaced, so the thread reads them while scans go on; the rows created
+meanwhile stay in the tail), not inside the scan page or listing that found it due. Who needs every key
 as one sorted array (``full``) gets the tail merged in first; a scan page needs only the keys
 after its cursor (``window``): the next keys of each run, merged, whatever the store's size. A
 drop of rows (``drop``) filters both runs and renumbers their ids in one linear pass, no sort
@@ -40,12 +44,16 @@ from numpy.typing import NDArray
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import range_positions, renumbered
 
-__all__ = ["MIN_TAIL", "TAIL_SHARE", "SortedKeys", "difference", "sorted_rows"]
+__all__ = ["MERGE_APART_KEYS", "MIN_TAIL", "TAIL_SHARE", "MainRun", "SortedKeys", "difference", "merge_runs",
+           "sorted_rows"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 Keys = tuple[U64, U64, I64]
 
+#: A merge of the tail into a ``main`` of more keys than this is left to ``merge_source`` and
+#: ``install_merge`` (a storage node's worker thread) where ``merge_apart`` is set (module docstring).
+MERGE_APART_KEYS: Final = 1 << 20
 #: The tail is merged into ``main`` once it holds more than 1/TAIL_SHARE of it ...
 TAIL_SHARE: Final = 16
 #: ... and more than this many keys.
@@ -138,10 +146,32 @@ def _from(keys: Keys, after: tuple[int, int] | None) -> int:
     return lo + int(np.searchsorted(f[lo:hi], np.uint64(after[1]), "left"))
 
 
-def sorted_rows(keys_a: U64, keys_b: U64, num_rows: int) -> Keys:
+#: A main run made apart (a worker thread) and its distinct columns (``SortedKeys.columns``), made
+#: there too: both passes are O(rows).
+MainRun = tuple[Keys, U64]
+
+
+def _columns_of(main: Keys) -> U64:
+    """A main run's distinct columns, read-only (``SortedKeys.columns`` hands them out as they are)."""
+    columns = _distinct(main[0])
+    columns.flags.writeable = False
+    return columns
+
+
+def _with_columns(main: Keys) -> MainRun:
+    return main, _columns_of(main)
+
+
+def sorted_rows(keys_a: U64, keys_b: U64, num_rows: int) -> MainRun:
     """The keys of rows ``[0, num_rows)`` sorted, with their ids: a whole index's main run, built
     apart (a worker thread) and given to ``SortedKeys.install``. Pure: reads the arrays only."""
-    return _sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64))
+    return _with_columns(_sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64)))
+
+
+def merge_runs(main: Keys, tail: Keys) -> MainRun:
+    """``main`` and ``tail`` merged (one compiled pass): ``merge_source``'s runs, in a worker
+    thread, for ``install_merge``. Pure: reads the runs only."""
+    return _with_columns(_merge(main, tail))
 
 
 class SortedKeys:
@@ -155,10 +185,15 @@ class SortedKeys:
         self._drops = -1
         #: main's distinct columns (``columns``), kept until main changes (None: not made since)
         self._main_columns: U64 | None = None
+        #: merges of the tail into a main of more keys than this are left to another thread
+        #: (``merge_source``/``install_merge``); None: every merge inline (the core, tests)
+        self.merge_apart: int | None = None
+        #: such a merge is due (set by ``refresh``)
+        self.merge_due = False
 
-    def _set_runs(self, main: Keys, tail: Keys) -> None:
+    def _set_runs(self, main: Keys, tail: Keys, columns: U64 | None = None) -> None:
         if main is not self._main:
-            self._main_columns = None
+            self._main_columns = columns
         self._main, self._tail = main, tail
 
     def refresh(self, keys_a: U64, keys_b: U64, num_rows: int, drops: int) -> None:
@@ -175,9 +210,33 @@ class SortedKeys:
         self._tail = _merge(self._tail, new)
         self._n = num_rows
         if self._tail[0].shape[0] > max(MIN_TAIL, self._main[0].shape[0] // TAIL_SHARE):
-            self._fold()
+            if self.merge_apart is None or self._main[0].shape[0] <= self.merge_apart:
+                self._fold()
+            else:
+                self.merge_due = True
 
-    def install(self, main: Keys, num_rows: int, drops: int) -> bool:
+    def merge_source(self) -> tuple[Keys, Keys, int, int] | None:
+        """The runs of a due merge (``merge_due``), for ``merge_runs`` in another thread: (main,
+        tail, rows covered, drops). The runs are never written, only replaced, so the thread reads
+        them while this object goes on; None when no merge is due."""
+        if not self.merge_due:
+            return None
+        return self._main, self._tail, self._n, self._drops
+
+    def install_merge(self, merged: MainRun, main: Keys, rows: int, drops: int) -> bool:
+        """Take ``merged`` (``merge_runs`` of ``merge_source``'s main and tail) as the main run: the
+        tail keeps the rows created since (ids from ``rows`` on). Refused (False) when main changed
+        meanwhile (a full listing merged it, a drop filtered it: ``drops``); the next ``refresh``
+        then says again whether a merge is due."""
+        self.merge_due = False
+        if main is not self._main or drops != self._drops or rows > self._n:
+            return False
+        tail = self._tail
+        newer = tail[2] >= rows
+        self._set_runs(merged[0], (tail[0][newer], tail[1][newer], tail[2][newer]), merged[1])
+        return True
+
+    def install(self, main: MainRun, num_rows: int, drops: int) -> bool:
         """Take ``main`` (``sorted_rows`` of the rows ``[0, num_rows)`` of the store at its drop
         count ``drops``, sorted in another thread) as the main run, unless these keys are current
         for ``drops`` already (a listing built them meanwhile); the next ``refresh`` then sorts only
@@ -185,7 +244,8 @@ class SortedKeys:
         whether it was taken."""
         if self.current(drops):
             return False
-        self._set_runs(main, (main[0][:0], main[1][:0], main[2][:0]))
+        keys = main[0]
+        self._set_runs(keys, (keys[0][:0], keys[1][:0], keys[2][:0]), main[1])
         self._n, self._drops = num_rows, drops
         return True
 
@@ -209,13 +269,15 @@ class SortedKeys:
             hit = keep[run[2]]
             return run[0][hit], run[1][hit], new_id[run[2][hit]]
 
-        self._set_runs(kept(self._main), kept(self._tail))
+        main = kept(self._main)  # (main's columns too: this runs in the drop's worker thread)
+        self._set_runs(main, kept(self._tail), _columns_of(main))
         self._n = int(new_id[-1]) + 1 if keep.shape[0] else 0
         self._drops = drops
 
     def _fold(self) -> None:
         main = _merge(self._main, self._tail)
         self._set_runs(main, (main[0][:0], main[1][:0], main[2][:0]))
+        self.merge_due = False
 
     def columns(self) -> U64:
         """Every column that has a row, sorted, unique: main's (one pass over it, kept until main
@@ -224,8 +286,7 @@ class SortedKeys:
         ``SourceStart``, a release) does not grow with the rows (until Nov 30 it merged the tail
         into main and walked every key)."""
         if self._main_columns is None:
-            self._main_columns = _distinct(self._main[0])
-            self._main_columns.flags.writeable = False  # (handed out as it is)
+            self._main_columns = _columns_of(self._main)
         main, tail = self._main_columns, _distinct(self._tail[0])
         if not tail.shape[0]:
             return main

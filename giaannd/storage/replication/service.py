@@ -44,7 +44,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap, usable_cpus
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.snapshot import WriteMode
-from giaannd.storage.engine.sorted_keys import sorted_rows
+from giaannd.storage.engine.sorted_keys import merge_runs, sorted_rows
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -165,6 +165,7 @@ class StorageService:
         self._client: StorageClient | None = None
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._key_merge: asyncio.Task[bool] | None = None  # (merge_key_order, under way)
         self._prom: dict[str, Any] = {}
         #: disk-full state, snapshot retries, rate-limited write errors (limits from ``settings``)
         self.disk = DiskWatch(self.data_dir / STORE_DIR, settings)
@@ -217,6 +218,7 @@ class StorageService:
 
         self.folds = BackgroundFold(self.store, self._snapshot_lock, next_fold_point)
         columns.on_fold_due = self.folds.due
+        columns.merge_key_order_apart(self._key_merge_due)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
@@ -534,6 +536,24 @@ class StorageService:
         main = await asyncio.to_thread(sorted_rows, a, b, rows)
         return store.store.install_key_order(main, rows, drops)
 
+    def _key_merge_due(self) -> None:
+        """A listing found a large merge of the key order due (sorted_keys.py): do it in a worker
+        thread, unless one is under way."""
+        if self._key_merge is None or self._key_merge.done():
+            self._key_merge = self._spawn(self.merge_key_order())
+            self._key_merge.add_done_callback(_log_key_merge_failure)
+
+    async def merge_key_order(self) -> bool:
+        """The due merge of the key order's tail into its main run, in a worker thread (O(store):
+        ~24 bytes per row), installed on the event loop; returns whether it was taken (not when a
+        drop or a full listing changed the main run meanwhile)."""
+        store = self.store
+        source = None if store is None else store.store.key_merge_source()
+        if store is None or source is None:
+            return False
+        merged = await asyncio.to_thread(merge_runs, source[0], source[1])
+        return store.store.install_key_merge(merged, source)
+
     async def fold_when_idle(self, seen: int) -> int:
         """Fold the store's delta runs into its base when nothing was logged since the last call
         (``seen``: the log's last seq then; returns it now) and no snapshot is running (its frozen
@@ -562,10 +582,11 @@ class StorageService:
         for target in change.came_up & set(self.hints.targets()):
             self._spawn(self.deliver_hints_to(target))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def deliver_hints(self) -> int:
         """Try every target that is live now; returns hints delivered."""
@@ -702,3 +723,7 @@ class StorageService:
         elif key in self._prom:
             self._prom[key].inc(n)
 
+
+def _log_key_merge_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("merge of the key order failed (the next listing asks again): %r", exc)

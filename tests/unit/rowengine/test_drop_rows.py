@@ -48,3 +48,23 @@ def test_renumbered_and_offsets_of_equal_numpys_cumsum(n, monkeypatch):
     assert offsets_of(lengths).tolist() == want  # (the kernel from 2^16 lengths on)
     monkeypatch.setattr(run_module, "_COMPILED_SUMS", 0)  # the kernel at every size
     assert offsets_of(lengths).tolist() == want
+
+
+def test_release_pages_gives_back_only_what_nothing_else_holds():
+    rng = np.random.default_rng(9)
+    engine = RowEngine()
+    rows = [(int(c), int(f)) for c in POOL64 for f in POOL64[:5]]
+    apply(engine, random_batch(rng, rows, POOL64, POOL64[:4], 30, 200))
+    engine.compact()
+    base = engine._base  # noqa: SLF001 (the run under test)
+    frozen = engine.freeze()  # a snapshot's view holds the base's fields: nothing given back
+    assert not run_module.release_pages(base)
+    before = base.st.copy()
+    assert np.array_equal(base.st, before)
+    del frozen
+    view = engine.read(0)  # a view handed out holds them too
+    assert not run_module.release_pages(base)
+    del view
+    engine._base = run_module.Run.empty()  # noqa: SLF001 (let go: the run is ours alone now)
+    if run_module.madvise.AVAILABLE:
+        assert run_module.release_pages(base)

@@ -19,14 +19,23 @@ def _reference(a, b):
     return a[order], b[order], order
 
 
+@pytest.mark.parametrize("apart", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, monkeypatch):
+def test_sorted_keys_equal_a_sort_after_appends_and_drops(seed, apart, monkeypatch):
     monkeypatch.setattr(sorted_keys, "MIN_TAIL", 8)  # (merges into main happen at this size)
     rng = np.random.default_rng(seed)
     a = np.zeros(0, np.uint64)
     b = np.zeros(0, np.uint64)
     keys, drops = SortedKeys(), 0
+    pending = None  # a merge "in another thread": its source, installed some steps later
+    if apart:
+        keys.merge_apart = 16
     for _ in range(40):
+        if apart and pending is None and (source := keys.merge_source()) is not None:
+            pending = source
+        elif pending is not None and rng.random() < 0.5:
+            keys.install_merge(sorted_keys.merge_runs(pending[0], pending[1]), pending[0], pending[2], pending[3])
+            pending = None
         step = rng.integers(0, 4)
         if step == 0 and a.size > 10:  # a drop: rows renumbered (followed, or left to a rebuild)
             keep = rng.random(a.size) < 0.7

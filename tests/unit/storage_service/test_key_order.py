@@ -88,3 +88,42 @@ async def test_a_node_sorts_its_key_order_in_a_worker_thread_after_the_start(tmp
         assert list(zip(*(x.tolist() for x in got))) == _reference(svc.store.store)
     finally:
         await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_a_large_merge_of_the_key_order_runs_in_a_worker_thread(tmp_path, monkeypatch):
+    """Before Nov 30 the listing that found the tail over its share merged it into the main run
+    itself, on the event loop (O(store)); past ``MERGE_APART_KEYS`` a storage node now merges in a
+    worker thread and installs the result, the rows created meanwhile kept in the tail."""
+    from giaannd.storage.engine import column_store as column_store_module
+    from giaannd.storage.engine import sorted_keys as sorted_keys_module
+
+    monkeypatch.setattr(column_store_module, "MERGE_APART_KEYS", 64)
+    monkeypatch.setattr(sorted_keys_module, "MIN_TAIL", 16)
+    threads: list[threading.Thread] = []
+    real = sorted_keys_module.merge_runs
+
+    def noting(*args):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(service_module, "merge_runs", noting, raising=False)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        rng = np.random.default_rng(8)
+        svc = cluster.services["s0"]
+        await cluster.client.write(make_batch(rng, 600, 4))
+        svc.store.store.held_columns()  # the main run
+        for _ in range(6):  # rows created between listings: the tail outgrows its share of main
+            await cluster.client.write(make_batch(rng, 200, 4))
+            svc.store.store.held_columns()
+            await asyncio.sleep(0)
+        for _ in range(500):
+            if threads and (svc._key_merge is None or svc._key_merge.done()):  # noqa: SLF001
+                break
+            await asyncio.sleep(0.01)
+        assert threads and all(t is not threading.main_thread() for t in threads)
+        got = svc.store.store._sorted_keys()  # noqa: SLF001
+        assert list(zip(*(x.tolist() for x in got))) == _reference(svc.store.store)
+    finally:
+        await cluster.close()
