@@ -71,6 +71,8 @@ def _child(store_dir: Path, thread: bool) -> dict[str, Any]:
 
 
 async def _phase(durable: Any, background_fold: Any, thread: bool) -> dict[str, Any]:
+    # (the ticker is fold_stall's: written out again, since a child of another checkout imports
+    # ``tools`` from that checkout, which may not have a shared helper)
     writes = asyncio.Lock()
     folds = background_fold(durable, writes)
     ticks: list[float] = []

@@ -14,6 +14,19 @@ from giaannd.storage.engine.sorted_keys import SortedKeys
 from tools.cluster_harness import make_batch
 
 
+def _count_sorts(monkeypatch):
+    """The lengths of the key lists every ``np.lexsort`` from now on sorts."""
+    sorts = []
+    real = np.lexsort
+
+    def counted(keys, *args, **kw):
+        sorts.append(len(keys[0]))
+        return real(keys, *args, **kw)
+
+    monkeypatch.setattr(np, "lexsort", counted)
+    return sorts
+
+
 def _reference(a, b):
     order = np.lexsort((b, a))
     return a[order], b[order], order
@@ -85,14 +98,7 @@ def test_a_scan_of_a_store_that_gains_rows_sorts_no_more(monkeypatch):
     store = ColumnStore(1 << 30)
     rng = np.random.default_rng(3)
     store.apply(BatchId(1, 1), make_batch(rng, 5_000, 2, rng.integers(1, 400, 5_000).astype(np.uint64)))
-    sorts = []
-    real = np.lexsort
-
-    def counted(keys, *args, **kw):
-        sorts.append(len(keys[0]))
-        return real(keys, *args, **kw)
-
-    monkeypatch.setattr(np, "lexsort", counted)
+    sorts = _count_sorts(monkeypatch)
     page = store.scan(None, 100, 1 << 20, 1_000)
     for seq in range(2, 12):  # training creates rows between pages
         store.apply(BatchId(1, seq), make_batch(rng, 10, 2, rng.integers(1, 400, 10).astype(np.uint64)))
@@ -120,14 +126,8 @@ def test_a_drop_of_columns_sorts_no_key_again(monkeypatch):
     store.apply(BatchId(1, 1), make_batch(rng, 5_000, 2, rng.integers(1, 400, 5_000).astype(np.uint64)))
     held = store.held_columns()
     store.apply(BatchId(1, 2), make_batch(rng, 50, 2, rng.integers(1, 400, 50).astype(np.uint64)))  # rows since
-    sorts = []
     real = np.lexsort
-
-    def counted(keys, *args, **kw):
-        sorts.append(len(keys[0]))
-        return real(keys, *args, **kw)
-
-    monkeypatch.setattr(np, "lexsort", counted)
+    sorts = _count_sorts(monkeypatch)
     result = store.drop_columns(held[::3])
     assert result.rows > 0
     after = store.held_columns()
