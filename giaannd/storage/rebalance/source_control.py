@@ -273,6 +273,10 @@ class SourceRegistry:
 
     async def handle(self, msg: Any, bulk: Sequence[np.ndarray]) -> tuple[msgspec.Struct, list[Any]]:
         """Serve one source-control request; returns (reply, reply bulk)."""
+        if isinstance(msg, (ListColumns, SourceStart)) and (folds := self.service.folds) is not None:
+            # the held columns come from the key order, which a drop or a repair's listing changes
+            # in a worker thread behind the fold gate: not while one does (no await after this)
+            await folds.ready()
         if isinstance(msg, ListColumns):
             return ColumnList(), [self.columns_held()]
         if isinstance(msg, HintsHeld):

@@ -166,6 +166,7 @@ class StorageService:
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._key_merge: asyncio.Task[bool] | None = None  # (merge_key_order, under way)
+        self._loop: asyncio.AbstractEventLoop | None = None  # (the one the service runs on: ``_recover``)
         self._prom: dict[str, Any] = {}
         #: disk-full state, snapshot retries, rate-limited write errors (limits from ``settings``)
         self.disk = DiskWatch(self.data_dir / STORE_DIR, settings)
@@ -198,6 +199,7 @@ class StorageService:
 
     async def _recover(self) -> None:
         s = self.settings
+        self._loop = asyncio.get_running_loop()
         if s.malloc_mmap_threshold_bytes:  # before the replay's temporaries (recovery.py says why)
             fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
@@ -528,17 +530,36 @@ class StorageService:
         sorted every key on the event loop (0.66-0.76 s at 2.6·10^6 rows here; minutes at the
         10^9 rows a node is meant to hold, gossip's acks waiting). Returns whether the order sorted
         here was taken (not when a listing built it first, or a drop came meanwhile)."""
-        store = self.store
-        source = None if store is None else store.store.key_order_source()
-        if store is None or source is None:
+        store, folds = self.store, self.folds
+        if store is None or folds is None:
             return False
-        a, b, rows, drops = source
-        main = await asyncio.to_thread(sorted_rows, a, b, rows)
-        return store.store.install_key_order(main, rows, drops)
+        try:
+            await folds.ready()  # (the key order is not touched while a drop or a listing holds the gate)
+            source = store.store.key_order_source()
+            if source is None:
+                return False
+            a, b, rows, drops = source
+            main = await asyncio.to_thread(sorted_rows, a, b, rows)
+            await folds.ready()  # no await from here to the install
+            return store.store.install_key_order(main, rows, drops)
+        except Exception as exc:  # (a failure leaves the sort to the first listing, as before)
+            log.error("sorting the key order after the start failed (the first listing sorts it): %r", exc)
+            return False
 
     def _key_merge_due(self) -> None:
         """A listing found a large merge of the key order due (sorted_keys.py): do it in a worker
-        thread, unless one is under way."""
+        thread, unless one is under way. The listing may have run in a worker thread itself (a
+        drop's, a repair's, behind the fold gate): then this is handed to the event loop."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            loop.call_soon_threadsafe(self._key_merge_due)
+            return
         if self._key_merge is None or self._key_merge.done():
             self._key_merge = self._spawn(self.merge_key_order())
             self._key_merge.add_done_callback(_log_key_merge_failure)
@@ -546,12 +567,18 @@ class StorageService:
     async def merge_key_order(self) -> bool:
         """The due merge of the key order's tail into its main run, in a worker thread (O(store):
         ~24 bytes per row), installed on the event loop; returns whether it was taken (not when a
-        drop or a full listing changed the main run meanwhile)."""
-        store = self.store
-        source = None if store is None else store.store.key_merge_source()
-        if store is None or source is None:
+        drop or a full listing changed the main run meanwhile). The runs are taken and the merge
+        installed while no drop or listing holds the fold gate (they change the key order in a
+        worker thread)."""
+        store, folds = self.store, self.folds
+        if store is None or folds is None:
+            return False
+        await folds.ready()
+        source = store.store.key_merge_source()
+        if source is None:
             return False
         merged = await asyncio.to_thread(merge_runs, source[0], source[1])
+        await folds.ready()  # no await from here to the install
         return store.store.install_key_merge(merged, source)
 
     async def fold_when_idle(self, seen: int) -> int:

@@ -127,3 +127,38 @@ async def test_a_large_merge_of_the_key_order_runs_in_a_worker_thread(tmp_path, 
         assert list(zip(*(x.tolist() for x in got))) == _reference(svc.store.store)
     finally:
         await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_a_merge_found_due_by_a_listing_in_a_worker_thread_is_handed_to_the_loop(tmp_path, monkeypatch):
+    """A drop's or a repair's listing runs in a worker thread behind the fold gate; when it finds
+    a merge of the key order due, the merge task is started on the event loop (before, starting it
+    from the thread raised "no running event loop", which failed the drop)."""
+    from giaannd.storage.engine import column_store as column_store_module
+    from giaannd.storage.engine import sorted_keys as sorted_keys_module
+
+    monkeypatch.setattr(column_store_module, "MERGE_APART_KEYS", 64)
+    monkeypatch.setattr(sorted_keys_module, "MIN_TAIL", 16)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        rng = np.random.default_rng(9)
+        svc = cluster.services["s0"]
+        await cluster.client.write(make_batch(rng, 600, 4))
+        for _ in range(50):  # the start's sort of the key order, then the main run
+            if svc.store.store.key_order_source() is None:
+                break
+            await asyncio.sleep(0.01)
+        svc.store.store.held_columns()
+        for _ in range(3):  # rows created, not listed: the tail outgrows its share of main
+            await cluster.client.write(make_batch(rng, 200, 4))
+        held = await svc.folds.whole_store(svc.store.store.held_columns)  # the listing, in a thread
+        for _ in range(500):
+            if svc._key_merge is not None and svc._key_merge.done():  # noqa: SLF001
+                break
+            await asyncio.sleep(0.01)
+        assert svc._key_merge is not None and svc._key_merge.result()  # noqa: SLF001
+        assert held.tolist() == sorted({int(c) for c, _, _ in _reference(svc.store.store)})
+        got = svc.store.store._sorted_keys()  # noqa: SLF001
+        assert list(zip(*(x.tolist() for x in got))) == _reference(svc.store.store)
+    finally:
+        await cluster.close()
