@@ -139,15 +139,34 @@ class _MemListener(Listener):
         self.transport, self.name, self.handler = transport, name, handler
         self.address = f"mem://{name}"
         self._conns: set[Connection] = set()
+        #: accepted links still in the handshake (TCP's listener keeps the same set)
+        self._links: set[MemLink] = set()
+        self.closed = False
 
     @property
     def connections(self) -> list[Connection]:
         return [c for c in self._conns if not c.is_closed]
 
+    def _accepted(self, link: MemLink, ready: asyncio.Future[Connection]) -> None:
+        """A handshake ended: its connection is this listener's, or, once the listener closed
+        meanwhile, severed (nothing may reach a closed listener's handler: the in-process cluster
+        restarts a node at the same address, and a connection left to the stopped one answered
+        for it)."""
+        self._links.discard(link)
+        if ready.cancelled() or ready.exception() is not None:
+            return
+        if self.closed:
+            link.abort()
+        else:
+            self._conns.add(ready.result())
+
     async def close(self) -> None:
+        self.closed = True
         self.transport.network.listeners.pop(self.name, None)
         for conn in list(self._conns):
             await conn.close("listener closing")
+        for link in list(self._links):  # still in the handshake: nothing to say to them
+            link.abort()
 
 
 class MemoryTransport(Transport):
@@ -198,7 +217,8 @@ class MemoryTransport(Transport):
         lst = listener
         server.session = lst.transport._session(server, client=False, handler=lst.handler,
                                                 on_close=lst._conns.discard)
-        server.session.ready.add_done_callback(lambda f: None if f.exception() else lst._conns.add(f.result()))
+        lst._links.add(server)
+        server.session.ready.add_done_callback(lambda f: lst._accepted(server, f))
         client.session = self._session(client, client=True, handler=self._client_handler)
         server.session.start()
         client.session.start()
