@@ -84,7 +84,7 @@ async def get_vocab(topology: ClusterView, call: NodeCall,
     ids = np.fromiter((i for _, i in keys), np.uint64, len(keys))
     owners = placement.owner_indices(ids)
     r = owners.shape[1]
-    down = np.array([not topology.is_live(n) for n in names])
+    down, _ = topology.masks()
     rank = down[owners] * r + np.arange(r)[None, :]
     cand = np.take_along_axis(owners, np.argsort(rank, axis=1, kind="stable"), axis=1)
     todo = np.ones(len(keys), bool)

@@ -123,6 +123,8 @@ class ClusterView:
     _placement: Placement | None = None
     _order: Placement | None = None
     _subscribers: list[Callable[[ViewChange], None]] = field(default_factory=list)
+    #: ``masks``' arrays and what they were made from (the placement, the down set, ``local``)
+    _masks: tuple[Placement, frozenset[str], str | None, NDArray[np.bool_], NDArray[np.bool_]] | None = None
     # ring mode (module docstring): the ring's active set, the override, and what membership says
     _ring: tuple[tuple[str, float], ...] | None = None
     _override: tuple[StorageNode, ...] | None = None
@@ -308,6 +310,27 @@ class ClusterView:
                 raise KeyError(name)
             return address
         return self._nodes[name].address
+
+    def masks(self) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """(down, local): per member of ``placement.names``, believed down, and is this node: what a
+        read orders a row's owners by. Made once per placement, down set and ``local`` and kept
+        (read-only arrays): a read made them member by member, O(members) Python per read (~0.1 µs
+        a member: 0.1 ms per read at 1,000 members).
+
+        Raises:
+            LookupError: no storage members known.
+        """
+        placement = self.placement
+        down = frozenset(self._down)
+        cached = self._masks
+        if cached is not None and cached[0] is placement and cached[1] == down and cached[2] == self.local:
+            return cached[3], cached[4]
+        names = placement.names
+        down_mask = np.fromiter((n in down for n in names), np.bool_, len(names))
+        local_mask = np.fromiter((n == self.local for n in names), np.bool_, len(names))
+        down_mask.flags.writeable = local_mask.flags.writeable = False
+        self._masks = (placement, down, self.local, down_mask, local_mask)
+        return down_mask, local_mask
 
     def is_live(self, name: str) -> bool:
         """Believed reachable (ring mode: placement and standby members alike)."""

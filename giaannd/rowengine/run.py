@@ -90,9 +90,15 @@ POS_INDEX_MIN_GAP = 256
 FIELDS = ("seg", "tc", "tf", "st")
 
 
-#: From this many lengths on, ``offsets_of`` sums them in a kernel (numpy's ``cumsum`` holds the
-#: GIL for the whole pass: ~1 s at 10^9 rows, the event loop stopped while a worker thread drops).
-_COMPILED_SUMS = 1 << 16
+def _contiguous(a: NDArray[Any], dtype: np.dtype[Any]) -> NDArray[Any]:
+    """``a`` itself when it is a C-contiguous array of ``dtype`` (the usual case: no call into
+    numpy), else a contiguous copy of that dtype."""
+    if type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype)
+
+
+_I64 = np.dtype(np.int64)
 
 
 @kernel(f"void({readonly('int64')}, int64[::1])")
@@ -105,12 +111,11 @@ def _prefix_sums(lengths: I64, out: I64) -> None:
 
 
 def offsets_of(lengths: I64) -> I64:
-    """``[0, l0, l0+l1, ...]``: the offsets of consecutive blocks of the given lengths."""
-    out = np.zeros(lengths.shape[0] + 1, np.int64)
-    if lengths.shape[0] >= _COMPILED_SUMS:
-        _prefix_sums(np.ascontiguousarray(lengths, np.int64), out)
-    else:
-        np.cumsum(lengths, out=out[1:])
+    """``[0, l0, l0+l1, ...]``: the offsets of consecutive blocks of the given lengths (one kernel
+    call whatever their number: numpy's ``cumsum`` into a zeroed array took 2 µs for a small
+    read's few rows, and holds the GIL for the whole pass on large ones)."""
+    out = np.empty(lengths.shape[0] + 1, np.int64)
+    _prefix_sums(_contiguous(lengths, _I64), out)
     return out
 
 
@@ -130,6 +135,29 @@ def renumbered(keep: NDArray[np.bool_]) -> I64:
     out = np.empty(keep.shape[0], np.int64)
     _renumber(np.ascontiguousarray(keep, np.bool_), out)
     return out
+
+
+@kernel(f"void({readonly('int64')}, {readonly('int64')}, {readonly('int64')}, int64[::1], int64[::1])")
+def _ranges(rows: I64, offsets: I64, ids: I64, lo: I64, hi: I64) -> None:
+    """``Run.ranges``: ``[lo[i], hi[i])`` the slice of row ``ids[i]``, empty at its place when the
+    run does not hold it; rows indexed directly when they are every id below their count."""
+    n = rows.shape[0]
+    direct = n > 0 and rows[n - 1] == n - 1
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        if direct:
+            j = min(max(r, 0), n)
+        else:  # the first row not below r
+            a, b = 0, n
+            while a < b:
+                m = (a + b) >> 1
+                if rows[m] < r:
+                    a = m + 1
+                else:
+                    b = m
+            j = a
+        lo[i] = offsets[j]
+        hi[i] = offsets[j + 1] if j < n and rows[j] == r else offsets[j]
 
 
 @dataclass(slots=True, eq=False)
@@ -204,21 +232,15 @@ class Run:
         return np.diff(self.offsets)
 
     def ranges(self, row_ids: I64) -> tuple[I64, I64]:
-        """(lo, hi): the slice of each row; a row the run does not hold gets the empty slice at the
-        place its entries would go (``lo == hi``). A run holding every id below its count (a base,
-        mostly) is indexed directly instead of searched (2·10^5 ids in 10^6 rows: no binary
-        search per id)."""
-        rows = self.rows
-        n = rows.shape[0]
-        if n and int(rows[-1]) == n - 1:  # ascending unique ids up to n - 1: every id below n (a base)
-            lo = self.offsets[np.minimum(row_ids, n)]
-            return lo, np.where(row_ids < n, self.offsets[np.minimum(row_ids + 1, n)], lo)
-        i = np.searchsorted(rows, row_ids)
-        lo = self.offsets[i]
-        if n == 0:
-            return lo, lo
-        held = rows[np.minimum(i, n - 1)] == row_ids
-        return lo, np.where(held, self.offsets[np.minimum(i + 1, n)], lo)
+        """(lo, hi): the slice of each row (ids >= 0); a row the run does not hold gets the empty
+        slice at the place its entries would go (``lo == hi``). A run holding every id below its
+        count (a base, mostly) is indexed directly instead of searched (2·10^5 ids in 10^6 rows:
+        no binary search per id). One compiled pass (``_ranges``): the numpy passes it replaces
+        cost ~4 µs for a small read's few rows."""
+        ids = _contiguous(row_ids, _I64)
+        lo, hi = np.empty(ids.shape[0], np.int64), np.empty(ids.shape[0], np.int64)
+        _ranges(_contiguous(self.rows, _I64), _contiguous(self.offsets, _I64), ids, lo, hi)
+        return lo, hi
 
     def row_slice(self, row_id: int) -> tuple[int, int]:
         """The slice of one row (``(x, x)``, empty, when the run does not hold it)."""
@@ -428,6 +450,26 @@ def new_fields(total: int) -> Fields:
             np.empty(total, np.float32))
 
 
+@kernel(f"int64({readonly('int64')}, {readonly('int64')}, int64)")
+def _slices_total(lo: I64, n: I64, size: int) -> int:
+    """The entries of the slices ``[lo[i], lo[i] + n[i])``, or -1 when one does not lie inside
+    ``[0, size)`` (a negative start or length, or past the end): ``gather_entries``' check in one
+    call, where four numpy reductions and their temporaries cost ~5 µs on a small read."""
+    total = 0
+    for i in range(lo.shape[0]):
+        a = lo[i]
+        k = n[i]
+        if a < 0 or k < 0 or a + k > size:
+            return -1
+        total += k
+    return total
+
+
+#: The entry fields' dtypes (``ENTRY_TYPES``), made once: ``np.dtype(name)`` per call is not free.
+_ENTRY_DTYPES = tuple(np.dtype(t) for t in ENTRY_TYPES)
+_NO_POS = np.empty(0, np.int64)
+
+
 def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos: I64 | None = None,
                    alloc: Alloc = new_fields) -> Fields:
     """The entries ``[lo[i], lo[i] + n[i])`` of the four fields ``src`` (seg, tc, tf, st: a run's,
@@ -437,26 +479,30 @@ def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos:
     straight into the result; a gather through an index of every entry (``field[index]``) built
     that index first (8 bytes per entry) and read through it, field after field. The result is
     ``alloc(total)`` (checked: the kernel writes without bounds checks), fresh arrays by default."""
-    c = np.ascontiguousarray
-    lo, n = c(lo, np.int64), c(n, np.int64)
+    lo, n = _contiguous(lo, _I64), _contiguous(n, _I64)
     size = src[0].shape[0]
-    if (lo.shape[0] != n.shape[0] or any(f.shape[0] != size for f in src)
-            or (n.shape[0] and (int(n.min()) < 0 or int(lo.min()) < 0 or int((lo + n).max()) > size))):
+    srcs: Sequence[NDArray[Any]] = src
+    fs = [_contiguous(f, t) for f, t in zip(srcs, _ENTRY_DTYPES)]
+    gathered = _slices_total(lo, n, size) if lo.shape[0] == n.shape[0] else -1
+    if gathered < 0 or fs[1].shape[0] != size or fs[2].shape[0] != size or fs[3].shape[0] != size:
         # checked here: the kernel copies without bounds checks
         raise ValueError("gather_entries: every slice must lie inside the fields, of one length")
     if new is None or pos is None:
-        new, pos = (src[0][:0], src[1][:0], src[2][:0], src[3][:0]), np.empty(0, np.int64)
-    if any(new[i].dtype != src[i].dtype or new[i].shape[0] != pos.shape[0] for i in range(4)):
-        raise ValueError("gather_entries: new must be of the fields' dtypes, one position per entry")
-    total = int(n.sum()) + pos.shape[0]
+        ns, pos = [f[:0] for f in fs], _NO_POS
+    else:
+        if any(new[i].dtype != src[i].dtype or new[i].shape[0] != pos.shape[0] for i in range(4)):
+            raise ValueError("gather_entries: new must be of the fields' dtypes, one position per entry")
+        news: Sequence[NDArray[Any]] = new
+        ns, pos = [_contiguous(f, t) for f, t in zip(news, _ENTRY_DTYPES)], _contiguous(pos, _I64)
+    total = gathered + pos.shape[0]
     out = alloc(total)
-    fields: tuple[NDArray[Any], ...] = tuple(out)
-    if len(fields) != 4 or any(o.shape != (total,) or o.dtype != np.dtype(t) or not o.flags.c_contiguous
-                               or not o.flags.writeable for o, t in zip(fields, ENTRY_TYPES)):
-        raise ValueError("gather_entries: alloc must return four writable contiguous fields of the "
-                         "requested length and the fields' dtypes")
-    _gather_entries(c(src[0]), c(src[1]), c(src[2]), c(src[3]), lo, n, c(new[0]), c(new[1]), c(new[2]), c(new[3]),
-                    c(pos, np.int64), *out)
+    if alloc is not new_fields:  # (new_fields makes them right)
+        fields: tuple[NDArray[Any], ...] = tuple(out)
+        if len(fields) != 4 or any(o.shape != (total,) or o.dtype != t or not o.flags.c_contiguous
+                                   or not o.flags.writeable for o, t in zip(fields, _ENTRY_DTYPES)):
+            raise ValueError("gather_entries: alloc must return four writable contiguous fields of the "
+                             "requested length and the fields' dtypes")
+    _gather_entries(fs[0], fs[1], fs[2], fs[3], lo, n, ns[0], ns[1], ns[2], ns[3], pos, *out)
     return out
 
 

@@ -72,6 +72,7 @@ from giaannd.rowengine.engine import ApplyPlan
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.run import Alloc, new_fields
 from giaannd.storage.engine.applied_set import AppliedSet
+from giaannd.storage.engine.bounded_read import pick_bounded
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer, small_pages
 from giaannd.storage.engine.regions import ENTRY_BYTES, pack_regions, row_from_region
@@ -829,23 +830,17 @@ class ColumnStore:
         """The requested rows in key order (a copy) while they add up to at most ``max_entries``
         entries; a row longer than ``max_entries`` is left out and listed in ``large`` (at most
         ``max_large`` of them). Stops before the first row that does not fit, so the caller asks
-        again for the keys after ``stopped_after``. Vectorised: cumulative sums over the keys."""
-        rc, rf = _keys(row_column, row_feature)
-        order = np.lexsort((rf, rc))
-        rc, rf = _sorted_unique(rc[order], rf[order])
+        again for the keys after ``stopped_after``. The rows are picked in one compiled pass over the keys
+        (bounded_read.py), the reply gathered in another (``RowEngine.gather``)."""
+        rc, rf = _sorted_unique(*_keys(row_column, row_feature))
         ids = self.engine.row_ids(rc, rf)
-        n = np.zeros(ids.shape[0], np.int64)  # 0: absent (a stored row is never empty)
-        n[ids >= 0] = self.engine.lengths()[ids[ids >= 0]]
-        large = n > max_entries
-        listed = large & (np.cumsum(large) <= max_large)
-        taken = (n > 0) & ~large
-        over = (large & ~listed) | (taken & (np.cumsum(np.where(taken, n, 0)) > max_entries))
-        stop = int(np.argmax(over)) if over.any() else rc.shape[0]
-        pick = np.flatnonzero(taken[:stop])
-        listed_at = np.flatnonzero(listed[:stop])
-        touches = self._touches[ids[listed_at]]
-        big = [(c, f, e, t, self.drops) for c, f, e, t in zip(rc[listed_at].tolist(), rf[listed_at].tolist(),
-                                                               n[listed_at].tolist(), touches.tolist())]
+        lengths = self.engine.lengths()
+        pick, listed_at, stop = pick_bounded(ids, lengths, max_entries, max_large)  # (bounded_read.py)
+        big = []
+        if listed_at.shape[0]:  # (at most max_large rows)
+            at = ids[listed_at]
+            big = [(c, f, e, t, self.drops) for c, f, e, t in zip(
+                rc[listed_at].tolist(), rf[listed_at].tolist(), lengths[at].tolist(), self._touches[at].tolist())]
         stopped = (int(rc[stop - 1]), int(rf[stop - 1])) if 0 < stop < rc.shape[0] else None
         return BoundedRead(self._batch(rc[pick], rf[pick], ids[pick]), big, stopped)
 

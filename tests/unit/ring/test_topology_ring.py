@@ -144,3 +144,30 @@ def test_topology_ring_mode_empty_ring_has_no_placement() -> None:
 ])
 def test_join_action_table(mode, ring, action) -> None:
     assert join_action(mode, ring, "me") == action
+
+
+def _masks_by_name(t: ClusterView) -> tuple[list[bool], list[bool]]:
+    return [not t.is_live(n) for n in t.names], [n == t.local for n in t.names]
+
+
+def test_view_masks_follow_every_change_and_are_kept_while_nothing_changes() -> None:
+    """``masks()`` (what a read orders owners by) equals is_live/local member by member after each
+    change, in ring mode and member mode, and is the same arrays while nothing changed."""
+    t, _ = _topo(_ring("a", "b", "c"), "a", "b")
+    down, local = t.masks()
+    assert (down.tolist(), local.tolist()) == _masks_by_name(t) == ([False, False, True], [True, False, False])
+    assert t.masks()[0] is down and not down.flags.writeable
+    for step in (lambda: t.apply_event(_event(MemberJoined, "c")), lambda: t.mark_down("b"),
+                 lambda: t.mark_up("b"), lambda: t.set_ring(_ring("a", "b", "c", "d"))):
+        step()
+        got = t.masks()
+        assert (got[0].tolist(), got[1].tolist()) == _masks_by_name(t)
+    t.local = "c"
+    assert t.masks()[1].tolist() == _masks_by_name(t)[1]
+    m = ClusterView(local="n1", replicas=2)
+    m.set_members([StorageNode(f"n{i}", f"mem://n{i}") for i in range(4)])
+    for step in (lambda: m.mark_down("n2"), lambda: m.add(StorageNode("n5", "mem://n5")), lambda: m.mark_up("n2"),
+                 lambda: m.remove("n0"), lambda: m.mark_down("n3")):
+        step()
+        got = m.masks()
+        assert (got[0].tolist(), got[1].tolist()) == _masks_by_name(m)

@@ -39,15 +39,15 @@ def test_drop_rows_keeps_the_kept_rows_bit_for_bit_renumbered_in_order(seed):
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 70_000])
-def test_renumbered_and_offsets_of_equal_numpys_cumsum(n, monkeypatch):
+def test_renumbered_and_offsets_of_equal_numpys_cumsum(n):
     rng = np.random.default_rng(n)
     keep = rng.random(n) < 0.6
     assert renumbered(keep).tolist() == (np.cumsum(keep, dtype=np.int64) - 1).tolist()
     lengths = rng.integers(0, 1_000, n).astype(np.int64)
     want = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    assert offsets_of(lengths).tolist() == want  # (the kernel from 2^16 lengths on)
-    monkeypatch.setattr(run_module, "_COMPILED_SUMS", 0)  # the kernel at every size
     assert offsets_of(lengths).tolist() == want
+    assert offsets_of(lengths.astype(np.int32)).tolist() == want  # other dtypes are converted
+    assert offsets_of(np.repeat(lengths, 2)[::2]).tolist() == want  # and strided views
 
 
 def test_release_pages_gives_back_only_what_nothing_else_holds():

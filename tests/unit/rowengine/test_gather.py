@@ -49,7 +49,13 @@ def test_gather_entries_refuses_slices_outside_and_positions_out_of_order():
     with pytest.raises(ValueError):
         gather_entries(src, np.array([-1], np.int64), np.array([1], np.int64))
     with pytest.raises(ValueError):
+        gather_entries(src, np.array([4], np.int64), np.array([-1], np.int64))  # a negative length
+    with pytest.raises(ValueError):
+        gather_entries(src, np.array([0, 4], np.int64), np.array([1], np.int64))  # lo and n differ
+    with pytest.raises(ValueError):
         gather_entries((src[0][:9], *src[1:]), lo, n)  # fields of different lengths
+    with pytest.raises(ValueError):
+        gather_entries((*src[:3], src[3][:9]), lo, n)
     new = tuple(np.array([100, 101]).astype(t) for t in DTYPES)
     with pytest.raises(ValueError):
         gather_entries(src, lo, n, new, np.array([4, 1], np.int64))  # decreasing
@@ -157,3 +163,35 @@ def test_gather_entries_writes_where_alloc_says_and_checks_what_it_returns():
                   lambda total: tuple(b[:total] for b in bufs[:3])):  # three fields
         with pytest.raises(ValueError):
             gather_entries(src, lo, n, alloc=wrong)
+
+
+def _ranges_reference(run, row_ids):
+    """``Run.ranges`` as whole-array passes (the code before the kernel)."""
+    rows, n = run.rows, run.rows.shape[0]
+    if n and int(rows[-1]) == n - 1:
+        lo = run.offsets[np.minimum(row_ids, n)]
+        return lo, np.where(row_ids < n, run.offsets[np.minimum(row_ids + 1, n)], lo)
+    i = np.searchsorted(rows, row_ids)
+    lo = run.offsets[i]
+    if n == 0:
+        return lo, lo
+    held = rows[np.minimum(i, n - 1)] == row_ids
+    return lo, np.where(held, run.offsets[np.minimum(i + 1, n)], lo)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_run_ranges_equal_the_whole_array_rule(seed):
+    """Runs holding every id below their count (indexed directly) and runs holding some ids
+    (searched), empty runs; ids held, absent, past the last."""
+    from giaannd.rowengine.run import Run, offsets_of
+
+    rng = np.random.default_rng(seed)
+    for direct in (True, False):
+        count = int(rng.integers(0, 40))
+        rows = (np.arange(count) if direct else np.sort(rng.choice(100, count, replace=False))).astype(np.int64)
+        offsets = offsets_of(rng.integers(1, 9, count).astype(np.int64))
+        total = int(offsets[-1])
+        run = Run(rows, offsets, *(np.zeros(total, t) for t in DTYPES))
+        ids = rng.integers(0, 120, int(rng.integers(0, 30))).astype(np.int64)
+        got, want = run.ranges(ids), _ranges_reference(run, ids)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -258,3 +258,42 @@ async def test_read_replicated_lets_a_folding_node_refuse_only_rows_with_a_live_
     got = await read_replicated(t, folding, RampTracker(0.0), lambda: 0.0, cols, feats, around_folds=False)
     assert np.array_equal(got.row_column, np.sort(cols))
     assert not any(b for _, _, b in asked)
+
+
+def _fewest_reference(cand, down, local):
+    """``fewest_nodes`` as numpy passes per node chosen (the code before the kernel)."""
+    live = ~down[cand]
+    left = ~local[cand[:, 0]] & live.any(axis=1)
+    first = cand[:, 0].copy()
+    n = down.shape[0]
+    while left.any():
+        k = int(left.sum())
+        counts = np.bincount(cand[left][live[left]], minlength=n)
+        firsts = np.bincount(cand[left, 0], minlength=n)
+        lead = np.zeros(n, np.int64)
+        lead[cand[int(left.argmax()), 0]] = 1
+        m = int((counts * 2 * (k + 1) + firsts * 2 + lead).argmax())
+        hit = left & ((cand == m) & live).any(axis=1)
+        first[hit] = m
+        left &= ~hit
+    order = np.argsort(cand != first[:, None], axis=1, kind="stable")
+    return np.take_along_axis(cand, order, axis=1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fewest_nodes_equals_the_numpy_greedy_cover(seed):
+    from giaannd.client.reads import fewest_nodes
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    r = int(rng.integers(1, n + 1))
+    rows = int(rng.integers(0, 70))
+    cand = np.stack([rng.permutation(n)[:r] for _ in range(rows)]).astype(np.intp) if rows else \
+        np.empty((0, r), np.intp)
+    down = rng.random(n) < 0.3
+    local = np.zeros(n, bool)
+    if seed % 4 == 0:
+        local[int(rng.integers(0, n))] = True
+    cand = replica_order(cand, down, local) if rows else cand
+    got = fewest_nodes(cand, down, local)
+    assert got.dtype == cand.dtype and got.tolist() == _fewest_reference(cand, down, local).tolist()
