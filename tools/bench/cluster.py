@@ -6,7 +6,8 @@
 Storage: 3 storage nodes (R = 3, W = 2) over tcp on loopback, built by the cluster harness
 (tools/cluster_harness) — ``giaannd`` processes by default, or nodes inside this process (the
 daemon's runtime and storage role) with ``--in-process``. Compute: this process (the pipeline of
-giaannd/compute, on the harness's client).
+giaannd/compute, on the harness's client), on uvloop as the compute daemon runs (until Nov 30 the
+bench ran it on asyncio's default loop).
 Baseline: ``giaannd.model.engine.Engine`` (encode → train_batch → in-memory RowStore) on the same
 sentences, in the same run. Prints Markdown tables:
 
@@ -48,6 +49,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from giaannd.cli import loop_factory
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.infer import Inference, RowCache, RowFetcher, inference_reader
 from giaannd.compute.jobs import TrainProgress
@@ -263,7 +265,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-cluster-"))
     mode = "in-process storage" if args.in_process else "3 storage processes"
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; storage: 3 nodes ({mode}), "
-          "tcp loopback; compute: this process", file=sys.stderr if args.json else sys.stdout)
+          "tcp loopback; compute: this process, on uvloop as the daemon", file=sys.stderr if args.json else sys.stdout)
 
     async def one(replicas: int, full: bool) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
         async with storage_cluster(tmp / f"r{replicas}", replicas, in_process=args.in_process) as cluster:
@@ -271,9 +273,10 @@ def main() -> None:
                                args.inference_only, args.repeat, readaheads)
 
     try:
-        rows, krows, infer_rows = asyncio.run(one(3, True))
-        if not args.inference_only:
-            rows += asyncio.run(one(1, False))[0]
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the compute daemon runs
+            rows, krows, infer_rows = runner.run(one(3, True))
+            if not args.inference_only:
+                rows += runner.run(one(1, False))[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     infer_title = f"Inference, teacher-forced, train-set constants, {args.prompts} prompts (R=3)"
