@@ -105,7 +105,11 @@ def hint_holders(topology: ClusterView, target: str, rows: NDArray[np.uint64],
     placement = topology.placement
     names = placement.names
     pref = topology.preference(rows)
-    usable = np.array([topology.is_live(n) and n != target and n not in exclude for n in names])
+    down, _ = topology.masks()  # (kept by the view: no Python per member per batch)
+    usable = ~down
+    for name in {target, *exclude}:
+        if name in names:
+            usable[names.index(name)] = False
     cand = usable[pref]
     beyond = cand.copy()
     beyond[:, : placement.effective_replicas] = False  # prefer nodes that are not owners (Dynamo)

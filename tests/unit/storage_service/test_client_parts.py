@@ -63,3 +63,28 @@ async def test_client_byte_budget_blocks_then_releases():
     await budget.release(60)
     await budget.acquire(500)  # alone, an oversized request may go (no deadlock)
     assert budget.used == 500
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_hint_holders_equal_the_member_by_member_rule(seed):
+    """hint_holders' usable members (from the view's kept masks) are the live ones that are neither
+    the target nor excluded, as the per-member rule it replaced said; names outside the view ignored."""
+    from giaannd.client.writes import hint_holders
+
+    rng = np.random.default_rng(seed)
+    t, _ = _client(n=int(rng.integers(3, 9)))
+    names = t.names
+    for n in names:
+        if rng.random() < 0.3:
+            t.mark_down(n)
+    target = str(rng.choice([*names, "elsewhere"]))
+    exclude = {str(n) for n in rng.choice([*names, "gone"], int(rng.integers(0, 3)))}
+    keys = np.arange(1, 200, dtype=np.uint64)
+    usable = np.array([t.is_live(n) and n != target and n not in exclude for n in names])
+    pref = t.preference(keys)
+    cand = usable[pref]
+    beyond = cand.copy()
+    beyond[:, : t.placement.effective_replicas] = False
+    pick = np.where(beyond.any(axis=1), beyond.argmax(axis=1), cand.argmax(axis=1))
+    want = np.where(cand.any(axis=1), pref[np.arange(pref.shape[0]), pick], -1)
+    assert hint_holders(t, target, keys, exclude).tolist() == want.tolist()
