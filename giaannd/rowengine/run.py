@@ -482,6 +482,8 @@ def gather_entries(src: Fields, lo: I64, n: I64, new: Fields | None = None, pos:
     lo, n = _contiguous(lo, _I64), _contiguous(n, _I64)
     size = src[0].shape[0]
     srcs: Sequence[NDArray[Any]] = src
+    if any(f.dtype != t for f, t in zip(srcs, _ENTRY_DTYPES)):  # (refused, not converted: a copy of a run)
+        raise ValueError("gather_entries: the fields must be of the entry dtypes (seg, tc, tf, st)")
     fs = [_contiguous(f, t) for f, t in zip(srcs, _ENTRY_DTYPES)]
     gathered = _slices_total(lo, n, size) if lo.shape[0] == n.shape[0] else -1
     if gathered < 0 or fs[1].shape[0] != size or fs[2].shape[0] != size or fs[3].shape[0] != size:

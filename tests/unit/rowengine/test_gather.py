@@ -56,6 +56,8 @@ def test_gather_entries_refuses_slices_outside_and_positions_out_of_order():
         gather_entries((src[0][:9], *src[1:]), lo, n)  # fields of different lengths
     with pytest.raises(ValueError):
         gather_entries((*src[:3], src[3][:9]), lo, n)
+    with pytest.raises(ValueError):  # a field of another dtype is refused, not copied into the right one
+        gather_entries((*src[:3], src[3].astype(np.float64)), lo, n)
     new = tuple(np.array([100, 101]).astype(t) for t in DTYPES)
     with pytest.raises(ValueError):
         gather_entries(src, lo, n, new, np.array([4, 1], np.int64))  # decreasing
