@@ -73,6 +73,11 @@ per entry) on top (run.merge_field writes it in one pass, no index arrays), a de
 the merged delta run. New buffers get room for the next merges (run.MERGE_SLACK): address space,
 mapped page by page as merges write into it.
 
+Pages: every method that writes fresh arrays (``commit`` and the merges and folds it does,
+``merge_tiers``, ``compact``, ``apply_in_order``, ``append_new_rows``, ``drop_rows``) runs with
+numpy's huge-page advice off (``_in_small_pages``, pages.py): on this project's VM a huge page's
+first touch cost the core's apply a quarter of its time at 10^5 sentences.
+
 Threads: one owner applies and reads; but a fold may run in another thread (a storage node's,
 off its event loop: ``commit(fold=False)``, ``fold_due``, then ``compact`` in a worker thread). So
 every method that reads or replaces the runs holds the engine's lock (``_locked``, reentrant): a
@@ -99,6 +104,7 @@ from giaannd.rowengine.deltafilter import DeltaFilter
 from giaannd.rowengine.frozen import FrozenEngine
 from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
+from giaannd.rowengine.pages import small_pages
 from giaannd.rowengine.run import (
     Alloc,
     Buffer,
@@ -226,6 +232,18 @@ def _locked(method: Callable[Concatenate[RowEngine, P], T]) -> Callable[Concaten
 
     def run(self: RowEngine, /, *args: P.args, **kwargs: P.kwargs) -> T:
         with self._lock:
+            return method(self, *args, **kwargs)
+
+    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return run
+
+
+def _in_small_pages(method: Callable[Concatenate[RowEngine, P], T]) -> Callable[Concatenate[RowEngine, P], T]:
+    """``method`` run with numpy's huge-page advice off (pages.py): a method that writes fresh
+    arrays (merges, folds, the key index's growth) faults them in small pages."""
+
+    def run(self: RowEngine, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with small_pages():
             return method(self, *args, **kwargs)
 
     run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
@@ -406,6 +424,7 @@ class RowEngine:
                                        entries.st.copy(), pos)
         return plan
 
+    @_in_small_pages
     @_locked
     def append_new_rows(self, a: U64, b: U64, lengths: I64, parts: Sequence[Entries], room: int = 0) -> I64 | None:
         """Add rows of which none is held yet, straight into the base (run.append_rows): keys
@@ -460,6 +479,7 @@ class RowEngine:
         buf = base.st.base
         return buf.shape[0] if base.spare and isinstance(buf, np.ndarray) else base.num_entries
 
+    @_in_small_pages
     @_locked
     def commit(self, plan: ApplyPlan, fold: bool = True) -> None:
         """Carry out a ``plan``; nothing may change the engine between the two. ``fold``: fold the
@@ -528,6 +548,7 @@ class RowEngine:
         nothing else holds."""
         return newer.num_entries * self.fanout >= older.num_entries and not held(older)
 
+    @_in_small_pages
     @_locked
     def merge_tiers(self) -> None:
         """The tier merges of the delta runs that are due, however large (``merge_due``)."""
@@ -558,6 +579,7 @@ class RowEngine:
         self.stats.delta_merge_entries += older.num_entries + newer.num_entries
         return merge_deltas(older, newer, grow=True)
 
+    @_in_small_pages
     @_locked
     def apply_in_order(self, batches: Sequence[tuple[U64, U64, I64, Entries]], threads: int = 1) -> InOrderApplied:
         """``apply`` of each canonical batch ``(a, b, offsets, entries)`` in turn, in one go (log
@@ -623,6 +645,7 @@ class RowEngine:
             return InOrderApplied(ids_all, delta.rows, counts[got])
         return InOrderApplied(ids_all, _NO_IDS, _NO_IDS)
 
+    @_in_small_pages
     @_locked
     def compact(self) -> None:
         """Fold every delta run into the base (reads then return views, without a copy)."""
@@ -786,6 +809,7 @@ class RowEngine:
                 out.append(Entries(base.seg[b:e], base.tc[b:e], base.tf[b:e], base.st[b:e]))
         return out
 
+    @_in_small_pages
     @_locked
     def drop_rows(self, keep: NDArray[np.bool_]) -> None:
         """Keep only the rows ``keep`` marks (a bool per row id), renumbered densely in id order

@@ -17,7 +17,8 @@ it (small pages: no compaction in the fault path), and ``allow_huge_pages`` mark
 ``MADV_HUGEPAGE`` again once it is filled: the kernel's ``khugepaged`` then collapses it into huge
 pages in the background, at its own pace, with nobody waiting.
 
-``small_pages`` does the same for every array numpy creates inside a block: a restart's recovery
+``small_pages`` (giaannd/rowengine/pages.py, re-exported here; the row engine's own writes run
+inside it too) does the same for every array numpy creates inside a block: a restart's recovery
 (storage/engine/recovery.py) makes its key index, row lengths, touch counts, the replay's grouped
 entries and the delta run they leave in a few seconds, all fresh memory; with numpy's advice on,
 their first touches compacted memory in the faulting thread whenever free huge pages ran short,
@@ -31,17 +32,14 @@ a no-op. A failing ``madvise`` changes nothing but speed, so its result is not c
 
 from __future__ import annotations
 
-import importlib
 import mmap
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from giaannd import madvise
+from giaannd.rowengine.pages import small_pages
 
 __all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer", "small_pages"]
 
@@ -74,47 +72,3 @@ def allow_huge_pages(buf: NDArray[Any]) -> None:
         _advise(owner, _MADV_HUGEPAGE)
 
 
-def _numpy_switch() -> Any:
-    """numpy's process-wide switch of its ``MADV_HUGEPAGE`` on new arrays (``set(enabled) ->
-    previous``, a private function of numpy's multiarray module since 1.20), or None where this
-    numpy has none."""
-    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        switch = getattr(module, "_set_madvise_hugepage", None)
-        if switch is not None:
-            return switch
-    return None
-
-
-_inside = 0  # blocks of ``small_pages`` entered and not left, in every thread
-_restore = True  # numpy's setting when the first of them was entered
-_lock = threading.Lock()
-
-
-@contextmanager
-def small_pages() -> Iterator[None]:
-    """Arrays numpy creates inside the block fault in small pages (its own ``MADV_HUGEPAGE`` of
-    arrays of 4 MiB or more is off meanwhile), for a phase that fills much fresh memory at once
-    (module docstring). Process-wide: another thread's arrays made meanwhile are not advised
-    either, which changes only their page size. Blocks may overlap (several stores opening in
-    threads of one process): numpy's setting is turned off by the first to enter and restored by
-    the last to leave."""
-    global _inside, _restore
-    switch = _numpy_switch()
-    if switch is None:
-        yield
-        return
-    with _lock:
-        if _inside == 0:
-            _restore = bool(switch(False))
-        _inside += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _inside -= 1
-            if _inside == 0:
-                switch(_restore)

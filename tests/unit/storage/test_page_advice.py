@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from giaannd import madvise
+from giaannd.rowengine import pages
 from giaannd.storage.engine import page_advice
 from giaannd.storage.engine.page_advice import HUGE_BUFFER_BYTES, allow_huge_pages, filled_buffer
 
@@ -69,7 +70,7 @@ def test_room_reserved_for_streams_fills_in_small_pages_then_is_offered_to_khuge
 
 def _numpy_advises() -> bool:
     """Whether numpy advises MADV_HUGEPAGE on the large arrays it makes now (read without change)."""
-    switch = page_advice._numpy_switch()
+    switch = pages._numpy_switch()
     if switch is None:
         pytest.skip("this numpy has no switch for its huge page advice")
     state = switch(False)
