@@ -5,38 +5,17 @@ method raises. The kernel's view is read from /proc/self/smaps."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from giaannd import madvise
-from giaannd.rowengine import Entries, RowEngine
-from giaannd.rowengine import pages
+from giaannd.rowengine import Entries, RowEngine, pages
+from tests.unit.smaps import numpy_advises, vm_flags
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE
                                 or pages._numpy_switch() is None,
                                 reason="madvise (Linux) and numpy's switch of its huge-page advice")
-
-
-def _vm_flags(addr: int) -> set[str]:
-    """The VmFlags of the mapping holding ``addr`` (hg: MADV_HUGEPAGE)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
-    raise AssertionError(f"no mapping holds {addr:#x}")
-
-
-def _numpy_advises() -> bool:
-    switch = pages._numpy_switch()
-    state = switch(False)
-    switch(state)
-    return bool(state)
 
 
 def _batch(rows: int, per_row: int, first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, Entries]:
@@ -53,7 +32,7 @@ def test_merges_and_folds_write_fresh_arrays_in_small_pages():
     """Two batches of 2^20 entries: the second's keys are new (between the first's), so its run is
     merged into the first (a fold or a delta merge into new buffers of >= 8 MiB per u64 field).
     With numpy's advice those buffers were marked MADV_HUGEPAGE ("hg" in smaps)."""
-    if not _numpy_advises():
+    if not numpy_advises():
         pytest.skip("numpy's huge-page advice is off in this process already")
     engine = RowEngine()
     engine.apply(*_batch(1024, 1024))
@@ -63,18 +42,18 @@ def test_merges_and_folds_write_fresh_arrays_in_small_pages():
     tc = engine.base_fields()[1]
     owner = tc.base if isinstance(tc.base, np.ndarray) else tc
     assert owner.nbytes >= 8 << 20
-    assert "hg" not in _vm_flags(owner.ctypes.data + owner.nbytes // 2)
+    assert "hg" not in vm_flags(owner.ctypes.data + owner.nbytes // 2)
     assert engine.num_entries == 2 << 20
     control = np.empty(owner.nbytes // 8, np.uint64)  # outside the engine numpy still advises
-    assert "hg" in _vm_flags(control.ctypes.data + control.nbytes // 2)
-    assert _numpy_advises()
+    assert "hg" in vm_flags(control.ctypes.data + control.nbytes // 2)
+    assert numpy_advises()
 
 
 def test_advice_restored_when_a_commit_raises():
     engine = RowEngine()
-    before = _numpy_advises()
+    before = numpy_advises()
     plan = engine.plan(*_batch(4, 4))
     engine.apply(*_batch(4, 4, first_row=100))  # the engine changes: the plan is stale
     with pytest.raises(RuntimeError, match="stale"):
         engine.commit(plan)
-    assert _numpy_advises() == before
+    assert numpy_advises() == before

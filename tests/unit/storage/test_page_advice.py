@@ -5,40 +5,26 @@ from __future__ import annotations
 
 import mmap
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from giaannd import madvise
-from giaannd.rowengine import pages
 from giaannd.storage.engine import page_advice
 from giaannd.storage.engine.page_advice import HUGE_BUFFER_BYTES, allow_huge_pages, filled_buffer
+from tests.unit.smaps import numpy_advises, vm_flags
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE,
                                 reason="madvise from the C library (Linux)")
 
 
-def _vm_flags(addr: int) -> set[str]:
-    """The VmFlags of the mapping holding ``addr`` (hg: MADV_HUGEPAGE, nh: MADV_NOHUGEPAGE)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
-    raise AssertionError(f"no mapping holds {addr:#x}")
-
-
 def test_filled_buffer_is_small_pages_then_offered_to_khugepaged():
     buf = filled_buffer(np.uint64, 4 * HUGE_BUFFER_BYTES // 8)
     middle = buf.ctypes.data + buf.nbytes // 2
-    assert "nh" in _vm_flags(middle) and "hg" not in _vm_flags(middle)
+    assert "nh" in vm_flags(middle) and "hg" not in vm_flags(middle)
     buf[:] = 7  # filled (a snapshot's readinto)
     allow_huge_pages(buf[:10])  # a view: its owner is advised
-    assert "hg" in _vm_flags(middle) and "nh" not in _vm_flags(middle)
+    assert "hg" in vm_flags(middle) and "nh" not in vm_flags(middle)
     assert int(buf.sum()) == 7 * buf.shape[0]
 
 
@@ -63,33 +49,23 @@ def test_room_reserved_for_streams_fills_in_small_pages_then_is_offered_to_khuge
     owners = [f.base for f in fields]
     middles = [o.ctypes.data + o.nbytes // 2 for o in owners if o.nbytes >= 4 * HUGE_BUFFER_BYTES]
     assert len(middles) >= 2  # the u64 fields at least
-    assert all("nh" in _vm_flags(m) and "hg" not in _vm_flags(m) for m in middles)
+    assert all("nh" in vm_flags(m) and "hg" not in vm_flags(m) for m in middles)
     store.allow_huge_pages()
-    assert all("hg" in _vm_flags(m) and "nh" not in _vm_flags(m) for m in middles)
-
-
-def _numpy_advises() -> bool:
-    """Whether numpy advises MADV_HUGEPAGE on the large arrays it makes now (read without change)."""
-    switch = pages._numpy_switch()
-    if switch is None:
-        pytest.skip("this numpy has no switch for its huge page advice")
-    state = switch(False)
-    switch(state)
-    return bool(state)
+    assert all("hg" in vm_flags(m) and "nh" not in vm_flags(m) for m in middles)
 
 
 def test_small_pages_turns_numpy_advice_off_inside_and_restores_it():
-    before = _numpy_advises()
+    before = numpy_advises()
     with page_advice.small_pages():
-        assert not _numpy_advises()
+        assert not numpy_advises()
         # 64 MiB: above glibc's largest mmap threshold (32 MiB), so fresh memory, never a reused
         # piece of the heap that an earlier array's advice still covers
         inside = np.empty(16 * HUGE_BUFFER_BYTES // 8, np.uint64)
-        assert "hg" not in _vm_flags(inside.ctypes.data + inside.nbytes // 2)
-    assert _numpy_advises() == before
+        assert "hg" not in vm_flags(inside.ctypes.data + inside.nbytes // 2)
+    assert numpy_advises() == before
     with pytest.raises(RuntimeError), page_advice.small_pages():
         raise RuntimeError("left by an exception")
-    assert _numpy_advises() == before
+    assert numpy_advises() == before
 
 
 def test_a_file_mapping_is_not_offered_to_khugepaged(tmp_path):
@@ -100,7 +76,7 @@ def test_a_file_mapping_is_not_offered_to_khugepaged(tmp_path):
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
         view = np.frombuffer(m, np.uint64)
         allow_huge_pages(view)
-        assert "hg" not in _vm_flags(view.ctypes.data + view.nbytes // 2)
+        assert "hg" not in vm_flags(view.ctypes.data + view.nbytes // 2)
         del view
 
 
@@ -121,25 +97,25 @@ def test_recovery_fills_in_small_pages_then_offers_the_store_to_khugepaged(tmp_p
     ds.snapshot()
     ds.apply(BatchId(1, 10), make_batch(rng, 2_000, 20))  # a log after the snapshot: replayed
     ds.close()
-    before = _numpy_advises()
+    before = numpy_advises()
     seen: list[str] = []
     replay = recovery.replay_segments
 
     def watched(*args, **kwargs):
-        seen.append(f"replay, numpy advises: {_numpy_advises()}")
+        seen.append(f"replay, numpy advises: {numpy_advises()}")
         return replay(*args, **kwargs)
 
     offer = ColumnStore.allow_huge_pages
 
     def offered(self):
-        seen.append(f"offered, numpy advises: {_numpy_advises() == before}")
+        seen.append(f"offered, numpy advises: {numpy_advises() == before}")
         return offer(self)
 
     monkeypatch.setattr(recovery, "replay_segments", watched)
     monkeypatch.setattr(ColumnStore, "allow_huge_pages", offered)
     opened = DurableStore.open(tmp_path / "s", 1 << 40, map_snapshot=False)
     assert seen == ["replay, numpy advises: False", "offered, numpy advises: True"]
-    assert _numpy_advises() == before
+    assert numpy_advises() == before
     assert opened.recovery.records_replayed >= 1
     opened.close()
 
@@ -148,11 +124,11 @@ def test_overlapping_small_pages_blocks_restore_numpy_once_the_last_one_leaves()
     """Two stores opening in threads of one process: the first block to leave must not turn
     numpy's advice back on under the other, nor the last leave it off (a plain save and restore
     per block did the latter)."""
-    before = _numpy_advises()
+    before = numpy_advises()
     first, second = page_advice.small_pages(), page_advice.small_pages()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
-    assert not _numpy_advises()
+    assert not numpy_advises()
     second.__exit__(None, None, None)
-    assert _numpy_advises() == before
+    assert numpy_advises() == before
