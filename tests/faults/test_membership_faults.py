@@ -4,13 +4,19 @@ Five ``giaannd`` daemons with no role (membership only) run in their own network
 private bridge (tools/netns.py, tests/faults/daemons.py); netem drops 5 % of every node's egress;
 SIGSTOP / SIGCONT freezes node 1's whole process (its event loop) for 2 s every 10 s.
 
-With Lifeguard no live member may ever be declared dead. The same run with
-Lifeguard disabled must show false deaths, so the test can fail. Both halves use
-the same timings: LAN with suspicion-mult 2 (min timeout 2 s, as long as the
-freeze), where the simulator (tests/sim, same scenario, 30 seeds) measured 0 of
-30 runs with a false death with Lifeguard and 6 of 30 runs without; since one
-3-minute run without Lifeguard shows them only about one time in five, that half
-runs up to OFF_ROUNDS rounds and stops at the first false death.
+With Lifeguard no live member may ever be declared dead, while the frozen node *is* suspected
+again and again (at least ``MIN_SUSPICIONS`` times over the run, by all observers together): the
+faults reach the failure detector, and every suspicion is refuted in time. LAN with
+suspicion-mult 2 makes the minimum suspicion timeout (2 s) as long as the freeze.
+
+That plain SWIM at the same timings does declare false deaths is shown by the simulator
+(tests/sim/test_scenarios.py ``test_sim_lifeguard_vs_plain_swim_same_timings``: 30 seeds,
+deterministic). This test used to show it on the daemons too, with up to four 3-minute rounds
+without Lifeguard, stopping at the first false death; but such a round shows one only about one
+time in five (simulator: 4 of 20 seeds; real daemons, Nov 30: none in 4 rounds, each with 44-60
+suspicions of the frozen node), so that half failed about 2 runs in 5 (0.8^4) whatever the code
+did. Counted here instead: the suspicions (the simulator: 32-64 per run of this scenario, over 20
+seeds; the daemons: 44-60 per round).
 """
 
 import signal
@@ -27,12 +33,13 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 N = 5
 PORT = 7946
-OFF_ROUNDS = 4
 READY_S = 60.0
+#: Suspicions of the frozen node (all observers' logs together) a round must show at least.
+MIN_SUSPICIONS = 10
 
 
 def run_round(tmp: Path, lifeguard: bool, duration_s: float) -> list[dict]:
-    """One cluster run; returns every MemberFailed event any daemon logged."""
+    """One cluster run; returns every member event any daemon logged, with its observer."""
     root = tmp / f"lifeguard-{lifeguard}-{time.monotonic_ns()}"
     root.mkdir(parents=True)
     key_file = root / "keys.json"
@@ -62,18 +69,14 @@ def run_round(tmp: Path, lifeguard: bool, duration_s: float) -> list[dict]:
                 time.sleep(8.0)
         finally:
             stop(procs, graceful=False)  # (no leave: nothing may happen after the measured run)
-    return [{"observer": f"n{i}", **e} for i, log in enumerate(logs) for e in member_events(log)
-            if e["event"] == "MemberFailed"]
+    return [{"observer": f"n{i}", **e} for i, log in enumerate(logs) for e in member_events(log)]
 
 
-# One 180 s round with Lifeguard plus up to OFF_ROUNDS rounds without it, each with set-up and teardown.
-@pytest.mark.timeout(240 * (1 + OFF_ROUNDS))
+@pytest.mark.timeout(300)
 def test_membership_faults_lifeguard_prevents_false_dead(tmp_path):
-    failed_on = run_round(tmp_path, lifeguard=True, duration_s=180.0)
-    assert failed_on == [], f"false deaths with Lifeguard: {failed_on}"
-    failed_off = []
-    for _ in range(OFF_ROUNDS):
-        failed_off = run_round(tmp_path, lifeguard=False, duration_s=180.0)
-        if failed_off:
-            break
-    assert failed_off, "without Lifeguard no false death appeared: the scenario is too mild"
+    events = run_round(tmp_path, lifeguard=True, duration_s=180.0)
+    failed = [e for e in events if e["event"] == "MemberFailed"]
+    assert failed == [], f"false deaths with Lifeguard: {failed}"
+    suspected = [e for e in events if e["event"] == "MemberSuspected" and e["name"] == "n1"]
+    assert len(suspected) >= MIN_SUSPICIONS, (
+        f"the frozen node was suspected {len(suspected)} times: the faults did not reach the failure detector")
