@@ -420,6 +420,15 @@ class StorageConfig(_Section):
         "(its affinity mask); 1 replays in the opening thread only. Nothing else runs on the node "
         "while it replays: it serves nothing until the store is open."
     ))] = 0
+    restart_read_ahead_bytes: Annotated[int, Meta(ge=0, le=1 << 40, description=(
+        "At start-up, how far ahead of the store's recovery a thread asks the kernel to read the "
+        "snapshot and the log segments after it (`POSIX_FADV_WILLNEED` in 128 KiB steps: one call "
+        "for a whole file is cut to the device's readahead size, a few MiB). When those files are not "
+        "in the page cache (after a reboot, or evicted) the disk then reads while the load checks "
+        "what came before, instead of each fault waiting for its own read (docs/storage.md "
+        "\"Reading a restart's files ahead\"). The window bounds the page cache filled ahead of "
+        "use. 0 turns it off."
+    ))] = 256 << 20
     fsync_group_commit_ms: Annotated[float, Meta(ge=0, le=1000, description=(
         "Window in which log appends share one fsync. Larger windows raise write throughput and "
         "add that much latency to each acknowledged write; 0 syncs every append."

@@ -232,10 +232,46 @@ def _overlap_s(store: Path, how: str, cwd: Path) -> float:
     return float(out.stdout.split()[-1])
 
 
-def _restart(cluster: LocalCluster, victim: Node, tree: Path) -> dict[str, float]:
-    """kill -9 ``victim``, start it from ``tree``, wait until ready: its timeline."""
+def drop_from_cache(directory: Path) -> None:
+    """Write back and drop every file under ``directory`` from the page cache (``fsync``, then
+    ``POSIX_FADV_DONTNEED``): the next read of them comes from the disk, as after a host's reboot
+    or once other work has evicted them."""
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+#: The experiment's helper: every file asked for in the read-ahead module's steps (one call over
+#: a whole file is cut to the device's readahead size: giaannd/storage/engine/read_ahead.py).
+_PREFETCH = """
+import os, sys
+for name in sys.argv[1:]:
+    fd = os.open(name, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    for off in range(0, size, 128 << 10):
+        os.posix_fadvise(fd, off, 128 << 10, os.POSIX_FADV_WILLNEED)
+    os.close(fd)
+"""
+
+
+def _restart(cluster: LocalCluster, victim: Node, tree: Path, cold: bool = False,
+             helper: bool = False) -> dict[str, float]:
+    """kill -9 ``victim``, start it from ``tree``, wait until ready: its timeline. ``cold``: its
+    store's files dropped from the page cache first (``drop_from_cache``) and the share of its
+    snapshot still cached recorded; ``helper``: a process beside the exec asks the kernel to read
+    the store's files ahead (``POSIX_FADV_WILLNEED``), an experiment."""
     cluster.kill(victim)
+    store = victim.data_dir / "storage" / STORE_DIR
+    if cold:
+        drop_from_cache(store)
     exec_at = time.time()
+    if helper:
+        files = sorted(str(p) for p in store.iterdir() if p.is_file())
+        subprocess.Popen([sys.executable, "-c", _PREFETCH, *files], start_new_session=True)
     _spawn(victim, tree)
     cluster.wait_ready(victim)
     seen = time.time() - exec_at
@@ -258,10 +294,12 @@ def cached_store(cache: Path, entries: int, log_share: float, new_rows_log: bool
     return int(doc["held"]), int(doc["logged"])
 
 
-def run(entries: int, log_share: float, restarts: int, root: Path, cache: Path, trees: dict[str, Path]
+def run(entries: int, log_share: float, restarts: int, root: Path, cache: Path, trees: dict[str, Path],
+        cold: bool = False, helper: bool = False
         ) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[float]], float, float]:
     """(restart timelines by tree, baselines by name, GB held, GB of log replayed). The trees take
-    turns restart by restart, the baselines run after each round."""
+    turns restart by restart, the baselines run after each round. ``cold``, ``helper``:
+    ``_restart``'s (``--cold``, ``--read-ahead-beside``)."""
     cluster = LocalCluster(root / "cluster", storage=2, compute=0, transport="tcp", log_level="info",
                            storage_options={"capacity_bytes": 16 << 30, "snapshot_interval_s": 3600.0})
     victim = cluster.node("storage-2")
@@ -273,12 +311,16 @@ def run(entries: int, log_share: float, restarts: int, root: Path, cache: Path, 
     baselines: dict[str, list[float]] = {"import giaannd.daemon": [], "import giaannd.services.roles": [],
                                          "DurableStore.open (one process)": [], _THEN: [], _BESIDE: []}
     records: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    if helper:
+        records.update({f"{name}, read ahead beside": [] for name in trees})
     try:
         cluster.start()
         cluster.wait_converged()
         for _ in range(restarts):
             for name, tree in trees.items():
-                records[name].append(_restart(cluster, victim, tree))
+                records[name].append(_restart(cluster, victim, tree, cold))
+                if helper:
+                    records[f"{name}, read ahead beside"].append(_restart(cluster, victim, tree, cold, helper=True))
             baselines["import giaannd.daemon"].append(_fresh_process_s("import giaannd.daemon", here))
             baselines["import giaannd.services.roles"].append(
                 _fresh_process_s("import giaannd.services.roles", here))
@@ -323,6 +365,12 @@ def main(argv: list[str] | None = None) -> None:
                          "change), taking turns with this one")
     ap.add_argument("--store-cache", type=Path, default=None,
                     help="keep the generated store here and reuse it in later runs (default: a temporary one)")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the victim's store files from the page cache before each restart (fsync, "
+                         "POSIX_FADV_DONTNEED): the restart reads them from the disk")
+    ap.add_argument("--read-ahead-beside", action="store_true",
+                    help="also restart with a process beside the exec that asks the kernel to read the store's "
+                         "files ahead (an experiment: what reading during the start-up would save)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args(argv)
     load = Path("/proc/loadavg").read_text().split()[:3]
@@ -331,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
         trees["before"] = args.before_tree.resolve()
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
         cache = args.store_cache or Path(tmp) / "store-cache"
-        records, baselines, gb, log_gb = run(args.entries, args.log_share, args.restarts, Path(tmp), cache, trees)
+        records, baselines, gb, log_gb = run(args.entries, args.log_share, args.restarts, Path(tmp), cache, trees,
+                                                    args.cold, args.read_ahead_beside)
     med = {name: {k: statistics.median([r[k] for r in recs if k in r] or [math.nan]) for k in _KEYS}
            for name, recs in records.items()}
     base = {k: statistics.median(v) for k, v in baselines.items()}

@@ -48,6 +48,7 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,7 @@ from giaannd.storage.engine.column_store import ENTRY_BYTES, ColumnStore, DropRe
 from giaannd.storage.engine.deferred_applies import Deferred, DeferredApplies
 from giaannd.storage.engine.errors import CorruptLogError, CorruptSnapshotError
 from giaannd.storage.engine.page_advice import small_pages
+from giaannd.storage.engine.read_ahead import DEFAULT_WINDOW_BYTES, ReadAhead
 from giaannd.storage.engine.snapshot import (
     Pacer,
     WriteMode,
@@ -353,7 +355,7 @@ class ReplayedSegments:
 
 
 def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_seq: int,
-                    threads: int = 1) -> ReplayedSegments:
+                    threads: int = 1, at_segment: Callable[[int], None] | None = None) -> ReplayedSegments:
     """Check and replay the log ``segments`` (``list_segments``: (first seq, path), in order) into
     ``store``, records with seq > ``after_seq`` (``replay``).
 
@@ -363,7 +365,8 @@ def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_
     so its size must grow with the base, not stop at a segment's end. Each segment is mapped
     (update_log.SegmentMapper: nothing else touches the log files while the store opens) and its
     records are views of the mapping, which goes once a window's records are replayed and dropped.
-    ``threads``: ``replay``'s.
+    ``threads``: ``replay``'s. ``at_segment``: called with a segment's index as its scan begins
+    (a restart's read-ahead follows it: read_ahead.py).
 
     Raises:
         CorruptLogError: a gap or overlap between segments, a log that starts after
@@ -388,6 +391,8 @@ def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_
             raise CorruptLogError(str(path), 0, f"log segment starts at seq {first}, expected {expected}")
         if expected is None and first > after_seq + 1:
             raise CorruptLogError(str(path), 0, f"log starts at seq {first} but the snapshot ends at {after_seq}")
+        if at_segment is not None:
+            at_segment(i)
         scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=mapper)
         expected = first + len(scan.records)
         log_bytes += scan.good_bytes
@@ -499,6 +504,7 @@ class DurableStore:
         verify_rows: bool = True,
         map_snapshot: bool = True,
         replay_threads: int = 1,
+        read_ahead_bytes: int = DEFAULT_WINDOW_BYTES,
     ) -> DurableStore:
         """Recover the store in ``directory`` (created if missing).
 
@@ -513,6 +519,9 @@ class DurableStore:
                 into new buffers.
             replay_threads: threads that group and walk a replay window's rows
                 (``replay_segments``; ``storage.replay-threads``).
+            read_ahead_bytes: how far ahead of the load and the replay a thread asks the kernel to
+                read the snapshot and the segments (read_ahead.py; ``storage.restart-read-ahead-bytes``);
+                0: not at all.
 
         Raises:
             CorruptSnapshotError, CorruptLogError: damage that is not a torn log tail; the files are
@@ -526,9 +535,12 @@ class DurableStore:
         started, started_cpu = time.perf_counter(), time.process_time()
         snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
+        # The files in the order the load reads them, read ahead of it (read_ahead.py).
+        files = [*(snapshots[-1][1:] if snapshots else ()), *(path for _, path in segments)]
+        first_segment = 1 if snapshots else 0
         # The load and the replay fill much fresh memory at once: in small pages, without compaction
         # in the fault path; the store's arrays then go to khugepaged (page_advice.py).
-        with small_pages():
+        with ReadAhead(files, read_ahead_bytes) as ahead, small_pages():
             if snapshots:
                 snap_seq, snap_path = snapshots[-1]
                 snapshot_bytes = snap_path.stat().st_size
@@ -536,7 +548,7 @@ class DurableStore:
                 if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
                     mapping = SnapshotMapping.open(snap_path)
                 store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
-                                                   0 if mapping is not None else room, mapping)
+                                                   0 if mapping is not None else room, mapping, ahead.advance)
                 if seq_in_file != snap_seq:
                     raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
             else:
@@ -544,7 +556,8 @@ class DurableStore:
             loaded, loaded_cpu = time.perf_counter(), time.process_time()
             # Replay changes RAM only: a damaged segment further on still stops start-up before any
             # file changes.
-            done = replay_segments(store, segments, snap_seq, replay_threads)
+            done = replay_segments(store, segments, snap_seq, replay_threads,
+                                   lambda i: ahead.advance(ahead.starts[first_segment + i]))
         store.allow_huge_pages()
         applied, skipped, torn, log_bytes = done.applied, done.skipped, done.torn, done.log_bytes
         if applied:

@@ -106,6 +106,10 @@ _PREFIX, _SUFFIX, _TMP_PREFIX = "snapshot-", ".snap", ".snapshot-"
 #: cost vanishes, small enough that a piece's copy holding the GIL (a few hundred µs) does not stall
 #: the thread applying batches meanwhile.
 WRITE_CHUNK_BYTES = 1 << 20
+#: A load hashes (and reads, from a file) each section in pieces of this many bytes, saying after
+#: each how far it got (``read_snapshot``'s ``progress``): a piece's hash is ~2 ms, so a restart's
+#: read-ahead thread (read_ahead.py) gets the GIL between pieces and follows the load closely.
+READ_CHUNK_BYTES = 16 << 20
 #: How a snapshot's bytes reach the disk (``write_frozen``'s ``mode``; snapshot_io.py).
 WriteMode = Literal["cached", "dropped", "direct"]
 #: Directories whose file system refused ``O_DIRECT``: their snapshots are written "cached".
@@ -346,15 +350,17 @@ class _Reader:
     """Reads the body sequentially, hashing as it goes, with offsets for error messages; from the
     file, or from its mapping (``mapping``: snapshot_map.py) when given. ``cuts``: body offsets
     where a new part's hash begins (format 3: ``part_offsets``); ``digest()`` is the body's
-    checksum as its header states it."""
+    checksum as its header states it. ``progress``: told the file offset read up to, every
+    ``READ_CHUNK_BYTES`` (a restart's read-ahead follows it: read_ahead.py)."""
 
     def __init__(self, f: io.BufferedReader, path: Path, end: int, mapping: SnapshotMapping | None = None,
-                 cuts: tuple[int, ...] = ()) -> None:
+                 cuts: tuple[int, ...] = (), progress: Callable[[int], None] | None = None) -> None:
         self.f, self.path, self.end, self.mapping = f, path, end, mapping
         self.pos = HEADER_BYTES
         self.h = xxhash.xxh3_64()
         self._cuts = [HEADER_BYTES + at for at in cuts]
         self._parts: list[int] | None = [] if cuts else None
+        self._progress = progress
 
     def _hash(self, data: memoryview) -> None:
         while self._cuts and self.pos >= self._cuts[0]:  # (sections start at cuts: none spans one)
@@ -363,6 +369,18 @@ class _Reader:
             self.h = xxhash.xxh3_64()
             del self._cuts[0]
         self.h.update(data)
+
+    def _take(self, data: NDArray[np.uint8], read: bool) -> None:
+        """Hash the section's bytes ``data`` (``read``: reading them from the file into it first)
+        a chunk at a time, moving ``pos`` past each and reporting it."""
+        for a in range(0, data.shape[0], READ_CHUNK_BYTES):
+            chunk = data[a:a + READ_CHUNK_BYTES].data
+            if read and self.f.readinto(chunk) != len(chunk):
+                raise self.fail("file shorter than its header says")
+            self._hash(chunk)
+            self.pos += len(chunk)
+            if self._progress is not None:
+                self._progress(self.pos)
 
     def digest(self) -> int:
         if self._parts is None:
@@ -381,8 +399,7 @@ class _Reader:
             raise self.fail(f"section of {nbytes} bytes runs past the end of the body")
         if self.mapping is not None:
             src = self.mapping.view(dtype, count, self.pos)
-            self._hash(src.view(np.uint8).data)
-            self.pos += nbytes
+            self._take(src.view(np.uint8), read=False)
             if view:
                 return src
         buf = filled_buffer(dtype, count + room)  # small pages while filled (page_advice.py)
@@ -390,17 +407,14 @@ class _Reader:
         if self.mapping is not None:
             np.copyto(out, src)
         else:
-            data = out.view(np.uint8).data
-            if self.f.readinto(data) != nbytes:
-                raise self.fail("file shorter than its header says")
-            self._hash(data)
-            self.pos += nbytes
+            self._take(out.view(np.uint8), read=True)
         allow_huge_pages(buf)
         return out
 
 
 def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0,
-                  mapping: SnapshotMapping | None = None) -> tuple[ColumnStore, int]:
+                  mapping: SnapshotMapping | None = None, progress: Callable[[int], None] | None = None
+                  ) -> tuple[ColumnStore, int]:
     """Load a snapshot (format 3 or 2, or 1 converted: module docstring) into a new store; returns
     (store, last_seq).
 
@@ -417,6 +431,8 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
             fields become read-only views of it instead of copies (snapshot_map.py: no fresh pages
             for them); the strengths, row keys and the rest are copied out of it. Every check is the
             same. Without ``room`` only (a mapping ends with the file); ``loaded`` is called on it.
+        progress: called with the file offset the load has read up to, as it goes (a restart's
+            read-ahead: read_ahead.py).
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -424,14 +440,14 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
     if mapping is not None and room:
         raise ValueError("read_snapshot: a mapped load has no room past its arrays")
     try:
-        return _read(path, capacity_bytes, verify_rows, room, mapping)
+        return _read(path, capacity_bytes, verify_rows, room, mapping, progress)
     finally:
         if mapping is not None:
             mapping.loaded()
 
 
-def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping: SnapshotMapping | None
-          ) -> tuple[ColumnStore, int]:
+def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping: SnapshotMapping | None,
+          progress: Callable[[int], None] | None = None) -> tuple[ColumnStore, int]:
     """``read_snapshot``'s load."""
     size = mapping.size if mapping is not None else path.stat().st_size
     with open(path, "rb") as f:
@@ -444,7 +460,7 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
             raise CorruptSnapshotError(str(path), 12, f"unsupported snapshot flags {head.fields['flags']}")
         last_seq, r, n = head.fields["last_seq"], head.fields["rows"], head.fields["entries"]
         cuts = part_offsets(r, n) if head.version >= _PARTS_FORMAT else ()
-        rd = _Reader(f, path, size, mapping, cuts)
+        rd = _Reader(f, path, size, mapping, cuts, progress)
         rc, rf = rd.array(np.uint64, r), rd.array(np.uint64, r)
         off_at = rd.pos
         offsets = rd.array(np.int64, r + 1, view=True)

@@ -58,12 +58,9 @@ class SnapshotMapping:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_WILLNEED"):
-            # The load reads the whole file in order (its checksum): have the kernel read it ahead
-            # at once rather than fault by fault (a file not in the page cache, as after a crash with
-            # storage.snapshot-drop-cache: 1.9 GB loaded in 1.54-1.58 s instead of 1.73-2.63 here,
-            # the disk reading it in 0.9 s).
-            mm.madvise(mmap.MADV_WILLNEED)
+        # Not read ahead here: one MADV_WILLNEED over the whole mapping reads only the device's
+        # readahead size of it (a few MiB; the kernel cuts the request). The store's open reads the
+        # file ahead of the load in steps instead (read_ahead.py).
         return cls(path, mm, st.st_size, st.st_dev, st.st_ino)
 
     def view(self, dtype: Any, count: int, offset: int) -> NDArray[Any]:

@@ -278,8 +278,10 @@ class SegmentMapper:
     kernel's fault-around) with no copy. Measured on the two 64 MiB segments of
     ``tools.bench.replay_windows``, read and checksummed in a fresh process: 10-16 ms mapped
     against 35-270 ms read (the fresh pages' cost swings on this VM). A segment the update log
-    dropped from the page cache (``drop_synced``) is read from disk either way: the whole file is
-    advised ``MADV_WILLNEED`` so the kernel reads ahead.
+    dropped from the page cache (``drop_synced``) is read from disk either way: a restart's
+    read-ahead thread asks for it ahead of the replay (read_ahead.py); the ``MADV_WILLNEED`` over
+    the whole mapping here reads only its first few MiB (the kernel cuts such a request to the
+    device's readahead size), which is what a caller without that thread still gets.
 
     Only where nothing writes or truncates the segments meanwhile: a failed append cuts its partial
     record off the active segment (``UpdateLog.append``), and a mapped page past a file's end

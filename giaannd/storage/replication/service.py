@@ -204,7 +204,8 @@ class StorageService:
             fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
         self.store = await asyncio.to_thread(DurableStore.open, self.data_dir / STORE_DIR, s.capacity_bytes,
                                              map_snapshot=s.snapshot_load_map,
-                                             replay_threads=s.replay_threads or usable_cpus())
+                                             replay_threads=s.replay_threads or usable_cpus(),
+                                             read_ahead_bytes=s.restart_read_ahead_bytes)
         # Whatever start-up left (the rows are numpy arrays now, but config, rings, hints...) leaves
         # the cyclic GC's generations, so full collections later do not walk it again.
         gc.freeze()
