@@ -1,7 +1,8 @@
 """A storage daemon's restart after kill -9, broken down (issue 14 item 4 on a real daemon).
 
     python -m tools.bench.restart [--entries 10000000] [--log-share 0.2] [--restarts 3]
-                                  [--before-tree DIR] [--store-cache DIR] [--json]
+                                  [--before-tree DIR] [--store-cache DIR] [--cold]
+                                  [--read-ahead-beside] [--json]
 
 One real storage daemon (``storage-2`` of a loopback ``LocalCluster`` of two storage daemons, tcp,
 no compute: ``storage-1`` is the seed it joins) holds ``--entries`` entries of real-shaped rows
@@ -35,8 +36,12 @@ starting the recovery before the rest of the imports could gain, without the clu
 around it (docs/storage.md "A daemon's restart, step by step": built, measured, not kept). Figures
 are medians; s per GB of row data (entries × 21 bytes) for the whole restart (exec → ready) and
 for recovery, target ≤ 1 s/GB (issue 14). ``--store-cache DIR`` keeps the generated store for later
-runs. ``--json`` prints one ``{"figure", "value", "target"}`` object per figure
-(tools/bench/report.py).
+runs. ``--cold`` drops the victim's store files from the page cache before each restart
+(``drop_from_cache``: a reboot's restart, or one after other work evicted them);
+``--read-ahead-beside`` adds restarts with a process beside the ``exec`` that asks for every file
+in the read-ahead's steps (an experiment: what reading during the start-up's imports would add to
+the store's own read-ahead, docs/storage.md "Reading a restart's files ahead"). ``--json`` prints
+one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 """
 
 from __future__ import annotations
