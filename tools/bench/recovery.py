@@ -1,7 +1,7 @@
 """A storage node's recovery (``DurableStore.open``) phase by phase, against a same-run baseline.
 
     python -m tools.bench.recovery [--entries 20000000] [--log-share 0] [--log-new-rows] [--rounds 3] [--applies 30]
-                                   [--before-tree DIR] [--store-cache DIR] [--zipf BASE LOG] [--json]
+                                   [--before-tree DIR] [--store-cache DIR] [--zipf BASE LOG] [--threads N] [--json]
 
 A store of ``--entries`` entries of real-shaped rows (median 17 entries a row:
 ``tools.bench.restart.build_store``, with ``--log-share`` of that logged after the snapshot; 0:
@@ -214,12 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-new-rows", action="store_true",
                     help="the log after the snapshot brings only rows of new columns (a stream's chunks), "
                          "not half adds to stored rows")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="DurableStore.open's replay_threads for every variant (default 1; the daemon passes "
+                         "storage.replay-threads, every usable CPU by default)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parents[2]
-    variants: Variants = {"read": (here, {"map_snapshot": False}), "map": (here, {"map_snapshot": True})}
+    threads = {"replay_threads": args.threads}
+    variants: Variants = {"read": (here, {"map_snapshot": False, **threads}),
+                          "map": (here, {"map_snapshot": True, **threads})}
     if args.before_tree is not None:
-        variants = {"before": (args.before_tree.resolve(), {}), **variants}
+        variants = {"before": (args.before_tree.resolve(), dict(threads)), **variants}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
         cache = args.store_cache or Path(scratch)
         if args.zipf:

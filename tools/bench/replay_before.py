@@ -233,7 +233,7 @@ def open_as_before(d: Path, capacity_bytes: int, close: bool = True) -> DurableS
     and read (no mapping then either). Closed again, or with ``close`` False returned open."""
     with mock.patch.object(recovery, "replay", replay_groups_as_before), \
             mock.patch.object(recovery, "read_snapshot",
-                              lambda p, c, v, room=0, mapping=None, progress=None: read_snapshot(p, c, v)):
+                              lambda p, c, v, room=0, mapping=None, progress=None, threads=1: read_snapshot(p, c, v)):
         ds = DurableStore.open(d, capacity_bytes, map_snapshot=False)
     if not close:
         return ds

@@ -518,7 +518,8 @@ class DurableStore:
                 into a read base with room for it: its windows' merges would copy a mapped base
                 into new buffers.
             replay_threads: threads that group and walk a replay window's rows
-                (``replay_segments``; ``storage.replay-threads``).
+                (``replay_segments``; ``storage.replay-threads``), and that check the snapshot's
+                rows (``snapshot.first_bad_row``).
             read_ahead_bytes: how far ahead of the load and the replay a thread asks the kernel to
                 read the snapshot and the segments (read_ahead.py; ``storage.restart-read-ahead-bytes``);
                 0: not at all.
@@ -548,7 +549,8 @@ class DurableStore:
                 if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
                     mapping = SnapshotMapping.open(snap_path)
                 store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
-                                                   0 if mapping is not None else room, mapping, ahead.advance)
+                                                   0 if mapping is not None else room, mapping, ahead.advance,
+                                                   replay_threads)
                 if seq_in_file != snap_seq:
                     raise CorruptSnapshotError(str(snap_path), 8, f"name says seq {snap_seq}, header {seq_in_file}")
             else:

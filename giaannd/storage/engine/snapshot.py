@@ -60,6 +60,7 @@ import os
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -413,8 +414,8 @@ class _Reader:
 
 
 def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, room: int = 0,
-                  mapping: SnapshotMapping | None = None, progress: Callable[[int], None] | None = None
-                  ) -> tuple[ColumnStore, int]:
+                  mapping: SnapshotMapping | None = None, progress: Callable[[int], None] | None = None,
+                  threads: int = 1) -> tuple[ColumnStore, int]:
     """Load a snapshot (format 3 or 2, or 1 converted: module docstring) into a new store; returns
     (store, last_seq).
 
@@ -433,6 +434,7 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
             same. Without ``room`` only (a mapping ends with the file); ``loaded`` is called on it.
         progress: called with the file offset the load has read up to, as it goes (a restart's
             read-ahead: read_ahead.py).
+        threads: the row checks run in up to that many threads (``first_bad_row``).
 
     Raises:
         CorruptSnapshotError: naming the file and the byte offset of the first problem.
@@ -440,14 +442,14 @@ def read_snapshot(path: Path, capacity_bytes: int, verify_rows: bool = True, roo
     if mapping is not None and room:
         raise ValueError("read_snapshot: a mapped load has no room past its arrays")
     try:
-        return _read(path, capacity_bytes, verify_rows, room, mapping, progress)
+        return _read(path, capacity_bytes, verify_rows, room, mapping, progress, threads)
     finally:
         if mapping is not None:
             mapping.loaded()
 
 
 def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping: SnapshotMapping | None,
-          progress: Callable[[int], None] | None = None) -> tuple[ColumnStore, int]:
+          progress: Callable[[int], None] | None = None, threads: int = 1) -> tuple[ColumnStore, int]:
     """``read_snapshot``'s load."""
     size = mapping.size if mapping is not None else path.stat().st_size
     with open(path, "rb") as f:
@@ -508,7 +510,7 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
             except ValueError as e:
                 raise CorruptSnapshotError(str(path), c_at, str(e)) from None
     if verify_rows:
-        bad = first_bad_row(rows, offsets)
+        bad = first_bad_row(rows, offsets, threads)
         if bad is not None:
             i, problem = bad
             # (the row's region in format 1, its first target column in formats 2 and 3)
@@ -523,19 +525,19 @@ def _read(path: Path, capacity_bytes: int, verify_rows: bool, room: int, mapping
     return store, int(last_seq)
 
 
-def first_bad_row(rows: Row, offsets: NDArray[np.int64]) -> tuple[int, str] | None:
+def first_bad_row(rows: Row, offsets: NDArray[np.int64], threads: int = 1) -> tuple[int, str] | None:
     """The first row of ``rows`` (concatenated, row i ``[offsets[i], offsets[i+1])``) that is not
     well formed, with what is wrong (its first problem in the order segment, strength, entry
     order), or None. Entries are ordered by (segment, target column, target feature), as
     ``row_merge.packed_keys``. Vectorised, in runs of about ``VERIFY_CHUNK_ENTRIES`` entries
-    (temporaries that stay in cache)."""
+    (temporaries that stay in cache). ``threads``: a clean store is checked in up to that many
+    threads at once (``_any_fault``)."""
     num_rows = offsets.shape[0] - 1
     if num_rows < 1:
         return None
-    # A clean store (the common case) is one compiled pass (rowengine/canon.py, 0.6-0.8 ns per
-    # entry against ~1.7 for the numpy checks below); those run only to name a fault's row.
-    if not entries_fault(offsets, rows.segment, rows.target_column, rows.target_feature, rows.strength,
-                         NUM_SEGMENTS):
+    # A clean store (the common case) is one compiled pass (rowengine/canon.py, a few ns per
+    # entry against ~1.7 per check for the numpy ones below); those run only to name a fault's row.
+    if not _any_fault(rows, offsets, threads):
         return None
     starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
     bounds = [*np.unique(starts).tolist(), num_rows]
@@ -547,6 +549,33 @@ def first_bad_row(rows: Row, offsets: NDArray[np.int64]) -> tuple[int, str] | No
         if bad is not None:
             return r0 + bad[0], bad[1]
     return None
+
+
+#: A clean store's rows are checked in shares of at least this many entries, one per thread
+#: (``_any_fault``): below it a thread's start costs more than the share's check (~3-6 ns an entry).
+CHECK_SHARE_MIN_ENTRIES = 1 << 22
+
+
+def _any_fault(rows: Row, offsets: NDArray[np.int64], threads: int) -> bool:
+    """Whether ``canon.entries_fault`` finds a fault in the rows, in up to ``threads`` shares of
+    whole rows checked at once (the kernel releases the GIL): every entry and every pair inside a
+    row lies in exactly one share, and pairs across rows are not compared, so the shares find a
+    fault exactly where one pass does. ``offsets`` must partition the entries (the reader checked)."""
+    n = int(offsets[-1])
+    shares = min(threads, n // CHECK_SHARE_MIN_ENTRIES)
+    seg, tc, tf, st = rows.segment, rows.target_column, rows.target_feature, rows.strength
+    if shares <= 1:
+        return bool(entries_fault(offsets, seg, tc, tf, st, NUM_SEGMENTS))
+    # share boundaries at the first row start at or after each equal cut of the entries
+    cuts = np.searchsorted(offsets, np.arange(1, shares) * (n // shares), "left")
+    bounds = np.unique(np.concatenate([[0], cuts, [offsets.shape[0] - 1]]))
+
+    def check(r0: int, r1: int) -> bool:
+        a, z = int(offsets[r0]), int(offsets[r1])
+        return bool(entries_fault(offsets[r0:r1 + 1] - a, seg[a:z], tc[a:z], tf[a:z], st[a:z], NUM_SEGMENTS))
+
+    with ThreadPoolExecutor(len(bounds) - 1, thread_name_prefix="row-check") as pool:
+        return any(pool.map(check, bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def _first_bad_in(seg: NDArray[np.uint8], c: NDArray[np.uint64], f: NDArray[np.uint64], strength: NDArray[np.float32],
