@@ -416,8 +416,8 @@ class StorageConfig(_Section):
     replay_threads: Annotated[int, Meta(ge=0, le=1024, description=(
         "Threads that replay the update log at start-up: a replay window's rows are grouped and "
         "added in that many threads, each on its own rows, with the same result as one thread bit "
-        "for bit (docs/storage.md \"Replay in threads\"); the snapshot's row checks run in as many "
-        "(\"Row checks in threads\"). 0 uses every CPU the daemon may run on "
+        "for bit (docs/storage.md \"Replay in threads\"); the snapshot's row checks and a mapped "
+        "load's copies run in as many (\"Row checks and copies in threads\"). 0 uses every CPU the daemon may run on "
         "(its affinity mask); 1 replays in the opening thread only. Nothing else runs on the node "
         "while it replays: it serves nothing until the store is open."
     ))] = 0

@@ -100,3 +100,37 @@ def test_one_thread_below_the_share_size() -> None:
     rows, offsets = _rows(np.random.default_rng(3), 50)
     assert int(offsets[-1]) < snapshot_module.CHECK_SHARE_MIN_ENTRIES
     assert not _faults(rows, offsets, 8)
+
+
+def test_a_load_in_threads_is_the_load_in_one(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mapped load copies its sections out, and checks its rows, in several threads: the same
+    store as one thread's, mapped or read."""
+    from giaannd.protocol import BatchId
+    from giaannd.storage import DurableStore
+    from giaannd.storage.engine.snapshot import read_snapshot
+    from giaannd.storage.engine.snapshot_map import SnapshotMapping
+
+    from ._gen import random_batch, same_state
+
+    rng = np.random.default_rng(5)
+    ds = DurableStore.open(tmp_path, 1 << 40)
+    for i in range(30):
+        ds.apply(BatchId(1, i + 1), random_batch(rng, entries=2000, columns=40, features=8))
+    snap = ds.snapshot()
+    ds.close()
+    copies: list[int] = []
+    real = snapshot_module._copy_out
+
+    def counted(out: np.ndarray, src: np.ndarray, threads: int) -> None:
+        copies.append(threads)
+        real(out, src, threads)
+
+    monkeypatch.setattr(snapshot_module, "COPY_SHARE_MIN_BYTES", 4096)
+    monkeypatch.setattr(snapshot_module, "CHECK_SHARE_MIN_ENTRIES", 1000)
+    monkeypatch.setattr(snapshot_module, "_copy_out", counted)
+    one, _ = read_snapshot(snap, 1 << 40, threads=1)
+    for threads in (2, 3, 8):
+        mapped, _ = read_snapshot(snap, 1 << 40, mapping=SnapshotMapping.open(snap), threads=threads)
+        read, _ = read_snapshot(snap, 1 << 40, threads=threads)
+        assert same_state(mapped, one) and same_state(read, one)
+    assert copies and set(copies) == {2, 3, 8}
