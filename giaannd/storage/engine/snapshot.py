@@ -40,10 +40,12 @@ half file under the final name. A write that fails (a full disk) deletes its tem
 raising, so a failed snapshot does not keep the space it could not finish using; a crash's
 temporary is deleted by the next start (``remove_temporaries``, before anything else is written).
 
-Reading: each section is one ``readinto`` into its final array, hashed as it goes; or, from a
-mapping of the file (``read_snapshot``'s ``mapping``, snapshot_map.py), hashed through it, the row
-offsets and the entries' segments, target columns and target features kept as read-only views of
-it and the other sections copied out. Both checksums are verified before anything is trusted, then
+Reading: each section is read into its final array in pieces of ``READ_CHUNK_BYTES``, hashed as
+it goes; or, from a mapping of the file (``read_snapshot``'s ``mapping``, snapshot_map.py), hashed
+through it, the row offsets and the entries' segments, target columns and target features kept as
+read-only views of it and the other sections copied out (in slices, one per thread: ``_copy_out``).
+The load says how far it got after each piece (``progress``: a restart's read-ahead follows it,
+read_ahead.py). Both checksums are verified before anything is trusted, then
 the structure; every failure is a :class:`CorruptSnapshotError` naming the file and byte offset.
 The arrays then *are* the engine's base run, and the key index is built in one vectorised pass:
 no per-row Python anywhere. The header and its checks are the shared record codec's
