@@ -62,10 +62,12 @@ from pathlib import Path
 
 import numpy as np
 
+from giaannd.page_cache import drop_rest
 from giaannd.protocol import BatchId
 from giaannd.sdk.local_cluster import LocalCluster, Node
 from giaannd.storage import DurableStore
 from giaannd.storage.engine.column_store import ENTRY_BYTES
+from giaannd.storage.engine.read_ahead import STEP_BYTES
 from giaannd.storage.replication.service import STORE_DIR
 from tools.bench.report import emit_figures, print_table
 from tools.bench.snapshot import apply_stream, realistic_batch
@@ -245,20 +247,21 @@ def drop_from_cache(directory: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            drop_rest(fd)
         finally:
             os.close(fd)
 
 
-#: The experiment's helper: every file asked for in the read-ahead module's steps (one call over
-#: a whole file is cut to the device's readahead size: giaannd/storage/engine/read_ahead.py).
+#: The experiment's helper: every file asked for in the read-ahead module's steps (``argv[1]``; one
+#: call over a whole file is cut to the device's readahead size: giaannd/storage/engine/read_ahead.py).
 _PREFETCH = """
 import os, sys
-for name in sys.argv[1:]:
+step = int(sys.argv[1])
+for name in sys.argv[2:]:
     fd = os.open(name, os.O_RDONLY)
     size = os.fstat(fd).st_size
-    for off in range(0, size, 128 << 10):
-        os.posix_fadvise(fd, off, 128 << 10, os.POSIX_FADV_WILLNEED)
+    for off in range(0, size, step):
+        os.posix_fadvise(fd, off, step, os.POSIX_FADV_WILLNEED)
     os.close(fd)
 """
 
@@ -266,19 +269,22 @@ for name in sys.argv[1:]:
 def _restart(cluster: LocalCluster, victim: Node, tree: Path, cold: bool = False,
              helper: bool = False) -> dict[str, float]:
     """kill -9 ``victim``, start it from ``tree``, wait until ready: its timeline. ``cold``: its
-    store's files dropped from the page cache first (``drop_from_cache``) and the share of its
-    snapshot still cached recorded; ``helper``: a process beside the exec asks the kernel to read
-    the store's files ahead (``POSIX_FADV_WILLNEED``), an experiment."""
+    store's files dropped from the page cache first (``drop_from_cache``); ``helper``: a process
+    beside the exec asks the kernel to read the store's files ahead (``POSIX_FADV_WILLNEED``), an
+    experiment."""
     cluster.kill(victim)
     store = victim.data_dir / "storage" / STORE_DIR
     if cold:
         drop_from_cache(store)
     exec_at = time.time()
+    reader = None
     if helper:
         files = sorted(str(p) for p in store.iterdir() if p.is_file())
-        subprocess.Popen([sys.executable, "-c", _PREFETCH, *files], start_new_session=True)
+        reader = subprocess.Popen([sys.executable, "-c", _PREFETCH, str(STEP_BYTES), *files], start_new_session=True)
     _spawn(victim, tree)
     cluster.wait_ready(victim)
+    if reader is not None:
+        reader.wait(timeout=600)
     seen = time.time() - exec_at
     out = timeline(victim.log_path.read_text(encoding="utf-8", errors="replace"), exec_at)
     out["seen ready"] = seen

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
+from giaannd.page_cache import AVAILABLE
+
 __all__ = ["DEFAULT_WINDOW_BYTES", "STEP_BYTES", "ReadAhead"]
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class ReadAhead:
         #: Bytes of the sequence asked for so far.
         self.issued = 0
         self._thread: threading.Thread | None = None
-        if self.window and self._paths and hasattr(os, "posix_fadvise"):
+        if self.window and self._paths and AVAILABLE:
             self._thread = threading.Thread(target=self._run, name="read-ahead", daemon=True)
             self._thread.start()
 

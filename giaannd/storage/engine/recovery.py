@@ -537,7 +537,7 @@ class DurableStore:
         snapshot_bytes = 0
         mapping: SnapshotMapping | None = None
         # The files in the order the load reads them, read ahead of it (read_ahead.py).
-        files = [*(snapshots[-1][1:] if snapshots else ()), *(path for _, path in segments)]
+        files = ([snapshots[-1][1]] if snapshots else []) + [path for _, path in segments]
         first_segment = 1 if snapshots else 0
         # The load and the replay fill much fresh memory at once: in small pages, without compaction
         # in the fault path; the store's arrays then go to khugepaged (page_advice.py).
