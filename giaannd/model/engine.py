@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.evaluate import EvalResult, Mode, evaluate, generate
 from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants
-from giaannd.model.rowstore import RowStore
+from giaannd.model.rowstore import RowStore, several_cpus
 from giaannd.model.sentence import EncodedSentence
 from giaannd.model.tokens import TaggedSentence, TaggedText
 from giaannd.model.train import train_batch
@@ -52,7 +52,9 @@ class Engine:
 
     Args:
         assigner: the column assigner (delimiter flags and vocabulary); a fresh one by default.
-        store: the row store; a fresh one by default.
+        store: the row store; by default a fresh one, folding in a thread of its own where the
+            process may use more than one CPU (``RowStore(fold_thread=True)``: the same rows, bit
+            for bit, with the folds beside the training instead of in it).
         batch_sentences: sentences per coalesced training batch.
         neuron_strengths: also keep the optional neuron strengths (§3.1 step 5).
     """
@@ -62,7 +64,7 @@ class Engine:
         if batch_sentences < 1:
             raise ValueError("batch_sentences must be >= 1")
         self.assigner = assigner if assigner is not None else ColumnAssigner()
-        self.store = store if store is not None else RowStore()
+        self.store = store if store is not None else RowStore(fold_thread=several_cpus())
         self.batch_sentences = batch_sentences
         self.neuron_strengths = neuron_strengths
         self.stats = TrainStats()

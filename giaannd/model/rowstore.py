@@ -15,12 +15,27 @@ the row has no recent (delta) entries, else a merged copy. A read is valid until
 an in-place add changes the strengths it views (callers must not hold rows across applies, nor
 mutate them). ``compact`` folds everything into one base, after which every read is views.
 
+**A fold thread** (``fold_thread=True``; the single-process ``Engine`` turns it on where the
+process may use more than one CPU): the engine's folds of its delta runs into the base and its
+largest tier merges (``RowEngine.commit(fold=False)``: the merges of more than
+``INLINE_MERGE_ENTRIES``) run in a thread of the store's own while the owner goes on encoding and
+training, as a storage node folds off its event loop. Batches applied meanwhile are copied and held
+(up to ``max_deferred_bytes``; past them ``apply`` waits for the fold) and applied, in order, when
+it ends: by the next ``apply`` after it, and before anything reads the store, so every read sees
+every batch applied before it. The result is the same, bit for bit, as without the thread (the
+same batches in the same order; folds and merges move entries and never add). Why: at 10^8-10^9
+entries a fold rewrites the base (seconds) and the large merges a quarter of it, the part of a
+batch's cost that grows with the store; a second core does them while the first trains.
+
 Optional neuron strengths (§3.1 step 5) are kept per (column, feature) as a 9-vector.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,16 +44,68 @@ from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch, RowKey
 from giaannd.model.train import NeuronBatch
 from giaannd.rowengine import Entries, RowEngine
 
-__all__ = ["ENTRY_BYTES", "RowStore"]
+__all__ = ["DEFAULT_DEFERRED_BYTES", "ENTRY_BYTES", "RowStore", "several_cpus"]
 
 #: Payload bytes of one entry: segment u8 + target column u64 + target feature u64 + strength f32.
 ENTRY_BYTES = 21
 
 _EMPTY = Row.empty()
 
+#: Bytes of batches a store with a fold thread holds while the thread works; past them, ``apply``
+#: waits for it (a fold of 10^9 entries takes seconds: a few hundred batches of a training run).
+DEFAULT_DEFERRED_BYTES: Final = 256 << 20
+
 
 def _row(e: Entries) -> Row:
     return Row(e.seg, e.tc, e.tf, e.st)
+
+
+def several_cpus() -> bool:
+    """Whether this process may run on more than one CPU (its affinity mask): where a fold thread
+    has a core of its own to use."""
+    try:
+        return len(os.sched_getaffinity(0)) > 1
+    except AttributeError:  # not Linux
+        return (os.cpu_count() or 1) > 1
+
+
+class _FoldThread:
+    """One fold or large tier merge of an engine at a time, in a thread of its own."""
+
+    def __init__(self, engine: RowEngine) -> None:
+        self.engine = engine
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        #: folds and merges this thread did (tests, benchmarks)
+        self.runs = 0
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start_if_due(self) -> None:
+        """Start a fold if one is due, else the tier merges a commit left, if any (not while one runs)."""
+        if self._thread is None and (self.engine.fold_due() or self.engine.merge_due()):
+            self._thread = threading.Thread(target=self._run, name="rowstore-fold", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.engine.fold_due():
+                self.engine.compact()
+            else:
+                self.engine.merge_tiers()
+            self.runs += 1
+        except BaseException as exc:  # handed to the owner by ``wait``
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until the running fold, if any, has ended; raises what it raised."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("the row store's fold thread failed") from error
 
 
 class RowStore:
@@ -46,12 +113,37 @@ class RowStore:
 
     Args:
         engine: the row engine to use (a fresh one with the default tiers by default).
+        fold_thread: fold in a thread of the store's own (module docstring).
+        max_deferred_bytes: with ``fold_thread``, the most bytes of batches held while it folds.
     """
 
-    def __init__(self, engine: RowEngine | None = None) -> None:
+    def __init__(self, engine: RowEngine | None = None, *, fold_thread: bool = False,
+                 max_deferred_bytes: int = DEFAULT_DEFERRED_BYTES) -> None:
+        if max_deferred_bytes < 0:
+            raise ValueError(f"max_deferred_bytes must be >= 0, got {max_deferred_bytes}")
         self.engine = engine if engine is not None else RowEngine()
         self._neurons: dict[RowKey, NDArray[np.float32]] = {}
         self.batches_applied = 0
+        self._folds = _FoldThread(self.engine) if fold_thread else None
+        self.max_deferred_bytes = max_deferred_bytes
+        self._deferred: list[RowBatch] = []
+        self._deferred_bytes = 0
+        #: batches held while the fold thread worked (tests, benchmarks)
+        self.batches_deferred = 0
+
+    @property
+    def fold_thread(self) -> bool:
+        return self._folds is not None
+
+    @property
+    def folding(self) -> bool:
+        """Whether the fold thread is working now."""
+        return self._folds is not None and self._folds.busy()
+
+    @property
+    def thread_folds(self) -> int:
+        """Folds and large tier merges done in the fold thread so far."""
+        return 0 if self._folds is None else self._folds.runs
 
     # -- writes ---------------------------------------------------------------------------------
     def apply(self, batch: RowBatch) -> None:
@@ -61,13 +153,38 @@ class RowStore:
         """
         if batch.num_rows == 0:
             return
-        self.engine.apply(batch.row_column, batch.row_feature, batch.offsets,
-                          Entries(batch.segment, batch.target_column, batch.target_feature, batch.strength))
+        folds = self._folds
+        if folds is None:
+            self._add(batch, fold=True)
+        elif folds.busy() and self._deferred_bytes + batch.nbytes <= self.max_deferred_bytes:
+            self._deferred.append(batch.copy())
+            self._deferred_bytes += batch.nbytes
+            self.batches_deferred += 1
+        else:
+            self.settle()
+            self._add(batch, fold=False)
+            folds.start_if_due()
         self.batches_applied += 1
+
+    def _add(self, batch: RowBatch, fold: bool) -> None:
+        entries = Entries(batch.segment, batch.target_column, batch.target_feature, batch.strength)
+        engine = self.engine
+        engine.commit(engine.plan(batch.row_column, batch.row_feature, batch.offsets, entries), fold=fold)
+
+    def settle(self) -> None:
+        """Wait for the fold thread's work, if any, and apply the batches held meanwhile, in order
+        (every read does this first; a no-op without a fold thread)."""
+        if self._folds is None:
+            return
+        self._folds.wait()
+        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        for batch in deferred:
+            self._add(batch, fold=False)
 
     def compact(self) -> None:
         """Fold every recent entry into the base: later reads are views, with no merge (e.g. after
         training, before a long inference run)."""
+        self.settle()
         self.engine.compact()
 
     def apply_neurons(self, neurons: NeuronBatch) -> None:
@@ -87,6 +204,7 @@ class RowStore:
 
     def get_row(self, column_id: int, feature_id: int) -> Row:
         """Row source protocol used by inference (see :class:`giaannd.model.infer.RowSource`)."""
+        self.settle()
         rid = self.engine.row_id(column_id, feature_id)
         return _EMPTY if rid < 0 else _row(self.engine.read(rid))
 
@@ -98,9 +216,11 @@ class RowStore:
         if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, int) for k in key)):
             return False
         c, f = key
+        self.settle()
         return 0 <= c < 2**64 and 0 <= f < 2**64 and self.engine.row_id(c, f) >= 0
 
     def __len__(self) -> int:
+        self.settle()
         return self.engine.num_rows
 
     def __iter__(self) -> Iterator[tuple[RowKey, Row]]:
@@ -108,12 +228,14 @@ class RowStore:
         yield from self.export()
 
     def keys(self) -> list[RowKey]:
+        self.settle()
         a, b = self.engine.keys()
         order = np.lexsort((b, a))
         return list(zip(a[order].tolist(), b[order].tolist()))
 
     def largest_rows(self, k: int) -> list[tuple[RowKey, int]]:
         """The ``k`` longest rows and their lengths, longest first."""
+        self.settle()
         ids = self.engine.largest(k)
         a, b = self.engine.keys()
         lengths = self.engine.lengths()
@@ -121,6 +243,7 @@ class RowStore:
 
     @property
     def num_entries(self) -> int:
+        self.settle()
         return self.engine.num_entries
 
     @property
@@ -131,10 +254,12 @@ class RowStore:
 
     @property
     def num_columns(self) -> int:
+        self.settle()
         return int(np.unique(self.engine.keys()[0]).shape[0])
 
     def export(self) -> RowBatch:
         """Every row as one canonical batch (a snapshot's payload, or a transfer): a copy."""
+        self.settle()
         a, b, offsets, e = self.engine.export()
         return RowBatch(a, b, offsets, e.seg, e.tc, e.tf, e.st)
 

@@ -1,6 +1,6 @@
 """Rows at scale (issue 14): the single-process core on a growing synthetic Zipf stream.
 
-    python -m tools.bench.scale [--checkpoints 10000,100000,300000,1000000] [--engine both|old|new]
+    python -m tools.bench.scale [--checkpoints 10000,100000,300000,1000000] [--engine both|old,new,serial]
                                 [--old-checkpoints 10000] [--json] [--seed 0]
     python -m tools.bench.scale --write-conllu PATH N      # the stream as CoNLL-U, then exit
     python -m tools.bench.scale --cluster [--cluster-checkpoints 10000,100000,300000]
@@ -23,7 +23,11 @@ The stream (tools/bench/zipf_stream.py) is generated as it is consumed. The core
 
 ``--engine both`` (default) runs the pre-issue-14 store (tools/bench/baseline_rowstore.py, the
 baseline) up to ``--old-checkpoints`` and the current ``giaannd.model.rowstore.RowStore`` to every
-checkpoint, each in its own child process (so RSS is its own), in the same run. Targets (printed
+checkpoint, each in its own child process (so RSS is its own), in the same run. ``new`` is the
+store as the single-process ``Engine`` makes it: folding in a thread of its own where the process
+may use several CPUs (``RowStore(fold_thread=True)``; CPU time then counts both threads, and each
+interval ends by waiting for its last fold, counted as apply); ``serial`` folds in the training
+thread (the core before that); ``--engine new,serial`` compares the two in one run. Targets (printed
 next to the figures): sentences/s at the last checkpoint ≥ 0.7× the first; RSS growth ≤ 32 B per
 entry once there are ≥ 4·10^7 entries; LIF step ≤ 10 ns per entry. The machine load (1-minute load
 average, CPUs) is printed before and after: compare ratios from one run, not absolute times.
@@ -55,14 +59,20 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+#: The stores a run can measure: the store before issue 14, the row engine as the single-process
+#: ``Engine`` uses it (folding in a thread of its own where the process may use several CPUs), and
+#: the row engine folding in the owner's thread (the core before Nov 30's fifth session).
+ENGINES = ("old", "new", "serial")
+
+
 def _make_store(engine: str) -> Any:
     if engine == "old":
         from tools.bench.baseline_rowstore import RowStore as OldStore
 
         return OldStore()
-    from giaannd.model.rowstore import RowStore
+    from giaannd.model.rowstore import RowStore, several_cpus
 
-    return RowStore()
+    return RowStore(fold_thread=engine == "new" and several_cpus())
 
 
 def _largest(store: Any, k: int) -> list[tuple[tuple[int, int], int]]:
@@ -143,6 +153,11 @@ def _child(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 cpu["train"] += c2 - c
                 wall["apply"] += w3 - w2
                 cpu["apply"] += c3 - c2
+        if hasattr(store, "settle"):  # the interval's last fold and the batches it held
+            w, c = time.perf_counter(), time.process_time()
+            store.settle()
+            wall["apply"] += time.perf_counter() - w
+            cpu["apply"] += time.process_time() - c
         n = done - start
         entries = store.num_entries
         largest = _largest(store, 1)
@@ -153,6 +168,9 @@ def _child(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             "entries": entries, "rows": len(store), "largest_row": largest[0][1] if largest else 0,
             "rss_per_entry": (_rss_bytes() - rss0) / max(entries, 1),
             "store_per_entry": (store.engine.nbytes / max(entries, 1)) if hasattr(store, "engine") else None,
+            "fold_thread": bool(getattr(store, "fold_thread", False)),
+            "thread_folds": getattr(store, "thread_folds", 0),
+            "batches_deferred": getattr(store, "batches_deferred", 0),
         }
         record.update(_lif(store, args.lif_rows))
         yield record
@@ -229,6 +247,15 @@ def _print(results: dict[str, list[dict[str, Any]]]) -> None:
                                  f"{o['lif_ns'] / max(r['lif_ns'], 1e-9):.1f}x"])
         print_table("New vs old (same run, same checkpoint)", ["sentences", "sent/s new/old",
                     "apply CPU old/new", "RSS/entry old/new", "LIF ns, old store/new store"], cmp_rows)
+    if "new" in results and "serial" in results:
+        serial = {r["sentences"]: r for r in results["serial"]}
+        thread_rows = [[f"{r['sentences']:,}", f"{r['sent_per_s'] / s['sent_per_s']:.2f}x",
+                        f"{r['sent_per_cpu_s'] / s['sent_per_cpu_s']:.2f}x", f"{r['thread_folds']:,}",
+                        f"{r['batches_deferred']:,}"]
+                       for r in results["new"] if (s := serial.get(r["sentences"]))]
+        print_table("Fold thread vs folds in the training thread (same run, same checkpoint)",
+                    ["sentences", "sent/s new/serial", "sent/CPU-s new/serial", "folds and merges in the thread",
+                     "batches held"], thread_rows)
     for engine, recs in results.items():
         print_table(f"Targets ({engine})", ["figure", "value", "target", "verdict"],
                     [[f, _fmt(v, 2), t, verdict] for f, v, t, verdict in _targets(recs)])
@@ -254,6 +281,13 @@ def _json(results: dict[str, list[dict[str, Any]]]) -> None:
             print(json.dumps({"figure": f"{engine}/{figure}", "value": value, "target": target}))
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    names = ("old", "new") if text == "both" else tuple(x for x in text.split(",") if x)
+    if not names or any(n not in ENGINES for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--engine: both, or distinct names of {', '.join(ENGINES)}")
+    return names
+
+
 def _ints(text: str) -> list[int]:
     out = [int(x) for x in text.split(",") if x]
     if not out or any(x <= 0 for x in out) or out != sorted(set(out)):
@@ -265,15 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", type=_ints, default=_ints("10000,100000,300000,1000000"),
                     help="input sentences at which to measure (default 10000,100000,300000,1000000)")
-    ap.add_argument("--engine", choices=("both", "old", "new"), default="both", help="which store (default both)")
+    ap.add_argument("--engine", type=_engines, default=_engines("both"),
+                    help="which stores, comma-separated, of old, new (the row engine, folding in a thread "
+                         "of its own where several CPUs are usable), serial (the row engine folding in "
+                         "the training thread); both = old,new (the default)")
     ap.add_argument("--old-checkpoints", type=_ints, default=None,
-                    help="checkpoints for the old store under --engine both (default: the first one)")
+                    help="checkpoints for the old store when several stores run (default: the first one)")
     ap.add_argument("--batch", type=int, default=256, help="encoded sentences per training batch (default 256)")
     ap.add_argument("--lif-rows", type=int, default=8, help="longest rows the LIF step runs on (default 8)")
     ap.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     ap.add_argument("--write-conllu", nargs=2, metavar=("PATH", "N"), help="write N stream sentences and exit")
-    ap.add_argument("--child", choices=("old", "new"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--cluster", action="store_true",
                     help="run the cluster checkpoints instead of the core's (tools/bench/scale_cluster.py)")
     scale_cluster.add_arguments(ap, prefix="cluster-")
@@ -294,11 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(record), flush=True)
         return 0
     load = f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
-    plan = {"both": ("old", "new"), "old": ("old",), "new": ("new",)}[args.engine]
     results = {}
-    for engine in plan:
+    for engine in args.engine:
         checkpoints = args.checkpoints
-        if engine == "old" and args.engine == "both":
+        if engine == "old" and len(args.engine) > 1:
             checkpoints = args.old_checkpoints or args.checkpoints[:1]
         results[engine] = _run_child(engine, checkpoints, args)
     load += f" before, {os.getloadavg()[0]:.2f} after"

@@ -3,6 +3,8 @@
 import argparse
 import itertools
 
+import pytest
+
 from giaannd.model.tokens import Token, read_conllu
 from tools.bench import scale
 from tools.bench.zipf_stream import ZipfStream, write_stream
@@ -48,3 +50,21 @@ def test_scale_child_reports_every_checkpoint():
     assert all(r["lif_entries"] > 0 and r["lif_ns"] > 0 for r in records)
     targets = scale._targets(records)
     assert [t[3] for t in targets][2] == "not reached"
+
+
+def test_engines_list_and_the_fold_thread_comparison(capsys):
+    from giaannd.model.rowstore import several_cpus
+
+    assert scale._engines("both") == ("old", "new") and scale._engines("new,serial") == ("new", "serial")
+    for bad in ("", "x", "new,new", "both,old"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            scale._engines(bad)
+    results = {}
+    for name in ("new", "serial"):
+        args = argparse.Namespace(child=name, seed=0, batch=64, lif_rows=1, checkpoints=[150])
+        results[name] = list(scale._child(args))
+    assert results["serial"][0]["fold_thread"] is False
+    assert results["new"][0]["fold_thread"] is several_cpus()
+    assert results["new"][0]["entries"] == results["serial"][0]["entries"]
+    scale._print(results)
+    assert "Fold thread vs folds in the training thread" in capsys.readouterr().out

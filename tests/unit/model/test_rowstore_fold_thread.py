@@ -1,0 +1,150 @@
+"""RowStore(fold_thread=True): folds beside the owner, the same rows bit for bit, reads see every write."""
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+from giaannd.model.columns import ColumnAssigner
+from giaannd.model.engine import Engine
+from giaannd.model.rows import RowBatch
+from giaannd.model.rowstore import RowStore, several_cpus
+from giaannd.model.train import train_batch
+from giaannd.rowengine import RowEngine
+from tools.bench.zipf_stream import ZipfStream
+
+
+def _same_batch(x: RowBatch, y: RowBatch) -> bool:
+    return all(np.array_equal(u.view(np.uint8), v.view(np.uint8)) and u.dtype == v.dtype
+               for u, v in zip(x.buffers(), y.buffers()))
+
+
+def _batches(n_sentences: int, per_batch: int, seed: int = 5) -> list[RowBatch]:
+    assigner = ColumnAssigner()
+    sentences = list(assigner.encode_many(itertools.islice(ZipfStream(seed), n_sentences)))
+    return [train_batch(sentences[i:i + per_batch]).rows for i in range(0, len(sentences), per_batch)]
+
+
+class _GatedEngine(RowEngine):
+    """A row engine whose folds and thread merges wait for ``gate`` (set by the test), so the test,
+    not the scheduler, decides how long the fold thread works."""
+
+    def __init__(self, **kw: int) -> None:
+        super().__init__(**kw)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.fail: BaseException | None = None
+
+    def compact(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self.started.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+            if self.fail is not None:
+                raise self.fail
+        super().compact()
+
+    def merge_tiers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self.started.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+        super().merge_tiers()
+
+
+def test_fold_thread_gives_the_same_rows_bit_for_bit_with_reads_between():
+    batches = _batches(2500, 50)
+    serial = RowStore(RowEngine(fanout=2, base_ratio=1))
+    threaded = RowStore(RowEngine(fanout=2, base_ratio=1), fold_thread=True)
+    for i, batch in enumerate(batches):
+        serial.apply(batch)
+        threaded.apply(batch)
+        if i % 9 == 4:  # a read in the middle: it must see every batch applied so far
+            for key, _ in serial.largest_rows(3) + [(k, 0) for k in serial.keys()[::501]]:
+                a, b = serial.get(key), threaded.get(key)
+                assert np.array_equal(a.strength.view(np.uint32), b.strength.view(np.uint32)) and a.equals(b)
+    assert threaded.thread_folds > 0, "no fold ran in the thread: the test would prove nothing"
+    assert _same_batch(threaded.export(), serial.export())
+    assert threaded.keys() == serial.keys() and len(threaded) == len(serial)
+    assert threaded.num_entries == serial.num_entries and threaded.batches_applied == serial.batches_applied
+
+
+def test_batches_applied_during_a_fold_are_held_copied_and_seen_by_the_next_read():
+    batches = _batches(1200, 40, seed=7)
+    engine = _GatedEngine(fanout=2, base_ratio=1)
+    store, reference = RowStore(engine, fold_thread=True), RowStore()
+    held_from = None
+    for i, batch in enumerate(batches):
+        store.apply(batch)
+        reference.apply(batch)
+        if store.folding:
+            assert engine.started.wait(10)
+            held_from = i + 1
+            break
+    assert held_from is not None, "no fold began: the test would prove nothing"
+    rest = batches[held_from:held_from + 6]
+    assert store.batches_deferred == 0
+    for batch in rest:
+        mine = batch.copy()
+        store.apply(mine)
+        reference.apply(batch)
+        mine.strength[:] = 1e9  # the store copied what it holds
+    assert store.batches_deferred == len(rest)
+    engine.gate.set()
+    assert _same_batch(store.export(), reference.export())  # the read waited and applied them in order
+
+
+def test_past_max_deferred_bytes_apply_waits_for_the_fold():
+    batches = _batches(1200, 40, seed=7)
+    engine = _GatedEngine(fanout=2, base_ratio=1)
+    store, reference = RowStore(engine, fold_thread=True, max_deferred_bytes=0), RowStore()
+    it = iter(batches)
+    for batch in it:
+        store.apply(batch)
+        reference.apply(batch)
+        if store.folding:
+            break
+    assert engine.started.wait(10)
+    opener = threading.Timer(0.2, engine.gate.set)
+    opener.start()
+    try:
+        nxt = next(it)
+        store.apply(nxt)  # no room to hold it: waits for the fold (the timer opens the gate)
+        reference.apply(nxt)
+    finally:
+        opener.join()
+    assert store.batches_deferred == 0 and engine.gate.is_set()
+    for batch in it:
+        store.apply(batch)
+        reference.apply(batch)
+    assert _same_batch(store.export(), reference.export())
+
+
+def test_a_failed_fold_is_raised_to_the_owner():
+    engine = _GatedEngine(fanout=2, base_ratio=1)
+    engine.fail = MemoryError("no room for the new base")
+    store = RowStore(engine, fold_thread=True)
+    for batch in _batches(1200, 40, seed=7):
+        store.apply(batch)
+        if store.folding:
+            break
+    assert engine.started.wait(10)
+    engine.gate.set()
+    with pytest.raises(RuntimeError, match="fold thread failed") as info:
+        store.settle()
+    assert isinstance(info.value.__cause__, MemoryError)
+
+
+def test_settle_and_reads_without_a_fold_thread_are_as_before():
+    store = RowStore()
+    assert not store.fold_thread and store.thread_folds == 0
+    store.settle()  # a no-op
+    b = RowBatch.from_entries([1], [2], [4], [0], [0], np.array([1.0], np.float32))
+    store.apply(b)
+    assert store.batches_deferred == 0 and len(store) == 1
+    with pytest.raises(ValueError, match="max_deferred_bytes"):
+        RowStore(fold_thread=True, max_deferred_bytes=-1)
+
+
+def test_the_engine_folds_in_a_thread_where_several_cpus_are_usable():
+    assert Engine().store.fold_thread == several_cpus()
+    assert not Engine(store=RowStore()).store.fold_thread
