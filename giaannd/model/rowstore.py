@@ -173,13 +173,19 @@ class RowStore:
 
     def settle(self) -> None:
         """Wait for the fold thread's work, if any, and apply the batches held meanwhile, in order
-        (every read does this first; a no-op without a fold thread)."""
+        (every read does this first; a no-op without a fold thread). A held batch the engine refuses
+        is raised here, by the call that applies it; the batches held after it stay held."""
         if self._folds is None:
             return
         self._folds.wait()
         deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
-        for batch in deferred:
-            self._add(batch, fold=False)
+        for i, batch in enumerate(deferred):
+            try:
+                self._add(batch, fold=False)
+            except BaseException:  # that batch is refused; those after it stay held, in order
+                self._deferred = deferred[i + 1:]
+                self._deferred_bytes = sum(b.nbytes for b in self._deferred)
+                raise
 
     def compact(self) -> None:
         """Fold every recent entry into the base: later reads are views, with no merge (e.g. after

@@ -134,6 +134,37 @@ def test_a_failed_fold_is_raised_to_the_owner():
     assert isinstance(info.value.__cause__, MemoryError)
 
 
+class _RefusingEngine(_GatedEngine):
+    """Refuses a batch whose first row's column is 999 (as the engine refuses a malformed one)."""
+
+    def plan(self, a, b, offsets, entries):  # type: ignore[no-untyped-def]
+        if len(a) and int(a[0]) == 999:
+            raise ValueError("refused")
+        return super().plan(a, b, offsets, entries)
+
+
+def test_a_held_batch_that_is_refused_is_raised_and_those_after_it_stay_held():
+    engine = _RefusingEngine(fanout=2, base_ratio=1)
+    store, reference = RowStore(engine, fold_thread=True), RowStore()
+    for batch in _batches(1200, 40, seed=7):
+        store.apply(batch)
+        reference.apply(batch)
+        if store.folding:
+            break
+    assert engine.started.wait(10)
+    one = np.array([1.0], np.float32)
+    bad = RowBatch.from_entries([999], [1], [0], [5], [6], one)
+    after = RowBatch.from_entries([1000], [1], [0], [5], [6], one)
+    store.apply(bad)
+    store.apply(after)
+    reference.apply(after)
+    assert store.batches_deferred == 2
+    engine.gate.set()
+    with pytest.raises(ValueError, match="refused"):
+        store.settle()
+    assert _same_batch(store.export(), reference.export())  # the batch after it was applied next
+
+
 def test_settle_and_reads_without_a_fold_thread_are_as_before():
     store = RowStore()
     assert not store.fold_thread and store.thread_folds == 0
