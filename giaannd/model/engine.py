@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from giaannd.cpus import usable_cpus
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.evaluate import EvalResult, Mode, evaluate, generate
 from giaannd.model.infer import TEST_SET, TRAIN_SET, LifConstants
-from giaannd.model.rowstore import RowStore, several_cpus
+from giaannd.model.rowstore import RowStore
 from giaannd.model.sentence import EncodedSentence
 from giaannd.model.tokens import TaggedSentence, TaggedText
 from giaannd.model.train import train_batch
@@ -64,7 +65,7 @@ class Engine:
         if batch_sentences < 1:
             raise ValueError("batch_sentences must be >= 1")
         self.assigner = assigner if assigner is not None else ColumnAssigner()
-        self.store = store if store is not None else RowStore(fold_thread=several_cpus())
+        self.store = store if store is not None else RowStore(fold_thread=usable_cpus() > 1)
         self.batch_sentences = batch_sentences
         self.neuron_strengths = neuron_strengths
         self.stats = TrainStats()

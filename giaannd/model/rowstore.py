@@ -32,7 +32,6 @@ Optional neuron strengths (§3.1 step 5) are kept per (column, feature) as a 9-v
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from typing import Final
@@ -44,7 +43,7 @@ from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch, RowKey
 from giaannd.model.train import NeuronBatch
 from giaannd.rowengine import Entries, RowEngine
 
-__all__ = ["DEFAULT_DEFERRED_BYTES", "ENTRY_BYTES", "RowStore", "several_cpus"]
+__all__ = ["DEFAULT_DEFERRED_BYTES", "ENTRY_BYTES", "RowStore"]
 
 #: Payload bytes of one entry: segment u8 + target column u64 + target feature u64 + strength f32.
 ENTRY_BYTES = 21
@@ -58,15 +57,6 @@ DEFAULT_DEFERRED_BYTES: Final = 256 << 20
 
 def _row(e: Entries) -> Row:
     return Row(e.seg, e.tc, e.tf, e.st)
-
-
-def several_cpus() -> bool:
-    """Whether this process may run on more than one CPU (its affinity mask): where a fold thread
-    has a core of its own to use."""
-    try:
-        return len(os.sched_getaffinity(0)) > 1
-    except AttributeError:  # not Linux
-        return (os.cpu_count() or 1) > 1
 
 
 class _FoldThread:

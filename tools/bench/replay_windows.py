@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from giaannd.cpus import usable_cpus
 from giaannd.protocol import BatchId
 from giaannd.storage import ColumnStore, DurableStore
 from giaannd.storage.engine import recovery
@@ -103,7 +104,7 @@ def child(store_dir: Path, variant: int) -> dict[str, Any]:
     """One replay in this process: the snapshot loaded (with the replay's room, as ``open`` does),
     then the log replayed by ``VARIANTS[variant]``."""
     _, over_segments, threads = VARIANTS[variant]
-    threads = threads or recovery.usable_cpus()
+    threads = threads or usable_cpus()
     segments = list_segments(store_dir)
     snap = list_snapshots(store_dir)[-1][1]
     store, after = read_snapshot(snap, BIG, room=recovery.replay_room(segments))

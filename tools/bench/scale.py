@@ -70,9 +70,10 @@ def _make_store(engine: str) -> Any:
         from tools.bench.baseline_rowstore import RowStore as OldStore
 
         return OldStore()
-    from giaannd.model.rowstore import RowStore, several_cpus
+    from giaannd.cpus import usable_cpus
+    from giaannd.model.rowstore import RowStore
 
-    return RowStore(fold_thread=engine == "new" and several_cpus())
+    return RowStore(fold_thread=engine == "new" and usable_cpus() > 1)
 
 
 def _largest(store: Any, k: int) -> list[tuple[tuple[int, int], int]]:
@@ -222,6 +223,14 @@ def _targets(records: list[dict[str, Any]]) -> list[tuple[str, float | None, str
     return out
 
 
+def _thread_vs_serial(results: dict[str, list[dict[str, Any]]]) -> list[tuple[int, float, float, dict[str, Any]]]:
+    """Per checkpoint both ``new`` and ``serial`` reached: (sentences, sent/s new/serial, sent/CPU-s
+    new/serial, the ``new`` record)."""
+    serial = {r["sentences"]: r for r in results.get("serial", ())}
+    return [(r["sentences"], r["sent_per_s"] / s["sent_per_s"], r["sent_per_cpu_s"] / s["sent_per_cpu_s"], r)
+            for r in results.get("new", ()) if (s := serial.get(r["sentences"]))]
+
+
 def _print(results: dict[str, list[dict[str, Any]]]) -> None:
     header = ["engine", "sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent encode", "train", "apply",
               "entries", "rows", "largest row", "RSS growth B/entry", "store B/entry", "LIF ns/entry",
@@ -247,12 +256,9 @@ def _print(results: dict[str, list[dict[str, Any]]]) -> None:
                                  f"{o['lif_ns'] / max(r['lif_ns'], 1e-9):.1f}x"])
         print_table("New vs old (same run, same checkpoint)", ["sentences", "sent/s new/old",
                     "apply CPU old/new", "RSS/entry old/new", "LIF ns, old store/new store"], cmp_rows)
-    if "new" in results and "serial" in results:
-        serial = {r["sentences"]: r for r in results["serial"]}
-        thread_rows = [[f"{r['sentences']:,}", f"{r['sent_per_s'] / s['sent_per_s']:.2f}x",
-                        f"{r['sent_per_cpu_s'] / s['sent_per_cpu_s']:.2f}x", f"{r['thread_folds']:,}",
-                        f"{r['batches_deferred']:,}"]
-                       for r in results["new"] if (s := serial.get(r["sentences"]))]
+    thread_rows = [[f"{n:,}", f"{wall:.2f}x", f"{cpu:.2f}x", f"{r['thread_folds']:,}", f"{r['batches_deferred']:,}"]
+                   for n, wall, cpu, r in _thread_vs_serial(results)]
+    if thread_rows:
         print_table("Fold thread vs folds in the training thread (same run, same checkpoint)",
                     ["sentences", "sent/s new/serial", "sent/CPU-s new/serial", "folds and merges in the thread",
                      "batches held"], thread_rows)
@@ -279,6 +285,9 @@ def _json(results: dict[str, list[dict[str, Any]]]) -> None:
                                       "target": _FIGURE_TARGETS.get(key)}))
         for figure, value, target, _ in _targets(recs):
             print(json.dumps({"figure": f"{engine}/{figure}", "value": value, "target": target}))
+    for n, wall, cpu, _ in _thread_vs_serial(results):
+        print(json.dumps({"figure": f"sent/s new/serial@{n}", "value": wall, "target": None}))
+        print(json.dumps({"figure": f"sent/CPU-s new/serial@{n}", "value": cpu, "target": None}))
 
 
 def _engines(text: str) -> tuple[str, ...]:

@@ -90,8 +90,7 @@ from giaannd.storage.engine.update_log import (
 
 __all__ = ["MAX_REPLAY_GROUP_ENTRIES", "MAX_REPLAY_RUN_ENTRIES", "REPLAY_WINDOW_BASE_SHARE", "ApplyResult",
            "DurableStore", "RecoveryReport", "ReplayedSegments", "SnapshotJob", "fix_mmap_threshold", "map_with_log",
-           "replay", "replay_each", "replay_room", "replay_segments", "replay_window_entries", "return_freed_heap",
-           "usable_cpus"]
+           "replay", "replay_each", "replay_room", "replay_segments", "replay_window_entries", "return_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -225,14 +224,6 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, where the OS has one): the default
-    number of replay threads (``storage.replay-threads`` 0)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 def replay_room(segments: list[tuple[int, Path]]) -> int:

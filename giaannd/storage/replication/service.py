@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, Any, Final
 from giaannd import protocol as p
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
+from giaannd.cpus import usable_cpus
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S, STORAGE_WRITE_BUCKETS_S
 from giaannd.storage.engine.column_store import StoreUsage
 from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
-from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap, usable_cpus
+from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.snapshot import WriteMode
 from giaannd.storage.engine.sorted_keys import merge_runs, sorted_rows

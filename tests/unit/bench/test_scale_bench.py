@@ -2,6 +2,7 @@
 
 import argparse
 import itertools
+import json
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_scale_child_reports_every_checkpoint():
 
 
 def test_engines_list_and_the_fold_thread_comparison(capsys):
-    from giaannd.model.rowstore import several_cpus
+    from giaannd.cpus import usable_cpus
 
     assert scale._engines("both") == ("old", "new") and scale._engines("new,serial") == ("new", "serial")
     for bad in ("", "x", "new,new", "both,old"):
@@ -64,7 +65,10 @@ def test_engines_list_and_the_fold_thread_comparison(capsys):
         args = argparse.Namespace(child=name, seed=0, batch=64, lif_rows=1, checkpoints=[150])
         results[name] = list(scale._child(args))
     assert results["serial"][0]["fold_thread"] is False
-    assert results["new"][0]["fold_thread"] is several_cpus()
+    assert results["new"][0]["fold_thread"] is (usable_cpus() > 1)
     assert results["new"][0]["entries"] == results["serial"][0]["entries"]
     scale._print(results)
     assert "Fold thread vs folds in the training thread" in capsys.readouterr().out
+    scale._json(results)
+    figures = [json.loads(line)["figure"] for line in capsys.readouterr().out.splitlines()]
+    assert "sent/s new/serial@150" in figures and "sent/CPU-s new/serial@150" in figures
