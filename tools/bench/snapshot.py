@@ -1,6 +1,7 @@
 """Snapshot benchmarks on realistic rows (issue 14 items 3 and 4), each figure next to its target.
 
     python -m tools.bench.snapshot [--entries 10000000] [--zipf-sentences 60000] [--replay-only] [--json]
+    python -m tools.bench.snapshot --latency-only [--neighbours N] [--applies 200]   (section 2 only)
 
 Rows as training makes them: a median of 17 entries, lengths ``16 + Zipf(2)`` (capped at
 ``MAX_ROW_ENTRIES``), so most rows are short and a few are very long — ``tools/bench/storage.py``'s
@@ -32,7 +33,8 @@ it is on real rows. Measured in one run:
    the first apply after it (before the write's thread starts copying: the worst case), with the
    strengths', lengths' and touches' copies lazy (now: rowengine/cow.py, that apply copies the
    chunks it touches) against the same-run baseline of copies made in the freeze (snapshots
-   alternate between the two).
+   alternate between the two). ``--neighbours N`` runs N processes that spin on a core each
+   beside it (a loaded node's other daemons); ``--latency-only`` times nothing else.
 
 ``--json`` prints one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
 """
@@ -49,7 +51,8 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -366,10 +369,10 @@ def _timed(fn: object, repeat: int = 1, cpu_as: str | None = None) -> float:
     return best
 
 
-def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
-                  replay_only: bool = False, zipf_sentences: int = 0) -> tuple[DurableStore, float] | None:
+def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool, replay_only: bool = False,
+                  zipf_sentences: int = 0, latency_only: bool = False) -> tuple[DurableStore, float] | None:
     """Section 1; returns the store (open, with a snapshot) and the snapshot write's seconds (None,
-    the store closed, with ``replay_only``)."""
+    the store closed, with ``replay_only``; with ``latency_only`` nothing but the write is timed)."""
     rng = np.random.default_rng(14)
     d = tmp / "store"
     ds = DurableStore.open(d, BIG)
@@ -383,6 +386,9 @@ def bench_restart(tmp: Path, entries: int, repeat: int, as_json: bool,
     u = ds.store.usage()
     gb = u.num_entries * ENTRY_BYTES / 1e9
     ds.close()
+    if latency_only:
+        ds = DurableStore.open(d, BIG)
+        return ds, _timed(ds.snapshot)
     title = (f"restart: {u.num_rows:,} rows, {u.num_entries:,} entries (median 17 per row), "
              f"{gb:.3f} GB of rows")
     replay_figures = (bench_replay(d, gb, repeat) + bench_replay_training_log(tmp, entries, repeat, replay_only)
@@ -425,8 +431,27 @@ def apply_stream(rng: np.random.Generator, store: ColumnStore, count: int, first
 
 
 def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, busy_share: float,
-                                as_json: bool) -> None:
-    """Section 2."""
+                                as_json: bool, neighbours: int = 0) -> None:
+    """Section 2; ``neighbours`` busy processes share the host meanwhile (a loaded node's other
+    daemons)."""
+    with _neighbours(neighbours):
+        _apply_during_snapshot(ds, t_write, batches, busy_share, as_json, neighbours)
+
+
+@contextmanager
+def _neighbours(count: int) -> Iterator[None]:
+    """``count`` processes that spin on a core each until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, busy_share: float, as_json: bool,
+                           neighbours: int) -> None:
     gc.freeze()  # as the storage service does after recovery (service.py)
     rng = np.random.default_rng(15)
     next_column = 1 << 50
@@ -490,7 +515,8 @@ def bench_apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, 
         ("baseline: applies held off for the whole write (ms)", 1e3 * t_write, None),
     ]
     _report(f"apply latency during a snapshot (busy share {busy_share}; {len(busy)} applies over {snapshots} "
-            f"snapshots, {ds.store.usage().num_entries:,} entries stored)", figures, as_json)
+            f"snapshots, {ds.store.usage().num_entries:,} entries stored; {neighbours} busy neighbour processes)",
+            figures, as_json)
 
 
 def _report(title: str, figures: list[tuple[str, float, str | None]], as_json: bool) -> None:
@@ -556,18 +582,23 @@ def main() -> None:
     ap.add_argument("--write-sentences", type=int, default=60_000,
                     help="Zipf-stream sentences applied for the snapshot writes with delta runs (0 skips them)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only section 2 (the store is built and snapshotted once, nothing else timed)")
+    ap.add_argument("--neighbours", type=int, default=0,
+                    help="section 2: this many busy processes share the host meanwhile (default 0)")
     ap.add_argument("--json", action="store_true", help="one JSON object per figure")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="giaannd-bench-snapshot-", dir=args.dir))
     try:
-        if args.write_sentences and not args.replay_only:
+        if args.write_sentences and not (args.replay_only or args.latency_only):
             bench_write_delta_runs(tmp, args.write_sentences, args.repeat, args.json)
-        opened = bench_restart(tmp, args.entries, args.repeat, args.json, args.replay_only, args.zipf_sentences)
+        opened = bench_restart(tmp, args.entries, args.repeat, args.json, args.replay_only, args.zipf_sentences,
+                               args.latency_only)
         if opened is None:
             return
         ds, t_write = opened
         try:
-            bench_apply_during_snapshot(ds, t_write, args.applies, args.busy_share, args.json)
+            bench_apply_during_snapshot(ds, t_write, args.applies, args.busy_share, args.json, args.neighbours)
         finally:
             ds.close()
     finally:

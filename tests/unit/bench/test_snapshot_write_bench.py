@@ -31,11 +31,12 @@ def test_apply_during_snapshot_bench_measures_lazy_and_eager_freezes(tmp_path, c
     for i in range(3):
         ds.apply(BatchId(1, i + 1), realistic_batch(rng, 2000, 1000 * i), validate=False)
     try:
-        bench_apply_during_snapshot(ds, 0.0, 6, 1.0, True)
+        bench_apply_during_snapshot(ds, 0.0, 6, 1.0, True, neighbours=1)
     finally:
         ds.close()
     figures = {f["figure"]: f["value"] for f in
                (json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{"))}
+    assert figures["apply p99 during a snapshot / without"] > 0
     for name in ("freeze (applies held off), lazy copies (now), max (ms)",
                  "baseline: freeze, copies made in it into a touched room, max (ms)",
                  "freeze + the first apply after it, lazy copies (now), max (ms)",
