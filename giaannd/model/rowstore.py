@@ -246,7 +246,7 @@ class RowStore:
     def nbytes(self) -> int:
         """Payload bytes of all rows (``ENTRY_BYTES`` per entry; the engine's own arrays, with their
         indexes, are ``engine.nbytes``)."""
-        return ENTRY_BYTES * self.engine.num_entries
+        return ENTRY_BYTES * self.num_entries  # (settles: the batches held during a fold count)
 
     @property
     def num_columns(self) -> int:

@@ -180,3 +180,64 @@ def test_settle_and_reads_without_a_fold_thread_are_as_before():
 def test_the_engine_folds_in_a_thread_where_several_cpus_are_usable():
     assert Engine().store.fold_thread == (usable_cpus() > 1)
     assert not Engine(store=RowStore()).store.fold_thread
+
+
+#: Every public name of RowStore that reads its rows, and how to read with it: each must settle
+#: first (see every batch applied before it). A new public name must be added here or to
+#: ``_NOT_ROW_READS`` (``test_every_public_name_is_classified``).
+_ROW_READS = {
+    "get": lambda s, key: _row_bits(s.get(key)),
+    "get_row": lambda s, key: _row_bits(s.get_row(*key)),
+    "__contains__": lambda s, key: key in s,
+    "__len__": lambda s, key: len(s),
+    "__iter__": lambda s, key: [(k, _row_bits(r)) for k, r in s],
+    "keys": lambda s, key: s.keys(),
+    "largest_rows": lambda s, key: s.largest_rows(3),
+    "num_entries": lambda s, key: s.num_entries,
+    "nbytes": lambda s, key: s.nbytes,
+    "num_columns": lambda s, key: s.num_columns,
+    "export": lambda s, key: [u.tobytes() for u in s.export().buffers()],
+}
+_NOT_ROW_READS = {"apply", "settle", "compact", "apply_neurons", "neuron_strength", "neuron_items", "from_batch",
+                  "fold_thread", "folding", "thread_folds", "engine", "batches_applied", "batches_deferred",
+                  "max_deferred_bytes"}
+
+
+def _row_bits(row):  # type: ignore[no-untyped-def]
+    return [np.asarray(a).tobytes() for a in (row.segment, row.target_column, row.target_feature, row.strength)]
+
+
+def test_every_public_name_is_classified():
+    store = RowStore(fold_thread=True)
+    public = {n for n in set(dir(RowStore)) | set(vars(store)) if not n.startswith("_")}
+    public |= {n for n in ("__contains__", "__len__", "__iter__") if hasattr(RowStore, n)}
+    assert public == set(_ROW_READS) | _NOT_ROW_READS, "classify the new name: a row read must settle() first"
+
+
+@pytest.fixture(scope="module")
+def _fold_batches() -> list[RowBatch]:
+    return _batches(1200, 40, seed=7)
+
+
+@pytest.mark.parametrize("name", sorted(_ROW_READS))
+def test_every_row_read_sees_the_batches_held_during_a_fold(name, _fold_batches):
+    """A batch held while the fold thread works (a new, longest row in a new column) is in what
+    every row read returns, as in a store without the thread. (Before: ``nbytes`` read the engine
+    directly, without the held batches.)"""
+    engine = _GatedEngine(fanout=2, base_ratio=1)
+    store, reference = RowStore(engine, fold_thread=True), RowStore()
+    for batch in _fold_batches:
+        store.apply(batch)
+        reference.apply(batch)
+        if store.folding:
+            break
+    assert engine.started.wait(10), "no fold began: the test would prove nothing"
+    n = 50_000
+    key = (1 << 40, 7)
+    held = RowBatch.from_entries(np.full(n, key[0]), np.full(n, key[1]), np.arange(n) % 9, np.arange(n) + 3,
+                                 np.zeros(n), np.ones(n, np.float32))
+    store.apply(held)
+    reference.apply(held)
+    assert store.batches_deferred == 1
+    engine.gate.set()
+    assert _ROW_READS[name](store, key) == _ROW_READS[name](reference, key)
