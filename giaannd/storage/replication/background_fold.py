@@ -138,6 +138,8 @@ class BackgroundFold:
         self._open = asyncio.Event()
         self._open.set()
         self._task: asyncio.Task[int] | None = None
+        #: the event loop the gate is held on (``exclusive``): where ``due`` goes from a worker thread
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         #: folds done (each moved the base once) and the delta entries they moved
         self.folds = 0
@@ -154,8 +156,16 @@ class BackgroundFold:
         await self._open.wait()
 
     def due(self) -> None:
-        """A commit found a fold due (``ColumnStore.on_fold_due``, on the event loop): start one in
-        the background, unless one is started already (it folds every delta run there is then)."""
+        """A commit found a fold due (``ColumnStore.on_fold_due``): start one in the background,
+        unless one is started already (it folds every delta run there is then). A commit in a
+        worker thread (the writes held behind the gate, applied by ``_apply_deferred``) hands this
+        to the event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not on the loop: a worker thread's commit, inside ``exclusive``
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self.due)
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.fold(due_only=True))
             self._task.add_done_callback(_log_failure)
@@ -173,6 +183,7 @@ class BackgroundFold:
         async with self.writes:
             if self._closed:
                 raise FoldsClosed("the store is closing")
+            self._loop = asyncio.get_running_loop()
             self._open.clear()
             started = time.perf_counter()
             try:

@@ -424,3 +424,48 @@ async def test_a_fold_shows_in_the_metrics(tmp_path, monkeypatch):
     finally:
         paused.release.set()
         await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_writes_held_during_an_idle_fold_that_make_a_fold_due_are_all_applied(tmp_path, monkeypatch):
+    """An idle node's fold (``fold_when_idle``: ``BackgroundFold.fold`` called, no fold task of
+    ``due``) holds writes that make a fold due again when they are applied, in a worker thread
+    (``APPLY_ON_LOOP_BYTES``): a commit there reports it (``on_fold_due``) off the event loop.
+    Before, that report asked for the running loop in the worker thread and raised: the held
+    batches after it never reached the rows (acknowledged writes missing until a restart, the
+    gate open) and the fold failed."""
+    monkeypatch.setattr(background_fold, "APPLY_ON_LOOP_BYTES", 0)
+    paused = PausedFold(monkeypatch)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start(heap_trim_interval_s=0.0)
+    try:
+        svc = cluster.services["s0"]
+        folds = svc.folds
+        assert svc.store is not None and folds is not None
+        rng = np.random.default_rng(12)
+        plain = Plain()
+        for batch in (make_batch(rng, 400, 8), make_batch(rng, 40, 4)):  # a base, then new keys under 1/4 of it
+            await cluster.client.write(batch)
+            plain.apply(batch)
+        await PausedFold._until(lambda: not folds.running and (folds._task is None or folds._task.done()))
+        done = folds.folds
+        paused.armed = True
+        fold = asyncio.get_running_loop().create_task(folds.fold())  # as fold_when_idle does
+        await paused.entered()
+        paused.armed = False
+        known = np.array(list(plain.rows()), np.uint64).reshape(-1, 2)
+        more = [RowBatch.from_entries(*_same_keys(make_batch(rng, 100, 8),
+                                                   known[rng.choice(known.shape[0], 100, replace=False)]))
+                for _ in range(4)]  # new entries in held rows: delta runs of more than 1/4 of the base
+        await asyncio.wait_for(asyncio.gather(*(cluster.client.write(b) for b in more)), 5.0)
+        for b in more:
+            plain.apply(b)
+        assert len(svc.store.deferred) == len(more)
+        paused.release.set()
+        assert await asyncio.wait_for(fold, 10.0) > 0
+        # the fold they made due runs next, started from the event loop
+        await PausedFold._until(lambda: folds.folds == done + 2 and not folds.running)
+        assert svc.store.deferred.applied == len(more) and svc.store.deferred.held_bytes == 0
+        assert _rows(svc.store.store.read_all()) == plain.rows()
+    finally:
+        paused.release.set()
+        await cluster.close()
