@@ -336,13 +336,18 @@ def replay(store: ColumnStore, records: list[LogRecord], after_seq: int,
 class ReplayedSegments:
     """What ``replay_segments`` did: records applied and skipped (seq at or below the snapshot's,
     or a batch id seen before), the seq after the last record (None: no segment), the bytes of
-    good records, and the last segment's scan if it ended in a torn record (to cut off)."""
+    good records, and the last segment's scan if it ended in a torn record (to cut off).
+    ``after_bytes``: the good bytes of the segments holding records after ``after_seq`` (what a
+    restart replays: ``DurableStore.logged_since_snapshot``), not those a snapshot covers whole
+    (left by a crash between its rename and the log's truncation). A snapshot begins with a
+    rotation, so no segment holds records on both sides of it."""
 
     applied: int
     skipped: int
     next_seq: int | None
     log_bytes: int
     torn: SegmentScan | None
+    after_bytes: int = 0
 
 
 def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_seq: int,
@@ -365,7 +370,7 @@ def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_
     """
     mapper = SegmentMapper()
     pending: list[LogRecord] = []
-    pending_entries = applied = skipped = log_bytes = 0
+    pending_entries = applied = skipped = log_bytes = after_bytes = 0
     expected: int | None = None
     torn: SegmentScan | None = None
 
@@ -387,6 +392,8 @@ def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_
         scan = scan_segment(path, first, is_last=i == len(segments) - 1, reader=mapper)
         expected = first + len(scan.records)
         log_bytes += scan.good_bytes
+        if scan.records and scan.records[-1].seq > after_seq:
+            after_bytes += scan.good_bytes
         if scan.torn_bytes:
             torn = scan
         pending.extend(scan.records)
@@ -394,7 +401,7 @@ def replay_segments(store: ColumnStore, segments: list[tuple[int, Path]], after_
         if pending_entries >= replay_window_entries(store.engine.num_entries):
             flush()
     flush()
-    return ReplayedSegments(applied, skipped, expected, log_bytes, torn)
+    return ReplayedSegments(applied, skipped, expected, log_bytes, torn, after_bytes)
 
 
 def _apply_marker(store: ColumnStore, rec: LogRecord) -> None:
@@ -458,7 +465,7 @@ class DurableStore:
     """A :class:`ColumnStore` whose writes survive restarts. Build it with :meth:`open`."""
 
     def __init__(self, directory: Path, store: ColumnStore, log_: UpdateLog, report: RecoveryReport,
-                 mapping: SnapshotMapping | None = None) -> None:
+                 mapping: SnapshotMapping | None = None, logged_before: int | None = None) -> None:
         self.directory = directory
         #: the snapshot file the store's base run was loaded from by mapping it, if it was
         #: (``open``'s ``map_snapshot``; snapshot_map.py): ``held_disk_bytes`` says what it holds
@@ -467,9 +474,11 @@ class DurableStore:
         self.log = log_
         self.recovery = report
         self.snapshot_seq = report.snapshot_seq
-        # ``logged_since_snapshot``: the records replayed at open, plus those appended since the
-        # log's byte count was ``_log_mark``
-        self._logged_before, self._log_mark = report.log_bytes, 0
+        # ``logged_since_snapshot``: the records replayed at open (``logged_before``: the bytes of
+        # the segments after the snapshot; by default the report's ``log_bytes``), plus those
+        # appended since the log's byte count was ``_log_mark``
+        self._logged_before = report.log_bytes if logged_before is None else logged_before
+        self._log_mark = 0
         #: batches logged during a fold, applied when it ends (``defer``, deferred_applies.py)
         self.deferred = DeferredApplies(store, log_)
 
@@ -576,7 +585,8 @@ class DurableStore:
             loaded - started, replayed - loaded, snapshot_bytes, log_bytes, loaded_cpu - started_cpu,
             replayed_cpu - loaded_cpu,
         )
-        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report, mapping)
+        return cls(d, store, UpdateLog(d, last_seq + 1, segment_max_bytes, drop_synced=True), report, mapping,
+                   done.after_bytes)
 
     # -- writes -------------------------------------------------------------------------------------
     def apply(self, batch_id: BatchId, batch: RowBatch, validate: bool = True, track: bool = False) -> ApplyResult:
