@@ -150,8 +150,11 @@ class AppliedSet:
         return self._floor.get(writer, 0)
 
     def __len__(self) -> int:
-        """Number of stored ids (floors + exceptions): the memory it takes, not the ids it covers."""
-        return len(self._floor) + sum(len(s) for s in self._above.values())
+        """Number of stored ids (floors + exceptions): the memory it takes, not the ids it covers.
+        Safe beside a thread that adds ids (a fold's held writes applied in a worker thread while
+        the event loop reads ``used_bytes``): the values are listed in one C call under the GIL, where
+        a Python loop over the dict raised "dictionary changed size during iteration"."""
+        return len(self._floor) + sum(map(len, list(self._above.values())))
 
     def writers(self) -> Iterator[int]:
         return iter(sorted(set(self._floor) | set(self._above)))

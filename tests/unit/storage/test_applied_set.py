@@ -160,3 +160,36 @@ def test_applied_columns_load_matches_the_per_batch_reference_on_random_sets_and
             {w: {q: c.tolist() for q, c in per.items()} for w, per in want.items()}
         loaded += 1
     assert refused > 30 and loaded > 100
+
+
+def test_len_beside_a_thread_that_adds_and_absorbs_writers() -> None:
+    """``len`` (the store's ``used_bytes``, read on the event loop) while a worker thread applies a
+    fold's held writes (adding exceptions, absorbing them into floors): writers enter and leave the
+    exceptions' dict meanwhile. Before, a Python loop over that dict raised "dictionary changed
+    size during iteration" (every run here; thread switches every microsecond make it likely)."""
+    import sys
+    import threading
+
+    applied = AppliedSet()
+    stop = threading.Event()
+
+    def churn() -> None:
+        floor = 0
+        while not stop.is_set():
+            floor += 10
+            for w in range(1, 200):
+                applied.add(BatchId(w, floor + 3))  # an exception above the floor: the writer enters
+            for w in range(1, 200):
+                applied.advance_floor(w, floor + 5)  # absorbed: the writer leaves
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        for _ in range(200_000):
+            assert len(applied) >= 0
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(old)
