@@ -171,7 +171,8 @@ def filter_direct(batch_id: BatchId, batch: RowBatch, applied: AppliedSet, scope
 
 def install_direct_filter(core: Any, scopes: StreamScopes, applied: Callable[[], AppliedSet]) -> None:
     """Wrap ``core.apply`` (StorageRequests) so direct batches pass ``filter_direct`` first and
-    leave ``D`` markers for open streams (module docstring).
+    leave ``D`` markers for open streams (module docstring), and ``core.serve_during_fold`` so
+    that such a batch is not held by a fold (it waits for the fold, then takes ``apply``).
 
     TODO(lead): a hook in ``StorageRequests.apply`` would replace this wrapper.
     """
@@ -203,5 +204,23 @@ def install_direct_filter(core: Any, scopes: StreamScopes, applied: Callable[[],
                 break  # the batch is applied; only the delayed-original dedupe is weakened
         return WaitDurable(seq, step.ack) if seq != step.seq else step
 
+    serve_during_fold = core.serve_during_fold
+
+    def during_fold_filtered(msg: Any, bulk: Any) -> Any:
+        # A batch held during a fold (requests.py ``_defer``) is applied later without passing
+        # ``apply_filtered``: rows already forwarded would count twice and no D marker be written
+        # (and a forwarded delta waiting behind the fold has checked D already). So one that the
+        # filter would reduce or mark is not held: it waits for the fold and is served live (None).
+        if len(scopes) and isinstance(msg, p.ApplyBatch) and msg.hint_for in (None, core.node_name):
+            try:
+                batch = p.check_batch(bulk)
+            except p.ProtocolViolation:
+                return serve_during_fold(msg, bulk)  # the core answers BadRequest
+            if (filter_direct(BatchId(msg.writer, msg.seq), batch, applied(), scopes) is not None
+                    or scopes.open_streams_touching(batch.row_column)):
+                return None
+        return serve_during_fold(msg, bulk)
+
     core.apply = apply_filtered
+    core.serve_during_fold = during_fold_filtered
     core._stream_filter_installed = True
