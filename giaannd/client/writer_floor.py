@@ -82,12 +82,17 @@ class WriterFloor:
         if self.is_ours(bid):
             self.hinted.setdefault(target, set()).add(bid.seq)
 
-    def confirmed(self, target: str, seq: int) -> None:
-        """``target`` reports our hinted ``seq`` applied."""
-        self.hinted[target].discard(seq)
+    def confirmed(self, target: str, seq: int) -> bool:
+        """``target`` reports our hinted ``seq`` applied. False if it was not pending there (a
+        concurrent confirmation settled it first): nothing changes then."""
+        seqs = self.hinted.get(target)
+        if seqs is None or seq not in seqs:
+            return False
+        seqs.discard(seq)
         state = self.unsettled.get(seq)
         if state is not None:
             self.owner_done(BatchId(self.writer_id, seq), state, target)
+        return True
 
     def abandon(self, bid: BatchId) -> None:
         """Give up on a failed write of ours: it will never be sent again (lets the floor move)."""

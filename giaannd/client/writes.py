@@ -235,10 +235,12 @@ class QuorumWriter:
         The holder is the node that the rows' preference lists name most often; on refusal, the
         next one. Gives up (logged; the seq stays unsettled) when no node is left.
         """
-        names = self.topology.placement.names
         exclude: set[str] = set()
         while True:
             holders = hint_holders(self.topology, target, share.row_column, exclude)
+            # the names of the placement hint_holders just indexed (it may have changed while the
+            # previous holder was asked: a stale list named the wrong node, or none)
+            names = self.topology.placement.names
             holders = holders[holders >= 0]
             if holders.size == 0:
                 log.warning("no node can hold a hint target=%s batch=%s rows=%d", target, tuple(bid),
@@ -269,7 +271,9 @@ class QuorumWriter:
         for target in list(floors.hinted):
             if not self.topology.is_live(target):
                 continue
-            seqs = sorted(floors.hinted[target])
+            # (another confirm_hints, e.g. the one ``write`` starts in the background, may settle
+            # and remove this target's seqs while this one waits for a reply)
+            seqs = sorted(floors.hinted.get(target, ()))
             for i in range(0, len(seqs), p.MAX_QUERY_SEQS):
                 chunk = seqs[i : i + p.MAX_QUERY_SEQS]
                 try:
@@ -279,9 +283,8 @@ class QuorumWriter:
                 if not isinstance(reply, p.AppliedMask) or len(reply.applied) != len(chunk):
                     break
                 for seq, ok in zip(chunk, reply.applied):
-                    if ok:
-                        floors.confirmed(target, seq)
+                    if ok and floors.confirmed(target, seq):
                         confirmed += 1
-            if not floors.hinted[target]:
+            if target in floors.hinted and not floors.hinted[target]:
                 del floors.hinted[target]
         return confirmed

@@ -27,9 +27,11 @@ them, it never had this write to forward); keeping it forever never delivers it.
    (applied_set.py, "Which columns"): an owner that got those rows directly ignores them, so
    nothing is applied twice; a new owner that never saw them applies them, even when it applied
    another share of the same batch (its own rows under the old placement).
-2. Send the moved parts, then the target's remaining part. Any failure keeps the hint; the next
-   attempt repeats the parts (ignored where already applied, per column). The hint is forgotten
-   only once every part was acknowledged as durable: never dropped.
+2. Send the moved parts, then the target's remaining part (an empty one when it kept no row: it
+   records the batch id on the target, whose ``BatchesApplied`` answer is what settles the hinted
+   seq in the writer's floor, writer_floor.py). Any failure keeps the hint; the next attempt
+   repeats the parts (ignored where already applied, per column). The hint is forgotten only once
+   every part was acknowledged as durable: never dropped.
 
 There is no "did the target apply this id?" shortcut any more: the target may hold another share
 of the batch (a writer's retry, another holder's re-split), which says nothing about this hint's
@@ -195,9 +197,11 @@ class HintDelivery:
                 raise StorageRequestError("new owner is down", node)
             await self.client.apply_to(node, bid, part, timeout_s=HINT_DELIVERY_TIMEOUT_S,
                                        epoch=placement.epoch)
-        if split.kept is not None:  # last: the target's applied set then means "all parts done"
-            await self.client.apply_to(target, bid, split.kept, timeout_s=HINT_DELIVERY_TIMEOUT_S,
-                                       epoch=placement.epoch)
+        # Last: the target's applied set then means "all parts done". When the target kept no row,
+        # an empty part still records the id there: the writer settles a hinted seq only once the
+        # target answers BatchesApplied yes, so without it the writer's floor never passed the seq.
+        kept = split.kept if split.kept is not None else RowBatch.empty()
+        await self.client.apply_to(target, bid, kept, timeout_s=HINT_DELIVERY_TIMEOUT_S, epoch=placement.epoch)
         self.resplit += 1
         log.info("hint re-split by the current placement target=%s batch=%s kept=%d moved=%s", target,
                  tuple(bid), split.kept.num_rows if split.kept is not None else 0,

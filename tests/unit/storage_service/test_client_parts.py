@@ -88,3 +88,64 @@ def test_hint_holders_equal_the_member_by_member_rule(seed):
     pick = np.where(beyond.any(axis=1), beyond.argmax(axis=1), cand.argmax(axis=1))
     want = np.where(cand.any(axis=1), pref[np.arange(pref.shape[0]), pick], -1)
     assert hint_holders(t, target, keys, exclude).tolist() == want.tolist()
+
+
+@pytest.mark.asyncio
+async def test_client_concurrent_confirm_hints_settle_once_and_do_not_raise():
+    """Two ``confirm_hints`` at once (the one ``write`` starts in the background, and a caller's):
+    the one answered second found the target's seqs settled and removed by the first. Before, it
+    raised KeyError (``hinted[target]``), from the caller's call or as a background task's error."""
+    from giaannd import protocol as p
+
+    _, c = _client()
+    bid = c.next_batch_id()
+    c._floors.track(bid, ["n1"])
+    c._floors.hinted_for("n1", bid)
+    gate = asyncio.Event()
+
+    async def call(node, msg, bulk=(), **kwargs):
+        await gate.wait()
+        return p.AppliedMask([True] * len(msg.seqs)), []
+
+    c._writes._call = call
+    first = asyncio.ensure_future(c.confirm_hints())
+    second = asyncio.ensure_future(c.confirm_hints())
+    await asyncio.sleep(0)  # both asked and wait for their replies
+    gate.set()
+    assert sorted(await asyncio.gather(first, second)) == [0, 1]  # settled once
+    assert c.writer_floor == 1 and not c._floors.hinted
+
+
+@pytest.mark.parametrize(("joiner", "seed"), [("z9", 2), ("a0", 1), ("n15", 1), ("a0", 0)])
+@pytest.mark.asyncio
+async def test_client_hint_holder_after_the_placement_changed_during_a_refusal(joiner, seed):
+    """The first hint holder refuses, and the placement grows meanwhile: the next holder is the one
+    ``hint_holders`` names in the current view. Before, its index was read in the names of the
+    placement the loop started with: IndexError (the hint task died, the share was held nowhere),
+    or the refusing holder again, or the down target itself."""
+    from giaannd import protocol as p
+    from giaannd.client.errors import RemoteUnavailable
+    from giaannd.client.writes import hint_holders
+    from giaannd.cluster.view import StorageNode
+    from tools.cluster_harness import make_batch
+
+    t, c = _client()
+    target = "n2"
+    t.mark_down(target)
+    share = make_batch(np.random.default_rng(seed), 3)
+    asked = []
+
+    async def apply_to(node, bid, batch, **kwargs):
+        asked.append(node)
+        if len(asked) == 1:
+            t.add(StorageNode(joiner, f"mem://{joiner}"))
+            raise RemoteUnavailable("busy", node)
+        return p.ApplyAck(durable=True, applied=True, hinted=True)
+
+    c._writes._apply_to = apply_to
+    hinted = {}
+    await c._writes._hint(target, c.next_batch_id(), share, 0, hinted, t.epoch)
+    picks = hint_holders(t, target, share.row_column, {asked[0]})
+    want = t.names[int(np.bincount(picks[picks >= 0]).argmax())]
+    assert asked == [asked[0], want] and want not in (asked[0], target)
+    assert hinted == {target: [want]}

@@ -1,5 +1,7 @@
 """Hints keep their writer's placement epoch (hints.py) and split by owner (hint_delivery.py)."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from giaannd.storage.replication.hint_delivery import split_by_owner
 from giaannd.storage.replication.hints import HintStore, decode_epoch, encode_epoch
 from giaannd.storage.replication.requests import StorageRequests, WaitHintSynced
 from peers.placement import Member, Placement
+from tools.cluster_harness import Cluster, make_batch
 
 
 def _batch(seed, rows=3):
@@ -96,3 +99,50 @@ def test_split_by_owner_partitions_the_lost_rows(seed):
     # a target that owns everything: nothing moves
     old = Placement(tuple(Member(n) for n in ("a", "b")), 2)
     assert split_by_owner(old, "b", batch).moved == {}
+
+
+async def _wait_for(pred, timeout_s=30.0, step_s=0.02):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not pred():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(step_s)
+
+
+@pytest.mark.asyncio
+async def test_resplit_hint_whose_target_kept_no_row_lets_the_writers_floor_pass(tmp_path):
+    """A hint re-split after a placement change in which its target lost *every* row of it: the
+    rows go to their new owners and the target gets an empty part under the same id, so the
+    writer's ``confirm_hints`` (BatchesApplied on the target) settles the seq. Before, the target
+    got nothing, answered no forever, and the writer's floor never passed the seq (every node's
+    applied set then kept every later batch id of that writer)."""
+    cluster = await Cluster(tmp_path, n=3, replicas=2, write_quorum=1).start()
+    try:
+        client = cluster.client
+        old = cluster.client_topology.placement
+        grown = Placement(tuple(Member(n) for n in (*old.names, "s3")), 2)  # the placement s3 joins into
+        cand = np.arange(1, 5000, dtype=np.uint64)
+        owned_before = (old.owner_indices(cand) == old.names.index("s1")).any(axis=1)
+        owned_after = (grown.owner_indices(cand) == grown.names.index("s1")).any(axis=1)
+        columns = cand[owned_before & ~owned_after][:20]
+        assert columns.size
+        await cluster.stop_node("s1")
+        batch = make_batch(np.random.default_rng(7), columns.size, columns=columns)
+        res = await client.write(batch)
+        await client.flush()
+        assert client.writer_floor < res.batch_id.seq  # s1's share is a hint: unsettled
+        (holder,) = [s for s in cluster.services.values() if s.hints.pending("s1")]
+        await cluster.add_node("s3")
+        await cluster.commit_ring(cluster.ring.with_active("s3"))
+        new = cluster.client_topology.placement
+        assert not (new.owner_indices(columns) == new.names.index("s1")).any()  # s1 kept no row
+        await cluster.restart_node("s1")
+        await _wait_for(lambda: not holder.hints.pending("s1"))
+        assert holder.delivery.resplit == 1
+        got = await client.read_from("s3", batch.row_column, batch.row_feature)  # the rows reached s3
+        assert got.num_rows == batch.num_rows
+        await client.flush()
+        await client.confirm_hints()
+        assert client.writer_floor >= res.batch_id.seq
+    finally:
+        await cluster.close()
