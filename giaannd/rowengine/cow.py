@@ -112,6 +112,8 @@ class PendingCopies:
                     if self._left == 0:  # (cancelled meanwhile)
                         return
                     todo = np.flatnonzero(~copied[g : g + READER_CHUNKS]) + g
+                    if todo.shape[0] == 0:  # (a writer copied the rest since the look above)
+                        continue
                     # runs of consecutive chunks: one copy each
                     breaks = np.flatnonzero(np.diff(todo) != 1) + 1
                     for run in np.split(todo, breaks):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giaannd.rowengine.cow import CHUNK, PendingCopies, PendingSet
+from giaannd.rowengine.cow import CHUNK, READER_CHUNKS, PendingCopies, PendingSet
 
 
 def _sources(rng: np.random.Generator) -> list[np.ndarray]:
@@ -100,6 +100,40 @@ def test_a_reader_thread_and_a_writer_thread_leave_the_copy_as_named() -> None:
             stop.set()
             writer.join(10)
         assert np.array_equal(dst, want)
+
+
+def test_a_reader_whose_group_a_writer_copied_meanwhile_goes_on_to_the_next() -> None:
+    """The reader looks at a group of ``READER_CHUNKS`` chunks without the lock, then takes it: a
+    writer may copy the group's last chunks in between. The reader then has nothing left to copy
+    there and goes on (it raised IndexError: the snapshot failed), and the copy is as named."""
+    src = np.arange(2 * READER_CHUNKS * CHUNK, dtype=np.float32)  # two groups: one left after the first
+    want = src.copy()
+    dst = np.empty_like(src)
+    pending = PendingCopies([(src, src.shape[0], dst)])
+    lock = pending._lock  # noqa: SLF001 - the interleaving under test
+
+    class WriterFirst:
+        """The pending copy's lock, before whose first hold a writer copies (and writes) the whole
+        first group: the reader has looked at it and found chunks to copy, not taken the lock yet."""
+
+        fired = False
+
+        def __enter__(self) -> None:
+            if not WriterFirst.fired:
+                WriterFirst.fired = True
+                at = np.arange(0, READER_CHUNKS * CHUNK, CHUNK)
+                pending.before_write(src, at)
+                src[at] += 1
+            lock.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            lock.__exit__(*exc)
+
+    pending._lock = WriterFirst()  # type: ignore[assignment]  # noqa: SLF001
+    pending.finish()
+    assert WriterFirst.fired and pending.done
+    assert pending.copied_by_writers == READER_CHUNKS
+    assert np.array_equal(dst, want)
 
 
 def test_a_pending_set_announces_to_every_freeze_and_forgets_the_done_ones() -> None:
