@@ -45,6 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+from urllib.parse import unquote
 
 import msgspec
 from aiohttp import web
@@ -233,10 +234,14 @@ class AdminApi:
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer":
             return False
-        return hmac.compare_digest(presented.strip().encode(), self._token)
+        # aiohttp decodes header bytes that are not UTF-8 as surrogates: encode them back, or a
+        # token of such bytes would fail here (a 500) rather than be refused
+        return hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), self._token)
 
-    def _resolve(self, method: str, path: str) -> tuple[_Route | None, dict[str, str], bool]:
-        parts, path_known = split_path(path), False
+    def _resolve(self, method: str, raw_path: str) -> tuple[_Route | None, dict[str, str], bool]:
+        # Split the path as sent, then decode each segment: a parameter's %2F (fill_path encodes
+        # a value as exactly one segment) must stay in its segment, not split it.
+        parts, path_known = tuple(unquote(p) for p in split_path(raw_path)), False
         for route in self._routes.values():
             params = match_path(route.segments, parts)
             if params is None:
@@ -249,13 +254,14 @@ class AdminApi:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         self._guard.request_started(request.protocol)
-        route, params, path_known = self._resolve(request.method, request.path)
+        route, params, path_known = self._resolve(request.method, request.rel_url.raw_path)
         label = route.template if route else "unmatched"
         try:
             response = await self._handle(request, route, params, path_known)
         except AdminHTTPError as exc:
             response = _json({"error": exc.message, "code": exc.code}, exc.status)
-            if exc.status in (408, 413):  # the body was not read: this connection is done
+            # the body was not read (or could not be): this connection is done
+            if exc.status in (408, 413) or request.content.exception() is not None:
                 response.force_close()
         except web.HTTPException as exc:  # raised by aiohttp itself on a bad request
             response = _json({"error": exc.text or exc.reason,
@@ -304,6 +310,16 @@ class AdminApi:
                                       "(admin.body-timeout-s)", "request_timeout") from None
         except web.HTTPRequestEntityTooLarge:
             raise too_large from None
+        except web.RequestPayloadError as exc:  # e.g. bytes that do not decode as their Content-Encoding
+            # The rest of this body cannot be read either: mark it ended, so that aiohttp does not
+            # try to drain it after the answer (and log the same error as unhandled); the
+            # connection is closed (a 400 from _read_body closes it, as 408 and 413 do).
+            request.content.feed_eof()
+            why = getattr(exc.__cause__, "message", "") or str(exc)
+            raise AdminHTTPError(400, f"request body cannot be read: {why}", "bad_request") from None
+        except ConnectionResetError:  # the client went away mid-body: nobody reads the answer
+            raise AdminHTTPError(400, "request body incomplete: the connection was closed",
+                                 "bad_request") from None
         if len(body) > limit:  # aiohttp stops past client_max_size; its own test is > or >= by version
             raise too_large
 

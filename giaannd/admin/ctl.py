@@ -97,7 +97,7 @@ def _bytes_rate(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a rate in bytes/s: {text!r}") from None
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise argparse.ArgumentTypeError("a rate must be > 0 bytes/s (or 'none')")
     return value
 

@@ -36,8 +36,9 @@ its ``export_dir`` (relative paths are taken inside them; paths.py); an export r
 existing file only if it is a previous export or ``overwrite`` is true.
 
 Error mapping: a path outside its allowed directory is a 403; other bad input (missing or
-unreadable corpus, bad JSON, out-of-range numbers, an export path that is a directory or cannot be
-written, malformed tokens) is a 400 that changed nothing; an unknown job or journal is a 404; a
+unreadable corpus, a path that cannot be resolved, bad JSON, a field the operation does not take,
+out-of-range numbers, an export path that is a directory or cannot be written, malformed tokens, a
+prompt too long to tag) is a 400 that changed nothing; an unknown job or journal is a 404; a
 running job to resume, a corrupt journal, an export over a file that is not a previous export, or
 an export with ids no vocabulary holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or
 no storage client yet) and a missing tagger are 503. Prompt text is tagged here with spaCy (loaded
@@ -60,6 +61,7 @@ from giaannd.compute.durable_jobs import TAG_CACHE_DIR
 from giaannd.compute.paths import NotAnExport, PathOutside, check_export_target, resolve_inside
 from giaannd.compute.train import load_corpus, load_prompts
 from giaannd.errors import AdminHTTPError, InputError
+from giaannd.json_body import json_object
 from giaannd.model.ids import parse_column
 from giaannd.model.subwords import ProfileMismatchError
 from giaannd.model.tokens import (
@@ -118,7 +120,7 @@ class ComputeRoutes:
             admin.bind(op_id, handler)
 
     async def _post_train(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("corpus", "workers", "coalesce", "epochs", "limit", "cluster"))
         corpus = self._corpus_path(body.get("corpus"), required=True)
         workers = _opt_int(body, "workers", 1, 1024)
         coalesce = _opt_int(body, "coalesce", 1, 1 << 20)
@@ -213,7 +215,7 @@ class ComputeRoutes:
         return {"job_id": job_id}
 
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("corpus", "prompts", "prompt_lines", "limit", "constants", "mode", "spread"))
         limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS)
         constants = body.get("constants") or "train"
         mode = body.get("mode") or "teacher"
@@ -253,7 +255,7 @@ class ComputeRoutes:
         return self.service.evals.as_dict()
 
     async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("prompt", "max_tokens", "constants"))
         max_tokens = _opt_int(body, "max_tokens", 0, MAX_GENERATE_TOKENS)
         constants = body.get("constants") or "train"
         if constants not in ("train", "test"):
@@ -281,7 +283,10 @@ class ComputeRoutes:
             nlp = self._english()
         except TaggerUnavailableError as exc:
             raise AdminHTTPError(503, str(exc), "unavailable") from None
-        return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=nlp) for t in s)
+        try:
+            return tuple(t for s in tag_lines([text.replace("\n", " ")], nlp=nlp) for t in s)
+        except ValueError as exc:  # spaCy refuses a text over its max_length (1,000,000 characters)
+            raise AdminHTTPError(400, f"prompt cannot be tagged: {exc}", "bad_request") from None
 
     def _tag_each(self, lines: list[str]) -> list[TaggedSentence]:
         """Inline prompts, each tagged whole (TaggerUnavailableError: the caller's 503)."""
@@ -301,12 +306,16 @@ class ComputeRoutes:
         if not isinstance(value, str) or not value:
             raise AdminHTTPError(400, f"{what} must be a file path", "bad_request")
         path = _inside(value, self.service.corpus_dir, what, "compute.corpus-dir")
-        if not path.is_file():
+        try:
+            found = path.is_file()
+        except OSError as exc:  # a name too long: is_file raises what it cannot stat for that
+            raise AdminHTTPError(400, f"{what} {path}: {exc.strerror}", "bad_request") from None
+        if not found:
             raise AdminHTTPError(400, f"{what} {path} does not exist or is not a file", "bad_request")
         return path
 
     async def _post_export(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("path", "overwrite"))
         value, overwrite = body.get("path"), body.get("overwrite", False)
         if not isinstance(value, str) or not value:
             raise AdminHTTPError(400, "path must be a file path", "bad_request")
@@ -363,16 +372,6 @@ def _query_int(request: web.Request, key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json() if request.body_exists else {}
-    except ValueError:
-        raise AdminHTTPError(400, "request body is not valid JSON", "bad_request") from None
-    if not isinstance(body, dict):
-        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
-    return body
-
-
 def _prompt_lines(value: Any) -> list[str] | None:
     """``prompt_lines`` of an eval request: prompts given inline (the Python client's list), each a
     non-blank single line (a newline would make it two prompts where a file has them)."""
@@ -400,3 +399,5 @@ def _inside(value: str, root: Path, what: str, knob: str) -> Path:
         return resolve_inside(value, root, what=what, knob=knob)
     except PathOutside as exc:
         raise AdminHTTPError(403, str(exc), "forbidden") from None
+    except (ValueError, OSError) as exc:  # a NUL byte in it; a name too long to resolve
+        raise AdminHTTPError(400, f"{what} {value!r} is not a usable path: {exc}", "bad_request") from None

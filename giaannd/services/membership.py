@@ -47,6 +47,7 @@ from aiohttp import web
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
 from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
+from giaannd.json_body import json_object
 from giaannd.model.ids import parse_column
 from giaannd.operations import Handler
 from giaannd.services.ring_sync import RingSync
@@ -91,7 +92,14 @@ def parse_seed(text: str) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"seed {text!r} is not host:port")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    try:
+        host.encode("idna")  # as the resolver encodes it: an empty or over-long label fails there
+    except UnicodeError:
+        raise ValueError(f"seed {text!r}: {host!r} is not a host name or address") from None
+    if "\x00" in host:
+        raise ValueError(f"seed {text!r}: a host name holds no NUL character")
+    return host, int(port)
 
 
 class MembershipService:
@@ -232,7 +240,7 @@ class MembershipService:
         return self._joined_seeds
 
     async def _post_join(self, request: web.Request, params: Mapping[str, str]) -> Any:
-        body = await _json_body(request)
+        body = await json_object(request, ("seeds",))
         texts = body.get("seeds")
         if not isinstance(texts, list) or not texts or len(texts) > MAX_SEEDS \
                 or not all(isinstance(t, str) for t in texts):
@@ -290,7 +298,7 @@ class MembershipService:
 
     async def _post_key(self, request: web.Request, params: Mapping[str, str]) -> Any:
         node = self._mutable_keys()
-        body = await _json_body(request)
+        body = await json_object(request, ("key",))
         if not isinstance(body.get("key"), str):
             raise AdminHTTPError(400, 'expected {"key": "<base64 key>"}', "bad_request")
         try:
@@ -425,18 +433,6 @@ class MembershipService:
         current = last + 1
         atomic_write_bytes(path, f"{current}\n".encode("ascii"))
         return current
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    if not request.body_exists:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
-    if not isinstance(body, dict):
-        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
-    return body
 
 
 def follow_membership(topology: ClusterView, node: MembershipNode) -> None:

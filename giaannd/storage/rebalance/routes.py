@@ -10,6 +10,7 @@ from typing import Any
 
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
+from giaannd.json_body import json_object
 from giaannd.operations import Binder, Handler
 from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import (
@@ -23,20 +24,6 @@ from giaannd.storage.rebalance.operations import (
 from giaannd.storage.repair.local import repair
 
 __all__ = ["register_admin_routes"]
-
-
-async def _body(request: Any) -> dict[str, Any]:
-    if not getattr(request, "body_exists", True):
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
-    return body
 
 
 def register_admin_routes(admin: Binder, control: ClusterControl, registry: OperationRegistry | None = None,
@@ -63,7 +50,8 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
     ===========================  ==================================================================
 
     Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
-    verb returns the same operation. Errors: 400 bad body, 404 unknown member / nothing running,
+    verb returns the same operation. Errors: 400 bad body (not a JSON object, a field the verb does not
+    take, a rate that is not a number > 0 or null), 404 unknown member / nothing running,
     409 another operation is running, 422 the operation would lose data. ``local_node`` gives this
     node's own ``StorageNode`` (name, data address, weight) for join / replace; without it (or
     when it returns None: not a storage node) those verbs answer 404. Sources need not be local:
@@ -78,7 +66,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
             raise AdminHTTPError(409, str(exc), "conflict") from None
 
     async def decommission(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("rate_bytes_s",), null_is_empty=True)
         view = control.view()
         if view.local is None or view.local not in view:
             raise AdminHTTPError(404, "this node is not a storage member", "not_served")
@@ -88,8 +76,10 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
 
     def rate_of(body: Mapping[str, Any]) -> float | None:
         rate = body.get("rate_bytes_s")
-        if rate is not None and not isinstance(rate, (int, float)):
-            raise AdminHTTPError(400, "rate_bytes_s must be a number or null", "bad_request")
+        # not a bool (an int to Python), and > 0: NaN (which JSON parsing accepts) would fail the
+        # streams' throttle later, and <= 0 would be taken as unthrottled (null says that)
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+            raise AdminHTTPError(400, "rate_bytes_s must be a number > 0 (bytes/s) or null", "bad_request")
         return rate
 
     def me() -> StorageNode:
@@ -114,7 +104,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         return start(op)
 
     async def removenode(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("node_id", "rate_bytes_s"), null_is_empty=True)
         view = control.view()
         name = dead_member(body, view)
         return start_checked(Rebalance(control, "removenode", members_after(view, remove=[name]),
@@ -132,13 +122,13 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
             raise AdminHTTPError(500, str(exc), "bad_state") from None
 
     async def join(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("rate_bytes_s",), null_is_empty=True)
         node, view = me(), control.view()
         return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
                                **own_streams()))
 
     async def replace(request: Any, params: Mapping[str, str]) -> Any:
-        body = await _body(request)
+        body = await json_object(request, ("node_id", "rate_bytes_s"), null_is_empty=True)
         node, view = me(), control.view()
         name = dead_member(body, view)
         if name == node.name:
@@ -166,7 +156,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
 
     async def set_rate(request: Any, params: Mapping[str, str]) -> Any:
         op = current()
-        op.set_rate(rate_of(await _body(request)))
+        op.set_rate(rate_of(await json_object(request, ("rate_bytes_s",), null_is_empty=True)))
         return op.progress()
 
     handlers: dict[str, Handler] = {

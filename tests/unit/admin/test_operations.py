@@ -248,6 +248,7 @@ def test_ctl_local_input_errors_exit_2(argv: list[str], error: str) -> None:
 
 
 @pytest.mark.parametrize("argv", [["node", "topology", "rate"], ["node", "topology", "rate", "-5"],
+                                  ["node", "topology", "rate", "nan"], ["node", "decommission", "--rate", "NaN"],
                                   ["node", "topology", "fly"], ["generate"], ["node", "join"]])
 def test_ctl_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:

@@ -1,0 +1,41 @@
+"""The JSON object an admin request carries, read one way by every route that takes one (the
+compute role's, the membership verbs', the storage topology verbs'): what a body may be and how a
+bad one is refused, in one place.
+
+A body is a JSON object whose keys the operation takes; no body is ``{}``. Anything else is a 400
+that changed nothing, naming what is wrong: not JSON (bad syntax, an unknown charset, nesting too
+deep for the parser), not an object, or a field the operation does not take (a misspelt field
+would otherwise be ignored and its default used: ``{"rate": 5}`` ran streams unthrottled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from giaannd.errors import AdminHTTPError
+
+__all__ = ["json_object"]
+
+
+async def json_object(request: Any, fields: tuple[str, ...], *, null_is_empty: bool = False) -> dict[str, Any]:
+    """The request's JSON object (``{}`` without a body; for a JSON ``null`` too with
+    ``null_is_empty``), holding only ``fields``.
+
+    Raises:
+        AdminHTTPError: 400 ``bad_request`` (module docstring).
+    """
+    if not getattr(request, "body_exists", True):
+        return {}
+    try:
+        body = await request.json()
+    except (ValueError, LookupError, RecursionError):  # LookupError: an unknown charset; nested too deep
+        raise AdminHTTPError(400, "request body is not JSON", "bad_request") from None
+    if body is None and null_is_empty:
+        return {}
+    if not isinstance(body, dict):
+        raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise AdminHTTPError(400, f"unknown field(s) {', '.join(map(repr, unknown))} in the request body "
+                                  f"(it takes {', '.join(fields) or 'none'})", "bad_request")
+    return body
