@@ -693,7 +693,9 @@ _RUNTIME_DECODER: Final[msgspec.msgpack.Decoder[RuntimeRequest]] = msgspec.msgpa
 _COMPUTE_DECODER: Final = msgspec.msgpack.Decoder(ComputeCall)
 _HEAD_DECODER: Final = msgspec.msgpack.Decoder(_Head)
 _ENCODER: Final = msgspec.msgpack.Encoder()
-_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+#: (RecursionError: a value nested deeper than the interpreter's recursion limit, skipped by msgspec
+#: recursively: a few KB of a peer's bytes do it; peers/wire.py DECODE_ERRORS says the same)
+_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 def encode(msg: Request | RuntimeRequest | ComputeCall | Reply) -> bytes:

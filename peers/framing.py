@@ -235,7 +235,8 @@ def validate_spec(spec: wire.BufferSpec) -> None:
     """Check one descriptor is self-consistent before anything is allocated for it.
 
     Raises:
-        RemoteProtocolError: unknown dtype, too many dims, negative dims, or nbytes ≠ dtype × shape.
+        RemoteProtocolError: unknown dtype, too many dims, negative dims, nbytes ≠ dtype × shape,
+            or an empty shape whose other dims numpy cannot represent.
     """
     try:
         if spec in _VALID_SPECS:
@@ -253,6 +254,10 @@ def validate_spec(spec: wire.BufferSpec) -> None:
         raise RemoteProtocolError(f"nbytes {spec.nbytes} ≠ dtype × shape", reason="bad_spec")
     if spec.nbytes > MAX_BUFFER_BYTES:
         raise RemoteProtocolError(f"buffer of {spec.nbytes} bytes over limit", reason="oversize")
+    if not spec.nbytes and shape and math.prod(d for d in shape if d) * itemsize > MAX_BUFFER_BYTES:
+        # an empty array whose other dimensions numpy cannot represent (``np.empty`` of the shape
+        # raises ValueError: "Maximum allowed dimension exceeded" / "array is too big")
+        raise RemoteProtocolError(f"bad shape {spec.shape}", reason="bad_spec")
     if cache:
         if len(_VALID_SPECS) >= _VALID_SPECS_MAX:
             _VALID_SPECS.clear()

@@ -186,8 +186,10 @@ class Goodbye(msgspec.Struct, frozen=True, tag=14, array_like=True):
 Message = Hello | Welcome | Auth | Ready | Reject | Request | Response | ErrorReply | Cancel | Goodbye
 
 #: Everything decoding peer bytes may raise. msgspec raises a bare ``UnicodeDecodeError`` (not a
-#: ``DecodeError``) for invalid UTF-8 in a string field — found by tests/fuzz/test_wire_fuzz.py.
-DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+#: ``DecodeError``) for invalid UTF-8 in a string field — found by tests/fuzz/test_wire_fuzz.py —
+#: and a ``RecursionError`` for arrays nested deeper than the interpreter's recursion limit (a
+#: ``Raw`` payload is skipped recursively: a body of ~1,000 ``0x91`` bytes does it, even a stranger's).
+DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 _encoder = msgspec.msgpack.Encoder()
 

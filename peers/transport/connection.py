@@ -434,6 +434,10 @@ class Connection:
             return  # closed by an earlier frame of the same read (Goodbye, a handler's fail())
         msg = frame.message
         if frame.out_of_band:
+            if self._bulk is None:  # the handshake agreed on inline bulk: nothing would ever fill
+                # these buffers (no request handled, no response delivered, leases held until close)
+                raise RemoteProtocolError("out-of-band bulk on a connection without a bulk channel",
+                                          reason="bad_message")
             for buf in frame.buffers:
                 self.metrics.bytes_received += buf.nbytes
             self._loop.create_task(self._receive_out_of_band(frame))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from peers.errors import HandshakeRejected, PeerDead
+from peers.errors import HandshakeRejected, PeerDead, TransportClosed
 from peers.transport.base import Result, Transport
 from peers.transport.connect import connect
 from peers.transport.connection import Connection
@@ -40,7 +40,8 @@ class ConnectionPool:
         """An open connection to ``peer_id`` at ``address`` (reused, or opened with retries).
 
         Raises:
-            PeerDead: the peer was declared dead and not revived.
+            PeerDead: the peer was declared dead and not revived (also while this call waited
+                for the connect).
             HandshakeRejected: the node at ``address`` is not ``peer_id`` (reason ``wrong_peer``),
                 or refused us.
             DeadlineExceeded: no connection within ``connect_timeout_s``.
@@ -54,8 +55,26 @@ class ConnectionPool:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._open(peer_id, address))
             self._connecting[peer_id] = task
-            task.add_done_callback(lambda _t: self._connecting.pop(peer_id, None))
-        return await asyncio.shield(task)
+            task.add_done_callback(self._connect_done(peer_id))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # the connect was cancelled by ``fail_peer`` or ``close``, not this caller: say why
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and current.cancelling()):
+                raise
+            if peer_id in self._dead:
+                raise PeerDead(f"peer {peer_id} is dead: {self._dead[peer_id]}") from None
+            raise TransportClosed(f"connecting to {peer_id} was abandoned (the peer was declared dead, "
+                                  "or the pool closed)") from None
+
+    def _connect_done(self, peer_id: str) -> Callable[[asyncio.Task[Connection]], None]:
+        def done(task: asyncio.Task[Connection]) -> None:
+            # a task that ``fail_peer`` cancelled ends after a newer connect may have started:
+            # remove only our own entry, or the next caller would open a second connection
+            if self._connecting.get(peer_id) is task:
+                del self._connecting[peer_id]
+        return done
 
     async def _open(self, peer_id: str, address: str) -> Connection:
         conn = await connect(self.transport, address, timeout_s=self.connect_timeout_s, rng=self._rng)

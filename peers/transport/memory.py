@@ -228,6 +228,9 @@ class MemoryTransport(Transport):
         except TimeoutError:
             client.abort()
             raise DeadlineExceeded(f"connecting to {address} took over {timeout_s}s") from None
+        except BaseException:  # cancelled mid-handshake (a caller's deadline, fail_peer, a shutdown)
+            client.abort()  # as tcp does: the handshake would otherwise finish with nobody holding it
+            raise
 
     @property
     def open_resources(self) -> int:

@@ -5,19 +5,22 @@ Every wait is bounded (``asyncio.timeout``); leak checks count sockets/endpoints
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 import xxhash
 
+from peers import framing, wire
 from peers.errors import (
     DeadlineExceeded,
     HandshakeRejected,
     LocalProtocolError,
     PeerDead,
     RemoteError,
+    RemoteProtocolError,
     TransportClosed,
 )
-from peers.transport import Reply, connect
+from peers.transport import Connection, Reply, connect
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -308,9 +311,17 @@ async def test_conformance_pool_reuse_fail_peer_revive(harness):
             await asyncio.sleep(0.01)
 
 
+def _nested_request_frame(depth=5000):
+    """A Request whose opaque payload is ``depth`` nested one-element arrays (msgspec skips a Raw
+    payload recursively: past the interpreter's limit it raises RecursionError)."""
+    body = b"\x96\x0a\x01" + b"\x91" * depth + b"\xc0" + b"\x90\xc0\x00"
+    return framing.HEADER.pack(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 0, 0, 0) + body
+
+
 @pytest.mark.parametrize("blob,reason", [
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad_magic"),
     (b"GP\x01\x00\xff\xff\xff\xff\x00\x00\x00\x00" + bytes(8), "oversize"),  # 4 GiB body announced
+    (_nested_request_frame(), "bad_body"),  # 5 KB from a stranger: counted, not a loop-level fatal error
 ])
 async def test_conformance_garbage_before_handshake_is_counted_and_closed(harness, blob, reason):
     if harness.scheme == "mem":
@@ -325,4 +336,108 @@ async def test_conformance_garbage_before_handshake_is_counted_and_closed(harnes
         while server.metrics.protocol_errors.get(reason, 0) < 1 or server.open_resources:
             await asyncio.sleep(0.01)
     writer.close()
+    await listener.close()
+
+
+async def test_conformance_deeply_nested_body_from_peer_is_a_protocol_error(harness):
+    server, listener, client, conn, _ = await _pair(harness)
+    conn.link.write([_nested_request_frame()])
+    async with asyncio.timeout(5):  # mem: the receiving task died with the RecursionError, nothing closed
+        await conn.closed.wait()
+    assert server.metrics.protocol_errors == {"bad_body": 1}
+    client2 = harness.transport("client2")
+    conn2 = await connect(client2, listener.address, timeout_s=5)
+    assert (await conn2.request(4, timeout_s=5)).decode(int) == 4
+    await _teardown(server, listener, client2, conn2)
+
+
+async def test_conformance_out_of_band_frame_on_an_inline_connection_is_refused(harness):
+    if harness.scheme == "ucx":
+        pytest.skip("a ucx connection has a bulk channel: out-of-band frames are its own")
+    server, listener, client, conn, service = await _pair(harness)
+    # a request whose 1 MiB of bulk is announced out of band, on a connection that agreed on inline
+    # bulk: nothing will ever fill its buffers, so the request could never be served
+    spec = wire.BufferSpec("|u1", (2**20,), 2**20)
+    msg = wire.Request(1000, msgspec.Raw(msgspec.msgpack.encode("sink")), [spec], None, wire.BULK_UCX)
+    conn.link.write(framing.encode_frame(msg, [memoryview(bytes(2**20))], out_of_band=True))
+    with pytest.raises(TransportClosed):  # frames are handled in order: the connection is gone by then
+        await conn.request(5, timeout_s=5)
+    assert server.metrics.protocol_errors == {"bad_message": 1} and service.calls == 0
+    async with asyncio.timeout(5):
+        while server.open_resources or server.pool.leased:
+            await asyncio.sleep(0.01)
+    await listener.close()
+
+
+async def test_conformance_response_spec_numpy_cannot_represent_fails_the_request_typed(harness):
+    server_conns = []
+
+    async def handler(incoming):
+        # answer request 1 with an empty buffer of shape (0, 2**63): self-consistent (nbytes 0) but
+        # no array can have it
+        spec = wire.BufferSpec("|u1", (0, 2**63), 0)
+        reply = wire.Response(1, msgspec.Raw(msgspec.msgpack.encode("ok")), [spec])
+        server_conns[0].link.write(framing.encode_frame(reply, [memoryview(b"")]))
+        await asyncio.Event().wait()  # cancelled when the client drops the connection
+
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), handler)
+    client = harness.transport("client")
+    conn = await connect(client, listener.address, timeout_s=10)
+    async with asyncio.timeout(5):
+        while not listener.connections:
+            await asyncio.sleep(0.01)
+    server_conns.extend(listener.connections)
+    with pytest.raises(RemoteProtocolError) as info:  # tcp: TransportClosed; mem: no answer at all
+        await conn.request("x", timeout_s=5)
+    assert info.value.reason == "bad_spec" and client.metrics.protocol_errors == {"bad_spec": 1}
+    await _teardown(server, listener, client, conn)
+
+
+async def test_conformance_pool_waiter_of_a_connect_cut_by_fail_peer_gets_peer_dead(harness):
+    from peers.transport import ConnectionPool
+
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), Service())
+    client = harness.transport("client")
+    pool = ConnectionPool(client, connect_timeout_s=5)
+    waiter = asyncio.ensure_future(pool.get("server", listener.address))
+    async with asyncio.timeout(5):
+        while "server" not in pool._connecting:  # the connect is under way
+            await asyncio.sleep(0)
+    pool.fail_peer("server", "membership: failed")
+    # the caller was not cancelled: it must learn why it gets no connection (not CancelledError)
+    with pytest.raises(PeerDead):
+        await waiter
+    await pool.close()
+    await listener.close()
+    async with asyncio.timeout(5):
+        while client.open_resources or server.open_resources:
+            await asyncio.sleep(0.01)
+
+
+async def test_conformance_pool_stays_single_flight_after_fail_peer_and_revive(harness):
+    from peers.transport import ConnectionPool
+
+    server = harness.transport("server")
+    listener = await server.listen(harness.address(), Service())
+    client = harness.transport("client")
+    pool = ConnectionPool(client, connect_timeout_s=5)
+    first = asyncio.ensure_future(pool.get("server", listener.address))
+    async with asyncio.timeout(5):
+        while "server" not in pool._connecting:
+            await asyncio.sleep(0)
+    cut = pool._connecting["server"]
+    pool.fail_peer("server", "membership: failed")
+    pool.revive("server")  # alive again before the cut connect has even finished cancelling
+    second = asyncio.ensure_future(pool.get("server", listener.address))
+    await asyncio.wait([cut])  # the cut connect ends (and its done-callbacks run)
+    third = asyncio.ensure_future(pool.get("server", listener.address))
+    cut_off, a, b = await asyncio.gather(first, second, third, return_exceptions=True)
+    assert isinstance(a, Connection) and a is b  # one connection: a second would outlive pool.close()
+    assert isinstance(cut_off, TransportClosed)  # revived meanwhile: not PeerDead, not cancelled
+    await pool.close()
+    async with asyncio.timeout(5):
+        while client.open_resources:
+            await asyncio.sleep(0.01)
     await listener.close()

@@ -118,3 +118,16 @@ def test_protocol_check_keys():
             p.check_keys(bulk, 4)
     with pytest.raises(p.ProtocolViolation, match="limit"):
         p.check_keys([k, k], 3)
+
+
+def test_a_request_nesting_deeper_than_the_decoder_recurses_is_a_protocol_violation():
+    """A peer's request whose unknown field nests ~5,000 arrays deep (msgspec skips it recursively
+    and raises RecursionError): refused like any bad body, and ``request_tag`` says garbage (-1).
+    Before, the RecursionError escaped all three."""
+    proto = p
+    payload = b"\x82\xa4type\x02\xa1x" + b"\x91" * 5000 + b"\x01"  # {"type": 2, "x": [[[...1...]]]}
+    assert proto.request_tag(payload) == -1
+    with pytest.raises(proto.ProtocolViolation, match="undecodable"):
+        proto.decode_request(payload)
+    with pytest.raises(proto.ProtocolViolation, match="undecodable"):
+        proto.runtime_request(b"\x82\xa4type\x0a\xa1x" + b"\x91" * 5000 + b"\x01", tag=10)

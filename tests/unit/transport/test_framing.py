@@ -211,3 +211,59 @@ def test_framing_close_drops_buffers():
     assert dec.buffered_bytes == 0
     with pytest.raises(LocalProtocolError):
         dec.get_buffer()
+
+
+# -- hostile bodies and specs: a typed protocol error, never an exception that escapes the decoder ---
+
+def _nested_request_frame(depth):
+    """A Request whose (opaque) payload is ``depth`` nested one-element arrays."""
+    body = b"\x96\x0a\x01" + b"\x91" * depth + b"\xc0" + b"\x90\xc0\x00"  # [10, 1, [[...nil]], [], nil, 0]
+    return framing.HEADER.pack(framing.MAGIC, framing.FRAME_VERSION, 0, len(body), 0, 0, 0) + body
+
+
+def _read_like_the_session(dec, data):
+    """One socket read of ``data``: the hot path (``whole``) first, then the general path."""
+    target = dec.get_buffer()
+    target[:len(data)] = data
+    if not dec.whole(len(data)):
+        dec.buffer_updated(len(data))
+
+
+@pytest.mark.parametrize("hot_path", [False, True])
+def test_framing_deeply_nested_payload_is_bad_body(hot_path):
+    # msgspec skips a Raw payload recursively and raises RecursionError past the interpreter's
+    # limit: it must become ``bad_body`` like any other undecodable body (a stranger can send it)
+    assert len(framing.FrameDecoder(_alloc_fresh([])).feed(_nested_request_frame(100))) == 1  # well formed
+    data = _nested_request_frame(5000)
+    assert len(data) < framing.STAGING_BYTES
+    dec = framing.FrameDecoder(_alloc_fresh([]))
+    with pytest.raises(RemoteProtocolError) as info:
+        if hot_path:
+            dec.deliver = lambda message, buffers: None
+            _read_like_the_session(dec, data)
+        else:
+            dec.feed(data)
+    assert info.value.reason == "bad_body"
+
+
+@pytest.mark.parametrize("shape", [(0, 2**63), (0, 2**64 - 1), (0, 2**40, 2**40), (2**40, 2**40, 0)])
+def test_framing_empty_spec_numpy_cannot_represent_is_bad_spec(shape):
+    # nbytes = 0 = itemsize × Π shape, but ``np.empty(shape)`` raises ValueError: the receiver
+    # could not type the buffer (a response's destination is ``np.empty(spec.shape)``)
+    spec = wire.BufferSpec("|u1", shape, 0)
+    msg = wire.Response(1, msgspec.Raw(b"\xc0"), [spec])
+    data = b"".join(bytes(p) for p in framing.encode_frame(msg, [memoryview(b"")]))
+    calls = []
+    with pytest.raises(RemoteProtocolError) as info:
+        framing.FrameDecoder(_alloc_fresh(calls)).feed(data)
+    assert info.value.reason == "bad_spec" and calls == []
+
+
+def test_framing_empty_specs_numpy_can_represent_still_pass():
+    for shape in [(0,), (0, 3), (5, 0, 7), (0, 2**20)]:
+        spec = wire.BufferSpec("<f8", shape, 0)
+        msg = wire.Response(1, msgspec.Raw(b"\xc0"), [spec])
+        data = b"".join(bytes(p) for p in framing.encode_frame(msg, [memoryview(b"")]))
+        frames = framing.FrameDecoder(_alloc_fresh([])).feed(data)
+        assert [f.message for f in frames] == [msg]
+        np.empty(shape, np.float64)  # what the receiver makes of it

@@ -44,3 +44,21 @@ async def test_a_connection_whose_handshake_outlives_the_listener_is_closed_too(
     async with asyncio.timeout(5):
         while client.open_resources or server.open_resources:
             await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_connect_cancelled_mid_handshake_leaves_no_link_open():
+    network = MemoryNetwork()
+    server = make_transport("mem", Identity("server", "unit", KEY), network=network)
+    client = make_transport("mem", Identity("client", "unit", KEY), network=network)
+    listener = await server.listen("mem://node", _old)
+    connecting = asyncio.create_task(client.connect_once("mem://node", timeout_s=5))
+    await asyncio.sleep(0)  # the links exist and the Hello is on its way
+    connecting.cancel()  # a caller's deadline, a pool's fail_peer
+    with pytest.raises(asyncio.CancelledError):
+        await connecting
+    async with asyncio.timeout(5):  # (tcp aborts its socket here; mem finished the handshake)
+        while client.open_resources or server.open_resources:
+            await asyncio.sleep(0.01)
+    assert listener.connections == []
+    await listener.close()
