@@ -382,6 +382,9 @@ class Connection:
     def allocate(self, message: wire.Message, specs: Sequence[wire.BufferSpec]) -> list[memoryview]:
         """The framing decoder's allocator: where this frame's bulk bytes go."""
         if type(message) is wire.Request:  # incoming bulk lands in pooled, pre-touched buffers
+            if message.id in self._leases:  # (one lookup: else the first's leases were overwritten, never returned)
+                raise RemoteProtocolError(f"request id {message.id} reused while its handler runs",
+                                          reason="bad_message")
             if len(specs) == 1:  # the usual case, without two list comprehensions
                 nbytes = specs[0].nbytes
                 if self._spare is not None and nbytes <= self._spare_bytes:  # the last request's

@@ -369,6 +369,28 @@ async def test_conformance_out_of_band_frame_on_an_inline_connection_is_refused(
     await listener.close()
 
 
+async def test_conformance_request_id_reused_while_its_handler_runs_returns_every_lease(harness):
+    """Two requests with bulk under one id, the first's handler still running: the second is
+    refused (``bad_message``, the connection closed) and every pool buffer comes back. Before, the
+    second's allocation overwrote the first's lease entry, so one lease was never returned."""
+    server, listener, client, conn, service = await _pair(harness)
+    spec = wire.BufferSpec("|u1", (4096,), 4096)
+    bulk = [memoryview(bytes(4096))]
+    first = wire.Request(1000, msgspec.Raw(msgspec.msgpack.encode(["sleep", 30])), [spec])
+    conn.link.write(framing.encode_frame(first, bulk))
+    async with asyncio.timeout(5):
+        await service.started.wait()
+    again = wire.Request(1000, msgspec.Raw(msgspec.msgpack.encode("sink")), [spec])
+    conn.link.write(framing.encode_frame(again, bulk))
+    async with asyncio.timeout(5):
+        while server.open_resources:
+            await asyncio.sleep(0.01)
+    assert server.metrics.protocol_errors == {"bad_message": 1}
+    assert server.pool.leased == 0
+    await conn.close()
+    await listener.close()
+
+
 async def test_conformance_response_spec_numpy_cannot_represent_fails_the_request_typed(harness):
     server_conns = []
 
