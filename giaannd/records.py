@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Six on-disk formats share one shape: a fixed little-endian header that opens with a magic and a
+Seven on-disk formats share one shape: a fixed little-endian header that opens with a magic and a
 version, gives the payload's length (a field, or derived from counts in the header), carries the
 xxh3-64 of the payload and, in all but the job journal, ends with the xxh3-64 of every header byte
 before it; then the payload. The formats differ only in field widths and extra fields, so a
@@ -19,11 +19,13 @@ before it; then the payload. The formats differ only in field widths and extra f
                                payload_xxh3 Q, header_xxh3 Q
     row export      GIAROWS\\0  version I, reserved I, rows Q, entries Q, payload_xxh3 Q,
                                header_xxh3 Q (length derived: 24 rows + 8 + 21 entries)
+    compute state   GICS       version H, reserved H, length Q, payload_xxh3 Q, header_xxh3 Q
     ==============  =========  =====================================================================
 
 The byte layouts are exactly the ones each format had before this module existed (docs/storage.md,
 docs/replication.md, docs/compute.md, docs/model.md; tests/unit/test_records_compat.py holds golden
-files written by the older code).
+files written by the older code); the compute state (giaannd/compute/state.py) was framed only from
+its version 3, and its bare versions 1 and 2 still load.
 
 **Decoding** a record at an offset checks, in this order, and raises :class:`RecordError` carrying
 the record's byte offset and a stable reason token at the first failure:

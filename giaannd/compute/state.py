@@ -13,8 +13,12 @@ the compute node keeps:
 * the evaluation history (:class:`EvalHistory`, ``GET /v1/evals``), in its own small JSON file.
 
 It is one msgpack file written atomically (temp file, fsync, rename, fsync of the directory), so a
-crash leaves the previous version or the new one, never a torn file. A second compute node does not
-need it: it resolves words through storage.
+crash leaves the previous version or the new one, never a torn file. Since version 3 the document is
+framed by the shared record codec (``giaannd.records``, ``STATE_RECORD``: magic, length, xxh3-64 of
+the document and of the header), so damage on disk is an error naming the file: the vocabulary is
+checked against its hashes, but nothing else checks the flags or the count, and a flipped bit there
+loaded as a silently different state. Versions 1 and 2 (the bare document) are still read. A second
+compute node does not need it: it resolves words through storage.
 """
 
 from __future__ import annotations
@@ -29,16 +33,23 @@ import msgspec
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.errors import CorruptDataError
 from giaannd.model.vocab import Vocabulary
+from giaannd.records import RecordError, RecordFormat
 
-__all__ = ["EVAL_HISTORY_FILE", "STATE_FILE", "ComputeState", "EvalHistory", "EvalRecord", "StateFileError"]
+__all__ = ["EVAL_HISTORY_FILE", "STATE_FILE", "STATE_RECORD", "ComputeState", "EvalHistory", "EvalRecord",
+           "StateFileError"]
 
 log = logging.getLogger(__name__)
 
 STATE_FILE: Final = "compute-state.msgpack"
 #: 2: ``rows_written`` (a count) instead of every key written (version 1, still read: its keys
-#: are counted and dropped).
-_VERSION: Final = 2
-_VERSIONS: Final = (1, 2)
+#: are counted and dropped). 3: the version 2 document in a checksummed frame (``STATE_RECORD``).
+_VERSION: Final = 3
+#: The versions read as a bare msgpack document (no frame, no checksum).
+_BARE_VERSIONS: Final = (1, 2)
+#: The frame of a version 3 file (module docstring): header (32 B) + the msgpack document.
+STATE_RECORD: Final = RecordFormat(
+    "compute state", b"GICS", [("version", "H"), ("reserved", "H"), ("length", "Q"), ("payload_xxh3", "Q")],
+    versions=(_VERSION, _VERSION), max_payload_bytes=None)
 #: The evaluation history (``EvalHistory``), next to the state file.
 EVAL_HISTORY_FILE: Final = "eval-history.json"
 
@@ -80,7 +91,7 @@ class ComputeState:
                    sorted(self.deterministic.items()), sorted(self.probabilistic),
                    rows_written=self.rows_written)
         path = d / STATE_FILE
-        atomic_write_bytes(path, msgspec.msgpack.encode(doc))
+        atomic_write_bytes(path, STATE_RECORD.encode(msgspec.msgpack.encode(doc)))
         return path
 
     @classmethod
@@ -96,12 +107,17 @@ class ComputeState:
             raw = path.read_bytes()
         except FileNotFoundError:
             return state
+        framed = raw.startswith(STATE_RECORD.magic)
         try:
-            doc = msgspec.msgpack.decode(raw, type=_Doc)
+            doc = msgspec.msgpack.decode(STATE_RECORD.decode_file(raw).payload if framed else raw, type=_Doc)
+        except RecordError as exc:
+            raise StateFileError(f"{path}: corrupt compute state at byte offset {exc.offset} ({exc.detail})") from None
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise StateFileError(f"{path}: corrupt compute state ({exc})") from None
-        if doc.version not in _VERSIONS:
-            raise StateFileError(f"{path}: compute state version {doc.version}, expected one of {_VERSIONS}")
+        versions = (_VERSION,) if framed else _BARE_VERSIONS
+        if doc.version not in versions:
+            raise StateFileError(f"{path}: compute state version {doc.version}"
+                                 f"{'' if framed else ' without its checksummed frame'}, expected one of {versions}")
         if len(doc.row_column) != len(doc.row_feature):
             raise StateFileError(f"{path}: written-key arrays differ in length")
         if doc.rows_written < 0:

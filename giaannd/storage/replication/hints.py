@@ -14,7 +14,8 @@ On disk: one directory per target, ``hints/t-<hex of the target name>/``, holdin
 (update_log.py: length, checksums, format version — the same format, read by the same scanner).
 When every hint of a target is delivered, the directory is deleted. A crash after some deliveries
 re-delivers those (harmless, above). A torn tail of the last segment is cut off (the hint was never
-acknowledged); damage elsewhere stops start-up naming the file and offset, as for the update log.
+acknowledged); damage elsewhere stops start-up naming the file and offset, as for the update log, and
+so does a gap between segments (one that lost records at its end: no segment is ever deleted alone).
 
 Hints are also held in RAM (the service delivers from there) and bounded by ``max_bytes``: past it the
 node refuses further hints (``Unavailable``), and the writer tries the next node in the preference list.
@@ -46,6 +47,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.errors import Refused
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.storage.engine.errors import CorruptLogError
 from giaannd.storage.engine.update_log import KIND_BATCH, KIND_FLOOR, UpdateLog, list_segments, scan_segment
 
 __all__ = ["DEFAULT_MAX_HINT_BYTES", "MAX_TARGET_NAME_BYTES", "Hint", "HintSpaceFull", "HintStore",
@@ -149,6 +151,8 @@ class HintStore:
         hints: dict[BatchId, Hint] = {}
         epoch: str | None = None
         for i, (first, path) in enumerate(segments):
+            if i and first != next_seq:  # a segment before lost records at its end (or all of them)
+                raise CorruptLogError(str(path), 0, f"hint log segment starts at seq {first}, expected {next_seq}")
             scan = scan_segment(path, first, is_last=i == len(segments) - 1)
             if scan.torn_bytes:
                 log.warning("hint log torn tail cut off file=%s offset=%d bytes=%d",

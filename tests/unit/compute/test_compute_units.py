@@ -10,7 +10,7 @@ import pytest
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, flags_batch, without_flag_row
 from giaannd.compute.infer import ROW_OVERHEAD_BYTES, RowCache, RowFetcher
 from giaannd.compute.jobs import JobRegistry, TrainProgress
-from giaannd.compute.state import STATE_FILE, ComputeState, StateFileError
+from giaannd.compute.state import STATE_FILE, STATE_RECORD, ComputeState, StateFileError
 from giaannd.compute.train import TrainingJob, TrainSettings, pair_increments
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.rows import Row, RowBatch
@@ -230,14 +230,45 @@ def test_state_file_of_version_1_loads_with_its_keys_counted_and_saves_without_t
     back = ComputeState.load(tmp_path)
     assert back.rows_written == 2 and back.deterministic == {5: True} and back.probabilistic == {9}
     back.save(tmp_path)
-    raw = msgspec.msgpack.decode((tmp_path / STATE_FILE).read_bytes())
-    assert raw["version"] == 2 and raw["rows_written"] == 2 and raw["row_column"] == []
+    raw = msgspec.msgpack.decode(STATE_RECORD.decode_file((tmp_path / STATE_FILE).read_bytes()).payload)
+    assert raw["version"] == 3 and raw["rows_written"] == 2 and raw["row_column"] == []
     (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode({**old, "version": 3}))
     with pytest.raises(StateFileError, match="version 3"):
         ComputeState.load(tmp_path)
+    (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode({**old, "version": 2, "rows_written": 4}))
+    assert ComputeState.load(tmp_path).rows_written == 4  # a bare version 2 file (no frame) still loads
     (tmp_path / STATE_FILE).write_bytes(msgspec.msgpack.encode({**old, "row_feature": [2]}))
     with pytest.raises(StateFileError, match="differ in length"):
         ComputeState.load(tmp_path)
+
+
+def test_state_file_damaged_anywhere_is_an_error_not_a_different_state(tmp_path):
+    """Every single-bit flip and every cut of a saved state file is refused naming the file: the
+    flags and the count are checked by nothing else (a flipped ``true`` loaded as ``false``)."""
+    st = ComputeState()
+    st.vocab.add_column("cat")
+    st.vocab.add_feature("the")
+    st.deterministic = {5: True, 9: False}
+    st.probabilistic = {7, 1234567}
+    st.rows_written = 300
+    path = st.save(tmp_path)
+    pristine = path.read_bytes()
+    damaged = [pristine[:cut] for cut in range(1, len(pristine))]
+    for i in range(len(pristine)):
+        for bit in range(8):
+            raw = bytearray(pristine)
+            raw[i] ^= 1 << bit
+            damaged.append(bytes(raw))
+    loaded = []
+    for data in damaged:
+        path.write_bytes(data)
+        try:
+            got = ComputeState.load(tmp_path)
+        except StateFileError as exc:
+            assert str(path) in str(exc)
+            continue
+        loaded.append((data, got.deterministic, got.probabilistic, got.rows_written))
+    assert loaded == []
 
 
 # -- pipeline against a fake client -------------------------------------------------------------

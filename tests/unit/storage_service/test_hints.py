@@ -80,3 +80,29 @@ def test_hints_torn_tail_cut_corruption_stops(tmp_path):
     seg.write_bytes(bytes(raw) + data[len(raw):])
     with pytest.raises(CorruptLogError):
         HintStore.open(tmp_path)
+
+
+@pytest.mark.parametrize("keep_records", [0, 2])
+def test_hints_a_segment_cut_short_before_the_last_stops_start_up(tmp_path, keep_records):
+    """A segment before the last that lost its end at a record boundary (or all of it) leaves a gap
+    in the seqs: start-up stops naming the file, as for the store's update log, instead of
+    silently forgetting acknowledged hints."""
+    hs = HintStore.open(tmp_path)
+    for s in (1, 2):
+        hs.add("b", BatchId(1, s), _batch(s))  # seq 1: the epoch record, then 2, 3
+    hs.sync("b")
+    hs.close()
+    hs = HintStore.open(tmp_path)  # a reopen starts a second segment (at seq 4)
+    hs.add("b", BatchId(1, 3), _batch(3))
+    hs.sync("b")
+    hs.close()
+    (_, first), (_, last) = list_segments(next(tmp_path.iterdir()))
+    data = first.read_bytes()
+    ends = [0]
+    while ends[-1] < len(data):  # record boundaries: header (40 B) + payload length at offset 8
+        ends.append(ends[-1] + 40 + int.from_bytes(data[ends[-1] + 8 : ends[-1] + 16], "little"))
+    first.write_bytes(data[: ends[keep_records]])
+    with pytest.raises(CorruptLogError) as err:
+        HintStore.open(tmp_path)
+    assert err.value.file_path == str(last)
+    assert first.stat().st_size == ends[keep_records] and last.exists()  # files left for the operator
