@@ -335,3 +335,160 @@ async def test_topology_join_while_a_source_folds(tmp_path, monkeypatch):
         assert cluster.mismatches() == []
     finally:
         await cluster.close()
+
+
+async def test_topology_cancelled_while_its_cutover_waits_switches_nothing_and_discards(tmp_path):
+    """A cancel that comes while the cutover waits (for the hints held for the sources, before
+    any node switched): the old placement stays and the receiver drops what it got. It used to
+    go on to switch the target and the writers, then fail on its aborted streams, too late to
+    discard: writers and target on the new placement, the rest on the old, rows left behind."""
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(11)
+        await cluster.write_many(rng, 60, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        before = cluster.client_topology.epoch
+        control = cluster.control()
+        op = Rebalance(control, "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]), chunk_bytes=1024)
+        held_for = control.hints_held_for
+
+        async def hints_held_for(names):
+            if op.state == "cutover":
+                op.cancel()  # the operator's cancel, while the cutover waits for the hints
+            return await held_for(names)
+
+        control.hints_held_for = hints_held_for
+        with pytest.raises(Exception, match="cancelled"):
+            await asyncio.wait_for(op.run(), 30)
+        assert op.state == "cancelled"
+        assert cluster.client_topology.epoch == before
+        assert {name: view.epoch for name, view in cluster.topologies.items()} == \
+            dict.fromkeys(cluster.topologies, before)
+        assert op.progress()["discarded_rows"] > 0 and op.progress()["discard_errors"] == []
+        assert len(cluster.services["s3"].store.store) == 0
+        await cluster.write_many(rng, 10, COLUMNS)
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_pause_during_the_cutover_does_not_stall_it(tmp_path, monkeypatch):
+    """A pause that comes once the cutover began: the cutover goes on (it is bounded) and the
+    join completes. It used to stop the streams' tasks after they were told to close: the cutover
+    waited for their last acknowledgements until it timed out, and the operation was left
+    "paused" with the writers on the new placement, not failed, not cleaned up."""
+    from giaannd.storage.rebalance import operations
+
+    monkeypatch.setattr(operations, "CUTOVER_TIMEOUT_S", 5.0)
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(12)
+        await cluster.write_many(rng, 60, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        control = cluster.control()
+        op = Rebalance(control, "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]), chunk_bytes=1024)
+        switch_writers = control.switch_writers
+
+        async def paused_switch(members):
+            op.pause()  # the operator's pause, while the writers switch
+            await switch_writers(members)
+
+        control.switch_writers = paused_switch
+        progress = await asyncio.wait_for(op.run(), 30)
+        assert progress["state"] == "done"
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_pause_or_cancel_of_a_finished_operation_changes_nothing(tmp_path):
+    """Pause and cancel act on the registry's last operation even once it ended (the admin routes):
+    a finished one stays as it ended. Paused, it used to read "paused" for good and the registry
+    refused every later operation ("another topology operation is running")."""
+    cluster = await Cluster(tmp_path, 2, replicas=2).start()
+    try:
+        await cluster.add_node("s2")
+        registry = OperationRegistry()
+        members = members_after(cluster.client_topology, add=[StorageNode("s2", cluster.addresses["s2"])])
+        op = registry.start(Rebalance(cluster.control(), "join", members))
+        assert (await registry.wait(30))["state"] == "done"
+        op.pause()
+        op.cancel()
+        assert op.state == "done"
+        again = registry.start(Rebalance(cluster.control(), "decommission", members_after(
+            cluster.client_topology, remove=["s2"])))
+        assert again is not op
+        assert (await registry.wait(30))["state"] == "done"
+    finally:
+        await cluster.close()
+
+
+async def test_topology_cancelled_while_planning_starts_no_stream(tmp_path, monkeypatch):
+    """A cancel that comes while the plan waits for a remote old owner's ``ListColumns``: the
+    operation ends cancelled and starts nothing. It used to be overwritten by the streaming state:
+    the operation streamed and cut over as if never cancelled."""
+    from giaannd.storage.rebalance import operations
+
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(13)
+        await cluster.write_many(rng, 30, COLUMNS)
+        await cluster.add_node("s3")
+        before = cluster.client_topology.epoch
+        control = cluster.control()
+        local = control.service
+        control.service = lambda name: None if name == "s1" else local(name)  # s1 is listed remotely
+        op = Rebalance(control, "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]), chunk_bytes=1024)
+        listed = operations.list_columns
+
+        async def list_columns(transport, address):
+            op.cancel()  # the operator's cancel, while the plan waits for the answer
+            return await listed(transport, address)
+
+        monkeypatch.setattr(operations, "list_columns", list_columns)
+        with pytest.raises(Exception, match="cancelled"):
+            await asyncio.wait_for(op.run(), 30)
+        assert op.state == "cancelled" and op.runners == []
+        assert cluster.client_topology.epoch == before
+        assert len(cluster.services["s3"].store.store) == 0
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.parametrize("how", ["local", "remote"])
+async def test_repair_ships_every_logged_share_of_a_batch_id(tmp_path, how):
+    """A peer that applied two shares of one batch id (a training writer's ids are idempotent per
+    column: a hint re-split or a retry under a new placement brings the columns the first share
+    lacked) logs two records of that id. Repair read the peer's log into one batch per id, the
+    last record winning: the node it repaired got the second share's rows only, recorded the id
+    as applied, and the first share's rows were never shipped (rows divergent after the repair)."""
+    from giaannd.protocol import BatchId
+    from giaannd.storage.repair.local import repair
+    from giaannd.storage.repair.remote import repair_self
+    from tools.cluster_harness import make_batch
+
+    cluster = await Cluster(tmp_path, 2, replicas=2).start()
+    try:
+        peer, node = cluster.services["s1"].store, cluster.services["s0"].store
+        rng = np.random.default_rng(14)
+        bid = BatchId(0x5EED, 1)
+        for column in (COLUMNS[:1], COLUMNS[1:2]):  # two shares of one id, other columns each
+            assert peer.apply(bid, make_batch(rng, 3, 4, np.repeat(column, 3)), track=True).applied
+        await asyncio.to_thread(peer.sync)
+        if how == "local":
+            report = await repair(cluster.control(), ["s0"])
+        else:
+            report = await repair_self(cluster.services["s0"], cluster.ops_transport,
+                                       {"s1": cluster.stream_addresses["s1"]}, cluster.client_topology.placement)
+            assert report["peers_failed"] == {}
+        assert report["batches_shipped"] == 1 and report["rows_shipped"] == 6
+        assert set(node.store.held_columns().tolist()) == set(COLUMNS[:2].tolist())
+        assert report["rows_divergent_count"] == 0
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()

@@ -1,5 +1,7 @@
 """The stream endpoint under bad input: every kind gets a clear refusal and changes nothing."""
 
+import asyncio
+
 import msgspec
 import numpy as np
 import pytest
@@ -156,5 +158,54 @@ async def test_idle_streams_are_discarded_after_the_idle_time_and_only_open_ones
         assert isinstance(reply, StreamRefused) and "discarded" in reply.reason
         assert endpoint.idle_discarded == 2 and await endpoint.discard_idle(60.0, now=later + 100) == []
         await conn.close()
+    finally:
+        await cluster.close()
+
+
+async def test_an_item_waiting_behind_a_discard_is_refused_and_leaves_no_rows(tmp_path):
+    """An item of a stream that reaches the receiver while its ``DiscardStream`` waits for the
+    store (a fold or a snapshot holds the writes' lock) waits behind the discard on the stream's
+    lock; it used to be applied once the discard had dropped the rows, leaving rows of a discarded
+    stream that nothing drops any more (a later stream of those columns refused the node: "wipe")."""
+    from giaannd.storage.rebalance.source_control import DiscardStream, StreamDiscarded
+
+    dec = msgspec.msgpack.Decoder(StreamReply | StreamDiscarded)
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    try:
+        await cluster.add_node("s1")  # outside the placement: it owns nothing
+        endpoint = cluster.endpoints["s1"]
+        service = cluster.services["s1"]
+        store = service.store.store
+        conns = [await connect(cluster.ops_transport, cluster.stream_addresses["s1"], timeout_s=2) for _ in range(2)]
+
+        async def ask(conn, msg, bulk=()):
+            res = await conn.request(ENC.encode(msg), list(bulk), timeout_s=5)
+            return dec.decode(res.payload)
+
+        rng = np.random.default_rng(5)
+        cols = np.array([5, 6], np.uint64)
+        assert await ask(conns[0], StreamHello(77, "t"), [cols]) == StreamPosition(77, 0)
+        first = make_batch(rng, 4, 3, np.repeat(cols, 2))
+        data = StreamData(77, 0, ItemKind.CHUNK, item_checksum(77, 0, ItemKind.CHUNK, first))
+        assert await ask(conns[0], data, first.buffers()) == StreamPosition(77, 1)
+        second = make_batch(rng, 4, 3, np.repeat(cols, 2))
+        lock = endpoint._locks[77]
+        async with service._snapshot_lock:  # a fold or a snapshot holds the store's writes
+            discard = asyncio.create_task(ask(conns[0], DiscardStream(77)))
+            async with asyncio.timeout(5):
+                while not lock.locked():  # the discard holds the stream's lock, waiting for the store
+                    await asyncio.sleep(0)
+            item = asyncio.create_task(ask(conns[1], StreamData(
+                77, 1, ItemKind.CHUNK, item_checksum(77, 1, ItemKind.CHUNK, second)), second.buffers()))
+            async with asyncio.timeout(5):
+                while not lock._waiters:  # the item waits behind it
+                    await asyncio.sleep(0)
+        dropped = await discard
+        assert isinstance(dropped, StreamDiscarded) and dropped.rows == 4
+        reply = await item
+        assert isinstance(reply, StreamRefused) and reply.fatal and "discarded" in reply.reason
+        assert len(store) == 0  # nothing of the discarded stream is left
+        for conn in conns:
+            await conn.close()
     finally:
         await cluster.close()

@@ -293,6 +293,10 @@ class StreamEndpoint:
         rx = self._receiver(msg.stream_id)
         lock = self._locks.setdefault(msg.stream_id, asyncio.Lock())
         async with lock:  # one item of a stream at a time: items apply strictly in order
+            if self.scopes.is_discarded(msg.stream_id):  # discarded while this item waited for the lock
+                return _reply(StreamRefused(msg.stream_id, 0, (
+                    f"stream {msg.stream_id:#x} was discarded here while this item waited: start a new "
+                    "operation"), fatal=True))
             try:
                 batch = RowBatch.from_buffers(list(bulk), validate=True)
             except ValueError as exc:

@@ -296,6 +296,8 @@ class Rebalance:
                 self.plan = plan
                 if self.plan.lost.size and not self.allow_loss:
                     raise DataLossError(self.plan.lost)
+                if self.state == "cancelled":  # while the plan waited for a remote old owner
+                    raise TopologyOpError("operation cancelled before any stream started")
                 self._start_streams(self.plan)
             self.state = "streaming"
             await self._wait_caught_up()
@@ -418,6 +420,8 @@ class Rebalance:
         # own view's epoch, and the sources forward by epoch), and again after the writers drained.
         await self._wait_hints(sources)
         await asyncio.wait_for(self._hand_off_registers(), CUTOVER_TIMEOUT_S)
+        if self.state != "cutover":  # cancelled meanwhile: nothing switched yet, the receivers discard
+            raise TopologyOpError(f"operation {self.state} before any node switched")
         self._switched = True  # from here on the targets may serve their new columns: no discard
         await control.switch(targets, self.new_members)
         await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
@@ -527,7 +531,11 @@ class Rebalance:
 
     # -- control ------------------------------------------------------------------------------------
     def pause(self) -> None:
-        """Stop sending (streams keep their state and keep collecting the sources' writes)."""
+        """Stop sending (streams keep their state and keep collecting the sources' writes). Only
+        while streaming: a cutover under way is bounded and goes on (its streams must finish), and
+        an operation that ended stays as it ended."""
+        if self.state != "streaming":
+            return
         for task in self._tasks:
             task.cancel()
         self._tasks = []
@@ -542,7 +550,9 @@ class Rebalance:
     def cancel(self) -> None:
         """Give up: stop sending and stop collecting deltas. The old placement stays in force; before
         the cutover the receivers then drop the partial rows they got (``run``'s clean-up: module
-        docstring)."""
+        docstring). An operation that ended stays as it ended."""
+        if self.state in ("done", "failed", "cancelled"):
+            return
         self.pause()
         self.state = "cancelled"
         for r in self.runners:

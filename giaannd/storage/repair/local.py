@@ -18,7 +18,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.engine.update_log import list_segments, scan_segment
-from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.repair.plan import add_record, plan_repair
 from giaannd.storage.repair.wire import Divergence, rows_differ
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
@@ -48,7 +48,7 @@ def _logged_batches(service: StorageService) -> dict[BatchId, RowBatch]:
         with contextlib.suppress(FileNotFoundError):  # dropped by a snapshot meanwhile
             for rec in scan_segment(path, first, is_last=i == len(segments) - 1).records:
                 if rec.batch_id is not None and rec.batch is not None:
-                    out[rec.batch_id] = rec.batch
+                    add_record(out, rec.batch_id, rec.batch)  # (one record per share of an id)
     return out
 
 

@@ -40,7 +40,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
 
-__all__ = ["RepairPlan", "assemble_share", "plan_repair"]
+__all__ = ["RepairPlan", "add_record", "assemble_share", "plan_repair"]
 
 Owned = Callable[[NDArray[np.uint64]], NDArray[np.bool_]]
 
@@ -82,6 +82,15 @@ def assemble_share(parts: Iterable[RowBatch], owned: Owned) -> RowBatch:
     if not rows:
         return RowBatch.empty()
     return RowBatch.from_rows({k: b.row(i) for k, (b, i) in sorted(rows.items())})
+
+
+def add_record(records: dict[BatchId, RowBatch], batch_id: BatchId, batch: RowBatch) -> None:
+    """One more log record of ``batch_id`` into ``records``. A store logs one record per share of
+    an id it applied (a training writer's ids are idempotent per column: a later share brings only
+    the columns the earlier ones lacked), so the rows of every record of an id are kept, not the
+    last record's only."""
+    had = records.get(batch_id)
+    records[batch_id] = batch if had is None else RowBatch.concat([had, batch])
 
 
 def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, Mapping[BatchId, RowBatch]],

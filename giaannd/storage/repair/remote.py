@@ -47,7 +47,7 @@ from giaannd.storage.engine.errors import CorruptLogError
 from giaannd.storage.engine.recovery import DurableStore
 from giaannd.storage.engine.row_digest import ROW_DIGEST_VERSIONS, row_digests
 from giaannd.storage.engine.update_log import LogRecord, list_segments, scan_segment
-from giaannd.storage.repair.plan import plan_repair
+from giaannd.storage.repair.plan import add_record, plan_repair
 from giaannd.storage.repair.wire import (
     DEFAULT_PAGE_BYTES,
     MAX_PAGE_BYTES,
@@ -266,7 +266,7 @@ class _Peer:
                 for w, s in zip(bulk[7].tolist(), bulk[8].tolist()):
                     out.setdefault(BatchId(w, s), RowBatch.empty())
                 for (w, s, _), batch in zip(page.records, batches):
-                    out[BatchId(w, s)] = batch
+                    add_record(out, BatchId(w, s), batch)  # (one record per share of an id)
                 if page.done:
                     return out, applied_from_bulk(bulk[9:13]), set(page.stream_writers)
             except ValueError as exc:
