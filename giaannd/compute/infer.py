@@ -49,8 +49,9 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
 **Invalidation rule** (the cache must never serve a row older than a write this node made): a
 training job on this node calls :meth:`RowCache.invalidate_batch` with every batch once a quorum
 acknowledged it; a fetch that was in flight across an invalidation is not cached (generation
-check), and a session drops every row it holds once the cache's generation moved past the one
-its prefetch started at (held rows are read again). Writes made by *other* compute nodes are not
+check) nor joined by a lookup made after it (that lookup reads again), and a session drops every
+row it holds once the cache's generation moved past the one its prefetch started at (held rows
+are read again). Writes made by *other* compute nodes are not
 seen by this cache: call ``clear()`` (the service does at the start of every eval) — documented in
 docs/compute.md.
 
@@ -294,12 +295,15 @@ class _Flight:
     before ``future`` completes, only when the read succeeded). One future per read, not per key: a
     waiter awaits the read and takes its row from the reply; each row is built once per read."""
 
-    __slots__ = ("future", "keys", "rows")
+    __slots__ = ("future", "generation", "keys", "rows")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.keys: list[RowKey] = []
         self.rows: dict[RowKey, Row] | None = None
+        #: the cache's generation when the read started (None: not sent yet); a read that started
+        #: before an invalidation is joined by no later lookup (invalidation rule)
+        self.generation: int | None = None
 
     def row(self, key: RowKey) -> Row:
         """The row of ``key`` (empty if storage has none) as views into the reply; only once the
@@ -344,7 +348,7 @@ class RowFetcher:
     async def fetch(self, key: RowKey) -> Row:
         """As :meth:`get` without looking in the cache (the caller just did); counts the lookup as a
         miss, or as a join when a read of ``key`` is already in flight."""
-        if key in self._pending:
+        if self._joinable(key) is not None:
             self.cache.in_flight_joins += 1
         else:
             self.cache.misses += 1
@@ -361,11 +365,10 @@ class RowFetcher:
             the read of every key not cached, for the caller to hold until it uses the row.
         """
         out: dict[RowKey, _Flight] = {}
-        pending = self._pending
         for key in keys:
             if key in out or key in self.cache:
                 continue
-            flight = pending.get(key)
+            flight = self._joinable(key)
             if flight is None:
                 self.prefetched += 1
                 flight = self._flight(key)
@@ -374,8 +377,17 @@ class RowFetcher:
             out[key] = flight
         return out
 
-    def _flight(self, key: RowKey) -> _Flight:
+    def _joinable(self, key: RowKey) -> _Flight | None:
+        """The read of ``key`` a lookup may join: one not sent yet, or sent since the last
+        invalidation (one sent before may return the row as it was before a write this node made;
+        a later lookup reads it again, the invalidation rule)."""
         flight = self._pending.get(key)
+        if flight is None or flight.generation is None or flight.generation == self.cache.generation:
+            return flight
+        return None
+
+    def _flight(self, key: RowKey) -> _Flight:
+        flight = self._joinable(key)
         if flight is not None:
             return flight
         if not self._queued or len(self._queued[-1].keys) >= MAX_FETCH_ROWS:
@@ -399,8 +411,9 @@ class RowFetcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _fetch(self, flight: _Flight) -> None:
-        generation = self.cache.generation
+        flight.generation = generation = self.cache.generation
         keys = flight.keys
+        pending = self._pending
         cols = np.fromiter((k[0] for k in keys), np.uint64, len(keys))
         feats = np.fromiter((k[1] for k in keys), np.uint64, len(keys))
         self.requests += 1
@@ -408,7 +421,8 @@ class RowFetcher:
             batch = await self._read(cols, feats)
         except BaseException as exc:  # every waiter hears of it; nothing stays pending forever
             for key in keys:
-                del self._pending[key]
+                if pending.get(key) is flight:  # else a later read of it (an invalidation since)
+                    del pending[key]
             if isinstance(exc, Exception):
                 flight.future.set_exception(exc)
                 return
@@ -423,7 +437,8 @@ class RowFetcher:
         flight.rows = rows = _rows_of(batch)
         self.rows_fetched += len(rows)
         for key in keys:
-            del self._pending[key]
+            if pending.get(key) is flight:
+                del pending[key]
         if caching:
             cache.put_reply(keys, rows, batch, generation)
         flight.future.set_result(None)
@@ -526,6 +541,16 @@ class Lookahead:
         await asyncio.shield(flight.future)
         return flight.row(key)
 
+    def close(self) -> None:
+        """The session ended: let go of the rows it still holds (a teacher-forced session never takes
+        its last token's row, and a held row pins its whole reply) and ask for nothing more (a
+        read-ahead may still call :meth:`fill`)."""
+        self._keys = ()
+        self._end = 0
+        self._held.clear()
+        self._joined.clear()
+        self._last_use.clear()
+
     def _take(self, k: int, key: RowKey) -> None:
         cache = self._fetcher.cache
         joined = self._joined
@@ -623,7 +648,11 @@ class Inference:
                 ahead.fill(0)  # its own window first: the read-ahead goes in the request after
             if readahead is not None:
                 readahead.started(i)
-            steps = await drive_session(session, self.fetcher, ahead=ahead)
+            try:
+                steps = await drive_session(session, self.fetcher, ahead=ahead)
+            finally:
+                if ahead is not None:  # an evaluation keeps every prompt's lookahead to its end
+                    ahead.close()
             self.steps += steps  # not `+= await`: that reads self.steps before the await
 
     def _lookahead(self, keys: Sequence[RowKey]) -> Lookahead | None:

@@ -93,3 +93,75 @@ async def test_free_running_sessions_fetch_one_row_per_step():
     session = ScriptSession(keys)
     await asyncio.wait_for(drive_session(session, RowFetcher(read, RowCache(0)), (), 8), 10)
     assert calls == [[k] for k in keys]
+
+
+def gated_reader(cache, gate):
+    """A read that sees storage as it was when the read started (one entry per asked row, its
+    strength the cache's generation then) and answers once ``gate`` is set; logs calls."""
+    calls = []
+
+    async def read(cols, feats):
+        stamp = float(cache.generation)
+        calls.append(list(zip(cols.tolist(), feats.tolist())))
+        await gate.wait()
+        n = cols.shape[0]
+        order = np.lexsort((feats, cols))
+        return RowBatch(cols[order], feats[order], np.arange(n + 1, dtype=np.int64), np.zeros(n, np.uint8),
+                        np.ones(n, np.uint64), np.ones(n, np.uint64), np.full(n, stamp, np.float32))
+
+    return read, calls
+
+
+@pytest.mark.asyncio
+async def test_a_lookup_after_an_invalidation_does_not_join_a_read_started_before_it():
+    """A read on the wire when a training write is acknowledged may return the row as it was before
+    the write: it is not cached (generation check), and no lookup made after the invalidation may
+    take its row either (it joined the read in flight and got the row the write changed)."""
+    cache = RowCache(1 << 20)
+    gate = asyncio.Event()
+    read, calls = gated_reader(cache, gate)
+    fetcher = RowFetcher(read, cache)
+    before = asyncio.ensure_future(fetcher.get((7, 0)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert calls  # the read is on the wire
+    cache.invalidate([(7, 0)])  # a training write of (7, 0) acknowledged meanwhile
+    after = asyncio.ensure_future(fetcher.get((7, 0)))
+    await asyncio.sleep(0)
+    ahead = fetcher.prefetch([(7, 0)])  # a session's window asked for after it: joins the new read
+    for _ in range(20):  # whatever the lookups after it ask for is on the wire
+        await asyncio.sleep(0)
+    gate.set()
+    rows = await asyncio.wait_for(asyncio.gather(before, after, ahead[(7, 0)].future), 10)
+    assert float(rows[0].strength[0]) == 0.0
+    assert float(rows[1].strength[0]) == 1.0  # read again, after the write
+    assert float(ahead[(7, 0)].row((7, 0)).strength[0]) == 1.0
+    assert calls == [[(7, 0)], [(7, 0)]]
+    assert (7, 0) in cache and float(cache.find((7, 0)).strength[0]) == 1.0  # the later read is cached
+    assert (cache.misses, cache.in_flight_joins) == (2, 0)
+    assert not fetcher._pending
+
+
+@pytest.mark.asyncio
+async def test_sessions_started_after_an_invalidation_do_not_take_rows_read_before_it():
+    """The same through the sessions' windows: one session's window is on the wire when a write is
+    acknowledged; a session whose window is asked for after it reads the row again."""
+    cache = RowCache(1 << 20)
+    gate = asyncio.Event()
+    read, calls = gated_reader(cache, gate)
+    fetcher = RowFetcher(read, cache)
+    keys = [(i, 0) for i in range(10)]
+    first = ScriptSession(keys)
+    running = asyncio.ensure_future(drive_session(first, fetcher, keys, 32))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert calls
+    cache.invalidate([(7, 0)])
+    second = ScriptSession(keys)
+    later = asyncio.ensure_future(drive_session(second, fetcher, keys, 32))
+    for _ in range(20):  # whatever the lookups after it ask for is on the wire
+        await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(running, later), 10)
+    assert [float(r.strength[0]) for r in second.seen] == [1.0] * 10
+    assert len(calls) == 2

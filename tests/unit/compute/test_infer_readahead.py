@@ -5,6 +5,7 @@ predictions stay the core's."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import pytest
 
@@ -130,3 +131,27 @@ async def test_rows_joined_to_a_read_in_flight_are_not_counted_as_misses(trained
     assert stats[16]["misses"] == stats[0]["misses"]  # the same rows read
     # and as many lookups served without a read of their own (the cache's, or another lookup's)
     assert stats[16]["hits"] + stats[16]["in_flight_joins"] == stats[0]["hits"] + stats[0]["in_flight_joins"]
+
+
+@pytest.mark.asyncio
+async def test_a_finished_session_lets_go_of_the_rows_it_holds(trained):
+    """A teacher-forced session's window holds its last token's row, which no step of it takes: kept
+    by the finished session's lookahead until the evaluation ended, it pinned its whole reply, so an
+    evaluation held every reply it read (rows held are bounded by the sessions and the read-ahead)."""
+    engine, prompts = trained
+    replies: list[weakref.ref] = []
+    alive: list[int] = []
+
+    async def read(cols, feats):
+        keys = list(zip(cols.tolist(), feats.tolist()))
+        await asyncio.sleep(0)
+        alive.append(sum(r() is not None for r in replies))  # earlier replies still held by someone
+        batch = RowBatch.from_rows({k: engine.store.get(k) for k in keys if k in engine.store})
+        replies.append(weakref.ref(batch.strength))  # the rows handed out are views of it
+        return batch
+
+    inference = Inference(RowFetcher(read, RowCache(0)), max_sessions=1, readahead_prompts=0)
+    report = await asyncio.wait_for(inference.evaluate(prompts, engine.assigner, TRAIN_SET), 60)
+    assert report.predictions == core_predictions(engine, prompts, True)
+    assert len(alive) == len(prompts) >= 25  # one read per prompt (its window holds it whole)
+    assert max(alive) <= 1
