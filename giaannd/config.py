@@ -256,7 +256,8 @@ class _MembershipBase(_Section):
     ))] = 7946
     advertise_address: Annotated[str, Meta(description=(
         "Host other members should use to reach this node's membership listener. Empty means "
-        "`bind-address`; set it when binding a wildcard address."
+        "`bind-address`; set it when binding a wildcard address. A name is resolved once at start "
+        "and its first address advertised (members send datagrams to an address)."
     ))] = ""
 
     def resolved(self) -> PeersMembershipConfig:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import random
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
@@ -93,6 +95,28 @@ class _Udp(asyncio.DatagramProtocol):
         self.node._count("udp_errors")
 
 
+async def _advertisable(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
+    """The address other members are told to reach ``host`` at: ``host`` itself when it is an IP
+    address, else what it resolves to now. Members send datagrams to the address gossip carries,
+    and uvloop's ``sendto`` refuses a host name outright ("a DNS lookup is required"): a node
+    advertised by name (``membership.advertise-address node1.example``, or a bind address given as
+    a name) got no probe from a uvloop peer, the daemon's loop, and was declared dead.
+
+    Raises:
+        OSError: the name does not resolve (``socket.gaierror``), naming it.
+    """
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError) as exc:
+        raise OSError(f"the advertised host {host!r} does not resolve: {exc}") from None
+    return str(infos[0][4][0])
+
+
 class MembershipNode:
     """One node's membership, running on the current asyncio loop.
 
@@ -155,7 +179,7 @@ class MembershipNode:
         transport, _ = await loop.create_datagram_endpoint(
             lambda: _Udp(self), local_addr=(host, port))
         self._udp = transport
-        self.addr = (self._advertise_host or host, port)
+        self.addr = (await _advertisable(loop, self._advertise_host or host, port), port)
         self._core = Membership(self.config, name=self.name, node_id=self.node_id,
                                 addr=self.addr, rng=self._rng, meta=self._meta,
                                 incarnation=self._incarnation,
@@ -307,7 +331,7 @@ class MembershipNode:
     def _do(self, loop: asyncio.AbstractEventLoop, action: Action) -> None:
         if isinstance(action, Send):
             if self._udp is not None:
-                self._udp.sendto(self.codec.seal_packet(action.messages), action.addr)
+                self._send(self.codec.seal_packet(action.messages), action.addr)
         elif isinstance(action, SetTimer):
             old = self._timers.pop(action.key, None)
             if old is not None:
@@ -324,6 +348,26 @@ class MembershipNode:
         elif isinstance(action, JoinFinished):
             if self._join_waiter is not None and not self._join_waiter.done():
                 self._join_waiter.set_result(action)
+
+    def _send(self, data: bytes, addr: Addr) -> None:
+        """One datagram; an address the socket layer refuses fails that send only.
+
+        A member's host is any string gossip carried. asyncio's datagram transport closes itself
+        on the TypeError its socket raises for a host with NUL or one IDNA cannot encode (the node
+        would go deaf), so those are not handed to it; uvloop raises ValueError for any name it
+        would have to resolve, which must not abort the rest of the stimulus's actions.
+        """
+        assert self._udp is not None
+        host = addr[0]
+        try:
+            if "\x00" in host:
+                raise ValueError("a host name holds no NUL character")
+            if not host.isascii():
+                host.encode("idna")  # UnicodeError where the socket module would fail
+            self._udp.sendto(data, addr)
+        except ValueError as exc:  # UnicodeError included
+            self._count("udp_errors")
+            log.debug("send failed peer=%r error=%r", addr, exc)
 
     def _fire(self, key: Hashable, due: float) -> None:
         self._timers.pop(key, None)
@@ -381,7 +425,8 @@ class MembershipNode:
                 reply = await self._read_frame(reader)
         except PacketRejected as exc:
             self._reject(exc.reason, addr, str(exc))
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            # ValueError (UnicodeError included): a host the resolver cannot encode, from gossip
             self._count("stream_errors")
             log.debug("stream failed peer=%s:%s error=%r", addr[0], addr[1], exc)
         finally:

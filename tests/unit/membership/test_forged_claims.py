@@ -1,10 +1,16 @@
 """The core against forged gossip from a key holder (issue 16): incarnations near the wire's limit
 (item 3) and an Alive that moves a live member to a wrong address (item 4)."""
 
+import asyncio
+import gc
+import ipaddress
 import random
+import socket
 
+import msgspec
 import pytest
 
+from peers.keyring import Keyring
 from peers.membership.config import MembershipConfig
 from peers.membership.events import (
     Emit,
@@ -23,13 +29,16 @@ from peers.membership.messages import (
     Ack,
     Alive,
     Dead,
+    IndirectPing,
     MemberState,
     MemberStatus,
+    Nack,
     Ping,
     Suspect,
     decode_compound,
     encode_compound,
 )
+from peers.membership.node import JoinError, MembershipNode
 from peers.membership.state import Membership
 
 STEP = MembershipConfig().max_incarnation_step
@@ -194,3 +203,141 @@ def test_dead_member_on_a_new_address_is_adopted_at_once():
     recv(core, 1.0, Dead(1, "p0", "p1"))
     out = recv(core, 2.0, Alive(2, "p0", "id-p0", NEW), addr=NEW)
     assert core.member("p0").addr == NEW and emitted(out, MemberJoined)  # a restart on a new port
+
+
+# -- the glue against member addresses the socket layer refuses ------------------------------------
+# A member's host travels in gossip as any string up to 255 characters. One the resolver cannot
+# take (NUL, a non-ASCII name IDNA cannot encode, an empty or over-long label) must cost a failed
+# send to that member only: never the node's UDP socket, never the other actions of the stimulus,
+# never a connect task that dies without reporting back to the core.
+
+UNSENDABLE = ["bücher..de", "x\x00y", "a..b", "a" * 64]
+
+
+def _loop_factory(kind):
+    if kind == "uvloop":
+        return pytest.importorskip("uvloop").new_event_loop
+    return asyncio.SelectorEventLoop
+
+
+def _run_on(kind, scenario):
+    """Run ``scenario(node, errors)`` on a fresh loop of ``kind`` with one started node; ``errors``
+    collects what reaches the loop's exception handler (unhandled callback and task errors)."""
+    async def main():
+        errors = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: errors.append((context.get("message"), context.get("exception"))))
+        node = MembershipNode(name="n0", bind=("127.0.0.1", 0), cluster="t", keyring=Keyring.generate(),
+                              config=msgspec.structs.replace(MembershipConfig.loopback(), join_attempts=1))
+        await node.start()
+        try:
+            await scenario(node, errors)
+        finally:
+            await node.stop()
+        gc.collect()  # a task that died unobserved reports itself when it is freed
+        return errors
+
+    loop = _loop_factory(kind)()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+async def _replies(node, sock, until):
+    """Messages arriving at ``sock`` until ``until(messages)`` (bounded, not a timing threshold)."""
+    got = []
+    async with asyncio.timeout(10):
+        while not until(got):
+            got.extend(node.codec.open_packet(await asyncio.get_running_loop().sock_recv(sock, 65535)))
+    return got
+
+
+@pytest.mark.parametrize("host", UNSENDABLE)
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_relay_to_an_unsendable_address_keeps_the_node_serving(kind, host):
+    """A sealed IndirectPing naming such a host: the relay's ping cannot go out, but the node still
+    nacks the origin and answers pings. Before, asyncio's datagram transport closed itself on the
+    socket's TypeError (the node went deaf: every probe of it failed) and uvloop's raised out of
+    the packet's handling, dropping the relay's nack timer."""
+    async def scenario(node, errors):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            sock.sendto(node.codec.seal_packet([IndirectPing(41, "x", (host, 9), True)]), node.addr)
+            sock.sendto(node.codec.seal_packet([Ping(42, "n0", "x")]), node.addr)
+            got = await _replies(node, sock, lambda got: Ack(42) in got and Nack(41) in got)
+        assert Ack(42) in got and Nack(41) in got
+
+    assert _run_on(kind, scenario) == []
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_forged_claim_to_an_unsendable_address_is_reported_back_to_the_core(kind):
+    """A forged Alive that moves a live member to such a host: the claim's ping and TCP check fail
+    (counted), the member still hears of the claim, and no task dies unobserved. Before, the
+    connect task died of the resolver's UnicodeError ("Task exception was never retrieved") and
+    never told the core (its stream stayed pending); on asyncio the UDP socket closed first."""
+    async def scenario(node, errors):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            here = sock.getsockname()
+            sock.sendto(node.codec.seal_packet([Alive(1, "p0", "id-p0", here)]), node.addr)
+            sock.sendto(node.codec.seal_packet([Alive(2, "p0", "id-p0", ("bücher..de", 9))]), node.addr)
+            # the member hears of the claim at its current address (sent after the claim's checks)
+            await _replies(node, sock, lambda got: any(
+                isinstance(m, Alive) and m.name == "p0" and m.incarnation == 2 for m in got))
+            async with asyncio.timeout(10):
+                while not (errors or node.counters().get("stream_errors")):
+                    await asyncio.sleep(0.01)
+                    gc.collect()
+        assert node.counters().get("stream_errors") == 1
+        assert {m.name: m.addr for m in node.members()}["p0"] == here
+
+    assert _run_on(kind, scenario) == []
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_join_through_an_unresolvable_seed_fails_instead_of_hanging(kind):
+    """join() with a seed whose host the resolver refuses ends with JoinError after its rounds.
+    Before, the seed's connect task died of the UnicodeError, the round never finished, and join
+    waited forever (the service's parse_seed keeps such seeds out since; the node did not)."""
+    async def scenario(node, errors):
+        async with asyncio.timeout(10):
+            with pytest.raises(JoinError, match="none of the seeds"):
+                await node.join([("bücher..de", 7946)])
+
+    assert _run_on(kind, scenario) == []
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_a_node_advertised_by_name_is_probed_at_its_address(kind):
+    """A node whose advertise host is a name advertises what the name resolves to, so a uvloop
+    peer, whose sendto refuses host names, can probe it: the two nodes see each other alive.
+    Before, it advertised the name itself: every uvloop datagram to it failed, and it was
+    suspected and declared dead while running."""
+    async def main():
+        cfg = msgspec.structs.replace(MembershipConfig.loopback(), join_attempts=1)
+        named = MembershipNode(name="named", bind=("127.0.0.1", 0), cluster="t", keyring=(key := Keyring.generate()),
+                               config=cfg, advertise_host="localhost")
+        other = MembershipNode(name="other", bind=("127.0.0.1", 0), cluster="t", keyring=key, config=cfg)
+        await named.start()
+        await other.start()
+        try:
+            ipaddress.ip_address(named.addr[0])  # an address, not the name
+            await other.join([named.addr])
+            async with asyncio.timeout(10):  # five probes of the named node (one member to probe)
+                while other.counters().get("probes", 0) < 5:
+                    await asyncio.sleep(0.05)
+            assert not other.counters().get("udp_errors") and not other.counters().get("probes_failed")
+            assert {m.name: m.status for m in other.members()}["named"] == "alive"
+        finally:
+            await other.stop()
+            await named.stop()
+
+    loop = _loop_factory(kind)()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
