@@ -92,6 +92,7 @@ from giaannd.errors import RemoteFault
 from giaannd.model.rows import RowBatch
 from peers import framing
 from peers.placement import Placement
+from peers.wire import DECODE_ERRORS
 
 __all__ = [
     "COMPUTE_CALL_TAG",
@@ -693,9 +694,8 @@ _RUNTIME_DECODER: Final[msgspec.msgpack.Decoder[RuntimeRequest]] = msgspec.msgpa
 _COMPUTE_DECODER: Final = msgspec.msgpack.Decoder(ComputeCall)
 _HEAD_DECODER: Final = msgspec.msgpack.Decoder(_Head)
 _ENCODER: Final = msgspec.msgpack.Encoder()
-#: (RecursionError: a value nested deeper than the interpreter's recursion limit, skipped by msgspec
-#: recursively: a few KB of a peer's bytes do it; peers/wire.py DECODE_ERRORS says the same)
-_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
+#: everything decoding a peer's bytes may raise (peers/wire.py says why each)
+_DECODE_ERRORS: Final = DECODE_ERRORS
 
 
 def encode(msg: Request | RuntimeRequest | ComputeCall | Reply) -> bytes:

@@ -276,3 +276,18 @@ def test_divergence_counts_every_row_and_describes_the_first():
     out.add(np.arange(2, dtype=np.uint64), np.arange(2, dtype=np.uint64), "x")
     out.add(np.arange(5, dtype=np.uint64), np.ones(5, np.uint64), "y")
     assert out.count == 7 and out.listed == ["row (0, 0): x", "row (1, 1): x", "row (0, 1): y"]
+
+
+def test_repair_requests_nested_past_the_decoders_recursion_are_refused_as_undecodable():
+    """A peer's payload whose unknown field nests ~5,000 arrays deep (msgspec skips it
+    recursively: RecursionError): not a repair request, and undecodable as one or as a reply, like
+    any bad body. Before, the RecursionError escaped all three (and the stream endpoint's
+    dispatch, which asks ``is_repair_request`` first)."""
+    from giaannd.storage.repair.wire import decode_repair, decode_repair_reply, is_repair_request
+
+    nested = b"\x82\xa4type\xcc\xc8\xa1x" + b"\x91" * 5000 + b"\x01"  # {"type": 200, "x": [[[...]]]}
+    assert is_repair_request(nested) is False
+    with pytest.raises(ValueError, match="undecodable repair request"):
+        decode_repair(nested)
+    with pytest.raises(ValueError, match="undecodable repair reply"):
+        decode_repair_reply(nested)

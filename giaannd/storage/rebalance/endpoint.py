@@ -78,6 +78,7 @@ from giaannd.storage.streaming.stream import (
 )
 from giaannd.storage.streaming.writers import record_stream_writer
 from peers.transport import Incoming, Listener, Reply, Transport
+from peers.wire import DECODE_ERRORS
 
 __all__ = ["StreamEndpoint"]
 
@@ -152,7 +153,7 @@ class StreamEndpoint:
         self.last_activity = time.monotonic()
         try:
             msg = _REQ_DECODER.decode(incoming.payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DECODE_ERRORS as exc:
             return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
         if isinstance(msg, DiscardStream):
             try:

@@ -58,6 +58,7 @@ from giaannd.rowengine.run import range_positions
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.update_log import LogRecord
 from peers.placement import Member, Placement, Strategy
+from peers.wire import DECODE_ERRORS
 
 __all__ = [
     "DEFAULT_PAGE_BYTES",
@@ -206,7 +207,7 @@ def is_repair_request(payload: bytes | memoryview) -> bool:
     """
     try:
         return _TAG.decode(payload).type >= REPAIR_TAG_MIN
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         return False
 
 
@@ -220,7 +221,7 @@ def decode_repair(payload: bytes | memoryview) -> RepairRequest:
         # (a typed name, not ``cast``: msgspec 0.23's stubs type the decoder's result, 0.22's do not)
         request: RepairRequest = _REQ.decode(payload)
         return request
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise ValueError(f"undecodable repair request: {exc}") from exc
 
 
@@ -229,7 +230,7 @@ def decode_repair_reply(payload: bytes | memoryview) -> RepairReply:
     try:
         reply: RepairReply = _REP.decode(payload)
         return reply
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise ValueError(f"undecodable repair reply: {exc}") from exc
 
 
