@@ -9,10 +9,13 @@ import json
 import numpy as np
 import pytest
 
+from giaannd.client.registers import ABSENT
 from giaannd.client.storage_client import StorageClient
-from giaannd.compute.cluster_jobs.corpus_chunks import GROUP_WINDOWS, GROUPED, chunk_key
-from giaannd.compute.cluster_jobs.lease_table import decode_index
-from giaannd.compute.cluster_jobs.window_runner import FLAG_STAGE
+from giaannd.compute.cluster_jobs.corpus_chunks import GROUP_WINDOWS, GROUPED, chunk_key, upload_windows
+from giaannd.compute.cluster_jobs.flag_pass import INITIAL, encode_findings, findings_key, initial_findings
+from giaannd.compute.cluster_jobs.lease_table import JobRow, decode_index, encode_row, job_key
+from giaannd.compute.cluster_jobs.uploads import UPLOADS_KEY, UploadIndex, UploadRow, encode, upload_key
+from giaannd.compute.cluster_jobs.window_runner import FLAG_STAGE, RETRYABLE, STAGES, ClusterSpec, encode_spec
 from giaannd.compute.flags import flag_ids
 from giaannd.compute.service import ComputeService
 from giaannd.config import ComputeConfig
@@ -212,6 +215,42 @@ async def test_cluster_job_raw_text_tagged_across_nodes_equals_engine(tmp_path, 
         nodes[1].export_dir = tmp_path / "corpus"
         await nodes[1].export(out)
         assert_export_equals_engine(out, engine)
+    finally:
+        for n in nodes:
+            await n.stop(graceful=False)
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_cluster_job_whose_uploader_died_before_listing_it_is_run(tmp_path, corpus, engine):
+    """The uploader streamed the corpus, wrote the job row (``created``) and died before listing
+    the job in the index: the node adopting its upload found the job row, marked the upload done
+    and followed nothing, so no node ever finished the creation (the job stayed ``created``, shown
+    running, for good). The adopter must follow the job, which finishes its creation and lists it."""
+    cluster = await Cluster(tmp_path / "storage", 3, request_timeout_s=2.0).start()
+    (tmp_path / "corpus").mkdir()
+    path = tmp_path / "corpus" / "train.conllu"
+    write_conllu(corpus, path)
+    client, job_id = cluster.client, "deadbeefdeadbeef"
+    nodes: list[ComputeService] = []
+    try:
+        # what the dead uploader "ghost" left: upload row and its listing, chunks, initial flags, job row
+        row = UploadRow(job_id, "ghost", str(path.resolve()), path.name, K, False, None, 1.0,
+                        windows=N_SENTENCES // K, group=GROUP_WINDOWS)
+        assert (await client.cas_register(upload_key(job_id), ABSENT, encode(row))).ok
+        assert (await client.cas_register(UPLOADS_KEY, ABSENT, encode(UploadIndex((job_id,))))).ok
+        assert (await client.cas_register(findings_key(job_id, INITIAL), ABSENT,
+                                          encode_findings(initial_findings(set())))).ok
+        windows, total = await upload_windows(client.cas_register, job_id, iter(corpus), K, RETRYABLE,
+                                              group=GROUP_WINDOWS)
+        spec = ClusterSpec(k=K, sentences=total, corpus=path.name, created_at=1.0, group=GROUP_WINDOWS)
+        job = JobRow(job_id=job_id, windows=windows, shards=1, stages=STAGES, writer_id=12345,
+                     created_by="ghost", spec=encode_spec(spec))
+        assert (await client.cas_register(job_key(job_id), ABSENT, encode_row(job))).ok
+        nodes.append(await node(cluster, tmp_path, "c0"))
+        doc = await wait_state(nodes[0], job_id, 30)
+        assert doc["state"] == "succeeded", doc
+        assert doc["done"] == doc["total"] == N_SENTENCES and doc["trained"] == engine.stats.sentences_trained
     finally:
         for n in nodes:
             await n.stop(graceful=False)

@@ -406,14 +406,19 @@ class LeaseSim:
 
     # -- the oracle ----------------------------------------------------------------------------------
     def chain(self, key: str) -> list[tuple[float, str, Version, bytes]]:
-        """The register's history, oldest first: from the newest success back through the versions
-        each change was made from (values of lost rounds that others built on included). Asserts
-        that every success the proposers were told of is on it: no lost update."""
+        """The register's history, oldest first: from the newest success (or the value storage
+        holds, when newer: a change whose answer was lost) back through the versions each change
+        was made from (values of lost rounds that others built on included). Asserts that every
+        success the proposers were told of is on it: no lost update."""
         wins = self.successes.get(key, [])
         if not wins:
             return []
         out: list[tuple[float, str, Version, bytes]] = []
         version = max(w[3] for w in wins)
+        held = max((self.storage[o].registers.get(key, RegisterState()) for o in self._owners(key)),
+                   key=lambda st: st.accepted).version
+        if held[0] > version[0] and (key, held) in self.proposed:
+            version = held
         while version != ABSENT:
             t, who, expect, data = self.proposed[(key, version)]
             assert expect[0] == version[0] - 1, f"{key}: {version} made from {expect}"

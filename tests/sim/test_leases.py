@@ -92,3 +92,20 @@ def test_sim_leases_halted_node_hands_windows_back_without_waiting():
     assert sim.run_until(60.0, lambda: "j4" in sim.finished)
     figures = sim.check(j, SLACK_S)
     assert figures["takeovers"] == 0  # released windows were granted again, not waited for
+
+
+def test_sim_leases_a_shard_nobody_calls_home_is_watched_by_the_others():
+    """S = 2, and the only node whose home is shard 1 dies holding a lease there. The others (home
+    shard 0) must still read shard 1 in turn (the "one other shard per interval"), so its expired
+    lease is taken over within lease + probe interval, not once their own shard is finished: the
+    scout used to stop at the home shard, which comes first in its rotation, for good."""
+    sim = LeaseSim(seed=6, compute=0, storage=30, settings=SETTINGS, work_s=(0.2, 0.4))
+    for name in ("c4", "c5", "c0"):  # crc32 mod 2: c4 and c5 are at home in shard 0, c0 in shard 1
+        sim.add_compute(name, follow=False)
+    j = job(windows=200, shards=2, stages=1, job_id="j5")
+    sim.start_job("c4", j)
+    sim.at(0.5, lambda: sim.kill("c0"))
+    assert sim.run_until(120.0, lambda: "j5" in sim.finished), "the job did not finish"
+    assert sim.finished["j5"].state == "done"
+    figures = sim.check(j, SLACK_S)
+    assert figures["takeovers"] >= 1

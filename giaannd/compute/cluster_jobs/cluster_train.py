@@ -366,6 +366,10 @@ class ClusterJobs:
             return  # another node adopted it (or the uploader renewed it) first
         log.warning("cluster job upload adopted job=%s from=%s windows=%d", row.job_id, row.node, row.windows)
         if (await client.read_register(job_key(row.job_id))).version[0]:  # the uploader wrote the job row
+            # ...but may have died before listing it: follow it, so that its creation is finished
+            # (leases.py: whoever sees it ``created`` for a lease time lists it and starts it)
+            if row.job_id not in self.followed and row.job_id not in self.ended and not self._stopping:
+                self._follow(row.job_id)
             await self._end_upload(row.job_id, "done")
             return
         try:

@@ -193,7 +193,8 @@ class LeaseAgent:
 
     @property
     def ended_it(self) -> bool:
-        """Whether a write of this agent ended the job (it took it off the index)."""
+        """Whether a write of this agent ended the job, or may have (its answer was lost): it took
+        the job off the index."""
         return self._ended_it
 
     # -- entry point ------------------------------------------------------------------------------
@@ -211,7 +212,10 @@ class LeaseAgent:
             self._ended_it = self._ended_it or (event.ok and op is not None and op.ends_job)
             self._see(now, event.key, event.version, event.data, op if event.ok else None)
         elif isinstance(event, OpFailed):
-            self._ops.pop(event.key, None)
+            op = self._ops.pop(event.key, None)
+            # a write that would end the job and whose outcome is unknown may have ended it: then
+            # this agent is the one to unlist it (no other node knows it has to)
+            self._ended_it = self._ended_it or (op is not None and op.ends_job)
             self._retry_at[event.key] = now + self.settings.retry_s * (0.5 + self._rng.random())
         elif isinstance(event, WindowWritten):
             for held in self._held.values():
@@ -336,9 +340,17 @@ class LeaseAgent:
         if not mine and (self._created_seen is None or now < self._created_seen + self.settings.lease_s):
             return
         index = self._views.get(INDEX_KEY)
-        if mine and (index is None or job.job_id not in decode_index(index.data).jobs):
-            data = index.data if index is not None else b""
-            self._write(now, out, INDEX_KEY, lambda: encode_row(index_add(decode_index(data), job.job_id)))
+        # anyone finishing the creation lists the job: the creator may have died before it did
+        # (then only a node told of the job otherwise follows it: an upload's adopter, a resume)
+        if index is None or job.job_id not in decode_index(index.data).jobs:
+            try:
+                listed = encode_row(index_add(decode_index(index.data if index is not None else b""), job.job_id))
+            except LeaseRefused as exc:  # too many unfinished jobs: it cannot be listed; fail it
+                error = f"the job could not be listed: {exc}"  # (while it is still ``created``)
+                self._write(now, out, self._job_key, lambda: encode_row(job_transition(job, "failed", error)),
+                            ends_job=True)
+                return
+            self._write(now, out, INDEX_KEY, lambda: listed)
             return
         missing = [(st, s) for st in range(job.stages) for s in range(job.shards)
                    if shard_key(job.job_id, st, s) not in self._shards]
@@ -451,9 +463,12 @@ class LeaseAgent:
                 expiring = any(now >= seen + lease_s for _, seen in self._observed.get(key, {}).values())
                 if key in watched or expiring and view is not None:
                     self._read(now, out, key)
+        # the rotation is over the *other* shards: a watched one (read above every interval) in it
+        # was always fresh or in flight, so the scout stopped there and never reached the rest
+        others = [k for k in unfinished if k not in watched]
         scouts = 2 if self._unstarted() == 0 else 1
-        for _ in range(min(scouts, len(unfinished))):
-            key = unfinished[self._scout % len(unfinished)]
+        for _ in range(min(scouts, len(others))):
+            key = others[self._scout % len(others)]
             view = self._views.get(key)
             if key in self._ops or view is not None and now < view.read_at + probe:
                 return

@@ -244,3 +244,62 @@ def test_agent_with_nothing_left_in_the_stage_polls_the_job_row_sooner():
     out = running(busy)
     busy.handle(0.0, CasDone(SK, True, v(2), of(out, CasRow)[0].data))
     assert ReadRow(job_key("j")) not in busy.handle(idle, Tick())
+
+
+def test_agent_whose_job_ending_write_lost_its_answer_still_unlists_the_job():
+    """The write that ends the job lands but its answer is lost (no quorum in time): the agent must
+    still take the job off the index, or no node ever does (the done job stays listed: followed
+    again by every node that starts, its chunks never emptied, a slot of MAX_ACTIVE_JOBS gone)."""
+    a = agent()
+    finished = msgspec.structs.replace(new_shard(JOB, 0, 0), next=8, done=8)
+    out = running(a, 0.0, finished)
+    (end,) = [c for c in of(out, CasRow) if c.key == job_key("j")]
+    assert decode_job(end.data).state == "done"
+    a.handle(0.05, OpFailed(job_key("j"), "timeout"))  # ...but it landed
+    out = a.handle(0.5, Tick())
+    assert [a for a in out if isinstance(a, ReadRow | CasRow) and a.key == job_key("j")]
+    # it learns the outcome: a read or a refused write of the job row answers the row it made
+    out = a.handle(0.6, RowRead(job_key("j"), v(4), end.data) if of(out, ReadRow)
+                   else CasDone(job_key("j"), False, v(4), end.data))
+    (idx,) = [c for c in of(out, CasRow) if c.key == INDEX_KEY]
+    assert decode_index(idx.data).jobs == ()
+    out = a.handle(1.6, CasDone(INDEX_KEY, True, v(2), idx.data))
+    assert of(out, Finished) == [Finished("done")]
+
+
+def test_agent_finishing_a_dead_creators_job_lists_it():
+    """The creator wrote the job row and died before listing it (a node adopting its upload, or a
+    ``train resume``, follows it): whoever finishes the creation lists the job, or no other node
+    ever finds it."""
+    created = msgspec.structs.replace(JOB, state="created")
+    a = agent("n2")
+    a.handle(0.0, Begin())
+    out = a.handle(0.0, RowRead(job_key("j"), v(1), encode_row(created)))
+    assert not of(out, CasRow)  # the creator may still be at it
+    out = a.handle(10.0, Tick())
+    (idx,) = [c for c in of(out, CasRow) if c.key == INDEX_KEY]
+    assert decode_index(idx.data).jobs == ("j",)
+    out = a.handle(10.05, RowRead(job_key("j"), v(1), encode_row(created)))  # its probe of the job row
+    out += a.handle(10.1, CasDone(INDEX_KEY, True, v(1), idx.data))
+    (shard,) = [c for c in of(out, CasRow) if c.key == SK]
+    out = a.handle(10.2, CasDone(SK, True, v(1), shard.data))
+    (run,) = [c for c in of(out, CasRow) if c.key == job_key("j")]
+    assert decode_job(run.data).state == "running"
+
+
+def test_agent_creating_a_job_the_full_index_cannot_list_fails_it():
+    """MAX_ACTIVE_JOBS unfinished jobs: the new job cannot be listed, so it fails with the reason
+    (it stayed ``created`` for good, its creator's driver polling it forever)."""
+    from giaannd.compute.cluster_jobs.lease_table import MAX_ACTIVE_JOBS
+
+    created = msgspec.structs.replace(JOB, state="created")
+    a = agent("n1")
+    (cas,) = of(a.handle(0.0, Begin(created)), CasRow)
+    (idx,) = of(a.handle(0.0, CasDone(job_key("j"), True, v(1), cas.data)), CasRow)
+    full = JobIndex(tuple(f"x{i}" for i in range(MAX_ACTIVE_JOBS)))
+    out = a.handle(0.1, CasDone(INDEX_KEY, False, v(7), encode_row(full)))
+    (end,) = [c for c in of(out, CasRow) if c.key == job_key("j")]
+    failed = decode_job(end.data)
+    assert failed.state == "failed" and "too_many_jobs" in failed.error
+    out = a.handle(0.2, CasDone(job_key("j"), True, v(2), end.data))
+    assert of(out, Finished) == [Finished("failed", failed.error)]  # never listed: nothing to unlist
