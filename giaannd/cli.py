@@ -42,11 +42,17 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return uvloop.new_event_loop
 
 
-def _config_args(parser: argparse.ArgumentParser) -> None:
+def _config_args(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:
+    """The config flags. ``after_command``: the copies a command word takes (``giaannd run
+    --config F``). A subcommand's defaults would replace the values given before the word
+    (``giaannd --config F run``: argparse copies every key of the subcommand's namespace over),
+    so there ``--config`` has no default (given after the word, it wins) and ``--set`` collects
+    into its own list, applied after those given before the word (``_load``)."""
     parser.add_argument("--config", "-c", metavar="FILE",
+                        default=argparse.SUPPRESS if after_command else None,
                         help="TOML config file (default: built-in defaults only)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.FIELD=VALUE",
+    parser.add_argument("--set", dest="overrides_after" if after_command else "overrides",
+                        action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config key, e.g. storage.capacity-bytes=2_000_000_000 "
                              "(repeatable; applied after the file and "
                              f"{ENV_PREFIX}SECTION__FIELD environment variables)")
@@ -60,14 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the daemon (the default command)",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for target in (parser, run):
-        _config_args(target)
-        target.add_argument("--role", action="append", choices=["storage", "compute", "both"],
+    for target, after_command in ((parser, False), (run, True)):
+        _config_args(target, after_command=after_command)
+        target.add_argument("--role", dest="role_after" if after_command else "role",
+                            action="append", choices=["storage", "compute", "both"],
                             help="roles to run, overriding node.roles (repeatable)")
     config = sub.add_parser("config", help="inspect configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the effective (or default) configuration")
-    _config_args(show)
+    _config_args(show, after_command=True)
     show.add_argument("--defaults", action="store_true",
                       help="print the built-in defaults, ignoring file, environment and --set")
     show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
@@ -75,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    overrides = list(args.overrides)
-    roles = getattr(args, "role", None)
+    # (flags before the command word, then those after it: _config_args)
+    overrides = [*args.overrides, *getattr(args, "overrides_after", [])]
+    roles = [*(getattr(args, "role", None) or []), *(getattr(args, "role_after", None) or [])]
     if roles:
         expanded = sorted({r for role in roles
                            for r in (("storage", "compute") if role == "both" else (role,))})

@@ -304,7 +304,7 @@ def membership_profile_values(field: str) -> dict[str, Any]:
 class StorageConfig(_Section):
     """The storage role: column replicas in RAM, persisted to the data directory."""
 
-    capacity_bytes: Annotated[int, Meta(gt=0, description=(
+    capacity_bytes: Annotated[int, Meta(gt=0, le=2**63 - 1, description=(
         "RAM this node offers for column replicas. Placement weights ownership by it; writes "
         "beyond it are refused rather than swapping."
     ))] = 8 * _GIB

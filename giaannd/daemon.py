@@ -155,6 +155,10 @@ def _load_token(config: Config) -> str:
         except OSError as exc:
             raise ConfigError(f"cannot read admin token file {path}: {exc.strerror}",
                               "$.admin.token-file") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"admin token file {path} is not UTF-8 text: byte "
+                              f"{exc.object[exc.start]:#04x} at offset {exc.start}",
+                              "$.admin.token-file") from None
         if not token:
             raise ConfigError(f"admin token file {path} is empty", "$.admin.token-file")
         return token
@@ -164,7 +168,10 @@ def _load_token(config: Config) -> str:
         with os.fdopen(fd, "w", encoding="ascii") as fh:
             fh.write(secrets.token_urlsafe(32) + "\n")
         log.info("created admin token file=%s", path)
-    token = path.read_text(encoding="utf-8").strip()
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(str(path), "not UTF-8 text", offset=exc.start) from None
     if not token:
         raise CorruptFileError(str(path), "empty admin token")
     return token

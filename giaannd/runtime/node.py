@@ -400,6 +400,8 @@ class NodeRuntime:
                 options = {"limits": self.config.transport.limits(), **self.transport_options.get(scheme, {})}
                 transport = self.transports.get(scheme) or make_transport(scheme, self.identity, **options)
                 listener = await transport.listen(url, self._dispatch)
+            except ValueError as exc:  # the URL itself: no port, a port out of range, mem:// unnamed
+                raise ConfigError(f"cannot listen on {url}: {exc}", "$.transport.bind") from None
             except (TransportUnavailable, PeersError, OSError, RuntimeError) as exc:
                 if scheme in OPTIONAL_SCHEMES:
                     self.skipped[scheme] = f"{type(exc).__name__}: {exc}"

@@ -134,3 +134,13 @@ def test_config_docs_mention_every_key() -> None:
     for section, fields in msgspec.to_builtins(Config()).items():
         for key in fields:
             assert f"`{section}.{key}`" in text
+
+
+def test_config_capacity_beyond_64_bits_is_refused(tmp_path: Path) -> None:
+    """A capacity no 64-bit integer holds was taken, and the daemon died at start with an
+    OverflowError traceback and exit 1 (gossiping it in NodeMeta): it is a config error now."""
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, "[storage]\ncapacity-bytes = 18446744073709551616\n"), environ={})
+    assert info.value.path == "$.storage.capacity-bytes" and info.value.exit_code == 2
+    assert load_config(environ={}, overrides=[f"storage.capacity-bytes={2**63 - 1}"]
+                       ).storage.capacity_bytes == 2**63 - 1

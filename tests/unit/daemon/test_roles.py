@@ -121,3 +121,45 @@ def test_storage_role_module_imports_no_compute_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "[]"
+
+
+def test_cli_flags_before_the_command_word_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """``giaannd --config F run`` runs with F (argparse's subcommand defaults replaced it with None:
+    the daemon ran on the built-in defaults, /var/lib/giaannd and both roles, silently); flags after
+    the word add to those before it, ``--config`` after it wins."""
+    for name in [k for k in __import__("os").environ if k.startswith("GIAANND_")]:
+        monkeypatch.delenv(name)
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text('[node]\nname = "from-first"\ndata-dir = "/srv/first"\n')
+    second.write_text('[node]\nname = "from-second"\n')
+    parse = cli._parser().parse_args
+    cfg = cli._load(parse(["--config", str(first), "--role", "storage", "run"]))
+    assert (cfg.node.name, cfg.node.data_dir, cfg.node.roles) == ("from-first", "/srv/first", ["storage"])
+    cfg = cli._load(parse(["--config", str(first), "config", "show"]))
+    assert cfg.node.name == "from-first"
+    cfg = cli._load(parse(["--set", "cluster.name=before", "--set", "node.name=before", "run",
+                           "--set", "node.name=after", "--role", "compute"]))
+    assert (cfg.cluster.name, cfg.node.name, cfg.node.roles) == ("before", "after", ["compute"])
+    cfg = cli._load(parse(["--config", str(first), "run", "--config", str(second)]))
+    assert cfg.node.name == "from-second"
+
+
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1", "mem://"])
+def test_runtime_bind_url_it_cannot_parse_is_a_config_error(tmp_path: Path, url: str) -> None:
+    """A listener URL the backend cannot parse is a config error (exit 2, one line), not a
+    ValueError traceback and exit 1."""
+    import asyncio
+
+    from giaannd.runtime.node import LiveKeys, NodeRuntime
+    from peers.keyring import Keyring
+    from peers.transport import Identity
+
+    cfg = load_config(environ={}, overrides=[f"node.data-dir={tmp_path}", 'node.roles=["storage"]',
+                                             f'transport.bind=["{url}"]'])
+    rt = NodeRuntime(cfg)
+    rt.identity = Identity("n1", cfg.cluster.name, LiveKeys(Keyring([b"k" * 32])))
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(rt._bind())
+    assert info.value.path == "$.transport.bind" and url in str(info.value)
+    assert info.value.exit_code == 2
