@@ -340,7 +340,24 @@ class UpdateLog:
         #: how far the current segment has left the page cache (``drop_synced``)
         self._cached = page_cache.DroppedPrefix()
         self._failed: OSError | None = None
+        self._sync_inherited()
         self._open_segment()
+
+    def _sync_inherited(self) -> None:
+        """fdatasync the segment holding the records just before ``next_seq``, if any: ``durable_seq``
+        starts by calling them durable. A process that stopped without syncing (kill -9 between an
+        append and its sync) left them in the page cache only; a restart replays them, and a
+        writer's retry of one of their batches is then a duplicate acknowledged at their seq, with
+        no sync of their segment to come (``sync`` syncs the current one). Earlier segments were
+        synced when they were rotated, or by the start that inherited them."""
+        inherited = [path for first, path in list_segments(self.directory) if first < self._next_seq]
+        if not inherited:
+            return
+        fd = os.open(inherited[-1], os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def _open_segment(self) -> None:
         """Open (create) the segment starting at the next seq and make it current. On failure (a
@@ -388,10 +405,9 @@ class UpdateLog:
         if self._fd < 0:
             raise ValueError("update log is closed")
         with self._lock:
+            self._cut_partial_locked()
             if self._segment_bytes >= self.segment_max_bytes:
                 self._rotate_locked()
-            if self._failed is not None:
-                raise OSError(f"update log unusable after an earlier write error: {self._failed}")
             seq = self._next_seq
             parts = [LOG_RECORD.header_for(payload, version=_KIND_VERSION[kind], kind=kind, seq=seq), *payload]
             total = sum(len(p) for p in parts)
@@ -403,7 +419,8 @@ class UpdateLog:
                         rest = rest[os.write(self._fd, rest) :]
             except OSError as exc:
                 # A partial record followed by later records would read as corruption in the middle
-                # at the next start: cut it off now, or refuse every later append.
+                # at the next start: cut it off now, or refuse appends and rotations until it is
+                # (``_cut_partial_locked``).
                 try:
                     os.ftruncate(self._fd, self._segment_bytes)
                 except OSError:
@@ -438,7 +455,25 @@ class UpdateLog:
         with self._lock:
             self._rotate_locked()
 
+    def _cut_partial_locked(self) -> None:
+        """Cut off the partial record of a failed append that could not be cut at once (``_failed``):
+        before anything is appended after it, and before a rotation leaves it in a segment that is
+        no longer the last (corruption at the next start, not a torn tail). Once cut, appends go on
+        (the disk had no room for the cut either, or it failed for a while).
+
+        Raises:
+            OSError: it still cannot be cut; the log stays as it is.
+        """
+        if self._failed is None:
+            return
+        try:
+            os.ftruncate(self._fd, self._segment_bytes)
+        except OSError:
+            raise OSError(f"update log unusable after an earlier write error: {self._failed}") from None
+        self._failed = None
+
     def _rotate_locked(self) -> None:
+        self._cut_partial_locked()
         old, cached = self._fd, self._cached
         os.fdatasync(old)
         self._durable_seq = self._next_seq - 1

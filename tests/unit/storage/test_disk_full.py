@@ -83,3 +83,44 @@ def test_disk_full_failed_log_rotation_keeps_the_current_segment(tmp_path, monke
     assert again.recovery.records_replayed == 2 and again.recovery.torn_tail_bytes == 0
     assert (1, 2) in again.store.applied
     again.close()
+
+
+def test_disk_full_a_partial_record_not_cut_at_once_is_cut_before_a_rotation_or_an_append(tmp_path,
+                                                                                          monkeypatch) -> None:
+    """An append that fails part-way leaves a partial record; when it cannot be cut off at once
+    (the ftruncate fails too) the log refuses appends. It must not stay refusing once the disk
+    has room again (the node resumes writes by itself), and a rotation (every snapshot's first
+    step) must not leave the partial record behind in a segment that is no longer the last: there
+    it is corruption at the next start, not a torn tail."""
+    from giaannd.storage.engine import update_log as update_log_module
+
+    ds = DurableStore.open(tmp_path, 64 << 20)
+    rng = np.random.default_rng(3)
+    ds.apply((1, 1), make_batch(rng, 4))
+    real_writev = update_log_module.os.writev
+
+    def half_then_no_space(fd, parts):
+        real_writev(fd, [bytes(parts[0])[:20]])
+        raise ENOSPC
+
+    def no_cut(fd, length):
+        raise ENOSPC
+    monkeypatch.setattr(update_log_module.os, "writev", half_then_no_space)
+    monkeypatch.setattr(update_log_module.os, "ftruncate", no_cut)
+    with pytest.raises(OSError):
+        ds.apply((1, 2), make_batch(rng, 4))
+    monkeypatch.undo()  # room again
+
+    def no_space(self: object, buf: object) -> None:
+        raise ENOSPC
+    monkeypatch.setattr(snapshot_module._HashingWriter, "write", no_space)
+    with pytest.raises(OSError):
+        ds.snapshot()  # rotates the log, then fails: the disk filled up again
+    monkeypatch.undo()
+    ds.apply((1, 3), make_batch(rng, 4))  # writes resume
+    ds.sync()
+    ds.close()
+    again = DurableStore.open(tmp_path, 64 << 20)
+    assert (1, 1) in again.store.applied and (1, 3) in again.store.applied
+    assert (1, 2) not in again.store.applied and again.recovery.torn_tail_bytes == 0
+    again.close()

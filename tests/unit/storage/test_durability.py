@@ -303,3 +303,40 @@ def test_update_log_failed_write_leaves_no_partial_record(tmp_path: Path, monkey
     (first, seg), = list_segments(tmp_path)
     scan = scan_segment(seg, first, is_last=False)  # clean: no torn bytes anywhere
     assert [r.batch_id for r in scan.records] == [BatchId(1, 1), BatchId(1, 3)]
+
+
+def test_a_restart_syncs_the_records_a_crash_left_unsynced_before_calling_them_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that died between an append and its sync (kill -9) left the record in the page
+    cache only. The restart replays it and its log calls it durable (``durable_seq``, the group
+    commit's start): a writer's retry of that batch is a duplicate, acknowledged at that seq with
+    no sync covering the old segment (a sync only syncs the segment current now). So the restart
+    syncs the segment it inherits before calling its records durable."""
+    import os as os_mod
+
+    from giaannd.storage.engine import update_log as ul
+
+    ds = DurableStore.open(tmp_path, BIG)
+    b = random_batch(np.random.default_rng(13))
+    seq = ds.apply(BatchId(1, 1), b).seq
+    (_, segment), = list_segments(tmp_path)
+    inode = segment.stat().st_ino
+    os_mod.close(ds.log._fd)  # the crash: nothing synced, nothing closed cleanly
+    ds.log._fd = -1
+    synced: list[int] = []
+    real_fdatasync, real_fsync = os_mod.fdatasync, os_mod.fsync
+
+    def recording(real):  # type: ignore[no-untyped-def]
+        def call(fd: int) -> None:
+            synced.append(os_mod.fstat(fd).st_ino)
+            real(fd)
+        return call
+
+    monkeypatch.setattr(ul.os, "fdatasync", recording(real_fdatasync))
+    monkeypatch.setattr(ul.os, "fsync", recording(real_fsync))
+    again = DurableStore.open(tmp_path, BIG)
+    retry = again.apply(BatchId(1, 1), b)
+    assert not retry.applied and retry.seq == seq
+    assert again.sync() >= seq  # what the service acknowledges the retry with
+    assert inode in synced, "the replayed record was called durable without a sync of its segment"
+    again.close()

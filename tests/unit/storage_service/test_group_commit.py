@@ -3,9 +3,14 @@
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
+from giaannd import protocol as p
+from giaannd.protocol import BatchId
 from giaannd.storage.replication.group_commit import GroupCommit
+from peers.transport.base import Incoming
+from tools.cluster_harness import Cluster, make_batch
 
 
 class FakeLog:
@@ -72,3 +77,43 @@ async def test_group_commit_failure_reaches_every_waiter_and_cancel_is_isolated(
     log.fail = False
     await gc.wait_durable(3)
     assert gc.durable_seq == 3
+
+
+@pytest.mark.asyncio
+async def test_batches_applied_says_yes_only_once_the_batch_is_durable(tmp_path):
+    """``BatchesApplied`` yes settles a hinted seq in the writer's floor (docs/replication.md,
+    "Writer floors"), as a durable ack does: the writer's floor then passes it, and a node that
+    lost the batch's unsynced record in a crash would learn that floor and ignore the hint's
+    re-delivery. So the answer waits, like an ack, for the log to be synced through what it saw
+    applied (before, it answered from the rows in RAM while the batch's sync was still running)."""
+    cluster = await Cluster(tmp_path, 1, replicas=1).start()
+    svc = cluster.services["s0"]
+    started, release = threading.Event(), threading.Event()
+    sync = svc.store.sync
+
+    def held_sync():  # the group commit's fsync, held in its thread
+        started.set()
+        release.wait(10)
+        return sync()
+
+    try:
+        svc.store.sync = held_sync
+        applying = asyncio.ensure_future(cluster.client.apply_to("s0", BatchId(7, 1), make_batch(
+            np.random.default_rng(4), 8)))
+        assert await asyncio.to_thread(started.wait, 10)  # logged and applied, its sync under way
+        seq = svc.store.log.last_seq
+        query = Incoming(memoryview(p.encode(p.BatchesApplied(7, [1]))), [], None, "test")
+        answering = asyncio.ensure_future(svc.handle(query))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        if answering.done():  # answered before the sync ended: only a "no" may be
+            reply = p.decode_reply(answering.result().payload)
+            assert not (isinstance(reply, p.AppliedMask) and reply.applied[0]) \
+                or svc.store.log.durable_seq >= seq, "BatchesApplied said yes before the batch was durable"
+        release.set()
+        reply = p.decode_reply((await asyncio.wait_for(answering, 10)).payload)
+        assert isinstance(reply, p.AppliedMask) and reply.applied == [True]
+        assert (await asyncio.wait_for(applying, 10)).durable
+    finally:
+        release.set()
+        await cluster.close()
