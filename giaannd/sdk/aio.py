@@ -47,7 +47,8 @@ class AsyncJob:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
-                doc = await asyncio.to_thread(self.sync.client.call, "GET", f.path)
+                doc = await asyncio.to_thread(self.sync.client.api.json, "GET", f.path,
+                                              timeout_s=f.poll_timeout(deadline, poll_s))
             except UnavailableError as exc:  # repeated for a while (follow.UNAVAILABLE_GRACE_S)
                 now = time.monotonic()
                 f.unavailable(exc, now, overdue=deadline is not None and now >= deadline)

@@ -115,7 +115,7 @@ class Client:
         token, problem = read_token(target.token_file)
         #: why no token is sent (None: one is): a call that needs one is refused with this reason
         self.token_problem = None if problem is None else f"{problem} ({target.hint})"
-        self.api = AdminClient(target.addr, token, timeout_s)
+        self.api = AdminClient(target.addr, token, timeout_s, token_problem=self.token_problem)
         self.staging_dir = None if staging_dir is None else Path(staging_dir)
 
     @property

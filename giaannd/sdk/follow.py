@@ -29,6 +29,8 @@ JOB_POLL_S: Final = 0.5
 #: reach in quorum) before the wait gives up with that error. The operation runs on meanwhile: a
 #: wait that ended on one failed poll left a job running with nobody following it.
 UNAVAILABLE_GRACE_S: Final = 60.0
+#: The least time one poll of a wait with a timeout may take (``Follower.poll_timeout``).
+MIN_POLL_TIMEOUT_S: Final = 0.1
 
 Doc = Mapping[str, Any]
 
@@ -108,6 +110,16 @@ class Follower:
         if overdue or now - self._unavailable_since >= self._grace_s:
             raise exc
 
+    @staticmethod
+    def poll_timeout(deadline: float | None, poll_s: float) -> float | None:
+        """The bound on the next poll's request for a wait that ends at ``deadline`` (monotonic
+        seconds; None: no bound beyond the client's own): what is left of the wait, but at least
+        one poll interval (``MIN_POLL_TIMEOUT_S`` at the least), so a poll that hangs cannot
+        hold the wait past its timeout by the client's whole request timeout."""
+        if deadline is None:
+            return None
+        return max(deadline - time.monotonic(), poll_s, MIN_POLL_TIMEOUT_S)
+
     def overdue(self, doc: Doc, timeout_s: float) -> TimeoutError:
         """The error for a wait that outlasted ``timeout_s`` (the operation goes on)."""
         return TimeoutError(f"{self._kind.what(doc, self._params)} still {doc.get('state')} after "
@@ -127,14 +139,16 @@ def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bo
     Raises:
         JobFailedError: it ended in another state than success (exit 1).
         TimeoutError: still running after ``timeout_s`` (None: wait as long as it runs).
-        UnavailableError: the polls failed as unavailable for ``grace_s``, or when ``timeout_s`` ran out.
+        UnavailableError: the polls failed as unavailable for ``grace_s``, or when ``timeout_s`` ran out
+            (a poll that has not answered by then fails as unavailable).
         ClientError: a request failed otherwise.
     """
     f = Follower(kind, params, progress=progress, stream=stream, grace_s=grace_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         try:
-            doc = c.json("GET", f.path)
+            bound = f.poll_timeout(deadline, poll_s)
+            doc = c.json("GET", f.path) if bound is None else c.json("GET", f.path, timeout_s=bound)
         except UnavailableError as exc:
             now = time.monotonic()
             f.unavailable(exc, now, overdue=deadline is not None and now >= deadline)

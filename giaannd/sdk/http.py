@@ -13,6 +13,7 @@ that is not running).
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import math
@@ -85,26 +86,41 @@ class AdminClient:
         addr: base URL, e.g. ``http://127.0.0.1:7480`` (``host:port`` is accepted too).
         token: bearer token, or None to send none (tokenless loopback ``/metrics``, ``/v1/health``).
         timeout_s: per-request bound.
+        token_problem: why ``token`` is None (its file could not be read): a 401 then raises
+            ``UsageError`` with this reason instead of ``AuthError`` (no token was refused).
+
+    A loopback address is always reached directly: a proxy named in the environment
+    (``http_proxy``) cannot reach this host's loopback, and would be handed the bearer token.
 
     Raises:
         UsageError: ``addr`` is not an admin API address or ``timeout_s`` is not usable (exit 2).
     """
 
-    def __init__(self, addr: str, token: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, addr: str, token: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, *,
+                 token_problem: str | None = None) -> None:
         try:
             self.addr = admin_url(addr)
             self._timeout_s = check_timeout(timeout_s)
         except ValueError as exc:
             raise UsageError(f"admin API {addr!r}: {exc}") from None
         self._token = token
+        self._token_problem = None if token else token_problem
+        host = urllib.parse.urlsplit(self.addr).hostname or ""
+        self._open = (urllib.request.build_opener(urllib.request.ProxyHandler({})).open if _loopback(host)
+                      else urllib.request.urlopen)
 
     def request(self, method: str, path: str, body: Any = None,
-                query: dict[str, str] | None = None) -> tuple[bytes, str]:
+                query: dict[str, str] | None = None, *, timeout_s: float | None = None) -> tuple[bytes, str]:
         """Send one request; returns (body, content type) of a 2xx reply.
 
+        Args:
+            timeout_s: a tighter bound than the client's for this request (a wait's deadline).
+
         Raises:
-            UnavailableError: the daemon cannot be reached.
+            UnavailableError: the daemon cannot be reached, or what answers there does not speak
+                HTTP (or broke off its reply).
             AuthError: 401.
+            UsageError: 401 to a client whose token file could not be read (``token_problem``).
             RequestError: any other non-2xx reply, as its typed subclass (``request_error``).
         """
         url = self.addr + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
@@ -114,8 +130,9 @@ class AdminClient:
             req.add_header("Content-Type", "application/json")
         if self._token:
             req.add_header("Authorization", f"Bearer {self._token}")
+        timeout = self._timeout_s if timeout_s is None else min(self._timeout_s, timeout_s)
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout_s) as resp:
+            with self._open(req, timeout=timeout) as resp:
                 return resp.read(), resp.headers.get("Content-Type", "")
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc, method, path) from None
@@ -123,11 +140,14 @@ class AdminClient:
             reason = getattr(exc, "reason", exc)
             raise UnavailableError(f"cannot reach giaannd at {self.addr}: is it running? ({reason})"
                                    ) from None
+        except http.client.HTTPException as exc:  # not an HTTP answer, or one cut short
+            raise UnavailableError(f"giaannd at {self.addr} sent no complete HTTP answer for {path}: "
+                                   f"is this its admin API address? ({exc!r})") from None
 
     def json(self, method: str, path: str, body: Any = None,
-             query: dict[str, str] | None = None) -> Any:
+             query: dict[str, str] | None = None, *, timeout_s: float | None = None) -> Any:
         """``request`` and decode the JSON reply."""
-        raw, _ = self.request(method, path, body, query)
+        raw, _ = self.request(method, path, body, query, timeout_s=timeout_s)
         try:
             return json.loads(raw)
         except ValueError:
@@ -136,9 +156,11 @@ class AdminClient:
     def _http_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> ClientError:
         try:
             doc = json.loads(exc.read())
-        except (ValueError, OSError):
+        except (ValueError, OSError, http.client.HTTPException):
             doc = None
         doc = doc if isinstance(doc, dict) else {}
+        if exc.code == 401 and self._token_problem is not None:
+            return UsageError(self._token_problem)  # no token was sent: say why, not "refused"
         if exc.code == 401:
             return AuthError(f"giaannd at {self.addr} refused the admin token "
                              "(check --token-file / GIAANNCTL_TOKEN_FILE)")
@@ -148,3 +170,13 @@ class AdminClient:
         if exc.code == 404 and not detail and code in ("", "not_served"):
             detail = f"this node does not serve {path}"
         return request_error(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}")
+
+
+def _loopback(host: str) -> bool:
+    """``host`` names this host's loopback interface."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

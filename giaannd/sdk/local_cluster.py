@@ -87,6 +87,8 @@ RING_TIMEOUT_S: Final = 30.0
 #: Bound on a graceful stop (drain + gossip leave); past it a daemon is killed and reported.
 STOP_TIMEOUT_S: Final = 60.0
 POLL_S: Final = 0.1
+#: ``LocalCluster(transport=...)``: what ``_bind`` knows.
+TRANSPORTS: Final = ("auto", "ucx", "tcp")
 
 
 #: Every daemon this process started and has not seen exit: killed at interpreter exit (module
@@ -236,8 +238,17 @@ class LocalCluster:
         specs += [(f"compute-{i + 1}", ["compute"]) for i in range(compute)]
         if nodes is not None:
             specs = [(name, list(roles)) for name, roles in nodes]
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         if pin_ports and transport != "tcp":
             raise ValueError("pin_ports needs the tcp transport")
+        n_storage = sum("storage" in roles for _, roles in specs)
+        rf = replication_factor or max(1, min(3, n_storage))
+        options: dict[str, Any] = {"capacity_bytes": 2 << 30, "fsync_group_commit_ms": 2.0,
+                                   "join_mode": "bootstrap", **(storage_options or {})}
+        # Checked before a temporary root exists: a constructor that raises leaves nothing behind.
+        self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
+                                         **options)
         #: a temporary root is removed by ``close`` unless ``keep`` (or the start failed: the logs)
         self._temporary = root is None
         self.keep = keep
@@ -246,12 +257,6 @@ class LocalCluster:
         self.corpus_dir = (corpus_dir or root / "corpus").resolve()
         self.export_dir = (export_dir or root / "exports").resolve()
         self.transport = transport
-        n_storage = sum("storage" in roles for _, roles in specs)
-        rf = replication_factor or max(1, min(3, n_storage))
-        options: dict[str, Any] = {"capacity_bytes": 2 << 30, "fsync_group_commit_ms": 2.0,
-                                   "join_mode": "bootstrap", **(storage_options or {})}
-        self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
-                                         **options)
         self.log_level = log_level
         self.cluster_name = cluster_name
         self.key_file = key_file or root / "cluster.key"

@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import socket
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +209,124 @@ def test_job_wait_rides_out_unavailable_polls_then_gives_up(tmp_path: Path, monk
             c.job("j1").wait(progress=False, poll_s=0.01)
         with pytest.raises(giaannd.UnavailableError, match="owners of register"):  # its own timeout first
             c.job("j1").wait(progress=False, poll_s=0.01, timeout_s=0.02)
+
+
+@contextmanager
+def _raw_server(reply: bytes) -> Iterator[str]:
+    """A TCP server on loopback that answers every connection ``reply`` (not necessarily HTTP)
+    after reading the request; its ``host:port``."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    conn.recv(65536)
+                    conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(10)
+        srv.close()
+
+
+@pytest.mark.parametrize("reply", [
+    b"SSH-2.0-OpenSSH_9.6\r\n",  # something else listens there
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"state\"",  # cut short
+])
+def test_client_an_answer_that_is_not_whole_http_is_an_unavailable_error(tmp_path: Path, reply: bytes) -> None:
+    """http.client's own exceptions (BadStatusLine, IncompleteRead) escaped the typed errors:
+    giaannctl pointed at the wrong port printed a traceback, and a wait ended on a reply cut short."""
+    token = tmp_path / "token"
+    token.write_text("sekret\n")
+    with _raw_server(reply) as addr:
+        with pytest.raises(giaannd.UnavailableError, match="no complete HTTP answer for /v1/status"):
+            Client(addr, token, timeout_s=10).status()
+
+
+def test_client_whose_token_file_cannot_be_read_says_so(tmp_path: Path) -> None:
+    """No token was sent, so none was refused: the call is a UsageError naming the file and why
+    (docs/python.md), not an AuthError saying the daemon refused the token."""
+    with serving(tmp_path) as (api, data_dir):
+        api.on("GET", "/v1/status", {"node_name": "n1"})
+        api.on("GET", "/v1/jobs/j1", _jobs(["running"]))
+        addr = (data_dir / "admin.addr").read_text().strip()
+        c = Client(addr, tmp_path / "no-such.token")
+        with pytest.raises(giaannd.UsageError, match="cannot read token file .*no-such.token") as info:
+            c.status()
+        assert info.value.exit_code == 2
+        with pytest.raises(giaannd.UsageError, match="cannot read token file"):  # a wait polls the same way
+            c.job("j1").wait(progress=False, poll_s=0.01)
+        with pytest.raises(giaannd.AuthError):  # a token that was read and refused is still refused
+            (tmp_path / "wrong.token").write_text("wrong\n")
+            Client(addr, tmp_path / "wrong.token").status()
+
+
+def test_client_reaches_a_loopback_node_directly_whatever_the_proxy_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """urllib sends to the ``http_proxy`` of the environment unless ``no_proxy`` names the host: a
+    proxy cannot reach this host's loopback (LocalCluster never saw its daemons ready) and was
+    handed the admin token."""
+    with socket.create_server(("127.0.0.1", 0)) as proxy:  # a proxy that accepts and never answers
+        proxy_url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        for name in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+            monkeypatch.setenv(name, proxy_url)
+        # urlopen's shared opener reads the environment once, when first used: as a fresh process would
+        monkeypatch.setattr(urllib.request, "_opener", None)
+        with serving(tmp_path) as (api, data_dir):
+            api.on("GET", "/v1/status", {"node_name": "n1"})
+            assert Client(data_dir=data_dir, timeout_s=2).status() == {"node_name": "n1"}
+            port = (data_dir / "admin.addr").read_text().strip().rsplit(":", 1)[1]
+            assert Client(f"localhost:{port}", data_dir / "admin.token", timeout_s=2).status()["node_name"] == "n1"
+        proxy.settimeout(0)
+        with pytest.raises(BlockingIOError):  # nothing (and no token) went to the proxy
+            proxy.accept()
+
+
+def test_job_wait_gives_up_at_its_timeout_when_a_poll_hangs(tmp_path: Path) -> None:
+    """A poll that does not answer held ``wait(timeout_s=...)`` for the client's whole request
+    timeout (30 s by default; an hour here, so the wait would outlive the test's bound)."""
+    release = threading.Event()
+
+    def hang(body: Any, query: str) -> tuple[int, Any]:
+        release.wait(20)  # bounds the test before the fix: the poll answers "running" then
+        return 200, {"job_id": "j1", "state": "running"}
+
+    with serving(tmp_path) as (api, data_dir):
+        api.on("GET", "/v1/jobs/j1", hang)
+        c = Client(data_dir=data_dir, timeout_s=3600)
+        try:
+            with pytest.raises(giaannd.UnavailableError, match="timed out"):
+                c.job("j1").wait(progress=False, timeout_s=0.2, poll_s=0.01)
+            with pytest.raises(giaannd.UnavailableError, match="timed out"):
+                asyncio.run(giaannd.AsyncClient(data_dir=data_dir, timeout_s=3600).job("j1").wait(
+                    progress=False, timeout_s=0.2, poll_s=0.01))
+        finally:
+            release.set()
+
+
+def test_local_cluster_bad_arguments_fail_at_once_and_leave_no_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown transport was a bare ``KeyError: 'bogus'`` from ``start`` (after the key was made);
+    a constructor that raised (an unknown storage option) left its temporary root behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with pytest.raises(ValueError, match="transport must be one of auto, ucx, tcp, not 'bogus'"):
+        giaannd.LocalCluster(transport="bogus")
+    with pytest.raises(TypeError, match="no_such_option"):
+        giaannd.LocalCluster(storage_options={"no_such_option": 1})
+    assert list(tmp.iterdir()) == []
