@@ -428,7 +428,7 @@ class ColumnStore:
         if not lengths.all():  # rows without entries change nothing and are not created
             batch = batch.select_rows(lengths > 0)
         plan = None
-        growth = APPLIED_ID_BYTES
+        growth = APPLIED_ID_BYTES * self._ids_added(batch_id)
         if batch.num_rows and batch_id.writer in self.append_writers:
             held, appended = self._split_held(batch)
             if appended is not None:
@@ -448,6 +448,16 @@ class ColumnStore:
         if enforce_capacity and self.used_bytes + growth > self.capacity_bytes:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
         return PreparedApply(batch_id, logged, columns, plan, self._version)
+
+    def _ids_added(self, batch_id: BatchId) -> int:
+        """The stored ids that recording ``batch_id`` may add to the applied set, at most (the
+        capacity check's share of it): one, the seq (a seq just above the writer's floor adds none,
+        counted one, conservatively); two where the writer's floor is 0 and the seq is not 1: a
+        writer new here then stores its floor, 0, beside the seq (applied_set.py ``add``), which is
+        how a node first meets most writers (their first batches went to other owners)."""
+        if batch_id.seq > 1 and self.applied.floor(batch_id.writer) == 0 and batch_id not in self.applied:
+            return 2
+        return 1
 
     def commit(self, prepared: PreparedApply) -> None:
         """Carry out a plan from ``prepare``; no other write may come between the two."""
@@ -673,10 +683,13 @@ class ColumnStore:
     def reserve(self, nbytes: int) -> None:
         """Room in the engine's base for about ``nbytes`` of new entries (``RowEngine.reserve``),
         at most the free capacity: a stream receiver knows how much is coming and spares the base
-        its regrowths. Changes no row; the room is not counted in ``used_bytes`` (like the base's
-        append slack, docs/storage.md "Known gaps"). Its buffers fault in small pages while they
-        fill (``page_advice.filled_buffer``) until ``allow_huge_pages``."""
+        its regrowths. Changes no row, but makes a ``prepare`` made before stale, as ``copy_base``
+        does (the engine's plan is: its commit would fail after recording the batch id). The room is
+        not counted in ``used_bytes`` (like the base's append slack, docs/storage.md "Known gaps").
+        Its buffers fault in small pages while they fill (``page_advice.filled_buffer``) until
+        ``allow_huge_pages``."""
         free = max(0, self.capacity_bytes - self.used_bytes)
+        self._version += 1  # (the engine may replace its base run: a prepare made before is stale)
         self.engine.reserve(min(nbytes, free) // ENTRY_BYTES, filled_buffer)
 
     def allow_huge_pages(self) -> None:

@@ -127,3 +127,52 @@ def test_column_store_stale_prepare_is_refused() -> None:
     s.commit(p1)
     with pytest.raises(RuntimeError):
         s.commit(p2)
+
+
+def test_column_store_reserve_makes_a_prepare_stale_before_anything_changes() -> None:
+    # reserve may replace the engine's base run, so a plan made before it is stale: the commit is
+    # refused before the batch id is recorded (it was recorded, then the engine refused the plan:
+    # the id applied without its rows, and a retry of the batch ignored)
+    rng = np.random.default_rng(11)
+    first, batch = random_batch(rng), random_batch(rng)
+    s = ColumnStore(BIG)
+    s.apply(BatchId(1, 1), first)
+    prepared = s.prepare(BatchId(1, 2), batch)
+    assert prepared is not None
+    before = s.read_all()
+    s.reserve(1 << 20)
+    with pytest.raises(RuntimeError, match="stale PreparedApply"):
+        s.commit(prepared)
+    assert BatchId(1, 2) not in s.applied
+    assert _equal_batches(before, s.read_all(), rtol=0)
+    assert s.apply(BatchId(1, 2), batch)
+    ref = ColumnStore(BIG)
+    ref.apply(BatchId(1, 1), first)
+    ref.apply(BatchId(1, 2), batch)
+    assert same_state(s, ref)
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_column_store_capacity_counts_a_new_writers_floor(append: bool) -> None:
+    # a writer's first batch here with seq > 1 stores two ids (its floor, 0, and the seq): the check
+    # counted one, so a batch one applied id past the capacity was applied
+    rng = np.random.default_rng(12)
+    first, batch = random_batch(rng), random_batch(rng, columns=9)
+
+    def loaded(capacity: int) -> ColumnStore:
+        s = ColumnStore(capacity)
+        if append:
+            s.append_writers.add(2)
+        s.apply(BatchId(1, 1), first)
+        return s
+
+    probe = loaded(BIG)
+    probe.apply(BatchId(2, 5), batch)
+    need = probe.used_bytes
+    tight = loaded(need - 1)
+    ref = loaded(BIG)
+    with pytest.raises(StoreFullError):
+        tight.apply(BatchId(2, 5), batch)
+    assert same_state(tight, ref) and tight.used_bytes == ref.used_bytes
+    exact = loaded(need)
+    assert exact.apply(BatchId(2, 5), batch) and exact.used_bytes == exact.capacity_bytes
