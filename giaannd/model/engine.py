@@ -95,7 +95,7 @@ class Engine:
 
     def _apply(self, encoded: Sequence[EncodedSentence]) -> None:
         out = train_batch(encoded, neuron_strengths=self.neuron_strengths)
-        self.store.apply(out.rows)
+        self.store.apply(out.rows, validate=False)  # (train_batch's batches are canonical by construction)
         if out.neurons is not None:
             self.store.apply_neurons(out.neurons)
         self.stats.sentences_trained += out.sentences

@@ -60,7 +60,7 @@ def _fast_store(encoded: list[Any], backend: str = "torch") -> Any:
 
     store = RowStore()
     for i in range(0, len(encoded), 256):
-        store.apply(train_batch(encoded[i:i + 256], backend=backend).rows)  # type: ignore[arg-type]
+        store.apply(train_batch(encoded[i:i + 256], backend=backend).rows, validate=False)  # type: ignore[arg-type]
     return store
 
 
