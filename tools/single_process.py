@@ -26,7 +26,8 @@
 * ``--lexicon FILE``: the ever-POS lexicon (the reference's ``everPos.wordnet.pkl.gz``, a
   ``word<TAB>UPOS`` file, or giaannd's format) instead of the shipped one.
 
-Exit status 0 on success, 2 on bad arguments or unreadable input.
+Exit status 0 on success, 2 on bad arguments, unreadable input or an export that cannot be written.
+A ``--prompt`` that column assignment skips (no noun) skips the generation, said so.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     # Take sentences in order until --sentences are usable for training; the next ones are held out.
     train_tagged: list[Seq] = []
     usable = 0
-    for tagged in source:
+    for tagged in source if args.sentences > 0 else ():  # --sentences 0: train on nothing
         train_tagged.append(tagged)
         if engine.assigner.encode(tagged, update_flags=False) is not None:
             usable += 1
@@ -223,10 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         except (GiaannError, OSError) as exc:
             print(f"single_process: {exc}", file=sys.stderr)
             return 2
-        _exports(engine, args)
-        print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
-              f"total {time.perf_counter() - t0:.1f}s")
-        return 0
+        return _finish(engine, args, t0)
 
     train_prompts = engine.encode_prompts(train_tagged)[: args.prompts]
     held = engine.encode_prompts(heldout)[: args.heldout]
@@ -242,12 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     prompt, how = _prompt(args.prompt, heldout, args.profile)
     if prompt is not None:
         words = (prompt.text if isinstance(prompt, TaggedText) else " ".join(t.form for t in prompt))
-        out = engine.generate(prompt, args.max_new, constants=TRAIN_SET)
-        shown = "".join(out) if args.profile == "giaann-v2" else " ".join(out)  # subwords carry their spaces
-        print(f"generate ({how}): {words!r} -> {shown!r}")
+        try:
+            out = engine.generate(prompt, args.max_new, constants=TRAIN_SET)
+        except ValueError as exc:  # column assignment skipped the prompt: no noun
+            print(f"generate: skipped ({how}: {words!r}: {exc})")
+        else:
+            shown = "".join(out) if args.profile == "giaann-v2" else " ".join(out)  # subwords carry their spaces
+            print(f"generate ({how}): {words!r} -> {shown!r}")
     else:
         print(f"generate: skipped ({how})")
-    _exports(engine, args)
+    return _finish(engine, args, t0)
+
+
+def _finish(engine: Engine, args: argparse.Namespace, t0: float) -> int:
+    """Write the exports asked for and print the totals; 2 when an export cannot be written."""
+    try:
+        _exports(engine, args)
+    except (GiaannError, OSError) as exc:
+        print(f"single_process: {exc}", file=sys.stderr)
+        return 2
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
           f"total {time.perf_counter() - t0:.1f}s")
     return 0

@@ -88,12 +88,17 @@ def evaluate(
         flags: delimiter flags (column-constraint mode).
         constants: :data:`~giaannd.model.infer.TRAIN_SET` or ``TEST_SET``.
         mode: ``"teacher"`` (the benchmark metric) or ``"free"`` (predictions drive the sequence).
-        seed_tokens: seed length (8).
+        seed_tokens: seed length (8; at least 1: token 0 is never predicted).
         keep_details: record per-token hits and predictions in ``EvalResult.details`` and
             ``EvalResult.predictions``.
+
+    Raises:
+        ValueError: an unknown ``mode``, or ``seed_tokens`` < 1.
     """
     if mode not in ("teacher", "free"):
         raise ValueError(f"mode must be 'teacher' or 'free', got {mode!r}")
+    if seed_tokens < 1:  # a session always seeds token 0: it would be scored as a miss
+        raise ValueError(f"seed_tokens must be >= 1, got {seed_tokens}")
     result = EvalResult()
     for sent in sentences:
         n = len(sent)

@@ -342,7 +342,7 @@ def _parse_conllu_fast(text: str) -> list[TaggedSentence] | None:
         if len(cols) != _CONLLU_COLUMNS or not cols[1]:
             return None
         tid = cols[0]
-        if tid.isdigit() and int(tid) > 0:
+        if tid.isdecimal() and int(tid) > 0:
             ids_of[line] = int(tid)
             tok_of[line] = _token(cols[1], cols[2], cols[3], cols[4])
             continue
@@ -391,7 +391,7 @@ def _parse_conllu_strict(name: str, text: str) -> Iterator[TaggedSentence]:
             continue
         tab = line.find("\t")
         tid = line[:tab] if tab > 0 else ""
-        if not tid.isdigit():
+        if not tid.isdecimal():  # not isdigit: int() refuses digits such as '²' (the ids' int() here and above)
             _check_special_line(name, lineno, line, tid)
             continue
         if int(tid) != expected:

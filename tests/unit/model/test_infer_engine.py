@@ -51,3 +51,17 @@ def test_engine_bad_arguments():
         Engine().evaluate([STORY], mode="beam")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="skipped"):
         Engine().generate(tagged("quickly ./PUNCT"))
+
+
+def test_evaluate_refuses_a_seed_of_no_tokens():
+    # A session always takes token 0 as given (LifSession seeds at least 1), so with seed_tokens 0
+    # evaluate scored token 0 as a "no prediction" miss: top-1 13/14 on a perfectly learnt sentence.
+    from giaannd.model.evaluate import evaluate
+
+    e = Engine()
+    e.train([STORY] * 3)
+    prompts = e.encode_prompts([STORY])
+    assert evaluate(prompts, e.store, e.assigner, TRAIN_SET, seed_tokens=1).top1 == 1.0
+    for seed in (0, -1):
+        with pytest.raises(ValueError, match="seed_tokens"):
+            evaluate(prompts, e.store, e.assigner, TRAIN_SET, seed_tokens=seed)

@@ -94,3 +94,42 @@ def test_single_process_giaann_v2_profile_trains_and_evaluates_subwords(tmp_path
     assert "prompt 1: a| bird| flew| over| the| hill| and| the| fox| ran| to| the| den|." in out
     assert "  predicted:  fox| ran| to| the| den|." in out
     assert "top-1 prompt file (train constants): 1.0000 (6/6 prediction tokens, 1 prompts" in out
+
+
+def test_single_process_prompt_without_a_noun_skips_generation(tmp_path, capsys, monkeypatch):
+    # A --prompt with no noun is skipped by column assignment: the run says so and still writes
+    # its exports (it crashed with the ValueError of Engine.generate after the whole run).
+    from giaannd.model import tokens
+
+    monkeypatch.setattr(tokens, "tag_lines", lambda lines, **_: iter([tagged("quickly/ADV ./PUNCT")]))
+    corpus, jsonl = tmp_path / "c.conllu", tmp_path / "x.jsonl"
+    write_conllu([STORY, OTHER] * 4, corpus)
+    rc = single_process.main(["--corpus", str(corpus), "--sentences", "4", "--heldout", "2", "--prompts", "2",
+                              "--prompt", "quickly.", "--jsonl", str(jsonl)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "generate: skipped (tagged with spaCy: 'quickly .': the prompt was skipped" in out
+    assert jsonl.read_text()
+
+
+def test_single_process_unwritable_export_exits_2(tmp_path, capsys):
+    corpus = tmp_path / "c.conllu"
+    write_conllu([STORY, OTHER] * 4, corpus)
+    for flag in ("--jsonl", "--snapshot"):
+        rc = single_process.main(["--corpus", str(corpus), "--sentences", "2", "--heldout", "0", "--prompts", "0",
+                                  "--max-new", "0", flag, str(tmp_path / "absent" / "out")])
+        assert rc == 2
+        assert "single_process: " in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists()
+
+
+def test_single_process_zero_sentences_trains_nothing(tmp_path, capsys):
+    corpus, snap = tmp_path / "c.conllu", tmp_path / "s.bin"
+    write_conllu([STORY, OTHER] * 4, corpus)
+    rc = single_process.main(["--corpus", str(corpus), "--sentences", "0", "--heldout", "2", "--prompts", "0",
+                              "--max-new", "0", "--snapshot", str(snap)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "trained 0 " in out and "rows: 0 rows" in out
+    assert "top-1 test-set (held out): 0.0000 (0/12 prediction tokens, 2 prompts" in out  # the first two, held out
+    assert load_snapshot(snap).num_entries == 0

@@ -18,6 +18,7 @@ from giaannd.model.tokens import (
     _parse_conllu_strict,
     load_bundled_corpus,
     read_conllu,
+    stream_conllu,
     write_conllu,
 )
 
@@ -174,3 +175,15 @@ def test_fast_reader_agrees_with_strict_reader(lines: list[str], trailing_newlin
         assert fast is None  # the fast path never accepts what the strict reader rejects
         return
     assert fast is None or fast == strict
+
+
+@pytest.mark.parametrize("tid", ["²", "1²", "③"])
+def test_conllu_id_of_non_decimal_digits_names_file_and_line(tmp_path: Path, tid: str) -> None:
+    # str.isdigit() holds for '²' and '③' but int() refuses them: a bare ValueError without the
+    # file or line came out of both readers
+    text = f"1\tThe\tthe\tDET\tDT\t_\t_\t_\t_\t_\n{tid}\tcat\tcat\tNOUN\tNN\t_\t_\t_\t_\t_\n"
+    p = _write(tmp_path, "sup.conllu", text)
+    for read in (read_conllu, stream_conllu):
+        with pytest.raises(CorpusFormatError) as info:
+            list(read(p))
+        assert str(info.value).startswith(f"{p}:2: ") and "not a number" in str(info.value)
