@@ -6,10 +6,14 @@ A job started on a corpus file (``submit``, behind ``POST /v1/train``) gets a jo
 (job_journal.py: the job's spec, its writer id, its window cursor) on disk *before* its id is
 returned, so from then on a crash of the node cannot lose it. The journal moves through:
 
-- ``running``: while the job runs, and when the node stops under it (a cancellation leaves the
-  journal as it is);
+- ``running``: while the job runs, and when the node stops under it (a shutdown's cancellation
+  leaves the journal as it is);
 - ``failed``: the job raised; the journal is kept with the error, so an operator can ``resume`` it;
-- removed: the job succeeded.
+- removed: the job succeeded, or an operator cancelled it (``Job.cancel``: it is over, and a
+  restart must not train it again).
+
+One run of a job at a time: ``resume`` refuses a job that is running or being resumed, and
+``resume_all`` leaves a job an operator resumed while it waited for storage to that run.
 
 On start the service calls ``reload``: every journal found is classified. Running ones are handed
 back to be resumed (config ``compute.resume-jobs``); ``resume_all`` waits until storage answers
@@ -18,8 +22,9 @@ start the node's storage view may still be forming), then restarts each under it
 cursor. Failed ones are listed as failed jobs; corrupt ones are listed as failed with the file's
 error and left on disk.
 
-A resumed job re-reads its corpus and checks it is the one it started with (SHA-256 of the file,
-then a digest of the tagged sentences): a changed corpus would make its windows differ from those
+A resumed job re-reads its corpus and checks it is the one it started with (SHA-256 of the file
+here, then train.py checks a digest of the sequences it trains: the tagged sentences, joined three
+by three under giaann-v2): a changed corpus would make its windows differ from those
 already sent, so it is not resumed. Resuming reuses the job's writer id and batch ids on purpose:
 storage drops the batches it already applied.
 
@@ -43,7 +48,6 @@ from giaannd.compute.job_journal import (
     JournalWriter,
     corpus_sha256,
     load_journals,
-    sentences_digest,
 )
 from giaannd.compute.jobs import Job, JobRegistry, TrainProgress
 from giaannd.compute.train import TrainResult, TrainSettings, load_corpus
@@ -97,6 +101,8 @@ class DurableJobs:
         self._summary = summary
         self._launch = launch
         self._require_storage = require_storage
+        #: jobs ``resume`` / ``resume_all`` are starting (not yet running in the registry)
+        self._resuming: set[str] = set()
 
     async def submit(self, corpus: str | Path, settings: TrainSettings, epochs: int,
                      limit: int | None) -> Job:
@@ -119,15 +125,16 @@ class DurableJobs:
             if corpus_sha256(spec.corpus) != spec.corpus_sha256:
                 raise ValueError(f"corpus {spec.corpus} changed since the job started (SHA-256 differs): "
                                  "not resumed, its windows would differ from those already sent")
-            sentences = load_corpus(spec.corpus, cache_dir, spec.limit) * spec.epochs
-            journal.check_sentences(sentences_digest(sentences), len(sentences))
-            return sentences
+            # the digest of what is trained is checked by the job (train.py), which knows the profile
+            return load_corpus(spec.corpus, cache_dir, spec.limit) * spec.epochs
 
         async def run(job: Job) -> dict[str, Any]:
             try:
                 data = await asyncio.to_thread(load)
                 result = await self._train(data, settings, job.progress, writer)
             except asyncio.CancelledError:
+                if job.cancel_requested:  # ``train cancel``: the job is over, nothing to resume
+                    await asyncio.shield(asyncio.to_thread(writer.remove))
                 raise  # a shutdown: the journal stays "running" and the job resumes on restart
             except Exception as exc:
                 journal.finish("failed", f"{type(exc).__name__}: {exc}")
@@ -141,21 +148,29 @@ class DurableJobs:
 
     async def resume(self, job_id: str) -> Job:
         """``ComputeService.resume`` (its docstring)."""
-        current = self.registry.get(job_id)
-        if current is not None and current.state == "running":
+        if self._busy(job_id):
             raise ValueError(f"job {job_id} is running")
         self._require_storage()
-        found = [j for j in await asyncio.to_thread(load_journals, self.data_dir)
-                 if (j.job_id if isinstance(j, JobJournal) else Path(j.file_path).stem) == job_id]
-        if not found:
-            raise KeyError(job_id)
-        journal = found[0]
-        if isinstance(journal, JournalCorrupt):
-            raise ValueError(str(journal))
-        journal.reopen()
-        writer = JournalWriter(self.data_dir, journal)
-        await writer.commit()
-        return self.start(writer)
+        self._resuming.add(job_id)
+        try:
+            found = [j for j in await asyncio.to_thread(load_journals, self.data_dir)
+                     if (j.job_id if isinstance(j, JobJournal) else Path(j.file_path).stem) == job_id]
+            if not found:
+                raise KeyError(job_id)
+            journal = found[0]
+            if isinstance(journal, JournalCorrupt):
+                raise ValueError(str(journal))
+            journal.reopen()
+            writer = JournalWriter(self.data_dir, journal)
+            await writer.commit()
+            return self.start(writer)
+        finally:
+            self._resuming.discard(job_id)
+
+    def _busy(self, job_id: str) -> bool:
+        """Whether a run of ``job_id`` is running or being started (``resume``)."""
+        current = self.registry.get(job_id)
+        return job_id in self._resuming or (current is not None and current.state == "running")
 
     async def reload(self) -> list[JobJournal]:
         """Classify the journals on disk (module docstring): failed and corrupt ones go to the
@@ -180,13 +195,20 @@ class DurableJobs:
                     on_retry=lambda failures, exc, wait_s: log.info(
                         "waiting for storage before resuming %d job(s): %s", len(journals), exc))
         for journal in journals:
+            if journal.job_id in self._resuming or self.registry.get(journal.job_id) is not None:
+                # an operator resumed it meanwhile (``resume``): that run goes on, or has ended
+                log.info("training job job=%s already resumed", journal.job_id)
+                continue
             journal.reopen()
             writer = JournalWriter(self.data_dir, journal)
+            self._resuming.add(journal.job_id)
             try:
                 await writer.commit()
             except OSError as exc:
                 log.error("cannot update journal %s, job %s not resumed: %s", writer.path, journal.job_id, exc)
                 continue
+            finally:
+                self._resuming.discard(journal.job_id)
             log.info("resuming training job job=%s cursor=%d of %d windows", journal.job_id,
                      journal.doc.cursor, -(-journal.doc.total_sentences // journal.doc.spec.coalesce))
             self.start(writer)

@@ -327,7 +327,16 @@ class JournalWriter:
                 return  # a write that started after our change already covered it
             covered, data = self._changes, self.journal.encode()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(atomic_write_bytes, self.path, data)
+            write = asyncio.ensure_future(asyncio.to_thread(atomic_write_bytes, self.path, data))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # the thread renames the file into place anyway: a cancelled commit (the job
+                # cancelled) ends once it has, so no removal of the file (``remove``) precedes it
+                await asyncio.wait({write})
+                if not write.cancelled():
+                    write.exception()  # retrieved: the cancellation is what the caller gets
+                raise
             self._written = covered
 
     def remove(self) -> None:

@@ -136,6 +136,16 @@ class Job:
     task: asyncio.Task[Any] | None = None
     #: how many times this job was resumed from its journal (0: a first run)
     resumes: int = 0
+    #: an operator's ``train cancel`` ended it (``cancel``): over for good, unlike a shutdown's
+    #: cancellation, after which a journaled job resumes on the node's next start
+    cancel_requested: bool = False
+
+    def cancel(self) -> None:
+        """End the job at an operator's request (``train cancel``): its task is cancelled and a
+        journaled job's journal removed (durable_jobs.py), so no restart resumes it."""
+        if self.task is not None and self.state == "running":
+            self.cancel_requested = True
+            self.task.cancel()
 
     def as_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"job_id": self.job_id, "kind": self.kind, "state": self.state}

@@ -185,7 +185,7 @@ class ComputeRoutes:
         job = self.service.jobs.get(params["job_id"])
         if job is not None:
             if job.task is not None and job.state == "running":
-                job.task.cancel()
+                job.cancel()
                 await asyncio.wait({job.task}, timeout=CANCEL_WAIT_S)
             return job.as_dict()
         doc = await self._cluster_doc(params["job_id"])  # 404 / 503

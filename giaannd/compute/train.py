@@ -71,7 +71,7 @@ from giaannd.client.storage_client import (
     StorageRequestError,
 )
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
-from giaannd.compute.job_journal import JournalWriter
+from giaannd.compute.job_journal import JournalWriter, sentences_digest
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.gpu.device import Device
@@ -384,8 +384,14 @@ class TrainingJob:
 
         Raises:
             QuorumNotReached / StorageRequestError: a batch failed ``max_attempts`` times.
+            ValueError: resumed over other sentences than the journal's job started on.
         """
         journal = self.journal.journal if self.journal is not None else None
+        if journal is not None:
+            # bind the job to the sequences it trains (giaann-v2: sentences joined three by three),
+            # refuse a resume over others (job_journal.py ``check_sentences``)
+            digest = await asyncio.to_thread(sentences_digest, self.sentences)
+            journal.check_sentences(digest, len(self.sentences))
         resuming = journal is not None and journal.doc.initial_flags is not None
         if journal is not None and journal.doc.initial_flags is not None:
             initial = set(journal.doc.initial_flags)

@@ -126,3 +126,97 @@ async def test_compute_changed_corpus_fails_and_an_operator_resume_completes_it(
         assert_export_equals_engine(out, engine, min_lines=1000)
     finally:
         await cluster.close()
+
+
+async def _crashed_job(tmp_path, cfg, n_sentences, at_least):
+    """A journaled job on a mem:// cluster, its task cancelled once ``at_least`` sentences are done
+    (the crash): (cluster, data dir, job id)."""
+    path = tmp_path / "train.conllu"
+    write_conllu(load_bundled_corpus(n_sentences), path)
+    cluster = await Cluster(tmp_path / "storage", 3).start()
+    data = tmp_path / "compute"
+    first = ComputeService(cfg, data, storage=cluster.client)
+    await first.start()
+    job = await first.submit_corpus(path)
+    await _wait(lambda: job.progress.done >= at_least or job.state != "running")
+    assert job.state == "running"
+    job.task.cancel()
+    await asyncio.gather(job.task, return_exceptions=True)
+    [journal] = load_journals(data)
+    assert journal.doc.state == "running" and journal.doc.cursor > 0
+    return cluster, data, job.job_id
+
+
+@pytest.mark.asyncio
+async def test_compute_giaann_v2_job_resumes_after_crash(tmp_path):
+    """A giaann-v2 job trains sequences of three sentences: its journal must bind it to what it
+    trains, so that the restarted node resumes it (it failed: "the corpus now reads as 300
+    sentences ..., the job started on 100")."""
+    cfg = ComputeConfig(train_workers=1, coalesce_k=4, model_profile="giaann-v2")
+    cluster, data, job_id = await _crashed_job(tmp_path, cfg, 300, 30)
+    try:
+        second = ComputeService(cfg, data, storage=cluster.client)
+        await second.start()
+        await _wait(lambda: second.jobs.get(job_id) is not None)
+        resumed = second.jobs.get(job_id)
+        await asyncio.wait_for(asyncio.shield(resumed.task), 60)
+        doc = resumed.as_dict()
+        assert doc["state"] == "succeeded", doc
+        assert doc["resumes"] == 1 and doc["resumed_from"] > 0 and doc["done"] == doc["total"] == 100
+        assert load_journals(data) == []
+        await second.stop(graceful=True)
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_compute_concurrent_resumes_start_one_run(tmp_path):
+    """Two ``train resume`` of one job at once (a retried request): one run starts, the other is
+    refused as running. Both started before, the first run untracked (``train cancel`` could not
+    reach it) and both writing the job's journal."""
+    cfg = ComputeConfig(train_workers=1, coalesce_k=8, resume_jobs=False)
+    cluster, data, job_id = await _crashed_job(tmp_path, cfg, 400, 40)
+    try:
+        second = ComputeService(cfg, data, storage=cluster.client)
+        await second.start()  # compute.resume-jobs = false: the operator resumes it
+        results = await asyncio.gather(second.resume(job_id), second.resume(job_id), return_exceptions=True)
+        jobs = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, ValueError)]
+        try:
+            assert len(jobs) == 1 and len(refused) == 1, results
+            assert "running" in str(refused[0])
+        finally:
+            await asyncio.gather(*(j.task for j in jobs), return_exceptions=True)
+        [job] = jobs
+        assert second.jobs.get(job_id) is job and job.state == "succeeded", job.as_dict()
+        assert load_journals(data) == []
+        await second.stop(graceful=True)
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.asyncio
+async def test_compute_operator_resume_while_start_waits_for_storage_runs_once(tmp_path):
+    """A node restarts while storage does not answer yet (its resume at start waits) and the
+    operator resumes the job meanwhile: the start-up resume leaves it to that run instead of
+    starting a second one over it."""
+    cfg = ComputeConfig(train_workers=1, coalesce_k=8, resume_jobs=False)
+    cluster, data, job_id = await _crashed_job(tmp_path, cfg, 400, 40)
+    try:
+        second = ComputeService(cfg, data, storage=cluster.client)
+        await second.start()
+        pending = await second.durable.reload()
+        assert [j.job_id for j in pending] == [job_id]
+        storage_up = asyncio.Event()
+        waiting = asyncio.create_task(second.durable.resume_all(pending, storage_up.wait))
+        await asyncio.sleep(0.05)
+        job = await second.resume(job_id)  # the operator's
+        storage_up.set()
+        await asyncio.wait_for(waiting, 10)
+        assert second.jobs.get(job_id) is job, "a second run of the job was started"
+        await asyncio.wait_for(asyncio.shield(job.task), 60)
+        assert job.state == "succeeded" and job.as_dict()["resumes"] == 1, job.as_dict()
+        assert load_journals(data) == []
+        await second.stop(graceful=True)
+    finally:
+        await cluster.close()

@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import threading
+import time
 import uuid
 
 import aiohttp
@@ -9,6 +11,7 @@ import msgspec
 import pytest
 
 from giaannd.admin.api import AdminApi
+from giaannd.compute.job_journal import load_journals
 from giaannd.compute.service import ComputeService, create_service
 from giaannd.compute.state import EvalHistory
 from giaannd.config import ComputeConfig, Config
@@ -410,3 +413,49 @@ async def test_compute_routes_train_is_a_cluster_job_by_default(tmp_path):
             assert doc["state"] == "succeeded", doc
             kinds[name] = bool(doc.get("cluster"))
         assert kinds == {"default": True, "local": False, "epochs": False}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("slow_journal", [False, True])
+async def test_compute_routes_cancelled_local_job_leaves_no_journal(tmp_path, monkeypatch, slow_journal):
+    """``train cancel`` of a node-local job ends it: its journal goes (it stayed "running", so the
+    node's next start resumed and finished the cancelled job), also when a journal write was in
+    flight at the cancel (its thread must not put the file back after the removal). A shutdown's
+    cancel keeps it (test_compute_resume.py)."""
+    writing = threading.Event()  # a journal write is in its thread now
+    if slow_journal:
+        import giaannd.compute.job_journal as job_journal
+        real = job_journal.atomic_write_bytes
+
+        def slow(path, data):
+            writing.set()
+            time.sleep(2.0)  # longer than the job's cancellation takes (its client's close)
+            real(path, data)
+            writing.clear()
+
+        monkeypatch.setattr(job_journal, "atomic_write_bytes", slow)
+    async with Harness(tmp_path) as h:
+        corpora, _ = _dirs(h)
+        corpus = corpora / "corpus.conllu"
+        write_conllu(load_bundled_corpus(2000), corpus)
+        status, reply = await h.call("POST", "/v1/train", {"corpus": str(corpus), "workers": 1, "coalesce": 8,
+                                                           "cluster": False})
+        assert status == 200, reply
+        job_id = reply["job_id"]
+        async with asyncio.timeout(60):  # slow: until a journal write is in its thread
+            while not (writing.is_set() if slow_journal else
+                       (await h.call("GET", f"/v1/jobs/{job_id}"))[1]["done"] >= 16):
+                await asyncio.sleep(0.005)
+        status, doc = await h.call("POST", f"/v1/jobs/{job_id}/cancel")
+        assert status == 200 and doc["state"] == "cancelled", doc
+        async with asyncio.timeout(10):
+            while writing.is_set():  # a journal write in flight at the cancel has ended
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert load_journals(h.tmp_path / "compute") == []
+        # a restart of the node does not train it again
+        again = ComputeService(ComputeConfig(train_workers=2, coalesce_k=64), h.tmp_path / "compute",
+                               storage=h.cluster.client)
+        await again.start()
+        assert again.jobs.all() == [] and again._resume_task is None
+        await again.stop(graceful=False)
