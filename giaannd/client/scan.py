@@ -21,7 +21,9 @@ concatenation of its pieces (``RowBatch.concat`` of the pages adds them back up)
 **Failover**: if a node fails mid-scan, its remaining share (after its cursor) is asked of every
 other live node with ``via=[failed node]``: each returns the rows of those columns whose *next*
 owner it is, which is again a partition; those streams are merged in place of the failed one
-(recursively). A chain of R failed owners, or no other live node, raises ``ReadFailed``.
+(recursively). A chain of failed owners that, with the nodes skipped as down, may cover every
+owner of some column (``len(chain) + len(skip) >= R``: those rows are on no node left), or no
+other live node, raises ``ReadFailed``: the rows are unavailable, never silently missing.
 **Consistency**: a change of placement during a scan (seen locally, or a node answering NotOwner
 because it scans under another epoch) raises ``ScanInterrupted``; the pages already yielded may
 then miss or repeat rows, so the caller starts again.
@@ -168,7 +170,11 @@ async def _node_pages(scan: _Scan, node: str, via: tuple[str, ...],
             raise ScanInterrupted(f"{node} scans under another placement ({exc})") from None
         except REQUEST_FAILURES as exc:
             others = [n for n in scan.names if n not in scan.skip and n not in chain]
-            if len(chain) >= scan.replicas or not others:
+            # a column of this share whose owners other than the chain are all skipped (down) has
+            # no owner left, and no node will answer for it (the ``via`` filter passes only
+            # columns with a next live owner): possible as soon as the skipped nodes can fill the
+            # owner slots after the chain (any owner list occurs under the placement's hashing)
+            if len(chain) + len(scan.skip) >= scan.replicas or not others:
                 raise ReadFailed(f"scan: {node} failed ({exc}) and no other live owner is left "
                                  f"for its columns") from None
             log.info("scan failover node=%s after=%s to=%s: %s", node, after, others, exc)

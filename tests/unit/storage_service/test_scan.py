@@ -1,9 +1,13 @@
 """ColumnStore.scan and the ScanRows request: paging, cursors, limits, the ownership filter."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from giaannd import protocol as p
+from giaannd.client.errors import ReadFailed, RemoteUnavailable, raise_for_reply
+from giaannd.client.scan import scan_cluster
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.model.rows import RowBatch
 from giaannd.storage.engine.column_store import ColumnStore
@@ -143,6 +147,40 @@ def test_owned_scan_refuses_another_epoch_and_unknown_nodes(cluster_cores):
     assert isinstance(ans.reply, p.BadRequest)
     ans = cores["a"].handle(p.encode(p.ScanRows(limit=0)), [])
     assert isinstance(ans.reply, p.BadRequest)
+
+
+def _scan_all(topo, cores, fail_after):
+    """``scan_cluster`` over the request cores; a node in ``fail_after`` answers that many calls,
+    then fails (a node dying mid-scan, not yet known down); a node the topology says is down
+    fails every call. Returns the keys of every page, in order."""
+    left = dict(fail_after)
+
+    async def call(node, msg, bulk=(), timeout_s=None, *, recv_into=None):
+        if not topo.is_live(node) or left.get(node, 1) <= 0:
+            raise RemoteUnavailable("down for the test", node)
+        if node in left:
+            left[node] -= 1
+        ans = cores[node].handle(p.encode(msg), list(bulk))
+        raise_for_reply(node, ans.reply)
+        return ans.reply, list(ans.bulk)
+
+    async def run():
+        return [k for page in [pg async for pg in scan_cluster(topo, call, page_rows=20)] for k, _ in page]
+
+    return asyncio.run(run())
+
+
+def test_scan_failover_fails_when_a_failed_node_was_the_last_live_owner_of_columns(cluster_cores):
+    topo, cores, keys = cluster_cores
+    # a failing mid-scan with every node up (R = 2): b and c take the rest of its share over
+    assert _scan_all(topo, cores, {"a": 2}) == keys
+    # with c down, the columns owned by a and c have a as their only live owner: when a fails
+    # mid-scan no node is left to answer for them, so the scan must fail, not end without them
+    # (it returned 436 of the 600 rows)
+    topo.mark_down("c")
+    with pytest.raises(ReadFailed, match="no other live owner"):
+        _scan_all(topo, cores, {"a": 2})
+    assert sorted(_scan_all(topo, cores, {})) == keys  # (without a failure: every row, from a and b)
 
 
 def test_new_messages_round_trip_with_their_fixed_tags():
