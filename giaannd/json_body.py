@@ -5,11 +5,14 @@ bad one is refused, in one place.
 A body is a JSON object whose keys the operation takes; no body is ``{}``. Anything else is a 400
 that changed nothing, naming what is wrong: not JSON (bad syntax, an unknown charset, nesting too
 deep for the parser), not an object, or a field the operation does not take (a misspelt field
-would otherwise be ignored and its default used: ``{"rate": 5}`` ran streams unthrottled).
+would otherwise be ignored and its default used: ``{"rate": 5}`` ran streams unthrottled), or a
+lone surrogate in any string (JSON's ``"\\ud800"``: a prompt carrying one failed as a 500 where its
+words were encoded as UTF-8).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from giaannd.errors import AdminHTTPError
@@ -34,6 +37,11 @@ async def json_object(request: Any, fields: tuple[str, ...], *, null_is_empty: b
         return {}
     if not isinstance(body, dict):
         raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
+    try:  # a "\\ud800" escape decodes to a lone surrogate, which no UTF-8 step after this can take
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise AdminHTTPError(400, "request body holds a lone surrogate (a \\uD800-\\uDFFF escape): not text",
+                             "bad_request") from None
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise AdminHTTPError(400, f"unknown field(s) {', '.join(map(repr, unknown))} in the request body "
