@@ -720,29 +720,10 @@ class StorageService:
                 self._idle.set()
         return _reply(step.ack)
 
-    async def _durable(self, step: WaitDurable) -> Reply:
+    async def _log_durable(self, seq: int) -> Reply | None:
+        """Wait until the update log is durable through ``seq`` (counted in flight, for a drain);
+        the ``Unavailable`` reply to send when its sync failed, None once durable."""
         assert self._commit is not None and self.core is not None
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            await self._commit.wait_durable(step.seq)
-        except OSError as exc:
-            self.disk.write_failed("update_log_sync", exc)
-            return _reply(self.core.error(p.Unavailable(f"update log fsync failed: {exc}"[: p.MAX_TEXT_CHARS])).reply)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-        self.counters.fsync_batches = self._commit.syncs
-        return _reply(step.ack)
-
-    async def _applied_durable(self, step: Answer) -> Reply:
-        """A ``BatchesApplied`` yes, sent once the update log is durable through every record
-        logged when it was answered: a yes settles the seq in the writer's floor as a durable ack
-        does (docs/replication.md, "Writer floors"), and the batch may still be waiting for its
-        group commit's sync."""
-        assert self._commit is not None and self.store is not None and self.core is not None
-        seq = self.store.log.last_seq
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -754,7 +735,24 @@ class StorageService:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
-        return _reply(step.reply, step.bulk)
+        return None
+
+    async def _durable(self, step: WaitDurable) -> Reply:
+        assert self._commit is not None
+        failed = await self._log_durable(step.seq)
+        if failed is not None:
+            return failed
+        self.counters.fsync_batches = self._commit.syncs
+        return _reply(step.ack)
+
+    async def _applied_durable(self, step: Answer) -> Reply:
+        """A ``BatchesApplied`` yes, sent once the update log is durable through every record
+        logged when it was answered: a yes settles the seq in the writer's floor as a durable ack
+        does (docs/replication.md, "Writer floors"), and the batch may still be waiting for its
+        group commit's sync."""
+        assert self.store is not None
+        failed = await self._log_durable(self.store.log.last_seq)
+        return failed if failed is not None else _reply(step.reply, step.bulk)
 
     async def _hint_synced(self, step: WaitHintSynced) -> Reply:
         assert self.hints is not None and self.core is not None
