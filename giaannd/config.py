@@ -97,7 +97,7 @@ class NodeConfig(_Section):
     ))] = "/var/lib/giaannd"
     node_id_file: Annotated[str, Meta(min_length=1, description=(
         "File, relative to `data-dir` unless absolute, holding this node's UUID. Created on first "
-        "start and never rewritten: a corrupt file stops the daemon (exit 1) instead of silently "
+        "start and never rewritten: a corrupt file stops the daemon (exit 2) instead of silently "
         "minting a new identity, which would orphan the replicas this node holds."
     ))] = "node-id"
     roles: Annotated[list[Role], Meta(description=(
