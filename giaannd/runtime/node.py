@@ -78,6 +78,7 @@ from peers.transport import (
     make_transport,
     scheme_of,
 )
+from peers.transport.tcp import parse_host_port
 
 if TYPE_CHECKING:
     from giaannd.config import Config
@@ -117,6 +118,20 @@ class LiveKeys(Sequence[bytes]):
 
     def __getitem__(self, index: Any) -> Any:
         return self._keyring.keys[index]
+
+
+def _check_dialable(url: str, scheme: str) -> None:
+    """Raise ValueError unless peers could dial ``url``: ``scheme://host:port`` with a host and a
+    port in range (tcp, ucx), ``mem://NAME`` with a name. Only the scheme was checked before: the
+    node started and gossiped an address no peer could dial."""
+    if scheme == "mem":
+        if not url.partition("://")[2]:
+            raise ValueError(f"expected mem://name, got {url!r}")
+        return
+    try:
+        parse_host_port(url, scheme)
+    except ValueError as exc:  # no host, no port, a port out of range
+        raise ValueError(f"peers cannot dial {url}: {exc}") from None
 
 
 class NodeRuntime:
@@ -416,6 +431,7 @@ class NodeRuntime:
         for url in self.config.transport.advertise:
             try:
                 scheme = scheme_of(url)
+                _check_dialable(url, scheme)
             except ValueError as exc:
                 raise ConfigError(str(exc), "$.transport.advertise") from None
             if scheme not in self.listeners and scheme not in self.skipped:

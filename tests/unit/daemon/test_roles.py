@@ -163,3 +163,34 @@ def test_runtime_bind_url_it_cannot_parse_is_a_config_error(tmp_path: Path, url:
         asyncio.run(rt._bind())
     assert info.value.path == "$.transport.bind" and url in str(info.value)
     assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1", "tcp://127.0.0.1:99999", "tcp://:7471", "mem://"])
+def test_runtime_advertise_url_peers_could_not_dial_is_a_config_error(tmp_path: Path, url: str) -> None:
+    """An advertised URL that does not parse (no port, a port out of range, no host, mem:// with no
+    name) is a config error at start (exit 2, one line). Before, only its scheme was checked: the
+    node started and gossiped an address no peer could dial."""
+    import asyncio
+
+    from giaannd.runtime.node import LiveKeys, NodeRuntime
+    from peers.keyring import Keyring
+    from peers.transport import Identity
+
+    scheme = url.partition("://")[0]
+    bind = "tcp://127.0.0.1:0" if scheme == "tcp" else "mem://n1-listener"
+    cfg = load_config(environ={}, overrides=[f"node.data-dir={tmp_path}", 'node.roles=["storage"]',
+                                             f'transport.bind=["{bind}"]', f'transport.advertise=["{url}"]'])
+    rt = NodeRuntime(cfg)
+    rt.identity = Identity("n1", cfg.cluster.name, LiveKeys(Keyring([b"k" * 32])))
+
+    async def bind_then_close() -> None:
+        try:
+            await rt._bind()
+        finally:
+            for listener in rt.listeners.values():
+                await listener.close()
+
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(bind_then_close())
+    assert info.value.path == "$.transport.advertise" and url in str(info.value)
+    assert info.value.exit_code == 2
