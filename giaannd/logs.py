@@ -60,17 +60,29 @@ _FIXED_KEYS = frozenset({"time", "level", "logger", "message", "exc"})
 _JSON = msgspec.json.Encoder()
 
 
+#: A JSON number (RFC 8259 §6), ASCII digits only: what ``int``/``float`` also take (``0012``,
+#: ``1_000``, ``+5``, non-ASCII digits) is another value's text and stays a string.
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
 def _field_value(text: str) -> Any:
-    """A field's value as JSON would carry it: an int or float when it reads as one."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
+    """A field's value as JSON would carry it: an int or float when it is a JSON number."""
+    match = _NUMBER.fullmatch(text)
+    if match is None:
         return text
-    return value if value == value and abs(value) != float("inf") else text  # no NaN/inf in JSON
+    if match.group(1) is None and match.group(2) is None:
+        try:
+            return int(text)
+        except ValueError:  # over ``sys.get_int_max_str_digits``
+            return text
+    value = float(text)
+    return value if abs(value) != float("inf") else text  # no inf in JSON
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with lone surrogates (``os.fsdecode`` of bytes that are not UTF-8) written as
+    ``\\udcXX``: UTF-8, hence JSON, cannot carry them."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
 
 
 class _JsonFormatter(logging.Formatter):
@@ -89,7 +101,10 @@ class _JsonFormatter(logging.Formatter):
             doc["field_" + key if key in _FIXED_KEYS else key] = _field_value(value)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return _JSON.encode(doc).decode()
+        try:
+            return _JSON.encode(doc).decode()
+        except UnicodeEncodeError:
+            return _JSON.encode({_printable(k): _printable(v) for k, v in doc.items()}).decode()
 
 
 def stream_is_journal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -86,3 +87,34 @@ def test_logs_json_format_from_config() -> None:
     from giaannd.config import load_config
 
     assert load_config(None, overrides=["logging.format=json"]).logging.format == "json"
+
+
+def test_logs_json_format_keeps_a_line_with_undecodable_bytes(restore_root: None) -> None:
+    # A file name that is not UTF-8 (os.fsdecode: surrogate escapes) in a message and in an
+    # exception: the line was lost ("--- Logging error ---" on stderr), never written as JSON.
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    log = logging.getLogger("giaannd.test")
+    name = os.fsdecode(b"/corpora/caf\xe9.txt")
+    with mock.patch("logging.raiseExceptions", True), mock.patch("sys.stderr", io.StringIO()) as err:
+        log.warning("corpus skipped file=%s lines=%d", name, 3)
+        try:
+            raise OSError(f"cannot read {name}")
+        except OSError:
+            log.exception("upload failed file=%s", name)
+    assert err.getvalue() == ""
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["message"] == r"corpus skipped file=/corpora/caf\udce9.txt lines=3"
+    assert first["file"] == r"/corpora/caf\udce9.txt" and first["lines"] == 3
+    assert second["level"] == "ERROR" and r"OSError: cannot read /corpora/caf\udce9.txt" in second["exc"]
+
+
+def test_logs_json_format_numbers_only_where_the_text_is_a_number(restore_root: None) -> None:
+    # ``digest=%016x`` (ring.py) printed 0000000000001234: the field was 1234, another value.
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    logging.getLogger("giaannd.test").info(
+        "ring changed digest=%016x name=%s n=%d s=%.3f e=%s neg=%d", 0x1234, "1_000", 7, 0.5, 1e-05, -2)
+    doc = json.loads(out.getvalue())
+    assert doc["digest"] == "0000000000001234" and doc["name"] == "1_000"
+    assert (doc["n"], doc["s"], doc["e"], doc["neg"]) == (7, 0.5, 1e-05, -2)
