@@ -18,13 +18,15 @@ field, not the curated view) and ``--timeout``. The globals are declared on the 
 their defaults, and again on every command group and verb with no default at all (``SUPPRESS``),
 so that one given after the words overrides and one left out changes nothing.
 Exit statuses: 0 ok, 1 the operation failed, 2 usage or configuration error (one line on stderr,
-``giaannctl: error: ...``).
+``giaannctl: error: ...``), 130 interrupted (Ctrl-C, 128 + SIGINT as the shell reports it: while
+following, the operation goes on on the daemon).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +59,9 @@ __all__ = ["GLOBAL_FLAGS", "build_parser", "main", "run"]
 
 _Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
+#: Ctrl-C: 128 + SIGINT, the status a shell reports for a command SIGINT ended.
+EXIT_INTERRUPTED: Final = 128 + signal.SIGINT
+
 
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line, ``giaannctl: error: ...`` and where the help is (exit 2)."""
@@ -88,6 +93,14 @@ def _seconds(text: str) -> float:
         return check_timeout(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _named(text: str) -> str:
+    """A node flag's value: an empty one (``--addr "$NODE"`` with NODE unset) is refused, not
+    taken as no flag (which would fall through to another node: the only local instance)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty (give a value, or leave the flag out)")
+    return text
 
 
 def _bytes_rate(text: str) -> float | None:
@@ -138,11 +151,11 @@ def _add_global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     command group or verb, where they only override what was given before the words."""
     group = parser.add_argument_group("global options" if top else "global options (also before the command)")
     unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    group.add_argument("--addr", metavar="URL", **unset, help=(
+    group.add_argument("--addr", metavar="URL", type=_named, **unset, help=(
         f"admin API URL (env GIAANNCTL_ADDR; else DIR/{ADMIN_ADDR_FILE} with --data-dir; else {DEFAULT_ADDR})"))
-    group.add_argument("--token-file", metavar="FILE", **unset, help=(
+    group.add_argument("--token-file", metavar="FILE", type=_named, **unset, help=(
         f"bearer token file (env GIAANNCTL_TOKEN_FILE; else DIR/{ADMIN_TOKEN_FILE} with --data-dir)"))
-    group.add_argument("--data-dir", metavar="DIR", **unset, help=(
+    group.add_argument("--data-dir", metavar="DIR", type=_named, **unset, help=(
         "read the address and token from this node's data directory (default: the node's, if "
         "it is the only giaannd on this host)"))
     group.add_argument("--json", action="store_true", **unset, help="machine-readable JSON output")
@@ -288,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("giaannctl: interrupted (the operation may continue on the daemon)", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED
     try:
         print(text)
         sys.stdout.flush()

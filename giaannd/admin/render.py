@@ -44,8 +44,18 @@ def render(spec: Render, result: Any, *, as_json: bool, detailed: bool = False) 
 
 def _families(text: str) -> list[dict[str, Any]]:
     return [{"name": f.name, "type": f.type, "help": f.documentation,
-             "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in f.samples]}
+             "samples": [{"name": s.name, "labels": s.labels, "value": _sample_value(s.value)} for s in f.samples]}
             for f in text_string_to_metric_families(text)]
+
+
+def _sample_value(value: float) -> float | str:
+    """A sample's value for JSON, which has no NaN or infinities: those as the exposition format
+    writes them (``NaN``, ``+Inf``, ``-Inf``), as Prometheus's own HTTP API does."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
 
 
 # -- values ----------------------------------------------------------------------------------

@@ -18,12 +18,13 @@ BAR_WIDTH = 30
 
 
 def render_bar(done: int, total: int | None, unit: str, elapsed_s: float,
-               width: int = BAR_WIDTH) -> str:
+               width: int = BAR_WIDTH, *, done_before: int = 0) -> str:
     """One status line: ``[#####.....]  50% 500/1000 sentences 123.4/s eta 4s``.
 
-    An unknown or zero ``total`` shows the count and rate without a bar.
+    An unknown or zero ``total`` shows the count and rate without a bar. ``done_before``: what was
+    already done when the ``elapsed_s`` began (a job resumed, or followed late), left out of the rate.
     """
-    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    rate = max(done - done_before, 0) / elapsed_s if elapsed_s > 0 else 0.0
     if not total:
         return f"{done} {unit} {rate:.1f}/s"
     frac = min(max(done / total, 0.0), 1.0)
@@ -44,11 +45,15 @@ class ProgressBar:
         self._last_draw = 0.0
         self._last_logged_pct = -LOG_EVERY_PERCENT
         self._line = ""
+        #: the count at the first update: done before it was followed, not in the rate
+        self._done_before: int | None = None
 
     def update(self, done: int, total: int | None, unit: str) -> None:
         """Show ``done`` of ``total`` ``unit``."""
         now = time.monotonic()
-        self._line = render_bar(done, total, unit, now - self._start)
+        if self._done_before is None:
+            self._done_before = done
+        self._line = render_bar(done, total, unit, now - self._start, done_before=self._done_before)
         if self._tty:
             if now - self._last_draw >= MIN_REDRAW_S:
                 self._stream.write(f"\r{self._label} {self._line}\x1b[K")

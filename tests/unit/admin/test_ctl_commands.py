@@ -125,3 +125,35 @@ def test_ctl_render_tables() -> None:
     status = render_document({"node_name": "n", "services": {"s": {"state": "running"}},
                               "roles": {"storage": "running"}})
     assert status.splitlines() == ["node_name: n", "services.s.state: running", "roles.storage: running"]
+
+
+def test_ctl_interrupt_while_following_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C during ``--wait`` / ``watch`` is the shell's 128 + SIGINT, one line, no traceback
+    (it exited 1, the status of a failed operation)."""
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ctl, "follow", interrupted)
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    assert ctl.main(["--addr", "127.0.0.1:9", "--token-file", str(token), "train", "wait", "j1"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("giaannctl: interrupted") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("flag", ["--addr", "--token-file", "--data-dir"])
+def test_ctl_empty_node_flag_is_a_usage_error(flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``--addr "$NODE"`` with NODE unset was taken as no flag at all: giaannctl then went on to the
+    environment, the data directory or the host's only instance, and drained that node instead."""
+    for name in ("GIAANNCTL_ADDR", "GIAANNCTL_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    data = tmp_path / "node"
+    data.mkdir()
+    (data / "admin.addr").write_text("http://127.0.0.1:9\n")
+    (data / "admin.token").write_text("t\n")
+    argv = ["--data-dir", str(data), flag, "", "node", "drain"]
+    assert _exit(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"giaannctl: error: argument {flag}: ") and "empty" in err, err

@@ -118,3 +118,15 @@ def test_render_topology_progress_shows_its_streams() -> None:
     assert text.splitlines()[-2].split() == ["STREAM", "STATE", "BYTES_DONE", "BYTES_TOTAL_ESTIMATE",
                                              "RATE_BYTES_S", "ETA_S", "ERROR"]
     assert "ITEMS_ACKED" in render(spec, doc, as_json=False, detailed=True)
+
+
+def test_render_metrics_json_is_valid_json_with_nan_and_infinities() -> None:
+    """A gauge or quantile may be NaN or ±Inf in the exposition format; ``metrics --json`` printed
+    them as the bare words NaN and Infinity, which no JSON parser takes."""
+    text = "# TYPE g gauge\ng NaN\n# TYPE h gauge\nh +Inf\n# TYPE l gauge\nl -Inf\n# TYPE n gauge\nn 2.5\n"
+
+    def strict(word: str) -> None:
+        raise ValueError(f"not JSON: {word}")
+
+    out = json.loads(render(Render(kind="prometheus"), text, as_json=True), parse_constant=strict)
+    assert [f["samples"][0]["value"] for f in out] == ["NaN", "+Inf", "-Inf", 2.5]
