@@ -90,6 +90,12 @@ def health_of(status: Mapping[str, Any]) -> Readiness:
     return "draining"
 
 
+#: HTTP methods counted under their own name in ``giaannd_admin_requests_total``; any other is
+#: ``other`` (the method is the client's word: aiohttp's pure-Python parser passes unknown ones, and
+#: each would be a new series).
+_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
 @dataclass(frozen=True)
 class _Route:
     """A bound operation; ``method`` and ``template`` are the operation's, set by ``bind``."""
@@ -271,7 +277,8 @@ class AdminApi:
             log.exception("admin handler failed route=%s", label)
             response = _json({"error": "internal error; see the daemon log", "code": "internal"},
                              500)
-        self._requests.labels(label, request.method, str(response.status)).inc()
+        method = request.method if request.method in _METHODS else "other"  # (a client's word: bounded)
+        self._requests.labels(label, method, str(response.status)).inc()
         self._latency.labels(label).observe(time.perf_counter() - started)
         log.debug("admin request method=%s path=%s status=%d", request.method, request.path,
                   response.status)

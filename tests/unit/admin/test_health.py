@@ -305,3 +305,19 @@ async def test_admin_body_that_does_not_decode_as_its_content_encoding_is_a_400(
                 f"Content-Encoding: {encoding}\r\nContent-Length: 10\r\n\r\n0123456789").encode())
         assert (status, doc["code"]) == (400, "bad_request"), doc
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.asyncio
+async def test_admin_requests_metric_counts_unknown_methods_as_other() -> None:
+    """The method label of giaannd_admin_requests_total is one of a fixed set: a client's own word
+    (passed by aiohttp's pure-Python parser) counts as ``other``. Before, each new word was a new
+    series: anyone on the network could grow the registry without bound."""
+    metrics = Metrics()
+    api = AdminApi(token="secret", metrics=metrics, status=lambda: {"state": "running"})
+    for word in ("XYZ", "BREW", "QWERTY1"):
+        await api._dispatch(_request(word, "/v1/whatever", REMOTE))
+    await api._dispatch(_request("GET", "/v1/status", REMOTE, "secret"))
+    text = metrics.render().decode()
+    methods = {line.split('method="')[1].split('"')[0] for line in text.splitlines()
+               if line.startswith("giaannd_admin_requests_total{")}
+    assert methods == {"other", "GET"}
