@@ -70,6 +70,8 @@ RING_FILE: Final = "ring.json"
 MAX_RING_ENTRIES: Final = 4096
 #: Bound on a storage node's name (membership's MAX_NAME_BYTES is 128).
 MAX_NAME_CHARS: Final = 256
+#: The largest stamp: the wire and ``digest()`` encode stamps as msgpack integers (u64 at most).
+MAX_STAMP: Final = 2**64 - 1
 _FORMAT_VERSION: Final = 1
 
 EntryState = Literal["active", "removed"]
@@ -99,13 +101,16 @@ class RingEntry:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.stamp < 0:
-            raise ValueError(f"ring stamp must be >= 0, got {self.stamp}")
+        if not 0 <= self.stamp <= MAX_STAMP:
+            raise ValueError(f"ring stamp must be in [0, 2**64 - 1], got {self.stamp}")
         if self.state not in _RANK:
             raise ValueError(f"ring state must be active or removed, got {self.state!r}")
         if not math.isfinite(self.weight) or self.weight < 0 or (
                 self.state == "active" and self.weight <= 0):
             raise ValueError(f"ring weight must be finite and > 0 when active, got {self.weight}")
+        # One encoding per merge-equal weight: -0.0 (or an int) equals 0.0 (a float) in ``order``
+        # and ``==`` but encodes differently, so two such rings never merge yet never share a digest.
+        object.__setattr__(self, "weight", float(self.weight) + 0.0)
 
     @property
     def order(self) -> tuple[int, int, float]:

@@ -195,7 +195,8 @@ class ClusterView:
 
         Raises:
             RuntimeError: not in ring mode.
-            ValueError: an empty member list, or a name twice.
+            ValueError: an empty member list, a name twice, or a weight that is not finite and
+                > 0 (nothing changed: its placement could not be built).
         """
         if self._ring is None:
             raise RuntimeError("set_override needs ring mode (set_ring first)")
@@ -203,6 +204,8 @@ class ClusterView:
             names = [m.name for m in members]
             if not names or len(set(names)) != len(names):
                 raise ValueError(f"an override needs distinct members, got {names}")
+            for m in members:
+                Member(m.name, m.weight)  # ValueError: a placement over them could not be built
             override: tuple[StorageNode, ...] | None = tuple(sorted(members, key=lambda m: m.name))
             if override is not None and _same_set(override, self._ring):
                 override = None

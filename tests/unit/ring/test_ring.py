@@ -113,6 +113,8 @@ def test_ring_file_round_trip_and_missing_file(tmp_path: Path) -> None:
     '{"version": 1, "entries": {"a": {"stamp": -1, "state": "active", "weight": 1}}}',
     '{"version": 1, "entries": {"a": {"stamp": 1, "state": "active", "weight": 0}}}',
     '{"version": 1, "entries": {"a": {"stamp": 1, "state": "active", "weight": 1, "x": 1}}}',
+    # a stamp no wire message (msgpack u64) can carry: digest() and RingGet would fail on it
+    '{"version": 1, "entries": {"a": {"stamp": 18446744073709551616, "state": "active", "weight": 1}}}',
 ])
 def test_ring_corrupt_file_names_the_path_and_is_kept(tmp_path: Path, text: str) -> None:
     path = tmp_path / "ring.json"
@@ -121,3 +123,25 @@ def test_ring_corrupt_file_names_the_path_and_is_kept(tmp_path: Path, text: str)
         Ring.load(path)
     assert str(path) in str(info.value)
     assert path.read_text() == text  # never overwritten
+
+
+def test_ring_merge_equal_entries_have_one_digest() -> None:
+    """A tombstone's weight -0.0 (from a peer's RingPush or an edited file) is merge-equal to 0.0:
+    neither ring takes the other's entry, so two nodes holding them must have the same digest, or
+    ring sync pulls between them forever."""
+    zero = Ring({"x": RingEntry(2, "removed", 0.0)})
+    neg = Ring.from_wire([("x", 2, "removed", -0.0)])
+    assert zero == neg and not Ring(zero.entries).merge(neg) and not Ring(neg.entries).merge(zero)
+    assert zero.digest() == neg.digest()
+    assert Ring({"a": RingEntry(1, "active", 2)}).digest() == Ring().with_active("a", 2.0).digest()
+
+
+def test_ring_stamp_past_u64_is_refused_not_left_undigestable() -> None:
+    """A change past the largest encodable stamp is refused (ValueError): accepted, it made a ring
+    whose digest(), RingGet reply and gossip all raise OverflowError."""
+    top = Ring.from_wire([("a", 2**64 - 1, "active", 1.0)])
+    assert top.digest() != 0
+    with pytest.raises(ValueError, match="stamp"):
+        top.with_removed("a")
+    with pytest.raises(ValueError, match="stamp"):
+        RingEntry(2**64, "active")

@@ -171,3 +171,32 @@ def test_view_masks_follow_every_change_and_are_kept_while_nothing_changes() -> 
         step()
         got = m.masks()
         assert (got[0].tolist(), got[1].tolist()) == _masks_by_name(m)
+
+
+def test_topology_ring_mode_override_with_a_bad_weight_is_refused_unchanged() -> None:
+    """SetOverride's wire check lets an infinite weight through (gt=0); the view must refuse it
+    before taking it, or every later placement lookup on the node raises."""
+    t, _ = _topo(_ring("a", "b"), "a", "b")
+    epoch = t.epoch
+    for bad in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError):
+            t.set_override([StorageNode("a", "", 1.0), StorageNode("c", "", bad)])
+        assert t.override is None and t.epoch == epoch and t.names == ("a", "b")
+
+
+@pytest.mark.asyncio
+async def test_node_ring_refuses_an_override_with_an_infinite_weight() -> None:
+    from giaannd import protocol as p
+    from giaannd.runtime.ring import NodeRing
+
+    async def flush() -> None:
+        return None
+
+    t, _ = _topo(_ring("a", "b"), "a", "b")
+    epoch = t.epoch
+    rings = NodeRing(t, lambda: None, flush)
+    msg = p.runtime_request(p.encode(p.SetOverride([("a", "tcp://a:1", 1.0), ("c", "tcp://c:1", float("inf"))])))
+    assert isinstance(msg, p.SetOverride)  # the wire check lets it through
+    reply = await rings.serve(msg)
+    assert isinstance(reply, p.BadRequest)
+    assert t.override is None and t.epoch == epoch
