@@ -10,6 +10,10 @@ the text) are owned like columns, by the id, and stored by storage/engine/vocab_
 hints: a replica that missed an entry is covered by the lookup, which asks the next owner for any
 id the first did not hold. Entries are content-checked by storage; a ``VocabConflict`` reply is a
 real 64-bit hash collision and raises ``RemoteVocabConflict`` (not retryable; nothing changed).
+An entry whose text is over ``MAX_VOCAB_TEXT_CHARS`` (the model bounds no word: a long token or
+noun run) is refused by every storage node, and with it the whole request it is in, so it is left
+out (logged): the rest is stored and a training job goes on; other nodes print its id in hex and a
+cluster export names it missing (before, every entry of the window failed, and the job with it).
 
 **Get**: each key goes first to its first live owner (owners believed down last); round k asks the
 k-th candidate for every key not found yet. An id no answering owner holds is left out of the
@@ -19,6 +23,7 @@ result; ``ReadFailed`` only when every owner of some id failed (none answered).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,10 +37,19 @@ from giaannd.cluster.view import ClusterView
 
 __all__ = ["get_vocab", "put_vocab"]
 
+log = logging.getLogger(__name__)
+
 
 async def put_vocab(topology: ClusterView, call: NodeCall, quorum_setting: int | None,
                     entries: Sequence[tuple[int, int, str]]) -> int:
-    """``StorageClient.put_vocab`` (its docstring); ``quorum_setting``: the configured W or None."""
+    """``StorageClient.put_vocab`` (its docstring); ``quorum_setting``: the configured W or None.
+    Entries over ``MAX_VOCAB_TEXT_CHARS`` are left out (module docstring); returns the number sent."""
+    if any(len(e[2]) > p.MAX_VOCAB_TEXT_CHARS for e in entries):
+        over = [e for e in entries if len(e[2]) > p.MAX_VOCAB_TEXT_CHARS]
+        log.warning("vocabulary: %d entries over %d characters are not stored (no storage node accepts "
+                    "them), first kind=%d id=%#x length=%d", len(over), p.MAX_VOCAB_TEXT_CHARS,
+                    over[0][0], over[0][1], len(over[0][2]))
+        entries = [e for e in entries if len(e[2]) <= p.MAX_VOCAB_TEXT_CHARS]
     if not entries:
         return 0
     placement = topology.placement

@@ -172,3 +172,30 @@ def test_vocab_log_fuzz_truncations_and_flips_never_escape(tmp_path):
         assert n in {k * (k + 1) // 2 for k in range(13)}  # whole records only, in order
         outcomes["ok"] += 1
     assert outcomes["ok"] > 0 and outcomes["corrupt"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_put_vocab_stores_the_rest_of_a_put_with_a_word_over_the_text_limit(tmp_path):
+    """A word over MAX_VOCAB_TEXT_CHARS (a long token or noun run: the model has no limit) is
+    refused by every storage node, and used to fail the whole PutVocab with it: every entry of
+    the training window got no ack, VocabWriteFailed, retried until the job failed. It is now
+    left out (logged) and the rest is stored."""
+    import asyncio
+
+    from tools.cluster_harness import Cluster
+
+    long_word = "y" * (p.MAX_VOCAB_TEXT_CHARS + 1)
+    edge = "é" * p.MAX_VOCAB_TEXT_CHARS  # at the limit (characters, not bytes): stored
+    entries = [feat("cat"), feat(long_word), col("dog"), feat(edge)]
+
+    async def run():
+        cluster = await Cluster(tmp_path / "storage", 1, replicas=1).start()
+        try:
+            assert await asyncio.wait_for(cluster.client.put_vocab(entries), 10.0) == 3
+            keys = [(k, i) for k, i, _ in entries]
+            return await asyncio.wait_for(cluster.client.get_vocab(keys), 10.0)
+        finally:
+            await cluster.close()
+
+    found = asyncio.run(run())
+    assert found == {(k, i): t for k, i, t in entries if t != long_word}
