@@ -404,15 +404,18 @@ class TrainingJob:
         workers = self._workers = [_Worker(self.lexicon, initial, self.profile, self.settings.device)
                                  for _ in range(self.settings.workers)]
         restart = await self._replay(workers) if resuming else 0
+        loop = asyncio.get_running_loop()
+        work = [loop.create_task(self._work(w, i, restart)) for i, w in enumerate(workers)]
         try:
-            await asyncio.gather(*(self._work(w, i, restart) for i, w in enumerate(workers)))
+            await asyncio.gather(*work)
             while self._sends:
                 await asyncio.wait(set(self._sends))
         except BaseException:
-            for task in (*self._sends, *self._side_tasks):
+            # a failed worker fails the job: the other workers stop too (gather leaves them running)
+            for task in (*work, *self._sends, *self._side_tasks):
                 task.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.gather(*self._sends, *self._side_tasks, return_exceptions=True)
+                await asyncio.gather(*work, *self._sends, *self._side_tasks, return_exceptions=True)
             raise
         # every send awaited its window's vocabulary write; any left still has to land
         if self._side_tasks:
@@ -504,8 +507,9 @@ class TrainingJob:
             for task in (vocab, recorded):
                 if task is not None:
                     await asyncio.shield(task)
-            if index >= self._counted:
-                self.progress.add(done=window.handled, skipped=window.handled - window.trained)
+            if index >= self._counted:  # its sentences may be trained (one token: no pair), as the core counts
+                self.progress.add(done=window.handled, trained=window.trained,
+                                  skipped=window.handled - window.trained, tokens=window.tokens)
             await self._acknowledged(index)
         except Exception as exc:  # recorded; run() raises it once the other sends have ended
             if self._failure is None:

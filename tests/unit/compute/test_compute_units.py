@@ -408,6 +408,62 @@ async def test_pipeline_coalescing_reduces_bytes(sentences):
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("k", [1, 4])
+async def test_pipeline_counts_sentences_of_a_window_without_rows_as_the_core_does(sentences, k):
+    from giaannd.model.engine import Engine
+    from giaannd.model.tokens import Token
+
+    # nine names merge into one concept token: trained (encoded) but no pair, so no row and no flag
+    names = tuple(Token(f"Name{i}", f"name{i}", "PROPN", "NNP") for i in range(9))
+    corpus = [names] * k + list(sentences[:10]) + [names] * k  # the first and the last window have no rows
+    client, progress = FakeClient(), TrainProgress()
+    await TrainingJob(corpus, client, TrainSettings(coalesce_sentences=k, workers=2), progress).run()
+    core = Engine(batch_sentences=k).train(corpus)
+    assert (progress.done, progress.trained, progress.skipped, progress.tokens) == (
+        len(corpus), core.sentences_trained, len(corpus) - core.sentences_trained, core.tokens)
+    assert progress.batches == len(client.applied) and progress.bytes_sent == sum(
+        b.nbytes for b in client.applied.values())
+
+
+@pytest.mark.asyncio
+async def test_a_failed_worker_stops_the_others_before_the_job_reports_the_failure(sentences):
+    class FailingFlagRead(FakeClient):
+        """Worker 0's first flag read fails (not retryable); every read yields to the loop."""
+
+        def __init__(self):
+            super().__init__()
+            self.reads = 0
+            self.ended = False
+            self.late = []  # storage calls made after run() raised
+
+        async def read_rows(self, cols, feats):
+            self.reads += 1
+            n = self.reads
+            if self.ended:
+                self.late.append(("read", n))
+            await asyncio.sleep(0)
+            if n == 2:  # 1: the job's initial read; 2: worker 0 before window 0
+                raise RuntimeError("worker 0 broke")
+            return RowBatch.empty()
+
+        async def write(self, batch, batch_id=None):
+            if self.ended:
+                self.late.append(("write", batch_id.seq))
+            await super().write(batch, batch_id)
+
+    client = FailingFlagRead()
+    progress = TrainProgress()
+    job = TrainingJob(sentences[:100], client, TrainSettings(coalesce_sentences=5, workers=2), progress)
+    with pytest.raises(RuntimeError, match="worker 0 broke"):
+        await asyncio.wait_for(job.run(), 10)
+    client.ended = True
+    for _ in range(50):
+        await asyncio.sleep(0)
+    # worker 1 went on encoding windows and reading storage for a job already reported failed
+    assert client.late == []
+
+
+@pytest.mark.asyncio
 async def test_inference_failure_surfaces_as_the_storage_error():
     from giaannd.compute.infer import Inference
     from giaannd.model.infer import TRAIN_SET, NoDelimiters
