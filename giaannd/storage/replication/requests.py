@@ -440,8 +440,10 @@ class StorageRequests:
         """The column filter of an owned scan: columns whose owner list minus ``skip`` is
         ``via + [this node] + ...``. A standalone node (no topology) owns everything: no filter."""
         topo = self._topology()
-        if not msg.owned or topo is None or not self.node_name or self.node_name not in topo:
+        if not msg.owned or topo is None or not self.node_name:
             return None, None
+        if self.node_name not in topo:  # ring mode: a standby owns no columns (``not_owner``)
+            return (p.NotOwner(topo.epoch, "standby: owns no columns") if topo.ring_mode else None), None
         placement = topo.placement
         if msg.placement_epoch != placement.epoch:
             return p.NotOwner(placement.epoch, f"scan under placement {msg.placement_epoch!r}, "

@@ -194,3 +194,40 @@ def test_new_messages_round_trip_with_their_fixed_tags():
     for rep in (p.ScanPage(1, 2, False, 7), p.VocabAck(1, 2), p.VocabReply([(1, 2, "y")]),
                 p.VocabConflict(0, 1, "a", "b")):
         assert p.decode_reply(p.encode(rep)) == rep
+
+
+def test_owned_scan_of_a_standby_node_is_refused(tmp_path):
+    """A node decommissioned (ring mode: alive, no longer in the ring) owns no columns: an owned
+    scan of it, under the placement that still named it, is refused (``NotOwner``, so the client
+    restarts its scan on the new placement), as its reads are. It answered every row it held,
+    unfiltered, and skipped the epoch check: the client kept the share the old placement gave it,
+    from a node that no longer gets the writes for it (or had released it: rows silently missing)."""
+    from giaannd.cluster.ring import Ring
+
+    ring = Ring().with_active("a", 1.0).with_active("b", 1.0).with_active("c", 1.0)
+    topo = ClusterView(local=None, replicas=2)
+    topo.set_ring(ring)
+    old_epoch = topo.epoch
+    store = DurableStore.open(tmp_path / "store", 1 << 26)
+    hints = HintStore.open(tmp_path / "hints")
+    try:
+        core = StorageRequests(store, hints, "a", lambda: topo)
+        keys = [(c, 0) for c in range(1, 41)]
+        owned = topo.placement.owner_indices(np.array([k[0] for k in keys], np.uint64))
+        share = _batch([k for k, o in zip(keys, owned) if (o == 0).any()])
+        assert share.num_rows
+        core.handle(p.encode(p.ApplyBatch(1, 1)), share.buffers())
+        topo.set_ring(ring.with_removed("a"))  # decommissioned: standby
+        assert "a" not in topo and topo.epoch != old_epoch
+        for epoch in (old_epoch, topo.epoch):
+            ans = core.handle(p.encode(p.ScanRows(owned=True, placement_epoch=epoch)), [])
+            assert isinstance(ans.reply, p.NotOwner), (epoch, ans.reply)
+            assert ans.reply.epoch == topo.epoch
+        # its reads are refused the same way; a scan that is not owned still answers what it holds
+        ans = core.handle(p.encode(p.ReadRows()), [share.row_column, share.row_feature])
+        assert isinstance(ans.reply, p.NotOwner)
+        ans = core.handle(p.encode(p.ScanRows()), [])
+        assert isinstance(ans.reply, p.ScanPage) and p.check_batch(ans.bulk).num_rows == share.num_rows
+    finally:
+        store.close()
+        hints.close()
