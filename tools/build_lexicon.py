@@ -178,9 +178,10 @@ def build(wordnet_dir: Path) -> Lexicon:
     """Build the lexicon from a WordNet 3.0 database directory and the closed-class lists."""
     index_verb, verb_exc = wordnet_dir / "index.verb", wordnet_dir / "verb.exc"
     for f in (index_verb, verb_exc):
-        if not f.is_file():
-            raise SystemExit(f"{f} not found: apt-get update && apt-get install -y wordnet-base "
-                             "(or pass --wordnet-dir)")
+        if not f.is_file():  # a host environment error: one line, exit status 2
+            print(f"build_lexicon: error: {f} not found: apt-get update && apt-get install -y wordnet-base "
+                  "(or pass --wordnet-dir)", file=sys.stderr)
+            raise SystemExit(2)
     table: dict[str, PosClass] = {}
 
     def add(words: Iterable[str], cls: PosClass) -> None:

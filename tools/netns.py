@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"(must start with {PREFIX_ROOT})")
     args = p.parse_args(argv)
     if args.cleanup:
+        if not args.cleanup.startswith(PREFIX_ROOT):
+            p.error(f"--cleanup: refusing to clean namespaces not starting with {PREFIX_ROOT!r}")
         print("\n".join(cleanup_prefix(args.cleanup)))
         return 0
     reason = available()

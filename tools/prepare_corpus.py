@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from giaannd.model.tokens import TaggedSentence, load_english, tag_texts, write_conllu
+from giaannd.model.tokens import TaggedSentence, TaggerUnavailableError, load_english, tag_texts, write_conllu
 
 DEFAULT_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 TESTAMENTS = ("ot", "nt")
@@ -136,6 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.excerpt is None and args.full is None:
         ap.error("give --excerpt and/or --full")
+    try:
+        return _prepare(args)
+    except (ModuleFormatError, TaggerUnavailableError, OSError) as exc:  # the host's files, not a bug
+        print(f"prepare_corpus: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _prepare(args: argparse.Namespace) -> int:
     texts = list(chapters(args.module_dir, per_verse=args.per_verse))[: args.max_chapters]
     if args.full is None:  # the excerpt needs only the first chapters; stop tagging early
         texts = _enough_chapters(texts, args.excerpt_sentences)

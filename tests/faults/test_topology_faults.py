@@ -160,3 +160,14 @@ async def _drive(key_file: str, members: list[str]) -> None:
 
 if __name__ == "__main__":
     asyncio.run(_drive(sys.argv[1], sys.argv[2:]))
+
+
+def test_netns_cleanup_of_a_foreign_prefix_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m tools.netns --cleanup eth`` was refused with a ValueError traceback, exit 1."""
+    from tools import netns
+
+    with pytest.raises(SystemExit) as exit_:
+        netns.main(["--cleanup", "eth"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"--cleanup: refusing to clean namespaces not starting with {netns.PREFIX_ROOT!r}")

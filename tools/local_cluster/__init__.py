@@ -22,7 +22,11 @@ it starts here and TCP otherwise; the demo says which. The launcher is ``giaannd
 (giaannd/sdk/local_cluster.py), which the integration tests drive too; demo.py holds the demo
 steps, done through ``giaannd.Client``. Exit status: 0 success, 1 a
 step failed (the cluster
-is still shut down and the node logs are kept for inspection), 2 bad arguments.
+is still shut down and the node logs are kept for inspection), 2 bad arguments, 130 Ctrl-C (the
+cluster is stopped and its files removed unless ``--keep``; a second Ctrl-C kills the daemons
+instead of waiting for their graceful stop). With ``--serve``, Ctrl-C is how it ends: status 0.
+Without ``--keep`` the root is removed at the end; a ``--dir`` that already existed keeps what it
+held before (only what the demo added is removed).
 """
 
 from tools.local_cluster.demo import main

@@ -20,6 +20,11 @@ from giaannd.sdk.local_cluster import BUNDLED_CORPUS, LocalCluster, NodeFailed, 
 __all__ = ["main"]
 
 DEFAULT_PROMPT: Final = "In the beginning, God created the heavens"
+#: ``max_tokens`` bound of ``POST /v1/generate`` (giaannd.compute.routes.MAX_GENERATE_TOKENS, not
+#: imported: that loads the compute role, ~1 s): checked here, before the cluster trains.
+MAX_GENERATE_TOKENS: Final = 1024
+#: Exit status after Ctrl-C (as giaannctl's and the daemon's).
+EXIT_INTERRUPTED: Final = 130
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -36,7 +41,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--transport", choices=["auto", "ucx", "tcp"], default="auto")
     ap.add_argument("--quick", action="store_true", help="small sizes: under a minute (CI)")
     ap.add_argument("--keep", action="store_true", help="keep the data directories and logs")
-    ap.add_argument("--dir", type=Path, default=None, help="root directory (default: a temp dir)")
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="root directory (default: a temp dir); without --keep, what the demo adds "
+                         "to it is removed at the end")
     ap.add_argument("--verbose", action="store_true", help="print every figure the node reports")
     ap.add_argument("--serve", action="store_true",
                     help="start the cluster, print how to reach it, wait for Ctrl-C")
@@ -56,6 +63,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         ap.error("need --storage >= 1, --compute >= 0, --sentences >= 1, --heldout >= 0")
     if not args.serve and args.compute < 1:
         ap.error("the demo trains on a compute node: --compute must be >= 1")
+    if not 0 <= args.max_tokens <= MAX_GENERATE_TOKENS:
+        ap.error(f"--max-tokens must be in [0, {MAX_GENERATE_TOKENS}]")
+    if not args.prompt.strip():
+        ap.error("--prompt must not be blank")
+    if args.dir is not None:  # the daemons run in their data directories: a relative path breaks there
+        args.dir = args.dir.resolve()
     return args
 
 
@@ -180,13 +193,17 @@ def _num(value: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="giaann-cluster-"))
+    # What a given --dir already holds is the user's: cleaning up removes only what the demo adds.
+    before = _entries(root) if args.dir is not None else None
     cluster = LocalCluster(root, storage=args.storage, compute=args.compute,
                            transport=args.transport, log_level=args.log_level,
                            compute_options={"cluster_jobs": args.cluster_jobs})
     _say(f"starting {args.storage} storage + {args.compute} compute daemons on loopback "
          f"(root {root})")
     failed: str | None = None
+    interrupted = False
     figures: dict[str, Any] = {}
+    codes: dict[str, int | None] = {}
     started = time.perf_counter()
     try:
         cluster.start()
@@ -199,28 +216,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures = _demo(cluster, args)
     except (NodeFailed, ClientError, OSError, KeyError, urllib.error.URLError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
-    except KeyboardInterrupt:
-        failed = "interrupted"
+    except KeyboardInterrupt:  # --serve: how it is meant to end; the demo: stopped by the user
+        interrupted = not args.serve
     finally:
         _say("\nstopping the cluster (SIGTERM)")
-        codes = cluster.stop()
-        cluster.kill_all()
-    _say("exit statuses: " + ", ".join(f"{k}={v}" for k, v in codes.items()))
+        try:
+            codes = cluster.stop()
+        except KeyboardInterrupt:  # Ctrl-C again: no graceful drain, kill what is left
+            interrupted = True
+        finally:
+            cluster.kill_all()
+    if codes:
+        _say("exit statuses: " + ", ".join(f"{k}={v}" for k, v in codes.items()))
     bad = {k: v for k, v in codes.items() if v != 0}
     if failed:
         _say(f"FAILED: {failed}")
+    elif interrupted:
+        failed = "interrupted"
+        _say("interrupted: the cluster is stopped")
     if bad and not failed:
         failed = f"daemons did not exit cleanly: {bad}"
         _say(f"FAILED: {failed}")
-    if failed or args.keep:
+    if args.keep or (failed and not interrupted):
         _say(f"node data and logs kept in {root}")
     else:
-        shutil.rmtree(root, ignore_errors=True)
+        _remove_created(root, before)
     if not failed:
         _say(f"demo finished in {time.perf_counter() - started:.1f}s")
     if args.json:  # the last line, whatever happened
         _say(json.dumps({**figures, "ok": not failed, **({"error": failed} if failed else {})}))
-    return 1 if failed else 0
+    return EXIT_INTERRUPTED if interrupted else 1 if failed else 0
+
+
+def _entries(root: Path) -> set[str] | None:
+    """Names in ``root`` now (None: it does not exist, so the demo creates it and may remove it)."""
+    try:
+        return {p.name for p in root.iterdir()}
+    except FileNotFoundError:
+        return None
+    except OSError:  # not a directory, not readable: the start fails there and says why
+        return set()
+
+
+def _remove_created(root: Path, before: set[str] | None) -> None:
+    """Remove ``root`` (``before`` None: the demo made it) or only the entries not in ``before``."""
+    if before is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for entry in _entries(root) or set():
+        if entry not in before:
+            path = root / entry
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def _serve(cluster: LocalCluster) -> None:

@@ -108,3 +108,14 @@ def test_shipped_lexicon_is_reproducible_from_wordnet() -> None:
     shipped = Lexicon.load(DATA)
     assert list(built.items()) == list(shipped.items())
     assert gzip.decompress(DATA.read_bytes()).decode() == built.dumps()
+
+
+def test_build_lexicon_without_wordnet_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing WordNet (the package not installed) exited 1, the status of a failure, not 2."""
+    with pytest.raises(SystemExit) as exit_:
+        build_lexicon.main(["--wordnet-dir", str(tmp_path), "--out", str(tmp_path / "out.tsv.gz")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("build_lexicon: error: ") and "wordnet-base" in err[0]
+    assert list(tmp_path.iterdir()) == []

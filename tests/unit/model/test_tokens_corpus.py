@@ -67,3 +67,14 @@ def test_per_verse_texts(tmp_path: Path) -> None:
     _module(tmp_path, "ot", ['<chapter sID="Gen.1"/>', "One.", "Two."])
     _module(tmp_path, "nt", ['<chapter sID="Matt.1"/>Three.'])
     assert list(chapters(tmp_path, per_verse=True)) == ["One.", "Two.", "Three."]
+
+
+def test_prepare_corpus_without_the_module_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing SWORD module (the package not installed) ended in a ModuleFormatError traceback, exit 1."""
+    from tools.prepare_corpus import main
+
+    assert main(["--excerpt", str(tmp_path / "x.conllu.gz"), "--module-dir", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prepare_corpus: error: ") and "sword-text-web" in err[0]
+    assert list(tmp_path.iterdir()) == []
