@@ -224,7 +224,8 @@ class BoundedRead:
 
 @dataclass(frozen=True, slots=True)
 class PartRead:
-    """``read_part``: the row's version now (``entries`` 0: absent) and views of the entries asked for."""
+    """``read_part``: the row's version now (``entries`` 0: absent) and the entries asked for (views of
+    the base; a copy of the part alone where delta entries are in the row: ``RowEngine.read_part``)."""
 
     entries: int
     touches: int
@@ -866,11 +867,10 @@ class ColumnStore:
         i = self._id(key)
         if i < 0:
             return PartRead(0, 0, self.drops, Row.empty())
-        e = self.engine.read(i)
-        n = len(e)
-        a = min(max(offset, 0), n)
-        z = min(a + max(limit, 0), n)
-        return PartRead(n, int(self._touches[i]), self.drops, Row(e.seg[a:z], e.tc[a:z], e.tf[a:z], e.st[a:z]))
+        start = max(offset, 0)
+        # (only the part: a row with delta entries was merged whole, then sliced, for every part)
+        n, e = self.engine.read_part(i, start, start + max(limit, 0))
+        return PartRead(n, int(self._touches[i]), self.drops, Row(e.seg, e.tc, e.tf, e.st))
 
     def read_all(self) -> RowBatch:
         """Every row, as one canonical batch (a copy)."""
