@@ -1066,7 +1066,8 @@ class ColumnStore:
         # filter passes fewer rows ends at the window's end (not the last: the caller goes on)
         window = min(max(1, max_examine), max(1, limit_rows) * SCAN_WINDOW_ROWS)
         (cols, feats, ids), more = self._keys.window(after, window + 1)
-        return scan_page(cols, feats, ids, self.engine.lengths(), self._gather, lambda i: _row(self.engine.read(i)),
+        return scan_page(cols, feats, ids, self.engine.lengths(), self._gather,
+                         lambda i, a, z: _row(self.engine.read_part(i, a, z)[1]),
                          after, limit_rows, limit_entries, max_examine, keep, limit_bytes, after_entry, more)
 
     def key_order_source(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], int, int] | None:

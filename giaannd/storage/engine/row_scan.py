@@ -54,7 +54,8 @@ _LOOKUP_BLOCK = 1024
 #: Reads rows by id, in the order given: (offsets, the rows concatenated) (``RowEngine.gather``).
 Gather = Callable[[NDArray[np.int64]], tuple[NDArray[np.int64], Row]]
 #: Reads one row by id (views where the engine has them: ``RowEngine.read``).
-ReadOne = Callable[[int], Row]
+#: entries ``[first, stop)`` of one row by id (a copy or views: ``_piece`` copies)
+ReadOne = Callable[[int, int, int], Row]
 
 
 #: The bytes of a page's seven arrays (``RowBatch.nbytes``) of ``rows`` rows and ``entries``
@@ -144,7 +145,7 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
             key = (int(cols[idx[0]]), int(feats[idx[0]]))
             row_id = int(ids[idx[0]])
             if limit_bytes is None:  # a client that cannot resume inside a row: whole, alone
-                batch = _piece(key, read(row_id), 0, int(lengths[row_id]))
+                batch = _piece(key, read(row_id, 0, int(lengths[row_id])))
                 return ScanResult(batch, key, int(idx[0]) + 1 >= last_index, int(idx[0]) + 1 - start)
             return _rest_of_row(key, row_id, lengths, read, 0, int(idx[0]) + 1, last_index, limit_entries,
                                 limit_bytes, examined=int(idx[0]) + 1 - start)
@@ -163,12 +164,11 @@ def scan_page(cols: NDArray[np.uint64], feats: NDArray[np.uint64], ids: NDArray[
     return ScanResult(batch, next_key, last + 1 >= last_index, last + 1 - start)
 
 
-def _piece(key: RowKey, row: Row, first: int, count: int) -> RowBatch:
-    """Entries ``first .. first + count`` of one row as a one-row batch (a copy)."""
-    sl = slice(first, first + count)
+def _piece(key: RowKey, part: Row) -> RowBatch:
+    """Entries of one row (a piece ``read`` gave) as a one-row batch (a copy)."""
     return RowBatch(np.array([key[0]], np.uint64), np.array([key[1]], np.uint64),
-                    np.array([0, count], np.int64), row.segment[sl].copy(), row.target_column[sl].copy(),
-                    row.target_feature[sl].copy(), row.strength[sl].copy())
+                    np.array([0, len(part)], np.int64), part.segment.copy(), part.target_column.copy(),
+                    part.target_feature.copy(), part.strength.copy())
 
 
 def _rest_of_row(key: RowKey, row_id: int, lengths: NDArray[np.int64], read: ReadOne, first: int,
@@ -181,7 +181,7 @@ def _rest_of_row(key: RowKey, row_id: int, lengths: NDArray[np.int64], read: Rea
     count = min(total - first, _entry_budget(limit_entries, limit_bytes))
     if count <= 0:  # (a cursor past the row's end: nothing left of it)
         return ScanResult(RowBatch.empty(), key, next_index >= n, examined)
-    batch = _piece(key, read(row_id), first, count)
+    batch = _piece(key, read(row_id, first, first + count))  # (that piece only, not the row)
     if first + count < total:
         return ScanResult(batch, key, False, examined, first + count)
     return ScanResult(batch, key, next_index >= n, examined)
