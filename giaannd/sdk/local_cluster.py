@@ -252,7 +252,9 @@ class LocalCluster:
         #: a temporary root is removed by ``close`` unless ``keep`` (or the start failed: the logs)
         self._temporary = root is None
         self.keep = keep
-        root = Path(tempfile.mkdtemp(prefix="giaannd-local-")) if root is None else Path(root)
+        # absolute: each daemon runs inside its own data directory, where a relative path to its
+        # config, key file or logs would point nowhere (every daemon failed to start)
+        root = Path(tempfile.mkdtemp(prefix="giaannd-local-")) if root is None else Path(root).absolute()
         self.root = root
         self.corpus_dir = (corpus_dir or root / "corpus").resolve()
         self.export_dir = (export_dir or root / "exports").resolve()

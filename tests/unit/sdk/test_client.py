@@ -330,3 +330,13 @@ def test_local_cluster_bad_arguments_fail_at_once_and_leave_no_directory(
     with pytest.raises(TypeError, match="no_such_option"):
         giaannd.LocalCluster(storage_options={"no_such_option": 1})
     assert list(tmp.iterdir()) == []
+
+
+def test_local_cluster_relative_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LocalCluster(root="rel")``: each daemon runs inside its own data directory, so a relative
+    root (and the key file, configs and logs under it) no longer pointed anywhere from there and
+    every daemon failed to start. The root, and everything derived from it, is absolute."""
+    monkeypatch.chdir(tmp_path)
+    cluster = giaannd.LocalCluster("rel")
+    assert cluster.root == tmp_path / "rel" and cluster.root.is_absolute()
+    assert Path(cluster.key_file).is_absolute()
