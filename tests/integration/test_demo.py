@@ -166,3 +166,33 @@ def test_demo_bad_generate_arguments_exit_2_before_starting(
     assert _FakeCluster.made == []
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m tools.local_cluster: error:")
     assert demo.MAX_GENERATE_TOKENS == MAX_GENERATE_TOKENS  # the demo's copy of the node's bound
+
+
+class _Terminated(Exception):
+    """What this test's own SIGTERM handler raises: a demo that leaves SIGTERM alone shows it."""
+
+
+def test_demo_sigterm_stops_the_cluster_like_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeout 600 make demo`` (or systemd, or a CI runner) ends the launcher with SIGTERM. The
+    daemons run in sessions of their own and the launcher's atexit hook does not run on a signal, so
+    before they were left running; now SIGTERM stops and removes them as Ctrl-C does (exit 130)."""
+    import os
+    import signal
+
+    from tools.local_cluster import demo
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        _fake(monkeypatch)
+        monkeypatch.setattr(_FakeCluster, "wait_converged", lambda self: (self.calls.append("wait_converged"),
+                                                                          os.kill(os.getpid(), signal.SIGTERM)))
+        assert demo.main(["--quick"]) == 130
+        assert _FakeCluster.made[-1].calls[-2:] == ["stop", "kill_all"]
+        assert list(tmp_path.iterdir()) == []
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated  # the demo's handler is gone after
+    finally:
+        signal.signal(signal.SIGTERM, previous)

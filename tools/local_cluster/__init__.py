@@ -24,7 +24,8 @@ steps, done through ``giaannd.Client``. Exit status: 0 success, 1 a
 step failed (the cluster
 is still shut down and the node logs are kept for inspection), 2 bad arguments, 130 Ctrl-C (the
 cluster is stopped and its files removed unless ``--keep``; a second Ctrl-C kills the daemons
-instead of waiting for their graceful stop). With ``--serve``, Ctrl-C is how it ends: status 0.
+instead of waiting for their graceful stop); SIGTERM is taken as Ctrl-C. With ``--serve``, Ctrl-C
+is how it ends: status 0.
 Without ``--keep`` the root is removed at the end; a ``--dir`` that already existed keeps what it
 held before (only what the demo added is removed).
 """

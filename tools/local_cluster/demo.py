@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import tempfile
 import time
 import urllib.error
@@ -190,6 +191,10 @@ def _num(value: Any) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="giaann-cluster-"))
@@ -205,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures: dict[str, Any] = {}
     codes: dict[str, int | None] = {}
     started = time.perf_counter()
+    # SIGTERM (``timeout … make demo``, a CI runner) as Ctrl-C: the daemons run in sessions of their
+    # own and an atexit hook does not run on a signal, so they were left running
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster.start()
         cluster.wait_converged()
@@ -226,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             interrupted = True
         finally:
             cluster.kill_all()
+            signal.signal(signal.SIGTERM, previous)
     if codes:
         _say("exit statuses: " + ", ".join(f"{k}={v}" for k, v in codes.items()))
     bad = {k: v for k, v in codes.items() if v != 0}
