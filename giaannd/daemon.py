@@ -104,7 +104,9 @@ def build_role_services(config: Config, runtime: NodeRuntime | None = None
     """
     services: list[Service] = []
     unavailable: dict[str, str] = {}
-    for role in config.node.roles:
+    # In ROLE_FACTORIES' order however the roles are listed: services start in order and stop in
+    # reverse, and compute must stop before storage (its jobs drain their writes into it).
+    for role in sorted(config.node.roles, key=list(ROLE_FACTORIES).index):
         module_name, _, attr = ROLE_FACTORIES[role].partition(":")
         try:
             module = importlib.import_module(module_name)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from giaannd import cli, daemon
@@ -43,6 +45,29 @@ def test_roles_built_or_reported_unavailable(fake_roles: Path,
     assert [s.name for s in services] == ["storage"]
     assert services[0].config is cfg  # type: ignore[attr-defined]
     assert "fakeroles.absent is absent" in unavailable["compute"]
+
+
+@pytest.mark.parametrize("roles", [["storage", "compute"], ["compute", "storage"]])
+def test_roles_are_built_storage_first_however_they_are_listed(
+        fake_roles: Path, monkeypatch: pytest.MonkeyPatch, roles: list[str]) -> None:
+    """Services start in order and stop in reverse: compute must stop before storage (its jobs
+    drain their writes into it). ``--role both`` listed the roles sorted, compute first, so storage
+    stopped first and the draining jobs' writes failed."""
+    (fake_roles / "named.py").write_text(
+        "class S:\n"
+        "    def __init__(self, name):\n"
+        "        self.name = name\n"
+        "def storage(config):\n"
+        "    return S('storage')\n"
+        "def compute(config):\n"
+        "    return S('compute')\n")
+    for name in [m for m in sys.modules if m == "fakeroles" or m.startswith("fakeroles.")]:
+        monkeypatch.delitem(sys.modules, name)  # (an earlier test's fakeroles, from another directory)
+    importlib.invalidate_caches()  # (the package's directory listing is cached since the fixture)
+    _roles(monkeypatch, "fakeroles.named:storage", "fakeroles.named:compute")
+    cfg = load_config(environ={}, overrides=["node.roles=" + msgspec.json.encode(roles).decode()])
+    services, _ = daemon.build_role_services(cfg)
+    assert [s.name for s in services] == ["storage", "compute"]
 
 
 def test_roles_missing_factory_is_reported(fake_roles: Path,
