@@ -128,7 +128,7 @@ class Keyring:
         """
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
             raise KeyringError(f"{path}: cannot read keyring: {exc}") from exc
         if (not isinstance(doc, dict) or doc.get("version") != _FORMAT_VERSION
                 or not isinstance(doc.get("keys"), list)
@@ -140,7 +140,8 @@ class Keyring:
             raise KeyringError(f"{path}: {exc}") from exc
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the key file atomically (temp file, fsync, rename), mode 0600."""
+        """Write the key file atomically (temp file, fsync, rename), mode 0600; the directory is
+        fsync'ed after the rename, so the new keys survive a power loss (not only a crash)."""
         target = Path(path)
         doc = {"version": _FORMAT_VERSION, "keys": [self.encode_key(k) for k in self._keys]}
         fd, tmp = tempfile.mkstemp(prefix=".keyring-", dir=target.parent)
@@ -155,3 +156,13 @@ class Keyring:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """fsync a directory: makes a rename inside it durable (``giaannd.atomic_file.fsync_dir``)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

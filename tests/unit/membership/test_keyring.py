@@ -1,5 +1,6 @@
 import json
 import os
+import stat
 
 import pytest
 
@@ -40,12 +41,31 @@ def test_keyring_save_load_roundtrip_atomic_and_private(tmp_path):
 @pytest.mark.parametrize("content", ["", "[]", '{"version": 2, "keys": []}',
                                      '{"version": 1, "keys": ["not base64!"]}',
                                      '{"version": 1, "keys": []}',
-                                     json.dumps({"version": 1, "keys": ["AAAA"]})])
+                                     json.dumps({"version": 1, "keys": ["AAAA"]}),
+                                     "[" * 100_000])  # corrupt: nested past the parser's recursion limit
 def test_keyring_load_errors_name_the_file(tmp_path, content):
     path = tmp_path / "k.json"
     path.write_text(content)
     with pytest.raises(KeyringError, match="k.json"):
         Keyring.load(path)
+
+
+def test_keyring_save_fsyncs_the_directory_after_the_rename(tmp_path, monkeypatch):
+    """Without the directory fsync the rename may not survive a power loss: the node would come
+    back with the keyring from before a rotation step (``giaannd.atomic_file`` does the same)."""
+    path = tmp_path / "keys.json"
+    Keyring([b"a" * 16]).save(path)
+    ring = Keyring([b"b" * 16, b"a" * 16])
+    synced: list[tuple[bool, bytes]] = []  # (a directory?, the target's primary when fsync'ed)
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), Keyring.load(path).primary))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ring.save(path)
+    assert synced[-1] == (True, b"b" * 16)  # the directory, once the new file is in place
 
 
 def test_keyring_missing_file(tmp_path):
