@@ -281,12 +281,20 @@ async def spread_evaluate(prompts: Sequence[EncodedSentence], local: str, run_lo
         figures = await run_local(part)
         by_node.setdefault(local, ShareFigures()).add(figures)
 
-    async with asyncio.TaskGroup() as group:
-        for name, (start, end) in zip(names, ranges):
-            part = prompts[start:end]
-            if not part:
-                continue
-            group.create_task(own(part) if name == local else remote(name, part))
+    # a TaskGroup raises an ExceptionGroup: its first failure is raised as itself, so callers
+    # handle this node's own failure (routes: STORAGE_ERRORS -> 503) as if run_local raised it
+    failure: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            for name, (start, end) in zip(names, ranges):
+                part = prompts[start:end]
+                if not part:
+                    continue
+                group.create_task(own(part) if name == local else remote(name, part))
+    except ExceptionGroup as eg:
+        failure = eg.exceptions[0]
+    if failure is not None:
+        raise failure  # outside the handler, so its context is not the group that holds it
     total = ShareFigures()
     for figures in by_node.values():
         total.add(figures)

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import pytest_asyncio
 
+from giaannd.client.errors import ReadFailed
 from giaannd.client.storage_client import StorageClient
 from giaannd.compute.eval_spread import decode_figures, decode_share, encode_share
 from giaannd.compute.service import ComputeService
@@ -104,3 +105,22 @@ async def test_eval_spread_false_or_no_peers_runs_here(trained):
     assert calls == [] and list(out["by_node"]) == ["c0"]
     c0.eval_peers = lambda: {}
     assert list((await c0.evaluate(prompts))["by_node"]) == ["c0"]
+
+
+@pytest.mark.asyncio
+async def test_eval_spread_storage_failing_here_raises_the_storage_error_itself(trained, monkeypatch):
+    """The receiving node's own storage failure fails the request as that error (routes answer
+    STORAGE_ERRORS 503), not wrapped in the task group's ExceptionGroup (a 500), spread or not."""
+    c0, c1, _ = trained
+    real = c0.storage.read_rows
+
+    async def read_rows(*args, **kwargs):  # the inference reader's reads fail (it passes fewest)
+        if "fewest" in kwargs:
+            raise ReadFailed("every replica of some rows failed")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(c0.storage, "read_rows", read_rows)
+    c0.eval_peers = lambda: {"c1": wire(c1, [])}
+    for spread in (False, True):
+        with pytest.raises(ReadFailed):
+            await c0.evaluate(load_bundled_corpus(40), spread=spread)

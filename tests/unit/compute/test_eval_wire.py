@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from giaannd import protocol as p
+from giaannd.client.errors import ReadFailed
 from giaannd.compute.eval_spread import (
     EvalShare,
     ShareFigures,
@@ -143,3 +144,17 @@ async def test_a_share_over_the_size_limit_is_not_sent_but_run_here_and_reported
                                    lambda part: share(n=len(part)), 5.0)
     assert result.total.prompts == 200 and list(result.by_node) == ["c1"]
     assert result.redone[0]["node"] == "c2" and "eval-share-max-bytes" in result.redone[0]["error"]
+
+
+@pytest.mark.asyncio
+async def test_spread_evaluate_raises_a_local_failure_as_itself_not_as_a_group() -> None:
+    async def run_local(part):  # type: ignore[no-untyped-def]
+        raise ReadFailed("every replica of some rows failed")
+
+    async def dead_peer(share: EvalShare) -> ShareFigures:  # its share is redone here, and fails as well
+        raise ConnectionResetError("gone")
+
+    for peers in ({}, {"c2": dead_peer}):
+        with pytest.raises(ReadFailed):
+            await spread_evaluate(list(range(4)), "c1", run_local, peers,  # type: ignore[arg-type]
+                                  lambda part: share(n=len(part)), 5.0)
