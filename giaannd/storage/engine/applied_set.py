@@ -260,8 +260,9 @@ class AppliedSet:
             pos += c
             if any(s <= f for s in exc) or len(set(exc)) != len(exc) or (f == 0 and not exc):
                 raise ValueError(f"applied set: writer {w} has an invalid floor/exception list")
-            if f:
-                out._floor[w] = f
+            # a floor of 0 is kept too: ``add`` keeps one for a writer seen with a gap below its
+            # first seq, and ``__len__`` (``used_bytes``) counts it, so a restart changes no size
+            out._floor[w] = f
             if exc:
                 out._above[w] = set(exc)
         return out
