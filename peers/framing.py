@@ -495,6 +495,26 @@ class FrameDecoder:
         deliver(message, dests)
         return True
 
+    def divert_response(self, req_id: int) -> bool:
+        """The caller of request ``req_id`` gave up on it (a deadline, a cancellation) while its
+        response's bulk is arriving into the caller's buffers (``allocate`` returned them): send
+        the bytes still to come to scratch memory instead, so that nothing lands in those buffers
+        after the caller was told it failed (it may use them again at once: a retry into the same
+        memory). The frame still completes, to keep the stream in step, without its checksums
+        checked (nobody takes its bytes). Returns whether that response was arriving.
+
+        Only inline bulk: out-of-band bulk is received by its connection (``Connection``)."""
+        message = self._message
+        if self._state != _BULK or type(message) is not wire.Response or message.id != req_id:
+            return False
+        i = self._dest_index
+        if i < len(self._dests):
+            rest = [self._dests[i].nbytes - self._dest_offset] + [d.nbytes for d in self._dests[i + 1 :]]
+            self._dests = self._dests[:i] + [np.empty(n, np.uint8).data for n in rest]
+            self._dest_offset = 0
+        self._checksums = False
+        return True
+
     def feed(self, data: bytes | memoryview) -> list[Frame]:
         """Convenience for tests and in-process links: copy ``data`` in through ``get_buffer``."""
         frames: list[Frame] = []

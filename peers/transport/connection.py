@@ -294,6 +294,11 @@ class Connection:
         self._closed_exc: BaseException | None = None
         self._corked = False  # the link is corked until the next loop iteration (_uncork)
         self.closed = asyncio.Event()
+        #: the receive side's ``FrameDecoder.divert_response`` (set by the session that feeds this
+        #: connection): a request given up on stops its response's bulk landing in its buffers
+        self.divert_response: Callable[[int], bool] | None = None
+        #: responses whose out-of-band bulk is being received into their callers' buffers
+        self._receiving: dict[int, asyncio.Task[None]] = {}
 
     # ---- caller API -------------------------------------------------------------------------------
 
@@ -352,9 +357,11 @@ class Connection:
         except TimeoutError:
             self.metrics.deadlines += 1
             self._abandon(req_id)
+            await self._received_elsewhere(req_id)
             raise DeadlineExceeded(f"request {req_id} to {self.peer} exceeded {timeout_s}s") from None
         except asyncio.CancelledError:
             self._abandon(req_id)
+            await self._received_elsewhere(req_id)
             raise
         finally:
             self._pending.pop(req_id, None)
@@ -443,7 +450,9 @@ class Connection:
                                           reason="bad_message")
             for buf in frame.buffers:
                 self.metrics.bytes_received += buf.nbytes
-            self._loop.create_task(self._receive_out_of_band(frame))
+            receiving = self._loop.create_task(self._receive_out_of_band(frame))
+            if type(msg) is wire.Response:  # into its caller's buffers: ``_received_elsewhere``
+                self._receiving[msg.id] = receiving
             return
         msg_type = type(msg)
         if msg_type is wire.Request or msg_type is wire.Response:
@@ -514,8 +523,26 @@ class Connection:
         if pending is not None and not pending.future.done():
             pending.future.set_exception(exc)
 
+    async def _received_elsewhere(self, req_id: int) -> None:
+        """Before a caller that gave up is told: wait for an out-of-band receive of its response's
+        bulk into its buffers, if one is under way (a posted UCX receive cannot be taken back, and
+        the caller may use its buffers again at once). It ends with its bytes in, or when the
+        connection closes (its peer gone: a receive from a dead sender never completes, and its
+        bytes never come); a second cancellation of the caller stops the wait."""
+        receiving = self._receiving.get(req_id)
+        if receiving is not None and self._closed_exc is None:
+            closing = self._loop.create_task(self.closed.wait())
+            try:
+                await asyncio.wait([receiving, closing], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+
     def _abandon(self, req_id: int) -> None:
-        self._pending.pop(req_id, None)
+        pending = self._pending.pop(req_id, None)
+        if pending is not None and pending.views and self.divert_response is not None:
+            # its response's bulk may be arriving into the caller's buffers right now: the rest
+            # goes elsewhere, the caller may use them again as soon as it is told
+            self.divert_response(req_id)
         if self._closed_exc is None:
             self.metrics.cancels += 1
             self._loop.create_task(self._send_cancel(req_id))
@@ -773,6 +800,9 @@ class Connection:
             self._shutdown(exc)
             self.link.abort()
             return
+        finally:
+            if response:
+                self._receiving.pop(msg.id, None)
         if response:
             self._on_response(msg)  # type: ignore[arg-type]
         elif self._closed_exc is None:

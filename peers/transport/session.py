@@ -173,6 +173,7 @@ class Session:
         self.conn = self._make(agreement)
         self.decoder.allocate = self.conn.allocate  # authenticated: bulk may come, straight there
         self.decoder.deliver = self.conn.on_message
+        self.conn.divert_response = self.decoder.divert_response
         self.metrics.connections_opened += 1
         if not self.ready.done():
             self.ready.set_result(self.conn)
