@@ -29,7 +29,9 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   cache: without a cache (or with one too small to keep them) they would otherwise be read twice
   (issue 19: the no-cache runner read every row twice, one request per step). Held rows are at
   most ``prefetch_depth`` per session. A step whose row is already here takes it without a
-  coroutine or an event-loop hand-off (:meth:`Lookahead.ready`). Free-running sessions know only
+  coroutine or an event-loop hand-off (:meth:`Lookahead.ready`). A prefetched read that fails is
+  dropped (counted in ``prefetch_failures``, logged): its rows are read when a step needs them, and
+  only that read's error fails the session. Free-running sessions know only
   their seed tokens ahead (those are prefetched); past them the next row is the one the step just
   chose (the choice is made the moment the row arrives), so prefetching "top candidates" would only
   ride in the same request as the real fetch; we do not do it.
@@ -65,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -80,6 +83,8 @@ from giaannd.model.gpu.lif import make_session
 from giaannd.model.infer import REMEMBER_BYTES, SEED_TOKENS, DelimiterFlags, LifConstants, LifSession
 from giaannd.model.rows import Row, RowBatch, RowKey
 from giaannd.model.sentence import EncodedSentence
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PREFETCH_DEPTH", "DEFAULT_READAHEAD_PROMPTS", "Inference", "Lookahead", "PromptReadAhead",
            "RowCache", "RowFetcher", "drive_session", "inference_reader"]
@@ -295,12 +300,14 @@ class _Flight:
     before ``future`` completes, only when the read succeeded). One future per read, not per key: a
     waiter awaits the read and takes its row from the reply; each row is built once per read."""
 
-    __slots__ = ("future", "generation", "keys", "rows")
+    __slots__ = ("dropped", "future", "generation", "keys", "rows")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.keys: list[RowKey] = []
         self.rows: dict[RowKey, Row] | None = None
+        #: the read failed and a session that prefetched it dropped it (counted once per read)
+        self.dropped = False
         #: the cache's generation when the read started (None: not sent yet); a read that started
         #: before an invalidation is joined by no later lookup (invalidation rule)
         self.generation: int | None = None
@@ -310,6 +317,11 @@ class _Flight:
         read succeeded."""
         assert self.rows is not None
         return self.rows.get(key, _EMPTY)
+
+    def failed(self) -> bool:
+        """Whether the read completed with an error (not cancelled)."""
+        fut = self.future
+        return fut.done() and not fut.cancelled() and fut.exception() is not None
 
 
 _EMPTY: Final = Row.empty()
@@ -332,6 +344,8 @@ class RowFetcher:
         self.requests = 0
         self.rows_fetched = 0
         self.prefetched = 0
+        #: prefetched reads that failed and were dropped: their rows are read when a step needs them
+        self.prefetch_failures = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def get(self, key: RowKey) -> Row:
@@ -345,12 +359,13 @@ class RowFetcher:
             return row
         return await self.fetch(key)
 
-    async def fetch(self, key: RowKey) -> Row:
+    async def fetch(self, key: RowKey, *, count: bool = True) -> Row:
         """As :meth:`get` without looking in the cache (the caller just did); counts the lookup as a
-        miss, or as a join when a read of ``key`` is already in flight."""
-        if self._joinable(key) is not None:
+        miss, or as a join when a read of ``key`` is already in flight (``count=False``: the caller
+        counted it already)."""
+        if count and self._joinable(key) is not None:
             self.cache.in_flight_joins += 1
-        else:
+        elif count:
             self.cache.misses += 1
         flight = self._flight(key)
         await asyncio.shield(flight.future)
@@ -359,7 +374,7 @@ class RowFetcher:
     def prefetch(self, keys: Iterable[RowKey], joined: set[RowKey] | None = None) -> dict[RowKey, _Flight]:
         """Start fetching rows not cached (keys in flight join their read, and are added to
         ``joined``); never waits, never raises (a failure is raised by awaiting the read, or by
-        ``get``).
+        ``get``; a :class:`Lookahead` drops a failed read and reads its rows when a step needs them).
 
         Returns:
             the read of every key not cached, for the caller to hold until it uses the row.
@@ -523,7 +538,7 @@ class Lookahead:
         """The row of ``key`` (needed at index ``k``) if this session holds it already read; else
         None (then :meth:`row`). Refills the window first."""
         self.fill(k)
-        flight = self._held.get(key)
+        flight = self._usable(key)
         if flight is None:  # cached when the window was asked for (or not the known token)
             return self._fetcher.cache.find(key)  # a None is counted by row()
         if flight.rows is None:
@@ -534,11 +549,15 @@ class Lookahead:
     async def row(self, k: int, key: RowKey) -> Row:
         """The row of ``key``, needed at index ``k``, once :meth:`ready` returned None for it."""
         self.fill(k)
-        flight = self._held.get(key)
+        flight = self._usable(key)
         if flight is None:  # ready() looked in the cache already
             return await self._fetcher.fetch(key)
         self._take(k, key)
-        await asyncio.shield(flight.future)
+        try:
+            await asyncio.shield(flight.future)
+        except Exception:  # the prefetch failed: read the row now (the lookup is counted already)
+            self._drop_failed(flight)
+            return await self._fetcher.fetch(key, count=False)
         return flight.row(key)
 
     def close(self) -> None:
@@ -550,6 +569,28 @@ class Lookahead:
         self._held.clear()
         self._joined.clear()
         self._last_use.clear()
+
+    def _usable(self, key: RowKey) -> _Flight | None:
+        """The held read of ``key``, unless it failed: then every row held from it is dropped and
+        None returned, so the step reads its row on demand (a prefetch is a guess made ahead; a
+        transient error on it must not fail the prompt that later needs the row)."""
+        flight = self._held.get(key)
+        if flight is not None and flight.failed():
+            self._drop_failed(flight)
+            return None
+        return flight
+
+    def _drop_failed(self, flight: _Flight) -> None:
+        """Let go of every row held from ``flight``, a failed read; counted and logged once per read."""
+        for key in [key for key, held in self._held.items() if held is flight]:
+            del self._held[key]
+            self._last_use.pop(key, None)
+            self._joined.discard(key)
+        if not flight.dropped:
+            flight.dropped = True
+            self._fetcher.prefetch_failures += 1
+            log.warning("prefetch failed, its rows are read when needed rows=%d error=%r",
+                        len(flight.keys), flight.future.exception())
 
     def _take(self, k: int, key: RowKey) -> None:
         cache = self._fetcher.cache

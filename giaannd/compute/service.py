@@ -473,12 +473,14 @@ class ComputeService:
 
     # -- inference --------------------------------------------------------------------------------
     async def prompt_assigner(self) -> ColumnAssigner:
-        """A column assigner for prompts: this node's vocabulary and deterministic flags, and the
-        probabilistic flags as storage holds them now (the replicated set)."""
+        """A column assigner for prompts: this node's deterministic flags and the probabilistic
+        flags as storage holds them now (the replicated set). Its vocabulary is its own, not the
+        node's: encoding registers every word it meets, and a prompt's words must not grow what
+        the node keeps and persists (ids are content-addressed, so the encoding is the same; a word
+        never trained has no row, as in the core)."""
         flags = await read_flags(self._client())
         assigner = make_assigner(self.settings.model_profile, self._lexicon, flags | self.state.probabilistic)
         assigner.add_deterministic_flags(self.state.deterministic)
-        assigner.vocab = self._vocab()
         return assigner
 
     def _vocab(self) -> Vocabulary:
@@ -596,7 +598,8 @@ class ComputeService:
             await self.resolve_vocab([c for c, _ in nodes], [f for _, f in nodes])
         except STORAGE_ERRORS as exc:  # words still print, as hex, for what could not be fetched
             log.warning("vocabulary lookup failed: %s", exc)
-        words = [word_of(assigner.vocab, c, f) for c, f in nodes]
+        vocab = self._vocab()  # names: the node's (just resolved from storage), else the prompt's own
+        words = [word_of(vocab if _named(vocab, c, f) else assigner.vocab, c, f) for c, f in nodes]
         return {"prompt": list(enc.words), "tokens": words, "text": " ".join(words)}
 
     # -- vocabulary and export (cluster_export.py) --------------------------------------------
@@ -641,6 +644,15 @@ class ComputeService:
                                     lambda keys: self._client().get_vocab(keys), path,
                                     page_bytes=self.settings.export_page_bytes,
                                     chunk_entries=self.settings.export_chunk_entries)
+
+
+def _named(vocab: Vocabulary, column: int, feature: int) -> bool:
+    """Whether ``vocab`` has the word of the node (column, feature)."""
+    try:
+        vocab.word_of(column, feature)
+    except KeyError:
+        return False
+    return True
 
 
 def _client_from_services(services: Mapping[str, Any]) -> StorageClient | None:

@@ -165,3 +165,69 @@ async def test_sessions_started_after_an_invalidation_do_not_take_rows_read_befo
     await asyncio.wait_for(asyncio.gather(running, later), 10)
     assert [float(r.strength[0]) for r in second.seen] == [1.0] * 10
     assert len(calls) == 2
+
+
+def failing_once_reader(fail_keys):
+    """A read that fails the first read asking for any of ``fail_keys`` (a transient storage
+    error) and answers every other one (one entry per asked row); logs calls."""
+    calls = []
+    failed = []
+
+    async def read(cols, feats):
+        keys = list(zip(cols.tolist(), feats.tolist()))
+        calls.append(keys)
+        await asyncio.sleep(0)
+        if not failed and set(keys) & set(fail_keys):
+            failed.append(keys)
+            raise OSError("connection reset")
+        n = cols.shape[0]
+        order = np.lexsort((feats, cols))
+        return RowBatch(cols[order], feats[order], np.arange(n + 1, dtype=np.int64), np.zeros(n, np.uint8),
+                        np.ones(n, np.uint64), np.ones(n, np.uint64), np.ones(n, np.float32))
+
+    return read, calls, failed
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("depth", [4, 32])
+async def test_infer_a_failed_prefetch_is_dropped_and_the_row_read_when_needed(depth):
+    """A prefetch is a guess made ahead: a transient error on it must not fail the step that later
+    needs the row (it used to be held and raised there); the row is read again, on demand."""
+    keys = [(i, 0) for i in range(12)]
+    read, calls, failed = failing_once_reader(keys[6:])  # a later window (depth 4) or the whole one (32)
+    fetcher = RowFetcher(read, RowCache(0))
+    session = ScriptSession(keys)
+    steps = await asyncio.wait_for(drive_session(session, fetcher, keys, depth), 10)
+    assert failed and steps == len(keys) and all(len(r) == 1 for r in session.seen)
+    assert fetcher.prefetch_failures == 1
+
+
+@pytest.mark.asyncio
+async def test_infer_a_failed_read_ahead_does_not_fail_the_later_prompt():
+    """The read-ahead of a later prompt fails (one transient error) while the first prompt steps:
+    the later prompt reads its rows when it runs."""
+    from giaannd.compute.infer import Inference
+    from giaannd.model.columns import ColumnAssigner
+    from giaannd.model.infer import TRAIN_SET, NoDelimiters
+    from giaannd.model.tokens import load_bundled_corpus
+
+    a = ColumnAssigner()
+    enc = [e for s in load_bundled_corpus(20) if (e := a.encode(s, update_flags=False)) is not None][:6]
+    later = set(zip(enc[-1].column.tolist(), enc[-1].feature.tolist()))
+    first = set(zip(enc[0].column.tolist(), enc[0].feature.tolist()))
+    read, calls, failed = failing_once_reader(later - first)
+    inference = Inference(RowFetcher(read, RowCache(0)), max_sessions=1, readahead_prompts=8)
+    report = await asyncio.wait_for(inference.evaluate(enc, NoDelimiters(), TRAIN_SET), 10)
+    assert failed and report.result.prompts == len(enc)
+    assert len(calls[0]) == len(first)  # the first prompt's own window read first, untouched by the failure
+    assert inference.fetcher.prefetch_failures == 1
+
+
+@pytest.mark.asyncio
+async def test_infer_an_on_demand_read_that_fails_still_fails_the_session():
+    """Only the prefetch is forgiven: a row read for the step that needs it, failing, fails it."""
+    keys = [(i, 0) for i in range(5)]
+    read, calls, failed = failing_once_reader(keys)
+    with pytest.raises(OSError, match="connection reset"):
+        await asyncio.wait_for(drive_session(ScriptSession(keys), RowFetcher(read, RowCache(0)), (), 8), 10)
+    assert failed
