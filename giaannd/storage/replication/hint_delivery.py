@@ -174,7 +174,8 @@ class HintDelivery:
                 log.info("hint delivery paused target=%s held=%d: %s", target,
                          len(self.hints.pending(target)), exc)
                 break
-            self.hints.delivered(target, hint.batch_id)
+            if not self.hints.delivered(target, hint.batch_id, hint.batch):
+                continue  # another share joined it meanwhile: the union goes next round (hints.py)
             if self.on_delivered is not None:
                 self.on_delivered()
             done += 1

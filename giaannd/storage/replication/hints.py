@@ -31,6 +31,19 @@ It is written only when the epoch differs from the previous record's, so the cos
 record per epoch change. Old hint logs (no epoch records) read as "unknown"; an older reader skips
 the epoch records (it only looks at batch records).
 
+**A second share of one batch id.** A holder may be sent two different shares of one batch id for
+one target: a writer that retries the batch after a placement change (the target owns more rows
+now), another holder's re-split. The target applies a batch id per column (applied_set.py), so
+the second share's extra rows are real writes: answering "already held" acknowledged them and never
+delivered them. The holder keeps the **union** of the rows instead (a row of a batch, keyed by
+``(row_column, row_feature)``, has the same entries in every share, so the union is exact) and
+appends it as a new batch record under the same id: recovery keeps the last record of an id (as
+old code does too), so the log format is unchanged; the superseded record's bytes stay on disk
+until the target's log is deleted. The union keeps the held share's epoch: a source forwards the
+rows of a write not tagged with its operation's new epoch, and a forward the target also got
+directly is deduplicated (docs/topology.md), while a new-epoch tag on old-placement rows would
+keep them from being forwarded. A share that adds no row is a no-op (False), as before.
+
 Synchronous and I/O-only; the service runs ``sync`` in a worker thread.
 """
 
@@ -41,7 +54,10 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
 from giaannd.errors import Refused
@@ -106,6 +122,36 @@ def decode_epoch(low: int, high: int) -> str:
     if low == 0 and high == 0:
         return ""
     return f"{(high << 64) | low:0{_EPOCH_HEX}x}"
+
+
+def _row_union(held: RowBatch, more: RowBatch) -> RowBatch | None:
+    """The rows of ``held`` and those of ``more`` it lacks, as one canonical batch; None when
+    ``more`` adds no row. Rows are keyed by (row_column, row_feature); a row in both is taken from
+    ``held`` (a batch's row has the same entries in every share: module docstring)."""
+    cols = np.concatenate([held.row_column, more.row_column])
+    feats = np.concatenate([held.row_feature, more.row_feature])
+    order = np.lexsort((np.arange(cols.shape[0]), feats, cols))  # by key; held's row first
+    c, f = cols[order], feats[order]
+    first = np.ones(order.shape[0], bool)
+    first[1:] = (c[1:] != c[:-1]) | (f[1:] != f[:-1])
+    take = order[first]
+    if take.shape[0] == held.num_rows:
+        return None
+    starts = np.concatenate([held.offsets[:-1], more.offsets[:-1] + held.num_entries])
+    lengths = np.concatenate([np.diff(held.offsets), np.diff(more.offsets)])[take]
+    offsets = np.zeros(take.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    entry = np.repeat(starts[take] - offsets[:-1], lengths) + np.arange(offsets[-1])
+
+    def cat(name: str) -> NDArray[Any]:
+        both: NDArray[Any] = np.concatenate([getattr(held, name), getattr(more, name)])
+        out: NDArray[Any] = both[entry]
+        return out
+
+    union = RowBatch(cols[take], feats[take], offsets, cat("segment"), cat("target_column"),
+                     cat("target_feature"), cat("strength"))
+    union.validate()  # canonical: sorted unique rows (by construction), each row as it came
+    return union
 
 
 def _dir_name(target: str) -> str:
@@ -174,7 +220,9 @@ class HintStore:
 
     # -- writes -------------------------------------------------------------------------------------
     def add(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> bool:
-        """Append a hint (durable after ``sync(target)``). False if already held (nothing written).
+        """Append a hint (durable after ``sync(target)``). False if every row of it is already held
+        under that id for that target (nothing written); another share of a held id is held as the
+        union of both (module docstring, "A second share").
 
         The batch must be owned by the caller (not a view of a receive buffer): it is kept in RAM.
         ``epoch``: the placement epoch the writer split it with (module docstring; "" unknown).
@@ -186,9 +234,14 @@ class HintStore:
         """
         dir_name = _dir_name(target)
         tl = self._targets.get(target)
-        if tl is not None and batch_id in tl.hints:
-            return False
-        if self._held_bytes + batch.nbytes > self.max_bytes:
+        held = tl.hints.get(batch_id) if tl is not None else None
+        if held is not None:
+            union = _row_union(held.batch, batch)
+            if union is None:
+                return False
+            batch, epoch = union, held.epoch
+        freed = held.batch.nbytes if held is not None else 0
+        if self._held_bytes - freed + batch.nbytes > self.max_bytes:
             raise HintSpaceFull(f"hint space full: {self._held_bytes} of {self.max_bytes} bytes held")
         if tl is None:
             sub = self.directory / dir_name
@@ -201,8 +254,8 @@ class HintStore:
             tl.log.append_floor(low, high)
             tl.epoch = epoch
         tl.log.append_batch(batch_id, batch)
-        tl.hints[batch_id] = Hint(target, batch_id, batch, epoch)
-        self._held_bytes += batch.nbytes
+        tl.hints[batch_id] = Hint(target, batch_id, batch, epoch)  # (a union keeps the id's place)
+        self._held_bytes += batch.nbytes - freed
         return True
 
     def sync(self, target: str) -> None:
@@ -211,11 +264,20 @@ class HintStore:
         if tl is not None:
             tl.log.sync()
 
-    def delivered(self, target: str, batch_id: BatchId) -> None:
-        """The target acknowledged the hint as durable: forget it; delete the log once empty."""
+    def delivered(self, target: str, batch_id: BatchId, batch: RowBatch | None = None) -> bool:
+        """The target acknowledged the hint as durable: forget it; delete the log once empty.
+
+        ``batch``: the rows that were delivered. When the held hint is no longer that batch (a
+        union with another share arrived during the delivery) it is kept, to be delivered again
+        with the rows the target did not get, and the answer is False. None: forget it whatever
+        it holds.
+        """
         tl = self._targets.get(target)
         if tl is None:
-            return
+            return True
+        held = tl.hints.get(batch_id)
+        if held is not None and batch is not None and held.batch is not batch:
+            return False
         hint = tl.hints.pop(batch_id, None)
         if hint is not None:
             self._held_bytes -= hint.batch.nbytes
@@ -224,6 +286,7 @@ class HintStore:
             tl.log.close()
             shutil.rmtree(tl.log.directory)
             fsync_dir(self.directory)
+        return True
 
     # -- reads --------------------------------------------------------------------------------------
     def targets(self) -> list[str]:
