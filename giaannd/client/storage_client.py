@@ -359,7 +359,7 @@ class StorageClient:
 
     def abandon(self, batch_id: BatchId) -> None:
         """Give up on a failed write of ours: it will never be sent again (lets the floor move)."""
-        self._floors.abandon(batch_id)
+        self._writes.abandon(batch_id)
 
     # -- replicated reads (reads.py) ------------------------------------------------------------------------
     async def read_rows(self, row_column: Any, row_feature: Any, timeout_s: float | None = None, *,

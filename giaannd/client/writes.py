@@ -22,6 +22,19 @@ when a hinted owner later reports it applied. ``write`` starts a background ``co
 each live hinted owner ``BatchesApplied``) at most every ``CONFIRM_HINTS_INTERVAL_S`` while hinted
 seqs are pending, so the floor recovers after an outage without anyone scheduling it.
 
+**Stranded shares**: a share no owner acknowledged and no node holds (the owner refused it with
+``StoreFull`` or ``BadRequest``, which are not hinted, or no live node would hold its hint) cannot
+simply settle: the floor is the writer's promise never to send the seq again, and an owner whose
+floor passed a seq counts it as applied, so neither a late send nor a repair (which looks for ids
+the node has not applied, repair/plan.py) would ever give that owner the rows. Nor may it stay
+unsettled with nothing under way, which held the floor back for the client's lifetime. So the
+writer keeps the share (at most ``MAX_STRANDED_BYTES``; past that only the seq is tracked) and
+counts the seq as hinted for its owner: each ``confirm_hints`` round first sends the owner's
+stranded shares again, to the owner itself when it is live (else, or when it refuses with
+``Unavailable``/``NotOwner`` or fails, as a hint), stopping at the first that fails, and then asks
+``BatchesApplied`` as for any hinted seq. The seq settles only once the owner reports the batch
+applied; a write that did not reach W is settled this way too or ``abandon``-ed, as before.
+
 **Backpressure**: each owner's share reserves its bytes in that owner's ``ByteBudget`` *before* it
 is sent, in the write loop: a slow owner's full budget blocks the write there, even when the other
 owners would make the quorum.
@@ -56,7 +69,8 @@ from giaannd.cluster.view import ClusterView
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 
-__all__ = ["CONFIRM_HINTS_INTERVAL_S", "QuorumWriter", "WriteResult", "hint_holders", "write_quorum"]
+__all__ = ["CONFIRM_HINTS_INTERVAL_S", "MAX_STRANDED_BYTES", "QuorumWriter", "WriteResult", "hint_holders",
+           "write_quorum"]
 
 # The storage client's parts log under the client's name (operators and tests filter on it).
 log = logging.getLogger("giaannd.client.storage_client")
@@ -64,6 +78,11 @@ log = logging.getLogger("giaannd.client.storage_client")
 #: ``write`` starts a background ``confirm_hints`` at most this often while hinted seqs are pending,
 #: so the writer floor recovers after an outage without anyone scheduling it.
 CONFIRM_HINTS_INTERVAL_S: Final = 2.0
+#: Bytes of stranded shares (module docstring) a writer keeps to send again: the per-owner
+#: in-flight budget's default, so a full or unreachable owner costs at most about what it could
+#: have had in flight. Past it a stranded seq is still tracked (it settles when its owner gets the
+#: batch another way: a repair) but its rows are not kept.
+MAX_STRANDED_BYTES: Final = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,15 @@ class WriteResult:
     quorum: int
     acked: tuple[str, ...]
     hinted: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class _Stranded:
+    """A share of ours that no node holds (module docstring, "Stranded shares")."""
+
+    bid: BatchId
+    share: RowBatch
+    epoch: str
 
 
 class SendReserved(Protocol):
@@ -140,6 +168,9 @@ class QuorumWriter:
         self._call = call
         self._background: set[asyncio.Task[Any]] = set()
         self._last_confirm = float("-inf")
+        #: target -> seq -> its stranded share (module docstring)
+        self._stranded: dict[str, dict[int, _Stranded]] = {}
+        self._stranded_bytes = 0
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -215,9 +246,12 @@ class QuorumWriter:
         if not isinstance(exc, REQUEST_FAILURES):
             raise exc
         failures[node] = str(exc) or type(exc).__name__
+        share = batch.select_rows(shares[node])
         if isinstance(exc, (RemoteBadRequest, RemoteStoreFull)):
-            return False  # a hint would be refused the same way when delivered
-        self._spawn(self._hint(node, bid, batch.select_rows(shares[node]), floor, hinted, epoch))
+            # a hint would be refused the same way when delivered: the writer sends it again
+            self._strand(node, bid, share, epoch)
+            return False
+        self._spawn(self._hint(node, bid, share, floor, hinted, epoch))
         return False
 
     async def _finish_late(self, task: asyncio.Task[p.ApplyAck], node: str, *args: Any) -> None:
@@ -226,14 +260,14 @@ class QuorumWriter:
         self._settle_direct(task, node, *args)
 
     async def _hint(self, target: str, bid: BatchId, share: RowBatch, floor: int,
-                    hinted: dict[str, list[str]], epoch: str) -> None:
+                    hinted: dict[str, list[str]], epoch: str) -> bool:
         """Hand ``target``'s whole share to one other live node (hint_for=target), with the
         ``epoch`` of the placement the share was split with (the holder keeps and delivers it).
 
         The share is never split between holders: storage idempotency is per batch id, so two
         parts delivered separately under one id would make the target drop the second part.
         The holder is the node that the rows' preference lists name most often; on refusal, the
-        next one. Gives up (logged; the seq stays unsettled) when no node is left.
+        next one. When no node is left the share is stranded (module docstring): False.
         """
         exclude: set[str] = set()
         while True:
@@ -245,7 +279,8 @@ class QuorumWriter:
             if holders.size == 0:
                 log.warning("no node can hold a hint target=%s batch=%s rows=%d", target, tuple(bid),
                             share.num_rows)
-                return
+                self._strand(target, bid, share, epoch)
+                return False
             holder = names[int(np.bincount(holders).argmax())]
             try:
                 await self._apply_to(holder, bid, share, writer_floor=floor, hint_for=target, epoch=epoch)
@@ -255,7 +290,52 @@ class QuorumWriter:
                 continue
             hinted.setdefault(target, []).append(holder)
             self.floors.hinted_for(target, bid)
+            return True
+
+    def _strand(self, target: str, bid: BatchId, share: RowBatch, epoch: str) -> None:
+        """Keep ``target``'s share of ``bid`` that no node holds, to send it again; its seq settles
+        only once ``target`` reports it applied (module docstring, "Stranded shares")."""
+        if not self.floors.is_ours(bid):
+            return  # (a foreign id settles nothing here)
+        self.floors.hinted_for(target, bid)
+        held = self._stranded.setdefault(target, {})
+        old = held.pop(bid.seq, None)  # (a retry's share replaces an earlier attempt's)
+        if old is not None:
+            self._stranded_bytes -= old.share.nbytes
+        if self._stranded_bytes + share.nbytes > MAX_STRANDED_BYTES:
+            log.warning("stranded share not kept (over %d bytes) target=%s batch=%s rows=%d",
+                        MAX_STRANDED_BYTES, target, tuple(bid), share.num_rows)
             return
+        held[bid.seq] = _Stranded(bid, share, epoch)
+        self._stranded_bytes += share.nbytes
+
+    async def _resend_stranded(self, target: str) -> None:
+        """Send ``target``'s stranded shares again, in seq order, until one fails (it is kept):
+        to ``target`` when it is live, else (or when it fails but for a refusal that a hint would
+        meet too) as a hint. A share taken by either is no longer kept here."""
+        held = self._stranded.get(target, {})
+        for seq in sorted(held):
+            s = held.pop(seq, None)  # (a concurrent round does not send it too)
+            if s is None:
+                continue
+            self._stranded_bytes -= s.share.nbytes
+            if seq not in self.floors.hinted.get(target, ()):
+                continue  # settled meanwhile, or abandoned
+            floor = self.floors.floor
+            if self.topology.is_live(target):
+                try:
+                    await self._apply_to(target, s.bid, s.share, writer_floor=floor, epoch=s.epoch)
+                    continue
+                except (RemoteBadRequest, RemoteStoreFull) as exc:
+                    log.info("stranded share refused again target=%s batch=%s: %s", target, tuple(s.bid), exc)
+                    self._strand(target, s.bid, s.share, s.epoch)
+                    break
+                except REQUEST_FAILURES:
+                    pass
+            if not await self._hint(target, s.bid, s.share, floor, {}, s.epoch):
+                break  # (stranded again by _hint)
+        if not held and self._stranded.get(target) is held:
+            del self._stranded[target]
 
     def _maybe_confirm_hints(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -263,12 +343,24 @@ class QuorumWriter:
             self._last_confirm = now
             self._spawn(self.confirm_hints())
 
+    def abandon(self, bid: BatchId) -> None:
+        """``StorageClient.abandon``: the floor may pass ``bid``; its stranded shares are dropped."""
+        self.floors.abandon(bid)
+        for target, held in list(self._stranded.items()):
+            s = held.pop(bid.seq, None) if self.floors.is_ours(bid) else None
+            if s is not None:
+                self._stranded_bytes -= s.share.nbytes
+            if not held:
+                del self._stranded[target]
+
     async def confirm_hints(self) -> int:
-        """Ask live hinted owners whether our hinted batches reached them; settle those that did.
-        Returns the number of (owner, seq) pairs confirmed."""
+        """Send stranded shares again, then ask live hinted owners whether our hinted batches
+        reached them; settle those that did. Returns the number of (owner, seq) pairs confirmed."""
         floors = self.floors
         confirmed = 0
         for target in list(floors.hinted):
+            if target in self._stranded:
+                await self._resend_stranded(target)
             if not self.topology.is_live(target):
                 continue
             # (another confirm_hints, e.g. the one ``write`` starts in the background, may settle
