@@ -264,8 +264,9 @@ class QuorumWriter:
         """Hand ``target``'s whole share to one other live node (hint_for=target), with the
         ``epoch`` of the placement the share was split with (the holder keeps and delivers it).
 
-        The share is never split between holders: storage idempotency is per batch id, so two
-        parts delivered separately under one id would make the target drop the second part.
+        The share is never split between holders: an untracked writer's ids are applied whole
+        (applied_set.py), so two parts delivered separately under one id would make the target drop
+        the second part (a tracked writer's are applied per column).
         The holder is the node that the rows' preference lists name most often; on refusal, the
         next one. When no node is left the share is stranded (module docstring): False.
         """
