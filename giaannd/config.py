@@ -105,9 +105,15 @@ class NodeConfig(_Section):
         "inference workers), or both. A node with no roles only gossips and serves the admin API."
     ))] = msgspec.field(default_factory=lambda: ["storage", "compute"])
     drain_timeout_s: Annotated[float, Meta(gt=0, description=(
-        "On SIGTERM each service gets this long, in total, to finish in-flight work, hand off "
-        "replicas and leave gossip before it is stopped forcefully. Keep systemd's "
-        "TimeoutStopSec above it (the shipped unit uses 90 s for the 60 s default)."
+        "On SIGTERM the services get this long, in total, to finish in-flight work, hand off "
+        "replicas and leave gossip before they are stopped forcefully. They stop one after "
+        "another (compute, storage, membership), and each may use what is left of it less the "
+        "shares reserved for those after it: half for the storage role (its final snapshot; "
+        "without it the next start replays the whole update log) and 5 % for membership (the "
+        "leave). So on a node with both roles compute's running jobs get at most 45 % of it (they "
+        "resume after a restart) and cannot leave storage nothing; what a service does not use "
+        "goes to the next. Keep systemd's TimeoutStopSec above it plus 5 s per service for "
+        "forced stops (the shipped unit uses 90 s for the 60 s default)."
     ))] = 60.0
 
 

@@ -10,9 +10,12 @@ Shape follows uvicorn's ``Server`` (STYLE.md item 24):
 - **run**: wait on an ``Event`` (no polling) until a signal, a failed service task or an admin
   request asks to stop. A watchdog task pings ``WATCHDOG=1`` at half of ``WATCHDOG_USEC``.
 - **shutdown**: ``STOPPING=1``, then services stop in reverse order with ``stop(graceful=True)``
-  sharing one ``node.drain-timeout-s`` budget; a service that overruns it (or every service,
-  after a second SIGINT) is cancelled and given ``stop(graceful=False)`` with a short bound.
-  The admin API stops last so ``giaannctl node status`` can watch the drain.
+  sharing one ``node.drain-timeout-s`` budget. Each may use what is left of it less the shares
+  the services still to stop reserve (``drain_reserve_of``: the storage role's final snapshot,
+  membership's leave), so the compute role's drain, which has no natural end (running jobs),
+  cannot leave storage nothing. A service that overruns its part (or every
+  service, after a second SIGINT) is cancelled and given ``stop(graceful=False)`` with a short
+  bound. The admin API stops last so ``giaannctl node status`` can watch the drain.
 
 Services and background work run under one ``asyncio.TaskGroup``; a background task that raises
 is logged, marks its service failed and triggers a graceful shutdown with exit status 1, rather
@@ -59,7 +62,7 @@ from giaannd.errors import (
 from giaannd.metrics import Metrics
 from giaannd.operations import ADMIN_ADDR_FILE, ADMIN_TOKEN_FILE
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
-from giaannd.service import ReclaimsSpace, Service, ServiceContext
+from giaannd.service import ReclaimsSpace, Service, ServiceContext, drain_reserve_of
 
 if TYPE_CHECKING:
     from giaannd.runtime.node import NodeRuntime
@@ -488,10 +491,13 @@ class Daemon:
         self._state = "stopping"
         self._stopping.set()
         self._notifier.notify("STOPPING=1", "STATUS=draining")
-        deadline = time.monotonic() + self.config.node.drain_timeout_s
-        for slot in reversed(self._slots):
-            if slot.state in ("running", "failed", "starting"):
-                await self._stop_one(slot, deadline)
+        budget_s = self.config.node.drain_timeout_s
+        deadline = time.monotonic() + budget_s
+        to_stop = [s for s in reversed(self._slots) if s.state in ("running", "failed", "starting")]
+        for i, slot in enumerate(to_stop):
+            # the shares of the services still to stop are theirs (module docstring)
+            reserved_s = budget_s * min(1.0, sum(drain_reserve_of(s.service) for s in to_stop[i + 1:]))
+            await self._stop_one(slot, deadline - reserved_s, reserved_s)
         if self._admin is not None:
             await self._admin.stop()
             with contextlib.suppress(FileNotFoundError):
@@ -499,7 +505,7 @@ class Daemon:
         self._state = "stopped"
         log.info("stopped exit_status=%d", self._exit_code)
 
-    async def _stop_one(self, slot: _Slot, deadline: float) -> None:
+    async def _stop_one(self, slot: _Slot, deadline: float, reserved_s: float = 0.0) -> None:
         name = slot.service.name
         was_failed = slot.state == "failed"
         slot.state = "stopping"
@@ -530,8 +536,8 @@ class Daemon:
             graceful.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await graceful
-            log.warning("graceful stop abandoned service=%s reason=%s", name,
-                        "forced" if self._force.is_set() else "drain timeout")
+            log.warning("graceful stop abandoned service=%s reason=%s reserved_s=%.1f", name,
+                        "forced" if self._force.is_set() else "drain timeout", reserved_s)
         try:
             await asyncio.wait_for(slot.service.stop(graceful=False), FORCE_STOP_TIMEOUT_S)
         except Exception:

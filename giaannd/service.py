@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from giaannd.admin.api import AdminApi
     from giaannd.runtime.node import NodeRuntime
 
-__all__ = ["ReclaimsSpace", "Service", "ServiceContext"]
+__all__ = ["ReclaimsSpace", "Service", "ServiceContext", "drain_reserve_of"]
 
 
 @runtime_checkable
@@ -39,10 +39,24 @@ class Service(Protocol):
 
     async def stop(self, graceful: bool) -> None:
         """Stop. ``graceful``: finish or hand off in-flight work and leave the cluster politely
-        (the daemon bounds this by the drain timeout). Not graceful: close everything now."""
+        (the daemon bounds this by the drain timeout, less the shares the services stopped after
+        this one reserve: ``drain_reserve_of``). Not graceful: close everything now."""
 
     def health(self) -> Mapping[str, Any]:
         """A small JSON-able summary for ``/v1/status`` (cheap, synchronous, never raises)."""
+
+
+def drain_reserve_of(service: Service) -> float:
+    """The share of ``node.drain-timeout-s`` (0 to 1) that the services stopped before ``service``
+    must leave to its graceful stop: its optional ``drain_reserve`` attribute, 0 when absent.
+
+    A service whose stop has work that decides the next start or the cluster's view of the node
+    declares one (the storage role: its final snapshot; membership: the leave), so that a drain
+    with no natural end stopped before it (the compute role's running jobs) cannot take the whole
+    budget. It is a floor, not a slice: what a service does not use goes to those after it.
+    """
+    reserve = getattr(service, "drain_reserve", 0.0)
+    return min(1.0, max(0.0, float(reserve))) if isinstance(reserve, (int, float)) else 0.0
 
 
 @runtime_checkable

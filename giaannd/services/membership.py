@@ -110,6 +110,9 @@ class MembershipService:
     """
 
     name = "membership"
+    #: Share of the drain budget the roles (stopped before) leave to the leave (giaannd/service.py
+    #: ``drain_reserve_of``): 3 s of the default 60, above the default `leave-propagate-s` (1 s).
+    drain_reserve = 0.05
 
     def __init__(self, runtime: NodeRuntime) -> None:
         self.runtime = runtime

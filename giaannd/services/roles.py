@@ -41,6 +41,12 @@ class StorageRole:
     """The ``storage`` service of a daemon: a ``StorageService`` on the node runtime."""
 
     name = "storage"
+    #: Share of the drain budget the compute role (stopped before) must leave to this stop
+    #: (giaannd/service.py ``drain_reserve_of``): in-flight applies, a running operation's
+    #: clean-up (up to 10 s) and the final snapshot, without which the next start replays the
+    #: whole update log. Half: compute's jobs resume after a restart; a skipped snapshot costs
+    #: the replay.
+    drain_reserve = 0.5
 
     def __init__(self, config: Config, runtime: NodeRuntime) -> None:
         self.config = config

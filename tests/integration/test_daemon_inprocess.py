@@ -132,6 +132,57 @@ async def test_daemon_drain_timeout_forces_slow_service(tmp_path: Path) -> None:
     assert daemon.status()["services"]["slow"]["state"] == "killed"
 
 
+class EndOfStop(Recorder):
+    """A service whose graceful stop has end-of-stop work that takes a few loop turns (the storage
+    role's final snapshot runs in a worker thread; membership's leave waits while it spreads);
+    ``drain_reserve`` is its declared share of the budget (giaannd/service.py)."""
+
+    def __init__(self, name: str, log: list[str], work: str, drain_reserve: float) -> None:
+        super().__init__(name, log)
+        self.work = work
+        self.drain_reserve = drain_reserve
+
+    async def stop(self, graceful: bool) -> None:
+        await super().stop(graceful)
+        if graceful:
+            await asyncio.to_thread(lambda: None)
+            await asyncio.to_thread(lambda: None)
+            self.log.append(f"{self.work} {self.name}")
+
+
+class EndlessDrain(Recorder):
+    """The compute role with a job that never finishes: its graceful stop waits until cancelled."""
+
+    async def stop(self, graceful: bool) -> None:
+        await super().stop(graceful)
+        if graceful:
+            await asyncio.Event().wait()
+
+
+@pytest.mark.asyncio
+async def test_daemon_drain_leaves_reserved_shares_to_the_services_stopped_after(tmp_path: Path) -> None:
+    """A node with both roles (named apart from the real ones, whose admin operations these do
+    not bind): compute's drain (a job that never ends) may not use the whole
+    ``node.drain-timeout-s``: it is cut where the shares the storage role and membership reserve
+    begin, so the final snapshot is written and the leave announced. It used to take the whole
+    budget: storage was then cancelled before its snapshot (the restart replays the whole log) and
+    membership before its leave."""
+    log: list[str] = []
+    cfg = _config(tmp_path, **{"node.drain-timeout-s": "2.0"})
+    services = [EndOfStop("gossip", log, "leave", 0.05), EndOfStop("store", log, "snapshot", 0.5),
+                EndlessDrain("jobs", log)]
+    daemon = Daemon(cfg, services, handle_signals=False)
+    async with running(daemon) as task:
+        pass
+    assert task.result() == 0
+    stops = [line for line in log if not line.startswith("start")]
+    assert stops == ["stop jobs graceful=True", "stop jobs graceful=False",
+                     "stop store graceful=True", "snapshot store",
+                     "stop gossip graceful=True", "leave gossip"]
+    states = {name: s["state"] for name, s in daemon.status()["services"].items()}
+    assert states == {"jobs": "killed", "store": "stopped", "gossip": "stopped"}
+
+
 @pytest.mark.asyncio
 async def test_daemon_force_stop_skips_drain(tmp_path: Path) -> None:
     log: list[str] = []

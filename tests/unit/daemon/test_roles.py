@@ -219,3 +219,18 @@ def test_runtime_advertise_url_peers_could_not_dial_is_a_config_error(tmp_path: 
         asyncio.run(bind_then_close())
     assert info.value.path == "$.transport.advertise" and url in str(info.value)
     assert info.value.exit_code == 2
+
+
+def test_roles_reserve_drain_shares_for_the_final_snapshot_and_the_leave() -> None:
+    """The shares the daemon keeps for the services stopped last (giaannd/service.py
+    ``drain_reserve_of``): the storage role's final snapshot, then membership's leave; the compute
+    role, stopped first, declares none and keeps the rest."""
+    from giaannd.compute.service import ComputeService
+    from giaannd.service import drain_reserve_of
+    from giaannd.services.membership import MembershipService
+    from giaannd.services.roles import StorageRole
+
+    storage = drain_reserve_of(StorageRole)  # type: ignore[arg-type]
+    membership = drain_reserve_of(MembershipService)  # type: ignore[arg-type]
+    assert drain_reserve_of(ComputeService) == 0.0  # type: ignore[arg-type]
+    assert 0 < membership < storage and storage + membership < 1
