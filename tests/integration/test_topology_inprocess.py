@@ -492,3 +492,110 @@ async def test_repair_ships_every_logged_share_of_a_batch_id(tmp_path, how):
         assert cluster.mismatches() == []
     finally:
         await cluster.close()
+
+
+def _pause_when_all_caught_up(op, paused):
+    """Make the operator's pause land at the instant the last stream catches up: right after that
+    ``caught_up.set()``, before the operation's task runs again (in a daemon, the admin request's
+    task ahead of it in the same loop turn). Hooks the runners as they are first spawned."""
+    spawn = op._spawn_runners
+
+    def hook(event):
+        set_event = event.set
+
+        def set_then_pause():
+            set_event()
+            if not paused.is_set() and all(r.caught_up.is_set() for r in op.runners):
+                op.pause()
+                paused.set()
+
+        event.set = set_then_pause
+
+    def spawn_hooked():
+        if not paused.is_set():
+            for r in op.runners:
+                if not r.caught_up.is_set():
+                    hook(r.caught_up)
+        spawn()
+
+    op._spawn_runners = spawn_hooked
+
+
+async def test_topology_pause_at_the_instant_the_streams_catch_up_holds_the_cutover(tmp_path, monkeypatch):
+    """The race between a pause and the cutover: the pause comes after the last stream caught up
+    but before the operation's task resumed. The pause wins: the operation stays "paused", no node
+    switches, and a resume completes the join with every row equal. The cutover used to begin
+    anyway (the state went from "paused" to "cutover", the resume was then ignored) with the
+    streams' tasks stopped by the pause: the targets and writers switched, then the streams' last
+    acknowledgements never came and the operation failed after ``CUTOVER_TIMEOUT_S``."""
+    from giaannd.storage.rebalance import operations
+
+    monkeypatch.setattr(operations, "CUTOVER_TIMEOUT_S", 2.0)  # (only the broken path waits for it)
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
+    task = None
+    try:
+        rng = np.random.default_rng(14)
+        await cluster.write_many(rng, 60, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        control = cluster.control()
+        switched = []
+        switch = control.switch
+
+        async def recording_switch(names, members):
+            switched.append(list(names))
+            await switch(names, members)
+
+        control.switch = recording_switch
+        op = Rebalance(control, "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]), chunk_bytes=1024)
+        paused = asyncio.Event()
+        _pause_when_all_caught_up(op, paused)
+        task = asyncio.create_task(op.run())
+        async with asyncio.timeout(20):
+            await paused.wait()
+        for _ in range(50):  # loop turns, not time: the operation's task runs what it would run
+            await asyncio.sleep(0)
+        assert (op.state, switched) == ("paused", [])
+        op.resume()
+        progress = await asyncio.wait_for(task, 30)
+        assert progress["state"] == "done"
+        await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await cluster.close()
+
+
+async def test_topology_stream_failing_while_paused_fails_the_operation(tmp_path):
+    """A stream that fails while its operation is paused (here: the writes it keeps collecting pass
+    its bound, ``max_pending_bytes``, "too slow") fails the operation, which cleans up. It used to
+    stay "paused" with its task ended: a resume then streamed with nothing left to cut over, and
+    every later operation was refused ("another topology operation is running")."""
+    cluster = await Cluster(tmp_path, 3, replicas=2).start()
+    try:
+        rng = np.random.default_rng(15)
+        await cluster.write_many(rng, 100, COLUMNS, rows=16)
+        await cluster.add_node("s3")
+        before = cluster.client_topology.epoch
+        registry = OperationRegistry()
+        op = registry.start(Rebalance(cluster.control(), "join", members_after(
+            cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
+            chunk_bytes=1024, rate_bytes_s=200_000))
+        async with asyncio.timeout(20):
+            while op.progress()["bytes_done"] == 0:
+                await asyncio.sleep(0.01)
+        op.pause()
+        for r in op.runners:
+            r.sender.max_pending_bytes = 0  # the next write a stream collects is one too many
+        await cluster.write_many(rng, 60, COLUMNS)
+        assert all(r.state == "failed" for r in op.runners)
+        progress = await registry.wait(10)
+        assert progress["state"] == "failed" and "unacknowledged" in progress["error"]
+        assert cluster.client_topology.epoch == before
+        assert progress["discard_errors"] == [] and len(cluster.services["s3"].store.store) == 0
+        op.resume()
+        assert op.state == "failed"
+    finally:
+        await cluster.close()

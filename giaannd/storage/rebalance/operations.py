@@ -300,12 +300,23 @@ class Rebalance:
                     raise TopologyOpError("operation cancelled before any stream started")
                 self._start_streams(self.plan)
             self.state = "streaming"
-            await self._wait_caught_up()
+            deadline = time.monotonic() + self.stream_timeout_s
+            await self._wait_caught_up(deadline)
+            while self.state == "paused":
+                # paused at the instant the last stream caught up, before this task ran again: the
+                # pause stopped the streams' tasks, and a cutover would close streams nothing runs
+                # (their last acknowledgements never come). The pause wins: wait for the resume.
+                await self._wait_resumed(deadline)
+                await self._wait_caught_up(deadline)
+            if self.state != "streaming":  # cancelled at that instant
+                raise TopologyOpError(f"operation {self.state} before the cutover")
             await self._cutover()
             self.state = "done"
             return self.progress()
         except BaseException as exc:
-            if self.state not in ("paused", "cancelled"):
+            # (paused too: a stream that fails while paused, or a pause past the stream timeout,
+            # fails the operation; it used to stay "paused" with nothing left to resume)
+            if self.state != "cancelled":
                 self.state = "failed"
                 self.error = f"{type(exc).__name__}: {exc}"
                 for task in self._tasks:  # stop the other streams too (no forwarding forever)
@@ -396,8 +407,7 @@ class Rebalance:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(r.run()) for r in self.runners if r.state not in ("done", "failed")]
 
-    async def _wait_caught_up(self) -> None:
-        deadline = time.monotonic() + self.stream_timeout_s
+    async def _wait_caught_up(self, deadline: float) -> None:
         for r in self.runners:
             left = deadline - time.monotonic()
             try:
@@ -407,6 +417,12 @@ class Rebalance:
         failed = [r for r in self.runners if r.state == "failed"]
         if failed:
             raise TopologyOpError("; ".join(f"{r.label}: {r.error}" for r in failed))
+
+    async def _wait_resumed(self, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(self._resumed.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TopologyOpError(f"still paused after the stream timeout ({self.stream_timeout_s}s)") from None
 
     async def _cutover(self) -> None:
         assert self.plan is not None
@@ -540,12 +556,14 @@ class Rebalance:
             task.cancel()
         self._tasks = []
         self.state = "paused"
+        self._resumed.clear()
 
     def resume(self) -> None:
         """Continue a paused operation from the receivers' durable positions (call ``run`` again)."""
         if self.state == "paused":
             self.state = "streaming"
             self._spawn_runners()
+            self._resumed.set()
 
     def cancel(self) -> None:
         """Give up: stop sending and stop collecting deltas. The old placement stays in force; before
@@ -557,6 +575,7 @@ class Rebalance:
         self.state = "cancelled"
         for r in self.runners:
             r.abort("operation cancelled")
+        self._resumed.set()  # (a run waiting for the resume meets the aborted streams)
 
     def set_rate(self, rate_bytes_s: float | None) -> None:
         """Change the budget of all the streams together (bytes/s; None: unthrottled)."""

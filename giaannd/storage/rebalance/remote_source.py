@@ -13,6 +13,9 @@ control connection to the source's stream endpoint:
   acknowledged, re-issues carry ``resume=True``: a source that restarted then refuses clearly
   instead of starting an empty stream (its queue of forwarded writes died with it).
 - **close**: once ``close()`` was called, ``SourceClose`` (again after a reconnect: idempotent).
+- **rate**: once ``set_rate`` changed the rate from the one the source was last given (by a start
+  or a ``SourceRate``), ``SourceRate``: on this connection, so the source takes the changes in
+  order, and a rate set while a ``SourceStart`` carrying the previous one was unanswered follows it.
 - **status**: otherwise ``SourceStatus``, polled with a backoff from ``POLL_S[0]`` to ``POLL_S[1]``
   while nothing changes (reset by any change and by ``close()``).
 
@@ -101,6 +104,7 @@ class RemoteStreamRunner:
         self._progress = _initial_progress(self.label)
         self._client = SourceClient(transport, source_address)
         self._acknowledged = False  # a SourceStart was answered: unknown id later = restart
+        self._rate_at_source = start.rate_bytes_s  # the rate the source was last given
         self._need_start = True
         self._close_requested = self._close_sent = False
         self._wake = asyncio.Event()
@@ -127,10 +131,10 @@ class RemoteStreamRunner:
         self._background_request(SourceAbort(self.stream_id, reason))
 
     def set_rate(self, rate_bytes_s: float | None) -> None:
-        """This stream's throttle at the source (also carried by every later ``SourceStart``)."""
+        """This stream's throttle at the source: sent by ``run()``'s loop once the source started
+        (module docstring), and carried by every later ``SourceStart`` (a paused stream's resume)."""
         self.rate_bytes_s = rate_bytes_s
-        if self._acknowledged and self.state not in ("done", "failed"):
-            self._background_request(SourceRate(self.stream_id, rate_bytes_s))
+        self._wake.set()
 
     def progress(self) -> dict[str, Any]:
         out = dict(self._progress)
@@ -149,6 +153,7 @@ class RemoteStreamRunner:
         unreachable_since: float | None = None
         try:
             while self.state not in ("done", "failed"):
+                self._wake.clear()  # (before the step: a close or a rate set meanwhile wakes the wait)
                 try:
                     changed = self._absorb(await self._step())
                     unreachable_since = None
@@ -170,7 +175,6 @@ class RemoteStreamRunner:
                 if self.state in ("done", "failed"):
                     break
                 poll = POLL_S[0] if changed else min(poll * 1.5, POLL_S[1])
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), poll)
         except asyncio.CancelledError:
@@ -190,11 +194,17 @@ class RemoteStreamRunner:
                                             rate_bytes_s=self.rate_bytes_s)
             reply, _ = await self._client.request(start, [self._columns] if self._columns.size else [])
             self._acknowledged, self._need_start = True, False
+            self._rate_at_source = start.rate_bytes_s
             if not self._close_requested:
                 return reply
         if self._close_requested and not self._close_sent:
             reply, _ = await self._client.request(SourceClose(self.stream_id))
             self._close_sent = True
+            return reply
+        if self.rate_bytes_s != self._rate_at_source:
+            rate = self.rate_bytes_s
+            reply, _ = await self._client.request(SourceRate(self.stream_id, rate))
+            self._rate_at_source = rate
             return reply
         return (await self._client.request(SourceStatus(self.stream_id)))[0]
 
