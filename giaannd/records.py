@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Seven on-disk formats share one shape: a fixed little-endian header that opens with a magic and a
+Eight on-disk formats share one shape: a fixed little-endian header that opens with a magic and a
 version, gives the payload's length (a field, or derived from counts in the header), carries the
 xxh3-64 of the payload and, in all but the job journal, ends with the xxh3-64 of every header byte
 before it; then the payload. The formats differ only in field widths and extra fields, so a
@@ -15,6 +15,7 @@ before it; then the payload. The formats differ only in field widths and extra f
     vocab log       GIAV       version H, reserved H, length I, payload_xxh3 Q, header_xxh3 Q
     job journal     GJNL       version H, length I, payload_xxh3 Q (no header checksum)
     register log    GIAR       version H, reserved H, length I, payload_xxh3 Q, header_xxh3 Q
+    register seals  GIRS       version H, reserved H, length I, payload_xxh3 Q, header_xxh3 Q
     store snapshot  GIAANNSN   version I, flags I, last_seq Q, rows Q, entries Q, length Q,
                                payload_xxh3 Q, header_xxh3 Q
     row export      GIAROWS\\0  version I, reserved I, rows Q, entries Q, payload_xxh3 Q,

@@ -43,7 +43,22 @@ records appended meanwhile, copied under the lock, fsync, rename over the log, d
 
 **Seals** (register_handoff.py): while a placement change hands a key to its new owners, an old
 owner that loses the key *seals* it: it answers nothing for the key (``sealed``) until the change
-is done or abandoned. Seals are in memory and scoped to the placement epoch they were made under.
+is done or abandoned. A seal is scoped to the placement epoch it was made under (under any other
+epoch it counts for nothing: a restart after the switch is harmless), and it is **durable**: a
+leaver that forgot its seals in a restart between the seal and the switch would answer proposers
+of the old placement again, and with one stayer form an old quorum that no new quorum meets
+(register_handoff.py, "Why this is safe"). ``seal`` returns once every seal is in the seal file,
+``registers.seals`` next to the log (``SEAL_RECORD``: the shared record codec, magic ``GIRS``,
+one whole-file record; payload msgpack ``[[epoch, [key, ...]], ...]``, sorted), replaced atomically
+(``giaannd.atomic_file``: temp file, fsync, rename, directory fsync); ``unseal`` removes the file
+and fsyncs the directory before it returns; ``open`` reloads it (and deletes the temporaries of a
+write a crash cut short). A damaged seal file stops start-up naming the file
+(``RegisterSealsCorrupt``, exit 2) rather than being ignored: ignoring it is the forgetting this
+file exists to prevent, and only an operator can know that no placement change is in progress.
+Seals a dead coordinator left stay until the next operation from this placement unseals the
+member (its last step, done or failed), or until the operator, with the node stopped and no
+placement change in progress, deletes the file (there is no admin route for it); until then the
+node refuses those keys, which costs availability, never safety.
 
 **Large values stay on disk** (issue 15 item 1). A value of ``spill_bytes`` or more (a corpus
 chunk of a cluster job: hundreds of KB, written once, read by one lease holder) is not kept in RAM:
@@ -64,7 +79,8 @@ live state kept in RAM per node, and ``max_disk_bytes`` (``storage.register-disk
 spilled values; a change past either is refused with nothing changed (``RegisterStoreFull``).
 Concurrency: ``prepare``/``accept``/``get`` from one thread (the event loop); ``sync`` from worker
 threads (one at a time, serialised inside). State, offsets and the descriptor change only under
-``_lock``, so a compaction's switch to the new file is atomic for readers.
+``_lock``, so a compaction's switch to the new file is atomic for readers. ``seal``/``unseal`` (file
+I/O) run on worker threads, one at a time (``_seal_lock``); ``sealed`` reads the map from the loop.
 """
 
 from __future__ import annotations
@@ -83,6 +99,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.config import DEFAULT_REGISTER_DISK_BYTES, DEFAULT_REGISTER_RAM_BYTES, DEFAULT_REGISTER_SPILL_BYTES
 from giaannd.errors import CorruptDataError, Refused
 from giaannd.records import RecordError, RecordFormat, open_for_append
+from giaannd.storage.engine.register_seals import SEAL_RECORD, SEALS_FILE, RegisterSealsCorrupt, load_seals, write_seals
 
 __all__ = [
     "COMPACT_MIN_BYTES",
@@ -93,8 +110,11 @@ __all__ = [
     "SPILL_BYTES",
     "REGISTERS_FILE",
     "REGISTER_RECORD",
+    "SEALS_FILE",
+    "SEAL_RECORD",
     "Ballot",
     "RegisterLogCorrupt",
+    "RegisterSealsCorrupt",
     "RegisterState",
     "RegisterStore",
     "RegisterStoreFull",
@@ -233,7 +253,7 @@ class RegisterStore:
 
     def __init__(self, path: Path, fd: int, states: dict[str, RegisterState], spilled: dict[str, _Spilled],
                  size: int, torn_bytes: int, max_bytes: int, *, spill_bytes: int = SPILL_BYTES,
-                 max_disk_bytes: int = MAX_REGISTER_DISK_BYTES) -> None:
+                 max_disk_bytes: int = MAX_REGISTER_DISK_BYTES, sealed: dict[str, str] | None = None) -> None:
         self.path = path
         self._fd = fd
         self._states = states
@@ -252,19 +272,25 @@ class RegisterStore:
         self.torn_bytes = torn_bytes
         #: log rewrites done (tests, metrics)
         self.compactions = 0
-        #: key -> placement epoch it was sealed under (module docstring, "Seals")
-        self._sealed: dict[str, str] = {}
+        #: key -> placement epoch it was sealed under (module docstring, "Seals"), as in the seal file
+        self._sealed: dict[str, str] = dict(sealed or {})
+        self._seals_path = path.with_name(SEALS_FILE)
+        self._seals_written = True  # the seal file holds ``_sealed`` (False after a failed write)
+        self._seal_lock = threading.Lock()  # one seal or unseal (and its file write) at a time
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], max_bytes: int = MAX_REGISTER_STORE_BYTES, *,
              spill_bytes: int = SPILL_BYTES, max_disk_bytes: int = MAX_REGISTER_DISK_BYTES) -> RegisterStore:
         """Replay ``directory/registers.log`` (created if missing); a torn tail is cut off and reported.
+        Reload the seals of ``directory/registers.seals`` (module docstring, "Seals").
 
         Raises:
             RegisterLogCorrupt: a bad record before the end.
+            RegisterSealsCorrupt: the seal file does not validate.
         """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
+        sealed = load_seals(d / SEALS_FILE)
         path = d / REGISTERS_FILE
         states: dict[str, RegisterState] = {}
         spilled: dict[str, _Spilled] = {}
@@ -276,7 +302,7 @@ class RegisterStore:
                 raise bad
         fd = open_for_append(path, end, "register log")
         return cls(path, fd, states, spilled, end, total - end, max_bytes, spill_bytes=spill_bytes,
-                   max_disk_bytes=max_disk_bytes)
+                   max_disk_bytes=max_disk_bytes, sealed=sealed)
 
     # -- the acceptor ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -353,18 +379,43 @@ class RegisterStore:
 
     # -- seals (module docstring) ------------------------------------------------------------------
     def seal(self, keys: list[str], epoch: str) -> None:
-        """Answer nothing for ``keys`` while the node's placement epoch is ``epoch``."""
-        for key in keys:
-            self._sealed[key] = epoch
+        """Answer nothing for ``keys`` while the node's placement epoch is ``epoch``; durable when
+        this returns (the seal file replaced). Blocking I/O (two fsyncs): call it from a worker thread.
+
+        Raises:
+            OSError: the seal file could not be written. The keys stay sealed in memory (refusing is
+                always safe); the caller must not report them sealed (a restart would forget them).
+        """
+        with self._seal_lock:
+            if self._seals_written and all(self._sealed.get(k) == epoch for k in keys):
+                return  # nothing new (a retried export): the file already says so
+            self._sealed.update(dict.fromkeys(keys, epoch))
+            self._seals_written = False
+            write_seals(self._seals_path, self._sealed)
+            self._seals_written = True
 
     def sealed(self, key: str, epoch: str) -> bool:
+        """Whether ``key`` was sealed under ``epoch`` (the node's placement epoch now)."""
         return self._sealed.get(key) == epoch
 
     def unseal(self) -> int:
-        """Drop every seal (the placement change finished or was abandoned); returns how many."""
-        n = len(self._sealed)
-        self._sealed.clear()
-        return n
+        """Drop every seal (the placement change finished or was abandoned), durably: the seal
+        file is removed and the directory fsynced first. Returns how many. Blocking I/O.
+
+        Raises:
+            OSError: the file could not be removed (or the removal made durable); the seals stay.
+        """
+        with self._seal_lock:
+            try:
+                self._seals_path.unlink()
+            except FileNotFoundError:
+                pass
+            else:
+                fsync_dir(self._seals_path.parent)
+            n = len(self._sealed)
+            self._sealed.clear()
+            self._seals_written = True
+            return n
 
     def _put(self, key: str, state: RegisterState) -> int:
         spill = len(state.value) >= self.spill_bytes

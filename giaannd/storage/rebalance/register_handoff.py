@@ -54,12 +54,16 @@ themselves:
   taking an accepted ballot below its own promise (left from an earlier ownership) cannot
   invalidate a phase 1 that counted it under the current placement.
 
-What it does not cover: a leaver that restarts between the seal and the switch forgets its seals
-(they are in memory) and could serve an old-placement proposer alongside one stayer; the window is
-the operation's cutover, and the operation's streams from that node fail with it in a join or
-decommission. A coordinator that dies mid-operation leaves seals until the nodes restart or the
-next operation's unseal. Keys whose every old owner is dead are not even known (as for columns:
-the operation refuses when R members are down). Repair (``repair.registers``) restores a member
+Seals are durable (register_store.py, "Seals"): a leaver that restarts between the seal and the
+switch still refuses its lost keys under the old epoch (before, it forgot them and could serve an
+old-placement proposer alongside one stayer). The export answers only once its seals are on disk,
+so a coordinator never counts a member sealed that a crash could unseal.
+
+What it does not cover: a coordinator that dies mid-operation leaves seals (on disk: a restart
+keeps them) until the next operation from that placement unseals the member, or an operator with
+the node stopped deletes ``registers.seals`` (no admin route does it); a stale seal only refuses,
+so it costs availability, not safety. Keys whose every old owner is dead are not even known (as
+for columns: the operation refuses when R members are down). Repair (``repair.registers``) restores a member
 that lost its register log the same way: the merged states of the other owners.
 
 Messages share the stream endpoint's tag space (source_control.py): requests 26-28, replies
@@ -226,8 +230,13 @@ def _store(service: StorageService) -> RegisterStore:
     return service.registers
 
 
-def export(service: StorageService, msg: RegisterExport) -> RegisterStates:
-    """Step 1 on this node: seal what it loses (first page), answer a page of moving keys' states."""
+async def export(service: StorageService, msg: RegisterExport) -> RegisterStates:
+    """Step 1 on this node: seal what it loses (first page; durable before anything is answered:
+    register_store.py, "Seals"), answer a page of moving keys' states.
+
+    Raises:
+        RuntimeError: the seals could not be written (the operation fails and unseals).
+    """
     store, me = _store(service), service.node_name
     old = _placement(msg.old_members, msg.replicas, msg.strategy)
     new = _placement(msg.new_members, msg.replicas, msg.strategy)
@@ -235,7 +244,11 @@ def export(service: StorageService, msg: RegisterExport) -> RegisterStates:
     owners = moving(old, new, keys)
     if not msg.after:
         epoch = service.topology.placement.epoch if service.topology is not None else ""
-        store.seal([k for k, (was, now) in zip(keys, owners, strict=True) if me in was and me not in now], epoch)
+        lost = [k for k, (was, now) in zip(keys, owners, strict=True) if me in was and me not in now]
+        try:
+            await asyncio.to_thread(store.seal, lost, epoch)  # two fsyncs: off the event loop
+        except OSError as exc:
+            raise RuntimeError(f"register seals not written: {exc}") from exc
     out: list[StateWire] = []
     size = 0
     for key, (was, now) in zip(keys, owners, strict=True):
@@ -253,9 +266,12 @@ async def serve(service: StorageService, msg: HandoffRequest) -> RegisterStates 
     """One handoff request on this node (module docstring)."""
     store = _store(service)
     if isinstance(msg, RegisterExport):
-        return export(service, msg)
+        return await export(service, msg)
     if isinstance(msg, RegisterUnseal):
-        return RegisterCount(store.unseal())
+        try:
+            return RegisterCount(await asyncio.to_thread(store.unseal))
+        except OSError as exc:
+            raise RuntimeError(f"register seals not removed: {exc}") from exc
     changed, seq = 0, 0
     try:
         for w in msg.states:
