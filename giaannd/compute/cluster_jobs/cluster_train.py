@@ -22,7 +22,11 @@ Theory of operation
   every stage), so ``train status`` / ``list`` / ``wait`` work on any node for any job.
   ``by_node`` comes from the shards' tallies (lease_table.py ``Tally``).
 * **cancel**: through a driver (this node's, started for the purpose if it followed none): its
-  agent writes ``cancelled`` and takes the job off the index.
+  agent writes ``cancelled`` and takes the job off the index. During the upload, the upload row
+  is set ``failed`` (the uploader's task stops, or, on another node, its next renewal does); an
+  uploader checks its row once more before writing the job row, and cancels the job through its
+  driver if the row turns out cancelled when it ends it; a canceller whose upload row had just
+  ended cancels the job row instead.
 * **stop**: each driver halts (written windows completed, the rest released at once), bounded by
   ``STOP_TIMEOUT_S``; a node that dies instead loses its leases at their expiry.
 """
@@ -104,6 +108,8 @@ log = logging.getLogger(__name__)
 MAX_ENDED_JOBS: Final = 256
 #: How long ``stop`` waits for the drivers to hand their leases back before cancelling them.
 STOP_TIMEOUT_S: Final = 5.0
+#: The error of a job, or of an upload, the operator cancelled (``train cancel``).
+CANCELLED: Final = "cancelled by the operator"
 #: Job row states -> the job document's (jobs.py) states.
 _STATES: Final = {"created": "running", "running": "running", "done": "succeeded", "cancelled": "cancelled",
                   "failed": "failed"}
@@ -243,6 +249,10 @@ class ClusterJobs:
             windows, total = uploading.result()
             if not windows:
                 raise ValueError("the corpus holds no sentence")
+            # a node may have cancelled the upload since the last renewal: the job row is not
+            # written then (no quorum now: the check after it is written catches the cancel)
+            with contextlib.suppress(*RETRYABLE):
+                await self._confirm_upload(job_id, up)
             up.progress.total = total
             row = JobRow(job_id=job_id, windows=windows, shards=max(1, min(self._shards, windows)),
                          stages=STAGES, writer_id=secrets.randbits(63), created_by=self.node,
@@ -268,7 +278,9 @@ class ClusterJobs:
         while f.agent.job is None and f.task is not None and not f.task.done():
             await asyncio.sleep(self.lease.probe_interval_s / 4)
         try:
-            await self._end_upload(job_id, "done")
+            if not await self._end_upload(job_id, "done") and await self._upload_cancelled(job_id):
+                # cancelled (on another node) between the last check and the job row: cancel the job
+                f.driver.cancel(CANCELLED)
         except Exception as exc:  # the row stays ``uploading``: a watcher finds the job row and ends it
             log.warning("cluster job upload row not closed job=%s: %s", job_id, exc)
         del self.uploading[job_id]
@@ -308,8 +320,21 @@ class ClusterJobs:
         await self._update(UPLOADS_KEY, change)
 
     async def _renew_upload(self, job_id: str, up: _Uploading) -> None:
-        """Every ``renew_s``: ``beats`` + 1 and the windows written; returns (raising ``_UploadLost``)
-        when the row is no longer this node's ``uploading`` row."""
+        """Every ``renew_s``: ``_confirm_upload``; returns (raising ``_UploadLost``) when the row is
+        no longer this node's ``uploading`` row."""
+        while True:
+            await asyncio.sleep(self.lease.renew_s)
+            try:
+                await self._confirm_upload(job_id, up)
+            except RETRYABLE as exc:  # no quorum now: try at the next renewal (adoption needs lease_s)
+                log.debug("upload row renewal failed job=%s: %s", job_id, exc)
+
+    async def _confirm_upload(self, job_id: str, up: _Uploading) -> None:
+        """``beats`` + 1 and the windows written on the upload row.
+
+        Raises:
+            _UploadLost: the row is no longer this node's ``uploading`` row (adopted, cancelled).
+        """
         lost = ""
 
         def change(value: bytes, counter: int) -> bytes | None:
@@ -321,13 +346,14 @@ class ClusterJobs:
                 return None
             return encode(msgspec.structs.replace(row, beats=row.beats + 1, windows=up.windows))
 
-        while True:
-            await asyncio.sleep(self.lease.renew_s)
-            try:
-                if not await self._update(upload_key(job_id), change):
-                    raise _UploadLost(lost)
-            except RETRYABLE as exc:  # no quorum now: try at the next renewal (adoption needs lease_s)
-                log.debug("upload row renewal failed job=%s: %s", job_id, exc)
+        if not await self._update(upload_key(job_id), change):
+            raise _UploadLost(lost)
+
+    async def _upload_cancelled(self, job_id: str) -> bool:
+        """Whether the job's upload row was ended by a cancel."""
+        got = await self._client().read_register(upload_key(job_id))
+        row = decode_upload(got.value) if got.version[0] else None
+        return row is not None and row.state == "failed" and row.error.startswith("cancelled")
 
     async def _end_upload(self, job_id: str, state: str, error: str = "", *, adopt: bool = False) -> bool:
         """Set the upload row ``done`` / ``failed`` (if still ``uploading`` and, unless ``adopt``,
@@ -470,16 +496,23 @@ class ClusterJobs:
         if doc is None:
             raise KeyError(job_id)
         up = self.uploading.get(job_id)
-        if up is not None and up.task is not None:
+        if job_id in self.followed and doc["state"] == "running":
+            # also while this node's driver writes the new job's row (the upload is over): cancelling
+            # the upload task then stopped nothing, and the job ran
+            self.followed[job_id].driver.cancel(CANCELLED)
+        elif up is not None and up.task is not None:
             up.task.cancel()
             up.error = "cancelled"
             with contextlib.suppress(Exception):
-                await self._end_upload(job_id, "failed", "cancelled by the operator")
+                await self._end_upload(job_id, "failed", CANCELLED)
         elif doc.get("phase") == "uploading" and doc["state"] == "running":  # uploading on another node
-            await self._end_upload(job_id, "failed", "cancelled by the operator", adopt=True)
+            if not await self._end_upload(job_id, "failed", CANCELLED, adopt=True) and \
+                    (await self._client().read_register(job_key(job_id))).version[0]:
+                # the upload ended since the document was read: its job row is written; cancel that
+                (self.followed.get(job_id) or self._follow(job_id)).driver.cancel(CANCELLED)
         elif doc["state"] == "running":
             f = self.followed.get(job_id) or self._follow(job_id)
-            f.driver.cancel("cancelled by the operator")
+            f.driver.cancel(CANCELLED)
         return doc
 
     def follow(self, job_id: str) -> bool:

@@ -321,9 +321,11 @@ async def store_window(cas: Cas, job_id: str, window: int, sentences: list[Tagge
 async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
                         failures: tuple[type[BaseException], ...], *, text: bool = True, group: int = 1) -> int:
     """Empty the chunks of windows ``[0, windows)`` (module docstring; uploaded ``group`` windows
-    to a chunk); returns the parts emptied. A chunk already empty (or absent) is skipped, so a
-    second run is cheap. ``text``: the job's windows are texts, so the flag pass stored tagged
-    chunks too (a CoNLL-U job has none: looking for them cost a quorum read per window).
+    to a chunk); returns the parts emptied. An absent chunk is skipped; a part emptied by an
+    earlier run costs one read of the next part (the count is in part 0), so a second run
+    finishes what a failed one left and stays cheap. ``text``: the job's windows are texts, so the
+    flag pass stored tagged chunks too (a CoNLL-U job has none: looking for them cost a quorum
+    read per window).
 
     Raises:
         ``failures`` after ``CHUNK_ATTEMPTS`` on one part (the rest stays: a later run finishes).
@@ -343,6 +345,10 @@ async def clear_windows(cas: Cas, read: Read, job_id: str, windows: int,
                 out = await _retried(lambda key=key, got=got: cas(key, got.version, b""),  # type: ignore[misc]
                                      failures)
                 cleared += out.ok
+            elif got.version[0]:
+                # emptied by an earlier run, which may have stopped before the parts after it: the
+                # count was in part 0, so look at the next part, until one never written
+                parts = max(parts, part + 2)
             part += 1
         return cleared
 

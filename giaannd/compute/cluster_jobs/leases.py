@@ -39,7 +39,12 @@ What an agent does each time it is woken (``_plan``), against the rows as it las
   trips), which the simulation checks. The work reads cost O(N) reads per interval, not O(N * S).
 * **stage end**: a shard seen finished is added to the job row's ``finished`` set; the write that
   completes it moves the stage on (or sets ``done``: lease_table.py ``shard_finished``). The agent
-  whose write ended the job (``done``/``failed``/``cancelled``) removes it from the index.
+  whose write ended the job (``done``/``failed``/``cancelled``) removes it from the index, and so
+  does the one whose write listed it (a cancel made while that write was in flight found nothing
+  to unlist).
+* **halt** (the node stops): one write per shard completes what is written and releases the rest.
+  The agent leaves once no row can still name it: no lease held, no shard request in flight (it
+  may be a grant or a take-over) and every shard whose request lost its answer read again.
 
 Unknown outcomes (``OpFailed``: no quorum, a timeout): the agent does not guess. The next write on
 that row names the version it had; if the failed write did land, that write is refused with the
@@ -149,6 +154,7 @@ class _Held:
 class _Op:
     sent_at: float
     ends_job: bool = False
+    lists_job: bool = False
 
 
 def _shard_bytes(job: JobRow, stage: int, shard: int) -> bytes:
@@ -179,8 +185,11 @@ class LeaseAgent:
         self._create: JobRow | None = None
         self._created_seen: float | None = None
         self._ended_it = False
+        self._listed_it = False
         self._scout = 0
         self._halting = False
+        #: shard rows whose last request's answer was lost: a grant or take-over may have landed
+        self._unsure: set[str] = set()
         self._ending: tuple[JobState, str] | None = None
         self._drops: list[DropWindow] = []
         self.finished: Finished | None = None
@@ -206,17 +215,23 @@ class LeaseAgent:
             self._create = event.create
         elif isinstance(event, RowRead):
             self._ops.pop(event.key, None)
+            self._unsure.discard(event.key)
             self._see(now, event.key, event.version, event.data, None)
         elif isinstance(event, CasDone):
             op = self._ops.pop(event.key, None)
+            self._unsure.discard(event.key)
             self._ended_it = self._ended_it or (event.ok and op is not None and op.ends_job)
+            self._listed_it = self._listed_it or (event.ok and op is not None and op.lists_job)
             self._see(now, event.key, event.version, event.data, op if event.ok else None)
         elif isinstance(event, OpFailed):
             op = self._ops.pop(event.key, None)
             # a write that would end the job and whose outcome is unknown may have ended it: then
             # this agent is the one to unlist it (no other node knows it has to)
             self._ended_it = self._ended_it or (op is not None and op.ends_job)
+            self._listed_it = self._listed_it or (op is not None and op.lists_job)
             self._retry_at[event.key] = now + self.settings.retry_s * (0.5 + self._rng.random())
+            if event.key not in (self._job_key, INDEX_KEY):
+                self._unsure.add(event.key)
         elif isinstance(event, WindowWritten):
             for held in self._held.values():
                 if held.stage == event.stage and event.window in held.started:
@@ -291,7 +306,7 @@ class LeaseAgent:
                 self._plan_reads(now, out, keys)
                 self._plan_stage_end(now, out, job, keys)
                 self._run_windows(out, job)
-        elif self.finished is None and self._halting and not self._held:
+        elif self.finished is None and self._halting and self._may_leave(now, out):
             self._finish(out, "released")
         out.extend(self._drops)
         self._drops = []
@@ -350,7 +365,7 @@ class LeaseAgent:
                 self._write(now, out, self._job_key, lambda: encode_row(job_transition(job, "failed", error)),
                             ends_job=True)
                 return
-            self._write(now, out, INDEX_KEY, lambda: listed)
+            self._write(now, out, INDEX_KEY, lambda: listed, lists_job=True)
             return
         missing = [(st, s) for st in range(job.stages) for s in range(job.shards)
                    if shard_key(job.job_id, st, s) not in self._shards]
@@ -360,11 +375,13 @@ class LeaseAgent:
             self._write(now, out, self._job_key, lambda: encode_row(job_transition(job, "running")))
 
     def _end(self, now: float, out: list[Action], job: JobRow) -> None:
-        """The job is over: stop its windows; the agent whose write ended it takes it off the index."""
+        """The job is over: stop its windows; the agent whose write ended it takes it off the index,
+        and so does one whose write listed it (finishing its creation): a cancel while that write
+        was in flight found the job unlisted, and the listing landed after it."""
         for k in list(self._held):
             self._lose(k)
         index = self._views.get(INDEX_KEY)
-        if self._ended_it and (index is None or job.job_id in decode_index(index.data).jobs):
+        if (self._ended_it or self._listed_it) and (index is None or job.job_id in decode_index(index.data).jobs):
             data = index.data if index is not None else b""
             self._write(now, out, INDEX_KEY, lambda: encode_row(index_remove(decode_index(data), job.job_id)))
             return
@@ -381,8 +398,19 @@ class LeaseAgent:
                     shard = release(done, self.node, held.lease.id) if held.upto() < held.lease.stop else done
                 return encode_row(shard)
             self._write(now, out, key, change)
-        if not self._held:
+        if self._may_leave(now, out):
             self._finish(out, "released")
+
+    def _may_leave(self, now: float, out: list[Action]) -> bool:
+        """Halting: whether no row can still name this node. A shard request in flight may be a
+        grant or a take-over, and one whose answer was lost may have landed one: the agent waits
+        for the answer, or reads the row (which adopts the lease; ``_halt`` releases it). Leaving
+        earlier left a lease no one gave back (its windows waited for its expiry). A job-ending
+        write in flight is waited for too: its writer is the one to unlist the job."""
+        for key in self._unsure:
+            self._read(now, out, key)
+        return not self._held and not self._unsure and not any(
+            op.ends_job or key not in (self._job_key, INDEX_KEY) for key, op in self._ops.items())
 
     def _plan_shard(self, now: float, out: list[Action], key: str, work_key: str | None) -> None:
         """At most one write per row, made when a lease is fully written, a renewal is due, a lease
@@ -493,7 +521,7 @@ class LeaseAgent:
             out.append(ReadRow(key))
 
     def _write(self, now: float, out: list[Action], key: str, change: Callable[[], bytes], *,
-               ends_job: bool = False, absent: bool = False) -> None:
+               ends_job: bool = False, lists_job: bool = False, absent: bool = False) -> None:
         """CAS ``change()`` onto the version of ``key`` we saw (``absent``: create only if absent). A
         change the rows refuse (``LeaseRefused``) or that changes nothing is not sent."""
         view = self._views.get(key)
@@ -505,7 +533,7 @@ class LeaseAgent:
             return
         if view is not None and view.version[0] and data == view.data:
             return
-        self._ops[key] = _Op(now, ends_job)
+        self._ops[key] = _Op(now, ends_job, lists_job)
         out.append(CasRow(key, ABSENT if absent or view is None else view.version, data))
 
     def _next_wake(self, now: float) -> float:

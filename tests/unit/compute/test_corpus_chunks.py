@@ -12,6 +12,7 @@ from giaannd.compute.cluster_jobs.corpus_chunks import (
     chunk_key,
     clear_windows,
     encode_texts,
+    encode_window,
     read_texts,
     read_window,
     upload_windows,
@@ -61,3 +62,39 @@ async def test_text_windows_read_back_from_their_group():
     assert [await read_texts(regs.read, "j", w, (), group=GROUP_WINDOWS, k=4) for w in range(6)] == \
         [texts[i:i + 4] for i in range(0, 23, 4)]
     assert chunk_key("j", 1, 0, GROUPED) in regs.values  # windows 4 and 5
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind_group", [(GROUPED, GROUP_WINDOWS), (UPLOADED, 1)])
+async def test_clear_windows_after_an_interrupted_run_empties_every_part(monkeypatch, kind_group):
+    """A first run empties part 0 of a two-part chunk and then fails on part 1 (no quorum, all its
+    attempts): the docstring's "a later run finishes". Part 0 holds the part count, so a later run
+    that found it empty skipped the chunk and part 1 (a whole chunk's bytes on R storage nodes)
+    stayed for good."""
+    from giaannd.compute.cluster_jobs import corpus_chunks
+
+    kind, group = kind_group
+    corpus = load_bundled_corpus(8)
+    largest = max(len(encode_window([s])[0]) for s in corpus)
+    monkeypatch.setattr(corpus_chunks, "MAX_CHUNK_BYTES", largest)  # the window in several parts
+    monkeypatch.setattr(corpus_chunks, "CHUNK_ATTEMPTS", 1)
+    regs = Registers()
+    assert await upload_windows(regs.cas, "j", iter(corpus), 8, (), group=group) == (1, 8)
+    part1 = chunk_key("j", 0, 1, kind)
+    assert part1 in regs.values and len(regs.values) > 2
+
+    class NoQuorum(Exception):
+        pass
+
+    cas = regs.cas
+
+    async def failing(key, expect, value=b""):
+        if key == part1:
+            raise NoQuorum(key)
+        return await cas(key, expect, value)
+
+    with pytest.raises(NoQuorum):
+        await clear_windows(failing, regs.read, "j", 1, (NoQuorum,), text=False, group=group)
+    await clear_windows(regs.cas, regs.read, "j", 1, (NoQuorum,), text=False, group=group)
+    left = sorted(key for key, (_, value) in regs.values.items() if value)
+    assert left == []

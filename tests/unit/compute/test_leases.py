@@ -303,3 +303,68 @@ def test_agent_creating_a_job_the_full_index_cannot_list_fails_it():
     assert failed.state == "failed" and "too_many_jobs" in failed.error
     out = a.handle(0.2, CasDone(job_key("j"), True, v(2), end.data))
     assert of(out, Finished) == [Finished("failed", failed.error)]  # never listed: nothing to unlist
+
+
+def test_agent_halted_while_its_grant_is_in_flight_releases_the_lease_it_gets():
+    """Halt lands after the grant's CAS was sent and before its answer. The agent finished at once
+    (it held nothing yet), so the grant landed with no one left to release it: its windows waited
+    for the lease's expiry, charged to this node as a lease it let expire, although a halt gives
+    windows back at once. It must wait for the answer, run nothing, and release what it got."""
+    a = agent()
+    (cas,) = of(running(a), CasRow)  # the grant of [0, 4), in flight
+    out = a.handle(0.01, Halt())
+    assert not of(out, Finished)
+    out = a.handle(0.02, CasDone(SK, True, v(2), cas.data))  # it landed
+    assert not of(out, RunWindow)
+    (rel,) = of(out, CasRow)
+    row = decode_shard(rel.data)
+    assert row.leases == () and row.free == ((0, 4),) and row.done == 0
+    out = a.handle(0.03, CasDone(SK, True, v(3), rel.data))
+    assert of(out, Finished) == [Finished("released")]
+
+
+def test_agent_halted_after_its_grant_lost_its_answer_reads_the_shard_before_leaving():
+    """The grant's answer is lost (OpFailed: it may have landed), then Halt: the agent reads the
+    shard (after retry_s), adopts the lease the grant made and releases it before it finishes."""
+    a = agent()
+    (cas,) = of(running(a), CasRow)
+    a.handle(0.01, OpFailed(SK, "timeout"))
+    out = a.handle(0.02, Halt())
+    assert not of(out, Finished)
+    out = a.handle(0.2, Tick())  # retry_s = 0.1 has passed
+    assert ReadRow(SK) in out and not of(out, Finished)
+    out = a.handle(0.21, RowRead(SK, v(2), cas.data))  # the grant had landed
+    assert not of(out, RunWindow)
+    (rel,) = of(out, CasRow)
+    assert decode_shard(rel.data).leases == ()
+    out = a.handle(0.22, CasDone(SK, True, v(3), rel.data))
+    assert of(out, Finished) == [Finished("released")]
+    b = agent()  # ...and when it had not landed, the read says so and the agent leaves
+    (cas,) = of(running(b), CasRow)
+    b.handle(0.01, OpFailed(SK, "timeout"))
+    b.handle(0.02, Halt())
+    b.handle(0.2, Tick())
+    out = b.handle(0.21, RowRead(SK, v(1), encode_row(new_shard(JOB, 0, 0))))
+    assert of(out, Finished) == [Finished("released")] and not of(out, CasRow)
+
+
+def test_agent_whose_listing_landed_after_a_cancel_unlists_the_job():
+    """Another node cancels the job while it is ``created`` and this creator's index write is in
+    flight: the canceller finds the job unlisted (nothing to unlist) and the listing lands after.
+    The creator learns of the cancel at its next write; it was not the one that ended the job, so
+    nobody took the cancelled job off the index: listed for good (followed again by every node that
+    starts, ``train list`` showing it, a slot of MAX_ACTIVE_JOBS gone)."""
+    created = msgspec.structs.replace(JOB, state="created")
+    a = LeaseAgent("c0", "j", S, random.Random(0))
+    (row,) = of(a.handle(0.0, Begin(created)), CasRow)
+    (idx,) = of(a.handle(0.0, CasDone(job_key("j"), True, v(1), row.data)), CasRow)
+    (shard,) = of(a.handle(0.1, CasDone(INDEX_KEY, True, v(1), idx.data)), CasRow)  # listed
+    (run,) = of(a.handle(0.2, CasDone(SK, True, v(1), shard.data)), CasRow)
+    assert decode_job(run.data).state == "running"
+    cancelled = msgspec.structs.replace(created, state="cancelled", error="operator")
+    out = a.handle(0.3, CasDone(job_key("j"), False, v(2), encode_row(cancelled)))  # c1 cancelled it
+    (unlist,) = [c for c in of(out, CasRow) if c.key == INDEX_KEY]
+    assert unlist.expect == v(1) and decode_index(unlist.data).jobs == ()
+    assert not of(out, Finished)
+    out = a.handle(0.4, CasDone(INDEX_KEY, True, v(2), unlist.data))
+    assert of(out, Finished) == [Finished("cancelled", "operator")]
