@@ -226,6 +226,23 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
+def _map_snapshot(path: Path) -> SnapshotMapping | None:
+    """``SnapshotMapping.open(path)``, or None where the file cannot be mapped: the open then reads
+    the snapshot (with room for the log), as it does with ``map_snapshot`` off.
+
+    Why: mapping is a speed-up of the load (snapshot_map.py), on by default
+    (``storage.snapshot-load-map``), and a file system without ``mmap`` for files (ENODEV: some
+    network and FUSE file systems) or a process out of address space or mappings (ENOMEM:
+    ``vm.max_map_count``, ``RLIMIT_AS``) refused it with an ``OSError`` that stopped the restart,
+    where the log's segments, mapped the same way, are read instead (``SegmentMapper``). A damaged
+    file is not this case: the read load refuses it with the same ``CorruptSnapshotError``."""
+    try:
+        return SnapshotMapping.open(path)
+    except (OSError, ValueError) as exc:
+        log.warning("snapshot not mapped, read instead file=%s: %s", path, exc)
+        return None
+
+
 def replay_room(segments: list[tuple[int, Path]]) -> int:
     """The room a snapshot is loaded with before the log ``segments`` are replayed into it
     (``read_snapshot``'s ``room``): an entry takes at least ``ENTRY_BYTES`` of log, so their size
@@ -547,7 +564,7 @@ class DurableStore:
                 snapshot_bytes = snap_path.stat().st_size
                 room = replay_room(segments)
                 if map_snapshot and snapshot_bytes > 0 and map_with_log(room, snapshot_bytes):
-                    mapping = SnapshotMapping.open(snap_path)
+                    mapping = _map_snapshot(snap_path)
                 store, seq_in_file = read_snapshot(snap_path, capacity_bytes, verify_rows,
                                                    0 if mapping is not None else room, mapping, ahead.advance,
                                                    replay_threads)
