@@ -22,8 +22,9 @@ from giaannd.storage.repair.plan import add_record, plan_repair
 from giaannd.storage.repair.wire import Divergence, rows_differ
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.column_sets import member
 from giaannd.storage.streaming.sender import apply_local
-from giaannd.storage.streaming.writers import stream_writers_of
+from giaannd.storage.streaming.writers import stream_columns_of, stream_writers_of
 from peers.placement import Placement
 from peers.retry import attempts
 
@@ -86,9 +87,14 @@ async def repair(control: ClusterControl, names: Sequence[str] | None = None,
         def owned(cols: NDArray[np.uint64], me: int = me) -> NDArray[np.bool_]:
             return np.asarray((placement.owner_indices(cols) == me).any(axis=1), np.bool_)
 
+        streamed = stream_columns_of(svc)
+
+        def copied(cols: NDArray[np.uint64], streamed: NDArray[np.uint64] = streamed) -> NDArray[np.bool_]:
+            return member(cols, streamed)
+
         peers = [p for p in logs if p != dst]
         plan = plan_repair(applied[dst], owned, {p: logs[p] for p in peers}, {p: applied[p] for p in peers},
-                           excluded)
+                           excluded, copied)
         for bid, share in plan.shares.items():
             if await apply_local(svc, bid, share):
                 shipped, rows = shipped + 1, rows + share.num_rows

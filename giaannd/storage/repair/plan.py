@@ -26,6 +26,13 @@ applied: its applied set (applied_set.py). Repair therefore works on batches:
 
 Batches a node applied as *stream items* (streaming/stream.py: copies, not writes) are not writer batches:
 their writer ids are listed by the receiving node and excluded from candidates.
+
+**Columns a stream copied to the node** (``copied``: a join's newcomer holds nothing else) hold every
+batch the stream's source had applied, under the stream's ids, not the batches' own: the node's
+applied set lacks those ids although their rows are there, and shipping them again counted them
+twice. Whether such a batch came before the stream's cut or after (a write the node missed) cannot
+be told from ids, so a candidate with rows in those columns is reported *unrecoverable*, never
+applied; the row comparison still reports what differs.
 """
 
 from __future__ import annotations
@@ -94,7 +101,8 @@ def add_record(records: dict[BatchId, RowBatch], batch_id: BatchId, batch: RowBa
 
 
 def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, Mapping[BatchId, RowBatch]],
-                peer_applied: Mapping[str, AppliedSet], excluded_writers: set[int]) -> RepairPlan:
+                peer_applied: Mapping[str, AppliedSet], excluded_writers: set[int],
+                copied: Owned | None = None) -> RepairPlan:
     """Plan the repair of one node (module docstring, steps 2–3).
 
     Args:
@@ -103,6 +111,8 @@ def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, M
         peer_logs: per peer, the batch records still in its update log.
         peer_applied: per peer, its applied set (to detect records lost to a snapshot).
         excluded_writers: stream writer ids (copies, never candidates).
+        copied: which row columns streams copied to the repaired node (module docstring: a
+            candidate with rows there is unrecoverable); None: none.
     """
     plan = RepairPlan()
     candidates: dict[BatchId, list[RowBatch]] = {}
@@ -121,6 +131,9 @@ def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, M
             share = assemble_share(parts, owned)
         except ValueError as exc:
             plan.unrecoverable[bid] = str(exc)
+            continue
+        if copied is not None and share.num_rows and copied(share.row_column).any():
+            plan.unrecoverable[bid] = "rows in columns a stream copied here, whose copy may hold them already"
             continue
         if share.num_rows:
             plan.shares[bid] = share

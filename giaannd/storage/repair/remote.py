@@ -77,8 +77,9 @@ from giaannd.storage.repair.wire import (
 )
 from giaannd.storage.replication.background_fold import BackgroundFold
 from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.column_sets import member
 from giaannd.storage.streaming.sender import apply_local
-from giaannd.storage.streaming.writers import stream_writers_of
+from giaannd.storage.streaming.writers import stream_columns_of, stream_writers_of
 from peers.errors import PeersError
 from peers.placement import Placement
 from peers.transport import Connection, Handler, Incoming, Reply, Transport, connect
@@ -443,7 +444,9 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
     if failed:
         log.warning("repair node=%s: applying nothing, peers did not answer: %s", me, failed)
         return
-    plan = plan_repair(store.store.applied, owned_mask(placement, me), logs, applied, excluded)
+    streamed = stream_columns_of(service)
+    plan = plan_repair(store.store.applied, owned_mask(placement, me), logs, applied, excluded,
+                       lambda cols: member(cols, streamed))
     for bid, share in plan.shares.items():
         if await apply_local(service, bid, share):
             report["batches_shipped"] += 1
