@@ -150,6 +150,9 @@ class RowStore:
                 applied or held. The engine does not check: it gave a repeated row two ids, lost
                 an increment of a repeated key and kept non-finite strengths or unsorted keys, so
                 the store's own export, and its snapshot, were no longer canonical.
+            ValueError, RuntimeError: with a fold thread, what applying the batches held before
+                this one raised (a batch the engine refuses, a failed fold: ``settle``); this batch
+                is then held after those still held, and applied by the next call that settles.
         """
         if validate:
             batch.validate()
@@ -163,7 +166,14 @@ class RowStore:
             self._deferred_bytes += batch.nbytes
             self.batches_deferred += 1
         else:
-            self.settle()
+            try:
+                self.settle()
+            except BaseException:  # a held batch's failure: this one is held after those still held
+                self._deferred.append(batch.copy())
+                self._deferred_bytes += batch.nbytes
+                self.batches_deferred += 1
+                self.batches_applied += 1
+                raise
             self._add(batch, fold=False)
             folds.start_if_due()
         self.batches_applied += 1

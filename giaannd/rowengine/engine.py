@@ -87,12 +87,20 @@ meanwhile). What a fold leaves alone is not locked: the key index, the row lengt
 count (``row_ids``, ``lengths``, ``keys``, ``num_*``); ``nbytes`` and ``delta_entries`` may be
 a fold's before or after figure. Views handed out before a fold stay what they were (run.py,
 "Merges in place": a held buffer is never moved in place), so are frozen engines (frozen.py).
+
+Failures: a fold or tier merge consumes the runs it merges (their fields dropped one by one, the
+runs taken out of the engine first, run.py), an append to the base consumes it likewise, and a
+drop renumbers the base before the key index; so one that raises midway (out of memory at an
+allocation) has lost entries or left them under other ids: the engine is then *broken*
+(``_moving``), and every later call that reads or replaces the runs raises ``RuntimeError``
+instead of answering without them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -233,6 +241,8 @@ def _locked(method: Callable[Concatenate[RowEngine, P], T]) -> Callable[Concaten
 
     def run(self: RowEngine, /, *args: P.args, **kwargs: P.kwargs) -> T:
         with self._lock:
+            if self._broken is not None:
+                raise RuntimeError("the row engine is broken: a fold or tier merge failed midway") from self._broken
             return method(self, *args, **kwargs)
 
     run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
@@ -281,6 +291,9 @@ class RowEngine:
         self._version = 0
         #: held by every method that reads or replaces the runs (module docstring, "Threads")
         self._lock = threading.RLock()
+        #: what a fold or tier merge raised midway, leaving runs half moved (module docstring,
+        #: "Failures"): every locked call raises from then on
+        self._broken: BaseException | None = None
         #: copies a lazy ``freeze`` named and its reader has not made yet (cow.py): every in-place
         #: write of the strengths or the lengths announces itself to them first
         self._pending = PendingSet()
@@ -456,9 +469,10 @@ class RowEngine:
         self._grow_lengths(len(self._index))
         fields = [(p.seg, p.tc, p.tf, p.st) for p in parts]
         if self._appends_in_place(int(lengths.sum())):
-            self._lengths[ids] = lengths
-            self._entries += int(lengths.sum())
-            self._base = append_rows(self._base, ids, lengths, fields, room)
+            with self._moving():  # (append_rows consumes the base field by field)
+                self._lengths[ids] = lengths
+                self._entries += int(lengths.sum())
+                self._base = append_rows(self._base, ids, lengths, fields, room)
         else:
             # (copies: the caller keeps the parts)
             seg, tc, tf, st = (np.concatenate([f[i] for f in fields]) for i in range(4))
@@ -530,8 +544,9 @@ class RowEngine:
         while at >= 0:
             older, newer = deltas[at], deltas[at + 1]
             if self._out_of_tier(older, newer) and (limit is None or older.num_entries + newer.num_entries <= limit):
-                deltas.pop(at + 1)
-                deltas[at] = self._merge(older, newer)
+                with self._moving():
+                    deltas.pop(at + 1)
+                    deltas[at] = self._merge(older, newer)
                 at = min(at, len(deltas) - 2)  # the merged run against its newer neighbour again
             else:
                 at -= 1
@@ -654,15 +669,27 @@ class RowEngine:
         if not deltas:
             return
         self._version += 1
-        while len(deltas) >= 2:
-            newer = deltas.pop()
-            deltas[-1] = self._merge(deltas[-1], newer)
-        delta = deltas.pop()
-        self._delta_keys.clear()
-        base, self._base = self._base, Run.empty()
-        self.stats.folds += 1
-        self.stats.fold_entries += base.num_entries + delta.num_entries
-        self._base = fold_into_base(base, delta, grow=True)
+        with self._moving():
+            while len(deltas) >= 2:
+                newer = deltas.pop()
+                deltas[-1] = self._merge(deltas[-1], newer)
+            delta = deltas.pop()
+            self._delta_keys.clear()
+            base, self._base = self._base, Run.empty()
+            self.stats.folds += 1
+            self.stats.fold_entries += base.num_entries + delta.num_entries
+            self._base = fold_into_base(base, delta, grow=True)
+
+    @contextmanager
+    def _moving(self) -> Iterator[None]:
+        """Around moves that consume runs (folds, tier merges, appends to the base, a drop's
+        renumbering; module docstring, "Failures"): what raises inside marks the engine broken
+        (``_broken``), then propagates."""
+        try:
+            yield
+        except BaseException as exc:
+            self._broken = exc
+            raise
 
     @_locked
     def reserve(self, entries: int, buffer: Buffer = empty_buffer) -> None:
@@ -868,15 +895,16 @@ class RowEngine:
         kept_rows = keep[base.rows]
         counts = base.counts()[kept_rows]
         seg, tc, tf, st = gather_entries((base.seg, base.tc, base.tf, base.st), base.offsets[:-1][kept_rows], counts)
-        self._base = Run(renumbered(keep)[base.rows[kept_rows]], offsets_of(counts), seg, tc, tf, st)
-        release_pages(base)  # (its free below then walks no pages while holding the GIL)
-        del base
-        a, b = self.keys()
-        lengths = self.lengths()[keep]
-        self._index = KeyIndex.from_keys(a[keep], b[keep])
-        self._lengths = np.zeros(max(1024, lengths.shape[0]), np.int64)
-        self._lengths[: lengths.shape[0]] = lengths
-        self._entries = int(lengths.sum())
+        with self._moving():  # (the rows renumbered in the base, not yet in the key index and lengths)
+            self._base = Run(renumbered(keep)[base.rows[kept_rows]], offsets_of(counts), seg, tc, tf, st)
+            release_pages(base)  # (its free below then walks no pages while holding the GIL)
+            del base
+            a, b = self.keys()
+            lengths = self.lengths()[keep]
+            self._index = KeyIndex.from_keys(a[keep], b[keep])
+            self._lengths = np.zeros(max(1024, lengths.shape[0]), np.int64)
+            self._lengths[: lengths.shape[0]] = lengths
+            self._entries = int(lengths.sum())
 
     @classmethod
     def from_arrays(cls, a: U64, b: U64, offsets: I64, entries: Entries, fanout: int = DEFAULT_FANOUT,
