@@ -147,6 +147,8 @@ class MembershipService:
         except OSError as exc:
             raise HostEnvironmentError(f"cannot bind membership on {m.bind_address}:{m.bind_port}: "
                                        f"{exc.strerror or exc}", reason="listen_failed") from None
+        except ValueError as exc:  # this node's metadata fits no packet of membership.max-packet-bytes
+            raise ConfigError(f"membership cannot start: {exc}", "$.membership.max-packet-bytes") from None
         self.node = rt.membership = node
         follow_membership(rt.topology, node)
         node.on_event(self._on_member_event)

@@ -50,13 +50,15 @@ class BroadcastQueue(Generic[T]):
         item = self._items.get(key)
         return None if item is None else item.transmits
 
-    def get(self, overhead: int, budget: int, limit: int) -> list[tuple[T, int]]:
+    def get(self, overhead: int, budget: int, limit: int,
+            max_count: int | None = None) -> list[tuple[T, int]]:
         """Take (message, size) pairs that fit in ``budget`` bytes, each costing size + overhead.
 
-        Every message handed out counts one transmission; those that reach
-        ``limit`` are dropped from the queue.
+        At most ``max_count`` pairs (a receiver drops a compound packet holding more messages
+        than it decodes, whatever its size). Every message handed out counts one transmission;
+        those that reach ``limit`` are dropped from the queue.
         """
-        if not self._items:
+        if not self._items or (max_count is not None and max_count <= 0):
             return []
         out: list[tuple[T, int]] = []
         used = 0
@@ -69,6 +71,6 @@ class BroadcastQueue(Generic[T]):
             item.transmits += 1
             if item.transmits >= limit:
                 del self._items[item.key]
-            if budget - used < overhead + 8:
+            if budget - used < overhead + 8 or len(out) == max_count:
                 break
         return out

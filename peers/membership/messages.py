@@ -18,8 +18,8 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
-    "MAX_INCARNATION", "MAX_MEMBERS_PER_PUSH_PULL", "MAX_META_BYTES", "MAX_NAME_BYTES", "PROTOCOL_MAX",
-    "PROTOCOL_MIN", "Ack", "Addr", "Alive", "Dead", "IndirectPing", "MemberState",
+    "MAX_INCARNATION", "MAX_MEMBERS_PER_PUSH_PULL", "MAX_MESSAGES_PER_PACKET", "MAX_META_BYTES",
+    "MAX_NAME_BYTES", "PROTOCOL_MAX", "PROTOCOL_MIN", "Ack", "Addr", "Alive", "Dead", "IndirectPing", "MemberState",
     "MemberStatus", "Message", "Nack", "Ping", "PushPull", "StreamMessage", "Suspect",
     "compound_size", "decode_compound", "decode_stream", "encode_compound",
     "encode_stream", "message_size",

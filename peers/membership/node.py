@@ -180,10 +180,14 @@ class MembershipNode:
             lambda: _Udp(self), local_addr=(host, port))
         self._udp = transport
         self.addr = (await _advertisable(loop, self._advertise_host or host, port), port)
-        self._core = Membership(self.config, name=self.name, node_id=self.node_id,
-                                addr=self.addr, rng=self._rng, meta=self._meta,
-                                incarnation=self._incarnation,
-                                packet_overhead=self.codec.overhead)
+        try:
+            self._core = Membership(self.config, name=self.name, node_id=self.node_id,
+                                    addr=self.addr, rng=self._rng, meta=self._meta,
+                                    incarnation=self._incarnation,
+                                    packet_overhead=self.codec.overhead)
+        except ValueError:  # (metadata that no packet can carry): nothing stays bound
+            await self.stop()
+            raise
         self._run(Start())
 
     async def join(self, seeds: list[Addr]) -> int:

@@ -41,7 +41,9 @@ Forged gossip (issue 16; a key holder can seal anything, so these are plausibili
 
 Invariants: the local member is always in the table and never SUSPECT/DEAD in it;
 at most one probe is outstanding; ``_live`` counts members that are ALIVE or SUSPECT;
-at most one address claim per member; no incarnation above ``MAX_INCARNATION``.
+at most one address claim per member; no incarnation above ``MAX_INCARNATION``; a leaving
+node queues no Alive of its own (it would replace and undo the leave); no compound packet holds
+more than ``MAX_MESSAGES_PER_PACKET`` messages; the clock (``_now``) never goes back.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from peers.membership.events import (
 )
 from peers.membership.messages import (
     MAX_INCARNATION,
+    MAX_MESSAGES_PER_PACKET,
     MAX_META_BYTES,
     Ack,
     Addr,
@@ -171,13 +174,12 @@ class Membership:
     def __init__(self, config: MembershipConfig, *, name: str, node_id: str, addr: Addr,
                  rng: random.Random, meta: bytes = b"", incarnation: int = 0,
                  packet_overhead: int = DEFAULT_PACKET_OVERHEAD) -> None:
-        if len(meta) > MAX_META_BYTES:
-            raise ValueError(f"metadata is {len(meta)} bytes; limit {MAX_META_BYTES}")
         self.config = config
         self.name = name
         self.node_id = node_id
         self._rng = rng
         self._overhead = packet_overhead
+        self._check_meta(meta, addr)
         self._now = 0.0
         self._out: list[Action] = []
         self._members: dict[str, Member] = {}
@@ -206,8 +208,13 @@ class Membership:
     # ---- public ------------------------------------------------------------------
 
     def handle(self, now: float, stimulus: Stimulus) -> list[Action]:
-        """Feed one stimulus at time ``now``; returns the actions to carry out."""
-        self._now = now
+        """Feed one stimulus at time ``now``; returns the actions to carry out.
+
+        The core's clock never goes back: a ``now`` earlier than one already seen counts as
+        that one (else a suspicion started then would get a deadline already past, and a
+        driver firing it by its own clock would declare the member dead with no time to refute).
+        """
+        self._now = max(self._now, now)
         self._out = []
         match stimulus:
             case Received(addr, messages):
@@ -319,7 +326,9 @@ class Membership:
         size = sum(message_size(m) for m in messages)
         budget = self.config.max_packet_bytes - self._overhead - size - 3
         packet = list(messages)
-        for message, message_bytes in self._broadcasts.get(0, budget, self._retransmit_limit()):
+        # never more messages than a receiver decodes (it would drop the whole packet)
+        for message, message_bytes in self._broadcasts.get(
+                0, budget, self._retransmit_limit(), MAX_MESSAGES_PER_PACKET - len(packet)):
             packet.append(message)
             size += message_bytes
         self._count("packets_sent")
@@ -397,7 +406,7 @@ class Membership:
         limit = self._retransmit_limit()
         budget = cfg.max_packet_bytes - self._overhead - 3
         for m in self._k_random(cfg.gossip_nodes, "", with_dead_s=cfg.gossip_to_dead_s):
-            picked = self._broadcasts.get(0, budget, limit)
+            picked = self._broadcasts.get(0, budget, limit, MAX_MESSAGES_PER_PACKET)
             if not picked:
                 break
             size = sum(b for _, b in picked) + (1 if len(picked) < 16 else 3)
@@ -628,6 +637,8 @@ class Membership:
         if a.name == self.name and m is not None:
             if a.node_id != self.node_id:
                 self._conflict(m, a)
+            elif self.leaving:
+                return  # our Alive would replace the queued leave and, higher, undo it everywhere
             elif a.incarnation > m.incarnation or (
                     a.incarnation == m.incarnation and (a.meta, a.addr) != (m.meta, m.addr)):
                 self._refute(a.incarnation)  # a stale or forged view of us: jump past it
@@ -713,9 +724,17 @@ class Membership:
         m = self._members.get(name)
         if not confirmed:
             self._count("address_claims_expired")
-        elif m is not None and m.node_id == claim.alive.node_id and claim.alive.incarnation >= m.incarnation:
+        elif m is not None and m.node_id == claim.alive.node_id and self._outranks(claim.alive, m):
             self._count("address_claims_confirmed")
             self._apply_alive(m, claim.alive)
+
+    @staticmethod
+    def _outranks(a: Alive, m: Member) -> bool:
+        """Whether a held Alive still beats ``m``'s record: alive < suspect < dead/left at one
+        incarnation, so a Suspect or Dead (a leave too) at the claim's incarnation, heard while
+        the claim waited for its Ack, wins; the member refutes it with a higher one."""
+        return a.incarnation > m.incarnation or (a.incarnation == m.incarnation
+                                                 and m.status == MemberStatus.ALIVE)
 
     def _cancel_suspicion(self, name: str) -> None:
         if self._suspicions.pop(name, None) is not None:
@@ -874,9 +893,28 @@ class Membership:
         for m in self._k_random(self.config.gossip_nodes, ""):
             self._send(m.addr, [dead])
 
-    def _update_meta(self, meta: bytes) -> None:
+    def _check_meta(self, meta: bytes, addr: Addr) -> None:
+        """Our metadata rides on our Alive, which must fit one packet with nothing else in it.
+
+        A larger Alive is never picked for gossip (no packet has room) and stayed queued for
+        good: with ``max_packet_bytes`` 512, 450 bytes of metadata never spread. Raises
+        ValueError (as the metadata limit does).
+        """
         if len(meta) > MAX_META_BYTES:
             raise ValueError(f"metadata is {len(meta)} bytes; limit {MAX_META_BYTES}")
+        alive = Alive(MAX_INCARNATION, self.name, self.node_id, addr, meta)
+        room = self.config.max_packet_bytes - self._overhead - 3
+        if message_size(alive) > room:
+            raise ValueError(f"metadata of {len(meta)} bytes makes our Alive {message_size(alive)} "
+                             f"bytes; max-packet-bytes {self.config.max_packet_bytes} leaves {room}")
+
+    def _update_meta(self, meta: bytes) -> None:
+        self._check_meta(meta, self.local.addr)
+        if self.leaving:
+            # our Alive at a higher incarnation would replace the queued leave and bring us back
+            # ALIVE everywhere, to be declared dead (a failure, not a leave) once we stop
+            self._count("meta_updates_while_leaving")
+            return
         local = self.local
         local.meta = meta
         local.incarnation = min(local.incarnation + 1, MAX_INCARNATION)

@@ -181,3 +181,16 @@ async def test_membership_stop_closes_stream_sockets_accepted_while_it_stops(tic
     finally:
         for s in clients:
             s.close()
+
+
+async def test_membership_node_whose_metadata_fits_no_packet_refuses_to_start_and_binds_nothing():
+    """Metadata whose Alive fits no packet is refused (it would never spread), and the sockets the
+    start bound first are closed again (a daemon then exits 2: services/membership.py)."""
+    import msgspec.structs
+
+    config = msgspec.structs.replace(MembershipConfig.loopback(), max_packet_bytes=512)
+    node = MembershipNode(name="n0", bind=("127.0.0.1", 0), cluster="test",
+                          keyring=Keyring([b"k" * 32]), config=config, meta=b"m" * 480)
+    with pytest.raises(ValueError, match="packet"):
+        await node.start()
+    assert node._server is None and node._udp is None
