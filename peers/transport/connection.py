@@ -10,7 +10,9 @@ Theory of operation:
   ``allocate`` where its bulk goes: into the caller's buffers if they match the specs exactly,
   otherwise into scratch and the request fails with ``LocalProtocolError`` (the bytes must still be
   consumed to keep the stream in sync). On deadline or task cancellation the entry is removed and a
-  ``Cancel`` is sent; a late response then lands in scratch and is dropped.
+  ``Cancel`` is sent; a late response then lands in scratch and is dropped. A request whose bulk was
+  already handed to the link or to UCX is given up only once those buffers are no longer read
+  (``_sent_elsewhere``).
 - Server side: incoming request bulk lands in pooled, pre-touched buffers; the handler starts at
   once, inside the read callback (``eager.py``: a handler that does not wait replies from there,
   with no Task at all); one that waits continues in a Task under the request's remaining budget;
@@ -776,13 +778,52 @@ class Connection:
 
     async def _finish_send(self, parts: list[bytes | memoryview], state: int, views: list[Any], via: int,
                            req_id: int, response: bool, nbytes: int) -> None:
+        """The rest of a send that could not finish at once. A cancellation (the caller's
+        deadline, a ``Cancel`` of the handler) that comes once the sender's buffers were handed
+        over waits until they are no longer read (``_sent_elsewhere``) before it goes on."""
         if state != _FLUSHED:
-            await self._write_locked(parts if state == _NOT_WRITTEN else None)
+            # inline bulk: the link may still read the sender's buffers until it drained (uvloop
+            # keeps views of them, it copies nothing)
+            lent = via == wire.BULK_INLINE and any(v.nbytes for v in views)
+            if state == _NOT_WRITTEN:
+                await self._write_locked(parts, lent=lent)
+            else:
+                try:
+                    await self._write_locked(None)
+                except asyncio.CancelledError:
+                    if lent:  # written already, whether the lock was taken or not
+                        await self._sent_elsewhere(self.link.drain())
+                    raise
         if via != wire.BULK_INLINE:
             assert self._bulk is not None
-            await asyncio.gather(*(self._bulk.send(bulk_tag(self._send_salt, req_id, i, response=response), v)
-                                   for i, v in enumerate(views) if v.nbytes))
+            sends = asyncio.gather(*(self._bulk.send(bulk_tag(self._send_salt, req_id, i, response=response), v)
+                                     for i, v in enumerate(views) if v.nbytes))
+            try:
+                await asyncio.shield(sends)
+            except asyncio.CancelledError:
+                await self._sent_elsewhere(sends)  # a posted UCX send cannot be taken back
+                raise
         self.metrics.bytes_sent += nbytes
+
+    async def _sent_elsewhere(self, sending: Awaitable[Any]) -> None:
+        """A sender gave up (see ``_finish_send``) while its buffers may still be read: wait for
+        ``sending`` (a drain, posted UCX sends) to end before it is told, so that it may use its
+        buffers again at once (``_received_elsewhere`` is the receive side's twin). It ends when
+        they are out or when the connection closes (its peer gone: nothing more is read then); a
+        second cancellation stops the wait."""
+        future = asyncio.ensure_future(sending)
+        try:
+            if self._closed_exc is None and not future.done():
+                closing = self._loop.create_task(self.closed.wait())
+                try:
+                    await asyncio.wait([future, closing], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    closing.cancel()
+        finally:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: the caller is told of its cancellation instead
 
     async def _receive_out_of_band(self, frame: framing.Frame) -> None:
         msg = frame.message
@@ -856,8 +897,10 @@ class Connection:
             raise
         return _FLUSHED if link.flushed else _QUEUED
 
-    async def _write_locked(self, parts: Sequence[bytes | memoryview] | None) -> None:
-        """Write ``parts`` (None: already written) under the write lock and wait for ``drain``."""
+    async def _write_locked(self, parts: Sequence[bytes | memoryview] | None, *, lent: bool = False) -> None:
+        """Write ``parts`` (None: already written) under the write lock and wait for ``drain``.
+        ``lent``: the parts hold the sender's bulk buffers; a cancellation once they were written
+        waits for the drain (``_sent_elsewhere``) before it goes on."""
         self._slow_writers += 1
         try:
             async with self._write_lock:
@@ -866,7 +909,12 @@ class Connection:
                 try:
                     if parts is not None:
                         self.link.write(parts)
-                    await self.link.drain()
+                    try:
+                        await self.link.drain()
+                    except asyncio.CancelledError:
+                        if lent:  # a drain waits for everything written so far: wait anew
+                            await self._sent_elsewhere(self.link.drain())
+                        raise
                 except OSError:
                     if self._closed_exc is not None:
                         raise self._closed_error() from None
