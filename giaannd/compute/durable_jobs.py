@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
@@ -75,9 +76,8 @@ Launch = Callable[..., Job]
 
 def journal_progress(journal: JobJournal) -> TrainProgress:
     """A finished job's figures as its journal knows them (sentences acknowledged)."""
-    doc = journal.doc
-    done = min(doc.cursor * doc.spec.coalesce, doc.total_sentences)
-    return TrainProgress(total=doc.total_sentences, done=done)
+    total = journal.doc.total_sentences
+    return TrainProgress(total=total, done=journal.acknowledged_sentences(total))
 
 
 class DurableJobs:
@@ -90,17 +90,22 @@ class DurableJobs:
         summary: a succeeded job's result document.
         launch: ``launch(run, job_id=..., resumes=...)`` registers and starts a job.
         require_storage: raises if the node has no storage client yet (called before any work).
+        settings: ``settings(workers, coalesce)``: the node's training settings for a job resumed
+            here (``ComputeService.train_settings``: ``compute.device`` among them); default
+            ``TrainSettings`` with those two. A submitted job runs with the settings given to ``submit``.
     """
 
     def __init__(self, data_dir: Path, registry: JobRegistry, *, train: Train,
                  summary: Callable[[TrainResult], dict[str, Any]],
-                 launch: Launch, require_storage: Callable[[], object]) -> None:
+                 launch: Launch, require_storage: Callable[[], object],
+                 settings: Callable[[int, int], TrainSettings] | None = None) -> None:
         self.data_dir = data_dir
         self.registry = registry
         self._train = train
         self._summary = summary
         self._launch = launch
         self._require_storage = require_storage
+        self._settings = settings or (lambda workers, k: TrainSettings(workers=workers, coalesce_sentences=k))
         #: jobs ``resume`` / ``resume_all`` are starting (not yet running in the registry)
         self._resuming: set[str] = set()
 
@@ -112,13 +117,16 @@ class DurableJobs:
         spec = JobSpec(str(path), digest, limit, epochs, settings.workers, settings.coalesce_sentences)
         writer = JournalWriter(self.data_dir, JobJournal.create(spec))
         await asyncio.to_thread(writer.save_now)
-        return self.start(writer)
+        return self.start(writer, settings)
 
-    def start(self, writer: JournalWriter) -> Job:
-        """Run the journaled job of ``writer`` from its cursor (module docstring)."""
+    def start(self, writer: JournalWriter, settings: TrainSettings | None = None) -> Job:
+        """Run the journaled job of ``writer`` from its cursor (module docstring), with ``settings``
+        (default: the node's, ``settings`` of the constructor); workers and K are the journal's."""
         journal = writer.journal
         spec = journal.doc.spec
-        settings = TrainSettings(workers=spec.workers, coalesce_sentences=spec.coalesce)
+        if settings is None:
+            settings = self._settings(spec.workers, spec.coalesce)
+        settings = dataclasses.replace(settings, workers=spec.workers, coalesce_sentences=spec.coalesce)
         cache_dir = self.data_dir / TAG_CACHE_DIR
 
         def load() -> list[TaggedSentence]:

@@ -24,7 +24,12 @@ journal records exactly what makes that possible, one file per job
   floor when the cursor was saved). A resumed job replays windows ``< min(settled, cursor)`` without
   sending them and sends again from there (re-sends up to ``cursor`` are duplicates storage ignores;
   they let the client's floor advance again — sending a floor above an unsettled seq could make a
-  replica drop a hint still in flight for it).
+  replica drop a hint still in flight for it);
+* ``acked``: windows past the cursor already acknowledged (a gap below them: a window still in
+  flight, or one that failed). A resumed run sends them again like any window past the cursor, but
+  counts them, with ``[0, cursor)``, as sentences the earlier run acknowledged
+  (``acknowledged_sentences``): a job's ``done`` never drops at a resume and no window is counted
+  twice in the node's counters.
 
 States: ``running`` (resumed on daemon start) → ``succeeded`` (the file is removed) | ``failed``
 (kept for the operator; listed, not resumed). A job cancelled by a shutdown stays ``running``.
@@ -48,7 +53,7 @@ import os
 import secrets
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import xxhash
@@ -69,6 +74,7 @@ __all__ = [
     "corpus_sha256",
     "journal_path",
     "load_journals",
+    "outlast",
     "sentences_digest",
 ]
 
@@ -118,6 +124,8 @@ class JournalDoc(msgspec.Struct, forbid_unknown_fields=True):
     initial_flags: list[int] | None = None
     cursor: int = 0
     settled: int = 0
+    #: windows > cursor acknowledged (module docstring), ascending
+    acked: list[int] = msgspec.field(default_factory=list)
     started: list[int] = msgspec.field(default_factory=list)
     learned: dict[int, list[int]] = msgspec.field(default_factory=dict)
     resumes: int = 0
@@ -151,10 +159,12 @@ class JobJournal:
     def __init__(self, doc: JournalDoc) -> None:
         if len(doc.started) not in (0, doc.spec.workers):
             raise ValueError("started counts do not match the number of workers")
+        if any(w <= doc.cursor for w in doc.acked):
+            raise ValueError("acknowledged windows at or below the cursor")
         self.doc = doc
         if not doc.started:
             doc.started = [0] * doc.spec.workers
-        self._acked: set[int] = set()  # windows >= cursor acknowledged, waiting for the gap below
+        self._acked: set[int] = set(doc.acked)  # windows >= cursor acknowledged, waiting for the gap below
 
     @classmethod
     def create(cls, spec: JobSpec, job_id: str | None = None, writer_id: int | None = None) -> JobJournal:
@@ -180,6 +190,12 @@ class JobJournal:
         """Whether ``window`` was started (possibly sent) by an earlier run of the job."""
         b = self.doc.spec.workers
         return window // b < self.doc.started[window % b]
+
+    def acknowledged_sentences(self, total: int) -> int:
+        """Sentences of the acknowledged windows, of ``total`` sentences cut into windows of K."""
+        k = self.doc.spec.coalesce
+        done = min(self.doc.cursor * k, total)
+        return done + sum(max(0, min(k, total - w * k)) for w in self._acked)
 
     def learned_before(self, window: int) -> set[int]:
         """Flags the worker merged from storage just before encoding a started window."""
@@ -233,6 +249,7 @@ class JobJournal:
             self._acked.discard(self.doc.cursor)
             self.doc.cursor += 1
             moved = True
+        self.doc.acked = sorted(self._acked)
         # seq s is window s-1: floor f settles windows [0, f); it never passes an unacked window
         self.doc.settled = max(self.doc.settled, min(settled_floor, self.doc.cursor))
         return moved
@@ -268,6 +285,19 @@ class JobJournal:
             return cls(doc)
         except (msgspec.DecodeError, ValueError) as exc:  # ValidationError is a DecodeError
             raise JournalCorrupt(path, f"bad document: {exc}", offset=record.header.payload_offset) from None
+
+
+async def outlast(aws: Iterable[asyncio.Future[Any]]) -> None:
+    """Wait until every one of ``aws`` is done, even if the caller is cancelled meanwhile (any
+    number of times); the caller, cancelled, re-raises its own cancellation afterwards. What a
+    cancelled job awaits before it may end: a journal write in its thread, or the job's tasks that
+    await one (train.py), so nothing of the job lands after ``remove``. Exceptions are not retrieved."""
+    pending = set(aws)
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            pending = {f for f in pending if not f.done()}
 
 
 def journal_path(directory: str | os.PathLike[str], job_id: str) -> Path:
@@ -332,8 +362,9 @@ class JournalWriter:
                 await asyncio.shield(write)
             except asyncio.CancelledError:
                 # the thread renames the file into place anyway: a cancelled commit (the job
-                # cancelled) ends once it has, so no removal of the file (``remove``) precedes it
-                await asyncio.wait({write})
+                # cancelled) ends once it has, however often it is cancelled meanwhile (``train
+                # cancel`` then a shutdown), so no removal of the file (``remove``) precedes it
+                await outlast({write})
                 if not write.cancelled():
                     write.exception()  # retrieved: the cancellation is what the caller gets
                 raise

@@ -165,7 +165,8 @@ class ComputeService:
         self._ctx: ServiceContext | None = None
         self.jobs = JobRegistry()
         self.durable = DurableJobs(self.data_dir, self.jobs, train=self.train, summary=self._summary,
-                                   launch=self._launch, require_storage=self._client)
+                                   launch=self._launch, require_storage=self._client,
+                                   settings=self.train_settings)  # (a resumed job: the node's device too)
         self.state = ComputeState()
         #: ``GET /v1/evals`` (state.py; loaded by ``start``, saved after each eval under ``_evals_lock``)
         self.evals = EvalHistory(settings.eval_history)

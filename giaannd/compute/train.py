@@ -51,7 +51,6 @@ over entries actually sent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import secrets
@@ -71,7 +70,7 @@ from giaannd.client.storage_client import (
     StorageRequestError,
 )
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
-from giaannd.compute.job_journal import JournalWriter, sentences_digest
+from giaannd.compute.job_journal import JournalWriter, outlast, sentences_digest
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.gpu.device import Device
@@ -361,6 +360,7 @@ class TrainingJob:
         self._bids: dict[int, BatchId] = {}
         self._allocated = 0
         self._counted = 0  # windows below this were counted in progress by an earlier run
+        self._counted_past: frozenset[int] = frozenset()  # and these, past it (job_journal.py ``acked``)
         self._failure: BaseException | None = None
         self._workers: list[_Worker] = []
 
@@ -412,10 +412,16 @@ class TrainingJob:
                 await asyncio.wait(set(self._sends))
         except BaseException:
             # a failed worker fails the job: the other workers stop too (gather leaves them running)
-            for task in (*work, *self._sends, *self._side_tasks):
+            tasks = {*work, *self._sends, *self._side_tasks}
+            for task in tasks:
                 task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*work, *self._sends, *self._side_tasks, return_exceptions=True)
+            # the run ends after its tasks, however often it is cancelled meanwhile: one may be
+            # waiting for a journal write in its thread, which must not land after the caller
+            # removes the journal (a cancelled job, durable_jobs.py)
+            await outlast(tasks)
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # retrieved: the job's own failure is the one raised
             raise
         # every send awaited its window's vocabulary write; any left still has to land
         if self._side_tasks:
@@ -433,8 +439,9 @@ class TrainingJob:
         journal = self.journal.journal
         restart = min(journal.restart_window, self._num_windows)
         self._counted = min(journal.doc.cursor, self._num_windows)
-        done = min(self._counted * self.settings.coalesce_sentences, len(self.sentences))
-        self.progress.resume_at(done)  # ``done`` counts from here
+        self._counted_past = frozenset(journal.doc.acked)
+        # ``done`` counts from what the earlier run acknowledged, windows past its cursor included
+        self.progress.resume_at(journal.acknowledged_sentences(len(self.sentences)))
         for index in range(restart):
             workers[journal.worker_of(index)].replay(self._window(index), journal.learned_before(index))
             self.client.abandon(self._batch_id(index))
@@ -507,13 +514,17 @@ class TrainingJob:
             for task in (vocab, recorded):
                 if task is not None:
                     await asyncio.shield(task)
-            if index >= self._counted:  # its sentences may be trained (one token: no pair), as the core counts
+            if not self._counted_before(index):  # its sentences may be trained (one token: no pair), as the core counts
                 self.progress.add(done=window.handled, trained=window.trained,
                                   skipped=window.handled - window.trained, tokens=window.tokens)
             await self._acknowledged(index)
         except Exception as exc:  # recorded; run() raises it once the other sends have ended
             if self._failure is None:
                 self._failure = exc
+
+    def _counted_before(self, index: int) -> bool:
+        """Whether an earlier run of the job acknowledged window ``index`` (and counted it)."""
+        return index < self._counted or index in self._counted_past
 
     def _side_done(self, task: asyncio.Task[None]) -> None:
         self._side_tasks.discard(task)
@@ -551,7 +562,7 @@ class TrainingJob:
             await self._budget.release(batch.nbytes)
         keep = ~((batch.row_column == FLAG_ROW[0]) & (batch.row_feature == FLAG_ROW[1]))
         self._keys.append((batch.row_column[keep], batch.row_feature[keep]))
-        if index >= self._counted:  # a re-send of a window an earlier run acknowledged counts once
+        if not self._counted_before(index):  # a re-send of a window an earlier run acknowledged counts once
             self.progress.add(done=window.handled, trained=window.trained, skipped=window.handled - window.trained,
                               tokens=window.tokens, batches=1, bytes_sent=batch.nbytes,
                               entries_before=window.increments, entries_after=batch.num_entries,
