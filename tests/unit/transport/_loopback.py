@@ -26,3 +26,29 @@ async def close_pair(server, listener, client, conn):
         while client.open_resources or server.open_resources:
             await asyncio.sleep(0.01)
     assert server.pool.leased == 0
+
+
+def ucx_available():
+    """Whether ucxx imports here (the ucx backend's tests skip otherwise)."""
+    try:
+        import ucxx  # noqa: F401
+
+        from peers.transport import ucx  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means: not here
+        return False
+    return True
+
+
+async def served_pair(handler, key, scheme):
+    """(server transport, listener, connection) of a fresh client to a fresh server of ``scheme`` on loopback,
+    connected once (no retries); close with ``close_served``."""
+    server = make_transport(scheme, Identity("server", "unit", key))
+    listener = await server.listen(f"{scheme}://127.0.0.1:0", handler)
+    client = make_transport(scheme, Identity("client", "unit", key))
+    conn = await client.connect_once(listener.address, timeout_s=10)
+    return server, listener, conn
+
+
+async def close_served(listener, conn):
+    await conn.close()
+    await listener.close()

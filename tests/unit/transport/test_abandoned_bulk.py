@@ -14,6 +14,8 @@ from peers.errors import DeadlineExceeded
 from peers.transport import Identity, Reply
 from peers.transport.memory import MemLink, MemoryNetwork, MemoryTransport
 
+from ._loopback import close_served, served_pair, ucx_available
+
 KEY = [b"unit-abandoned-bulk-key-0123456789"]
 NBYTES = 1 << 20
 
@@ -89,32 +91,17 @@ async def test_an_abandoned_requests_late_bulk_does_not_land_in_its_buffers(how)
     await conn.close()
 
 
-def _ucx_available():
-    try:
-        import ucxx  # noqa: F401
-
-        from peers.transport import ucx  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means: not here
-        return False
-    return True
-
 
 @pytest.mark.asyncio
-@pytest.mark.skipif(not _ucx_available(), reason="ucxx is not installed")
+@pytest.mark.skipif(not ucx_available(), reason="ucxx is not installed")
 async def test_ucx_a_caller_that_gave_up_is_told_only_once_its_out_of_band_bulk_is_in():
     """A posted UCX receive cannot be taken back: the caller waits for it before it is told."""
-    from peers.transport import Identity as Id  # the same names, over ucx
-    from peers.transport import make_transport
-
     async def handler(incoming):
         if incoming.decode(object) == "big":
             return Reply("ok", [np.full(NBYTES, 7, np.uint8)])
         return Reply("pong")
 
-    server = make_transport("ucx", Id("server", "unit", KEY))
-    listener = await server.listen("ucx://127.0.0.1:0", handler)
-    client = make_transport("ucx", Id("client", "unit", KEY))
-    conn = await client.connect_once(listener.address, timeout_s=10)
+    server, listener, conn = await served_pair(handler, KEY, "ucx")
     try:
         assert conn._bulk is not None, "no ucx bulk channel on loopback"
         real, entered, go = conn._bulk.recv, asyncio.Event(), asyncio.Event()
@@ -142,5 +129,4 @@ async def test_ucx_a_caller_that_gave_up_is_told_only_once_its_out_of_band_bulk_
             assert (await conn.request("ping", timeout_s=10)).decode(object) == "pong"
         assert (dest == 1).all()
     finally:
-        await conn.close()
-        await listener.close()
+        await close_served(listener, conn)

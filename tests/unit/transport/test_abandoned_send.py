@@ -15,6 +15,8 @@ import pytest
 from peers.errors import DeadlineExceeded
 from peers.transport import Reply
 
+from ._loopback import close_served, served_pair, ucx_available
+
 KEY = [b"unit-abandoned-send-key-0123456789"]
 NBYTES = 8 << 20  # well above the UCX rendezvous threshold: the bytes are read when the receive is posted
 
@@ -28,21 +30,10 @@ async def _deadline_passed(task):
         await asyncio.sleep(0)
 
 
-def _ucx_available():
-    try:
-        import ucxx  # noqa: F401
-
-        from peers.transport import ucx  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means: not here
-        return False
-    return True
-
 
 @pytest.mark.asyncio
-@pytest.mark.skipif(not _ucx_available(), reason="ucxx is not installed")
+@pytest.mark.skipif(not ucx_available(), reason="ucxx is not installed")
 async def test_ucx_a_caller_that_gave_up_is_told_only_once_its_out_of_band_bulk_is_out():
-    from peers.transport import Identity, make_transport
-
     seen = []
     handled = asyncio.Event()
 
@@ -52,10 +43,7 @@ async def test_ucx_a_caller_that_gave_up_is_told_only_once_its_out_of_band_bulk_
             handled.set()
         return Reply("ok")
 
-    server = make_transport("ucx", Identity("server", "unit", KEY))
-    listener = await server.listen("ucx://127.0.0.1:0", handler)
-    client = make_transport("ucx", Identity("client", "unit", KEY))
-    conn = await client.connect_once(listener.address, timeout_s=10)
+    server, listener, conn = await served_pair(handler, KEY, "ucx")
     try:
         async with asyncio.timeout(10):
             while not listener.connections:
@@ -89,16 +77,13 @@ async def test_ucx_a_caller_that_gave_up_is_told_only_once_its_out_of_band_bulk_
         async with asyncio.timeout(10):
             assert (await conn.request("ping", timeout_s=10)).decode(object) == "ok"
     finally:
-        await conn.close()
-        await listener.close()
+        await close_served(listener, conn)
 
 
 async def _tcp_scenario():
     """TCP under uvloop: a large frame that the socket did not take at once stays in uvloop's
     write buffer as *views* of the caller's memory (uvloop copies nothing), sent as the peer
     reads. The server stops reading until the caller's deadline has passed."""
-    from peers.transport import Identity, make_transport
-
     seen = []
     handled = asyncio.Event()
 
@@ -108,10 +93,7 @@ async def _tcp_scenario():
             handled.set()
         return Reply("ok")
 
-    server = make_transport("tcp", Identity("server", "unit", KEY))
-    listener = await server.listen("tcp://127.0.0.1:0", handler)
-    client = make_transport("tcp", Identity("client", "unit", KEY))
-    conn = await client.connect_once(listener.address, timeout_s=10)
+    server, listener, conn = await served_pair(handler, KEY, "tcp")
     try:
         async with asyncio.timeout(10):
             while not listener.connections:
@@ -136,8 +118,7 @@ async def _tcp_scenario():
         async with asyncio.timeout(10):
             assert (await conn.request("ping", timeout_s=10)).decode(object) == "ok"
     finally:
-        await conn.close()
-        await listener.close()
+        await close_served(listener, conn)
     assert server.pool.leased == 0
 
 
