@@ -76,7 +76,7 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import Refused
 from giaannd.storage.engine.register_store import RegisterState
 from giaannd.storage.rebalance import register_handoff as rh
-from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers
+from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers, stranded
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import (
     SourceControlError,
@@ -220,6 +220,8 @@ class Rebalance:
         self._sealed: list[str] = []  # members that may hold seals of this operation
         self._streams: list[tuple[int, str]] = []  # (stream id, target) of every stream started
         self._switched = False  # a target switched to the new placement (cutover step a began)
+        self._planned_epoch: str | None = None  # the placement the plan was made from
+        self._stranded = np.zeros(0, np.uint64)  # columns the change leaves with no live owner
         self.discarded_rows = 0  # rows the receivers dropped when the operation was abandoned
         self.discard_errors: list[str] = []  # receivers that could not discard a stream
 
@@ -256,8 +258,12 @@ class Rebalance:
 
     async def make_plan(self) -> Plan:
         old, new = self._placements()
+        self._planned_epoch = old.epoch
         columns = await self._columns(old)
-        return plan_transfers(old, new, columns, self._live(), self.avoid_sources)
+        live = self._live()
+        # newcomers are outside the old view's liveness; they take the streams
+        self._stranded = stranded(old, new, columns, {*live, *(n for n in new.names if n not in old.names)})
+        return plan_transfers(old, new, columns, live, self.avoid_sources)
 
     def check_dead_owners(self) -> None:
         """Columns whose every replica is on dead members cannot even be listed (only their
@@ -296,6 +302,10 @@ class Rebalance:
                 self.plan = plan
                 if self.plan.lost.size and not self.allow_loss:
                     raise DataLossError(self.plan.lost)
+                if self._stranded.size and not self.allow_loss:
+                    raise DataLossError(self._stranded, (
+                        f"{self._stranded.size} columns would have no live owner after the {self.kind} "
+                        "(their other owners are down): bring them back first, or pass allow_loss"))
                 if self.state == "cancelled":  # while the plan waited for a remote old owner
                     raise TopologyOpError("operation cancelled before any stream started")
                 self._start_streams(self.plan)
@@ -359,6 +369,8 @@ class Rebalance:
 
     def _start_streams(self, plan: Plan) -> None:
         old, new = self._placements()
+        if self._planned_epoch is None:  # (a plan given by the caller)
+            self._planned_epoch = old.epoch
         live = self._live()
         rule = TransferRule(old, new, frozenset(live), frozenset(self.avoid_sources))
         targets = {m.name for m in self.new_members} - set(old.names)
@@ -432,12 +444,14 @@ class Rebalance:
         old_names = set(view.names)  # (the view object itself switches below)
         targets = sorted({t.target for t in self.plan.transfers})
         sources = sorted({t.source for t in self.plan.transfers})
+        self._check_placement()
         # Hints for the sources are delivered before anyone switches (a holder delivers under its
         # own view's epoch, and the sources forward by epoch), and again after the writers drained.
         await self._wait_hints(sources)
         await asyncio.wait_for(self._hand_off_registers(), CUTOVER_TIMEOUT_S)
         if self.state != "cutover":  # cancelled meanwhile: nothing switched yet, the receivers discard
             raise TopologyOpError(f"operation {self.state} before any node switched")
+        self._check_placement()  # (again: the waits above may have let another cutover commit)
         self._switched = True  # from here on the targets may serve their new columns: no discard
         await control.switch(targets, self.new_members)
         await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
@@ -469,6 +483,21 @@ class Rebalance:
                 continue
             if dropped:
                 log.info("dropped hints for removed member=%s count=%d", gone, dropped)
+
+    def _check_placement(self) -> None:
+        """Refuse to cut over from a placement that is no longer in force: another coordinator's
+        operation committed meanwhile (each node's registry runs one at a time, not the cluster).
+        Switching anyway would move every node to this operation's members, and its ring commit
+        would undo the other change (a member it added tombstoned, one it removed back).
+
+        Raises:
+            TopologyOpError: the view's placement epoch is not the one the plan was made from.
+        """
+        epoch = self.control.view().placement.epoch
+        if self._planned_epoch is not None and epoch != self._planned_epoch:
+            raise TopologyOpError(
+                f"the placement changed while the operation ran (epoch {self._planned_epoch[:12]} -> "
+                f"{epoch[:12]}: another operation completed first); nothing switched, run the verb again")
 
     # -- registers (register_handoff.py) -----------------------------------------------------------
     async def _register_call(self, name: str, msg: rh.HandoffRequest) -> rh.RegisterStates | rh.RegisterCount:
@@ -568,8 +597,10 @@ class Rebalance:
     def cancel(self) -> None:
         """Give up: stop sending and stop collecting deltas. The old placement stays in force; before
         the cutover the receivers then drop the partial rows they got (``run``'s clean-up: module
-        docstring). An operation that ended stays as it ended."""
-        if self.state in ("done", "failed", "cancelled"):
+        docstring). An operation that ended stays as it ended, and so does one whose cutover
+        switched a node: the targets may have taken direct writes of their new columns, so the
+        cutover (bounded) goes on; aborting its streams there failed it half-switched."""
+        if self.state in ("done", "failed", "cancelled") or self._switched:
             return
         self.pause()
         self.state = "cancelled"

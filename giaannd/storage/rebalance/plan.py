@@ -39,7 +39,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from peers.placement import Placement
 
-__all__ = ["Plan", "Transfer", "TransferRule", "owns", "plan_transfers"]
+__all__ = ["Plan", "Transfer", "TransferRule", "owns", "plan_transfers", "stranded"]
 
 U64 = NDArray[np.uint64]
 
@@ -153,6 +153,32 @@ def plan_transfers(old: Placement, new: Placement, columns: ArrayLike, live: Col
     released = {names[int(rel_member[a])]: cols[rel_row[a:b]]
                 for a, b in _runs(rel_member[1:] != rel_member[:-1], rel_member.size)}
     return Plan(transfers, cols[m.lost_rows], released, int(cols.size), m.moved)
+
+
+def stranded(old: Placement, new: Placement, columns: ArrayLike, live: Collection[str]) -> U64:
+    """The columns (sorted, unique) that a live old owner gives up and that no live member owns
+    under ``new``: the change would take their last live copy out of the placement (a
+    decommission whose remaining owners are down). A column whose owners are all down before
+    and stay owners is not one: nothing live loses it.
+
+    Args:
+        old, new: placements before and after.
+        columns: column ids that exist (any order, duplicates allowed).
+        live: members believed up, new members that will serve included.
+    """
+    cols = np.sort(np.asarray(columns, dtype=np.uint64).reshape(-1))
+    if cols.size == 0 or all(n in live for n in new.names):  # (the common case: no table to build)
+        return cols[:0]
+    cols = cols[np.append(True, cols[1:] != cols[:-1])]
+    names = sorted(set(old.names) | set(new.names))
+    index = {n: i for i, n in enumerate(names)}
+    before = np.array([index[n] for n in old.names], np.intp)[old.owner_indices(cols)]
+    after = np.array([index[n] for n in new.names], np.intp)[new.owner_indices(cols)]
+    live_of = np.zeros(len(names), np.bool_)
+    live_of[[index[n] for n in live if n in index]] = True
+    gives_up = (live_of[before] & ~(before[:, :, None] == after[:, None, :]).any(axis=2)).any(axis=1)
+    out: U64 = cols[gives_up & ~live_of[after].any(axis=1)]
+    return out
 
 
 @dataclass(frozen=True)
