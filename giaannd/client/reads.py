@@ -181,6 +181,8 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
         raise ValueError("row_column and row_feature differ in length")
     if cols.size == 0:
         return RowBatch.empty()
+    if cols.size > p.MAX_READ_ROWS:  # a node's rows may be cut into several requests: a key asked
+        cols, feats = _unique_keys(cols, feats)  # twice must not be in two (its row would come twice)
     placement = topology.placement
     names = placement.names
     owners = placement.owner_indices(cols)
@@ -218,6 +220,15 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         raise ReadFailed(f"{int(todo.sum())} rows unreadable on every replica ({detail})")
     return join_disjoint(parts)  # each row came from one node: disjoint (a lone part is not copied)
+
+
+def _unique_keys(cols: NDArray[np.uint64], feats: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """The keys ``(cols, feats)`` each once, in key order."""
+    order = np.lexsort((feats, cols))
+    c, f = cols[order], feats[order]
+    first = np.ones(c.shape[0], bool)
+    first[1:] = (c[1:] != c[:-1]) | (f[1:] != f[:-1])
+    return c[first], f[first]
 
 
 def _live_spares(cand: NDArray[np.intp], down: NDArray[np.bool_]) -> list[bool] | NDArray[np.bool_]:

@@ -17,7 +17,9 @@ cluster export names it missing (before, every entry of the window failed, and t
 
 **Get**: each key goes first to its first live owner (owners believed down last); round k asks the
 k-th candidate for every key not found yet. An id no answering owner holds is left out of the
-result; ``ReadFailed`` only when every owner of some id failed (none answered).
+result; ``ReadFailed`` only when every owner of some id failed (none answered). A reply with an
+entry not asked for, or a text that is not its id's, counts as its node's failure
+(``ProtocolViolation``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from giaannd.client.errors import REQUEST_FAILURES, ReadFailed, RemoteVocabConfl
 from giaannd.client.node_call import NodeCall
 from giaannd.client.writes import write_quorum
 from giaannd.cluster.view import ClusterView
+from giaannd.model.ids import column_id, feature_id
 
 __all__ = ["get_vocab", "put_vocab"]
 
@@ -119,9 +122,13 @@ async def get_vocab(topology: ClusterView, call: NodeCall,
             return_exceptions=True)
         for (node, idx), out in zip(jobs, outcomes):
             if isinstance(out, tuple) and isinstance(out[0], p.VocabReply):
+                try:
+                    entries = _checked_entries(out[0], {(kinds[i], int(ids[i])) for i in idx.tolist()})
+                except p.ProtocolViolation as exc:  # that node's failure: its keys go to the next owner
+                    errors[node] = str(exc)
+                    continue
                 answered[idx] = True
-                for kind, ident, text in out[0].entries:
-                    found[(kind, ident)] = text
+                found.update(entries)
             elif isinstance(out, REQUEST_FAILURES) or isinstance(out, tuple):
                 errors[node] = str(out) or type(out).__name__
             elif isinstance(out, BaseException):
@@ -131,3 +138,20 @@ async def get_vocab(topology: ClusterView, call: NodeCall,
         detail = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         raise ReadFailed(f"{int((todo & ~answered).sum())} vocabulary ids unreadable on every owner ({detail})")
     return found
+
+
+def _checked_entries(reply: p.VocabReply, asked: set[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """A ``VocabReply``'s entries, each one asked for and its text hashing to its id (ids are
+    content-addressed, giaannd/model/ids.py; a storage node stores no other).
+
+    Raises:
+        ProtocolViolation: an entry not asked for, or whose text is not its id's.
+    """
+    entries: dict[tuple[int, int], str] = {}
+    for kind, ident, text in reply.entries:
+        if (kind, ident) not in asked:
+            raise p.ProtocolViolation(f"VocabReply holds kind {kind} id {ident:#018x}, not asked for")
+        if (column_id(text) if kind == 0 else feature_id(text)) != ident:
+            raise p.ProtocolViolation(f"VocabReply: text {text!r} is not that of kind {kind} id {ident:#018x}")
+        entries[(kind, ident)] = text
+    return entries

@@ -54,6 +54,7 @@ from giaannd.client.prefault import Prefault
 from giaannd.client.row_memory import RowMemory
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
 from giaannd.rowengine.canon import first_non_canonical
+from giaannd.rowengine.jit import kernel
 from peers.errors import LocalProtocolError
 
 __all__ = ["MAX_READ_RESTARTS", "READ_PARTS_IN_FLIGHT", "check_canonical_row", "join_disjoint", "read_chunked",
@@ -98,12 +99,11 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
         reply, bulk = await call(node, p.ReadRows(epoch, chunked=True, busy_ok=busy_ok), [cols, feats], timeout_s)
         if not isinstance(reply, p.RowsReply):
             raise RemoteBadRequest(f"unexpected reply {type(reply).__name__} to ReadRows", node)
-        parts.append(p.check_batch(bulk))
+        batch = p.check_batch(bulk)
+        _check_reply_keys(reply, batch, cols, feats)
+        parts.append(batch)
         if reply.large:
-            asked = set(zip(cols.tolist(), feats.tolist()))
             for row in reply.large:
-                if (row[0], row[1]) not in asked:
-                    raise p.ProtocolViolation(f"large row ({row[0]}, {row[1]}) was not asked for")
                 big = await read_large_row(call, node, row, chunk_entries=chunk_entries, epoch=epoch,
                                            timeout_s=timeout_s, in_flight=in_flight, memory=memory)
                 if big is not None:
@@ -116,6 +116,69 @@ async def read_chunked(call: NodeCall, node: str, cols: NDArray[np.uint64], feat
             raise p.ProtocolViolation("ReadRows reply says 'more' but its cursor is before every key")
         cols, feats = cols[later], feats[later]
     return join_disjoint(parts)
+
+
+def _check_reply_keys(reply: p.RowsReply, batch: RowBatch, cols: NDArray[np.uint64],
+                      feats: NDArray[np.uint64]) -> None:
+    """The rows of a chunked ``ReadRows`` reply, whole (``batch``, canonical) and listed ``large``,
+    are keys asked for (``cols``, ``feats``), each once, and at or before the reply's cursor when
+    it says ``more``: else the row would be returned though not asked for, or twice (the next page
+    asks again for the keys after the cursor) and ``join_disjoint`` would refuse the read with a
+    bare ``ValueError`` instead of booking the node's failure.
+
+    Raises:
+        ProtocolViolation: a row that breaks one of those.
+    """
+    rc, rf = np.ascontiguousarray(batch.row_column), np.ascontiguousarray(batch.row_feature)
+    if rc.shape[0]:
+        where = np.empty(cols.shape[0], np.int64)  # each key asked: its row in the batch, or -1
+        _find_keys(rc, rf, np.ascontiguousarray(cols), np.ascontiguousarray(feats), where)
+        hit = np.zeros(rc.shape[0], np.bool_)
+        hit[where[where >= 0]] = True
+        if not bool(hit.all()):
+            i = int(np.argmin(hit))
+            raise p.ProtocolViolation(f"ReadRows reply holds row ({int(rc[i])}, {int(rf[i])}), not asked for")
+    cursor = (reply.next_column, reply.next_feature)
+    if reply.more and rc.shape[0] and (int(rc[-1]), int(rf[-1])) > cursor:
+        raise p.ProtocolViolation(f"ReadRows reply holds row ({int(rc[-1])}, {int(rf[-1])}) after its cursor")
+    if not reply.large:
+        return
+    asked = set(zip(cols.tolist(), feats.tolist()))
+    listed = [(row[0], row[1]) for row in reply.large]
+    for key in listed:
+        if key not in asked:
+            raise p.ProtocolViolation(f"large row {key} was not asked for")
+        if reply.more and key > cursor:
+            raise p.ProtocolViolation(f"large row {key} listed after the reply's cursor")
+    if len(set(listed)) != len(listed):
+        raise p.ProtocolViolation("ReadRows reply lists a large row twice")
+    where = np.empty(len(listed), np.int64)
+    _find_keys(rc, rf, np.array([k[0] for k in listed], np.uint64), np.array([k[1] for k in listed], np.uint64),
+               where)
+    if bool((where >= 0).any()):
+        raise p.ProtocolViolation(f"large row {listed[int(np.argmax(where >= 0))]} is both in the reply and "
+                                  "listed to read by parts")
+
+
+_RO_U64 = "Array(uint64, 1, 'C', readonly=True)"
+
+
+@kernel(f"void({_RO_U64}, {_RO_U64}, {_RO_U64}, {_RO_U64}, int64[::1])")
+def _find_keys(rc: NDArray[np.uint64], rf: NDArray[np.uint64], qc: NDArray[np.uint64], qf: NDArray[np.uint64],
+               out: NDArray[np.int64]) -> None:
+    """Per query key ``(qc[i], qf[i])`` its index among the keys ``(rc, rf)`` (sorted and unique,
+    as a canonical batch's rows), or -1: a binary search each (numpy has none over key pairs)."""
+    n = rc.shape[0]
+    for i in range(qc.shape[0]):
+        c, f = qc[i], qf[i]
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if rc[mid] < c or (rc[mid] == c and rf[mid] < f):
+                lo = mid + 1
+            else:
+                hi = mid
+        out[i] = lo if lo < n and rc[lo] == c and rf[lo] == f else -1
 
 
 async def read_large_row(call: NodeCall, node: str, row: p.LargeRow, *, chunk_entries: int, epoch: str,
