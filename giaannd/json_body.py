@@ -38,9 +38,12 @@ async def json_object(request: Any, fields: tuple[str, ...], *, null_is_empty: b
     if not isinstance(body, dict):
         raise AdminHTTPError(400, "request body must be a JSON object", "bad_request")
     try:  # a "\\ud800" escape decodes to a lone surrogate, which no UTF-8 step after this can take
-        json.dumps(body, ensure_ascii=False).encode()
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
     except UnicodeEncodeError:
         raise AdminHTTPError(400, "request body holds a lone surrogate (a \\uD800-\\uDFFF escape): not text",
+                             "bad_request") from None
+    except ValueError:  # NaN, Infinity: Python's parser takes them; a number like 1e999 overflows to one
+        raise AdminHTTPError(400, "request body holds NaN, Infinity or a number too large: not JSON",
                              "bad_request") from None
     unknown = sorted(set(body) - set(fields))
     if unknown:

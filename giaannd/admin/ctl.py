@@ -25,6 +25,7 @@ following, the operation goes on on the daemon).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -110,8 +111,8 @@ def _bytes_rate(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a rate in bytes/s: {text!r}") from None
-    if not value > 0:  # NaN too
-        raise argparse.ArgumentTypeError("a rate must be > 0 bytes/s (or 'none')")
+    if not (value > 0 and math.isfinite(value)):  # NaN too; inf (and 1e999) would be sent as Infinity: not JSON
+        raise argparse.ArgumentTypeError("a rate must be a finite number > 0 bytes/s (or 'none')")
     return value
 
 
@@ -204,6 +205,7 @@ def run(c: Client, op: Operation, a: argparse.Namespace) -> Any:
     if op.client:  # a verb the client does (report): no route of its own
         result = getattr(c, op.client)(*(getattr(a, arg.name) for arg in op.args))
         return {"path": str(result)} if isinstance(result, Path) else result
+    _check_text(op, a)
     reply = _send(c, op, a) if op.path is not None else None
     if op.follow is None or not _following(op.follow, a):
         return reply
@@ -227,7 +229,11 @@ def _send(c: Client, op: Operation, a: argparse.Namespace) -> Any:
 
 def _value(arg: Arg, value: Any) -> Any:
     """What is sent for ``arg``: paths as typed (a relative one is the daemon's to place inside its
-    corpus or export directory), files read."""
+    corpus or export directory), files read.
+
+    Raises:
+        UsageError: a file that cannot be read or is not UTF-8 text.
+    """
     if arg.type in ("path", "existing-path") and value is not None:
         path = Path(value)
         if not path.is_absolute():
@@ -241,10 +247,30 @@ def _value(arg: Arg, value: Any) -> Any:
             text = Path(value).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise UsageError(f"cannot read {what} {value}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{what} {value} is not UTF-8 text (byte {exc.start})") from None
         if not text:
             raise UsageError(f"{what} {value} is empty")
         return text
     return value
+
+
+def _check_text(op: Operation, a: argparse.Namespace) -> None:
+    """Refuse an argument holding bytes that are not UTF-8: argv reaches Python with them as lone
+    surrogates, which no request can carry (in a path parameter they raised UnicodeEncodeError).
+    A ``file-text`` argument names a local file, read here: any name the file system takes.
+
+    Raises:
+        UsageError: naming the argument.
+    """
+    for arg in (x for x in op.args if x.type != "file-text"):
+        value = getattr(a, arg.name)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise UsageError(f"{arg.name} {text!r} is not UTF-8 text") from None
 
 
 def _following(f: Follow, a: argparse.Namespace) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Final
 from prometheus_client.parser import text_string_to_metric_families
 
 from giaannd.operations import Render
+from giaannd.sdk.errors import ClientError
 
 __all__ = ["flatten", "render", "render_document", "render_table", "show"]
 
@@ -30,7 +31,12 @@ _DOCUMENT: Final = Render()
 
 
 def render(spec: Render, result: Any, *, as_json: bool, detailed: bool = False) -> str:
-    """The text giaannctl prints for ``result`` (module docstring; ``Render`` for the kinds)."""
+    """The text giaannctl prints for ``result`` (module docstring; ``Render`` for the kinds).
+
+    Raises:
+        ClientError: ``--json`` of a ``prometheus`` answer that is not Prometheus text (another
+            service answering on the admin port, a proxy's error page).
+    """
     if spec.kind == "prometheus":
         text = str(result)
         return json.dumps(_families(text), indent=2) if as_json else text.rstrip("\n")
@@ -43,9 +49,13 @@ def render(spec: Render, result: Any, *, as_json: bool, detailed: bool = False) 
 
 
 def _families(text: str) -> list[dict[str, Any]]:
-    return [{"name": f.name, "type": f.type, "help": f.documentation,
-             "samples": [{"name": s.name, "labels": s.labels, "value": _sample_value(s.value)} for s in f.samples]}
-            for f in text_string_to_metric_families(text)]
+    try:
+        return [{"name": f.name, "type": f.type, "help": f.documentation,
+                 "samples": [{"name": s.name, "labels": s.labels, "value": _sample_value(s.value)}
+                             for s in f.samples]}
+                for f in text_string_to_metric_families(text)]
+    except ValueError as exc:  # the parser's one error, whatever the garbage
+        raise ClientError(f"the answer is not Prometheus text (is this giaannd's admin address?): {exc}") from None
 
 
 def _sample_value(value: float) -> float | str:

@@ -19,7 +19,7 @@ from typing import Any
 from giaannd.sdk.client import DEFAULT_COLUMN_LIMIT, Client, Job
 from giaannd.sdk.column import Column
 from giaannd.sdk.errors import UnavailableError
-from giaannd.sdk.follow import JOB_POLL_S, Follower
+from giaannd.sdk.follow import JOB_POLL_S, Follower, check_wait
 from giaannd.sdk.http import DEFAULT_TIMEOUT_S
 
 __all__ = ["AsyncClient", "AsyncJob"]
@@ -42,7 +42,9 @@ class AsyncJob:
 
     async def wait(self, progress: bool = True, *, timeout_s: float | None = None,
                    poll_s: float = JOB_POLL_S) -> dict[str, Any]:
-        """As ``Job.wait``: the final document; ``JobFailedError`` / ``TimeoutError``."""
+        """As ``Job.wait``: the final document; ``JobFailedError`` / ``TimeoutError``; ``UsageError``
+        for bounds that cannot bound it (``follow.check_wait``)."""
+        check_wait(timeout_s, poll_s)
         f = Follower("job", {"job_id": self.job_id}, progress=progress)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:

@@ -46,11 +46,17 @@ DEFAULT_COLUMN_LIMIT: Final = 100_000
 
 
 def read_token(path: Path) -> tuple[str | None, str | None]:
-    """(the token in ``path``, None) or (None, why it could not be read)."""
+    """(the token in ``path``, None) or (None, why it could not be read or cannot be sent: not
+    UTF-8 text, as the daemon reads it, or a line break inside, which no HTTP header carries)."""
     try:
-        return path.read_text(encoding="utf-8").strip() or None, None
+        token = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         return None, f"cannot read token file {path}: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        return None, f"token file {path} is not UTF-8 text (byte {exc.start})"
+    if any(c in token for c in "\r\n"):
+        return None, f"token file {path} holds more than one line"
+    return token or None, None
 
 
 class Job:
@@ -79,6 +85,7 @@ class Job:
         Raises:
             JobFailedError: it failed or was cancelled (``.doc`` is its final document).
             TimeoutError: still running after ``timeout_s``.
+            UsageError: ``timeout_s`` is NaN, or ``poll_s`` negative or NaN.
         """
         doc = follow(self.client.api, "job", {"job_id": self.job_id}, progress=progress, poll_s=poll_s,
                      timeout_s=timeout_s)
@@ -136,8 +143,17 @@ class Client:
         return self.api.json(method, path, body, _query(query))
 
     def call_text(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> str:
-        """``call`` for a route that answers text (``/metrics``)."""
-        return self.api.request(method, path, body, _query(query))[0].decode()
+        """``call`` for a route that answers text (``/metrics``).
+
+        Raises:
+            ClientError: as ``call``, or the answer is not UTF-8 text.
+        """
+        raw = self.api.request(method, path, body, _query(query))[0]
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise ClientError(f"giaannd at {self.addr} sent a reply for {path} that is not UTF-8 text "
+                              f"(byte {exc.start})") from None
 
     def operation(self, op_id: str, body: Any = None, query: Mapping[str, Any] | None = None,
                   **params: Any) -> Any:

@@ -9,6 +9,7 @@ success, and how to read the progress out of the polled document.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from giaannd.operations import FOLLOWED, OPERATIONS, fill_path
-from giaannd.sdk.errors import JobFailedError, UnavailableError
+from giaannd.sdk.errors import JobFailedError, UnavailableError, UsageError
 from giaannd.sdk.http import AdminClient
 from giaannd.sdk.progress import ProgressBar
 
-__all__ = ["JOB_POLL_S", "UNAVAILABLE_GRACE_S", "Follower", "follow"]
+__all__ = ["JOB_POLL_S", "UNAVAILABLE_GRACE_S", "Follower", "check_wait", "follow"]
 
 #: How often a followed operation is polled; the bar redraws at most this often anyway.
 JOB_POLL_S: Final = 0.5
@@ -61,6 +62,20 @@ _KINDS: Final[Mapping[str, _Kind]] = {
                       lambda d: (int(d.get("bytes_done", 0)), int(d.get("bytes_total", 0)) or None, "B"),
                       lambda d, p: f"topology operation {d.get('op')}"),
 }
+
+
+def check_wait(timeout_s: float | None, poll_s: float) -> None:
+    """Refuse a wait's bounds that cannot bound it: a NaN ``timeout_s`` never compares past its
+    deadline (the wait would poll forever), a negative or NaN ``poll_s`` fails in ``time.sleep``
+    (and is taken as 0 by ``asyncio.sleep``: polling without pause).
+
+    Raises:
+        UsageError: naming the bound.
+    """
+    if timeout_s is not None and math.isnan(timeout_s):
+        raise UsageError("a wait's timeout_s must be a number of seconds (or None), not NaN")
+    if not poll_s >= 0:
+        raise UsageError(f"a wait's poll_s must be seconds >= 0, not {poll_s}")
 
 
 class Follower:
@@ -142,7 +157,9 @@ def follow(c: AdminClient, kind: str, params: Mapping[str, str], *, progress: bo
         UnavailableError: the polls failed as unavailable for ``grace_s``, or when ``timeout_s`` ran out
             (a poll that has not answered by then fails as unavailable).
         ClientError: a request failed otherwise.
+        UsageError: ``timeout_s`` or ``poll_s`` cannot bound the wait (``check_wait``).
     """
+    check_wait(timeout_s, poll_s)
     f = Follower(kind, params, progress=progress, stream=stream, grace_s=grace_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:

@@ -124,12 +124,18 @@ class AdminClient:
             RequestError: any other non-2xx reply, as its typed subclass (``request_error``).
         """
         url = self.addr + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        data = None if body is None else json.dumps(body).encode()
+        try:  # JSON has no NaN or infinity: json.dumps would write them as the words NaN, Infinity
+            data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        except ValueError as exc:
+            raise UsageError(f"{method} {path}: the request body cannot be sent as JSON: {exc}") from None
         req = urllib.request.Request(url, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self._token:
-            req.add_header("Authorization", f"Bearer {self._token}")
+            # The daemon compares the token's UTF-8 bytes; http.client sends a str header as
+            # latin-1, so hand it those bytes as latin-1 characters (a token of ASCII is unchanged).
+            header = f"Bearer {self._token}".encode().decode("latin-1")
+            req.add_header("Authorization", header)
         timeout = self._timeout_s if timeout_s is None else min(self._timeout_s, timeout_s)
         try:
             with self._open(req, timeout=timeout) as resp:

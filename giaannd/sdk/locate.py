@@ -77,6 +77,8 @@ def locate(*, addr: str | None, token_file: str | None, data_dir: str | None,
         except OSError as exc:
             if must_listen:
                 raise ClientError(f"cannot read {addr_file}: {exc.strerror} (is the daemon running?)") from None
+        except UnicodeDecodeError as exc:  # not what the daemon writes: a damaged or foreign file
+            raise UsageError(f"{addr_file} is not UTF-8 text (byte {exc.start}): not an admin API address") from None
     if addr is None:
         addr, addr_from = DEFAULT_ADDR, "the default address"
     try:
