@@ -71,6 +71,7 @@ __all__ = [
     "JournalCorrupt",
     "JournalDoc",
     "JournalWriter",
+    "acked_windows",
     "corpus_sha256",
     "journal_path",
     "load_journals",
@@ -124,11 +125,18 @@ class JournalDoc(msgspec.Struct, forbid_unknown_fields=True):
     initial_flags: list[int] | None = None
     cursor: int = 0
     settled: int = 0
-    #: windows > cursor acknowledged (module docstring), ascending
-    acked: list[int] = msgspec.field(default_factory=list)
+    #: windows > cursor acknowledged (module docstring), ascending; UNSET (not written) when
+    #: there are none, so such a journal's bytes are the format's before the field existed and an
+    #: older daemon still reads it (``acked_windows`` reads both)
+    acked: list[int] | msgspec.UnsetType = msgspec.UNSET
     started: list[int] = msgspec.field(default_factory=list)
     learned: dict[int, list[int]] = msgspec.field(default_factory=dict)
     resumes: int = 0
+
+
+def acked_windows(doc: JournalDoc) -> list[int]:
+    """``doc.acked``, empty when not written."""
+    return [] if isinstance(doc.acked, msgspec.UnsetType) else doc.acked
 
 
 def corpus_sha256(path: str | os.PathLike[str]) -> str:
@@ -159,12 +167,12 @@ class JobJournal:
     def __init__(self, doc: JournalDoc) -> None:
         if len(doc.started) not in (0, doc.spec.workers):
             raise ValueError("started counts do not match the number of workers")
-        if any(w <= doc.cursor for w in doc.acked):
+        if any(w <= doc.cursor for w in acked_windows(doc)):
             raise ValueError("acknowledged windows at or below the cursor")
         self.doc = doc
         if not doc.started:
             doc.started = [0] * doc.spec.workers
-        self._acked: set[int] = set(doc.acked)  # windows >= cursor acknowledged, waiting for the gap below
+        self._acked: set[int] = set(acked_windows(doc))  # windows >= cursor acknowledged, waiting for the gap below
 
     @classmethod
     def create(cls, spec: JobSpec, job_id: str | None = None, writer_id: int | None = None) -> JobJournal:
@@ -249,7 +257,7 @@ class JobJournal:
             self._acked.discard(self.doc.cursor)
             self.doc.cursor += 1
             moved = True
-        self.doc.acked = sorted(self._acked)
+        self.doc.acked = sorted(self._acked) if self._acked else msgspec.UNSET
         # seq s is window s-1: floor f settles windows [0, f); it never passes an unacked window
         self.doc.settled = max(self.doc.settled, min(settled_floor, self.doc.cursor))
         return moved

@@ -70,7 +70,7 @@ from giaannd.client.storage_client import (
     StorageRequestError,
 )
 from giaannd.compute.flags import FLAG_ROW, FlagTracker, flag_ids, with_flags
-from giaannd.compute.job_journal import JournalWriter, outlast, sentences_digest
+from giaannd.compute.job_journal import JournalWriter, acked_windows, outlast, sentences_digest
 from giaannd.compute.jobs import TrainProgress
 from giaannd.model.columns import ColumnAssigner
 from giaannd.model.gpu.device import Device
@@ -439,7 +439,7 @@ class TrainingJob:
         journal = self.journal.journal
         restart = min(journal.restart_window, self._num_windows)
         self._counted = min(journal.doc.cursor, self._num_windows)
-        self._counted_past = frozenset(journal.doc.acked)
+        self._counted_past = frozenset(acked_windows(journal.doc))
         # ``done`` counts from what the earlier run acknowledged, windows past its cursor included
         self.progress.resume_at(journal.acknowledged_sentences(len(self.sentences)))
         for index in range(restart):

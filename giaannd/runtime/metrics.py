@@ -93,6 +93,9 @@ MEMBERSHIP_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
     "members_failed": ("giaannd_membership_members_failed_total",
                        "Members marked dead here (own suspicion timed out, or a gossiped death)."),
     "members_left": ("giaannd_membership_members_left_total", "Members that left the cluster gracefully."),
+    "meta_updates_while_leaving": ("giaannd_membership_meta_updates_while_leaving_total",
+                                   "Metadata updates asked for while this node was leaving: not gossiped (an "
+                                   "Alive of ours would replace the queued leave)."),
     "members_reaped": ("giaannd_membership_members_reaped_total",
                        "Dead or left members forgotten after membership.reap-after-s."),
     "push_pulls_served": ("giaannd_membership_push_pulls_served_total",
