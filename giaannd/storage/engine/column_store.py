@@ -429,7 +429,7 @@ class ColumnStore:
         if not lengths.all():  # rows without entries change nothing and are not created
             batch = batch.select_rows(lengths > 0)
         plan = None
-        growth = APPLIED_ID_BYTES * self._ids_added(batch_id)
+        growth = APPLIED_ID_BYTES * self.ids_added(batch_id)
         if batch.num_rows and batch_id.writer in self.append_writers:
             held, appended = self._split_held(batch)
             if appended is not None:
@@ -450,12 +450,13 @@ class ColumnStore:
             raise StoreFullError(growth, self.used_bytes, self.capacity_bytes)
         return PreparedApply(batch_id, logged, columns, plan, self._version)
 
-    def _ids_added(self, batch_id: BatchId) -> int:
+    def ids_added(self, batch_id: BatchId) -> int:
         """The stored ids that recording ``batch_id`` may add to the applied set, at most (the
         capacity check's share of it): one, the seq (a seq just above the writer's floor adds none,
         counted one, conservatively); two where the writer's floor is 0 and the seq is not 1: a
         writer new here then stores its floor, 0, beside the seq (applied_set.py ``add``), which is
-        how a node first meets most writers (their first batches went to other owners)."""
+        how a node first meets most writers (their first batches went to other owners). A batch
+        deferred during a fold is checked with the same count (deferred_applies.py)."""
         if batch_id.seq > 1 and self.applied.floor(batch_id.writer) == 0 and batch_id not in self.applied:
             return 2
         return 1

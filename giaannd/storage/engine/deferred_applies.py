@@ -148,7 +148,9 @@ class DeferredApplies:
         writer = batch_id.writer
         if done is None:  # applied before: a duplicate (its floor still counts)
             return Deferred(False, self._floor(writer, writer_floor, self.log.last_seq))
-        growth = APPLIED_ID_BYTES + ENTRY_BYTES * batch.num_entries + ROW_OVERHEAD_BYTES * batch.num_rows
+        # the ids as a live apply counts them (two for a writer new here whose seq is not 1)
+        growth = (APPLIED_ID_BYTES * self.store.ids_added(batch_id) + ENTRY_BYTES * batch.num_entries
+                  + ROW_OVERHEAD_BYTES * batch.num_rows)
         if (self.store.used_bytes + self._growth + growth > self.store.capacity_bytes
                 or self._bytes + batch.nbytes > self.max_bytes):
             return None

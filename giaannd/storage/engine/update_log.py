@@ -34,6 +34,15 @@ thread: it syncs the file descriptor current when it started and only claims the
 Segments rotate at ``segment_max_bytes`` and on ``rotate()`` (before a snapshot), so truncating after a
 snapshot deletes whole files.
 
+A failed fdatasync is not retried ("fsyncgate": Linux reports a writeback error once and may then
+mark the pages it could not write clean, so the next fdatasync "succeeds" without them; PostgreSQL
+PANICs on one for that reason). From then on the records appended so far are in doubt: ``sync``
+raises instead of calling them durable, appends are refused (a record after them would be
+acknowledged by a sync that does not cover them), and a rotation does not count them synced. What
+ends it is a snapshot of the store, which holds them (they were applied in RAM): once its seq
+covers them (``drop_through``, after the snapshot is durable), the segments holding them are gone
+and the log goes on in the fresh segment the snapshot's rotation opened.
+
 The header, the checksums and the torn-tail rule are the shared record codec's (``giaannd.records``,
 format ``LOG_RECORD``); this module adds the seq numbering, the payload kinds and the segment files.
 """
@@ -340,6 +349,10 @@ class UpdateLog:
         #: how far the current segment has left the page cache (``drop_synced``)
         self._cached = page_cache.DroppedPrefix()
         self._failed: OSError | None = None
+        #: a failed fdatasync (module docstring) and the last seq appended when it failed: until a
+        #: snapshot covers that seq, nothing is called durable past ``_durable_seq`` or appended
+        self._sync_failed: OSError | None = None
+        self._sync_failed_through = 0
         self._sync_inherited()
         self._open_segment()
 
@@ -386,6 +399,12 @@ class UpdateLog:
     def durable_seq(self) -> int:
         return self._durable_seq
 
+    @property
+    def sync_failed(self) -> bool:
+        """An fdatasync failed and no snapshot covers its records yet (module docstring): appends
+        and syncs raise until one does."""
+        return self._sync_failed is not None
+
     def append_batch(self, batch_id: BatchId, batch: RowBatch) -> int:
         """Append a batch record; returns its seq (durable only after ``sync`` returns >= it)."""
         return self._append(KIND_BATCH, encode_batch_payload(batch_id, batch))
@@ -405,6 +424,7 @@ class UpdateLog:
         if self._fd < 0:
             raise ValueError("update log is closed")
         with self._lock:
+            self._check_synced_locked()
             self._cut_partial_locked()
             if self._segment_bytes >= self.segment_max_bytes:
                 self._rotate_locked()
@@ -435,20 +455,41 @@ class UpdateLog:
         """fdatasync the current segment; returns the highest seq now durable (group commit).
         With ``drop_synced``, the bytes made durable then leave the page cache."""
         with self._lock:
+            self._check_synced_locked()
             current, target = self._fd, self._next_seq - 1
             if current < 0:
                 return self._durable_seq
             fd = os.dup(current)  # survives a concurrent rotate closing the original
             cached, end = self._cached, self._segment_bytes  # (that segment's)
         try:
-            os.fdatasync(fd)
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                with self._lock:
+                    self._sync_failed_locked(exc)
+                raise
             if self.drop_synced:  # (two syncs at once at worst drop some pages twice)
                 cached.drop(fd, end)
         finally:
             os.close(fd)
         with self._lock:
+            self._check_synced_locked()  # (another sync failed meanwhile: this one's success proves nothing)
             self._durable_seq = max(self._durable_seq, target)
             return self._durable_seq
+
+    def _sync_failed_locked(self, exc: OSError) -> None:
+        """An fdatasync failed: every record appended so far is in doubt (module docstring)."""
+        if self._sync_failed is None:
+            self._sync_failed = exc
+        self._sync_failed_through = self._next_seq - 1
+
+    def _check_synced_locked(self) -> None:
+        """Raise while an fdatasync failure has not been covered by a snapshot (module docstring);
+        the error keeps the first failure's errno (ENOSPC: the disk-full state)."""
+        exc = self._sync_failed
+        if exc is not None:
+            raise OSError(exc.errno, f"update log fsync failed ({exc.strerror or exc}); records after seq "
+                                     f"{self._durable_seq} wait for a snapshot")
 
     def rotate(self) -> None:
         """Close the current segment (synced) and start a new one at the next seq."""
@@ -475,8 +516,13 @@ class UpdateLog:
     def _rotate_locked(self) -> None:
         self._cut_partial_locked()
         old, cached = self._fd, self._cached
-        os.fdatasync(old)
-        self._durable_seq = self._next_seq - 1
+        if self._sync_failed is None:  # (after a failed fsync, a snapshot's rotation claims nothing)
+            try:
+                os.fdatasync(old)
+            except OSError as exc:
+                self._sync_failed_locked(exc)
+                raise
+            self._durable_seq = self._next_seq - 1
         self._open_segment()  # raises with ``old`` still current: appends go on into it
         if self.drop_synced:  # synced whole: its last partial page goes too
             page_cache.drop_rest(old, cached.dropped)
@@ -492,11 +538,17 @@ class UpdateLog:
                 dropped.append(path)
         if dropped:
             fsync_dir(self.directory)
+        with self._lock:
+            if self._sync_failed is not None and seq >= self._sync_failed_through:
+                # a durable snapshot holds every record a failed fsync left in doubt
+                self._sync_failed = None
+                self._durable_seq = max(self._durable_seq, seq)
         return dropped
 
     def close(self) -> None:
         if self._fd >= 0:
-            self.sync()
+            if self._sync_failed is None:  # (else nothing in doubt is called durable: left to recovery)
+                self.sync()
             with self._lock:
                 if self.drop_synced:  # synced whole and never appended to again: its last page too
                     page_cache.drop_rest(self._fd, self._cached.dropped)

@@ -62,7 +62,7 @@ from numpy.typing import NDArray
 
 from giaannd.errors import Refused
 from giaannd.storage.engine.column_store import DropResult
-from giaannd.storage.engine.deferred_applies import DeferredApplies
+from giaannd.storage.engine.deferred_applies import DeferredApplies, Ops, Told
 
 if TYPE_CHECKING:
     from giaannd.storage.engine.recovery import DurableStore
@@ -238,7 +238,17 @@ class BackgroundFold:
             if columns.shape[0] == 0:
                 return columns, DropResult(0, 0)
             durable.log_drop(columns)
-            result = await _in_thread(durable.store.drop_columns, columns)
+            # writes deferred while the listing ran are logged before the drop record: applied
+            # before the drop, as replay applies them (after it, their rows outlived the drop until
+            # the next restart); those deferred from here on come after it, at the gate's end
+            deferred = durable.deferred
+            ops = deferred.take()
+            work = asyncio.get_running_loop().run_in_executor(None, _apply_then_drop, durable, ops, columns)
+            try:
+                told, result = await thread_result(work)
+            finally:  # (settled however it ended, as ``_apply_deferred``)
+                if work.done() and not work.cancelled() and work.exception() is None:
+                    deferred.settle(ops, work.result()[0])
         return columns, result
 
     async def whole_store(self, fn: Callable[..., T], *args: Any) -> T:
@@ -276,6 +286,12 @@ class BackgroundFold:
             task.cancel()
             await asyncio.wait([task])
         await self._open.wait()
+
+
+def _apply_then_drop(durable: DurableStore, ops: Ops, columns: NDArray[np.uint64]) -> tuple[Told, DropResult]:
+    """``BackgroundFold.drop``'s thread: the writes logged before the drop record, then the drop."""
+    told = durable.deferred.apply_ops(ops)
+    return told, durable.store.drop_columns(columns)
 
 
 def _log_failure(task: asyncio.Task[int]) -> None:

@@ -446,6 +446,8 @@ class StorageService:
     def snapshot_due(self) -> bool:
         """Whether the timer's turn writes a snapshot now (snapshot_timer.snapshot_due)."""
         store = self.store
+        if store is not None and store.log.sync_failed:  # writes wait for a snapshot (update_log.py)
+            return True
         return store is not None and snapshot_due(store.log.last_seq > store.snapshot_seq, store.logged_since_snapshot,
                                                   store.store.used_bytes, self.settings.snapshot_min_log_ratio)
 
@@ -469,8 +471,10 @@ class StorageService:
             room = await loop.run_in_executor(None, store.freeze_room)
             # the log made durable so far, while writes go on: the rotation under the writes' lock
             # then syncs only what came since (else an fsync of up to a group-commit window's
-            # appends, the most of what a lazy freeze waits for: docs/storage.md)
-            await loop.run_in_executor(None, self._sync_log)
+            # appends, the most of what a lazy freeze waits for: docs/storage.md). A sync that
+            # fails leaves the log waiting for this very snapshot (update_log.py): go on
+            with contextlib.suppress(OSError):
+                await loop.run_in_executor(None, self._sync_log)
             async with self._snapshot_lock:  # the writes' lock: held for the freeze only
                 beginning = loop.run_in_executor(None, store.begin_snapshot, room)
                 try:
