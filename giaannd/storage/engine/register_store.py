@@ -39,7 +39,13 @@ A torn tail (a change never acknowledged) is cut off at start; damage before the
 start-up naming the file and offset. **Compaction**: when the log is more than
 ``COMPACT_RATIO`` times the live states and over ``COMPACT_MIN_BYTES``, ``sync`` (a worker
 thread) rewrites it as one record per key: the states as they were at the start, then the
-records appended meanwhile, copied under the lock, fsync, rename over the log, directory fsync.
+records appended meanwhile, copied under the lock, fsync, rename over the log, directory fsync
+(until that succeeds, nothing is durable). ``open`` fdatasyncs the log it replayed (a process
+killed before its sync left changes in the page cache only: a retransmitted accept of one is
+answered at once) and fsyncs its directory. After a failed fdatasync ("fsyncgate": the kernel may
+drop the pages and report the next one a success) the next ``sync`` compacts, whatever the size:
+the log is rewritten from the states. A record over the log's record limit (``_MAX_RECORD_BYTES``:
+only a handoff's merge can offer one) is refused, nothing changed: it could never be read back.
 
 **Seals** (register_handoff.py): while a placement change hands a key to its new owners, an old
 owner that loses the key *seals* it: it answers nothing for the key (``sealed``) until the change
@@ -265,6 +271,12 @@ class RegisterStore:
         self._durable = 0
         self._lock = threading.Lock()  # the descriptor, size, seq, states and spilled offsets
         self._sync_lock = threading.Lock()  # one sync or compaction at a time
+        #: a compaction renamed its file over the log but the directory fsync failed: no change is
+        #: durable until one succeeds (a crash could bring the old file back). Under ``_sync_lock``.
+        self._rename_unsynced = False
+        #: an fdatasync failed: the pages it dropped may be gone though the next one succeeds
+        #: ("fsyncgate"), so the next sync compacts (rewrites the log from the states). Under ``_sync_lock``.
+        self._sync_failed = False
         self.max_bytes = max_bytes
         self.max_disk_bytes = max_disk_bytes
         self.spill_bytes = spill_bytes
@@ -289,6 +301,7 @@ class RegisterStore:
             RegisterSealsCorrupt: the seal file does not validate.
         """
         d = Path(directory)
+        new_dir = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         sealed = load_seals(d / SEALS_FILE)
         path = d / REGISTERS_FILE
@@ -301,6 +314,11 @@ class RegisterStore:
             if bad is not None:  # raised once the map is closed (a traceback would pin views into it)
                 raise bad
         fd = open_for_append(path, end, "register log")
+        try:
+            _sync_inherited(fd, d, new_dir)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd, states, spilled, end, total - end, max_bytes, spill_bytes=spill_bytes,
                    max_disk_bytes=max_disk_bytes, sealed=sealed)
 
@@ -420,6 +438,11 @@ class RegisterStore:
     def _put(self, key: str, state: RegisterState) -> int:
         spill = len(state.value) >= self.spill_bytes
         record = _record(key, state)
+        if len(record) - REGISTER_RECORD.header_bytes > _MAX_RECORD_BYTES:
+            # only a merge can get here (a RegisterImport's states are not bounded by the protocol's
+            # value and key limits): a record over the limit would refuse every read and stop start-up
+            raise RegisterStoreFull(f"a state of {len(record)} bytes for {key[:64]!r} is over the "
+                                    f"{_MAX_RECORD_BYTES}-byte register record limit")
         with self._lock:
             old = self._states.get(key)
             was = self._spilled.get(key)
@@ -472,10 +495,18 @@ class RegisterStore:
                 if self._durable >= target:
                     return self._durable
                 big = size > max(COMPACT_MIN_BYTES, COMPACT_RATIO * (self._ram + self._disk))
+                big = big or self._sync_failed
                 snapshot = (dict(self._states), dict(self._spilled), self._fd) if big else None
             if snapshot is not None:
                 return self._compact(*snapshot, size)
-            os.fdatasync(self._fd)
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                self._sync_failed = True
+                raise
+            if self._rename_unsynced:  # (_compact)
+                fsync_dir(self.path.parent)
+                self._rename_unsynced = False
             with self._lock:
                 self._durable = max(self._durable, target)
                 return self._durable
@@ -513,6 +544,7 @@ class RegisterStore:
                 os.replace(tmp, self.path)
                 # from here the log *is* the new file: switch to it before anything else can fail
                 old, self._fd = self._fd, fd
+                self._rename_unsynced = True
                 self._size = os.lseek(fd, 0, os.SEEK_END)
                 shift = offset - size  # records appended since the snapshot moved by this much
                 self._spilled = {key: moved[key] if where.record_offset < size else
@@ -525,6 +557,7 @@ class RegisterStore:
             raise
         os.close(old)
         fsync_dir(self.path.parent)  # the rename is durable: so is every change up to seq
+        self._rename_unsynced = self._sync_failed = False
         with self._lock:
             self._durable = max(self._durable, seq)
             self.compactions += 1
@@ -536,6 +569,17 @@ class RegisterStore:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _sync_inherited(fd: int, directory: Path, new_dir: bool) -> None:
+    """Make what ``open`` starts from durable (vocab_store.py's twin): a process killed between an
+    append and its sync left those changes in the page cache only, and a retransmitted accept of
+    one (or a merge that changes nothing) is answered at once (seq 0); a log or directory just
+    created is not on disk until the directory holding its entry is fsynced."""
+    os.fdatasync(fd)
+    fsync_dir(directory)
+    if new_dir:
+        fsync_dir(directory.parent)
 
 
 def _replay(path: Path, data: mmap.mmap, states: dict[str, RegisterState], spilled: dict[str, _Spilled],

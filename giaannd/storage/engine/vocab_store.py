@@ -30,8 +30,16 @@ Why this design (the simplest that is honest):
   entry is refused as a bad request), so two different strings under one id can only be a real
   64-bit hash collision: the whole put is refused (nothing changed), counted and logged.
 
-Concurrency: ``put``/``get`` from one thread (the event loop); ``sync`` may run in a worker thread
-while puts continue (it syncs the bytes written before it started; a lock guards the descriptor).
+**Durability.** ``open`` fdatasyncs the log it replayed (a process killed before its sync left
+records in the page cache only, and a retried put of their entries is "known") and fsyncs its
+directory (a new log). After a failed fdatasync nothing more is called durable from that file
+("fsyncgate": the kernel may have dropped the pages and still report the next fdatasync a success):
+the next ``sync`` rewrites the log from the table (new file, fsync, rename, directory fsync), so
+offsets move once, and every put made before it is durable after it.
+
+Concurrency: ``put``/``get`` from one thread (the event loop); ``sync`` from worker threads, one at
+a time, while puts continue (it syncs the bytes written before it started; a lock guards the
+descriptor, size and tables).
 """
 
 from __future__ import annotations
@@ -46,8 +54,10 @@ from typing import Final
 
 import msgspec
 
+from giaannd.atomic_file import fsync_dir
 from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.ids import column_id, feature_id
+from giaannd.protocol import MAX_VOCAB_ENTRIES
 from giaannd.records import RecordError, RecordFormat, open_for_append
 
 __all__ = [
@@ -119,6 +129,12 @@ def hash_of(kind: int, text: str) -> int:
     raise ValueError(f"vocabulary kind must be 0 (column) or 1 (feature), got {kind}")
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _record(entries: Sequence[Entry]) -> bytes:
     return VOCAB_RECORD.encode(_ENCODER.encode([list(e) for e in entries]))
 
@@ -144,6 +160,18 @@ def _load_entries(path: str, offset: int, payload: memoryview,
         tables[kind][ident] = text
 
 
+def _sync_inherited(fd: int, directory: Path, new_dir: bool) -> None:
+    """Make what ``open`` starts from durable: ``durable_offset`` starts at the end of the log, yet a
+    process killed between an append and its sync left that record in the page cache only, and a
+    retried put of its entries is "known" here, acknowledged with no sync to come (the update log's
+    ``_sync_inherited``). The directory too: a log (or directory) just created is not on disk until
+    the directory holding its entry is fsynced."""
+    os.fdatasync(fd)
+    fsync_dir(directory)
+    if new_dir:
+        fsync_dir(directory.parent)
+
+
 class VocabStore:
     """One node's vocabulary table (module docstring). Use :meth:`open`."""
 
@@ -154,7 +182,11 @@ class VocabStore:
         self._tables = (columns, features)
         self._size = size
         self._durable = size
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the descriptor, size and tables
+        self._sync_lock = threading.Lock()  # one sync (or rewrite) at a time
+        #: an fdatasync failed: the pages it dropped may be gone though the next one succeeds
+        #: ("fsyncgate"), so nothing more is called durable until ``_rewrite`` replaced the log
+        self._sync_failed = False
         #: bytes cut off the end at open (a torn last record), for the log and tests
         self.torn_bytes = torn_bytes
         #: refused puts that named a held id with another string (real collisions)
@@ -169,6 +201,7 @@ class VocabStore:
             VocabLogCorrupt: a bad record before the end, or an entry that does not hash to its id.
         """
         d = Path(directory)
+        new_dir = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         path = d / VOCAB_FILE
         data = path.read_bytes() if path.exists() else b""
@@ -183,6 +216,11 @@ class VocabStore:
             raise VocabLogCorrupt(str(path), exc.offset, exc.explanation) from None
         torn = len(data) - off
         fd = open_for_append(path, off, "vocab log")
+        try:
+            _sync_inherited(fd, d, new_dir)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd, columns, features, off, torn)
 
     # -- reads -------------------------------------------------------------------------------------
@@ -244,17 +282,59 @@ class VocabStore:
                     os.lseek(self._fd, self._size, os.SEEK_SET)
                     raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
                 self._size += len(record)
-            for (kind, ident), text in new.items():
-                self._tables[kind][ident] = text
+                for (kind, ident), text in new.items():  # with the bytes: ``_rewrite`` copies both
+                    self._tables[kind][ident] = text
         return VocabPut(len(new), known, self._size)
 
     def sync(self) -> int:
-        """fdatasync; returns the offset now durable (every put whose offset is ≤ it)."""
+        """fdatasync; returns the offset now durable (every put whose offset is ≤ it). One at a
+        time; one that finds its bytes durable already (group commit) returns at once. After a
+        failed fdatasync the next sync rewrites the log from the table (``_rewrite``) instead."""
+        with self._sync_lock:
+            with self._lock:
+                target = self._size
+                if self._durable >= target:
+                    return self._durable
+            if self._sync_failed:
+                return self._rewrite()
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                self._sync_failed = True
+                raise
+            with self._lock:
+                self._durable = max(self._durable, target)
+                return self._durable
+
+    def _rewrite(self) -> int:
+        """Replace the log with one written from the table (an fdatasync failed: ``_sync_failed``):
+        the table's entries as they were at ``size``, then the records put since, copied under the
+        lock; fsync, rename over the log, directory fsync. Returns the offset now durable."""
         with self._lock:
-            target = self._size
-        os.fdatasync(self._fd)
+            size = self._size
+            entries = [(kind, i, t) for kind, table in enumerate(self._tables) for i, t in table.items()]
+        tmp = self.path.with_name(self.path.name + ".rewrite")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for start in range(0, len(entries), MAX_VOCAB_ENTRIES):  # each a PutVocab's most: readable
+                _write_all(fd, _record(entries[start : start + MAX_VOCAB_ENTRIES]))
+            offset = os.lseek(fd, 0, os.SEEK_CUR)
+            with self._lock:
+                _write_all(fd, os.pread(self._fd, self._size - size, size))
+                os.fsync(fd)
+                os.replace(tmp, self.path)
+                old, self._fd = self._fd, fd
+                self._size = offset + self._size - size
+                target = self._size
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(old)
+        fsync_dir(self.path.parent)
+        self._sync_failed = False
         with self._lock:
-            self._durable = max(self._durable, target)
+            self._durable = target  # offsets moved: every put so far is in the new file
             return self._durable
 
     def close(self) -> None:
