@@ -31,7 +31,8 @@ task per session awaits that row from a :class:`RowFetcher` shared by every sess
   most ``prefetch_depth`` per session. A step whose row is already here takes it without a
   coroutine or an event-loop hand-off (:meth:`Lookahead.ready`). A prefetched read that fails is
   dropped (counted in ``prefetch_failures``, logged): its rows are read when a step needs them, and
-  only that read's error fails the session. Free-running sessions know only
+  only that read's error fails the session; a step that joined a prefetch in flight (another
+  prompt's read-ahead, say) reads its row again the same way. Free-running sessions know only
   their seed tokens ahead (those are prefetched); past them the next row is the one the step just
   chose (the choice is made the moment the row arrives), so prefetching "top candidates" would only
   ride in the same request as the real fetch; we do not do it.
@@ -300,11 +301,14 @@ class _Flight:
     before ``future`` completes, only when the read succeeded). One future per read, not per key: a
     waiter awaits the read and takes its row from the reply; each row is built once per read."""
 
-    __slots__ = ("dropped", "future", "generation", "keys", "rows")
+    __slots__ = ("ahead", "dropped", "future", "generation", "keys", "rows")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.keys: list[RowKey] = []
+        #: keys a prefetch asked for first (a guess made ahead): a step that joined the read for one
+        #: of them reads it again if the read fails (``RowFetcher.fetch``)
+        self.ahead: set[RowKey] = set()
         self.rows: dict[RowKey, Row] | None = None
         #: the read failed and a session that prefetched it dropped it (counted once per read)
         self.dropped = False
@@ -362,14 +366,24 @@ class RowFetcher:
     async def fetch(self, key: RowKey, *, count: bool = True) -> Row:
         """As :meth:`get` without looking in the cache (the caller just did); counts the lookup as a
         miss, or as a join when a read of ``key`` is already in flight (``count=False``: the caller
-        counted it already)."""
+        counted it already). A joined read that a prefetch asked ``key`` for and that failed is not
+        this lookup's: the row is read again (module docstring, "prefetch")."""
         if count and self._joinable(key) is not None:
             self.cache.in_flight_joins += 1
         elif count:
             self.cache.misses += 1
         flight = self._flight(key)
-        await asyncio.shield(flight.future)
-        return flight.row(key)
+        while True:
+            try:
+                await asyncio.shield(flight.future)
+            except Exception:
+                if key not in flight.ahead:  # a read made for a step: its error is the step's
+                    raise
+                # it joined a prefetch (a guess made ahead, maybe another prompt's read-ahead) that
+                # failed: read the row for this step, as without the prefetch (a Lookahead's rule)
+                flight = self._flight(key)
+                continue
+            return flight.row(key)
 
     def prefetch(self, keys: Iterable[RowKey], joined: set[RowKey] | None = None) -> dict[RowKey, _Flight]:
         """Start fetching rows not cached (keys in flight join their read, and are added to
@@ -387,6 +401,7 @@ class RowFetcher:
             if flight is None:
                 self.prefetched += 1
                 flight = self._flight(key)
+                flight.ahead.add(key)
             elif joined is not None:
                 joined.add(key)
             out[key] = flight
@@ -706,6 +721,8 @@ class Inference:
         ``giaannd.model.evaluate.evaluate``."""
         if mode not in ("teacher", "free"):
             raise ValueError(f"mode must be 'teacher' or 'free', got {mode!r}")
+        if seed_tokens < 1:  # as the core's: a session always seeds token 0, it would be scored as a miss
+            raise ValueError(f"seed_tokens must be >= 1, got {seed_tokens}")
         t0 = time.perf_counter()
         result = EvalResult()
         kept = [s for s in sentences if len(s) >= seed_tokens + 1]
