@@ -4,7 +4,11 @@
 Stage 0 (flag_pass.py): read the window's chunk (corpus_chunks.py), compute its findings with a
 fresh assigner, store them at ``job/<id>/f/<w>`` (create-if-absent: a redo finds the same bytes).
 A text corpus's window is tagged first (tagging.py) and stored tagged (``job/<id>/t/<w>``), unless
-an earlier run of the window stored it already: a window is tagged once in the cluster.
+an earlier run of the window stored it already: a window is tagged once in the cluster. A tagging
+half-stored by a node that died is tagged again and completed; a run whose store loses to another
+node's (different) tagging takes the stored one, which stage 1 trains on, for its findings. An
+uploaded window holding fewer sentences than the job row says is a damaged chunk: the window fails
+(``ChunkMissing``), never trained in part.
 
 Reads: a window's uploaded chunk (its group's: corpus_chunks.py; the windows of a group, run one
 after another or at once, share one read) and its findings are *write-once* registers (every write of one
@@ -43,7 +47,14 @@ import msgspec
 
 from giaannd.client.registers import ABSENT, RegisterRead
 from giaannd.client.storage_client import QuorumNotReached, RemoteVocabConflict, StorageClient, StorageRequestError
-from giaannd.compute.cluster_jobs.corpus_chunks import TAGGED, UPLOADED, read_texts, read_window, store_window
+from giaannd.compute.cluster_jobs.corpus_chunks import (
+    TAGGED,
+    UPLOADED,
+    ChunkMissing,
+    read_texts,
+    read_window,
+    store_window,
+)
 from giaannd.compute.cluster_jobs.flag_pass import (
     FlagFold,
     decode_findings,
@@ -143,6 +154,11 @@ FOUND_MEMO_BYTES: Final = 16 * 2**20
 CHUNK_MEMO: Final = 8
 
 
+#: Reads of a window's tagging stored by another node before giving up on its missing parts
+#: (a node still storing them; 0.75 s of waits in all).
+TAGGED_ATTEMPTS: Final = 5
+
+
 def _retrieve(read: asyncio.Future[RegisterRead]) -> None:
     """Mark a shared read's failure as seen (no "exception was never retrieved" for a read whose
     every waiter was cancelled; the waiters that remain get it from ``shield``)."""
@@ -188,21 +204,61 @@ class WindowRunner:
         read = self.client.read_register if spec.text else once
         if action.stage == FLAG_STAGE:
             tagged = 0
-            sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
-                                          missing_ok=spec.text, group=spec.group, k=spec.k)
+            try:
+                sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
+                                              missing_ok=spec.text, group=spec.group, k=spec.k)
+                if not spec.text:
+                    self._check_whole(w, sentences)
+            except ChunkMissing:
+                if not spec.text:
+                    raise
+                sentences = None  # a tagging half-stored by a node that died: store it whole (below)
             if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
                 assert self.tagger is not None, "a text job needs a tagger"
-                sentences = await self.tagger.tag(await read_texts(once, self.job_id, w, RETRYABLE,
-                                                                   group=spec.group, k=spec.k))
-                await store_window(self.client.cas_register, self.job_id, w, sentences, RETRYABLE)
-                tagged = len(sentences)
-                self.progress.add(tagged=tagged)
+                texts = self._check_whole(w, await read_texts(once, self.job_id, w, RETRYABLE,
+                                                              group=spec.group, k=spec.k))
+                mine = await self.tagger.tag(texts)
+                try:
+                    await store_window(self.client.cas_register, self.job_id, w, mine, RETRYABLE)
+                except ChunkMissing:
+                    # another node stored its tagging first (a tagger need not give the same
+                    # bytes): stage 1 trains on the stored one, so the findings must be its
+                    sentences = await self._stored_tagging(w)
+                else:
+                    sentences, tagged = mine, len(mine)
+                    self.progress.add(tagged=tagged)
             await self._find(w, sentences)
             return tagged
         sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
                                       group=spec.group, k=spec.k)
         assert sentences is not None
+        if not spec.text:
+            self._check_whole(w, sentences)
         return await self._train_window(action, sentences)
+
+    def _check_whole(self, window: int, got: list[_T] | None) -> list[_T]:
+        """``got``, the uploaded window ``window``, if it holds the sentences the job row says (K,
+        fewer in the job's last window only). Raises: ChunkMissing (a damaged chunk: never train
+        part of a window silently)."""
+        want = min(self.spec.k, self.spec.sentences - window * self.spec.k)
+        if got is None or len(got) != want:
+            raise ChunkMissing(f"window {window} of job {self.job_id} holds {len(got or ())} sentences in its "
+                               f"corpus chunk, not {want}: the chunk is damaged")
+        return got
+
+    async def _stored_tagging(self, window: int) -> list[TaggedSentence]:
+        """The tagging another node stored for ``window`` (a quorum read), waiting a little for the
+        parts of one still being stored. Raises: ChunkMissing (still incomplete, or damaged)."""
+        for attempt in range(TAGGED_ATTEMPTS):
+            try:
+                got = await read_window(self.client.read_register, self.job_id, window, RETRYABLE, TAGGED)
+                assert got is not None
+                return got
+            except ChunkMissing:
+                if attempt + 1 == TAGGED_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable")
 
     async def _read_chunk(self, key: str) -> RegisterRead:
         """A write-once read of an uploaded chunk, shared by the windows of its group: the last
