@@ -43,6 +43,7 @@ Pure: no I/O, no clock; the asyncio glue feeds it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -134,17 +135,28 @@ class ClusterView:
 
     # -- inputs: member mode ------------------------------------------------------------------------
     def set_members(self, nodes: Iterable[StorageNode]) -> None:
-        """Replace the placement set (all listed members live). Member mode only."""
+        """Replace the placement set (all listed members live). Member mode only.
+
+        Raises:
+            ValueError: a weight that is not finite and > 0 (nothing changed).
+        """
         self._member_mode("set_members")
         new = {n.name: n for n in nodes}
+        for n in new.values():
+            Member(n.name, n.weight)  # ValueError: a placement over them could not be built
         came_up = frozenset(n for n in new if n not in self._nodes or n in self._down)
         changed = self._members_differ(new)
         self._nodes, self._down = new, set()
         self._after(ViewChange(came_up, frozenset(), changed), changed)
 
     def add(self, node: StorageNode) -> None:
-        """Add or update one member (live). Member mode only."""
+        """Add or update one member (live). Member mode only.
+
+        Raises:
+            ValueError: a weight that is not finite and > 0 (nothing changed).
+        """
         self._member_mode("add")
+        Member(node.name, node.weight)  # ValueError: a placement over it could not be built
         old = self._nodes.get(node.name)
         changed = old is None or old.weight != node.weight
         came_up = old is None or node.name in self._down
@@ -248,7 +260,8 @@ class ClusterView:
             if address is None:
                 log.warning("storage member advertises no usable transport member=%s", event.name)
                 return
-            self.add(StorageNode(event.name, address, meta.weight if meta.weight > 0 else 1.0))
+            weight = meta.weight if math.isfinite(meta.weight) and meta.weight > 0 else 1.0
+            self.add(StorageNode(event.name, address, weight))
 
     def _ring_event(self, event: MemberEvent, meta: NodeMeta) -> None:
         """Ring mode: membership gives addresses and liveness only (module docstring)."""

@@ -34,6 +34,10 @@ absent, no active member    bootstrap     bootstrap             standby
 absent, others active       join          bootstrap             standby
 ==========================  ============  ====================  =========================
 
+In ``auto``, "no active member" means in the ring this node holds after the start-up pull: when a
+member gossips a non-zero digest that differs from ours (a ring we could not read in time), the
+node does not bootstrap but takes the *join* path (an empty node must not own columns at once).
+
 *bootstrap* commits ``ring.with_active(me, storage.placement-weight)``; *join* stays standby and,
 in a background task, waits until the storage role serves and ``runtime.on_join_needed`` is set
 (the roles start after membership; bounded by ``JOIN_HANDLER_WAIT_S``), then runs it unless the
@@ -314,6 +318,12 @@ class RingSync:
             return None
         me = rt.node_name
         action = join_action(mode, rt.ring, me)
+        ours = rt.ring.digest()
+        unread = sorted(n for n, peer in self._peers.items() if peer.digest not in (0, ours))
+        if action == "bootstrap" and mode == "auto" and unread:
+            log.warning("ring: members gossip a ring this node could not read (%s); not "
+                        "bootstrapping: the join starts once the storage role serves", ",".join(unread))
+            action = "join"
         if action == "bootstrap":
             await rt.commit_ring(rt.ring.with_active(me, rt.config.storage.placement_weight))
             log.info("ring: bootstrapped node=%s (join-mode %s)", me, mode)
