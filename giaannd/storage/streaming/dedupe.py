@@ -25,8 +25,9 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
   (rebalance/endpoint.py, ``DiscardStream``): it is never accepted again and has no scope.
 
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
-is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves the
-delayed-original case uncovered for that batch.
+is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves no ack: the
+writer's retry, a duplicate here, writes the marker then; only a delayed original that reaches the
+restarted node before that retry is still counted twice.
 """
 
 from __future__ import annotations
@@ -143,11 +144,20 @@ class StreamScopes:
         new = missing(have, np.asarray(columns, np.uint64))
         if new.size == 0 and stream_id in self._columns:
             return
+        made_dir = not self.directory.is_dir()
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / f"{stream_id:016x}.cols", "ab") as f:
+        path = self.directory / f"{stream_id:016x}.cols"
+        made_file = not path.exists()
+        with open(path, "ab") as f:
             f.write(new.tobytes())
             f.flush()
             os.fsync(f.fileno())
+        # a new file's (and a new directory's) name is durable only once its directory is synced:
+        # else a power loss can drop the whole scope while the F markers it preceded stay logged
+        if made_dir:
+            _fsync_dir(self.directory.parent)
+        if made_file:
+            _fsync_dir(self.directory)
         self._columns[stream_id] = with_columns(have, new)
 
     def items(self) -> Iterator[tuple[int, NDArray[np.uint64]]]:
@@ -155,6 +165,14 @@ class StreamScopes:
 
     def __len__(self) -> int:
         return len(self._columns)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def filter_direct(batch_id: BatchId, batch: RowBatch, applied: AppliedSet, scopes: StreamScopes) -> RowBatch | None:
@@ -194,10 +212,16 @@ def install_direct_filter(core: Any, scopes: StreamScopes, applied: Callable[[],
         reduced = filter_direct(bid, batch, applied(), scopes)
         kept = batch if reduced is None else reduced
         step = serve_apply(msg, bulk if reduced is None else reduced.buffers())
-        if not (isinstance(step, WaitDurable) and step.ack.applied):
+        # a duplicate (ack.applied False) too: after a crash, or a torn log tail, between the batch
+        # and its D marker the writer retries (the ack waited for the marker), and that retry is
+        # what writes the marker the restart lost (b in the applied set with rows in an open
+        # stream's columns: only a direct batch of the new placement puts them there)
+        if not (isinstance(step, WaitDurable) and bid in applied()):
             return step
         seq = step.seq
         for sid in scopes.open_streams_touching(kept.row_column):
+            if direct_marker_id(bid, sid) in applied():
+                continue
             try:
                 seq = max(seq, core.store.apply(direct_marker_id(bid, sid), RowBatch.empty()).seq)
             except (OSError, ValueError):
