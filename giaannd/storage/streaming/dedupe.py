@@ -224,7 +224,12 @@ def install_direct_filter(core: Any, scopes: StreamScopes, applied: Callable[[],
                 continue
             try:
                 seq = max(seq, core.store.apply(direct_marker_id(bid, sid), RowBatch.empty()).seq)
-            except (OSError, ValueError):
+            except OSError as exc:
+                # the batch is applied, its marker is not: refused, so the writer retries, and the
+                # retry (a duplicate) writes the marker (an ack here left the delayed original
+                # forwarded by the source to count twice)
+                return core.error(p.Unavailable(f"stream dedupe marker not written: {exc}"))
+            except ValueError:
                 break  # the batch is applied; only the delayed-original dedupe is weakened
         return WaitDurable(seq, step.ack) if seq != step.seq else step
 

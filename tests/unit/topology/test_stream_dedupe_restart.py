@@ -65,3 +65,39 @@ def test_a_new_streams_columns_file_is_made_durable_with_its_directory_entry(tmp
     StreamScopes.open(tmp_path).add_columns(9, np.array([5], np.uint64))
     assert (tmp_path / "streams").stat().st_ino in synced  # the .cols file's entry
     assert tmp_path.stat().st_ino in synced  # the new streams/ directory's entry
+
+
+def test_a_d_marker_that_cannot_be_written_is_not_acknowledged(tmp_path, monkeypatch):
+    """The D marker's append failed (a full disk): the direct batch must not be acknowledged, else
+    no retry comes to write the marker and the delayed original counts twice; the writer's retry
+    (a duplicate here) writes it once the log takes appends again."""
+    b, stream = BatchId(3, 1), 9
+    share = RowBatch.from_entries(
+        np.array([5, 5], np.uint64), np.array([1, 1], np.uint64), np.zeros(2, np.uint8),
+        np.array([1, 2], np.uint64), np.zeros(2, np.uint64), np.ones(2, np.float32))
+    scopes = StreamScopes.open(tmp_path)
+    scopes.add_columns(stream, np.array([5], np.uint64))
+    store = DurableStore.open(tmp_path / "store", 1 << 24)
+    hints = HintStore.open(tmp_path / "hints")
+    core = StorageRequests(store, hints, "", lambda: None, lambda k, n: None)
+    install_direct_filter(core, scopes, lambda: store.store.applied)
+    real_apply = store.apply
+
+    def marker_fails(batch_id, batch, *args, **kwargs):
+        if batch_id == direct_marker_id(b, stream):
+            raise OSError(28, "No space left on device")
+        return real_apply(batch_id, batch, *args, **kwargs)
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(store, "apply", marker_fails)
+            step = core.serve(p.ApplyBatch(b.writer, b.seq), share.buffers())
+        assert not isinstance(step, WaitDurable)  # refused: the writer retries
+        assert direct_marker_id(b, stream) not in store.store.applied
+        step = core.serve(p.ApplyBatch(b.writer, b.seq), share.buffers())  # the retry
+        assert isinstance(step, WaitDurable)
+        assert direct_marker_id(b, stream) in store.store.applied
+        assert store.store.read_all().strength.tolist() == [1.0, 1.0]
+    finally:
+        store.close()
+        hints.close()
