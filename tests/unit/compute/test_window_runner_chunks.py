@@ -4,7 +4,6 @@ silently running part of it; the job's last window, short by design, runs."""
 
 import pytest
 
-from giaannd.client.registers import CasOutcome, RegisterRead
 from giaannd.compute.cluster_jobs.corpus_chunks import GROUPED, ChunkMissing, chunk_key, encode_window
 from giaannd.compute.cluster_jobs.lease_events import RunWindow
 from giaannd.compute.cluster_jobs.window_runner import FLAG_STAGE, ClusterSpec, WindowRunner
@@ -13,24 +12,9 @@ from giaannd.compute.train import TrainSettings
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.tokens import load_bundled_corpus
 
+from ._write_once import WriteOnceRegisters as Registers
+
 K = 10
-
-
-class Registers:
-    def __init__(self) -> None:
-        self.stored: dict[str, bytes] = {}
-
-    async def cas_register(self, key, expect, value=b"", timeout_s=None):
-        ok = key not in self.stored
-        self.stored.setdefault(key, value)
-        return CasOutcome(ok, (1, 1, 1), self.stored[key])
-
-    async def read_register(self, key, timeout_s=None):
-        if key not in self.stored:
-            return RegisterRead((0, 0, 0), b"", True)
-        return RegisterRead((1, 1, 1), self.stored[key], True)
-
-    read_write_once_register = read_register
 
 
 def _runner(stored: int, total: int) -> WindowRunner:

@@ -5,7 +5,6 @@ service", Tagging; "Exact results with learned flags")."""
 
 import pytest
 
-from giaannd.client.registers import CasOutcome, RegisterRead
 from giaannd.compute.cluster_jobs import corpus_chunks
 from giaannd.compute.cluster_jobs.corpus_chunks import TAGGED, chunk_key, encode_texts, encode_window, read_window
 from giaannd.compute.cluster_jobs.flag_pass import decode_findings, encode_findings, findings_key, window_findings
@@ -16,24 +15,9 @@ from giaannd.compute.train import TrainSettings
 from giaannd.model.lexicon import Lexicon
 from giaannd.model.tokens import Token, load_bundled_corpus
 
+from ._write_once import WriteOnceRegisters as Registers
+
 K = 10
-
-
-class Registers:
-    def __init__(self) -> None:
-        self.stored: dict[str, bytes] = {}
-
-    async def cas_register(self, key, expect, value=b"", timeout_s=None):
-        ok = key not in self.stored
-        self.stored.setdefault(key, value)
-        return CasOutcome(ok, (1, 1, 1), self.stored[key])
-
-    async def read_register(self, key, timeout_s=None):
-        if key not in self.stored:
-            return RegisterRead((0, 0, 0), b"", True)
-        return RegisterRead((1, 1, 1), self.stored[key], True)
-
-    read_write_once_register = read_register
 
 
 class Tagger:
