@@ -57,7 +57,8 @@ from giaannd.rowengine.canon import first_non_canonical
 from giaannd.rowengine.jit import kernel
 from peers.errors import LocalProtocolError
 
-__all__ = ["MAX_READ_RESTARTS", "READ_PARTS_IN_FLIGHT", "check_canonical_row", "join_disjoint", "read_chunked",
+__all__ = ["MAX_READ_RESTARTS", "READ_PARTS_IN_FLIGHT", "check_canonical_row", "find_keys", "join_disjoint",
+           "read_chunked",
            "read_large_row"]
 
 #: Part requests of one large row in flight at once. One part at a time pays a round trip plus the
@@ -132,7 +133,7 @@ def _check_reply_keys(reply: p.RowsReply, batch: RowBatch, cols: NDArray[np.uint
     rc, rf = np.ascontiguousarray(batch.row_column), np.ascontiguousarray(batch.row_feature)
     if rc.shape[0]:
         where = np.empty(cols.shape[0], np.int64)  # each key asked: its row in the batch, or -1
-        _find_keys(rc, rf, np.ascontiguousarray(cols), np.ascontiguousarray(feats), where)
+        find_keys(rc, rf, np.ascontiguousarray(cols), np.ascontiguousarray(feats), where)
         hit = np.zeros(rc.shape[0], np.bool_)
         hit[where[where >= 0]] = True
         if not bool(hit.all()):
@@ -153,7 +154,7 @@ def _check_reply_keys(reply: p.RowsReply, batch: RowBatch, cols: NDArray[np.uint
     if len(set(listed)) != len(listed):
         raise p.ProtocolViolation("ReadRows reply lists a large row twice")
     where = np.empty(len(listed), np.int64)
-    _find_keys(rc, rf, np.array([k[0] for k in listed], np.uint64), np.array([k[1] for k in listed], np.uint64),
+    find_keys(rc, rf, np.array([k[0] for k in listed], np.uint64), np.array([k[1] for k in listed], np.uint64),
                where)
     if bool((where >= 0).any()):
         raise p.ProtocolViolation(f"large row {listed[int(np.argmax(where >= 0))]} is both in the reply and "
@@ -164,7 +165,7 @@ _RO_U64 = "Array(uint64, 1, 'C', readonly=True)"
 
 
 @kernel(f"void({_RO_U64}, {_RO_U64}, {_RO_U64}, {_RO_U64}, int64[::1])")
-def _find_keys(rc: NDArray[np.uint64], rf: NDArray[np.uint64], qc: NDArray[np.uint64], qf: NDArray[np.uint64],
+def find_keys(rc: NDArray[np.uint64], rf: NDArray[np.uint64], qc: NDArray[np.uint64], qf: NDArray[np.uint64],
                out: NDArray[np.int64]) -> None:
     """Per query key ``(qc[i], qf[i])`` its index among the keys ``(rc, rf)`` (sorted and unique,
     as a canonical batch's rows), or -1: a binary search each (numpy has none over key pairs)."""

@@ -54,12 +54,12 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
-from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
+from giaannd.client.row_parts import find_keys, join_disjoint
 from giaannd.errors import Refused
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
@@ -128,30 +128,13 @@ def _row_union(held: RowBatch, more: RowBatch) -> RowBatch | None:
     """The rows of ``held`` and those of ``more`` it lacks, as one canonical batch; None when
     ``more`` adds no row. Rows are keyed by (row_column, row_feature); a row in both is taken from
     ``held`` (a batch's row has the same entries in every share: module docstring)."""
-    cols = np.concatenate([held.row_column, more.row_column])
-    feats = np.concatenate([held.row_feature, more.row_feature])
-    order = np.lexsort((np.arange(cols.shape[0]), feats, cols))  # by key; held's row first
-    c, f = cols[order], feats[order]
-    first = np.ones(order.shape[0], bool)
-    first[1:] = (c[1:] != c[:-1]) | (f[1:] != f[:-1])
-    take = order[first]
-    if take.shape[0] == held.num_rows:
+    where = np.empty(more.num_rows, np.int64)
+    find_keys(np.ascontiguousarray(held.row_column), np.ascontiguousarray(held.row_feature),
+              np.ascontiguousarray(more.row_column), np.ascontiguousarray(more.row_feature), where)
+    lacking = where < 0
+    if not lacking.any():
         return None
-    starts = np.concatenate([held.offsets[:-1], more.offsets[:-1] + held.num_entries])
-    lengths = np.concatenate([np.diff(held.offsets), np.diff(more.offsets)])[take]
-    offsets = np.zeros(take.shape[0] + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    entry = np.repeat(starts[take] - offsets[:-1], lengths) + np.arange(offsets[-1])
-
-    def cat(name: str) -> NDArray[Any]:
-        both: NDArray[Any] = np.concatenate([getattr(held, name), getattr(more, name)])
-        out: NDArray[Any] = both[entry]
-        return out
-
-    union = RowBatch(cols[take], feats[take], offsets, cat("segment"), cat("target_column"),
-                     cat("target_feature"), cat("strength"))
-    union.validate()  # canonical: sorted unique rows (by construction), each row as it came
-    return union
+    return join_disjoint([held, more.select_rows(lacking)])
 
 
 def _dir_name(target: str) -> str:
