@@ -532,10 +532,15 @@ class Connection:
         connection closes (its peer gone: a receive from a dead sender never completes, and its
         bytes never come); a second cancellation of the caller stops the wait."""
         receiving = self._receiving.get(req_id)
-        if receiving is not None and self._closed_exc is None:
+        if receiving is not None:
+            await self._done_or_closed(receiving)
+
+    async def _done_or_closed(self, future: asyncio.Future[Any]) -> None:
+        """Wait until ``future`` is done or this connection closes (``future`` is not cancelled)."""
+        if self._closed_exc is None and not future.done():
             closing = self._loop.create_task(self.closed.wait())
             try:
-                await asyncio.wait([receiving, closing], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([future, closing], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 closing.cancel()
 
@@ -813,12 +818,7 @@ class Connection:
         second cancellation stops the wait."""
         future = asyncio.ensure_future(sending)
         try:
-            if self._closed_exc is None and not future.done():
-                closing = self._loop.create_task(self.closed.wait())
-                try:
-                    await asyncio.wait([future, closing], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    closing.cancel()
+            await self._done_or_closed(future)
         finally:
             if not future.done():
                 future.cancel()
