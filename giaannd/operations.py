@@ -182,6 +182,10 @@ class Operation:
     #: Tokenless from any address (``GET /v1/health``, for load balancers and systemd checks):
     #: only for a GET whose answer reveals nothing an unauthenticated caller should not know.
     public: bool = False
+    #: HTTP statuses whose answer is the node's state to show, not only a refusal: giaannctl
+    #: prints its document as it prints a success, then exits 1 (``node health`` on a node that
+    #: is starting or draining answers 503 with ``{"status": "draining"}``).
+    shows_status: tuple[int, ...] = ()
     ctl: bool = True
     #: A verb giaannctl does in the Python client, with no route of its own: the name of the
     #: ``giaannd.Client`` method it calls with its arguments (``report PATH``: ``Client.report``,
@@ -276,7 +280,7 @@ _TABLE: Final[tuple[Operation, ...]] = (
               public_on_loopback=True,
               help="node name and id, cluster, version, pid, state, uptime, roles and each service's health"),
     Operation(noun="node", verb="health", service="admin", method="GET", path="/v1/health", public=True,
-              render=Render(fields=("status",)),
+              render=Render(fields=("status",)), shows_status=(503,),
               help="ready, starting or draining (exit status 1 unless ready); GET /v1/health needs no token "
                    "and answers 200 only when ready, for load balancers and systemd checks"),
     Operation(noun="node", verb="join", service="membership", method="POST", path="/v1/node/join",

@@ -8,7 +8,10 @@ table's renderer (giaannd/admin/render.py).
 
 A refusal from the daemon is printed as the command and the daemon's own message, with exit
 status 1: an unknown job, key or node says which (``not_found``), and a verb whose role does not
-run on that node says so (``not_served``); no output is ever invented here.
+run on that node says so (``not_served``); no output is ever invented here. Arguments refused as
+given (400, 403, 413: ``train start --epochs 0``) exit 2, as bad local input does. An answer the
+table declares a state (``shows_status``: ``node health`` on a node not ready, 503) is printed as
+a success is, with exit status 1.
 
 Global flags, before the command words or after them (``giaannctl node status --json``), with
 the same meaning: ``--addr`` (or ``GIAANNCTL_ADDR``), ``--token-file`` (or
@@ -320,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(_client(args, op), op, args)
         text = render(_render_spec(op, args), result, as_json=args.json, detailed=args.detailed)
     except RequestError as exc:  # the daemon's own words: what it did not find, or does not serve
+        if exc.status in op.shows_status and exc.doc:  # a state to show (a node not ready), exit 1
+            text = render(_render_spec(op, args), exc.doc, as_json=args.json, detailed=args.detailed)
+            _print(text)
+            return exc.exit_code
         print(f"giaannctl: error: {op.command}: {exc.detail}", file=sys.stderr)
         return exc.exit_code
     except ClientError as exc:
@@ -328,12 +335,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("giaannctl: interrupted (the operation may continue on the daemon)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    _print(text)
+    return 0
+
+
+def _print(text: str) -> None:
     try:
         print(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `giaannctl metrics | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
 
 
 if __name__ == "__main__":

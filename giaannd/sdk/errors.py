@@ -18,7 +18,8 @@ kind of refusal it was, so a caller catches what it can handle::
                             token file, a file that does not exist (exit 2)
 ``UnavailableError``        the daemon cannot be reached, or answered 503 (its storage failing)
 ``AuthError``               the daemon refused the admin token (401)
-``BadRequestError``         400, 403 (a path outside the daemon's directories), 413
+``BadRequestError``         400, 403 (a path outside the daemon's directories), 413: the arguments
+                            were refused as given (exit 2, as bad local input)
 ``NotFoundError``           404 ``not_found``: no such job, column, key or node
 ``NotServedError``          404 ``not_served``: the route's role does not run on that node
 ``ConflictError``           409: the state forbids it (a running job to resume, not an export...)
@@ -85,14 +86,25 @@ class RequestError(ClientError):
     the answer had none: an older daemon, a proxy) and ``detail`` its message, or the HTTP reason
     phrase when it sent none."""
 
-    def __init__(self, method: str, path: str, status: int, code: str, detail: str) -> None:
-        super().__init__(f"{method} {path}: {detail}")
+    def __init__(self, method: str, path: str, status: int, code: str, detail: str,
+                 doc: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{method} {path}: {detail}", self.exit_status)
         self.method, self.path, self.status, self.detail = method, path, status, detail
         self.reason = code or "request_failed"
+        #: the answer's JSON object as sent (empty when it sent none): ``GET /v1/health``'s 503
+        #: is a document to show (``Operation.shows_status``), not only an error
+        self.doc: dict[str, Any] = dict(doc or {})
+
+    #: the ``exit_code`` of this kind of answer
+    exit_status = 1
 
 
 class BadRequestError(RequestError):
-    """400 / 403 / 413: the request was refused as given (nothing changed)."""
+    """400 / 403 / 413: the request was refused as given (nothing changed). Exit 2, as a usage
+    error: the arguments (or a path outside the node's directories) are what to change, and the
+    same request would be refused again."""
+
+    exit_status = EXIT_USAGE
 
 
 class NotFoundError(RequestError):
@@ -121,7 +133,8 @@ class JobFailedError(ClientError):
         self.doc = dict(doc)
 
 
-def request_error(method: str, path: str, status: int, code: str, detail: str) -> RequestError:
+def request_error(method: str, path: str, status: int, code: str, detail: str,
+                  doc: Mapping[str, Any] | None = None) -> RequestError:
     """The typed exception for an error answer (module docstring's table)."""
     cls: type[RequestError] = RequestError
     if status == 404:
@@ -134,4 +147,4 @@ def request_error(method: str, path: str, status: int, code: str, detail: str) -
         cls = ConflictError
     elif status == 503:
         cls = ServiceUnavailableError
-    return cls(method, path, status, code, detail)
+    return cls(method, path, status, code, detail, doc)

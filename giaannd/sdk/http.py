@@ -175,7 +175,7 @@ class AdminClient:
         detail = str(doc.get("error") or doc.get("status") or "")
         if exc.code == 404 and not detail and code in ("", "not_served"):
             detail = f"this node does not serve {path}"
-        return request_error(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}")
+        return request_error(method, path, exc.code, code, detail or f"HTTP {exc.code} {exc.reason}", doc)
 
 
 def _loopback(host: str) -> bool:

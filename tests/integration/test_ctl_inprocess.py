@@ -52,6 +52,8 @@ class JobService:
 
     async def _train(self, request: Any, params: Mapping[str, str]) -> Any:
         body = await request.json()
+        if body.get("epochs", 1) < 1:  # as the compute service refuses it
+            raise AdminHTTPError(400, "epochs must be at least 1", "bad_request")
         lines = Path(body["corpus"]).read_text().splitlines()
         job_id = f"job-{next(self._ids)}"
         self.jobs[job_id] = {"job_id": job_id, "state": "running", "done": 0,
@@ -203,6 +205,33 @@ def test_ctl_node_health_needs_no_token(node: Node, tmp_path: Path, capsys: pyte
     capsys.readouterr()
     assert ctl.main(["keys", "list", "--addr", addr, "--token-file", absent]) == 2  # the rest needs it
     assert f"cannot read token file {absent}" in capsys.readouterr().err
+
+
+def test_ctl_node_health_shows_a_node_that_is_not_ready(node: Node, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A draining (or starting) node answers 503 with its status: giaannctl shows it, as text or
+    JSON, and exits 1 (before: nothing on stdout, the status only in an error line)."""
+    api, status = node.daemon._admin, node.daemon.status
+    monkeypatch.setattr(api, "_status", lambda: {**status(), "draining": True})
+    assert ctl.main(node.ctl("node", "health")) == 1
+    assert capsys.readouterr().out == "status: draining\n"
+    assert ctl.main(node.ctl("node", "health", "--json")) == 1
+    assert json.loads(capsys.readouterr().out) == {"status": "draining"}
+    monkeypatch.setattr(api, "_status", lambda: {**status(), "state": "starting"})
+    assert ctl.main(node.ctl("node", "health", "--json")) == 1
+    assert json.loads(capsys.readouterr().out) == {"status": "starting"}
+
+
+def test_ctl_arguments_the_daemon_refuses_exit_2(node: Node, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A request refused as given (400: ``train start --epochs 0``) is bad input: exit 2, as a
+    usage error, with the daemon's words (before: exit 1, as if the operation had failed)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one\n")
+    assert ctl.main(node.ctl("train", "start", str(corpus), "--epochs", "0", "--no-wait")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "giaannctl: error: train start: epochs must be at least 1\n"
 
 
 def test_ctl_bare_finds_the_only_instance(node: Node, monkeypatch: pytest.MonkeyPatch,

@@ -51,7 +51,8 @@ def test_client_error_answers_keep_the_code_and_message(status: int, body: Any, 
                                                        detail: str) -> None:
     client = AdminClient("127.0.0.1:1", "t")
     exc = client._http_error(_answer(status, body, "Bad Gateway" if status == 502 else "R"), "GET", "/v1/x")
-    assert type(exc) is kind and exc.reason == code and exc.exit_code == 1
+    # refused as given (the arguments): a usage error, exit 2; the rest failed: exit 1
+    assert type(exc) is kind and exc.reason == code and exc.exit_code == (2 if kind is BadRequestError else 1)
     assert isinstance(exc, RequestError) and exc.detail == detail and exc.status == status
     assert str(exc) == f"GET /v1/x: {detail}"
     if code == "not_found":
