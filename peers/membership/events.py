@@ -192,10 +192,16 @@ class Emit:
 
 @dataclass(frozen=True, slots=True)
 class JoinFinished:
-    """Every seed of a Join answered or failed; ``contacted`` answered."""
+    """Every seed of a Join answered or failed; ``contacted`` answered.
+
+    ``selves`` seeds turned out to be this node under another spelling (``localhost`` for
+    127.0.0.1, a host name for its address): they answered, but not as a cluster, so they are not
+    in ``contacted``.
+    """
 
     contacted: int
     conflict: NameConflict | None
+    selves: int = 0
 
 
 Action = Send | OpenStream | ReplyStream | SetTimer | Emit | JoinFinished

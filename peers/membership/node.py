@@ -194,7 +194,8 @@ class MembershipNode:
         """Join through seed addresses, retrying with full-jitter backoff.
 
         Returns:
-            The number of seeds that answered in the successful round.
+            The number of seeds that answered in the successful round; 0 when every seed is this
+            node itself (under any spelling: its own answer is not a cluster).
         Raises:
             NameConflictError: a different live node already has our name.
             JoinError: no seed answered in ``config.join_attempts`` rounds.
@@ -212,6 +213,8 @@ class MembershipNode:
                     f"{finished.conflict.claimed_node_id} at {finished.conflict.claimed_addr}")
             if finished.contacted > 0:
                 return finished.contacted
+            if seeds and finished.selves == len(seeds):  # every seed is this node under another
+                return 0  # spelling: the first node of a cluster, alone as if it listed no seed
             log.info("join attempt failed attempt=%d seeds=%s", attempt + 1, seeds)
         raise JoinError(f"could not join: none of the seeds {seeds} answered after "
                         f"{self.config.join_attempts} attempts")

@@ -166,6 +166,7 @@ class _JoinState:
     pending: int
     contacted: int = 0
     conflict: NameConflict | None = None
+    selves: int = 0
 
 
 class Membership:
@@ -866,12 +867,25 @@ class Membership:
             if join is None:
                 return
             if isinstance(message, PushPull):
-                join.contacted += 1
+                if self._is_own(message):
+                    join.selves += 1
+                else:
+                    join.contacted += 1
                 self._merge(message)
             join.pending -= 1
             if join.pending <= 0:
                 del self._joins[arg]
-                self._out.append(JoinFinished(join.contacted, join.conflict))
+                self._out.append(JoinFinished(join.contacted, join.conflict, join.selves))
+
+    def _is_own(self, remote: PushPull) -> bool:
+        """A push-pull answered by this very node: a seed naming it under another spelling.
+
+        Counting it as a seed that answered made a node whose other seeds were down "join" a
+        cluster of one, and a fresh storage node bootstrap its own ring. Another node with our
+        name has another node id (a conflict, reported by the merge), so it is not us.
+        """
+        return remote.source == self.name and any(
+            s.name == self.name and s.node_id == self.node_id for s in remote.members)
 
     def _join(self, seeds: tuple[Addr, ...]) -> None:
         if not seeds:
