@@ -309,7 +309,10 @@ class SegmentMapper:
             except (OSError, ValueError):
                 return SegmentReader().read(path)
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
-            mm.madvise(mmap.MADV_WILLNEED)
+            try:
+                mm.madvise(mmap.MADV_WILLNEED)
+            except OSError:  # advice changes speed only (giaannd/madvise.py never raises): a kernel
+                pass  # or sandbox refusing it (EINVAL, ENOSYS, EPERM) stopped the start-up here
         return memoryview(mm)
 
 
