@@ -29,7 +29,12 @@ journal records exactly what makes that possible, one file per job
   flight, or one that failed). A resumed run sends them again like any window past the cursor, but
   counts them, with ``[0, cursor)``, as sentences the earlier run acknowledged
   (``acknowledged_sentences``): a job's ``done`` never drops at a resume and no window is counted
-  twice in the node's counters.
+  twice in the node's counters;
+* ``figures``: the job document's other counters (trained, tokens, batches, bytes sent, retries...,
+  :class:`JobFigures`) summed over the windows acknowledged so far, booked together with each
+  window's acknowledgement (``acknowledge``), so the file always holds the figures of exactly the
+  windows its ``cursor`` and ``acked`` count. A resumed run starts its counters from them, as
+  ``done`` from the acknowledged sentences (retries: as of the last write).
 
 States: ``running`` (resumed on daemon start) → ``succeeded`` (the file is removed) | ``failed``
 (kept for the operator; listed, not resumed). A job cancelled by a shutdown stays ``running``.
@@ -51,7 +56,7 @@ import asyncio
 import hashlib
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -66,6 +71,7 @@ from giaannd.records import RecordError, RecordFormat
 __all__ = [
     "JOURNAL_DIR",
     "JOURNAL_RECORD",
+    "JobFigures",
     "JobJournal",
     "JobSpec",
     "JournalCorrupt",
@@ -111,6 +117,21 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     coalesce: int
 
 
+class JobFigures(msgspec.Struct, forbid_unknown_fields=True):
+    """Counters of the job document (jobs.py ``TrainProgress``, same names) that earlier runs of
+    the job counted: those of the acknowledged windows, and the retries (module docstring)."""
+
+    trained: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    batches: int = 0
+    retries: int = 0
+    bytes_sent: int = 0
+    entries_before: int = 0
+    entries_after: int = 0
+    flags_sent: int = 0
+
+
 class JournalDoc(msgspec.Struct, forbid_unknown_fields=True):
     """The persisted document (module docstring)."""
 
@@ -132,6 +153,9 @@ class JournalDoc(msgspec.Struct, forbid_unknown_fields=True):
     started: list[int] = msgspec.field(default_factory=list)
     learned: dict[int, list[int]] = msgspec.field(default_factory=dict)
     resumes: int = 0
+    #: the earlier runs' counters (module docstring); UNSET (not written) while nothing was
+    #: counted, so such a journal's bytes are the format's before the field existed
+    figures: JobFigures | msgspec.UnsetType = msgspec.UNSET
 
 
 def acked_windows(doc: JournalDoc) -> list[int]:
@@ -205,6 +229,11 @@ class JobJournal:
         done = min(self.doc.cursor * k, total)
         return done + sum(max(0, min(k, total - w * k)) for w in self._acked)
 
+    def figures(self) -> dict[str, int]:
+        """The counters earlier runs counted (``JobFigures``' fields; all 0 when none)."""
+        f = self.doc.figures
+        return msgspec.structs.asdict(JobFigures() if isinstance(f, msgspec.UnsetType) else f)
+
     def learned_before(self, window: int) -> set[int]:
         """Flags the worker merged from storage just before encoding a started window."""
         return set(self.doc.learned.get(window, ()))
@@ -246,11 +275,15 @@ class JobJournal:
         if flags:
             self.doc.learned[window] = flags
 
-    def acknowledge(self, window: int, settled_floor: int) -> bool:
+    def acknowledge(self, window: int, settled_floor: int, figures: Mapping[str, int] | None = None) -> bool:
         """Book ``window`` as acknowledged by W replicas; ``settled_floor`` is the client's writer
-        floor now (seqs ≤ it reached every owner). Returns True if the cursor moved."""
+        floor now (seqs ≤ it reached every owner). ``figures``: the window's counters (``count``),
+        when this run counted it (not a re-send of a window an earlier run acknowledged).
+        Returns True if the cursor moved."""
         if window < self.doc.cursor:
             return False
+        if figures:  # in the same step as the window: a write holds both or neither
+            self.count(**figures)
         self._acked.add(window)
         moved = False
         while self.doc.cursor in self._acked:
@@ -261,6 +294,13 @@ class JobJournal:
         # seq s is window s-1: floor f settles windows [0, f); it never passes an unacked window
         self.doc.settled = max(self.doc.settled, min(settled_floor, self.doc.cursor))
         return moved
+
+    def count(self, **amounts: int) -> None:
+        """Add to the journaled counters (``JobFigures`` names); on disk with the next commit."""
+        if isinstance(self.doc.figures, msgspec.UnsetType):
+            self.doc.figures = JobFigures()
+        for name, amount in amounts.items():
+            setattr(self.doc.figures, name, getattr(self.doc.figures, name) + amount)
 
     def finish(self, state: JournalState, error: str = "") -> None:
         self.doc.state = state

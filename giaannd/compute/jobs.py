@@ -5,7 +5,8 @@ as batches are acknowledged. ``as_dict`` is the admin API's job document: ``stat
 succeeded | failed | cancelled), ``done`` / ``total`` / ``unit`` (what giaannctl's progress bar
 draws), and the pipeline's figures (sentences/s, bytes sent, coalescing ratio, retries, batches).
 A job resumed from its journal after a restart keeps its id and shows ``resumed_from`` (the
-sentences an earlier run had acknowledged; ``done`` starts there) and ``resumes`` (how many times).
+sentences an earlier run had acknowledged; ``done`` starts there, and the other counters at what
+earlier runs counted, job_journal.py ``figures``) and ``resumes`` (how many times).
 
 Counters also go to a :class:`ProgressSink` (the service's Prometheus counters) as they change, so
 ``/metrics`` sees totals across jobs without polling the registry.
@@ -18,7 +19,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -83,9 +84,13 @@ class TrainProgress:
         if self.timeline.due(now):
             self._sample(now)
 
-    def resume_at(self, done: int) -> None:
-        """A resumed run starts at ``done`` sentences an earlier run acknowledged (``resumed_from``)."""
+    def resume_at(self, done: int, figures: Mapping[str, int] | None = None) -> None:
+        """A resumed run starts at ``done`` sentences an earlier run acknowledged (``resumed_from``)
+        and at the ``figures`` it counted (other counters, by name). Not told to the sink: the
+        earlier run did, and ``/metrics`` counts each window once."""
         self.done = self.resumed_from = done
+        for name, amount in (figures or {}).items():
+            setattr(self, name, amount)
         if len(self.timeline.points) == 1:  # nothing happened since the start point: it starts here
             self.timeline.points.clear()
         self._sample(time.time())

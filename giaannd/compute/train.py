@@ -440,8 +440,9 @@ class TrainingJob:
         restart = min(journal.restart_window, self._num_windows)
         self._counted = min(journal.doc.cursor, self._num_windows)
         self._counted_past = frozenset(acked_windows(journal.doc))
-        # ``done`` counts from what the earlier run acknowledged, windows past its cursor included
-        self.progress.resume_at(journal.acknowledged_sentences(len(self.sentences)))
+        # ``done`` counts from what the earlier run acknowledged, windows past its cursor included,
+        # the other figures from what it counted for those windows (job_journal.py ``figures``)
+        self.progress.resume_at(journal.acknowledged_sentences(len(self.sentences)), journal.figures())
         for index in range(restart):
             workers[journal.worker_of(index)].replay(self._window(index), journal.learned_before(index))
             self.client.abandon(self._batch_id(index))
@@ -500,12 +501,28 @@ class TrainingJob:
             self.progress.add(flags_learned=len(learned))
         return commit
 
-    async def _acknowledged(self, index: int) -> None:
-        """Window ``index`` is acknowledged (W acks, vocabulary written): move the journal cursor."""
+    async def _acknowledged(self, index: int, figures: dict[str, int] | None = None) -> None:
+        """Window ``index`` is acknowledged (W acks, vocabulary written): move the journal cursor.
+        ``figures``: what this run counted for it (``_count``), journaled with it."""
         if self.journal is not None:
             floor = int(getattr(self.client, "writer_floor", 0))
-            if self.journal.journal.acknowledge(index, floor):
+            if self.journal.journal.acknowledge(index, floor, figures):
                 await self.journal.commit()
+
+    def _count(self, index: int, window: _Window, **sent: int) -> dict[str, int] | None:
+        """Count window ``index`` in the job document, unless an earlier run acknowledged (and
+        counted) it; returns the figures counted (for the journal: ``_acknowledged``), or None."""
+        if self._counted_before(index):  # a re-send of a window an earlier run acknowledged counts once
+            return None
+        figures = dict(trained=window.trained, skipped=window.handled - window.trained, tokens=window.tokens, **sent)
+        self.progress.add(done=window.handled, **figures)
+        return figures
+
+    def _retried(self) -> None:
+        """One more retry (of any request of the job), journaled like the windows' figures."""
+        self.progress.add(retries=1)
+        if self.journal is not None:
+            self.journal.journal.count(retries=1)
 
     async def _finish_empty(self, index: int, window: _Window, vocab: asyncio.Task[None] | None,
                             recorded: asyncio.Task[None] | None) -> None:
@@ -514,10 +531,8 @@ class TrainingJob:
             for task in (vocab, recorded):
                 if task is not None:
                     await asyncio.shield(task)
-            if not self._counted_before(index):  # its sentences may be trained (one token: no pair), as the core counts
-                self.progress.add(done=window.handled, trained=window.trained,
-                                  skipped=window.handled - window.trained, tokens=window.tokens)
-            await self._acknowledged(index)
+            # its sentences may be trained (one token: no pair), as the core counts
+            await self._acknowledged(index, self._count(index, window))
         except Exception as exc:  # recorded; run() raises it once the other sends have ended
             if self._failure is None:
                 self._failure = exc
@@ -538,7 +553,7 @@ class TrainingJob:
             await before
 
         def note(failures: int, exc: BaseException, wait_s: float) -> None:
-            self.progress.add(retries=1)
+            self._retried()
             log.info("vocabulary write retry attempt=%d in %.2fs: %s", failures, wait_s, exc)
 
         await retry(lambda: self.client.put_vocab(entries), self.settings.retry_policy, retry_on=_RETRYABLE,
@@ -562,15 +577,12 @@ class TrainingJob:
             await self._budget.release(batch.nbytes)
         keep = ~((batch.row_column == FLAG_ROW[0]) & (batch.row_feature == FLAG_ROW[1]))
         self._keys.append((batch.row_column[keep], batch.row_feature[keep]))
-        if not self._counted_before(index):  # a re-send of a window an earlier run acknowledged counts once
-            self.progress.add(done=window.handled, trained=window.trained, skipped=window.handled - window.trained,
-                              tokens=window.tokens, batches=1, bytes_sent=batch.nbytes,
-                              entries_before=window.increments, entries_after=batch.num_entries,
-                              flags_sent=window.flags)
+        figures = self._count(index, window, batches=1, bytes_sent=batch.nbytes, entries_before=window.increments,
+                              entries_after=batch.num_entries, flags_sent=window.flags)
         if self.on_written is not None:
             self.on_written(batch)
         try:
-            await self._acknowledged(index)
+            await self._acknowledged(index, figures)
         except Exception as exc:
             if self._failure is None:
                 self._failure = exc
@@ -580,7 +592,7 @@ class TrainingJob:
         # unsettled, so the writer floor never passes it and a resumed run can still send it
         # (module docstring).
         def note(failures: int, exc: BaseException, wait_s: float) -> None:
-            self.progress.add(retries=1)
+            self._retried()
             log.info("batch retry writer=%#x seq=%d attempt=%d in %.2fs: %s", bid.writer, bid.seq, failures,
                      wait_s, exc)
 
@@ -613,7 +625,7 @@ class TrainingJob:
     async def _read_flags(self) -> set[int]:
         """The replicated flag set, retried like a write (a replica may be failing over)."""
         return await retry(lambda: read_flags(self.client), self.settings.retry_policy, retry_on=_RETRYABLE,
-                           on_retry=lambda failures, exc, wait_s: self.progress.add(retries=1))
+                           on_retry=lambda failures, exc, wait_s: self._retried())
 
     def partial_result(self) -> TrainResult:
         """What a failed or cancelled run got acknowledged so far (vocabulary, flags, keys written),
