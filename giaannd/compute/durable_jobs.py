@@ -10,7 +10,8 @@ returned, so from then on a crash of the node cannot lose it. The journal moves 
   leaves the journal as it is);
 - ``failed``: the job raised; the journal is kept with the error, so an operator can ``resume`` it;
 - removed: the job succeeded, or an operator cancelled it (``Job.cancel``: it is over, and a
-  restart must not train it again).
+  restart must not train it again), even while a failed run was writing its ``failed`` record
+  (removed once that write is on disk).
 
 One run of a job at a time: ``resume`` refuses a job that is running or being resumed, and
 ``resume_all`` leaves a job an operator resumed while it waited for storage to that run.
@@ -75,9 +76,20 @@ Launch = Callable[..., Job]
 
 
 def journal_progress(journal: JobJournal) -> TrainProgress:
-    """A finished job's figures as its journal knows them (sentences acknowledged)."""
+    """A finished job's figures as its journal knows them (sentences acknowledged, the counters
+    of those windows)."""
     total = journal.doc.total_sentences
-    return TrainProgress(total=total, done=journal.acknowledged_sentences(total))
+    progress = TrainProgress(total=total, done=journal.acknowledged_sentences(total))
+    for name, amount in journal.figures().items():
+        setattr(progress, name, amount)
+    return progress
+
+
+async def _cancelled(job: Job, writer: JournalWriter) -> None:
+    """A run of ``job`` was cancelled: an operator's ``train cancel`` ends the job for good (its
+    journal removed, nothing to resume); a shutdown's cancellation leaves the journal as it is."""
+    if job.cancel_requested:
+        await asyncio.shield(asyncio.to_thread(writer.remove))
 
 
 class DurableJobs:
@@ -141,13 +153,18 @@ class DurableJobs:
                 data = await asyncio.to_thread(load)
                 result = await self._train(data, settings, job.progress, writer)
             except asyncio.CancelledError:
-                if job.cancel_requested:  # ``train cancel``: the job is over, nothing to resume
-                    await asyncio.shield(asyncio.to_thread(writer.remove))
+                await _cancelled(job, writer)
                 raise  # a shutdown: the journal stays "running" and the job resumes on restart
             except Exception as exc:
                 journal.finish("failed", f"{type(exc).__name__}: {exc}")
-                with contextlib.suppress(OSError):  # the job's own error is the one to report
-                    await writer.commit()
+                try:
+                    with contextlib.suppress(OSError):  # the job's own error is the one to report
+                        await writer.commit()
+                except asyncio.CancelledError:
+                    # a ``train cancel`` landed while the failure was written (the job still
+                    # showed running): the commit ended after its write, so removing comes last
+                    await _cancelled(job, writer)
+                    raise
                 raise
             await asyncio.to_thread(writer.remove)
             return self._summary(result)
