@@ -117,7 +117,8 @@ class TrainProgress:
         return {
             "done": self.done, "total": self.total, "unit": "sentences",
             "trained": self.trained, "skipped": self.skipped, "tokens": self.tokens,
-            "sentences_per_s": round(self.done / self.elapsed_s, 1),
+            # this run's rate: what earlier runs acknowledged (``resumed_from``) took their time
+            "sentences_per_s": round((self.done - (self.resumed_from or 0)) / self.elapsed_s, 1),
             "batches": self.batches, "retries": self.retries, "bytes_sent": self.bytes_sent,
             "bytes_per_sentence": round(self.bytes_sent / self.done, 1) if self.done else 0.0,
             "entries_before": self.entries_before, "entries_after": self.entries_after,

@@ -73,3 +73,14 @@ def test_journal_figures_are_booked_with_their_window_and_kept_on_disk():
     back = JobJournal.decode(j.encode())
     assert back.doc.figures == JobFigures(trained=19, batches=2, retries=2)
     assert back.figures()["trained"] == 19 and JobJournal.decode(before).figures()["trained"] == 0
+
+
+def test_a_resumed_jobs_rate_is_its_own_runs() -> None:
+    """``sentences_per_s`` of a resumed job counts the sentences this run handled, not those an
+    earlier run acknowledged (``resumed_from``) over this run's time (it showed 11× the rate here)."""
+    progress = TrainProgress(total=200)
+    progress.resume_at(100)
+    progress.add(done=10)
+    progress.started_at, progress.finished_at = 0.0, 2.0
+    assert progress.as_dict()["sentences_per_s"] == 5.0
+    assert progress.as_dict()["done"] == 110
