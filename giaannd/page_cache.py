@@ -12,7 +12,8 @@ crowding out pages that are read (the colocated nodes' snapshots before a restar
 the whole pages from there up to a newly durable end; a partial last page stays until a later call
 covers it whole. ``drop_rest`` drops everything from an offset to the end of the file, the last
 partial page included (after a final sync). Where ``posix_fadvise`` does not exist (not Linux),
-nothing is dropped and the offsets do not move.
+or the kernel refuses it, nothing is dropped and the offsets do not move: it is advice, never an
+error for the caller.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ class DroppedPrefix:
         ``durable_end`` is durable: the caller synced it); returns the new ``dropped``."""
         lo = -(-self.dropped // PAGE) * PAGE
         hi = durable_end // PAGE * PAGE
-        if hi > lo and AVAILABLE:
-            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        if hi > lo and _advise(fd, lo, hi - lo):
             self.dropped = hi
         return self.dropped
 
@@ -52,5 +52,18 @@ class DroppedPrefix:
 def drop_rest(fd: int, start: int = 0) -> None:
     """Drop file ``fd`` from the page cache from ``start`` (rounded up to a page) to its end, the
     last partial page too (the caller synced the whole file)."""
-    if AVAILABLE:
-        os.posix_fadvise(fd, -(-start // PAGE) * PAGE, 0, os.POSIX_FADV_DONTNEED)
+    _advise(fd, -(-start // PAGE) * PAGE, 0)
+
+
+def _advise(fd: int, offset: int, length: int) -> bool:
+    """``POSIX_FADV_DONTNEED`` over ``[offset, offset + length)`` (0: to the end); False where it
+    is missing or refused. Advice only: a kernel, file system or sandbox refusing it (EINVAL,
+    ENOSYS, EPERM) costs page-cache room, never the sync or write it follows (the update log's
+    sync raised with its bytes durable, so no write was acknowledged again)."""
+    if not AVAILABLE:
+        return False
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        return False
+    return True

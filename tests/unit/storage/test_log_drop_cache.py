@@ -116,3 +116,28 @@ def test_a_sync_keeps_the_partial_last_page_and_close_drops_it(tmp_path: Path, m
     assert calls[-1][0] + calls[-1][1] == size // PAGE * PAGE  # the partial page is left
     log.close()
     assert calls[-1] == (size // PAGE * PAGE, size % PAGE, size)  # to the end of the file
+
+
+@pytest.mark.parametrize("errno_", [22, 38, 1])  # EINVAL, ENOSYS, EPERM: a file system or sandbox refusing it
+def test_a_refused_drop_is_advice_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: int) -> None:
+    """The drop after a sync is advice: a kernel refusing it must not fail the sync that made the
+    bytes durable (before: ``sync`` raised, so no write was ever acknowledged again, and a
+    rotation raised with its old segment left open)."""
+    asked: list[int] = []
+
+    def refuse(fd: int, offset: int, length: int, advice: int) -> None:
+        asked.append(offset)
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    log = UpdateLog(tmp_path, 1, segment_max_bytes=8 * PAGE, drop_synced=True)
+    rng = np.random.default_rng(6)
+    for i in range(1, 30):
+        log.append_batch(BatchId(1, i), random_batch(rng))
+        assert log.sync() == i  # durable, whatever the advice did
+    log.rotate()
+    log.close()
+    assert asked  # the advice was asked for, and refused
+    batches = [r.batch_id for first, seg in list_segments(tmp_path)
+               for r in scan_segment(seg, first, is_last=True).records]
+    assert batches == [BatchId(1, i) for i in range(1, 30)]
