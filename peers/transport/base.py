@@ -119,6 +119,11 @@ class Link(abc.ABC):
         """End one ``cork``; the outermost writes what was held."""
         return None
 
+    def flush_held(self) -> None:
+        """Write what a cork holds now, whatever the cork depth: an orderly close says
+        ``Goodbye`` and then aborts, and an abort drops what is held."""
+        return None
+
     @property
     @abc.abstractmethod
     def resources(self) -> int:

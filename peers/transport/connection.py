@@ -276,6 +276,9 @@ class Connection:
         self._pending: dict[int, _Pending] = {}
         self._serving: dict[int, asyncio.Task[None]] = {}
         self._leases: dict[int, list[Lease]] = {}
+        #: the request whose handler runs its first step in the read callback (``_start_handler``):
+        #: not in ``_serving`` yet, but its leases are the handler's until it ends
+        self._stepping: int | None = None
         # a served request's receive buffer, kept for the next one (``_keep_spare``): the lease,
         # a view of its whole buffer and that buffer's size; ``_spare_lease`` remembers the last
         # one kept (the view is remade only when the buffer changes)
@@ -292,6 +295,7 @@ class Connection:
         self._deadlines = _Deadlines(self._loop, self._pending, self._expire)
         self._budgets = _Deadlines(self._loop, self._serving, self._budget_expired)
         self._expired: set[int] = set()  # served requests whose budget ran out
+        self._still_sending: set[int] = set()  # served requests whose reply's UCX sends outlived the wait
         self._replying: set[int] = set()  # served requests past their handler (budget no longer applies)
         self._closed_exc: BaseException | None = None
         self._corked = False  # the link is corked until the next loop iteration (_uncork)
@@ -381,6 +385,11 @@ class Connection:
             try:
                 async with asyncio.timeout(1.0):
                     await self._write([*framing.encode_frame(wire.Goodbye(reason))])
+                    # a cork (the replies of this read or loop iteration) may hold the Goodbye and
+                    # replies before it: the abort below drops what is held, and the peer would see
+                    # its connection lost instead
+                    self.link.flush_held()
+                    await self.link.drain()
             except (OSError, TimeoutError, PeersError):
                 pass
         self._shutdown(TransportClosed(f"connection to {self.peer} closed locally"))
@@ -582,19 +591,23 @@ class Connection:
             # one per request, never reused: a handler may keep current_task() and cancel it later
             stand_in = TaskStandIn()
             context = contextvars.copy_context()
+            self._stepping = req_id
             _enter_task(loop, stand_in)  # eager.step, inlined: one Python call fewer per request
             try:
                 waiting = context.run(coro.send, None)
             except StopIteration:  # replied from inside the read callback: no Task was needed
                 _leave_task(loop, stand_in)
+                self._stepping = None
                 if buffers:
                     self._served(req_id)
                 return
             except BaseException:
                 _leave_task(loop, stand_in)
+                self._stepping = None
                 self._served(req_id)
                 raise
             _leave_task(loop, stand_in)
+            self._stepping = None
             task = continue_in_task(loop, coro, waiting, stand_in, context)
         self._serving[req_id] = task
         # a done-callback (not ``finally``) because a task cancelled before it first runs never
@@ -616,6 +629,11 @@ class Connection:
         if self._replying:
             self._replying.discard(req_id)
         leases = self._leases.pop(req_id, None)
+        if self._still_sending and req_id in self._still_sending:  # rare: see ``_finish_send``
+            self._still_sending.discard(req_id)
+            for lease in leases or ():
+                lease.forget()
+            return
         if leases is not None:
             if len(leases) == 1 and self._closed_exc is None:
                 lease = leases[0]
@@ -806,19 +824,28 @@ class Connection:
             try:
                 await asyncio.shield(sends)
             except asyncio.CancelledError:
-                await self._sent_elsewhere(sends)  # a posted UCX send cannot be taken back
+                # a posted UCX send cannot be taken back, and ``ep.abort`` does not end it either:
+                # one still posted when the wait ends (the connection closed, a second
+                # cancellation) may be read by its receiver later, and a reply's buffers may be its
+                # request's pooled ones (a handler that echoes): those are never lent again then
+                if response:
+                    self._still_sending.add(req_id)  # until it ended (``_served``)
+                if await self._sent_elsewhere(sends):
+                    self._still_sending.discard(req_id)
                 raise
         self.metrics.bytes_sent += nbytes
 
-    async def _sent_elsewhere(self, sending: Awaitable[Any]) -> None:
+    async def _sent_elsewhere(self, sending: Awaitable[Any]) -> bool:
         """A sender gave up (see ``_finish_send``) while its buffers may still be read: wait for
         ``sending`` (a drain, posted UCX sends) to end before it is told, so that it may use its
         buffers again at once (``_received_elsewhere`` is the receive side's twin). It ends when
-        they are out or when the connection closes (its peer gone: nothing more is read then); a
-        second cancellation stops the wait."""
+        they are out or when the connection closes (its peer gone: nothing more is read then —
+        except by a UCX send still posted, see ``_finish_send``); a second cancellation stops the
+        wait. Returns whether ``sending`` ended."""
         future = asyncio.ensure_future(sending)
         try:
             await self._done_or_closed(future)
+            return future.done()
         finally:
             if not future.done():
                 future.cancel()
@@ -941,7 +968,9 @@ class Connection:
             self._spare.release()
         self._spare = self._spare_lease = None
         self._spare_view = memoryview(b"")
-        for req_id in [r for r in self._leases if r not in self._serving]:
+        # a handler's leases go back when it ends (``_served``), also one that closed us in its
+        # first step (``_stepping``): it still reads their views
+        for req_id in [r for r in self._leases if r not in self._serving and r != self._stepping]:
             for lease in self._leases.pop(req_id):
                 lease.forget() if stuck else lease.release()
         if self._bulk is not None:

@@ -60,12 +60,16 @@ class Lease:
         return memoryview(self._backing)  # type: ignore[arg-type]
 
     def forget(self) -> None:
-        """Stop accounting for the buffer without reusing it: a UCX receive that cannot be
-        cancelled may still write into it, so it must never be lent again (idempotent)."""
+        """Stop accounting for the buffer without reusing it: a UCX transfer that cannot be
+        cancelled (a posted receive, or a posted send whose connection died) may still write or
+        read it, so it must never be lent again — nor freed: the pool keeps it (idempotent)."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.leased -= 1
             pool.quarantined += 1
+            # freed, its pages would go back to the system: a peer's late rendezvous read of a
+            # posted send then fails (UCX aborts that process), or reads whatever is mapped there
+            pool._quarantine.append(self._backing)
 
 
 class BufferPool:
@@ -83,7 +87,8 @@ class BufferPool:
         self.idle_bytes = 0
         self.leased = 0  # outstanding leases (a leak check in tests)
         self.allocations = 0  # fresh allocations (the pool's miss count)
-        self.quarantined = 0  # leases forgotten because a receive into them could not be cancelled
+        self.quarantined = 0  # leases forgotten because a transfer with them could not be cancelled
+        self._quarantine: list[np.ndarray] = []  # their buffers, kept for good (``Lease.forget``)
 
     def lease(self, nbytes: int) -> Lease:
         """Borrow a buffer of at least ``nbytes`` (the caller checked the limits already)."""

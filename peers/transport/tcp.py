@@ -223,6 +223,11 @@ class TcpLink(Link, asyncio.BufferedProtocol):
             log.warning("write of held frames failed, closing: %r", exc)
             self.abort()
 
+    def flush_held(self) -> None:
+        transport = self._transport
+        if self._held and transport is not None and not transport.is_closing():
+            self._write_held(transport)  # the corks stay: later frames are held again
+
     async def drain(self) -> None:
         await self._can_write.wait()
         if self._closed:
