@@ -140,6 +140,12 @@ _msgpack = msgspec.msgpack.Encoder().encode
 _pack_header = framing.HEADER.pack
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A done-callback marking an abandoned future's exception as seen (nobody awaits it)."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _payload(obj: Any) -> msgspec.Raw:
     if obj is None:
         return _RAW_NONE
@@ -849,6 +855,9 @@ class Connection:
         finally:
             if not future.done():
                 future.cancel()
+                # a cancelled gather (UCX sends) ends with its CancelledError set, not cancelled:
+                # retrieved when it ends, or asyncio logs it as never retrieved, at ERROR
+                future.add_done_callback(_retrieved)
             elif not future.cancelled():
                 future.exception()  # retrieved: the caller is told of its cancellation instead
 
