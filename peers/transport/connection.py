@@ -619,6 +619,9 @@ class Connection:
         # a done-callback (not ``finally``) because a task cancelled before it first runs never
         # executes its body, and its pooled buffers must still go back
         task.add_done_callback(lambda _t: self._served(req_id))
+        if self._closed_exc is not None:  # the handler closed us in its first step: cancelled as
+            task.cancel()  # ``_shutdown`` cancels every other handler of a closed connection
+            return
         if msg.budget_ms is not None:  # a heap entry, not an asyncio.timeout context per request
             self._budgets.add(arrived + max(msg.budget_ms / 1000.0, 0.0), req_id, task)
 

@@ -78,7 +78,10 @@ async def test_a_handler_that_closes_its_connection_in_its_first_step_keeps_its_
                 first[0].fail(PeerDead("membership: declared dead"))
             else:
                 await first[0].close("handler closes")  # no await suspends: still the first step
-            await go.wait()  # meanwhile another connection's request arrives
+            try:
+                await asyncio.shield(go.wait())  # meanwhile another connection's request arrives
+            except asyncio.CancelledError:  # its connection closed: a handler that still finishes
+                await go.wait()  # its work, reading its request's bulk
             seen.append(np.unique(array).tolist())
         return Reply("ok")
 
@@ -190,4 +193,39 @@ async def test_a_send_still_posted_when_its_wait_ends_logs_no_unretrieved_error(
         assert [c.get("message") for c in reported] == []
     finally:
         loop.set_exception_handler(previous)
+        await close_pair(server, listener, client, conn)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["fail", "close"])
+async def test_a_handler_that_closes_its_connection_in_its_first_step_is_cancelled(how):
+    """As every handler of a closed connection is (``_shutdown``): one that closed it in its first
+    step was not in ``_serving`` yet, so it ran on, holding its buffers, until it ended by itself."""
+    first: list = []
+    outcome: list = []
+
+    async def handler(incoming):
+        if how == "fail":
+            first[0].fail(PeerDead("membership: declared dead"))
+        else:
+            await first[0].close("handler closes")
+        try:
+            await asyncio.sleep(30)
+            outcome.append("ran on")
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        return Reply("ok")
+
+    server, listener, client, conn = await connected_pair(handler, KEY)
+    try:
+        first.extend(listener.connections)
+        with pytest.raises(TransportClosed):
+            await conn.request("x", [np.ones(1 << 10, np.uint8)], timeout_s=10)
+        async with asyncio.timeout(5):
+            while not outcome:
+                await asyncio.sleep(0.01)
+        assert outcome == ["cancelled"]
+        assert first[0]._pool.leased == 0  # its buffers went back when it ended
+    finally:
         await close_pair(server, listener, client, conn)
