@@ -103,6 +103,7 @@ __all__ = [
     "MAX_COLUMN_INFO_ROWS",
     "MAX_DIGEST_ROWS",
     "MAX_FLUSH_TIMEOUT_S",
+    "MAX_INCREMENT",
     "MAX_LARGE_ROWS",
     "MAX_OVERRIDE_MEMBERS",
     "MAX_QUERY_SEQS",
@@ -169,6 +170,7 @@ __all__ = [
     "VocabReply",
     "check_batch",
     "check_body",
+    "check_increments",
     "compute_call",
     "check_keys",
     "check_part",
@@ -201,6 +203,12 @@ MAX_BATCH_ROWS: Final = 1_048_576
 #: Entries per ApplyBatch: 8 Mi entries are 168 MiB on the wire (21 B each), which is also the most
 #: one apply may hold in RAM twice (wire buffer + merged region) — far below a storage node's capacity.
 MAX_BATCH_ENTRIES: Final = 8 * 1_048_576
+#: Largest |strength| of one entry of an ApplyBatch (an increment). A stored strength is the float32
+#: sum of every increment applied to its entry: two increments near the float32 maximum (3.4e38)
+#: summed to inf, and a row holding inf is refused by every reader (``check_batch``: finite
+#: strengths) and its snapshot by the restart. Under this bound it takes 2**64 increments to one
+#: entry to get there; training's increments are small (about 1).
+MAX_INCREMENT: Final = float(2**64)
 #: Entries per RowPart (and so per chunked RowsReply, whose rows stay under the node's read chunk):
 #: ``storage.read-chunk-bytes`` is at most 128 MiB (config.MAX_READ_CHUNK_BYTES), below this cap.
 MAX_READ_PART_ENTRIES: Final = MAX_BATCH_ENTRIES
@@ -817,6 +825,18 @@ def check_batch(bulk: Sequence[np.ndarray]) -> RowBatch:
         return RowBatch.from_buffers(list(bulk), validate=True)
     except ValueError as exc:
         raise ProtocolViolation(str(exc)) from None
+
+
+def check_increments(batch: RowBatch) -> None:
+    """An ApplyBatch's strengths are increments within ``MAX_INCREMENT`` (checked after
+    ``check_batch``: they are finite). Not for replies: a stored row's sums may be larger.
+
+    Raises:
+        ProtocolViolation: an increment over the bound.
+    """
+    st = batch.strength
+    if st.size and (float(st.max()) > MAX_INCREMENT or float(st.min()) < -MAX_INCREMENT):
+        raise ProtocolViolation(f"a strength increment beyond ±{MAX_INCREMENT:.3g} (sums of such overflow float32)")
 
 
 _PART_DTYPES: Final = (("segment", np.uint8), ("target_column", np.uint64), ("target_feature", np.uint64),

@@ -365,6 +365,7 @@ class StorageRequests:
         if self.guard.full:
             return self.error(p.Unavailable(_text(self.guard.refuse())))
         batch = p.check_batch(bulk)
+        p.check_increments(batch)
         batch_id = BatchId(msg.writer, msg.seq)
         if msg.hint_for is not None and msg.hint_for != self.node_name:
             return self.hold_hint(msg.hint_for, batch_id, batch, msg.placement_epoch)
