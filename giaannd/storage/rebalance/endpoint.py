@@ -342,10 +342,12 @@ class StreamEndpoint:
         return max(seq, result.seq)
 
     def _verify(self, msg: StreamVerify, bulk: Sequence[np.ndarray]) -> Reply:
-        if len(bulk) != 2 or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS:
-            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal u64 key arrays"))
-        cols = np.asarray(bulk[0]).astype(np.uint64, copy=False)
-        feats = np.asarray(bulk[1]).astype(np.uint64, copy=False)
+        # 1-d uint64 only, as protocol.check_keys: keys of another dtype were cast (floats to
+        # garbage keys, silently) and 2-d ones raised in the per-row digests instead of a refusal
+        if (len(bulk) != 2 or any(b.dtype != np.uint64 or b.ndim != 1 for b in bulk)
+                or bulk[0].shape != bulk[1].shape or bulk[0].size > MAX_VERIFY_ROWS):
+            return _reply(StreamRefused(msg.stream_id, 0, "verify: expected two equal 1-d u64 key arrays"))
+        cols, feats = bulk
         if msg.combined:
             version = digest_version_for(msg.digest_version)
             return _reply(VerifyReply(digest_version=version),

@@ -362,8 +362,9 @@ class SourceRegistry:
         rule = TransferRule(old, new, frozenset(msg.live), frozenset(msg.avoid))
         held = self.columns_held()
         mine = held[rule.claims(msg.source, msg.target, held)]
-        if len(bulk) == 1 and bulk[0].ndim == 1:
-            mine = np.union1d(mine, np.asarray(bulk[0]).astype(np.uint64, copy=False))
+        # uint64 only: columns of another dtype were cast (floats and negatives to other columns)
+        if len(bulk) == 1 and bulk[0].ndim == 1 and bulk[0].dtype == np.uint64:
+            mine = np.union1d(mine, bulk[0])
         elif bulk:
             raise ValueError("SourceStart: expected at most one 1-d uint64 array of columns")
         throttle = Throttle(msg.rate_bytes_s)
