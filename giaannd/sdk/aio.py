@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from giaannd.sdk.client import DEFAULT_COLUMN_LIMIT, Client, Job
+from giaannd.sdk.client import Client, Job
 from giaannd.sdk.column import Column
 from giaannd.sdk.errors import UnavailableError
 from giaannd.sdk.follow import JOB_POLL_S, Follower, check_wait
@@ -84,6 +84,10 @@ class AsyncClient:
     async def call(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
         return await asyncio.to_thread(self.sync.call, method, path, body, query)
 
+    async def call_text(self, method: str, path: str, body: Any = None,
+                        query: Mapping[str, Any] | None = None) -> str:
+        return await asyncio.to_thread(self.sync.call_text, method, path, body, query)
+
     async def operation(self, op_id: str, body: Any = None, query: Mapping[str, Any] | None = None,
                         **params: Any) -> Any:
         return await asyncio.to_thread(lambda: self.sync.operation(op_id, body, query, **params))
@@ -126,7 +130,7 @@ class AsyncClient:
     async def generate(self, prompt: str, max_tokens: int = 20) -> str:
         return await asyncio.to_thread(self.sync.generate, prompt, max_tokens)
 
-    async def column(self, word: str, *, limit: int = DEFAULT_COLUMN_LIMIT) -> Column:
+    async def column(self, word: str, *, limit: int | None = None) -> Column:
         return await asyncio.to_thread(lambda: self.sync.column(word, limit=limit))
 
     async def column_info(self, word: str) -> dict[str, Any]:

@@ -29,20 +29,17 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from giaannd.operations import OPERATIONS, fill_path
+from giaannd.operations import OPERATIONS
 from giaannd.sdk.column import Column
 from giaannd.sdk.errors import ClientError, UsageError
 from giaannd.sdk.follow import JOB_POLL_S, follow
-from giaannd.sdk.http import DEFAULT_TIMEOUT_S, AdminClient
+from giaannd.sdk.http import DEFAULT_TIMEOUT_S, AdminClient, fill_route
 from giaannd.sdk.locate import locate
 from giaannd.sdk.report import write_report
 
-__all__ = ["DEFAULT_COLUMN_LIMIT", "Client", "Job", "read_token"]
-
-#: Connections ``Client.column`` asks for unless told (the route's own default).
-DEFAULT_COLUMN_LIMIT: Final = 100_000
+__all__ = ["Client", "Job", "read_token"]
 
 
 def read_token(path: Path) -> tuple[str | None, str | None]:
@@ -248,11 +245,18 @@ class Client:
 
     # -- the model --------------------------------------------------------------------------------
 
-    def column(self, word: str, *, limit: int = DEFAULT_COLUMN_LIMIT) -> Column:
+    def column(self, word: str, *, limit: int | None = None) -> Column:
         """A concept column's feature neurons and outgoing connections, as numpy arrays.
+
+        Args:
+            limit: connections to read at most (``truncated`` says the column held more); None:
+                the node's ``compute.column-rows-default-entries``, as giaannctl's ``column rows``.
+                (A fixed number here was a 400 on a node whose ``column-rows-max-entries`` is
+                lower.)
 
         Raises:
             NotFoundError: no such column, or it has no rows.
+            BadRequestError: ``limit`` above the node's ``compute.column-rows-max-entries``.
         """
         doc = self.operation("column.rows", query={"limit": limit}, column=word)
         try:
@@ -304,9 +308,10 @@ class Client:
 
 
 def _path(op_id: str, **params: Any) -> str:
+    """The path of ``op_id`` with ``params`` filled in (``UsageError``: one is empty)."""
     template = OPERATIONS[op_id].path
     assert template is not None
-    return fill_path(template, params)
+    return fill_route(template, params)
 
 
 def _query(query: Mapping[str, Any] | None) -> dict[str, str] | None:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.sdk.errors import UsageError
+
 __all__ = ["Column"]
 
 
@@ -70,7 +72,13 @@ class Column:
 
     def strongest(self, n: int = 10) -> list[tuple[str, str, str, float]]:
         """The ``n`` strongest connections as (source feature, target column, target feature,
-        strength), strongest first."""
+        strength), strongest first.
+
+        Raises:
+            UsageError: ``n`` is negative (a slice ``[:n]`` would drop the weakest instead).
+        """
+        if n < 0:
+            raise UsageError(f"n must be >= 0, not {n}")
         order = np.argsort(-self.connections["strength"], kind="stable")[:n]
         c = self.connections
         return [(str(c["source_feature"][i]), str(c["target_column"][i]), str(c["target_feature"][i]),

@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from giaannd.operations import FOLLOWED, OPERATIONS, fill_path
+from giaannd.operations import FOLLOWED, OPERATIONS
 from giaannd.sdk.errors import JobFailedError, UnavailableError, UsageError
-from giaannd.sdk.http import AdminClient
+from giaannd.sdk.http import MAX_TIMEOUT_S, AdminClient, fill_route
 from giaannd.sdk.progress import ProgressBar
 
 __all__ = ["JOB_POLL_S", "UNAVAILABLE_GRACE_S", "Follower", "check_wait", "follow"]
@@ -67,15 +67,17 @@ _KINDS: Final[Mapping[str, _Kind]] = {
 def check_wait(timeout_s: float | None, poll_s: float) -> None:
     """Refuse a wait's bounds that cannot bound it: a NaN ``timeout_s`` never compares past its
     deadline (the wait would poll forever), a negative or NaN ``poll_s`` fails in ``time.sleep``
-    (and is taken as 0 by ``asyncio.sleep``: polling without pause).
+    (and is taken as 0 by ``asyncio.sleep``: polling without pause), and so does an infinite or
+    huge one (``OverflowError``; ``asyncio.sleep`` never wakes): a poll a day apart at the most,
+    as one request's ``MAX_TIMEOUT_S``.
 
     Raises:
         UsageError: naming the bound.
     """
     if timeout_s is not None and math.isnan(timeout_s):
         raise UsageError("a wait's timeout_s must be a number of seconds (or None), not NaN")
-    if not poll_s >= 0:
-        raise UsageError(f"a wait's poll_s must be seconds >= 0, not {poll_s}")
+    if not 0 <= poll_s <= MAX_TIMEOUT_S:
+        raise UsageError(f"a wait's poll_s must be seconds >= 0 and <= {MAX_TIMEOUT_S:.0f}, not {poll_s}")
 
 
 class Follower:
@@ -90,7 +92,7 @@ class Follower:
         self._unavailable_since: float | None = None
         template = OPERATIONS[FOLLOWED[kind]].path
         assert template is not None  # index_operations checks that what is followed has a route
-        self.path = fill_path(template, params)
+        self.path = fill_route(template, params)  # UsageError: an empty parameter
         self._progress, self._stream = progress, stream
         self._bar: ProgressBar | None = None
 

@@ -21,11 +21,13 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from typing import Any, Final
 
+from giaannd.operations import fill_path
 from giaannd.sdk.errors import AuthError, ClientError, UnavailableError, UsageError, request_error
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "AdminClient", "admin_url", "check_timeout"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "AdminClient", "admin_url", "check_timeout", "fill_route"]
 
 #: Bound on one admin request; long operations return a job id and are polled instead.
 DEFAULT_TIMEOUT_S: Final = 30.0
@@ -35,6 +37,11 @@ MAX_TIMEOUT_S: Final = 86_400.0
 #: A host name as giaannctl accepts it (RFC 1123 labels, plus ``_`` seen in container names);
 #: IPv6 literals are checked by ``ipaddress`` instead.
 _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+#: A path ``request`` sends: ``/`` then printable ASCII without spaces (parameters percent-encoded,
+#: as ``operations.fill_path`` does). http.client refuses anything else before sending (InvalidURL,
+#: an HTTPException read as "not an HTTP answer"; UnicodeEncodeError), or takes a path without
+#: the ``/`` as part of the port.
+_ROUTE_PATH = re.compile(r"/[!-~]*")
 
 
 def admin_url(text: str) -> str:
@@ -79,6 +86,20 @@ def check_timeout(value: float) -> float:
     return value
 
 
+def fill_route(template: str, params: Mapping[str, Any]) -> str:
+    """``operations.fill_path``: ``template`` with ``params`` filled in, each one segment.
+
+    Raises:
+        UsageError: an empty parameter: its segment would vanish and the path name another route
+            (``/v1/jobs/{job_id}`` with "" is ``/v1/jobs/``, the list of jobs, which a wait on the
+            job polled until its timeout, forever without one).
+    """
+    for name, value in params.items():
+        if str(value) == "":
+            raise UsageError(f"{name} must not be empty")
+    return fill_path(template, params)
+
+
 class AdminClient:
     """Talks to one daemon's admin API.
 
@@ -120,13 +141,19 @@ class AdminClient:
             UnavailableError: the daemon cannot be reached, or what answers there does not speak
                 HTTP (or broke off its reply).
             AuthError: 401.
-            UsageError: 401 to a client whose token file could not be read (``token_problem``).
+            UsageError: 401 to a client whose token file could not be read (``token_problem``);
+                nothing sent: ``path`` is not a route path, or ``body`` cannot be sent as JSON.
             RequestError: any other non-2xx reply, as its typed subclass (``request_error``).
         """
+        if not _ROUTE_PATH.fullmatch(path):
+            raise UsageError(f"{method} {path!r}: not a route path (/ then percent-encoded ASCII, "
+                             "e.g. /v1/columns/new%20york/rows)")
         url = self.addr + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        try:  # JSON has no NaN or infinity: json.dumps would write them as the words NaN, Infinity
+        # JSON has no NaN or infinity (json.dumps would write them as the words NaN, Infinity), nor
+        # a numpy scalar or a set (TypeError): a usage error, as for any bad local input.
+        try:
             data = None if body is None else json.dumps(body, allow_nan=False).encode()
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise UsageError(f"{method} {path}: the request body cannot be sent as JSON: {exc}") from None
         req = urllib.request.Request(url, data=data, method=method)
         if data is not None:

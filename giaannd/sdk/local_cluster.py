@@ -228,7 +228,8 @@ class LocalCluster:
                  transport: str = "auto", keep: bool = False,
                  replication_factor: int | None = None, write_quorum: int | None = None,
                  log_level: str = "info", storage_options: dict[str, Any] | None = None,
-                 corpus_dir: Path | None = None, export_dir: Path | None = None,
+                 corpus_dir: str | os.PathLike[str] | None = None,
+                 export_dir: str | os.PathLike[str] | None = None,
                  nodes: Sequence[tuple[str, Sequence[Role]]] | None = None,
                  cluster_name: str = CLUSTER_NAME, key_file: Path | None = None,
                  pin_ports: bool = False, membership_options: dict[str, Any] | None = None,
@@ -249,6 +250,7 @@ class LocalCluster:
         # Checked before a temporary root exists: a constructor that raises leaves nothing behind.
         self.storage_cfg = StorageConfig(replication_factor=rf, write_quorum=write_quorum or rf // 2 + 1,
                                          **options)
+        dirs = [None if d is None else Path(d) for d in (corpus_dir, export_dir)]  # text too, as root
         #: a temporary root is removed by ``close`` unless ``keep`` (or the start failed: the logs)
         self._temporary = root is None
         self.keep = keep
@@ -256,8 +258,8 @@ class LocalCluster:
         # config, key file or logs would point nowhere (every daemon failed to start)
         root = Path(tempfile.mkdtemp(prefix="giaannd-local-")) if root is None else Path(root).absolute()
         self.root = root
-        self.corpus_dir = (corpus_dir or root / "corpus").resolve()
-        self.export_dir = (export_dir or root / "exports").resolve()
+        self.corpus_dir = (dirs[0] or root / "corpus").resolve()
+        self.export_dir = (dirs[1] or root / "exports").resolve()
         self.transport = transport
         self.log_level = log_level
         self.cluster_name = cluster_name
