@@ -169,9 +169,9 @@ def _load_token(config: Config) -> str:
         return token
     path = config.data_path(ADMIN_TOKEN_FILE)
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(secrets.token_urlsafe(32) + "\n")
+        # whole or not at all (the data directory's lock keeps other daemons out): a file created
+        # and then left empty by a full disk would stop every later start as corrupt
+        atomic_write_bytes(path, (secrets.token_urlsafe(32) + "\n").encode("ascii"), mode=0o600)
         log.info("created admin token file=%s", path)
     try:
         token = path.read_text(encoding="utf-8").strip()

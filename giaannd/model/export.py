@@ -54,6 +54,7 @@ Writing goes to a temporary file that is fsynced and renamed, so a failure leave
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -334,7 +335,11 @@ class JsonlWriter:
         """Drop the partial file (idempotent; a no-op after ``commit``)."""
         if self._fh is not None:
             fh, self._fh = self._fh, None
-            fh.close()
+            # closing flushes what is still buffered: on a full disk (the failure that often
+            # brought us here) that fails again, yet the file is closed and must still go, and the
+            # caller's own error is the one to report
+            with contextlib.suppress(OSError):
+                fh.close()
             self._remove()
 
     def _remove(self) -> None:
