@@ -100,6 +100,7 @@ class StreamScopes:
             return
         with open(self.directory / f"{stream_id:016x}.closed", "wb") as f:
             os.fsync(f.fileno())
+        _fsync_dir(self.directory)  # the marker is its name: durable once the directory is synced
         self._closed.add(stream_id)
 
     def discard(self, stream_id: int) -> NDArray[np.uint64]:
@@ -144,19 +145,18 @@ class StreamScopes:
         new = missing(have, np.asarray(columns, np.uint64))
         if new.size == 0 and stream_id in self._columns:
             return
-        made_dir = not self.directory.is_dir()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{stream_id:016x}.cols"
-        made_file = not path.exists()
         with open(path, "ab") as f:
             f.write(new.tobytes())
             f.flush()
             os.fsync(f.fileno())
         # a new file's (and a new directory's) name is durable only once its directory is synced:
-        # else a power loss can drop the whole scope while the F markers it preceded stay logged
-        if made_dir:
+        # else a power loss can drop the whole scope while the F markers it preceded stay logged.
+        # Until the first record of the stream succeeded, not "when this call created them": a
+        # first attempt whose fsync failed (a full disk, EIO) created them, and its retry must sync
+        if stream_id not in self._columns:
             _fsync_dir(self.directory.parent)
-        if made_file:
             _fsync_dir(self.directory)
         self._columns[stream_id] = with_columns(have, new)
 

@@ -11,12 +11,15 @@ so repair must not ship a writer batch into them again under its own id (repair/
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.atomic_file import fsync_dir
 from giaannd.storage.streaming.dedupe import StreamScopes
 
 if TYPE_CHECKING:
@@ -39,14 +42,34 @@ def stream_writers_of(service: StorageService) -> set[int]:
 
 
 def record_stream_writer(service: StorageService, writer: int) -> None:
-    """Remember ``writer`` durably (a no-op when it is already recorded)."""
+    """Remember ``writer`` durably (a no-op when it is already recorded).
+
+    Raises:
+        OSError: the append or its fsync failed (a full disk, EIO); the id is not in the file
+            (the append is cut off again), so the caller's retry writes and fsyncs it anew.
+    """
     if writer in stream_writers_of(service):
         return
     service.data_dir.mkdir(parents=True, exist_ok=True)
-    with open(service.data_dir / STREAM_WRITERS_FILE, "ab") as f:
-        f.write(np.array([writer], np.uint64).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+    path = service.data_dir / STREAM_WRITERS_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, np.array([writer], np.uint64).tobytes()) != 8:
+                raise OSError(errno.ENOSPC, f"{path}: short write (disk full)")
+            os.fsync(fd)
+        except OSError:
+            # an id left in the file after a failed fsync would read as recorded by the retry,
+            # though a power loss may drop it ("fsyncgate": the next fsync need not cover it),
+            # and a part of one would shift every later id
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+    if size == 0:  # a new file (or one a failed first append left empty): its name is durable
+        fsync_dir(service.data_dir)  # only once its directory is synced
 
 
 def stream_columns_of(service: StorageService) -> NDArray[np.uint64]:
