@@ -91,6 +91,7 @@ I/O) run on worker threads, one at a time (``_seal_lock``); ``sealed`` reads the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -280,6 +281,9 @@ class RegisterStore:
         self.max_bytes = max_bytes
         self.max_disk_bytes = max_disk_bytes
         self.spill_bytes = spill_bytes
+        #: a failed append left part of a record past ``_size`` that could not be cut off yet
+        #: (``_cut_partial_locked``). Under ``_lock``.
+        self._partial = False
         #: bytes cut off the end at open (a torn last record)
         self.torn_bytes = torn_bytes
         #: log rewrites done (tests, metrics)
@@ -458,11 +462,14 @@ class RegisterStore:
             if disk > self.max_disk_bytes:
                 raise RegisterStoreFull(f"registers would hold {disk} value bytes on disk, over the "
                                         f"{self.max_disk_bytes}-byte limit (storage.register-disk-bytes)")
-            written = os.write(self._fd, record)
-            if written != len(record):  # a short write: undo it so the log stays well-formed
-                os.ftruncate(self._fd, self._size)
-                os.lseek(self._fd, self._size, os.SEEK_SET)
-                raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
+            self._cut_partial_locked()
+            try:
+                _write_all(self._fd, record)  # a short write (the disk filled up) goes on: ENOSPC
+            except OSError:
+                self._partial = True
+                with contextlib.suppress(OSError):
+                    self._cut_partial_locked()
+                raise
             if spill:
                 self._spilled[key] = _Spilled(self._size, len(record), len(state.value))
                 self._states[key] = replace(state, value=b"")
@@ -473,6 +480,19 @@ class RegisterStore:
             self._seq += 1
             self._ram, self._disk = ram, disk
             return self._seq
+
+    def _cut_partial_locked(self) -> None:
+        """Cut off what a failed append left past ``_size`` (``_partial``) and write from there
+        again: a record appended after a partial one would make it corruption in the middle of the
+        log, which stops the next start, instead of a torn tail (vocab_store.py's twin).
+
+        Raises:
+            OSError: it still cannot be cut; nothing may be appended meanwhile.
+        """
+        if self._partial:
+            os.ftruncate(self._fd, self._size)
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+            self._partial = False
 
     # -- durability --------------------------------------------------------------------------------
     @property
@@ -544,6 +564,7 @@ class RegisterStore:
                 os.replace(tmp, self.path)
                 # from here the log *is* the new file: switch to it before anything else can fail
                 old, self._fd = self._fd, fd
+                self._partial = False  # (a partial record of the old file was not copied)
                 self._rename_unsynced = True
                 self._size = os.lseek(fd, 0, os.SEEK_END)
                 shift = offset - size  # records appended since the snapshot moved by this much

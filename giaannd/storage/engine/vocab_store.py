@@ -44,6 +44,7 @@ descriptor, size and tables).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -187,6 +188,9 @@ class VocabStore:
         #: an fdatasync failed: the pages it dropped may be gone though the next one succeeds
         #: ("fsyncgate"), so nothing more is called durable until ``_rewrite`` replaced the log
         self._sync_failed = False
+        #: a failed append left part of a record past ``_size`` that could not be cut off yet
+        #: (``_cut_partial_locked``). Under ``_lock``.
+        self._partial = False
         #: bytes cut off the end at open (a torn last record), for the log and tests
         self.torn_bytes = torn_bytes
         #: refused puts that named a held id with another string (real collisions)
@@ -276,15 +280,31 @@ class VocabStore:
         if new:
             record = _record([(k, i, t) for (k, i), t in new.items()])
             with self._lock:
-                written = os.write(self._fd, record)
-                if written != len(record):  # a short write: undo it so the log stays well-formed
-                    os.ftruncate(self._fd, self._size)
-                    os.lseek(self._fd, self._size, os.SEEK_SET)
-                    raise OSError(f"{self.path}: short write ({written} of {len(record)} bytes)")
+                self._cut_partial_locked()
+                try:
+                    _write_all(self._fd, record)  # a short write (the disk filled up) goes on: ENOSPC
+                except OSError:
+                    self._partial = True
+                    with contextlib.suppress(OSError):
+                        self._cut_partial_locked()
+                    raise
                 self._size += len(record)
                 for (kind, ident), text in new.items():  # with the bytes: ``_rewrite`` copies both
                     self._tables[kind][ident] = text
         return VocabPut(len(new), known, self._size)
+
+    def _cut_partial_locked(self) -> None:
+        """Cut off what a failed append left past ``_size`` (``_partial``) and write from there
+        again: a record appended after a partial one would make it corruption in the middle of the
+        log, which stops the next start, instead of a torn tail.
+
+        Raises:
+            OSError: it still cannot be cut; nothing may be appended meanwhile.
+        """
+        if self._partial:
+            os.ftruncate(self._fd, self._size)
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+            self._partial = False
 
     def sync(self) -> int:
         """fdatasync; returns the offset now durable (every put whose offset is ≤ it). One at a
@@ -324,6 +344,7 @@ class VocabStore:
                 os.fsync(fd)
                 os.replace(tmp, self.path)
                 old, self._fd = self._fd, fd
+                self._partial = False  # (a partial record of the old file was not copied)
                 self._size = offset + self._size - size
                 target = self._size
         except BaseException:
