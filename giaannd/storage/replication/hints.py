@@ -44,11 +44,21 @@ rows of a write not tagged with its operation's new epoch, and a forward the tar
 directly is deduplicated (docs/topology.md), while a new-epoch tag on old-placement rows would
 keep them from being forwarded. A share that adds no row is a no-op (False), as before.
 
+**A failed fsync** (a full disk, EIO) leaves the target's log refusing appends and syncs
+(update_log.py, "fsyncgate"): its hints in doubt are not acknowledged, and it takes hints again
+once every hint of the target was delivered (a new log). Writing the held hints again into a new
+segment would lift the refusal sooner, but a power loss before that segment's sync would leave
+the old segments, no longer the last, with holes that stop the start-up as corruption: not done.
+A disk error while a delivered target's log is deleted is logged, not raised (the hints were
+delivered); the next log for the target first removes what is left of it, so its seqs never
+start at 1 twice.
+
 Synchronous and I/O-only; the service runs ``sync`` in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -135,6 +145,14 @@ def _row_union(held: RowBatch, more: RowBatch) -> RowBatch | None:
     if not lacking.any():
         return None
     return join_disjoint([held, more.select_rows(lacking)])
+
+
+def _close(hint_log: UpdateLog) -> None:
+    """Close a log that is being deleted: what its closing sync says does not matter, but its
+    descriptor must be closed."""
+    with contextlib.suppress(OSError):
+        hint_log.close()  # syncs first: a failed sync leaves the descriptor open...
+    hint_log.close()  # ...and the log in doubt, so closing it again just closes it
 
 
 def _dir_name(target: str) -> str:
@@ -228,7 +246,9 @@ class HintStore:
             raise HintSpaceFull(f"hint space full: {self._held_bytes} of {self.max_bytes} bytes held")
         if tl is None:
             sub = self.directory / dir_name
-            sub.mkdir(exist_ok=True)
+            if sub.exists():  # a delivered log whose deletion failed (``delivered``): its seqs start
+                shutil.rmtree(sub)  # at 1 too, so a new log appended to it would read as corrupt
+            sub.mkdir()
             fsync_dir(self.directory)
             tl = self._targets[target] = _TargetLog(UpdateLog(sub, 1))
         low, high = encode_epoch(epoch)
@@ -266,10 +286,20 @@ class HintStore:
             self._held_bytes -= hint.batch.nbytes
         if not tl.hints:
             del self._targets[target]
-            tl.log.close()
-            shutil.rmtree(tl.log.directory)
-            fsync_dir(self.directory)
+            self._remove_log(target, tl.log)
         return True
+
+    def _remove_log(self, target: str, hint_log: UpdateLog) -> None:
+        """Delete a target's log once every hint in it was delivered. A disk error (EIO) is logged,
+        not raised: the hints are delivered and stay forgotten, and the files left behind are
+        removed before the target's next log is made there (``add``), or, after a restart,
+        delivered again, which the target ignores (its applied set)."""
+        try:
+            _close(hint_log)
+            shutil.rmtree(hint_log.directory)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            log.warning("delivered hint log not deleted target=%s path=%s: %s", target, hint_log.directory, exc)
 
     # -- reads --------------------------------------------------------------------------------------
     def targets(self) -> list[str]:
