@@ -50,13 +50,12 @@ from giaannd.operations import (
     Follow,
     Operation,
     Render,
-    fill_path,
     path_params,
 )
 from giaannd.sdk.client import Client
 from giaannd.sdk.errors import ClientError, RequestError, UsageError
 from giaannd.sdk.follow import follow
-from giaannd.sdk.http import DEFAULT_TIMEOUT_S, check_timeout
+from giaannd.sdk.http import DEFAULT_TIMEOUT_S, check_timeout, fill_route
 from giaannd.sdk.locate import DEFAULT_ADDR
 
 __all__ = ["GLOBAL_FLAGS", "build_parser", "main", "run"]
@@ -222,7 +221,7 @@ def _send(c: Client, op: Operation, a: argparse.Namespace) -> Any:
         value = getattr(a, arg.name)
         if arg.positional or value is not None:  # an unset flag: the daemon's default applies
             where[arg.into][arg.wire] = _value(arg, value)
-    path = fill_path(op.path, where["path"])
+    path = fill_route(op.path, where["path"])  # UsageError: an empty word would name another route
     query = {k: str(v) for k, v in where["query"].items()} or None
     body = where["body"] if any(arg.into == "body" for arg in op.args) else None
     if op.render.kind == "prometheus":  # text, not JSON

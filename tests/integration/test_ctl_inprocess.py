@@ -301,3 +301,10 @@ def test_ctl_wrong_token_and_unreachable(node: Node, tmp_path: Path,
     assert ctl.main(["--addr", "http://127.0.0.1:1", "--token-file", str(bad),
                      "node", "status"]) == 1
     assert "cannot reach giaannd at http://127.0.0.1:1: is it running?" in capsys.readouterr().err
+
+
+def test_ctl_an_empty_word_is_a_usage_error(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    """``train status ""`` named ``/v1/jobs/``, the list of jobs, and printed it as the job's."""
+    assert ctl.main(node.ctl("train", "status", "")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "giaannctl: error: job_id must not be empty\n"
