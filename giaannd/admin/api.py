@@ -21,7 +21,9 @@ operation id, and the method and path template come from that table (a ``{name}`
 one path segment). Binding an undeclared id is refused; ``require_bound`` (called by the daemon
 after each service starts) refuses a service that left one of its operations unbound. Handlers
 return any msgspec-encodable value (sent as JSON) or an aiohttp response, and raise
-``AdminHTTPError`` for clean error replies.
+``AdminHTTPError`` for clean error replies. An operation declaring no body argument refuses a body
+that holds anything (``_refuse_body``), since its handler would ignore it; a method a path has no
+route for is a 405 whose ``Allow`` names those it has.
 
 Routing is our own small table rather than aiohttp's router because aiohttp freezes its router
 when the server starts, and role services bind operations while the daemon is already serving
@@ -54,6 +56,7 @@ from giaannd.admin.connections import ConnectionGuard, GuardedSite
 from giaannd.admin.status_page import render_status_page
 from giaannd.config import AdminConfig
 from giaannd.errors import AdminHTTPError
+from giaannd.json_body import json_object
 from giaannd.metrics import CONTENT_TYPE, Metrics
 from giaannd.operations import OPERATIONS, Handler, Operation, match_path, operations_of, split_path
 
@@ -244,28 +247,32 @@ class AdminApi:
         # token of such bytes would fail here (a 500) rather than be refused
         return hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), self._token)
 
-    def _resolve(self, method: str, raw_path: str) -> tuple[_Route | None, dict[str, str], bool]:
+    def _resolve(self, method: str, raw_path: str) -> tuple[_Route | None, dict[str, str], set[str]]:
+        """The route and its parameters, or None and the methods the path has routes for (a
+        405's ``Allow``; empty: no route has this path)."""
         # Split the path as sent, then decode each segment: a parameter's %2F (fill_path encodes
         # a value as exactly one segment) must stay in its segment, not split it.
-        parts, path_known = tuple(unquote(p) for p in split_path(raw_path)), False
+        parts, allowed = tuple(unquote(p) for p in split_path(raw_path)), set()
         for route in self._routes.values():
             params = match_path(route.segments, parts)
             if params is None:
                 continue
-            path_known = True
             if route.method == method or (method == "HEAD" and route.method == "GET"):
-                return route, params, True
-        return None, {}, path_known
+                return route, params, set()
+            allowed |= {route.method, "HEAD"} if route.method == "GET" else {route.method}
+        return None, {}, allowed
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         self._guard.request_started(request.protocol)
-        route, params, path_known = self._resolve(request.method, request.rel_url.raw_path)
+        route, params, allowed = self._resolve(request.method, request.rel_url.raw_path)
         label = route.template if route else "unmatched"
         try:
-            response = await self._handle(request, route, params, path_known)
+            response = await self._handle(request, route, params, bool(allowed))
         except AdminHTTPError as exc:
             response = _json({"error": exc.message, "code": exc.code}, exc.status)
+            if exc.status == 405:  # RFC 9110 §15.5.6: a 405 names the methods the path takes
+                response.headers["Allow"] = ", ".join(sorted(allowed))
             # the body was not read (or could not be): this connection is done
             if exc.status in (408, 413) or request.content.exception() is not None:
                 response.force_close()
@@ -296,6 +303,8 @@ class AdminApi:
                                      "method_not_allowed")
             raise AdminHTTPError(404, _not_served(request.path), "not_served")
         await self._read_body(request)
+        if not any(arg.into == "body" for arg in route.op.args):
+            await _refuse_body(request)
         result = await route.handler(request, params)
         return result if isinstance(result, web.StreamResponse) else _json(result)
 
@@ -360,6 +369,18 @@ class AdminApi:
         except AdminHTTPError:
             members = None
         return web.Response(text=render_status_page(status, members), content_type="text/html")
+
+
+async def _refuse_body(request: web.Request) -> None:
+    """Refuse a body that holds anything, for an operation that takes none: its handler reads
+    none, so a field in it was ignored while the verb ran (``POST /v1/node/drain`` with
+    ``{"node": "other"}`` drained this node). No body, an empty one, ``{}`` and ``null`` pass.
+
+    Raises:
+        AdminHTTPError: 400 ``bad_request`` (giaannd/json_body.py), naming what is wrong.
+    """
+    if request.body_exists and (await request.read()).strip():
+        await json_object(request, (), null_is_empty=True)
 
 
 def _not_served(path: str) -> str:

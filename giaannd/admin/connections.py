@@ -22,6 +22,11 @@ two additions:
 
 The body has its own deadline, kept by the dispatcher (giaannd/admin/api.py), which reads it
 under ``body_timeout_s`` before calling a handler.
+
+A request aiohttp cannot parse (a control or non-ASCII byte in the path, a request line or header
+over its limits, a malformed header) never reaches the dispatcher: aiohttp answers it itself.
+``_JsonErrorProtocol`` makes that answer the admin API's JSON error shape too (aiohttp's is
+text/plain) and logs the client's garbage in one debug line instead of a traceback at ERROR.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Final, cast
 
 import msgspec
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from peers.acceptor import Acceptor
 
@@ -197,6 +205,44 @@ class _GuardedProtocol(asyncio.Protocol):
             self.inner.resume_writing()
 
 
+#: Longest aiohttp parser message quoted in an answer (it quotes the offending line, which may be
+#: as long as the line limit).
+_MAX_PARSER_MESSAGE_CHARS: Final = 200
+
+
+class _JsonErrorProtocol(RequestHandler):
+    """aiohttp's protocol for one connection, answering the requests aiohttp itself refuses (module
+    docstring) with ``{"error", "code"}``. It adds no state (``__slots__`` is empty), so an aiohttp
+    ``RequestHandler`` can become one (``_json_errors``): aiohttp makes them, with no hook for the
+    class or the error answer."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500:  # our fault (the dispatcher answers its own errors; this is what escaped it)
+            self.log_exception("admin request failed peer=%s", request.remote, exc_info=exc)
+            doc = {"error": "internal error; see the daemon log", "code": "internal"}
+        else:  # the client's: its words, on one line
+            text = " ".join(line.strip() for line in (message or "").splitlines() if line.strip())
+            log.debug("admin request refused by the HTTP parser status=%d peer=%s: %s", status,
+                      request.remote, text)
+            reason = HTTPStatus(status).phrase
+            doc = {"error": f"malformed HTTP request: {text or reason}"[:_MAX_PARSER_MESSAGE_CHARS],
+                   "code": reason.lower().replace(" ", "_").replace("-", "_")}
+        if request.writer.output_size > 0:  # as aiohttp: an answer has begun, none can follow
+            raise ConnectionError("the response is sent already: no error answer can follow")
+        response = web.Response(body=msgspec.json.encode(doc), status=status, content_type="application/json")
+        response.force_close()
+        return response
+
+
+def _json_errors(protocol: RequestHandler) -> RequestHandler:
+    """``protocol``, answering what aiohttp refuses as ``_JsonErrorProtocol`` does."""
+    protocol.__class__ = _JsonErrorProtocol
+    return protocol
+
+
 class GuardedSite(web.BaseSite):
     """``web.TCPSite`` with every connection passed through ``guard`` (module docstring).
 
@@ -226,7 +272,8 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None, "the runner is set up before its site starts"
         guard = self._guard
-        self._acceptor = await Acceptor.bind(self._host, self._port, lambda: guard.wrap(server()))
+        self._acceptor = await Acceptor.bind(self._host, self._port,
+                                             lambda: guard.wrap(_json_errors(server())))
 
     async def stop(self) -> None:
         self._guard.close_refused()  # aiohttp's shutdown closes only the connections it was given

@@ -36,13 +36,14 @@ its ``export_dir`` (relative paths are taken inside them; paths.py); an export r
 existing file only if it is a previous export or ``overwrite`` is true.
 
 Error mapping: a path outside its allowed directory is a 403; other bad input (missing or
-unreadable corpus, a path that cannot be resolved, bad JSON, a field the operation does not take,
-out-of-range numbers, an export path that is a directory or cannot be written, malformed tokens, a
-prompt too long to tag) is a 400 that changed nothing; an unknown job or journal is a 404; a
-running job to resume, a corrupt journal, an export over a file that is not a previous export, or
-an export with ids no vocabulary holds is a 409; storage failing or absent (``STORAGE_ERRORS``, or
-no storage client yet) and a missing tagger are 503. Prompt text is tagged here with spaCy (loaded
-on first use, in a thread).
+unreadable corpus, a path that cannot be resolved, bad JSON, a field the operation does not take, a
+field of the wrong type, out-of-range numbers, a query parameter given twice, an export path that
+is a directory or cannot be written, malformed tokens, a prompt too long to tag) is a 400 that
+changed nothing; an unknown job or journal (or an id longer than any job's, not asked of storage)
+is a 404; a running job to resume, a corrupt journal, an export over a file that is not a previous
+export, or an export with ids no vocabulary holds is a 409; storage failing or absent
+(``STORAGE_ERRORS``, or no storage client yet) and a missing tagger are 503. Prompt text is tagged
+here with spaCy (loaded on first use, in a thread).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ MAX_EVAL_PROMPTS: Final = 100_000
 MAX_PROMPT_CHARS: Final = 10_000
 MAX_GENERATE_TOKENS: Final = 1024
 MAX_EPOCHS: Final = 1000
+#: Longest job id looked up: ids are 16 hex digits (``secrets.token_hex(8)``); a longer one names no
+#: job, and the register keys made from it would be over ``protocol.MAX_REGISTER_KEY_CHARS``.
+MAX_JOB_ID_CHARS: Final = 64
+#: The constants an eval or a generation runs with; the first is the default.
+_CONSTANTS: Final = ("train", "test")
 #: How long ``train cancel`` of a job of this node waits for its task to end before answering.
 CANCEL_WAIT_S: Final = 10.0
 #: Failures of using storage at all: answered 503 (LookupError: no storage members known).
@@ -172,6 +178,9 @@ class ComputeRoutes:
         cluster = self.service.cluster
         if cluster is None:
             raise AdminHTTPError(404, f"no job {job_id!r} on this node", "not_found")
+        if len(job_id) > MAX_JOB_ID_CHARS:  # not asked of storage: its register keys would be refused (503)
+            raise AdminHTTPError(404, f"no job {job_id[:MAX_JOB_ID_CHARS]!r}...: job ids are at most "
+                                      f"{MAX_JOB_ID_CHARS} characters", "not_found")
         try:
             self.service.storage_client()  # 503 while there is no storage client
             doc = await cluster.document(job_id)
@@ -217,10 +226,7 @@ class ComputeRoutes:
     async def _post_eval(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await json_object(request, ("corpus", "prompts", "prompt_lines", "limit", "constants", "mode", "spread"))
         limit = _opt_int(body, "limit", 1, MAX_EVAL_PROMPTS)
-        constants = body.get("constants") or "train"
-        mode = body.get("mode") or "teacher"
-        if constants not in ("train", "test") or mode not in ("teacher", "free"):
-            raise AdminHTTPError(400, "constants must be 'train' or 'test', mode 'teacher' or 'free'", "bad_request")
+        constants, mode = _choice(body, "constants", _CONSTANTS), _choice(body, "mode", ("teacher", "free"))
         spread = body.get("spread")
         if spread is not None and not isinstance(spread, bool):
             raise AdminHTTPError(400, "spread must be true or false", "bad_request")
@@ -257,9 +263,7 @@ class ComputeRoutes:
     async def _post_generate(self, request: web.Request, params: Mapping[str, str]) -> Any:
         body = await json_object(request, ("prompt", "max_tokens", "constants"))
         max_tokens = _opt_int(body, "max_tokens", 0, MAX_GENERATE_TOKENS)
-        constants = body.get("constants") or "train"
-        if constants not in ("train", "test"):
-            raise AdminHTTPError(400, "constants must be 'train' or 'test'", "bad_request")
+        constants = _choice(body, "constants", _CONSTANTS)
         prompt = await self._tagged_prompt(body.get("prompt"))
         try:
             return await self.service.generate(prompt, 20 if max_tokens is None else max_tokens, constants)
@@ -360,9 +364,12 @@ class ComputeRoutes:
 
 def _query_int(request: web.Request, key: str, lo: int, hi: int) -> int | None:
     """An integer query parameter in [lo, hi] (None when absent), else a 400."""
-    raw = request.query.get(key)
-    if raw is None:
+    given = request.query.getall(key, [])
+    if len(given) > 1:  # which one was meant? (aiohttp's .get would take the first, silently)
+        raise AdminHTTPError(400, f"{key} is given {len(given)} times; give it once", "bad_request")
+    if not given:
         return None
+    raw = given[0]
     try:
         value = int(raw)
     except ValueError:
@@ -382,6 +389,17 @@ def _prompt_lines(value: Any) -> list[str] | None:
                        for x in value)):
         raise AdminHTTPError(400, f"prompt_lines must be 1 to {MAX_EVAL_PROMPTS} non-blank one-line strings "
                                   f"of at most {MAX_PROMPT_CHARS} characters", "bad_request")
+    return value
+
+
+def _choice(body: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    """A field that is one of ``choices`` (absent or null: the first), else a 400: ``0``, ``[]``
+    or ``""`` are not taken for the default."""
+    value = body.get(key)
+    if value is None:
+        return choices[0]
+    if not isinstance(value, str) or value not in choices:
+        raise AdminHTTPError(400, f"{key} must be one of {', '.join(map(repr, choices))}", "bad_request")
     return value
 
 
