@@ -90,7 +90,8 @@ def parse_seed(text: str) -> tuple[str, int]:
         ValueError: not host:port with a port in 1..65535.
     """
     host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # ASCII digits only: int() also reads other scripts' digits ("٣" is 3)
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"seed {text!r} is not host:port")
     host = host.strip("[]")
     try:

@@ -216,7 +216,8 @@ async def test_cluster_inprocess_bad_requests_and_unkeyed_cluster(tmp_path: Path
 def test_cluster_parse_seed_and_column() -> None:
     assert parse_seed("127.0.0.1:7946") == ("127.0.0.1", 7946)
     assert parse_seed("[::1]:7946") == ("::1", 7946)
-    for bad in ("7946", "host:", ":7946", "host:0", "host:70000", "host:x"):
+    # "host:٣": a non-ASCII digit, which int() reads as 3 (a join to port 3)
+    for bad in ("7946", "host:", ":7946", "host:0", "host:70000", "host:x", "host:\u0663", "host:\uff17946"):
         with pytest.raises(ValueError):
             parse_seed(bad)
     assert parse_column("42") == (42, "id")
