@@ -184,7 +184,7 @@ def _load_token(config: Config) -> str:
 
 def _split_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:  # (int() reads "٣" as 3)
         raise ConfigError(f"expected host:port, got {listen!r}", "$.admin.listen")
     return host.strip("[]") or "127.0.0.1", int(port)
 
