@@ -18,6 +18,7 @@ import random
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 
 import msgspec
@@ -67,6 +68,46 @@ JOIN_BACKOFF_CAP_S = 30.0
 
 class JoinError(ConnectionError):
     """No seed answered a join after every attempt."""
+
+
+class _Subscription:
+    """The member events of one ``subscribe()`` caller, read by iterating it.
+
+    The node holds it weakly: a subscriber that stops iterating and drops it (breaks out of its
+    loop, is cancelled) stops receiving events at once, instead of buffering every later event, up
+    to ``SUBSCRIBER_QUEUE``, for the node's whole life. (An async generator's ``finally`` would not
+    do: one dropped before its first step never runs it.)
+    """
+
+    __slots__ = ("_queue", "__weakref__")
+
+    def __init__(self, size: int) -> None:
+        self._queue: asyncio.Queue[MemberEvent | None] = asyncio.Queue(size)
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> MemberEvent:
+        event = await self._queue.get()
+        if event is None:
+            self._queue.put_nowait(None)  # ended: stays ended for a later call
+            raise StopAsyncIteration
+        return event
+
+    def put(self, event: MemberEvent) -> bool:
+        """Queue ``event``; a full queue loses its oldest first. Returns whether one was lost."""
+        lost = self._queue.full()
+        if lost:
+            self._queue.get_nowait()
+        self._queue.put_nowait(event)
+        return lost
+
+    def end(self) -> None:
+        """No more events: iteration stops once the queued ones were read (a full queue loses its
+        oldest, not the end)."""
+        if self._queue.full():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)
 
 
 class NameConflictError(RuntimeError):
@@ -157,7 +198,8 @@ class MembershipNode:
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[StreamMessage | None]] = {}
         self._join_waiter: asyncio.Future[JoinFinished] | None = None
-        self._subscribers: list[asyncio.Queue[MemberEvent | None]] = []
+        #: held weakly: a subscription its reader dropped is let go (``_Subscription``)
+        self._subscribers: weakref.WeakSet[_Subscription] = weakref.WeakSet()
         self._callbacks: list[Callable[[MemberEvent], None]] = []
         self._counters: dict[str, int] = {}
         self._reject_log = LogLimiter(REJECT_LOG_INTERVAL_S)
@@ -244,8 +286,8 @@ class MembershipNode:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for queue in self._subscribers:
-            queue.put_nowait(None)
+        for subscription in list(self._subscribers):
+            subscription.end()
         self._subscribers.clear()
 
     # ---- queries and commands --------------------------------------------------------
@@ -284,17 +326,11 @@ class MembershipNode:
         self._run(ReportUnreachable(name))
 
     def subscribe(self) -> AsyncIterator[MemberEvent]:
-        """Member events from now on, until stop(). Slow readers lose the oldest."""
-        queue: asyncio.Queue[MemberEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
-        self._subscribers.append(queue)
-
-        async def iterate() -> AsyncIterator[MemberEvent]:
-            while True:
-                event = await queue.get()
-                if event is None:
-                    return
-                yield event
-        return iterate()
+        """Member events from now on, until stop(). Slow readers lose the oldest; a reader that
+        drops the iterator unsubscribes."""
+        subscription = _Subscription(SUBSCRIBER_QUEUE)
+        self._subscribers.add(subscription)
+        return subscription
 
     def on_event(self, callback: Callable[[MemberEvent], None]) -> None:
         """Call ``callback(event)`` for every member event (on the loop, must not block)."""
@@ -394,11 +430,9 @@ class MembershipNode:
                      event.name, event.incarnation, event.cause)
         for callback in self._callbacks:
             callback(event)
-        for queue in self._subscribers:
-            if queue.full():
-                queue.get_nowait()
+        for subscription in list(self._subscribers):
+            if subscription.put(event):
                 self._count("subscriber_events_dropped")
-            queue.put_nowait(event)
 
     def _reject(self, reason: str, peer: Addr, detail: str) -> None:
         self._count(f"rejected_{reason}")
