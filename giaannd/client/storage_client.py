@@ -122,6 +122,17 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 _ENTRY_BYTES: Final = 21
 
 
+class _Dial:
+    """The connect lock of one address and the callers holding or awaiting it: dropped with the
+    last of them, so a client does not keep a lock for every address it ever dialled (a node
+    restarted at a new address, again and again)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock, self.users = asyncio.Lock(), 0
+
+
 class StorageClient:
     """Reads, quorum writes, hints and digests against the storage members of ``topology``.
 
@@ -178,7 +189,7 @@ class StorageClient:
         self.connect_timeout_s = connect_timeout_s
         self.max_inflight = max_inflight_bytes_per_owner
         self._conns: dict[str, Connection] = {}
-        self._conn_locks: dict[str, asyncio.Lock] = {}
+        self._conn_locks: dict[str, _Dial] = {}
         self._budgets: dict[str, ByteBudget] = {}
         self._floors = WriterFloor(secrets.randbits(64) if writer_id is None else writer_id)
         self._writes = QuorumWriter(topology, self._floors, budget=self._budget,
@@ -209,18 +220,31 @@ class StorageClient:
         conn = self._conns.get(address)
         if conn is not None and not conn.is_closed:
             return conn
-        lock = self._conn_locks.setdefault(address, asyncio.Lock())
-        async with lock:
-            conn = self._conns.get(address)
-            if conn is None or conn.is_closed:
-                scheme = scheme_of(address)
-                if scheme not in self.transports:
-                    if self.identity is None:
-                        raise KeyError(f"no {scheme}:// transport to reach {node}")
-                    self.transports[scheme] = make_transport(scheme, self.identity)
-                conn = await connect(self.transports[scheme], address, timeout_s=self.connect_timeout_s)
-                self._conns[address] = conn
-            return conn
+        dial = self._conn_locks.setdefault(address, _Dial())
+        dial.users += 1
+        try:
+            async with dial.lock:
+                conn = self._conns.get(address)
+                if conn is None or conn.is_closed:
+                    scheme = scheme_of(address)
+                    if scheme not in self.transports:
+                        if self.identity is None:
+                            raise KeyError(f"no {scheme}:// transport to reach {node}")
+                        self.transports[scheme] = make_transport(scheme, self.identity)
+                    conn = await connect(self.transports[scheme], address, timeout_s=self.connect_timeout_s)
+                    self._drop_closed()
+                    self._conns[address] = conn
+                return conn
+        finally:
+            dial.users -= 1
+            if not dial.users:
+                del self._conn_locks[address]
+
+    def _drop_closed(self) -> None:
+        """Forget the connections that closed: one is kept per address ever dialled otherwise (a
+        node restarted at a new address leaves its old one behind, closed, for good)."""
+        for address in [a for a, c in self._conns.items() if c.is_closed]:
+            del self._conns[address]
 
     async def _call(self, node: str, msg: p.Request, bulk: Sequence[Any] = (), timeout_s: float | None = None,
                     *, recv_into: Sequence[Any] | None = None) -> tuple[p.Reply, list[np.ndarray]]:

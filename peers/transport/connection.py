@@ -303,6 +303,9 @@ class Connection:
         self._expired: set[int] = set()  # served requests whose budget ran out
         self._still_sending: set[int] = set()  # served requests whose reply's UCX sends outlived the wait
         self._replying: set[int] = set()  # served requests past their handler (budget no longer applies)
+        #: requests waiting for the write lock: never seen by the peer, so given up without a Cancel
+        #: (a peer that stops reading would otherwise gather one Cancel task per timed-out request)
+        self._unwritten: set[int] = set()
         self._closed_exc: BaseException | None = None
         self._corked = False  # the link is corked until the next loop iteration (_uncork)
         self.closed = asyncio.Event()
@@ -377,6 +380,8 @@ class Connection:
             raise
         finally:
             self._pending.pop(req_id, None)
+            if self._unwritten:
+                self._unwritten.discard(req_id)
             if pending.future.done() and not pending.future.cancelled():
                 pending.future.exception()  # retrieved: the send may have failed first
 
@@ -386,20 +391,23 @@ class Connection:
         self.link.abort()
 
     async def close(self, reason: str = "") -> None:
-        """Orderly close: say Goodbye, fail what is pending, close the link."""
-        if self._closed_exc is None:
-            try:
-                async with asyncio.timeout(1.0):
-                    await self._write([*framing.encode_frame(wire.Goodbye(reason))])
-                    # a cork (the replies of this read or loop iteration) may hold the Goodbye and
-                    # replies before it: the abort below drops what is held, and the peer would see
-                    # its connection lost instead
-                    self.link.flush_held()
-                    await self.link.drain()
-            except (OSError, TimeoutError, PeersError):
-                pass
-        self._shutdown(TransportClosed(f"connection to {self.peer} closed locally"))
-        self.link.abort()
+        """Orderly close: say Goodbye, fail what is pending, close the link (also when cancelled
+        while the Goodbye waits: nobody would close it later, and its socket would stay open)."""
+        try:
+            if self._closed_exc is None:
+                try:
+                    async with asyncio.timeout(1.0):
+                        await self._write([*framing.encode_frame(wire.Goodbye(reason))])
+                        # a cork (the replies of this read or loop iteration) may hold the Goodbye
+                        # and replies before it: the abort below drops what is held, and the peer
+                        # would see its connection lost instead
+                        self.link.flush_held()
+                        await self.link.drain()
+                except (OSError, TimeoutError, PeersError):
+                    pass
+        finally:
+            self._shutdown(TransportClosed(f"connection to {self.peer} closed locally"))
+            self.link.abort()
 
     # ---- link callbacks ---------------------------------------------------------------------------
 
@@ -565,7 +573,7 @@ class Connection:
             # its response's bulk may be arriving into the caller's buffers right now: the rest
             # goes elsewhere, the caller may use them again as soon as it is told
             self.divert_response(req_id)
-        if self._closed_exc is None:
+        if self._closed_exc is None and req_id not in self._unwritten:
             self.metrics.cancels += 1
             self._loop.create_task(self._send_cancel(req_id))
 
@@ -818,7 +826,9 @@ class Connection:
             # keeps views of them, it copies nothing)
             lent = via == wire.BULK_INLINE and any(v.nbytes for v in views)
             if state == _NOT_WRITTEN:
-                await self._write_locked(parts, lent=lent)
+                if not response:
+                    self._unwritten.add(req_id)  # until ``_write_locked`` writes it
+                await self._write_locked(parts, lent=lent, request_id=None if response else req_id)
             else:
                 try:
                     await self._write_locked(None)
@@ -936,10 +946,12 @@ class Connection:
             raise
         return _FLUSHED if link.flushed else _QUEUED
 
-    async def _write_locked(self, parts: Sequence[bytes | memoryview] | None, *, lent: bool = False) -> None:
+    async def _write_locked(self, parts: Sequence[bytes | memoryview] | None, *, lent: bool = False,
+                            request_id: int | None = None) -> None:
         """Write ``parts`` (None: already written) under the write lock and wait for ``drain``.
         ``lent``: the parts hold the sender's bulk buffers; a cancellation once they were written
-        waits for the drain (``_sent_elsewhere``) before it goes on."""
+        waits for the drain (``_sent_elsewhere``) before it goes on. ``request_id``: the parts are
+        that request's frame, no longer ``_unwritten`` once written."""
         self._slow_writers += 1
         try:
             async with self._write_lock:
@@ -948,6 +960,8 @@ class Connection:
                 try:
                     if parts is not None:
                         self.link.write(parts)
+                        if request_id is not None:
+                            self._unwritten.discard(request_id)
                     try:
                         await self.link.drain()
                     except asyncio.CancelledError:

@@ -157,8 +157,8 @@ class _MemListener(Listener):
             return
         if self.closed:
             link.abort()
-        else:
-            self._conns.add(ready.result())
+        elif not ready.result().is_closed:  # a frame delivered with the handshake's last may
+            self._conns.add(ready.result())  # have closed it: its removal (``on_close``) came first
 
     async def close(self) -> None:
         self.closed = True

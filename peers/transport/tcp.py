@@ -264,6 +264,13 @@ class _TcpListener(Listener):
     def connections(self) -> list[Connection]:
         return [c for c in self._conns if not c.is_closed]
 
+    def accepted(self, ready: asyncio.Future[Connection]) -> None:
+        """A handshake ended (``ready``'s callback, a loop iteration later): keep its connection
+        unless it closed meanwhile — the rest of the read that completed the handshake may close it
+        (a Goodbye, a protocol error), and its removal (``on_close``) then came first."""
+        if ready.exception() is None and not ready.result().is_closed:
+            self._conns.add(ready.result())
+
     async def close(self) -> None:
         if self.acceptor is not None:
             await self.acceptor.close()  # closes the sockets not yet handed to a link
@@ -346,7 +353,7 @@ class TcpTransport(Transport):
 
             def make(link: TcpLink) -> Session:
                 session = self._session(link, client=False, handler=handler, on_close=lst._conns.discard)
-                session.ready.add_done_callback(lambda f: None if f.exception() else lst._conns.add(f.result()))
+                session.ready.add_done_callback(lst.accepted)
                 return session
 
             def lost(link: TcpLink) -> None:
