@@ -96,6 +96,9 @@ UNKEYED_PREFIX: Final = "giaannd-unkeyed:"
 #: cannot start, as long as another listener remains).
 OPTIONAL_SCHEMES: Final = frozenset({"ucx"})
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::", "[::]", ""})
+#: Peers' last unreachability reports kept before those older than a probe interval (which hold
+#: nothing back any more) are dropped: names of nodes gone for good do not pile up.
+_UNREACHABLE_KEEP: Final = 64
 
 
 def derived_cluster_key(cluster: str) -> bytes:
@@ -362,6 +365,9 @@ class NodeRuntime:
             self.unreachable_suppressed += 1
             return False
         self._unreachable_at[name] = now
+        if len(self._unreachable_at) > _UNREACHABLE_KEEP:
+            interval_s = node.config.probe_interval_s
+            self._unreachable_at = {n: t for n, t in self._unreachable_at.items() if now - t < interval_s}
         self.unreachable_reported += 1
         log.info("data plane could not reach peer=%s: reporting it to membership", name)
         node.report_unreachable(name)

@@ -177,6 +177,9 @@ class RingSync:
             return
         if isinstance(event, (MemberFailed, MemberLeft, MemberReaped)):
             self._peers.pop(event.name, None)
+            if not isinstance(event, MemberFailed):  # gone for good (a failed one is reaped later):
+                # nodes replaced under new names must not leave a pull time each behind
+                self._last_pull.pop(event.name, None)
             return
         if not isinstance(event, NameConflict) and self._note(event.name, event.meta):
             self.want(event.name)
