@@ -385,7 +385,8 @@ class Rebalance:
                                       t.columns, self._stream_id(t.source, t.target), chunk_bytes=self.chunk_bytes,
                                       throttle=self._throttle, label=label, direct_epoch=new.epoch,
                                       claims=functools.partial(rule.claims, t.source, t.target),
-                                      source_keeps=functools.partial(owns, new, t.source))
+                                      source_keeps=functools.partial(owns, new, t.source),
+                                      locate_target=functools.partial(self._locate, t.target))
             else:
                 start = SourceStart(
                     self._stream_id(t.source, t.target), self.control.stream_address(t.target), t.source, t.target,
@@ -393,11 +394,19 @@ class Rebalance:
                     old.replicas, old.strategy, sorted(live), sorted(self.avoid_sources), self.chunk_bytes,
                     None, label)
                 runner = RemoteStreamRunner(self.control.transport, self.control.stream_address(t.source),
-                                            start, t.columns)
+                                            start, t.columns, locate_source=functools.partial(self._locate, t.source))
             self.runners.append(runner)
             self._streams.append((self._stream_id(t.source, t.target), t.target))
         self._share_rate(self.rate_bytes_s)
         self._spawn_runners()
+
+    def _locate(self, name: str) -> str | None:
+        """A member's stream endpoint address now (None: not known live): a node that restarted
+        mid-stream is found there (runners ask when it is unreachable)."""
+        try:
+            return self.control.stream_address(name)
+        except (TopologyOpError, KeyError):
+            return None
 
     def _share_rate(self, rate_bytes_s: float | None) -> None:
         """One budget for all the streams: local streams share one throttle; each remote stream
@@ -420,15 +429,26 @@ class Rebalance:
         self._tasks = [loop.create_task(r.run()) for r in self.runners if r.state not in ("done", "failed")]
 
     async def _wait_caught_up(self, deadline: float) -> None:
-        for r in self.runners:
-            left = deadline - time.monotonic()
-            try:
-                await asyncio.wait_for(r.caught_up.wait(), max(0.0, left))
-            except TimeoutError:
-                raise TopologyOpError(f"{r.label}: not caught up within {self.stream_timeout_s}s") from None
-        failed = [r for r in self.runners if r.state == "failed"]
-        if failed:
-            raise TopologyOpError("; ".join(f"{r.label}: {r.error}" for r in failed))
+        """Until every stream caught up; a stream that fails (its ``caught_up`` is set too) fails
+        the operation at once. Before, the streams were awaited in turn and the failures checked
+        after all of them: a source that restarted early in a long join was only reported once the
+        other streams had caught up, which they did for nothing."""
+        waits = {asyncio.ensure_future(r.caught_up.wait()): r for r in self.runners}
+        try:
+            while waits:
+                done, _ = await asyncio.wait(waits, timeout=max(0.0, deadline - time.monotonic()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    r = next(iter(waits.values()))
+                    raise TopologyOpError(f"{r.label}: not caught up within {self.stream_timeout_s}s")
+                for fut in done:
+                    del waits[fut]
+                failed = [r for r in self.runners if r.state == "failed"]
+                if failed:
+                    raise TopologyOpError("; ".join(f"{r.label}: {r.error}" for r in failed))
+        finally:
+            for fut in waits:
+                fut.cancel()
 
     async def _wait_resumed(self, deadline: float) -> None:
         try:

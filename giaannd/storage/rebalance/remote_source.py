@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -87,11 +88,16 @@ class RemoteStreamRunner:
         start: the ``SourceStart`` to issue (its ``resume`` flag is managed here).
         columns: the columns the coordinator planned for this stream (sent in bulk; the source
             adds the ones it computes itself).
+        locate_source: the source's stream endpoint address now (None: unknown), asked when it is
+            unreachable: a source that restarted listens on a new port unless its stream-bind
+            names one, and there it refuses the stream at once ("restarted").
     """
 
     def __init__(self, transport: Transport, source_address: str, start: SourceStart,
-                 columns: NDArray[np.uint64] | None = None) -> None:
+                 columns: NDArray[np.uint64] | None = None,
+                 locate_source: Callable[[], str | None] | None = None) -> None:
         self.transport, self.source_address = transport, source_address
+        self.locate_source = locate_source
         self._start_msg = start
         self._columns = np.zeros(0, np.uint64) if columns is None else np.asarray(columns, np.uint64)
         self.label = start.label or f"stream {start.stream_id:#x}"
@@ -170,6 +176,7 @@ class RemoteStreamRunner:
                     wait_s = backoff.next_delay()
                     log.info("%s: source unreachable (%s); retrying in %.2fs", self.label, exc, wait_s)
                     await self._reset()
+                    self._relocate_source()
                     await asyncio.sleep(wait_s)
                     continue
                 if self.state in ("done", "failed"):
@@ -236,6 +243,15 @@ class RemoteStreamRunner:
             self.finished.set()
             self._wake.set()
             log.warning("%s failed: %s", self.label, message)
+
+    def _relocate_source(self) -> None:
+        """Dial the source where it is now (before, a source restarted on another port was dialled
+        at the old one for ``SOURCE_UNREACHABLE_S`` before the stream failed)."""
+        address = self.locate_source() if self.locate_source is not None else None
+        if address and address != self.source_address:
+            log.info("%s: source moved to %s", self.label, address)
+            self.source_address = address
+            self._client = SourceClient(self.transport, address)
 
     async def _reset(self, count: bool = True) -> None:
         """Drop the control connection: the next step reconnects and re-issues SourceStart."""

@@ -71,8 +71,14 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         if view.local is None or view.local not in view:
             raise AdminHTTPError(404, "this node is not a storage member", "not_served")
         others = tuple(n for n in view.names if n != view.local)  # stream from here: the source is local
+        # This node coordinates and sources its own decommission: with fixed stream ids, one killed
+        # mid-stream meets its old streams when the verb is run again after its restart (refused:
+        # the new sender's cuts cannot continue them); the operation then fails and discards them on
+        # their receivers, and the next run opens new ones. With an id of its own each run, the old
+        # streams' rows made every receiver refuse the verb until its idle sweep (2 h).
+        own = own_streams() if generation is not None else {}
         return start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
-                               avoid_sources=others, rate_bytes_s=rate_of(body)))
+                               avoid_sources=others, rate_bytes_s=rate_of(body), **own))
 
     def rate_of(body: Mapping[str, Any]) -> float | None:
         rate = body.get("rate_bytes_s")

@@ -288,10 +288,13 @@ class StreamRunner:
                  throttle: Throttle | None = None, label: str = "", direct_epoch: str = "",
                  claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
                  source_keeps: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
-                 window: int | None = None) -> None:
+                 window: int | None = None, locate_target: Callable[[], str | None] | None = None) -> None:
         if source.store is None:
             raise RuntimeError("source storage service is not open")
         self.source, self.transport, self.target_address = source, transport, target_address
+        #: the target's address now (None: unknown), asked when it is unreachable: a receiver that
+        #: restarted listens on a new port unless its stream-bind names one
+        self.locate_target = locate_target
         self.store = source.store
         self.label = label or f"stream {stream_id:#x}"
         #: writes computed under this placement epoch reach the target directly: not forwarded for
@@ -464,7 +467,16 @@ class StreamRunner:
                 self._broken = True
                 wait_s = backoff.next_delay()
                 log.info("%s: receiver unreachable (%s); retrying in %.2fs", self.label, exc, wait_s)
+                self._relocate_target()
                 await asyncio.sleep(wait_s)
+
+    def _relocate_target(self) -> None:
+        """Follow a receiver that restarted at another address (it resumes from its durable
+        position there); before, the stream dialled the old one until the operation timed out."""
+        address = self.locate_target() if self.locate_target is not None else None
+        if address and address != self.target_address:
+            log.info("%s: receiver moved to %s", self.label, address)
+            self.retarget(address)
 
     async def _step(self) -> None:
         """Fill the window (send items until ``window`` are unacknowledged), then handle the reply
