@@ -478,8 +478,10 @@ class ClusterJobs:
         if f.runner is None:
             job = f.agent.job
             assert job is not None  # a window is run, or the job done, only once the row is read
+            # storage failures are retried past the node's own lease deadline (window_runner.py,
+            # "Storage failures"): a node cut off from storage loses the window, not the job
             f.runner = WindowRunner(self._client(), job.job_id, decode_spec(job.spec), self._lexicon(), self.train,
-                                    f.progress, self._on_trained, self.tagger)
+                                    f.progress, self._on_trained, self.tagger, patience_s=2 * self.lease.lease_s)
         return f.runner
 
     async def _run(self, f: _Followed, action: RunWindow) -> int:

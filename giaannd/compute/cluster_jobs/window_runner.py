@@ -24,28 +24,42 @@ each, in order, under a lock: windows run concurrently; those this node computed
 kept, up to ``FOUND_MEMO_BYTES``, and not read back: at B = 1 that is every window, one register
 read each on the training's critical path); encode with a fresh assigner holding the
 fold of the windows ``< w``, ``train_batch``; write the window's vocabulary (``put_vocab``,
-idempotent) and then its batch under ``(writer_id, w + 1)`` (``batch_seq``), both with train.py's
-retry policy. The write goes through the node's own storage client, whose writer id is not the
-job's: for a foreign id the client sends writer floor 0 (giaannd/client/writes.py), so no node
-ever tells storage that the job's seqs below some window are settled while another node may still
-send one of them (the "writer floor" point of docs/compute.md).
+idempotent) and then its batch under ``(writer_id, w + 1)`` (``batch_seq``), both retried
+("Storage failures" below). The write goes through the node's own storage client, whose writer id
+is not the job's: for a foreign id the client sends writer floor 0 (giaannd/client/writes.py), so
+no node ever tells storage that the job's seqs below some window are settled while another node
+may still send one of them (the "writer floor" point of docs/compute.md).
 
 A window redone after a take-over recomputes the same batch (flag_pass.py) under the same id, and
 storage applies it once. The figures of the windows this node ran go to ``progress`` (its
 Prometheus counters and its part of the job document).
+
+**Storage failures** (every storage call of a window: chunk reads and stores, findings, vocabulary,
+batch) are retried with train.py's backoff until the call has failed for ``patience_s`` (the
+compute service gives two lease times; None: train.py's 6 attempts, as in the unit tests). A
+window that gives up fails the whole job (lease_driver.py: what reaches the driver is final), so
+it must not give up while its lease may yet pass to another node: a node cut off from storage
+stops renewing its leases at the same moment, and its own deadline (at most one lease time after
+its last renewal) drops the window first; another node takes it over and the job goes on. With
+train.py's attempts (a few seconds, under the default 10 s lease) the cut-off node's window failed
+first, and its job-row write ``failed`` landed once it was back: one node's network fault failed
+the job (tests/integration/test_cluster_job_faults_cut_node.py). Still final: a failure that
+leaves the node's renewals working for two lease times (storage refusing the data, not the node
+cut off), a full store, a vocabulary collision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import msgspec
 
-from giaannd.client.registers import ABSENT, RegisterRead
+from giaannd.client.registers import ABSENT, CasOutcome, RegisterRead, Version
 from giaannd.client.storage_client import QuorumNotReached, RemoteVocabConflict, StorageClient, StorageRequestError
 from giaannd.compute.cluster_jobs.corpus_chunks import (
     TAGGED,
@@ -178,14 +192,19 @@ class WindowRunner:
         on_trained: called with each window's vocabulary and batch once acknowledged (the node
             merges the vocabulary into its own and invalidates cached rows).
         tagger: tags the windows of a text corpus in the flag pass.
+        patience_s: retry a failing storage call until it has failed this long (module docstring,
+            "Storage failures"); None: ``settings``' attempts.
     """
 
     def __init__(self, client: StorageClient, job_id: str, spec: ClusterSpec, lexicon: Lexicon,
                  settings: TrainSettings, progress: TrainProgress,
                  on_trained: Callable[[Vocabulary, RowBatch], None] | None = None,
-                 tagger: WindowTagger | None = None) -> None:
+                 tagger: WindowTagger | None = None, patience_s: float | None = None) -> None:
         self.client, self.job_id, self.spec, self.lexicon = client, job_id, spec, lexicon
         self.tagger = tagger
+        self.patience_s = patience_s
+        self._policy = settings.retry_policy if patience_s is None else \
+            dataclasses.replace(settings.retry_policy, max_attempts=None)
         self.settings, self.progress, self._on_trained = settings, progress, on_trained
         self.fold = FlagFold()
         self._fold_lock = asyncio.Lock()
@@ -200,12 +219,12 @@ class WindowRunner:
         the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
         # the uploaded chunks are write-once (module docstring, "Reads"): one owner answers; a text
         # window's tagged chunk is not (two nodes may tag it), so it is read from a quorum
-        once, w, spec = self._read_chunk, action.window, self.spec
-        read = self.client.read_register if spec.text else once
+        once, w, spec = self._patient(self._read_chunk), action.window, self.spec
+        read = self._patient(self.client.read_register) if spec.text else once
         if action.stage == FLAG_STAGE:
             tagged = 0
             try:
-                sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
+                sentences = await read_window(read, self.job_id, w, (), TAGGED if spec.text else UPLOADED,
                                               missing_ok=spec.text, group=spec.group, k=spec.k)
                 if not spec.text:
                     self._check_whole(w, sentences)
@@ -215,11 +234,11 @@ class WindowRunner:
                 sentences = None  # a tagging half-stored by a node that died: store it whole (below)
             if sentences is None:  # a text window not tagged yet: tag it here, store it for stage 1
                 assert self.tagger is not None, "a text job needs a tagger"
-                texts = self._check_whole(w, await read_texts(once, self.job_id, w, RETRYABLE,
+                texts = self._check_whole(w, await read_texts(once, self.job_id, w, (),
                                                               group=spec.group, k=spec.k))
                 mine = await self.tagger.tag(texts)
                 try:
-                    await store_window(self.client.cas_register, self.job_id, w, mine, RETRYABLE)
+                    await store_window(self._patient_cas, self.job_id, w, mine, ())
                 except ChunkMissing:
                     # another node stored its tagging first (a tagger need not give the same
                     # bytes): stage 1 trains on the stored one, so the findings must be its
@@ -229,7 +248,7 @@ class WindowRunner:
                     self.progress.add(tagged=tagged)
             await self._find(w, sentences)
             return tagged
-        sentences = await read_window(read, self.job_id, w, RETRYABLE, TAGGED if spec.text else UPLOADED,
+        sentences = await read_window(read, self.job_id, w, (), TAGGED if spec.text else UPLOADED,
                                       group=spec.group, k=spec.k)
         assert sentences is not None
         if not spec.text:
@@ -251,7 +270,7 @@ class WindowRunner:
         parts of one still being stored. Raises: ChunkMissing (still incomplete, or damaged)."""
         for attempt in range(TAGGED_ATTEMPTS):
             try:
-                got = await read_window(self.client.read_register, self.job_id, window, RETRYABLE, TAGGED)
+                got = await read_window(self._patient(self.client.read_register), self.job_id, window, (), TAGGED)
                 assert got is not None
                 return got
             except ChunkMissing:
@@ -330,7 +349,26 @@ class WindowRunner:
 
     async def _retry(self, call: Callable[[], Awaitable[_T]],
                      give_up: Callable[[BaseException], bool] | None = None) -> _T:
-        """``call`` with train.py's policy (retried failures are counted in ``progress``)."""
-        return await retry(call, self.settings.retry_policy, retry_on=RETRYABLE,
-                           give_up=give_up or (lambda exc: False),
+        """``call`` with train.py's backoff, until ``patience_s`` after its first failure (module
+        docstring, "Storage failures"), else train.py's attempts; retried failures are counted in
+        ``progress``."""
+        loop = asyncio.get_running_loop()
+        first_failure: list[float] = []
+
+        def stop(exc: BaseException) -> bool:
+            if give_up is not None and give_up(exc):
+                return True
+            if self.patience_s is None:
+                return False
+            first_failure[:] = first_failure or [loop.time()]
+            return loop.time() - first_failure[0] >= self.patience_s
+
+        return await retry(call, self._policy, retry_on=RETRYABLE, give_up=stop,
                            on_retry=lambda failures, exc, wait_s: self.progress.add(retries=1))
+
+    def _patient(self, read: Callable[[str], Awaitable[RegisterRead]]) -> Callable[[str], Awaitable[RegisterRead]]:
+        """``read`` retried by ``_retry`` (corpus_chunks.py is then given no failures to retry)."""
+        return lambda key: self._retry(lambda: read(key))
+
+    async def _patient_cas(self, key: str, expect: Version | None, value: bytes) -> CasOutcome:
+        return await self._retry(lambda: self.client.cas_register(key, expect, value))
