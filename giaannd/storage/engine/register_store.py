@@ -134,6 +134,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REGISTERS_FILE: Final = "registers.log"
+#: ``_compact`` writes the new log as ``registers.log`` + this, then renames it over the log.
+_COMPACT_SUFFIX: Final = ".compact"
 #: Live register bytes kept in RAM per node (``storage.register-ram-bytes``, whose description
 #: says why): keys, small values, bookkeeping. Corpus chunks are on disk.
 MAX_REGISTER_STORE_BYTES: Final = DEFAULT_REGISTER_RAM_BYTES
@@ -317,6 +319,10 @@ class RegisterStore:
                 end, bad = _replay(path, data, states, spilled, spill_bytes)
             if bad is not None:  # raised once the map is closed (a traceback would pin views into it)
                 raise bad
+        # a compaction a crash cut short left its file (the log is whole: the rename is the switch):
+        # a copy of every live state, spilled values too, which nothing else would delete before
+        # the next compaction overwrites it
+        path.with_name(path.name + _COMPACT_SUFFIX).unlink(missing_ok=True)
         fd = open_for_append(path, end, "register log")
         try:
             _sync_inherited(fd, d, new_dir)
@@ -537,7 +543,7 @@ class RegisterStore:
         value copied from ``old_fd``, which stays open and append-only meanwhile), then the records
         appended since, copied under the lock; the spilled offsets move with them. Returns the seq
         now durable."""
-        tmp = self.path.with_name(self.path.name + ".compact")
+        tmp = self.path.with_name(self.path.name + _COMPACT_SUFFIX)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         moved: dict[str, _Spilled] = {}
         try:

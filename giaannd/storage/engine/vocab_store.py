@@ -78,6 +78,8 @@ log = logging.getLogger(__name__)
 KIND_COLUMN: Final = 0
 KIND_FEATURE: Final = 1
 VOCAB_FILE: Final = "vocab.log"
+#: ``_rewrite`` writes the new log as ``vocab.log`` + this, then renames it over the log.
+_REWRITE_SUFFIX: Final = ".rewrite"
 #: Largest payload a record may claim; checked before anything is allocated for it. A PutVocab is at
 #: most MAX_VOCAB_ENTRIES entries of MAX_VOCAB_TEXT_CHARS characters (≤ 4 B each in UTF-8).
 MAX_VOCAB_RECORD_BYTES: Final = 300 * 2**20
@@ -219,6 +221,9 @@ class VocabStore:
         except RecordError as exc:
             raise VocabLogCorrupt(str(path), exc.offset, exc.explanation) from None
         torn = len(data) - off
+        # a rewrite a crash cut short left its file (the log is whole: the rename is the switch),
+        # which only a later rewrite (after another failed fsync) would overwrite
+        path.with_name(path.name + _REWRITE_SUFFIX).unlink(missing_ok=True)
         fd = open_for_append(path, off, "vocab log")
         try:
             _sync_inherited(fd, d, new_dir)
@@ -333,7 +338,7 @@ class VocabStore:
         with self._lock:
             size = self._size
             entries = [(kind, i, t) for kind, table in enumerate(self._tables) for i, t in table.items()]
-        tmp = self.path.with_name(self.path.name + ".rewrite")
+        tmp = self.path.with_name(self.path.name + _REWRITE_SUFFIX)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             for start in range(0, len(entries), MAX_VOCAB_ENTRIES):  # each a PutVocab's most: readable
