@@ -14,6 +14,7 @@ path, e.g. ``Expected int >= 1 - at `$.storage.replication-factor```, which the 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -32,6 +33,8 @@ from peers.transport.limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     TransportLimits,
 )
+from peers.transport.registry import scheme_of
+from peers.transport.tcp import parse_host_port
 
 __all__ = [
     "DEFAULT_READ_CHUNK_BYTES",
@@ -51,6 +54,7 @@ __all__ = [
     "load_config",
     "membership_profile_values",
     "parse_override",
+    "parse_seed",
     "to_toml",
 ]
 
@@ -262,7 +266,8 @@ class _MembershipBase(_Section):
     ))] = 7946
     advertise_address: Annotated[str, Meta(description=(
         "Host other members should use to reach this node's membership listener. Empty means "
-        "`bind-address`; set it when binding a wildcard address. A name is resolved once at start "
+        "`bind-address`; required with a wildcard `bind-address` (`0.0.0.0`, `::`), which no other "
+        "member could send to. A name is resolved once at start "
         "and its first address advertised (members send datagrams to an address)."
     ))] = ""
 
@@ -490,8 +495,9 @@ class StorageConfig(_Section):
     ))] = "auto"
     stream_bind: Annotated[str, Meta(description=(
         "Listener of this node's stream endpoint (topology operations: column streams in, "
-        "source control, repair), advertised in its metadata as `stream`. Empty: the host of the "
-        "first `tcp://` entry of `transport.bind`, port 0."
+        "source control, repair), advertised in its metadata as `stream`: a `tcp://host:port` URL "
+        "(it listens on the node's tcp:// transport; `mem://NAME` on a node bound to mem:// only). "
+        "Empty: the host of the first `tcp://` entry of `transport.bind`, port 0."
     ))] = ""
     release_delay_s: Annotated[float, Meta(ge=0, le=86400, description=(
         "Seconds after a committed ring change that took columns away from this node before "
@@ -839,6 +845,7 @@ class Config(_Section):
 
 def _validate(cfg: Config) -> Config:
     """Cross-field rules msgspec's per-field constraints cannot express."""
+    _check_finite(cfg)
     if cfg.storage.write_quorum > cfg.storage.replication_factor:
         raise ConfigError(
             f"write-quorum ({cfg.storage.write_quorum}) exceeds replication-factor "
@@ -855,14 +862,144 @@ def _validate(cfg: Config) -> Config:
     if c.lease_renew_s and c.lease_renew_s >= c.lease_s:
         raise ConfigError(f"lease-renew-s ({c.lease_renew_s}) must be below lease-s ({c.lease_s})",
                           "$.compute.lease-renew-s")
+    _check_addresses(cfg)
     return cfg
+
+
+def _check_finite(cfg: Config) -> None:
+    """TOML has ``inf``, and keys bounded only below took it; the daemon's arithmetic does not
+    (``node.drain-timeout-s = inf`` gave the services' stops ``inf - inf`` = nan seconds: none).
+    NaN fails every bound already."""
+    for section in msgspec.structs.fields(cfg):
+        part = getattr(cfg, section.name)
+        for f in msgspec.structs.fields(part):
+            value = getattr(part, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"Expected a finite `float`, got {value}",
+                                  f"$.{section.encode_name}.{f.encode_name}")
+
+
+#: Bind addresses that mean "every interface": not an address anyone can send to.
+_WILDCARDS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
+def _is_port(text: str, low: int = 0) -> bool:
+    # ASCII digits only: int() also reads other scripts' digits ("٣" is 3)
+    return text.isascii() and text.isdigit() and low <= int(text) <= 65535
+
+
+def _check_url(url: str, path: str) -> str:
+    """A data-plane URL as the transports read it (``scheme://host:port``, ``mem://NAME``);
+    returns its scheme."""
+    try:
+        scheme = scheme_of(url)
+        if scheme == "mem" and not url.partition("://")[2]:
+            raise ValueError(f"expected mem://name, got {url!r}")
+        if scheme != "mem":
+            parse_host_port(url, scheme)
+    except ValueError as exc:  # (urlsplit's port error does not name the URL)
+        raise ConfigError(str(exc) if url in str(exc) else f"{url!r}: {exc}", path) from None
+    return scheme
+
+
+def parse_seed(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) of a membership listener: a ``cluster.seeds`` entry, or a
+    seed ``node join`` names (services/membership.py).
+
+    Raises:
+        ValueError: not host:port with a port in 1..65535.
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not _is_port(port, low=1):
+        raise ValueError(f"seed {text!r} is not host:port")
+    host = host.strip("[]")
+    try:
+        host.encode("idna")  # as the resolver encodes it: an empty or over-long label fails there
+    except UnicodeError:
+        raise ValueError(f"seed {text!r}: {host!r} is not a host name or address") from None
+    if "\x00" in host:
+        raise ValueError(f"seed {text!r}: a host name holds no NUL character")
+    return host, int(port)
+
+
+def _check_addresses(cfg: Config) -> None:
+    """Addresses no listener could bind or no peer could dial. The daemon finds them too, but only
+    at start, after it made the data directory, node id and admin token (a bad ``stream-bind``
+    after the node had joined the ring, and with exit 1), so they are refused here first.
+    (``transport.bind`` and ``advertise`` are still checked at start only: runtime/node.py.)"""
+    _, sep, port = cfg.admin.listen.rpartition(":")  # (as daemon.py reads it: the host may be empty)
+    if not sep or not _is_port(port):
+        raise ConfigError(f"expected host:port, got {cfg.admin.listen!r}", "$.admin.listen")
+    for seed in cfg.cluster.seeds:
+        try:
+            parse_seed(seed)
+        except ValueError as exc:
+            raise ConfigError(str(exc), "$.cluster.seeds") from None
+    m = cfg.membership
+    if m.bind_address in _WILDCARDS and not m.advertise_address:
+        # (the address gossip carries is where members send probes: runtime/node.py refuses the
+        # data plane's equivalent, a wildcard bind without transport.advertise, for that reason)
+        raise ConfigError(f"bind-address {m.bind_address!r} is a wildcard no other member can "
+                          "reach: set advertise-address to this node's address",
+                          "$.membership.advertise-address")
+    stream = cfg.storage.stream_bind
+    if stream:
+        # the stream endpoint listens on the tcp:// transport, or mem:// on a node without one
+        # (storage/rebalance/daemon_control.py)
+        has = {url.partition("://")[0] for url in cfg.transport.bind}
+        want = "mem" if "tcp" not in has and "mem" in has else "tcp"
+        if _check_url(stream, "$.storage.stream-bind") != want:
+            raise ConfigError(f"expected a {want}:// address (the stream endpoint listens on this "
+                              f"node's {want}:// transport), got {stream!r}",
+                              "$.storage.stream-bind")
+    _check_port_clashes(cfg)
+
+
+def _tcp_listeners(cfg: Config) -> list[tuple[str, str, int]]:
+    """``(key path, host, port)`` of every TCP listener the config names (membership's TCP and UDP
+    share a port; ucx:// has its control connection on TCP). URLs that do not parse are left to
+    the checks at start."""
+    host, _, port = cfg.admin.listen.rpartition(":")
+    out = [("$.admin.listen", host.strip("[]") or "127.0.0.1", int(port)),
+           ("$.membership.bind-port", cfg.membership.bind_address, cfg.membership.bind_port)]
+    urls = [("$.transport.bind", url) for url in cfg.transport.bind]
+    urls.append(("$.storage.stream-bind", cfg.storage.stream_bind))
+    for path, url in urls:
+        scheme = url.partition("://")[0]
+        if scheme in ("tcp", "ucx"):
+            try:
+                out.append((path, *parse_host_port(url, scheme)))
+            except ValueError:
+                continue
+    return out
+
+
+def _check_port_clashes(cfg: Config) -> None:
+    """Two listeners of this node on one port: the second bind fails at start (EADDRINUSE) after
+    the data directory, node id and admin token were made. Port 0 never clashes; names that
+    resolve to one address (``localhost``, ``127.0.0.1``) are left to that start."""
+    seen: list[tuple[str, str, int]] = []
+    for path, host, port in _tcp_listeners(cfg):
+        for other_path, other_host, other_port in seen:
+            if port and port == other_port and (
+                    host == other_host or host in _WILDCARDS or other_host in _WILDCARDS):
+                raise ConfigError(f"port {port} on {host} is also {other_path}'s: two listeners "
+                                  "cannot share it", path)
+        seen.append((path, host, port))
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped: an unknown key is echoed in the one error line,
+    and a newline (a quoted TOML key may hold one) or an escape sequence must not reach the
+    terminal or journal as is."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _section_fields(section: str) -> dict[str, msgspec.structs.FieldInfo]:
     """Encoded (kebab) field name -> FieldInfo for one section, or ConfigError if unknown."""
     top = {f.encode_name: f for f in msgspec.structs.fields(Config)}
     if section not in top:
-        raise ConfigError(f"unknown config section {section!r}", f"$.{section}")
+        raise ConfigError(f"unknown config section {section!r}", _printable(f"$.{section}"))
     section_type = top[section].type
     return {f.encode_name: f for f in msgspec.structs.fields(section_type)}
 
@@ -892,15 +1029,20 @@ def parse_override(key: str, raw: str) -> tuple[str, str, Any]:
     section, field = parts
     fields = _section_fields(section)
     if field not in fields:
-        raise ConfigError(f"unknown config key {field!r}", f"$.{section}.{field}")
+        raise ConfigError(f"unknown config key {field!r}", _printable(f"$.{section}.{field}"))
     if _is_text(fields[field].type):
         return section, field, raw
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        doc = tomllib.loads(f"v = {raw}")
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"value {raw!r} is not a valid TOML value ({exc})",
                           f"$.{section}.{field}") from None
-    return section, field, value
+    if list(doc) != ["v"]:  # more lines after the value: they were dropped without a word
+        raise ConfigError(f"value {raw!r} is more than one TOML value", f"$.{section}.{field}")
+    return section, field, doc["v"]
+
+
+_SECTIONS: frozenset[str] = frozenset(f.encode_name for f in msgspec.structs.fields(Config))
 
 
 def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, Any]]:
@@ -910,7 +1052,11 @@ def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, Any]]:
             continue
         body = name[len(ENV_PREFIX):]
         if "__" not in body:
-            raise ConfigError(f"environment variable {name} is not {ENV_PREFIX}SECTION__FIELD")
+            # A section's name with one "_" is a misspelt override; other names are not ours
+            # (GIAANND_TEST_CORPUS, docs/model.md) and must not stop the daemon.
+            if body.partition("_")[0].lower() in _SECTIONS:
+                raise ConfigError(f"environment variable {name} is not {ENV_PREFIX}SECTION__FIELD")
+            continue
         section, field = body.split("__", 1)
         out.append(parse_override(f"{section}.{field}", environ[name]))
     return out
@@ -940,10 +1086,12 @@ def _convert(data: dict[str, Any]) -> Config:
         if " - at `" in message:
             message, _, rest = message.rpartition(" - at `")
             path = rest.rstrip("`")
-        if message.startswith("Object contains unknown field `"):
-            # Point at the offending key itself, not just its parent (msgspec omits `$` itself).
-            path = f"{path or '$'}.{message.split('`')[1]}"
-        raise ConfigError(message, path) from None
+        unknown = "Object contains unknown field `"
+        if message.startswith(unknown):
+            # Point at the offending key itself, not just its parent (msgspec omits `$` itself);
+            # the whole of it, backticks included.
+            path = f"{path or '$'}.{message[len(unknown):-1]}"
+        raise ConfigError(_printable(message), path and _printable(path)) from None
 
 
 def load_config(
@@ -987,8 +1135,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        # JSON string escapes (quote, backslash, \n, \uXXXX) are all valid TOML basic-string escapes.
-        return msgspec.json.encode(value).decode()
+        # JSON string escapes (quote, backslash, \n, \uXXXX) are all valid TOML basic-string escapes;
+        # JSON leaves DEL raw, which TOML forbids in a string (TOML 1.0, "String").
+        return msgspec.json.encode(value).decode().replace("\x7f", "\\u007f")
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {type(value).__name__}")

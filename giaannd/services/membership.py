@@ -46,6 +46,7 @@ from aiohttp import web
 
 from giaannd.atomic_file import atomic_write_bytes
 from giaannd.cluster.view import ClusterView
+from giaannd.config import parse_seed
 from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, RemoteFault
 from giaannd.json_body import json_object
 from giaannd.model.ids import parse_column
@@ -81,26 +82,6 @@ COLUMN_INFO_TIMEOUT_S: Final = 5.0
 def key_id(key: bytes) -> str:
     """A key's public fingerprint: enough to name it in ``giaannctl keys``, useless to forge."""
     return hashlib.sha256(key).hexdigest()[:16]
-
-
-def parse_seed(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) of a membership listener.
-
-    Raises:
-        ValueError: not host:port with a port in 1..65535.
-    """
-    host, sep, port = text.strip().rpartition(":")
-    # ASCII digits only: int() also reads other scripts' digits ("٣" is 3)
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"seed {text!r} is not host:port")
-    host = host.strip("[]")
-    try:
-        host.encode("idna")  # as the resolver encodes it: an empty or over-long label fails there
-    except UnicodeError:
-        raise ValueError(f"seed {text!r}: {host!r} is not a host name or address") from None
-    if "\x00" in host:
-        raise ValueError(f"seed {text!r}: a host name holds no NUL character")
-    return host, int(port)
 
 
 class MembershipService:
