@@ -94,7 +94,8 @@ def test_split_listen(listen: str, expected: tuple[str, int]) -> None:
     assert daemon._split_listen(listen) == expected
 
 
-@pytest.mark.parametrize("listen", ["localhost", "host:port", "h:70000", "h:\u0663"])  # a non-ASCII digit: int() reads 3
+# "h:\u0663": a non-ASCII digit, which int() reads as 3
+@pytest.mark.parametrize("listen", ["localhost", "host:port", "h:70000", "h:\u0663"])
 def test_split_listen_rejects(listen: str) -> None:
     with pytest.raises(ConfigError) as info:
         daemon._split_listen(listen)
