@@ -446,8 +446,10 @@ class ClusterJobs:
     async def _drive(self, job_id: str, f: _Followed, create: JobRow | None) -> Finished:
         try:
             end = await f.driver.run(Begin(create))
-            log.info("cluster job left job=%s state=%s grants=%d takeovers=%d %s", job_id, end.state,
-                     f.agent.grants, f.agent.takeovers, end.error)
+            # (a row this node cannot decode, or a write rejected, ends here as ``failed``: leases.py)
+            log.log(logging.ERROR if end.state == "failed" else logging.INFO,
+                    "cluster job left job=%s state=%s grants=%d takeovers=%d %s", job_id, end.state,
+                    f.agent.grants, f.agent.takeovers, end.error)
             if end.state != "released":
                 self.ended[job_id] = end.state
                 while len(self.ended) > MAX_ENDED_JOBS:

@@ -8,7 +8,8 @@ queue; each action is run as a task whose outcome comes back as an event:
 action         run as                                         event back
 =============  =========================================================================
 ``ReadRow``    ``StorageClient.read_register``               ``RowRead`` / ``OpFailed``
-``CasRow``     ``StorageClient.cas_register``                ``CasDone`` / ``OpFailed``
+``CasRow``     ``StorageClient.cas_register``                ``CasDone`` / ``OpFailed`` /
+                                                              ``WriteRejected``
 ``RunWindow``  ``run_window(action)`` (writes its batch)     ``WindowWritten`` / ``WindowFailed``
 ``DropWindow`` cancels that window's task                     none
 ``SetTimer``   the one timer (a later one replaces it)       ``Tick``
@@ -16,9 +17,12 @@ action         run as                                         event back
 =============  =========================================================================
 
 A register call that raises a storage failure (no quorum, a timeout, no storage members) is an
-``OpFailed``: the agent treats its outcome as unknown. A window task that raises anything but
-cancellation is a ``WindowFailed`` (the caller's runner retries storage itself; what reaches the
-driver is final). ``halt()`` (a node stopping) and ``cancel()`` (the operator) are events too.
+``OpFailed``: the agent treats its outcome as unknown. A write whose value the client rejects
+(``ValueError``: over the register value cap) is a ``WriteRejected``: it was never sent, so no
+answer will come (before, the agent waited for one for good and the job hung). A window task that
+raises anything but cancellation is a ``WindowFailed`` (the caller's runner retries storage
+itself; what reaches the driver is final). ``halt()`` (a node stopping) and ``cancel()`` (the
+operator) are events too.
 
 The compute service runs one driver per cluster job it follows (cluster_train.py);
 tests/integration/test_lease_driver.py runs several drivers against real storage services.
@@ -53,6 +57,7 @@ from giaannd.compute.cluster_jobs.lease_events import (
     Tick,
     WindowFailed,
     WindowWritten,
+    WriteRejected,
 )
 from giaannd.compute.cluster_jobs.leases import LeaseAgent
 
@@ -156,6 +161,11 @@ class LeaseDriver:
         except _UNKNOWN as exc:
             log.info("register %s failed key=%s: %s", type(action).__name__, action.key, exc)
             event = OpFailed(action.key, str(exc) or type(exc).__name__)
+        except ValueError as exc:  # the value itself (cas_register's "Raises"): no answer would come
+            if not isinstance(action, CasRow):
+                raise
+            log.error("register write rejected key=%s bytes=%d: %s", action.key, len(action.data), exc)
+            event = WriteRejected(action.key, str(exc))
         self._events.put_nowait(event)
 
     async def _window(self, action: RunWindow) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "Tick",
     "WindowFailed",
     "WindowWritten",
+    "WriteRejected",
     "batch_seq",
 ]
 
@@ -105,6 +106,16 @@ class OpFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteRejected:
+    """The register client rejected a ``CasRow``'s value before sending it (a row grown past the
+    register value cap, ``protocol.MAX_REGISTER_VALUE_BYTES``): it never landed, and sending it
+    again cannot help."""
+
+    key: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class WindowWritten:
     """Window ``window``'s batch (and vocabulary) has W acks; ``units``: what it counted (the
     glue's unit: sentences trained), added to the completing node's tally (lease_table.Tally)."""
@@ -140,7 +151,7 @@ class Halt:
     """This node stops: complete what is written, give the rest back."""
 
 
-Event = Begin | RowRead | CasDone | OpFailed | WindowWritten | WindowFailed | CancelJob | Tick | Halt
+Event = Begin | RowRead | CasDone | OpFailed | WindowWritten | WindowFailed | CancelJob | Tick | Halt | WriteRejected
 
 
 # -- actions --------------------------------------------------------------------------------------

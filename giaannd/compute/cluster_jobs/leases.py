@@ -51,6 +51,15 @@ that row names the version it had; if the failed write did land, that write is r
 current row, where the agent finds, e.g., a lease granted to it that it did not know of: it
 **adopts** every lease the row names it as holder (also after a restart under the same name).
 
+Rows this node cannot use: a row that does not decode (``LeaseRowCorrupt``: damaged bytes, or a
+newer version's row, e.g. a job state this one does not know) ends this node's part of the job
+at once, ``Finished("failed", <key and error>)``, with no write: the node cannot tell what the
+row says, so it neither fails the job for the others (a newer node may follow it) nor guesses;
+its windows stop and its leases expire. A write the register client rejects (``WriteRejected``:
+a shard row grown past the register value cap) can never land: on a shard the agent fails the
+job (job row ``failed`` with the error, as a failed window does), on the job row or the index it
+ends its part as for a corrupt row (the write that would fail the job is the one rejected).
+
 Why double work is harmless: every run of window ``w`` writes under the batch id
 ``(writer_id, w + 1)`` (``batch_seq``) with the same bytes, and storage applies a batch id once.
 Leases keep nodes from doing the same work; they are not what keeps the counts exact.
@@ -87,6 +96,7 @@ from giaannd.compute.cluster_jobs.lease_events import (
     SetTimer,
     WindowFailed,
     WindowWritten,
+    WriteRejected,
 )
 from giaannd.compute.cluster_jobs.lease_table import (
     INDEX_KEY,
@@ -94,6 +104,7 @@ from giaannd.compute.cluster_jobs.lease_table import (
     JobState,
     Lease,
     LeaseRefused,
+    LeaseRowCorrupt,
     Shard,
     complete,
     decode_index,
@@ -211,6 +222,20 @@ class LeaseAgent:
         """Feed one event; returns what to do now (the last action is a ``SetTimer`` unless finished)."""
         if self.finished is not None:
             return []
+        out: list[Action] = []
+        try:
+            leave = self._take(now, event)
+            if leave is None:
+                self._plan(now, out)
+        except LeaseRowCorrupt as exc:  # (module docstring, "Rows this node cannot use")
+            out, leave = [], str(exc)
+        if leave is not None:
+            self._give_up(out, leave)
+        return out
+
+    def _take(self, now: float, event: Event) -> str | None:
+        """Apply ``event`` to what the agent knows; returns why this node leaves the job at once
+        (module docstring, "Rows this node cannot use"), or None."""
         if isinstance(event, Begin):
             self._create = event.create
         elif isinstance(event, RowRead):
@@ -242,20 +267,29 @@ class LeaseAgent:
             self._ending = self._ending or ("cancelled", event.error)
         elif isinstance(event, Halt):
             self._halting = True
-        out: list[Action] = []
-        self._plan(now, out)
-        return out
+        elif isinstance(event, WriteRejected):
+            self._ops.pop(event.key, None)
+            error = f"{event.key}: write rejected: {event.error}"
+            if event.key in (self._job_key, INDEX_KEY):  # no write of ours can end the job: leave it
+                return error
+            self._ending = self._ending or ("failed", error)
+        return None
 
     # -- what a row tells us ----------------------------------------------------------------------
     def _see(self, now: float, key: str, version: Version, data: bytes, confirmed: _Op | None) -> None:
         # One request per row is in flight at a time, so answers never cross: the last one is current.
         self._views[key] = _View(version, data, now)
-        if key == self._job_key:
-            self.job = decode_job(data) if version[0] else None
-            if self.job is not None and self.job.state == "created" and self._created_seen is None:
-                self._created_seen = now
-        elif key != INDEX_KEY and version[0]:
-            self._see_shard(now, key, decode_shard(data), confirmed)
+        try:
+            if key == self._job_key:
+                self.job = decode_job(data) if version[0] else None
+                if self.job is not None and self.job.state == "created" and self._created_seen is None:
+                    self._created_seen = now
+            elif key == INDEX_KEY:
+                decode_index(data)  # checked here, where the key is known (``_plan`` decodes it again)
+            elif version[0]:
+                self._see_shard(now, key, decode_shard(data), confirmed)
+        except LeaseRowCorrupt as exc:
+            raise LeaseRowCorrupt(f"{key}: {exc}") from None
 
     def _see_shard(self, now: float, key: str, shard: Shard, confirmed: _Op | None) -> None:
         self._shards[key] = shard
@@ -316,6 +350,15 @@ class LeaseAgent:
     def _finish(self, out: list[Action], state: str, error: str = "") -> None:
         self.finished = Finished(state, error)
         out.append(self.finished)
+
+    def _give_up(self, out: list[Action], error: str) -> None:
+        """End this node's part of the job as ``failed`` without a write (module docstring, "Rows
+        this node cannot use"): its windows stop; its leases expire and are taken over."""
+        for k in list(self._held):
+            self._lose(k)
+        out.extend(self._drops)
+        self._drops = []
+        self._finish(out, "failed", error)
 
     def _plan_job(self, now: float, out: list[Action]) -> None:
         key, create = self._job_key, self._create
