@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from giaannd.storage.rebalance.source_control import (
 )
 from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
+from giaannd.storage.replication.disk_full import is_out_of_space
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.dedupe import StreamScopes, direct_marker_id, install_direct_filter, marker_id
 from giaannd.storage.streaming.sender import (
@@ -77,6 +79,7 @@ from giaannd.storage.streaming.stream import (
     stream_writer,
 )
 from giaannd.storage.streaming.writers import record_stream_writer
+from peers.errors import PeersError
 from peers.transport import Incoming, Listener, Reply, Transport
 from peers.wire import DECODE_ERRORS
 
@@ -166,6 +169,8 @@ class StreamEndpoint:
                 reply, bulk = await self.sources.handle(msg, incoming.bulk)
             except (ValueError, RuntimeError) as exc:
                 return _reply(StreamRefused(0, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+            except OSError as exc:  # (the hint log: DropHints)
+                return _reply(self._disk_failed(0, exc))
             return _reply(reply, bulk)
         self._stream_seen[msg.stream_id] = self.last_activity
         if self.scopes.is_discarded(msg.stream_id):
@@ -180,6 +185,31 @@ class StreamEndpoint:
             return self._verify(msg, incoming.bulk)
         except (ValueError, RuntimeError) as exc:
             return _reply(StreamRefused(msg.stream_id, 0, f"{type(exc).__name__}: {exc}"[:400], fatal=True))
+        except OSError as exc:  # the update log, the stream's scope, the stream-writers file
+            return _reply(self._disk_failed(msg.stream_id, exc))
+
+    def _disk_failed(self, stream_id: int, exc: OSError) -> StreamRefused:
+        """A write of this node's failed: a fatal refusal that says so. Left to the transport, the
+        error got the sender no reply at all (it drops a handler's OSError as its own connection
+        going away): the stream took the receiver for unreachable and retried until the stream
+        timeout, an hour. Failing the stream fails the operation, whose clean-up drops what its
+        streams brought here. ENOSPC puts the node in the disk-full state, as the update log's
+        own writes do (replication/disk_full.py).
+
+        Raises:
+            OSError: a connection's error (``PeersError``), not this node's disk: as before.
+        """
+        if isinstance(exc, PeersError):
+            raise exc
+        self.service.disk.write_failed("stream", exc)
+        name = errno.errorcode.get(exc.errno or 0, "OSError")
+        if is_out_of_space(exc):
+            why = (f"{self.service.node_name} is full: its disk has no space left ({name}: {exc}); free space "
+                   "on its data directory's file system, then run the operation again")
+        else:
+            why = (f"{self.service.node_name}'s disk failed ({name}: {exc}); check the disk of its data "
+                   "directory, then run the operation again")
+        return StreamRefused(stream_id, 0, why[:400], fatal=True)
 
     def _receiver(self, stream_id: int) -> StreamReceiver:
         rx = self._receivers.get(stream_id)
@@ -212,11 +242,7 @@ class StreamEndpoint:
             # are this stream's own, and it resumes)
             stale = int(self._store().store.rows_of_columns(bulk[0])[0].size)
             if stale:
-                return _reply(StreamRefused(msg.stream_id, 0, (
-                    f"this node already holds {stale} rows of the streamed columns from an earlier "
-                    "stream that was abandoned but not discarded (its coordinator did not reach this "
-                    "node, or stopped); rows are sums and cannot be replaced in place: wipe this "
-                    "node's data directory and join it again"), fatal=True))
+                return _reply(StreamRefused(msg.stream_id, 0, self._stale_rows(stale), fatal=True))
         record_stream_writer(self.service, rx.writer)
         # its items bring rows this node does not hold yet (a chunk: all of them, unless dual
         # writes made some): those go straight into the store's base (ColumnStore.append_writers)
@@ -232,6 +258,23 @@ class StreamEndpoint:
             if folds is None or not folds.running:
                 self._store().store.reserve(sum(self._expected.values()))
         return _reply(StreamPosition(msg.stream_id, rx.next_index))
+
+    def _stale_rows(self, stale: int) -> str:
+        """Why a fresh stream is refused for ``stale`` rows of its columns held here, with advice
+        that fits this node: a standby (joining) node holds nothing else, and may be wiped and
+        joined again; an active member holds replicas of other columns, which a wipe would
+        destroy (it used to be given the same advice)."""
+        why = (f"this node already holds {stale} rows of the streamed columns from an earlier stream that "
+               "was abandoned but not discarded (its coordinator did not reach this node, or stopped); "
+               "rows are sums and cannot be replaced in place: ")
+        topology = self.service.topology
+        if topology is None or self.service.node_name not in topology.placement.names:
+            return why + "wipe this node's data directory and join it again"
+        return why + (
+            f"{self.service.node_name} is an active storage member holding replicas, so do not wipe its data "
+            f"directory: its idle-stream sweep drops those rows {IDLE_STREAM_DISCARD_S / 3600:g} h after that "
+            "stream's last item (and the rows of columns it gave away, storage.release-delay-s after that "
+            "ring change); then run the operation again")
 
     async def discard_idle(self, idle_s: float = IDLE_STREAM_DISCARD_S, now: float | None = None) -> list[int]:
         """Discard every open stream that sent this node nothing for ``idle_s`` (module docstring);

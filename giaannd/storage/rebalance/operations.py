@@ -53,7 +53,10 @@ directory. After step (a) the targets may have served and taken writes of their 
 nothing is discarded then. A receiver that cannot be reached keeps its rows (a later stream of
 those columns refuses it, saying so); ``progress()`` reports ``discarded_rows`` and
 ``discard_errors``. ``after_discard`` runs once every stream is discarded (the daemon's join then
-takes new stream ids: rebalance/daemon.py).
+takes new stream ids: rebalance/daemon.py). While that clean-up runs the state is ``failing`` or
+``cancelling``; ``failed`` and ``cancelled`` are published only once it ended, since whoever
+polls for a terminal state (giaannctl ``--wait``, sdk/follow.py) may start the next operation then,
+and receivers still holding the rows would refuse its streams ("already holds ... rows").
 """
 
 from __future__ import annotations
@@ -114,6 +117,10 @@ LIST_COLUMNS_TIMEOUT_S: Final = 30.0
 
 #: A stream as the operation sees it: sent from this process, or driven on a remote source.
 Runner = StreamRunner | RemoteStreamRunner
+
+#: An abandoned operation's state while its clean-up runs -> its state once that ended (module
+#: docstring): not ended yet for the registry, the daemon or a client's wait.
+_ENDING: Final = {"failing": "failed", "cancelling": "cancelled"}
 
 
 class TopologyOpError(Refused):
@@ -306,7 +313,7 @@ class Rebalance:
                     raise DataLossError(self._stranded, (
                         f"{self._stranded.size} columns would have no live owner after the {self.kind} "
                         "(their other owners are down): bring them back first, or pass allow_loss"))
-                if self.state == "cancelled":  # while the plan waited for a remote old owner
+                if self.state == "cancelling":  # while the plan waited for a remote old owner
                     raise TopologyOpError("operation cancelled before any stream started")
                 self._start_streams(self.plan)
             self.state = "streaming"
@@ -319,29 +326,35 @@ class Rebalance:
                 await self._wait_resumed(deadline)
                 await self._wait_caught_up(deadline)
             if self.state != "streaming":  # cancelled at that instant
-                raise TopologyOpError(f"operation {self.state} before the cutover")
+                raise TopologyOpError(f"operation {_ENDING.get(self.state, self.state)} before the cutover")
             await self._cutover()
             self.state = "done"
             return self.progress()
         except BaseException as exc:
             # (paused too: a stream that fails while paused, or a pause past the stream timeout,
             # fails the operation; it used to stay "paused" with nothing left to resume)
-            if self.state != "cancelled":
-                self.state = "failed"
+            if self.state != "cancelling":
+                self.state = "failing"
                 self.error = f"{type(exc).__name__}: {exc}"
                 for task in self._tasks:  # stop the other streams too (no forwarding forever)
                     task.cancel()
                 for r in self.runners:
                     r.abort(f"operation failed: {self.error}")
-            if self.state in ("failed", "cancelled"):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._unseal(), CUTOVER_TIMEOUT_S)
-                if not self._switched and self._streams:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(self._discard_streams(), CUTOVER_TIMEOUT_S)
+            try:
+                await self._clean_up()
+            finally:  # ended: only now (module docstring)
+                self.state = _ENDING.get(self.state, self.state)
             raise
+
+    async def _clean_up(self) -> None:
+        """An abandoned operation's clean-up (module docstring), each step bounded."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.control.abandon(), CUTOVER_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._unseal(), CUTOVER_TIMEOUT_S)
+        if not self._switched and self._streams:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._discard_streams(), CUTOVER_TIMEOUT_S)
 
     async def _discard_streams(self) -> None:
         """Ask each receiver to discard the streams this operation opened to it (module docstring)."""
@@ -470,7 +483,7 @@ class Rebalance:
         await self._wait_hints(sources)
         await asyncio.wait_for(self._hand_off_registers(), CUTOVER_TIMEOUT_S)
         if self.state != "cutover":  # cancelled meanwhile: nothing switched yet, the receivers discard
-            raise TopologyOpError(f"operation {self.state} before any node switched")
+            raise TopologyOpError(f"operation {_ENDING.get(self.state, self.state)} before any node switched")
         self._check_placement()  # (again: the waits above may have let another cutover commit)
         self._switched = True  # from here on the targets may serve their new columns: no discard
         await control.switch(targets, self.new_members)
@@ -619,11 +632,12 @@ class Rebalance:
         the cutover the receivers then drop the partial rows they got (``run``'s clean-up: module
         docstring). An operation that ended stays as it ended, and so does one whose cutover
         switched a node: the targets may have taken direct writes of their new columns, so the
-        cutover (bounded) goes on; aborting its streams there failed it half-switched."""
-        if self.state in ("done", "failed", "cancelled") or self._switched:
+        cutover (bounded) goes on; aborting its streams there failed it half-switched. The state is
+        "cancelling" until ``run`` has cleaned up."""
+        if self.state in ("done", "failed", "cancelled", *_ENDING) or self._switched:
             return
         self.pause()
-        self.state = "cancelled"
+        self.state = "cancelling"
         for r in self.runners:
             r.abort("operation cancelled")
         self._resumed.set()  # (a run waiting for the resume meets the aborted streams)
@@ -668,9 +682,12 @@ class OperationRegistry:
         """Start ``op`` in the background unless an operation is running.
 
         Raises:
-            TopologyOpError: a different operation is running.
+            TopologyOpError: a different operation is running, or the last one is cleaning up.
         """
         cur = self.current
+        if cur is not None and cur.state in _ENDING:  # (not the same verb re-issued: it ended)
+            raise TopologyOpError(f"the last topology operation is still cleaning up: {cur.kind} ({cur.state}); "
+                                  "run the verb again once it ended")
         if cur is not None and cur.state not in ("done", "failed", "cancelled"):
             if cur.kind == op.kind and [m.name for m in cur.new_members] == [m.name for m in op.new_members]:
                 if cur.state == "paused":
