@@ -55,8 +55,8 @@ acknowledged it; a fetch that was in flight across an invalidation is not cached
 check) nor joined by a lookup made after it (that lookup reads again), and a session drops every
 row it holds once the cache's generation moved past the one its prefetch started at (held rows
 are read again). Writes made by *other* compute nodes are not
-seen by this cache: call ``clear()`` (the service does at the start of every eval) — documented in
-docs/compute.md.
+seen by this cache: call ``clear()`` (the service does at the start of every eval and every
+generation) — documented in docs/compute.md.
 
 **Device**: ``Inference(device=...)`` (``compute.device``, resolved) picks the session class:
 the numpy ``LifSession`` on ``cpu``, the torch ``TorchLifSession`` (giaannd/model/gpu/lif.py, the

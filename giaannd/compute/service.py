@@ -593,6 +593,9 @@ class ComputeService:
         if enc is None:
             raise AdminHTTPError(400, "the prompt was skipped by column assignment (no noun, or empty)",
                                  "bad_request")
+        # as evaluate: rows other nodes wrote since (their jobs invalidate only their own caches) must
+        # be read again, else a row cached before their training (absent: empty) is served for good
+        self.cache.clear()
         nodes = await inference.generate(list(zip(enc.column.tolist(), enc.feature.tolist())), assigner, k,
                                          max_tokens)
         try:
