@@ -91,7 +91,6 @@ I/O) run on worker threads, one at a time (``_seal_lock``); ``sealed`` reads the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
@@ -106,6 +105,7 @@ from giaannd.atomic_file import fsync_dir
 from giaannd.config import DEFAULT_REGISTER_DISK_BYTES, DEFAULT_REGISTER_RAM_BYTES, DEFAULT_REGISTER_SPILL_BYTES
 from giaannd.errors import CorruptDataError, Refused
 from giaannd.records import RecordError, RecordFormat, open_for_append
+from giaannd.storage.engine.log_tail import LogTail, write_all
 from giaannd.storage.engine.register_seals import SEAL_RECORD, SEALS_FILE, RegisterSealsCorrupt, load_seals, write_seals
 
 __all__ = [
@@ -283,9 +283,8 @@ class RegisterStore:
         self.max_bytes = max_bytes
         self.max_disk_bytes = max_disk_bytes
         self.spill_bytes = spill_bytes
-        #: a failed append left part of a record past ``_size`` that could not be cut off yet
-        #: (``_cut_partial_locked``). Under ``_lock``.
-        self._partial = False
+        #: a failed append's bytes past ``_size`` (giaannd/storage/engine/log_tail.py). Under ``_lock``.
+        self._tail = LogTail()
         #: bytes cut off the end at open (a torn last record)
         self.torn_bytes = torn_bytes
         #: log rewrites done (tests, metrics)
@@ -468,14 +467,7 @@ class RegisterStore:
             if disk > self.max_disk_bytes:
                 raise RegisterStoreFull(f"registers would hold {disk} value bytes on disk, over the "
                                         f"{self.max_disk_bytes}-byte limit (storage.register-disk-bytes)")
-            self._cut_partial_locked()
-            try:
-                _write_all(self._fd, record)  # a short write (the disk filled up) goes on: ENOSPC
-            except OSError:
-                self._partial = True
-                with contextlib.suppress(OSError):
-                    self._cut_partial_locked()
-                raise
+            self._tail.append(self._fd, self._size, record)  # whole or not at all (log_tail.py)
             if spill:
                 self._spilled[key] = _Spilled(self._size, len(record), len(state.value))
                 self._states[key] = replace(state, value=b"")
@@ -486,19 +478,6 @@ class RegisterStore:
             self._seq += 1
             self._ram, self._disk = ram, disk
             return self._seq
-
-    def _cut_partial_locked(self) -> None:
-        """Cut off what a failed append left past ``_size`` (``_partial``) and write from there
-        again: a record appended after a partial one would make it corruption in the middle of the
-        log, which stops the next start, instead of a torn tail (vocab_store.py's twin).
-
-        Raises:
-            OSError: it still cannot be cut; nothing may be appended meanwhile.
-        """
-        if self._partial:
-            os.ftruncate(self._fd, self._size)
-            os.lseek(self._fd, self._size, os.SEEK_SET)
-            self._partial = False
 
     # -- durability --------------------------------------------------------------------------------
     @property
@@ -561,16 +540,16 @@ class RegisterStore:
                 offset += len(rec)
                 pending += len(rec)
                 if pending >= _COMPACT_BATCH_BYTES:
-                    _write_all(fd, b"".join(batch))
+                    write_all(fd, b"".join(batch))
                     batch, pending = [], 0
-            _write_all(fd, b"".join(batch))
+            write_all(fd, b"".join(batch))
             with self._lock:
-                _write_all(fd, os.pread(self._fd, self._size - size, size))
+                write_all(fd, os.pread(self._fd, self._size - size, size))
                 os.fsync(fd)
                 os.replace(tmp, self.path)
                 # from here the log *is* the new file: switch to it before anything else can fail
                 old, self._fd = self._fd, fd
-                self._partial = False  # (a partial record of the old file was not copied)
+                self._tail = LogTail()  # (a partial record of the old file was not copied)
                 self._rename_unsynced = True
                 self._size = os.lseek(fd, 0, os.SEEK_END)
                 shift = offset - size  # records appended since the snapshot moved by this much
@@ -657,8 +636,3 @@ def _read_value(path: Path, key: str, raw: bytes, where: _Spilled) -> bytes:
                                  f"there is of {got!r} ({len(value)} bytes)")
     return value
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -44,7 +44,6 @@ descriptor, size and tables).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -60,6 +59,7 @@ from giaannd.errors import CorruptDataError, Refused
 from giaannd.model.ids import column_id, feature_id
 from giaannd.protocol import MAX_VOCAB_ENTRIES
 from giaannd.records import RecordError, RecordFormat, open_for_append
+from giaannd.storage.engine.log_tail import LogTail, write_all
 
 __all__ = [
     "KIND_COLUMN",
@@ -132,12 +132,6 @@ def hash_of(kind: int, text: str) -> int:
     raise ValueError(f"vocabulary kind must be 0 (column) or 1 (feature), got {kind}")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _record(entries: Sequence[Entry]) -> bytes:
     return VOCAB_RECORD.encode(_ENCODER.encode([list(e) for e in entries]))
 
@@ -190,9 +184,8 @@ class VocabStore:
         #: an fdatasync failed: the pages it dropped may be gone though the next one succeeds
         #: ("fsyncgate"), so nothing more is called durable until ``_rewrite`` replaced the log
         self._sync_failed = False
-        #: a failed append left part of a record past ``_size`` that could not be cut off yet
-        #: (``_cut_partial_locked``). Under ``_lock``.
-        self._partial = False
+        #: a failed append's bytes past ``_size`` (giaannd/storage/engine/log_tail.py). Under ``_lock``.
+        self._tail = LogTail()
         #: bytes cut off the end at open (a torn last record), for the log and tests
         self.torn_bytes = torn_bytes
         #: refused puts that named a held id with another string (real collisions)
@@ -285,31 +278,11 @@ class VocabStore:
         if new:
             record = _record([(k, i, t) for (k, i), t in new.items()])
             with self._lock:
-                self._cut_partial_locked()
-                try:
-                    _write_all(self._fd, record)  # a short write (the disk filled up) goes on: ENOSPC
-                except OSError:
-                    self._partial = True
-                    with contextlib.suppress(OSError):
-                        self._cut_partial_locked()
-                    raise
+                self._tail.append(self._fd, self._size, record)  # whole or not at all (log_tail.py)
                 self._size += len(record)
                 for (kind, ident), text in new.items():  # with the bytes: ``_rewrite`` copies both
                     self._tables[kind][ident] = text
         return VocabPut(len(new), known, self._size)
-
-    def _cut_partial_locked(self) -> None:
-        """Cut off what a failed append left past ``_size`` (``_partial``) and write from there
-        again: a record appended after a partial one would make it corruption in the middle of the
-        log, which stops the next start, instead of a torn tail.
-
-        Raises:
-            OSError: it still cannot be cut; nothing may be appended meanwhile.
-        """
-        if self._partial:
-            os.ftruncate(self._fd, self._size)
-            os.lseek(self._fd, self._size, os.SEEK_SET)
-            self._partial = False
 
     def sync(self) -> int:
         """fdatasync; returns the offset now durable (every put whose offset is ≤ it). One at a
@@ -342,14 +315,14 @@ class VocabStore:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             for start in range(0, len(entries), MAX_VOCAB_ENTRIES):  # each a PutVocab's most: readable
-                _write_all(fd, _record(entries[start : start + MAX_VOCAB_ENTRIES]))
+                write_all(fd, _record(entries[start : start + MAX_VOCAB_ENTRIES]))
             offset = os.lseek(fd, 0, os.SEEK_CUR)
             with self._lock:
-                _write_all(fd, os.pread(self._fd, self._size - size, size))
+                write_all(fd, os.pread(self._fd, self._size - size, size))
                 os.fsync(fd)
                 os.replace(tmp, self.path)
                 old, self._fd = self._fd, fd
-                self._partial = False  # (a partial record of the old file was not copied)
+                self._tail = LogTail()  # (a partial record of the old file was not copied)
                 self._size = offset + self._size - size
                 target = self._size
         except BaseException:

@@ -223,7 +223,7 @@ def test_register_changes_during_a_compaction_survive_the_switch(tmp_path, monke
     for i in range(2, 2000):
         s.prepare("k", (i, 1))
     wrote, go = threading.Event(), threading.Event()
-    real = rs._write_all
+    real = rs.write_all
     calls: list[int] = []
 
     def write_all(fd: int, data: bytes) -> None:
@@ -232,7 +232,7 @@ def test_register_changes_during_a_compaction_survive_the_switch(tmp_path, monke
         if len(calls) == 1:  # the snapshot's states are in the new file; the lock is not taken yet
             wrote.set()
             assert go.wait(10)
-    monkeypatch.setattr(rs, "_write_all", write_all)
+    monkeypatch.setattr(rs, "write_all", write_all)
     errors: list[BaseException] = []
 
     def sync() -> None:
