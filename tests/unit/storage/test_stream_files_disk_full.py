@@ -104,3 +104,39 @@ def test_stream_closed_marker_is_durable_in_its_directory(tmp_path, monkeypatch)
     scopes.close(7)
     assert disk.dir_synced(tmp_path / SCOPES_DIR), "the .closed file's directory entry was never fsynced"
     assert StreamScopes.open(tmp_path).open_streams() == []
+
+
+def test_stream_scope_append_cut_short_leaves_no_torn_record(tmp_path, monkeypatch):
+    """A scope record cut short by a full disk must not stay: the file is read 8 bytes at a time,
+    so a torn record under the retry's whole one shifted every later column id (before: a partial
+    append was left in place)."""
+    import builtins
+
+    from giaannd.storage.streaming import dedupe
+
+    scopes = dedupe.StreamScopes.open(tmp_path)
+    scopes.add_columns(7, np.array([5], np.uint64))
+
+    def torn(fd_or_file_write):
+        def write(data):
+            fd_or_file_write(bytes(memoryview(data)[:3]))  # 3 bytes land, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write
+
+    real_open = builtins.open
+
+    def open_torn(path, mode="r", *args, **kwargs):  # the file-object path
+        f = real_open(path, mode, *args, **kwargs)
+        if "a" in mode:
+            f.write = torn(f.write)
+        return f
+
+    monkeypatch.setattr(dedupe, "open", open_torn, raising=False)
+    if hasattr(dedupe, "write_all"):  # the fd path
+        monkeypatch.setattr(dedupe, "write_all", lambda fd, data: torn(lambda b: os.write(fd, b))(data))
+    with pytest.raises(OSError):
+        scopes.add_columns(7, np.array([1, 2], np.uint64))
+    monkeypatch.undo()
+    scopes.add_columns(7, np.array([1, 2], np.uint64))  # the writer's retry
+    again = dedupe.StreamScopes.open(tmp_path)
+    assert again.columns_of_open_streams(but=0).tolist() == [1, 2, 5]
