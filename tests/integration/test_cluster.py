@@ -91,10 +91,11 @@ def test_cluster_ring_owners_agree_across_nodes(cluster: LocalCluster) -> None:
 
 def test_cluster_bad_requests_get_clear_errors(cluster: LocalCluster) -> None:
     node = cluster.nodes[0]
+    # refused as given (400): bad input, exit 2 as a usage error (giaannd/admin/ctl.py)
     bad = node.ctl("ring", "owners", "0x" + "f" * 17)
-    assert bad.returncode == 1 and "64-bit" in bad.stderr
+    assert bad.returncode == 2 and "64-bit" in bad.stderr
     join = node.ctl("node", "join", "not-an-address")
-    assert join.returncode == 1 and "host:port" in join.stderr
+    assert join.returncode == 2 and "host:port" in join.stderr
 
 
 def test_cluster_train_eval_generate_export_through_giaannctl(
