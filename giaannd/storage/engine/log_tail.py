@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["LogTail", "write_all"]
+__all__ = ["LogTail", "append_synced", "write_all"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -21,6 +21,31 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def append_synced(path: str | os.PathLike[str], data: bytes) -> int:
+    """Append ``data`` to the file at ``path`` (made if absent) and fsync it, whole or not at all:
+    for small files of fixed-size records read back whole (a stream's writer ids and column
+    scopes), where a record cut short, or one whose fsync failed, would stay under the retry's
+    (ids shifted, or an id called durable that a power loss may drop). Returns the file's size
+    before (0: new or empty, so its directory entry is the caller's to make durable).
+
+    Raises:
+        OSError: the write or fsync failed; what was written is cut off again.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+    return size
 
 
 class LogTail:

@@ -32,7 +32,6 @@ restarted node before that retry is still counted twice.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
-from giaannd.storage.engine.log_tail import write_all
+from giaannd.storage.engine.log_tail import append_synced
 from giaannd.storage.streaming.column_sets import member, missing, with_columns
 
 __all__ = ["StreamScopes", "direct_marker_id", "filter_direct", "marker_id", "scoped_writer"]
@@ -149,20 +148,9 @@ class StreamScopes:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{stream_id:016x}.cols"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                write_all(fd, new.tobytes())
-                os.fsync(fd)
-            except OSError:
-                # the file is read 8 bytes at a time: a record cut short (a full disk) under the
-                # retry's whole one would shift every later column id; an unsynced one is in doubt
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
+        # whole or not at all: the file is read 8 bytes at a time, so a record cut short (a full
+        # disk) under the retry's whole one would shift every later column id
+        append_synced(path, new.tobytes())
         # a new file's (and a new directory's) name is durable only once its directory is synced:
         # else a power loss can drop the whole scope while the F markers it preceded stay logged.
         # Until the first record of the stream succeeded, not "when this call created them": a

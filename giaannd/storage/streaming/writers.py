@@ -11,15 +11,13 @@ so repair must not ship a writer batch into them again under its own id (repair/
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.atomic_file import fsync_dir
+from giaannd.storage.engine.log_tail import append_synced
 from giaannd.storage.streaming.dedupe import StreamScopes
 
 if TYPE_CHECKING:
@@ -52,22 +50,10 @@ def record_stream_writer(service: StorageService, writer: int) -> None:
         return
     service.data_dir.mkdir(parents=True, exist_ok=True)
     path = service.data_dir / STREAM_WRITERS_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            if os.write(fd, np.array([writer], np.uint64).tobytes()) != 8:
-                raise OSError(errno.ENOSPC, f"{path}: short write (disk full)")
-            os.fsync(fd)
-        except OSError:
-            # an id left in the file after a failed fsync would read as recorded by the retry,
-            # though a power loss may drop it ("fsyncgate": the next fsync need not cover it),
-            # and a part of one would shift every later id
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
+    # whole or not at all (log_tail.py): an id left in the file after a failed fsync would read
+    # as recorded by the retry, though a power loss may drop it ("fsyncgate": the next fsync need
+    # not cover it), and a part of one would shift every later id
+    size = append_synced(path, np.array([writer], np.uint64).tobytes())
     if size == 0:  # a new file (or one a failed first append left empty): its name is durable
         fsync_dir(service.data_dir)  # only once its directory is synced
 

@@ -131,9 +131,10 @@ def test_stream_scope_append_cut_short_leaves_no_torn_record(tmp_path, monkeypat
             f.write = torn(f.write)
         return f
 
-    monkeypatch.setattr(dedupe, "open", open_torn, raising=False)
-    if hasattr(dedupe, "write_all"):  # the fd path
-        monkeypatch.setattr(dedupe, "write_all", lambda fd, data: torn(lambda b: os.write(fd, b))(data))
+    from giaannd.storage.engine import log_tail
+
+    monkeypatch.setattr(dedupe, "open", open_torn, raising=False)  # (the code before: a file object)
+    monkeypatch.setattr(log_tail, "write_all", lambda fd, data: torn(lambda b: os.write(fd, b))(data))
     with pytest.raises(OSError):
         scopes.add_columns(7, np.array([1, 2], np.uint64))
     monkeypatch.undo()
