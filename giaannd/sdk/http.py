@@ -42,6 +42,8 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 #: an HTTPException read as "not an HTTP answer"; UnicodeEncodeError), or takes a path without
 #: the ``/`` as part of the port.
 _ROUTE_PATH = re.compile(r"/[!-~]*")
+#: An HTTP method: a token (RFC 9110 §9.1), as the daemon's routes spell them (``GET``, ``POST``...).
+_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def admin_url(text: str) -> str:
@@ -145,6 +147,8 @@ class AdminClient:
                 nothing sent: ``path`` is not a route path, or ``body`` cannot be sent as JSON.
             RequestError: any other non-2xx reply, as its typed subclass (``request_error``).
         """
+        if not isinstance(method, str) or not _METHOD.fullmatch(method):  # (http.client: ValueError)
+            raise UsageError(f"{method!r} is not an HTTP method (GET, POST, PUT, DELETE...)")
         if not _ROUTE_PATH.fullmatch(path):
             raise UsageError(f"{method} {path!r}: not a route path (/ then percent-encoded ASCII, "
                              "e.g. /v1/columns/new%20york/rows)")

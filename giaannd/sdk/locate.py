@@ -59,6 +59,8 @@ def locate(*, addr: str | None, token_file: str | None, data_dir: str | None,
             between them (exit 2), unreadable instance directories (exit 2), or a data directory
             without ``admin.addr`` (exit 1: its daemon is not running).
     """
+    if addr is not None and not isinstance(addr, str):  # ``Client(7480)``: failed deep in the parsing
+        raise UsageError(f"the address must be text such as '127.0.0.1:{addr}', not {addr!r}")
     root = STATE_ROOT
     addr_from = "--addr" if addr else "GIAANNCTL_ADDR"
     addr = addr or environ.get("GIAANNCTL_ADDR") or None

@@ -114,3 +114,19 @@ def test_sdk_column_strongest_refuses_a_negative_count() -> None:
     assert column.strongest(0) == [] and len(column.strongest(10)) == 3
     with pytest.raises(giaannd.UsageError, match="n must be >= 0"):
         column.strongest(-1)
+
+
+def test_sdk_address_that_is_not_text_is_a_usage_error() -> None:
+    """``Client(7480)`` (a port as a number) raised ``AttributeError: 'int' object has no attribute
+    'strip'`` from deep inside the address parsing."""
+    with pytest.raises(giaannd.UsageError, match="7480"):
+        Client(7480)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["get ", "GE T", "G\nET", ""])
+def test_sdk_call_method_that_is_no_http_method_is_a_usage_error(tmp_path: Path, method: str) -> None:
+    """A method http.client cannot send raised a bare ``ValueError`` (or was sent as garbage)."""
+    with serving(tmp_path) as (api, data_dir):
+        with pytest.raises(giaannd.UsageError, match="method"):
+            Client(data_dir=data_dir).call(method, "/v1/status")
+        assert api.seen == []
