@@ -41,6 +41,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd.atomic_file import fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
@@ -101,7 +102,7 @@ class StreamScopes:
             return
         with open(self.directory / f"{stream_id:016x}.closed", "wb") as f:
             os.fsync(f.fileno())
-        _fsync_dir(self.directory)  # the marker is its name: durable once the directory is synced
+        fsync_dir(self.directory)  # the marker is its name: durable once the directory is synced
         self._closed.add(stream_id)
 
     def discard(self, stream_id: int) -> NDArray[np.uint64]:
@@ -116,11 +117,7 @@ class StreamScopes:
             if not (self.directory / f"{stream_id:016x}.cols").exists():  # found at the next open
                 with open(self.directory / f"{stream_id:016x}.cols", "wb") as f:
                     os.fsync(f.fileno())
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(self.directory)
             self._discarded.add(stream_id)
         return cols
 
@@ -156,8 +153,8 @@ class StreamScopes:
         # Until the first record of the stream succeeded, not "when this call created them": a
         # first attempt whose fsync failed (a full disk, EIO) created them, and its retry must sync
         if stream_id not in self._columns:
-            _fsync_dir(self.directory.parent)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory.parent)
+            fsync_dir(self.directory)
         self._columns[stream_id] = with_columns(have, new)
 
     def items(self) -> Iterator[tuple[int, NDArray[np.uint64]]]:
@@ -165,14 +162,6 @@ class StreamScopes:
 
     def __len__(self) -> int:
         return len(self._columns)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def filter_direct(batch_id: BatchId, batch: RowBatch, applied: AppliedSet, scopes: StreamScopes) -> RowBatch | None:
