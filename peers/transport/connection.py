@@ -722,15 +722,11 @@ class Connection:
                 await self._send_error(msg.id, "deadline", "handler exceeded the request's budget")
             elif self._closed_exc is None:
                 await self._send_error(msg.id, "cancelled", "")
-        except (OSError, TransportClosed) as exc:
-            # the connection going away (the reply's write failed, or it closed meanwhile): the
-            # caller fails there. A handler's own OSError (a full disk) on a live connection is a
-            # failure like any other: answered, not taken for the connection's end (the caller
-            # waited for its deadline and saw this node as unreachable)
-            if not handled and self._closed_exc is None:
-                log.debug("handler failed peer=%s request=%d", self.peer, msg.id, exc_info=True)
-                await self._send_error(msg.id, type(exc).__name__, str(exc)[:4000])
         except Exception as exc:  # noqa: BLE001 - a handler's failure goes to the caller, typed
+            if isinstance(exc, OSError) and (handled or self._closed_exc is not None):
+                return  # the connection going away (TransportClosed is one): the caller fails there
+            # (a handler's own OSError, a full disk, on a live connection is answered too: it was
+            # taken for the connection's end, and the caller waited for its deadline)
             log.debug("handler failed peer=%s request=%d", self.peer, msg.id, exc_info=True)
             await self._send_error(msg.id, type(exc).__name__, str(exc)[:4000])
 
