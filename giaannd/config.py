@@ -55,6 +55,7 @@ __all__ = [
     "membership_profile_values",
     "parse_override",
     "parse_seed",
+    "split_listen",
     "to_toml",
 ]
 
@@ -922,14 +923,25 @@ def parse_seed(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def split_listen(listen: str) -> tuple[str, int]:
+    """``admin.listen`` as the daemon binds it: ``host:port`` (``[v6]:port``; an empty host is
+    127.0.0.1).
+
+    Raises:
+        ConfigError: not host:port with a port in 0..65535.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not _is_port(port):
+        raise ConfigError(f"expected host:port, got {listen!r}", "$.admin.listen")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def _check_addresses(cfg: Config) -> None:
     """Addresses no listener could bind or no peer could dial. The daemon finds them too, but only
     at start, after it made the data directory, node id and admin token (a bad ``stream-bind``
     after the node had joined the ring, and with exit 1), so they are refused here first.
     (``transport.bind`` and ``advertise`` are still checked at start only: runtime/node.py.)"""
-    _, sep, port = cfg.admin.listen.rpartition(":")  # (as daemon.py reads it: the host may be empty)
-    if not sep or not _is_port(port):
-        raise ConfigError(f"expected host:port, got {cfg.admin.listen!r}", "$.admin.listen")
+    split_listen(cfg.admin.listen)
     for seed in cfg.cluster.seeds:
         try:
             parse_seed(seed)
@@ -959,8 +971,7 @@ def _tcp_listeners(cfg: Config) -> list[tuple[str, str, int]]:
     """``(key path, host, port)`` of every TCP listener the config names (membership's TCP and UDP
     share a port; ucx:// has its control connection on TCP). URLs that do not parse are left to
     the checks at start."""
-    host, _, port = cfg.admin.listen.rpartition(":")
-    out = [("$.admin.listen", host.strip("[]") or "127.0.0.1", int(port)),
+    out = [("$.admin.listen", *split_listen(cfg.admin.listen)),
            ("$.membership.bind-port", cfg.membership.bind_address, cfg.membership.bind_port)]
     urls = [("$.transport.bind", url) for url in cfg.transport.bind]
     urls.append(("$.storage.stream-bind", cfg.storage.stream_bind))

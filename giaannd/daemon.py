@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from giaannd import __version__
 from giaannd.admin.api import AdminApi
 from giaannd.atomic_file import atomic_write_bytes
-from giaannd.config import Config
+from giaannd.config import Config, split_listen
 from giaannd.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -180,13 +180,6 @@ def _load_token(config: Config) -> str:
     if not token:
         raise CorruptFileError(str(path), "empty admin token")
     return token
-
-
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:  # (int() reads "٣" as 3)
-        raise ConfigError(f"expected host:port, got {listen!r}", "$.admin.listen")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 @dataclass
@@ -370,7 +363,7 @@ class Daemon:
                                status=self.status,
                                metrics_require_token=self.config.admin.metrics_require_token,
                                config=self.config.admin)
-        host, port = _split_listen(self.config.admin.listen)
+        host, port = split_listen(self.config.admin.listen)
         try:
             self.admin_address = await self._admin.start(host, port)
         except OSError as exc:

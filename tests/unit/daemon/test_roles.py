@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from giaannd import cli, daemon
-from giaannd.config import Config, load_config
+from giaannd.config import Config, load_config, split_listen
 from giaannd.errors import ConfigError
 
 
@@ -91,14 +91,14 @@ def test_roles_broken_dependency_is_an_error_not_unavailable(
     (":9000", ("127.0.0.1", 9000)),
 ])
 def test_split_listen(listen: str, expected: tuple[str, int]) -> None:
-    assert daemon._split_listen(listen) == expected
+    assert split_listen(listen) == expected
 
 
 # "h:\u0663": a non-ASCII digit, which int() reads as 3
 @pytest.mark.parametrize("listen", ["localhost", "host:port", "h:70000", "h:\u0663"])
 def test_split_listen_rejects(listen: str) -> None:
     with pytest.raises(ConfigError) as info:
-        daemon._split_listen(listen)
+        split_listen(listen)
     assert info.value.path == "$.admin.listen"
 
 
