@@ -89,7 +89,8 @@ log = logging.getLogger(__name__)
 
 #: ``TrainProgress`` figure -> (metric, HELP): one counter per quantity, summed over jobs, counted
 #: as each window's batch is acknowledged by storage (a resumed job does not count its acknowledged
-#: windows again).
+#: windows again). They count the work this node did: a cluster job's window redone after a
+#: take-over counts on both nodes that wrote it (the job document counts it once; docs/compute.md).
 TRAIN_COUNTERS: Final[Mapping[str, tuple[str, str]]] = {
     "done": ("giaannd_compute_train_sentences_total",
              "Corpus sentences handled by training jobs (trained, or skipped by column assignment)."),

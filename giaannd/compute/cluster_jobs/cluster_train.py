@@ -597,8 +597,10 @@ class ClusterJobs:
 def job_document(job: JobRow, shards: list[Shard], here: _Followed | None = None) -> dict[str, Any]:
     """``GET /v1/jobs/{id}`` of a cluster job: the jobs.py document's keys plus ``stage``,
     ``flag_pass`` and ``by_node`` (node -> sentences handled and trained, windows trained, windows
-    of the flag pass and sentences it tagged there, leases held now, leases it let expire, leases
-    it took over, and its ``timeline``) and ``timeline`` (``_timelines``)."""
+    of the flag pass it completed and their sentences of a text corpus, ``tagged``: by it or by a
+    run of the window whose lease it took over, leases held now, leases it let expire, leases it
+    took over, and its ``timeline``; ``lease_table.OTHERS``: nodes whose tallies were folded) and
+    ``timeline`` (``_timelines``)."""
     try:
         spec = decode_spec(job.spec)
     except Exception as exc:

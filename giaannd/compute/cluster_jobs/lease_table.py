@@ -64,7 +64,7 @@ from typing import Final, Literal, TypeVar
 
 import msgspec
 
-from giaannd.compute.timeline import TIMELINE_INTERVAL_S, step_points
+from giaannd.compute.timeline import MAX_REGISTER_TIMELINE_POINTS, TIMELINE_INTERVAL_S, step_points
 from giaannd.errors import CorruptDataError, Refused
 
 __all__ = [
@@ -76,6 +76,8 @@ __all__ = [
     "Lease",
     "LeaseRefused",
     "LeaseRowCorrupt",
+    "MAX_SHARD_TALLIES",
+    "OTHERS",
     "Shard",
     "Tally",
     "check_shard",
@@ -112,6 +114,16 @@ JOB_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
 INDEX_KEY: Final = "jobs"
 #: Unfinished jobs the index holds: each costs a few dozen bytes, and a node follows every one.
 MAX_ACTIVE_JOBS: Final = 64
+#: Tallies a shard row keeps (``_bounded``). A tally with a full timeline is ~1.3 KB (64 points of
+#: ~20 bytes, and the node's name), so without a bound ~200-300 node names that ever completed a
+#: window in one shard (a node restarted under a new name counts again) outgrew the register value
+#: cap (``protocol.MAX_REGISTER_VALUE_BYTES``, 256 KiB) and the job failed. 128 tallies stay under
+#: ~180 KB with names of 60 characters, leaving the rest for the leases and ``free`` ranges.
+MAX_SHARD_TALLIES: Final = 128
+#: The tally into which those of nodes holding no lease in the shard are folded past
+#: ``MAX_SHARD_TALLIES`` (``by_node``'s entry for them). A node of that very name would share it:
+#: harmless, the counts stay exact.
+OTHERS: Final = "(other nodes)"
 
 
 class LeaseRefused(Refused):
@@ -193,8 +205,8 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True, tag="shard"):
     leases: tuple[Lease, ...] = ()
     done: int = 0
     issued: int = 0
-    #: per node, sorted by name (bounded by the nodes that ever worked in the shard; added last,
-    #: with a default, so rows written before it decode)
+    #: per node, sorted by name (at most ``MAX_SHARD_TALLIES``: past it, nodes holding no lease
+    #: here are folded into ``OTHERS``; added last, with a default, so rows written before it decode)
     tallies: tuple[Tally, ...] = ()
 
     @property
@@ -347,7 +359,50 @@ def _tallied(shard: Shard, node: str, *, windows: int = 0, tail: bool = False, l
         timeline, every_s = step_points(timeline, every_s, (at, old.windows + windows, old.units + units))
     new = Tally(node, old.windows + windows, old.tail or tail, old.lost + lost, old.won + won, old.units + units,
                 timeline, every_s)
-    return tuple(sorted((*(t for t in shard.tallies if t.node != node), new), key=lambda t: t.node))
+    return _bounded(shard, node, (*(t for t in shard.tallies if t.node != node), new))
+
+
+def _bounded(shard: Shard, node: str, tallies: tuple[Tally, ...]) -> tuple[Tally, ...]:
+    """``tallies`` sorted by name, at most ``MAX_SHARD_TALLIES``: past it, those of the nodes that
+    hold no lease in ``shard`` (``node``'s, being counted now, is kept), fewest windows first, are
+    folded into ``OTHERS``. The counts stay exact (the job document sums them; the job's last
+    window is in at most one tally, so ``tail`` is kept by or-ing), only who did what is lost for
+    the folded nodes; a folded node that completes windows again gets a tally of its own again."""
+    if len(tallies) > MAX_SHARD_TALLIES:
+        holders = {lease.node for lease in shard.leases} | {node, OTHERS}
+        movable = sorted((t for t in tallies if t.node not in holders), key=lambda t: (t.windows, t.node))
+        # one more leaves room for OTHERS itself when it is not there yet
+        excess = len(tallies) - MAX_SHARD_TALLIES + (not any(t.node == OTHERS for t in tallies))
+        folded = movable[:excess]
+        if folded:
+            names = {t.node for t in folded}
+            others = next((t for t in tallies if t.node == OTHERS), Tally(OTHERS))
+            for t in folded:
+                others = _fold(others, t)
+            tallies = (*(t for t in tallies if t.node not in names and t.node != OTHERS), others)
+    return tuple(sorted(tallies, key=lambda t: t.node))
+
+
+def _fold(into: Tally, t: Tally) -> Tally:
+    """``into`` with ``t``'s counts added; its timeline the sum of both (each cumulative value
+    carried forward between its own points, as the job document's ``merge_timelines``), halved
+    from the newest point down to ``MAX_REGISTER_TIMELINE_POINTS``: its last point is the totals.
+    Its interval is the larger one, not doubled: no completion samples ``OTHERS``, and doubling
+    at every fold would grow it without bound."""
+    points: list[tuple[float, int, int]] = []
+    a, b = into.timeline, t.timeline
+    i = j = 0
+    for at in sorted({p[0] for p in a} | {p[0] for p in b}):
+        while i < len(a) and a[i][0] <= at:
+            i += 1
+        while j < len(b) and b[j][0] <= at:
+            j += 1
+        pa, pb = a[i - 1] if i else (at, 0, 0), b[j - 1] if j else (at, 0, 0)
+        points.append((at, pa[1] + pb[1], pa[2] + pb[2]))
+    while len(points) > MAX_REGISTER_TIMELINE_POINTS:
+        points = points[(len(points) - 1) % 2::2]
+    return Tally(into.node, into.windows + t.windows, into.tail or t.tail, into.lost + t.lost, into.won + t.won,
+                 into.units + t.units, tuple(points), max(into.every_s, t.every_s))
 
 
 def _replace_lease(shard: Shard, old: Lease, new: Lease | None) -> tuple[Lease, ...]:

@@ -215,14 +215,17 @@ class WindowRunner:
         self._chunks: collections.OrderedDict[str, asyncio.Future[RegisterRead]] = collections.OrderedDict()
 
     async def __call__(self, action: RunWindow) -> int:
-        """Run one window; returns what it counted: the sentences it trained, or in the flag pass
-        the sentences it tagged (0 when the window was tagged already, or needs no tagging)."""
+        """Run one window; returns what it counts in the job's tallies: the sentences it trained,
+        or in the flag pass of a text job the window's sentences, tagged here or by an earlier run
+        (0 for a tagged corpus). A window's flag pass is completed once, and a run that finds it
+        tagged follows one that never completed it (a lease taken over, or given back): that
+        tagging would otherwise be counted by no node's tally. ``progress`` (the node's counters)
+        gets ``tagged`` only for a tagging this node stored."""
         # the uploaded chunks are write-once (module docstring, "Reads"): one owner answers; a text
         # window's tagged chunk is not (two nodes may tag it), so it is read from a quorum
         once, w, spec = self._patient(self._read_chunk), action.window, self.spec
         read = self._patient(self.client.read_register) if spec.text else once
         if action.stage == FLAG_STAGE:
-            tagged = 0
             try:
                 sentences = await read_window(read, self.job_id, w, (), TAGGED if spec.text else UPLOADED,
                                               missing_ok=spec.text, group=spec.group, k=spec.k)
@@ -244,10 +247,10 @@ class WindowRunner:
                     # bytes): stage 1 trains on the stored one, so the findings must be its
                     sentences = await self._stored_tagging(w)
                 else:
-                    sentences, tagged = mine, len(mine)
-                    self.progress.add(tagged=tagged)
+                    sentences = mine
+                    self.progress.add(tagged=len(mine))
             await self._find(w, sentences)
-            return tagged
+            return len(sentences) if spec.text else 0
         sentences = await read_window(read, self.job_id, w, (), TAGGED if spec.text else UPLOADED,
                                       group=spec.group, k=spec.k)
         assert sentences is not None
