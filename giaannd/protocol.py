@@ -24,6 +24,7 @@ request            bulk buffers                                    success reply
 ``RegisterPrepare`` none                                           ``RegisterValue`` (the accepted one)
 ``RegisterAccept`` none (the value in the payload: small)          ``RegisterAccepted``
 ``ComputeCall``    ``body`` u8[n] (the op's own encoding)          ``ComputeAnswer`` (``body`` u8[m])
+``HeldHints``      none                                            ``HeldMask``
 =================  ==============================================  ====================================
 
 **Rows of any size** (docs/transport.md, "Chunked reads"): a ``ReadRows`` with ``chunked`` is
@@ -136,6 +137,8 @@ __all__ = [
     "ErrorReply",
     "GetVocab",
     "GetUsage",
+    "HeldHints",
+    "HeldMask",
     "NotOwner",
     "OverrideMember",
     "OverrideSet",
@@ -215,7 +218,7 @@ MAX_READ_PART_ENTRIES: Final = MAX_BATCH_ENTRIES
 #: Rows one RowsReply may list as ``large``: each is at least a read chunk, so 4096 of them are
 #: already 32 GiB at the default chunk; the rest of the request is asked again (``more``).
 MAX_LARGE_ROWS: Final = 4096
-#: Seqs per BatchesApplied query (the writer asks about its hinted batches in chunks).
+#: Seqs per BatchesApplied or HeldHints query (the writer asks about its hinted batches in chunks).
 MAX_QUERY_SEQS: Final = 65_536
 #: Bound on free-text fields (error messages, node names) so a reply stays small.
 MAX_TEXT_CHARS: Final = 4096
@@ -449,8 +452,19 @@ class ComputeCall(msgspec.Struct, frozen=True, tag=17):
 #: The tag of ``ComputeCall`` (the runtime routes it by a tag peek, ``request_tag``).
 COMPUTE_CALL_TAG: Final = 17
 
+
+class HeldHints(msgspec.Struct, frozen=True, tag=18):
+    """Which of ``seqs`` of ``writer`` this node still holds as hints for ``target`` (a writer
+    whose hinted target left the placement: docs/replication.md, "Writer floors"). Appended
+    Dec 1; a node that predates it answers ``BadRequest``, which settles nothing."""
+
+    target: _Text
+    writer: _U64
+    seqs: list[Annotated[int, msgspec.Meta(ge=1)]]
+
+
 Request = (ReadRows | ApplyBatch | RowDigests | GetUsage | BatchesApplied | ScanRows | PutVocab | GetVocab
-           | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept | ReadRowPart)
+           | ColumnInfo | RegisterGet | RegisterPrepare | RegisterAccept | ReadRowPart | HeldHints)
 
 
 # -- runtime requests (tags 10..): answered by every node with a data plane, before the roles -----
@@ -630,6 +644,12 @@ class ComputeAnswer(msgspec.Struct, frozen=True, tag=78):
     """The answer of a ``ComputeCall``: its body is one u8 bulk buffer (the op's own encoding)."""
 
 
+class HeldMask(msgspec.Struct, frozen=True, tag=79):
+    """The answer of ``HeldHints``: per seq, whether a hint of it for the target is still held."""
+
+    held: list[bool]
+
+
 # -- error replies (tags 128..) -------------------------------------------------------------------
 class StoreFull(msgspec.Struct, frozen=True, tag=128):
     """The write would take the store past its capacity; nothing changed."""
@@ -679,7 +699,7 @@ class RegisterConflict(msgspec.Struct, frozen=True, tag=133):
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict | RegisterConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
          | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | RowPart | ComputeAnswer
-         | ErrorReply)
+         | HeldMask | ErrorReply)
 
 
 def register_key_id(key: str) -> int:

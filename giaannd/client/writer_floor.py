@@ -15,11 +15,16 @@ caller prepares the write) until every owner of its rows acknowledged it directl
 can never land on a node whose floor already passed it. A write that failed and is never retried
 holds the floor until ``abandon``.
 
+A hinted owner that left the placement for good (removenode while it was down) never answers
+again: for it the client asks the nodes that acknowledged holding its hints (``holders``) whether
+they still hold them (writes.py, ``confirm_hints``), and ``confirmed`` settles the seq once none does.
+
 Only our own writer's ids are tracked: a batch id of another writer (a hint replayed by storage,
 tools) is written with floor 0 and never settles anything here.
 
 Invariants: ``floor < min(unsettled)`` and ``floor < next_seq``; ``hinted[target]`` holds only seqs
-of this writer that were handed to a hint holder for ``target`` and not yet confirmed there.
+of this writer that were handed to a hint holder for ``target`` and not yet confirmed there;
+``holders[target]`` has an entry only for a seq in ``hinted[target]``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class WriterFloor:
         self.unsettled: dict[int, Unsettled] = {}
         #: target owner -> our seqs held as hints for it, not yet confirmed applied there
         self.hinted: dict[str, set[int]] = {}
+        #: target owner -> hinted seq -> the nodes that acknowledged holding that hint
+        self.holders: dict[str, dict[int, set[str]]] = {}
 
     def next_batch_id(self) -> BatchId:
         """A fresh id of this writer, unsettled from now on."""
@@ -77,10 +84,24 @@ class WriterFloor:
         if not state.pending and self.is_ours(bid) and self.unsettled.get(bid.seq) is state:
             del self.unsettled[bid.seq]
 
-    def hinted_for(self, target: str, bid: BatchId) -> None:
-        """``bid``'s share of ``target`` is held as a hint by another node."""
+    def hinted_for(self, target: str, bid: BatchId, holder: str | None = None) -> None:
+        """``bid``'s share of ``target`` is held as a hint by ``holder`` (None: by no node yet,
+        a stranded share the writer keeps)."""
         if self.is_ours(bid):
             self.hinted.setdefault(target, set()).add(bid.seq)
+            if holder is not None:
+                self.holders.setdefault(target, {}).setdefault(bid.seq, set()).add(holder)
+
+    def hint_holders(self, target: str, seq: int) -> frozenset[str]:
+        """The nodes that acknowledged holding our hinted ``seq`` for ``target``."""
+        return frozenset(self.holders.get(target, {}).get(seq, ()))
+
+    def _forget_holders(self, target: str, seq: int) -> None:
+        held = self.holders.get(target)
+        if held is not None:
+            held.pop(seq, None)
+            if not held:
+                del self.holders[target]
 
     def confirmed(self, target: str, seq: int) -> bool:
         """``target`` reports our hinted ``seq`` applied. False if it was not pending there (a
@@ -89,6 +110,7 @@ class WriterFloor:
         if seqs is None or seq not in seqs:
             return False
         seqs.discard(seq)
+        self._forget_holders(target, seq)
         state = self.unsettled.get(seq)
         if state is not None:
             self.owner_done(BatchId(self.writer_id, seq), state, target)
@@ -98,5 +120,6 @@ class WriterFloor:
         """Give up on a failed write of ours: it will never be sent again (lets the floor move)."""
         if self.is_ours(bid):
             self.unsettled.pop(bid.seq, None)
-            for seqs in self.hinted.values():
+            for target, seqs in self.hinted.items():
                 seqs.discard(bid.seq)
+                self._forget_holders(target, bid.seq)

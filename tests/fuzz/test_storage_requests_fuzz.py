@@ -311,7 +311,7 @@ def read_mutation(node: Node) -> Mutation:
     rng = node.rng
     cols, feats = _keys_held(node)
     kind = rng.choice(["ReadRows", "ReadRows", "RowDigests", "ReadRowPart", "ScanRows", "ColumnInfo",
-                       "BatchesApplied", "GetUsage"])
+                       "BatchesApplied", "HeldHints", "GetUsage"])
     if kind in ("ReadRows", "RowDigests"):
         msg: msgspec.Struct = p.ReadRows(chunked=rng.random() < 0.5) if kind == "ReadRows" else p.RowDigests()
         limit = p.MAX_READ_ROWS if kind == "ReadRows" else p.MAX_DIGEST_ROWS
@@ -335,6 +335,11 @@ def read_mutation(node: Node) -> Mutation:
     elif kind == "BatchesApplied":
         fields = _fields(p.BatchesApplied(rng.choice(big), [rng.choice(big[1:]) for _ in range(rng.randrange(4))]))
         bad_fields = {"seqs": [[0], [-1], "x", list(range(1, p.MAX_QUERY_SEQS + 2))], "writer": [-1]}
+    elif kind == "HeldHints":
+        fields = _fields(p.HeldHints(rng.choice(["s1", "", "x" * 40]), rng.choice(big),
+                                     [rng.choice(big[1:]) for _ in range(rng.randrange(4))]))
+        bad_fields = {"seqs": [[0], [-1], "x", list(range(1, p.MAX_QUERY_SEQS + 2))], "writer": [-1],
+                      "target": [5, "x" * (p.MAX_TEXT_CHARS + 1)]}
     else:
         fields = _fields(p.GetUsage())
         bad_fields = {"type": [-5, 300, "4"]}

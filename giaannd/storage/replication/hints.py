@@ -310,6 +310,12 @@ class HintStore:
         tl = self._targets.get(target)
         return list(tl.hints.values()) if tl else []
 
+    def holds(self, target: str, batch_id: BatchId) -> bool:
+        """Whether a hint of ``batch_id`` for ``target`` is held (not yet delivered, re-split or
+        dropped): what a writer asks for a target that left the placement (``HeldHints``)."""
+        tl = self._targets.get(target)
+        return tl is not None and batch_id in tl.hints
+
     @property
     def held(self) -> int:
         return sum(len(t.hints) for t in self._targets.values())

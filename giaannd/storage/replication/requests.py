@@ -67,7 +67,7 @@ __all__ = ["FOLDING_MESSAGE", "Answer", "StorageCounters", "StorageRequests", "W
 #: What a ``ReadRows`` with ``busy_ok`` gets while a fold moves the rows (protocol.py, "Reads during a fold").
 FOLDING_MESSAGE = "folding: this node's rows are being moved; read them from another replica"
 #: Requests that never touch the rows (their own stores): served while a fold moves the rows.
-_NOT_ROWS = (p.PutVocab, p.GetVocab, p.RegisterGet, p.RegisterPrepare, p.RegisterAccept)
+_NOT_ROWS = (p.PutVocab, p.GetVocab, p.RegisterGet, p.RegisterPrepare, p.RegisterAccept, p.HeldHints)
 
 @dataclass
 class StorageCounters:
@@ -265,6 +265,8 @@ class StorageRequests:
                 return self.column_info(msg)
             if isinstance(msg, p.RegisterGet | p.RegisterPrepare | p.RegisterAccept):
                 return self.register(msg)
+            if isinstance(msg, p.HeldHints):
+                return self.held_hints(msg)
             return self.batches_applied(msg)
         except p.ProtocolViolation as exc:
             return self.error(p.BadRequest(_text(str(exc))))
@@ -356,6 +358,13 @@ class StorageRequests:
             raise p.ProtocolViolation(f"{len(msg.seqs)} seqs in one query; the limit is {p.MAX_QUERY_SEQS}")
         applied = self.store.store.applied
         return Answer(p.AppliedMask([BatchId(msg.writer, s) in applied for s in msg.seqs]))
+
+    def held_hints(self, msg: p.HeldHints) -> Answer:
+        """Which of the seqs are still held here as hints for the target (hints.py). A "no" needs
+        no sync: the hint left the log only once delivered or re-split durably, or dropped."""
+        if len(msg.seqs) > p.MAX_QUERY_SEQS:
+            raise p.ProtocolViolation(f"{len(msg.seqs)} seqs in one query; the limit is {p.MAX_QUERY_SEQS}")
+        return Answer(p.HeldMask([self.hints.holds(msg.target, BatchId(msg.writer, s)) for s in msg.seqs]))
 
     # -- writes -----------------------------------------------------------------------------------
     def _checked(self, msg: p.ApplyBatch, bulk: Sequence[np.ndarray]) -> Step | tuple[BatchId, RowBatch]:
