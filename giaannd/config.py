@@ -42,6 +42,7 @@ __all__ = [
     "JoinMode",
     "MAX_COLUMN_ROWS_ENTRIES",
     "MAX_READ_CHUNK_BYTES",
+    "PLACEMENT_WEIGHT",
     "AdminConfig",
     "ClusterConfig",
     "ComputeConfig",
@@ -79,6 +80,9 @@ MAX_READ_CHUNK_BYTES = 128 * 2**20
 DEFAULT_REGISTER_RAM_BYTES = 64 * 2**20
 DEFAULT_REGISTER_SPILL_BYTES = 4096
 DEFAULT_REGISTER_DISK_BYTES = 64 * _GIB
+#: ``storage.placement-weight``'s default and, until placement uses weights, its only accepted
+#: value (``_validate``).
+PLACEMENT_WEIGHT = 1.0
 #: Ceiling of ``compute.column-rows-max-entries`` (and of its default): 10 Mi entries of one column
 #: are ~1 GB of JSON in one admin answer; more is an export's job (``POST /v1/export``).
 MAX_COLUMN_ROWS_ENTRIES = 10_000_000
@@ -98,11 +102,14 @@ class NodeConfig(_Section):
     data_dir: Annotated[str, Meta(min_length=1, description=(
         "Directory for everything the node persists: node id, column snapshots, write-ahead log, "
         "admin token and the actual admin address. Created (mode 0750) on first start. systemd "
-        "units point this at the StateDirectory."
+        "units point this at the StateDirectory. A relative path is taken from the directory of "
+        "the config file that sets it (set by the environment or `--set`: from the working "
+        "directory), once, at load; the other path keys are relative to this one."
     ))] = "/var/lib/giaannd"
     node_id_file: Annotated[str, Meta(min_length=1, description=(
         "File, relative to `data-dir` unless absolute, holding this node's UUID. Created on first "
-        "start and never rewritten: a corrupt file stops the daemon (exit 2) instead of silently "
+        "start, with its directory (mode 0750) if that is missing, and never rewritten: a path "
+        "that cannot be used or a corrupt file stops the daemon (exit 2) instead of silently "
         "minting a new identity, which would orphan the replicas this node holds."
     ))] = "node-id"
     roles: Annotated[list[Role], Meta(description=(
@@ -129,8 +136,9 @@ class ClusterConfig(_Section):
         "Cluster name, checked in the handshake so two clusters on one network never merge."
     ))] = "giaann"
     key_file: Annotated[str, Meta(description=(
-        "File holding the cluster key used to authenticate the handshake (HMAC). Empty means no "
-        "key: acceptable on loopback only. Rotate with `giaannctl keys install/use/remove`."
+        "File holding the cluster key used to authenticate the handshake (HMAC), relative to "
+        "`data-dir` unless absolute. Empty means no key: acceptable on loopback only. Rotate "
+        "with `giaannctl keys install/use/remove`."
     ))] = ""
     seeds: Annotated[list[str], Meta(description=(
         "Addresses of existing members to join at start (`host:port` of their membership "
@@ -149,9 +157,11 @@ class AdminConfig(_Section):
         "binds only the first address it resolves to (one listening socket, as for the data plane)."
     ))] = "127.0.0.1:7480"
     token_file: Annotated[str, Meta(description=(
-        "File holding the bearer token every `/v1/` request must present. Empty means "
-        "`<data-dir>/admin.token`, created with mode 0600 on first start. A configured file "
-        "must exist and be non-empty."
+        "File holding the bearer token every `/v1/` request must present, relative to "
+        "`data-dir` unless absolute. Empty means `<data-dir>/admin.token`, created with mode "
+        "0600 on first start (what `giaannctl --data-dir` reads); give giaannctl another file "
+        "with `--token-file` (or `GIAANNCTL_TOKEN_FILE`). A configured file must exist and be "
+        "non-empty."
     ))] = ""
     metrics_require_token: Annotated[bool, Meta(description=(
         "Require the token for `/metrics` and the status page even from loopback. By default "
@@ -317,8 +327,9 @@ class StorageConfig(_Section):
     """The storage role: column replicas in RAM, persisted to the data directory."""
 
     capacity_bytes: Annotated[int, Meta(gt=0, le=2**63 - 1, description=(
-        "RAM this node offers for column replicas. Placement weights ownership by it; writes "
-        "beyond it are refused rather than swapping."
+        "RAM this node offers for column replicas; writes beyond it are refused rather than "
+        "swapping. Placement does not weight ownership by it (nor by `placement-weight`): every "
+        "storage node owns about the same share, so give storage nodes equal capacities."
     ))] = 8 * _GIB
     replication_factor: Annotated[int, Meta(ge=1, le=16, description=(
         "Replicas per column. Tolerates `replication-factor - write-quorum` failed owners for "
@@ -330,12 +341,14 @@ class StorageConfig(_Section):
     ))] = 2
     placement_weight: Annotated[float, Meta(gt=0, le=1000, description=(
         "This node's weight in placement, recorded in the storage ring and gossiped in the node's "
-        "metadata. Not yet used: the daemon places columns with the unweighted rendezvous strategy "
-        "(`hash`), so every storage node owns about the same share whatever its weight (measured: "
-        "weights 1 and 9 gave 50.2 % and 49.8 % of 100,000 keys). The weighted strategy exists "
-        "(`peers.placement`, ARCHITECTURE §6) but switching a running cluster to it would move "
-        "ownership without streaming the rows, so it waits for a topology operation that does."
-    ))] = 1.0
+        "metadata. Not supported yet: only the default, 1, is accepted, and any other value stops "
+        "the daemon at load (exit 2). The daemon places columns with the unweighted rendezvous "
+        "strategy (`hash`), so every storage node owns about the same share whatever its weight "
+        "(measured when other values were still taken: weights 1 and 9 gave 50.2 % and 49.8 % of "
+        "100,000 keys). The weighted strategy exists (`peers.placement`, ARCHITECTURE §6) but "
+        "switching a running cluster to it would move ownership without streaming the rows, so it "
+        "waits for a topology operation that does."
+    ))] = PLACEMENT_WEIGHT
     snapshot_interval_s: Annotated[float, Meta(gt=0, description=(
         "Seconds between the snapshot timer's turns (with a phase and jitter: snapshot-jitter); "
         "at each turn the whole store is snapshotted if the log since the last snapshot is at "
@@ -851,6 +864,15 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(
             f"write-quorum ({cfg.storage.write_quorum}) exceeds replication-factor "
             f"({cfg.storage.replication_factor})", "$.storage.write-quorum")
+    if cfg.storage.placement_weight != PLACEMENT_WEIGHT:
+        # Refused rather than ignored: a key that silently does nothing misleads whoever sizes
+        # nodes by it. Weighted placement is not switched on because changing a running cluster's
+        # strategy would move ownership without streaming the rows (docs/storage.md, Placement).
+        raise ConfigError(
+            f"placement-weight {cfg.storage.placement_weight} is not supported yet: placement "
+            "ignores weights (every storage node owns an equal share), and switching a running "
+            "cluster to weighted placement would move ownership without streaming the rows; leave "
+            f"it at {PLACEMENT_WEIGHT:g}", "$.storage.placement-weight")
     if len(set(cfg.node.roles)) != len(cfg.node.roles):
         raise ConfigError(f"duplicate role in {cfg.node.roles}", "$.node.roles")
     gossip = cfg.membership.resolved()
@@ -939,9 +961,9 @@ def split_listen(listen: str) -> tuple[str, int]:
 def _check_addresses(cfg: Config) -> None:
     """Addresses no listener could bind or no peer could dial. The daemon finds them too, but only
     at start, after it made the data directory, node id and admin token (a bad ``stream-bind``
-    after the node had joined the ring, and with exit 1), so they are refused here first.
-    (``transport.bind`` and ``advertise`` are still checked at start only: runtime/node.py.)"""
+    after the node had joined the ring, and with exit 1), so they are refused here first."""
     split_listen(cfg.admin.listen)
+    _check_transport(cfg.transport)
     for seed in cfg.cluster.seeds:
         try:
             parse_seed(seed)
@@ -967,10 +989,34 @@ def _check_addresses(cfg: Config) -> None:
     _check_port_clashes(cfg)
 
 
+def _check_transport(t: TransportConfig) -> None:
+    """``transport.bind`` and ``advertise`` as the runtime binds and gossips them (runtime/node.py
+    ``_bind`` checks the same, for configs built without this loader): URLs its backends parse, a
+    wildcard bind only with an advertised URL of its scheme, and advertised URLs a peer can dial
+    (no port 0) of a scheme this node listens on."""
+    bound = {_check_url(url, "$.transport.bind") for url in t.bind}
+    advertised: set[str] = set()
+    for url in t.advertise:
+        scheme = _check_url(url, "$.transport.advertise")
+        if scheme != "mem" and parse_host_port(url, scheme)[1] == 0:
+            raise ConfigError(f"{url!r} advertises port 0, where no peer can reach this node",
+                              "$.transport.advertise")
+        if scheme not in bound:
+            raise ConfigError(f"{url} advertises {scheme}:// but transport.bind has no {scheme}:// "
+                              "listener", "$.transport.advertise")
+        advertised.add(scheme)
+    for url in t.bind:
+        scheme = scheme_of(url)
+        if scheme != "mem" and scheme not in advertised and \
+                parse_host_port(url, scheme)[0] in _WILDCARDS:
+            raise ConfigError(f"{url} binds a wildcard address: set transport.advertise to the "
+                              "URL peers should dial", "$.transport.advertise")
+
+
 def _tcp_listeners(cfg: Config) -> list[tuple[str, str, int]]:
     """``(key path, host, port)`` of every TCP listener the config names (membership's TCP and UDP
-    share a port; ucx:// has its control connection on TCP). URLs that do not parse are left to
-    the checks at start."""
+    share a port; ucx:// has its control connection on TCP). Every URL parses: ``_check_addresses``
+    checked them first."""
     out = [("$.admin.listen", *split_listen(cfg.admin.listen)),
            ("$.membership.bind-port", cfg.membership.bind_address, cfg.membership.bind_port)]
     urls = [("$.transport.bind", url) for url in cfg.transport.bind]
@@ -978,10 +1024,7 @@ def _tcp_listeners(cfg: Config) -> list[tuple[str, str, int]]:
     for path, url in urls:
         scheme = url.partition("://")[0]
         if scheme in ("tcp", "ucx"):
-            try:
-                out.append((path, *parse_host_port(url, scheme)))
-            except ValueError:
-                continue
+            out.append((path, *parse_host_port(url, scheme)))
     return out
 
 
@@ -1126,6 +1169,8 @@ def load_config(
         ConfigError: anything invalid, naming the key path.
     """
     data: dict[str, Any] = _read_toml(Path(path)) if path is not None else {}
+    if path is not None:
+        _anchor_data_dir(data, Path(path))
     updates = _env_overrides(os.environ if environ is None else environ)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -1137,7 +1182,47 @@ def load_config(
         if not isinstance(target, dict):
             raise ConfigError(f"expected a table, got {type(target).__name__}", f"$.{section}")
         target[field] = value
-    return _validate(_convert(data))
+    return _validate(_resolve_paths(_convert(data)))
+
+
+#: The path-valued keys other than ``node.data-dir``, as ``(section, field)``: relative to
+#: ``data-dir`` unless absolute (``_resolve_paths``).
+_DATA_DIR_PATHS: tuple[tuple[str, str], ...] = (
+    ("node", "node_id_file"), ("cluster", "key_file"), ("admin", "token_file"),
+    ("compute", "lexicon"), ("compute", "corpus_dir"), ("compute", "export_dir"))
+
+
+def _anchor_data_dir(data: dict[str, Any], config_file: Path) -> None:
+    """A relative ``node.data-dir`` read from ``config_file`` is taken from the file's directory,
+    before the environment and ``--set`` (whose values ``_resolve_paths`` takes from the working
+    directory) may replace it: where a file's path points must not depend on the directory the
+    daemon was started in (``/`` under systemd, a shell's anywhere)."""
+    node = data.get("node")
+    # (anything but a non-empty string is _convert's error to report)
+    if isinstance(node, dict) and isinstance(node.get("data-dir"), str) and node["data-dir"]:
+        node["data-dir"] = os.path.join(os.path.dirname(os.path.abspath(config_file)),
+                                        os.path.expanduser(node["data-dir"]))
+
+
+def _resolve_paths(cfg: Config) -> Config:
+    """Every path-valued key resolved once, the same way for the daemon and every reader of its
+    config (``cluster.key-file`` is read by the runtime and the key rotation, ``token-file`` by
+    the daemon, giaannctl is told it with ``--token-file``): ``~`` expanded; ``data-dir`` made
+    absolute (a relative value left here came from the environment or ``--set``: the working
+    directory); every other key relative to ``data-dir`` unless absolute, as ``node-id-file`` and
+    the compute directories always were. Defaults (empty: none or the built-in file; ``node-id``)
+    are left as they are, so ``config show`` output still follows a ``data-dir`` given later (the
+    systemd unit's ``--set node.data-dir=/var/lib/giaannd/%i``)."""
+    data_dir = os.path.abspath(os.path.expanduser(cfg.node.data_dir))
+    sections: dict[str, dict[str, str]] = {"node": {"data_dir": data_dir}}
+    for section, field in _DATA_DIR_PATHS:
+        value = getattr(getattr(cfg, section), field)
+        if value and value != getattr(type(getattr(cfg, section))(), field):
+            sections.setdefault(section, {})[field] = os.path.abspath(
+                os.path.join(data_dir, os.path.expanduser(value)))
+    return msgspec.structs.replace(cfg, **{
+        section: msgspec.structs.replace(getattr(cfg, section), **fields)
+        for section, fields in sections.items()})
 
 
 def _toml_value(value: Any) -> str:

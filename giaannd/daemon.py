@@ -49,11 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 from giaannd import __version__
 from giaannd.admin.api import AdminApi
-from giaannd.atomic_file import atomic_write_bytes
+from giaannd.atomic_file import atomic_write_bytes, remove_stale_temporaries
 from giaannd.config import Config, split_listen
 from giaannd.errors import (
     EXIT_FAILURE,
     EXIT_OK,
+    HOST_ERRNOS,
     ConfigError,
     CorruptFileError,
     GiaannError,
@@ -82,6 +83,9 @@ EXIT_FORCED = 128 + signal.SIGINT
 #: beyond this the daemon exits anyway rather than hang a systemd stop job.
 FORCE_STOP_TIMEOUT_S = 5.0
 LOCK_FILE = "lock"
+#: Mode of the directories the daemon creates for its state (the data directory, a node-id file's
+#: directory): the daemon's user and group only, as systemd's ``StateDirectoryMode=0750``.
+STATE_DIR_MODE = 0o750
 
 #: Role name -> "module:function" building its service. Imported lazily so a build without a
 #: role's package still runs the others. The function's contract:
@@ -128,15 +132,19 @@ def build_role_services(config: Config, runtime: NodeRuntime | None = None
 
 
 def load_or_create_node_id(path: Path) -> uuid.UUID:
-    """Read this node's UUID from ``path``, creating it (atomically, fsynced) if absent.
+    """Read this node's UUID from ``path``, creating it (atomically, fsynced) if absent, and its
+    directory as the data directory is (mode ``STATE_DIR_MODE``, parents too): ``node-id-file``
+    may lie outside the data directory.
 
     Raises:
         CorruptFileError: the file exists but is not a UUID. It is never overwritten: a new
             identity would orphan the replicas the cluster believes this node holds.
+        OSError: the path cannot be read or created.
     """
     try:
         text = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
+        path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         node_id = uuid.uuid4()
         atomic_write_bytes(path, f"{node_id}\n".encode("ascii"))
         log.info("created node id node_id=%s file=%s", node_id, path)
@@ -151,10 +159,25 @@ def load_or_create_node_id(path: Path) -> uuid.UUID:
             "it only if this node's data is being discarded too") from None
 
 
+def _load_node_id(config: Config) -> uuid.UUID:
+    """``load_or_create_node_id`` of ``node.node-id-file``. A path the host refuses (a full or
+    read-only disk, permissions) is left to the start-up's ``HOST_ERRNOS`` handling; any other
+    that cannot be used (a directory in its place, a file where a directory should be) is one
+    line naming the key and exit 2, as a restart cannot fix it either."""
+    path = config.data_path(config.node.node_id_file)
+    try:
+        return load_or_create_node_id(path)
+    except OSError as exc:
+        if exc.errno in HOST_ERRNOS:
+            raise
+        raise HostEnvironmentError(f"cannot use node id file {path}: {exc.strerror} (set by "
+                                   "$.node.node-id-file)", reason="file_access") from None
+
+
 def _load_token(config: Config) -> str:
     """The admin token: the configured file, or ``<data-dir>/admin.token`` created on demand."""
     if config.admin.token_file:
-        path = Path(config.admin.token_file)
+        path = config.data_path(config.admin.token_file)  # (load_config made it absolute already)
         try:
             token = path.read_text(encoding="utf-8").strip()
         except OSError as exc:
@@ -353,12 +376,12 @@ class Daemon:
     async def _startup(self) -> None:
         data_dir = Path(self.config.node.data_dir)
         try:
-            data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            data_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise HostEnvironmentError(f"cannot create data directory {data_dir}: {exc.strerror} "
                                        "(set by $.node.data-dir)", reason="data_dir_unusable") from None
         self._take_lock(data_dir)
-        self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
+        self.node_id = _load_node_id(self.config)
         self._admin = AdminApi(token=_load_token(self.config), metrics=self.metrics,
                                status=self.status,
                                metrics_require_token=self.config.admin.metrics_require_token,
@@ -426,7 +449,10 @@ class Daemon:
             raise HostEnvironmentError.from_os_error(exc, path) or exc from None
 
     def _reclaim_space(self) -> None:
-        """Let every ``ReclaimsSpace`` service delete what interrupted writes left behind."""
+        """Let every ``ReclaimsSpace`` service delete what interrupted writes left behind, after
+        the whole-file writes' temporaries anywhere in the data directory (atomic_file.py)."""
+        for path, size in remove_stale_temporaries(self.config.node.data_dir, recursive=True):
+            log.info("removed a stale temporary file=%s bytes=%d", path, size)
         for slot in self._slots:
             if isinstance(slot.service, ReclaimsSpace):
                 files, freed = slot.service.reclaim_space()

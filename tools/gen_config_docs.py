@@ -35,6 +35,17 @@ Override values are TOML values (`--set node.roles='["storage"]'`,
 Unknown keys and invalid values stop the daemon with exit status 2 and the key's path, e.g.
 ``Expected `int` >= 1 - at `$.storage.capacity-bytes` ``. `giaannd config show` prints the
 effective configuration after all layers.
+
+Paths (`node.data-dir`, `node.node-id-file`, `cluster.key-file`, `admin.token-file`,
+`compute.lexicon`, `compute.corpus-dir`, `compute.export-dir`) follow one rule, applied once when
+the configuration is loaded, so no file depends on the directory the daemon was started in (`/`
+under systemd): `~` is expanded; a relative `node.data-dir` is taken from the directory of the
+config file that sets it (from the working directory when the environment or `--set` sets it)
+and made absolute; every other path is relative to `data-dir` unless absolute, and a relative
+value that was set is joined to it (`giaannd config show` prints the result). Defaults (`node-id`;
+empty: the built-in file, or none) are left as they are and follow the final `data-dir`.
+`giaannctl --token-file` (and `GIAANNCTL_TOKEN_FILE`) expands `~` too; a relative one is taken
+from giaannctl's working directory, as any file argument.
 """
 
 

@@ -171,6 +171,15 @@ def test_cli_flags_before_the_command_word_are_kept(tmp_path: Path, monkeypatch:
     assert cfg.node.name == "from-second"
 
 
+def _unchecked(tmp_path: Path, **transport: list[str]) -> Config:
+    """A storage node's config with these transport URLs, built as an embedder builds one (the
+    runtime's own checks, not ``load_config``'s)."""
+    from giaannd.config import NodeConfig, TransportConfig
+
+    return Config(node=NodeConfig(data_dir=str(tmp_path), roles=["storage"]),
+                  transport=TransportConfig(**transport))
+
+
 @pytest.mark.parametrize("url", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1", "mem://"])
 def test_runtime_bind_url_it_cannot_parse_is_a_config_error(tmp_path: Path, url: str) -> None:
     """A listener URL the backend cannot parse is a config error (exit 2, one line), not a
@@ -181,8 +190,7 @@ def test_runtime_bind_url_it_cannot_parse_is_a_config_error(tmp_path: Path, url:
     from peers.keyring import Keyring
     from peers.transport import Identity
 
-    cfg = load_config(environ={}, overrides=[f"node.data-dir={tmp_path}", 'node.roles=["storage"]',
-                                             f'transport.bind=["{url}"]'])
+    cfg = _unchecked(tmp_path, bind=[url])  # (load_config refuses it first: test_config_transport_urls)
     rt = NodeRuntime(cfg)
     rt.identity = Identity("n1", cfg.cluster.name, LiveKeys(Keyring([b"k" * 32])))
     with pytest.raises(ConfigError) as info:
@@ -204,8 +212,7 @@ def test_runtime_advertise_url_peers_could_not_dial_is_a_config_error(tmp_path: 
 
     scheme = url.partition("://")[0]
     bind = "tcp://127.0.0.1:0" if scheme == "tcp" else "mem://n1-listener"
-    cfg = load_config(environ={}, overrides=[f"node.data-dir={tmp_path}", 'node.roles=["storage"]',
-                                             f'transport.bind=["{bind}"]', f'transport.advertise=["{url}"]'])
+    cfg = _unchecked(tmp_path, bind=[bind], advertise=[url])
     rt = NodeRuntime(cfg)
     rt.identity = Identity("n1", cfg.cluster.name, LiveKeys(Keyring([b"k" * 32])))
 
