@@ -7,7 +7,13 @@ that changed nothing, naming what is wrong: not JSON (bad syntax, an unknown cha
 deep for the parser), not an object, or a field the operation does not take (a misspelt field
 would otherwise be ignored and its default used: ``{"rate": 5}`` ran streams unthrottled), or a
 lone surrogate in any string (JSON's ``"\\ud800"``: a prompt carrying one failed as a 500 where its
-words were encoded as UTF-8).
+words were encoded as UTF-8), or a key given twice in one object (JSON parsers keep the last
+value silently: ``{"rate_bytes_s": 5, "rate_bytes_s": 500000000}`` ran at the second rate,
+whichever the sender meant; RFC 8259 §4 leaves such a document's meaning unpredictable).
+
+The duplicate check (``refuse_duplicate_keys``) runs in the admin API's dispatch, on the body it
+has already read, for every operation that takes one: a second parse of a small document (bodies
+are under ``admin.max-body-bytes``, 1 MiB), with one Python call per JSON object.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 from giaannd.errors import AdminHTTPError
 
-__all__ = ["json_object"]
+__all__ = ["json_object", "refuse_duplicate_keys"]
 
 
 async def json_object(request: Any, fields: tuple[str, ...], *, null_is_empty: bool = False) -> dict[str, Any]:
@@ -50,3 +56,35 @@ async def json_object(request: Any, fields: tuple[str, ...], *, null_is_empty: b
         raise AdminHTTPError(400, f"unknown field(s) {', '.join(map(repr, unknown))} in the request body "
                                   f"(it takes {', '.join(fields) or 'none'})", "bad_request")
     return body
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, refused if it gives a key twice.
+
+    Raises:
+        AdminHTTPError: 400 ``bad_request`` naming the key.
+    """
+    obj = dict(pairs)
+    if len(obj) < len(pairs):  # the rare case pays for the search
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise AdminHTTPError(400, f"duplicate key {key!r} in the request body (JSON would keep "
+                                          "only its last value)", "bad_request")
+            seen.add(key)
+    return obj
+
+
+async def refuse_duplicate_keys(request: Any) -> None:
+    """Refuse a body whose JSON gives a key twice in one object (at any depth). A body that does
+    not decode passes: ``json_object`` then says what is wrong with it.
+
+    Raises:
+        AdminHTTPError: 400 ``bad_request`` naming the key.
+    """
+    if not getattr(request, "body_exists", True):
+        return
+    try:
+        json.loads(await request.text(), object_pairs_hook=_unique_object)
+    except (ValueError, LookupError, RecursionError):  # not JSON: json_object's 400
+        return

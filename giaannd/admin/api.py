@@ -56,7 +56,7 @@ from giaannd.admin.connections import ConnectionGuard, GuardedSite
 from giaannd.admin.status_page import render_status_page
 from giaannd.config import AdminConfig
 from giaannd.errors import AdminHTTPError
-from giaannd.json_body import json_object
+from giaannd.json_body import json_object, refuse_duplicate_keys
 from giaannd.metrics import CONTENT_TYPE, Metrics
 from giaannd.operations import OPERATIONS, Handler, Operation, match_path, operations_of, split_path
 
@@ -305,6 +305,8 @@ class AdminApi:
         await self._read_body(request)
         if not any(arg.into == "body" for arg in route.op.args):
             await _refuse_body(request)
+        else:  # one place for every route's body, before its handler's json_object
+            await refuse_duplicate_keys(request)
         result = await route.handler(request, params)
         return result if isinstance(result, web.StreamResponse) else _json(result)
 

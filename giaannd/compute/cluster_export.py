@@ -29,8 +29,11 @@ serving), and released. The process holds about two scan pages per storage node 
 of text, whatever the model size (``compute.export-page-bytes``, ``export-chunk-entries``). The
 file appears only when complete (fsync, rename); a restarted scan (``ScanInterrupted``), a missing
 string (``VocabularyMissing``) or a write error drops the partial file, so nothing half-written is
-ever seen at ``path``. The lines are byte for byte those of the one-piece path (``write_export``,
-kept for ``scan_cluster``'s callers and as the benchmark's baseline).
+ever seen at ``path``. A crash leaves that file (``.<name>.<8 characters>.tmp``): the next export
+to ``path`` deletes it before it writes, unless a live export holds it (atomic_file.py,
+"Leftovers"; ``compute.export-dir`` may be shared by nodes, so no wider sweep). The lines are
+byte for byte those of the one-piece path (``write_export``, kept for ``scan_cluster``'s callers
+and as the benchmark's baseline).
 
 **One column** (``column_contents``, issue 21; what ``GET /v1/columns/{column}/rows`` runs): the
 column's rows read from one replica (``StorageClient.read_column``: client/column_rows.py), the flag
@@ -53,6 +56,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.atomic_file import remove_stale_temporaries
 from giaannd.client.column_rows import ColumnRead
 from giaannd.client.storage_client import ScanInterrupted, StorageClient
 from giaannd.compute.flags import without_flag_row
@@ -175,6 +179,7 @@ async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> 
     """
     store = RowStore.from_batch(batch)
     try:
+        await asyncio.to_thread(_reclaim_stale_export, Path(path))
         lines = await asyncio.to_thread(write_jsonl, store, vocab, path)
     except KeyError as exc:
         raise VocabularyMissing(str(exc.args[0] if exc.args else exc)) from None
@@ -182,6 +187,24 @@ async def write_export(batch: RowBatch, vocab: Vocabulary, path: str | Path) -> 
         raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
     return {"path": str(path), "lines": lines, "rows": batch.num_rows, "entries": batch.num_entries,
             "source": "every row of the storage cluster (scan)"}
+
+
+def _reclaim_stale_export(path: Path) -> None:
+    """Delete the temporaries a crashed export of ``path`` left (atomic_file.py, "Leftovers").
+    The export directory is the operator's to choose, and may be shared by several nodes: only
+    this destination's temporaries are touched, when its next export starts, and only those no
+    live writer holds.
+
+    Raises:
+        OSError: one could not be checked or deleted.
+    """
+    for stale, size in remove_stale_temporaries(path.parent, of=path.name):
+        log.info("removed a stale export temporary file=%s bytes=%d", stale, size)
+
+
+def _open_writer(path: Path) -> JsonlWriter:
+    _reclaim_stale_export(path)
+    return JsonlWriter(path)
 
 
 def entry_window(batch: RowBatch, first: int, stop: int) -> RowBatch:
@@ -220,7 +243,7 @@ async def export_cluster(client: StorageClient, vocab: Vocabulary, get_vocab: Ge
     """
     async def attempt() -> dict[str, Any]:
         try:
-            writer = await asyncio.to_thread(JsonlWriter, path)
+            writer = await asyncio.to_thread(_open_writer, Path(path))
         except OSError as exc:
             raise ExportWriteError(f"cannot write the export to {path}: {exc.strerror or exc}") from None
         rows = entries = 0

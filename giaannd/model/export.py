@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,7 @@ import xxhash
 from numpy.typing import NDArray
 
 from giaannd import page_cache
-from giaannd.atomic_file import atomic_writer, fsync_dir
+from giaannd.atomic_file import atomic_writer, fsync_dir, make_temporary
 from giaannd.errors import CorruptDataError
 from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
@@ -274,7 +273,7 @@ class JsonlWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, tmp = make_temporary(self.path)  # locked while it is written: no reclaim takes it
         self._tmp = tmp
         self._fh: IO[bytes] | None = os.fdopen(fd, "wb")
         os.fchmod(fd, 0o644)
