@@ -970,6 +970,9 @@ def _check_addresses(cfg: Config) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc), "$.cluster.seeds") from None
     m = cfg.membership
+    if m.advertise_address in _WILDCARDS:
+        raise ConfigError(f"advertise-address {m.advertise_address!r} is a wildcard no other member "
+                          "can reach: advertise this node's address", "$.membership.advertise-address")
     if m.bind_address in _WILDCARDS and not m.advertise_address:
         # (the address gossip carries is where members send probes: runtime/node.py refuses the
         # data plane's equivalent, a wildcard bind without transport.advertise, for that reason)
@@ -993,14 +996,19 @@ def _check_transport(t: TransportConfig) -> None:
     """``transport.bind`` and ``advertise`` as the runtime binds and gossips them (runtime/node.py
     ``_bind`` checks the same, for configs built without this loader): URLs its backends parse, a
     wildcard bind only with an advertised URL of its scheme, and advertised URLs a peer can dial
-    (no port 0) of a scheme this node listens on."""
+    (no port 0, no wildcard host) of a scheme this node listens on."""
     bound = {_check_url(url, "$.transport.bind") for url in t.bind}
     advertised: set[str] = set()
     for url in t.advertise:
         scheme = _check_url(url, "$.transport.advertise")
-        if scheme != "mem" and parse_host_port(url, scheme)[1] == 0:
-            raise ConfigError(f"{url!r} advertises port 0, where no peer can reach this node",
-                              "$.transport.advertise")
+        if scheme != "mem":
+            host, port = parse_host_port(url, scheme)
+            if port == 0:
+                raise ConfigError(f"{url!r} advertises port 0, where no peer can reach this node",
+                                  "$.transport.advertise")
+            if host in _WILDCARDS:
+                raise ConfigError(f"{url!r} advertises a wildcard address, which no peer can dial: "
+                                  "advertise this node's address", "$.transport.advertise")
         if scheme not in bound:
             raise ConfigError(f"{url} advertises {scheme}:// but transport.bind has no {scheme}:// "
                               "listener", "$.transport.advertise")

@@ -33,6 +33,12 @@ from giaannd.errors import ConfigError
     (['transport.advertise=["tcp://:7470"]'], "$.transport.advertise"),
     (['transport.advertise=["tcp://10.0.0.5:0"]'], "$.transport.advertise"),  # port 0: nobody listens
     (['transport.advertise=["mem://"]'], "$.transport.advertise"),
+    # a wildcard advertised: gossiped as is, no peer can dial it
+    (['transport.bind=["tcp://0.0.0.0:7470"]', 'transport.advertise=["tcp://0.0.0.0:7470"]'],
+     "$.transport.advertise"),
+    (['transport.advertise=["tcp://[::]:7470"]'], "$.transport.advertise"),
+    (['membership.advertise-address=0.0.0.0'], "$.membership.advertise-address"),
+    (['membership.bind-address=0.0.0.0', 'membership.advertise-address=::'], "$.membership.advertise-address"),
     # advertised for a scheme this node has no listener of
     (['transport.advertise=["ucx://10.0.0.5:7471"]'], "$.transport.advertise"),
 ])
