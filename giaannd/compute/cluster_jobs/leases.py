@@ -30,7 +30,11 @@ What an agent does each time it is woken (``_plan``), against the rows as it las
   the holder's own deadline (the send time of the last write that confirmed the lease + ``lease_s``,
   after which the holder drops the lease's windows: ``DropWindow``), given clocks that run at the
   same rate. The take-over CAS names the version it saw the lease in: if the holder renewed since,
-  it is refused and the agent sees the new beats.
+  it is refused and the agent sees the new beats. The holder keeps the windows it had written
+  under a lease it dropped so (``_expired``): if a row later still names it holder of that lease
+  id (nobody took it over: its renewals were lost, not refused), it adopts the lease and completes
+  those windows instead of running them again. Only acknowledged windows are kept; a take-over
+  gives a new id, so the record never applies to another node's lease.
 * **which rows it watches**: its home shard (``hash(node) mod S``) and the shards it holds leases
   in, each at least every ``probe_interval_s``, and one other unfinished shard in turn per interval
   (two when it has nothing left to run: looking for work). With N nodes each shard is read about
@@ -191,6 +195,9 @@ class LeaseAgent:
         #: shard key -> lease id of another node's lease -> (beats, when we first saw those beats)
         self._observed: dict[str, dict[int, tuple[int, float]]] = {}
         self._held: dict[tuple[str, int], _Held] = {}
+        #: leases dropped at our own deadline, with what was written under them (module docstring,
+        #: "expiry"); forgotten once a row shows the lease gone or not ours
+        self._expired: dict[tuple[str, int], _Held] = {}
         self._ops: dict[str, _Op] = {}
         self._retry_at: dict[str, float] = {}
         self._create: JobRow | None = None
@@ -257,8 +264,8 @@ class LeaseAgent:
             self._retry_at[event.key] = now + self.settings.retry_s * (0.5 + self._rng.random())
             if event.key not in (self._job_key, INDEX_KEY):
                 self._unsure.add(event.key)
-        elif isinstance(event, WindowWritten):
-            for held in self._held.values():
+        elif isinstance(event, WindowWritten):  # (an ack that crossed our own deadline's drop counts)
+            for held in (*self._held.values(), *self._expired.values()):
                 if held.stage == event.stage and event.window in held.started:
                     held.written[event.window] = event.units
         elif isinstance(event, WindowFailed):
@@ -303,25 +310,33 @@ class LeaseAgent:
                 fresh[lease.id] = seen if seen is not None and seen[0] == lease.beats else (lease.beats, now)
                 continue
             held = self._held.get((key, lease.id))
-            if held is None and confirmed is not None:  # our grant or take-over
+            expired = self._expired.pop((key, lease.id), None)
+            if held is None and confirmed is not None:  # our grant or take-over (or renewal, expired)
                 held = self._held[(key, lease.id)] = _Held(key, shard.stage, lease, confirmed.sent_at)
-                self.takeovers, self.grants = self.takeovers + (lease.runs > 1), self.grants + (lease.runs == 1)
+                if expired is None:
+                    self.takeovers, self.grants = self.takeovers + (lease.runs > 1), self.grants + (lease.runs == 1)
             elif held is None:  # granted by a write whose answer we lost, or to an earlier run of this
-                # node: when it was last renewed is unknown, so renew it now
+                # node, or ours past our deadline: when it was last renewed is unknown, so renew it now
                 held = self._held[(key, lease.id)] = _Held(key, shard.stage, lease, now - self.settings.renew_s)
             elif confirmed is not None and lease.beats != held.lease.beats:
                 held.confirmed_at = max(held.confirmed_at, confirmed.sent_at)
             held.lease = lease
+            if expired is not None:  # its acknowledged windows are completed, not run again
+                held.written = {w: u for w, u in expired.written.items() if w >= lease.cursor}
+                held.started = set(held.written)
         self._observed[key] = fresh
+        for k in [k for k in self._expired if k[0] == key]:  # gone, or taken over (a new id)
+            del self._expired[k]
         for k in [k for k in self._held if k[0] == key and k[1] not in present]:
             self._lose(k)
 
-    def _lose(self, k: tuple[str, int]) -> None:
+    def _lose(self, k: tuple[str, int]) -> _Held:
         """Lease ``k`` is gone (completed, taken over, past our deadline): unwritten windows stop."""
         held = self._held.pop(k)
         for w in sorted(held.started - held.written.keys()):
             if w >= held.lease.cursor:
                 self._drops.append(DropWindow(held.stage, w))
+        return held
 
     # -- deciding ---------------------------------------------------------------------------------
     def _plan(self, now: float, out: list[Action]) -> None:
@@ -329,7 +344,9 @@ class LeaseAgent:
         job = self.job
         if self.finished is None and job is not None and job.state == "running" and self._ending is None:
             for k in [k for k, h in self._held.items() if now >= h.confirmed_at + self.settings.lease_s]:
-                self._lose(k)  # our own deadline passed with no confirming write: stop its windows
+                # our own deadline passed with no confirming write: stop its windows, and keep what
+                # was written in case the lease is still ours (module docstring, "expiry")
+                self._expired[k] = self._lose(k)
             keys = [shard_key(self.job_id, job.stage, s) for s in range(job.shards)]
             if self._halting:
                 self._halt(now, out)
