@@ -10,8 +10,13 @@ applied: its applied set (applied_set.py). Repair therefore works on batches:
 1. Hints first. A replica that was down gets its missed batches by hinted handoff (hints.py); repair
    pushes delivery to completion before comparing anything, since most gaps close there.
 2. Candidates. Every batch record still in a peer's update log whose rows touch a column the
-   repaired node ``dst`` owns, and whose id ``dst`` has not applied, is a candidate.
-3. Share assembly. ``dst``'s share of batch ``b`` is ``b``'s rows in the columns ``dst`` owns. Each
+   repaired node ``dst`` owns, and whose id ``dst`` has not applied, is a candidate. For a tracked
+   (training) writer the unit is (batch id, column) (applied_set.py, "Which columns"): ``dst`` may
+   hold an id for some of its columns only (one share applied, the one with the rest lost), so an
+   id it applied is still a candidate in the columns it lacks under that id (``lacking``).
+3. Share assembly. ``dst``'s share of batch ``b`` is ``b``'s rows in the columns ``dst`` owns
+   (and lacks under ``b``: the columns applied already are never shipped; the store would ignore
+   them anyway, ``ColumnStore.prepare``). Each
    peer logged ``b``'s rows in the columns *it* owns, so the union over the peers that logged ``b``,
    restricted to ``dst``'s columns, is ``dst``'s share — provided no peer that applied ``b`` has lost
    its record of it (snapshotted the log away): then a row only that peer knew might be missing,
@@ -19,7 +24,8 @@ applied: its applied set (applied_set.py). Repair therefore works on batches:
    reported as *unrecoverable from logs*, never half-applied. Rows logged by two peers must be
    identical (they are the same writer's rows); a conflict is reported.
 4. Apply. The share is applied at ``dst`` under the original id ``b``, atomically with its applied-set
-   entry, so a late hint or writer retry of ``b`` is ignored as a duplicate (its share is the same).
+   entry (and its columns), so a late hint or writer retry of ``b`` is ignored as a duplicate (its
+   share is the same).
 5. Verify. Row digests of the replicas: keys exactly, strengths within a tolerance (replicas apply
    batches in different orders; float addition is not associative), applied-batch counts ignored
    (stream copies apply one batch per chunk).
@@ -47,7 +53,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
 
-__all__ = ["RepairPlan", "add_record", "assemble_share", "plan_repair"]
+__all__ = ["RepairPlan", "add_record", "assemble_share", "lacking", "plan_repair"]
 
 Owned = Callable[[NDArray[np.uint64]], NDArray[np.bool_]]
 
@@ -100,9 +106,21 @@ def add_record(records: dict[BatchId, RowBatch], batch_id: BatchId, batch: RowBa
     records[batch_id] = batch if had is None else RowBatch.concat([had, batch])
 
 
+def lacking(owned: Owned, done: NDArray[np.uint64]) -> Owned:
+    """Which row columns a node owns and has not applied under one batch id: ``owned`` less
+    ``done`` (``AppliedSet.columns``: the columns applied under it; empty when none)."""
+    if not done.shape[0]:
+        return owned
+
+    def mask(cols: NDArray[np.uint64]) -> NDArray[np.bool_]:
+        return owned(cols) & ~np.isin(cols, done)
+
+    return mask
+
+
 def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, Mapping[BatchId, RowBatch]],
                 peer_applied: Mapping[str, AppliedSet], excluded_writers: set[int],
-                copied: Owned | None = None) -> RepairPlan:
+                copied: Owned | None = None, *, by_column: bool = True) -> RepairPlan:
     """Plan the repair of one node (module docstring, steps 2–3).
 
     Args:
@@ -113,22 +131,19 @@ def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, M
         excluded_writers: stream writer ids (copies, never candidates).
         copied: which row columns streams copied to the repaired node (module docstring: a
             candidate with rows there is unrecoverable); None: none.
+        by_column: False: every id the repaired node applied counts as applied whole (the step 2
+            rule before (batch id, column)): for peer logs from a server from before
+            ``LoggedPage.by_column``, which lists no id the node applied, so one it logs and the
+            node holds in part would look lost to its log (a false "unrecoverable").
     """
     plan = RepairPlan()
-    candidates: dict[BatchId, list[RowBatch]] = {}
-    for records in peer_logs.values():
-        for bid, batch in records.items():
-            if bid.writer in excluded_writers or bid in dst_applied:
-                continue
-            if owned(batch.row_column).any():
-                candidates.setdefault(bid, []).append(batch)
-    for bid, parts in candidates.items():
+    for bid, (want, parts) in _candidates(dst_applied, owned, peer_logs, excluded_writers, by_column).items():
         lost = [p for p, applied in peer_applied.items() if bid in applied and bid not in peer_logs.get(p, {})]
         if lost:
             plan.unrecoverable[bid] = f"applied on {', '.join(sorted(lost))} but no longer in its log"
             continue
         try:
-            share = assemble_share(parts, owned)
+            share = assemble_share(parts, want)
         except ValueError as exc:
             plan.unrecoverable[bid] = str(exc)
             continue
@@ -143,6 +158,26 @@ def plan_repair(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, M
         if n:
             plan.unlogged[peer] = n
     return plan
+
+
+def _candidates(dst_applied: AppliedSet, owned: Owned, peer_logs: Mapping[str, Mapping[BatchId, RowBatch]],
+                excluded_writers: set[int], by_column: bool) -> dict[BatchId, tuple[Owned, list[RowBatch]]]:
+    """Step 2: per candidate id, which row columns ``dst`` wants of it (owned, not applied under
+    the id) and the peers' records of it with rows there."""
+    out: dict[BatchId, tuple[Owned, list[RowBatch]]] = {}
+    wanted: dict[BatchId, Owned | None] = {}  # per id seen: what dst wants of it (None: nothing)
+    for records in peer_logs.values():
+        for bid, batch in records.items():
+            if bid.writer in excluded_writers:
+                continue
+            if bid not in wanted:
+                # None: applied whole (untracked, promised, no columns known, or not by column)
+                done = dst_applied.columns(bid) if by_column or bid not in dst_applied else None
+                wanted[bid] = None if done is None else lacking(owned, done)
+            want = wanted[bid]
+            if want is not None and want(batch.row_column).any():
+                out.setdefault(bid, (want, []))[1].append(batch)
+    return out
 
 
 def excluded_ids(applied: AppliedSet, writers: set[int]) -> set[BatchId]:

@@ -7,11 +7,15 @@ Glue only: the messages and their rules are in repair/wire.py, what to apply is 
 
 1. Hints are pushed by the caller before this runs (they close most gaps).
 2. For every live peer, all ``LoggedFor`` pages: the records it still logs that this node lacks,
-   restricted to this node's columns, every id it logs that this node lacks, its applied set and
-   its stream writers. If any peer fails to answer completely, nothing is applied (a share built
-   without that peer's rows could be incomplete, and once applied under its id it could never be
-   completed) and the peer is reported in ``peers_failed``.
-3. ``plan_repair``; each share is applied through ``apply_local`` under its original batch id.
+   restricted to this node's columns (and, for an id of a tracked writer this node applied, to
+   the columns it lacks under it: ``LoggedFor.applied_columns``), every id it logs that this node
+   lacks (in whole or in part), its applied set and its stream writers. If any peer fails to
+   answer completely, nothing is applied (a share built without that peer's rows could be
+   incomplete, and once applied under its id it could never be completed) and the peer is
+   reported in ``peers_failed``.
+3. ``plan_repair``; each share is applied through ``apply_local`` under its original batch id. By
+   column only if every peer answered by column (``LoggedPage.by_column``: a peer from before
+   lists no id this node applied, so one held in part would look lost to that peer's log).
 4. Every peer's ``DigestsFor`` pages against this node's rows in the columns both own; rows whose
    strength digests differ are fetched (``RowsOf``) and compared within ``tolerance``.
 
@@ -62,6 +66,7 @@ from giaannd.storage.repair.wire import (
     RowsOf,
     RowsPage,
     applied_arrays,
+    applied_columns_of,
     applied_from_bulk,
     compare_digests,
     decode_repair,
@@ -169,7 +174,7 @@ class RepairServer:
     async def _logged(self, msg: LoggedFor, bulk: Sequence[Any]) -> Reply:
         store = self._store()
         placement = self._placement_with(msg.placement, msg.node)
-        node_applied = applied_from_bulk(bulk)
+        node_applied = applied_from_bulk(bulk, msg.applied_columns)
         mine = stream_writers_of(self.service)
         excluded = mine | set(msg.stream_writers)
         # One instant on the event loop (no await between): every id in ``applied`` was appended
@@ -180,7 +185,7 @@ class RepairServer:
                                     owned_mask(placement, msg.node), node_applied, excluded,
                                     min(msg.max_bytes, MAX_PAGE_BYTES)))
         reply = LoggedPage(self.service.node_name, [(b.writer, b.seq, r.num_rows) for b, r in page.records],
-                           page.next_after_seq, page.reached_end, sorted(mine))
+                           page.next_after_seq, page.reached_end, sorted(mine), msg.applied_columns is not None)
         ids = [_u64([b.writer for b in page.ids]), _u64([b.seq for b in page.ids])]
         return _reply(reply, [*pack_batches([r for _, r in page.records]), *ids,
                               *(applied if page.reached_end else applied_arrays(None))])
@@ -251,13 +256,17 @@ class _Peer:
         return reply, res.bulk
 
     async def logged(self, my_applied: AppliedSet, my_writers: set[int], page_bytes: int
-                     ) -> tuple[dict[BatchId, RowBatch], AppliedSet, set[int]]:
-        """Every page: (records by id, ids without rows mapped to empty batches), applied, writers."""
+                     ) -> tuple[dict[BatchId, RowBatch], AppliedSet, set[int], bool]:
+        """Every page: (records by id, ids without rows mapped to empty batches), applied, writers,
+        and whether every page was selected by column (``LoggedPage.by_column``)."""
         out: dict[BatchId, RowBatch] = {}
-        after, arrays = 0, applied_arrays(my_applied)
+        by_column = True
+        # (the columns too: a tracked writer's id may be held for some of this node's columns only)
+        after, arrays, columns = 0, applied_arrays(my_applied), applied_columns_of(my_applied)
         while True:
-            req = LoggedFor(self.me, self.spec, after, page_bytes, sorted(my_writers))
+            req = LoggedFor(self.me, self.spec, after, page_bytes, sorted(my_writers), columns)
             page, bulk = await self._ask(req, arrays, LoggedPage)
+            by_column &= page.by_column
             if len(bulk) != 13:
                 raise RepairFailed(f"{self.name}: LoggedPage with {len(bulk)} buffers, expected 13")
             try:
@@ -269,7 +278,7 @@ class _Peer:
                 for (w, s, _), batch in zip(page.records, batches):
                     add_record(out, BatchId(w, s), batch)  # (one record per share of an id)
                 if page.done:
-                    return out, applied_from_bulk(bulk[9:13]), set(page.stream_writers)
+                    return out, applied_from_bulk(bulk[9:13]), set(page.stream_writers), by_column
             except ValueError as exc:
                 raise RepairFailed(f"{self.name}: bad LoggedPage: {exc}") from exc
             if page.next_after_seq <= after:
@@ -435,10 +444,12 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
     logs: dict[str, dict[BatchId, RowBatch]] = {}
     applied: dict[str, AppliedSet] = {}
     excluded = set(mine)
+    by_column = True  # every peer answered by column (``plan_repair``'s ``by_column``)
     for p in peers:
         try:
-            logs[p.name], applied[p.name], writers = await p.logged(store.store.applied, mine, page_bytes)
+            logs[p.name], applied[p.name], writers, answered = await p.logged(store.store.applied, mine, page_bytes)
             excluded |= writers
+            by_column &= answered
         except (RepairFailed, PeersError, OSError) as exc:
             failed[p.name] = f"logged: {exc}"
     if failed:
@@ -446,7 +457,7 @@ async def _rebuild(service: StorageService, store: DurableStore, peers: list[_Pe
         return
     streamed = stream_columns_of(service)
     plan = plan_repair(store.store.applied, owned_mask(placement, me), logs, applied, excluded,
-                       lambda cols: member(cols, streamed))
+                       lambda cols: member(cols, streamed), by_column=by_column)
     for bid, share in plan.shares.items():
         if await apply_local(service, bid, share):
             report["batches_shipped"] += 1

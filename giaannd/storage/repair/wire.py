@@ -10,8 +10,12 @@ reconnect and a server keeps no state between pages:
 - ``LoggedFor(node, placement, after_seq)`` + the asking node's applied set (bulk): one page of
   the batch records in the server's update log with log seq > ``after_seq``, each restricted to
   the rows in columns ``node`` owns under ``placement``, leaving out records ``node`` has applied
-  and records of stream writers (copies, not writes: repair/plan.py). The page also lists the ids of
-  *every* logged record ``node`` lacks, touching its columns or not: plan_repair needs them to tell
+  and records of stream writers (copies, not writes: repair/plan.py). With ``applied_columns``
+  (``AppliedColumns``: the columns ``node`` applied under each batch id of a tracked writer above
+  its promised floor, applied_set.py "Which columns") an id ``node`` applied counts as applied only
+  in those columns: its record is restricted to the columns ``node`` owns and lacks under it (a
+  replica may hold part of a batch). The page also lists the ids of *every* logged record ``node``
+  lacks, in whole or in part, touching its columns or not: plan_repair needs them to tell
   "applied there but left its log" (unrecoverable) from "logged, just not in my columns". The last
   page (``done``) carries the server's applied set, read on the event loop at the same instant as
   the log's last seq that bounds the page: every id in that set was appended to the log before
@@ -57,16 +61,19 @@ from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.run import range_positions
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.update_log import LogRecord
+from giaannd.storage.repair.plan import lacking
 from peers.placement import Member, Placement, Strategy
 from peers.wire import DECODE_ERRORS
 
 __all__ = [
     "DEFAULT_PAGE_BYTES",
+    "MAX_APPLIED_COLUMNS_SENT",
     "MAX_DIVERGENT_LISTED",
     "MAX_PAGE_BYTES",
     "MAX_PAGE_RECORDS",
     "MAX_PAGE_ROWS",
     "REPAIR_TAG_MIN",
+    "AppliedColumns",
     "DigestVerdict",
     "Divergence",
     "DigestsFor",
@@ -81,6 +88,7 @@ __all__ = [
     "RowsOf",
     "RowsPage",
     "applied_arrays",
+    "applied_columns_of",
     "applied_from_bulk",
     "compare_digests",
     "decode_repair",
@@ -106,6 +114,11 @@ MAX_PAGE_BYTES: Final = 256 * 2**20
 MAX_PAGE_RECORDS: Final = 65_536
 #: Rows per DigestsPage and keys per RowsOf (as protocol.MAX_DIGEST_ROWS).
 MAX_PAGE_ROWS: Final = 65_536
+#: Columns sent in one LoggedFor's ``applied_columns`` at most: msgpack, at most 9 bytes each, so
+#: ~9 MiB under the header's peers.framing.MAX_BODY_BYTES (16 MiB). A node holding more (batches
+#: in flight held back by outstanding hints) sends the ids whose columns fit; the others count as
+#: applied whole there (as before ``applied_columns``), so a part missing of those is not shipped.
+MAX_APPLIED_COLUMNS_SENT: Final = 1 << 20
 
 _U64 = Annotated[int, msgspec.Meta(ge=0)]  # (msgpack uint64 at most)
 _Bytes = Annotated[int, msgspec.Meta(ge=1)]
@@ -121,16 +134,32 @@ class PlacementSpec(msgspec.Struct, frozen=True):
     epoch: str = ""
 
 
+class AppliedColumns(msgspec.Struct, frozen=True):
+    """Which columns a node applied under each batch id of its tracked writers above their promised
+    floors: ``AppliedSet.column_arrays`` as lists (tracked writers, their promised floors; per batch
+    id writer, seq, column count; the columns concatenated, each id's sorted)."""
+
+    tracked: list[_U64] = []
+    promised: list[_U64] = []
+    writers: list[_U64] = []
+    seqs: list[_U64] = []
+    counts: list[_U64] = []
+    columns: list[_U64] = []
+
+
 # -- requests (tags 200..229; append only) ---------------------------------------------------------
 class LoggedFor(msgspec.Struct, frozen=True, tag=200):
     """Logged records ``node`` lacks, restricted to its columns. Bulk: its applied set (4 arrays).
-    Reply: ``LoggedPage``."""
+    ``applied_columns`` (added Dec 1; a server from before ignores it and counts every id in the
+    applied set as applied whole): the columns applied under its tracked writers' ids, so that the
+    columns it lacks under an id it applied are sent too. Reply: ``LoggedPage``."""
 
     node: str
     placement: PlacementSpec
     after_seq: _U64 = 0
     max_bytes: _Bytes = DEFAULT_PAGE_BYTES
     stream_writers: list[_U64] = []  # the asking node's (excluded like the server's own)
+    applied_columns: AppliedColumns | None = None
 
 
 class DigestsFor(msgspec.Struct, frozen=True, tag=201):
@@ -155,13 +184,17 @@ class RowsOf(msgspec.Struct, frozen=True, tag=202):
 # -- replies (tags 230..255; append only) ----------------------------------------------------------
 class LoggedPage(msgspec.Struct, frozen=True, tag=230):
     """``records``: (writer, seq, rows in the packed bulk) in log order. Resume after
-    ``next_after_seq`` unless ``done``."""
+    ``next_after_seq`` unless ``done``. ``by_column`` (added Dec 1; absent from a server from
+    before: False): the page was selected by the request's ``applied_columns``, so it lists the
+    ids the asker holds in part; without it, an id the asker applied is never listed, even if
+    logged here."""
 
     server: str
     records: list[tuple[_U64, _U64, int]]
     next_after_seq: _U64
     done: bool
     stream_writers: list[_U64] = []
+    by_column: bool = False
 
 
 class RepairRefused(msgspec.Struct, frozen=True, tag=231):
@@ -289,12 +322,33 @@ def _u64(arr: Any, what: str) -> NDArray[np.uint64]:
     return arr
 
 
-def applied_from_bulk(bulk: Sequence[Any]) -> AppliedSet:
-    """Raises ValueError unless ``bulk`` is four consistent u64 arrays (AppliedSet.from_arrays)."""
+def applied_from_bulk(bulk: Sequence[Any], columns: AppliedColumns | None = None) -> AppliedSet:
+    """The applied set in ``bulk``, with ``columns`` (the asker's, if sent) loaded into it.
+
+    Raises:
+        ValueError: ``bulk`` is not four consistent u64 arrays (AppliedSet.from_arrays), or
+            ``columns`` does not fit the set (AppliedSet.load_column_arrays).
+    """
     if len(bulk) != 4:
         raise ValueError(f"applied set: expected 4 arrays, got {len(bulk)}")
     w, f, c, e = (_u64(a, "applied set") for a in bulk)
-    return AppliedSet.from_arrays(w, f, c, e)
+    applied = AppliedSet.from_arrays(w, f, c, e)
+    if columns is not None:
+        if sum(columns.counts) != len(columns.columns):  # (exact: a u64 sum of the counts could wrap)
+            raise ValueError("applied columns: column count does not match")
+        applied.load_column_arrays(*(np.array(v, np.uint64) for v in (
+            columns.tracked, columns.promised, columns.writers, columns.seqs, columns.counts, columns.columns)))
+    return applied
+
+
+def applied_columns_of(applied: AppliedSet, limit: int = MAX_APPLIED_COLUMNS_SENT) -> AppliedColumns:
+    """``applied``'s columns per batch id as sent in ``LoggedFor``: the ids whose columns fit in
+    ``limit`` columns in all (the first ones, by writer and seq; ``MAX_APPLIED_COLUMNS_SENT``)."""
+    tracked, promised, writers, seqs, counts, columns = applied.column_arrays()
+    fit = int(np.searchsorted(np.cumsum(counts), limit, "right"))
+    sent = int(counts[:fit].sum())
+    return AppliedColumns(tracked.tolist(), promised.tolist(), writers[:fit].tolist(), seqs[:fit].tolist(),
+                          counts[:fit].tolist(), columns[:sent].tolist())
 
 
 def pack_batches(batches: Sequence[RowBatch]) -> list[NDArray[Any]]:
@@ -348,8 +402,10 @@ def select_log_page(records: Iterable[LogRecord], after_seq: int, upto_seq: int,
                     max_records: int = MAX_PAGE_RECORDS) -> LogPage:
     """Walk ``records`` (log order) with ``after_seq < seq <= upto_seq`` until the page is full.
 
-    A record the node lacks is listed in ``ids`` (16 bytes) and, when it has rows in the node's
-    columns, in ``records`` restricted to them. The page always makes progress (at least one record
+    A record the node lacks, in whole or in part (``node_applied.columns``: an id of a tracked
+    writer counts as applied only in the columns applied under it, when known), is listed in
+    ``ids`` (16 bytes) and, when it has rows in columns the node owns and lacks under its id, in
+    ``records`` restricted to them. The page always makes progress (at least one record
     past ``after_seq`` is consumed when one exists). ``reached_end``: nothing up to ``upto_seq`` is
     left, so the caller may attach its applied set read at ``upto_seq``.
     """
@@ -360,17 +416,19 @@ def select_log_page(records: Iterable[LogRecord], after_seq: int, upto_seq: int,
             continue
         if rec.seq > upto_seq:
             break
-        if rec.batch_id is not None and rec.batch is not None and rec.batch_id.writer not in excluded_writers \
-                and rec.batch_id not in node_applied:
-            mask = owned(rec.batch.row_column)
-            share = rec.batch.select_rows(mask) if mask.any() else None
+        bid, batch = rec.batch_id, rec.batch
+        # the columns the node applied under the id (None: applied whole, or not a writer's batch)
+        done = node_applied.columns(bid) if bid is not None and bid.writer not in excluded_writers else None
+        if bid is not None and batch is not None and done is not None:
+            mask = lacking(owned, done)(batch.row_column)
+            share = batch.select_rows(mask) if mask.any() else None
             cost = 16 + (share.nbytes if share is not None else 0)
             if page.ids and (used + cost > max_bytes or len(page.records) >= max_records):
                 return page
             used += cost
-            page.ids.append(rec.batch_id)
+            page.ids.append(bid)
             if share is not None:
-                page.records.append((rec.batch_id, share))
+                page.records.append((bid, share))
         page.next_after_seq = rec.seq
     page.reached_end = True
     return page
