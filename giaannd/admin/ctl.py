@@ -106,19 +106,6 @@ def _named(text: str) -> str:
     return text
 
 
-def _token_file(text: str) -> str:
-    """``--token-file``: ``~`` expanded, as the daemon expands it in ``admin.token-file`` (a shell
-    leaves ``--token-file=~/t`` as it is); a relative path is the working directory's."""
-    return os.path.expanduser(_named(text))
-
-
-def _token_environ(environ: Mapping[str, str]) -> Mapping[str, str]:
-    """``environ`` with ``GIAANNCTL_TOKEN_FILE``'s ``~`` expanded as ``--token-file``'s is (a
-    quoted value, or one set by a service manager, reaches us unexpanded)."""
-    token = environ.get("GIAANNCTL_TOKEN_FILE")
-    return {**environ, "GIAANNCTL_TOKEN_FILE": os.path.expanduser(token)} if token else environ
-
-
 def _bytes_rate(text: str) -> float | None:
     if text.lower() in ("none", "off", "unlimited"):
         return None
@@ -169,7 +156,7 @@ def _add_global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     group.add_argument("--addr", metavar="URL", type=_named, **unset, help=(
         f"admin API URL (env GIAANNCTL_ADDR; else DIR/{ADMIN_ADDR_FILE} with --data-dir; else {DEFAULT_ADDR})"))
-    group.add_argument("--token-file", metavar="FILE", type=_token_file, **unset, help=(
+    group.add_argument("--token-file", metavar="FILE", type=_named, **unset, help=(
         f"bearer token file (env GIAANNCTL_TOKEN_FILE; else DIR/{ADMIN_TOKEN_FILE} with --data-dir)"))
     group.add_argument("--data-dir", metavar="DIR", type=_named, **unset, help=(
         "read the address and token from this node's data directory (default: the node's, if "
@@ -312,8 +299,8 @@ def _poll_params(op: Operation, f: Follow, a: argparse.Namespace, reply: Any) ->
 # -- entry point -----------------------------------------------------------------------------
 
 def _client(a: argparse.Namespace, op: Operation) -> Client:
-    client = Client(a.addr, a.token_file, a.data_dir, timeout_s=a.timeout,
-                    environ=_token_environ(os.environ))
+    # ``--token-file`` and GIAANNCTL_TOKEN_FILE get their ``~`` expanded in giaannd/sdk/locate.py
+    client = Client(a.addr, a.token_file, a.data_dir, timeout_s=a.timeout)
     if client.token_problem is not None and not (op.public or op.public_on_loopback):
         # /v1/health, and /metrics from loopback, need no token; everything else would be refused
         raise UsageError(client.token_problem)

@@ -156,7 +156,11 @@ class NodeRuntime:
         self.node_id = ""
         self.node_name = ""
         self.keyring: Keyring | None = None
-        self.keyring_path: str | None = config.cluster.key_file or None
+        # Relative to data-dir, as the daemon reads node-id-file and token-file (``data_path``):
+        # load_config made it absolute already, a Config built in code (Config.loopback, the
+        # cluster harness, an embedder) may not have, and the working directory is not the rule.
+        key_file = config.cluster.key_file
+        self.keyring_path: str | None = str(config.data_path(key_file)) if key_file else None
         self.identity: Identity | None = None
         self.transports: dict[str, Transport] = {}
         self.listeners: dict[str, Listener] = {}

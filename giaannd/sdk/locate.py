@@ -14,6 +14,11 @@ Each of the two comes from the first of these that gives it:
    refused with their names, since which node to drain is not giaannctl's guess to make;
 5. ``http://127.0.0.1:7480`` (``admin.listen``'s default) and ``STATE_ROOT/admin.token``.
 
+A token file given by name (step 1 or 2), and a data directory (step 3), have ``~`` expanded, as the daemon expands it in
+``admin.token-file``: a shell leaves ``--token-file=~/t`` and a quoted ``GIAANNCTL_TOKEN_FILE``
+as they are, and ``Client(token_file=...)`` meets no shell at all. A relative one is the working
+directory's. This is the one place giaannctl and the Python client expand it.
+
 ``STATE_ROOT`` is read when ``locate`` runs, so tests point it at a temporary directory.
 """
 
@@ -65,7 +70,8 @@ def locate(*, addr: str | None, token_file: str | None, data_dir: str | None,
     addr_from = "--addr" if addr else "GIAANNCTL_ADDR"
     addr = addr or environ.get("GIAANNCTL_ADDR") or None
     token = token_file or environ.get("GIAANNCTL_TOKEN_FILE") or None
-    directory = Path(data_dir) if data_dir else None
+    token = None if token is None else os.path.expanduser(token)  # module docstring
+    directory = Path(data_dir).expanduser() if data_dir else None
     must_listen = directory is not None  # an explicit --data-dir without admin.addr is an error
     hint = _TOKEN_HINT
     if directory is None and addr is None and token is None:

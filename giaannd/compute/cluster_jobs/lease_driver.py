@@ -17,12 +17,19 @@ action         run as                                         event back
 =============  =========================================================================
 
 A register call that raises a storage failure (no quorum, a timeout, no storage members) is an
-``OpFailed``: the agent treats its outcome as unknown. A write whose value the client rejects
-(``ValueError``: over the register value cap) is a ``WriteRejected``: it was never sent, so no
-answer will come (before, the agent waited for one for good and the job hung). A window task that
-raises anything but cancellation is a ``WindowFailed`` (the caller's runner retries storage
-itself; what reaches the driver is final). ``halt()`` (a node stopping) and ``cancel()`` (the
-operator) are events too.
+``OpFailed``: the agent treats its outcome as unknown. So is a call that has not answered within
+``register_timeout_s``: half the time from a renewal falling due to the lease's end. The agent
+sends one request per row at a time, and the register client's own bounds are per request (the
+StorageClient's 10 s by default, for each phase of each round): an owner the quorum needs that
+accepts a request and never answers held the row past the lease's end (6.7 s after a renewal
+fell due, with the defaults), so the holder dropped its windows and no renewal was sent again.
+Cancelling the call is safe: its outcome was unknown anyway, and the agent re-reads the row.
+
+A write whose value the client rejects (``ValueError``: over the register value cap) is a
+``WriteRejected``: it was never sent, so no answer will come (before, the agent waited for one for
+good and the job hung). A window task that raises anything but cancellation is a
+``WindowFailed`` (the caller's runner retries storage itself; what reaches the driver is final).
+``halt()`` (a node stopping) and ``cancel()`` (the operator) are events too.
 
 The compute service runs one driver per cluster job it follows (cluster_train.py);
 tests/integration/test_lease_driver.py runs several drivers against real storage services.
@@ -49,6 +56,7 @@ from giaannd.compute.cluster_jobs.lease_events import (
     Event,
     Finished,
     Halt,
+    LeaseSettings,
     OpFailed,
     ReadRow,
     RowRead,
@@ -61,12 +69,23 @@ from giaannd.compute.cluster_jobs.lease_events import (
 )
 from giaannd.compute.cluster_jobs.leases import LeaseAgent
 
-__all__ = ["LeaseDriver", "Registers"]
+__all__ = ["LeaseDriver", "Registers", "register_timeout_s"]
 
 log = logging.getLogger(__name__)
 
 #: Failures of a register call that leave its outcome unknown (the agent re-reads, retries).
 _UNKNOWN = (*REQUEST_FAILURES, LookupError, TimeoutError)
+#: Floor of ``register_timeout_s``.
+MIN_REGISTER_CALL_S = 1.0
+
+
+def register_timeout_s(settings: LeaseSettings) -> float:
+    """Bound on one register call, all its rounds and phases (module docstring): a renewal sent
+    when it falls due (``renew_s``) and given up on after this is sent again (after ``retry_s``)
+    with as long again left before the lease ends (``lease_s``). 3.3 s with the defaults; never
+    under ``MIN_REGISTER_CALL_S``, so that the second-long leases of tests on a loaded host do not
+    turn every slow call into a failure and a retry."""
+    return max(MIN_REGISTER_CALL_S, (settings.lease_s - settings.renew_s) / 2)
 
 
 class Registers(Protocol):
@@ -97,6 +116,7 @@ class LeaseDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._windows: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._timer_at: float | None = None
+        self._call_timeout_s = register_timeout_s(agent.settings)
 
     def halt(self) -> None:
         """This node stops: the agent completes what is written and gives the rest back."""
@@ -151,16 +171,20 @@ class LeaseDriver:
             task.add_done_callback(self._tasks.discard)
 
     async def _register(self, action: ReadRow | CasRow) -> None:
+        # one call per row at a time: one that hangs must not outlast the lease (module docstring)
+        bound = asyncio.timeout(self._call_timeout_s)
         try:
-            if isinstance(action, ReadRow):
-                got = await self._registers.read_register(action.key)
-                event: Event = RowRead(action.key, got.version, got.value)
-            else:
-                out = await self._registers.cas_register(action.key, action.expect, action.data)
-                event = CasDone(action.key, out.ok, out.version, out.value)
+            async with bound:
+                if isinstance(action, ReadRow):
+                    got = await self._registers.read_register(action.key)
+                    event: Event = RowRead(action.key, got.version, got.value)
+                else:
+                    out = await self._registers.cas_register(action.key, action.expect, action.data)
+                    event = CasDone(action.key, out.ok, out.version, out.value)
         except _UNKNOWN as exc:
-            log.info("register %s failed key=%s: %s", type(action).__name__, action.key, exc)
-            event = OpFailed(action.key, str(exc) or type(exc).__name__)
+            why = f"no answer within {self._call_timeout_s:g}s" if bound.expired() else str(exc) or type(exc).__name__
+            log.info("register %s failed key=%s: %s", type(action).__name__, action.key, why)
+            event = OpFailed(action.key, why)
         except ValueError as exc:  # the value itself (cas_register's "Raises"): no answer would come
             if not isinstance(action, CasRow):
                 raise
