@@ -181,14 +181,13 @@ def test_daemon_joiner_stopped_mid_join_during_training_joins_afresh_equals_core
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/topology.md): the dead decommission's receivers keep its streams' rows until "
-    "their idle sweep (2 h) and refuse the removenode's streams of those columns meanwhile"))
 def test_daemon_decommissioning_node_killed_mid_stream_for_good_then_removenode_equals_core(
         tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:  # noqa: F811
     """kill -9 of a decommissioning node mid-stream, never restarted: ``node removenode`` of it
-    on a survivor completes (its streams go to the receivers of the dead decommission's streams)
-    and the export equals the core's."""
+    on a survivor completes (its streams go to the receivers of the dead decommission's streams,
+    which first discard the dead node's open streams: ``DiscardStreamsFrom``) and the export
+    equals the core's. It failed before: the receivers refused the removenode's streams until
+    their idle sweep, 2 h later."""
     corpus, ref = reference
     with training_cluster(tmp_path, corpus, 3) as cluster:
         compute = _trained(cluster, corpus)

@@ -318,3 +318,28 @@ def test_daemon_replace_dead_node_with_new_host_equals_core(
         wait_job(compute, job)
         assert newcomer.status()["services"]["storage"]["rows"] > 0
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+
+
+def test_daemon_second_operation_elsewhere_is_refused_while_one_runs(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """The cluster's topology lock (rebalance/cluster_lock.py) across daemons: while storage-4
+    decommissions itself (throttled, so it lasts), storage-3's own decommission is refused at once
+    with the holder named; it runs once the first ended."""
+    corpus, _ = reference
+    with training_cluster(tmp_path, corpus, 4) as cluster:
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        first, second = cluster.node("storage-4"), cluster.node("storage-3")
+        proc = first.ctl("--json", "node", "decommission", "--rate", "200000")
+        assert proc.returncode == 0, proc.stderr
+        assert topology_op(first)["cluster_lock"] == "held"
+        proc = second.ctl("node", "decommission")
+        assert proc.returncode == 1 and "another topology operation runs in the cluster" in proc.stderr, proc
+        assert "storage-4" in proc.stderr and not _op_started(second)
+        assert first.ctl("--json", "node", "topology", "rate", "none").returncode == 0  # finish it
+        assert wait_op_done(first)["cluster_lock"] == "released"
+        proc = second.ctl("--json", "node", "decommission")
+        assert proc.returncode == 0, proc.stderr
+        wait_op_done(second)
+        wait_job(compute, job)

@@ -23,6 +23,8 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   it nothing for ``endpoint.IDLE_STREAM_DISCARD_S`` (their operation ended without discarding
   them: its coordinator died), dropping the partial rows they brought; the join generation then
   goes up, since one of them may have been this node's own join;
+- the **cluster's topology lock** (cluster_lock.py): the auto-join waits while another operation
+  holds it; at start the node releases a lock an earlier life of it left;
 - the **automatic repair** (auto_repair.py) when recovery cut a torn update-log tail: the same
   repair as ``giaannctl node repair``, started by the node itself once it is active in the ring
   and sees a live peer, and shown in status (``auto_repair``) and metrics.
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.cluster.view import StorageNode
 from giaannd.storage.rebalance.auto_repair import AUTO_REPAIR_STATES, AutoRepair
+from giaannd.storage.rebalance.cluster_lock import OperationLockBusy, OperationLockUnavailable
 from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
 from giaannd.storage.rebalance.endpoint import IDLE_STREAM_DISCARD_S, StreamEndpoint
 from giaannd.storage.rebalance.join_generation import JoinGeneration
@@ -67,6 +70,12 @@ REPAIR_HINT_WAIT_S: Final = 60.0
 STOP_CLEANUP_WAIT_S: Final = 10.0
 #: How often the stream endpoint looks for idle streams to discard (module docstring).
 IDLE_SWEEP_S: Final = IDLE_STREAM_DISCARD_S / 8
+#: The auto-join's wait for the cluster's topology lock: a try this often, a log line this often.
+JOIN_LOCK_RETRY_S: Final = 10.0
+JOIN_LOCK_LOG_S: Final = 600.0
+#: At start, releasing a lock an earlier life of this node left: a try this often, this many times.
+STALE_LOCK_RETRY_S: Final = 5.0
+STALE_LOCK_ATTEMPTS: Final = 120
 
 
 def stream_bind_of(config: Config) -> str:
@@ -100,6 +109,7 @@ class StorageTopology:
         self.auto_repair: AutoRepair | None = None
         self._auto_repair_task: asyncio.Task[Any] | None = None
         self._idle_sweep_task: asyncio.Task[None] | None = None
+        self._stale_lock_task: asyncio.Task[None] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         rt = self.runtime
@@ -112,6 +122,7 @@ class StorageTopology:
                               repair_fn=self.repair, generation=self.generation)
         rt.on_join_needed = self.join
         self._idle_sweep_task = ctx.spawn(self._sweep_idle_streams(), "idle-stream-sweep")
+        self._stale_lock_task = ctx.spawn(self._release_stale_lock(), "topology-lock-stale")
         self._ring_seen = rt.ring.digest()
         rt.ring_listeners.append(self._on_ring_change)
         log.info("stream endpoint listening address=%s", self.endpoint.address)
@@ -160,7 +171,7 @@ class StorageTopology:
                 await self._auto_repair_task
         with contextlib.suppress(ValueError):
             self.runtime.ring_listeners.remove(self._on_ring_change)
-        for task in (self._release_task, self._idle_sweep_task):
+        for task in (self._release_task, self._idle_sweep_task, self._stale_lock_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -175,6 +186,19 @@ class StorageTopology:
         if self.endpoint is not None:
             await self.endpoint.close()
             self.endpoint = None
+
+    async def _release_stale_lock(self) -> None:
+        """Release the cluster's topology lock if an earlier life of this node left it held
+        (cluster_lock.py): this process runs no operation yet. Tried until the lock's register
+        answers (membership may still be forming), a bounded number of times."""
+        assert self.control is not None
+        for _ in range(STALE_LOCK_ATTEMPTS):
+            try:
+                if await self.control.cluster_lock().release_own_stale():
+                    return
+            except OperationLockUnavailable as exc:
+                log.info("topology lock: %s", exc)
+            await asyncio.sleep(STALE_LOCK_RETRY_S)
 
     async def _sweep_idle_streams(self, every_s: float = IDLE_SWEEP_S) -> None:
         while True:
@@ -207,9 +231,21 @@ class StorageTopology:
                          stream_nonce=self.generation.current(), after_discard=self.generation.advance)
 
     async def join(self) -> dict[str, Any]:
-        """Run (or return the running) streaming join of this node."""
-        op = self.registry.start(self.join_operation())
-        return op.progress()
+        """Run (or return the running) streaming join of this node: the auto-join. While another
+        topology operation holds the cluster's lock (cluster_lock.py) it waits for it, trying
+        again every ``JOIN_LOCK_RETRY_S`` (nodes started together join one at a time)."""
+        waited = 0.0
+        while True:
+            try:
+                op = await self.registry.begin(self.join_operation())
+                return op.progress()
+            except OperationLockBusy as exc:
+                if waited % JOIN_LOCK_LOG_S < JOIN_LOCK_RETRY_S:
+                    log.info("join waits for the cluster's topology lock: %s", exc)
+            if self.runtime.ring.get(self.runtime.node_name) is not None:
+                return {"state": "done", "note": "the ring has this node now"}
+            await asyncio.sleep(JOIN_LOCK_RETRY_S)
+            waited += JOIN_LOCK_RETRY_S
 
     # -- repair -------------------------------------------------------------------------------
     async def repair(self) -> dict[str, Any]:

@@ -22,7 +22,11 @@ Theory of operation
   to every live member; gossip carries its digest to the rest, and each node drops its override
   as soon as its ring's active set equals it;
 - ``abandon()`` (a failed or cancelled operation) clears the overrides it set, so the old ring is
-  in force again everywhere.
+  in force again everywhere;
+- ``lock(op, kind)`` / ``unlock(token)``: the cluster's topology-operation lock
+  (cluster_lock.py) through this node's register client; a member is live for it while membership
+  has it alive or suspect (a suspect coordinator may still be running its operation). A release
+  that fails is retried in the background.
 
 Members that are down are skipped by the switches: they learn the ring when they come back
 (ring sync pulls it on the first digest mismatch). A node that comes back *during* a cutover
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Final
 from giaannd.client.ring_calls import push_ring, set_override
 from giaannd.cluster.view import ClusterView, StorageNode, pick_transport_address
 from giaannd.storage.rebalance import source_control as sc
+from giaannd.storage.rebalance.cluster_lock import ClusterLock, OperationLockUnavailable, retry_release
 from giaannd.storage.rebalance.operations import TopologyOpError
 from peers.membership.meta import NodeMeta
 from peers.transport import Transport
@@ -76,6 +81,8 @@ class DaemonClusterControl:
             raise TopologyOpError("topology operations need a tcp:// data-plane listener")
         self.transport: Transport = transport
         self._overridden: set[str] = set()
+        self._lock: ClusterLock | None = None
+        self._releases: set[asyncio.Task[bool]] = set()  # lock releases retried in the background
 
     # -- who is where ---------------------------------------------------------------------------
     @property
@@ -178,6 +185,39 @@ class DaemonClusterControl:
                                         for address in self._storage_endpoints()),
                                       return_exceptions=True)
         return sum(c for c in counts if isinstance(c, int))
+
+    # -- the cluster's operation lock ------------------------------------------------------------
+    def member_live(self, name: str) -> bool:
+        """Whether ``name`` is a member membership has alive or suspect (this node is)."""
+        node = self.runtime.membership
+        if name == self.me:
+            return True
+        return node is not None and any(m.name == name and m.status in ("alive", "suspect")
+                                        for m in node.members())
+
+    def cluster_lock(self) -> ClusterLock:
+        """This node's view of the lock (one per control: it remembers the tokens it holds).
+
+        Raises:
+            OperationLockUnavailable: no storage service here to propose through.
+        """
+        if self._lock is None:
+            registers = self.storage.register_client if self.storage is not None else None
+            if registers is None:
+                raise OperationLockUnavailable("this node has no register client (no storage service running)")
+            self._lock = ClusterLock(registers, self.me, self.member_live)
+        return self._lock
+
+    async def lock(self, op_id: str, kind: str) -> int | None:
+        return await self.cluster_lock().acquire(op_id, kind)
+
+    async def unlock(self, token: int) -> None:
+        lock = self.cluster_lock()
+        if await lock.release(token):
+            return
+        task = asyncio.get_running_loop().create_task(retry_release(lock, token, asyncio.sleep))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     # -- the durable outcome --------------------------------------------------------------------
     async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:

@@ -23,7 +23,11 @@ node) would keep its rows here for good. Its sources give it up once no coordina
 for ``source_control.ORPHAN_AFTER_S``; ``discard_idle`` (the daemon calls it periodically with
 ``IDLE_STREAM_DISCARD_S``, twice that) discards, the same way, every open stream that sent this
 node nothing for that long (counted from this process's start for the streams it found open on
-disk), so a node left with an orphan's partial rows can take those columns again.
+disk), so a node left with an orphan's partial rows can take those columns again. A removenode or
+replace of a dead member need not wait for that: its coordinator first sends ``DiscardStreamsFrom``
+(the member) to the receivers, which discard the same way the open streams whose hello named that
+member as their source node (recorded in the stream's scope, durable). A member this node sees live
+is refused: its streams may be running.
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ from giaannd.storage.rebalance.release import abandoned_stream_columns
 from giaannd.storage.rebalance.source_control import (
     ORPHAN_AFTER_S,
     DiscardStream,
+    DiscardStreamsFrom,
     SourceRegistry,
     SourceRequest,
     StreamDiscarded,
+    StreamsDiscarded,
 )
 from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
@@ -158,12 +164,8 @@ class StreamEndpoint:
             msg = _REQ_DECODER.decode(incoming.payload)
         except DECODE_ERRORS as exc:
             return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
-        if isinstance(msg, DiscardStream):
-            try:
-                return await self._discard(msg.stream_id)
-            except (ValueError, RuntimeError, OSError) as exc:
-                return _reply(StreamRefused(msg.stream_id, 0, f"discard: {type(exc).__name__}: {exc}"[:400],
-                                            fatal=True))
+        if isinstance(msg, (DiscardStream, DiscardStreamsFrom)):
+            return await self._discard_request(msg)
         if not isinstance(msg, (StreamHello, StreamData, StreamVerify)):  # source control
             try:
                 reply, bulk = await self.sources.handle(msg, incoming.bulk)
@@ -247,6 +249,7 @@ class StreamEndpoint:
         # its items bring rows this node does not hold yet (a chunk: all of them, unless dual
         # writes made some): those go straight into the store's base (ColumnStore.append_writers)
         self._store().store.append_writers.add(rx.writer)
+        self.scopes.set_source(msg.stream_id, msg.source_node)  # before its columns (DiscardStreamsFrom)
         self.scopes.add_columns(msg.stream_id, bulk[0])
         if msg.expected_bytes:
             # room in the base for what every open stream still brings (several sources stream to a
@@ -297,7 +300,37 @@ class StreamEndpoint:
         self.idle_discarded += len(done)
         return done
 
-    async def _discard(self, stream_id: int) -> Reply:
+    async def _discard_request(self, msg: DiscardStream | DiscardStreamsFrom) -> Reply:
+        try:
+            if isinstance(msg, DiscardStream):
+                return _reply(await self._discard(msg.stream_id))
+            return _reply(await self._discard_from(msg.source))
+        except (ValueError, RuntimeError, OSError) as exc:
+            sid = msg.stream_id if isinstance(msg, DiscardStream) else 0
+            return _reply(StreamRefused(sid, 0, f"discard: {type(exc).__name__}: {exc}"[:400], fatal=True))
+
+    async def _discard_from(self, source: str) -> StreamsDiscarded:
+        """``DiscardStreamsFrom`` (module docstring): discard every open stream ``source`` sent.
+
+        Raises:
+            ValueError: ``source`` is live in this node's view (or empty).
+            RuntimeError: a placement override is in force (``_discard``).
+        """
+        topology = self.service.topology
+        if topology is None:
+            raise RuntimeError("storage service is not open")
+        if not source or topology.is_live(source):
+            raise ValueError(f"{source or '(no name)'} is live here: the streams it sends may be running")
+        streams = self.scopes.open_streams_from(source)
+        rows = 0
+        for sid in streams:
+            rows += (await self._discard(sid)).rows
+        if streams:
+            log.warning("discarded %d open streams from removed member=%s (it died mid-stream): %d rows dropped",
+                        len(streams), source, rows)
+        return StreamsDiscarded(source, len(streams), rows)
+
+    async def _discard(self, stream_id: int) -> StreamDiscarded:
         """``DiscardStream`` (module docstring): mark, drop what this node does not own, sync."""
         topology = self.service.topology
         if topology is None:
@@ -328,7 +361,7 @@ class StreamEndpoint:
                 await asyncio.to_thread(durable.sync)
         log.info("discarded stream %#x: dropped %d rows of %d columns (%d bytes)", stream_id, result.rows,
                  drop.shape[0], result.bytes)
-        return _reply(StreamDiscarded(stream_id, int(drop.shape[0]), int(result.rows)))
+        return StreamDiscarded(stream_id, int(drop.shape[0]), int(result.rows))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
         """Apply item ``msg.index`` in order, then acknowledge it once durable (streaming/stream.py,

@@ -82,6 +82,13 @@ class LocalClusterControl:
     async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
         """Nothing to persist: the views switched are the whole state here."""
 
+    async def lock(self, op_id: str, kind: str) -> int | None:
+        """No cluster lock: one process, and its callers hold one ``OperationRegistry``."""
+        return None
+
+    async def unlock(self, token: int) -> None:
+        """Nothing was locked (``lock``)."""
+
     async def abandon(self) -> None:
         """Nothing to undo: the targets' views switch only after every stream caught up, and a
         failure after that is not rolled back here (the daemon's control clears its overrides)."""

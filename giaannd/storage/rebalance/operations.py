@@ -57,6 +57,17 @@ takes new stream ids: rebalance/daemon.py). While that clean-up runs the state i
 ``cancelling``; ``failed`` and ``cancelled`` are published only once it ended, since whoever
 polls for a terminal state (giaannctl ``--wait``, sdk/follow.py) may start the next operation then,
 and receivers still holding the rows would refuse its streams ("already holds ... rows").
+
+**One operation in the cluster at a time**: an operation holds the cluster's topology lock
+(cluster_lock.py) from before its plan until it ended; ``OperationRegistry.begin`` takes it before
+a verb answers, ``run`` takes it otherwise. It is released before the end is published (above).
+
+**Clears a dead member's streams**: an operation that removes a member that is not live (removenode,
+replace) first asks every live receiver to discard the open streams that member sent
+(``DiscardStreamsFrom``, rebalance/endpoint.py): a decommissioning node killed mid-stream for good
+left them, with their rows, and they would refuse this operation's streams of the same columns
+until their idle-stream sweep. A receiver that refuses (it sees the member live) or cannot be
+reached keeps them, as before. A member that is only down, and not removed, keeps its streams.
 """
 
 from __future__ import annotations
@@ -79,12 +90,14 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import Refused
 from giaannd.storage.engine.register_store import RegisterState
 from giaannd.storage.rebalance import register_handoff as rh
+from giaannd.storage.rebalance.cluster_lock import LOCK_KEY, OperationLockUnavailable
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers, stranded
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import (
     SourceControlError,
     SourceStart,
     discard_stream,
+    discard_streams_from,
     list_columns,
     register_call,
 )
@@ -173,6 +186,13 @@ class ClusterControl(Protocol):
     async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
         """Every node switched to ``new_members``: make it durable (the daemon commits its ring)."""
 
+    async def lock(self, op_id: str, kind: str) -> int | None:
+        """Take the cluster's topology-operation lock (cluster_lock.py); its token, or None where
+        the control has no lock to take. Raises OperationLockBusy, OperationLockUnavailable."""
+
+    async def unlock(self, token: int) -> None:
+        """Release ``lock``'s token (retried in the background when it cannot be now)."""
+
     async def abandon(self) -> None:
         """The operation failed or was cancelled: undo partial switches (the old placement stays)."""
 
@@ -214,6 +234,12 @@ class Rebalance:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _started: float = field(default_factory=time.monotonic)
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    #: the cluster lock (cluster_lock.py): "none" (not taken yet, or a control without one),
+    #: "held", "released", or "unavailable: ..." (run without it)
+    lock_state: str = "none"
+    _lock_token: int | None = None
+    _lock_taken: bool = False
 
     def __post_init__(self) -> None:
         # Stream ids are unique to this operation object: only it holds the senders' state (the
@@ -293,6 +319,34 @@ class Rebalance:
         old, new = self._placements()
         return f"{self.kind}:{old.epoch[:12]}->{new.epoch[:12]}"
 
+    # -- the cluster's operation lock ------------------------------------------------------------
+    async def take_lock(self) -> None:
+        """Take the cluster's topology-operation lock before planning (cluster_lock.py); once.
+        A register that cannot be reached runs the operation without it, and says so.
+
+        Raises:
+            OperationLockBusy: another operation holds it.
+        """
+        if self._lock_taken:
+            return
+        try:
+            self._lock_token = await self.control.lock(self.op_id, self.kind)
+        except OperationLockUnavailable as exc:
+            log.warning("%s runs without the cluster's topology lock: %s", self.kind, exc)
+            self.lock_state = f"unavailable: {exc}"
+        else:
+            self.lock_state = "held" if self._lock_token is not None else "none"
+        self._lock_taken = True
+
+    async def release_lock(self) -> None:
+        """Release the lock if this operation holds it (before its end is published: whoever polls
+        for it may start the next operation at once)."""
+        token, self._lock_token = self._lock_token, None
+        if token is not None:
+            with contextlib.suppress(Exception):  # (the control retries a failed release itself)
+                await asyncio.wait_for(self.control.unlock(token), CUTOVER_TIMEOUT_S)
+            self.lock_state = "released"
+
     # -- running ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         """Plan, stream, verify, cut over. Returns the final progress.
@@ -302,6 +356,7 @@ class Rebalance:
             TopologyOpError: a stream failed, or a cutover wait timed out; the old placement stays.
         """
         try:
+            await self.take_lock()  # (taken already when started through OperationRegistry.begin)
             if self.plan is None:
                 self.check_dead_owners()
                 plan = await self.make_plan()
@@ -313,6 +368,8 @@ class Rebalance:
                     raise DataLossError(self._stranded, (
                         f"{self._stranded.size} columns would have no live owner after the {self.kind} "
                         "(their other owners are down): bring them back first, or pass allow_loss"))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._discard_dead_sources(), CUTOVER_TIMEOUT_S)
                 if self.state == "cancelling":  # while the plan waited for a remote old owner
                     raise TopologyOpError("operation cancelled before any stream started")
                 self._start_streams(self.plan)
@@ -328,6 +385,7 @@ class Rebalance:
             if self.state != "streaming":  # cancelled at that instant
                 raise TopologyOpError(f"operation {_ENDING.get(self.state, self.state)} before the cutover")
             await self._cutover()
+            await self.release_lock()
             self.state = "done"
             return self.progress()
         except BaseException as exc:
@@ -343,6 +401,7 @@ class Rebalance:
             try:
                 await self._clean_up()
             finally:  # ended: only now (module docstring)
+                await self.release_lock()
                 self.state = _ENDING.get(self.state, self.state)
             raise
 
@@ -375,6 +434,29 @@ class Rebalance:
                     self.after_discard()
                 except (OSError, ValueError) as exc:  # the next try meets the discarded ids, fails, tries again
                     log.warning("abandoned %s: after the discard: %s", self.kind, exc)
+
+    async def _discard_dead_sources(self) -> None:
+        """Ask every live receiver to discard the open streams of each member this operation
+        removes that is not live (module docstring). Failures are logged: the new streams then
+        meet the old rows and are refused, as before."""
+        old, new = self._placements()
+        view = self.control.view()
+        dead = [n for n in old.names if n not in new.names and not view.is_live(n)]
+        if not dead:
+            return
+        receivers = sorted({n for n in old.names if n not in dead and view.is_live(n)}
+                           | {n for n in new.names if n not in old.names})
+        for gone in dead:
+            for name in receivers:
+                try:
+                    done = await discard_streams_from(self.control.transport, self.control.stream_address(name), gone)
+                except (PeersError, OSError, TimeoutError, SourceControlError, TopologyOpError, KeyError) as exc:
+                    log.warning("%s: %s did not discard the open streams of removed member=%s (%s)", self.kind,
+                                name, gone, exc)
+                    continue
+                if done.streams:
+                    log.info("%s: %s discarded %d open streams of removed member=%s (%d rows)", self.kind, name,
+                             done.streams, gone, done.rows)
 
     def _stream_id(self, source: str, target: str) -> int:
         key = f"{self.op_id}|{source}|{target}|{self._nonce}".encode()
@@ -576,9 +658,16 @@ class Rebalance:
         live = set(self._live()) | {n for n in new.names if n not in old.names}
         plan = rh.plan_handoff(old, new, answers, live)
         self.registers_lost = len(plan.lost)
-        if plan.lost and not self.allow_loss:
+        # the topology lock is this operation's own and carries no data: its register is not
+        # worth failing a removal of dead members for (the release writes it empty over whatever
+        # the new owners hold: cluster_lock.py)
+        lost = [key for key in plan.lost if key != LOCK_KEY]
+        if len(lost) < len(plan.lost):
+            log.warning("register handoff: the topology lock's register %r cannot be handed on (too few old "
+                        "owners reachable); it is released on its new owners after the cutover", LOCK_KEY)
+        if lost and not self.allow_loss:
             raise TopologyOpError(
-                f"register handoff: {len(plan.lost)} registers (e.g. {plan.lost[0]!r}) have fewer than a majority "
+                f"register handoff: {len(lost)} registers (e.g. {lost[0]!r}) have fewer than a majority "
                 "of their old owners reachable, or a new owner down: their latest value cannot be handed on; "
                 "bring the members back, or pass allow_loss")
         for joiner, states in sorted(plan.imports.items()):
@@ -667,6 +756,7 @@ class Rebalance:
             "streams": streams,
             "registers_moved": self.registers_moved, "registers_lost": self.registers_lost,
             "discarded_rows": self.discarded_rows, "discard_errors": list(self.discard_errors),
+            "cluster_lock": self.lock_state,
         }
 
 
@@ -698,6 +788,24 @@ class OperationRegistry:
         self._task = asyncio.get_running_loop().create_task(op.run())
         self._task.add_done_callback(_log_result)
         return op
+
+    async def begin(self, op: Rebalance) -> Rebalance:
+        """``start``, having taken the cluster's topology-operation lock for a new operation first
+        (cluster_lock.py): a verb refused there answers at once instead of failing later.
+
+        Raises:
+            TopologyOpError: as ``start``.
+            OperationLockBusy: another operation in the cluster holds the lock.
+        """
+        cur = self.current
+        if cur is not None and cur.state not in ("done", "failed", "cancelled"):
+            return self.start(op)  # the same verb again (the running one), or refused as before
+        await op.take_lock()
+        try:
+            return self.start(op)
+        except BaseException:
+            await op.release_lock()  # another start won the registry meanwhile
+            raise
 
     async def wait(self, timeout_s: float) -> dict[str, Any]:
         """The current operation's progress once it ended or ``timeout_s`` passed (its failure is

@@ -12,6 +12,7 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
 from giaannd.json_body import json_object
 from giaannd.operations import Binder, Handler
+from giaannd.storage.rebalance.cluster_lock import OperationLockBusy
 from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import (
     ClusterControl,
@@ -52,17 +53,18 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
     Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
     verb returns the same operation. Errors: 400 bad body (not a JSON object, a field the verb does not
     take, a rate that is not a number > 0 or null), 404 unknown member / nothing running,
-    409 another operation is running, 422 the operation would lose data. ``local_node`` gives this
+    409 another operation is running (here, or anywhere in the cluster: the operation lock,
+    cluster_lock.py), 422 the operation would lose data. ``local_node`` gives this
     node's own ``StorageNode`` (name, data address, weight) for join / replace; without it (or
     when it returns None: not a storage node) those verbs answer 404. Sources need not be local:
     the operation drives remote ones through their stream endpoints.
     """
     reg = registry or OperationRegistry()
 
-    def start(op: Rebalance) -> dict[str, Any]:
+    async def start(op: Rebalance) -> dict[str, Any]:
         try:
-            return reg.start(op).progress()
-        except TopologyOpError as exc:
+            return (await reg.begin(op)).progress()
+        except (TopologyOpError, OperationLockBusy) as exc:  # here, or in the cluster (cluster_lock.py)
             raise AdminHTTPError(409, str(exc), "conflict") from None
 
     async def decommission(request: Any, params: Mapping[str, str]) -> Any:
@@ -77,7 +79,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         # their receivers, and the next run opens new ones. With an id of its own each run, the old
         # streams' rows made every receiver refuse the verb until its idle sweep (2 h).
         own = own_streams() if generation is not None else {}
-        return start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
+        return await start(Rebalance(control, "decommission", members_after(view, remove=[view.local]),
                                avoid_sources=others, rate_bytes_s=rate_of(body), **own))
 
     def rate_of(body: Mapping[str, Any]) -> float | None:
@@ -102,18 +104,18 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
             raise AdminHTTPError(409, f"{name} is alive: decommission it instead", "conflict")
         return name
 
-    def start_checked(op: Rebalance) -> dict[str, Any]:
+    async def start_checked(op: Rebalance) -> dict[str, Any]:
         try:
             op.check_dead_owners()  # refuse data loss before starting
         except DataLossError as exc:
             raise AdminHTTPError(422, str(exc), "data_loss") from None
-        return start(op)
+        return await start(op)
 
     async def removenode(request: Any, params: Mapping[str, str]) -> Any:
         body = await json_object(request, ("node_id", "rate_bytes_s"), null_is_empty=True)
         view = control.view()
         name = dead_member(body, view)
-        return start_checked(Rebalance(control, "removenode", members_after(view, remove=[name]),
+        return await start_checked(Rebalance(control, "removenode", members_after(view, remove=[name]),
                                        rate_bytes_s=rate_of(body)))
 
     def own_streams() -> dict[str, Any]:
@@ -130,7 +132,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
     async def join(request: Any, params: Mapping[str, str]) -> Any:
         body = await json_object(request, ("rate_bytes_s",), null_is_empty=True)
         node, view = me(), control.view()
-        return start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
+        return await start(Rebalance(control, "join", members_after(view, add=[node]), rate_bytes_s=rate_of(body),
                                **own_streams()))
 
     async def replace(request: Any, params: Mapping[str, str]) -> Any:
@@ -139,7 +141,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         name = dead_member(body, view)
         if name == node.name:
             raise AdminHTTPError(409, "a node cannot replace itself", "conflict")
-        return start_checked(Rebalance(control, "replace", members_after(view, add=[node], remove=[name]),
+        return await start_checked(Rebalance(control, "replace", members_after(view, add=[node], remove=[name]),
                                        rate_bytes_s=rate_of(body), **own_streams()))
 
     async def do_repair(request: Any, params: Mapping[str, str]) -> Any:

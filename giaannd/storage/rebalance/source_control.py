@@ -36,9 +36,12 @@ Register handoff (rebalance/register_handoff.py): ``RegisterExport``, ``Register
 
 ``DiscardStream`` goes to a stream's *receiver* (its endpoint serves it, not the registry): the
 operation that opened the stream was abandoned before its cutover (rebalance/operations.py).
+``DiscardStreamsFrom`` too: a removenode or replace of a dead member discards, on every receiver,
+the open streams that member sent (a decommissioning node killed mid-stream for good left them).
 
 Tags share the stream endpoint's tag space (streaming/stream.py uses 1-3 and 64-66): source requests are
-16-25 and 29 (``DiscardStream``), replies 96-99 and 102. Append only.
+16-25, 29 (``DiscardStream``) and 30 (``DiscardStreamsFrom``), replies 96-99, 102 and 103. Append
+only: a node older than a tag answers a ``StreamRefused`` ("undecodable stream request").
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ __all__ = [
     "ColumnList",
     "DeliverHints",
     "DiscardStream",
+    "DiscardStreamsFrom",
     "DropHints",
     "HintCount",
     "HintsHeld",
@@ -86,8 +90,10 @@ __all__ = [
     "SourceState",
     "SourceStatus",
     "StreamDiscarded",
+    "StreamsDiscarded",
     "deliver_hints",
     "discard_stream",
+    "discard_streams_from",
     "drop_hints",
     "hints_held",
     "list_columns",
@@ -181,6 +187,17 @@ class DiscardStream(msgspec.Struct, frozen=True, tag=29):
     stream_id: _U64
 
 
+class DiscardStreamsFrom(msgspec.Struct, frozen=True, tag=30):
+    """To a *receiver*: ``source`` is a dead member that a removenode or replace removes, so no
+    stream it sent will go on; the receiver discards, as ``DiscardStream`` does, every open stream
+    whose hello named ``source`` as its node (``StreamHello.source_node``; streams from senders
+    older than that field are left to the idle-stream sweep). Reply: ``StreamsDiscarded``;
+    ``StreamRefused`` when ``source`` is live in the receiver's view (its streams may be running)
+    or a placement override is in force."""
+
+    source: str
+
+
 class SourceState(msgspec.Struct, frozen=True, tag=96):
     stream_id: _U64
     state: str
@@ -212,11 +229,19 @@ class StreamDiscarded(msgspec.Struct, frozen=True, tag=102):
     rows: int
 
 
+class StreamsDiscarded(msgspec.Struct, frozen=True, tag=103):
+    """``streams`` open streams from ``source`` are discarded (durable); ``rows`` were dropped."""
+
+    source: str
+    streams: int
+    rows: int
+
+
 SourceRequest = (SourceStart | SourceStatus | SourcePause | SourceClose | SourceAbort | SourceRate
                  | ListColumns | HintsHeld | DeliverHints | DropHints | rh.RegisterExport | rh.RegisterImport
-                 | rh.RegisterUnseal | DiscardStream)
+                 | rh.RegisterUnseal | DiscardStream | DiscardStreamsFrom)
 SourceReply = (SourceState | SourceRefused | ColumnList | HintCount | StreamRefused | rh.RegisterStates
-               | rh.RegisterCount | StreamDiscarded)
+               | rh.RegisterCount | StreamDiscarded | StreamsDiscarded)
 _REPLY_DECODER: Final = msgspec.msgpack.Decoder(SourceReply)
 _ENC: Final = msgspec.msgpack.Encoder()
 
@@ -492,6 +517,20 @@ async def discard_stream(transport: Transport, address: str, stream_id: int) -> 
     reply, _ = await _once(transport, address, DiscardStream(stream_id))
     if not isinstance(reply, StreamDiscarded):
         raise SourceControlError(f"unexpected reply {type(reply).__name__} to DiscardStream")
+    return reply
+
+
+async def discard_streams_from(transport: Transport, address: str, source: str) -> StreamsDiscarded:
+    """Make the receiver at ``address`` discard the open streams ``source`` sent (``DiscardStreamsFrom``).
+
+    Raises:
+        SourceControlError: the receiver refused (``source`` is live there, a cutover runs, or it is
+            older than the message).
+        PeersError / OSError / TimeoutError: the node is unreachable.
+    """
+    reply, _ = await _once(transport, address, DiscardStreamsFrom(source))
+    if not isinstance(reply, StreamsDiscarded):
+        raise SourceControlError(f"unexpected reply {type(reply).__name__} to DiscardStreamsFrom")
     return reply
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd import protocol as p
+from giaannd.client.registers import RegisterClient
 from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.cpus import usable_cpus
@@ -394,6 +395,12 @@ class StorageService:
             self.registers.close()
         if final_snapshot_error is not None:
             raise final_snapshot_error
+
+    @property
+    def register_client(self) -> RegisterClient | None:
+        """The proposer side of the replicated registers over this node's client (None before
+        ``start``): what the topology-operation lock uses (rebalance/cluster_lock.py)."""
+        return None if self._client is None else self._client.registers
 
     @property
     def is_full(self) -> bool:

@@ -23,6 +23,9 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
   sender finished (no more forwarded deltas: no more ``D`` markers needed), a ``.discarded`` file
   one whose operation was abandoned before its cutover and whose rows this node dropped
   (rebalance/endpoint.py, ``DiscardStream``): it is never accepted again and has no scope.
+  ``<stream id>.source`` names the node that sends the stream (``StreamHello.source_node``,
+  written once, atomically, before its first columns): a removenode or replace of that node,
+  dead, discards the streams it left open (``DiscardStreamsFrom``).
 
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
 is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves no ack: the
@@ -41,7 +44,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
-from giaannd.atomic_file import fsync_dir
+from giaannd.atomic_file import atomic_write_bytes, fsync_dir
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
@@ -77,6 +80,7 @@ class StreamScopes:
         self._columns: dict[int, NDArray[np.uint64]] = {}
         self._closed: set[int] = set()
         self._discarded: set[int] = set()
+        self._sources: dict[int, str] = {}  # stream id -> the node that sends it, where known
 
     @classmethod
     def open(cls, data_dir: Path) -> StreamScopes:
@@ -94,6 +98,8 @@ class StreamScopes:
                 scopes._columns[sid] = np.unique(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64))
                 if path.with_suffix(".closed").exists():
                     scopes._closed.add(sid)
+                if path.with_suffix(".source").exists():
+                    scopes._sources[sid] = path.with_suffix(".source").read_text("utf-8", "replace")
         return scopes
 
     def close(self, stream_id: int) -> None:
@@ -110,6 +116,7 @@ class StreamScopes:
         stream that never recorded columns) and forget its scope; returns the columns it had."""
         cols = self._columns.pop(stream_id, np.zeros(0, np.uint64))
         self._closed.discard(stream_id)
+        self._sources.pop(stream_id, None)
         if stream_id not in self._discarded:
             self.directory.mkdir(parents=True, exist_ok=True)
             with open(self.directory / f"{stream_id:016x}.discarded", "wb") as f:
@@ -127,6 +134,22 @@ class StreamScopes:
     def open_streams(self) -> list[int]:
         """The streams that brought columns here and are neither closed nor discarded."""
         return [sid for sid in self._columns if sid not in self._closed]
+
+    def set_source(self, stream_id: int, node: str) -> None:
+        """Record (durably, once) that ``node`` sends ``stream_id`` ("": unknown, nothing is recorded)."""
+        if not node or self._sources.get(stream_id) == node:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)  # (its name is synced by add_columns, next)
+        atomic_write_bytes(self.directory / f"{stream_id:016x}.source", node.encode())
+        self._sources[stream_id] = node
+
+    def source_of(self, stream_id: int) -> str | None:
+        """The node that sends ``stream_id``, if its hello named it."""
+        return self._sources.get(stream_id)
+
+    def open_streams_from(self, node: str) -> list[int]:
+        """The open streams (``open_streams``) that ``node`` sends."""
+        return [sid for sid in self.open_streams() if self._sources.get(sid) == node]
 
     def columns_of_open_streams(self, but: int) -> NDArray[np.uint64]:
         """The columns of every stream still open (not closed, not discarded) other than ``but``."""

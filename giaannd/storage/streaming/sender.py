@@ -422,7 +422,8 @@ class StreamRunner:
         self._conn = await connect(self.transport, self.target_address, timeout_s=5.0)
         self._broken = False
         hello = StreamHello(s.stream_id, self.label, fresh=True, first=not self._connected_once,
-                            expected_bytes=max(0, s.total_bytes_estimate - s.bytes_acked))
+                            expected_bytes=max(0, s.total_bytes_estimate - s.bytes_acked),
+                            source_node=self.source.node_name)
         res = await self._conn.request(_ENC.encode(hello), [s.columns], timeout_s=STREAM_REQUEST_TIMEOUT_S)
         reply = _REPLY_DECODER.decode(res.payload)
         if isinstance(reply, StreamRefused):

@@ -146,6 +146,10 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     #: room for them in its store's base up front (``ColumnStore.reserve``, capped by its free
     #: capacity) instead of regrowing the base as the chunks land
     expected_bytes: _U64 = 0
+    #: the source node's name (``source`` is a label): the receiver records it with the stream's
+    #: scope, so that a removenode or replace of that node, dead, discards the stream
+    #: (``DiscardStreamsFrom``, rebalance/endpoint.py). "": a sender older than the field (unknown)
+    source_node: str = ""
 
 
 class StreamData(msgspec.Struct, frozen=True, tag=2):
