@@ -14,10 +14,10 @@ Each of the two comes from the first of these that gives it:
    refused with their names, since which node to drain is not giaannctl's guess to make;
 5. ``http://127.0.0.1:7480`` (``admin.listen``'s default) and ``STATE_ROOT/admin.token``.
 
-A token file given by name (step 1 or 2), and a data directory (step 3), have ``~`` expanded, as the daemon expands it in
-``admin.token-file``: a shell leaves ``--token-file=~/t`` and a quoted ``GIAANNCTL_TOKEN_FILE``
-as they are, and ``Client(token_file=...)`` meets no shell at all. A relative one is the working
-directory's. This is the one place giaannctl and the Python client expand it.
+A token file given by name (step 1 or 2), and a data directory (step 3), have ``~`` expanded,
+as the daemon expands it in ``admin.token-file``: a shell leaves ``--token-file=~/t`` and a quoted
+``GIAANNCTL_TOKEN_FILE`` as they are, and ``Client(token_file=...)`` meets no shell at all. A
+relative one is the working directory's. This is the one place giaannctl and the Python client expand it.
 
 ``STATE_ROOT`` is read when ``locate`` runs, so tests point it at a temporary directory.
 """
