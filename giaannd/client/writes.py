@@ -30,7 +30,10 @@ only once its rows are durable where they are served: delivered to the target wh
 (a decommission delivers the hints held for its sources before their streams close), re-split to
 the rows' current owners (hint_delivery.py), or dropped by the cutover of the operation that
 removed the target, once its streams copied the rows to their new owners from replicas that had
-them. So the seq settles once no holder holds it. While one does (the operation has not reached
+them (or, on a holder the cutover did not reach, once that holder's ring marks the target removed
+and the target is not live: hint_delivery.py, "A target removed for good"; a stranded share sent
+again as a hint after its target left ends that way too). So the seq settles once no holder
+holds it. While one does (the operation has not reached
 its cutover yet) it stays unsettled: a floor past it would make the node the hint then reaches
 ignore it. A seq that no node acknowledged holding (a stranded share), or whose holder is down or
 does not answer (a node that predates ``HeldHints`` answers ``BadRequest``), is not settled this way.

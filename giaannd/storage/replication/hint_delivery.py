@@ -6,7 +6,7 @@ Theory of operation
 as an ordinary ``ApplyBatch`` under its original batch id and with the placement epoch its writer
 split it with (``Hint.epoch``; the holder's current epoch for old hints without one), and forgets
 each one the target acknowledged as durable. The first failure pauses delivery (the service
-retries on the next ``came_up`` event or retry tick). Two refinements:
+retries on the next ``came_up`` event or retry tick). Two refinements, and one exception:
 
 **Pacing** (ramp.py, issue 8 "a rejoining node is not flooded"). When a member comes up
 (``came_up``) it gets a ``HintPacer``: a token bucket whose byte rate grows over ``ramp_s``. Each
@@ -36,6 +36,25 @@ them, it never had this write to forward); keeping it forever never delivers it.
 There is no "did the target apply this id?" shortcut any more: the target may hold another share
 of the batch (a writer's retry, another holder's re-split), which says nothing about this hint's
 rows; sending the parts again costs bytes, never a double count.
+
+**A target removed for good** (``drop_removed``). The cutover of the operation that removed a
+member drops the hints every *live* node holds for it (rebalance/operations.py): its streams copied
+the rows from old owners that had every acknowledged write (W direct acks, never counting a hint),
+or got it by a hint delivered before the switch. A holder that was down then, or that the drop did
+not reach, kept those hints for good: delivery only tries live targets, so they took hint space
+(enough of them and the holder refuses new hints) and held the writer's floor (it settles a
+removed target's seq once no holder holds it). Such a holder drops them itself once *its* ring
+marks the target removed (a tombstone is committed only by the cutover, after the streams) and
+the target is not live: on the ring change, and on each delivery round (so also after a restart,
+and for a hint made after the cutover, e.g. a writer's stranded share sent again). Not while the
+service starts: until membership has heard of a removed target that still runs, it looks down. A hint is never
+the only copy of an acknowledged write: W owners other than its target acknowledged it directly.
+A removed target that *is* live (decommissioned, still running as standby) keeps its hints: it
+may have been the source of its columns' streams without this write (the holder was down when
+the decommission delivered the hints for its sources), so they are delivered, and re-split to the
+rows' current owners when it refuses them (above). Re-splitting a dead target's hint instead
+would apply it twice on a new owner whose rows came from a source that had applied it (the stream
+carries rows, not batch ids).
 
 Limits (docs/topology.md "Known gaps"): a new owner that received the rows by a stream *chunk*
 copied from a source that had applied the batch (possible only when the losing owner was down
@@ -151,6 +170,19 @@ class HintDelivery:
         wait = pacer.reserve(now, nbytes)
         if wait > 0:
             await asyncio.sleep(wait)
+
+    def drop_removed(self, removed: Callable[[str], bool]) -> int:
+        """Forget the hints held for targets that ``removed`` says left the cluster for good (the
+        node's ring marks them removed) and that are not live (module docstring, "A target removed
+        for good"). Returns how many were dropped."""
+        dropped = 0
+        for target in self.hints.targets():
+            if removed(target) and not self.topology.is_live(target):
+                n = self.hints.drop(target)
+                self.pacers.pop(target, None)
+                log.info("hints dropped for a member removed from the ring target=%s count=%d", target, n)
+                dropped += n
+        return dropped
 
     async def deliver_to(self, target: str) -> int:
         """Deliver ``target``'s hints in order; stop at the first failure. Returns hints delivered."""

@@ -289,6 +289,16 @@ class HintStore:
             self._remove_log(target, tl.log)
         return True
 
+    def drop(self, target: str) -> int:
+        """Forget every hint held for ``target`` and delete its log: a target that left the cluster
+        for good (hint_delivery.py, "A target removed for good"). Returns how many were held."""
+        tl = self._targets.pop(target, None)
+        if tl is None:
+            return 0
+        self._held_bytes -= sum(h.batch.nbytes for h in tl.hints.values())
+        self._remove_log(target, tl.log)
+        return len(tl.hints)
+
     def _remove_log(self, target: str, hint_log: UpdateLog) -> None:
         """Delete a target's log once every hint in it was delivered. A disk error (EIO) is logged,
         not raised: the hints are delivered and stay forgotten, and the files left behind are

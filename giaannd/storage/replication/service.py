@@ -67,6 +67,7 @@ from giaannd.storage.replication.snapshot_timer import snapshot_due, snapshot_wa
 from peers.transport import Incoming, Reply
 
 if TYPE_CHECKING:
+    from giaannd.cluster.ring import Ring
     from giaannd.config import StorageConfig
     from giaannd.runtime.node import NodeRuntime
     from giaannd.service import ServiceContext
@@ -192,6 +193,7 @@ class StorageService:
         self.node_name, self.topology = rt.node_name, rt.topology
         await self._recover()
         self._attach_delivery(rt.topology)
+        rt.ring_listeners.append(self._on_ring_change)
         self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
         ctx.spawn(self.run_hint_retry(ctx.stopping), "hint-retry")
@@ -363,6 +365,8 @@ class StorageService:
         let in-flight applies reach their durable ack, then snapshot and close.
         Not graceful: close everything now (every acknowledged batch is already in the synced log)."""
         self._stopping = True
+        with contextlib.suppress(ValueError):  # (not there when start did not get that far)
+            self.runtime.ring_listeners.remove(self._on_ring_change)
         if self.core is not None:
             self.core.refuse_writes = True
         for task in list(self._tasks):
@@ -622,6 +626,25 @@ class StorageService:
         for target in change.came_up & set(self.hints.targets()):
             self._spawn(self.deliver_hints_to(target))
 
+    def _on_ring_change(self, ring: Ring) -> None:
+        """A committed ring change: drop the hints held for members it marks removed (below)."""
+        if not self._stopping:
+            self.drop_hints_for_removed(ring)
+
+    def drop_hints_for_removed(self, ring: Ring | None = None) -> int:
+        """Forget the hints held for members ``ring`` (default: the node's) marks removed and that
+        are not live: the cutover that removed them dropped those held by the nodes it reached,
+        and nobody delivers them (hint_delivery.py, "A target removed for good"). Returns how many."""
+        if self.delivery is None:
+            return 0
+        current = ring if ring is not None else self.runtime.ring
+
+        def removed(name: str) -> bool:
+            entry = current.get(name)
+            return entry is not None and entry.state == "removed"
+
+        return self.delivery.drop_removed(removed)
+
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -629,9 +652,12 @@ class StorageService:
         return task
 
     async def deliver_hints(self) -> int:
-        """Try every target that is live now; returns hints delivered."""
+        """Try every target that is live now, after dropping the hints of targets removed for good
+        (``drop_hints_for_removed``: the periodic round also does it after a restart, and for a
+        hint that came after the ring change); returns hints delivered."""
         if self.hints is None or self.topology is None:
             return 0
+        self.drop_hints_for_removed()
         done = 0
         for target in self.hints.targets():
             if self.topology.is_live(target):
