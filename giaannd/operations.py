@@ -267,6 +267,7 @@ _JOB_DOC = Render(fields=("job_id", "kind", "state", "error", "done", "total", "
 NOUNS: Final[Mapping[str, str]] = {
     "node": "this node: status and lifecycle",
     "node topology": "(topology) the running or last topology operation of this node",
+    "node registers": "(topology) this storage node's replicated registers",
     "members": "cluster membership",
     "ring": "placement",
     "column": "concept columns",
@@ -331,6 +332,11 @@ _TABLE: Final[tuple[Operation, ...]] = (
               args=(Arg(name="rate", positional=True, type="rate", metavar="BYTES_PER_S", key="rate_bytes_s",
                         help="bytes/s for all the streams together, or 'none' for unthrottled"),),
               help="change the running topology operation's stream rate"),
+    Operation(noun="node registers", verb="unseal", service="storage", method="POST",
+              path="/v1/node/registers/unseal", render=Render(fields=("node", "unsealed", "cluster_lock")),
+              help="(topology) drop the register seals a topology operation whose coordinator died left on "
+                   "this node (refused while an operation runs here or holds the cluster's lock, or while "
+                   "a placement override is in force here; docs/topology.md)"),
     Operation(noun="node", verb="repair", service="storage", method="POST", path="/v1/node/repair",
               help="(topology) deliver hints, rebuild this node's missing batches from its peers' logs, "
                    "compare its rows with theirs (docs/topology.md)"),

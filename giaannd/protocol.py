@@ -220,6 +220,10 @@ MAX_READ_PART_ENTRIES: Final = MAX_BATCH_ENTRIES
 MAX_LARGE_ROWS: Final = 4096
 #: Seqs per BatchesApplied or HeldHints query (the writer asks about its hinted batches in chunks).
 MAX_QUERY_SEQS: Final = 65_536
+#: The message of the ``NotOwner`` a register's owner answers for a key it sealed (a placement
+#: change is handing the key to its new owners: storage/rebalance/register_handoff.py); proposers
+#: tell that refusal apart by it (client/registers.py ``RegisterUnavailable.sealed``).
+REGISTER_SEALED: Final = "register sealed: a placement change is handing it to its new owners"
 #: Bound on free-text fields (error messages, node names) so a reply stays small.
 MAX_TEXT_CHARS: Final = 4096
 #: Rows per ScanPage. A page is built (copied) on the event loop, so it is bounded like a read.

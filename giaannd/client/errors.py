@@ -80,6 +80,7 @@ class RemoteNotOwner(StorageRequestError):
     def __init__(self, node: str, reply: p.NotOwner) -> None:
         super().__init__(f"not an owner under placement epoch {reply.epoch}: {reply.message}", node)
         self.epoch = reply.epoch
+        self.message = reply.message
 
 
 class RemoteBadRequest(StorageRequestError):
@@ -151,9 +152,15 @@ class RemoteRegisterConflict(StorageRequestError):
 
 class RegisterUnavailable(StorageRequestError):
     """Fewer than a majority of a register's owners answered (or contention outlasted the attempts).
-    A compare-and-set may or may not have taken effect: read the register again."""
+    A compare-and-set may or may not have taken effect: read the register again. ``sealed``: some
+    owner refused because it sealed the key (a placement change hands it over, or its coordinator
+    died before unsealing: protocol.REGISTER_SEALED)."""
 
     reason = "register_unavailable"
+
+    def __init__(self, message: str, node: str = "", *, sealed: bool = False) -> None:
+        super().__init__(message, node)
+        self.sealed = sealed
 
 
 def raise_for_reply(node: str, reply: p.Reply) -> None:

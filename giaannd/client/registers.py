@@ -89,7 +89,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from giaannd import protocol as p
-from giaannd.client.errors import REQUEST_FAILURES, RegisterUnavailable, RemoteRegisterConflict
+from giaannd.client.errors import REQUEST_FAILURES, RegisterUnavailable, RemoteNotOwner, RemoteRegisterConflict
 from giaannd.client.node_call import NodeCall, NodeReply
 from giaannd.cluster.view import ClusterView
 
@@ -159,6 +159,8 @@ class _Tally:
     refused: Ballot | None = None
     failed: dict[str, str] = field(default_factory=dict)
     refusals: int = 0
+    #: owners that refused because they sealed the key (protocol.REGISTER_SEALED)
+    sealed: set[str] = field(default_factory=set)
 
     @property
     def quorum(self) -> int:
@@ -170,6 +172,8 @@ class _Tally:
             self.refused = max(self.refused or (0, 0), result.ballot)
         elif isinstance(result, BaseException):
             self.failed[node] = str(result) or type(result).__name__
+            if isinstance(result, RemoteNotOwner) and result.message == p.REGISTER_SEALED:
+                self.sealed.add(node)
         else:
             self.ok[node] = result
 
@@ -208,6 +212,11 @@ class CasRound:
         #: the new (version, value) this round sends to be accepted, if it got that far: it may
         #: take effect even when the round is lost (a later proposer can build on it)
         self.proposal: tuple[Version, bytes] | None = None
+
+    @property
+    def sealed(self) -> bool:
+        """Some owner of the phase that ended it refused because it sealed the key."""
+        return bool(self._tally.sealed)
 
     @property
     def done(self) -> bool:
@@ -282,6 +291,11 @@ class ReadRound:
         self.error: str | None = None
 
     @property
+    def sealed(self) -> bool:
+        """Some owner of the phase that ended it refused because it sealed the key."""
+        return bool(self._tally.sealed)
+
+    @property
     def done(self) -> bool:
         return self.outcome is not None or self.error is not None
 
@@ -336,7 +350,7 @@ class RegisterClient:
 
         await self._exchange(rnd.start(), feed, lambda: rnd.done, timeout_s)
         if rnd.outcome is None:
-            raise RegisterUnavailable(rnd.error or "no quorum")
+            raise RegisterUnavailable(rnd.error or "no quorum", sealed=rnd.sealed)
         return rnd.outcome
 
     async def read_one(self, key: str, timeout_s: float | None = None) -> RegisterRead | None:
@@ -391,7 +405,7 @@ class RegisterClient:
                 return CasOutcome(out.ok, out.version, out.value, True) if proposed and not out.ok else out
             proposed = proposed or rnd.proposal is not None
             if rnd.retry_above is None:
-                raise RegisterUnavailable(rnd.error or "no quorum")
+                raise RegisterUnavailable(rnd.error or "no quorum", sealed=rnd.sealed)
             self.conflicts += 1
             self._remember(key, rnd.retry_above[0])
             await asyncio.sleep(self._rng.uniform(0, min(ROUND_BACKOFF_CAP_S, ROUND_BACKOFF_S * 2**attempt)))

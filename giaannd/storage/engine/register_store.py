@@ -61,9 +61,11 @@ and fsyncs the directory before it returns; ``open`` reloads it (and deletes the
 write a crash cut short). A damaged seal file stops start-up naming the file
 (``RegisterSealsCorrupt``, exit 2) rather than being ignored: ignoring it is the forgetting this
 file exists to prevent, and only an operator can know that no placement change is in progress.
-Seals a dead coordinator left stay until the next operation from this placement unseals the
-member (its last step, done or failed), or until the operator, with the node stopped and no
-placement change in progress, deletes the file (there is no admin route for it); until then the
+Seals a dead coordinator left stay (nothing expires them) until an operation reaches its
+register handoff at the member again and unseals it (its last step, done or failed), or until
+the operator runs ``giaannctl node registers unseal`` (register_handoff.py, "After a coordinator
+died": under the cluster's topology lock, refused while an operation may still need them) or,
+with the node stopped and no placement change in progress, deletes the file; until then the
 node refuses those keys, which costs availability, never safety.
 
 **Large values stay on disk** (issue 15 item 1). A value of ``spill_bytes`` or more (a corpus
@@ -433,16 +435,40 @@ class RegisterStore:
             OSError: the file could not be removed (or the removal made durable); the seals stay.
         """
         with self._seal_lock:
-            try:
-                self._seals_path.unlink()
-            except FileNotFoundError:
-                pass
-            else:
-                fsync_dir(self._seals_path.parent)
+            self._remove_seals_file()
             n = len(self._sealed)
             self._sealed.clear()
             self._seals_written = True
             return n
+
+    def _remove_seals_file(self) -> None:
+        try:
+            self._seals_path.unlink()
+        except FileNotFoundError:
+            pass
+        else:
+            fsync_dir(self._seals_path.parent)
+
+    def unseal_key(self, key: str) -> bool:
+        """Drop ``key``'s seal alone, durably (the seal file rewritten, or removed with the last
+        seal). Whether it was sealed. Blocking I/O (register_handoff.py ``unseal_left``: the
+        topology lock's own register, which the lock needs before anything else is unsealed).
+
+        Raises:
+            OSError: the file could not be rewritten or removed; the seal stays.
+        """
+        with self._seal_lock:
+            if key not in self._sealed:
+                return False
+            rest = {k: e for k, e in self._sealed.items() if k != key}
+            self._seals_written = False
+            if rest:
+                write_seals(self._seals_path, rest)
+            else:
+                self._remove_seals_file()
+            del self._sealed[key]
+            self._seals_written = True
+            return True
 
     def _put(self, key: str, state: RegisterState) -> int:
         spill = len(state.value) >= self.spill_bytes

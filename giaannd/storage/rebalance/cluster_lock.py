@@ -21,17 +21,24 @@ acquisition. ``acquire`` reads it (a read settled by CAS) and
 - takes it by CAS when it is empty;
 - takes it over when its holder is **stale**: its coordinator is not a live member, or is this
   node while the token is none of this process's (an earlier life of this node, or an operation
-  whose release never reached a quorum);
+  whose release never reached a quorum). A token whose write is still in flight is this
+  process's too: another ``acquire`` of this node that reads it (a second verb at the same
+  moment, the auto-join), or the release at start, leaves it alone;
 - otherwise refuses with ``OperationLockBusy`` (the admin API's 409), naming the holder.
 
 A CAS refused because the register changed meanwhile decides again on the value the refusal
 answers (a settled one). ``release`` empties the register by CAS, naming the version its
 acquisition wrote; a node also releases, at start, a lock that names it (stale by construction).
 
-When a majority of the key's owners cannot be reached, ``acquire`` raises
+An owner that *sealed* the register (an operation's handoff moves it to new owners; or a dead
+coordinator's seal left behind) refuses it: ``acquire`` then raises ``OperationLockSealed``, a
+kind of busy. When a majority of the key's owners cannot be reached otherwise (down), it raises
 ``OperationLockUnavailable``. The daemon then runs the operation without the lock and says so (in
 its log and progress): removing dead members is what a degraded cluster needs, and refusing would
-leave no way back. The guarantee holds whenever the register is reachable.
+leave no way back. The guarantee holds whenever the register is reachable. A write that failed so
+may have taken effect all the same (registers.py: a round whose answers were lost): the exception
+carries its ``token``, and the operation releases that when it ends, as a lock it took
+(``release`` reads the register and empties it if it names the token), so no lock outlives it.
 
 The register's owners may change with the very operation that holds it: the cutover's register
 handoff (register_handoff.py) moves it as it moves every register, so the release after the
@@ -55,7 +62,8 @@ from giaannd.client.errors import RegisterUnavailable
 from giaannd.client.registers import CasOutcome, RegisterRead, Version
 from giaannd.errors import Refused
 
-__all__ = ["LOCK_KEY", "ClusterLock", "LockHolder", "OperationLockBusy", "OperationLockUnavailable", "retry_release"]
+__all__ = ["LOCK_KEY", "ClusterLock", "LockHolder", "OperationLockBusy", "OperationLockSealed",
+           "OperationLockUnavailable", "retry_release"]
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +88,39 @@ class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OperationLockBusy(Refused):
-    """Another topology operation holds the cluster's lock (the admin API's 409)."""
+    """Another topology operation holds the cluster's lock (the admin API's 409). ``holder``: who
+    (None for ``OperationLockSealed``)."""
 
-    def __init__(self, holder: LockHolder) -> None:
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.since))
-        super().__init__(f"another topology operation runs in the cluster: {holder.kind} ({holder.op}) "
-                         f"coordinated by {holder.coordinator} since {since}; wait for it to end "
-                         f"(`giaannctl node topology status` on {holder.coordinator}) or cancel it there")
+    def __init__(self, holder: LockHolder | None, message: str = "") -> None:
+        if holder is not None and not message:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.since))
+            message = (f"another topology operation runs in the cluster: {holder.kind} ({holder.op}) "
+                       f"coordinated by {holder.coordinator} since {since}; wait for it to end "
+                       f"(`giaannctl node topology status` on {holder.coordinator}) or cancel it there")
+        super().__init__(message)
         self.holder = holder
 
 
+class OperationLockSealed(OperationLockBusy):
+    """An owner of the lock's register sealed it: a topology operation is handing it to new owners
+    (its cutover), or one whose coordinator died left the seal (``giaannctl node registers
+    unseal`` on that node). Busy, not unavailable: running without the lock is for owners that
+    are down, and a seal says an operation is (or was) under way."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(None, "the cluster's topology lock is sealed: a topology operation is handing its "
+                               "register to new owners (its cutover), or one whose coordinator died left the "
+                               f"seal (`giaannctl node registers unseal` on that node): {detail}")
+
+
 class OperationLockUnavailable(Refused):
-    """The lock's register could not be read or written (no majority of its owners answered)."""
+    """The lock's register could not be read or written (no majority of its owners answered).
+    ``token``: a write of that token whose outcome is unknown (``release`` it once the operation
+    ended), or None where no write was sent."""
+
+    def __init__(self, message: str, token: int | None = None) -> None:
+        super().__init__(message)
+        self.token = token
 
 
 class Registers(Protocol):
@@ -120,6 +149,11 @@ class ClusterLock:
     timeout_s: float = 30.0
     #: tokens this process acquired and has not released: (token -> version it wrote)
     _held: dict[int, Version] = field(default_factory=dict)
+    #: tokens whose write is in flight (an acquire not returned yet)
+    _inflight: set[int] = field(default_factory=set)
+    #: tokens whose write failed with its outcome unknown, not released yet (only ``release``
+    #: reads these: such a lock is stale to this node, as one of an earlier life)
+    _doubt: set[int] = field(default_factory=set)
 
     def decode(self, value: bytes) -> LockHolder | None:
         """The holder a register value names; None when empty or unreadable (a value no version
@@ -136,8 +170,12 @@ class ClusterLock:
     def stale(self, holder: LockHolder) -> bool:
         """Whether ``holder`` can be taken over (module docstring)."""
         if holder.coordinator == self.me:
-            return holder.token not in self._held
+            return not self._mine(holder.token)
         return not self.is_member_live(holder.coordinator)
+
+    def _mine(self, token: int) -> bool:
+        """Whether ``token``'s lock is this process's: held, or its write in flight."""
+        return token in self._held or token in self._inflight
 
     async def acquire(self, op: str, kind: str) -> int:
         """Take the lock for operation ``op``; returns its token (for ``release``).
@@ -147,8 +185,20 @@ class ClusterLock:
             OperationLockUnavailable: the register could not be read or written.
         """
         token = secrets.randbits(63)
+        self._inflight.add(token)  # this process's while its write is in flight (stale())
+        try:
+            return await self._acquire(op, kind, token)
+        except OperationLockUnavailable as exc:
+            if exc.token is not None:  # it may be in the register: ``release`` looks for it
+                self._doubt.add(exc.token)
+            raise
+        finally:
+            self._inflight.discard(token)
+
+    async def _acquire(self, op: str, kind: str, token: int) -> int:
         value = msgspec.msgpack.encode(LockHolder(op=op, kind=kind, coordinator=self.me, token=token,
                                                   since=time.time()))
+        written = False  # a write of ours was sent (its outcome is unknown when it raises)
         try:
             out = await self.registers.cas(LOCK_KEY, None, timeout_s=self.timeout_s)  # a settled read
             for _ in range(_MAX_DECISIONS):
@@ -162,16 +212,20 @@ class ClusterLock:
                     log.warning("topology lock: taking over from %s's %s (%s): %s", holder.coordinator,
                                 holder.kind, holder.op, "an earlier life of this node" if
                                 holder.coordinator == self.me else "its coordinator is not a live member")
+                written = True
                 out = await self.registers.cas(LOCK_KEY, out.version, value, timeout_s=self.timeout_s)
                 if out.ok:
                     self._held[token] = out.version
                     log.info("topology lock taken op=%s kind=%s token=%#x", op, kind, token)
                     return token
         except RegisterUnavailable as exc:
+            if exc.sealed and not written:
+                raise OperationLockSealed(str(exc)) from None
             raise OperationLockUnavailable(f"the cluster's topology lock (register {LOCK_KEY!r}) cannot be "
-                                           f"reached: {exc}") from None
+                                           f"reached: {exc}", token if written else None) from None
         except LookupError as exc:  # no storage members known
-            raise OperationLockUnavailable(f"the cluster's topology lock has no owners: {exc}") from None
+            raise OperationLockUnavailable(f"the cluster's topology lock has no owners: {exc}",
+                                           token if written else None) from None
         raise OperationLockUnavailable(f"the cluster's topology lock (register {LOCK_KEY!r}) kept changing "
                                        f"under {_MAX_DECISIONS} attempts to take it")
 
@@ -180,10 +234,14 @@ class ClusterLock:
         or taken over meanwhile); False when the register could not be written (try again).
         Raises nothing."""
         version = self._held.get(token)
-        if version is None:
+        if version is None and token not in self._doubt:
             return True
         try:
-            out = await self.registers.cas(LOCK_KEY, version, b"", timeout_s=self.timeout_s)
+            if version is None:  # a write in doubt (module docstring): look where the register is
+                seen = await self.registers.cas(LOCK_KEY, None, timeout_s=self.timeout_s)  # a settled read
+                out = CasOutcome(False, seen.version, seen.value)
+            else:
+                out = await self.registers.cas(LOCK_KEY, version, b"", timeout_s=self.timeout_s)
             if not out.ok:
                 # Changed since we wrote it. Another holder's: leave it. Ours under another version,
                 # or empty (a handoff that could not move the register left new owners without
@@ -197,20 +255,22 @@ class ClusterLock:
         except (RegisterUnavailable, LookupError) as exc:
             log.warning("topology lock: release of token %#x failed (%s); retried later", token, exc)
             return False
-        del self._held[token]
+        self._held.pop(token, None)
+        self._doubt.discard(token)
         log.info("topology lock released token=%#x", token)
         return True
 
     async def release_own_stale(self) -> bool:
         """At start: empty the lock if it names this node with a token of an earlier life (its
-        operation cannot be running: this process started none). True when the lock names no
-        earlier life of this node any more. Raises nothing."""
+        operation cannot be running: this process started none; a token of this process, an
+        acquire in flight included, is left alone). True when the lock names no earlier life of
+        this node any more. Raises nothing."""
         try:
             # a plain read first: a read settled by CAS (a prepare) leaves a promise on the owners,
             # a state every node's start would then add for the handoffs to move
             seen = await self.registers.read(LOCK_KEY, timeout_s=self.timeout_s)
             holder = self.decode(seen.value)
-            if holder is None or holder.coordinator != self.me or holder.token in self._held:
+            if holder is None or holder.coordinator != self.me or self._mine(holder.token):
                 return True
             out = await self.registers.cas(LOCK_KEY, seen.version, b"", timeout_s=self.timeout_s)
             if not out.ok:  # (changed meanwhile, or the read saw a value not yet settled: look again)

@@ -110,6 +110,7 @@ class StorageTopology:
         self._auto_repair_task: asyncio.Task[Any] | None = None
         self._idle_sweep_task: asyncio.Task[None] | None = None
         self._stale_lock_task: asyncio.Task[None] | None = None
+        self._stopped = False  # (the auto-join's wait for the lock ends: ``join``)
 
     async def start(self, ctx: ServiceContext) -> None:
         rt = self.runtime
@@ -164,6 +165,7 @@ class StorageTopology:
         return None
 
     async def stop(self) -> None:
+        self._stopped = True
         self.runtime.on_join_needed = None
         if self._auto_repair_task is not None:  # before the service it repairs closes
             self._auto_repair_task.cancel()
@@ -233,9 +235,11 @@ class StorageTopology:
     async def join(self) -> dict[str, Any]:
         """Run (or return the running) streaming join of this node: the auto-join. While another
         topology operation holds the cluster's lock (cluster_lock.py) it waits for it, trying
-        again every ``JOIN_LOCK_RETRY_S`` (nodes started together join one at a time)."""
+        again every ``JOIN_LOCK_RETRY_S`` (nodes started together join one at a time), until this
+        service stops: its task (ring_sync.py) lives until the end of the daemon's shutdown, and a
+        join started then would run against a closed endpoint, holding the lock."""
         waited = 0.0
-        while True:
+        while not self._stopped:
             try:
                 op = await self.registry.begin(self.join_operation())
                 return op.progress()
@@ -246,6 +250,7 @@ class StorageTopology:
                 return {"state": "done", "note": "the ring has this node now"}
             await asyncio.sleep(JOIN_LOCK_RETRY_S)
             waited += JOIN_LOCK_RETRY_S
+        return {"state": "cancelled", "note": "the node stops"}
 
     # -- repair -------------------------------------------------------------------------------
     async def repair(self) -> dict[str, Any]:

@@ -236,7 +236,7 @@ class Rebalance:
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
 
     #: the cluster lock (cluster_lock.py): "none" (not taken yet, or a control without one),
-    #: "held", "released", or "unavailable: ..." (run without it)
+    #: "held", "released" (once held), or "unavailable: ..." (run without it; stays so)
     lock_state: str = "none"
     _lock_token: int | None = None
     _lock_taken: bool = False
@@ -334,6 +334,7 @@ class Rebalance:
         except OperationLockUnavailable as exc:
             log.warning("%s runs without the cluster's topology lock: %s", self.kind, exc)
             self.lock_state = f"unavailable: {exc}"
+            self._lock_token = exc.token  # a write in doubt: released at the end all the same
         else:
             self.lock_state = "held" if self._lock_token is not None else "none"
         self._lock_taken = True
@@ -343,9 +344,15 @@ class Rebalance:
         for it may start the next operation at once)."""
         token, self._lock_token = self._lock_token, None
         if token is not None:
+            # its own task, and only waited for here: a release cancelled midway would leave the
+            # token held, and the lock refused to every node until this one restarts
+            unlock = asyncio.ensure_future(self.control.unlock(token))
+            _UNLOCKS.add(unlock)
+            unlock.add_done_callback(_unlock_done)
             with contextlib.suppress(Exception):  # (the control retries a failed release itself)
-                await asyncio.wait_for(self.control.unlock(token), CUTOVER_TIMEOUT_S)
-            self.lock_state = "released"
+                await asyncio.wait_for(asyncio.shield(unlock), CUTOVER_TIMEOUT_S)
+            if self.lock_state == "held":
+                self.lock_state = "released"
 
     # -- running ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -802,10 +809,13 @@ class OperationRegistry:
             return self.start(op)  # the same verb again (the running one), or refused as before
         await op.take_lock()
         try:
-            return self.start(op)
+            started = self.start(op)
         except BaseException:
             await op.release_lock()  # another start won the registry meanwhile
             raise
+        if started is not op:  # the same verb, started meanwhile: it answers, and holds its own
+            await op.release_lock()
+        return started
 
     async def wait(self, timeout_s: float) -> dict[str, Any]:
         """The current operation's progress once it ended or ``timeout_s`` passed (its failure is
@@ -813,6 +823,16 @@ class OperationRegistry:
         assert self._task is not None and self.current is not None
         await asyncio.wait({self._task}, timeout=timeout_s)  # (neither raises its outcome nor cancels it)
         return self.current.progress()
+
+
+#: Lock releases under way (``Rebalance.release_lock``): the loop keeps only weak references to tasks.
+_UNLOCKS: set[asyncio.Future[None]] = set()
+
+
+def _unlock_done(task: asyncio.Future[None]) -> None:
+    _UNLOCKS.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("topology lock: release failed: %s", task.exception())
 
 
 def _log_result(task: asyncio.Task[dict[str, Any]]) -> None:

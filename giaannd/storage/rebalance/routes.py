@@ -12,7 +12,8 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
 from giaannd.json_body import json_object
 from giaannd.operations import Binder, Handler
-from giaannd.storage.rebalance.cluster_lock import OperationLockBusy
+from giaannd.storage.rebalance import register_handoff as rh
+from giaannd.storage.rebalance.cluster_lock import OperationLockBusy, OperationLockUnavailable
 from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import (
     ClusterControl,
@@ -48,6 +49,8 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
     ``node.topology.pause``,     act on the running / last operation; ``rate`` takes
     ``.resume``, ``.cancel``,    ``{"rate_bytes_s": N or null}``
     ``.rate``
+    ``node.registers.unseal``    drop the register seals a dead coordinator left here, under the
+                                 cluster's lock (register_handoff.py, "After a coordinator died")
     ===========================  ==================================================================
 
     Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
@@ -167,11 +170,32 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
         op.set_rate(rate_of(await json_object(request, ("rate_bytes_s",), null_is_empty=True)))
         return op.progress()
 
+    async def unseal_registers(request: Any, params: Mapping[str, str]) -> Any:
+        view = control.view()
+        service = control.service(view.local) if view.local is not None else None
+        if service is None or service.registers is None:
+            raise AdminHTTPError(404, "this node keeps no registers (not a storage member)", "not_served")
+
+        def running() -> str | None:
+            op = reg.current
+            return None if op is None or op.state in ("done", "failed", "cancelled") else f"{op.kind}, {op.state}"
+
+        try:
+            unsealed, locked = await rh.unseal_left(service, control, running=running,
+                                                    override=lambda: view.override is not None,
+                                                    is_live=view.is_live)
+        except (OperationLockBusy, rh.SealsInUse) as exc:
+            raise AdminHTTPError(409, str(exc), "conflict") from None
+        except OperationLockUnavailable as exc:  # an operation may run without it: not here
+            raise AdminHTTPError(503, f"{exc}: seals are dropped only under the lock", "unavailable") from None
+        return {"node": view.local, "unsealed": unsealed, "cluster_lock": "released" if locked else "none"}
+
     handlers: dict[str, Handler] = {
         "node.decommission": decommission, "node.removenode": removenode, "node.join-ring": join,
         "node.replace": replace, "node.repair": do_repair, "node.topology.status": status,
         "node.topology.pause": act(lambda op: op.pause()), "node.topology.resume": act(lambda op: op.resume()),
-        "node.topology.cancel": act(lambda op: op.cancel()), "node.topology.rate": set_rate}
+        "node.topology.cancel": act(lambda op: op.cancel()), "node.topology.rate": set_rate,
+        "node.registers.unseal": unseal_registers}
     for op_id, handler in handlers.items():
         admin.bind(op_id, handler)
     return reg

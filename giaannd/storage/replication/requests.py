@@ -561,7 +561,7 @@ class StorageRequests:
         topo = self._topology()
         epoch = "" if topo is None else topo.placement.epoch
         if store.sealed(msg.key, epoch):  # handed off to its new owners (rebalance/register_handoff.py)
-            return self.error(p.NotOwner(epoch, "register sealed: a placement change is handing it to its new owners"))
+            return self.error(p.NotOwner(epoch, p.REGISTER_SEALED))
         if isinstance(msg, p.RegisterGet):
             try:
                 return Answer(_register_value(store.get(msg.key)))

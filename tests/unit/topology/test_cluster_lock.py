@@ -16,6 +16,7 @@ from giaannd.storage.rebalance.cluster_lock import (
     ClusterLock,
     LockHolder,
     OperationLockBusy,
+    OperationLockSealed,
     OperationLockUnavailable,
     retry_release,
 )
@@ -173,3 +174,32 @@ async def test_cluster_lock_release_is_retried_until_the_register_answers() -> N
     token2 = await lock.acquire("op2", "join")
     reg.down = True
     assert not await retry_release(lock, token2, sleep, every_s=1.0, attempts=2)
+
+
+async def test_cluster_lock_a_sealed_register_is_busy_not_unavailable() -> None:
+    """An owner that sealed the lock's register (an operation's handoff moves it) refuses it: that
+    says an operation is under way, so the acquire is refused as busy (409), never run without the
+    lock, which is for owners that are down."""
+    reg = MemoryRegister()
+
+    async def sealed(key: str, expect: Version | None, value: bytes = b"",
+                     timeout_s: float | None = None) -> CasOutcome:
+        raise RegisterUnavailable("1 of 2 owners answered (need 2): s1: register sealed", sealed=True)
+
+    reg.cas = sealed  # type: ignore[method-assign]
+    with pytest.raises(OperationLockSealed) as info:
+        await _lock(reg, "s0", {"s0", "s1"}).acquire("op", "join")
+    assert isinstance(info.value, OperationLockBusy) and "sealed" in str(info.value)
+
+
+async def test_register_round_reports_an_owner_that_sealed_the_key() -> None:
+    from giaannd import protocol as p
+    from giaannd.client.errors import RemoteNotOwner
+    from giaannd.client.registers import ReadRound
+
+    rnd = ReadRound("k", ["s0", "s1"])
+    rnd.on_reply("s0", RemoteNotOwner("s0", p.NotOwner("e", p.REGISTER_SEALED)))
+    assert rnd.done and rnd.outcome is None and rnd.sealed
+    other = ReadRound("k", ["s0", "s1"])
+    other.on_reply("s0", RemoteNotOwner("s0", p.NotOwner("e", "another reason")))
+    assert other.done and not other.sealed
