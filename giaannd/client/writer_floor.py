@@ -16,8 +16,10 @@ can never land on a node whose floor already passed it. A write that failed and 
 holds the floor until ``abandon``.
 
 A hinted owner that left the placement for good (removenode while it was down) never answers
-again: for it the client asks the nodes that acknowledged holding its hints (``holders``) whether
-they still hold them (writes.py, ``confirm_hints``), and ``confirmed`` settles the seq once none does.
+again, and one that was removed and added again under the same name never gets the ids hinted
+for it before: for those the client asks the nodes that acknowledged holding its hints
+(``holders``) whether they still hold them (hint_confirm.py), and ``confirmed`` settles the seq
+once none does.
 
 Only our own writer's ids are tracked: a batch id of another writer (a hint replayed by storage,
 tools) is written with floor 0 and never settles anything here.

@@ -1,4 +1,4 @@
-"""QuorumWriter: the StorageClient's replicated writes, hints and hint confirmation (ARCHITECTURE §8).
+"""QuorumWriter: the StorageClient's replicated writes and hints (ARCHITECTURE §8).
 
 Theory of operation
 -------------------
@@ -22,21 +22,12 @@ when a hinted owner later reports it applied. ``write`` starts a background ``co
 each live hinted owner ``BatchesApplied``) at most every ``CONFIRM_HINTS_INTERVAL_S`` while hinted
 seqs are pending, so the floor recovers after an outage without anyone scheduling it.
 
-**A hinted owner that left the placement** (a removenode while it was down) is never live again:
-nobody asked it, and its seqs held the floor for the client's lifetime (every storage node then
-kept every later id of this writer). For a target outside the placement ``confirm_hints`` asks
-the nodes that acknowledged holding its hints (``HeldHints``) instead. A hint leaves its holder
-only once its rows are durable where they are served: delivered to the target while it owned them
-(a decommission delivers the hints held for its sources before their streams close), re-split to
-the rows' current owners (hint_delivery.py), or dropped by the cutover of the operation that
-removed the target, once its streams copied the rows to their new owners from replicas that had
-them (or, on a holder the cutover did not reach, once that holder's ring marks the target removed
-and the target is not live: hint_delivery.py, "A target removed for good"; a stranded share sent
-again as a hint after its target left ends that way too). So the seq settles once no holder
-holds it. While one does (the operation has not reached
-its cutover yet) it stays unsettled: a floor past it would make the node the hint then reaches
-ignore it. A seq that no node acknowledged holding (a stranded share), or whose holder is down or
-does not answer (a node that predates ``HeldHints`` answers ``BadRequest``), is not settled this way.
+**Which hinted seqs settle** (hint_confirm.py): those a live hinted owner reports applied, and
+those whose hint no holder holds any more (``HeldHints``), asked for an owner that left the
+placement (a removenode while it was down) or that reports the seq not applied (removed and added
+again under the same name before the writer asked). A hint leaves its holder only once its rows are
+durable where they are served, so that is safe; a seq no node acknowledged holding (a stranded
+share) is not settled that way.
 
 **Stranded shares**: a share no owner acknowledged and no node holds (the owner refused it with
 ``StoreFull`` or ``BadRequest``, which are not hinted, or no live node would hold its hint) cannot
@@ -79,6 +70,7 @@ from giaannd.client.errors import (
     RemoteBadRequest,
     RemoteStoreFull,
 )
+from giaannd.client.hint_confirm import confirm_target
 from giaannd.client.node_call import NodeCall
 from giaannd.client.writer_floor import Unsettled, WriterFloor
 from giaannd.cluster.view import ClusterView
@@ -371,85 +363,16 @@ class QuorumWriter:
                 del self._stranded[target]
 
     async def confirm_hints(self) -> int:
-        """Send stranded shares again, then ask live hinted owners whether our hinted batches
-        reached them (the holders of the hints, for an owner that left the placement: module
-        docstring); settle those that did. Returns the number of (owner, seq) pairs confirmed."""
+        """Send stranded shares again, then settle the hinted seqs that reached their owners: ask
+        live hinted owners, and the holders of the hints for an owner that left the placement or
+        reports a seq not applied (hint_confirm.py). Returns the number of (owner, seq) pairs
+        confirmed."""
         floors = self.floors
         confirmed = 0
         for target in list(floors.hinted):
             if target in self._stranded:
                 await self._resend_stranded(target)
-            if self._left_placement(target):
-                confirmed += await self._confirm_by_holders(target)
-            elif self.topology.is_live(target):
-                confirmed += await self._confirm_on_target(target)
+            confirmed += await confirm_target(self.topology, floors, self._call, target, self._stranded)
             if target in floors.hinted and not floors.hinted[target]:
                 del floors.hinted[target]
         return confirmed
-
-    def _left_placement(self, target: str) -> bool:
-        try:
-            return target not in self.topology.placement.names
-        except LookupError:
-            return False  # (no placement known: nothing can be told)
-
-    async def _confirm_on_target(self, target: str) -> int:
-        """Ask ``target`` which of our seqs hinted for it it applied (``BatchesApplied``)."""
-        floors = self.floors
-        confirmed = 0
-        # (another confirm_hints, e.g. the one ``write`` starts in the background, may settle
-        # and remove this target's seqs while this one waits for a reply)
-        seqs = sorted(floors.hinted.get(target, ()))
-        for i in range(0, len(seqs), p.MAX_QUERY_SEQS):
-            chunk = seqs[i : i + p.MAX_QUERY_SEQS]
-            try:
-                reply, _ = await self._call(target, p.BatchesApplied(floors.writer_id, chunk))
-            except REQUEST_FAILURES:
-                break
-            if not isinstance(reply, p.AppliedMask) or len(reply.applied) != len(chunk):
-                break
-            for seq, ok in zip(chunk, reply.applied):
-                if ok and floors.confirmed(target, seq):
-                    confirmed += 1
-        return confirmed
-
-    async def _confirm_by_holders(self, target: str) -> int:
-        """Settle our seqs hinted for ``target``, which left the placement, that none of their
-        holders holds any more (module docstring). A seq with a stranded share, with no known
-        holder, or with a holder that is down or does not answer stays as it is."""
-        floors = self.floors
-        stranded = self._stranded.get(target, {})
-        asked = {seq: floors.hint_holders(target, seq) for seq in sorted(floors.hinted.get(target, ()))
-                 if seq not in stranded}
-        asked = {seq: holders for seq, holders in asked.items() if holders}
-        by_holder: dict[str, list[int]] = {}
-        for seq, holders in asked.items():
-            for holder in holders:
-                by_holder.setdefault(holder, []).append(seq)
-        still: set[int] = set()  # held, or not known to be gone
-        for holder, seqs in sorted(by_holder.items()):
-            still.update(await self._held_at(holder, target, seqs))
-        confirmed = 0
-        for seq, holders in asked.items():
-            # (a hint made while the holders were asked, e.g. a retry's, is asked about next round)
-            if (seq not in still and floors.hint_holders(target, seq) == holders
-                    and seq not in self._stranded.get(target, {}) and floors.confirmed(target, seq)):
-                confirmed += 1
-        return confirmed
-
-    async def _held_at(self, holder: str, target: str, seqs: list[int]) -> set[int]:
-        """The ``seqs`` that ``holder`` may still hold as hints for ``target``: those it says it
-        holds, and all it did not answer for (down, failed, or a node that predates ``HeldHints``)."""
-        if not self.topology.is_live(holder):
-            return set(seqs)
-        held: set[int] = set()
-        for i in range(0, len(seqs), p.MAX_QUERY_SEQS):
-            chunk = seqs[i : i + p.MAX_QUERY_SEQS]
-            try:
-                reply, _ = await self._call(holder, p.HeldHints(target, self.floors.writer_id, chunk))
-            except REQUEST_FAILURES:
-                return held | set(seqs[i:])
-            if not isinstance(reply, p.HeldMask) or len(reply.held) != len(chunk):
-                return held | set(seqs[i:])
-            held.update(seq for seq, h in zip(chunk, reply.held) if h)
-        return held

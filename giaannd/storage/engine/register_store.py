@@ -63,7 +63,7 @@ write a crash cut short). A damaged seal file stops start-up naming the file
 file exists to prevent, and only an operator can know that no placement change is in progress.
 Seals a dead coordinator left stay (nothing expires them) until an operation reaches its
 register handoff at the member again and unseals it (its last step, done or failed), or until
-the operator runs ``giaannctl node registers unseal`` (register_handoff.py, "After a coordinator
+the operator runs ``giaannctl node registers unseal`` (rebalance/unseal.py, "After a coordinator
 died": under the cluster's topology lock, refused while an operation may still need them) or,
 with the node stopped and no placement change in progress, deletes the file; until then the
 node refuses those keys, which costs availability, never safety.
@@ -451,7 +451,7 @@ class RegisterStore:
 
     def unseal_key(self, key: str) -> bool:
         """Drop ``key``'s seal alone, durably (the seal file rewritten, or removed with the last
-        seal). Whether it was sealed. Blocking I/O (register_handoff.py ``unseal_left``: the
+        seal). Whether it was sealed. Blocking I/O (rebalance/unseal.py ``unseal_left``: the
         topology lock's own register, which the lock needs before anything else is unsealed).
 
         Raises:

@@ -12,22 +12,8 @@ The same listener serves the *source-control* requests of source_control.py (a r
 starts, polls, pauses, closes and aborts streams this node sends; lists its columns; counts,
 delivers and drops its hints): ``StreamEndpoint.sources`` is this node's ``SourceRegistry``.
 
-``DiscardStream`` (an operation abandoned before its cutover, rebalance/operations.py): the stream
-is marked discarded in its scope (durable: streaming/dedupe.py), then the rows of its columns this
-node does not own and no other open stream brings are dropped (a logged drop, synced before the
-reply: release.py ``abandoned_stream_columns``). A discarded stream is refused from then on, its
-resume as well as a fresh start: the rows it had brought are gone.
-
-A stream whose coordinator died before it could send ``DiscardStream`` (or never reached this
-node) would keep its rows here for good. Its sources give it up once no coordinator asked about it
-for ``source_control.ORPHAN_AFTER_S``; ``discard_idle`` (the daemon calls it periodically with
-``IDLE_STREAM_DISCARD_S``, twice that) discards, the same way, every open stream that sent this
-node nothing for that long (counted from this process's start for the streams it found open on
-disk), so a node left with an orphan's partial rows can take those columns again. A removenode or
-replace of a dead member need not wait for that: its coordinator first sends ``DiscardStreamsFrom``
-(the member) to the receivers, which discard the same way the open streams whose hello named that
-member as their source node (recorded in the stream's scope, durable). A member this node sees live
-is refused: its streams may be running.
+Discarding streams (``DiscardStream``, ``DiscardStreamsFrom``, ``discard_idle``): the endpoint's
+``discards``, stream_discard.py.
 """
 
 from __future__ import annotations
@@ -47,16 +33,14 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.storage.engine.errors import StoreFullError
 from giaannd.storage.engine.recovery import DurableStore
-from giaannd.storage.rebalance.release import abandoned_stream_columns
 from giaannd.storage.rebalance.source_control import (
     ORPHAN_AFTER_S,
     DiscardStream,
     DiscardStreamsFrom,
     SourceRegistry,
     SourceRequest,
-    StreamDiscarded,
-    StreamsDiscarded,
 )
+from giaannd.storage.rebalance.stream_discard import StreamDiscards
 from giaannd.storage.repair.remote import RepairServer
 from giaannd.storage.repair.wire import is_repair_request
 from giaannd.storage.replication.disk_full import is_out_of_space
@@ -122,9 +106,8 @@ class StreamEndpoint:
         self._expected: dict[int, int] = {}
         self.scopes = StreamScopes.open(service.data_dir)
         self.deltas_skipped = 0
-        #: monotonic time of each stream's last request here (``discard_idle``)
-        self._stream_seen: dict[int, float] = {}
-        self.idle_discarded = 0  # streams ``discard_idle`` discarded
+        #: discards of this node's streams (stream_discard.py); they share the streams' locks
+        self.discards = StreamDiscards(service, self.scopes, self._locks, store=self._store, forget=self._forget)
         #: monotonic time of the last stream or source-control request (release waits for quiet)
         self.last_activity = -1e18
         #: streams this node sends for remote coordinators (source_control.py)
@@ -165,7 +148,7 @@ class StreamEndpoint:
         except DECODE_ERRORS as exc:
             return _reply(StreamRefused(0, 0, f"undecodable stream request: {exc}"[:400], fatal=True))
         if isinstance(msg, (DiscardStream, DiscardStreamsFrom)):
-            return await self._discard_request(msg)
+            return _reply(await self.discards.handle(msg))
         if not isinstance(msg, (StreamHello, StreamData, StreamVerify)):  # source control
             try:
                 reply, bulk = await self.sources.handle(msg, incoming.bulk)
@@ -174,7 +157,7 @@ class StreamEndpoint:
             except OSError as exc:  # (the hint log: DropHints)
                 return _reply(self._disk_failed(0, exc))
             return _reply(reply, bulk)
-        self._stream_seen[msg.stream_id] = self.last_activity
+        self.discards.seen[msg.stream_id] = self.last_activity
         if self.scopes.is_discarded(msg.stream_id):
             return _reply(StreamRefused(msg.stream_id, 0, (
                 f"stream {msg.stream_id:#x} was discarded here (its operation was abandoned before the "
@@ -280,88 +263,21 @@ class StreamEndpoint:
             "ring change); then run the operation again")
 
     async def discard_idle(self, idle_s: float = IDLE_STREAM_DISCARD_S, now: float | None = None) -> list[int]:
-        """Discard every open stream that sent this node nothing for ``idle_s`` (module docstring);
-        returns their ids. A stream that cannot be discarded now (a placement override in force)
-        is tried again at the next call. ``now``: ``time.monotonic()`` unless given."""
-        now = time.monotonic() if now is None else now
-        done = []
-        for sid in self.scopes.open_streams():
-            if now - self._stream_seen.setdefault(sid, now) < idle_s:
-                continue
-            try:
-                await self._discard(sid)
-            except (ValueError, RuntimeError, OSError) as exc:
-                log.warning("idle stream %#x not discarded yet: %s", sid, exc)
-                continue
-            done.append(sid)
-        if done:
-            log.warning("discarded %d streams that sent nothing for %.0f s (their operations ended without "
-                        "discarding them): %s", len(done), idle_s, ", ".join(f"{sid:#x}" for sid in done))
-        self.idle_discarded += len(done)
-        return done
+        """Discard every open stream that sent this node nothing for ``idle_s``; returns their ids
+        (stream_discard.py, ``StreamDiscards.idle``)."""
+        return await self.discards.idle(idle_s, now)
 
-    async def _discard_request(self, msg: DiscardStream | DiscardStreamsFrom) -> Reply:
-        try:
-            if isinstance(msg, DiscardStream):
-                return _reply(await self._discard(msg.stream_id))
-            return _reply(await self._discard_from(msg.source))
-        except (ValueError, RuntimeError, OSError) as exc:
-            sid = msg.stream_id if isinstance(msg, DiscardStream) else 0
-            return _reply(StreamRefused(sid, 0, f"discard: {type(exc).__name__}: {exc}"[:400], fatal=True))
+    @property
+    def idle_discarded(self) -> int:
+        """Streams ``discard_idle`` discarded."""
+        return self.discards.idle_discarded
 
-    async def _discard_from(self, source: str) -> StreamsDiscarded:
-        """``DiscardStreamsFrom`` (module docstring): discard every open stream ``source`` sent.
-
-        Raises:
-            ValueError: ``source`` is live in this node's view (or empty).
-            RuntimeError: a placement override is in force (``_discard``).
-        """
-        topology = self.service.topology
-        if topology is None:
-            raise RuntimeError("storage service is not open")
-        if not source or topology.is_live(source):
-            raise ValueError(f"{source or '(no name)'} is live here: the streams it sends may be running")
-        streams = self.scopes.open_streams_from(source)
-        rows = 0
-        for sid in streams:
-            rows += (await self._discard(sid)).rows
-        if streams:
-            log.warning("discarded %d open streams from removed member=%s (it died mid-stream): %d rows dropped",
-                        len(streams), source, rows)
-        return StreamsDiscarded(source, len(streams), rows)
-
-    async def _discard(self, stream_id: int) -> StreamDiscarded:
-        """``DiscardStream`` (module docstring): mark, drop what this node does not own, sync."""
-        topology = self.service.topology
-        if topology is None:
-            raise RuntimeError("storage service is not open")
-        if topology.override is not None:
-            raise RuntimeError("a placement override is in force (a cutover is under way): what this node "
-                               "owns is not settled")
-        async with self._locks.setdefault(stream_id, asyncio.Lock()):  # an item being applied lands first
-            durable, folds = self._store(), self.service.folds
-            if folds is None:
-                raise RuntimeError("storage service is not open")
-            candidates: list[np.ndarray] = []
-
-            def among() -> np.ndarray:
-                columns = self.scopes.discard(stream_id)
-                candidates.append(abandoned_stream_columns(topology.placement, self.service.node_name, columns,
-                                                           self.scopes.columns_of_open_streams(stream_id)))
-                return candidates[0]
-
-            # as release.release_unowned: behind the store's fold gate, the O(store) parts in threads
-            _, result = await folds.drop(durable, lambda held: held, among)
-            drop = candidates[0]
-            self._receivers.pop(stream_id, None)
-            self._expected.pop(stream_id, None)
-            self._applied_seq.pop(stream_id, None)
-            durable.store.append_writers.discard(stream_writer(stream_id))
-            if result.rows:
-                await asyncio.to_thread(durable.sync)
-        log.info("discarded stream %#x: dropped %d rows of %d columns (%d bytes)", stream_id, result.rows,
-                 drop.shape[0], result.bytes)
-        return StreamDiscarded(stream_id, int(drop.shape[0]), int(result.rows))
+    def _forget(self, stream_id: int) -> None:
+        """Drop what this endpoint keeps of a discarded stream (``StreamDiscards``, under its lock)."""
+        self._receivers.pop(stream_id, None)
+        self._expected.pop(stream_id, None)
+        self._applied_seq.pop(stream_id, None)
+        self._store().store.append_writers.discard(stream_writer(stream_id))
 
     async def _data(self, msg: StreamData, bulk: Sequence[np.ndarray]) -> Reply:
         """Apply item ``msg.index`` in order, then acknowledge it once durable (streaming/stream.py,

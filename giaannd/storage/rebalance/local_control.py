@@ -71,13 +71,7 @@ class LocalClusterControl:
             await svc.deliver_hints()
 
     async def drop_hints_for(self, name: str) -> int:
-        dropped = 0
-        for svc in self.services.values():
-            if svc.hints is not None:
-                for hint in svc.hints.pending(name):
-                    svc.hints.delivered(name, hint.batch_id)
-                    dropped += 1
-        return dropped
+        return sum(svc.hints.drop(name) for svc in self.services.values() if svc.hints is not None)
 
     async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:
         """Nothing to persist: the views switched are the whole state here."""

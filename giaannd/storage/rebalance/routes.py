@@ -12,7 +12,6 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import AdminHTTPError
 from giaannd.json_body import json_object
 from giaannd.operations import Binder, Handler
-from giaannd.storage.rebalance import register_handoff as rh
 from giaannd.storage.rebalance.cluster_lock import OperationLockBusy, OperationLockUnavailable
 from giaannd.storage.rebalance.join_generation import JoinGeneration
 from giaannd.storage.rebalance.operations import (
@@ -23,6 +22,7 @@ from giaannd.storage.rebalance.operations import (
     TopologyOpError,
     members_after,
 )
+from giaannd.storage.rebalance.unseal import SealsInUse, unseal_left
 from giaannd.storage.repair.local import repair
 
 __all__ = ["register_admin_routes"]
@@ -50,7 +50,7 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
     ``.resume``, ``.cancel``,    ``{"rate_bytes_s": N or null}``
     ``.rate``
     ``node.registers.unseal``    drop the register seals a dead coordinator left here, under the
-                                 cluster's lock (register_handoff.py, "After a coordinator died")
+                                 cluster's lock (unseal.py, "After a coordinator died")
     ===========================  ==================================================================
 
     Verbs answer at once with the operation's progress (it runs in the background); re-issuing a
@@ -181,10 +181,10 @@ def register_admin_routes(admin: Binder, control: ClusterControl, registry: Oper
             return None if op is None or op.state in ("done", "failed", "cancelled") else f"{op.kind}, {op.state}"
 
         try:
-            unsealed, locked = await rh.unseal_left(service, control, running=running,
-                                                    override=lambda: view.override is not None,
-                                                    is_live=view.is_live)
-        except (OperationLockBusy, rh.SealsInUse) as exc:
+            unsealed, locked = await unseal_left(service, control, running=running,
+                                                 override=lambda: view.override is not None,
+                                                 is_live=view.is_live)
+        except (OperationLockBusy, SealsInUse) as exc:
             raise AdminHTTPError(409, str(exc), "conflict") from None
         except OperationLockUnavailable as exc:  # an operation may run without it: not here
             raise AdminHTTPError(503, f"{exc}: seals are dropped only under the lock", "unavailable") from None

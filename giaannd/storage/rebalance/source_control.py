@@ -338,12 +338,9 @@ class SourceRegistry:
         return store.store.held_columns()
 
     def drop_hints(self, name: str) -> int:
-        hints, dropped = self.service.hints, 0
-        if hints is not None:
-            for hint in hints.pending(name):
-                hints.delivered(name, hint.batch_id)
-                dropped += 1
-        return dropped
+        """Forget the hints held for ``name``, removed for good (hints.py ``drop``)."""
+        hints = self.service.hints
+        return hints.drop(name) if hints is not None else 0
 
     def start(self, msg: SourceStart, bulk: Sequence[np.ndarray]) -> SourceState | SourceRefused:
         entry = self._sources.get(msg.stream_id)

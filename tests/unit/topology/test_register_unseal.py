@@ -1,4 +1,4 @@
-"""``giaannctl node registers unseal`` (register_handoff.py, "After a coordinator died"): the seals
+"""``giaannctl node registers unseal`` (rebalance/unseal.py, "After a coordinator died"): the seals
 a topology operation left when its coordinator died are dropped only under the cluster's topology
 lock (cluster_lock.py), and only while no operation runs here and no placement override is in
 force here. Before the route, nothing but the next operation reaching its register handoff (or an
