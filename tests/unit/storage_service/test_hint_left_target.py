@@ -15,9 +15,10 @@ pytestmark = [pytest.mark.timeout(90)]
 COLUMNS = np.random.default_rng(0).integers(1, 2**63, 40, dtype=np.uint64)
 
 
-async def _hinted_write(cluster, gone):
+async def hinted_write(cluster, gone):
     """Stop ``gone``, write a batch with rows it owns (W = 2 of 3: acknowledged, its share hinted).
-    Returns (the batch id, the service holding the hint)."""
+    Returns (the batch id, the service holding the hint). (test_hint_removed_target.py and
+    test_hint_rejoined_target.py use it too.)"""
     client = cluster.client
     await cluster.kill(gone)
     batch = make_batch(np.random.default_rng(7), COLUMNS.size, columns=COLUMNS)
@@ -38,7 +39,7 @@ async def test_hinted_seq_of_a_removed_target_settles_once_its_hint_is_dropped(t
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         client = cluster.client
-        bid, holder = await _hinted_write(cluster, "s2")
+        bid, holder = await hinted_write(cluster, "s2")
         await client.confirm_hints()
         assert client.writer_floor < bid.seq  # s2 is only down: its hint is still to deliver
         op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]))
@@ -61,7 +62,7 @@ async def test_hinted_seq_of_a_target_out_of_the_placement_waits_while_its_hint_
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         client = cluster.client
-        bid, holder = await _hinted_write(cluster, "s2")
+        bid, holder = await hinted_write(cluster, "s2")
         # the writers' switch of a cutover (an override), before its streams end: nothing dropped
         # (a ring that marks s2 removed would make the holder drop it: test_hint_removed_target.py)
         cluster.client_topology.set_override([m for m in cluster.members() if m.name != "s2"])
@@ -83,7 +84,7 @@ async def test_hinted_seq_of_a_removed_target_waits_for_an_answer_from_every_hol
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         client = cluster.client
-        bid, holder = await _hinted_write(cluster, "s2")
+        bid, holder = await hinted_write(cluster, "s2")
         op = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]))
         assert (await op.run())["state"] == "done"
         writes = client._writes

@@ -7,29 +7,14 @@ target that was only down settles through its hint's delivery, never before it."
 import asyncio
 import shutil
 
-import numpy as np
 import pytest
 
 from giaannd.cluster.view import StorageNode
 from giaannd.storage.rebalance.operations import Rebalance, members_after
-from tools.cluster_harness import Cluster, make_batch
+from tests.unit.storage_service.test_hint_left_target import hinted_write
+from tools.cluster_harness import Cluster
 
 pytestmark = [pytest.mark.timeout(120)]
-
-COLUMNS = np.random.default_rng(0).integers(1, 2**63, 40, dtype=np.uint64)
-
-
-async def _hinted_write(cluster, gone):
-    """Stop ``gone``, write a batch with rows it owns (W = 2 of 3: acknowledged, its share hinted).
-    Returns (the batch id, the service holding the hint)."""
-    client = cluster.client
-    await cluster.kill(gone)
-    res = await client.write(make_batch(np.random.default_rng(7), COLUMNS.size, columns=COLUMNS))
-    await client.flush()
-    assert gone in res.hinted and client.writer_floor < res.batch_id.seq
-    (holder,) = [s for s in cluster.services.values() if s.hints.pending(gone)]
-    return res.batch_id, holder
-
 
 @pytest.mark.asyncio
 @pytest.mark.xfail(strict=True, reason=(
@@ -39,7 +24,7 @@ async def test_hinted_seq_of_a_target_that_rejoined_after_its_removal_settles(tm
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         client = cluster.client
-        bid, holder = await _hinted_write(cluster, "s2")
+        bid, holder = await hinted_write(cluster, "s2")
         removal = Rebalance(cluster.control(), "removenode", members_after(cluster.client_topology, remove=["s2"]))
         assert (await removal.run())["state"] == "done"
         assert not holder.hints.pending("s2")  # dropped by the cutover
@@ -63,7 +48,7 @@ async def test_hinted_seq_of_a_live_target_waits_while_its_hint_is_held(tmp_path
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:
         client = cluster.client
-        bid, holder = await _hinted_write(cluster, "s2")
+        bid, holder = await hinted_write(cluster, "s2")
         deliver_to = holder.delivery.deliver_to
 
         async def paused(target):

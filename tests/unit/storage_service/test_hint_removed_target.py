@@ -9,23 +9,15 @@ import asyncio
 import numpy as np
 import pytest
 
+from tests.unit.storage_service.test_hint_left_target import COLUMNS, hinted_write
 from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(90)]
 
-COLUMNS = np.random.default_rng(0).integers(1, 2**63, 40, dtype=np.uint64)
-
-
 async def _hinted_write(cluster, gone):
-    """Stop ``gone``, write a batch with rows it owns (W = 2 of 3: acknowledged, its share hinted).
-    Returns (the batch id, the holder's name)."""
-    client = cluster.client
-    await cluster.kill(gone)
-    res = await client.write(make_batch(np.random.default_rng(7), COLUMNS.size, columns=COLUMNS))
-    await client.flush()
-    assert gone in res.hinted and client.writer_floor < res.batch_id.seq
-    (holder,) = [n for n, s in cluster.services.items() if s.hints.pending(gone)]
-    return res.batch_id, holder
+    """``hinted_write``, with the holder's name."""
+    bid, holder = await hinted_write(cluster, gone)
+    return bid, holder.node_name
 
 
 async def _remove_everywhere_but(cluster, name, skip):
