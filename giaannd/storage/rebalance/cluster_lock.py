@@ -226,8 +226,9 @@ class ClusterLock:
         except LookupError as exc:  # no storage members known
             raise OperationLockUnavailable(f"the cluster's topology lock has no owners: {exc}",
                                            token if written else None) from None
+        # (our last CAS lost, but a lost round may still take effect: its token, for ``release``)
         raise OperationLockUnavailable(f"the cluster's topology lock (register {LOCK_KEY!r}) kept changing "
-                                       f"under {_MAX_DECISIONS} attempts to take it")
+                                       f"under {_MAX_DECISIONS} attempts to take it", token if written else None)
 
     async def release(self, token: int) -> bool:
         """Empty the lock if it still holds ``token``. True when it no longer does (released now,

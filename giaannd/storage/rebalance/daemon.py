@@ -166,6 +166,7 @@ class StorageTopology:
 
     async def stop(self) -> None:
         self._stopped = True
+        self.registry.closed = True  # (a ``begin`` taking the lock now does not start: operations.py)
         self.runtime.on_join_needed = None
         if self._auto_repair_task is not None:  # before the service it repairs closes
             self._auto_repair_task.cancel()
@@ -246,6 +247,10 @@ class StorageTopology:
             except OperationLockBusy as exc:
                 if waited % JOIN_LOCK_LOG_S < JOIN_LOCK_RETRY_S:
                     log.info("join waits for the cluster's topology lock: %s", exc)
+            except TopologyOpError:
+                if not self._stopped:
+                    raise
+                break  # stopped while it took the lock: the registry refused it
             if self.runtime.ring.get(self.runtime.node_name) is not None:
                 return {"state": "done", "note": "the ring has this node now"}
             await asyncio.sleep(JOIN_LOCK_RETRY_S)

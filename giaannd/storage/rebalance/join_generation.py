@@ -4,7 +4,7 @@ coordinates for itself.
 Such an operation uses fixed stream ids (``Rebalance.stream_nonce``), so a node restarted in the
 middle of its join resumes the streams its sources still run instead of starting over. When the
 operation is abandoned before its cutover, its receivers discard those streams (operations.py,
-rebalance/endpoint.py ``DiscardStream``): they can never be resumed, and a later join must open
+rebalance/stream_discard.py ``DiscardStream``): they can never be resumed, and a later join must open
 new ones. The generation, kept in ``<data dir>/join-generation`` (a decimal integer; absent: 0),
 is that nonce; it goes up by one, durably, once an abandoned operation's streams are discarded.
 """

@@ -47,7 +47,7 @@ receivers' durable positions), **bounded** (every wait has a timeout and a clear
 
 **Cleans up when abandoned**: an operation that fails or is cancelled before its targets switched
 (cutover step a) asks each receiver to discard the streams it opened (``DiscardStream``,
-rebalance/endpoint.py): the old placement stays in force, so the partial rows they brought are
+rebalance/stream_discard.py): the old placement stays in force, so the partial rows they brought are
 dropped, and the receivers can take those columns again in a later operation without a wiped data
 directory. After step (a) the targets may have served and taken writes of their new columns:
 nothing is discarded then. A receiver that cannot be reached keeps its rows (a later stream of
@@ -64,7 +64,7 @@ a verb answers, ``run`` takes it otherwise. It is released before the end is pub
 
 **Clears a dead member's streams**: an operation that removes a member that is not live (removenode,
 replace) first asks every live receiver to discard the open streams that member sent
-(``DiscardStreamsFrom``, rebalance/endpoint.py): a decommissioning node killed mid-stream for good
+(``DiscardStreamsFrom``, rebalance/stream_discard.py): a decommissioning node killed mid-stream for good
 left them, with their rows, and they would refuse this operation's streams of the same columns
 until their idle-stream sweep. A receiver that refuses (it sees the member live) or cannot be
 reached keeps them, as before. A member that is only down, and not removed, keeps its streams.
@@ -774,13 +774,20 @@ class OperationRegistry:
     def __init__(self) -> None:
         self.current: Rebalance | None = None
         self._task: asyncio.Task[dict[str, Any]] | None = None
+        #: set once the node's topology service stopped (daemon.py): nothing starts after, not
+        #: even a ``begin`` that was taking the lock then (its operation would run against a
+        #: closed stream endpoint, holding the lock)
+        self.closed = False
 
     def start(self, op: Rebalance) -> Rebalance:
         """Start ``op`` in the background unless an operation is running.
 
         Raises:
-            TopologyOpError: a different operation is running, or the last one is cleaning up.
+            TopologyOpError: a different operation is running, the last one is cleaning up, or
+                the registry is closed.
         """
+        if self.closed:
+            raise TopologyOpError("this node's topology service stopped")
         cur = self.current
         if cur is not None and cur.state in _ENDING:  # (not the same verb re-issued: it ended)
             raise TopologyOpError(f"the last topology operation is still cleaning up: {cur.kind} ({cur.state}); "
@@ -801,7 +808,7 @@ class OperationRegistry:
         (cluster_lock.py): a verb refused there answers at once instead of failing later.
 
         Raises:
-            TopologyOpError: as ``start``.
+            TopologyOpError: as ``start`` (closed meanwhile included: the lock is released).
             OperationLockBusy: another operation in the cluster holds the lock.
         """
         cur = self.current
@@ -811,7 +818,7 @@ class OperationRegistry:
         try:
             started = self.start(op)
         except BaseException:
-            await op.release_lock()  # another start won the registry meanwhile
+            await op.release_lock()  # another start won the registry meanwhile, or it closed
             raise
         if started is not op:  # the same verb, started meanwhile: it answers, and holds its own
             await op.release_lock()

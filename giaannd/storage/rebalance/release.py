@@ -37,7 +37,7 @@ directory, and a joining node must keep what it is receiving.
 
 **Rows of an abandoned stream** (``abandoned_stream_columns``): when an operation fails or is
 cancelled before its cutover, its coordinator asks every receiver to discard the streams it opened
-(rebalance/endpoint.py, ``DiscardStream``). The old placement stays in force, so the rows such a
+(rebalance/stream_discard.py, ``DiscardStream``). The old placement stays in force, so the rows such a
 stream brought are partial copies of columns the receiver does not own; kept, they would make the
 next stream of those columns refuse the node ("already holds rows", rows are sums and cannot be
 replaced in place). Dropped are the stream's columns that the node does not own under the

@@ -172,6 +172,10 @@ def fold_row_digest(column: int, feature: int, digest: int) -> int:
     return xxhash.xxh3_64_intdigest(_ROW_DIGEST.pack(column, feature, digest))
 
 
+def _never(_target: str) -> bool:
+    return False
+
+
 def _text(message: str) -> str:
     return message[: p.MAX_TEXT_CHARS]
 
@@ -194,8 +198,11 @@ class StorageRequests:
                  topology: Callable[[], ClusterView | None],
                  on_count: Callable[[str, int], None] | None = None,
                  disk: Callable[[], DiskUsage] | None = None,
-                 read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES) -> None:
+                 read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES,
+                 removed_for_good: Callable[[str], bool] | None = None) -> None:
         self.store, self.hints, self.node_name = store, hints, node_name
+        #: a hint target the node's delivery would drop at once (the service's rule, service.py)
+        self._removed_for_good = removed_for_good or _never
         #: entries per read reply / row part (at least 1, at most the protocol's part cap)
         self.read_chunk_entries = max(1, min(read_chunk_bytes // ENTRY_BYTES, p.MAX_READ_PART_ENTRIES))
         self._topology = topology
@@ -432,6 +439,13 @@ class StorageRequests:
         return WaitDurable(deferred.seq, p.ApplyAck(durable=True, applied=deferred.applied))
 
     def hold_hint(self, target: str, batch_id: BatchId, batch: RowBatch, epoch: str = "") -> Step:
+        if self._removed_for_good(target):
+            # Held and dropped at once, as the next delivery round would drop it (hint_delivery.py,
+            # "A target removed for good"): no durable write for nothing. Not refused: every holder
+            # would refuse, and the writer would strand the share and keep its seq unsettled; this
+            # way it records the holder, whose HeldHints "no" settles the seq.
+            self.count("hints_received")
+            return Answer(p.ApplyAck(durable=True, applied=False, hinted=True))
         try:
             added = self.hints.add(target, batch_id, batch.copy(), epoch)  # (hints outlive the receive buffers)
         except HintSpaceFull as exc:

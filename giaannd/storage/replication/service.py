@@ -165,6 +165,8 @@ class StorageService:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopping = False
+        #: when ``start`` attached hint delivery (``removed_for_good`` waits a retry interval after it)
+        self._delivery_since: float | None = None
         self._client: StorageClient | None = None
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -193,6 +195,7 @@ class StorageService:
         self.node_name, self.topology = rt.node_name, rt.topology
         await self._recover()
         self._attach_delivery(rt.topology)
+        self._delivery_since = time.monotonic()
         rt.ring_listeners.append(self._on_ring_change)
         self._register_metrics(ctx)
         ctx.spawn(self.run_snapshots(ctx.stopping), "snapshots")
@@ -229,7 +232,8 @@ class StorageService:
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
-                                    disk=self._disk_usage, read_chunk_bytes=s.read_chunk_bytes)
+                                    disk=self._disk_usage, read_chunk_bytes=s.read_chunk_bytes,
+                                    removed_for_good=self.removed_for_good)
         self.vocab = await asyncio.to_thread(VocabStore.open, self.data_dir / VOCAB_DIR)
         self.core.vocab = self.vocab
         self.core.guard = self.disk
@@ -637,13 +641,22 @@ class StorageService:
         and nobody delivers them (hint_delivery.py, "A target removed for good"). Returns how many."""
         if self.delivery is None:
             return 0
-        current = ring if ring is not None else self.runtime.ring
+        return self.delivery.drop_removed(lambda name: self.removed_for_good(name, ring))
 
-        def removed(name: str) -> bool:
-            entry = current.get(name)
-            return entry is not None and entry.state == "removed"
-
-        return self.delivery.drop_removed(removed)
+    def removed_for_good(self, target: str, ring: Ring | None = None) -> bool:
+        """Whether the hints for ``target`` are dropped here (``drop_hints_for_removed``): ``ring``
+        (default: the node's) marks it removed and it is not live. Never before delivery is
+        attached, nor within a hint retry interval of that (hint_delivery.py: "not while the
+        service starts"). The request core asks it too, to answer such a hint held without writing it
+        (requests.py, ``hold_hint``)."""
+        if self.delivery is None or self.topology is None or self._delivery_since is None:
+            return False
+        if time.monotonic() - self._delivery_since < self.settings.hint_retry_s:
+            # (right after a start, membership may not have heard yet of a removed member that
+            # still runs as a standby: it would look down, and its hints must reach it)
+            return False
+        entry = (ring if ring is not None else self.runtime.ring).get(target)
+        return entry is not None and entry.state == "removed" and not self.topology.is_live(target)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -22,7 +22,7 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
   only, fsynced before the first item that uses them); a ``.closed`` file marks a stream whose
   sender finished (no more forwarded deltas: no more ``D`` markers needed), a ``.discarded`` file
   one whose operation was abandoned before its cutover and whose rows this node dropped
-  (rebalance/endpoint.py, ``DiscardStream``): it is never accepted again and has no scope.
+  (rebalance/stream_discard.py, ``DiscardStream``): it is never accepted again and has no scope.
   ``<stream id>.source`` names the node that sends the stream (``StreamHello.source_node``,
   written once, atomically, before its first columns): a removenode or replace of that node,
   dead, discards the streams it left open (``DiscardStreamsFrom``).

@@ -148,7 +148,7 @@ class StreamHello(msgspec.Struct, frozen=True, tag=1):
     expected_bytes: _U64 = 0
     #: the source node's name (``source`` is a label): the receiver records it with the stream's
     #: scope, so that a removenode or replace of that node, dead, discards the stream
-    #: (``DiscardStreamsFrom``, rebalance/endpoint.py). "": a sender older than the field (unknown)
+    #: (``DiscardStreamsFrom``, rebalance/stream_discard.py). "": a sender older than the field (unknown)
     source_node: str = ""
 
 
