@@ -23,11 +23,11 @@ each live hinted owner ``BatchesApplied``) at most every ``CONFIRM_HINTS_INTERVA
 seqs are pending, so the floor recovers after an outage without anyone scheduling it.
 
 **Which hinted seqs settle** (hint_confirm.py): those a live hinted owner reports applied, and
-those whose hint no holder holds any more (``HeldHints``), asked for an owner that left the
-placement (a removenode while it was down) or that reports the seq not applied (removed and added
-again under the same name before the writer asked). A hint leaves its holder only once its rows are
+those whose hint no holder holds any more (``HeldHints``), asked only for an owner that left the
+placement (a removenode while it was down). A hint leaves its holder only once its rows are
 durable where they are served, so that is safe; a seq no node acknowledged holding (a stranded
-share) is not settled that way.
+share) is not settled that way, nor one a live owner reports not applied (hint_confirm.py says
+why, and what that leaves open).
 
 **Stranded shares**: a share no owner acknowledged and no node holds (the owner refused it with
 ``StoreFull`` or ``BadRequest``, which are not hinted, or no live node would hold its hint) cannot

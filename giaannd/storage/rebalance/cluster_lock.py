@@ -38,7 +38,9 @@ its log and progress): removing dead members is what a degraded cluster needs, a
 leave no way back. The guarantee holds whenever the register is reachable. A write that failed so
 may have taken effect all the same (registers.py: a round whose answers were lost): the exception
 carries its ``token``, and the operation releases that when it ends, as a lock it took
-(``release`` reads the register and empties it if it names the token), so no lock outlives it.
+(``release`` reads the register and empties it if it names the token), so no lock outlives it. A
+write refused by a seal is in doubt too: ``OperationLockSealed`` carries its token, released at once
+(the operation does not run).
 
 The register's owners may change with the very operation that holds it: the cutover's register
 handoff (register_handoff.py) moves it as it moves every register, so the release after the
@@ -105,12 +107,15 @@ class OperationLockSealed(OperationLockBusy):
     """An owner of the lock's register sealed it: a topology operation is handing it to new owners
     (its cutover), or one whose coordinator died left the seal (``giaannctl node registers
     unseal`` on that node). Busy, not unavailable: running without the lock is for owners that
-    are down, and a seal says an operation is (or was) under way."""
+    are down, and a seal says an operation is (or was) under way; whether the read or the write
+    met it. ``token``: as ``OperationLockUnavailable``'s (a write that met it is in doubt:
+    ``release`` it, though no operation runs)."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, token: int | None = None) -> None:
         super().__init__(None, "the cluster's topology lock is sealed: a topology operation is handing its "
                                "register to new owners (its cutover), or one whose coordinator died left the "
                                f"seal (`giaannctl node registers unseal` on that node): {detail}")
+        self.token = token
 
 
 class OperationLockUnavailable(Refused):
@@ -181,14 +186,14 @@ class ClusterLock:
         """Take the lock for operation ``op``; returns its token (for ``release``).
 
         Raises:
-            OperationLockBusy: a live holder has it.
+            OperationLockBusy: a live holder has it (``OperationLockSealed``: an owner sealed it).
             OperationLockUnavailable: the register could not be read or written.
         """
         token = secrets.randbits(63)
         self._inflight.add(token)  # this process's while its write is in flight (stale())
         try:
             return await self._acquire(op, kind, token)
-        except OperationLockUnavailable as exc:
+        except (OperationLockUnavailable, OperationLockSealed) as exc:
             if exc.token is not None:  # it may be in the register: ``release`` looks for it
                 self._doubt.add(exc.token)
             raise
@@ -219,8 +224,8 @@ class ClusterLock:
                     log.info("topology lock taken op=%s kind=%s token=%#x", op, kind, token)
                     return token
         except RegisterUnavailable as exc:
-            if exc.sealed and not written:
-                raise OperationLockSealed(str(exc)) from None
+            if exc.sealed:  # (the write too: the owners a read meets a moment later refuse it)
+                raise OperationLockSealed(str(exc), token if written else None) from None
             raise OperationLockUnavailable(f"the cluster's topology lock (register {LOCK_KEY!r}) cannot be "
                                            f"reached: {exc}", token if written else None) from None
         except LookupError as exc:  # no storage members known

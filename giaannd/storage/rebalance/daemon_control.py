@@ -211,13 +211,18 @@ class DaemonClusterControl:
     async def lock(self, op_id: str, kind: str) -> int | None:
         return await self.cluster_lock().acquire(op_id, kind)
 
+    def _release_done(self, task: asyncio.Task[bool]) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # (retry_release raises nothing it expects)
+            log.error("topology lock: background release failed: %r", task.exception())
+
     async def unlock(self, token: int) -> None:
         lock = self.cluster_lock()
         if await lock.release(token):
             return
         task = asyncio.get_running_loop().create_task(retry_release(lock, token, asyncio.sleep))
         self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
+        task.add_done_callback(self._release_done)
 
     # -- the durable outcome --------------------------------------------------------------------
     async def after_cutover(self, new_members: Sequence[StorageNode]) -> None:

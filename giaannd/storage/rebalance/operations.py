@@ -90,7 +90,7 @@ from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import Refused
 from giaannd.storage.engine.register_store import RegisterState
 from giaannd.storage.rebalance import register_handoff as rh
-from giaannd.storage.rebalance.cluster_lock import LOCK_KEY, OperationLockUnavailable
+from giaannd.storage.rebalance.cluster_lock import LOCK_KEY, OperationLockSealed, OperationLockUnavailable
 from giaannd.storage.rebalance.plan import Plan, Transfer, TransferRule, owns, plan_transfers, stranded
 from giaannd.storage.rebalance.remote_source import RemoteStreamRunner
 from giaannd.storage.rebalance.source_control import (
@@ -331,6 +331,10 @@ class Rebalance:
             return
         try:
             self._lock_token = await self.control.lock(self.op_id, self.kind)
+        except OperationLockSealed as exc:  # refused: a write of it in doubt is released all the same
+            if exc.token is not None:
+                _spawn_unlock(self.control, exc.token)
+            raise
         except OperationLockUnavailable as exc:
             log.warning("%s runs without the cluster's topology lock: %s", self.kind, exc)
             self.lock_state = f"unavailable: {exc}"
@@ -346,9 +350,7 @@ class Rebalance:
         if token is not None:
             # its own task, and only waited for here: a release cancelled midway would leave the
             # token held, and the lock refused to every node until this one restarts
-            unlock = asyncio.ensure_future(self.control.unlock(token))
-            _UNLOCKS.add(unlock)
-            unlock.add_done_callback(_unlock_done)
+            unlock = _spawn_unlock(self.control, token)
             with contextlib.suppress(Exception):  # (the control retries a failed release itself)
                 await asyncio.wait_for(asyncio.shield(unlock), CUTOVER_TIMEOUT_S)
             if self.lock_state == "held":
@@ -834,6 +836,14 @@ class OperationRegistry:
 
 #: Lock releases under way (``Rebalance.release_lock``): the loop keeps only weak references to tasks.
 _UNLOCKS: set[asyncio.Future[None]] = set()
+
+
+def _spawn_unlock(control: ClusterControl, token: int) -> asyncio.Future[None]:
+    """``control.unlock(token)`` in its own task (``Rebalance.release_lock``)."""
+    unlock = asyncio.ensure_future(control.unlock(token))
+    _UNLOCKS.add(unlock)
+    unlock.add_done_callback(_unlock_done)
+    return unlock
 
 
 def _unlock_done(task: asyncio.Future[None]) -> None:

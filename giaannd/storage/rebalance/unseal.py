@@ -8,23 +8,26 @@ until an operation from that placement seals and exports at the member (register
 the operator runs ``giaannctl node registers unseal`` on the node (``unseal_left``): the route takes
 the cluster's topology lock itself (cluster_lock.py: refused while a live coordinator holds it; a
 dead one's is taken over), then refuses while an operation runs on this node or a placement override
-is in force here, and only then unseals; it releases the lock after. The lock's own register may be
-among the keys this node sealed: at R <= 2 every quorum of it includes this node, so the lock is
-then out of reach for everyone; the route decides from this node's own state of it instead (nothing
-was chosen without this node, and nothing reached it after the seal): it drops that one seal when
-the holder named is not a live member, then takes the lock. Why that is safe: the seals' operation
-is over (its coordinator is no longer a live member, or it ended and released the lock), so either
-it failed before any node switched, and the old placement stays in force with the old owners bound
-to serve again (the joiners' imported copies are states they merged, never answered from), or it
-switched every node, and a seal scoped to the old epoch counts for nothing any more. Holding the
-lock keeps a new operation from sealing this node meanwhile. What the node cannot see: a coordinator
-that died *between* the first and the last switch leaves overrides on the nodes it switched (until
-they restart or the ring changes), so some proposers use the new placement; unsealing a leaver then
-lets an old quorum (the leaver and one stayer) miss a new one. The override check covers this node
-only: the operator checks that no node shows ``override`` in ``giaannctl ring show`` first. An
-operation that ran *without* the lock (its register unreachable) is not seen either. A stale seal
-only refuses, so waiting costs availability, not safety. Keys whose every old owner is dead are not
-even known (as for columns: the operation refuses when R members are down).
+is in force here, and only then unseals; it releases the lock after. It checks those before the lock
+too: an operation of this node that runs without the lock may have its write there all the same,
+which this node's acquire takes over as stale (cluster_lock.py), and the refusal would release it.
+The lock's own register may be among the keys this node sealed: at R <= 2 every quorum of it
+includes this node, so the lock is then out of reach for everyone; the route decides from this
+node's own state of it instead (nothing was chosen without this node, and nothing reached it after
+the seal): it drops that one seal when the holder named is not a live member, then takes the lock.
+Why that is safe: the seals' operation is over (its coordinator is no longer a live member, or it
+ended and released the lock), so either it failed before any node switched, and the old placement
+stays in force with the old owners bound to serve again (the joiners' imported copies are states
+they merged, never answered from), or it switched every node, and a seal scoped to the old epoch
+counts for nothing any more. Holding the lock keeps a new operation from sealing this node
+meanwhile. What the node cannot see: a coordinator that died *between* the first and the last switch
+leaves overrides on the nodes it switched (until they restart or the ring changes), so some
+proposers use the new placement; unsealing a leaver then lets an old quorum (the leaver and one
+stayer) miss a new one. The override check covers this node only: the operator checks that no node
+shows ``override`` in ``giaannctl ring show`` first. An operation that ran *without* the lock (its
+register unreachable) is not seen either. A stale seal only refuses, so waiting costs availability,
+not safety. Keys whose every old owner is dead are not even known (as for columns: the operation
+refuses when R members are down).
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ async def unseal_left(service: StorageService, control: TopologyLock, *, running
         RuntimeError: the seal file could not be rewritten or removed (the seals stay).
     """
     op_id = f"unseal:{service.node_name}"
+    # first without the lock too: an operation running here without it may have its write in the
+    # register all the same (in doubt), which this node's acquire would take over (cluster_lock.py)
+    _check_unseal(running(), override())
     try:
         token = await _take_lock(control, op_id)
     except (OperationLockUnavailable, OperationLockSealed):  # (sealed: maybe here, by the dead coordinator)
@@ -93,7 +99,7 @@ async def unseal_left(service: StorageService, control: TopologyLock, *, running
 async def _take_lock(control: TopologyLock, op_id: str) -> int | None:
     try:
         return await control.lock(op_id, "registers-unseal")
-    except OperationLockUnavailable as exc:
+    except (OperationLockUnavailable, OperationLockSealed) as exc:
         in_doubt = getattr(exc, "token", None)  # a write whose outcome is unknown (cluster_lock.py)
         if in_doubt is not None:
             await control.unlock(in_doubt)
