@@ -172,12 +172,13 @@ class HintDelivery:
             await asyncio.sleep(wait)
 
     def drop_removed(self, removed: Callable[[str], bool]) -> int:
-        """Forget the hints held for targets that ``removed`` says left the cluster for good (the
-        node's ring marks them removed) and that are not live (module docstring, "A target removed
-        for good"). Returns how many were dropped."""
+        """Forget the hints held for targets that ``removed`` says left the cluster for good: the
+        node's ring marks them removed and they are not live (``StorageService.removed_for_good``,
+        the one place for that rule; module docstring, "A target removed for good"). Returns how
+        many were dropped."""
         dropped = 0
         for target in self.hints.targets():
-            if removed(target) and not self.topology.is_live(target):
+            if removed(target):
                 n = self.hints.drop(target)
                 self.pacers.pop(target, None)
                 log.info("hints dropped for a member removed from the ring target=%s count=%d", target, n)
