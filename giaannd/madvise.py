@@ -3,7 +3,7 @@
 Python's ``mmap.madvise`` only takes mappings made by ``mmap`` itself and holds the GIL; numpy's
 buffers come from the allocator, and ``MADV_POPULATE_WRITE`` can take as long as the copy it
 prepares, so both callers (giaannd/storage/engine/page_advice.py: huge pages after a bulk load;
-giaannd/client/prefault.py: pages mapped ahead of a large read) go through libc, whose call
+giaannd/prefault.py: pages mapped ahead of a large read) go through libc, whose call
 releases the GIL. Linux with glibc only: elsewhere ``AVAILABLE`` is False and ``advise`` does
 nothing and returns False.
 """

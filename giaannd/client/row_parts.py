@@ -19,7 +19,7 @@ targets, finite strengths) before it is returned, each part by one compiled pass
 (giaannd/rowengine/canon.py). The first touch of fresh memory (the kernel maps and zeroes each
 page) costs as much as the transfer on a loaded host (0.5-0.9 GB/s measured here, against 1-1.6
 GB/s for a loopback socket), so a thread maps the row's pages ahead of the receives without
-writing them (``Prefault``, client/prefault.py): no part waits for it.
+writing them (``Prefault``, giaannd/prefault.py): no part waits for it.
 
 **No torn rows.** Every part reports the row's version: its entry count, ``touches`` (batches
 applied to it) and the store's ``drops`` (column drops); each only grows, and every change of a
@@ -50,9 +50,9 @@ from numpy.typing import NDArray
 from giaannd import protocol as p
 from giaannd.client.errors import ReadFailed, RemoteBadRequest
 from giaannd.client.node_call import NodeCall
-from giaannd.client.prefault import Prefault
 from giaannd.client.row_memory import RowMemory
 from giaannd.model.rows import NUM_SEGMENTS, RowBatch
+from giaannd.prefault import Prefault
 from giaannd.rowengine.canon import first_non_canonical
 from giaannd.rowengine.jit import kernel
 from peers.errors import LocalProtocolError

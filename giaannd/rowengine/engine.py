@@ -114,6 +114,7 @@ from giaannd.rowengine.inorder import by_row, fold_rows
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.rowengine.pages import small_pages
 from giaannd.rowengine.run import (
+    FIELDS,
     Alloc,
     Buffer,
     Run,
@@ -720,6 +721,20 @@ class RowEngine:
         base = with_room(self._base, 0, buffer)
         base.offsets = base.offsets.copy()
         self._base = base
+
+    @_locked
+    def room(self) -> tuple[list[NDArray[Any]], int] | None:
+        """The base's four field buffers (seg, tc, tf, st: the whole buffers, spare room included)
+        and how many entries they hold, when the base has spare room (``reserve``); else None.
+        For advising the room's pages (storage/engine/column_store.py maps them ahead of a
+        stream's chunks); the entries past the count are not rows yet."""
+        base = self._base
+        if not base.spare:
+            return None
+        buffers = [getattr(base, f).base for f in FIELDS]
+        if not all(isinstance(b, np.ndarray) and b.shape[0] > base.num_entries for b in buffers):
+            return None
+        return buffers, base.num_entries
 
     @_locked
     def base_fields(self) -> tuple[U8, U64, U64, F32]:

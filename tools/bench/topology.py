@@ -67,6 +67,7 @@ from giaannd.storage.rebalance.operations import Rebalance, members_after
 from giaannd.storage.rebalance.plan import plan_transfers
 from peers.placement import Member, Placement
 from peers.transport import Identity, Incoming, Reply, connect, make_transport
+from tools.bench import host
 from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster, free_tcp_address
 
@@ -404,19 +405,33 @@ def _receiver_apply_rows() -> list[list[str]]:
     return out
 
 
-def _fresh_memory_ms_per_mb(nbytes: int) -> float:
-    """CPU ms per MB to copy ``nbytes`` into memory the process never touched before, kept (as a
-    receiver's base keeps what it gets): the floor under any receiver, whose rows and update log
-    (the page cache) take fresh memory, which the raw transport's reused buffers never do. On a VM
-    the first touch of a page is a fault to the hypervisor too: measured here, the same run."""
-    chunk = np.ones(CHUNK, np.uint8)
-    kept = []
-    start = time.thread_time()
-    for _ in range(max(1, nbytes // CHUNK)):
-        fresh = np.empty(CHUNK, np.uint8)
-        fresh[:] = chunk
-        kept.append(fresh)
-    return (time.thread_time() - start) * 1e3 / (len(kept) * CHUNK / 1e6)
+def _host_bound(directory: Path, nbytes: int, raw: float, window: int, as_json: bool) -> list[list[str]]:
+    """Rows (or ``--json`` figures) of what the host charges a receiver for what any receiver does
+    that the raw transport does not (tools/bench/host.py), as rates against ``raw`` (bytes/s of
+    the raw transport in this run): its growth, copies into fresh memory kept; its log, writes
+    synced every ``window`` chunks; and the bound they set together, the slower of the two (as
+    if everything else a receiver does were free and the syncs fully overlapped)."""
+    fresh = 1e9 / host.fresh_copy_ms_per_mb(nbytes, CHUNK)  # bytes/s
+    recycled = 1e9 / host.recycled_copy_ms_per_mb(nbytes, CHUNK)
+    disk = host.synced_write_bytes_per_s(directory, nbytes, CHUNK, window)
+    bound = min(fresh, disk)
+    reporting = host.free_page_reporting()
+    targets = " / ".join(TARGETS.values())
+    figures = [
+        ("copy into fresh memory, kept (a receiver's growth)", fresh, ""),
+        ("copy into one buffer used again (the raw transport's memory)", recycled, ""),
+        (f"writes synced every {window} chunks, then dropped from the page cache (the log)", disk, ""),
+        ("bound: the slower of fresh memory and synced writes", bound, targets),
+    ]
+    if as_json:
+        for name, value, _ in figures:
+            emit_figure(f"host: {name}, vs raw", value / raw, None)
+        emit_figure("host: free page reporting (1 yes, 0 no)", None if reporting is None else float(reporting), None)
+        return []
+    rows = [[name, f"{value / 1e6:.0f}", f"{value / raw:.2f}x", target] for name, value, target in figures]
+    rows.append(["free page reporting to the hypervisor (virtio balloon)",
+                 {True: "yes", False: "no", None: "unknown"}[reporting], "", ""])
+    return rows
 
 
 @contextmanager
@@ -445,7 +460,7 @@ async def _profiled_join(root: Path, mb: float, per_row: int, window: int) -> li
     with _timed_fsync(fsync):
         _, moved, _, _, _ = await _join_rate(root, mb, per_row, window, apply=False, profile=prof, cpu_s=cpu)
     return _phase_rows(pstats.Stats(prof), moved, cpu[-1], fsync) + [
-        ["floor: fresh memory for the bytes moved (same run)", f"{_fresh_memory_ms_per_mb(moved):.2f}"]]
+        ["floor: fresh memory for the bytes moved (same run)", f"{host.fresh_copy_ms_per_mb(moved, CHUNK):.2f}"]]
 
 
 async def main(mb: float, window: int, as_json: bool, profile: bool = False, processes: bool = False,
@@ -466,6 +481,7 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False, pro
                          "ratio"], _receiver_apply_rows())
             return
         table = []
+        raws: list[float] = []
         rate, moved, held, seconds = 0.0, 0, 0, 0.0
         for per_row in per_rows:
             cpu_b: list[float] = []
@@ -496,14 +512,19 @@ async def main(mb: float, window: int, as_json: bool, profile: bool = False, pro
                        f"{apply_rate / 1e6:.1f}", f"{apply_rate / raw:.2f}x", "", "", "", "", "1.00x"],
                       [f"{per_row}", "raw transport, same bytes and chunking",
                        f"{raw / 1e6:.1f}", "1.00x", f"{raw_cpu / 1e6:.0f}", "1.00x", "", "", ""]]
+            raws.append(raw)
             if per_row == 500 or not rate:
                 rate, moved, held, seconds = r, m, h, sec
+        bound_rows = _host_bound(Path(tmp), max(moved, CHUNK * 4), float(np.median(raws)), window, as_json)
         if as_json:
             return
         print_table(f"Streaming rate (tcp loopback, one process, 4 MiB chunks; join of {moved / 1e6:.0f} MB "
                     f"here, ~{mb / 3:.0f} MB each)",
                ["entries/row", "path", "MB/s", "vs raw", "MB per CPU-s", "vs raw (CPU)", "target", "vs window 1",
                 "vs store apply"], table)
+        print_table("What this host allows a stream's receiver (same run; docs/topology.md \"What the host "
+                    "allows a receiver\")", ["figure", "MB/s", "vs raw", "targets (50 / 5,000 entries a row)"],
+                    bound_rows)
         rows = _moved_fraction_rows()
         rows.append(["2 -> 3 (measured join above)", "1", f"{moved / max(1, held):.4f}", f"{1 / 3:.4f}",
                      f"{moved / max(1, held) * 3:.3f}"])

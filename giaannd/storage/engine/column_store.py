@@ -65,6 +65,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from giaannd.model.rows import Row, RowBatch, RowKey
+from giaannd.prefault import Prefault
 from giaannd.protocol import BatchId
 from giaannd.rowengine import Entries, RowEngine
 from giaannd.rowengine.cow import PendingCopies, PendingSet
@@ -309,6 +310,11 @@ def log2_histogram(lengths: NDArray[np.int64]) -> list[int]:
     return _trimmed(log2_bins(lengths))
 
 
+#: Entries of each of the room's buffers that one populate call maps (``reserve``): 0.5 MiB of a
+#: uint64 field, so a stop waits for at most one such call.
+_PREFAULT_ENTRIES = 1 << 16
+
+
 class ColumnStore:
     """Rows in RAM with idempotent, capacity-checked merge-add (module docstring).
 
@@ -320,6 +326,8 @@ class ColumnStore:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
+        #: maps the pages of the room ``reserve`` made, ahead of the chunks that fill it
+        self._prefault: Prefault | None = None
         self.applied = AppliedSet()
         self.engine = RowEngine()
         #: applied batches that touched each row, by row id (grown by doubling)
@@ -689,10 +697,22 @@ class ColumnStore:
         does (the engine's plan is: its commit would fail after recording the batch id). The room is
         not counted in ``used_bytes`` (like the base's append slack, docs/storage.md "Known gaps").
         Its buffers fault in small pages while they fill (``page_advice.filled_buffer``) until
-        ``allow_huge_pages``."""
+        ``allow_huge_pages``; a thread maps the room's pages ahead of the chunks that fill it
+        (giaannd/prefault.py), so the stream's applies on the event loop do not pay the first
+        touch of the store's growth (docs/topology.md "What the host allows a receiver")."""
         free = max(0, self.capacity_bytes - self.used_bytes)
         self._version += 1  # (the engine may replace its base run: a prepare made before is stale)
         self.engine.reserve(min(nbytes, free) // ENTRY_BYTES, filled_buffer)
+        room = self.engine.room()
+        if room is not None:
+            self._stop_prefault()
+            buffers, used = room
+            self._prefault = Prefault(buffers, _PREFAULT_ENTRIES, start=used)
+
+    def _stop_prefault(self) -> None:
+        if self._prefault is not None:
+            self._prefault.stop()
+            self._prefault = None
 
     def allow_huge_pages(self) -> None:
         """Offer the store's arrays (the engine's runs, key index, lengths and filter, and the
@@ -701,6 +721,7 @@ class ColumnStore:
         first touch cost 2.7-3.4 ms/MB on this project's VM against 0.6-0.9 for small pages, the
         largest item of a join's receiver: docs/topology.md "Fifth pass"), or a recovery
         (recovery.py, ``page_advice.small_pages``). Arrays mapped from a file are left as they are."""
+        self._stop_prefault()  # (the room's streams closed: what it did not map, their fills did)
         for array in (*self.engine.arrays(), self._touches):
             allow_huge_pages(array)
 

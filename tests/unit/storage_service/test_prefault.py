@@ -1,4 +1,4 @@
-"""Prefault (client/prefault.py): pages are mapped without their contents changing, so the thread
+"""Prefault (giaannd/prefault.py): pages are mapped without their contents changing, so the thread
 may run over memory a receive already filled."""
 
 import sys
@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from giaannd.client.prefault import Prefault, populate
+from giaannd.prefault import Prefault, populate
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
