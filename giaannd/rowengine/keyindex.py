@@ -16,7 +16,8 @@ table with linear probing:
 
 Every probe loop is a compiled kernel (giaannd/rowengine/jit.py) that walks the keys one at a time,
 each from its home slot until it meets its key or an empty slot: lookups (``_lookup``), lookups
-that insert what they miss (``_find_or_add``, for ``ids_of`` and ``lookup_or_add``), placing new ids
+that insert what they miss (``_find_or_add``, for ``ids_of`` and ``lookup_or_add``; in a table too
+small to prefetch in, ``_find_or_add_near``: the same walk in a loop of its own), placing new ids
 (``_place``: ``append`` and the re-insert when the table doubles) and ``append_new``'s checked
 placement. One key costs one walk of its probe sequence (~1.2-1.5 slots at load ≤ 1/2), whatever
 the batch size. Before them each probe round was a dozen numpy calls over the keys still unresolved
@@ -251,6 +252,46 @@ def _find_or_add(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a:
     return m, n
 
 
+@kernel(f"UniTuple(int64, 2)({_TABLE}, int64, int64, {_IN}, {_IN}, int64, int64[::1], bool_[::1])")
+def _find_or_add_near(slots: I64, ka: U64, kb: U64, bits: int, n: int, limit: int, a: U64, b: U64, start: int,
+                      out: I64, added: NDArray[np.bool_]) -> tuple[int, int]:
+    """``_find_or_add`` without prefetching, for a table below ``_PREFETCH_BYTES`` (a LIF session's
+    first fires, the row engine's smaller indexes): the same walk, ids, marks and stop, in a loop of
+    its own. Every index is unsigned (numba wraps a negative signed index around: a few instructions
+    per access) and the prefetching loop's ring and branches are gone, so the walk's values stay in
+    registers: a new key ~4.5 -> ~2.9 ns at 10^4 keys, ~10.7 -> ~7.1 at 10^5 (docs/model.md, "The
+    LIF step")."""
+    mask = np.uint64((1 << bits) - 1)
+    shift = np.uint64(64 - bits)
+    mark = added.shape[0] > 0
+    for i in range(np.uint64(start), np.uint64(a.shape[0])):
+        x = a[i]
+        y = b[i]
+        h = _hash(x, y)
+        s = h >> shift
+        tag = _tag(h)
+        while True:
+            v = slots[s]
+            if v == 0:
+                if n >= limit:
+                    return int(i), n
+                slots[s] = tag | (n + 1)
+                ka[np.uint64(n)] = x
+                kb[np.uint64(n)] = y
+                out[i] = n
+                if mark:
+                    added[i] = True
+                n += 1
+                break
+            if (v & ~_ID_MASK) == tag:
+                sid = np.uint64((v & _ID_MASK) - 1)
+                if ka[sid] == x and kb[sid] == y:
+                    out[i] = np.int64(sid)
+                    break
+            s = (s + np.uint64(1)) & mask
+    return a.shape[0], n
+
+
 @kernel(f"int64({_TABLE}, int64, int64, int64)")
 def _place(slots: I64, ka: U64, kb: U64, bits: int, lo: int, hi: int, ahead: int) -> int:
     """Put ids lo..hi-1 (keys meant to be unique and none in the table) into the first free slot of
@@ -413,8 +454,12 @@ class KeyIndex:
         out = np.empty(m, np.int64)
         i = 0
         while True:
-            i, n = _find_or_add(self._slots, self._a, self._b, self._bits, self._n, self._limit, a, b, i,
-                                self._ahead, out, added)
+            if self._ahead:
+                i, n = _find_or_add(self._slots, self._a, self._b, self._bits, self._n, self._limit, a, b, i,
+                                    self._ahead, out, added)
+            else:
+                i, n = _find_or_add_near(self._slots, self._a, self._b, self._bits, self._n, self._limit, a, b, i,
+                                         out, added)
             self._n = int(n)
             if i == m:
                 return out
