@@ -38,7 +38,10 @@ are medians; s per GB of row data (entries × 21 bytes) for the whole restart (e
 for recovery, target ≤ 1 s/GB (issue 14). ``--store-cache DIR`` keeps the generated store for later
 runs. ``--cold`` drops the victim's store files from the page cache before each restart
 (``drop_from_cache``: a reboot's restart, or one after other work evicted them);
-``--read-ahead-beside`` adds restarts with a process beside the ``exec`` that asks for every file
+The daemons restarted and the baselines' fresh processes run with the trees' bytecode compiled
+ahead, as an installed daemon has it (``bytecode_env``; before Dec 1, in an environment with
+``PYTHONDONTWRITEBYTECODE`` set, each start compiled its modules), and a before tree's config is
+made before its clock starts. ``--read-ahead-beside`` adds restarts with a process beside the ``exec`` that asks for every file
 in the read-ahead's steps (an experiment: what reading during the start-up's imports would add to
 the store's own read-ahead, docs/storage.md "Reading a restart's files ahead"). ``--json`` prints
 one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
@@ -145,10 +148,36 @@ def timeline(log_text: str, exec_at: float) -> dict[str, float]:
     return out
 
 
+#: Where ``bytecode_env`` compiles the trees' modules (``run`` sets it: under the bench's directory).
+_bytecode_prefix: Path | None = None
+_compiled: set[Path] = set()
+
+
+def bytecode_env(tree: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment (``base``, else this process's) to run ``tree``'s code with its bytecode
+    cached, as an installed daemon has it (pip compiles a package's modules as it installs them):
+    ``giaannd`` and ``peers`` compiled once into ``_bytecode_prefix`` (``compileall``,
+    ``PYTHONPYCACHEPREFIX``) and ``PYTHONDONTWRITEBYTECODE`` unset. Without it, where that variable
+    is set (this project's sandboxes set it), every start compiles the ~165 modules the daemon
+    imports from source: 0.18-0.23 s (docs/storage.md "A daemon's restart, step by step")."""
+    env = dict(os.environ if base is None else base)
+    if _bytecode_prefix is None:
+        return env
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(_bytecode_prefix)
+    tree = tree.resolve()
+    if tree not in _compiled:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "giaannd"), str(tree / "peers")],
+                       env=env, check=True, timeout=600, stdout=subprocess.DEVNULL)
+        _compiled.add(tree)
+    return env
+
+
 def _fresh_process_s(code: str, cwd: Path) -> float:
-    """Wall seconds of ``python -c code`` in a fresh interpreter."""
+    """Wall seconds of ``python -c code`` in a fresh interpreter (``cwd``'s bytecode cached)."""
+    env = bytecode_env(cwd)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=cwd, timeout=600)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=cwd, timeout=600, env=env)
     return time.perf_counter() - start
 
 
@@ -200,12 +229,13 @@ def _config_for(victim: Node, tree: Path) -> Path:
     return path
 
 
-def _spawn(victim: Node, tree: Path) -> None:
-    """Start ``victim``'s daemon from the code in ``tree`` (first on ``PYTHONPATH``), with the config
-    ``LocalCluster`` wrote for it (its seed, ``storage-1``, keeps its address: it is never restarted),
-    less the keys that code does not know (``_config_for``)."""
-    config = _config_for(victim, tree)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
+def _spawn(victim: Node, tree: Path, config: Path) -> None:
+    """Start ``victim``'s daemon from the code in ``tree`` (first on ``PYTHONPATH``), with ``config``:
+    the one ``LocalCluster`` wrote for it (its seed, ``storage-1``, keeps its address: it is never
+    restarted), less the keys that code does not know (``_config_for``, made before the clock
+    starts: it runs a process of its own for another checkout)."""
+    env = bytecode_env(tree, dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(tree), os.environ.get("PYTHONPATH")]))))
     env.pop("NOTIFY_SOCKET", None)
     with open(victim.log_path, "ab") as out:
         victim.proc = subprocess.Popen([sys.executable, "-m", "giaannd", "--config", str(config)],
@@ -235,6 +265,7 @@ print(time.perf_counter() - start)
 
 def _overlap_s(store: Path, how: str, cwd: Path) -> float:
     out = subprocess.run([sys.executable, "-c", _OVERLAP, str(store), how], check=True, cwd=cwd, timeout=600,
+                         env=bytecode_env(cwd),
                          capture_output=True, text=True)
     return float(out.stdout.split()[-1])
 
@@ -276,12 +307,13 @@ def _restart(cluster: LocalCluster, victim: Node, tree: Path, cold: bool = False
     store = victim.data_dir / "storage" / STORE_DIR
     if cold:
         drop_from_cache(store)
+    config = _config_for(victim, tree)
     exec_at = time.time()
     reader = None
     if helper:
         files = sorted(str(p) for p in store.iterdir() if p.is_file())
         reader = subprocess.Popen([sys.executable, "-c", _PREFETCH, str(STEP_BYTES), *files], start_new_session=True)
-    _spawn(victim, tree)
+    _spawn(victim, tree, config)
     cluster.wait_ready(victim)
     if reader is not None:
         reader.wait(timeout=600)
@@ -311,6 +343,8 @@ def run(entries: int, log_share: float, restarts: int, root: Path, cache: Path, 
     """(restart timelines by tree, baselines by name, GB held, GB of log replayed). The trees take
     turns restart by restart, the baselines run after each round. ``cold``, ``helper``:
     ``_restart``'s (``--cold``, ``--read-ahead-beside``)."""
+    global _bytecode_prefix
+    _bytecode_prefix = root / "pycache"
     cluster = LocalCluster(root / "cluster", storage=2, compute=0, transport="tcp", log_level="info",
                            storage_options={"capacity_bytes": 16 << 30, "snapshot_interval_s": 3600.0})
     victim = cluster.node("storage-2")
