@@ -22,7 +22,7 @@ reads back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from numpy.typing import NDArray
@@ -42,21 +42,37 @@ def populate(arr: NDArray[Any], a: int, b: int) -> bool:
     return madvise.advise(base + a * arr.itemsize, base + b * arr.itemsize, MADV_POPULATE_WRITE)
 
 
+#: Seconds between two looks at ``Prefault``'s bound while the filler has not caught up.
+_BOUND_POLL_S: Final = 0.002
+
+
 class Prefault:
     """Populates the pages of elements ``[start, len)`` of each of ``out`` (contiguous arrays of
-    one length), chunk by chunk (``chunk`` elements of each array), in a thread."""
+    one length), chunk by chunk (``chunk`` elements of each array), in a thread. ``bound``: a
+    chunk is mapped only once it ends at or below ``bound()`` (the filler's position plus the
+    lead it is given: the memory made resident ahead of the filler stays bounded, whatever the
+    destination's size); None maps as fast as it can."""
 
-    def __init__(self, out: Sequence[NDArray[Any]], chunk: int, start: int = 0) -> None:
+    def __init__(self, out: Sequence[NDArray[Any]], chunk: int, start: int = 0,
+                 bound: Callable[[], int] | None = None) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(list(out), chunk, start), daemon=True)
+        #: elements of each array mapped so far: ``[start, mapped)`` (a progress mark; another
+        #: thread may read it)
+        self.mapped = max(0, start)
+        self._thread = threading.Thread(target=self._run, args=(list(out), chunk, start, bound), daemon=True)
         self._thread.start()
 
-    def _run(self, out: list[NDArray[Any]], chunk: int, start: int) -> None:
+    def _run(self, out: list[NDArray[Any]], chunk: int, start: int, bound: Callable[[], int] | None) -> None:
         n = int(out[0].shape[0])
         for a in range(max(0, start), n, chunk):
-            for o in out:
-                if self._stop.is_set() or not populate(o, a, min(a + chunk, n)):
+            b = min(a + chunk, n)
+            while bound is not None and bound() < b:
+                if self._stop.wait(_BOUND_POLL_S):
                     return
+            for o in out:
+                if self._stop.is_set() or not populate(o, a, b):
+                    return
+            self.mapped = b
 
     def stop(self) -> None:
         self._stop.set()

@@ -722,6 +722,12 @@ class RowEngine:
         base.offsets = base.offsets.copy()
         self._base = base
 
+    @property
+    def base_entries(self) -> int:
+        """Entries of the base run: a plain read, unlocked (another thread may follow a fill of the
+        room with it: storage/engine/column_store.py ``reserve``)."""
+        return self._base.num_entries
+
     @_locked
     def room(self) -> tuple[list[NDArray[Any]], int] | None:
         """The base's four field buffers (seg, tc, tf, st: the whole buffers, spare room included)

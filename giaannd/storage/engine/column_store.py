@@ -313,6 +313,9 @@ def log2_histogram(lengths: NDArray[np.int64]) -> list[int]:
 #: Entries of each of the room's buffers that one populate call maps (``reserve``): 0.5 MiB of a
 #: uint64 field, so a stop waits for at most one such call.
 _PREFAULT_ENTRIES = 1 << 16
+#: How far ahead of the rows the room's pages are mapped (``reserve``): 2^22 entries, ~88 MB of
+#: the four fields, a few chunks of a stream (4 MiB each) at any rate a receiver reaches.
+PREFAULT_LEAD_ENTRIES = 1 << 22
 
 
 class ColumnStore:
@@ -697,9 +700,10 @@ class ColumnStore:
         does (the engine's plan is: its commit would fail after recording the batch id). The room is
         not counted in ``used_bytes`` (like the base's append slack, docs/storage.md "Known gaps").
         Its buffers fault in small pages while they fill (``page_advice.filled_buffer``) until
-        ``allow_huge_pages``; a thread maps the room's pages ahead of the chunks that fill it
-        (giaannd/prefault.py), so the stream's applies on the event loop do not pay the first
-        touch of the store's growth (docs/topology.md "What the host allows a receiver")."""
+        ``allow_huge_pages``; a thread maps the room's pages ahead of the chunks that fill it, at
+        most ``PREFAULT_LEAD_ENTRIES`` ahead (giaannd/prefault.py), so the stream's applies on the
+        event loop do not pay the first touch of the store's growth (docs/topology.md "What the
+        host allows a receiver"), and the memory resident ahead of the rows stays bounded."""
         free = max(0, self.capacity_bytes - self.used_bytes)
         self._version += 1  # (the engine may replace its base run: a prepare made before is stale)
         self.engine.reserve(min(nbytes, free) // ENTRY_BYTES, filled_buffer)
@@ -707,7 +711,9 @@ class ColumnStore:
         if room is not None:
             self._stop_prefault()
             buffers, used = room
-            self._prefault = Prefault(buffers, _PREFAULT_ENTRIES, start=used)
+            engine = self.engine
+            self._prefault = Prefault(buffers, _PREFAULT_ENTRIES, start=used,
+                                      bound=lambda: engine.base_entries + PREFAULT_LEAD_ENTRIES)
 
     def _stop_prefault(self) -> None:
         if self._prefault is not None:

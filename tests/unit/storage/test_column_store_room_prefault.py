@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine import RowEngine
 from giaannd.storage import ColumnStore
+from giaannd.storage.engine.column_store import PREFAULT_LEAD_ENTRIES
+from giaannd.storage.engine.regions import ENTRY_BYTES
 
 STREAM = 0x5EED
 
@@ -44,15 +47,22 @@ def test_engine_room_names_the_base_buffers_and_their_fill_after_a_reserve():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and /proc are Linux's")
-def test_reserve_maps_the_rooms_pages_before_anything_is_written():
+def test_reserve_maps_the_rooms_pages_ahead_of_any_write_up_to_the_lead():
     store = ColumnStore(1 << 40)
-    room_bytes = 96 << 20
+    lead = PREFAULT_LEAD_ENTRIES
     before = _resident_bytes()
-    store.reserve(room_bytes)
-    assert store._prefault is not None  # noqa: SLF001 - the thread under test
-    assert store._prefault.wait(60)  # noqa: SLF001
+    store.reserve(3 * lead * ENTRY_BYTES // 2)  # a room half again the lead: only the lead is mapped
+    pre = store._prefault  # noqa: SLF001 - the thread under test
+    assert pre is not None
+    deadline = time.monotonic() + 60
+    while pre.mapped < lead and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # (time for a thread without a bound to map the rest: ~50 ms here)
+    assert pre.mapped == lead  # up to the lead, not past it: no row written yet
     grown = _resident_bytes() - before
-    assert grown >= 0.8 * room_bytes, f"only {grown} of {room_bytes} bytes of room resident"
+    assert grown >= 0.8 * lead * ENTRY_BYTES, f"only {grown} bytes of the lead's {lead * ENTRY_BYTES} resident"
+    store.allow_huge_pages()  # (the streams closed: the thread stops)
+    assert store._prefault is None  # noqa: SLF001
 
 
 def test_rows_written_into_a_mapped_room_are_the_rows_applied_and_the_thread_stops_with_the_streams():
