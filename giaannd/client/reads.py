@@ -58,6 +58,7 @@ from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.model.rows import RowBatch
 from giaannd.ramp import RampTracker, row_draws
 from giaannd.rowengine.jit import kernel
+from giaannd.unique import unique
 
 __all__ = ["ReadFrom", "ReadRampStarter", "fewest_nodes", "read_replicated", "replica_order"]
 
@@ -201,7 +202,7 @@ async def read_replicated(topology: ClusterView, read_from: ReadFrom, ramp: Ramp
         if not todo.any():
             break
         jobs = []
-        for m in np.unique(cand[todo, k]):
+        for m in unique(cand[todo, k]):
             node_mask = todo & (cand[:, k] == m)
             for mask, busy_ok in _by_spare(node_mask, spare, k):
                 for start in range(0, int(mask.sum()), p.MAX_READ_ROWS):

@@ -37,6 +37,7 @@ from giaannd.client.node_call import NodeCall
 from giaannd.client.writes import write_quorum
 from giaannd.cluster.view import ClusterView
 from giaannd.model.ids import column_id, feature_id
+from giaannd.unique import unique
 
 __all__ = ["get_vocab", "put_vocab"]
 
@@ -62,7 +63,7 @@ async def put_vocab(topology: ClusterView, call: NodeCall, quorum_setting: int |
     owners = placement.owner_indices(ids)
     jobs: list[tuple[str, NDArray[np.intp]]] = []
     failures: dict[str, str] = {}
-    for m in np.unique(owners):
+    for m in unique(owners):
         node = names[int(m)]
         idx = np.flatnonzero((owners == m).any(axis=1))
         if not topology.is_live(node):
@@ -112,7 +113,7 @@ async def get_vocab(topology: ClusterView, call: NodeCall,
         if not todo.any():
             break
         jobs: list[tuple[str, NDArray[np.intp]]] = []
-        for m in np.unique(cand[todo, k]):
+        for m in unique(cand[todo, k]):
             idx = np.flatnonzero(todo & (cand[:, k] == m))
             for start in range(0, idx.size, p.MAX_VOCAB_ENTRIES):
                 jobs.append((names[int(m)], idx[start : start + p.MAX_VOCAB_ENTRIES]))

@@ -76,6 +76,7 @@ from giaannd.client.writer_floor import Unsettled, WriterFloor
 from giaannd.cluster.view import ClusterView
 from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
+from giaannd.unique import unique
 
 __all__ = ["CONFIRM_HINTS_INTERVAL_S", "MAX_STRANDED_BYTES", "QuorumWriter", "WriteResult", "hint_holders",
            "write_quorum"]
@@ -203,7 +204,7 @@ class QuorumWriter:
         quorum = write_quorum(quorum_setting, placement.effective_replicas)
         owner_idx = placement.owner_indices(batch.row_column)
         names = placement.names
-        shares = {names[int(m)]: (owner_idx == m).any(axis=1) for m in np.unique(owner_idx)}
+        shares = {names[int(m)]: (owner_idx == m).any(axis=1) for m in unique(owner_idx)}
         state = floors.track(bid, shares)
         # a floor speaks for our own writer only: for a foreign id (hint replay, tools) send none
         floor = floors.floor if floors.is_ours(bid) else 0

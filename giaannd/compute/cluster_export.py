@@ -66,6 +66,7 @@ from giaannd.model.ids import PRIME_FEATURE
 from giaannd.model.rows import RowBatch
 from giaannd.model.rowstore import RowStore
 from giaannd.model.vocab import IdCollisionError, Vocabulary
+from giaannd.unique import unique
 from peers.retry import RetryPolicy, retry
 
 __all__ = [
@@ -118,12 +119,12 @@ def word_of(vocab: Vocabulary, column: int, feature: int) -> str:
 def missing_vocab(vocab: Vocabulary, columns: Any, features: Any) -> list[tuple[int, int]]:
     """(kind, id) keys of the given column and feature ids ``vocab`` lacks."""
     out: list[tuple[int, int]] = []
-    for cid in np.unique(np.asarray(columns, np.uint64)).tolist():
+    for cid in unique(np.asarray(columns, np.uint64)).tolist():
         try:
             vocab.column_lemma(cid)
         except KeyError:
             out.append((0, cid))
-    for fid in np.unique(np.asarray(features, np.uint64)).tolist():
+    for fid in unique(np.asarray(features, np.uint64)).tolist():
         if fid == PRIME_FEATURE:
             continue
         try:

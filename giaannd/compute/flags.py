@@ -28,6 +28,7 @@ from typing import Final
 import numpy as np
 
 from giaannd.model.rows import Row, RowBatch, RowKey
+from giaannd.unique import unique
 
 __all__ = ["FLAG_ROW", "FlagTracker", "flag_ids", "flags_batch", "with_flags", "without_flag_row"]
 
@@ -39,7 +40,7 @@ _FLAG_TARGET_COLUMN: Final = 0
 
 def flags_batch(feature_ids: Iterable[int]) -> RowBatch:
     """A canonical one-row batch adding ``feature_ids`` to the flag row (empty if none)."""
-    ids = np.unique(np.fromiter((int(f) for f in feature_ids), dtype=np.uint64))
+    ids = unique(np.fromiter((int(f) for f in feature_ids), dtype=np.uint64))
     n = int(ids.shape[0])
     if n == 0:
         return RowBatch.empty()

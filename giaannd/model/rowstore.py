@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from giaannd.model.rows import NUM_SEGMENTS, Row, RowBatch, RowKey
 from giaannd.model.train import NeuronBatch
 from giaannd.rowengine import Entries, RowEngine
+from giaannd.unique import unique
 
 __all__ = ["DEFAULT_DEFERRED_BYTES", "ENTRY_BYTES", "RowStore"]
 
@@ -274,7 +275,7 @@ class RowStore:
     @property
     def num_columns(self) -> int:
         self.settle()
-        return int(np.unique(self.engine.keys()[0]).shape[0])
+        return int(unique(self.engine.keys()[0]).shape[0])
 
     def export(self) -> RowBatch:
         """Every row as one canonical batch (a snapshot's payload, or a transfer): a copy."""

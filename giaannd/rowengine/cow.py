@@ -29,6 +29,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.unique import unique
+
 __all__ = ["CHUNK", "PendingCopies", "PendingSet"]
 
 #: Entries per chunk. A write copies every chunk it touches that is not copied yet, so what a batch
@@ -96,7 +98,7 @@ class PendingCopies:
         with self._lock:
             if self._left == 0:  # (finished or cancelled meanwhile)
                 return
-            for chunk in np.unique(chunks).tolist():
+            for chunk in unique(chunks).tolist():
                 if not copied[chunk]:
                     self._copy(i, chunk, chunk + 1)
                     self.copied_by_writers += 1

@@ -44,6 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from giaannd.protocol import BatchId
+from giaannd.unique import unique
 
 __all__ = ["AppliedSet", "BatchId"]
 
@@ -217,7 +218,7 @@ class AppliedSet:
         good = np.zeros(n, bool)
         if t_sorted.shape[0]:
             good = (t_sorted[at] == writers) & (seqs > p_sorted[at])  # tracked, above its promise
-        for w in np.unique(writers).tolist():  # applied: at or below the floor, or above it (few writers)
+        for w in unique(writers).tolist():  # applied: at or below the floor, or above it (few writers)
             mine = writers == w
             applied = seqs[mine] <= self._floor.get(w, 0)
             above = self._above.get(w)

@@ -87,6 +87,7 @@ from giaannd.storage.engine.row_digest import (
 )
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
 from giaannd.storage.engine.sorted_keys import MERGE_APART_KEYS, MainRun, SortedKeys
+from giaannd.unique import unique
 
 __all__ = [
     "APPLIED_ID_BYTES",
@@ -622,7 +623,7 @@ class ColumnStore:
         ids = done.ids
         # the window's rows and their lengths before (now less the keys each gained): all sized by
         # the window, never by the store (no copy of every row's length, no mark per row)
-        touched = np.unique(ids)
+        touched = unique(ids)
         after = engine.lengths()[touched]
         before = after.copy()
         before[np.searchsorted(touched, done.grown)] -= done.added
@@ -930,7 +931,7 @@ class ColumnStore:
         if at.shape[0]:
             ends = np.cumsum(self.engine.lengths()[ids[at]])
             # groups of rows of about DIGEST_GATHER_ENTRIES entries (a row past it is a group alone)
-            cuts = np.unique(np.searchsorted(ends, np.arange(DIGEST_GATHER_ENTRIES, int(ends[-1]),
+            cuts = unique(np.searchsorted(ends, np.arange(DIGEST_GATHER_ENTRIES, int(ends[-1]),
                                                              DIGEST_GATHER_ENTRIES), "right"))
             for group in np.split(at, cuts[(cuts > 0) & (cuts < at.shape[0])]):
                 offsets, got = self._gather(ids[group])

@@ -82,6 +82,7 @@ from giaannd.storage.engine.page_advice import allow_huge_pages, filled_buffer
 from giaannd.storage.engine.regions import unpack_regions
 from giaannd.storage.engine.snapshot_io import CachedFile, DirectFile, PartStream, SnapshotFile, open_temporary
 from giaannd.storage.engine.snapshot_map import SnapshotMapping
+from giaannd.unique import unique
 
 __all__ = ["SNAPSHOT_FORMAT_VERSION", "SNAPSHOT_RECORD", "Pacer", "WriteMode", "body_checksum", "combine_digests",
            "direct_io_refused", "first_bad_row", "list_snapshots", "list_temporaries", "part_offsets",
@@ -568,7 +569,7 @@ def first_bad_row(rows: Row, offsets: NDArray[np.int64], threads: int = 1) -> tu
     if not _any_fault(rows, offsets, threads):
         return None
     starts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), VERIFY_CHUNK_ENTRIES), "right") - 1
-    bounds = [*np.unique(starts).tolist(), num_rows]
+    bounds = [*unique(starts).tolist(), num_rows]
     for r0, r1 in zip(bounds, bounds[1:]):
         run = offsets[r0 : r1 + 1]
         a, z = int(run[0]), int(run[-1])
@@ -596,7 +597,7 @@ def _any_fault(rows: Row, offsets: NDArray[np.int64], threads: int) -> bool:
         return bool(entries_fault(offsets, seg, tc, tf, st, NUM_SEGMENTS))
     # share boundaries at the first row start at or after each equal cut of the entries
     cuts = np.searchsorted(offsets, np.arange(1, shares) * (n // shares), "left")
-    bounds = np.unique(np.concatenate([[0], cuts, [offsets.shape[0] - 1]]))
+    bounds = unique(np.concatenate([[0], cuts, [offsets.shape[0] - 1]]))
 
     def check(r0: int, r1: int) -> bool:
         a, z = int(offsets[r0]), int(offsets[r1])

@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 
 from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import range_positions, renumbered
+from giaannd.unique import unique
 
 __all__ = ["MERGE_APART_KEYS", "MIN_TAIL", "TAIL_SHARE", "MainRun", "SortedKeys", "difference", "merge_runs",
            "sorted_rows"]
@@ -310,7 +311,7 @@ class SortedKeys:
         each run's range of each column by binary search, then the two merged: the columns' rows'
         cost, not the store's (a stream source lists its columns this way at the start and at
         verification)."""
-        wanted = np.unique(np.asarray(columns).astype(np.uint64, copy=False))
+        wanted = unique(np.asarray(columns).astype(np.uint64, copy=False))
         found = []
         for run in (self._main, self._tail):
             lo = np.searchsorted(run[0], wanted, "left")

@@ -69,6 +69,7 @@ from giaannd.storage.streaming.stream import (
     stream_writer,
 )
 from giaannd.storage.streaming.writers import record_stream_writer
+from giaannd.unique import unique
 from peers.errors import PeersError
 from peers.transport import Incoming, Listener, Reply, Transport
 from peers.wire import DECODE_ERRORS
@@ -326,7 +327,7 @@ class StreamEndpoint:
                 batch = RowBatch.empty()
                 self.deltas_skipped += 1
             else:
-                self.scopes.add_columns(msg.stream_id, np.unique(batch.row_column))
+                self.scopes.add_columns(msg.stream_id, unique(batch.row_column))
                 seq = (await apply_local_nowait(self.service, marker_id(origin, msg.stream_id),
                                                 RowBatch.empty())).seq
         # (validated once, by from_buffers: the store need not check it again)

@@ -104,6 +104,7 @@ from giaannd.storage.rebalance.source_control import (
 from giaannd.storage.replication.hint_delivery import HINT_DRAIN_RETRY
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.sender import StreamRunner, Throttle
+from giaannd.unique import unique
 from peers.errors import PeersError
 from peers.placement import Member, Placement
 from peers.retry import attempts
@@ -284,7 +285,7 @@ class Rebalance:
             except (PeersError, OSError, TimeoutError, SourceControlError, TopologyOpError, KeyError) as exc:
                 log.warning("planning: %s did not list its columns (%s); treated as down", name, exc)
                 self._unreachable.add(name)
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        return unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
     def _live(self) -> list[str]:
         return [n for n in self.control.view().live() if n not in self._unreachable]

@@ -57,6 +57,7 @@ from numpy.typing import NDArray
 from giaannd.storage.engine.column_store import DropResult
 from giaannd.storage.replication.service import StorageService
 from giaannd.storage.streaming.column_sets import member
+from giaannd.unique import unique
 from peers.placement import Placement
 
 __all__ = ["abandoned_stream_columns", "release_unowned", "unowned_columns"]
@@ -85,11 +86,11 @@ def abandoned_stream_columns(placement: Placement, node: str, stream_columns: ND
     """The columns of an abandoned stream that ``node`` drops (module docstring): those it does not
     own under ``placement`` (every one when it is not a member) and no other open stream
     (``other_streams``) brings. Pure."""
-    cols = np.unique(np.asarray(stream_columns).astype(np.uint64, copy=False).reshape(-1))
+    cols = unique(np.asarray(stream_columns).astype(np.uint64, copy=False).reshape(-1))
     if node in placement.names:
         cols = unowned_columns(placement, node, cols)
     if cols.shape[0] and other_streams.shape[0]:
-        cols = cols[~member(cols, np.unique(other_streams))]
+        cols = cols[~member(cols, unique(other_streams))]
     return cols
 
 

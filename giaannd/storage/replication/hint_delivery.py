@@ -69,13 +69,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-import numpy as np
-
 from giaannd.client.storage_client import RemoteNotOwner, StorageClient, StorageRequestError
 from giaannd.cluster.view import ClusterView
 from giaannd.model.rows import RowBatch
 from giaannd.ramp import HintPacer
 from giaannd.storage.replication.hints import Hint, HintStore
+from giaannd.unique import unique
 from peers.errors import PeersError
 from peers.placement import Placement
 from peers.retry import RetryPolicy
@@ -116,7 +115,7 @@ def split_by_owner(placement: Placement, target: str, batch: RowBatch) -> HintSp
     kept = batch.select_rows(kept_mask) if kept_mask.any() else None
     lost = ~kept_mask
     moved: dict[str, RowBatch] = {}
-    for m in np.unique(owners[lost]).tolist():
+    for m in unique(owners[lost]).tolist():
         if m == me:
             continue
         mask = lost & (owners == m).any(axis=1)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from giaannd.unique import unique
+
 __all__ = ["member", "missing", "with_columns"]
 
 U64 = NDArray[np.uint64]
@@ -30,7 +32,7 @@ def member(values: U64, columns: U64) -> NDArray[np.bool_]:
 
 def missing(columns: U64, values: U64) -> U64:
     """The ``values`` (any order, repeats allowed) not in ``columns`` (sorted, unique): sorted, unique."""
-    new = np.unique(np.asarray(values, np.uint64))
+    new = unique(np.asarray(values, np.uint64))
     out: U64 = new[~member(new, columns)]
     return out
 

@@ -50,6 +50,7 @@ from giaannd.protocol import BatchId
 from giaannd.storage.engine.applied_set import AppliedSet
 from giaannd.storage.engine.log_tail import append_synced
 from giaannd.storage.streaming.column_sets import member, missing, with_columns
+from giaannd.unique import unique
 
 __all__ = ["StreamScopes", "direct_marker_id", "filter_direct", "marker_id", "scoped_writer"]
 
@@ -95,7 +96,7 @@ class StreamScopes:
                     scopes._discarded.add(sid)
                     continue
                 raw = path.read_bytes()
-                scopes._columns[sid] = np.unique(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64))
+                scopes._columns[sid] = unique(np.frombuffer(raw[: len(raw) // 8 * 8], np.uint64))
                 if path.with_suffix(".closed").exists():
                     scopes._closed.add(sid)
                 if path.with_suffix(".source").exists():
@@ -154,7 +155,7 @@ class StreamScopes:
     def columns_of_open_streams(self, but: int) -> NDArray[np.uint64]:
         """The columns of every stream still open (not closed, not discarded) other than ``but``."""
         parts = [cols for sid, cols in self._columns.items() if sid != but and sid not in self._closed]
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        return unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
     def open_streams_touching(self, row_column: NDArray[np.uint64]) -> list[int]:
         return [sid for sid, cols in self._columns.items()

@@ -83,6 +83,7 @@ from giaannd.model.rows import RowBatch
 from giaannd.protocol import BatchId
 from giaannd.rowengine.keyindex import KeyIndex
 from giaannd.storage.streaming.column_sets import member, with_columns
+from giaannd.unique import unique
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -330,7 +331,7 @@ class StreamSender:
         if window < 1 or chunk_bytes < 1:
             raise ValueError("window and chunk_bytes must be >= 1")
         self.stream_id = stream_id
-        self.columns = np.unique(np.asarray(columns, np.uint64))
+        self.columns = unique(np.asarray(columns, np.uint64))
         self._claims = claims
         self._keys_c = np.asarray(row_columns, np.uint64)
         self._keys_f = np.asarray(row_features, np.uint64)
@@ -406,7 +407,7 @@ class StreamSender:
             return False
         mask = member(batch.row_column, self.columns)
         if self._claims is not None and not mask.all():
-            other = np.unique(batch.row_column[~mask])
+            other = unique(batch.row_column[~mask])
             new_cols = other[self._claims(other)]
             if new_cols.size:  # columns born after the stream opened: all their rows are new
                 self.columns = with_columns(self.columns, new_cols)

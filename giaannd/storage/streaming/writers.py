@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from giaannd.atomic_file import fsync_dir
 from giaannd.storage.engine.log_tail import append_synced
 from giaannd.storage.streaming.dedupe import StreamScopes
+from giaannd.unique import unique
 
 if TYPE_CHECKING:
     from giaannd.storage.replication.service import StorageService
@@ -62,4 +63,4 @@ def stream_columns_of(service: StorageService) -> NDArray[np.uint64]:
     """The columns streams copied to this node (sorted, unique; open and closed streams, not the
     discarded ones, whose rows were dropped): read from the streams' scopes on disk (dedupe.py)."""
     parts = [cols for _, cols in StreamScopes.open(service.data_dir).items()]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+    return unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)

@@ -5,7 +5,8 @@ rows written into the room are the rows applied, and the thread stops when the s
 
 from __future__ import annotations
 
-import os
+import ctypes
+import mmap
 import sys
 import time
 
@@ -22,9 +23,19 @@ from giaannd.storage.engine.regions import ENTRY_BYTES
 STREAM = 0x5EED
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _resident_share(arr: np.ndarray, a: int, b: int) -> float:
+    """The share of the pages of elements ``[a, b)`` of ``arr`` that are resident (``mincore``):
+    these pages' own state, whatever else the process frees or maps meanwhile."""
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data + a * arr.itemsize
+    first, last = start - start % page, arr.ctypes.data + b * arr.itemsize
+    pages = (last - first + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(last - first), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(v & 1 for v in vec) / pages
 
 
 def _new_rows(rng: np.random.Generator, rows: int, per_row: int, first_feature: int) -> RowBatch:
@@ -50,8 +61,10 @@ def test_engine_room_names_the_base_buffers_and_their_fill_after_a_reserve():
 def test_reserve_maps_the_rooms_pages_ahead_of_any_write_up_to_the_lead():
     store = ColumnStore(1 << 40)
     lead = PREFAULT_LEAD_ENTRIES
-    before = _resident_bytes()
     store.reserve(3 * lead * ENTRY_BYTES // 2)  # a room half again the lead: only the lead is mapped
+    room = store.engine.room()
+    assert room is not None
+    tc = room[0][1]  # the target columns' buffer (uint64: the largest)
     pre = store._prefault  # noqa: SLF001 - the thread under test
     assert pre is not None
     deadline = time.monotonic() + 60
@@ -59,8 +72,8 @@ def test_reserve_maps_the_rooms_pages_ahead_of_any_write_up_to_the_lead():
         time.sleep(0.01)
     time.sleep(0.5)  # (time for a thread without a bound to map the rest: ~50 ms here)
     assert pre.mapped == lead  # up to the lead, not past it: no row written yet
-    grown = _resident_bytes() - before
-    assert grown >= 0.8 * lead * ENTRY_BYTES, f"only {grown} bytes of the lead's {lead * ENTRY_BYTES} resident"
+    assert _resident_share(tc, 0, lead) >= 0.99
+    assert _resident_share(tc, lead + (1 << 16), tc.shape[0]) <= 0.05  # (a page's rounding at its start)
     store.allow_huge_pages()  # (the streams closed: the thread stops)
     assert store._prefault is None  # noqa: SLF001
 
