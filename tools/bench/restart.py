@@ -41,10 +41,11 @@ runs. ``--cold`` drops the victim's store files from the page cache before each 
 The daemons restarted and the baselines' fresh processes run with the trees' bytecode compiled
 ahead, as an installed daemon has it (``bytecode_env``; before Dec 1, in an environment with
 ``PYTHONDONTWRITEBYTECODE`` set, each start compiled its modules), and a before tree's config is
-made before its clock starts. ``--read-ahead-beside`` adds restarts with a process beside the ``exec`` that asks for every file
-in the read-ahead's steps (an experiment: what reading during the start-up's imports would add to
-the store's own read-ahead, docs/storage.md "Reading a restart's files ahead"). ``--json`` prints
-one ``{"figure", "value", "target"}`` object per figure (tools/bench/report.py).
+made before its clock starts. ``--read-ahead-beside`` adds restarts with a process beside the
+``exec`` that asks for every file in the read-ahead's steps (an experiment: what reading during
+the start-up's imports would add to the store's own read-ahead, docs/storage.md "Reading a
+restart's files ahead"). ``--json`` prints one ``{"figure", "value", "target"}`` object per figure
+(tools/bench/report.py).
 """
 
 from __future__ import annotations
