@@ -109,6 +109,34 @@ def difference(ac: U64, af: U64, bc: U64, bf: U64) -> tuple[U64, U64]:
 
 
 def _sorted(c: U64, f: U64, ids: I64) -> Keys:
+    """The keys sorted by (column, feature), with their ids: ``np.lexsort((f, c))``'s order.
+
+    Sorted by column first (numpy's unstable, vectorised sort: 2.2 ms for 1.5·10^5 random keys,
+    its stable one 8.8), then by (column's rank, feature) packed into one uint64 where both fit (a
+    store's do: ranks < rows, features small ids): one ``lexsort`` of one key that is in order but
+    for the features within each column. 2x cheaper than ``lexsort``'s two stable sorts of both
+    keys (11 against 24 ms for 1.5·10^5 keys, 235 against 500 for 2·10^6; a source's first key
+    listing sorts every key). Falls back to those where the two do not fit, or where keys repeat
+    (``lexsort`` keeps ties in id order, the unstable first sort would not; a store's keys are
+    distinct)."""
+    n = c.shape[0]
+    if n < 2:
+        return c.copy(), f.copy(), ids.copy()
+    by_column = np.argsort(c)
+    cs, fs = c[by_column], f[by_column]
+    packed = np.empty(n, np.uint64)  # the column's rank, 1 based, then the feature's bits
+    packed[0] = 1
+    np.not_equal(cs[1:], cs[:-1], out=packed[1:])
+    np.cumsum(packed, out=packed)
+    f_bits = int(fs.max()).bit_length()
+    if int(packed[-1]).bit_length() + f_bits <= 64:
+        np.left_shift(packed, np.uint64(f_bits), out=packed)
+        np.bitwise_or(packed, fs, out=packed)
+        within = np.lexsort((packed,))
+        packed = packed[within]
+        if not (packed[1:] == packed[:-1]).any():
+            order = by_column[within]
+            return cs[within], fs[within], ids[order]
     order = np.lexsort((f, c))
     return c[order], f[order], ids[order]
 
