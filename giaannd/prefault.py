@@ -42,8 +42,11 @@ def populate(arr: NDArray[Any], a: int, b: int) -> bool:
     return madvise.advise(base + a * arr.itemsize, base + b * arr.itemsize, MADV_POPULATE_WRITE)
 
 
-#: Seconds between two looks at ``Prefault``'s bound while the filler has not caught up.
+#: Seconds between two looks at ``Prefault``'s bound while the filler has not caught up: the
+#: first, doubled at each look that finds it where it was, up to the second (a stalled or
+#: abandoned filler costs ~10 wake-ups a second, a moving one is followed within ~2 ms).
 _BOUND_POLL_S: Final = 0.002
+_BOUND_POLL_MAX_S: Final = 0.1
 
 
 class Prefault:
@@ -51,7 +54,8 @@ class Prefault:
     one length), chunk by chunk (``chunk`` elements of each array), in a thread. ``bound``: a
     chunk is mapped only once it ends at or below ``bound()`` (the filler's position plus the
     lead it is given: the memory made resident ahead of the filler stays bounded, whatever the
-    destination's size); None maps as fast as it can."""
+    destination's size), and a negative ``bound()`` stops the thread (the destination is no
+    longer filled); None maps as fast as it can."""
 
     def __init__(self, out: Sequence[NDArray[Any]], chunk: int, start: int = 0,
                  bound: Callable[[], int] | None = None) -> None:
@@ -66,8 +70,13 @@ class Prefault:
         n = int(out[0].shape[0])
         for a in range(max(0, start), n, chunk):
             b = min(a + chunk, n)
-            while bound is not None and bound() < b:
-                if self._stop.wait(_BOUND_POLL_S):
+            wait, last = _BOUND_POLL_S, None
+            while bound is not None and (now := bound()) < b:
+                if now < 0:
+                    return
+                wait = _BOUND_POLL_S if now != last else min(2 * wait, _BOUND_POLL_MAX_S)
+                last = now
+                if self._stop.wait(wait):
                     return
             for o in out:
                 if self._stop.is_set() or not populate(o, a, b):

@@ -722,11 +722,12 @@ class RowEngine:
         base.offsets = base.offsets.copy()
         self._base = base
 
-    @property
-    def base_entries(self) -> int:
-        """Entries of the base run: a plain read, unlocked (another thread may follow a fill of the
-        room with it: storage/engine/column_store.py ``reserve``)."""
-        return self._base.num_entries
+    def room_fill(self, buffer: NDArray[Any]) -> int:
+        """Entries of the base run while ``buffer`` (one of ``room()``'s) still holds it, else -1
+        (the base moved to other buffers): a plain read, unlocked, so another thread may follow a
+        fill of the room with it (storage/engine/column_store.py ``reserve``)."""
+        base = self._base
+        return base.num_entries if base.st.base is buffer else -1
 
     @_locked
     def room(self) -> tuple[list[NDArray[Any]], int] | None:

@@ -56,6 +56,7 @@ work; the key index built in one vectorised pass).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -317,6 +318,20 @@ _PREFAULT_ENTRIES = 1 << 16
 #: How far ahead of the rows the room's pages are mapped (``reserve``): 2^22 entries, ~88 MB of
 #: the four fields, a few chunks of a stream (4 MiB each) at any rate a receiver reaches.
 PREFAULT_LEAD_ENTRIES = 1 << 22
+
+
+def _room_bound(engine: weakref.ref[RowEngine], st: NDArray[np.float32]) -> Callable[[], int]:
+    """``Prefault``'s bound for the room of ``st`` (``reserve``): the rows the room holds plus the
+    lead; -1, which stops the thread, once the engine is gone or its base has left those buffers
+    (it outgrew the room). The engine is held weakly: a store dropped with a stream unfinished
+    (its source died, the node stopped) takes its thread and room with it."""
+
+    def bound() -> int:
+        held = engine()
+        fill = -1 if held is None else held.room_fill(st)
+        return fill if fill < 0 else fill + PREFAULT_LEAD_ENTRIES
+
+    return bound
 
 
 class ColumnStore:
@@ -712,9 +727,8 @@ class ColumnStore:
         if room is not None:
             self._stop_prefault()
             buffers, used = room
-            engine = self.engine
             self._prefault = Prefault(buffers, _PREFAULT_ENTRIES, start=used,
-                                      bound=lambda: engine.base_entries + PREFAULT_LEAD_ENTRIES)
+                                      bound=_room_bound(weakref.ref(self.engine), buffers[3]))
 
     def _stop_prefault(self) -> None:
         if self._prefault is not None:

@@ -6,6 +6,7 @@ rows written into the room are the rows applied, and the thread stops when the s
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import sys
 import time
@@ -93,3 +94,22 @@ def test_rows_written_into_a_mapped_room_are_the_rows_applied_and_the_thread_sto
         assert np.array_equal(getattr(got, field), getattr(want, field)), field
     mapped.allow_huge_pages()
     assert mapped._prefault is None  # noqa: SLF001
+
+
+def test_the_thread_stops_when_the_base_leaves_the_room_or_the_store_is_dropped():
+    """A stream whose source died never closes: its room's thread must not outlive the room (the
+    base moved to other buffers) nor the store, waiting for rows that never come."""
+    lead = PREFAULT_LEAD_ENTRIES
+    moved = ColumnStore(1 << 40)
+    moved.reserve(3 * lead * ENTRY_BYTES // 2)
+    pre = moved._prefault  # noqa: SLF001 - the thread under test
+    assert pre is not None
+    moved.copy_base()  # (the base in new buffers, as when a fold outgrows the room)
+    assert pre.wait(30)
+    dropped = ColumnStore(1 << 40)
+    dropped.reserve(3 * lead * ENTRY_BYTES // 2)
+    pre = dropped._prefault  # noqa: SLF001
+    assert pre is not None
+    del dropped
+    gc.collect()
+    assert pre.wait(30)
