@@ -133,10 +133,14 @@ def _sorted(c: U64, f: U64, ids: I64) -> Keys:
         np.left_shift(packed, np.uint64(f_bits), out=packed)
         np.bitwise_or(packed, fs, out=packed)
         within = np.lexsort((packed,))
-        packed = packed[within]
-        if not (packed[1:] == packed[:-1]).any():
-            order = by_column[within]
-            return cs[within], fs[within], ids[order]
+        np.take(packed, within, out=packed)  # in place: numpy buffers the take when out overlaps
+        repeats = bool((packed[1:] == packed[:-1]).any())
+        del packed  # each temporary goes as soon as it is used: a store's first listing sorts every key
+        if not repeats:
+            cs, fs = cs[within], fs[within]
+            np.take(by_column, within, out=by_column)
+            return cs, fs, ids[by_column]
+    del by_column, cs, fs
     order = np.lexsort((f, c))
     return c[order], f[order], ids[order]
 

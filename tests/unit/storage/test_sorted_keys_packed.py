@@ -37,3 +37,24 @@ def test_sorted_rows_is_lexsort_order(seed, n, columns, column_bits, feature_bit
     assert got_c.tolist() == want_c.tolist() and got_f.tolist() == want_f.tolist()
     assert got_ids.tolist() == want_ids.tolist()
     assert got_columns.tolist() == np.unique(c).tolist()
+
+
+def test_sorted_rows_peak_memory_is_its_output_and_two_arrays():
+    """A store's first listing sorts every key, on a node holding 10^9 rows: the packed sort frees
+    each temporary once used. Its peak, with the ids ``sorted_rows`` makes (8 bytes a key) and the
+    three output arrays (24), is 56 bytes a key; it was 80 when the packed key, the sorted copies
+    and the ids' order were all alive at once."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, 5_000, 100_000, dtype=np.uint64) * 4096 + rng.integers(0, 3_000, 100_000, dtype=np.uint64))
+    keys = keys[rng.permutation(keys.shape[0])]
+    c, f = keys >> np.uint64(12), keys & np.uint64(4095)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        sorted_rows(c, f, c.shape[0])
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak <= 60 * c.shape[0], peak / c.shape[0]
