@@ -27,19 +27,9 @@ from typing import Any, Final
 
 from numpy.typing import NDArray
 
-from giaannd import madvise
+from peers.madvise import MADV_POPULATE_WRITE, populate
 
-__all__ = ["MADV_POPULATE_WRITE", "Prefault"]
-
-#: ``<linux/mman.h>``; not in Python's ``mmap`` module before 3.13's constants.
-MADV_POPULATE_WRITE: Final = 23
-
-
-def populate(arr: NDArray[Any], a: int, b: int) -> bool:
-    """Map (writable) the whole pages of elements ``[a, b)`` of the contiguous ``arr``; False when
-    the kernel refused (then nothing was done)."""
-    base = arr.ctypes.data
-    return madvise.advise(base + a * arr.itemsize, base + b * arr.itemsize, MADV_POPULATE_WRITE)
+__all__ = ["MADV_POPULATE_WRITE", "Prefault", "populate"]
 
 
 #: Seconds between two looks at ``Prefault``'s bound while the filler has not caught up: the

@@ -65,11 +65,11 @@ import numpy as np
 from numba import literal_unroll
 from numpy.typing import NDArray
 
-from giaannd import madvise
 from giaannd.rowengine.jit import kernel, prefetch, readonly
 from giaannd.rowengine.posindex import PosIndex
 from giaannd.rowengine.search import find
 from giaannd.rowengine.search import find_in_gaps as find_in_gaps_kernel
+from peers import madvise
 
 __all__ = ["FIELDS", "POS_INDEX_MIN_GAP", "Alloc", "Buffer", "Run", "append_rows", "empty_buffer", "find_in_gaps",
            "fold_into_base", "gather_entries", "held", "insertion_points", "merge_deltas", "merge_field",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from giaannd.madvise import libc_function
+from peers.madvise import libc_function
 
 __all__ = ["cached_share"]
 

@@ -38,8 +38,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from giaannd import madvise
 from giaannd.rowengine.pages import small_pages
+from peers import madvise
 
 __all__ = ["HUGE_BUFFER_BYTES", "allow_huge_pages", "filled_buffer", "small_pages"]
 

@@ -311,7 +311,7 @@ class SegmentMapper:
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
             try:
                 mm.madvise(mmap.MADV_WILLNEED)
-            except OSError:  # advice changes speed only (giaannd/madvise.py never raises): a kernel
+            except OSError:  # advice changes speed only (peers/madvise.py never raises): a kernel
                 pass  # or sandbox refusing it (EINVAL, ENOSYS, EPERM) stopped the start-up here
         return memoryview(mm)
 

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from giaannd import madvise
 from giaannd.rowengine import Entries, RowEngine, pages
+from peers import madvise
 from tests.unit.smaps import numpy_advises, vm_flags
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE

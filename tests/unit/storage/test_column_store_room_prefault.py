@@ -5,9 +5,7 @@ rows written into the room are the rows applied, and the thread stops when the s
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import mmap
 import sys
 import time
 
@@ -20,23 +18,9 @@ from giaannd.rowengine import RowEngine
 from giaannd.storage import ColumnStore
 from giaannd.storage.engine.column_store import PREFAULT_LEAD_ENTRIES
 from giaannd.storage.engine.regions import ENTRY_BYTES
+from tests.unit.smaps import resident_share
 
 STREAM = 0x5EED
-
-
-def _resident_share(arr: np.ndarray, a: int, b: int) -> float:
-    """The share of the pages of elements ``[a, b)`` of ``arr`` that are resident (``mincore``):
-    these pages' own state, whatever else the process frees or maps meanwhile."""
-    page = mmap.PAGESIZE
-    start = arr.ctypes.data + a * arr.itemsize
-    first, last = start - start % page, arr.ctypes.data + b * arr.itemsize
-    pages = (last - first + page - 1) // page
-    vec = (ctypes.c_ubyte * pages)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    if libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(last - first), vec) != 0:
-        raise OSError(ctypes.get_errno(), "mincore")
-    return sum(v & 1 for v in vec) / pages
 
 
 def _new_rows(rng: np.random.Generator, rows: int, per_row: int, first_feature: int) -> RowBatch:
@@ -73,8 +57,8 @@ def test_reserve_maps_the_rooms_pages_ahead_of_any_write_up_to_the_lead():
         time.sleep(0.01)
     time.sleep(0.5)  # (time for a thread without a bound to map the rest: ~50 ms here)
     assert pre.mapped == lead  # up to the lead, not past it: no row written yet
-    assert _resident_share(tc, 0, lead) >= 0.99
-    assert _resident_share(tc, lead + (1 << 16), tc.shape[0]) <= 0.05  # (a page's rounding at its start)
+    assert resident_share(tc, 0, lead) >= 0.99
+    assert resident_share(tc, lead + (1 << 16), tc.shape[0]) <= 0.05  # (a page's rounding at its start)
     store.allow_huge_pages()  # (the streams closed: the thread stops)
     assert store._prefault is None  # noqa: SLF001
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from giaannd.madvise import PAGE
 from giaannd.protocol import BatchId
 from giaannd.storage import DurableStore
 from giaannd.storage.engine import update_log as ul
 from giaannd.storage.engine.update_log import UpdateLog, list_segments, scan_segment
+from peers.madvise import PAGE
 
 from ._gen import random_batch
 

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from giaannd import madvise
 from giaannd.storage.engine import page_advice
 from giaannd.storage.engine.page_advice import HUGE_BUFFER_BYTES, allow_huge_pages, filled_buffer
+from peers import madvise
 from tests.unit.smaps import numpy_advises, vm_flags
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not madvise.AVAILABLE,

@@ -1,5 +1,5 @@
 """A start-up maps the log's segments (update_log.SegmentMapper) and advises ``MADV_WILLNEED`` on
-each mapping. Advice changes speed only (giaannd/madvise.py: a refusal returns False, never
+each mapping. Advice changes speed only (peers/madvise.py: a refusal returns False, never
 raises), so a kernel, file system or sandbox that refuses it (EINVAL, ENOSYS, EPERM under a
 seccomp filter) must not stop the recovery."""
 

@@ -47,7 +47,8 @@ def test_sorted_rows_peak_memory_is_its_output_and_two_arrays():
     import tracemalloc
 
     rng = np.random.default_rng(3)
-    keys = np.unique(rng.integers(0, 5_000, 100_000, dtype=np.uint64) * 4096 + rng.integers(0, 3_000, 100_000, dtype=np.uint64))
+    columns, features = (rng.integers(0, k, 100_000, dtype=np.uint64) for k in (5_000, 3_000))
+    keys = np.unique(columns * np.uint64(4096) + features)
     keys = keys[rng.permutation(keys.shape[0])]
     c, f = keys >> np.uint64(12), keys & np.uint64(4095)
     tracemalloc.start()

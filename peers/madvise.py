@@ -2,9 +2,10 @@
 
 Python's ``mmap.madvise`` only takes mappings made by ``mmap`` itself and holds the GIL; numpy's
 buffers come from the allocator, and ``MADV_POPULATE_WRITE`` can take as long as the copy it
-prepares, so both callers (giaannd/storage/engine/page_advice.py: huge pages after a bulk load;
-giaannd/prefault.py: pages mapped ahead of a large read) go through libc, whose call
-releases the GIL. Linux with glibc only: elsewhere ``AVAILABLE`` is False and ``advise`` does
+prepares, so its callers go through libc, whose call releases the GIL:
+giaannd/storage/engine/page_advice.py (huge pages after a bulk load), giaannd/prefault.py (pages
+mapped ahead of a large read or of a stream's room) and peers/transport/pool.py (a new receive
+buffer's pages). Linux with glibc only: elsewhere ``AVAILABLE`` is False and ``advise`` does
 nothing and returns False.
 """
 
@@ -15,7 +16,9 @@ import mmap
 import sys
 from typing import Any, Final
 
-__all__ = ["AVAILABLE", "PAGE", "advise", "libc_function"]
+from numpy.typing import NDArray
+
+__all__ = ["AVAILABLE", "MADV_POPULATE_WRITE", "PAGE", "advise", "libc_function", "populate"]
 
 PAGE: Final = mmap.PAGESIZE
 
@@ -50,3 +53,14 @@ def advise(start: int, end: int, advice: int) -> bool:
     if hi <= lo:
         return True
     return bool(_MADVISE(lo, hi - lo, advice) == 0)
+
+
+#: ``<linux/mman.h>``; not in Python's ``mmap`` module before 3.13's constants.
+MADV_POPULATE_WRITE: Final = 23
+
+
+def populate(arr: NDArray[Any], a: int, b: int) -> bool:
+    """Map (writable) the whole pages of elements ``[a, b)`` of the contiguous ``arr``, without
+    writing them (Linux 5.14); False when the kernel refused (then nothing was done)."""
+    base = arr.ctypes.data
+    return advise(base + a * arr.itemsize, base + b * arr.itemsize, MADV_POPULATE_WRITE)
