@@ -27,9 +27,9 @@ from typing import Any, Final
 
 from numpy.typing import NDArray
 
-from peers.madvise import MADV_POPULATE_WRITE, populate
+from peers.madvise import populate
 
-__all__ = ["MADV_POPULATE_WRITE", "Prefault", "populate"]
+__all__ = ["Prefault"]
 
 
 #: Seconds between two looks at ``Prefault``'s bound while the filler has not caught up: the

@@ -27,9 +27,9 @@ DEFAULT_MAX_IDLE_BYTES: Final = 1 * 2**30
 DEFAULT_MAX_POOLED_BUFFER_BYTES: Final = 512 * 2**20
 _MIN_CLASS_BYTES: Final = 4096
 #: New buffers from this size are mapped by the kernel (``MADV_POPULATE_WRITE``) rather than
-#: written: fresh 1-4 MiB buffers 0.3-0.5 ms/MB against 0.5-3.6 for ``fill(0)`` on this project's
-#: VMs, where a first write is also the hypervisor's fault (docs/transport.md "The pool's new
-#: buffers"); smaller ones come from the allocator's heap, mostly mapped already.
+#: written: no user-space pass over pages the kernel has just zeroed (new 8 MiB-class leases, six
+#: alternated pairs: lower in five, e.g. 0.30 -> 0.16 CPU ms/MB; docs/topology.md "Which end
+#: bounds a join"); smaller ones come from the allocator's heap, mostly mapped already.
 _POPULATE_FROM_BYTES: Final = 1 << 20
 
 

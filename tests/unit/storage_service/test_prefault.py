@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from giaannd.prefault import Prefault, populate
+from giaannd.prefault import Prefault
+from peers.madvise import populate
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
