@@ -9,6 +9,9 @@ prints them beside its stream rates). Figures:
   growth;
 - ``recycled_copy_ms_per_mb``: the same copies into one buffer used again: what the raw transport
   pays, and what new memory would cost if the host had it ready;
+- ``new_buffer_ms_per_mb``: new buffers kept, their pages written (``fill(0)``, the transport
+  pool before Dec 1, a third session) and mapped by the kernel (``MADV_POPULATE_WRITE``, the pool
+  now for buffers of 1 MiB or more), interleaved so both meet the same host state;
 - ``synced_write_bytes_per_s``: sequential writes made durable the way the update log does
   (``fdatasync`` every few writes, the synced bytes then dropped from the page cache);
 - ``free_page_reporting``: whether a virtio balloon reports freed guest pages to the hypervisor
@@ -26,7 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fresh_copy_ms_per_mb", "free_page_reporting", "recycled_copy_ms_per_mb", "synced_write_bytes_per_s"]
+from peers import madvise
+
+__all__ = ["fresh_copy_ms_per_mb", "free_page_reporting", "new_buffer_ms_per_mb", "recycled_copy_ms_per_mb",
+           "synced_write_bytes_per_s"]
 
 CHUNK = 4 * 2**20
 
@@ -58,6 +64,26 @@ def recycled_copy_ms_per_mb(nbytes: int, chunk: int = CHUNK) -> float:
     for _ in range(count):
         dst[:] = src
     return (time.thread_time() - start) * 1e3 / (count * chunk / 1e6)
+
+
+def new_buffer_ms_per_mb(nbytes: int, chunk: int = CHUNK) -> tuple[float, float]:
+    """(written, mapped by the kernel): CPU ms per MB to make the pages of new ``chunk``-byte
+    buffers resident, kept until the end, ``nbytes`` each way, one of each in turn. The second is
+    nan where the kernel refuses ``MADV_POPULATE_WRITE``."""
+    kept, spent = [], [0.0, 0.0]
+    refused = False
+    for _ in range(max(1, nbytes // chunk)):
+        for way in (0, 1):
+            buf = np.empty(chunk, np.uint8)
+            start = time.thread_time()
+            if way == 0:
+                buf.fill(0)
+            elif not madvise.populate(buf, 0, chunk):
+                refused = True
+            spent[way] += time.thread_time() - start
+            kept.append(buf)
+    per_mb = 1e3 / (len(kept) // 2 * chunk / 1e6)
+    return spent[0] * per_mb, float("nan") if refused else spent[1] * per_mb
 
 
 def synced_write_bytes_per_s(directory: Path, nbytes: int, chunk: int = CHUNK, sync_every: int = 4) -> float:

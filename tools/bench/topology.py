@@ -423,12 +423,18 @@ def _host_bound(directory: Path, nbytes: int, raw: float, window: int, as_json: 
         (f"writes synced every {window} chunks, then dropped from the page cache (the log)", disk, ""),
         ("bound: the slower of fresh memory and synced writes", bound, targets),
     ]
+    written, mapped = host.new_buffer_ms_per_mb(nbytes // 4, 2 * CHUNK)  # (a stream's 8 MiB-class leases)
     if as_json:
         for name, value, _ in figures:
             emit_figure(f"host: {name}, vs raw", value / raw, None)
         emit_figure("host: free page reporting (1 yes, 0 no)", None if reporting is None else float(reporting), None)
+        emit_figure("host: new 8 MiB buffers, pages written, CPU ms/MB", written, None)
+        emit_figure("host: new 8 MiB buffers, pages mapped by the kernel / written (the pool's way)",
+                    mapped / written, None)
         return []
     rows = [[name, f"{value / 1e6:.0f}", f"{value / raw:.2f}x", target] for name, value, target in figures]
+    rows.append(["new 8 MiB buffers, pages written / mapped by the kernel (the transport pool's new leases), "
+                 "CPU ms/MB", f"{written:.2f} / {mapped:.2f}", f"{mapped / written:.2f}x", ""])
     rows.append(["free page reporting to the hypervisor (virtio balloon)",
                  {True: "yes", False: "no", None: "unknown"}[reporting], "", ""])
     return rows
