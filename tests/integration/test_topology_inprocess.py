@@ -10,7 +10,7 @@ import pytest
 from giaannd.cluster.view import StorageNode
 from giaannd.config import StorageConfig
 from giaannd.storage.rebalance.operations import DataLossError, OperationRegistry, Rebalance, members_after
-from tools.cluster_harness import Cluster
+from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
 #: items a stream keeps on the wire (storage.stream-window): what a receiver restart may re-send
@@ -81,6 +81,40 @@ async def test_topology_decommission_with_concurrent_writes(tmp_path):
         await cluster.retire("s1")
         await settle(cluster)
         assert "s1" not in cluster.client_topology.names
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+async def test_topology_column_born_between_the_plan_and_the_streams_is_streamed(tmp_path):
+    """A column first written after the plan listed the sources' columns but before the streams
+    opened (the plan awaits remote listings and the discard of dead sources' streams) is held by
+    its leaving owner when the stream opens. Before, the stream listed the plan's columns only:
+    the new column's rows were never read into a chunk, only later writes to it were forwarded
+    (``claims``), so its new owner missed them (verify failed "1 of N rows differ", or, with no
+    later write, the operation ended done with the rows lost: CI, Dec 1)."""
+    cluster = await Cluster(tmp_path, 4, replicas=2).start()
+    try:
+        rng = np.random.default_rng(7)
+        await cluster.write_many(rng, 40, COLUMNS)
+        placement = cluster.client_topology.placement
+        candidates = rng.integers(1, 2**63, 400, dtype=np.uint64)
+        born = candidates[(placement.owner_indices(candidates) == placement.names.index("s1")).any(axis=1)][:3]
+        assert born.size == 3 and not np.isin(born, COLUMNS).any()
+        op = Rebalance(cluster.control(), "decommission", members_after(cluster.client_topology, remove=["s1"]),
+                       chunk_bytes=4096)
+        discard = op._discard_dead_sources
+
+        async def write_then_discard():  # awaited after the plan, before the streams start
+            assert op.plan is not None and not op.runners
+            await cluster.write(make_batch(rng, 3, 4, born))
+            await discard()
+
+        op._discard_dead_sources = write_then_discard
+        progress = await op.run()
+        assert progress["state"] == "done", progress.get("error")
+        await cluster.retire("s1")
+        await settle(cluster)
         assert cluster.mismatches() == []
     finally:
         await cluster.close()

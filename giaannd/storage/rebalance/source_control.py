@@ -382,13 +382,15 @@ class SourceRegistry:
         old = Placement(tuple(Member(n, w) for n, w in msg.old_members), msg.replicas, strategy)
         new = Placement(tuple(Member(n, w) for n, w in msg.new_members), msg.replicas, strategy)
         rule = TransferRule(old, new, frozenset(msg.live), frozenset(msg.avoid))
-        held = self.columns_held()
-        mine = held[rule.claims(msg.source, msg.target, held)]
-        # uint64 only: columns of another dtype were cast (floats and negatives to other columns)
+        # the coordinator's columns for this stream; the runner adds every column held here that
+        # the rule gives it (``born_columns``). uint64 only: columns of another dtype were cast
+        # (floats and negatives to other columns)
         if len(bulk) == 1 and bulk[0].ndim == 1 and bulk[0].dtype == np.uint64:
-            mine = np.union1d(mine, bulk[0])
+            mine = bulk[0]
         elif bulk:
             raise ValueError("SourceStart: expected at most one 1-d uint64 array of columns")
+        else:
+            mine = np.zeros(0, np.uint64)
         throttle = Throttle(msg.rate_bytes_s)
         runner = StreamRunner(self.service, self.transport, msg.target_stream_address, mine, msg.stream_id,
                               chunk_bytes=msg.chunk_bytes, throttle=throttle, label=msg.label,

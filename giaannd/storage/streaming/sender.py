@@ -46,6 +46,7 @@ from giaannd.storage.engine.regions import ENTRY_BYTES
 from giaannd.storage.engine.row_digest import ROWS_DIGEST_VERSIONS, rows_digest_v2_pieces
 from giaannd.storage.engine.sorted_keys import difference
 from giaannd.storage.replication.service import StorageService
+from giaannd.storage.streaming.column_sets import missing, with_columns
 from giaannd.storage.streaming.pages import PagePool
 from giaannd.storage.streaming.stream import (
     ItemKind,
@@ -59,6 +60,7 @@ from giaannd.storage.streaming.stream import (
     StreamVerify,
     VerifyReply,
 )
+from giaannd.unique import unique
 from peers.errors import PeersError
 from peers.retry import Backoff
 from peers.token_bucket import TokenBucket
@@ -71,6 +73,7 @@ __all__ = [
     "Throttle",
     "apply_local",
     "apply_local_nowait",
+    "born_columns",
     "observe_applies",
     "row_keys_of",
     "wait_durable",
@@ -237,6 +240,18 @@ def digest_version_for(asked: int) -> int:
     return known[-1] if known else ROWS_DIGEST_VERSIONS[0]
 
 
+def born_columns(store: DurableStore, columns: NDArray[np.uint64],
+                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]]) -> NDArray[np.uint64]:
+    """The columns ``store`` holds now, not among ``columns`` (sorted, unique), that a stream
+    carries by its rule (``claims``): those first written after the plan listed the sources'
+    columns (it awaits remote listings and other nodes' answers) and before the stream opened.
+    Listed with the rest when the stream opens, their rows go in chunks; a later write's delta
+    alone (``StreamSender``'s claim) brought only the rows it touched, and the rest were lost
+    (before Dec 1, a fourth session). Sorted, unique."""
+    extra = missing(columns, store.store.held_columns())
+    return extra[claims(extra)] if extra.shape[0] else extra
+
+
 def row_keys_of(store: DurableStore, columns: NDArray[np.uint64]
                 ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64]]:
     """Sorted row keys of ``columns`` in ``store`` and each row's byte size (vectorised:
@@ -301,7 +316,10 @@ class StreamRunner:
         #: the columns ``source_keeps`` (the source stays an owner under it)
         self.direct_epoch = direct_epoch
         self.source_keeps = source_keeps
-        cols, feats, sizes = row_keys_of(self.store, np.asarray(columns, np.uint64))
+        columns = unique(np.asarray(columns, np.uint64))
+        if claims is not None:
+            columns = with_columns(columns, born_columns(self.store, columns, claims))
+        cols, feats, sizes = row_keys_of(self.store, columns)
         kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
         #: items on the wire at once (streaming/stream.py, "Pipelining"): this source's config
         self.window = window or source.settings.stream_window
