@@ -10,6 +10,8 @@ import pytest
 from giaannd.cluster.view import StorageNode
 from giaannd.config import StorageConfig
 from giaannd.storage.rebalance.operations import DataLossError, OperationRegistry, Rebalance, members_after
+from giaannd.storage.rebalance.plan import TransferRule
+from peers.placement import Member, Placement
 from tools.cluster_harness import Cluster, make_batch
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.asyncio]
@@ -115,6 +117,53 @@ async def test_topology_column_born_between_the_plan_and_the_streams_is_streamed
         assert progress["state"] == "done", progress.get("error")
         await cluster.retire("s1")
         await settle(cluster)
+        assert cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.parametrize("kind", ["decommission", "replace"])
+async def test_topology_column_born_for_a_pair_the_plan_lacks_is_streamed(tmp_path, kind):
+    """A column created while an operation runs goes to the (source, target) pair its rule names;
+    that pair may have no column to copy in the plan. Before (stress, Dec 2: a replace, 1 run in
+    ~180), only pairs to members new to the ring had a stream with nothing to copy, so such a
+    column written during a decommission or replace never reached an existing member that gained
+    it: the operation ended done and the new owner had none of its rows."""
+    cluster = await Cluster(tmp_path, 4, replicas=2 if kind == "decommission" else 3).start()
+    try:
+        rng = np.random.default_rng(13)
+        topology = cluster.client_topology
+        if kind == "replace":
+            await cluster.kill("s1")
+            await cluster.add_node("s4")
+            after = members_after(topology, add=[StorageNode("s4", cluster.addresses["s4"])], remove=["s1"])
+        else:
+            after = members_after(topology, remove=["s1"])
+        old = topology.placement
+        new = Placement(tuple(Member(m.name, m.weight) for m in after), old.replicas, old.strategy)
+        rule = TransferRule(old, new, frozenset(n for n in old.names if topology.is_live(n)))
+        candidates = rng.integers(1, 2**63, 20_000, dtype=np.uint64)
+        source = "s1" if kind == "decommission" else "s0"
+        pair = (source, "s2")  # an existing member gaining columns from that source
+        claimed = rule.claims(*pair, candidates)
+        existing, born = candidates[~claimed][:60], candidates[claimed][:3]
+        assert born.size == 3
+        await cluster.write_many(rng, 40, existing)
+        op = Rebalance(cluster.control(), kind, after, chunk_bytes=4096)
+        assert pair not in {(t.source, t.target) for t in (await op.make_plan()).transfers}
+        discard = op._discard_dead_sources
+
+        async def write_then_discard():  # after the plan, before the streams start
+            await cluster.write(make_batch(rng, 3, 4, born))
+            await discard()
+
+        op._discard_dead_sources = write_then_discard
+        progress = await op.run()
+        assert progress["state"] == "done", progress.get("error")
+        await cluster.write(make_batch(rng, 3, 4, born))  # and one more under the new placement
+        if kind == "decommission":
+            await cluster.retire("s1")
+        await settle_live(cluster)
         assert cluster.mismatches() == []
     finally:
         await cluster.close()

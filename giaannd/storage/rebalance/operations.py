@@ -253,6 +253,7 @@ class Rebalance:
         self.registers_lost = 0  # keys fewer than a majority of their old owners answered for
         self._sealed: list[str] = []  # members that may hold seals of this operation
         self._streams: list[tuple[int, str]] = []  # (stream id, target) of every stream started
+        self._pairs: list[tuple[str, str]] = []  # (source, target) of every stream (_start_streams)
         self._switched = False  # a target switched to the new placement (cutover step a began)
         self._planned_epoch: str | None = None  # the placement the plan was made from
         self._stranded = np.zeros(0, np.uint64)  # columns the change leaves with no live owner
@@ -478,8 +479,14 @@ class Rebalance:
             self._planned_epoch = old.epoch
         live = self._live()
         rule = TransferRule(old, new, frozenset(live), frozenset(self.avoid_sources))
-        targets = {m.name for m in self.new_members} - set(old.names)
-        for src, dst in sorted({(t.source, t.target) for t in plan.transfers} | self._idle_pairs(old, targets)):
+        # every pair the rule can give a column, not only the plan's: a column created while the
+        # operation runs goes to its rule's pair, which must have a stream (TransferRule.pairs).
+        # Not to a member that is down: a stream to it waits for it, and a removenode while another
+        # member is down would wait for that one (docs/topology.md, "Known gaps")
+        reachable = set(live) | (set(new.names) - set(old.names))
+        idle = {(s, t) for s, t in rule.pairs() if t in reachable}
+        self._pairs = sorted({(t.source, t.target) for t in plan.transfers} | idle)
+        for src, dst in self._pairs:
             t = next((t for t in plan.transfers if (t.source, t.target) == (src, dst)),
                      Transfer(src, dst, np.zeros(0, np.uint64)))
             source = self.control.service(t.source)
@@ -523,12 +530,6 @@ class Rebalance:
         for r in remote:
             r.set_rate(share)
 
-    def _idle_pairs(self, old: Placement, targets: set[str]) -> set[tuple[str, str]]:
-        """(source, target) pairs with nothing to copy yet that may still gain columns created
-        while the operation runs: every live, reachable old owner to every new member."""
-        live = set(self._live())
-        return {(s, t) for s in old.names for t in targets if s in live}
-
     def _spawn_runners(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(r.run()) for r in self.runners if r.state not in ("done", "failed")]
@@ -567,8 +568,8 @@ class Rebalance:
         control = self.control
         view = control.view()
         old_names = set(view.names)  # (the view object itself switches below)
-        targets = sorted({t.target for t in self.plan.transfers})
-        sources = sorted({t.source for t in self.plan.transfers})
+        targets = sorted({dst for _, dst in self._pairs})  # (every stream's, those of no column yet too)
+        sources = sorted({src for src, _ in self._pairs})
         self._check_placement()
         # Hints for the sources are delivered before anyone switches (a holder delivers under its
         # own view's epoch, and the sources forward by epoch), and again after the writers drained.

@@ -114,6 +114,34 @@ class TransferRule:
         out[moves.row[hit]] = True
         return out
 
+    def pairs(self) -> set[tuple[str, str]]:
+        """Every (source, target) pair this rule can give some column, whether or not a column that
+        exists now needs it: a column created while the operation runs goes to the pair the rule
+        names, so each of these pairs needs a stream even with nothing to copy yet (before Dec 2,
+        only pairs to members new to the ring had one: a column born during a replace, removenode or
+        decommission whose pair the plan lacked reached its new owner through no stream, and its
+        rows were never copied there).
+
+        Sources are the live old members (``_moves``' tiers pick among a column's live old owners).
+        Only members new to the ring gain columns when the change only adds members (a member's
+        score for a key depends on nothing else, so a newcomer can only displace an old owner),
+        and only the leavers are sources when it only removes live members that are not avoided
+        (each moved column's first tier, its live owners that lose it, holds a leaver). Anything
+        else (a member removed while down, weights, replicas, strategy or pins changed) may give
+        a column to any member from any live old member."""
+        old, new = self.old, self.new
+        old_names, new_names = set(old.names), set(new.names)
+        added, removed = new_names - old_names, old_names - new_names
+        rest_same = (old.replicas == new.replicas and old.strategy == new.strategy
+                     and dict(old.pins) == dict(new.pins)
+                     and {m.name: m.weight for m in old.members if m.name in new_names}
+                     == {m.name: m.weight for m in new.members if m.name in old_names})
+        targets = added if rest_same and not removed else new_names
+        sources = {s for s in old.names if s in self.live}
+        if rest_same and removed and not added and removed <= self.live and not removed & self.avoid_sources:
+            sources = removed
+        return {(s, t) for s in sources for t in targets if s != t}
+
 
 def owns(placement: Placement, member: str, columns: U64) -> NDArray[np.bool_]:
     """Per column: is ``member`` one of its owners under ``placement``?"""

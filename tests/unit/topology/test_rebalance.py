@@ -154,6 +154,46 @@ def test_plan_equals_the_per_column_reference(seed):
             assert cols[rule.claims(source, target, cols)].tolist() == carried.tolist()
 
 
+@pytest.mark.parametrize("seed", range(120))
+def test_the_rules_pairs_hold_every_pair_a_column_can_be_given(seed):
+    """``TransferRule.pairs`` is what an operation opens a stream for, so that a column created while
+    it runs has one: every pair the plan of many columns (most pairs of each change kind, pinned
+    keys among them) gives is in it, for every kind of change, replicas changed included."""
+    from giaannd.storage.rebalance.plan import TransferRule
+
+    rng = np.random.default_rng(1000 + seed)
+    old, new, live, avoid = _random_change(rng)
+    if seed % 5 == 0:  # the replica count changed too
+        new = Placement(new.members, max(1, new.replicas + int(rng.choice([-1, 1]))), new.strategy, new.pins)
+    columns = np.concatenate([rng.integers(0, 2**63, 20_000, dtype=np.uint64), np.array([5, 6, 7], np.uint64)])
+    got = {(t.source, t.target) for t in plan_transfers(old, new, columns, live, avoid).transfers}
+    assert got <= TransferRule(old, new, frozenset(live), frozenset(avoid)).pairs()
+
+
+def test_the_rules_pairs_are_the_leavers_or_the_newcomers_when_only_those_change():
+    """A join streams only to the newcomers, a decommission of live members only from the leavers
+    (not every live member to every other: N^2 streams); a member removed while down, or a replace,
+    may give any member a column from any live old member."""
+    from giaannd.storage.rebalance.plan import TransferRule
+
+    five = tuple(Member(f"n{i}") for i in range(5))
+    names = {m.name for m in five}
+    old = Placement(five, 3)
+    joined = Placement((*five, Member("x")), 3)
+    assert TransferRule(old, joined, frozenset(names)).pairs() == {(n, "x") for n in names}
+    assert TransferRule(old, joined, frozenset(names - {"n1"})).pairs() == {(n, "x") for n in names - {"n1"}}
+    left = Placement(five[1:], 3)
+    assert TransferRule(old, left, frozenset(names)).pairs() == {("n0", t) for t in names - {"n0"}}
+    survivors = names - {"n0"}
+    everyone = {(s, t) for s in survivors for t in survivors if s != t}
+    assert TransferRule(old, left, frozenset(survivors)).pairs() == everyone  # removenode
+    assert TransferRule(old, left, frozenset(names), frozenset({"n0"})).pairs() == {
+        (s, t) for s in names for t in survivors if s != t}  # the leaver avoided: any live source
+    replaced = Placement((*five[1:], Member("x")), 3)
+    assert TransferRule(old, replaced, frozenset(survivors)).pairs() == {
+        (s, t) for s in survivors for t in survivors | {"x"} if s != t}
+
+
 def test_plan_bench_runs_small_and_prints_each_figure(capsys):
     """tools.bench.plan at a small size: both planners agree (it exits otherwise), one JSON object
     per figure."""
