@@ -47,7 +47,7 @@ BORN_SHARE = 0.3
 KINDS: dict[str, tuple[int, int]] = {
     "join": (3, 2), "decommission": (4, 2), "decommission-r1": (4, 1), "join-then-decommission": (4, 2),
     "removenode": (4, 3), "removenode-then-join": (5, 3), "replace": (4, 3), "pause-resume": (4, 2),
-    "cancel": (4, 2),
+    "cancel": (4, 2), "join-receiver-restart": (3, 2), "join-with-folds": (3, 2), "join-member-down": (4, 3),
 }
 
 
@@ -153,6 +153,44 @@ async def _scenario(kind: str, s: _Scenario) -> None:
         progress = await s.with_writes(paused())
         if progress["state"] != "done":
             raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+    elif kind == "join-receiver-restart":
+        await c.add_node("s3")
+        op = s.op("join", add="s3")
+        op.set_rate(200_000)  # (slow enough that the kill lands mid-stream)
+
+        async def restarted() -> dict[str, Any]:
+            task = asyncio.create_task(op.run())
+            await asyncio.sleep(float(s.rng.uniform(0.02, 0.2)))
+            if not task.done():
+                await c.kill("s3")  # everything it acknowledged is in its log
+                await asyncio.sleep(float(s.rng.uniform(0.0, 0.2)))
+                await c.restart_node("s3")
+                op.set_rate(None)
+            return await task
+
+        progress = await s.with_writes(restarted())
+        if progress["state"] != "done":
+            raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+    elif kind == "join-with-folds":
+        await c.add_node("s3")
+        op = s.op("join", add="s3")
+
+        async def folding() -> dict[str, Any]:
+            task = asyncio.create_task(op.run())
+            while not task.done():  # folds on random nodes, sources and receiver alike
+                await asyncio.sleep(float(s.rng.uniform(0.0, 0.05)))
+                service = c.services[str(s.rng.choice(sorted(c.services)))]
+                if service.folds is not None:
+                    await service.folds.fold()
+            return await task
+
+        progress = await s.with_writes(folding())
+        if progress["state"] != "done":
+            raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+    elif kind == "join-member-down":
+        await c.kill("s1")  # down for good: its shares of the writes are hinted
+        await c.add_node("s4")
+        await s.done(s.op("join", add="s4"))
     elif kind == "cancel":
         await c.add_node("s4")
         op = s.op("join", add="s4")
@@ -180,7 +218,7 @@ async def run_one(kind: str, seed: int, root: Path) -> list[str]:
         await cluster.write_many(rng, 40, COLUMNS)
         await _scenario(kind, _Scenario(cluster, rng))
         await _settle(cluster)
-        return cluster.mismatches()
+        return cluster.mismatches(list(cluster.services))  # (the owners that are up)
     finally:
         await cluster.close()
 

@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import gzip
 import os
+import random
 import shutil
 import signal
 import socket
@@ -125,8 +126,42 @@ class NodeFailed(ClientError):
     reason = "node_failed"
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free right now (for a listener that must keep its port)."""
+#: where the kernel's ephemeral ports start when /proc does not say (Linux's default range)
+DEFAULT_EPHEMERAL_LOW: Final = 32768
+#: the ports below the ephemeral range that ``free_port`` draws from
+PINNED_PORT_SPAN: Final = 16384
+
+
+def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (the source ports of outgoing connections)."""
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_LOW, 60999
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A TCP port of 127.0.0.1 free right now, for a listener that binds it later and must keep it.
+
+    Drawn below the kernel's ephemeral range where there is room: a port the kernel hands out (an
+    ephemeral one, as ``bind(0)`` gives) may be given to an outgoing connection's source before
+    the listener binds it, and the listener then fails with EADDRINUSE (seen in the topology
+    stress, 1 run in ~200, where dozens of connections open while nodes start). Ports outside the
+    range are never handed out by the kernel; one taken by another program fails the check bind
+    here and the next is drawn. Falls back to ``bind(0)``."""
+    draw = rng or random.Random()
+    low, _ = ephemeral_port_range()
+    start = max(1024, low - PINNED_PORT_SPAN)
+    for _ in range(64 if low - start >= 1024 else 0):
+        port = draw.randrange(start, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

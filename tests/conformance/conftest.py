@@ -3,13 +3,13 @@
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from giaannd.sdk.local_cluster import free_port
 from peers.transport import Identity, make_transport
 from peers.transport.memory import MemoryNetwork
 
@@ -49,9 +49,7 @@ class Harness:
         """An address that can be bound again after a restart."""
         if self.scheme == "mem":
             return self.address()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return f"{self.scheme}://127.0.0.1:{s.getsockname()[1]}"
+        return f"{self.scheme}://127.0.0.1:{free_port()}"
 
     async def crash_mid_upload(self, address, mib):
         """Start a peer that uploads ``mib`` MiB to ``address`` and dies half way. Returns a

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 
 from giaannd.model.rows import RowBatch
+from giaannd.sdk.local_cluster import free_port
 
 __all__ = ["free_tcp_address", "make_batch"]
 
 
 def free_tcp_address() -> str:
-    """A ``tcp://127.0.0.1:PORT`` free right now (for a listener that must keep its address)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    """A ``tcp://127.0.0.1:PORT`` free right now, for a listener that must keep its address
+    (``local_cluster.free_port``: below the ephemeral range, so no outgoing connection takes it)."""
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def make_batch(rng: np.random.Generator, rows: int, entries_per_row: int = 4,
