@@ -169,6 +169,43 @@ async def test_topology_column_born_for_a_pair_the_plan_lacks_is_streamed(tmp_pa
         await cluster.close()
 
 
+async def test_topology_join_with_a_member_down_then_back_counts_its_hint_once(tmp_path):
+    """A member is down while a join streams the columns the newcomer takes from it: each stream
+    copies rows from a live old owner, rows that hold the member's hinted batches. When the member
+    comes back after the cutover it refuses the hint's rows it no longer owns, and the holder
+    re-splits them to their owners now, the newcomer among them, under the batch's id. Before
+    (the topology stress, Dec 2: 2 runs in 4), the newcomer applied them again: it had those rows
+    from a chunk, which named no batch, and its strengths were twice the reference's. A chunk now
+    names the batches in its rows that a share may still come for (F markers), so the newcomer
+    drops those rows of the re-split share."""
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
+    try:
+        rng = np.random.default_rng(17)
+        topology = cluster.client_topology
+        await cluster.add_node("s4")
+        after = members_after(topology, add=[StorageNode("s4", cluster.addresses["s4"])])
+        old = topology.placement
+        new = Placement(tuple(Member(m.name, m.weight) for m in after), old.replicas, old.strategy)
+        candidates = rng.integers(1, 2**63, 4000, dtype=np.uint64)
+        before, later = old.owner_indices(candidates), new.owner_indices(candidates)
+        s1, s4 = old.names.index("s1"), new.names.index("s4")
+        taken = candidates[(before == s1).any(axis=1) & (later == s4).any(axis=1)
+                           & ~(later == new.names.index("s1")).any(axis=1)][:6]
+        assert taken.size == 6  # columns s4 takes from s1
+        await cluster.write_many(rng, 10, COLUMNS)
+        await cluster.kill("s1")
+        hinted = [await cluster.write(make_batch(rng, 6, 4, taken)) for _ in range(3)]  # s1's shares hinted
+        assert any(svc.hints.pending("s1") for svc in cluster.services.values())
+        progress = await Rebalance(cluster.control(), "join", after).run()
+        assert progress["state"] == "done", progress.get("error")
+        await cluster.restart_node("s1")
+        await settle_live(cluster)  # the hints delivered: s1's part, the rest re-split
+        assert not any(svc.hints.pending("s1") for svc in cluster.services.values())
+        assert hinted and cluster.mismatches() == []
+    finally:
+        await cluster.close()
+
+
 async def test_topology_removenode_rereplicates_from_survivors(tmp_path):
     cluster = await Cluster(tmp_path, 4, replicas=3).start()
     try:

@@ -160,6 +160,29 @@ class AppliedSet:
     def writers(self) -> Iterator[int]:
         return iter(sorted(set(self._floor) | set(self._above)))
 
+    def touching(self, columns: NDArray[np.uint64]) -> list[BatchId]:
+        """The ids applied here with at least one of ``columns`` (sorted, unique) among their
+        recorded columns: tracked writers' ids above the promised floors, those a share may still
+        come for (a writer's retry, a hint's re-split). A stream names them with the chunk that
+        carries those rows, so that its target ignores their rows when such a share comes there
+        (streaming/dedupe.py, "Chunks"). Ids whose columns are not recorded (untracked writers, at
+        or below a promise) are not listed. One pass over the ids in flight, whole-array tests;
+        safe beside a thread that adds ids (each dict is listed in one C call, as ``__len__``)."""
+        keys: list[tuple[int, int]] = []
+        parts: list[NDArray[np.uint64]] = []
+        for writer, per in list(self._columns.items()):
+            for seq, cols in list(per.items()):
+                keys.append((writer, seq))
+                parts.append(cols)
+        columns = np.asarray(columns, np.uint64)
+        if not parts or columns.shape[0] == 0:
+            return []
+        cat = np.concatenate(parts)
+        pos = np.minimum(np.searchsorted(columns, cat), columns.shape[0] - 1)
+        hit = columns[pos] == cat
+        owner = np.repeat(np.arange(len(parts)), [p.shape[0] for p in parts])
+        return [BatchId(*keys[i]) for i in unique(owner[hit]).tolist()]
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AppliedSet):
             return NotImplemented

@@ -295,6 +295,8 @@ class StreamEndpoint:
                 batch = RowBatch.from_buffers(list(bulk), validate=True)
             except ValueError as exc:
                 return _reply(StreamRefused(msg.stream_id, rx.next_index, f"bad rows: {exc}"[:400]))
+            if any(origin_seq < 1 for _, origin_seq in msg.origins):  # (seqs count from 1)
+                return _reply(StreamRefused(msg.stream_id, rx.next_index, "bad origins: a seq of 0", fatal=True))
             decision = rx.check(msg.index, msg.kind, msg.checksum, batch)
             if isinstance(decision, Duplicate):  # applied; answer once everything applied is durable
                 index, seq = rx.next_apply - 1, self._applied_seq.get(msg.stream_id, 0)
@@ -330,6 +332,16 @@ class StreamEndpoint:
                 self.scopes.add_columns(msg.stream_id, unique(batch.row_column))
                 seq = (await apply_local_nowait(self.service, marker_id(origin, msg.stream_id),
                                                 RowBatch.empty())).seq
+        elif msg.kind == ItemKind.CHUNK and msg.origins:
+            # streaming/dedupe.py, "Chunks": the batches in these rows are marked first, so a
+            # share of one coming later (a hint re-split, a retry) drops its rows in the stream's
+            # columns; a resumed stream re-sends the chunk and finds them marked
+            self.scopes.add_columns(msg.stream_id, unique(batch.row_column))
+            applied = self._store().store.applied
+            for writer, origin_seq in msg.origins:
+                marker = marker_id(BatchId(writer, origin_seq), msg.stream_id)
+                if marker not in applied:
+                    seq = (await apply_local_nowait(self.service, marker, RowBatch.empty())).seq
         # (validated once, by from_buffers: the store need not check it again)
         result = await apply_local_nowait(self.service, decision.batch_id, batch, validate=False)
         return max(seq, result.seq)

@@ -56,9 +56,10 @@ rows' current owners when it refuses them (above). Re-splitting a dead target's 
 would apply it twice on a new owner whose rows came from a source that had applied it (the stream
 carries rows, not batch ids).
 
-Limits (docs/topology.md "Known gaps"): a new owner that received the rows by a stream *chunk*
-copied from a source that had applied the batch (possible only when the losing owner was down
-during the stream) holds them without the batch id, and would apply them again.
+A new owner that received the rows by a stream *chunk* copied from a source that had applied the
+batch (possible when the losing owner was down during the stream) holds them without the batch id;
+since Dec 2 the chunk names the batch (streaming/dedupe.py, "Chunks"), so the re-split part's rows
+in that stream's columns are dropped there. Before, they were applied again: counted twice.
 """
 
 from __future__ import annotations

@@ -27,6 +27,16 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
   written once, atomically, before its first columns): a removenode or replace of that node,
   dead, discards the streams it left open (``DiscardStreamsFrom``).
 
+**Chunks** (Dec 2). A chunk copies rows that already hold batches, and a share of one of them can
+still reach the target directly later: a hint the holder re-splits after the cutover (its target
+was down during the stream and refuses the rows it no longer owns), or a writer's retry. So a
+chunk names the source's ids a share may still come for whose columns are among its rows
+(``AppliedSet.touching``: tracked writers' ids above their promised floors), each once per stream
+(``StreamData.origins``), and the receiver applies their ``F`` markers before the chunk's rows;
+the direct share then drops its rows in the stream's columns as for a forwarded delta. Every row of
+such a batch in the stream's columns reaches the target through the stream: in that chunk, in a
+later one (read after it), or as a forwarded delta (rows read before it was applied).
+
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
 is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves no ack: the
 writer's retry, a duplicate here, writes the marker then; only a delayed original that reaches the

@@ -240,6 +240,13 @@ def digest_version_for(asked: int) -> int:
     return known[-1] if known else ROWS_DIGEST_VERSIONS[0]
 
 
+def _data_message(stream_id: int, item: StreamItem) -> StreamData:
+    """The request that carries ``item`` (its rows go in bulk)."""
+    return StreamData(stream_id, item.index, int(item.kind), item.checksum,
+                      item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0,
+                      tuple((b.writer, b.seq) for b in item.origins))
+
+
 def born_columns(store: DurableStore, columns: NDArray[np.uint64],
                  claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]]) -> NDArray[np.uint64]:
     """The columns ``store`` holds now, not among ``columns`` (sorted, unique), that a stream
@@ -323,7 +330,8 @@ class StreamRunner:
         kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
         #: items on the wire at once (streaming/stream.py, "Pipelining"): this source's config
         self.window = window or source.settings.stream_window
-        self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, window=self.window, **kw)
+        self.sender = StreamSender(stream_id, columns, cols, feats, sizes, claims=claims, window=self.window,
+                                   origins_of=self._origins_of, **kw)
         #: the chunks' buffers, reused once acknowledged: the window plus the chunk read ahead
         self.page_pool = PagePool(self.sender.chunk_bytes // ENTRY_BYTES, self.window + 1)
         self._inflight: deque[asyncio.Future[Any]] = deque()
@@ -356,6 +364,10 @@ class StreamRunner:
         self._tee.observers.append(self._on_applied)
 
     # -- observer ---------------------------------------------------------------------------------
+    def _origins_of(self, columns: NDArray[np.uint64]) -> list[BatchId]:
+        """The ids applied here that a share may still come for, among ``columns`` (a chunk's)."""
+        return self.store.store.applied.touching(columns)
+
     def _on_applied(self, batch_id: BatchId, batch: RowBatch, epoch: str) -> None:
         if self.direct_epoch and epoch == self.direct_epoch and self.source_keeps is not None:
             # Written under the new placement: the target got its own share directly, except of
@@ -522,8 +534,7 @@ class StreamRunner:
             conn = self._conn
             if conn is None or conn.is_closed:
                 raise ConnectionError("stream connection closed while filling the window")
-            msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
-                             item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
+            msg = _data_message(s.stream_id, item)
             # tasks start in creation order, so the items go on the wire in index order
             self._inflight.append(asyncio.ensure_future(
                 conn.request(_ENC.encode(msg), item.batch.buffers(), timeout_s=STREAM_REQUEST_TIMEOUT_S)))
@@ -600,8 +611,7 @@ class StreamRunner:
             item = s.next_to_send()
         if item is None:
             return False
-        msg = StreamData(s.stream_id, item.index, int(item.kind), item.checksum,
-                         item.origin.writer if item.origin else 0, item.origin.seq if item.origin else 0)
+        msg = _data_message(s.stream_id, item)
         await self.throttle.spend(item.batch.nbytes)
         if self.state in ("done", "failed"):
             return True

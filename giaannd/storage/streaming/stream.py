@@ -117,6 +117,8 @@ MAX_PENDING_BYTES: Final = 256 * 2**20
 #: and the framing's 2 GiB buffer limits, and the most the receiver holds of a part besides the row.
 MAX_PART_BYTES: Final = 256 * 2**20
 _ENTRY_BYTES: Final = 21  # one entry on the wire: u64 + u64 + f32 + u8
+#: the most origins one chunk names (StreamData.origins): ids in flight, far below this
+MAX_CHUNK_ORIGINS: Final = 2**20
 _U64 = Annotated[int, msgspec.Meta(ge=0)]
 _U64_MASK: Final = 0xFFFFFFFFFFFFFFFF
 
@@ -162,6 +164,10 @@ class StreamData(msgspec.Struct, frozen=True, tag=2):
     checksum: _U64
     origin_writer: _U64 = 0
     origin_seq: _U64 = 0
+    #: a CHUNK's origins: (writer, seq) of the batches in its rows that a share may still come for
+    #: at the receiver, not named by an earlier item (streaming/dedupe.py, "Chunks"). Appended: a
+    #: receiver without the field ignores it (and may then count such a share twice, as before)
+    origins: Annotated[tuple[tuple[_U64, _U64], ...], msgspec.Meta(max_length=MAX_CHUNK_ORIGINS)] = ()
 
 
 class StreamVerify(msgspec.Struct, frozen=True, tag=3):
@@ -226,6 +232,8 @@ class StreamItem:
     checksum: int
     origin: BatchId | None = None
     part: bool = False  # one part of a row cut into parts (module docstring)
+    #: a chunk's origins (StreamData.origins)
+    origins: tuple[BatchId, ...] = ()
 
 
 def cut_row(row: RowBatch, first_entries: int, max_entries: int) -> list[RowBatch]:
@@ -327,12 +335,17 @@ class StreamSender:
                  row_features: NDArray[np.uint64], row_bytes: NDArray[np.int64] | None = None, *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, window: int = 1,
                  max_pending_bytes: int = MAX_PENDING_BYTES,
-                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None) -> None:
+                 claims: Callable[[NDArray[np.uint64]], NDArray[np.bool_]] | None = None,
+                 origins_of: Callable[[NDArray[np.uint64]], list[BatchId]] | None = None) -> None:
         if window < 1 or chunk_bytes < 1:
             raise ValueError("window and chunk_bytes must be >= 1")
         self.stream_id = stream_id
         self.columns = unique(np.asarray(columns, np.uint64))
         self._claims = claims
+        #: the source's ids a share may still come for, among given columns (AppliedSet.touching):
+        #: called right after each chunk's read, in the same synchronous step
+        self._origins_of = origins_of
+        self._named: set[BatchId] = set()  # origins named by an item already
         self._keys_c = np.asarray(row_columns, np.uint64)
         self._keys_f = np.asarray(row_features, np.uint64)
         #: row key -> position in the key list (a compiled hash index over the key arrays, 16-32 B
@@ -369,9 +382,10 @@ class StreamSender:
     def chunks_left(self) -> bool:
         return self.cursor < self._keys_c.size
 
-    def _push(self, kind: ItemKind, batch: RowBatch, origin: BatchId | None, part: bool = False) -> None:
+    def _push(self, kind: ItemKind, batch: RowBatch, origin: BatchId | None, part: bool = False,
+              origins: tuple[BatchId, ...] = ()) -> None:
         item = StreamItem(self.next_index, kind, batch,
-                          item_checksum(self.stream_id, self.next_index, kind, batch), origin, part)
+                          item_checksum(self.stream_id, self.next_index, kind, batch), origin, part, origins)
         self.next_index += 1
         self._pending.append(item)
         self.pending_bytes += batch.nbytes
@@ -393,14 +407,25 @@ class StreamSender:
         before = int(self._row_ends[start - 1]) if start else 0
         stop = max(start + 1, int(np.searchsorted(self._row_ends, before + limit, side="right")))
         batch = read(self._keys_c[start:stop], self._keys_f[start:stop])
+        origins = self._chunk_origins(batch)
         self.cursor = stop
         first = self.next_index
         if batch.num_rows == 1 and batch.num_entries * _ENTRY_BYTES > limit:
-            for part in cut_row(batch, max(1, limit // _ENTRY_BYTES), max(1, MAX_PART_BYTES // _ENTRY_BYTES)):
-                self._push(ItemKind.CHUNK, part, None, part=True)
+            parts = cut_row(batch, max(1, limit // _ENTRY_BYTES), max(1, MAX_PART_BYTES // _ENTRY_BYTES))
+            for i, part in enumerate(parts):  # (the first part names them: the receiver marks them first)
+                self._push(ItemKind.CHUNK, part, None, part=True, origins=origins if i == 0 else ())
         else:
-            self._push(ItemKind.CHUNK, batch, None)
+            self._push(ItemKind.CHUNK, batch, None, origins=origins)
         return self._pending[-(self.next_index - first)]
+
+    def _chunk_origins(self, batch: RowBatch) -> tuple[BatchId, ...]:
+        """The ids a chunk read now names (``origins_of`` of its columns, less those named before;
+        streaming/dedupe.py, "Chunks"), in order."""
+        if self._origins_of is None or batch.num_rows == 0:
+            return ()
+        found = [b for b in self._origins_of(unique(batch.row_column)) if b not in self._named]
+        self._named.update(found)
+        return tuple(found)
 
     def offer_delta(self, batch_id: BatchId, batch: RowBatch) -> bool:
         """The source applied ``batch``: forward the part the receiver must see (module docstring).

@@ -204,3 +204,19 @@ def test_len_beside_a_thread_that_adds_and_absorbs_writers() -> None:
         stop.set()
         worker.join()
         sys.setswitchinterval(old)
+
+
+def test_touching_lists_the_ids_a_share_may_still_come_for_among_columns() -> None:
+    """``touching``: tracked writers' ids above their promises whose recorded columns meet the
+    given ones (what a stream's chunk names); untracked writers' and promised ids are not listed."""
+    s = AppliedSet()
+    s.promise(1, 0)
+    s.add(BatchId(1, 3), _cols(5, 9))
+    s.add(BatchId(1, 4), _cols(11))
+    s.add(BatchId(1, 6), _cols(2, 20))
+    s.add(BatchId(2, 1), _cols(9))  # untracked: no columns recorded
+    assert s.touching(_cols(9, 20)) == [BatchId(1, 3), BatchId(1, 6)]
+    assert s.touching(_cols(1, 3, 4)) == [] and s.touching(_cols()) == []
+    s.promise(1, 3)  # seq 3 will never be sent again: not listed any more
+    assert s.touching(_cols(9, 20)) == [BatchId(1, 6)]
+    assert AppliedSet().touching(_cols(9)) == []

@@ -230,3 +230,60 @@ def test_receiver_applies_a_window_ahead_and_acknowledges_only_durable_items():
     assert rx.next_index == 2
     rx.applied(2)
     assert (rx.next_apply, rx.next_index) == (3, 3)
+
+
+def test_chunks_name_the_batches_in_their_rows_a_share_may_still_come_for_once(tmp_path):
+    """A chunk names the source's ids a share may still come for whose columns are among its rows'
+    (``AppliedSet.touching``, streaming/dedupe.py "Chunks"), each id once per stream, on the first
+    part of a row cut into parts; a sender without ``origins_of`` names none."""
+    rng = np.random.default_rng(11)
+    src = DurableStore.open(tmp_path / "src", CAP)
+    src.store.applied.promise(7, 0)  # a training writer: its columns are recorded
+    for s in range(1, 41):
+        src.apply(BatchId(7, s), batch(rng, np.arange(1, 61, dtype=np.uint64)))
+    sender = open_sender(src, origins_of=src.store.applied.touching)
+    named: list[BatchId] = []
+    while sender.chunks_left:
+        item = sender.read_chunk(src.store.read_rows)
+        assert item is not None
+        cols = np.unique(item.batch.row_column)
+        assert set(item.origins) == set(src.store.applied.touching(cols)) - set(named)
+        named += item.origins
+        sender.on_position(item.index + 1)
+    want = src.store.applied.touching(COLUMNS)
+    assert sorted(named) == sorted(want) and len(named) == len(set(named)) and want
+    assert all(not it.origins for it in [open_sender(src).read_chunk(src.store.read_rows)])
+    big = DurableStore.open(tmp_path / "big", CAP)  # one row of 2,000 entries: cut into parts
+    big.store.applied.promise(7, 0)
+    n = 2000
+    big.apply(BatchId(7, 1), RowBatch.from_entries(np.full(n, 5, np.uint64), np.zeros(n, np.uint64),
+                                                   np.zeros(n, np.uint8), np.arange(n, dtype=np.uint64),
+                                                   np.zeros(n, np.uint64), np.ones(n, np.float32)))
+    parts = open_sender(big, chunk_bytes=4096, origins_of=big.store.applied.touching)
+    first = parts.read_chunk(big.store.read_rows)
+    assert first is not None and first.part and first.origins == (BatchId(7, 1),) and parts.parts > 1
+    later = []
+    while (item := parts.next_to_send()) is not None:
+        later.append(item)
+        parts.on_position(item.index + 1)
+    assert len(later) == parts.parts and all(it.origins == () for it in later[1:])
+
+
+def test_stream_data_without_origins_decodes_as_none_named():
+    """An older sender's item (no ``origins`` field) decodes with none; a newer one round-trips."""
+    import msgspec
+
+    from giaannd.storage.streaming.stream import StreamData
+
+    class OldData(msgspec.Struct, frozen=True, tag=2):
+        stream_id: int
+        index: int
+        kind: int
+        checksum: int
+        origin_writer: int = 0
+        origin_seq: int = 0
+
+    dec = msgspec.msgpack.Decoder(StreamData)
+    assert dec.decode(msgspec.msgpack.encode(OldData(1, 2, 1, 3))).origins == ()
+    new = StreamData(1, 2, 1, 3, origins=((7, 4), (8, 1)))
+    assert dec.decode(msgspec.msgpack.encode(new)) == new
