@@ -430,9 +430,11 @@ async def test_topology_join_while_a_source_folds(tmp_path, monkeypatch):
         rng = np.random.default_rng(7)
         await cluster.write_many(rng, 80, COLUMNS)
         await cluster.add_node("s3")
+        # throttled while the fold is held: a join that reached its cutover first drained the
+        # writers there, so no write met the fold (``deferred`` 0: 1 run in 30 before, more under load)
         op = Rebalance(cluster.control(), "join",
                        members_after(cluster.client_topology, add=[StorageNode("s3", cluster.addresses["s3"])]),
-                       chunk_bytes=1024)
+                       chunk_bytes=1024, rate_bytes_s=50_000)
         paused = PausedFold(monkeypatch)
         joined = asyncio.create_task(with_writes(cluster, rng, op.run()))
         await asyncio.sleep(0.05)
@@ -444,6 +446,7 @@ async def test_topology_join_while_a_source_folds(tmp_path, monkeypatch):
         paused.armed = False
         await asyncio.sleep(0.3)
         deferred = source.store.deferred.deferred
+        op.set_rate(None)
         paused.release.set()
         await fold
         progress, during = await joined

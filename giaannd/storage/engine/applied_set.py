@@ -163,8 +163,8 @@ class AppliedSet:
     def touching(self, columns: NDArray[np.uint64]) -> list[BatchId]:
         """The ids applied here with at least one of ``columns`` (sorted, unique) among their
         recorded columns: tracked writers' ids above the promised floors, those a share may still
-        come for (a writer's retry, a hint's re-split). A stream names them with the chunk that
-        carries those rows, so that its target ignores their rows when such a share comes there
+        come for (a writer's retry, a hint's re-split). A stream names those among its columns
+        with its first chunk, so that its target ignores their rows when such a share comes there
         (streaming/dedupe.py, "Chunks"). Ids whose columns are not recorded (untracked writers, at
         or below a promise) are not listed. One pass over the ids in flight, whole-array tests;
         safe beside a thread that adds ids (each dict is listed in one C call, as ``__len__``)."""

@@ -29,13 +29,16 @@ The fix, per target node and per stream ``s``, with two kinds of marker (empty b
 
 **Chunks** (Dec 2). A chunk copies rows that already hold batches, and a share of one of them can
 still reach the target directly later: a hint the holder re-splits after the cutover (its target
-was down during the stream and refuses the rows it no longer owns), or a writer's retry. So a
-chunk names the source's ids a share may still come for whose columns are among its rows
-(``AppliedSet.touching``: tracked writers' ids above their promised floors), each once per stream
-(``StreamData.origins``), and the receiver applies their ``F`` markers before the chunk's rows;
-the direct share then drops its rows in the stream's columns as for a forwarded delta. Every row of
-such a batch in the stream's columns reaches the target through the stream: in that chunk, in a
-later one (read after it), or as a forwarded delta (rows read before it was applied).
+was down during the stream and refuses the rows it no longer owns), or a writer's retry. So chunks
+name batches (``StreamData.origins``), each once per stream: the first chunk the source's ids a
+share may still come for among the stream's columns when it opened (``AppliedSet.touching``:
+tracked writers' ids above their promised floors; one pass over the ids in flight, once per
+stream), and each later chunk the batches applied since whose rows in those columns were left for
+a chunk (``StreamSender.offer_delta``; a batch forwarded whole is named by its delta's marker
+already). The receiver applies their ``F`` markers before the chunk's rows; the direct share then
+drops its rows in the stream's columns as for a forwarded delta. Every row of a named batch in the
+stream's columns reaches the target through the stream: in a chunk read after the batch was
+applied, or as a forwarded delta (rows read before).
 
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
 is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves no ack: the

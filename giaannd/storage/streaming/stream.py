@@ -164,8 +164,9 @@ class StreamData(msgspec.Struct, frozen=True, tag=2):
     checksum: _U64
     origin_writer: _U64 = 0
     origin_seq: _U64 = 0
-    #: a CHUNK's origins: (writer, seq) of the batches in its rows that a share may still come for
-    #: at the receiver, not named by an earlier item (streaming/dedupe.py, "Chunks"). Appended: a
+    #: a CHUNK's origins: (writer, seq) of batches a share may still come for at the receiver, whose
+    #: rows in the stream's columns the stream brings, each named once (streaming/dedupe.py,
+    #: "Chunks"). Appended: a
     #: receiver without the field ignores it (and may then count such a share twice, as before)
     origins: Annotated[tuple[tuple[_U64, _U64], ...], msgspec.Meta(max_length=MAX_CHUNK_ORIGINS)] = ()
 
@@ -342,10 +343,13 @@ class StreamSender:
         self.stream_id = stream_id
         self.columns = unique(np.asarray(columns, np.uint64))
         self._claims = claims
-        #: the source's ids a share may still come for, among given columns (AppliedSet.touching):
-        #: called right after each chunk's read, in the same synchronous step
-        self._origins_of = origins_of
-        self._named: set[BatchId] = set()  # origins named by an item already
+        #: ids the next chunk names (streaming/dedupe.py, "Chunks"): those a share may still come
+        #: for among the stream's columns when it opens (``origins_of``, AppliedSet.touching, asked
+        #: once: it is a pass over every id in flight), then each later batch whose rows in them
+        #: were left for a chunk (``offer_delta``); none without ``origins_of``
+        self._names = origins_of is not None
+        self._to_name: list[BatchId] = list(origins_of(self.columns)) if origins_of is not None else []
+        self._named: set[BatchId] = set()  # named by an item already
         self._keys_c = np.asarray(row_columns, np.uint64)
         self._keys_f = np.asarray(row_features, np.uint64)
         #: row key -> position in the key list (a compiled hash index over the key arrays, 16-32 B
@@ -407,7 +411,7 @@ class StreamSender:
         before = int(self._row_ends[start - 1]) if start else 0
         stop = max(start + 1, int(np.searchsorted(self._row_ends, before + limit, side="right")))
         batch = read(self._keys_c[start:stop], self._keys_f[start:stop])
-        origins = self._chunk_origins(batch)
+        origins = self._chunk_origins()
         self.cursor = stop
         first = self.next_index
         if batch.num_rows == 1 and batch.num_entries * _ENTRY_BYTES > limit:
@@ -418,12 +422,10 @@ class StreamSender:
             self._push(ItemKind.CHUNK, batch, None, origins=origins)
         return self._pending[-(self.next_index - first)]
 
-    def _chunk_origins(self, batch: RowBatch) -> tuple[BatchId, ...]:
-        """The ids a chunk read now names (``origins_of`` of its columns, less those named before;
-        streaming/dedupe.py, "Chunks"), in order."""
-        if self._origins_of is None or batch.num_rows == 0:
-            return ()
-        found = [b for b in self._origins_of(unique(batch.row_column)) if b not in self._named]
+    def _chunk_origins(self) -> tuple[BatchId, ...]:
+        """The ids the chunk read now names: those waiting (``_to_name``), each once per stream."""
+        found = [b for b in dict.fromkeys(self._to_name) if b not in self._named]
+        self._to_name = []
         self._named.update(found)
         return tuple(found)
 
@@ -450,7 +452,10 @@ class StreamSender:
                 self._pos = KeyIndex.from_keys(self._keys_c, self._keys_f)
             rows = np.flatnonzero(mask)
             pos = self._pos.lookup(batch.row_column[rows], batch.row_feature[rows])  # -1: not listed
-            mask[rows[pos >= self.cursor]] = False  # a later chunk reads these rows, batch included
+            later = pos >= self.cursor
+            mask[rows[later]] = False  # a later chunk reads these rows, batch included
+            if self._names and later.any() and batch_id not in self._named:
+                self._to_name.append(batch_id)  # (and names it: streaming/dedupe.py, "Chunks")
             if not mask.any():
                 return False
         self._push(ItemKind.DELTA, batch.select_rows(mask), batch_id)

@@ -232,33 +232,47 @@ def test_receiver_applies_a_window_ahead_and_acknowledges_only_durable_items():
     assert (rx.next_apply, rx.next_index) == (3, 3)
 
 
+def _one_row(col, feat, n=3, target=7):
+    return RowBatch.from_entries(np.full(n, col, np.uint64), np.full(n, feat, np.uint64), np.zeros(n, np.uint8),
+                                 np.arange(target, target + n, dtype=np.uint64), np.zeros(n, np.uint64),
+                                 np.ones(n, np.float32))
+
+
 def test_chunks_name_the_batches_in_their_rows_a_share_may_still_come_for_once(tmp_path):
-    """A chunk names the source's ids a share may still come for whose columns are among its rows'
-    (``AppliedSet.touching``, streaming/dedupe.py "Chunks"), each id once per stream, on the first
-    part of a row cut into parts; a sender without ``origins_of`` names none."""
+    """The first chunk names the source's ids a share may still come for among the stream's
+    columns (``AppliedSet.touching``, streaming/dedupe.py "Chunks"); a batch applied later whose
+    rows were left for a chunk is named by the next chunk, one forwarded whole only by its delta;
+    each id once per stream, on the first part of a row cut into parts; a sender without
+    ``origins_of`` names none."""
     rng = np.random.default_rng(11)
     src = DurableStore.open(tmp_path / "src", CAP)
     src.store.applied.promise(7, 0)  # a training writer: its columns are recorded
     for s in range(1, 41):
         src.apply(BatchId(7, s), batch(rng, np.arange(1, 61, dtype=np.uint64)))
     sender = open_sender(src, origins_of=src.store.applied.touching)
-    named: list[BatchId] = []
+    first = sender.read_chunk(src.store.read_rows)
+    assert first is not None and set(first.origins) == set(src.store.applied.touching(COLUMNS)) != set()
+    sender.on_position(first.index + 1)
+    cols, feats = sender.keys
+    ahead, behind = sender.cursor + 1, sender.cursor - 1  # a row left for a chunk, a row read
+    for seq, at in ((41, ahead), (42, behind)):
+        b = _one_row(cols[at], feats[at])
+        src.apply(BatchId(7, seq), b)
+        sender.offer_delta(BatchId(7, seq), b)
+    delta = sender.next_to_send()
+    assert delta is not None and delta.kind == ItemKind.DELTA and delta.origin == BatchId(7, 42)
+    sender.on_position(delta.index + 1)
+    second = sender.read_chunk(src.store.read_rows)
+    assert second is not None and second.origins == (BatchId(7, 41),)
+    sender.on_position(second.index + 1)
     while sender.chunks_left:
         item = sender.read_chunk(src.store.read_rows)
-        assert item is not None
-        cols = np.unique(item.batch.row_column)
-        assert set(item.origins) == set(src.store.applied.touching(cols)) - set(named)
-        named += item.origins
+        assert item is not None and item.origins == ()
         sender.on_position(item.index + 1)
-    want = src.store.applied.touching(COLUMNS)
-    assert sorted(named) == sorted(want) and len(named) == len(set(named)) and want
-    assert all(not it.origins for it in [open_sender(src).read_chunk(src.store.read_rows)])
+    assert open_sender(src).read_chunk(src.store.read_rows).origins == ()
     big = DurableStore.open(tmp_path / "big", CAP)  # one row of 2,000 entries: cut into parts
     big.store.applied.promise(7, 0)
-    n = 2000
-    big.apply(BatchId(7, 1), RowBatch.from_entries(np.full(n, 5, np.uint64), np.zeros(n, np.uint64),
-                                                   np.zeros(n, np.uint8), np.arange(n, dtype=np.uint64),
-                                                   np.zeros(n, np.uint64), np.ones(n, np.float32)))
+    big.apply(BatchId(7, 1), _one_row(5, 0, n=2000))
     parts = open_sender(big, chunk_bytes=4096, origins_of=big.store.applied.touching)
     first = parts.read_chunk(big.store.read_rows)
     assert first is not None and first.part and first.origins == (BatchId(7, 1),) and parts.parts > 1
