@@ -95,8 +95,10 @@ class _Scenario:
                               remove=[remove] if remove else [])
         return Rebalance(c.control(), kind, after, chunk_bytes=self.chunk)
 
-    async def done(self, op: Rebalance) -> None:
-        progress = await self.with_writes(op.run())
+    async def done(self, op: Rebalance, run: Awaitable[dict[str, Any]] | None = None) -> None:
+        """``run`` (default ``op.run()``: a scenario's own driver of it) under the writer; it must
+        end done."""
+        progress = await self.with_writes(op.run() if run is None else run)
         if progress["state"] != "done":
             raise AssertionError(f"{op.kind} ended {progress['state']}: {progress.get('error')}")
 
@@ -152,9 +154,7 @@ async def _scenario(kind: str, s: _Scenario) -> None:
                 op.resume()
             return await task
 
-        progress = await s.with_writes(paused())
-        if progress["state"] != "done":
-            raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+        await s.done(op, paused())
     elif kind == "join-receiver-restart":
         await c.add_node("s3")
         op = s.op("join", add="s3")
@@ -170,9 +170,7 @@ async def _scenario(kind: str, s: _Scenario) -> None:
                 op.set_rate(None)
             return await task
 
-        progress = await s.with_writes(restarted())
-        if progress["state"] != "done":
-            raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+        await s.done(op, restarted())
     elif kind == "join-with-folds":
         await c.add_node("s3")
         op = s.op("join", add="s3")
@@ -186,9 +184,7 @@ async def _scenario(kind: str, s: _Scenario) -> None:
                     await service.folds.fold()
             return await task
 
-        progress = await s.with_writes(folding())
-        if progress["state"] != "done":
-            raise AssertionError(f"join ended {progress['state']}: {progress.get('error')}")
+        await s.done(op, folding())
     elif kind == "join-member-down":
         await c.kill("s1")  # down for good: its shares of the writes are hinted
         await c.add_node("s4")
@@ -211,9 +207,7 @@ async def _scenario(kind: str, s: _Scenario) -> None:
             await c.restart_node(down)
             return await task
 
-        progress = await s.with_writes(back())
-        if progress["state"] != "done":
-            raise AssertionError(f"{op.kind} ended {progress['state']}: {progress.get('error')}")
+        await s.done(op, back())
         if kind == "decommission-target-back":
             await c.retire("s1")
     elif kind == "cancel":
