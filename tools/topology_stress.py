@@ -49,7 +49,7 @@ KINDS: dict[str, tuple[int, int]] = {
     "join": (3, 2), "decommission": (4, 2), "decommission-r1": (4, 1), "join-then-decommission": (4, 2),
     "removenode": (4, 3), "removenode-then-join": (5, 3), "replace": (4, 3), "pause-resume": (4, 2),
     "cancel": (4, 2), "join-receiver-restart": (3, 2), "join-with-folds": (3, 2), "join-member-down": (4, 3),
-    "join-member-back": (4, 3), "decommission-target-back": (5, 3),
+    "join-member-back": (4, 3), "decommission-target-back": (5, 3), "decommission-leaver-killed": (4, 3),
 }
 
 
@@ -210,6 +210,26 @@ async def _scenario(kind: str, s: _Scenario) -> None:
         await s.done(op, back())
         if kind == "decommission-target-back":
             await c.retire("s1")
+    elif kind == "decommission-leaver-killed":
+        # the leaving node dies mid-stream: the decommission is cancelled (or ended, if the kill
+        # came late), and a removenode of it copies its columns from the survivors instead
+        op = s.op("decommission", remove="s1")
+        op.set_rate(200_000)
+
+        async def killed() -> dict[str, Any]:
+            task = asyncio.create_task(op.run())
+            await asyncio.sleep(float(s.rng.uniform(0.02, 0.2)))
+            await c.kill("s1")
+            await asyncio.sleep(float(s.rng.uniform(0.0, 0.1)))
+            op.cancel()  # (the operator's next step: else it fails once its waits for s1 time out)
+            try:
+                return await task
+            except TopologyOpError:
+                return {"state": "failed"}
+
+        if (await s.with_writes(killed()))["state"] == "done":
+            return
+        await s.done(s.op("removenode", remove="s1"))
     elif kind == "cancel":
         await c.add_node("s4")
         op = s.op("join", add="s4")
