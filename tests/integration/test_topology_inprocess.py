@@ -497,6 +497,35 @@ async def test_topology_cancelled_while_its_cutover_waits_switches_nothing_and_d
         await cluster.close()
 
 
+async def test_topology_cancel_while_hints_for_a_dead_source_are_held_ends_at_once(tmp_path):
+    """A decommissioning node killed mid-stream leaves hints for it that no one can deliver; the
+    cutover waits for the hints held for its sources before any node switches. The operator's
+    cancel there ended the operation only once that wait timed out (a minute: the topology
+    stress, a decommission whose leaver was killed, ~90 s a run); now at once, switching nothing
+    and discarding what the receivers got."""
+    cluster = await Cluster(tmp_path, 4, replicas=3).start()
+    try:
+        rng = np.random.default_rng(19)
+        await cluster.write_many(rng, 40, COLUMNS)
+        before = cluster.client_topology.epoch
+        control = cluster.control()
+        op = Rebalance(control, "decommission", members_after(cluster.client_topology, remove=["s1"]),
+                       chunk_bytes=1024)
+
+        async def hints_held_for(names):  # s1 died with hints for it held elsewhere
+            if op.state == "cutover":
+                op.cancel()
+            return 5 if "s1" in names else 0
+
+        control.hints_held_for = hints_held_for
+        with pytest.raises(Exception, match="cancelled"):
+            await asyncio.wait_for(op.run(), 10)  # (the hint wait's bound is 60 s)
+        assert op.state == "cancelled" and cluster.client_topology.epoch == before
+        assert op.progress()["discarded_rows"] > 0 and op.progress()["discard_errors"] == []
+    finally:
+        await cluster.close()
+
+
 async def test_topology_pause_during_the_cutover_does_not_stall_it(tmp_path, monkeypatch):
     """A pause that comes once the cutover began: the cutover goes on (it is bounded) and the
     join completes. It used to stop the streams' tasks after they were told to close: the cutover

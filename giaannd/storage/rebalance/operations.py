@@ -699,8 +699,14 @@ class Rebalance:
         self._sealed = []
 
     async def _wait_hints(self, sources: Sequence[str]) -> None:
+        """Until no hint is held for ``sources`` (bounded). A cancel meanwhile ends the wait: it
+        comes only before any node switched (``cancel``), and hints held for a source that is down
+        would keep it for the whole bound (a decommissioning node killed mid-stream: the operator
+        cancelled, then waited a minute)."""
         deadline = asyncio.get_running_loop().time() + CUTOVER_TIMEOUT_S
         async for _ in attempts(HINT_DRAIN_RETRY, deadline=deadline):
+            if self.state == "cancelling":
+                raise TopologyOpError("operation cancelled before any node switched")
             if not await self.control.hints_held_for(sources):
                 return
             await self.control.deliver_hints()
