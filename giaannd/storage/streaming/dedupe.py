@@ -38,7 +38,10 @@ a chunk (``StreamSender.offer_delta``; a batch forwarded whole is named by its d
 already). The receiver applies their ``F`` markers before the chunk's rows; the direct share then
 drops its rows in the stream's columns as for a forwarded delta. Every row of a named batch in the
 stream's columns reaches the target through the stream: in a chunk read after the batch was
-applied, or as a forwarded delta (rows read before).
+applied, or as a forwarded delta (rows read before). An item names at most ``MAX_CHUNK_ORIGINS``
+(2^20, the receiver's decode limit); more wait for the next chunk, and those still waiting when
+the chunks run out are not named (ids in flight past 2^20 times a stream's chunks: a member down
+so long that its hints hold every writer's floor; each named id also costs a marker record).
 
 Markers are never collected (a few bytes per forwarded delta, and per direct batch while a stream
 is open). A crash between a direct batch and its ``D`` marker (before the ack) leaves no ack: the

@@ -423,9 +423,10 @@ class StreamSender:
         return self._pending[-(self.next_index - first)]
 
     def _chunk_origins(self) -> tuple[BatchId, ...]:
-        """The ids the chunk read now names: those waiting (``_to_name``), each once per stream."""
+        """The ids the chunk read now names: those waiting (``_to_name``), each once per stream,
+        at most ``MAX_CHUNK_ORIGINS`` (the rest wait for the next chunk)."""
         found = [b for b in dict.fromkeys(self._to_name) if b not in self._named]
-        self._to_name = []
+        found, self._to_name = found[:MAX_CHUNK_ORIGINS], found[MAX_CHUNK_ORIGINS:]
         self._named.update(found)
         return tuple(found)
 

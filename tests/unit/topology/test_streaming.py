@@ -301,3 +301,25 @@ def test_stream_data_without_origins_decodes_as_none_named():
     assert dec.decode(msgspec.msgpack.encode(OldData(1, 2, 1, 3))).origins == ()
     new = StreamData(1, 2, 1, 3, origins=((7, 4), (8, 1)))
     assert dec.decode(msgspec.msgpack.encode(new)) == new
+
+
+def test_a_chunk_names_at_most_the_cap_and_the_next_chunk_the_rest(tmp_path, monkeypatch):
+    """More ids waiting than one item may carry (``MAX_CHUNK_ORIGINS``, the receiver's decode
+    limit): the rest wait for the next chunk, none named twice."""
+    from giaannd.storage.streaming import stream as stream_mod
+
+    rng = np.random.default_rng(12)
+    src = DurableStore.open(tmp_path / "src", CAP)
+    src.store.applied.promise(7, 0)
+    for s in range(1, 41):
+        src.apply(BatchId(7, s), batch(rng, np.arange(1, 61, dtype=np.uint64)))
+    monkeypatch.setattr(stream_mod, "MAX_CHUNK_ORIGINS", 3)
+    sender = open_sender(src, origins_of=src.store.applied.touching)
+    named = []
+    while sender.chunks_left:
+        item = sender.read_chunk(src.store.read_rows)
+        assert item is not None and len(item.origins) <= 3
+        named += item.origins
+        sender.on_position(item.index + 1)
+    want = src.store.applied.touching(COLUMNS)
+    assert len(named) == len(set(named)) == min(len(want), 3 * sender.next_index) > 3
