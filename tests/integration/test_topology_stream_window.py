@@ -185,3 +185,49 @@ async def test_pages_reuse_their_buffers_once_acknowledged_and_a_refused_page_is
             assert pool.reused > 2 * (WINDOW + 1) and pool.allocations <= WINDOW + 1
     finally:
         await cluster.close()
+
+
+async def test_each_item_of_the_window_goes_on_the_wire_before_the_next_chunk_is_read(tmp_path):
+    """Filling the window read every chunk (a synchronous gather each) before the first item's
+    request ran: nothing went out until the whole window was read, and the receiver idled
+    meanwhile. Each item's request now starts before the next chunk is read."""
+    cluster = await _cluster(tmp_path, 40)
+    try:
+        runner = _runner(cluster, 0x64)
+        events = []
+        read_page = runner._read_page
+
+        def read(cols, feats):
+            events.append("read")
+            return read_page(cols, feats)
+
+        runner._read_page = read
+        connect = runner._connect
+
+        async def connect_and_watch():
+            await connect()
+            conn = runner._conn
+            request = conn.request
+
+            async def watched(payload, bulk=(), **kw):
+                if bulk:  # (a data item; the hello went out inside connect, before this wrapper)
+                    events.append("send")
+                return await request(payload, bulk, **kw)
+
+            conn.request = watched
+
+        runner._connect = connect_and_watch
+        task = asyncio.create_task(runner.run())
+        async with asyncio.timeout(30):
+            await runner.caught_up.wait()
+        assert runner.state == "caught-up", runner.error
+        sends = [i for i, e in enumerate(events) if e == "send"]
+        reads = [i for i, e in enumerate(events) if e == "read"]
+        assert len(reads) > WINDOW
+        # the first item was handed to the connection before the second chunk was read
+        assert sends and sends[0] < reads[1], events[:12]
+        runner.close()
+        await asyncio.wait_for(task, 10)
+        assert _same_rows(cluster)
+    finally:
+        await cluster.close()
