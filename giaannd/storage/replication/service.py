@@ -230,7 +230,9 @@ class StorageService:
         columns.on_fold_due = self.folds.due
         columns.merge_key_order_apart(self._key_merge_due)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
-        self._commit = GroupCommit(self._sync_log, self.store.log.durable_seq, s.fsync_group_commit_ms / 1000.0)
+        store = self.store
+        self._commit = GroupCommit(self._sync_log, store.log.durable_seq, s.fsync_group_commit_ms / 1000.0,
+                                   appended=lambda: store.log.last_seq)
         self.core = StorageRequests(self.store, self.hints, self.node_name, lambda: self.topology, self._on_count,
                                     disk=self._disk_usage, read_chunk_bytes=s.read_chunk_bytes,
                                     removed_for_good=self.removed_for_good)
