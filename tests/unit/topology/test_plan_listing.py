@@ -22,9 +22,9 @@ class _RemoteMembers:
 
     transport = None
 
-    def __init__(self) -> None:
+    def __init__(self, names=NAMES) -> None:
         self._view = ClusterView(replicas=2)
-        self._view.set_members([StorageNode(n, f"tcp://{n}") for n in NAMES])
+        self._view.set_members([StorageNode(n, f"tcp://{n}") for n in names])
 
     def view(self) -> ClusterView:
         return self._view
@@ -64,3 +64,24 @@ async def test_remote_members_are_listed_at_once_and_silent_ones_time_out_togeth
     assert sorted(asked) == NAMES and most == len(NAMES)
     assert op._unreachable == {"s1", "s3"}
     assert plan.columns_total == HELD["s0"].size + HELD["s2"].size  # the answering members' columns
+
+
+async def test_at_most_the_concurrency_bound_of_members_are_asked_at_once(monkeypatch):
+    """Each reply holds a node's column ids (8 MB for 10^6 columns): a large cluster's members
+    are asked LIST_COLUMNS_CONCURRENCY at a time, not all at once."""
+    names = [f"n{i}" for i in range(operations.LIST_COLUMNS_CONCURRENCY + 8)]
+    answering = most = 0
+
+    async def list_columns(transport, address):
+        nonlocal answering, most
+        answering += 1
+        most = max(most, answering)
+        await asyncio.sleep(0.01)
+        answering -= 1
+        return np.array([int(address[1:]) + 1], np.uint64)
+
+    monkeypatch.setattr(operations, "list_columns", list_columns)
+    op = Rebalance(_RemoteMembers(names), "join", [StorageNode(n, f"tcp://{n}") for n in [*names, "new"]])
+    plan = await op.make_plan()
+    assert most == operations.LIST_COLUMNS_CONCURRENCY
+    assert plan.columns_total == len(names) and not op._unreachable
