@@ -87,7 +87,7 @@ from giaannd.storage.engine.row_digest import (
     rows_digest_v2_pieces,
 )
 from giaannd.storage.engine.row_scan import ScanResult, scan_page
-from giaannd.storage.engine.sorted_keys import MERGE_APART_KEYS, MainRun, SortedKeys
+from giaannd.storage.engine.sorted_keys import MERGE_APART_KEYS, Keys, MainRun, SortedKeys, TailSource
 from giaannd.unique import unique
 
 __all__ = [
@@ -132,6 +132,10 @@ DIGEST_GATHER_ENTRIES = 1 << 21
 #: Entries of room ``freeze_room`` adds beyond 1/64 more than the store holds (a small store's
 #: applies between the buffer and the freeze).
 FREEZE_ROOM_SPARE = 65_536
+#: With ``take_keys_in_apart`` (a storage node), the rows created since the key order last took
+#: rows in are sorted in a worker thread once this many wait, so a listing on the event loop sorts
+#: at most about this many (~5 ms here) whatever was written since the last one.
+KEYS_BEHIND_APART_ROWS = 1 << 16
 _EMPTY_IDS = np.empty(0, np.int64)
 
 
@@ -357,6 +361,9 @@ class ColumnStore:
         #: every row key in (column, feature) order, kept up to date as rows are created (sorted_keys.py)
         self._keys = SortedKeys()
         self._on_key_merge_due: Callable[[], None] | None = None
+        #: called when KEYS_BEHIND_APART_ROWS rows wait to be taken into the key order
+        #: (``take_keys_in_apart``); None: the next listing takes them in, on its own thread
+        self._on_keys_behind: Callable[[], None] | None = None
         #: rows per floor(log2(entry count)) (``row_size_log2``), kept by every length change
         self._size_counts = np.zeros(SIZE_BINS, np.int64)
         #: writers whose batches bring mostly rows this store does not hold (a stream receiver
@@ -498,6 +505,9 @@ class ColumnStore:
             self._commit_plan(prepared.plan)
         if prepared.appended is not None:
             self._append_rows(prepared.appended)
+        on_behind = self._on_keys_behind
+        if on_behind is not None and self._keys.behind(self.engine.num_rows, self.drops) >= KEYS_BEHIND_APART_ROWS:
+            on_behind()
 
     def _split_held(self, batch: RowBatch) -> tuple[RowBatch, RowBatch | None]:
         """``batch`` (rows with entries) as (the rows the store holds, the rows it does not), or
@@ -1147,6 +1157,32 @@ class ColumnStore:
         ``install_key_merge`` do it."""
         self._keys.merge_apart = MERGE_APART_KEYS
         self._on_key_merge_due = due
+
+    def take_keys_in_apart(self, due: Callable[[], None]) -> None:
+        """Leave the sort of the rows created since the key order last took rows in to another
+        thread once ``KEYS_BEHIND_APART_ROWS`` of them wait: ``due()`` is called (on the committing
+        thread) from then on after each commit until they are taken in; ``key_tail_source`` and
+        ``install_key_tail`` do it. Without this, the next listing sorts them all where it runs: on
+        a storage node's event loop, after hours of training, millions of rows (~0.1 s per 10^6)."""
+        self._on_keys_behind = due
+
+    def key_tail_source(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64], TailSource] | None:
+        """The engine's keys and ``SortedKeys.tail_source``: what a worker thread needs for
+        ``sorted_keys.extended_tail``; None when no row waits. The key arrays are never written
+        below the row count (new rows go after it, a drop replaces the arrays)."""
+        source = self._keys.tail_source(self.engine.num_rows, self.drops)
+        if source is None:
+            return None
+        a, b = self.engine.keys()
+        return a, b, source
+
+    def install_key_tail(self, tail: Keys, source: TailSource) -> bool:
+        """``SortedKeys.install_tail`` of ``tail`` (``extended_tail`` of ``source``); a merge of the
+        tail into the main run that this makes due is reported as a listing's would be."""
+        taken = self._keys.install_tail(tail, source)
+        if taken and self._keys.merge_due and self._on_key_merge_due is not None:
+            self._on_key_merge_due()
+        return taken
 
     def key_merge_source(self) -> tuple[Any, ...] | None:
         """``SortedKeys.merge_source``: the runs of a due merge of the key order (None: none due)."""

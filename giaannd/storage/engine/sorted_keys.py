@@ -21,7 +21,12 @@ O(``TAIL_SHARE``) copies over its life, not a sort of the store per change. That
 O(store): on a storage node (``merge_apart``) one into a main of more than ``MERGE_APART_KEYS``
 keys runs in a worker thread (``merge_source``, ``merge_runs``, ``install_merge``: the runs are
 never written, only replaced, so the thread reads them while scans go on; the rows created
-meanwhile stay in the tail), not inside the scan page or listing that found it due. Who needs every key
+meanwhile stay in the tail), not inside the scan page or listing that found it due. Taking new
+rows in sorts those rows only, but ``refresh`` sorts every row created since the last call, where
+it runs: a storage node's first listing after hours of training found millions waiting, a sort of
+~0.1 s per 10^6 rows on its event loop. So a storage node sorts them in a worker thread once
+``column_store.KEYS_BEHIND_APART_ROWS`` wait (``tail_source``, ``extended_tail``, ``install_tail``:
+refused when a listing took them in first), and a listing sorts at most about that many. Who needs every key
 as one sorted array (``full``) gets the tail merged in first; a scan page needs only the keys
 after its cursor (``window``): the next keys of each run, merged, whatever the store's size. A
 drop of rows (``drop``) filters both runs and renumbers their ids in one linear pass, no sort
@@ -45,12 +50,14 @@ from giaannd.rowengine.jit import kernel, readonly
 from giaannd.rowengine.run import range_positions, renumbered
 from giaannd.unique import unique
 
-__all__ = ["MERGE_APART_KEYS", "MIN_TAIL", "TAIL_SHARE", "MainRun", "SortedKeys", "difference", "merge_runs",
-           "sorted_rows"]
+__all__ = ["MERGE_APART_KEYS", "MIN_TAIL", "TAIL_SHARE", "Keys", "MainRun", "SortedKeys", "TailSource", "difference",
+           "extended_tail", "merge_runs", "sorted_rows"]
 
 U64 = NDArray[np.uint64]
 I64 = NDArray[np.int64]
 Keys = tuple[U64, U64, I64]
+#: ``SortedKeys.tail_source``: (the tail, the first row it does not cover, the row count, the drops)
+TailSource = tuple[Keys, int, int, int]
 
 #: A merge of the tail into a ``main`` of more keys than this is left to ``merge_source`` and
 #: ``install_merge`` (a storage node's worker thread) where ``merge_apart`` is set (module docstring).
@@ -201,6 +208,14 @@ def sorted_rows(keys_a: U64, keys_b: U64, num_rows: int) -> MainRun:
     return _with_columns(_sorted(keys_a[:num_rows], keys_b[:num_rows], np.arange(num_rows, dtype=np.int64)))
 
 
+def extended_tail(keys_a: U64, keys_b: U64, tail: Keys, first: int, num_rows: int) -> Keys:
+    """``tail`` with the keys of rows ``[first, num_rows)`` sorted in: a sort of those rows only,
+    then one compiled merge pass. Pure: reads the arrays only (``SortedKeys.refresh`` calls it on the
+    caller's thread; a storage node, once many rows wait, in a worker thread: ``tail_source``)."""
+    new = _sorted(keys_a[first:num_rows], keys_b[first:num_rows], np.arange(first, num_rows, dtype=np.int64))
+    return _merge(tail, new)
+
+
 def merge_runs(main: Keys, tail: Keys) -> MainRun:
     """``main`` and ``tail`` merged (one compiled pass): ``merge_source``'s runs, in a worker
     thread, for ``install_merge``. Pure: reads the runs only."""
@@ -239,14 +254,45 @@ class SortedKeys:
             return
         if num_rows == self._n:
             return
-        new = _sorted(keys_a[self._n:num_rows], keys_b[self._n:num_rows], np.arange(self._n, num_rows, dtype=np.int64))
-        self._tail = _merge(self._tail, new)
+        self._tail = extended_tail(keys_a, keys_b, self._tail, self._n, num_rows)
         self._n = num_rows
+        self._tail_grew()
+
+    def _tail_grew(self, apart: bool = False) -> None:
+        """The tail took rows in: merge it into main once it outgrows its share, or say so where
+        such merges are left to another thread (``merge_apart``: those into a larger main; with
+        ``apart``, all of them: the tail took in rows sorted apart, which may be many)."""
         if self._tail[0].shape[0] > max(MIN_TAIL, self._main[0].shape[0] // TAIL_SHARE):
-            if self.merge_apart is None or self._main[0].shape[0] <= self.merge_apart:
+            if self.merge_apart is None or (not apart and self._main[0].shape[0] <= self.merge_apart):
                 self._fold()
             else:
                 self.merge_due = True
+
+    def behind(self, num_rows: int, drops: int) -> int:
+        """How many rows were created since the keys last took rows in (0 when the keys are not
+        current for ``drops``: a rebuild, the start's sort or a listing's, is what they need)."""
+        return num_rows - self._n if self._drops == drops and num_rows > self._n else 0
+
+    def tail_source(self, num_rows: int, drops: int) -> TailSource | None:
+        """What a worker thread needs to take the rows created since in (``extended_tail``): (the
+        tail, the first row not covered, ``num_rows``, ``drops``); None when nothing is behind.
+        The tail is never written, only replaced, so the thread reads it while this object goes
+        on."""
+        if not self.behind(num_rows, drops):
+            return None
+        return self._tail, self._n, num_rows, drops
+
+    def install_tail(self, tail: Keys, source: TailSource) -> bool:
+        """Take ``tail`` (``extended_tail`` of ``tail_source``'s tail and rows) as the tail, unless
+        the tail or the rows covered changed meanwhile (a listing took the rows in itself, a merge
+        into main or a drop replaced the runs): then the next ``refresh`` takes them in as before.
+        Returns whether it was taken."""
+        old, first, num_rows, drops = source
+        if old is not self._tail or first != self._n or drops != self._drops:
+            return False
+        self._tail, self._n = tail, num_rows
+        self._tail_grew(apart=True)
+        return True
 
     def merge_source(self) -> tuple[Keys, Keys, int, int] | None:
         """The runs of a due merge (``merge_due``), for ``merge_runs`` in another thread: (main,

@@ -30,7 +30,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -46,7 +46,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.snapshot import WriteMode
-from giaannd.storage.engine.sorted_keys import merge_runs, sorted_rows
+from giaannd.storage.engine.sorted_keys import extended_tail, merge_runs, sorted_rows
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -170,7 +170,9 @@ class StorageService:
         self._client: StorageClient | None = None
         self._delivering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._key_merge: asyncio.Task[bool] | None = None  # (merge_key_order, under way)
+        #: the key order's work in worker threads under way, by kind ("merge": ``merge_key_order``,
+        #: "tail": ``take_keys_in``)
+        self._key_tasks: dict[str, asyncio.Task[bool]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # (the one the service runs on: ``_recover``)
         self._prom: dict[str, Any] = {}
         #: disk-full state, snapshot retries, rate-limited write errors (limits from ``settings``)
@@ -229,6 +231,7 @@ class StorageService:
         self.folds = BackgroundFold(self.store, self._snapshot_lock, next_fold_point)
         columns.on_fold_due = self.folds.due
         columns.merge_key_order_apart(self._key_merge_due)
+        columns.take_keys_in_apart(self._keys_behind)
         self.hints = await asyncio.to_thread(HintStore.open, self.data_dir / HINTS_DIR, DEFAULT_MAX_HINT_BYTES)
         store = self.store
         self._commit = GroupCommit(self._sync_log, store.log.durable_seq, s.fsync_group_commit_ms / 1000.0,
@@ -571,8 +574,18 @@ class StorageService:
 
     def _key_merge_due(self) -> None:
         """A listing found a large merge of the key order due (sorted_keys.py): do it in a worker
-        thread, unless one is under way. The listing may have run in a worker thread itself (a
-        drop's, a repair's, behind the fold gate): then this is handed to the event loop."""
+        thread, unless one is under way."""
+        self._key_task("merge", self.merge_key_order)
+
+    def _keys_behind(self) -> None:
+        """Rows created since the key order last took rows in wait (``KEYS_BEHIND_APART_ROWS`` of
+        them at least): sort them in in a worker thread, unless that is under way."""
+        self._key_task("tail", self.take_keys_in)
+
+    def _key_task(self, kind: str, run: Callable[[], Coroutine[Any, Any, bool]]) -> None:
+        """Start ``run()`` on the event loop unless a task of ``kind`` is under way. The caller may
+        be a worker thread (a drop's or a repair's listing behind the fold gate, a commit of writes
+        held during a fold): then this is handed to the event loop."""
         loop = self._loop
         if loop is None:
             return
@@ -581,11 +594,30 @@ class StorageService:
         except RuntimeError:
             running = None
         if running is not loop:
-            loop.call_soon_threadsafe(self._key_merge_due)
+            loop.call_soon_threadsafe(self._key_task, kind, run)
             return
-        if self._key_merge is None or self._key_merge.done():
-            self._key_merge = self._spawn(self.merge_key_order())
-            self._key_merge.add_done_callback(_log_key_merge_failure)
+        task = self._key_tasks.get(kind)
+        if task is None or task.done():
+            task = self._key_tasks[kind] = self._spawn(run())
+            task.add_done_callback(_log_key_task_failure)
+
+    async def take_keys_in(self) -> bool:
+        """Sort the rows created since the key order last took rows in, in a worker thread, and
+        install them as its tail on the event loop (sorted_keys.py ``extended_tail``); returns
+        whether they were taken (not when a listing took them in itself, or a merge or a drop
+        replaced the runs meanwhile: the next commit asks again while enough rows wait). Taken and
+        installed while no drop or listing holds the fold gate, as ``merge_key_order``."""
+        store, folds = self.store, self.folds
+        if store is None or folds is None:
+            return False
+        await folds.ready()
+        source = store.store.key_tail_source()
+        if source is None:
+            return False
+        a, b, tail = source
+        extended = await asyncio.to_thread(extended_tail, a, b, tail[0], tail[1], tail[2])
+        await folds.ready()  # no await from here to the install
+        return store.store.install_key_tail(extended, tail)
 
     async def merge_key_order(self) -> bool:
         """The due merge of the key order's tail into its main run, in a worker thread (O(store):
@@ -825,6 +857,6 @@ class StorageService:
             self._prom[key].inc(n)
 
 
-def _log_key_merge_failure(task: asyncio.Task[Any]) -> None:
+def _log_key_task_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("merge of the key order failed (the next listing asks again): %r", exc)
+        log.error("work on the key order in a worker thread failed (listings do it themselves): %r", exc)
