@@ -127,6 +127,14 @@ class NodeConfig(_Section):
         "goes to the next. Keep systemd's TimeoutStopSec above it plus 5 s per service for "
         "forced stops (the shipped unit uses 90 s for the 60 s default)."
     ))] = 60.0
+    loop_stall_log_s: Annotated[float, Meta(ge=0, description=(
+        "When the daemon's event loop (which serves gossip, reads, writes and the admin API) has "
+        "not run for this long, a watching thread logs a WARNING with the Python stack that holds "
+        "it, once per stall, and counts it (`giaannd_event_loop_stalls_total`). The loop's "
+        "scheduling delay is always sampled (`giaannd_event_loop_lag_seconds`). Keep it under "
+        "membership's probe timeout: a longer stall gets the node suspected. 0 turns the thread "
+        "off."
+    ))] = 1.0
 
 
 class ClusterConfig(_Section):

@@ -62,6 +62,7 @@ from giaannd.errors import (
 )
 from giaannd.metrics import Metrics
 from giaannd.operations import ADMIN_ADDR_FILE, ADMIN_TOKEN_FILE
+from giaannd.runtime.loop_watch import LAG_BUCKETS_S, LoopWatch
 from giaannd.sdnotify import SdNotifier, watchdog_interval_s
 from giaannd.service import ReclaimsSpace, Service, ServiceContext, drain_reserve_of
 
@@ -267,6 +268,15 @@ class Daemon:
         self.metrics.gauge("giaannd_event_loop_tasks",
                            "asyncio tasks not yet done on the daemon's event loop.") \
             .set_function(lambda: len(asyncio.all_tasks(self._loop)) if self._loop else 0)
+        lag = self.metrics.histogram(
+            "giaannd_event_loop_lag_seconds",
+            "How late a timer on the daemon's event loop fires (sampled 4 times a second): the delay "
+            "any callback waits on top of its own work.", buckets=LAG_BUCKETS_S)
+        stalls = self.metrics.counter(
+            "giaannd_event_loop_stalls_total",
+            "Times the event loop did not run for node.loop-stall-log-s or longer (each logged with "
+            "the stack that held it).")
+        self._loop_watch = LoopWatch(config.node.loop_stall_log_s, lag.observe, lambda _held: stalls.inc())
 
     # -- public ---------------------------------------------------------------------------
 
@@ -324,6 +334,7 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
+                tg.create_task(self._loop_watch.run(self._stopping), name="loop-watch")
                 startup_error = await self._startup_or_interrupt()
                 if startup_error is None and not self._stop_requested.is_set():
                     self._state = "running"
