@@ -15,8 +15,10 @@ module is how an operator sees whether it does, and what held the loop when it d
 - **stalls**: a daemon thread looks at the beat every quarter of ``stall_s``; once the loop has not
   beaten for ``stall_s`` it takes the loop thread's Python stack (``sys._current_frames``), logs it
   once per stall at WARNING with how long the loop has been held so far, and counts the stall
-  (``giaannd_event_loop_stalls_total``). The stack names the code that holds the loop. A stall
-  shorter than ``stall_s`` shows in the lag histogram only.
+  (``giaannd_event_loop_stalls_total``), with the innermost frames of every other thread: the
+  stack names the code that holds the loop, or, when the loop thread is in C code (waiting for the
+  GIL), the other threads name who holds it. A stall shorter than ``stall_s`` shows in the lag
+  histogram only.
 
 ``StallClock`` holds the decision (pure: times in, a report or nothing out); ``LoopWatch`` does the
 sleeping, the thread and the logging.
@@ -33,7 +35,7 @@ import traceback
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["LAG_BUCKETS_S", "STACK_FRAMES", "TICK_S", "LoopWatch", "StallClock"]
+__all__ = ["LAG_BUCKETS_S", "OTHER_THREAD_FRAMES", "STACK_FRAMES", "TICK_S", "LoopWatch", "StallClock"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 TICK_S: Final = 0.25
 #: Frames of the loop thread's stack a stall's log line keeps (the innermost ones).
 STACK_FRAMES: Final = 12
+#: Frames of each other thread's stack a stall's log line names.
+OTHER_THREAD_FRAMES: Final = 3
 #: Lag buckets, 1 ms to 30 s: a loop that keeps up wakes within a millisecond or two.
 LAG_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -128,11 +132,28 @@ class LoopWatch:
             if self._on_stall is not None:
                 self._on_stall(held)
             log.warning("event loop held for %.2f s so far (nothing else this node serves runs meanwhile); "
-                        "the loop thread is in:\n%s", held, self.loop_stack())
+                        "the loop thread is in:\n%s\nthe other threads are in:\n%s", held, self.loop_stack(),
+                        self.other_threads())
 
     def loop_stack(self) -> str:
-        """The loop thread's Python stack, innermost ``STACK_FRAMES`` frames, as text."""
+        """The loop thread's Python stack, innermost ``STACK_FRAMES`` frames, as text (its innermost
+        frame the loop's own ``run`` when the thread is in C code: waiting for the GIL that another
+        thread holds, or in a C call)."""
         frame = sys._current_frames().get(self._loop_thread) if self._loop_thread is not None else None  # noqa: SLF001
         if frame is None:
-            return "  (no Python frame: in C code, or the loop is not running)"
+            return "  (no Python frame: the loop is not running)"
         return "".join(traceback.format_list(traceback.extract_stack(frame)[-STACK_FRAMES:])).rstrip()
+
+    def other_threads(self) -> str:
+        """One line per other thread with a Python frame: its name and innermost
+        ``OTHER_THREAD_FRAMES`` frames, innermost first (a thread holding the GIL through a long C
+        call keeps the loop from running as surely as the loop's own code does)."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        lines = []
+        for ident, frame in sys._current_frames().items():  # noqa: SLF001
+            if ident in (self._loop_thread, threading.get_ident()):
+                continue
+            inner = traceback.extract_stack(frame)[-OTHER_THREAD_FRAMES:][::-1]
+            where = " <- ".join(f"{f.name} ({f.filename}:{f.lineno})" for f in inner)
+            lines.append(f"  {names.get(ident, ident)}: {where}")
+        return "\n".join(sorted(lines)) or "  (none)"

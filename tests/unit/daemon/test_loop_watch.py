@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
@@ -46,6 +47,7 @@ async def test_a_loop_held_past_the_bound_is_logged_with_the_stack_that_holds_it
     assert watch.stalls == 1 and len(held) == 1 and held[0] >= 0.3
     lines = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
     assert len(lines) == 1 and "_hold_the_loop_for" in lines[0]
+    assert "loop-watch" not in lines[0] and "the other threads are in" in lines[0]
     assert max(lags) >= 0.6  # the sample that waited behind the held loop
 
 
@@ -78,3 +80,29 @@ async def test_without_a_bound_only_the_lag_is_sampled():
     assert watch.stalls == 0 and lags and max(lags) >= 0.05
     with pytest.raises(ValueError):
         LoopWatch(-1.0, lags.append)
+
+
+def _spin_in_a_thread(stop: threading.Event) -> None:
+    while not stop.wait(0.001):
+        pass
+
+
+@pytest.mark.asyncio
+async def test_a_stall_names_what_the_other_threads_are_doing(caplog):
+    stop = threading.Event()
+    other = threading.Thread(target=_spin_in_a_thread, args=(stop,), name="busy-worker")
+    other.start()
+    watch = LoopWatch(0.2, lambda _lag: None)
+    stopping = asyncio.Event()
+    try:
+        with caplog.at_level(logging.WARNING, logger="giaannd.runtime.loop_watch"):
+            task = asyncio.create_task(watch.run(stopping))
+            await asyncio.sleep(0.1)
+            _hold_the_loop_for(0.6)
+            stopping.set()
+            await asyncio.wait_for(task, 5)
+    finally:
+        stop.set()
+        other.join()
+    line = next(r.getMessage() for r in caplog.records if "event loop held" in r.getMessage())
+    assert "busy-worker:" in line and "_spin_in_a_thread" in line
