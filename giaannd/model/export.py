@@ -60,7 +60,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 import numpy as np
 import xxhash
@@ -163,6 +163,12 @@ _JSON = json.JSONEncoder(ensure_ascii=False).encode
 #: target neuron's word (and prime flag), the strength.
 _LINE = "{}{}{}{}{}}}\n".format
 _SEGMENTS = np.array([str(i) for i in range(256)], dtype=object)
+#: ``jsonl_bytes`` formats this many lines per C call at most. ``"".join(map(str.format, ...))``
+#: runs in C from its first item to its last without giving the interpreter a chance to switch
+#: threads, so a chunk of 65,536 lines held the GIL for ~80 ms at a time: on a compute node the
+#: event loop (gossip's acks, inference) waited that long at every chunk of an export, which runs
+#: in a worker thread. A slice is ~2-3 ms of work.
+JSONL_SLICE_LINES: Final = 2048
 
 
 def _lemma(vocab: Vocabulary, column: int) -> str:
@@ -250,9 +256,15 @@ def jsonl_bytes(batch: RowBatch, vocab: Vocabulary, fragments: JsonlFragments | 
     prime = tf == PRIME_FEATURE
     if prime.any():
         words[prime] = _table(columns, frag.prime)[at_column.reshape(-1)[prime]]
-    text = "".join(map(_LINE, sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])].tolist(),
-                       _SEGMENTS[batch.segment].tolist(), _table(columns, frag.column)[at_column.reshape(-1)].tolist(),
-                       words.tolist(), map(float.__repr__, batch.strength.tolist())))
+    src = sources[np.repeat(np.arange(rows.shape[0]), lengths[rows])].tolist()
+    seg = _SEGMENTS[batch.segment].tolist()
+    col = _table(columns, frag.column)[at_column.reshape(-1)].tolist()
+    word = words.tolist()
+    strength = batch.strength.tolist()
+    step = JSONL_SLICE_LINES  # (a Python loop between the C calls: other threads get the GIL)
+    text = "".join(["".join(map(_LINE, src[lo:lo + step], seg[lo:lo + step], col[lo:lo + step], word[lo:lo + step],
+                                map(float.__repr__, strength[lo:lo + step])))
+                    for lo in range(0, len(src), step)])
     return text.encode("utf-8")
 
 
