@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
+from types import FrameType
 from typing import Final
 
 __all__ = ["LAG_BUCKETS_S", "OTHER_THREAD_FRAMES", "STACK_FRAMES", "TICK_S", "LoopWatch", "StallClock"]
@@ -147,13 +149,29 @@ class LoopWatch:
     def other_threads(self) -> str:
         """One line per other thread with a Python frame: its name and innermost
         ``OTHER_THREAD_FRAMES`` frames, innermost first (a thread holding the GIL through a long C
-        call keeps the loop from running as surely as the loop's own code does)."""
+        call keeps the loop from running as surely as the loop's own code does); threads waiting
+        for work (``_IDLE_FRAMES``) are counted, not listed."""
         names = {t.ident: t.name for t in threading.enumerate()}
-        lines = []
+        lines, idle = [], 0
         for ident, frame in sys._current_frames().items():  # noqa: SLF001
             if ident in (self._loop_thread, threading.get_ident()):
+                continue
+            if _idle(frame):
+                idle += 1
                 continue
             inner = traceback.extract_stack(frame)[-OTHER_THREAD_FRAMES:][::-1]
             where = " <- ".join(f"{f.name} ({f.filename}:{f.lineno})" for f in inner)
             lines.append(f"  {names.get(ident, ident)}: {where}")
+        if idle:
+            lines.append(f"  ({idle} more waiting for work)")
         return "\n".join(sorted(lines)) or "  (none)"
+
+
+#: (file name, function) of the innermost frame of a thread that waits for work: a pool worker
+#: between jobs, a thread in ``Event.wait``/``Condition.wait`` or a queue's ``get``.
+_IDLE_FRAMES: Final = frozenset({("thread.py", "_worker"), ("threading.py", "wait"), ("queue.py", "get"),
+                                 ("selectors.py", "select")})
+
+
+def _idle(frame: FrameType) -> bool:
+    return (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name) in _IDLE_FRAMES

@@ -83,8 +83,8 @@ async def test_without_a_bound_only_the_lag_is_sampled():
 
 
 def _spin_in_a_thread(stop: threading.Event) -> None:
-    while not stop.wait(0.001):
-        pass
+    while not stop.is_set():
+        sum(range(1000))
 
 
 @pytest.mark.asyncio
@@ -106,3 +106,15 @@ async def test_a_stall_names_what_the_other_threads_are_doing(caplog):
         other.join()
     line = next(r.getMessage() for r in caplog.records if "event loop held" in r.getMessage())
     assert "busy-worker:" in line and "_spin_in_a_thread" in line
+    assert "idle-worker" not in line and "more waiting for work" in line
+
+
+@pytest.fixture(autouse=True)
+def _an_idle_thread():  # type: ignore[no-untyped-def]
+    """A thread waiting for work, as a pool's are: counted in a stall's line, not listed."""
+    stop = threading.Event()
+    idle = threading.Thread(target=stop.wait, name="idle-worker")
+    idle.start()
+    yield
+    stop.set()
+    idle.join()
