@@ -41,7 +41,7 @@ from giaannd.client.storage_client import StorageClient
 from giaannd.cluster.view import ClusterView, ViewChange
 from giaannd.cpus import usable_cpus
 from giaannd.metrics import SNAPSHOT_BUCKETS_S, STORAGE_LATENCY_BUCKETS_S, STORAGE_WRITE_BUCKETS_S
-from giaannd.storage.engine.column_store import StoreUsage
+from giaannd.storage.engine.column_store import ColumnStore, StoreUsage
 from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
@@ -605,36 +605,37 @@ class StorageService:
         """Sort the rows created since the key order last took rows in, in a worker thread, and
         install them as its tail on the event loop (sorted_keys.py ``extended_tail``); returns
         whether they were taken (not when a listing took them in itself, or a merge or a drop
-        replaced the runs meanwhile: the next commit asks again while enough rows wait). Taken and
-        installed while no drop or listing holds the fold gate, as ``merge_key_order``."""
-        store, folds = self.store, self.folds
-        if store is None or folds is None:
-            return False
-        await folds.ready()
-        source = store.store.key_tail_source()
-        if source is None:
-            return False
-        a, b, tail = source
-        extended = await asyncio.to_thread(extended_tail, a, b, tail[0], tail[1], tail[2])
-        await folds.ready()  # no await from here to the install
-        return store.store.install_key_tail(extended, tail)
+        replaced the runs meanwhile: the next commit asks again while enough rows wait)."""
+        return await self._key_order_apart(
+            lambda store: store.key_tail_source(),
+            lambda source: extended_tail(source[0], source[1], *source[2][:3]),
+            lambda store, tail, source: store.install_key_tail(tail, source[2]))
 
     async def merge_key_order(self) -> bool:
         """The due merge of the key order's tail into its main run, in a worker thread (O(store):
         ~24 bytes per row), installed on the event loop; returns whether it was taken (not when a
-        drop or a full listing changed the main run meanwhile). The runs are taken and the merge
-        installed while no drop or listing holds the fold gate (they change the key order in a
-        worker thread)."""
+        drop or a full listing changed the main run meanwhile)."""
+        return await self._key_order_apart(
+            lambda store: store.key_merge_source(),
+            lambda source: merge_runs(source[0], source[1]),
+            lambda store, merged, source: store.install_key_merge(merged, source))
+
+    async def _key_order_apart(self, source: Callable[[ColumnStore], Any], work: Callable[[Any], Any],
+                               install: Callable[[ColumnStore, Any, Any], bool]) -> bool:
+        """``work(source(store))`` in a worker thread, then ``install`` of its result on the event
+        loop; False when there is no store yet or ``source`` finds nothing to do. The source is
+        taken and the result installed while no drop or listing holds the fold gate (they change
+        the key order in a worker thread)."""
         store, folds = self.store, self.folds
         if store is None or folds is None:
             return False
         await folds.ready()
-        source = store.store.key_merge_source()
-        if source is None:
+        taken = source(store.store)
+        if taken is None:
             return False
-        merged = await asyncio.to_thread(merge_runs, source[0], source[1])
+        result = await asyncio.to_thread(work, taken)
         await folds.ready()  # no await from here to the install
-        return store.store.install_key_merge(merged, source)
+        return install(store.store, result, taken)
 
     async def fold_when_idle(self, seen: int) -> int:
         """Fold the store's delta runs into its base when nothing was logged since the last call

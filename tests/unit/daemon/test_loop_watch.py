@@ -5,6 +5,7 @@ running is never reported; the lag samples see how late the loop ran."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -30,20 +31,30 @@ def _hold_the_loop_for(seconds: float) -> None:  # (its name is looked for in th
     time.sleep(seconds)
 
 
+@contextlib.asynccontextmanager
+async def _watching(watch: LoopWatch):  # type: ignore[no-untyped-def]
+    """``watch`` running on this loop for the block, stopped (its thread joined) after it."""
+    stopping = asyncio.Event()
+    task = asyncio.create_task(watch.run(stopping))
+    await asyncio.sleep(0.05)  # (the task sleeping)
+    try:
+        yield
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+
 @pytest.mark.asyncio
 async def test_a_loop_held_past_the_bound_is_logged_with_the_stack_that_holds_it(caplog):
     lags: list[float] = []
     held: list[float] = []
     watch = LoopWatch(0.3, lags.append, held.append)
-    stopping = asyncio.Event()
     with caplog.at_level(logging.WARNING, logger="giaannd.runtime.loop_watch"):
-        task = asyncio.create_task(watch.run(stopping))
-        await asyncio.sleep(0.6)  # a few beats, nothing held
-        assert watch.stalls == 0 and held == []
-        _hold_the_loop_for(0.9)
-        await asyncio.sleep(0.6)  # beats again: no second report for the same stall
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        async with _watching(watch):
+            await asyncio.sleep(0.6)  # a few beats, nothing held
+            assert watch.stalls == 0 and held == []
+            _hold_the_loop_for(0.9)
+            await asyncio.sleep(0.6)  # beats again: no second report for the same stall
     assert watch.stalls == 1 and len(held) == 1 and held[0] >= 0.3
     lines = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
     assert len(lines) == 1 and "_hold_the_loop_for" in lines[0]
@@ -55,13 +66,10 @@ async def test_a_loop_held_past_the_bound_is_logged_with_the_stack_that_holds_it
 async def test_a_loop_that_keeps_running_is_never_reported_and_the_thread_ends_with_it():
     lags: list[float] = []
     watch = LoopWatch(0.5, lags.append)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(watch.run(stopping))
-    for _ in range(12):  # short pieces of work, each far under the bound
-        _hold_the_loop_for(0.02)
-        await asyncio.sleep(0.05)
-    stopping.set()
-    await asyncio.wait_for(task, 5)
+    async with _watching(watch):
+        for _ in range(12):  # short pieces of work, each far under the bound
+            _hold_the_loop_for(0.02)
+            await asyncio.sleep(0.05)
     assert watch.stalls == 0 and len(lags) >= 1
     assert watch._thread is None  # noqa: SLF001 (joined)
 
@@ -70,13 +78,9 @@ async def test_a_loop_that_keeps_running_is_never_reported_and_the_thread_ends_w
 async def test_without_a_bound_only_the_lag_is_sampled():
     lags: list[float] = []
     watch = LoopWatch(0.0, lags.append)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(watch.run(stopping))
-    await asyncio.sleep(0.1)  # (the task sleeping)
-    _hold_the_loop_for(0.3)
-    await asyncio.sleep(0.3)
-    stopping.set()
-    await asyncio.wait_for(task, 5)
+    async with _watching(watch):
+        _hold_the_loop_for(0.3)
+        await asyncio.sleep(0.3)
     assert watch.stalls == 0 and lags and max(lags) >= 0.05
     with pytest.raises(ValueError):
         LoopWatch(-1.0, lags.append)
@@ -93,14 +97,10 @@ async def test_a_stall_names_what_the_other_threads_are_doing(caplog):
     other = threading.Thread(target=_spin_in_a_thread, args=(stop,), name="busy-worker")
     other.start()
     watch = LoopWatch(0.2, lambda _lag: None)
-    stopping = asyncio.Event()
     try:
         with caplog.at_level(logging.WARNING, logger="giaannd.runtime.loop_watch"):
-            task = asyncio.create_task(watch.run(stopping))
-            await asyncio.sleep(0.1)
-            _hold_the_loop_for(0.6)
-            stopping.set()
-            await asyncio.wait_for(task, 5)
+            async with _watching(watch):
+                _hold_the_loop_for(0.6)
     finally:
         stop.set()
         other.join()

@@ -26,6 +26,19 @@ def _reference(store: ColumnStore) -> list[tuple[int, int, int]]:
     return list(zip(a[order].tolist(), b[order].tolist(), order.tolist()))
 
 
+def _threads_calling(monkeypatch, name: str) -> list[threading.Thread]:  # type: ignore[no-untyped-def]
+    """The threads that call the service's ``name`` (a sorted_keys function it runs apart), noted."""
+    threads: list[threading.Thread] = []
+    real = getattr(service_module, name)
+
+    def noting(*args):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(service_module, name, noting)
+    return threads
+
+
 def test_an_order_sorted_apart_takes_in_the_rows_created_meanwhile_and_yields_to_drops():
     rng = np.random.default_rng(3)
     store = ColumnStore(1 << 30)
@@ -62,14 +75,7 @@ async def test_a_node_sorts_its_key_order_in_a_worker_thread_after_the_start(tmp
         rng = np.random.default_rng(5)
         for _ in range(3):
             await cluster.client.write(make_batch(rng, 300, 4))
-        threads: list[threading.Thread] = []
-        real = sorted_rows
-
-        def noting(*args):  # type: ignore[no-untyped-def]
-            threads.append(threading.current_thread())
-            return real(*args)
-
-        monkeypatch.setattr(service_module, "sorted_rows", noting, raising=False)
+        threads = _threads_calling(monkeypatch, "sorted_rows")
         await cluster.kill("s0")
         svc = await cluster.restart_node("s0")
         for _ in range(500):  # the start's task
@@ -100,14 +106,7 @@ async def test_a_large_merge_of_the_key_order_runs_in_a_worker_thread(tmp_path, 
 
     monkeypatch.setattr(column_store_module, "MERGE_APART_KEYS", 64)
     monkeypatch.setattr(sorted_keys_module, "MIN_TAIL", 16)
-    threads: list[threading.Thread] = []
-    real = sorted_keys_module.merge_runs
-
-    def noting(*args):  # type: ignore[no-untyped-def]
-        threads.append(threading.current_thread())
-        return real(*args)
-
-    monkeypatch.setattr(service_module, "merge_runs", noting, raising=False)
+    threads = _threads_calling(monkeypatch, "merge_runs")
     cluster = await Cluster(tmp_path, 1, replicas=1).start()
     try:
         rng = np.random.default_rng(8)
@@ -224,14 +223,7 @@ async def test_a_node_sorts_the_rows_created_since_its_last_listing_in_a_worker_
     from giaannd.storage.engine import sorted_keys as sorted_keys_module
 
     monkeypatch.setattr(column_store_module, "KEYS_BEHIND_APART_ROWS", 256)
-    threads: list[threading.Thread] = []
-    real = sorted_keys_module.extended_tail
-
-    def noting(*args):  # type: ignore[no-untyped-def]
-        threads.append(threading.current_thread())
-        return real(*args)
-
-    monkeypatch.setattr(service_module, "extended_tail", noting, raising=False)
+    threads = _threads_calling(monkeypatch, "extended_tail")
     cluster = await Cluster(tmp_path, 1, replicas=1).start()
     try:
         rng = np.random.default_rng(12)
