@@ -131,9 +131,10 @@ class NodeConfig(_Section):
         "When the daemon's event loop (which serves gossip, reads, writes and the admin API) has "
         "not run for this long, a watching thread logs a WARNING with the Python stack that holds "
         "it, once per stall, and counts it (`giaannd_event_loop_stalls_total`). The loop's "
-        "scheduling delay is always sampled (`giaannd_event_loop_lag_seconds`). Keep it under "
-        "membership's probe timeout: a longer stall gets the node suspected. 0 turns the thread "
-        "off."
+        "scheduling delay is always sampled (`giaannd_event_loop_lag_seconds`). A stall longer "
+        "than `membership.probe-timeout-s` (0.5 s on the lan profile) leaves peers' probes "
+        "unanswered and can get the node suspected; set this at or below it to see every such "
+        "stall. 0 turns the thread off."
     ))] = 1.0
 
 
