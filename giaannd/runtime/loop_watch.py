@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Everything a node serves (gossip's acks, reads, applies, streams, the admin API) runs on one asyncio
 event loop, so work that holds the loop's thread (an O(store) sort or copy done inline, a blocking
-call) delays all of it, and a stall longer than membership's probe timeout gets the node suspected by
+call) delays all of it, and a stall longer than membership's probe timeout can get the node suspected by
 its peers. The store's O(store) work is meant to run in worker threads (docs/storage.md); this
 module is how an operator sees whether it does, and what held the loop when it did not:
 
