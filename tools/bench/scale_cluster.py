@@ -32,6 +32,10 @@ where the one before ended. At each checkpoint:
   each p99 is within ×1.19 of the true one and the ratio within ×1.19 either way; the daemons
   before Nov 28's last session had 1-2.5-5 buckets, ×2–2.5); ``tools.bench.snapshot`` measures it
   apply by apply in one process;
+- **event-loop lag**: the same samples of the storage nodes' ``giaannd_event_loop_lag_seconds``
+  (how late a timer on the loop fires, four times a second; runtime/loop_watch.py), the job's
+  p99 over all three nodes as its bucket's upper bound: what a request waits on a node's loop
+  beyond its own work;
 - **restart**: ``storage-3`` killed (SIGKILL: no final snapshot, so its log since the last timer
   snapshot is replayed) and started again: wall time from the start to ready, over its rows' bytes
   (entries × 21), in s/GB, and its RSS per entry once ready (a fresh process, against the node's
@@ -115,7 +119,8 @@ _LAN_TIMINGS = {f: getattr(MembershipConfig.lan(), f) for f in MembershipConfig.
 
 _APPLY = "giaannd_storage_apply_duration_seconds"
 _FSYNC = "giaannd_storage_fsync_duration_seconds"
-_HISTOGRAMS = (_APPLY, _FSYNC)
+_LAG = "giaannd_event_loop_lag_seconds"
+_HISTOGRAMS = (_APPLY, _FSYNC, _LAG)
 _RUNNING = "giaannd_storage_snapshot_running"
 _SNAPSHOTS = "giaannd_storage_snapshot_duration_seconds"
 _TRIMS = "giaannd_storage_heap_trim_duration_seconds"
@@ -205,6 +210,12 @@ def p99_bound(cumulative: dict[float, float]) -> float | None:
     if total <= 0:
         return None
     return next(le for le in sorted(cumulative) if cumulative[le] >= 0.99 * total)
+
+
+def _summed(a: dict[float, float], b: dict[float, float]) -> dict[float, float]:
+    """Two cumulative histograms (bucket bound -> count) of the same buckets as one (either may be
+    empty: no window of its kind)."""
+    return {le: a.get(le, 0.0) + b.get(le, 0.0) for le in a.keys() | b.keys()}
 
 
 class ApplyLatency:
@@ -325,7 +336,8 @@ def run(checkpoints: Sequence[int], *, seed: int = 0, snapshot_interval_s: float
                           snapshots=int(latency.snapshots),
                           apply_p99_ratio=(p_during / p_without) if p_during and p_without else None,
                           fsync_p99_snapshot_s=p99_bound(latency.during[_FSYNC]),
-                          fsync_p99_without_s=p99_bound(latency.without[_FSYNC]))
+                          fsync_p99_without_s=p99_bound(latency.without[_FSYNC]),
+                          loop_lag_p99_s=p99_bound(_summed(latency.during[_LAG], latency.without[_LAG])))
             usage = _usage(client)
             entries = {n.name: int(usage[n.name]["entries"]) for n in storage}
             record.update(entries=max(entries.values()), rows=max(int(usage[n.name]["rows"]) for n in storage),
@@ -409,7 +421,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
     header = ["sentences", "sent/s (interval)", "sent/CPU-s", "CPU µs/sent compute", "storage (3 nodes)",
               "entries per node", "rows", "largest row ≥", "RSS growth B/entry after job / settled",
               "apply p99 snapshot / without",
-              "log fsync p99 snapshot / without", "snapshots", "restart s (s/GB)", "of it: start-up / recovery / after",
+              "log fsync p99 snapshot / without", "storage loop lag p99", "snapshots", "restart s (s/GB)",
+              "of it: start-up / recovery / after",
               "recovery s (of it log replay; CPU s) / GB read (of it log); snapshot in the page cache",
               "RSS B/entry restarted",
               "export MB/s"]
@@ -417,7 +430,8 @@ def _print(records: list[dict[str, Any]], load: str) -> None:
              _fmt(r["cpu_us_storage"]), f"{r['entries']:,}", f"{r['rows']:,}", f"{r['largest_row_class']:,}",
              f"{_fmt(r['rss_per_entry'], 1)} / {_fmt(r.get('rss_per_entry_settled'), 1)}",
              f"{_fmt(r['apply_p99_snapshot_s'], 4)} / {_fmt(r['apply_p99_without_s'], 4)} s",
-             f"{_fmt(r['fsync_p99_snapshot_s'], 4)} / {_fmt(r['fsync_p99_without_s'], 4)} s", str(r["snapshots"]),
+             f"{_fmt(r['fsync_p99_snapshot_s'], 4)} / {_fmt(r['fsync_p99_without_s'], 4)} s",
+             f"{_fmt(r.get('loop_lag_p99_s'), 4)} s", str(r["snapshots"]),
              f"{r['restart_s']:.1f} ({r['restart_s_per_gb']:.2f})",
              f"{_fmt(r.get('restart_startup_s'), 2)} / {r['recovery_s']:.2f}"
              f" / {_fmt(r.get('restart_after_recovery_s'), 2)}",

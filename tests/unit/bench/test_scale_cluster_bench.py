@@ -146,3 +146,14 @@ def test_scale_cluster_options_reach_the_cluster_run(monkeypatch):
     with pytest.raises(SystemExit) as exc:
         scale.main(["--cluster", "--snapshot-interval-s", "0"])
     assert exc.value.code == 2
+
+
+def test_two_cumulative_histograms_sum_bound_by_bound():
+    """The job's loop-lag p99 sums the windows during snapshots and without (``_summed``): the
+    same bucket bounds (one histogram), or no samples in one of them."""
+    during = {0.001: 10.0, 0.01: 12.0, 0.1: 12.0, math.inf: 12.0}
+    without = {0.001: 80.0, 0.01: 86.0, 0.1: 87.0, math.inf: 88.0}
+    total = scale_cluster._summed(during, without)  # noqa: SLF001
+    assert total == {0.001: 90.0, 0.01: 98.0, 0.1: 99.0, math.inf: 100.0}
+    assert scale_cluster.p99_bound(total) == 0.1
+    assert scale_cluster._summed({}, without) == without  # noqa: SLF001 (no window during a snapshot)
