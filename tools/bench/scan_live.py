@@ -92,10 +92,12 @@ def measure_burst(rows: int, burst: int, rounds: int = 3) -> dict[str, float]:
             store.apply(BatchId(1, 2), _rows(rng, burst, columns))
             if variant == "apart":
                 t = time.perf_counter()
-                a, b, source = store.key_tail_source()  # type: ignore[misc]
-                tail = extended_tail(a, b, *source[:3])
+                got = store.key_tail_source()
+                assert got is not None  # (rows wait: the burst)
+                a, b, (rows_tail, first, num_rows, _) = got
+                tail = extended_tail(a, b, rows_tail, first, num_rows)
                 best["apart sort"] = min(best["apart sort"], time.perf_counter() - t)
-                assert store.install_key_tail(tail, source)
+                assert store.install_key_tail(tail, got[2])
             t = time.perf_counter()
             store.scan(None, PAGE_ROWS, 1 << 24, PAGE_EXAMINE)
             best[variant] = min(best[variant], time.perf_counter() - t)

@@ -46,7 +46,7 @@ from giaannd.storage.engine.disk_usage import DiskUsage, disk_usage
 from giaannd.storage.engine.recovery import DurableStore, fix_mmap_threshold, return_freed_heap
 from giaannd.storage.engine.register_store import RegisterStore
 from giaannd.storage.engine.snapshot import WriteMode
-from giaannd.storage.engine.sorted_keys import extended_tail, merge_runs, sorted_rows
+from giaannd.storage.engine.sorted_keys import Keys, TailSource, extended_tail, merge_runs, sorted_rows
 from giaannd.storage.engine.vocab_store import VocabStore
 from giaannd.storage.replication.background_fold import BackgroundFold, fold_scales, thread_result
 from giaannd.storage.replication.disk_full import DiskWatch
@@ -606,10 +606,12 @@ class StorageService:
         install them as its tail on the event loop (sorted_keys.py ``extended_tail``); returns
         whether they were taken (not when a listing took them in itself, or a merge or a drop
         replaced the runs meanwhile: the next commit asks again while enough rows wait)."""
-        return await self._key_order_apart(
-            lambda store: store.key_tail_source(),
-            lambda source: extended_tail(source[0], source[1], *source[2][:3]),
-            lambda store, tail, source: store.install_key_tail(tail, source[2]))
+        def extend(source: tuple[Any, Any, TailSource]) -> Keys:
+            keys_a, keys_b, (tail, first, num_rows, _) = source
+            return extended_tail(keys_a, keys_b, tail, first, num_rows)
+
+        return await self._key_order_apart(lambda store: store.key_tail_source(), extend,
+                                           lambda store, tail, source: store.install_key_tail(tail, source[2]))
 
     async def merge_key_order(self) -> bool:
         """The due merge of the key order's tail into its main run, in a worker thread (O(store):
