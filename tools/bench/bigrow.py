@@ -85,8 +85,8 @@ def _node(root: str, n: int, chunk_bytes: int, pipe: Any) -> None:
         cluster = await Cluster(Path(root), 1, scheme="tcp", replicas=1, capacity_bytes=ENTRY_BYTES * n + (1 << 30),
                                 request_timeout_s=600.0).start(read_chunk_bytes=chunk_bytes)
         region = _fill_row(n)
-        cluster.services["s0"].store.store.load_row(ROW_KEY, region, 1)
-        view = memoryview(region)
+        cluster.column_store("s0").load_row(ROW_KEY, region, 1)
+        view = region.data  # (a memoryview of the array)
 
         def raw_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.transport.write(view)  # the same bytes, one write (uvloop: writev, no copy)
@@ -130,7 +130,7 @@ class _RssPeak:
 
 def _raw_read(port: int, dest: np.ndarray) -> float:
     """Seconds to receive ``dest.nbytes`` bytes from the raw sender into ``dest``."""
-    view = memoryview(dest).cast("B")
+    view = dest.data.cast("B")
     with socket.create_connection(("127.0.0.1", port), timeout=600) as s:
         t0 = time.perf_counter()
         got = 0

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 #: A stall of the event loop longer than this is one a node's peers notice (the fold bench's bound).
 STALL_TARGET_MS = 50.0
@@ -49,8 +50,9 @@ SETTLE_S = 5.0
 DROP_SHARE = 3  # one column in this many is dropped
 
 
-def _dropped(held: np.ndarray) -> np.ndarray:
-    return held[(held * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(DROP_SHARE) == 0]
+def _dropped(held: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    dropped: NDArray[np.uint64] = held[(held * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(DROP_SHARE) == 0]
+    return dropped
 
 
 def _child(store_dir: Path, thread: bool) -> dict[str, Any]:
@@ -119,7 +121,8 @@ def _run_child(code: Path, store_dir: Path, thread: bool) -> dict[str, Any]:
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(store_dir),
                           *(["--thread"] if thread else [])],
                          env=env, cwd=str(code), capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,8 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(_child(args.child, args.thread)))
         return
+    from giaannd.storage.replication.service import STORE_DIR
     from tools.bench.report import emit_figure, print_table
-    from tools.bench.restart import STORE_DIR, cached_store
+    from tools.bench.restart import cached_store
 
     if args.store is None:
         cache = args.cache / f"{args.entries}-{args.log_share}"

@@ -27,14 +27,16 @@ import asyncio
 import gc
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from giaannd.compute.cluster_export import export_cluster, scan_cluster, write_export
-from giaannd.model.rows import RowBatch
+from giaannd.model.rows import RowBatch, RowKey
 from giaannd.model.vocab import Vocabulary
+from giaannd.storage.engine.row_scan import ScanResult
 from tools.bench import baseline_scan
 from tools.bench.report import emit_figure, print_table
 from tools.cluster_harness import Cluster
@@ -76,17 +78,19 @@ SCAN_REPEATS = 3
 def store_scan_rates(cluster: Cluster) -> tuple[float, float]:
     """MB/s of the new and the baseline page over one node's whole store (4 MiB pages), best of
     ``SCAN_REPEATS`` each, interleaved."""
-    store = next(iter(cluster.services.values())).store.store
+    store = cluster.column_store(next(iter(cluster.services)))
     cols = np.array([k[0] for k in store.keys()], np.uint64)
     feats = np.array([k[1] for k in store.keys()], np.uint64)
     # the baseline's dict of one region per row (built once, outside the timing)
     slots = {key: baseline_scan.RowSlot(np.frombuffer(region, np.uint8)) for key, _, region in store.iter_slots()}
     rates = [0.0, 0.0]
+    pages: tuple[Callable[[RowKey | None], ScanResult | baseline_scan.ScanResult], ...] = (
+        lambda after: store.scan(after, 65_536, 800_000, 262_144, limit_bytes=4 << 20),
+        lambda after: baseline_scan.scan_page(slots, cols, feats, after, 65_536, 200_000, 262_144))
     for _ in range(SCAN_REPEATS):
-        for i, page in enumerate((
-                lambda after: store.scan(after, 65_536, 800_000, 262_144, limit_bytes=4 << 20),
-                lambda after: baseline_scan.scan_page(slots, cols, feats, after, 65_536, 200_000, 262_144))):
-            t, nbytes, after = time.perf_counter(), 0, None
+        for i, page in enumerate(pages):
+            t, nbytes = time.perf_counter(), 0
+            after: RowKey | None = None
             while True:
                 res = page(after)
                 nbytes += res.batch.num_entries * 21

@@ -34,9 +34,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tools.cluster_harness import Cluster
 
 #: Entries per stored row.
 ROW = 16
@@ -79,8 +82,8 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
     base = cluster.services["s0"].store.store.engine.num_entries
     # the delta: new keys in stored rows, spread over the whole base
     rows = np.sort(rng.choice(keys.shape[0], max(1, int(base * DELTA_SHARE) // 2), replace=False))
-    for start in range(0, rows.shape[0], FILL_ROWS):
-        pick = keys[rows[start : start + FILL_ROWS]]
+    for first in range(0, rows.shape[0], FILL_ROWS):
+        pick = keys[rows[first : first + FILL_ROWS]]
         await client.write(_batch(pick[:, 0], pick[:, 1], 2, rng))
     folds = cluster.services["s0"].folds
     gc.collect()
@@ -148,6 +151,13 @@ async def _round(cluster: Any, keys: np.ndarray, rng: np.random.Generator, aroun
             "writes_during": len(wduring), "w_p99_during": _pct(wduring, 99), "w_p99_outside": _pct(woutside, 99)}
 
 
+async def _fold(cluster: Cluster, name: str) -> None:
+    """A fold of in-process node ``name``'s delta runs now (its service's ``BackgroundFold``)."""
+    folds = cluster.services[name].folds
+    assert folds is not None, f"{name}'s storage service is not started"
+    await folds.fold()
+
+
 async def _main(entries: int, repeat: int, seed: int) -> list[tuple[str, dict[str, Any], str]]:
     from tools.cluster_harness import Cluster
 
@@ -166,12 +176,12 @@ async def _main(entries: int, repeat: int, seed: int) -> list[tuple[str, dict[st
                 part = keys[start : start + FILL_ROWS]
                 await cluster.client.write(_batch(part[:, 0], part[:, 1], ROW, rng))
             for name in ("s0", "s1"):
-                await cluster.services[name].folds.fold()
+                await _fold(cluster, name)
             for _ in range(repeat):
                 for around in (False, True):
                     load = f"{os.getloadavg()[0]:.1f}"
                     r = await _round(cluster, keys, rng, around)
-                    await cluster.services["s1"].folds.fold()  # s1 folds the round's delta too (not timed)
+                    await _fold(cluster, "s1")  # s1 folds the round's delta too (not timed)
                     out.append(("around" if around else "wait", r, load))
         finally:
             await cluster.close()

@@ -42,9 +42,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from giaannd.storage.replication.background_fold import Foldable
 
 #: Entries per base row.
 ROW = 16
@@ -158,7 +162,9 @@ def _child(entries: int, seed: int, inline: bool = False) -> dict[str, Any]:
                 store.deferred = DeferredApplies(store, None)  # type: ignore[attr-defined,arg-type]
             except ImportError:  # the code before: nothing held
                 pass
-            folds = BackgroundFold(store, writes)
+            # a Foldable: the ColumnStore with its ``deferred`` attached above (the code before's
+            # BackgroundFold wants none)
+            folds = BackgroundFold(cast("Foldable", store), writes)
             store.on_fold_due = folds.due
         latencies: dict[str, list[float]] = {"read": [], "apply": []}
         ticks: list[float] = []
@@ -207,13 +213,14 @@ def _child(entries: int, seed: int, inline: bool = False) -> dict[str, Any]:
     store.fold_deltas()
     digest = hashlib.blake2b(digest_size=8)
     for f in store.engine.base_fields():
-        digest.update(memoryview(np.ascontiguousarray(f)).cast("B"))
-    ticks = got["ticks"]
+        digest.update(np.ascontiguousarray(f).data.cast("B"))
+    ticks: NDArray[np.float64] = got["ticks"]
     (f0, f1), = fold_span  # one fold in the phase
 
-    def overlap(lo: float, hi: float) -> np.ndarray:
+    def overlap(lo: float, hi: float) -> NDArray[np.float64]:
         """Each gap's time inside [lo, hi]."""
-        return np.maximum(0.0, np.minimum(ticks[1:], hi) - np.maximum(ticks[:-1], lo))
+        inside: NDArray[np.float64] = np.maximum(0.0, np.minimum(ticks[1:], hi) - np.maximum(ticks[:-1], lo))
+        return inside
 
     drain = overlap(f1, f1 + DRAIN_S)
     other = (overlap(f0, f1 + DRAIN_S) == 0) & (ticks[1:] - ticks[:-1] > 0)
@@ -241,7 +248,8 @@ def _run_child(code: Path, entries: int, seed: int, inline: bool) -> dict[str, A
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entries), "--seed", str(seed),
                           *(["--inline"] if inline else [])],
                          env=env, cwd=str(code), capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
@@ -266,9 +274,9 @@ def main() -> None:
     for entries in (int(e) for e in args.entries.split(",")):
         for _ in range(args.repeat):
             for variant, code in (("before", args.before_code or after_code), ("after", after_code)):
-                load = os.getloadavg()[0]
+                load_1min = os.getloadavg()[0]
                 inline = variant == "before" and args.before_code is None
-                results.append((entries, variant, _run_child(code, entries, args.seed, inline), f"{load:.1f}"))
+                results.append((entries, variant, _run_child(code, entries, args.seed, inline), f"{load_1min:.1f}"))
     if args.json:
         for entries, variant, r, _ in results:
             emit_figure(f"max loop stall ms during the fold, {variant}, {entries:.0e} entries", r["max_gap_ms"],

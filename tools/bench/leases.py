@@ -23,6 +23,7 @@ figure, ``{"figure", "value", "target"}`` (target null: no target).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from typing import Any
@@ -58,12 +59,12 @@ def takeover(seed: int) -> float:
     sim.start_job("c0", job)
     names = sorted(sim.compute)
     for n in names[10:15]:
-        sim.at(0.5, lambda n=n: sim.kill(n))
+        sim.at(0.5, functools.partial(sim.kill, n))
     for n in names[20:23]:
-        sim.at(0.6, lambda n=n: sim.freeze(n, 3.0))
+        sim.at(0.6, functools.partial(sim.freeze, n, 3.0))
     for n in names[30:33]:
-        sim.at(0.7, lambda n=n: sim.partition(n))
-        sim.at(3.7, lambda n=n: sim.partition(n, False))
+        sim.at(0.7, functools.partial(sim.partition, n))
+        sim.at(3.7, functools.partial(sim.partition, n, False))
     if not sim.run_until(600.0, lambda: "faults" in sim.finished):
         raise SystemExit("the fault run did not finish")
     return float(sim.check(job, slack_s=0.1)["takeover_max_s"])

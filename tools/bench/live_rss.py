@@ -119,7 +119,7 @@ def _heap_free() -> int:
 
 
 def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s: float, busy_share: float,
-          before_code: Path | None = None) -> dict:
+          before_code: Path | None = None) -> dict[str, Any]:
     """Run one variant (module docstring); returns its samples' figures."""
     if variant not in VARIANTS:
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
@@ -133,7 +133,7 @@ def child(cache: Path, variant: str, snapshot_interval_s: float, trim_interval_s
     from giaannd.storage.engine.recovery import return_freed_heap
 
     if variant == "before":
-        assert Path(column_store.__file__).is_relative_to(before_code)
+        assert before_code is not None and Path(column_store.__file__).is_relative_to(before_code)
     snapshots = variant != "no snapshots"
     tmp = Path(tempfile.mkdtemp(prefix="live-rss-"))
     try:

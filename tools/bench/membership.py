@@ -20,6 +20,7 @@ network model is a LAN (0.5 ms +- 0.5 ms one way).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -64,8 +65,7 @@ def detection(c: SimCluster, trials: int) -> list[float]:
             times.append(float("inf"))
         c.on_event = None
         c.restart(victim, [names[0]])
-        c.run_until(c.now + 60.0, lambda v=victim: c.all_see(v, MemberStatus.ALIVE),
-                    check_every_s=0.1)
+        c.run_until(c.now + 60.0, functools.partial(c.all_see, victim, MemberStatus.ALIVE), check_every_s=0.1)
         c.run_for(5.0)
     return times
 

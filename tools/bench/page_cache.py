@@ -29,9 +29,10 @@ def cached_share(path: Path) -> float | None:
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
             view = np.frombuffer(m, np.uint8)
-            pages = -(-view.shape[0] // mmap.PAGESIZE)
+            size = len(view)
+            pages = -(-size // mmap.PAGESIZE)
             vec = np.zeros(pages, np.uint8)
-            rc = _MINCORE(view.ctypes.data, view.shape[0], vec.ctypes.data)
+            rc = _MINCORE(view.ctypes.data, size, vec.ctypes.data)
             del view
             if rc != 0:
                 return None

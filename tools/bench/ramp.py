@@ -29,7 +29,7 @@ READ_ROWS = 2000
 
 
 async def _phase(root: Path, ramp_s: float, hint_mb: float, seconds: int, start_rate: float
-                 ) -> list[tuple[float, int, float]]:
+                 ) -> list[tuple[float, int, float, float]]:
     cluster = await Cluster(root, n=3, replicas=3, capacity_bytes=4 << 30).start(
         ramp_up_s=ramp_s, hint_ramp_start_bytes_per_s=start_rate)
     reader = StorageClient(cluster.client_topology, cluster.client.transports, read_ramp_s=ramp_s)
@@ -42,11 +42,12 @@ async def _phase(root: Path, ramp_s: float, hint_mb: float, seconds: int, start_
         for _ in range(max(1, int(hint_mb * 2**20 / per))):
             await cluster.client.write(make_batch(rng, 1000, columns=rng.choice(base.row_column, 1000)))
         await cluster.client.flush()
-        holders = [s for s in cluster.services.values() if s.hints is not None and s.hints.held]
-        held0 = sum(s.hints.held_bytes for s in holders)
+        holders = [s.hints for s in cluster.services.values() if s.hints is not None and s.hints.held]
+        held0 = sum(h.held_bytes for h in holders)
         placement = cluster.client_topology.placement
         s1 = placement.names.index("s1")
         svc = await cluster.restart_node("s1")
+        assert svc is not None  # (an in-process node)
         t0 = time.monotonic()
         buckets = [[0, 0, 0, 0] for _ in range(seconds)]  # rows it served, rows it is first for, rows read, hint bytes
         last_held = held0
@@ -59,7 +60,7 @@ async def _phase(root: Path, ramp_s: float, hint_mb: float, seconds: int, start_
             b[0] += svc.counters.rows_read - rows0
             b[1] += int((placement.owner_indices(cols)[:, 0] == s1).sum())
             b[2] += READ_ROWS
-            held = sum(s.hints.held_bytes for s in holders)
+            held = sum(h.held_bytes for h in holders)
             b[3] += last_held - held
             last_held = held
             await asyncio.sleep(0.01)

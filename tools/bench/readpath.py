@@ -157,7 +157,7 @@ async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.r
     try:
         await client.read_rows(cols, feats)
     finally:
-        del client._call  # type: ignore[method-assign]
+        del client._call
     replies = {(node, tuple(bulk[0].tolist())): (p.encode(reply), got) for node, _, bulk, reply, got in calls}
 
     async def instant_call(node: str, msg: p.Request, bulk: Any = (), timeout_s: float | None = None, *,
@@ -171,7 +171,7 @@ async def measure(cluster: Cluster, rows: RowBatch, keys: int, n: int, rng: np.r
         try:
             await client.read_rows(cols, feats)
         finally:
-            del client._call  # type: ignore[method-assign]
+            del client._call
 
     batches = {key: RowBatch.from_buffers(got) for key, (_, got) in replies.items()}
 

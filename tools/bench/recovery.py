@@ -54,9 +54,10 @@ from typing import Any
 import numpy as np
 
 from giaannd.storage.engine.snapshot import list_snapshots, read_snapshot
+from giaannd.storage.replication.service import STORE_DIR
 from tools.bench.replay_windows import build
 from tools.bench.report import emit_figure, print_table
-from tools.bench.restart import BIG, STORE_DIR, cached_store
+from tools.bench.restart import BIG, cached_store
 from tools.bench.snapshot import apply_stream
 
 __all__ = ["PHASES", "main", "write_batches"]

@@ -79,12 +79,12 @@ def _bumps(base: RowBatch, rng: np.random.Generator) -> RowBatch:
     return RowBatch.from_entries(np.repeat(base.row_column, np.diff(base.offsets)),
                                  np.repeat(base.row_feature, np.diff(base.offsets)), base.segment,
                                  base.target_column, base.target_feature,
-                                 rng.random(base.segment.shape[0], dtype=np.float32))
+                                 rng.random(len(base.segment), dtype=np.float32))
 
 
 def _build(cluster: Cluster, rows: int) -> None:
     """The replicas (module docstring), applied straight to the two stores (no log)."""
-    here, there = (cluster.services[n].store.store for n in ("s0", "s1"))
+    here, there = (cluster.column_store(n) for n in ("s0", "s1"))
     rng = np.random.default_rng(11)
     seq = 0
     for first in range(0, rows, BATCH_ROWS):
@@ -103,9 +103,9 @@ def _build(cluster: Cluster, rows: int) -> None:
             here.apply(BatchId(2, 3 * seq + i), b)
         for i, b in reversed(list(enumerate(bumps))):
             there.apply(BatchId(2, 3 * seq + i), b)
-    pick = np.arange(DIFFERENT, dtype=np.uint64) * np.uint64((rows - ONLY_HERE) // DIFFERENT)  # row indices
+    differ = np.arange(DIFFERENT, dtype=np.uint64) * np.uint64((rows - ONLY_HERE) // DIFFERENT)  # row indices
     there.apply(BatchId(3, 1), RowBatch.from_entries(
-        pick // ROWS_PER_COLUMN + 1, pick % ROWS_PER_COLUMN + 1, np.zeros(DIFFERENT, np.uint8),
+        differ // ROWS_PER_COLUMN + 1, differ % ROWS_PER_COLUMN + 1, np.zeros(DIFFERENT, np.uint8),
         np.full(DIFFERENT, 2**63, np.uint64),
         np.arange(DIFFERENT, dtype=np.uint64), np.ones(DIFFERENT, np.float32)))
     for store in (here, there):  # as an idle node's store is (service.py, fold_when_idle)

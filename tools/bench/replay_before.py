@@ -112,7 +112,7 @@ def _apply_in_order(engine: RowEngine, a: NDArray[np.uint64], b: NDArray[np.uint
             parts.append(_new_keys(row[f], f_occ, seg[f], tc[f], tf[f], st[f], lo[f_occ]))
         if parts:
             fields = [np.concatenate(x) if len(parts) > 1 else x[0] for x in zip(*parts)]
-            new_run = Run.from_sorted(*fields)  # type: ignore[arg-type]
+            new_run = Run.from_sorted(*fields)
     engine._version += 1
     if new_a.shape[0]:
         engine._index.append(new_a, new_b)
@@ -135,7 +135,8 @@ def _concat(pieces: list[RowBatch]) -> tuple[NDArray[np.uint64], NDArray[np.uint
 
 
 def _store_apply_in_order(store: ColumnStore, items: list[tuple[BatchId, RowBatch]]) -> int:
-    """``ColumnStore.apply_in_order`` as it was."""
+    """``ColumnStore.apply_in_order`` as it was, less its bump of the store's row-set version
+    (``_rows_version``: gone since the store's key order follows its rows itself, sorted_keys.py)."""
     applied, pieces = store._replay_parts(items)
     store._version += 1
     if not pieces:
@@ -151,14 +152,13 @@ def _store_apply_in_order(store: ColumnStore, items: list[tuple[BatchId, RowBatc
     store._count_sizes(engine.lengths()[touched])
     store._grow_touches(engine.num_rows)
     np.add.at(store._touches, ids, np.uint64(1))
-    if engine.num_rows > held:
-        store._rows_version = store._version
     return applied
 
 
 def _store_apply_disjoint(store: ColumnStore, items: list[tuple[BatchId, RowBatch]], room: int, new_rows: bool
                           ) -> int:
-    """``ColumnStore.apply_disjoint`` as it was: new rows appended to the base, else one engine plan."""
+    """``ColumnStore.apply_disjoint`` as it was: new rows appended to the base, else one engine plan
+    (less the ``_rows_version`` bump, as ``_store_apply_in_order``)."""
     applied, pieces = store._replay_parts(items)
     store._version += 1
     if not pieces:
@@ -172,7 +172,6 @@ def _store_apply_disjoint(store: ColumnStore, items: list[tuple[BatchId, RowBatc
         store._count_sizes(lengths)
         store._grow_touches(store.engine.num_rows)
         store._touches[ids] += np.uint64(1)
-        store._rows_version = store._version
         return applied
     store._commit_plan(store.engine.plan(*_concat(pieces)))
     return applied

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {n: statistics.median(r["seconds"] for r in got[n]) for n in sizes}
     peak = {n: statistics.median(r["peak_mib"] for r in got[n]) for n in sizes}
     base = sizes[0]
-    figures = []
+    figures: list[tuple[str, float, str | None]] = []
     rows = []
     for n in sizes:
         ratio = med[n] / med[base] if med[base] > 0 else float("nan")

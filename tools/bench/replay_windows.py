@@ -133,7 +133,7 @@ def child(store_dir: Path, variant: int) -> dict[str, Any]:
     peak = status_kb("VmHWM") if reset else rss0 - 1  # (no reset: no figure, below)
     digest = hashlib.blake2b(digest_size=16)
     for buf in store.read_all().buffers():
-        digest.update(memoryview(buf).cast("B"))
+        digest.update(buf.data.cast("B"))
     return {"cpu": cpu, "wall": wall, "threads": threads, "moved": store.engine.stats.fold_entries - moved0,
             "windows": windows, "peak_kb": peak - rss0, "held": held, "segments": len(segments),
             "digest": digest.hexdigest()}
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                              statistics.median(peak), None)]
 
             def med(variant: int, key: str, mb: int = mb) -> float:
-                return statistics.median(r[key] for r in results[mb][variant])
+                values: list[float] = [r[key] for r in results[mb][variant]]
+                return statistics.median(values)
 
             figures.append((f"replay CPU before / now, {mb} MiB segments", med(0, "cpu") / med(1, "cpu"), "> 1"))
             figures.append((f"replay wall 1 thread / {threads} threads, {mb} MiB segments",

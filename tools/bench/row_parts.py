@@ -38,7 +38,9 @@ def _store(entries: int) -> tuple[ColumnStore, int]:
                                                      np.zeros(entries), tf, np.ones(entries, np.float32)),
                 validate=False)
     store.fold_deltas()
-    store.apply(BatchId(1, 2), RowBatch.from_entries([7], [0], [0], [0], [2 * (entries // 2) + 1],
+    u64 = np.uint64
+    store.apply(BatchId(1, 2), RowBatch.from_entries(np.array([7], u64), np.array([0], u64), np.array([0], np.uint8),
+                                                     np.array([0], u64), np.array([2 * (entries // 2) + 1], u64),
                                                      np.array([2.0], np.float32)))
     return store, store.engine.row_id(7, 0)
 

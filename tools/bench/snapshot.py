@@ -51,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
@@ -229,8 +229,9 @@ def replay_phases(d: Path, gb: float, repeat: int, label: str = "") -> list[tupl
 def bench_replay(d: Path, gb: float, repeat: int) -> list[tuple[str, float, str | None]]:
     """Log replay (open with no snapshot) and its same-run baselines, interleaved run by run (the
     machine is shared: each variant gets the same moments), best CPU and wall time of ``repeat``."""
-    variants = {"now": lambda: DurableStore.open(d, BIG).close(), "before": lambda: _open_as_before(d),
-                "each": lambda: _replay_record_by_record(d)}
+    variants: dict[str, Callable[[], None]] = {
+        "now": lambda: DurableStore.open(d, BIG).close(), "before": lambda: _open_as_before(d),
+        "each": lambda: _replay_record_by_record(d)}
     wall = dict.fromkeys(variants, float("inf"))
     cpu = dict.fromkeys(variants, float("inf"))
     for _ in range(repeat):
@@ -493,7 +494,12 @@ def _apply_during_snapshot(ds: DurableStore, t_write: float, batches: int, busy_
         if with_room:
             held[lazy].append(time.perf_counter() - start)
         done = threading.Event()
-        writer = threading.Thread(target=lambda: (job.write(busy_share), done.set()))
+
+        def write_snapshot() -> None:
+            job.write(busy_share)
+            done.set()
+
+        writer = threading.Thread(target=write_snapshot)
         writer.start()
         busy += first + run(stream[1:], done)
         writer.join()

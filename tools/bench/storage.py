@@ -366,7 +366,7 @@ async def _bench_service(tmp: Path, quick: bool) -> None:
     canned: list[np.ndarray] = []
     async def raw_handler(_incoming: object) -> Reply:
         return Reply(b"\x90", canned)
-    raw_listener = await raw_t.listen("tcp://127.0.0.1:0", raw_handler)  # type: ignore[arg-type]
+    raw_listener = await raw_t.listen("tcp://127.0.0.1:0", raw_handler)
     raw_conn = await connect(raw_t, raw_listener.address, timeout_s=5)
     reps = 20 if quick else 100
 

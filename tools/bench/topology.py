@@ -175,7 +175,7 @@ async def _join_rate(root: Path, mb: float, per_row: int, window: int, apply: bo
         progress = await task
         total = time.perf_counter() - start
         moved = progress["bytes_done"]
-        apply_rate = (_store_apply_rate(cluster.services["s2"].store.store.read_all(), root / "apply", window)
+        apply_rate = (_store_apply_rate(cluster.column_store("s2").read_all(), root / "apply", window)
                       if apply else 0.0)
         return moved / streamed, moved, held, total, apply_rate
     finally:

@@ -88,7 +88,7 @@ def _loop() -> asyncio.AbstractEventLoop:
 class _RawReceiver(asyncio.BufferedProtocol):
     def __init__(self, max_size: int) -> None:
         self.buf = np.zeros(max_size + 8, np.uint8)  # touched
-        self.view = memoryview(self.buf)
+        self.view = self.buf.data  # (a memoryview of the array)
         self.want = 8
         self.got = 0
         self.in_header = True
@@ -104,7 +104,7 @@ class _RawReceiver(asyncio.BufferedProtocol):
         if self.got < self.want:
             return
         if self.in_header:
-            (length,) = struct.unpack_from("<Q", self.buf, 0)
+            (length,) = struct.unpack_from("<Q", self.view, 0)
             self.in_header, self.got, self.want = False, 0, length
             if length:
                 return
@@ -368,6 +368,7 @@ def run_once(kinds: list[str], sizes: list[int], args: argparse.Namespace) -> di
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_server, args=(kind, max_size, child), daemon=True)
             proc.start()
+            assert proc.pid is not None  # (set by start)
             procs.append(proc)
             pipes[kind], pids[kind] = parent, proc.pid
         _pin(0)
@@ -406,7 +407,7 @@ def checksum_gbps(sizes: list[int]) -> dict[int, float]:
     import xxhash
     out = {}
     for size in sizes:
-        buf = np.ones(size, np.uint8)
+        buf = np.ones(size, np.uint8).data  # (a memoryview of the array)
         n = max(3, min(1000, 2**28 // size))
         t0 = time.perf_counter()
         for _ in range(n):

@@ -163,6 +163,12 @@ class Cluster(ReferenceWrites):
         """Where node ``name`` keeps its store, hints and vocabulary."""
         return self.root / name / "storage"
 
+    def column_store(self, name: str) -> ColumnStore:
+        """In-process node ``name``'s rows: its storage service's ``DurableStore``'s ``ColumnStore``."""
+        durable = self.services[name].store
+        assert durable is not None, f"{name}'s storage service is not started"
+        return durable.store
+
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self, **storage: Any) -> Cluster:
         """Start the initial nodes (``storage``: further ``storage`` config keys) and the client;
@@ -216,7 +222,7 @@ class Cluster(ReferenceWrites):
         else:
             node = self.nodes.pop(name)
             for table in (self.services, self.topologies, self.endpoints):
-                table.pop(name, None)  # type: ignore[attr-defined]
+                table.pop(name, None)
             await node.stop(graceful)
             self.failures += node.failures
         if noticed:

@@ -8,6 +8,7 @@ retried with the same batch id until acknowledged (the client's contract), so no
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,8 +30,13 @@ class ReferenceWrites:
     reference: ColumnStore
     written: list[tuple[BatchId, RowBatch]]
     services: dict[str, StorageService]
-    client: StorageClient
-    client_topology: ClusterView
+
+    if TYPE_CHECKING:  # read-only properties of the class mixed into
+        @property
+        def client(self) -> StorageClient: ...
+
+        @property
+        def client_topology(self) -> ClusterView: ...
 
     async def write(self, batch: RowBatch, attempts: int = 20) -> BatchId:
         """Write until acknowledged (retrying the same id: the client's contract); then, and only
@@ -83,6 +89,8 @@ class ReferenceWrites:
                     problems.append(f"{name} column {c:#x}: {len(have)} rows, reference {len(by_col[c])}")
                     continue
                 for k in have:
-                    if not self.reference.row(k).equals(store.store.row(k)):
+                    want, got = self.reference.row(k), store.store.row(k)
+                    assert want is not None and got is not None  # (keys of both)
+                    if not want.equals(got):
                         problems.append(f"{name} row {k}: strengths differ from the reference")
         return problems
