@@ -123,16 +123,23 @@ class InProcessNode:
     async def start(self, before_roles: Callable[[NodeRuntime], Awaitable[None]] | None = None) -> None:
         """Start the runtime, membership, then the roles (``giaannd.cli``'s order); ``before_roles``
         runs after the runtime (and membership) started, before any role: where the harness
-        settles the node's ring as ring sync would."""
+        settles the node's ring as ring sync would. On failure, what started is stopped."""
         Path(self.config.node.data_dir).mkdir(parents=True, exist_ok=True)
         self.node_id = load_or_create_node_id(self.config.data_path(self.config.node.node_id_file))
         first = [s for s in (self.runtime, self.membership) if s is not None]
-        for service in first:
-            await self._start_one(service)
-        if before_roles is not None:
-            await before_roles(self.runtime)
-        for role in self.roles:
-            await self._start_one(role)
+        try:
+            for service in first:
+                await self._start_one(service)
+            if before_roles is not None:
+                await before_roles(self.runtime)
+            for role in self.roles:
+                await self._start_one(role)
+        except BaseException:
+            # what started is stopped (its listeners closed): the caller never gets this node to
+            # stop, and a socket left bound made a later test fail (an unclosed-socket warning)
+            with contextlib.suppress(Exception):
+                await self.stop(graceful=False)
+            raise
 
     async def _start_one(self, service: Service) -> None:
         assert self.node_id is not None

@@ -27,6 +27,20 @@ def test_a_port_in_use_is_skipped():
         assert free_port(random.Random(5)) != taken  # the same draw, the next port
 
 
+def test_no_port_is_handed_out_twice_by_one_process():
+    """A cluster's nodes draw their ports one after another and bind them later: a port drawn
+    twice passed the check both times and the second listener failed with EADDRINUSE (test suite,
+    Dec 2). The draws here repeat a port (checked first, so the test proves something)."""
+    low, _ = ephemeral_port_range()
+    start = max(1024, low - PINNED_PORT_SPAN)
+    raw = random.Random(11)
+    draws = [raw.randrange(start, low) for _ in range(400)]
+    assert len(set(draws)) < len(draws)
+    rng = random.Random(11)
+    ports = [free_port(rng) for _ in range(400)]
+    assert len(set(ports)) == len(ports)
+
+
 def test_the_range_read_from_proc_or_linux_default(tmp_path):
     path = tmp_path / "range"
     path.write_text("40000\t50000\n")
