@@ -1,6 +1,25 @@
-"""Admin surface: the HTTP API served by the daemon and the giaannctl client."""
+"""Admin surface: the HTTP API served by the daemon and the giaannctl client.
 
-from giaannd.admin.api import AdminApi
+``AdminApi`` is imported on first use (PEP 562): ``giaannctl`` imports this package for its
+client modules only, and the server side (aiohttp, the config schema, the transports) cost every
+command ~0.35 s of start-up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from giaannd.errors import AdminHTTPError
 
+if TYPE_CHECKING:
+    from giaannd.admin.api import AdminApi
+
 __all__ = ["AdminApi", "AdminHTTPError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdminApi":
+        from giaannd.admin.api import AdminApi
+
+        return AdminApi
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
