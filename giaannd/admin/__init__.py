@@ -1,8 +1,8 @@
 """Admin surface: the HTTP API served by the daemon and the giaannctl client.
 
 ``AdminApi`` is imported on first use (PEP 562): ``giaannctl`` imports this package for its
-client modules only, and the server side (aiohttp, the config schema, the transports) cost every
-command ~0.35 s of start-up.
+client modules only, and the server side (aiohttp and its routes) cost every command ~0.2 s of
+start-up (0.56-0.76 -> 0.36-0.43 s on this project's VM, Dec 2).
 """
 
 from __future__ import annotations
