@@ -169,16 +169,13 @@ def free_port(rng: random.Random | None = None) -> int:
     start = max(1024, low - PINNED_PORT_SPAN)
     for _ in range(64 if low - start >= 1024 else 0):
         port = draw.randrange(start, low)
-        with _recent_lock:
-            if port in _recent_set:
-                continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
         with _recent_lock:
-            if port in _recent_set:  # (another thread's draw meanwhile)
+            if port in _recent_set:
                 continue
             _recent.append(port)
             _recent_set.add(port)
