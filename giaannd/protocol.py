@@ -51,11 +51,11 @@ compare-and-set, CASPaxos: giaannd/storage/engine/register_store.py has the rule
 giaannd/client/registers.py the proposer and what it guarantees); a refused prepare or accept is
 answered ``RegisterConflict`` with the higher ballot.
 
-``RingGet`` / ``RingPush`` / ``SetOverride`` are *runtime* requests (a separate union,
+``RingGet`` / ``RingPush`` / ``SetOverride`` / ``OperationGet`` are *runtime* requests (a separate union,
 ``RuntimeRequest``): every node with a data plane, storage or compute, answers them in
 ``giaannd.runtime.node`` before any role handler sees the request (``runtime_request`` peeks at the
 tag). They carry the storage ring (giaannd/cluster/ring.py) and a topology operation's cutover override
-(docs/topology.md).
+with its lease, and ask a coordinator whether the operation a lease names still runs (docs/topology.md).
 
 ``ComputeCall`` (tag 17) is a *compute-to-compute* call: the runtime hands it to the handler the
 compute role registered (``NodeRuntime.serve_compute``), never to the storage role; a node
@@ -140,6 +140,9 @@ __all__ = [
     "HeldHints",
     "HeldMask",
     "NotOwner",
+    "OperationGet",
+    "OperationState",
+    "OverrideLease",
     "OverrideMember",
     "OverrideSet",
     "ProtocolViolation",
@@ -489,6 +492,13 @@ OverrideMember = tuple[
     Annotated[float, msgspec.Meta(gt=0)]]
 
 
+class OverrideLease(msgspec.Struct, frozen=True):
+    """Whose a placement override is: the member coordinating the operation, and its id."""
+
+    coordinator: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+    op_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
 class SetOverride(msgspec.Struct, frozen=True, tag=12):
     """Set (``members``) or clear (None) this node's placement override (a topology operation's
     cutover, docs/topology.md). With ``flush``, the reply waits (at most ``flush_timeout_s``)
@@ -499,9 +509,20 @@ class SetOverride(msgspec.Struct, frozen=True, tag=12):
     members: Annotated[list[OverrideMember], msgspec.Meta(max_length=MAX_OVERRIDE_MEMBERS)] | None = None
     flush: bool = False
     flush_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_FLUSH_TIMEOUT_S)] = 30.0
+    #: the operation the override belongs to (appended Dec 2): the node drops the override once
+    #: that operation is known to have ended without clearing it (docs/topology.md, "Override
+    #: leases"); None (a coordinator that predates it): the override stays until cleared
+    lease: OverrideLease | None = None
 
 
-RuntimeRequest = RingGet | RingPush | SetOverride
+class OperationGet(msgspec.Struct, frozen=True, tag=19):
+    """The state of topology operation ``op_id`` on the node that coordinates it (an override's
+    lease, docs/topology.md). Appended Dec 2; a node that predates it answers ``BadRequest``."""
+
+    op_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
+RuntimeRequest = RingGet | RingPush | SetOverride | OperationGet
 
 
 # -- success replies (tags 64..127) ---------------------------------------------------------------
@@ -616,6 +637,14 @@ class OverrideSet(msgspec.Struct, frozen=True, tag=74):
     override: bool = False
 
 
+class OperationState(msgspec.Struct, frozen=True, tag=80):
+    """The answer of ``OperationGet``: the operation's state on its coordinator (``streaming``,
+    ``cutover``, ``done``, ``failed``, ...), "" when the node runs no operation of that id (it
+    never did, or it restarted since)."""
+
+    state: _Text = ""
+
+
 class RegisterValue(msgspec.Struct, frozen=True, tag=75):
     """A node's accepted state of a register: ballot ``(round, proposer)``, version ``(version,
     origin_round, origin_proposer)`` and value; all zero / empty when it never accepted one."""
@@ -703,7 +732,7 @@ class RegisterConflict(msgspec.Struct, frozen=True, tag=133):
 ErrorReply = StoreFull | NotOwner | BadRequest | Unavailable | VocabConflict | RegisterConflict
 Reply = (RowsReply | ApplyAck | DigestsReply | UsageReply | AppliedMask | ScanPage | VocabAck | VocabReply
          | ColumnInfoPage | RingState | OverrideSet | RegisterValue | RegisterAccepted | RowPart | ComputeAnswer
-         | HeldMask | ErrorReply)
+         | HeldMask | OperationState | ErrorReply)
 
 
 def register_key_id(key: str) -> int:
@@ -718,7 +747,7 @@ class _Head(msgspec.Struct):
     type: int = -1
 
 
-_RUNTIME_TAGS: Final = frozenset({10, 11, 12})
+_RUNTIME_TAGS: Final = frozenset({10, 11, 12, 19})
 
 _REQUEST_DECODER: Final[msgspec.msgpack.Decoder[Request]] = msgspec.msgpack.Decoder(Request)
 _REPLY_DECODER: Final[msgspec.msgpack.Decoder[Reply]] = msgspec.msgpack.Decoder(Reply)

@@ -1,9 +1,10 @@
 """Client side of the runtime requests: read, push and override a node's ring over the data plane.
 
-Every node with a data plane (storage or compute) answers ``RingGet``, ``RingPush`` and
-``SetOverride`` in its runtime (giaannd/runtime/node.py, giaannd/protocol.py). These helpers are what
-ring sync (giaannd/services/ring_sync.py) and a topology operation's coordinator call: one
-connection per call, closed after it (these are rare control requests, not the data path).
+Every node with a data plane (storage or compute) answers ``RingGet``, ``RingPush``,
+``SetOverride`` and ``OperationGet`` in its runtime (giaannd/runtime/node.py,
+giaannd/protocol.py). These helpers are what ring sync (giaannd/services/ring_sync.py), an
+override's lease check (giaannd/services/override_lease.py) and a topology operation's
+coordinator call: one connection per call, closed after it (these are rare control requests, not the data path).
 
 ``transports`` is the caller's scheme -> ``Transport`` map; a scheme it lacks is created from
 ``identity`` and added to it (so repeated calls reuse it), as ``StorageClient`` does.
@@ -24,7 +25,7 @@ from giaannd.cluster.view import StorageNode
 from giaannd.errors import RemoteFault
 from peers.transport import Identity, Transport, connect, make_transport, scheme_of
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RingRequestError", "get_ring", "push_ring", "set_override"]
+__all__ = ["DEFAULT_TIMEOUT_S", "RingRequestError", "get_operation_state", "get_ring", "push_ring", "set_override"]
 
 #: Bound on connecting plus one ring request (a ring is a few KiB; the node answers from RAM or
 #: after one small fsync).
@@ -88,13 +89,15 @@ async def push_ring(transports: MutableMapping[str, Transport], identity: Identi
 
 async def set_override(transports: MutableMapping[str, Transport], identity: Identity | None,
                        address: str, members: Sequence[StorageNode] | None, flush: bool,
-                       timeout_s: float = 30.0) -> str:
+                       timeout_s: float = 30.0, lease: p.OverrideLease | None = None) -> str:
     """Set (``members``) or clear (None) the node's placement override.
 
     Args:
         flush: the reply waits until the node's storage clients finished the writes they had in
             flight (writes computed under the previous placement are done), at most ``timeout_s``.
         timeout_s: the node's flush bound; the request itself gets a few seconds more.
+        lease: the operation the override belongs to (the node drops the override once that
+            operation is known to have ended without clearing it: services/override_lease.py).
 
     Returns:
         the placement epoch now in force on that node.
@@ -104,8 +107,19 @@ async def set_override(transports: MutableMapping[str, Transport], identity: Ide
             override is set nevertheless).
     """
     wire = None if members is None else [(m.name, m.address, float(m.weight)) for m in members]
-    msg = p.SetOverride(wire, flush, min(timeout_s, p.MAX_FLUSH_TIMEOUT_S))
+    msg = p.SetOverride(wire, flush, min(timeout_s, p.MAX_FLUSH_TIMEOUT_S), lease)
     reply = await _call(transports, identity, address, msg, timeout_s + _FLUSH_MARGIN_S)
     if not isinstance(reply, p.OverrideSet):
         raise p.ProtocolViolation(f"{address} answered {type(reply).__name__} to SetOverride")
     return reply.epoch
+
+
+async def get_operation_state(transports: MutableMapping[str, Transport], identity: Identity | None,
+                              address: str, op_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """The state of topology operation ``op_id`` on the node at ``address`` that coordinates it;
+    "" when that node runs no operation of that id (module docstring for errors; a node that
+    predates ``OperationGet`` answers ``BadRequest``: ``RingRequestError``)."""
+    reply = await _call(transports, identity, address, p.OperationGet(op_id), timeout_s)
+    if not isinstance(reply, p.OperationState):
+        raise p.ProtocolViolation(f"{address} answered {type(reply).__name__} to OperationGet")
+    return reply.state

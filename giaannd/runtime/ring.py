@@ -22,7 +22,10 @@ placement set is the ring's active entries. ``NodeRing`` is that state, owned by
   operation's cutover: set or clear the topology's override; with ``flush``, the reply waits until
   every ``StorageClient`` the runtime handed out has finished the writes it had in flight, bounded
   by the request's ``flush_timeout_s``). The override is set *before* the flush, so no write
-  computed after the reply uses the old placement.
+  computed after the reply uses the old placement. The override's ``lease`` (the operation and
+  its coordinator) is kept beside it, for giaannd/services/override_lease.py; ``OperationGet``
+  is answered by ``operation_state`` (set by a storage node's topology service: the state of the
+  operation of that id it coordinates, "" for none).
 
 Invariants: ``ring`` is only replaced under the lock, after the file holds it; the topology's ring
 is always the last committed (or loaded) ring.
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from giaannd import protocol as p
@@ -63,6 +66,10 @@ class NodeRing:
         self.listeners: list[Callable[[Ring], None]] = []
         self._refresh_meta = refresh_meta
         self._flush_clients = flush_clients
+        self._lease: p.OverrideLease | None = None
+        #: the state of the topology operation of an id this node coordinates ("": none); set by
+        #: a storage node's topology service (``OperationGet``)
+        self.operation_state: Callable[[str], str] = lambda op_id: ""
         self._path: Path | None = None
         self._lock = asyncio.Lock()
 
@@ -122,18 +129,38 @@ class NodeRing:
             except (OSError, RuntimeError) as exc:
                 return p.Unavailable(f"cannot persist the ring: {exc}"[:p.MAX_TEXT_CHARS])
             return p.RingState(self.ring.to_wire())
+        if isinstance(msg, p.OperationGet):
+            return p.OperationState(self.operation_state(msg.op_id)[:p.MAX_TEXT_CHARS])
         return await self._set_override(msg)
+
+    @property
+    def lease(self) -> p.OverrideLease | None:
+        """The lease of the override in force (None: no override, or one without a lease)."""
+        if self.topology.override is None:
+            return None
+        return self._lease
+
+    def set_override(self, members: Sequence[StorageNode] | None, lease: p.OverrideLease | None = None) -> None:
+        """Set (or clear: None) the topology's override, and the lease it is held under.
+
+        Raises:
+            RuntimeError / ValueError: as ``ClusterView.set_override`` (nothing changed).
+        """
+        self.topology.set_override(members)
+        self._lease = lease if members is not None else None
 
     async def _set_override(self, msg: p.SetOverride) -> p.Reply:
         members = None if msg.members is None else [StorageNode(n, a, w) for n, a, w in msg.members]
         try:
-            self.topology.set_override(members)
+            self.set_override(members, msg.lease)
         except (RuntimeError, ValueError) as exc:
             return p.BadRequest(str(exc)[:p.MAX_TEXT_CHARS])
         epoch = self.topology.epoch
-        log.info("placement override %s epoch=%s flush=%s",
+        lease = msg.lease
+        log.info("placement override %s epoch=%s flush=%s%s",
                  "cleared" if members is None else "set members=" + ",".join(m.name for m in members),
-                 epoch[:12], msg.flush)
+                 epoch[:12], msg.flush,
+                 "" if lease is None or members is None else f" op={lease.op_id} coordinator={lease.coordinator}")
         if msg.flush:
             try:
                 async with asyncio.timeout(msg.flush_timeout_s):

@@ -26,7 +26,9 @@ ids of giaannd/operations.py, which declares their routes and arguments):
 It also runs ring sync (giaannd/services/ring_sync.py): started right after the seeds are joined,
 it pulls the storage ring from members whose gossiped digest differs and, on a storage node,
 applies ``storage.join-mode`` (bootstrap, stay standby, or start the join) before ``start``
-returns, so the roles start on a settled ring.
+returns, so the roles start on a settled ring; and the override lease watch
+(giaannd/services/override_lease.py), which drops a placement override whose operation ended
+without clearing it (its coordinator died, restarted, or failed to clear it).
 
 ``stop(graceful=True)`` (SIGTERM) leaves gossip politely: the daemon stops this service after the
 roles, so they drain while the node is still a member, then the leave spreads.
@@ -51,6 +53,7 @@ from giaannd.errors import AdminHTTPError, ConfigError, HostEnvironmentError, Re
 from giaannd.json_body import json_object
 from giaannd.model.ids import parse_column
 from giaannd.operations import Handler
+from giaannd.services.override_lease import OverrideLeaseWatch
 from giaannd.services.ring_sync import RingSync
 from giaannd.services.storage_usage import OWNER_SAMPLE, owner_counts, storage_usage
 from peers.keyring import Keyring, KeyringError
@@ -103,6 +106,7 @@ class MembershipService:
         self._joined_seeds = 0
         self._client: StorageClient | None = None
         self.ring_sync: RingSync | None = None
+        self.override_lease: OverrideLeaseWatch | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -137,6 +141,8 @@ class MembershipService:
         log.info("membership started addr=%s:%d incarnation=%d", *node.addr, incarnation)
         self.ring_sync = RingSync(rt, node)
         self.ring_sync.start()
+        self.override_lease = OverrideLeaseWatch(rt, node)
+        self.override_lease.start()
         seeds = self._seeds(cfg.cluster.seeds, node)
         if seeds:
             await self._join(seeds)
@@ -151,6 +157,8 @@ class MembershipService:
             return
         if self._ctx is not None:
             self._ctx.admin.set_members_source(None)
+        if self.override_lease is not None:
+            await self.override_lease.stop()
         if self.ring_sync is not None:
             await self.ring_sync.stop()
         if graceful:
@@ -170,6 +178,8 @@ class MembershipService:
                "seeds_answered": self._joined_seeds}
         if self.ring_sync is not None:
             out["ring_sync"] = self.ring_sync.health()
+        if self.override_lease is not None:
+            out["override_lease"] = self.override_lease.health()
         return out
 
     # -- members -------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ What a storage daemon runs for issue 8, started by ``StorageRole`` once its serv
   it nothing for ``endpoint.IDLE_STREAM_DISCARD_S`` (their operation ended without discarding
   them: its coordinator died), dropping the partial rows they brought; the join generation then
   goes up, since one of them may have been this node's own join;
+- the answer to ``OperationGet`` (``operation_state``): whether the operation an override's
+  lease names still runs here (giaannd/services/override_lease.py);
 - the **cluster's topology lock** (cluster_lock.py): the auto-join waits while another operation
   holds it; at start the node releases a lock an earlier life of it left;
 - the **automatic repair** (auto_repair.py) when recovery cut a torn update-log tail: the same
@@ -78,6 +80,11 @@ STALE_LOCK_RETRY_S: Final = 5.0
 STALE_LOCK_ATTEMPTS: Final = 120
 
 
+def _no_operation(op_id: str) -> str:
+    """``OperationGet`` once the topology service stopped: no operation runs here."""
+    return ""
+
+
 def stream_bind_of(config: Config) -> str:
     """``storage.stream-bind``, else the first tcp bind's host with port 0; on a node bound to
     ``mem://`` only (an in-process cluster), the first mem bind's name plus ``-stream``."""
@@ -122,6 +129,7 @@ class StorageTopology:
         register_admin_routes(ctx.admin, self.control, self.registry, local_node=self.local_node,
                               repair_fn=self.repair, generation=self.generation)
         rt.on_join_needed = self.join
+        rt.rings.operation_state = self.operation_state
         self._idle_sweep_task = ctx.spawn(self._sweep_idle_streams(), "idle-stream-sweep")
         self._stale_lock_task = ctx.spawn(self._release_stale_lock(), "topology-lock-stale")
         self._ring_seen = rt.ring.digest()
@@ -168,6 +176,7 @@ class StorageTopology:
         self._stopped = True
         self.registry.closed = True  # (a ``begin`` taking the lock now does not start: operations.py)
         self.runtime.on_join_needed = None
+        self.runtime.rings.operation_state = _no_operation
         if self._auto_repair_task is not None:  # before the service it repairs closes
             self._auto_repair_task.cancel()
             with contextlib.suppress(BaseException):
@@ -216,6 +225,12 @@ class StorageTopology:
                         self.generation.advance()
             except (OSError, ValueError) as exc:  # a full disk, a damaged join-generation file: next turn
                 log.warning("idle-stream sweep: %s", exc)
+
+    def operation_state(self, op_id: str) -> str:
+        """The state of the operation ``op_id`` this node coordinates, "" when it runs none of that
+        id (``OperationGet``: an override's lease, giaannd/services/override_lease.py)."""
+        op = self.registry.current
+        return op.state if op is not None and op.op_id == op_id else ""
 
     # -- join -----------------------------------------------------------------------------------
     def local_node(self) -> StorageNode:

@@ -14,7 +14,9 @@ Theory of operation
 - ``switch(names, members)`` sets a *placement override* on those nodes (``SetOverride``): until
   the ring catches up, their placement set is exactly ``members``; ``switch_writers`` does the
   same on every live compute member with ``flush`` (each answers once the writes it computed under
-  the old placement have finished);
+  the old placement have finished). Each override carries a *lease*: this node's name and the
+  operation's id (given to ``lock``), so a node drops it if the operation ends without clearing
+  it, e.g. this coordinator dies in the cutover (giaannd/services/override_lease.py);
 - hint steps ask every live storage member through its stream endpoint (``HintsHeld``,
   ``DeliverHints``, ``DropHints``);
 - ``after_cutover(new_members)`` commits the new ring (joiners ``active``, removed members
@@ -42,6 +44,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from giaannd import protocol as p
 from giaannd.client.ring_calls import push_ring, set_override
 from giaannd.cluster.view import ClusterView, StorageNode, pick_transport_address
 from giaannd.storage.rebalance import source_control as sc
@@ -81,6 +84,8 @@ class DaemonClusterControl:
             raise TopologyOpError("topology operations need a tcp:// data-plane listener")
         self.transport: Transport = transport
         self._overridden: set[str] = set()
+        #: the lease the overrides are sent with (``lock`` names the operation)
+        self._lease: p.OverrideLease | None = None
         self._lock: ClusterLock | None = None
         self._releases: set[asyncio.Task[bool]] = set()  # lock releases retried in the background
 
@@ -131,12 +136,12 @@ class DaemonClusterControl:
     # -- switching ------------------------------------------------------------------------------
     async def _override(self, name: str, members: Sequence[StorageNode] | None, flush: bool) -> None:
         if name == self.me:
-            self.runtime.topology.set_override(members)
+            self.runtime.rings.set_override(members, self._lease)
             if flush:
                 await asyncio.wait_for(self.runtime.flush_clients(), CONTROL_TIMEOUT_S)
             return
         await set_override(self.runtime.transports, self.runtime.identity, self._data_address(name),
-                           members, flush=flush, timeout_s=CONTROL_TIMEOUT_S)
+                           members, flush=flush, timeout_s=CONTROL_TIMEOUT_S, lease=self._lease)
 
     async def _override_all(self, names: Sequence[str], members: Sequence[StorageNode] | None,
                             flush: bool) -> None:
@@ -209,6 +214,7 @@ class DaemonClusterControl:
         return self._lock
 
     async def lock(self, op_id: str, kind: str) -> int | None:
+        self._lease = p.OverrideLease(self.me, op_id)  # (before the lock: it may be unavailable)
         return await self.cluster_lock().acquire(op_id, kind)
 
     def _release_done(self, task: asyncio.Task[bool]) -> None:

@@ -262,6 +262,7 @@ class Rebalance:
         self._stranded = np.zeros(0, np.uint64)  # columns the change leaves with no live owner
         self.discarded_rows = 0  # rows the receivers dropped when the operation was abandoned
         self.discard_errors: list[str] = []  # receivers that could not discard a stream
+        self._op_id: str | None = None  # (op_id)
 
     # -- planning ---------------------------------------------------------------------------------
     def _placements(self) -> tuple[Placement, Placement]:
@@ -335,8 +336,14 @@ class Rebalance:
 
     @property
     def op_id(self) -> str:
-        old, new = self._placements()
-        return f"{self.kind}:{old.epoch[:12]}->{new.epoch[:12]}"
+        """``kind:old->new`` placement epochs, fixed at its first use (the lock, before any
+        planning): the view's placement moves during the cutover, and the id must not (an
+        override's lease names it: giaannd/services/override_lease.py). A coordinator restarted
+        into the same operation makes the same id."""
+        if self._op_id is None:
+            old, new = self._placements()
+            self._op_id = f"{self.kind}:{old.epoch[:12]}->{new.epoch[:12]}"
+        return self._op_id
 
     # -- the cluster's operation lock ------------------------------------------------------------
     async def take_lock(self) -> None:

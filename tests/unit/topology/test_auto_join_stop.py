@@ -21,7 +21,8 @@ pytestmark = pytest.mark.asyncio
 async def test_auto_join_waiting_for_the_lock_ends_when_the_topology_stops(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = SimpleNamespace(on_join_needed=None, ring_listeners=[], node_name="s4",
-                              ring=SimpleNamespace(get=lambda name: None))
+                              ring=SimpleNamespace(get=lambda name: None),
+                              rings=SimpleNamespace(operation_state=None))
     topo = StorageTopology(SimpleNamespace(), runtime, SimpleNamespace(data_dir=tmp_path))  # type: ignore[arg-type]
     monkeypatch.setattr(daemon, "JOIN_LOCK_RETRY_S", 0.0)
     refused, go = asyncio.Event(), asyncio.Event()

@@ -42,7 +42,8 @@ class _Op:
 async def test_a_join_taking_the_lock_when_the_topology_stops_does_not_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = SimpleNamespace(on_join_needed=None, ring_listeners=[], node_name="s4",
-                              ring=SimpleNamespace(get=lambda name: None))
+                              ring=SimpleNamespace(get=lambda name: None),
+                              rings=SimpleNamespace(operation_state=None))
     topo = StorageTopology(SimpleNamespace(), runtime, SimpleNamespace(data_dir=tmp_path))  # type: ignore[arg-type]
     op = _Op()
     monkeypatch.setattr(topo, "join_operation", lambda: op)
