@@ -346,10 +346,11 @@ _TABLE: Final[tuple[Operation, ...]] = (
     Operation(noun="ring", verb="show", service="membership", method="GET", path="/v1/ring",
               public_on_loopback=True,
               render=Render(fields=("epoch", "replicas", "members", "owner_sample", "ring", "ring_entries", "override",
-                                    "standby"),
+                                    "override_lease", "standby"),
                             tables=(("members", ("name", "weight", "address", "live", "owned", "primary")),)),
               help="the placement in force with each member's owner counts (of a fixed sample of column ids), "
-                   "the storage ring (entries, digest), the cutover override and the standby storage members"),
+                   "the storage ring (entries, digest), the cutover override and its lease, and the standby storage "
+                   "members"),
     Operation(noun="ring", verb="usage", service="membership", method="GET", path="/v1/ring/usage",
               public_on_loopback=True,
               render=Render(kind="table", rows="nodes", columns=(

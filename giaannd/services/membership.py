@@ -346,6 +346,8 @@ class MembershipService:
                              for n, e in entries],
             "override": None if override is None else
             [{"name": m.name, "weight": m.weight, "address": m.address} for m in override],
+            "override_lease": None if (lease := rt.rings.lease) is None else
+            {"coordinator": lease.coordinator, "op_id": lease.op_id},
             "standby": [{"name": n, "address": address(n)} for n in topo.standby()],
         }
         try:

@@ -65,6 +65,7 @@ def test_an_override_outlives_neither_its_coordinator_nor_its_operation(tmp_path
         assert _override_on(compute)
         lease = compute.status()["services"]["membership"]["override_lease"]["lease"]
         assert lease == {"coordinator": "storage-3", "op_id": "join:test-cutover"}
+        assert compute.admin.json("GET", "/v1/ring")["override_lease"] == lease
         cluster.kill(joiner)
         _wait(lambda: not _override_on(compute), "compute-1 dropped the dead coordinator's override")
         health = compute.status()["services"]["membership"]["override_lease"]
