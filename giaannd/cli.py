@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from giaannd import __version__
+from giaannd import __version__, failpoints
 from giaannd.config import ENV_PREFIX, Config, load_config, to_toml
 from giaannd.daemon import Daemon, build_role_services
 from giaannd.errors import GiaannError
@@ -127,6 +127,7 @@ def _show(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, extra_services: Sequence[Service]) -> int:
     cfg = _load(args)
     configure_logging(cfg.logging.level, cfg.logging.format)
+    failpoints.load(os.environ)  # (ConfigError: exit 2, before anything starts)
     # (the first line of a start: a restart's timeline counts from it, tools/bench/restart.py)
     log.info("starting giaannd version=%s pid=%d roles=%s", __version__, os.getpid(),
              ",".join(cfg.node.roles) or "-")

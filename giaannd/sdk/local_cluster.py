@@ -201,6 +201,9 @@ class Node:
     exit_code: int | None = None
     #: (data-plane port, stream port) kept across restarts (``LocalCluster(pin_ports=True)``)
     ports: tuple[int, int] | None = None
+    #: extra environment of the daemon at its next (re)start, e.g. ``GIAANND_FAILPOINTS``
+    #: (giaannd/failpoints.py) for a fault test
+    env: dict[str, str] = field(default_factory=dict)
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -370,6 +373,7 @@ class LocalCluster:
     def _spawn(self, node: Node) -> None:
         env = _child_env()
         env.pop("NOTIFY_SOCKET", None)  # the daemons are ours, not the service manager's
+        env.update(node.env)
         with open(node.log_path, "ab") as log:
             # A new session: a Ctrl-C in the terminal reaches the launcher only, which then
             # stops the daemons with SIGTERM (graceful) instead of racing it with SIGINT.
@@ -406,13 +410,15 @@ class LocalCluster:
         self.wait_ring(timeout_s=RING_TIMEOUT_S)
 
     def add_node(self, name: str, roles: list[Role], *, join_mode: JoinMode = "auto",
-                 timeout_s: float = READY_TIMEOUT_S) -> Node:
+                 timeout_s: float = READY_TIMEOUT_S, env: dict[str, str] | None = None) -> Node:
         """Start one more node (a storage node joining a running cluster: ``join_mode`` "auto"
         makes it run the streaming join once it is up) with the running members as seeds, and
-        wait until it is READY (not until it joined the ring)."""
+        wait until it is READY (not until it joined the ring). ``env``: extra environment of the
+        daemon (``Node.env``)."""
         if any(n.name == name for n in self.nodes):
             raise ValueError(f"{name} is already a node of this cluster")
         node = self._node(name, roles, join_mode)
+        node.env.update(env or {})
         seeds = [n.status()["services"]["membership"]["addr"] for n in self.nodes
                  if n.proc is not None and n.proc.poll() is None]
         self.nodes.append(node)

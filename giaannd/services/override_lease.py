@@ -32,10 +32,15 @@ the placements, so it is the same) answers its state, and its new cutover sets t
 An override set without a lease (by a coordinator that predates leases) stays until cleared, as
 before. The coordinator's own override (it switches itself) lives in its process and ends with it.
 
-What a drop does not undo: writes acknowledged under the override before the coordinator died
-reached the new owners only, not the owners the override displaced. A later run of the same
-operation moves those columns anyway; otherwise ``giaannctl node repair`` on the ring's owners
-brings the displaced ones up to date (the drop's warning says so).
+What a drop does not undo: writes acknowledged under the override until it was dropped (from the
+writers' switch to the drop: the kill plus membership's detection plus one check, ~10-15 s)
+reached the new owners only, not the owners the override displaced; and the writer's floor,
+which its later writes carry to every owner, makes a displaced owner count those seqs as applied,
+so ``giaannctl node repair`` reports the rows as divergent but cannot rebuild them. Running the
+same operation again (the joining node restarted, ``join-ring``) moves those columns to their new
+owners, which hold every write, and the replicas agree after it (tests/integration/
+test_topology_daemons.py); a joining node lost for good leaves them divergent (docs/topology.md,
+"Known gaps"). The drop's warning says so.
 """
 
 from __future__ import annotations
@@ -180,7 +185,8 @@ class OverrideLeaseWatch:
         self.dropped += 1
         self.last_drop = f"op={lease.op_id} coordinator={lease.coordinator}: {reason}"
         log.warning("placement override of op=%s dropped: %s; this node is back on its ring's placement "
-                    "epoch=%s. Writes acknowledged under the override may be missing on the owners it "
-                    "displaced: run the operation again, or giaannctl node repair on the ring's owners",
+                    "epoch=%s. Writes acknowledged under the override are missing on the owners it "
+                    "displaced (a repair cannot rebuild them): bring the coordinator back and run the "
+                    "operation again (docs/topology.md, Override leases)",
                     lease.op_id, reason, self.runtime.topology.epoch[:12])
         return reason

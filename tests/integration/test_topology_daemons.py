@@ -238,6 +238,99 @@ def test_daemon_joining_node_killed_mid_stream_resumes_after_restart(
         assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
 
 
+def override_on(node: Node) -> bool:
+    return bool(node.status()["services"]["runtime"]["ring"]["override"])
+
+
+def test_daemon_join_coordinator_killed_in_its_cutover_resumes_after_restart(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """kill -9 the joining node, which coordinates its own join, while a failpoint holds it right
+    after its writers switched (cutover step b) and a training job runs. The compute node drops
+    the placement override the dead coordinator left (its lease: giaannd/services/override_lease.py;
+    before, it kept it until its own restart); the operator unseals the registers its handoff
+    sealed; restarted without the failpoint, join-ring again completes (the same operation: its
+    streams resume); the export equals the core's."""
+    corpus, ref = reference
+    with training_cluster(tmp_path, corpus, 2) as cluster:
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual",
+                                  env={"GIAANND_FAILPOINTS": "cutover.after-writers=sleep:600"})
+        proc = joiner.ctl("--json", "node", "join-ring")
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: topology_op(joiner)["state"] == "cutover" and override_on(compute),
+                   "the join's writers switched", 120)
+        assert_still_running(compute, job)
+        cluster.kill(joiner)
+        wait_until(lambda: not override_on(compute), "compute-1 dropped the dead coordinator's override", 60)
+        lease = compute.status()["services"]["membership"]["override_lease"]
+        assert lease["dropped"] == 1 and "storage-3" in lease["last_drop"], lease
+        # the operator's step after a coordinator died (docs/operations.md): no node shows an
+        # override any more, so drop the register seals its handoff left on the old owners
+        for name in ("storage-1", "storage-2"):
+            node = cluster.node(name)
+            assert not override_on(node)
+            proc = node.ctl("--json", "node", "registers", "unseal")
+            assert proc.returncode == 0, proc.stderr
+        joiner.env.clear()
+        cluster.restart(joiner)
+        proc = joiner.ctl("--json", "node", "join-ring")
+        assert proc.returncode == 0, proc.stderr
+        wait_op_done(joiner)
+        for node in cluster.nodes:
+            wait_until(lambda node=node: ring_active(node) == ["storage-1", "storage-2", "storage-3"],
+                       f"{node.name} has storage-3 in its ring", 30)
+        wait_job(compute, job)
+        assert_export_equals(compute, ref, tmp_path / "exports" / "export.jsonl")
+        for node in cluster.nodes:  # and the replicas agree, row for row
+            if "storage" in node.roles:
+                report = repair_report(node)
+                assert report["rows_divergent_count"] == 0 and not report["peers_failed"], (node.name, report)
+
+
+def repair_report(node: Node) -> dict[str, Any]:
+    proc = node.ctl("--json", "node", "repair", timeout_s=120)
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap (docs/topology.md, Known gaps): writes acknowledged under the dead coordinator's "
+    "override never reached the owners it displaced, and the writer's floor, carried by its later "
+    "writes, makes those owners count the seqs as applied, so repair cannot rebuild them"))
+def test_daemon_join_coordinator_killed_in_its_cutover_for_good_leaves_replicas_divergent(
+        tmp_path: Path, reference: tuple[Path, list[dict[str, Any]]]) -> None:
+    """As above, but the joining node never comes back: the compute node drops its override (its
+    lease), the operator unseals the registers, the job completes on the old ring, and a repair
+    of each old owner should leave the replicas equal. They are not (xfail): ~1,800 of ~10,700
+    rows differ between the two old owners in each run tried, and the repair ships only the few
+    batches still above the writer's floor."""
+    corpus, _ = reference
+    with training_cluster(tmp_path, corpus, 2) as cluster:
+        compute = cluster.node("compute-1")
+        job = start_job(compute, corpus)
+        wait_job_started(compute, job)
+        joiner = cluster.add_node("storage-3", ["storage"], join_mode="manual",
+                                  env={"GIAANND_FAILPOINTS": "cutover.after-writers=sleep:600"})
+        proc = joiner.ctl("--json", "node", "join-ring")
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: topology_op(joiner)["state"] == "cutover" and override_on(compute),
+                   "the join's writers switched", 120)
+        assert_still_running(compute, job)
+        cluster.kill(joiner)
+        wait_until(lambda: not override_on(compute), "compute-1 dropped the dead coordinator's override", 60)
+        for name in ("storage-1", "storage-2"):
+            proc = cluster.node(name).ctl("--json", "node", "registers", "unseal")
+            assert proc.returncode == 0, proc.stderr
+        wait_job(compute, job)
+        assert ring_active(compute) == ["storage-1", "storage-2"]
+        for name in ("storage-1", "storage-2"):
+            report = repair_report(cluster.node(name))
+            assert report["rows_divergent_count"] == 0, (name, report["rows_divergent_count"])
+
+
 def _throttled_join_under_way(cluster: LocalCluster, corpus: Path) -> tuple[Node, Node]:
     """The job trained to its end, then a manual-mode storage-3 started and its join-ring begun
     at 100 kB/s; returns (compute-1, storage-3) once the join streamed something."""

@@ -86,6 +86,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from giaannd import failpoints
 from giaannd.cluster.view import ClusterView, StorageNode
 from giaannd.errors import Refused
 from giaannd.storage.engine.register_store import RegisterState
@@ -604,7 +605,9 @@ class Rebalance:
         self._check_placement()  # (again: the waits above may have let another cutover commit)
         self._switched = True  # from here on the targets may serve their new columns: no discard
         await control.switch(targets, self.new_members)
+        await failpoints.hit("cutover.after-targets")
         await asyncio.wait_for(control.switch_writers(self.new_members), CUTOVER_TIMEOUT_S)
+        await failpoints.hit("cutover.after-writers")
         await self._wait_hints(sources)
         for r in self.runners:
             r.close()
