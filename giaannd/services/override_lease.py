@@ -14,17 +14,21 @@ write waited on a hint for a node that might never come back.
 
 **The lease.** Since Dec 2 a coordinator sends each override with a lease: its own member name
 and the operation's id (``protocol.OverrideLease``); the node keeps it beside the override
-(runtime/ring.py). Every ``LEASE_CHECK_S`` a node holding a leased override checks it
-(``lease_verdict``):
+(runtime/ring.py). Every ``LEASE_CHECK_S`` a node holding a leased override asks the coordinator
+(``OperationGet``) for the operation's state, at the address membership last had for it, and
+decides (``lease_verdict``):
 
-- the coordinator is not alive or suspect in membership (dead, left, reaped): the override is
-  dropped;
-- else the coordinator is asked (``OperationGet``) for the operation's state: "" (it runs no
-  operation of that id: it restarted, or ran another since) or ``failed`` / ``cancelled`` (it
-  ended without clearing this node, e.g. its clear did not reach it): dropped;
-- any other state (``streaming``, ``cutover``, ``failing`` while it cleans up, ``done`` before the
-  committed ring reached this node: ring sync brings it), or no answer (a slow or partitioned
-  coordinator that membership still has alive): the override stays.
+- it answers "" (it runs no operation of that id: it restarted, or ran another since) or
+  ``failed`` / ``cancelled`` (it ended without clearing this node, e.g. its clear did not reach
+  it): the override is dropped;
+- it answers any other state (``streaming``, ``cutover``, ``failing`` while it cleans up,
+  ``done`` before the committed ring reached this node: ring sync brings it): it stays, *whatever
+  membership says*. An overloaded coordinator that membership wrongly declared dead may be in the
+  middle of its cutover; dropping then would send writes to an owner whose stream to the target
+  has closed, which applies them and forwards them nowhere (a first version dropped on
+  membership's word alone);
+- it does not answer: the override is dropped only when membership has the coordinator dead,
+  left or reaped as well; while it is alive or suspect (slow, partitioned), it stays.
 
 Dropping returns the node to its ring's placement, the one every node that was not switched
 still holds. A coordinator restarted with the same operation (a join resumed: its id is made from
@@ -38,9 +42,9 @@ reached the new owners only, not the owners the override displaced; and the writ
 which its later writes carry to every owner, makes a displaced owner count those seqs as applied,
 so ``giaannctl node repair`` reports the rows as divergent but cannot rebuild them. Running the
 same operation again (the joining node restarted, ``join-ring``) moves those columns to their new
-owners, which hold every write, and the replicas agree after it (tests/integration/
-test_topology_daemons.py); a joining node lost for good leaves them divergent (docs/topology.md,
-"Known gaps"). The drop's warning says so.
+owners; on a quiet host the replicas then agree, but under load that resumed join lost writes in
+most runs, with or without leases (docs/topology.md, "Known gaps"). The drop's warning says what
+is missing.
 """
 
 from __future__ import annotations
@@ -81,13 +85,13 @@ def lease_verdict(member_status: str | None, op_state: str | None) -> str | None
     Args:
         member_status: membership's status of the coordinator (``alive``, ``suspect``, ``dead``,
             ``left``), None when membership does not know it.
-        op_state: the coordinator's answer to ``OperationGet``; None when it was not asked or did
-            not answer.
+        op_state: the coordinator's answer to ``OperationGet``; None when it could not be asked
+            or did not answer.
     """
-    if member_status not in _RUNNING_MEMBER:
-        return f"its coordinator is {member_status or 'not a member'}"
     if op_state is None:
-        return None
+        if member_status in _RUNNING_MEMBER:
+            return None
+        return f"its coordinator is {member_status or 'not a member'} and does not answer"
     if op_state == "":
         return "its coordinator runs no such operation (it restarted, or ran another since)"
     if op_state in ENDED_STATES:
@@ -177,7 +181,7 @@ class OverrideLeaseWatch:
         status, meta = self._member(lease.coordinator)
         if lease.coordinator == self.runtime.node_name:
             status = "alive"
-        state = await self._ask(lease, meta) if status in _RUNNING_MEMBER else None
+        state = await self._ask(lease, meta)  # (a coordinator declared dead is asked too)
         reason = lease_verdict(status, state)
         if reason is None or rings.lease is not lease:  # (replaced or cleared while we asked)
             return None

@@ -27,6 +27,8 @@ LEASE = p.OverrideLease("j", "join:aaaa->bbbb")
 
 
 @pytest.mark.parametrize(("status", "state", "dropped"), [
+    ("dead", "cutover", False),  # membership wrong (an overloaded coordinator): it answered
+    ("dead", "", True),
     ("alive", "streaming", False),
     ("alive", "cutover", False),
     ("suspect", "cutover", False),
@@ -99,15 +101,28 @@ def _watch(monkeypatch: pytest.MonkeyPatch, node: _Node, *answers: Any) -> tuple
 
 @pytest.mark.asyncio
 async def test_an_override_whose_coordinator_died_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, watch, asker = _watch(monkeypatch, _Node(a="alive", b="alive", c="alive", j="dead"))
+    rt, watch, asker = _watch(monkeypatch, _Node(a="alive", b="alive", c="alive", j="dead"),
+                              ConnectionRefusedError("nobody listens"))
     ring_epoch = rt.topology.epoch
     rt.rings.set_override(NEW, LEASE)
     assert rt.topology.override is not None and rt.topology.epoch != ring_epoch
     reason = await watch.check()
     assert reason is not None and "dead" in reason
     assert rt.topology.override is None and rt.topology.epoch == ring_epoch
-    assert rt.rings.lease is None and asker.asked == []  # a dead coordinator is not asked
+    assert rt.rings.lease is None and asker.asked == [LEASE.op_id]  # asked: it did not answer
     assert watch.health()["dropped"] == 1 and "join:aaaa->bbbb" in watch.health()["last_drop"]
+
+
+@pytest.mark.asyncio
+async def test_a_coordinator_membership_calls_dead_but_that_answers_keeps_its_override(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overloaded coordinator may be declared dead while its cutover goes on: its answer wins.
+    (The first version dropped on membership's word alone: writes under the old placement after
+    the streams closed reached an owner that forwarded them nowhere.)"""
+    rt, watch, asker = _watch(monkeypatch, _Node(a="alive", b="alive", c="alive", j="dead"), "cutover")
+    rt.rings.set_override(NEW, LEASE)
+    assert await watch.check() is None
+    assert rt.topology.override is not None and asker.asked == [LEASE.op_id]
 
 
 @pytest.mark.asyncio

@@ -24,7 +24,8 @@ async def hinted_write(cluster, gone):
     batch = make_batch(np.random.default_rng(7), COLUMNS.size, columns=COLUMNS)
     res = await client.write(batch)
     await client.flush()
-    assert gone in res.hinted
+    # (not ``res.hinted``: a share that fails after W was reached is hinted in the background,
+    # after the write returned; a CI run saw it empty)
     assert client.writer_floor < res.batch_id.seq  # gone's share is a hint: unsettled
     (holder,) = [s for s in cluster.services.values() if s.hints.pending(gone)]
     return res.batch_id, holder
