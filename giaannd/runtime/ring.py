@@ -42,9 +42,14 @@ from giaannd import protocol as p
 from giaannd.cluster.ring import Ring
 from giaannd.cluster.view import ClusterView, StorageNode
 
-__all__ = ["NodeRing"]
+__all__ = ["NodeRing", "no_operation"]
 
 log = logging.getLogger(__name__)
+
+
+def no_operation(op_id: str) -> str:
+    """``OperationGet``'s answer on a node that coordinates no topology operation: ""."""
+    return ""
 
 
 class NodeRing:
@@ -69,7 +74,7 @@ class NodeRing:
         self._lease: p.OverrideLease | None = None
         #: the state of the topology operation of an id this node coordinates ("": none); set by
         #: a storage node's topology service (``OperationGet``)
-        self.operation_state: Callable[[str], str] = lambda op_id: ""
+        self.operation_state: Callable[[str], str] = no_operation
         self._path: Path | None = None
         self._lock = asyncio.Lock()
 

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import numpy as np
 from aiohttp import web
 
@@ -346,8 +347,7 @@ class MembershipService:
                              for n, e in entries],
             "override": None if override is None else
             [{"name": m.name, "weight": m.weight, "address": m.address} for m in override],
-            "override_lease": None if (lease := rt.rings.lease) is None else
-            {"coordinator": lease.coordinator, "op_id": lease.op_id},
+            "override_lease": None if (lease := rt.rings.lease) is None else msgspec.structs.asdict(lease),
             "standby": [{"name": n, "address": address(n)} for n in topo.standby()],
         }
         try:

@@ -54,6 +54,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
 from giaannd.client.ring_calls import get_operation_state
 from giaannd.cluster.view import pick_transport_address
 from peers.errors import PeersError
@@ -131,7 +133,7 @@ class OverrideLeaseWatch:
 
     def health(self) -> dict[str, Any]:
         lease = self.runtime.rings.lease
-        return {"lease": None if lease is None else {"coordinator": lease.coordinator, "op_id": lease.op_id},
+        return {"lease": None if lease is None else msgspec.structs.asdict(lease),
                 "checks": self.checks, "ask_errors": self.ask_errors, "dropped": self.dropped,
                 "last_drop": self.last_drop}
 

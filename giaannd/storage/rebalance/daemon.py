@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from giaannd.cluster.view import StorageNode
+from giaannd.runtime.ring import no_operation
 from giaannd.storage.rebalance.auto_repair import AUTO_REPAIR_STATES, AutoRepair
 from giaannd.storage.rebalance.cluster_lock import OperationLockBusy, OperationLockUnavailable
 from giaannd.storage.rebalance.daemon_control import STREAM_SCHEME, DaemonClusterControl
@@ -78,11 +79,6 @@ JOIN_LOCK_LOG_S: Final = 600.0
 #: At start, releasing a lock an earlier life of this node left: a try this often, this many times.
 STALE_LOCK_RETRY_S: Final = 5.0
 STALE_LOCK_ATTEMPTS: Final = 120
-
-
-def _no_operation(op_id: str) -> str:
-    """``OperationGet`` once the topology service stopped: no operation runs here."""
-    return ""
 
 
 def stream_bind_of(config: Config) -> str:
@@ -176,7 +172,7 @@ class StorageTopology:
         self._stopped = True
         self.registry.closed = True  # (a ``begin`` taking the lock now does not start: operations.py)
         self.runtime.on_join_needed = None
-        self.runtime.rings.operation_state = _no_operation
+        self.runtime.rings.operation_state = no_operation  # (stopped: no operation runs here)
         if self._auto_repair_task is not None:  # before the service it repairs closes
             self._auto_repair_task.cancel()
             with contextlib.suppress(BaseException):
